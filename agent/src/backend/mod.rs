@@ -1,0 +1,122 @@
+//! Hardware backends behind one trait: `sim` (a physical model), `nvml`
+//! (NVIDIA, through nvml-wrapper) and `rocm` (AMD, behind the `rocm`
+//! feature).
+//!
+//! "Not supported on this device" is a normal answer ([`Support::NotSupported`]),
+//! not an error: a fanless SXM board simply has no fan to drive.
+
+pub mod nvml;
+#[cfg(feature = "rocm")]
+pub mod rocm;
+pub mod sim;
+
+use crate::proto::{GpuInfo, GpuTelemetry, NodeTelemetry};
+
+/// Whether the device did the thing or the thing does not apply to it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Support<T> {
+    Done(T),
+    /// The device does not offer this; the text says what is missing.
+    NotSupported(String),
+}
+
+/// A hardware library failure.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BackendError {
+    #[error("no GPU {index} on this node: expected an index below {count}")]
+    NoSuchGpu { index: u32, count: u32 },
+    #[error("{backend}: {message}")]
+    Failed { backend: &'static str, message: String },
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// One node's GPUs, read and driven through a vendor library or the model.
+///
+/// Setters take values in the protocol's units (watts, percent, MHz); each
+/// backend converts to its library's units.
+pub trait Backend: Send + Sync {
+    /// `sim`, `nvml` or `rocm`.
+    fn name(&self) -> &'static str;
+    /// The GPUs, read once at start.
+    fn gpus(&self) -> &[GpuInfo];
+    /// One sample of every GPU and of the node.
+    fn sample(&self) -> Result<(Vec<GpuTelemetry>, NodeTelemetry), BackendError>;
+    fn set_power_limit(&self, gpu: u32, watts: f64) -> Result<Support<()>, BackendError>;
+    fn set_fan_speed(&self, gpu: u32, pct: f64) -> Result<Support<()>, BackendError>;
+    fn reset_fan(&self, gpu: u32) -> Result<Support<()>, BackendError>;
+    fn set_clocks(&self, gpu: u32, min_mhz: u32, max_mhz: u32) -> Result<Support<()>, BackendError>;
+    fn reset_clocks(&self, gpu: u32) -> Result<Support<()>, BackendError>;
+    fn clear_ecc(&self, gpu: u32) -> Result<Support<()>, BackendError>;
+    fn set_gpu_drain(&self, gpu: u32, drained: bool) -> Result<Support<()>, BackendError>;
+    /// Called after the page cache was dropped and processes signalled.
+    fn on_caches_flushed(&self) {}
+    /// Called after a managed config file changed.
+    fn on_config_applied(&self, _name: &str, _content: &str) {}
+    /// The simulator, when this backend is one.
+    fn sim(&self) -> Option<&sim::SimBackend> {
+        None
+    }
+
+    /// The GPU's inventory entry, or the error naming the valid range.
+    fn gpu(&self, index: u32) -> Result<&GpuInfo, BackendError> {
+        let gpus = self.gpus();
+        gpus.iter()
+            .find(|g| g.index == index)
+            .ok_or(BackendError::NoSuchGpu { index, count: gpus.len() as u32 })
+    }
+}
+
+/// Which backend to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// NVML, then ROCm; an error (suggesting `sim`) if neither finds a GPU.
+    Auto,
+    Sim,
+    Nvml,
+    Rocm,
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(BackendKind::Auto),
+            "sim" => Ok(BackendKind::Sim),
+            "nvml" => Ok(BackendKind::Nvml),
+            "rocm" => Ok(BackendKind::Rocm),
+            other => Err(format!("unknown backend `{other}`: expected auto, sim, nvml or rocm")),
+        }
+    }
+}
+
+/// Open the ROCm backend, or say why not.
+pub fn open_rocm() -> Result<Box<dyn Backend>, BackendError> {
+    #[cfg(feature = "rocm")]
+    {
+        rocm::RocmBackend::open().map(|b| Box::new(b) as Box<dyn Backend>)
+    }
+    #[cfg(not(feature = "rocm"))]
+    {
+        Err(BackendError::Unavailable(
+            "rocm: this agent was built without ROCm support; rebuild with `--features rocm`".into(),
+        ))
+    }
+}
+
+/// Pick a hardware backend for `auto`: NVML first, then ROCm. Never falls
+/// back to the simulator: with no GPU it fails and says so.
+pub fn open_auto(nvml_lib_path: Option<&std::path::Path>) -> Result<Box<dyn Backend>, BackendError> {
+    let nvml_err = match nvml::NvmlBackend::open(nvml_lib_path) {
+        Ok(b) => return Ok(Box::new(b)),
+        Err(e) => e,
+    };
+    let rocm_err = match open_rocm() {
+        Ok(b) => return Ok(b),
+        Err(e) => e,
+    };
+    Err(BackendError::Unavailable(format!(
+        "no GPU found by any backend: {nvml_err}; {rocm_err}; to run without hardware use `--backend sim`"
+    )))
+}

@@ -1,0 +1,256 @@
+//! The `nvml` backend: NVIDIA GPUs through `nvml-wrapper`.
+//!
+//! NVML is loaded at run time (`libnvidia-ml.so.1`, or a chosen path). NVML
+//! speaks milliwatts for power; everything here converts at the boundary so
+//! the rest of the agent speaks watts. `NotSupported` (a fanless H100 SXM has
+//! no fan to set) maps to [`Support::NotSupported`], not to an error.
+//!
+//! XID events need a blocking event loop (`nvmlEventSetWait`) and are not
+//! read yet: `xid_last` stays empty on this backend; DCGM's exporter is the
+//! source for XIDs meanwhile.
+
+use std::path::Path;
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor, TemperatureThreshold};
+use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
+use nvml_wrapper::enums::device::GpuLockedClocksSetting;
+use nvml_wrapper::error::NvmlError;
+
+use super::{Backend, BackendError, Support};
+use crate::proto::{GpuInfo, GpuTelemetry, NodeTelemetry, Vendor};
+
+/// NVLink links a GPU can have (NVML_NVLINK_MAX_LINKS).
+const MAX_LINKS: u32 = 18;
+
+/// NVIDIA GPUs through NVML.
+pub struct NvmlBackend {
+    nvml: Nvml,
+    info: Vec<GpuInfo>,
+    fans: Vec<u32>,
+}
+
+impl std::fmt::Debug for NvmlBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlBackend").field("gpus", &self.info.len()).finish()
+    }
+}
+
+fn describe(e: &NvmlError) -> String {
+    match e {
+        NvmlError::LibloadingError(inner) => {
+            format!("the NVIDIA driver library could not be loaded ({inner}); is the NVIDIA driver installed?")
+        }
+        NvmlError::DriverNotLoaded => "the NVIDIA kernel driver is not loaded".into(),
+        NvmlError::NoPermission => "permission denied: the agent must run as root to change GPU settings".into(),
+        NvmlError::FailedToLoadSymbol(s) => format!("the installed driver lacks {s}; upgrade the driver"),
+        other => other.to_string(),
+    }
+}
+
+fn failed(e: NvmlError) -> BackendError {
+    BackendError::Failed { backend: "nvml", message: describe(&e) }
+}
+
+/// Map an NVML result: `NotSupported` is an answer, anything else an error.
+fn support<T>(r: Result<T, NvmlError>, what: &str) -> Result<Support<T>, BackendError> {
+    match r {
+        Ok(v) => Ok(Support::Done(v)),
+        Err(NvmlError::NotSupported) => Ok(Support::NotSupported(format!("{what} is not supported on this GPU"))),
+        Err(e) => Err(failed(e)),
+    }
+}
+
+/// An optional reading: unsupported or failing reads are simply absent.
+fn opt<T>(r: Result<T, NvmlError>) -> Option<T> {
+    r.ok()
+}
+
+fn mw_to_w(mw: u32) -> f64 {
+    mw as f64 / 1000.0
+}
+
+/// Watts to NVML's milliwatts.
+pub fn w_to_mw(w: f64) -> u32 {
+    (w * 1000.0).round().clamp(0.0, u32::MAX as f64) as u32
+}
+
+impl NvmlBackend {
+    /// Load NVML (from `lib_path` when given) and read the inventory.
+    pub fn open(lib_path: Option<&Path>) -> Result<NvmlBackend, BackendError> {
+        let nvml = match lib_path {
+            Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
+            None => Nvml::init(),
+        }
+        .map_err(|e| BackendError::Unavailable(format!("nvml: {}", describe(&e))))?;
+        let count = nvml.device_count().map_err(failed)?;
+        if count == 0 {
+            return Err(BackendError::Unavailable("nvml: the driver is loaded but reports no NVIDIA GPU".into()));
+        }
+        let mut info = Vec::new();
+        let mut fans = Vec::new();
+        for i in 0..count {
+            let d = nvml.device_by_index(i).map_err(failed)?;
+            let c = d.power_management_limit_constraints().map_err(failed)?;
+            let (min_mw, max_mw) = (c.min_limit, c.max_limit);
+            let default_mw = d.power_management_limit_default().unwrap_or(max_mw);
+            let n_fans = d.num_fans().unwrap_or(0);
+            fans.push(n_fans);
+            info.push(GpuInfo {
+                index: i,
+                name: d.name().map_err(failed)?,
+                vendor: Vendor::Nvidia,
+                uuid: opt(d.uuid()),
+                power_min_watts: mw_to_w(min_mw),
+                power_max_watts: mw_to_w(max_mw),
+                power_default_watts: mw_to_w(default_mw),
+                mem_total_mib: d.memory_info().map(|m| m.total / (1024 * 1024)).unwrap_or(0),
+                fan_control: n_fans > 0,
+                slowdown_temp_c: opt(d.temperature_threshold(TemperatureThreshold::Slowdown)).map(f64::from),
+                shutdown_temp_c: opt(d.temperature_threshold(TemperatureThreshold::Shutdown)).map(f64::from),
+                clock_min_mhz: None,
+                clock_max_mhz: opt(d.max_clock_info(Clock::SM)),
+            });
+        }
+        Ok(NvmlBackend { nvml, info, fans })
+    }
+
+    fn device(&self, gpu: u32) -> Result<nvml_wrapper::Device<'_>, BackendError> {
+        self.gpu(gpu)?;
+        self.nvml.device_by_index(gpu).map_err(failed)
+    }
+
+    fn read_gpu(&self, i: u32) -> Result<GpuTelemetry, BackendError> {
+        let d = self.device(i)?;
+        let mem = opt(d.memory_info());
+        let fan = if self.fans[i as usize] > 0 { opt(d.fan_speed(0)).map(f64::from) } else { None };
+        let throttled = opt(d.current_throttle_reasons())
+            .map(|r| {
+                r.intersects(
+                    ThrottleReasons::HW_SLOWDOWN
+                        | ThrottleReasons::SW_THERMAL_SLOWDOWN
+                        | ThrottleReasons::HW_THERMAL_SLOWDOWN,
+                )
+            })
+            .unwrap_or(false);
+        Ok(GpuTelemetry {
+            index: i,
+            temperature_c: d.temperature(TemperatureSensor::Gpu).map_err(failed)? as f64,
+            power_watts: mw_to_w(d.power_usage().map_err(failed)?),
+            power_limit_watts: mw_to_w(d.enforced_power_limit().or_else(|_| d.power_management_limit()).map_err(failed)?),
+            fan_pct: fan,
+            util_pct: opt(d.utilization_rates()).map(|u| u.gpu as f64).unwrap_or(0.0),
+            mem_used_pct: mem
+                .filter(|m| m.total > 0)
+                .map(|m| (m.used as f64 / m.total as f64 * 10_000.0).round() / 100.0)
+                .unwrap_or(0.0),
+            mem_fragmentation_pct: None,
+            sm_clock_mhz: opt(d.clock_info(Clock::SM)),
+            ecc_sbe_total: opt(d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)).unwrap_or(0),
+            ecc_dbe_total: opt(d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)).unwrap_or(0),
+            xid_last: None,
+            throttled,
+            gpu_drained: opt(d.is_drain_enabled(None)).unwrap_or(false),
+        })
+    }
+
+    fn read_links(&self) -> (Option<u32>, Option<u32>, Option<u64>) {
+        let (mut up, mut total, mut errors) = (0u32, 0u32, 0u64);
+        for gpu in &self.info {
+            let Ok(d) = self.nvml.device_by_index(gpu.index) else { continue };
+            for l in 0..MAX_LINKS {
+                let link = d.link_wrapper_for(l);
+                match link.is_active() {
+                    Ok(active) => {
+                        total += 1;
+                        up += active as u32;
+                        for c in [ErrorCounter::DlReplay, ErrorCounter::DlRecovery, ErrorCounter::DlCrcFlit, ErrorCounter::DlCrcData] {
+                            errors += link.error_counter(c).unwrap_or(0);
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        if total == 0 { (None, None, None) } else { (Some(up), Some(total), Some(errors)) }
+    }
+}
+
+impl Backend for NvmlBackend {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn gpus(&self) -> &[GpuInfo] {
+        &self.info
+    }
+
+    fn sample(&self) -> Result<(Vec<GpuTelemetry>, NodeTelemetry), BackendError> {
+        let gpus = self.info.iter().map(|g| self.read_gpu(g.index)).collect::<Result<Vec<_>, _>>()?;
+        let (up, total, errors) = self.read_links();
+        let node = NodeTelemetry {
+            nvlink_links_up: up,
+            nvlink_links_total: total,
+            nvlink_errors_total: errors,
+            ..NodeTelemetry::default()
+        };
+        Ok((gpus, node))
+    }
+
+    fn set_power_limit(&self, gpu: u32, watts: f64) -> Result<Support<()>, BackendError> {
+        let mut d = self.device(gpu)?;
+        support(d.set_power_management_limit(w_to_mw(watts)), "setting the power limit")
+    }
+
+    fn set_fan_speed(&self, gpu: u32, pct: f64) -> Result<Support<()>, BackendError> {
+        let n = self.fans[self.gpu(gpu)?.index as usize];
+        if n == 0 {
+            return Ok(Support::NotSupported(format!("{} has no controllable fan", self.info[gpu as usize].name)));
+        }
+        let mut d = self.device(gpu)?;
+        for fan in 0..n {
+            if let Support::NotSupported(why) = support(d.set_fan_speed(fan, pct.round() as u32), "setting fan speed")? {
+                return Ok(Support::NotSupported(why));
+            }
+        }
+        Ok(Support::Done(()))
+    }
+
+    fn reset_fan(&self, gpu: u32) -> Result<Support<()>, BackendError> {
+        let n = self.fans[self.gpu(gpu)?.index as usize];
+        if n == 0 {
+            return Ok(Support::NotSupported(format!("{} has no controllable fan", self.info[gpu as usize].name)));
+        }
+        let mut d = self.device(gpu)?;
+        for fan in 0..n {
+            if let Support::NotSupported(why) = support(d.set_default_fan_speed(fan), "resetting the fan")? {
+                return Ok(Support::NotSupported(why));
+            }
+        }
+        Ok(Support::Done(()))
+    }
+
+    fn set_clocks(&self, gpu: u32, min_mhz: u32, max_mhz: u32) -> Result<Support<()>, BackendError> {
+        let mut d = self.device(gpu)?;
+        support(
+            d.set_gpu_locked_clocks(GpuLockedClocksSetting::Numeric { min_clock_mhz: min_mhz, max_clock_mhz: max_mhz }),
+            "locking clocks",
+        )
+    }
+
+    fn reset_clocks(&self, gpu: u32) -> Result<Support<()>, BackendError> {
+        let mut d = self.device(gpu)?;
+        support(d.reset_gpu_locked_clocks(), "unlocking clocks")
+    }
+
+    fn clear_ecc(&self, gpu: u32) -> Result<Support<()>, BackendError> {
+        let mut d = self.device(gpu)?;
+        support(d.clear_ecc_error_counts(EccCounter::Volatile), "clearing ECC counters")
+    }
+
+    fn set_gpu_drain(&self, gpu: u32, drained: bool) -> Result<Support<()>, BackendError> {
+        let mut d = self.device(gpu)?;
+        support(d.set_drain(drained, None), "the NVML drain state")
+    }
+}

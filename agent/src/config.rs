@@ -1,0 +1,214 @@
+//! The agent's config file (`agent.yaml`): config → validate → build.
+//!
+//! Relative paths are resolved against the config file's folder, so an
+//! example folder works wherever it is checked out.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::BackendKind;
+use crate::backend::sim::SimConfig;
+use crate::envelope::Policy;
+use crate::node::caches::FlushConfig;
+use crate::node::configs::ManagedConfig;
+use crate::node::scheduler::SchedulerConfig;
+use crate::service::AgentOptions;
+
+/// `agent.yaml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Always 1.
+    pub version: u32,
+    /// This node's name, as in the engine's inventory and the scheduler.
+    pub node: String,
+    /// SSH listen address, e.g. `0.0.0.0:2222`.
+    pub listen_addr: String,
+    /// Holds the journal, leases, config history and (for `none`) the drain
+    /// state.
+    pub state_dir: PathBuf,
+    /// Generated on first start (mode 0600) when missing.
+    pub host_key_path: PathBuf,
+    /// Public keys allowed in: the engine's.
+    pub authorized_keys_path: PathBuf,
+    /// The safety policy; built-in defaults when absent.
+    #[serde(default)]
+    pub policy_path: Option<PathBuf>,
+    #[serde(default = "default_backend")]
+    pub backend: BackendKind,
+    /// Load NVML from this file instead of `libnvidia-ml.so.1`.
+    #[serde(default)]
+    pub nvml_lib_path: Option<PathBuf>,
+    /// The simulated node (backend `sim`).
+    #[serde(default)]
+    pub sim: SimConfig,
+    /// Run simulated time this many times faster than wall time (demo).
+    #[serde(default = "one")]
+    pub sim_time_scale: f64,
+    #[serde(default = "default_interval")]
+    pub telemetry_interval_ms: u64,
+    #[serde(default = "default_max_request")]
+    pub max_request_bytes: usize,
+    #[serde(default)]
+    pub scheduler: SchedulerConfig,
+    #[serde(default)]
+    pub flush_caches: Option<FlushConfig>,
+    /// Managed config files by name.
+    #[serde(default)]
+    pub configs: BTreeMap<String, ManagedConfig>,
+    /// Serve telemetry in dcgm-exporter's format at this address (`:9400`).
+    #[serde(default)]
+    pub exporter_listen_addr: Option<String>,
+}
+
+fn default_backend() -> BackendKind {
+    BackendKind::Auto
+}
+fn one() -> f64 {
+    1.0
+}
+fn default_interval() -> u64 {
+    1000
+}
+fn default_max_request() -> usize {
+    32 * 1024
+}
+
+/// A config that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}:{line}:{column}: {message}")]
+    Parse { path: PathBuf, line: usize, column: usize, message: String },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+    #[error(transparent)]
+    Policy(#[from] crate::envelope::PolicyError),
+}
+
+impl AgentConfig {
+    /// Read, resolve relative paths, validate.
+    pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parse text read from `path`.
+    pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
+        let mut cfg: AgentConfig = serde_yaml::from_str(text).map_err(|e| {
+            let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
+            ConfigError::Parse { path: path.into(), line, column, message: e.to_string() }
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        cfg.resolve(base);
+        cfg.validate().map_err(|message| ConfigError::Invalid { path: path.into(), message })?;
+        Ok(cfg)
+    }
+
+    fn resolve(&mut self, base: &Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        fix(&mut self.state_dir);
+        fix(&mut self.host_key_path);
+        fix(&mut self.authorized_keys_path);
+        if let Some(p) = self.policy_path.as_mut() {
+            fix(p);
+        }
+        if let Some(p) = self.nvml_lib_path.as_mut() {
+            fix(p);
+        }
+        if let Some(f) = self.flush_caches.as_mut() {
+            fix(&mut f.drop_caches_path);
+            fix(&mut f.registry_dir);
+        }
+        for m in self.configs.values_mut() {
+            fix(&mut m.path);
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.version != 1 {
+            return Err(format!("unsupported config version: expected 1, found {}", self.version));
+        }
+        if self.node.trim().is_empty() {
+            return Err("node: expected a node name, found an empty string".into());
+        }
+        if self.listen_addr.parse::<std::net::SocketAddr>().is_err() {
+            return Err(format!("listen_addr: expected host:port such as 0.0.0.0:2222, found {:?}", self.listen_addr));
+        }
+        if !(1.0..=1000.0).contains(&self.sim_time_scale) {
+            return Err(format!("sim_time_scale must be 1 to 1000, found {}", self.sim_time_scale));
+        }
+        if !(10..=60_000).contains(&self.telemetry_interval_ms) {
+            return Err(format!("telemetry_interval_ms must be 10 to 60000, found {}", self.telemetry_interval_ms));
+        }
+        if !(1024..=60_000).contains(&self.max_request_bytes) {
+            return Err(format!("max_request_bytes must be 1024 to 60000, found {}", self.max_request_bytes));
+        }
+        if let Some(f) = &self.flush_caches {
+            f.signal()?;
+        }
+        Ok(())
+    }
+
+    /// The policy file's content, or the defaults (marker in the state dir).
+    pub fn policy(&self) -> Result<Policy, ConfigError> {
+        match &self.policy_path {
+            Some(p) => Ok(Policy::load(p)?),
+            None => Ok(Policy { hands_off_marker_path: self.state_dir.join("hands-off"), ..Policy::default() }),
+        }
+    }
+
+    /// Build the service options.
+    pub fn options(&self) -> Result<AgentOptions, ConfigError> {
+        let mut o = AgentOptions::new(&self.node, self.state_dir.clone());
+        o.policy = self.policy()?;
+        o.scheduler = self.scheduler.clone();
+        if let Some(f) = &self.flush_caches {
+            o.flush = f.clone();
+        } else {
+            o.flush = FlushConfig::default();
+        }
+        o.configs = self.configs.clone();
+        o.telemetry_interval_ms = self.telemetry_interval_ms;
+        o.max_request_bytes = self.max_request_bytes;
+        Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agent.yaml");
+        let cfg = AgentConfig::load(&path).unwrap();
+        assert_eq!(cfg.version, 1);
+        assert!(cfg.state_dir.is_absolute());
+        cfg.policy().unwrap();
+    }
+
+    #[test]
+    fn errors_say_where_and_what() {
+        let cases = [
+            ("version: 1\nnode: a\nlisten_addr: 1.2.3.4:22\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\nbackend: cuda\n",
+             "agent.yaml:7:10: backend: unknown variant `cuda`, expected one of `auto`, `sim`, `nvml`, `rocm`"),
+            ("version: 1\nnode: a\nlisten_addr: nope\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\n",
+             "agent.yaml: listen_addr: expected host:port such as 0.0.0.0:2222, found \"nope\""),
+            ("version: 1\nnode: a\n", "agent.yaml:1:1: missing field `listen_addr`"),
+            ("version: 1\nnode: a\nlisten_addr: 1.2.3.4:22\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\nsim: {gpus: many}\n",
+             "agent.yaml:7:6: sim.gpus: invalid type: string \"many\", expected u32"),
+        ];
+        for (text, want) in cases {
+            let err = AgentConfig::parse(text, Path::new("agent.yaml")).unwrap_err().to_string();
+            assert!(err.starts_with(want), "got {err:?}\nwant {want:?}");
+        }
+    }
+}

@@ -1,0 +1,460 @@
+//! The safety envelope: what this node will accept, whatever the engine asks.
+//!
+//! The envelope is the device's own limits intersected with the node's policy
+//! file. Every refusal names the rule, the value and the limit.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::proto::{ActionKind, FanPoint, GpuInfo};
+
+/// The policy file (`policy.yaml`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// Always 1.
+    pub version: u32,
+    #[serde(default)]
+    pub power: PowerPolicy,
+    #[serde(default)]
+    pub fan: FanPolicy,
+    #[serde(default)]
+    pub clocks: ClockPolicy,
+    /// Most changes of one kind per GPU (or per node, for node actions) in a
+    /// sliding window.
+    #[serde(default = "default_rate_limits")]
+    pub rate_limits: BTreeMap<ActionKind, RateLimit>,
+    /// When this file exists every mutating op is refused (a person is
+    /// working on the node).
+    #[serde(default = "default_marker")]
+    pub hands_off_marker_path: PathBuf,
+    /// Longest `revert_after_secs` lease accepted.
+    #[serde(default = "default_max_lease")]
+    pub max_lease_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PowerPolicy {
+    /// Lowest power limit the agent will set, unless a model rule says
+    /// otherwise. The device minimum applies when higher.
+    #[serde(default)]
+    pub floor_watts: Option<f64>,
+    /// Highest power limit the agent will set. The device maximum applies
+    /// when lower.
+    #[serde(default)]
+    pub ceiling_watts: Option<f64>,
+    /// Per-model floors and ceilings; `match` is a substring of the GPU name.
+    #[serde(default)]
+    pub models: Vec<ModelPowerPolicy>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPowerPolicy {
+    #[serde(rename = "match")]
+    pub name_contains: String,
+    #[serde(default)]
+    pub floor_watts: Option<f64>,
+    #[serde(default)]
+    pub ceiling_watts: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FanPolicy {
+    /// No point of a curve may ask for less than this.
+    #[serde(default = "default_fan_min")]
+    pub min_pct: f64,
+    #[serde(default = "default_fan_points")]
+    pub max_points: usize,
+}
+
+impl Default for FanPolicy {
+    fn default() -> Self {
+        FanPolicy { min_pct: default_fan_min(), max_points: default_fan_points() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ClockPolicy {
+    /// Lowest clock the agent will lock a GPU's maximum to.
+    #[serde(default)]
+    pub min_mhz: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    pub max_changes: u32,
+    pub window_secs: u64,
+}
+
+fn default_fan_min() -> f64 {
+    30.0
+}
+fn default_fan_points() -> usize {
+    16
+}
+fn default_marker() -> PathBuf {
+    PathBuf::from("/etc/nightshift/hands-off")
+}
+fn default_max_lease() -> u64 {
+    86_400
+}
+
+/// Rate limits when the policy names none: generous enough for a runbook's
+/// ladder, tight enough to stop a loop.
+pub fn default_rate_limits() -> BTreeMap<ActionKind, RateLimit> {
+    use ActionKind::*;
+    [
+        (PowerLimit, RateLimit { max_changes: 10, window_secs: 600 }),
+        (Fan, RateLimit { max_changes: 10, window_secs: 600 }),
+        (Clocks, RateLimit { max_changes: 10, window_secs: 600 }),
+        (Ecc, RateLimit { max_changes: 4, window_secs: 3600 }),
+        (GpuDrain, RateLimit { max_changes: 6, window_secs: 3600 }),
+        (NodeDrain, RateLimit { max_changes: 6, window_secs: 3600 }),
+        (FlushCaches, RateLimit { max_changes: 12, window_secs: 3600 }),
+        (Config, RateLimit { max_changes: 10, window_secs: 3600 }),
+    ]
+    .into_iter()
+    .collect()
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            version: 1,
+            power: PowerPolicy::default(),
+            fan: FanPolicy::default(),
+            clocks: ClockPolicy::default(),
+            rate_limits: default_rate_limits(),
+            hands_off_marker_path: default_marker(),
+            max_lease_secs: default_max_lease(),
+        }
+    }
+}
+
+/// A policy file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("cannot read policy {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}:{line}:{column}: {message}")]
+    Parse { path: PathBuf, line: usize, column: usize, message: String },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+impl Policy {
+    /// Read and validate a policy file.
+    pub fn load(path: &Path) -> Result<Policy, PolicyError> {
+        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read { path: path.into(), source })?;
+        Policy::parse(&text, path)
+    }
+
+    /// Parse and validate policy text; `path` is used in messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Policy, PolicyError> {
+        let policy: Policy = serde_yaml::from_str(text).map_err(|e| {
+            let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
+            PolicyError::Parse { path: path.into(), line, column, message: e.to_string() }
+        })?;
+        policy.validate().map_err(|message| PolicyError::Invalid { path: path.into(), message })?;
+        Ok(policy)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.version != 1 {
+            return Err(format!("unsupported policy version: expected 1, found {}", self.version));
+        }
+        if let (Some(f), Some(c)) = (self.power.floor_watts, self.power.ceiling_watts)
+            && f > c
+        {
+            return Err(format!("power.floor_watts {f} is above power.ceiling_watts {c}"));
+        }
+        if !(0.0..=100.0).contains(&self.fan.min_pct) {
+            return Err(format!("fan.min_pct must be 0 to 100, found {}", self.fan.min_pct));
+        }
+        for (kind, r) in &self.rate_limits {
+            if r.window_secs == 0 {
+                return Err(format!("rate_limits.{}.window_secs must be above 0", kind.as_str()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The power range this node accepts for `gpu`: device limits ∩ policy.
+    pub fn power_bounds(&self, gpu: &GpuInfo) -> (f64, f64) {
+        let mut floor = self.power.floor_watts;
+        let mut ceiling = self.power.ceiling_watts;
+        for m in &self.power.models {
+            if gpu.name.contains(&m.name_contains) {
+                floor = m.floor_watts.or(floor);
+                ceiling = m.ceiling_watts.or(ceiling);
+            }
+        }
+        let lo = floor.map_or(gpu.power_min_watts, |f| f.max(gpu.power_min_watts));
+        let hi = ceiling.map_or(gpu.power_max_watts, |c| c.min(gpu.power_max_watts));
+        (lo, hi)
+    }
+
+    /// Check a power limit against the envelope.
+    pub fn check_power(&self, gpu: &GpuInfo, watts: f64) -> Result<(), String> {
+        if !watts.is_finite() {
+            return Err(format!("power limit must be a number of watts, found {watts}"));
+        }
+        let (lo, hi) = self.power_bounds(gpu);
+        if watts < lo {
+            return Err(format!(
+                "power limit {} W is below the floor {} W for GPU {} ({})",
+                fmt_num(watts),
+                fmt_num(lo),
+                gpu.index,
+                gpu.name
+            ));
+        }
+        if watts > hi {
+            return Err(format!(
+                "power limit {} W is above the ceiling {} W for GPU {} ({})",
+                fmt_num(watts),
+                fmt_num(hi),
+                gpu.index,
+                gpu.name
+            ));
+        }
+        Ok(())
+    }
+
+    /// Check a fan curve: 2..=max points, temperatures strictly increasing,
+    /// speeds never decreasing, every speed within min_pct..=100.
+    pub fn check_fan_curve(&self, gpu: &GpuInfo, points: &[FanPoint]) -> Result<(), String> {
+        let max = self.fan.max_points;
+        if points.len() < 2 || points.len() > max {
+            return Err(format!("fan curve for GPU {} needs 2 to {max} points, found {}", gpu.index, points.len()));
+        }
+        for (i, p) in points.iter().enumerate() {
+            if !p.temp_c.is_finite() || !(0.0..=120.0).contains(&p.temp_c) {
+                return Err(format!("fan curve point {i}: temperature {} °C is outside 0–120 °C", p.temp_c));
+            }
+            if !p.speed_pct.is_finite() || p.speed_pct < self.fan.min_pct || p.speed_pct > 100.0 {
+                return Err(format!(
+                    "fan curve point {i}: speed {}% is below the minimum {}% or above 100% for GPU {} ({})",
+                    fmt_num(p.speed_pct),
+                    fmt_num(self.fan.min_pct),
+                    gpu.index,
+                    gpu.name
+                ));
+            }
+        }
+        for (i, w) in points.windows(2).enumerate() {
+            if w[1].temp_c <= w[0].temp_c {
+                return Err(format!(
+                    "fan curve is not monotonic: point {} temperature {} °C is not above point {i}'s {} °C",
+                    i + 1,
+                    fmt_num(w[1].temp_c),
+                    fmt_num(w[0].temp_c)
+                ));
+            }
+            if w[1].speed_pct < w[0].speed_pct {
+                return Err(format!(
+                    "fan curve is not monotonic: point {} speed {}% is below point {i}'s {}%",
+                    i + 1,
+                    fmt_num(w[1].speed_pct),
+                    fmt_num(w[0].speed_pct)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Check a clock lock against the device range and the policy minimum.
+    pub fn check_clocks(&self, gpu: &GpuInfo, min_mhz: u32, max_mhz: u32) -> Result<(), String> {
+        if min_mhz > max_mhz {
+            return Err(format!("clock range {min_mhz}–{max_mhz} MHz is empty: min_mhz is above max_mhz"));
+        }
+        if let Some(dev_max) = gpu.clock_max_mhz
+            && max_mhz > dev_max
+        {
+            return Err(format!(
+                "clock {max_mhz} MHz is above the device maximum {dev_max} MHz for GPU {} ({})",
+                gpu.index, gpu.name
+            ));
+        }
+        let floor = self.clocks.min_mhz.unwrap_or(0).max(gpu.clock_min_mhz.unwrap_or(0));
+        if max_mhz < floor {
+            return Err(format!(
+                "clock {max_mhz} MHz is below the floor {floor} MHz for GPU {} ({})",
+                gpu.index, gpu.name
+            ));
+        }
+        Ok(())
+    }
+
+    /// Check a lease length.
+    pub fn check_lease(&self, secs: u64) -> Result<(), String> {
+        if secs == 0 || secs > self.max_lease_secs {
+            return Err(format!("revert_after_secs must be 1 to {}, found {secs}", self.max_lease_secs));
+        }
+        Ok(())
+    }
+
+    /// Whether the maintenance marker is present.
+    pub fn hands_off(&self) -> bool {
+        self.hands_off_marker_path.exists()
+    }
+}
+
+/// Render a number without a needless `.0`.
+pub fn fmt_num(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 { format!("{}", v as i64) } else { format!("{v:.1}") }
+}
+
+/// Sliding-window change counter per (kind, GPU).
+#[derive(Debug, Default)]
+pub struct RateLimiter {
+    history: HashMap<(ActionKind, Option<u32>), VecDeque<i64>>,
+}
+
+impl RateLimiter {
+    /// Refuse if another change would exceed the limit at `now_ms`.
+    pub fn check(&mut self, policy: &Policy, kind: ActionKind, gpu: Option<u32>, now_ms: i64) -> Result<(), String> {
+        let Some(limit) = policy.rate_limits.get(&kind) else { return Ok(()) };
+        let window_ms = limit.window_secs as i64 * 1000;
+        let q = self.history.entry((kind, gpu)).or_default();
+        while q.front().is_some_and(|t| *t <= now_ms - window_ms) {
+            q.pop_front();
+        }
+        if q.len() as u32 >= limit.max_changes {
+            let target = gpu.map_or("this node".to_string(), |g| format!("GPU {g}"));
+            let retry_secs = q.front().map_or(0, |t| (t + window_ms - now_ms + 999) / 1000);
+            return Err(format!(
+                "rate limit: {} changes of kind {} on {target} in the last {} s (limit {}); retry in {retry_secs} s",
+                q.len(),
+                kind.as_str(),
+                limit.window_secs,
+                limit.max_changes
+            ));
+        }
+        Ok(())
+    }
+
+    /// Count one applied change.
+    pub fn record(&mut self, kind: ActionKind, gpu: Option<u32>, now_ms: i64) {
+        self.history.entry((kind, gpu)).or_default().push_back(now_ms);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h100() -> GpuInfo {
+        GpuInfo {
+            index: 0,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            vendor: crate::proto::Vendor::Nvidia,
+            uuid: None,
+            power_min_watts: 200.0,
+            power_max_watts: 700.0,
+            power_default_watts: 700.0,
+            mem_total_mib: 81_559,
+            fan_control: false,
+            slowdown_temp_c: None,
+            shutdown_temp_c: None,
+            clock_min_mhz: Some(345),
+            clock_max_mhz: Some(1980),
+        }
+    }
+
+    fn policy() -> Policy {
+        Policy::parse(
+            "version: 1\npower:\n  floor_watts: 300\n  models:\n    - match: H100\n      floor_watts: 350\nfan:\n  min_pct: 30\n",
+            Path::new("policy.yaml"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn power_values_are_checked_against_device_and_policy() {
+        let p = policy();
+        let g = h100();
+        let cases: &[(f64, Option<&str>)] = &[
+            (90.0, Some("power limit 90 W is below the floor 350 W for GPU 0 (NVIDIA H100 80GB HBM3)")),
+            (349.5, Some("power limit 349.5 W is below the floor 350 W")),
+            (350.0, None),
+            (700.0, None),
+            (701.0, Some("power limit 701 W is above the ceiling 700 W for GPU 0")),
+            (f64::NAN, Some("power limit must be a number of watts")),
+        ];
+        for (w, want) in cases {
+            match (p.check_power(&g, *w), want) {
+                (Ok(()), None) => {}
+                (Err(e), Some(needle)) => assert!(e.contains(needle), "{w}: {e}"),
+                (got, want) => panic!("{w}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn fan_curves_must_be_monotonic_and_above_the_minimum() {
+        let p = policy();
+        let g = h100();
+        let pt = |t, s| FanPoint { temp_c: t, speed_pct: s };
+        let cases: Vec<(Vec<FanPoint>, Option<&str>)> = vec![
+            (vec![pt(40.0, 30.0), pt(80.0, 100.0)], None),
+            (vec![pt(40.0, 20.0), pt(80.0, 100.0)], Some("point 0: speed 20% is below the minimum 30%")),
+            (vec![pt(40.0, 60.0), pt(80.0, 50.0)], Some("point 1 speed 50% is below point 0's 60%")),
+            (vec![pt(60.0, 40.0), pt(60.0, 50.0)], Some("point 1 temperature 60 °C is not above point 0's 60 °C")),
+            (vec![pt(60.0, 40.0)], Some("needs 2 to 16 points, found 1")),
+            (vec![pt(40.0, 40.0), pt(80.0, 101.0)], Some("above 100%")),
+        ];
+        for (points, want) in cases {
+            match (p.check_fan_curve(&g, &points), want) {
+                (Ok(()), None) => {}
+                (Err(e), Some(needle)) => assert!(e.contains(needle), "{points:?}: {e}"),
+                (got, want) => panic!("{points:?}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn clocks_are_checked() {
+        let p = policy();
+        assert!(p.check_clocks(&h100(), 300, 1500).is_ok());
+        assert!(p.check_clocks(&h100(), 1500, 300).unwrap_err().contains("min_mhz is above max_mhz"));
+        assert!(p.check_clocks(&h100(), 300, 2500).unwrap_err().contains("above the device maximum 1980 MHz"));
+        assert!(p.check_clocks(&h100(), 100, 200).unwrap_err().contains("below the floor 345 MHz"));
+    }
+
+    #[test]
+    fn rate_limit_holds_and_slides() {
+        let mut p = policy();
+        p.rate_limits.insert(ActionKind::PowerLimit, RateLimit { max_changes: 2, window_secs: 60 });
+        let mut rl = RateLimiter::default();
+        for t in [0, 1_000] {
+            rl.check(&p, ActionKind::PowerLimit, Some(0), t).unwrap();
+            rl.record(ActionKind::PowerLimit, Some(0), t);
+        }
+        let err = rl.check(&p, ActionKind::PowerLimit, Some(0), 2_000).unwrap_err();
+        assert!(err.contains("kind power_limit on GPU 0 in the last 60 s (limit 2); retry in 58 s"), "{err}");
+        // Another GPU has its own budget.
+        rl.check(&p, ActionKind::PowerLimit, Some(1), 2_000).unwrap();
+        // The window slides.
+        rl.check(&p, ActionKind::PowerLimit, Some(0), 60_001).unwrap();
+    }
+
+    #[test]
+    fn bad_policy_files_say_where() {
+        let err = Policy::parse("version: 1\npower:\n  floor_wats: 3\n", Path::new("p.yaml")).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("p.yaml:3:3: power: unknown field `floor_wats`"), "{msg}");
+        let err = Policy::parse("version: 2\n", Path::new("p.yaml")).unwrap_err();
+        assert_eq!(err.to_string(), "p.yaml: unsupported policy version: expected 1, found 2");
+        let err = Policy::parse("version: 1\npower: {floor_watts: 500, ceiling_watts: 400}\n", Path::new("p.yaml"))
+            .unwrap_err();
+        assert_eq!(err.to_string(), "p.yaml: power.floor_watts 500 is above power.ceiling_watts 400");
+    }
+}

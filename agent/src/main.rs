@@ -1,0 +1,147 @@
+//! `nightshift-agent`: run the node agent, make keys, check a config.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use nightshift_agent::backend::BackendKind;
+use nightshift_agent::config::AgentConfig;
+use nightshift_agent::runtime;
+use nightshift_agent::ssh::keys;
+
+/// The nightshift node agent: safe GPU and node actions over SSH.
+#[derive(Parser)]
+#[command(name = "nightshift-agent", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the agent.
+    ///
+    /// Example: nightshift-agent run --config /etc/nightshift/agent.yaml
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Override the config's backend: auto, sim, nvml or rocm.
+        #[arg(long)]
+        backend: Option<BackendKind>,
+    },
+    /// Generate an Ed25519 key (mode 0600) and its .pub; print the fingerprint.
+    ///
+    /// Example: nightshift-agent keygen --out /var/lib/nightshift-agent/host_key
+    Keygen {
+        #[arg(long)]
+        out: PathBuf,
+        /// Replace an existing key.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Print the host key fingerprint to pin in the engine's inventory.
+    ///
+    /// Example: nightshift-agent fingerprint --config /etc/nightshift/agent.yaml
+    Fingerprint {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Check a config, its policy and authorized keys; print a summary.
+    ///
+    /// Example: nightshift-agent check-config --config examples/agent.yaml
+    CheckConfig {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_env("NIGHTSHIFT_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn real_main(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Command::Run { config, backend } => {
+            init_logging();
+            let cfg = AgentConfig::load(&config).map_err(|e| e.to_string())?;
+            let started = runtime::start(&cfg, backend).await.map_err(|e| e.to_string())?;
+            println!(
+                "nightshift-agent {} on {} (backend {}), host key {}{}",
+                cfg.node,
+                started.server.local_addr,
+                started.agent.backend().name(),
+                started.host_key_fingerprint,
+                if started.host_key_created { " (new)" } else { "" }
+            );
+            wait_for_signal().await;
+            tracing::info!("shutting down");
+            started.shutdown().await;
+            Ok(())
+        }
+        Command::Keygen { out, force } => {
+            if out.exists() && !force {
+                return Err(format!("{} already exists: pass --force to replace it", out.display()));
+            }
+            let key = keys::generate("nightshift").map_err(|e| e.to_string())?;
+            keys::write_keypair(&key, &out).map_err(|e| e.to_string())?;
+            println!("{}", keys::fingerprint(key.public_key()));
+            Ok(())
+        }
+        Command::Fingerprint { config } => {
+            let cfg = AgentConfig::load(&config).map_err(|e| e.to_string())?;
+            if !cfg.host_key_path.exists() {
+                return Err(format!(
+                    "no host key at {} yet: run `nightshift-agent keygen --out {}` or start the agent once",
+                    cfg.host_key_path.display(),
+                    cfg.host_key_path.display()
+                ));
+            }
+            let key = keys::load(&cfg.host_key_path).map_err(|e| e.to_string())?;
+            println!("{}", keys::fingerprint(key.public_key()));
+            Ok(())
+        }
+        Command::CheckConfig { config } => {
+            let cfg = AgentConfig::load(&config).map_err(|e| e.to_string())?;
+            let policy = cfg.policy().map_err(|e| e.to_string())?;
+            let authorized = keys::load_authorized(&cfg.authorized_keys_path).map(|k| k.len());
+            println!("config       {} (node {}, listen {})", config.display(), cfg.node, cfg.listen_addr);
+            println!("backend      {:?}", cfg.backend);
+            println!("scheduler    {:?}", cfg.scheduler);
+            println!("policy       {}", cfg.policy_path.as_ref().map_or("built-in defaults".into(), |p| p.display().to_string()));
+            println!("power floor  {:?} W, fan minimum {}%", policy.power.floor_watts, policy.fan.min_pct);
+            println!("hands-off    {} ({})", policy.hands_off_marker_path.display(), if policy.hands_off() { "PRESENT" } else { "absent" });
+            match authorized {
+                Ok(n) => println!("authorized   {n} key(s) in {}", cfg.authorized_keys_path.display()),
+                Err(e) => return Err(e.to_string()),
+            }
+            println!("configs      {:?}", cfg.configs.keys().collect::<Vec<_>>());
+            println!("ok");
+            Ok(())
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match real_main(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! Drain and resume through the node's scheduler: Slurm (`scontrol`),
+//! Kubernetes (`kubectl cordon`), or none (a state file on the node).
+//!
+//! The adapter only carries out and reads state; the ownership rule — resume
+//! only what nightshift drained — is enforced by the agent service above it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::NodeError;
+use crate::procs;
+
+/// Which scheduler owns the node's drain state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SchedulerConfig {
+    /// No scheduler: drain state lives in a file in the agent's state dir.
+    None,
+    Slurm {
+        /// The Slurm node name; the agent's node name when absent.
+        #[serde(default)]
+        node_name: Option<String>,
+        #[serde(default = "scontrol")]
+        scontrol_path: String,
+        #[serde(default = "ten")]
+        timeout_secs: u64,
+    },
+    Kubernetes {
+        #[serde(default)]
+        node_name: Option<String>,
+        #[serde(default = "kubectl")]
+        kubectl_path: String,
+        #[serde(default)]
+        kubeconfig: Option<PathBuf>,
+        #[serde(default = "ten")]
+        timeout_secs: u64,
+    },
+}
+
+fn scontrol() -> String {
+    "scontrol".into()
+}
+fn kubectl() -> String {
+    "kubectl".into()
+}
+fn ten() -> u64 {
+    10
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig::None
+    }
+}
+
+/// Annotation keys used on Kubernetes nodes.
+pub const K8S_REASON_ANNOTATION: &str = "nightshift.io/drain-reason";
+pub const K8S_BY_ANNOTATION: &str = "nightshift.io/drained-by";
+
+/// The node's drain state as the scheduler reports it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DrainState {
+    pub drained: bool,
+    pub reason: Option<String>,
+}
+
+/// The adapter.
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    node: String,
+    state_file: PathBuf,
+}
+
+fn s(v: &str) -> String {
+    v.to_string()
+}
+
+impl Scheduler {
+    /// An adapter for `node`; `state_file` backs the `none` kind.
+    pub fn new(config: SchedulerConfig, node: &str, state_file: PathBuf) -> Scheduler {
+        let node = match &config {
+            SchedulerConfig::Slurm { node_name: Some(n), .. } | SchedulerConfig::Kubernetes { node_name: Some(n), .. } => {
+                n.clone()
+            }
+            _ => node.to_string(),
+        };
+        Scheduler { config, node, state_file }
+    }
+
+    /// `none`, `slurm` or `kubernetes`.
+    pub fn kind(&self) -> &'static str {
+        match self.config {
+            SchedulerConfig::None => "none",
+            SchedulerConfig::Slurm { .. } => "slurm",
+            SchedulerConfig::Kubernetes { .. } => "kubernetes",
+        }
+    }
+
+    fn timeout(&self) -> Duration {
+        match &self.config {
+            SchedulerConfig::None => Duration::from_secs(5),
+            SchedulerConfig::Slurm { timeout_secs, .. } | SchedulerConfig::Kubernetes { timeout_secs, .. } => {
+                Duration::from_secs(*timeout_secs)
+            }
+        }
+    }
+
+    fn kubectl_base(&self) -> Vec<String> {
+        match &self.config {
+            SchedulerConfig::Kubernetes { kubectl_path, kubeconfig, .. } => {
+                let mut v = vec![kubectl_path.clone()];
+                if let Some(k) = kubeconfig {
+                    v.push(format!("--kubeconfig={}", k.display()));
+                }
+                v
+            }
+            _ => vec![],
+        }
+    }
+
+    /// The commands that read the drain state.
+    pub fn state_argv(&self) -> Vec<String> {
+        match &self.config {
+            SchedulerConfig::None => vec![],
+            SchedulerConfig::Slurm { scontrol_path, .. } => {
+                vec![scontrol_path.clone(), s("--oneliner"), s("show"), s("node"), self.node.clone()]
+            }
+            SchedulerConfig::Kubernetes { .. } => {
+                let mut v = self.kubectl_base();
+                v.extend([s("get"), s("node"), self.node.clone(), s("-o"), s("json")]);
+                v
+            }
+        }
+    }
+
+    /// The commands that drain with `reason`, in order.
+    pub fn drain_argv(&self, reason: &str) -> Vec<Vec<String>> {
+        match &self.config {
+            SchedulerConfig::None => vec![],
+            SchedulerConfig::Slurm { scontrol_path, .. } => vec![vec![
+                scontrol_path.clone(),
+                s("update"),
+                format!("NodeName={}", self.node),
+                s("State=DRAIN"),
+                format!("Reason={reason}"),
+            ]],
+            SchedulerConfig::Kubernetes { .. } => {
+                let mut cordon = self.kubectl_base();
+                cordon.extend([s("cordon"), self.node.clone()]);
+                let mut annotate = self.kubectl_base();
+                annotate.extend([
+                    s("annotate"),
+                    s("node"),
+                    self.node.clone(),
+                    s("--overwrite"),
+                    format!("{K8S_REASON_ANNOTATION}={reason}"),
+                    format!("{K8S_BY_ANNOTATION}=nightshift"),
+                ]);
+                vec![annotate, cordon]
+            }
+        }
+    }
+
+    /// The commands that resume, in order.
+    pub fn resume_argv(&self) -> Vec<Vec<String>> {
+        match &self.config {
+            SchedulerConfig::None => vec![],
+            SchedulerConfig::Slurm { scontrol_path, .. } => vec![vec![
+                scontrol_path.clone(),
+                s("update"),
+                format!("NodeName={}", self.node),
+                s("State=RESUME"),
+            ]],
+            SchedulerConfig::Kubernetes { .. } => {
+                let mut uncordon = self.kubectl_base();
+                uncordon.extend([s("uncordon"), self.node.clone()]);
+                let mut annotate = self.kubectl_base();
+                annotate.extend([
+                    s("annotate"),
+                    s("node"),
+                    self.node.clone(),
+                    format!("{K8S_REASON_ANNOTATION}-"),
+                    format!("{K8S_BY_ANNOTATION}-"),
+                ]);
+                vec![uncordon, annotate]
+            }
+        }
+    }
+
+    /// Read the drain state.
+    pub async fn state(&self) -> Result<DrainState, NodeError> {
+        match &self.config {
+            SchedulerConfig::None => self.read_file(),
+            SchedulerConfig::Slurm { .. } => {
+                let out = procs::run(&self.state_argv(), self.timeout()).await?;
+                parse_slurm_node(&out.stdout)
+            }
+            SchedulerConfig::Kubernetes { .. } => {
+                let out = procs::run(&self.state_argv(), self.timeout()).await?;
+                parse_k8s_node(&out.stdout)
+            }
+        }
+    }
+
+    /// Drain the node with `reason`.
+    pub async fn drain(&self, reason: &str) -> Result<(), NodeError> {
+        if let SchedulerConfig::None = self.config {
+            return self.write_file(&DrainState { drained: true, reason: Some(reason.to_string()) });
+        }
+        for argv in self.drain_argv(reason) {
+            procs::run(&argv, self.timeout()).await?;
+        }
+        Ok(())
+    }
+
+    /// Return the node to service.
+    pub async fn resume(&self) -> Result<(), NodeError> {
+        if let SchedulerConfig::None = self.config {
+            return self.write_file(&DrainState::default());
+        }
+        for argv in self.resume_argv() {
+            procs::run(&argv, self.timeout()).await?;
+        }
+        Ok(())
+    }
+
+    /// Simulation and tests: a person drains the node (only for `none`).
+    pub fn person_drain(&self, reason: &str) -> Result<(), NodeError> {
+        match self.config {
+            SchedulerConfig::None => self.write_file(&DrainState { drained: true, reason: Some(reason.to_string()) }),
+            _ => Err(NodeError::Unexpected(format!(
+                "person_drain is only simulated with the `none` scheduler; use {} directly",
+                self.kind()
+            ))),
+        }
+    }
+
+    fn read_file(&self) -> Result<DrainState, NodeError> {
+        match std::fs::read(&self.state_file) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                NodeError::Io(format!("drain state file {} is not valid: {e}", self.state_file.display()))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DrainState::default()),
+            Err(e) => Err(NodeError::Io(format!("cannot read {}: {e}", self.state_file.display()))),
+        }
+    }
+
+    fn write_file(&self, state: &DrainState) -> Result<(), NodeError> {
+        let bytes = serde_json::to_vec_pretty(state).map_err(|e| NodeError::Io(e.to_string()))?;
+        crate::fsutil::write_atomic(&self.state_file, &bytes)
+            .map_err(|e| NodeError::Io(format!("cannot write {}: {e}", self.state_file.display())))
+    }
+}
+
+/// Parse `scontrol --oneliner show node` output.
+pub fn parse_slurm_node(out: &str) -> Result<DrainState, NodeError> {
+    let line = out.lines().find(|l| l.contains("NodeName=")).ok_or_else(|| {
+        NodeError::Unexpected(format!(
+            "scontrol printed no NodeName= line: expected a node record, found {:?}",
+            out.chars().take(200).collect::<String>()
+        ))
+    })?;
+    let state = line
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("State="))
+        .ok_or_else(|| NodeError::Unexpected("scontrol output has no State= field".into()))?;
+    let drained = state.split('+').any(|s| matches!(s, "DRAIN" | "DRAINED" | "DRAINING" | "DOWN" | "FAIL"));
+    // Reason= runs to the end of the line in one-liner output, followed by
+    // " [user@time]".
+    let reason = line.find(" Reason=").map(|i| {
+        let r = &line[i + " Reason=".len()..];
+        let r = match r.rfind(" [") {
+            Some(j) if r.ends_with(']') => &r[..j],
+            _ => r,
+        };
+        r.trim().to_string()
+    });
+    let reason = reason.filter(|r| !r.is_empty() && r != "(null)");
+    Ok(DrainState { drained, reason })
+}
+
+/// Parse `kubectl get node -o json` output.
+pub fn parse_k8s_node(out: &str) -> Result<DrainState, NodeError> {
+    let v: serde_json::Value = serde_json::from_str(out)
+        .map_err(|e| NodeError::Unexpected(format!("kubectl printed invalid JSON: {e}")))?;
+    let drained = v.pointer("/spec/unschedulable").and_then(|b| b.as_bool()).unwrap_or(false);
+    let reason = v
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(K8S_REASON_ANNOTATION))
+        .and_then(|r| r.as_str())
+        .map(str::to_string);
+    let reason = match (drained, reason) {
+        (true, None) => Some("cordoned without a nightshift annotation".to_string()),
+        (_, r) => r,
+    };
+    Ok(DrainState { drained, reason })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slurm() -> Scheduler {
+        Scheduler::new(
+            SchedulerConfig::Slurm { node_name: Some("gpu01".into()), scontrol_path: "scontrol".into(), timeout_secs: 5 },
+            "ignored",
+            PathBuf::from("/nonexistent"),
+        )
+    }
+
+    fn k8s() -> Scheduler {
+        Scheduler::new(
+            SchedulerConfig::Kubernetes {
+                node_name: None,
+                kubectl_path: "kubectl".into(),
+                kubeconfig: Some("/etc/k.conf".into()),
+                timeout_secs: 5,
+            },
+            "gpu02",
+            PathBuf::from("/nonexistent"),
+        )
+    }
+
+    #[test]
+    fn slurm_commands_are_exact() {
+        assert_eq!(
+            slurm().drain_argv("nightshift: r1 too hot"),
+            vec![vec!["scontrol", "update", "NodeName=gpu01", "State=DRAIN", "Reason=nightshift: r1 too hot"]]
+        );
+        assert_eq!(slurm().resume_argv(), vec![vec!["scontrol", "update", "NodeName=gpu01", "State=RESUME"]]);
+        assert_eq!(slurm().state_argv(), vec!["scontrol", "--oneliner", "show", "node", "gpu01"]);
+    }
+
+    #[test]
+    fn kubernetes_commands_are_exact() {
+        assert_eq!(
+            k8s().drain_argv("nightshift: r2 ecc"),
+            vec![
+                vec![
+                    "kubectl",
+                    "--kubeconfig=/etc/k.conf",
+                    "annotate",
+                    "node",
+                    "gpu02",
+                    "--overwrite",
+                    "nightshift.io/drain-reason=nightshift: r2 ecc",
+                    "nightshift.io/drained-by=nightshift"
+                ],
+                vec!["kubectl", "--kubeconfig=/etc/k.conf", "cordon", "gpu02"],
+            ]
+        );
+        assert_eq!(
+            k8s().resume_argv(),
+            vec![
+                vec!["kubectl", "--kubeconfig=/etc/k.conf", "uncordon", "gpu02"],
+                vec![
+                    "kubectl",
+                    "--kubeconfig=/etc/k.conf",
+                    "annotate",
+                    "node",
+                    "gpu02",
+                    "nightshift.io/drain-reason-",
+                    "nightshift.io/drained-by-"
+                ],
+            ]
+        );
+    }
+
+    #[test]
+    fn parses_slurm_states() {
+        let cases = [
+            ("NodeName=gpu01 Arch=x86_64 State=IDLE ThreadsPerCore=1", false, None),
+            (
+                "NodeName=gpu01 State=IDLE+DRAIN CPUTot=8 Reason=nightshift: r1 hot [root@2026-11-30T01:00:00]",
+                true,
+                Some("nightshift: r1 hot"),
+            ),
+            ("NodeName=gpu01 State=MIXED+DRAIN Reason=fan swap by dave [dave@2026-11-29T22:00:00]", true, Some("fan swap by dave")),
+            ("NodeName=gpu01 State=DOWN+NOT_RESPONDING Reason=Not responding [slurm@2026-11-30T00:00:00]", true, Some("Not responding")),
+        ];
+        for (line, drained, reason) in cases {
+            let st = parse_slurm_node(line).unwrap();
+            assert_eq!(st.drained, drained, "{line}");
+            assert_eq!(st.reason.as_deref(), reason, "{line}");
+        }
+        assert!(parse_slurm_node("Node gpu9 not found").is_err());
+    }
+
+    #[test]
+    fn parses_kubernetes_states() {
+        let ours = r#"{"spec":{"unschedulable":true},"metadata":{"annotations":{"nightshift.io/drain-reason":"nightshift: r3 xid 79"}}}"#;
+        assert_eq!(
+            parse_k8s_node(ours).unwrap(),
+            DrainState { drained: true, reason: Some("nightshift: r3 xid 79".into()) }
+        );
+        let theirs = r#"{"spec":{"unschedulable":true},"metadata":{}}"#;
+        let st = parse_k8s_node(theirs).unwrap();
+        assert!(st.drained && !super::super::owned_by_nightshift(st.reason.as_deref()));
+        let free = r#"{"spec":{},"metadata":{}}"#;
+        assert_eq!(parse_k8s_node(free).unwrap(), DrainState::default());
+    }
+}

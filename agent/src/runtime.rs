@@ -1,0 +1,125 @@
+//! Starting an agent from its config: keys, backend, clock, the SSH server
+//! and the background loops (leases and fan curves; sim physics). Used by
+//! the `nightshift-agent` binary, by `nightshift demo` and by tests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{self, Backend, BackendError, BackendKind};
+use crate::clock::{ScaledClock, SharedClock, SystemClock};
+use crate::config::{AgentConfig, ConfigError};
+use crate::service::{Agent, AgentError};
+use crate::ssh::keys::{self, KeyError};
+use crate::ssh::server::{RunningAgentServer, ServerOptions, serve};
+
+/// Why an agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: String, source: std::io::Error },
+}
+
+/// A running agent.
+pub struct StartedAgent {
+    pub agent: Arc<Agent>,
+    pub server: RunningAgentServer,
+    pub host_key_fingerprint: String,
+    pub host_key_created: bool,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl StartedAgent {
+    /// Stop the loops and the server.
+    pub async fn shutdown(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.server.shutdown().await;
+    }
+
+    /// Stop at once, without waiting (a crash, for tests).
+    pub fn kill(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.server.abort();
+    }
+}
+
+/// Open the configured backend (or `kind` when given).
+pub fn open_backend(cfg: &AgentConfig, kind: Option<BackendKind>) -> Result<Arc<dyn Backend>, BackendError> {
+    Ok(match kind.unwrap_or(cfg.backend) {
+        BackendKind::Sim => Arc::new(backend::sim::SimBackend::new(cfg.sim.clone())?),
+        BackendKind::Nvml => Arc::new(backend::nvml::NvmlBackend::open(cfg.nvml_lib_path.as_deref())?),
+        BackendKind::Rocm => Arc::from(backend::open_rocm()?),
+        BackendKind::Auto => Arc::from(backend::open_auto(cfg.nvml_lib_path.as_deref())?),
+    })
+}
+
+/// The clock the config asks for.
+pub fn clock_for(cfg: &AgentConfig) -> SharedClock {
+    if cfg.sim_time_scale > 1.0 { Arc::new(ScaledClock::new(cfg.sim_time_scale)) } else { Arc::new(SystemClock) }
+}
+
+/// Start an agent from its config.
+pub async fn start(cfg: &AgentConfig, kind: Option<BackendKind>) -> Result<StartedAgent, StartError> {
+    let backend = open_backend(cfg, kind)?;
+    start_with(cfg, backend, clock_for(cfg)).await
+}
+
+/// Start an agent with a given backend and clock.
+pub async fn start_with(
+    cfg: &AgentConfig,
+    backend: Arc<dyn Backend>,
+    clock: SharedClock,
+) -> Result<StartedAgent, StartError> {
+    let (host_key, created) = keys::load_or_create(&cfg.host_key_path, &format!("nightshift-agent@{}", cfg.node))?;
+    let fingerprint = keys::fingerprint(host_key.public_key());
+    let authorized = keys::load_authorized(&cfg.authorized_keys_path)?;
+    let agent = Arc::new(Agent::new(cfg.options()?, backend.clone(), clock.clone())?);
+    let listener = tokio::net::TcpListener::bind(&cfg.listen_addr)
+        .await
+        .map_err(|source| StartError::Listen { addr: cfg.listen_addr.clone(), source })?;
+    let server = serve(agent.clone(), listener, ServerOptions { host_key, authorized })
+        .map_err(|source| StartError::Listen { addr: cfg.listen_addr.clone(), source })?;
+    let mut tasks = Vec::new();
+    let a = agent.clone();
+    tasks.push(tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            every.tick().await;
+            a.tick().await;
+        }
+    }));
+    if backend.sim().is_some() {
+        let b = backend.clone();
+        let scale = clock.scale();
+        tasks.push(tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(100));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last = tokio::time::Instant::now();
+            loop {
+                every.tick().await;
+                let now = tokio::time::Instant::now();
+                let dt = (now - last).as_secs_f64() * scale;
+                last = now;
+                if let Some(sim) = b.sim() {
+                    sim.step(dt);
+                }
+            }
+        }));
+    }
+    tracing::info!(
+        node = %cfg.node, addr = %server.local_addr, backend = backend.name(),
+        host_key = %fingerprint, host_key_created = created, "agent started"
+    );
+    Ok(StartedAgent { agent, server, host_key_fingerprint: fingerprint, host_key_created: created, tasks })
+}

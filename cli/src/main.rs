@@ -1,0 +1,3 @@
+//! `nightshift`: the on-call CLI.
+#![forbid(unsafe_code)]
+fn main() {}

@@ -1,0 +1,2 @@
+//! nightshift-engine: triggers, runbooks, executor, audit log.
+#![forbid(unsafe_code)]

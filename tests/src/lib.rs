@@ -1,0 +1,2 @@
+//! Shared helpers for the cross-process tests in `tests/tests/`.
+#![forbid(unsafe_code)]

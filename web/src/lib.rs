@@ -1,0 +1,2 @@
+//! nightshift-web: the audit UI, JSON API, SSE, Alertmanager webhook and /metrics.
+#![forbid(unsafe_code)]
