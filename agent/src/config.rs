@@ -198,13 +198,19 @@ mod tests {
     #[test]
     fn errors_say_where_and_what() {
         let cases = [
-            ("version: 1\nnode: a\nlisten_addr: 1.2.3.4:22\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\nbackend: cuda\n",
-             "agent.yaml:7:10: backend: unknown variant `cuda`, expected one of `auto`, `sim`, `nvml`, `rocm`"),
-            ("version: 1\nnode: a\nlisten_addr: nope\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\n",
-             "agent.yaml: listen_addr: expected host:port such as 0.0.0.0:2222, found \"nope\""),
+            (
+                "version: 1\nnode: a\nlisten_addr: 1.2.3.4:22\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\nbackend: cuda\n",
+                "agent.yaml:7:10: backend: unknown variant `cuda`, expected one of `auto`, `sim`, `nvml`, `rocm`",
+            ),
+            (
+                "version: 1\nnode: a\nlisten_addr: nope\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\n",
+                "agent.yaml: listen_addr: expected host:port such as 0.0.0.0:2222, found \"nope\"",
+            ),
             ("version: 1\nnode: a\n", "agent.yaml:1:1: missing field `listen_addr`"),
-            ("version: 1\nnode: a\nlisten_addr: 1.2.3.4:22\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\nsim: {gpus: many}\n",
-             "agent.yaml:7:6: sim.gpus: invalid type: string \"many\", expected u32"),
+            (
+                "version: 1\nnode: a\nlisten_addr: 1.2.3.4:22\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\nsim: {gpus: many}\n",
+                "agent.yaml:7:6: sim.gpus: invalid type: string \"many\", expected u32",
+            ),
         ];
         for (text, want) in cases {
             let err = AgentConfig::parse(text, Path::new("agent.yaml")).unwrap_err().to_string();

@@ -116,7 +116,13 @@ impl Journal {
 
     /// Record the reply for `id`.
     pub fn finish(&mut self, id: &str, digest: &str, op: &str, at_ms: i64, reply: &Reply) -> std::io::Result<()> {
-        self.append(JournalLine::Done { id: id.into(), digest: digest.into(), op: op.into(), at_ms, reply: reply.clone() })
+        self.append(JournalLine::Done {
+            id: id.into(),
+            digest: digest.into(),
+            op: op.into(),
+            at_ms,
+            reply: reply.clone(),
+        })
     }
 
     /// Record that the lease of `id` was carried out.
@@ -127,11 +133,7 @@ impl Journal {
     /// Read a journal file's lines (for tests and audits).
     pub fn read_lines(path: &Path) -> std::io::Result<Vec<JournalLine>> {
         let f = File::open(path)?;
-        Ok(BufReader::new(f)
-            .lines()
-            .map_while(Result::ok)
-            .filter_map(|l| serde_json::from_str(&l).ok())
-            .collect())
+        Ok(BufReader::new(f).lines().map_while(Result::ok).filter_map(|l| serde_json::from_str(&l).ok()).collect())
     }
 }
 
@@ -147,7 +149,12 @@ fn apply_line(entries: &mut HashMap<String, Entry>, order: &mut Vec<String>, lin
             if !entries.contains_key(&id) {
                 order.push(id.clone());
             }
-            let e = entries.entry(id).or_insert(Entry { digest: digest.clone(), op: op.clone(), reply: None, reverted: None });
+            let e = entries.entry(id).or_insert(Entry {
+                digest: digest.clone(),
+                op: op.clone(),
+                reply: None,
+                reverted: None,
+            });
             e.reply = Some(reply);
         }
         JournalLine::Reverted { id, at_ms, ok, detail } => {
@@ -161,7 +168,13 @@ fn apply_line(entries: &mut HashMap<String, Entry>, order: &mut Vec<String>, lin
 fn lines_for(id: &str, e: &Entry) -> Vec<JournalLine> {
     let mut v = vec![JournalLine::Pending { id: id.into(), digest: e.digest.clone(), op: e.op.clone(), at_ms: 0 }];
     if let Some(r) = &e.reply {
-        v.push(JournalLine::Done { id: id.into(), digest: e.digest.clone(), op: e.op.clone(), at_ms: 0, reply: r.clone() });
+        v.push(JournalLine::Done {
+            id: id.into(),
+            digest: e.digest.clone(),
+            op: e.op.clone(),
+            at_ms: 0,
+            reply: r.clone(),
+        });
     }
     if let Some((at, ok, d)) = &e.reverted {
         v.push(JournalLine::Reverted { id: id.into(), at_ms: *at, ok: *ok, detail: d.clone() });

@@ -112,9 +112,16 @@ async fn real_main(cli: Cli) -> Result<(), String> {
             println!("config       {} (node {}, listen {})", config.display(), cfg.node, cfg.listen_addr);
             println!("backend      {:?}", cfg.backend);
             println!("scheduler    {:?}", cfg.scheduler);
-            println!("policy       {}", cfg.policy_path.as_ref().map_or("built-in defaults".into(), |p| p.display().to_string()));
+            println!(
+                "policy       {}",
+                cfg.policy_path.as_ref().map_or("built-in defaults".into(), |p| p.display().to_string())
+            );
             println!("power floor  {:?} W, fan minimum {}%", policy.power.floor_watts, policy.fan.min_pct);
-            println!("hands-off    {} ({})", policy.hands_off_marker_path.display(), if policy.hands_off() { "PRESENT" } else { "absent" });
+            println!(
+                "hands-off    {} ({})",
+                policy.hands_off_marker_path.display(),
+                if policy.hands_off() { "PRESENT" } else { "absent" }
+            );
             match authorized {
                 Ok(n) => println!("authorized   {n} key(s) in {}", cfg.authorized_keys_path.display()),
                 Err(e) => return Err(e.to_string()),

@@ -33,10 +33,9 @@ pub fn display(argv: &[String]) -> String {
 /// Run `argv` (program first) with no stdin, capturing output, killing it
 /// after `timeout`.
 pub async fn run(argv: &[String], timeout: Duration) -> Result<ProcOutput, ProcError> {
-    let (program, args) = argv.split_first().ok_or_else(|| ProcError::Spawn {
-        program: String::new(),
-        message: "empty argument vector".into(),
-    })?;
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| ProcError::Spawn { program: String::new(), message: "empty argument vector".into() })?;
     let child = tokio::process::Command::new(program)
         .args(args)
         .stdin(Stdio::null())
@@ -53,11 +52,7 @@ pub async fn run(argv: &[String], timeout: Duration) -> Result<ProcOutput, ProcE
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).trim().chars().take(2000).collect::<String>();
     if !out.status.success() {
-        return Err(ProcError::Failed {
-            command: display(argv),
-            code: out.status.code().unwrap_or(-1),
-            stderr,
-        });
+        return Err(ProcError::Failed { command: display(argv), code: out.status.code().unwrap_or(-1), stderr });
     }
     Ok(ProcOutput { stdout, stderr })
 }

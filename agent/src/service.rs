@@ -232,7 +232,9 @@ impl Agent {
     pub async fn handle(&self, req: Request) -> Reply {
         let id = req.id.clone();
         let result = match &req.op {
-            Op::Inventory(_) => serde_json::to_value(self.inventory()).map_err(|e| (ErrorCode::Internal, e.to_string())),
+            Op::Inventory(_) => {
+                serde_json::to_value(self.inventory()).map_err(|e| (ErrorCode::Internal, e.to_string()))
+            }
             Op::Telemetry(_) => match self.telemetry().await {
                 Ok(t) => serde_json::to_value(t).map_err(|e| (ErrorCode::Internal, e.to_string())),
                 Err(r) => Err(r),
@@ -266,12 +268,12 @@ impl Agent {
 
     async fn drain_state(&self, fresh: bool) -> Result<DrainState, NodeError> {
         let now = self.clock.now_ms();
-        if !fresh && self.scheduler.kind() != "none" {
-            if let Some((s, at)) = self.st().drain_cache.clone()
-                && now - at < 15_000
-            {
-                return Ok(s);
-            }
+        if !fresh
+            && self.scheduler.kind() != "none"
+            && let Some((s, at)) = self.st().drain_cache.clone()
+            && now - at < 15_000
+        {
+            return Ok(s);
         }
         let s = self.scheduler.state().await?;
         self.st().drain_cache = Some((s.clone(), now));
@@ -299,7 +301,9 @@ impl Agent {
             Some(e) => {
                 let reverted = e.reverted.as_ref().map(|(at, ok, d)| json!({"at_ms": at, "ok": ok, "detail": d}));
                 match &e.reply {
-                    Some(r) => json!({"request_id": request_id, "state": "done", "op": e.op, "reply": r, "reverted": reverted}),
+                    Some(r) => {
+                        json!({"request_id": request_id, "state": "done", "op": e.op, "reply": r, "reverted": reverted})
+                    }
                     None => json!({"request_id": request_id, "state": "indeterminate", "op": e.op}),
                 }
             }
@@ -326,10 +330,7 @@ impl Agent {
             return Ok(json!({"injected": "person_drain"}));
         }
         let sim = self.backend.sim().ok_or_else(|| {
-            (
-                ErrorCode::BadRequest,
-                format!("sim_fault needs the sim backend: this agent runs {}", self.backend.name()),
-            )
+            (ErrorCode::BadRequest, format!("sim_fault needs the sim backend: this agent runs {}", self.backend.name()))
         })?;
         sim.inject(fault).map_err(backend_refusal)?;
         Ok(json!({"injected": serde_json::to_value(fault).unwrap_or(Value::Null)}))
@@ -344,10 +345,7 @@ impl Agent {
                 return Reply::err(
                     &req.id,
                     ErrorCode::Conflict,
-                    format!(
-                        "request id {} was already used for a different request ({}); use a new id",
-                        req.id, e.op
-                    ),
+                    format!("request id {} was already used for a different request ({}); use a new id", req.id, e.op),
                 );
             }
             return match &e.reply {
@@ -412,7 +410,10 @@ impl Agent {
             });
         }
         if req.revert_after_secs.is_some() && plan.revert.is_none() {
-            return Err((ErrorCode::BadRequest, format!("{} cannot be reverted: drop revert_after_secs", req.op.name())));
+            return Err((
+                ErrorCode::BadRequest,
+                format!("{} cannot be reverted: drop revert_after_secs", req.op.name()),
+            ));
         }
         let kind = req.op.kind().unwrap_or(ActionKind::Config);
         let now = self.clock.now_ms();
@@ -458,7 +459,8 @@ impl Agent {
                 let info = self.backend.gpu(a.gpu).map_err(backend_refusal)?.clone();
                 policy.check_power(&info, a.watts).map_err(env)?;
                 let cur = self.gpu_sample(a.gpu)?.power_limit_watts;
-                let mut p = Plan::new(Some(a.gpu), json!({"power_limit_watts": cur}), json!({"power_limit_watts": a.watts}));
+                let mut p =
+                    Plan::new(Some(a.gpu), json!({"power_limit_watts": cur}), json!({"power_limit_watts": a.watts}));
                 if (cur - a.watts).abs() < 0.5 {
                     p.unchanged = Some(format!("power limit already {} W", fmt_num(cur)));
                 }
@@ -470,10 +472,8 @@ impl Agent {
                 let cur = self.st().fan_curves.get(&a.gpu).cloned();
                 let mut p = Plan::new(Some(a.gpu), json!({"fan_curve": cur}), json!({"fan_curve": a.points}));
                 if !info.fan_control {
-                    p.not_applicable = Some(format!(
-                        "GPU {} ({}) has no controllable fan: fan curves do not apply",
-                        a.gpu, info.name
-                    ));
+                    p.not_applicable =
+                        Some(format!("GPU {} ({}) has no controllable fan: fan curves do not apply", a.gpu, info.name));
                     return Ok(p);
                 }
                 policy.check_fan_curve(&info, &a.points).map_err(env)?;
@@ -513,7 +513,8 @@ impl Agent {
             Op::ResetClocks(a) => {
                 self.backend.gpu(a.gpu).map_err(backend_refusal)?;
                 let cur = self.st().clocks.get(&a.gpu).copied();
-                let mut p = Plan::new(Some(a.gpu), json!({"clocks_locked_mhz": cur}), json!({"clocks_locked_mhz": null}));
+                let mut p =
+                    Plan::new(Some(a.gpu), json!({"clocks_locked_mhz": cur}), json!({"clocks_locked_mhz": null}));
                 if cur.is_none() {
                     p.unchanged = Some("clocks are not locked".into());
                 }
@@ -530,7 +531,8 @@ impl Agent {
             }
             Op::SetGpuDrain(a) => {
                 let g = self.gpu_sample(a.gpu)?;
-                let mut p = Plan::new(Some(a.gpu), json!({"gpu_drained": g.gpu_drained}), json!({"gpu_drained": a.drained}));
+                let mut p =
+                    Plan::new(Some(a.gpu), json!({"gpu_drained": g.gpu_drained}), json!({"gpu_drained": a.drained}));
                 if g.gpu_drained == a.drained {
                     p.unchanged = Some(format!("GPU {} drain state already {}", a.gpu, a.drained));
                 }
@@ -625,7 +627,11 @@ impl Agent {
                     json!({"name": a.name, "version": a.version, "good": a.good}),
                 );
                 if cur == Some(a.good) {
-                    p.unchanged = Some(format!("version {} is already marked {}", a.version, if a.good { "good" } else { "bad" }));
+                    p.unchanged = Some(format!(
+                        "version {} is already marked {}",
+                        a.version,
+                        if a.good { "good" } else { "bad" }
+                    ));
                 }
                 Ok(p)
             }
@@ -635,7 +641,8 @@ impl Agent {
 
     fn drain_reason(&self, a: &DrainArgs) -> String {
         let clean = |s: &str| s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect::<String>();
-        let mut r = format!("{OWNER_PREFIX} {} {}", clean(a.run.as_deref().unwrap_or("manual")), clean(a.reason.trim()));
+        let mut r =
+            format!("{OWNER_PREFIX} {} {}", clean(a.run.as_deref().unwrap_or("manual")), clean(a.reason.trim()));
         r.truncate(r.char_indices().nth(200).map_or(r.len(), |(i, _)| i));
         r
     }
@@ -695,7 +702,8 @@ impl Agent {
                 Ok(json!({"drained": st.drained, "reason": st.reason}))
             }
             Op::FlushCaches(a) => {
-                let report = self.opts.flush.flush(a.drop_page_cache, a.signal_processes).await.map_err(node_refusal)?;
+                let report =
+                    self.opts.flush.flush(a.drop_page_cache, a.signal_processes).await.map_err(node_refusal)?;
                 self.backend.on_caches_flushed();
                 let (gpus, _) = self.backend.sample().map_err(backend_refusal)?;
                 let frag: Vec<Option<f64>> = gpus.iter().map(|g| g.mem_fragmentation_pct).collect();

@@ -1,2 +1,96 @@
-//! Shared helpers for the cross-process tests in `tests/tests/`.
+//! Shared helpers for the cross-process tests in `tests/tests/`: start real
+//! agents (sim backend, real SSH on loopback) in a temporary folder, with an
+//! engine key they trust.
 #![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nightshift_agent::backend::sim::SimConfig;
+use nightshift_agent::config::AgentConfig;
+use nightshift_agent::runtime::{self, StartedAgent};
+use nightshift_agent::ssh::client::{AgentClient, ClientConfig};
+use nightshift_agent::ssh::keys::{self, PrivateKey};
+
+/// A test agent and everything needed to talk to it.
+pub struct TestAgent {
+    pub started: Option<StartedAgent>,
+    pub cfg: AgentConfig,
+    pub engine_key: Arc<PrivateKey>,
+    pub dir: PathBuf,
+}
+
+/// Write an engine key pair under `dir` (once) and return it.
+pub fn engine_key(dir: &Path) -> Arc<PrivateKey> {
+    let path = dir.join("engine_key");
+    let (k, _) = keys::load_or_create(&path, "nightshift-engine").expect("engine key");
+    Arc::new(k)
+}
+
+/// An agent config for a sim node in `dir`, listening on a free loopback port.
+pub fn sim_agent_config(dir: &Path, node: &str, sim: SimConfig, extra_yaml: &str) -> AgentConfig {
+    let node_dir = dir.join(node);
+    std::fs::create_dir_all(&node_dir).unwrap();
+    let text = format!(
+        "version: 1\nnode: {node}\nlisten_addr: 127.0.0.1:0\nstate_dir: {node}/state\nhost_key_path: {node}/host_key\n\
+         authorized_keys_path: engine_key.pub\nbackend: sim\nsim: {sim}\n\
+         flush_caches: {{drop_caches_path: {node}/drop_caches, registry_dir: {node}/flush.d}}\n\
+         configs:\n  nccl-env:\n    path: {node}/nccl.env\n{extra_yaml}",
+        sim = serde_json::to_string(&sim).unwrap(),
+    );
+    let path = dir.join(format!("{node}.yaml"));
+    std::fs::write(&path, text).unwrap();
+    AgentConfig::load(&path).expect("valid test agent config")
+}
+
+impl TestAgent {
+    /// Start a sim agent named `node` in `dir`.
+    pub async fn start(dir: &Path, node: &str, sim: SimConfig, extra_yaml: &str) -> TestAgent {
+        let engine_key = engine_key(dir);
+        let cfg = sim_agent_config(dir, node, sim, extra_yaml);
+        let started = runtime::start(&cfg, None).await.expect("agent starts");
+        TestAgent { started: Some(started), cfg, engine_key, dir: dir.to_path_buf() }
+    }
+
+    fn running(&self) -> &StartedAgent {
+        self.started.as_ref().expect("agent is running")
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn addr(&self) -> String {
+        self.running().server.local_addr.to_string()
+    }
+
+    /// The pinned host key.
+    pub fn fingerprint(&self) -> String {
+        self.running().host_key_fingerprint.clone()
+    }
+
+    /// A client config that pins this agent's host key.
+    pub fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new(self.addr(), self.fingerprint(), self.engine_key.clone());
+        c.backoff_min = std::time::Duration::from_millis(20);
+        c
+    }
+
+    /// A reconnecting client.
+    pub fn client(&self) -> AgentClient {
+        AgentClient::new(self.client_config())
+    }
+
+    /// Stop the agent (its state dir stays).
+    pub async fn stop(&mut self) {
+        if let Some(s) = self.started.take() {
+            s.shutdown().await;
+        }
+    }
+
+    /// Start it again on the same state dir and port.
+    pub async fn restart(&mut self) {
+        let addr = self.addr();
+        self.stop().await;
+        let mut cfg = self.cfg.clone();
+        cfg.listen_addr = addr;
+        self.started = Some(runtime::start(&cfg, None).await.expect("agent restarts"));
+    }
+}

@@ -61,9 +61,7 @@ pub trait Backend: Send + Sync {
     /// The GPU's inventory entry, or the error naming the valid range.
     fn gpu(&self, index: u32) -> Result<&GpuInfo, BackendError> {
         let gpus = self.gpus();
-        gpus.iter()
-            .find(|g| g.index == index)
-            .ok_or(BackendError::NoSuchGpu { index, count: gpus.len() as u32 })
+        gpus.iter().find(|g| g.index == index).ok_or(BackendError::NoSuchGpu { index, count: gpus.len() as u32 })
     }
 }
 

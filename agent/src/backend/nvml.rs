@@ -138,7 +138,9 @@ impl NvmlBackend {
             index: i,
             temperature_c: d.temperature(TemperatureSensor::Gpu).map_err(failed)? as f64,
             power_watts: mw_to_w(d.power_usage().map_err(failed)?),
-            power_limit_watts: mw_to_w(d.enforced_power_limit().or_else(|_| d.power_management_limit()).map_err(failed)?),
+            power_limit_watts: mw_to_w(
+                d.enforced_power_limit().or_else(|_| d.power_management_limit()).map_err(failed)?,
+            ),
             fan_pct: fan,
             util_pct: opt(d.utilization_rates()).map(|u| u.gpu as f64).unwrap_or(0.0),
             mem_used_pct: mem
@@ -165,7 +167,12 @@ impl NvmlBackend {
                     Ok(active) => {
                         total += 1;
                         up += active as u32;
-                        for c in [ErrorCounter::DlReplay, ErrorCounter::DlRecovery, ErrorCounter::DlCrcFlit, ErrorCounter::DlCrcData] {
+                        for c in [
+                            ErrorCounter::DlReplay,
+                            ErrorCounter::DlRecovery,
+                            ErrorCounter::DlCrcFlit,
+                            ErrorCounter::DlCrcData,
+                        ] {
                             errors += link.error_counter(c).unwrap_or(0);
                         }
                     }
@@ -210,7 +217,8 @@ impl Backend for NvmlBackend {
         }
         let mut d = self.device(gpu)?;
         for fan in 0..n {
-            if let Support::NotSupported(why) = support(d.set_fan_speed(fan, pct.round() as u32), "setting fan speed")? {
+            if let Support::NotSupported(why) = support(d.set_fan_speed(fan, pct.round() as u32), "setting fan speed")?
+            {
                 return Ok(Support::NotSupported(why));
             }
         }

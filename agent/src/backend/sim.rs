@@ -357,10 +357,7 @@ impl SimBackend {
             ))
         })?;
         if config.gpus == 0 || config.gpus > 16 {
-            return Err(BackendError::Unavailable(format!(
-                "sim: gpus must be 1 to 16, found {}",
-                config.gpus
-            )));
+            return Err(BackendError::Unavailable(format!("sim: gpus must be 1 to 16, found {}", config.gpus)));
         }
         let info = (0..config.gpus)
             .map(|i| GpuInfo {
@@ -509,8 +506,7 @@ impl SimBackend {
             } else {
                 1.0
             };
-            g.sm_clock_mhz = ((p.clock_min_mhz as f64)
-                + (p.clock_max_mhz - p.clock_min_mhz) as f64 * share.powf(0.7))
+            g.sm_clock_mhz = ((p.clock_min_mhz as f64) + (p.clock_max_mhz - p.clock_min_mhz) as f64 * share.powf(0.7))
                 .round() as u32;
             if let Some((_, max_mhz)) = g.clocks_locked {
                 g.sm_clock_mhz = g.sm_clock_mhz.min(max_mhz);
@@ -643,11 +639,7 @@ fn failed(message: String) -> BackendError {
 }
 
 fn check_pct(field: &str, v: f64) -> Result<f64, BackendError> {
-    if (0.0..=100.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(failed(format!("{field} must be 0 to 100, found {v}")))
-    }
+    if (0.0..=100.0).contains(&v) { Ok(v) } else { Err(failed(format!("{field} must be 0 to 100, found {v}"))) }
 }
 
 /// Whether a config file's content breaks GPU-to-GPU P2P the way the field

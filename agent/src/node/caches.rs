@@ -67,9 +67,9 @@ pub struct FlushReport {
 impl FlushConfig {
     /// Check the signal name.
     pub fn signal(&self) -> Result<Signal, String> {
-        self.signal
-            .parse::<Signal>()
-            .map_err(|_| format!("flush_caches.signal: expected a signal name such as SIGUSR1, found {:?}", self.signal))
+        self.signal.parse::<Signal>().map_err(|_| {
+            format!("flush_caches.signal: expected a signal name such as SIGUSR1, found {:?}", self.signal)
+        })
     }
 
     /// Carry out a flush.

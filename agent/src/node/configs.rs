@@ -138,7 +138,13 @@ impl ConfigStore {
     }
 
     /// Write a new version and make it current. Returns the new history.
-    pub fn apply(&self, name: &str, content: &str, note: Option<String>, now_ms: i64) -> Result<ConfigHistory, NodeError> {
+    pub fn apply(
+        &self,
+        name: &str,
+        content: &str,
+        note: Option<String>,
+        now_ms: i64,
+    ) -> Result<ConfigHistory, NodeError> {
         let mut h = self.history(name, now_ms)?;
         let version = h.versions.iter().map(|v| v.version).max().unwrap_or(0) + 1;
         self.store_version(name, version, content)?;

@@ -13,10 +13,11 @@ use super::NodeError;
 use crate::procs;
 
 /// Which scheduler owns the node's drain state.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SchedulerConfig {
     /// No scheduler: drain state lives in a file in the agent's state dir.
+    #[default]
     None,
     Slurm {
         /// The Slurm node name; the agent's node name when absent.
@@ -49,12 +50,6 @@ fn ten() -> u64 {
     10
 }
 
-impl Default for SchedulerConfig {
-    fn default() -> Self {
-        SchedulerConfig::None
-    }
-}
-
 /// Annotation keys used on Kubernetes nodes.
 pub const K8S_REASON_ANNOTATION: &str = "nightshift.io/drain-reason";
 pub const K8S_BY_ANNOTATION: &str = "nightshift.io/drained-by";
@@ -82,9 +77,8 @@ impl Scheduler {
     /// An adapter for `node`; `state_file` backs the `none` kind.
     pub fn new(config: SchedulerConfig, node: &str, state_file: PathBuf) -> Scheduler {
         let node = match &config {
-            SchedulerConfig::Slurm { node_name: Some(n), .. } | SchedulerConfig::Kubernetes { node_name: Some(n), .. } => {
-                n.clone()
-            }
+            SchedulerConfig::Slurm { node_name: Some(n), .. }
+            | SchedulerConfig::Kubernetes { node_name: Some(n), .. } => n.clone(),
             _ => node.to_string(),
         };
         Scheduler { config, node, state_file }
@@ -168,12 +162,9 @@ impl Scheduler {
     pub fn resume_argv(&self) -> Vec<Vec<String>> {
         match &self.config {
             SchedulerConfig::None => vec![],
-            SchedulerConfig::Slurm { scontrol_path, .. } => vec![vec![
-                scontrol_path.clone(),
-                s("update"),
-                format!("NodeName={}", self.node),
-                s("State=RESUME"),
-            ]],
+            SchedulerConfig::Slurm { scontrol_path, .. } => {
+                vec![vec![scontrol_path.clone(), s("update"), format!("NodeName={}", self.node), s("State=RESUME")]]
+            }
             SchedulerConfig::Kubernetes { .. } => {
                 let mut uncordon = self.kubectl_base();
                 uncordon.extend([s("uncordon"), self.node.clone()]);
@@ -284,8 +275,8 @@ pub fn parse_slurm_node(out: &str) -> Result<DrainState, NodeError> {
 
 /// Parse `kubectl get node -o json` output.
 pub fn parse_k8s_node(out: &str) -> Result<DrainState, NodeError> {
-    let v: serde_json::Value = serde_json::from_str(out)
-        .map_err(|e| NodeError::Unexpected(format!("kubectl printed invalid JSON: {e}")))?;
+    let v: serde_json::Value =
+        serde_json::from_str(out).map_err(|e| NodeError::Unexpected(format!("kubectl printed invalid JSON: {e}")))?;
     let drained = v.pointer("/spec/unschedulable").and_then(|b| b.as_bool()).unwrap_or(false);
     let reason = v
         .pointer("/metadata/annotations")
@@ -305,7 +296,11 @@ mod tests {
 
     fn slurm() -> Scheduler {
         Scheduler::new(
-            SchedulerConfig::Slurm { node_name: Some("gpu01".into()), scontrol_path: "scontrol".into(), timeout_secs: 5 },
+            SchedulerConfig::Slurm {
+                node_name: Some("gpu01".into()),
+                scontrol_path: "scontrol".into(),
+                timeout_secs: 5,
+            },
             "ignored",
             PathBuf::from("/nonexistent"),
         )
@@ -378,8 +373,16 @@ mod tests {
                 true,
                 Some("nightshift: r1 hot"),
             ),
-            ("NodeName=gpu01 State=MIXED+DRAIN Reason=fan swap by dave [dave@2026-11-29T22:00:00]", true, Some("fan swap by dave")),
-            ("NodeName=gpu01 State=DOWN+NOT_RESPONDING Reason=Not responding [slurm@2026-11-30T00:00:00]", true, Some("Not responding")),
+            (
+                "NodeName=gpu01 State=MIXED+DRAIN Reason=fan swap by dave [dave@2026-11-29T22:00:00]",
+                true,
+                Some("fan swap by dave"),
+            ),
+            (
+                "NodeName=gpu01 State=DOWN+NOT_RESPONDING Reason=Not responding [slurm@2026-11-30T00:00:00]",
+                true,
+                Some("Not responding"),
+            ),
         ];
         for (line, drained, reason) in cases {
             let st = parse_slurm_node(line).unwrap();

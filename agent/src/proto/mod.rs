@@ -186,8 +186,7 @@ impl Request {
     /// Parse one request. Refuses unknown fields, wrong types, unknown ops
     /// and other protocol versions, naming what was expected and found.
     pub fn parse(bytes: &[u8]) -> Result<Request, ParseError> {
-        let raw: RawRequest =
-            serde_json::from_slice(bytes).map_err(|e| ParseError::Envelope(e.to_string()))?;
+        let raw: RawRequest = serde_json::from_slice(bytes).map_err(|e| ParseError::Envelope(e.to_string()))?;
         if raw.v != PROTOCOL_VERSION {
             return Err(ParseError::Version(raw.v));
         }
@@ -363,10 +362,9 @@ mod tests {
 
     #[test]
     fn parses_a_well_formed_request() {
-        let req = Request::parse(
-            br#"{"v":1,"id":"r1","op":"set_power_limit","args":{"gpu":0,"watts":450},"dry_run":true}"#,
-        )
-        .unwrap();
+        let req =
+            Request::parse(br#"{"v":1,"id":"r1","op":"set_power_limit","args":{"gpu":0,"watts":450},"dry_run":true}"#)
+                .unwrap();
         assert_eq!(req.id, "r1");
         assert!(req.dry_run);
         assert_eq!(req.op, Op::SetPowerLimit(SetPowerLimitArgs { gpu: 0, watts: 450.0 }));
@@ -379,10 +377,7 @@ mod tests {
             "abc",
             Op::SetFanCurve(SetFanCurveArgs {
                 gpu: 1,
-                points: vec![
-                    FanPoint { temp_c: 40.0, speed_pct: 30.0 },
-                    FanPoint { temp_c: 80.0, speed_pct: 100.0 },
-                ],
+                points: vec![FanPoint { temp_c: 40.0, speed_pct: 30.0 }, FanPoint { temp_c: 80.0, speed_pct: 100.0 }],
             }),
         );
         req.revert_after_secs = Some(60);
@@ -400,11 +395,7 @@ mod tests {
                 ErrorCode::UnsupportedVersion,
                 "unsupported protocol version: expected 1, found 2",
             ),
-            (
-                r#"{"v":1,"id":"a","op":"reboot"}"#,
-                ErrorCode::UnknownOp,
-                "unknown op `reboot`: expected one of",
-            ),
+            (r#"{"v":1,"id":"a","op":"reboot"}"#, ErrorCode::UnknownOp, "unknown op `reboot`: expected one of"),
             (
                 r#"{"v":1,"id":"a","op":"set_power_limit","args":{"gpu":0,"wats":5}}"#,
                 ErrorCode::BadRequest,

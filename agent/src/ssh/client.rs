@@ -65,7 +65,9 @@ pub enum ClientError {
         "agent at {addr} presented host key {found}, but the inventory pins {expected}; refusing to talk (if the node was reinstalled, update its host_key in the inventory)"
     )]
     HostKeyMismatch { addr: String, expected: String, found: String },
-    #[error("agent at {addr} refused the engine's key for user {user}: add the engine's public key to the agent's authorized keys")]
+    #[error(
+        "agent at {addr} refused the engine's key for user {user}: add the engine's public key to the agent's authorized keys"
+    )]
     AuthRejected { addr: String, user: String },
     #[error("agent at {addr} did not answer within {ms} ms")]
     Timeout { addr: String, ms: u64 },
@@ -130,11 +132,9 @@ impl AgentConnection {
             Ok(Err(e)) => {
                 let found = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 return Err(match found {
-                    Some(found) if found != cfg.host_key_fingerprint => ClientError::HostKeyMismatch {
-                        addr,
-                        expected: cfg.host_key_fingerprint.clone(),
-                        found,
-                    },
+                    Some(found) if found != cfg.host_key_fingerprint => {
+                        ClientError::HostKeyMismatch { addr, expected: cfg.host_key_fingerprint.clone(), found }
+                    }
                     _ => ClientError::Connect { addr, message: e.to_string() },
                 });
             }
@@ -177,9 +177,10 @@ impl AgentConnection {
             }
             Ok((out, status))
         };
-        tokio::time::timeout(self.cfg.request_timeout, work)
-            .await
-            .map_err(|_| ClientError::Timeout { addr: self.cfg.addr.clone(), ms: self.cfg.request_timeout.as_millis() as u64 })?
+        tokio::time::timeout(self.cfg.request_timeout, work).await.map_err(|_| ClientError::Timeout {
+            addr: self.cfg.addr.clone(),
+            ms: self.cfg.request_timeout.as_millis() as u64,
+        })?
     }
 
     /// Send one request and read its reply.
@@ -193,7 +194,11 @@ impl AgentConnection {
 
     /// Subscribe to telemetry. Samples arrive on the receiver until the
     /// connection drops (then the receiver yields `None`).
-    pub async fn subscribe(&self, id: &str, interval_ms: Option<u64>) -> Result<mpsc::Receiver<Telemetry>, ClientError> {
+    pub async fn subscribe(
+        &self,
+        id: &str,
+        interval_ms: Option<u64>,
+    ) -> Result<mpsc::Receiver<Telemetry>, ClientError> {
         let req = Request::new(id, Op::Subscribe(SubscribeArgs { interval_ms }));
         let mut channel = self.handle.channel_open_session().await.map_err(|e| self.chan_err(e))?;
         channel.exec(true, req.to_json().into_bytes()).await.map_err(|e| self.chan_err(e))?;

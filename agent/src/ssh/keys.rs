@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use russh::keys::ssh_key::LineEnding;
-use russh::keys::{Algorithm, HashAlg, PrivateKey, PublicKey};
+use russh::keys::{Algorithm, HashAlg};
+pub use russh::keys::{PrivateKey, PublicKey};
 
 /// A key file problem.
 #[derive(Debug, thiserror::Error)]
@@ -51,7 +52,8 @@ pub fn pub_path(path: &Path) -> PathBuf {
 
 /// Read a private key.
 pub fn load(path: &Path) -> Result<PrivateKey, KeyError> {
-    let text = std::fs::read_to_string(path).map_err(|e| KeyError::Read { path: path.into(), message: e.to_string() })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| KeyError::Read { path: path.into(), message: e.to_string() })?;
     PrivateKey::from_openssh(text.as_bytes()).map_err(|e| KeyError::Read { path: path.into(), message: e.to_string() })
 }
 
@@ -92,7 +94,8 @@ pub fn parse_authorized(text: &str, path: &Path) -> Result<Vec<PublicKey>, KeyEr
 
 /// Read an authorized-keys file.
 pub fn load_authorized(path: &Path) -> Result<Vec<PublicKey>, KeyError> {
-    let text = std::fs::read_to_string(path).map_err(|e| KeyError::Read { path: path.into(), message: e.to_string() })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| KeyError::Read { path: path.into(), message: e.to_string() })?;
     parse_authorized(&text, path)
 }
 
