@@ -1,2 +1,16 @@
-//! nightshift-engine: triggers, runbooks, executor, audit log.
+//! nightshift-engine: the brain that answers the page.
+//!
+//! Flow: telemetry or an alert → [`triggers`] → a run request → the
+//! [`executor`] (dedup, cooldown, budgets, blast radius, approval) → the
+//! runbook's Rhai [`script`] → actions sent to agents → every step in the
+//! [`audit`] log.
 #![forbid(unsafe_code)]
+
+pub mod audit;
+pub mod inventory;
+pub mod manifest;
+pub mod metrics;
+pub mod runs;
+pub mod script;
+pub mod telemetry;
+pub mod triggers;

@@ -1,0 +1,724 @@
+//! The tamper-evident audit log, in sled, behind one small interface.
+//!
+//! Every record has a gap-free sequence number and carries the SHA-256 of the
+//! record before it (over canonical JSON), so editing, removing or
+//! reordering any record breaks the chain at that point and [`AuditStore::verify`]
+//! names it. Appends go through one writer thread that groups concurrent
+//! appends into one transaction and one flush: a record is durable before
+//! its `append` returns. Run summaries and the by-run / by-node indexes are
+//! written in the same transaction as the record that changes them.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc as std_mpsc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use sled::Transactional;
+use tokio::sync::{broadcast, oneshot};
+
+use nightshift_agent::clock::SharedClock;
+
+use crate::runs::{RunOutcome, RunState, RunSummary};
+
+/// What a record is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordKind {
+    EngineStarted,
+    EventReceived,
+    EventDropped,
+    TriggerFired,
+    TriggerSuppressed,
+    BreakerTripped,
+    RunQueued,
+    ApprovalRequested,
+    Approved,
+    Rejected,
+    RunStarted,
+    ActionIntent,
+    ActionResult,
+    Note,
+    Notification,
+    Escalation,
+    Refusal,
+    NodeAnnotated,
+    HandsOff,
+    RunFinished,
+}
+
+impl RecordKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordKind::EngineStarted => "engine_started",
+            RecordKind::EventReceived => "event_received",
+            RecordKind::EventDropped => "event_dropped",
+            RecordKind::TriggerFired => "trigger_fired",
+            RecordKind::TriggerSuppressed => "trigger_suppressed",
+            RecordKind::BreakerTripped => "breaker_tripped",
+            RecordKind::RunQueued => "run_queued",
+            RecordKind::ApprovalRequested => "approval_requested",
+            RecordKind::Approved => "approved",
+            RecordKind::Rejected => "rejected",
+            RecordKind::RunStarted => "run_started",
+            RecordKind::ActionIntent => "action_intent",
+            RecordKind::ActionResult => "action_result",
+            RecordKind::Note => "note",
+            RecordKind::Notification => "notification",
+            RecordKind::Escalation => "escalation",
+            RecordKind::Refusal => "refusal",
+            RecordKind::NodeAnnotated => "node_annotated",
+            RecordKind::HandsOff => "hands_off",
+            RecordKind::RunFinished => "run_finished",
+        }
+    }
+}
+
+/// A record to append.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewRecord {
+    pub kind: RecordKind,
+    pub run: Option<String>,
+    pub node: Option<String>,
+    pub gpu: Option<u32>,
+    pub runbook: Option<String>,
+    /// Who: `engine`, `user:<name>`, `alertmanager`, `agent:<node>`.
+    pub actor: String,
+    pub data: Value,
+}
+
+impl NewRecord {
+    pub fn new(kind: RecordKind, actor: &str, data: Value) -> NewRecord {
+        NewRecord { kind, run: None, node: None, gpu: None, runbook: None, actor: actor.into(), data }
+    }
+    pub fn run(mut self, run: &str) -> Self {
+        self.run = Some(run.into());
+        self
+    }
+    pub fn node(mut self, node: Option<&str>) -> Self {
+        self.node = node.map(str::to_string);
+        self
+    }
+    pub fn gpu(mut self, gpu: Option<u32>) -> Self {
+        self.gpu = gpu;
+        self
+    }
+    pub fn runbook(mut self, runbook: &str) -> Self {
+        self.runbook = Some(runbook.into());
+        self
+    }
+}
+
+/// A stored record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditRecord {
+    pub seq: u64,
+    pub ts_ms: i64,
+    pub kind: RecordKind,
+    pub run: Option<String>,
+    pub node: Option<String>,
+    pub gpu: Option<u32>,
+    pub runbook: Option<String>,
+    pub actor: String,
+    pub data: Value,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+/// The fields covered by a record's hash, in a fixed order.
+#[derive(Serialize)]
+struct Hashed<'a> {
+    seq: u64,
+    ts_ms: i64,
+    kind: RecordKind,
+    run: &'a Option<String>,
+    node: &'a Option<String>,
+    gpu: Option<u32>,
+    runbook: &'a Option<String>,
+    actor: &'a str,
+    data: &'a Value,
+    prev_hash: &'a str,
+}
+
+impl AuditRecord {
+    /// SHA-256 over the canonical JSON of everything but `hash`.
+    pub fn compute_hash(&self) -> String {
+        let h = Hashed {
+            seq: self.seq,
+            ts_ms: self.ts_ms,
+            kind: self.kind,
+            run: &self.run,
+            node: &self.node,
+            gpu: self.gpu,
+            runbook: &self.runbook,
+            actor: &self.actor,
+            data: &self.data,
+            prev_hash: &self.prev_hash,
+        };
+        let bytes = serde_json::to_vec(&h).unwrap_or_default();
+        hex::encode(Sha256::digest(&bytes))
+    }
+}
+
+/// The hash before the first record.
+pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// An audit store failure.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AuditError {
+    #[error("audit store at {path}: {message}")]
+    Open { path: PathBuf, message: String },
+    #[error("audit store is locked by another process (is `nightshift serve` running on {path}?): {message}")]
+    Locked { path: PathBuf, message: String },
+    #[error("audit write failed: {0}")]
+    Write(String),
+    #[error("audit read failed: {0}")]
+    Read(String),
+    #[error("the audit writer has stopped")]
+    Closed,
+}
+
+/// What `verify` found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VerifyReport {
+    pub ok: bool,
+    /// Records checked and found good, 1..=verified_up_to.
+    pub verified_up_to: u64,
+    pub records: u64,
+    #[serde(default)]
+    pub first_bad_seq: Option<u64>,
+    #[serde(default)]
+    pub problem: Option<String>,
+}
+
+/// Filter for listing runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunFilter {
+    #[serde(default)]
+    pub node: Option<String>,
+    #[serde(default)]
+    pub gpu: Option<u32>,
+    #[serde(default)]
+    pub runbook: Option<String>,
+    #[serde(default)]
+    pub outcome: Option<RunOutcome>,
+    #[serde(default)]
+    pub state: Option<RunState>,
+    #[serde(default)]
+    pub since_ms: Option<i64>,
+    #[serde(default)]
+    pub until_ms: Option<i64>,
+    /// Opaque cursor from a previous page: runs older than it.
+    #[serde(default)]
+    pub cursor: Option<String>,
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// A page of runs, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunPage {
+    pub runs: Vec<RunSummary>,
+    /// Pass back as `cursor` for the next (older) page.
+    pub next_cursor: Option<String>,
+}
+
+struct WriteReq {
+    rec: NewRecord,
+    summary: Option<RunSummary>,
+    ack: oneshot::Sender<Result<AuditRecord, AuditError>>,
+}
+
+#[derive(Clone)]
+struct Trees {
+    db: sled::Db,
+    records: sled::Tree,
+    by_run: sled::Tree,
+    by_node: sled::Tree,
+    runs: sled::Tree,
+    runs_by_created: sled::Tree,
+}
+
+/// The store.
+#[derive(Clone)]
+pub struct AuditStore {
+    trees: Trees,
+    path: PathBuf,
+    tx: std_mpsc::Sender<WriteReq>,
+    live: broadcast::Sender<Arc<AuditRecord>>,
+    head: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl std::fmt::Debug for AuditStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuditStore").field("path", &self.path).finish()
+    }
+}
+
+fn index_key(prefix: &str, seq: u64) -> Vec<u8> {
+    let mut k = prefix.as_bytes().to_vec();
+    k.push(0);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+fn created_key(created_ms: i64, id: &str) -> Vec<u8> {
+    let mut k = (created_ms.max(0) as u64).to_be_bytes().to_vec();
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+impl AuditStore {
+    /// Open (or create) the store in `dir`. Fails clearly when another
+    /// process holds it.
+    pub fn open(dir: &Path, clock: SharedClock) -> Result<AuditStore, AuditError> {
+        let path = dir.join("audit.sled");
+        // A store closed a moment ago in this process may still be letting
+        // go of its lock: retry briefly before calling it held.
+        let mut attempt = 0;
+        let db = loop {
+            match sled::Config::new().path(&path).mode(sled::Mode::LowSpace).open() {
+                Ok(db) => break db,
+                Err(e) => {
+                    let message = e.to_string();
+                    let locked = message.contains("could not acquire lock");
+                    if locked && attempt < 40 {
+                        attempt += 1;
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        continue;
+                    }
+                    return Err(if locked {
+                        AuditError::Locked { path: path.clone(), message }
+                    } else {
+                        AuditError::Open { path: path.clone(), message }
+                    });
+                }
+            }
+        };
+        let open = |name: &str| {
+            db.open_tree(name).map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() })
+        };
+        let trees = Trees {
+            records: open("records")?,
+            by_run: open("by_run")?,
+            by_node: open("by_node")?,
+            runs: open("runs")?,
+            runs_by_created: open("runs_by_created")?,
+            db: db.clone(),
+        };
+        let (seq, hash) = match trees.records.last().map_err(|e| AuditError::Read(e.to_string()))? {
+            Some((_, v)) => {
+                let r: AuditRecord = serde_json::from_slice(&v).map_err(|e| AuditError::Open {
+                    path: path.clone(),
+                    message: format!("last record unreadable: {e}"),
+                })?;
+                (r.seq, r.hash)
+            }
+            None => (0, GENESIS.to_string()),
+        };
+        let (tx, rx) = std_mpsc::channel::<WriteReq>();
+        let (live, _) = broadcast::channel(4096);
+        let head = Arc::new(std::sync::atomic::AtomicU64::new(seq));
+        let writer = Writer { trees: trees.clone(), seq, hash, clock, live: live.clone(), head: head.clone() };
+        std::thread::Builder::new()
+            .name("audit-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() })?;
+        Ok(AuditStore { trees, path, tx, live, head })
+    }
+
+    /// Where the store lives.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Append a record (and optionally the run summary it changes) durably.
+    pub async fn append(&self, rec: NewRecord, summary: Option<RunSummary>) -> Result<AuditRecord, AuditError> {
+        let (ack, rx) = oneshot::channel();
+        self.tx.send(WriteReq { rec, summary, ack }).map_err(|_| AuditError::Closed)?;
+        rx.await.map_err(|_| AuditError::Closed)?
+    }
+
+    /// `append` for blocking threads (runbook scripts).
+    pub fn append_blocking(&self, rec: NewRecord, summary: Option<RunSummary>) -> Result<AuditRecord, AuditError> {
+        let (ack, rx) = oneshot::channel();
+        self.tx.send(WriteReq { rec, summary, ack }).map_err(|_| AuditError::Closed)?;
+        rx.blocking_recv().map_err(|_| AuditError::Closed)?
+    }
+
+    /// The sequence number of the newest record.
+    pub fn head_seq(&self) -> u64 {
+        self.head.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Subscribe to records as they become durable.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<AuditRecord>> {
+        self.live.subscribe()
+    }
+
+    /// One record.
+    pub fn get(&self, seq: u64) -> Result<Option<AuditRecord>, AuditError> {
+        match self.trees.records.get(seq.to_be_bytes()).map_err(|e| AuditError::Read(e.to_string()))? {
+            Some(v) => serde_json::from_slice(&v).map(Some).map_err(|e| AuditError::Read(format!("record {seq}: {e}"))),
+            None => Ok(None),
+        }
+    }
+
+    /// Records after `after_seq`, oldest first, at most `limit`.
+    pub fn tail(&self, after_seq: u64, limit: usize) -> Result<Vec<AuditRecord>, AuditError> {
+        let start = (after_seq + 1).to_be_bytes();
+        self.trees
+            .records
+            .range(start..)
+            .take(limit)
+            .map(|r| {
+                let (_, v) = r.map_err(|e| AuditError::Read(e.to_string()))?;
+                serde_json::from_slice(&v).map_err(|e| AuditError::Read(e.to_string()))
+            })
+            .collect()
+    }
+
+    fn by_index(
+        &self,
+        tree: &sled::Tree,
+        prefix: &str,
+        limit: usize,
+        newest_first: bool,
+    ) -> Result<Vec<AuditRecord>, AuditError> {
+        let mut p = prefix.as_bytes().to_vec();
+        p.push(0);
+        let iter = tree.scan_prefix(&p);
+        let keys: Vec<sled::IVec> = if newest_first {
+            iter.rev().take(limit).filter_map(|r| r.ok().map(|(k, _)| k)).collect()
+        } else {
+            iter.take(limit).filter_map(|r| r.ok().map(|(k, _)| k)).collect()
+        };
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            let seq = u64::from_be_bytes(k[k.len() - 8..].try_into().unwrap_or([0; 8]));
+            if let Some(r) = self.get(seq)? {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every record of a run, oldest first.
+    pub fn run_records(&self, run: &str) -> Result<Vec<AuditRecord>, AuditError> {
+        self.by_index(&self.trees.by_run, run, usize::MAX, false)
+    }
+
+    /// The newest records about a node, newest first.
+    pub fn node_records(&self, node: &str, limit: usize) -> Result<Vec<AuditRecord>, AuditError> {
+        self.by_index(&self.trees.by_node, node, limit, true)
+    }
+
+    /// A run's summary.
+    pub fn run(&self, id: &str) -> Result<Option<RunSummary>, AuditError> {
+        match self.trees.runs.get(id.as_bytes()).map_err(|e| AuditError::Read(e.to_string()))? {
+            Some(v) => serde_json::from_slice(&v).map(Some).map_err(|e| AuditError::Read(e.to_string())),
+            None => Ok(None),
+        }
+    }
+
+    /// Runs, newest first, filtered, with a cursor for the next page.
+    pub fn runs(&self, f: &RunFilter) -> Result<RunPage, AuditError> {
+        let limit = f.limit.unwrap_or(50).clamp(1, 1000);
+        let upper: Vec<u8> = match &f.cursor {
+            Some(c) => {
+                hex::decode(c).map_err(|_| AuditError::Read(format!("cursor {c:?} is not one this server gave out")))?
+            }
+            None => vec![0xff; 9],
+        };
+        let mut runs = Vec::new();
+        let mut next_cursor = None;
+        for item in self.trees.runs_by_created.range(..upper).rev() {
+            let (k, _) = item.map_err(|e| AuditError::Read(e.to_string()))?;
+            let created = u64::from_be_bytes(k[..8].try_into().unwrap_or([0; 8])) as i64;
+            if f.since_ms.is_some_and(|s| created < s) {
+                break;
+            }
+            if f.until_ms.is_some_and(|u| created > u) {
+                continue;
+            }
+            let id = String::from_utf8_lossy(&k[8..]).into_owned();
+            let Some(run) = self.run(&id)? else { continue };
+            let keep = f.node.as_ref().is_none_or(|n| run.target.node.as_ref() == Some(n) || run.nodes.contains(n))
+                && f.gpu.is_none_or(|g| run.target.gpu == Some(g))
+                && f.runbook.as_ref().is_none_or(|r| &run.runbook == r)
+                && f.outcome.is_none_or(|o| run.outcome == Some(o))
+                && f.state.is_none_or(|s| run.state == s);
+            if !keep {
+                continue;
+            }
+            if runs.len() == limit {
+                next_cursor = Some(hex::encode(created_key(
+                    runs.last().map_or(0, |r: &RunSummary| r.created_ms),
+                    &runs.last().map_or(String::new(), |r: &RunSummary| r.id.clone()),
+                )));
+                break;
+            }
+            runs.push(run);
+        }
+        Ok(RunPage { runs, next_cursor })
+    }
+
+    /// Runs not finished (for recovery after a crash).
+    pub fn unfinished_runs(&self) -> Result<Vec<RunSummary>, AuditError> {
+        let mut out = Vec::new();
+        for item in self.trees.runs.iter() {
+            let (_, v) = item.map_err(|e| AuditError::Read(e.to_string()))?;
+            let r: RunSummary = serde_json::from_slice(&v).map_err(|e| AuditError::Read(e.to_string()))?;
+            if r.state != RunState::Finished {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Walk the whole chain: sequence gap-free from 1, each hash correct,
+    /// each link to the previous record intact.
+    pub fn verify(&self) -> Result<VerifyReport, AuditError> {
+        let mut prev = GENESIS.to_string();
+        let mut expected = 1u64;
+        let mut records = 0u64;
+        for item in self.trees.records.iter() {
+            let (k, v) = item.map_err(|e| AuditError::Read(e.to_string()))?;
+            let key_seq = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0; 8]));
+            records += 1;
+            let bad = |problem: String| VerifyReport {
+                ok: false,
+                verified_up_to: expected - 1,
+                records,
+                first_bad_seq: Some(expected.min(key_seq)),
+                problem: Some(problem),
+            };
+            if key_seq != expected {
+                return Ok(bad(format!("sequence gap: expected record {expected}, found {key_seq}")));
+            }
+            let r: AuditRecord = match serde_json::from_slice(&v) {
+                Ok(r) => r,
+                Err(e) => return Ok(bad(format!("record {key_seq} is not a valid record: {e}"))),
+            };
+            if r.seq != key_seq {
+                return Ok(bad(format!("record stored at {key_seq} says it is {}", r.seq)));
+            }
+            if r.prev_hash != prev {
+                return Ok(bad(format!(
+                    "record {key_seq} does not link to record {}: prev_hash mismatch",
+                    key_seq - 1
+                )));
+            }
+            if r.compute_hash() != r.hash {
+                return Ok(bad(format!("record {key_seq} was altered: its hash does not match its content")));
+            }
+            prev = r.hash;
+            expected += 1;
+        }
+        Ok(VerifyReport { ok: true, verified_up_to: expected - 1, records, first_bad_seq: None, problem: None })
+    }
+
+    /// Make everything written so far durable.
+    pub fn flush(&self) -> Result<(), AuditError> {
+        self.trees.db.flush().map(|_| ()).map_err(|e| AuditError::Write(e.to_string()))
+    }
+
+    /// Tests only: overwrite the stored bytes of record `seq` with `f(bytes)`,
+    /// as an attacker with disk access would.
+    #[doc(hidden)]
+    pub fn tamper_for_tests(&self, seq: u64, f: impl FnOnce(&mut Vec<u8>)) -> Result<(), AuditError> {
+        let key = seq.to_be_bytes();
+        let mut bytes = self
+            .trees
+            .records
+            .get(key)
+            .map_err(|e| AuditError::Read(e.to_string()))?
+            .map(|v| v.to_vec())
+            .unwrap_or_default();
+        f(&mut bytes);
+        self.trees.records.insert(key, bytes).map_err(|e| AuditError::Write(e.to_string()))?;
+        self.flush()
+    }
+
+    /// Tests only: delete record `seq`.
+    #[doc(hidden)]
+    pub fn delete_for_tests(&self, seq: u64) -> Result<(), AuditError> {
+        self.trees.records.remove(seq.to_be_bytes()).map_err(|e| AuditError::Write(e.to_string()))?;
+        self.flush()
+    }
+}
+
+struct Writer {
+    trees: Trees,
+    seq: u64,
+    hash: String,
+    clock: SharedClock,
+    live: broadcast::Sender<Arc<AuditRecord>>,
+    head: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Writer {
+    fn run(mut self, rx: std_mpsc::Receiver<WriteReq>) {
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            while batch.len() < 4096 {
+                match rx.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) => break,
+                }
+            }
+            self.write_batch(batch);
+        }
+    }
+
+    fn write_batch(&mut self, batch: Vec<WriteReq>) {
+        let now = self.clock.now_ms();
+        let mut records = Vec::with_capacity(batch.len());
+        let (mut seq, mut prev) = (self.seq, self.hash.clone());
+        for req in &batch {
+            seq += 1;
+            let mut r = AuditRecord {
+                seq,
+                ts_ms: now,
+                kind: req.rec.kind,
+                run: req.rec.run.clone(),
+                node: req.rec.node.clone(),
+                gpu: req.rec.gpu,
+                runbook: req.rec.runbook.clone(),
+                actor: req.rec.actor.clone(),
+                data: req.rec.data.clone(),
+                prev_hash: prev.clone(),
+                hash: String::new(),
+            };
+            r.hash = r.compute_hash();
+            prev = r.hash.clone();
+            records.push(r);
+        }
+        let t = &self.trees;
+        let result = (&t.records, &t.by_run, &t.by_node, &t.runs, &t.runs_by_created)
+            .transaction(|(rec_t, run_t, node_t, runs_t, created_t)| {
+                for (r, req) in records.iter().zip(&batch) {
+                    let bytes = serde_json::to_vec(r).unwrap_or_default();
+                    rec_t.insert(&r.seq.to_be_bytes(), bytes)?;
+                    if let Some(run) = &r.run {
+                        run_t.insert(index_key(run, r.seq), &[])?;
+                    }
+                    if let Some(node) = &r.node {
+                        node_t.insert(index_key(node, r.seq), &[])?;
+                    }
+                    if let Some(s) = &req.summary {
+                        runs_t.insert(s.id.as_bytes(), serde_json::to_vec(s).unwrap_or_default())?;
+                        created_t.insert(created_key(s.created_ms, &s.id), &[])?;
+                    }
+                }
+                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| AuditError::Write(format!("{e:?}")))
+            .and_then(|_| self.trees.db.flush().map_err(|e| AuditError::Write(e.to_string())));
+        match result {
+            Ok(_) => {
+                self.seq = seq;
+                self.hash = prev;
+                self.head.store(seq, std::sync::atomic::Ordering::SeqCst);
+                for (r, req) in records.into_iter().zip(batch) {
+                    let _ = self.live.send(Arc::new(r.clone()));
+                    let _ = req.ack.send(Ok(r));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "audit write failed");
+                for req in batch {
+                    let _ = req.ack.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nightshift_agent::clock::VirtualClock;
+    use serde_json::json;
+
+    fn clock() -> SharedClock {
+        Arc::new(VirtualClock::new(1_000))
+    }
+
+    #[tokio::test]
+    async fn chain_verifies_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = AuditStore::open(dir.path(), clock()).unwrap();
+            for i in 0..20 {
+                let r = s
+                    .append(
+                        NewRecord::new(RecordKind::Note, "engine", json!({"i": i})).run("r1").node(Some("n1")),
+                        None,
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(r.seq, i + 1);
+            }
+            assert!(s.verify().unwrap().ok);
+        }
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        assert_eq!(s.head_seq(), 20);
+        let r = s.append(NewRecord::new(RecordKind::Note, "engine", json!({})), None).await.unwrap();
+        assert_eq!(r.seq, 21);
+        let v = s.verify().unwrap();
+        assert_eq!((v.ok, v.verified_up_to, v.records), (true, 21, 21));
+        assert_eq!(s.run_records("r1").unwrap().len(), 20);
+        assert_eq!(s.node_records("n1", 5).unwrap()[0].seq, 20, "newest first");
+    }
+
+    #[tokio::test]
+    async fn flipping_any_byte_of_any_record_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        for i in 0..6 {
+            s.append(NewRecord::new(RecordKind::Note, "engine", json!({"text": format!("note {i}")})), None)
+                .await
+                .unwrap();
+        }
+        for seq in 1..=6u64 {
+            let original = s.get(seq).unwrap().unwrap();
+            let bytes = serde_json::to_vec(&original).unwrap();
+            // Flip bytes at several positions of this record.
+            for pos in [0, bytes.len() / 3, bytes.len() / 2, bytes.len() - 2] {
+                s.tamper_for_tests(seq, |b| b[pos] ^= 0x01).unwrap();
+                let v = s.verify().unwrap();
+                assert!(!v.ok, "seq {seq} pos {pos} not detected");
+                assert_eq!(v.first_bad_seq, Some(seq), "seq {seq} pos {pos}: {v:?}");
+                s.tamper_for_tests(seq, |b| *b = bytes.clone()).unwrap();
+                assert!(s.verify().unwrap().ok);
+            }
+        }
+        s.delete_for_tests(3).unwrap();
+        let v = s.verify().unwrap();
+        assert_eq!(v.first_bad_seq, Some(3));
+        assert!(v.problem.unwrap().contains("sequence gap: expected record 3, found 4"));
+    }
+
+    #[tokio::test]
+    async fn concurrent_appends_are_gap_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        let mut tasks = Vec::new();
+        for w in 0..16 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..25 {
+                    s.append(NewRecord::new(RecordKind::Note, "engine", json!({"w": w, "i": i})), None).await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let v = s.verify().unwrap();
+        assert_eq!((v.ok, v.records), (true, 400));
+    }
+}

@@ -1,0 +1,146 @@
+//! The fleet inventory (`fleet.yaml`): every node's address, pinned host
+//! key and labels.
+//!
+//! ```yaml
+//! version: 1
+//! defaults: { user: nightshift, port: 2222 }
+//! nodes:
+//!   - name: gpu-a1
+//!     address: 10.0.0.11
+//!     host_key: SHA256:1g6d…
+//!     labels: { pool: a, rack: r1, nvlink_domain: a1, gpu_model: h100-sxm }
+//!     standby: false
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::{LoadError, locate};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Inventory {
+    pub version: u32,
+    #[serde(default)]
+    pub defaults: NodeDefaults,
+    pub nodes: Vec<NodeSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeDefaults {
+    #[serde(default = "default_user")]
+    pub user: String,
+    #[serde(default = "default_port")]
+    pub port: u16,
+}
+
+fn default_user() -> String {
+    "nightshift".into()
+}
+fn default_port() -> u16 {
+    2222
+}
+
+impl Default for NodeDefaults {
+    fn default() -> Self {
+        NodeDefaults { user: default_user(), port: default_port() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSpec {
+    pub name: String,
+    /// Host or `host:port`.
+    pub address: String,
+    /// The agent's host key fingerprint, `SHA256:…` (`nightshift-agent fingerprint`).
+    pub host_key: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// A spare node kept drained until capacity is needed (scale-out).
+    #[serde(default)]
+    pub standby: bool,
+}
+
+impl NodeSpec {
+    /// `host:port`, filling in the default port.
+    pub fn addr(&self, defaults: &NodeDefaults) -> String {
+        if self.address.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
+            self.address.clone()
+        } else {
+            format!("{}:{}", self.address, defaults.port)
+        }
+    }
+}
+
+impl Inventory {
+    /// Read and validate.
+    pub fn load(path: &Path) -> Result<Inventory, LoadError> {
+        let text = std::fs::read_to_string(path).map_err(|e| LoadError {
+            file: path.into(),
+            line: 0,
+            column: 0,
+            message: format!("cannot read the inventory: {e}"),
+        })?;
+        Inventory::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Inventory, LoadError> {
+        let inv: Inventory = serde_yaml::from_str(text).map_err(|e| {
+            let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((1, 1));
+            LoadError { file: path.into(), line, column, message: e.to_string() }
+        })?;
+        let err = |needle: &str, message: String| {
+            let (line, column) = locate(text, needle);
+            LoadError { file: PathBuf::from(path), line, column, message }
+        };
+        if inv.version != 1 {
+            return Err(err("version", format!("unsupported inventory version: expected 1, found {}", inv.version)));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for n in &inv.nodes {
+            if n.name.is_empty() || n.name.contains(char::is_whitespace) {
+                return Err(err("name", format!("node name must be non-empty without spaces, found {:?}", n.name)));
+            }
+            if !seen.insert(n.name.clone()) {
+                return Err(err(&n.name, format!("node `{}` is listed twice", n.name)));
+            }
+            if !n.host_key.starts_with("SHA256:") {
+                return Err(err(
+                    &n.host_key,
+                    format!(
+                        "nodes.{}.host_key: expected a SHA256 fingerprint (run `nightshift-agent fingerprint` on the node), found {:?}",
+                        n.name, n.host_key
+                    ),
+                ));
+            }
+        }
+        Ok(inv)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_checks() {
+        let ok =
+            "version: 1\nnodes:\n  - name: a\n    address: 10.0.0.1\n    host_key: SHA256:abc\n    labels: {pool: p}\n";
+        let inv = Inventory::parse(ok, Path::new("fleet.yaml")).unwrap();
+        assert_eq!(inv.nodes[0].addr(&inv.defaults), "10.0.0.1:2222");
+        let bad = "version: 1\nnodes:\n  - name: a\n    address: x:22\n    host_key: abc\n";
+        let e = Inventory::parse(bad, Path::new("fleet.yaml")).unwrap_err();
+        assert_eq!(e.line, 5);
+        assert!(e.message.contains("expected a SHA256 fingerprint"));
+        let dup = "version: 1\nnodes:\n  - {name: a, address: x, host_key: 'SHA256:1'}\n  - {name: a, address: y, host_key: 'SHA256:2'}\n";
+        assert!(Inventory::parse(dup, Path::new("f")).unwrap_err().message.contains("listed twice"));
+        let unknown = "version: 1\nnodes:\n  - {name: a, adress: x, host_key: 'SHA256:1'}\n";
+        let e = Inventory::parse(unknown, Path::new("f")).unwrap_err();
+        assert!(e.to_string().starts_with("f:3:"), "{e}");
+        assert!(e.message.contains("unknown field `adress`"));
+    }
+}

@@ -1,0 +1,577 @@
+//! Runbook manifests: the YAML half of a runbook (the Rhai script is the
+//! other). Parsed strictly (`deny_unknown_fields`, `version: 1`) and then
+//! validated; every error carries file:line:column and says what was
+//! expected.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::{self, MetricId};
+
+/// A manifest as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub version: u32,
+    pub name: String,
+    pub description: String,
+    /// Handbook row, e.g. `H1` (informative).
+    #[serde(default)]
+    pub handbook: Option<String>,
+    pub trigger: Trigger,
+    pub scope: Scope,
+    /// Which nodes the runbook applies to.
+    #[serde(default)]
+    pub selector: Selector,
+    #[serde(default)]
+    pub params: BTreeMap<String, ParamSpec>,
+    #[serde(default = "default_cooldown")]
+    pub cooldown_secs: u64,
+    #[serde(default = "default_max_concurrent")]
+    pub max_concurrent: u32,
+    #[serde(default)]
+    pub blast_radius: BlastRadius,
+    #[serde(default)]
+    pub approval: Approval,
+    #[serde(default = "default_timeout")]
+    pub timeout_secs: u64,
+    #[serde(default = "default_attempts")]
+    pub max_attempts_per_day: u32,
+    #[serde(default = "default_event_age")]
+    pub max_event_age_secs: u64,
+    /// Storm protection: too many targets firing at once trips the breaker.
+    #[serde(default)]
+    pub breaker: Option<Breaker>,
+    /// The Rhai script, relative to the manifest.
+    pub script: String,
+}
+
+fn default_cooldown() -> u64 {
+    600
+}
+fn default_max_concurrent() -> u32 {
+    4
+}
+fn default_timeout() -> u64 {
+    900
+}
+fn default_attempts() -> u32 {
+    6
+}
+fn default_event_age() -> u64 {
+    300
+}
+
+/// What a run acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    Gpu,
+    Node,
+    Group,
+}
+
+/// Node filter.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Selector {
+    /// `nvidia` or `amd`, from the agent's inventory.
+    #[serde(default)]
+    pub vendor: Option<String>,
+    /// Inventory labels that must match.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Comparison of a value against a level.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Aggregate {
+    Avg,
+    Max,
+    Min,
+    Sum,
+    Count,
+}
+
+/// Trigger types.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Trigger {
+    /// Value above (or below) a level for `for_secs`; re-arms only after it
+    /// passes the clear level (hysteresis).
+    Threshold {
+        metric: String,
+        #[serde(default)]
+        above: Option<f64>,
+        #[serde(default)]
+        below: Option<f64>,
+        #[serde(default)]
+        for_secs: u64,
+        #[serde(default)]
+        clear_below: Option<f64>,
+        #[serde(default)]
+        clear_above: Option<f64>,
+    },
+    /// Least-squares rise (or fall) per minute over a window.
+    Rate {
+        metric: String,
+        #[serde(default)]
+        per_min_above: Option<f64>,
+        #[serde(default)]
+        per_min_below: Option<f64>,
+        window_secs: u64,
+        #[serde(default = "default_min_samples")]
+        min_samples: usize,
+    },
+    /// Least-squares fit over a window says the value will cross a level
+    /// within the horizon (and has not yet).
+    Predict {
+        metric: String,
+        crosses: f64,
+        horizon_secs: u64,
+        window_secs: u64,
+        #[serde(default = "default_min_samples")]
+        min_samples: usize,
+    },
+    /// An aggregate over a label group (e.g. pool average power share).
+    Fleet {
+        metric: String,
+        agg: Aggregate,
+        group_by: String,
+        #[serde(default)]
+        above: Option<f64>,
+        #[serde(default)]
+        below: Option<f64>,
+        /// For `count`: count series whose value is above this.
+        #[serde(default)]
+        where_above: Option<f64>,
+        #[serde(default)]
+        for_secs: u64,
+        #[serde(default)]
+        clear_below: Option<f64>,
+        #[serde(default)]
+        clear_above: Option<f64>,
+    },
+    /// The value changes: to one of `to_any_of`, or (counters) increases.
+    /// For sticky gauges such as the XID reading: each new value is one edge.
+    Change {
+        metric: String,
+        #[serde(default)]
+        to_any_of: Vec<f64>,
+        #[serde(default)]
+        increase: bool,
+    },
+    /// An Alertmanager alert.
+    Alert {
+        alertname: String,
+        #[serde(default)]
+        matchers: BTreeMap<String, String>,
+    },
+    /// Every N seconds, for every target in scope.
+    Schedule { every_secs: u64 },
+    /// Only from the CLI or web.
+    Manual {},
+}
+
+fn default_min_samples() -> usize {
+    5
+}
+
+impl Trigger {
+    /// The trigger type's name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Trigger::Threshold { .. } => "threshold",
+            Trigger::Rate { .. } => "rate",
+            Trigger::Predict { .. } => "predict",
+            Trigger::Fleet { .. } => "fleet",
+            Trigger::Change { .. } => "change",
+            Trigger::Alert { .. } => "alert",
+            Trigger::Schedule { .. } => "schedule",
+            Trigger::Manual {} => "manual",
+        }
+    }
+
+    /// The metric a telemetry trigger watches.
+    pub fn metric(&self) -> Option<&str> {
+        match self {
+            Trigger::Threshold { metric, .. }
+            | Trigger::Rate { metric, .. }
+            | Trigger::Predict { metric, .. }
+            | Trigger::Fleet { metric, .. }
+            | Trigger::Change { metric, .. } => Some(metric),
+            _ => None,
+        }
+    }
+
+    /// How much history the trigger needs, in ms.
+    pub fn window_ms(&self) -> i64 {
+        let secs = match self {
+            Trigger::Threshold { for_secs, .. } | Trigger::Fleet { for_secs, .. } => *for_secs,
+            Trigger::Rate { window_secs, .. } | Trigger::Predict { window_secs, .. } => *window_secs,
+            _ => 0,
+        };
+        secs as i64 * 1000
+    }
+}
+
+/// A typed parameter with a default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamSpec {
+    #[serde(rename = "type")]
+    pub ty: ParamType,
+    pub default: serde_yaml::Value,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParamType {
+    Float,
+    Int,
+    Bool,
+    String,
+}
+
+/// A typed parameter value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ParamValue {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    String(String),
+}
+
+impl ParamType {
+    pub fn name(self) -> &'static str {
+        match self {
+            ParamType::Float => "float",
+            ParamType::Int => "int",
+            ParamType::Bool => "bool",
+            ParamType::String => "string",
+        }
+    }
+
+    /// Convert a YAML value to this type, or say what was found.
+    pub fn from_yaml(self, v: &serde_yaml::Value) -> Result<ParamValue, String> {
+        use serde_yaml::Value as Y;
+        match (self, v) {
+            (ParamType::Float, Y::Number(n)) => n.as_f64().map(ParamValue::Float).ok_or_else(|| "a number".into()),
+            (ParamType::Int, Y::Number(n)) if n.is_i64() => Ok(ParamValue::Int(n.as_i64().unwrap_or(0))),
+            (ParamType::Bool, Y::Bool(b)) => Ok(ParamValue::Bool(*b)),
+            (ParamType::String, Y::String(s)) => Ok(ParamValue::String(s.clone())),
+            (_, other) => Err(format!(
+                "expected a {}, found {}",
+                self.name(),
+                serde_yaml::to_string(other).unwrap_or_default().trim()
+            )),
+        }
+    }
+
+    /// Parse a command-line `k=v` value.
+    pub fn parse(self, s: &str) -> Result<ParamValue, String> {
+        match self {
+            ParamType::Float => s.parse().map(ParamValue::Float).map_err(|_| format!("expected a float, found {s:?}")),
+            ParamType::Int => s.parse().map(ParamValue::Int).map_err(|_| format!("expected an int, found {s:?}")),
+            ParamType::Bool => {
+                s.parse().map(ParamValue::Bool).map_err(|_| format!("expected true or false, found {s:?}"))
+            }
+            ParamType::String => Ok(ParamValue::String(s.to_string())),
+        }
+    }
+}
+
+/// Limits on how much of the fleet a runbook may take out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlastRadius {
+    /// Most of the fleet drained at once (any reason), in percent.
+    #[serde(default = "default_drained_pct")]
+    pub max_drained_pct: f64,
+    /// Most drained nodes per `group_by` label value.
+    #[serde(default)]
+    pub max_per_group: Option<u32>,
+    #[serde(default)]
+    pub group_by: Option<String>,
+}
+
+fn default_drained_pct() -> f64 {
+    10.0
+}
+
+impl Default for BlastRadius {
+    fn default() -> Self {
+        BlastRadius { max_drained_pct: default_drained_pct(), max_per_group: None, group_by: None }
+    }
+}
+
+/// When a person must approve a run before it starts.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Approval {
+    #[serde(default)]
+    pub always: bool,
+    /// Runs that would touch more nodes than this wait for approval.
+    #[serde(default)]
+    pub above_nodes: Option<u32>,
+    /// A pending approval expires (run cancelled) after this long.
+    #[serde(default = "default_expire")]
+    pub expire_secs: u64,
+}
+
+fn default_expire() -> u64 {
+    3600
+}
+
+/// Storm protection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Breaker {
+    /// More distinct targets firing than this within the window trips it.
+    pub max_targets: u32,
+    pub window_secs: u64,
+    /// How long a fire waits before it may start, so a storm is seen whole.
+    #[serde(default)]
+    pub hold_secs: u64,
+}
+
+/// One problem in a manifest or script.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}:{column}: {message}")]
+pub struct LoadError {
+    pub file: PathBuf,
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+/// Where `needle` first appears in `text` (1-based line and column), or 1:1.
+pub fn locate(text: &str, needle: &str) -> (usize, usize) {
+    for (i, line) in text.lines().enumerate() {
+        if let Some(c) = line.find(needle) {
+            return (i + 1, c + 1);
+        }
+    }
+    (1, 1)
+}
+
+impl Manifest {
+    /// Parse and validate a manifest's text; `path` names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Manifest, LoadError> {
+        let m: Manifest = serde_yaml::from_str(text).map_err(|e| {
+            let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((1, 1));
+            LoadError { file: path.into(), line, column, message: e.to_string() }
+        })?;
+        m.validate(text, path)?;
+        Ok(m)
+    }
+
+    fn validate(&self, text: &str, path: &Path) -> Result<(), LoadError> {
+        let err = |needle: &str, message: String| {
+            let (line, column) = locate(text, needle);
+            LoadError { file: path.into(), line, column, message }
+        };
+        if self.version != 1 {
+            return Err(err("version", format!("unsupported manifest version: expected 1, found {}", self.version)));
+        }
+        if self.name.is_empty() || !self.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        {
+            return Err(err(
+                "name",
+                format!("name: expected lowercase letters, digits and dashes, found {:?}", self.name),
+            ));
+        }
+        if let Some(metric) = self.trigger.metric() {
+            let Some(id) = metrics::metric_id(metric) else {
+                return Err(err(
+                    metric,
+                    format!("trigger.metric: unknown metric `{metric}`: expected one of {}", metrics::metric_names()),
+                ));
+            };
+            let gpu_metric = metrics::metric(id).gpu_scoped;
+            if !gpu_metric && self.scope == Scope::Gpu {
+                return Err(err(
+                    "scope",
+                    format!("scope: `{metric}` is a node metric, so scope must be node or group, found gpu"),
+                ));
+            }
+        }
+        let level_pair =
+            |above: Option<f64>, below: Option<f64>, clear_below: Option<f64>, clear_above: Option<f64>| match (
+                above, below,
+            ) {
+                (Some(_), Some(_)) | (None, None) => {
+                    Err(err("trigger", "trigger: expected exactly one of `above` or `below`".to_string()))
+                }
+                (Some(a), None) => match (clear_below, clear_above) {
+                    (Some(c), _) if c > a => Err(err(
+                        "clear_below",
+                        format!("trigger.clear_below: expected a level at or below `above` ({a}), found {c}"),
+                    )),
+                    (_, Some(_)) => Err(err(
+                        "clear_above",
+                        "trigger.clear_above: goes with `below`; an `above` trigger clears with `clear_below`".into(),
+                    )),
+                    _ => Ok(()),
+                },
+                (None, Some(b)) => match (clear_below, clear_above) {
+                    (_, Some(c)) if c < b => Err(err(
+                        "clear_above",
+                        format!("trigger.clear_above: expected a level at or above `below` ({b}), found {c}"),
+                    )),
+                    (Some(_), _) => Err(err(
+                        "clear_below",
+                        "trigger.clear_below: goes with `above`; a `below` trigger clears with `clear_above`".into(),
+                    )),
+                    _ => Ok(()),
+                },
+            };
+        match &self.trigger {
+            Trigger::Threshold { above, below, clear_below, clear_above, .. } => {
+                level_pair(*above, *below, *clear_below, *clear_above)?
+            }
+            Trigger::Fleet { above, below, clear_below, clear_above, agg, where_above, .. } => {
+                if self.scope != Scope::Group {
+                    return Err(err(
+                        "scope",
+                        "scope: a fleet trigger acts on a label group, so scope must be group".into(),
+                    ));
+                }
+                if *agg == Aggregate::Count && where_above.is_none() {
+                    return Err(err("agg", "trigger.where_above: `agg: count` needs `where_above`".into()));
+                }
+                level_pair(*above, *below, *clear_below, *clear_above)?
+            }
+            Trigger::Rate { per_min_above, per_min_below, window_secs, .. } => {
+                if per_min_above.is_some() == per_min_below.is_some() {
+                    return Err(err(
+                        "trigger",
+                        "trigger: expected exactly one of `per_min_above` or `per_min_below`".into(),
+                    ));
+                }
+                if *window_secs < 10 {
+                    return Err(err(
+                        "window_secs",
+                        format!("trigger.window_secs: expected at least 10, found {window_secs}"),
+                    ));
+                }
+            }
+            Trigger::Predict { horizon_secs, window_secs, .. } => {
+                if *window_secs < 10 || *horizon_secs == 0 {
+                    return Err(err(
+                        "window_secs",
+                        format!(
+                            "trigger: expected window_secs ≥ 10 and horizon_secs ≥ 1, found {window_secs} and {horizon_secs}"
+                        ),
+                    ));
+                }
+            }
+            Trigger::Change { to_any_of, increase, .. } => {
+                if to_any_of.is_empty() && !increase {
+                    return Err(err(
+                        "trigger",
+                        "trigger: a change trigger needs `to_any_of` or `increase: true`".into(),
+                    ));
+                }
+            }
+            Trigger::Alert { alertname, .. } => {
+                if alertname.is_empty() {
+                    return Err(err(
+                        "alertname",
+                        "trigger.alertname: expected an alert name, found an empty string".into(),
+                    ));
+                }
+                if self.scope == Scope::Group {
+                    return Err(err("scope", "scope: alert triggers target a node or GPU, found group".into()));
+                }
+            }
+            Trigger::Schedule { every_secs } => {
+                if *every_secs < 10 {
+                    return Err(err(
+                        "every_secs",
+                        format!("trigger.every_secs: expected at least 10, found {every_secs}"),
+                    ));
+                }
+            }
+            Trigger::Manual {} => {}
+        }
+        if self.scope == Scope::Group
+            && !matches!(self.trigger, Trigger::Fleet { .. } | Trigger::Schedule { .. } | Trigger::Manual {})
+        {
+            return Err(err(
+                "scope",
+                format!(
+                    "scope: group runs come from fleet, schedule or manual triggers, found {}",
+                    self.trigger.kind()
+                ),
+            ));
+        }
+        if !(0.0..=100.0).contains(&self.blast_radius.max_drained_pct) {
+            return Err(err(
+                "max_drained_pct",
+                format!("blast_radius.max_drained_pct: expected 0 to 100, found {}", self.blast_radius.max_drained_pct),
+            ));
+        }
+        if self.blast_radius.max_per_group.is_some() != self.blast_radius.group_by.is_some() {
+            return Err(err("blast_radius", "blast_radius: `max_per_group` and `group_by` go together".into()));
+        }
+        if self.max_concurrent == 0 {
+            return Err(err("max_concurrent", "max_concurrent: expected at least 1, found 0".into()));
+        }
+        if !(1..=86_400).contains(&self.timeout_secs) {
+            return Err(err("timeout_secs", format!("timeout_secs: expected 1 to 86400, found {}", self.timeout_secs)));
+        }
+        if self.approval.above_nodes == Some(0) {
+            return Err(err("above_nodes", "approval.above_nodes: expected at least 1, found 0".into()));
+        }
+        if let Some(v) = &self.selector.vendor
+            && v != "nvidia"
+            && v != "amd"
+        {
+            return Err(err("vendor", format!("selector.vendor: expected nvidia or amd, found {v:?}")));
+        }
+        for (name, p) in &self.params {
+            if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(err(name, format!("params: `{name}` is not a valid name: use letters, digits and _")));
+            }
+            p.ty.from_yaml(&p.default).map_err(|m| err(name, format!("params.{name}.default: {m}")))?;
+        }
+        if !self.script.ends_with(".rhai") {
+            return Err(err("script", format!("script: expected a .rhai file, found {:?}", self.script)));
+        }
+        Ok(())
+    }
+
+    /// The metric id of a telemetry trigger.
+    pub fn metric_id(&self) -> Option<MetricId> {
+        self.trigger.metric().and_then(metrics::metric_id)
+    }
+
+    /// Default params, typed.
+    pub fn default_params(&self) -> BTreeMap<String, ParamValue> {
+        self.params.iter().filter_map(|(k, p)| p.ty.from_yaml(&p.default).ok().map(|v| (k.clone(), v))).collect()
+    }
+
+    /// Defaults overridden by `overrides` (`name=value` strings), or the
+    /// error naming the bad one.
+    pub fn resolve_params(&self, overrides: &BTreeMap<String, String>) -> Result<BTreeMap<String, ParamValue>, String> {
+        let mut out = self.default_params();
+        for (k, v) in overrides {
+            let spec = self.params.get(k).ok_or_else(|| {
+                format!(
+                    "runbook {} has no parameter `{k}`: expected one of [{}]",
+                    self.name,
+                    self.params.keys().cloned().collect::<Vec<_>>().join(", ")
+                )
+            })?;
+            out.insert(k.clone(), spec.ty.parse(v).map_err(|m| format!("parameter `{k}`: {m}"))?);
+        }
+        Ok(out)
+    }
+}

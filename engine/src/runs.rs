@@ -1,0 +1,145 @@
+//! Runs: what a runbook execution is called, aims at, and ended as.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::manifest::ParamValue;
+
+/// What a run acts on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Target {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+    /// `(label, value)` for group runs, e.g. `("pool", "a")`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<(String, String)>,
+}
+
+impl Target {
+    pub fn node(node: &str) -> Target {
+        Target { node: Some(node.into()), gpu: None, group: None }
+    }
+    pub fn gpu(node: &str, gpu: u32) -> Target {
+        Target { node: Some(node.into()), gpu: Some(gpu), group: None }
+    }
+    pub fn group(label: &str, value: &str) -> Target {
+        Target { node: None, gpu: None, group: Some((label.into(), value.into())) }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.node, self.gpu, &self.group) {
+            (Some(n), Some(g), _) => write!(f, "{n}/gpu{g}"),
+            (Some(n), None, _) => write!(f, "{n}"),
+            (None, _, Some((k, v))) => write!(f, "{k}={v}"),
+            _ => write!(f, "fleet"),
+        }
+    }
+}
+
+/// Where a run is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    Queued,
+    PendingApproval,
+    Running,
+    Finished,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunOutcome {
+    Succeeded,
+    Failed,
+    /// Not started or stopped by a rule: approval rejected, blast radius,
+    /// hands-off, attempt budget, breaker.
+    Refused,
+    TimedOut,
+    Cancelled,
+    /// The engine stopped while it was in flight.
+    Interrupted,
+}
+
+impl RunOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Succeeded => "succeeded",
+            RunOutcome::Failed => "failed",
+            RunOutcome::Refused => "refused",
+            RunOutcome::TimedOut => "timed_out",
+            RunOutcome::Cancelled => "cancelled",
+            RunOutcome::Interrupted => "interrupted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RunOutcome> {
+        [
+            RunOutcome::Succeeded,
+            RunOutcome::Failed,
+            RunOutcome::Refused,
+            RunOutcome::TimedOut,
+            RunOutcome::Cancelled,
+            RunOutcome::Interrupted,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == s)
+    }
+}
+
+/// A decision on a run that waited for approval.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalDecision {
+    pub by: String,
+    pub approved: bool,
+    pub at_ms: i64,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// The current summary of a run (an index over the audit log, kept beside
+/// it and updated in the same write as the record that changed it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSummary {
+    pub id: String,
+    pub runbook: String,
+    #[serde(default)]
+    pub handbook: Option<String>,
+    pub target: Target,
+    /// `threshold`, `alert`, `manual`, …
+    pub trigger: String,
+    /// The event that started it.
+    pub event: Value,
+    pub params: BTreeMap<String, ParamValue>,
+    pub dry_run: bool,
+    /// `engine` or `user:<name>`.
+    pub requested_by: String,
+    pub state: RunState,
+    #[serde(default)]
+    pub outcome: Option<RunOutcome>,
+    /// One line: why the run exists and how it ended.
+    pub why: String,
+    pub created_ms: i64,
+    #[serde(default)]
+    pub started_ms: Option<i64>,
+    #[serde(default)]
+    pub finished_ms: Option<i64>,
+    pub actions: u32,
+    #[serde(default)]
+    pub approvals: Vec<ApprovalDecision>,
+    /// Failure text, with the script's file and line when it came from there.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Nodes the run acted on.
+    #[serde(default)]
+    pub nodes: Vec<String>,
+}

@@ -1,0 +1,562 @@
+//! Trigger evaluation: small state machines fed by telemetry, one per
+//! (trigger, series) — or per (trigger, label group) for fleet triggers.
+//!
+//! Every state machine fires once per episode: a threshold re-arms only
+//! after the value passes its clear level (hysteresis), a prediction only
+//! after it stops predicting a crossing, a change trigger on each new edge.
+
+use std::collections::HashMap;
+
+use crate::manifest::{Aggregate, Manifest, Scope, Trigger};
+use crate::metrics::{self, MetricId};
+use crate::telemetry::{SeriesKey, TelemetryStore};
+
+/// Direction of a level comparison.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Level {
+    Above(f64),
+    Below(f64),
+}
+
+impl Level {
+    fn breached(self, v: f64) -> bool {
+        match self {
+            Level::Above(l) => v > l,
+            Level::Below(l) => v < l,
+        }
+    }
+}
+
+/// A trigger ready to evaluate.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Compiled {
+    Threshold {
+        metric: MetricId,
+        level: Level,
+        for_ms: i64,
+        clear: Level,
+    },
+    Rate {
+        metric: MetricId,
+        per_min: Level,
+        window_ms: i64,
+        min_samples: usize,
+    },
+    Predict {
+        metric: MetricId,
+        crosses: f64,
+        horizon_ms: i64,
+        window_ms: i64,
+        min_samples: usize,
+    },
+    Change {
+        metric: MetricId,
+        to_any_of: Vec<f64>,
+        increase: bool,
+    },
+    Fleet {
+        metric: MetricId,
+        agg: Aggregate,
+        group_by: String,
+        where_above: Option<f64>,
+        level: Level,
+        for_ms: i64,
+        clear: Level,
+    },
+}
+
+fn levels(
+    above: Option<f64>,
+    below: Option<f64>,
+    clear_below: Option<f64>,
+    clear_above: Option<f64>,
+) -> (Level, Level) {
+    match (above, below) {
+        (Some(a), _) => (Level::Above(a), Level::Below(clear_below.unwrap_or(a))),
+        (None, Some(b)) => (Level::Below(b), Level::Above(clear_above.unwrap_or(b))),
+        _ => (Level::Above(f64::INFINITY), Level::Below(f64::INFINITY)),
+    }
+}
+
+impl Compiled {
+    /// Compile a telemetry trigger (`None` for alert, schedule, manual).
+    pub fn from_manifest(m: &Manifest) -> Option<Compiled> {
+        let metric = m.metric_id()?;
+        Some(match &m.trigger {
+            Trigger::Threshold { above, below, for_secs, clear_below, clear_above, .. } => {
+                let (level, clear) = levels(*above, *below, *clear_below, *clear_above);
+                Compiled::Threshold { metric, level, for_ms: *for_secs as i64 * 1000, clear }
+            }
+            Trigger::Rate { per_min_above, per_min_below, window_secs, min_samples, .. } => Compiled::Rate {
+                metric,
+                per_min: match per_min_above {
+                    Some(a) => Level::Above(*a),
+                    None => Level::Below(per_min_below.unwrap_or(0.0)),
+                },
+                window_ms: *window_secs as i64 * 1000,
+                min_samples: *min_samples,
+            },
+            Trigger::Predict { crosses, horizon_secs, window_secs, min_samples, .. } => Compiled::Predict {
+                metric,
+                crosses: *crosses,
+                horizon_ms: *horizon_secs as i64 * 1000,
+                window_ms: *window_secs as i64 * 1000,
+                min_samples: *min_samples,
+            },
+            Trigger::Change { to_any_of, increase, .. } => {
+                Compiled::Change { metric, to_any_of: to_any_of.clone(), increase: *increase }
+            }
+            Trigger::Fleet { agg, group_by, above, below, where_above, for_secs, clear_below, clear_above, .. } => {
+                let (level, clear) = levels(*above, *below, *clear_below, *clear_above);
+                Compiled::Fleet {
+                    metric,
+                    agg: *agg,
+                    group_by: group_by.clone(),
+                    where_above: *where_above,
+                    level,
+                    for_ms: *for_secs as i64 * 1000,
+                    clear,
+                }
+            }
+            _ => return None,
+        })
+    }
+
+    pub fn metric(&self) -> MetricId {
+        match self {
+            Compiled::Threshold { metric, .. }
+            | Compiled::Rate { metric, .. }
+            | Compiled::Predict { metric, .. }
+            | Compiled::Change { metric, .. }
+            | Compiled::Fleet { metric, .. } => *metric,
+        }
+    }
+
+    /// History the trigger needs, in ms.
+    pub fn window_ms(&self) -> i64 {
+        match self {
+            Compiled::Threshold { for_ms, .. } | Compiled::Fleet { for_ms, .. } => *for_ms,
+            Compiled::Rate { window_ms, .. } | Compiled::Predict { window_ms, .. } => *window_ms,
+            Compiled::Change { .. } => 0,
+        }
+    }
+}
+
+/// Per-series state.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct State {
+    pending_since: Option<i64>,
+    fired: bool,
+    last: Option<f64>,
+}
+
+/// A trigger that fired.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fire {
+    /// Index of the trigger in the set (same as the runbook's index).
+    pub trigger: usize,
+    pub node: Option<u32>,
+    pub gpu: Option<u16>,
+    pub group: Option<(String, String)>,
+    pub value: f64,
+    pub ts_ms: i64,
+    pub detail: String,
+}
+
+/// Evaluate a threshold-style machine on `v` at `t`; true when it fires.
+pub fn step_threshold(st: &mut State, level: Level, clear: Level, for_ms: i64, v: f64, t: i64) -> bool {
+    if st.fired {
+        if clear.breached(v) {
+            st.fired = false;
+            st.pending_since = None;
+        }
+        return false;
+    }
+    if level.breached(v) {
+        let since = *st.pending_since.get_or_insert(t);
+        if t - since >= for_ms {
+            st.fired = true;
+            st.pending_since = None;
+            return true;
+        }
+    } else {
+        st.pending_since = None;
+    }
+    false
+}
+
+/// One telemetry trigger and its states.
+#[derive(Debug)]
+pub struct Entry {
+    pub compiled: Compiled,
+    pub scope: Scope,
+    states: HashMap<SeriesKey, State>,
+    group_states: HashMap<String, State>,
+}
+
+/// The loaded telemetry triggers, indexed by metric.
+#[derive(Debug, Default)]
+pub struct TriggerSet {
+    pub entries: Vec<Option<Entry>>,
+    by_metric: HashMap<MetricId, Vec<usize>>,
+}
+
+fn fmt_v(v: f64) -> String {
+    if v.fract() == 0.0 { format!("{v:.0}") } else { format!("{v:.2}") }
+}
+
+impl TriggerSet {
+    /// Build from the runbooks' manifests, index for index.
+    pub fn new<'a>(manifests: impl Iterator<Item = &'a Manifest>) -> TriggerSet {
+        let mut set = TriggerSet::default();
+        for (i, m) in manifests.enumerate() {
+            let entry = Compiled::from_manifest(m).map(|compiled| {
+                if !matches!(compiled, Compiled::Fleet { .. }) {
+                    set.by_metric.entry(compiled.metric()).or_default().push(i);
+                }
+                Entry { compiled, scope: m.scope, states: HashMap::new(), group_states: HashMap::new() }
+            });
+            set.entries.push(entry);
+        }
+        set
+    }
+
+    /// Retention each metric needs, in ms (for the telemetry store).
+    pub fn retention_ms(&self) -> Vec<i64> {
+        let mut r = vec![0i64; metrics::METRICS.len()];
+        for e in self.entries.iter().flatten() {
+            let m = e.compiled.metric() as usize;
+            r[m] = r[m].max(e.compiled.window_ms() + 5_000);
+        }
+        r
+    }
+
+    /// Whether any trigger watches this metric (samples of other metrics
+    /// need no evaluation).
+    pub fn watches(&self, metric: MetricId) -> bool {
+        self.by_metric.contains_key(&metric)
+    }
+
+    /// Evaluate the triggers on `metric` after a new point of `key` was
+    /// pushed into `store`.
+    pub fn on_sample(&mut self, store: &TelemetryStore, key: SeriesKey, ts_ms: i64, v: f64, out: &mut Vec<Fire>) {
+        let Some(idx) = self.by_metric.get(&key.metric) else { return };
+        for &i in idx {
+            let Some(e) = self.entries[i].as_mut() else { continue };
+            let st = e.states.entry(key).or_default();
+            let name = metrics::metric(key.metric).name;
+            let fired = match &e.compiled {
+                Compiled::Threshold { level, for_ms, clear, .. } => {
+                    step_threshold(st, *level, *clear, *for_ms, v, ts_ms).then(|| {
+                        let (op, l) = match level {
+                            Level::Above(l) => ("above", *l),
+                            Level::Below(l) => ("below", *l),
+                        };
+                        format!("{name} {} {op} {} for {} s", fmt_v(v), fmt_v(l), for_ms / 1000)
+                    })
+                }
+                Compiled::Rate { per_min, window_ms, min_samples, .. } => {
+                    let stats = store.stats(key, ts_ms - window_ms);
+                    let covered =
+                        stats.is_some_and(|s| s.count >= *min_samples && ts_ms - s.first.0 >= window_ms * 8 / 10);
+                    let rate = stats.map_or(0.0, |s| s.slope_per_sec * 60.0);
+                    let breach = covered && per_min.breached(rate);
+                    if st.fired {
+                        if !breach {
+                            st.fired = false;
+                        }
+                        None
+                    } else if breach {
+                        st.fired = true;
+                        Some(format!("{name} changing {} per min over {} s", fmt_v(rate), window_ms / 1000))
+                    } else {
+                        None
+                    }
+                }
+                Compiled::Predict { crosses, horizon_ms, window_ms, min_samples, .. } => {
+                    let stats = store.stats(key, ts_ms - window_ms);
+                    let predicted = stats.and_then(|s| {
+                        if s.count < *min_samples || ts_ms - s.first.0 < window_ms / 2 {
+                            return None;
+                        }
+                        let future = s.last.1 + s.slope_per_sec * (*horizon_ms as f64 / 1000.0);
+                        let rising = s.last.1 < *crosses && future >= *crosses && s.slope_per_sec > 0.0;
+                        let falling = s.last.1 > *crosses && future <= *crosses && s.slope_per_sec < 0.0;
+                        (rising || falling).then_some((s, future))
+                    });
+                    match (st.fired, predicted) {
+                        (true, None) => {
+                            st.fired = false;
+                            None
+                        }
+                        (false, Some((s, _))) => {
+                            st.fired = true;
+                            let secs = (*crosses - s.last.1) / s.slope_per_sec;
+                            Some(format!(
+                                "{name} {} trending {} per min: crosses {} in about {:.0} s",
+                                fmt_v(s.last.1),
+                                fmt_v(s.slope_per_sec * 60.0),
+                                fmt_v(*crosses),
+                                secs.max(0.0)
+                            ))
+                        }
+                        _ => None,
+                    }
+                }
+                Compiled::Change { to_any_of, increase, .. } => {
+                    let prev = st.last.replace(v);
+                    match prev {
+                        Some(p) if p != v => {
+                            let hit = (!to_any_of.is_empty() && to_any_of.contains(&v)) || (*increase && v > p);
+                            hit.then(|| format!("{name} changed {} → {}", fmt_v(p), fmt_v(v)))
+                        }
+                        _ => None,
+                    }
+                }
+                Compiled::Fleet { .. } => None,
+            };
+            if let Some(detail) = fired {
+                out.push(Fire { trigger: i, node: Some(key.node), gpu: key.gpu, group: None, value: v, ts_ms, detail });
+            }
+        }
+    }
+
+    /// Evaluate fleet triggers. `groups(label)` lists (value, series keys of
+    /// the metric in that group) for the live, undrained nodes.
+    pub fn on_tick(
+        &mut self,
+        store: &TelemetryStore,
+        now_ms: i64,
+        groups: &dyn Fn(&str, MetricId) -> Vec<(String, Vec<SeriesKey>)>,
+        out: &mut Vec<Fire>,
+    ) {
+        for (i, e) in self.entries.iter_mut().enumerate() {
+            let Some(e) = e.as_mut() else { continue };
+            let Compiled::Fleet { metric, agg, group_by, where_above, level, for_ms, clear } = &e.compiled else {
+                continue;
+            };
+            for (value, keys) in groups(group_by, *metric) {
+                let vals: Vec<f64> = keys.iter().filter_map(|k| store.latest(*k).map(|(_, v)| v)).collect();
+                if vals.is_empty() {
+                    continue;
+                }
+                let x = match agg {
+                    Aggregate::Avg => vals.iter().sum::<f64>() / vals.len() as f64,
+                    Aggregate::Max => vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+                    Aggregate::Min => vals.iter().cloned().fold(f64::INFINITY, f64::min),
+                    Aggregate::Sum => vals.iter().sum(),
+                    Aggregate::Count => {
+                        vals.iter().filter(|v| **v > where_above.unwrap_or(f64::INFINITY)).count() as f64
+                    }
+                };
+                let st = e.group_states.entry(value.clone()).or_default();
+                if step_threshold(st, *level, *clear, *for_ms, x, now_ms) {
+                    let agg_name = format!("{agg:?}").to_lowercase();
+                    let (op, l) = match level {
+                        Level::Above(l) => ("above", *l),
+                        Level::Below(l) => ("below", *l),
+                    };
+                    out.push(Fire {
+                        trigger: i,
+                        node: None,
+                        gpu: None,
+                        group: Some((group_by.clone(), value.clone())),
+                        value: x,
+                        ts_ms: now_ms,
+                        detail: format!(
+                            "{agg_name} {} over {group_by}={value} is {} ({op} {}) for {} s",
+                            metrics::metric(*metric).name,
+                            fmt_v(x),
+                            fmt_v(l),
+                            for_ms / 1000
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Forget states for a target (after a run ends, so a still-present
+    /// fault can fire again once the cooldown has passed).
+    pub fn rearm(&mut self, trigger: usize, node: Option<u32>, group: Option<&str>) {
+        if let Some(Some(e)) = self.entries.get_mut(trigger) {
+            if let Some(n) = node {
+                for (k, st) in e.states.iter_mut() {
+                    if k.node == n && !matches!(e.compiled, Compiled::Change { .. }) {
+                        st.fired = false;
+                        st.pending_since = None;
+                    }
+                }
+            }
+            if let Some(g) = group
+                && let Some(st) = e.group_states.get_mut(g)
+            {
+                st.fired = false;
+                st.pending_since = None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::ids;
+    use std::path::Path;
+
+    fn manifest(trigger: &str, scope: &str) -> Manifest {
+        let text = format!("version: 1\nname: t\ndescription: d\nscope: {scope}\nscript: t.rhai\ntrigger:\n{trigger}");
+        Manifest::parse(&text, Path::new("t.yaml")).unwrap()
+    }
+
+    fn key(gpu: u16) -> SeriesKey {
+        SeriesKey { node: 0, gpu: Some(gpu), metric: ids::TEMPERATURE }
+    }
+
+    /// Feed `series` (one point per second from t=0) and return the times
+    /// (s) at which the trigger fired.
+    fn fires(trigger: &str, series: &[f64]) -> Vec<i64> {
+        let m = manifest(trigger, "gpu");
+        let mut set = TriggerSet::new(std::iter::once(&m));
+        let mut store = TelemetryStore::new(set.retention_ms());
+        let mut out = Vec::new();
+        let mut at = Vec::new();
+        for (i, v) in series.iter().enumerate() {
+            let t = i as i64 * 1000;
+            store.push(key(0), t, *v);
+            set.on_sample(&store, key(0), t, *v, &mut out);
+            if !out.is_empty() {
+                at.push(i as i64);
+                out.clear();
+            }
+        }
+        at
+    }
+
+    fn ramp(from: f64, to: f64, secs: usize) -> Vec<f64> {
+        (0..secs).map(|i| from + (to - from) * i as f64 / (secs - 1).max(1) as f64).collect()
+    }
+
+    /// Table: trigger text, input series, expected firing times.
+    #[test]
+    fn telemetry_triggers_table() {
+        let thr = "  type: threshold\n  metric: gpu.temperature_c\n  above: 85\n  for_secs: 3\n  clear_below: 80\n";
+        let cat = |parts: &[&[f64]]| parts.concat();
+        let cases: Vec<(&str, &str, Vec<f64>, Vec<i64>)> = vec![
+            ("threshold fires after for_secs", thr, cat(&[&[70.0; 3], &[90.0; 6]]), vec![6]),
+            ("threshold needs the whole for_secs", thr, cat(&[&[90.0, 90.0, 70.0, 90.0, 90.0, 70.0]]), vec![]),
+            ("threshold does not fire below", thr, vec![84.9; 10], vec![]),
+            ("hysteresis: dipping to 82 does not re-arm", thr, cat(&[&[90.0; 4], &[82.0; 3], &[90.0; 5]]), vec![3]),
+            ("hysteresis: falling below 80 re-arms", thr, cat(&[&[90.0; 4], &[79.0; 2], &[90.0; 5]]), vec![3, 9]),
+            (
+                "below with clear_above",
+                "  type: threshold\n  metric: gpu.temperature_c\n  below: 20\n  clear_above: 25\n",
+                cat(&[&[30.0, 10.0, 22.0, 10.0, 26.0, 10.0]]),
+                vec![1, 5],
+            ),
+            (
+                "rate fires on a steep rise",
+                "  type: rate\n  metric: gpu.temperature_c\n  per_min_above: 30\n  window_secs: 10\n",
+                cat(&[&[60.0; 12], &ramp(60.0, 80.0, 20)]),
+                vec![17],
+            ),
+            (
+                "rate ignores a slow rise",
+                "  type: rate\n  metric: gpu.temperature_c\n  per_min_above: 30\n  window_secs: 10\n",
+                ramp(60.0, 70.0, 60),
+                vec![],
+            ),
+            (
+                "predict fires before the crossing",
+                "  type: predict\n  metric: gpu.temperature_c\n  crosses: 90\n  horizon_secs: 20\n  window_secs: 20\n",
+                // 0.5 °C/s from 60 °C: 20 s ahead reaches 90 °C once at 80 °C (t = 40 s).
+                ramp(60.0, 89.0, 59),
+                vec![40],
+            ),
+            (
+                "predict stays quiet when the horizon is short",
+                "  type: predict\n  metric: gpu.temperature_c\n  crosses: 90\n  horizon_secs: 5\n  window_secs: 20\n",
+                ramp(60.0, 80.0, 40),
+                vec![],
+            ),
+            (
+                "predict stays quiet on a flat series",
+                "  type: predict\n  metric: gpu.temperature_c\n  crosses: 90\n  horizon_secs: 600\n  window_secs: 20\n",
+                vec![80.0; 60],
+                vec![],
+            ),
+            (
+                "change fires on each new matching edge",
+                "  type: change\n  metric: gpu.temperature_c\n  to_any_of: [79, 48]\n",
+                vec![0.0, 0.0, 79.0, 79.0, 79.0, 13.0, 48.0, 48.0],
+                vec![2, 6],
+            ),
+            (
+                "change on a counter increase",
+                "  type: change\n  metric: gpu.temperature_c\n  increase: true\n",
+                vec![3.0, 3.0, 4.0, 4.0, 0.0, 1.0],
+                vec![2, 5],
+            ),
+            (
+                "a sticky value present at start is a baseline, not an edge",
+                "  type: change\n  metric: gpu.temperature_c\n  to_any_of: [79]\n",
+                vec![79.0; 5],
+                vec![],
+            ),
+        ];
+        for (name, trigger, series, want) in cases {
+            assert_eq!(fires(trigger, &series), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn fleet_aggregates_over_groups() {
+        let m = manifest(
+            "  type: fleet\n  metric: gpu.power_pct_of_limit\n  agg: avg\n  group_by: pool\n  above: 90\n  for_secs: 2\n  clear_below: 80\n",
+            "group",
+        );
+        let mut set = TriggerSet::new(std::iter::once(&m));
+        let mut store = TelemetryStore::new(set.retention_ms());
+        let k = |node: u32, gpu: u16| SeriesKey { node, gpu: Some(gpu), metric: ids::POWER_PCT };
+        let groups = |label: &str, _m: MetricId| -> Vec<(String, Vec<SeriesKey>)> {
+            assert_eq!(label, "pool");
+            vec![("a".into(), vec![k(0, 0), k(0, 1), k(1, 0)]), ("b".into(), vec![k(2, 0)])]
+        };
+        let mut fired = Vec::new();
+        for t in 0..6i64 {
+            // Pool a averages 93.3 %, pool b 50 %.
+            for (n, g, v) in [(0, 0, 95.0), (0, 1, 95.0), (1, 0, 90.0), (2, 0, 50.0)] {
+                store.push(k(n, g), t * 1000, v);
+            }
+            let mut out = Vec::new();
+            set.on_tick(&store, t * 1000, &groups, &mut out);
+            fired.extend(out.into_iter().map(|f| (t, f.group.unwrap().1, f.detail)));
+        }
+        assert_eq!(fired.len(), 1, "{fired:?}");
+        assert_eq!(fired[0].0, 2);
+        assert_eq!(fired[0].1, "a");
+        assert!(fired[0].2.starts_with("avg gpu.power_pct_of_limit over pool=a is 93.33 (above 90)"), "{}", fired[0].2);
+        // Count aggregate.
+        let m = manifest(
+            "  type: fleet\n  metric: gpu.power_pct_of_limit\n  agg: count\n  where_above: 92\n  group_by: pool\n  above: 1\n",
+            "group",
+        );
+        let mut set = TriggerSet::new(std::iter::once(&m));
+        let mut out = Vec::new();
+        set.on_tick(&store, 6_000, &groups, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].value, 2.0);
+    }
+
+    #[test]
+    fn retention_is_sized_by_triggers() {
+        let m = manifest(
+            "  type: predict\n  metric: gpu.temperature_c\n  crosses: 90\n  horizon_secs: 60\n  window_secs: 300\n",
+            "gpu",
+        );
+        let set = TriggerSet::new(std::iter::once(&m));
+        let r = set.retention_ms();
+        assert_eq!(r[ids::TEMPERATURE as usize], 305_000);
+        assert_eq!(r[ids::POWER as usize], 0);
+    }
+}
