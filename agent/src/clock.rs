@@ -5,7 +5,7 @@
 //! a [`VirtualClock`] in scenario tests, where a 30-minute incident takes well
 //! under a second.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -17,12 +17,21 @@ pub trait Clock: Send + Sync + 'static {
     fn now_ms(&self) -> i64;
     /// Sleep `ms` of this clock's time, asynchronously.
     fn sleep(&self, ms: u64) -> BoxFuture<'static, ()>;
-    /// Sleep `ms` of this clock's time on a blocking thread, waking early
-    /// when `cancel` is set.
-    fn sleep_blocking(&self, ms: u64, cancel: &AtomicBool);
+    /// Sleep on a blocking thread until this clock reads `deadline_ms`,
+    /// waking early when `cancel` is set.
+    fn sleep_until_blocking(&self, deadline_ms: i64, cancel: &AtomicBool);
+    /// Sleep `ms` of this clock's time on a blocking thread.
+    fn sleep_blocking(&self, ms: u64, cancel: &AtomicBool) {
+        self.sleep_until_blocking(self.now_ms() + ms as i64, cancel)
+    }
     /// How many clock milliseconds pass per real millisecond.
     fn scale(&self) -> f64 {
         1.0
+    }
+    /// Sleepers whose deadline has not come yet (virtual clocks only; a
+    /// driver advances time once every worker is such a sleeper).
+    fn idle_sleepers(&self) -> usize {
+        0
     }
 }
 
@@ -59,7 +68,8 @@ impl Clock for SystemClock {
     fn sleep(&self, ms: u64) -> BoxFuture<'static, ()> {
         Box::pin(tokio::time::sleep(Duration::from_millis(ms)))
     }
-    fn sleep_blocking(&self, ms: u64, cancel: &AtomicBool) {
+    fn sleep_until_blocking(&self, deadline_ms: i64, cancel: &AtomicBool) {
+        let ms = (deadline_ms - self.now_ms()).max(0) as u64;
         sliced_sleep(Duration::from_millis(ms), cancel)
     }
 }
@@ -88,8 +98,9 @@ impl Clock for ScaledClock {
     fn sleep(&self, ms: u64) -> BoxFuture<'static, ()> {
         Box::pin(tokio::time::sleep(Duration::from_secs_f64(ms as f64 / 1000.0 / self.scale)))
     }
-    fn sleep_blocking(&self, ms: u64, cancel: &AtomicBool) {
-        sliced_sleep(Duration::from_secs_f64(ms as f64 / 1000.0 / self.scale), cancel)
+    fn sleep_until_blocking(&self, deadline_ms: i64, cancel: &AtomicBool) {
+        let ms = (deadline_ms - self.now_ms()).max(0) as f64;
+        sliced_sleep(Duration::from_secs_f64(ms / 1000.0 / self.scale), cancel)
     }
     fn scale(&self) -> f64 {
         self.scale
@@ -97,9 +108,9 @@ impl Clock for ScaledClock {
 }
 
 /// Time that moves only when told to. Sleepers wake when the clock passes
-/// their deadline. [`VirtualClock::sleepers`] says how many threads and tasks
-/// are waiting, so a driver can advance time only once everything else is
-/// idle.
+/// their deadline. [`Clock::idle_sleepers`] counts sleepers not yet due, so a
+/// driver can advance time only once every worker is asleep: a sleeper that
+/// is due but has not woken yet still counts as busy.
 #[derive(Debug, Clone)]
 pub struct VirtualClock {
     inner: Arc<VirtualInner>,
@@ -108,9 +119,9 @@ pub struct VirtualClock {
 #[derive(Debug)]
 struct VirtualInner {
     now: AtomicI64,
-    sleepers: AtomicUsize,
     tx: tokio::sync::watch::Sender<i64>,
-    lock: Mutex<()>,
+    /// Deadlines of current sleepers.
+    sleepers: Mutex<Vec<i64>>,
     cv: Condvar,
 }
 
@@ -121,17 +132,20 @@ impl VirtualClock {
         VirtualClock {
             inner: Arc::new(VirtualInner {
                 now: AtomicI64::new(start_ms),
-                sleepers: AtomicUsize::new(0),
                 tx,
-                lock: Mutex::new(()),
+                sleepers: Mutex::new(Vec::new()),
                 cv: Condvar::new(),
             }),
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<i64>> {
+        self.inner.sleepers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Move time to `t_ms` (never backwards) and wake whoever is due.
     pub fn advance_to(&self, t_ms: i64) {
-        let _guard = self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.lock();
         let now = self.inner.now.load(Ordering::SeqCst);
         if t_ms > now {
             self.inner.now.store(t_ms, Ordering::SeqCst);
@@ -147,28 +161,25 @@ impl VirtualClock {
 
     /// Wake blocking sleepers so they re-check their cancel flags.
     pub fn poke(&self) {
-        let _guard = self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.lock();
         self.inner.cv.notify_all();
     }
 
-    /// How many sleeps are waiting on this clock right now.
+    /// How many sleeps are waiting on this clock right now (due or not).
     pub fn sleepers(&self) -> usize {
-        self.inner.sleepers.load(Ordering::SeqCst)
+        self.lock().len()
+    }
+
+    /// The earliest deadline among sleepers not yet due.
+    pub fn next_deadline(&self) -> Option<i64> {
+        let now = self.now_ms();
+        self.lock().iter().copied().filter(|d| *d > now).min()
     }
 }
 
-struct SleeperGuard(Arc<VirtualInner>);
-
-impl SleeperGuard {
-    fn new(inner: &Arc<VirtualInner>) -> SleeperGuard {
-        inner.sleepers.fetch_add(1, Ordering::SeqCst);
-        SleeperGuard(inner.clone())
-    }
-}
-
-impl Drop for SleeperGuard {
-    fn drop(&mut self) {
-        self.0.sleepers.fetch_sub(1, Ordering::SeqCst);
+fn remove_one(v: &mut Vec<i64>, deadline: i64) {
+    if let Some(i) = v.iter().position(|d| *d == deadline) {
+        v.swap_remove(i);
     }
 }
 
@@ -178,28 +189,35 @@ impl Clock for VirtualClock {
     }
 
     fn sleep(&self, ms: u64) -> BoxFuture<'static, ()> {
-        let inner = self.inner.clone();
         let deadline = self.now_ms() + ms as i64;
+        let me = self.clone();
         Box::pin(async move {
             if ms == 0 {
                 return;
             }
-            let _guard = SleeperGuard::new(&inner);
-            let mut rx = inner.tx.subscribe();
+            let mut rx = me.inner.tx.subscribe();
+            me.lock().push(deadline);
             let _ = rx.wait_for(|t| *t >= deadline).await;
+            remove_one(&mut me.lock(), deadline);
         })
     }
 
-    fn sleep_blocking(&self, ms: u64, cancel: &AtomicBool) {
-        if ms == 0 {
+    fn sleep_until_blocking(&self, deadline_ms: i64, cancel: &AtomicBool) {
+        let mut sleepers = self.lock();
+        if self.inner.now.load(Ordering::SeqCst) >= deadline_ms {
             return;
         }
-        let deadline = self.now_ms() + ms as i64;
-        let _guard = SleeperGuard::new(&self.inner);
-        let mut lock = self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
-        while self.inner.now.load(Ordering::SeqCst) < deadline && !cancel.load(Ordering::Relaxed) {
-            lock = self.inner.cv.wait(lock).unwrap_or_else(|e| e.into_inner());
+        sleepers.push(deadline_ms);
+        while self.inner.now.load(Ordering::SeqCst) < deadline_ms && !cancel.load(Ordering::Relaxed) {
+            sleepers = self.inner.cv.wait(sleepers).unwrap_or_else(|e| e.into_inner());
         }
+        remove_one(&mut sleepers, deadline_ms);
+    }
+
+    fn idle_sleepers(&self) -> usize {
+        let sleepers = self.lock();
+        let now = self.inner.now.load(Ordering::SeqCst);
+        sleepers.iter().filter(|d| **d > now).count()
     }
 }
 
@@ -221,6 +239,8 @@ mod tests {
         clock.advance(4_000);
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(clock.sleepers(), 1, "woke before the deadline");
+        assert_eq!(clock.idle_sleepers(), 1);
+        assert_eq!(clock.next_deadline(), Some(6_000));
         clock.advance(1_000);
         assert_eq!(t.join().unwrap(), 6_000);
         assert_eq!(clock.sleepers(), 0);

@@ -366,6 +366,9 @@ mod tests {
             shutdown_temp_c: None,
             clock_min_mhz: Some(345),
             clock_max_mhz: Some(1980),
+            envelope_power_min_watts: None,
+            envelope_power_max_watts: None,
+            envelope_fan_min_pct: None,
         }
     }
 

@@ -261,7 +261,20 @@ impl Agent {
             backend: self.backend.name().into(),
             agent_version: env!("CARGO_PKG_VERSION").into(),
             scheduler: self.scheduler.kind().into(),
-            gpus: self.backend.gpus().to_vec(),
+            gpus: self
+                .backend
+                .gpus()
+                .iter()
+                .map(|g| {
+                    let (lo, hi) = self.opts.policy.power_bounds(g);
+                    GpuInfo {
+                        envelope_power_min_watts: Some(lo),
+                        envelope_power_max_watts: Some(hi),
+                        envelope_fan_min_pct: g.fan_control.then_some(self.opts.policy.fan.min_pct),
+                        ..g.clone()
+                    }
+                })
+                .collect(),
             configs: self.configs.names(),
         }
     }

@@ -6,11 +6,18 @@
 //! [`audit`] log.
 #![forbid(unsafe_code)]
 
+pub mod alerts;
 pub mod audit;
+pub mod config;
+pub mod engine;
+pub mod fleet;
+pub mod host;
 pub mod inventory;
 pub mod manifest;
 pub mod metrics;
+pub mod runbook;
 pub mod runs;
 pub mod script;
+pub mod simfleet;
 pub mod telemetry;
 pub mod triggers;

@@ -492,6 +492,9 @@ impl Manifest {
                 }
             }
             Trigger::Schedule { every_secs } => {
+                if self.scope != Scope::Node {
+                    return Err(err("scope", "scope: a schedule trigger runs once per node, so scope must be node".into()));
+                }
                 if *every_secs < 10 {
                     return Err(err(
                         "every_secs",

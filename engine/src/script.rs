@@ -20,7 +20,7 @@
 
 use std::cell::RefCell;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rhai::{AST, Dynamic, Engine, EvalAltResult, FnPtr, Map, NativeCallContext, Position, Scope};
@@ -161,9 +161,6 @@ pub struct RunCtx {
     pub host: Arc<dyn ScriptHost>,
     pub max_notes: u32,
     pub notes: AtomicU32,
-    /// Runs currently sleeping on the clock (shared across runs; virtual-time
-    /// drivers wait until every running run sleeps).
-    pub sleeping: Arc<AtomicUsize>,
     pub failure: Mutex<Option<String>>,
     stop: Mutex<Option<StopReason>>,
 }
@@ -179,7 +176,6 @@ impl RunCtx {
         timeout_secs: u64,
         host: Arc<dyn ScriptHost>,
         max_notes: u32,
-        sleeping: Arc<AtomicUsize>,
     ) -> RunCtx {
         let started_ms = clock.now_ms();
         RunCtx {
@@ -194,7 +190,6 @@ impl RunCtx {
             host,
             max_notes,
             notes: AtomicU32::new(0),
-            sleeping,
             failure: Mutex::new(None),
             stop: Mutex::new(None),
         }
@@ -238,9 +233,7 @@ impl RunCtx {
         let now = self.clock.now_ms();
         let until = (now + ms.max(0)).min(self.deadline_ms);
         if until > now {
-            self.sleeping.fetch_add(1, Ordering::SeqCst);
-            self.clock.sleep_blocking((until - now) as u64, &self.cancel);
-            self.sleeping.fetch_sub(1, Ordering::SeqCst);
+            self.clock.sleep_until_blocking(until, &self.cancel);
         }
         match self.check_stop() {
             Some(r) => Err(terminated(r)),
@@ -504,10 +497,10 @@ fn register_api(e: &mut Engine) {
     });
 
     // Control.
-    e.register_fn("sleep", |secs: Dynamic| -> Result<(), Box<EvalAltResult>> {
-        let ms = (num(&secs, "seconds")? * 1000.0) as i64;
-        ctx()?.sleep_ms(ms)
-    });
+    // Typed, so they replace Rhai's built-in `sleep`, which would block the
+    // thread on the wall clock.
+    e.register_fn("sleep", |secs: i64| -> Result<(), Box<EvalAltResult>> { ctx()?.sleep_ms(secs.saturating_mul(1000)) });
+    e.register_fn("sleep", |secs: f64| -> Result<(), Box<EvalAltResult>> { ctx()?.sleep_ms((secs * 1000.0) as i64) });
     e.register_fn("wait_until", |nc: NativeCallContext<'_>, f: FnPtr, timeout: Dynamic| {
         wait_until(&nc, &f, &timeout, 5.0)
     });

@@ -111,6 +111,9 @@ impl NvmlBackend {
                 shutdown_temp_c: opt(d.temperature_threshold(TemperatureThreshold::Shutdown)).map(f64::from),
                 clock_min_mhz: None,
                 clock_max_mhz: opt(d.max_clock_info(Clock::SM)),
+                envelope_power_min_watts: None,
+                envelope_power_max_watts: None,
+                envelope_fan_min_pct: None,
             });
         }
         Ok(NvmlBackend { nvml, info, fans })

@@ -374,6 +374,9 @@ impl SimBackend {
                 shutdown_temp_c: Some(profile.shutdown_c),
                 clock_min_mhz: Some(profile.clock_min_mhz),
                 clock_max_mhz: Some(profile.clock_max_mhz),
+                envelope_power_min_watts: None,
+                envelope_power_max_watts: None,
+                envelope_fan_min_pct: None,
             })
             .collect();
         let gpus = (0..config.gpus)

@@ -33,6 +33,15 @@ pub struct GpuInfo {
     pub clock_min_mhz: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock_max_mhz: Option<u32>,
+    /// The power range this agent's envelope accepts (device ∩ policy);
+    /// filled in by the agent's `inventory` op.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envelope_power_min_watts: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envelope_power_max_watts: Option<f64>,
+    /// The lowest fan speed a curve may ask for here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envelope_fan_min_pct: Option<f64>,
 }
 
 /// The node's inventory.

@@ -59,6 +59,9 @@ impl RocmBackend {
                 shutdown_temp_c: None,
                 clock_min_mhz: None,
                 clock_max_mhz: None,
+                envelope_power_min_watts: None,
+                envelope_power_max_watts: None,
+                envelope_fan_min_pct: None,
             });
         }
         Ok(RocmBackend { info })

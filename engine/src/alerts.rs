@@ -1,0 +1,335 @@
+//! Alertmanager webhook payloads (version 4), split into single alerts.
+//!
+//! Delivery is at least once and an HA pair sends duplicates, so each alert
+//! is keyed by `fingerprint` + `startsAt`: a repeat is a no-op.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+/// The payload as Alertmanager sends it. Unknown top-level fields are
+/// accepted (newer senders add some); the alert fields we rely on are not
+/// optional.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookPayload {
+    pub version: String,
+    #[serde(default)]
+    pub group_key: String,
+    #[serde(default)]
+    pub truncated_alerts: u64,
+    pub status: String,
+    #[serde(default)]
+    pub receiver: String,
+    #[serde(default)]
+    pub group_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub common_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub common_annotations: BTreeMap<String, String>,
+    #[serde(default, rename = "externalURL")]
+    pub external_url: String,
+    pub alerts: Vec<Alert>,
+}
+
+/// One alert.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Alert {
+    pub status: String,
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    pub starts_at: String,
+    #[serde(default)]
+    pub ends_at: String,
+    #[serde(default, rename = "generatorURL")]
+    pub generator_url: String,
+    pub fingerprint: String,
+}
+
+/// Why a payload was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AlertError {
+    #[error("not an Alertmanager webhook payload: {0}")]
+    Json(String),
+    #[error("unsupported webhook payload version: expected \"4\", found {0:?}")]
+    Version(String),
+    #[error("alerts[{index}].{field}: {message}")]
+    Field { index: usize, field: &'static str, message: String },
+}
+
+impl WebhookPayload {
+    /// Parse and check a payload.
+    pub fn parse(bytes: &[u8]) -> Result<WebhookPayload, AlertError> {
+        let p: WebhookPayload = serde_json::from_slice(bytes).map_err(|e| AlertError::Json(e.to_string()))?;
+        if p.version != "4" {
+            return Err(AlertError::Version(p.version));
+        }
+        for (index, a) in p.alerts.iter().enumerate() {
+            if a.status != "firing" && a.status != "resolved" {
+                return Err(AlertError::Field {
+                    index,
+                    field: "status",
+                    message: format!("expected firing or resolved, found {:?}", a.status),
+                });
+            }
+            if a.fingerprint.is_empty() {
+                return Err(AlertError::Field { index, field: "fingerprint", message: "expected a fingerprint, found \"\"".into() });
+            }
+            parse_rfc3339_ms(&a.starts_at).ok_or_else(|| AlertError::Field {
+                index,
+                field: "startsAt",
+                message: format!("expected an RFC 3339 time, found {:?}", a.starts_at),
+            })?;
+            if !a.labels.contains_key("alertname") {
+                return Err(AlertError::Field { index, field: "labels", message: "expected an alertname label".into() });
+            }
+        }
+        Ok(p)
+    }
+}
+
+impl Alert {
+    /// The alert's name.
+    pub fn name(&self) -> &str {
+        self.labels.get("alertname").map(String::as_str).unwrap_or("")
+    }
+
+    /// The host the alert is about: `instance` (port stripped), else
+    /// `hostname`/`Hostname` (dcgm-exporter), else `node`.
+    pub fn host(&self) -> Option<String> {
+        if let Some(i) = self.labels.get("instance") {
+            if let Some(rest) = i.strip_prefix('[')
+                && let Some(end) = rest.find(']')
+            {
+                return Some(rest[..end].to_string());
+            }
+            return Some(match i.rsplit_once(':') {
+                Some((h, p)) if !h.contains(':') && !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()) => h.to_string(),
+                _ => i.clone(),
+            });
+        }
+        ["hostname", "Hostname", "node"].iter().find_map(|k| self.labels.get(*k).cloned())
+    }
+
+    /// The GPU index from the `gpu` label, if any.
+    pub fn gpu(&self) -> Option<u32> {
+        self.labels.get("gpu").and_then(|g| g.parse().ok())
+    }
+
+    /// `startsAt` in ms since the epoch.
+    pub fn starts_at_ms(&self) -> i64 {
+        parse_rfc3339_ms(&self.starts_at).unwrap_or(0)
+    }
+
+    /// The deduplication key.
+    pub fn key(&self) -> String {
+        format!("{}@{}", self.fingerprint, self.starts_at)
+    }
+}
+
+/// Parse an RFC 3339 timestamp (`2026-11-30T03:04:05.123Z`, offsets
+/// allowed) to ms since the epoch. Years before 1970 (Alertmanager's
+/// `0001-01-01T00:00:00Z` for "no end") give negative values.
+pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || (b[10] != b'T' && b[10] != b't' && b[10] != b' ') || b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> { s.get(r)?.parse().ok() };
+    let (y, mo, d, h, mi, sec) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut rest = &s[19..];
+    let mut ms = 0i64;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits: String = frac.chars().take_while(|c| c.is_ascii_digit()).collect();
+        if digits.is_empty() {
+            return None;
+        }
+        let padded = format!("{:0<3}", &digits[..digits.len().min(3)]);
+        ms = padded.parse().ok()?;
+        rest = &frac[digits.len()..];
+    }
+    let offset_min = match rest {
+        "Z" | "z" => 0,
+        r if (r.starts_with('+') || r.starts_with('-')) && r.len() == 6 && &r[3..4] == ":" => {
+            let sign = if r.starts_with('-') { -1 } else { 1 };
+            sign * (r[1..3].parse::<i64>().ok()? * 60 + r[4..6].parse::<i64>().ok()?)
+        }
+        _ => return None,
+    };
+    // Days from civil (Howard Hinnant's algorithm).
+    let (y2, m2) = if mo <= 2 { (y - 1, mo + 9) } else { (y, mo - 3) };
+    let era = if y2 >= 0 { y2 } else { y2 - 399 } / 400;
+    let yoe = y2 - era * 400;
+    let doy = (153 * m2 + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 86_400 + h * 3600 + mi * 60 + sec) - offset_min * 60) * 1000 + ms)
+}
+
+/// Format ms since the epoch as RFC 3339 UTC (for display and payloads).
+pub fn format_rfc3339_ms(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let millis = ms.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z", sod / 3600, sod % 3600 / 60, sod % 60)
+}
+
+/// A bounded set of seen keys (oldest forgotten first).
+#[derive(Debug)]
+pub struct SeenSet {
+    set: HashSet<String>,
+    order: VecDeque<String>,
+    cap: usize,
+}
+
+impl SeenSet {
+    pub fn new(cap: usize) -> SeenSet {
+        SeenSet { set: HashSet::new(), order: VecDeque::new(), cap: cap.max(1) }
+    }
+
+    /// True when `key` is new (and remembers it).
+    pub fn insert(&mut self, key: String) -> bool {
+        if self.set.contains(&key) {
+            return false;
+        }
+        if self.order.len() >= self.cap
+            && let Some(old) = self.order.pop_front()
+        {
+            self.set.remove(&old);
+        }
+        self.set.insert(key.clone());
+        self.order.push_back(key);
+        true
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.set.contains(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A payload in the shape Alertmanager 0.27 sends (captured format).
+    pub const SAMPLE: &str = r#"{
+  "receiver": "nightshift",
+  "status": "firing",
+  "alerts": [
+    {
+      "status": "firing",
+      "labels": {"alertname": "GpuTempHigh", "Hostname": "gpu-a1", "gpu": "3", "instance": "gpu-a1:9400", "job": "dcgm", "severity": "critical", "UUID": "GPU-9a1b"},
+      "annotations": {"summary": "GPU 3 on gpu-a1 at 91 C"},
+      "startsAt": "2026-11-30T03:00:12.345Z",
+      "endsAt": "0001-01-01T00:00:00Z",
+      "generatorURL": "http://prometheus:9090/graph?g0.expr=DCGM_FI_DEV_GPU_TEMP+%3E+85",
+      "fingerprint": "5e2c9a1f0b7d3e44"
+    }
+  ],
+  "groupLabels": {"alertname": "GpuTempHigh"},
+  "commonLabels": {"alertname": "GpuTempHigh", "severity": "critical"},
+  "commonAnnotations": {},
+  "externalURL": "http://alertmanager:9093",
+  "version": "4",
+  "groupKey": "{}:{alertname=\"GpuTempHigh\"}",
+  "truncatedAlerts": 0,
+  "notification_reason": "new"
+}"#;
+
+    #[test]
+    fn parses_the_real_format() {
+        let p = WebhookPayload::parse(SAMPLE.as_bytes()).unwrap();
+        let a = &p.alerts[0];
+        assert_eq!(a.name(), "GpuTempHigh");
+        assert_eq!(a.host().as_deref(), Some("gpu-a1"));
+        assert_eq!(a.gpu(), Some(3));
+        assert_eq!(a.starts_at_ms(), parse_rfc3339_ms("2026-11-30T03:00:12.345Z").unwrap());
+        assert_eq!(a.key(), "5e2c9a1f0b7d3e44@2026-11-30T03:00:12.345Z");
+    }
+
+    #[test]
+    fn refuses_bad_payloads_naming_the_field() {
+        let cases = [
+            ("{", "not an Alertmanager webhook payload: EOF while parsing"),
+            (r#"{"version":"3","status":"firing","alerts":[]}"#, "unsupported webhook payload version: expected \"4\", found \"3\""),
+            (
+                r#"{"version":"4","status":"firing","alerts":[{"status":"burning","labels":{"alertname":"x"},"startsAt":"2026-01-01T00:00:00Z","fingerprint":"f"}]}"#,
+                "alerts[0].status: expected firing or resolved, found \"burning\"",
+            ),
+            (
+                r#"{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"alertname":"x"},"startsAt":"yesterday","fingerprint":"f"}]}"#,
+                "alerts[0].startsAt: expected an RFC 3339 time, found \"yesterday\"",
+            ),
+            (r#"{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{}}]}"#, "missing field `startsAt`"),
+        ];
+        for (input, want) in cases {
+            let e = WebhookPayload::parse(input.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains(want), "{input}: {e}");
+        }
+    }
+
+    #[test]
+    fn host_label_precedence() {
+        let mk = |pairs: &[(&str, &str)]| Alert {
+            status: "firing".into(),
+            labels: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            annotations: Default::default(),
+            starts_at: "2026-01-01T00:00:00Z".into(),
+            ends_at: String::new(),
+            generator_url: String::new(),
+            fingerprint: "f".into(),
+        };
+        assert_eq!(mk(&[("instance", "n1:9400"), ("Hostname", "x")]).host().as_deref(), Some("n1"));
+        assert_eq!(mk(&[("instance", "n1")]).host().as_deref(), Some("n1"));
+        assert_eq!(mk(&[("instance", "[fd00::1]:9400")]).host().as_deref(), Some("fd00::1"));
+        assert_eq!(mk(&[("Hostname", "n2")]).host().as_deref(), Some("n2"));
+        assert_eq!(mk(&[("hostname", "n3"), ("node", "n4")]).host().as_deref(), Some("n3"));
+        assert_eq!(mk(&[("node", "n4")]).host().as_deref(), Some("n4"));
+        assert_eq!(mk(&[]).host(), None);
+    }
+
+    #[test]
+    fn rfc3339_round_trip() {
+        for s in ["1970-01-01T00:00:00.000Z", "2026-11-30T03:00:12.345Z", "2000-02-29T23:59:59.999Z"] {
+            assert_eq!(format_rfc3339_ms(parse_rfc3339_ms(s).unwrap()), s);
+        }
+        assert_eq!(parse_rfc3339_ms("2026-11-30T05:00:00+02:00"), parse_rfc3339_ms("2026-11-30T03:00:00Z"));
+        assert!(parse_rfc3339_ms("0001-01-01T00:00:00Z").unwrap() < 0);
+        assert_eq!(parse_rfc3339_ms("2026-11-30"), None);
+    }
+
+    #[test]
+    fn seen_set_is_bounded() {
+        let mut s = SeenSet::new(2);
+        assert!(s.insert("a".into()));
+        assert!(!s.insert("a".into()));
+        assert!(s.insert("b".into()));
+        assert!(s.insert("c".into()));
+        assert_eq!(s.len(), 2);
+        assert!(s.insert("a".into()), "a was forgotten");
+    }
+}

@@ -1,0 +1,225 @@
+//! The engine's config file (`engine.yaml`): config → validate → build.
+//! Relative paths resolve against the config file's folder.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::LoadError;
+use crate::script::ScriptLimits;
+
+/// `engine.yaml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    pub version: u32,
+    /// HTTP listen address of the web UI / API.
+    #[serde(default = "default_listen")]
+    pub listen_addr: String,
+    /// The audit store and engine state.
+    pub data_dir: PathBuf,
+    pub runbook_dir: PathBuf,
+    pub inventory_path: PathBuf,
+    /// The engine's SSH key (`nightshift keygen`); its `.pub` goes into each
+    /// agent's authorized keys.
+    pub engine_key_path: PathBuf,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub script: ScriptLimits,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// Run the engine's clock this many times faster than wall time (demo).
+    #[serde(default = "one")]
+    pub time_scale: f64,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+fn one() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Runs waiting to start; beyond this, events are shed (and audited).
+    #[serde(default = "d_queue")]
+    pub queue_capacity: usize,
+    #[serde(default = "d_concurrent")]
+    pub max_concurrent_runs: usize,
+    /// Fleet-wide cap on drained nodes, whatever a runbook allows.
+    #[serde(default = "d_drained")]
+    pub max_drained_pct: f64,
+    /// Alert (fingerprint, startsAt) pairs remembered for deduplication.
+    #[serde(default = "d_dedup")]
+    pub alert_dedup_entries: usize,
+    #[serde(default = "d_action_timeout")]
+    pub action_timeout_secs: u64,
+}
+
+fn d_queue() -> usize {
+    1000
+}
+fn d_concurrent() -> usize {
+    64
+}
+fn d_drained() -> f64 {
+    25.0
+}
+fn d_dedup() -> usize {
+    100_000
+}
+fn d_action_timeout() -> u64 {
+    30
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            queue_capacity: d_queue(),
+            max_concurrent_runs: d_concurrent(),
+            max_drained_pct: d_drained(),
+            alert_dedup_entries: d_dedup(),
+            action_timeout_secs: d_action_timeout(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// Agent telemetry subscription interval.
+    #[serde(default = "d_interval")]
+    pub interval_ms: u64,
+    /// History kept for scripts' windowed readings (`metric(name, secs)`).
+    #[serde(default = "d_script_window")]
+    pub script_window_secs: u64,
+    /// A node not heard from for this long counts as disconnected.
+    #[serde(default = "d_stale")]
+    pub stale_after_secs: u64,
+}
+
+fn d_interval() -> u64 {
+    1000
+}
+fn d_script_window() -> u64 {
+    300
+}
+fn d_stale() -> u64 {
+    15
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig { interval_ms: d_interval(), script_window_secs: d_script_window(), stale_after_secs: d_stale() }
+    }
+}
+
+/// A role, in increasing power.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Viewer,
+    Operator,
+    Admin,
+}
+
+/// API tokens, stored as SHA-256 hashes.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    #[serde(default)]
+    pub tokens: Vec<TokenSpec>,
+    /// SHA-256 of the token Alertmanager sends as a bearer token.
+    #[serde(default)]
+    pub webhook_token_sha256: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenSpec {
+    /// Who holds it (shown in the audit log as `user:<name>`).
+    pub name: String,
+    pub role: Role,
+    /// `sha256sum` of the token, hex.
+    pub sha256: String,
+}
+
+impl EngineConfig {
+    /// Read, resolve relative paths, validate.
+    pub fn load(path: &Path) -> Result<EngineConfig, LoadError> {
+        let text = std::fs::read_to_string(path).map_err(|e| LoadError {
+            file: path.into(),
+            line: 0,
+            column: 0,
+            message: format!("cannot read the engine config: {e}"),
+        })?;
+        Self::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<EngineConfig, LoadError> {
+        let mut cfg: EngineConfig = serde_yaml::from_str(text).map_err(|e| {
+            let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((1, 1));
+            LoadError { file: path.into(), line, column, message: e.to_string() }
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for p in [&mut cfg.data_dir, &mut cfg.runbook_dir, &mut cfg.inventory_path, &mut cfg.engine_key_path] {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+        let err = |needle: &str, message: String| {
+            let (line, column) = crate::manifest::locate(text, needle);
+            LoadError { file: path.into(), line, column, message }
+        };
+        if cfg.version != 1 {
+            return Err(err("version", format!("unsupported config version: expected 1, found {}", cfg.version)));
+        }
+        if cfg.listen_addr.parse::<std::net::SocketAddr>().is_err() {
+            return Err(err(
+                "listen_addr",
+                format!("listen_addr: expected host:port such as 127.0.0.1:8080, found {:?}", cfg.listen_addr),
+            ));
+        }
+        if !(1.0..=1000.0).contains(&cfg.time_scale) {
+            return Err(err("time_scale", format!("time_scale: expected 1 to 1000, found {}", cfg.time_scale)));
+        }
+        if !(0.0..=100.0).contains(&cfg.limits.max_drained_pct) {
+            return Err(err(
+                "max_drained_pct",
+                format!("limits.max_drained_pct: expected 0 to 100, found {}", cfg.limits.max_drained_pct),
+            ));
+        }
+        for t in &cfg.auth.tokens {
+            if t.sha256.len() != 64 || hex::decode(&t.sha256).is_err() {
+                return Err(err(
+                    &t.sha256,
+                    format!(
+                        "auth.tokens[{}].sha256: expected 64 hex characters (sha256sum of the token), found {:?}",
+                        t.name, t.sha256
+                    ),
+                ));
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_is_valid_and_errors_are_located() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/engine.yaml");
+        let cfg = EngineConfig::load(&path).unwrap();
+        assert!(cfg.data_dir.is_absolute());
+        let bad = "version: 1\ndata_dir: d\nrunbook_dir: r\ninventory_path: i\nengine_key_path: k\nlimits:\n  queue_capasity: 5\n";
+        let e = EngineConfig::parse(bad, Path::new("engine.yaml")).unwrap_err();
+        assert!(e.to_string().starts_with("engine.yaml:7:3: limits: unknown field `queue_capasity`"), "{e}");
+    }
+}
