@@ -16,6 +16,17 @@ use crate::node::configs::ManagedConfig;
 use crate::node::scheduler::SchedulerConfig;
 use crate::service::AgentOptions;
 
+/// Line, column and message of a YAML error, without serde_yaml's trailing
+/// " at line L column C" (the location goes in front instead).
+pub fn yaml_error_parts(e: &serde_yaml::Error) -> (usize, usize, String) {
+    let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((1, 1));
+    let mut msg = e.to_string();
+    if let Some(i) = msg.rfind(" at line ") {
+        msg.truncate(i);
+    }
+    (line, column, msg)
+}
+
 /// `agent.yaml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -99,8 +110,8 @@ impl AgentConfig {
     /// Parse text read from `path`.
     pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
         let mut cfg: AgentConfig = serde_yaml::from_str(text).map_err(|e| {
-            let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
-            ConfigError::Parse { path: path.into(), line, column, message: e.to_string() }
+            let (line, column, message) = yaml_error_parts(&e);
+            ConfigError::Parse { path: path.into(), line, column, message }
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
         cfg.resolve(base);
@@ -209,7 +220,7 @@ mod tests {
             ("version: 1\nnode: a\n", "agent.yaml:1:1: missing field `listen_addr`"),
             (
                 "version: 1\nnode: a\nlisten_addr: 1.2.3.4:22\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\nsim: {gpus: many}\n",
-                "agent.yaml:7:6: sim.gpus: invalid type: string \"many\", expected u32",
+                "agent.yaml:7:13: sim.gpus: invalid type: string \"many\", expected u32",
             ),
         ];
         for (text, want) in cases {

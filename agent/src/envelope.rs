@@ -159,8 +159,8 @@ impl Policy {
     /// Parse and validate policy text; `path` is used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Policy, PolicyError> {
         let policy: Policy = serde_yaml::from_str(text).map_err(|e| {
-            let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
-            PolicyError::Parse { path: path.into(), line, column, message: e.to_string() }
+            let (line, column, message) = crate::config::yaml_error_parts(&e);
+            PolicyError::Parse { path: path.into(), line, column, message }
         })?;
         policy.validate().map_err(|message| PolicyError::Invalid { path: path.into(), message })?;
         Ok(policy)

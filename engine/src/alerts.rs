@@ -75,7 +75,11 @@ impl WebhookPayload {
                 });
             }
             if a.fingerprint.is_empty() {
-                return Err(AlertError::Field { index, field: "fingerprint", message: "expected a fingerprint, found \"\"".into() });
+                return Err(AlertError::Field {
+                    index,
+                    field: "fingerprint",
+                    message: "expected a fingerprint, found \"\"".into(),
+                });
             }
             parse_rfc3339_ms(&a.starts_at).ok_or_else(|| AlertError::Field {
                 index,
@@ -83,7 +87,11 @@ impl WebhookPayload {
                 message: format!("expected an RFC 3339 time, found {:?}", a.starts_at),
             })?;
             if !a.labels.contains_key("alertname") {
-                return Err(AlertError::Field { index, field: "labels", message: "expected an alertname label".into() });
+                return Err(AlertError::Field {
+                    index,
+                    field: "labels",
+                    message: "expected an alertname label".into(),
+                });
             }
         }
         Ok(p)
@@ -106,7 +114,9 @@ impl Alert {
                 return Some(rest[..end].to_string());
             }
             return Some(match i.rsplit_once(':') {
-                Some((h, p)) if !h.contains(':') && !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()) => h.to_string(),
+                Some((h, p)) if !h.contains(':') && !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()) => {
+                    h.to_string()
+                }
                 _ => i.clone(),
             });
         }
@@ -134,7 +144,13 @@ impl Alert {
 /// `0001-01-01T00:00:00Z` for "no end") give negative values.
 pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
     let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || (b[10] != b'T' && b[10] != b't' && b[10] != b' ') || b[13] != b':' || b[16] != b':' {
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || (b[10] != b'T' && b[10] != b't' && b[10] != b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
     let num = |r: std::ops::Range<usize>| -> Option<i64> { s.get(r)?.parse().ok() };
@@ -275,7 +291,10 @@ mod tests {
     fn refuses_bad_payloads_naming_the_field() {
         let cases = [
             ("{", "not an Alertmanager webhook payload: EOF while parsing"),
-            (r#"{"version":"3","status":"firing","alerts":[]}"#, "unsupported webhook payload version: expected \"4\", found \"3\""),
+            (
+                r#"{"version":"3","status":"firing","alerts":[]}"#,
+                "unsupported webhook payload version: expected \"4\", found \"3\"",
+            ),
             (
                 r#"{"version":"4","status":"firing","alerts":[{"status":"burning","labels":{"alertname":"x"},"startsAt":"2026-01-01T00:00:00Z","fingerprint":"f"}]}"#,
                 "alerts[0].status: expected firing or resolved, found \"burning\"",
@@ -284,7 +303,10 @@ mod tests {
                 r#"{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"alertname":"x"},"startsAt":"yesterday","fingerprint":"f"}]}"#,
                 "alerts[0].startsAt: expected an RFC 3339 time, found \"yesterday\"",
             ),
-            (r#"{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{}}]}"#, "missing field `startsAt`"),
+            (
+                r#"{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{}}]}"#,
+                "missing field `startsAt`",
+            ),
         ];
         for (input, want) in cases {
             let e = WebhookPayload::parse(input.as_bytes()).unwrap_err().to_string();

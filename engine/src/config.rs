@@ -115,7 +115,11 @@ fn d_stale() -> u64 {
 
 impl Default for TelemetryConfig {
     fn default() -> Self {
-        TelemetryConfig { interval_ms: d_interval(), script_window_secs: d_script_window(), stale_after_secs: d_stale() }
+        TelemetryConfig {
+            interval_ms: d_interval(),
+            script_window_secs: d_script_window(),
+            stale_after_secs: d_stale(),
+        }
     }
 }
 
@@ -163,8 +167,8 @@ impl EngineConfig {
 
     pub fn parse(text: &str, path: &Path) -> Result<EngineConfig, LoadError> {
         let mut cfg: EngineConfig = serde_yaml::from_str(text).map_err(|e| {
-            let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((1, 1));
-            LoadError { file: path.into(), line, column, message: e.to_string() }
+            let (line, column, message) = nightshift_agent::config::yaml_error_parts(&e);
+            LoadError { file: path.into(), line, column, message }
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
         for p in [&mut cfg.data_dir, &mut cfg.runbook_dir, &mut cfg.inventory_path, &mut cfg.engine_key_path] {

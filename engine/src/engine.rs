@@ -76,14 +76,25 @@ pub struct RunRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum Submitted {
-    Queued { run: RunSummary },
-    PendingApproval { run: RunSummary },
+    Queued {
+        run: RunSummary,
+    },
+    PendingApproval {
+        run: RunSummary,
+    },
     /// A run was created and refused at once (budget, hands-off).
-    Refused { run: RunSummary },
+    Refused {
+        run: RunSummary,
+    },
     /// Not run: another run for the same target is active, or cooling down.
-    Suppressed { reason: String, existing_run: Option<String> },
+    Suppressed {
+        reason: String,
+        existing_run: Option<String>,
+    },
     /// Not run: stale event or queue full.
-    Dropped { reason: String },
+    Dropped {
+        reason: String,
+    },
 }
 
 impl Submitted {
@@ -226,6 +237,8 @@ pub(crate) struct Core {
     alerts_seen: Mutex<SeenSet>,
     resolved: Mutex<SeenSet>,
     run_seq: AtomicU64,
+    /// Event batches handed to background tasks and not yet processed.
+    inflight_events: AtomicU64,
     pub(crate) counters: Counters,
     shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -298,6 +311,7 @@ impl Engine {
             alerts_seen: Mutex::new(SeenSet::new(dedup)),
             resolved: Mutex::new(SeenSet::new(dedup)),
             run_seq: AtomicU64::new(0),
+            inflight_events: AtomicU64::new(0),
             counters: Counters::default(),
             shutdown,
             tasks: Mutex::new(Vec::new()),
@@ -339,10 +353,14 @@ impl Engine {
         let startable = ex
             .queue
             .iter()
-            .filter(|id| ex.runs.get(*id).is_some_and(|r| r.announced && r.not_before_ms <= now && self.could_start(&ex, r)))
+            .filter(|id| {
+                ex.runs.get(*id).is_some_and(|r| r.announced && r.not_before_ms <= now && self.could_start(&ex, r))
+            })
             .count();
         drop(ex);
-        running.saturating_sub(self.core.clock.idle_sleepers()) + startable
+        running.saturating_sub(self.core.clock.idle_sleepers())
+            + startable
+            + self.core.inflight_events.load(Ordering::SeqCst) as usize
     }
 
     /// Active runs as `id runbook target state`, for diagnostics.
@@ -421,7 +439,10 @@ impl Engine {
                 .gpus
                 .iter()
                 .filter_map(|g| {
-                    store.stats(SeriesKey { node: node.idx, gpu: Some(g.index as u16), metric: ids::UTIL }, t.ts_ms - 60_000)
+                    store.stats(
+                        SeriesKey { node: node.idx, gpu: Some(g.index as u16), metric: ids::UTIL },
+                        t.ts_ms - 60_000,
+                    )
                 })
                 .filter(|s| s.count >= 10)
                 .map(|s| s.max - s.min)
@@ -570,10 +591,12 @@ impl Engine {
         let n = fresh.len();
         if n > 0 {
             let engine = self.clone();
+            self.core.inflight_events.fetch_add(1, Ordering::SeqCst);
             self.core.handle.spawn(async move {
                 for a in fresh {
                     engine.handle_alert(a).await;
                 }
+                engine.core.inflight_events.fetch_sub(1, Ordering::SeqCst);
             });
         }
         (n, dups)
@@ -632,7 +655,14 @@ impl Engine {
                 (Scope::Gpu, Some(g)) => Target::gpu(&node.spec.name, g),
                 (Scope::Gpu, None) => {
                     let _ = self
-                        .drop_event(&format!("alert {} has no gpu label but runbook {} acts on a GPU", a.name(), rb.manifest.name), Some(&node.spec.name))
+                        .drop_event(
+                            &format!(
+                                "alert {} has no gpu label but runbook {} acts on a GPU",
+                                a.name(),
+                                rb.manifest.name
+                            ),
+                            Some(&node.spec.name),
+                        )
                         .await;
                     continue;
                 }
@@ -696,7 +726,11 @@ impl Engine {
         }
     }
 
-    async fn submit_inner(&self, req: RunRequest, fire: Option<(usize, Option<u32>, Option<String>)>) -> Result<Submitted, EngineError> {
+    async fn submit_inner(
+        &self,
+        req: RunRequest,
+        fire: Option<(usize, Option<u32>, Option<String>)>,
+    ) -> Result<Submitted, EngineError> {
         let set = self.runbook_set();
         let Some((rb_idx, rb)) = set.get(&req.runbook) else {
             return Err(EngineError::UnknownRunbook { name: req.runbook.clone(), known: set.names().join(", ") });
@@ -704,7 +738,9 @@ impl Engine {
         let m = &rb.manifest;
         // Target must fit the runbook's scope and the inventory.
         match (m.scope, &req.target.node, req.target.gpu, &req.target.group) {
-            (Scope::Gpu, Some(_), Some(_), None) | (Scope::Node, Some(_), None, None) | (Scope::Group, None, None, Some(_)) => {}
+            (Scope::Gpu, Some(_), Some(_), None)
+            | (Scope::Node, Some(_), None, None)
+            | (Scope::Group, None, None, Some(_)) => {}
             (scope, ..) => {
                 return Err(EngineError::BadRequest(format!(
                     "runbook {} acts on a {}: expected {}, found target {}",
@@ -729,7 +765,11 @@ impl Engine {
         if let (Some(g), Some(n)) = (req.target.gpu, nodes.first()) {
             let count = n.state().gpu_count();
             if count > 0 && g as usize >= count {
-                return Err(EngineError::BadRequest(format!("node {} has GPUs 0..{}, found --gpu {g}", n.spec.name, count - 1)));
+                return Err(EngineError::BadRequest(format!(
+                    "node {} has GPUs 0..{}, found --gpu {g}",
+                    n.spec.name,
+                    count - 1
+                )));
             }
         }
         let params = m.resolve_params(&req.params).map_err(EngineError::BadRequest)?;
@@ -761,8 +801,14 @@ impl Engine {
             let mut ex = lock(&self.core.exec);
             if let Some(existing) = ex.active_by_key.get(&key).cloned() {
                 let first = ex.suppression_noted.insert(key.clone());
-                Decision::Suppress(format!("run {existing} for {} is already active", req.target), Some(existing), first)
-            } else if let Some(t) = ex.last_finished.get(&key).copied().filter(|t| !manual && now - t < m.cooldown_secs as i64 * 1000) {
+                Decision::Suppress(
+                    format!("run {existing} for {} is already active", req.target),
+                    Some(existing),
+                    first,
+                )
+            } else if let Some(t) =
+                ex.last_finished.get(&key).copied().filter(|t| !manual && now - t < m.cooldown_secs as i64 * 1000)
+            {
                 let first = ex.suppression_noted.insert(key.clone());
                 Decision::Suppress(
                     format!(
@@ -788,10 +834,7 @@ impl Engine {
                 if spent && !manual {
                     Decision::Refuse(format!(
                         "attempt budget spent: {} runs of {} on {} in the last 24 h (max_attempts_per_day {})",
-                        attempts_len,
-                        req.runbook,
-                        req.target,
-                        m.max_attempts_per_day
+                        attempts_len, req.runbook, req.target, m.max_attempts_per_day
                     ))
                 } else if let Some(n) = hands_off {
                     Decision::Refuse(format!("node {n} is hands-off (maintenance): nightshift does not act on it"))
@@ -849,8 +892,14 @@ impl Engine {
                     let mut ex = lock(&self.core.exec);
                     ex.last_finished.insert(key, now);
                 }
-                self.record_run(RecordKind::RunQueued, &summary, json!({"trigger": req.trigger, "detail": req.detail, "event": req.event})).await?;
-                self.record_run(RecordKind::RunFinished, &summary, json!({"outcome": "refused", "reason": reason})).await?;
+                self.record_run(
+                    RecordKind::RunQueued,
+                    &summary,
+                    json!({"trigger": req.trigger, "detail": req.detail, "event": req.event}),
+                )
+                .await?;
+                self.record_run(RecordKind::RunFinished, &summary, json!({"outcome": "refused", "reason": reason}))
+                    .await?;
                 self.count_outcome(RunOutcome::Refused);
                 self.text_record(&summary, RecordKind::Escalation, &format!("{}: {reason}", summary.runbook)).await;
                 Ok(Submitted::Refused { run: summary })
@@ -894,7 +943,12 @@ impl Engine {
                         json!({"reason": if m.approval.always { "runbook always needs approval".to_string() } else { format!("touches {} nodes (approval above {})", nodes.len(), m.approval.above_nodes.unwrap_or(0)) }, "expires_in_secs": m.approval.expire_secs}),
                     )
                     .await?;
-                    self.text_record(&summary, RecordKind::Notification, &format!("run {run_id} ({}) on {} needs approval", summary.runbook, summary.target)).await;
+                    self.text_record(
+                        &summary,
+                        RecordKind::Notification,
+                        &format!("run {run_id} ({}) on {} needs approval", summary.runbook, summary.target),
+                    )
+                    .await;
                 }
                 {
                     let mut ex = lock(&self.core.exec);
@@ -903,12 +957,23 @@ impl Engine {
                     }
                 }
                 self.pump().await;
-                Ok(if approval { Submitted::PendingApproval { run: summary } } else { Submitted::Queued { run: summary } })
+                Ok(if approval {
+                    Submitted::PendingApproval { run: summary }
+                } else {
+                    Submitted::Queued { run: summary }
+                })
             }
         }
     }
 
-    fn new_summary(&self, id: &str, rb: &Runbook, req: &RunRequest, params: BTreeMap<String, crate::manifest::ParamValue>, now: i64) -> RunSummary {
+    fn new_summary(
+        &self,
+        id: &str,
+        rb: &Runbook,
+        req: &RunRequest,
+        params: BTreeMap<String, crate::manifest::ParamValue>,
+        now: i64,
+    ) -> RunSummary {
         RunSummary {
             id: id.into(),
             runbook: rb.manifest.name.clone(),
@@ -968,7 +1033,13 @@ impl Engine {
         self.decide(run, by, false, Some(reason.to_string())).await
     }
 
-    async fn decide(&self, run: &str, by: &str, approved: bool, reason: Option<String>) -> Result<RunSummary, EngineError> {
+    async fn decide(
+        &self,
+        run: &str,
+        by: &str,
+        approved: bool,
+        reason: Option<String>,
+    ) -> Result<RunSummary, EngineError> {
         let now = self.core.clock.now_ms();
         let summary = {
             let mut ex = lock(&self.core.exec);
@@ -976,7 +1047,10 @@ impl Engine {
             if entry.summary.state != RunState::PendingApproval {
                 return Err(EngineError::Conflict(format!(
                     "run {run} is {}, not waiting for approval",
-                    serde_json::to_value(entry.summary.state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+                    serde_json::to_value(entry.summary.state)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default()
                 )));
             }
             if approved && entry.summary.requested_by == by {
@@ -984,7 +1058,12 @@ impl Engine {
                     "run {run} was requested by {by}: someone else must approve it"
                 )));
             }
-            entry.summary.approvals.push(ApprovalDecision { by: by.into(), approved, at_ms: now, reason: reason.clone() });
+            entry.summary.approvals.push(ApprovalDecision {
+                by: by.into(),
+                approved,
+                at_ms: now,
+                reason: reason.clone(),
+            });
             if approved {
                 entry.summary.state = RunState::Queued;
                 let id = entry.summary.id.clone();
@@ -1117,11 +1196,18 @@ impl Engine {
         let _ = self
             .core
             .audit
-            .append(NewRecord::new(RecordKind::BreakerTripped, "engine", json!({"reason": reason})).runbook(runbook), None)
+            .append(
+                NewRecord::new(RecordKind::BreakerTripped, "engine", json!({"reason": reason})).runbook(runbook),
+                None,
+            )
             .await;
         let held: Vec<String> = {
             let ex = lock(&self.core.exec);
-            ex.queue.iter().filter(|id| ex.runs.get(*id).is_some_and(|r| r.summary.runbook == runbook)).cloned().collect()
+            ex.queue
+                .iter()
+                .filter(|id| ex.runs.get(*id).is_some_and(|r| r.summary.runbook == runbook))
+                .cloned()
+                .collect()
         };
         for id in &held {
             let _ = self.finish(id, RunOutcome::Refused, Some(reason.to_string()), None).await;
@@ -1167,9 +1253,10 @@ impl Engine {
             .unwrap_or_default();
             let script = engine.core.script.clone();
             let ast = rb.ast.clone();
-            let outcome = tokio::task::spawn_blocking(move || script::execute(&script, &ast, ctx, event, params, target))
-                .await
-                .unwrap_or_else(|e| ScriptOutcome::Failed(format!("the run's thread panicked: {e}")));
+            let outcome =
+                tokio::task::spawn_blocking(move || script::execute(&script, &ast, ctx, event, params, target))
+                    .await
+                    .unwrap_or_else(|e| ScriptOutcome::Failed(format!("the run's thread panicked: {e}")));
             let (o, err) = match outcome {
                 ScriptOutcome::Succeeded => (RunOutcome::Succeeded, None),
                 ScriptOutcome::Failed(m) => (RunOutcome::Failed, Some(m)),
@@ -1183,7 +1270,13 @@ impl Engine {
     }
 
     /// End a run: record the outcome, release its node and slot.
-    async fn finish(&self, run: &str, outcome: RunOutcome, error: Option<String>, note: Option<&str>) -> Result<RunSummary, EngineError> {
+    async fn finish(
+        &self,
+        run: &str,
+        outcome: RunOutcome,
+        error: Option<String>,
+        note: Option<&str>,
+    ) -> Result<RunSummary, EngineError> {
         let now = self.core.clock.now_ms();
         let (summary, was_running, fire) = {
             let mut ex = lock(&self.core.exec);
@@ -1250,7 +1343,9 @@ impl Engine {
                 .collect()
         };
         for id in expired {
-            let _ = self.finish(&id, RunOutcome::Cancelled, Some("approval expired: nobody approved it in time".into()), None).await;
+            let _ = self
+                .finish(&id, RunOutcome::Cancelled, Some("approval expired: nobody approved it in time".into()), None)
+                .await;
         }
         let stale_ms = self.core.config.telemetry.stale_after_secs as i64 * 1000;
         for n in &self.core.fleet.nodes {
@@ -1358,7 +1453,10 @@ impl Engine {
                 let node = intent.node.clone().unwrap_or_default();
                 let status = match self.core.fleet.get(&node) {
                     Some(n) => {
-                        let req = Request::new(format!("{action_id}-status"), Op::ActionStatus(ActionStatusArgs { request_id: action_id.clone() }));
+                        let req = Request::new(
+                            format!("{action_id}-status"),
+                            Op::ActionStatus(ActionStatusArgs { request_id: action_id.clone() }),
+                        );
                         match n.transport.call(req).await {
                             Ok(r) => r.result.unwrap_or(Value::Null),
                             Err(e) => json!({"state": "unreachable", "error": e.to_string()}),
@@ -1382,7 +1480,10 @@ impl Engine {
             s.outcome = Some(RunOutcome::Interrupted);
             s.finished_ms = Some(now);
             s.error = Some("the engine stopped while this run was in flight".into());
-            s.why = format!("{} — interrupted: the engine stopped while it was in flight", s.why.split(" — ").next().unwrap_or(""));
+            s.why = format!(
+                "{} — interrupted: the engine stopped while it was in flight",
+                s.why.split(" — ").next().unwrap_or("")
+            );
             self.record_run(RecordKind::RunFinished, &s, json!({"outcome": "interrupted", "recovered": true})).await?;
             self.count_outcome(RunOutcome::Interrupted);
             ids.push(s.id);
@@ -1411,8 +1512,12 @@ impl Engine {
     /// Runs waiting for approval.
     pub fn pending_approvals(&self) -> Vec<RunSummary> {
         let ex = lock(&self.core.exec);
-        let mut v: Vec<RunSummary> =
-            ex.runs.values().filter(|r| r.summary.state == RunState::PendingApproval).map(|r| r.summary.clone()).collect();
+        let mut v: Vec<RunSummary> = ex
+            .runs
+            .values()
+            .filter(|r| r.summary.state == RunState::PendingApproval)
+            .map(|r| r.summary.clone())
+            .collect();
         v.sort_by(|a, b| a.id.cmp(&b.id));
         v
     }
@@ -1441,7 +1546,9 @@ impl Engine {
             .enumerate()
             .filter(|(_, m)| !m.gpu_scoped)
             .filter_map(|(i, m)| {
-                b.store.latest(SeriesKey { node: n.idx, gpu: None, metric: i as MetricId }).map(|(_, v)| (m.name.to_string(), v))
+                b.store
+                    .latest(SeriesKey { node: n.idx, gpu: None, metric: i as MetricId })
+                    .map(|(_, v)| (m.name.to_string(), v))
             })
             .collect();
         drop(b);
@@ -1499,7 +1606,11 @@ impl Engine {
         n.state().engine_hands_off = why.map(|w| (by.to_string(), w.to_string()));
         self.core
             .audit
-            .append(NewRecord::new(RecordKind::HandsOff, by, json!({"hands_off": why.is_some(), "reason": why})).node(Some(node)), None)
+            .append(
+                NewRecord::new(RecordKind::HandsOff, by, json!({"hands_off": why.is_some(), "reason": why}))
+                    .node(Some(node)),
+                None,
+            )
             .await?;
         Ok(())
     }
@@ -1514,7 +1625,10 @@ impl Engine {
         *self.core.runbooks.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(set);
         self.core
             .audit
-            .append(NewRecord::new(RecordKind::EngineStarted, by, json!({"reload": true, "runbooks": n, "errors": errors})), None)
+            .append(
+                NewRecord::new(RecordKind::EngineStarted, by, json!({"reload": true, "runbooks": n, "errors": errors})),
+                None,
+            )
             .await?;
         Ok((n, errors))
     }
@@ -1522,7 +1636,8 @@ impl Engine {
     /// Fetch every agent's inventory once (node state, GPU counts, vendor).
     pub async fn refresh_inventories(&self) {
         for n in self.core.fleet.nodes.clone() {
-            let req = Request::new(format!("inv-{}-{}", n.spec.name, self.core.clock.now_ms()), Op::Inventory(NoArgs {}));
+            let req =
+                Request::new(format!("inv-{}-{}", n.spec.name, self.core.clock.now_ms()), Op::Inventory(NoArgs {}));
             match n.transport.call(req).await {
                 Ok(r) if r.ok => {
                     let inv = r.result.and_then(|v| serde_json::from_value(v).ok());
@@ -1584,7 +1699,8 @@ impl Engine {
         if let (Some(limit), Some(label)) = (rb.max_per_group, &rb.group_by) {
             let value = fleet.get(node).and_then(|n| n.label(label).map(str::to_string));
             if let Some(v) = value {
-                let in_group = drained.iter().filter(|d| fleet.get(d).and_then(|n| n.label(label)) == Some(v.as_str())).count();
+                let in_group =
+                    drained.iter().filter(|d| fleet.get(d).and_then(|n| n.label(label)) == Some(v.as_str())).count();
                 if in_group as u32 >= limit {
                     return Err(format!(
                         "blast radius: {in_group} node(s) with {label}={v} already drained (max_per_group {limit}); not draining {node} (run {run})"

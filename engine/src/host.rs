@@ -72,7 +72,8 @@ impl ScriptHost for Host {
     fn gpu_info(&self, _ctx: &RunCtx, node: &str, gpu: u32) -> Map {
         let mut out = serde_json::Map::new();
         if let Some(n) = self.engine.fleet().get(node) {
-            if let Some(info) = n.state().inventory.as_ref().and_then(|i| i.gpus.iter().find(|g| g.index == gpu).cloned())
+            if let Some(info) =
+                n.state().inventory.as_ref().and_then(|i| i.gpus.iter().find(|g| g.index == gpu).cloned())
                 && let Ok(Value::Object(m)) = serde_json::to_value(info)
             {
                 out.extend(m);
@@ -81,7 +82,13 @@ impl ScriptHost for Host {
                 if !m.gpu_scoped {
                     continue;
                 }
-                let q = Reading { node: node.into(), gpu: Some(gpu), metric: i as MetricId, window_ms: 0, agg: Agg::Latest };
+                let q = Reading {
+                    node: node.into(),
+                    gpu: Some(gpu),
+                    metric: i as MetricId,
+                    window_ms: 0,
+                    agg: Agg::Latest,
+                };
                 if let Some(v) = self.engine.reading(&q) {
                     out.insert(m.name.trim_start_matches("gpu.").to_string(), json!(v));
                 }
@@ -142,7 +149,8 @@ impl ScriptHost for Host {
         if n.state().hands_off() {
             return self.refuse(ctx, node, &op, "hands_off", format!("node {node} is hands-off (maintenance)"));
         }
-        if !ctx.dry_run && ctx.target.node.is_none()
+        if !ctx.dry_run
+            && ctx.target.node.is_none()
             && let Err(m) = engine.lock_node(&self.run, node)
         {
             return self.refuse(ctx, node, &op, "node_busy", m);
@@ -170,7 +178,10 @@ impl ScriptHost for Host {
         let action_id = engine.next_action_id(&self.run);
         let mut req = Request::new(&action_id, op.clone());
         req.dry_run = ctx.dry_run;
-        let args = serde_json::from_str::<Value>(&req.to_json()).ok().and_then(|v| v.get("args").cloned()).unwrap_or(Value::Null);
+        let args = serde_json::from_str::<Value>(&req.to_json())
+            .ok()
+            .and_then(|v| v.get("args").cloned())
+            .unwrap_or(Value::Null);
         // Write ahead: the intent is durable before the request leaves.
         self.record(
             ctx,
@@ -206,8 +217,12 @@ impl ScriptHost for Host {
                 }
                 v
             }
-            Ok(Err(e)) => json!({"ok": false, "outcome": "error", "applied": false, "code": "transport", "error": e.to_string()}),
-            Err(_) => json!({"ok": false, "outcome": "error", "applied": false, "code": "timeout", "error": format!("no reply from {node} within {} s", timeout.as_secs())}),
+            Ok(Err(e)) => {
+                json!({"ok": false, "outcome": "error", "applied": false, "code": "transport", "error": e.to_string()})
+            }
+            Err(_) => {
+                json!({"ok": false, "outcome": "error", "applied": false, "code": "timeout", "error": format!("no reply from {node} within {} s", timeout.as_secs())})
+            }
         };
         // Keep the engine's view of drains in step with what happened.
         if result["applied"] == json!(true) {
@@ -246,7 +261,10 @@ impl ScriptHost for Host {
 
     fn config_list(&self, _ctx: &RunCtx, node: &str, name: &str) -> Dynamic {
         let Some(n) = self.engine.fleet().get(node).cloned() else { return Dynamic::UNIT };
-        let req = Request::new(format!("{}-cl-{}", self.run, self.engine.clock().now_ms()), Op::ConfigList(ConfigListArgs { name: Some(name.into()) }));
+        let req = Request::new(
+            format!("{}-cl-{}", self.run, self.engine.clock().now_ms()),
+            Op::ConfigList(ConfigListArgs { name: Some(name.into()) }),
+        );
         let reply = self.engine.handle().block_on(async move { n.transport.call(req).await });
         match reply {
             Ok(r) if r.ok => r
@@ -299,7 +317,11 @@ impl ScriptHost for Host {
                     skipped.push(json!({"node": name, "why": format!("drained by someone else ({})", reason.unwrap_or_default())}));
                     continue;
                 }
-                let r = self.act(ctx, &name, Op::Resume(nightshift_agent::proto::ResumeArgs { run: Some(self.run.clone()) }));
+                let r = self.act(
+                    ctx,
+                    &name,
+                    Op::Resume(nightshift_agent::proto::ResumeArgs { run: Some(self.run.clone()) }),
+                );
                 if r.get("applied").and_then(|d| d.as_bool().ok()) == Some(true) || ctx.dry_run {
                     changed.push(name);
                 }

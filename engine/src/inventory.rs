@@ -90,8 +90,8 @@ impl Inventory {
 
     pub fn parse(text: &str, path: &Path) -> Result<Inventory, LoadError> {
         let inv: Inventory = serde_yaml::from_str(text).map_err(|e| {
-            let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((1, 1));
-            LoadError { file: path.into(), line, column, message: e.to_string() }
+            let (line, column, message) = nightshift_agent::config::yaml_error_parts(&e);
+            LoadError { file: path.into(), line, column, message }
         })?;
         let err = |needle: &str, message: String| {
             let (line, column) = locate(text, needle);

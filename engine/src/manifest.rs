@@ -365,8 +365,8 @@ impl Manifest {
     /// Parse and validate a manifest's text; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Manifest, LoadError> {
         let m: Manifest = serde_yaml::from_str(text).map_err(|e| {
-            let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((1, 1));
-            LoadError { file: path.into(), line, column, message: e.to_string() }
+            let (line, column, message) = nightshift_agent::config::yaml_error_parts(&e);
+            LoadError { file: path.into(), line, column, message }
         })?;
         m.validate(text, path)?;
         Ok(m)
@@ -402,36 +402,36 @@ impl Manifest {
                 ));
             }
         }
-        let level_pair =
-            |above: Option<f64>, below: Option<f64>, clear_below: Option<f64>, clear_above: Option<f64>| match (
-                above, below,
-            ) {
-                (Some(_), Some(_)) | (None, None) => {
-                    Err(err("trigger", "trigger: expected exactly one of `above` or `below`".to_string()))
-                }
-                (Some(a), None) => match (clear_below, clear_above) {
-                    (Some(c), _) if c > a => Err(err(
-                        "clear_below",
-                        format!("trigger.clear_below: expected a level at or below `above` ({a}), found {c}"),
-                    )),
-                    (_, Some(_)) => Err(err(
-                        "clear_above",
-                        "trigger.clear_above: goes with `below`; an `above` trigger clears with `clear_below`".into(),
-                    )),
-                    _ => Ok(()),
-                },
-                (None, Some(b)) => match (clear_below, clear_above) {
-                    (_, Some(c)) if c < b => Err(err(
-                        "clear_above",
-                        format!("trigger.clear_above: expected a level at or above `below` ({b}), found {c}"),
-                    )),
-                    (Some(_), _) => Err(err(
-                        "clear_below",
-                        "trigger.clear_below: goes with `above`; a `below` trigger clears with `clear_above`".into(),
-                    )),
-                    _ => Ok(()),
-                },
-            };
+        let level_pair = |above: Option<f64>,
+                          below: Option<f64>,
+                          clear_below: Option<f64>,
+                          clear_above: Option<f64>| match (above, below) {
+            (Some(_), Some(_)) | (None, None) => {
+                Err(err("trigger", "trigger: expected exactly one of `above` or `below`".to_string()))
+            }
+            (Some(a), None) => match (clear_below, clear_above) {
+                (Some(c), _) if c > a => Err(err(
+                    "clear_below",
+                    format!("trigger.clear_below: expected a level at or below `above` ({a}), found {c}"),
+                )),
+                (_, Some(_)) => Err(err(
+                    "clear_above",
+                    "trigger.clear_above: goes with `below`; an `above` trigger clears with `clear_below`".into(),
+                )),
+                _ => Ok(()),
+            },
+            (None, Some(b)) => match (clear_below, clear_above) {
+                (_, Some(c)) if c < b => Err(err(
+                    "clear_above",
+                    format!("trigger.clear_above: expected a level at or above `below` ({b}), found {c}"),
+                )),
+                (Some(_), _) => Err(err(
+                    "clear_below",
+                    "trigger.clear_below: goes with `above`; a `below` trigger clears with `clear_above`".into(),
+                )),
+                _ => Ok(()),
+            },
+        };
         match &self.trigger {
             Trigger::Threshold { above, below, clear_below, clear_above, .. } => {
                 level_pair(*above, *below, *clear_below, *clear_above)?
@@ -493,7 +493,10 @@ impl Manifest {
             }
             Trigger::Schedule { every_secs } => {
                 if self.scope != Scope::Node {
-                    return Err(err("scope", "scope: a schedule trigger runs once per node, so scope must be node".into()));
+                    return Err(err(
+                        "scope",
+                        "scope: a schedule trigger runs once per node, so scope must be node".into(),
+                    ));
                 }
                 if *every_secs < 10 {
                     return Err(err(

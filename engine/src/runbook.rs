@@ -48,7 +48,12 @@ pub fn load_file(path: &Path, engine: &rhai::Engine) -> Result<Runbook, LoadErro
     let script_path = path.parent().unwrap_or(Path::new(".")).join(&manifest.script);
     let script_source = std::fs::read_to_string(&script_path).map_err(|e| {
         let (line, column) = crate::manifest::locate(&text, &manifest.script);
-        LoadError { file: path.into(), line, column, message: format!("script {}: {e}", script_path.display()) }
+        LoadError {
+            file: path.into(),
+            line,
+            column,
+            message: format!("script: cannot read {}: {e}", script_path.display()),
+        }
     })?;
     let ast = script::compile(engine, &script_source, &script_path)?;
     Ok(Runbook { manifest, manifest_path: path.into(), script_path, script_source, ast: Arc::new(ast) })
@@ -61,7 +66,12 @@ pub fn load_dir(dir: &Path, engine: &rhai::Engine) -> RunbookSet {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) => {
-            set.errors.push(LoadError { file: dir.into(), line: 0, column: 0, message: format!("cannot read the runbook folder: {e}") });
+            set.errors.push(LoadError {
+                file: dir.into(),
+                line: 0,
+                column: 0,
+                message: format!("cannot read the runbook folder: {e}"),
+            });
             return set;
         }
     };

@@ -499,7 +499,9 @@ fn register_api(e: &mut Engine) {
     // Control.
     // Typed, so they replace Rhai's built-in `sleep`, which would block the
     // thread on the wall clock.
-    e.register_fn("sleep", |secs: i64| -> Result<(), Box<EvalAltResult>> { ctx()?.sleep_ms(secs.saturating_mul(1000)) });
+    e.register_fn("sleep", |secs: i64| -> Result<(), Box<EvalAltResult>> {
+        ctx()?.sleep_ms(secs.saturating_mul(1000))
+    });
     e.register_fn("sleep", |secs: f64| -> Result<(), Box<EvalAltResult>> { ctx()?.sleep_ms((secs * 1000.0) as i64) });
     e.register_fn("wait_until", |nc: NativeCallContext<'_>, f: FnPtr, timeout: Dynamic| {
         wait_until(&nc, &f, &timeout, 5.0)

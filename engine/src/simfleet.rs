@@ -72,7 +72,12 @@ pub struct SimFleetOptions {
     pub start_ms: i64,
     pub policy: Option<Policy>,
     pub limits: Limits,
+    /// Wrap each node's transport (fault injection in tests).
+    pub wrap_transport: Option<TransportWrapper>,
 }
+
+/// Wraps a node's transport: `(node name, transport) → transport`.
+pub type TransportWrapper = Box<dyn Fn(&str, Arc<dyn AgentTransport>) -> Arc<dyn AgentTransport> + Send + Sync>;
 
 impl SimFleetOptions {
     pub fn new(nodes: Vec<SimNodeSpec>, runbooks: RunbookSet, script_engine: Arc<rhai::Engine>) -> SimFleetOptions {
@@ -84,6 +89,7 @@ impl SimFleetOptions {
             start_ms: 1_790_000_000_000,
             policy: None,
             limits: Limits::default(),
+            wrap_transport: None,
         }
     }
 }
@@ -148,9 +154,14 @@ impl SimFleet {
             let backend: Arc<dyn Backend> = sim.clone();
             let agent = Arc::new(Agent::new(o, backend, shared.clone()).map_err(|e| SimError::Setup(e.to_string()))?);
             if let Some(reason) = &n.drained {
-                agent.handle(Request::new("setup-drain", Op::SimFault(SimFault::PersonDrain { reason: reason.clone() }))).await;
+                agent
+                    .handle(Request::new("setup-drain", Op::SimFault(SimFault::PersonDrain { reason: reason.clone() })))
+                    .await;
             }
-            let transport: Arc<dyn AgentTransport> = Arc::new(LocalAgent(agent.clone()));
+            let mut transport: Arc<dyn AgentTransport> = Arc::new(LocalAgent(agent.clone()));
+            if let Some(w) = &opts.wrap_transport {
+                transport = w(&n.name, transport);
+            }
             nodes.push((
                 NodeSpec {
                     name: n.name.clone(),
@@ -244,6 +255,9 @@ impl SimFleet {
 
     /// One tick of virtual time.
     pub async fn step(&self) -> Result<(), SimError> {
+        // Whatever was started before this step finishes its work at the
+        // current time first.
+        self.settle().await?;
         self.clock.advance(self.tick_ms);
         let dt = self.tick_ms as f64 / 1000.0;
         for s in self.sims.values() {

@@ -14,16 +14,41 @@ const MANUAL_NODE: &str = "trigger:\n  type: manual\nscope: node\ntimeout_secs: 
 /// (name, script, expected outcome, text the error must contain)
 fn hostile() -> Vec<(&'static str, &'static str, RunOutcome, &'static str)> {
     vec![
-        ("spin", "let x = 0;\nloop {\n  x += 1;\n}\n", RunOutcome::Failed, "spin.rhai:3:8: stopped by the operation limit (1000000 operations): runaway loop?"),
-        ("sleepy", "loop {\n  try { sleep(10); } catch { }\n}\n", RunOutcome::TimedOut, "stopped at its deadline (60 s)"),
+        (
+            "spin",
+            "let x = 0;\nloop {\n  x += 1;\n}\n",
+            RunOutcome::Failed,
+            "spin.rhai:3:8: stopped by the operation limit (1000000 operations): runaway loop?",
+        ),
+        (
+            "sleepy",
+            "loop {\n  try { sleep(10); } catch { }\n}\n",
+            RunOutcome::TimedOut,
+            "stopped at its deadline (60 s)",
+        ),
         ("recurse", "fn f(x) { f(x + 1) }\nf(0);\n", RunOutcome::Failed, "stopped by the call depth limit"),
         ("strings", "let s = \"xx\";\nloop { s += s; }\n", RunOutcome::Failed, "stopped by a size limit"),
         ("arrays", "let a = [];\nloop { a.push(a.len()); }\n", RunOutcome::Failed, "stopped by a size limit"),
         // Rhai checks map size on literals, not on index assignment: the
         // operation limit bounds this one.
-        ("maps", "let m = #{};\nlet i = 0;\nloop { m[`k${i}`] = i; i += 1; }\n", RunOutcome::Failed, "maps.rhai:3:24: stopped by the operation limit"),
-        ("dyn-eval", "let f = Fn(\"eval\");\nf.call(\"40 + 2\");\n", RunOutcome::Failed, "dyn-eval.rhai:1:12: Syntax error: 'eval' is a reserved keyword"),
-        ("failing", "note(\"about to fail\");\nfail(\"nothing to do\");\n", RunOutcome::Failed, "failing.rhai:2:1: fail(\"nothing to do\")"),
+        (
+            "maps",
+            "let m = #{};\nlet i = 0;\nloop { m[`k${i}`] = i; i += 1; }\n",
+            RunOutcome::Failed,
+            "maps.rhai:3:24: stopped by the operation limit",
+        ),
+        (
+            "dyn-eval",
+            "let f = Fn(\"eval\");\nf.call(\"40 + 2\");\n",
+            RunOutcome::Failed,
+            "dyn-eval.rhai:1:12: Syntax error: 'eval' is a reserved keyword",
+        ),
+        (
+            "failing",
+            "note(\"about to fail\");\nfail(\"nothing to do\");\n",
+            RunOutcome::Failed,
+            "failing.rhai:2:1: fail(\"nothing to do\")",
+        ),
         ("catch-fail", "try { fail(\"x\"); } catch { }\nnote(\"escaped\");\n", RunOutcome::Failed, "fail(\"x\")"),
         ("runtime-error", "let x = 1;\nlet y = x / 0;\n", RunOutcome::Failed, "runtime-error.rhai:2"),
         ("bad-metric", "metric(\"gpu.tempreature\");\n", RunOutcome::Failed, "unknown metric `gpu.tempreature`"),
@@ -37,8 +62,18 @@ async fn hostile_scripts_are_stopped_and_recorded() {
         write_runbook(rb.path(), name, MANUAL_NODE, script);
     }
     write_runbook(rb.path(), "notes", MANUAL_NODE, "for i in 0..500 { note(`note ${i}`); }\n");
-    write_runbook(rb.path(), "outside", MANUAL_NODE, "let r = drain_node(\"n9\", \"not mine\");\nif r.ok { fail(\"drained outside\"); }\nnote(r.error);\n");
-    write_runbook(rb.path(), "good", MANUAL_NODE, "sleep(20);\nlet r = set_power_limit(0, 500);\nif !r.ok { fail(r.error); }\n");
+    write_runbook(
+        rb.path(),
+        "outside",
+        MANUAL_NODE,
+        "let r = drain_node(\"n9\", \"not mine\");\nif r.ok { fail(\"drained outside\"); }\nnote(r.error);\n",
+    );
+    write_runbook(
+        rb.path(),
+        "good",
+        MANUAL_NODE,
+        "sleep(20);\nlet r = set_power_limit(0, 500);\nif !r.ok { fail(r.error); }\n",
+    );
     let nodes: Vec<_> = (1..=9).map(|i| node(&format!("n{i}"), "h100-sxm")).collect();
     let sim = start(nodes, rb.path(), |_| {}).await;
     let engine = &sim.fleet.engine;

@@ -13,7 +13,8 @@ use nightshift_engine::simfleet::{SimFleet, SimFleetOptions, SimNodeSpec};
 /// Write `name.yaml` and `name.rhai` into `dir`.
 pub fn write_runbook(dir: &Path, name: &str, manifest_body: &str, script: &str) {
     std::fs::create_dir_all(dir).unwrap();
-    let manifest = format!("version: 1\nname: {name}\ndescription: test runbook {name}\nscript: {name}.rhai\n{manifest_body}");
+    let manifest =
+        format!("version: 1\nname: {name}\ndescription: test runbook {name}\nscript: {name}.rhai\n{manifest_body}");
     std::fs::write(dir.join(format!("{name}.yaml")), manifest).unwrap();
     std::fs::write(dir.join(format!("{name}.rhai")), script).unwrap();
 }
@@ -91,4 +92,41 @@ pub async fn until_finished(sim: &SimFleet, id: &str, max_secs: u64) -> RunSumma
 
 pub fn run_id(s: &Submitted) -> String {
     s.run().unwrap_or_else(|| panic!("no run: {s:?}")).id.clone()
+}
+
+use nightshift_engine::alerts::{WebhookPayload, format_rfc3339_ms};
+
+/// An Alertmanager v4 payload with one alert.
+pub fn alert_payload(
+    alertname: &str,
+    host: &str,
+    fingerprint: &str,
+    starts_at_ms: i64,
+    status: &str,
+) -> WebhookPayload {
+    let text = serde_json::json!({
+        "version": "4",
+        "groupKey": "{}:{alertname=\"x\"}",
+        "truncatedAlerts": 0,
+        "status": status,
+        "receiver": "nightshift",
+        "groupLabels": {"alertname": alertname},
+        "commonLabels": {"alertname": alertname},
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "alerts": [{
+            "status": status,
+            "labels": {"alertname": alertname, "instance": format!("{host}:9400"), "severity": "critical"},
+            "annotations": {"summary": "test"},
+            "startsAt": format_rfc3339_ms(starts_at_ms),
+            "endsAt": "0001-01-01T00:00:00Z",
+            "generatorURL": "http://prometheus:9090/graph",
+            "fingerprint": fingerprint
+        }]
+    });
+    WebhookPayload::parse(text.to_string().as_bytes()).unwrap()
+}
+
+pub fn now(sim: &SimFleet) -> i64 {
+    nightshift_agent::clock::Clock::now_ms(&sim.clock)
 }
