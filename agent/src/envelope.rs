@@ -153,7 +153,14 @@ impl Policy {
     /// Read and validate a policy file.
     pub fn load(path: &Path) -> Result<Policy, PolicyError> {
         let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read { path: path.into(), source })?;
-        Policy::parse(&text, path)
+        let mut policy = Policy::parse(&text, path)?;
+        // A relative marker path is relative to the policy file.
+        if policy.hands_off_marker_path.is_relative()
+            && let Some(dir) = path.parent()
+        {
+            policy.hands_off_marker_path = dir.join(&policy.hands_off_marker_path);
+        }
+        Ok(policy)
     }
 
     /// Parse and validate policy text; `path` is used in messages.

@@ -110,8 +110,14 @@ async fn real_main(cli: Cli) -> Result<(), String> {
             let policy = cfg.policy().map_err(|e| e.to_string())?;
             let authorized = keys::load_authorized(&cfg.authorized_keys_path).map(|k| k.len());
             println!("config       {} (node {}, listen {})", config.display(), cfg.node, cfg.listen_addr);
-            println!("backend      {:?}", cfg.backend);
-            println!("scheduler    {:?}", cfg.scheduler);
+            println!(
+                "backend      {}",
+                serde_json::to_value(cfg.backend).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+            );
+            println!(
+                "scheduler    {}",
+                serde_json::to_value(&cfg.scheduler).map(|v| v.to_string()).unwrap_or_default()
+            );
             println!(
                 "policy       {}",
                 cfg.policy_path.as_ref().map_or("built-in defaults".into(), |p| p.display().to_string())

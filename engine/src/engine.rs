@@ -1651,6 +1651,34 @@ impl Engine {
         }
     }
 
+    /// Record a node's inventory (from its agent).
+    pub fn set_node_inventory(
+        &self,
+        node: &str,
+        inv: Option<nightshift_agent::proto::Inventory>,
+        error: Option<String>,
+    ) {
+        if let Some(n) = self.core.fleet.get(node) {
+            let mut st = n.state();
+            if inv.is_some() {
+                st.inventory = inv;
+            }
+            st.last_error = error;
+        }
+    }
+
+    /// Mark a node unreachable, with why.
+    pub fn set_node_disconnected(&self, node: &str, error: &str) {
+        if let Some(n) = self.core.fleet.get(node) {
+            let mut st = n.state();
+            if st.connected || st.last_error.as_deref() != Some(error) {
+                tracing::warn!(node, error, "agent unreachable");
+            }
+            st.connected = false;
+            st.last_error = Some(error.to_string());
+        }
+    }
+
     // ---------------------------------------------------------------- internals for the host
 
     pub(crate) fn fleet(&self) -> &Fleet {

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod runbook;
 pub mod runs;
 pub mod script;
+pub mod serve;
 pub mod simfleet;
 pub mod telemetry;
 pub mod triggers;

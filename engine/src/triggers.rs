@@ -142,6 +142,10 @@ impl Compiled {
     }
 }
 
+/// Lists `(label value, series keys)` for a label and metric (the fleet's
+/// live, undrained nodes).
+pub type GroupLister<'a> = &'a dyn Fn(&str, MetricId) -> Vec<(String, Vec<SeriesKey>)>;
+
 /// Per-series state.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct State {
@@ -327,7 +331,7 @@ impl TriggerSet {
         &mut self,
         store: &TelemetryStore,
         now_ms: i64,
-        groups: &dyn Fn(&str, MetricId) -> Vec<(String, Vec<SeriesKey>)>,
+        groups: GroupLister<'_>,
         out: &mut Vec<Fire>,
     ) {
         for (i, e) in self.entries.iter_mut().enumerate() {

@@ -94,3 +94,51 @@ impl TestAgent {
         self.started = Some(runtime::start(&cfg, None).await.expect("agent restarts"));
     }
 }
+
+/// Write an engine config, inventory and runbook folder for `agents` into
+/// `dir`, and return the config.
+pub fn engine_setup(
+    dir: &Path,
+    agents: &[&TestAgent],
+    runbooks: &[(&str, &str, &str)],
+    extra_yaml: &str,
+) -> nightshift_engine::config::EngineConfig {
+    let rb = dir.join("runbooks");
+    std::fs::create_dir_all(&rb).unwrap();
+    for (name, manifest, script) in runbooks {
+        std::fs::write(
+            rb.join(format!("{name}.yaml")),
+            format!("version: 1\nname: {name}\ndescription: test runbook {name}\nscript: {name}.rhai\n{manifest}"),
+        )
+        .unwrap();
+        std::fs::write(rb.join(format!("{name}.rhai")), script).unwrap();
+    }
+    let mut fleet = String::from("version: 1\nnodes:\n");
+    for a in agents {
+        fleet.push_str(&format!(
+            "  - name: {}\n    address: {}\n    host_key: {}\n    labels: {{pool: a}}\n",
+            a.cfg.node,
+            a.addr(),
+            a.fingerprint()
+        ));
+    }
+    std::fs::write(dir.join("fleet.yaml"), fleet).unwrap();
+    let text = format!(
+        "version: 1\nlisten_addr: 127.0.0.1:0\ndata_dir: engine-data\nrunbook_dir: runbooks\ninventory_path: fleet.yaml\nengine_key_path: engine_key\n{extra_yaml}"
+    );
+    let path = dir.join("engine.yaml");
+    std::fs::write(&path, text).unwrap();
+    nightshift_engine::config::EngineConfig::load(&path).expect("valid engine config")
+}
+
+/// Poll `f` every 50 ms for up to `secs` real seconds.
+pub async fn eventually<T>(secs: u64, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < end {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    None
+}
