@@ -702,6 +702,19 @@ mod tests {
         assert!(v.problem.unwrap().contains("sequence gap: expected record 3, found 4"));
     }
 
+    /// Regression: without exact float parsing, a stored record read back
+    /// could differ in the last bit and fail verification.
+    #[tokio::test]
+    async fn floats_survive_the_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        for v in [97.76550102233888, 0.1 + 0.2, 1e-300, 123456.789012345, -0.0, f64::MAX, 2.0f32 as f64 / 3.0] {
+            s.append(NewRecord::new(RecordKind::Note, "engine", json!({"v": v})), None).await.unwrap();
+        }
+        let v = s.verify().unwrap();
+        assert!(v.ok, "{v:?}");
+    }
+
     #[tokio::test]
     async fn concurrent_appends_are_gap_free() {
         let dir = tempfile::tempdir().unwrap();

@@ -1707,25 +1707,32 @@ impl Engine {
     }
 
     /// Reserve a drain under the blast radius, or say why not.
+    ///
+    /// The limits count the serving fleet: standby nodes (spare capacity) are
+    /// neither counted nor limited. At least one serving node may always be
+    /// drained, however small the fleet.
     pub(crate) fn reserve_drain(&self, run: &str, node: &str, rb: &crate::manifest::BlastRadius) -> Result<(), String> {
         let mut ex = lock(&self.core.exec);
         let fleet = &self.core.fleet;
-        let total = fleet.len().max(1);
-        let mut drained: HashSet<String> = fleet.drained().into_iter().collect();
-        if drained.contains(node) {
+        let Some(target) = fleet.get(node) else { return Ok(()) };
+        if target.spec.standby || target.state().drained {
             return Ok(());
         }
+        let serving: Vec<&Arc<Node>> = fleet.nodes.iter().filter(|n| !n.spec.standby).collect();
+        let total = serving.len().max(1);
+        let mut drained: HashSet<String> =
+            serving.iter().filter(|n| n.state().drained).map(|n| n.spec.name.clone()).collect();
         drained.extend(ex.drains_in_flight.iter().cloned());
         let after = drained.len() + 1;
-        let pct = after as f64 * 100.0 / total as f64;
-        let cap = rb.max_drained_pct.min(self.core.config.limits.max_drained_pct);
-        if pct > cap + 1e-9 {
+        let cap_pct = rb.max_drained_pct.min(self.core.config.limits.max_drained_pct);
+        let allowed = ((total as f64 * cap_pct / 100.0).floor() as usize).max(1);
+        if after > allowed {
             return Err(format!(
-                "blast radius: draining {node} would take {after} of {total} nodes out ({pct:.1}%), above max_drained_pct {cap}% (run {run})"
+                "blast radius: draining {node} would take {after} of {total} serving nodes out; max_drained_pct {cap_pct}% allows {allowed} (run {run})"
             ));
         }
         if let (Some(limit), Some(label)) = (rb.max_per_group, &rb.group_by) {
-            let value = fleet.get(node).and_then(|n| n.label(label).map(str::to_string));
+            let value = target.label(label).map(str::to_string);
             if let Some(v) = value {
                 let in_group =
                     drained.iter().filter(|d| fleet.get(d).and_then(|n| n.label(label)) == Some(v.as_str())).count();

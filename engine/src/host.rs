@@ -132,6 +132,30 @@ impl ScriptHost for Host {
         }
     }
 
+    fn group_avg(&self, ctx: &RunCtx, metric: MetricId) -> Option<f64> {
+        let (k, v) = ctx.target.group.clone()?;
+        let nodes = self.engine.fleet().group(&k, &v);
+        let mut vals = Vec::new();
+        for n in nodes {
+            let (drained, gpus) = {
+                let st = n.state();
+                (st.drained, st.gpu_count())
+            };
+            if drained {
+                continue;
+            }
+            let gpu_list: Vec<Option<u32>> =
+                if metrics::metric(metric).gpu_scoped { (0..gpus as u32).map(Some).collect() } else { vec![None] };
+            for g in gpu_list {
+                let q = Reading { node: n.spec.name.clone(), gpu: g, metric, window_ms: 0, agg: Agg::Latest };
+                if let Some(x) = self.engine.reading(&q) {
+                    vals.push(x);
+                }
+            }
+        }
+        if vals.is_empty() { None } else { Some(vals.iter().sum::<f64>() / vals.len() as f64) }
+    }
+
     fn act(&self, ctx: &RunCtx, node: &str, mut op: Op) -> Map {
         let engine = &self.engine;
         if !self.in_target(ctx, node) {

@@ -17,6 +17,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod runbook;
 pub mod runs;
+pub mod scenario;
 pub mod script;
 pub mod serve;
 pub mod simfleet;

@@ -10,7 +10,7 @@
 //! Host API (documented for runbook authors in `runbooks/README.md`):
 //! readings `metric(name)`, `metric(name, window_secs)`, `metric_max`,
 //! `metric_min`, `metric_slope`, `gpu_metric(gpu, name)`,
-//! `node_metric(node, name)`, `gpu()`, `node()`, `group_nodes()`,
+//! `node_metric(node, name)`, `gpu()`, `node()`, `group_nodes()`, `group_metric(name)`,
 //! `event_resolved()`, `now()`, `elapsed()`; actions `set_power_limit`,
 //! `set_fan_curve`, `reset_fan`, `set_clocks`, `reset_clocks`, `clear_ecc`,
 //! `set_gpu_drain`, `drain`, `resume`, `drain_node`, `resume_node`,
@@ -131,6 +131,8 @@ pub trait ScriptHost: Send + Sync {
     fn gpu_info(&self, ctx: &RunCtx, node: &str, gpu: u32) -> Map;
     fn node_info(&self, ctx: &RunCtx, node: &str) -> Map;
     fn group_nodes(&self, ctx: &RunCtx) -> Vec<String>;
+    /// Average of a metric's latest values over the group's undrained nodes.
+    fn group_avg(&self, ctx: &RunCtx, metric: MetricId) -> Option<f64>;
     /// Send an action to a node's agent (audited intent → result).
     fn act(&self, ctx: &RunCtx, node: &str, op: Op) -> Map;
     fn config_list(&self, ctx: &RunCtx, node: &str, name: &str) -> Dynamic;
@@ -409,6 +411,11 @@ fn register_api(e: &mut Engine) {
     e.register_fn("group_nodes", || -> Result<rhai::Array, Box<EvalAltResult>> {
         let c = ctx()?;
         Ok(c.host.group_nodes(&c).into_iter().map(Dynamic::from).collect())
+    });
+    e.register_fn("group_metric", |name: &str| -> Result<Dynamic, Box<EvalAltResult>> {
+        let c = ctx()?;
+        let m = metric_of(name)?;
+        Ok(c.host.group_avg(&c, m).map(Dynamic::from_float).unwrap_or(Dynamic::UNIT))
     });
     e.register_fn("event_resolved", || -> Result<bool, Box<EvalAltResult>> {
         let c = ctx()?;

@@ -134,7 +134,7 @@ impl SimFleet {
                     profile: n.profile.clone(),
                     gpus: n.gpus,
                     seed: n.seed.wrapping_add(i as u64 * 7919),
-                    util_pct: n.util_pct.unwrap_or(92.0),
+                    util_pct: n.util_pct.unwrap_or(85.0),
                     ..SimConfig::default()
                 })
                 .map_err(|e| SimError::Setup(format!("node {}: {e}", n.name)))?,
@@ -229,6 +229,8 @@ impl SimFleet {
         let limit = Duration::from_secs(30);
         let mut idle_checks = 0;
         loop {
+            // A run whose hold just ended may start now.
+            self.engine.pump().await;
             if self.engine.busy() == 0 {
                 idle_checks += 1;
                 if idle_checks >= 3 {

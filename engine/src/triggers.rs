@@ -327,13 +327,7 @@ impl TriggerSet {
 
     /// Evaluate fleet triggers. `groups(label)` lists (value, series keys of
     /// the metric in that group) for the live, undrained nodes.
-    pub fn on_tick(
-        &mut self,
-        store: &TelemetryStore,
-        now_ms: i64,
-        groups: GroupLister<'_>,
-        out: &mut Vec<Fire>,
-    ) {
+    pub fn on_tick(&mut self, store: &TelemetryStore, now_ms: i64, groups: GroupLister<'_>, out: &mut Vec<Fire>) {
         for (i, e) in self.entries.iter_mut().enumerate() {
             let Some(e) = e.as_mut() else { continue };
             let Compiled::Fleet { metric, agg, group_by, where_above, level, for_ms, clear } = &e.compiled else {
