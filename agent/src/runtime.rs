@@ -92,8 +92,13 @@ pub async fn start_with(
         .map_err(|source| StartError::Listen { addr: cfg.listen_addr.clone(), source })?;
     let mut tasks = Vec::new();
     let a = agent.clone();
+    // Under a sped-up clock the loops speed up too (at most one simulated
+    // second between physics steps; fan curves and leases keep pace).
+    let scale = clock.scale().max(1.0);
+    let tick_ms = ((250.0 / scale) as u64).clamp(10, 250);
+    let physics_ms = ((1000.0 / scale) as u64).clamp(10, 100);
     tasks.push(tokio::spawn(async move {
-        let mut every = tokio::time::interval(Duration::from_millis(250));
+        let mut every = tokio::time::interval(Duration::from_millis(tick_ms));
         loop {
             every.tick().await;
             a.tick().await;
@@ -103,7 +108,7 @@ pub async fn start_with(
         let b = backend.clone();
         let scale = clock.scale();
         tasks.push(tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_millis(100));
+            let mut every = tokio::time::interval(Duration::from_millis(physics_ms));
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut last = tokio::time::Instant::now();
             loop {

@@ -141,6 +141,10 @@ pub struct AuthConfig {
     /// SHA-256 of the token Alertmanager sends as a bearer token.
     #[serde(default)]
     pub webhook_token_sha256: Option<String>,
+    /// Let requests without a token in with this role. Only for loopback
+    /// demos: the server refuses it on any other address.
+    #[serde(default)]
+    pub allow_anonymous: Option<Role>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -196,6 +200,14 @@ impl EngineConfig {
             return Err(err(
                 "max_drained_pct",
                 format!("limits.max_drained_pct: expected 0 to 100, found {}", cfg.limits.max_drained_pct),
+            ));
+        }
+        if cfg.auth.allow_anonymous.is_some()
+            && !cfg.listen_addr.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback())
+        {
+            return Err(err(
+                "allow_anonymous",
+                format!("auth.allow_anonymous is only allowed on a loopback listen_addr, found {}", cfg.listen_addr),
             ));
         }
         for t in &cfg.auth.tokens {

@@ -375,6 +375,27 @@ impl Engine {
         v
     }
 
+    /// Runs waiting to start (queued or pending approval).
+    pub fn queue_depth(&self) -> usize {
+        let ex = lock(&self.core.exec);
+        ex.runs.values().filter(|r| matches!(r.summary.state, RunState::Queued | RunState::PendingApproval)).count()
+    }
+
+    /// Agents with a live connection (or recent telemetry).
+    pub fn connected_agents(&self) -> usize {
+        self.core.fleet.nodes.iter().filter(|n| n.state().connected).count()
+    }
+
+    /// Send a reading request straight to a node's agent (ping, inventory).
+    pub async fn agent_call(&self, node: &str, op: Op) -> Result<nightshift_agent::proto::Reply, EngineError> {
+        if op.is_mutating() {
+            return Err(EngineError::BadRequest(format!("{} changes the node: run a runbook instead", op.name())));
+        }
+        let n = self.core.fleet.get(node).cloned().ok_or_else(|| EngineError::UnknownNode(node.into()))?;
+        let req = Request::new(format!("cli-{}-{}", op.name(), self.core.clock.now_ms()), op);
+        n.transport.call(req).await.map_err(|e| EngineError::BadRequest(e.to_string()))
+    }
+
     /// Runs executing right now.
     pub fn running(&self) -> usize {
         lock(&self.core.exec).running
@@ -1787,8 +1808,9 @@ impl Engine {
                 }
             })
             .collect();
-        // Across several GPUs, the worst one speaks for the node.
-        vals.into_iter().fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))))
+        // Across several GPUs, the worst one speaks for the node. Readings
+        // are kept as f32: give scripts two decimals, not float noise.
+        vals.into_iter().fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x)))).map(|v| (v * 100.0).round() / 100.0)
     }
 
     pub(crate) fn alert_resolved(&self, fingerprint: &str) -> bool {

@@ -118,8 +118,11 @@ impl ScriptHost for Host {
                 continue;
             }
             let q = Reading { node: node.into(), gpu: None, metric: i as MetricId, window_ms: 0, agg: Agg::Latest };
-            if let Some(x) = self.engine.reading(&q) {
-                v[m.name.split('.').nth(1).unwrap_or(m.name)] = json!(x);
+            let key = m.name.split('.').nth(1).unwrap_or(m.name);
+            if let Some(x) = self.engine.reading(&q)
+                && v.get(key).is_none()
+            {
+                v[key] = json!(x);
             }
         }
         to_map(v)

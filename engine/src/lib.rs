@@ -23,3 +23,4 @@ pub mod serve;
 pub mod simfleet;
 pub mod telemetry;
 pub mod triggers;
+pub mod workload;

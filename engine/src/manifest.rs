@@ -126,8 +126,12 @@ pub enum Trigger {
         #[serde(default = "default_min_samples")]
         min_samples: usize,
     },
-    /// Least-squares fit over a window says the value will cross a level
-    /// within the horizon (and has not yet).
+    /// A least-squares slope over a window says the value will cross a level
+    /// within the horizon (and has not yet). `linear` extrapolates the
+    /// slope; `first_order` treats the value as a first-order system
+    /// settling toward T∞ = T + τ·dT/dt (how a GPU heats toward its steady
+    /// state under a load), so a rise that will settle below the level does
+    /// not fire.
     Predict {
         metric: String,
         crosses: f64,
@@ -135,6 +139,8 @@ pub enum Trigger {
         window_secs: u64,
         #[serde(default = "default_min_samples")]
         min_samples: usize,
+        #[serde(default)]
+        model: PredictModel,
     },
     /// An aggregate over a label group (e.g. pool average power share).
     Fleet {
@@ -178,6 +184,17 @@ pub enum Trigger {
 
 fn default_min_samples() -> usize {
     5
+}
+
+/// How `predict` extrapolates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum PredictModel {
+    #[default]
+    Linear,
+    /// `time_constant_secs`: the thermal time constant C/G (about 60–120 s
+    /// for a GPU and its heatsink).
+    FirstOrder { time_constant_secs: u64 },
 }
 
 impl Trigger {

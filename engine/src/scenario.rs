@@ -25,7 +25,6 @@
 //!     - {node: n1, drained: false}
 //! ```
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -44,6 +43,7 @@ use crate::runbook::{RunbookSet, load_dir};
 use crate::runs::RunOutcome;
 use crate::script::{ScriptLimits, build_engine};
 use crate::simfleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
+use crate::workload::Workload;
 
 /// A scenario file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,13 +92,7 @@ pub struct Event {
     pub all_nodes: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PoolLoad {
-    pub label: String,
-    pub value: String,
-    pub total_util_pct: f64,
-}
+pub use crate::workload::PoolLoad;
 
 /// What must be true.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -431,10 +425,7 @@ pub async fn run(path: &Path, runbook_dir: &Path) -> Result<ScenarioReport, Scen
     timeline.sort_by_key(|e| e.at_secs);
     let mut checks: Vec<&Check> = scenario.expect.checks.iter().collect();
     checks.sort_by_key(|c| c.at_secs.unwrap_or(0));
-    let mut desired: BTreeMap<String, f64> =
-        scenario.fleet.iter().map(|n| (n.name.clone(), n.util_pct.unwrap_or(85.0))).collect();
-    let mut last_sent = desired.clone();
-    let mut pools: Vec<PoolLoad> = Vec::new();
+    let mut workload = Workload::new(scenario.fleet.iter().map(|n| (n.name.clone(), n.util_pct.unwrap_or(85.0))).collect());
     let mut next = 0usize;
     let mut next_check = 0usize;
     let steps = scenario.duration_secs / scenario.tick_secs;
@@ -454,8 +445,7 @@ pub async fn run(path: &Path, runbook_dir: &Path) -> Result<ScenarioReport, Scen
                         failures.push(format!("timeline at {} s: fault on {node} refused: {:?}", e.at_secs, r.error));
                     }
                     if let SimFault::Load { gpu: None, util_pct } = f {
-                        desired.insert(node.clone(), *util_pct);
-                        last_sent.insert(node.clone(), *util_pct);
+                        workload.set_node(&node, *util_pct);
                     }
                 }
                 if let Some(c) = &e.config_apply {
@@ -471,35 +461,10 @@ pub async fn run(path: &Path, runbook_dir: &Path) -> Result<ScenarioReport, Scen
                 }
             }
             if let Some(p) = &e.pool_load {
-                pools.retain(|x| !(x.label == p.label && x.value == p.value));
-                pools.push(p.clone());
+                workload.set_pool(p.clone());
             }
         }
-        // The scheduler's view of work: drained nodes run nothing; a pool's
-        // work spreads over its undrained nodes.
-        let views = sim.engine.nodes();
-        for v in &views {
-            let drained = v.state.drained;
-            let pool = pools.iter().find(|p| v.labels.get(&p.label) == Some(&p.value));
-            let util = if drained {
-                0.0
-            } else if let Some(p) = pool {
-                let active = views
-                    .iter()
-                    .filter(|n| n.labels.get(&p.label) == Some(&p.value) && !n.state.drained)
-                    .count()
-                    .max(1);
-                (p.total_util_pct / active as f64).min(100.0)
-            } else {
-                desired[&v.name]
-            };
-            if last_sent.get(&v.name) != Some(&util) {
-                last_sent.insert(v.name.clone(), util);
-                let _ = sim.agents[&v.name]
-                    .handle(Request::new("scenario-load", Op::SimFault(SimFault::Load { gpu: None, util_pct: util })))
-                    .await;
-            }
-        }
+        workload.apply(&sim.engine, &sim.agents).await;
         if let Err(e) = sim.step().await {
             failures.push(e.to_string());
             break;

@@ -78,8 +78,9 @@ pub async fn start_with_clock(config: EngineConfig, clock: SharedClock) -> Resul
         engine.add_task(tokio::spawn(async move { node_loop(e, name, client).await }));
     }
     let e = engine.clone();
+    let tick_ms = ((250.0 / e.clock().scale().max(1.0)) as u64).clamp(10, 250);
     engine.add_task(tokio::spawn(async move {
-        let mut every = tokio::time::interval(Duration::from_millis(250));
+        let mut every = tokio::time::interval(Duration::from_millis(tick_ms));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             every.tick().await;

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::manifest::{Aggregate, Manifest, Scope, Trigger};
+use crate::manifest::{Aggregate, Manifest, PredictModel, Scope, Trigger};
 use crate::metrics::{self, MetricId};
 use crate::telemetry::{SeriesKey, TelemetryStore};
 
@@ -48,6 +48,7 @@ pub enum Compiled {
         horizon_ms: i64,
         window_ms: i64,
         min_samples: usize,
+        model: PredictModel,
     },
     Change {
         metric: MetricId,
@@ -96,12 +97,13 @@ impl Compiled {
                 window_ms: *window_secs as i64 * 1000,
                 min_samples: *min_samples,
             },
-            Trigger::Predict { crosses, horizon_secs, window_secs, min_samples, .. } => Compiled::Predict {
+            Trigger::Predict { crosses, horizon_secs, window_secs, min_samples, model, .. } => Compiled::Predict {
                 metric,
                 crosses: *crosses,
                 horizon_ms: *horizon_secs as i64 * 1000,
                 window_ms: *window_secs as i64 * 1000,
                 min_samples: *min_samples,
+                model: *model,
             },
             Trigger::Change { to_any_of, increase, .. } => {
                 Compiled::Change { metric, to_any_of: to_any_of.clone(), increase: *increase }
@@ -277,27 +279,47 @@ impl TriggerSet {
                         None
                     }
                 }
-                Compiled::Predict { crosses, horizon_ms, window_ms, min_samples, .. } => {
+                Compiled::Predict { crosses, horizon_ms, window_ms, min_samples, model, .. } => {
+                    let horizon_s = *horizon_ms as f64 / 1000.0;
                     let stats = store.stats(key, ts_ms - window_ms);
                     let predicted = stats.and_then(|s| {
                         if s.count < *min_samples || ts_ms - s.first.0 < window_ms / 2 {
                             return None;
                         }
-                        let future = s.last.1 + s.slope_per_sec * (*horizon_ms as f64 / 1000.0);
-                        let rising = s.last.1 < *crosses && future >= *crosses && s.slope_per_sec > 0.0;
-                        let falling = s.last.1 > *crosses && future <= *crosses && s.slope_per_sec < 0.0;
-                        (rising || falling).then_some((s, future))
+                        let now_v = s.last.1;
+                        let secs = match model {
+                            PredictModel::Linear => {
+                                let future = now_v + s.slope_per_sec * horizon_s;
+                                let rising = now_v < *crosses && future >= *crosses && s.slope_per_sec > 0.0;
+                                let falling = now_v > *crosses && future <= *crosses && s.slope_per_sec < 0.0;
+                                (rising || falling).then(|| (*crosses - now_v) / s.slope_per_sec)?
+                            }
+                            PredictModel::FirstOrder { time_constant_secs } => {
+                                // A first-order system is (T∞ − T)/τ from its
+                                // level: T∞ = T + τ·dT/dt.
+                                let tau = *time_constant_secs as f64;
+                                let asymptote = now_v + tau * s.slope_per_sec;
+                                let rising = now_v < *crosses && asymptote > *crosses;
+                                let falling = now_v > *crosses && asymptote < *crosses;
+                                if !(rising || falling) {
+                                    return None;
+                                }
+                                // Time to reach the level on the fitted curve.
+                                let t = tau * ((asymptote - now_v) / (asymptote - *crosses)).ln();
+                                (t.is_finite() && t >= 0.0 && t <= horizon_s).then_some(t)?
+                            }
+                        };
+                        Some((s, secs))
                     });
                     match (st.fired, predicted) {
                         (true, None) => {
                             st.fired = false;
                             None
                         }
-                        (false, Some((s, _))) => {
+                        (false, Some((s, secs))) => {
                             st.fired = true;
-                            let secs = (*crosses - s.last.1) / s.slope_per_sec;
                             Some(format!(
-                                "{name} {} trending {} per min: crosses {} in about {:.0} s",
+                                "{name} {} rising {} per min: crosses {} in about {:.0} s",
                                 fmt_v(s.last.1),
                                 fmt_v(s.slope_per_sec * 60.0),
                                 fmt_v(*crosses),
@@ -431,6 +453,12 @@ mod tests {
         at
     }
 
+    /// A first-order approach from `from` toward `to` with time constant
+    /// `tau` seconds, one point per second.
+    fn settle(from: f64, to: f64, tau: f64, secs: usize) -> Vec<f64> {
+        (0..secs).map(|t| to - (to - from) * (-(t as f64) / tau).exp()).collect()
+    }
+
     fn ramp(from: f64, to: f64, secs: usize) -> Vec<f64> {
         (0..secs).map(|i| from + (to - from) * i as f64 / (secs - 1).max(1) as f64).collect()
     }
@@ -475,6 +503,19 @@ mod tests {
                 "predict stays quiet when the horizon is short",
                 "  type: predict\n  metric: gpu.temperature_c\n  crosses: 90\n  horizon_secs: 5\n  window_secs: 20\n",
                 ramp(60.0, 80.0, 40),
+                vec![],
+            ),
+            (
+                "first-order predict fires when the settling level is above the limit",
+                "  type: predict\n  metric: gpu.temperature_c\n  crosses: 85\n  horizon_secs: 300\n  window_secs: 30\n  model: {first_order: {time_constant_secs: 90}}\n",
+                // Crosses 85 °C at t = 116 s; predicted as soon as 15 s of the window is in.
+                settle(74.0, 90.0, 100.0, 300),
+                vec![15],
+            ),
+            (
+                "first-order predict stays quiet when a load step settles below the limit",
+                "  type: predict\n  metric: gpu.temperature_c\n  crosses: 85\n  horizon_secs: 300\n  window_secs: 30\n  model: {first_order: {time_constant_secs: 90}}\n",
+                settle(74.0, 81.0, 90.0, 400),
                 vec![],
             ),
             (

@@ -1,2 +1,105 @@
-//! nightshift-web: the audit UI, JSON API, SSE, Alertmanager webhook and /metrics.
+//! nightshift-web: the audit trail a reviewer reads the morning after, the
+//! JSON API the CLI uses, the live tail (SSE), the Alertmanager webhook and
+//! `/metrics` — one axum router, built by [`router`], which tests call
+//! directly.
 #![forbid(unsafe_code)]
+
+pub mod api;
+pub mod auth;
+pub mod error;
+pub mod pages;
+pub mod prom;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, Method, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use nightshift_engine::config::Role;
+use nightshift_engine::engine::Engine;
+
+use crate::auth::Auth;
+use crate::error::ApiError;
+
+/// Largest request body accepted, except the webhook's.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Largest Alertmanager payload accepted.
+pub const MAX_WEBHOOK_BYTES: usize = 1024 * 1024;
+
+/// What every handler sees.
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Engine,
+    pub auth: Arc<Auth>,
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+async fn metrics(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], prom::render(&s.engine)).into_response())
+}
+
+/// The whole web app for `engine`.
+pub fn router(engine: Engine) -> Router {
+    let state = AppState {
+        auth: Arc::new(Auth::new(&engine.config().auth)),
+        shutdown: engine.shutdown_signal(),
+        engine,
+    };
+    let webhook = Router::new()
+        .route("/api/v1/alerts/alertmanager", post(api::alertmanager))
+        .layer(DefaultBodyLimit::max(MAX_WEBHOOK_BYTES));
+    Router::new()
+        // Pages.
+        .route("/", get(pages::timeline))
+        .route("/runs/{id}", get(pages::run_page))
+        .route("/nodes", get(pages::nodes_page))
+        .route("/nodes/{name}", get(pages::node_page))
+        .route("/runbooks", get(pages::runbooks_page))
+        .route("/runbooks/{name}", get(pages::runbook_page))
+        .route("/approvals", get(pages::approvals_page))
+        .route("/audit", get(pages::audit_page))
+        .route("/login", get(pages::login_page).post(pages::login))
+        .route("/logout", post(pages::logout))
+        .route("/ui/runs/{id}/approve", post(pages::ui_approve))
+        .route("/ui/runs/{id}/reject", post(pages::ui_reject))
+        .route("/ui/nodes/{name}/hands-off", post(pages::ui_hands_off))
+        .route("/static/{name}", get(pages::asset))
+        // API.
+        .route("/api/v1/runs", get(api::list_runs).post(api::start_run))
+        .route("/api/v1/runs/{id}", get(api::get_run))
+        .route("/api/v1/runs/{id}/approve", post(api::approve))
+        .route("/api/v1/runs/{id}/reject", post(api::reject))
+        .route("/api/v1/runs/{id}/cancel", post(api::cancel))
+        .route("/api/v1/approvals", get(api::approvals))
+        .route("/api/v1/nodes", get(api::nodes))
+        .route("/api/v1/nodes/{name}", get(api::node))
+        .route("/api/v1/nodes/{name}/hands-off", post(api::hands_off))
+        .route("/api/v1/agents/{name}/ping", get(api::agent_ping))
+        .route("/api/v1/agents/{name}/inventory", get(api::agent_inventory))
+        .route("/api/v1/runbooks", get(api::runbooks))
+        .route("/api/v1/runbooks/reload", post(api::reload))
+        .route("/api/v1/runbooks/{name}", get(api::runbook))
+        .route("/api/v1/audit/records", get(api::records))
+        .route("/api/v1/audit/verify", get(api::verify))
+        .route("/api/v1/audit/export", get(api::export))
+        .route("/api/v1/events/stream", get(api::stream))
+        .route("/api/v1/openapi.json", get(api::openapi))
+        .route("/healthz", get(api::healthz))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .merge(webhook)
+        .with_state(state)
+}
+
+/// Serve the router on `listener` until `shutdown` resolves; open SSE
+/// streams end when the engine shuts down.
+pub async fn serve(
+    engine: Engine,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(engine)).with_graceful_shutdown(shutdown).await
+}

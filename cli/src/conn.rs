@@ -1,0 +1,368 @@
+//! Where the engine runs: a server reached over its HTTP API (`--server`),
+//! or embedded in this process on the local config and data dir.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use nightshift_agent::proto::{NoArgs, Op};
+use nightshift_engine::audit::{AuditRecord, AuditStore, RunFilter, RunPage, VerifyReport};
+use nightshift_engine::config::EngineConfig;
+use nightshift_engine::engine::{Engine, NodeView, RunRequest, Submitted};
+use nightshift_engine::runs::RunSummary;
+
+use crate::Fail;
+
+/// A runbook as the CLI shows it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RunbookInfo {
+    pub name: String,
+    pub description: String,
+    pub handbook: Option<String>,
+    pub trigger: String,
+    pub scope: String,
+    #[serde(default)]
+    pub manifest: Value,
+    #[serde(default)]
+    pub script: String,
+    #[serde(default)]
+    pub manifest_path: String,
+}
+
+/// A running server.
+pub struct Remote {
+    pub url: String,
+    http: reqwest::Client,
+    token: Option<String>,
+}
+
+/// The engine in this process.
+pub struct Local {
+    pub config: EngineConfig,
+    pub config_path: PathBuf,
+    pub engine: Option<Engine>,
+    audit: Option<AuditStore>,
+}
+
+pub enum Conn {
+    Remote(Remote),
+    Local(Local),
+}
+
+fn unreachable(url: &str, e: reqwest::Error) -> anyhow::Error {
+    anyhow::Error::new(Fail(4)).context(format!("the engine at {url} is unreachable: {e}; is `nightshift serve` running?"))
+}
+
+impl Remote {
+    pub fn new(url: &str, token: Option<String>) -> Result<Remote> {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
+        Ok(Remote { url: url.trim_end_matches('/').to_string(), http, token })
+    }
+
+    fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.http.request(method, format!("{}{path}", self.url));
+        match &self.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+
+    async fn send<T: DeserializeOwned>(&self, rb: reqwest::RequestBuilder) -> Result<T> {
+        let resp = rb.send().await.map_err(|e| unreachable(&self.url, e))?;
+        let status = resp.status();
+        let body = resp.text().await.map_err(|e| unreachable(&self.url, e))?;
+        if !status.is_success() {
+            let msg = serde_json::from_str::<Value>(&body)
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+                .unwrap_or_else(|| body.chars().take(300).collect());
+            let code = match status.as_u16() {
+                401 | 403 => 2,
+                404 | 400 | 413 => 2,
+                409 => 3,
+                _ => 1,
+            };
+            let hint = if status.as_u16() == 401 { " (set NIGHTSHIFT_TOKEN or --token)" } else { "" };
+            return Err(anyhow::Error::new(Fail(code)).context(format!("{} {status}: {msg}{hint}", self.url)));
+        }
+        serde_json::from_str(&body).with_context(|| format!("unexpected reply from {}", self.url))
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        self.send(self.req(reqwest::Method::GET, path)).await
+    }
+
+    pub async fn post<T: DeserializeOwned>(&self, path: &str, body: &Value) -> Result<T> {
+        self.send(self.req(reqwest::Method::POST, path).json(body)).await
+    }
+
+    /// The SSE live tail, as a stream of records.
+    pub async fn follow(&self, mut each: impl FnMut(AuditRecord) -> bool) -> Result<()> {
+        use futures::StreamExt;
+        let resp = self.req(reqwest::Method::GET, "/api/v1/events/stream").send().await.map_err(|e| unreachable(&self.url, e))?;
+        if !resp.status().is_success() {
+            return Err(anyhow!("{}: {}", self.url, resp.status()));
+        }
+        let mut stream = resp.bytes_stream();
+        let mut buf = String::new();
+        while let Some(chunk) = stream.next().await {
+            buf.push_str(&String::from_utf8_lossy(&chunk.map_err(|e| unreachable(&self.url, e))?));
+            while let Some(i) = buf.find("\n\n") {
+                let event: String = buf.drain(..i + 2).collect();
+                for line in event.lines() {
+                    if let Some(d) = line.strip_prefix("data:")
+                        && let Ok(r) = serde_json::from_str::<AuditRecord>(d.trim())
+                        && !each(r)
+                    {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Local {
+    /// Read the config; open nothing yet.
+    pub fn new(path: &Path) -> Result<Local> {
+        let config = EngineConfig::load(path).map_err(|e| anyhow::Error::new(Fail(2)).context(e.to_string()))?;
+        Ok(Local { config, config_path: path.into(), engine: None, audit: None })
+    }
+
+    /// The audit store (opening it takes the data dir's lock).
+    pub fn audit(&mut self) -> Result<AuditStore> {
+        if let Some(e) = &self.engine {
+            return Ok(e.audit().clone());
+        }
+        if let Some(a) = &self.audit {
+            return Ok(a.clone());
+        }
+        let clock: nightshift_agent::clock::SharedClock = std::sync::Arc::new(nightshift_agent::clock::SystemClock);
+        let a = AuditStore::open(&self.config.data_dir, clock).map_err(|e| locked(e, &self.config.data_dir))?;
+        self.audit = Some(a.clone());
+        Ok(a)
+    }
+
+    /// Start the engine here, with connections to the agents.
+    pub async fn engine(&mut self) -> Result<Engine> {
+        if let Some(e) = &self.engine {
+            return Ok(e.clone());
+        }
+        if self.audit.is_some() {
+            return Err(anyhow!("internal: the audit store is already open"));
+        }
+        let engine = nightshift_engine::serve::start(self.config.clone()).await.map_err(|e| match e {
+            nightshift_engine::serve::StartError::Audit(a) => locked(a, &self.config.data_dir),
+            other => anyhow::Error::new(Fail(2)).context(other.to_string()),
+        })?;
+        self.engine = Some(engine.clone());
+        Ok(engine)
+    }
+
+    /// Runbooks from the configured folder (no engine needed).
+    pub fn runbooks(&self) -> Result<Vec<RunbookInfo>> {
+        let script = nightshift_engine::script::build_engine(&self.config.script);
+        let set = nightshift_engine::runbook::load_dir(&self.config.runbook_dir, &script);
+        Ok(set
+            .runbooks
+            .iter()
+            .map(|r| RunbookInfo {
+                name: r.manifest.name.clone(),
+                description: r.manifest.description.clone(),
+                handbook: r.manifest.handbook.clone(),
+                trigger: r.manifest.trigger.kind().into(),
+                scope: format!("{:?}", r.manifest.scope).to_lowercase(),
+                manifest: serde_json::to_value(&r.manifest).unwrap_or(Value::Null),
+                script: r.script_source.clone(),
+                manifest_path: r.manifest_path.display().to_string(),
+            })
+            .collect())
+    }
+
+    /// Wait until `nodes` are connected (the embedded engine just started).
+    pub async fn wait_connected(&self, nodes: &[String], secs: u64) -> Result<()> {
+        let Some(engine) = &self.engine else { return Ok(()) };
+        let end = std::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let missing: Vec<(String, Option<String>)> = nodes
+                .iter()
+                .filter_map(|n| match engine.node(n) {
+                    Some(v) if v.state.connected => None,
+                    Some(v) => Some((n.clone(), v.state.last_error.clone())),
+                    None => Some((n.clone(), Some("not in the inventory".into()))),
+                })
+                .collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if std::time::Instant::now() > end {
+                let list: Vec<String> =
+                    missing.iter().map(|(n, e)| format!("{n} ({})", e.clone().unwrap_or_else(|| "no telemetry yet".into()))).collect();
+                return Err(anyhow::Error::new(Fail(4)).context(format!("agents unreachable: {}", list.join(", "))));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn locked(e: nightshift_engine::audit::AuditError, dir: &Path) -> anyhow::Error {
+    match e {
+        nightshift_engine::audit::AuditError::Locked { .. } => anyhow::Error::new(Fail(2)).context(format!(
+            "the data dir {} is in use by another nightshift process (is `nightshift serve` running?): talk to it with --server URL instead",
+            dir.display()
+        )),
+        other => anyhow::Error::new(Fail(2)).context(other.to_string()),
+    }
+}
+
+impl Conn {
+    /// Say which engine this is.
+    pub fn describe(&self) -> String {
+        match self {
+            Conn::Remote(r) => format!("using the engine at {}", r.url),
+            Conn::Local(l) => format!("using the engine embedded on {} (data in {})", l.config_path.display(), l.config.data_dir.display()),
+        }
+    }
+
+    pub async fn runs(&mut self, f: &RunFilter) -> Result<RunPage> {
+        match self {
+            Conn::Remote(r) => {
+                let mut q = vec![];
+                let mut add = |k: &str, v: Option<String>| {
+                    if let Some(v) = v {
+                        q.push(format!("{k}={}", nightshift_web::pages::urlencode(&v)));
+                    }
+                };
+                add("node", f.node.clone());
+                add("gpu", f.gpu.map(|g| g.to_string()));
+                add("runbook", f.runbook.clone());
+                add("outcome", f.outcome.map(|o| o.as_str().to_string()));
+                add("since_ms", f.since_ms.map(|x| x.to_string()));
+                add("until_ms", f.until_ms.map(|x| x.to_string()));
+                add("cursor", f.cursor.clone());
+                add("limit", f.limit.map(|x| x.to_string()));
+                r.get(&format!("/api/v1/runs?{}", q.join("&"))).await
+            }
+            Conn::Local(l) => Ok(l.audit()?.runs(f)?),
+        }
+    }
+
+    pub async fn run(&mut self, id: &str) -> Result<(RunSummary, Vec<AuditRecord>)> {
+        match self {
+            Conn::Remote(r) => {
+                let v: Value = r.get(&format!("/api/v1/runs/{}", nightshift_web::pages::urlencode(id))).await?;
+                Ok((serde_json::from_value(v["run"].clone())?, serde_json::from_value(v["records"].clone())?))
+            }
+            Conn::Local(l) => {
+                let a = l.audit()?;
+                let run = a.run(id)?.ok_or_else(|| anyhow::Error::new(Fail(2)).context(format!("no run {id:?}")))?;
+                Ok((run, a.run_records(id)?))
+            }
+        }
+    }
+
+    pub async fn submit(&mut self, req: RunRequest) -> Result<Submitted> {
+        match self {
+            Conn::Remote(r) => {
+                let (node, gpu, group) = (req.target.node.clone(), req.target.gpu, req.target.group.clone().map(|(k, v)| format!("{k}={v}")));
+                r.post("/api/v1/runs", &json!({"runbook": req.runbook, "node": node, "gpu": gpu, "group": group, "params": req.params, "dry_run": req.dry_run}))
+                    .await
+            }
+            Conn::Local(l) => {
+                let e = l.engine().await?;
+                Ok(e.submit(req).await.map_err(|e| anyhow::Error::new(Fail(2)).context(e.to_string()))?)
+            }
+        }
+    }
+
+    pub async fn verify(&mut self) -> Result<VerifyReport> {
+        match self {
+            Conn::Remote(r) => r.get("/api/v1/audit/verify").await,
+            Conn::Local(l) => Ok(l.audit()?.verify()?),
+        }
+    }
+
+    pub async fn records_after(&mut self, after: u64, limit: usize) -> Result<Vec<AuditRecord>> {
+        match self {
+            Conn::Remote(r) => r.get(&format!("/api/v1/audit/records?after_seq={after}&limit={limit}")).await,
+            Conn::Local(l) => Ok(l.audit()?.tail(after, limit)?),
+        }
+    }
+
+    pub async fn nodes(&mut self) -> Result<Vec<NodeView>> {
+        match self {
+            Conn::Remote(r) => r.get("/api/v1/nodes").await,
+            Conn::Local(l) => {
+                let e = l.engine().await?;
+                let names = e.node_names();
+                let _ = l.wait_connected(&names, 5).await;
+                Ok(e.nodes())
+            }
+        }
+    }
+
+    pub async fn agent(&mut self, node: &str, what: &str) -> Result<Value> {
+        match self {
+            Conn::Remote(r) => r.get(&format!("/api/v1/agents/{}/{what}", nightshift_web::pages::urlencode(node))).await,
+            Conn::Local(l) => {
+                let e = l.engine().await?;
+                let op = if what == "inventory" { Op::Inventory(NoArgs {}) } else { Op::Telemetry(NoArgs {}) };
+                let started = std::time::Instant::now();
+                let reply = e.agent_call(node, op).await.map_err(|e| anyhow::Error::new(Fail(4)).context(e.to_string()))?;
+                if what == "inventory" {
+                    return reply.result.ok_or_else(|| anyhow!("{:?}", reply.error));
+                }
+                Ok(json!({"node": node, "ok": reply.ok, "round_trip_ms": (started.elapsed().as_secs_f64() * 100_000.0).round() / 100.0, "error": reply.error}))
+            }
+        }
+    }
+
+    pub async fn runbooks(&mut self) -> Result<Vec<RunbookInfo>> {
+        match self {
+            Conn::Remote(r) => {
+                let v: Value = r.get("/api/v1/runbooks").await?;
+                Ok(serde_json::from_value(v["runbooks"].clone())?)
+            }
+            Conn::Local(l) => l.runbooks(),
+        }
+    }
+
+    pub async fn runbook(&mut self, name: &str) -> Result<RunbookInfo> {
+        match self {
+            Conn::Remote(r) => {
+                let v: Value = r.get(&format!("/api/v1/runbooks/{}", nightshift_web::pages::urlencode(name))).await?;
+                Ok(serde_json::from_value(v["runbook"].clone())?)
+            }
+            Conn::Local(l) => l
+                .runbooks()?
+                .into_iter()
+                .find(|r| r.name == name)
+                .ok_or_else(|| anyhow::Error::new(Fail(2)).context(format!("no runbook {name:?} in {}", l.config.runbook_dir.display()))),
+        }
+    }
+
+    pub async fn decide(&mut self, run: &str, approve: bool, reason: Option<&str>) -> Result<RunSummary> {
+        match self {
+            Conn::Remote(r) => {
+                let path = format!("/api/v1/runs/{}/{}", nightshift_web::pages::urlencode(run), if approve { "approve" } else { "reject" });
+                r.post(&path, &json!({"reason": reason})).await
+            }
+            Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
+                "approvals live in a running engine: pass --server URL (or set NIGHTSHIFT_SERVER) to approve or reject",
+            )),
+        }
+    }
+
+    /// Shut an embedded engine down cleanly.
+    pub async fn close(&mut self) {
+        if let Conn::Local(l) = self
+            && let Some(e) = l.engine.take()
+        {
+            e.shutdown().await;
+        }
+    }
+}

@@ -1,0 +1,398 @@
+//! `nightshift demo`: simulated agents on loopback (real SSH), the engine
+//! and the web UI, and a fault script — an overheating GPU (H1), a pool at its
+//! power limit (H4), a bad NVLink config (H5), fragmentation (H6), an ECC
+//! error (H8) and an MI300X running hot (H2) — remediated live. Time runs
+//! `--time-scale` times faster, so minutes of incident pass in seconds.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use nightshift_agent::backend::Backend;
+use nightshift_agent::backend::sim::{SimBackend, SimConfig};
+use nightshift_agent::clock::{ScaledClock, SharedClock};
+use nightshift_agent::config::AgentConfig;
+use nightshift_agent::node::caches::FlushConfig;
+use nightshift_agent::node::configs::ManagedConfig;
+use nightshift_agent::proto::{ConfigApplyArgs, Op, Request, SimFault};
+use nightshift_agent::runtime::{self, StartedAgent};
+use nightshift_agent::service::Agent;
+use nightshift_engine::audit::{AuditRecord, RecordKind, RunFilter};
+use nightshift_engine::workload::{PoolLoad, Workload};
+
+use crate::Fail;
+use crate::out::Out;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// Simulated nodes (at least 7).
+    #[arg(long, default_value_t = 8)]
+    pub nodes: usize,
+    /// How long the demo runs, in real seconds.
+    #[arg(long, default_value_t = 60)]
+    pub duration_secs: u64,
+    /// Web UI address.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// Keep keys, inventory and the audit log here (default: a temporary dir).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Simulated seconds per real second.
+    #[arg(long, default_value_t = 30.0)]
+    pub time_scale: f64,
+    /// The runbook folder (default: the repository's runbooks/).
+    #[arg(long)]
+    pub runbooks: Option<PathBuf>,
+    /// After the script ends, keep the web UI up until Ctrl-C.
+    #[arg(long)]
+    pub keep_serving: bool,
+}
+
+struct DemoNode {
+    name: &'static str,
+    profile: &'static str,
+    labels: &'static [(&'static str, &'static str)],
+    standby: bool,
+}
+
+const LAYOUT: &[DemoNode] = &[
+    DemoNode { name: "a1", profile: "h100-sxm", labels: &[("pool", "a"), ("nvlink_domain", "a1"), ("rack", "r1")], standby: false },
+    DemoNode { name: "a2", profile: "h100-sxm", labels: &[("pool", "a"), ("nvlink_domain", "a2"), ("rack", "r1")], standby: false },
+    DemoNode { name: "a3", profile: "h100-sxm", labels: &[("pool", "a"), ("nvlink_domain", "a3"), ("rack", "r2")], standby: false },
+    DemoNode { name: "s1", profile: "h100-sxm", labels: &[("pool", "a"), ("nvlink_domain", "s1"), ("rack", "r2")], standby: true },
+    DemoNode { name: "ws1", profile: "rtx6000-ada", labels: &[("pool", "viz"), ("nvlink_domain", "ws1"), ("rack", "r3")], standby: false },
+    DemoNode { name: "g1", profile: "a100-sxm", labels: &[("pool", "b"), ("nvlink_domain", "g1"), ("rack", "r3")], standby: false },
+    DemoNode { name: "b1", profile: "h100-sxm", labels: &[("pool", "b"), ("nvlink_domain", "b1"), ("rack", "r4")], standby: false },
+    DemoNode { name: "mi1", profile: "mi300x", labels: &[("pool", "amd"), ("nvlink_domain", "mi1"), ("rack", "r4")], standby: false },
+];
+
+const NCCL_GOOD: &str = "NCCL_DEBUG=WARN\nNCCL_IB_HCA=mlx5\nNCCL_SOCKET_IFNAME=eth0\n";
+const NCCL_BAD: &str = "NCCL_DEBUG=WARN\nNCCL_IB_HCA=mlx5\nNCCL_SOCKET_IFNAME=eth0\nNCCL_P2P_DISABLE=1\n";
+
+/// One scripted fault and what became of it.
+struct Fault {
+    row: &'static str,
+    what: &'static str,
+    node: &'static str,
+    /// A group target (`pool=a`) instead of the node.
+    group: Option<(&'static str, &'static str)>,
+    injected_ms: Option<i64>,
+}
+
+enum Step {
+    Fault(SimFault),
+    Repair(SimFault),
+    Pool(PoolLoad),
+    BadConfig,
+}
+
+fn label_map(n: &DemoNode) -> BTreeMap<String, String> {
+    n.labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
+    if args.nodes < 7 {
+        return Err(anyhow::Error::new(Fail(2)).context(format!("--nodes: expected at least 7, found {}", args.nodes)));
+    }
+    if !(1.0..=200.0).contains(&args.time_scale) {
+        return Err(anyhow::Error::new(Fail(2)).context(format!("--time-scale: expected 1 to 200, found {}", args.time_scale)));
+    }
+    let tmp;
+    let dir = match &args.data_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => {
+            tmp = tempfile::Builder::new().prefix("nightshift-demo").tempdir()?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let runbook_dir = args.runbooks.clone().unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../runbooks")));
+    if !runbook_dir.join("gpu-overheat.yaml").exists() {
+        return Err(anyhow::Error::new(Fail(2)).context(format!("no runbooks in {}: pass --runbooks DIR", runbook_dir.display())));
+    }
+    let clock: SharedClock = Arc::new(ScaledClock::new(args.time_scale));
+    let t0 = clock.now_ms();
+
+    // The engine key; agents trust its public half.
+    let key_path = dir.join("engine_key");
+    let (key, _) = nightshift_agent::ssh::keys::load_or_create(&key_path, "nightshift-demo-engine")?;
+    std::fs::write(dir.join("authorized_keys"), format!("{}\n", key.public_key().to_openssh()?))?;
+
+    // The agents: sim backends behind real SSH servers on loopback.
+    let mut layout: Vec<(String, &DemoNode)> = LAYOUT.iter().map(|n| (n.name.to_string(), n)).collect();
+    let extra = DemoNode { name: "", profile: "h100-sxm", labels: &[("pool", "b"), ("rack", "r5")], standby: false };
+    for i in LAYOUT.len()..args.nodes {
+        layout.push((format!("b{}", i - LAYOUT.len() + 2), &extra));
+    }
+    layout.truncate(args.nodes);
+    let mut started: Vec<(String, StartedAgent)> = Vec::new();
+    let mut agents: BTreeMap<String, Arc<Agent>> = BTreeMap::new();
+    let mut fleet = String::from("# written by nightshift demo\nversion: 1\nnodes:\n");
+    for (i, (name, spec)) in layout.iter().enumerate() {
+        let state = dir.join("agents").join(name);
+        std::fs::create_dir_all(&state)?;
+        let nccl = state.join("nccl.env");
+        std::fs::write(&nccl, NCCL_GOOD)?;
+        let cfg = AgentConfig {
+            version: 1,
+            node: name.clone(),
+            listen_addr: "127.0.0.1:0".into(),
+            state_dir: state.clone(),
+            host_key_path: state.join("host_key"),
+            authorized_keys_path: dir.join("authorized_keys"),
+            policy_path: None,
+            backend: nightshift_agent::backend::BackendKind::Sim,
+            nvml_lib_path: None,
+            sim: SimConfig { profile: spec.profile.into(), gpus: 4, seed: 100 + i as u64, ..SimConfig::default() },
+            sim_time_scale: args.time_scale,
+            telemetry_interval_ms: 1000,
+            max_request_bytes: 32 * 1024,
+            scheduler: Default::default(),
+            flush_caches: Some(FlushConfig {
+                drop_caches_path: state.join("drop_caches"),
+                registry_dir: state.join("flush.d"),
+                ..FlushConfig::default()
+            }),
+            configs: [("nccl-env".to_string(), ManagedConfig { path: nccl })].into(),
+            exporter_listen_addr: None,
+        };
+        let sim = Arc::new(SimBackend::new(cfg.sim.clone())?);
+        let backend: Arc<dyn Backend> = sim;
+        let s = runtime::start_with(&cfg, backend, clock.clone()).await.with_context(|| format!("starting agent {name}"))?;
+        if spec.standby {
+            s.agent.handle(Request::new("demo-standby", Op::SimFault(SimFault::PersonDrain { reason: "nightshift: demo standby (spare capacity)".into() }))).await;
+        }
+        let labels: Vec<String> = label_map(spec).iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        let labels = if spec.name.is_empty() { format!("{{pool: b, rack: r5, nvlink_domain: {name}}}") } else { format!("{{{}}}", labels.join(", ")) };
+        fleet.push_str(&format!(
+            "  - name: {name}\n    address: {}\n    host_key: {}\n    labels: {labels}\n    standby: {}\n",
+            s.server.local_addr, s.host_key_fingerprint, spec.standby
+        ));
+        agents.insert(name.clone(), s.agent.clone());
+        started.push((name.clone(), s));
+    }
+    std::fs::write(dir.join("fleet.yaml"), &fleet)?;
+    let engine_yaml = format!(
+        "# written by nightshift demo\nversion: 1\nlisten_addr: {listen}\ndata_dir: {data}\nrunbook_dir: {rb}\ninventory_path: fleet.yaml\nengine_key_path: engine_key\ntime_scale: {scale}\nauth:\n  allow_anonymous: operator\n",
+        listen = args.listen,
+        data = dir.join("engine").display(),
+        rb = runbook_dir.display(),
+        scale = args.time_scale,
+    );
+    let engine_cfg_path = dir.join("engine.yaml");
+    std::fs::write(&engine_cfg_path, engine_yaml)?;
+    let config = nightshift_engine::config::EngineConfig::load(&engine_cfg_path).map_err(|e| anyhow::Error::new(Fail(2)).context(e.to_string()))?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|e| anyhow::Error::new(Fail(2)).context(format!("cannot listen on {}: {e} (pass --listen HOST:PORT)", args.listen)))?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let engine = nightshift_engine::serve::start_with_clock(config, clock.clone()).await.map_err(|e| anyhow::Error::new(Fail(2)).context(e.to_string()))?;
+    let web_engine = engine.clone();
+    let mut stop_web = engine.shutdown_signal();
+    let web = tokio::spawn(async move {
+        let _ = nightshift_web::serve(web_engine, listener, async move {
+            let _ = stop_web.wait_for(|v| *v).await;
+        })
+        .await;
+    });
+
+    println!("{}", out.bold("nightshift demo"));
+    println!("  web UI     {url}");
+    println!("  fleet      {} simulated nodes (real SSH on loopback), {} runbooks", layout.len(), engine.runbook_set().runbooks.len());
+    println!("  time       {}× faster: {} s of demo = {} min of incident", args.time_scale, args.duration_secs, (args.duration_secs as f64 * args.time_scale / 60.0).round());
+    println!("  data       {}", dir.display());
+    println!();
+
+    // Wait for every agent to be connected.
+    let names: Vec<String> = layout.iter().map(|(n, _)| n.clone()).collect();
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while engine.connected_agents() < names.len() && std::time::Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The live log.
+    let mut rx = engine.audit().subscribe();
+    let out2 = *out;
+    let log = tokio::spawn(async move {
+        while let Ok(r) = rx.recv().await {
+            if let Some(line) = live_line(&out2, &r, t0) {
+                println!("{line}");
+            }
+        }
+    });
+
+    // The fault script (simulated seconds after start).
+    let mut faults = vec![
+        Fault { row: "H1", what: "clogged heatsink on an RTX 6000 (GPU 0)", node: "ws1", group: None, injected_ms: None },
+        Fault { row: "H4", what: "pool a runs at its power limit", node: "", group: Some(("pool", "a")), injected_ms: None },
+        Fault { row: "H5", what: "a person applies an NCCL config that disables P2P", node: "a2", group: None, injected_ms: None },
+        Fault { row: "H6", what: "A100 GPU 1 memory 28% fragmented", node: "g1", group: None, injected_ms: None },
+        Fault { row: "H8", what: "double-bit ECC error on GPU 2", node: "b1", group: None, injected_ms: None },
+        Fault { row: "H2", what: "clogged heatsink on an MI300X (GPU 0)", node: "mi1", group: None, injected_ms: None },
+    ];
+    faults.retain(|f| f.group.is_some() || agents.contains_key(f.node));
+    let mut steps: Vec<(u64, usize, &'static str, Step)> = vec![
+        (20, 0, "ws1", Step::Fault(SimFault::HeatsinkDegradation { gpu: 0, factor: 2.0 })),
+        (40, 1, "", Step::Pool(PoolLoad { label: "pool".into(), value: "a".into(), total_util_pct: 300.0 })),
+        (60, 2, "a2", Step::BadConfig),
+        (80, 3, "g1", Step::Fault(SimFault::Fragmentation { gpu: 1, pct: 28.0 })),
+        (100, 4, "b1", Step::Fault(SimFault::EccDbe { gpu: 2, count: 1 })),
+        (120, 5, "mi1", Step::Fault(SimFault::HeatsinkDegradation { gpu: 0, factor: 1.8 })),
+        (560, 0, "ws1", Step::Repair(SimFault::HeatsinkDegradation { gpu: 0, factor: 1.0 })),
+        (620, 5, "mi1", Step::Repair(SimFault::HeatsinkDegradation { gpu: 0, factor: 1.0 })),
+    ];
+    steps.retain(|(_, _, node, _)| node.is_empty() || agents.contains_key(*node));
+    let mut workload = Workload::new(names.iter().map(|n| (n.clone(), 85.0)).collect());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(args.duration_secs);
+    let mut ctrl_c = Box::pin(tokio::signal::ctrl_c());
+    let mut interrupted = false;
+    loop {
+        let elapsed = ((clock.now_ms() - t0) / 1000) as u64;
+        while let Some(pos) = steps.iter().position(|(at, ..)| *at <= elapsed) {
+            let (_, fi, node, step) = steps.remove(pos);
+            let injected = clock.now_ms();
+            match step {
+                Step::Fault(f) | Step::Repair(f) => {
+                    let repair = matches!(f, SimFault::HeatsinkDegradation { factor, .. } if factor == 1.0);
+                    agents[node].handle(Request::new(format!("demo-fault-{injected}"), Op::SimFault(f))).await;
+                    if repair {
+                        println!("{} {}", stamp(out, injected, t0), out.dim(&format!("repaired: {node} cooling cleaned")));
+                        continue;
+                    }
+                }
+                Step::Pool(p) => workload.set_pool(p),
+                Step::BadConfig => {
+                    let r = agents[node]
+                        .handle(Request::new(
+                            "person-nccl-change",
+                            Op::ConfigApply(ConfigApplyArgs { name: "nccl-env".into(), content: NCCL_BAD.into(), note: Some("tuning attempt by a person".into()) }),
+                        ))
+                        .await;
+                    if !r.ok {
+                        println!("config change refused: {:?}", r.error);
+                    }
+                }
+            }
+            if let Some(f) = faults.get_mut(fi)
+                && f.injected_ms.is_none()
+            {
+                f.injected_ms = Some(injected);
+                println!("{} {} {}", stamp(out, injected, t0), out.yellow(&format!("FAULT {}", f.row)), f.what);
+            }
+        }
+        workload.apply(&engine, &agents).await;
+        let tick = Duration::from_millis(((1000.0 / args.time_scale) as u64).clamp(10, 200));
+        tokio::select! {
+            _ = tokio::time::sleep(tick) => {}
+            _ = &mut ctrl_c => { interrupted = true; break; }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
+    }
+    log.abort();
+
+    // The summary.
+    let runs = engine.runs(&RunFilter { limit: Some(1000), ..Default::default() })?.runs;
+    let records = engine.audit().tail(0, usize::MAX)?;
+    println!();
+    println!("{}", out.bold("Summary"));
+    let mut rows = Vec::new();
+    let mut all_ok = true;
+    for f in &faults {
+        let Some(at) = f.injected_ms else {
+            rows.push(vec![f.row.into(), f.what.into(), "—".into(), "0".into(), "—".into(), out.yellow("not injected (demo ended first)")]);
+            all_ok = false;
+            continue;
+        };
+        let mine: Vec<_> = runs
+            .iter()
+            .filter(|r| r.created_ms >= at)
+            .filter(|r| match f.group {
+                Some((k, v)) => r.target.group.as_ref() == Some(&(k.to_string(), v.to_string())),
+                None => r.target.node.as_deref() == Some(f.node),
+            })
+            .collect();
+        let ids: Vec<&str> = mine.iter().map(|r| r.id.as_str()).collect();
+        let first_action = records
+            .iter()
+            .filter(|r| r.kind == RecordKind::ActionResult && r.run.as_deref().is_some_and(|id| ids.contains(&id)) && r.data["applied"] == true)
+            .map(|r| r.ts_ms)
+            .min();
+        let actions: u32 = mine.iter().map(|r| r.actions).sum();
+        let book: Vec<String> = mine.iter().map(|r| r.runbook.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let outcome = if mine.is_empty() {
+            "no run".to_string()
+        } else if mine.iter().any(|r| r.outcome.is_none()) {
+            "still running".into()
+        } else if mine.iter().all(|r| r.outcome == Some(nightshift_engine::runs::RunOutcome::Succeeded)) {
+            "remediated".into()
+        } else {
+            mine.iter().map(|r| r.outcome.map(|o| o.as_str()).unwrap_or("?")).collect::<Vec<_>>().join(",")
+        };
+        if outcome != "remediated" {
+            all_ok = false;
+        }
+        rows.push(vec![
+            f.row.into(),
+            f.what.into(),
+            book.join(", "),
+            actions.to_string(),
+            first_action.map(|t| format!("{:.0} s", (t - at) as f64 / 1000.0)).unwrap_or_else(|| "—".into()),
+            if outcome == "remediated" { out.green(&outcome) } else { out.red(&outcome) },
+        ]);
+    }
+    out.table(&["ROW", "FAULT", "RUNBOOK", "ACTIONS", "FIRST ACTION", "OUTCOME"], &rows);
+    println!("{}", out.dim("(times are simulated seconds from the fault to the first applied action)"));
+    let v = engine.verify()?;
+    if v.ok {
+        println!("audit      {} chain verified up to record {}", out.green("ok:"), v.verified_up_to);
+    } else {
+        println!("audit      {} breaks at record {:?}: {:?}", out.red("broken:"), v.first_bad_seq, v.problem);
+        all_ok = false;
+    }
+    println!("web UI     was at {url}");
+    println!("data       {}{}", dir.display(), if args.data_dir.is_none() { " (temporary: removed on exit)" } else { "" });
+    if args.keep_serving && !interrupted {
+        println!("keeping the web UI up: Ctrl-C to stop");
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    engine.shutdown().await;
+    let _ = web.await;
+    for (_, s) in started {
+        s.shutdown().await;
+    }
+    Ok(if all_ok { 0 } else { 1 })
+}
+
+fn stamp(out: &Out, ms: i64, t0: i64) -> String {
+    let s = (ms - t0).max(0) / 1000;
+    out.dim(&format!("[{:02}:{:02}]", s / 60, s % 60))
+}
+
+/// The records worth a line in the live log.
+fn live_line(out: &Out, r: &AuditRecord, t0: i64) -> Option<String> {
+    let run = r.run.clone().unwrap_or_default();
+    let text = match r.kind {
+        RecordKind::RunQueued => format!("{} {} {} — {}", out.blue("run"), run, r.runbook.clone().unwrap_or_default(), r.data["detail"].as_str().unwrap_or("")),
+        RecordKind::ActionResult if r.data["applied"] == true || r.data["ok"] == false => format!(
+            "  {} {} {}{} {}",
+            run,
+            r.data["op"].as_str().unwrap_or("?"),
+            r.node.clone().unwrap_or_default(),
+            r.gpu.map(|g| format!("/gpu{g}")).unwrap_or_default(),
+            if r.data["ok"] == true { out.green("applied") } else { out.red(r.data["error"].as_str().unwrap_or("refused")) }
+        ),
+        RecordKind::Notification => format!("  {} {}", out.yellow("notify"), r.data["text"].as_str().unwrap_or("")),
+        RecordKind::Escalation => format!("  {} {}", out.red("escalate"), r.data["text"].as_str().unwrap_or("")),
+        RecordKind::BreakerTripped => format!("  {} {}", out.red("breaker"), r.data["reason"].as_str().unwrap_or("")),
+        RecordKind::RunFinished => format!("{} {} {}", out.blue("end"), run, out.status(r.data["outcome"].as_str().unwrap_or("?"))),
+        _ => return None,
+    };
+    Some(format!("{} {text}", stamp(out, r.ts_ms, t0)))
+}

@@ -1,0 +1,104 @@
+//! Terminal output: aligned tables, colour only on a terminal (and never
+//! with `NO_COLOR`), JSON on request.
+
+use std::io::IsTerminal;
+
+/// How to print.
+#[derive(Debug, Clone, Copy)]
+pub struct Out {
+    pub color: bool,
+    pub json: bool,
+    pub tty: bool,
+}
+
+impl Out {
+    pub fn new(json: bool, no_color: bool) -> Out {
+        let tty = std::io::stdout().is_terminal();
+        let color = tty && !no_color && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+        Out { color, json, tty }
+    }
+
+    fn paint(&self, code: &str, s: &str) -> String {
+        if self.color { format!("\x1b[{code}m{s}\x1b[0m") } else { s.to_string() }
+    }
+    pub fn green(&self, s: &str) -> String {
+        self.paint("32", s)
+    }
+    pub fn red(&self, s: &str) -> String {
+        self.paint("31", s)
+    }
+    pub fn yellow(&self, s: &str) -> String {
+        self.paint("33", s)
+    }
+    pub fn blue(&self, s: &str) -> String {
+        self.paint("34", s)
+    }
+    pub fn dim(&self, s: &str) -> String {
+        self.paint("2", s)
+    }
+    pub fn bold(&self, s: &str) -> String {
+        self.paint("1", s)
+    }
+
+    /// Colour for a run outcome or state.
+    pub fn status(&self, s: &str) -> String {
+        match s {
+            "succeeded" | "applied" | "ok" | "pass" => self.green(s),
+            "failed" | "interrupted" | "FAIL" | "refused" => self.red(s),
+            "timed_out" | "pending_approval" | "queued" | "dry_run" => self.yellow(s),
+            "running" => self.blue(s),
+            _ => s.to_string(),
+        }
+    }
+
+    /// Print a table: a header row and rows, columns padded to fit.
+    pub fn table(&self, header: &[&str], rows: &[Vec<String>]) {
+        let n = header.len();
+        let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+        for r in rows {
+            for (i, c) in r.iter().enumerate().take(n) {
+                widths[i] = widths[i].max(visible_len(c));
+            }
+        }
+        let line = |cells: Vec<String>| {
+            let mut s = String::new();
+            for (i, c) in cells.iter().enumerate() {
+                s.push_str(c);
+                if i + 1 < n {
+                    s.push_str(&" ".repeat(widths[i].saturating_sub(visible_len(c)) + 2));
+                }
+            }
+            println!("{}", s.trim_end());
+        };
+        line(header.iter().map(|h| self.bold(h)).collect());
+        for r in rows {
+            line(r.clone());
+        }
+    }
+}
+
+/// Length without ANSI escapes.
+fn visible_len(s: &str) -> usize {
+    let mut n = 0;
+    let mut esc = false;
+    for c in s.chars() {
+        match (esc, c) {
+            (false, '\x1b') => esc = true,
+            (true, 'm') => esc = false,
+            (true, _) => {}
+            (false, _) => n += 1,
+        }
+    }
+    n
+}
+
+/// `2026-11-30 03:04:05Z`.
+pub fn time(ms: i64) -> String {
+    let s = nightshift_engine::alerts::format_rfc3339_ms(ms);
+    format!("{} {}Z", &s[..10], &s[11..19])
+}
+
+/// Shorten to `n` characters.
+pub fn clip(s: &str, n: usize) -> String {
+    if s.chars().count() <= n { s.to_string() } else { format!("{}…", s.chars().take(n.saturating_sub(1)).collect::<String>()) }
+}

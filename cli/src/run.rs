@@ -1,0 +1,278 @@
+//! `nightshift run` (plan, confirm, stream the steps, exit by outcome) and
+//! `nightshift runbooks test` (scenarios in virtual time).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Result;
+use serde_json::{Value, json};
+
+use nightshift_engine::audit::{AuditRecord, RecordKind};
+use nightshift_engine::engine::{RunRequest, Submitted};
+use nightshift_engine::runs::{RunOutcome, Target};
+
+use crate::Fail;
+use crate::conn::Conn;
+use crate::out::{Out, clip};
+
+fn compact(v: &Value) -> String {
+    match v {
+        Value::Null => "—".into(),
+        Value::Object(m) => m.iter().map(|(k, v)| format!("{k}={}", compact(v))).collect::<Vec<_>>().join(" "),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// One line for a record, with the time since `t0`.
+pub fn describe_record(out: &Out, r: &AuditRecord, t0: i64) -> String {
+    let t = out.dim(&format!("+{:>5.0}s", (r.ts_ms - t0) as f64 / 1000.0));
+    let d = &r.data;
+    let where_ = format!("{}{}", r.node.clone().unwrap_or_default(), r.gpu.map(|g| format!("/gpu{g}")).unwrap_or_default());
+    let text = match r.kind {
+        RecordKind::RunQueued => format!("queued {} {} on {} — {}", r.run.clone().unwrap_or_default(), r.runbook.clone().unwrap_or_default(), where_, d["detail"].as_str().unwrap_or("")),
+        RecordKind::ApprovalRequested => out.yellow(&format!("waiting for approval: {}", d["reason"].as_str().unwrap_or(""))),
+        RecordKind::Approved => out.green(&format!("approved by {}", d["by"].as_str().unwrap_or(""))),
+        RecordKind::Rejected => out.red(&format!("rejected by {}: {}", d["by"].as_str().unwrap_or(""), d["reason"].as_str().unwrap_or(""))),
+        RecordKind::RunStarted => "started".into(),
+        RecordKind::ActionIntent => format!(
+            "→ {} {} on {}{}",
+            out.bold(d["op"].as_str().unwrap_or("?")),
+            compact(&d["args"]),
+            where_,
+            if d["dry_run"] == true { " (dry run)" } else { "" }
+        ),
+        RecordKind::ActionResult => {
+            let outcome = d["outcome"].as_str().unwrap_or("?");
+            let mark = if d["ok"] == true { out.status(outcome) } else { out.red(outcome) };
+            let change = if d["before"].is_null() && d["after"].is_null() {
+                String::new()
+            } else {
+                format!(" {} → {}", compact(&d["before"]), compact(&d["after"]))
+            };
+            let extra = d["error"].as_str().or(d["detail"].as_str()).map(|e| format!(" ({e})")).unwrap_or_default();
+            format!("  {mark}{change}{extra}{}", d["duration_ms"].as_i64().map(|ms| out.dim(&format!(" {ms} ms"))).unwrap_or_default())
+        }
+        RecordKind::Note => format!("  note: {}", d["text"].as_str().unwrap_or("")),
+        RecordKind::Notification => out.yellow(&format!("  notify: {}", d["text"].as_str().unwrap_or(""))),
+        RecordKind::Escalation => out.red(&format!("  ESCALATE: {}", d["text"].as_str().unwrap_or(""))),
+        RecordKind::Refusal => out.red(&format!("  refused ({}): {}", d["code"].as_str().unwrap_or(""), d["reason"].as_str().unwrap_or(""))),
+        RecordKind::RunFinished => {
+            let o = d["outcome"].as_str().unwrap_or("?");
+            format!("finished: {}{}", out.status(o), d["error"].as_str().map(|e| format!(" — {e}")).unwrap_or_default())
+        }
+        other => format!("{} {} {}", other.as_str(), where_, clip(&compact(d), 120)),
+    };
+    format!("{t} {text}")
+}
+
+fn exit_for(o: Option<RunOutcome>, rejected: bool) -> u8 {
+    match o {
+        Some(RunOutcome::Succeeded) => 0,
+        Some(RunOutcome::Refused) => 3,
+        Some(RunOutcome::Cancelled) if rejected => 3,
+        _ => 1,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub async fn run(
+    c: &mut Conn,
+    out: &Out,
+    runbook: &str,
+    node: Option<String>,
+    gpu: Option<u32>,
+    group: Option<String>,
+    params: BTreeMap<String, String>,
+    dry_run: bool,
+    yes: bool,
+) -> Result<u8> {
+    let target = match (&node, gpu, &group) {
+        (Some(n), g, None) => Target { node: Some(n.clone()), gpu: g, group: None },
+        (None, None, Some(g)) => {
+            let (k, v) = g.split_once('=').ok_or_else(|| anyhow::Error::new(Fail(2)).context(format!("--group: expected label=value, found {g:?}")))?;
+            Target::group(k, v)
+        }
+        _ => return Err(anyhow::Error::new(Fail(2)).context("name a target: --node N [--gpu G], or --group label=value")),
+    };
+    // The plan.
+    let rb = c.runbook(runbook).await?;
+    let nodes = c.nodes().await?;
+    let touched: Vec<String> = nodes
+        .iter()
+        .filter(|n| match &target.group {
+            Some((k, v)) => n.labels.get(k) == Some(v),
+            None => target.node.as_ref() == Some(&n.name),
+        })
+        .map(|n| n.name.clone())
+        .collect();
+    if touched.is_empty() {
+        return Err(anyhow::Error::new(Fail(2)).context(format!("no node matches {target}: check the node name or the label")));
+    }
+    let approval = &rb.manifest["approval"];
+    let needs_approval = !dry_run
+        && (approval["always"] == true || approval["above_nodes"].as_u64().is_some_and(|a| touched.len() as u64 > a));
+    let mut resolved: BTreeMap<String, String> = BTreeMap::new();
+    if let Some(ps) = rb.manifest["params"].as_object() {
+        for (k, p) in ps {
+            resolved.insert(k.clone(), p["default"].to_string());
+        }
+    }
+    for (k, v) in &params {
+        resolved.insert(k.clone(), format!("{v} (set)"));
+    }
+    if !out.json {
+        println!("{} {} — {}", out.bold("runbook"), rb.name, rb.description);
+        println!("{} {}  ({} node(s): {})", out.bold("target "), target, touched.len(), clip(&touched.join(", "), 80));
+        if !resolved.is_empty() {
+            println!("{} {}", out.bold("params "), resolved.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "));
+        }
+        println!(
+            "{} {}{}",
+            out.bold("mode   "),
+            if dry_run { out.yellow("dry run: every action is checked and nothing changes") } else { out.red("live: actions change the nodes") },
+            if needs_approval { out.yellow("; needs approval by another operator") } else { String::new() }
+        );
+    }
+    if !dry_run && !yes {
+        if !std::io::stdin().is_terminal() {
+            return Err(anyhow::Error::new(Fail(2)).context("this run changes nodes: confirm with --yes (stdin is not a terminal), or use --dry-run"));
+        }
+        print!("Proceed? [y/N] ");
+        std::io::stdout().flush()?;
+        let mut line = String::new();
+        std::io::stdin().lock().read_line(&mut line)?;
+        if !matches!(line.trim(), "y" | "Y" | "yes") {
+            println!("not started");
+            return Ok(3);
+        }
+    }
+    if needs_approval && matches!(c, Conn::Local(_)) {
+        return Err(anyhow::Error::new(Fail(3)).context(
+            "this run needs approval by someone else, which needs a running engine: run it with --server URL",
+        ));
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
+    let requested_by = format!("user:{}", std::env::var("USER").unwrap_or_else(|_| "cli".into()));
+    if let Conn::Local(l) = c {
+        l.wait_connected(&touched, 15).await?;
+    }
+    let submitted = c
+        .submit(RunRequest {
+            runbook: runbook.into(),
+            target: target.clone(),
+            trigger: "manual".into(),
+            detail: format!("manual run by {requested_by}"),
+            event: json!({"kind": "manual", "by": requested_by}),
+            event_ts_ms: now,
+            params,
+            dry_run,
+            requested_by,
+        })
+        .await?;
+    let id = match &submitted {
+        Submitted::Queued { run } | Submitted::PendingApproval { run } => run.id.clone(),
+        Submitted::Refused { run } => {
+            if out.json {
+                println!("{}", serde_json::to_string_pretty(&submitted)?);
+            } else {
+                println!("{} {}", out.red("refused:"), run.error.clone().unwrap_or_default());
+            }
+            return Ok(3);
+        }
+        Submitted::Suppressed { reason, .. } | Submitted::Dropped { reason } => {
+            if out.json {
+                println!("{}", serde_json::to_string_pretty(&submitted)?);
+            } else {
+                println!("{} {reason}", out.red("not started:"));
+            }
+            return Ok(3);
+        }
+    };
+    // Stream the steps.
+    let spinner = (out.tty && !out.json).then(|| {
+        let pb = indicatif::ProgressBar::new_spinner();
+        pb.set_message(format!("{id} running"));
+        pb.enable_steady_tick(Duration::from_millis(120));
+        pb
+    });
+    let mut shown = 0usize;
+    let t0 = now;
+    loop {
+        let (run, records) = c.run(&id).await?;
+        for r in records.iter().skip(shown) {
+            let line = describe_record(out, r, t0);
+            if out.json {
+                println!("{}", serde_json::to_string(r)?);
+            } else if let Some(pb) = &spinner {
+                pb.println(line);
+            } else {
+                println!("{line}");
+            }
+        }
+        shown = records.len();
+        if let Some(o) = run.outcome {
+            if let Some(pb) = spinner {
+                pb.finish_and_clear();
+            }
+            let rejected = run.approvals.iter().any(|a| !a.approved);
+            if !out.json {
+                println!("{} {} {} — {}", out.bold(&run.id), out.status(o.as_str()), run.target, run.why);
+            }
+            return Ok(exit_for(Some(o), rejected));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `nightshift runbooks test [NAME]`.
+pub async fn test_scenarios(out: &Out, dir: &Path, name: Option<&str>) -> Result<u8> {
+    use nightshift_engine::scenario::{Scenario, run, scenario_files};
+    let files = scenario_files(&dir.join("scenarios"));
+    if files.is_empty() {
+        return Err(anyhow::Error::new(Fail(2)).context(format!("no scenarios in {}", dir.join("scenarios").display())));
+    }
+    let mut rows = Vec::new();
+    let mut reports = Vec::new();
+    let mut failed = 0;
+    for f in files {
+        let s = Scenario::load(&f).map_err(|e| anyhow::Error::new(Fail(2)).context(e.to_string()))?;
+        if let Some(n) = name {
+            let of_runbook = s.runbooks.as_ref().is_some_and(|l| l.iter().any(|r| r == n));
+            if !of_runbook && !s.name.starts_with(n) {
+                continue;
+            }
+        }
+        let r = run(&f, dir).await.map_err(|e| anyhow::Error::new(Fail(2)).context(e.to_string()))?;
+        if !r.passed {
+            failed += 1;
+        }
+        rows.push(vec![
+            r.name.clone(),
+            r.handbook.clone().unwrap_or_default(),
+            out.status(if r.passed { "pass" } else { "FAIL" }),
+            format!("{} s", r.virtual_secs),
+            format!("{} ms", r.wall_ms),
+            r.actions.iter().filter(|a| a.outcome == "applied").map(|a| a.op.clone()).collect::<Vec<_>>().join(", "),
+        ]);
+        reports.push(r);
+    }
+    if rows.is_empty() {
+        return Err(anyhow::Error::new(Fail(2)).context(format!("no scenario matches {:?}", name.unwrap_or(""))));
+    }
+    if out.json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    } else {
+        out.table(&["SCENARIO", "ROW", "RESULT", "VIRTUAL", "WALL", "ACTIONS"], &rows);
+        for r in reports.iter().filter(|r| !r.passed) {
+            println!("\n{} {}", out.red("FAIL"), r.name);
+            for f in &r.failures {
+                println!("  {f}");
+            }
+        }
+        println!("\n{} scenario(s), {} failed", reports.len(), failed);
+    }
+    Ok(if failed == 0 { 0 } else { 1 })
+}

@@ -1,0 +1,415 @@
+//! The JSON API (`/api/v1/…`), mirroring the pages; the CLI's `--server`
+//! mode uses it. Documented in `openapi.json` (served at
+//! `/api/v1/openapi.json`).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+
+use axum::Json;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use nightshift_agent::proto::{NoArgs, Op};
+use nightshift_engine::alerts::WebhookPayload;
+use nightshift_engine::audit::{RunFilter, VerifyReport};
+use nightshift_engine::config::Role;
+use nightshift_engine::engine::RunRequest;
+use nightshift_engine::runs::{RunOutcome, RunState, Target};
+
+use crate::AppState;
+use crate::error::ApiError;
+
+/// `Json<T>` whose rejections are our JSON errors, naming the field.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(r) => Err(json_rejection(r)),
+        }
+    }
+}
+
+fn json_rejection(r: JsonRejection) -> ApiError {
+    let status = r.status();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        return ApiError::new(status, "too_large", "request body too large");
+    }
+    let text = r.body_text();
+    let text = text.strip_prefix("Failed to deserialize the JSON body into the target type: ").unwrap_or(&text).to_string();
+    if status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+        return ApiError::new(status, "unsupported_media_type", "expected `Content-Type: application/json`");
+    }
+    ApiError::bad_request(text)
+}
+
+/// `Query<T>` whose rejections are our JSON errors.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(q) => Ok(ApiQuery(q.0)),
+            Err(r) => Err(query_rejection(r)),
+        }
+    }
+}
+
+fn query_rejection(r: QueryRejection) -> ApiError {
+    let text = r.body_text();
+    ApiError::bad_request(text.strip_prefix("Failed to deserialize query string: ").unwrap_or(&text).to_string())
+}
+
+/// Filters of `GET /api/v1/runs`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunsQuery {
+    pub node: Option<String>,
+    pub gpu: Option<u32>,
+    pub runbook: Option<String>,
+    pub outcome: Option<String>,
+    pub state: Option<String>,
+    pub since_ms: Option<i64>,
+    pub until_ms: Option<i64>,
+    pub cursor: Option<String>,
+    pub limit: Option<usize>,
+}
+
+impl RunsQuery {
+    pub fn filter(&self) -> Result<RunFilter, ApiError> {
+        let outcome = match self.outcome.as_deref().filter(|s| !s.is_empty()) {
+            Some(o) => Some(RunOutcome::parse(o).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "outcome: expected succeeded, failed, refused, timed_out, cancelled or interrupted, found {o:?}"
+                ))
+            })?),
+            None => None,
+        };
+        let state = match self.state.as_deref().filter(|s| !s.is_empty()) {
+            Some(s) => Some(serde_json::from_value::<RunState>(json!(s)).map_err(|_| {
+                ApiError::bad_request(format!("state: expected queued, pending_approval, running or finished, found {s:?}"))
+            })?),
+            None => None,
+        };
+        Ok(RunFilter {
+            node: self.node.clone().filter(|s| !s.is_empty()),
+            gpu: self.gpu,
+            runbook: self.runbook.clone().filter(|s| !s.is_empty()),
+            outcome,
+            state,
+            since_ms: self.since_ms,
+            until_ms: self.until_ms,
+            cursor: self.cursor.clone().filter(|s| !s.is_empty()),
+            limit: self.limit,
+        })
+    }
+}
+
+pub async fn list_runs(State(s): State<AppState>, headers: HeaderMap, ApiQuery(q): ApiQuery<RunsQuery>) -> Result<Response, ApiError> {
+    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+    let page = s.engine.runs(&q.filter()?)?;
+    Ok(Json(page).into_response())
+}
+
+pub async fn get_run(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, ApiError> {
+    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+    let run = s.engine.run(&id)?.ok_or_else(|| ApiError::not_found(format!("no run {id:?}")))?;
+    let records = s.engine.run_records(&id)?;
+    Ok(Json(json!({"run": run, "records": records})).into_response())
+}
+
+/// `POST /api/v1/runs`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartRun {
+    pub runbook: String,
+    #[serde(default)]
+    pub node: Option<String>,
+    #[serde(default)]
+    pub gpu: Option<u32>,
+    /// `label=value`.
+    #[serde(default)]
+    pub group: Option<String>,
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+impl StartRun {
+    pub fn target(&self) -> Result<Target, ApiError> {
+        match (&self.node, self.gpu, &self.group) {
+            (Some(n), g, None) => Ok(Target { node: Some(n.clone()), gpu: g, group: None }),
+            (None, None, Some(g)) => {
+                let (k, v) = g
+                    .split_once('=')
+                    .ok_or_else(|| ApiError::bad_request(format!("group: expected label=value, found {g:?}")))?;
+                Ok(Target::group(k, v))
+            }
+            _ => Err(ApiError::bad_request("expected `node` (and optionally `gpu`) or `group`, not both")),
+        }
+    }
+}
+
+pub async fn start_run(State(s): State<AppState>, method: Method, headers: HeaderMap, ApiJson(body): ApiJson<StartRun>) -> Result<Response, ApiError> {
+    let id = s.auth.require(&headers, &method, Role::Operator)?;
+    let target = body.target()?;
+    let now = nightshift_agent::clock::Clock::now_ms(s.engine.clock().as_ref());
+    let submitted = s
+        .engine
+        .submit(RunRequest {
+            runbook: body.runbook.clone(),
+            target,
+            trigger: "manual".into(),
+            detail: format!("manual run by {}", id.actor()),
+            event: json!({"kind": "manual", "by": id.actor()}),
+            event_ts_ms: now,
+            params: body.params.clone(),
+            dry_run: body.dry_run,
+            requested_by: id.actor(),
+        })
+        .await?;
+    Ok((StatusCode::ACCEPTED, Json(submitted)).into_response())
+}
+
+/// `POST /api/v1/runs/{id}/reject`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reason {
+    pub reason: String,
+}
+
+pub async fn approve(State(s): State<AppState>, method: Method, headers: HeaderMap, Path(run): Path<String>) -> Result<Response, ApiError> {
+    let id = s.auth.require(&headers, &method, Role::Operator)?;
+    Ok(Json(s.engine.approve(&run, &id.actor()).await?).into_response())
+}
+
+pub async fn reject(
+    State(s): State<AppState>,
+    method: Method,
+    headers: HeaderMap,
+    Path(run): Path<String>,
+    ApiJson(body): ApiJson<Reason>,
+) -> Result<Response, ApiError> {
+    let id = s.auth.require(&headers, &method, Role::Operator)?;
+    if body.reason.trim().is_empty() {
+        return Err(ApiError::bad_request("reason: expected a reason, found an empty string"));
+    }
+    Ok(Json(s.engine.reject(&run, &id.actor(), &body.reason).await?).into_response())
+}
+
+pub async fn cancel(State(s): State<AppState>, method: Method, headers: HeaderMap, Path(run): Path<String>) -> Result<Response, ApiError> {
+    let id = s.auth.require(&headers, &method, Role::Operator)?;
+    s.engine.cancel(&run, &id.actor()).await?;
+    Ok(Json(json!({"cancelled": run})).into_response())
+}
+
+pub async fn approvals(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+    Ok(Json(s.engine.pending_approvals()).into_response())
+}
+
+pub async fn nodes(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+    Ok(Json(s.engine.nodes()).into_response())
+}
+
+pub async fn node(State(s): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> Result<Response, ApiError> {
+    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+    let n = s.engine.node(&name).ok_or_else(|| ApiError::not_found(format!("no node {name:?} in the inventory")))?;
+    let recent = s.engine.runs(&RunFilter { node: Some(name.clone()), limit: Some(20), ..Default::default() })?;
+    Ok(Json(json!({"node": n, "recent_runs": recent.runs})).into_response())
+}
+
+/// `POST /api/v1/nodes/{name}/hands-off`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandsOff {
+    pub hands_off: bool,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+pub async fn hands_off(
+    State(s): State<AppState>,
+    method: Method,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<HandsOff>,
+) -> Result<Response, ApiError> {
+    let id = s.auth.require(&headers, &method, Role::Admin)?;
+    let reason = body.reason.clone().unwrap_or_else(|| "maintenance".into());
+    s.engine.set_hands_off(&name, &id.actor(), body.hands_off.then_some(reason.as_str())).await?;
+    Ok(Json(json!({"node": name, "hands_off": body.hands_off})).into_response())
+}
+
+pub async fn agent_ping(State(s): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> Result<Response, ApiError> {
+    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+    let started = std::time::Instant::now();
+    let reply = s.engine.agent_call(&name, Op::Telemetry(NoArgs {})).await?;
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    Ok(Json(json!({"node": name, "ok": reply.ok, "round_trip_ms": (ms * 100.0).round() / 100.0, "error": reply.error})).into_response())
+}
+
+pub async fn agent_inventory(State(s): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> Result<Response, ApiError> {
+    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+    let reply = s.engine.agent_call(&name, Op::Inventory(NoArgs {})).await?;
+    match reply.result {
+        Some(v) if reply.ok => Ok(Json(v).into_response()),
+        _ => Err(ApiError::new(StatusCode::BAD_GATEWAY, "agent_error", format!("{:?}", reply.error))),
+    }
+}
+
+pub async fn runbooks(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+    let set = s.engine.runbook_set();
+    let errors: Vec<String> = set.errors.iter().map(|e| e.to_string()).collect();
+    let list: Vec<Value> = s
+        .engine
+        .runbooks()
+        .into_iter()
+        .map(|r| json!({"name": r.name, "description": r.description, "handbook": r.handbook, "trigger": r.trigger, "scope": r.scope}))
+        .collect();
+    Ok(Json(json!({"runbooks": list, "errors": errors})).into_response())
+}
+
+pub async fn runbook(State(s): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> Result<Response, ApiError> {
+    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+    let rb = s.engine.runbooks().into_iter().find(|r| r.name == name).ok_or_else(|| ApiError::not_found(format!("no runbook {name:?}")))?;
+    let recent = s.engine.runs(&RunFilter { runbook: Some(name), limit: Some(20), ..Default::default() })?;
+    Ok(Json(json!({"runbook": rb, "recent_runs": recent.runs})).into_response())
+}
+
+pub async fn reload(State(s): State<AppState>, method: Method, headers: HeaderMap) -> Result<Response, ApiError> {
+    let id = s.auth.require(&headers, &method, Role::Admin)?;
+    let (n, errors) = s.engine.reload_runbooks(&id.actor()).await?;
+    Ok(Json(json!({"loaded": n, "errors": errors})).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordsQuery {
+    #[serde(default)]
+    pub after_seq: u64,
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+pub async fn records(State(s): State<AppState>, headers: HeaderMap, ApiQuery(q): ApiQuery<RecordsQuery>) -> Result<Response, ApiError> {
+    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+    let recs = s.engine.audit().tail(q.after_seq, q.limit.unwrap_or(500).min(5000)).map_err(nightshift_engine::engine::EngineError::from)?;
+    Ok(Json(recs).into_response())
+}
+
+pub async fn verify(State(s): State<AppState>, headers: HeaderMap) -> Result<Json<VerifyReport>, ApiError> {
+    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+    Ok(Json(s.engine.verify()?))
+}
+
+pub async fn export(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+    let audit = s.engine.audit().clone();
+    let stream = futures::stream::unfold(0u64, move |after| {
+        let audit = audit.clone();
+        async move {
+            let batch = tokio::task::spawn_blocking(move || audit.tail(after, 1000)).await.ok()?.ok()?;
+            let last = batch.last()?.seq;
+            let mut out = String::new();
+            for r in &batch {
+                out.push_str(&serde_json::to_string(r).unwrap_or_default());
+                out.push('\n');
+            }
+            Some((Ok::<_, Infallible>(out), last))
+        }
+    });
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/x-ndjson")], axum::body::Body::from_stream(stream)).into_response())
+}
+
+/// `GET /api/v1/events/stream`: the live tail. Resumes after `Last-Event-ID`
+/// (or `?after_seq=`) with no gap and no duplicate; ends on shutdown.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamQuery {
+    pub after_seq: Option<u64>,
+    pub run: Option<String>,
+}
+
+pub async fn stream(State(s): State<AppState>, headers: HeaderMap, ApiQuery(q): ApiQuery<StreamQuery>) -> Result<Response, ApiError> {
+    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+    let last_id = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .or(q.after_seq);
+    // The broadcast only wakes the stream; records always come from the
+    // store, in sequence order, after the last one sent: no gap even if the
+    // broadcast lags, no duplicate.
+    struct Tail {
+        audit: nightshift_engine::audit::AuditStore,
+        rx: tokio::sync::broadcast::Receiver<std::sync::Arc<nightshift_engine::audit::AuditRecord>>,
+        last: u64,
+        pending: std::collections::VecDeque<nightshift_engine::audit::AuditRecord>,
+        run: Option<String>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    }
+    let audit = s.engine.audit().clone();
+    let rx = audit.subscribe();
+    let last = last_id.unwrap_or_else(|| audit.head_seq());
+    let tail = Tail { audit, rx, last, pending: Default::default(), run: q.run.clone(), shutdown: s.shutdown.clone() };
+    let events = futures::stream::unfold(tail, |mut t| async move {
+        loop {
+            if *t.shutdown.borrow() {
+                return None;
+            }
+            if let Some(r) = t.pending.pop_front() {
+                if t.run.as_ref().is_some_and(|id| r.run.as_ref() != Some(id)) {
+                    continue;
+                }
+                let ev = Event::default().id(r.seq.to_string()).event(r.kind.as_str()).data(serde_json::to_string(&r).unwrap_or_default());
+                return Some((Ok::<Event, Infallible>(ev), t));
+            }
+            let audit = t.audit.clone();
+            let after = t.last;
+            let batch = tokio::task::spawn_blocking(move || audit.tail(after, 500)).await.ok().and_then(Result::ok).unwrap_or_default();
+            if let Some(r) = batch.last() {
+                t.last = r.seq;
+                t.pending.extend(batch);
+                continue;
+            }
+            tokio::select! {
+                m = t.rx.recv() => {
+                    if let Err(tokio::sync::broadcast::error::RecvError::Closed) = m {
+                        return None;
+                    }
+                }
+                _ = t.shutdown.changed() => return None,
+            }
+        }
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
+}
+
+pub async fn alertmanager(State(s): State<AppState>, headers: HeaderMap, body: axum::body::Bytes) -> Result<Response, ApiError> {
+    s.auth.require_webhook(&headers)?;
+    let payload = WebhookPayload::parse(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let (accepted, duplicates) = s.engine.ingest_alertmanager(payload);
+    Ok(Json(json!({"accepted": accepted, "duplicates": duplicates})).into_response())
+}
+
+pub async fn openapi() -> Response {
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], include_str!("openapi.json")).into_response()
+}
+
+pub async fn healthz(State(s): State<AppState>) -> Response {
+    Json(json!({"ok": true, "audit_seq": s.engine.audit().head_seq(), "agents_connected": s.engine.connected_agents()})).into_response()
+}

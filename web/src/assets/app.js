@@ -1,0 +1,33 @@
+// nightshift: the timeline's live tail. New and finished runs appear
+// without a reload: every run event refreshes the table body from the server
+// (the same filters, rendered and escaped there).
+(function () {
+  var table = document.querySelector('table.runs[data-live="1"]');
+  var live = document.getElementById('live');
+  if (!table || !window.EventSource) {
+    if (live) live.remove();
+    return;
+  }
+  var es = new EventSource('/api/v1/events/stream');
+  var busy = false;
+  function refresh() {
+    if (busy) return;
+    busy = true;
+    setTimeout(function () {
+      var url = new URL(window.location.href);
+      url.searchParams.set('partial', '1');
+      fetch(url, { credentials: 'same-origin' })
+        .then(function (r) { return r.ok ? r.text() : null; })
+        .then(function (html) {
+          if (html !== null) document.getElementById('runs').innerHTML = html;
+          busy = false;
+        })
+        .catch(function () { busy = false; });
+    }, 150);
+  }
+  ['run_queued', 'run_started', 'run_finished', 'approved', 'rejected', 'action_result'].forEach(function (k) {
+    es.addEventListener(k, refresh);
+  });
+  es.onopen = function () { if (live) live.classList.add('on'); };
+  es.onerror = function () { if (live) live.classList.remove('on'); };
+})();

@@ -1,0 +1,163 @@
+//! Who is asking: bearer tokens (or the UI's cookie holding one), stored as
+//! SHA-256 hashes with a role, compared in constant time.
+
+use axum::http::{HeaderMap, Method, StatusCode};
+use nightshift_engine::config::{AuthConfig, Role};
+use sha2::{Digest, Sha256};
+
+use crate::error::ApiError;
+
+/// The cookie the login page sets.
+pub const COOKIE: &str = "nightshift_token";
+
+/// A caller.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Identity {
+    pub name: String,
+    pub role: Role,
+    pub via_cookie: bool,
+}
+
+impl Identity {
+    /// `user:<name>` for the audit log.
+    pub fn actor(&self) -> String {
+        format!("user:{}", self.name)
+    }
+}
+
+/// The configured tokens.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    tokens: Vec<(String, Role, [u8; 32])>,
+    webhook: Option<[u8; 32]>,
+    anonymous: Option<Role>,
+}
+
+fn decode(hex_str: &str) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    if let Ok(v) = hex::decode(hex_str)
+        && v.len() == 32
+    {
+        out.copy_from_slice(&v);
+    }
+    out
+}
+
+/// Constant-time equality of two digests.
+pub fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let mut diff = 0u8;
+    for i in 0..32 {
+        diff |= a[i] ^ b[i];
+    }
+    diff == 0
+}
+
+/// SHA-256 of a token, hex (what the config stores).
+pub fn hash_token(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+impl Auth {
+    pub fn new(cfg: &AuthConfig) -> Auth {
+        Auth {
+            tokens: cfg.tokens.iter().map(|t| (t.name.clone(), t.role, decode(&t.sha256))).collect(),
+            webhook: cfg.webhook_token_sha256.as_deref().map(decode),
+            anonymous: cfg.allow_anonymous,
+        }
+    }
+
+    fn lookup(&self, token: &str) -> Option<(String, Role)> {
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        // Compare against every token, whatever matches, so the time taken
+        // does not say which (or whether) one did.
+        let mut found = None;
+        for (name, role, h) in &self.tokens {
+            if ct_eq(&digest, h) && found.is_none() {
+                found = Some((name.clone(), *role));
+            }
+        }
+        found
+    }
+
+    fn token_from(headers: &HeaderMap) -> Option<(String, bool)> {
+        if let Some(v) = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok())
+            && let Some(t) = v.strip_prefix("Bearer ")
+        {
+            return Some((t.trim().to_string(), false));
+        }
+        let cookies = headers.get(axum::http::header::COOKIE).and_then(|v| v.to_str().ok())?;
+        cookies.split(';').find_map(|c| c.trim().strip_prefix(&format!("{COOKIE}=")).map(|t| (t.to_string(), true)))
+    }
+
+    /// Who is calling, if anyone.
+    pub fn identify(&self, headers: &HeaderMap) -> Result<Identity, ApiError> {
+        match Self::token_from(headers) {
+            Some((token, via_cookie)) => match self.lookup(&token) {
+                Some((name, role)) => Ok(Identity { name, role, via_cookie }),
+                None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the token is not valid")),
+            },
+            None => match self.anonymous {
+                Some(role) => Ok(Identity { name: "anonymous".into(), role, via_cookie: false }),
+                None => Err(ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "a token is required: send `Authorization: Bearer <token>` (or log in on /login)",
+                )),
+            },
+        }
+    }
+
+    /// The caller, if they hold at least `role`; state-changing requests made
+    /// with the UI cookie must come from this site.
+    pub fn require(&self, headers: &HeaderMap, method: &Method, role: Role) -> Result<Identity, ApiError> {
+        let id = self.identify(headers)?;
+        if id.role < role {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("this needs the {role:?} role; {} has {:?}", id.name, id.role).to_lowercase(),
+            ));
+        }
+        if id.via_cookie && method != Method::GET && !same_site(headers) {
+            return Err(ApiError::new(StatusCode::FORBIDDEN, "cross_site", "state-changing requests must come from this site"));
+        }
+        Ok(id)
+    }
+
+    /// The Alertmanager webhook's own token (any valid operator token works too).
+    pub fn require_webhook(&self, headers: &HeaderMap) -> Result<String, ApiError> {
+        let token = Self::token_from(headers).filter(|(_, cookie)| !cookie).map(|(t, _)| t);
+        if let (Some(expected), Some(t)) = (&self.webhook, &token) {
+            let digest: [u8; 32] = Sha256::digest(t.as_bytes()).into();
+            if ct_eq(&digest, expected) {
+                return Ok("alertmanager".into());
+            }
+        }
+        match token {
+            Some(t) => match self.lookup(&t) {
+                Some((name, role)) if role >= Role::Operator => Ok(format!("user:{name}")),
+                Some(_) => Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", "the webhook needs the webhook token or an operator token")),
+                None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the token is not valid")),
+            },
+            None if self.anonymous.is_some_and(|r| r >= Role::Operator) => Ok("alertmanager".into()),
+            None => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the webhook needs `Authorization: Bearer <webhook token>` (Alertmanager: http_config.authorization)",
+            )),
+        }
+    }
+}
+
+/// A request that came from our own pages: `Sec-Fetch-Site: same-origin`,
+/// or an `Origin` whose host is this `Host`.
+fn same_site(headers: &HeaderMap) -> bool {
+    let get = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+    if let Some(site) = get("sec-fetch-site") {
+        return site == "same-origin";
+    }
+    match (get("origin"), get("host")) {
+        (Some(origin), Some(host)) => origin.split("://").nth(1) == Some(host),
+        _ => false,
+    }
+}

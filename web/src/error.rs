@@ -1,0 +1,48 @@
+//! API errors: a status and a JSON body `{"error": {"code", "message"}}`.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use nightshift_engine::engine::EngineError;
+use serde_json::json;
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, code, message: message.into() }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> ApiError {
+        let (status, code) = match &e {
+            EngineError::UnknownRunbook { .. } | EngineError::UnknownNode(_) | EngineError::NoSuchRun(_) => {
+                (StatusCode::NOT_FOUND, "not_found")
+            }
+            EngineError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            EngineError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            EngineError::Audit(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({"error": {"code": self.code, "message": self.message}}))).into_response()
+    }
+}

@@ -1,0 +1,698 @@
+//! Server-rendered pages (maud: every interpolation is escaped). A little
+//! plain JavaScript (`assets/app.js`) adds the live tail.
+
+use axum::extract::{Form, Path, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::{DOCTYPE, Markup, html};
+use serde::Deserialize;
+use serde_json::Value;
+
+use nightshift_engine::alerts::format_rfc3339_ms;
+use nightshift_engine::audit::{AuditRecord, RecordKind, RunFilter};
+use nightshift_engine::config::Role;
+use nightshift_engine::runs::{RunOutcome, RunState, RunSummary};
+
+use crate::AppState;
+use crate::api::RunsQuery;
+use crate::auth::{COOKIE, Identity};
+use crate::error::ApiError;
+
+/// An error shown as a page.
+pub struct PageError(ApiError);
+
+impl From<ApiError> for PageError {
+    fn from(e: ApiError) -> Self {
+        PageError(e)
+    }
+}
+
+impl From<nightshift_engine::engine::EngineError> for PageError {
+    fn from(e: nightshift_engine::engine::EngineError) -> Self {
+        PageError(e.into())
+    }
+}
+
+impl IntoResponse for PageError {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        if e.status == StatusCode::UNAUTHORIZED {
+            return Redirect::to("/login").into_response();
+        }
+        let body = layout(
+            "Error",
+            "",
+            None,
+            html! {
+                h1 { "Error " (e.status.as_u16()) }
+                p.error { (e.message) }
+                p { a href="/" { "Back to the timeline" } }
+            },
+        );
+        (e.status, body).into_response()
+    }
+}
+
+fn time(ms: i64) -> String {
+    let s = format_rfc3339_ms(ms);
+    format!("{} {}Z", &s[..10], &s[11..19])
+}
+
+fn dur(ms: i64) -> String {
+    let s = ms / 1000;
+    if s < 60 {
+        format!("{s}s")
+    } else if s < 3600 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{}h{:02}m", s / 3600, s % 3600 / 60)
+    }
+}
+
+fn status_class(r: &RunSummary) -> (&'static str, String) {
+    match (r.state, r.outcome) {
+        (_, Some(o)) => (
+            match o {
+                RunOutcome::Succeeded => "ok",
+                RunOutcome::Failed | RunOutcome::Interrupted => "bad",
+                RunOutcome::Refused => "warn",
+                RunOutcome::TimedOut => "timeout",
+                RunOutcome::Cancelled => "muted",
+            },
+            o.as_str().replace('_', " "),
+        ),
+        (RunState::PendingApproval, _) => ("pending", "pending approval".into()),
+        (RunState::Running, _) => ("running", "running".into()),
+        _ => ("pending", "queued".into()),
+    }
+}
+
+fn badge(r: &RunSummary) -> Markup {
+    let (class, text) = status_class(r);
+    html! { span class={"badge " (class)} { (text) } }
+}
+
+fn layout(title: &str, active: &str, who: Option<&Identity>, body: Markup) -> Markup {
+    let nav = [("/", "Timeline"), ("/approvals", "Approvals"), ("/nodes", "Nodes"), ("/runbooks", "Runbooks"), ("/audit", "Audit")];
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · nightshift" }
+                link rel="stylesheet" href="/static/app.css";
+                script src="/static/app.js" defer {}
+            }
+            body {
+                header.top {
+                    a.brand href="/" { span.moon { "☾" } " nightshift" }
+                    nav {
+                        @for (href, label) in nav {
+                            a href=(href) class=@if active == label { "active" } { (label) }
+                        }
+                    }
+                    div.who {
+                        @match who {
+                            Some(id) => {
+                                span { (id.name) " · " (format!("{:?}", id.role).to_lowercase()) }
+                                @if id.via_cookie {
+                                    form method="post" action="/logout" { button.link type="submit" { "log out" } }
+                                }
+                            }
+                            None => { a href="/login" { "log in" } }
+                        }
+                    }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+fn viewer(s: &AppState, headers: &HeaderMap) -> Result<Identity, PageError> {
+    Ok(s.auth.require(headers, &Method::GET, Role::Viewer)?)
+}
+
+fn run_rows(runs: &[RunSummary]) -> Markup {
+    html! {
+        @for r in runs {
+            tr {
+                td.nowrap { (time(r.created_ms)) }
+                td { a href={"/runs/" (r.id)} { (r.id) } }
+                td { a href={"/runbooks/" (r.runbook)} { (r.runbook) } @if let Some(h) = &r.handbook { " " span.tag { (h) } } }
+                td { (r.target.to_string()) }
+                td { (r.trigger) @if r.dry_run { " " span.tag { "dry run" } } }
+                td { (badge(r)) }
+                td.num { (r.actions) }
+                td.why { (r.why) }
+            }
+        }
+        @if runs.is_empty() {
+            tr { td colspan="8" .empty { "No runs match." } }
+        }
+    }
+}
+
+/// `/`: runs, newest first, filterable, paginated, live.
+pub async fn timeline(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Result<Response, PageError> {
+    let who = viewer(&s, &headers)?;
+    let get = |k: &str| q.get(k).cloned().filter(|v| !v.is_empty());
+    let now = nightshift_agent::clock::Clock::now_ms(s.engine.clock().as_ref());
+    let range = get("range").unwrap_or_else(|| "all".into());
+    let since_ms = match range.as_str() {
+        "1h" => Some(now - 3_600_000),
+        "6h" => Some(now - 6 * 3_600_000),
+        "24h" => Some(now - 86_400_000),
+        "7d" => Some(now - 7 * 86_400_000),
+        _ => None,
+    };
+    let rq = RunsQuery {
+        node: get("node"),
+        gpu: match get("gpu") {
+            Some(g) => Some(g.parse().map_err(|_| ApiError::bad_request(format!("gpu: expected a GPU index, found {g:?}")))?),
+            None => None,
+        },
+        runbook: get("runbook"),
+        outcome: get("outcome"),
+        state: None,
+        since_ms,
+        until_ms: None,
+        cursor: get("cursor"),
+        limit: Some(50),
+    };
+    let page = s.engine.runs(&rq.filter()?)?;
+    if get("partial").is_some() {
+        return Ok(run_rows(&page.runs).into_response());
+    }
+    let nodes = s.engine.node_names();
+    let runbooks: Vec<String> = s.engine.runbook_set().names();
+    let sel = |k: &str, v: &str| get(k).as_deref() == Some(v);
+    let mut next = None;
+    if let Some(c) = &page.next_cursor {
+        let mut params: Vec<(String, String)> =
+            q.iter().filter(|(k, v)| k.as_str() != "cursor" && !v.is_empty()).map(|(k, v)| (k.clone(), v.clone())).collect();
+        params.push(("cursor".into(), c.clone()));
+        params.sort();
+        let qs: Vec<String> = params.iter().map(|(k, v)| format!("{k}={}", urlencode(v))).collect();
+        next = Some(format!("/?{}", qs.join("&")));
+    }
+    let pending = s.engine.pending_approvals().len();
+    let body = html! {
+        div.head {
+            h1 { "Timeline" }
+            span #live.live { "live" }
+            @if pending > 0 { a.badge.pending href="/approvals" { (pending) " waiting for approval" } }
+        }
+        form.filters method="get" action="/" {
+            label { "Node " select name="node" { option value="" { "any" } @for n in &nodes { option value=(n) selected[sel("node", n)] { (n) } } } }
+            label { "GPU " input type="number" name="gpu" min="0" max="15" value=[get("gpu")]; }
+            label { "Runbook " select name="runbook" { option value="" { "any" } @for r in &runbooks { option value=(r) selected[sel("runbook", r)] { (r) } } } }
+            label { "Outcome " select name="outcome" {
+                option value="" { "any" }
+                @for o in ["succeeded", "failed", "refused", "timed_out", "cancelled", "interrupted"] { option value=(o) selected[sel("outcome", o)] { (o) } }
+            } }
+            label { "Time " select name="range" {
+                @for (v, t) in [("all", "all time"), ("1h", "last hour"), ("6h", "last 6 h"), ("24h", "last 24 h"), ("7d", "last 7 days")] {
+                    option value=(v) selected[range == v] { (t) }
+                }
+            } }
+            button type="submit" { "Filter" }
+            a href="/" { "clear" }
+        }
+        div.scroll {
+            table.runs data-live=(if get("cursor").is_none() { "1" } else { "" }) {
+                thead { tr { th { "Created (UTC)" } th { "Run" } th { "Runbook" } th { "Target" } th { "Trigger" } th { "Status" } th { "Actions" } th { "Why" } } }
+                tbody #runs { (run_rows(&page.runs)) }
+            }
+        }
+        @if let Some(n) = next { p.pager { a href=(n) { "Older runs →" } } }
+    };
+    Ok(layout("Timeline", "Timeline", Some(&who), body).into_response())
+}
+
+pub fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_default()
+}
+
+fn compact(v: &Value) -> String {
+    match v {
+        Value::Null => "—".into(),
+        Value::Object(m) if m.len() == 1 => {
+            let (k, v) = m.iter().next().map(|(k, v)| (k.clone(), v.clone())).unwrap_or_default();
+            format!("{k}: {}", compact(&v))
+        }
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// One step of a run: an intent and its result, or a single record.
+enum Step<'a> {
+    Action { intent: &'a AuditRecord, result: Option<&'a AuditRecord> },
+    Other(&'a AuditRecord),
+}
+
+fn steps(records: &[AuditRecord]) -> Vec<Step<'_>> {
+    let mut out = Vec::new();
+    for r in records {
+        match r.kind {
+            RecordKind::ActionIntent => out.push(Step::Action { intent: r, result: None }),
+            RecordKind::ActionResult => {
+                let id = r.data.get("action_id");
+                let found = out.iter_mut().rev().find_map(|s| match s {
+                    Step::Action { intent, result } if intent.data.get("action_id") == id && result.is_none() => Some(result),
+                    _ => None,
+                });
+                match found {
+                    Some(slot) => *slot = Some(r),
+                    None => out.push(Step::Other(r)),
+                }
+            }
+            _ => out.push(Step::Other(r)),
+        }
+    }
+    out
+}
+
+/// `/runs/{id}`: what happened, why, and with what result.
+pub async fn run_page(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, PageError> {
+    let who = viewer(&s, &headers)?;
+    let run = s.engine.run(&id)?.ok_or_else(|| ApiError::not_found(format!("no run {id:?}")))?;
+    let records = s.engine.run_records(&id)?;
+    let t0 = run.created_ms;
+    let can_decide = run.state == RunState::PendingApproval && who.role >= Role::Operator;
+    let body = html! {
+        div.head {
+            h1 { "Run " (run.id) }
+            (badge(&run))
+            @if run.dry_run { span.tag { "dry run" } }
+        }
+        p.why { (run.why) }
+        @if can_decide {
+            div.decide {
+                form method="post" action={"/ui/runs/" (run.id) "/approve"} { button.ok type="submit" { "Approve" } }
+                form method="post" action={"/ui/runs/" (run.id) "/reject"} {
+                    input type="text" name="reason" placeholder="why not" required;
+                    button.bad type="submit" { "Reject" }
+                }
+            }
+        }
+        div.grid {
+            section {
+                h2 { "Run" }
+                table.kv {
+                    tr { th { "Runbook" } td { a href={"/runbooks/" (run.runbook)} { (run.runbook) } @if let Some(h) = &run.handbook { " " span.tag { (h) } } } }
+                    tr { th { "Target" } td { @if let Some(n) = &run.target.node { a href={"/nodes/" (n)} { (run.target.to_string()) } } @else { (run.target.to_string()) } } }
+                    tr { th { "Trigger" } td { (run.trigger) } }
+                    tr { th { "Requested by" } td { (run.requested_by) } }
+                    tr { th { "Created" } td { (time(run.created_ms)) } }
+                    @if let Some(t) = run.started_ms { tr { th { "Started" } td { (time(t)) " (+" (dur(t - t0)) ")" } } }
+                    @if let Some(t) = run.finished_ms { tr { th { "Finished" } td { (time(t)) " (took " (dur(t - run.started_ms.unwrap_or(t0))) ")" } } }
+                    tr { th { "Actions" } td { (run.actions) } }
+                    @if let Some(e) = &run.error { tr { th { "Error" } td.error { (e) } } }
+                    @for a in &run.approvals {
+                        tr { th { @if a.approved { "Approved" } @else { "Rejected" } } td { (a.by) " at " (time(a.at_ms)) @if let Some(r) = &a.reason { " — " (r) } } }
+                    }
+                }
+                @if !run.params.is_empty() {
+                    h3 { "Parameters" }
+                    table.kv { @for (k, v) in &run.params { tr { th { (k) } td { (serde_json::to_string(v).unwrap_or_default()) } } } }
+                }
+            }
+            section {
+                h2 { "Triggering event" }
+                pre { (pretty(&run.event)) }
+            }
+        }
+        h2 { "Steps" }
+        div.scroll {
+            table.steps {
+                thead { tr { th { "+time" } th { "Step" } th { "Node" } th { "Result" } th { "Before → after" } th { "Took" } } }
+                tbody {
+                    @for step in steps(&records) {
+                        @match step {
+                            Step::Action { intent, result } => {
+                                tr.action {
+                                    td.nowrap { "+" (dur(intent.ts_ms - t0)) }
+                                    td { strong { (intent.data["op"].as_str().unwrap_or("?")) } " " code { (compact(&intent.data["args"])) } @if intent.data["dry_run"] == true { " " span.tag { "dry run" } } }
+                                    td { (intent.node.clone().unwrap_or_default()) @if let Some(g) = intent.gpu { "/gpu" (g) } }
+                                    @match result {
+                                        Some(r) => {
+                                            td { span class={"badge " (if r.data["ok"] == true { if r.data["applied"] == true { "ok" } else { "muted" } } else { "bad" })} {
+                                                (r.data["outcome"].as_str().unwrap_or("?").replace('_', " "))
+                                            }
+                                            @if let Some(d) = r.data["detail"].as_str() { " " small { (d) } }
+                                            @if let Some(e) = r.data["error"].as_str() { " " small.error { (e) } }
+                                            }
+                                            td { code { (compact(&r.data["before"])) } " → " code { (compact(&r.data["after"])) } }
+                                            td.nowrap { (r.data["duration_ms"].as_i64().map(|ms| format!("{ms} ms")).unwrap_or_default()) }
+                                        }
+                                        None => { td { span.badge.running { "no result (in flight or interrupted)" } } td {} td {} }
+                                    }
+                                }
+                            }
+                            Step::Other(r) => {
+                                tr class=(r.kind.as_str()) {
+                                    td.nowrap { "+" (dur(r.ts_ms - t0)) }
+                                    td { (r.kind.as_str().replace('_', " ")) }
+                                    td { (r.node.clone().unwrap_or_default()) }
+                                    td colspan="3" {
+                                        @if let Some(t) = r.data["text"].as_str() { (t) }
+                                        @else if let Some(t) = r.data["reason"].as_str() { (t) }
+                                        @else if let Some(t) = r.data["detail"].as_str() { (t) }
+                                        @else if let Some(o) = r.data["outcome"].as_str() { (o.replace('_', " ")) @if let Some(e) = r.data["error"].as_str() { " — " (e) } }
+                                        @else { code { (compact(&r.data)) } }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        p.muted { "Audit records " (records.first().map(|r| r.seq).unwrap_or(0)) "–" (records.last().map(|r| r.seq).unwrap_or(0)) ". " a href={"/api/v1/runs/" (run.id)} { "JSON" } }
+    };
+    Ok(layout(&format!("Run {}", run.id), "Timeline", Some(&who), body).into_response())
+}
+
+/// `/nodes`.
+pub async fn nodes_page(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, PageError> {
+    let who = viewer(&s, &headers)?;
+    let nodes = s.engine.nodes();
+    let body = html! {
+        h1 { "Nodes" }
+        div.scroll {
+            table {
+                thead { tr { th { "Node" } th { "Labels" } th { "Agent" } th { "Drain" } th { "Hottest GPU" } th { "Notes" } } }
+                tbody {
+                    @for n in &nodes {
+                        tr {
+                            td { a href={"/nodes/" (n.name)} { (n.name) } @if n.standby { " " span.tag { "standby" } } }
+                            td { @for (k, v) in &n.labels { span.tag { (k) "=" (v) } " " } }
+                            td { @if n.state.connected { span.badge.ok { "connected" } } @else { span.badge.bad { "unreachable" } } }
+                            td { (drain_cell(&n.state.drained, &n.state.drain_reason, n.drained_by_person)) @if n.state.hands_off() { " " span.badge.warn { "hands-off" } } }
+                            td.num { (n.gpus.iter().filter_map(|g| g.get("gpu.temperature_c")).cloned().fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x)))).map(|t| format!("{t:.1} °C")).unwrap_or_else(|| "—".into())) }
+                            td { @for (k, v) in &n.state.annotations { span.tag title=(v) { (k) } " " } }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    Ok(layout("Nodes", "Nodes", Some(&who), body).into_response())
+}
+
+fn drain_cell(drained: &bool, reason: &Option<String>, by_person: bool) -> Markup {
+    html! {
+        @if *drained {
+            span class={"badge " (if by_person { "warn" } else { "running" })} { @if by_person { "drained by a person" } @else { "drained by nightshift" } }
+            @if let Some(r) = reason { " " small { (r) } }
+        } @else { span.muted { "in service" } }
+    }
+}
+
+/// `/nodes/{name}`.
+pub async fn node_page(State(s): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> Result<Response, PageError> {
+    let who = viewer(&s, &headers)?;
+    let n = s.engine.node(&name).ok_or_else(|| ApiError::not_found(format!("no node {name:?} in the inventory")))?;
+    let recent = s.engine.runs(&RunFilter { node: Some(name.clone()), limit: Some(20), ..Default::default() })?;
+    let cols = ["temperature_c", "power_watts", "power_limit_watts", "fan_pct", "util_pct", "mem_used_pct", "mem_fragmentation_pct", "ecc_dbe_total", "xid_last"];
+    let inv = n.state.inventory.clone();
+    let body = html! {
+        div.head { h1 { (n.name) } @if n.standby { span.tag { "standby" } } }
+        div.grid {
+            section {
+                h2 { "State" }
+                table.kv {
+                    tr { th { "Address" } td { code { (n.address) } } }
+                    tr { th { "Agent" } td { @if n.state.connected { span.badge.ok { "connected" } } @else { span.badge.bad { "unreachable" } } @if let Some(e) = &n.state.last_error { " " small.error { (e) } } } }
+                    tr { th { "Drain" } td { (drain_cell(&n.state.drained, &n.state.drain_reason, n.drained_by_person)) } }
+                    tr { th { "Hands-off" } td {
+                        @if n.state.agent_hands_off { span.badge.warn { "marker on the node" } " " }
+                        @if let Some((by, why)) = &n.state.engine_hands_off { span.badge.warn { "set by " (by) } " " small { (why) } }
+                        @if !n.state.hands_off() { span.muted { "no" } }
+                    } }
+                    tr { th { "Labels" } td { @for (k, v) in &n.labels { span.tag { (k) "=" (v) } " " } } }
+                    @for (k, v) in &n.state.annotations { tr { th { "Note: " (k) } td { (v) } } }
+                    @if let Some(i) = &inv { tr { th { "Backend" } td { (i.backend) " · scheduler " (i.scheduler) " · agent " (i.agent_version) } } }
+                }
+                @if who.role >= Role::Admin {
+                    form.inline method="post" action={"/ui/nodes/" (n.name) "/hands-off"} {
+                        @if n.state.engine_hands_off.is_some() {
+                            input type="hidden" name="hands_off" value="false";
+                            button type="submit" { "Clear hands-off" }
+                        } @else {
+                            input type="hidden" name="hands_off" value="true";
+                            input type="text" name="reason" placeholder="maintenance reason" required;
+                            button.bad type="submit" { "Set hands-off" }
+                        }
+                    }
+                }
+            }
+            section {
+                h2 { "Node readings" }
+                table.kv { @for (k, v) in &n.node_metrics { tr { th { (k) } td.num { (format!("{v:.2}")) } } } }
+            }
+        }
+        h2 { "GPUs" }
+        div.scroll {
+            table {
+                thead { tr { th { "GPU" } th { "Model" } @for c in cols { th { (c.replace('_', " ")) } } } }
+                tbody {
+                    @for (i, g) in n.gpus.iter().enumerate() {
+                        tr {
+                            td { (i) }
+                            td { (inv.as_ref().and_then(|x| x.gpus.get(i)).map(|x| x.name.clone()).unwrap_or_default()) }
+                            @for c in cols {
+                                @let v = g.get(&format!("gpu.{c}"));
+                                td.num class=(if c == "temperature_c" && v.is_some_and(|t| *t >= 85.0) { "hot" } else { "" }) {
+                                    (v.map(|v| if v.fract() == 0.0 { format!("{v:.0}") } else { format!("{v:.1}") }).unwrap_or_else(|| "—".into()))
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        h2 { "Recent runs" }
+        div.scroll { table.runs { tbody { (run_rows(&recent.runs)) } } }
+    };
+    Ok(layout(&name, "Nodes", Some(&who), body).into_response())
+}
+
+/// `/runbooks`.
+pub async fn runbooks_page(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, PageError> {
+    let who = viewer(&s, &headers)?;
+    let set = s.engine.runbook_set();
+    let body = html! {
+        h1 { "Runbooks" }
+        @if !set.errors.is_empty() {
+            div.errors { h3 { "Not loaded" } ul { @for e in &set.errors { li { code { (e.to_string()) } } } } }
+        }
+        div.scroll {
+            table {
+                thead { tr { th { "Row" } th { "Runbook" } th { "Trigger" } th { "Scope" } th { "What it does" } } }
+                tbody {
+                    @for r in s.engine.runbooks() {
+                        tr {
+                            td { (r.handbook.clone().unwrap_or_default()) }
+                            td { a href={"/runbooks/" (r.name)} { (r.name) } }
+                            td { (r.trigger) }
+                            td { (r.scope) }
+                            td { (r.description) }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    Ok(layout("Runbooks", "Runbooks", Some(&who), body).into_response())
+}
+
+/// `/runbooks/{name}`.
+pub async fn runbook_page(State(s): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> Result<Response, PageError> {
+    let who = viewer(&s, &headers)?;
+    let rb = s.engine.runbooks().into_iter().find(|r| r.name == name).ok_or_else(|| ApiError::not_found(format!("no runbook {name:?}")))?;
+    let recent = s.engine.runs(&RunFilter { runbook: Some(name.clone()), limit: Some(20), ..Default::default() })?;
+    let manifest = std::fs::read_to_string(&rb.manifest_path).unwrap_or_else(|_| pretty(&rb.manifest));
+    let body = html! {
+        div.head { h1 { (rb.name) } @if let Some(h) = &rb.handbook { span.tag { (h) } } }
+        p { (rb.description) }
+        div.grid {
+            section {
+                h2 { "Manifest" } p.muted { code { (rb.manifest_path) } }
+                pre.code { (manifest) }
+            }
+            section {
+                h2 { "Script" } p.muted { code { (rb.script_path) } }
+                pre.code.lines {
+                    @for (i, line) in rb.script.lines().enumerate() {
+                        span.ln { (i + 1) } (line) "\n"
+                    }
+                }
+            }
+        }
+        h2 { "Recent runs" }
+        div.scroll { table.runs { tbody { (run_rows(&recent.runs)) } } }
+    };
+    Ok(layout(&name, "Runbooks", Some(&who), body).into_response())
+}
+
+/// `/approvals`.
+pub async fn approvals_page(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, PageError> {
+    let who = viewer(&s, &headers)?;
+    let pending = s.engine.pending_approvals();
+    let body = html! {
+        h1 { "Approvals" }
+        @if pending.is_empty() { p.empty { "Nothing is waiting for approval." } }
+        @for r in &pending {
+            div.card {
+                div.head { h2 { a href={"/runs/" (r.id)} { (r.id) } } (badge(r)) }
+                p { strong { (r.runbook) } " on " (r.target.to_string()) " — requested by " (r.requested_by) " at " (time(r.created_ms)) }
+                p.why { (r.why) }
+                @if who.role >= Role::Operator {
+                    div.decide {
+                        form method="post" action={"/ui/runs/" (r.id) "/approve"} { button.ok type="submit" { "Approve" } }
+                        form method="post" action={"/ui/runs/" (r.id) "/reject"} {
+                            input type="text" name="reason" placeholder="why not" required;
+                            button.bad type="submit" { "Reject" }
+                        }
+                    }
+                } @else { p.muted { "Operators can approve or reject." } }
+            }
+        }
+    };
+    Ok(layout("Approvals", "Approvals", Some(&who), body).into_response())
+}
+
+/// `/audit`: is the chain intact?
+pub async fn audit_page(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, PageError> {
+    let who = viewer(&s, &headers)?;
+    let v = s.engine.verify()?;
+    let body = html! {
+        h1 { "Audit integrity" }
+        @if v.ok {
+            p.verdict.ok { "✓ Chain verified up to record " (v.verified_up_to) " (" (v.records) " records): every record links to the one before and matches its hash." }
+        } @else {
+            p.verdict.bad { "✗ The chain breaks at record " (v.first_bad_seq.unwrap_or(0)) ". Records 1–" (v.verified_up_to) " verify." }
+            p.error { (v.problem.clone().unwrap_or_default()) }
+        }
+        p { "Export the log: " a href="/api/v1/audit/export" { "JSONL" } " · " a href="/api/v1/audit/verify" { "verification as JSON" } }
+    };
+    Ok(layout("Audit", "Audit", Some(&who), body).into_response())
+}
+
+/// `/login`.
+pub async fn login_page() -> Response {
+    layout(
+        "Log in",
+        "",
+        None,
+        html! {
+            h1 { "Log in" }
+            form.login method="post" action="/login" {
+                label { "API token " input type="password" name="token" autocomplete="current-password" required; }
+                button type="submit" { "Log in" }
+            }
+            p.muted { "The token is kept in a same-site, HTTP-only cookie." }
+        },
+    )
+    .into_response()
+}
+
+#[derive(Deserialize)]
+pub struct LoginForm {
+    token: String,
+}
+
+pub async fn login(State(s): State<AppState>, Form(f): Form<LoginForm>) -> Response {
+    let mut h = HeaderMap::new();
+    if let Ok(v) = format!("Bearer {}", f.token).parse() {
+        h.insert(header::AUTHORIZATION, v);
+    }
+    match s.auth.identify(&h) {
+        Ok(_) => (
+            StatusCode::SEE_OTHER,
+            [
+                (header::LOCATION, "/".to_string()),
+                (header::SET_COOKIE, format!("{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict", f.token)),
+            ],
+        )
+            .into_response(),
+        Err(e) => PageError(e).into_response(),
+    }
+}
+
+pub async fn logout() -> Response {
+    (
+        StatusCode::SEE_OTHER,
+        [(header::LOCATION, "/login".to_string()), (header::SET_COOKIE, format!("{COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict"))],
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+pub struct RejectForm {
+    reason: String,
+}
+
+pub async fn ui_approve(State(s): State<AppState>, method: Method, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, PageError> {
+    let who = s.auth.require(&headers, &method, Role::Operator)?;
+    s.engine.approve(&id, &who.actor()).await?;
+    Ok(Redirect::to(&format!("/runs/{id}")).into_response())
+}
+
+pub async fn ui_reject(
+    State(s): State<AppState>,
+    method: Method,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<RejectForm>,
+) -> Result<Response, PageError> {
+    let who = s.auth.require(&headers, &method, Role::Operator)?;
+    s.engine.reject(&id, &who.actor(), &f.reason).await?;
+    Ok(Redirect::to(&format!("/runs/{id}")).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct HandsOffForm {
+    hands_off: bool,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+pub async fn ui_hands_off(
+    State(s): State<AppState>,
+    method: Method,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Form(f): Form<HandsOffForm>,
+) -> Result<Response, PageError> {
+    let who = s.auth.require(&headers, &method, Role::Admin)?;
+    let reason = f.reason.unwrap_or_else(|| "maintenance".into());
+    s.engine.set_hands_off(&name, &who.actor(), f.hands_off.then_some(reason.as_str())).await?;
+    Ok(Redirect::to(&format!("/nodes/{name}")).into_response())
+}
+
+/// Static assets, embedded in the binary.
+pub async fn asset(Path(name): Path<String>) -> Response {
+    match name.as_str() {
+        "app.css" => ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], include_str!("assets/app.css")).into_response(),
+        "app.js" => ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], include_str!("assets/app.js")).into_response(),
+        _ => (StatusCode::NOT_FOUND, "no such asset").into_response(),
+    }
+}

@@ -1,0 +1,68 @@
+//! `/metrics` in the Prometheus text exposition format (version 0.0.4).
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+use nightshift_engine::engine::Engine;
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn fmt_f(v: f64) -> String {
+    if v.is_finite() { format!("{v}") } else if v > 0.0 { "+Inf".into() } else { "-Inf".into() }
+}
+
+/// Render every nightshift metric.
+pub fn render(engine: &Engine) -> String {
+    let c = engine.counters();
+    let mut out = String::with_capacity(4096);
+    let counters = [
+        ("nightshift_samples_ingested_total", "Telemetry samples ingested.", c.samples_ingested.load(Ordering::Relaxed)),
+        ("nightshift_alerts_received_total", "Alertmanager alerts received, duplicates included.", c.alerts_received.load(Ordering::Relaxed)),
+        ("nightshift_alerts_duplicate_total", "Alerts dropped as repeats of a fingerprint and startsAt.", c.alerts_duplicate.load(Ordering::Relaxed)),
+        ("nightshift_alerts_unknown_node_total", "Alerts naming a host not in the inventory.", c.alerts_unknown_node.load(Ordering::Relaxed)),
+        ("nightshift_events_dropped_total", "Events dropped: stale, unknown node, or shed.", c.events_dropped.load(Ordering::Relaxed)),
+        ("nightshift_events_shed_total", "Events shed because the run queue was full.", c.events_shed.load(Ordering::Relaxed)),
+        ("nightshift_triggers_fired_total", "Trigger fires.", c.triggers_fired.load(Ordering::Relaxed)),
+        ("nightshift_runs_suppressed_total", "Run requests suppressed by dedup, cooldown or a tripped breaker.", c.runs_suppressed.load(Ordering::Relaxed)),
+    ];
+    for (name, help, v) in counters {
+        family(&mut out, name, "counter", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+    family(&mut out, "nightshift_runs_total", "counter", "Finished runs by outcome.");
+    let by = c.runs_by_outcome.lock().map(|m| m.clone()).unwrap_or_default();
+    for o in ["succeeded", "failed", "refused", "timed_out", "cancelled", "interrupted"] {
+        let _ = writeln!(out, "nightshift_runs_total{{outcome=\"{o}\"}} {}", by.get(o).copied().unwrap_or(0));
+    }
+    family(&mut out, "nightshift_action_duration_seconds", "histogram", "Time from sending an action to the agent's reply.");
+    if let Ok(h) = c.action_latency.lock() {
+        for (b, n) in h.bounds.iter().zip(&h.counts) {
+            let _ = writeln!(out, "nightshift_action_duration_seconds_bucket{{le=\"{}\"}} {n}", fmt_f(*b));
+        }
+        let _ = writeln!(out, "nightshift_action_duration_seconds_bucket{{le=\"+Inf\"}} {}", h.count);
+        let _ = writeln!(out, "nightshift_action_duration_seconds_sum {}", fmt_f(h.sum));
+        let _ = writeln!(out, "nightshift_action_duration_seconds_count {}", h.count);
+    }
+    let gauges = [
+        ("nightshift_queue_depth", "Runs waiting to start (queued or pending approval).", engine.queue_depth() as f64),
+        ("nightshift_runs_running", "Runs executing now.", engine.running() as f64),
+        ("nightshift_agents", "Agents in the inventory.", engine.node_names().len() as f64),
+        ("nightshift_agents_connected", "Agents connected now.", engine.connected_agents() as f64),
+        ("nightshift_audit_sequence", "Sequence number of the newest audit record.", engine.audit().head_seq() as f64),
+        ("nightshift_runbooks_loaded", "Runbooks loaded.", engine.runbook_set().runbooks.len() as f64),
+        ("nightshift_runbook_errors", "Runbook files that failed to load.", engine.runbook_set().errors.len() as f64),
+    ];
+    for (name, help, v) in gauges {
+        family(&mut out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {}", fmt_f(v));
+    }
+    let (series, points) = engine.telemetry_size();
+    family(&mut out, "nightshift_telemetry_series", "gauge", "Telemetry series held.");
+    let _ = writeln!(out, "nightshift_telemetry_series {series}");
+    family(&mut out, "nightshift_telemetry_points", "gauge", "Telemetry points held in trigger windows.");
+    let _ = writeln!(out, "nightshift_telemetry_points {points}");
+    out
+}
