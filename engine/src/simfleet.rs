@@ -74,6 +74,8 @@ pub struct SimFleetOptions {
     pub limits: Limits,
     /// Wrap each node's transport (fault injection in tests).
     pub wrap_transport: Option<TransportWrapper>,
+    /// API tokens (for web tests).
+    pub auth: AuthConfig,
 }
 
 /// Wraps a node's transport: `(node name, transport) → transport`.
@@ -90,6 +92,7 @@ impl SimFleetOptions {
             policy: None,
             limits: Limits::default(),
             wrap_transport: None,
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -186,7 +189,7 @@ impl SimFleet {
             limits: opts.limits.clone(),
             script: ScriptLimits::default(),
             telemetry: TelemetryConfig::default(),
-            auth: AuthConfig::default(),
+            auth: opts.auth.clone(),
             time_scale: 1.0,
         };
         let audit = AuditStore::open(&config.data_dir, shared.clone()).map_err(|e| SimError::Setup(e.to_string()))?;

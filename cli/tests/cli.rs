@@ -1,0 +1,337 @@
+//! The `nightshift` binary against real agents over SSH on loopback, with
+//! the engine embedded and served: exit codes, `--json` shapes, dry runs,
+//! refusals, approvals.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use nightshift_agent::backend::sim::SimConfig;
+use nightshift_agent::proto::{NoArgs, Op, Request, Telemetry};
+use nightshift_tests::{TestAgent, engine_setup};
+use serde_json::Value;
+
+const OPERATOR: &str = "ns_test_operator_token";
+const ADMIN: &str = "ns_test_admin_token";
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_nightshift"))
+}
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    let out = bin()
+        .current_dir(dir)
+        .args(args)
+        .env_remove("NIGHTSHIFT_SERVER")
+        .env_remove("NIGHTSHIFT_TOKEN")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("the nightshift binary runs");
+    eprintln!(
+        "$ nightshift {}\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+async fn power(a: &TestAgent, gpu: usize) -> f64 {
+    let r = a.started.as_ref().unwrap().agent.handle(Request::new("probe", Op::Telemetry(NoArgs {}))).await;
+    let t: Telemetry = serde_json::from_value(r.result.unwrap()).unwrap();
+    t.gpus[gpu].power_limit_watts
+}
+
+async fn setup(dir: &Path) -> (TestAgent, TestAgent) {
+    let sim = SimConfig { profile: "h100-sxm".into(), gpus: 2, ..SimConfig::default() };
+    let g1 = TestAgent::start(dir, "g1", sim.clone(), "").await;
+    let g2 = TestAgent::start(dir, "g2", sim, "").await;
+    let tokens = format!(
+        "auth:\n  tokens:\n    - {{name: alice, role: operator, sha256: {}}}\n    - {{name: root, role: admin, sha256: {}}}\n",
+        nightshift_web::auth::hash_token(OPERATOR),
+        nightshift_web::auth::hash_token(ADMIN)
+    );
+    engine_setup(
+        dir,
+        &[&g1, &g2],
+        &[
+            ("cap", "trigger: {type: manual}\nscope: gpu\nparams:\n  watts: {type: float, default: 500}\n", "let r = set_power_limit(params.watts);\nif !r.ok { fail(r.error); }\n"),
+            ("careful", "trigger: {type: manual}\nscope: node\napproval: {always: true}\n", "note(\"approved work\");\n"),
+        ],
+        &tokens,
+    );
+    (g1, g2)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (g1, g2) = setup(d).await;
+
+    let o = run(d, &["runbooks", "list", "--json"]);
+    assert_eq!(code(&o), 0);
+    let names: Vec<String> = json(&o).as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names, vec!["cap", "careful"]);
+
+    // A dry run changes nothing.
+    let o = run(d, &["run", "cap", "--node", "g1", "--gpu", "0", "--param", "watts=450", "--dry-run"]);
+    assert_eq!(code(&o), 0);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("dry run"));
+    assert_eq!(power(&g1, 0).await, 700.0, "--dry-run left the agent untouched");
+
+    // A live run without --yes and without a terminal is refused as usage.
+    let o = run(d, &["run", "cap", "--node", "g1", "--gpu", "0"]);
+    assert_eq!(code(&o), 2);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("confirm with --yes"));
+
+    // For real.
+    let o = run(d, &["run", "cap", "--node", "g1", "--gpu", "0", "--param", "watts=450", "--yes"]);
+    assert_eq!(code(&o), 0);
+    assert_eq!(power(&g1, 0).await, 450.0);
+
+    // The envelope refuses: the run fails (exit 1) with the agent's words.
+    let o = run(d, &["run", "cap", "--node", "g1", "--gpu", "1", "--param", "watts=90", "--yes"]);
+    assert_eq!(code(&o), 1);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("below the floor"));
+
+    // Hands-off on the node: refused before it starts (exit 3, with why).
+    std::fs::write(g2.cfg.state_dir.join("hands-off"), "dave: swapping a PSU").unwrap();
+    let o = run(d, &["run", "cap", "--node", "g2", "--gpu", "0", "--yes"]);
+    assert_eq!(code(&o), 3);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("hands-off"));
+    assert_eq!(power(&g2, 0).await, 700.0);
+
+    // Usage errors: exit 2.
+    assert_eq!(code(&run(d, &["run", "cap", "--node", "nope", "--gpu", "0", "--yes"])), 2);
+    assert_eq!(code(&run(d, &["run", "nope", "--node", "g1", "--yes"])), 2);
+    assert_eq!(code(&run(d, &["audit", "list", "--outcome", "great"])), 2);
+    assert_eq!(code(&run(d, &["--config", "missing.yaml", "audit", "list"])), 2);
+
+    // Approvals need a server.
+    let o = run(d, &["approve", "r000001"]);
+    assert_eq!(code(&o), 2);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--server"));
+
+    // The audit log.
+    let o = run(d, &["audit", "list", "--json", "--limit", "10"]);
+    assert_eq!(code(&o), 0);
+    let runs = json(&o)["runs"].as_array().unwrap().clone();
+    assert_eq!(runs.len(), 4, "{runs:?}");
+    let outcomes: Vec<&str> = runs.iter().map(|r| r["outcome"].as_str().unwrap()).collect();
+    assert_eq!(outcomes, vec!["refused", "failed", "succeeded", "succeeded"]);
+    let id = runs[1]["id"].as_str().unwrap().to_string();
+    let o = run(d, &["audit", "show", &id, "--json"]);
+    assert_eq!(json(&o)["run"]["id"], id.as_str());
+    let o = run(d, &["audit", "list", "--node", "g1", "--outcome", "succeeded", "--since", "1h", "--json"]);
+    assert_eq!(json(&o)["runs"].as_array().unwrap().len(), 2);
+    let o = run(d, &["audit", "verify"]);
+    assert_eq!(code(&o), 0);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("chain verified up to record"));
+    let o = run(d, &["audit", "export", "--format", "jsonl"]);
+    let lines: Vec<Value> = String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(lines.len() > 10);
+    assert_eq!(lines[0]["seq"], 1);
+
+    // Agents.
+    let o = run(d, &["agents", "list", "--json"]);
+    assert_eq!(json(&o).as_array().unwrap().len(), 2);
+    let o = run(d, &["agents", "ping", "g1", "--json"]);
+    assert_eq!(json(&o)["ok"], true);
+    let o = run(d, &["agents", "inventory", "g1", "--json"]);
+    assert_eq!(json(&o)["gpus"][0]["envelope_power_min_watts"], 200.0);
+
+    // Validate, with a broken file.
+    let o = run(d, &["runbooks", "validate", "runbooks"]);
+    assert_eq!(code(&o), 0);
+    std::fs::write(d.join("runbooks/broken.yaml"), "version: 1\nname: broken\ndescription: x\nscript: x.rhai\nscope: node\ntrigger: {type: sometimes}\n").unwrap();
+    let o = run(d, &["runbooks", "validate", "runbooks"]);
+    assert_eq!(code(&o), 2);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("broken.yaml:6:17: trigger.type: unknown variant `sometimes`"));
+    drop(g2);
+}
+
+fn wait_healthy(url: &str) {
+    for _ in 0..200 {
+        if let Ok(mut s) = std::net::TcpStream::connect(url.trim_start_matches("http://")) {
+            use std::io::{Read, Write};
+            let _ = s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n");
+            let mut buf = String::new();
+            let _ = s.read_to_string(&mut buf);
+            if buf.contains("200 OK") {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the server did not come up at {url}");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (g1, _g2) = setup(d).await;
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut server = bin()
+        .current_dir(d)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .env("NIGHTSHIFT_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_healthy(&url);
+    let srv = |args: &[&str], token: &str| {
+        let mut all = vec!["--server", url.as_str(), "--token", token];
+        all.extend_from_slice(args);
+        run(d, &all)
+    };
+
+    // An embedded engine on the same data dir is refused, clearly.
+    let o = run(d, &["audit", "list"]);
+    assert_eq!(code(&o), 2);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("in use by another nightshift process"), "{}", String::from_utf8_lossy(&o.stderr));
+
+    // Runs through the server.
+    let o = srv(&["run", "cap", "--node", "g1", "--gpu", "1", "--param", "watts=400", "--dry-run"], OPERATOR);
+    assert_eq!(code(&o), 0);
+    assert_eq!(power(&g1, 1).await, 700.0);
+    let o = srv(&["run", "cap", "--node", "g1", "--gpu", "1", "--param", "watts=400", "--yes"], OPERATOR);
+    assert_eq!(code(&o), 0);
+    assert_eq!(power(&g1, 1).await, 400.0);
+    let o = srv(&["audit", "list", "--json"], OPERATOR);
+    assert_eq!(json(&o)["runs"].as_array().unwrap().len(), 2);
+
+    // A run that needs approval waits; the requester cannot approve it; the
+    // admin can.
+    let mut waiting = bin()
+        .current_dir(d)
+        .args(["--server", &url, "--token", OPERATOR, "run", "careful", "--node", "g1", "--yes"])
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pending = None;
+    for _ in 0..100 {
+        let o = srv(&["audit", "list", "--json"], OPERATOR);
+        pending = json(&o)["runs"].as_array().unwrap().iter().find(|r| r["state"] == "pending_approval").map(|r| r["id"].as_str().unwrap().to_string());
+        if pending.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pending = pending.expect("a pending run");
+    let o = srv(&["approve", &pending], OPERATOR);
+    assert_eq!(code(&o), 3, "self-approval is a conflict");
+    let o = srv(&["approve", &pending], ADMIN);
+    assert_eq!(code(&o), 0);
+    let status = waiting.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "the waiting run finished");
+
+    // Rejected: exit 3.
+    let mut waiting = bin()
+        .current_dir(d)
+        .args(["--server", &url, "--token", OPERATOR, "run", "careful", "--node", "g1", "--yes"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut pending = None;
+    for _ in 0..100 {
+        let o = srv(&["audit", "list", "--json"], OPERATOR);
+        pending = json(&o)["runs"].as_array().unwrap().iter().find(|r| r["state"] == "pending_approval").map(|r| r["id"].as_str().unwrap().to_string());
+        if pending.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let o = srv(&["reject", &pending.unwrap(), "--reason", "not during training"], ADMIN);
+    assert_eq!(code(&o), 0);
+    assert_eq!(waiting.wait().unwrap().code(), Some(3));
+
+    // Bad token: exit 2; wrong role: exit 2 with the role named.
+    let o = srv(&["audit", "list"], "wrong");
+    assert_eq!(code(&o), 2);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("401"));
+
+    // Graceful shutdown on SIGTERM.
+    let _ = Command::new("kill").args(["-TERM", &server.id().to_string()]).status();
+    let status = server.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+
+    // Nobody there: exit 4.
+    let o = srv(&["audit", "list"], OPERATOR);
+    assert_eq!(code(&o), 4);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unreachable"));
+}
+
+#[test]
+fn every_subcommand_has_an_example_in_its_help() {
+    let subs: &[&[&str]] = &[
+        &["serve"],
+        &["run"],
+        &["runbooks", "list"],
+        &["runbooks", "show"],
+        &["runbooks", "validate"],
+        &["runbooks", "test"],
+        &["audit", "list"],
+        &["audit", "show"],
+        &["audit", "follow"],
+        &["audit", "verify"],
+        &["audit", "export"],
+        &["agents", "list"],
+        &["agents", "ping"],
+        &["agents", "inventory"],
+        &["approve"],
+        &["reject"],
+        &["keygen"],
+        &["token"],
+        &["completions"],
+        &["demo"],
+    ];
+    for s in subs {
+        let mut args = s.to_vec();
+        args.push("--help");
+        let o = bin().args(&args).output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.contains("Example: nightshift"), "{} --help has no example:\n{text}", s.join(" "));
+    }
+    let o = bin().args(["completions", "bash"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("_nightshift"));
+}
+
+#[test]
+fn the_demo_remediates_every_scripted_fault() {
+    let o = bin()
+        .args(["demo", "--duration-secs", "25", "--time-scale", "75", "--listen", "127.0.0.1:0"])
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    eprintln!("{text}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(0));
+    let summary = text.split("Summary").nth(1).expect("a summary");
+    for row in ["H1", "H4", "H5", "H6", "H8", "H2"] {
+        let line = summary.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no {row} row"));
+        assert!(line.ends_with("remediated"), "{line}");
+    }
+    assert!(summary.contains("chain verified up to record"));
+    assert!(summary.contains("web UI     was at http://127.0.0.1:"));
+}

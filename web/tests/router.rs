@@ -1,0 +1,454 @@
+//! The router, called directly (`oneshot`, no socket): every endpoint's
+//! happy path, 401 without a token, 403 for the wrong role, bad input → 400
+//! naming the field, oversized → 413; the Alertmanager webhook; the SSE
+//! live tail; `/metrics` against the exposition format.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use http_body_util::BodyExt;
+use nightshift_engine::config::{AuthConfig, Role, TokenSpec};
+use nightshift_engine::runbook::load_dir;
+use nightshift_engine::script::{ScriptLimits, build_engine};
+use nightshift_engine::simfleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
+use nightshift_web::auth::hash_token;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const VIEWER: &str = "viewer-token-1";
+const OPERATOR: &str = "operator-token-2";
+const ADMIN: &str = "admin-token-3";
+const WEBHOOK: &str = "webhook-token-4";
+
+struct Fixture {
+    sim: SimFleet,
+    _dir: tempfile::TempDir,
+    _rb: tempfile::TempDir,
+}
+
+fn write(dir: &std::path::Path, name: &str, manifest: &str, script: &str) {
+    std::fs::write(dir.join(format!("{name}.yaml")), format!("version: 1\nname: {name}\ndescription: {name} for tests\nscript: {name}.rhai\n{manifest}")).unwrap();
+    std::fs::write(dir.join(format!("{name}.rhai")), script).unwrap();
+}
+
+async fn fixture() -> Fixture {
+    let rb = tempfile::tempdir().unwrap();
+    write(rb.path(), "cap", "trigger: {type: manual}\nscope: gpu\nparams:\n  watts: {type: float, default: 500}\n", "set_power_limit(params.watts);\nnote(\"capped\");\n");
+    write(rb.path(), "careful", "trigger: {type: manual}\nscope: node\napproval: {always: true}\n", "note(\"ok\");\n");
+    write(rb.path(), "hot", "trigger: {type: alert, alertname: GpuTempHigh}\nscope: gpu\n", "set_power_limit(450);\n");
+    let script = Arc::new(build_engine(&ScriptLimits::default()));
+    let set = load_dir(rb.path(), &script);
+    assert!(set.errors.is_empty(), "{:?}", set.errors);
+    let nodes = ["gpu-a1", "gpu-a2"]
+        .iter()
+        .map(|n| SimNodeSpec {
+            name: n.to_string(),
+            profile: "h100-sxm".into(),
+            gpus: 4,
+            seed: 1,
+            labels: [("pool".to_string(), "a".to_string())].into(),
+            standby: false,
+            drained: None,
+            configs: Default::default(),
+            util_pct: None,
+        })
+        .collect();
+    let mut opts = SimFleetOptions::new(nodes, set, script);
+    opts.auth = AuthConfig {
+        tokens: vec![
+            TokenSpec { name: "vera".into(), role: Role::Viewer, sha256: hash_token(VIEWER) },
+            TokenSpec { name: "otto".into(), role: Role::Operator, sha256: hash_token(OPERATOR) },
+            TokenSpec { name: "ada".into(), role: Role::Admin, sha256: hash_token(ADMIN) },
+        ],
+        webhook_token_sha256: Some(hash_token(WEBHOOK)),
+        allow_anonymous: None,
+    };
+    let dir = scratch_dir().unwrap();
+    let sim = SimFleet::start(opts, dir.path()).await.unwrap();
+    Fixture { sim, _dir: dir, _rb: rb }
+}
+
+async fn call(f: &Fixture, method: &str, uri: &str, token: Option<&str>, body: Option<Value>) -> (StatusCode, Value) {
+    let mut b = Request::builder().method(method).uri(uri);
+    if let Some(t) = token {
+        b = b.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let req = match body {
+        Some(v) => b.header(header::CONTENT_TYPE, "application/json").body(Body::from(v.to_string())).unwrap(),
+        None => b.body(Body::empty()).unwrap(),
+    };
+    let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let v = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, v)
+}
+
+async fn settle(f: &Fixture) {
+    for _ in 0..5 {
+        f.sim.step().await.unwrap();
+    }
+}
+
+/// (method, path, role needed, body)
+fn endpoints(run: &str) -> Vec<(&'static str, String, Role, Option<Value>)> {
+    vec![
+        ("GET", "/api/v1/runs".into(), Role::Viewer, None),
+        ("GET", format!("/api/v1/runs/{run}"), Role::Viewer, None),
+        ("GET", "/api/v1/approvals".into(), Role::Viewer, None),
+        ("GET", "/api/v1/nodes".into(), Role::Viewer, None),
+        ("GET", "/api/v1/nodes/gpu-a1".into(), Role::Viewer, None),
+        ("GET", "/api/v1/agents/gpu-a1/ping".into(), Role::Viewer, None),
+        ("GET", "/api/v1/agents/gpu-a1/inventory".into(), Role::Viewer, None),
+        ("GET", "/api/v1/runbooks".into(), Role::Viewer, None),
+        ("GET", "/api/v1/runbooks/cap".into(), Role::Viewer, None),
+        ("GET", "/api/v1/audit/records?after_seq=0&limit=5".into(), Role::Viewer, None),
+        ("GET", "/api/v1/audit/verify".into(), Role::Viewer, None),
+        ("GET", "/api/v1/audit/export".into(), Role::Viewer, None),
+        ("GET", "/metrics".into(), Role::Viewer, None),
+        ("GET", "/".into(), Role::Viewer, None),
+        ("GET", format!("/runs/{run}"), Role::Viewer, None),
+        ("GET", "/nodes".into(), Role::Viewer, None),
+        ("GET", "/nodes/gpu-a1".into(), Role::Viewer, None),
+        ("GET", "/runbooks".into(), Role::Viewer, None),
+        ("GET", "/runbooks/cap".into(), Role::Viewer, None),
+        ("GET", "/approvals".into(), Role::Viewer, None),
+        ("GET", "/audit".into(), Role::Viewer, None),
+        ("POST", "/api/v1/runs".into(), Role::Operator, Some(json!({"runbook": "cap", "node": "gpu-a2", "gpu": 1, "dry_run": true}))),
+        ("POST", "/api/v1/nodes/gpu-a2/hands-off".into(), Role::Admin, Some(json!({"hands_off": false}))),
+        ("POST", "/api/v1/runbooks/reload".into(), Role::Admin, None),
+    ]
+}
+
+fn token_for(role: Role) -> &'static str {
+    match role {
+        Role::Viewer => VIEWER,
+        Role::Operator => OPERATOR,
+        Role::Admin => ADMIN,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn role_by_endpoint_matrix() {
+    let f = fixture().await;
+    let (s, v) = call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "cap", "node": "gpu-a1", "gpu": 0}))).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let run = v["run"]["id"].as_str().unwrap().to_string();
+    settle(&f).await;
+    for (method, path, need, body) in endpoints(&run) {
+        // No token: 401 (pages redirect to the login page).
+        let (s, _) = call(&f, method, &path, None, body.clone()).await;
+        let page = !path.starts_with("/api") && path != "/metrics";
+        if page {
+            assert_eq!(s, StatusCode::SEE_OTHER, "{method} {path} without a token");
+        } else {
+            assert_eq!(s, StatusCode::UNAUTHORIZED, "{method} {path} without a token");
+        }
+        // A wrong token: 401.
+        let (s, _) = call(&f, method, &path, Some("nope"), body.clone()).await;
+        assert!(s == StatusCode::UNAUTHORIZED || (page && s == StatusCode::SEE_OTHER), "{method} {path} with a bad token: {s}");
+        for role in [Role::Viewer, Role::Operator, Role::Admin] {
+            let (s, v) = call(&f, method, &path, Some(token_for(role)), body.clone()).await;
+            if role >= need {
+                assert!(s.is_success(), "{method} {path} as {role:?}: {s} {v}");
+            } else {
+                assert_eq!(s, StatusCode::FORBIDDEN, "{method} {path} as {role:?}: {v}");
+                assert_eq!(v["error"]["code"], "forbidden");
+            }
+        }
+    }
+    // No secret in the audit log.
+    let all = f.sim.engine.audit().tail(0, usize::MAX).unwrap();
+    let text = serde_json::to_string(&all).unwrap();
+    for t in [VIEWER, OPERATOR, ADMIN, WEBHOOK] {
+        assert!(!text.contains(t), "a token leaked into the audit log");
+    }
+    // Unauthenticated liveness.
+    let (s, v) = call(&f, "GET", "/healthz", None, None).await;
+    assert_eq!((s, v["ok"].clone()), (StatusCode::OK, json!(true)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_a_400_naming_the_field_and_big_bodies_a_413() {
+    let f = fixture().await;
+    let cases: Vec<(&str, &str, Value, &str)> = vec![
+        ("POST", "/api/v1/runs", json!({"runbok": "cap", "node": "gpu-a1"}), "unknown field `runbok`"),
+        ("POST", "/api/v1/runs", json!({"node": "gpu-a1"}), "missing field `runbook`"),
+        ("POST", "/api/v1/runs", json!({"runbook": "cap", "node": "gpu-a1", "gpu": "zero"}), "gpu: invalid type: string \"zero\""),
+        ("POST", "/api/v1/runs", json!({"runbook": "cap", "node": "gpu-a1", "gpu": 1, "params": {"watts": "lots"}}), "parameter `watts`: expected a float, found \"lots\""),
+        ("POST", "/api/v1/runs", json!({"runbook": "cap", "node": "gpu-a1", "gpu": 1, "params": {"wats": "5"}}), "has no parameter `wats`"),
+        ("POST", "/api/v1/runs", json!({"runbook": "cap", "group": "pool"}), "group: expected label=value"),
+        ("POST", "/api/v1/runs", json!({"runbook": "cap", "node": "gpu-a1"}), "acts on a gpu: expected --node N --gpu G"),
+        ("POST", "/api/v1/runs", json!({"runbook": "cap", "node": "gpu-a1", "gpu": 9}), "node gpu-a1 has GPUs 0..3, found --gpu 9"),
+        ("POST", "/api/v1/runs/r999999/reject", json!({"reason": ""}), "reason: expected a reason"),
+        ("POST", "/api/v1/nodes/gpu-a1/hands-off", json!({"hands_of": true}), "unknown field `hands_of`"),
+    ];
+    for (method, path, body, needle) in cases {
+        let token = if path.contains("hands-off") { ADMIN } else { OPERATOR };
+        let (s, v) = call(&f, method, path, Some(token), Some(body.clone())).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{path} {body}: {v}");
+        let msg = v["error"]["message"].as_str().unwrap_or("");
+        assert!(msg.contains(needle), "{path} {body}: {msg:?} lacks {needle:?}");
+    }
+    let (s, v) = call(&f, "GET", "/api/v1/runs?limit=many", Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(v["error"]["message"].as_str().unwrap().contains("limit: invalid digit"), "{v}");
+    let (s, v) = call(&f, "GET", "/api/v1/runs?outcome=great", Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(v["error"]["message"].as_str().unwrap().starts_with("outcome: expected succeeded"), "{v}");
+    let (s, _) = call(&f, "GET", "/api/v1/runs/r999999", Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "nope", "node": "gpu-a1"}))).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    // Malformed JSON.
+    let req = Request::builder()
+        .method("POST")
+        .uri("/api/v1/runs")
+        .header(header::AUTHORIZATION, format!("Bearer {OPERATOR}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from("{\"runbook\": "))
+        .unwrap();
+    let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    // Oversized bodies.
+    for (path, size, token) in [("/api/v1/runs", 70 * 1024, OPERATOR), ("/api/v1/alerts/alertmanager", 1100 * 1024, WEBHOOK)] {
+        let big = format!("{{\"runbook\": \"{}\"}}", "x".repeat(size));
+        let req = Request::builder()
+            .method("POST")
+            .uri(path)
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(big))
+            .unwrap();
+        let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "{path}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_cancel_and_cross_site_posts() {
+    let f = fixture().await;
+    let (s, v) = call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "careful", "node": "gpu-a1"}))).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    assert_eq!(v["status"], "pending_approval");
+    let id = v["run"]["id"].as_str().unwrap().to_string();
+    let (_, list) = call(&f, "GET", "/api/v1/approvals", Some(VIEWER), None).await;
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    // The requester may not approve their own run.
+    let (s, v) = call(&f, "POST", &format!("/api/v1/runs/{id}/approve"), Some(OPERATOR), None).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    // A viewer may not.
+    let (s, _) = call(&f, "POST", &format!("/api/v1/runs/{id}/approve"), Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    // The admin may.
+    let (s, v) = call(&f, "POST", &format!("/api/v1/runs/{id}/approve"), Some(ADMIN), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    settle(&f).await;
+    let (_, v) = call(&f, "GET", &format!("/api/v1/runs/{id}"), Some(VIEWER), None).await;
+    assert_eq!(v["run"]["outcome"], "succeeded");
+    // Rejection and cancel.
+    let (_, v) = call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "careful", "node": "gpu-a2"}))).await;
+    let id2 = v["run"]["id"].as_str().unwrap().to_string();
+    let (s, v) = call(&f, "POST", &format!("/api/v1/runs/{id2}/reject"), Some(ADMIN), Some(json!({"reason": "not now"}))).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["outcome"], "cancelled");
+    // A state-changing request carried by the UI cookie from another site.
+    let req = Request::builder()
+        .method("POST")
+        .uri("/api/v1/runs")
+        .header(header::COOKIE, format!("nightshift_token={OPERATOR}"))
+        .header("sec-fetch-site", "cross-site")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(json!({"runbook": "cap", "node": "gpu-a1", "gpu": 0}).to_string()))
+        .unwrap();
+    let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    // The same from our own pages is fine.
+    let req = Request::builder()
+        .method("POST")
+        .uri("/api/v1/runs")
+        .header(header::COOKIE, format!("nightshift_token={OPERATOR}"))
+        .header("sec-fetch-site", "same-origin")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(json!({"runbook": "cap", "node": "gpu-a1", "gpu": 0, "dry_run": true}).to_string()))
+        .unwrap();
+    let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    // GET-only routes refuse POST and vice versa.
+    let (s, _) = call(&f, "POST", "/api/v1/audit/verify", Some(ADMIN), None).await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+    let (s, _) = call(&f, "GET", &format!("/api/v1/runs/{id}/approve"), Some(ADMIN), None).await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+/// An Alertmanager v4 payload as Alertmanager sends it.
+fn payload(status: &str, starts_at: &str) -> String {
+    json!({
+        "receiver": "nightshift",
+        "status": status,
+        "alerts": [{
+            "status": status,
+            "labels": {"alertname": "GpuTempHigh", "Hostname": "gpu-a1", "gpu": "2", "instance": "gpu-a1:9400", "job": "dcgm", "severity": "critical"},
+            "annotations": {"summary": "GPU 2 on gpu-a1 at 91 C"},
+            "startsAt": starts_at,
+            "endsAt": if status == "resolved" { "2026-11-30T03:10:00Z" } else { "0001-01-01T00:00:00Z" },
+            "generatorURL": "http://prometheus:9090/graph?g0.expr=DCGM_FI_DEV_GPU_TEMP",
+            "fingerprint": "5e2c9a1f0b7d3e44"
+        }],
+        "groupLabels": {"alertname": "GpuTempHigh"},
+        "commonLabels": {"alertname": "GpuTempHigh", "severity": "critical"},
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "version": "4",
+        "groupKey": "{}:{alertname=\"GpuTempHigh\"}",
+        "truncatedAlerts": 0,
+        "notification_reason": "new"
+    })
+    .to_string()
+}
+
+async fn post_raw(f: &Fixture, path: &str, token: Option<&str>, body: String) -> StatusCode {
+    let mut b = Request::builder().method("POST").uri(path).header(header::CONTENT_TYPE, "application/json");
+    if let Some(t) = token {
+        b = b.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    nightshift_web::router(f.sim.engine.clone()).oneshot(b.body(Body::from(body)).unwrap()).await.unwrap().status()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_starts_one_run_for_ten_deliveries() {
+    let f = fixture().await;
+    let starts = nightshift_engine::alerts::format_rfc3339_ms(nightshift_agent::clock::Clock::now_ms(&f.sim.clock));
+    let started = std::time::Instant::now();
+    for _ in 0..10 {
+        assert_eq!(post_raw(&f, "/api/v1/alerts/alertmanager", Some(WEBHOOK), payload("firing", &starts)).await, StatusCode::OK);
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "the webhook answers without waiting for runs");
+    settle(&f).await;
+    let (_, v) = call(&f, "GET", "/api/v1/runs", Some(VIEWER), None).await;
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{v}");
+    assert_eq!(runs[0]["runbook"], "hot");
+    assert_eq!(runs[0]["target"], json!({"node": "gpu-a1", "gpu": 2}));
+    // Resolved is recorded too.
+    assert_eq!(post_raw(&f, "/api/v1/alerts/alertmanager", Some(WEBHOOK), payload("resolved", &starts)).await, StatusCode::OK);
+    settle(&f).await;
+    let recs = f.sim.engine.audit().tail(0, usize::MAX).unwrap();
+    let received: Vec<_> = recs.iter().filter(|r| r.kind == nightshift_engine::audit::RecordKind::EventReceived).collect();
+    assert_eq!(received.len(), 2);
+    assert_eq!(received[1].data["status"], "resolved");
+    // Access and bad payloads.
+    assert_eq!(post_raw(&f, "/api/v1/alerts/alertmanager", None, payload("firing", &starts)).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(post_raw(&f, "/api/v1/alerts/alertmanager", Some(VIEWER), payload("firing", &starts)).await, StatusCode::FORBIDDEN);
+    assert_eq!(post_raw(&f, "/api/v1/alerts/alertmanager", Some(WEBHOOK), "{\"version\":\"3\"}".into()).await, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_follow_the_exposition_format() {
+    let f = fixture().await;
+    call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "cap", "node": "gpu-a1", "gpu": 0}))).await;
+    settle(&f).await;
+    let (s, v) = call(&f, "GET", "/metrics", Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::OK);
+    let text = v.as_str().unwrap();
+    let families = nightshift_web_test_exposition::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    for want in [
+        "nightshift_samples_ingested_total",
+        "nightshift_triggers_fired_total",
+        "nightshift_runs_total",
+        "nightshift_action_duration_seconds",
+        "nightshift_queue_depth",
+        "nightshift_agents_connected",
+        "nightshift_audit_sequence",
+    ] {
+        assert!(families.contains_key(want), "missing {want}");
+    }
+    assert!(text.contains("nightshift_runs_total{outcome=\"succeeded\"} 1"), "{text}");
+    assert!(text.contains("nightshift_action_duration_seconds_count 1"), "{text}");
+    assert!(text.contains("nightshift_agents_connected 2"), "{text}");
+}
+
+/// A strict reader of the Prometheus text format (0.0.4).
+mod nightshift_web_test_exposition {
+    use std::collections::HashMap;
+
+    fn valid_name(s: &str) -> bool {
+        let mut c = s.chars();
+        c.next().is_some_and(|f| f.is_ascii_alphabetic() || f == '_' || f == ':')
+            && c.all(|x| x.is_ascii_alphanumeric() || x == '_' || x == ':')
+    }
+
+    fn value(s: &str) -> bool {
+        matches!(s, "+Inf" | "-Inf" | "NaN") || s.parse::<f64>().is_ok()
+    }
+
+    /// Families by name → type. Errors name the line.
+    pub fn parse(text: &str) -> Result<HashMap<String, String>, String> {
+        let mut types: HashMap<String, String> = HashMap::new();
+        let mut seen_samples: HashMap<String, bool> = HashMap::new();
+        for (i, line) in text.lines().enumerate() {
+            let n = i + 1;
+            if line.is_empty() {
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("# ") {
+                let mut parts = rest.splitn(3, ' ');
+                let kind = parts.next().unwrap_or("");
+                let name = parts.next().ok_or(format!("line {n}: comment without a metric name"))?;
+                if !valid_name(name) {
+                    return Err(format!("line {n}: bad metric name {name:?}"));
+                }
+                match kind {
+                    "HELP" => {}
+                    "TYPE" => {
+                        let t = parts.next().ok_or(format!("line {n}: TYPE without a type"))?;
+                        if !["counter", "gauge", "histogram", "summary", "untyped"].contains(&t) {
+                            return Err(format!("line {n}: unknown type {t}"));
+                        }
+                        if types.insert(name.to_string(), t.to_string()).is_some() {
+                            return Err(format!("line {n}: second TYPE for {name}"));
+                        }
+                        if seen_samples.contains_key(name) {
+                            return Err(format!("line {n}: TYPE for {name} after its samples"));
+                        }
+                    }
+                    _ => return Err(format!("line {n}: unknown comment kind {kind}")),
+                }
+                continue;
+            }
+            let (name_labels, val) = line.rsplit_once(' ').ok_or(format!("line {n}: sample without a value"))?;
+            if !value(val) {
+                return Err(format!("line {n}: bad value {val:?}"));
+            }
+            let name = match name_labels.find('{') {
+                Some(b) => {
+                    let labels = name_labels[b + 1..].strip_suffix('}').ok_or(format!("line {n}: unclosed labels"))?;
+                    for pair in labels.split(',').filter(|p| !p.is_empty()) {
+                        let (k, v) = pair.split_once('=').ok_or(format!("line {n}: bad label {pair:?}"))?;
+                        if !valid_name(k) || k.contains(':') {
+                            return Err(format!("line {n}: bad label name {k:?}"));
+                        }
+                        if !(v.len() >= 2 && v.starts_with('"') && v.ends_with('"')) {
+                            return Err(format!("line {n}: label value not quoted: {v}"));
+                        }
+                    }
+                    &name_labels[..b]
+                }
+                None => name_labels,
+            };
+            if !valid_name(name) {
+                return Err(format!("line {n}: bad metric name {name:?}"));
+            }
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s).filter(|f| types.get(*f).is_some_and(|t| t == "histogram")))
+                .unwrap_or(name);
+            if !types.contains_key(family) {
+                return Err(format!("line {n}: sample {name} has no TYPE"));
+            }
+            seen_samples.insert(family.to_string(), true);
+        }
+        Ok(types)
+    }
+}
