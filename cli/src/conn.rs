@@ -49,11 +49,12 @@ pub struct Local {
 
 pub enum Conn {
     Remote(Remote),
-    Local(Local),
+    Local(Box<Local>),
 }
 
 fn unreachable(url: &str, e: reqwest::Error) -> anyhow::Error {
-    anyhow::Error::new(Fail(4)).context(format!("the engine at {url} is unreachable: {e}; is `nightshift serve` running?"))
+    anyhow::Error::new(Fail(4))
+        .context(format!("the engine at {url} is unreachable: {e}; is `nightshift serve` running?"))
 }
 
 impl Remote {
@@ -102,7 +103,11 @@ impl Remote {
     /// The SSE live tail, as a stream of records.
     pub async fn follow(&self, mut each: impl FnMut(AuditRecord) -> bool) -> Result<()> {
         use futures::StreamExt;
-        let resp = self.req(reqwest::Method::GET, "/api/v1/events/stream").send().await.map_err(|e| unreachable(&self.url, e))?;
+        let resp = self
+            .req(reqwest::Method::GET, "/api/v1/events/stream")
+            .send()
+            .await
+            .map_err(|e| unreachable(&self.url, e))?;
         if !resp.status().is_success() {
             return Err(anyhow!("{}: {}", self.url, resp.status()));
         }
@@ -200,8 +205,10 @@ impl Local {
                 return Ok(());
             }
             if std::time::Instant::now() > end {
-                let list: Vec<String> =
-                    missing.iter().map(|(n, e)| format!("{n} ({})", e.clone().unwrap_or_else(|| "no telemetry yet".into()))).collect();
+                let list: Vec<String> = missing
+                    .iter()
+                    .map(|(n, e)| format!("{n} ({})", e.clone().unwrap_or_else(|| "no telemetry yet".into())))
+                    .collect();
                 return Err(anyhow::Error::new(Fail(4)).context(format!("agents unreachable: {}", list.join(", "))));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -224,7 +231,11 @@ impl Conn {
     pub fn describe(&self) -> String {
         match self {
             Conn::Remote(r) => format!("using the engine at {}", r.url),
-            Conn::Local(l) => format!("using the engine embedded on {} (data in {})", l.config_path.display(), l.config.data_dir.display()),
+            Conn::Local(l) => format!(
+                "using the engine embedded on {} (data in {})",
+                l.config_path.display(),
+                l.config.data_dir.display()
+            ),
         }
     }
 
@@ -268,7 +279,11 @@ impl Conn {
     pub async fn submit(&mut self, req: RunRequest) -> Result<Submitted> {
         match self {
             Conn::Remote(r) => {
-                let (node, gpu, group) = (req.target.node.clone(), req.target.gpu, req.target.group.clone().map(|(k, v)| format!("{k}={v}")));
+                let (node, gpu, group) = (
+                    req.target.node.clone(),
+                    req.target.gpu,
+                    req.target.group.clone().map(|(k, v)| format!("{k}={v}")),
+                );
                 r.post("/api/v1/runs", &json!({"runbook": req.runbook, "node": node, "gpu": gpu, "group": group, "params": req.params, "dry_run": req.dry_run}))
                     .await
             }
@@ -307,16 +322,21 @@ impl Conn {
 
     pub async fn agent(&mut self, node: &str, what: &str) -> Result<Value> {
         match self {
-            Conn::Remote(r) => r.get(&format!("/api/v1/agents/{}/{what}", nightshift_web::pages::urlencode(node))).await,
+            Conn::Remote(r) => {
+                r.get(&format!("/api/v1/agents/{}/{what}", nightshift_web::pages::urlencode(node))).await
+            }
             Conn::Local(l) => {
                 let e = l.engine().await?;
                 let op = if what == "inventory" { Op::Inventory(NoArgs {}) } else { Op::Telemetry(NoArgs {}) };
                 let started = std::time::Instant::now();
-                let reply = e.agent_call(node, op).await.map_err(|e| anyhow::Error::new(Fail(4)).context(e.to_string()))?;
+                let reply =
+                    e.agent_call(node, op).await.map_err(|e| anyhow::Error::new(Fail(4)).context(e.to_string()))?;
                 if what == "inventory" {
                     return reply.result.ok_or_else(|| anyhow!("{:?}", reply.error));
                 }
-                Ok(json!({"node": node, "ok": reply.ok, "round_trip_ms": (started.elapsed().as_secs_f64() * 100_000.0).round() / 100.0, "error": reply.error}))
+                Ok(
+                    json!({"node": node, "ok": reply.ok, "round_trip_ms": (started.elapsed().as_secs_f64() * 100_000.0).round() / 100.0, "error": reply.error}),
+                )
             }
         }
     }
@@ -337,18 +357,21 @@ impl Conn {
                 let v: Value = r.get(&format!("/api/v1/runbooks/{}", nightshift_web::pages::urlencode(name))).await?;
                 Ok(serde_json::from_value(v["runbook"].clone())?)
             }
-            Conn::Local(l) => l
-                .runbooks()?
-                .into_iter()
-                .find(|r| r.name == name)
-                .ok_or_else(|| anyhow::Error::new(Fail(2)).context(format!("no runbook {name:?} in {}", l.config.runbook_dir.display()))),
+            Conn::Local(l) => l.runbooks()?.into_iter().find(|r| r.name == name).ok_or_else(|| {
+                anyhow::Error::new(Fail(2))
+                    .context(format!("no runbook {name:?} in {}", l.config.runbook_dir.display()))
+            }),
         }
     }
 
     pub async fn decide(&mut self, run: &str, approve: bool, reason: Option<&str>) -> Result<RunSummary> {
         match self {
             Conn::Remote(r) => {
-                let path = format!("/api/v1/runs/{}/{}", nightshift_web::pages::urlencode(run), if approve { "approve" } else { "reject" });
+                let path = format!(
+                    "/api/v1/runs/{}/{}",
+                    nightshift_web::pages::urlencode(run),
+                    if approve { "approve" } else { "reject" }
+                );
                 r.post(&path, &json!({"reason": reason})).await
             }
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(

@@ -59,14 +59,54 @@ struct DemoNode {
 }
 
 const LAYOUT: &[DemoNode] = &[
-    DemoNode { name: "a1", profile: "h100-sxm", labels: &[("pool", "a"), ("nvlink_domain", "a1"), ("rack", "r1")], standby: false },
-    DemoNode { name: "a2", profile: "h100-sxm", labels: &[("pool", "a"), ("nvlink_domain", "a2"), ("rack", "r1")], standby: false },
-    DemoNode { name: "a3", profile: "h100-sxm", labels: &[("pool", "a"), ("nvlink_domain", "a3"), ("rack", "r2")], standby: false },
-    DemoNode { name: "s1", profile: "h100-sxm", labels: &[("pool", "a"), ("nvlink_domain", "s1"), ("rack", "r2")], standby: true },
-    DemoNode { name: "ws1", profile: "rtx6000-ada", labels: &[("pool", "viz"), ("nvlink_domain", "ws1"), ("rack", "r3")], standby: false },
-    DemoNode { name: "g1", profile: "a100-sxm", labels: &[("pool", "b"), ("nvlink_domain", "g1"), ("rack", "r3")], standby: false },
-    DemoNode { name: "b1", profile: "h100-sxm", labels: &[("pool", "b"), ("nvlink_domain", "b1"), ("rack", "r4")], standby: false },
-    DemoNode { name: "mi1", profile: "mi300x", labels: &[("pool", "amd"), ("nvlink_domain", "mi1"), ("rack", "r4")], standby: false },
+    DemoNode {
+        name: "a1",
+        profile: "h100-sxm",
+        labels: &[("pool", "a"), ("nvlink_domain", "a1"), ("rack", "r1")],
+        standby: false,
+    },
+    DemoNode {
+        name: "a2",
+        profile: "h100-sxm",
+        labels: &[("pool", "a"), ("nvlink_domain", "a2"), ("rack", "r1")],
+        standby: false,
+    },
+    DemoNode {
+        name: "a3",
+        profile: "h100-sxm",
+        labels: &[("pool", "a"), ("nvlink_domain", "a3"), ("rack", "r2")],
+        standby: false,
+    },
+    DemoNode {
+        name: "s1",
+        profile: "h100-sxm",
+        labels: &[("pool", "a"), ("nvlink_domain", "s1"), ("rack", "r2")],
+        standby: true,
+    },
+    DemoNode {
+        name: "ws1",
+        profile: "rtx6000-ada",
+        labels: &[("pool", "viz"), ("nvlink_domain", "ws1"), ("rack", "r3")],
+        standby: false,
+    },
+    DemoNode {
+        name: "g1",
+        profile: "a100-sxm",
+        labels: &[("pool", "b"), ("nvlink_domain", "g1"), ("rack", "r3")],
+        standby: false,
+    },
+    DemoNode {
+        name: "b1",
+        profile: "h100-sxm",
+        labels: &[("pool", "b"), ("nvlink_domain", "b1"), ("rack", "r4")],
+        standby: false,
+    },
+    DemoNode {
+        name: "mi1",
+        profile: "mi300x",
+        labels: &[("pool", "amd"), ("nvlink_domain", "mi1"), ("rack", "r4")],
+        standby: false,
+    },
 ];
 
 const NCCL_GOOD: &str = "NCCL_DEBUG=WARN\nNCCL_IB_HCA=mlx5\nNCCL_SOCKET_IFNAME=eth0\n";
@@ -98,7 +138,9 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
         return Err(anyhow::Error::new(Fail(2)).context(format!("--nodes: expected at least 7, found {}", args.nodes)));
     }
     if !(1.0..=200.0).contains(&args.time_scale) {
-        return Err(anyhow::Error::new(Fail(2)).context(format!("--time-scale: expected 1 to 200, found {}", args.time_scale)));
+        return Err(
+            anyhow::Error::new(Fail(2)).context(format!("--time-scale: expected 1 to 200, found {}", args.time_scale))
+        );
     }
     let tmp;
     let dir = match &args.data_dir {
@@ -111,9 +153,11 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
             tmp.path().to_path_buf()
         }
     };
-    let runbook_dir = args.runbooks.clone().unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../runbooks")));
+    let runbook_dir =
+        args.runbooks.clone().unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../runbooks")));
     if !runbook_dir.join("gpu-overheat.yaml").exists() {
-        return Err(anyhow::Error::new(Fail(2)).context(format!("no runbooks in {}: pass --runbooks DIR", runbook_dir.display())));
+        return Err(anyhow::Error::new(Fail(2))
+            .context(format!("no runbooks in {}: pass --runbooks DIR", runbook_dir.display())));
     }
     let clock: SharedClock = Arc::new(ScaledClock::new(args.time_scale));
     let t0 = clock.now_ms();
@@ -163,12 +207,23 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
         };
         let sim = Arc::new(SimBackend::new(cfg.sim.clone())?);
         let backend: Arc<dyn Backend> = sim;
-        let s = runtime::start_with(&cfg, backend, clock.clone()).await.with_context(|| format!("starting agent {name}"))?;
+        let s = runtime::start_with(&cfg, backend, clock.clone())
+            .await
+            .with_context(|| format!("starting agent {name}"))?;
         if spec.standby {
-            s.agent.handle(Request::new("demo-standby", Op::SimFault(SimFault::PersonDrain { reason: "nightshift: demo standby (spare capacity)".into() }))).await;
+            s.agent
+                .handle(Request::new(
+                    "demo-standby",
+                    Op::SimFault(SimFault::PersonDrain { reason: "nightshift: demo standby (spare capacity)".into() }),
+                ))
+                .await;
         }
         let labels: Vec<String> = label_map(spec).iter().map(|(k, v)| format!("{k}: {v}")).collect();
-        let labels = if spec.name.is_empty() { format!("{{pool: b, rack: r5, nvlink_domain: {name}}}") } else { format!("{{{}}}", labels.join(", ")) };
+        let labels = if spec.name.is_empty() {
+            format!("{{pool: b, rack: r5, nvlink_domain: {name}}}")
+        } else {
+            format!("{{{}}}", labels.join(", "))
+        };
         fleet.push_str(&format!(
             "  - name: {name}\n    address: {}\n    host_key: {}\n    labels: {labels}\n    standby: {}\n",
             s.server.local_addr, s.host_key_fingerprint, spec.standby
@@ -186,12 +241,15 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
     );
     let engine_cfg_path = dir.join("engine.yaml");
     std::fs::write(&engine_cfg_path, engine_yaml)?;
-    let config = nightshift_engine::config::EngineConfig::load(&engine_cfg_path).map_err(|e| anyhow::Error::new(Fail(2)).context(e.to_string()))?;
-    let listener = tokio::net::TcpListener::bind(&args.listen)
-        .await
-        .map_err(|e| anyhow::Error::new(Fail(2)).context(format!("cannot listen on {}: {e} (pass --listen HOST:PORT)", args.listen)))?;
+    let config = nightshift_engine::config::EngineConfig::load(&engine_cfg_path)
+        .map_err(|e| anyhow::Error::new(Fail(2)).context(e.to_string()))?;
+    let listener = tokio::net::TcpListener::bind(&args.listen).await.map_err(|e| {
+        anyhow::Error::new(Fail(2)).context(format!("cannot listen on {}: {e} (pass --listen HOST:PORT)", args.listen))
+    })?;
     let url = format!("http://{}", listener.local_addr()?);
-    let engine = nightshift_engine::serve::start_with_clock(config, clock.clone()).await.map_err(|e| anyhow::Error::new(Fail(2)).context(e.to_string()))?;
+    let engine = nightshift_engine::serve::start_with_clock(config, clock.clone())
+        .await
+        .map_err(|e| anyhow::Error::new(Fail(2)).context(e.to_string()))?;
     let web_engine = engine.clone();
     let mut stop_web = engine.shutdown_signal();
     let web = tokio::spawn(async move {
@@ -203,8 +261,17 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
 
     println!("{}", out.bold("nightshift demo"));
     println!("  web UI     {url}");
-    println!("  fleet      {} simulated nodes (real SSH on loopback), {} runbooks", layout.len(), engine.runbook_set().runbooks.len());
-    println!("  time       {}× faster: {} s of demo = {} min of incident", args.time_scale, args.duration_secs, (args.duration_secs as f64 * args.time_scale / 60.0).round());
+    println!(
+        "  fleet      {} simulated nodes (real SSH on loopback), {} runbooks",
+        layout.len(),
+        engine.runbook_set().runbooks.len()
+    );
+    println!(
+        "  time       {}× faster: {} s of demo = {} min of incident",
+        args.time_scale,
+        args.duration_secs,
+        (args.duration_secs as f64 * args.time_scale / 60.0).round()
+    );
     println!("  data       {}", dir.display());
     println!();
 
@@ -228,9 +295,27 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
 
     // The fault script (simulated seconds after start).
     let mut faults = vec![
-        Fault { row: "H1", what: "clogged heatsink on an RTX 6000 (GPU 0)", node: "ws1", group: None, injected_ms: None },
-        Fault { row: "H4", what: "pool a runs at its power limit", node: "", group: Some(("pool", "a")), injected_ms: None },
-        Fault { row: "H5", what: "a person applies an NCCL config that disables P2P", node: "a2", group: None, injected_ms: None },
+        Fault {
+            row: "H1",
+            what: "clogged heatsink on an RTX 6000 (GPU 0)",
+            node: "ws1",
+            group: None,
+            injected_ms: None,
+        },
+        Fault {
+            row: "H4",
+            what: "pool a runs at its power limit",
+            node: "",
+            group: Some(("pool", "a")),
+            injected_ms: None,
+        },
+        Fault {
+            row: "H5",
+            what: "a person applies an NCCL config that disables P2P",
+            node: "a2",
+            group: None,
+            injected_ms: None,
+        },
         Fault { row: "H6", what: "A100 GPU 1 memory 28% fragmented", node: "g1", group: None, injected_ms: None },
         Fault { row: "H8", what: "double-bit ECC error on GPU 2", node: "b1", group: None, injected_ms: None },
         Fault { row: "H2", what: "clogged heatsink on an MI300X (GPU 0)", node: "mi1", group: None, injected_ms: None },
@@ -261,7 +346,11 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
                     let repair = matches!(f, SimFault::HeatsinkDegradation { factor, .. } if factor == 1.0);
                     agents[node].handle(Request::new(format!("demo-fault-{injected}"), Op::SimFault(f))).await;
                     if repair {
-                        println!("{} {}", stamp(out, injected, t0), out.dim(&format!("repaired: {node} cooling cleaned")));
+                        println!(
+                            "{} {}",
+                            stamp(out, injected, t0),
+                            out.dim(&format!("repaired: {node} cooling cleaned"))
+                        );
                         continue;
                     }
                 }
@@ -270,7 +359,11 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
                     let r = agents[node]
                         .handle(Request::new(
                             "person-nccl-change",
-                            Op::ConfigApply(ConfigApplyArgs { name: "nccl-env".into(), content: NCCL_BAD.into(), note: Some("tuning attempt by a person".into()) }),
+                            Op::ConfigApply(ConfigApplyArgs {
+                                name: "nccl-env".into(),
+                                content: NCCL_BAD.into(),
+                                note: Some("tuning attempt by a person".into()),
+                            }),
                         ))
                         .await;
                     if !r.ok {
@@ -306,7 +399,14 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
     let mut all_ok = true;
     for f in &faults {
         let Some(at) = f.injected_ms else {
-            rows.push(vec![f.row.into(), f.what.into(), "—".into(), "0".into(), "—".into(), out.yellow("not injected (demo ended first)")]);
+            rows.push(vec![
+                f.row.into(),
+                f.what.into(),
+                "—".into(),
+                "0".into(),
+                "—".into(),
+                out.yellow("not injected (demo ended first)"),
+            ]);
             all_ok = false;
             continue;
         };
@@ -321,11 +421,16 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
         let ids: Vec<&str> = mine.iter().map(|r| r.id.as_str()).collect();
         let first_action = records
             .iter()
-            .filter(|r| r.kind == RecordKind::ActionResult && r.run.as_deref().is_some_and(|id| ids.contains(&id)) && r.data["applied"] == true)
+            .filter(|r| {
+                r.kind == RecordKind::ActionResult
+                    && r.run.as_deref().is_some_and(|id| ids.contains(&id))
+                    && r.data["applied"] == true
+            })
             .map(|r| r.ts_ms)
             .min();
         let actions: u32 = mine.iter().map(|r| r.actions).sum();
-        let book: Vec<String> = mine.iter().map(|r| r.runbook.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let book: Vec<String> =
+            mine.iter().map(|r| r.runbook.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
         let outcome = if mine.is_empty() {
             "no run".to_string()
         } else if mine.iter().any(|r| r.outcome.is_none()) {
@@ -357,7 +462,11 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
         all_ok = false;
     }
     println!("web UI     was at {url}");
-    println!("data       {}{}", dir.display(), if args.data_dir.is_none() { " (temporary: removed on exit)" } else { "" });
+    println!(
+        "data       {}{}",
+        dir.display(),
+        if args.data_dir.is_none() { " (temporary: removed on exit)" } else { "" }
+    );
     if args.keep_serving && !interrupted {
         println!("keeping the web UI up: Ctrl-C to stop");
         let _ = tokio::signal::ctrl_c().await;
@@ -379,19 +488,31 @@ fn stamp(out: &Out, ms: i64, t0: i64) -> String {
 fn live_line(out: &Out, r: &AuditRecord, t0: i64) -> Option<String> {
     let run = r.run.clone().unwrap_or_default();
     let text = match r.kind {
-        RecordKind::RunQueued => format!("{} {} {} — {}", out.blue("run"), run, r.runbook.clone().unwrap_or_default(), r.data["detail"].as_str().unwrap_or("")),
+        RecordKind::RunQueued => format!(
+            "{} {} {} — {}",
+            out.blue("run"),
+            run,
+            r.runbook.clone().unwrap_or_default(),
+            r.data["detail"].as_str().unwrap_or("")
+        ),
         RecordKind::ActionResult if r.data["applied"] == true || r.data["ok"] == false => format!(
             "  {} {} {}{} {}",
             run,
             r.data["op"].as_str().unwrap_or("?"),
             r.node.clone().unwrap_or_default(),
             r.gpu.map(|g| format!("/gpu{g}")).unwrap_or_default(),
-            if r.data["ok"] == true { out.green("applied") } else { out.red(r.data["error"].as_str().unwrap_or("refused")) }
+            if r.data["ok"] == true {
+                out.green("applied")
+            } else {
+                out.red(r.data["error"].as_str().unwrap_or("refused"))
+            }
         ),
         RecordKind::Notification => format!("  {} {}", out.yellow("notify"), r.data["text"].as_str().unwrap_or("")),
         RecordKind::Escalation => format!("  {} {}", out.red("escalate"), r.data["text"].as_str().unwrap_or("")),
         RecordKind::BreakerTripped => format!("  {} {}", out.red("breaker"), r.data["reason"].as_str().unwrap_or("")),
-        RecordKind::RunFinished => format!("{} {} {}", out.blue("end"), run, out.status(r.data["outcome"].as_str().unwrap_or("?"))),
+        RecordKind::RunFinished => {
+            format!("{} {} {}", out.blue("end"), run, out.status(r.data["outcome"].as_str().unwrap_or("?")))
+        }
         _ => return None,
     };
     Some(format!("{} {text}", stamp(out, r.ts_ms, t0)))

@@ -238,7 +238,7 @@ fn conn(cli: &Cli, out: &Out) -> Result<Conn> {
                     cli.config.display()
                 )));
             }
-            Conn::Local(Local::new(&cli.config)?)
+            Conn::Local(Box::new(Local::new(&cli.config)?))
         }
     };
     if !out.json {
@@ -254,7 +254,8 @@ fn parse_since(s: &str) -> Result<i64> {
         return Ok(ms);
     }
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: i64 = num.parse().map_err(|_| usage(format!("--since: expected 30m, 6h, 2d or an RFC 3339 time, found {s:?}")))?;
+    let n: i64 =
+        num.parse().map_err(|_| usage(format!("--since: expected 30m, 6h, 2d or an RFC 3339 time, found {s:?}")))?;
     let mult = match unit {
         "s" => 1_000,
         "m" => 60_000,
@@ -293,7 +294,18 @@ async fn real_main(cli: Cli) -> Result<u8> {
         Command::Run { runbook, node, gpu, group, params, dry_run, yes } => {
             init_logging("warn");
             let mut c = conn(&cli, &out)?;
-            let r = run::run(&mut c, &out, runbook, node.clone(), *gpu, group.clone(), parse_params(params)?, *dry_run, *yes).await;
+            let r = run::run(
+                &mut c,
+                &out,
+                runbook,
+                node.clone(),
+                *gpu,
+                group.clone(),
+                parse_params(params)?,
+                *dry_run,
+                *yes,
+            )
+            .await;
             c.close().await;
             r
         }
@@ -334,12 +346,19 @@ async fn real_main(cli: Cli) -> Result<u8> {
                     .unwrap_or_else(|_| PathBuf::from("engine_key")),
             };
             if path.exists() && !force {
-                return Err(usage(format!("{} already exists: pass --force to replace it (agents will need the new .pub)", path.display())));
+                return Err(usage(format!(
+                    "{} already exists: pass --force to replace it (agents will need the new .pub)",
+                    path.display()
+                )));
             }
             let key = nightshift_agent::ssh::keys::generate("nightshift-engine")?;
             nightshift_agent::ssh::keys::write_keypair(&key, &path)?;
             let public = key.public_key().to_openssh()?;
-            println!("wrote {} (mode 0600) and {}", path.display(), nightshift_agent::ssh::keys::pub_path(&path).display());
+            println!(
+                "wrote {} (mode 0600) and {}",
+                path.display(),
+                nightshift_agent::ssh::keys::pub_path(&path).display()
+            );
             println!("fingerprint {}", nightshift_agent::ssh::keys::fingerprint(key.public_key()));
             println!("add this line to every agent's authorized_keys:\n{public}");
             Ok(0)
@@ -374,14 +393,20 @@ async fn serve(cli: &Cli, listen: Option<String>) -> Result<u8> {
         config.listen_addr = l;
     }
     let addr = config.listen_addr.clone();
-    let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| usage(format!("cannot listen on {addr}: {e}")))?;
+    let listener =
+        tokio::net::TcpListener::bind(&addr).await.map_err(|e| usage(format!("cannot listen on {addr}: {e}")))?;
     let engine = nightshift_engine::serve::start(config).await.map_err(|e| match e {
         nightshift_engine::serve::StartError::Audit(nightshift_engine::audit::AuditError::Locked { path, .. }) => {
             usage(format!("{} is in use by another nightshift process", path.display()))
         }
         other => usage(other.to_string()),
     })?;
-    eprintln!("nightshift serving on http://{} ({} nodes, {} runbooks)", listener.local_addr()?, engine.node_names().len(), engine.runbook_set().runbooks.len());
+    eprintln!(
+        "nightshift serving on http://{} ({} nodes, {} runbooks)",
+        listener.local_addr()?,
+        engine.node_names().len(),
+        engine.runbook_set().runbooks.len()
+    );
     let e2 = engine.clone();
     let shutdown = async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
@@ -406,7 +431,15 @@ async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
             } else {
                 let rows: Vec<Vec<String>> = list
                     .iter()
-                    .map(|r| vec![r.handbook.clone().unwrap_or_default(), r.name.clone(), r.trigger.clone(), r.scope.clone(), clip(&r.description, 90)])
+                    .map(|r| {
+                        vec![
+                            r.handbook.clone().unwrap_or_default(),
+                            r.name.clone(),
+                            r.trigger.clone(),
+                            r.scope.clone(),
+                            clip(&r.description, 90),
+                        ]
+                    })
                     .collect();
                 out.table(&["ROW", "RUNBOOK", "TRIGGER", "SCOPE", "DESCRIPTION"], &rows);
             }
@@ -438,7 +471,10 @@ async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
             let set = nightshift_engine::runbook::load_dir(&dir, &engine);
             if out.json {
                 let errors: Vec<String> = set.errors.iter().map(|e| e.to_string()).collect();
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({"loaded": set.names(), "errors": errors}))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({"loaded": set.names(), "errors": errors}))?
+                );
             } else {
                 for e in &set.errors {
                     println!("{} {e}", out.red("error:"));
@@ -455,7 +491,9 @@ async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
 }
 
 fn default_runbook_dir(cli: &Cli) -> PathBuf {
-    nightshift_engine::config::EngineConfig::load(&cli.config).map(|c| c.runbook_dir).unwrap_or_else(|_| PathBuf::from("runbooks"))
+    nightshift_engine::config::EngineConfig::load(&cli.config)
+        .map(|c| c.runbook_dir)
+        .unwrap_or_else(|_| PathBuf::from("runbooks"))
 }
 
 async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
@@ -485,9 +523,20 @@ async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                     .iter()
                     .map(|r| {
                         let status = r.outcome.map(|o| o.as_str().to_string()).unwrap_or_else(|| {
-                            serde_json::to_value(r.state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+                            serde_json::to_value(r.state)
+                                .ok()
+                                .and_then(|v| v.as_str().map(str::to_string))
+                                .unwrap_or_default()
                         });
-                        vec![time(r.created_ms), r.id.clone(), r.runbook.clone(), r.target.to_string(), out.status(&status), r.actions.to_string(), clip(&r.why, 80)]
+                        vec![
+                            time(r.created_ms),
+                            r.id.clone(),
+                            r.runbook.clone(),
+                            r.target.to_string(),
+                            out.status(&status),
+                            r.actions.to_string(),
+                            clip(&r.why, 80),
+                        ]
                     })
                     .collect();
                 out.table(&["CREATED (UTC)", "RUN", "RUNBOOK", "TARGET", "STATUS", "ACTIONS", "WHY"], &rows);
@@ -503,9 +552,23 @@ async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 println!("{}", serde_json::to_string_pretty(&serde_json::json!({"run": r, "records": records}))?);
                 return Ok(0);
             }
-            println!("{} {} on {}  {}", out.bold(&r.id), r.runbook, r.target, out.status(r.outcome.map(|o| o.as_str()).unwrap_or("active")));
+            println!(
+                "{} {} on {}  {}",
+                out.bold(&r.id),
+                r.runbook,
+                r.target,
+                out.status(r.outcome.map(|o| o.as_str()).unwrap_or("active"))
+            );
             println!("{}", r.why);
-            println!("{}", out.dim(&format!("requested by {} · trigger {} · created {}", r.requested_by, r.trigger, time(r.created_ms))));
+            println!(
+                "{}",
+                out.dim(&format!(
+                    "requested by {} · trigger {} · created {}",
+                    r.requested_by,
+                    r.trigger,
+                    time(r.created_ms)
+                ))
+            );
             for rec in &records {
                 println!("{}", run::describe_record(out, rec, r.created_ms));
             }
@@ -537,7 +600,12 @@ async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
             if out.json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else if v.ok {
-                println!("{} chain verified up to record {} ({} records)", out.green("ok:"), v.verified_up_to, v.records);
+                println!(
+                    "{} chain verified up to record {} ({} records)",
+                    out.green("ok:"),
+                    v.verified_up_to,
+                    v.records
+                );
             } else {
                 println!(
                     "{} the chain breaks at record {}: {}",
@@ -577,9 +645,18 @@ async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
             let rows: Vec<Vec<String>> = nodes
                 .iter()
                 .map(|n| {
-                    let hottest = n.gpus.iter().filter_map(|g| g.get("gpu.temperature_c")).cloned().fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
+                    let hottest = n
+                        .gpus
+                        .iter()
+                        .filter_map(|g| g.get("gpu.temperature_c"))
+                        .cloned()
+                        .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
                     let drain = if n.state.drained {
-                        if n.drained_by_person { out.yellow("drained (person)") } else { out.blue("drained (nightshift)") }
+                        if n.drained_by_person {
+                            out.yellow("drained (person)")
+                        } else {
+                            out.blue("drained (nightshift)")
+                        }
                     } else {
                         "in service".into()
                     };
@@ -614,7 +691,13 @@ async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
                 println!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(0);
             }
-            println!("{} · backend {} · scheduler {} · agent {}", v["node"].as_str().unwrap_or(node), v["backend"], v["scheduler"], v["agent_version"]);
+            println!(
+                "{} · backend {} · scheduler {} · agent {}",
+                v["node"].as_str().unwrap_or(node),
+                v["backend"],
+                v["scheduler"],
+                v["agent_version"]
+            );
             let rows: Vec<Vec<String>> = v["gpus"]
                 .as_array()
                 .cloned()
@@ -644,7 +727,8 @@ async fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             let code = e.chain().find_map(|c| c.downcast_ref::<Fail>()).map_or(1, |f| f.0);
-            let msgs: Vec<String> = e.chain().filter(|c| c.downcast_ref::<Fail>().is_none()).map(|c| c.to_string()).collect();
+            let msgs: Vec<String> =
+                e.chain().filter(|c| c.downcast_ref::<Fail>().is_none()).map(|c| c.to_string()).collect();
             eprintln!("error: {}", msgs.first().cloned().unwrap_or_else(|| "failed".into()));
             for m in msgs.iter().skip(1) {
                 eprintln!("  caused by: {m}");

@@ -30,12 +30,23 @@ fn compact(v: &Value) -> String {
 pub fn describe_record(out: &Out, r: &AuditRecord, t0: i64) -> String {
     let t = out.dim(&format!("+{:>5.0}s", (r.ts_ms - t0) as f64 / 1000.0));
     let d = &r.data;
-    let where_ = format!("{}{}", r.node.clone().unwrap_or_default(), r.gpu.map(|g| format!("/gpu{g}")).unwrap_or_default());
+    let where_ =
+        format!("{}{}", r.node.clone().unwrap_or_default(), r.gpu.map(|g| format!("/gpu{g}")).unwrap_or_default());
     let text = match r.kind {
-        RecordKind::RunQueued => format!("queued {} {} on {} — {}", r.run.clone().unwrap_or_default(), r.runbook.clone().unwrap_or_default(), where_, d["detail"].as_str().unwrap_or("")),
-        RecordKind::ApprovalRequested => out.yellow(&format!("waiting for approval: {}", d["reason"].as_str().unwrap_or(""))),
+        RecordKind::RunQueued => format!(
+            "queued {} {} on {} — {}",
+            r.run.clone().unwrap_or_default(),
+            r.runbook.clone().unwrap_or_default(),
+            where_,
+            d["detail"].as_str().unwrap_or("")
+        ),
+        RecordKind::ApprovalRequested => {
+            out.yellow(&format!("waiting for approval: {}", d["reason"].as_str().unwrap_or("")))
+        }
         RecordKind::Approved => out.green(&format!("approved by {}", d["by"].as_str().unwrap_or(""))),
-        RecordKind::Rejected => out.red(&format!("rejected by {}: {}", d["by"].as_str().unwrap_or(""), d["reason"].as_str().unwrap_or(""))),
+        RecordKind::Rejected => {
+            out.red(&format!("rejected by {}: {}", d["by"].as_str().unwrap_or(""), d["reason"].as_str().unwrap_or("")))
+        }
         RecordKind::RunStarted => "started".into(),
         RecordKind::ActionIntent => format!(
             "→ {} {} on {}{}",
@@ -53,12 +64,19 @@ pub fn describe_record(out: &Out, r: &AuditRecord, t0: i64) -> String {
                 format!(" {} → {}", compact(&d["before"]), compact(&d["after"]))
             };
             let extra = d["error"].as_str().or(d["detail"].as_str()).map(|e| format!(" ({e})")).unwrap_or_default();
-            format!("  {mark}{change}{extra}{}", d["duration_ms"].as_i64().map(|ms| out.dim(&format!(" {ms} ms"))).unwrap_or_default())
+            format!(
+                "  {mark}{change}{extra}{}",
+                d["duration_ms"].as_i64().map(|ms| out.dim(&format!(" {ms} ms"))).unwrap_or_default()
+            )
         }
         RecordKind::Note => format!("  note: {}", d["text"].as_str().unwrap_or("")),
         RecordKind::Notification => out.yellow(&format!("  notify: {}", d["text"].as_str().unwrap_or(""))),
         RecordKind::Escalation => out.red(&format!("  ESCALATE: {}", d["text"].as_str().unwrap_or(""))),
-        RecordKind::Refusal => out.red(&format!("  refused ({}): {}", d["code"].as_str().unwrap_or(""), d["reason"].as_str().unwrap_or(""))),
+        RecordKind::Refusal => out.red(&format!(
+            "  refused ({}): {}",
+            d["code"].as_str().unwrap_or(""),
+            d["reason"].as_str().unwrap_or("")
+        )),
         RecordKind::RunFinished => {
             let o = d["outcome"].as_str().unwrap_or("?");
             format!("finished: {}{}", out.status(o), d["error"].as_str().map(|e| format!(" — {e}")).unwrap_or_default())
@@ -92,10 +110,14 @@ pub async fn run(
     let target = match (&node, gpu, &group) {
         (Some(n), g, None) => Target { node: Some(n.clone()), gpu: g, group: None },
         (None, None, Some(g)) => {
-            let (k, v) = g.split_once('=').ok_or_else(|| anyhow::Error::new(Fail(2)).context(format!("--group: expected label=value, found {g:?}")))?;
+            let (k, v) = g.split_once('=').ok_or_else(|| {
+                anyhow::Error::new(Fail(2)).context(format!("--group: expected label=value, found {g:?}"))
+            })?;
             Target::group(k, v)
         }
-        _ => return Err(anyhow::Error::new(Fail(2)).context("name a target: --node N [--gpu G], or --group label=value")),
+        _ => {
+            return Err(anyhow::Error::new(Fail(2)).context("name a target: --node N [--gpu G], or --group label=value"));
+        }
     };
     // The plan.
     let rb = c.runbook(runbook).await?;
@@ -109,7 +131,9 @@ pub async fn run(
         .map(|n| n.name.clone())
         .collect();
     if touched.is_empty() {
-        return Err(anyhow::Error::new(Fail(2)).context(format!("no node matches {target}: check the node name or the label")));
+        return Err(
+            anyhow::Error::new(Fail(2)).context(format!("no node matches {target}: check the node name or the label"))
+        );
     }
     let approval = &rb.manifest["approval"];
     let needs_approval = !dry_run
@@ -127,18 +151,27 @@ pub async fn run(
         println!("{} {} — {}", out.bold("runbook"), rb.name, rb.description);
         println!("{} {}  ({} node(s): {})", out.bold("target "), target, touched.len(), clip(&touched.join(", "), 80));
         if !resolved.is_empty() {
-            println!("{} {}", out.bold("params "), resolved.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "));
+            println!(
+                "{} {}",
+                out.bold("params "),
+                resolved.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+            );
         }
         println!(
             "{} {}{}",
             out.bold("mode   "),
-            if dry_run { out.yellow("dry run: every action is checked and nothing changes") } else { out.red("live: actions change the nodes") },
+            if dry_run {
+                out.yellow("dry run: every action is checked and nothing changes")
+            } else {
+                out.red("live: actions change the nodes")
+            },
             if needs_approval { out.yellow("; needs approval by another operator") } else { String::new() }
         );
     }
     if !dry_run && !yes {
         if !std::io::stdin().is_terminal() {
-            return Err(anyhow::Error::new(Fail(2)).context("this run changes nodes: confirm with --yes (stdin is not a terminal), or use --dry-run"));
+            return Err(anyhow::Error::new(Fail(2))
+                .context("this run changes nodes: confirm with --yes (stdin is not a terminal), or use --dry-run"));
         }
         print!("Proceed? [y/N] ");
         std::io::stdout().flush()?;

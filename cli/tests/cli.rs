@@ -42,7 +42,8 @@ fn code(o: &Output) -> i32 {
 }
 
 fn json(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)))
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)))
 }
 
 async fn power(a: &TestAgent, gpu: usize) -> f64 {
@@ -64,8 +65,16 @@ async fn setup(dir: &Path) -> (TestAgent, TestAgent) {
         dir,
         &[&g1, &g2],
         &[
-            ("cap", "trigger: {type: manual}\nscope: gpu\nparams:\n  watts: {type: float, default: 500}\n", "let r = set_power_limit(params.watts);\nif !r.ok { fail(r.error); }\n"),
-            ("careful", "trigger: {type: manual}\nscope: node\napproval: {always: true}\n", "note(\"approved work\");\n"),
+            (
+                "cap",
+                "trigger: {type: manual}\nscope: gpu\nparams:\n  watts: {type: float, default: 500}\n",
+                "let r = set_power_limit(params.watts);\nif !r.ok { fail(r.error); }\n",
+            ),
+            (
+                "careful",
+                "trigger: {type: manual}\nscope: node\napproval: {always: true}\n",
+                "note(\"approved work\");\n",
+            ),
         ],
         &tokens,
     );
@@ -80,7 +89,8 @@ async fn embedded_engine() {
 
     let o = run(d, &["runbooks", "list", "--json"]);
     assert_eq!(code(&o), 0);
-    let names: Vec<String> = json(&o).as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap().to_string()).collect();
+    let names: Vec<String> =
+        json(&o).as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap().to_string()).collect();
     assert_eq!(names, vec!["cap", "careful"]);
 
     // A dry run changes nothing.
@@ -138,7 +148,8 @@ async fn embedded_engine() {
     assert_eq!(code(&o), 0);
     assert!(String::from_utf8_lossy(&o.stdout).contains("chain verified up to record"));
     let o = run(d, &["audit", "export", "--format", "jsonl"]);
-    let lines: Vec<Value> = String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> =
+        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert!(lines.len() > 10);
     assert_eq!(lines[0]["seq"], 1);
 
@@ -153,7 +164,11 @@ async fn embedded_engine() {
     // Validate, with a broken file.
     let o = run(d, &["runbooks", "validate", "runbooks"]);
     assert_eq!(code(&o), 0);
-    std::fs::write(d.join("runbooks/broken.yaml"), "version: 1\nname: broken\ndescription: x\nscript: x.rhai\nscope: node\ntrigger: {type: sometimes}\n").unwrap();
+    std::fs::write(
+        d.join("runbooks/broken.yaml"),
+        "version: 1\nname: broken\ndescription: x\nscript: x.rhai\nscope: node\ntrigger: {type: sometimes}\n",
+    )
+    .unwrap();
     let o = run(d, &["runbooks", "validate", "runbooks"]);
     assert_eq!(code(&o), 2);
     assert!(String::from_utf8_lossy(&o.stdout).contains("broken.yaml:6:17: trigger.type: unknown variant `sometimes`"));
@@ -205,7 +220,11 @@ async fn served_engine() {
     // An embedded engine on the same data dir is refused, clearly.
     let o = run(d, &["audit", "list"]);
     assert_eq!(code(&o), 2);
-    assert!(String::from_utf8_lossy(&o.stderr).contains("in use by another nightshift process"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("in use by another nightshift process"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 
     // Runs through the server.
     let o = srv(&["run", "cap", "--node", "g1", "--gpu", "1", "--param", "watts=400", "--dry-run"], OPERATOR);
@@ -230,7 +249,12 @@ async fn served_engine() {
     let mut pending = None;
     for _ in 0..100 {
         let o = srv(&["audit", "list", "--json"], OPERATOR);
-        pending = json(&o)["runs"].as_array().unwrap().iter().find(|r| r["state"] == "pending_approval").map(|r| r["id"].as_str().unwrap().to_string());
+        pending = json(&o)["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["state"] == "pending_approval")
+            .map(|r| r["id"].as_str().unwrap().to_string());
         if pending.is_some() {
             break;
         }
@@ -255,7 +279,12 @@ async fn served_engine() {
     let mut pending = None;
     for _ in 0..100 {
         let o = srv(&["audit", "list", "--json"], OPERATOR);
-        pending = json(&o)["runs"].as_array().unwrap().iter().find(|r| r["state"] == "pending_approval").map(|r| r["id"].as_str().unwrap().to_string());
+        pending = json(&o)["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["state"] == "pending_approval")
+            .map(|r| r["id"].as_str().unwrap().to_string());
         if pending.is_some() {
             break;
         }

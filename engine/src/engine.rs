@@ -1810,7 +1810,9 @@ impl Engine {
             .collect();
         // Across several GPUs, the worst one speaks for the node. Readings
         // are kept as f32: give scripts two decimals, not float noise.
-        vals.into_iter().fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x)))).map(|v| (v * 100.0).round() / 100.0)
+        vals.into_iter()
+            .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))))
+            .map(|v| (v * 100.0).round() / 100.0)
     }
 
     pub(crate) fn alert_resolved(&self, fingerprint: &str) -> bool {

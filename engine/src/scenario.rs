@@ -425,7 +425,8 @@ pub async fn run(path: &Path, runbook_dir: &Path) -> Result<ScenarioReport, Scen
     timeline.sort_by_key(|e| e.at_secs);
     let mut checks: Vec<&Check> = scenario.expect.checks.iter().collect();
     checks.sort_by_key(|c| c.at_secs.unwrap_or(0));
-    let mut workload = Workload::new(scenario.fleet.iter().map(|n| (n.name.clone(), n.util_pct.unwrap_or(85.0))).collect());
+    let mut workload =
+        Workload::new(scenario.fleet.iter().map(|n| (n.name.clone(), n.util_pct.unwrap_or(85.0))).collect());
     let mut next = 0usize;
     let mut next_check = 0usize;
     let steps = scenario.duration_secs / scenario.tick_secs;

@@ -57,14 +57,20 @@ impl Workload {
             let util = if v.state.drained {
                 0.0
             } else if let Some(p) = pool {
-                let active = views.iter().filter(|n| n.labels.get(&p.label) == Some(&p.value) && !n.state.drained).count().max(1);
+                let active = views
+                    .iter()
+                    .filter(|n| n.labels.get(&p.label) == Some(&p.value) && !n.state.drained)
+                    .count()
+                    .max(1);
                 (p.total_util_pct / active as f64).min(100.0)
             } else {
                 self.desired.get(&v.name).copied().unwrap_or(85.0)
             };
             if self.last_sent.get(&v.name) != Some(&util) {
                 self.last_sent.insert(v.name.clone(), util);
-                let _ = agent.handle(Request::new("workload", Op::SimFault(SimFault::Load { gpu: None, util_pct: util }))).await;
+                let _ = agent
+                    .handle(Request::new("workload", Op::SimFault(SimFault::Load { gpu: None, util_pct: util })))
+                    .await;
             }
         }
     }

@@ -45,7 +45,8 @@ fn json_rejection(r: JsonRejection) -> ApiError {
         return ApiError::new(status, "too_large", "request body too large");
     }
     let text = r.body_text();
-    let text = text.strip_prefix("Failed to deserialize the JSON body into the target type: ").unwrap_or(&text).to_string();
+    let text =
+        text.strip_prefix("Failed to deserialize the JSON body into the target type: ").unwrap_or(&text).to_string();
     if status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
         return ApiError::new(status, "unsupported_media_type", "expected `Content-Type: application/json`");
     }
@@ -97,7 +98,9 @@ impl RunsQuery {
         };
         let state = match self.state.as_deref().filter(|s| !s.is_empty()) {
             Some(s) => Some(serde_json::from_value::<RunState>(json!(s)).map_err(|_| {
-                ApiError::bad_request(format!("state: expected queued, pending_approval, running or finished, found {s:?}"))
+                ApiError::bad_request(format!(
+                    "state: expected queued, pending_approval, running or finished, found {s:?}"
+                ))
             })?),
             None => None,
         };
@@ -115,13 +118,21 @@ impl RunsQuery {
     }
 }
 
-pub async fn list_runs(State(s): State<AppState>, headers: HeaderMap, ApiQuery(q): ApiQuery<RunsQuery>) -> Result<Response, ApiError> {
+pub async fn list_runs(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    ApiQuery(q): ApiQuery<RunsQuery>,
+) -> Result<Response, ApiError> {
     s.auth.require(&headers, &Method::GET, Role::Viewer)?;
     let page = s.engine.runs(&q.filter()?)?;
     Ok(Json(page).into_response())
 }
 
-pub async fn get_run(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn get_run(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     s.auth.require(&headers, &Method::GET, Role::Viewer)?;
     let run = s.engine.run(&id)?.ok_or_else(|| ApiError::not_found(format!("no run {id:?}")))?;
     let records = s.engine.run_records(&id)?;
@@ -161,7 +172,12 @@ impl StartRun {
     }
 }
 
-pub async fn start_run(State(s): State<AppState>, method: Method, headers: HeaderMap, ApiJson(body): ApiJson<StartRun>) -> Result<Response, ApiError> {
+pub async fn start_run(
+    State(s): State<AppState>,
+    method: Method,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<StartRun>,
+) -> Result<Response, ApiError> {
     let id = s.auth.require(&headers, &method, Role::Operator)?;
     let target = body.target()?;
     let now = nightshift_agent::clock::Clock::now_ms(s.engine.clock().as_ref());
@@ -189,7 +205,12 @@ pub struct Reason {
     pub reason: String,
 }
 
-pub async fn approve(State(s): State<AppState>, method: Method, headers: HeaderMap, Path(run): Path<String>) -> Result<Response, ApiError> {
+pub async fn approve(
+    State(s): State<AppState>,
+    method: Method,
+    headers: HeaderMap,
+    Path(run): Path<String>,
+) -> Result<Response, ApiError> {
     let id = s.auth.require(&headers, &method, Role::Operator)?;
     Ok(Json(s.engine.approve(&run, &id.actor()).await?).into_response())
 }
@@ -208,7 +229,12 @@ pub async fn reject(
     Ok(Json(s.engine.reject(&run, &id.actor(), &body.reason).await?).into_response())
 }
 
-pub async fn cancel(State(s): State<AppState>, method: Method, headers: HeaderMap, Path(run): Path<String>) -> Result<Response, ApiError> {
+pub async fn cancel(
+    State(s): State<AppState>,
+    method: Method,
+    headers: HeaderMap,
+    Path(run): Path<String>,
+) -> Result<Response, ApiError> {
     let id = s.auth.require(&headers, &method, Role::Operator)?;
     s.engine.cancel(&run, &id.actor()).await?;
     Ok(Json(json!({"cancelled": run})).into_response())
@@ -224,7 +250,11 @@ pub async fn nodes(State(s): State<AppState>, headers: HeaderMap) -> Result<Resp
     Ok(Json(s.engine.nodes()).into_response())
 }
 
-pub async fn node(State(s): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> Result<Response, ApiError> {
+pub async fn node(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
     s.auth.require(&headers, &Method::GET, Role::Viewer)?;
     let n = s.engine.node(&name).ok_or_else(|| ApiError::not_found(format!("no node {name:?} in the inventory")))?;
     let recent = s.engine.runs(&RunFilter { node: Some(name.clone()), limit: Some(20), ..Default::default() })?;
@@ -253,15 +283,24 @@ pub async fn hands_off(
     Ok(Json(json!({"node": name, "hands_off": body.hands_off})).into_response())
 }
 
-pub async fn agent_ping(State(s): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> Result<Response, ApiError> {
+pub async fn agent_ping(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
     s.auth.require(&headers, &Method::GET, Role::Viewer)?;
     let started = std::time::Instant::now();
     let reply = s.engine.agent_call(&name, Op::Telemetry(NoArgs {})).await?;
     let ms = started.elapsed().as_secs_f64() * 1000.0;
-    Ok(Json(json!({"node": name, "ok": reply.ok, "round_trip_ms": (ms * 100.0).round() / 100.0, "error": reply.error})).into_response())
+    Ok(Json(json!({"node": name, "ok": reply.ok, "round_trip_ms": (ms * 100.0).round() / 100.0, "error": reply.error}))
+        .into_response())
 }
 
-pub async fn agent_inventory(State(s): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> Result<Response, ApiError> {
+pub async fn agent_inventory(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
     s.auth.require(&headers, &Method::GET, Role::Viewer)?;
     let reply = s.engine.agent_call(&name, Op::Inventory(NoArgs {})).await?;
     match reply.result {
@@ -283,9 +322,18 @@ pub async fn runbooks(State(s): State<AppState>, headers: HeaderMap) -> Result<R
     Ok(Json(json!({"runbooks": list, "errors": errors})).into_response())
 }
 
-pub async fn runbook(State(s): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> Result<Response, ApiError> {
+pub async fn runbook(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
     s.auth.require(&headers, &Method::GET, Role::Viewer)?;
-    let rb = s.engine.runbooks().into_iter().find(|r| r.name == name).ok_or_else(|| ApiError::not_found(format!("no runbook {name:?}")))?;
+    let rb = s
+        .engine
+        .runbooks()
+        .into_iter()
+        .find(|r| r.name == name)
+        .ok_or_else(|| ApiError::not_found(format!("no runbook {name:?}")))?;
     let recent = s.engine.runs(&RunFilter { runbook: Some(name), limit: Some(20), ..Default::default() })?;
     Ok(Json(json!({"runbook": rb, "recent_runs": recent.runs})).into_response())
 }
@@ -305,9 +353,17 @@ pub struct RecordsQuery {
     pub limit: Option<usize>,
 }
 
-pub async fn records(State(s): State<AppState>, headers: HeaderMap, ApiQuery(q): ApiQuery<RecordsQuery>) -> Result<Response, ApiError> {
+pub async fn records(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    ApiQuery(q): ApiQuery<RecordsQuery>,
+) -> Result<Response, ApiError> {
     s.auth.require(&headers, &Method::GET, Role::Viewer)?;
-    let recs = s.engine.audit().tail(q.after_seq, q.limit.unwrap_or(500).min(5000)).map_err(nightshift_engine::engine::EngineError::from)?;
+    let recs = s
+        .engine
+        .audit()
+        .tail(q.after_seq, q.limit.unwrap_or(500).min(5000))
+        .map_err(nightshift_engine::engine::EngineError::from)?;
     Ok(Json(recs).into_response())
 }
 
@@ -332,7 +388,8 @@ pub async fn export(State(s): State<AppState>, headers: HeaderMap) -> Result<Res
             Some((Ok::<_, Infallible>(out), last))
         }
     });
-    Ok(([(axum::http::header::CONTENT_TYPE, "application/x-ndjson")], axum::body::Body::from_stream(stream)).into_response())
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/x-ndjson")], axum::body::Body::from_stream(stream))
+        .into_response())
 }
 
 /// `GET /api/v1/events/stream`: the live tail. Resumes after `Last-Event-ID`
@@ -344,7 +401,11 @@ pub struct StreamQuery {
     pub run: Option<String>,
 }
 
-pub async fn stream(State(s): State<AppState>, headers: HeaderMap, ApiQuery(q): ApiQuery<StreamQuery>) -> Result<Response, ApiError> {
+pub async fn stream(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    ApiQuery(q): ApiQuery<StreamQuery>,
+) -> Result<Response, ApiError> {
     s.auth.require(&headers, &Method::GET, Role::Viewer)?;
     let last_id = headers
         .get("last-event-id")
@@ -375,12 +436,19 @@ pub async fn stream(State(s): State<AppState>, headers: HeaderMap, ApiQuery(q): 
                 if t.run.as_ref().is_some_and(|id| r.run.as_ref() != Some(id)) {
                     continue;
                 }
-                let ev = Event::default().id(r.seq.to_string()).event(r.kind.as_str()).data(serde_json::to_string(&r).unwrap_or_default());
+                let ev = Event::default()
+                    .id(r.seq.to_string())
+                    .event(r.kind.as_str())
+                    .data(serde_json::to_string(&r).unwrap_or_default());
                 return Some((Ok::<Event, Infallible>(ev), t));
             }
             let audit = t.audit.clone();
             let after = t.last;
-            let batch = tokio::task::spawn_blocking(move || audit.tail(after, 500)).await.ok().and_then(Result::ok).unwrap_or_default();
+            let batch = tokio::task::spawn_blocking(move || audit.tail(after, 500))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default();
             if let Some(r) = batch.last() {
                 t.last = r.seq;
                 t.pending.extend(batch);
@@ -399,7 +467,11 @@ pub async fn stream(State(s): State<AppState>, headers: HeaderMap, ApiQuery(q): 
     Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
 }
 
-pub async fn alertmanager(State(s): State<AppState>, headers: HeaderMap, body: axum::body::Bytes) -> Result<Response, ApiError> {
+pub async fn alertmanager(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
     s.auth.require_webhook(&headers)?;
     let payload = WebhookPayload::parse(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let (accepted, duplicates) = s.engine.ingest_alertmanager(payload);
@@ -411,5 +483,6 @@ pub async fn openapi() -> Response {
 }
 
 pub async fn healthz(State(s): State<AppState>) -> Response {
-    Json(json!({"ok": true, "audit_seq": s.engine.audit().head_seq(), "agents_connected": s.engine.connected_agents()})).into_response()
+    Json(json!({"ok": true, "audit_seq": s.engine.audit().head_seq(), "agents_connected": s.engine.connected_agents()}))
+        .into_response()
 }

@@ -119,7 +119,11 @@ impl Auth {
             ));
         }
         if id.via_cookie && method != Method::GET && !same_site(headers) {
-            return Err(ApiError::new(StatusCode::FORBIDDEN, "cross_site", "state-changing requests must come from this site"));
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "cross_site",
+                "state-changing requests must come from this site",
+            ));
         }
         Ok(id)
     }
@@ -136,7 +140,11 @@ impl Auth {
         match token {
             Some(t) => match self.lookup(&t) {
                 Some((name, role)) if role >= Role::Operator => Ok(format!("user:{name}")),
-                Some(_) => Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", "the webhook needs the webhook token or an operator token")),
+                Some(_) => Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    "the webhook needs the webhook token or an operator token",
+                )),
                 None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the token is not valid")),
             },
             None if self.anonymous.is_some_and(|r| r >= Role::Operator) => Ok("alertmanager".into()),

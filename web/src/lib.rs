@@ -43,11 +43,8 @@ async fn metrics(State(s): State<AppState>, headers: HeaderMap) -> Result<Respon
 
 /// The whole web app for `engine`.
 pub fn router(engine: Engine) -> Router {
-    let state = AppState {
-        auth: Arc::new(Auth::new(&engine.config().auth)),
-        shutdown: engine.shutdown_signal(),
-        engine,
-    };
+    let state =
+        AppState { auth: Arc::new(Auth::new(&engine.config().auth)), shutdown: engine.shutdown_signal(), engine };
     let webhook = Router::new()
         .route("/api/v1/alerts/alertmanager", post(api::alertmanager))
         .layer(DefaultBodyLimit::max(MAX_WEBHOOK_BYTES));

@@ -93,7 +93,13 @@ fn badge(r: &RunSummary) -> Markup {
 }
 
 fn layout(title: &str, active: &str, who: Option<&Identity>, body: Markup) -> Markup {
-    let nav = [("/", "Timeline"), ("/approvals", "Approvals"), ("/nodes", "Nodes"), ("/runbooks", "Runbooks"), ("/audit", "Audit")];
+    let nav = [
+        ("/", "Timeline"),
+        ("/approvals", "Approvals"),
+        ("/nodes", "Nodes"),
+        ("/runbooks", "Runbooks"),
+        ("/audit", "Audit"),
+    ];
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -141,11 +147,11 @@ fn run_rows(runs: &[RunSummary]) -> Markup {
                 td.nowrap { (time(r.created_ms)) }
                 td { a href={"/runs/" (r.id)} { (r.id) } }
                 td { a href={"/runbooks/" (r.runbook)} { (r.runbook) } @if let Some(h) = &r.handbook { " " span.tag { (h) } } }
-                td { (r.target.to_string()) }
+                td.nowrap { (r.target.to_string()) }
                 td { (r.trigger) @if r.dry_run { " " span.tag { "dry run" } } }
                 td { (badge(r)) }
                 td.num { (r.actions) }
-                td.why { (r.why) }
+                td.reason { (r.why) }
             }
         }
         @if runs.is_empty() {
@@ -174,7 +180,9 @@ pub async fn timeline(
     let rq = RunsQuery {
         node: get("node"),
         gpu: match get("gpu") {
-            Some(g) => Some(g.parse().map_err(|_| ApiError::bad_request(format!("gpu: expected a GPU index, found {g:?}")))?),
+            Some(g) => {
+                Some(g.parse().map_err(|_| ApiError::bad_request(format!("gpu: expected a GPU index, found {g:?}")))?)
+            }
             None => None,
         },
         runbook: get("runbook"),
@@ -194,8 +202,11 @@ pub async fn timeline(
     let sel = |k: &str, v: &str| get(k).as_deref() == Some(v);
     let mut next = None;
     if let Some(c) = &page.next_cursor {
-        let mut params: Vec<(String, String)> =
-            q.iter().filter(|(k, v)| k.as_str() != "cursor" && !v.is_empty()).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut params: Vec<(String, String)> = q
+            .iter()
+            .filter(|(k, v)| k.as_str() != "cursor" && !v.is_empty())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         params.push(("cursor".into(), c.clone()));
         params.sort();
         let qs: Vec<String> = params.iter().map(|(k, v)| format!("{k}={}", urlencode(v))).collect();
@@ -248,13 +259,21 @@ fn pretty(v: &Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default()
 }
 
+/// A value for people: `700` not `700.0`, `k: v` pairs, `—` for nothing.
 fn compact(v: &Value) -> String {
     match v {
         Value::Null => "—".into(),
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 1e15 => format!("{}", f as i64),
+            Some(f) if n.is_f64() => format!("{:.2}", f).trim_end_matches('0').trim_end_matches('.').to_string(),
+            _ => n.to_string(),
+        },
         Value::Object(m) if m.len() == 1 => {
             let (k, v) = m.iter().next().map(|(k, v)| (k.clone(), v.clone())).unwrap_or_default();
             format!("{k}: {}", compact(&v))
         }
+        Value::Object(m) => m.iter().map(|(k, v)| format!("{k}={}", compact(v))).collect::<Vec<_>>().join(" "),
+        Value::Array(a) => format!("[{}]", a.iter().map(compact).collect::<Vec<_>>().join(", ")),
         Value::String(s) => s.clone(),
         other => other.to_string(),
     }
@@ -274,7 +293,9 @@ fn steps(records: &[AuditRecord]) -> Vec<Step<'_>> {
             RecordKind::ActionResult => {
                 let id = r.data.get("action_id");
                 let found = out.iter_mut().rev().find_map(|s| match s {
-                    Step::Action { intent, result } if intent.data.get("action_id") == id && result.is_none() => Some(result),
+                    Step::Action { intent, result } if intent.data.get("action_id") == id && result.is_none() => {
+                        Some(result)
+                    }
                     _ => None,
                 });
                 match found {
@@ -289,7 +310,11 @@ fn steps(records: &[AuditRecord]) -> Vec<Step<'_>> {
 }
 
 /// `/runs/{id}`: what happened, why, and with what result.
-pub async fn run_page(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, PageError> {
+pub async fn run_page(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, PageError> {
     let who = viewer(&s, &headers)?;
     let run = s.engine.run(&id)?.ok_or_else(|| ApiError::not_found(format!("no run {id:?}")))?;
     let records = s.engine.run_records(&id)?;
@@ -426,11 +451,25 @@ fn drain_cell(drained: &bool, reason: &Option<String>, by_person: bool) -> Marku
 }
 
 /// `/nodes/{name}`.
-pub async fn node_page(State(s): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> Result<Response, PageError> {
+pub async fn node_page(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, PageError> {
     let who = viewer(&s, &headers)?;
     let n = s.engine.node(&name).ok_or_else(|| ApiError::not_found(format!("no node {name:?} in the inventory")))?;
     let recent = s.engine.runs(&RunFilter { node: Some(name.clone()), limit: Some(20), ..Default::default() })?;
-    let cols = ["temperature_c", "power_watts", "power_limit_watts", "fan_pct", "util_pct", "mem_used_pct", "mem_fragmentation_pct", "ecc_dbe_total", "xid_last"];
+    let cols = [
+        "temperature_c",
+        "power_watts",
+        "power_limit_watts",
+        "fan_pct",
+        "util_pct",
+        "mem_used_pct",
+        "mem_fragmentation_pct",
+        "ecc_dbe_total",
+        "xid_last",
+    ];
     let inv = n.state.inventory.clone();
     let body = html! {
         div.head { h1 { (n.name) } @if n.standby { span.tag { "standby" } } }
@@ -524,9 +563,18 @@ pub async fn runbooks_page(State(s): State<AppState>, headers: HeaderMap) -> Res
 }
 
 /// `/runbooks/{name}`.
-pub async fn runbook_page(State(s): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> Result<Response, PageError> {
+pub async fn runbook_page(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, PageError> {
     let who = viewer(&s, &headers)?;
-    let rb = s.engine.runbooks().into_iter().find(|r| r.name == name).ok_or_else(|| ApiError::not_found(format!("no runbook {name:?}")))?;
+    let rb = s
+        .engine
+        .runbooks()
+        .into_iter()
+        .find(|r| r.name == name)
+        .ok_or_else(|| ApiError::not_found(format!("no runbook {name:?}")))?;
     let recent = s.engine.runs(&RunFilter { runbook: Some(name.clone()), limit: Some(20), ..Default::default() })?;
     let manifest = std::fs::read_to_string(&rb.manifest_path).unwrap_or_else(|_| pretty(&rb.manifest));
     let body = html! {
@@ -640,7 +688,10 @@ pub async fn login(State(s): State<AppState>, Form(f): Form<LoginForm>) -> Respo
 pub async fn logout() -> Response {
     (
         StatusCode::SEE_OTHER,
-        [(header::LOCATION, "/login".to_string()), (header::SET_COOKIE, format!("{COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict"))],
+        [
+            (header::LOCATION, "/login".to_string()),
+            (header::SET_COOKIE, format!("{COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict")),
+        ],
     )
         .into_response()
 }
@@ -650,7 +701,12 @@ pub struct RejectForm {
     reason: String,
 }
 
-pub async fn ui_approve(State(s): State<AppState>, method: Method, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, PageError> {
+pub async fn ui_approve(
+    State(s): State<AppState>,
+    method: Method,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, PageError> {
     let who = s.auth.require(&headers, &method, Role::Operator)?;
     s.engine.approve(&id, &who.actor()).await?;
     Ok(Redirect::to(&format!("/runs/{id}")).into_response())
@@ -691,8 +747,12 @@ pub async fn ui_hands_off(
 /// Static assets, embedded in the binary.
 pub async fn asset(Path(name): Path<String>) -> Response {
     match name.as_str() {
-        "app.css" => ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], include_str!("assets/app.css")).into_response(),
-        "app.js" => ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], include_str!("assets/app.js")).into_response(),
+        "app.css" => {
+            ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], include_str!("assets/app.css")).into_response()
+        }
+        "app.js" => {
+            ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], include_str!("assets/app.js")).into_response()
+        }
         _ => (StatusCode::NOT_FOUND, "no such asset").into_response(),
     }
 }

@@ -11,7 +11,13 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 fn fmt_f(v: f64) -> String {
-    if v.is_finite() { format!("{v}") } else if v > 0.0 { "+Inf".into() } else { "-Inf".into() }
+    if v.is_finite() {
+        format!("{v}")
+    } else if v > 0.0 {
+        "+Inf".into()
+    } else {
+        "-Inf".into()
+    }
 }
 
 /// Render every nightshift metric.
@@ -19,14 +25,42 @@ pub fn render(engine: &Engine) -> String {
     let c = engine.counters();
     let mut out = String::with_capacity(4096);
     let counters = [
-        ("nightshift_samples_ingested_total", "Telemetry samples ingested.", c.samples_ingested.load(Ordering::Relaxed)),
-        ("nightshift_alerts_received_total", "Alertmanager alerts received, duplicates included.", c.alerts_received.load(Ordering::Relaxed)),
-        ("nightshift_alerts_duplicate_total", "Alerts dropped as repeats of a fingerprint and startsAt.", c.alerts_duplicate.load(Ordering::Relaxed)),
-        ("nightshift_alerts_unknown_node_total", "Alerts naming a host not in the inventory.", c.alerts_unknown_node.load(Ordering::Relaxed)),
-        ("nightshift_events_dropped_total", "Events dropped: stale, unknown node, or shed.", c.events_dropped.load(Ordering::Relaxed)),
-        ("nightshift_events_shed_total", "Events shed because the run queue was full.", c.events_shed.load(Ordering::Relaxed)),
+        (
+            "nightshift_samples_ingested_total",
+            "Telemetry samples ingested.",
+            c.samples_ingested.load(Ordering::Relaxed),
+        ),
+        (
+            "nightshift_alerts_received_total",
+            "Alertmanager alerts received, duplicates included.",
+            c.alerts_received.load(Ordering::Relaxed),
+        ),
+        (
+            "nightshift_alerts_duplicate_total",
+            "Alerts dropped as repeats of a fingerprint and startsAt.",
+            c.alerts_duplicate.load(Ordering::Relaxed),
+        ),
+        (
+            "nightshift_alerts_unknown_node_total",
+            "Alerts naming a host not in the inventory.",
+            c.alerts_unknown_node.load(Ordering::Relaxed),
+        ),
+        (
+            "nightshift_events_dropped_total",
+            "Events dropped: stale, unknown node, or shed.",
+            c.events_dropped.load(Ordering::Relaxed),
+        ),
+        (
+            "nightshift_events_shed_total",
+            "Events shed because the run queue was full.",
+            c.events_shed.load(Ordering::Relaxed),
+        ),
         ("nightshift_triggers_fired_total", "Trigger fires.", c.triggers_fired.load(Ordering::Relaxed)),
-        ("nightshift_runs_suppressed_total", "Run requests suppressed by dedup, cooldown or a tripped breaker.", c.runs_suppressed.load(Ordering::Relaxed)),
+        (
+            "nightshift_runs_suppressed_total",
+            "Run requests suppressed by dedup, cooldown or a tripped breaker.",
+            c.runs_suppressed.load(Ordering::Relaxed),
+        ),
     ];
     for (name, help, v) in counters {
         family(&mut out, name, "counter", help);
@@ -37,7 +71,12 @@ pub fn render(engine: &Engine) -> String {
     for o in ["succeeded", "failed", "refused", "timed_out", "cancelled", "interrupted"] {
         let _ = writeln!(out, "nightshift_runs_total{{outcome=\"{o}\"}} {}", by.get(o).copied().unwrap_or(0));
     }
-    family(&mut out, "nightshift_action_duration_seconds", "histogram", "Time from sending an action to the agent's reply.");
+    family(
+        &mut out,
+        "nightshift_action_duration_seconds",
+        "histogram",
+        "Time from sending an action to the agent's reply.",
+    );
     if let Ok(h) = c.action_latency.lock() {
         for (b, n) in h.bounds.iter().zip(&h.counts) {
             let _ = writeln!(out, "nightshift_action_duration_seconds_bucket{{le=\"{}\"}} {n}", fmt_f(*b));

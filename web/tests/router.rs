@@ -28,13 +28,22 @@ struct Fixture {
 }
 
 fn write(dir: &std::path::Path, name: &str, manifest: &str, script: &str) {
-    std::fs::write(dir.join(format!("{name}.yaml")), format!("version: 1\nname: {name}\ndescription: {name} for tests\nscript: {name}.rhai\n{manifest}")).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.yaml")),
+        format!("version: 1\nname: {name}\ndescription: {name} for tests\nscript: {name}.rhai\n{manifest}"),
+    )
+    .unwrap();
     std::fs::write(dir.join(format!("{name}.rhai")), script).unwrap();
 }
 
 async fn fixture() -> Fixture {
     let rb = tempfile::tempdir().unwrap();
-    write(rb.path(), "cap", "trigger: {type: manual}\nscope: gpu\nparams:\n  watts: {type: float, default: 500}\n", "set_power_limit(params.watts);\nnote(\"capped\");\n");
+    write(
+        rb.path(),
+        "cap",
+        "trigger: {type: manual}\nscope: gpu\nparams:\n  watts: {type: float, default: 500}\n",
+        "set_power_limit(params.watts);\nnote(\"capped\");\n",
+    );
     write(rb.path(), "careful", "trigger: {type: manual}\nscope: node\napproval: {always: true}\n", "note(\"ok\");\n");
     write(rb.path(), "hot", "trigger: {type: alert, alertname: GpuTempHigh}\nscope: gpu\n", "set_power_limit(450);\n");
     let script = Arc::new(build_engine(&ScriptLimits::default()));
@@ -81,7 +90,8 @@ async fn call(f: &Fixture, method: &str, uri: &str, token: Option<&str>, body: O
     let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
     let status = resp.status();
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let v = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    let v =
+        serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
     (status, v)
 }
 
@@ -115,7 +125,12 @@ fn endpoints(run: &str) -> Vec<(&'static str, String, Role, Option<Value>)> {
         ("GET", "/runbooks/cap".into(), Role::Viewer, None),
         ("GET", "/approvals".into(), Role::Viewer, None),
         ("GET", "/audit".into(), Role::Viewer, None),
-        ("POST", "/api/v1/runs".into(), Role::Operator, Some(json!({"runbook": "cap", "node": "gpu-a2", "gpu": 1, "dry_run": true}))),
+        (
+            "POST",
+            "/api/v1/runs".into(),
+            Role::Operator,
+            Some(json!({"runbook": "cap", "node": "gpu-a2", "gpu": 1, "dry_run": true})),
+        ),
         ("POST", "/api/v1/nodes/gpu-a2/hands-off".into(), Role::Admin, Some(json!({"hands_off": false}))),
         ("POST", "/api/v1/runbooks/reload".into(), Role::Admin, None),
     ]
@@ -132,7 +147,9 @@ fn token_for(role: Role) -> &'static str {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn role_by_endpoint_matrix() {
     let f = fixture().await;
-    let (s, v) = call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "cap", "node": "gpu-a1", "gpu": 0}))).await;
+    let (s, v) =
+        call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "cap", "node": "gpu-a1", "gpu": 0})))
+            .await;
     assert_eq!(s, StatusCode::ACCEPTED, "{v}");
     let run = v["run"]["id"].as_str().unwrap().to_string();
     settle(&f).await;
@@ -147,7 +164,10 @@ async fn role_by_endpoint_matrix() {
         }
         // A wrong token: 401.
         let (s, _) = call(&f, method, &path, Some("nope"), body.clone()).await;
-        assert!(s == StatusCode::UNAUTHORIZED || (page && s == StatusCode::SEE_OTHER), "{method} {path} with a bad token: {s}");
+        assert!(
+            s == StatusCode::UNAUTHORIZED || (page && s == StatusCode::SEE_OTHER),
+            "{method} {path} with a bad token: {s}"
+        );
         for role in [Role::Viewer, Role::Operator, Role::Admin] {
             let (s, v) = call(&f, method, &path, Some(token_for(role)), body.clone()).await;
             if role >= need {
@@ -175,12 +195,37 @@ async fn bad_input_is_a_400_naming_the_field_and_big_bodies_a_413() {
     let cases: Vec<(&str, &str, Value, &str)> = vec![
         ("POST", "/api/v1/runs", json!({"runbok": "cap", "node": "gpu-a1"}), "unknown field `runbok`"),
         ("POST", "/api/v1/runs", json!({"node": "gpu-a1"}), "missing field `runbook`"),
-        ("POST", "/api/v1/runs", json!({"runbook": "cap", "node": "gpu-a1", "gpu": "zero"}), "gpu: invalid type: string \"zero\""),
-        ("POST", "/api/v1/runs", json!({"runbook": "cap", "node": "gpu-a1", "gpu": 1, "params": {"watts": "lots"}}), "parameter `watts`: expected a float, found \"lots\""),
-        ("POST", "/api/v1/runs", json!({"runbook": "cap", "node": "gpu-a1", "gpu": 1, "params": {"wats": "5"}}), "has no parameter `wats`"),
+        (
+            "POST",
+            "/api/v1/runs",
+            json!({"runbook": "cap", "node": "gpu-a1", "gpu": "zero"}),
+            "gpu: invalid type: string \"zero\"",
+        ),
+        (
+            "POST",
+            "/api/v1/runs",
+            json!({"runbook": "cap", "node": "gpu-a1", "gpu": 1, "params": {"watts": "lots"}}),
+            "parameter `watts`: expected a float, found \"lots\"",
+        ),
+        (
+            "POST",
+            "/api/v1/runs",
+            json!({"runbook": "cap", "node": "gpu-a1", "gpu": 1, "params": {"wats": "5"}}),
+            "has no parameter `wats`",
+        ),
         ("POST", "/api/v1/runs", json!({"runbook": "cap", "group": "pool"}), "group: expected label=value"),
-        ("POST", "/api/v1/runs", json!({"runbook": "cap", "node": "gpu-a1"}), "acts on a gpu: expected --node N --gpu G"),
-        ("POST", "/api/v1/runs", json!({"runbook": "cap", "node": "gpu-a1", "gpu": 9}), "node gpu-a1 has GPUs 0..3, found --gpu 9"),
+        (
+            "POST",
+            "/api/v1/runs",
+            json!({"runbook": "cap", "node": "gpu-a1"}),
+            "acts on a gpu: expected --node N --gpu G",
+        ),
+        (
+            "POST",
+            "/api/v1/runs",
+            json!({"runbook": "cap", "node": "gpu-a1", "gpu": 9}),
+            "node gpu-a1 has GPUs 0..3, found --gpu 9",
+        ),
         ("POST", "/api/v1/runs/r999999/reject", json!({"reason": ""}), "reason: expected a reason"),
         ("POST", "/api/v1/nodes/gpu-a1/hands-off", json!({"hands_of": true}), "unknown field `hands_of`"),
     ];
@@ -199,7 +244,8 @@ async fn bad_input_is_a_400_naming_the_field_and_big_bodies_a_413() {
     assert!(v["error"]["message"].as_str().unwrap().starts_with("outcome: expected succeeded"), "{v}");
     let (s, _) = call(&f, "GET", "/api/v1/runs/r999999", Some(VIEWER), None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
-    let (s, _) = call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "nope", "node": "gpu-a1"}))).await;
+    let (s, _) =
+        call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "nope", "node": "gpu-a1"}))).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     // Malformed JSON.
     let req = Request::builder()
@@ -212,7 +258,9 @@ async fn bad_input_is_a_400_naming_the_field_and_big_bodies_a_413() {
     let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
     // Oversized bodies.
-    for (path, size, token) in [("/api/v1/runs", 70 * 1024, OPERATOR), ("/api/v1/alerts/alertmanager", 1100 * 1024, WEBHOOK)] {
+    for (path, size, token) in
+        [("/api/v1/runs", 70 * 1024, OPERATOR), ("/api/v1/alerts/alertmanager", 1100 * 1024, WEBHOOK)]
+    {
         let big = format!("{{\"runbook\": \"{}\"}}", "x".repeat(size));
         let req = Request::builder()
             .method("POST")
@@ -229,7 +277,8 @@ async fn bad_input_is_a_400_naming_the_field_and_big_bodies_a_413() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approvals_cancel_and_cross_site_posts() {
     let f = fixture().await;
-    let (s, v) = call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "careful", "node": "gpu-a1"}))).await;
+    let (s, v) =
+        call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "careful", "node": "gpu-a1"}))).await;
     assert_eq!(s, StatusCode::ACCEPTED);
     assert_eq!(v["status"], "pending_approval");
     let id = v["run"]["id"].as_str().unwrap().to_string();
@@ -248,9 +297,11 @@ async fn approvals_cancel_and_cross_site_posts() {
     let (_, v) = call(&f, "GET", &format!("/api/v1/runs/{id}"), Some(VIEWER), None).await;
     assert_eq!(v["run"]["outcome"], "succeeded");
     // Rejection and cancel.
-    let (_, v) = call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "careful", "node": "gpu-a2"}))).await;
+    let (_, v) =
+        call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "careful", "node": "gpu-a2"}))).await;
     let id2 = v["run"]["id"].as_str().unwrap().to_string();
-    let (s, v) = call(&f, "POST", &format!("/api/v1/runs/{id2}/reject"), Some(ADMIN), Some(json!({"reason": "not now"}))).await;
+    let (s, v) =
+        call(&f, "POST", &format!("/api/v1/runs/{id2}/reject"), Some(ADMIN), Some(json!({"reason": "not now"}))).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["outcome"], "cancelled");
     // A state-changing request carried by the UI cookie from another site.
@@ -322,7 +373,10 @@ async fn the_webhook_starts_one_run_for_ten_deliveries() {
     let starts = nightshift_engine::alerts::format_rfc3339_ms(nightshift_agent::clock::Clock::now_ms(&f.sim.clock));
     let started = std::time::Instant::now();
     for _ in 0..10 {
-        assert_eq!(post_raw(&f, "/api/v1/alerts/alertmanager", Some(WEBHOOK), payload("firing", &starts)).await, StatusCode::OK);
+        assert_eq!(
+            post_raw(&f, "/api/v1/alerts/alertmanager", Some(WEBHOOK), payload("firing", &starts)).await,
+            StatusCode::OK
+        );
     }
     assert!(started.elapsed() < std::time::Duration::from_secs(2), "the webhook answers without waiting for runs");
     settle(&f).await;
@@ -332,16 +386,29 @@ async fn the_webhook_starts_one_run_for_ten_deliveries() {
     assert_eq!(runs[0]["runbook"], "hot");
     assert_eq!(runs[0]["target"], json!({"node": "gpu-a1", "gpu": 2}));
     // Resolved is recorded too.
-    assert_eq!(post_raw(&f, "/api/v1/alerts/alertmanager", Some(WEBHOOK), payload("resolved", &starts)).await, StatusCode::OK);
+    assert_eq!(
+        post_raw(&f, "/api/v1/alerts/alertmanager", Some(WEBHOOK), payload("resolved", &starts)).await,
+        StatusCode::OK
+    );
     settle(&f).await;
     let recs = f.sim.engine.audit().tail(0, usize::MAX).unwrap();
-    let received: Vec<_> = recs.iter().filter(|r| r.kind == nightshift_engine::audit::RecordKind::EventReceived).collect();
+    let received: Vec<_> =
+        recs.iter().filter(|r| r.kind == nightshift_engine::audit::RecordKind::EventReceived).collect();
     assert_eq!(received.len(), 2);
     assert_eq!(received[1].data["status"], "resolved");
     // Access and bad payloads.
-    assert_eq!(post_raw(&f, "/api/v1/alerts/alertmanager", None, payload("firing", &starts)).await, StatusCode::UNAUTHORIZED);
-    assert_eq!(post_raw(&f, "/api/v1/alerts/alertmanager", Some(VIEWER), payload("firing", &starts)).await, StatusCode::FORBIDDEN);
-    assert_eq!(post_raw(&f, "/api/v1/alerts/alertmanager", Some(WEBHOOK), "{\"version\":\"3\"}".into()).await, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        post_raw(&f, "/api/v1/alerts/alertmanager", None, payload("firing", &starts)).await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        post_raw(&f, "/api/v1/alerts/alertmanager", Some(VIEWER), payload("firing", &starts)).await,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        post_raw(&f, "/api/v1/alerts/alertmanager", Some(WEBHOOK), "{\"version\":\"3\"}".into()).await,
+        StatusCode::BAD_REQUEST
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

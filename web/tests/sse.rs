@@ -26,7 +26,8 @@ async fn sim() -> (SimFleet, tempfile::TempDir) {
         configs: Default::default(),
         util_pct: None,
     };
-    let mut opts = SimFleetOptions::new(vec![node], RunbookSet::default(), Arc::new(build_engine(&ScriptLimits::default())));
+    let mut opts =
+        SimFleetOptions::new(vec![node], RunbookSet::default(), Arc::new(build_engine(&ScriptLimits::default())));
     opts.auth = AuthConfig { allow_anonymous: Some(nightshift_engine::config::Role::Viewer), ..Default::default() };
     let dir = scratch_dir().unwrap();
     (SimFleet::start(opts, dir.path()).await.unwrap(), dir)
@@ -40,7 +41,8 @@ async fn read_events(body: &mut Body, n: usize) -> (Vec<(u64, String)>, bool) {
         if out.len() >= n {
             return (out, false);
         }
-        let frame = tokio::time::timeout(std::time::Duration::from_secs(5), body.frame()).await.expect("an event in time");
+        let frame =
+            tokio::time::timeout(std::time::Duration::from_secs(5), body.frame()).await.expect("an event in time");
         let Some(frame) = frame else { return (out, true) };
         let frame = frame.unwrap();
         if let Some(data) = frame.data_ref() {
@@ -67,7 +69,8 @@ async fn resumes_without_gaps_or_duplicates_and_ends_on_shutdown() {
     let head = engine.audit().head_seq();
     // Resume after record 10: 11, 12, … with nothing skipped or repeated,
     // then live records as they come.
-    let req = Request::builder().uri("/api/v1/events/stream").header("last-event-id", "10").body(Body::empty()).unwrap();
+    let req =
+        Request::builder().uri("/api/v1/events/stream").header("last-event-id", "10").body(Body::empty()).unwrap();
     let resp = nightshift_web::router(engine.clone()).oneshot(req).await.unwrap();
     assert_eq!(resp.headers()[header::CONTENT_TYPE], "text/event-stream");
     let mut body = resp.into_body();
@@ -88,7 +91,8 @@ async fn resumes_without_gaps_or_duplicates_and_ends_on_shutdown() {
     assert_eq!(ids, (head + 1..=head + 200).collect::<Vec<_>>(), "gap-free and duplicate-free");
     assert!(live.iter().all(|(_, k)| k == "note"));
     // ?after_seq= works like Last-Event-ID.
-    let req = Request::builder().uri(format!("/api/v1/events/stream?after_seq={}", head + 198)).body(Body::empty()).unwrap();
+    let req =
+        Request::builder().uri(format!("/api/v1/events/stream?after_seq={}", head + 198)).body(Body::empty()).unwrap();
     let resp = nightshift_web::router(engine.clone()).oneshot(req).await.unwrap();
     let mut body = resp.into_body();
     let (tail, _) = read_events(&mut body, 2).await;

@@ -1,0 +1,243 @@
+//! The web UI in a real browser: headless Chromium (Debian `chromium`),
+//! driven through ChromeDriver's WebDriver API, against a running engine
+//! with a small fleet of sim agents over SSH. The timeline shows the runs, a
+//! new run appears without a reload, the run detail page shows its steps,
+//! and screenshots are saved (`NIGHTSHIFT_SCREENSHOTS`, default
+//! `target/screenshots`).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine as _;
+use nightshift_agent::backend::sim::SimConfig;
+use nightshift_engine::engine::RunRequest;
+use nightshift_engine::runs::Target;
+use nightshift_tests::{TestAgent, engine_setup, eventually};
+use serde_json::{Value, json};
+
+struct Driver {
+    child: Child,
+    url: String,
+    session: String,
+    http: reqwest::Client,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Driver {
+    async fn start(width: u32, height: u32) -> Driver {
+        let port = free_port();
+        let child = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver is installed (Debian chromium-driver)");
+        let url = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let mut ready = false;
+        for _ in 0..100 {
+            if let Ok(r) = http.get(format!("{url}/status")).send().await
+                && r.status().is_success()
+            {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(ready, "chromedriver did not start");
+        let profile = tempfile::tempdir().unwrap().keep();
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": "/usr/bin/chromium",
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--disable-quic", "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync",
+                    format!("--window-size={width},{height}"),
+                    format!("--user-data-dir={}", profile.display()),
+                ]
+            }
+        }}});
+        let r: Value = http.post(format!("{url}/session")).json(&caps).send().await.unwrap().json().await.unwrap();
+        let session = r["value"]["sessionId"].as_str().unwrap_or_else(|| panic!("no session: {r}")).to_string();
+        Driver { child, url, session, http }
+    }
+
+    async fn cmd(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let url = format!("{}/session/{}{path}", self.url, self.session);
+        let mut rb = self.http.request(method, url);
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        let v: Value = rb.send().await.unwrap().json().await.unwrap();
+        v["value"].clone()
+    }
+
+    async fn go(&self, url: &str) {
+        self.cmd(reqwest::Method::POST, "/url", Some(json!({"url": url}))).await;
+    }
+
+    async fn js(&self, script: &str) -> Value {
+        self.cmd(reqwest::Method::POST, "/execute/sync", Some(json!({"script": script, "args": []}))).await
+    }
+
+    async fn screenshot(&self, name: &str) -> PathBuf {
+        let b64 = self.cmd(reqwest::Method::GET, "/screenshot", None).await;
+        let png = base64::engine::general_purpose::STANDARD.decode(b64.as_str().unwrap()).unwrap();
+        assert!(png.starts_with(b"\x89PNG"), "a PNG");
+        let dir = std::env::var_os("NIGHTSHIFT_SCREENSHOTS")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/screenshots"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, png).unwrap();
+        path
+    }
+}
+
+fn manual(runbook: &str, node: &str, gpu: u32, watts: &str) -> RunRequest {
+    RunRequest {
+        runbook: runbook.into(),
+        target: Target::gpu(node, gpu),
+        trigger: "manual".into(),
+        detail: format!("manual run by user:browser-test on {node}/gpu{gpu}"),
+        event: json!({"kind": "manual"}),
+        event_ts_ms: nightshift_agent::clock::Clock::now_ms(&nightshift_agent::clock::SystemClock),
+        params: [("watts".to_string(), watts.to_string())].into(),
+        dry_run: false,
+        requested_by: "user:browser-test".into(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeline_and_run_pages_in_chromium() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let sim = SimConfig { profile: "h100-sxm".into(), gpus: 4, ..SimConfig::default() };
+    let a = TestAgent::start(d, "gpu-a1", sim.clone(), "").await;
+    let b = TestAgent::start(d, "gpu-a2", sim, "").await;
+    let cfg = engine_setup(
+        d,
+        &[&a, &b],
+        &[(
+            "cap-power",
+            "handbook: H1\ntrigger: {type: manual}\nscope: gpu\nparams:\n  watts: {type: float, default: 500}\n",
+            "// H1 — cap a GPU's power by hand.\nnote(`capping GPU ${target.gpu} to ${params.watts} W`);\nlet r = set_power_limit(params.watts);\nif !r.ok { fail(r.error); }\nnote(\"done\");\n",
+        )],
+        "auth:\n  allow_anonymous: operator\n",
+    );
+    let engine = nightshift_engine::serve::start(cfg).await.unwrap();
+    eventually(20, || (engine.connected_agents() == 2).then_some(())).await.expect("agents connected");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let web_engine = engine.clone();
+    let mut stop = engine.shutdown_signal();
+    let server = tokio::spawn(async move {
+        nightshift_web::serve(web_engine, listener, async move {
+            let _ = stop.wait_for(|v| *v).await;
+        })
+        .await
+        .unwrap();
+    });
+
+    // Two runs before the page loads; one refused by the envelope.
+    let r1 = engine.submit(manual("cap-power", "gpu-a1", 0, "450")).await.unwrap().run().unwrap().id.clone();
+    let r2 = engine.submit(manual("cap-power", "gpu-a2", 1, "90")).await.unwrap().run().unwrap().id.clone();
+    for id in [&r1, &r2] {
+        eventually(20, || engine.run(id).unwrap().and_then(|r| r.outcome)).await.expect("run finished");
+    }
+
+    let driver = Driver::start(1280, 900).await;
+    driver.go(&base).await;
+    let text = driver.js("return document.body.innerText").await;
+    let text = text.as_str().unwrap();
+    assert!(text.contains(&r1) && text.contains(&r2), "the timeline lists the runs:\n{text}");
+    assert!(text.contains("succeeded") && text.contains("failed"));
+    // The live tail connects.
+    let live = eventually(10, || Some(())).await;
+    assert!(live.is_some());
+    let mut connected = false;
+    for _ in 0..50 {
+        if driver.js("return document.getElementById('live').className").await == "live on" {
+            connected = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(connected, "the page's event stream is open");
+
+    // A new run appears without a reload.
+    let marker = driver.js("window.__marker = 42; return window.__marker").await;
+    assert_eq!(marker, 42);
+    let r3 = engine.submit(manual("cap-power", "gpu-a2", 2, "520")).await.unwrap().run().unwrap().id.clone();
+    let mut appeared = false;
+    for _ in 0..100 {
+        let rows = driver.js("return document.getElementById('runs').innerText").await;
+        if rows.as_str().unwrap_or("").contains(&r3) {
+            appeared = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(appeared, "{r3} appeared live");
+    assert_eq!(driver.js("return window.__marker").await, 42, "no reload happened");
+    eventually(20, || engine.run(&r3).unwrap().and_then(|r| r.outcome)).await.expect("run finished");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let shot = driver.screenshot("timeline.png").await;
+    eprintln!("saved {}", shot.display());
+
+    // The run detail page: why, steps with before → after.
+    driver.go(&format!("{base}/runs/{r1}")).await;
+    let text = driver.js("return document.body.innerText").await;
+    let text = text.as_str().unwrap().to_string();
+    for needle in [
+        "set_power_limit gpu=0 watts=450",
+        "applied",
+        "power_limit_watts: 700 → power_limit_watts: 450",
+        "capping GPU 0 to 450.0 W",
+        "succeeded after 1 action",
+    ] {
+        assert!(text.contains(needle), "run page lacks {needle:?}:\n{text}");
+    }
+    driver.screenshot("run.png").await;
+    driver.go(&format!("{base}/runs/{r2}")).await;
+    let text = driver.js("return document.body.innerText").await;
+    assert!(text.as_str().unwrap().contains("below the floor 200 W"), "the refusal is shown");
+
+    // Other pages render.
+    for (path, needle) in [
+        ("/nodes/gpu-a1", "GPUs"),
+        ("/runbooks/cap-power", "Script"),
+        ("/audit", "Chain verified"),
+        ("/approvals", "Nothing is waiting"),
+    ] {
+        driver.go(&format!("{base}{path}")).await;
+        let text = driver.js("return document.body.innerText").await;
+        assert!(text.as_str().unwrap().contains(needle), "{path}: {text}");
+    }
+    driver.go(&format!("{base}/nodes/gpu-a1")).await;
+    driver.screenshot("node.png").await;
+    drop(driver);
+
+    // A phone: no horizontal overflow of the page itself.
+    let phone = Driver::start(390, 844).await;
+    phone.go(&format!("{base}/runs/{r1}")).await;
+    let overflow = phone.js("return document.documentElement.scrollWidth <= window.innerWidth + 1").await;
+    assert_eq!(overflow, true, "the run page fits a phone's width");
+    phone.screenshot("run-phone.png").await;
+    drop(phone);
+
+    engine.shutdown().await;
+    tokio::time::timeout(Duration::from_secs(10), server).await.expect("the server stops (SSE streams end)").unwrap();
+}
