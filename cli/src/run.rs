@@ -116,7 +116,9 @@ pub async fn run(
             Target::group(k, v)
         }
         _ => {
-            return Err(anyhow::Error::new(Fail(2)).context("name a target: --node N [--gpu G], or --group label=value"));
+            return Err(
+                anyhow::Error::new(Fail(2)).context("name a target: --node N [--gpu G], or --group label=value")
+            );
         }
     };
     // The plan.
