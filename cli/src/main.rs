@@ -6,6 +6,7 @@
 //! agent unreachable.
 #![forbid(unsafe_code)]
 
+mod bench;
 mod conn;
 mod demo;
 mod out;
@@ -141,6 +142,10 @@ enum Command {
     ///
     /// Example: nightshift demo --nodes 8 --duration-secs 60
     Demo(demo::DemoArgs),
+    /// Measure detection, action and audit speed; print a table and write JSON.
+    ///
+    /// Example: nightshift bench --smoke --out target/bench.json
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -383,6 +388,10 @@ async fn real_main(cli: Cli) -> Result<u8> {
             // The demo prints its own live log; only errors from below.
             init_logging("error");
             demo::demo(args, &out).await
+        }
+        Command::Bench(args) => {
+            init_logging("error");
+            bench::bench(args, &out).await
         }
     }
 }

@@ -450,9 +450,10 @@ impl Engine {
             let Brain { store, triggers, fires } = &mut *b;
             for (gpu, metric, v) in samples_from(t) {
                 let key = SeriesKey { node: node.idx, gpu, metric };
-                store.push(key, t.ts_ms, v);
-                if triggers.watches(metric) {
-                    triggers.on_sample(store, key, t.ts_ms, v, fires);
+                if let Some(r) = store.push(key, t.ts_ms, v)
+                    && triggers.watches(metric)
+                {
+                    triggers.on_sample(store, r, t.ts_ms, v, fires);
                 }
             }
             // Derived: the utilisation swing over the last minute.
@@ -470,9 +471,10 @@ impl Engine {
                 .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
             if let Some(sw) = swing {
                 let key = SeriesKey { node: node.idx, gpu: None, metric: ids::UTIL_SWING };
-                store.push(key, t.ts_ms, sw);
-                if triggers.watches(ids::UTIL_SWING) {
-                    triggers.on_sample(store, key, t.ts_ms, sw, fires);
+                if let Some(r) = store.push(key, t.ts_ms, sw)
+                    && triggers.watches(ids::UTIL_SWING)
+                {
+                    triggers.on_sample(store, r, t.ts_ms, sw, fires);
                 }
             }
             std::mem::take(fires)
@@ -489,9 +491,10 @@ impl Engine {
             for (node, gpu, metric, ts, v) in samples {
                 let Some(n) = self.core.fleet.get(node) else { continue };
                 let key = SeriesKey { node: n.idx, gpu: *gpu, metric: *metric };
-                store.push(key, *ts, *v);
-                if triggers.watches(*metric) {
-                    triggers.on_sample(store, key, *ts, *v, fires);
+                if let Some(r) = store.push(key, *ts, *v)
+                    && triggers.watches(*metric)
+                {
+                    triggers.on_sample(store, r, *ts, *v, fires);
                 }
                 let mut st = n.state();
                 st.last_seen_ms = st.last_seen_ms.max(*ts);
@@ -528,7 +531,9 @@ impl Engine {
             match self.submit_inner(req, Some(rearm.clone())).await {
                 Ok(Submitted::Suppressed { .. }) => {
                     // Still true after the cooldown? Then fire again.
-                    lock(&self.core.brain).triggers.rearm(rearm.0, rearm.1, rearm.2.as_deref());
+                    let mut b = lock(&self.core.brain);
+                    let Brain { store, triggers, .. } = &mut *b;
+                    triggers.rearm(store, rearm.0, rearm.1, rearm.2.as_deref());
                 }
                 Ok(_) => {}
                 Err(e) => tracing::error!(runbook = %rb.manifest.name, error = %e, "cannot submit a fired trigger"),
@@ -1339,7 +1344,9 @@ impl Engine {
             ex.node_locks.retain(|_, holder| holder != run);
         }
         if let Some((t, node, group)) = fire {
-            lock(&self.core.brain).triggers.rearm(t, node, group.as_deref());
+            let mut b = lock(&self.core.brain);
+            let Brain { store, triggers, .. } = &mut *b;
+            triggers.rearm(store, t, node, group.as_deref());
         }
         self.count_outcome(outcome);
         tracing::info!(run, runbook = %summary.runbook, target = %summary.target, outcome = outcome.as_str(), "run finished");

@@ -1,7 +1,7 @@
 //! Telemetry windows: per-series ring buffers of (time, value), each kept
 //! only as long as the loaded triggers need (never unbounded).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use nightshift_agent::proto::Telemetry;
 
@@ -13,12 +13,6 @@ pub struct SeriesKey {
     pub node: u32,
     pub gpu: Option<u16>,
     pub metric: MetricId,
-}
-
-impl SeriesKey {
-    fn packed(self) -> u64 {
-        ((self.node as u64) << 32) | ((self.gpu.map_or(0xffff, |g| g) as u64) << 16) | self.metric as u64
-    }
 }
 
 /// Summary of a window.
@@ -34,16 +28,128 @@ pub struct WindowStats {
     pub slope_per_sec: f64,
 }
 
-#[derive(Debug, Default)]
+/// One series: its key, its ordinal among the series of its metric (trigger
+/// states are dense vectors indexed by it), its newest point, and — for
+/// metrics a trigger keeps history of — a window.
+#[derive(Debug)]
 struct Series {
-    points: VecDeque<(i64, f32)>,
+    key: SeriesKey,
+    ordinal: u32,
+    last_v: f32,
+    last_ms: i64,
+    window: Option<Box<Window>>,
 }
 
-/// The store. Values are kept as `f32` (telemetry has no more precision than
-/// that) to halve memory at fleet scale.
+/// The points of a window, 6 bytes each: the gap to the previous point in
+/// ms (`u16`) and the value (`f32`: telemetry has no more precision than
+/// that). A gap longer than 65.5 s restarts the window — a trend across a
+/// telemetry outage is not evidence of anything.
+#[derive(Debug, Default)]
+struct Window {
+    front_ms: i64,
+    gaps_ms: VecDeque<u16>,
+    values: VecDeque<f32>,
+}
+
+impl Window {
+    fn iter(&self) -> impl Iterator<Item = (i64, f64)> + '_ {
+        let mut t = self.front_ms;
+        self.gaps_ms.iter().zip(self.values.iter()).map(move |(g, v)| {
+            t += *g as i64;
+            (t, *v as f64)
+        })
+    }
+
+    fn pop_front(&mut self) {
+        self.gaps_ms.pop_front();
+        self.values.pop_front();
+        if let Some(g) = self.gaps_ms.front_mut() {
+            self.front_ms += *g as i64;
+            *g = 0;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.gaps_ms.clear();
+        self.values.clear();
+    }
+
+    /// Append (`ts_ms` ≥ the newest point), evicting points older than
+    /// `ts_ms - keep_ms`.
+    fn push(&mut self, last_ms: i64, ts_ms: i64, value: f32, keep_ms: i64) {
+        let gap = ts_ms.saturating_sub(last_ms);
+        if self.values.is_empty() || gap > u16::MAX as i64 {
+            self.clear();
+            self.front_ms = ts_ms;
+            self.gaps_ms.push_back(0);
+            self.values.push_back(value);
+            return;
+        }
+        let horizon = ts_ms - keep_ms;
+        while !self.values.is_empty() && self.front_ms < horizon {
+            self.pop_front();
+        }
+        if self.values.is_empty() {
+            self.front_ms = ts_ms;
+            self.gaps_ms.push_back(0);
+            self.values.push_back(value);
+            return;
+        }
+        let len = self.values.len();
+        if len == self.values.capacity() || len == self.gaps_ms.capacity() {
+            // Grow to what the retention needs at the observed interval
+            // rather than doubling: a 10-minute window at 1 Hz holds ~605
+            // points, not 1024.
+            let want = if len >= 2 {
+                let interval = ((last_ms - self.front_ms) / (len as i64 - 1)).max(1);
+                ((keep_ms / interval) as usize + 3).clamp(len + 1, len * 2 + 4)
+            } else {
+                len + 2
+            };
+            self.gaps_ms.reserve_exact(want.saturating_sub(self.gaps_ms.len()));
+            self.values.reserve_exact(want.saturating_sub(self.values.len()));
+        }
+        self.gaps_ms.push_back(gap as u16);
+        self.values.push_back(value);
+    }
+}
+
+impl Series {
+    fn last(&self) -> (i64, f64) {
+        (self.last_ms, self.last_v as f64)
+    }
+
+    /// Points at or after `since_ms` (the newest alone when no window is
+    /// kept).
+    fn iter_from(&self, since_ms: i64) -> Box<dyn Iterator<Item = (i64, f64)> + '_> {
+        match &self.window {
+            Some(w) => Box::new(w.iter().skip_while(move |(t, _)| *t < since_ms)),
+            None => Box::new(std::iter::once(self.last()).filter(move |(t, _)| *t >= since_ms)),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.window.as_ref().map_or(1, |w| w.values.len())
+    }
+}
+
+/// A handle to a series returned by [`TelemetryStore::push`]: its slot in
+/// the store and its ordinal among the series of its metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeriesRef {
+    pub slot: u32,
+    pub ordinal: u32,
+}
+
+/// The store. Series live in a vector; a dense per-node table (node index
+/// from the inventory × GPU × metric) finds a key's slot without hashing.
 #[derive(Debug)]
 pub struct TelemetryStore {
-    series: HashMap<u64, Series>,
+    /// Per node: slot + 1 by `(gpu + 1) × metrics + metric` (0 = none).
+    table: Vec<Vec<u32>>,
+    series: Vec<Series>,
+    /// Per metric: the slots of its series, by ordinal.
+    by_metric: Vec<Vec<u32>>,
     /// Per metric: how long to keep points (0 = latest only).
     retention_ms: Vec<i64>,
     samples_in: u64,
@@ -56,7 +162,13 @@ impl TelemetryStore {
         retention_ms.resize(METRICS.len(), 0);
         // The utilisation swing is derived from a minute of utilisation.
         retention_ms[ids::UTIL as usize] = retention_ms[ids::UTIL as usize].max(60_000);
-        TelemetryStore { series: HashMap::new(), retention_ms, samples_in: 0 }
+        TelemetryStore {
+            table: Vec::new(),
+            series: Vec::new(),
+            by_metric: vec![Vec::new(); METRICS.len()],
+            retention_ms,
+            samples_in: 0,
+        }
     }
 
     /// How long a metric is kept.
@@ -64,40 +176,88 @@ impl TelemetryStore {
         self.retention_ms[metric as usize]
     }
 
-    /// Add a point.
-    pub fn push(&mut self, key: SeriesKey, ts_ms: i64, value: f64) {
+    fn cell(key: SeriesKey) -> usize {
+        key.gpu.map_or(0, |g| g as usize + 1) * METRICS.len() + key.metric as usize
+    }
+
+    fn slot_of(&self, key: SeriesKey) -> Option<u32> {
+        let slot = *self.table.get(key.node as usize)?.get(Self::cell(key))?;
+        slot.checked_sub(1)
+    }
+
+    /// Add a point. Returns the series' handle, or `None` when the point
+    /// was older than the newest one held (a late scrape) and was dropped
+    /// rather than break the window's order, or the metric is unknown.
+    pub fn push(&mut self, key: SeriesKey, ts_ms: i64, value: f64) -> Option<SeriesRef> {
         self.samples_in += 1;
-        let keep = self.retention_ms[key.metric as usize];
-        let s = self.series.entry(key.packed()).or_default();
-        // Out-of-order points (a late scrape) are dropped rather than
-        // breaking the window's order.
-        if s.points.back().is_some_and(|(t, _)| *t > ts_ms) {
-            return;
+        let keep = *self.retention_ms.get(key.metric as usize)?;
+        let slot = match self.slot_of(key) {
+            Some(slot) => slot,
+            None => {
+                let slot = self.series.len() as u32;
+                let per_metric = &mut self.by_metric[key.metric as usize];
+                let ordinal = per_metric.len() as u32;
+                per_metric.push(slot);
+                let window = (keep > 0).then(Box::<Window>::default);
+                self.series.push(Series { key, ordinal, last_v: value as f32, last_ms: i64::MIN, window });
+                if self.table.len() <= key.node as usize {
+                    self.table.resize_with(key.node as usize + 1, Vec::new);
+                }
+                let row = &mut self.table[key.node as usize];
+                let cell = Self::cell(key);
+                if row.len() <= cell {
+                    // Whole GPUs at a time.
+                    row.resize((cell / METRICS.len() + 1) * METRICS.len(), 0);
+                }
+                row[cell] = slot + 1;
+                slot
+            }
+        };
+        let s = &mut self.series[slot as usize];
+        if s.last_ms > ts_ms {
+            return None;
         }
-        s.points.push_back((ts_ms, value as f32));
-        let horizon = ts_ms - keep;
-        while s.points.len() > 1 && s.points.front().is_some_and(|(t, _)| *t < horizon) {
-            s.points.pop_front();
+        if let Some(w) = s.window.as_mut() {
+            w.push(s.last_ms, ts_ms, value as f32, keep);
         }
+        s.last_ms = ts_ms;
+        s.last_v = value as f32;
+        Some(SeriesRef { slot, ordinal: s.ordinal })
+    }
+
+    /// The key of a slot.
+    pub fn key(&self, slot: u32) -> Option<SeriesKey> {
+        self.series.get(slot as usize).map(|s| s.key)
+    }
+
+    /// The key of the `ordinal`-th series of `metric`.
+    pub fn key_by_ordinal(&self, metric: MetricId, ordinal: u32) -> Option<SeriesKey> {
+        let slot = *self.by_metric.get(metric as usize)?.get(ordinal as usize)?;
+        self.key(slot)
+    }
+
+    fn get(&self, key: SeriesKey) -> Option<&Series> {
+        self.slot_of(key).map(|slot| &self.series[slot as usize])
     }
 
     /// The latest point.
     pub fn latest(&self, key: SeriesKey) -> Option<(i64, f64)> {
-        self.series.get(&key.packed())?.points.back().map(|(t, v)| (*t, *v as f64))
+        Some(self.get(key)?.last())
     }
 
     /// Points at or after `since_ms`.
     pub fn window(&self, key: SeriesKey, since_ms: i64) -> Vec<(i64, f64)> {
-        self.series
-            .get(&key.packed())
-            .map(|s| s.points.iter().filter(|(t, _)| *t >= since_ms).map(|(t, v)| (*t, *v as f64)).collect())
-            .unwrap_or_default()
+        self.get(key).map(|s| s.iter_from(since_ms).collect()).unwrap_or_default()
     }
 
     /// Statistics of the points at or after `since_ms`.
     pub fn stats(&self, key: SeriesKey, since_ms: i64) -> Option<WindowStats> {
-        let s = self.series.get(&key.packed())?;
-        stats_of(s.points.iter().filter(|(t, _)| *t >= since_ms).map(|(t, v)| (*t, *v as f64)))
+        stats_of(self.get(key)?.iter_from(since_ms))
+    }
+
+    /// Statistics of a slot's points at or after `since_ms`.
+    pub fn stats_slot(&self, slot: u32, since_ms: i64) -> Option<WindowStats> {
+        stats_of(self.series.get(slot as usize)?.iter_from(since_ms))
     }
 
     /// Number of series held.
@@ -107,7 +267,16 @@ impl TelemetryStore {
 
     /// Points held across all series.
     pub fn points(&self) -> usize {
-        self.series.values().map(|s| s.points.len()).sum()
+        self.series.iter().map(|s| s.len()).sum()
+    }
+
+    /// Bytes reserved for window points (6 a point).
+    pub fn point_bytes(&self) -> usize {
+        self.series
+            .iter()
+            .filter_map(|s| s.window.as_ref())
+            .map(|w| w.gaps_ms.capacity() * 2 + w.values.capacity() * 4)
+            .sum()
     }
 
     /// Samples pushed since start.
@@ -222,6 +391,38 @@ mod tests {
         // Late points are dropped.
         s.push(key(ids::TEMPERATURE), 5_000, -1.0);
         assert_eq!(s.latest(key(ids::TEMPERATURE)), Some((99_000, 99.0)));
+    }
+
+    #[test]
+    fn times_survive_a_rebase_and_windows_are_sized_to_retention() {
+        let mut retention = vec![0; METRICS.len()];
+        retention[ids::TEMPERATURE as usize] = 60 * 86_400_000;
+        retention[ids::POWER as usize] = 600_000;
+        let mut s = TelemetryStore::new(retention);
+        // Gaps up to 65.5 s are kept exactly; a longer one restarts the
+        // window.
+        let t0 = 1_790_000_000_000;
+        for dt in [0i64, 1, 65_536, 131_071, 200_000, 200_500] {
+            s.push(key(ids::TEMPERATURE), t0 + dt, dt as f64);
+        }
+        let w = s.window(key(ids::TEMPERATURE), 0);
+        let expected: Vec<(i64, f64)> = [200_000, 200_500].iter().map(|d| (t0 + d, *d as f64)).collect();
+        assert_eq!(w, expected);
+        assert_eq!(s.latest(key(ids::TEMPERATURE)), Some((t0 + 200_500, 200_500.0)));
+        let mut s2 = TelemetryStore::new(vec![0; METRICS.len()].into_iter().map(|_| 600_000).collect());
+        for dt in [0i64, 1, 65_535, 131_070] {
+            s2.push(key(ids::TEMPERATURE), t0 + dt, dt as f64);
+        }
+        assert_eq!(s2.window(key(ids::TEMPERATURE), 0).len(), 4);
+        assert_eq!(s2.window(key(ids::TEMPERATURE), t0 + 2).len(), 2);
+        // A 10-minute window at 1 Hz reserves about 605 points, not 1024.
+        for i in 0..2_000 {
+            s.push(key(ids::POWER), t0 + i * 1000, 1.0);
+        }
+        assert_eq!(s.window(key(ids::POWER), 0).len(), 601);
+        let bytes = s.point_bytes() - s.window(key(ids::TEMPERATURE), 0).len() * 6;
+        assert!(bytes <= 620 * 6, "{bytes} bytes reserved for 601 points");
+        assert_eq!(s.stats(key(ids::POWER), t0 + 1_990_000).unwrap().count, 10);
     }
 
     #[test]

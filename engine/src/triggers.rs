@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use crate::manifest::{Aggregate, Manifest, PredictModel, Scope, Trigger};
 use crate::metrics::{self, MetricId};
-use crate::telemetry::{SeriesKey, TelemetryStore};
+use crate::telemetry::{SeriesKey, SeriesRef, TelemetryStore};
 
 /// Direction of a level comparison.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -196,7 +196,8 @@ pub fn step_threshold(st: &mut State, level: Level, clear: Level, for_ms: i64, v
 pub struct Entry {
     pub compiled: Compiled,
     pub scope: Scope,
-    states: HashMap<SeriesKey, State>,
+    /// Per series of the metric, by the store's ordinal.
+    states: Vec<State>,
     group_states: HashMap<String, State>,
 }
 
@@ -204,7 +205,8 @@ pub struct Entry {
 #[derive(Debug, Default)]
 pub struct TriggerSet {
     pub entries: Vec<Option<Entry>>,
-    by_metric: HashMap<MetricId, Vec<usize>>,
+    /// Per metric: the entries that watch it.
+    by_metric: Vec<Vec<usize>>,
 }
 
 fn fmt_v(v: f64) -> String {
@@ -214,13 +216,15 @@ fn fmt_v(v: f64) -> String {
 impl TriggerSet {
     /// Build from the runbooks' manifests, index for index.
     pub fn new<'a>(manifests: impl Iterator<Item = &'a Manifest>) -> TriggerSet {
-        let mut set = TriggerSet::default();
+        let mut set = TriggerSet { entries: Vec::new(), by_metric: vec![Vec::new(); metrics::METRICS.len()] };
         for (i, m) in manifests.enumerate() {
             let entry = Compiled::from_manifest(m).map(|compiled| {
-                if !matches!(compiled, Compiled::Fleet { .. }) {
-                    set.by_metric.entry(compiled.metric()).or_default().push(i);
+                if !matches!(compiled, Compiled::Fleet { .. })
+                    && let Some(v) = set.by_metric.get_mut(compiled.metric() as usize)
+                {
+                    v.push(i);
                 }
-                Entry { compiled, scope: m.scope, states: HashMap::new(), group_states: HashMap::new() }
+                Entry { compiled, scope: m.scope, states: Vec::new(), group_states: HashMap::new() }
             });
             set.entries.push(entry);
         }
@@ -240,16 +244,21 @@ impl TriggerSet {
     /// Whether any trigger watches this metric (samples of other metrics
     /// need no evaluation).
     pub fn watches(&self, metric: MetricId) -> bool {
-        self.by_metric.contains_key(&metric)
+        self.by_metric.get(metric as usize).is_some_and(|v| !v.is_empty())
     }
 
     /// Evaluate the triggers on `metric` after a new point of `key` was
     /// pushed into `store`.
-    pub fn on_sample(&mut self, store: &TelemetryStore, key: SeriesKey, ts_ms: i64, v: f64, out: &mut Vec<Fire>) {
-        let Some(idx) = self.by_metric.get(&key.metric) else { return };
+    pub fn on_sample(&mut self, store: &TelemetryStore, r: SeriesRef, ts_ms: i64, v: f64, out: &mut Vec<Fire>) {
+        let Some(key) = store.key(r.slot) else { return };
+        let Some(idx) = self.by_metric.get(key.metric as usize) else { return };
+        let ord = r.ordinal as usize;
         for &i in idx {
             let Some(e) = self.entries[i].as_mut() else { continue };
-            let st = e.states.entry(key).or_default();
+            if e.states.len() <= ord {
+                e.states.resize(ord + 1, State::default());
+            }
+            let st = &mut e.states[ord];
             let name = metrics::metric(key.metric).name;
             let fired = match &e.compiled {
                 Compiled::Threshold { level, for_ms, clear, .. } => {
@@ -262,7 +271,7 @@ impl TriggerSet {
                     })
                 }
                 Compiled::Rate { per_min, window_ms, min_samples, .. } => {
-                    let stats = store.stats(key, ts_ms - window_ms);
+                    let stats = store.stats_slot(r.slot, ts_ms - window_ms);
                     let covered =
                         stats.is_some_and(|s| s.count >= *min_samples && ts_ms - s.first.0 >= window_ms * 8 / 10);
                     let rate = stats.map_or(0.0, |s| s.slope_per_sec * 60.0);
@@ -281,7 +290,7 @@ impl TriggerSet {
                 }
                 Compiled::Predict { crosses, horizon_ms, window_ms, min_samples, model, .. } => {
                     let horizon_s = *horizon_ms as f64 / 1000.0;
-                    let stats = store.stats(key, ts_ms - window_ms);
+                    let stats = store.stats_slot(r.slot, ts_ms - window_ms);
                     let predicted = stats.and_then(|s| {
                         if s.count < *min_samples || ts_ms - s.first.0 < window_ms / 2 {
                             return None;
@@ -398,11 +407,13 @@ impl TriggerSet {
 
     /// Forget states for a target (after a run ends, so a still-present
     /// fault can fire again once the cooldown has passed).
-    pub fn rearm(&mut self, trigger: usize, node: Option<u32>, group: Option<&str>) {
+    pub fn rearm(&mut self, store: &TelemetryStore, trigger: usize, node: Option<u32>, group: Option<&str>) {
         if let Some(Some(e)) = self.entries.get_mut(trigger) {
             if let Some(n) = node {
-                for (k, st) in e.states.iter_mut() {
-                    if k.node == n && !matches!(e.compiled, Compiled::Change { .. }) {
+                let metric = e.compiled.metric();
+                for (ord, st) in e.states.iter_mut().enumerate() {
+                    let on_node = store.key_by_ordinal(metric, ord as u32).is_some_and(|k| k.node == n);
+                    if on_node && !matches!(e.compiled, Compiled::Change { .. }) {
                         st.fired = false;
                         st.pending_since = None;
                     }
@@ -443,8 +454,8 @@ mod tests {
         let mut at = Vec::new();
         for (i, v) in series.iter().enumerate() {
             let t = i as i64 * 1000;
-            store.push(key(0), t, *v);
-            set.on_sample(&store, key(0), t, *v, &mut out);
+            let r = store.push(key(0), t, *v).unwrap();
+            set.on_sample(&store, r, t, *v, &mut out);
             if !out.is_empty() {
                 at.push(i as i64);
                 out.clear();

@@ -1,0 +1,1011 @@
+//! `nightshift bench`: measure detection, action and audit speed. Every
+//! figure is the median of several runs, with min and max, printed as a
+//! table (with the machine's core count) and written as JSON.
+//!
+//! Scenarios:
+//! 1. trigger evaluation throughput (one core, 50 triggers of mixed types)
+//! 2. Alertmanager POST → first action acknowledged by a sim agent over SSH
+//! 3. telemetry → first action acknowledged (threshold crossed in telemetry)
+//! 4. one action fanned out to N agents over SSH (and the time to connect)
+//! 5. durable audit appends per second with 1, 8 and 64 writers
+//! 6. runbook overhead: a trivial cached runbook, script only and end to end
+//! 7. engine memory with N nodes × 8 GPUs of telemetry in 10-minute windows
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow};
+use serde::Serialize;
+use serde_json::json;
+
+use nightshift_agent::backend::Backend;
+use nightshift_agent::backend::sim::{SimBackend, SimConfig};
+use nightshift_agent::clock::{SharedClock, SystemClock};
+use nightshift_agent::config::AgentConfig;
+use nightshift_agent::node::caches::FlushConfig;
+use nightshift_agent::proto::{GpuTelemetry, NodeTelemetry, Op, Request, SetPowerLimitArgs, SimFault, Telemetry};
+use nightshift_agent::runtime::{self, StartedAgent};
+use nightshift_agent::ssh::client::{AgentConnection, ClientConfig};
+use nightshift_engine::audit::{AuditStore, NewRecord, RecordKind};
+use nightshift_engine::engine::Engine;
+use nightshift_engine::manifest::Manifest;
+use nightshift_engine::metrics;
+use nightshift_engine::telemetry::{SeriesKey, TelemetryStore, samples_from};
+use nightshift_engine::triggers::TriggerSet;
+
+use crate::out::Out;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// A reduced size for CI (under two minutes in all).
+    #[arg(long)]
+    pub smoke: bool,
+    /// Only these scenarios (1–7, repeatable).
+    #[arg(long = "only")]
+    pub only: Vec<u32>,
+    /// Write the results here as JSON.
+    #[arg(long, default_value = "target/bench.json")]
+    pub out: PathBuf,
+    /// Runs per figure (the median is reported).
+    #[arg(long)]
+    pub runs: Option<usize>,
+    /// Agents for the fan-out scenario.
+    #[arg(long)]
+    pub fanout_agents: Option<usize>,
+    /// Nodes for the memory scenario.
+    #[arg(long)]
+    pub memory_nodes: Option<usize>,
+}
+
+/// One figure.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Figure {
+    pub scenario: u32,
+    pub name: String,
+    pub unit: String,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub runs: usize,
+    pub target: Option<String>,
+    pub met: Option<bool>,
+    pub note: String,
+}
+
+struct Collector {
+    figures: Vec<Figure>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+impl Collector {
+    /// Record a figure from its per-run values; `target` is (text, predicate).
+    fn add(
+        &mut self,
+        scenario: u32,
+        name: &str,
+        unit: &str,
+        mut runs: Vec<f64>,
+        target: Option<(&str, &dyn Fn(f64) -> bool)>,
+        note: &str,
+    ) {
+        let n = runs.len();
+        let m = median(&mut runs);
+        let min = runs.iter().cloned().fold(f64::INFINITY, f64::min);
+        let max = runs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        self.figures.push(Figure {
+            scenario,
+            name: name.into(),
+            unit: unit.into(),
+            median: m,
+            min,
+            max,
+            runs: n,
+            target: target.map(|(t, _)| t.to_string()),
+            met: target.map(|(_, f)| f(m)),
+            note: note.into(),
+        });
+    }
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+fn manifest(name: &str, trigger: &str, scope: &str) -> Manifest {
+    let text =
+        format!("version: 1\nname: {name}\ndescription: bench\nscope: {scope}\nscript: x.rhai\ntrigger: {trigger}\n");
+    Manifest::parse(&text, Path::new("bench.yaml")).expect("bench manifest")
+}
+
+/// The 50 triggers of scenario 1: thresholds, changes, rates and
+/// predictions over the metrics agents send, and fleet aggregates.
+fn fifty_triggers() -> Vec<Manifest> {
+    let mut v = Vec::new();
+    let thresholds = [
+        ("gpu.temperature_c", 85.0),
+        ("gpu.temperature_c", 90.0),
+        ("gpu.power_pct_of_limit", 98.0),
+        ("gpu.util_pct", 99.5),
+        ("gpu.mem_used_pct", 80.0),
+        ("gpu.mem_fragmentation_pct", 25.0),
+        ("gpu.fan_pct", 99.0),
+        ("gpu.sm_clock_mhz", 5000.0),
+        ("gpu.throttled", 0.5),
+        ("gpu.power_watts", 900.0),
+    ];
+    for (i, (m, level)) in thresholds.iter().enumerate() {
+        v.push(manifest(
+            &format!("thr-{i}"),
+            &format!("{{type: threshold, metric: {m}, above: {level}, for_secs: 30}}"),
+            "gpu",
+        ));
+        v.push(manifest(
+            &format!("thr2-{i}"),
+            &format!(
+                "{{type: threshold, metric: {m}, above: {}, for_secs: 60, clear_below: {}}}",
+                level + 1.0,
+                level - 2.0
+            ),
+            "gpu",
+        ));
+    }
+    for (i, m) in [
+        "node.cpu_util_pct",
+        "node.nvlink_p2p_latency_us",
+        "node.allreduce_p99_ms",
+        "node.comm_overhead_pct",
+        "node.nvlink_links_down",
+    ]
+    .iter()
+    .enumerate()
+    {
+        v.push(manifest(
+            &format!("node-{i}"),
+            &format!("{{type: threshold, metric: {m}, above: 1000, for_secs: 30}}"),
+            "node",
+        ));
+    }
+    for i in 0..5 {
+        v.push(manifest(&format!("ecc-{i}"), "{type: change, metric: gpu.ecc_dbe_total, increase: true}", "gpu"));
+        v.push(manifest(&format!("xid-{i}"), "{type: change, metric: gpu.xid_last, to_any_of: [48, 79]}", "gpu"));
+    }
+    for i in 0..5 {
+        v.push(manifest(
+            &format!("rate-{i}"),
+            &format!("{{type: rate, metric: gpu.temperature_c, per_min_above: {}, window_secs: 60}}", 30 + i),
+            "gpu",
+        ));
+    }
+    for i in 0..3 {
+        v.push(manifest(
+            &format!("pred-{i}"),
+            &format!(
+                "{{type: predict, metric: gpu.temperature_c, crosses: {}, horizon_secs: 300, window_secs: 120}}",
+                95 + i
+            ),
+            "gpu",
+        ));
+    }
+    for i in 0..2 {
+        v.push(manifest(&format!("fo-{i}"), &format!("{{type: predict, metric: gpu.temperature_c, crosses: {}, horizon_secs: 300, window_secs: 30, model: {{first_order: {{time_constant_secs: 90}}}}}}", 95 + i), "gpu"));
+    }
+    for i in 0..5 {
+        v.push(manifest(
+            &format!("fleet-{i}"),
+            &format!(
+                "{{type: fleet, metric: gpu.power_pct_of_limit, agg: avg, group_by: pool, above: {}, for_secs: 120}}",
+                95 + i
+            ),
+            "group",
+        ));
+    }
+    assert_eq!(v.len(), 50);
+    v
+}
+
+/// A synthetic node sample: smooth, plausible values below every trigger.
+fn synthetic(node: &str, gpus: u32, t: i64) -> Telemetry {
+    let phase = t as f64 / 60_000.0;
+    Telemetry {
+        node: node.into(),
+        ts_ms: t,
+        gpus: (0..gpus)
+            .map(|g| GpuTelemetry {
+                index: g,
+                temperature_c: 72.0 + 2.0 * (phase + g as f64).sin(),
+                power_watts: 600.0 + 20.0 * (phase * 1.3 + g as f64).cos(),
+                power_limit_watts: 700.0,
+                fan_pct: None,
+                util_pct: 85.0 + 5.0 * (phase * 0.7).sin(),
+                mem_used_pct: 60.0,
+                mem_fragmentation_pct: Some(4.0),
+                sm_clock_mhz: Some(1755),
+                ecc_sbe_total: 0,
+                ecc_dbe_total: 0,
+                xid_last: Some(0),
+                throttled: false,
+                gpu_drained: false,
+            })
+            .collect(),
+        node_metrics: NodeTelemetry {
+            cpu_util_pct: Some(45.0),
+            nvlink_links_up: Some(144),
+            nvlink_links_total: Some(144),
+            nvlink_errors_total: Some(0),
+            nvlink_p2p_latency_us: Some(4.6),
+            allreduce_p99_ms: Some(2.2),
+            comm_overhead_pct: Some(9.0),
+            job_progress: Some((t - 1_790_000_000_000) as f64 / 1000.0),
+            drained: false,
+            drain_reason: None,
+            hands_off: false,
+        },
+    }
+}
+
+/// 1: samples per second through store + triggers, one thread.
+fn trigger_throughput(samples: usize) -> f64 {
+    let manifests = fifty_triggers();
+    let mut set = TriggerSet::new(manifests.iter());
+    let mut store = TelemetryStore::new(set.retention_ms());
+    // Pre-generate the samples: 1000 nodes × 8 GPUs, one message per node
+    // per second.
+    let mut batch: Vec<(SeriesKey, i64, f64)> = Vec::with_capacity(samples);
+    let mut t = 1_790_000_000_000i64;
+    'outer: loop {
+        for n in 0..1000u32 {
+            let tele = synthetic("n", 8, t);
+            for (gpu, metric, v) in samples_from(&tele) {
+                batch.push((SeriesKey { node: n, gpu, metric }, t, v));
+                if batch.len() >= samples {
+                    break 'outer;
+                }
+            }
+        }
+        t += 1000;
+    }
+    let mut fires = Vec::new();
+    let started = Instant::now();
+    for (key, ts, v) in &batch {
+        if let Some(r) = store.push(*key, *ts, *v)
+            && set.watches(key.metric)
+        {
+            set.on_sample(&store, r, *ts, *v, &mut fires);
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    std::hint::black_box(&fires);
+    batch.len() as f64 / secs
+}
+
+fn write_runbook(dir: &Path, name: &str, manifest: &str, script: &str) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(
+        dir.join(format!("{name}.yaml")),
+        format!("version: 1\nname: {name}\ndescription: bench\nscript: {name}.rhai\n{manifest}"),
+    )?;
+    std::fs::write(dir.join(format!("{name}.rhai")), script)?;
+    Ok(())
+}
+
+struct Fleet {
+    agents: Vec<(String, StartedAgent)>,
+    _dir: tempfile::TempDir,
+    dir: PathBuf,
+    key: Arc<nightshift_agent::ssh::keys::PrivateKey>,
+}
+
+/// Start `n` sim agents over SSH on loopback; their state (journal fsyncs)
+/// on `state_root`.
+async fn fleet(n: usize, gpus: u32, interval_ms: u64, state_root: &Path) -> Result<Fleet> {
+    let tmp = tempfile::Builder::new().prefix("nightshift-bench").tempdir_in(state_root)?;
+    let dir = tmp.path().to_path_buf();
+    let (key, _) = nightshift_agent::ssh::keys::load_or_create(&dir.join("engine_key"), "bench")?;
+    std::fs::write(dir.join("authorized_keys"), format!("{}\n", key.public_key().to_openssh()?))?;
+    let clock: SharedClock = Arc::new(SystemClock);
+    let mut agents = Vec::new();
+    for i in 0..n {
+        let name = format!("n{i:04}");
+        let state = dir.join("agents").join(&name);
+        let cfg = AgentConfig {
+            version: 1,
+            node: name.clone(),
+            listen_addr: "127.0.0.1:0".into(),
+            state_dir: state.clone(),
+            host_key_path: state.join("host_key"),
+            authorized_keys_path: dir.join("authorized_keys"),
+            policy_path: None,
+            backend: nightshift_agent::backend::BackendKind::Sim,
+            nvml_lib_path: None,
+            sim: SimConfig { gpus, seed: i as u64, start_warm: false, ..SimConfig::default() },
+            sim_time_scale: 1.0,
+            telemetry_interval_ms: interval_ms,
+            max_request_bytes: 32 * 1024,
+            scheduler: Default::default(),
+            flush_caches: Some(FlushConfig {
+                drop_caches_path: state.join("drop"),
+                registry_dir: state.join("flush.d"),
+                ..FlushConfig::default()
+            }),
+            configs: BTreeMap::new(),
+            exporter_listen_addr: None,
+        };
+        let backend: Arc<dyn Backend> = Arc::new(SimBackend::new(cfg.sim.clone())?);
+        let s = runtime::start_with(&cfg, backend, clock.clone()).await?;
+        agents.push((name, s));
+    }
+    Ok(Fleet { agents, _dir: tmp, dir, key: Arc::new(key) })
+}
+
+impl Fleet {
+    /// Engine config + inventory + runbooks for this fleet; the engine's
+    /// data dir on `data_root`.
+    fn engine_config(
+        &self,
+        runbooks: &[(&str, &str, &str)],
+        interval_ms: u64,
+        data_root: &Path,
+    ) -> Result<nightshift_engine::config::EngineConfig> {
+        let rb = self.dir.join("runbooks");
+        for (n, m, s) in runbooks {
+            write_runbook(&rb, n, m, s)?;
+        }
+        let mut fleet = String::from("version: 1\nnodes:\n");
+        for (name, a) in &self.agents {
+            fleet.push_str(&format!(
+                "  - {{name: {name}, address: '{}', host_key: '{}', labels: {{pool: a}}}}\n",
+                a.server.local_addr, a.host_key_fingerprint
+            ));
+        }
+        std::fs::write(self.dir.join("fleet.yaml"), fleet)?;
+        let data = tempfile::Builder::new().prefix("nightshift-bench-engine").tempdir_in(data_root)?.keep();
+        let text = format!(
+            "version: 1\nlisten_addr: 127.0.0.1:0\ndata_dir: {}\nrunbook_dir: runbooks\ninventory_path: fleet.yaml\nengine_key_path: engine_key\nlimits: {{queue_capacity: 10000, max_concurrent_runs: 256, max_drained_pct: 100}}\ntelemetry: {{interval_ms: {interval_ms}}}\nauth: {{allow_anonymous: admin}}\n",
+            data.display()
+        );
+        let path = self.dir.join("engine.yaml");
+        std::fs::write(&path, text)?;
+        nightshift_engine::config::EngineConfig::load(&path).map_err(|e| anyhow!("{e}"))
+    }
+
+    async fn shutdown(self) {
+        for (_, a) in self.agents {
+            a.shutdown().await;
+        }
+    }
+}
+
+async fn wait_connected(engine: &Engine, n: usize) -> Result<()> {
+    let end = Instant::now() + Duration::from_secs(60);
+    while engine.connected_agents() < n {
+        if Instant::now() > end {
+            return Err(anyhow!("only {} of {n} agents connected", engine.connected_agents()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// 2: POST → ActionResult, at a steady rate. Returns (p50 ms, p99 ms).
+async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f64, f64)> {
+    let f = fleet(10, 8, 1000, data_root).await?;
+    let cfg = f.engine_config(
+        &[("hot", "trigger: {type: alert, alertname: BenchHot}\nscope: gpu\ncooldown_secs: 0\nmax_concurrent: 256\nmax_attempts_per_day: 100000\n", "set_power_limit(600);\n")],
+        1000,
+        data_root,
+    )?;
+    let engine = nightshift_engine::serve::start(cfg).await.map_err(|e| anyhow!("{e}"))?;
+    wait_connected(&engine, 10).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/api/v1/alerts/alertmanager", listener.local_addr()?);
+    let web = tokio::spawn(nightshift_web::serve(engine.clone(), listener, std::future::pending()));
+    let sent: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
+    let mut rx = engine.audit().subscribe();
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<f64>();
+    let (eng2, sent2) = (engine.clone(), sent.clone());
+    let listener_task = tokio::spawn(async move {
+        while let Ok(r) = rx.recv().await {
+            if r.kind != RecordKind::ActionResult {
+                continue;
+            }
+            let now = Instant::now();
+            let Some(run) = r.run.as_deref().and_then(|id| eng2.run(id).ok().flatten()) else { continue };
+            let fp = run.event["fingerprint"].as_str().unwrap_or("").to_string();
+            if let Some(t) = sent2.lock().unwrap().remove(&fp) {
+                let _ = done_tx.send((now - t).as_secs_f64() * 1000.0);
+            }
+        }
+    });
+    let http = reqwest::Client::new();
+    let names: Vec<String> = f.agents.iter().map(|(n, _)| n.clone()).collect();
+    let start = Instant::now();
+    for i in 0..alerts {
+        let due = start + Duration::from_secs_f64(i as f64 / rate);
+        tokio::time::sleep_until(due.into()).await;
+        let node = &names[i % names.len()];
+        let gpu = (i / names.len()) % 8;
+        let fp = format!("bench-{i}");
+        let now = nightshift_agent::clock::Clock::now_ms(&SystemClock);
+        let body = json!({
+            "version": "4", "status": "firing", "receiver": "nightshift", "groupKey": "g", "truncatedAlerts": 0,
+            "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {}, "externalURL": "http://am",
+            "alerts": [{"status": "firing", "labels": {"alertname": "BenchHot", "instance": format!("{node}:9400"), "gpu": gpu.to_string()},
+                        "annotations": {}, "startsAt": nightshift_engine::alerts::format_rfc3339_ms(now), "endsAt": "0001-01-01T00:00:00Z",
+                        "generatorURL": "", "fingerprint": fp}]
+        });
+        sent.lock().unwrap().insert(fp, Instant::now());
+        let h = http.clone();
+        let u = url.clone();
+        tokio::spawn(async move {
+            let _ = h.post(&u).json(&body).send().await;
+        });
+    }
+    let mut lat = Vec::new();
+    let end = Instant::now() + Duration::from_secs(30);
+    while lat.len() < alerts && Instant::now() < end {
+        if let Ok(Some(ms)) = tokio::time::timeout(Duration::from_secs(5), done_rx.recv()).await {
+            lat.push(ms);
+        }
+    }
+    listener_task.abort();
+    web.abort();
+    engine.shutdown().await;
+    f.shutdown().await;
+    if lat.len() < alerts * 9 / 10 {
+        return Err(anyhow!("only {} of {alerts} alerts led to an action", lat.len()));
+    }
+    Ok((pct(&mut lat.clone(), 0.5), pct(&mut lat, 0.99)))
+}
+
+/// 3: fault in the agent's telemetry → ActionResult. Returns (p50, p99) ms.
+async fn telemetry_latency(events: usize, interval_ms: u64, data_root: &Path) -> Result<(f64, f64)> {
+    let f = fleet(4, 8, interval_ms, data_root).await?;
+    let cfg = f.engine_config(
+        &[("ecc", "trigger: {type: change, metric: gpu.ecc_dbe_total, increase: true}\nscope: gpu\ncooldown_secs: 0\nmax_concurrent: 64\nmax_attempts_per_day: 100000\n", "set_power_limit(650);\n")],
+        interval_ms,
+        data_root,
+    )?;
+    let engine = nightshift_engine::serve::start(cfg).await.map_err(|e| anyhow!("{e}"))?;
+    wait_connected(&engine, 4).await?;
+    tokio::time::sleep(Duration::from_millis(interval_ms * 3)).await;
+    let mut rx = engine.audit().subscribe();
+    let mut lat = Vec::new();
+    for i in 0..events {
+        let (name, a) = &f.agents[i % f.agents.len()];
+        let gpu = ((i / f.agents.len()) % 8) as u32;
+        let t0 = Instant::now();
+        a.agent.handle(Request::new(format!("bench-ecc-{i}"), Op::SimFault(SimFault::EccDbe { gpu, count: 1 }))).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, rx.recv()).await {
+                Ok(Ok(r))
+                    if r.kind == RecordKind::ActionResult && r.node.as_deref() == Some(name) && r.gpu == Some(gpu) =>
+                {
+                    lat.push(t0.elapsed().as_secs_f64() * 1000.0);
+                    break;
+                }
+                Ok(Ok(_)) => continue,
+                _ => return Err(anyhow!("no action for event {i}")),
+            }
+        }
+        // Let the run finish (one run per node at a time), then wait a
+        // random part of an interval so faults land at every phase of the
+        // agent's telemetry tick.
+        let jitter = rand::random::<u64>() % interval_ms;
+        tokio::time::sleep(Duration::from_millis(20 + jitter)).await;
+    }
+    engine.shutdown().await;
+    f.shutdown().await;
+    Ok((pct(&mut lat.clone(), 0.5), pct(&mut lat, 0.99)))
+}
+
+/// 4: (connect all secs, fan-out secs).
+async fn fanout(n: usize, state_root: &Path) -> Result<(f64, f64)> {
+    let f = fleet(n, 1, 60_000, state_root).await?;
+    let t = Instant::now();
+    let mut conns = Vec::with_capacity(n);
+    let sem = Arc::new(tokio::sync::Semaphore::new(64));
+    let mut tasks = Vec::new();
+    for (_, a) in &f.agents {
+        let mut cc = ClientConfig::new(a.server.local_addr.to_string(), a.host_key_fingerprint.clone(), f.key.clone());
+        cc.connect_timeout = Duration::from_secs(30);
+        let sem = sem.clone();
+        tasks.push(tokio::spawn(async move {
+            let _p = sem.acquire().await;
+            AgentConnection::connect(&cc).await
+        }));
+    }
+    for t in tasks {
+        conns.push(Arc::new(t.await?.map_err(|e| anyhow!("{e}"))?));
+    }
+    let connect = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let calls: Vec<_> = conns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let req =
+                    Request::new(format!("fanout-{i}"), Op::SetPowerLimit(SetPowerLimitArgs { gpu: 0, watts: 500.0 }));
+                c.call(&req).await
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for c in calls {
+        if c.await?.map(|r| r.ok).unwrap_or(false) {
+            ok += 1;
+        }
+    }
+    let fan = t.elapsed().as_secs_f64();
+    if ok != n {
+        return Err(anyhow!("only {ok} of {n} agents acknowledged"));
+    }
+    for c in &conns {
+        c.close().await;
+    }
+    f.shutdown().await;
+    Ok((connect, fan))
+}
+
+/// 5: durable appends per second with `writers` concurrent writers.
+async fn audit_append(writers: usize, per_writer: usize, dir: &Path) -> Result<f64> {
+    let tmp = tempfile::Builder::new().prefix("nightshift-bench-audit").tempdir_in(dir)?;
+    let store = AuditStore::open(tmp.path(), Arc::new(SystemClock))?;
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let s = store.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..per_writer {
+                s.append(
+                    NewRecord::new(
+                        RecordKind::Note,
+                        "bench",
+                        json!({"writer": w, "i": i, "text": "a durable record of what happened"}),
+                    ),
+                    None,
+                )
+                .await?;
+            }
+            Ok::<_, nightshift_engine::audit::AuditError>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let rate = (writers * per_writer) as f64 / t.elapsed().as_secs_f64();
+    if !store.verify()?.ok {
+        return Err(anyhow!("the chain does not verify"));
+    }
+    Ok(rate)
+}
+
+/// 6a: a trivial cached script, on a blocking thread, µs.
+async fn script_overhead(iterations: usize) -> Result<Vec<f64>> {
+    use nightshift_engine::script::{RunCtx, ScriptHost, build_engine, compile, execute};
+    struct NoHost;
+    impl ScriptHost for NoHost {
+        fn reading(&self, _: &RunCtx, _: &nightshift_engine::script::Reading) -> Option<f64> {
+            None
+        }
+        fn gpu_info(&self, _: &RunCtx, _: &str, _: u32) -> rhai::Map {
+            rhai::Map::new()
+        }
+        fn node_info(&self, _: &RunCtx, _: &str) -> rhai::Map {
+            rhai::Map::new()
+        }
+        fn group_nodes(&self, _: &RunCtx) -> Vec<String> {
+            vec![]
+        }
+        fn group_avg(&self, _: &RunCtx, _: nightshift_engine::metrics::MetricId) -> Option<f64> {
+            None
+        }
+        fn act(&self, _: &RunCtx, _: &str, _: Op) -> rhai::Map {
+            rhai::Map::new()
+        }
+        fn config_list(&self, _: &RunCtx, _: &str, _: &str) -> rhai::Dynamic {
+            rhai::Dynamic::UNIT
+        }
+        fn annotate(&self, _: &RunCtx, _: &str, _: &str, _: Option<&str>) {}
+        fn scale(&self, _: &RunCtx, _: bool, _: i64) -> rhai::Map {
+            rhai::Map::new()
+        }
+        fn text(&self, _: &RunCtx, _: nightshift_engine::script::TextKind, _: &str) {}
+        fn event_resolved(&self, _: &RunCtx) -> bool {
+            false
+        }
+    }
+    let engine = Arc::new(build_engine(&Default::default()));
+    let ast = Arc::new(
+        compile(&engine, "let x = params.a + 1;\nif x > 2 { let y = x * 2; }\n", Path::new("trivial.rhai"))
+            .map_err(|e| anyhow!("{e}"))?,
+    );
+    let host: Arc<dyn ScriptHost> = Arc::new(NoHost);
+    let mut out = Vec::new();
+    for i in 0..iterations {
+        let (e, a, h) = (engine.clone(), ast.clone(), host.clone());
+        let t = Instant::now();
+        tokio::task::spawn_blocking(move || {
+            let ctx = Arc::new(RunCtx::new(
+                &format!("r{i}"),
+                "trivial",
+                nightshift_engine::runs::Target::node("n"),
+                false,
+                Arc::new(SystemClock),
+                60,
+                h,
+                100,
+            ));
+            let params = rhai::serde::to_dynamic(json!({"a": 1})).unwrap_or_default();
+            execute(&e, &a, ctx, rhai::Dynamic::UNIT, params, rhai::Dynamic::UNIT)
+        })
+        .await?;
+        out.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(out)
+}
+
+/// 6b: submit → finished for a trivial runbook through the whole engine
+/// (three durable audit records), µs.
+async fn run_end_to_end(iterations: usize, data_root: &Path) -> Result<Vec<f64>> {
+    let f = fleet(1, 1, 60_000, data_root).await?;
+    let cfg = f.engine_config(
+        &[("trivial", "trigger: {type: manual}\nscope: node\ncooldown_secs: 0\n", "let x = 1;\n")],
+        60_000,
+        data_root,
+    )?;
+    let engine = nightshift_engine::serve::start(cfg).await.map_err(|e| anyhow!("{e}"))?;
+    wait_connected(&engine, 1).await.ok();
+    let mut out = Vec::new();
+    for _ in 0..iterations {
+        let t = Instant::now();
+        let s = engine
+            .submit(nightshift_engine::engine::RunRequest {
+                runbook: "trivial".into(),
+                target: nightshift_engine::runs::Target::node("n0000"),
+                trigger: "manual".into(),
+                detail: "bench".into(),
+                event: json!({}),
+                event_ts_ms: 0,
+                params: BTreeMap::new(),
+                dry_run: false,
+                requested_by: "user:bench".into(),
+            })
+            .await?;
+        let id = s.run().ok_or_else(|| anyhow!("not started: {s:?}"))?.id.clone();
+        loop {
+            if engine.run(&id)?.is_some_and(|r| r.outcome.is_some()) && engine.running() == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        out.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    engine.shutdown().await;
+    f.shutdown().await;
+    Ok(out)
+}
+
+/// 7: RSS growth, series and points after `secs` of telemetry from `nodes`
+/// × 8 GPUs at 1 Hz, with triggers holding 10-minute windows.
+async fn memory(nodes: usize, secs: i64, data_root: &Path) -> Result<(f64, usize, usize, f64)> {
+    use nightshift_agent::ssh::client::{AgentTransport, ClientError};
+    struct Nowhere;
+    impl AgentTransport for Nowhere {
+        fn call(
+            &self,
+            _: Request,
+        ) -> futures::future::BoxFuture<'_, Result<nightshift_agent::proto::Reply, ClientError>> {
+            Box::pin(async { Err(ClientError::Channel { addr: "bench".into(), message: "no agent".into() }) })
+        }
+    }
+    let rb = tempfile::tempdir()?;
+    write_runbook(
+        rb.path(),
+        "overheat",
+        "trigger: {type: threshold, metric: gpu.temperature_c, above: 85, for_secs: 30}\nscope: gpu\n",
+        "note(\"x\");\n",
+    )?;
+    write_runbook(
+        rb.path(),
+        "trend",
+        "trigger: {type: predict, metric: gpu.temperature_c, crosses: 85, horizon_secs: 300, window_secs: 600}\nscope: gpu\n",
+        "note(\"x\");\n",
+    )?;
+    write_runbook(
+        rb.path(),
+        "power",
+        "trigger: {type: rate, metric: gpu.power_watts, per_min_above: 500, window_secs: 600}\nscope: gpu\n",
+        "note(\"x\");\n",
+    )?;
+    write_runbook(
+        rb.path(),
+        "stall",
+        "trigger: {type: rate, metric: job.progress, per_min_below: 0.01, window_secs: 600}\nscope: node\n",
+        "note(\"x\");\n",
+    )?;
+    write_runbook(
+        rb.path(),
+        "ecc",
+        "trigger: {type: change, metric: gpu.ecc_dbe_total, increase: true}\nscope: gpu\n",
+        "note(\"x\");\n",
+    )?;
+    let script = Arc::new(nightshift_engine::script::build_engine(&Default::default()));
+    let set = nightshift_engine::runbook::load_dir(rb.path(), &script);
+    let data = tempfile::Builder::new().prefix("nightshift-bench-mem").tempdir_in(data_root)?;
+    let clock: SharedClock = Arc::new(SystemClock);
+    let audit = AuditStore::open(data.path(), clock.clone())?;
+    let node_specs: Vec<_> = (0..nodes)
+        .map(|i| {
+            let name = format!("m{i:05}");
+            (
+                nightshift_engine::inventory::NodeSpec {
+                    name: name.clone(),
+                    address: "x".into(),
+                    host_key: "SHA256:x".into(),
+                    labels: Default::default(),
+                    standby: false,
+                },
+                "x".to_string(),
+                Arc::new(Nowhere) as Arc<dyn AgentTransport>,
+            )
+        })
+        .collect();
+    let mut config = nightshift_engine::config::EngineConfig::parse(
+        "version: 1\ndata_dir: d\nrunbook_dir: r\ninventory_path: i\nengine_key_path: k\n",
+        Path::new("bench.yaml"),
+    )
+    .map_err(|e| anyhow!("{e}"))?;
+    config.telemetry.script_window_secs = 0;
+    let before = rss_bytes();
+    let engine = Engine::new(nightshift_engine::engine::EngineParts {
+        config,
+        clock,
+        audit,
+        nodes: node_specs,
+        script,
+        runbooks: set,
+    });
+    let names = engine.node_names();
+    let t0 = 1_790_000_000_000i64;
+    for s in 0..secs {
+        for n in &names {
+            engine.ingest_telemetry(&synthetic(n, 8, t0 + s * 1000)).await;
+        }
+    }
+    let after = rss_bytes();
+    let (series, points) = engine.telemetry_size();
+    let _ = metrics::METRICS.len();
+    Ok(((after.saturating_sub(before)) as f64, series, points, after as f64))
+}
+
+pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
+    let smoke = args.smoke;
+    let runs = args.runs.unwrap_or(if smoke { 3 } else { 5 });
+    let want = |n: u32| args.only.is_empty() || args.only.contains(&n);
+    let disk = std::env::temp_dir();
+    let shm = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { disk.clone() };
+    let mut c = Collector { figures: Vec::new() };
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let started = Instant::now();
+    eprintln!(
+        "nightshift bench ({}), {cores} core(s), {} run(s) per figure",
+        if smoke { "smoke size" } else { "full size" },
+        runs
+    );
+
+    if want(1) {
+        let samples = if smoke { 1_000_000 } else { 10_000_000 };
+        let v: Vec<f64> = (0..runs).map(|_| trigger_throughput(samples)).collect();
+        c.add(1, "trigger evaluation throughput", "samples/s", v, Some(("≥ 2,000,000 samples/s", &|m| m >= 2_000_000.0)), &format!("{samples} samples, 50 triggers (20 gpu + 5 node thresholds, 10 change, 5 rate, 5 predict, 5 fleet), one thread"));
+    }
+    if want(2) {
+        let alerts = if smoke { 100 } else { 1000 };
+        let mut p50 = Vec::new();
+        let mut p99 = Vec::new();
+        for _ in 0..runs {
+            let (a, b) = alert_latency(alerts, 100.0, &disk).await.context("scenario 2")?;
+            p50.push(a);
+            p99.push(b);
+        }
+        let note =
+            format!("{alerts} alerts at 100/s over HTTP, 10 agents × 8 GPUs over SSH; audit on {}", disk.display());
+        c.add(2, "alert → action acknowledged, p50", "ms", p50, Some(("≤ 5 ms", &|m| m <= 5.0)), &note);
+        c.add(2, "alert → action acknowledged, p99", "ms", p99, Some(("≤ 20 ms", &|m| m <= 20.0)), &note);
+    }
+    if want(3) {
+        let interval = 100;
+        let events = if smoke { 20 } else { 100 };
+        let mut p50 = Vec::new();
+        let mut p99 = Vec::new();
+        for _ in 0..runs {
+            let (a, b) = telemetry_latency(events, interval, &disk).await.context("scenario 3")?;
+            p50.push(a);
+            p99.push(b);
+        }
+        let note = format!("{events} ECC events, telemetry every {interval} ms, 4 agents over SSH");
+        c.add(3, "telemetry → action acknowledged, p50", "ms", p50, None, &note);
+        c.add(
+            3,
+            "telemetry → action acknowledged, p99",
+            "ms",
+            p99,
+            Some(("≤ interval + 20 ms = 120 ms", &|m| m <= 120.0)),
+            &note,
+        );
+    }
+    if want(4) {
+        let n = args.fanout_agents.unwrap_or(if smoke { 100 } else { 1000 });
+        let mut conn = Vec::new();
+        let mut fan = Vec::new();
+        for _ in 0..runs {
+            let (a, b) = fanout(n, &shm).await.context("scenario 4")?;
+            conn.push(a);
+            fan.push(b);
+        }
+        let note = format!("{n} agents in this process over SSH on loopback, agent journals on {}", shm.display());
+        c.add(4, &format!("fan-out of one action to {n} agents"), "s", fan, Some(("≤ 2 s", &|m| m <= 2.0)), &note);
+        c.add(4, &format!("connect {n} agents"), "s", conn, None, &note);
+    }
+    if want(5) {
+        let per = if smoke { 200 } else { 2000 };
+        for w in [1usize, 8, 64] {
+            let mut v = Vec::new();
+            for _ in 0..runs {
+                v.push(audit_append(w, per.max(2000 / w), &disk).await.context("scenario 5")?);
+            }
+            let target: Option<(&str, &dyn Fn(f64) -> bool)> =
+                if w == 64 { Some(("≥ 20,000 records/s", &|m| m >= 20_000.0)) } else { None };
+            c.add(
+                5,
+                &format!("durable audit appends, {w} writer(s)"),
+                "records/s",
+                v,
+                target,
+                &format!("flushed before acknowledgement; store on {}", disk.display()),
+            );
+        }
+    }
+    if want(6) {
+        let it = if smoke { 200 } else { 2000 };
+        let mut v = script_overhead(it).await?;
+        let med = median(&mut v);
+        c.add(
+            6,
+            "trivial cached runbook, script on a blocking thread",
+            "µs",
+            vec![med; 1],
+            Some(("≤ 200 µs", &|m| m <= 200.0)),
+            &format!("median of {it}; scope, context and blocking-thread hop included"),
+        );
+        let it = if smoke { 50 } else { 300 };
+        for (label, root) in [("tmpfs", &shm), ("disk", &disk)] {
+            let mut v = Vec::new();
+            for _ in 0..runs {
+                let mut x = run_end_to_end(it, root).await.context("scenario 6")?;
+                v.push(median(&mut x));
+            }
+            c.add(
+                6,
+                &format!("trivial runbook submit → finished, audit on {label}"),
+                "µs",
+                v,
+                None,
+                "three durable audit records (queued, started, finished)",
+            );
+        }
+    }
+    if want(7) {
+        let nodes = args.memory_nodes.unwrap_or(if smoke { 500 } else { 10_000 });
+        if args.only == [7] {
+            let secs = if smoke { 120 } else { 600 };
+            let (growth, series, points, rss) = memory(nodes, secs, &disk).await.context("scenario 7")?;
+            let per_series = growth / series.max(1) as f64;
+            c.add(
+                7,
+                &format!("engine RSS growth, {nodes} nodes × 8 GPUs, {secs} s at 1 Hz"),
+                "MiB",
+                vec![growth / 1048576.0],
+                if nodes >= 10_000 && secs >= 600 { Some(("≤ 1024 MiB", &|m| m <= 1024.0)) } else { None },
+                &format!("{series} series, {points} points in windows; process RSS {:.0} MiB", rss / 1048576.0),
+            );
+            c.add(7, "bytes per series", "B", vec![per_series], None, "RSS growth ÷ series");
+            c.add(
+                7,
+                "bytes per point held",
+                "B",
+                vec![growth / points.max(1) as f64],
+                None,
+                "RSS growth ÷ points held",
+            );
+        } else {
+            // In a fresh process: RSS after the other scenarios says little
+            // (the allocator keeps what they freed).
+            let tmp = tempfile::NamedTempFile::new()?;
+            let mut cmd = std::process::Command::new(std::env::current_exe()?);
+            cmd.args(["--no-color", "bench", "--only", "7", "--memory-nodes", &nodes.to_string(), "--out"])
+                .arg(tmp.path());
+            if smoke {
+                cmd.arg("--smoke");
+            }
+            let status = cmd.stdout(std::process::Stdio::null()).status().context("scenario 7 in a child process")?;
+            if !status.success() {
+                return Err(anyhow!("scenario 7 failed in its child process: {status}"));
+            }
+            let v: serde_json::Value = serde_json::from_slice(&std::fs::read(tmp.path())?)?;
+            for f in v["figures"].as_array().into_iter().flatten() {
+                c.figures.push(serde_json::from_value(f.clone())?);
+            }
+        }
+    }
+
+    if out.json {
+        println!("{}", serde_json::to_string_pretty(&c.figures)?);
+    } else {
+        let rows: Vec<Vec<String>> = c
+            .figures
+            .iter()
+            .map(|f| {
+                let fmt = |v: f64| if v >= 100.0 { format!("{:.0}", v) } else { format!("{:.2}", v) };
+                vec![
+                    f.scenario.to_string(),
+                    f.name.clone(),
+                    format!("{} {}", fmt(f.median), f.unit),
+                    format!("{} – {}", fmt(f.min), fmt(f.max)),
+                    f.target.clone().unwrap_or_default(),
+                    match f.met {
+                        Some(true) => out.green("met"),
+                        Some(false) => out.red("not met"),
+                        None => String::new(),
+                    },
+                ]
+            })
+            .collect();
+        out.table(&["#", "FIGURE", "MEDIAN", "MIN – MAX", "TARGET", ""], &rows);
+        println!(
+            "{cores} core(s) · {} · {:.0} s",
+            if smoke { "smoke size" } else { "full size" },
+            started.elapsed().as_secs_f64()
+        );
+    }
+    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(
+        &args.out,
+        serde_json::to_string_pretty(&json!({"cores": cores, "smoke": smoke, "runs": runs, "figures": c.figures}))?,
+    )?;
+    eprintln!("wrote {}", args.out.display());
+    Ok(0)
+}
