@@ -57,7 +57,9 @@ impl StartedAgent {
 /// Open the configured backend (or `kind` when given).
 pub fn open_backend(cfg: &AgentConfig, kind: Option<BackendKind>) -> Result<Arc<dyn Backend>, BackendError> {
     Ok(match kind.unwrap_or(cfg.backend) {
-        BackendKind::Sim => Arc::new(backend::sim::SimBackend::new(cfg.sim.clone())?),
+        BackendKind::Sim => Arc::new(
+            backend::sim::SimBackend::new(cfg.sim.clone())?.persist_to(cfg.state_dir.join("sim-hardware.json")),
+        ),
         BackendKind::Nvml => Arc::new(backend::nvml::NvmlBackend::open(cfg.nvml_lib_path.as_deref())?),
         BackendKind::Rocm => Arc::from(backend::open_rocm()?),
         BackendKind::Auto => Arc::from(backend::open_auto(cfg.nvml_lib_path.as_deref())?),

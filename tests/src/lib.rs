@@ -78,20 +78,18 @@ impl TestAgent {
         AgentClient::new(self.client_config())
     }
 
-    /// Stop the agent (its state dir stays).
+    /// Stop the agent (its state dir stays; its port is remembered).
     pub async fn stop(&mut self) {
         if let Some(s) = self.started.take() {
+            self.cfg.listen_addr = s.server.local_addr.to_string();
             s.shutdown().await;
         }
     }
 
     /// Start it again on the same state dir and port.
     pub async fn restart(&mut self) {
-        let addr = self.addr();
         self.stop().await;
-        let mut cfg = self.cfg.clone();
-        cfg.listen_addr = addr;
-        self.started = Some(runtime::start(&cfg, None).await.expect("agent restarts"));
+        self.started = Some(runtime::start(&self.cfg, None).await.expect("agent restarts"));
     }
 }
 

@@ -308,9 +308,9 @@ async fn a_repeated_id_is_never_reapplied_even_after_restart() {
     let c = AgentConnection::connect(&agent.client_config()).await.unwrap();
     let after = c.call(&req("once", Op::SetPowerLimit(SetPowerLimitArgs { gpu: 0, watts: 500.0 }))).await.unwrap();
     assert_eq!(after, first, "the journal survived the restart");
-    // The sim restarted too (fresh model at its default limit): proof that
-    // the replay did not apply 500 W to it.
-    assert_eq!(telemetry(&c).await.gpus[0].power_limit_watts, 700.0);
+    // The (simulated) hardware kept its 600 W across the agent restart, as
+    // a real GPU does: the replay did not put 500 W back.
+    assert_eq!(telemetry(&c).await.gpus[0].power_limit_watts, 600.0);
     let status = c.call(&req("st", Op::ActionStatus(ActionStatusArgs { request_id: "once".into() }))).await.unwrap();
     assert_eq!(status.result.unwrap()["state"], json!("done"));
     let lines =

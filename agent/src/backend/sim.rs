@@ -333,6 +333,20 @@ pub struct SimBackend {
     config: SimConfig,
     info: Vec<GpuInfo>,
     state: Mutex<SimState>,
+    /// Where the "hardware" keeps its settings across agent restarts.
+    persist: Option<std::path::PathBuf>,
+}
+
+/// What a GPU keeps when the agent process restarts: its settings and its
+/// error counters (the physics starts over).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct PersistedGpu {
+    power_limit_watts: f64,
+    fan_cmd_pct: Option<f64>,
+    clocks_locked: Option<(u32, u32)>,
+    drained: bool,
+    sbe: u64,
+    dbe: u64,
 }
 
 /// SplitMix64: a tiny, well-mixed hash for deterministic noise.
@@ -350,6 +364,49 @@ fn noise(seed: u64, gpu: u32, tick: u64, channel: u64) -> f64 {
 }
 
 impl SimBackend {
+    /// Keep the GPUs' settings and error counters in `path`, as hardware
+    /// keeps them while the agent restarts; load them now if present.
+    pub fn persist_to(self, path: std::path::PathBuf) -> SimBackend {
+        if let Ok(bytes) = std::fs::read(&path) {
+            match serde_json::from_slice::<Vec<PersistedGpu>>(&bytes) {
+                Ok(saved) => {
+                    let mut st = self.lock();
+                    for (g, p) in st.gpus.iter_mut().zip(saved) {
+                        g.power_limit_watts = p.power_limit_watts;
+                        g.fan_cmd_pct = p.fan_cmd_pct;
+                        g.clocks_locked = p.clocks_locked;
+                        g.drained = p.drained;
+                        g.sbe = p.sbe;
+                        g.dbe = p.dbe;
+                    }
+                }
+                Err(e) => tracing::warn!(path = %path.display(), error = %e, "sim: ignoring unreadable hardware state"),
+            }
+        }
+        SimBackend { persist: Some(path), ..self }
+    }
+
+    fn save(&self) {
+        let Some(path) = &self.persist else { return };
+        let saved: Vec<PersistedGpu> = self
+            .lock()
+            .gpus
+            .iter()
+            .map(|g| PersistedGpu {
+                power_limit_watts: g.power_limit_watts,
+                fan_cmd_pct: g.fan_cmd_pct,
+                clocks_locked: g.clocks_locked,
+                drained: g.drained,
+                sbe: g.sbe,
+                dbe: g.dbe,
+            })
+            .collect();
+        let bytes = serde_json::to_vec(&saved).unwrap_or_default();
+        if let Err(e) = crate::fsutil::write_atomic(path, &bytes) {
+            tracing::warn!(path = %path.display(), error = %e, "sim: cannot save hardware state");
+        }
+    }
+
     /// Build a node from its config, or say which profile keys exist.
     pub fn new(config: SimConfig) -> Result<SimBackend, BackendError> {
         let profile = profile(&config.profile).ok_or_else(|| {
@@ -424,6 +481,7 @@ impl SimBackend {
                 },
             }),
             config,
+            persist: None,
         };
         if sim.config.start_warm {
             // Settle to the loaded steady state (20 simulated minutes), then
@@ -730,6 +788,7 @@ impl Backend for SimBackend {
             )));
         }
         self.lock().gpus[i].power_limit_watts = watts;
+        self.save();
         Ok(Support::Done(()))
     }
 
@@ -739,6 +798,7 @@ impl Backend for SimBackend {
             return Ok(Support::NotSupported(format!("{} has no controllable fan", self.profile.name)));
         }
         self.lock().gpus[i].fan_cmd_pct = Some(pct.clamp(0.0, 100.0));
+        self.save();
         Ok(Support::Done(()))
     }
 
@@ -748,18 +808,21 @@ impl Backend for SimBackend {
             return Ok(Support::NotSupported(format!("{} has no controllable fan", self.profile.name)));
         }
         self.lock().gpus[i].fan_cmd_pct = None;
+        self.save();
         Ok(Support::Done(()))
     }
 
     fn set_clocks(&self, gpu: u32, min_mhz: u32, max_mhz: u32) -> Result<Support<()>, BackendError> {
         let i = self.check_gpu(gpu)?;
         self.lock().gpus[i].clocks_locked = Some((min_mhz, max_mhz));
+        self.save();
         Ok(Support::Done(()))
     }
 
     fn reset_clocks(&self, gpu: u32) -> Result<Support<()>, BackendError> {
         let i = self.check_gpu(gpu)?;
         self.lock().gpus[i].clocks_locked = None;
+        self.save();
         Ok(Support::Done(()))
     }
 
@@ -768,12 +831,15 @@ impl Backend for SimBackend {
         let mut st = self.lock();
         st.gpus[i].sbe = 0;
         st.gpus[i].dbe = 0;
+        drop(st);
+        self.save();
         Ok(Support::Done(()))
     }
 
     fn set_gpu_drain(&self, gpu: u32, drained: bool) -> Result<Support<()>, BackendError> {
         let i = self.check_gpu(gpu)?;
         self.lock().gpus[i].drained = drained;
+        self.save();
         Ok(Support::Done(()))
     }
 
