@@ -49,7 +49,7 @@ fn spawn_engine(dir: &std::path::Path, port: u16) -> Child {
     Command::new(env!("CARGO_BIN_EXE_nightshift"))
         .current_dir(dir)
         .args(["serve", "--config", "engine.yaml", "--listen", &format!("127.0.0.1:{port}")])
-        .env("RUST_LOG", "warn")
+        .env("NIGHTSHIFT_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -59,6 +59,15 @@ pub struct Limits {
     pub alert_dedup_entries: usize,
     #[serde(default = "d_action_timeout")]
     pub action_timeout_secs: u64,
+    /// Alerts accepted but not yet handled; beyond this a webhook call is
+    /// answered 503 (Alertmanager sends again) and the shed alerts are
+    /// audited, so a storm cannot grow memory without bound.
+    #[serde(default = "d_alert_backlog")]
+    pub alert_backlog: usize,
+}
+
+fn d_alert_backlog() -> usize {
+    10_000
 }
 
 fn d_queue() -> usize {
@@ -85,6 +94,7 @@ impl Default for Limits {
             max_drained_pct: d_drained(),
             alert_dedup_entries: d_dedup(),
             action_timeout_secs: d_action_timeout(),
+            alert_backlog: d_alert_backlog(),
         }
     }
 }

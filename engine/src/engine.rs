@@ -72,6 +72,17 @@ pub struct RunRequest {
     pub requested_by: String,
 }
 
+/// What became of an Alertmanager payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ingested {
+    /// New alerts, to be handled.
+    pub accepted: usize,
+    /// Repeats of a (fingerprint, startsAt) already seen.
+    pub duplicates: usize,
+    /// Over the backlog cap: not handled, not remembered.
+    pub shed: usize,
+}
+
 /// What became of a run request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
@@ -239,6 +250,8 @@ pub(crate) struct Core {
     run_seq: AtomicU64,
     /// Event batches handed to background tasks and not yet processed.
     inflight_events: AtomicU64,
+    /// Alerts accepted by a webhook call and not yet handled.
+    alert_backlog: AtomicU64,
     pub(crate) counters: Counters,
     shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -312,6 +325,7 @@ impl Engine {
             resolved: Mutex::new(SeenSet::new(dedup)),
             run_seq: AtomicU64::new(0),
             inflight_events: AtomicU64::new(0),
+            alert_backlog: AtomicU64::new(0),
             counters: Counters::default(),
             shutdown,
             tasks: Mutex::new(Vec::new()),
@@ -595,37 +609,62 @@ impl Engine {
     // ---------------------------------------------------------------- alerts
 
     /// Accept an Alertmanager payload: dedup each alert by fingerprint +
-    /// startsAt and hand new ones to a background task. Returns at once
-    /// with (new, duplicates).
-    pub fn ingest_alertmanager(&self, payload: WebhookPayload) -> (usize, usize) {
+    /// startsAt and hand new ones to a background task. Returns at once.
+    /// Past `limits.alert_backlog` alerts waiting, new ones are shed — not
+    /// remembered as seen, so Alertmanager's retry brings them back — and
+    /// one audit record says how many.
+    pub fn ingest_alertmanager(&self, payload: WebhookPayload) -> Ingested {
+        let cap = self.core.config.limits.alert_backlog as u64;
         let mut fresh = Vec::new();
-        let mut dups = 0;
+        let (mut duplicates, mut shed) = (0, 0);
         {
             let mut seen = lock(&self.core.alerts_seen);
+            let backlog = self.core.alert_backlog.load(Ordering::SeqCst);
             for a in payload.alerts {
                 let key = format!("{}|{}", a.status, a.key());
-                if seen.insert(key) {
-                    fresh.push(a);
+                if seen.contains(&key) {
+                    duplicates += 1;
+                } else if backlog + fresh.len() as u64 >= cap {
+                    shed += 1;
                 } else {
-                    dups += 1;
+                    seen.insert(key);
+                    fresh.push(a);
                 }
             }
+            self.core.alert_backlog.fetch_add(fresh.len() as u64, Ordering::SeqCst);
         }
         let c = &self.core.counters;
-        c.alerts_received.fetch_add((fresh.len() + dups) as u64, Ordering::Relaxed);
-        c.alerts_duplicate.fetch_add(dups as u64, Ordering::Relaxed);
-        let n = fresh.len();
-        if n > 0 {
+        c.alerts_received.fetch_add((fresh.len() + duplicates + shed) as u64, Ordering::Relaxed);
+        c.alerts_duplicate.fetch_add(duplicates as u64, Ordering::Relaxed);
+        let accepted = fresh.len();
+        if accepted > 0 || shed > 0 {
             let engine = self.clone();
             self.core.inflight_events.fetch_add(1, Ordering::SeqCst);
             self.core.handle.spawn(async move {
+                if shed > 0 {
+                    engine.core.counters.events_shed.fetch_add(shed as u64, Ordering::Relaxed);
+                    let _ = engine
+                        .drop_event(
+                            &format!(
+                                "alert intake full ({cap} waiting, limits.alert_backlog): {shed} alerts shed, answered 503 so Alertmanager sends them again"
+                            ),
+                            None,
+                        )
+                        .await;
+                }
                 for a in fresh {
                     engine.handle_alert(a).await;
+                    engine.core.alert_backlog.fetch_sub(1, Ordering::SeqCst);
                 }
                 engine.core.inflight_events.fetch_sub(1, Ordering::SeqCst);
             });
         }
-        (n, dups)
+        Ingested { accepted, duplicates, shed }
+    }
+
+    /// Alerts accepted and not yet handled.
+    pub fn alert_backlog(&self) -> u64 {
+        self.core.alert_backlog.load(Ordering::SeqCst)
     }
 
     async fn handle_alert(&self, a: Alert) {

@@ -28,7 +28,7 @@ async fn the_same_alert_a_hundred_times_starts_one_run() {
     let t = now(f);
     let mut dups = 0;
     for _ in 0..100 {
-        let (_, d) = f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "firing"));
+        let d = f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "firing")).duplicates;
         dups += d;
     }
     assert_eq!(dups, 99);

@@ -474,8 +474,14 @@ pub async fn alertmanager(
 ) -> Result<Response, ApiError> {
     s.auth.require_webhook(&headers)?;
     let payload = WebhookPayload::parse(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let (accepted, duplicates) = s.engine.ingest_alertmanager(payload);
-    Ok(Json(json!({"accepted": accepted, "duplicates": duplicates})).into_response())
+    let r = s.engine.ingest_alertmanager(payload);
+    if r.shed > 0 {
+        // Alertmanager retries on 5xx: the shed alerts come back later.
+        let mut resp = (StatusCode::SERVICE_UNAVAILABLE, Json(json!(r))).into_response();
+        resp.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("5"));
+        return Ok(resp);
+    }
+    Ok(Json(json!(r)).into_response())
 }
 
 pub async fn openapi() -> Response {

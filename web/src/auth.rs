@@ -169,3 +169,25 @@ fn same_site(headers: &HeaderMap) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `ct_eq` reads all 32 bytes whatever differs (no early exit: the loop
+    /// has no branch on the data), and tells every single-byte and
+    /// single-bit difference apart from equality.
+    #[test]
+    fn digest_comparison_sees_every_byte() {
+        let a: [u8; 32] = Sha256::digest(b"token").into();
+        assert!(ct_eq(&a, &a));
+        for i in 0..32 {
+            for bit in 0..8 {
+                let mut b = a;
+                b[i] ^= 1 << bit;
+                assert!(!ct_eq(&a, &b), "byte {i} bit {bit}");
+            }
+        }
+        assert_eq!(hash_token("token"), hex::encode(a));
+    }
+}
