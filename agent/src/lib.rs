@@ -15,6 +15,7 @@ pub mod backend;
 pub mod clock;
 pub mod config;
 pub mod envelope;
+pub mod exporter;
 pub mod fsutil;
 pub mod journal;
 pub mod node;

@@ -33,6 +33,8 @@ pub struct StartedAgent {
     pub server: RunningAgentServer,
     pub host_key_fingerprint: String,
     pub host_key_created: bool,
+    /// Where the dcgm-exporter-compatible `/metrics` listens, if enabled.
+    pub exporter_addr: Option<std::net::SocketAddr>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -124,9 +126,25 @@ pub async fn start_with(
             }
         }));
     }
+    let mut exporter_addr = None;
+    if let Some(addr) = &cfg.exporter_listen_addr {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Listen { addr: addr.clone(), source })?;
+        exporter_addr = l.local_addr().ok();
+        tasks.push(tokio::spawn(crate::exporter::serve(agent.clone(), l)));
+        tracing::info!(addr = ?exporter_addr, "dcgm-compatible exporter listening");
+    }
     tracing::info!(
         node = %cfg.node, addr = %server.local_addr, backend = backend.name(),
         host_key = %fingerprint, host_key_created = created, "agent started"
     );
-    Ok(StartedAgent { agent, server, host_key_fingerprint: fingerprint, host_key_created: created, tasks })
+    Ok(StartedAgent {
+        agent,
+        server,
+        host_key_fingerprint: fingerprint,
+        host_key_created: created,
+        exporter_addr,
+        tasks,
+    })
 }

@@ -31,6 +31,14 @@ pub struct EngineConfig {
     pub telemetry: TelemetryConfig,
     #[serde(default)]
     pub auth: AuthConfig,
+    /// Telemetry from Prometheus or dcgm-exporter endpoints, besides (or
+    /// instead of) the agents' own streams.
+    #[serde(default)]
+    pub sources: SourcesConfig,
+    /// Where `notify` and `escalate` messages are delivered (besides the
+    /// audit log and the engine's log).
+    #[serde(default)]
+    pub notifications: NotificationsConfig,
     /// Run the engine's clock this many times faster than wall time (demo).
     #[serde(default = "one")]
     pub time_scale: f64,
@@ -111,6 +119,87 @@ pub struct TelemetryConfig {
     /// A node not heard from for this long counts as disconnected.
     #[serde(default = "d_stale")]
     pub stale_after_secs: u64,
+    /// Subscribe to each agent's telemetry stream. Turn off when Prometheus
+    /// (`sources`) is the telemetry source and agents are only for actions.
+    #[serde(default = "yes")]
+    pub stream_from_agents: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `sources:` — pulled telemetry.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourcesConfig {
+    /// A Prometheus server's HTTP API: one instant query per interval for
+    /// the DCGM series (classic and DCGM 4.6 names).
+    #[serde(default)]
+    pub prometheus: Option<PullSource>,
+    /// dcgm-exporter (or nightshift agent) `/metrics` endpoints, scraped
+    /// directly.
+    #[serde(default)]
+    pub exporters: Vec<PullSource>,
+}
+
+/// One pulled endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PullSource {
+    /// `http://prometheus:9090` or `http://gpu-a1:9400/metrics`.
+    pub url: String,
+    #[serde(default = "d_pull_interval")]
+    pub interval_secs: u64,
+    #[serde(default = "d_pull_timeout")]
+    pub timeout_secs: u64,
+}
+
+fn d_pull_interval() -> u64 {
+    15
+}
+fn d_pull_timeout() -> u64 {
+    5
+}
+
+/// `notifications:` — webhooks for `notify`/`escalate`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotificationsConfig {
+    #[serde(default)]
+    pub webhooks: Vec<WebhookTarget>,
+}
+
+/// One notification webhook.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookTarget {
+    /// Shown in the audit log's delivery record.
+    pub name: String,
+    pub url: String,
+    /// `generic` (nightshift's JSON) or `slack` (an incoming-webhook body).
+    #[serde(default)]
+    pub format: WebhookFormat,
+    /// Only escalations (`escalate`), or every notification.
+    #[serde(default)]
+    pub escalations_only: bool,
+    #[serde(default = "d_pull_timeout")]
+    pub timeout_secs: u64,
+    /// Tries before giving up (with 1 s, 2 s, 4 s … between).
+    #[serde(default = "d_attempts")]
+    pub max_attempts: u32,
+}
+
+fn d_attempts() -> u32 {
+    3
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WebhookFormat {
+    #[default]
+    Generic,
+    Slack,
 }
 
 fn d_interval() -> u64 {
@@ -129,6 +218,7 @@ impl Default for TelemetryConfig {
             interval_ms: d_interval(),
             script_window_secs: d_script_window(),
             stale_after_secs: d_stale(),
+            stream_from_agents: true,
         }
     }
 }
@@ -219,6 +309,21 @@ impl EngineConfig {
                 "allow_anonymous",
                 format!("auth.allow_anonymous is only allowed on a loopback listen_addr, found {}", cfg.listen_addr),
             ));
+        }
+        let urls = cfg
+            .sources
+            .prometheus
+            .iter()
+            .chain(&cfg.sources.exporters)
+            .map(|s| (&s.url, s.interval_secs, s.timeout_secs))
+            .chain(cfg.notifications.webhooks.iter().map(|w| (&w.url, 1, w.timeout_secs)));
+        for (url, interval, timeout) in urls {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(err(url, format!("expected an http:// or https:// URL, found {url:?}")));
+            }
+            if interval == 0 || timeout == 0 {
+                return Err(err(url, format!("{url}: interval_secs and timeout_secs must be above 0")));
+            }
         }
         for t in &cfg.auth.tokens {
             if t.sha256.len() != 64 || hex::decode(&t.sha256).is_err() {

@@ -126,6 +126,12 @@ pub struct Counters {
     pub alerts_unknown_node: AtomicU64,
     pub events_dropped: AtomicU64,
     pub events_shed: AtomicU64,
+    /// Samples taken from Prometheus / exporters and mapped to the fleet.
+    pub source_samples: AtomicU64,
+    /// Pulled samples ignored: other series, unknown hosts or GPUs, NaN.
+    pub source_ignored: AtomicU64,
+    /// Pulls that failed (unreachable, bad response).
+    pub source_errors: AtomicU64,
     pub triggers_fired: AtomicU64,
     pub runs_suppressed: AtomicU64,
     pub runs_by_outcome: Mutex<HashMap<&'static str, u64>>,
@@ -1735,6 +1741,48 @@ impl Engine {
     }
 
     /// Mark a node unreachable, with why.
+    /// A node's agent answered (used when telemetry does not come from the
+    /// agent's stream).
+    pub fn mark_alive(&self, node: &str) {
+        if let Some(n) = self.core.fleet.get(node) {
+            let now = self.core.clock.now_ms();
+            let mut st = n.state();
+            st.connected = true;
+            st.last_seen_ms = st.last_seen_ms.max(now);
+            st.last_error = None;
+        }
+    }
+
+    /// The index of a node's GPU with this UUID (from its inventory).
+    pub fn gpu_by_uuid(&self, node: &str, uuid: &str) -> Option<u16> {
+        let n = self.core.fleet.get(node)?;
+        let st = n.state();
+        st.inventory.as_ref()?.gpus.iter().find(|g| g.uuid.as_deref() == Some(uuid)).map(|g| g.index as u16)
+    }
+
+    /// Whether `node` is in the inventory.
+    pub fn has_node(&self, node: &str) -> bool {
+        self.core.fleet.get(node).is_some()
+    }
+
+    /// Feed pulled Prometheus/exporter samples: map, count, ingest.
+    pub async fn ingest_pulled(&self, samples: &[crate::sources::PromSample]) -> crate::sources::MapStats {
+        let now = self.core.clock.now_ms();
+        let (mapped, st) =
+            crate::sources::map_samples(samples, now, &|h| self.has_node(h), &|n, u| self.gpu_by_uuid(n, u));
+        let c = &self.core.counters;
+        c.source_samples.fetch_add(st.mapped as u64, Ordering::Relaxed);
+        c.source_ignored
+            .fetch_add((st.other_series + st.unknown_host + st.unknown_gpu + st.bad_value) as u64, Ordering::Relaxed);
+        self.ingest_samples(&mapped).await;
+        st
+    }
+
+    /// A pull from a source failed.
+    pub fn count_source_error(&self) {
+        self.core.counters.source_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn set_node_disconnected(&self, node: &str, error: &str) {
         if let Some(n) = self.core.fleet.get(node) {
             let mut st = n.state();

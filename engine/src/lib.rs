@@ -21,6 +21,7 @@ pub mod scenario;
 pub mod script;
 pub mod serve;
 pub mod simfleet;
+pub mod sources;
 pub mod telemetry;
 pub mod triggers;
 pub mod workload;

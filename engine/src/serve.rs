@@ -77,6 +77,16 @@ pub async fn start_with_clock(config: EngineConfig, clock: SharedClock) -> Resul
         let e = engine.clone();
         engine.add_task(tokio::spawn(async move { node_loop(e, name, client).await }));
     }
+    let pulls = config
+        .sources
+        .prometheus
+        .iter()
+        .map(|p| (p.clone(), true))
+        .chain(config.sources.exporters.iter().map(|p| (p.clone(), false)));
+    for (src, is_prometheus) in pulls {
+        let e = engine.clone();
+        engine.add_task(tokio::spawn(async move { pull_loop(e, src, is_prometheus).await }));
+    }
     let e = engine.clone();
     let tick_ms = ((250.0 / e.clock().scale().max(1.0)) as u64).clamp(10, 250);
     engine.add_task(tokio::spawn(async move {
@@ -107,6 +117,21 @@ async fn node_loop(engine: Engine, name: String, client: Arc<AgentClient>) {
             let conn = client.connection().await?;
             let inv = conn.call(&Request::new(format!("inv-{name}-{attempt}"), Op::Inventory(NoArgs {}))).await?;
             engine.set_node_inventory(&name, inv.result.and_then(|v| serde_json::from_value(v).ok()), None);
+            if !engine.config().telemetry.stream_from_agents {
+                // Telemetry comes from `sources`; keep the connection for
+                // actions and check the agent is there.
+                let every = Duration::from_millis((engine.config().telemetry.stale_after_secs * 1000 / 3).max(200));
+                let mut n = 0u64;
+                loop {
+                    engine.mark_alive(&name);
+                    tokio::select! {
+                        _ = tokio::time::sleep(every) => {}
+                        _ = shutdown.changed() => return Ok(()),
+                    }
+                    n += 1;
+                    conn.call(&Request::new(format!("ping-{name}-{attempt}-{n}"), Op::Inventory(NoArgs {}))).await?;
+                }
+            }
             let mut rx = conn.subscribe(&format!("sub-{name}-{attempt}"), Some(interval)).await?;
             tracing::info!(node = %name, "telemetry subscription open");
             loop {
@@ -140,4 +165,70 @@ async fn node_loop(engine: Engine, name: String, client: Arc<AgentClient>) {
             _ = shutdown.changed() => return,
         }
     }
+}
+
+/// Pull a Prometheus server (instant query for the DCGM series) or a
+/// dcgm-exporter endpoint every `interval_secs`, into the engine.
+async fn pull_loop(engine: Engine, src: crate::config::PullSource, is_prometheus: bool) {
+    let mut shutdown = engine.shutdown_signal();
+    let http = match reqwest::Client::builder().timeout(Duration::from_secs(src.timeout_secs)).build() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(url = %src.url, error = %e, "cannot build an HTTP client: source disabled");
+            return;
+        }
+    };
+    let mut every = tokio::time::interval(Duration::from_secs(src.interval_secs));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let result = pull_once(&http, &src.url, is_prometheus).await;
+        match result {
+            Ok(samples) => {
+                let st = engine.ingest_pulled(&samples).await;
+                if failing {
+                    tracing::info!(url = %src.url, "source reachable again");
+                    failing = false;
+                }
+                tracing::debug!(url = %src.url, mapped = st.mapped, other = st.other_series, unknown_host = st.unknown_host, "pulled");
+            }
+            Err(e) => {
+                engine.count_source_error();
+                if !failing {
+                    tracing::warn!(url = %src.url, error = %e, "telemetry source failed");
+                    failing = true;
+                }
+            }
+        }
+    }
+}
+
+/// One pull.
+pub async fn pull_once(
+    http: &reqwest::Client,
+    url: &str,
+    is_prometheus: bool,
+) -> Result<Vec<crate::sources::PromSample>, crate::sources::SourceError> {
+    use crate::sources::{SourceError, parse_exposition, parse_query_response, prometheus_query};
+    let fetch = |message: String| SourceError::Fetch { url: url.to_string(), message };
+    let req = if is_prometheus {
+        http.get(format!("{}/api/v1/query", url.trim_end_matches('/'))).query(&[("query", prometheus_query())])
+    } else {
+        http.get(url)
+    };
+    let resp = req.send().await.map_err(|e| fetch(e.to_string()))?;
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|e| fetch(e.to_string()))?;
+    if is_prometheus {
+        // Prometheus answers errors with a JSON body too.
+        return parse_query_response(url, &body);
+    }
+    if !status.is_success() {
+        return Err(fetch(format!("expected HTTP 200, found {status}")));
+    }
+    Ok(parse_exposition(&String::from_utf8_lossy(&body)).0)
 }

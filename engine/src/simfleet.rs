@@ -190,6 +190,8 @@ impl SimFleet {
             script: ScriptLimits::default(),
             telemetry: TelemetryConfig::default(),
             auth: opts.auth.clone(),
+            sources: Default::default(),
+            notifications: Default::default(),
             time_scale: 1.0,
         };
         let audit = AuditStore::open(&config.data_dir, shared.clone()).map_err(|e| SimError::Setup(e.to_string()))?;

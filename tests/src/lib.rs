@@ -3,6 +3,8 @@
 //! engine key they trust.
 #![forbid(unsafe_code)]
 
+pub mod external;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

@@ -51,6 +51,21 @@ pub fn render(engine: &Engine) -> String {
             c.events_dropped.load(Ordering::Relaxed),
         ),
         (
+            "nightshift_source_samples_total",
+            "Samples pulled from Prometheus or exporters and mapped to the fleet.",
+            c.source_samples.load(Ordering::Relaxed),
+        ),
+        (
+            "nightshift_source_ignored_total",
+            "Pulled samples ignored: other series, unknown hosts or GPUs, NaN.",
+            c.source_ignored.load(Ordering::Relaxed),
+        ),
+        (
+            "nightshift_source_errors_total",
+            "Pulls from Prometheus or exporters that failed.",
+            c.source_errors.load(Ordering::Relaxed),
+        ),
+        (
             "nightshift_events_shed_total",
             "Events shed because the run queue was full.",
             c.events_shed.load(Ordering::Relaxed),

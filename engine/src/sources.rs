@@ -1,0 +1,364 @@
+//! Pulled telemetry: a Prometheus server's HTTP API (instant queries) or
+//! dcgm-exporter endpoints (text exposition), mapped onto nightshift's
+//! metrics and inventory.
+//!
+//! - Names: classic DCGM names and the DCGM 4.6 renames map to the same
+//!   metric (`DCGM_FI_DEV_GPU_TEMP` = `DCGM_FI_DEV_GPU_TEMP_CELSIUS`, …).
+//! - Node: `Hostname`/`hostname`, else `instance` without its port, else
+//!   `node`; it must be an inventory node.
+//! - GPU: the `gpu` label, else the `UUID`/`uuid` label looked up in the
+//!   node's inventory.
+//! - Anything else — other series, unknown hosts, unparsable values — is
+//!   ignored and counted, never an error.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::metrics::{MetricId, ids};
+
+/// One sample as Prometheus has it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromSample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+    pub ts_ms: Option<i64>,
+}
+
+/// Why a response could not be read at all (one bad series is not this).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SourceError {
+    #[error("{url}: {message}")]
+    Fetch { url: String, message: String },
+    #[error("{url}: expected a Prometheus query response with status success and a vector, found {found}")]
+    Response { url: String, found: String },
+}
+
+/// The DCGM series nightshift reads, by name.
+pub fn dcgm_metric(name: &str) -> Option<DcgmField> {
+    use DcgmField::*;
+    Some(match name {
+        "DCGM_FI_DEV_GPU_TEMP" | "DCGM_FI_DEV_GPU_TEMP_CELSIUS" => Metric(ids::TEMPERATURE),
+        "DCGM_FI_DEV_POWER_USAGE" | "DCGM_FI_DEV_BOARD_POWER_WATTS" => Metric(ids::POWER),
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT" => Metric(ids::POWER_LIMIT),
+        "DCGM_FI_DEV_GPU_UTIL" => Metric(ids::UTIL),
+        "DCGM_FI_DEV_SM_CLOCK" => Metric(ids::SM_CLOCK),
+        "DCGM_FI_DEV_FAN_SPEED" => Metric(ids::FAN),
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL" => Metric(ids::ECC_SBE),
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" => Metric(ids::ECC_DBE),
+        "DCGM_FI_DEV_XID_ERRORS" | "DCGM_FI_DEV_XID_ERROR" => Metric(ids::XID),
+        "DCGM_FI_DEV_FB_USED" => FbUsed,
+        "DCGM_FI_DEV_FB_FREE" => FbFree,
+        _ => return None,
+    })
+}
+
+/// What a DCGM series becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DcgmField {
+    Metric(MetricId),
+    /// Framebuffer MiB: used and free make `gpu.mem_used_pct`.
+    FbUsed,
+    FbFree,
+}
+
+/// Every name [`dcgm_metric`] knows, for the Prometheus query.
+pub const DCGM_NAMES: &[&str] = &[
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_GPU_TEMP_CELSIUS",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_BOARD_POWER_WATTS",
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_FAN_SPEED",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_XID_ERROR",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_FREE",
+];
+
+/// The instant query that fetches them all.
+pub fn prometheus_query() -> String {
+    format!("{{__name__=~\"{}\"}}", DCGM_NAMES.join("|"))
+}
+
+/// Parse the text exposition format. Lines that do not parse are counted in
+/// the second value, not fatal.
+pub fn parse_exposition(text: &str) -> (Vec<PromSample>, usize) {
+    let mut out = Vec::new();
+    let mut bad = 0;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match parse_line(line) {
+            Some(s) => out.push(s),
+            None => bad += 1,
+        }
+    }
+    (out, bad)
+}
+
+fn parse_line(line: &str) -> Option<PromSample> {
+    let name_end = line.find(|c: char| c == '{' || c.is_whitespace())?;
+    let name = &line[..name_end];
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+        return None;
+    }
+    let mut labels = BTreeMap::new();
+    let mut rest = &line[name_end..];
+    if let Some(r) = rest.strip_prefix('{') {
+        let mut chars = r.char_indices().peekable();
+        let consumed;
+        loop {
+            // Skip separators.
+            while let Some((_, c)) = chars.peek() {
+                if *c == ',' || c.is_whitespace() {
+                    chars.next();
+                } else {
+                    break;
+                }
+            }
+            let (i, c) = chars.next()?;
+            if c == '}' {
+                consumed = i + 1;
+                break;
+            }
+            let start = i;
+            let mut key_end = None;
+            for (j, c) in chars.by_ref() {
+                if c == '=' {
+                    key_end = Some(j);
+                    break;
+                }
+            }
+            let key = r[start..key_end?].trim().to_string();
+            if chars.next()?.1 != '"' {
+                return None;
+            }
+            let mut value = String::new();
+            loop {
+                let (_, c) = chars.next()?;
+                match c {
+                    '"' => break,
+                    '\\' => match chars.next()?.1 {
+                        'n' => value.push('\n'),
+                        other => value.push(other),
+                    },
+                    other => value.push(other),
+                }
+            }
+            labels.insert(key, value);
+        }
+        rest = &r[consumed..];
+    }
+    let mut parts = rest.split_whitespace();
+    let value = parse_value(parts.next()?)?;
+    let ts_ms = match parts.next() {
+        Some(t) => Some(t.parse::<i64>().ok()?),
+        None => None,
+    };
+    Some(PromSample { name: name.to_string(), labels, value, ts_ms })
+}
+
+fn parse_value(v: &str) -> Option<f64> {
+    match v {
+        "NaN" => Some(f64::NAN),
+        "+Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        _ => v.parse().ok(),
+    }
+}
+
+/// Parse a `/api/v1/query` response (a vector).
+pub fn parse_query_response(url: &str, body: &[u8]) -> Result<Vec<PromSample>, SourceError> {
+    let bad = |found: String| SourceError::Response { url: url.to_string(), found };
+    let v: Value = serde_json::from_slice(body).map_err(|e| bad(format!("invalid JSON ({e})")))?;
+    if v["status"] != "success" {
+        return Err(bad(format!("status {} ({})", v["status"], v["error"])));
+    }
+    if v["data"]["resultType"] != "vector" {
+        return Err(bad(format!("resultType {}", v["data"]["resultType"])));
+    }
+    let mut out = Vec::new();
+    for r in v["data"]["result"].as_array().into_iter().flatten() {
+        let Some(metric) = r["metric"].as_object() else { continue };
+        let labels: BTreeMap<String, String> =
+            metric.iter().filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string()))).collect();
+        let Some(name) = labels.get("__name__").cloned() else { continue };
+        let (Some(ts), Some(val)) = (r["value"][0].as_f64(), r["value"][1].as_str().and_then(parse_value)) else {
+            continue;
+        };
+        out.push(PromSample { name, labels, value: val, ts_ms: Some((ts * 1000.0).round() as i64) });
+    }
+    Ok(out)
+}
+
+/// The host a series is about.
+pub fn host_of(labels: &BTreeMap<String, String>) -> Option<String> {
+    if let Some(h) = labels.get("Hostname").or_else(|| labels.get("hostname")) {
+        return Some(h.clone());
+    }
+    if let Some(i) = labels.get("instance") {
+        // host:port, [v6]:port
+        let host = match i.rsplit_once(':') {
+            Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
+            _ => i.as_str(),
+        };
+        return Some(host.trim_start_matches('[').trim_end_matches(']').to_string());
+    }
+    labels.get("node").cloned()
+}
+
+/// Samples ready for the engine: (node, gpu, metric, ts, value).
+pub type Mapped = Vec<(String, Option<u16>, MetricId, i64, f64)>;
+
+/// Framebuffer (latest ts, used MiB, free MiB) of one GPU.
+type FbParts = (i64, Option<f64>, Option<f64>);
+
+/// What a mapping pass found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MapStats {
+    pub mapped: usize,
+    /// Not a DCGM series nightshift reads.
+    pub other_series: usize,
+    /// No host label, or a host not in the inventory.
+    pub unknown_host: usize,
+    /// No `gpu` label and a UUID the inventory does not know.
+    pub unknown_gpu: usize,
+    /// NaN or infinite.
+    pub bad_value: usize,
+}
+
+/// Map samples to inventory nodes and GPUs. `is_node(name)` says whether a
+/// host is in the inventory; `gpu_by_uuid(node, uuid)` finds a GPU index.
+pub fn map_samples(
+    samples: &[PromSample],
+    now_ms: i64,
+    is_node: &dyn Fn(&str) -> bool,
+    gpu_by_uuid: &dyn Fn(&str, &str) -> Option<u16>,
+) -> (Mapped, MapStats) {
+    let mut out = Vec::new();
+    let mut st = MapStats::default();
+    // (node, gpu) → (ts, used, free) for the memory percentage.
+    let mut fb: BTreeMap<(String, u16), FbParts> = BTreeMap::new();
+    for s in samples {
+        let Some(field) = dcgm_metric(&s.name) else {
+            st.other_series += 1;
+            continue;
+        };
+        let Some(node) = host_of(&s.labels).filter(|h| is_node(h)) else {
+            st.unknown_host += 1;
+            continue;
+        };
+        let gpu = match s.labels.get("gpu").and_then(|g| g.parse::<u16>().ok()) {
+            Some(g) => g,
+            None => match s.labels.get("UUID").or_else(|| s.labels.get("uuid")).and_then(|u| gpu_by_uuid(&node, u)) {
+                Some(g) => g,
+                None => {
+                    st.unknown_gpu += 1;
+                    continue;
+                }
+            },
+        };
+        if !s.value.is_finite() {
+            st.bad_value += 1;
+            continue;
+        }
+        let ts = s.ts_ms.unwrap_or(now_ms);
+        match field {
+            DcgmField::Metric(m) => {
+                out.push((node, Some(gpu), m, ts, s.value));
+                st.mapped += 1;
+            }
+            DcgmField::FbUsed => {
+                let e = fb.entry((node, gpu)).or_insert((ts, None, None));
+                e.0 = e.0.max(ts);
+                e.1 = Some(s.value);
+                st.mapped += 1;
+            }
+            DcgmField::FbFree => {
+                let e = fb.entry((node, gpu)).or_insert((ts, None, None));
+                e.0 = e.0.max(ts);
+                e.2 = Some(s.value);
+                st.mapped += 1;
+            }
+        }
+    }
+    for ((node, gpu), (ts, used, free)) in fb {
+        if let (Some(u), Some(f)) = (used, free)
+            && u + f > 0.0
+        {
+            out.push((node, Some(gpu), ids::MEM_USED, ts, u / (u + f) * 100.0));
+        }
+    }
+    (out, st)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DCGM_TEXT: &str = r#"# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).
+# TYPE DCGM_FI_DEV_GPU_TEMP gauge
+DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-aa",pci_bus_id="00000000:18:00.0",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-a1"} 71
+DCGM_FI_DEV_GPU_TEMP_CELSIUS{gpu="1",UUID="GPU-bb",device="nvidia1",modelName="NVIDIA B200",Hostname="gpu-a1"} 64.5 1790000000123
+DCGM_FI_DEV_BOARD_POWER_WATTS{UUID="GPU-bb",Hostname="gpu-a1"} 612.5
+DCGM_FI_DEV_FB_USED{gpu="0",Hostname="gpu-a1"} 30000
+DCGM_FI_DEV_FB_FREE{gpu="0",Hostname="gpu-a1"} 50000
+DCGM_FI_DEV_XID_ERROR{gpu="0",instance="gpu-a1:9400"} 79
+DCGM_FI_PROF_SM_ACTIVE{gpu="0",Hostname="gpu-a1"} 0.5
+DCGM_FI_DEV_GPU_TEMP{gpu="0",Hostname="elsewhere"} 99
+DCGM_FI_DEV_GPU_TEMP{UUID="GPU-zz",Hostname="gpu-a1"} 99
+DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="gpu-a1",note="a \"quoted\" \\ value"} NaN
+this is not a metric line
+"#;
+
+    #[test]
+    fn dcgm_text_maps_classic_and_new_names_and_counts_the_rest() {
+        let (samples, bad) = parse_exposition(DCGM_TEXT);
+        assert_eq!(bad, 1);
+        assert_eq!(samples.len(), 10);
+        assert_eq!(samples[9].labels["note"], "a \"quoted\" \\ value");
+        assert_eq!(samples[1].ts_ms, Some(1_790_000_000_123));
+        let (mapped, st) =
+            map_samples(&samples, 5, &|h| h == "gpu-a1", &|n, u| (n == "gpu-a1" && u == "GPU-bb").then_some(1));
+        let find = |m: MetricId, g: u16| mapped.iter().find(|x| x.2 == m && x.1 == Some(g)).map(|x| (x.3, x.4));
+        assert_eq!(find(ids::TEMPERATURE, 0), Some((5, 71.0)));
+        assert_eq!(find(ids::TEMPERATURE, 1), Some((1_790_000_000_123, 64.5)));
+        assert_eq!(find(ids::POWER, 1), Some((5, 612.5)), "GPU found by UUID");
+        assert_eq!(find(ids::XID, 0), Some((5, 79.0)), "host from instance, DCGM 4.6 name");
+        assert_eq!(find(ids::MEM_USED, 0), Some((5, 37.5)));
+        assert_eq!(
+            st,
+            MapStats { mapped: 6, other_series: 1, unknown_host: 1, unknown_gpu: 1, bad_value: 1 },
+            "{mapped:?}"
+        );
+    }
+
+    #[test]
+    fn prometheus_query_responses() {
+        let body = br#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{"__name__":"DCGM_FI_DEV_GPU_TEMP","gpu":"2","Hostname":"n1","instance":"10.0.0.1:9400","job":"dcgm"},"value":[1790000000.5,"88"]},
+            {"metric":{"gpu":"2"},"value":[1790000000.5,"1"]}]}}"#;
+        let s = parse_query_response("http://p", body).unwrap();
+        assert_eq!(s.len(), 1);
+        assert_eq!((s[0].value, s[0].ts_ms), (88.0, Some(1_790_000_000_500)));
+        assert_eq!(host_of(&s[0].labels).as_deref(), Some("n1"));
+        let e = parse_query_response("http://p", br#"{"status":"error","error":"bad query"}"#).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "http://p: expected a Prometheus query response with status success and a vector, found status \"error\" (\"bad query\")"
+        );
+        assert!(parse_query_response("http://p", b"<html>").is_err());
+        let mut l = BTreeMap::new();
+        l.insert("instance".to_string(), "[::1]:9400".to_string());
+        assert_eq!(host_of(&l).as_deref(), Some("::1"));
+        assert!(prometheus_query().starts_with("{__name__=~\"DCGM_FI_DEV_GPU_TEMP|"));
+    }
+}

@@ -1,0 +1,78 @@
+//! Real external programs for the integration tests (Prometheus,
+//! Alertmanager, promtool): find them, start them on loopback, stop them.
+//! `.ci/run` installs the Debian packages; without them a test fails saying
+//! which package to install, unless `NIGHTSHIFT_SKIP_EXTERNAL=1`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A child process killed on drop, its output in `log`.
+pub struct Daemon {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    /// Start `argv` with stdout and stderr into `log`.
+    pub fn start(argv: &[String], log: &Path) -> Daemon {
+        let out = std::fs::File::create(log).expect("log file");
+        let child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdout(out.try_clone().expect("log file"))
+            .stderr(out)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", argv[0]));
+        Daemon { child, log: log.to_path_buf() }
+    }
+
+    /// The log so far (for failure messages).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// The path of `program`, or `None` (after saying so) when the test should
+/// be skipped; panics naming the package otherwise.
+pub fn require(program: &str, package: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(program)).find(|p| p.is_file()));
+    match found {
+        Some(p) => Some(p),
+        None if std::env::var("NIGHTSHIFT_SKIP_EXTERNAL").as_deref() == Ok("1") => {
+            eprintln!("skipped: {program} not installed (NIGHTSHIFT_SKIP_EXTERNAL=1)");
+            None
+        }
+        None => panic!(
+            "{program} is not installed: `apt-get install {package}` (.ci/run does), or set NIGHTSHIFT_SKIP_EXTERNAL=1 to skip"
+        ),
+    }
+}
+
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// Wait until `url` answers 200.
+pub async fn wait_http_ok(url: &str, secs: u64, daemon: &Daemon) {
+    let http = reqwest::Client::new();
+    let end = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Ok(r) = http.get(url).send().await
+            && r.status().is_success()
+        {
+            return;
+        }
+        assert!(Instant::now() < end, "{url} did not answer within {secs} s; log:\n{}", daemon.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
