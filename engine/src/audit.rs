@@ -46,6 +46,8 @@ pub enum RecordKind {
     NodeAnnotated,
     HandsOff,
     RunFinished,
+    /// How a notification's delivery to one webhook went.
+    NotificationDelivery,
 }
 
 impl RecordKind {
@@ -71,6 +73,7 @@ impl RecordKind {
             RecordKind::NodeAnnotated => "node_annotated",
             RecordKind::HandsOff => "hands_off",
             RecordKind::RunFinished => "run_finished",
+            RecordKind::NotificationDelivery => "notification_delivery",
         }
     }
 }

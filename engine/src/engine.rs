@@ -258,6 +258,7 @@ pub(crate) struct Core {
     inflight_events: AtomicU64,
     /// Alerts accepted by a webhook call and not yet handled.
     alert_backlog: AtomicU64,
+    notifier: crate::notify::Notifier,
     pub(crate) counters: Counters,
     shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -332,6 +333,7 @@ impl Engine {
             run_seq: AtomicU64::new(0),
             inflight_events: AtomicU64::new(0),
             alert_backlog: AtomicU64::new(0),
+            notifier: crate::notify::Notifier::new(&parts.config.notifications),
             counters: Counters::default(),
             shutdown,
             tasks: Mutex::new(Vec::new()),
@@ -1078,13 +1080,57 @@ impl Engine {
     }
 
     async fn text_record(&self, s: &RunSummary, kind: RecordKind, text: &str) {
-        let rec = NewRecord::new(kind, "engine", json!({"text": text, "severity": match kind { RecordKind::Escalation => "escalation", _ => "info" }, "delivered_to": ["log"]}))
+        let severity = match kind {
+            RecordKind::Escalation => "escalation",
+            _ => "info",
+        };
+        let rec = NewRecord::new(kind, "engine", self.notification_data(kind, text, severity))
             .run(&s.id)
             .node(s.target.node.as_deref())
             .runbook(&s.runbook);
         tracing::warn!(run = %s.id, runbook = %s.runbook, kind = kind.as_str(), text, "notification");
-        if let Err(e) = self.core.audit.append(rec, None).await {
-            tracing::error!(error = %e, "cannot audit a notification");
+        match self.core.audit.append(rec, None).await {
+            Ok(r) => self.deliver(&r),
+            Err(e) => tracing::error!(error = %e, "cannot audit a notification"),
+        }
+    }
+
+    /// The data of a notification or escalation record: the text, and where
+    /// it goes (the log at once; webhooks, each confirmed by its own
+    /// `notification_delivery` record).
+    pub(crate) fn notification_data(&self, kind: RecordKind, text: &str, severity: &str) -> Value {
+        let webhooks: Vec<String> = self.core.notifier.targets_for(kind).into_iter().map(|t| t.name).collect();
+        json!({"text": text, "severity": severity, "delivered_to": ["log"], "webhooks": webhooks})
+    }
+
+    /// Send a durable notification record to the webhooks (in the
+    /// background) and audit each delivery.
+    pub(crate) fn deliver(&self, rec: &AuditRecord) {
+        for target in self.core.notifier.targets_for(rec.kind) {
+            let engine = self.clone();
+            let body = crate::notify::body(target.format, rec);
+            let (seq, run, runbook, node) = (rec.seq, rec.run.clone(), rec.runbook.clone(), rec.node.clone());
+            self.core.handle.spawn(async move {
+                let d = engine.core.notifier.deliver(&target, &body).await;
+                if !d.ok {
+                    tracing::warn!(target = %target.name, attempts = d.attempts, detail = %d.detail, "notification not delivered");
+                }
+                let mut r = NewRecord::new(
+                    RecordKind::NotificationDelivery,
+                    "engine",
+                    json!({"target": target.name, "format": target.format, "for_seq": seq, "ok": d.ok, "attempts": d.attempts, "detail": d.detail}),
+                )
+                .node(node.as_deref());
+                if let Some(run) = &run {
+                    r = r.run(run);
+                }
+                if let Some(rb) = &runbook {
+                    r = r.runbook(rb);
+                }
+                if let Err(e) = engine.core.audit.append(r, None).await {
+                    tracing::error!(error = %e, "cannot audit a notification delivery");
+                }
+            });
         }
     }
 
@@ -1286,11 +1332,17 @@ impl Engine {
         let rec = NewRecord::new(
             RecordKind::Escalation,
             "engine",
-            json!({"text": format!("{runbook}: {reason}; {} held runs refused", held.len()), "severity": "escalation", "delivered_to": ["log"]}),
+            self.notification_data(
+                RecordKind::Escalation,
+                &format!("{runbook}: {reason}; {} held runs refused", held.len()),
+                "escalation",
+            ),
         )
         .runbook(runbook);
         tracing::warn!(runbook, reason, "breaker tripped");
-        let _ = self.core.audit.append(rec, None).await;
+        if let Ok(r) = self.core.audit.append(rec, None).await {
+            self.deliver(&r);
+        }
     }
 
     fn spawn_run(&self, summary: RunSummary, idx: usize, cancel: Arc<AtomicBool>) {

@@ -382,12 +382,21 @@ impl ScriptHost for Host {
         if kind != TextKind::Note {
             tracing::warn!(run = %self.run, runbook = %ctx.runbook, severity, text = %text, "notification");
         }
-        let data = if kind == TextKind::Note {
-            json!({"text": text})
-        } else {
-            json!({"text": text, "severity": severity, "delivered_to": ["log"]})
-        };
-        self.record(ctx, rk, ctx.target.node.as_deref(), ctx.target.gpu, data);
+        if kind == TextKind::Note {
+            self.record(ctx, rk, ctx.target.node.as_deref(), ctx.target.gpu, json!({"text": text}));
+            return;
+        }
+        let data = self.engine.notification_data(rk, &text, severity);
+        let summary = self.engine.run_summary(&self.run);
+        let rec = NewRecord::new(rk, "engine", data)
+            .run(&self.run)
+            .node(ctx.target.node.as_deref())
+            .gpu(ctx.target.gpu)
+            .runbook(&ctx.runbook);
+        match self.engine.audit().append_blocking(rec, summary) {
+            Ok(r) => self.engine.deliver(&r),
+            Err(e) => tracing::error!(run = %self.run, error = %e, "cannot audit from a script"),
+        }
     }
 
     fn event_resolved(&self, ctx: &RunCtx) -> bool {

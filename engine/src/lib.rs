@@ -15,6 +15,7 @@ pub mod host;
 pub mod inventory;
 pub mod manifest;
 pub mod metrics;
+pub mod notify;
 pub mod runbook;
 pub mod runs;
 pub mod scenario;

@@ -1,0 +1,158 @@
+//! Notifications leave the engine: `notify` and `escalate` reach the
+//! configured webhooks (nightshift's JSON and a Slack body), a failed try is
+//! retried, a dead endpoint gives up after its tries, and each delivery is
+//! audited by target name — never by URL.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nightshift_agent::backend::sim::SimConfig;
+use nightshift_engine::audit::RecordKind;
+use nightshift_engine::engine::RunRequest;
+use nightshift_engine::runs::{RunOutcome, Target};
+use nightshift_tests::{TestAgent, engine_setup, eventually};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A tiny HTTP receiver: records each JSON body; answers 500 to the first
+/// `fail_first` requests, then 200.
+async fn receiver(fail_first: usize) -> (String, Arc<Mutex<Vec<Value>>>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", l.local_addr().unwrap());
+    let got: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let g = got.clone();
+    tokio::spawn(async move {
+        let mut n = 0usize;
+        loop {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // Head, then as many body bytes as Content-Length says.
+            let body = loop {
+                let k = s.read(&mut chunk).await.unwrap();
+                if k == 0 {
+                    break None;
+                }
+                buf.extend_from_slice(&chunk[..k]);
+                if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+                        .unwrap_or(0);
+                    while buf.len() < end + 4 + len {
+                        let k = s.read(&mut chunk).await.unwrap();
+                        buf.extend_from_slice(&chunk[..k]);
+                    }
+                    break Some(buf[end + 4..end + 4 + len].to_vec());
+                }
+            };
+            let Some(body) = body else { continue };
+            n += 1;
+            g.lock().unwrap().push(serde_json::from_slice(&body).unwrap());
+            let status = if n <= fail_first { "500 Internal Server Error" } else { "200 OK" };
+            let _ = s
+                .write_all(format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").as_bytes())
+                .await;
+        }
+    });
+    (url, got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_reach_webhooks_with_retries_and_are_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = TestAgent::start(dir.path(), "w1", SimConfig { gpus: 1, ..SimConfig::default() }, "").await;
+    let (ops_url, ops) = receiver(1).await;
+    let (pager_url, pager) = receiver(0).await;
+    let dead_url = format!("http://127.0.0.1:{}/secret-path-abc123", nightshift_tests::external::free_port());
+    let cfg = engine_setup(
+        dir.path(),
+        &[&agent],
+        &[(
+            "tell",
+            "trigger: {type: manual}\nscope: gpu\n",
+            "notify(\"heads up: GPU warm\");\nescalate(\"still hot after the cap\");\n",
+        )],
+        &format!(
+            "notifications:\n  webhooks:\n\
+             \x20   - {{name: ops, url: '{ops_url}', max_attempts: 3}}\n\
+             \x20   - {{name: pager, url: '{pager_url}', format: slack, escalations_only: true}}\n\
+             \x20   - {{name: dead, url: '{dead_url}', max_attempts: 2, timeout_secs: 1}}\n"
+        ),
+    );
+    let engine = nightshift_engine::serve::start(cfg).await.unwrap();
+    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    let s = engine
+        .submit(RunRequest {
+            runbook: "tell".into(),
+            target: Target::gpu("w1", 0),
+            trigger: "manual".into(),
+            detail: "test".into(),
+            event: serde_json::json!({}),
+            event_ts_ms: 0,
+            params: Default::default(),
+            dry_run: false,
+            requested_by: "user:test".into(),
+        })
+        .await
+        .unwrap();
+    let id = s.run().unwrap().id.clone();
+    let run = eventually(20, || engine.run(&id).unwrap().filter(|r| r.outcome.is_some())).await.unwrap();
+    assert_eq!(run.outcome, Some(RunOutcome::Succeeded));
+
+    // notify → ops, dead; escalate → ops, pager, dead: five deliveries.
+    let deliveries = eventually(30, || {
+        let d: Vec<_> = engine
+            .audit()
+            .tail(0, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.kind == RecordKind::NotificationDelivery)
+            .collect();
+        (d.len() == 5).then_some(d)
+    })
+    .await
+    .expect("five delivery records");
+    let records = engine.run_records(&id).unwrap();
+    let notify = records.iter().find(|r| r.kind == RecordKind::Notification).unwrap();
+    let escalate = records.iter().find(|r| r.kind == RecordKind::Escalation).unwrap();
+    assert_eq!(notify.data["webhooks"], serde_json::json!(["ops", "dead"]));
+    assert_eq!(escalate.data["webhooks"], serde_json::json!(["ops", "pager", "dead"]));
+    let find = |target: &str, seq: u64| {
+        deliveries
+            .iter()
+            .find(|d| d.data["target"] == target && d.data["for_seq"] == seq)
+            .unwrap_or_else(|| panic!("{target} {seq}"))
+    };
+    // ops: the first try failed (HTTP 500), the retry worked.
+    let (a, b) = (find("ops", notify.seq), find("ops", escalate.seq));
+    assert_eq!((a.data["ok"].clone(), a.data["attempts"].clone()), (true.into(), 2.into()), "{a:?}");
+    assert_eq!((b.data["ok"].clone(), b.data["attempts"].clone()), (true.into(), 1.into()), "{b:?}");
+    let p = find("pager", escalate.seq);
+    assert_eq!(p.data["ok"], true);
+    for seq in [notify.seq, escalate.seq] {
+        let d = find("dead", seq);
+        assert_eq!((d.data["ok"].clone(), d.data["attempts"].clone()), (false.into(), 2.into()), "{d:?}");
+        assert!(!d.data["detail"].as_str().unwrap().contains("secret-path"), "the URL stays out: {d:?}");
+    }
+    assert_eq!(a.run.as_deref(), Some(id.as_str()));
+
+    // What the receivers got.
+    let ops = ops.lock().unwrap().clone();
+    assert_eq!(ops.len(), 3, "{ops:?}");
+    assert!(ops.iter().all(|b| b["source"] == "nightshift" && b["run"] == id.as_str()));
+    assert!(ops.iter().any(|b| b["kind"] == "escalation" && b["text"] == "still hot after the cap"));
+    let pager = pager.lock().unwrap().clone();
+    assert_eq!(pager.len(), 1);
+    assert_eq!(
+        pager[0]["text"],
+        format!(":rotating_light: *escalation* tell on w1/0 ({id}): still hot after the cap").as_str()
+    );
+    let export = serde_json::to_string(&engine.audit().tail(0, usize::MAX).unwrap()).unwrap();
+    assert!(!export.contains(&dead_url) && !export.contains(&ops_url), "no webhook URL in the audit log");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    engine.shutdown().await;
+    let mut agent = agent;
+    agent.stop().await;
+}
