@@ -171,9 +171,11 @@ pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
     }
     let offset_min = match rest {
         "Z" | "z" => 0,
-        r if (r.starts_with('+') || r.starts_with('-')) && r.len() == 6 && &r[3..4] == ":" => {
+        r if (r.starts_with('+') || r.starts_with('-')) && r.len() == 6 && r.as_bytes()[3] == b':' => {
+            // Byte checks and `get`: a multi-byte character here must not
+            // split a slice (found by fuzzing).
             let sign = if r.starts_with('-') { -1 } else { 1 };
-            sign * (r[1..3].parse::<i64>().ok()? * 60 + r[4..6].parse::<i64>().ok()?)
+            sign * (r.get(1..3)?.parse::<i64>().ok()? * 60 + r.get(4..6)?.parse::<i64>().ok()?)
         }
         _ => return None,
     };
