@@ -33,11 +33,22 @@ pub fn display(argv: &[String]) -> String {
 /// Run `argv` (program first) with no stdin, capturing output, killing it
 /// after `timeout`.
 pub async fn run(argv: &[String], timeout: Duration) -> Result<ProcOutput, ProcError> {
+    run_with_env(argv, &[], timeout).await
+}
+
+/// [`run`], with `env` added to the inherited environment (for example
+/// `SLURM_CONF` when Slurm's configuration is not in its default place).
+pub async fn run_with_env(
+    argv: &[String],
+    env: &[(String, String)],
+    timeout: Duration,
+) -> Result<ProcOutput, ProcError> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| ProcError::Spawn { program: String::new(), message: "empty argument vector".into() })?;
     let child = tokio::process::Command::new(program)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -69,6 +80,13 @@ mod tests {
     async fn arguments_are_not_interpreted_by_a_shell() {
         let out = run(&argv(&["echo", "a; rm -rf /", "$HOME"]), Duration::from_secs(5)).await.unwrap();
         assert_eq!(out.stdout, "a; rm -rf / $HOME\n");
+    }
+
+    #[tokio::test]
+    async fn extra_environment_reaches_the_process() {
+        let env = [("SLURM_CONF".to_string(), "/etc/slurm/test.conf".to_string())];
+        let out = run_with_env(&argv(&["printenv", "SLURM_CONF"]), &env, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(out.stdout, "/etc/slurm/test.conf\n");
     }
 
     #[tokio::test]

@@ -746,3 +746,29 @@ async fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod unit_file_tests {
+    use super::*;
+
+    /// The shipped systemd unit starts the engine with arguments this CLI
+    /// accepts (no drift between examples/systemd and the flags).
+    #[test]
+    fn the_systemd_unit_command_lines_parse() {
+        let unit = include_str!("../../examples/systemd/nightshift-engine.service");
+        let lines: Vec<&str> = unit.lines().filter_map(|l| l.strip_prefix("ExecStart")).collect();
+        assert_eq!(lines.len(), 2, "ExecStartPre and ExecStart");
+        for line in lines {
+            let cmd = line.split_once('=').unwrap().1;
+            let mut argv: Vec<&str> = cmd.split_whitespace().collect();
+            assert_eq!(argv[0], "/usr/local/bin/nightshift");
+            argv[0] = argv[0].rsplit('/').next().unwrap_or(argv[0]);
+            let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{cmd}: {e}"));
+            assert_eq!(cli.config, PathBuf::from("/etc/nightshift/engine.yaml"), "{cmd}");
+            assert!(
+                matches!(cli.command, Command::Serve { .. } | Command::Runbooks(RunbooksCmd::Validate { path: None })),
+                "{cmd}: expected serve or runbooks validate"
+            );
+        }
+    }
+}

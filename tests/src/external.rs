@@ -23,9 +23,15 @@ impl Drop for Daemon {
 impl Daemon {
     /// Start `argv` with stdout and stderr into `log`.
     pub fn start(argv: &[String], log: &Path) -> Daemon {
+        Daemon::start_in(argv, log, Path::new("."))
+    }
+
+    /// [`Daemon::start`] in the working directory `cwd`.
+    pub fn start_in(argv: &[String], log: &Path, cwd: &Path) -> Daemon {
         let out = std::fs::File::create(log).expect("log file");
         let child = Command::new(&argv[0])
             .args(&argv[1..])
+            .current_dir(cwd)
             .stdout(out.try_clone().expect("log file"))
             .stderr(out)
             .stdin(Stdio::null())
@@ -75,4 +81,45 @@ pub async fn wait_http_ok(url: &str, secs: u64, daemon: &Daemon) {
         assert!(Instant::now() < end, "{url} did not answer within {secs} s; log:\n{}", daemon.log_text());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The folder holding the workspace's binaries (`nightshift`,
+/// `nightshift-agent`). `cargo test --workspace` builds them; when they are
+/// missing or older than the sources (a `cargo test -p nightshift-tests`
+/// after an edit), they are built here first.
+pub fn workspace_bin_dir() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            // target/<profile>/deps/<this test> → target/<profile>
+            let exe = std::env::current_exe().expect("test binary path");
+            let dir = exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf();
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let newest_source =
+                ["agent", "engine", "web", "cli"].iter().filter_map(|c| newest_mtime(&root.join(c).join("src"))).max();
+            let fresh = ["nightshift", "nightshift-agent"].iter().all(|b| {
+                let built = std::fs::metadata(dir.join(b)).and_then(|m| m.modified()).ok();
+                matches!((built, newest_source), (Some(b), Some(s)) if b >= s)
+            });
+            if !fresh {
+                let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+                let status = Command::new(cargo)
+                    .args(["build", "-q", "-p", "nightshift", "-p", "nightshift-agent", "--bins"])
+                    .current_dir(&root)
+                    .status()
+                    .expect("cargo runs");
+                assert!(status.success(), "cargo build of the nightshift binaries failed");
+            }
+            dir
+        })
+        .clone()
+}
+
+fn newest_mtime(dir: &Path) -> Option<std::time::SystemTime> {
+    let mut newest = None;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let t = if e.file_type().ok()?.is_dir() { newest_mtime(&e.path()) } else { e.metadata().ok()?.modified().ok() };
+        newest = newest.max(t);
+    }
+    newest
 }

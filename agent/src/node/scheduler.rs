@@ -25,6 +25,10 @@ pub enum SchedulerConfig {
         node_name: Option<String>,
         #[serde(default = "scontrol")]
         scontrol_path: String,
+        /// Slurm's configuration file, passed to `scontrol` as `SLURM_CONF`;
+        /// Slurm's own default (`/etc/slurm/slurm.conf`) when absent.
+        #[serde(default)]
+        slurm_conf: Option<PathBuf>,
         #[serde(default = "ten")]
         timeout_secs: u64,
     },
@@ -99,6 +103,16 @@ impl Scheduler {
             SchedulerConfig::Slurm { timeout_secs, .. } | SchedulerConfig::Kubernetes { timeout_secs, .. } => {
                 Duration::from_secs(*timeout_secs)
             }
+        }
+    }
+
+    /// Environment added to helper processes.
+    pub fn env(&self) -> Vec<(String, String)> {
+        match &self.config {
+            SchedulerConfig::Slurm { slurm_conf: Some(p), .. } => {
+                vec![("SLURM_CONF".to_string(), p.display().to_string())]
+            }
+            _ => vec![],
         }
     }
 
@@ -186,11 +200,11 @@ impl Scheduler {
         match &self.config {
             SchedulerConfig::None => self.read_file(),
             SchedulerConfig::Slurm { .. } => {
-                let out = procs::run(&self.state_argv(), self.timeout()).await?;
+                let out = procs::run_with_env(&self.state_argv(), &self.env(), self.timeout()).await?;
                 parse_slurm_node(&out.stdout)
             }
             SchedulerConfig::Kubernetes { .. } => {
-                let out = procs::run(&self.state_argv(), self.timeout()).await?;
+                let out = procs::run_with_env(&self.state_argv(), &self.env(), self.timeout()).await?;
                 parse_k8s_node(&out.stdout)
             }
         }
@@ -202,7 +216,7 @@ impl Scheduler {
             return self.write_file(&DrainState { drained: true, reason: Some(reason.to_string()) });
         }
         for argv in self.drain_argv(reason) {
-            procs::run(&argv, self.timeout()).await?;
+            procs::run_with_env(&argv, &self.env(), self.timeout()).await?;
         }
         Ok(())
     }
@@ -213,7 +227,7 @@ impl Scheduler {
             return self.write_file(&DrainState::default());
         }
         for argv in self.resume_argv() {
-            procs::run(&argv, self.timeout()).await?;
+            procs::run_with_env(&argv, &self.env(), self.timeout()).await?;
         }
         Ok(())
     }
@@ -299,6 +313,7 @@ mod tests {
             SchedulerConfig::Slurm {
                 node_name: Some("gpu01".into()),
                 scontrol_path: "scontrol".into(),
+                slurm_conf: Some("/etc/slurm/lab.conf".into()),
                 timeout_secs: 5,
             },
             "ignored",
@@ -327,6 +342,8 @@ mod tests {
         );
         assert_eq!(slurm().resume_argv(), vec![vec!["scontrol", "update", "NodeName=gpu01", "State=RESUME"]]);
         assert_eq!(slurm().state_argv(), vec!["scontrol", "--oneliner", "show", "node", "gpu01"]);
+        assert_eq!(slurm().env(), vec![("SLURM_CONF".to_string(), "/etc/slurm/lab.conf".to_string())]);
+        assert!(k8s().env().is_empty());
     }
 
     #[test]
