@@ -5,7 +5,9 @@
 //! it acknowledged (HTTP 202) is still there; after each restart every run
 //! that was unfinished is `interrupted`; and across everything no agent
 //! applied any request id twice, and every request an agent applied has its
-//! `action_intent` in the audit log (written ahead).
+//! `action_intent` in the audit log (written ahead). Each run also asks for
+//! a power limit below the envelope: no such request is ever applied, and
+//! no applied power limit is outside the agent's envelope.
 //!
 //! `NIGHTSHIFT_CRASH_ITERATIONS` sets the number of kills (CI: 12; the
 //! documented long run: 50). `NIGHTSHIFT_SEED` replays a sequence.
@@ -19,12 +21,16 @@ use futures::StreamExt;
 use nightshift_agent::backend::sim::SimConfig;
 use nightshift_agent::clock::SystemClock;
 use nightshift_agent::journal::{Journal, JournalLine};
+use nightshift_agent::proto::{Inventory, NoArgs, Op, Request};
 use nightshift_engine::audit::{AuditStore, RecordKind};
 use nightshift_engine::runs::RunOutcome;
 use nightshift_tests::{TestAgent, engine_setup};
 
 const SCRIPT: &str = r#"
 let g = if target.node.ends_with("1") { 1 } else { 0 };
+// Outside the envelope: the agent must refuse it, crash or no crash.
+let probe = set_power_limit(g, 100);
+if probe.ok { fail("envelope breached: 100 W was applied"); }
 for i in 0..4 {
     let r = set_power_limit(g, 450 + i * 50);
     if !r.ok { fail(r.error); }
@@ -240,6 +246,35 @@ async fn the_engine_survives_kill_9_in_a_loop() {
         }
         applied_total += pending.len();
     }
+    // Zero envelope violations: every applied power limit is inside the
+    // envelope the agents report, and the 100 W probes were all refused.
+    let inv = {
+        let c = nightshift_agent::ssh::client::AgentConnection::connect(&agents[0].client_config()).await.unwrap();
+        let r = c.call(&Request::new("inv", Op::Inventory(NoArgs {}))).await.unwrap();
+        c.close().await;
+        serde_json::from_value::<Inventory>(r.result.unwrap()).unwrap()
+    };
+    let floor = inv.gpus[0].envelope_power_min_watts.expect("the sim agent reports its floor");
+    let ceiling = inv.gpus[0].envelope_power_max_watts.unwrap_or(f64::MAX);
+    let (mut probes_refused, mut limits_applied) = (0usize, 0usize);
+    let records = store.tail(0, usize::MAX).unwrap();
+    for r in records.iter().filter(|r| r.kind == RecordKind::ActionResult && r.data["op"] == "set_power_limit") {
+        if r.data["applied"] == true {
+            let w = r.data["after"]["power_limit_watts"].as_f64().unwrap();
+            assert!((floor..=ceiling).contains(&w), "envelope violation: {w} W applied ({r:?})");
+            limits_applied += 1;
+        } else if r.data["code"] == "out_of_envelope" {
+            probes_refused += 1;
+        }
+    }
+    let probes_sent = records
+        .iter()
+        .filter(|r| r.kind == RecordKind::ActionIntent && r.data["args"]["watts"].as_f64() == Some(100.0))
+        .count();
+    assert!(probes_sent > 0 && probes_refused > 0, "the envelope probes ran");
+    for r in records.iter().filter(|r| r.kind == RecordKind::ActionResult && r.data["applied"] == true) {
+        assert_ne!(r.data["after"]["power_limit_watts"].as_f64(), Some(100.0), "a probe was applied: {r:?}");
+    }
     let outcomes: Vec<Option<RunOutcome>> =
         acknowledged.iter().map(|id| store.run(id).unwrap().unwrap().outcome).collect();
     assert!(outcomes.iter().all(|o| o.is_some()), "every acknowledged run has an outcome");
@@ -250,7 +285,8 @@ async fn the_engine_survives_kill_9_in_a_loop() {
     eprintln!(
         "engine kill -9: {iterations} kills ({kills_mid_action} with an action in flight), {runs_submitted} runs acknowledged, \
          {interrupted_seen} marked interrupted after restart, {applied_total} requests applied by agents, none twice, \
-         {} records published and all present, outcomes {by_outcome:?}, seed {seed}, {:.1} s",
+         {} records published and all present, {limits_applied} power limits applied all within {floor}-{ceiling} W, \
+         {probes_refused} of {probes_sent} out-of-envelope probes refused (the rest cut by a kill), outcomes {by_outcome:?}, seed {seed}, {:.1} s",
         published.lock().unwrap().len(),
         started.elapsed().as_secs_f64()
     );
