@@ -24,7 +24,7 @@ use nightshift_tests::{TestAgent, engine_setup, eventually};
 struct Slurm {
     conf: PathBuf,
     ctld: Daemon,
-    _slurmd: Daemon,
+    slurmd: Daemon,
     _munged: Daemon,
 }
 
@@ -98,18 +98,18 @@ impl Slurm {
             &["slurmd".into(), "-D".into(), "-N".into(), "gpu01".into(), "-f".into(), p(&conf)],
             &dir.join("slurmd.log"),
         );
-        let s = Slurm { conf, ctld, _slurmd: slurmd, _munged: munged };
+        let s = Slurm { conf, ctld, slurmd, _munged: munged };
         let end = Instant::now() + Duration::from_secs(60);
         loop {
             let line = s.show("gpu01");
-            if s.state(&line) == "IDLE" {
+            if state(&line) == "IDLE" {
                 break;
             }
             assert!(
                 Instant::now() < end,
                 "slurm node gpu01 did not come up idle: {line}\nslurmctld:\n{}\nslurmd:\n{}",
                 s.ctld.log_text(),
-                s._slurmd.log_text()
+                s.slurmd.log_text()
             );
             std::thread::sleep(Duration::from_millis(250));
         }
@@ -126,18 +126,20 @@ impl Slurm {
         format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
     }
 
-    fn state<'a>(&self, line: &'a str) -> &'a str {
-        line.split_whitespace().find_map(|f| f.strip_prefix("State=")).unwrap_or("")
-    }
-
-    fn reason(&self, line: &str) -> Option<String> {
-        line.find(" Reason=").map(|i| line[i + 8..].trim().to_string())
-    }
-
     fn signal(&self, sig: &str) {
         let ok = Command::new("kill").args([sig, &self.ctld.child.id().to_string()]).status().unwrap().success();
         assert!(ok, "kill {sig} slurmctld");
     }
+}
+
+/// The `State=` field of `scontrol --oneliner show node`.
+fn state(line: &str) -> &str {
+    line.split_whitespace().find_map(|f| f.strip_prefix("State=")).unwrap_or("")
+}
+
+/// The `Reason=` field (it runs to the end of the line).
+fn reason(line: &str) -> Option<String> {
+    line.find(" Reason=").map(|i| line[i + 8..].trim().to_string())
 }
 
 async fn run(engine: &Engine, runbook: &str, node: &str) -> (RunSummary, Vec<AuditRecord>) {
@@ -225,16 +227,16 @@ async fn slurm_adapter_against_a_real_slurm() {
     let (s, records) = run(&engine, "take-out", "gpu01").await;
     assert_eq!(s.outcome, Some(RunOutcome::Succeeded), "{s:?} {records:?}");
     let line = slurm.show("gpu01");
-    assert!(slurm.state(&line).contains("DRAIN"), "{line}");
-    let reason = slurm.reason(&line).unwrap();
-    assert!(reason.starts_with(&format!("nightshift: {} fan swap needed", s.id)), "{line}");
+    assert!(state(&line).contains("DRAIN"), "{line}");
+    let ours = reason(&line).unwrap();
+    assert!(ours.starts_with(&format!("nightshift: {} fan swap needed", s.id)), "{line}");
     assert_eq!(action_results(&records)[0].data["applied"], true);
 
     // 3. ... and resumes its own drain.
     let (s, _) = run(&engine, "put-back", "gpu01").await;
     assert_eq!(s.outcome, Some(RunOutcome::Succeeded), "{s:?}");
     let line = slurm.show("gpu01");
-    assert!(!slurm.state(&line).contains("DRAIN"), "{line}");
+    assert!(!state(&line).contains("DRAIN"), "{line}");
 
     // 4. A person drains the node: nightshift neither resumes it nor
     //    overwrites the reason.
@@ -252,8 +254,8 @@ async fn slurm_adapter_against_a_real_slurm() {
         assert_eq!(r.data["applied"], false, "a person's drain is left as it is: {r:?}");
     }
     let line = slurm.show("gpu01");
-    assert!(slurm.state(&line).contains("DRAIN"), "{line}");
-    assert!(slurm.reason(&line).unwrap().starts_with("fan swap by dave"), "{line}");
+    assert!(state(&line).contains("DRAIN"), "{line}");
+    assert!(reason(&line).unwrap().starts_with("fan swap by dave"), "{line}");
     let out = slurm.scontrol(&["update", "NodeName=gpu01", "State=RESUME"]);
     assert!(out.status.success(), "{out:?}");
     // The engine learns the person's resume from the agent's inventory.
@@ -279,7 +281,7 @@ async fn slurm_adapter_against_a_real_slurm() {
     assert_eq!(results[0].data["applied"], false);
     // Nothing was changed behind the timeout.
     let line = slurm.show("gpu01");
-    assert!(!slurm.state(&line).contains("DRAIN"), "{line}");
+    assert!(!state(&line).contains("DRAIN"), "{line}");
 
     eprintln!("hung: {err} (took {took:?})");
     // The audit chain verifies after all of it.
