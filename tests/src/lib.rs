@@ -142,3 +142,18 @@ pub async fn eventually<T>(secs: u64, mut f: impl FnMut() -> Option<T>) -> Optio
     }
     None
 }
+
+/// A manual, non-dry run of `runbook` on `target`, requested by `user:test`.
+pub fn manual_run(runbook: &str, target: nightshift_engine::runs::Target) -> nightshift_engine::engine::RunRequest {
+    nightshift_engine::engine::RunRequest {
+        runbook: runbook.into(),
+        target,
+        trigger: "manual".into(),
+        detail: "test".into(),
+        event: serde_json::json!({}),
+        event_ts_ms: 0,
+        params: Default::default(),
+        dry_run: false,
+        requested_by: "user:test".into(),
+    }
+}

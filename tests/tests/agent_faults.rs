@@ -12,9 +12,8 @@ use nightshift_agent::journal::{Journal, JournalLine};
 use nightshift_agent::proto::*;
 use nightshift_agent::ssh::client::AgentConnection;
 use nightshift_engine::audit::RecordKind;
-use nightshift_engine::engine::RunRequest;
 use nightshift_engine::runs::{RunOutcome, Target};
-use nightshift_tests::{TestAgent, engine_setup, eventually};
+use nightshift_tests::{TestAgent, engine_setup, eventually, manual_run};
 
 async fn power_limit(c: &AgentConnection, gpu: usize) -> f64 {
     let t: Telemetry =
@@ -57,20 +56,7 @@ async fn agents_crash_mid_run_and_mid_stream_and_come_back() {
 
     // A run whose first step lands, then the agent dies before the second.
     let mut rx = engine.audit().subscribe();
-    let s = engine
-        .submit(RunRequest {
-            runbook: "two-steps".into(),
-            target: Target::gpu("a", 0),
-            trigger: "manual".into(),
-            detail: "test".into(),
-            event: serde_json::json!({}),
-            event_ts_ms: 0,
-            params: Default::default(),
-            dry_run: false,
-            requested_by: "user:test".into(),
-        })
-        .await
-        .unwrap();
+    let s = engine.submit(manual_run("two-steps", Target::gpu("a", 0))).await.unwrap();
     let run = s.run().unwrap().id.clone();
     let end = Instant::now() + Duration::from_secs(20);
     loop {
@@ -140,20 +126,7 @@ async fn agents_crash_mid_run_and_mid_stream_and_come_back() {
     assert_eq!(applied.len(), 1, "{applied:?}");
 
     // And a new run on the restarted agent works.
-    let s = engine
-        .submit(RunRequest {
-            runbook: "two-steps".into(),
-            target: Target::gpu("a", 0),
-            trigger: "manual".into(),
-            detail: "test".into(),
-            event: serde_json::json!({}),
-            event_ts_ms: 0,
-            params: Default::default(),
-            dry_run: false,
-            requested_by: "user:test".into(),
-        })
-        .await
-        .unwrap();
+    let s = engine.submit(manual_run("two-steps", Target::gpu("a", 0))).await.unwrap();
     let id = s.run().unwrap().id.clone();
     let done = eventually(30, || engine.run(&id).unwrap().filter(|r| r.outcome.is_some())).await.unwrap();
     assert_eq!(done.outcome, Some(RunOutcome::Succeeded), "{done:?}");

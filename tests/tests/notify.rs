@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use nightshift_agent::backend::sim::SimConfig;
 use nightshift_engine::audit::RecordKind;
-use nightshift_engine::engine::RunRequest;
 use nightshift_engine::runs::{RunOutcome, Target};
-use nightshift_tests::{TestAgent, engine_setup, eventually};
+use nightshift_tests::{TestAgent, engine_setup, eventually, manual_run};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -83,20 +82,7 @@ async fn notifications_reach_webhooks_with_retries_and_are_audited() {
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
     assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
-    let s = engine
-        .submit(RunRequest {
-            runbook: "tell".into(),
-            target: Target::gpu("w1", 0),
-            trigger: "manual".into(),
-            detail: "test".into(),
-            event: serde_json::json!({}),
-            event_ts_ms: 0,
-            params: Default::default(),
-            dry_run: false,
-            requested_by: "user:test".into(),
-        })
-        .await
-        .unwrap();
+    let s = engine.submit(manual_run("tell", Target::gpu("w1", 0))).await.unwrap();
     let id = s.run().unwrap().id.clone();
     let run = eventually(20, || engine.run(&id).unwrap().filter(|r| r.outcome.is_some())).await.unwrap();
     assert_eq!(run.outcome, Some(RunOutcome::Succeeded));

@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 
 use nightshift_agent::backend::sim::SimConfig;
 use nightshift_engine::audit::{AuditRecord, RecordKind};
-use nightshift_engine::engine::{Engine, RunRequest};
+use nightshift_engine::engine::Engine;
 use nightshift_engine::runs::{RunOutcome, RunSummary, Target};
 use nightshift_tests::external::{Daemon, free_port, require};
-use nightshift_tests::{TestAgent, engine_setup, eventually};
+use nightshift_tests::{TestAgent, engine_setup, eventually, manual_run};
 
 /// A running single-node Slurm cluster.
 struct Slurm {
@@ -144,17 +144,7 @@ fn reason(line: &str) -> Option<String> {
 
 async fn run(engine: &Engine, runbook: &str, node: &str) -> (RunSummary, Vec<AuditRecord>) {
     let s = engine
-        .submit(RunRequest {
-            runbook: runbook.into(),
-            target: Target::node(node),
-            trigger: "manual".into(),
-            detail: "slurm test".into(),
-            event: serde_json::json!({}),
-            event_ts_ms: 0,
-            params: Default::default(),
-            dry_run: false,
-            requested_by: "user:test".into(),
-        })
+        .submit(manual_run(runbook, Target::node(node)))
         .await
         .unwrap_or_else(|e| panic!("{runbook} on {node} not accepted: {e:?}"));
     let id = s.run().unwrap_or_else(|| panic!("{runbook} on {node} did not start: {s:?}")).id.clone();
