@@ -101,6 +101,35 @@ pub enum ConfigError {
 }
 
 impl AgentConfig {
+    /// An in-process sim node on a loopback port, its host key and cache
+    /// flush paths under `state_dir`, every other field at its default —
+    /// for the demo and the benchmarks, which then set what differs.
+    pub fn sim_node(node: &str, state_dir: &Path, authorized_keys_path: &Path, sim: SimConfig) -> AgentConfig {
+        AgentConfig {
+            version: 1,
+            node: node.to_string(),
+            listen_addr: "127.0.0.1:0".into(),
+            state_dir: state_dir.to_path_buf(),
+            host_key_path: state_dir.join("host_key"),
+            authorized_keys_path: authorized_keys_path.to_path_buf(),
+            policy_path: None,
+            backend: BackendKind::Sim,
+            nvml_lib_path: None,
+            sim,
+            sim_time_scale: one(),
+            telemetry_interval_ms: default_interval(),
+            max_request_bytes: default_max_request(),
+            scheduler: SchedulerConfig::default(),
+            flush_caches: Some(FlushConfig {
+                drop_caches_path: state_dir.join("drop_caches"),
+                registry_dir: state_dir.join("flush.d"),
+                ..FlushConfig::default()
+            }),
+            configs: BTreeMap::new(),
+            exporter_listen_addr: None,
+        }
+    }
+
     /// Read, resolve relative paths, validate.
     pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;

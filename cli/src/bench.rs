@@ -24,7 +24,6 @@ use nightshift_agent::backend::Backend;
 use nightshift_agent::backend::sim::{SimBackend, SimConfig};
 use nightshift_agent::clock::{SharedClock, SystemClock};
 use nightshift_agent::config::AgentConfig;
-use nightshift_agent::node::caches::FlushConfig;
 use nightshift_agent::proto::{GpuTelemetry, NodeTelemetry, Op, Request, SetPowerLimitArgs, SimFault, Telemetry};
 use nightshift_agent::runtime::{self, StartedAgent};
 use nightshift_agent::ssh::client::{AgentConnection, ClientConfig};
@@ -336,27 +335,13 @@ async fn fleet(n: usize, gpus: u32, interval_ms: u64, state_root: &Path) -> Resu
         let name = format!("n{i:04}");
         let state = dir.join("agents").join(&name);
         let cfg = AgentConfig {
-            version: 1,
-            node: name.clone(),
-            listen_addr: "127.0.0.1:0".into(),
-            state_dir: state.clone(),
-            host_key_path: state.join("host_key"),
-            authorized_keys_path: dir.join("authorized_keys"),
-            policy_path: None,
-            backend: nightshift_agent::backend::BackendKind::Sim,
-            nvml_lib_path: None,
-            sim: SimConfig { gpus, seed: i as u64, start_warm: false, ..SimConfig::default() },
-            sim_time_scale: 1.0,
             telemetry_interval_ms: interval_ms,
-            max_request_bytes: 32 * 1024,
-            scheduler: Default::default(),
-            flush_caches: Some(FlushConfig {
-                drop_caches_path: state.join("drop"),
-                registry_dir: state.join("flush.d"),
-                ..FlushConfig::default()
-            }),
-            configs: BTreeMap::new(),
-            exporter_listen_addr: None,
+            ..AgentConfig::sim_node(
+                &name,
+                &state,
+                &dir.join("authorized_keys"),
+                SimConfig { gpus, seed: i as u64, start_warm: false, ..SimConfig::default() },
+            )
         };
         let backend: Arc<dyn Backend> = Arc::new(SimBackend::new(cfg.sim.clone())?);
         let s = runtime::start_with(&cfg, backend, clock.clone()).await?;

@@ -15,7 +15,6 @@ use nightshift_agent::backend::Backend;
 use nightshift_agent::backend::sim::{SimBackend, SimConfig};
 use nightshift_agent::clock::{ScaledClock, SharedClock};
 use nightshift_agent::config::AgentConfig;
-use nightshift_agent::node::caches::FlushConfig;
 use nightshift_agent::node::configs::ManagedConfig;
 use nightshift_agent::proto::{ConfigApplyArgs, Op, Request, SimFault};
 use nightshift_agent::runtime::{self, StartedAgent};
@@ -183,27 +182,14 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
         let nccl = state.join("nccl.env");
         std::fs::write(&nccl, NCCL_GOOD)?;
         let cfg = AgentConfig {
-            version: 1,
-            node: name.clone(),
-            listen_addr: "127.0.0.1:0".into(),
-            state_dir: state.clone(),
-            host_key_path: state.join("host_key"),
-            authorized_keys_path: dir.join("authorized_keys"),
-            policy_path: None,
-            backend: nightshift_agent::backend::BackendKind::Sim,
-            nvml_lib_path: None,
-            sim: SimConfig { profile: spec.profile.into(), gpus: 4, seed: 100 + i as u64, ..SimConfig::default() },
             sim_time_scale: args.time_scale,
-            telemetry_interval_ms: 1000,
-            max_request_bytes: 32 * 1024,
-            scheduler: Default::default(),
-            flush_caches: Some(FlushConfig {
-                drop_caches_path: state.join("drop_caches"),
-                registry_dir: state.join("flush.d"),
-                ..FlushConfig::default()
-            }),
             configs: [("nccl-env".to_string(), ManagedConfig { path: nccl })].into(),
-            exporter_listen_addr: None,
+            ..AgentConfig::sim_node(
+                name,
+                &state,
+                &dir.join("authorized_keys"),
+                SimConfig { profile: spec.profile.into(), gpus: 4, seed: 100 + i as u64, ..SimConfig::default() },
+            )
         };
         let sim = Arc::new(SimBackend::new(cfg.sim.clone())?);
         let backend: Arc<dyn Backend> = sim;
