@@ -16,17 +16,6 @@ use crate::node::configs::ManagedConfig;
 use crate::node::scheduler::SchedulerConfig;
 use crate::service::AgentOptions;
 
-/// Line, column and message of a YAML error, without serde_yaml's trailing
-/// " at line L column C" (the location goes in front instead).
-pub fn yaml_error_parts(e: &serde_yaml::Error) -> (usize, usize, String) {
-    let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((1, 1));
-    let mut msg = e.to_string();
-    if let Some(i) = msg.rfind(" at line ") {
-        msg.truncate(i);
-    }
-    (line, column, msg)
-}
-
 /// `agent.yaml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -139,7 +128,7 @@ impl AgentConfig {
     /// Parse text read from `path`.
     pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
         let mut cfg: AgentConfig = serde_yaml::from_str(text).map_err(|e| {
-            let (line, column, message) = yaml_error_parts(&e);
+            let (line, column, message) = nightshift_proto::yaml::error_parts(&e);
             ConfigError::Parse { path: path.into(), line, column, message }
         })?;
         let base = path.parent().unwrap_or(Path::new("."));

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::proto::{ActionKind, FanPoint, GpuInfo};
+use nightshift_proto::{ActionKind, FanPoint, GpuInfo};
 
 /// The policy file (`policy.yaml`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -166,7 +166,7 @@ impl Policy {
     /// Parse and validate policy text; `path` is used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Policy, PolicyError> {
         let policy: Policy = serde_yaml::from_str(text).map_err(|e| {
-            let (line, column, message) = crate::config::yaml_error_parts(&e);
+            let (line, column, message) = nightshift_proto::yaml::error_parts(&e);
             PolicyError::Parse { path: path.into(), line, column, message }
         })?;
         policy.validate().map_err(|message| PolicyError::Invalid { path: path.into(), message })?;
@@ -360,22 +360,14 @@ mod tests {
 
     fn h100() -> GpuInfo {
         GpuInfo {
-            index: 0,
-            name: "NVIDIA H100 80GB HBM3".into(),
-            vendor: crate::proto::Vendor::Nvidia,
-            uuid: None,
             power_min_watts: 200.0,
             power_max_watts: 700.0,
             power_default_watts: 700.0,
             mem_total_mib: 81_559,
             fan_control: false,
-            slowdown_temp_c: None,
-            shutdown_temp_c: None,
             clock_min_mhz: Some(345),
             clock_max_mhz: Some(1980),
-            envelope_power_min_watts: None,
-            envelope_power_max_watts: None,
-            envelope_fan_min_pct: None,
+            ..GpuInfo::new(0, "NVIDIA H100 80GB HBM3", nightshift_proto::Vendor::Nvidia)
         }
     }
 

@@ -21,15 +21,15 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::proto::{GpuInfo, Telemetry};
 use crate::service::Agent;
+use nightshift_proto::{GpuInfo, Telemetry};
 
 /// Largest request head read before answering 431.
 const MAX_HEAD_BYTES: usize = 8 * 1024;
 
 /// (name, type, help, value from a GPU's sample). Classic DCGM names, as
 /// dcgm-exporter's default counters file has them.
-type Getter = fn(&crate::proto::GpuTelemetry, &GpuInfo) -> Option<f64>;
+type Getter = fn(&nightshift_proto::GpuTelemetry, &GpuInfo) -> Option<f64>;
 const GPU_METRICS: &[(&str, &str, &str, Getter)] = &[
     ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", |g, _| Some(g.temperature_c)),
     ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", |g, _| Some(g.power_watts)),
@@ -145,27 +145,18 @@ pub async fn serve(agent: Arc<Agent>, listener: TcpListener) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{GpuTelemetry, NodeTelemetry, Vendor};
+    use nightshift_proto::{GpuTelemetry, NodeTelemetry, Vendor};
 
     #[test]
     fn renders_dcgm_names_and_labels() {
         let info = GpuInfo {
-            index: 0,
-            name: "NVIDIA H100 80GB HBM3".into(),
-            vendor: Vendor::Nvidia,
             uuid: Some("GPU-1".into()),
             power_min_watts: 200.0,
             power_max_watts: 700.0,
             power_default_watts: 700.0,
             mem_total_mib: 81_559,
             fan_control: false,
-            slowdown_temp_c: None,
-            shutdown_temp_c: None,
-            clock_min_mhz: None,
-            clock_max_mhz: None,
-            envelope_power_min_watts: None,
-            envelope_power_max_watts: None,
-            envelope_fan_min_pct: None,
+            ..GpuInfo::new(0, "NVIDIA H100 80GB HBM3", Vendor::Nvidia)
         };
         let t = Telemetry {
             node: "gpu-a1".into(),

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::proto::Reply;
+use nightshift_proto::Reply;
 
 /// One journal line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -77,7 +77,7 @@ impl Journal {
                     buf.push(b'\n');
                 }
             }
-            crate::fsutil::write_atomic(path, &buf)?;
+            nightshift_proto::fsutil::write_atomic(path, &buf)?;
         }
         let mut file = OpenOptions::new().create(true).append(true).open(path)?;
         // Terminate a torn last line so the next record starts cleanly.
@@ -185,7 +185,7 @@ fn lines_for(id: &str, e: &Entry) -> Vec<JournalLine> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::ErrorCode;
+    use nightshift_proto::ErrorCode;
 
     #[test]
     fn survives_reopen_and_torn_tail() {

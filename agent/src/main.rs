@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use nightshift_agent::backend::BackendKind;
 use nightshift_agent::config::AgentConfig;
 use nightshift_agent::runtime;
-use nightshift_agent::ssh::keys;
+use nightshift_proto::ssh::keys;
 
 /// The nightshift node agent: safe GPU and node actions over SSH.
 #[derive(Parser)]

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::{self, Backend, BackendError, BackendKind};
-use crate::clock::{ScaledClock, SharedClock, SystemClock};
 use crate::config::{AgentConfig, ConfigError};
 use crate::service::{Agent, AgentError};
-use crate::ssh::keys::{self, KeyError};
 use crate::ssh::server::{RunningAgentServer, ServerOptions, serve};
+use nightshift_proto::clock::{ScaledClock, SharedClock, SystemClock};
+use nightshift_proto::ssh::keys::{self, KeyError};
 
 /// Why an agent could not start.
 #[derive(Debug, thiserror::Error)]

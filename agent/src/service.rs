@@ -13,15 +13,16 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::backend::{Backend, BackendError, Support};
-use crate::clock::SharedClock;
 use crate::envelope::{Policy, RateLimiter, fmt_num};
 use crate::journal::Journal;
+use crate::node::NodeError;
 use crate::node::caches::FlushConfig;
 use crate::node::configs::{ConfigStore, ManagedConfig};
 use crate::node::scheduler::{DrainState, Scheduler, SchedulerConfig};
-use crate::node::{NodeError, OWNER_PREFIX, owned_by_nightshift};
 use crate::procs::ProcError;
-use crate::proto::*;
+use nightshift_proto::clock::SharedClock;
+use nightshift_proto::owner::{OWNER_PREFIX, owned_by_nightshift};
+use nightshift_proto::*;
 
 /// Everything an [`Agent`] needs besides its backend and clock.
 #[derive(Debug, Clone)]
@@ -761,7 +762,7 @@ impl Agent {
 
     fn save_leases(&self, leases: &[Lease]) {
         let bytes = serde_json::to_vec_pretty(leases).unwrap_or_default();
-        if let Err(e) = crate::fsutil::write_atomic(&self.opts.state_dir.join("leases.json"), &bytes) {
+        if let Err(e) = nightshift_proto::fsutil::write_atomic(&self.opts.state_dir.join("leases.json"), &bytes) {
             tracing::error!(error = %e, "cannot persist leases");
         }
     }

@@ -22,17 +22,17 @@ use serde_json::json;
 
 use nightshift_agent::backend::Backend;
 use nightshift_agent::backend::sim::{SimBackend, SimConfig};
-use nightshift_agent::clock::{SharedClock, SystemClock};
 use nightshift_agent::config::AgentConfig;
-use nightshift_agent::proto::{GpuTelemetry, NodeTelemetry, Op, Request, SetPowerLimitArgs, SimFault, Telemetry};
 use nightshift_agent::runtime::{self, StartedAgent};
-use nightshift_agent::ssh::client::{AgentConnection, ClientConfig};
 use nightshift_engine::audit::{AuditStore, NewRecord, RecordKind};
 use nightshift_engine::engine::Engine;
 use nightshift_engine::manifest::Manifest;
 use nightshift_engine::metrics;
 use nightshift_engine::telemetry::{SeriesKey, TelemetryStore, samples_from};
 use nightshift_engine::triggers::TriggerSet;
+use nightshift_proto::clock::{SharedClock, SystemClock};
+use nightshift_proto::ssh::client::{AgentConnection, ClientConfig};
+use nightshift_proto::{GpuTelemetry, NodeTelemetry, Op, Request, SetPowerLimitArgs, SimFault, Telemetry};
 
 use crate::out::Out;
 
@@ -319,7 +319,7 @@ struct Fleet {
     agents: Vec<(String, StartedAgent)>,
     _dir: tempfile::TempDir,
     dir: PathBuf,
-    key: Arc<nightshift_agent::ssh::keys::PrivateKey>,
+    key: Arc<nightshift_proto::ssh::keys::PrivateKey>,
 }
 
 /// Start `n` sim agents over SSH on loopback; their state (journal fsyncs)
@@ -327,7 +327,7 @@ struct Fleet {
 async fn fleet(n: usize, gpus: u32, interval_ms: u64, state_root: &Path) -> Result<Fleet> {
     let tmp = tempfile::Builder::new().prefix("nightshift-bench").tempdir_in(state_root)?;
     let dir = tmp.path().to_path_buf();
-    let (key, _) = nightshift_agent::ssh::keys::load_or_create(&dir.join("engine_key"), "bench")?;
+    let (key, _) = nightshift_proto::ssh::keys::load_or_create(&dir.join("engine_key"), "bench")?;
     std::fs::write(dir.join("authorized_keys"), format!("{}\n", key.public_key().to_openssh()?))?;
     let clock: SharedClock = Arc::new(SystemClock);
     let mut agents = Vec::new();
@@ -438,7 +438,7 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
         let node = &names[i % names.len()];
         let gpu = (i / names.len()) % 8;
         let fp = format!("bench-{i}");
-        let now = nightshift_agent::clock::Clock::now_ms(&SystemClock);
+        let now = nightshift_proto::clock::Clock::now_ms(&SystemClock);
         let body = json!({
             "version": "4", "status": "firing", "receiver": "nightshift", "groupKey": "g", "truncatedAlerts": 0,
             "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {}, "externalURL": "http://am",
@@ -705,13 +705,10 @@ async fn run_end_to_end(iterations: usize, data_root: &Path) -> Result<Vec<f64>>
 /// 7: RSS growth, series and points after `secs` of telemetry from `nodes`
 /// × 8 GPUs at 1 Hz, with triggers holding 10-minute windows.
 async fn memory(nodes: usize, secs: i64, data_root: &Path) -> Result<(f64, usize, usize, f64)> {
-    use nightshift_agent::ssh::client::{AgentTransport, ClientError};
+    use nightshift_proto::ssh::client::{AgentTransport, ClientError};
     struct Nowhere;
     impl AgentTransport for Nowhere {
-        fn call(
-            &self,
-            _: Request,
-        ) -> futures::future::BoxFuture<'_, Result<nightshift_agent::proto::Reply, ClientError>> {
+        fn call(&self, _: Request) -> futures::future::BoxFuture<'_, Result<nightshift_proto::Reply, ClientError>> {
             Box::pin(async { Err(ClientError::Channel { addr: "bench".into(), message: "no agent".into() }) })
         }
     }

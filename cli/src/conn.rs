@@ -8,11 +8,11 @@ use anyhow::{Context, Result, anyhow};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use nightshift_agent::proto::{NoArgs, Op};
 use nightshift_engine::audit::{AuditRecord, AuditStore, RunFilter, RunPage, VerifyReport};
 use nightshift_engine::config::EngineConfig;
 use nightshift_engine::engine::{Engine, NodeView, RunRequest, Submitted};
 use nightshift_engine::runs::RunSummary;
+use nightshift_proto::{NoArgs, Op};
 
 use crate::Fail;
 
@@ -146,7 +146,7 @@ impl Local {
         if let Some(a) = &self.audit {
             return Ok(a.clone());
         }
-        let clock: nightshift_agent::clock::SharedClock = std::sync::Arc::new(nightshift_agent::clock::SystemClock);
+        let clock: nightshift_proto::clock::SharedClock = std::sync::Arc::new(nightshift_proto::clock::SystemClock);
         let a = AuditStore::open(&self.config.data_dir, clock).map_err(|e| locked(e, &self.config.data_dir))?;
         self.audit = Some(a.clone());
         Ok(a)
@@ -245,7 +245,7 @@ impl Conn {
                 let mut q = vec![];
                 let mut add = |k: &str, v: Option<String>| {
                     if let Some(v) = v {
-                        q.push(format!("{k}={}", nightshift_web::pages::urlencode(&v)));
+                        q.push(format!("{k}={}", crate::out::urlencode(&v)));
                     }
                 };
                 add("node", f.node.clone());
@@ -265,7 +265,7 @@ impl Conn {
     pub async fn run(&mut self, id: &str) -> Result<(RunSummary, Vec<AuditRecord>)> {
         match self {
             Conn::Remote(r) => {
-                let v: Value = r.get(&format!("/api/v1/runs/{}", nightshift_web::pages::urlencode(id))).await?;
+                let v: Value = r.get(&format!("/api/v1/runs/{}", crate::out::urlencode(id))).await?;
                 Ok((serde_json::from_value(v["run"].clone())?, serde_json::from_value(v["records"].clone())?))
             }
             Conn::Local(l) => {
@@ -322,9 +322,7 @@ impl Conn {
 
     pub async fn agent(&mut self, node: &str, what: &str) -> Result<Value> {
         match self {
-            Conn::Remote(r) => {
-                r.get(&format!("/api/v1/agents/{}/{what}", nightshift_web::pages::urlencode(node))).await
-            }
+            Conn::Remote(r) => r.get(&format!("/api/v1/agents/{}/{what}", crate::out::urlencode(node))).await,
             Conn::Local(l) => {
                 let e = l.engine().await?;
                 let op = if what == "inventory" { Op::Inventory(NoArgs {}) } else { Op::Telemetry(NoArgs {}) };
@@ -354,7 +352,7 @@ impl Conn {
     pub async fn runbook(&mut self, name: &str) -> Result<RunbookInfo> {
         match self {
             Conn::Remote(r) => {
-                let v: Value = r.get(&format!("/api/v1/runbooks/{}", nightshift_web::pages::urlencode(name))).await?;
+                let v: Value = r.get(&format!("/api/v1/runbooks/{}", crate::out::urlencode(name))).await?;
                 Ok(serde_json::from_value(v["runbook"].clone())?)
             }
             Conn::Local(l) => l.runbooks()?.into_iter().find(|r| r.name == name).ok_or_else(|| {
@@ -369,7 +367,7 @@ impl Conn {
             Conn::Remote(r) => {
                 let path = format!(
                     "/api/v1/runs/{}/{}",
-                    nightshift_web::pages::urlencode(run),
+                    crate::out::urlencode(run),
                     if approve { "approve" } else { "reject" }
                 );
                 r.post(&path, &json!({"reason": reason})).await

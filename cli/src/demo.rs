@@ -13,14 +13,14 @@ use anyhow::{Context, Result};
 
 use nightshift_agent::backend::Backend;
 use nightshift_agent::backend::sim::{SimBackend, SimConfig};
-use nightshift_agent::clock::{ScaledClock, SharedClock};
 use nightshift_agent::config::AgentConfig;
 use nightshift_agent::node::configs::ManagedConfig;
-use nightshift_agent::proto::{ConfigApplyArgs, Op, Request, SimFault};
 use nightshift_agent::runtime::{self, StartedAgent};
 use nightshift_agent::service::Agent;
 use nightshift_engine::audit::{AuditRecord, RecordKind, RunFilter};
-use nightshift_engine::workload::{PoolLoad, Workload};
+use nightshift_proto::clock::{ScaledClock, SharedClock};
+use nightshift_proto::{ConfigApplyArgs, Op, Request, SimFault};
+use nightshift_sim::workload::{PoolLoad, Workload};
 
 use crate::Fail;
 use crate::out::Out;
@@ -163,7 +163,7 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
 
     // The engine key; agents trust its public half.
     let key_path = dir.join("engine_key");
-    let (key, _) = nightshift_agent::ssh::keys::load_or_create(&key_path, "nightshift-demo-engine")?;
+    let (key, _) = nightshift_proto::ssh::keys::load_or_create(&key_path, "nightshift-demo-engine")?;
     std::fs::write(dir.join("authorized_keys"), format!("{}\n", key.public_key().to_openssh()?))?;
 
     // The agents: sim backends behind real SSH servers on loopback.

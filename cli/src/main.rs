@@ -356,15 +356,15 @@ async fn real_main(cli: Cli) -> Result<u8> {
                     path.display()
                 )));
             }
-            let key = nightshift_agent::ssh::keys::generate("nightshift-engine")?;
-            nightshift_agent::ssh::keys::write_keypair(&key, &path)?;
+            let key = nightshift_proto::ssh::keys::generate("nightshift-engine")?;
+            nightshift_proto::ssh::keys::write_keypair(&key, &path)?;
             let public = key.public_key().to_openssh()?;
             println!(
                 "wrote {} (mode 0600) and {}",
                 path.display(),
-                nightshift_agent::ssh::keys::pub_path(&path).display()
+                nightshift_proto::ssh::keys::pub_path(&path).display()
             );
-            println!("fingerprint {}", nightshift_agent::ssh::keys::fingerprint(key.public_key()));
+            println!("fingerprint {}", nightshift_proto::ssh::keys::fingerprint(key.public_key()));
             println!("add this line to every agent's authorized_keys:\n{public}");
             Ok(0)
         }

@@ -106,3 +106,10 @@ pub fn clip(s: &str, n: usize) -> String {
         format!("{}…", s.chars().take(n.saturating_sub(1)).collect::<String>())
     }
 }
+
+/// Percent-encode a query value or path segment (RFC 3986 unreserved kept).
+pub fn urlencode(s: &str) -> String {
+    const SET: &percent_encoding::AsciiSet =
+        &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+    percent_encoding::utf8_percent_encode(s, SET).to_string()
+}

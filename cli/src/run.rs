@@ -264,7 +264,7 @@ pub async fn run(
 
 /// `nightshift runbooks test [NAME]`.
 pub async fn test_scenarios(out: &Out, dir: &Path, name: Option<&str>) -> Result<u8> {
-    use nightshift_engine::scenario::{Scenario, run, scenario_files};
+    use nightshift_sim::scenario::{Scenario, run, scenario_files};
     let files = scenario_files(&dir.join("scenarios"));
     if files.is_empty() {
         return Err(anyhow::Error::new(Fail(2)).context(format!("no scenarios in {}", dir.join("scenarios").display())));

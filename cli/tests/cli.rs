@@ -7,7 +7,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use nightshift_agent::backend::sim::SimConfig;
-use nightshift_agent::proto::{NoArgs, Op, Request, Telemetry};
+use nightshift_proto::{NoArgs, Op, Request, Telemetry};
 use nightshift_tests::{TestAgent, engine_setup};
 use serde_json::Value;
 

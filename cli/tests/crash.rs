@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use nightshift_agent::backend::sim::SimConfig;
-use nightshift_agent::clock::SystemClock;
 use nightshift_agent::journal::{Journal, JournalLine};
-use nightshift_agent::proto::{Inventory, NoArgs, Op, Request};
 use nightshift_engine::audit::{AuditStore, RecordKind};
 use nightshift_engine::runs::RunOutcome;
+use nightshift_proto::clock::SystemClock;
+use nightshift_proto::{Inventory, NoArgs, Op, Request};
 use nightshift_tests::{TestAgent, engine_setup};
 
 const SCRIPT: &str = r#"
@@ -249,7 +249,7 @@ async fn the_engine_survives_kill_9_in_a_loop() {
     // Zero envelope violations: every applied power limit is inside the
     // envelope the agents report, and the 100 W probes were all refused.
     let inv = {
-        let c = nightshift_agent::ssh::client::AgentConnection::connect(&agents[0].client_config()).await.unwrap();
+        let c = nightshift_proto::ssh::client::AgentConnection::connect(&agents[0].client_config()).await.unwrap();
         let r = c.call(&Request::new("inv", Op::Inventory(NoArgs {}))).await.unwrap();
         c.close().await;
         serde_json::from_value::<Inventory>(r.result.unwrap()).unwrap()

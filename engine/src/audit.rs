@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use sled::Transactional;
 use tokio::sync::{broadcast, oneshot};
 
-use nightshift_agent::clock::SharedClock;
+use nightshift_proto::clock::SharedClock;
 
 use crate::runs::{RunOutcome, RunState, RunSummary};
 
@@ -643,7 +643,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nightshift_agent::clock::VirtualClock;
+    use nightshift_proto::clock::VirtualClock;
     use serde_json::json;
 
     fn clock() -> SharedClock {

@@ -271,7 +271,7 @@ impl EngineConfig {
 
     pub fn parse(text: &str, path: &Path) -> Result<EngineConfig, LoadError> {
         let mut cfg: EngineConfig = serde_yaml::from_str(text).map_err(|e| {
-            let (line, column, message) = nightshift_agent::config::yaml_error_parts(&e);
+            let (line, column, message) = nightshift_proto::yaml::error_parts(&e);
             LoadError { file: path.into(), line, column, message }
         })?;
         let base = path.parent().unwrap_or(Path::new("."));

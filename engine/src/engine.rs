@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use nightshift_agent::clock::SharedClock;
-use nightshift_agent::proto::{ActionStatusArgs, NoArgs, Op, Request, Telemetry};
+use nightshift_proto::clock::SharedClock;
+use nightshift_proto::{ActionStatusArgs, NoArgs, Op, Request, Telemetry};
 
 use crate::alerts::{Alert, SeenSet, WebhookPayload};
 use crate::audit::{AuditError, AuditRecord, AuditStore, NewRecord, RecordKind, RunFilter, RunPage, VerifyReport};
@@ -276,7 +276,7 @@ pub struct EngineParts {
     pub clock: SharedClock,
     pub audit: AuditStore,
     /// `(spec, address, transport)` for every node.
-    pub nodes: Vec<(crate::inventory::NodeSpec, String, Arc<dyn nightshift_agent::ssh::client::AgentTransport>)>,
+    pub nodes: Vec<(crate::inventory::NodeSpec, String, Arc<dyn nightshift_proto::ssh::client::AgentTransport>)>,
     pub script: Arc<rhai::Engine>,
     pub runbooks: RunbookSet,
 }
@@ -409,7 +409,7 @@ impl Engine {
     }
 
     /// Send a reading request straight to a node's agent (ping, inventory).
-    pub async fn agent_call(&self, node: &str, op: Op) -> Result<nightshift_agent::proto::Reply, EngineError> {
+    pub async fn agent_call(&self, node: &str, op: Op) -> Result<nightshift_proto::Reply, EngineError> {
         if op.is_mutating() {
             return Err(EngineError::BadRequest(format!("{} changes the node: run a runbook instead", op.name())));
         }
@@ -1777,12 +1777,7 @@ impl Engine {
     }
 
     /// Record a node's inventory (from its agent).
-    pub fn set_node_inventory(
-        &self,
-        node: &str,
-        inv: Option<nightshift_agent::proto::Inventory>,
-        error: Option<String>,
-    ) {
+    pub fn set_node_inventory(&self, node: &str, inv: Option<nightshift_proto::Inventory>, error: Option<String>) {
         if let Some(n) = self.core.fleet.get(node) {
             let mut st = n.state();
             if inv.is_some() {

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 
-use nightshift_agent::node::owned_by_nightshift;
-use nightshift_agent::proto::{Inventory as AgentInventory, Vendor};
-use nightshift_agent::ssh::client::AgentTransport;
+use nightshift_proto::owner::owned_by_nightshift;
+use nightshift_proto::ssh::client::AgentTransport;
+use nightshift_proto::{Inventory as AgentInventory, Vendor};
 
 use crate::inventory::NodeSpec;
 

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use rhai::{Dynamic, Map};
 use serde_json::{Value, json};
 
-use nightshift_agent::node::owned_by_nightshift;
-use nightshift_agent::proto::{ConfigListArgs, Op, Request};
+use nightshift_proto::owner::owned_by_nightshift;
+use nightshift_proto::{ConfigListArgs, Op, Request};
 
 use crate::audit::{NewRecord, RecordKind};
 use crate::engine::Engine;
@@ -233,7 +233,7 @@ impl ScriptHost for Host {
                 let mut v = json!({
                     "ok": r.ok,
                     "outcome": action.as_ref().map(|a| serde_json::to_value(a.outcome).unwrap_or(Value::Null)).unwrap_or(json!(if r.ok { "ok" } else { "refused" })),
-                    "applied": action.as_ref().is_some_and(|a| a.outcome == nightshift_agent::proto::Outcome::Applied),
+                    "applied": action.as_ref().is_some_and(|a| a.outcome == nightshift_proto::Outcome::Applied),
                     "before": action.as_ref().map(|a| a.before.clone()).unwrap_or(Value::Null),
                     "after": action.as_ref().map(|a| a.after.clone()).unwrap_or_else(|| r.result.clone().unwrap_or(Value::Null)),
                     "detail": action.as_ref().and_then(|a| a.detail.clone()),
@@ -344,11 +344,7 @@ impl ScriptHost for Host {
                     skipped.push(json!({"node": name, "why": format!("drained by someone else ({})", reason.unwrap_or_default())}));
                     continue;
                 }
-                let r = self.act(
-                    ctx,
-                    &name,
-                    Op::Resume(nightshift_agent::proto::ResumeArgs { run: Some(self.run.clone()) }),
-                );
+                let r = self.act(ctx, &name, Op::Resume(nightshift_proto::ResumeArgs { run: Some(self.run.clone()) }));
                 if r.get("applied").and_then(|d| d.as_bool().ok()) == Some(true) || ctx.dry_run {
                     changed.push(name);
                 }
@@ -359,7 +355,7 @@ impl ScriptHost for Host {
                 let r = self.act(
                     ctx,
                     &name,
-                    Op::Drain(nightshift_agent::proto::DrainArgs {
+                    Op::Drain(nightshift_proto::DrainArgs {
                         reason: format!("scale-in: {label}={value} has spare capacity"),
                         run: Some(self.run.clone()),
                     }),

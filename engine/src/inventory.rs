@@ -90,7 +90,7 @@ impl Inventory {
 
     pub fn parse(text: &str, path: &Path) -> Result<Inventory, LoadError> {
         let inv: Inventory = serde_yaml::from_str(text).map_err(|e| {
-            let (line, column, message) = nightshift_agent::config::yaml_error_parts(&e);
+            let (line, column, message) = nightshift_proto::yaml::error_parts(&e);
             LoadError { file: path.into(), line, column, message }
         })?;
         let err = |needle: &str, message: String| {

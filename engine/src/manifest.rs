@@ -382,7 +382,7 @@ impl Manifest {
     /// Parse and validate a manifest's text; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Manifest, LoadError> {
         let m: Manifest = serde_yaml::from_str(text).map_err(|e| {
-            let (line, column, message) = nightshift_agent::config::yaml_error_parts(&e);
+            let (line, column, message) = nightshift_proto::yaml::error_parts(&e);
             LoadError { file: path.into(), line, column, message }
         })?;
         m.validate(text, path)?;

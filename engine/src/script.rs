@@ -26,8 +26,8 @@ use std::sync::{Arc, Mutex};
 use rhai::{AST, Dynamic, Engine, EvalAltResult, FnPtr, Map, NativeCallContext, Position, Scope};
 use serde::{Deserialize, Serialize};
 
-use nightshift_agent::clock::SharedClock;
-use nightshift_agent::proto::*;
+use nightshift_proto::clock::SharedClock;
+use nightshift_proto::*;
 
 use crate::manifest::LoadError;
 use crate::metrics::{self, MetricId};

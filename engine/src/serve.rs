@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use nightshift_agent::clock::{ScaledClock, SharedClock, SystemClock};
-use nightshift_agent::proto::{NoArgs, Op, Request};
-use nightshift_agent::ssh::client::{AgentClient, AgentTransport, ClientConfig, ClientError};
-use nightshift_agent::ssh::keys;
+use nightshift_proto::clock::{ScaledClock, SharedClock, SystemClock};
+use nightshift_proto::ssh::client::{AgentClient, AgentTransport, ClientConfig, ClientError};
+use nightshift_proto::ssh::keys;
+use nightshift_proto::{NoArgs, Op, Request};
 
 use crate::audit::{AuditError, AuditStore};
 use crate::config::EngineConfig;

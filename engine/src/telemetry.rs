@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use nightshift_agent::proto::Telemetry;
+use nightshift_proto::Telemetry;
 
 use crate::metrics::{METRICS, MetricId, ids};
 

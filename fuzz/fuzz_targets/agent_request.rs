@@ -4,7 +4,7 @@
 //! same meaning (digest); a refusal must still make a well-formed reply.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use nightshift_agent::proto::{Reply, Request};
+use nightshift_proto::{Reply, Request};
 
 fuzz_target!(|data: &[u8]| {
     match Request::parse(data) {

@@ -1,7 +1,7 @@
 //! The scenario loader (YAML handbook tests).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use nightshift_engine::scenario::Scenario;
+use nightshift_sim::scenario::Scenario;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };

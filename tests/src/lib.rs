@@ -11,8 +11,8 @@ use std::sync::Arc;
 use nightshift_agent::backend::sim::SimConfig;
 use nightshift_agent::config::AgentConfig;
 use nightshift_agent::runtime::{self, StartedAgent};
-use nightshift_agent::ssh::client::{AgentClient, ClientConfig};
-use nightshift_agent::ssh::keys::{self, PrivateKey};
+use nightshift_proto::ssh::client::{AgentClient, ClientConfig};
+use nightshift_proto::ssh::keys::{self, PrivateKey};
 
 /// A test agent and everything needed to talk to it.
 pub struct TestAgent {

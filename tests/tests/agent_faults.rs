@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use nightshift_agent::backend::sim::SimConfig;
 use nightshift_agent::journal::{Journal, JournalLine};
-use nightshift_agent::proto::*;
-use nightshift_agent::ssh::client::AgentConnection;
 use nightshift_engine::audit::RecordKind;
 use nightshift_engine::runs::{RunOutcome, Target};
+use nightshift_proto::ssh::client::AgentConnection;
+use nightshift_proto::*;
 use nightshift_tests::{TestAgent, engine_setup, eventually, manual_run};
 
 async fn power_limit(c: &AgentConnection, gpu: usize) -> f64 {

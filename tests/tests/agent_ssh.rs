@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use nightshift_agent::backend::sim::SimConfig;
-use nightshift_agent::proto::*;
-use nightshift_agent::ssh::client::{AgentConnection, ClientError};
+use nightshift_proto::ssh::client::{AgentConnection, ClientError};
+use nightshift_proto::*;
 use nightshift_tests::TestAgent;
 use serde_json::json;
 
@@ -152,7 +152,7 @@ async fn keys_are_checked_both_ways() {
 
     // An engine key the agent does not know.
     let mut cfg = agent.client_config();
-    let other = nightshift_agent::ssh::keys::generate("stranger").unwrap();
+    let other = nightshift_proto::ssh::keys::generate("stranger").unwrap();
     cfg.key = std::sync::Arc::new(other);
     let err = AgentConnection::connect(&cfg).await.err().unwrap();
     assert!(matches!(err, ClientError::AuthRejected { .. }), "{err}");

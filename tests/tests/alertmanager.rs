@@ -62,7 +62,7 @@ async fn alertmanager_delivers_and_the_runbook_runs_once() {
 
     // The same alert, posted five times (as Prometheus re-sends it).
     let starts = nightshift_engine::alerts::format_rfc3339_ms(
-        nightshift_agent::clock::Clock::now_ms(&nightshift_agent::clock::SystemClock) - 1000,
+        nightshift_proto::clock::Clock::now_ms(&nightshift_proto::clock::SystemClock) - 1000,
     );
     let alert = serde_json::json!([{
         "labels": {"alertname": "GpuHot", "Hostname": "am1", "gpu": "1", "severity": "page"},

@@ -10,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nightshift_agent::clock::SystemClock;
 use nightshift_engine::audit::AuditStore;
+use nightshift_proto::clock::SystemClock;
 
 fn iterations() -> usize {
     std::env::var("NIGHTSHIFT_AUDIT_KILL_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(100)

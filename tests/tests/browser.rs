@@ -113,7 +113,7 @@ fn manual(runbook: &str, node: &str, gpu: u32, watts: &str) -> RunRequest {
         trigger: "manual".into(),
         detail: format!("manual run by user:browser-test on {node}/gpu{gpu}"),
         event: json!({"kind": "manual"}),
-        event_ts_ms: nightshift_agent::clock::Clock::now_ms(&nightshift_agent::clock::SystemClock),
+        event_ts_ms: nightshift_proto::clock::Clock::now_ms(&nightshift_proto::clock::SystemClock),
         params: [("watts".to_string(), watts.to_string())].into(),
         dry_run: false,
         requested_by: "user:browser-test".into(),

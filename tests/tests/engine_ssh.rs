@@ -3,10 +3,10 @@
 //! the audit log in order, intent before result.
 
 use nightshift_agent::backend::sim::SimConfig;
-use nightshift_agent::proto::*;
-use nightshift_agent::ssh::client::AgentConnection;
 use nightshift_engine::audit::RecordKind;
 use nightshift_engine::runs::RunOutcome;
+use nightshift_proto::ssh::client::AgentConnection;
+use nightshift_proto::*;
 use nightshift_tests::{TestAgent, engine_setup, eventually};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

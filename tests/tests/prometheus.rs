@@ -10,9 +10,9 @@
 use std::time::Duration;
 
 use nightshift_agent::backend::sim::SimConfig;
-use nightshift_agent::proto::*;
-use nightshift_agent::ssh::client::AgentConnection;
 use nightshift_engine::runs::RunOutcome;
+use nightshift_proto::ssh::client::AgentConnection;
+use nightshift_proto::*;
 use nightshift_tests::external::{Daemon, free_port, require, wait_http_ok};
 use nightshift_tests::{TestAgent, engine_setup, eventually};
 

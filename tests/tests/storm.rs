@@ -110,7 +110,7 @@ async fn an_alert_storm_is_absorbed_within_every_limit() {
         })
     };
 
-    let t0_ms = nightshift_agent::clock::Clock::now_ms(&nightshift_agent::clock::SystemClock);
+    let t0_ms = nightshift_proto::clock::Clock::now_ms(&nightshift_proto::clock::SystemClock);
     let http = reqwest::Client::new();
     let started = Instant::now();
     let mut posts = Vec::new();

@@ -16,12 +16,12 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use nightshift_agent::proto::{NoArgs, Op};
 use nightshift_engine::alerts::WebhookPayload;
 use nightshift_engine::audit::{RunFilter, VerifyReport};
 use nightshift_engine::config::Role;
 use nightshift_engine::engine::RunRequest;
 use nightshift_engine::runs::{RunOutcome, RunState, Target};
+use nightshift_proto::{NoArgs, Op};
 
 use crate::AppState;
 use crate::error::ApiError;
@@ -180,7 +180,7 @@ pub async fn start_run(
 ) -> Result<Response, ApiError> {
     let id = s.auth.require(&headers, &method, Role::Operator)?;
     let target = body.target()?;
-    let now = nightshift_agent::clock::Clock::now_ms(s.engine.clock().as_ref());
+    let now = nightshift_proto::clock::Clock::now_ms(s.engine.clock().as_ref());
     let submitted = s
         .engine
         .submit(RunRequest {

@@ -168,7 +168,7 @@ pub async fn timeline(
 ) -> Result<Response, PageError> {
     let who = viewer(&s, &headers)?;
     let get = |k: &str| q.get(k).cloned().filter(|v| !v.is_empty());
-    let now = nightshift_agent::clock::Clock::now_ms(s.engine.clock().as_ref());
+    let now = nightshift_proto::clock::Clock::now_ms(s.engine.clock().as_ref());
     let range = get("range").unwrap_or_else(|| "all".into());
     let since_ms = match range.as_str() {
         "1h" => Some(now - 3_600_000),
@@ -246,14 +246,14 @@ pub async fn timeline(
     Ok(layout("Timeline", "Timeline", Some(&who), body).into_response())
 }
 
-pub fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+/// Percent-encode a query value or path segment (RFC 3986 unreserved kept).
+fn urlencode(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, URL_ENCODE).to_string()
 }
+
+/// Everything but RFC 3986's unreserved characters.
+const URL_ENCODE: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
 
 fn pretty(v: &Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default()

@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 use nightshift_engine::config::{AuthConfig, Role, TokenSpec};
 use nightshift_engine::runbook::load_dir;
 use nightshift_engine::script::{ScriptLimits, build_engine};
-use nightshift_engine::simfleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
+use nightshift_sim::fleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
 use nightshift_web::auth::hash_token;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -370,7 +370,7 @@ async fn post_raw(f: &Fixture, path: &str, token: Option<&str>, body: String) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_starts_one_run_for_ten_deliveries() {
     let f = fixture().await;
-    let starts = nightshift_engine::alerts::format_rfc3339_ms(nightshift_agent::clock::Clock::now_ms(&f.sim.clock));
+    let starts = nightshift_engine::alerts::format_rfc3339_ms(nightshift_proto::clock::Clock::now_ms(&f.sim.clock));
     let started = std::time::Instant::now();
     for _ in 0..10 {
         assert_eq!(

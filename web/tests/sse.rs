@@ -10,7 +10,7 @@ use nightshift_engine::audit::{NewRecord, RecordKind};
 use nightshift_engine::config::AuthConfig;
 use nightshift_engine::runbook::RunbookSet;
 use nightshift_engine::script::{ScriptLimits, build_engine};
-use nightshift_engine::simfleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
+use nightshift_sim::fleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
 use serde_json::json;
 use tower::ServiceExt;
 

@@ -10,7 +10,7 @@ pub mod nvml;
 pub mod rocm;
 pub mod sim;
 
-use crate::proto::{GpuInfo, GpuTelemetry, NodeTelemetry};
+use nightshift_proto::{GpuInfo, GpuTelemetry, NodeTelemetry};
 
 /// Whether the device did the thing or the thing does not apply to it.
 #[derive(Debug, Clone, PartialEq)]

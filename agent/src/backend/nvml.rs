@@ -19,7 +19,7 @@ use nvml_wrapper::enums::device::GpuLockedClocksSetting;
 use nvml_wrapper::error::NvmlError;
 
 use super::{Backend, BackendError, Support};
-use crate::proto::{GpuInfo, GpuTelemetry, NodeTelemetry, Vendor};
+use nightshift_proto::{GpuInfo, GpuTelemetry, NodeTelemetry, Vendor};
 
 /// NVLink links a GPU can have (NVML_NVLINK_MAX_LINKS).
 const MAX_LINKS: u32 = 18;
@@ -98,9 +98,6 @@ impl NvmlBackend {
             let n_fans = d.num_fans().unwrap_or(0);
             fans.push(n_fans);
             info.push(GpuInfo {
-                index: i,
-                name: d.name().map_err(failed)?,
-                vendor: Vendor::Nvidia,
                 uuid: opt(d.uuid()),
                 power_min_watts: mw_to_w(min_mw),
                 power_max_watts: mw_to_w(max_mw),
@@ -109,11 +106,8 @@ impl NvmlBackend {
                 fan_control: n_fans > 0,
                 slowdown_temp_c: opt(d.temperature_threshold(TemperatureThreshold::Slowdown)).map(f64::from),
                 shutdown_temp_c: opt(d.temperature_threshold(TemperatureThreshold::Shutdown)).map(f64::from),
-                clock_min_mhz: None,
                 clock_max_mhz: opt(d.max_clock_info(Clock::SM)),
-                envelope_power_min_watts: None,
-                envelope_power_max_watts: None,
-                envelope_fan_min_pct: None,
+                ..GpuInfo::new(i, d.name().map_err(failed)?, Vendor::Nvidia)
             });
         }
         Ok(NvmlBackend { nvml, info, fans })

@@ -23,7 +23,7 @@
 use std::sync::Mutex;
 
 use super::{Backend, BackendError, Support};
-use crate::proto::{FanPoint, GpuInfo, GpuTelemetry, NodeTelemetry, SimFault, Vendor, fan_curve_speed};
+use nightshift_proto::{FanPoint, GpuInfo, GpuTelemetry, NodeTelemetry, SimFault, Vendor, fan_curve_speed};
 
 /// A GPU model's physical constants.
 #[derive(Debug, Clone, PartialEq)]
@@ -402,7 +402,7 @@ impl SimBackend {
             })
             .collect();
         let bytes = serde_json::to_vec(&saved).unwrap_or_default();
-        if let Err(e) = crate::fsutil::write_atomic(path, &bytes) {
+        if let Err(e) = nightshift_proto::fsutil::write_atomic(path, &bytes) {
             tracing::warn!(path = %path.display(), error = %e, "sim: cannot save hardware state");
         }
     }
@@ -421,9 +421,6 @@ impl SimBackend {
         }
         let info = (0..config.gpus)
             .map(|i| GpuInfo {
-                index: i,
-                name: profile.name.to_string(),
-                vendor: profile.vendor,
                 uuid: Some(format!("GPU-sim-{:08x}-{i:02}", mix(config.seed) as u32)),
                 power_min_watts: profile.power_min_watts,
                 power_max_watts: profile.power_max_watts,
@@ -434,9 +431,7 @@ impl SimBackend {
                 shutdown_temp_c: Some(profile.shutdown_c),
                 clock_min_mhz: Some(profile.clock_min_mhz),
                 clock_max_mhz: Some(profile.clock_max_mhz),
-                envelope_power_min_watts: None,
-                envelope_power_max_watts: None,
-                envelope_fan_min_pct: None,
+                ..GpuInfo::new(i, profile.name, profile.vendor)
             })
             .collect();
         let gpus = (0..config.gpus)

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::NodeError;
-use crate::fsutil::write_atomic;
+use nightshift_proto::fsutil::write_atomic;
 
 /// One managed file, as configured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,18 +1,10 @@
 //! Node actions that are not GPU settings: drain and resume through the
-//! scheduler, cache flushes, and versioned config files.
+//! scheduler, cache flushes, and versioned config files. Drain ownership
+//! (`nightshift: …` reasons) is `nightshift_proto::owner`.
 
 pub mod caches;
 pub mod configs;
 pub mod scheduler;
-
-/// The reason prefix nightshift writes on every drain it makes. A drain
-/// whose reason lacks it belongs to a person and is never undone.
-pub const OWNER_PREFIX: &str = "nightshift:";
-
-/// Whether a drain reason is nightshift's own.
-pub fn owned_by_nightshift(reason: Option<&str>) -> bool {
-    reason.is_some_and(|r| r.trim_start().starts_with(OWNER_PREFIX))
-}
 
 /// A node action that failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

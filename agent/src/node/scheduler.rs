@@ -255,7 +255,7 @@ impl Scheduler {
 
     fn write_file(&self, state: &DrainState) -> Result<(), NodeError> {
         let bytes = serde_json::to_vec_pretty(state).map_err(|e| NodeError::Io(e.to_string()))?;
-        crate::fsutil::write_atomic(&self.state_file, &bytes)
+        nightshift_proto::fsutil::write_atomic(&self.state_file, &bytes)
             .map_err(|e| NodeError::Io(format!("cannot write {}: {e}", self.state_file.display())))
     }
 }
@@ -418,7 +418,7 @@ mod tests {
         );
         let theirs = r#"{"spec":{"unschedulable":true},"metadata":{}}"#;
         let st = parse_k8s_node(theirs).unwrap();
-        assert!(st.drained && !super::super::owned_by_nightshift(st.reason.as_deref()));
+        assert!(st.drained && !nightshift_proto::owner::owned_by_nightshift(st.reason.as_deref()));
         let free = r#"{"spec":{},"metadata":{}}"#;
         assert_eq!(parse_k8s_node(free).unwrap(), DrainState::default());
     }

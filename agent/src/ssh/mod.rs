@@ -1,6 +1,4 @@
-//! SSH transport: the agent's server, its keys, and the client the engine
-//! uses to reach agents.
+//! The agent's SSH server. Keys and the engine's client live in
+//! `nightshift_proto::ssh`.
 
-pub mod client;
-pub mod keys;
 pub mod server;

@@ -17,8 +17,8 @@ use russh::{Channel, ChannelId, MethodKind, MethodSet};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::proto::{Op, Reply, Request};
 use crate::service::Agent;
+use nightshift_proto::{Op, Reply, Request};
 
 /// What the server needs beyond the agent.
 pub struct ServerOptions {
@@ -94,7 +94,7 @@ impl russh::server::Handler for Conn {
         } else {
             tracing::warn!(
                 node = %self.inner.agent.node(), peer = ?self.peer, user,
-                key = %crate::ssh::keys::fingerprint(key.public_key),
+                key = %nightshift_proto::ssh::keys::fingerprint(key.public_key),
                 "refused a key that is not in the authorized keys"
             );
             Ok(Auth::reject())

@@ -8,8 +8,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use nightshift_agent::clock::SystemClock;
 use nightshift_engine::audit::{AuditStore, NewRecord, RecordKind};
+use nightshift_proto::clock::SystemClock;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {

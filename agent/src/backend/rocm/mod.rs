@@ -7,7 +7,7 @@
 mod ffi;
 
 use super::{Backend, BackendError, Support};
-use crate::proto::{GpuInfo, GpuTelemetry, NodeTelemetry, Vendor};
+use nightshift_proto::{GpuInfo, GpuTelemetry, NodeTelemetry, Vendor};
 
 /// AMD GPUs through ROCm SMI.
 #[derive(Debug)]
@@ -46,22 +46,12 @@ impl RocmBackend {
             let (min, max) = ffi::power_cap_range_watts(i).map_err(failed)?;
             let (_, total) = ffi::vram_bytes(i).unwrap_or((0, 0));
             info.push(GpuInfo {
-                index: i,
-                name: ffi::name(i).unwrap_or_else(|_| "AMD GPU".into()),
-                vendor: Vendor::Amd,
-                uuid: None,
                 power_min_watts: min,
                 power_max_watts: max,
                 power_default_watts: max,
                 mem_total_mib: total / (1024 * 1024),
                 fan_control: ffi::fan_pct(i).is_ok(),
-                slowdown_temp_c: None,
-                shutdown_temp_c: None,
-                clock_min_mhz: None,
-                clock_max_mhz: None,
-                envelope_power_min_watts: None,
-                envelope_power_max_watts: None,
-                envelope_fan_min_pct: None,
+                ..GpuInfo::new(i, ffi::name(i).unwrap_or_else(|_| "AMD GPU".into()), Vendor::Amd)
             });
         }
         Ok(RocmBackend { info })

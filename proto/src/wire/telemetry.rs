@@ -1,0 +1,152 @@
+//! Inventory and telemetry types. Units are in the field names.
+
+use serde::{Deserialize, Serialize};
+
+/// GPU vendor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Vendor {
+    Nvidia,
+    Amd,
+}
+
+/// One GPU as the backend sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub name: String,
+    pub vendor: Vendor,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    pub power_min_watts: f64,
+    pub power_max_watts: f64,
+    pub power_default_watts: f64,
+    pub mem_total_mib: u64,
+    /// Whether the agent can drive this GPU's fan (fanless SXM boards: no).
+    pub fan_control: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slowdown_temp_c: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_temp_c: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_min_mhz: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_max_mhz: Option<u32>,
+    /// The power range this agent's envelope accepts (device ∩ policy);
+    /// filled in by the agent's `inventory` op.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envelope_power_min_watts: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envelope_power_max_watts: Option<f64>,
+    /// The lowest fan speed a curve may ask for here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envelope_fan_min_pct: Option<f64>,
+}
+
+impl GpuInfo {
+    /// A GPU known only by index, name and vendor: every number zero,
+    /// every optional reading unset. Backends fill in what they read with
+    /// struct update syntax (`GpuInfo { power_max_watts: 700.0, ..GpuInfo::new(0, name, vendor) }`).
+    pub fn new(index: u32, name: impl Into<String>, vendor: Vendor) -> GpuInfo {
+        GpuInfo {
+            index,
+            name: name.into(),
+            vendor,
+            uuid: None,
+            power_min_watts: 0.0,
+            power_max_watts: 0.0,
+            power_default_watts: 0.0,
+            mem_total_mib: 0,
+            fan_control: false,
+            slowdown_temp_c: None,
+            shutdown_temp_c: None,
+            clock_min_mhz: None,
+            clock_max_mhz: None,
+            envelope_power_min_watts: None,
+            envelope_power_max_watts: None,
+            envelope_fan_min_pct: None,
+        }
+    }
+}
+
+/// The node's inventory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Inventory {
+    pub node: String,
+    pub backend: String,
+    pub agent_version: String,
+    pub scheduler: String,
+    pub gpus: Vec<GpuInfo>,
+    pub configs: Vec<String>,
+}
+
+/// One GPU's sample. Optional fields are what the backend cannot read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct GpuTelemetry {
+    pub index: u32,
+    pub temperature_c: f64,
+    pub power_watts: f64,
+    pub power_limit_watts: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fan_pct: Option<f64>,
+    pub util_pct: f64,
+    pub mem_used_pct: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_fragmentation_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_clock_mhz: Option<u32>,
+    #[serde(default)]
+    pub ecc_sbe_total: u64,
+    #[serde(default)]
+    pub ecc_dbe_total: u64,
+    /// The last XID seen; it holds its value (treat it as an edge).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid_last: Option<u32>,
+    #[serde(default)]
+    pub throttled: bool,
+    #[serde(default)]
+    pub gpu_drained: bool,
+}
+
+/// Node-wide readings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct NodeTelemetry {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_util_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_links_up: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_links_total: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_errors_total: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_p2p_latency_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allreduce_p99_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_overhead_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_progress: Option<f64>,
+    /// Drained through the scheduler adapter.
+    #[serde(default)]
+    pub drained: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_reason: Option<String>,
+    /// The maintenance marker is present.
+    #[serde(default)]
+    pub hands_off: bool,
+}
+
+/// One sample of the whole node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Telemetry {
+    pub node: String,
+    pub ts_ms: i64,
+    pub gpus: Vec<GpuTelemetry>,
+    pub node_metrics: NodeTelemetry,
+}

@@ -1,0 +1,16 @@
+//! nightshift-sim: the simulated world. A fleet of real agents (the agent
+//! crate's request handling on its `sim` backend) and a real engine, joined
+//! by in-process transports and driven by one virtual clock, so a 30-minute
+//! incident runs in well under a second.
+//!
+//! - [`fleet`]: [`fleet::SimFleet`], stepping physics, agents and engine tick by tick;
+//! - [`scenario`]: scenario files (fleet, timeline, expectations) and their runner;
+//! - [`workload`]: the scheduler's view of work (pools, drains that do not stop jobs at once).
+//!
+//! Dependency rule: this crate depends on the engine and the agent; neither
+//! depends on it.
+#![forbid(unsafe_code)]
+
+pub mod fleet;
+pub mod scenario;
+pub mod workload;

@@ -1,0 +1,621 @@
+//! Scenario tests as data: a fleet, a timeline of faults and load, and what
+//! must (and must never) happen — run on a [`SimFleet`] in virtual time.
+//!
+//! ```yaml
+//! version: 1
+//! name: h1-clogged-heatsink
+//! handbook: H1
+//! description: A clogged heatsink on an RTX 6000 is fixed by a steeper fan curve.
+//! runbooks: [gpu-overheat]
+//! fleet:
+//!   - {name: n1, profile: rtx6000-ada, gpus: 2}
+//! duration_secs: 1800
+//! timeline:
+//!   - {at_secs: 60, node: n1, fault: {kind: heatsink_degradation, gpu: 0, factor: 1.5}}
+//! expect:
+//!   actions:                      # in this order (other actions may come between)
+//!     - {op: set_fan_curve, node: n1, gpu: 0}
+//!   never:
+//!     - {op: drain}
+//!   runs:
+//!     - {runbook: gpu-overheat, outcome: succeeded}
+//!   checks:
+//!     - {at_secs: 900, node: n1, gpu: 0, metric: gpu.temperature_c, below: 85}
+//!   final:
+//!     - {node: n1, drained: false}
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use nightshift_proto::clock::Clock;
+use nightshift_proto::owner::owned_by_nightshift;
+use nightshift_proto::{ConfigApplyArgs, NoArgs, Op, Request, SimFault, Telemetry};
+
+use crate::fleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
+use crate::workload::Workload;
+use nightshift_engine::audit::{AuditRecord, RecordKind, RunFilter};
+use nightshift_engine::manifest::LoadError;
+use nightshift_engine::metrics;
+use nightshift_engine::runbook::{RunbookSet, load_dir};
+use nightshift_engine::runs::RunOutcome;
+use nightshift_engine::script::{ScriptLimits, build_engine};
+
+/// A scenario file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub version: u32,
+    pub name: String,
+    #[serde(default)]
+    pub handbook: Option<String>,
+    pub description: String,
+    /// Runbooks to load (by name); all in the folder when absent.
+    #[serde(default)]
+    pub runbooks: Option<Vec<String>>,
+    pub fleet: Vec<SimNodeSpec>,
+    #[serde(default = "d_tick")]
+    pub tick_secs: u64,
+    pub duration_secs: u64,
+    #[serde(default)]
+    pub timeline: Vec<Event>,
+    #[serde(default)]
+    pub expect: Expect,
+}
+
+fn d_tick() -> u64 {
+    1
+}
+
+/// Something that happens at a time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Event {
+    pub at_secs: u64,
+    #[serde(default)]
+    pub node: Option<String>,
+    /// A fault or workload change on `node`.
+    #[serde(default)]
+    pub fault: Option<SimFault>,
+    /// A person (not nightshift) writes a managed config on `node`.
+    #[serde(default)]
+    pub config_apply: Option<ConfigApplyArgs>,
+    /// The pool's total work, in GPU-percent, spread over its undrained nodes.
+    #[serde(default)]
+    pub pool_load: Option<PoolLoad>,
+    /// Apply to every node whose label matches (e.g. a fleet-wide XID flood).
+    #[serde(default)]
+    pub all_nodes: bool,
+}
+
+pub use crate::workload::PoolLoad;
+
+/// What must be true.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expect {
+    /// Actions that must happen, in this order.
+    #[serde(default)]
+    pub actions: Vec<ActionMatch>,
+    /// Actions that must never happen.
+    #[serde(default)]
+    pub never: Vec<ActionMatch>,
+    #[serde(default)]
+    pub runs: Vec<RunMatch>,
+    #[serde(default)]
+    pub checks: Vec<Check>,
+    #[serde(default, rename = "final")]
+    pub final_state: Vec<Check>,
+    /// Escalations: at least / at most.
+    #[serde(default)]
+    pub escalations: Option<Range>,
+    #[serde(default)]
+    pub notifications: Option<Range>,
+    /// Record kinds that must appear (e.g. `breaker_tripped`).
+    #[serde(default)]
+    pub records: Vec<RecordKind>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Range {
+    #[serde(default)]
+    pub min: Option<usize>,
+    #[serde(default)]
+    pub max: Option<usize>,
+}
+
+/// Matches an applied (not dry-run, not refused) action.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActionMatch {
+    pub op: String,
+    #[serde(default)]
+    pub node: Option<String>,
+    #[serde(default)]
+    pub gpu: Option<u32>,
+    #[serde(default)]
+    pub runbook: Option<String>,
+    /// Also count attempts the agent or engine refused.
+    #[serde(default)]
+    pub attempted: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunMatch {
+    pub runbook: String,
+    #[serde(default)]
+    pub outcome: Option<RunOutcome>,
+    /// How many runs of it (default: at least one).
+    #[serde(default)]
+    pub count: Option<usize>,
+}
+
+/// A condition on the fleet at a time (`checks`) or at the end (`final`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Check {
+    #[serde(default)]
+    pub at_secs: Option<u64>,
+    pub node: String,
+    #[serde(default)]
+    pub gpu: Option<u32>,
+    #[serde(default)]
+    pub metric: Option<String>,
+    #[serde(default)]
+    pub below: Option<f64>,
+    #[serde(default)]
+    pub above: Option<f64>,
+    #[serde(default)]
+    pub drained: Option<bool>,
+    /// `nightshift` or `person`.
+    #[serde(default)]
+    pub drained_by: Option<String>,
+    #[serde(default)]
+    pub power_limit_watts: Option<f64>,
+    /// An engine annotation present (true) or absent (false).
+    #[serde(default)]
+    pub annotation: Option<(String, bool)>,
+    /// The managed config's current version.
+    #[serde(default)]
+    pub config_version: Option<(String, u32)>,
+}
+
+/// One action line of a report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionLine {
+    pub t_secs: f64,
+    pub runbook: String,
+    pub op: String,
+    pub node: String,
+    pub gpu: Option<u32>,
+    pub outcome: String,
+}
+
+/// What a scenario run found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioReport {
+    pub name: String,
+    pub handbook: Option<String>,
+    pub file: PathBuf,
+    pub passed: bool,
+    pub failures: Vec<String>,
+    pub virtual_secs: u64,
+    pub wall_ms: u128,
+    pub actions: Vec<ActionLine>,
+    pub runs: Vec<(String, String, String)>,
+}
+
+/// A scenario that could not even start.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl Scenario {
+    pub fn load(path: &Path) -> Result<Scenario, LoadError> {
+        let text = std::fs::read_to_string(path).map_err(|e| LoadError {
+            file: path.into(),
+            line: 0,
+            column: 0,
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Scenario, LoadError> {
+        let s: Scenario = serde_yaml::from_str(text).map_err(|e| {
+            let (line, column, message) = nightshift_proto::yaml::error_parts(&e);
+            LoadError { file: path.into(), line, column, message }
+        })?;
+        let err = |needle: &str, message: String| {
+            let (line, column) = nightshift_engine::manifest::locate(text, needle);
+            LoadError { file: path.into(), line, column, message }
+        };
+        if s.version != 1 {
+            return Err(err("version", format!("unsupported scenario version: expected 1, found {}", s.version)));
+        }
+        if s.fleet.is_empty() {
+            return Err(err("fleet", "fleet: expected at least one node".into()));
+        }
+        if s.tick_secs == 0 || s.duration_secs == 0 || s.duration_secs > 7 * 86_400 {
+            return Err(err("duration_secs", "expected tick_secs ≥ 1 and duration_secs 1 to 604800".into()));
+        }
+        let names: Vec<&str> = s.fleet.iter().map(|n| n.name.as_str()).collect();
+        for e in &s.timeline {
+            let what =
+                [e.fault.is_some(), e.config_apply.is_some(), e.pool_load.is_some()].iter().filter(|b| **b).count();
+            if what != 1 {
+                return Err(err(
+                    &format!("at_secs: {}", e.at_secs),
+                    format!("timeline at {} s: expected exactly one of fault, config_apply, pool_load", e.at_secs),
+                ));
+            }
+            if let Some(n) = &e.node
+                && !names.contains(&n.as_str())
+            {
+                return Err(err(
+                    n,
+                    format!("timeline at {} s: node `{n}` is not in the fleet: expected one of {names:?}", e.at_secs),
+                ));
+            }
+            if (e.fault.is_some() || e.config_apply.is_some()) && e.node.is_none() && !e.all_nodes {
+                return Err(err(
+                    &format!("at_secs: {}", e.at_secs),
+                    format!("timeline at {} s: name a node (or all_nodes: true)", e.at_secs),
+                ));
+            }
+        }
+        for c in s.expect.checks.iter().chain(&s.expect.final_state) {
+            if let Some(m) = &c.metric
+                && metrics::metric_id(m).is_none()
+            {
+                return Err(err(m, format!("unknown metric `{m}`: expected one of {}", metrics::metric_names())));
+            }
+        }
+        Ok(s)
+    }
+}
+
+fn op_matches(m: &ActionMatch, r: &AuditRecord) -> bool {
+    r.data["op"].as_str() == Some(m.op.as_str())
+        && m.node.as_ref().is_none_or(|n| r.node.as_deref() == Some(n))
+        && m.gpu.is_none_or(|g| r.gpu == Some(g))
+        && m.runbook.as_ref().is_none_or(|b| r.runbook.as_deref() == Some(b))
+        && (m.attempted || r.data["applied"] == true)
+}
+
+async fn telemetry(sim: &SimFleet, node: &str) -> Option<Telemetry> {
+    let r = sim.agents.get(node)?.handle(Request::new("scenario-probe", Op::Telemetry(NoArgs {}))).await;
+    serde_json::from_value(r.result?).ok()
+}
+
+async fn check(sim: &SimFleet, c: &Check) -> Vec<String> {
+    let mut out = Vec::new();
+    let when = c.at_secs.map_or("at the end".to_string(), |t| format!("at {t} s"));
+    let Some(t) = telemetry(sim, &c.node).await else {
+        return vec![format!("{when}: node {} is not in the fleet", c.node)];
+    };
+    if let Some(m) = &c.metric {
+        let id = metrics::metric_id(m).unwrap_or(0);
+        let v = sim.engine.latest(&c.node, c.gpu, id);
+        match v {
+            None => out.push(format!("{when}: no reading of {m} on {}", c.node)),
+            Some(v) => {
+                if c.below.is_some_and(|b| v >= b) {
+                    out.push(format!(
+                        "{when}: {m} on {}{} is {v:.1}, expected below {}",
+                        c.node,
+                        c.gpu.map(|g| format!("/gpu{g}")).unwrap_or_default(),
+                        c.below.unwrap_or(0.0)
+                    ));
+                }
+                if c.above.is_some_and(|a| v <= a) {
+                    out.push(format!("{when}: {m} on {} is {v:.1}, expected above {}", c.node, c.above.unwrap_or(0.0)));
+                }
+            }
+        }
+    }
+    if let Some(d) = c.drained
+        && t.node_metrics.drained != d
+    {
+        out.push(format!(
+            "{when}: {} drained is {}, expected {d} (reason {:?})",
+            c.node, t.node_metrics.drained, t.node_metrics.drain_reason
+        ));
+    }
+    if let Some(by) = &c.drained_by {
+        let ours = owned_by_nightshift(t.node_metrics.drain_reason.as_deref());
+        let ok = t.node_metrics.drained && ((by == "nightshift") == ours);
+        if !ok {
+            out.push(format!(
+                "{when}: {} expected drained by {by}, found drained={} reason {:?}",
+                c.node, t.node_metrics.drained, t.node_metrics.drain_reason
+            ));
+        }
+    }
+    if let Some(w) = c.power_limit_watts {
+        let g = c.gpu.unwrap_or(0) as usize;
+        let got = t.gpus.get(g).map(|x| x.power_limit_watts);
+        if got != Some(w) {
+            out.push(format!("{when}: {}/gpu{g} power limit is {got:?} W, expected {w} W", c.node));
+        }
+    }
+    if let Some((key, present)) = &c.annotation {
+        let has = sim.engine.node(&c.node).is_some_and(|n| n.state.annotations.contains_key(key));
+        if has != *present {
+            out.push(format!("{when}: {} annotation `{key}` present is {has}, expected {present}", c.node));
+        }
+    }
+    if let Some((name, version)) = &c.config_version {
+        let r = sim.agents[&c.node]
+            .handle(Request::new(
+                "scenario-cl",
+                Op::ConfigList(nightshift_proto::ConfigListArgs { name: Some(name.clone()) }),
+            ))
+            .await;
+        let cur = r.result.as_ref().and_then(|v| v[0]["current"].as_u64());
+        if cur != Some(*version as u64) {
+            out.push(format!("{when}: {} config `{name}` is at version {cur:?}, expected {version}", c.node));
+        }
+    }
+    out
+}
+
+/// Load a runbook folder with the default limits.
+pub fn load_runbooks(dir: &Path) -> (RunbookSet, Arc<rhai::Engine>) {
+    let script = Arc::new(build_engine(&ScriptLimits::default()));
+    (load_dir(dir, &script), script)
+}
+
+/// Run one scenario against the runbooks in `runbook_dir`.
+pub async fn run(path: &Path, runbook_dir: &Path) -> Result<ScenarioReport, ScenarioError> {
+    let scenario = Scenario::load(path)?;
+    let (mut set, script) = load_runbooks(runbook_dir);
+    if let Some(e) = set.errors.first() {
+        return Err(ScenarioError::Setup(format!("runbooks do not load: {e}")));
+    }
+    if let Some(names) = &scenario.runbooks {
+        for n in names {
+            if set.get(n).is_none() {
+                return Err(ScenarioError::Setup(format!(
+                    "scenario {} names runbook `{n}`, which is not in {}",
+                    scenario.name,
+                    runbook_dir.display()
+                )));
+            }
+        }
+        set.runbooks.retain(|r| names.contains(&r.manifest.name));
+    }
+    let dir = scratch_dir().map_err(|e| ScenarioError::Setup(e.to_string()))?;
+    let mut opts = SimFleetOptions::new(scenario.fleet.clone(), set, script);
+    opts.tick_ms = scenario.tick_secs as i64 * 1000;
+    opts.policy = Some(nightshift_agent::envelope::Policy {
+        power: nightshift_agent::envelope::PowerPolicy {
+            floor_watts: None,
+            ceiling_watts: None,
+            models: vec![
+                nightshift_agent::envelope::ModelPowerPolicy {
+                    name_contains: "H100".into(),
+                    floor_watts: Some(350.0),
+                    ceiling_watts: None,
+                },
+                nightshift_agent::envelope::ModelPowerPolicy {
+                    name_contains: "MI300X".into(),
+                    floor_watts: Some(400.0),
+                    ceiling_watts: None,
+                },
+            ],
+        },
+        ..nightshift_agent::envelope::Policy::default()
+    });
+    let started = Instant::now();
+    let sim = SimFleet::start(opts, dir.path()).await.map_err(|e| ScenarioError::Setup(e.to_string()))?;
+    let t0 = sim.clock.now_ms();
+    let mut failures = Vec::new();
+    let mut timeline = scenario.timeline.clone();
+    timeline.sort_by_key(|e| e.at_secs);
+    let mut checks: Vec<&Check> = scenario.expect.checks.iter().collect();
+    checks.sort_by_key(|c| c.at_secs.unwrap_or(0));
+    let mut workload =
+        Workload::new(scenario.fleet.iter().map(|n| (n.name.clone(), n.util_pct.unwrap_or(85.0))).collect());
+    let mut next = 0usize;
+    let mut next_check = 0usize;
+    let steps = scenario.duration_secs / scenario.tick_secs;
+    for _ in 0..steps {
+        let elapsed = ((sim.clock.now_ms() - t0) / 1000) as u64;
+        while next < timeline.len() && timeline[next].at_secs <= elapsed {
+            let e = &timeline[next];
+            next += 1;
+            let targets: Vec<String> =
+                if e.all_nodes { sim.agents.keys().cloned().collect() } else { e.node.clone().into_iter().collect() };
+            for node in targets {
+                if let Some(f) = &e.fault {
+                    let r = sim.agents[&node]
+                        .handle(Request::new(format!("scenario-{next}-{node}"), Op::SimFault(f.clone())))
+                        .await;
+                    if !r.ok {
+                        failures.push(format!("timeline at {} s: fault on {node} refused: {:?}", e.at_secs, r.error));
+                    }
+                    if let SimFault::Load { gpu: None, util_pct } = f {
+                        workload.set_node(&node, *util_pct);
+                    }
+                }
+                if let Some(c) = &e.config_apply {
+                    let r = sim.agents[&node]
+                        .handle(Request::new(format!("person-config-{next}"), Op::ConfigApply(c.clone())))
+                        .await;
+                    if !r.ok {
+                        failures.push(format!(
+                            "timeline at {} s: config_apply on {node} refused: {:?}",
+                            e.at_secs, r.error
+                        ));
+                    }
+                }
+            }
+            if let Some(p) = &e.pool_load {
+                workload.set_pool(p.clone());
+            }
+        }
+        workload.apply(&sim.engine, &sim.agents).await;
+        if let Err(e) = sim.step().await {
+            failures.push(e.to_string());
+            break;
+        }
+        let elapsed = ((sim.clock.now_ms() - t0) / 1000) as u64;
+        while next_check < checks.len() && checks[next_check].at_secs.unwrap_or(0) <= elapsed {
+            failures.extend(check(&sim, checks[next_check]).await);
+            next_check += 1;
+        }
+    }
+    // Let what is still running finish its current step.
+    let _ = sim.settle().await;
+    for c in &scenario.expect.final_state {
+        failures.extend(check(&sim, c).await);
+    }
+    let records = sim.engine.audit().tail(0, usize::MAX).map_err(|e| ScenarioError::Setup(e.to_string()))?;
+    let results: Vec<&AuditRecord> = records.iter().filter(|r| r.kind == RecordKind::ActionResult).collect();
+    // Ordered actions.
+    let mut pos = 0usize;
+    for m in &scenario.expect.actions {
+        match results[pos..].iter().position(|r| op_matches(m, r)) {
+            Some(i) => pos += i + 1,
+            None => failures.push(format!(
+                "expected action {}{}{} did not happen{}",
+                m.op,
+                m.node.as_ref().map(|n| format!(" on {n}")).unwrap_or_default(),
+                m.gpu.map(|g| format!("/gpu{g}")).unwrap_or_default(),
+                if pos > 0 { " after the previous expected one" } else { "" }
+            )),
+        }
+    }
+    for m in &scenario.expect.never {
+        let hits: Vec<&&AuditRecord> = results.iter().filter(|r| op_matches(m, r)).collect();
+        if !hits.is_empty() {
+            failures.push(format!(
+                "action {} must never happen, but happened {} time(s), first on {} by {}",
+                m.op,
+                hits.len(),
+                hits[0].node.as_deref().unwrap_or("?"),
+                hits[0].runbook.as_deref().unwrap_or("?")
+            ));
+        }
+    }
+    let runs = sim
+        .engine
+        .runs(&RunFilter { limit: Some(1000), ..Default::default() })
+        .map_err(|e| ScenarioError::Setup(e.to_string()))?
+        .runs;
+    for m in &scenario.expect.runs {
+        let hits: Vec<_> =
+            runs.iter().filter(|r| r.runbook == m.runbook && m.outcome.is_none_or(|o| r.outcome == Some(o))).collect();
+        let ok = match m.count {
+            Some(c) => hits.len() == c,
+            None => !hits.is_empty(),
+        };
+        if !ok {
+            let seen: Vec<String> = runs
+                .iter()
+                .filter(|r| r.runbook == m.runbook)
+                .map(|r| format!("{} {}", r.id, r.outcome.map_or("unfinished", |o| o.as_str())))
+                .collect();
+            failures.push(format!(
+                "expected {} run(s) of {}{}, found {} ({seen:?})",
+                m.count.map_or("at least 1".to_string(), |c| c.to_string()),
+                m.runbook,
+                m.outcome.map(|o| format!(" that {}", o.as_str())).unwrap_or_default(),
+                hits.len()
+            ));
+        }
+    }
+    let count_kind = |k: RecordKind| records.iter().filter(|r| r.kind == k).count();
+    for (range, kind, name) in [
+        (&scenario.expect.escalations, RecordKind::Escalation, "escalations"),
+        (&scenario.expect.notifications, RecordKind::Notification, "notifications"),
+    ] {
+        if let Some(r) = range {
+            let n = count_kind(kind);
+            if r.min.is_some_and(|m| n < m) || r.max.is_some_and(|m| n > m) {
+                failures.push(format!("expected {name} in {:?}..={:?}, found {n}", r.min, r.max));
+            }
+        }
+    }
+    for k in &scenario.expect.records {
+        if count_kind(*k) == 0 {
+            failures.push(format!("expected a {} record, found none", k.as_str()));
+        }
+    }
+    match sim.engine.verify() {
+        Ok(v) if v.ok => {}
+        Ok(v) => {
+            let detail = v
+                .first_bad_seq
+                .and_then(|seq| sim.engine.audit().get(seq).ok().flatten())
+                .map(|r| {
+                    format!(
+                        " record: {} recomputed {}",
+                        serde_json::to_string(&r).unwrap_or_default(),
+                        r.compute_hash()
+                    )
+                })
+                .unwrap_or_default();
+            failures.push(format!("audit chain broken: {:?}{detail}", v.problem))
+        }
+        Err(e) => failures.push(e.to_string()),
+    }
+    let actions = results
+        .iter()
+        .map(|r| ActionLine {
+            t_secs: (r.ts_ms - t0) as f64 / 1000.0,
+            runbook: r.runbook.clone().unwrap_or_default(),
+            op: r.data["op"].as_str().unwrap_or("").into(),
+            node: r.node.clone().unwrap_or_default(),
+            gpu: r.gpu,
+            outcome: r.data["outcome"].as_str().map(str::to_string).unwrap_or_else(|| r.data["outcome"].to_string()),
+        })
+        .collect();
+    let run_lines = runs
+        .iter()
+        .rev()
+        .map(|r| {
+            (r.id.clone(), r.runbook.clone(), r.outcome.map_or("unfinished".to_string(), |o| o.as_str().to_string()))
+        })
+        .collect();
+    let virtual_secs = ((sim.clock.now_ms() - t0) / 1000) as u64;
+    drop(sim);
+    Ok(ScenarioReport {
+        name: scenario.name,
+        handbook: scenario.handbook,
+        file: path.into(),
+        passed: failures.is_empty(),
+        failures,
+        virtual_secs,
+        wall_ms: started.elapsed().as_millis(),
+        actions,
+        runs: run_lines,
+    })
+}
+
+/// Scenario files in a folder, sorted.
+pub fn scenario_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "yaml")).collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// A JSON value for reports.
+pub fn report_json(r: &ScenarioReport) -> Value {
+    serde_json::to_value(r).unwrap_or(Value::Null)
+}

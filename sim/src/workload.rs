@@ -1,0 +1,77 @@
+//! The scheduler's view of work on a simulated fleet: drained nodes run
+//! nothing, a pool's total work spreads over its undrained nodes, other
+//! nodes keep their own load. Scenarios and the demo drive the sim agents'
+//! utilisation through it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use nightshift_agent::service::Agent;
+use nightshift_proto::{Op, Request, SimFault};
+
+use nightshift_engine::engine::Engine;
+
+/// A pool's total work, in GPU-percent (300 = three fully busy nodes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolLoad {
+    pub label: String,
+    pub value: String,
+    pub total_util_pct: f64,
+}
+
+/// Desired utilisation per node, applied to sim agents when it changes.
+#[derive(Debug, Clone, Default)]
+pub struct Workload {
+    desired: BTreeMap<String, f64>,
+    pools: Vec<PoolLoad>,
+    last_sent: BTreeMap<String, f64>,
+}
+
+impl Workload {
+    /// Start from each node's own utilisation.
+    pub fn new(base: BTreeMap<String, f64>) -> Workload {
+        Workload { last_sent: base.clone(), desired: base, pools: Vec::new() }
+    }
+
+    /// A node's own load (outside any pool model).
+    pub fn set_node(&mut self, node: &str, util_pct: f64) {
+        self.desired.insert(node.to_string(), util_pct);
+        self.last_sent.insert(node.to_string(), util_pct);
+    }
+
+    /// Set (or replace) a pool's total work.
+    pub fn set_pool(&mut self, p: PoolLoad) {
+        self.pools.retain(|x| !(x.label == p.label && x.value == p.value));
+        self.pools.push(p);
+    }
+
+    /// Push the utilisation each node should have now to its sim agent.
+    pub async fn apply(&mut self, engine: &Engine, agents: &BTreeMap<String, Arc<Agent>>) {
+        let views = engine.nodes();
+        for v in &views {
+            let Some(agent) = agents.get(&v.name) else { continue };
+            let pool = self.pools.iter().find(|p| v.labels.get(&p.label) == Some(&p.value));
+            let util = if v.state.drained {
+                0.0
+            } else if let Some(p) = pool {
+                let active = views
+                    .iter()
+                    .filter(|n| n.labels.get(&p.label) == Some(&p.value) && !n.state.drained)
+                    .count()
+                    .max(1);
+                (p.total_util_pct / active as f64).min(100.0)
+            } else {
+                self.desired.get(&v.name).copied().unwrap_or(85.0)
+            };
+            if self.last_sent.get(&v.name) != Some(&util) {
+                self.last_sent.insert(v.name.clone(), util);
+                let _ = agent
+                    .handle(Request::new("workload", Op::SimFault(SimFault::Load { gpu: None, util_pct: util })))
+                    .await;
+            }
+        }
+    }
+}

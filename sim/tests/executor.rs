@@ -1,0 +1,248 @@
+//! Executor rules in virtual time: dedup and cooldown, one mutating run per
+//! node, attempt budgets, blast radius under racing runs, approvals, dry
+//! runs, stale events.
+
+mod common;
+
+use common::*;
+use nightshift_engine::audit::RecordKind;
+use nightshift_engine::engine::Submitted;
+use nightshift_engine::runs::{RunOutcome, RunState, Target};
+use nightshift_proto::{NoArgs, Op, Request, Telemetry};
+
+const HOT_ALERT: &str = "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 300\n";
+
+async fn power_limit(sim: &nightshift_sim::fleet::SimFleet, node: &str, gpu: usize) -> f64 {
+    let r = sim.agent(node).handle(Request::new("probe", Op::Telemetry(NoArgs {}))).await;
+    let t: Telemetry = serde_json::from_value(r.result.unwrap()).unwrap();
+    t.gpus[gpu].power_limit_watts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_alert_a_hundred_times_starts_one_run() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(rb.path(), "hot", HOT_ALERT, "sleep(30);\nset_power_limit(0, 500);\n");
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    // 100 deliveries of one alert (HA pair, retries): 99 are duplicates.
+    let t = now(f);
+    let mut dups = 0;
+    for _ in 0..100 {
+        let d = f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "firing")).duplicates;
+        dups += d;
+    }
+    assert_eq!(dups, 99);
+    // 100 distinct alerts for the same node while the run is active or
+    // cooling down: suppressed.
+    for i in 0..100 {
+        f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", &format!("fp-x{i}"), t, "firing"));
+        if i % 10 == 0 {
+            f.step().await.unwrap();
+        }
+    }
+    f.run_for(120).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    assert_eq!(runs[0].outcome, Some(RunOutcome::Succeeded));
+    let recs = records(f);
+    let received = recs.iter().filter(|r| r.kind == RecordKind::EventReceived).count();
+    assert_eq!(received, 101, "each distinct alert is recorded once");
+    let suppressed = recs.iter().filter(|r| r.kind == RecordKind::TriggerSuppressed).count();
+    assert!((1..=2).contains(&suppressed), "suppressions are audited once per episode, found {suppressed}");
+    // After the cooldown a new alert runs again.
+    f.run_for(300).await.unwrap();
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-late", now(f), "firing"));
+    f.run_for(60).await.unwrap();
+    assert_eq!(f.engine.runs(&Default::default()).unwrap().runs.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_events_are_dropped_and_audited() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(rb.path(), "hot", &format!("{HOT_ALERT}max_event_age_secs: 120\n"), "set_power_limit(0, 500);\n");
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "old", now(f) - 3_600_000, "firing"));
+    f.run_for(5).await.unwrap();
+    assert!(f.engine.runs(&Default::default()).unwrap().runs.is_empty());
+    let dropped: Vec<_> = records(f).into_iter().filter(|r| r.kind == RecordKind::EventDropped).collect();
+    assert_eq!(dropped.len(), 1);
+    assert!(dropped[0].data["reason"].as_str().unwrap().contains("is 3600 s old (max_event_age_secs 120)"));
+    assert_eq!(power_limit(f, "n1", 0).await, 700.0);
+    // Unknown hosts are dropped too.
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "nobody", "x", now(f), "firing"));
+    f.run_for(2).await.unwrap();
+    let dropped: Vec<_> = records(f).into_iter().filter(|r| r.kind == RecordKind::EventDropped).collect();
+    assert!(dropped[1].data["reason"].as_str().unwrap().contains("not in the inventory"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_mutating_run_per_node_at_a_time() {
+    let rb = tempfile::tempdir().unwrap();
+    let manual = "trigger:\n  type: manual\nscope: node\n";
+    write_runbook(rb.path(), "first", manual, "set_power_limit(0, 600);\nsleep(120);\n");
+    write_runbook(rb.path(), "second", manual, "set_power_limit(0, 500);\n");
+    let sim = start(vec![node("n1", "h100-sxm"), node("n2", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let a = run_id(&f.engine.submit(manual_req("first", "n1")).await.unwrap());
+    f.step().await.unwrap();
+    let b = run_id(&f.engine.submit(manual_req("second", "n1")).await.unwrap());
+    let c = run_id(&f.engine.submit(manual_req("second", "n2")).await.unwrap());
+    f.run_for(10).await.unwrap();
+    assert_eq!(f.engine.run(&b).unwrap().unwrap().state, RunState::Queued, "n1 is held by the first run");
+    assert_eq!(f.engine.run(&c).unwrap().unwrap().outcome, Some(RunOutcome::Succeeded), "n2 is free");
+    let ra = until_finished(f, &a, 300).await;
+    let rb_ = until_finished(f, &b, 300).await;
+    assert!(rb_.started_ms.unwrap() >= ra.finished_ms.unwrap());
+    assert_eq!(power_limit(f, "n1", 0).await, 500.0);
+}
+
+fn manual_req(runbook: &str, node: &str) -> nightshift_engine::engine::RunRequest {
+    manual(runbook, Target::node(node), "user:alice")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attempt_budget_refuses_and_escalates() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "hot",
+        "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 0\nmax_attempts_per_day: 2\n",
+        "note(\"trying\");\n",
+    );
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    for i in 0..3 {
+        f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", &format!("fp{i}"), now(f), "firing"));
+        f.run_for(5).await.unwrap();
+    }
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    let outcomes: Vec<_> = runs.iter().rev().map(|r| r.outcome).collect();
+    assert_eq!(outcomes, vec![Some(RunOutcome::Succeeded), Some(RunOutcome::Succeeded), Some(RunOutcome::Refused)]);
+    assert!(runs[0].error.as_ref().unwrap().contains("attempt budget spent: 2 runs of hot on n1 in the last 24 h"));
+    let esc =
+        f.engine.run_records(&runs[0].id).unwrap().into_iter().filter(|r| r.kind == RecordKind::Escalation).count();
+    assert_eq!(esc, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blast_radius_holds_with_fifty_runs_racing() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "drain-it",
+        "trigger:\n  type: alert\n  alertname: XidStorm\nscope: node\nmax_concurrent: 64\nblast_radius: {max_drained_pct: 10, max_per_group: 2, group_by: rack}\n",
+        "let r = drain(\"test storm\");\nif !r.ok { escalate(r.error); }\n",
+    );
+    let nodes: Vec<_> = (0..50)
+        .map(|i| {
+            let mut n = node(&format!("n{i:02}"), "h100-sxm");
+            n.gpus = 1;
+            n.labels.insert("rack".into(), format!("r{}", i % 3));
+            n
+        })
+        .collect();
+    let sim = start(nodes, rb.path(), |o| o.limits.max_concurrent_runs = 64).await;
+    let f = &sim.fleet;
+    for i in 0..50 {
+        f.engine.ingest_alertmanager(alert_payload(
+            "XidStorm",
+            &format!("n{i:02}"),
+            &format!("fp{i}"),
+            now(f),
+            "firing",
+        ));
+    }
+    f.run_for(30).await.unwrap();
+    let runs =
+        f.engine.runs(&nightshift_engine::audit::RunFilter { limit: Some(100), ..Default::default() }).unwrap().runs;
+    assert_eq!(runs.len(), 50);
+    let drained: Vec<_> = f.engine.nodes().into_iter().filter(|n| n.state.drained).collect();
+    assert_eq!(drained.len(), 5, "10% of 50: {:?}", drained.iter().map(|n| &n.name).collect::<Vec<_>>());
+    for rack in ["r0", "r1", "r2"] {
+        let in_rack = drained.iter().filter(|n| n.labels["rack"] == rack).count();
+        assert!(in_rack <= 2, "rack {rack}: {in_rack} drained");
+    }
+    let refusals =
+        records(f).into_iter().filter(|r| r.kind == RecordKind::Refusal && r.data["code"] == "blast_radius").count();
+    assert_eq!(refusals, 45);
+    // Ground truth on the agents.
+    let mut agent_drained = 0;
+    for i in 0..50 {
+        let r = f.agent(&format!("n{i:02}")).handle(Request::new("p", Op::Telemetry(NoArgs {}))).await;
+        let t: Telemetry = serde_json::from_value(r.result.unwrap()).unwrap();
+        agent_drained += t.node_metrics.drained as usize;
+    }
+    assert_eq!(agent_drained, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_flow() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "careful",
+        "trigger:\n  type: manual\nscope: node\napproval: {always: true, expire_secs: 600}\n",
+        "set_power_limit(0, 450);\n",
+    );
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let e = &f.engine;
+    // Approved by someone else: runs.
+    let s = e.submit(manual_req("careful", "n1")).await.unwrap();
+    assert!(matches!(s, Submitted::PendingApproval { .. }), "{s:?}");
+    let id = run_id(&s);
+    f.run_for(30).await.unwrap();
+    assert_eq!(power_limit(f, "n1", 0).await, 700.0, "nothing happens while pending");
+    assert_eq!(e.pending_approvals().len(), 1);
+    let err = e.approve(&id, "user:alice").await.unwrap_err();
+    assert!(err.to_string().contains("someone else must approve it"), "{err}");
+    e.approve(&id, "user:bob").await.unwrap();
+    let r = until_finished(f, &id, 60).await;
+    assert_eq!(r.outcome, Some(RunOutcome::Succeeded));
+    assert_eq!(r.approvals[0].by, "user:bob");
+    assert_eq!(power_limit(f, "n1", 0).await, 450.0);
+    // Rejected: cancelled with the reason.
+    let id = run_id(&e.submit(manual_req("careful", "n1")).await.unwrap());
+    e.reject(&id, "user:bob", "not during the training run").await.unwrap();
+    let r = e.run(&id).unwrap().unwrap();
+    assert_eq!(r.outcome, Some(RunOutcome::Cancelled));
+    assert!(r.why.contains("rejected by user:bob: not during the training run"), "{}", r.why);
+    // Nobody answers: it expires.
+    let id = run_id(&e.submit(manual_req("careful", "n1")).await.unwrap());
+    f.run_for(601).await.unwrap();
+    let r = e.run(&id).unwrap().unwrap();
+    assert_eq!(r.outcome, Some(RunOutcome::Cancelled));
+    assert!(r.why.contains("approval expired"), "{}", r.why);
+    let kinds: Vec<_> = e.run_records(&id).unwrap().iter().map(|r| r.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![RecordKind::RunQueued, RecordKind::ApprovalRequested, RecordKind::Notification, RecordKind::RunFinished]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_runs_send_only_dry_run_actions() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "everything",
+        "trigger:\n  type: manual\nscope: gpu\n",
+        "let a = set_power_limit(450);\nlet b = drain(\"dry\");\nlet c = flush_caches();\nif a.outcome != \"dry_run\" { fail(`got ${a.outcome}`); }\n",
+    );
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let mut req = manual("everything", Target::gpu("n1", 1), "user:alice");
+    req.dry_run = true;
+    let id = run_id(&f.engine.submit(req).await.unwrap());
+    let r = until_finished(f, &id, 60).await;
+    assert_eq!(r.outcome, Some(RunOutcome::Succeeded), "{r:?}");
+    assert!(r.dry_run);
+    let recs = f.engine.run_records(&id).unwrap();
+    let intents: Vec<_> = recs.iter().filter(|r| r.kind == RecordKind::ActionIntent).collect();
+    assert_eq!(intents.len(), 3);
+    assert!(intents.iter().all(|r| r.data["dry_run"] == true));
+    assert!(recs.iter().filter(|r| r.kind == RecordKind::ActionResult).all(|r| r.data["outcome"] == "dry_run"));
+    assert_eq!(power_limit(f, "n1", 1).await, 700.0);
+    assert!(!f.engine.node("n1").unwrap().state.drained);
+}

@@ -1,0 +1,77 @@
+//! The handbook: every scenario in `runbooks/scenarios` runs against the
+//! runbooks in `runbooks/` on a simulated fleet in virtual time and must pass,
+//! each in under 2 s of wall time.
+
+use std::path::Path;
+
+use nightshift_sim::scenario::{run, scenario_files};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_handbook_scenario_passes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
+    let files = scenario_files(&root.join("scenarios"));
+    assert!(files.len() >= 12, "found {} scenarios", files.len());
+    let started = std::time::Instant::now();
+    let mut failed = Vec::new();
+    for f in &files {
+        let r = run(f, &root).await.unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        eprintln!(
+            "{:<36} {:<4} {:<5} {:>6} s virtual {:>6} ms wall  {} actions",
+            r.name,
+            r.handbook.clone().unwrap_or_default(),
+            if r.passed { "pass" } else { "FAIL" },
+            r.virtual_secs,
+            r.wall_ms,
+            r.actions.len()
+        );
+        if !r.passed {
+            for a in &r.actions {
+                eprintln!(
+                    "    {:>7.0}s {} {} {}{} {}",
+                    a.t_secs,
+                    a.runbook,
+                    a.op,
+                    a.node,
+                    a.gpu.map(|g| format!("/gpu{g}")).unwrap_or_default(),
+                    a.outcome
+                );
+            }
+            for run in &r.runs {
+                eprintln!("    run {} {} {}", run.0, run.1, run.2);
+            }
+            failed.push(format!("{}: {}", r.name, r.failures.join("; ")));
+        }
+        if r.wall_ms > 2_000 {
+            failed.push(format!("{}: took {} ms of wall time (limit 2000)", r.name, r.wall_ms));
+        }
+    }
+    eprintln!("{} scenarios in {:?}", files.len(), started.elapsed());
+    assert!(failed.is_empty(), "\n{}", failed.join("\n"));
+}
+
+#[test]
+fn the_handbook_is_complete_and_documented() {
+    use nightshift_sim::scenario::{Scenario, load_runbooks};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
+    let (set, _) = load_runbooks(&root);
+    assert!(set.errors.is_empty(), "{:?}", set.errors);
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let scenarios: Vec<Scenario> =
+        scenario_files(&root.join("scenarios")).iter().map(|f| Scenario::load(f).unwrap()).collect();
+    for row in 1..=12 {
+        let h = format!("H{row}");
+        assert!(set.runbooks.iter().any(|r| r.manifest.handbook.as_deref() == Some(h.as_str())), "no runbook for {h}");
+        assert!(scenarios.iter().any(|s| s.handbook.as_deref() == Some(h.as_str())), "no scenario for {h}");
+    }
+    for rb in &set.runbooks {
+        let name = &rb.manifest.name;
+        assert!(readme.contains(&format!("`{name}`")), "runbooks/README.md does not list {name}");
+        let row = rb.manifest.handbook.clone().unwrap_or_else(|| panic!("{name} names no handbook row"));
+        assert!(
+            rb.script_source.starts_with(&format!("// {row}")),
+            "{name}: the script must open with a comment naming its row ({row})"
+        );
+        let tested = scenarios.iter().any(|s| s.runbooks.as_ref().is_none_or(|l| l.contains(name)));
+        assert!(tested, "no scenario loads {name}");
+    }
+}

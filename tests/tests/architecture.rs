@@ -1,0 +1,297 @@
+//! The workspace's boundaries, checked the way rust-analyzer checks its own:
+//!
+//! 1. **Crate edges.** Each crate may depend (normal dependencies) only on
+//!    the workspace crates listed in [`ALLOWED`]: the engine on the protocol
+//!    crate and never on the node daemon; nothing on `web` or `cli` but the
+//!    CLI; the simulated world on engine and agent, never the reverse.
+//! 2. **Heavy dependencies.** The engine's (and the protocol's) whole
+//!    dependency closure has no NVML, ROCm, clap, tracing-subscriber or nix.
+//! 3. **No module cycles** inside a crate: top-level modules form a DAG.
+//!
+//! Each checker is a plain function over data, and has a test that feeds it
+//! a violation, so the boundary tests can fail.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// Workspace crate → the workspace crates it may depend on (normal deps).
+const ALLOWED: &[(&str, &[&str])] = &[
+    ("nightshift-proto", &[]),
+    ("nightshift-agent", &["nightshift-proto"]),
+    ("nightshift-engine", &["nightshift-proto"]),
+    ("nightshift-sim", &["nightshift-proto", "nightshift-agent", "nightshift-engine"]),
+    ("nightshift-web", &["nightshift-proto", "nightshift-engine"]),
+    ("nightshift", &["nightshift-proto", "nightshift-agent", "nightshift-engine", "nightshift-sim", "nightshift-web"]),
+    (
+        "nightshift-tests",
+        &["nightshift-proto", "nightshift-agent", "nightshift-engine", "nightshift-sim", "nightshift-web"],
+    ),
+];
+
+/// Crates that must not be anywhere in these crates' dependency closure.
+const LEAN: &[(&str, &[&str])] = &[
+    ("nightshift-engine", &["nvml-wrapper", "rocm_smi_lib_sys", "clap", "tracing-subscriber", "nix"]),
+    ("nightshift-proto", &["nvml-wrapper", "rocm_smi_lib_sys", "clap", "tracing-subscriber", "nix", "sled", "rhai"]),
+];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The host's target triple (`rustc -vV`), so `cargo metadata` resolves
+/// only what this platform builds — all of it already downloaded.
+fn host() -> String {
+    let out = std::process::Command::new("rustc").arg("-vV").output().expect("run rustc -vV");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .expect("rustc -vV names the host")
+        .to_string()
+}
+
+fn metadata() -> Value {
+    let out = std::process::Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--offline", "--locked", "--filter-platform", &host()])
+        .current_dir(root())
+        .output()
+        .expect("run cargo metadata");
+    assert!(out.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON")
+}
+
+/// Package id → name, for every package in the resolve graph.
+fn names(meta: &Value) -> BTreeMap<String, String> {
+    meta["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| (p["id"].as_str().unwrap_or("").to_string(), p["name"].as_str().unwrap_or("").to_string()))
+        .collect()
+}
+
+/// Name → names of its normal (not dev, not build) dependencies.
+fn normal_edges(meta: &Value) -> BTreeMap<String, BTreeSet<String>> {
+    let names = names(meta);
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for node in meta["resolve"]["nodes"].as_array().into_iter().flatten() {
+        let from = names.get(node["id"].as_str().unwrap_or("")).cloned().unwrap_or_default();
+        let entry = out.entry(from).or_default();
+        for dep in node["deps"].as_array().into_iter().flatten() {
+            let normal =
+                dep["dep_kinds"].as_array().into_iter().flatten().any(|k| k["kind"].is_null() && k["target"].is_null());
+            if normal && let Some(name) = names.get(dep["pkg"].as_str().unwrap_or("")) {
+                entry.insert(name.clone());
+            }
+        }
+    }
+    out
+}
+
+/// Every rule broken by `meta`, one line each.
+fn violations(meta: &Value) -> Vec<String> {
+    let edges = normal_edges(meta);
+    let workspace: BTreeSet<&str> = ALLOWED.iter().map(|(n, _)| *n).collect();
+    let mut out = Vec::new();
+    for (name, allowed) in ALLOWED {
+        let Some(deps) = edges.get(*name) else {
+            out.push(format!("{name}: not in the workspace any more; update ALLOWED"));
+            continue;
+        };
+        for d in deps.iter().filter(|d| workspace.contains(d.as_str())) {
+            if !allowed.contains(&d.as_str()) {
+                out.push(format!("{name} depends on {d}: allowed are {allowed:?}"));
+            }
+        }
+    }
+    for (name, banned) in LEAN {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![name.to_string()];
+        while let Some(n) = stack.pop() {
+            if !seen.insert(n.clone()) {
+                continue;
+            }
+            stack.extend(edges.get(&n).into_iter().flatten().cloned());
+        }
+        for b in *banned {
+            if seen.contains(*b) {
+                out.push(format!("{name} pulls in {b}: it must stay out of its dependency closure"));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_workspace_keeps_its_dependency_rules() {
+    let v = violations(&metadata());
+    assert!(v.is_empty(), "dependency rules broken:\n{}", v.join("\n"));
+}
+
+/// The checker itself: an engine → agent edge, or clap under the engine,
+/// is reported.
+#[test]
+fn an_added_edge_is_reported() {
+    let meta = metadata();
+    let ids: BTreeMap<String, String> = names(&meta).into_iter().map(|(id, n)| (n, id)).collect();
+    for (from, to, needle) in [
+        ("nightshift-engine", "nightshift-agent", "nightshift-engine depends on nightshift-agent"),
+        ("nightshift-engine", "clap", "nightshift-engine pulls in clap"),
+        ("nightshift-agent", "nightshift-web", "nightshift-agent depends on nightshift-web"),
+        ("nightshift-proto", "nightshift-engine", "nightshift-proto depends on nightshift-engine"),
+    ] {
+        let mut m = meta.clone();
+        let node = m["resolve"]["nodes"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find(|n| n["id"].as_str() == Some(ids[from].as_str()))
+            .unwrap();
+        node["deps"].as_array_mut().unwrap().push(serde_json::json!({
+            "name": to, "pkg": ids[to], "dep_kinds": [{"kind": null, "target": null}]
+        }));
+        let v = violations(&m);
+        assert!(v.iter().any(|l| l.contains(needle)), "{from} → {to} not reported: {v:?}");
+    }
+}
+
+/// Top-level module → top-level modules of the same crate it names
+/// (`crate::x`, `use crate::{x, …}`), test modules left out.
+fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            if p.extension().is_none_or(|x| x != "rs") {
+                continue;
+            }
+            let rel = p.strip_prefix(src).unwrap();
+            let top =
+                rel.components().next().unwrap().as_os_str().to_string_lossy().trim_end_matches(".rs").to_string();
+            if top == "lib" || top == "main" || top == "bin" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap();
+            let text = match text.find("#[cfg(test)]\nmod tests") {
+                Some(i) => &text[..i],
+                None => &text[..],
+            };
+            let refs = graph.entry(top.clone()).or_default();
+            for (i, _) in text.match_indices("crate::") {
+                let rest = &text[i + 7..];
+                if let Some(group) = rest.strip_prefix('{') {
+                    let group = &group[..group.find('}').unwrap_or(group.len())];
+                    for item in group.split(',') {
+                        let m: String = item.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                        if !m.is_empty() {
+                            refs.insert(m);
+                        }
+                    }
+                } else {
+                    let m: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                    refs.insert(m);
+                }
+            }
+            refs.remove(&top);
+        }
+    }
+    graph
+}
+
+/// The strongly connected components with more than one module (Tarjan).
+fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    struct T<'a> {
+        g: &'a BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on: BTreeSet<&'a str>,
+        out: Vec<Vec<String>>,
+    }
+    fn visit<'a>(t: &mut T<'a>, v: &'a str) {
+        let i = t.index.len();
+        t.index.insert(v, i);
+        t.low.insert(v, i);
+        t.stack.push(v);
+        t.on.insert(v);
+        for w in t.g.get(v).into_iter().flatten() {
+            let w = w.as_str();
+            if !t.g.contains_key(w) {
+                continue;
+            }
+            if !t.index.contains_key(w) {
+                visit(t, w);
+                let lw = t.low[w];
+                let lv = t.low.get_mut(v).unwrap();
+                *lv = (*lv).min(lw);
+            } else if t.on.contains(w) {
+                let iw = t.index[w];
+                let lv = t.low.get_mut(v).unwrap();
+                *lv = (*lv).min(iw);
+            }
+        }
+        if t.low[v] == t.index[v] {
+            let mut comp = Vec::new();
+            while let Some(w) = t.stack.pop() {
+                t.on.remove(w);
+                comp.push(w.to_string());
+                if w == v {
+                    break;
+                }
+            }
+            if comp.len() > 1 {
+                comp.sort();
+                t.out.push(comp);
+            }
+        }
+    }
+    let mut t = T {
+        g: graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        out: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !t.index.contains_key(v.as_str()) {
+            visit(&mut t, v);
+        }
+    }
+    t.out
+}
+
+#[test]
+fn no_crate_has_a_module_cycle() {
+    let mut found = Vec::new();
+    for krate in ["proto", "agent", "engine", "sim", "web", "cli"] {
+        let c = cycles(&module_graph(&root().join(krate).join("src")));
+        if !c.is_empty() {
+            found.push(format!("{krate}: {c:?}"));
+        }
+    }
+    assert!(found.is_empty(), "module cycles:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_cycle_finder_finds_cycles() {
+    let g = |edges: &[(&str, &str)]| {
+        let mut m: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in edges {
+            m.entry(a.to_string()).or_default().insert(b.to_string());
+            m.entry(b.to_string()).or_default();
+        }
+        m
+    };
+    assert!(cycles(&g(&[("a", "b"), ("b", "c")])).is_empty());
+    assert_eq!(cycles(&g(&[("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")])), vec![vec!["a", "b", "c"]]);
+    // And the parser sees a real edge: the agent's service names its journal.
+    let agent = module_graph(&root().join("agent/src"));
+    assert!(agent["service"].contains("journal"), "{:?}", agent["service"]);
+}
