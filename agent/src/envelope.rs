@@ -3,7 +3,7 @@
 //! The envelope is the device's own limits intersected with the node's policy
 //! file. Every refusal names the rule, the value and the limit.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -30,9 +30,12 @@ pub struct Policy {
     /// working on the node).
     #[serde(default = "default_marker")]
     pub hands_off_marker_path: PathBuf,
-    /// Longest `revert_after_secs` lease accepted.
+    /// Longest lease a hold may have (`revert_after_secs`, `renew`).
     #[serde(default = "default_max_lease")]
     pub max_lease_secs: u64,
+    /// The lease of a hold whose request names none.
+    #[serde(default = "default_lease")]
+    pub default_lease_secs: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -105,6 +108,12 @@ fn default_marker() -> PathBuf {
 fn default_max_lease() -> u64 {
     86_400
 }
+fn default_lease() -> u64 {
+    3_600
+}
+
+/// The longest lease any policy may allow: 30 days.
+pub const MAX_LEASE_SECS: u64 = 30 * 86_400;
 
 /// Rate limits when the policy names none: generous enough for a runbook's
 /// ladder, tight enough to stop a loop.
@@ -134,6 +143,7 @@ impl Default for Policy {
             rate_limits: default_rate_limits(),
             hands_off_marker_path: default_marker(),
             max_lease_secs: default_max_lease(),
+            default_lease_secs: default_lease(),
         }
     }
 }
@@ -186,9 +196,25 @@ impl Policy {
             return Err(format!("fan.min_pct must be 0 to 100, found {}", self.fan.min_pct));
         }
         for (kind, r) in &self.rate_limits {
-            if r.window_secs == 0 {
-                return Err(format!("rate_limits.{}.window_secs must be above 0", kind.as_str()));
+            if r.window_secs == 0 || r.window_secs > MAX_LEASE_SECS {
+                return Err(format!(
+                    "rate_limits.{}.window_secs: expected 1 to {MAX_LEASE_SECS}, found {}",
+                    kind.as_str(),
+                    r.window_secs
+                ));
             }
+        }
+        if !(1..=MAX_LEASE_SECS).contains(&self.max_lease_secs) {
+            return Err(format!(
+                "max_lease_secs: expected 1 to {MAX_LEASE_SECS} (30 days), found {}",
+                self.max_lease_secs
+            ));
+        }
+        if !(1..=self.max_lease_secs).contains(&self.default_lease_secs) {
+            return Err(format!(
+                "default_lease_secs: expected 1 to max_lease_secs ({}), found {}",
+                self.max_lease_secs, self.default_lease_secs
+            ));
         }
         Ok(())
     }
@@ -303,7 +329,7 @@ impl Policy {
     /// Check a lease length.
     pub fn check_lease(&self, secs: u64) -> Result<(), String> {
         if secs == 0 || secs > self.max_lease_secs {
-            return Err(format!("revert_after_secs must be 1 to {}, found {secs}", self.max_lease_secs));
+            return Err(format!("lease (revert_after_secs) must be 1 to {} s, found {secs}", self.max_lease_secs));
         }
         Ok(())
     }
@@ -317,41 +343,6 @@ impl Policy {
 /// Render a number without a needless `.0`.
 pub fn fmt_num(v: f64) -> String {
     if v.fract() == 0.0 && v.abs() < 1e15 { format!("{}", v as i64) } else { format!("{v:.1}") }
-}
-
-/// Sliding-window change counter per (kind, GPU).
-#[derive(Debug, Default)]
-pub struct RateLimiter {
-    history: HashMap<(ActionKind, Option<u32>), VecDeque<i64>>,
-}
-
-impl RateLimiter {
-    /// Refuse if another change would exceed the limit at `now_ms`.
-    pub fn check(&mut self, policy: &Policy, kind: ActionKind, gpu: Option<u32>, now_ms: i64) -> Result<(), String> {
-        let Some(limit) = policy.rate_limits.get(&kind) else { return Ok(()) };
-        let window_ms = limit.window_secs as i64 * 1000;
-        let q = self.history.entry((kind, gpu)).or_default();
-        while q.front().is_some_and(|t| *t <= now_ms - window_ms) {
-            q.pop_front();
-        }
-        if q.len() as u32 >= limit.max_changes {
-            let target = gpu.map_or("this node".to_string(), |g| format!("GPU {g}"));
-            let retry_secs = q.front().map_or(0, |t| (t + window_ms - now_ms + 999) / 1000);
-            return Err(format!(
-                "rate limit: {} changes of kind {} on {target} in the last {} s (limit {}); retry in {retry_secs} s",
-                q.len(),
-                kind.as_str(),
-                limit.window_secs,
-                limit.max_changes
-            ));
-        }
-        Ok(())
-    }
-
-    /// Count one applied change.
-    pub fn record(&mut self, kind: ActionKind, gpu: Option<u32>, now_ms: i64) {
-        self.history.entry((kind, gpu)).or_default().push_back(now_ms);
-    }
 }
 
 #[cfg(test)]
@@ -429,23 +420,6 @@ mod tests {
         assert!(p.check_clocks(&h100(), 1500, 300).unwrap_err().contains("min_mhz is above max_mhz"));
         assert!(p.check_clocks(&h100(), 300, 2500).unwrap_err().contains("above the device maximum 1980 MHz"));
         assert!(p.check_clocks(&h100(), 100, 200).unwrap_err().contains("below the floor 345 MHz"));
-    }
-
-    #[test]
-    fn rate_limit_holds_and_slides() {
-        let mut p = policy();
-        p.rate_limits.insert(ActionKind::PowerLimit, RateLimit { max_changes: 2, window_secs: 60 });
-        let mut rl = RateLimiter::default();
-        for t in [0, 1_000] {
-            rl.check(&p, ActionKind::PowerLimit, Some(0), t).unwrap();
-            rl.record(ActionKind::PowerLimit, Some(0), t);
-        }
-        let err = rl.check(&p, ActionKind::PowerLimit, Some(0), 2_000).unwrap_err();
-        assert!(err.contains("kind power_limit on GPU 0 in the last 60 s (limit 2); retry in 58 s"), "{err}");
-        // Another GPU has its own budget.
-        rl.check(&p, ActionKind::PowerLimit, Some(1), 2_000).unwrap();
-        // The window slides.
-        rl.check(&p, ActionKind::PowerLimit, Some(0), 60_001).unwrap();
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! - [`backend`]: hardware behind one trait — `sim`, `nvml`, `rocm`.
 //! - [`envelope`]: the policy file and every bound and rate limit.
 //! - [`node`]: drain/resume through the scheduler, cache flushes, config files.
-//! - [`service`]: request handling, idempotency, dry runs, leases.
+//! - [`holds`]: every change is a hold: owned, leased, persisted, restored.
+//! - [`service`]: request handling, idempotency, dry runs, the hold pipeline.
 //! - [`journal`]: applied request ids, so none is applied twice.
 //! - [`ssh`]: the SSH server; [`local`]: the same service in-process.
 //! - [`exporter`]: dcgm-exporter-compatible `/metrics`.
@@ -19,6 +20,7 @@ pub mod backend;
 pub mod config;
 pub mod envelope;
 pub mod exporter;
+pub mod holds;
 pub mod journal;
 pub mod local;
 pub mod node;

@@ -10,8 +10,9 @@ use serde_json::{Value, json};
 
 use nightshift_engine::audit::{AuditRecord, AuditStore, RunFilter, RunPage, VerifyReport};
 use nightshift_engine::config::EngineConfig;
-use nightshift_engine::engine::{Engine, NodeView, RunRequest, Submitted};
+use nightshift_engine::engine::{Engine, RunRequest, Submitted};
 use nightshift_engine::runs::RunSummary;
+use nightshift_engine::views::NodeView;
 use nightshift_proto::{NoArgs, Op};
 
 use crate::Fail;
@@ -76,14 +77,12 @@ impl Remote {
         let status = resp.status();
         let body = resp.text().await.map_err(|e| unreachable(&self.url, e))?;
         if !status.is_success() {
-            let msg = serde_json::from_str::<Value>(&body)
-                .ok()
-                .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
-                .unwrap_or_else(|| body.chars().take(300).collect());
-            let code = match status.as_u16() {
-                401 | 403 => 2,
-                404 | 400 | 413 => 2,
-                409 => 3,
+            let err = serde_json::from_str::<Value>(&body).ok().map(|v| v["error"].clone()).unwrap_or_default();
+            let msg = err["message"].as_str().map(str::to_string).unwrap_or_else(|| body.chars().take(300).collect());
+            let code = match (status.as_u16(), err["code"].as_str()) {
+                (_, Some("self_approval")) | (409, _) => 3,
+                (401 | 403 | 404 | 400 | 413, _) => 2,
+                (502, _) => 4,
                 _ => 1,
             };
             let hint = if status.as_u16() == 401 { " (set NIGHTSHIFT_TOKEN or --token)" } else { "" };

@@ -216,6 +216,12 @@ pub struct SeenSet {
     cap: usize,
 }
 
+impl Default for SeenSet {
+    fn default() -> Self {
+        SeenSet::new(100_000)
+    }
+}
+
 impl SeenSet {
     pub fn new(cap: usize) -> SeenSet {
         SeenSet { set: HashSet::new(), order: VecDeque::new(), cap: cap.max(1) }

@@ -468,6 +468,31 @@ impl AuditStore {
         Ok(RunPage { runs, next_cursor })
     }
 
+    /// How many runs the store holds.
+    pub fn run_count(&self) -> Result<u64, AuditError> {
+        Ok(self.trees.runs.len() as u64)
+    }
+
+    /// Records written at or after `since_ms`, oldest first (for rebuilding
+    /// the executor's memory). Reads backwards from the newest record and
+    /// stops at the first older one: time in the log never goes back by
+    /// more than a clock step, which this allows a minute of.
+    pub fn records_since(&self, since_ms: i64) -> Result<Vec<AuditRecord>, AuditError> {
+        let mut out = Vec::new();
+        for item in self.trees.records.iter().rev() {
+            let (_, v) = item.map_err(|e| AuditError::Read(e.to_string()))?;
+            let r: AuditRecord = serde_json::from_slice(&v).map_err(|e| AuditError::Read(e.to_string()))?;
+            if r.ts_ms < since_ms.saturating_sub(60_000) {
+                break;
+            }
+            if r.ts_ms >= since_ms {
+                out.push(r);
+            }
+        }
+        out.reverse();
+        Ok(out)
+    }
+
     /// Runs not finished (for recovery after a crash).
     pub fn unfinished_runs(&self) -> Result<Vec<RunSummary>, AuditError> {
         let mut out = Vec::new();

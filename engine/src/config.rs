@@ -238,13 +238,29 @@ pub enum Role {
 pub struct AuthConfig {
     #[serde(default)]
     pub tokens: Vec<TokenSpec>,
-    /// SHA-256 of the token Alertmanager sends as a bearer token.
+    /// SHA-256 of the token Alertmanager sends as a bearer token (its
+    /// poster is named `alertmanager` in the audit log). Shorthand for one
+    /// entry of `webhook_tokens`.
     #[serde(default)]
     pub webhook_token_sha256: Option<String>,
+    /// Tokens that may post to the Alertmanager webhook, by name (each
+    /// alert's record names the token that posted it). Only these: a
+    /// person's token cannot post alerts.
+    #[serde(default)]
+    pub webhook_tokens: Vec<WebhookToken>,
     /// Let requests without a token in with this role. Only for loopback
     /// demos: the server refuses it on any other address.
     #[serde(default)]
     pub allow_anonymous: Option<Role>,
+}
+
+/// A token that may post alerts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookToken {
+    pub name: String,
+    /// `sha256sum` of the token, hex.
+    pub sha256: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

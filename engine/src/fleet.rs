@@ -29,6 +29,9 @@ pub struct NodeState {
     pub inventory: Option<AgentInventory>,
     #[serde(default)]
     pub last_error: Option<String>,
+    /// Holds in effect on the node and its GPUs (from the agent).
+    #[serde(default)]
+    pub holds: Vec<nightshift_proto::HoldInfo>,
 }
 
 impl NodeState {

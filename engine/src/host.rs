@@ -1,11 +1,14 @@
 //! What a running script reaches: [`Host`] implements the script host API
-//! for one run — readings from the telemetry store, and actions sent to
-//! agents with their intent audited (durably) before they go out and their
-//! result after.
+//! for one run over the engine's [`Core`] — readings from the telemetry
+//! store, and changes sent to agents as holds owned by the run, each with
+//! its intent audited (durably) before it leaves and its result after.
 //!
-//! Actions are refused, audited, when they aim outside the run's target,
-//! at a hands-off node, at a node another run holds, or past the blast
-//! radius.
+//! A change is refused, audited, when it aims outside the run's target, at
+//! a hands-off node, past the blast radius or `max_nodes_changed`, from an
+//! `observe` runbook, or as a sticky drain the manifest did not declare.
+//! Before a run's first change its trigger's condition is checked again:
+//! cleared, the run ends `skipped`. In a dry run, notifications and
+//! annotations are audited as what would have happened, and nothing else.
 
 use std::sync::Arc;
 
@@ -13,17 +16,21 @@ use rhai::{Dynamic, Map};
 use serde_json::{Value, json};
 
 use nightshift_proto::owner::owned_by_nightshift;
-use nightshift_proto::{ConfigListArgs, Op, Request};
+use nightshift_proto::{ConfigListArgs, HoldValue, NoArgs, Op, Outcome, ReleaseArgs, RenewArgs, Request};
 
 use crate::audit::{NewRecord, RecordKind};
-use crate::engine::Engine;
+use crate::core::Core;
+use crate::executor::hold_lease_secs;
+use crate::manifest::{Manifest, RunClass, Scope};
 use crate::metrics::{self, METRICS, MetricId};
+use crate::runs::RunSummary;
 use crate::script::{Agg, Reading, RunCtx, ScriptHost, TextKind};
 
 /// The host for one run.
 pub struct Host {
-    pub engine: Engine,
-    pub run: String,
+    core: Arc<Core>,
+    run: String,
+    runbook_idx: usize,
 }
 
 fn to_map(v: Value) -> Map {
@@ -34,11 +41,47 @@ fn refused(code: &str, message: &str) -> Map {
     to_map(json!({"ok": false, "outcome": "refused", "code": code, "error": message, "applied": false}))
 }
 
+/// Whether a mutating op places a hold (and so gets the run's lease).
+fn places_hold(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::SetPowerLimit(_)
+            | Op::SetFanCurve(_)
+            | Op::SetClocks(_)
+            | Op::SetGpuDrain(_)
+            | Op::Resume(_)
+            | Op::ConfigApply(_)
+            | Op::ConfigRollback(_)
+    ) || matches!(op, Op::Drain(a) if !a.sticky)
+}
+
+fn gpu_of(op: &Op) -> Option<u32> {
+    match op {
+        Op::SetPowerLimit(a) => Some(a.gpu),
+        Op::SetFanCurve(a) => Some(a.gpu),
+        Op::ResetFan(a) | Op::ResetClocks(a) | Op::ClearEcc(a) => Some(a.gpu),
+        Op::SetClocks(a) => Some(a.gpu),
+        Op::SetGpuDrain(a) => Some(a.gpu),
+        _ => None,
+    }
+}
+
 impl Host {
+    pub fn new(core: Arc<Core>, run: &str, runbook_idx: usize) -> Host {
+        Host { core, run: run.to_string(), runbook_idx }
+    }
+
+    fn summary(&self) -> Option<RunSummary> {
+        self.core.table().runs.get(&self.run).map(|r| r.summary.clone())
+    }
+
+    fn manifest(&self) -> Option<Manifest> {
+        self.core.runbook_set().runbooks.get(self.runbook_idx).map(|r| r.manifest.clone())
+    }
+
     fn record(&self, ctx: &RunCtx, kind: RecordKind, node: Option<&str>, gpu: Option<u32>, data: Value) {
-        let summary = self.engine.run_summary(&self.run);
         let rec = NewRecord::new(kind, "engine", data).run(&self.run).node(node).gpu(gpu).runbook(&ctx.runbook);
-        if let Err(e) = self.engine.audit().append_blocking(rec, summary) {
+        if let Err(e) = self.core.audit.append_blocking(rec, self.summary()) {
             tracing::error!(run = %self.run, error = %e, "cannot audit from a script");
         }
     }
@@ -47,7 +90,7 @@ impl Host {
     fn in_target(&self, ctx: &RunCtx, node: &str) -> bool {
         match (&ctx.target.node, &ctx.target.group) {
             (Some(n), _) => n == node,
-            (None, Some((k, v))) => self.engine.fleet().get(node).is_some_and(|n| n.label(k) == Some(v.as_str())),
+            (None, Some((k, v))) => self.core.fleet.get(node).is_some_and(|n| n.label(k) == Some(v.as_str())),
             _ => false,
         }
     }
@@ -57,21 +100,122 @@ impl Host {
             ctx,
             RecordKind::Refusal,
             Some(node),
-            None,
+            gpu_of(op),
             json!({"op": op.name(), "code": code, "reason": message}),
         );
         refused(code, &message)
+    }
+
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.core.handle.block_on(f)
+    }
+
+    /// Checks that come before any change; `Err` is the refusal (or a skip).
+    fn admit_change(&self, ctx: &RunCtx, node: &str, op: &Op, m: &Manifest) -> Result<(), Map> {
+        if !self.in_target(ctx, node) {
+            return Err(self.refuse(
+                ctx,
+                node,
+                op,
+                "outside_target",
+                format!("run {} targets {}; refusing to act on {node} outside it", self.run, ctx.target),
+            ));
+        }
+        let Some(n) = self.core.fleet.get(node).cloned() else {
+            return Err(self.refuse(ctx, node, op, "unknown_node", format!("{node} is not in the inventory")));
+        };
+        if m.class == RunClass::Observe {
+            return Err(self.refuse(
+                ctx,
+                node,
+                op,
+                "observe_only",
+                format!("runbook {} is `class: observe`: it reads, notes and notifies, and changes nothing", m.name),
+            ));
+        }
+        if n.state().hands_off() {
+            return Err(self.refuse(ctx, node, op, "hands_off", format!("node {node} is hands-off (maintenance)")));
+        }
+        if let Op::Drain(a) = op
+            && a.sticky
+            && !m.sticky_drain
+        {
+            return Err(self.refuse(
+                ctx,
+                node,
+                op,
+                "not_declared",
+                format!(
+                    "runbook {} may not place a sticky drain: declare `sticky_drain: true` in its manifest",
+                    m.name
+                ),
+            ));
+        }
+        if ctx.dry_run {
+            return Ok(());
+        }
+        let (acted, nodes) = match self.core.table().runs.get(&self.run) {
+            Some(r) => (r.acted, r.summary.nodes.clone()),
+            None => (true, Vec::new()),
+        };
+        if m.scope == Scope::Group
+            && let Some(cap) = m.max_nodes_changed
+            && !nodes.iter().any(|x| x == node)
+            && nodes.len() as u32 >= cap
+        {
+            return Err(self.refuse(
+                ctx,
+                node,
+                op,
+                "max_nodes_changed",
+                format!(
+                    "run {} already changed {} node(s) (max_nodes_changed {cap}); not {node}",
+                    self.run,
+                    nodes.len()
+                ),
+            ));
+        }
+        if m.exclusive && ctx.target.node.is_none() {
+            let mut t = self.core.table();
+            match t.node_locks.get(node) {
+                Some(holder) if holder != &self.run => {
+                    let why = format!("node {node} is busy with exclusive run {holder}");
+                    drop(t);
+                    return Err(self.refuse(ctx, node, op, "node_busy", why));
+                }
+                _ => {
+                    t.node_locks.insert(node.to_string(), self.run.clone());
+                }
+            }
+        }
+        if !acted {
+            // Re-check before the first change: the condition may have
+            // cleared while the run waited or watched.
+            if let Some(s) = self.summary()
+                && s.trigger != "manual"
+                && let Some((false, why)) = self.core.condition_holds(self.runbook_idx, &s)
+            {
+                let why = format!("the condition cleared before the first change: {why}");
+                self.record(ctx, RecordKind::Note, Some(node), gpu_of(op), json!({"text": why}));
+                ctx.skip(&why);
+                return Err(refused("skipped", &why));
+            }
+            if let Some(r) = self.core.table().runs.get_mut(&self.run) {
+                r.acted = true;
+            }
+        }
+        Ok(())
     }
 }
 
 impl ScriptHost for Host {
     fn reading(&self, _ctx: &RunCtx, q: &Reading) -> Option<f64> {
-        self.engine.reading(q)
+        self.core.reading(q)
     }
 
     fn gpu_info(&self, _ctx: &RunCtx, node: &str, gpu: u32) -> Map {
         let mut out = serde_json::Map::new();
-        if let Some(n) = self.engine.fleet().get(node) {
+        if let Some(n) = self.core.fleet.get(node) {
             if let Some(info) =
                 n.state().inventory.as_ref().and_then(|i| i.gpus.iter().find(|g| g.index == gpu).cloned())
                 && let Ok(Value::Object(m)) = serde_json::to_value(info)
@@ -89,16 +233,25 @@ impl ScriptHost for Host {
                     window_ms: 0,
                     agg: Agg::Latest,
                 };
-                if let Some(v) = self.engine.reading(&q) {
+                if let Some(v) = self.core.reading(&q) {
                     out.insert(m.name.trim_start_matches("gpu.").to_string(), json!(v));
                 }
             }
+            // The baseline power limit when the GPU's limit is held (what it
+            // goes back to), else the current one.
+            let baseline = n.state().holds.iter().find_map(|h| match (&h.setting, &h.value) {
+                (nightshift_proto::Setting::PowerLimit { gpu: g }, HoldValue::PowerLimit { .. }) if *g == gpu => {
+                    Some(())
+                }
+                _ => None,
+            });
+            out.insert("power_limit_held".into(), json!(baseline.is_some()));
         }
         to_map(Value::Object(out))
     }
 
     fn node_info(&self, _ctx: &RunCtx, node: &str) -> Map {
-        let Some(n) = self.engine.fleet().get(node) else { return Map::new() };
+        let Some(n) = self.core.fleet.get(node) else { return Map::new() };
         let st = n.state().clone();
         let mut v = json!({
             "name": n.spec.name,
@@ -112,6 +265,7 @@ impl ScriptHost for Host {
             "gpus": st.gpu_count(),
             "vendor": st.vendor(),
             "annotations": st.annotations,
+            "holds": st.holds.len(),
         });
         for (i, m) in METRICS.iter().enumerate() {
             if m.gpu_scoped {
@@ -119,7 +273,7 @@ impl ScriptHost for Host {
             }
             let q = Reading { node: node.into(), gpu: None, metric: i as MetricId, window_ms: 0, agg: Agg::Latest };
             let key = m.name.split('.').nth(1).unwrap_or(m.name);
-            if let Some(x) = self.engine.reading(&q)
+            if let Some(x) = self.core.reading(&q)
                 && v.get(key).is_none()
             {
                 v[key] = json!(x);
@@ -130,16 +284,15 @@ impl ScriptHost for Host {
 
     fn group_nodes(&self, ctx: &RunCtx) -> Vec<String> {
         match &ctx.target.group {
-            Some((k, v)) => self.engine.fleet().group(k, v).iter().map(|n| n.spec.name.clone()).collect(),
+            Some((k, v)) => self.core.fleet.group(k, v).iter().map(|n| n.spec.name.clone()).collect(),
             None => ctx.target.node.clone().into_iter().collect(),
         }
     }
 
     fn group_avg(&self, ctx: &RunCtx, metric: MetricId) -> Option<f64> {
         let (k, v) = ctx.target.group.clone()?;
-        let nodes = self.engine.fleet().group(&k, &v);
         let mut vals = Vec::new();
-        for n in nodes {
+        for n in self.core.fleet.group(&k, &v) {
             let (drained, gpus) = {
                 let st = n.state();
                 (st.drained, st.gpu_count())
@@ -151,7 +304,7 @@ impl ScriptHost for Host {
                 if metrics::metric(metric).gpu_scoped { (0..gpus as u32).map(Some).collect() } else { vec![None] };
             for g in gpu_list {
                 let q = Reading { node: n.spec.name.clone(), gpu: g, metric, window_ms: 0, agg: Agg::Latest };
-                if let Some(x) = self.engine.reading(&q) {
+                if let Some(x) = self.core.reading(&q) {
                     vals.push(x);
                 }
             }
@@ -160,83 +313,53 @@ impl ScriptHost for Host {
     }
 
     fn act(&self, ctx: &RunCtx, node: &str, mut op: Op) -> Map {
-        let engine = &self.engine;
-        if !self.in_target(ctx, node) {
-            return self.refuse(
-                ctx,
-                node,
-                &op,
-                "outside_target",
-                format!("run {} targets {}; refusing to act on {node} outside it", self.run, ctx.target),
-            );
+        let Some(m) = self.manifest() else { return refused("internal", "the runbook was unloaded") };
+        if let Err(refusal) = self.admit_change(ctx, node, &op, &m) {
+            return refusal;
         }
-        let Some(n) = engine.fleet().get(node).cloned() else {
-            return self.refuse(ctx, node, &op, "unknown_node", format!("{node} is not in the inventory"));
-        };
-        if n.state().hands_off() {
-            return self.refuse(ctx, node, &op, "hands_off", format!("node {node} is hands-off (maintenance)"));
-        }
-        if !ctx.dry_run
-            && ctx.target.node.is_none()
-            && let Err(m) = engine.lock_node(&self.run, node)
-        {
-            return self.refuse(ctx, node, &op, "node_busy", m);
-        }
+        let Some(n) = self.core.fleet.get(node).cloned() else { return refused("unknown_node", node) };
         let mut reserved = false;
         if let Op::Drain(a) = &mut op {
             a.run = Some(self.run.clone());
             if !ctx.dry_run {
-                let set = engine.runbook_set();
-                let br = set.get(&ctx.runbook).map(|(_, r)| r.manifest.blast_radius.clone()).unwrap_or_default();
-                match engine.reserve_drain(&self.run, node, &br) {
+                match self.core.reserve_drain(&self.run, node, &m.blast_radius) {
                     Ok(()) => reserved = true,
-                    Err(m) => return self.refuse(ctx, node, &op, "blast_radius", m),
+                    Err(why) => return self.refuse(ctx, node, &op, "blast_radius", why),
                 }
             }
         }
-        let gpu = match &op {
-            Op::SetPowerLimit(a) => Some(a.gpu),
-            Op::SetFanCurve(a) => Some(a.gpu),
-            Op::ResetFan(a) | Op::ResetClocks(a) | Op::ClearEcc(a) => Some(a.gpu),
-            Op::SetClocks(a) => Some(a.gpu),
-            Op::SetGpuDrain(a) => Some(a.gpu),
-            _ => None,
+        let gpu = gpu_of(&op);
+        let action_id = {
+            let mut t = self.core.table();
+            let n = t.runs.get_mut(&self.run).map(|r| {
+                r.next_action += 1;
+                r.next_action
+            });
+            format!("{}-a{}", self.run, n.unwrap_or(0))
         };
-        let action_id = engine.next_action_id(&self.run);
         let mut req = Request::new(&action_id, op.clone());
         req.dry_run = ctx.dry_run;
-        let args = serde_json::from_str::<Value>(&req.to_json())
-            .ok()
-            .and_then(|v| v.get("args").cloned())
-            .unwrap_or(Value::Null);
-        // Write ahead: the intent is durable before the request leaves.
-        self.record(
-            ctx,
-            RecordKind::ActionIntent,
-            Some(node),
-            gpu,
-            json!({"action_id": action_id, "op": op.name(), "args": args, "dry_run": ctx.dry_run}),
-        );
-        let started = std::time::Instant::now();
-        let t0 = ctx.clock.now_ms();
-        let timeout = std::time::Duration::from_secs(engine.config().limits.action_timeout_secs);
-        let transport = n.transport.clone();
-        let reply = engine.handle().block_on(async move { tokio::time::timeout(timeout, transport.call(req)).await });
-        let real_secs = started.elapsed().as_secs_f64();
-        if let Ok(mut h) = engine.counters().action_latency.lock() {
-            h.observe(real_secs);
+        if places_hold(&op) {
+            req.revert_after_secs = Some(hold_lease_secs(m.timeout_secs));
         }
+        let t0 = ctx.clock.now_ms();
+        let Some(summary) = self.summary() else { return refused("internal", "the run ended") };
+        let sent = self.block_on(self.core.send_audited(&summary, node, gpu, req));
         let duration_ms = ctx.clock.now_ms() - t0;
-        let result = match reply {
-            Ok(Ok(r)) => {
+        let result = match &sent {
+            Ok((r, secs)) => {
+                self.core.counters.action_latency.lock().unwrap_or_else(|e| e.into_inner()).observe(*secs);
                 let action = r.action();
                 let mut v = json!({
                     "ok": r.ok,
                     "outcome": action.as_ref().map(|a| serde_json::to_value(a.outcome).unwrap_or(Value::Null)).unwrap_or(json!(if r.ok { "ok" } else { "refused" })),
-                    "applied": action.as_ref().is_some_and(|a| a.outcome == nightshift_proto::Outcome::Applied),
+                    "applied": action.as_ref().is_some_and(|a| a.outcome == Outcome::Applied),
+                    "held": action.as_ref().is_some_and(|a| a.hold.is_some() && a.outcome != Outcome::DryRun),
                     "before": action.as_ref().map(|a| a.before.clone()).unwrap_or(Value::Null),
                     "after": action.as_ref().map(|a| a.after.clone()).unwrap_or_else(|| r.result.clone().unwrap_or(Value::Null)),
                     "detail": action.as_ref().and_then(|a| a.detail.clone()),
+                    "hold": action.as_ref().and_then(|a| a.hold.as_ref().map(|h| h.id.clone())),
+                    "released": action.as_ref().and_then(|a| a.released.clone()),
                 });
                 if let Some(e) = &r.error {
                     v["code"] = json!(e.code.as_str());
@@ -244,12 +367,7 @@ impl ScriptHost for Host {
                 }
                 v
             }
-            Ok(Err(e)) => {
-                json!({"ok": false, "outcome": "error", "applied": false, "code": "transport", "error": e.to_string()})
-            }
-            Err(_) => {
-                json!({"ok": false, "outcome": "error", "applied": false, "code": "timeout", "error": format!("no reply from {node} within {} s", timeout.as_secs())})
-            }
+            Err(e) => json!({"ok": false, "outcome": "error", "applied": false, "code": "transport", "error": e}),
         };
         // Keep the engine's view of drains in step with what happened.
         if result["applied"] == json!(true) {
@@ -268,15 +386,20 @@ impl ScriptHost for Host {
             }
         }
         if reserved {
-            engine.release_drain(node);
+            self.core.release_drain(node);
         }
         let node_s = node.to_string();
-        engine.update_summary(&self.run, |s| {
-            s.actions += 1;
-            if !s.nodes.contains(&node_s) {
-                s.nodes.push(node_s.clone());
+        let holds_here =
+            result["held"] == json!(true) || (!ctx.dry_run && matches!(op, Op::Drain(_)) && result["ok"] == true);
+        if let Some(r) = self.core.table().runs.get_mut(&self.run) {
+            r.summary.actions += 1;
+            if !r.summary.nodes.contains(&node_s) && !ctx.dry_run {
+                r.summary.nodes.push(node_s.clone());
             }
-        });
+            if holds_here && !r.held_on.contains(&node_s) {
+                r.held_on.push(node_s.clone());
+            }
+        }
         let mut data = result.clone();
         data["action_id"] = json!(action_id);
         data["op"] = json!(op.name());
@@ -286,14 +409,105 @@ impl ScriptHost for Host {
         to_map(result)
     }
 
+    fn release_holds(&self, ctx: &RunCtx, node: Option<&str>) -> Map {
+        if ctx.dry_run {
+            return to_map(json!({"ok": true, "dry_run": true, "released": []}));
+        }
+        let nodes: Vec<String> = match node {
+            Some(n) => vec![n.to_string()],
+            None => self.core.table().runs.get(&self.run).map(|r| r.held_on.clone()).unwrap_or_default(),
+        };
+        let Some(summary) = self.summary() else { return refused("internal", "the run ended") };
+        let mut out = Vec::new();
+        let mut ok = true;
+        for n in &nodes {
+            match self.block_on(self.core.release_run_holds(&summary, n)) {
+                Ok(v) => out.push(json!({"node": n, "result": v})),
+                Err(e) => {
+                    ok = false;
+                    out.push(json!({"node": n, "error": e}));
+                }
+            }
+        }
+        if let Some(r) = self.core.table().runs.get_mut(&self.run) {
+            r.held_on.retain(|x| !nodes.contains(x));
+            r.keeps_on.retain(|x| !nodes.contains(x));
+        }
+        to_map(json!({"ok": ok, "released": out}))
+    }
+
+    fn keep_holds(&self, ctx: &RunCtx, lease_secs: u64) -> Map {
+        let nodes: Vec<String> = self.core.table().runs.get(&self.run).map(|r| r.held_on.clone()).unwrap_or_default();
+        let Some(summary) = self.summary() else { return refused("internal", "the run ended") };
+        let mut kept = Vec::new();
+        for n in &nodes {
+            let req = {
+                let mut r = Request::new(
+                    format!("{}-keep-{n}-{}", self.run, ctx.clock.now_ms()),
+                    Op::Renew(RenewArgs { hold: None, owner: Some(self.run.clone()), lease_secs, keep: true }),
+                );
+                r.dry_run = ctx.dry_run;
+                r
+            };
+            let action_id = req.id.clone();
+            let sent = self.block_on(self.core.send_audited(&summary, n, None, req));
+            let ok = matches!(&sent, Ok((r, _)) if r.ok);
+            let data = match &sent {
+                Ok((r, _)) => {
+                    json!({"action_id": action_id, "op": "renew", "ok": r.ok, "outcome": if r.ok { "kept" } else { "refused" },
+                    "applied": r.ok && !ctx.dry_run, "after": r.result, "error": r.error.as_ref().map(|e| e.message.clone()), "dry_run": ctx.dry_run})
+                }
+                Err(e) => {
+                    json!({"action_id": action_id, "op": "renew", "ok": false, "outcome": "error", "applied": false,
+                    "code": "transport", "error": e, "dry_run": ctx.dry_run})
+                }
+            };
+            self.record(ctx, RecordKind::ActionResult, Some(n), None, data);
+            if ok {
+                kept.push(n.clone());
+            }
+        }
+        if !ctx.dry_run
+            && let Some(r) = self.core.table().runs.get_mut(&self.run)
+        {
+            for n in &kept {
+                if !r.keeps_on.contains(n) {
+                    r.keeps_on.push(n.clone());
+                }
+            }
+        }
+        to_map(json!({"ok": kept.len() == nodes.len(), "nodes": kept, "lease_secs": lease_secs}))
+    }
+
+    fn holds(&self, _ctx: &RunCtx, node: &str) -> rhai::Array {
+        let Some(n) = self.core.fleet.get(node).cloned() else { return rhai::Array::new() };
+        let req = Request::new(self.core.ids.request(&format!("{}-holds", self.run)), Op::Holds(NoArgs {}));
+        let views: Vec<nightshift_proto::SettingView> = match self.block_on(n.transport.call(req)) {
+            Ok(r) if r.ok => r.result.and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        views
+            .into_iter()
+            .flat_map(|v| {
+                let (baseline, effective) = (v.baseline.to_string(), v.effective.to_string());
+                v.holds.into_iter().map(move |h| {
+                    Dynamic::from(to_map(json!({
+                        "id": h.id, "owner": h.owner, "setting": h.setting.kind(), "gpu": h.setting.gpu(),
+                        "value": h.value.to_string(), "reason": h.reason, "expires_at_ms": h.expires_at_ms,
+                        "sticky": h.sticky(), "kept": h.kept, "baseline": baseline, "effective": effective,
+                    })))
+                })
+            })
+            .collect()
+    }
+
     fn config_list(&self, _ctx: &RunCtx, node: &str, name: &str) -> Dynamic {
-        let Some(n) = self.engine.fleet().get(node).cloned() else { return Dynamic::UNIT };
+        let Some(n) = self.core.fleet.get(node).cloned() else { return Dynamic::UNIT };
         let req = Request::new(
-            format!("{}-cl-{}", self.run, self.engine.clock().now_ms()),
+            self.core.ids.request(&format!("{}-config-list", self.run)),
             Op::ConfigList(ConfigListArgs { name: Some(name.into()) }),
         );
-        let reply = self.engine.handle().block_on(async move { n.transport.call(req).await });
-        match reply {
+        match self.block_on(n.transport.call(req)) {
             Ok(r) if r.ok => r
                 .result
                 .and_then(|v| v.get(0).cloned())
@@ -307,33 +521,39 @@ impl ScriptHost for Host {
         if !self.in_target(ctx, node) {
             return;
         }
-        if let Some(n) = self.engine.fleet().get(node) {
+        if !ctx.dry_run
+            && let Some(n) = self.core.fleet.get(node)
+        {
             let mut st = n.state();
             match text {
                 Some(t) => st.annotations.insert(key.into(), t.into()),
                 None => st.annotations.remove(key),
             };
         }
-        self.record(ctx, RecordKind::NodeAnnotated, Some(node), None, json!({"key": key, "value": text}));
+        let mut data = json!({"key": key, "value": text});
+        if ctx.dry_run {
+            data["dry_run"] = json!(true);
+            data["note"] = json!("dry run: would have set this annotation");
+        }
+        self.record(ctx, RecordKind::NodeAnnotated, Some(node), None, data);
     }
 
     fn scale(&self, ctx: &RunCtx, out: bool, count: i64) -> Map {
         let Some((label, value)) = ctx.target.group.clone() else {
             return refused("not_group", "scale_out/scale_in need a group target (scope: group)");
         };
-        let nodes = self.engine.fleet().group(&label, &value);
         let mut changed = Vec::new();
         let mut skipped = Vec::new();
-        for n in nodes {
+        for n in self.core.fleet.group(&label, &value) {
             if changed.len() as i64 >= count {
                 break;
             }
             if !n.spec.standby {
                 continue;
             }
-            let (drained, reason) = {
+            let (drained, reason, holds) = {
                 let st = n.state();
-                (st.drained, st.drain_reason.clone())
+                (st.drained, st.drain_reason.clone(), st.holds.clone())
             };
             let name = n.spec.name.clone();
             if out {
@@ -344,24 +564,36 @@ impl ScriptHost for Host {
                     skipped.push(json!({"node": name, "why": format!("drained by someone else ({})", reason.unwrap_or_default())}));
                     continue;
                 }
+                // Never a node held drained for RMA, repair or a fault.
+                if let Some(h) = holds.iter().find(|h| matches!(h.value, HoldValue::NodeDrain { drained: true, .. })) {
+                    skipped.push(json!({"node": name, "why": format!("held drained by {} ({})", h.owner, h.reason)}));
+                    continue;
+                }
                 let r = self.act(ctx, &name, Op::Resume(nightshift_proto::ResumeArgs { run: Some(self.run.clone()) }));
                 if r.get("applied").and_then(|d| d.as_bool().ok()) == Some(true) || ctx.dry_run {
                     changed.push(name);
+                } else {
+                    skipped
+                        .push(json!({"node": name, "why": r.get("error").map(|e| e.to_string()).unwrap_or_default()}));
                 }
             } else {
-                if drained {
+                // Scale in: release the in-service holds earlier runs kept on
+                // standby nodes; each node goes back to its standby drain.
+                let Some(h) = holds.iter().find(|h| {
+                    matches!(h.value, HoldValue::NodeDrain { drained: false, .. }) && !h.owner.starts_with("person:")
+                }) else {
                     continue;
-                }
+                };
                 let r = self.act(
                     ctx,
                     &name,
-                    Op::Drain(nightshift_proto::DrainArgs {
-                        reason: format!("scale-in: {label}={value} has spare capacity"),
-                        run: Some(self.run.clone()),
-                    }),
+                    Op::Release(ReleaseArgs { hold: Some(h.id.clone()), owner: None, include_kept: false }),
                 );
-                if r.get("applied").and_then(|d| d.as_bool().ok()) == Some(true) || ctx.dry_run {
+                if r.get("ok").and_then(|d| d.as_bool().ok()) == Some(true) {
                     changed.push(name);
+                } else {
+                    skipped
+                        .push(json!({"node": name, "why": r.get("error").map(|e| e.to_string()).unwrap_or_default()}));
                 }
             }
         }
@@ -375,30 +607,28 @@ impl ScriptHost for Host {
             TextKind::Escalate => (RecordKind::Escalation, "escalation"),
         };
         let text: String = text.chars().take(2000).collect();
-        if kind != TextKind::Note {
-            tracing::warn!(run = %self.run, runbook = %ctx.runbook, severity, text = %text, "notification");
-        }
         if kind == TextKind::Note {
             self.record(ctx, rk, ctx.target.node.as_deref(), ctx.target.gpu, json!({"text": text}));
             return;
         }
-        let data = self.engine.notification_data(rk, &text, severity);
-        let summary = self.engine.run_summary(&self.run);
+        if !ctx.dry_run {
+            tracing::warn!(run = %self.run, runbook = %ctx.runbook, severity, text = %text, "notification");
+        }
+        let data = self.core.notification_data(rk, &text, severity, ctx.dry_run);
         let rec = NewRecord::new(rk, "engine", data)
             .run(&self.run)
             .node(ctx.target.node.as_deref())
             .gpu(ctx.target.gpu)
             .runbook(&ctx.runbook);
-        match self.engine.audit().append_blocking(rec, summary) {
-            Ok(r) => self.engine.deliver(&r),
+        match self.core.audit.append_blocking(rec, self.summary()) {
+            Ok(r) => Core::deliver(&self.core, &r),
             Err(e) => tracing::error!(run = %self.run, error = %e, "cannot audit from a script"),
         }
     }
 
-    fn event_resolved(&self, ctx: &RunCtx) -> bool {
-        let Some(s) = self.engine.run_summary(&self.run) else { return false };
-        let _ = ctx;
-        s.event.get("fingerprint").and_then(Value::as_str).is_some_and(|f| self.engine.alert_resolved(f))
+    fn event_resolved(&self, _ctx: &RunCtx) -> bool {
+        let Some(s) = self.summary() else { return false };
+        s.event.get("fingerprint").and_then(Value::as_str).is_some_and(|f| self.core.table().resolved.contains(f))
     }
 }
 
@@ -406,6 +636,3 @@ impl ScriptHost for Host {
 pub fn metric_names() -> Vec<&'static str> {
     metrics::METRICS.iter().map(|m| m.name).collect()
 }
-
-/// Keep `Arc` in the public API stable.
-pub type SharedHost = Arc<Host>;

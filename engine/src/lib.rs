@@ -1,25 +1,39 @@
 //! nightshift-engine: the brain that answers the page.
 //!
-//! Flow: telemetry or an alert → [`triggers`] → a run request → the
-//! [`executor`] (dedup, cooldown, budgets, blast radius, approval) → the
-//! runbook's Rhai [`script`] → actions sent to agents → every step in the
-//! [`audit`] log.
+//! Flow: telemetry or an alert ([`ingest`]) → [`triggers`] → a run request
+//! → [`admission`] (stale, dedup, cooldown, breaker, budget, hands-off,
+//! capacity, approval) → the [`executor`] (queue, classes and priorities,
+//! re-check at start) → the runbook's Rhai [`script`] through the [`host`]
+//! → holds and actions sent to agents → every step in the [`audit`] log.
+//! The executor's memory ([`runtable`]) is rebuilt from the log on start
+//! ([`recovery`]).
+//!
+//! Dependency rule: this crate uses `nightshift-proto`, never the agent
+//! daemon (checked by `tests/tests/architecture.rs`).
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod alerts;
 pub mod audit;
 pub mod config;
+pub mod core;
+pub mod counters;
 pub mod engine;
+pub mod executor;
 pub mod fleet;
 pub mod host;
+pub mod ingest;
 pub mod inventory;
 pub mod manifest;
 pub mod metrics;
 pub mod notify;
+pub mod recovery;
 pub mod runbook;
 pub mod runs;
+pub mod runtable;
 pub mod script;
 pub mod serve;
 pub mod sources;
 pub mod telemetry;
 pub mod triggers;
+pub mod views;

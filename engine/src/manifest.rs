@@ -44,8 +44,59 @@ pub struct Manifest {
     /// Storm protection: too many targets firing at once trips the breaker.
     #[serde(default)]
     pub breaker: Option<Breaker>,
+    /// `act` (holds and node actions) or `observe` (readings, notes,
+    /// notifications, watches: takes no lock, may not change anything).
+    #[serde(default)]
+    pub class: RunClass,
+    /// `critical` runs never wait behind lower ones.
+    #[serde(default)]
+    pub priority: Priority,
+    /// Acting runs of exclusive runbooks do not overlap on one node (for
+    /// changes that reason about history, such as config rollbacks). Other
+    /// acting runs overlap freely: their holds combine on the agent.
+    #[serde(default)]
+    pub exclusive: bool,
+    /// Group runs: the most nodes one run changes (approval counts this).
+    #[serde(default)]
+    pub max_nodes_changed: Option<u32>,
+    /// The runbook may place a sticky node drain (RMA, repair) that only a
+    /// person releases.
+    #[serde(default)]
+    pub sticky_drain: bool,
     /// The Rhai script, relative to the manifest.
     pub script: String,
+}
+
+/// What a run may do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunClass {
+    /// Holds and node actions.
+    #[default]
+    Act,
+    /// Readings, notes, notifications and watches only.
+    Observe,
+}
+
+/// How urgent a runbook is. Ordered: `Low < Normal < Critical`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    Low,
+    #[default]
+    Normal,
+    /// Overheat, ECC, XID: safety.
+    Critical,
+}
+
+impl Priority {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::Critical => "critical",
+        }
+    }
 }
 
 fn default_cooldown() -> u64 {
@@ -356,6 +407,19 @@ pub struct Breaker {
     /// How long a fire waits before it may start, so a storm is seen whole.
     #[serde(default)]
     pub hold_secs: u64,
+    /// What `max_targets` counts: distinct `nodes` (default) or `gpus`.
+    #[serde(default)]
+    pub count: BreakerCount,
+}
+
+/// What a breaker counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerCount {
+    /// Four XIDs on one node are one node.
+    #[default]
+    Nodes,
+    Gpus,
 }
 
 /// One problem in a manifest or script.
@@ -564,6 +628,34 @@ impl Manifest {
                 return Err(err(name, format!("params: `{name}` is not a valid name: use letters, digits and _")));
             }
             p.ty.from_yaml(&p.default).map_err(|m| err(name, format!("params.{name}.default: {m}")))?;
+        }
+        if self.class == RunClass::Observe && (self.sticky_drain || self.exclusive) {
+            return Err(err(
+                "class",
+                "class: an observe runbook changes nothing, so it cannot be exclusive or place sticky drains".into(),
+            ));
+        }
+        if let Some(n) = self.max_nodes_changed {
+            if self.scope != Scope::Group {
+                return Err(err(
+                    "max_nodes_changed",
+                    "max_nodes_changed: only group runbooks change several nodes; a node or GPU run changes one".into(),
+                ));
+            }
+            if n == 0 {
+                return Err(err("max_nodes_changed", "max_nodes_changed: expected at least 1, found 0".into()));
+            }
+        }
+        if let Some(b) = &self.breaker
+            && (b.max_targets == 0 || b.window_secs == 0 || b.window_secs > 86_400 || b.hold_secs > 3_600)
+        {
+            return Err(err(
+                "breaker",
+                format!(
+                    "breaker: expected max_targets ≥ 1, window_secs 1 to 86400 and hold_secs at most 3600, found {}, {} and {}",
+                    b.max_targets, b.window_secs, b.hold_secs
+                ),
+            ));
         }
         if !self.script.ends_with(".rhai") {
             return Err(err("script", format!("script: expected a .rhai file, found {:?}", self.script)));

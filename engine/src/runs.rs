@@ -53,6 +53,17 @@ pub enum RunState {
     Finished,
 }
 
+impl RunState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Queued => "queued",
+            RunState::PendingApproval => "pending_approval",
+            RunState::Running => "running",
+            RunState::Finished => "finished",
+        }
+    }
+}
+
 /// How a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -66,6 +77,9 @@ pub enum RunOutcome {
     Cancelled,
     /// The engine stopped while it was in flight.
     Interrupted,
+    /// Not acted on: the event was too old by the time the run could start,
+    /// or its condition had cleared.
+    Skipped,
 }
 
 impl RunOutcome {
@@ -77,6 +91,7 @@ impl RunOutcome {
             RunOutcome::TimedOut => "timed_out",
             RunOutcome::Cancelled => "cancelled",
             RunOutcome::Interrupted => "interrupted",
+            RunOutcome::Skipped => "skipped",
         }
     }
 
@@ -88,6 +103,7 @@ impl RunOutcome {
             RunOutcome::TimedOut,
             RunOutcome::Cancelled,
             RunOutcome::Interrupted,
+            RunOutcome::Skipped,
         ]
         .into_iter()
         .find(|o| o.as_str() == s)
@@ -126,9 +142,29 @@ pub struct RunSummary {
     pub state: RunState,
     #[serde(default)]
     pub outcome: Option<RunOutcome>,
-    /// One line: why the run exists and how it ended.
+    /// Why the run exists, in one line (set once, never rewritten).
+    #[serde(default)]
+    pub detail: String,
+    /// How it ended, in one line.
+    #[serde(default)]
+    pub ending: Option<String>,
+    /// `detail — ending`, for lists.
     pub why: String,
+    /// What a queued run is waiting for, while it waits.
+    #[serde(default)]
+    pub waiting_for: Option<String>,
+    /// Holds the run left in effect on purpose (kept past its end), as
+    /// `node: setting value until time`.
+    #[serde(default)]
+    pub holds_kept: Vec<String>,
+    /// Holds still in effect at its end that it did not mean to keep (the
+    /// release failed or the agent was unreachable).
+    #[serde(default)]
+    pub holds_left: Vec<String>,
     pub created_ms: i64,
+    /// When the event that started it happened.
+    #[serde(default)]
+    pub event_ts_ms: i64,
     #[serde(default)]
     pub started_ms: Option<i64>,
     #[serde(default)]

@@ -15,8 +15,9 @@
 //! `set_fan_curve`, `reset_fan`, `set_clocks`, `reset_clocks`, `clear_ecc`,
 //! `set_gpu_drain`, `drain`, `resume`, `drain_node`, `resume_node`,
 //! `flush_caches`, `config_apply`, `config_rollback`, `config_mark`,
-//! `config_list`, `annotate`, `clear_annotation`, `scale_out`, `scale_in`;
-//! control `sleep`, `wait_until`, `note`, `notify`, `escalate`, `fail`.
+//! `config_list`, `annotate`, `clear_annotation`, `scale_out`, `scale_in`,
+//! `drain_sticky`; holds `holds`, `release_holds`, `keep_holds`; control
+//! `sleep`, `wait_until`, `note`, `notify`, `escalate`, `fail`.
 
 use std::cell::RefCell;
 use std::path::Path;
@@ -140,6 +141,12 @@ pub trait ScriptHost: Send + Sync {
     fn scale(&self, ctx: &RunCtx, out: bool, count: i64) -> Map;
     fn text(&self, ctx: &RunCtx, kind: TextKind, text: &str);
     fn event_resolved(&self, ctx: &RunCtx) -> bool;
+    /// Release this run's holds (on `node`, or everywhere it holds).
+    fn release_holds(&self, ctx: &RunCtx, node: Option<&str>) -> Map;
+    /// Keep this run's holds past its end, with a new lease.
+    fn keep_holds(&self, ctx: &RunCtx, lease_secs: u64) -> Map;
+    /// The holds in effect on a node.
+    fn holds(&self, ctx: &RunCtx, node: &str) -> rhai::Array;
 }
 
 /// Why a script was stopped from outside.
@@ -148,6 +155,18 @@ pub enum StopReason {
     Deadline,
     Cancelled,
     Failed,
+    Skipped,
+}
+
+/// What a run is, for its context.
+#[derive(Debug, Clone)]
+pub struct RunInfo {
+    pub run_id: String,
+    pub runbook: String,
+    pub target: Target,
+    pub dry_run: bool,
+    pub timeout_secs: u64,
+    pub max_notes: u32,
 }
 
 /// Everything a host function knows about the run it serves.
@@ -168,33 +187,30 @@ pub struct RunCtx {
 }
 
 impl RunCtx {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        run_id: &str,
-        runbook: &str,
-        target: Target,
-        dry_run: bool,
-        clock: SharedClock,
-        timeout_secs: u64,
-        host: Arc<dyn ScriptHost>,
-        max_notes: u32,
-    ) -> RunCtx {
+    pub fn new(info: RunInfo, clock: SharedClock, host: Arc<dyn ScriptHost>) -> RunCtx {
         let started_ms = clock.now_ms();
         RunCtx {
-            run_id: run_id.into(),
-            runbook: runbook.into(),
-            target,
-            dry_run,
-            deadline_ms: started_ms + timeout_secs as i64 * 1000,
+            run_id: info.run_id,
+            runbook: info.runbook,
+            target: info.target,
+            dry_run: info.dry_run,
+            deadline_ms: started_ms.saturating_add((info.timeout_secs.min(i64::MAX as u64 / 1000) as i64) * 1000),
             clock,
             started_ms,
             cancel: Arc::new(AtomicBool::new(false)),
             host,
-            max_notes,
+            max_notes: info.max_notes,
             notes: AtomicU32::new(0),
             failure: Mutex::new(None),
             stop: Mutex::new(None),
         }
+    }
+
+    /// End the run as skipped (its condition cleared): the script stops at
+    /// its next host call or operation check.
+    pub fn skip(&self, why: &str) {
+        *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
+        self.set_stop(StopReason::Skipped);
     }
 
     /// Whether the run must stop now, and why.
@@ -233,7 +249,7 @@ impl RunCtx {
     /// Sleep on the engine clock, stopping at the deadline or on cancel.
     pub fn sleep_ms(&self, ms: i64) -> Result<(), Box<EvalAltResult>> {
         let now = self.clock.now_ms();
-        let until = (now + ms.max(0)).min(self.deadline_ms);
+        let until = now.saturating_add(ms.max(0)).min(self.deadline_ms);
         if until > now {
             self.clock.sleep_until_blocking(until, &self.cancel);
         }
@@ -261,18 +277,41 @@ fn terminated(r: StopReason) -> Box<EvalAltResult> {
         StopReason::Deadline => "deadline",
         StopReason::Cancelled => "cancelled",
         StopReason::Failed => "failed",
+        StopReason::Skipped => "skipped",
     };
     EvalAltResult::ErrorTerminated(Dynamic::from(token), Position::NONE).into()
 }
 
 fn num(d: &Dynamic, what: &str) -> Result<f64, Box<EvalAltResult>> {
-    if let Ok(f) = d.as_float() {
-        return Ok(f);
+    let v = if let Ok(f) = d.as_float() {
+        f
+    } else if let Ok(i) = d.as_int() {
+        i as f64
+    } else {
+        return Err(rt(format!("{what}: expected a number, found {}", d.type_name())));
+    };
+    if !v.is_finite() {
+        return Err(rt(format!("{what}: expected a finite number, found {v}")));
     }
-    if let Ok(i) = d.as_int() {
-        return Ok(i as f64);
+    Ok(v)
+}
+
+/// A GPU index from a script: 0 to 4294967295, never truncated.
+fn gpu_arg(g: i64) -> Result<u32, Box<EvalAltResult>> {
+    u32::try_from(g).map_err(|_| rt(format!("gpu: expected an index from 0 to {}, found {g}", u32::MAX)))
+}
+
+/// A whole number for the agent (MHz, versions): 0 to 4294967295.
+fn u32_arg(v: i64, what: &str) -> Result<u32, Box<EvalAltResult>> {
+    u32::try_from(v).map_err(|_| rt(format!("{what}: expected 0 to {}, found {v}", u32::MAX)))
+}
+
+/// Seconds from a script as milliseconds: finite, not negative, saturating.
+fn secs_ms(v: f64, what: &str) -> Result<i64, Box<EvalAltResult>> {
+    if !v.is_finite() || v < 0.0 {
+        return Err(rt(format!("{what}: expected a finite number of seconds ≥ 0, found {v}")));
     }
-    Err(rt(format!("{what}: expected a number, found {}", d.type_name())))
+    Ok((v * 1000.0).min(i64::MAX as f64) as i64)
 }
 
 fn metric_of(name: &str) -> Result<MetricId, Box<EvalAltResult>> {
@@ -294,7 +333,7 @@ fn reading(
         None => c.node()?,
     };
     let gpu = if metrics::metric(metric).gpu_scoped { gpu.or(c.target.gpu) } else { None };
-    let q = Reading { node, gpu, metric, window_ms: (window_secs * 1000.0) as i64, agg };
+    let q = Reading { node, gpu, metric, window_ms: secs_ms(window_secs, "window_secs")?, agg };
     Ok(match c.host.reading(&c, &q) {
         Some(v) => Dynamic::from_float(v),
         None => Dynamic::UNIT,
@@ -332,7 +371,12 @@ fn act(node: Option<String>, op: Op) -> Result<Map, Box<EvalAltResult>> {
     if let Some(r) = c.check_stop() {
         return Err(terminated(r));
     }
-    Ok(c.host.act(&c, &node, op))
+    let result = c.host.act(&c, &node, op);
+    // A skip (the condition cleared) ends the run here.
+    if let Some(r) = c.check_stop() {
+        return Err(terminated(r));
+    }
+    Ok(result)
 }
 
 fn text(kind: TextKind, s: &str) -> Result<(), Box<EvalAltResult>> {
@@ -373,6 +417,7 @@ pub fn build_engine(limits: &ScriptLimits) -> Engine {
             StopReason::Deadline => Dynamic::from("deadline"),
             StopReason::Cancelled => Dynamic::from("cancelled"),
             StopReason::Failed => Dynamic::from("failed"),
+            StopReason::Skipped => Dynamic::from("skipped"),
         })
     });
     register_api(&mut e);
@@ -388,7 +433,7 @@ fn register_api(e: &mut Engine) {
     e.register_fn("metric_slope", |name: &str, w: Dynamic| {
         reading(name, None, None, num(&w, "window_secs")?, Agg::SlopePerMin)
     });
-    e.register_fn("gpu_metric", |gpu: i64, name: &str| reading(name, Some(gpu as u32), None, 0.0, Agg::Latest));
+    e.register_fn("gpu_metric", |gpu: i64, name: &str| reading(name, Some(gpu_arg(gpu)?), None, 0.0, Agg::Latest));
     e.register_fn("node_metric", |node: &str, name: &str| {
         reading(name, None, Some(node.to_string()), 0.0, Agg::Latest)
     });
@@ -398,7 +443,7 @@ fn register_api(e: &mut Engine) {
     });
     e.register_fn("gpu", |gpu: i64| -> Result<Map, Box<EvalAltResult>> {
         let c = ctx()?;
-        Ok(c.host.gpu_info(&c, &c.node()?, gpu as u32))
+        Ok(c.host.gpu_info(&c, &c.node()?, gpu_arg(gpu)?))
     });
     e.register_fn("node", || -> Result<Map, Box<EvalAltResult>> {
         let c = ctx()?;
@@ -433,20 +478,23 @@ fn register_api(e: &mut Engine) {
         act(None, Op::SetPowerLimit(SetPowerLimitArgs { gpu, watts: num(&w, "watts")? }))
     });
     e.register_fn("set_power_limit", |gpu: i64, w: Dynamic| {
-        act(None, Op::SetPowerLimit(SetPowerLimitArgs { gpu: gpu as u32, watts: num(&w, "watts")? }))
+        act(None, Op::SetPowerLimit(SetPowerLimitArgs { gpu: gpu_arg(gpu)?, watts: num(&w, "watts")? }))
     });
     e.register_fn("set_fan_curve", |points: rhai::Array| {
         let gpu = ctx()?.gpu()?;
         act(None, Op::SetFanCurve(SetFanCurveArgs { gpu, points: fan_points(&points)? }))
     });
     e.register_fn("set_fan_curve", |gpu: i64, points: rhai::Array| {
-        act(None, Op::SetFanCurve(SetFanCurveArgs { gpu: gpu as u32, points: fan_points(&points)? }))
+        act(None, Op::SetFanCurve(SetFanCurveArgs { gpu: gpu_arg(gpu)?, points: fan_points(&points)? }))
     });
     e.register_fn("reset_fan", || act(None, Op::ResetFan(GpuArgs { gpu: ctx()?.gpu()? })));
-    e.register_fn("reset_fan", |gpu: i64| act(None, Op::ResetFan(GpuArgs { gpu: gpu as u32 })));
+    e.register_fn("reset_fan", |gpu: i64| act(None, Op::ResetFan(GpuArgs { gpu: gpu_arg(gpu)? })));
     e.register_fn("set_clocks", |lo: i64, hi: i64| {
         let gpu = ctx()?.gpu()?;
-        act(None, Op::SetClocks(SetClocksArgs { gpu, min_mhz: lo.max(0) as u32, max_mhz: hi.max(0) as u32 }))
+        act(
+            None,
+            Op::SetClocks(SetClocksArgs { gpu, min_mhz: u32_arg(lo, "min_mhz")?, max_mhz: u32_arg(hi, "max_mhz")? }),
+        )
     });
     e.register_fn("reset_clocks", || act(None, Op::ResetClocks(GpuArgs { gpu: ctx()?.gpu()? })));
     e.register_fn("clear_ecc", || act(None, Op::ClearEcc(GpuArgs { gpu: ctx()?.gpu()? })));
@@ -457,11 +505,15 @@ fn register_api(e: &mut Engine) {
     // Node actions.
     e.register_fn("drain", |why: &str| {
         let c = ctx()?;
-        act(None, Op::Drain(DrainArgs { reason: why.into(), run: Some(c.run_id.clone()) }))
+        act(None, Op::Drain(DrainArgs { reason: why.into(), run: Some(c.run_id.clone()), sticky: false }))
+    });
+    e.register_fn("drain_sticky", |why: &str| {
+        let c = ctx()?;
+        act(None, Op::Drain(DrainArgs { reason: why.into(), run: Some(c.run_id.clone()), sticky: true }))
     });
     e.register_fn("drain_node", |node: &str, why: &str| {
         let c = ctx()?;
-        act(Some(node.into()), Op::Drain(DrainArgs { reason: why.into(), run: Some(c.run_id.clone()) }))
+        act(Some(node.into()), Op::Drain(DrainArgs { reason: why.into(), run: Some(c.run_id.clone()), sticky: false }))
     });
     e.register_fn("resume", || act(None, Op::Resume(ResumeArgs { run: Some(ctx()?.run_id.clone()) })));
     e.register_fn("resume_node", |node: &str| {
@@ -475,10 +527,16 @@ fn register_api(e: &mut Engine) {
         act(None, Op::ConfigRollback(ConfigRollbackArgs { name: name.into(), to_version: None }))
     });
     e.register_fn("config_rollback", |name: &str, version: i64| {
-        act(None, Op::ConfigRollback(ConfigRollbackArgs { name: name.into(), to_version: Some(version.max(0) as u32) }))
+        act(
+            None,
+            Op::ConfigRollback(ConfigRollbackArgs {
+                name: name.into(),
+                to_version: Some(u32_arg(version, "version")?),
+            }),
+        )
     });
     e.register_fn("config_mark", |name: &str, version: i64, good: bool| {
-        act(None, Op::ConfigMark(ConfigMarkArgs { name: name.into(), version: version.max(0) as u32, good }))
+        act(None, Op::ConfigMark(ConfigMarkArgs { name: name.into(), version: u32_arg(version, "version")?, good }))
     });
     e.register_fn("config_list", |name: &str| -> Result<Dynamic, Box<EvalAltResult>> {
         let c = ctx()?;
@@ -502,6 +560,37 @@ fn register_api(e: &mut Engine) {
         let c = ctx()?;
         Ok(c.host.scale(&c, false, n))
     });
+    // Holds.
+    e.register_fn("release_holds", || -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        if let Some(r) = c.check_stop() {
+            return Err(terminated(r));
+        }
+        Ok(c.host.release_holds(&c, None))
+    });
+    e.register_fn("release_holds", |node: &str| -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        if let Some(r) = c.check_stop() {
+            return Err(terminated(r));
+        }
+        Ok(c.host.release_holds(&c, Some(node)))
+    });
+    e.register_fn("keep_holds", |secs: i64| -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        let secs = u64::try_from(secs)
+            .ok()
+            .filter(|s| (1..=86_400).contains(s))
+            .ok_or_else(|| rt(format!("keep_holds: expected a lease of 1 to 86400 seconds, found {secs}")))?;
+        Ok(c.host.keep_holds(&c, secs))
+    });
+    e.register_fn("holds", || -> Result<rhai::Array, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.holds(&c, &c.node()?))
+    });
+    e.register_fn("holds", |node: &str| -> Result<rhai::Array, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.holds(&c, node))
+    });
 
     // Control.
     // Typed, so they replace Rhai's built-in `sleep`, which would block the
@@ -509,7 +598,7 @@ fn register_api(e: &mut Engine) {
     e.register_fn("sleep", |secs: i64| -> Result<(), Box<EvalAltResult>> {
         ctx()?.sleep_ms(secs.saturating_mul(1000))
     });
-    e.register_fn("sleep", |secs: f64| -> Result<(), Box<EvalAltResult>> { ctx()?.sleep_ms((secs * 1000.0) as i64) });
+    e.register_fn("sleep", |secs: f64| -> Result<(), Box<EvalAltResult>> { ctx()?.sleep_ms(secs_ms(secs, "sleep")?) });
     e.register_fn("wait_until", |nc: NativeCallContext<'_>, f: FnPtr, timeout: Dynamic| {
         wait_until(&nc, &f, &timeout, 5.0)
     });
@@ -535,9 +624,9 @@ fn wait_until(
     poll_secs: f64,
 ) -> Result<bool, Box<EvalAltResult>> {
     let c = ctx()?;
-    let timeout_ms = (num(timeout, "timeout_secs")? * 1000.0) as i64;
-    let poll_ms = (poll_secs.max(0.1) * 1000.0) as i64;
-    let end = c.clock.now_ms() + timeout_ms;
+    let timeout_ms = secs_ms(num(timeout, "timeout_secs")?, "timeout_secs")?;
+    let poll_ms = secs_ms(poll_secs.max(0.1), "poll_secs")?;
+    let end = c.clock.now_ms().saturating_add(timeout_ms);
     loop {
         let ok: bool = f.call_within_context(nc, ())?;
         if ok {
@@ -579,6 +668,8 @@ pub enum ScriptOutcome {
     Failed(String),
     TimedOut(String),
     Cancelled,
+    /// Its condition cleared before its first change: nothing was done.
+    Skipped(String),
 }
 
 fn innermost(err: &EvalAltResult) -> (&EvalAltResult, Position) {
@@ -637,6 +728,9 @@ pub fn execute(
                             (ctx.deadline_ms - ctx.started_ms) / 1000
                         )),
                         "cancelled" => ScriptOutcome::Cancelled,
+                        "skipped" => ScriptOutcome::Skipped(
+                            ctx.failure.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default(),
+                        ),
                         _ => {
                             let why = ctx.failure.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
                             ScriptOutcome::Failed(format!("{}: fail(\"{why}\")", at(pos)))

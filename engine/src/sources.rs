@@ -216,7 +216,7 @@ pub fn host_of(labels: &BTreeMap<String, String>) -> Option<String> {
 }
 
 /// Samples ready for the engine: (node, gpu, metric, ts, value).
-pub type Mapped = Vec<(String, Option<u16>, MetricId, i64, f64)>;
+pub type Mapped = Vec<(String, Option<u32>, MetricId, i64, f64)>;
 
 /// Framebuffer (latest ts, used MiB, free MiB) of one GPU.
 type FbParts = (i64, Option<f64>, Option<f64>);
@@ -241,12 +241,12 @@ pub fn map_samples(
     samples: &[PromSample],
     now_ms: i64,
     is_node: &dyn Fn(&str) -> bool,
-    gpu_by_uuid: &dyn Fn(&str, &str) -> Option<u16>,
+    gpu_by_uuid: &dyn Fn(&str, &str) -> Option<u32>,
 ) -> (Mapped, MapStats) {
     let mut out = Vec::new();
     let mut st = MapStats::default();
     // (node, gpu) → (ts, used, free) for the memory percentage.
-    let mut fb: BTreeMap<(String, u16), FbParts> = BTreeMap::new();
+    let mut fb: BTreeMap<(String, u32), FbParts> = BTreeMap::new();
     for s in samples {
         let Some(field) = dcgm_metric(&s.name) else {
             st.other_series += 1;
@@ -256,7 +256,7 @@ pub fn map_samples(
             st.unknown_host += 1;
             continue;
         };
-        let gpu = match s.labels.get("gpu").and_then(|g| g.parse::<u16>().ok()) {
+        let gpu = match s.labels.get("gpu").and_then(|g| g.parse::<u32>().ok()) {
             Some(g) => g,
             None => match s.labels.get("UUID").or_else(|| s.labels.get("uuid")).and_then(|u| gpu_by_uuid(&node, u)) {
                 Some(g) => g,
@@ -328,7 +328,7 @@ this is not a metric line
         assert_eq!(samples[1].ts_ms, Some(1_790_000_000_123));
         let (mapped, st) =
             map_samples(&samples, 5, &|h| h == "gpu-a1", &|n, u| (n == "gpu-a1" && u == "GPU-bb").then_some(1));
-        let find = |m: MetricId, g: u16| mapped.iter().find(|x| x.2 == m && x.1 == Some(g)).map(|x| (x.3, x.4));
+        let find = |m: MetricId, g: u32| mapped.iter().find(|x| x.2 == m && x.1 == Some(g)).map(|x| (x.3, x.4));
         assert_eq!(find(ids::TEMPERATURE, 0), Some((5, 71.0)));
         assert_eq!(find(ids::TEMPERATURE, 1), Some((1_790_000_000_123, 64.5)));
         assert_eq!(find(ids::POWER, 1), Some((5, 612.5)), "GPU found by UUID");

@@ -209,6 +209,17 @@ pub struct TriggerSet {
     by_metric: Vec<Vec<usize>>,
 }
 
+/// An aggregate over a group's latest values.
+fn aggregate(agg: Aggregate, where_above: Option<f64>, vals: &[f64]) -> f64 {
+    match agg {
+        Aggregate::Avg => vals.iter().sum::<f64>() / vals.len() as f64,
+        Aggregate::Max => vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+        Aggregate::Min => vals.iter().cloned().fold(f64::INFINITY, f64::min),
+        Aggregate::Sum => vals.iter().sum(),
+        Aggregate::Count => vals.iter().filter(|v| **v > where_above.unwrap_or(f64::INFINITY)).count() as f64,
+    }
+}
+
 fn fmt_v(v: f64) -> String {
     if v.fract() == 0.0 { format!("{v:.0}") } else { format!("{v:.2}") }
 }
@@ -369,15 +380,7 @@ impl TriggerSet {
                 if vals.is_empty() {
                     continue;
                 }
-                let x = match agg {
-                    Aggregate::Avg => vals.iter().sum::<f64>() / vals.len() as f64,
-                    Aggregate::Max => vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
-                    Aggregate::Min => vals.iter().cloned().fold(f64::INFINITY, f64::min),
-                    Aggregate::Sum => vals.iter().sum(),
-                    Aggregate::Count => {
-                        vals.iter().filter(|v| **v > where_above.unwrap_or(f64::INFINITY)).count() as f64
-                    }
-                };
+                let x = aggregate(*agg, *where_above, &vals);
                 let st = e.group_states.entry(value.clone()).or_default();
                 if step_threshold(st, *level, *clear, *for_ms, x, now_ms) {
                     let agg_name = format!("{agg:?}").to_lowercase();
@@ -402,6 +405,69 @@ impl TriggerSet {
                     });
                 }
             }
+        }
+    }
+
+    /// Whether trigger `idx`'s condition holds now for the series of
+    /// `targets` (node, GPU): the level without its `for_secs`, the rate over
+    /// its window, a fleet aggregate over the given series. `None` when it
+    /// cannot be told: edges (`change`) and predictions, and series without
+    /// readings.
+    pub fn still_true(
+        &self,
+        store: &TelemetryStore,
+        idx: usize,
+        targets: &[(u32, Option<u16>)],
+        now_ms: i64,
+    ) -> Option<(bool, String)> {
+        let e = self.entries.get(idx)?.as_ref()?;
+        let metric = e.compiled.metric();
+        let gpu_scoped = metrics::metric(metric).gpu_scoped;
+        let keys: Vec<SeriesKey> = targets
+            .iter()
+            .map(|(node, gpu)| SeriesKey { node: *node, gpu: if gpu_scoped { *gpu } else { None }, metric })
+            .collect();
+        let name = metrics::metric(metric).name;
+        let latest = |k: &SeriesKey| store.latest(*k).map(|(_, v)| v);
+        match &e.compiled {
+            Compiled::Threshold { level, .. } => {
+                // For a node target of a GPU metric, any GPU breaching keeps it.
+                let keys: Vec<SeriesKey> = if gpu_scoped && targets.iter().all(|(_, g)| g.is_none()) {
+                    (0..64u16)
+                        .filter_map(|g| {
+                            let k = SeriesKey { node: targets.first()?.0, gpu: Some(g), metric };
+                            store.latest(k).map(|_| k)
+                        })
+                        .collect()
+                } else {
+                    keys
+                };
+                let vals: Vec<f64> = keys.iter().filter_map(latest).collect();
+                if vals.is_empty() {
+                    return None;
+                }
+                let hit = vals.iter().any(|v| level.breached(*v));
+                let worst = vals.iter().cloned().fold(f64::NAN, f64::max);
+                Some((hit, format!("{name} is {}", fmt_v(worst))))
+            }
+            Compiled::Rate { per_min, window_ms, min_samples, .. } => {
+                let k = keys.first()?;
+                let s = store.stats(*k, now_ms - window_ms)?;
+                if s.count < *min_samples {
+                    return None;
+                }
+                let rate = s.slope_per_sec * 60.0;
+                Some((per_min.breached(rate), format!("{name} changing {} per min", fmt_v(rate))))
+            }
+            Compiled::Fleet { agg, where_above, level, .. } => {
+                let vals: Vec<f64> = keys.iter().filter_map(latest).collect();
+                if vals.is_empty() {
+                    return None;
+                }
+                let x = aggregate(*agg, *where_above, &vals);
+                Some((level.breached(x), format!("{:?} {name} is {}", agg, fmt_v(x)).to_lowercase()))
+            }
+            Compiled::Predict { .. } | Compiled::Change { .. } => None,
         }
     }
 

@@ -1,6 +1,6 @@
-//! Executor rules in virtual time: dedup and cooldown, one mutating run per
-//! node, attempt budgets, blast radius under racing runs, approvals, dry
-//! runs, stale events.
+//! Executor rules in virtual time: dedup and cooldown, exclusive runs,
+//! attempt budgets, blast radius under racing runs, approvals, dry runs,
+//! stale events.
 
 mod common;
 
@@ -28,14 +28,15 @@ async fn the_same_alert_a_hundred_times_starts_one_run() {
     let t = now(f);
     let mut dups = 0;
     for _ in 0..100 {
-        let d = f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "firing")).duplicates;
+        let d =
+            f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "firing"), "alertmanager").duplicates;
         dups += d;
     }
     assert_eq!(dups, 99);
     // 100 distinct alerts for the same node while the run is active or
     // cooling down: suppressed.
     for i in 0..100 {
-        f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", &format!("fp-x{i}"), t, "firing"));
+        f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", &format!("fp-x{i}"), t, "firing"), "alertmanager");
         if i % 10 == 0 {
             f.step().await.unwrap();
         }
@@ -51,7 +52,7 @@ async fn the_same_alert_a_hundred_times_starts_one_run() {
     assert!((1..=2).contains(&suppressed), "suppressions are audited once per episode, found {suppressed}");
     // After the cooldown a new alert runs again.
     f.run_for(300).await.unwrap();
-    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-late", now(f), "firing"));
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-late", now(f), "firing"), "alertmanager");
     f.run_for(60).await.unwrap();
     assert_eq!(f.engine.runs(&Default::default()).unwrap().runs.len(), 2);
 }
@@ -62,7 +63,7 @@ async fn stale_events_are_dropped_and_audited() {
     write_runbook(rb.path(), "hot", &format!("{HOT_ALERT}max_event_age_secs: 120\n"), "set_power_limit(0, 500);\n");
     let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
     let f = &sim.fleet;
-    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "old", now(f) - 3_600_000, "firing"));
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "old", now(f) - 3_600_000, "firing"), "alertmanager");
     f.run_for(5).await.unwrap();
     assert!(f.engine.runs(&Default::default()).unwrap().runs.is_empty());
     let dropped: Vec<_> = records(f).into_iter().filter(|r| r.kind == RecordKind::EventDropped).collect();
@@ -70,31 +71,44 @@ async fn stale_events_are_dropped_and_audited() {
     assert!(dropped[0].data["reason"].as_str().unwrap().contains("is 3600 s old (max_event_age_secs 120)"));
     assert_eq!(power_limit(f, "n1", 0).await, 700.0);
     // Unknown hosts are dropped too.
-    f.engine.ingest_alertmanager(alert_payload("GpuHot", "nobody", "x", now(f), "firing"));
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "nobody", "x", now(f), "firing"), "alertmanager");
     f.run_for(2).await.unwrap();
     let dropped: Vec<_> = records(f).into_iter().filter(|r| r.kind == RecordKind::EventDropped).collect();
     assert!(dropped[1].data["reason"].as_str().unwrap().contains("not in the inventory"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_mutating_run_per_node_at_a_time() {
+async fn exclusive_runs_wait_for_each_other_and_the_rest_overlap() {
     let rb = tempfile::tempdir().unwrap();
     let manual = "trigger:\n  type: manual\nscope: node\n";
-    write_runbook(rb.path(), "first", manual, "set_power_limit(0, 600);\nsleep(120);\n");
-    write_runbook(rb.path(), "second", manual, "set_power_limit(0, 500);\n");
+    let exclusive = format!("{manual}exclusive: true\n");
+    write_runbook(rb.path(), "first", &exclusive, "set_power_limit(0, 600);\nsleep(120);\n");
+    write_runbook(rb.path(), "second", &exclusive, "set_power_limit(0, 500);\nsleep(10);\n");
+    write_runbook(rb.path(), "third", manual, "set_power_limit(0, 550);\nsleep(30);\n");
     let sim = start(vec![node("n1", "h100-sxm"), node("n2", "h100-sxm")], rb.path(), |_| {}).await;
     let f = &sim.fleet;
     let a = run_id(&f.engine.submit(manual_req("first", "n1")).await.unwrap());
     f.step().await.unwrap();
     let b = run_id(&f.engine.submit(manual_req("second", "n1")).await.unwrap());
     let c = run_id(&f.engine.submit(manual_req("second", "n2")).await.unwrap());
-    f.run_for(10).await.unwrap();
-    assert_eq!(f.engine.run(&b).unwrap().unwrap().state, RunState::Queued, "n1 is held by the first run");
-    assert_eq!(f.engine.run(&c).unwrap().unwrap().outcome, Some(RunOutcome::Succeeded), "n2 is free");
+    let d = run_id(&f.engine.submit(manual_req("third", "n1")).await.unwrap());
+    f.run_for(5).await.unwrap();
+    assert_eq!(f.engine.run(&b).unwrap().unwrap().state, RunState::Queued, "n1 is held by the first exclusive run");
+    assert_eq!(f.engine.run(&d).unwrap().unwrap().state, RunState::Running, "a non-exclusive run overlaps");
+    assert_eq!(power_limit(f, "n1", 0).await, 550.0, "the lowest hold wins");
+    let rc = until_finished(f, &c, 60).await;
+    assert_eq!(rc.outcome, Some(RunOutcome::Succeeded), "n2 is free");
     let ra = until_finished(f, &a, 300).await;
     let rb_ = until_finished(f, &b, 300).await;
     assert!(rb_.started_ms.unwrap() >= ra.finished_ms.unwrap());
-    assert_eq!(power_limit(f, "n1", 0).await, 500.0);
+    let started = f.engine.run_records(&b).unwrap().into_iter().find(|r| r.kind == RecordKind::RunStarted).unwrap();
+    assert!(
+        started.data["waited_for"].as_str().unwrap_or("").contains(&format!("run {a}, exclusive on n1")),
+        "a queued run says what it waited for: {}",
+        started.data
+    );
+    assert_eq!(power_limit(f, "n1", 0).await, 700.0, "every hold released: the baseline is back");
+    assert!(rb_.why.contains("every hold released, baselines restored"), "{}", rb_.why);
 }
 
 fn manual_req(runbook: &str, node: &str) -> nightshift_engine::engine::RunRequest {
@@ -113,7 +127,8 @@ async fn the_attempt_budget_refuses_and_escalates() {
     let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
     let f = &sim.fleet;
     for i in 0..3 {
-        f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", &format!("fp{i}"), now(f), "firing"));
+        f.engine
+            .ingest_alertmanager(alert_payload("GpuHot", "n1", &format!("fp{i}"), now(f), "firing"), "alertmanager");
         f.run_for(5).await.unwrap();
     }
     let runs = f.engine.runs(&Default::default()).unwrap().runs;
@@ -132,7 +147,7 @@ async fn blast_radius_holds_with_fifty_runs_racing() {
         rb.path(),
         "drain-it",
         "trigger:\n  type: alert\n  alertname: XidStorm\nscope: node\nmax_concurrent: 64\nblast_radius: {max_drained_pct: 10, max_per_group: 2, group_by: rack}\n",
-        "let r = drain(\"test storm\");\nif !r.ok { escalate(r.error); }\n",
+        "let r = drain(\"test storm\");\nif !r.ok { escalate(r.error); } else { keep_holds(3600); }\n",
     );
     let nodes: Vec<_> = (0..50)
         .map(|i| {
@@ -145,13 +160,10 @@ async fn blast_radius_holds_with_fifty_runs_racing() {
     let sim = start(nodes, rb.path(), |o| o.limits.max_concurrent_runs = 64).await;
     let f = &sim.fleet;
     for i in 0..50 {
-        f.engine.ingest_alertmanager(alert_payload(
-            "XidStorm",
-            &format!("n{i:02}"),
-            &format!("fp{i}"),
-            now(f),
-            "firing",
-        ));
+        f.engine.ingest_alertmanager(
+            alert_payload("XidStorm", &format!("n{i:02}"), &format!("fp{i}"), now(f), "firing"),
+            "alertmanager",
+        );
     }
     f.run_for(30).await.unwrap();
     let runs =
@@ -183,7 +195,7 @@ async fn approval_flow() {
         rb.path(),
         "careful",
         "trigger:\n  type: manual\nscope: node\napproval: {always: true, expire_secs: 600}\n",
-        "set_power_limit(0, 450);\n",
+        "set_power_limit(0, 450);\nsleep(60);\n",
     );
     let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
     let f = &sim.fleet;
@@ -198,10 +210,11 @@ async fn approval_flow() {
     let err = e.approve(&id, "user:alice").await.unwrap_err();
     assert!(err.to_string().contains("someone else must approve it"), "{err}");
     e.approve(&id, "user:bob").await.unwrap();
-    let r = until_finished(f, &id, 60).await;
+    f.run_for(5).await.unwrap();
+    assert_eq!(power_limit(f, "n1", 0).await, 450.0);
+    let r = until_finished(f, &id, 120).await;
     assert_eq!(r.outcome, Some(RunOutcome::Succeeded));
     assert_eq!(r.approvals[0].by, "user:bob");
-    assert_eq!(power_limit(f, "n1", 0).await, 450.0);
     // Rejected: cancelled with the reason.
     let id = run_id(&e.submit(manual_req("careful", "n1")).await.unwrap());
     e.reject(&id, "user:bob", "not during the training run").await.unwrap();

@@ -1,6 +1,7 @@
 //! Crash recovery: a run cut off mid-action is `interrupted` after restart,
-//! its open intent is reconciled with the agent by request id, and the
-//! action is never applied twice.
+//! its open intent is reconciled with the agent by request id, the action
+//! is never applied twice, and the run's hold is released (the GPU goes back
+//! to its baseline).
 
 mod common;
 
@@ -121,9 +122,13 @@ async fn an_interrupted_run_is_marked_and_its_action_not_reapplied() {
         .filter(|l| matches!(l, nightshift_agent::journal::JournalLine::Pending { id, .. } if *id == action_id))
         .count();
     assert_eq!(pending, 1);
+    // The interrupted run's hold was released: the baseline is back.
     let r = agent.handle(Request::new("probe", Op::Telemetry(NoArgs {}))).await;
     let t: Telemetry = serde_json::from_value(r.result.unwrap()).unwrap();
-    assert_eq!(t.gpus[0].power_limit_watts, 420.0);
+    assert_eq!(t.gpus[0].power_limit_watts, 700.0);
+    assert!(t.node_metrics.holds.is_empty(), "{:?}", t.node_metrics.holds);
+    let release = recs.iter().find(|r| r.kind == RecordKind::ActionResult && r.data["op"] == "release").unwrap();
+    assert_eq!(release.data["after"]["settings"][0]["outcome"], "restored", "{release:?}");
     // A second recovery finds nothing left to do.
     assert!(engine2.recover().await.unwrap().is_empty());
     gate.notify_waiters();

@@ -9,7 +9,7 @@ use axum::Json;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
@@ -18,13 +18,13 @@ use serde_json::{Value, json};
 
 use nightshift_engine::alerts::WebhookPayload;
 use nightshift_engine::audit::{RunFilter, VerifyReport};
-use nightshift_engine::config::Role;
 use nightshift_engine::engine::RunRequest;
 use nightshift_engine::runs::{RunOutcome, RunState, Target};
 use nightshift_proto::{NoArgs, Op};
 
 use crate::AppState;
 use crate::error::ApiError;
+use crate::extract::{Admin, Operator, Viewer};
 
 /// `Json<T>` whose rejections are our JSON errors, naming the field.
 pub struct ApiJson<T>(pub T);
@@ -120,20 +120,14 @@ impl RunsQuery {
 
 pub async fn list_runs(
     State(s): State<AppState>,
-    headers: HeaderMap,
+    _: Viewer,
     ApiQuery(q): ApiQuery<RunsQuery>,
 ) -> Result<Response, ApiError> {
-    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
     let page = s.engine.runs(&q.filter()?)?;
     Ok(Json(page).into_response())
 }
 
-pub async fn get_run(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+pub async fn get_run(State(s): State<AppState>, _: Viewer, Path(id): Path<String>) -> Result<Response, ApiError> {
     let run = s.engine.run(&id)?.ok_or_else(|| ApiError::not_found(format!("no run {id:?}")))?;
     let records = s.engine.run_records(&id)?;
     Ok(Json(json!({"run": run, "records": records})).into_response())
@@ -174,11 +168,9 @@ impl StartRun {
 
 pub async fn start_run(
     State(s): State<AppState>,
-    method: Method,
-    headers: HeaderMap,
+    Operator(id): Operator,
     ApiJson(body): ApiJson<StartRun>,
 ) -> Result<Response, ApiError> {
-    let id = s.auth.require(&headers, &method, Role::Operator)?;
     let target = body.target()?;
     let now = nightshift_proto::clock::Clock::now_ms(s.engine.clock().as_ref());
     let submitted = s
@@ -207,55 +199,39 @@ pub struct Reason {
 
 pub async fn approve(
     State(s): State<AppState>,
-    method: Method,
-    headers: HeaderMap,
+    Operator(id): Operator,
     Path(run): Path<String>,
 ) -> Result<Response, ApiError> {
-    let id = s.auth.require(&headers, &method, Role::Operator)?;
     Ok(Json(s.engine.approve(&run, &id.actor()).await?).into_response())
 }
 
 pub async fn reject(
     State(s): State<AppState>,
-    method: Method,
-    headers: HeaderMap,
+    Operator(id): Operator,
     Path(run): Path<String>,
     ApiJson(body): ApiJson<Reason>,
 ) -> Result<Response, ApiError> {
-    let id = s.auth.require(&headers, &method, Role::Operator)?;
-    if body.reason.trim().is_empty() {
-        return Err(ApiError::bad_request("reason: expected a reason, found an empty string"));
-    }
     Ok(Json(s.engine.reject(&run, &id.actor(), &body.reason).await?).into_response())
 }
 
 pub async fn cancel(
     State(s): State<AppState>,
-    method: Method,
-    headers: HeaderMap,
+    Operator(id): Operator,
     Path(run): Path<String>,
 ) -> Result<Response, ApiError> {
-    let id = s.auth.require(&headers, &method, Role::Operator)?;
     s.engine.cancel(&run, &id.actor()).await?;
     Ok(Json(json!({"cancelled": run})).into_response())
 }
 
-pub async fn approvals(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
-    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+pub async fn approvals(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
     Ok(Json(s.engine.pending_approvals()).into_response())
 }
 
-pub async fn nodes(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
-    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+pub async fn nodes(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
     Ok(Json(s.engine.nodes()).into_response())
 }
 
-pub async fn node(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-) -> Result<Response, ApiError> {
-    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+pub async fn node(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
     let n = s.engine.node(&name).ok_or_else(|| ApiError::not_found(format!("no node {name:?} in the inventory")))?;
     let recent = s.engine.runs(&RunFilter { node: Some(name.clone()), limit: Some(20), ..Default::default() })?;
     Ok(Json(json!({"node": n, "recent_runs": recent.runs})).into_response())
@@ -272,23 +248,16 @@ pub struct HandsOff {
 
 pub async fn hands_off(
     State(s): State<AppState>,
-    method: Method,
-    headers: HeaderMap,
+    Admin(id): Admin,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<HandsOff>,
 ) -> Result<Response, ApiError> {
-    let id = s.auth.require(&headers, &method, Role::Admin)?;
     let reason = body.reason.clone().unwrap_or_else(|| "maintenance".into());
     s.engine.set_hands_off(&name, &id.actor(), body.hands_off.then_some(reason.as_str())).await?;
     Ok(Json(json!({"node": name, "hands_off": body.hands_off})).into_response())
 }
 
-pub async fn agent_ping(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-) -> Result<Response, ApiError> {
-    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+pub async fn agent_ping(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
     let started = std::time::Instant::now();
     let reply = s.engine.agent_call(&name, Op::Telemetry(NoArgs {})).await?;
     let ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -298,10 +267,9 @@ pub async fn agent_ping(
 
 pub async fn agent_inventory(
     State(s): State<AppState>,
-    headers: HeaderMap,
+    _: Viewer,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
     let reply = s.engine.agent_call(&name, Op::Inventory(NoArgs {})).await?;
     match reply.result {
         Some(v) if reply.ok => Ok(Json(v).into_response()),
@@ -309,8 +277,7 @@ pub async fn agent_inventory(
     }
 }
 
-pub async fn runbooks(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
-    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+pub async fn runbooks(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
     let set = s.engine.runbook_set();
     let errors: Vec<String> = set.errors.iter().map(|e| e.to_string()).collect();
     let list: Vec<Value> = s
@@ -322,12 +289,7 @@ pub async fn runbooks(State(s): State<AppState>, headers: HeaderMap) -> Result<R
     Ok(Json(json!({"runbooks": list, "errors": errors})).into_response())
 }
 
-pub async fn runbook(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-) -> Result<Response, ApiError> {
-    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+pub async fn runbook(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
     let rb = s
         .engine
         .runbooks()
@@ -338,8 +300,7 @@ pub async fn runbook(
     Ok(Json(json!({"runbook": rb, "recent_runs": recent.runs})).into_response())
 }
 
-pub async fn reload(State(s): State<AppState>, method: Method, headers: HeaderMap) -> Result<Response, ApiError> {
-    let id = s.auth.require(&headers, &method, Role::Admin)?;
+pub async fn reload(State(s): State<AppState>, Admin(id): Admin) -> Result<Response, ApiError> {
     let (n, errors) = s.engine.reload_runbooks(&id.actor()).await?;
     Ok(Json(json!({"loaded": n, "errors": errors})).into_response())
 }
@@ -355,10 +316,9 @@ pub struct RecordsQuery {
 
 pub async fn records(
     State(s): State<AppState>,
-    headers: HeaderMap,
+    _: Viewer,
     ApiQuery(q): ApiQuery<RecordsQuery>,
 ) -> Result<Response, ApiError> {
-    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
     let recs = s
         .engine
         .audit()
@@ -367,13 +327,11 @@ pub async fn records(
     Ok(Json(recs).into_response())
 }
 
-pub async fn verify(State(s): State<AppState>, headers: HeaderMap) -> Result<Json<VerifyReport>, ApiError> {
-    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+pub async fn verify(State(s): State<AppState>, _: Viewer) -> Result<Json<VerifyReport>, ApiError> {
     Ok(Json(s.engine.verify()?))
 }
 
-pub async fn export(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
-    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+pub async fn export(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
     let audit = s.engine.audit().clone();
     let stream = futures::stream::unfold(0u64, move |after| {
         let audit = audit.clone();
@@ -403,10 +361,10 @@ pub struct StreamQuery {
 
 pub async fn stream(
     State(s): State<AppState>,
+    _: Viewer,
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<StreamQuery>,
 ) -> Result<Response, ApiError> {
-    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
     let last_id = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
@@ -472,9 +430,9 @@ pub async fn alertmanager(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    s.auth.require_webhook(&headers)?;
+    let poster = s.auth.require_webhook(&headers)?;
     let payload = WebhookPayload::parse(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let r = s.engine.ingest_alertmanager(payload);
+    let r = s.engine.ingest_alertmanager(payload, &poster);
     if r.shed > 0 {
         // Alertmanager retries on 5xx: the shed alerts come back later.
         let mut resp = (StatusCode::SERVICE_UNAVAILABLE, Json(json!(r))).into_response();

@@ -29,7 +29,8 @@ impl Identity {
 #[derive(Debug, Clone)]
 pub struct Auth {
     tokens: Vec<(String, Role, [u8; 32])>,
-    webhook: Option<[u8; 32]>,
+    /// Webhook tokens by name.
+    webhooks: Vec<(String, [u8; 32])>,
     anonymous: Option<Role>,
 }
 
@@ -61,7 +62,12 @@ impl Auth {
     pub fn new(cfg: &AuthConfig) -> Auth {
         Auth {
             tokens: cfg.tokens.iter().map(|t| (t.name.clone(), t.role, decode(&t.sha256))).collect(),
-            webhook: cfg.webhook_token_sha256.as_deref().map(decode),
+            webhooks: cfg
+                .webhook_token_sha256
+                .iter()
+                .map(|h| ("alertmanager".to_string(), decode(h)))
+                .chain(cfg.webhook_tokens.iter().map(|w| (w.name.clone(), decode(&w.sha256))))
+                .collect(),
             anonymous: cfg.allow_anonymous,
         }
     }
@@ -128,26 +134,44 @@ impl Auth {
         Ok(id)
     }
 
-    /// The Alertmanager webhook's own token (any valid operator token works too).
+    /// Who posts to the Alertmanager webhook: the name of a webhook token
+    /// (`auth.webhook_tokens`). User tokens are refused — a person's token
+    /// posting alerts would let them trigger, and then approve, runs — and so
+    /// is any body not sent as `application/json`, which a web page cannot
+    /// send across sites without a preflight the server never answers. Only
+    /// an anonymous loopback demo takes a webhook call without a token.
     pub fn require_webhook(&self, headers: &HeaderMap) -> Result<String, ApiError> {
-        let token = Self::token_from(headers).filter(|(_, cookie)| !cookie).map(|(t, _)| t);
-        if let (Some(expected), Some(t)) = (&self.webhook, &token) {
-            let digest: [u8; 32] = Sha256::digest(t.as_bytes()).into();
-            if ct_eq(&digest, expected) {
-                return Ok("alertmanager".into());
-            }
+        let ct = headers.get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+        if !ct.trim_start().to_ascii_lowercase().starts_with("application/json") {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!("the webhook takes `Content-Type: application/json` (as Alertmanager sends), found {ct:?}"),
+            ));
         }
+        let token = Self::token_from(headers).filter(|(_, cookie)| !cookie).map(|(t, _)| t);
         match token {
-            Some(t) => match self.lookup(&t) {
-                Some((name, role)) if role >= Role::Operator => Ok(format!("user:{name}")),
-                Some(_) => Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "forbidden",
-                    "the webhook needs the webhook token or an operator token",
-                )),
-                None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the token is not valid")),
-            },
-            None if self.anonymous.is_some_and(|r| r >= Role::Operator) => Ok("alertmanager".into()),
+            Some(t) => {
+                let digest: [u8; 32] = Sha256::digest(t.as_bytes()).into();
+                let mut found = None;
+                for (name, h) in &self.webhooks {
+                    if ct_eq(&digest, h) && found.is_none() {
+                        found = Some(name.clone());
+                    }
+                }
+                if let Some(name) = found {
+                    return Ok(name);
+                }
+                if self.lookup(&t).is_some() {
+                    return Err(ApiError::new(
+                        StatusCode::FORBIDDEN,
+                        "forbidden",
+                        "the webhook takes a webhook token (auth.webhook_tokens), not a person's token: make one with `nightshift token --webhook NAME`",
+                    ));
+                }
+                Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the token is not valid"))
+            }
+            None if self.anonymous.is_some() => Ok("anonymous".into()),
             None => Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",

@@ -33,8 +33,13 @@ impl From<EngineError> for ApiError {
             EngineError::UnknownRunbook { .. } | EngineError::UnknownNode(_) | EngineError::NoSuchRun(_) => {
                 (StatusCode::NOT_FOUND, "not_found")
             }
-            EngineError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
-            EngineError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            EngineError::BadTarget(_)
+            | EngineError::BadParams(_)
+            | EngineError::NotReadOnly { .. }
+            | EngineError::MissingReason => (StatusCode::BAD_REQUEST, "bad_request"),
+            EngineError::AgentUnreachable { .. } => (StatusCode::BAD_GATEWAY, "agent_unreachable"),
+            EngineError::NotAwaitingApproval { .. } => (StatusCode::CONFLICT, "conflict"),
+            EngineError::SelfApproval { .. } => (StatusCode::FORBIDDEN, "self_approval"),
             EngineError::Audit(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         ApiError::new(status, code, e.to_string())

@@ -7,6 +7,8 @@
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod extract;
+pub mod html;
 pub mod pages;
 pub mod prom;
 
@@ -14,14 +16,14 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, Method, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use nightshift_engine::config::Role;
 use nightshift_engine::engine::Engine;
 
 use crate::auth::Auth;
 use crate::error::ApiError;
+use crate::extract::Viewer;
 
 /// Largest request body accepted, except the webhook's.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -36,8 +38,7 @@ pub struct AppState {
     pub shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
-async fn metrics(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
-    s.auth.require(&headers, &Method::GET, Role::Viewer)?;
+async fn metrics(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], prom::render(&s.engine)).into_response())
 }
 

@@ -2,9 +2,9 @@
 //! plain JavaScript (`assets/app.js`) adds the live tail.
 
 use axum::extract::{Form, Path, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
-use maud::{DOCTYPE, Markup, html};
+use maud::{Markup, html};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -15,43 +15,10 @@ use nightshift_engine::runs::{RunOutcome, RunState, RunSummary};
 
 use crate::AppState;
 use crate::api::RunsQuery;
-use crate::auth::{COOKIE, Identity};
+use crate::auth::COOKIE;
 use crate::error::ApiError;
-
-/// An error shown as a page.
-pub struct PageError(ApiError);
-
-impl From<ApiError> for PageError {
-    fn from(e: ApiError) -> Self {
-        PageError(e)
-    }
-}
-
-impl From<nightshift_engine::engine::EngineError> for PageError {
-    fn from(e: nightshift_engine::engine::EngineError) -> Self {
-        PageError(e.into())
-    }
-}
-
-impl IntoResponse for PageError {
-    fn into_response(self) -> Response {
-        let e = self.0;
-        if e.status == StatusCode::UNAUTHORIZED {
-            return Redirect::to("/login").into_response();
-        }
-        let body = layout(
-            "Error",
-            "",
-            None,
-            html! {
-                h1 { "Error " (e.status.as_u16()) }
-                p.error { (e.message) }
-                p { a href="/" { "Back to the timeline" } }
-            },
-        );
-        (e.status, body).into_response()
-    }
-}
+use crate::extract::{Admin, Operator, Viewer};
+use crate::html::{PageError, layout};
 
 fn time(ms: i64) -> String {
     let s = format_rfc3339_ms(ms);
@@ -77,7 +44,7 @@ fn status_class(r: &RunSummary) -> (&'static str, String) {
                 RunOutcome::Failed | RunOutcome::Interrupted => "bad",
                 RunOutcome::Refused => "warn",
                 RunOutcome::TimedOut => "timeout",
-                RunOutcome::Cancelled => "muted",
+                RunOutcome::Cancelled | RunOutcome::Skipped => "muted",
             },
             o.as_str().replace('_', " "),
         ),
@@ -90,54 +57,6 @@ fn status_class(r: &RunSummary) -> (&'static str, String) {
 fn badge(r: &RunSummary) -> Markup {
     let (class, text) = status_class(r);
     html! { span class={"badge " (class)} { (text) } }
-}
-
-fn layout(title: &str, active: &str, who: Option<&Identity>, body: Markup) -> Markup {
-    let nav = [
-        ("/", "Timeline"),
-        ("/approvals", "Approvals"),
-        ("/nodes", "Nodes"),
-        ("/runbooks", "Runbooks"),
-        ("/audit", "Audit"),
-    ];
-    html! {
-        (DOCTYPE)
-        html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (title) " · nightshift" }
-                link rel="stylesheet" href="/static/app.css";
-                script src="/static/app.js" defer {}
-            }
-            body {
-                header.top {
-                    a.brand href="/" { span.moon { "☾" } " nightshift" }
-                    nav {
-                        @for (href, label) in nav {
-                            a href=(href) class=@if active == label { "active" } { (label) }
-                        }
-                    }
-                    div.who {
-                        @match who {
-                            Some(id) => {
-                                span { (id.name) " · " (format!("{:?}", id.role).to_lowercase()) }
-                                @if id.via_cookie {
-                                    form method="post" action="/logout" { button.link type="submit" { "log out" } }
-                                }
-                            }
-                            None => { a href="/login" { "log in" } }
-                        }
-                    }
-                }
-                main { (body) }
-            }
-        }
-    }
-}
-
-fn viewer(s: &AppState, headers: &HeaderMap) -> Result<Identity, PageError> {
-    Ok(s.auth.require(headers, &Method::GET, Role::Viewer)?)
 }
 
 fn run_rows(runs: &[RunSummary]) -> Markup {
@@ -163,10 +82,9 @@ fn run_rows(runs: &[RunSummary]) -> Markup {
 /// `/`: runs, newest first, filterable, paginated, live.
 pub async fn timeline(
     State(s): State<AppState>,
-    headers: HeaderMap,
+    Viewer(who): Viewer,
     axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
 ) -> Result<Response, PageError> {
-    let who = viewer(&s, &headers)?;
     let get = |k: &str| q.get(k).cloned().filter(|v| !v.is_empty());
     let now = nightshift_proto::clock::Clock::now_ms(s.engine.clock().as_ref());
     let range = get("range").unwrap_or_else(|| "all".into());
@@ -312,10 +230,9 @@ fn steps(records: &[AuditRecord]) -> Vec<Step<'_>> {
 /// `/runs/{id}`: what happened, why, and with what result.
 pub async fn run_page(
     State(s): State<AppState>,
-    headers: HeaderMap,
+    Viewer(who): Viewer,
     Path(id): Path<String>,
 ) -> Result<Response, PageError> {
-    let who = viewer(&s, &headers)?;
     let run = s.engine.run(&id)?.ok_or_else(|| ApiError::not_found(format!("no run {id:?}")))?;
     let records = s.engine.run_records(&id)?;
     let t0 = run.created_ms;
@@ -415,8 +332,7 @@ pub async fn run_page(
 }
 
 /// `/nodes`.
-pub async fn nodes_page(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, PageError> {
-    let who = viewer(&s, &headers)?;
+pub async fn nodes_page(State(s): State<AppState>, Viewer(who): Viewer) -> Result<Response, PageError> {
     let nodes = s.engine.nodes();
     let body = html! {
         h1 { "Nodes" }
@@ -453,10 +369,9 @@ fn drain_cell(drained: &bool, reason: &Option<String>, by_person: bool) -> Marku
 /// `/nodes/{name}`.
 pub async fn node_page(
     State(s): State<AppState>,
-    headers: HeaderMap,
+    Viewer(who): Viewer,
     Path(name): Path<String>,
 ) -> Result<Response, PageError> {
-    let who = viewer(&s, &headers)?;
     let n = s.engine.node(&name).ok_or_else(|| ApiError::not_found(format!("no node {name:?} in the inventory")))?;
     let recent = s.engine.runs(&RunFilter { node: Some(name.clone()), limit: Some(20), ..Default::default() })?;
     let cols = [
@@ -534,8 +449,7 @@ pub async fn node_page(
 }
 
 /// `/runbooks`.
-pub async fn runbooks_page(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, PageError> {
-    let who = viewer(&s, &headers)?;
+pub async fn runbooks_page(State(s): State<AppState>, Viewer(who): Viewer) -> Result<Response, PageError> {
     let set = s.engine.runbook_set();
     let body = html! {
         h1 { "Runbooks" }
@@ -565,10 +479,9 @@ pub async fn runbooks_page(State(s): State<AppState>, headers: HeaderMap) -> Res
 /// `/runbooks/{name}`.
 pub async fn runbook_page(
     State(s): State<AppState>,
-    headers: HeaderMap,
+    Viewer(who): Viewer,
     Path(name): Path<String>,
 ) -> Result<Response, PageError> {
-    let who = viewer(&s, &headers)?;
     let rb = s
         .engine
         .runbooks()
@@ -601,8 +514,7 @@ pub async fn runbook_page(
 }
 
 /// `/approvals`.
-pub async fn approvals_page(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, PageError> {
-    let who = viewer(&s, &headers)?;
+pub async fn approvals_page(State(s): State<AppState>, Viewer(who): Viewer) -> Result<Response, PageError> {
     let pending = s.engine.pending_approvals();
     let body = html! {
         h1 { "Approvals" }
@@ -628,8 +540,7 @@ pub async fn approvals_page(State(s): State<AppState>, headers: HeaderMap) -> Re
 }
 
 /// `/audit`: is the chain intact?
-pub async fn audit_page(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, PageError> {
-    let who = viewer(&s, &headers)?;
+pub async fn audit_page(State(s): State<AppState>, Viewer(who): Viewer) -> Result<Response, PageError> {
     let v = s.engine.verify()?;
     let body = html! {
         h1 { "Audit integrity" }
@@ -703,23 +614,19 @@ pub struct RejectForm {
 
 pub async fn ui_approve(
     State(s): State<AppState>,
-    method: Method,
-    headers: HeaderMap,
+    Operator(who): Operator,
     Path(id): Path<String>,
 ) -> Result<Response, PageError> {
-    let who = s.auth.require(&headers, &method, Role::Operator)?;
     s.engine.approve(&id, &who.actor()).await?;
     Ok(Redirect::to(&format!("/runs/{id}")).into_response())
 }
 
 pub async fn ui_reject(
     State(s): State<AppState>,
-    method: Method,
-    headers: HeaderMap,
+    Operator(who): Operator,
     Path(id): Path<String>,
     Form(f): Form<RejectForm>,
 ) -> Result<Response, PageError> {
-    let who = s.auth.require(&headers, &method, Role::Operator)?;
     s.engine.reject(&id, &who.actor(), &f.reason).await?;
     Ok(Redirect::to(&format!("/runs/{id}")).into_response())
 }
@@ -733,12 +640,10 @@ pub struct HandsOffForm {
 
 pub async fn ui_hands_off(
     State(s): State<AppState>,
-    method: Method,
-    headers: HeaderMap,
+    Admin(who): Admin,
     Path(name): Path<String>,
     Form(f): Form<HandsOffForm>,
 ) -> Result<Response, PageError> {
-    let who = s.auth.require(&headers, &method, Role::Admin)?;
     let reason = f.reason.unwrap_or_else(|| "maintenance".into());
     s.engine.set_hands_off(&name, &who.actor(), f.hands_off.then_some(reason.as_str())).await?;
     Ok(Redirect::to(&format!("/nodes/{name}")).into_response())

@@ -71,6 +71,7 @@ async fn fixture() -> Fixture {
             TokenSpec { name: "ada".into(), role: Role::Admin, sha256: hash_token(ADMIN) },
         ],
         webhook_token_sha256: Some(hash_token(WEBHOOK)),
+        webhook_tokens: Vec::new(),
         allow_anonymous: None,
     };
     let dir = scratch_dir().unwrap();
@@ -226,7 +227,12 @@ async fn bad_input_is_a_400_naming_the_field_and_big_bodies_a_413() {
             json!({"runbook": "cap", "node": "gpu-a1", "gpu": 9}),
             "node gpu-a1 has GPUs 0..3, found --gpu 9",
         ),
-        ("POST", "/api/v1/runs/r999999/reject", json!({"reason": ""}), "reason: expected a reason"),
+        (
+            "POST",
+            "/api/v1/runs/r999999/reject",
+            json!({"reason": ""}),
+            "reason: expected why the run is rejected, found an empty string",
+        ),
         ("POST", "/api/v1/nodes/gpu-a1/hands-off", json!({"hands_of": true}), "unknown field `hands_of`"),
     ];
     for (method, path, body, needle) in cases {
@@ -286,7 +292,8 @@ async fn approvals_cancel_and_cross_site_posts() {
     assert_eq!(list.as_array().unwrap().len(), 1);
     // The requester may not approve their own run.
     let (s, v) = call(&f, "POST", &format!("/api/v1/runs/{id}/approve"), Some(OPERATOR), None).await;
-    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
+    assert_eq!(v["error"]["code"], "self_approval");
     // A viewer may not.
     let (s, _) = call(&f, "POST", &format!("/api/v1/runs/{id}/approve"), Some(VIEWER), None).await;
     assert_eq!(s, StatusCode::FORBIDDEN);
@@ -326,6 +333,25 @@ async fn approvals_cancel_and_cross_site_posts() {
         .unwrap();
     let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    // The UI's reject form refuses an empty reason, as the API does (one
+    // rule, in the engine).
+    let (_, v) =
+        call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "careful", "node": "gpu-a2"}))).await;
+    let id3 = v["run"]["id"].as_str().unwrap().to_string();
+    let req = Request::builder()
+        .method("POST")
+        .uri(format!("/ui/runs/{id3}/reject"))
+        .header(header::COOKIE, format!("nightshift_token={ADMIN}"))
+        .header("sec-fetch-site", "same-origin")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from("reason=+++"))
+        .unwrap();
+    let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let body = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("expected why the run is rejected"), "{body:?}");
+    let (_, v) = call(&f, "GET", &format!("/api/v1/runs/{id3}"), Some(VIEWER), None).await;
+    assert_eq!(v["run"]["state"], "pending_approval", "an empty rejection changes nothing");
     // GET-only routes refuse POST and vice versa.
     let (s, _) = call(&f, "POST", "/api/v1/audit/verify", Some(ADMIN), None).await;
     assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);

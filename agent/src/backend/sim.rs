@@ -769,6 +769,7 @@ impl Backend for SimBackend {
             drained: false,
             drain_reason: None,
             hands_off: false,
+            holds: Vec::new(),
         };
         Ok((gpus, node_t))
     }

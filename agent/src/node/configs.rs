@@ -155,6 +155,49 @@ impl ConfigStore {
         Ok(h)
     }
 
+    /// The version the file on disk holds now: the current one when its
+    /// content matches, else the newest recorded version with that content,
+    /// else `None` (someone wrote content nightshift never recorded).
+    pub fn version_on_disk(&self, h: &ConfigHistory) -> Option<u32> {
+        let content = std::fs::read_to_string(&h.path).ok()?;
+        let digest = sha(&content);
+        if let Some(c) = h.current.and_then(|c| h.find(c))
+            && c.sha256 == digest
+        {
+            return Some(c.version);
+        }
+        h.versions.iter().rev().find(|v| v.sha256 == digest).map(|v| v.version)
+    }
+
+    /// Record the file's content as a version when it matches none (a person
+    /// edited it by hand) and make that version current. Returns the history.
+    pub fn adopt_disk(&self, name: &str, now_ms: i64) -> Result<ConfigHistory, NodeError> {
+        let mut h = self.history(name, now_ms)?;
+        let Ok(content) = std::fs::read_to_string(&h.path) else { return Ok(h) };
+        match self.version_on_disk(&h) {
+            Some(v) if h.current == Some(v) => Ok(h),
+            Some(v) => {
+                h.current = Some(v);
+                self.save(&h)?;
+                Ok(h)
+            }
+            None => {
+                let version = h.versions.iter().map(|v| v.version).max().unwrap_or(0) + 1;
+                self.store_version(name, version, &content)?;
+                h.versions.push(ConfigVersion {
+                    version,
+                    sha256: sha(&content),
+                    applied_at_ms: now_ms,
+                    note: Some("found on disk: changed outside nightshift".into()),
+                    good: None,
+                });
+                h.current = Some(version);
+                self.save(&h)?;
+                Ok(h)
+            }
+        }
+    }
+
     /// Whether applying `content` would change nothing.
     pub fn is_current(&self, h: &ConfigHistory, content: &str) -> bool {
         h.current.and_then(|c| h.find(c)).is_some_and(|v| v.sha256 == sha(content))

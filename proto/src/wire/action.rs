@@ -103,6 +103,10 @@ pub struct DrainArgs {
     /// The run asking, recorded in the reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<String>,
+    /// No lease: the drain stays until a person releases it (RMA, repair).
+    /// Only node drains may be sticky.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sticky: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -206,6 +210,9 @@ pub enum Outcome {
     /// The device or node does not support this action (e.g. fan control on
     /// a fanless SXM board). A normal result, not a failure.
     NotApplicable,
+    /// The hold was recorded; a more restrictive hold already decides the
+    /// device's value, so nothing on the device changed.
+    Held,
 }
 
 /// An automatic revert the agent will perform on its own clock.
@@ -228,6 +235,13 @@ pub struct ActionResult {
     pub detail: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<LeaseInfo>,
+    /// The hold this change placed (or updated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<super::HoldInfo>,
+    /// Holds this request released (`reset_fan`, `resume`, …), and what
+    /// became of their settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<super::ReleaseResult>,
 }
 
 /// Faults and workload the `sim` backend can be told to model. Refused on

@@ -17,9 +17,11 @@
 //! that names the field ([`Request::parse`]).
 
 mod action;
+mod holds;
 mod telemetry;
 
 pub use action::*;
+pub use holds::*;
 pub use telemetry::*;
 
 use serde::{Deserialize, Serialize};
@@ -40,9 +42,13 @@ pub struct Request {
     pub op: Op,
     /// Check and describe the change without applying it.
     pub dry_run: bool,
-    /// Undo the change after this many seconds, on the agent's own clock,
-    /// whether or not the engine is still there.
+    /// The lease of the hold this request places, in seconds: the agent
+    /// releases it on its own clock, whether or not the engine is still
+    /// there. Absent: the policy's `default_lease_secs`.
     pub revert_after_secs: Option<u64>,
+    /// Who asks: a run id, `person:<name>`, or absent (`manual`). Holds are
+    /// owned by it; `release` and `renew` act on its holds.
+    pub owner: Option<String>,
 }
 
 /// The JSON shape of a request, before the arguments are typed.
@@ -58,6 +64,8 @@ struct RawRequest {
     dry_run: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     revert_after_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
 }
 
 /// Why a request could not be parsed. The reply carries `code` and the
@@ -74,6 +82,8 @@ pub enum ParseError {
     Args { op: String, message: String },
     #[error("request id must be 1 to 128 characters, found {0} characters")]
     Id(usize),
+    #[error("owner must be 1 to 128 characters without control characters, found {0:?}")]
+    Owner(String),
 }
 
 impl ParseError {
@@ -115,8 +125,9 @@ macro_rules! ops {
                 match self { $( Op::$variant(_) => $kind, )* }
             }
 
-            fn args_value(&self) -> Result<Value, serde_json::Error> {
-                match self { $( Op::$variant(a) => serde_json::to_value(a), )* }
+            /// The op's arguments as JSON (what goes on the wire as `args`).
+            pub fn args(&self) -> Value {
+                match self { $( Op::$variant(a) => serde_json::to_value(a).unwrap_or(Value::Null), )* }
             }
 
             fn from_parts(op: &str, args: Value) -> Result<Op, ParseError> {
@@ -173,14 +184,20 @@ ops! {
     ConfigRollback(ConfigRollbackArgs) = "config_rollback", mutating = true, kind = Some(ActionKind::Config);
     /// Mark a version good or bad.
     ConfigMark(ConfigMarkArgs) = "config_mark", mutating = true, kind = Some(ActionKind::Config);
-    /// Simulated hardware only: inject or clear a fault.
+    /// Simulated hardware only: inject or clear a fault (journaled).
     SimFault(SimFault) = "sim_fault", mutating = false, kind = None;
+    /// Every held setting: baseline, effective value, holds.
+    Holds(NoArgs) = "holds", mutating = false, kind = None;
+    /// Release holds by id or owner; restores baselines the last hold leaves.
+    Release(ReleaseArgs) = "release", mutating = true, kind = None;
+    /// Renew the lease of holds (and keep them past their run).
+    Renew(RenewArgs) = "renew", mutating = true, kind = None;
 }
 
 impl Request {
     /// A request with a fresh op, not a dry run, no lease.
     pub fn new(id: impl Into<String>, op: Op) -> Request {
-        Request { id: id.into(), op, dry_run: false, revert_after_secs: None }
+        Request { id: id.into(), op, dry_run: false, revert_after_secs: None, owner: None }
     }
 
     /// Parse one request. Refuses unknown fields, wrong types, unknown ops
@@ -193,8 +210,13 @@ impl Request {
         if raw.id.is_empty() || raw.id.len() > 128 {
             return Err(ParseError::Id(raw.id.len()));
         }
+        if let Some(o) = &raw.owner
+            && (o.is_empty() || o.len() > 128 || o.chars().any(char::is_control))
+        {
+            return Err(ParseError::Owner(o.chars().take(64).collect()));
+        }
         let op = Op::from_parts(&raw.op, raw.args)?;
-        Ok(Request { id: raw.id, op, dry_run: raw.dry_run, revert_after_secs: raw.revert_after_secs })
+        Ok(Request { id: raw.id, op, dry_run: raw.dry_run, revert_after_secs: raw.revert_after_secs, owner: raw.owner })
     }
 
     /// Best effort: the `id` of a request that failed to parse, so the error
@@ -212,9 +234,10 @@ impl Request {
             v: PROTOCOL_VERSION,
             id: self.id.clone(),
             op: self.op.name().to_string(),
-            args: self.op.args_value().unwrap_or(Value::Null),
+            args: self.op.args(),
             dry_run: self.dry_run,
             revert_after_secs: self.revert_after_secs,
+            owner: self.owner.clone(),
         };
         serde_json::to_string(&raw).unwrap_or_default()
     }
@@ -265,6 +288,9 @@ pub enum ErrorCode {
     Timeout,
     /// A bug in the agent.
     Internal,
+    /// The request carries a leader term lower than one the agent has seen
+    /// (a deposed engine).
+    StaleLeader,
 }
 
 impl ErrorCode {
@@ -287,6 +313,7 @@ impl ErrorCode {
             ErrorCode::ProcessFailed => "process_failed",
             ErrorCode::Timeout => "timeout",
             ErrorCode::Internal => "internal",
+            ErrorCode::StaleLeader => "stale_leader",
         }
     }
 }
@@ -343,6 +370,11 @@ impl Reply {
     /// Parse a reply (strict, like requests).
     pub fn parse(bytes: &[u8]) -> Result<Reply, String> {
         serde_json::from_slice(bytes).map_err(|e| format!("reply is not valid: {e}"))
+    }
+
+    /// The result decoded as a [`ReleaseResult`], for `release`.
+    pub fn release(&self) -> Option<ReleaseResult> {
+        self.result.as_ref().and_then(|v| serde_json::from_value(v.clone()).ok())
     }
 
     /// The result decoded as an [`ActionResult`], for mutating ops.
@@ -421,6 +453,19 @@ mod tests {
             let text = err.to_string();
             assert!(text.contains(needle), "input {input}: message {text:?} lacks {needle:?}");
         }
+    }
+
+    #[test]
+    fn owner_is_part_of_the_meaning_and_checked() {
+        let mut a = Request::new("x", Op::SetPowerLimit(SetPowerLimitArgs { gpu: 0, watts: 450.0 }));
+        let mut b = a.clone();
+        a.owner = Some("r1".into());
+        b.owner = Some("r2".into());
+        assert_ne!(a.digest(), b.digest(), "the same id with another owner is another request");
+        assert_eq!(Request::parse(a.to_json().as_bytes()).unwrap(), a);
+        let err = Request::parse(br#"{"v":1,"id":"a","op":"inventory","owner":"r1\nx"}"#).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::BadRequest);
+        assert!(err.to_string().starts_with("owner must be 1 to 128 characters"), "{err}");
     }
 
     #[test]

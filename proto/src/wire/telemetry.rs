@@ -10,6 +10,16 @@ pub enum Vendor {
     Amd,
 }
 
+impl Vendor {
+    /// `nvidia` or `amd`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Vendor::Nvidia => "nvidia",
+            Vendor::Amd => "amd",
+        }
+    }
+}
+
 /// One GPU as the backend sees it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -139,6 +149,9 @@ pub struct NodeTelemetry {
     /// The maintenance marker is present.
     #[serde(default)]
     pub hands_off: bool,
+    /// Every active hold on the node and its GPUs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holds: Vec<super::HoldInfo>,
 }
 
 /// One sample of the whole node.

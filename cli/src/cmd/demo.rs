@@ -132,31 +132,84 @@ fn label_map(n: &DemoNode) -> BTreeMap<String, String> {
     n.labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
+/// A running demo: the data folder, the clock, the agents, the engine and
+/// its web server.
+struct Stage {
+    dir: PathBuf,
+    /// Removes the folder when the demo ends (unless `--data-dir`).
+    _tmp: Option<tempfile::TempDir>,
+    clock: SharedClock,
+    t0: i64,
+    names: Vec<String>,
+    started: Vec<StartedAgent>,
+    agents: BTreeMap<String, Arc<Agent>>,
+    engine: nightshift_engine::engine::Engine,
+    web: tokio::task::JoinHandle<()>,
+    url: String,
+}
+
+/// The tour, as named steps: check the arguments, start the agents, start
+/// the engine and web UI, play the fault script, print the summary, stop.
 pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
+    check_args(args)?;
+    let stage = start(args).await?;
+    print_banner(&stage, args, out);
+    wait_connected(&stage).await;
+    let log = spawn_live_log(&stage, out);
+    let (faults, interrupted) = play_script(&stage, args, out).await;
+    log.abort();
+    let all_ok = summarize(&stage, &faults, args, out)?;
+    if args.keep_serving && !interrupted {
+        println!("keeping the web UI up: Ctrl-C to stop");
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    stop(stage).await;
+    Ok(if all_ok { 0 } else { 1 })
+}
+
+fn usage(msg: String) -> anyhow::Error {
+    anyhow::Error::new(Fail(2)).context(msg)
+}
+
+fn check_args(args: &DemoArgs) -> Result<()> {
     if args.nodes < 7 {
-        return Err(anyhow::Error::new(Fail(2)).context(format!("--nodes: expected at least 7, found {}", args.nodes)));
+        return Err(usage(format!("--nodes: expected at least 7, found {}", args.nodes)));
     }
     if !(1.0..=200.0).contains(&args.time_scale) {
-        return Err(
-            anyhow::Error::new(Fail(2)).context(format!("--time-scale: expected 1 to 200, found {}", args.time_scale))
-        );
+        return Err(usage(format!("--time-scale: expected 1 to 200, found {}", args.time_scale)));
     }
-    let tmp;
-    let dir = match &args.data_dir {
+    Ok(())
+}
+
+/// The nodes of the demo fleet: the layout, then extra `b` nodes.
+fn layout(nodes: usize) -> Vec<(String, &'static DemoNode)> {
+    static EXTRA: DemoNode =
+        DemoNode { name: "", profile: "h100-sxm", labels: &[("pool", "b"), ("rack", "r5")], standby: false };
+    let mut layout: Vec<(String, &DemoNode)> = LAYOUT.iter().map(|n| (n.name.to_string(), n)).collect();
+    for i in LAYOUT.len()..nodes {
+        layout.push((format!("b{}", i - LAYOUT.len() + 2), &EXTRA));
+    }
+    layout.truncate(nodes);
+    layout
+}
+
+/// Data folder, engine key, the agents behind real SSH servers, the
+/// inventory, the engine and its web server.
+async fn start(args: &DemoArgs) -> Result<Stage> {
+    let (dir, tmp) = match &args.data_dir {
         Some(d) => {
             std::fs::create_dir_all(d)?;
-            d.clone()
+            (d.clone(), None)
         }
         None => {
-            tmp = tempfile::Builder::new().prefix("nightshift-demo").tempdir()?;
-            tmp.path().to_path_buf()
+            let tmp = tempfile::Builder::new().prefix("nightshift-demo").tempdir()?;
+            (tmp.path().to_path_buf(), Some(tmp))
         }
     };
     let runbook_dir =
         args.runbooks.clone().unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../runbooks")));
     if !runbook_dir.join("gpu-overheat.yaml").exists() {
-        return Err(anyhow::Error::new(Fail(2))
-            .context(format!("no runbooks in {}: pass --runbooks DIR", runbook_dir.display())));
+        return Err(usage(format!("no runbooks in {}: pass --runbooks DIR", runbook_dir.display())));
     }
     let clock: SharedClock = Arc::new(ScaledClock::new(args.time_scale));
     let t0 = clock.now_ms();
@@ -167,13 +220,8 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
     std::fs::write(dir.join("authorized_keys"), format!("{}\n", key.public_key().to_openssh()?))?;
 
     // The agents: sim backends behind real SSH servers on loopback.
-    let mut layout: Vec<(String, &DemoNode)> = LAYOUT.iter().map(|n| (n.name.to_string(), n)).collect();
-    let extra = DemoNode { name: "", profile: "h100-sxm", labels: &[("pool", "b"), ("rack", "r5")], standby: false };
-    for i in LAYOUT.len()..args.nodes {
-        layout.push((format!("b{}", i - LAYOUT.len() + 2), &extra));
-    }
-    layout.truncate(args.nodes);
-    let mut started: Vec<(String, StartedAgent)> = Vec::new();
+    let layout = layout(args.nodes);
+    let mut started = Vec::new();
     let mut agents: BTreeMap<String, Arc<Agent>> = BTreeMap::new();
     let mut fleet = String::from("# written by nightshift demo\nversion: 1\nnodes:\n");
     for (i, (name, spec)) in layout.iter().enumerate() {
@@ -215,9 +263,11 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
             s.server.local_addr, s.host_key_fingerprint, spec.standby
         ));
         agents.insert(name.clone(), s.agent.clone());
-        started.push((name.clone(), s));
+        started.push(s);
     }
     std::fs::write(dir.join("fleet.yaml"), &fleet)?;
+
+    // The engine and the web UI.
     let engine_yaml = format!(
         "# written by nightshift demo\nversion: 1\nlisten_addr: {listen}\ndata_dir: {data}\nrunbook_dir: {rb}\ninventory_path: fleet.yaml\nengine_key_path: engine_key\ntime_scale: {scale}\nauth:\n  allow_anonymous: operator\n",
         listen = args.listen,
@@ -227,15 +277,13 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
     );
     let engine_cfg_path = dir.join("engine.yaml");
     std::fs::write(&engine_cfg_path, engine_yaml)?;
-    let config = nightshift_engine::config::EngineConfig::load(&engine_cfg_path)
-        .map_err(|e| anyhow::Error::new(Fail(2)).context(e.to_string()))?;
-    let listener = tokio::net::TcpListener::bind(&args.listen).await.map_err(|e| {
-        anyhow::Error::new(Fail(2)).context(format!("cannot listen on {}: {e} (pass --listen HOST:PORT)", args.listen))
-    })?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let engine = nightshift_engine::serve::start_with_clock(config, clock.clone())
+    let config = nightshift_engine::config::EngineConfig::load(&engine_cfg_path).map_err(|e| usage(e.to_string()))?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
-        .map_err(|e| anyhow::Error::new(Fail(2)).context(e.to_string()))?;
+        .map_err(|e| usage(format!("cannot listen on {}: {e} (pass --listen HOST:PORT)", args.listen)))?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let engine =
+        nightshift_engine::serve::start_with_clock(config, clock.clone()).await.map_err(|e| usage(e.to_string()))?;
     let web_engine = engine.clone();
     let mut stop_web = engine.shutdown_signal();
     let web = tokio::spawn(async move {
@@ -244,13 +292,17 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
         })
         .await;
     });
+    let names = layout.iter().map(|(n, _)| n.clone()).collect();
+    Ok(Stage { dir, _tmp: tmp, clock, t0, names, started, agents, engine, web, url })
+}
 
+fn print_banner(st: &Stage, args: &DemoArgs, out: &Out) {
     println!("{}", out.bold("nightshift demo"));
-    println!("  web UI     {url}");
+    println!("  web UI     {}", st.url);
     println!(
         "  fleet      {} simulated nodes (real SSH on loopback), {} runbooks",
-        layout.len(),
-        engine.runbook_set().runbooks.len()
+        st.names.len(),
+        st.engine.runbook_set().runbooks.len()
     );
     println!(
         "  time       {}× faster: {} s of demo = {} min of incident",
@@ -258,28 +310,38 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
         args.duration_secs,
         (args.duration_secs as f64 * args.time_scale / 60.0).round()
     );
-    println!("  data       {}", dir.display());
+    println!("  data       {}", st.dir.display());
     println!();
+}
 
-    // Wait for every agent to be connected.
-    let names: Vec<String> = layout.iter().map(|(n, _)| n.clone()).collect();
+/// Wait (up to 20 s) until every agent is connected.
+async fn wait_connected(st: &Stage) {
     let end = std::time::Instant::now() + Duration::from_secs(20);
-    while engine.connected_agents() < names.len() && std::time::Instant::now() < end {
+    while st.engine.connected_agents() < st.names.len() && std::time::Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
 
-    // The live log.
-    let mut rx = engine.audit().subscribe();
-    let out2 = *out;
-    let log = tokio::spawn(async move {
+/// Print the records worth a line as they are written.
+fn spawn_live_log(st: &Stage, out: &Out) -> tokio::task::JoinHandle<()> {
+    let mut rx = st.engine.audit().subscribe();
+    let out = *out;
+    let t0 = st.t0;
+    tokio::spawn(async move {
         while let Ok(r) = rx.recv().await {
-            if let Some(line) = live_line(&out2, &r, t0) {
+            if let Some(line) = live_line(&out, &r, t0) {
                 println!("{line}");
             }
         }
-    });
+    })
+}
 
-    // The fault script (simulated seconds after start).
+/// The faults of the script, and when each step happens (simulated
+/// seconds after the start).
+/// When (simulated seconds), which fault of the script, on which node, what.
+type Timed = (u64, usize, &'static str, Step);
+
+fn script(agents: &BTreeMap<String, Arc<Agent>>) -> (Vec<Fault>, Vec<Timed>) {
     let mut faults = vec![
         Fault {
             row: "H1",
@@ -307,7 +369,7 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
         Fault { row: "H2", what: "clogged heatsink on an MI300X (GPU 0)", node: "mi1", group: None, injected_ms: None },
     ];
     faults.retain(|f| f.group.is_some() || agents.contains_key(f.node));
-    let mut steps: Vec<(u64, usize, &'static str, Step)> = vec![
+    let mut steps: Vec<Timed> = vec![
         (20, 0, "ws1", Step::Fault(SimFault::HeatsinkDegradation { gpu: 0, factor: 2.0 })),
         (40, 1, "", Step::Pool(PoolLoad { label: "pool".into(), value: "a".into(), total_util_pct: 300.0 })),
         (60, 2, "a2", Step::BadConfig),
@@ -318,7 +380,15 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
         (620, 5, "mi1", Step::Repair(SimFault::HeatsinkDegradation { gpu: 0, factor: 1.0 })),
     ];
     steps.retain(|(_, _, node, _)| node.is_empty() || agents.contains_key(*node));
-    let mut workload = Workload::new(names.iter().map(|n| (n.clone(), 85.0)).collect());
+    (faults, steps)
+}
+
+/// Play the fault script until `--duration-secs` (or Ctrl-C); returns the
+/// faults with their injection times, and whether Ctrl-C ended it.
+async fn play_script(st: &Stage, args: &DemoArgs, out: &Out) -> (Vec<Fault>, bool) {
+    let (mut faults, mut steps) = script(&st.agents);
+    let (clock, t0, agents) = (&st.clock, st.t0, &st.agents);
+    let mut workload = Workload::new(st.names.iter().map(|n| (n.clone(), 85.0)).collect());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.duration_secs);
     let mut ctrl_c = Box::pin(tokio::signal::ctrl_c());
     let mut interrupted = false;
@@ -364,7 +434,7 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
                 println!("{} {} {}", stamp(out, injected, t0), out.yellow(&format!("FAULT {}", f.row)), f.what);
             }
         }
-        workload.apply(&engine, &agents).await;
+        workload.apply(&st.engine, agents).await;
         let tick = Duration::from_millis(((1000.0 / args.time_scale) as u64).clamp(10, 200));
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
@@ -374,16 +444,20 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
             break;
         }
     }
-    log.abort();
+    (faults, interrupted)
+}
 
-    // The summary.
+/// The summary table and the audit check; whether every fault was
+/// remediated and the chain verifies.
+fn summarize(st: &Stage, faults: &[Fault], args: &DemoArgs, out: &Out) -> Result<bool> {
+    let engine = &st.engine;
     let runs = engine.runs(&RunFilter { limit: Some(1000), ..Default::default() })?.runs;
     let records = engine.audit().tail(0, usize::MAX)?;
     println!();
     println!("{}", out.bold("Summary"));
     let mut rows = Vec::new();
     let mut all_ok = true;
-    for f in &faults {
+    for f in faults {
         let Some(at) = f.injected_ms else {
             rows.push(vec![
                 f.row.into(),
@@ -447,22 +521,22 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
         println!("audit      {} breaks at record {:?}: {:?}", out.red("broken:"), v.first_bad_seq, v.problem);
         all_ok = false;
     }
-    println!("web UI     was at {url}");
+    println!("web UI     was at {}", st.url);
     println!(
         "data       {}{}",
-        dir.display(),
+        st.dir.display(),
         if args.data_dir.is_none() { " (temporary: removed on exit)" } else { "" }
     );
-    if args.keep_serving && !interrupted {
-        println!("keeping the web UI up: Ctrl-C to stop");
-        let _ = tokio::signal::ctrl_c().await;
-    }
-    engine.shutdown().await;
-    let _ = web.await;
-    for (_, s) in started {
+    Ok(all_ok)
+}
+
+/// Stop the engine, the web server and every agent.
+async fn stop(st: Stage) {
+    st.engine.shutdown().await;
+    let _ = st.web.await;
+    for s in st.started {
         s.shutdown().await;
     }
-    Ok(if all_ok { 0 } else { 1 })
 }
 
 fn stamp(out: &Out, ms: i64, t0: i64) -> String {

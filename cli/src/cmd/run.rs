@@ -95,18 +95,23 @@ fn exit_for(o: Option<RunOutcome>, rejected: bool) -> u8 {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-pub async fn run(
-    c: &mut Conn,
-    out: &Out,
-    runbook: &str,
-    node: Option<String>,
-    gpu: Option<u32>,
-    group: Option<String>,
-    params: BTreeMap<String, String>,
-    dry_run: bool,
-    yes: bool,
-) -> Result<u8> {
+/// What `nightshift run` was asked to do.
+pub struct Ask<'a> {
+    pub runbook: &'a str,
+    pub node: Option<String>,
+    pub gpu: Option<u32>,
+    /// `label=value`.
+    pub group: Option<String>,
+    pub params: BTreeMap<String, String>,
+    pub dry_run: bool,
+    /// Do not ask for confirmation.
+    pub yes: bool,
+}
+
+/// Show the plan, confirm, submit, stream the steps; the exit code says how
+/// the run ended.
+pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
+    let Ask { runbook, node, gpu, group, params, dry_run, yes } = ask;
     let target = match (&node, gpu, &group) {
         (Some(n), g, None) => Target { node: Some(n.clone()), gpu: g, group: None },
         (None, None, Some(g)) => {

@@ -266,6 +266,7 @@ fn synthetic(node: &str, gpus: u32, t: i64) -> Telemetry {
             drained: false,
             drain_reason: None,
             hands_off: false,
+            holds: Vec::new(),
         },
     }
 }
@@ -630,6 +631,15 @@ async fn script_overhead(iterations: usize) -> Result<Vec<f64>> {
         fn event_resolved(&self, _: &RunCtx) -> bool {
             false
         }
+        fn release_holds(&self, _: &RunCtx, _: Option<&str>) -> rhai::Map {
+            rhai::Map::new()
+        }
+        fn keep_holds(&self, _: &RunCtx, _: u64) -> rhai::Map {
+            rhai::Map::new()
+        }
+        fn holds(&self, _: &RunCtx, _: &str) -> rhai::Array {
+            rhai::Array::new()
+        }
     }
     let engine = Arc::new(build_engine(&Default::default()));
     let ast = Arc::new(
@@ -642,16 +652,15 @@ async fn script_overhead(iterations: usize) -> Result<Vec<f64>> {
         let (e, a, h) = (engine.clone(), ast.clone(), host.clone());
         let t = Instant::now();
         tokio::task::spawn_blocking(move || {
-            let ctx = Arc::new(RunCtx::new(
-                &format!("r{i}"),
-                "trivial",
-                nightshift_engine::runs::Target::node("n"),
-                false,
-                Arc::new(SystemClock),
-                60,
-                h,
-                100,
-            ));
+            let info = nightshift_engine::script::RunInfo {
+                run_id: format!("r{i}"),
+                runbook: "trivial".into(),
+                target: nightshift_engine::runs::Target::node("n"),
+                dry_run: false,
+                timeout_secs: 60,
+                max_notes: 100,
+            };
+            let ctx = Arc::new(RunCtx::new(info, Arc::new(SystemClock), h));
             let params = rhai::serde::to_dynamic(json!({"a": 1})).unwrap_or_default();
             execute(&e, &a, ctx, rhai::Dynamic::UNIT, params, rhai::Dynamic::UNIT)
         })
@@ -792,6 +801,22 @@ async fn memory(nodes: usize, secs: i64, data_root: &Path) -> Result<(f64, usize
     Ok(((after.saturating_sub(before)) as f64, series, points, after as f64))
 }
 
+/// What every scenario step needs.
+struct Ctx<'a> {
+    args: &'a BenchArgs,
+    smoke: bool,
+    runs: usize,
+    /// Where durable files go (the system temp folder).
+    disk: PathBuf,
+    /// A RAM-backed folder when there is one.
+    shm: PathBuf,
+}
+
+type StepFn =
+    for<'a> fn(&'a Ctx<'a>, &'a mut Collector) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
+
+/// Run the scenarios asked for, in order, each a named step; print the
+/// table and write the JSON.
 pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
     let smoke = args.smoke;
     let runs = args.runs.unwrap_or(if smoke { 3 } else { 5 });
@@ -799,6 +824,7 @@ pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
     let disk = std::env::temp_dir();
     let shm = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { disk.clone() };
     let mut c = Collector { figures: Vec::new() };
+    let ctx = Ctx { args, smoke, runs, disk: disk.clone(), shm: shm.clone() };
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let started = Instant::now();
     eprintln!(
@@ -807,148 +833,18 @@ pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
         runs
     );
 
-    if want(1) {
-        let samples = if smoke { 1_000_000 } else { 10_000_000 };
-        let v: Vec<f64> = (0..runs).map(|_| trigger_throughput(samples)).collect();
-        c.add(1, "trigger evaluation throughput", "samples/s", v, Some(("≥ 2,000,000 samples/s", &|m| m >= 2_000_000.0)), &format!("{samples} samples, 50 triggers (20 gpu + 5 node thresholds, 10 change, 5 rate, 5 predict, 5 fleet), one thread"));
-    }
-    if want(2) {
-        let alerts = if smoke { 100 } else { 1000 };
-        let mut p50 = Vec::new();
-        let mut p99 = Vec::new();
-        for _ in 0..runs {
-            let (a, b) = alert_latency(alerts, 100.0, &disk).await.context("scenario 2")?;
-            p50.push(a);
-            p99.push(b);
-        }
-        let note =
-            format!("{alerts} alerts at 100/s over HTTP, 10 agents × 8 GPUs over SSH; audit on {}", disk.display());
-        c.add(2, "alert → action acknowledged, p50", "ms", p50, Some(("≤ 5 ms", &|m| m <= 5.0)), &note);
-        c.add(2, "alert → action acknowledged, p99", "ms", p99, Some(("≤ 20 ms", &|m| m <= 20.0)), &note);
-    }
-    if want(3) {
-        let interval = 100;
-        let events = if smoke { 20 } else { 100 };
-        let mut p50 = Vec::new();
-        let mut p99 = Vec::new();
-        for _ in 0..runs {
-            let (a, b) = telemetry_latency(events, interval, &disk).await.context("scenario 3")?;
-            p50.push(a);
-            p99.push(b);
-        }
-        let note = format!("{events} ECC events, telemetry every {interval} ms, 4 agents over SSH");
-        c.add(3, "telemetry → action acknowledged, p50", "ms", p50, None, &note);
-        c.add(
-            3,
-            "telemetry → action acknowledged, p99",
-            "ms",
-            p99,
-            Some(("≤ interval + 20 ms = 120 ms", &|m| m <= 120.0)),
-            &note,
-        );
-    }
-    if want(4) {
-        let n = args.fanout_agents.unwrap_or(if smoke { 100 } else { 1000 });
-        let mut conn = Vec::new();
-        let mut fan = Vec::new();
-        for _ in 0..runs {
-            let (a, b) = fanout(n, &shm).await.context("scenario 4")?;
-            conn.push(a);
-            fan.push(b);
-        }
-        let note = format!("{n} agents in this process over SSH on loopback, agent journals on {}", shm.display());
-        c.add(4, &format!("fan-out of one action to {n} agents"), "s", fan, Some(("≤ 2 s", &|m| m <= 2.0)), &note);
-        c.add(4, &format!("connect {n} agents"), "s", conn, None, &note);
-    }
-    if want(5) {
-        let per = if smoke { 200 } else { 2000 };
-        for w in [1usize, 8, 64] {
-            let mut v = Vec::new();
-            for _ in 0..runs {
-                v.push(audit_append(w, per.max(2000 / w), &disk).await.context("scenario 5")?);
-            }
-            let target: Option<(&str, &dyn Fn(f64) -> bool)> =
-                if w == 64 { Some(("≥ 20,000 records/s", &|m| m >= 20_000.0)) } else { None };
-            c.add(
-                5,
-                &format!("durable audit appends, {w} writer(s)"),
-                "records/s",
-                v,
-                target,
-                &format!("flushed before acknowledgement; store on {}", disk.display()),
-            );
-        }
-    }
-    if want(6) {
-        let it = if smoke { 200 } else { 2000 };
-        let mut v = script_overhead(it).await?;
-        let med = median(&mut v);
-        c.add(
-            6,
-            "trivial cached runbook, script on a blocking thread",
-            "µs",
-            vec![med; 1],
-            Some(("≤ 200 µs", &|m| m <= 200.0)),
-            &format!("median of {it}; scope, context and blocking-thread hop included"),
-        );
-        let it = if smoke { 50 } else { 300 };
-        for (label, root) in [("tmpfs", &shm), ("disk", &disk)] {
-            let mut v = Vec::new();
-            for _ in 0..runs {
-                let mut x = run_end_to_end(it, root).await.context("scenario 6")?;
-                v.push(median(&mut x));
-            }
-            c.add(
-                6,
-                &format!("trivial runbook submit → finished, audit on {label}"),
-                "µs",
-                v,
-                None,
-                "three durable audit records (queued, started, finished)",
-            );
-        }
-    }
-    if want(7) {
-        let nodes = args.memory_nodes.unwrap_or(if smoke { 500 } else { 10_000 });
-        if args.only == [7] {
-            let secs = if smoke { 120 } else { 600 };
-            let (growth, series, points, rss) = memory(nodes, secs, &disk).await.context("scenario 7")?;
-            let per_series = growth / series.max(1) as f64;
-            c.add(
-                7,
-                &format!("engine RSS growth, {nodes} nodes × 8 GPUs, {secs} s at 1 Hz"),
-                "MiB",
-                vec![growth / 1048576.0],
-                if nodes >= 10_000 && secs >= 600 { Some(("≤ 1024 MiB", &|m| m <= 1024.0)) } else { None },
-                &format!("{series} series, {points} points in windows; process RSS {:.0} MiB", rss / 1048576.0),
-            );
-            c.add(7, "bytes per series", "B", vec![per_series], None, "RSS growth ÷ series");
-            c.add(
-                7,
-                "bytes per point held",
-                "B",
-                vec![growth / points.max(1) as f64],
-                None,
-                "RSS growth ÷ points held",
-            );
-        } else {
-            // In a fresh process: RSS after the other scenarios says little
-            // (the allocator keeps what they freed).
-            let tmp = tempfile::NamedTempFile::new()?;
-            let mut cmd = std::process::Command::new(std::env::current_exe()?);
-            cmd.args(["--no-color", "bench", "--only", "7", "--memory-nodes", &nodes.to_string(), "--out"])
-                .arg(tmp.path());
-            if smoke {
-                cmd.arg("--smoke");
-            }
-            let status = cmd.stdout(std::process::Stdio::null()).status().context("scenario 7 in a child process")?;
-            if !status.success() {
-                return Err(anyhow!("scenario 7 failed in its child process: {status}"));
-            }
-            let v: serde_json::Value = serde_json::from_slice(&std::fs::read(tmp.path())?)?;
-            for f in v["figures"].as_array().into_iter().flatten() {
-                c.figures.push(serde_json::from_value(f.clone())?);
-            }
+    let steps: [(u32, StepFn); 7] = [
+        (1, |x, c| Box::pin(trigger_throughput_step(x, c))),
+        (2, |x, c| Box::pin(alert_latency_step(x, c))),
+        (3, |x, c| Box::pin(telemetry_latency_step(x, c))),
+        (4, |x, c| Box::pin(fanout_step(x, c))),
+        (5, |x, c| Box::pin(audit_append_step(x, c))),
+        (6, |x, c| Box::pin(runbook_overhead_step(x, c))),
+        (7, |x, c| Box::pin(memory_step(x, c))),
+    ];
+    for (n, step) in steps {
+        if want(n) {
+            step(&ctx, &mut c).await?;
         }
     }
 
@@ -990,4 +886,167 @@ pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
     )?;
     eprintln!("wrote {}", args.out.display());
     Ok(0)
+}
+
+/// Scenario 1: trigger evaluation throughput.
+async fn trigger_throughput_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
+    let (smoke, runs) = (ctx.smoke, ctx.runs);
+    let samples = if smoke { 1_000_000 } else { 10_000_000 };
+    let v: Vec<f64> = (0..runs).map(|_| trigger_throughput(samples)).collect();
+    c.add(1, "trigger evaluation throughput", "samples/s", v, Some(("≥ 2,000,000 samples/s", &|m| m >= 2_000_000.0)), &format!("{samples} samples, 50 triggers (20 gpu + 5 node thresholds, 10 change, 5 rate, 5 predict, 5 fleet), one thread"));
+    Ok(())
+}
+
+/// Scenario 2: Alertmanager POST → action acknowledged.
+async fn alert_latency_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
+    let (smoke, runs, disk) = (ctx.smoke, ctx.runs, &ctx.disk);
+    let alerts = if smoke { 100 } else { 1000 };
+    let mut p50 = Vec::new();
+    let mut p99 = Vec::new();
+    for _ in 0..runs {
+        let (a, b) = alert_latency(alerts, 100.0, disk).await.context("scenario 2")?;
+        p50.push(a);
+        p99.push(b);
+    }
+    let note = format!("{alerts} alerts at 100/s over HTTP, 10 agents × 8 GPUs over SSH; audit on {}", disk.display());
+    c.add(2, "alert → action acknowledged, p50", "ms", p50, Some(("≤ 5 ms", &|m| m <= 5.0)), &note);
+    c.add(2, "alert → action acknowledged, p99", "ms", p99, Some(("≤ 20 ms", &|m| m <= 20.0)), &note);
+    Ok(())
+}
+
+/// Scenario 3: telemetry → action acknowledged.
+async fn telemetry_latency_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
+    let (smoke, runs, disk) = (ctx.smoke, ctx.runs, &ctx.disk);
+    let interval = 100;
+    let events = if smoke { 20 } else { 100 };
+    let mut p50 = Vec::new();
+    let mut p99 = Vec::new();
+    for _ in 0..runs {
+        let (a, b) = telemetry_latency(events, interval, disk).await.context("scenario 3")?;
+        p50.push(a);
+        p99.push(b);
+    }
+    let note = format!("{events} ECC events, telemetry every {interval} ms, 4 agents over SSH");
+    c.add(3, "telemetry → action acknowledged, p50", "ms", p50, None, &note);
+    c.add(
+        3,
+        "telemetry → action acknowledged, p99",
+        "ms",
+        p99,
+        Some(("≤ interval + 20 ms = 120 ms", &|m| m <= 120.0)),
+        &note,
+    );
+    Ok(())
+}
+
+/// Scenario 4: one action fanned out to N agents.
+async fn fanout_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
+    let (args, smoke, runs, shm) = (ctx.args, ctx.smoke, ctx.runs, &ctx.shm);
+    let n = args.fanout_agents.unwrap_or(if smoke { 100 } else { 1000 });
+    let mut conn = Vec::new();
+    let mut fan = Vec::new();
+    for _ in 0..runs {
+        let (a, b) = fanout(n, shm).await.context("scenario 4")?;
+        conn.push(a);
+        fan.push(b);
+    }
+    let note = format!("{n} agents in this process over SSH on loopback, agent journals on {}", shm.display());
+    c.add(4, &format!("fan-out of one action to {n} agents"), "s", fan, Some(("≤ 2 s", &|m| m <= 2.0)), &note);
+    c.add(4, &format!("connect {n} agents"), "s", conn, None, &note);
+    Ok(())
+}
+
+/// Scenario 5: durable audit appends at 1, 8 and 64 writers.
+async fn audit_append_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
+    let (smoke, runs, disk) = (ctx.smoke, ctx.runs, &ctx.disk);
+    let per = if smoke { 200 } else { 2000 };
+    for w in [1usize, 8, 64] {
+        let mut v = Vec::new();
+        for _ in 0..runs {
+            v.push(audit_append(w, per.max(2000 / w), disk).await.context("scenario 5")?);
+        }
+        let target: Option<(&str, &dyn Fn(f64) -> bool)> =
+            if w == 64 { Some(("≥ 20,000 records/s", &|m| m >= 20_000.0)) } else { None };
+        c.add(
+            5,
+            &format!("durable audit appends, {w} writer(s)"),
+            "records/s",
+            v,
+            target,
+            &format!("flushed before acknowledgement; store on {}", disk.display()),
+        );
+    }
+    Ok(())
+}
+
+/// Scenario 6: runbook overhead, script only and end to end.
+async fn runbook_overhead_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
+    let (smoke, runs, disk, shm) = (ctx.smoke, ctx.runs, &ctx.disk, &ctx.shm);
+    let it = if smoke { 200 } else { 2000 };
+    let mut v = script_overhead(it).await?;
+    let med = median(&mut v);
+    c.add(
+        6,
+        "trivial cached runbook, script on a blocking thread",
+        "µs",
+        vec![med; 1],
+        Some(("≤ 200 µs", &|m| m <= 200.0)),
+        &format!("median of {it}; scope, context and blocking-thread hop included"),
+    );
+    let it = if smoke { 50 } else { 300 };
+    for (label, root) in [("tmpfs", &shm), ("disk", &disk)] {
+        let mut v = Vec::new();
+        for _ in 0..runs {
+            let mut x = run_end_to_end(it, root).await.context("scenario 6")?;
+            v.push(median(&mut x));
+        }
+        c.add(
+            6,
+            &format!("trivial runbook submit → finished, audit on {label}"),
+            "µs",
+            v,
+            None,
+            "three durable audit records (queued, started, finished)",
+        );
+    }
+    Ok(())
+}
+
+/// Scenario 7: engine memory at N nodes (in a child process).
+async fn memory_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
+    let (args, smoke, disk) = (ctx.args, ctx.smoke, &ctx.disk);
+    let nodes = args.memory_nodes.unwrap_or(if smoke { 500 } else { 10_000 });
+    if args.only == [7] {
+        let secs = if smoke { 120 } else { 600 };
+        let (growth, series, points, rss) = memory(nodes, secs, disk).await.context("scenario 7")?;
+        let per_series = growth / series.max(1) as f64;
+        c.add(
+            7,
+            &format!("engine RSS growth, {nodes} nodes × 8 GPUs, {secs} s at 1 Hz"),
+            "MiB",
+            vec![growth / 1048576.0],
+            if nodes >= 10_000 && secs >= 600 { Some(("≤ 1024 MiB", &|m| m <= 1024.0)) } else { None },
+            &format!("{series} series, {points} points in windows; process RSS {:.0} MiB", rss / 1048576.0),
+        );
+        c.add(7, "bytes per series", "B", vec![per_series], None, "RSS growth ÷ series");
+        c.add(7, "bytes per point held", "B", vec![growth / points.max(1) as f64], None, "RSS growth ÷ points held");
+    } else {
+        // In a fresh process: RSS after the other scenarios says little
+        // (the allocator keeps what they freed).
+        let tmp = tempfile::NamedTempFile::new()?;
+        let mut cmd = std::process::Command::new(std::env::current_exe()?);
+        cmd.args(["--no-color", "bench", "--only", "7", "--memory-nodes", &nodes.to_string(), "--out"]).arg(tmp.path());
+        if smoke {
+            cmd.arg("--smoke");
+        }
+        let status = cmd.stdout(std::process::Stdio::null()).status().context("scenario 7 in a child process")?;
+        if !status.success() {
+            return Err(anyhow!("scenario 7 failed in its child process: {status}"));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(tmp.path())?)?;
+        for f in v["figures"].as_array().into_iter().flatten() {
+            c.figures.push(serde_json::from_value(f.clone())?);
+        }
+    }
+    Ok(())
 }

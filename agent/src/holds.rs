@@ -1,0 +1,535 @@
+//! The hold store: every setting the agent changes is held by an owner,
+//! with a lease; the most restrictive active hold decides the device's
+//! value; the baseline read from the device when the first hold was placed
+//! comes back when the last one goes — unless a person changed the setting
+//! meanwhile (drifted).
+//!
+//! This module owns the *rules* (pure functions over holds, unit-tested
+//! here) and the *record* (one JSON file, replaced atomically and fsynced
+//! before a reply leaves, so holds, baselines, leases and rate-limit windows
+//! survive restarts exactly). Reading and writing the device is the
+//! service's job (`service::settings`).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use nightshift_proto::{ActionKind, FanPoint, HoldInfo, HoldValue, Setting, SettingView, fan_curve_speed};
+
+/// One held setting.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Held {
+    pub setting: Setting,
+    /// The device's value when the first hold was placed.
+    pub baseline: HoldValue,
+    /// What the agent last put on the device for this setting.
+    pub applied: HoldValue,
+    /// A person changed the setting: what was found. The agent no longer
+    /// writes this setting until its last hold goes.
+    #[serde(default)]
+    pub drifted: Option<String>,
+    pub holds: Vec<HoldInfo>,
+}
+
+impl Held {
+    /// The value the holds ask for together.
+    pub fn effective(&self) -> HoldValue {
+        effective(&self.baseline, &self.holds)
+    }
+
+    pub fn view(&self) -> SettingView {
+        SettingView {
+            setting: self.setting.clone(),
+            baseline: self.baseline.clone(),
+            effective: self.effective(),
+            drifted: self.drifted.clone(),
+            holds: self.holds.clone(),
+        }
+    }
+}
+
+/// What is persisted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Record {
+    version: u32,
+    held: Vec<Held>,
+    /// Applied changes per (kind, GPU), for the rate limits.
+    rate: Vec<RateWindow>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateWindow {
+    kind: ActionKind,
+    gpu: Option<u32>,
+    at_ms: VecDeque<i64>,
+}
+
+/// The store. Mutations change memory; [`HoldStore::save`] makes them
+/// durable (the service calls it before replying).
+#[derive(Debug)]
+pub struct HoldStore {
+    path: PathBuf,
+    rec: Record,
+}
+
+/// The hold store could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("hold store {path}: {message}")]
+pub struct StoreError {
+    pub path: PathBuf,
+    pub message: String,
+}
+
+impl HoldStore {
+    /// Open the store at `path` (empty when the file does not exist). A file
+    /// that exists but cannot be read is an error: starting without the
+    /// holds would forget baselines and leases.
+    pub fn open(path: &Path) -> Result<HoldStore, StoreError> {
+        let rec = match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice::<Record>(&bytes).map_err(|e| StoreError {
+                path: path.into(),
+                message: format!(
+                    "not a hold record ({e}); move it aside only after checking the node's settings by hand"
+                ),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Record { version: 1, ..Record::default() },
+            Err(e) => return Err(StoreError { path: path.into(), message: e.to_string() }),
+        };
+        if rec.version != 1 {
+            return Err(StoreError {
+                path: path.into(),
+                message: format!("unsupported hold record version: expected 1, found {}", rec.version),
+            });
+        }
+        Ok(HoldStore { path: path.to_path_buf(), rec })
+    }
+
+    /// Write the record atomically and durably.
+    pub fn save(&self) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec(&self.rec).map_err(std::io::Error::other)?;
+        nightshift_proto::fsutil::write_atomic(&self.path, &bytes)
+    }
+
+    pub fn get(&self, s: &Setting) -> Option<&Held> {
+        self.rec.held.iter().find(|h| &h.setting == s)
+    }
+
+    pub fn get_mut(&mut self, s: &Setting) -> Option<&mut Held> {
+        self.rec.held.iter_mut().find(|h| &h.setting == s)
+    }
+
+    /// Every held setting.
+    pub fn held(&self) -> &[Held] {
+        &self.rec.held
+    }
+
+    /// Every active hold.
+    pub fn all_holds(&self) -> Vec<HoldInfo> {
+        self.rec.held.iter().flat_map(|h| h.holds.iter().cloned()).collect()
+    }
+
+    /// Place (or, for the same owner and setting, replace) a hold. The
+    /// baseline is recorded when the setting was not held yet.
+    pub fn place(&mut self, hold: HoldInfo, baseline: HoldValue) {
+        match self.get_mut(&hold.setting) {
+            Some(h) => {
+                h.holds.retain(|x| x.owner != hold.owner);
+                h.holds.push(hold);
+            }
+            None => self.rec.held.push(Held {
+                setting: hold.setting.clone(),
+                applied: baseline.clone(),
+                baseline,
+                drifted: None,
+                holds: vec![hold],
+            }),
+        }
+    }
+
+    /// The hold `owner` has on `setting`.
+    pub fn hold_of(&self, s: &Setting, owner: &str) -> Option<&HoldInfo> {
+        self.get(s)?.holds.iter().find(|h| h.owner == owner)
+    }
+
+    /// Remove the holds `pick` selects; returns them with their settings.
+    pub fn remove(&mut self, mut pick: impl FnMut(&HoldInfo) -> bool) -> Vec<HoldInfo> {
+        let mut out = Vec::new();
+        for h in &mut self.rec.held {
+            let (gone, keep): (Vec<HoldInfo>, Vec<HoldInfo>) = h.holds.drain(..).partition(|x| pick(x));
+            h.holds = keep;
+            out.extend(gone);
+        }
+        out
+    }
+
+    /// Forget a setting whose last hold went (after its restore).
+    pub fn forget(&mut self, s: &Setting) {
+        self.rec.held.retain(|h| &h.setting != s || !h.holds.is_empty());
+    }
+
+    /// Holds whose lease has run out at `now_ms`.
+    pub fn expired(&self, now_ms: i64) -> Vec<String> {
+        self.rec
+            .held
+            .iter()
+            .flat_map(|h| h.holds.iter())
+            .filter(|h| h.expires_at_ms.is_some_and(|t| t <= now_ms))
+            .map(|h| h.id.clone())
+            .collect()
+    }
+
+    /// Refuse a change of `kind` on `gpu` at `now_ms` if it would exceed
+    /// `limit` changes in the window.
+    pub fn rate_check(
+        &mut self,
+        kind: ActionKind,
+        gpu: Option<u32>,
+        limit: Option<&crate::envelope::RateLimit>,
+        now_ms: i64,
+    ) -> Result<(), String> {
+        let Some(limit) = limit else { return Ok(()) };
+        let window_ms = limit.window_secs.saturating_mul(1000).min(i64::MAX as u64) as i64;
+        let w = self.window(kind, gpu);
+        while w.front().is_some_and(|t| *t <= now_ms.saturating_sub(window_ms)) {
+            w.pop_front();
+        }
+        if w.len() as u32 >= limit.max_changes {
+            let target = gpu.map_or("this node".to_string(), |g| format!("GPU {g}"));
+            let retry_secs = w.front().map_or(0, |t| (t.saturating_add(window_ms) - now_ms + 999) / 1000);
+            return Err(format!(
+                "rate limit: {} changes of kind {} on {target} in the last {} s (limit {}); retry in {retry_secs} s",
+                w.len(),
+                kind.as_str(),
+                limit.window_secs,
+                limit.max_changes
+            ));
+        }
+        Ok(())
+    }
+
+    /// Count one applied change.
+    pub fn rate_record(&mut self, kind: ActionKind, gpu: Option<u32>, now_ms: i64) {
+        let w = self.window(kind, gpu);
+        w.push_back(now_ms);
+        while w.len() > 1024 {
+            w.pop_front();
+        }
+    }
+
+    fn window(&mut self, kind: ActionKind, gpu: Option<u32>) -> &mut VecDeque<i64> {
+        let i = match self.rec.rate.iter().position(|w| w.kind == kind && w.gpu == gpu) {
+            Some(i) => i,
+            None => {
+                self.rec.rate.push(RateWindow { kind, gpu, at_ms: VecDeque::new() });
+                self.rec.rate.len() - 1
+            }
+        };
+        &mut self.rec.rate[i].at_ms
+    }
+}
+
+/// The value a set of holds asks for together, over `baseline`:
+///
+/// - power limit: the lowest;
+/// - fan curve: the highest speed, point by point;
+/// - clocks: the narrowest range (highest minimum, lowest maximum);
+/// - GPU drain: drained if any hold drains, else in service if any hold
+///   says so, else the baseline;
+/// - node drain: the same, except that a node already drained keeps its
+///   drain and reason (nightshift never rewrites a person's drain);
+/// - config: the most recently placed hold's version.
+pub fn effective(baseline: &HoldValue, holds: &[HoldInfo]) -> HoldValue {
+    if holds.is_empty() {
+        return baseline.clone();
+    }
+    let mut values: Vec<(&HoldInfo, &HoldValue)> = holds.iter().map(|h| (h, &h.value)).collect();
+    values.sort_by_key(|(h, _)| h.placed_at_ms);
+    match baseline {
+        HoldValue::PowerLimit { .. } => {
+            let w = values
+                .iter()
+                .filter_map(|(_, v)| match v {
+                    HoldValue::PowerLimit { watts } => Some(*watts),
+                    _ => None,
+                })
+                .fold(f64::INFINITY, f64::min);
+            if w.is_finite() { HoldValue::PowerLimit { watts: w } } else { baseline.clone() }
+        }
+        HoldValue::FanCurve { .. } => {
+            let curves: Vec<&Vec<FanPoint>> = values
+                .iter()
+                .filter_map(|(_, v)| match v {
+                    HoldValue::FanCurve { points: Some(p) } => Some(p),
+                    _ => None,
+                })
+                .collect();
+            match curves.len() {
+                0 => baseline.clone(),
+                1 => HoldValue::FanCurve { points: Some(curves[0].clone()) },
+                _ => HoldValue::FanCurve { points: Some(max_curve(&curves)) },
+            }
+        }
+        HoldValue::Clocks { .. } => {
+            let ranges: Vec<(u32, u32)> = values
+                .iter()
+                .filter_map(|(_, v)| match v {
+                    HoldValue::Clocks { locked_mhz: Some(r) } => Some(*r),
+                    _ => None,
+                })
+                .collect();
+            if ranges.is_empty() {
+                return baseline.clone();
+            }
+            let hi = ranges.iter().map(|r| r.1).min().unwrap_or(0);
+            let lo = ranges.iter().map(|r| r.0).max().unwrap_or(0).min(hi);
+            HoldValue::Clocks { locked_mhz: Some((lo, hi)) }
+        }
+        HoldValue::GpuDrain { .. } => {
+            let any = |want: bool| {
+                values.iter().any(|(_, v)| matches!(v, HoldValue::GpuDrain { drained } if *drained == want))
+            };
+            if any(true) {
+                HoldValue::GpuDrain { drained: true }
+            } else if any(false) {
+                HoldValue::GpuDrain { drained: false }
+            } else {
+                baseline.clone()
+            }
+        }
+        HoldValue::NodeDrain { drained: base_drained, .. } => {
+            let first_drain = values.iter().find_map(|(_, v)| match v {
+                HoldValue::NodeDrain { drained: true, reason } => Some(reason.clone()),
+                _ => None,
+            });
+            match first_drain {
+                Some(_) if *base_drained => baseline.clone(),
+                Some(reason) => HoldValue::NodeDrain { drained: true, reason },
+                None if values.iter().any(|(_, v)| matches!(v, HoldValue::NodeDrain { drained: false, .. })) => {
+                    HoldValue::NodeDrain { drained: false, reason: None }
+                }
+                None => baseline.clone(),
+            }
+        }
+        HoldValue::Config { .. } => values
+            .iter()
+            .rev()
+            .find_map(|(_, v)| matches!(v, HoldValue::Config { version: Some(_) }).then(|| (*v).clone()))
+            .unwrap_or_else(|| baseline.clone()),
+    }
+}
+
+/// The pointwise maximum of monotonic fan curves: at every breakpoint of
+/// any curve, the highest speed any curve asks for there. Monotonic when
+/// the inputs are.
+pub fn max_curve(curves: &[&Vec<FanPoint>]) -> Vec<FanPoint> {
+    let mut temps: Vec<f64> = curves.iter().flat_map(|c| c.iter().map(|p| p.temp_c)).collect();
+    temps.sort_by(f64::total_cmp);
+    temps.dedup();
+    temps
+        .into_iter()
+        .map(|t| FanPoint {
+            temp_c: t,
+            speed_pct: curves.iter().map(|c| fan_curve_speed(c, t)).fold(f64::NEG_INFINITY, f64::max),
+        })
+        .collect()
+}
+
+/// Whether `a` asks less of the hardware than `b` would (used to say which
+/// hold decides). Both must be values of the same setting.
+pub fn same_value(a: &HoldValue, b: &HoldValue) -> bool {
+    match (a, b) {
+        (HoldValue::PowerLimit { watts: x }, HoldValue::PowerLimit { watts: y }) => (x - y).abs() < 0.5,
+        _ => a == b,
+    }
+}
+
+/// Holds grouped by setting, for views.
+pub fn by_setting(holds: &[HoldInfo]) -> BTreeMap<Setting, Vec<HoldInfo>> {
+    let mut m: BTreeMap<Setting, Vec<HoldInfo>> = BTreeMap::new();
+    for h in holds {
+        m.entry(h.setting.clone()).or_default().push(h.clone());
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hold(owner: &str, at: i64, value: HoldValue, setting: Setting) -> HoldInfo {
+        HoldInfo {
+            id: format!("{owner}-{at}"),
+            owner: owner.into(),
+            setting,
+            value,
+            reason: "test".into(),
+            placed_at_ms: at,
+            expires_at_ms: Some(at + 60_000),
+            kept: false,
+        }
+    }
+
+    fn pw(w: f64) -> HoldValue {
+        HoldValue::PowerLimit { watts: w }
+    }
+
+    fn nd(drained: bool, reason: Option<&str>) -> HoldValue {
+        HoldValue::NodeDrain { drained, reason: reason.map(str::to_string) }
+    }
+
+    /// The table of "most restrictive" rules: (baseline, holds, effective).
+    #[test]
+    fn the_most_restrictive_hold_decides() {
+        let p = Setting::PowerLimit { gpu: 0 };
+        let n = Setting::NodeDrain {};
+        let g = Setting::GpuDrain { gpu: 0 };
+        let c = Setting::Clocks { gpu: 0 };
+        let cfg = Setting::Config { name: "nccl".into() };
+        let cases: Vec<(&str, HoldValue, Vec<HoldInfo>, HoldValue)> = vec![
+            ("no holds: the baseline", pw(700.0), vec![], pw(700.0)),
+            (
+                "lowest power wins",
+                pw(700.0),
+                vec![hold("a", 1, pw(450.0), p.clone()), hold("b", 2, pw(600.0), p.clone())],
+                pw(450.0),
+            ),
+            (
+                "order does not matter",
+                pw(700.0),
+                vec![hold("b", 1, pw(600.0), p.clone()), hold("a", 2, pw(450.0), p.clone())],
+                pw(450.0),
+            ),
+            (
+                "narrowest clocks",
+                HoldValue::Clocks { locked_mhz: None },
+                vec![
+                    hold("a", 1, HoldValue::Clocks { locked_mhz: Some((300, 1500)) }, c.clone()),
+                    hold("b", 2, HoldValue::Clocks { locked_mhz: Some((500, 1800)) }, c.clone()),
+                ],
+                HoldValue::Clocks { locked_mhz: Some((500, 1500)) },
+            ),
+            (
+                "disjoint clock ranges: the lower maximum",
+                HoldValue::Clocks { locked_mhz: None },
+                vec![
+                    hold("a", 1, HoldValue::Clocks { locked_mhz: Some((300, 800)) }, c.clone()),
+                    hold("b", 2, HoldValue::Clocks { locked_mhz: Some((1000, 1800)) }, c.clone()),
+                ],
+                HoldValue::Clocks { locked_mhz: Some((800, 800)) },
+            ),
+            (
+                "any GPU drain drains",
+                HoldValue::GpuDrain { drained: false },
+                vec![
+                    hold("a", 1, HoldValue::GpuDrain { drained: false }, g.clone()),
+                    hold("b", 2, HoldValue::GpuDrain { drained: true }, g.clone()),
+                ],
+                HoldValue::GpuDrain { drained: true },
+            ),
+            (
+                "a drain over an undrained node takes the first drain's reason",
+                nd(false, None),
+                vec![
+                    hold("b", 5, nd(true, Some("nightshift: b hot")), n.clone()),
+                    hold("a", 1, nd(true, Some("nightshift: a dbe")), n.clone()),
+                ],
+                nd(true, Some("nightshift: a dbe")),
+            ),
+            (
+                "a person's drain is kept as it is",
+                nd(true, Some("fan swap by dave")),
+                vec![hold("a", 1, nd(true, Some("nightshift: a hot")), n.clone())],
+                nd(true, Some("fan swap by dave")),
+            ),
+            (
+                "in service over a standby drain",
+                nd(true, Some("nightshift: standby")),
+                vec![hold("s", 1, nd(false, None), n.clone())],
+                nd(false, None),
+            ),
+            (
+                "a drain beats in service",
+                nd(true, Some("nightshift: standby")),
+                vec![
+                    hold("s", 1, nd(false, None), n.clone()),
+                    hold("x", 2, nd(true, Some("nightshift: x rma")), n.clone()),
+                ],
+                nd(true, Some("nightshift: standby")),
+            ),
+            (
+                "the latest config hold wins",
+                HoldValue::Config { version: Some(3) },
+                vec![
+                    hold("a", 1, HoldValue::Config { version: Some(2) }, cfg.clone()),
+                    hold("b", 2, HoldValue::Config { version: Some(4) }, cfg.clone()),
+                ],
+                HoldValue::Config { version: Some(4) },
+            ),
+        ];
+        for (name, baseline, holds, want) in cases {
+            assert_eq!(effective(&baseline, &holds), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn fan_curves_combine_point_by_point() {
+        let pt = |t, s| FanPoint { temp_c: t, speed_pct: s };
+        let a = vec![pt(40.0, 30.0), pt(80.0, 100.0)];
+        let b = vec![pt(40.0, 50.0), pt(60.0, 60.0), pt(90.0, 80.0)];
+        let m = max_curve(&[&a, &b]);
+        assert_eq!(m.iter().map(|p| p.temp_c).collect::<Vec<_>>(), vec![40.0, 60.0, 80.0, 90.0]);
+        assert_eq!(m.iter().map(|p| p.speed_pct).collect::<Vec<_>>(), vec![50.0, 65.0, 100.0, 100.0]);
+        // Never below either curve anywhere.
+        for t in 0..120 {
+            let t = t as f64;
+            let s = fan_curve_speed(&m, t);
+            assert!(s + 1e-9 >= fan_curve_speed(&a, t) && s + 1e-9 >= fan_curve_speed(&b, t), "{t}: {s}");
+        }
+        assert!(m.windows(2).all(|w| w[1].speed_pct >= w[0].speed_pct), "monotonic");
+    }
+
+    #[test]
+    fn the_record_survives_a_reopen_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("holds.json");
+        let limit = crate::envelope::RateLimit { max_changes: 2, window_secs: 60 };
+        {
+            let mut s = HoldStore::open(&path).unwrap();
+            let p = Setting::PowerLimit { gpu: 1 };
+            s.place(hold("r1", 1_000, pw(450.0), p.clone()), pw(700.0));
+            s.place(hold("r2", 2_000, pw(500.0), p.clone()), pw(0.0));
+            s.get_mut(&p).unwrap().applied = pw(450.0);
+            s.rate_record(ActionKind::PowerLimit, Some(1), 1_000);
+            s.rate_record(ActionKind::PowerLimit, Some(1), 2_000);
+            s.save().unwrap();
+        }
+        let mut s = HoldStore::open(&path).unwrap();
+        let h = s.get(&Setting::PowerLimit { gpu: 1 }).unwrap();
+        assert_eq!(h.baseline, pw(700.0), "the first hold's baseline stays");
+        assert_eq!(h.applied, pw(450.0));
+        assert_eq!(h.holds.len(), 2);
+        assert_eq!(h.effective(), pw(450.0));
+        let err = s.rate_check(ActionKind::PowerLimit, Some(1), Some(&limit), 3_000).unwrap_err();
+        assert!(err.contains("2 changes of kind power_limit on GPU 1"), "{err}");
+        s.rate_check(ActionKind::PowerLimit, Some(1), Some(&limit), 61_001).unwrap();
+        // A placement by the same owner replaces its hold.
+        s.place(hold("r1", 5_000, pw(400.0), Setting::PowerLimit { gpu: 1 }), pw(0.0));
+        assert_eq!(s.get(&Setting::PowerLimit { gpu: 1 }).unwrap().holds.len(), 2);
+        assert_eq!(s.expired(62_000).len(), 1, "r2 ran out at 62 s; r1 was replaced at 5 s");
+        assert_eq!(s.expired(65_000).len(), 2);
+        assert_eq!(s.remove(|h| h.owner == "r1").len(), 1);
+    }
+
+    #[test]
+    fn an_unreadable_record_is_an_error_not_a_blank_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("holds.json");
+        std::fs::write(&path, b"{\"version\":1,\"held\":[").unwrap();
+        let err = HoldStore::open(&path).unwrap_err().to_string();
+        assert!(err.contains("not a hold record"), "{err}");
+    }
+}

@@ -1,0 +1,1020 @@
+//! The agent's request handling, independent of transport: the SSH server
+//! and in-process callers (the simulated fleet) both come through [`Agent`].
+//!
+//! Every setting the agent changes is a *hold* (see [`crate::holds`]). A
+//! mutating request goes: idempotency (journal) → hands-off marker → what
+//! the op means ([`ops`]) → lease bounds → envelope → the effective value
+//! before and after → rate limit (only when the device value changes) → dry
+//! run → journal `pending` → hold recorded durably → device written
+//! ([`settings`]) → hold record updated → journal `done` → reply.
+//!
+//! On its own clock ([`Agent::tick`]) the agent releases holds whose lease
+//! ran out (never while the hands-off marker exists), finishes a change an
+//! agent crash interrupted, and drives the fan curves it holds.
+
+mod ops;
+mod settings;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+
+use nightshift_proto::clock::SharedClock;
+use nightshift_proto::*;
+
+use crate::backend::{Backend, BackendError, Support};
+use crate::envelope::Policy;
+use crate::holds::{HoldStore, same_value};
+use crate::journal::Journal;
+use crate::node::NodeError;
+use crate::node::caches::FlushConfig;
+use crate::node::configs::{ConfigStore, ManagedConfig};
+use crate::node::scheduler::{DrainState, Scheduler, SchedulerConfig};
+use crate::procs::ProcError;
+use ops::{Intent, OneShot, Placement};
+
+/// Everything an [`Agent`] needs besides its backend and clock.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    pub node: String,
+    pub state_dir: PathBuf,
+    pub policy: Policy,
+    pub scheduler: SchedulerConfig,
+    pub flush: FlushConfig,
+    pub configs: BTreeMap<String, ManagedConfig>,
+    pub telemetry_interval_ms: u64,
+    pub max_request_bytes: usize,
+}
+
+impl AgentOptions {
+    /// Options for a node named `node` keeping state in `state_dir`, with the
+    /// default policy (its hands-off marker inside `state_dir`).
+    pub fn new(node: &str, state_dir: PathBuf) -> AgentOptions {
+        let policy = Policy { hands_off_marker_path: state_dir.join("hands-off"), ..Policy::default() };
+        AgentOptions {
+            node: node.into(),
+            flush: FlushConfig {
+                drop_caches_path: state_dir.join("drop_caches"),
+                registry_dir: state_dir.join("flush.d"),
+                ..FlushConfig::default()
+            },
+            state_dir,
+            policy,
+            scheduler: SchedulerConfig::None,
+            configs: BTreeMap::new(),
+            telemetry_interval_ms: 1000,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+        }
+    }
+}
+
+type Refusal = (ErrorCode, String);
+
+fn backend_refusal(e: BackendError) -> Refusal {
+    match e {
+        BackendError::NoSuchGpu { .. } => (ErrorCode::NotFound, e.to_string()),
+        other => (ErrorCode::BackendError, other.to_string()),
+    }
+}
+
+fn node_refusal(e: NodeError) -> Refusal {
+    match e {
+        NodeError::Process(ProcError::Timeout { .. }) => (ErrorCode::Timeout, e.to_string()),
+        NodeError::Process(_) | NodeError::Unexpected(_) => (ErrorCode::ProcessFailed, e.to_string()),
+        NodeError::NotFound(_) => (ErrorCode::NotFound, e.to_string()),
+        NodeError::Io(_) => (ErrorCode::Internal, e.to_string()),
+    }
+}
+
+fn to_value<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+/// The owner a request acts for: its `owner`, else `manual`.
+fn owner_of(req: &Request) -> String {
+    req.owner.clone().unwrap_or_else(|| "manual".into())
+}
+
+/// Whether an owner is a person (may release sticky holds).
+fn is_person(owner: &str) -> bool {
+    owner.starts_with("person:")
+}
+
+/// The agent.
+pub struct Agent {
+    opts: AgentOptions,
+    backend: Arc<dyn Backend>,
+    clock: SharedClock,
+    scheduler: Scheduler,
+    configs: ConfigStore,
+    journal: Mutex<Journal>,
+    store: Mutex<HoldStore>,
+    drain_cache: Mutex<Option<(DrainState, i64)>>,
+    /// One mutation at a time (requests, expiries, reconciliation).
+    mutate: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent").field("node", &self.opts.node).field("backend", &self.backend.name()).finish()
+    }
+}
+
+/// An agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("cannot open the request journal {path}: {source}")]
+    Journal { path: PathBuf, source: std::io::Error },
+    #[error("cannot create the state dir {path}: {source}")]
+    StateDir { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Holds(#[from] crate::holds::StoreError),
+    #[error("{0}")]
+    Config(String),
+}
+
+impl Agent {
+    /// Build an agent. Reads the journal and the hold record from the state
+    /// dir, so request ids, holds, baselines, leases and rate-limit windows
+    /// survive restarts.
+    pub fn new(opts: AgentOptions, backend: Arc<dyn Backend>, clock: SharedClock) -> Result<Agent, AgentError> {
+        std::fs::create_dir_all(&opts.state_dir)
+            .map_err(|source| AgentError::StateDir { path: opts.state_dir.clone(), source })?;
+        opts.flush.signal().map_err(AgentError::Config)?;
+        let journal_path = opts.state_dir.join("journal.jsonl");
+        let journal =
+            Journal::open(&journal_path).map_err(|source| AgentError::Journal { path: journal_path, source })?;
+        let store = HoldStore::open(&opts.state_dir.join("holds.json"))?;
+        let scheduler = Scheduler::new(opts.scheduler.clone(), &opts.node, opts.state_dir.join("node-drain.json"));
+        let configs = ConfigStore::new(opts.state_dir.join("configs"), opts.configs.clone());
+        Ok(Agent {
+            opts,
+            backend,
+            clock,
+            scheduler,
+            configs,
+            journal: Mutex::new(journal),
+            store: Mutex::new(store),
+            drain_cache: Mutex::new(None),
+            mutate: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// The node's name.
+    pub fn node(&self) -> &str {
+        &self.opts.node
+    }
+
+    /// The hardware backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// The options it was built with.
+    pub fn options(&self) -> &AgentOptions {
+        &self.opts
+    }
+
+    /// The clock it reads.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
+    /// Where the applied-request journal lives.
+    pub fn journal_path(&self) -> PathBuf {
+        self.opts.state_dir.join("journal.jsonl")
+    }
+
+    fn holds(&self) -> std::sync::MutexGuard<'_, HoldStore> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn jr(&self) -> std::sync::MutexGuard<'_, Journal> {
+        self.journal.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every held setting, with its baseline and holds.
+    pub fn held(&self) -> Vec<SettingView> {
+        self.holds().held().iter().map(|h| h.view()).collect()
+    }
+
+    /// Handle one raw request (the bytes of an SSH exec command).
+    pub async fn handle_bytes(&self, raw: &[u8]) -> Reply {
+        if raw.len() > self.opts.max_request_bytes {
+            return Reply::err(
+                "",
+                ErrorCode::TooLarge,
+                format!("request is {} bytes: expected at most {}", raw.len(), self.opts.max_request_bytes),
+            );
+        }
+        match Request::parse(raw) {
+            Ok(req) => self.handle(req).await,
+            Err(e) => Reply::err(Request::salvage_id(raw), e.code(), e.to_string()),
+        }
+    }
+
+    /// Handle one parsed request.
+    pub async fn handle(&self, req: Request) -> Reply {
+        let id = req.id.clone();
+        let result = match &req.op {
+            Op::Inventory(_) => Ok(to_value(&self.inventory())),
+            Op::Telemetry(_) => self.telemetry().await.map(|t| to_value(&t)),
+            Op::Subscribe(_) => Err((
+                ErrorCode::BadRequest,
+                "subscribe is a stream: send it as its own exec and read JSON lines".into(),
+            )),
+            Op::ActionStatus(a) => Ok(self.action_status(&a.request_id)),
+            Op::ConfigList(a) => self.config_list(a.name.as_deref()),
+            Op::Holds(_) => Ok(to_value(&self.held())),
+            _ => return self.mutate(req).await,
+        };
+        match result {
+            Ok(v) => Reply::ok(id, v),
+            Err((code, msg)) => Reply::err(id, code, msg),
+        }
+    }
+
+    /// The node's inventory.
+    pub fn inventory(&self) -> Inventory {
+        Inventory {
+            node: self.opts.node.clone(),
+            backend: self.backend.name().into(),
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            scheduler: self.scheduler.kind().into(),
+            gpus: self
+                .backend
+                .gpus()
+                .iter()
+                .map(|g| {
+                    let (lo, hi) = self.opts.policy.power_bounds(g);
+                    GpuInfo {
+                        envelope_power_min_watts: Some(lo),
+                        envelope_power_max_watts: Some(hi),
+                        envelope_fan_min_pct: g.fan_control.then_some(self.opts.policy.fan.min_pct),
+                        ..g.clone()
+                    }
+                })
+                .collect(),
+            configs: self.configs.names(),
+        }
+    }
+
+    async fn drain_state(&self, fresh: bool) -> Result<DrainState, NodeError> {
+        let now = self.clock.now_ms();
+        let cached = self.drain_cache.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if !fresh
+            && self.scheduler.kind() != "none"
+            && let Some((s, at)) = cached
+            && now - at < 15_000
+        {
+            return Ok(s);
+        }
+        let s = self.scheduler.state().await?;
+        *self.drain_cache.lock().unwrap_or_else(|e| e.into_inner()) = Some((s.clone(), now));
+        Ok(s)
+    }
+
+    /// One telemetry sample of the node.
+    pub async fn telemetry(&self) -> Result<Telemetry, Refusal> {
+        let (gpus, mut node) = self.backend.sample().map_err(backend_refusal)?;
+        match self.drain_state(false).await {
+            Ok(d) => {
+                node.drained = d.drained;
+                node.drain_reason = d.reason;
+            }
+            Err(e) => tracing::warn!(node = %self.opts.node, error = %e, "cannot read drain state"),
+        }
+        node.hands_off = self.opts.policy.hands_off();
+        node.holds = self.holds().all_holds();
+        Ok(Telemetry { node: self.opts.node.clone(), ts_ms: self.clock.now_ms(), gpus, node_metrics: node })
+    }
+
+    fn action_status(&self, request_id: &str) -> Value {
+        let j = self.jr();
+        match j.lookup(request_id) {
+            None => json!({"request_id": request_id, "state": "unknown"}),
+            Some(e) => {
+                let reverted = e.reverted.as_ref().map(|(at, ok, d)| json!({"at_ms": at, "ok": ok, "detail": d}));
+                match &e.reply {
+                    Some(r) => {
+                        json!({"request_id": request_id, "state": "done", "op": e.op, "reply": r, "reverted": reverted})
+                    }
+                    None => json!({"request_id": request_id, "state": "indeterminate", "op": e.op}),
+                }
+            }
+        }
+    }
+
+    fn config_list(&self, name: Option<&str>) -> Result<Value, Refusal> {
+        let now = self.clock.now_ms();
+        let names = match name {
+            Some(n) => vec![n.to_string()],
+            None => self.configs.names(),
+        };
+        let mut out = Vec::new();
+        for n in names {
+            out.push(self.configs.history(&n, now).map_err(node_refusal)?);
+        }
+        Ok(to_value(&out))
+    }
+
+    /// Simulated hardware only; journaled like a change.
+    async fn sim_fault(&self, fault: &SimFault) -> Result<Value, Refusal> {
+        let sim = self.backend.sim().ok_or_else(|| {
+            (ErrorCode::BadRequest, format!("sim_fault needs the sim backend: this agent runs {}", self.backend.name()))
+        })?;
+        if let SimFault::PersonDrain { reason } = fault {
+            self.scheduler.person_drain(reason).map_err(node_refusal)?;
+            *self.drain_cache.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            return Ok(json!({"injected": "person_drain"}));
+        }
+        sim.inject(fault).map_err(backend_refusal)?;
+        Ok(json!({"injected": to_value(fault)}))
+    }
+
+    async fn mutate(&self, req: Request) -> Reply {
+        let _guard = self.mutate.lock().await;
+        let digest = req.digest();
+        let op = req.op.name();
+        if let Some(e) = self.jr().lookup(&req.id) {
+            if e.digest != digest {
+                return Reply::err(
+                    &req.id,
+                    ErrorCode::Conflict,
+                    format!("request id {} was already used for a different request ({}); use a new id", req.id, e.op),
+                );
+            }
+            return match &e.reply {
+                Some(r) => r.clone(),
+                None => Reply::err(
+                    &req.id,
+                    ErrorCode::Indeterminate,
+                    format!(
+                        "the agent stopped while applying request {}; it will not apply it again: read the node's state and retry with a new id",
+                        req.id
+                    ),
+                ),
+            };
+        }
+        let now = self.clock.now_ms();
+        let reply = match self.decide_and_apply(&req, &digest).await {
+            Ok(v) => Reply::ok(&req.id, v),
+            Err((code, msg)) => Reply::err(&req.id, code, msg),
+        };
+        if let Err(e) = self.jr().finish(&req.id, &digest, op, now, &reply) {
+            tracing::error!(request = %req.id, error = %e, "cannot journal the reply");
+        }
+        tracing::info!(
+            node = %self.opts.node, request = %req.id, op, owner = req.owner.as_deref().unwrap_or("manual"),
+            dry_run = req.dry_run, ok = reply.ok, code = reply.code().map(|c| c.as_str()).unwrap_or(""),
+            "handled mutating request"
+        );
+        reply
+    }
+
+    fn begin(&self, req: &Request, digest: &str) -> Result<(), Refusal> {
+        self.jr()
+            .begin(&req.id, digest, req.op.name(), self.clock.now_ms())
+            .map_err(|e| (ErrorCode::Internal, format!("cannot journal the request before applying it: {e}")))
+    }
+
+    fn save(&self) -> Result<(), Refusal> {
+        self.holds().save().map_err(|e| (ErrorCode::Internal, format!("cannot record the holds durably: {e}")))
+    }
+
+    fn hands_off_refusal(&self) -> Refusal {
+        (
+            ErrorCode::HandsOff,
+            format!(
+                "node {} is hands-off: the maintenance marker {} exists, so every change is refused; a person removes it when the work is done",
+                self.opts.node,
+                self.opts.policy.hands_off_marker_path.display()
+            ),
+        )
+    }
+
+    async fn decide_and_apply(&self, req: &Request, digest: &str) -> Result<Value, Refusal> {
+        if let Op::SimFault(f) = &req.op {
+            // Not a change nightshift makes: the world it simulates. Still
+            // journaled, so an id is applied once.
+            if req.dry_run {
+                return Err((ErrorCode::BadRequest, "sim_fault has no dry run".into()));
+            }
+            self.begin(req, digest)?;
+            return self.sim_fault(f).await;
+        }
+        if self.opts.policy.hands_off() {
+            return Err(self.hands_off_refusal());
+        }
+        let owner = owner_of(req);
+        match &req.op {
+            Op::Release(a) => return self.release_op(req, digest, a, &owner).await.map(|r| to_value(&r)),
+            Op::Renew(a) => return self.renew_op(req, digest, a, &owner),
+            _ => {}
+        }
+        let result = match self.intent(&req.op, &owner).await? {
+            Intent::Place(p) => self.place(req, digest, p, &owner).await?,
+            Intent::Release(ids) => {
+                if req.revert_after_secs.is_some() {
+                    return Err((
+                        ErrorCode::BadRequest,
+                        format!("{} releases a hold: drop revert_after_secs", req.op.name()),
+                    ));
+                }
+                let before = self.effective_of_ids(&ids);
+                let rel = self.release_ids(req, digest, &ids, &owner).await?;
+                let after = rel.settings.first().map(|s| to_value(&s.now)).unwrap_or(Value::Null);
+                ActionResult {
+                    outcome: if req.dry_run { Outcome::DryRun } else { Outcome::Applied },
+                    before,
+                    after,
+                    detail: rel.settings.first().map(|s| s.detail.clone()),
+                    lease: None,
+                    hold: None,
+                    released: Some(rel),
+                }
+            }
+            Intent::Unchanged(now, why) => ActionResult {
+                outcome: Outcome::Unchanged,
+                before: to_value(&now),
+                after: to_value(&now),
+                detail: Some(why),
+                lease: None,
+                hold: None,
+                released: None,
+            },
+            Intent::NotApplicable(why) => ActionResult {
+                outcome: Outcome::NotApplicable,
+                before: Value::Null,
+                after: Value::Null,
+                detail: Some(why),
+                lease: None,
+                hold: None,
+                released: None,
+            },
+            Intent::OneShot(o) => self.one_shot(req, digest, o).await?,
+        };
+        Ok(to_value(&result))
+    }
+
+    fn effective_of_ids(&self, ids: &[String]) -> Value {
+        let store = self.holds();
+        store
+            .held()
+            .iter()
+            .find(|h| h.holds.iter().any(|x| ids.contains(&x.id)))
+            .map(|h| to_value(&h.effective()))
+            .unwrap_or(Value::Null)
+    }
+
+    /// The lease of a new hold: the request's, else the policy default,
+    /// within the policy bounds; `None` for a sticky hold.
+    fn lease_for(&self, req: &Request, p: &Placement, now: i64) -> Result<Option<i64>, Refusal> {
+        if p.sticky {
+            if !matches!(p.setting, Setting::NodeDrain {}) {
+                return Err((ErrorCode::BadRequest, "only a node drain may be sticky".into()));
+            }
+            if req.revert_after_secs.is_some() {
+                return Err((
+                    ErrorCode::BadRequest,
+                    "a sticky drain has no lease: drop revert_after_secs or sticky".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        let secs = req.revert_after_secs.unwrap_or(self.opts.policy.default_lease_secs);
+        self.opts.policy.check_lease(secs).map_err(|m| (ErrorCode::OutOfEnvelope, m))?;
+        Ok(Some(now.saturating_add((secs as i64).saturating_mul(1000))))
+    }
+
+    /// Place (or replace) `owner`'s hold on a setting and apply the new
+    /// effective value when it differs.
+    async fn place(&self, req: &Request, digest: &str, p: Placement, owner: &str) -> Result<ActionResult, Refusal> {
+        let now = self.clock.now_ms();
+        let expires = self.lease_for(req, &p, now)?;
+        let existing = self.holds().get(&p.setting).cloned();
+        let baseline = match &existing {
+            Some(h) => h.baseline.clone(),
+            None => self.baseline_of(&p.setting).await?,
+        };
+        if matches!(p.value, HoldValue::NodeDrain { drained: false, .. }) {
+            self.check_in_service(&baseline)?;
+        }
+        let hold = HoldInfo {
+            id: existing
+                .as_ref()
+                .and_then(|h| h.holds.iter().find(|x| x.owner == owner).map(|x| x.id.clone()))
+                .unwrap_or_else(|| req.id.clone()),
+            owner: owner.to_string(),
+            setting: p.setting.clone(),
+            value: p.value.clone(),
+            reason: p.reason.clone(),
+            placed_at_ms: now,
+            expires_at_ms: expires,
+            kept: false,
+        };
+        let (before, drifted) = match &existing {
+            Some(h) => (h.applied.clone(), h.drifted.clone()),
+            None => (baseline.clone(), None),
+        };
+        let mut holds: Vec<HoldInfo> = existing.as_ref().map(|h| h.holds.clone()).unwrap_or_default();
+        holds.retain(|x| x.owner != owner);
+        holds.push(hold.clone());
+        let after = crate::holds::effective(&baseline, &holds);
+        let changes = drifted.is_none() && (!same_value(&before, &after) || p.content.is_some());
+        let gpu = p.setting.gpu();
+        if changes {
+            let limit = self.opts.policy.rate_limits.get(&p.kind);
+            self.holds().rate_check(p.kind, gpu, limit, now).map_err(|m| (ErrorCode::RateLimited, m))?;
+        }
+        let lease = expires.map(|t| LeaseInfo { revert_at_ms: t });
+        if req.dry_run {
+            return Ok(ActionResult {
+                outcome: Outcome::DryRun,
+                before: to_value(&before),
+                after: to_value(&after),
+                detail: Some(if changes {
+                    "dry run: every check passed; nothing was changed".into()
+                } else {
+                    "dry run: every check passed; the hold would not change the device".into()
+                }),
+                lease,
+                hold: Some(hold),
+                released: None,
+            });
+        }
+        self.begin(req, digest)?;
+        // The hold is durable before the device changes: a crash between
+        // the two is finished by `tick` (the effective value is re-applied).
+        self.holds().place(hold.clone(), baseline);
+        self.save()?;
+        if changes {
+            match self.write_setting(&p.setting, &after, p.content.as_ref()).await {
+                Ok(_) => {
+                    let mut store = self.holds();
+                    if let Some(h) = store.get_mut(&p.setting) {
+                        h.applied = after.clone();
+                    }
+                    store.rate_record(p.kind, gpu, now);
+                }
+                Err(e) => {
+                    // The device refused: take the hold back out.
+                    let mut store = self.holds();
+                    store.remove(|x| x.id == hold.id && x.setting == hold.setting);
+                    if let Some(old) = existing.as_ref().and_then(|h| h.holds.iter().find(|x| x.owner == owner)) {
+                        store.place(old.clone(), existing.as_ref().map(|h| h.baseline.clone()).unwrap_or(after));
+                    }
+                    store.forget(&p.setting);
+                    drop(store);
+                    self.save()?;
+                    return Err(e);
+                }
+            }
+            self.save()?;
+        }
+        Ok(ActionResult {
+            outcome: if changes { Outcome::Applied } else { Outcome::Held },
+            before: to_value(&before),
+            after: to_value(&if changes { after } else { before.clone() }),
+            detail: match (&drifted, changes) {
+                (Some(d), _) => Some(format!("{}: a person changed it ({d}); the agent leaves it alone", p.setting)),
+                (None, false) => {
+                    Some(format!("held; {} already decides the device's value", self.deciding(&p.setting)))
+                }
+                _ => None,
+            },
+            lease,
+            hold: Some(hold),
+            released: None,
+        })
+    }
+
+    /// Which hold decides a setting's value, in words.
+    fn deciding(&self, s: &Setting) -> String {
+        let store = self.holds();
+        let Some(h) = store.get(s) else { return "the baseline".into() };
+        let eff = h.effective();
+        h.holds
+            .iter()
+            .find(|x| same_value(&x.value, &eff))
+            .map(|x| format!("{}'s hold ({})", x.owner, x.value))
+            .unwrap_or_else(|| format!("the baseline ({})", h.baseline))
+    }
+
+    /// `release`: by hold id, or the owner's holds.
+    async fn release_op(
+        &self,
+        req: &Request,
+        digest: &str,
+        a: &ReleaseArgs,
+        owner: &str,
+    ) -> Result<ReleaseResult, Refusal> {
+        let ids: Vec<String> = {
+            let store = self.holds();
+            let all = store.all_holds();
+            match (&a.hold, &a.owner) {
+                (Some(id), None) => {
+                    let h = all.iter().find(|h| &h.id == id).ok_or_else(|| {
+                        (ErrorCode::NotFound, format!("no hold {id} on {}: see the `holds` op", self.opts.node))
+                    })?;
+                    vec![h.id.clone()]
+                }
+                (None, Some(o)) => all
+                    .iter()
+                    .filter(|h| &h.owner == o && (a.include_kept || !h.kept) && !h.sticky())
+                    .map(|h| h.id.clone())
+                    .collect(),
+                _ => {
+                    return Err((ErrorCode::BadRequest, "release: expected exactly one of `hold` or `owner`".into()));
+                }
+            }
+        };
+        self.release_ids(req, digest, &ids, owner).await
+    }
+
+    /// Release the holds `ids` for `releaser` and settle each setting.
+    async fn release_ids(
+        &self,
+        req: &Request,
+        digest: &str,
+        ids: &[String],
+        releaser: &str,
+    ) -> Result<ReleaseResult, Refusal> {
+        let chosen: Vec<HoldInfo> = self.holds().all_holds().into_iter().filter(|h| ids.contains(&h.id)).collect();
+        for h in &chosen {
+            if is_person(&h.owner) && !is_person(releaser) && h.owner != releaser {
+                return Err((
+                    ErrorCode::NotOwner,
+                    format!("hold {} belongs to {}: only a person releases a person's hold", h.id, h.owner),
+                ));
+            }
+            if h.sticky() && !is_person(releaser) {
+                return Err((
+                    ErrorCode::NotOwner,
+                    format!("hold {} ({}) is sticky: only a person releases it", h.id, h.value),
+                ));
+            }
+        }
+        if req.dry_run {
+            return Ok(ReleaseResult {
+                released: chosen.iter().map(|h| h.id.clone()).collect(),
+                settings: chosen
+                    .iter()
+                    .map(|h| SettingRelease {
+                        setting: h.setting.clone(),
+                        outcome: RestoreOutcome::StillHeld,
+                        now: h.value.clone(),
+                        detail: "dry run: nothing was released".into(),
+                    })
+                    .collect(),
+            });
+        }
+        self.begin(req, digest)?;
+        self.release_now(&chosen.iter().map(|h| h.id.clone()).collect::<Vec<_>>()).await
+    }
+
+    /// Remove the holds and settle their settings (no journal; callers
+    /// journal).
+    async fn release_now(&self, ids: &[String]) -> Result<ReleaseResult, Refusal> {
+        let gone = self.holds().remove(|h| ids.contains(&h.id));
+        let mut settings: Vec<Setting> = gone.iter().map(|h| h.setting.clone()).collect();
+        settings.sort();
+        settings.dedup();
+        self.save()?;
+        let mut out = ReleaseResult { released: gone.iter().map(|h| h.id.clone()).collect(), settings: Vec::new() };
+        for s in settings {
+            out.settings.push(self.settle(&s).await);
+        }
+        self.save()?;
+        Ok(out)
+    }
+
+    /// After holds on `s` went away: apply what the remaining holds ask
+    /// for, or restore the baseline when none is left — never over a
+    /// person's change.
+    async fn settle(&self, s: &Setting) -> SettingRelease {
+        let Some(h) = self.holds().get(s).cloned() else {
+            return SettingRelease {
+                setting: s.clone(),
+                outcome: RestoreOutcome::Restored,
+                now: HoldValue::NodeDrain { drained: false, reason: None },
+                detail: format!("{s} was not held"),
+            };
+        };
+        let last = h.holds.is_empty();
+        let target = if last { h.baseline.clone() } else { h.effective() };
+        let line =
+            |outcome, now: HoldValue, detail: String| SettingRelease { setting: s.clone(), outcome, now, detail };
+        let forget = |agent: &Agent| {
+            if last {
+                agent.holds().forget(s);
+            }
+        };
+        if let Some(d) = &h.drifted {
+            forget(self);
+            let outcome = if last { RestoreOutcome::Drifted } else { RestoreOutcome::StillHeld };
+            return line(outcome, h.applied.clone(), format!("{s}: a person changed it ({d}); left as it is"));
+        }
+        // Has a person changed it since the agent applied it?
+        match self.read_setting(s).await {
+            Ok(Some(dev)) if !same_value(&dev, &h.applied) => {
+                let why = format!("the agent applied {}, the device now has {dev}", h.applied);
+                if last {
+                    forget(self);
+                } else if let Some(x) = self.holds().get_mut(s) {
+                    x.drifted = Some(why.clone());
+                }
+                tracing::warn!(node = %self.opts.node, setting = %s, detail = %why, "setting drifted: left alone");
+                return line(RestoreOutcome::Drifted, dev, format!("{s}: a person changed it ({why}); left as it is"));
+            }
+            Err((_, m)) => {
+                return line(RestoreOutcome::Failed, h.applied.clone(), format!("{s}: cannot read it back: {m}"));
+            }
+            _ => {}
+        }
+        if last
+            && let (Setting::Config { name }, HoldValue::Config { version }) = (s, &h.baseline)
+            && self.config_version_bad(name, *version)
+        {
+            forget(self);
+            return line(
+                RestoreOutcome::KeptBadBaseline,
+                h.applied.clone(),
+                format!("`{name}` version {} is marked bad: {} stays", version.unwrap_or(0), h.applied),
+            );
+        }
+        if same_value(&target, &h.applied) {
+            forget(self);
+            let (o, d) = if last {
+                (RestoreOutcome::Restored, format!("{s} back to its baseline ({target})"))
+            } else {
+                (RestoreOutcome::StillHeld, format!("{s} stays at {target} for the remaining holds"))
+            };
+            return line(o, target, d);
+        }
+        match self.write_setting(s, &target, None).await {
+            Ok(_) => {
+                if let Some(x) = self.holds().get_mut(s) {
+                    x.applied = target.clone();
+                }
+                forget(self);
+                let (o, d) = if last {
+                    (RestoreOutcome::Restored, format!("{s} back to its baseline ({target})"))
+                } else {
+                    (RestoreOutcome::StillHeld, format!("{s} now {target} for the remaining holds"))
+                };
+                line(o, target, d)
+            }
+            Err((_, m)) => {
+                forget(self);
+                tracing::error!(node = %self.opts.node, setting = %s, error = %m, "cannot restore a setting");
+                line(RestoreOutcome::Failed, h.applied.clone(), format!("{s}: putting {target} back failed: {m}"))
+            }
+        }
+    }
+
+    /// `renew`: a new lease for a hold or an owner's holds.
+    fn renew_op(&self, req: &Request, digest: &str, a: &RenewArgs, owner: &str) -> Result<Value, Refusal> {
+        self.opts.policy.check_lease(a.lease_secs).map_err(|m| (ErrorCode::OutOfEnvelope, m))?;
+        let now = self.clock.now_ms();
+        let until = now.saturating_add((a.lease_secs as i64).saturating_mul(1000));
+        let target_owner = a.owner.clone().unwrap_or_else(|| owner.to_string());
+        let matches = |h: &HoldInfo| match &a.hold {
+            Some(id) => &h.id == id,
+            None => h.owner == target_owner,
+        };
+        let found: Vec<HoldInfo> = self.holds().all_holds().into_iter().filter(|h| matches(h) && !h.sticky()).collect();
+        if found.is_empty() {
+            return Err((
+                ErrorCode::NotFound,
+                match &a.hold {
+                    Some(id) => format!("no hold {id} with a lease on {}", self.opts.node),
+                    None => format!("{target_owner} holds nothing with a lease on {}", self.opts.node),
+                },
+            ));
+        }
+        if !req.dry_run {
+            self.begin(req, digest)?;
+            let mut store = self.holds();
+            let ids: Vec<String> = found.iter().map(|h| h.id.clone()).collect();
+            let gone = store.remove(|h| ids.contains(&h.id));
+            for mut h in gone {
+                h.expires_at_ms = Some(until);
+                h.kept |= a.keep;
+                let baseline = store.get(&h.setting).map(|x| x.baseline.clone()).unwrap_or(h.value.clone());
+                store.place(h, baseline);
+            }
+            drop(store);
+            self.save()?;
+        }
+        Ok(json!({"renewed": found.iter().map(|h| &h.id).collect::<Vec<_>>(), "expires_at_ms": until, "kept": a.keep}))
+    }
+
+    /// A one-shot change: clear ECC counters, flush caches, mark a config.
+    async fn one_shot(&self, req: &Request, digest: &str, o: OneShot) -> Result<ActionResult, Refusal> {
+        if req.revert_after_secs.is_some() {
+            return Err((
+                ErrorCode::BadRequest,
+                format!("{} cannot be reverted: drop revert_after_secs", req.op.name()),
+            ));
+        }
+        let now = self.clock.now_ms();
+        let (kind, gpu, before, would) = match &o {
+            OneShot::ClearEcc { gpu } => {
+                let g = self.gpu_sample(*gpu)?;
+                (
+                    ActionKind::Ecc,
+                    Some(*gpu),
+                    json!({"ecc_sbe_total": g.ecc_sbe_total, "ecc_dbe_total": g.ecc_dbe_total}),
+                    json!({"ecc_sbe_total": 0, "ecc_dbe_total": 0}),
+                )
+            }
+            OneShot::Flush(a) => {
+                let (gpus, _) = self.backend.sample().map_err(backend_refusal)?;
+                let frag: Vec<Option<f64>> = gpus.iter().map(|g| g.mem_fragmentation_pct).collect();
+                (
+                    ActionKind::FlushCaches,
+                    None,
+                    json!({"mem_fragmentation_pct": frag}),
+                    json!({"drop_page_cache": a.drop_page_cache, "signal_processes": a.signal_processes}),
+                )
+            }
+            OneShot::ConfigMark(a) => {
+                let h = self.configs.history(&a.name, now).map_err(node_refusal)?;
+                let cur = h.versions.iter().find(|v| v.version == a.version).and_then(|v| v.good);
+                if cur == Some(a.good) {
+                    let v = json!({"name": a.name, "version": a.version, "good": cur});
+                    return Ok(ActionResult {
+                        outcome: Outcome::Unchanged,
+                        before: v.clone(),
+                        after: v,
+                        detail: Some(format!(
+                            "version {} is already marked {}",
+                            a.version,
+                            if a.good { "good" } else { "bad" }
+                        )),
+                        lease: None,
+                        hold: None,
+                        released: None,
+                    });
+                }
+                (
+                    ActionKind::Config,
+                    None,
+                    json!({"name": a.name, "version": a.version, "good": cur}),
+                    json!({"name": a.name, "version": a.version, "good": a.good}),
+                )
+            }
+        };
+        let limit = self.opts.policy.rate_limits.get(&kind);
+        self.holds().rate_check(kind, gpu, limit, now).map_err(|m| (ErrorCode::RateLimited, m))?;
+        if req.dry_run {
+            return Ok(ActionResult {
+                outcome: Outcome::DryRun,
+                before,
+                after: would,
+                detail: Some("dry run: every check passed; nothing was changed".into()),
+                lease: None,
+                hold: None,
+                released: None,
+            });
+        }
+        self.begin(req, digest)?;
+        let after = match &o {
+            OneShot::ClearEcc { gpu } => {
+                self.support(self.backend.clear_ecc(*gpu).map_err(backend_refusal)?)?;
+                let g = self.gpu_sample(*gpu)?;
+                json!({"ecc_sbe_total": g.ecc_sbe_total, "ecc_dbe_total": g.ecc_dbe_total})
+            }
+            OneShot::Flush(a) => {
+                let report =
+                    self.opts.flush.flush(a.drop_page_cache, a.signal_processes).await.map_err(node_refusal)?;
+                self.backend.on_caches_flushed();
+                let (gpus, _) = self.backend.sample().map_err(backend_refusal)?;
+                let frag: Vec<Option<f64>> = gpus.iter().map(|g| g.mem_fragmentation_pct).collect();
+                json!({
+                    "page_cache_dropped": report.page_cache_dropped,
+                    "signalled_pids": report.signalled_pids,
+                    "stale_registrations_removed": report.stale_registrations_removed,
+                    "mem_fragmentation_pct": frag,
+                })
+            }
+            OneShot::ConfigMark(a) => {
+                let h = self.configs.mark(&a.name, a.version, a.good, now).map_err(node_refusal)?;
+                json!({"name": a.name, "version": a.version, "good": a.good, "last_good": h.last_good})
+            }
+        };
+        self.holds().rate_record(kind, gpu, now);
+        self.save()?;
+        Ok(ActionResult {
+            outcome: Outcome::Applied,
+            before,
+            after,
+            detail: None,
+            lease: None,
+            hold: None,
+            released: None,
+        })
+    }
+
+    fn support(&self, s: Support<()>) -> Result<(), Refusal> {
+        match s {
+            Support::Done(()) => Ok(()),
+            Support::NotSupported(why) => Err((ErrorCode::BackendError, why)),
+        }
+    }
+
+    fn gpu_sample(&self, gpu: u32) -> Result<GpuTelemetry, Refusal> {
+        self.backend.gpu(gpu).map_err(backend_refusal)?;
+        let (gpus, _) = self.backend.sample().map_err(backend_refusal)?;
+        gpus.into_iter()
+            .find(|g| g.index == gpu)
+            .ok_or_else(|| (ErrorCode::BackendError, format!("GPU {gpu} missing from the sample")))
+    }
+
+    fn run_fan_curve(&self, gpu: u32, points: &[FanPoint]) -> Result<(), Refusal> {
+        let temp = self.gpu_sample(gpu)?.temperature_c;
+        let speed = fan_curve_speed(points, temp).max(self.opts.policy.fan.min_pct);
+        self.support(self.backend.set_fan_speed(gpu, speed).map_err(backend_refusal)?)
+    }
+
+    /// Active holds: (hold id, lease end). Sticky holds have none.
+    pub fn leases(&self) -> Vec<(String, Option<i64>)> {
+        self.holds().all_holds().into_iter().map(|h| (h.id, h.expires_at_ms)).collect()
+    }
+
+    /// Periodic work, on the agent's own clock: release holds whose lease
+    /// ran out, finish a change a crash interrupted, drive held fan curves.
+    /// None of it happens while the hands-off marker exists. Call it a few
+    /// times a second (the runtime does); scenario tests call it each
+    /// virtual tick.
+    pub async fn tick(&self) {
+        if self.opts.policy.hands_off() {
+            return;
+        }
+        let now = self.clock.now_ms();
+        let _guard = self.mutate.lock().await;
+        let expired = self.holds().expired(now);
+        if !expired.is_empty() {
+            match self.release_now(&expired).await {
+                Ok(r) => {
+                    for id in &r.released {
+                        let detail = r.settings.iter().map(|s| s.detail.clone()).collect::<Vec<_>>().join("; ");
+                        let ok = r.settings.iter().all(|s| s.outcome != RestoreOutcome::Failed);
+                        tracing::info!(node = %self.opts.node, hold = %id, ok, detail = %detail, "hold lease ran out");
+                        if let Err(e) = self.jr().reverted(id, now, ok, &detail) {
+                            tracing::error!(error = %e, "cannot journal a lease expiry");
+                        }
+                    }
+                }
+                Err((_, m)) => tracing::error!(node = %self.opts.node, error = %m, "cannot release expired holds"),
+            }
+        }
+        self.reconcile().await;
+        let curves: Vec<(u32, Vec<FanPoint>)> = self
+            .holds()
+            .held()
+            .iter()
+            .filter(|h| h.drifted.is_none())
+            .filter_map(|h| match (&h.setting, &h.applied) {
+                (Setting::FanCurve { gpu }, HoldValue::FanCurve { points: Some(p) }) => Some((*gpu, p.clone())),
+                _ => None,
+            })
+            .collect();
+        for (gpu, curve) in curves {
+            if let Err((_, m)) = self.run_fan_curve(gpu, &curve) {
+                tracing::warn!(node = %self.opts.node, gpu, error = %m, "fan curve step failed");
+            }
+        }
+    }
+
+    /// Apply the effective value of any setting whose last change was cut
+    /// short (the hold was recorded, the device not yet written).
+    async fn reconcile(&self) {
+        let pending: Vec<(Setting, HoldValue)> = self
+            .holds()
+            .held()
+            .iter()
+            .filter(|h| h.drifted.is_none() && !h.holds.is_empty() && !same_value(&h.applied, &h.effective()))
+            .map(|h| (h.setting.clone(), h.effective()))
+            .collect();
+        for (s, v) in pending {
+            match self.write_setting(&s, &v, None).await {
+                Ok(_) => {
+                    if let Some(h) = self.holds().get_mut(&s) {
+                        h.applied = v.clone();
+                    }
+                    tracing::info!(node = %self.opts.node, setting = %s, value = %v, "finished an interrupted change");
+                }
+                Err((_, m)) => {
+                    tracing::error!(node = %self.opts.node, setting = %s, error = %m, "cannot apply a held value")
+                }
+            }
+            if let Err((_, m)) = self.save() {
+                tracing::error!(node = %self.opts.node, error = %m, "cannot record the holds");
+            }
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! What each mutating op means, op by op: a hold to place (with the
+//! envelope check of its value), holds to release, or a one-shot action.
+//! The pipeline that carries these out (journal, hands-off, leases, rate
+//! limits, dry runs) is in `service/mod.rs`; device reads and writes per
+//! setting are in `service/settings.rs`.
+
+use nightshift_proto::owner::{OWNER_PREFIX, owned_by_nightshift};
+use nightshift_proto::*;
+
+use super::{Agent, Refusal, backend_refusal, node_refusal};
+
+/// A hold to place.
+pub(super) struct Placement {
+    pub setting: Setting,
+    pub value: HoldValue,
+    /// Why, in the caller's words.
+    pub reason: String,
+    /// No lease (node drains for RMA or repair only).
+    pub sticky: bool,
+    /// The rate-limit family a device change counts against.
+    pub kind: ActionKind,
+    /// A config apply: the new content (a new version).
+    pub content: Option<ConfigApplyArgs>,
+}
+
+/// A change that is not a setting: it happens once and has nothing to
+/// restore.
+pub(super) enum OneShot {
+    ClearEcc { gpu: u32 },
+    Flush(FlushCachesArgs),
+    ConfigMark(ConfigMarkArgs),
+}
+
+/// What a mutating request asks for.
+pub(super) enum Intent {
+    Place(Placement),
+    /// Release these holds (by id).
+    Release(Vec<String>),
+    /// Nothing to do; the text says why.
+    Unchanged(HoldValue, String),
+    /// The device does not offer this (a fanless board's fan).
+    NotApplicable(String),
+    OneShot(OneShot),
+}
+
+fn envelope(m: String) -> Refusal {
+    (ErrorCode::OutOfEnvelope, m)
+}
+
+impl Agent {
+    /// `nightshift: <run> <why>`, control characters blanked, at most 200
+    /// characters.
+    pub(super) fn drain_reason(&self, run: &str, why: &str) -> String {
+        let clean = |s: &str| s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect::<String>();
+        let mut r = format!("{OWNER_PREFIX} {} {}", clean(run), clean(why.trim()));
+        r.truncate(r.char_indices().nth(200).map_or(r.len(), |(i, _)| i));
+        r
+    }
+
+    /// The intent of a mutating `op` sent by `owner`.
+    pub(super) async fn intent(&self, op: &Op, owner: &str) -> Result<Intent, Refusal> {
+        let policy = &self.opts.policy;
+        let place = |setting, value, reason: String, kind| {
+            Intent::Place(Placement { setting, value, reason, sticky: false, kind, content: None })
+        };
+        Ok(match op {
+            Op::SetPowerLimit(a) => {
+                let info = self.backend.gpu(a.gpu).map_err(backend_refusal)?.clone();
+                policy.check_power(&info, a.watts).map_err(envelope)?;
+                place(
+                    Setting::PowerLimit { gpu: a.gpu },
+                    HoldValue::PowerLimit { watts: a.watts },
+                    format!("power limit {} W", crate::envelope::fmt_num(a.watts)),
+                    ActionKind::PowerLimit,
+                )
+            }
+            Op::SetFanCurve(a) => {
+                let info = self.backend.gpu(a.gpu).map_err(backend_refusal)?.clone();
+                if !info.fan_control {
+                    return Ok(Intent::NotApplicable(format!(
+                        "GPU {} ({}) has no controllable fan: fan curves do not apply",
+                        a.gpu, info.name
+                    )));
+                }
+                policy.check_fan_curve(&info, &a.points).map_err(envelope)?;
+                place(
+                    Setting::FanCurve { gpu: a.gpu },
+                    HoldValue::FanCurve { points: Some(a.points.clone()) },
+                    "fan curve".into(),
+                    ActionKind::Fan,
+                )
+            }
+            Op::ResetFan(a) => {
+                let info = self.backend.gpu(a.gpu).map_err(backend_refusal)?.clone();
+                if !info.fan_control {
+                    return Ok(Intent::NotApplicable(format!("GPU {} ({}) has no controllable fan", a.gpu, info.name)));
+                }
+                self.release_own(Setting::FanCurve { gpu: a.gpu }, owner, HoldValue::FanCurve { points: None })
+            }
+            Op::SetClocks(a) => {
+                let info = self.backend.gpu(a.gpu).map_err(backend_refusal)?.clone();
+                policy.check_clocks(&info, a.min_mhz, a.max_mhz).map_err(envelope)?;
+                place(
+                    Setting::Clocks { gpu: a.gpu },
+                    HoldValue::Clocks { locked_mhz: Some((a.min_mhz, a.max_mhz)) },
+                    format!("clocks {}–{} MHz", a.min_mhz, a.max_mhz),
+                    ActionKind::Clocks,
+                )
+            }
+            Op::ResetClocks(a) => {
+                self.backend.gpu(a.gpu).map_err(backend_refusal)?;
+                self.release_own(Setting::Clocks { gpu: a.gpu }, owner, HoldValue::Clocks { locked_mhz: None })
+            }
+            Op::ClearEcc(a) => {
+                self.backend.gpu(a.gpu).map_err(backend_refusal)?;
+                Intent::OneShot(OneShot::ClearEcc { gpu: a.gpu })
+            }
+            Op::SetGpuDrain(a) => {
+                self.backend.gpu(a.gpu).map_err(backend_refusal)?;
+                let setting = Setting::GpuDrain { gpu: a.gpu };
+                let own_drain = self
+                    .holds()
+                    .hold_of(&setting, owner)
+                    .is_some_and(|h| h.value == HoldValue::GpuDrain { drained: true });
+                if !a.drained && own_drain {
+                    self.release_own(setting, owner, HoldValue::GpuDrain { drained: false })
+                } else {
+                    place(
+                        setting,
+                        HoldValue::GpuDrain { drained: a.drained },
+                        if a.drained { "GPU drain".into() } else { "GPU in service".into() },
+                        ActionKind::GpuDrain,
+                    )
+                }
+            }
+            Op::Drain(a) => {
+                let run = a.run.as_deref().unwrap_or(owner);
+                Intent::Place(Placement {
+                    setting: Setting::NodeDrain {},
+                    value: HoldValue::NodeDrain { drained: true, reason: Some(self.drain_reason(run, &a.reason)) },
+                    reason: a.reason.trim().chars().take(200).collect(),
+                    sticky: a.sticky,
+                    kind: ActionKind::NodeDrain,
+                    content: None,
+                })
+            }
+            Op::Resume(_) => {
+                let setting = Setting::NodeDrain {};
+                let own_drain = self
+                    .holds()
+                    .hold_of(&setting, owner)
+                    .is_some_and(|h| matches!(h.value, HoldValue::NodeDrain { drained: true, .. }));
+                if own_drain {
+                    return Ok(self.release_own(setting, owner, HoldValue::NodeDrain { drained: false, reason: None }));
+                }
+                let st = self.drain_state(true).await.map_err(node_refusal)?;
+                if !st.drained {
+                    return Ok(Intent::Unchanged(
+                        HoldValue::NodeDrain { drained: false, reason: None },
+                        "node is not drained".into(),
+                    ));
+                }
+                place(
+                    setting,
+                    HoldValue::NodeDrain { drained: false, reason: None },
+                    "in service".into(),
+                    ActionKind::NodeDrain,
+                )
+            }
+            Op::FlushCaches(a) => Intent::OneShot(OneShot::Flush(a.clone())),
+            Op::ConfigApply(a) => {
+                let h = self.configs.history(&a.name, self.clock.now_ms()).map_err(node_refusal)?;
+                let next = h.versions.iter().map(|v| v.version).max().unwrap_or(0) + 1;
+                if self.configs.is_current(&h, &a.content) {
+                    return Ok(Intent::Unchanged(
+                        HoldValue::Config { version: h.current },
+                        format!("`{}` already has this content", a.name),
+                    ));
+                }
+                Intent::Place(Placement {
+                    setting: Setting::Config { name: a.name.clone() },
+                    value: HoldValue::Config { version: Some(next) },
+                    reason: a.note.clone().unwrap_or_else(|| format!("new version of {}", a.name)),
+                    sticky: false,
+                    kind: ActionKind::Config,
+                    content: Some(a.clone()),
+                })
+            }
+            Op::ConfigRollback(a) => {
+                let h = self.configs.history(&a.name, self.clock.now_ms()).map_err(node_refusal)?;
+                let target = self.configs.rollback_target(&h, a.to_version).map_err(node_refusal)?;
+                place(
+                    Setting::Config { name: a.name.clone() },
+                    HoldValue::Config { version: Some(target) },
+                    format!("roll back to version {target}"),
+                    ActionKind::Config,
+                )
+            }
+            Op::ConfigMark(a) => {
+                let h = self.configs.history(&a.name, self.clock.now_ms()).map_err(node_refusal)?;
+                self.configs.rollback_target(&h, Some(a.version)).map_err(node_refusal)?;
+                Intent::OneShot(OneShot::ConfigMark(a.clone()))
+            }
+            other => return Err((ErrorCode::Internal, format!("{} is not a hold or an action", other.name()))),
+        })
+    }
+
+    /// Release `owner`'s hold on `setting`, or say there is none.
+    fn release_own(&self, setting: Setting, owner: &str, unheld: HoldValue) -> Intent {
+        let store = self.holds();
+        match store.hold_of(&setting, owner) {
+            Some(h) => Intent::Release(vec![h.id.clone()]),
+            None => {
+                let others = store.get(&setting).map_or(0, |h| h.holds.len());
+                let now = store.get(&setting).map(|h| h.effective()).unwrap_or(unheld);
+                Intent::Unchanged(
+                    now,
+                    if others == 0 {
+                        format!("{setting} is not held: nothing to release")
+                    } else {
+                        format!("{owner} holds no {setting}; {others} hold(s) of others stay in effect")
+                    },
+                )
+            }
+        }
+    }
+
+    /// Whether a hold putting the node in service may be placed over
+    /// `baseline`: never over a person's drain.
+    pub(super) fn check_in_service(&self, baseline: &HoldValue) -> Result<(), Refusal> {
+        if let HoldValue::NodeDrain { drained: true, reason } = baseline
+            && !owned_by_nightshift(reason.as_deref())
+        {
+            return Err((
+                ErrorCode::NotOwner,
+                format!(
+                    "node {} was drained by someone else (reason: {:?}); nightshift only resumes nodes it drained",
+                    self.opts.node,
+                    reason.as_deref().unwrap_or("")
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

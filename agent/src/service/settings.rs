@@ -1,0 +1,145 @@
+//! Each held setting's two device operations, side by side: **read** (the
+//! baseline when the first hold is placed, and the read-back that tells a
+//! person's change from the agent's own) and **write** (put a value on the
+//! device).
+//!
+//! Fan curves and clock locks cannot be read back from the device (NVML
+//! reports speeds and clocks, not who set them), so drift is not detected
+//! for them: their restore is always applied.
+
+use serde_json::json;
+
+use nightshift_proto::{ConfigApplyArgs, HoldValue, Setting};
+
+use super::{Agent, Refusal, backend_refusal, node_refusal};
+
+impl Agent {
+    /// The device's current value of `s`, or `None` where it cannot be read
+    /// (fan curves, clock locks).
+    pub(super) async fn read_setting(&self, s: &Setting) -> Result<Option<HoldValue>, Refusal> {
+        Ok(match s {
+            Setting::PowerLimit { gpu } => {
+                Some(HoldValue::PowerLimit { watts: self.gpu_sample(*gpu)?.power_limit_watts })
+            }
+            Setting::GpuDrain { gpu } => Some(HoldValue::GpuDrain { drained: self.gpu_sample(*gpu)?.gpu_drained }),
+            Setting::NodeDrain {} => {
+                let st = self.drain_state(true).await.map_err(node_refusal)?;
+                Some(HoldValue::NodeDrain { drained: st.drained, reason: st.reason })
+            }
+            Setting::Config { name } => {
+                // What is in the file, not what the history says: a person
+                // may have edited it by hand.
+                let h = self.configs.history(name, self.clock.now_ms()).map_err(node_refusal)?;
+                Some(HoldValue::Config { version: self.configs.version_on_disk(&h) })
+            }
+            Setting::FanCurve { .. } | Setting::Clocks { .. } => None,
+        })
+    }
+
+    /// The value `s` has when nothing of nightshift's holds it: read from
+    /// the device, or the firmware's own control for fans and clocks.
+    pub(super) async fn baseline_of(&self, s: &Setting) -> Result<HoldValue, Refusal> {
+        Ok(match s {
+            Setting::FanCurve { gpu } => {
+                self.backend.gpu(*gpu).map_err(backend_refusal)?;
+                HoldValue::FanCurve { points: None }
+            }
+            Setting::Clocks { gpu } => {
+                self.backend.gpu(*gpu).map_err(backend_refusal)?;
+                HoldValue::Clocks { locked_mhz: None }
+            }
+            Setting::Config { name } => {
+                // A file changed by hand becomes a recorded version first,
+                // so it can be restored (or marked bad and never restored).
+                let h = self.configs.adopt_disk(name, self.clock.now_ms()).map_err(node_refusal)?;
+                HoldValue::Config { version: h.current }
+            }
+            other => match self.read_setting(other).await? {
+                Some(v) => v,
+                None => return Err((nightshift_proto::ErrorCode::Internal, format!("cannot read {other}"))),
+            },
+        })
+    }
+
+    /// Put `v` on the device. `content` is the new text of a config being
+    /// applied (a new version); without it a config write is a rollback to
+    /// the version named.
+    pub(super) async fn write_setting(
+        &self,
+        s: &Setting,
+        v: &HoldValue,
+        content: Option<&ConfigApplyArgs>,
+    ) -> Result<serde_json::Value, Refusal> {
+        let now = self.clock.now_ms();
+        match (s, v) {
+            (Setting::PowerLimit { gpu }, HoldValue::PowerLimit { watts }) => {
+                self.support(self.backend.set_power_limit(*gpu, *watts).map_err(backend_refusal)?)?;
+                Ok(json!({"power_limit_watts": self.gpu_sample(*gpu)?.power_limit_watts}))
+            }
+            (Setting::FanCurve { gpu }, HoldValue::FanCurve { points }) => match points {
+                Some(p) => {
+                    self.run_fan_curve(*gpu, p)?;
+                    Ok(json!({"fan_curve": p}))
+                }
+                None => {
+                    self.support(self.backend.reset_fan(*gpu).map_err(backend_refusal)?)?;
+                    Ok(json!({"fan_curve": null}))
+                }
+            },
+            (Setting::Clocks { gpu }, HoldValue::Clocks { locked_mhz }) => match locked_mhz {
+                Some((lo, hi)) => {
+                    self.support(self.backend.set_clocks(*gpu, *lo, *hi).map_err(backend_refusal)?)?;
+                    Ok(json!({"clocks_locked_mhz": [lo, hi]}))
+                }
+                None => {
+                    self.support(self.backend.reset_clocks(*gpu).map_err(backend_refusal)?)?;
+                    Ok(json!({"clocks_locked_mhz": null}))
+                }
+            },
+            (Setting::GpuDrain { gpu }, HoldValue::GpuDrain { drained }) => {
+                self.support(self.backend.set_gpu_drain(*gpu, *drained).map_err(backend_refusal)?)?;
+                Ok(json!({"gpu_drained": self.gpu_sample(*gpu)?.gpu_drained}))
+            }
+            (Setting::NodeDrain {}, HoldValue::NodeDrain { drained, reason }) => {
+                if *drained {
+                    self.scheduler.drain(reason.as_deref().unwrap_or("nightshift: drained")).await
+                } else {
+                    self.scheduler.resume().await
+                }
+                .map_err(node_refusal)?;
+                let st = self.drain_state(true).await.map_err(node_refusal)?;
+                Ok(json!({"drained": st.drained, "reason": st.reason}))
+            }
+            (Setting::Config { name }, HoldValue::Config { version }) => {
+                let h = match (content, version) {
+                    (Some(a), _) => {
+                        let h = self.configs.apply(name, &a.content, a.note.clone(), now).map_err(node_refusal)?;
+                        self.backend.on_config_applied(name, &a.content);
+                        h
+                    }
+                    (None, Some(v)) => {
+                        let (h, text) = self.configs.rollback(name, *v, now).map_err(node_refusal)?;
+                        self.backend.on_config_applied(name, &text);
+                        h
+                    }
+                    (None, None) => {
+                        return Err((
+                            nightshift_proto::ErrorCode::NotFound,
+                            format!("`{name}` had no version before nightshift managed it: nothing to put back"),
+                        ));
+                    }
+                };
+                Ok(json!({"name": name, "current_version": h.current}))
+            }
+            (s, v) => Err((nightshift_proto::ErrorCode::Internal, format!("{s}: a {v} value does not fit"))),
+        }
+    }
+
+    /// Whether a config version is marked bad (never restored).
+    pub(super) fn config_version_bad(&self, name: &str, version: Option<u32>) -> bool {
+        let Some(v) = version else { return false };
+        self.configs
+            .history(name, self.clock.now_ms())
+            .is_ok_and(|h| h.versions.iter().any(|x| x.version == v && x.good == Some(false)))
+    }
+}

@@ -1,0 +1,393 @@
+//! Holds on a real agent (sim backend, virtual clock, state in a temp dir):
+//! overlapping holds end at the baseline, everything survives an agent
+//! restart, leases act on the agent's own clock but never during hands-off,
+//! a person's change is never overwritten, sticky drains wait for a person,
+//! `sim_fault` is sim-only and journaled.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use nightshift_agent::backend::Backend;
+use nightshift_agent::backend::sim::{SimBackend, SimConfig};
+use nightshift_agent::envelope::RateLimit;
+use nightshift_agent::journal::{Journal, JournalLine};
+use nightshift_agent::node::configs::ManagedConfig;
+use nightshift_agent::service::{Agent, AgentOptions};
+use nightshift_proto::clock::{Clock, SharedClock, VirtualClock};
+use nightshift_proto::*;
+
+struct Node {
+    dir: tempfile::TempDir,
+    clock: VirtualClock,
+    profile: &'static str,
+    sim: Arc<SimBackend>,
+    agent: Agent,
+    next: u32,
+}
+
+fn options(dir: &Path) -> AgentOptions {
+    let mut o = AgentOptions::new("n1", dir.join("state"));
+    o.configs.insert("nccl-env".into(), ManagedConfig { path: dir.join("nccl.env") });
+    o.policy.rate_limits.insert(ActionKind::PowerLimit, RateLimit { max_changes: 6, window_secs: 600 });
+    o
+}
+
+fn open(dir: &Path, profile: &str, clock: &VirtualClock) -> (Arc<SimBackend>, Agent) {
+    let sim = Arc::new(
+        SimBackend::new(SimConfig { profile: profile.into(), gpus: 2, ..SimConfig::default() })
+            .unwrap()
+            .persist_to(dir.join("sim-hardware.json")),
+    );
+    let backend: Arc<dyn Backend> = sim.clone();
+    let shared: SharedClock = Arc::new(clock.clone());
+    let agent = Agent::new(options(dir), backend, shared).unwrap();
+    (sim, agent)
+}
+
+impl Node {
+    fn new(profile: &'static str) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("nccl.env"), "NCCL_DEBUG=WARN\n").unwrap();
+        let clock = VirtualClock::new(1_000_000);
+        let (sim, agent) = open(dir.path(), profile, &clock);
+        Node { dir, clock, profile, sim, agent, next: 0 }
+    }
+
+    /// Stop the agent and start a new one on the same state dir (the
+    /// hardware keeps its settings, as real GPUs do).
+    fn restart(&mut self) {
+        let (sim, agent) = open(self.dir.path(), self.profile, &self.clock);
+        self.sim = sim;
+        self.agent = agent;
+    }
+
+    async fn call(&mut self, owner: &str, op: Op, lease: Option<u64>) -> Reply {
+        self.next += 1;
+        let mut req = Request::new(format!("{owner}-a{}", self.next), op);
+        req.owner = Some(owner.into());
+        req.revert_after_secs = lease;
+        self.agent.handle(req).await
+    }
+
+    async fn ok(&mut self, owner: &str, op: Op, lease: Option<u64>) -> Value {
+        let name = op.name();
+        let r = self.call(owner, op, lease).await;
+        assert!(r.ok, "{owner} {name}: {:?}", r.error);
+        r.result.unwrap()
+    }
+
+    fn power(&self, gpu: u32) -> f64 {
+        self.sim.sample().unwrap().0[gpu as usize].power_limit_watts
+    }
+
+    async fn advance(&self, secs: i64) {
+        self.clock.advance(secs * 1000);
+        self.agent.tick().await;
+    }
+
+    fn held(&self) -> Vec<SettingView> {
+        self.agent.held()
+    }
+}
+
+type Value = serde_json::Value;
+
+fn cap(gpu: u32, watts: f64) -> Op {
+    Op::SetPowerLimit(SetPowerLimitArgs { gpu, watts })
+}
+
+fn release_owner(owner: &str) -> Op {
+    Op::Release(ReleaseArgs { owner: Some(owner.into()), ..Default::default() })
+}
+
+#[tokio::test]
+async fn two_runs_capping_one_gpu_end_at_the_baseline_across_restarts() {
+    for restart in [false, true] {
+        let mut n = Node::new("h100-sxm");
+        assert_eq!(n.power(0), 700.0);
+        n.ok("r1", cap(0, 500.0), Some(600)).await;
+        assert_eq!(n.power(0), 500.0);
+        // A second run caps lower, later: the lowest wins.
+        n.advance(30).await;
+        let v = n.ok("r2", cap(0, 450.0), Some(600)).await;
+        assert_eq!(v["outcome"], "applied");
+        assert_eq!(n.power(0), 450.0);
+        // A third caps higher: held, nothing on the device changes.
+        let v = n.ok("r3", cap(0, 650.0), Some(600)).await;
+        assert_eq!(v["outcome"], "held", "{v}");
+        assert_eq!(n.power(0), 450.0);
+        if restart {
+            n.restart();
+            assert_eq!(n.held()[0].holds.len(), 3, "holds survive the restart");
+        }
+        // The lowest goes: the next lowest takes over, not the baseline.
+        let r: ReleaseResult = serde_json::from_value(n.ok("r2", release_owner("r2"), None).await).unwrap();
+        assert_eq!(r.settings[0].outcome, RestoreOutcome::StillHeld);
+        assert_eq!(n.power(0), 500.0);
+        n.ok("r1", release_owner("r1"), None).await;
+        assert_eq!(n.power(0), 650.0);
+        let r: ReleaseResult = serde_json::from_value(n.ok("r3", release_owner("r3"), None).await).unwrap();
+        assert_eq!(r.settings[0].outcome, RestoreOutcome::Restored, "{r:?}");
+        assert_eq!(n.power(0), 700.0, "the baseline read before the first hold, not a capped reading");
+        assert!(n.held().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn fan_clock_and_power_holds_survive_a_restart_and_expire_on_time() {
+    let mut n = Node::new("rtx6000-ada");
+    let curve = vec![FanPoint { temp_c: 40.0, speed_pct: 60.0 }, FanPoint { temp_c: 70.0, speed_pct: 100.0 }];
+    n.ok("r1", Op::SetFanCurve(SetFanCurveArgs { gpu: 0, points: curve.clone() }), Some(300)).await;
+    n.ok("r1", Op::SetClocks(SetClocksArgs { gpu: 0, min_mhz: 300, max_mhz: 1500 }), Some(400)).await;
+    n.ok("r1", cap(0, 250.0), Some(500)).await;
+    n.restart();
+    let held = n.held();
+    let kinds: Vec<&str> = held.iter().map(|h| h.setting.kind()).collect();
+    assert_eq!(kinds, vec!["fan_curve", "clocks", "power_limit"], "all three reported after the restart");
+    // The restarted agent keeps driving the fan curve.
+    n.advance(1).await;
+    n.sim.step(20.0);
+    let fan = n.sim.sample().unwrap().0[0].fan_pct.unwrap();
+    assert!(fan >= 60.0, "fan driven by the held curve after the restart: {fan}");
+    assert_eq!(n.power(0), 250.0);
+    // Each lease ends on the agent's clock.
+    n.advance(300).await;
+    let kinds: Vec<String> = n.held().iter().map(|h| h.setting.kind().to_string()).collect();
+    assert_eq!(kinds, vec!["clocks", "power_limit"], "the fan hold expired at 300 s");
+    n.advance(100).await;
+    assert_eq!(n.held().len(), 1, "the clock hold expired at 400 s");
+    assert_eq!(n.power(0), 250.0);
+    n.advance(100).await;
+    assert!(n.held().is_empty());
+    assert_eq!(n.power(0), 300.0, "power back to its baseline at 500 s");
+    // Each expiry is in the journal, against the request that placed it.
+    let lines = Journal::read_lines(&n.agent.journal_path()).unwrap();
+    let reverted = lines.iter().filter(|l| matches!(l, JournalLine::Reverted { ok: true, .. })).count();
+    assert_eq!(reverted, 3, "{lines:?}");
+}
+
+#[tokio::test]
+async fn reset_style_releases_and_rate_limits_work_after_a_restart() {
+    let mut n = Node::new("rtx6000-ada");
+    let curve = vec![FanPoint { temp_c: 40.0, speed_pct: 50.0 }, FanPoint { temp_c: 80.0, speed_pct: 100.0 }];
+    n.ok("r1", Op::SetFanCurve(SetFanCurveArgs { gpu: 1, points: curve }), Some(3600)).await;
+    n.ok("r1", Op::SetClocks(SetClocksArgs { gpu: 1, min_mhz: 300, max_mhz: 1200 }), Some(3600)).await;
+    for w in [290.0, 280.0, 270.0, 260.0, 250.0, 240.0] {
+        n.ok("r2", cap(1, w), Some(3600)).await;
+    }
+    n.restart();
+    let v = n.ok("r1", Op::ResetFan(GpuArgs { gpu: 1 }), None).await;
+    assert_eq!(v["outcome"], "applied", "{v}");
+    assert_eq!(v["released"]["settings"][0]["outcome"], "restored");
+    let v = n.ok("r1", Op::ResetClocks(GpuArgs { gpu: 1 }), None).await;
+    assert_eq!(v["released"]["settings"][0]["outcome"], "restored", "{v}");
+    let v = n.ok("r1", Op::ResetClocks(GpuArgs { gpu: 1 }), None).await;
+    assert_eq!(v["outcome"], "unchanged", "nothing left to release: {v}");
+    // The rate window (6 power changes per 600 s) survived the restart.
+    let r = n.call("r2", cap(1, 230.0), Some(3600)).await;
+    assert_eq!(r.code(), Some(ErrorCode::RateLimited), "{r:?}");
+    n.advance(601).await;
+    n.ok("r2", cap(1, 230.0), Some(3600)).await;
+}
+
+#[tokio::test]
+async fn hands_off_freezes_leases_and_a_persons_change_is_left_alone() {
+    let mut n = Node::new("h100-sxm");
+    n.ok("r1", cap(0, 450.0), Some(60)).await;
+    n.ok(
+        "r1",
+        Op::ConfigApply(ConfigApplyArgs {
+            name: "nccl-env".into(),
+            content: "NCCL_P2P_LEVEL=NVL\n".into(),
+            note: None,
+        }),
+        Some(60),
+    )
+    .await;
+    let marker = n.agent.options().policy.hands_off_marker_path.clone();
+    std::fs::write(&marker, "dave is on it\n").unwrap();
+    n.advance(120).await;
+    assert_eq!(n.power(0), 450.0, "no lease acts while the marker exists");
+    assert_eq!(n.held().len(), 2);
+    // Meanwhile a person sets the limit and fixes the config by hand.
+    n.sim.set_power_limit(0, 600.0).unwrap();
+    std::fs::write(n.dir.path().join("nccl.env"), "NCCL_DEBUG=INFO\n").unwrap();
+    // Changes are refused during hands-off, releases too.
+    let r = n.call("r1", release_owner("r1"), None).await;
+    assert_eq!(r.code(), Some(ErrorCode::HandsOff));
+    std::fs::remove_file(&marker).unwrap();
+    n.advance(1).await;
+    assert!(n.held().is_empty(), "the leases act once the marker is gone");
+    assert_eq!(n.power(0), 600.0, "the person's limit stays");
+    assert_eq!(std::fs::read_to_string(n.dir.path().join("nccl.env")).unwrap(), "NCCL_DEBUG=INFO\n");
+    let lines = Journal::read_lines(&n.agent.journal_path()).unwrap();
+    let drifted: Vec<&String> = lines
+        .iter()
+        .filter_map(|l| match l {
+            JournalLine::Reverted { detail, .. } => Some(detail),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(drifted.len(), 2, "{lines:?}");
+    assert!(drifted.iter().all(|d| d.contains("a person changed it")), "{drifted:?}");
+}
+
+#[tokio::test]
+async fn sticky_drains_wait_for_a_person_and_persons_drains_are_never_undone() {
+    let mut n = Node::new("h100-sxm");
+    let drain = |sticky| Op::Drain(DrainArgs { reason: "DBE on GPU 1: RMA".into(), run: None, sticky });
+    let v = n.ok("r1", drain(true), None).await;
+    assert!(v["hold"]["expires_at_ms"].is_null(), "sticky: no lease: {v}");
+    let r = n.call("r1", drain(true), Some(60)).await;
+    assert_eq!(r.code(), Some(ErrorCode::BadRequest), "a sticky drain with a lease is refused");
+    n.advance(100_000).await;
+    assert!(n.agent.telemetry().await.unwrap().node_metrics.drained);
+    // The run's own release leaves it; a run cannot release it by id either.
+    let r: ReleaseResult = serde_json::from_value(n.ok("r1", release_owner("r1"), None).await).unwrap();
+    assert!(r.released.is_empty());
+    let id = n.held()[0].holds[0].id.clone();
+    let r = n.call("r9", Op::Release(ReleaseArgs { hold: Some(id.clone()), ..Default::default() }), None).await;
+    assert_eq!(r.code(), Some(ErrorCode::NotOwner), "{r:?}");
+    // A scale-out's in-service hold does not undo it.
+    let v = n.ok("r5", Op::Resume(ResumeArgs { run: None }), Some(600)).await;
+    assert_eq!(v["outcome"], "held", "{v}");
+    assert!(n.agent.telemetry().await.unwrap().node_metrics.drained);
+    n.ok("r5", release_owner("r5"), None).await;
+    // A person releases it.
+    n.ok("person:dave", Op::Release(ReleaseArgs { hold: Some(id), ..Default::default() }), None).await;
+    let t = n.agent.telemetry().await.unwrap();
+    assert!(!t.node_metrics.drained, "{:?}", t.node_metrics.drain_reason);
+
+    // A person's drain: nightshift's drain hold leaves its reason alone, and
+    // nothing of nightshift resumes it.
+    n.ok("sim", Op::SimFault(SimFault::PersonDrain { reason: "fan swap by dave".into() }), None).await;
+    let v = n.ok("r2", drain(false), Some(600)).await;
+    assert_eq!(v["outcome"], "held", "{v}");
+    let r = n.call("r3", Op::Resume(ResumeArgs { run: None }), Some(600)).await;
+    assert_eq!(r.code(), Some(ErrorCode::NotOwner), "{r:?}");
+    n.ok("r2", release_owner("r2"), None).await;
+    let t = n.agent.telemetry().await.unwrap();
+    assert_eq!(t.node_metrics.drain_reason.as_deref(), Some("fan swap by dave"));
+}
+
+#[tokio::test]
+async fn a_config_baseline_marked_bad_is_never_restored() {
+    let mut n = Node::new("h100-sxm");
+    let file = n.dir.path().join("nccl.env");
+    let rollback = Op::ConfigRollback(ConfigRollbackArgs { name: "nccl-env".into(), to_version: None });
+    // A run applies a config and releases it: the first version comes back.
+    let apply = ConfigApplyArgs { name: "nccl-env".into(), content: "NCCL_P2P_LEVEL=NVL\n".into(), note: None };
+    n.ok("r0", Op::ConfigApply(apply), Some(600)).await;
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "NCCL_P2P_LEVEL=NVL\n");
+    let r: ReleaseResult = serde_json::from_value(n.ok("r0", release_owner("r0"), None).await).unwrap();
+    assert_eq!(r.settings[0].outcome, RestoreOutcome::Restored, "{r:?}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "NCCL_DEBUG=WARN\n");
+    // A person edits the file by hand and breaks P2P; a run rolls back to
+    // the last good version and marks the hand edit bad.
+    std::fs::write(&file, "NCCL_P2P_DISABLE=1\n").unwrap();
+    let v = n.ok("r1", rollback.clone(), Some(600)).await;
+    assert_eq!(v["outcome"], "applied", "{v}");
+    let bad = v["before"]["version"].as_u64().expect("the hand edit was recorded as a version") as u32;
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "NCCL_DEBUG=WARN\n");
+    n.ok("r1", Op::ConfigMark(ConfigMarkArgs { name: "nccl-env".into(), version: bad, good: false }), None).await;
+    let r: ReleaseResult = serde_json::from_value(n.ok("r1", release_owner("r1"), None).await).unwrap();
+    assert_eq!(r.settings[0].outcome, RestoreOutcome::KeptBadBaseline, "{r:?}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "NCCL_DEBUG=WARN\n", "the bad edit is not put back");
+    // Unmarked, the same hand edit would be the baseline and come back.
+    std::fs::write(&file, "NCCL_SOCKET_IFNAME=eth1\n").unwrap();
+    n.ok("r2", rollback, Some(600)).await;
+    n.ok("r2", release_owner("r2"), None).await;
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "NCCL_SOCKET_IFNAME=eth1\n");
+}
+
+/// A GPU-less stand-in for real hardware: `sim_fault` must be refused.
+struct NotSim(Vec<GpuInfo>);
+
+impl Backend for NotSim {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+    fn gpus(&self) -> &[GpuInfo] {
+        &self.0
+    }
+    fn sample(&self) -> Result<(Vec<GpuTelemetry>, NodeTelemetry), nightshift_agent::backend::BackendError> {
+        Ok((Vec::new(), NodeTelemetry::default()))
+    }
+    fn set_power_limit(
+        &self,
+        _: u32,
+        _: f64,
+    ) -> Result<nightshift_agent::backend::Support<()>, nightshift_agent::backend::BackendError> {
+        unreachable!("nothing may be set")
+    }
+    fn set_fan_speed(
+        &self,
+        _: u32,
+        _: f64,
+    ) -> Result<nightshift_agent::backend::Support<()>, nightshift_agent::backend::BackendError> {
+        unreachable!()
+    }
+    fn reset_fan(
+        &self,
+        _: u32,
+    ) -> Result<nightshift_agent::backend::Support<()>, nightshift_agent::backend::BackendError> {
+        unreachable!()
+    }
+    fn set_clocks(
+        &self,
+        _: u32,
+        _: u32,
+        _: u32,
+    ) -> Result<nightshift_agent::backend::Support<()>, nightshift_agent::backend::BackendError> {
+        unreachable!()
+    }
+    fn reset_clocks(
+        &self,
+        _: u32,
+    ) -> Result<nightshift_agent::backend::Support<()>, nightshift_agent::backend::BackendError> {
+        unreachable!()
+    }
+    fn clear_ecc(
+        &self,
+        _: u32,
+    ) -> Result<nightshift_agent::backend::Support<()>, nightshift_agent::backend::BackendError> {
+        unreachable!()
+    }
+    fn set_gpu_drain(
+        &self,
+        _: u32,
+        _: bool,
+    ) -> Result<nightshift_agent::backend::Support<()>, nightshift_agent::backend::BackendError> {
+        unreachable!()
+    }
+}
+
+#[tokio::test]
+async fn sim_fault_exists_only_on_the_sim_backend_and_is_journaled() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock: SharedClock = Arc::new(VirtualClock::new(0));
+    let agent =
+        Agent::new(AgentOptions::new("real", dir.path().join("state")), Arc::new(NotSim(Vec::new())), clock).unwrap();
+    let mut req = Request::new("f1", Op::SimFault(SimFault::PersonDrain { reason: "nightshift: forged".into() }));
+    req.owner = Some("r1".into());
+    let r = agent.handle(req).await;
+    assert_eq!(r.code(), Some(ErrorCode::BadRequest));
+    assert!(r.error.unwrap().message.contains("sim_fault needs the sim backend: this agent runs nvml"));
+    assert!(!agent.telemetry().await.unwrap().node_metrics.drained, "no drain was forged");
+
+    // On the sim: a repeated id is answered from the journal, not re-applied.
+    let mut n = Node::new("h100-sxm");
+    let f = Op::SimFault(SimFault::Load { gpu: Some(0), util_pct: 10.0 });
+    let mut req = Request::new("fault-1", f.clone());
+    req.owner = Some("scenario".into());
+    assert!(n.agent.handle(req.clone()).await.ok);
+    n.ok("sim", Op::SimFault(SimFault::Clear {}), None).await;
+    let again = n.agent.handle(req).await;
+    assert!(again.ok);
+    n.sim.step(60.0);
+    let util = n.sim.sample().unwrap().0[0].util_pct;
+    assert!(util > 50.0, "the repeat did not set the load again: {util}%");
+    let lines = Journal::read_lines(&n.agent.journal_path()).unwrap();
+    assert!(lines.iter().any(|l| matches!(l, JournalLine::Done { id, .. } if id == "fault-1")));
+    assert_eq!(n.clock.now_ms(), 1_000_000);
+}

@@ -1,0 +1,224 @@
+//! The command line, as clap sees it: every command, flag and help text.
+//! The commands' bodies are in `cmd/`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// nightshift: incident runbooks for GPU fleets.
+#[derive(Parser)]
+#[command(name = "nightshift", version, about, long_about = None)]
+pub struct Cli {
+    /// Talk to a running engine at this URL instead of starting one here.
+    #[arg(long, global = true, env = "NIGHTSHIFT_SERVER")]
+    pub server: Option<String>,
+    /// API token for --server (or NIGHTSHIFT_TOKEN).
+    #[arg(long, global = true, env = "NIGHTSHIFT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Engine config for the embedded engine.
+    #[arg(long, short, global = true, env = "NIGHTSHIFT_CONFIG", default_value = "engine.yaml")]
+    pub config: PathBuf,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// No colour (also when NO_COLOR is set or stdout is not a terminal).
+    #[arg(long, global = true)]
+    pub no_color: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the engine and the web UI/API until SIGINT or SIGTERM.
+    ///
+    /// Example: nightshift serve --config /etc/nightshift/engine.yaml
+    Serve {
+        /// Override the config's listen_addr.
+        #[arg(long)]
+        listen: Option<String>,
+    },
+    /// Run a runbook against a node, a GPU or a group: shows the plan, asks
+    /// before changing anything (unless --yes), streams each step.
+    ///
+    /// Example: nightshift run gpu-overheat --node gpu-a1 --gpu 3 --param target_c=78 --dry-run
+    Run {
+        runbook: String,
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long)]
+        gpu: Option<u32>,
+        /// A label group, e.g. pool=a.
+        #[arg(long)]
+        group: Option<String>,
+        /// Override a parameter (repeatable): name=value.
+        #[arg(long = "param", value_name = "NAME=VALUE")]
+        params: Vec<String>,
+        /// Send every action with dry_run: nothing changes.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask for confirmation.
+        #[arg(long, short)]
+        yes: bool,
+    },
+    /// Runbooks: list, show, validate, test.
+    #[command(subcommand)]
+    Runbooks(RunbooksCmd),
+    /// The audit log: list runs, show one, follow, verify, export.
+    #[command(subcommand)]
+    Audit(AuditCmd),
+    /// Agents: list, ping, inventory.
+    #[command(subcommand)]
+    Agents(AgentsCmd),
+    /// Approve a run that waits for approval (needs --server).
+    ///
+    /// Example: nightshift approve r000042 --server http://nightshift:8080
+    Approve { run: String },
+    /// Reject a run that waits for approval (needs --server).
+    ///
+    /// Example: nightshift reject r000042 --reason "not during the training run"
+    Reject {
+        run: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Generate the engine's SSH key (mode 0600) and print what agents need.
+    ///
+    /// Example: nightshift keygen --out /var/lib/nightshift/engine_key
+    Keygen {
+        /// Where to write it (default: the config's engine_key_path, else ./engine_key).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Make an API token and print the config line that grants it.
+    ///
+    /// Example: nightshift token --name alice --role operator
+    Token {
+        #[arg(long)]
+        name: String,
+        /// viewer, operator or admin.
+        #[arg(long, default_value = "viewer")]
+        role: String,
+    },
+    /// Print shell completions.
+    ///
+    /// Example: nightshift completions bash > /etc/bash_completion.d/nightshift
+    Completions { shell: clap_complete::Shell },
+    /// A simulated fleet, the engine and the web UI, with a fault script.
+    ///
+    /// Example: nightshift demo --nodes 8 --duration-secs 60
+    Demo(crate::cmd::demo::DemoArgs),
+    /// Measure detection, action and audit speed; print a table and write JSON.
+    ///
+    /// Example: nightshift bench --smoke --out target/bench.json
+    Bench(crate::cmd::bench::BenchArgs),
+}
+
+#[derive(Subcommand)]
+pub enum RunbooksCmd {
+    /// List loaded runbooks.
+    ///
+    /// Example: nightshift runbooks list
+    List,
+    /// Show a runbook's manifest and script.
+    ///
+    /// Example: nightshift runbooks show gpu-overheat
+    Show { name: String },
+    /// Check manifests and scripts in a folder (file:line:column errors).
+    ///
+    /// Example: nightshift runbooks validate runbooks/
+    Validate { path: Option<PathBuf> },
+    /// Run the scenarios in <dir>/scenarios in virtual time.
+    ///
+    /// Example: nightshift runbooks test gpu-overheat --dir runbooks
+    Test {
+        /// Only scenarios of this runbook (or whose name starts with this).
+        name: Option<String>,
+        /// The runbook folder (default: the config's runbook_dir, else ./runbooks).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum AuditCmd {
+    /// Runs, newest first.
+    ///
+    /// Example: nightshift audit list --node gpu-a1 --outcome failed --since 24h
+    List {
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long)]
+        runbook: Option<String>,
+        #[arg(long)]
+        outcome: Option<String>,
+        /// 30m, 6h, 2d, or an RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// One run: summary and every record.
+    ///
+    /// Example: nightshift audit show r000042
+    Show { run: String },
+    /// Print records as they are written (Ctrl-C to stop).
+    ///
+    /// Example: nightshift audit follow --server http://127.0.0.1:8080
+    Follow,
+    /// Walk the hash chain; exit 1 if it is broken.
+    ///
+    /// Example: nightshift audit verify
+    Verify,
+    /// Every record, oldest first.
+    ///
+    /// Example: nightshift audit export --format jsonl > audit.jsonl
+    Export {
+        #[arg(long, default_value = "jsonl")]
+        format: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum AgentsCmd {
+    /// Every node: connection, drain state, readings.
+    ///
+    /// Example: nightshift agents list
+    List,
+    /// Round trip to a node's agent.
+    ///
+    /// Example: nightshift agents ping gpu-a1
+    Ping { node: String },
+    /// A node's GPUs and envelope.
+    ///
+    /// Example: nightshift agents inventory gpu-a1
+    Inventory { node: String },
+}
+
+#[cfg(test)]
+mod unit_file_tests {
+    use super::*;
+
+    /// The shipped systemd unit starts the engine with arguments this CLI
+    /// accepts (no drift between examples/systemd and the flags).
+    #[test]
+    fn the_systemd_unit_command_lines_parse() {
+        let unit = include_str!("../../examples/systemd/nightshift-engine.service");
+        let lines: Vec<&str> = unit.lines().filter_map(|l| l.strip_prefix("ExecStart")).collect();
+        assert_eq!(lines.len(), 2, "ExecStartPre and ExecStart");
+        for line in lines {
+            let cmd = line.split_once('=').unwrap().1;
+            let mut argv: Vec<&str> = cmd.split_whitespace().collect();
+            assert_eq!(argv[0], "/usr/local/bin/nightshift");
+            argv[0] = argv[0].rsplit('/').next().unwrap_or(argv[0]);
+            let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{cmd}: {e}"));
+            assert_eq!(cli.config, PathBuf::from("/etc/nightshift/engine.yaml"), "{cmd}");
+            assert!(
+                matches!(cli.command, Command::Serve { .. } | Command::Runbooks(RunbooksCmd::Validate { path: None })),
+                "{cmd}: expected serve or runbooks validate"
+            );
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! `nightshift agents list | ping | inventory`.
+
+use anyhow::Result;
+
+use crate::args::AgentsCmd;
+use crate::conn::Conn;
+use crate::out::Out;
+
+pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
+    match cmd {
+        AgentsCmd::List => {
+            let nodes = c.nodes().await?;
+            if out.json {
+                println!("{}", serde_json::to_string_pretty(&nodes)?);
+                return Ok(0);
+            }
+            let rows: Vec<Vec<String>> = nodes
+                .iter()
+                .map(|n| {
+                    let hottest = n
+                        .gpus
+                        .iter()
+                        .filter_map(|g| g.get("gpu.temperature_c"))
+                        .cloned()
+                        .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
+                    let drain = if n.state.drained {
+                        if n.drained_by_person {
+                            out.yellow("drained (person)")
+                        } else {
+                            out.blue("drained (nightshift)")
+                        }
+                    } else {
+                        "in service".into()
+                    };
+                    vec![
+                        n.name.clone(),
+                        n.address.clone(),
+                        if n.state.connected { out.green("connected") } else { out.red("unreachable") },
+                        drain,
+                        hottest.map(|t| format!("{t:.1} °C")).unwrap_or_else(|| "—".into()),
+                        n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","),
+                    ]
+                })
+                .collect();
+            out.table(&["NODE", "ADDRESS", "AGENT", "DRAIN", "HOTTEST", "LABELS"], &rows);
+            Ok(0)
+        }
+        AgentsCmd::Ping { node } => {
+            let v = c.agent(node, "ping").await?;
+            if out.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else if v["ok"] == true {
+                println!("{node}: ok in {} ms", v["round_trip_ms"]);
+            } else {
+                println!("{node}: {}", v["error"]);
+                return Ok(4);
+            }
+            Ok(0)
+        }
+        AgentsCmd::Inventory { node } => {
+            let v = c.agent(node, "inventory").await?;
+            if out.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(0);
+            }
+            println!(
+                "{} · backend {} · scheduler {} · agent {}",
+                v["node"].as_str().unwrap_or(node),
+                v["backend"],
+                v["scheduler"],
+                v["agent_version"]
+            );
+            let rows: Vec<Vec<String>> = v["gpus"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|g| {
+                    vec![
+                        g["index"].to_string(),
+                        g["name"].as_str().unwrap_or("").to_string(),
+                        format!("{}–{} W", g["power_min_watts"], g["power_max_watts"]),
+                        format!("{}–{} W", g["envelope_power_min_watts"], g["envelope_power_max_watts"]),
+                        if g["fan_control"] == true { "yes".into() } else { "no".into() },
+                        format!("{} MiB", g["mem_total_mib"]),
+                    ]
+                })
+                .collect();
+            out.table(&["GPU", "MODEL", "DEVICE POWER", "ENVELOPE", "FAN CONTROL", "MEMORY"], &rows);
+            Ok(0)
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! `nightshift audit list | show | follow | verify | export`.
+
+use anyhow::Result;
+
+use nightshift_engine::audit::RunFilter;
+use nightshift_engine::runs::RunOutcome;
+
+use crate::args::{AuditCmd, Cli};
+use crate::cmd::{conn, parse_since, run, usage};
+use crate::conn::Conn;
+use crate::out::{Out, clip, time};
+
+pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
+    let mut c = conn(cli, out)?;
+    match cmd {
+        AuditCmd::List { node, runbook, outcome, since, limit } => {
+            let outcome = match outcome {
+                Some(o) => Some(RunOutcome::parse(o).ok_or_else(|| {
+                    usage(format!("--outcome: expected succeeded, failed, refused, timed_out, cancelled or interrupted, found {o:?}"))
+                })?),
+                None => None,
+            };
+            let f = RunFilter {
+                node: node.clone(),
+                runbook: runbook.clone(),
+                outcome,
+                since_ms: since.as_deref().map(parse_since).transpose()?,
+                limit: Some(*limit),
+                ..Default::default()
+            };
+            let page = c.runs(&f).await?;
+            if out.json {
+                println!("{}", serde_json::to_string_pretty(&page)?);
+            } else {
+                let rows: Vec<Vec<String>> = page
+                    .runs
+                    .iter()
+                    .map(|r| {
+                        let status = r.outcome.map(|o| o.as_str().to_string()).unwrap_or_else(|| {
+                            serde_json::to_value(r.state)
+                                .ok()
+                                .and_then(|v| v.as_str().map(str::to_string))
+                                .unwrap_or_default()
+                        });
+                        vec![
+                            time(r.created_ms),
+                            r.id.clone(),
+                            r.runbook.clone(),
+                            r.target.to_string(),
+                            out.status(&status),
+                            r.actions.to_string(),
+                            clip(&r.why, 80),
+                        ]
+                    })
+                    .collect();
+                out.table(&["CREATED (UTC)", "RUN", "RUNBOOK", "TARGET", "STATUS", "ACTIONS", "WHY"], &rows);
+                if page.next_cursor.is_some() {
+                    println!("{}", out.dim("(more: raise --limit)"));
+                }
+            }
+            Ok(0)
+        }
+        AuditCmd::Show { run } => {
+            let (r, records) = c.run(run).await?;
+            if out.json {
+                println!("{}", serde_json::to_string_pretty(&serde_json::json!({"run": r, "records": records}))?);
+                return Ok(0);
+            }
+            println!(
+                "{} {} on {}  {}",
+                out.bold(&r.id),
+                r.runbook,
+                r.target,
+                out.status(r.outcome.map(|o| o.as_str()).unwrap_or("active"))
+            );
+            println!("{}", r.why);
+            println!(
+                "{}",
+                out.dim(&format!(
+                    "requested by {} · trigger {} · created {}",
+                    r.requested_by,
+                    r.trigger,
+                    time(r.created_ms)
+                ))
+            );
+            for rec in &records {
+                println!("{}", run::describe_record(out, rec, r.created_ms));
+            }
+            Ok(0)
+        }
+        AuditCmd::Follow => match &c {
+            Conn::Remote(remote) => {
+                remote
+                    .follow(|rec| {
+                        println!("{}", run::describe_record(out, &rec, rec.ts_ms));
+                        true
+                    })
+                    .await?;
+                Ok(0)
+            }
+            Conn::Local(_) => {
+                let mut last = c.records_after(0, usize::MAX).await?.last().map(|r| r.seq).unwrap_or(0);
+                loop {
+                    for rec in c.records_after(last, 1000).await? {
+                        last = rec.seq;
+                        println!("{}", run::describe_record(out, &rec, rec.ts_ms));
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+            }
+        },
+        AuditCmd::Verify => {
+            let v = c.verify().await?;
+            if out.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else if v.ok {
+                println!(
+                    "{} chain verified up to record {} ({} records)",
+                    out.green("ok:"),
+                    v.verified_up_to,
+                    v.records
+                );
+            } else {
+                println!(
+                    "{} the chain breaks at record {}: {}",
+                    out.red("broken:"),
+                    v.first_bad_seq.unwrap_or(0),
+                    v.problem.clone().unwrap_or_default()
+                );
+            }
+            Ok(if v.ok { 0 } else { 1 })
+        }
+        AuditCmd::Export { format } => {
+            if format != "jsonl" {
+                return Err(usage(format!("--format: expected jsonl, found {format:?}")));
+            }
+            let mut after = 0;
+            loop {
+                let batch = c.records_after(after, 1000).await?;
+                let Some(last) = batch.last() else { break };
+                after = last.seq;
+                for r in &batch {
+                    println!("{}", serde_json::to_string(r)?);
+                }
+            }
+            Ok(0)
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! `nightshift runbooks list | show | validate | test`.
+
+use anyhow::Result;
+
+use crate::args::{Cli, RunbooksCmd};
+use crate::cmd::{conn, default_runbook_dir};
+use crate::out::{Out, clip};
+
+pub async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
+    match cmd {
+        RunbooksCmd::List => {
+            let mut c = conn(cli, out)?;
+            let list = c.runbooks().await?;
+            if out.json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                let rows: Vec<Vec<String>> = list
+                    .iter()
+                    .map(|r| {
+                        vec![
+                            r.handbook.clone().unwrap_or_default(),
+                            r.name.clone(),
+                            r.trigger.clone(),
+                            r.scope.clone(),
+                            clip(&r.description, 90),
+                        ]
+                    })
+                    .collect();
+                out.table(&["ROW", "RUNBOOK", "TRIGGER", "SCOPE", "DESCRIPTION"], &rows);
+            }
+            Ok(0)
+        }
+        RunbooksCmd::Show { name } => {
+            let mut c = conn(cli, out)?;
+            let r = c.runbook(name).await?;
+            if out.json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!("{} {}", out.bold(&r.name), r.handbook.clone().unwrap_or_default());
+                println!("{}\n", r.description);
+                println!("{}", out.dim(&format!("# {}", r.manifest_path)));
+                println!("{}", serde_json::to_string_pretty(&r.manifest)?);
+                println!("{}", out.dim("# script"));
+                for (i, l) in r.script.lines().enumerate() {
+                    println!("{} {l}", out.dim(&format!("{:>4}", i + 1)));
+                }
+            }
+            Ok(0)
+        }
+        RunbooksCmd::Validate { path } => {
+            let dir = match path {
+                Some(p) => p.clone(),
+                None => default_runbook_dir(cli),
+            };
+            let engine = nightshift_engine::script::build_engine(&Default::default());
+            let set = nightshift_engine::runbook::load_dir(&dir, &engine);
+            if out.json {
+                let errors: Vec<String> = set.errors.iter().map(|e| e.to_string()).collect();
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({"loaded": set.names(), "errors": errors}))?
+                );
+            } else {
+                for e in &set.errors {
+                    println!("{} {e}", out.red("error:"));
+                }
+                println!("{} runbook(s) valid, {} error(s) in {}", set.runbooks.len(), set.errors.len(), dir.display());
+            }
+            Ok(if set.errors.is_empty() { 0 } else { 2 })
+        }
+        RunbooksCmd::Test { name, dir } => {
+            let dir = dir.clone().unwrap_or_else(|| default_runbook_dir(cli));
+            crate::cmd::run::test_scenarios(out, &dir, name.as_deref()).await
+        }
+    }
+}

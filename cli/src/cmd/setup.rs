@@ -1,0 +1,52 @@
+//! Setup commands: `keygen`, `token`, `completions`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use clap::CommandFactory;
+
+use crate::args::Cli;
+use crate::cmd::usage;
+
+/// Generate the engine's SSH key and print what agents need.
+pub fn keygen(cli: &Cli, path: Option<&Path>, force: bool) -> Result<u8> {
+    let path = match path {
+        Some(p) => p.to_path_buf(),
+        None => nightshift_engine::config::EngineConfig::load(&cli.config)
+            .map(|c| c.engine_key_path)
+            .unwrap_or_else(|_| PathBuf::from("engine_key")),
+    };
+    if path.exists() && !force {
+        return Err(usage(format!(
+            "{} already exists: pass --force to replace it (agents will need the new .pub)",
+            path.display()
+        )));
+    }
+    let key = nightshift_proto::ssh::keys::generate("nightshift-engine")?;
+    nightshift_proto::ssh::keys::write_keypair(&key, &path)?;
+    let public = key.public_key().to_openssh()?;
+    println!("wrote {} (mode 0600) and {}", path.display(), nightshift_proto::ssh::keys::pub_path(&path).display());
+    println!("fingerprint {}", nightshift_proto::ssh::keys::fingerprint(key.public_key()));
+    println!("add this line to every agent's authorized_keys:\n{public}");
+    Ok(0)
+}
+
+/// Make an API token and print the config line that grants it.
+pub fn token(name: &str, role: &str) -> Result<u8> {
+    let role_ok = ["viewer", "operator", "admin"].contains(&role);
+    if !role_ok {
+        return Err(usage(format!("--role: expected viewer, operator or admin, found {role:?}")));
+    }
+    let bytes: [u8; 24] = rand::random();
+    let token = format!("ns_{}", hex::encode(bytes));
+    println!("token (give it to {name}; it is not stored anywhere): {token}");
+    println!("add to engine.yaml under auth.tokens:");
+    println!("  - {{name: {name}, role: {role}, sha256: {}}}", nightshift_web::auth::hash_token(&token));
+    Ok(0)
+}
+
+/// Print shell completions.
+pub fn completions(shell: clap_complete::Shell) -> Result<u8> {
+    clap_complete::generate(shell, &mut Cli::command(), "nightshift", &mut std::io::stdout());
+    Ok(0)
+}

@@ -1,0 +1,419 @@
+//! The engine's shared state, [`Core`], and what both the executor and a
+//! running script's host need of it: readings from the telemetry store,
+//! run ids and request ids, audit appends for a run, notification delivery,
+//! the blast radius.
+//!
+//! Who depends on whom: `engine`, `executor`, `ingest`, `recovery`, `views`
+//! and `host` use this module; it uses none of them.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use serde_json::{Value, json};
+
+use nightshift_proto::clock::SharedClock;
+use nightshift_proto::{Op, ReleaseArgs, Reply, Request};
+
+use crate::audit::{AuditError, AuditRecord, AuditStore, NewRecord, RecordKind};
+use crate::config::EngineConfig;
+use crate::counters::Counters;
+use crate::fleet::{Fleet, Node};
+use crate::manifest::BlastRadius;
+use crate::manifest::Trigger;
+use crate::metrics::{self, MetricId};
+use crate::notify::Notifier;
+use crate::runbook::RunbookSet;
+use crate::runs::{RunSummary, Target};
+use crate::runtable::RunTable;
+use crate::script::{Agg, Reading};
+use crate::telemetry::{SeriesKey, TelemetryStore};
+use crate::triggers::{Fire, TriggerSet};
+
+/// The telemetry store and the triggers watching it.
+pub struct Brain {
+    pub store: TelemetryStore,
+    pub triggers: TriggerSet,
+    pub fires: Vec<Fire>,
+}
+
+/// Metric names that appear as string literals in a script: those get the
+/// script window of history.
+fn metrics_named_in(source: &str) -> Vec<MetricId> {
+    metrics::METRICS
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| source.contains(&format!("\"{}\"", m.name)))
+        .map(|(i, _)| i as MetricId)
+        .collect()
+}
+
+impl Brain {
+    /// Triggers for `set`, and a store keeping what they and the scripts
+    /// need.
+    pub fn build(set: &RunbookSet, script_window_ms: i64) -> Brain {
+        let triggers = TriggerSet::new(set.runbooks.iter().map(|r| &r.manifest));
+        let mut retention = triggers.retention_ms();
+        for rb in &set.runbooks {
+            for m in metrics_named_in(&rb.script_source) {
+                retention[m as usize] = retention[m as usize].max(script_window_ms);
+            }
+        }
+        Brain { store: TelemetryStore::new(retention), triggers, fires: Vec::new() }
+    }
+}
+
+/// Run ids and request ids that never repeat: a random epoch chosen at each
+/// engine start, then a counter. A restart, a suppressed trigger or a
+/// restored backup can never hand out an id an agent has journaled.
+pub struct Ids {
+    epoch: String,
+    runs: AtomicU64,
+    requests: AtomicU64,
+}
+
+impl Ids {
+    /// Counters starting after `runs_so_far` (for readable, growing run
+    /// numbers); the epoch makes them unique.
+    pub fn new(runs_so_far: u64) -> Ids {
+        const ALPHABET: &[u8] = b"abcdefghijkmnpqrstuvwxyz23456789";
+        let epoch: String = (0..6).map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char).collect();
+        Ids { epoch, runs: AtomicU64::new(runs_so_far), requests: AtomicU64::new(0) }
+    }
+
+    /// `r000042-k7qxm2`.
+    pub fn run(&self) -> String {
+        let n = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        format!("r{n:06}-{}", self.epoch)
+    }
+
+    /// A request id for calls outside runs: `<what>-<epoch>-<n>`.
+    pub fn request(&self, what: &str) -> String {
+        let n = self.requests.fetch_add(1, Ordering::SeqCst) + 1;
+        format!("{what}-{}-{n}", self.epoch)
+    }
+
+    /// This start's epoch.
+    pub fn epoch(&self) -> &str {
+        &self.epoch
+    }
+}
+
+/// Everything the engine is made of, shared by every task.
+pub struct Core {
+    pub config: EngineConfig,
+    pub clock: SharedClock,
+    pub audit: AuditStore,
+    pub fleet: Fleet,
+    pub script: Arc<rhai::Engine>,
+    pub runbooks: RwLock<Arc<RunbookSet>>,
+    pub brain: Mutex<Brain>,
+    pub table: Mutex<RunTable>,
+    pub handle: tokio::runtime::Handle,
+    pub ids: Ids,
+    /// Event batches handed to background tasks and not yet processed.
+    pub inflight_events: AtomicU64,
+    /// Alerts accepted by a webhook call and not yet handled.
+    pub alert_backlog: AtomicU64,
+    pub notifier: Notifier,
+    pub counters: Counters,
+    pub shutdown: tokio::sync::watch::Sender<bool>,
+    pub tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+/// Lock a mutex, taking its value even if a holder panicked.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Core {
+    pub fn table(&self) -> MutexGuard<'_, RunTable> {
+        lock(&self.table)
+    }
+
+    pub fn brain(&self) -> MutexGuard<'_, Brain> {
+        lock(&self.brain)
+    }
+
+    /// The loaded runbooks.
+    pub fn runbook_set(&self) -> Arc<RunbookSet> {
+        self.runbooks.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn now(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// The nodes a target covers.
+    pub fn target_nodes(&self, target: &Target) -> Vec<Arc<Node>> {
+        match (&target.node, &target.group) {
+            (Some(n), _) => self.fleet.get(n).cloned().into_iter().collect(),
+            (None, Some((k, v))) => self.fleet.group(k, v),
+            _ => Vec::new(),
+        }
+    }
+
+    /// A reading for a script: latest, or a window aggregate; across the
+    /// GPUs of a node, the worst one. Two decimals (readings are kept as
+    /// `f32`; scripts get no float noise).
+    pub fn reading(&self, q: &Reading) -> Option<f64> {
+        let n = self.fleet.get(&q.node)?;
+        let gpu_count = n.state().gpu_count();
+        let b = self.brain();
+        let now = self.now();
+        let gpus: Vec<Option<u16>> = match (metrics::metric(q.metric).gpu_scoped, q.gpu) {
+            (true, Some(g)) => vec![Some(u16::try_from(g).ok()?)],
+            (true, None) => (0..gpu_count).filter_map(|g| u16::try_from(g).ok()).map(Some).collect(),
+            (false, _) => vec![None],
+        };
+        let vals: Vec<f64> = gpus
+            .into_iter()
+            .filter_map(|g| {
+                let key = SeriesKey { node: n.idx, gpu: g, metric: q.metric };
+                match q.agg {
+                    Agg::Latest => b.store.latest(key).map(|(_, v)| v),
+                    agg => b.store.stats(key, now.saturating_sub(q.window_ms.max(1))).map(|s| match agg {
+                        Agg::Avg => s.avg,
+                        Agg::Max => s.max,
+                        Agg::Min => s.min,
+                        _ => s.slope_per_sec * 60.0,
+                    }),
+                }
+            })
+            .collect();
+        vals.into_iter()
+            .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))))
+            .map(|v| (v * 100.0).round() / 100.0)
+    }
+
+    /// Append a record about run `s` (and store its summary with it).
+    pub async fn record_run(&self, kind: RecordKind, s: &RunSummary, data: Value) -> Result<AuditRecord, AuditError> {
+        let rec = NewRecord::new(kind, &s.requested_by, data)
+            .run(&s.id)
+            .node(s.target.node.as_deref())
+            .gpu(s.target.gpu)
+            .runbook(&s.runbook);
+        self.audit.append(rec, Some(s.clone())).await
+    }
+
+    /// The data of a notification or escalation record: the text, and where
+    /// it goes (the log at once; webhooks, each confirmed by its own
+    /// `notification_delivery` record). A dry run's text goes nowhere.
+    pub fn notification_data(&self, kind: RecordKind, text: &str, severity: &str, dry_run: bool) -> Value {
+        if dry_run {
+            return json!({"text": text, "severity": severity, "dry_run": true, "delivered_to": [], "webhooks": [],
+                "note": "dry run: would have been sent"});
+        }
+        let webhooks: Vec<String> = self.notifier.targets_for(kind).into_iter().map(|t| t.name).collect();
+        json!({"text": text, "severity": severity, "delivered_to": ["log"], "webhooks": webhooks})
+    }
+
+    /// Send a durable notification record to the webhooks (in the
+    /// background) and audit each delivery. Dry-run records are not sent.
+    pub fn deliver(core: &Arc<Core>, rec: &AuditRecord) {
+        if rec.data["dry_run"] == true {
+            return;
+        }
+        for target in core.notifier.targets_for(rec.kind) {
+            let core2 = core.clone();
+            let body = crate::notify::body(target.format, rec);
+            let (seq, run, runbook, node) = (rec.seq, rec.run.clone(), rec.runbook.clone(), rec.node.clone());
+            core.handle.spawn(async move {
+                let d = core2.notifier.deliver(&target, &body).await;
+                if !d.ok {
+                    tracing::warn!(target = %target.name, attempts = d.attempts, detail = %d.detail, "notification not delivered");
+                }
+                let mut r = NewRecord::new(
+                    RecordKind::NotificationDelivery,
+                    "engine",
+                    json!({"target": target.name, "format": target.format, "for_seq": seq, "ok": d.ok, "attempts": d.attempts, "detail": d.detail}),
+                )
+                .node(node.as_deref());
+                if let Some(run) = &run {
+                    r = r.run(run);
+                }
+                if let Some(rb) = &runbook {
+                    r = r.runbook(rb);
+                }
+                if let Err(e) = core2.audit.append(r, None).await {
+                    tracing::error!(error = %e, "cannot audit a notification delivery");
+                }
+            });
+        }
+    }
+
+    /// Reserve a drain under the blast radius, or say why not.
+    ///
+    /// The limits count the serving fleet: standby nodes (spare capacity) are
+    /// neither counted nor limited. At least one serving node may always be
+    /// drained, however small the fleet.
+    pub fn reserve_drain(&self, run: &str, node: &str, rb: &BlastRadius) -> Result<(), String> {
+        let Some(target) = self.fleet.get(node) else { return Ok(()) };
+        if target.spec.standby || target.state().drained {
+            return Ok(());
+        }
+        let mut t = self.table();
+        let serving: Vec<&Arc<Node>> = self.fleet.nodes.iter().filter(|n| !n.spec.standby).collect();
+        let total = serving.len().max(1);
+        let mut drained: HashSet<String> =
+            serving.iter().filter(|n| n.state().drained).map(|n| n.spec.name.clone()).collect();
+        drained.extend(t.drains_in_flight.iter().cloned());
+        let after = drained.len() + 1;
+        let cap_pct = rb.max_drained_pct.min(self.config.limits.max_drained_pct);
+        let allowed = ((total as f64 * cap_pct / 100.0).floor() as usize).max(1);
+        if after > allowed {
+            return Err(format!(
+                "blast radius: draining {node} would take {after} of {total} serving nodes out; max_drained_pct {cap_pct}% allows {allowed} (run {run})"
+            ));
+        }
+        if let (Some(limit), Some(label)) = (rb.max_per_group, &rb.group_by)
+            && let Some(v) = target.label(label)
+        {
+            let in_group = drained.iter().filter(|d| self.fleet.get(d).and_then(|n| n.label(label)) == Some(v)).count();
+            if in_group as u32 >= limit {
+                return Err(format!(
+                    "blast radius: {in_group} node(s) with {label}={v} already drained (max_per_group {limit}); not draining {node} (run {run})"
+                ));
+            }
+        }
+        t.drains_in_flight.insert(node.to_string());
+        Ok(())
+    }
+
+    pub fn release_drain(&self, node: &str) {
+        self.table().drains_in_flight.remove(node);
+    }
+
+    /// Send a mutating request for run `s` to `node`'s agent, with its intent
+    /// audited (durably) before it leaves and its result after. The one path
+    /// every change takes.
+    pub async fn send_audited(
+        &self,
+        s: &RunSummary,
+        node: &str,
+        gpu: Option<u32>,
+        mut req: Request,
+    ) -> Result<(Reply, f64), String> {
+        let Some(n) = self.fleet.get(node).cloned() else { return Err(format!("{node} is not in the inventory")) };
+        req.owner = Some(s.id.clone());
+        let intent = NewRecord::new(
+            RecordKind::ActionIntent,
+            "engine",
+            json!({"action_id": req.id, "op": req.op.name(), "args": req.op.args(), "dry_run": req.dry_run,
+                "lease_secs": req.revert_after_secs}),
+        )
+        .run(&s.id)
+        .node(Some(node))
+        .gpu(gpu)
+        .runbook(&s.runbook);
+        // Write ahead: nothing leaves before its intent is durable.
+        self.audit.append(intent, Some(s.clone())).await.map_err(|e| format!("cannot audit the intent: {e}"))?;
+        let timeout = std::time::Duration::from_secs(self.config.limits.action_timeout_secs);
+        let started = std::time::Instant::now();
+        let reply = tokio::time::timeout(timeout, n.transport.call(req)).await;
+        let secs = started.elapsed().as_secs_f64();
+        match reply {
+            Ok(Ok(r)) => Ok((r, secs)),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no reply from {node} within {} s", timeout.as_secs())),
+        }
+    }
+
+    /// Release run `s`'s holds (not the kept ones) on `node`, audited.
+    pub async fn release_run_holds(&self, s: &RunSummary, node: &str) -> Result<Value, String> {
+        let req = Request::new(
+            format!("{}-release-{node}", s.id),
+            Op::Release(ReleaseArgs { owner: Some(s.id.clone()), ..Default::default() }),
+        );
+        let action_id = req.id.clone();
+        let result = self.send_audited(s, node, None, req).await;
+        let data = match &result {
+            Ok((r, _)) if r.ok => {
+                json!({"action_id": action_id, "op": "release", "ok": true, "outcome": "released", "applied": true,
+                    "after": r.result, "dry_run": false})
+            }
+            Ok((r, _)) => json!({"action_id": action_id, "op": "release", "ok": false, "outcome": "refused",
+                "applied": false, "code": r.code().map(|c| c.as_str()), "error": r.error.as_ref().map(|e| e.message.clone()),
+                "dry_run": false}),
+            Err(e) => {
+                json!({"action_id": action_id, "op": "release", "ok": false, "outcome": "error", "applied": false,
+                "code": "transport", "error": e, "dry_run": false})
+            }
+        };
+        let rec = NewRecord::new(RecordKind::ActionResult, "engine", data.clone())
+            .run(&s.id)
+            .node(Some(node))
+            .runbook(&s.runbook);
+        if let Err(e) = self.audit.append(rec, Some(s.clone())).await {
+            tracing::error!(run = %s.id, error = %e, "cannot audit a release");
+        }
+        match result {
+            Ok((r, _)) if r.ok => Ok(r.result.unwrap_or(Value::Null)),
+            Ok((r, _)) => Err(r.error.map(|e| e.message).unwrap_or_default()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the trigger's condition still holds for the run's target:
+    /// `Some((holds, how))`, or `None` when it cannot be told (edges,
+    /// predictions, manual and scheduled runs).
+    pub fn condition_holds(&self, idx: usize, s: &RunSummary) -> Option<(bool, String)> {
+        let set = self.runbook_set();
+        let m = &set.runbooks.get(idx)?.manifest;
+        if let Trigger::Alert { .. } = m.trigger {
+            let fp = s.event.get("fingerprint").and_then(Value::as_str)?;
+            let resolved = self.table().resolved.contains(fp);
+            return Some((
+                !resolved,
+                if resolved { "the alert resolved".into() } else { "the alert is firing".into() },
+            ));
+        }
+        let now = self.now();
+        let b = self.brain();
+        match (&s.target.node, &s.target.group) {
+            (Some(node), _) => {
+                let n = self.fleet.get(node)?;
+                let gpu = s.target.gpu.and_then(|g| u16::try_from(g).ok());
+                b.triggers.still_true(&b.store, idx, &[(n.idx, gpu)], now)
+            }
+            (None, Some((label, value))) => {
+                let nodes: Vec<(u32, Option<u16>)> = self
+                    .fleet
+                    .group(label, value)
+                    .iter()
+                    .filter(|n| {
+                        let st = n.state();
+                        st.connected && !st.drained
+                    })
+                    .flat_map(|n| {
+                        let count = n.state().gpu_count().max(1);
+                        (0..count).filter_map(|g| u16::try_from(g).ok()).map(move |g| (n.idx, Some(g)))
+                    })
+                    .collect();
+                b.triggers.still_true(&b.store, idx, &nodes, now)
+            }
+            _ => None,
+        }
+    }
+
+    /// Holds in effect per node, from the agents' telemetry.
+    pub fn holds_by_node(&self) -> BTreeMap<String, Vec<nightshift_proto::HoldInfo>> {
+        self.fleet.nodes.iter().map(|n| (n.spec.name.clone(), n.state().holds.clone())).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_never_repeat_across_starts() {
+        let a = Ids::new(41);
+        let b = Ids::new(41);
+        let (ra, rb) = (a.run(), b.run());
+        assert!(ra.starts_with("r000042-"), "{ra}");
+        assert_ne!(ra, rb, "two starts from the same store (a restored backup) still differ");
+        assert_ne!(a.request("cli"), a.request("cli"));
+        assert_eq!(a.epoch().len(), 6);
+    }
+}

@@ -1,0 +1,394 @@
+//! What comes in: agent telemetry, samples pulled from Prometheus or
+//! exporters, and Alertmanager alerts. Samples go into the telemetry store
+//! and step the triggers watching their metric; what fires (and every new
+//! alert a runbook matches) becomes a run request for the executor.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use serde_json::json;
+
+use nightshift_proto::Telemetry;
+
+use crate::alerts::{Alert, WebhookPayload};
+use crate::audit::{NewRecord, RecordKind};
+use crate::core::Brain;
+use crate::engine::{Engine, Ingested, RunRequest, Submitted};
+use crate::fleet::Node;
+use crate::manifest::{Scope, Trigger};
+use crate::metrics::{self, MetricId, ids};
+use crate::runbook::Runbook;
+use crate::runs::Target;
+use crate::runtable::FireRef;
+use crate::telemetry::{SeriesKey, samples_from};
+use crate::triggers::Fire;
+
+impl Engine {
+    /// Feed one agent telemetry message: update node state, push samples,
+    /// evaluate triggers, submit what fired.
+    pub async fn ingest_telemetry(&self, t: &Telemetry) {
+        let Some(node) = self.core.fleet.get(&t.node).cloned() else {
+            tracing::warn!(node = %t.node, "telemetry from a node not in the inventory");
+            return;
+        };
+        {
+            let mut st = node.state();
+            st.connected = true;
+            st.last_seen_ms = t.ts_ms.max(st.last_seen_ms);
+            st.drained = t.node_metrics.drained;
+            st.drain_reason = t.node_metrics.drain_reason.clone();
+            st.agent_hands_off = t.node_metrics.hands_off;
+            st.holds = t.node_metrics.holds.clone();
+        }
+        let fires = {
+            let mut b = self.core.brain();
+            let Brain { store, triggers, fires } = &mut *b;
+            for (gpu, metric, v) in samples_from(t) {
+                let key = SeriesKey { node: node.idx, gpu, metric };
+                if let Some(r) = store.push(key, t.ts_ms, v)
+                    && triggers.watches(metric)
+                {
+                    triggers.on_sample(store, r, t.ts_ms, v, fires);
+                }
+            }
+            // Derived: the utilisation swing over the last minute.
+            let swing = t
+                .gpus
+                .iter()
+                .filter_map(|g| {
+                    let gpu = u16::try_from(g.index).ok()?;
+                    store.stats(SeriesKey { node: node.idx, gpu: Some(gpu), metric: ids::UTIL }, t.ts_ms - 60_000)
+                })
+                .filter(|s| s.count >= 10)
+                .map(|s| s.max - s.min)
+                .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
+            if let Some(sw) = swing {
+                let key = SeriesKey { node: node.idx, gpu: None, metric: ids::UTIL_SWING };
+                if let Some(r) = store.push(key, t.ts_ms, sw)
+                    && triggers.watches(ids::UTIL_SWING)
+                {
+                    triggers.on_sample(store, r, t.ts_ms, sw, fires);
+                }
+            }
+            std::mem::take(fires)
+        };
+        self.core.counters.samples_ingested.fetch_add(t.gpus.len() as u64 * 12 + 8, Ordering::Relaxed);
+        self.handle_fires(fires).await;
+    }
+
+    /// Feed samples from an external source (Prometheus, DCGM exporter):
+    /// `(node, gpu, metric, ts_ms, value)`.
+    pub async fn ingest_samples(&self, samples: &[(String, Option<u32>, MetricId, i64, f64)]) {
+        let fires = {
+            let mut b = self.core.brain();
+            let Brain { store, triggers, fires } = &mut *b;
+            for (node, gpu, metric, ts, v) in samples {
+                let Some(n) = self.core.fleet.get(node) else { continue };
+                let Ok(gpu) = gpu.map(u16::try_from).transpose() else { continue };
+                let key = SeriesKey { node: n.idx, gpu, metric: *metric };
+                if let Some(r) = store.push(key, *ts, *v)
+                    && triggers.watches(*metric)
+                {
+                    triggers.on_sample(store, r, *ts, *v, fires);
+                }
+                let mut st = n.state();
+                st.last_seen_ms = st.last_seen_ms.max(*ts);
+            }
+            std::mem::take(fires)
+        };
+        self.core.counters.samples_ingested.fetch_add(samples.len() as u64, Ordering::Relaxed);
+        self.handle_fires(fires).await;
+    }
+
+    /// Feed pulled Prometheus/exporter samples: map, count, ingest.
+    pub async fn ingest_pulled(&self, samples: &[crate::sources::PromSample]) -> crate::sources::MapStats {
+        let now = self.core.now();
+        let (mapped, st) =
+            crate::sources::map_samples(samples, now, &|h| self.has_node(h), &|n, u| self.gpu_by_uuid(n, u));
+        let c = &self.core.counters;
+        c.source_samples.fetch_add(st.mapped as u64, Ordering::Relaxed);
+        c.source_ignored
+            .fetch_add((st.other_series + st.unknown_host + st.unknown_gpu + st.bad_value) as u64, Ordering::Relaxed);
+        self.ingest_samples(&mapped).await;
+        st
+    }
+
+    /// A pull from a source failed.
+    pub fn count_source_error(&self) {
+        self.core.counters.source_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Latest value of a series.
+    pub fn latest(&self, node: &str, gpu: Option<u32>, metric: MetricId) -> Option<f64> {
+        let n = self.core.fleet.get(node)?;
+        let gpu = gpu.map(u16::try_from).transpose().ok()?;
+        self.core.brain().store.latest(SeriesKey { node: n.idx, gpu, metric }).map(|(_, v)| v)
+    }
+
+    /// Telemetry store size: (series, points).
+    pub fn telemetry_size(&self) -> (usize, usize) {
+        let b = self.core.brain();
+        (b.store.series_count(), b.store.points())
+    }
+
+    async fn handle_fires(&self, fires: Vec<Fire>) {
+        if fires.is_empty() {
+            return;
+        }
+        let set = self.runbook_set();
+        for fire in fires {
+            self.core.counters.triggers_fired.fetch_add(1, Ordering::Relaxed);
+            let Some(rb) = set.runbooks.get(fire.trigger) else { continue };
+            let Some(req) = self.fire_request(rb, &fire) else { continue };
+            let rearm =
+                FireRef { trigger: fire.trigger, node: fire.node, group: fire.group.as_ref().map(|g| g.1.clone()) };
+            match self.submit_inner(req, Some(rearm.clone())).await {
+                Ok(Submitted::Suppressed { .. }) => {
+                    // Still true after the cooldown? Then fire again.
+                    let mut b = self.core.brain();
+                    let Brain { store, triggers, .. } = &mut *b;
+                    triggers.rearm(store, rearm.trigger, rearm.node, rearm.group.as_deref());
+                }
+                Ok(_) => {}
+                Err(e) => tracing::error!(runbook = %rb.manifest.name, error = %e, "cannot submit a fired trigger"),
+            }
+        }
+    }
+
+    /// Whether a runbook's selector takes this node.
+    pub(crate) fn selector_matches(&self, rb: &Runbook, node: &Node) -> bool {
+        let sel = &rb.manifest.selector;
+        if !sel.labels.iter().all(|(k, v)| node.label(k) == Some(v.as_str())) {
+            return false;
+        }
+        match &sel.vendor {
+            None => true,
+            Some(v) => node.state().vendor().is_some_and(|x| x.as_str() == v),
+        }
+    }
+
+    fn fire_request(&self, rb: &Runbook, fire: &Fire) -> Option<RunRequest> {
+        let m = &rb.manifest;
+        let node = fire.node.and_then(|i| self.core.fleet.by_idx(i)).cloned();
+        if let Some(n) = &node
+            && !self.selector_matches(rb, n)
+        {
+            return None;
+        }
+        let target = match (m.scope, &node, &fire.group) {
+            (Scope::Gpu, Some(n), _) => Target::gpu(&n.spec.name, fire.gpu? as u32),
+            (Scope::Node, Some(n), _) => Target::node(&n.spec.name),
+            (Scope::Group, _, Some((k, v))) => Target::group(k, v),
+            _ => return None,
+        };
+        Some(RunRequest {
+            runbook: m.name.clone(),
+            target: target.clone(),
+            trigger: m.trigger.kind().into(),
+            detail: fire.detail.clone(),
+            event: json!({
+                "kind": "telemetry",
+                "trigger": m.trigger.kind(),
+                "metric": m.trigger.metric(),
+                "value": fire.value,
+                "detail": fire.detail,
+                "node": target.node,
+                "gpu": target.gpu,
+                "group": fire.group.as_ref().map(|g| format!("{}={}", g.0, g.1)),
+                "ts_ms": fire.ts_ms,
+            }),
+            event_ts_ms: fire.ts_ms,
+            params: BTreeMap::new(),
+            dry_run: false,
+            requested_by: "engine".into(),
+        })
+    }
+
+    /// Evaluate fleet triggers over the live, undrained nodes of each group.
+    pub(crate) async fn fleet_triggers(&self, now: i64) {
+        let fires = {
+            let mut b = self.core.brain();
+            let Brain { store, triggers, fires } = &mut *b;
+            let fleet = &self.core.fleet;
+            let groups = |label: &str, metric: MetricId| -> Vec<(String, Vec<SeriesKey>)> {
+                fleet
+                    .groups(label)
+                    .into_iter()
+                    .map(|(v, nodes)| {
+                        let keys = nodes
+                            .iter()
+                            .filter(|n| {
+                                let st = n.state();
+                                st.connected && !st.drained
+                            })
+                            .flat_map(|n| {
+                                let count = n.state().gpu_count().max(1);
+                                let gpu_scoped = metrics::metric(metric).gpu_scoped;
+                                (0..if gpu_scoped { count } else { 1 }).filter_map(move |g| {
+                                    Some(SeriesKey {
+                                        node: n.idx,
+                                        gpu: if gpu_scoped { Some(u16::try_from(g).ok()?) } else { None },
+                                        metric,
+                                    })
+                                })
+                            })
+                            .collect();
+                        (v, keys)
+                    })
+                    .collect()
+            };
+            triggers.on_tick(store, now, &groups, fires);
+            std::mem::take(fires)
+        };
+        self.handle_fires(fires).await;
+    }
+
+    // ---------------------------------------------------------------- alerts
+
+    /// Accept an Alertmanager payload posted by `poster` (the webhook
+    /// token's name): dedup each alert by status, fingerprint and startsAt
+    /// and hand new ones to a background task. Returns at once. Past
+    /// `limits.alert_backlog` alerts waiting, new ones are shed — not
+    /// remembered as seen, so Alertmanager's retry brings them back — and one
+    /// audit record says how many.
+    pub fn ingest_alertmanager(&self, payload: WebhookPayload, poster: &str) -> Ingested {
+        let cap = self.core.config.limits.alert_backlog as u64;
+        let mut fresh = Vec::new();
+        let (mut duplicates, mut shed) = (0, 0);
+        {
+            let mut t = self.core.table();
+            let backlog = self.core.alert_backlog.load(Ordering::SeqCst);
+            for a in payload.alerts {
+                let key = format!("{}|{}", a.status, a.key());
+                if t.alerts_seen.contains(&key) {
+                    duplicates += 1;
+                } else if backlog + fresh.len() as u64 >= cap {
+                    shed += 1;
+                } else {
+                    t.alerts_seen.insert(key);
+                    fresh.push(a);
+                }
+            }
+            self.core.alert_backlog.fetch_add(fresh.len() as u64, Ordering::SeqCst);
+        }
+        let c = &self.core.counters;
+        c.alerts_received.fetch_add((fresh.len() + duplicates + shed) as u64, Ordering::Relaxed);
+        c.alerts_duplicate.fetch_add(duplicates as u64, Ordering::Relaxed);
+        let accepted = fresh.len();
+        if accepted > 0 || shed > 0 {
+            let engine = self.clone();
+            let poster = poster.to_string();
+            self.core.inflight_events.fetch_add(1, Ordering::SeqCst);
+            self.core.handle.spawn(async move {
+                if shed > 0 {
+                    engine.core.counters.events_shed.fetch_add(shed as u64, Ordering::Relaxed);
+                    let reason = format!(
+                        "alert intake full ({cap} waiting, limits.alert_backlog): {shed} alerts shed, answered 503 so Alertmanager sends them again"
+                    );
+                    if let Err(e) = engine.drop_event(&reason, None).await {
+                        tracing::error!(error = %e, "cannot audit shed alerts");
+                    }
+                }
+                for a in fresh {
+                    engine.handle_alert(a, &poster).await;
+                    engine.core.alert_backlog.fetch_sub(1, Ordering::SeqCst);
+                }
+                engine.core.inflight_events.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+        Ingested { accepted, duplicates, shed }
+    }
+
+    /// Alerts accepted and not yet handled.
+    pub fn alert_backlog(&self) -> u64 {
+        self.core.alert_backlog.load(Ordering::SeqCst)
+    }
+
+    async fn handle_alert(&self, a: Alert, poster: &str) {
+        let host = a.host();
+        let node = host.as_deref().and_then(|h| self.core.fleet.get(h)).cloned();
+        let actor = format!("alertmanager:{poster}");
+        let rec = NewRecord::new(
+            RecordKind::EventReceived,
+            &actor,
+            json!({
+                "source": "alertmanager",
+                "posted_by": poster,
+                "alertname": a.name(),
+                "status": a.status,
+                "fingerprint": a.fingerprint,
+                "starts_at": a.starts_at,
+                "labels": a.labels,
+                "annotations": a.annotations,
+            }),
+        )
+        .node(node.as_ref().map(|n| n.spec.name.as_str()))
+        .gpu(a.gpu());
+        if let Err(e) = self.core.audit.append(rec, None).await {
+            tracing::error!(error = %e, "cannot audit an alert");
+            return;
+        }
+        if a.status == "resolved" {
+            self.core.table().resolved.insert(a.fingerprint.clone());
+            return;
+        }
+        let Some(node) = node else {
+            self.core.counters.alerts_unknown_node.fetch_add(1, Ordering::Relaxed);
+            let reason =
+                format!("alert {} names host {:?}, which is not in the inventory", a.name(), host.unwrap_or_default());
+            if let Err(e) = self.drop_event(&reason, None).await {
+                tracing::error!(error = %e, "cannot audit a dropped alert");
+            }
+            return;
+        };
+        let set = self.runbook_set();
+        for rb in &set.runbooks {
+            let Trigger::Alert { alertname, matchers } = &rb.manifest.trigger else { continue };
+            if alertname != a.name() || !matchers.iter().all(|(k, v)| a.labels.get(k) == Some(v)) {
+                continue;
+            }
+            if !self.selector_matches(rb, &node) {
+                continue;
+            }
+            let target = match (rb.manifest.scope, a.gpu()) {
+                (Scope::Gpu, Some(g)) => Target::gpu(&node.spec.name, g),
+                (Scope::Gpu, None) => {
+                    let reason =
+                        format!("alert {} has no gpu label but runbook {} acts on a GPU", a.name(), rb.manifest.name);
+                    if let Err(e) = self.drop_event(&reason, Some(&node.spec.name)).await {
+                        tracing::error!(error = %e, "cannot audit a dropped alert");
+                    }
+                    continue;
+                }
+                _ => Target::node(&node.spec.name),
+            };
+            let req = RunRequest {
+                runbook: rb.manifest.name.clone(),
+                target,
+                trigger: "alert".into(),
+                detail: format!(
+                    "alert {} on {}{}",
+                    a.name(),
+                    node.spec.name,
+                    a.annotations.get("summary").map(|s| format!(": {s}")).unwrap_or_default()
+                ),
+                event: json!({
+                    "kind": "alert",
+                    "alertname": a.name(),
+                    "fingerprint": a.fingerprint,
+                    "labels": a.labels,
+                    "annotations": a.annotations,
+                    "starts_at": a.starts_at,
+                    "posted_by": actor,
+                }),
+                event_ts_ms: a.starts_at_ms(),
+                params: BTreeMap::new(),
+                dry_run: false,
+                requested_by: actor.clone(),
+            };
+            if let Err(e) = self.submit_inner(req, None).await {
+                tracing::error!(error = %e, "cannot submit an alert run");
+            }
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! What a restart rebuilds and reconciles, so that stopping the engine —
+//! a crash, an upgrade, a failover — forgets nothing and undoes nothing:
+//!
+//! 1. the executor's memory (alert dedup, cooldowns, attempt budgets,
+//!    breaker windows) is replayed from the last day of the audit log;
+//! 2. runs waiting for approval wait again; queued runs queue again (their
+//!    event is re-checked when they start);
+//! 3. runs that were running are interrupted: each action intent without a
+//!    result is reconciled with its agent by request id (never re-sent), and
+//!    the run's holds are released.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use serde_json::{Value, json};
+
+use nightshift_proto::{ActionStatusArgs, Op, Request};
+
+use crate::audit::{AuditRecord, NewRecord, RecordKind};
+use crate::engine::{Engine, EngineError};
+use crate::executor::end_summary;
+use crate::runs::{RunOutcome, RunState, RunSummary};
+use crate::runtable::{RunEntry, RunTable};
+
+impl Engine {
+    /// Rebuild and reconcile after a restart. Returns the ids of the runs
+    /// found running, now interrupted.
+    pub async fn recover(&self) -> Result<Vec<String>, EngineError> {
+        let set = self.runbook_set();
+        let longest_cooldown_ms =
+            set.runbooks.iter().map(|r| (r.manifest.cooldown_secs as i64).saturating_mul(1000)).max().unwrap_or(0);
+        let since = self.core.now().saturating_sub(longest_cooldown_ms.max(86_400_000));
+        let records = self.core.audit.records_since(since)?;
+        {
+            let mut t = self.core.table();
+            let breaker_of = |name: &str| set.get(name).is_some_and(|(_, r)| r.manifest.breaker.is_some());
+            for r in &records {
+                t.replay(r, &breaker_of);
+            }
+        }
+        tracing::info!(records = records.len(), "executor memory rebuilt from the audit log");
+        let mut interrupted = Vec::new();
+        for s in self.core.audit.unfinished_runs()? {
+            match (s.state, set.get(&s.runbook)) {
+                (RunState::PendingApproval | RunState::Queued, Some((idx, rb))) => {
+                    let m = &rb.manifest;
+                    let mut t = self.core.table();
+                    let pending = s.state == RunState::PendingApproval;
+                    t.active_by_key.insert(RunTable::key(&s), s.id.clone());
+                    t.runs.insert(
+                        s.id.clone(),
+                        RunEntry {
+                            summary: s.clone(),
+                            runbook_idx: idx,
+                            class: m.class,
+                            priority: m.priority,
+                            exclusive: m.exclusive,
+                            not_before_ms: 0,
+                            approval_deadline_ms: s
+                                .created_ms
+                                .saturating_add((m.approval.expire_secs as i64).saturating_mul(1000)),
+                            cancel: Arc::new(AtomicBool::new(false)),
+                            announced: true,
+                            fire: None,
+                            next_action: 0,
+                            event_ts_ms: s.event_ts_ms,
+                            acted: false,
+                            held_on: Vec::new(),
+                            keeps_on: Vec::new(),
+                            preempted_by: None,
+                        },
+                    );
+                    if !pending {
+                        t.enqueue(s.id.clone(), m.priority);
+                    }
+                    tracing::info!(run = %s.id, state = s.state.as_str(), "run restored after a restart");
+                }
+                _ => {
+                    self.interrupt(s.clone()).await?;
+                    interrupted.push(s.id);
+                }
+            }
+        }
+        Ok(interrupted)
+    }
+
+    /// Reconcile an unfinished run's open intents, release its holds, and
+    /// mark it interrupted.
+    async fn interrupt(&self, mut s: RunSummary) -> Result<(), EngineError> {
+        let records = self.core.audit.run_records(&s.id)?;
+        let mut open: BTreeMap<String, AuditRecord> = BTreeMap::new();
+        let mut touched: Vec<String> = Vec::new();
+        for r in &records {
+            let Some(id) = r.data.get("action_id").and_then(Value::as_str) else { continue };
+            match r.kind {
+                RecordKind::ActionIntent => {
+                    open.insert(id.to_string(), r.clone());
+                    if let Some(n) = &r.node
+                        && r.data["dry_run"] != true
+                        && !touched.contains(n)
+                    {
+                        touched.push(n.clone());
+                    }
+                }
+                RecordKind::ActionResult => {
+                    open.remove(id);
+                }
+                _ => {}
+            }
+        }
+        for (action_id, intent) in open {
+            let node = intent.node.clone().unwrap_or_default();
+            let status = match self.core.fleet.get(&node) {
+                Some(n) => {
+                    let req = Request::new(
+                        format!("{action_id}-status"),
+                        Op::ActionStatus(ActionStatusArgs { request_id: action_id.clone() }),
+                    );
+                    match n.transport.call(req).await {
+                        Ok(r) => r.result.unwrap_or(Value::Null),
+                        Err(e) => json!({"state": "unreachable", "error": e.to_string()}),
+                    }
+                }
+                None => json!({"state": "unknown node"}),
+            };
+            let rec = NewRecord::new(
+                RecordKind::ActionResult,
+                "engine",
+                json!({"action_id": action_id, "reconciled": true, "agent_status": status, "op": intent.data.get("op")}),
+            )
+            .run(&s.id)
+            .node(Some(&node))
+            .gpu(intent.gpu)
+            .runbook(&s.runbook);
+            self.core.audit.append(rec, None).await?;
+        }
+        let mut left = Vec::new();
+        for node in &touched {
+            if let Err(e) = self.core.release_run_holds(&s, node).await {
+                left.push(format!("{node}: holds not released ({e}); their lease ends them"));
+            }
+        }
+        s.holds_left = left;
+        end_summary(
+            &mut s,
+            RunOutcome::Interrupted,
+            Some("the engine stopped while this run was in flight".into()),
+            self.core.now(),
+        );
+        self.core
+            .record_run(
+                RecordKind::RunFinished,
+                &s,
+                json!({"outcome": "interrupted", "recovered": true, "target": s.target, "holds_left": s.holds_left}),
+            )
+            .await?;
+        self.count_outcome(RunOutcome::Interrupted);
+        Ok(())
+    }
+}

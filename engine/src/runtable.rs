@@ -1,0 +1,286 @@
+//! The executor's memory: runs in flight, the queue, and what admission
+//! remembers between runs — alert dedup keys, cooldowns, attempt budgets,
+//! breaker windows, pending approvals.
+//!
+//! Nothing here is kept anywhere but memory, and nothing needs to be: every
+//! entry is derived from audit records, and [`RunTable::replay`] rebuilds
+//! it from the last day of the log when the engine starts (see
+//! `recovery.rs`). So a restart — a crash, an upgrade, `Restart=on-failure`
+//! — does not forget a cooldown and re-run a still-firing alert.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use serde_json::Value;
+
+use crate::alerts::SeenSet;
+use crate::audit::{AuditRecord, RecordKind};
+use crate::manifest::{BreakerCount, Priority, RunClass};
+use crate::runs::{RunState, RunSummary, Target};
+
+/// A (runbook, target) pair: what dedup, cooldowns and budgets are about.
+pub type Key = (String, Target);
+
+/// The trigger series to re-arm when a run ends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FireRef {
+    pub trigger: usize,
+    pub node: Option<u32>,
+    pub group: Option<String>,
+}
+
+/// A run the engine is responsible for: queued, waiting for approval, or
+/// running.
+pub struct RunEntry {
+    pub summary: RunSummary,
+    pub runbook_idx: usize,
+    pub class: RunClass,
+    pub priority: Priority,
+    pub exclusive: bool,
+    /// Not started before this (breaker hold).
+    pub not_before_ms: i64,
+    /// A pending approval expires at this time.
+    pub approval_deadline_ms: i64,
+    pub cancel: Arc<AtomicBool>,
+    /// The queued record is durable; the run may start.
+    pub announced: bool,
+    pub fire: Option<FireRef>,
+    pub next_action: u32,
+    /// When the event that started it happened.
+    pub event_ts_ms: i64,
+    /// The run has sent its first mutating action (the condition was
+    /// re-checked then).
+    pub acted: bool,
+    /// Nodes where the run placed holds (released when it ends).
+    pub held_on: Vec<String>,
+    /// Nodes where it asked to keep its holds past its end.
+    pub keeps_on: Vec<String>,
+    /// Why it was cancelled, when another run preempted it.
+    pub preempted_by: Option<String>,
+}
+
+/// One fire counted by a breaker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BreakerFire {
+    pub ts_ms: i64,
+    pub node: String,
+    pub gpu: Option<u32>,
+}
+
+/// A runbook's storm breaker.
+#[derive(Debug, Default)]
+pub struct Breaker {
+    pub fires: VecDeque<BreakerFire>,
+    pub tripped_until: i64,
+}
+
+impl Breaker {
+    /// Distinct targets in the window ending at `now`: nodes, or GPUs.
+    pub fn distinct(&mut self, now: i64, window_ms: i64, count: BreakerCount) -> usize {
+        while self.fires.front().is_some_and(|f| f.ts_ms < now.saturating_sub(window_ms)) {
+            self.fires.pop_front();
+        }
+        match count {
+            BreakerCount::Nodes => self.fires.iter().map(|f| &f.node).collect::<HashSet<_>>().len(),
+            BreakerCount::Gpus => self.fires.iter().map(|f| (&f.node, f.gpu)).collect::<HashSet<_>>().len(),
+        }
+    }
+}
+
+/// Everything admission and the executor remember.
+#[derive(Default)]
+pub struct RunTable {
+    pub runs: HashMap<String, RunEntry>,
+    /// Waiting runs, in start order (priority, then age).
+    pub queue: Vec<String>,
+    pub active_by_key: HashMap<Key, String>,
+    pub last_finished: HashMap<Key, i64>,
+    /// Keys whose suppression was already audited in this episode.
+    pub suppression_noted: HashSet<Key>,
+    pub attempts: HashMap<Key, VecDeque<i64>>,
+    /// Node → the exclusive run holding it.
+    pub node_locks: HashMap<String, String>,
+    pub running: usize,
+    pub running_per_runbook: HashMap<String, usize>,
+    pub drains_in_flight: HashSet<String>,
+    pub breakers: HashMap<String, Breaker>,
+    pub schedule_next: HashMap<String, i64>,
+    /// Alert dedup: `status|fingerprint@startsAt`.
+    pub alerts_seen: SeenSet,
+    /// Fingerprints of resolved alerts.
+    pub resolved: SeenSet,
+}
+
+impl RunTable {
+    pub fn new(dedup_entries: usize) -> RunTable {
+        RunTable {
+            alerts_seen: SeenSet::new(dedup_entries),
+            resolved: SeenSet::new(dedup_entries),
+            ..RunTable::default()
+        }
+    }
+
+    /// Queue a run: after every run of its priority or higher, before lower
+    /// ones.
+    pub fn enqueue(&mut self, id: String, priority: Priority) {
+        let pos = self
+            .queue
+            .iter()
+            .position(|q| self.runs.get(q).is_some_and(|r| r.priority < priority))
+            .unwrap_or(self.queue.len());
+        self.queue.insert(pos, id);
+    }
+
+    /// Runs of `key` in the 24 h before `now`.
+    pub fn attempts_since(&mut self, key: &Key, now: i64) -> usize {
+        let a = self.attempts.entry(key.clone()).or_default();
+        while a.front().is_some_and(|t| *t < now.saturating_sub(86_400_000)) {
+            a.pop_front();
+        }
+        a.len()
+    }
+
+    /// Take an audit record into account, as if it had just been written:
+    /// how the table is rebuilt after a restart. `breaker_of` says whether a
+    /// runbook has a breaker.
+    pub fn replay(&mut self, r: &AuditRecord, breaker_of: &dyn Fn(&str) -> bool) {
+        match r.kind {
+            RecordKind::RunQueued => {
+                if let Some(key) = key_of_record(r) {
+                    self.attempts.entry(key.clone()).or_default().push_back(r.ts_ms);
+                    if breaker_of(&key.0)
+                        && let Some(node) = key.1.node.clone().or_else(|| r.node.clone())
+                    {
+                        self.breakers.entry(key.0.clone()).or_default().fires.push_back(BreakerFire {
+                            ts_ms: r.ts_ms,
+                            node,
+                            gpu: key.1.gpu,
+                        });
+                    }
+                }
+            }
+            RecordKind::RunFinished => {
+                if let Some(key) = key_of_record(r) {
+                    self.last_finished.insert(key.clone(), r.ts_ms);
+                    self.suppression_noted.remove(&key);
+                }
+            }
+            RecordKind::TriggerSuppressed => {
+                if let Some(key) = key_of_record(r) {
+                    self.suppression_noted.insert(key);
+                }
+            }
+            RecordKind::BreakerTripped => {
+                if let (Some(rb), Some(until)) = (&r.runbook, r.data.get("tripped_until_ms").and_then(Value::as_i64)) {
+                    self.breakers.entry(rb.clone()).or_default().tripped_until = until;
+                }
+            }
+            RecordKind::EventReceived if r.data["source"] == "alertmanager" => {
+                let (Some(status), Some(fp), Some(starts)) =
+                    (r.data["status"].as_str(), r.data["fingerprint"].as_str(), r.data["starts_at"].as_str())
+                else {
+                    return;
+                };
+                self.alerts_seen.insert(format!("{status}|{fp}@{starts}"));
+                if status == "resolved" {
+                    self.resolved.insert(fp.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A summary's (runbook, target) key.
+    pub fn key(s: &RunSummary) -> Key {
+        (s.runbook.clone(), s.target.clone())
+    }
+
+    /// Runs waiting for a person.
+    pub fn pending_approvals(&self) -> Vec<RunSummary> {
+        let mut v: Vec<RunSummary> = self
+            .runs
+            .values()
+            .filter(|r| r.summary.state == RunState::PendingApproval)
+            .map(|r| r.summary.clone())
+            .collect();
+        v.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
+        v
+    }
+}
+
+/// The (runbook, target) a run record is about: `data.target` where the
+/// record carries it, else its node and GPU fields.
+fn key_of_record(r: &AuditRecord) -> Option<Key> {
+    let runbook = r.runbook.clone()?;
+    let target = match r.data.get("target") {
+        Some(t) if !t.is_null() => serde_json::from_value::<Target>(t.clone()).ok()?,
+        _ => Target { node: r.node.clone(), gpu: r.gpu, group: None },
+    };
+    Some((runbook, target))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rec(seq: u64, ts: i64, kind: RecordKind, data: Value) -> AuditRecord {
+        AuditRecord {
+            seq,
+            ts_ms: ts,
+            kind,
+            run: Some("r1".into()),
+            node: Some("n1".into()),
+            gpu: Some(0),
+            runbook: Some("rb".into()),
+            actor: "engine".into(),
+            data,
+            prev_hash: String::new(),
+            hash: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_log_rebuilds_cooldowns_budgets_breakers_and_dedup() {
+        let mut t = RunTable::new(100);
+        let target = json!({"node": "n1", "gpu": 0});
+        let records = [
+            rec(1, 1_000, RecordKind::RunQueued, json!({"target": target})),
+            rec(2, 2_000, RecordKind::RunFinished, json!({"target": target})),
+            rec(3, 3_000, RecordKind::RunQueued, json!({"target": {"group": ["pool", "a"]}})),
+            rec(
+                4,
+                3_500,
+                RecordKind::EventReceived,
+                json!({"source": "alertmanager", "status": "firing", "fingerprint": "f1", "starts_at": "2026-01-01T00:00:00Z"}),
+            ),
+            rec(5, 3_600, RecordKind::BreakerTripped, json!({"tripped_until_ms": 90_000})),
+        ];
+        for r in &records {
+            t.replay(r, &|rb| rb == "rb");
+        }
+        let key: Key = ("rb".into(), Target::gpu("n1", 0));
+        assert_eq!(t.last_finished.get(&key), Some(&2_000), "cooldown");
+        assert_eq!(t.attempts_since(&key, 5_000), 1, "budget");
+        assert_eq!(t.attempts_since(&("rb".into(), Target::group("pool", "a")), 5_000), 1);
+        assert!(t.alerts_seen.contains("firing|f1@2026-01-01T00:00:00Z"), "dedup");
+        let b = t.breakers.get_mut("rb").unwrap();
+        assert_eq!(b.tripped_until, 90_000);
+        assert_eq!(b.distinct(5_000, 60_000, BreakerCount::Nodes), 1);
+        // A budget window slides.
+        assert_eq!(t.attempts_since(&key, 1_000 + 86_400_001), 0);
+    }
+
+    #[test]
+    fn breakers_count_nodes_unless_told_gpus() {
+        let mut b = Breaker::default();
+        for g in 0..4 {
+            b.fires.push_back(BreakerFire { ts_ms: 1_000, node: "n1".into(), gpu: Some(g) });
+        }
+        b.fires.push_back(BreakerFire { ts_ms: 1_000, node: "n2".into(), gpu: Some(0) });
+        assert_eq!(b.distinct(2_000, 60_000, BreakerCount::Nodes), 2);
+        assert_eq!(b.distinct(2_000, 60_000, BreakerCount::Gpus), 5);
+        assert_eq!(b.distinct(100_000, 60_000, BreakerCount::Nodes), 0, "the window slides");
+    }
+}

@@ -1,0 +1,263 @@
+//! What people and tools read — runs, records, nodes, runbooks — and the
+//! few node facts the serving loops set (connected, inventory, hands-off).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use nightshift_proto::{HoldInfo, Inventory, NoArgs, Op, Reply, Request};
+
+use crate::audit::{AuditRecord, NewRecord, RecordKind, RunFilter, RunPage, VerifyReport};
+use crate::core::Brain;
+use crate::engine::{Engine, EngineError};
+use crate::fleet::NodeState;
+use crate::metrics::{self, MetricId};
+use crate::runs::RunSummary;
+use crate::telemetry::SeriesKey;
+
+/// A snapshot of one node for the API and UI.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeView {
+    pub name: String,
+    pub address: String,
+    pub labels: BTreeMap<String, String>,
+    pub standby: bool,
+    pub state: NodeState,
+    pub drained_by_person: bool,
+    /// Latest readings: per GPU, metric name → value.
+    pub gpus: Vec<BTreeMap<String, f64>>,
+    pub node_metrics: BTreeMap<String, f64>,
+    /// The exclusive run holding the node right now.
+    pub locked_by: Option<String>,
+    /// Holds in effect on the node and its GPUs, from its agent.
+    pub holds: Vec<HoldInfo>,
+}
+
+/// A runbook for the API and UI.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunbookView {
+    pub name: String,
+    pub description: String,
+    pub handbook: Option<String>,
+    pub trigger: String,
+    pub scope: String,
+    pub class: String,
+    pub priority: String,
+    pub manifest_path: String,
+    pub manifest: Value,
+    pub script_path: String,
+    pub script: String,
+}
+
+impl Engine {
+    pub fn runs(&self, f: &RunFilter) -> Result<RunPage, EngineError> {
+        Ok(self.core.audit.runs(f)?)
+    }
+
+    pub fn run(&self, id: &str) -> Result<Option<RunSummary>, EngineError> {
+        Ok(self.core.audit.run(id)?)
+    }
+
+    pub fn run_records(&self, id: &str) -> Result<Vec<AuditRecord>, EngineError> {
+        Ok(self.core.audit.run_records(id)?)
+    }
+
+    pub fn verify(&self) -> Result<VerifyReport, EngineError> {
+        Ok(self.core.audit.verify()?)
+    }
+
+    /// Runs waiting for approval.
+    pub fn pending_approvals(&self) -> Vec<RunSummary> {
+        self.core.table().pending_approvals()
+    }
+
+    /// The fleet's node names.
+    pub fn node_names(&self) -> Vec<String> {
+        self.core.fleet.nodes.iter().map(|n| n.spec.name.clone()).collect()
+    }
+
+    /// Agents with a live connection (or recent telemetry).
+    pub fn connected_agents(&self) -> usize {
+        self.core.fleet.nodes.iter().filter(|n| n.state().connected).count()
+    }
+
+    /// A node's view.
+    pub fn node(&self, name: &str) -> Option<NodeView> {
+        let n = self.core.fleet.get(name)?;
+        let state = n.state().clone();
+        let b = self.core.brain();
+        let latest = |b: &Brain, gpu: Option<u16>, i: usize| {
+            b.store.latest(SeriesKey { node: n.idx, gpu, metric: i as MetricId }).map(|(_, v)| v)
+        };
+        let gpu_count = state.gpu_count().max(usize::from(state.inventory.is_some()));
+        let gpus = (0..gpu_count)
+            .filter_map(|g| u16::try_from(g).ok())
+            .map(|g| {
+                metrics::METRICS
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| m.gpu_scoped)
+                    .filter_map(|(i, m)| latest(&b, Some(g), i).map(|v| (m.name.to_string(), v)))
+                    .collect()
+            })
+            .collect();
+        let node_metrics = metrics::METRICS
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| !m.gpu_scoped)
+            .filter_map(|(i, m)| latest(&b, None, i).map(|v| (m.name.to_string(), v)))
+            .collect();
+        drop(b);
+        let locked_by = self.core.table().node_locks.get(name).cloned();
+        Some(NodeView {
+            name: n.spec.name.clone(),
+            address: n.addr.clone(),
+            labels: n.spec.labels.clone(),
+            standby: n.spec.standby,
+            drained_by_person: state.drained_by_person(),
+            holds: state.holds.clone(),
+            state,
+            gpus,
+            node_metrics,
+            locked_by,
+        })
+    }
+
+    /// Every node's view.
+    pub fn nodes(&self) -> Vec<NodeView> {
+        self.node_names().iter().filter_map(|n| self.node(n)).collect()
+    }
+
+    /// Every runbook's view.
+    pub fn runbooks(&self) -> Vec<RunbookView> {
+        self.runbook_set()
+            .runbooks
+            .iter()
+            .map(|r| RunbookView {
+                name: r.manifest.name.clone(),
+                description: r.manifest.description.clone(),
+                handbook: r.manifest.handbook.clone(),
+                trigger: r.manifest.trigger.kind().into(),
+                scope: format!("{:?}", r.manifest.scope).to_lowercase(),
+                class: format!("{:?}", r.manifest.class).to_lowercase(),
+                priority: r.manifest.priority.as_str().into(),
+                manifest_path: r.manifest_path.display().to_string(),
+                manifest: serde_json::to_value(&r.manifest).unwrap_or(Value::Null),
+                script_path: r.script_path.display().to_string(),
+                script: r.script_source.clone(),
+            })
+            .collect()
+    }
+
+    /// Send a reading request straight to a node's agent (ping, inventory,
+    /// holds).
+    pub async fn agent_call(&self, node: &str, op: Op) -> Result<Reply, EngineError> {
+        if op.is_mutating() {
+            return Err(EngineError::NotReadOnly { op: op.name().to_string() });
+        }
+        let n = self.core.fleet.get(node).cloned().ok_or_else(|| EngineError::UnknownNode(node.into()))?;
+        let req = Request::new(self.core.ids.request(&format!("cli-{}", op.name())), op);
+        n.transport
+            .call(req)
+            .await
+            .map_err(|e| EngineError::AgentUnreachable { node: node.to_string(), message: e.to_string() })
+    }
+
+    /// Set or clear the engine-side hands-off marker of a node (admin).
+    pub async fn set_hands_off(&self, node: &str, by: &str, why: Option<&str>) -> Result<(), EngineError> {
+        let n = self.core.fleet.get(node).ok_or_else(|| EngineError::UnknownNode(node.into()))?;
+        n.state().engine_hands_off = why.map(|w| (by.to_string(), w.to_string()));
+        self.core
+            .audit
+            .append(
+                NewRecord::new(RecordKind::HandsOff, by, json!({"hands_off": why.is_some(), "reason": why}))
+                    .node(Some(node)),
+                None,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Reload runbooks from the folder (admin). Trigger states start over.
+    pub async fn reload_runbooks(&self, by: &str) -> Result<(usize, Vec<String>), EngineError> {
+        let set = crate::runbook::load_dir(&self.core.config.runbook_dir, &self.core.script);
+        let errors: Vec<String> = set.errors.iter().map(|e| e.to_string()).collect();
+        let n = set.runbooks.len();
+        let brain = Brain::build(&set, (self.core.config.telemetry.script_window_secs as i64).saturating_mul(1000));
+        *self.core.brain() = brain;
+        *self.core.runbooks.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(set);
+        self.core
+            .audit
+            .append(
+                NewRecord::new(RecordKind::EngineStarted, by, json!({"reload": true, "runbooks": n, "errors": errors})),
+                None,
+            )
+            .await?;
+        Ok((n, errors))
+    }
+
+    /// Fetch every agent's inventory once (node state, GPU counts, vendor).
+    pub async fn refresh_inventories(&self) {
+        for n in self.core.fleet.nodes.clone() {
+            let req = Request::new(self.core.ids.request(&format!("inv-{}", n.spec.name)), Op::Inventory(NoArgs {}));
+            match n.transport.call(req).await {
+                Ok(r) if r.ok => {
+                    let inv = r.result.and_then(|v| serde_json::from_value(v).ok());
+                    let mut st = n.state();
+                    st.inventory = inv;
+                    st.last_error = None;
+                }
+                Ok(r) => n.state().last_error = r.error.map(|e| e.message),
+                Err(e) => n.state().last_error = Some(e.to_string()),
+            }
+        }
+    }
+
+    /// Record a node's inventory (from its agent).
+    pub fn set_node_inventory(&self, node: &str, inv: Option<Inventory>, error: Option<String>) {
+        if let Some(n) = self.core.fleet.get(node) {
+            let mut st = n.state();
+            if inv.is_some() {
+                st.inventory = inv;
+            }
+            st.last_error = error;
+        }
+    }
+
+    /// A node's agent answered (used when telemetry does not come from the
+    /// agent's stream).
+    pub fn mark_alive(&self, node: &str) {
+        if let Some(n) = self.core.fleet.get(node) {
+            let now = self.core.now();
+            let mut st = n.state();
+            st.connected = true;
+            st.last_seen_ms = st.last_seen_ms.max(now);
+            st.last_error = None;
+        }
+    }
+
+    /// Mark a node unreachable, with why.
+    pub fn set_node_disconnected(&self, node: &str, error: &str) {
+        if let Some(n) = self.core.fleet.get(node) {
+            let mut st = n.state();
+            if st.connected || st.last_error.as_deref() != Some(error) {
+                tracing::warn!(node, error, "agent unreachable");
+            }
+            st.connected = false;
+            st.last_error = Some(error.to_string());
+        }
+    }
+
+    /// The index of a node's GPU with this UUID (from its inventory).
+    pub fn gpu_by_uuid(&self, node: &str, uuid: &str) -> Option<u32> {
+        let n = self.core.fleet.get(node)?;
+        let st = n.state();
+        st.inventory.as_ref()?.gpus.iter().find(|g| g.uuid.as_deref() == Some(uuid)).map(|g| g.index)
+    }
+
+    /// Whether `node` is in the inventory.
+    pub fn has_node(&self, node: &str) -> bool {
+        self.core.fleet.get(node).is_some()
+    }
+}
