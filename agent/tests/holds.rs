@@ -263,9 +263,11 @@ async fn sticky_drains_wait_for_a_person_and_persons_drains_are_never_undone() {
     n.ok("sim", Op::SimFault(SimFault::PersonDrain { reason: "fan swap by dave".into() }), None).await;
     let v = n.ok("r2", drain(false), Some(600)).await;
     assert_eq!(v["outcome"], "held", "{v}");
+    // A resume releases nightshift's drain hold and leaves the person's.
+    let v = n.ok("r3", Op::Resume(ResumeArgs { run: None }), Some(600)).await;
+    assert_eq!(v["released"]["settings"][0]["outcome"], "restored", "{v}");
     let r = n.call("r3", Op::Resume(ResumeArgs { run: None }), Some(600)).await;
     assert_eq!(r.code(), Some(ErrorCode::NotOwner), "{r:?}");
-    n.ok("r2", release_owner("r2"), None).await;
     let t = n.agent.telemetry().await.unwrap();
     assert_eq!(t.node_metrics.drain_reason.as_deref(), Some("fan swap by dave"));
 }
@@ -287,7 +289,7 @@ async fn a_config_baseline_marked_bad_is_never_restored() {
     std::fs::write(&file, "NCCL_P2P_DISABLE=1\n").unwrap();
     let v = n.ok("r1", rollback.clone(), Some(600)).await;
     assert_eq!(v["outcome"], "applied", "{v}");
-    let bad = v["before"]["version"].as_u64().expect("the hand edit was recorded as a version") as u32;
+    let bad = v["before"]["current_version"].as_u64().expect("the hand edit was recorded as a version") as u32;
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "NCCL_DEBUG=WARN\n");
     n.ok("r1", Op::ConfigMark(ConfigMarkArgs { name: "nccl-env".into(), version: bad, good: false }), None).await;
     let r: ReleaseResult = serde_json::from_value(n.ok("r1", release_owner("r1"), None).await).unwrap();

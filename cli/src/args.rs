@@ -109,11 +109,11 @@ pub enum Command {
     /// A simulated fleet, the engine and the web UI, with a fault script.
     ///
     /// Example: nightshift demo --nodes 8 --duration-secs 60
-    Demo(crate::cmd::demo::DemoArgs),
+    Demo(DemoArgs),
     /// Measure detection, action and audit speed; print a table and write JSON.
     ///
     /// Example: nightshift bench --smoke --out target/bench.json
-    Bench(crate::cmd::bench::BenchArgs),
+    Bench(BenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -139,6 +139,10 @@ pub enum RunbooksCmd {
         /// The runbook folder (default: the config's runbook_dir, else ./runbooks).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Print the fleet's state every SECS of virtual time (drains, holds,
+        /// each GPU's temperature, power and limit).
+        #[arg(long, value_name = "SECS")]
+        trace: Option<u64>,
     },
 }
 
@@ -195,6 +199,55 @@ pub enum AgentsCmd {
     ///
     /// Example: nightshift agents inventory gpu-a1
     Inventory { node: String },
+}
+
+/// `nightshift demo`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// Simulated nodes (at least 7).
+    #[arg(long, default_value_t = 8)]
+    pub nodes: usize,
+    /// How long the demo runs, in real seconds.
+    #[arg(long, default_value_t = 60)]
+    pub duration_secs: u64,
+    /// Web UI address.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// Keep keys, inventory and the audit log here (default: a temporary dir).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Simulated seconds per real second.
+    #[arg(long, default_value_t = 30.0)]
+    pub time_scale: f64,
+    /// The runbook folder (default: the repository's runbooks/).
+    #[arg(long)]
+    pub runbooks: Option<PathBuf>,
+    /// After the script ends, keep the web UI up until Ctrl-C.
+    #[arg(long)]
+    pub keep_serving: bool,
+}
+
+/// `nightshift bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// A reduced size for CI (under two minutes in all).
+    #[arg(long)]
+    pub smoke: bool,
+    /// Only these scenarios (1–7, repeatable).
+    #[arg(long = "only")]
+    pub only: Vec<u32>,
+    /// Write the results here as JSON.
+    #[arg(long, default_value = "target/bench.json")]
+    pub out: PathBuf,
+    /// Runs per figure (the median is reported).
+    #[arg(long)]
+    pub runs: Option<usize>,
+    /// Agents for the fan-out scenario.
+    #[arg(long)]
+    pub fanout_agents: Option<usize>,
+    /// Nodes for the memory scenario.
+    #[arg(long)]
+    pub memory_nodes: Option<usize>,
 }
 
 #[cfg(test)]

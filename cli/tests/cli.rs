@@ -68,7 +68,7 @@ async fn setup(dir: &Path) -> (TestAgent, TestAgent) {
             (
                 "cap",
                 "trigger: {type: manual}\nscope: gpu\nparams:\n  watts: {type: float, default: 500}\n",
-                "let r = set_power_limit(params.watts);\nif !r.ok { fail(r.error); }\n",
+                "let r = set_power_limit(params.watts);\nif !r.ok { fail(r.error); }\nkeep_holds(3600);\n",
             ),
             (
                 "careful",

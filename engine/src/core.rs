@@ -121,6 +121,12 @@ pub struct Core {
     pub tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
+/// Lease a run's holds get: its timeout and two minutes, so an engine that
+/// dies leaves nothing held for long. At most a day.
+pub fn hold_lease_secs(timeout_secs: u64) -> u64 {
+    timeout_secs.saturating_add(120).min(86_400)
+}
+
 /// Lock a mutex, taking its value even if a holder panicked.
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -322,14 +328,16 @@ impl Core {
     /// Release run `s`'s holds (not the kept ones) on `node`, audited.
     pub async fn release_run_holds(&self, s: &RunSummary, node: &str) -> Result<Value, String> {
         let req = Request::new(
-            format!("{}-release-{node}", s.id),
+            self.next_action_id(&s.id),
             Op::Release(ReleaseArgs { owner: Some(s.id.clone()), ..Default::default() }),
         );
         let action_id = req.id.clone();
         let result = self.send_audited(s, node, None, req).await;
         let data = match &result {
             Ok((r, _)) if r.ok => {
-                json!({"action_id": action_id, "op": "release", "ok": true, "outcome": "released", "applied": true,
+                let released = r.release().is_some_and(|x| !x.released.is_empty());
+                json!({"action_id": action_id, "op": "release", "ok": true,
+                    "outcome": if released { "released" } else { "unchanged" }, "applied": released,
                     "after": r.result, "dry_run": false})
             }
             Ok((r, _)) => json!({"action_id": action_id, "op": "release", "ok": false, "outcome": "refused",
@@ -393,6 +401,21 @@ impl Core {
                 b.triggers.still_true(&b.store, idx, &nodes, now)
             }
             _ => None,
+        }
+    }
+
+    /// The next request id of run `run`: `<run>-a<n>`, never repeated (run
+    /// ids are unique forever, and `n` counts up within the run).
+    pub fn next_action_id(&self, run: &str) -> String {
+        let mut t = self.table();
+        let n = t.runs.get_mut(run).map(|r| {
+            r.next_action += 1;
+            r.next_action
+        });
+        match n {
+            Some(n) => format!("{run}-a{n}"),
+            // A run no longer in the table (recovery): a fresh request id.
+            None => self.ids.request(&format!("{run}-x")),
         }
     }
 

@@ -19,8 +19,7 @@ use nightshift_proto::owner::owned_by_nightshift;
 use nightshift_proto::{ConfigListArgs, HoldValue, NoArgs, Op, Outcome, ReleaseArgs, RenewArgs, Request};
 
 use crate::audit::{NewRecord, RecordKind};
-use crate::core::Core;
-use crate::executor::hold_lease_secs;
+use crate::core::{Core, hold_lease_secs};
 use crate::manifest::{Manifest, RunClass, Scope};
 use crate::metrics::{self, METRICS, MetricId};
 use crate::runs::RunSummary;
@@ -329,14 +328,7 @@ impl ScriptHost for Host {
             }
         }
         let gpu = gpu_of(&op);
-        let action_id = {
-            let mut t = self.core.table();
-            let n = t.runs.get_mut(&self.run).map(|r| {
-                r.next_action += 1;
-                r.next_action
-            });
-            format!("{}-a{}", self.run, n.unwrap_or(0))
-        };
+        let action_id = self.core.next_action_id(&self.run);
         let mut req = Request::new(&action_id, op.clone());
         req.dry_run = ctx.dry_run;
         if places_hold(&op) {
@@ -347,6 +339,16 @@ impl ScriptHost for Host {
         let sent = self.block_on(self.core.send_audited(&summary, node, gpu, req));
         let duration_ms = ctx.clock.now_ms() - t0;
         let result = match &sent {
+            Ok((r, secs)) if matches!(op, Op::Release(_)) => {
+                self.core.counters.action_latency.lock().unwrap_or_else(|e| e.into_inner()).observe(*secs);
+                let mut v = json!({"ok": r.ok, "outcome": if r.ok { "released" } else { "refused" },
+                    "applied": r.ok && !ctx.dry_run, "held": false, "after": r.result});
+                if let Some(e) = &r.error {
+                    v["code"] = json!(e.code.as_str());
+                    v["error"] = json!(e.message);
+                }
+                v
+            }
             Ok((r, secs)) => {
                 self.core.counters.action_latency.lock().unwrap_or_else(|e| e.into_inner()).observe(*secs);
                 let action = r.action();
@@ -443,7 +445,7 @@ impl ScriptHost for Host {
         for n in &nodes {
             let req = {
                 let mut r = Request::new(
-                    format!("{}-keep-{n}-{}", self.run, ctx.clock.now_ms()),
+                    self.core.next_action_id(&self.run),
                     Op::Renew(RenewArgs { hold: None, owner: Some(self.run.clone()), lease_secs, keep: true }),
                 );
                 r.dry_run = ctx.dry_run;
@@ -455,7 +457,7 @@ impl ScriptHost for Host {
             let data = match &sent {
                 Ok((r, _)) => {
                     json!({"action_id": action_id, "op": "renew", "ok": r.ok, "outcome": if r.ok { "kept" } else { "refused" },
-                    "applied": r.ok && !ctx.dry_run, "after": r.result, "error": r.error.as_ref().map(|e| e.message.clone()), "dry_run": ctx.dry_run})
+                    "applied": false, "after": r.result, "error": r.error.as_ref().map(|e| e.message.clone()), "dry_run": ctx.dry_run})
                 }
                 Err(e) => {
                     json!({"action_id": action_id, "op": "renew", "ok": false, "outcome": "error", "applied": false,

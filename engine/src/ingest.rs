@@ -344,7 +344,11 @@ impl Engine {
         let set = self.runbook_set();
         for rb in &set.runbooks {
             let Trigger::Alert { alertname, matchers } = &rb.manifest.trigger else { continue };
-            if alertname != a.name() || !matchers.iter().all(|(k, v)| a.labels.get(k) == Some(v)) {
+            if alertname != a.name() {
+                continue;
+            }
+            *crate::core::lock(&self.core.counters.alert_evaluations).entry(rb.manifest.name.clone()).or_default() += 1;
+            if !matchers.iter().all(|(k, v)| a.labels.get(k) == Some(v)) {
                 continue;
             }
             if !self.selector_matches(rb, &node) {

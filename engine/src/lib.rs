@@ -2,8 +2,8 @@
 //!
 //! Flow: telemetry or an alert ([`ingest`]) → [`triggers`] → a run request
 //! → [`admission`] (stale, dedup, cooldown, breaker, budget, hands-off,
-//! capacity, approval) → the [`executor`] (queue, classes and priorities,
-//! re-check at start) → the runbook's Rhai [`script`] through the [`host`]
+//! capacity, approval) → the [`executor`] and its [`queue`] (classes and
+//! priorities, re-check at start, holds released at the end) → the runbook's Rhai [`script`] through the [`host`]
 //! → holds and actions sent to agents → every step in the [`audit`] log.
 //! The executor's memory ([`runtable`]) is rebuilt from the log on start
 //! ([`recovery`]).
@@ -27,6 +27,7 @@ pub mod inventory;
 pub mod manifest;
 pub mod metrics;
 pub mod notify;
+pub mod queue;
 pub mod recovery;
 pub mod runbook;
 pub mod runs;

@@ -663,6 +663,14 @@ impl Manifest {
         Ok(())
     }
 
+    /// The handbook rows the runbook covers (`H1/H2` is two).
+    pub fn rows(&self) -> Vec<&str> {
+        self.handbook
+            .as_deref()
+            .map(|h| h.split(['/', ',', ' ']).filter(|r| !r.is_empty()).collect())
+            .unwrap_or_default()
+    }
+
     /// The metric id of a telemetry trigger.
     pub fn metric_id(&self) -> Option<MetricId> {
         self.trigger.metric().and_then(metrics::metric_id)

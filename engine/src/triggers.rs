@@ -199,6 +199,10 @@ pub struct Entry {
     /// Per series of the metric, by the store's ordinal.
     states: Vec<State>,
     group_states: HashMap<String, State>,
+    /// Times the trigger was evaluated on a sample (or a group, per tick).
+    pub evaluations: u64,
+    /// Times it fired.
+    pub fires: u64,
 }
 
 /// The loaded telemetry triggers, indexed by metric.
@@ -235,7 +239,14 @@ impl TriggerSet {
                 {
                     v.push(i);
                 }
-                Entry { compiled, scope: m.scope, states: Vec::new(), group_states: HashMap::new() }
+                Entry {
+                    compiled,
+                    scope: m.scope,
+                    states: Vec::new(),
+                    group_states: HashMap::new(),
+                    evaluations: 0,
+                    fires: 0,
+                }
             });
             set.entries.push(entry);
         }
@@ -269,6 +280,7 @@ impl TriggerSet {
             if e.states.len() <= ord {
                 e.states.resize(ord + 1, State::default());
             }
+            e.evaluations += 1;
             let st = &mut e.states[ord];
             let name = metrics::metric(key.metric).name;
             let fired = match &e.compiled {
@@ -362,6 +374,7 @@ impl TriggerSet {
                 Compiled::Fleet { .. } => None,
             };
             if let Some(detail) = fired {
+                e.fires += 1;
                 out.push(Fire { trigger: i, node: Some(key.node), gpu: key.gpu, group: None, value: v, ts_ms, detail });
             }
         }
@@ -381,8 +394,10 @@ impl TriggerSet {
                     continue;
                 }
                 let x = aggregate(*agg, *where_above, &vals);
+                e.evaluations += 1;
                 let st = e.group_states.entry(value.clone()).or_default();
                 if step_threshold(st, *level, *clear, *for_ms, x, now_ms) {
+                    e.fires += 1;
                     let agg_name = format!("{agg:?}").to_lowercase();
                     let (op, l) = match level {
                         Level::Above(l) => ("above", *l),

@@ -150,6 +150,25 @@ impl Engine {
             .collect()
     }
 
+    /// How often each runbook's trigger was evaluated and fired:
+    /// `(runbook, evaluations, fires)`. Alert triggers count the alerts
+    /// with their alertname; manual runbooks are never evaluated.
+    pub fn trigger_stats(&self) -> Vec<(String, u64, u64)> {
+        let set = self.runbook_set();
+        let b = self.core.brain();
+        let alerts = crate::core::lock(&self.core.counters.alert_evaluations).clone();
+        set.runbooks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let (ev, fi) =
+                    b.triggers.entries.get(i).and_then(|e| e.as_ref()).map_or((0, 0), |e| (e.evaluations, e.fires));
+                let ev = ev + alerts.get(&r.manifest.name).copied().unwrap_or(0);
+                (r.manifest.name.clone(), ev, fi)
+            })
+            .collect()
+    }
+
     /// Send a reading request straight to a node's agent (ping, inventory,
     /// holds).
     pub async fn agent_call(&self, node: &str, op: Op) -> Result<Reply, EngineError> {

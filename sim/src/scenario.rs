@@ -81,7 +81,8 @@ pub struct Event {
     /// A fault or workload change on `node`.
     #[serde(default)]
     pub fault: Option<SimFault>,
-    /// A person (not nightshift) writes a managed config on `node`.
+    /// A person (not nightshift) edits a managed config file on `node` by
+    /// hand.
     #[serde(default)]
     pub config_apply: Option<ConfigApplyArgs>,
     /// The pool's total work, in GPU-percent, spread over its undrained nodes.
@@ -90,6 +91,35 @@ pub struct Event {
     /// Apply to every node whose label matches (e.g. a fleet-wide XID flood).
     #[serde(default)]
     pub all_nodes: bool,
+    /// An Alertmanager alert about `node`, delivered to the webhook intake
+    /// (as Alertmanager would, with a stable fingerprint).
+    #[serde(default)]
+    pub alert: Option<AlertEvent>,
+}
+
+/// An alert in a scenario's timeline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertEvent {
+    pub alertname: String,
+    /// `firing` (default) or `resolved`.
+    #[serde(default = "d_firing")]
+    pub status: String,
+    /// More labels (`gpu`, `severity`, …); `instance` is the node.
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The alert started this long before it is delivered (a replayed or
+    /// stale alert has a large one).
+    #[serde(default)]
+    pub started_secs_ago: u64,
+    /// Default: derived from the alertname and node, so a repeat is the
+    /// same alert.
+    #[serde(default)]
+    pub fingerprint: Option<String>,
+}
+
+fn d_firing() -> String {
+    "firing".into()
 }
 
 pub use crate::workload::PoolLoad;
@@ -118,6 +148,12 @@ pub struct Expect {
     /// Record kinds that must appear (e.g. `breaker_tripped`).
     #[serde(default)]
     pub records: Vec<RecordKind>,
+    /// Text each of which some notification or escalation must contain.
+    #[serde(default)]
+    pub texts: Vec<String>,
+    /// Record kinds that must not appear (e.g. `approval_requested`).
+    #[serde(default)]
+    pub never_records: Vec<RecordKind>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -143,6 +179,12 @@ pub struct ActionMatch {
     /// Also count attempts the agent or engine refused.
     #[serde(default)]
     pub attempted: bool,
+    /// (`actions`) It must have happened by this time.
+    #[serde(default)]
+    pub by_secs: Option<u64>,
+    /// (`actions`) Exactly this many matching actions, not just one.
+    #[serde(default)]
+    pub count: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -209,6 +251,42 @@ pub struct ScenarioReport {
     pub wall_ms: u128,
     pub actions: Vec<ActionLine>,
     pub runs: Vec<(String, String, String)>,
+    /// For each runbook the scenario names: how often its trigger looked and
+    /// fired — a negative scenario shows "evaluated, did not fire".
+    pub evaluations: Vec<RunbookEvaluation>,
+    /// With a trace interval: the fleet's state every so often (drains,
+    /// holds, each GPU's temperature, power and limit), for debugging a
+    /// scenario.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trace: Vec<String>,
+}
+
+/// How often a runbook's trigger was evaluated and fired in a scenario.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunbookEvaluation {
+    pub runbook: String,
+    pub evaluations: u64,
+    pub fires: u64,
+}
+
+/// An Alertmanager v4 payload for a timeline alert about `node`.
+fn alert_payload(a: &AlertEvent, node: &str, now_ms: i64) -> Value {
+    let mut labels = a.labels.clone();
+    labels.insert("alertname".into(), a.alertname.clone());
+    labels.entry("instance".into()).or_insert_with(|| format!("{node}:9400"));
+    let fingerprint = a.fingerprint.clone().unwrap_or_else(|| format!("{}-{node}", a.alertname));
+    let starts = nightshift_engine::alerts::format_rfc3339_ms(now_ms - (a.started_secs_ago as i64) * 1000);
+    serde_json::json!({
+        "version": "4", "status": a.status, "receiver": "nightshift", "groupKey": format!("{{}}:{{alertname=\"{}\"}}", a.alertname),
+        "truncatedAlerts": 0, "groupLabels": {"alertname": a.alertname}, "commonLabels": {}, "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "alerts": [{
+            "status": a.status, "labels": labels, "annotations": {"summary": format!("{} on {node}", a.alertname)},
+            "startsAt": starts,
+            "endsAt": if a.status == "resolved" { nightshift_engine::alerts::format_rfc3339_ms(now_ms) } else { "0001-01-01T00:00:00Z".to_string() },
+            "generatorURL": "http://prometheus:9090/graph", "fingerprint": fingerprint,
+        }],
+    })
 }
 
 /// A scenario that could not even start.
@@ -251,13 +329,38 @@ impl Scenario {
         }
         let names: Vec<&str> = s.fleet.iter().map(|n| n.name.as_str()).collect();
         for e in &s.timeline {
-            let what =
-                [e.fault.is_some(), e.config_apply.is_some(), e.pool_load.is_some()].iter().filter(|b| **b).count();
+            let what = [e.fault.is_some(), e.config_apply.is_some(), e.pool_load.is_some(), e.alert.is_some()]
+                .iter()
+                .filter(|b| **b)
+                .count();
             if what != 1 {
                 return Err(err(
                     &format!("at_secs: {}", e.at_secs),
-                    format!("timeline at {} s: expected exactly one of fault, config_apply, pool_load", e.at_secs),
+                    format!(
+                        "timeline at {} s: expected exactly one of fault, config_apply, pool_load, alert",
+                        e.at_secs
+                    ),
                 ));
+            }
+            if e.at_secs >= s.duration_secs {
+                return Err(err(
+                    &format!("at_secs: {}", e.at_secs),
+                    format!(
+                        "timeline at {} s: the scenario ends at duration_secs {}, so this never happens",
+                        e.at_secs, s.duration_secs
+                    ),
+                ));
+            }
+            if let Some(a) = &e.alert {
+                if e.node.is_none() {
+                    return Err(err(&a.alertname, format!("timeline at {} s: an alert names its node", e.at_secs)));
+                }
+                if a.status != "firing" && a.status != "resolved" {
+                    return Err(err(
+                        &a.status,
+                        format!("alert status: expected firing or resolved, found {:?}", a.status),
+                    ));
+                }
             }
             if let Some(n) = &e.node
                 && !names.contains(&n.as_str())
@@ -279,6 +382,91 @@ impl Scenario {
                 && metrics::metric_id(m).is_none()
             {
                 return Err(err(m, format!("unknown metric `{m}`: expected one of {}", metrics::metric_names())));
+            }
+            if !names.contains(&c.node.as_str()) {
+                return Err(err(
+                    &c.node,
+                    format!("check: node `{}` is not in the fleet: expected one of {names:?}", c.node),
+                ));
+            }
+            let conditions = [
+                c.metric.is_some(),
+                c.drained.is_some(),
+                c.drained_by.is_some(),
+                c.power_limit_watts.is_some(),
+                c.annotation.is_some(),
+                c.config_version.is_some(),
+            ];
+            if !conditions.iter().any(|b| *b) {
+                return Err(err(&c.node, format!("check on {}: expected a condition to check, found none", c.node)));
+            }
+            if c.metric.is_some() && c.below.is_none() && c.above.is_none() {
+                return Err(err(&c.node, format!("check on {}: a metric needs `below` or `above`", c.node)));
+            }
+        }
+        for c in &s.expect.checks {
+            match c.at_secs {
+                None => {
+                    return Err(err(&c.node, "checks: expected at_secs (use `final` for the end state)".into()));
+                }
+                Some(t) if t > s.duration_secs => {
+                    return Err(err(
+                        &format!("at_secs: {t}"),
+                        format!("checks: at_secs {t} is after duration_secs {}: it would never run", s.duration_secs),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        for m in s.expect.actions.iter().chain(&s.expect.never) {
+            if !nightshift_proto::OP_NAMES.contains(&m.op.as_str()) || !nightshift_proto::Op::is_mutating_name(&m.op) {
+                return Err(err(
+                    &m.op,
+                    format!(
+                        "unknown action `{}`: expected one of the mutating ops {}",
+                        m.op,
+                        nightshift_proto::OP_NAMES
+                            .iter()
+                            .filter(|o| nightshift_proto::Op::is_mutating_name(o))
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
+            if let Some(n) = &m.node
+                && !names.contains(&n.as_str())
+            {
+                return Err(err(
+                    n,
+                    format!("action {}: node `{n}` is not in the fleet: expected one of {names:?}", m.op),
+                ));
+            }
+            if let Some(t) = m.by_secs
+                && t > s.duration_secs
+            {
+                return Err(err(
+                    &format!("by_secs: {t}"),
+                    format!("action {}: by_secs {t} is after duration_secs {}", m.op, s.duration_secs),
+                ));
+            }
+        }
+        if let Some(list) = &s.runbooks {
+            let named = s
+                .expect
+                .runs
+                .iter()
+                .map(|r| &r.runbook)
+                .chain(s.expect.actions.iter().chain(&s.expect.never).filter_map(|a| a.runbook.as_ref()));
+            for rb in named {
+                if !list.contains(rb) {
+                    return Err(err(
+                        rb,
+                        format!(
+                            "expectation names runbook `{rb}`, which the scenario does not load: expected one of {list:?}"
+                        ),
+                    ));
+                }
             }
         }
         Ok(s)
@@ -370,6 +558,20 @@ async fn check(sim: &SimFleet, c: &Check) -> Vec<String> {
     out
 }
 
+/// A person edits a managed config file by hand (not through nightshift):
+/// the file changes on disk and the simulated hardware sees it.
+fn person_edits_config(sim: &SimFleet, node: &str, c: &ConfigApplyArgs) -> Result<(), String> {
+    let agent = &sim.agents[node];
+    let managed = agent
+        .options()
+        .configs
+        .get(&c.name)
+        .ok_or_else(|| format!("node {node} manages no config named `{}`", c.name))?;
+    std::fs::write(&managed.path, &c.content).map_err(|e| format!("cannot write {}: {e}", managed.path.display()))?;
+    nightshift_agent::backend::Backend::on_config_applied(sim.sim(node), &c.name, &c.content);
+    Ok(())
+}
+
 /// Load a runbook folder with the default limits.
 pub fn load_runbooks(dir: &Path) -> (RunbookSet, Arc<rhai::Engine>) {
     let script = Arc::new(build_engine(&ScriptLimits::default()));
@@ -378,21 +580,77 @@ pub fn load_runbooks(dir: &Path) -> (RunbookSet, Arc<rhai::Engine>) {
 
 /// Run one scenario against the runbooks in `runbook_dir`.
 pub async fn run(path: &Path, runbook_dir: &Path) -> Result<ScenarioReport, ScenarioError> {
+    run_traced(path, runbook_dir, None).await
+}
+
+/// One line of the fleet's state at `t` seconds.
+async fn trace_line(sim: &SimFleet, t: u64) -> String {
+    let mut parts = vec![format!("{t:>6}s")];
+    for (name, agent) in &sim.agents {
+        let Ok(tel) = agent.telemetry().await else { continue };
+        let nm = &tel.node_metrics;
+        let gpus: Vec<String> = tel
+            .gpus
+            .iter()
+            .map(|g| {
+                format!(
+                    "g{} {:.1}°C {:.0}/{:.0}W u{:.0}%{}",
+                    g.index,
+                    g.temperature_c,
+                    g.power_watts,
+                    g.power_limit_watts,
+                    g.util_pct,
+                    g.fan_pct.map(|f| format!(" fan{f:.0}%")).unwrap_or_default()
+                )
+            })
+            .collect();
+        parts.push(format!(
+            "{name}[{}{} {}]",
+            if nm.drained { "drained " } else { "" },
+            if nm.holds.is_empty() { String::new() } else { format!("{} holds", nm.holds.len()) },
+            gpus.join(", ")
+        ));
+    }
+    parts.join(" ")
+}
+
+/// [`run`], with the fleet's state recorded every `trace_every_secs`.
+pub async fn run_traced(
+    path: &Path,
+    runbook_dir: &Path,
+    trace_every_secs: Option<u64>,
+) -> Result<ScenarioReport, ScenarioError> {
     let scenario = Scenario::load(path)?;
+    let text = std::fs::read_to_string(path).unwrap_or_default();
     let (mut set, script) = load_runbooks(runbook_dir);
     if let Some(e) = set.errors.first() {
         return Err(ScenarioError::Setup(format!("runbooks do not load: {e}")));
     }
-    if let Some(names) = &scenario.runbooks {
-        for n in names {
-            if set.get(n).is_none() {
-                return Err(ScenarioError::Setup(format!(
-                    "scenario {} names runbook `{n}`, which is not in {}",
-                    scenario.name,
-                    runbook_dir.display()
-                )));
-            }
+    // Every runbook the scenario names must exist: a misspelt one would
+    // make its expectations pass on nothing.
+    let named: Vec<&String> = scenario
+        .runbooks
+        .iter()
+        .flatten()
+        .chain(scenario.expect.runs.iter().map(|r| &r.runbook))
+        .chain(scenario.expect.actions.iter().chain(&scenario.expect.never).filter_map(|a| a.runbook.as_ref()))
+        .collect();
+    for n in named {
+        if set.get(n).is_none() {
+            let (line, column) = nightshift_engine::manifest::locate(&text, n);
+            return Err(ScenarioError::Load(LoadError {
+                file: path.into(),
+                line,
+                column,
+                message: format!(
+                    "runbook `{n}` is not in {}: expected one of {:?}",
+                    runbook_dir.display(),
+                    set.names()
+                ),
+            }));
         }
+    }
+    if let Some(names) = &scenario.runbooks {
         set.runbooks.retain(|r| names.contains(&r.manifest.name));
     }
     let dir = scratch_dir().map_err(|e| ScenarioError::Setup(e.to_string()))?;
@@ -430,7 +688,14 @@ pub async fn run(path: &Path, runbook_dir: &Path) -> Result<ScenarioReport, Scen
     let mut next = 0usize;
     let mut next_check = 0usize;
     let steps = scenario.duration_secs / scenario.tick_secs;
+    let mut trace = Vec::new();
     for _ in 0..steps {
+        if let Some(every) = trace_every_secs.filter(|e| *e > 0) {
+            let t = ((sim.clock.now_ms() - t0) / 1000) as u64;
+            if t.is_multiple_of(every) {
+                trace.push(trace_line(&sim, t).await);
+            }
+        }
         let elapsed = ((sim.clock.now_ms() - t0) / 1000) as u64;
         while next < timeline.len() && timeline[next].at_secs <= elapsed {
             let e = &timeline[next];
@@ -449,20 +714,23 @@ pub async fn run(path: &Path, runbook_dir: &Path) -> Result<ScenarioReport, Scen
                         workload.set_node(&node, *util_pct);
                     }
                 }
-                if let Some(c) = &e.config_apply {
-                    let r = sim.agents[&node]
-                        .handle(Request::new(format!("person-config-{next}"), Op::ConfigApply(c.clone())))
-                        .await;
-                    if !r.ok {
-                        failures.push(format!(
-                            "timeline at {} s: config_apply on {node} refused: {:?}",
-                            e.at_secs, r.error
-                        ));
-                    }
+                if let Some(c) = &e.config_apply
+                    && let Err(why) = person_edits_config(&sim, &node, c)
+                {
+                    failures.push(format!("timeline at {} s: config_apply on {node}: {why}", e.at_secs));
                 }
             }
             if let Some(p) = &e.pool_load {
                 workload.set_pool(p.clone());
+            }
+            if let (Some(a), Some(node)) = (&e.alert, &e.node) {
+                let payload = alert_payload(a, node, sim.clock.now_ms());
+                match nightshift_engine::alerts::WebhookPayload::parse(payload.to_string().as_bytes()) {
+                    Ok(p) => {
+                        sim.engine.ingest_alertmanager(p, "scenario");
+                    }
+                    Err(err) => failures.push(format!("timeline at {} s: alert does not parse: {err}", e.at_secs)),
+                }
             }
         }
         workload.apply(&sim.engine, &sim.agents).await;
@@ -485,16 +753,36 @@ pub async fn run(path: &Path, runbook_dir: &Path) -> Result<ScenarioReport, Scen
     let results: Vec<&AuditRecord> = records.iter().filter(|r| r.kind == RecordKind::ActionResult).collect();
     // Ordered actions.
     let mut pos = 0usize;
+    let what = |m: &ActionMatch| {
+        format!(
+            "{}{}{}",
+            m.op,
+            m.node.as_ref().map(|n| format!(" on {n}")).unwrap_or_default(),
+            m.gpu.map(|g| format!("/gpu{g}")).unwrap_or_default()
+        )
+    };
     for m in &scenario.expect.actions {
         match results[pos..].iter().position(|r| op_matches(m, r)) {
-            Some(i) => pos += i + 1,
+            Some(i) => {
+                let at = (results[pos + i].ts_ms - t0) / 1000;
+                if let Some(by) = m.by_secs
+                    && at > by as i64
+                {
+                    failures.push(format!("expected action {} by {by} s, it happened at {at} s", what(m)));
+                }
+                pos += i + 1;
+            }
             None => failures.push(format!(
-                "expected action {}{}{} did not happen{}",
-                m.op,
-                m.node.as_ref().map(|n| format!(" on {n}")).unwrap_or_default(),
-                m.gpu.map(|g| format!("/gpu{g}")).unwrap_or_default(),
+                "expected action {} did not happen{}",
+                what(m),
                 if pos > 0 { " after the previous expected one" } else { "" }
             )),
+        }
+        if let Some(n) = m.count {
+            let found = results.iter().filter(|r| op_matches(m, r)).count();
+            if found != n {
+                failures.push(format!("expected {n} action(s) {}, found {found}", what(m)));
+            }
         }
     }
     for m in &scenario.expect.never {
@@ -546,6 +834,35 @@ pub async fn run(path: &Path, runbook_dir: &Path) -> Result<ScenarioReport, Scen
             if r.min.is_some_and(|m| n < m) || r.max.is_some_and(|m| n > m) {
                 failures.push(format!("expected {name} in {:?}..={:?}, found {n}", r.min, r.max));
             }
+        }
+    }
+    for t in &scenario.expect.texts {
+        let said = records.iter().any(|r| {
+            matches!(r.kind, RecordKind::Notification | RecordKind::Escalation)
+                && r.data["text"].as_str().is_some_and(|x| x.contains(t.as_str()))
+        });
+        if !said {
+            failures.push(format!("expected a notification or escalation saying {t:?}, found none"));
+        }
+    }
+    // A scenario proves nothing about a runbook that never looked: each
+    // runbook it names (manual ones aside) must have been evaluated.
+    let stats = sim.engine.trigger_stats();
+    let named: std::collections::BTreeSet<&String> =
+        scenario.runbooks.iter().flatten().chain(scenario.expect.runs.iter().map(|r| &r.runbook)).collect();
+    let set = sim.engine.runbook_set();
+    for (name, evaluations, _) in &stats {
+        let manual = set.get(name).is_some_and(|(_, r)| r.manifest.trigger.kind() == "manual");
+        if named.contains(name) && *evaluations == 0 && !manual {
+            failures.push(format!(
+                "runbook {name} was never evaluated: the scenario shows nothing about it (its trigger saw no sample or alert)"
+            ));
+        }
+    }
+    for k in &scenario.expect.never_records {
+        let n = count_kind(*k);
+        if n > 0 {
+            failures.push(format!("expected no {} record, found {n}", k.as_str()));
         }
     }
     for k in &scenario.expect.records {
@@ -601,6 +918,12 @@ pub async fn run(path: &Path, runbook_dir: &Path) -> Result<ScenarioReport, Scen
         wall_ms: started.elapsed().as_millis(),
         actions,
         runs: run_lines,
+        evaluations: stats
+            .into_iter()
+            .filter(|(n, ..)| named.contains(n))
+            .map(|(runbook, evaluations, fires)| RunbookEvaluation { runbook, evaluations, fires })
+            .collect(),
+        trace,
     })
 }
 

@@ -28,12 +28,14 @@ pub struct Workload {
     desired: BTreeMap<String, f64>,
     pools: Vec<PoolLoad>,
     last_sent: BTreeMap<String, f64>,
+    /// Request ids must never repeat (agents journal them).
+    sent: u64,
 }
 
 impl Workload {
     /// Start from each node's own utilisation.
     pub fn new(base: BTreeMap<String, f64>) -> Workload {
-        Workload { last_sent: base.clone(), desired: base, pools: Vec::new() }
+        Workload { last_sent: base.clone(), desired: base, pools: Vec::new(), sent: 0 }
     }
 
     /// A node's own load (outside any pool model).
@@ -68,9 +70,15 @@ impl Workload {
             };
             if self.last_sent.get(&v.name) != Some(&util) {
                 self.last_sent.insert(v.name.clone(), util);
-                let _ = agent
-                    .handle(Request::new("workload", Op::SimFault(SimFault::Load { gpu: None, util_pct: util })))
-                    .await;
+                self.sent += 1;
+                let req = Request::new(
+                    format!("workload-{}", self.sent),
+                    Op::SimFault(SimFault::Load { gpu: None, util_pct: util }),
+                );
+                let r = agent.handle(req).await;
+                if !r.ok {
+                    tracing::warn!(node = %v.name, error = ?r.error, "workload change refused");
+                }
             }
         }
     }

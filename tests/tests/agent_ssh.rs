@@ -355,18 +355,27 @@ async fn a_node_drained_by_a_person_is_never_resumed() {
         .await
         .unwrap();
     let a = action(&r);
-    assert_eq!(a.outcome, Outcome::Unchanged);
-    assert!(a.detail.unwrap().contains("already drained by someone else"));
+    assert_eq!(a.outcome, Outcome::Held, "the hold is recorded; the device is left as the person set it");
+    assert!(a.detail.unwrap().contains("the baseline (node drained (dave: reseating GPU 3))"));
+    // Resuming undoes nightshift's drain hold — the person's drain stays.
+    let mut rq = req("res-own", Op::Resume(ResumeArgs::default()));
+    rq.owner = Some("r10".into());
+    let r = c.call(&rq).await.unwrap();
+    assert_eq!(action(&r).released.unwrap().released, vec!["d".to_string()]);
+    let t = telemetry(&c).await;
+    assert!(t.node_metrics.drained);
+    assert_eq!(t.node_metrics.drain_reason.as_deref(), Some("dave: reseating GPU 3"));
+    assert!(t.node_metrics.holds.is_empty());
+    // With no drain of nightshift's left, nothing puts the node in service
+    // over a person's drain.
     for dry_run in [true, false] {
         let mut rq = req(&format!("res-{dry_run}"), Op::Resume(ResumeArgs::default()));
         rq.dry_run = dry_run;
+        rq.owner = Some("r10".into());
         let r = c.call(&rq).await.unwrap();
         assert_eq!(r.code(), Some(ErrorCode::NotOwner), "{r:?}");
         assert!(r.error.unwrap().message.contains("dave: reseating GPU 3"));
     }
-    let t = telemetry(&c).await;
-    assert!(t.node_metrics.drained);
-    assert_eq!(t.node_metrics.drain_reason.as_deref(), Some("dave: reseating GPU 3"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -81,7 +81,7 @@ async fn alertmanager_delivers_and_the_runbook_runs_once() {
             .unwrap_or_else(|| panic!("no run; alertmanager log:\n{}", daemon.log_text()));
     assert_eq!(run.outcome, Some(RunOutcome::Succeeded), "{run:?}");
     assert_eq!((run.target.node.as_deref(), run.target.gpu), (Some("am1"), Some(1)));
-    assert_eq!(run.requested_by, "alertmanager");
+    assert_eq!(run.requested_by, "alertmanager:alertmanager", "the poster is named by its webhook token");
     // Keep the alert firing through several repeat intervals: Alertmanager
     // notifies again; each is a duplicate, and nothing runs again.
     let end = Instant::now() + Duration::from_secs(8);

@@ -50,12 +50,14 @@ async fn a_temperature_fault_is_remediated_over_ssh() {
     assert_eq!((run.target.node.as_deref(), run.target.gpu), (Some("g1"), Some(0)));
     assert_eq!(run.outcome, Some(RunOutcome::Succeeded), "{run:?}");
 
-    // The action landed on g1 (and only there).
+    // The cap was a hold of the run: released when it ended, so g1 is back
+    // at its baseline, and nothing else was touched.
     let t: Telemetry =
         serde_json::from_value(c1.call(&Request::new("t", Op::Telemetry(NoArgs {}))).await.unwrap().result.unwrap())
             .unwrap();
-    assert_eq!(t.gpus[0].power_limit_watts, 150.0);
+    assert_eq!(t.gpus[0].power_limit_watts, 300.0);
     assert_eq!(t.gpus[1].power_limit_watts, 300.0);
+    assert!(t.node_metrics.holds.is_empty(), "{:?}", t.node_metrics.holds);
     let c2 = AgentConnection::connect(&g2.client_config()).await.unwrap();
     let t2: Telemetry =
         serde_json::from_value(c2.call(&Request::new("t", Op::Telemetry(NoArgs {}))).await.unwrap().result.unwrap())
@@ -72,6 +74,8 @@ async fn a_temperature_fault_is_remediated_over_ssh() {
             RecordKind::Note,
             RecordKind::ActionIntent,
             RecordKind::ActionResult,
+            RecordKind::ActionIntent,
+            RecordKind::ActionResult,
             RecordKind::RunFinished
         ]
     );
@@ -82,6 +86,9 @@ async fn a_temperature_fault_is_remediated_over_ssh() {
     assert_eq!(result.data["before"]["power_limit_watts"], 300.0);
     assert_eq!(result.data["after"]["power_limit_watts"], 150.0);
     assert!(intent.seq < result.seq);
+    assert_eq!(recs[5].data["op"], "release");
+    assert_eq!(recs[6].data["after"]["settings"][0]["outcome"], "restored", "{:?}", recs[6]);
+    assert!(run.why.contains("every hold released, baselines restored"), "{}", run.why);
     // The agent journaled the same request id.
     let journal =
         nightshift_agent::journal::Journal::read_lines(&g1.started.as_ref().unwrap().agent.journal_path()).unwrap();

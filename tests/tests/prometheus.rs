@@ -144,7 +144,7 @@ async fn a_fault_seen_through_prometheus_fires_a_runbook() {
         &[(
             "cool-down",
             "trigger: {type: threshold, metric: gpu.temperature_c, above: 85, for_secs: 2, clear_below: 80}\nscope: gpu\n",
-            "note(`hot: ${metric(\"gpu.temperature_c\")} C`);\nlet r = set_power_limit(150);\nif !r.ok { fail(r.error); }\n",
+            "note(`hot: ${metric(\"gpu.temperature_c\")} C`);\nlet r = set_power_limit(150);\nif !r.ok { fail(r.error); }\nkeep_holds(600);\n",
         )],
         &format!(
             "telemetry: {{stream_from_agents: false}}\nsources:\n  prometheus: {{url: '{prom_url}', interval_secs: 1, timeout_secs: 2}}\n\
@@ -181,6 +181,11 @@ async fn a_fault_seen_through_prometheus_fires_a_runbook() {
         serde_json::from_value(c.call(&Request::new("t", Op::Telemetry(NoArgs {}))).await.unwrap().result.unwrap())
             .unwrap();
     assert_eq!(t.gpus[0].power_limit_watts, 150.0);
+    assert!(
+        t.node_metrics.holds.iter().any(|h| h.owner == run.id && h.kept),
+        "the run kept its cap: {:?}",
+        t.node_metrics.holds
+    );
     c.close().await;
 
     // Every query on the example Grafana dashboard runs on this Prometheus

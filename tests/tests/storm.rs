@@ -81,7 +81,7 @@ async fn an_alert_storm_is_absorbed_within_every_limit() {
             (
                 "node-bad",
                 "trigger: {type: alert, alertname: NodeBad}\nscope: node\ncooldown_secs: 600\n",
-                "let r = drain(\"storm: node bad\");\nif !r.ok { fail(r.error); }\n",
+                "let r = drain(\"storm: node bad\");\nif !r.ok { fail(r.error); }\nkeep_holds(600);\n",
             ),
         ],
         &format!(
@@ -204,7 +204,7 @@ async fn an_alert_storm_is_absorbed_within_every_limit() {
     let records = engine.audit().tail(0, usize::MAX).unwrap();
     let applied_drains = records
         .iter()
-        .filter(|r| r.kind == RecordKind::ActionResult && r.data["applied"] == true)
+        .filter(|r| r.kind == RecordKind::ActionResult && r.data["applied"] == true && r.data["op"] == "drain")
         .filter(|r| {
             records.iter().any(|i| {
                 i.kind == RecordKind::ActionIntent && i.run == r.run && i.data["op"] == "drain" && i.node == r.node

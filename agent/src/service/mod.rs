@@ -92,6 +92,21 @@ fn to_value<T: serde::Serialize>(v: &T) -> Value {
     serde_json::to_value(v).unwrap_or(Value::Null)
 }
 
+/// The setting a hold op is about (for the shape of its before/after).
+fn setting_of(op: &Op) -> Setting {
+    match op {
+        Op::SetPowerLimit(a) => Setting::PowerLimit { gpu: a.gpu },
+        Op::SetFanCurve(a) => Setting::FanCurve { gpu: a.gpu },
+        Op::ResetFan(a) => Setting::FanCurve { gpu: a.gpu },
+        Op::SetClocks(a) => Setting::Clocks { gpu: a.gpu },
+        Op::ResetClocks(a) => Setting::Clocks { gpu: a.gpu },
+        Op::SetGpuDrain(a) => Setting::GpuDrain { gpu: a.gpu },
+        Op::ConfigApply(a) => Setting::Config { name: a.name.clone() },
+        Op::ConfigRollback(a) => Setting::Config { name: a.name.clone() },
+        _ => Setting::NodeDrain {},
+    }
+}
+
 /// The owner a request acts for: its `owner`, else `manual`.
 fn owner_of(req: &Request) -> String {
     req.owner.clone().unwrap_or_else(|| "manual".into())
@@ -112,6 +127,8 @@ pub struct Agent {
     journal: Mutex<Journal>,
     store: Mutex<HoldStore>,
     drain_cache: Mutex<Option<(DrainState, i64)>>,
+    /// When managed config files were last checked for hand edits.
+    config_scan_ms: Mutex<i64>,
     /// One mutation at a time (requests, expiries, reconciliation).
     mutate: tokio::sync::Mutex<()>,
 }
@@ -158,6 +175,7 @@ impl Agent {
             journal: Mutex::new(journal),
             store: Mutex::new(store),
             drain_cache: Mutex::new(None),
+            config_scan_ms: Mutex::new(i64::MIN),
             mutate: tokio::sync::Mutex::new(()),
         })
     }
@@ -417,15 +435,12 @@ impl Agent {
         let result = match self.intent(&req.op, &owner).await? {
             Intent::Place(p) => self.place(req, digest, p, &owner).await?,
             Intent::Release(ids) => {
-                if req.revert_after_secs.is_some() {
-                    return Err((
-                        ErrorCode::BadRequest,
-                        format!("{} releases a hold: drop revert_after_secs", req.op.name()),
-                    ));
-                }
+                // A lease is for what a request places; a release places
+                // nothing, so a lease sent with it (`resume` may do either)
+                // is moot.
                 let before = self.effective_of_ids(&ids);
                 let rel = self.release_ids(req, digest, &ids, &owner).await?;
-                let after = rel.settings.first().map(|s| to_value(&s.now)).unwrap_or(Value::Null);
+                let after = rel.settings.first().map(|s| s.now.device_view(&s.setting)).unwrap_or(Value::Null);
                 ActionResult {
                     outcome: if req.dry_run { Outcome::DryRun } else { Outcome::Applied },
                     before,
@@ -438,8 +453,8 @@ impl Agent {
             }
             Intent::Unchanged(now, why) => ActionResult {
                 outcome: Outcome::Unchanged,
-                before: to_value(&now),
-                after: to_value(&now),
+                before: now.device_view(&setting_of(&req.op)),
+                after: now.device_view(&setting_of(&req.op)),
                 detail: Some(why),
                 lease: None,
                 hold: None,
@@ -465,7 +480,7 @@ impl Agent {
             .held()
             .iter()
             .find(|h| h.holds.iter().any(|x| ids.contains(&x.id)))
-            .map(|h| to_value(&h.effective()))
+            .map(|h| h.effective().device_view(&h.setting))
             .unwrap_or(Value::Null)
     }
 
@@ -494,7 +509,27 @@ impl Agent {
     async fn place(&self, req: &Request, digest: &str, p: Placement, owner: &str) -> Result<ActionResult, Refusal> {
         let now = self.clock.now_ms();
         let expires = self.lease_for(req, &p, now)?;
-        let existing = self.holds().get(&p.setting).cloned();
+        let mut existing = self.holds().get(&p.setting).cloned();
+        // A person changed the setting since the agent applied it: the holds
+        // in effect end (the person took the setting over), and the device's
+        // value is the baseline for this new hold.
+        if let Some(h) = &existing
+            && h.drifted.is_none()
+            && let Some(dev) = self.read_setting(&p.setting).await?
+            && !same_value(&dev, &h.applied)
+        {
+            if !req.dry_run {
+                let ids: Vec<String> = h.holds.iter().map(|x| x.id.clone()).collect();
+                let mut store = self.holds();
+                store.remove(|x| ids.contains(&x.id));
+                store.forget(&p.setting);
+                tracing::warn!(
+                    node = %self.opts.node, setting = %p.setting, found = %dev, applied = %h.applied,
+                    dropped = ?ids, "a person changed a held setting: its holds end, the new value is the baseline"
+                );
+            }
+            existing = None;
+        }
         let baseline = match &existing {
             Some(h) => h.baseline.clone(),
             None => self.baseline_of(&p.setting).await?,
@@ -533,8 +568,8 @@ impl Agent {
         if req.dry_run {
             return Ok(ActionResult {
                 outcome: Outcome::DryRun,
-                before: to_value(&before),
-                after: to_value(&after),
+                before: before.device_view(&p.setting),
+                after: after.device_view(&p.setting),
                 detail: Some(if changes {
                     "dry run: every check passed; nothing was changed".into()
                 } else {
@@ -576,8 +611,8 @@ impl Agent {
         }
         Ok(ActionResult {
             outcome: if changes { Outcome::Applied } else { Outcome::Held },
-            before: to_value(&before),
-            after: to_value(&if changes { after } else { before.clone() }),
+            before: before.device_view(&p.setting),
+            after: if changes { after.device_view(&p.setting) } else { before.device_view(&p.setting) },
             detail: match (&drifted, changes) {
                 (Some(d), _) => Some(format!("{}: a person changed it ({d}); the agent leaves it alone", p.setting)),
                 (None, false) => {
@@ -658,18 +693,25 @@ impl Agent {
             }
         }
         if req.dry_run {
-            return Ok(ReleaseResult {
-                released: chosen.iter().map(|h| h.id.clone()).collect(),
-                settings: chosen
-                    .iter()
-                    .map(|h| SettingRelease {
-                        setting: h.setting.clone(),
-                        outcome: RestoreOutcome::StillHeld,
-                        now: h.value.clone(),
-                        detail: "dry run: nothing was released".into(),
-                    })
-                    .collect(),
-            });
+            // What the release would leave: the remaining holds' value, or
+            // the baseline.
+            let store = self.holds();
+            let mut settings: Vec<SettingRelease> = Vec::new();
+            for h in &chosen {
+                if settings.iter().any(|s| s.setting == h.setting) {
+                    continue;
+                }
+                let Some(held) = store.get(&h.setting) else { continue };
+                let rest: Vec<HoldInfo> = held.holds.iter().filter(|x| !ids.contains(&x.id)).cloned().collect();
+                let now = crate::holds::effective(&held.baseline, &rest);
+                settings.push(SettingRelease {
+                    setting: h.setting.clone(),
+                    outcome: if rest.is_empty() { RestoreOutcome::Restored } else { RestoreOutcome::StillHeld },
+                    detail: format!("dry run: would leave {} at {now}; nothing was released", h.setting),
+                    now,
+                });
+            }
+            return Ok(ReleaseResult { released: chosen.iter().map(|h| h.id.clone()).collect(), settings });
         }
         self.begin(req, digest)?;
         self.release_now(&chosen.iter().map(|h| h.id.clone()).collect::<Vec<_>>()).await
@@ -973,6 +1015,7 @@ impl Agent {
             }
         }
         self.reconcile().await;
+        self.scan_configs(now);
         let curves: Vec<(u32, Vec<FanPoint>)> = self
             .holds()
             .held()
@@ -986,6 +1029,34 @@ impl Agent {
         for (gpu, curve) in curves {
             if let Err((_, m)) = self.run_fan_curve(gpu, &curve) {
                 tracing::warn!(node = %self.opts.node, gpu, error = %m, "fan curve step failed");
+            }
+        }
+    }
+
+    /// Record hand edits of managed config files as versions (at most once
+    /// a second), so `config_list` shows a change a person made outside
+    /// nightshift, with when it was seen.
+    fn scan_configs(&self, now: i64) {
+        {
+            let mut last = self.config_scan_ms.lock().unwrap_or_else(|e| e.into_inner());
+            if now.saturating_sub(*last) < 1_000 {
+                return;
+            }
+            *last = now;
+        }
+        for name in self.configs.names() {
+            let Ok(before) = self.configs.history(&name, now) else { continue };
+            match self.configs.adopt_disk(&name, now) {
+                Ok(h) if h.current != before.current => {
+                    if let Ok(text) = self.configs.content(&name, h.current.unwrap_or(0)) {
+                        self.backend.on_config_applied(&name, &text);
+                    }
+                    tracing::info!(node = %self.opts.node, config = %name, version = ?h.current, "a managed config changed outside nightshift: recorded");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(node = %self.opts.node, config = %name, error = %e, "cannot check a managed config")
+                }
             }
         }
     }

@@ -153,6 +153,26 @@ impl Agent {
                 if own_drain {
                     return Ok(self.release_own(setting, owner, HoldValue::NodeDrain { drained: false, reason: None }));
                 }
+                // Other runs' drains (not a person's, not a sticky one for
+                // RMA or repair): resuming undoes what nightshift did.
+                let others: Vec<String> = self
+                    .holds()
+                    .get(&setting)
+                    .map(|h| {
+                        h.holds
+                            .iter()
+                            .filter(|x| {
+                                matches!(x.value, HoldValue::NodeDrain { drained: true, .. })
+                                    && !x.sticky()
+                                    && !x.owner.starts_with("person:")
+                            })
+                            .map(|x| x.id.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if !others.is_empty() {
+                    return Ok(Intent::Release(others));
+                }
                 let st = self.drain_state(true).await.map_err(node_refusal)?;
                 if !st.drained {
                     return Ok(Intent::Unchanged(

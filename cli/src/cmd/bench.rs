@@ -34,29 +34,8 @@ use nightshift_proto::clock::{SharedClock, SystemClock};
 use nightshift_proto::ssh::client::{AgentConnection, ClientConfig};
 use nightshift_proto::{GpuTelemetry, NodeTelemetry, Op, Request, SetPowerLimitArgs, SimFault, Telemetry};
 
+use crate::args::BenchArgs;
 use crate::out::Out;
-
-#[derive(clap::Args, Debug, Clone)]
-pub struct BenchArgs {
-    /// A reduced size for CI (under two minutes in all).
-    #[arg(long)]
-    pub smoke: bool,
-    /// Only these scenarios (1–7, repeatable).
-    #[arg(long = "only")]
-    pub only: Vec<u32>,
-    /// Write the results here as JSON.
-    #[arg(long, default_value = "target/bench.json")]
-    pub out: PathBuf,
-    /// Runs per figure (the median is reported).
-    #[arg(long)]
-    pub runs: Option<usize>,
-    /// Agents for the fan-out scenario.
-    #[arg(long)]
-    pub fanout_agents: Option<usize>,
-    /// Nodes for the memory scenario.
-    #[arg(long)]
-    pub memory_nodes: Option<usize>,
-}
 
 /// One figure.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]

@@ -23,32 +23,8 @@ use nightshift_proto::{ConfigApplyArgs, Op, Request, SimFault};
 use nightshift_sim::workload::{PoolLoad, Workload};
 
 use crate::Fail;
+use crate::args::DemoArgs;
 use crate::out::Out;
-
-#[derive(clap::Args, Debug, Clone)]
-pub struct DemoArgs {
-    /// Simulated nodes (at least 7).
-    #[arg(long, default_value_t = 8)]
-    pub nodes: usize,
-    /// How long the demo runs, in real seconds.
-    #[arg(long, default_value_t = 60)]
-    pub duration_secs: u64,
-    /// Web UI address.
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    pub listen: String,
-    /// Keep keys, inventory and the audit log here (default: a temporary dir).
-    #[arg(long)]
-    pub data_dir: Option<PathBuf>,
-    /// Simulated seconds per real second.
-    #[arg(long, default_value_t = 30.0)]
-    pub time_scale: f64,
-    /// The runbook folder (default: the repository's runbooks/).
-    #[arg(long)]
-    pub runbooks: Option<PathBuf>,
-    /// After the script ends, keep the web UI up until Ctrl-C.
-    #[arg(long)]
-    pub keep_serving: bool,
-}
 
 struct DemoNode {
     name: &'static str,

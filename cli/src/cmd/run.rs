@@ -268,8 +268,8 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
 }
 
 /// `nightshift runbooks test [NAME]`.
-pub async fn test_scenarios(out: &Out, dir: &Path, name: Option<&str>) -> Result<u8> {
-    use nightshift_sim::scenario::{Scenario, run, scenario_files};
+pub async fn test_scenarios(out: &Out, dir: &Path, name: Option<&str>, trace: Option<u64>) -> Result<u8> {
+    use nightshift_sim::scenario::{Scenario, run_traced, scenario_files};
     let files = scenario_files(&dir.join("scenarios"));
     if files.is_empty() {
         return Err(anyhow::Error::new(Fail(2)).context(format!("no scenarios in {}", dir.join("scenarios").display())));
@@ -285,7 +285,7 @@ pub async fn test_scenarios(out: &Out, dir: &Path, name: Option<&str>) -> Result
                 continue;
             }
         }
-        let r = run(&f, dir).await.map_err(|e| anyhow::Error::new(Fail(2)).context(e.to_string()))?;
+        let r = run_traced(&f, dir, trace).await.map_err(|e| anyhow::Error::new(Fail(2)).context(e.to_string()))?;
         if !r.passed {
             failed += 1;
         }
@@ -295,6 +295,17 @@ pub async fn test_scenarios(out: &Out, dir: &Path, name: Option<&str>) -> Result
             out.status(if r.passed { "pass" } else { "FAIL" }),
             format!("{} s", r.virtual_secs),
             format!("{} ms", r.wall_ms),
+            r.evaluations
+                .iter()
+                .map(|e| {
+                    if e.fires == 0 {
+                        format!("{} looked {}×, quiet", e.runbook, e.evaluations)
+                    } else {
+                        format!("{} fired {}×", e.runbook, e.fires)
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
             r.actions.iter().filter(|a| a.outcome == "applied").map(|a| a.op.clone()).collect::<Vec<_>>().join(", "),
         ]);
         reports.push(r);
@@ -305,7 +316,13 @@ pub async fn test_scenarios(out: &Out, dir: &Path, name: Option<&str>) -> Result
     if out.json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
     } else {
-        out.table(&["SCENARIO", "ROW", "RESULT", "VIRTUAL", "WALL", "ACTIONS"], &rows);
+        out.table(&["SCENARIO", "ROW", "RESULT", "VIRTUAL", "WALL", "TRIGGERS", "ACTIONS"], &rows);
+        for r in reports.iter().filter(|r| !r.trace.is_empty()) {
+            println!("\n{} {}", out.bold("trace"), r.name);
+            for l in &r.trace {
+                println!("  {l}");
+            }
+        }
         for r in reports.iter().filter(|r| !r.passed) {
             println!("\n{} {}", out.red("FAIL"), r.name);
             for f in &r.failures {

@@ -68,9 +68,9 @@ pub async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
             }
             Ok(if set.errors.is_empty() { 0 } else { 2 })
         }
-        RunbooksCmd::Test { name, dir } => {
+        RunbooksCmd::Test { name, dir, trace } => {
             let dir = dir.clone().unwrap_or_else(|| default_runbook_dir(cli));
-            crate::cmd::run::test_scenarios(out, &dir, name.as_deref()).await
+            crate::cmd::run::test_scenarios(out, &dir, name.as_deref(), *trace).await
         }
     }
 }

@@ -111,6 +111,31 @@ impl std::fmt::Display for HoldValue {
     }
 }
 
+impl HoldValue {
+    /// The value as the device state it stands for, in the shape before and
+    /// after states have on the wire: `{"power_limit_watts": 450}`,
+    /// `{"fan_curve": [...]}`, `{"clocks_locked_mhz": [lo, hi]}`,
+    /// `{"gpu_drained": true}`, `{"drained": true, "reason": "…"}`,
+    /// `{"name": "nccl-env", "current_version": 3}`.
+    pub fn device_view(&self, setting: &Setting) -> serde_json::Value {
+        use serde_json::json;
+        match self {
+            HoldValue::PowerLimit { watts } => json!({"power_limit_watts": watts}),
+            HoldValue::FanCurve { points } => json!({"fan_curve": points}),
+            HoldValue::Clocks { locked_mhz } => json!({"clocks_locked_mhz": locked_mhz.map(|(a, b)| [a, b])}),
+            HoldValue::GpuDrain { drained } => json!({"gpu_drained": drained}),
+            HoldValue::NodeDrain { drained, reason } => json!({"drained": drained, "reason": reason}),
+            HoldValue::Config { version } => {
+                let name = match setting {
+                    Setting::Config { name } => name.as_str(),
+                    _ => "",
+                };
+                json!({"name": name, "current_version": version})
+            }
+        }
+    }
+}
+
 fn trim(v: f64) -> String {
     if v.fract() == 0.0 && v.abs() < 1e15 { format!("{}", v as i64) } else { format!("{v:.1}") }
 }

@@ -120,6 +120,11 @@ macro_rules! ops {
                 match self { $( Op::$variant(_) => $mutating, )* }
             }
 
+            /// Whether the op with this wire name mutates.
+            pub fn is_mutating_name(name: &str) -> bool {
+                match name { $( $name => $mutating, )* _ => false }
+            }
+
             /// The rate-limit family the op belongs to, if it mutates.
             pub fn kind(&self) -> Option<ActionKind> {
                 match self { $( Op::$variant(_) => $kind, )* }

@@ -19,19 +19,21 @@
 //! `drain_sticky`; holds `holds`, `release_holds`, `keep_holds`; control
 //! `sleep`, `wait_until`, `note`, `notify`, `escalate`, `fail`.
 
+mod api;
+
 use std::cell::RefCell;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rhai::{AST, Dynamic, Engine, EvalAltResult, FnPtr, Map, NativeCallContext, Position, Scope};
+use rhai::{AST, Dynamic, Engine, EvalAltResult, Map, Position, Scope};
 use serde::{Deserialize, Serialize};
 
 use nightshift_proto::clock::SharedClock;
 use nightshift_proto::*;
 
 use crate::manifest::LoadError;
-use crate::metrics::{self, MetricId};
+use crate::metrics::MetricId;
 use crate::runs::Target;
 
 /// Limits for every script.
@@ -261,18 +263,14 @@ impl RunCtx {
 }
 
 thread_local! {
-    static CURRENT: RefCell<Option<Arc<RunCtx>>> = const { RefCell::new(None) };
-}
-
-fn ctx() -> Result<Arc<RunCtx>, Box<EvalAltResult>> {
-    CURRENT.with(|c| c.borrow().clone()).ok_or_else(|| rt("host function called outside a run"))
+    pub(crate) static CURRENT: RefCell<Option<Arc<RunCtx>>> = const { RefCell::new(None) };
 }
 
 fn rt(msg: impl Into<String>) -> Box<EvalAltResult> {
     EvalAltResult::ErrorRuntime(Dynamic::from(msg.into()), Position::NONE).into()
 }
 
-fn terminated(r: StopReason) -> Box<EvalAltResult> {
+pub(crate) fn terminated(r: StopReason) -> Box<EvalAltResult> {
     let token = match r {
         StopReason::Deadline => "deadline",
         StopReason::Cancelled => "cancelled",
@@ -280,114 +278,6 @@ fn terminated(r: StopReason) -> Box<EvalAltResult> {
         StopReason::Skipped => "skipped",
     };
     EvalAltResult::ErrorTerminated(Dynamic::from(token), Position::NONE).into()
-}
-
-fn num(d: &Dynamic, what: &str) -> Result<f64, Box<EvalAltResult>> {
-    let v = if let Ok(f) = d.as_float() {
-        f
-    } else if let Ok(i) = d.as_int() {
-        i as f64
-    } else {
-        return Err(rt(format!("{what}: expected a number, found {}", d.type_name())));
-    };
-    if !v.is_finite() {
-        return Err(rt(format!("{what}: expected a finite number, found {v}")));
-    }
-    Ok(v)
-}
-
-/// A GPU index from a script: 0 to 4294967295, never truncated.
-fn gpu_arg(g: i64) -> Result<u32, Box<EvalAltResult>> {
-    u32::try_from(g).map_err(|_| rt(format!("gpu: expected an index from 0 to {}, found {g}", u32::MAX)))
-}
-
-/// A whole number for the agent (MHz, versions): 0 to 4294967295.
-fn u32_arg(v: i64, what: &str) -> Result<u32, Box<EvalAltResult>> {
-    u32::try_from(v).map_err(|_| rt(format!("{what}: expected 0 to {}, found {v}", u32::MAX)))
-}
-
-/// Seconds from a script as milliseconds: finite, not negative, saturating.
-fn secs_ms(v: f64, what: &str) -> Result<i64, Box<EvalAltResult>> {
-    if !v.is_finite() || v < 0.0 {
-        return Err(rt(format!("{what}: expected a finite number of seconds ≥ 0, found {v}")));
-    }
-    Ok((v * 1000.0).min(i64::MAX as f64) as i64)
-}
-
-fn metric_of(name: &str) -> Result<MetricId, Box<EvalAltResult>> {
-    metrics::metric_id(name)
-        .ok_or_else(|| rt(format!("unknown metric `{name}`: expected one of {}", metrics::metric_names())))
-}
-
-fn reading(
-    name: &str,
-    gpu: Option<u32>,
-    node: Option<String>,
-    window_secs: f64,
-    agg: Agg,
-) -> Result<Dynamic, Box<EvalAltResult>> {
-    let c = ctx()?;
-    let metric = metric_of(name)?;
-    let node = match node {
-        Some(n) => n,
-        None => c.node()?,
-    };
-    let gpu = if metrics::metric(metric).gpu_scoped { gpu.or(c.target.gpu) } else { None };
-    let q = Reading { node, gpu, metric, window_ms: secs_ms(window_secs, "window_secs")?, agg };
-    Ok(match c.host.reading(&c, &q) {
-        Some(v) => Dynamic::from_float(v),
-        None => Dynamic::UNIT,
-    })
-}
-
-fn fan_points(points: &rhai::Array) -> Result<Vec<FanPoint>, Box<EvalAltResult>> {
-    points
-        .iter()
-        .map(|p| {
-            if let Some(arr) = p.read_lock::<rhai::Array>()
-                && arr.len() == 2
-            {
-                return Ok(FanPoint {
-                    temp_c: num(&arr[0], "fan point temperature")?,
-                    speed_pct: num(&arr[1], "fan point speed")?,
-                });
-            }
-            if let Some(m) = p.read_lock::<Map>() {
-                let t = m.get("temp_c").ok_or_else(|| rt("fan point: expected temp_c"))?;
-                let s = m.get("speed_pct").ok_or_else(|| rt("fan point: expected speed_pct"))?;
-                return Ok(FanPoint { temp_c: num(t, "temp_c")?, speed_pct: num(s, "speed_pct")? });
-            }
-            Err(rt("fan curve: expected [[temp_c, speed_pct], ...]"))
-        })
-        .collect()
-}
-
-fn act(node: Option<String>, op: Op) -> Result<Map, Box<EvalAltResult>> {
-    let c = ctx()?;
-    let node = match node {
-        Some(n) => n,
-        None => c.node()?,
-    };
-    if let Some(r) = c.check_stop() {
-        return Err(terminated(r));
-    }
-    let result = c.host.act(&c, &node, op);
-    // A skip (the condition cleared) ends the run here.
-    if let Some(r) = c.check_stop() {
-        return Err(terminated(r));
-    }
-    Ok(result)
-}
-
-fn text(kind: TextKind, s: &str) -> Result<(), Box<EvalAltResult>> {
-    let c = ctx()?;
-    let n = c.notes.fetch_add(1, Ordering::SeqCst);
-    if n < c.max_notes {
-        c.host.text(&c, kind, s);
-    } else if n == c.max_notes {
-        c.host.text(&c, TextKind::Note, &format!("note limit of {} reached: further notes dropped", c.max_notes));
-    }
-    Ok(())
 }
 
 /// Build the one hardened engine, with the host API registered.
@@ -420,224 +310,8 @@ pub fn build_engine(limits: &ScriptLimits) -> Engine {
             StopReason::Skipped => Dynamic::from("skipped"),
         })
     });
-    register_api(&mut e);
+    api::register(&mut e);
     e
-}
-
-fn register_api(e: &mut Engine) {
-    // Readings.
-    e.register_fn("metric", |name: &str| reading(name, None, None, 0.0, Agg::Latest));
-    e.register_fn("metric", |name: &str, w: Dynamic| reading(name, None, None, num(&w, "window_secs")?, Agg::Avg));
-    e.register_fn("metric_max", |name: &str, w: Dynamic| reading(name, None, None, num(&w, "window_secs")?, Agg::Max));
-    e.register_fn("metric_min", |name: &str, w: Dynamic| reading(name, None, None, num(&w, "window_secs")?, Agg::Min));
-    e.register_fn("metric_slope", |name: &str, w: Dynamic| {
-        reading(name, None, None, num(&w, "window_secs")?, Agg::SlopePerMin)
-    });
-    e.register_fn("gpu_metric", |gpu: i64, name: &str| reading(name, Some(gpu_arg(gpu)?), None, 0.0, Agg::Latest));
-    e.register_fn("node_metric", |node: &str, name: &str| {
-        reading(name, None, Some(node.to_string()), 0.0, Agg::Latest)
-    });
-    e.register_fn("gpu", || -> Result<Map, Box<EvalAltResult>> {
-        let c = ctx()?;
-        Ok(c.host.gpu_info(&c, &c.node()?, c.gpu()?))
-    });
-    e.register_fn("gpu", |gpu: i64| -> Result<Map, Box<EvalAltResult>> {
-        let c = ctx()?;
-        Ok(c.host.gpu_info(&c, &c.node()?, gpu_arg(gpu)?))
-    });
-    e.register_fn("node", || -> Result<Map, Box<EvalAltResult>> {
-        let c = ctx()?;
-        Ok(c.host.node_info(&c, &c.node()?))
-    });
-    e.register_fn("node", |node: &str| -> Result<Map, Box<EvalAltResult>> {
-        let c = ctx()?;
-        Ok(c.host.node_info(&c, node))
-    });
-    e.register_fn("group_nodes", || -> Result<rhai::Array, Box<EvalAltResult>> {
-        let c = ctx()?;
-        Ok(c.host.group_nodes(&c).into_iter().map(Dynamic::from).collect())
-    });
-    e.register_fn("group_metric", |name: &str| -> Result<Dynamic, Box<EvalAltResult>> {
-        let c = ctx()?;
-        let m = metric_of(name)?;
-        Ok(c.host.group_avg(&c, m).map(Dynamic::from_float).unwrap_or(Dynamic::UNIT))
-    });
-    e.register_fn("event_resolved", || -> Result<bool, Box<EvalAltResult>> {
-        let c = ctx()?;
-        Ok(c.host.event_resolved(&c))
-    });
-    e.register_fn("now", || -> Result<f64, Box<EvalAltResult>> { Ok(ctx()?.clock.now_ms() as f64 / 1000.0) });
-    e.register_fn("elapsed", || -> Result<f64, Box<EvalAltResult>> {
-        let c = ctx()?;
-        Ok((c.clock.now_ms() - c.started_ms) as f64 / 1000.0)
-    });
-
-    // GPU actions.
-    e.register_fn("set_power_limit", |w: Dynamic| {
-        let gpu = ctx()?.gpu()?;
-        act(None, Op::SetPowerLimit(SetPowerLimitArgs { gpu, watts: num(&w, "watts")? }))
-    });
-    e.register_fn("set_power_limit", |gpu: i64, w: Dynamic| {
-        act(None, Op::SetPowerLimit(SetPowerLimitArgs { gpu: gpu_arg(gpu)?, watts: num(&w, "watts")? }))
-    });
-    e.register_fn("set_fan_curve", |points: rhai::Array| {
-        let gpu = ctx()?.gpu()?;
-        act(None, Op::SetFanCurve(SetFanCurveArgs { gpu, points: fan_points(&points)? }))
-    });
-    e.register_fn("set_fan_curve", |gpu: i64, points: rhai::Array| {
-        act(None, Op::SetFanCurve(SetFanCurveArgs { gpu: gpu_arg(gpu)?, points: fan_points(&points)? }))
-    });
-    e.register_fn("reset_fan", || act(None, Op::ResetFan(GpuArgs { gpu: ctx()?.gpu()? })));
-    e.register_fn("reset_fan", |gpu: i64| act(None, Op::ResetFan(GpuArgs { gpu: gpu_arg(gpu)? })));
-    e.register_fn("set_clocks", |lo: i64, hi: i64| {
-        let gpu = ctx()?.gpu()?;
-        act(
-            None,
-            Op::SetClocks(SetClocksArgs { gpu, min_mhz: u32_arg(lo, "min_mhz")?, max_mhz: u32_arg(hi, "max_mhz")? }),
-        )
-    });
-    e.register_fn("reset_clocks", || act(None, Op::ResetClocks(GpuArgs { gpu: ctx()?.gpu()? })));
-    e.register_fn("clear_ecc", || act(None, Op::ClearEcc(GpuArgs { gpu: ctx()?.gpu()? })));
-    e.register_fn("set_gpu_drain", |drained: bool| {
-        act(None, Op::SetGpuDrain(SetGpuDrainArgs { gpu: ctx()?.gpu()?, drained }))
-    });
-
-    // Node actions.
-    e.register_fn("drain", |why: &str| {
-        let c = ctx()?;
-        act(None, Op::Drain(DrainArgs { reason: why.into(), run: Some(c.run_id.clone()), sticky: false }))
-    });
-    e.register_fn("drain_sticky", |why: &str| {
-        let c = ctx()?;
-        act(None, Op::Drain(DrainArgs { reason: why.into(), run: Some(c.run_id.clone()), sticky: true }))
-    });
-    e.register_fn("drain_node", |node: &str, why: &str| {
-        let c = ctx()?;
-        act(Some(node.into()), Op::Drain(DrainArgs { reason: why.into(), run: Some(c.run_id.clone()), sticky: false }))
-    });
-    e.register_fn("resume", || act(None, Op::Resume(ResumeArgs { run: Some(ctx()?.run_id.clone()) })));
-    e.register_fn("resume_node", |node: &str| {
-        act(Some(node.into()), Op::Resume(ResumeArgs { run: Some(ctx()?.run_id.clone()) }))
-    });
-    e.register_fn("flush_caches", || act(None, Op::FlushCaches(FlushCachesArgs::default())));
-    e.register_fn("config_apply", |name: &str, content: &str| {
-        act(None, Op::ConfigApply(ConfigApplyArgs { name: name.into(), content: content.into(), note: None }))
-    });
-    e.register_fn("config_rollback", |name: &str| {
-        act(None, Op::ConfigRollback(ConfigRollbackArgs { name: name.into(), to_version: None }))
-    });
-    e.register_fn("config_rollback", |name: &str, version: i64| {
-        act(
-            None,
-            Op::ConfigRollback(ConfigRollbackArgs {
-                name: name.into(),
-                to_version: Some(u32_arg(version, "version")?),
-            }),
-        )
-    });
-    e.register_fn("config_mark", |name: &str, version: i64, good: bool| {
-        act(None, Op::ConfigMark(ConfigMarkArgs { name: name.into(), version: u32_arg(version, "version")?, good }))
-    });
-    e.register_fn("config_list", |name: &str| -> Result<Dynamic, Box<EvalAltResult>> {
-        let c = ctx()?;
-        Ok(c.host.config_list(&c, &c.node()?, name))
-    });
-    e.register_fn("annotate", |key: &str, value: &str| -> Result<(), Box<EvalAltResult>> {
-        let c = ctx()?;
-        c.host.annotate(&c, &c.node()?, key, Some(value));
-        Ok(())
-    });
-    e.register_fn("clear_annotation", |key: &str| -> Result<(), Box<EvalAltResult>> {
-        let c = ctx()?;
-        c.host.annotate(&c, &c.node()?, key, None);
-        Ok(())
-    });
-    e.register_fn("scale_out", |n: i64| -> Result<Map, Box<EvalAltResult>> {
-        let c = ctx()?;
-        Ok(c.host.scale(&c, true, n))
-    });
-    e.register_fn("scale_in", |n: i64| -> Result<Map, Box<EvalAltResult>> {
-        let c = ctx()?;
-        Ok(c.host.scale(&c, false, n))
-    });
-    // Holds.
-    e.register_fn("release_holds", || -> Result<Map, Box<EvalAltResult>> {
-        let c = ctx()?;
-        if let Some(r) = c.check_stop() {
-            return Err(terminated(r));
-        }
-        Ok(c.host.release_holds(&c, None))
-    });
-    e.register_fn("release_holds", |node: &str| -> Result<Map, Box<EvalAltResult>> {
-        let c = ctx()?;
-        if let Some(r) = c.check_stop() {
-            return Err(terminated(r));
-        }
-        Ok(c.host.release_holds(&c, Some(node)))
-    });
-    e.register_fn("keep_holds", |secs: i64| -> Result<Map, Box<EvalAltResult>> {
-        let c = ctx()?;
-        let secs = u64::try_from(secs)
-            .ok()
-            .filter(|s| (1..=86_400).contains(s))
-            .ok_or_else(|| rt(format!("keep_holds: expected a lease of 1 to 86400 seconds, found {secs}")))?;
-        Ok(c.host.keep_holds(&c, secs))
-    });
-    e.register_fn("holds", || -> Result<rhai::Array, Box<EvalAltResult>> {
-        let c = ctx()?;
-        Ok(c.host.holds(&c, &c.node()?))
-    });
-    e.register_fn("holds", |node: &str| -> Result<rhai::Array, Box<EvalAltResult>> {
-        let c = ctx()?;
-        Ok(c.host.holds(&c, node))
-    });
-
-    // Control.
-    // Typed, so they replace Rhai's built-in `sleep`, which would block the
-    // thread on the wall clock.
-    e.register_fn("sleep", |secs: i64| -> Result<(), Box<EvalAltResult>> {
-        ctx()?.sleep_ms(secs.saturating_mul(1000))
-    });
-    e.register_fn("sleep", |secs: f64| -> Result<(), Box<EvalAltResult>> { ctx()?.sleep_ms(secs_ms(secs, "sleep")?) });
-    e.register_fn("wait_until", |nc: NativeCallContext<'_>, f: FnPtr, timeout: Dynamic| {
-        wait_until(&nc, &f, &timeout, 5.0)
-    });
-    e.register_fn("wait_until", |nc: NativeCallContext<'_>, f: FnPtr, timeout: Dynamic, poll: Dynamic| {
-        let poll = num(&poll, "poll_secs")?;
-        wait_until(&nc, &f, &timeout, poll)
-    });
-    e.register_fn("note", |s: &str| text(TextKind::Note, s));
-    e.register_fn("notify", |s: &str| text(TextKind::Notify, s));
-    e.register_fn("escalate", |s: &str| text(TextKind::Escalate, s));
-    e.register_fn("fail", |s: &str| -> Result<(), Box<EvalAltResult>> {
-        let c = ctx()?;
-        *c.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(s.to_string());
-        c.set_stop(StopReason::Failed);
-        Err(terminated(StopReason::Failed))
-    });
-}
-
-fn wait_until(
-    nc: &NativeCallContext<'_>,
-    f: &FnPtr,
-    timeout: &Dynamic,
-    poll_secs: f64,
-) -> Result<bool, Box<EvalAltResult>> {
-    let c = ctx()?;
-    let timeout_ms = secs_ms(num(timeout, "timeout_secs")?, "timeout_secs")?;
-    let poll_ms = secs_ms(poll_secs.max(0.1), "poll_secs")?;
-    let end = c.clock.now_ms().saturating_add(timeout_ms);
-    loop {
-        let ok: bool = f.call_within_context(nc, ())?;
-        if ok {
-            return Ok(true);
-        }
-        let now = c.clock.now_ms();
-        if now >= end {
-            return Ok(false);
-        }
-        c.sleep_ms(poll_ms.min(end - now))?;
-    }
 }
 
 /// Compile a script with `event`, `params` and `target` in scope; errors

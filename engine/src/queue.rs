@@ -1,0 +1,547 @@
+//! The queue: which waiting run starts next (priority first, then age;
+//! critical runs past `max_concurrent_runs`; exclusive runs one per node,
+//! a critical one preempting a lower holder), the breakers that trip on a
+//! storm, the re-check of an event before its run may act, the run on its
+//! blocking thread, and the finish that releases its holds. Also the
+//! periodic tick: approval expiry, stale nodes, fleet triggers, schedules.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::json;
+
+use crate::audit::{NewRecord, RecordKind};
+use crate::core::Core;
+use crate::engine::{Engine, EngineError, RunRequest};
+use crate::executor::end_summary;
+use crate::manifest::{Priority, RunClass, Trigger};
+use crate::runs::{RunOutcome, RunState, RunSummary, Target};
+use crate::runtable::{RunEntry, RunTable};
+use crate::script::{self, RunCtx, ScriptOutcome};
+
+impl Engine {
+    // ---------------------------------------------------------------- the queue
+
+    /// Whether a queued run may start now, or what it waits for.
+    fn blocker(&self, t: &RunTable, r: &RunEntry) -> Option<String> {
+        let set = self.runbook_set();
+        let rb = set.runbooks.get(r.runbook_idx)?;
+        let limit = self.core.config.limits.max_concurrent_runs;
+        if r.priority != Priority::Critical && t.running >= limit {
+            return Some(format!("the engine runs {limit} runs at once (limits.max_concurrent_runs)"));
+        }
+        let mine = t.running_per_runbook.get(&r.summary.runbook).copied().unwrap_or(0);
+        if mine >= rb.manifest.max_concurrent as usize {
+            return Some(format!("{} runs of {} already (max_concurrent)", mine, r.summary.runbook));
+        }
+        if r.summary.dry_run || !r.exclusive {
+            return None;
+        }
+        let node = r.summary.target.node.as_ref()?;
+        match t.node_locks.get(node) {
+            Some(holder) if holder != &r.summary.id => Some(format!("run {holder}, exclusive on {node}")),
+            _ => None,
+        }
+    }
+
+    /// Start every run that may start now.
+    pub async fn pump(&self) {
+        loop {
+            let now = self.core.now();
+            let set = self.runbook_set();
+            let mut tripped: Vec<(String, String, i64)> = Vec::new();
+            let mut preempt: Vec<(String, String)> = Vec::new();
+            let to_start = {
+                let mut t = self.core.table();
+                for rb in &set.runbooks {
+                    let Some(b) = &rb.manifest.breaker else { continue };
+                    let name = &rb.manifest.name;
+                    let window_ms = (b.window_secs as i64).saturating_mul(1000);
+                    let Some(br) = t.breakers.get_mut(name) else { continue };
+                    let distinct = br.distinct(now, window_ms, b.count);
+                    if distinct as u32 > b.max_targets && br.tripped_until <= now {
+                        br.tripped_until = now.saturating_add(window_ms);
+                        let what = match b.count {
+                            crate::manifest::BreakerCount::Nodes => "nodes",
+                            crate::manifest::BreakerCount::Gpus => "GPUs",
+                        };
+                        tripped.push((
+                            name.clone(),
+                            format!(
+                                "breaker tripped: {distinct} {what} fired within {} s (max_targets {}): a fleet-wide event, not {distinct} broken {what}",
+                                b.window_secs, b.max_targets
+                            ),
+                            br.tripped_until,
+                        ));
+                    }
+                }
+                let mut pick = None;
+                let mut waits: Vec<(String, String)> = Vec::new();
+                for (i, id) in t.queue.iter().enumerate() {
+                    let Some(r) = t.runs.get(id) else { continue };
+                    if !r.announced {
+                        continue;
+                    }
+                    if r.not_before_ms > now {
+                        waits.push((id.clone(), "the breaker's hold (a storm is seen whole)".into()));
+                        continue;
+                    }
+                    if tripped.iter().any(|(n, ..)| n == &r.summary.runbook) {
+                        continue;
+                    }
+                    match self.blocker(&t, r) {
+                        None => {
+                            pick = Some(i);
+                            break;
+                        }
+                        Some(why) => {
+                            // A critical run preempts a lower exclusive run
+                            // holding its node.
+                            if r.priority == Priority::Critical
+                                && let Some(node) = &r.summary.target.node
+                                && let Some(holder) = t.node_locks.get(node)
+                                && t.runs.get(holder).is_some_and(|h| h.priority < Priority::Critical)
+                            {
+                                preempt.push((holder.clone(), r.summary.id.clone()));
+                            }
+                            waits.push((id.clone(), why));
+                        }
+                    }
+                }
+                for (id, why) in waits {
+                    if let Some(r) = t.runs.get_mut(&id) {
+                        r.summary.waiting_for = Some(why);
+                    }
+                }
+                pick.and_then(|i| {
+                    let id = t.queue.remove(i);
+                    let r = t.runs.get_mut(&id)?;
+                    r.summary.state = RunState::Running;
+                    r.summary.started_ms = Some(now);
+                    let waited = r.summary.waiting_for.take();
+                    let summary = r.summary.clone();
+                    let (idx, cancel, exclusive, event_ts) =
+                        (r.runbook_idx, r.cancel.clone(), r.exclusive, r.event_ts_ms);
+                    t.running += 1;
+                    *t.running_per_runbook.entry(summary.runbook.clone()).or_default() += 1;
+                    if exclusive
+                        && !summary.dry_run
+                        && let Some(n) = &summary.target.node
+                    {
+                        t.node_locks.insert(n.clone(), summary.id.clone());
+                    }
+                    Some((summary, idx, cancel, waited, event_ts))
+                })
+            };
+            for (name, reason, until) in tripped {
+                self.trip_breaker(&name, &reason, until).await;
+            }
+            for (holder, by) in preempt {
+                self.preempt(&holder, &by).await;
+            }
+            let Some((summary, idx, cancel, waited, event_ts)) = to_start else { break };
+            // Re-check before acting: the event may have aged, or its
+            // condition cleared, while the run waited.
+            if let Some(why) = self.stale_at_start(&summary, idx, event_ts) {
+                if let Err(e) = self.finish(&summary.id, RunOutcome::Skipped, Some(why), None).await {
+                    tracing::error!(run = %summary.id, error = %e, "cannot record a skipped run");
+                }
+                continue;
+            }
+            let waited_ms = summary.started_ms.unwrap_or(now).saturating_sub(summary.created_ms);
+            if let Err(e) = self
+                .core
+                .record_run(
+                    RecordKind::RunStarted,
+                    &summary,
+                    json!({"params": summary.params, "waited_ms": waited_ms, "waited_for": waited}),
+                )
+                .await
+            {
+                tracing::error!(run = %summary.id, error = %e, "cannot audit run start");
+            }
+            self.spawn_run(summary, idx, cancel);
+        }
+    }
+
+    /// Why a run about to start must not act, if it must not.
+    fn stale_at_start(&self, s: &RunSummary, idx: usize, event_ts: i64) -> Option<String> {
+        if s.trigger == "manual" {
+            return None;
+        }
+        let set = self.runbook_set();
+        let m = &set.runbooks.get(idx)?.manifest;
+        let age_ms = self.core.now().saturating_sub(event_ts);
+        if age_ms > (m.max_event_age_secs as i64).saturating_mul(1000) {
+            return Some(format!(
+                "the event was {} s old when the run could start (max_event_age_secs {}): not acted on",
+                age_ms / 1000,
+                m.max_event_age_secs
+            ));
+        }
+        match self.core.condition_holds(idx, s) {
+            Some((false, why)) => Some(format!("the condition cleared before the run could start: {why}")),
+            _ => None,
+        }
+    }
+
+    async fn preempt(&self, holder: &str, by: &str) {
+        let cancel = {
+            let mut t = self.core.table();
+            let Some(h) = t.runs.get_mut(holder) else { return };
+            if h.preempted_by.is_some() {
+                return;
+            }
+            h.preempted_by = Some(by.to_string());
+            h.cancel.clone()
+        };
+        cancel.store(true, Ordering::SeqCst);
+        self.core.counters.runs_preempted.fetch_add(1, Ordering::Relaxed);
+        let rec = NewRecord::new(
+            RecordKind::Note,
+            "engine",
+            json!({"text": format!("preempted: critical run {by} needs this node; this run is cancelled")}),
+        )
+        .run(holder);
+        if let Err(e) = self.core.audit.append(rec, None).await {
+            tracing::error!(error = %e, "cannot audit a preemption");
+        }
+        tracing::warn!(run = holder, by, "run preempted by a critical run");
+    }
+
+    async fn trip_breaker(&self, runbook: &str, reason: &str, until: i64) {
+        if let Err(e) = self
+            .core
+            .audit
+            .append(
+                NewRecord::new(
+                    RecordKind::BreakerTripped,
+                    "engine",
+                    json!({"reason": reason, "tripped_until_ms": until}),
+                )
+                .runbook(runbook),
+                None,
+            )
+            .await
+        {
+            tracing::error!(error = %e, "cannot audit a breaker trip");
+        }
+        let held: Vec<String> = {
+            let t = self.core.table();
+            t.queue.iter().filter(|id| t.runs.get(*id).is_some_and(|r| r.summary.runbook == runbook)).cloned().collect()
+        };
+        for id in &held {
+            if let Err(e) = self.finish(id, RunOutcome::Refused, Some(reason.to_string()), None).await {
+                tracing::error!(run = %id, error = %e, "cannot refuse a held run");
+            }
+        }
+        let rec = NewRecord::new(
+            RecordKind::Escalation,
+            "engine",
+            self.core.notification_data(
+                RecordKind::Escalation,
+                &format!("{runbook}: {reason}; {} held runs refused", held.len()),
+                "escalation",
+                false,
+            ),
+        )
+        .runbook(runbook);
+        tracing::warn!(runbook, reason, "breaker tripped");
+        match self.core.audit.append(rec, None).await {
+            Ok(r) => Core::deliver(&self.core, &r),
+            Err(e) => tracing::error!(error = %e, "cannot audit an escalation"),
+        }
+    }
+
+    fn spawn_run(&self, summary: RunSummary, idx: usize, cancel: Arc<AtomicBool>) {
+        let engine = self.clone();
+        let set = self.runbook_set();
+        let Some(rb) = set.runbooks.get(idx).cloned() else { return };
+        self.core.handle.spawn(async move {
+            let host = Arc::new(crate::host::Host::new(engine.core.clone(), &summary.id, idx));
+            let mut ctx = RunCtx::new(
+                crate::script::RunInfo {
+                    run_id: summary.id.clone(),
+                    runbook: summary.runbook.clone(),
+                    target: summary.target.clone(),
+                    dry_run: summary.dry_run,
+                    timeout_secs: rb.manifest.timeout_secs,
+                    max_notes: engine.core.config.script.max_notes,
+                },
+                engine.core.clock.clone(),
+                host,
+            );
+            ctx.cancel = cancel;
+            let ctx = Arc::new(ctx);
+            let event = rhai::serde::to_dynamic(&summary.event).unwrap_or_default();
+            let params = rhai::serde::to_dynamic(&summary.params).unwrap_or_default();
+            let target = rhai::serde::to_dynamic(json!({
+                "node": summary.target.node,
+                "gpu": summary.target.gpu,
+                "group_label": summary.target.group.as_ref().map(|g| g.0.clone()),
+                "group_value": summary.target.group.as_ref().map(|g| g.1.clone()),
+                "dry_run": summary.dry_run,
+                "run": summary.id,
+            }))
+            .unwrap_or_default();
+            let script = engine.core.script.clone();
+            let ast = rb.ast.clone();
+            let outcome =
+                tokio::task::spawn_blocking(move || script::execute(&script, &ast, ctx, event, params, target))
+                    .await
+                    .unwrap_or_else(|e| ScriptOutcome::Failed(format!("the run's thread panicked: {e}")));
+            let preempted = engine.core.table().runs.get(&summary.id).and_then(|r| r.preempted_by.clone());
+            let (o, err) = match outcome {
+                ScriptOutcome::Succeeded => (RunOutcome::Succeeded, None),
+                ScriptOutcome::Failed(m) => (RunOutcome::Failed, Some(m)),
+                ScriptOutcome::TimedOut(m) => (RunOutcome::TimedOut, Some(m)),
+                ScriptOutcome::Skipped(m) => (RunOutcome::Skipped, Some(m)),
+                ScriptOutcome::Cancelled => (
+                    RunOutcome::Cancelled,
+                    Some(match preempted {
+                        Some(by) => format!("preempted by critical run {by}"),
+                        None => "cancelled while running".to_string(),
+                    }),
+                ),
+            };
+            if let Err(e) = engine.finish(&summary.id, o, err, None).await {
+                tracing::error!(run = %summary.id, error = %e, "cannot record the end of a run");
+            }
+        });
+    }
+
+    /// End a run: release its holds, record the outcome, free its slot.
+    pub(crate) async fn finish(
+        &self,
+        run: &str,
+        outcome: RunOutcome,
+        error: Option<String>,
+        note: Option<&str>,
+    ) -> Result<RunSummary, EngineError> {
+        let (mut summary, held_on, keeps_on, was_running, fire) = {
+            let t = self.core.table();
+            let e = t.runs.get(run).ok_or_else(|| EngineError::NoSuchRun(run.into()))?;
+            (
+                e.summary.clone(),
+                e.held_on.clone(),
+                e.keeps_on.clone(),
+                e.summary.state == RunState::Running,
+                e.fire.clone(),
+            )
+        };
+        // The run's holds go when it ends (those it kept stay, leased).
+        let mut released = Vec::new();
+        let mut left = Vec::new();
+        for node in &held_on {
+            match self.core.release_run_holds(&summary, node).await {
+                Ok(v) => {
+                    if let Ok(r) = serde_json::from_value::<nightshift_proto::ReleaseResult>(v) {
+                        for s in r.settings {
+                            if s.outcome == nightshift_proto::RestoreOutcome::Drifted
+                                || s.outcome == nightshift_proto::RestoreOutcome::Failed
+                            {
+                                left.push(format!("{node}: {}", s.detail));
+                            }
+                            released.push(
+                                json!({"node": node, "setting": s.setting, "outcome": s.outcome, "detail": s.detail}),
+                            );
+                        }
+                    }
+                }
+                Err(e) => left.push(format!("{node}: holds not released ({e}); their lease ends them")),
+            }
+        }
+        let kept: Vec<String> = {
+            let holds = self.core.holds_by_node();
+            keeps_on
+                .iter()
+                .flat_map(|n| {
+                    holds.get(n).into_iter().flatten().filter(|h| h.owner == run).map(move |h| {
+                        format!(
+                            "{n}: {} until {}",
+                            h.value,
+                            h.expires_at_ms.map_or("a person releases it".into(), crate::alerts::format_rfc3339_ms)
+                        )
+                    })
+                })
+                .collect()
+        };
+        summary.holds_kept = kept.clone();
+        summary.holds_left = left.clone();
+        let now = self.core.now();
+        end_summary(&mut summary, outcome, error.clone(), now);
+        if !held_on.is_empty() && outcome == RunOutcome::Succeeded {
+            let tail = if !left.is_empty() {
+                format!("; {} hold(s) not restored: {}", left.len(), left.join("; "))
+            } else if !kept.is_empty() {
+                format!("; keeps {} hold(s): {}", kept.len(), kept.join("; "))
+            } else {
+                "; every hold released, baselines restored".to_string()
+            };
+            summary.ending = summary.ending.map(|e| e + tail.as_str());
+            summary.why = format!("{} — {}", summary.detail, summary.ending.clone().unwrap_or_default());
+        }
+        self.core
+            .record_run(
+                RecordKind::RunFinished,
+                &summary,
+                json!({"outcome": outcome.as_str(), "error": error, "note": note, "actions": summary.actions,
+                    "target": summary.target, "holds_released": released, "holds_kept": kept, "holds_left": left}),
+            )
+            .await?;
+        {
+            let mut t = self.core.table();
+            t.runs.remove(run);
+            t.queue.retain(|id| id != run);
+            let key = RunTable::key(&summary);
+            if t.active_by_key.get(&key).is_some_and(|id| id == run) {
+                t.active_by_key.remove(&key);
+            }
+            t.last_finished.insert(key, now);
+            if was_running {
+                t.running = t.running.saturating_sub(1);
+                if let Some(c) = t.running_per_runbook.get_mut(&summary.runbook) {
+                    *c = c.saturating_sub(1);
+                }
+            }
+            t.node_locks.retain(|_, holder| holder != run);
+        }
+        if let Some(f) = fire {
+            let mut b = self.core.brain();
+            let crate::core::Brain { store, triggers, .. } = &mut *b;
+            triggers.rearm(store, f.trigger, f.node, f.group.as_deref());
+        }
+        self.count_outcome(outcome);
+        tracing::info!(run, runbook = %summary.runbook, target = %summary.target, outcome = outcome.as_str(), "run finished");
+        // A slot is free: start what waits. (Boxed: pump → finish → pump.)
+        let engine = self.clone();
+        Box::pin(async move { engine.pump().await }).await;
+        Ok(summary)
+    }
+
+    // ---------------------------------------------------------------- tick
+
+    /// Periodic work: expire approvals, fire schedules and fleet triggers,
+    /// mark silent nodes disconnected, start queued runs.
+    pub async fn tick(&self) {
+        let now = self.core.now();
+        let expired: Vec<String> = self
+            .core
+            .table()
+            .runs
+            .values()
+            .filter(|r| r.summary.state == RunState::PendingApproval && r.approval_deadline_ms <= now)
+            .map(|r| r.summary.id.clone())
+            .collect();
+        for id in expired {
+            if let Err(e) = self
+                .finish(&id, RunOutcome::Cancelled, Some("approval expired: nobody approved it in time".into()), None)
+                .await
+            {
+                tracing::error!(run = %id, error = %e, "cannot expire an approval");
+            }
+        }
+        let stale_ms = (self.core.config.telemetry.stale_after_secs as i64).saturating_mul(1000);
+        for n in &self.core.fleet.nodes {
+            let mut st = n.state();
+            if st.connected && now.saturating_sub(st.last_seen_ms) > stale_ms {
+                st.connected = false;
+            }
+        }
+        self.fleet_triggers(now).await;
+        self.schedules(now).await;
+        self.pump().await;
+    }
+
+    async fn schedules(&self, now: i64) {
+        let set = self.runbook_set();
+        for rb in &set.runbooks {
+            let Trigger::Schedule { every_secs } = rb.manifest.trigger else { continue };
+            let every_ms = (every_secs as i64).saturating_mul(1000);
+            let due = {
+                let mut t = self.core.table();
+                let next = t.schedule_next.entry(rb.manifest.name.clone()).or_insert(now.saturating_add(every_ms));
+                if *next <= now {
+                    *next = now.saturating_add(every_ms);
+                    true
+                } else {
+                    false
+                }
+            };
+            if !due {
+                continue;
+            }
+            for n in self.core.fleet.nodes.clone() {
+                if !self.selector_matches(rb, &n) || !n.state().connected {
+                    continue;
+                }
+                let req = RunRequest {
+                    runbook: rb.manifest.name.clone(),
+                    target: Target::node(&n.spec.name),
+                    trigger: "schedule".into(),
+                    detail: format!("scheduled every {every_secs} s"),
+                    event: json!({"kind": "schedule", "every_secs": every_secs}),
+                    event_ts_ms: now,
+                    params: BTreeMap::new(),
+                    dry_run: false,
+                    requested_by: "engine".into(),
+                };
+                if let Err(e) = self.submit_inner(req, None).await {
+                    tracing::error!(runbook = %rb.manifest.name, error = %e, "cannot submit a scheduled run");
+                }
+            }
+        }
+    }
+
+    /// Runs executing right now.
+    pub fn running(&self) -> usize {
+        self.core.table().running
+    }
+
+    /// Runs that are executing and not asleep on the clock, plus runs ready
+    /// to start: zero means the engine is idle until time moves.
+    pub fn busy(&self) -> usize {
+        let now = self.core.now();
+        let t = self.core.table();
+        let startable = t
+            .queue
+            .iter()
+            .filter(|id| {
+                t.runs.get(*id).is_some_and(|r| r.announced && r.not_before_ms <= now && self.blocker(&t, r).is_none())
+            })
+            .count();
+        let running = t.running;
+        drop(t);
+        running.saturating_sub(self.core.clock.idle_sleepers())
+            + startable
+            + self.core.inflight_events.load(Ordering::SeqCst) as usize
+    }
+
+    /// Active runs as `id runbook target state`, for diagnostics.
+    pub fn active_runs(&self) -> Vec<String> {
+        let t = self.core.table();
+        let mut v: Vec<String> = t
+            .runs
+            .values()
+            .map(|r| format!("{} {} {} {:?}", r.summary.id, r.summary.runbook, r.summary.target, r.summary.state))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Runs waiting to start (queued or pending approval).
+    pub fn queue_depth(&self) -> usize {
+        self.core
+            .table()
+            .runs
+            .values()
+            .filter(|r| matches!(r.summary.state, RunState::Queued | RunState::PendingApproval))
+            .count()
+    }
+
+    /// The class a run's runbook declared.
+    pub fn run_class(&self, run: &str) -> Option<RunClass> {
+        self.core.table().runs.get(run).map(|r| r.class)
+    }
+}
