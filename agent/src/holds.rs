@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use nightshift_proto::{ActionKind, FanPoint, HoldInfo, HoldValue, Setting, SettingView, fan_curve_speed};
+use nightshift_proto::{ActionKind, EndedHold, FanPoint, HoldInfo, HoldValue, Setting, SettingView, fan_curve_speed};
 
 /// One held setting.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -58,7 +58,13 @@ struct Record {
     held: Vec<Held>,
     /// Applied changes per (kind, GPU), for the rate limits.
     rate: Vec<RateWindow>,
+    /// The most recent ends, oldest first (at most [`ENDED_KEPT`]).
+    #[serde(default)]
+    ended: VecDeque<EndedHold>,
 }
+
+/// How many ended holds the store remembers.
+pub const ENDED_KEPT: usize = 128;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -169,6 +175,21 @@ impl HoldStore {
     /// Forget a setting whose last hold went (after its restore).
     pub fn forget(&mut self, s: &Setting) {
         self.rec.held.retain(|h| &h.setting != s || !h.holds.is_empty());
+    }
+
+    /// Remember that a hold ended (for telemetry; saved with the store).
+    pub fn note_ended(&mut self, e: EndedHold) {
+        self.rec.ended.push_back(e);
+        while self.rec.ended.len() > ENDED_KEPT {
+            self.rec.ended.pop_front();
+        }
+    }
+
+    /// Holds that ended at or after `since_ms`, oldest first, at most `max`
+    /// (the newest ones).
+    pub fn ended_since(&self, since_ms: i64, max: usize) -> Vec<EndedHold> {
+        let recent: Vec<&EndedHold> = self.rec.ended.iter().filter(|e| e.ended_at_ms >= since_ms).collect();
+        recent[recent.len().saturating_sub(max)..].iter().map(|e| (*e).clone()).collect()
     }
 
     /// Holds whose lease has run out at `now_ms`.

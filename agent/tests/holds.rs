@@ -302,6 +302,36 @@ async fn a_config_baseline_marked_bad_is_never_restored() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "NCCL_SOCKET_IFNAME=eth1\n");
 }
 
+#[tokio::test]
+async fn a_held_config_version_marked_bad_ends_its_hold_and_is_never_put_back() {
+    let mut n = Node::new("h100-sxm");
+    let file = n.dir.path().join("nccl.env");
+    // A person applies a config through the agent (a hold with a lease).
+    let bad = ConfigApplyArgs { name: "nccl-env".into(), content: "NCCL_P2P_DISABLE=1\n".into(), note: None };
+    let v = n.ok("person:carol", Op::ConfigApply(bad), Some(3600)).await;
+    let bad_version = v["after"]["current_version"].as_u64().unwrap() as u32;
+    // A run rolls back and marks the version bad, then ends.
+    let rollback = Op::ConfigRollback(ConfigRollbackArgs { name: "nccl-env".into(), to_version: None });
+    n.ok("r1", rollback, Some(600)).await;
+    let mark = n
+        .ok("r1", Op::ConfigMark(ConfigMarkArgs { name: "nccl-env".into(), version: bad_version, good: false }), None)
+        .await;
+    assert_eq!(mark["after"]["holds_ended"].as_array().map(|a| a.len()), Some(1), "{mark}");
+    n.ok("r1", release_owner("r1"), None).await;
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "NCCL_DEBUG=WARN\n", "the bad version is not put back");
+    assert!(n.held().is_empty(), "{:?}", n.held());
+    // Telemetry tells the engine how each hold ended.
+    let t = n.agent.telemetry().await.unwrap();
+    let ends: Vec<(String, HoldEnd)> =
+        t.node_metrics.ended_holds.iter().map(|e| (e.hold.owner.clone(), e.how)).collect();
+    assert_eq!(ends, vec![("person:carol".into(), HoldEnd::Superseded), ("r1".into(), HoldEnd::Released)]);
+    // ... and remembers them across a restart, for ten minutes.
+    n.restart();
+    assert_eq!(n.agent.telemetry().await.unwrap().node_metrics.ended_holds.len(), 2);
+    n.advance(601).await;
+    assert!(n.agent.telemetry().await.unwrap().node_metrics.ended_holds.is_empty());
+}
+
 /// A GPU-less stand-in for real hardware: `sim_fault` must be refused.
 struct NotSim(Vec<GpuInfo>);
 

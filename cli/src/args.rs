@@ -199,6 +199,11 @@ pub enum AgentsCmd {
     ///
     /// Example: nightshift agents inventory gpu-a1
     Inventory { node: String },
+    /// What is held on a node: each setting's baseline, what is in effect,
+    /// and every hold behind it (owner, value, lease).
+    ///
+    /// Example: nightshift agents holds gpu-a1
+    Holds { node: String },
 }
 
 /// `nightshift demo`.

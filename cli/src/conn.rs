@@ -324,12 +324,21 @@ impl Conn {
             Conn::Remote(r) => r.get(&format!("/api/v1/agents/{}/{what}", crate::out::urlencode(node))).await,
             Conn::Local(l) => {
                 let e = l.engine().await?;
-                let op = if what == "inventory" { Op::Inventory(NoArgs {}) } else { Op::Telemetry(NoArgs {}) };
+                let op = match what {
+                    "inventory" => Op::Inventory(NoArgs {}),
+                    "holds" => Op::Holds(NoArgs {}),
+                    _ => Op::Telemetry(NoArgs {}),
+                };
                 let started = std::time::Instant::now();
                 let reply =
                     e.agent_call(node, op).await.map_err(|e| anyhow::Error::new(Fail(4)).context(e.to_string()))?;
-                if what == "inventory" {
-                    return reply.result.ok_or_else(|| anyhow!("{:?}", reply.error));
+                match what {
+                    "inventory" => return reply.result.ok_or_else(|| anyhow!("{:?}", reply.error)),
+                    "holds" => {
+                        let v = reply.result.ok_or_else(|| anyhow!("{:?}", reply.error))?;
+                        return Ok(json!({"node": node, "settings": v}));
+                    }
+                    _ => {}
                 }
                 Ok(
                     json!({"node": node, "ok": reply.ok, "round_trip_ms": (started.elapsed().as_secs_f64() * 100_000.0).round() / 100.0, "error": reply.error}),

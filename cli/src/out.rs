@@ -113,3 +113,25 @@ pub fn urlencode(s: &str) -> String {
         &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
     percent_encoding::utf8_percent_encode(s, SET).to_string()
 }
+
+/// A span of seconds as people read it: `45 s`, `12 min`, `3 h 20 min`,
+/// `2 d 4 h`.
+pub fn secs(s: i64) -> String {
+    let s = s.max(0);
+    match s {
+        0..=119 => format!("{s} s"),
+        120..=3599 => format!("{} min", s / 60),
+        3600..=86_399 => format!("{} h {} min", s / 3600, s % 3600 / 60),
+        _ => format!("{} d {} h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+#[cfg(test)]
+mod secs_tests {
+    #[test]
+    fn spans_read_like_a_person_says_them() {
+        for (s, want) in [(-5, "0 s"), (45, "45 s"), (720, "12 min"), (12_000, "3 h 20 min"), (187_200, "2 d 4 h")] {
+            assert_eq!(super::secs(s), want, "{s}");
+        }
+    }
+}

@@ -160,6 +160,18 @@ async fn embedded_engine() {
     assert_eq!(json(&o)["ok"], true);
     let o = run(d, &["agents", "inventory", "g1", "--json"]);
     assert_eq!(json(&o)["gpus"][0]["envelope_power_min_watts"], 200.0);
+    // The cap run kept its hold for an hour: the agent lists it with its
+    // owner, lease and the baseline it goes back to; g2 holds nothing.
+    let o = run(d, &["agents", "holds", "g1", "--json"]);
+    let v = json(&o);
+    assert_eq!(v["settings"][0]["baseline"]["watts"], 700.0, "{v}");
+    assert_eq!(v["settings"][0]["effective"]["watts"], 450.0, "{v}");
+    assert_eq!(v["settings"][0]["holds"][0]["kept"], true, "{v}");
+    let o = run(d, &["agents", "holds", "g1"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("GPU 0 power limit") && text.contains("kept") && text.contains("700 W"), "{text}");
+    let o = run(d, &["agents", "holds", "g2"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("g2: nothing held"), "{o:?}");
 
     // Validate, with a broken file.
     let o = run(d, &["runbooks", "validate", "runbooks"]);
@@ -327,6 +339,7 @@ fn every_subcommand_has_an_example_in_its_help() {
         &["agents", "list"],
         &["agents", "ping"],
         &["agents", "inventory"],
+        &["agents", "holds"],
         &["approve"],
         &["reject"],
         &["keygen"],
@@ -363,5 +376,13 @@ fn the_demo_remediates_every_scripted_fault() {
         assert!(line.ends_with("remediated"), "{line}");
     }
     assert!(summary.contains("chain verified up to record"));
+    // Every GPU ends at its baseline limit unless a run keeps a hold on
+    // purpose, and the summary says which holds remain and why.
+    assert!(
+        summary.contains("every GPU is at its default power limit")
+            || summary.contains("none in effect: every GPU is at its baseline power limit"),
+        "{summary}"
+    );
+    assert!(!summary.contains("without meaning to"), "{summary}");
     assert!(summary.contains("web UI     was at http://127.0.0.1:"));
 }

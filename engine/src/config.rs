@@ -188,6 +188,11 @@ pub struct WebhookTarget {
     /// Tries before giving up (with 1 s, 2 s, 4 s … between).
     #[serde(default = "d_attempts")]
     pub max_attempts: u32,
+    /// Also receive dry runs' notifications and escalations, marked
+    /// `dry_run: true` (and "[dry run]" in Slack text). Off by default: a
+    /// dry run sends nothing.
+    #[serde(default)]
+    pub dry_runs: bool,
 }
 
 fn d_attempts() -> u32 {

@@ -207,20 +207,24 @@ impl Core {
     /// `notification_delivery` record). A dry run's text goes nowhere.
     pub fn notification_data(&self, kind: RecordKind, text: &str, severity: &str, dry_run: bool) -> Value {
         if dry_run {
-            return json!({"text": text, "severity": severity, "dry_run": true, "delivered_to": [], "webhooks": [],
-                "note": "dry run: would have been sent"});
+            let opted_in: Vec<String> = self.notifier.dry_run_targets_for(kind).into_iter().map(|t| t.name).collect();
+            return json!({"text": text, "severity": severity, "dry_run": true, "delivered_to": [], "webhooks": opted_in,
+                "note": "dry run: would have been sent (only to targets with dry_runs: true, marked as a dry run)"});
         }
         let webhooks: Vec<String> = self.notifier.targets_for(kind).into_iter().map(|t| t.name).collect();
         json!({"text": text, "severity": severity, "delivered_to": ["log"], "webhooks": webhooks})
     }
 
     /// Send a durable notification record to the webhooks (in the
-    /// background) and audit each delivery. Dry-run records are not sent.
+    /// background) and audit each delivery. Dry-run records go only to
+    /// targets that opted in with `dry_runs: true` (marked as dry runs).
     pub fn deliver(core: &Arc<Core>, rec: &AuditRecord) {
-        if rec.data["dry_run"] == true {
-            return;
-        }
-        for target in core.notifier.targets_for(rec.kind) {
+        let targets = if rec.data["dry_run"] == true {
+            core.notifier.dry_run_targets_for(rec.kind)
+        } else {
+            core.notifier.targets_for(rec.kind)
+        };
+        for target in targets {
             let core2 = core.clone();
             let body = crate::notify::body(target.format, rec);
             let (seq, run, runbook, node) = (rec.seq, rec.run.clone(), rec.runbook.clone(), rec.node.clone());
@@ -422,6 +426,21 @@ impl Core {
     /// Holds in effect per node, from the agents' telemetry.
     pub fn holds_by_node(&self) -> BTreeMap<String, Vec<nightshift_proto::HoldInfo>> {
         self.fleet.nodes.iter().map(|n| (n.spec.name.clone(), n.state().holds.clone())).collect()
+    }
+
+    /// A node's holds as its agent has them now (`holds`, read-only); the
+    /// last telemetry's when the agent does not answer.
+    pub async fn current_holds(&self, node: &str) -> Vec<nightshift_proto::HoldInfo> {
+        let Some(n) = self.fleet.get(node).cloned() else { return Vec::new() };
+        let req = Request::new(self.ids.request("holds"), Op::Holds(nightshift_proto::NoArgs {}));
+        match n.transport.call(req).await {
+            Ok(r) if r.ok => r
+                .result
+                .and_then(|v| serde_json::from_value::<Vec<nightshift_proto::SettingView>>(v).ok())
+                .map(|views| views.into_iter().flat_map(|v| v.holds).collect())
+                .unwrap_or_else(|| n.state().holds.clone()),
+            _ => n.state().holds.clone(),
+        }
     }
 }
 

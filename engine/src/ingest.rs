@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use serde_json::json;
 
-use nightshift_proto::Telemetry;
+use nightshift_proto::{EndedHold, Telemetry};
 
 use crate::alerts::{Alert, WebhookPayload};
 use crate::audit::{NewRecord, RecordKind};
@@ -19,7 +19,7 @@ use crate::manifest::{Scope, Trigger};
 use crate::metrics::{self, MetricId, ids};
 use crate::runbook::Runbook;
 use crate::runs::Target;
-use crate::runtable::FireRef;
+use crate::runtable::{FireRef, ended_key};
 use crate::telemetry::{SeriesKey, samples_from};
 use crate::triggers::Fire;
 
@@ -39,6 +39,9 @@ impl Engine {
             st.drain_reason = t.node_metrics.drain_reason.clone();
             st.agent_hands_off = t.node_metrics.hands_off;
             st.holds = t.node_metrics.holds.clone();
+        }
+        if !t.node_metrics.ended_holds.is_empty() {
+            self.audit_ended_holds(&t.node, &t.node_metrics.ended_holds).await;
         }
         let fires = {
             let mut b = self.core.brain();
@@ -74,6 +77,57 @@ impl Engine {
         };
         self.core.counters.samples_ingested.fetch_add(t.gpus.len() as u64 * 12 + 8, Ordering::Relaxed);
         self.handle_fires(fires).await;
+    }
+
+    /// Audit each hold end an agent reports, once (the agent repeats recent
+    /// ends in every telemetry message; the seen set is rebuilt from the
+    /// audit log on start). An end on a run's hold goes on that run's page.
+    async fn audit_ended_holds(&self, node: &str, ended: &[EndedHold]) {
+        let fresh: Vec<&EndedHold> = {
+            let mut t = self.core.table();
+            ended
+                .iter()
+                .filter(|e| {
+                    let key = ended_key(node, &e.hold.id, e.ended_at_ms);
+                    if t.holds_ended.contains(&key) {
+                        return false;
+                    }
+                    t.holds_ended.insert(key);
+                    true
+                })
+                .collect()
+        };
+        for e in fresh {
+            let run = self.core.audit.run(&e.hold.owner).ok().flatten();
+            let mut rec = NewRecord::new(
+                RecordKind::HoldEnded,
+                &format!("agent:{node}"),
+                json!({
+                    "hold_id": e.hold.id,
+                    "owner": e.hold.owner,
+                    "setting": e.hold.setting.to_string(),
+                    "kind": e.hold.setting.kind(),
+                    "value": e.hold.value.to_string(),
+                    "reason": e.hold.reason,
+                    "placed_at_ms": e.hold.placed_at_ms,
+                    "expires_at_ms": e.hold.expires_at_ms,
+                    "ended_at_ms": e.ended_at_ms,
+                    "how": e.how.as_str(),
+                    "by": e.by,
+                    "outcome": e.outcome,
+                    "now": e.now.to_string(),
+                }),
+            )
+            .node(Some(node))
+            .gpu(e.hold.setting.gpu());
+            if let Some(r) = &run {
+                rec = rec.run(&r.id).runbook(&r.runbook);
+            }
+            tracing::info!(node, hold = %e.hold.id, owner = %e.hold.owner, how = e.how.as_str(), outcome = ?e.outcome, "hold ended");
+            if let Err(err) = self.core.audit.append(rec, None).await {
+                tracing::error!(node, hold = %e.hold.id, error = %err, "cannot audit a hold's end");
+            }
+        }
     }
 
     /// Feed samples from an external source (Prometheus, DCGM exporter):

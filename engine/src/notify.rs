@@ -39,6 +39,12 @@ impl Notifier {
         self.targets.iter().filter(|t| escalation || !t.escalations_only).cloned().collect()
     }
 
+    /// The targets a dry run's notification of `kind` goes to: only those
+    /// that opted in with `dry_runs: true`.
+    pub fn dry_run_targets_for(&self, kind: RecordKind) -> Vec<WebhookTarget> {
+        self.targets_for(kind).into_iter().filter(|t| t.dry_runs).collect()
+    }
+
     /// Send `body` to `target`, retrying failures (network errors and
     /// non-2xx answers).
     pub async fn deliver(&self, target: &WebhookTarget, body: &Value) -> Delivery {
@@ -71,6 +77,7 @@ impl Notifier {
 pub fn body(format: WebhookFormat, rec: &AuditRecord) -> Value {
     let text = rec.data["text"].as_str().unwrap_or("");
     let severity = rec.data["severity"].as_str().unwrap_or("info");
+    let dry_run = rec.data["dry_run"] == true;
     let target = match (&rec.node, rec.gpu) {
         (Some(n), Some(g)) => format!("{n}/{g}"),
         (Some(n), None) => n.clone(),
@@ -88,10 +95,11 @@ pub fn body(format: WebhookFormat, rec: &AuditRecord) -> Value {
             "gpu": rec.gpu,
             "audit_seq": rec.seq,
             "ts_ms": rec.ts_ms,
+            "dry_run": dry_run,
         }),
         WebhookFormat::Slack => {
             let icon = if rec.kind == RecordKind::Escalation { ":rotating_light:" } else { ":information_source:" };
-            let mut head = format!("{icon} *{severity}*");
+            let mut head = format!("{}{icon} *{severity}*", if dry_run { "[dry run] " } else { "" });
             if let Some(rb) = &rec.runbook {
                 head.push_str(&format!(" {rb}"));
             }
@@ -146,6 +154,7 @@ mod tests {
                     escalations_only: false,
                     timeout_secs: 1,
                     max_attempts: 1,
+                    dry_runs: false,
                 },
                 WebhookTarget {
                     name: "pager".into(),
@@ -154,10 +163,20 @@ mod tests {
                     escalations_only: true,
                     timeout_secs: 1,
                     max_attempts: 1,
+                    dry_runs: true,
                 },
             ],
         });
         assert_eq!(n.targets_for(RecordKind::Notification).len(), 1);
         assert_eq!(n.targets_for(RecordKind::Escalation).len(), 2);
+        // Dry runs reach only the target that opted in, marked.
+        assert!(n.dry_run_targets_for(RecordKind::Notification).is_empty());
+        let dry: Vec<String> = n.dry_run_targets_for(RecordKind::Escalation).into_iter().map(|t| t.name).collect();
+        assert_eq!(dry, vec!["pager".to_string()]);
+        let mut r = rec(RecordKind::Escalation);
+        r.data["dry_run"] = json!(true);
+        assert!(body(WebhookFormat::Slack, &r)["text"].as_str().unwrap().starts_with("[dry run] :rotating_light:"));
+        assert_eq!(body(WebhookFormat::Generic, &r)["dry_run"], true);
+        assert_eq!(body(WebhookFormat::Generic, &rec(RecordKind::Escalation))["dry_run"], false);
     }
 }

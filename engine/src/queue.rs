@@ -352,21 +352,16 @@ impl Engine {
                 Err(e) => left.push(format!("{node}: holds not released ({e}); their lease ends them")),
             }
         }
-        let kept: Vec<String> = {
-            let holds = self.core.holds_by_node();
-            keeps_on
-                .iter()
-                .flat_map(|n| {
-                    holds.get(n).into_iter().flatten().filter(|h| h.owner == run).map(move |h| {
-                        format!(
-                            "{n}: {} until {}",
-                            h.value,
-                            h.expires_at_ms.map_or("a person releases it".into(), crate::alerts::format_rfc3339_ms)
-                        )
-                    })
-                })
-                .collect()
-        };
+        let mut kept: Vec<String> = Vec::new();
+        for n in &keeps_on {
+            for h in self.core.current_holds(n).await.into_iter().filter(|h| h.owner == run) {
+                kept.push(format!(
+                    "{n}: {} until {}",
+                    h.value,
+                    h.expires_at_ms.map_or("a person releases it".into(), crate::alerts::format_rfc3339_ms)
+                ));
+            }
+        }
         summary.holds_kept = kept.clone();
         summary.holds_left = left.clone();
         let now = self.core.now();

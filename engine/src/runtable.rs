@@ -108,14 +108,22 @@ pub struct RunTable {
     pub schedule_next: HashMap<String, i64>,
     /// Alert dedup: `status|fingerprint@startsAt`.
     pub alerts_seen: SeenSet,
+    /// Ended holds already audited (`node|hold id|ended_at_ms`).
+    pub holds_ended: SeenSet,
     /// Fingerprints of resolved alerts.
     pub resolved: SeenSet,
+}
+
+/// The dedup key of an ended hold.
+pub fn ended_key(node: &str, hold_id: &str, ended_at_ms: i64) -> String {
+    format!("{node}|{hold_id}|{ended_at_ms}")
 }
 
 impl RunTable {
     pub fn new(dedup_entries: usize) -> RunTable {
         RunTable {
             alerts_seen: SeenSet::new(dedup_entries),
+            holds_ended: SeenSet::new(dedup_entries),
             resolved: SeenSet::new(dedup_entries),
             ..RunTable::default()
         }
@@ -174,6 +182,13 @@ impl RunTable {
             RecordKind::BreakerTripped => {
                 if let (Some(rb), Some(until)) = (&r.runbook, r.data.get("tripped_until_ms").and_then(Value::as_i64)) {
                     self.breakers.entry(rb.clone()).or_default().tripped_until = until;
+                }
+            }
+            RecordKind::HoldEnded => {
+                if let (Some(node), Some(id), Some(at)) =
+                    (&r.node, r.data["hold_id"].as_str(), r.data["ended_at_ms"].as_i64())
+                {
+                    self.holds_ended.insert(ended_key(node, id, at));
                 }
             }
             RecordKind::EventReceived if r.data["source"] == "alertmanager" => {

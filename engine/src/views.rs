@@ -124,6 +124,20 @@ impl Engine {
         })
     }
 
+    /// Every hold in effect on the fleet, as the agents last reported
+    /// them: `(node, hold)`.
+    pub fn active_holds(&self) -> Vec<(String, nightshift_proto::HoldInfo)> {
+        self.core
+            .fleet
+            .nodes
+            .iter()
+            .flat_map(|n| {
+                let name = n.spec.name.clone();
+                n.state().holds.clone().into_iter().map(move |h| (name.clone(), h))
+            })
+            .collect()
+    }
+
     /// Every node's view.
     pub fn nodes(&self) -> Vec<NodeView> {
         self.node_names().iter().filter_map(|n| self.node(n)).collect()

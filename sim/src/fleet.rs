@@ -9,8 +9,11 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
 
 use serde::{Deserialize, Serialize};
 
@@ -21,8 +24,8 @@ use nightshift_agent::envelope::Policy;
 use nightshift_agent::node::configs::ManagedConfig;
 use nightshift_agent::service::{Agent, AgentOptions};
 use nightshift_proto::clock::{SharedClock, VirtualClock};
-use nightshift_proto::ssh::client::AgentTransport;
-use nightshift_proto::{Op, Request, SimFault};
+use nightshift_proto::ssh::client::{AgentTransport, ClientError};
+use nightshift_proto::{Op, Reply, Request, SimFault};
 
 use nightshift_engine::audit::AuditStore;
 use nightshift_engine::config::{AuthConfig, EngineConfig, Limits, TelemetryConfig};
@@ -106,6 +109,54 @@ pub struct SimFleet {
     pub sims: BTreeMap<String, Arc<SimBackend>>,
     pub tick_ms: i64,
     pub dir: PathBuf,
+    /// What a restart needs to build the same engine and agents again.
+    rebuild: Rebuild,
+}
+
+/// The parts of a fleet a restart builds again.
+struct Rebuild {
+    /// Each node's agent options and the slot the engine reaches it through.
+    agents: BTreeMap<String, (AgentOptions, AgentSlot)>,
+    specs: Vec<NodeSpec>,
+    runbooks: RunbookSet,
+    script: Arc<rhai::Engine>,
+    wrap_transport: Option<TransportWrapper>,
+    /// Cut when the engine that uses these links "dies".
+    links_alive: Arc<AtomicBool>,
+    engine_generation: u32,
+}
+
+/// The agent currently serving a node; an agent restart swaps it.
+#[derive(Clone)]
+struct AgentSlot(Arc<RwLock<Arc<Agent>>>);
+
+impl AgentSlot {
+    fn get(&self) -> Arc<Agent> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// One engine's connection to one node: the current agent behind the slot,
+/// until the engine it belongs to is restarted (then every call fails, as a
+/// dead process's connections do).
+struct EngineLink {
+    slot: AgentSlot,
+    alive: Arc<AtomicBool>,
+}
+
+impl AgentTransport for EngineLink {
+    fn call(&self, req: Request) -> BoxFuture<'_, Result<Reply, ClientError>> {
+        Box::pin(async move {
+            if !self.alive.load(Ordering::SeqCst) {
+                return Err(ClientError::Channel {
+                    addr: self.slot.get().node().to_string(),
+                    message: "the engine that owned this connection was restarted".into(),
+                });
+            }
+            let agent = self.slot.get();
+            LocalAgent(agent).call(req).await
+        })
+    }
 }
 
 /// The simulation stopped making progress.
@@ -131,7 +182,8 @@ impl SimFleet {
         let shared: SharedClock = Arc::new(clock.clone());
         let mut agents = BTreeMap::new();
         let mut sims = BTreeMap::new();
-        let mut nodes = Vec::new();
+        let mut specs = Vec::new();
+        let mut slots = BTreeMap::new();
         for (i, n) in opts.nodes.iter().enumerate() {
             let sim = Arc::new(
                 SimBackend::new(SimConfig {
@@ -156,30 +208,26 @@ impl SimFleet {
                 o.configs.insert(name.clone(), ManagedConfig { path });
             }
             let backend: Arc<dyn Backend> = sim.clone();
-            let agent = Arc::new(Agent::new(o, backend, shared.clone()).map_err(|e| SimError::Setup(e.to_string()))?);
+            let agent =
+                Arc::new(Agent::new(o.clone(), backend, shared.clone()).map_err(|e| SimError::Setup(e.to_string()))?);
             if let Some(reason) = &n.drained {
                 agent
                     .handle(Request::new("setup-drain", Op::SimFault(SimFault::PersonDrain { reason: reason.clone() })))
                     .await;
             }
-            let mut transport: Arc<dyn AgentTransport> = Arc::new(LocalAgent(agent.clone()));
-            if let Some(w) = &opts.wrap_transport {
-                transport = w(&n.name, transport);
-            }
-            nodes.push((
-                NodeSpec {
-                    name: n.name.clone(),
-                    address: format!("sim:{}", n.name),
-                    host_key: "SHA256:sim".into(),
-                    labels: n.labels.clone(),
-                    standby: n.standby,
-                },
-                format!("sim:{}", n.name),
-                transport,
-            ));
+            specs.push(NodeSpec {
+                name: n.name.clone(),
+                address: format!("sim:{}", n.name),
+                host_key: "SHA256:sim".into(),
+                labels: n.labels.clone(),
+                standby: n.standby,
+            });
+            slots.insert(n.name.clone(), (o, AgentSlot(Arc::new(RwLock::new(agent.clone())))));
             agents.insert(n.name.clone(), agent);
             sims.insert(n.name.clone(), sim);
         }
+        let links_alive = Arc::new(AtomicBool::new(true));
+        let nodes = links(&specs, &slots, &links_alive, opts.wrap_transport.as_ref());
         let config = EngineConfig {
             version: 1,
             listen_addr: "127.0.0.1:0".into(),
@@ -202,12 +250,96 @@ impl SimFleet {
             audit,
             nodes,
             script: opts.script_engine.clone(),
-            runbooks: opts.runbooks,
+            runbooks: opts.runbooks.clone(),
         });
         engine.refresh_inventories().await;
-        let fleet = SimFleet { clock, engine, agents, sims, tick_ms: opts.tick_ms, dir: dir.to_path_buf() };
+        let rebuild = Rebuild {
+            agents: slots,
+            specs,
+            runbooks: opts.runbooks,
+            script: opts.script_engine,
+            wrap_transport: opts.wrap_transport,
+            links_alive,
+            engine_generation: 0,
+        };
+        let fleet = SimFleet { clock, engine, agents, sims, tick_ms: opts.tick_ms, dir: dir.to_path_buf(), rebuild };
         fleet.feed().await;
         Ok(fleet)
+    }
+
+    /// The engine's data folder (it changes with each engine restart).
+    pub fn engine_dir(&self) -> PathBuf {
+        self.engine.config().data_dir.clone()
+    }
+
+    /// The engine process dies and a new one starts on what its data
+    /// folder held at that moment: the old engine's connections are cut
+    /// (its runs can send nothing more), its folder is copied as it is on
+    /// disk, and a new engine opens the copy, recovers and announces its
+    /// start. Returns the runs recovery interrupted.
+    pub async fn restart_engine(&mut self) -> Result<Vec<String>, SimError> {
+        let now = self.engine_dir();
+        self.restart_engine_from(&now).await
+    }
+
+    /// Copy the engine's data folder as it is now (a backup).
+    pub fn snapshot_engine(&self, to: &Path) -> Result<(), SimError> {
+        copy_dir(&self.engine_dir(), to).map_err(|e| SimError::Setup(format!("engine snapshot: {e}")))
+    }
+
+    /// [`SimFleet::restart_engine`], starting from the data folder `from`
+    /// (the current one, or a backup taken earlier with
+    /// [`SimFleet::snapshot_engine`]: "restore a backup and start").
+    pub async fn restart_engine_from(&mut self, from: &Path) -> Result<Vec<String>, SimError> {
+        let setup = |e: &dyn std::fmt::Display| SimError::Setup(format!("engine restart: {e}"));
+        self.rebuild.links_alive.store(false, Ordering::SeqCst);
+        self.engine.cancel_all();
+        self.clock.poke();
+        self.rebuild.engine_generation += 1;
+        let new = self.dir.join(format!("engine.{}", self.rebuild.engine_generation));
+        copy_dir(from, &new).map_err(|e| setup(&e))?;
+        let alive = Arc::new(AtomicBool::new(true));
+        let nodes = links(&self.rebuild.specs, &self.rebuild.agents, &alive, self.rebuild.wrap_transport.as_ref());
+        self.rebuild.links_alive = alive;
+        let mut config = self.engine.config().clone();
+        config.data_dir = new;
+        let shared: SharedClock = Arc::new(self.clock.clone());
+        let audit = AuditStore::open(&config.data_dir, shared.clone()).map_err(|e| setup(&e))?;
+        let engine = Engine::new(EngineParts {
+            config,
+            clock: shared,
+            audit,
+            nodes,
+            script: self.rebuild.script.clone(),
+            runbooks: self.rebuild.runbooks.clone(),
+        });
+        let old = std::mem::replace(&mut self.engine, engine);
+        drop(old);
+        self.engine.refresh_inventories().await;
+        self.engine.announce_start().await.map_err(|e| setup(&e))?;
+        let interrupted = self.engine.recover().await.map_err(|e| setup(&e))?;
+        self.feed().await;
+        self.settle().await?;
+        Ok(interrupted)
+    }
+
+    /// A node's agent process restarts: a new agent on the same state
+    /// folder and the same hardware (which keeps whatever was applied).
+    pub fn restart_agent(&mut self, node: &str) -> Result<(), SimError> {
+        let (opts, slot) = self
+            .rebuild
+            .agents
+            .get(node)
+            .ok_or_else(|| SimError::Setup(format!("agent restart: node `{node}` is not in the fleet")))?;
+        let backend: Arc<dyn Backend> = self.sims[node].clone();
+        let shared: SharedClock = Arc::new(self.clock.clone());
+        let agent = Arc::new(
+            Agent::new(opts.clone(), backend, shared)
+                .map_err(|e| SimError::Setup(format!("agent restart on {node}: {e}")))?,
+        );
+        *slot.0.write().unwrap_or_else(|e| e.into_inner()) = agent.clone();
+        self.agents.insert(node.to_string(), agent);
+        Ok(())
     }
 
     /// The simulated hardware of a node.
@@ -293,6 +425,41 @@ impl SimFleet {
     pub fn elapsed_secs(&self, start_ms: i64) -> f64 {
         (nightshift_proto::clock::Clock::now_ms(&self.clock) - start_ms) as f64 / 1000.0
     }
+}
+
+/// The engine's transports to every node, through `alive`.
+fn links(
+    specs: &[NodeSpec],
+    slots: &BTreeMap<String, (AgentOptions, AgentSlot)>,
+    alive: &Arc<AtomicBool>,
+    wrap: Option<&TransportWrapper>,
+) -> Vec<(NodeSpec, String, Arc<dyn AgentTransport>)> {
+    specs
+        .iter()
+        .map(|spec| {
+            let slot = slots[&spec.name].1.clone();
+            let mut t: Arc<dyn AgentTransport> = Arc::new(EngineLink { slot, alive: alive.clone() });
+            if let Some(w) = wrap {
+                t = w(&spec.name, t);
+            }
+            (spec.clone(), spec.address.clone(), t)
+        })
+        .collect()
+}
+
+/// Copy a folder tree (an engine's data folder "as on disk").
+pub fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let p = e.path();
+        if p.is_dir() {
+            copy_dir(&p, &to.join(e.file_name()))?;
+        } else {
+            std::fs::copy(&p, to.join(e.file_name()))?;
+        }
+    }
+    Ok(())
 }
 
 impl Drop for SimFleet {

@@ -95,6 +95,19 @@ pub struct Event {
     /// (as Alertmanager would, with a stable fingerprint).
     #[serde(default)]
     pub alert: Option<AlertEvent>,
+    /// A process restarts: `engine` (it dies and starts again on what its
+    /// data folder held) or `agent` (on `node`, or every node with
+    /// `all_nodes`; the hardware keeps what was applied).
+    #[serde(default)]
+    pub restart: Option<Restart>,
+}
+
+/// Which process a timeline event restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Restart {
+    Engine,
+    Agent,
 }
 
 /// An alert in a scenario's timeline.
@@ -226,6 +239,10 @@ pub struct Check {
     /// The managed config's current version.
     #[serde(default)]
     pub config_version: Option<(String, u32)>,
+    /// How many holds are in effect on the node (on `gpu` when given):
+    /// `holds: 0` says everything went back to its baseline.
+    #[serde(default)]
+    pub holds: Option<usize>,
 }
 
 /// One action line of a report.
@@ -329,15 +346,21 @@ impl Scenario {
         }
         let names: Vec<&str> = s.fleet.iter().map(|n| n.name.as_str()).collect();
         for e in &s.timeline {
-            let what = [e.fault.is_some(), e.config_apply.is_some(), e.pool_load.is_some(), e.alert.is_some()]
-                .iter()
-                .filter(|b| **b)
-                .count();
+            let what = [
+                e.fault.is_some(),
+                e.config_apply.is_some(),
+                e.pool_load.is_some(),
+                e.alert.is_some(),
+                e.restart.is_some(),
+            ]
+            .iter()
+            .filter(|b| **b)
+            .count();
             if what != 1 {
                 return Err(err(
                     &format!("at_secs: {}", e.at_secs),
                     format!(
-                        "timeline at {} s: expected exactly one of fault, config_apply, pool_load, alert",
+                        "timeline at {} s: expected exactly one of fault, config_apply, pool_load, alert, restart",
                         e.at_secs
                     ),
                 ));
@@ -370,7 +393,16 @@ impl Scenario {
                     format!("timeline at {} s: node `{n}` is not in the fleet: expected one of {names:?}", e.at_secs),
                 ));
             }
-            if (e.fault.is_some() || e.config_apply.is_some()) && e.node.is_none() && !e.all_nodes {
+            if e.restart == Some(Restart::Engine) && (e.node.is_some() || e.all_nodes) {
+                return Err(err(
+                    &format!("at_secs: {}", e.at_secs),
+                    format!("timeline at {} s: `restart: engine` takes no node (there is one engine)", e.at_secs),
+                ));
+            }
+            if (e.fault.is_some() || e.config_apply.is_some() || e.restart == Some(Restart::Agent))
+                && e.node.is_none()
+                && !e.all_nodes
+            {
                 return Err(err(
                     &format!("at_secs: {}", e.at_secs),
                     format!("timeline at {} s: name a node (or all_nodes: true)", e.at_secs),
@@ -537,6 +569,23 @@ async fn check(sim: &SimFleet, c: &Check) -> Vec<String> {
             out.push(format!("{when}: {}/gpu{g} power limit is {got:?} W, expected {w} W", c.node));
         }
     }
+    if let Some(n) = c.holds {
+        let held: Vec<String> = t
+            .node_metrics
+            .holds
+            .iter()
+            .filter(|h| c.gpu.is_none_or(|g| h.setting.gpu() == Some(g)))
+            .map(|h| format!("{} {} by {}", h.setting, h.value, h.owner))
+            .collect();
+        if held.len() != n {
+            out.push(format!(
+                "{when}: {}{} has {} hold(s) in effect, expected {n}: {held:?}",
+                c.node,
+                c.gpu.map(|g| format!("/gpu{g}")).unwrap_or_default(),
+                held.len()
+            ));
+        }
+    }
     if let Some((key, present)) = &c.annotation {
         let has = sim.engine.node(&c.node).is_some_and(|n| n.state.annotations.contains_key(key));
         if has != *present {
@@ -676,7 +725,7 @@ pub async fn run_traced(
         ..nightshift_agent::envelope::Policy::default()
     });
     let started = Instant::now();
-    let sim = SimFleet::start(opts, dir.path()).await.map_err(|e| ScenarioError::Setup(e.to_string()))?;
+    let mut sim = SimFleet::start(opts, dir.path()).await.map_err(|e| ScenarioError::Setup(e.to_string()))?;
     let t0 = sim.clock.now_ms();
     let mut failures = Vec::new();
     let mut timeline = scenario.timeline.clone();
@@ -722,6 +771,26 @@ pub async fn run_traced(
             }
             if let Some(p) = &e.pool_load {
                 workload.set_pool(p.clone());
+            }
+            match e.restart {
+                Some(Restart::Engine) => {
+                    if let Err(err) = sim.restart_engine().await {
+                        failures.push(format!("timeline at {} s: {err}", e.at_secs));
+                    }
+                }
+                Some(Restart::Agent) => {
+                    let nodes: Vec<String> = if e.all_nodes {
+                        sim.agents.keys().cloned().collect()
+                    } else {
+                        e.node.clone().into_iter().collect()
+                    };
+                    for n in nodes {
+                        if let Err(err) = sim.restart_agent(&n) {
+                            failures.push(format!("timeline at {} s: {err}", e.at_secs));
+                        }
+                    }
+                }
+                None => {}
             }
             if let (Some(a), Some(node)) = (&e.alert, &e.node) {
                 let payload = alert_payload(a, node, sim.clock.now_ms());

@@ -111,6 +111,40 @@ async fn exclusive_runs_wait_for_each_other_and_the_rest_overlap() {
     assert!(rb_.why.contains("every hold released, baselines restored"), "{}", rb_.why);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_queued_past_its_event_age_is_skipped_not_acted() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "long",
+        "trigger:\n  type: manual\nscope: node\nexclusive: true\n",
+        "set_power_limit(0, 600);\nsleep(300);\n",
+    );
+    write_runbook(
+        rb.path(),
+        "hot",
+        &format!("{HOT_ALERT}exclusive: true\nmax_event_age_secs: 60\n"),
+        "set_power_limit(0, 450);\n",
+    );
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let long = run_id(&f.engine.submit(manual_req("long", "n1")).await.unwrap());
+    f.step().await.unwrap();
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", now(f), "firing"), "alertmanager");
+    f.run_for(5).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    let hot = runs.iter().find(|r| r.runbook == "hot").expect("the alert queued a run");
+    assert_eq!(hot.state, RunState::Queued, "behind the exclusive run");
+    let hot_id = hot.id.clone();
+    until_finished(f, &long, 400).await;
+    let r = until_finished(f, &hot_id, 30).await;
+    assert_eq!(r.outcome, Some(RunOutcome::Skipped), "{r:?}");
+    assert!(r.why.contains("max_event_age_secs 60"), "the reason says why: {}", r.why);
+    let recs = f.engine.run_records(&hot_id).unwrap();
+    assert!(!recs.iter().any(|r| r.kind == RecordKind::ActionIntent), "a stale run sends nothing: {recs:#?}");
+    assert_eq!(power_limit(f, "n1", 0).await, 700.0);
+}
+
 fn manual_req(runbook: &str, node: &str) -> nightshift_engine::engine::RunRequest {
     manual(runbook, Target::node(node), "user:alice")
 }

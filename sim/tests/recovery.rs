@@ -1,7 +1,9 @@
-//! Crash recovery: a run cut off mid-action is `interrupted` after restart,
-//! its open intent is reconciled with the agent by request id, the action
-//! is never applied twice, and the run's hold is released (the GPU goes back
-//! to its baseline).
+//! Crash recovery and restarts: a run cut off mid-action is `interrupted`
+//! after restart, its open intent is reconciled with the agent by request
+//! id, the action is never applied twice, and the run's hold is released;
+//! a still-firing alert does not re-run after each restart; two runs'
+//! holds on one GPU end at the baseline across engine and agent restarts;
+//! a restored backup never gets an old reply replayed as "applied".
 
 mod common;
 
@@ -41,16 +43,12 @@ impl AgentTransport for Gated {
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let p = e.path();
-        if p.is_dir() {
-            copy_dir(&p, &to.join(e.file_name()));
-        } else {
-            std::fs::copy(&p, to.join(e.file_name())).unwrap();
-        }
-    }
+    nightshift_sim::fleet::copy_dir(from, to).unwrap();
+}
+
+async fn telemetry(f: &nightshift_sim::fleet::SimFleet, node: &str) -> Telemetry {
+    let r = f.agent(node).handle(Request::new("probe", Op::Telemetry(NoArgs {}))).await;
+    serde_json::from_value(r.result.unwrap()).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,7 +79,7 @@ async fn an_interrupted_run_is_marked_and_its_action_not_reapplied() {
 
     // Crash: the disk as it is now, opened by a new engine.
     let crash = tempfile::tempdir().unwrap();
-    copy_dir(&f.dir.join("engine"), crash.path());
+    copy_dir(&f.engine_dir(), crash.path());
     let clock: nightshift_proto::clock::SharedClock = Arc::new(f.clock.clone());
     let audit = AuditStore::open(crash.path(), clock.clone()).unwrap();
     let script = Arc::new(build_engine(&ScriptLimits::default()));
@@ -133,4 +131,160 @@ async fn an_interrupted_run_is_marked_and_its_action_not_reapplied() {
     assert!(engine2.recover().await.unwrap().is_empty());
     gate.notify_waiters();
     gate.notify_one();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_firing_alert_across_three_engine_restarts_runs_once_per_cooldown() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "hot",
+        "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 600\n",
+        "set_power_limit(0, 500);\nsleep(10);\n",
+    );
+    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let started_at = now(&sim.fleet);
+    let first = alert_payload("GpuHot", "n1", "fp-1", started_at, "firing");
+    let f = &sim.fleet;
+    f.engine.ingest_alertmanager(first.clone(), "alertmanager");
+    f.run_for(30).await.unwrap();
+    assert_eq!(f.engine.runs(&Default::default()).unwrap().runs.len(), 1);
+    for restart in 1..=3 {
+        let interrupted = sim.fleet.restart_engine().await.unwrap();
+        assert!(interrupted.is_empty(), "restart {restart}: {interrupted:?}");
+        let f = &sim.fleet;
+        // Alertmanager re-sends what it could not deliver while the engine
+        // was down: the same alert (a duplicate) and, after a flap, the same
+        // alert with a new start (a new episode inside the cooldown).
+        let again = f.engine.ingest_alertmanager(first.clone(), "alertmanager");
+        assert_eq!(again.duplicates, 1, "restart {restart}: the dedup set survived");
+        let t = now(f);
+        f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "firing"), "alertmanager");
+        f.run_for(30).await.unwrap();
+        let runs = f.engine.runs(&Default::default()).unwrap().runs;
+        assert_eq!(runs.len(), 1, "restart {restart}: {runs:#?}");
+    }
+    let f = &sim.fleet;
+    let recs = records(f);
+    assert_eq!(recs.iter().filter(|r| r.kind == RecordKind::EngineStarted).count(), 3);
+    let suppressed: Vec<_> = recs.iter().filter(|r| r.kind == RecordKind::TriggerSuppressed).collect();
+    assert_eq!(suppressed.len(), 1, "suppressed once per episode, audited: {suppressed:#?}");
+    assert!(suppressed[0].data["reason"].as_str().unwrap().contains("cooldown"), "{:?}", suppressed[0]);
+    // After the cooldown the alert (firing again) runs again: one run per
+    // cooldown, not one per restart.
+    f.run_for(600).await.unwrap();
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", now(f), "firing"), "alertmanager");
+    f.run_for(30).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    assert!(runs.iter().all(|r| r.outcome == Some(RunOutcome::Succeeded)), "{runs:#?}");
+    assert!(f.engine.verify().unwrap().ok);
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Between {
+    Nothing,
+    EngineRestart,
+    AgentRestart,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_runs_capping_one_gpu_end_at_the_baseline_across_restarts() {
+    for between in [Between::Nothing, Between::EngineRestart, Between::AgentRestart] {
+        let rb = tempfile::tempdir().unwrap();
+        // `trend` caps early and keeps its hold for two minutes after its
+        // run; `overheat` caps harder while it watches, then ends.
+        write_runbook(
+            rb.path(),
+            "trend",
+            "trigger:\n  type: manual\nscope: gpu\n",
+            "set_power_limit(500);\nkeep_holds(120);\n",
+        );
+        write_runbook(
+            rb.path(),
+            "overheat",
+            "trigger:\n  type: manual\nscope: gpu\n",
+            "set_power_limit(450);\nsleep(60);\n",
+        );
+        let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+        let f = &sim.fleet;
+        let trend = run_id(&f.engine.submit(manual("trend", Target::gpu("n1", 0), "user:alice")).await.unwrap());
+        until_finished(f, &trend, 10).await;
+        f.run_for(10).await.unwrap();
+        assert_eq!(telemetry(f, "n1").await.gpus[0].power_limit_watts, 500.0, "{between:?}");
+        let overheat = run_id(&f.engine.submit(manual("overheat", Target::gpu("n1", 0), "user:alice")).await.unwrap());
+        f.run_for(10).await.unwrap();
+        let t = telemetry(f, "n1").await;
+        assert_eq!(t.gpus[0].power_limit_watts, 450.0, "{between:?}: the most restrictive hold wins");
+        assert_eq!(t.node_metrics.holds.len(), 2, "{between:?}");
+        match between {
+            Between::Nothing => {}
+            Between::EngineRestart => {
+                let interrupted = sim.fleet.restart_engine().await.unwrap();
+                assert_eq!(interrupted, vec![overheat.clone()], "{between:?}");
+            }
+            Between::AgentRestart => {
+                sim.fleet.restart_agent("n1").unwrap();
+                assert_eq!(telemetry(&sim.fleet, "n1").await.node_metrics.holds.len(), 2, "holds survive");
+            }
+        }
+        let f = &sim.fleet;
+        f.run_for(70).await.unwrap();
+        // The overheat run is over; the trend run's kept hold is in effect.
+        let t = telemetry(f, "n1").await;
+        assert_eq!(t.gpus[0].power_limit_watts, 500.0, "{between:?}: {:?}", t.node_metrics.holds);
+        f.run_for(120).await.unwrap();
+        let t = telemetry(f, "n1").await;
+        assert_eq!(t.gpus[0].power_limit_watts, 700.0, "{between:?}: back at the baseline");
+        assert!(t.node_metrics.holds.is_empty(), "{between:?}: {:?}", t.node_metrics.holds);
+        // The audit shows both holds ending, each on its run's page.
+        let ended: Vec<_> = records(f).into_iter().filter(|r| r.kind == RecordKind::HoldEnded).collect();
+        assert_eq!(ended.len(), 2, "{between:?}: {ended:#?}");
+        let of = |run: &str| ended.iter().find(|r| r.run.as_deref() == Some(run)).unwrap_or_else(|| panic!("{run}"));
+        assert_eq!(of(&overheat).data["how"], "released", "{between:?}");
+        assert_eq!(of(&overheat).data["outcome"], "still_held", "{between:?}");
+        assert_eq!(of(&trend).data["how"], "expired", "{between:?}");
+        assert_eq!(of(&trend).data["outcome"], "restored", "{between:?}");
+        assert_eq!(of(&trend).data["value"], "500 W", "{between:?}");
+        assert!(f.engine.verify().unwrap().ok);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_backup_never_gets_an_old_reply_replayed_as_applied() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(rb.path(), "cap", "trigger:\n  type: manual\nscope: gpu\n", "set_power_limit(420);\nsleep(30);\n");
+    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    // The operator's nightly backup, taken before the first run.
+    let backup = tempfile::tempdir().unwrap();
+    sim.fleet.snapshot_engine(backup.path()).unwrap();
+    let f = &sim.fleet;
+    let first = run_id(&f.engine.submit(manual("cap", Target::gpu("n1", 0), "user:alice")).await.unwrap());
+    assert_eq!(until_finished(f, &first, 60).await.outcome, Some(RunOutcome::Succeeded));
+    let first_action =
+        f.engine.run_records(&first).unwrap().into_iter().find(|r| r.kind == RecordKind::ActionResult).unwrap();
+    // The disk is lost; the backup is restored and the engine started on it.
+    sim.fleet.restart_engine_from(backup.path()).await.unwrap();
+    let f = &sim.fleet;
+    assert!(f.engine.run(&first).unwrap().is_none(), "the backup predates the first run");
+    let second = run_id(&f.engine.submit(manual("cap", Target::gpu("n1", 0), "user:alice")).await.unwrap());
+    assert_ne!(second, first, "run ids are unique across a backup restore");
+    f.run_for(5).await.unwrap();
+    // The GPU really is capped: the agent applied the new request.
+    assert_eq!(telemetry(f, "n1").await.gpus[0].power_limit_watts, 420.0);
+    let action =
+        f.engine.run_records(&second).unwrap().into_iter().find(|r| r.kind == RecordKind::ActionResult).unwrap();
+    assert_ne!(action.data["action_id"], first_action.data["action_id"]);
+    assert_eq!(action.data["applied"], true, "{action:?}");
+    assert_eq!(action.data["before"]["power_limit_watts"], 700.0, "{action:?}");
+    let id = action.data["action_id"].as_str().unwrap().to_string();
+    let lines = nightshift_agent::journal::Journal::read_lines(&f.agent("n1").journal_path()).unwrap();
+    let pending = lines
+        .iter()
+        .filter(|l| matches!(l, nightshift_agent::journal::JournalLine::Pending { id: x, .. } if *x == id))
+        .count();
+    assert_eq!(pending, 1, "the agent executed the new request rather than replaying a reply");
+    let done = until_finished(f, &second, 60).await;
+    assert_eq!(done.outcome, Some(RunOutcome::Succeeded));
+    assert_eq!(telemetry(f, "n1").await.gpus[0].power_limit_watts, 700.0);
 }

@@ -65,7 +65,10 @@ async fn a_temperature_fault_is_remediated_over_ssh() {
     assert!(t2.gpus.iter().all(|g| g.power_limit_watts == 300.0));
 
     // In order in the audit log.
-    let kinds: Vec<RecordKind> = engine.run_records(&run.id).unwrap().iter().map(|r| r.kind).collect();
+    // (The agent's own account of the hold's end, `hold_ended`, arrives
+    // with its next telemetry; it is checked below.)
+    let kinds: Vec<RecordKind> =
+        engine.run_records(&run.id).unwrap().iter().map(|r| r.kind).filter(|k| *k != RecordKind::HoldEnded).collect();
     assert_eq!(
         kinds,
         vec![
@@ -96,6 +99,14 @@ async fn a_temperature_fault_is_remediated_over_ssh() {
     assert!(
         journal.iter().any(|l| matches!(l, nightshift_agent::journal::JournalLine::Done { id, .. } if id == action_id))
     );
+    // The agent's account of the hold's end reaches the run's page over SSH.
+    let ended =
+        eventually(20, || engine.run_records(&run.id).unwrap().into_iter().find(|r| r.kind == RecordKind::HoldEnded))
+            .await
+            .expect("the agent reports the hold's end in its telemetry");
+    assert_eq!(ended.data["how"], "released", "{ended:?}");
+    assert_eq!(ended.data["outcome"], "restored", "{ended:?}");
+    assert_eq!(ended.actor, "agent:g1");
     assert!(engine.verify().unwrap().ok);
     engine.shutdown().await;
 }

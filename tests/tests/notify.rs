@@ -142,3 +142,64 @@ async fn notifications_reach_webhooks_with_retries_and_are_audited() {
     let mut agent = agent;
     agent.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_that_would_escalate_sends_nothing_except_to_targets_that_opted_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = TestAgent::start(dir.path(), "w1", SimConfig { gpus: 1, ..SimConfig::default() }, "").await;
+    let (ops_url, ops) = receiver(0).await;
+    let (rehearsal_url, rehearsal) = receiver(0).await;
+    let cfg = engine_setup(
+        dir.path(),
+        &[&agent],
+        &[(
+            "tell",
+            "trigger: {type: manual}\nscope: gpu\n",
+            "notify(\"heads up: GPU warm\");\nescalate(\"still hot after the cap\");\nannotate(\"nightshift.io/state\", \"hot\");\n",
+        )],
+        &format!(
+            "notifications:\n  webhooks:\n\
+             \x20   - {{name: ops, url: '{ops_url}'}}\n\
+             \x20   - {{name: rehearsal, url: '{rehearsal_url}', format: slack, escalations_only: true, dry_runs: true}}\n"
+        ),
+    );
+    let engine = nightshift_engine::serve::start(cfg).await.unwrap();
+    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    let mut req = manual_run("tell", Target::gpu("w1", 0));
+    req.dry_run = true;
+    let id = engine.submit(req).await.unwrap().run().unwrap().id.clone();
+    let run = eventually(20, || engine.run(&id).unwrap().filter(|r| r.outcome.is_some())).await.unwrap();
+    assert_eq!(run.outcome, Some(RunOutcome::Succeeded), "{run:?}");
+    // The opted-in target gets the escalation, marked; nothing else is sent.
+    let got = eventually(20, || {
+        let g = rehearsal.lock().unwrap().clone();
+        (!g.is_empty()).then_some(g)
+    })
+    .await
+    .expect("the opted-in target receives the dry run's escalation");
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0]["text"].as_str().unwrap().starts_with("[dry run] :rotating_light:"), "{got:?}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(ops.lock().unwrap().is_empty(), "a dry run sent {:?}", ops.lock().unwrap());
+    let records = engine.run_records(&id).unwrap();
+    for kind in [RecordKind::Notification, RecordKind::Escalation] {
+        let r = records.iter().find(|r| r.kind == kind).unwrap();
+        assert_eq!(r.data["dry_run"], true, "{r:?}");
+        assert_eq!(r.data["delivered_to"], serde_json::json!([]), "{r:?}");
+    }
+    let ann = records.iter().find(|r| r.kind == RecordKind::NodeAnnotated).expect("the annotation is audited");
+    assert_eq!(ann.data["dry_run"], true, "{ann:?}");
+    assert!(engine.node("w1").unwrap().state.annotations.is_empty(), "a dry run changed a live annotation");
+    let deliveries: Vec<_> = engine
+        .audit()
+        .tail(0, usize::MAX)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.kind == RecordKind::NotificationDelivery)
+        .collect();
+    assert_eq!(deliveries.len(), 1, "{deliveries:?}");
+    assert_eq!(deliveries[0].data["target"], "rehearsal");
+    engine.shutdown().await;
+    let mut agent = agent;
+    agent.stop().await;
+}

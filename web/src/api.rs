@@ -277,6 +277,16 @@ pub async fn agent_inventory(
     }
 }
 
+/// What is held on a node: each setting's baseline, what is in effect and
+/// the holds behind it (owner, value, lease), straight from its agent.
+pub async fn agent_holds(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
+    let reply = s.engine.agent_call(&name, Op::Holds(NoArgs {})).await?;
+    match reply.result {
+        Some(v) if reply.ok => Ok(Json(json!({"node": name, "settings": v})).into_response()),
+        _ => Err(ApiError::new(StatusCode::BAD_GATEWAY, "agent_error", format!("{:?}", reply.error))),
+    }
+}
+
 pub async fn runbooks(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
     let set = s.engine.runbook_set();
     let errors: Vec<String> = set.errors.iter().map(|e| e.to_string()).collect();

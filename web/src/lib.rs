@@ -77,6 +77,7 @@ pub fn router(engine: Engine) -> Router {
         .route("/api/v1/nodes/{name}/hands-off", post(api::hands_off))
         .route("/api/v1/agents/{name}/ping", get(api::agent_ping))
         .route("/api/v1/agents/{name}/inventory", get(api::agent_inventory))
+        .route("/api/v1/agents/{name}/holds", get(api::agent_holds))
         .route("/api/v1/runbooks", get(api::runbooks))
         .route("/api/v1/runbooks/reload", post(api::reload))
         .route("/api/v1/runbooks/{name}", get(api::runbook))

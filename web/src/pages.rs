@@ -12,6 +12,7 @@ use nightshift_engine::alerts::format_rfc3339_ms;
 use nightshift_engine::audit::{AuditRecord, RecordKind, RunFilter};
 use nightshift_engine::config::Role;
 use nightshift_engine::runs::{RunOutcome, RunState, RunSummary};
+use nightshift_proto::{HoldInfo, NoArgs, Op, SettingView};
 
 use crate::AppState;
 use crate::api::RunsQuery;
@@ -227,6 +228,44 @@ fn steps(records: &[AuditRecord]) -> Vec<Step<'_>> {
     out
 }
 
+/// A `hold_ended` record in one line: what, how it ended, what became of
+/// the setting.
+fn hold_ended_text(r: &AuditRecord) -> String {
+    let d = &r.data;
+    let how = match d["how"].as_str().unwrap_or("?") {
+        "expired" => "its lease ran out".to_string(),
+        "released" => format!("released by {}", d["by"].as_str().unwrap_or("?")),
+        "taken_over" => "a person changed the setting by hand".to_string(),
+        "superseded" => "its config version was marked bad".to_string(),
+        other => other.to_string(),
+    };
+    format!(
+        "{} hold {} ended: {how}; {} ({})",
+        d["setting"].as_str().unwrap_or("?"),
+        d["value"].as_str().unwrap_or("?"),
+        d["outcome"].as_str().unwrap_or("?").replace('_', " "),
+        d["now"].as_str().unwrap_or("?"),
+    )
+}
+
+/// What a run held: kept on purpose, left in effect by mistake, and each
+/// hold's end as its agent reported it.
+fn run_holds(run: &RunSummary, records: &[AuditRecord]) -> Markup {
+    let ended: Vec<&AuditRecord> = records.iter().filter(|r| r.kind == RecordKind::HoldEnded).collect();
+    let placed = records.iter().filter(|r| r.kind == RecordKind::ActionResult && r.data["held"] == true).count();
+    html! {
+        @if placed > 0 || !ended.is_empty() || !run.holds_kept.is_empty() || !run.holds_left.is_empty() {
+            h2 { "Holds" }
+            ul.holds {
+                li { (placed) " hold(s) placed" @if run.outcome.is_some() && run.holds_kept.is_empty() && run.holds_left.is_empty() { "; none left in effect when the run ended" } }
+                @for h in &run.holds_kept { li { span.badge.warn { "kept on purpose" } " " (h) } }
+                @for h in &run.holds_left { li { span.badge.bad { "still in effect: not released" } " " (h) } }
+                @for r in &ended { li { span.badge.muted { "ended" } " " (time(r.ts_ms)) " — " (hold_ended_text(r)) } }
+            }
+        }
+    }
+}
+
 /// `/runs/{id}`: what happened, why, and with what result.
 pub async fn run_page(
     State(s): State<AppState>,
@@ -280,6 +319,7 @@ pub async fn run_page(
                 pre { (pretty(&run.event)) }
             }
         }
+        (run_holds(&run, &records))
         h2 { "Steps" }
         div.scroll {
             table.steps {
@@ -313,7 +353,8 @@ pub async fn run_page(
                                     td { (r.kind.as_str().replace('_', " ")) }
                                     td { (r.node.clone().unwrap_or_default()) }
                                     td colspan="3" {
-                                        @if let Some(t) = r.data["text"].as_str() { (t) }
+                                        @if r.kind == RecordKind::HoldEnded { (hold_ended_text(r)) }
+                                        @else if let Some(t) = r.data["text"].as_str() { (t) }
                                         @else if let Some(t) = r.data["reason"].as_str() { (t) }
                                         @else if let Some(t) = r.data["detail"].as_str() { (t) }
                                         @else if let Some(o) = r.data["outcome"].as_str() { (o.replace('_', " ")) @if let Some(e) = r.data["error"].as_str() { " — " (e) } }
@@ -386,6 +427,8 @@ pub async fn node_page(
         "xid_last",
     ];
     let inv = n.state.inventory.clone();
+    let held = held_settings(&s, &name, &n.holds).await;
+    let now_ms = s.engine.clock().now_ms();
     let body = html! {
         div.head { h1 { (n.name) } @if n.standby { span.tag { "standby" } } }
         div.grid {
@@ -442,10 +485,69 @@ pub async fn node_page(
                 }
             }
         }
+        h2 { "Holds in effect" }
+        (holds_table(&held, now_ms))
         h2 { "Recent runs" }
         div.scroll { table.runs { tbody { (run_rows(&recent.runs)) } } }
     };
     Ok(layout(&name, "Nodes", Some(&who), body).into_response())
+}
+
+/// What is held on a node, from its agent (baselines included); when the
+/// agent does not answer, the holds its last telemetry reported, without
+/// baselines.
+async fn held_settings(s: &AppState, node: &str, reported: &[HoldInfo]) -> Vec<SettingView> {
+    if let Ok(reply) = s.engine.agent_call(node, Op::Holds(NoArgs {})).await
+        && let Some(v) = reply.result
+        && let Ok(views) = serde_json::from_value::<Vec<SettingView>>(v)
+    {
+        return views;
+    }
+    let mut out: Vec<SettingView> = Vec::new();
+    for h in reported {
+        match out.iter_mut().find(|v| v.setting == h.setting) {
+            Some(v) => v.holds.push(h.clone()),
+            None => out.push(SettingView {
+                setting: h.setting.clone(),
+                baseline: h.value.clone(),
+                effective: h.value.clone(),
+                drifted: Some("agent unreachable: baseline unknown".into()),
+                holds: vec![h.clone()],
+            }),
+        }
+    }
+    out
+}
+
+fn holds_table(held: &[SettingView], now_ms: i64) -> Markup {
+    html! {
+        @if held.is_empty() {
+            p.muted { "None: every setting is as the device had it." }
+        } @else {
+            div.scroll { table.holds {
+                thead { tr { th { "Setting" } th { "Hold" } th { "Owner" } th { "Lease" } th { "In effect" } th { "Baseline" } } }
+                tbody {
+                    @for v in held {
+                        @for h in &v.holds {
+                            tr {
+                                td { (v.setting.to_string()) }
+                                td { (h.value.to_string()) br; small.muted { (h.reason) } }
+                                td { @if h.owner.starts_with('r') && !h.owner.contains(':') { a href={"/runs/" (h.owner)} { (h.owner) } } @else { (h.owner) } }
+                                td {
+                                    @match h.expires_at_ms {
+                                        None => span.badge.warn { "sticky: a person releases it" },
+                                        Some(t) => { (dur((t - now_ms).max(0))) " left" @if h.kept { " · kept past its run" } },
+                                    }
+                                }
+                                td { @if let Some(d) = &v.drifted { span.badge.warn { "drifted" } " " small { (d) } } @else { (v.effective.to_string()) } }
+                                td { (v.baseline.to_string()) }
+                            }
+                        }
+                    }
+                }
+            } }
+        }
+    }
 }
 
 /// `/runbooks`.

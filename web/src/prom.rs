@@ -113,6 +113,22 @@ pub fn render(engine: &Engine) -> String {
         family(&mut out, name, "gauge", help);
         let _ = writeln!(out, "{name} {}", fmt_f(v));
     }
+    family(
+        &mut out,
+        "nightshift_holds",
+        "gauge",
+        "Holds in effect on the fleet by setting kind and by whether a lease ends them (sticky: only a person does).",
+    );
+    let mut holds: std::collections::BTreeMap<(&str, bool), usize> = Default::default();
+    for kind in ["power_limit", "fan_curve", "clocks", "gpu_drain", "node_drain", "config"] {
+        holds.insert((kind, false), 0);
+    }
+    for (_, h) in engine.active_holds() {
+        *holds.entry((h.setting.kind(), h.sticky())).or_default() += 1;
+    }
+    for ((kind, sticky), n) in holds {
+        let _ = writeln!(out, "nightshift_holds{{kind=\"{kind}\",sticky=\"{sticky}\"}} {n}");
+    }
     let (series, points) = engine.telemetry_size();
     family(&mut out, "nightshift_telemetry_series", "gauge", "Telemetry series held.");
     let _ = writeln!(out, "nightshift_telemetry_series {series}");

@@ -44,6 +44,7 @@ async fn fixture() -> Fixture {
         "trigger: {type: manual}\nscope: gpu\nparams:\n  watts: {type: float, default: 500}\n",
         "set_power_limit(params.watts);\nnote(\"capped\");\n",
     );
+    write(rb.path(), "keep", "trigger: {type: manual}\nscope: gpu\n", "set_power_limit(480);\nkeep_holds(600);\n");
     write(rb.path(), "careful", "trigger: {type: manual}\nscope: node\napproval: {always: true}\n", "note(\"ok\");\n");
     write(rb.path(), "hot", "trigger: {type: alert, alertname: GpuTempHigh}\nscope: gpu\n", "set_power_limit(450);\n");
     let script = Arc::new(build_engine(&ScriptLimits::default()));
@@ -112,6 +113,7 @@ fn endpoints(run: &str) -> Vec<(&'static str, String, Role, Option<Value>)> {
         ("GET", "/api/v1/nodes/gpu-a1".into(), Role::Viewer, None),
         ("GET", "/api/v1/agents/gpu-a1/ping".into(), Role::Viewer, None),
         ("GET", "/api/v1/agents/gpu-a1/inventory".into(), Role::Viewer, None),
+        ("GET", "/api/v1/agents/gpu-a1/holds".into(), Role::Viewer, None),
         ("GET", "/api/v1/runbooks".into(), Role::Viewer, None),
         ("GET", "/api/v1/runbooks/cap".into(), Role::Viewer, None),
         ("GET", "/api/v1/audit/records?after_seq=0&limit=5".into(), Role::Viewer, None),
@@ -460,6 +462,40 @@ async fn metrics_follow_the_exposition_format() {
     assert!(text.contains("nightshift_runs_total{outcome=\"succeeded\"} 1"), "{text}");
     assert!(text.contains("nightshift_action_duration_seconds_count 1"), "{text}");
     assert!(text.contains("nightshift_agents_connected 2"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_in_effect_show_in_the_api_the_node_page_and_metrics() {
+    let f = fixture().await;
+    let (s, v) =
+        call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "keep", "node": "gpu-a1", "gpu": 2})))
+            .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let run = v["run"]["id"].as_str().or(v["id"].as_str()).unwrap().to_string();
+    settle(&f).await;
+    // The agent's account: baseline, what is in effect, who holds it.
+    let (s, v) = call(&f, "GET", "/api/v1/agents/gpu-a1/holds", Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let settings = v["settings"].as_array().unwrap();
+    assert_eq!(settings.len(), 1, "{v}");
+    assert_eq!(settings[0]["baseline"]["watts"], 700.0, "{v}");
+    assert_eq!(settings[0]["effective"]["watts"], 480.0, "{v}");
+    assert_eq!(settings[0]["holds"][0]["owner"], run.as_str(), "{v}");
+    assert_eq!(settings[0]["holds"][0]["kept"], true, "{v}");
+    // The node page shows it, linked to its run; the run page says it was kept.
+    let (_, page) = call(&f, "GET", "/nodes/gpu-a1", Some(VIEWER), None).await;
+    let page = page.as_str().unwrap();
+    assert!(page.contains(&format!("href=\"/runs/{run}\"")), "{page}");
+    assert!(page.contains("480 W"), "{page}");
+    let (_, page) = call(&f, "GET", &format!("/runs/{run}"), Some(VIEWER), None).await;
+    let page = page.as_str().unwrap();
+    assert!(page.contains("kept on purpose"), "{page}");
+    assert!(page.contains("1 hold(s) placed"), "{page}");
+    // Metrics count holds by kind.
+    let (_, m) = call(&f, "GET", "/metrics", Some(VIEWER), None).await;
+    let m = m.as_str().unwrap();
+    assert!(m.contains("nightshift_holds{kind=\"power_limit\",sticky=\"false\"} 1"), "{m}");
+    assert!(m.contains("nightshift_holds{kind=\"node_drain\",sticky=\"false\"} 0"), "{m}");
 }
 
 /// A strict reader of the Prometheus text format (0.0.4).

@@ -770,6 +770,7 @@ impl Backend for SimBackend {
             drain_reason: None,
             hands_off: false,
             holds: Vec::new(),
+            ended_holds: Vec::new(),
         };
         Ok((gpus, node_t))
     }

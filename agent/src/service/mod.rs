@@ -28,6 +28,9 @@ use crate::backend::{Backend, BackendError, Support};
 use crate::envelope::Policy;
 use crate::holds::{HoldStore, same_value};
 use crate::journal::Journal;
+
+/// How far back telemetry reports ended holds (the engine audits each once).
+pub const ENDED_REPORTED_MS: i64 = 10 * 60 * 1000;
 use crate::node::NodeError;
 use crate::node::caches::FlushConfig;
 use crate::node::configs::{ConfigStore, ManagedConfig};
@@ -305,7 +308,11 @@ impl Agent {
             Err(e) => tracing::warn!(node = %self.opts.node, error = %e, "cannot read drain state"),
         }
         node.hands_off = self.opts.policy.hands_off();
-        node.holds = self.holds().all_holds();
+        {
+            let store = self.holds();
+            node.holds = store.all_holds();
+            node.ended_holds = store.ended_since(self.clock.now_ms() - ENDED_REPORTED_MS, 32);
+        }
         Ok(Telemetry { node: self.opts.node.clone(), ts_ms: self.clock.now_ms(), gpus, node_metrics: node })
     }
 
@@ -521,7 +528,16 @@ impl Agent {
             if !req.dry_run {
                 let ids: Vec<String> = h.holds.iter().map(|x| x.id.clone()).collect();
                 let mut store = self.holds();
-                store.remove(|x| ids.contains(&x.id));
+                for gone in store.remove(|x| ids.contains(&x.id)) {
+                    store.note_ended(EndedHold {
+                        hold: gone,
+                        ended_at_ms: now,
+                        how: HoldEnd::TakenOver,
+                        by: String::new(),
+                        outcome: RestoreOutcome::Drifted,
+                        now: dev.clone(),
+                    });
+                }
                 store.forget(&p.setting);
                 tracing::warn!(
                     node = %self.opts.node, setting = %p.setting, found = %dev, applied = %h.applied,
@@ -714,12 +730,12 @@ impl Agent {
             return Ok(ReleaseResult { released: chosen.iter().map(|h| h.id.clone()).collect(), settings });
         }
         self.begin(req, digest)?;
-        self.release_now(&chosen.iter().map(|h| h.id.clone()).collect::<Vec<_>>()).await
+        self.release_now(&chosen.iter().map(|h| h.id.clone()).collect::<Vec<_>>(), HoldEnd::Released, releaser).await
     }
 
     /// Remove the holds and settle their settings (no journal; callers
-    /// journal).
-    async fn release_now(&self, ids: &[String]) -> Result<ReleaseResult, Refusal> {
+    /// journal). Each end is remembered for telemetry.
+    async fn release_now(&self, ids: &[String], how: HoldEnd, by: &str) -> Result<ReleaseResult, Refusal> {
         let gone = self.holds().remove(|h| ids.contains(&h.id));
         let mut settings: Vec<Setting> = gone.iter().map(|h| h.setting.clone()).collect();
         settings.sort();
@@ -728,6 +744,15 @@ impl Agent {
         let mut out = ReleaseResult { released: gone.iter().map(|h| h.id.clone()).collect(), settings: Vec::new() };
         for s in settings {
             out.settings.push(self.settle(&s).await);
+        }
+        let now = self.clock.now_ms();
+        {
+            let mut store = self.holds();
+            for h in gone {
+                let Some(line) = out.settings.iter().find(|l| l.setting == h.setting) else { continue };
+                let (outcome, value) = (line.outcome, line.now.clone());
+                store.note_ended(EndedHold { hold: h, ended_at_ms: now, how, by: by.to_string(), outcome, now: value });
+            }
         }
         self.save()?;
         Ok(out)
@@ -945,7 +970,14 @@ impl Agent {
             }
             OneShot::ConfigMark(a) => {
                 let h = self.configs.mark(&a.name, a.version, a.good, now).map_err(node_refusal)?;
-                json!({"name": a.name, "version": a.version, "good": a.good, "last_good": h.last_good})
+                let mut after = json!({"name": a.name, "version": a.version, "good": a.good, "last_good": h.last_good});
+                if !a.good {
+                    let ended = self.end_holds_on_bad_version(&a.name, a.version, req).await;
+                    if !ended.is_empty() {
+                        after["holds_ended"] = json!(ended);
+                    }
+                }
+                after
             }
         };
         self.holds().rate_record(kind, gpu, now);
@@ -959,6 +991,36 @@ impl Agent {
             hold: None,
             released: None,
         })
+    }
+
+    /// A config version marked bad can no longer be in effect: the holds
+    /// asking for it end (`superseded`) and the setting settles on what
+    /// the remaining holds ask for, or its baseline.
+    async fn end_holds_on_bad_version(&self, name: &str, version: u32, req: &Request) -> Vec<String> {
+        let setting = Setting::Config { name: name.to_string() };
+        let gone = self.holds().remove(|h| {
+            h.setting == setting && matches!(h.value, HoldValue::Config { version: Some(v) } if v == version)
+        });
+        if gone.is_empty() {
+            return Vec::new();
+        }
+        let line = self.settle(&setting).await;
+        let now = self.clock.now_ms();
+        let by = req.owner.clone().unwrap_or_else(|| "manual".into());
+        let mut store = self.holds();
+        let ids = gone.iter().map(|h| h.id.clone()).collect();
+        for h in gone {
+            tracing::info!(node = %self.opts.node, hold = %h.id, owner = %h.owner, config = name, version, "hold on a version marked bad ends");
+            store.note_ended(EndedHold {
+                hold: h,
+                ended_at_ms: now,
+                how: HoldEnd::Superseded,
+                by: by.clone(),
+                outcome: line.outcome,
+                now: line.now.clone(),
+            });
+        }
+        ids
     }
 
     fn support(&self, s: Support<()>) -> Result<(), Refusal> {
@@ -1000,7 +1062,7 @@ impl Agent {
         let _guard = self.mutate.lock().await;
         let expired = self.holds().expired(now);
         if !expired.is_empty() {
-            match self.release_now(&expired).await {
+            match self.release_now(&expired, HoldEnd::Expired, "").await {
                 Ok(r) => {
                     for id in &r.released {
                         let detail = r.settings.iter().map(|s| s.detail.clone()).collect::<Vec<_>>().join("; ");

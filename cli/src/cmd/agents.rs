@@ -1,6 +1,7 @@
-//! `nightshift agents list | ping | inventory`.
+//! `nightshift agents list | ping | inventory | holds`.
 
 use anyhow::Result;
+use nightshift_proto::SettingView;
 
 use crate::args::AgentsCmd;
 use crate::conn::Conn;
@@ -55,6 +56,50 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
                 println!("{node}: {}", v["error"]);
                 return Ok(4);
             }
+            Ok(0)
+        }
+        AgentsCmd::Holds { node } => {
+            let v = c.agent(node, "holds").await?;
+            if out.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(0);
+            }
+            let settings: Vec<SettingView> = serde_json::from_value(v["settings"].clone())?;
+            if settings.is_empty() {
+                println!("{node}: nothing held; every setting is as the device had it");
+                return Ok(0);
+            }
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0);
+            let mut rows = Vec::new();
+            for s in &settings {
+                let effect = match &s.drifted {
+                    Some(d) => out.yellow(&format!("drifted: {d}")),
+                    None => s.effective.to_string(),
+                };
+                for h in &s.holds {
+                    let lease = match h.expires_at_ms {
+                        None => "sticky (a person releases it)".to_string(),
+                        Some(t) => format!(
+                            "{} left{}",
+                            crate::out::secs((t - now_ms) / 1000),
+                            if h.kept { ", kept" } else { "" }
+                        ),
+                    };
+                    rows.push(vec![
+                        s.setting.to_string(),
+                        h.value.to_string(),
+                        h.owner.clone(),
+                        lease,
+                        effect.clone(),
+                        s.baseline.to_string(),
+                        h.id.clone(),
+                    ]);
+                }
+            }
+            out.table(&["SETTING", "HOLD", "OWNER", "LEASE", "IN EFFECT", "BASELINE", "ID"], &rows);
             Ok(0)
         }
         AgentsCmd::Inventory { node } => {

@@ -246,6 +246,7 @@ fn synthetic(node: &str, gpus: u32, t: i64) -> Telemetry {
             drain_reason: None,
             hands_off: false,
             holds: Vec::new(),
+            ended_holds: Vec::new(),
         },
     }
 }

@@ -18,8 +18,9 @@ use nightshift_agent::node::configs::ManagedConfig;
 use nightshift_agent::runtime::{self, StartedAgent};
 use nightshift_agent::service::Agent;
 use nightshift_engine::audit::{AuditRecord, RecordKind, RunFilter};
+use nightshift_engine::runs::RunSummary;
 use nightshift_proto::clock::{ScaledClock, SharedClock};
-use nightshift_proto::{ConfigApplyArgs, Op, Request, SimFault};
+use nightshift_proto::{NoArgs, Op, Request, SimFault, Telemetry};
 use nightshift_sim::workload::{PoolLoad, Workload};
 
 use crate::Fail;
@@ -134,7 +135,7 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
     let log = spawn_live_log(&stage, out);
     let (faults, interrupted) = play_script(&stage, args, out).await;
     log.abort();
-    let all_ok = summarize(&stage, &faults, args, out)?;
+    let all_ok = summarize(&stage, &faults, args, out).await?;
     if args.keep_serving && !interrupted {
         println!("keeping the web UI up: Ctrl-C to stop");
         let _ = tokio::signal::ctrl_c().await;
@@ -388,18 +389,15 @@ async fn play_script(st: &Stage, args: &DemoArgs, out: &Out) -> (Vec<Fault>, boo
                 }
                 Step::Pool(p) => workload.set_pool(p),
                 Step::BadConfig => {
-                    let r = agents[node]
-                        .handle(Request::new(
-                            "person-nccl-change",
-                            Op::ConfigApply(ConfigApplyArgs {
-                                name: "nccl-env".into(),
-                                content: NCCL_BAD.into(),
-                                note: Some("tuning attempt by a person".into()),
-                            }),
-                        ))
-                        .await;
-                    if !r.ok {
-                        println!("config change refused: {:?}", r.error);
+                    // A person edits the managed file by hand (not through
+                    // nightshift): the agent adopts it as a new version.
+                    let agent = &agents[node];
+                    match agent.options().configs.get("nccl-env") {
+                        Some(m) => match std::fs::write(&m.path, NCCL_BAD) {
+                            Ok(()) => agent.backend().on_config_applied("nccl-env", NCCL_BAD),
+                            Err(e) => println!("cannot write {}: {e}", m.path.display()),
+                        },
+                        None => println!("{node} manages no nccl-env config"),
                     }
                 }
             }
@@ -425,7 +423,70 @@ async fn play_script(st: &Stage, args: &DemoArgs, out: &Out) -> (Vec<Fault>, boo
 
 /// The summary table and the audit check; whether every fault was
 /// remediated and the chain verifies.
-fn summarize(st: &Stage, faults: &[Fault], args: &DemoArgs, out: &Out) -> Result<bool> {
+/// What is still in effect on the fleet: every GPU at its baseline limit,
+/// or the holds that keep it from it, each with the run that placed it and
+/// whether the run kept it on purpose. Returns false when a hold is in
+/// effect that no run meant to keep.
+async fn holds_at_the_end(st: &Stage, runs: &[RunSummary], out: &Out) -> bool {
+    let mut rows = Vec::new();
+    let mut capped = Vec::new();
+    let mut all_intended = true;
+    for (name, agent) in &st.agents {
+        let r = agent.handle(Request::new("demo-summary", Op::Telemetry(NoArgs {}))).await;
+        let Some(t) = r.result.and_then(|v| serde_json::from_value::<Telemetry>(v).ok()) else { continue };
+        let inv = agent.inventory();
+        for (g, info) in t.gpus.iter().zip(&inv.gpus) {
+            if g.power_limit_watts < info.power_default_watts {
+                capped.push(format!(
+                    "{name}/gpu{} at {:.0} of {:.0} W",
+                    g.index, g.power_limit_watts, info.power_default_watts
+                ));
+            }
+        }
+        for h in &t.node_metrics.holds {
+            let run = runs.iter().find(|r| r.id == h.owner);
+            let intended = h.sticky() || h.kept || run.is_none_or(|r| r.outcome.is_none());
+            all_intended &= intended;
+            let why = match (run, h.sticky(), h.kept) {
+                (_, true, _) => "sticky: a person releases it".to_string(),
+                (Some(r), _, true) => format!("kept on purpose by {} ({})", r.runbook, r.id),
+                (Some(r), _, false) if r.outcome.is_none() => format!("{} ({}) is still running", r.runbook, r.id),
+                (Some(r), _, false) => format!("left by {} ({}) without meaning to", r.runbook, r.id),
+                (None, _, _) => format!("placed by {}", h.owner),
+            };
+            let until = h
+                .expires_at_ms
+                .map(|t| format!("{:.0} s more", (t - st.clock.now_ms()) as f64 / 1000.0))
+                .unwrap_or_else(|| "—".into());
+            rows.push(vec![
+                name.clone(),
+                h.setting.to_string(),
+                h.value.to_string(),
+                until,
+                if intended { why } else { out.red(&why) },
+            ]);
+        }
+    }
+    println!();
+    if rows.is_empty() {
+        if capped.is_empty() {
+            println!("holds      {} none in effect: every GPU is at its baseline power limit", out.green("ok:"));
+            return true;
+        }
+        println!("holds      {} none in effect, yet below the default limit: {}", out.red("check:"), capped.join(", "));
+        return false;
+    }
+    println!("{}", out.bold("Holds still in effect"));
+    out.table(&["NODE", "SETTING", "VALUE", "LEASE", "WHY"], &rows);
+    if capped.is_empty() {
+        println!("power      every GPU is at its default power limit");
+    } else {
+        println!("power      below the default limit (held above): {}", capped.join(", "));
+    }
+    all_intended
+}
+
+async fn summarize(st: &Stage, faults: &[Fault], args: &DemoArgs, out: &Out) -> Result<bool> {
     let engine = &st.engine;
     let runs = engine.runs(&RunFilter { limit: Some(1000), ..Default::default() })?.runs;
     let records = engine.audit().tail(0, usize::MAX)?;
@@ -467,10 +528,13 @@ fn summarize(st: &Stage, faults: &[Fault], args: &DemoArgs, out: &Out) -> Result
         let actions: u32 = mine.iter().map(|r| r.actions).sum();
         let book: Vec<String> =
             mine.iter().map(|r| r.runbook.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let left: Vec<&String> = mine.iter().flat_map(|r| r.holds_left.iter()).collect();
         let outcome = if mine.is_empty() {
             "no run".to_string()
         } else if mine.iter().any(|r| r.outcome.is_none()) {
             "still running".into()
+        } else if !left.is_empty() {
+            format!("holds left by mistake: {}", left.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; "))
         } else if mine.iter().all(|r| r.outcome == Some(nightshift_engine::runs::RunOutcome::Succeeded)) {
             "remediated".into()
         } else {
@@ -490,6 +554,7 @@ fn summarize(st: &Stage, faults: &[Fault], args: &DemoArgs, out: &Out) -> Result
     }
     out.table(&["ROW", "FAULT", "RUNBOOK", "ACTIONS", "FIRST ACTION", "OUTCOME"], &rows);
     println!("{}", out.dim("(times are simulated seconds from the fault to the first applied action)"));
+    all_ok &= holds_at_the_end(st, &runs, out).await;
     let v = engine.verify()?;
     if v.ok {
         println!("audit      {} chain verified up to record {}", out.green("ok:"), v.verified_up_to);

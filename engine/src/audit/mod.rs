@@ -46,6 +46,9 @@ pub enum RecordKind {
     RunFinished,
     /// How a notification's delivery to one webhook went.
     NotificationDelivery,
+    /// A hold ended on an agent (released, lease ran out, or a person took
+    /// the setting over), as the agent reported it.
+    HoldEnded,
 }
 
 impl RecordKind {
@@ -72,6 +75,7 @@ impl RecordKind {
             RecordKind::HandsOff => "hands_off",
             RecordKind::RunFinished => "run_finished",
             RecordKind::NotificationDelivery => "notification_delivery",
+            RecordKind::HoldEnded => "hold_ended",
         }
     }
 }

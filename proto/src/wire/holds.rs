@@ -248,3 +248,46 @@ pub struct ReleaseResult {
     pub released: Vec<String>,
     pub settings: Vec<SettingRelease>,
 }
+
+/// How a hold ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldEnd {
+    /// Its owner (or a person) released it.
+    Released,
+    /// Its lease ran out on the agent's clock.
+    Expired,
+    /// A person changed the setting by hand; the hold ended with it.
+    TakenOver,
+    /// The config version it asked for was marked bad.
+    Superseded,
+}
+
+impl HoldEnd {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldEnd::Released => "released",
+            HoldEnd::Expired => "expired",
+            HoldEnd::TakenOver => "taken_over",
+            HoldEnd::Superseded => "superseded",
+        }
+    }
+}
+
+/// A hold that ended, as the agent tells it. Telemetry carries the recent
+/// ones, so the engine audits ends it did not ask for (expiries, a
+/// person's release, a hand edit) as well as its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndedHold {
+    pub hold: HoldInfo,
+    pub ended_at_ms: i64,
+    pub how: HoldEnd,
+    /// Who released it (the request's owner); empty for an expiry.
+    #[serde(default)]
+    pub by: String,
+    /// What became of the setting.
+    pub outcome: RestoreOutcome,
+    /// What is on the device now.
+    pub now: HoldValue,
+}

@@ -152,6 +152,9 @@ pub struct NodeTelemetry {
     /// Every active hold on the node and its GPUs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holds: Vec<super::HoldInfo>,
+    /// Holds that ended in the last few minutes, newest last (bounded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ended_holds: Vec<super::EndedHold>,
 }
 
 /// One sample of the whole node.
