@@ -377,12 +377,24 @@ impl Engine {
             summary.ending = summary.ending.map(|e| e + tail.as_str());
             summary.why = format!("{} — {}", summary.detail, summary.ending.clone().unwrap_or_default());
         }
+        // A run that never finished its work — skipped, interrupted by a
+        // crash, or cancelled because the engine is stopping — earns no
+        // cooldown: if its condition is still there after a restart, the
+        // runbook must start over at once.
+        let shutting_down = *self.core.shutdown.borrow();
+        let unfinished = match outcome {
+            RunOutcome::Skipped | RunOutcome::Interrupted => true,
+            RunOutcome::Cancelled => shutting_down,
+            _ => false,
+        };
+        let starts_cooldown = !unfinished;
         self.core
             .record_run(
                 RecordKind::RunFinished,
                 &summary,
                 json!({"outcome": outcome.as_str(), "error": error, "note": note, "actions": summary.actions,
-                    "target": summary.target, "holds_released": released, "holds_kept": kept, "holds_left": left}),
+                    "target": summary.target, "holds_released": released, "holds_kept": kept, "holds_left": left,
+                    "starts_cooldown": starts_cooldown}),
             )
             .await?;
         {
@@ -393,7 +405,9 @@ impl Engine {
             if t.active_by_key.get(&key).is_some_and(|id| id == run) {
                 t.active_by_key.remove(&key);
             }
-            t.last_finished.insert(key, now);
+            if starts_cooldown {
+                t.last_finished.insert(key, now);
+            }
             if was_running {
                 t.running = t.running.saturating_sub(1);
                 if let Some(c) = t.running_per_runbook.get_mut(&summary.runbook) {

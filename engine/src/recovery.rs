@@ -152,7 +152,8 @@ impl Engine {
             .record_run(
                 RecordKind::RunFinished,
                 &s,
-                json!({"outcome": "interrupted", "recovered": true, "target": s.target, "holds_left": s.holds_left}),
+                json!({"outcome": "interrupted", "recovered": true, "target": s.target, "holds_left": s.holds_left,
+                    "starts_cooldown": false}),
             )
             .await?;
         self.count_outcome(RunOutcome::Interrupted);

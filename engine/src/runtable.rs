@@ -170,7 +170,11 @@ impl RunTable {
             }
             RecordKind::RunFinished => {
                 if let Some(key) = key_of_record(r) {
-                    self.last_finished.insert(key.clone(), r.ts_ms);
+                    // Runs that never finished their work (skipped,
+                    // interrupted, cancelled by a shutdown) start no cooldown.
+                    if r.data["starts_cooldown"] != false {
+                        self.last_finished.insert(key.clone(), r.ts_ms);
+                    }
                     self.suppression_noted.remove(&key);
                 }
             }
@@ -285,6 +289,12 @@ mod tests {
         assert_eq!(b.distinct(5_000, 60_000, BreakerCount::Nodes), 1);
         // A budget window slides.
         assert_eq!(t.attempts_since(&key, 1_000 + 86_400_001), 0);
+        // A run interrupted by a crash (or skipped, or cancelled by a
+        // shutdown) starts no cooldown; the earlier one still counts.
+        t.replay(&rec(6, 9_000, RecordKind::RunFinished, json!({"target": target, "starts_cooldown": false})), &|_| {
+            false
+        });
+        assert_eq!(t.last_finished.get(&key), Some(&2_000));
     }
 
     #[test]
