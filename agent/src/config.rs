@@ -61,6 +61,9 @@ pub struct AgentConfig {
     /// Serve telemetry in dcgm-exporter's format at this address (`:9400`).
     #[serde(default)]
     pub exporter_listen_addr: Option<String>,
+    /// How long and how many connections may wait to authenticate.
+    #[serde(default)]
+    pub ssh: crate::ssh::server::ConnLimits,
 }
 
 fn default_backend() -> BackendKind {
@@ -83,8 +86,6 @@ pub enum ConfigError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("{path}:{line}:{column}: {message}")]
     Parse { path: PathBuf, line: usize, column: usize, message: String },
-    #[error("{path}: {message}")]
-    Invalid { path: PathBuf, message: String },
     #[error(transparent)]
     Policy(#[from] crate::envelope::PolicyError),
 }
@@ -116,6 +117,7 @@ impl AgentConfig {
             }),
             configs: BTreeMap::new(),
             exporter_listen_addr: None,
+            ssh: Default::default(),
         }
     }
 
@@ -133,7 +135,10 @@ impl AgentConfig {
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
         cfg.resolve(base);
-        cfg.validate().map_err(|message| ConfigError::Invalid { path: path.into(), message })?;
+        cfg.validate().map_err(|(needle, message)| {
+            let (line, column) = nightshift_proto::yaml::locate(text, &needle);
+            ConfigError::Parse { path: path.into(), line, column, message }
+        })?;
         Ok(cfg)
     }
 
@@ -161,27 +166,57 @@ impl AgentConfig {
         }
     }
 
-    fn validate(&self) -> Result<(), String> {
+    /// Check what serde cannot; an error names the key to point at.
+    fn validate(&self) -> Result<(), (String, String)> {
+        let fail = |needle: &str, message: String| Err((needle.to_string(), message));
         if self.version != 1 {
-            return Err(format!("unsupported config version: expected 1, found {}", self.version));
+            return fail("version", format!("unsupported config version: expected 1, found {}", self.version));
         }
         if self.node.trim().is_empty() {
-            return Err("node: expected a node name, found an empty string".into());
+            return fail("node", "node: expected a node name, found an empty string".into());
         }
         if self.listen_addr.parse::<std::net::SocketAddr>().is_err() {
-            return Err(format!("listen_addr: expected host:port such as 0.0.0.0:2222, found {:?}", self.listen_addr));
+            return fail(
+                "listen_addr",
+                format!("listen_addr: expected host:port such as 0.0.0.0:2222, found {:?}", self.listen_addr),
+            );
         }
         if !(1.0..=1000.0).contains(&self.sim_time_scale) {
-            return Err(format!("sim_time_scale must be 1 to 1000, found {}", self.sim_time_scale));
+            return fail(
+                "sim_time_scale",
+                format!("sim_time_scale: expected 1 to 1000, found {}", self.sim_time_scale),
+            );
         }
         if !(10..=60_000).contains(&self.telemetry_interval_ms) {
-            return Err(format!("telemetry_interval_ms must be 10 to 60000, found {}", self.telemetry_interval_ms));
+            return fail(
+                "telemetry_interval_ms",
+                format!("telemetry_interval_ms: expected 10 to 60000, found {}", self.telemetry_interval_ms),
+            );
         }
         if !(1024..=60_000).contains(&self.max_request_bytes) {
-            return Err(format!("max_request_bytes must be 1024 to 60000, found {}", self.max_request_bytes));
+            return fail(
+                "max_request_bytes",
+                format!("max_request_bytes: expected 1024 to 60000, found {}", self.max_request_bytes),
+            );
+        }
+        if self.backend == BackendKind::Sim
+            && let Err((key, m)) = self.sim.check()
+        {
+            return fail(key, m);
+        }
+        if let Some(a) = &self.exporter_listen_addr
+            && a.parse::<std::net::SocketAddr>().is_err()
+        {
+            return fail(
+                "exporter_listen_addr",
+                format!("exporter_listen_addr: expected host:port such as 0.0.0.0:9400, found {a:?}"),
+            );
+        }
+        if let Err((key, m)) = self.ssh.check() {
+            return fail(key, m);
         }
         if let Some(f) = &self.flush_caches {
-            f.signal()?;
+            f.signal().map_err(|m| ("flush_caches".to_string(), m))?;
         }
         Ok(())
     }
@@ -233,7 +268,15 @@ mod tests {
             ),
             (
                 "version: 1\nnode: a\nlisten_addr: nope\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\n",
-                "agent.yaml: listen_addr: expected host:port such as 0.0.0.0:2222, found \"nope\"",
+                "agent.yaml:3:1: listen_addr: expected host:port such as 0.0.0.0:2222, found \"nope\"",
+            ),
+            (
+                "version: 1\nnode: a\nlisten_addr: 1.2.3.4:22\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\nbackend: sim\nsim: {profile: h200-sxm}\n",
+                "agent.yaml:8:7: sim: unknown profile `h200-sxm`: expected one of h100-sxm",
+            ),
+            (
+                "version: 1\nnode: a\nlisten_addr: 1.2.3.4:22\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\nbackend: sim\nsim: {gpus: 0}\n",
+                "agent.yaml:8:7: sim: gpus must be 1 to 16, found 0",
             ),
             ("version: 1\nnode: a\n", "agent.yaml:1:1: missing field `listen_addr`"),
             (

@@ -155,8 +155,6 @@ pub enum PolicyError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("{path}:{line}:{column}: {message}")]
     Parse { path: PathBuf, line: usize, column: usize, message: String },
-    #[error("{path}: {message}")]
-    Invalid { path: PathBuf, message: String },
 }
 
 impl Policy {
@@ -179,42 +177,97 @@ impl Policy {
             let (line, column, message) = nightshift_proto::yaml::error_parts(&e);
             PolicyError::Parse { path: path.into(), line, column, message }
         })?;
-        policy.validate().map_err(|message| PolicyError::Invalid { path: path.into(), message })?;
+        policy.validate().map_err(|(needle, message)| {
+            let (line, column) = nightshift_proto::yaml::locate(text, &needle);
+            PolicyError::Parse { path: path.into(), line, column, message }
+        })?;
         Ok(policy)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    /// Check what serde cannot: ranges, finiteness, floors under ceilings.
+    /// An error names the key to point at (`needle`) and what was found.
+    fn validate(&self) -> Result<(), (String, String)> {
+        let fail = |needle: &str, message: String| Err((needle.to_string(), message));
         if self.version != 1 {
-            return Err(format!("unsupported policy version: expected 1, found {}", self.version));
+            return fail("version", format!("unsupported policy version: expected 1, found {}", self.version));
+        }
+        let watts = |v: Option<f64>| v.is_none_or(|w| w.is_finite() && (0.0..=100_000.0).contains(&w));
+        if !watts(self.power.floor_watts) || !watts(self.power.ceiling_watts) {
+            return fail(
+                "power",
+                format!(
+                    "power: expected floor_watts and ceiling_watts as finite watts from 0 to 100000, found {:?} and {:?}",
+                    self.power.floor_watts, self.power.ceiling_watts
+                ),
+            );
         }
         if let (Some(f), Some(c)) = (self.power.floor_watts, self.power.ceiling_watts)
             && f > c
         {
-            return Err(format!("power.floor_watts {f} is above power.ceiling_watts {c}"));
+            return fail("floor_watts", format!("power.floor_watts {f} is above power.ceiling_watts {c}"));
+        }
+        for m in &self.power.models {
+            if m.name_contains.is_empty() {
+                return fail(
+                    "match",
+                    "power.models: `match` must name part of a GPU model, found an empty string".into(),
+                );
+            }
+            if !watts(m.floor_watts) || !watts(m.ceiling_watts) {
+                return fail(
+                    &m.name_contains,
+                    format!(
+                        "power.models[{}]: expected floor_watts and ceiling_watts as finite watts from 0 to 100000, found {:?} and {:?}",
+                        m.name_contains, m.floor_watts, m.ceiling_watts
+                    ),
+                );
+            }
+            // The floor and ceiling that apply to this model, its own or the
+            // node-wide ones.
+            let floor = m.floor_watts.or(self.power.floor_watts);
+            let ceiling = m.ceiling_watts.or(self.power.ceiling_watts);
+            if let (Some(f), Some(c)) = (floor, ceiling)
+                && f > c
+            {
+                return fail(
+                    &m.name_contains,
+                    format!("power.models[{}]: the floor {f} W is above the ceiling {c} W", m.name_contains),
+                );
+            }
         }
         if !(0.0..=100.0).contains(&self.fan.min_pct) {
-            return Err(format!("fan.min_pct must be 0 to 100, found {}", self.fan.min_pct));
+            return fail("min_pct", format!("fan.min_pct: expected 0 to 100, found {}", self.fan.min_pct));
+        }
+        if !(2..=64).contains(&self.fan.max_points) {
+            return fail("max_points", format!("fan.max_points: expected 2 to 64, found {}", self.fan.max_points));
         }
         for (kind, r) in &self.rate_limits {
-            if r.window_secs == 0 || r.window_secs > MAX_LEASE_SECS {
-                return Err(format!(
-                    "rate_limits.{}.window_secs: expected 1 to {MAX_LEASE_SECS}, found {}",
+            if r.window_secs == 0 || r.window_secs > MAX_LEASE_SECS || r.max_changes == 0 {
+                return fail(
                     kind.as_str(),
-                    r.window_secs
-                ));
+                    format!(
+                        "rate_limits.{}: expected max_changes ≥ 1 and window_secs 1 to {MAX_LEASE_SECS}, found {} and {}",
+                        kind.as_str(),
+                        r.max_changes,
+                        r.window_secs
+                    ),
+                );
             }
         }
         if !(1..=MAX_LEASE_SECS).contains(&self.max_lease_secs) {
-            return Err(format!(
-                "max_lease_secs: expected 1 to {MAX_LEASE_SECS} (30 days), found {}",
-                self.max_lease_secs
-            ));
+            return fail(
+                "max_lease_secs",
+                format!("max_lease_secs: expected 1 to {MAX_LEASE_SECS} (30 days), found {}", self.max_lease_secs),
+            );
         }
         if !(1..=self.max_lease_secs).contains(&self.default_lease_secs) {
-            return Err(format!(
-                "default_lease_secs: expected 1 to max_lease_secs ({}), found {}",
-                self.max_lease_secs, self.default_lease_secs
-            ));
+            return fail(
+                "default_lease_secs",
+                format!(
+                    "default_lease_secs: expected 1 to max_lease_secs ({}), found {}",
+                    self.max_lease_secs, self.default_lease_secs
+                ),
+            );
         }
         Ok(())
     }
@@ -427,10 +480,37 @@ mod tests {
         let err = Policy::parse("version: 1\npower:\n  floor_wats: 3\n", Path::new("p.yaml")).unwrap_err();
         let msg = err.to_string();
         assert!(msg.starts_with("p.yaml:3:3: power: unknown field `floor_wats`"), "{msg}");
-        let err = Policy::parse("version: 2\n", Path::new("p.yaml")).unwrap_err();
-        assert_eq!(err.to_string(), "p.yaml: unsupported policy version: expected 1, found 2");
-        let err = Policy::parse("version: 1\npower: {floor_watts: 500, ceiling_watts: 400}\n", Path::new("p.yaml"))
-            .unwrap_err();
-        assert_eq!(err.to_string(), "p.yaml: power.floor_watts 500 is above power.ceiling_watts 400");
+        let cases = [
+            ("version: 2\n", "p.yaml:1:1: unsupported policy version: expected 1, found 2"),
+            (
+                "version: 1\npower: {floor_watts: 500, ceiling_watts: 400}\n",
+                "p.yaml:2:9: power.floor_watts 500 is above power.ceiling_watts 400",
+            ),
+            // Values that would quietly weaken the envelope.
+            (
+                "version: 1\npower:\n  floor_watts: .nan\n",
+                "p.yaml:2:1: power: expected floor_watts and ceiling_watts as finite watts from 0 to 100000, found Some(NaN) and None",
+            ),
+            (
+                "version: 1\npower:\n  floor_watts: 300\n  models:\n    - {match: H100, ceiling_watts: 250}\n",
+                "p.yaml:5:15: power.models[H100]: the floor 300 W is above the ceiling 250 W",
+            ),
+            (
+                "version: 1\npower:\n  models:\n    - {match: MI300X, floor_watts: 800, ceiling_watts: 600}\n",
+                "p.yaml:4:15: power.models[MI300X]: the floor 800 W is above the ceiling 600 W",
+            ),
+            (
+                "version: 1\nmax_lease_secs: 18446744073709551615\n",
+                "p.yaml:2:1: max_lease_secs: expected 1 to 2592000 (30 days), found 18446744073709551615",
+            ),
+            (
+                "version: 1\nrate_limits:\n  power_limit: {max_changes: 0, window_secs: 600}\n",
+                "p.yaml:3:3: rate_limits.power_limit: expected max_changes ≥ 1 and window_secs 1 to 2592000, found 0 and 600",
+            ),
+            ("version: 1\nfan: {min_pct: .nan}\n", "p.yaml:2:7: fan.min_pct: expected 0 to 100, found NaN"),
+        ];
+        for (text, want) in cases {
+            assert_eq!(Policy::parse(text, Path::new("p.yaml")).unwrap_err().to_string(), want, "{text}");
+        }
     }
 }

@@ -78,7 +78,15 @@ async fn real_main(cli: Cli) -> Result<(), String> {
                 started.host_key_fingerprint,
                 if started.host_key_created { " (new)" } else { "" }
             );
-            wait_for_signal().await;
+            tokio::select! {
+                _ = wait_for_signal() => {}
+                e = started.server.stopped() => {
+                    // Unreachable without its listener: exit non-zero so the
+                    // supervisor (systemd Restart=on-failure) starts it again.
+                    started.shutdown().await;
+                    return Err(format!("the ssh listener on {} died: {e}", cfg.listen_addr));
+                }
+            }
             tracing::info!("shutting down");
             started.shutdown().await;
             Ok(())

@@ -101,6 +101,10 @@ pub enum Command {
         /// viewer, operator or admin.
         #[arg(long, default_value = "viewer")]
         role: String,
+        /// A token for Alertmanager's webhook (auth.webhook_tokens) instead
+        /// of a person's; it can post alerts and nothing else.
+        #[arg(long, conflicts_with = "role")]
+        webhook: bool,
     },
     /// Print shell completions.
     ///
@@ -172,10 +176,23 @@ pub enum AuditCmd {
     ///
     /// Example: nightshift audit follow --server http://127.0.0.1:8080
     Follow,
-    /// Walk the hash chain; exit 1 if it is broken.
+    /// Walk the hash chain; exit 1 if it is broken, naming the first record
+    /// that cannot be read or does not check out. When the store cannot
+    /// even be opened, the record log (records.jsonl) is walked instead.
     ///
     /// Example: nightshift audit verify
     Verify,
+    /// Copy every record that still checks out (and the run summaries the
+    /// chain vouches for, the others rebuilt) from a damaged store into a
+    /// new one, with a `salvaged` record saying what was lost. Point
+    /// `data_dir` at the new folder to start again. Local only; the engine
+    /// must be stopped.
+    ///
+    /// Example: nightshift audit salvage --to /var/lib/nightshift/data.salvaged
+    Salvage {
+        #[arg(long)]
+        to: std::path::PathBuf,
+    },
     /// Every record, oldest first.
     ///
     /// Example: nightshift audit export --format jsonl > audit.jsonl

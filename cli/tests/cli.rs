@@ -386,3 +386,40 @@ fn the_demo_remediates_every_scripted_fault() {
     assert!(!summary.contains("without meaning to"), "{summary}");
     assert!(summary.contains("web UI     was at http://127.0.0.1:"));
 }
+
+#[test]
+fn a_broken_engine_config_is_named_not_hidden_behind_a_guessed_folder() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(
+        d.path().join("engine.yaml"),
+        "version: 1\ndata_dir: d\nrunbook_dir: r\ninventory_path: i\nengine_key_path: k\nlimits: {queue_capasity: 1}\n",
+    )
+    .unwrap();
+    for args in [&["runbooks", "validate"][..], &["runbooks", "test"][..]] {
+        let o = run(d.path(), args);
+        assert_eq!(code(&o), 2, "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("engine.yaml:6:10: limits: unknown field `queue_capasity`"), "{args:?}: {err}");
+    }
+    // Without a config file the folder is ./runbooks.
+    std::fs::remove_file(d.path().join("engine.yaml")).unwrap();
+    let o = run(d.path(), &["runbooks", "validate"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("in runbooks"), "{o:?}");
+}
+
+#[test]
+fn anonymous_access_is_never_served_beyond_loopback_even_with_listen() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(
+        d.path().join("engine.yaml"),
+        "version: 1\nlisten_addr: 127.0.0.1:0\ndata_dir: d\nrunbook_dir: r\ninventory_path: i\nengine_key_path: k\nauth: {allow_anonymous: operator}\n",
+    )
+    .unwrap();
+    let o = run(d.path(), &["serve", "--listen", "0.0.0.0:0"]);
+    assert_eq!(code(&o), 2, "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--listen: auth.allow_anonymous is only allowed on a loopback listen_addr, found 0.0.0.0:0"),
+        "{err}"
+    );
+}

@@ -279,6 +279,24 @@ pub struct TokenSpec {
 }
 
 impl EngineConfig {
+    /// `listen_addr` is an address, and anonymous access (a demo's) only on
+    /// loopback. Checked at load and again after a `--listen` override.
+    pub fn check_listen(&self) -> Result<(), String> {
+        let Ok(addr) = self.listen_addr.parse::<std::net::SocketAddr>() else {
+            return Err(format!(
+                "listen_addr: expected host:port such as 127.0.0.1:8080, found {:?}",
+                self.listen_addr
+            ));
+        };
+        if self.auth.allow_anonymous.is_some() && !addr.ip().is_loopback() {
+            return Err(format!(
+                "auth.allow_anonymous is only allowed on a loopback listen_addr, found {}",
+                self.listen_addr
+            ));
+        }
+        Ok(())
+    }
+
     /// Read, resolve relative paths, validate.
     pub fn load(path: &Path) -> Result<EngineConfig, LoadError> {
         let text = std::fs::read_to_string(path).map_err(|e| LoadError {
@@ -308,27 +326,16 @@ impl EngineConfig {
         if cfg.version != 1 {
             return Err(err("version", format!("unsupported config version: expected 1, found {}", cfg.version)));
         }
-        if cfg.listen_addr.parse::<std::net::SocketAddr>().is_err() {
-            return Err(err(
-                "listen_addr",
-                format!("listen_addr: expected host:port such as 127.0.0.1:8080, found {:?}", cfg.listen_addr),
-            ));
+        if let Err(m) = cfg.check_listen() {
+            return Err(err(if m.starts_with("auth") { "allow_anonymous" } else { "listen_addr" }, m));
         }
-        if !(1.0..=1000.0).contains(&cfg.time_scale) {
+        if !(1.0..=1000.0).contains(&cfg.time_scale) || cfg.time_scale.is_nan() {
             return Err(err("time_scale", format!("time_scale: expected 1 to 1000, found {}", cfg.time_scale)));
         }
         if !(0.0..=100.0).contains(&cfg.limits.max_drained_pct) {
             return Err(err(
                 "max_drained_pct",
                 format!("limits.max_drained_pct: expected 0 to 100, found {}", cfg.limits.max_drained_pct),
-            ));
-        }
-        if cfg.auth.allow_anonymous.is_some()
-            && !cfg.listen_addr.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback())
-        {
-            return Err(err(
-                "allow_anonymous",
-                format!("auth.allow_anonymous is only allowed on a loopback listen_addr, found {}", cfg.listen_addr),
             ));
         }
         let urls = cfg
@@ -346,13 +353,89 @@ impl EngineConfig {
                 return Err(err(url, format!("{url}: interval_secs and timeout_secs must be above 0")));
             }
         }
+        let is_sha = |h: &str| h.len() == 64 && hex::decode(h).is_ok();
         for t in &cfg.auth.tokens {
-            if t.sha256.len() != 64 || hex::decode(&t.sha256).is_err() {
+            if !is_sha(&t.sha256) {
                 return Err(err(
                     &t.sha256,
                     format!(
                         "auth.tokens[{}].sha256: expected 64 hex characters (sha256sum of the token), found {:?}",
                         t.name, t.sha256
+                    ),
+                ));
+            }
+        }
+        if let Some(h) = &cfg.auth.webhook_token_sha256
+            && !is_sha(h)
+        {
+            return Err(err(
+                "webhook_token_sha256",
+                format!(
+                    "auth.webhook_token_sha256: expected 64 hex characters (`nightshift token` prints it; never the token itself), found {} characters",
+                    h.len()
+                ),
+            ));
+        }
+        for t in &cfg.auth.webhook_tokens {
+            if !is_sha(&t.sha256) {
+                return Err(err(
+                    &t.sha256,
+                    format!(
+                        "auth.webhook_tokens[{}].sha256: expected 64 hex characters (sha256sum of the token), found {} characters",
+                        t.name,
+                        t.sha256.len()
+                    ),
+                ));
+            }
+        }
+        // Numbers that would switch a safety off or stop the engine.
+        let l = &cfg.limits;
+        for (field, v, lo, hi) in [
+            ("queue_capacity", l.queue_capacity as u64, 1, 1_000_000),
+            ("max_concurrent_runs", l.max_concurrent_runs as u64, 1, 100_000),
+            ("alert_dedup_entries", l.alert_dedup_entries as u64, 1, 100_000_000),
+            ("action_timeout_secs", l.action_timeout_secs, 1, 3_600),
+            ("alert_backlog", l.alert_backlog as u64, 1, 10_000_000),
+        ] {
+            if !(lo..=hi).contains(&v) {
+                return Err(err(field, format!("limits.{field}: expected {lo} to {hi}, found {v}")));
+            }
+        }
+        let sl = &cfg.script;
+        for (field, v, lo, hi) in [
+            ("max_operations", sl.max_operations, 1_000, 1_000_000_000),
+            ("max_call_levels", sl.max_call_levels as u64, 1, 256),
+            ("max_expr_depth", sl.max_expr_depth as u64, 1, 1_024),
+            ("max_string_size", sl.max_string_size as u64, 1, 16 * 1024 * 1024),
+            ("max_array_size", sl.max_array_size as u64, 1, 10_000_000),
+            ("max_map_size", sl.max_map_size as u64, 1, 10_000_000),
+            ("max_variables", sl.max_variables as u64, 1, 100_000),
+            ("max_notes", u64::from(sl.max_notes), 1, 100_000),
+        ] {
+            if !(lo..=hi).contains(&v) {
+                return Err(err(
+                    field,
+                    format!("script.{field}: expected {lo} to {hi} (0 would switch the limit off), found {v}"),
+                ));
+            }
+        }
+        let t = &cfg.telemetry;
+        for (field, v, lo, hi) in [
+            ("interval_ms", t.interval_ms, 50, 600_000),
+            ("script_window_secs", t.script_window_secs, 1, 86_400),
+            ("stale_after_secs", t.stale_after_secs, 1, 86_400),
+        ] {
+            if !(lo..=hi).contains(&v) {
+                return Err(err(field, format!("telemetry.{field}: expected {lo} to {hi}, found {v}")));
+            }
+        }
+        for w in &cfg.notifications.webhooks {
+            if !(1..=20).contains(&w.max_attempts) || w.timeout_secs > 300 {
+                return Err(err(
+                    &w.name,
+                    format!(
+                        "notifications.webhooks[{}]: expected max_attempts 1 to 20 and timeout_secs at most 300, found {} and {}",
+                        w.name, w.max_attempts, w.timeout_secs
                     ),
                 ));
             }
@@ -373,5 +456,59 @@ mod tests {
         let bad = "version: 1\ndata_dir: d\nrunbook_dir: r\ninventory_path: i\nengine_key_path: k\nlimits:\n  queue_capasity: 5\n";
         let e = EngineConfig::parse(bad, Path::new("engine.yaml")).unwrap_err();
         assert!(e.to_string().starts_with("engine.yaml:7:3: limits: unknown field `queue_capasity`"), "{e}");
+    }
+
+    /// Values that would switch a safety off, stop the engine or never
+    /// match: each refused with its line and what was expected.
+    #[test]
+    fn values_that_disable_safety_are_refused_with_their_line() {
+        let base = "version: 1\ndata_dir: d\nrunbook_dir: r\ninventory_path: i\nengine_key_path: k\n";
+        let cases = [
+            (
+                "script:\n  max_string_size: 0\n",
+                "engine.yaml:7:3: script.max_string_size: expected 1 to 16777216 (0 would switch the limit off), found 0",
+            ),
+            (
+                "script:\n  max_operations: 0\n",
+                "engine.yaml:7:3: script.max_operations: expected 1000 to 1000000000 (0 would switch the limit off), found 0",
+            ),
+            (
+                "limits:\n  queue_capacity: 0\n",
+                "engine.yaml:7:3: limits.queue_capacity: expected 1 to 1000000, found 0",
+            ),
+            (
+                "limits:\n  max_concurrent_runs: 0\n",
+                "engine.yaml:7:3: limits.max_concurrent_runs: expected 1 to 100000, found 0",
+            ),
+            (
+                "limits:\n  action_timeout_secs: 0\n",
+                "engine.yaml:7:3: limits.action_timeout_secs: expected 1 to 3600, found 0",
+            ),
+            (
+                "limits:\n  max_drained_pct: .nan\n",
+                "engine.yaml:7:3: limits.max_drained_pct: expected 0 to 100, found NaN",
+            ),
+            ("time_scale: .nan\n", "engine.yaml:6:1: time_scale: expected 1 to 1000, found NaN"),
+            (
+                "auth:\n  webhook_token_sha256: s3cret-token\n",
+                "engine.yaml:7:3: auth.webhook_token_sha256: expected 64 hex characters (`nightshift token` prints it; never the token itself), found 12 characters",
+            ),
+            (
+                "auth:\n  webhook_tokens:\n    - {name: am, sha256: abc}\n",
+                "engine.yaml:8:26: auth.webhook_tokens[am].sha256: expected 64 hex characters (sha256sum of the token), found 3 characters",
+            ),
+            (
+                "telemetry:\n  interval_ms: 0\n",
+                "engine.yaml:7:3: telemetry.interval_ms: expected 50 to 600000, found 0",
+            ),
+            (
+                "notifications:\n  webhooks:\n    - {name: ops, url: 'http://x', max_attempts: 0}\n",
+                "engine.yaml:8:14: notifications.webhooks[ops]: expected max_attempts 1 to 20 and timeout_secs at most 300, found 0 and 5",
+            ),
+        ];
+        for (extra, want) in cases {
+            let e = EngineConfig::parse(&format!("{base}{extra}"), Path::new("engine.yaml")).unwrap_err();
+            assert_eq!(e.to_string(), want, "{extra}");
+        }
     }
 }

@@ -282,7 +282,70 @@ impl Trigger {
             Trigger::Rate { window_secs, .. } | Trigger::Predict { window_secs, .. } => *window_secs,
             _ => 0,
         };
-        secs as i64 * 1000
+        i64::try_from(secs).unwrap_or(i64::MAX).saturating_mul(1000)
+    }
+
+    /// Every level the trigger compares with, by field name (each must be
+    /// finite).
+    fn levels(&self) -> Vec<(&'static str, f64)> {
+        let mut v = Vec::new();
+        let mut push = |name: &'static str, x: &Option<f64>| {
+            if let Some(x) = x {
+                v.push((name, *x));
+            }
+        };
+        match self {
+            Trigger::Threshold { above, below, clear_below, clear_above, .. } => {
+                push("above", above);
+                push("below", below);
+                push("clear_below", clear_below);
+                push("clear_above", clear_above);
+            }
+            Trigger::Fleet { above, below, clear_below, clear_above, where_above, .. } => {
+                push("above", above);
+                push("below", below);
+                push("clear_below", clear_below);
+                push("clear_above", clear_above);
+                push("where_above", where_above);
+            }
+            Trigger::Rate { per_min_above, per_min_below, .. } => {
+                push("per_min_above", per_min_above);
+                push("per_min_below", per_min_below);
+            }
+            Trigger::Predict { crosses, .. } => push("crosses", &Some(*crosses)),
+            Trigger::Change { to_any_of, .. } => {
+                for x in to_any_of {
+                    push("to_any_of", &Some(*x));
+                }
+            }
+            _ => {}
+        }
+        v
+    }
+
+    /// Every duration and count the trigger sizes windows or waits with:
+    /// (field, value, most allowed).
+    fn spans(&self) -> Vec<(&'static str, u64, u64)> {
+        const DAY: u64 = 86_400;
+        match self {
+            Trigger::Threshold { for_secs, .. } | Trigger::Fleet { for_secs, .. } => vec![("for_secs", *for_secs, DAY)],
+            Trigger::Rate { window_secs, min_samples, .. } => {
+                vec![("window_secs", *window_secs, DAY), ("min_samples", *min_samples as u64, 100_000)]
+            }
+            Trigger::Predict { window_secs, horizon_secs, min_samples, model, .. } => {
+                let mut v = vec![
+                    ("window_secs", *window_secs, DAY),
+                    ("horizon_secs", *horizon_secs, DAY),
+                    ("min_samples", *min_samples as u64, 100_000),
+                ];
+                if let PredictModel::FirstOrder { time_constant_secs } = model {
+                    v.push(("time_constant_secs", *time_constant_secs, DAY));
+                }
+                v
+            }
+            Trigger::Schedule { every_secs } => vec![("every_secs", *every_secs, 30 * DAY)],
+            _ => Vec::new(),
+        }
     }
 }
 
@@ -330,7 +393,10 @@ impl ParamType {
     pub fn from_yaml(self, v: &serde_yaml::Value) -> Result<ParamValue, String> {
         use serde_yaml::Value as Y;
         match (self, v) {
-            (ParamType::Float, Y::Number(n)) => n.as_f64().map(ParamValue::Float).ok_or_else(|| "a number".into()),
+            (ParamType::Float, Y::Number(n)) => match n.as_f64() {
+                Some(f) if f.is_finite() => Ok(ParamValue::Float(f)),
+                _ => Err(format!("expected a finite float, found {n}")),
+            },
             (ParamType::Int, Y::Number(n)) if n.is_i64() => Ok(ParamValue::Int(n.as_i64().unwrap_or(0))),
             (ParamType::Bool, Y::Bool(b)) => Ok(ParamValue::Bool(*b)),
             (ParamType::String, Y::String(s)) => Ok(ParamValue::String(s.clone())),
@@ -345,7 +411,10 @@ impl ParamType {
     /// Parse a command-line `k=v` value.
     pub fn parse(self, s: &str) -> Result<ParamValue, String> {
         match self {
-            ParamType::Float => s.parse().map(ParamValue::Float).map_err(|_| format!("expected a float, found {s:?}")),
+            ParamType::Float => match s.trim().parse::<f64>() {
+                Ok(f) if f.is_finite() => Ok(ParamValue::Float(f)),
+                _ => Err(format!("expected a finite float, found {s:?}")),
+            },
             ParamType::Int => s.parse().map(ParamValue::Int).map_err(|_| format!("expected an int, found {s:?}")),
             ParamType::Bool => {
                 s.parse().map(ParamValue::Bool).map_err(|_| format!("expected true or false, found {s:?}"))
@@ -380,7 +449,7 @@ impl Default for BlastRadius {
 }
 
 /// When a person must approve a run before it starts.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Approval {
     #[serde(default)]
@@ -395,6 +464,12 @@ pub struct Approval {
 
 fn default_expire() -> u64 {
     3600
+}
+
+impl Default for Approval {
+    fn default() -> Self {
+        Approval { always: false, above_nodes: None, expire_secs: default_expire() }
+    }
 }
 
 /// Storm protection.
@@ -432,15 +507,7 @@ pub struct LoadError {
     pub message: String,
 }
 
-/// Where `needle` first appears in `text` (1-based line and column), or 1:1.
-pub fn locate(text: &str, needle: &str) -> (usize, usize) {
-    for (i, line) in text.lines().enumerate() {
-        if let Some(c) = line.find(needle) {
-            return (i + 1, c + 1);
-        }
-    }
-    (1, 1)
-}
+pub use nightshift_proto::yaml::locate;
 
 impl Manifest {
     /// Parse and validate a manifest's text; `path` names it in errors.
@@ -482,6 +549,22 @@ impl Manifest {
                     format!("scope: `{metric}` is a node metric, so scope must be node or group, found gpu"),
                 ));
             }
+        }
+        for (field, x) in self.trigger.levels() {
+            if !x.is_finite() {
+                return Err(err(field, format!("trigger.{field}: expected a finite number, found {x}")));
+            }
+        }
+        for (field, x, most) in self.trigger.spans() {
+            if x > most {
+                return Err(err(field, format!("trigger.{field}: expected at most {most}, found {x}")));
+            }
+        }
+        if let Trigger::Predict { model: PredictModel::FirstOrder { time_constant_secs: 0 }, .. } = &self.trigger {
+            return Err(err(
+                "time_constant_secs",
+                "trigger.model.first_order.time_constant_secs: expected at least 1, found 0".into(),
+            ));
         }
         let level_pair = |above: Option<f64>,
                           below: Option<f64>,
@@ -613,6 +696,20 @@ impl Manifest {
         }
         if !(1..=86_400).contains(&self.timeout_secs) {
             return Err(err("timeout_secs", format!("timeout_secs: expected 1 to 86400, found {}", self.timeout_secs)));
+        }
+        const MONTH: u64 = 30 * 86_400;
+        for (field, x, lo, hi) in [
+            ("cooldown_secs", self.cooldown_secs, 0, MONTH),
+            ("max_event_age_secs", self.max_event_age_secs, 1, MONTH),
+            ("expire_secs", self.approval.expire_secs, 60, 7 * 86_400),
+        ] {
+            if !(lo..=hi).contains(&x) {
+                let name = if field == "expire_secs" { "approval.expire_secs" } else { field };
+                return Err(err(field, format!("{name}: expected {lo} to {hi}, found {x}")));
+            }
+        }
+        if self.max_attempts_per_day == 0 {
+            return Err(err("max_attempts_per_day", "max_attempts_per_day: expected at least 1, found 0".into()));
         }
         if self.approval.above_nodes == Some(0) {
             return Err(err("above_nodes", "approval.above_nodes: expected at least 1, found 0".into()));

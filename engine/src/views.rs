@@ -67,6 +67,16 @@ impl Engine {
         Ok(self.core.audit.verify()?)
     }
 
+    /// [`Engine::verify`] off the async threads (it reads the whole store,
+    /// and waits out a store stuck on damaged data).
+    pub async fn verify_in_background(&self) -> Result<VerifyReport, EngineError> {
+        let audit = self.core.audit.clone();
+        let r = tokio::task::spawn_blocking(move || audit.verify())
+            .await
+            .map_err(|e| crate::audit::AuditError::Read(format!("the verify task failed: {e}")))?;
+        Ok(r?)
+    }
+
     /// Runs waiting for approval.
     pub fn pending_approvals(&self) -> Vec<RunSummary> {
         self.core.table().pending_approvals()

@@ -11,3 +11,14 @@ pub fn error_parts(e: &serde_yaml::Error) -> (usize, usize, String) {
     }
     (line, column, msg)
 }
+
+/// Where `needle` first appears in `text` (1-based line and column), or
+/// 1:1: the location of a value that parsed but failed validation.
+pub fn locate(text: &str, needle: &str) -> (usize, usize) {
+    for (i, line) in text.lines().enumerate() {
+        if let Some(c) = line.find(needle) {
+            return (i + 1, c + 1);
+        }
+    }
+    (1, 1)
+}

@@ -52,6 +52,22 @@ fn hostile() -> Vec<(&'static str, &'static str, RunOutcome, &'static str)> {
         ("catch-fail", "try { fail(\"x\"); } catch { }\nnote(\"escaped\");\n", RunOutcome::Failed, "fail(\"x\")"),
         ("runtime-error", "let x = 1;\nlet y = x / 0;\n", RunOutcome::Failed, "runtime-error.rhai:2"),
         ("bad-metric", "metric(\"gpu.tempreature\");\n", RunOutcome::Failed, "unknown metric `gpu.tempreature`"),
+        // Numbers at the edges: no overflow, no truncation, no NaN sent.
+        ("huge-sleep", "sleep(9223372036854775807);\n", RunOutcome::TimedOut, "stopped at its deadline (60 s)"),
+        ("huge-wait", "wait_until(|| false, 1e300);\n", RunOutcome::TimedOut, "stopped at its deadline (60 s)"),
+        (
+            "nan-wait",
+            "wait_until(|| false, 0.0 / 0.0);\n",
+            RunOutcome::Failed,
+            "timeout_secs: expected a finite number, found NaN",
+        ),
+        (
+            "wide-gpu",
+            "set_power_limit(4294967296, 650);\n",
+            RunOutcome::Failed,
+            "gpu: expected an index from 0 to 4294967295, found 4294967296",
+        ),
+        ("nan-watts", "set_power_limit(0, 0.0 / 0.0);\n", RunOutcome::Failed, "watts: expected a finite number"),
     ]
 }
 

@@ -378,6 +378,107 @@ async fn a_node_drained_by_a_person_is_never_resumed() {
     }
 }
 
+/// This process's soft limit on open files (`/proc/self/limits`).
+fn open_files_limit() -> usize {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|t| {
+            t.lines().find(|l| l.starts_with("Max open files")).and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+        })
+        .unwrap_or(1024)
+}
+
+/// `ssh` with the engine's key against `agent`, extra arguments first.
+async fn openssh(dir: &std::path::Path, agent: &TestAgent, args: &[&str]) -> (std::process::Output, Duration) {
+    let port = agent.addr().rsplit(':').next().unwrap().to_string();
+    let started = std::time::Instant::now();
+    let mut c = tokio::process::Command::new("ssh");
+    c.arg("-i").arg(dir.join("engine_key")).args([
+        "-p",
+        &port,
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "LogLevel=ERROR",
+    ]);
+    c.args(args).stdin(std::process::Stdio::null()).kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(20), c.output())
+        .await
+        .expect("ssh returned within 20 s")
+        .expect("the `ssh` client (openssh-client) is installed");
+    (out, started.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shells_terminals_and_sftp_are_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = TestAgent::start(dir.path(), "o2", sim("h100-sxm"), "").await;
+    for (what, args) in [
+        ("a login shell", vec!["nightshift@127.0.0.1"]),
+        ("ssh -tt", vec!["-tt", "nightshift@127.0.0.1"]),
+        ("sftp", vec!["-s", "nightshift@127.0.0.1", "sftp"]),
+    ] {
+        let (out, took) = openssh(dir.path(), &agent, &args).await;
+        assert!(!out.status.success(), "{what}: {out:?}");
+        assert!(took < Duration::from_secs(1) + Duration::from_millis(500), "{what} took {took:?}");
+        eprintln!("{what}: {took:?} {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // The agent still answers.
+    let (out, _) =
+        openssh(dir.path(), &agent, &["nightshift@127.0.0.1", r#"{"v":1,"id":"after","op":"inventory","args":{}}"#])
+            .await;
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_and_capped_and_the_engine_still_gets_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "ssh: {preauth_timeout_secs: 2, max_unauthenticated: 64, max_unauthenticated_per_source: 64}\n";
+    let agent = TestAgent::start(dir.path(), "f1", sim("h100-sxm"), extra).await;
+    let engine = AgentConnection::connect(&agent.client_config()).await.unwrap();
+    // A flood of idle TCP connections that never speak SSH: 10,000, or as
+    // many as this process may open.
+    let flood = 10_000.min(open_files_limit().saturating_sub(500));
+    eprintln!("opening {flood} idle connections");
+    let mut idle = Vec::new();
+    for _ in 0..flood {
+        match tokio::net::TcpStream::connect(agent.addr()).await {
+            Ok(s) => idle.push(s),
+            Err(e) => panic!("connect: {e}"),
+        }
+    }
+    // The already connected engine is served meanwhile.
+    let r = engine.call(&req("during", Op::Inventory(NoArgs {}))).await.unwrap();
+    assert!(r.ok, "{r:?}");
+    // Past the pre-auth timeout every idle connection has been closed by
+    // the agent (a read sees EOF or a reset): none is held open.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut closed = 0;
+    for mut s in idle {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 256];
+        loop {
+            match tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    closed += 1;
+                    break;
+                }
+                Ok(Ok(_)) => continue, // the server's version line
+                Err(_) => break,       // still open
+            }
+        }
+    }
+    assert_eq!(closed, flood, "idle connections still open after the pre-auth timeout");
+    // A new engine connection gets in.
+    let fresh = AgentConnection::connect(&agent.client_config()).await.unwrap();
+    let r = fresh.call(&req("after", Op::Inventory(NoArgs {}))).await.unwrap();
+    assert!(r.ok, "{r:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_openssh_is_a_client() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,7 +3,8 @@
 //! with a small fleet of sim agents over SSH. The timeline shows the runs, a
 //! new run appears without a reload, the run detail page shows its steps,
 //! and screenshots are saved (`NIGHTSHIFT_SCREENSHOTS`, default
-//! `target/screenshots`).
+//! `target/screenshots`). In anonymous mode, a page on another local port
+//! cannot post alerts, start runs or approve one.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -106,6 +107,30 @@ impl Driver {
     }
 }
 
+/// Serve `html` to every request on a new loopback port (another site, as
+/// far as the browser is concerned); returns its URL.
+async fn serve_page(html: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", l.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else { return };
+            let html = html.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{html}",
+                    html.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    url
+}
+
 fn manual(runbook: &str, node: &str, gpu: u32, watts: &str) -> RunRequest {
     RunRequest {
         runbook: runbook.into(),
@@ -130,11 +155,15 @@ async fn the_timeline_and_run_pages_in_chromium() {
     let cfg = engine_setup(
         d,
         &[&a, &b],
-        &[(
-            "cap-power",
-            "handbook: H1\ntrigger: {type: manual}\nscope: gpu\nparams:\n  watts: {type: float, default: 500}\n",
-            "// H1 — cap a GPU's power by hand.\nnote(`capping GPU ${target.gpu} to ${params.watts} W`);\nlet r = set_power_limit(params.watts);\nif !r.ok { fail(r.error); }\nnote(\"done\");\n",
-        )],
+        &[
+            (
+                "cap-power",
+                "handbook: H1\ntrigger: {type: manual}\nscope: gpu\nparams:\n  watts: {type: float, default: 500}\n",
+                "// H1 — cap a GPU's power by hand.\nnote(`capping GPU ${target.gpu} to ${params.watts} W`);\nlet r = set_power_limit(params.watts);\nif !r.ok { fail(r.error); }\nnote(\"done\");\n",
+            ),
+            ("careful", "trigger: {type: manual}\nscope: node\napproval: {always: true}\n", "note(\"approved\");\n"),
+            ("on-alert", "trigger: {type: alert, alertname: GpuTempHigh}\nscope: node\n", "note(\"from an alert\");\n"),
+        ],
         "auth:\n  allow_anonymous: operator\n",
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
@@ -228,6 +257,48 @@ async fn the_timeline_and_run_pages_in_chromium() {
     }
     driver.go(&format!("{base}/nodes/gpu-a1")).await;
     driver.screenshot("node.png").await;
+
+    // Anonymous mode (this server's) against a page on another local port:
+    // it posts an alert with `no-cors` `text/plain`, a run to the JSON API,
+    // and auto-submits an approval form. None of it gets anything done.
+    let mut careful = manual("careful", "gpu-a1", 0, "1");
+    careful.target = Target::node("gpu-a1");
+    careful.params.clear();
+    let pending = engine.submit(careful).await.unwrap().run().unwrap().id.clone();
+    let runs_before = engine.runs(&Default::default()).unwrap().runs.len();
+    let alert =
+        json!({"version": "4", "status": "firing", "receiver": "nightshift", "groupLabels": {}, "commonLabels": {},
+        "commonAnnotations": {}, "externalURL": "http://x", "groupKey": "g", "truncatedAlerts": 0,
+        "alerts": [{"status": "firing", "labels": {"alertname": "GpuTempHigh", "instance": "gpu-a1:9400"},
+            "annotations": {}, "startsAt": "2026-01-01T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+            "generatorURL": "http://x", "fingerprint": "csrf"}]})
+        .to_string();
+    let evil = format!(
+        r#"<!doctype html><html><body><form id="f" method="post" action="{base}/ui/runs/{pending}/approve"></form>
+<script>
+fetch("{base}/api/v1/alerts/alertmanager", {{method: "POST", mode: "no-cors", headers: {{"Content-Type": "text/plain"}}, body: {alert:?}}});
+fetch("{base}/api/v1/runs", {{method: "POST", mode: "no-cors", headers: {{"Content-Type": "text/plain"}}, body: '{{"runbook":"cap-power","node":"gpu-a1","gpu":3}}'}});
+setTimeout(() => document.getElementById("f").submit(), 300);
+</script></body></html>"#
+    );
+    let evil_url = serve_page(evil).await;
+    driver.go(&evil_url).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let landed = driver.js("return document.body.innerText").await;
+    eprintln!("the approval form landed on: {landed}");
+    let p = engine.run(&pending).unwrap().unwrap();
+    assert_eq!(
+        p.state,
+        nightshift_engine::runs::RunState::PendingApproval,
+        "a cross-site form approved {pending}: {p:?}"
+    );
+    assert!(p.approvals.is_empty(), "{p:?}");
+    let runs_after = engine.runs(&Default::default()).unwrap().runs.len();
+    assert_eq!(runs_after, runs_before, "a cross-site request started a run");
+    assert!(
+        !engine.audit().tail(0, usize::MAX).unwrap().iter().any(|r| r.data["fingerprint"] == "csrf"),
+        "the cross-site alert was received"
+    );
     drop(driver);
 
     // A phone: no horizontal overflow of the page itself.

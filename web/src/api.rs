@@ -338,7 +338,7 @@ pub async fn records(
 }
 
 pub async fn verify(State(s): State<AppState>, _: Viewer) -> Result<Json<VerifyReport>, ApiError> {
-    Ok(Json(s.engine.verify()?))
+    Ok(Json(s.engine.verify_in_background().await?))
 }
 
 pub async fn export(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {

@@ -15,10 +15,26 @@ pub const COOKIE: &str = "nightshift_token";
 pub struct Identity {
     pub name: String,
     pub role: Role,
-    pub via_cookie: bool,
+    pub via: Via,
+}
+
+/// How a caller identified itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// `Authorization: Bearer …`: a page on another site cannot send it.
+    Bearer,
+    /// The UI's login cookie: a browser sends it by itself.
+    Cookie,
+    /// Nothing, in anonymous mode: any page the browser visits can do that.
+    Anonymous,
 }
 
 impl Identity {
+    /// Signed in through the login page (so there is a cookie to drop).
+    pub fn has_session(&self) -> bool {
+        self.via == Via::Cookie
+    }
+
     /// `user:<name>` for the audit log.
     pub fn actor(&self) -> String {
         format!("user:{}", self.name)
@@ -98,12 +114,12 @@ impl Auth {
     /// Who is calling, if anyone.
     pub fn identify(&self, headers: &HeaderMap) -> Result<Identity, ApiError> {
         match Self::token_from(headers) {
-            Some((token, via_cookie)) => match self.lookup(&token) {
-                Some((name, role)) => Ok(Identity { name, role, via_cookie }),
+            Some((token, cookie)) => match self.lookup(&token) {
+                Some((name, role)) => Ok(Identity { name, role, via: if cookie { Via::Cookie } else { Via::Bearer } }),
                 None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the token is not valid")),
             },
             None => match self.anonymous {
-                Some(role) => Ok(Identity { name: "anonymous".into(), role, via_cookie: false }),
+                Some(role) => Ok(Identity { name: "anonymous".into(), role, via: Via::Anonymous }),
                 None => Err(ApiError::new(
                     StatusCode::UNAUTHORIZED,
                     "unauthorized",
@@ -124,7 +140,16 @@ impl Auth {
                 format!("this needs the {role:?} role; {} has {:?}", id.name, id.role).to_lowercase(),
             ));
         }
-        if id.via_cookie && method != Method::GET && !same_site(headers) {
+        // A credential the browser sends by itself must come from our own
+        // pages: the cookie must prove it (same-origin); no credential at
+        // all (anonymous mode) must at least not come from another site
+        // (browsers always say so; curl and scripts say nothing).
+        let refused = match id.via {
+            Via::Bearer => false,
+            Via::Cookie => !same_site(headers),
+            Via::Anonymous => cross_site(headers),
+        };
+        if refused && method != Method::GET {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "cross_site",
@@ -194,9 +219,50 @@ fn same_site(headers: &HeaderMap) -> bool {
     }
 }
 
+/// A request a browser made for a page of another site (another origin,
+/// another port included): `Sec-Fetch-Site` other than `same-origin` or
+/// `none`, or an `Origin` whose host is not this `Host`.
+fn cross_site(headers: &HeaderMap) -> bool {
+    let get = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+    if let Some(site) = get("sec-fetch-site") {
+        return site != "same-origin" && site != "none";
+    }
+    match (get("origin"), get("host")) {
+        (Some(origin), Some(host)) => origin.split("://").nth(1) != Some(host),
+        (Some(_), None) => true,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cross_site_requests_are_told_from_ours_and_from_scripts() {
+        let h = |pairs: &[(&'static str, &'static str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.insert(*k, v.parse().unwrap());
+            }
+            m
+        };
+        let host = ("host", "127.0.0.1:8080");
+        for (headers, cross, same) in [
+            (h(&[host, ("sec-fetch-site", "same-origin")]), false, true),
+            // Another port on the same host is another origin.
+            (h(&[host, ("sec-fetch-site", "same-site")]), true, false),
+            (h(&[host, ("sec-fetch-site", "cross-site")]), true, false),
+            (h(&[host, ("origin", "http://127.0.0.1:9999")]), true, false),
+            (h(&[host, ("origin", "http://127.0.0.1:8080")]), false, true),
+            // curl, a script: says nothing; fine without a credential the
+            // browser sends by itself, not enough for a cookie.
+            (h(&[host]), false, false),
+        ] {
+            assert_eq!(cross_site(&headers), cross, "{headers:?}");
+            assert_eq!(same_site(&headers), same, "{headers:?}");
+        }
+    }
 
     /// `ct_eq` reads all 32 bytes whatever differs (no early exit: the loop
     /// has no branch on the data), and tells every single-byte and

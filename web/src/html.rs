@@ -74,7 +74,7 @@ pub fn layout(title: &str, active: &str, who: Option<&Identity>, body: Markup) -
                         @match who {
                             Some(id) => {
                                 span { (id.name) " · " (format!("{:?}", id.role).to_lowercase()) }
-                                @if id.via_cookie {
+                                @if id.has_session() {
                                     form method="post" action="/logout" { button.link type="submit" { "log out" } }
                                 }
                             }

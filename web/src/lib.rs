@@ -100,5 +100,16 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    // Whatever address the config or a command-line override chose: an
+    // anonymous role is only ever served on loopback.
+    let addr = listener.local_addr()?;
+    if engine.config().auth.allow_anonymous.is_some() && !addr.ip().is_loopback() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "auth.allow_anonymous is only served on a loopback address, found {addr}: remove it or listen on 127.0.0.1"
+            ),
+        ));
+    }
     axum::serve(listener, router(engine)).with_graceful_shutdown(shutdown).await
 }

@@ -643,7 +643,7 @@ pub async fn approvals_page(State(s): State<AppState>, Viewer(who): Viewer) -> R
 
 /// `/audit`: is the chain intact?
 pub async fn audit_page(State(s): State<AppState>, Viewer(who): Viewer) -> Result<Response, PageError> {
-    let v = s.engine.verify()?;
+    let v = s.engine.verify_in_background().await?;
     let body = html! {
         h1 { "Audit integrity" }
         @if v.ok {

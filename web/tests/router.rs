@@ -194,7 +194,7 @@ async fn role_by_endpoint_matrix() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_a_400_naming_the_field_and_big_bodies_a_413() {
-    let f = fixture().await;
+    let mut f = fixture().await;
     let cases: Vec<(&str, &str, Value, &str)> = vec![
         ("POST", "/api/v1/runs", json!({"runbok": "cap", "node": "gpu-a1"}), "unknown field `runbok`"),
         ("POST", "/api/v1/runs", json!({"node": "gpu-a1"}), "missing field `runbook`"),
@@ -208,7 +208,25 @@ async fn bad_input_is_a_400_naming_the_field_and_big_bodies_a_413() {
             "POST",
             "/api/v1/runs",
             json!({"runbook": "cap", "node": "gpu-a1", "gpu": 1, "params": {"watts": "lots"}}),
-            "parameter `watts`: expected a float, found \"lots\"",
+            "parameter `watts`: expected a finite float, found \"lots\"",
+        ),
+        (
+            "POST",
+            "/api/v1/runs",
+            json!({"runbook": "cap", "node": "gpu-a1", "gpu": 1, "dry_run": true, "params": {"watts": "NaN"}}),
+            "parameter `watts`: expected a finite float, found \"NaN\"",
+        ),
+        (
+            "POST",
+            "/api/v1/runs",
+            json!({"runbook": "cap", "node": "gpu-a1", "gpu": 1, "params": {"watts": "-inf"}}),
+            "parameter `watts`: expected a finite float, found \"-inf\"",
+        ),
+        (
+            "POST",
+            "/api/v1/runs",
+            json!({"runbook": "cap", "node": "gpu-a1", "gpu": 1, "params": {"watts": "1e999"}}),
+            "parameter `watts`: expected a finite float, found \"1e999\"",
         ),
         (
             "POST",
@@ -244,6 +262,15 @@ async fn bad_input_is_a_400_naming_the_field_and_big_bodies_a_413() {
         let msg = v["error"]["message"].as_str().unwrap_or("");
         assert!(msg.contains(needle), "{path} {body}: {msg:?} lacks {needle:?}");
     }
+    // Nothing of the refused requests was stored: the engine restarts
+    // cleanly and its timeline reads back.
+    f.sim.restart_engine().await.unwrap();
+    let (s, v) = call(&f, "GET", "/api/v1/runs", Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    // Sequence numbers at the edge of u64 are a plain empty page.
+    let (s, v) =
+        call(&f, "GET", "/api/v1/audit/records?after_seq=18446744073709551615&limit=5", Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
     let (s, v) = call(&f, "GET", "/api/v1/runs?limit=many", Some(VIEWER), None).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert!(v["error"]["message"].as_str().unwrap().contains("limit: invalid digit"), "{v}");
@@ -429,10 +456,28 @@ async fn the_webhook_starts_one_run_for_ten_deliveries() {
         post_raw(&f, "/api/v1/alerts/alertmanager", None, payload("firing", &starts)).await,
         StatusCode::UNAUTHORIZED
     );
-    assert_eq!(
-        post_raw(&f, "/api/v1/alerts/alertmanager", Some(VIEWER), payload("firing", &starts)).await,
-        StatusCode::FORBIDDEN
-    );
+    // A person's token cannot post alerts, whatever its role: nobody can
+    // start a run through the webhook and then approve it themselves.
+    for person in [VIEWER, OPERATOR, ADMIN] {
+        assert_eq!(
+            post_raw(&f, "/api/v1/alerts/alertmanager", Some(person), payload("firing", &starts)).await,
+            StatusCode::FORBIDDEN
+        );
+    }
+    // Only JSON, as Alertmanager sends: a cross-site `text/plain` post is
+    // refused before the token is looked at.
+    let req = Request::builder()
+        .method("POST")
+        .uri("/api/v1/alerts/alertmanager")
+        .header(header::AUTHORIZATION, format!("Bearer {WEBHOOK}"))
+        .header(header::CONTENT_TYPE, "text/plain")
+        .body(Body::from(payload("firing", &starts)))
+        .unwrap();
+    let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // The audit names which webhook token posted each alert.
+    assert_eq!(received[0].actor, "alertmanager:alertmanager", "{:?}", received[0]);
+    assert_eq!(received[0].data["posted_by"], "alertmanager", "the token's name: {:?}", received[0]);
     assert_eq!(
         post_raw(&f, "/api/v1/alerts/alertmanager", Some(WEBHOOK), "{\"version\":\"3\"}".into()).await,
         StatusCode::BAD_REQUEST

@@ -246,6 +246,32 @@ pub struct SimConfig {
 fn default_profile() -> String {
     "h100-sxm".into()
 }
+
+impl SimConfig {
+    /// What `SimBackend::new` would refuse, found at config-check time:
+    /// `(key, message)`.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        if profile(&self.profile).is_none() {
+            return Err((
+                "profile",
+                format!("sim: unknown profile `{}`: expected one of {}", self.profile, profile_keys()),
+            ));
+        }
+        if !(1..=16).contains(&self.gpus) {
+            return Err(("gpus", format!("sim: gpus must be 1 to 16, found {}", self.gpus)));
+        }
+        for (key, v, lo, hi) in [
+            ("ambient_c", self.ambient_c, -20.0, 60.0),
+            ("util_pct", self.util_pct, 0.0, 100.0),
+            ("mem_used_pct", self.mem_used_pct, 0.0, 100.0),
+        ] {
+            if !(lo..=hi).contains(&v) {
+                return Err((key, format!("sim.{key}: expected {lo} to {hi}, found {v}")));
+            }
+        }
+        Ok(())
+    }
+}
 fn default_gpus() -> u32 {
     8
 }
@@ -409,6 +435,7 @@ impl SimBackend {
 
     /// Build a node from its config, or say which profile keys exist.
     pub fn new(config: SimConfig) -> Result<SimBackend, BackendError> {
+        config.check().map_err(|(_, m)| BackendError::Unavailable(m))?;
         let profile = profile(&config.profile).ok_or_else(|| {
             BackendError::Unavailable(format!(
                 "sim: unknown profile `{}`: expected one of {}",

@@ -5,14 +5,25 @@
 //!
 //! Only public keys in the authorized set are accepted. Channels are served
 //! concurrently: each exec is spawned, because russh calls a connection's
-//! handler one event at a time.
+//! handler one event at a time. Shell, pty, subsystem (sftp), env and X11
+//! requests are refused at once and their channel closed.
+//!
+//! The accept loop is ours, not russh's, so that a flood cannot silence the
+//! agent: a connection must authenticate within `preauth_timeout`; at most
+//! `max_unauthenticated` connections (and `max_unauthenticated_per_source`
+//! from one address) may be waiting to; running out of file descriptors
+//! (EMFILE, ENFILE) pauses accepting with a backoff instead of ending it. If
+//! the listener fails any other way, [`RunningAgentServer::stopped`] says so
+//! and the binary exits non-zero for its supervisor to restart it.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use russh::keys::{PrivateKey, PublicKey};
-use russh::server::{Auth, Msg, Server as _, Session};
+use russh::server::{Auth, Msg, Session};
 use russh::{Channel, ChannelId, MethodKind, MethodSet};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -24,6 +35,67 @@ use nightshift_proto::{Op, Reply, Request};
 pub struct ServerOptions {
     pub host_key: PrivateKey,
     pub authorized: Vec<PublicKey>,
+    pub limits: ConnLimits,
+}
+
+/// How many not-yet-authenticated connections the server tolerates, and for
+/// how long (`ssh:` in agent.yaml).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnLimits {
+    /// A connection that has not authenticated by then is closed.
+    #[serde(default = "d_preauth")]
+    pub preauth_timeout_secs: u64,
+    /// Connections waiting to authenticate, in all.
+    #[serde(default = "d_unauth")]
+    pub max_unauthenticated: usize,
+    /// Connections waiting to authenticate from one address.
+    #[serde(default = "d_unauth_source")]
+    pub max_unauthenticated_per_source: usize,
+}
+
+fn d_preauth() -> u64 {
+    10
+}
+fn d_unauth() -> usize {
+    256
+}
+fn d_unauth_source() -> usize {
+    32
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        ConnLimits {
+            preauth_timeout_secs: d_preauth(),
+            max_unauthenticated: d_unauth(),
+            max_unauthenticated_per_source: d_unauth_source(),
+        }
+    }
+}
+
+impl ConnLimits {
+    /// `(key, message)` for a value that would disable the protection.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        if !(1..=300).contains(&self.preauth_timeout_secs) {
+            return Err((
+                "preauth_timeout_secs",
+                format!("ssh.preauth_timeout_secs: expected 1 to 300, found {}", self.preauth_timeout_secs),
+            ));
+        }
+        if !(1..=100_000).contains(&self.max_unauthenticated)
+            || !(1..=self.max_unauthenticated).contains(&self.max_unauthenticated_per_source)
+        {
+            return Err((
+                "max_unauthenticated",
+                format!(
+                    "ssh: expected max_unauthenticated 1 to 100000 and max_unauthenticated_per_source 1 to it, found {} and {}",
+                    self.max_unauthenticated, self.max_unauthenticated_per_source
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A running server; drop or call [`RunningAgentServer::shutdown`] to stop.
@@ -31,6 +103,9 @@ pub struct RunningAgentServer {
     pub local_addr: SocketAddr,
     shutdown_tx: watch::Sender<bool>,
     join: tokio::task::JoinHandle<()>,
+    /// Set to the listener's error if accepting ever stops without a
+    /// shutdown.
+    died: watch::Receiver<Option<String>>,
 }
 
 impl RunningAgentServer {
@@ -38,6 +113,20 @@ impl RunningAgentServer {
     pub async fn shutdown(self) {
         let _ = self.shutdown_tx.send(true);
         let _ = self.join.await;
+    }
+
+    /// Resolves with the error if the listener dies (never on a shutdown):
+    /// the process should exit non-zero so its supervisor restarts it.
+    pub async fn stopped(&self) -> String {
+        let mut died = self.died.clone();
+        loop {
+            if let Some(e) = died.borrow().clone() {
+                return e;
+            }
+            if died.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     /// Stop without waiting.
@@ -57,18 +146,69 @@ struct AgentSsh {
 struct Conn {
     inner: AgentSsh,
     peer: Option<SocketAddr>,
+    /// Set once the engine's key is accepted (the pre-auth timer stops).
+    authed: Arc<AtomicBool>,
+    /// Frees this connection's pre-auth slot when it authenticates.
+    slot: Option<PreauthSlot>,
 }
 
-impl russh::server::Server for AgentSsh {
-    type Handler = Conn;
-    fn new_client(&mut self, peer: Option<SocketAddr>) -> Conn {
-        Conn { inner: self.clone(), peer }
+/// Connections waiting to authenticate, in all and per source.
+#[derive(Default)]
+struct Waiting {
+    total: usize,
+    by_source: HashMap<IpAddr, usize>,
+}
+
+/// One connection's place among those waiting to authenticate; dropped
+/// when it authenticates or closes.
+struct PreauthSlot {
+    waiting: Arc<Mutex<Waiting>>,
+    source: IpAddr,
+}
+
+impl PreauthSlot {
+    fn take(waiting: &Arc<Mutex<Waiting>>, source: IpAddr, limits: &ConnLimits) -> Option<PreauthSlot> {
+        let mut w = waiting.lock().unwrap_or_else(|e| e.into_inner());
+        let from_source = w.by_source.get(&source).copied().unwrap_or(0);
+        if w.total >= limits.max_unauthenticated || from_source >= limits.max_unauthenticated_per_source {
+            return None;
+        }
+        w.total += 1;
+        *w.by_source.entry(source).or_default() += 1;
+        Some(PreauthSlot { waiting: waiting.clone(), source })
+    }
+}
+
+impl Drop for PreauthSlot {
+    fn drop(&mut self) {
+        let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        w.total = w.total.saturating_sub(1);
+        if let Some(n) = w.by_source.get_mut(&self.source) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                w.by_source.remove(&self.source);
+            }
+        }
     }
 }
 
 impl Conn {
     fn is_authorized(&self, key: &PublicKey) -> bool {
         self.inner.authorized.iter().any(|k| k.key_data() == key.key_data())
+    }
+
+    /// Refuse a request this agent never serves, say why on stderr, and
+    /// close the channel (the client does not wait for a timeout).
+    fn refuse(&self, channel: ChannelId, session: &mut Session, what: &str) -> Result<(), russh::Error> {
+        tracing::warn!(node = %self.inner.agent.node(), peer = ?self.peer, what, "refused a request the agent never serves");
+        session.channel_failure(channel)?;
+        let msg =
+            format!("nightshift-agent serves one JSON request per exec (see its README); {what} is not available\n");
+        session.extended_data(channel, 1, msg.into_bytes())?;
+        session.exit_status_request(channel, 1)?;
+        session.eof(channel)?;
+        session.close(channel)?;
+        Ok(())
     }
 }
 
@@ -90,6 +230,8 @@ impl russh::server::Handler for Conn {
     ) -> Result<Auth, Self::Error> {
         if self.is_authorized(key.public_key) {
             tracing::info!(node = %self.inner.agent.node(), peer = ?self.peer, user, "engine authenticated");
+            self.authed.store(true, Ordering::SeqCst);
+            self.slot = None;
             Ok(Auth::Accept)
         } else {
             tracing::warn!(
@@ -112,6 +254,58 @@ impl russh::server::Handler for Conn {
         drop(channel);
         reply.accept().await;
         Ok(())
+    }
+
+    async fn shell_request(&mut self, channel: ChannelId, session: &mut Session) -> Result<(), Self::Error> {
+        self.refuse(channel, session, "a shell")
+    }
+
+    async fn pty_request(
+        &mut self,
+        channel: ChannelId,
+        _term: &str,
+        _col_width: u32,
+        _row_height: u32,
+        _pix_width: u32,
+        _pix_height: u32,
+        _modes: &[(russh::Pty, u32)],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.refuse(channel, session, "a terminal")
+    }
+
+    async fn subsystem_request(
+        &mut self,
+        channel: ChannelId,
+        name: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.refuse(channel, session, &format!("the {name:?} subsystem"))
+    }
+
+    async fn env_request(
+        &mut self,
+        channel: ChannelId,
+        _name: &str,
+        _value: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        // Environment requests are refused but the channel stays: OpenSSH
+        // sends LANG and friends before its exec.
+        session.channel_failure(channel)?;
+        Ok(())
+    }
+
+    async fn x11_request(
+        &mut self,
+        channel: ChannelId,
+        _single: bool,
+        _proto: &str,
+        _cookie: &str,
+        _screen: u32,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.refuse(channel, session, "X11 forwarding")
     }
 
     async fn exec_request(
@@ -184,6 +378,7 @@ async fn stream_telemetry(
 pub fn serve(agent: Arc<Agent>, listener: TcpListener, opts: ServerOptions) -> std::io::Result<RunningAgentServer> {
     let local_addr = listener.local_addr()?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (died_tx, died) = watch::channel(None);
     let mut methods = MethodSet::empty();
     methods.push(MethodKind::PublicKey);
     let config = Arc::new(russh::server::Config {
@@ -196,21 +391,114 @@ pub fn serve(agent: Arc<Agent>, listener: TcpListener, opts: ServerOptions) -> s
         nodelay: true,
         ..Default::default()
     });
-    let mut ssh = AgentSsh { agent, authorized: Arc::new(opts.authorized), shutdown: shutdown_rx.clone() };
-    let mut stop = shutdown_rx;
+    let ssh = AgentSsh { agent, authorized: Arc::new(opts.authorized), shutdown: shutdown_rx.clone() };
+    let limits = opts.limits;
     let join = tokio::spawn(async move {
-        let running = ssh.run_on_socket(config, &listener);
-        let server_handle = running.handle();
-        tokio::select! {
-            r = running => {
-                if let Err(e) = r {
-                    tracing::error!(error = %e, "ssh server stopped");
-                }
-            }
-            _ = stop.changed() => {
-                server_handle.shutdown("agent shutting down".into());
-            }
+        if let Err(e) = accept_loop(ssh, config, listener, limits, shutdown_rx).await {
+            tracing::error!(error = %e, "the ssh listener died; the agent cannot be reached");
+            let _ = died_tx.send(Some(e.to_string()));
         }
     });
-    Ok(RunningAgentServer { local_addr, shutdown_tx, join })
+    Ok(RunningAgentServer { local_addr, shutdown_tx, join, died })
+}
+
+/// Accept errors that mean "out of a resource for now": wait and go on.
+fn transient(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind as K;
+    matches!(e.kind(), K::ConnectionAborted | K::ConnectionReset | K::Interrupted | K::WouldBlock | K::OutOfMemory)
+        // EMFILE 24, ENFILE 23, ENOBUFS 105, ENOMEM 12 (Linux numbers)
+        || matches!(e.raw_os_error(), Some(23 | 24 | 105 | 12))
+}
+
+async fn accept_loop(
+    ssh: AgentSsh,
+    config: Arc<russh::server::Config>,
+    listener: TcpListener,
+    limits: ConnLimits,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let waiting: Arc<Mutex<Waiting>> = Arc::default();
+    let preauth = Duration::from_secs(limits.preauth_timeout_secs);
+    let node = ssh.agent.node().to_string();
+    let mut backoff = Duration::from_millis(5);
+    let mut refused_since_log = 0u64;
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.changed() => break,
+        };
+        let (socket, peer) = match accepted {
+            Ok(x) => {
+                backoff = Duration::from_millis(5);
+                x
+            }
+            Err(e) if transient(&e) => {
+                tracing::warn!(node = %node, error = %e, backoff_ms = backoff.as_millis() as u64, "cannot accept a connection now; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stop.changed() => break,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(slot) = PreauthSlot::take(&waiting, peer.ip(), &limits) else {
+            refused_since_log += 1;
+            if refused_since_log == 1 || refused_since_log.is_multiple_of(1000) {
+                tracing::warn!(node = %node, peer = %peer, refused = refused_since_log, "too many connections waiting to authenticate: closing new ones");
+            }
+            drop(socket);
+            continue;
+        };
+        refused_since_log = 0;
+        let authed = Arc::new(AtomicBool::new(false));
+        let handler = Conn { inner: ssh.clone(), peer: Some(peer), authed: authed.clone(), slot: Some(slot) };
+        let config = config.clone();
+        let node = node.clone();
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let _ = socket.set_nodelay(true);
+            // The version exchange is inside the pre-auth time too.
+            let session = match tokio::time::timeout(preauth, russh::server::run_stream(config, socket, handler)).await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(node = %node, peer = %peer, error = %e, "ssh connection setup failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::info!(node = %node, peer = %peer, "closed a connection that sent no ssh version in time");
+                    return;
+                }
+            };
+            let handle = session.handle();
+            tokio::pin!(session);
+            let timer = async {
+                tokio::time::sleep(preauth).await;
+                if authed.load(Ordering::SeqCst) {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                r = &mut session => {
+                    if let Err(e) = r {
+                        tracing::debug!(node = %node, peer = %peer, error = %e, "ssh connection ended with an error");
+                    }
+                }
+                _ = timer => {
+                    tracing::info!(node = %node, peer = %peer, timeout_secs = preauth.as_secs(), "closed a connection that did not authenticate in time");
+                    let _ = handle
+                        .disconnect(russh::Disconnect::ByApplication, "authentication timed out".into(), String::new())
+                        .await;
+                }
+                _ = stop.changed() => {
+                    let _ = handle
+                        .disconnect(russh::Disconnect::ByApplication, "agent shutting down".into(), String::new())
+                        .await;
+                }
+            }
+        });
+    }
+    Ok(())
 }

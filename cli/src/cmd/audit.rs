@@ -1,4 +1,4 @@
-//! `nightshift audit list | show | follow | verify | export`.
+//! `nightshift audit list | show | follow | verify | export | salvage`.
 
 use anyhow::Result;
 
@@ -11,8 +11,12 @@ use crate::conn::Conn;
 use crate::out::{Out, clip, time};
 
 pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
+    if let AuditCmd::Salvage { to } = cmd {
+        return salvage(cli, out, to).await;
+    }
     let mut c = conn(cli, out)?;
     match cmd {
+        AuditCmd::Salvage { .. } => Err(anyhow::anyhow!("internal: salvage is handled without an engine")),
         AuditCmd::List { node, runbook, outcome, since, limit } => {
             let outcome = match outcome {
                 Some(o) => Some(RunOutcome::parse(o).ok_or_else(|| {
@@ -110,7 +114,35 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
             }
         },
         AuditCmd::Verify => {
-            let v = c.verify().await?;
+            let v = match c.verify().await {
+                Ok(v) => v,
+                // A store that cannot be opened (damaged): walk its record
+                // log instead, to say where.
+                Err(e) if !e.to_string().contains("in use by another") && local_log(&c).is_some() => {
+                    let log = local_log(&c).unwrap_or_default();
+                    println!("{} the audit store cannot be opened: {e:#}", out.red("broken:"));
+                    if !log.exists() {
+                        println!("no record log at {} to check instead", log.display());
+                        return Ok(1);
+                    }
+                    let v = nightshift_engine::audit::verify_log(&log)?;
+                    if v.ok {
+                        println!(
+                            "the record log {} verifies up to record {}: run `nightshift audit salvage --to NEW_DIR` to rebuild the store from it",
+                            log.display(),
+                            v.verified_up_to
+                        );
+                    } else {
+                        println!(
+                            "the record log breaks at record {}: {}",
+                            v.first_bad_seq.unwrap_or(0),
+                            v.problem.clone().unwrap_or_default()
+                        );
+                    }
+                    return Ok(1);
+                }
+                Err(e) => return Err(e),
+            };
             if out.json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else if v.ok {
@@ -146,4 +178,46 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
             Ok(0)
         }
     }
+}
+
+/// The record log of an embedded engine's data dir.
+fn local_log(c: &Conn) -> Option<std::path::PathBuf> {
+    match c {
+        Conn::Local(l) => Some(l.config.data_dir.join(nightshift_engine::audit::LOG_FILE)),
+        Conn::Remote(_) => None,
+    }
+}
+
+/// `nightshift audit salvage --to DIR`.
+async fn salvage(cli: &Cli, out: &Out, to: &std::path::Path) -> Result<u8> {
+    if cli.server.is_some() {
+        return Err(usage("salvage works on the data dir itself: run it on the engine's host without --server"));
+    }
+    let cfg = nightshift_engine::config::EngineConfig::load(&cli.config).map_err(|e| usage(e.to_string()))?;
+    let clock: nightshift_proto::clock::SharedClock = std::sync::Arc::new(nightshift_proto::clock::SystemClock);
+    // Salvage blocks (files, sled, a watchdog): off the async threads.
+    let (from, dest) = (cfg.data_dir.clone(), to.to_path_buf());
+    let r = tokio::task::spawn_blocking(move || nightshift_engine::audit::salvage(&from, &dest, clock))
+        .await?
+        .map_err(|e| usage(e.to_string()))?;
+    if out.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(0);
+    }
+    println!("salvaged {} record(s) from {} into {}", r.recovered, cfg.data_dir.display(), to.display());
+    if let Some(e) = &r.sled_error {
+        println!("  the old sled store could not be read ({e}): records came from the record log");
+    }
+    for (a, b) in &r.lost {
+        println!("  {} records {a}–{b}", out.red("lost"));
+    }
+    for (line, why) in &r.damaged_lines {
+        println!("  {} record log line {line}: {why}", out.yellow("damaged"));
+    }
+    println!(
+        "  run summaries: {} copied, {} rebuilt from their records; record {} says what happened",
+        r.summaries_copied, r.summaries_rebuilt, r.salvage_seq
+    );
+    println!("point data_dir at {} and start the engine", to.display());
+    Ok(0)
 }

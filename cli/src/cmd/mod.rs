@@ -73,9 +73,14 @@ pub fn parse_params(v: &[String]) -> Result<BTreeMap<String, String>> {
         .collect()
 }
 
-/// The runbook folder of the config, else `./runbooks`.
-pub fn default_runbook_dir(cli: &Cli) -> PathBuf {
+/// The runbook folder of the config, else `./runbooks` when there is no
+/// config file. A config that exists but does not load is an error (exit
+/// 2) naming its line: guessing a folder would hide it.
+pub fn default_runbook_dir(cli: &Cli) -> Result<PathBuf> {
+    if !cli.config.exists() {
+        return Ok(PathBuf::from("runbooks"));
+    }
     nightshift_engine::config::EngineConfig::load(&cli.config)
         .map(|c| c.runbook_dir)
-        .unwrap_or_else(|_| PathBuf::from("runbooks"))
+        .map_err(|e| usage(format!("{e} (or name the folder: nightshift runbooks validate DIR)")))
 }

@@ -50,7 +50,7 @@ pub async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
         RunbooksCmd::Validate { path } => {
             let dir = match path {
                 Some(p) => p.clone(),
-                None => default_runbook_dir(cli),
+                None => default_runbook_dir(cli)?,
             };
             let engine = nightshift_engine::script::build_engine(&Default::default());
             let set = nightshift_engine::runbook::load_dir(&dir, &engine);
@@ -69,7 +69,10 @@ pub async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
             Ok(if set.errors.is_empty() { 0 } else { 2 })
         }
         RunbooksCmd::Test { name, dir, trace } => {
-            let dir = dir.clone().unwrap_or_else(|| default_runbook_dir(cli));
+            let dir = match dir {
+                Some(d) => d.clone(),
+                None => default_runbook_dir(cli)?,
+            };
             crate::cmd::run::test_scenarios(out, &dir, name.as_deref(), *trace).await
         }
     }

@@ -31,17 +31,27 @@ pub fn keygen(cli: &Cli, path: Option<&Path>, force: bool) -> Result<u8> {
     Ok(0)
 }
 
-/// Make an API token and print the config line that grants it.
-pub fn token(name: &str, role: &str) -> Result<u8> {
+/// Make an API token (or, with `webhook`, an Alertmanager webhook token)
+/// and print the config line that grants it.
+pub fn token(name: &str, role: &str, webhook: bool) -> Result<u8> {
     let role_ok = ["viewer", "operator", "admin"].contains(&role);
     if !role_ok {
         return Err(usage(format!("--role: expected viewer, operator or admin, found {role:?}")));
     }
     let bytes: [u8; 24] = rand::random();
     let token = format!("ns_{}", hex::encode(bytes));
-    println!("token (give it to {name}; it is not stored anywhere): {token}");
-    println!("add to engine.yaml under auth.tokens:");
-    println!("  - {{name: {name}, role: {role}, sha256: {}}}", nightshift_web::auth::hash_token(&token));
+    let sha = nightshift_web::auth::hash_token(&token);
+    if webhook {
+        println!(
+            "token (put it in Alertmanager's http_config.authorization.credentials; it is not stored anywhere): {token}"
+        );
+        println!("add to engine.yaml under auth.webhook_tokens:");
+        println!("  - {{name: {name}, sha256: {sha}}}");
+    } else {
+        println!("token (give it to {name}; it is not stored anywhere): {token}");
+        println!("add to engine.yaml under auth.tokens:");
+        println!("  - {{name: {name}, role: {role}, sha256: {sha}}}");
+    }
     Ok(0)
 }
 

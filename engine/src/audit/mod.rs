@@ -8,7 +8,10 @@
 //! its `append` returns. Run summaries and the by-run / by-node indexes are
 //! written in the same transaction as the record that changes them.
 
+mod log;
+mod salvage;
 mod store;
+mod verify;
 
 use std::path::PathBuf;
 
@@ -18,7 +21,14 @@ use sha2::{Digest, Sha256};
 
 use crate::runs::{RunOutcome, RunState, RunSummary};
 
+pub use log::{LOG_FILE, verify_log};
+pub use salvage::{SalvageReport, rebuild_summary, salvage};
 pub use store::AuditStore;
+
+/// SHA-256 of `bytes`, hex.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
 
 /// What a record is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -49,6 +59,9 @@ pub enum RecordKind {
     /// A hold ended on an agent (released, lease ran out, or a person took
     /// the setting over), as the agent reported it.
     HoldEnded,
+    /// The store was rebuilt from a damaged one: what was recovered and
+    /// which breaks in the chain that explains.
+    Salvaged,
 }
 
 impl RecordKind {
@@ -76,6 +89,7 @@ impl RecordKind {
             RecordKind::RunFinished => "run_finished",
             RecordKind::NotificationDelivery => "notification_delivery",
             RecordKind::HoldEnded => "hold_ended",
+            RecordKind::Salvaged => "salvaged",
         }
     }
 }

@@ -11,6 +11,7 @@ use tokio::sync::{broadcast, oneshot};
 
 use nightshift_proto::clock::SharedClock;
 
+use super::log::RecordLog;
 use super::*;
 
 struct WriteReq {
@@ -20,19 +21,19 @@ struct WriteReq {
 }
 
 #[derive(Clone)]
-struct Trees {
-    db: sled::Db,
-    records: sled::Tree,
-    by_run: sled::Tree,
-    by_node: sled::Tree,
-    runs: sled::Tree,
-    runs_by_created: sled::Tree,
+pub(super) struct Trees {
+    pub(super) db: sled::Db,
+    pub(super) records: sled::Tree,
+    pub(super) by_run: sled::Tree,
+    pub(super) by_node: sled::Tree,
+    pub(super) runs: sled::Tree,
+    pub(super) runs_by_created: sled::Tree,
 }
 
 /// The store.
 #[derive(Clone)]
 pub struct AuditStore {
-    trees: Trees,
+    pub(super) trees: Trees,
     path: PathBuf,
     tx: std_mpsc::Sender<WriteReq>,
     live: broadcast::Sender<Arc<AuditRecord>>,
@@ -45,14 +46,14 @@ impl std::fmt::Debug for AuditStore {
     }
 }
 
-fn index_key(prefix: &str, seq: u64) -> Vec<u8> {
+pub(super) fn index_key(prefix: &str, seq: u64) -> Vec<u8> {
     let mut k = prefix.as_bytes().to_vec();
     k.push(0);
     k.extend_from_slice(&seq.to_be_bytes());
     k
 }
 
-fn created_key(created_ms: i64, id: &str) -> Vec<u8> {
+pub(super) fn created_key(created_ms: i64, id: &str) -> Vec<u8> {
     let mut k = (created_ms.max(0) as u64).to_be_bytes().to_vec();
     k.extend_from_slice(id.as_bytes());
     k
@@ -106,10 +107,20 @@ impl AuditStore {
             }
             None => (0, GENESIS.to_string()),
         };
+        let log = RecordLog::open(dir, seq, |after| {
+            trees
+                .records
+                .range((after + 1).to_be_bytes()..)
+                .map(|item| {
+                    let (_, v) = item.map_err(|e| AuditError::Read(e.to_string()))?;
+                    serde_json::from_slice(&v).map_err(|e| AuditError::Read(e.to_string()))
+                })
+                .collect()
+        })?;
         let (tx, rx) = std_mpsc::channel::<WriteReq>();
         let (live, _) = broadcast::channel(4096);
         let head = Arc::new(std::sync::atomic::AtomicU64::new(seq));
-        let writer = Writer { trees: trees.clone(), seq, hash, clock, live: live.clone(), head: head.clone() };
+        let writer = Writer { trees: trees.clone(), seq, hash, clock, live: live.clone(), head: head.clone(), log };
         std::thread::Builder::new()
             .name("audit-writer".into())
             .spawn(move || writer.run(rx))
@@ -156,7 +167,8 @@ impl AuditStore {
 
     /// Records after `after_seq`, oldest first, at most `limit`.
     pub fn tail(&self, after_seq: u64, limit: usize) -> Result<Vec<AuditRecord>, AuditError> {
-        let start = (after_seq + 1).to_be_bytes();
+        let Some(first) = after_seq.checked_add(1) else { return Ok(Vec::new()) };
+        let start = first.to_be_bytes();
         self.trees
             .records
             .range(start..)
@@ -232,7 +244,15 @@ impl AuditStore {
                 continue;
             }
             let id = String::from_utf8_lossy(&k[8..]).into_owned();
-            let Some(run) = self.run(&id)? else { continue };
+            // One unreadable summary must not hide the rest of the timeline.
+            let run = match self.run(&id) {
+                Ok(Some(run)) => run,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::error!(run = %id, error = %e, "a run summary cannot be read; left out of the listing");
+                    continue;
+                }
+            };
             let keep = f.node.as_ref().is_none_or(|n| run.target.node.as_ref() == Some(n) || run.nodes.contains(n))
                 && f.gpu.is_none_or(|g| run.target.gpu == Some(g))
                 && f.runbook.as_ref().is_none_or(|r| &run.runbook == r)
@@ -282,8 +302,16 @@ impl AuditStore {
     pub fn unfinished_runs(&self) -> Result<Vec<RunSummary>, AuditError> {
         let mut out = Vec::new();
         for item in self.trees.runs.iter() {
-            let (_, v) = item.map_err(|e| AuditError::Read(e.to_string()))?;
-            let r: RunSummary = serde_json::from_slice(&v).map_err(|e| AuditError::Read(e.to_string()))?;
+            let (k, v) = item.map_err(|e| AuditError::Read(e.to_string()))?;
+            // A summary that cannot be read is reported, not fatal: recovery
+            // must still start the engine (its records are in the chain).
+            let r: RunSummary = match serde_json::from_slice(&v) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(run = %String::from_utf8_lossy(&k), error = %e, "a run summary cannot be read; recovery skips it");
+                    continue;
+                }
+            };
             if r.state != RunState::Finished {
                 out.push(r);
             }
@@ -292,45 +320,14 @@ impl AuditStore {
     }
 
     /// Walk the whole chain: sequence gap-free from 1, each hash correct,
-    /// each link to the previous record intact.
+    /// each link to the previous record intact (except the breaks a
+    /// `salvaged` record documents); then each run summary against the
+    /// chain, and the record log against itself. The report names the
+    /// first record that cannot be read or does not check out — also when
+    /// sled stops answering on a damaged page (it spins rather than fail).
     pub fn verify(&self) -> Result<VerifyReport, AuditError> {
-        let mut prev = GENESIS.to_string();
-        let mut expected = 1u64;
-        let mut records = 0u64;
-        for item in self.trees.records.iter() {
-            let (k, v) = item.map_err(|e| AuditError::Read(e.to_string()))?;
-            let key_seq = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0; 8]));
-            records += 1;
-            let bad = |problem: String| VerifyReport {
-                ok: false,
-                verified_up_to: expected - 1,
-                records,
-                first_bad_seq: Some(expected.min(key_seq)),
-                problem: Some(problem),
-            };
-            if key_seq != expected {
-                return Ok(bad(format!("sequence gap: expected record {expected}, found {key_seq}")));
-            }
-            let r: AuditRecord = match serde_json::from_slice(&v) {
-                Ok(r) => r,
-                Err(e) => return Ok(bad(format!("record {key_seq} is not a valid record: {e}"))),
-            };
-            if r.seq != key_seq {
-                return Ok(bad(format!("record stored at {key_seq} says it is {}", r.seq)));
-            }
-            if r.prev_hash != prev {
-                return Ok(bad(format!(
-                    "record {key_seq} does not link to record {}: prev_hash mismatch",
-                    key_seq - 1
-                )));
-            }
-            if r.compute_hash() != r.hash {
-                return Ok(bad(format!("record {key_seq} was altered: its hash does not match its content")));
-            }
-            prev = r.hash;
-            expected += 1;
-        }
-        Ok(VerifyReport { ok: true, verified_up_to: expected - 1, records, first_bad_seq: None, problem: None })
+        let log = self.path.parent().map(|d| d.join(super::log::LOG_FILE));
+        super::verify::verify(self.trees.clone(), log)
     }
 
     /// Make everything written so far durable.
@@ -370,6 +367,7 @@ struct Writer {
     clock: SharedClock,
     live: broadcast::Sender<Arc<AuditRecord>>,
     head: Arc<std::sync::atomic::AtomicU64>,
+    log: RecordLog,
 }
 
 impl Writer {
@@ -389,9 +387,18 @@ impl Writer {
     fn write_batch(&mut self, batch: Vec<WriteReq>) {
         let now = self.clock.now_ms();
         let mut records = Vec::with_capacity(batch.len());
+        let mut summaries: Vec<Option<Vec<u8>>> = Vec::with_capacity(batch.len());
         let (mut seq, mut prev) = (self.seq, self.hash.clone());
         for req in &batch {
             seq += 1;
+            // A record that changes a run's summary carries the summary's
+            // hash, so the chain vouches for the timeline too.
+            let summary = req.summary.as_ref().map(|s| serde_json::to_vec(s).unwrap_or_default());
+            let mut data = req.rec.data.clone();
+            if let (Some(bytes), Some(obj)) = (&summary, data.as_object_mut()) {
+                obj.insert("summary_sha256".into(), Value::String(sha256_hex(bytes)));
+            }
+            summaries.push(summary);
             let mut r = AuditRecord {
                 seq,
                 ts_ms: now,
@@ -401,7 +408,7 @@ impl Writer {
                 gpu: req.rec.gpu,
                 runbook: req.rec.runbook.clone(),
                 actor: req.rec.actor.clone(),
-                data: req.rec.data.clone(),
+                data,
                 prev_hash: prev.clone(),
                 hash: String::new(),
             };
@@ -409,27 +416,37 @@ impl Writer {
             prev = r.hash.clone();
             records.push(r);
         }
+        // The record log first (fsynced), then sled; a failed sled write
+        // takes the log's lines back.
+        let log_len = self.log.bytes();
         let t = &self.trees;
-        let result = (&t.records, &t.by_run, &t.by_node, &t.runs, &t.runs_by_created)
-            .transaction(|(rec_t, run_t, node_t, runs_t, created_t)| {
-                for (r, req) in records.iter().zip(&batch) {
-                    let bytes = serde_json::to_vec(r).unwrap_or_default();
-                    rec_t.insert(&r.seq.to_be_bytes(), bytes)?;
-                    if let Some(run) = &r.run {
-                        run_t.insert(index_key(run, r.seq), &[])?;
+        let result = self.log.append(&records).and_then(|_| {
+            (&t.records, &t.by_run, &t.by_node, &t.runs, &t.runs_by_created)
+                .transaction(|(rec_t, run_t, node_t, runs_t, created_t)| {
+                    for ((r, req), summary) in records.iter().zip(&batch).zip(&summaries) {
+                        let bytes = serde_json::to_vec(r).unwrap_or_default();
+                        rec_t.insert(&r.seq.to_be_bytes(), bytes)?;
+                        if let Some(run) = &r.run {
+                            run_t.insert(index_key(run, r.seq), &[])?;
+                        }
+                        if let Some(node) = &r.node {
+                            node_t.insert(index_key(node, r.seq), &[])?;
+                        }
+                        if let (Some(s), Some(bytes)) = (&req.summary, summary) {
+                            runs_t.insert(s.id.as_bytes(), bytes.as_slice())?;
+                            created_t.insert(created_key(s.created_ms, &s.id), &[])?;
+                        }
                     }
-                    if let Some(node) = &r.node {
-                        node_t.insert(index_key(node, r.seq), &[])?;
+                    Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+                })
+                .map_err(|e| AuditError::Write(format!("{e:?}")))
+                .and_then(|_| self.trees.db.flush().map_err(|e| AuditError::Write(e.to_string())))
+                .inspect_err(|_| {
+                    if let Err(e) = self.log.unappend_to(log_len) {
+                        tracing::error!(error = %e, "cannot take back the record log's lines of a failed write");
                     }
-                    if let Some(s) = &req.summary {
-                        runs_t.insert(s.id.as_bytes(), serde_json::to_vec(s).unwrap_or_default())?;
-                        created_t.insert(created_key(s.created_ms, &s.id), &[])?;
-                    }
-                }
-                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
-            })
-            .map_err(|e| AuditError::Write(format!("{e:?}")))
-            .and_then(|_| self.trees.db.flush().map_err(|e| AuditError::Write(e.to_string())));
+                })
+        });
         match result {
             Ok(_) => {
                 self.seq = seq;

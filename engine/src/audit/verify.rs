@@ -1,0 +1,304 @@
+//! `verify`: walk the chain, the run summaries and the record log, and name
+//! the first record that cannot be read or does not check out.
+//!
+//! sled does not fail on a damaged page: it retries forever, spinning a
+//! core. So the walk runs on its own thread and reports its progress; when
+//! it stops moving for [`STALL`], the record after the last one read is
+//! named as unreadable and the walk is abandoned (its thread spins on until
+//! the process ends — the CLI exits right after; the server runs one verify
+//! at a time).
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::store::Trees;
+use super::{AuditError, AuditRecord, GENESIS, RecordKind, VerifyReport, sha256_hex};
+
+/// How long a walk may go without reading a record before the store counts
+/// as stuck on damaged data.
+pub const STALL: Duration = Duration::from_secs(5);
+
+/// One verify at a time per process: a walk stuck on damaged data keeps its
+/// thread, and a second one would only add another.
+static STUCK: AtomicBool = AtomicBool::new(false);
+
+pub(super) fn verify(trees: Trees, log: Option<PathBuf>) -> Result<VerifyReport, AuditError> {
+    if STUCK.load(Ordering::SeqCst) {
+        return Ok(VerifyReport {
+            ok: false,
+            verified_up_to: 0,
+            records: 0,
+            first_bad_seq: None,
+            problem: Some(
+                "an earlier verify is stuck on damaged data in the store: stop the engine, then run `nightshift audit verify` and `nightshift audit salvage`"
+                    .into(),
+            ),
+        });
+    }
+    let progress = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = progress.clone();
+    std::thread::Builder::new()
+        .name("audit-verify".into())
+        .spawn(move || {
+            let _ = tx.send(walk(&trees, &p));
+        })
+        .map_err(|e| AuditError::Read(e.to_string()))?;
+    let mut seen = (progress.load(Ordering::SeqCst), Instant::now());
+    let report = loop {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(r) => break r,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(AuditError::Read("the verify walk stopped without a report".into()));
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let now = progress.load(Ordering::SeqCst);
+                if now != seen.0 {
+                    seen = (now, Instant::now());
+                } else if seen.1.elapsed() >= STALL {
+                    STUCK.store(true, Ordering::SeqCst);
+                    let seq = now + 1;
+                    tracing::error!(
+                        record = seq,
+                        "the audit store stopped answering while reading a record: damaged data?"
+                    );
+                    break VerifyReport {
+                        ok: false,
+                        verified_up_to: now,
+                        records: now,
+                        first_bad_seq: Some(seq),
+                        problem: Some(format!(
+                            "record {seq} (or the sled page holding it) cannot be read: the store stopped answering for {} s while reading it (damaged data); `nightshift audit salvage --to NEW_DIR` rebuilds a store from the record log",
+                            STALL.as_secs()
+                        )),
+                    };
+                }
+            }
+        }
+    };
+    if !report.ok {
+        return Ok(report);
+    }
+    if let Some(log) = log.filter(|p| p.exists()) {
+        let l = super::log::verify_log(&log)?;
+        if !l.ok {
+            return Ok(VerifyReport {
+                problem: l.problem.map(|p| format!("record log: {p}")),
+                ok: false,
+                first_bad_seq: l.first_bad_seq,
+                ..report
+            });
+        }
+    }
+    Ok(report)
+}
+
+/// The whole walk: chain (with a salvage's documented breaks), summaries.
+fn walk(trees: &Trees, progress: &AtomicU64) -> VerifyReport {
+    let mut report = chain(trees, &HashSet::new(), progress);
+    if !report.ok {
+        // Was the break documented by a salvage? Only then look.
+        let excused = excused_breaks(trees);
+        if !excused.is_empty() {
+            progress.store(0, Ordering::SeqCst);
+            report = chain(trees, &excused, progress);
+        }
+    }
+    if !report.ok {
+        return report;
+    }
+    match summaries(trees) {
+        Some(problem) => VerifyReport { ok: false, first_bad_seq: None, problem: Some(problem), ..report },
+        None => report,
+    }
+}
+
+fn chain(trees: &Trees, excused: &HashSet<u64>, progress: &AtomicU64) -> VerifyReport {
+    let mut prev = GENESIS.to_string();
+    let mut expected = 1u64;
+    let mut records = 0u64;
+    for item in trees.records.iter() {
+        let bad = |records: u64, first: u64, problem: String| VerifyReport {
+            ok: false,
+            verified_up_to: expected - 1,
+            records,
+            first_bad_seq: Some(first),
+            problem: Some(problem),
+        };
+        let (k, v) = match item {
+            Ok(kv) => kv,
+            Err(e) => {
+                return bad(
+                    records,
+                    expected,
+                    format!("record {expected} (or the page holding it) cannot be read: {e}"),
+                );
+            }
+        };
+        let key_seq = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0; 8]));
+        records += 1;
+        let excuse = excused.contains(&key_seq);
+        if key_seq != expected && !excuse {
+            return bad(
+                records,
+                expected.min(key_seq),
+                format!("sequence gap: expected record {expected}, found {key_seq}"),
+            );
+        }
+        let r: AuditRecord = match serde_json::from_slice(&v) {
+            Ok(r) => r,
+            Err(e) => return bad(records, key_seq, format!("record {key_seq} is not a valid record: {e}")),
+        };
+        if r.seq != key_seq {
+            return bad(records, key_seq, format!("record stored at {key_seq} says it is {}", r.seq));
+        }
+        if r.prev_hash != prev && !excuse {
+            return bad(
+                records,
+                key_seq,
+                format!("record {key_seq} does not link to record {}: prev_hash mismatch", key_seq - 1),
+            );
+        }
+        if r.compute_hash() != r.hash {
+            return bad(records, key_seq, format!("record {key_seq} was altered: its hash does not match its content"));
+        }
+        prev = r.hash;
+        expected = key_seq + 1;
+        progress.store(key_seq, Ordering::SeqCst);
+    }
+    VerifyReport { ok: true, verified_up_to: expected - 1, records, first_bad_seq: None, problem: None }
+}
+
+/// The breaks `salvaged` records document.
+fn excused_breaks(trees: &Trees) -> HashSet<u64> {
+    let recs: Vec<AuditRecord> = trees
+        .records
+        .iter()
+        .filter_map(|i| i.ok())
+        .filter_map(|(_, v)| serde_json::from_slice::<AuditRecord>(&v).ok())
+        .filter(|r| r.kind == RecordKind::Salvaged)
+        .collect();
+    super::salvage::excused_breaks(recs.iter())
+}
+
+/// Each stored run summary must be the one the chain's newest record for
+/// that run vouches for (`summary_sha256`), so the timeline cannot disagree
+/// with the chain. Summaries older than that field pass.
+fn summaries(trees: &Trees) -> Option<String> {
+    for item in trees.runs.iter() {
+        let Ok((id, bytes)) = item else {
+            return Some("a run summary cannot be read".into());
+        };
+        let id = String::from_utf8_lossy(&id).into_owned();
+        let mut prefix = id.as_bytes().to_vec();
+        prefix.push(0);
+        let vouched = trees.by_run.scan_prefix(&prefix).rev().filter_map(|i| i.ok()).find_map(|(k, _)| {
+            let seq = u64::from_be_bytes(k[k.len().saturating_sub(8)..].try_into().ok()?);
+            let v = trees.records.get(seq.to_be_bytes()).ok()??;
+            let r: AuditRecord = serde_json::from_slice(&v).ok()?;
+            r.data["summary_sha256"].as_str().map(str::to_string)
+        });
+        if let Some(sha) = vouched
+            && sha256_hex(&bytes) != sha
+        {
+            return Some(format!(
+                "run {id}: its summary (the timeline's entry) was changed outside the chain; `nightshift audit salvage` rebuilds it from the records"
+            ));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use nightshift_proto::clock::{SharedClock, VirtualClock};
+    use serde_json::json;
+
+    use super::super::{AuditStore, LOG_FILE, NewRecord, RecordKind};
+    use crate::runs::{RunSummary, Target};
+
+    fn clock() -> SharedClock {
+        Arc::new(VirtualClock::new(1_000))
+    }
+
+    fn summary(id: &str, why: &str) -> RunSummary {
+        let mut s = crate::audit::rebuild_summary(
+            id,
+            &[&crate::audit::AuditRecord {
+                seq: 1,
+                ts_ms: 1,
+                kind: RecordKind::RunQueued,
+                run: Some(id.into()),
+                node: Some("n1".into()),
+                gpu: None,
+                runbook: Some("rb".into()),
+                actor: "user:a".into(),
+                data: json!({"target": Target::node("n1")}),
+                prev_hash: String::new(),
+                hash: String::new(),
+            }],
+        )
+        .unwrap();
+        s.why = why.into();
+        s
+    }
+
+    #[tokio::test]
+    async fn a_summary_changed_outside_the_chain_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        let rec = || NewRecord::new(RecordKind::RunQueued, "user:a", json!({})).run("r1");
+        s.append(rec(), Some(summary("r1", "first"))).await.unwrap();
+        s.append(rec(), Some(summary("r1", "failed: the cap was refused"))).await.unwrap();
+        assert!(s.verify().unwrap().ok);
+        // Someone rewrites the timeline's entry to look better.
+        let forged = serde_json::to_vec(&summary("r1", "succeeded")).unwrap();
+        s.trees.runs.insert("r1".as_bytes(), forged).unwrap();
+        let v = s.verify().unwrap();
+        assert!(!v.ok);
+        assert!(
+            v.problem.unwrap().starts_with("run r1: its summary (the timeline's entry) was changed outside the chain")
+        );
+    }
+
+    #[tokio::test]
+    async fn the_record_log_follows_the_store_across_crashes() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = AuditStore::open(dir.path(), clock()).unwrap();
+            for i in 0..10 {
+                s.append(NewRecord::new(RecordKind::Note, "e", json!({"i": i})), None).await.unwrap();
+            }
+        }
+        let log = dir.path().join(LOG_FILE);
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(text.lines().count(), 10);
+        // A crash after the log was written but before sled committed: two
+        // whole lines and a torn one the store never acknowledged.
+        let last = text.lines().last().unwrap().to_string();
+        let mut ahead = text.clone();
+        for seq in [11, 12] {
+            ahead.push_str(&last.replace("\"seq\":10,", &format!("\"seq\":{seq},")));
+            ahead.push('\n');
+        }
+        ahead.push_str("{\"seq\":13,\"ts_ms\":");
+        std::fs::write(&log, &ahead).unwrap();
+        {
+            let s = AuditStore::open(dir.path(), clock()).unwrap();
+            assert_eq!(std::fs::read_to_string(&log).unwrap(), text, "cut back to what the store holds");
+            let r = s.append(NewRecord::new(RecordKind::Note, "e", json!({})), None).await.unwrap();
+            assert_eq!(r.seq, 11);
+            assert!(s.verify().unwrap().ok);
+        }
+        // A store from before the log (or a lost log file): filled from sled.
+        std::fs::remove_file(&log).unwrap();
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 11);
+        assert!(s.verify().unwrap().ok);
+    }
+}

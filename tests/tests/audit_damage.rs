@@ -1,0 +1,168 @@
+//! A damaged audit store, as an attacker or a failing disk leaves it: one
+//! flipped byte inside a record in the sled files, or in the record log.
+//! `nightshift audit verify` names the record (it does not hang on sled's
+//! damaged page, nor print an offset that names nothing), and `nightshift
+//! audit salvage --to DIR` builds a store that verifies, holding every other
+//! record, on which the engine starts.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nightshift_engine::audit::AuditStore;
+use nightshift_proto::clock::SystemClock;
+use nightshift_tests::external::workspace_bin_dir;
+
+fn nightshift(dir: &Path, config: &str, args: &[&str]) -> Output {
+    let out = Command::new(workspace_bin_dir().join("nightshift"))
+        .current_dir(dir)
+        .args(["--config", config])
+        .args(args)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    eprintln!(
+        "nightshift {args:?} → {:?}\n{}{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A store with a few thousand records: the audit writer, stopped.
+fn store_with_records(d: &Path) -> u64 {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_audit-writer"))
+        .arg(d.join("data"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let _ = child.kill();
+    let _ = child.wait();
+    let store = AuditStore::open(&d.join("data"), Arc::new(SystemClock)).unwrap();
+    let head = store.head_seq();
+    assert!(head > 100, "the writer wrote {head} records");
+    assert!(store.verify().unwrap().ok);
+    head
+}
+
+fn config(d: &Path, name: &str, data: &str) -> String {
+    std::fs::create_dir_all(d.join("rb")).unwrap();
+    std::fs::write(d.join("fleet.yaml"), "version: 1\nnodes: []\n").unwrap();
+    std::fs::write(
+        d.join(name),
+        format!("version: 1\ndata_dir: {data}\nrunbook_dir: rb\ninventory_path: fleet.yaml\nengine_key_path: key\n"),
+    )
+    .unwrap();
+    name.to_string()
+}
+
+/// Flip one bit of the byte after each occurrence of `needle` in `file`
+/// (sled is log-structured: a record's page may be in the file more than
+/// once, and only the newest copy is read); returns how many were flipped.
+fn flip(file: &Path, needle: &[u8]) -> usize {
+    let mut b = std::fs::read(file).unwrap();
+    let at: Vec<usize> =
+        b.windows(needle.len()).enumerate().filter(|(_, w)| *w == needle).map(|(i, _)| i + needle.len()).collect();
+    assert!(!at.is_empty(), "the needle is in the file");
+    for i in &at {
+        b[*i] ^= 0x01;
+    }
+    std::fs::write(file, b).unwrap();
+    at.len()
+}
+
+#[test]
+fn a_flipped_byte_in_sled_is_named_and_salvage_recovers_every_other_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let head = store_with_records(d);
+    let cfg = config(d, "engine.yaml", "data");
+    // Inside a record's JSON in the sled log file, far from the ends.
+    flip(&d.join("data/audit.sled/db"), format!("\"i\":{},", head / 16).as_bytes());
+    let o = nightshift(d, &cfg, &["audit", "verify"]);
+    assert_eq!(o.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("broken:") && text.contains("record "), "{text}");
+    assert!(!text.contains("offset None"), "{text}");
+
+    let o = nightshift(d, &cfg, &["audit", "salvage", "--to", "salvaged"]);
+    assert_eq!(o.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains(&format!("salvaged {head} record(s)")), "the record log kept every record: {text}");
+    let cfg2 = config(d, "engine2.yaml", "salvaged");
+    let o = nightshift(d, &cfg2, &["audit", "verify"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("chain verified up to record {}", head + 1)));
+    // The engine starts on it (and reads its timeline).
+    let o = nightshift(d, &cfg2, &["audit", "list", "--json"]);
+    assert_eq!(o.status.code(), Some(0));
+}
+
+#[test]
+fn a_flipped_byte_in_the_record_log_is_named_by_line_and_sled_still_has_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let head = store_with_records(d);
+    let cfg = config(d, "engine.yaml", "data");
+    let log = d.join("data/records.jsonl");
+    flip(&log, format!("\"i\":{},", head / 32).as_bytes());
+    let o = nightshift(d, &cfg, &["audit", "verify"]);
+    assert_eq!(o.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("record log:") && text.contains("records.jsonl:"), "{text}");
+    let o = nightshift(d, &cfg, &["audit", "salvage", "--to", "salvaged"]);
+    assert_eq!(o.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains(&format!("salvaged {head} record(s)")), "sled kept the damaged line's record: {text}");
+    assert!(text.contains("damaged record log line"), "{text}");
+    let o = nightshift(d, &config(d, "engine2.yaml", "salvaged"), &["audit", "verify"]);
+    assert_eq!(o.status.code(), Some(0));
+}
+
+#[test]
+fn a_record_damaged_in_both_copies_is_reported_lost_and_the_rest_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let head = store_with_records(d);
+    let cfg = config(d, "engine.yaml", "data");
+    // Alter one record in both copies (an attacker editing both files).
+    let target = head / 2;
+    {
+        let store = AuditStore::open(&d.join("data"), Arc::new(SystemClock)).unwrap();
+        store
+            .tamper_for_tests(target, |b| {
+                let s = String::from_utf8_lossy(b).replace("test:audit-writer", "test:audit-wrotex");
+                *b = s.into_bytes();
+            })
+            .unwrap();
+    }
+    let log = d.join("data/records.jsonl");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<String> = text
+        .lines()
+        .map(|l| {
+            if l.starts_with(&format!("{{\"seq\":{target},")) {
+                l.replace("test:audit-writer", "test:audit-wrotex")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    std::fs::write(&log, lines.join("\n") + "\n").unwrap();
+    let o = nightshift(d, &cfg, &["audit", "verify"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("record {target} was altered")));
+    let o = nightshift(d, &cfg, &["audit", "salvage", "--to", "salvaged"]);
+    assert_eq!(o.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains(&format!("salvaged {} record(s)", head - 1)), "{text}");
+    assert!(text.contains(&format!("lost records {target}–{target}")), "{text}");
+    // The new store verifies: the gap is the one its `salvaged` record names.
+    let o = nightshift(d, &config(d, "engine2.yaml", "salvaged"), &["audit", "verify"]);
+    assert_eq!(o.status.code(), Some(0));
+}
