@@ -56,12 +56,18 @@ enum Command {
     },
 }
 
+/// Logs on stderr, one event per line: colour only on a terminal (a file or
+/// the journal gets plain text), JSON with `NIGHTSHIFT_LOG_FORMAT=json`.
 fn init_logging() {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("NIGHTSHIFT_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = EnvFilter::try_from_env("NIGHTSHIFT_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if std::env::var("NIGHTSHIFT_LOG_FORMAT").as_deref() == Ok("json") {
+        b.json().init();
+    } else {
+        b.with_ansi(std::io::stderr().is_terminal()).init();
+    }
 }
 
 async fn real_main(cli: Cli) -> Result<(), String> {
@@ -130,7 +136,24 @@ async fn real_main(cli: Cli) -> Result<(), String> {
                 "policy       {}",
                 cfg.policy_path.as_ref().map_or("built-in defaults".into(), |p| p.display().to_string())
             );
-            println!("power floor  {:?} W, fan minimum {}%", policy.power.floor_watts, policy.fan.min_pct);
+            let watts = |w: Option<f64>, none: &str| w.map_or(none.to_string(), |w| format!("{w} W"));
+            println!(
+                "power        floor {}, ceiling {}{}; fan minimum {}%",
+                watts(policy.power.floor_watts, "the device minimum"),
+                watts(policy.power.ceiling_watts, "the device maximum"),
+                policy
+                    .power
+                    .models
+                    .iter()
+                    .map(|m| format!(
+                        "; {}: floor {}, ceiling {}",
+                        m.name_contains,
+                        watts(m.floor_watts.or(policy.power.floor_watts), "the device minimum"),
+                        watts(m.ceiling_watts.or(policy.power.ceiling_watts), "the device maximum")
+                    ))
+                    .collect::<String>(),
+                policy.fan.min_pct
+            );
             println!(
                 "hands-off    {} ({})",
                 policy.hands_off_marker_path.display(),

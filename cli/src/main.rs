@@ -6,10 +6,11 @@
 //! agent unreachable.
 #![forbid(unsafe_code)]
 
+#[macro_use]
+mod out;
 mod args;
 mod cmd;
 mod conn;
-mod out;
 
 use std::process::ExitCode;
 
@@ -31,12 +32,18 @@ impl std::fmt::Display for Fail {
 
 impl std::error::Error for Fail {}
 
+/// Logs on stderr, one event per line: colour only on a terminal (a file or
+/// the journal gets plain text), JSON with `NIGHTSHIFT_LOG_FORMAT=json`.
 fn init_logging(default: &str) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("NIGHTSHIFT_LOG").unwrap_or_else(|_| EnvFilter::new(default)))
-        .with_writer(std::io::stderr)
-        .try_init();
+    let filter = EnvFilter::try_from_env("NIGHTSHIFT_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if std::env::var("NIGHTSHIFT_LOG_FORMAT").as_deref() == Ok("json") {
+        b.json().try_init()
+    } else {
+        b.with_ansi(std::io::stderr().is_terminal()).try_init()
+    };
 }
 
 async fn real_main(cli: Cli) -> Result<u8> {
@@ -48,7 +55,7 @@ async fn real_main(cli: Cli) -> Result<u8> {
         }
         Command::Run { runbook, node, gpu, group, params, dry_run, yes } => {
             init_logging("warn");
-            let mut c = cmd::conn(&cli, &out)?;
+            let mut c = cmd::conn_announced(&cli, &out)?;
             let ask = cmd::run::Ask {
                 runbook,
                 node: node.clone(),

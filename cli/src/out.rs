@@ -1,7 +1,38 @@
 //! Terminal output: aligned tables, colour only on a terminal (and never
 //! with `NO_COLOR`), JSON on request.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+
+/// `println!` for command output. A reader that went away (`| head`) ends
+/// the process quietly with exit 0, as SIGPIPE does for C tools, instead of
+/// the panic `println!` raises on a closed pipe.
+macro_rules! outln {
+    () => { $crate::out::write_out(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::out::write_out(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `print!` for command output (see [`outln!`]).
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::out::write_out(format_args!($($arg)*)) };
+}
+
+/// Write to stdout; on a broken pipe, exit 0; on another error, say so on
+/// stderr and exit 1.
+pub fn write_out(args: std::fmt::Arguments<'_>) {
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = o.write_fmt(args).and_then(|_| o.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        let _ = writeln!(std::io::stderr(), "error: cannot write to stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Write bytes to stdout with the same rule (completion scripts).
+pub fn write_bytes(bytes: &[u8]) {
+    write_out(format_args!("{}", String::from_utf8_lossy(bytes)));
+}
 
 /// How to print.
 #[derive(Debug, Clone, Copy)]
@@ -68,7 +99,7 @@ impl Out {
                     s.push_str(&" ".repeat(widths[i].saturating_sub(visible_len(c)) + 2));
                 }
             }
-            println!("{}", s.trim_end());
+            outln!("{}", s.trim_end());
         };
         line(header.iter().map(|h| self.bold(h)).collect());
         for r in rows {

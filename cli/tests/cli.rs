@@ -152,6 +152,23 @@ async fn embedded_engine() {
         String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert!(lines.len() > 10);
     assert_eq!(lines[0]["seq"], 1);
+    // `audit export | head -1`: the reader leaves after a line.
+    let mut child = bin()
+        .current_dir(d)
+        .args(["audit", "export", "--format", "jsonl"])
+        .env_remove("NIGHTSHIFT_SERVER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let mut first = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+        assert!(first.starts_with("{\"seq\":1,"), "{first}");
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
 
     // Agents.
     let o = run(d, &["agents", "list", "--json"]);
@@ -422,4 +439,19 @@ fn anonymous_access_is_never_served_beyond_loopback_even_with_listen() {
         err.contains("--listen: auth.allow_anonymous is only allowed on a loopback listen_addr, found 0.0.0.0:0"),
         "{err}"
     );
+}
+
+#[test]
+fn a_reader_that_goes_away_is_not_a_panic() {
+    // The read end is closed before the command writes: every write gets
+    // EPIPE, as with `| head` once head has its line.
+    for args in [&["completions", "zsh"][..], &["completions", "bash"][..], &["--help"][..]] {
+        let mut child =
+            bin().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null()).spawn().unwrap();
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_ne!(o.status.code(), Some(101), "{args:?}: {err}");
+    }
 }

@@ -292,7 +292,19 @@ impl Engine {
         let summary = {
             let mut t = self.core.table();
             let RunTable { runs, queue: _, .. } = &mut *t;
-            let entry = runs.get_mut(run).ok_or_else(|| EngineError::NoSuchRun(run.into()))?;
+            let Some(entry) = runs.get_mut(run) else {
+                // Not in flight: finished (say how), or never existed.
+                return Err(match self.core.audit.run(run).ok().flatten() {
+                    Some(s) => EngineError::NotAwaitingApproval {
+                        run: run.to_string(),
+                        state: match s.outcome {
+                            Some(o) => format!("finished ({})", o.as_str()),
+                            None => s.state.as_str().to_string(),
+                        },
+                    },
+                    None => EngineError::NoSuchRun(run.into()),
+                });
+            };
             if entry.summary.state != RunState::PendingApproval {
                 return Err(EngineError::NotAwaitingApproval {
                     run: run.to_string(),

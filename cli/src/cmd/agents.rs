@@ -12,7 +12,7 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
         AgentsCmd::List => {
             let nodes = c.nodes().await?;
             if out.json {
-                println!("{}", serde_json::to_string_pretty(&nodes)?);
+                outln!("{}", serde_json::to_string_pretty(&nodes)?);
                 return Ok(0);
             }
             let rows: Vec<Vec<String>> = nodes
@@ -49,11 +49,11 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
         AgentsCmd::Ping { node } => {
             let v = c.agent(node, "ping").await?;
             if out.json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
             } else if v["ok"] == true {
-                println!("{node}: ok in {} ms", v["round_trip_ms"]);
+                outln!("{node}: ok in {} ms", v["round_trip_ms"]);
             } else {
-                println!("{node}: {}", v["error"]);
+                outln!("{node}: {}", v["error"]);
                 return Ok(4);
             }
             Ok(0)
@@ -61,12 +61,12 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
         AgentsCmd::Holds { node } => {
             let v = c.agent(node, "holds").await?;
             if out.json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(0);
             }
             let settings: Vec<SettingView> = serde_json::from_value(v["settings"].clone())?;
             if settings.is_empty() {
-                println!("{node}: nothing held; every setting is as the device had it");
+                outln!("{node}: nothing held; every setting is as the device had it");
                 return Ok(0);
             }
             let now_ms = std::time::SystemTime::now()
@@ -105,10 +105,10 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
         AgentsCmd::Inventory { node } => {
             let v = c.agent(node, "inventory").await?;
             if out.json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(0);
             }
-            println!(
+            outln!(
                 "{} · backend {} · scheduler {} · agent {}",
                 v["node"].as_str().unwrap_or(node),
                 v["backend"],

@@ -34,7 +34,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
             };
             let page = c.runs(&f).await?;
             if out.json {
-                println!("{}", serde_json::to_string_pretty(&page)?);
+                outln!("{}", serde_json::to_string_pretty(&page)?);
             } else {
                 let rows: Vec<Vec<String>> = page
                     .runs
@@ -59,7 +59,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                     .collect();
                 out.table(&["CREATED (UTC)", "RUN", "RUNBOOK", "TARGET", "STATUS", "ACTIONS", "WHY"], &rows);
                 if page.next_cursor.is_some() {
-                    println!("{}", out.dim("(more: raise --limit)"));
+                    outln!("{}", out.dim("(more: raise --limit)"));
                 }
             }
             Ok(0)
@@ -67,18 +67,18 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
         AuditCmd::Show { run } => {
             let (r, records) = c.run(run).await?;
             if out.json {
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({"run": r, "records": records}))?);
+                outln!("{}", serde_json::to_string_pretty(&serde_json::json!({"run": r, "records": records}))?);
                 return Ok(0);
             }
-            println!(
+            outln!(
                 "{} {} on {}  {}",
                 out.bold(&r.id),
                 r.runbook,
                 r.target,
                 out.status(r.outcome.map(|o| o.as_str()).unwrap_or("active"))
             );
-            println!("{}", r.why);
-            println!(
+            outln!("{}", r.why);
+            outln!(
                 "{}",
                 out.dim(&format!(
                     "requested by {} · trigger {} · created {}",
@@ -88,7 +88,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 ))
             );
             for rec in &records {
-                println!("{}", run::describe_record(out, rec, r.created_ms));
+                outln!("{}", run::describe_record(out, rec, r.created_ms));
             }
             Ok(0)
         }
@@ -96,7 +96,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
             Conn::Remote(remote) => {
                 remote
                     .follow(|rec| {
-                        println!("{}", run::describe_record(out, &rec, rec.ts_ms));
+                        outln!("{}", run::describe_record(out, &rec, rec.ts_ms));
                         true
                     })
                     .await?;
@@ -107,7 +107,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 loop {
                     for rec in c.records_after(last, 1000).await? {
                         last = rec.seq;
-                        println!("{}", run::describe_record(out, &rec, rec.ts_ms));
+                        outln!("{}", run::describe_record(out, &rec, rec.ts_ms));
                     }
                     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                 }
@@ -120,20 +120,20 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 // log instead, to say where.
                 Err(e) if !e.to_string().contains("in use by another") && local_log(&c).is_some() => {
                     let log = local_log(&c).unwrap_or_default();
-                    println!("{} the audit store cannot be opened: {e:#}", out.red("broken:"));
+                    outln!("{} the audit store cannot be opened: {e:#}", out.red("broken:"));
                     if !log.exists() {
-                        println!("no record log at {} to check instead", log.display());
+                        outln!("no record log at {} to check instead", log.display());
                         return Ok(1);
                     }
                     let v = nightshift_engine::audit::verify_log(&log)?;
                     if v.ok {
-                        println!(
+                        outln!(
                             "the record log {} verifies up to record {}: run `nightshift audit salvage --to NEW_DIR` to rebuild the store from it",
                             log.display(),
                             v.verified_up_to
                         );
                     } else {
-                        println!(
+                        outln!(
                             "the record log breaks at record {}: {}",
                             v.first_bad_seq.unwrap_or(0),
                             v.problem.clone().unwrap_or_default()
@@ -144,16 +144,11 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 Err(e) => return Err(e),
             };
             if out.json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
             } else if v.ok {
-                println!(
-                    "{} chain verified up to record {} ({} records)",
-                    out.green("ok:"),
-                    v.verified_up_to,
-                    v.records
-                );
+                outln!("{} chain verified up to record {} ({} records)", out.green("ok:"), v.verified_up_to, v.records);
             } else {
-                println!(
+                outln!(
                     "{} the chain breaks at record {}: {}",
                     out.red("broken:"),
                     v.first_bad_seq.unwrap_or(0),
@@ -172,7 +167,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 let Some(last) = batch.last() else { break };
                 after = last.seq;
                 for r in &batch {
-                    println!("{}", serde_json::to_string(r)?);
+                    outln!("{}", serde_json::to_string(r)?);
                 }
             }
             Ok(0)
@@ -201,23 +196,25 @@ async fn salvage(cli: &Cli, out: &Out, to: &std::path::Path) -> Result<u8> {
         .await?
         .map_err(|e| usage(e.to_string()))?;
     if out.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        outln!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(0);
     }
-    println!("salvaged {} record(s) from {} into {}", r.recovered, cfg.data_dir.display(), to.display());
+    outln!("salvaged {} record(s) from {} into {}", r.recovered, cfg.data_dir.display(), to.display());
     if let Some(e) = &r.sled_error {
-        println!("  the old sled store could not be read ({e}): records came from the record log");
+        outln!("  the old sled store could not be read ({e}): records came from the record log");
     }
     for (a, b) in &r.lost {
-        println!("  {} records {a}–{b}", out.red("lost"));
+        outln!("  {} records {a}–{b}", out.red("lost"));
     }
     for (line, why) in &r.damaged_lines {
-        println!("  {} record log line {line}: {why}", out.yellow("damaged"));
+        outln!("  {} record log line {line}: {why}", out.yellow("damaged"));
     }
-    println!(
+    outln!(
         "  run summaries: {} copied, {} rebuilt from their records; record {} says what happened",
-        r.summaries_copied, r.summaries_rebuilt, r.salvage_seq
+        r.summaries_copied,
+        r.summaries_rebuilt,
+        r.salvage_seq
     );
-    println!("point data_dir at {} and start the engine", to.display());
+    outln!("point data_dir at {} and start the engine", to.display());
     Ok(0)
 }

@@ -829,7 +829,7 @@ pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
     }
 
     if out.json {
-        println!("{}", serde_json::to_string_pretty(&c.figures)?);
+        outln!("{}", serde_json::to_string_pretty(&c.figures)?);
     } else {
         let rows: Vec<Vec<String>> = c
             .figures
@@ -851,7 +851,7 @@ pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
             })
             .collect();
         out.table(&["#", "FIGURE", "MEDIAN", "MIN – MAX", "TARGET", ""], &rows);
-        println!(
+        outln!(
             "{cores} core(s) · {} · {:.0} s",
             if smoke { "smoke size" } else { "full size" },
             started.elapsed().as_secs_f64()

@@ -137,7 +137,7 @@ pub async fn demo(args: &DemoArgs, out: &Out) -> Result<u8> {
     log.abort();
     let all_ok = summarize(&stage, &faults, args, out).await?;
     if args.keep_serving && !interrupted {
-        println!("keeping the web UI up: Ctrl-C to stop");
+        outln!("keeping the web UI up: Ctrl-C to stop");
         let _ = tokio::signal::ctrl_c().await;
     }
     stop(stage).await;
@@ -274,21 +274,21 @@ async fn start(args: &DemoArgs) -> Result<Stage> {
 }
 
 fn print_banner(st: &Stage, args: &DemoArgs, out: &Out) {
-    println!("{}", out.bold("nightshift demo"));
-    println!("  web UI     {}", st.url);
-    println!(
+    outln!("{}", out.bold("nightshift demo"));
+    outln!("  web UI     {}", st.url);
+    outln!(
         "  fleet      {} simulated nodes (real SSH on loopback), {} runbooks",
         st.names.len(),
         st.engine.runbook_set().runbooks.len()
     );
-    println!(
+    outln!(
         "  time       {}× faster: {} s of demo = {} min of incident",
         args.time_scale,
         args.duration_secs,
         (args.duration_secs as f64 * args.time_scale / 60.0).round()
     );
-    println!("  data       {}", st.dir.display());
-    println!();
+    outln!("  data       {}", st.dir.display());
+    outln!();
 }
 
 /// Wait (up to 20 s) until every agent is connected.
@@ -307,7 +307,7 @@ fn spawn_live_log(st: &Stage, out: &Out) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         while let Ok(r) = rx.recv().await {
             if let Some(line) = live_line(&out, &r, t0) {
-                println!("{line}");
+                outln!("{line}");
             }
         }
     })
@@ -379,7 +379,7 @@ async fn play_script(st: &Stage, args: &DemoArgs, out: &Out) -> (Vec<Fault>, boo
                     let repair = matches!(f, SimFault::HeatsinkDegradation { factor, .. } if factor == 1.0);
                     agents[node].handle(Request::new(format!("demo-fault-{injected}"), Op::SimFault(f))).await;
                     if repair {
-                        println!(
+                        outln!(
                             "{} {}",
                             stamp(out, injected, t0),
                             out.dim(&format!("repaired: {node} cooling cleaned"))
@@ -395,9 +395,9 @@ async fn play_script(st: &Stage, args: &DemoArgs, out: &Out) -> (Vec<Fault>, boo
                     match agent.options().configs.get("nccl-env") {
                         Some(m) => match std::fs::write(&m.path, NCCL_BAD) {
                             Ok(()) => agent.backend().on_config_applied("nccl-env", NCCL_BAD),
-                            Err(e) => println!("cannot write {}: {e}", m.path.display()),
+                            Err(e) => outln!("cannot write {}: {e}", m.path.display()),
                         },
-                        None => println!("{node} manages no nccl-env config"),
+                        None => outln!("{node} manages no nccl-env config"),
                     }
                 }
             }
@@ -405,7 +405,7 @@ async fn play_script(st: &Stage, args: &DemoArgs, out: &Out) -> (Vec<Fault>, boo
                 && f.injected_ms.is_none()
             {
                 f.injected_ms = Some(injected);
-                println!("{} {} {}", stamp(out, injected, t0), out.yellow(&format!("FAULT {}", f.row)), f.what);
+                outln!("{} {} {}", stamp(out, injected, t0), out.yellow(&format!("FAULT {}", f.row)), f.what);
             }
         }
         workload.apply(&st.engine, agents).await;
@@ -467,21 +467,21 @@ async fn holds_at_the_end(st: &Stage, runs: &[RunSummary], out: &Out) -> bool {
             ]);
         }
     }
-    println!();
+    outln!();
     if rows.is_empty() {
         if capped.is_empty() {
-            println!("holds      {} none in effect: every GPU is at its baseline power limit", out.green("ok:"));
+            outln!("holds      {} none in effect: every GPU is at its baseline power limit", out.green("ok:"));
             return true;
         }
-        println!("holds      {} none in effect, yet below the default limit: {}", out.red("check:"), capped.join(", "));
+        outln!("holds      {} none in effect, yet below the default limit: {}", out.red("check:"), capped.join(", "));
         return false;
     }
-    println!("{}", out.bold("Holds still in effect"));
+    outln!("{}", out.bold("Holds still in effect"));
     out.table(&["NODE", "SETTING", "VALUE", "LEASE", "WHY"], &rows);
     if capped.is_empty() {
-        println!("power      every GPU is at its default power limit");
+        outln!("power      every GPU is at its default power limit");
     } else {
-        println!("power      below the default limit (held above): {}", capped.join(", "));
+        outln!("power      below the default limit (held above): {}", capped.join(", "));
     }
     all_intended
 }
@@ -490,8 +490,8 @@ async fn summarize(st: &Stage, faults: &[Fault], args: &DemoArgs, out: &Out) -> 
     let engine = &st.engine;
     let runs = engine.runs(&RunFilter { limit: Some(1000), ..Default::default() })?.runs;
     let records = engine.audit().tail(0, usize::MAX)?;
-    println!();
-    println!("{}", out.bold("Summary"));
+    outln!();
+    outln!("{}", out.bold("Summary"));
     let mut rows = Vec::new();
     let mut all_ok = true;
     for f in faults {
@@ -553,17 +553,17 @@ async fn summarize(st: &Stage, faults: &[Fault], args: &DemoArgs, out: &Out) -> 
         ]);
     }
     out.table(&["ROW", "FAULT", "RUNBOOK", "ACTIONS", "FIRST ACTION", "OUTCOME"], &rows);
-    println!("{}", out.dim("(times are simulated seconds from the fault to the first applied action)"));
+    outln!("{}", out.dim("(times are simulated seconds from the fault to the first applied action)"));
     all_ok &= holds_at_the_end(st, &runs, out).await;
     let v = engine.verify()?;
     if v.ok {
-        println!("audit      {} chain verified up to record {}", out.green("ok:"), v.verified_up_to);
+        outln!("audit      {} chain verified up to record {}", out.green("ok:"), v.verified_up_to);
     } else {
-        println!("audit      {} breaks at record {:?}: {:?}", out.red("broken:"), v.first_bad_seq, v.problem);
+        outln!("audit      {} breaks at record {:?}: {:?}", out.red("broken:"), v.first_bad_seq, v.problem);
         all_ok = false;
     }
-    println!("web UI     was at {}", st.url);
-    println!(
+    outln!("web UI     was at {}", st.url);
+    outln!(
         "data       {}{}",
         st.dir.display(),
         if args.data_dir.is_none() { " (temporary: removed on exit)" } else { "" }

@@ -26,6 +26,16 @@ pub fn usage(msg: impl Into<String>) -> anyhow::Error {
 }
 
 pub fn conn(cli: &Cli, out: &Out) -> Result<Conn> {
+    connect(cli, out, false)
+}
+
+/// [`conn`] for commands that change something (`run`, `approve`,
+/// `reject`): they say which engine they act through; readers stay quiet.
+pub fn conn_announced(cli: &Cli, out: &Out) -> Result<Conn> {
+    connect(cli, out, true)
+}
+
+fn connect(cli: &Cli, out: &Out, announce: bool) -> Result<Conn> {
     let c = match &cli.server {
         Some(url) => Conn::Remote(Remote::new(url, cli.token.clone())?),
         None => {
@@ -38,7 +48,7 @@ pub fn conn(cli: &Cli, out: &Out) -> Result<Conn> {
             Conn::Local(Box::new(Local::new(&cli.config)?))
         }
     };
-    if !out.json {
+    if announce && !out.json {
         eprintln!("{}", out.dim(&c.describe()));
     }
     Ok(c)

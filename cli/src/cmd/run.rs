@@ -155,16 +155,16 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
         resolved.insert(k.clone(), format!("{v} (set)"));
     }
     if !out.json {
-        println!("{} {} — {}", out.bold("runbook"), rb.name, rb.description);
-        println!("{} {}  ({} node(s): {})", out.bold("target "), target, touched.len(), clip(&touched.join(", "), 80));
+        outln!("{} {} — {}", out.bold("runbook"), rb.name, rb.description);
+        outln!("{} {}  ({} node(s): {})", out.bold("target "), target, touched.len(), clip(&touched.join(", "), 80));
         if !resolved.is_empty() {
-            println!(
+            outln!(
                 "{} {}",
                 out.bold("params "),
                 resolved.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
             );
         }
-        println!(
+        outln!(
             "{} {}{}",
             out.bold("mode   "),
             if dry_run {
@@ -180,12 +180,12 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
             return Err(anyhow::Error::new(Fail(2))
                 .context("this run changes nodes: confirm with --yes (stdin is not a terminal), or use --dry-run"));
         }
-        print!("Proceed? [y/N] ");
+        out!("Proceed? [y/N] ");
         std::io::stdout().flush()?;
         let mut line = String::new();
         std::io::stdin().lock().read_line(&mut line)?;
         if !matches!(line.trim(), "y" | "Y" | "yes") {
-            println!("not started");
+            outln!("not started");
             return Ok(3);
         }
     }
@@ -216,17 +216,17 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
         Submitted::Queued { run } | Submitted::PendingApproval { run } => run.id.clone(),
         Submitted::Refused { run } => {
             if out.json {
-                println!("{}", serde_json::to_string_pretty(&submitted)?);
+                outln!("{}", serde_json::to_string_pretty(&submitted)?);
             } else {
-                println!("{} {}", out.red("refused:"), run.error.clone().unwrap_or_default());
+                outln!("{} {}", out.red("refused:"), run.error.clone().unwrap_or_default());
             }
             return Ok(3);
         }
         Submitted::Suppressed { reason, .. } | Submitted::Dropped { reason } => {
             if out.json {
-                println!("{}", serde_json::to_string_pretty(&submitted)?);
+                outln!("{}", serde_json::to_string_pretty(&submitted)?);
             } else {
-                println!("{} {reason}", out.red("not started:"));
+                outln!("{} {reason}", out.red("not started:"));
             }
             return Ok(3);
         }
@@ -245,11 +245,11 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
         for r in records.iter().skip(shown) {
             let line = describe_record(out, r, t0);
             if out.json {
-                println!("{}", serde_json::to_string(r)?);
+                outln!("{}", serde_json::to_string(r)?);
             } else if let Some(pb) = &spinner {
                 pb.println(line);
             } else {
-                println!("{line}");
+                outln!("{line}");
             }
         }
         shown = records.len();
@@ -259,7 +259,7 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
             }
             let rejected = run.approvals.iter().any(|a| !a.approved);
             if !out.json {
-                println!("{} {} {} — {}", out.bold(&run.id), out.status(o.as_str()), run.target, run.why);
+                outln!("{} {} {} — {}", out.bold(&run.id), out.status(o.as_str()), run.target, run.why);
             }
             return Ok(exit_for(Some(o), rejected));
         }
@@ -289,6 +289,16 @@ pub async fn test_scenarios(out: &Out, dir: &Path, name: Option<&str>, trace: Op
         if !r.passed {
             failed += 1;
         }
+        // A line as each one finishes (the table comes at the end).
+        if !out.json {
+            eprintln!(
+                "{} {} ({} s virtual in {} ms)",
+                out.status(if r.passed { "pass" } else { "FAIL" }),
+                r.name,
+                r.virtual_secs,
+                r.wall_ms
+            );
+        }
         rows.push(vec![
             r.name.clone(),
             r.handbook.clone().unwrap_or_default(),
@@ -314,22 +324,22 @@ pub async fn test_scenarios(out: &Out, dir: &Path, name: Option<&str>, trace: Op
         return Err(anyhow::Error::new(Fail(2)).context(format!("no scenario matches {:?}", name.unwrap_or(""))));
     }
     if out.json {
-        println!("{}", serde_json::to_string_pretty(&reports)?);
+        outln!("{}", serde_json::to_string_pretty(&reports)?);
     } else {
         out.table(&["SCENARIO", "ROW", "RESULT", "VIRTUAL", "WALL", "TRIGGERS", "ACTIONS"], &rows);
         for r in reports.iter().filter(|r| !r.trace.is_empty()) {
-            println!("\n{} {}", out.bold("trace"), r.name);
+            outln!("\n{} {}", out.bold("trace"), r.name);
             for l in &r.trace {
-                println!("  {l}");
+                outln!("  {l}");
             }
         }
         for r in reports.iter().filter(|r| !r.passed) {
-            println!("\n{} {}", out.red("FAIL"), r.name);
+            outln!("\n{} {}", out.red("FAIL"), r.name);
             for f in &r.failures {
-                println!("  {f}");
+                outln!("  {f}");
             }
         }
-        println!("\n{} scenario(s), {} failed", reports.len(), failed);
+        outln!("\n{} scenario(s), {} failed", reports.len(), failed);
     }
     Ok(if failed == 0 { 0 } else { 1 })
 }

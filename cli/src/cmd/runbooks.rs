@@ -12,7 +12,7 @@ pub async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
             let mut c = conn(cli, out)?;
             let list = c.runbooks().await?;
             if out.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
+                outln!("{}", serde_json::to_string_pretty(&list)?);
             } else {
                 let rows: Vec<Vec<String>> = list
                     .iter()
@@ -34,15 +34,20 @@ pub async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
             let mut c = conn(cli, out)?;
             let r = c.runbook(name).await?;
             if out.json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
+                outln!("{}", serde_json::to_string_pretty(&r)?);
             } else {
-                println!("{} {}", out.bold(&r.name), r.handbook.clone().unwrap_or_default());
-                println!("{}\n", r.description);
-                println!("{}", out.dim(&format!("# {}", r.manifest_path)));
-                println!("{}", serde_json::to_string_pretty(&r.manifest)?);
-                println!("{}", out.dim("# script"));
+                outln!("{} {}", out.bold(&r.name), r.handbook.clone().unwrap_or_default());
+                outln!("{}\n", r.description);
+                outln!("{}", out.dim(&format!("# {}", r.manifest_path)));
+                // The manifest as written (YAML, comments and all); the
+                // parsed form when the file cannot be read from here.
+                match std::fs::read_to_string(&r.manifest_path) {
+                    Ok(text) => outln!("{}", text.trim_end()),
+                    Err(_) => outln!("{}", serde_json::to_string_pretty(&r.manifest)?),
+                }
+                outln!("{}", out.dim("# script"));
                 for (i, l) in r.script.lines().enumerate() {
-                    println!("{} {l}", out.dim(&format!("{:>4}", i + 1)));
+                    outln!("{} {l}", out.dim(&format!("{:>4}", i + 1)));
                 }
             }
             Ok(0)
@@ -56,15 +61,15 @@ pub async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
             let set = nightshift_engine::runbook::load_dir(&dir, &engine);
             if out.json {
                 let errors: Vec<String> = set.errors.iter().map(|e| e.to_string()).collect();
-                println!(
+                outln!(
                     "{}",
                     serde_json::to_string_pretty(&serde_json::json!({"loaded": set.names(), "errors": errors}))?
                 );
             } else {
                 for e in &set.errors {
-                    println!("{} {e}", out.red("error:"));
+                    outln!("{} {e}", out.red("error:"));
                 }
-                println!("{} runbook(s) valid, {} error(s) in {}", set.runbooks.len(), set.errors.len(), dir.display());
+                outln!("{} runbook(s) valid, {} error(s) in {}", set.runbooks.len(), set.errors.len(), dir.display());
             }
             Ok(if set.errors.is_empty() { 0 } else { 2 })
         }

@@ -25,9 +25,9 @@ pub fn keygen(cli: &Cli, path: Option<&Path>, force: bool) -> Result<u8> {
     let key = nightshift_proto::ssh::keys::generate("nightshift-engine")?;
     nightshift_proto::ssh::keys::write_keypair(&key, &path)?;
     let public = key.public_key().to_openssh()?;
-    println!("wrote {} (mode 0600) and {}", path.display(), nightshift_proto::ssh::keys::pub_path(&path).display());
-    println!("fingerprint {}", nightshift_proto::ssh::keys::fingerprint(key.public_key()));
-    println!("add this line to every agent's authorized_keys:\n{public}");
+    outln!("wrote {} (mode 0600) and {}", path.display(), nightshift_proto::ssh::keys::pub_path(&path).display());
+    outln!("fingerprint {}", nightshift_proto::ssh::keys::fingerprint(key.public_key()));
+    outln!("add this line to every agent's authorized_keys:\n{public}");
     Ok(0)
 }
 
@@ -42,21 +42,24 @@ pub fn token(name: &str, role: &str, webhook: bool) -> Result<u8> {
     let token = format!("ns_{}", hex::encode(bytes));
     let sha = nightshift_web::auth::hash_token(&token);
     if webhook {
-        println!(
+        outln!(
             "token (put it in Alertmanager's http_config.authorization.credentials; it is not stored anywhere): {token}"
         );
-        println!("add to engine.yaml under auth.webhook_tokens:");
-        println!("  - {{name: {name}, sha256: {sha}}}");
+        outln!("add to engine.yaml under auth.webhook_tokens:");
+        outln!("  - {{name: {name}, sha256: {sha}}}");
     } else {
-        println!("token (give it to {name}; it is not stored anywhere): {token}");
-        println!("add to engine.yaml under auth.tokens:");
-        println!("  - {{name: {name}, role: {role}, sha256: {sha}}}");
+        outln!("token (give it to {name}; it is not stored anywhere): {token}");
+        outln!("add to engine.yaml under auth.tokens:");
+        outln!("  - {{name: {name}, role: {role}, sha256: {sha}}}");
     }
     Ok(0)
 }
 
 /// Print shell completions.
 pub fn completions(shell: clap_complete::Shell) -> Result<u8> {
-    clap_complete::generate(shell, &mut Cli::command(), "nightshift", &mut std::io::stdout());
+    // Into a buffer first: clap_complete panics on a closed pipe.
+    let mut buf = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "nightshift", &mut buf);
+    crate::out::write_bytes(&buf);
     Ok(0)
 }
