@@ -64,6 +64,18 @@ pub struct AgentConfig {
     /// How long and how many connections may wait to authenticate.
     #[serde(default)]
     pub ssh: crate::ssh::server::ConnLimits,
+    /// A folder where training jobs write their readings (progress,
+    /// allocator fragmentation, communication share): see `node::jobfile`
+    /// and `examples/pytorch/nightshift_textfile.py`.
+    #[serde(default)]
+    pub job_metrics_dir: Option<PathBuf>,
+    /// Job files older than this are ignored (the job stopped writing).
+    #[serde(default = "default_job_age")]
+    pub job_metrics_max_age_secs: u64,
+}
+
+fn default_job_age() -> u64 {
+    120
 }
 
 fn default_backend() -> BackendKind {
@@ -118,6 +130,8 @@ impl AgentConfig {
             configs: BTreeMap::new(),
             exporter_listen_addr: None,
             ssh: Default::default(),
+            job_metrics_dir: None,
+            job_metrics_max_age_secs: default_job_age(),
         }
     }
 
@@ -163,6 +177,9 @@ impl AgentConfig {
         }
         for m in self.configs.values_mut() {
             fix(&mut m.path);
+        }
+        if let Some(p) = self.job_metrics_dir.as_mut() {
+            fix(p);
         }
     }
 
@@ -215,6 +232,12 @@ impl AgentConfig {
         if let Err((key, m)) = self.ssh.check() {
             return fail(key, m);
         }
+        if !(1..=86_400).contains(&self.job_metrics_max_age_secs) {
+            return fail(
+                "job_metrics_max_age_secs",
+                format!("job_metrics_max_age_secs: expected 1 to 86400, found {}", self.job_metrics_max_age_secs),
+            );
+        }
         if let Some(f) = &self.flush_caches {
             f.signal().map_err(|m| ("flush_caches".to_string(), m))?;
         }
@@ -242,6 +265,8 @@ impl AgentConfig {
         o.configs = self.configs.clone();
         o.telemetry_interval_ms = self.telemetry_interval_ms;
         o.max_request_bytes = self.max_request_bytes;
+        o.job_metrics_dir = self.job_metrics_dir.clone();
+        o.job_metrics_max_age_secs = self.job_metrics_max_age_secs;
         Ok(o)
     }
 }

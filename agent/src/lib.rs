@@ -24,6 +24,7 @@ pub mod holds;
 pub mod journal;
 pub mod local;
 pub mod node;
+pub mod probe;
 pub mod procs;
 pub mod runtime;
 pub mod service;

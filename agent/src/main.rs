@@ -54,6 +54,24 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// What the agent sees on this machine: inventory, one telemetry
+    /// sample, which readings the backend provides, each action's limits.
+    /// Starts no SSH server and changes nothing.
+    ///
+    /// Example: nightshift-agent probe --backend nvml --json
+    Probe {
+        /// auto (default), sim, nvml or rocm.
+        #[arg(long)]
+        backend: Option<BackendKind>,
+        /// Use this agent config's backend settings and policy (limits).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Load NVML from this file instead of the system's.
+        #[arg(long)]
+        nvml_lib: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Logs on stderr, one event per line: colour only on a terminal (a file or
@@ -117,6 +135,45 @@ async fn real_main(cli: Cli) -> Result<(), String> {
             }
             let key = keys::load(&cfg.host_key_path).map_err(|e| e.to_string())?;
             println!("{}", keys::fingerprint(key.public_key()));
+            Ok(())
+        }
+        Command::Probe { backend, config, nvml_lib, json } => {
+            let (backend, policy) = match &config {
+                Some(path) => {
+                    let mut cfg = AgentConfig::load(path).map_err(|e| e.to_string())?;
+                    if nvml_lib.is_some() {
+                        cfg.nvml_lib_path = nvml_lib.clone();
+                    }
+                    let policy = cfg.policy().map_err(|e| e.to_string())?;
+                    (runtime::open_backend(&cfg, backend).map_err(|e| e.to_string())?, policy)
+                }
+                None => {
+                    let b: std::sync::Arc<dyn nightshift_agent::backend::Backend> =
+                        match backend.unwrap_or(BackendKind::Auto) {
+                            BackendKind::Sim => std::sync::Arc::new(
+                                nightshift_agent::backend::sim::SimBackend::new(Default::default())
+                                    .map_err(|e| e.to_string())?,
+                            ),
+                            BackendKind::Nvml => std::sync::Arc::new(
+                                nightshift_agent::backend::nvml::NvmlBackend::open(nvml_lib.as_deref())
+                                    .map_err(|e| e.to_string())?,
+                            ),
+                            BackendKind::Rocm => {
+                                std::sync::Arc::from(nightshift_agent::backend::open_rocm().map_err(|e| e.to_string())?)
+                            }
+                            BackendKind::Auto => std::sync::Arc::from(
+                                nightshift_agent::backend::open_auto(nvml_lib.as_deref()).map_err(|e| e.to_string())?,
+                            ),
+                        };
+                    (b, nightshift_agent::envelope::Policy::default())
+                }
+            };
+            let report = nightshift_agent::probe::probe(backend.as_ref(), &policy).map_err(|e| e.to_string())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+            } else {
+                print!("{}", nightshift_agent::probe::render(&report));
+            }
             Ok(())
         }
         Command::CheckConfig { config } => {

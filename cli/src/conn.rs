@@ -25,6 +25,9 @@ pub struct RunbookInfo {
     pub handbook: Option<String>,
     pub trigger: String,
     pub scope: String,
+    /// Where the trigger's input comes from on a real fleet.
+    #[serde(default)]
+    pub input: String,
     #[serde(default)]
     pub manifest: Value,
     #[serde(default)]
@@ -180,6 +183,7 @@ impl Local {
                 handbook: r.manifest.handbook.clone(),
                 trigger: r.manifest.trigger.kind().into(),
                 scope: format!("{:?}", r.manifest.scope).to_lowercase(),
+                input: r.manifest.trigger.input_source(),
                 manifest: serde_json::to_value(&r.manifest).unwrap_or(Value::Null),
                 script: r.script_source.clone(),
                 manifest_path: r.manifest_path.display().to_string(),

@@ -285,6 +285,22 @@ impl Trigger {
         i64::try_from(secs).unwrap_or(i64::MAX).saturating_mul(1000)
     }
 
+    /// Where this trigger's input comes from on a real fleet (one line).
+    pub fn input_source(&self) -> String {
+        match self {
+            Trigger::Alert { alertname, .. } => format!("Alertmanager alert {alertname}"),
+            Trigger::Schedule { every_secs } => format!("every {every_secs} s"),
+            Trigger::Manual {} => "a person (nightshift run, the web UI)".into(),
+            other => match other.metric().and_then(metrics::metric_id) {
+                Some(id) => {
+                    let m = metrics::metric(id);
+                    format!("{}: {}", m.name, m.from)
+                }
+                None => other.metric().unwrap_or("?").to_string(),
+            },
+        }
+    }
+
     /// Every level the trigger compares with, by field name (each must be
     /// finite).
     fn levels(&self) -> Vec<(&'static str, f64)> {

@@ -1,29 +1,10 @@
 //! The metric names nightshift understands, in one table.
 //!
-//! | name | scope | unit | from |
-//! |---|---|---|---|
-//! | `gpu.temperature_c` | gpu | °C | agent, DCGM `GPU_TEMP` |
-//! | `gpu.power_watts` | gpu | W | agent, DCGM `POWER_USAGE` |
-//! | `gpu.power_limit_watts` | gpu | W | agent |
-//! | `gpu.power_pct_of_limit` | gpu | % | derived: power ÷ limit |
-//! | `gpu.fan_pct` | gpu | % | agent (boards with fans) |
-//! | `gpu.util_pct` | gpu | % | agent, DCGM `GPU_UTIL` |
-//! | `gpu.mem_used_pct` | gpu | % | agent, DCGM `FB_USED`/`FB_FREE` |
-//! | `gpu.mem_fragmentation_pct` | gpu | % | agent (sim; external allocator stats) |
-//! | `gpu.sm_clock_mhz` | gpu | MHz | agent |
-//! | `gpu.ecc_sbe_total` | gpu | count | agent, DCGM `ECC_SBE_VOL_TOTAL` |
-//! | `gpu.ecc_dbe_total` | gpu | count | agent, DCGM `ECC_DBE_VOL_TOTAL` |
-//! | `gpu.xid_last` | gpu | code | agent, DCGM `XID_ERRORS` (holds its value: an edge) |
-//! | `gpu.throttled` | gpu | 0/1 | agent |
-//! | `node.cpu_util_pct` | node | % | agent |
-//! | `node.nvlink_links_down` | node | count | derived: total − up |
-//! | `node.nvlink_errors_total` | node | count | agent, DCGM NVLink error counters |
-//! | `node.nvlink_p2p_latency_us` | node | µs | agent (sim; a probe job elsewhere) |
-//! | `node.allreduce_p99_ms` | node | ms | agent (sim; training telemetry) |
-//! | `node.comm_overhead_pct` | node | % | agent (sim; training telemetry) |
-//! | `node.util_swing_pct` | node | % | derived: max − min GPU util over 60 s |
-//! | `job.progress` | node | steps | agent (sim; training telemetry) |
-//! | `node.drained` | node | 0/1 | agent (scheduler state) |
+//! Each metric's `from` says where it comes from on real hardware (the
+//! `sim` backend provides every one): the agent's GPU backend (NVML, ROCm
+//! SMI), the agent's host readings (`/proc`), a job textfile (see the
+//! agent's `node::jobfile`), or a Prometheus/exporter series (`sources:`).
+//! `nightshift runbooks list` shows it for each runbook's trigger.
 
 use serde::Serialize;
 
@@ -37,39 +18,86 @@ pub struct MetricDef {
     pub gpu_scoped: bool,
     pub unit: &'static str,
     pub help: &'static str,
+    /// Where it comes from on real hardware.
+    pub from: &'static str,
 }
 
-const fn gpu(name: &'static str, unit: &'static str, help: &'static str) -> MetricDef {
-    MetricDef { name, gpu_scoped: true, unit, help }
+const fn gpu(name: &'static str, unit: &'static str, help: &'static str, from: &'static str) -> MetricDef {
+    MetricDef { name, gpu_scoped: true, unit, help, from }
 }
-const fn node(name: &'static str, unit: &'static str, help: &'static str) -> MetricDef {
-    MetricDef { name, gpu_scoped: false, unit, help }
+const fn node(name: &'static str, unit: &'static str, help: &'static str, from: &'static str) -> MetricDef {
+    MetricDef { name, gpu_scoped: false, unit, help, from }
 }
 
 /// Every metric, indexed by [`MetricId`].
 pub const METRICS: &[MetricDef] = &[
-    gpu("gpu.temperature_c", "°C", "GPU die temperature"),
-    gpu("gpu.power_watts", "W", "GPU board power draw"),
-    gpu("gpu.power_limit_watts", "W", "GPU power limit in force"),
-    gpu("gpu.power_pct_of_limit", "%", "power draw as a share of the power limit"),
-    gpu("gpu.fan_pct", "%", "fan speed"),
-    gpu("gpu.util_pct", "%", "GPU utilisation"),
-    gpu("gpu.mem_used_pct", "%", "GPU memory in use"),
-    gpu("gpu.mem_fragmentation_pct", "%", "GPU memory fragmentation"),
-    gpu("gpu.sm_clock_mhz", "MHz", "SM clock"),
-    gpu("gpu.ecc_sbe_total", "count", "single-bit ECC errors (volatile)"),
-    gpu("gpu.ecc_dbe_total", "count", "double-bit ECC errors (volatile)"),
-    gpu("gpu.xid_last", "code", "last XID seen (holds its value)"),
-    gpu("gpu.throttled", "0/1", "thermal slowdown active"),
-    node("node.cpu_util_pct", "%", "host CPU utilisation"),
-    node("node.nvlink_links_down", "count", "NVLink links not up"),
-    node("node.nvlink_errors_total", "count", "NVLink error counters, summed"),
-    node("node.nvlink_p2p_latency_us", "µs", "GPU-to-GPU P2P latency"),
-    node("node.allreduce_p99_ms", "ms", "all-reduce p99 latency"),
-    node("node.comm_overhead_pct", "%", "all-reduce share of step time"),
-    node("node.util_swing_pct", "%", "max − min GPU utilisation over the last 60 s"),
-    node("job.progress", "steps", "training progress counter"),
-    node("node.drained", "0/1", "node drained in the scheduler"),
+    gpu("gpu.temperature_c", "°C", "GPU die temperature", "agent (NVML, ROCm SMI); DCGM_FI_DEV_GPU_TEMP"),
+    gpu("gpu.power_watts", "W", "GPU board power draw", "agent (NVML, ROCm SMI); DCGM_FI_DEV_POWER_USAGE"),
+    gpu(
+        "gpu.power_limit_watts",
+        "W",
+        "GPU power limit in force",
+        "agent (NVML, ROCm SMI); DCGM_FI_DEV_POWER_MGMT_LIMIT",
+    ),
+    gpu("gpu.power_pct_of_limit", "%", "power draw as a share of the power limit", "derived: power ÷ limit"),
+    gpu("gpu.fan_pct", "%", "fan speed", "agent (boards with GPU fans); DCGM_FI_DEV_FAN_SPEED"),
+    gpu("gpu.util_pct", "%", "GPU utilisation", "agent (NVML, ROCm SMI); DCGM_FI_DEV_GPU_UTIL"),
+    gpu("gpu.mem_used_pct", "%", "GPU memory in use", "agent (NVML, ROCm SMI); DCGM_FI_DEV_FB_USED/FB_FREE"),
+    gpu(
+        "gpu.mem_fragmentation_pct",
+        "%",
+        "GPU memory fragmentation",
+        "job textfile (allocator 1 − allocated/reserved); nightshift_gpu_mem_fragmentation_pct",
+    ),
+    gpu("gpu.sm_clock_mhz", "MHz", "SM clock", "agent (NVML, ROCm SMI); DCGM_FI_DEV_SM_CLOCK"),
+    gpu(
+        "gpu.ecc_sbe_total",
+        "count",
+        "single-bit ECC errors (volatile)",
+        "agent (NVML, ROCm SMI); DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    ),
+    gpu(
+        "gpu.ecc_dbe_total",
+        "count",
+        "double-bit ECC errors (volatile)",
+        "agent (NVML, ROCm SMI); DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    ),
+    gpu(
+        "gpu.xid_last",
+        "code",
+        "last XID seen (holds its value)",
+        "DCGM_FI_DEV_XID_ERRORS (dcgm-exporter, Prometheus)",
+    ),
+    gpu("gpu.throttled", "0/1", "thermal slowdown active", "agent (NVML throttle reasons)"),
+    node("node.cpu_util_pct", "%", "host CPU utilisation", "agent (/proc/stat)"),
+    node("node.nvlink_links_down", "count", "NVLink links not up", "agent (NVML NVLink state)"),
+    node("node.nvlink_errors_total", "count", "NVLink error counters, summed", "agent (NVML NVLink error counters)"),
+    node(
+        "node.nvlink_p2p_latency_us",
+        "µs",
+        "GPU-to-GPU P2P latency",
+        "job textfile (a P2P probe job); nightshift_nvlink_p2p_latency_us",
+    ),
+    node(
+        "node.allreduce_p99_ms",
+        "ms",
+        "all-reduce p99 latency",
+        "job textfile (NCCL timing); nightshift_allreduce_p99_ms",
+    ),
+    node(
+        "node.comm_overhead_pct",
+        "%",
+        "all-reduce share of step time",
+        "job textfile (NCCL timing); nightshift_comm_overhead_pct",
+    ),
+    node(
+        "node.util_swing_pct",
+        "%",
+        "max − min GPU utilisation over the last 60 s",
+        "derived: max − min of gpu.util_pct",
+    ),
+    node("job.progress", "steps", "training progress counter", "job textfile (training loop); nightshift_job_progress"),
+    node("node.drained", "0/1", "node drained in the scheduler", "agent (Slurm, Kubernetes)"),
 ];
 
 /// Look a metric up by name.

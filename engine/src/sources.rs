@@ -50,6 +50,13 @@ pub fn dcgm_metric(name: &str) -> Option<DcgmField> {
         "DCGM_FI_DEV_XID_ERRORS" | "DCGM_FI_DEV_XID_ERROR" => Metric(ids::XID),
         "DCGM_FI_DEV_FB_USED" => FbUsed,
         "DCGM_FI_DEV_FB_FREE" => FbFree,
+        // A job's own readings (see the agent's job textfile contract), when
+        // node_exporter's textfile collector serves the same files.
+        "nightshift_gpu_mem_fragmentation_pct" => Metric(ids::MEM_FRAG),
+        "nightshift_job_progress" => Metric(ids::JOB_PROGRESS),
+        "nightshift_comm_overhead_pct" => Metric(ids::COMM_OVERHEAD),
+        "nightshift_allreduce_p99_ms" => Metric(ids::ALLREDUCE_P99),
+        "nightshift_nvlink_p2p_latency_us" => Metric(ids::P2P_LATENCY),
         _ => return None,
     })
 }
@@ -79,6 +86,11 @@ pub const DCGM_NAMES: &[&str] = &[
     "DCGM_FI_DEV_XID_ERROR",
     "DCGM_FI_DEV_FB_USED",
     "DCGM_FI_DEV_FB_FREE",
+    "nightshift_gpu_mem_fragmentation_pct",
+    "nightshift_job_progress",
+    "nightshift_comm_overhead_pct",
+    "nightshift_allreduce_p99_ms",
+    "nightshift_nvlink_p2p_latency_us",
 ];
 
 /// The instant query that fetches them all.
@@ -256,6 +268,18 @@ pub fn map_samples(
             st.unknown_host += 1;
             continue;
         };
+        if !s.value.is_finite() {
+            st.bad_value += 1;
+            continue;
+        }
+        // Node readings (a job's progress, its communication share) have no GPU.
+        if let DcgmField::Metric(m) = field
+            && !crate::metrics::metric(m).gpu_scoped
+        {
+            out.push((node, None, m, s.ts_ms.unwrap_or(now_ms), s.value));
+            st.mapped += 1;
+            continue;
+        }
         let gpu = match s.labels.get("gpu").and_then(|g| g.parse::<u32>().ok()) {
             Some(g) => g,
             None => match s.labels.get("UUID").or_else(|| s.labels.get("uuid")).and_then(|u| gpu_by_uuid(&node, u)) {
@@ -339,6 +363,21 @@ this is not a metric line
             MapStats { mapped: 6, other_series: 1, unknown_host: 1, unknown_gpu: 1, bad_value: 1 },
             "{mapped:?}"
         );
+    }
+
+    #[test]
+    fn job_textfile_series_map_to_node_and_gpu_readings() {
+        // node_exporter's textfile collector serving a job's file.
+        let text = "nightshift_job_progress{instance=\"gpu-a1:9100\"} 1234\n\
+                    nightshift_comm_overhead_pct{instance=\"gpu-a1:9100\"} 34\n\
+                    nightshift_gpu_mem_fragmentation_pct{instance=\"gpu-a1:9100\",gpu=\"1\"} 28.5\n";
+        let (samples, bad) = parse_exposition(text);
+        assert_eq!(bad, 0);
+        let (mapped, st) = map_samples(&samples, 5, &|h| h == "gpu-a1", &|_, _| None);
+        assert_eq!(st.mapped, 3, "{st:?}");
+        assert!(mapped.contains(&("gpu-a1".to_string(), None, ids::JOB_PROGRESS, 5, 1234.0)));
+        assert!(mapped.contains(&("gpu-a1".to_string(), None, ids::COMM_OVERHEAD, 5, 34.0)));
+        assert!(mapped.contains(&("gpu-a1".to_string(), Some(1), ids::MEM_FRAG, 5, 28.5)));
     }
 
     #[test]

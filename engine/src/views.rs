@@ -44,6 +44,8 @@ pub struct RunbookView {
     pub scope: String,
     pub class: String,
     pub priority: String,
+    /// Where the trigger's input comes from on a real fleet.
+    pub input: String,
     pub manifest_path: String,
     pub manifest: Value,
     pub script_path: String,
@@ -166,6 +168,7 @@ impl Engine {
                 scope: format!("{:?}", r.manifest.scope).to_lowercase(),
                 class: format!("{:?}", r.manifest.class).to_lowercase(),
                 priority: r.manifest.priority.as_str().into(),
+                input: r.manifest.trigger.input_source(),
                 manifest_path: r.manifest_path.display().to_string(),
                 manifest: serde_json::to_value(&r.manifest).unwrap_or(Value::Null),
                 script_path: r.script_path.display().to_string(),

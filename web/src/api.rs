@@ -294,7 +294,7 @@ pub async fn runbooks(State(s): State<AppState>, _: Viewer) -> Result<Response, 
         .engine
         .runbooks()
         .into_iter()
-        .map(|r| json!({"name": r.name, "description": r.description, "handbook": r.handbook, "trigger": r.trigger, "scope": r.scope}))
+        .map(|r| json!({"name": r.name, "description": r.description, "handbook": r.handbook, "trigger": r.trigger, "scope": r.scope, "input": r.input}))
         .collect();
     Ok(Json(json!({"runbooks": list, "errors": errors})).into_response())
 }

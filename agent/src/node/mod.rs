@@ -4,6 +4,8 @@
 
 pub mod caches;
 pub mod configs;
+pub mod host;
+pub mod jobfile;
 pub mod scheduler;
 
 /// A node action that failed.

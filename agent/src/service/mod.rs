@@ -49,6 +49,10 @@ pub struct AgentOptions {
     pub configs: BTreeMap<String, ManagedConfig>,
     pub telemetry_interval_ms: u64,
     pub max_request_bytes: usize,
+    /// Where jobs write their readings (see `node::jobfile`).
+    pub job_metrics_dir: Option<PathBuf>,
+    /// Job files older than this are ignored.
+    pub job_metrics_max_age_secs: u64,
 }
 
 impl AgentOptions {
@@ -69,6 +73,8 @@ impl AgentOptions {
             configs: BTreeMap::new(),
             telemetry_interval_ms: 1000,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            job_metrics_dir: None,
+            job_metrics_max_age_secs: 120,
         }
     }
 }
@@ -134,6 +140,8 @@ pub struct Agent {
     config_scan_ms: Mutex<i64>,
     /// One mutation at a time (requests, expiries, reconciliation).
     mutate: tokio::sync::Mutex<()>,
+    /// Host CPU from /proc.
+    host: crate::node::host::HostStats,
 }
 
 impl std::fmt::Debug for Agent {
@@ -180,6 +188,7 @@ impl Agent {
             drain_cache: Mutex::new(None),
             config_scan_ms: Mutex::new(i64::MIN),
             mutate: tokio::sync::Mutex::new(()),
+            host: crate::node::host::HostStats::default(),
         })
     }
 
@@ -299,7 +308,23 @@ impl Agent {
 
     /// One telemetry sample of the node.
     pub async fn telemetry(&self) -> Result<Telemetry, Refusal> {
-        let (gpus, mut node) = self.backend.sample().map_err(backend_refusal)?;
+        let (mut gpus, mut node) = self.backend.sample().map_err(backend_refusal)?;
+        // Host CPU from /proc where the backend has none (real GPUs).
+        if node.cpu_util_pct.is_none() {
+            node.cpu_util_pct = self.host.cpu_util_pct();
+        }
+        // What the jobs on this node say about themselves.
+        if let Some(dir) = &self.opts.job_metrics_dir {
+            let r = crate::node::jobfile::read_dir(
+                dir,
+                std::time::Duration::from_secs(self.opts.job_metrics_max_age_secs),
+                std::time::SystemTime::now(),
+            );
+            for (file, line, why) in &r.rejected {
+                tracing::debug!(node = %self.opts.node, file = %file.display(), line, why = %why, "job textfile line ignored");
+            }
+            r.apply(&mut gpus, &mut node);
+        }
         match self.drain_state(false).await {
             Ok(d) => {
                 node.drained = d.drained;

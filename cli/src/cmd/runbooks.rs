@@ -22,11 +22,12 @@ pub async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
                             r.name.clone(),
                             r.trigger.clone(),
                             r.scope.clone(),
-                            clip(&r.description, 90),
+                            clip(&r.input, 80),
+                            clip(&r.description, 60),
                         ]
                     })
                     .collect();
-                out.table(&["ROW", "RUNBOOK", "TRIGGER", "SCOPE", "DESCRIPTION"], &rows);
+                out.table(&["ROW", "RUNBOOK", "TRIGGER", "SCOPE", "INPUT", "DESCRIPTION"], &rows);
             }
             Ok(0)
         }

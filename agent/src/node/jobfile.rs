@@ -1,0 +1,181 @@
+//! Job-level readings from a textfile directory: the contract between a
+//! training job and the agent, as node_exporter's textfile collector does
+//! it. A job writes one file per job (`<anything>.prom`, replaced
+//! atomically: write a temp file, rename) in the Prometheus text format:
+//!
+//! ```text
+//! nightshift_job_progress 1234                       # steps done (a counter)
+//! nightshift_gpu_mem_fragmentation_pct{gpu="1"} 28.5 # 1 − allocated/reserved
+//! nightshift_comm_overhead_pct 34                    # all-reduce share of step time
+//! nightshift_allreduce_p99_ms 8.5
+//! nightshift_nvlink_p2p_latency_us 4.7
+//! ```
+//!
+//! Files older than `max_age_secs` are ignored (a job that died stops
+//! speaking). Readings from several files combine: progress adds up, the
+//! rest take the worst (highest) value. These readings take the place of the
+//! backend's: the job knows its allocator and its collectives.
+//! `examples/pytorch/nightshift_textfile.py` writes such a file from a
+//! PyTorch training loop.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use nightshift_proto::{GpuTelemetry, NodeTelemetry};
+
+/// The readings of a textfile directory.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobReadings {
+    pub progress: Option<f64>,
+    pub fragmentation_pct: BTreeMap<u32, f64>,
+    pub comm_overhead_pct: Option<f64>,
+    pub allreduce_p99_ms: Option<f64>,
+    pub p2p_latency_us: Option<f64>,
+    /// `(file, line, why)` for lines that were not understood.
+    pub rejected: Vec<(PathBuf, usize, String)>,
+}
+
+/// Read every fresh `*.prom` file in `dir`.
+pub fn read_dir(dir: &Path, max_age: Duration, now: SystemTime) -> JobReadings {
+    let mut r = JobReadings::default();
+    let Ok(entries) = std::fs::read_dir(dir) else { return r };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "prom"))
+        .filter(|p| {
+            std::fs::metadata(p)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| now.duration_since(t).unwrap_or_default() <= max_age)
+        })
+        .collect();
+    files.sort();
+    for f in files {
+        // A file over 1 MiB is not a job's few readings.
+        let text = match std::fs::metadata(&f) {
+            Ok(m) if m.len() <= 1 << 20 => std::fs::read_to_string(&f).unwrap_or_default(),
+            _ => {
+                r.rejected.push((f.clone(), 0, "larger than 1 MiB".into()));
+                continue;
+            }
+        };
+        parse_into(&text, &f, &mut r);
+    }
+    r
+}
+
+fn worst(slot: &mut Option<f64>, v: f64) {
+    *slot = Some(slot.map_or(v, |s| s.max(v)));
+}
+
+/// Parse one file's text into `r`.
+pub fn parse_into(text: &str, file: &Path, r: &mut JobReadings) {
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut reject = |why: String| r.rejected.push((file.to_path_buf(), i + 1, why));
+        let (head, value) = match line.rsplit_once(char::is_whitespace) {
+            Some((h, v)) => (h.trim(), v),
+            None => {
+                reject(format!("expected `name value`, found {line:?}"));
+                continue;
+            }
+        };
+        let Some(v) = value.parse::<f64>().ok().filter(|v| v.is_finite()) else {
+            reject(format!("expected a finite number, found {value:?}"));
+            continue;
+        };
+        let (name, labels) = match head.split_once('{') {
+            Some((n, rest)) => (n, rest.strip_suffix('}').unwrap_or(rest)),
+            None => (head, ""),
+        };
+        let gpu = labels.split(',').find_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            (k.trim() == "gpu").then(|| v.trim().trim_matches('"').parse::<u32>().ok()).flatten()
+        });
+        match name {
+            "nightshift_job_progress" => r.progress = Some(r.progress.unwrap_or(0.0) + v),
+            "nightshift_gpu_mem_fragmentation_pct" => match gpu {
+                Some(g) if (0.0..=100.0).contains(&v) => {
+                    let e = r.fragmentation_pct.entry(g).or_insert(v);
+                    *e = e.max(v);
+                }
+                Some(_) => reject(format!("fragmentation: expected 0 to 100, found {v}")),
+                None => reject("nightshift_gpu_mem_fragmentation_pct needs a gpu=\"N\" label".into()),
+            },
+            "nightshift_comm_overhead_pct" => worst(&mut r.comm_overhead_pct, v),
+            "nightshift_allreduce_p99_ms" => worst(&mut r.allreduce_p99_ms, v),
+            "nightshift_nvlink_p2p_latency_us" => worst(&mut r.p2p_latency_us, v),
+            other => reject(format!("unknown reading `{other}`")),
+        }
+    }
+}
+
+impl JobReadings {
+    /// Put the readings over the backend's.
+    pub fn apply(&self, gpus: &mut [GpuTelemetry], node: &mut NodeTelemetry) {
+        for g in gpus.iter_mut() {
+            if let Some(f) = self.fragmentation_pct.get(&g.index) {
+                g.mem_fragmentation_pct = Some(*f);
+            }
+        }
+        if self.progress.is_some() {
+            node.job_progress = self.progress;
+        }
+        if self.comm_overhead_pct.is_some() {
+            node.comm_overhead_pct = self.comm_overhead_pct;
+        }
+        if self.allreduce_p99_ms.is_some() {
+            node.allreduce_p99_ms = self.allreduce_p99_ms;
+        }
+        if self.p2p_latency_us.is_some() {
+            node.nvlink_p2p_latency_us = self.p2p_latency_us;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_combine_and_bad_lines_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("job-a.prom"),
+            "# HELP …\nnightshift_job_progress 100\nnightshift_gpu_mem_fragmentation_pct{gpu=\"1\"} 28.5\nnightshift_comm_overhead_pct 12\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("job-b.prom"),
+            "nightshift_job_progress 50\nnightshift_comm_overhead_pct 34\nnightshift_gpu_mem_fragmentation_pct 3\nnightshift_comm_overhead_pct NaN\nbogus_metric 1\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "nightshift_job_progress 999\n").unwrap();
+        let r = read_dir(dir.path(), Duration::from_secs(60), SystemTime::now());
+        assert_eq!(r.progress, Some(150.0));
+        assert_eq!(r.fragmentation_pct.get(&1), Some(&28.5));
+        assert_eq!(r.comm_overhead_pct, Some(34.0), "the worst of the jobs");
+        let why: Vec<(usize, &str)> = r.rejected.iter().map(|(_, l, w)| (*l, w.as_str())).collect();
+        assert_eq!(
+            why,
+            vec![
+                (3, "nightshift_gpu_mem_fragmentation_pct needs a gpu=\"N\" label"),
+                (4, "expected a finite number, found \"NaN\""),
+                (5, "unknown reading `bogus_metric`")
+            ]
+        );
+        // A job that stopped writing is ignored after max_age.
+        let later = SystemTime::now() + Duration::from_secs(120);
+        assert_eq!(read_dir(dir.path(), Duration::from_secs(60), later).progress, None);
+        // Applied over the backend's readings.
+        let mut gpus = vec![GpuTelemetry { index: 1, mem_fragmentation_pct: Some(2.0), ..Default::default() }];
+        let mut node = NodeTelemetry::default();
+        r.apply(&mut gpus, &mut node);
+        assert_eq!(gpus[0].mem_fragmentation_pct, Some(28.5));
+        assert_eq!((node.job_progress, node.comm_overhead_pct), (Some(150.0), Some(34.0)));
+    }
+}
