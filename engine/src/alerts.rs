@@ -104,9 +104,14 @@ impl Alert {
         self.labels.get("alertname").map(String::as_str).unwrap_or("")
     }
 
-    /// The host the alert is about: `instance` (port stripped), else
-    /// `hostname`/`Hostname` (dcgm-exporter), else `node`.
+    /// The host the alert is about: `Hostname`/`hostname` (dcgm-exporter's
+    /// node name), else `instance` (port stripped; in Kubernetes that is the
+    /// exporter's pod, not the node), else `node` — the same order as the
+    /// Prometheus source.
     pub fn host(&self) -> Option<String> {
+        if let Some(h) = ["Hostname", "hostname"].iter().find_map(|k| self.labels.get(*k)) {
+            return Some(h.clone());
+        }
         if let Some(i) = self.labels.get("instance") {
             if let Some(rest) = i.strip_prefix('[')
                 && let Some(end) = rest.find(']')
@@ -120,7 +125,7 @@ impl Alert {
                 _ => i.clone(),
             });
         }
-        ["hostname", "Hostname", "node"].iter().find_map(|k| self.labels.get(*k).cloned())
+        self.labels.get("node").cloned()
     }
 
     /// The GPU index from the `gpu` label, if any.
@@ -333,7 +338,7 @@ mod tests {
             generator_url: String::new(),
             fingerprint: "f".into(),
         };
-        assert_eq!(mk(&[("instance", "n1:9400"), ("Hostname", "x")]).host().as_deref(), Some("n1"));
+        assert_eq!(mk(&[("instance", "10.0.0.7:9400"), ("Hostname", "n1")]).host().as_deref(), Some("n1"));
         assert_eq!(mk(&[("instance", "n1")]).host().as_deref(), Some("n1"));
         assert_eq!(mk(&[("instance", "[fd00::1]:9400")]).host().as_deref(), Some("fd00::1"));
         assert_eq!(mk(&[("Hostname", "n2")]).host().as_deref(), Some("n2"));

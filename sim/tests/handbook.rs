@@ -76,3 +76,47 @@ fn the_handbook_is_complete_and_documented() {
         assert!(tested, "no scenario names {name}");
     }
 }
+
+/// `runbooks/alerts/` answers every paging rule of
+/// `examples/prometheus-rules.yml` with its row's runbook, and names only
+/// alerts those rules define; every row but H4 (a pool decision) has one.
+#[test]
+fn every_paging_rule_has_its_alert_runbook() {
+    use nightshift_engine::manifest::Trigger;
+    use nightshift_sim::scenario::load_runbooks;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let (set, _) = load_runbooks(&root.join("runbooks/alerts"));
+    assert!(set.errors.is_empty(), "{:?}", set.errors);
+    let rules: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(root.join("examples/prometheus-rules.yml")).unwrap()).unwrap();
+    let gpu_rules: Vec<(String, String)> = rules["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter(|g| g["name"] == "gpu-faults")
+        .flat_map(|g| g["rules"].as_sequence().unwrap().iter())
+        .map(|r| (r["alert"].as_str().unwrap().to_string(), r["labels"]["handbook"].as_str().unwrap_or("").to_string()))
+        .collect();
+    let answered: Vec<(String, Vec<&str>)> = set
+        .runbooks
+        .iter()
+        .map(|r| match &r.manifest.trigger {
+            Trigger::Alert { alertname, .. } => (alertname.clone(), r.manifest.rows()),
+            other => panic!("{}: an alert variant with a {} trigger", r.manifest.name, other.kind()),
+        })
+        .collect();
+    for (alert, rows) in &answered {
+        let rule = gpu_rules.iter().find(|(a, _)| a == alert);
+        let (_, row) = rule.unwrap_or_else(|| panic!("runbooks/alerts answers {alert}, which no rule defines"));
+        assert!(rows.contains(&row.as_str()), "{alert} is labelled {row}, its runbook is for {rows:?}");
+    }
+    for (alert, row) in &gpu_rules {
+        if row == "H4" {
+            continue;
+        }
+        assert!(answered.iter().any(|(a, _)| a == alert), "no runbook in runbooks/alerts answers {alert} ({row})");
+    }
+    for row in (1..=12).map(|i| format!("H{i}")).filter(|h| h != "H4") {
+        assert!(answered.iter().any(|(_, rows)| rows.contains(&row.as_str())), "no alert variant for {row}");
+    }
+}

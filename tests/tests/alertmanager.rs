@@ -101,3 +101,173 @@ async fn alertmanager_delivers_and_the_runbook_runs_once() {
     let mut agent = agent;
     agent.stop().await;
 }
+
+/// Copy `from` into `to` (files and one level of folders).
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.path().is_dir() {
+            copy_tree(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// The whole paging path with the shipped files: a real Prometheus scrapes
+/// the agent's dcgm-compatible exporter and evaluates
+/// `examples/prometheus-rules.yml`; a real Alertmanager routes with
+/// `examples/alertmanager.yml` to the webhook; the engine runs the shipped
+/// alert variants (`runbooks/alerts/`). A double-bit ECC error and an XID 79
+/// start exactly the matching runbooks on the right GPUs — the DBE's own
+/// XID 48 pages nobody twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_rules_and_routes_start_the_matching_runbooks() {
+    let Some(prometheus) = require("prometheus", "prometheus") else { return };
+    let Some(am) = require("prometheus-alertmanager", "prometheus-alertmanager") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = TestAgent::start(
+        d,
+        "pa1",
+        SimConfig { gpus: 2, ..SimConfig::default() },
+        "exporter_listen_addr: 127.0.0.1:0\n",
+    )
+    .await;
+    let exporter = agent.started.as_ref().unwrap().exporter_addr.expect("exporter listening");
+    // The shipped runbooks, loaded from their alerts/ folder.
+    copy_tree(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks"), &d.join("handbook"));
+    let token = "alertmanager-e2e-token-9876543210";
+    let mut cfg = engine_setup(
+        d,
+        &[&agent],
+        &[],
+        &format!("auth:\n  webhook_tokens: [{{name: am, sha256: {}}}]\n", hash_token(token)),
+    );
+    cfg.runbook_dir = d.join("handbook/alerts");
+    let engine = nightshift_engine::serve::start(cfg).await.unwrap();
+    assert!(engine.runbook_set().errors.is_empty(), "{:?}", engine.runbook_set().errors);
+    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let web_addr = listener.local_addr().unwrap();
+    let web = tokio::spawn(nightshift_web::serve(engine.clone(), listener, std::future::pending()));
+
+    // Alertmanager: the shipped route, short timings.
+    let example = |name: &str| {
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name))
+            .unwrap()
+    };
+    let am_config = example("alertmanager.yml")
+        .replace("http://nightshift.example:8080", &format!("http://{web_addr}"))
+        .replace("REPLACE_WITH_THE_WEBHOOK_TOKEN", token)
+        .replace("group_wait: 30s", "group_wait: 1s")
+        .replace("group_interval: 5m", "group_interval: 1s");
+    std::fs::write(d.join("alertmanager.yml"), am_config).unwrap();
+    let am_port = free_port();
+    let am_daemon = Daemon::start(
+        &[
+            am.display().to_string(),
+            format!("--config.file={}", d.join("alertmanager.yml").display()),
+            format!("--storage.path={}", d.join("am-data").display()),
+            format!("--web.listen-address=127.0.0.1:{am_port}"),
+            "--cluster.listen-address=".into(),
+        ],
+        &d.join("alertmanager.log"),
+    );
+    wait_http_ok(&format!("http://127.0.0.1:{am_port}/-/ready"), 60, &am_daemon).await;
+
+    // Prometheus: the shipped config and rules; targets and intervals
+    // shortened.
+    use serde_yaml::Value;
+    let mut p: Value = serde_yaml::from_str(&example("prometheus.yml")).unwrap();
+    p["global"]["scrape_interval"] = "1s".into();
+    p["global"]["evaluation_interval"] = "1s".into();
+    p["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] =
+        Value::Sequence(vec![format!("127.0.0.1:{am_port}").into()]);
+    let jobs = p["scrape_configs"].as_sequence_mut().unwrap();
+    jobs.retain(|j| j["job_name"] == "dcgm");
+    jobs[0]["static_configs"][0]["targets"] = Value::Sequence(vec![exporter.to_string().into()]);
+    std::fs::write(d.join("prometheus.yml"), serde_yaml::to_string(&p).unwrap()).unwrap();
+    // The rules as shipped: the two that fire here have no `for:`.
+    std::fs::write(d.join("prometheus-rules.yml"), example("prometheus-rules.yml")).unwrap();
+    let prom_port = free_port();
+    let prom = Daemon::start(
+        &[
+            prometheus.display().to_string(),
+            format!("--config.file={}", d.join("prometheus.yml").display()),
+            format!("--storage.tsdb.path={}", d.join("tsdb").display()),
+            format!("--web.listen-address=127.0.0.1:{prom_port}"),
+        ],
+        &d.join("prometheus.log"),
+    );
+    wait_http_ok(&format!("http://127.0.0.1:{prom_port}/-/ready"), 60, &prom).await;
+    // Prometheus has scraped the GPUs before the faults.
+    let q = format!("http://127.0.0.1:{prom_port}/api/v1/query?query=DCGM_FI_DEV_GPU_TEMP");
+    let scraped = async {
+        for _ in 0..300 {
+            if let Ok(r) = reqwest::get(&q).await
+                && let Ok(v) = r.json::<serde_json::Value>().await
+                && v["data"]["result"].as_array().is_some_and(|a| a.len() == 2)
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    };
+    assert!(scraped.await, "Prometheus never scraped the exporter:\n{}", prom.log_text());
+
+    let c = nightshift_proto::ssh::client::AgentConnection::connect(&agent.client_config()).await.unwrap();
+    use nightshift_proto::{Op, Request, SimFault};
+    for (id, f) in [("dbe", SimFault::EccDbe { gpu: 0, count: 1 }), ("xid", SimFault::Xid { gpu: 1, code: 79 })] {
+        let r = c.call(&Request::new(id, Op::SimFault(f))).await.unwrap();
+        assert!(r.ok, "{r:?}");
+    }
+    let runs = eventually(60, || {
+        let runs = engine.runs(&Default::default()).unwrap().runs;
+        (runs.len() >= 2).then_some(runs)
+    })
+    .await;
+    if runs.is_none() {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+        let get = |u: String| {
+            let http = http.clone();
+            async move {
+                match http.get(u).send().await {
+                    Ok(r) => r.text().await.unwrap_or_default(),
+                    Err(e) => e.to_string(),
+                }
+            }
+        };
+        panic!(
+            "the alerts did not start two runs: {:?}\nincrease: {}\nprometheus alerts: {}\nalertmanager alerts: {}\nexporter: {}\nrecords: {:?}\nalertmanager log:\n{}",
+            engine.runs(&Default::default()).unwrap().runs,
+            get(format!("http://127.0.0.1:{prom_port}/api/v1/query?query=DCGM_FI_DEV_ECC_DBE_VOL_TOTAL%5B1m%5D")).await,
+            get(format!("http://127.0.0.1:{prom_port}/api/v1/alerts")).await,
+            get(format!("http://127.0.0.1:{am_port}/api/v2/alerts")).await,
+            get(format!("http://{exporter}/metrics")).await,
+            engine.audit().tail(0, 50).unwrap().iter().map(|r| (r.kind, r.data.to_string())).collect::<Vec<_>>(),
+            am_daemon.log_text()
+        )
+    }
+    // Let any duplicate page arrive before counting.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let runs = engine.runs(&Default::default()).unwrap().runs;
+    let mut got: Vec<(String, Option<u32>, String)> =
+        runs.iter().map(|r| (r.runbook.clone(), r.target.gpu, r.requested_by.clone())).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("ecc-dbe-drain-alert".to_string(), Some(0), "alertmanager:am".to_string()),
+            ("xid-fatal-drain-alert".to_string(), Some(1), "alertmanager:am".to_string()),
+        ],
+        "{runs:#?}"
+    );
+    c.close().await;
+    web.abort();
+    engine.shutdown().await;
+    drop(prom);
+    drop(am_daemon);
+}

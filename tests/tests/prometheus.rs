@@ -201,7 +201,7 @@ async fn a_fault_seen_through_prometheus_fires_a_runbook() {
         .flat_map(|g| g["rules"].as_array().unwrap().iter())
         .filter(|r| r["health"] == "ok")
         .count();
-    assert_eq!(healthy, 8, "all 8 example rules evaluate: {rules}");
+    assert_eq!(healthy, 16, "all 16 example rules evaluate: {rules}");
 
     web.abort();
     engine.shutdown().await;
