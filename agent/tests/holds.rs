@@ -332,6 +332,28 @@ async fn a_held_config_version_marked_bad_ends_its_hold_and_is_never_put_back() 
     assert!(n.agent.telemetry().await.unwrap().node_metrics.ended_holds.is_empty());
 }
 
+#[tokio::test]
+async fn requeue_moves_jobs_only_off_a_node_nightshift_drained() {
+    let mut n = Node::new("h100-sxm");
+    let requeue = || Op::Requeue(RequeueArgs { reason: "hung job".into() });
+    // Not drained: the jobs would come straight back.
+    let r = n.call("r1", requeue(), None).await;
+    assert_eq!(r.code(), Some(ErrorCode::BadRequest), "{r:?}");
+    assert!(r.error.unwrap().message.contains("drain it first"));
+    // Drained by nightshift: the jobs are moved; the hardware sees them go.
+    n.ok("r1", Op::Drain(DrainArgs { reason: "stalled".into(), run: Some("r1".into()), sticky: false }), Some(600))
+        .await;
+    let v = n.ok("r1", requeue(), None).await;
+    assert_eq!(v["outcome"], "applied", "{v}");
+    assert!(n.sim.jobs_requeued());
+    // A person's drain: their jobs are theirs to move.
+    let mut m = Node::new("h100-sxm");
+    m.ok("sim", Op::SimFault(SimFault::PersonDrain { reason: "fan swap by dave".into() }), None).await;
+    let r = m.call("r2", requeue(), None).await;
+    assert_eq!(r.code(), Some(ErrorCode::NotOwner), "{r:?}");
+    assert!(!m.sim.jobs_requeued());
+}
+
 /// A GPU-less stand-in for real hardware: `sim_fault` must be refused.
 struct NotSim(Vec<GpuInfo>);
 

@@ -57,6 +57,10 @@ pub struct SimNodeSpec {
     pub configs: BTreeMap<String, String>,
     #[serde(default)]
     pub util_pct: Option<f64>,
+    /// Once the node is drained, its running jobs go on this long before
+    /// they end (a drain stops new work, not running jobs). Default 1200.
+    #[serde(default)]
+    pub jobs_end_after_drain_secs: Option<u64>,
 }
 
 fn d_profile() -> String {

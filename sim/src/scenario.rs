@@ -734,6 +734,11 @@ pub async fn run_traced(
     checks.sort_by_key(|c| c.at_secs.unwrap_or(0));
     let mut workload =
         Workload::new(scenario.fleet.iter().map(|n| (n.name.clone(), n.util_pct.unwrap_or(85.0))).collect());
+    for n in &scenario.fleet {
+        if let Some(secs) = n.jobs_end_after_drain_secs {
+            workload.set_jobs_end_after_drain(&n.name, secs);
+        }
+    }
     let mut next = 0usize;
     let mut next_check = 0usize;
     let steps = scenario.duration_secs / scenario.tick_secs;

@@ -62,6 +62,7 @@ async fn fixture() -> Fixture {
             drained: None,
             configs: Default::default(),
             util_pct: None,
+            jobs_end_after_drain_secs: None,
         })
         .collect();
     let mut opts = SimFleetOptions::new(nodes, set, script);

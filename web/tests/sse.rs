@@ -25,6 +25,7 @@ async fn sim() -> (SimFleet, tempfile::TempDir) {
         drained: None,
         configs: Default::default(),
         util_pct: None,
+        jobs_end_after_drain_secs: None,
     };
     let mut opts =
         SimFleetOptions::new(vec![node], RunbookSet::default(), Arc::new(build_engine(&ScriptLimits::default())));

@@ -51,6 +51,8 @@ pub trait Backend: Send + Sync {
     fn set_gpu_drain(&self, gpu: u32, drained: bool) -> Result<Support<()>, BackendError>;
     /// Called after the page cache was dropped and processes signalled.
     fn on_caches_flushed(&self) {}
+    /// Called after the node's jobs were requeued (they stop here).
+    fn on_jobs_requeued(&self) {}
     /// Called after a managed config file changed.
     fn on_config_applied(&self, _name: &str, _content: &str) {}
     /// The simulator, when this backend is one.

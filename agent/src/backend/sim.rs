@@ -350,6 +350,8 @@ impl NodeState {
 struct SimState {
     gpus: Vec<GpuState>,
     node: NodeState,
+    /// The node's jobs were requeued (moved off); cleared when it resumes.
+    requeued: bool,
 }
 
 /// The simulated node.
@@ -501,6 +503,7 @@ impl SimBackend {
                     comm_overhead_override: None,
                     job_progress: 0.0,
                 },
+                requeued: false,
             }),
             config,
             persist: None,
@@ -534,6 +537,16 @@ impl SimBackend {
     }
 
     /// Advance the model by `dt_secs` of simulated time.
+    /// Whether the node's jobs were requeued (and have not come back).
+    pub fn jobs_requeued(&self) -> bool {
+        self.lock().requeued
+    }
+
+    /// The node takes work again (it was resumed).
+    pub fn clear_requeued(&self) {
+        self.lock().requeued = false;
+    }
+
     pub fn step(&self, dt_secs: f64) {
         if dt_secs <= 0.0 || !dt_secs.is_finite() {
             return;
@@ -865,6 +878,16 @@ impl Backend for SimBackend {
         self.lock().gpus[i].drained = drained;
         self.save();
         Ok(Support::Done(()))
+    }
+
+    fn on_jobs_requeued(&self) {
+        // The jobs leave: the GPUs idle until new work is placed (the
+        // workload model places none on a drained node).
+        let mut st = self.lock();
+        st.requeued = true;
+        for g in st.gpus.iter_mut() {
+            g.util_target_pct = 0.0;
+        }
     }
 
     fn on_caches_flushed(&self) {

@@ -195,6 +195,76 @@ impl Scheduler {
         }
     }
 
+    /// The command that lists the jobs running on the node (Slurm), whose
+    /// ids the requeue then names.
+    pub fn running_jobs_argv(&self) -> Option<Vec<String>> {
+        match &self.config {
+            SchedulerConfig::Slurm { scontrol_path, .. } => {
+                // squeue sits beside scontrol.
+                let squeue =
+                    std::path::Path::new(scontrol_path).with_file_name("squeue").to_string_lossy().into_owned();
+                let squeue = if scontrol_path.contains('/') { squeue } else { s("squeue") };
+                Some(vec![
+                    squeue,
+                    s("--noheader"),
+                    format!("--nodelist={}", self.node),
+                    s("--states=RUNNING"),
+                    s("--format=%A"),
+                ])
+            }
+            _ => None,
+        }
+    }
+
+    /// The commands that move the node's running jobs elsewhere: Slurm
+    /// requeues `jobs` (from [`Scheduler::running_jobs_argv`]); Kubernetes
+    /// evicts the node's pods (`kubectl drain`, which cordons too).
+    pub fn requeue_argv(&self, jobs: &[String]) -> Vec<Vec<String>> {
+        match &self.config {
+            SchedulerConfig::None => vec![],
+            SchedulerConfig::Slurm { scontrol_path, .. } => {
+                if jobs.is_empty() {
+                    return vec![];
+                }
+                vec![vec![scontrol_path.clone(), s("requeue"), jobs.join(",")]]
+            }
+            SchedulerConfig::Kubernetes { .. } => {
+                let mut drain = self.kubectl_base();
+                drain.extend([
+                    s("drain"),
+                    self.node.clone(),
+                    s("--ignore-daemonsets"),
+                    s("--delete-emptydir-data"),
+                    s("--timeout=120s"),
+                ]);
+                vec![drain]
+            }
+        }
+    }
+
+    /// Move the running jobs off the node; returns what was moved (Slurm job
+    /// ids; `pods` for Kubernetes; nothing with no scheduler).
+    pub async fn requeue(&self) -> Result<Vec<String>, NodeError> {
+        let jobs = match self.running_jobs_argv() {
+            Some(argv) => {
+                let out = procs::run_with_env(&argv, &self.env(), self.timeout()).await?;
+                out.stdout
+                    .split_whitespace()
+                    .filter(|j| j.chars().all(|c| c.is_ascii_digit() || c == '_'))
+                    .map(str::to_string)
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        for argv in self.requeue_argv(&jobs) {
+            procs::run_with_env(&argv, &self.env(), self.timeout()).await?;
+        }
+        Ok(match &self.config {
+            SchedulerConfig::Kubernetes { .. } => vec![s("pods")],
+            _ => jobs,
+        })
+    }
+
     /// Read the drain state.
     pub async fn state(&self) -> Result<DrainState, NodeError> {
         match &self.config {
@@ -344,6 +414,34 @@ mod tests {
         assert_eq!(slurm().state_argv(), vec!["scontrol", "--oneliner", "show", "node", "gpu01"]);
         assert_eq!(slurm().env(), vec![("SLURM_CONF".to_string(), "/etc/slurm/lab.conf".to_string())]);
         assert!(k8s().env().is_empty());
+        // Requeue: list the node's running jobs, then requeue those ids.
+        assert_eq!(
+            slurm().running_jobs_argv(),
+            Some(vec![
+                "squeue".to_string(),
+                "--noheader".into(),
+                "--nodelist=gpu01".into(),
+                "--states=RUNNING".into(),
+                "--format=%A".into()
+            ])
+        );
+        assert_eq!(
+            slurm().requeue_argv(&["1201".into(), "1207".into()]),
+            vec![vec!["scontrol", "requeue", "1201,1207"]]
+        );
+        assert!(slurm().requeue_argv(&[]).is_empty(), "no running job, nothing to requeue");
+        assert_eq!(
+            k8s().requeue_argv(&[]),
+            vec![vec![
+                "kubectl",
+                "--kubeconfig=/etc/k.conf",
+                "drain",
+                "gpu02",
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=120s"
+            ]]
+        );
     }
 
     #[test]

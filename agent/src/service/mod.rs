@@ -933,6 +933,37 @@ impl Agent {
                     json!({"drop_page_cache": a.drop_page_cache, "signal_processes": a.signal_processes}),
                 )
             }
+            OneShot::Requeue(a) => {
+                // Only off a node nightshift drained: on a node still taking
+                // work the jobs would come straight back; a person's drain
+                // is theirs to manage.
+                let d = self.drain_state(true).await.map_err(node_refusal)?;
+                if !d.drained {
+                    return Err((
+                        ErrorCode::BadRequest,
+                        format!(
+                            "requeue moves the jobs off a drained node; {} is not drained: drain it first",
+                            self.opts.node
+                        ),
+                    ));
+                }
+                if !nightshift_proto::owner::owned_by_nightshift(d.reason.as_deref()) {
+                    return Err((
+                        ErrorCode::NotOwner,
+                        format!(
+                            "{} was drained by someone else (reason: {:?}): their jobs are theirs to move",
+                            self.opts.node,
+                            d.reason.as_deref().unwrap_or("")
+                        ),
+                    ));
+                }
+                (
+                    ActionKind::NodeDrain,
+                    None,
+                    json!({"drained": true, "reason": d.reason}),
+                    json!({"requeue": true, "why": a.reason}),
+                )
+            }
             OneShot::ConfigMark(a) => {
                 let h = self.configs.history(&a.name, now).map_err(node_refusal)?;
                 let cur = h.versions.iter().find(|v| v.version == a.version).and_then(|v| v.good);
@@ -992,6 +1023,12 @@ impl Agent {
                     "stale_registrations_removed": report.stale_registrations_removed,
                     "mem_fragmentation_pct": frag,
                 })
+            }
+            OneShot::Requeue(a) => {
+                let moved = self.scheduler.requeue().await.map_err(node_refusal)?;
+                self.backend.on_jobs_requeued();
+                tracing::info!(node = %self.opts.node, jobs = ?moved, why = %a.reason, "requeued the node's jobs");
+                json!({"requeued": moved, "scheduler": self.scheduler.kind()})
             }
             OneShot::ConfigMark(a) => {
                 let h = self.configs.mark(&a.name, a.version, a.good, now).map_err(node_refusal)?;

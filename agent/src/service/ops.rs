@@ -29,6 +29,7 @@ pub(super) enum OneShot {
     ClearEcc { gpu: u32 },
     Flush(FlushCachesArgs),
     ConfigMark(ConfigMarkArgs),
+    Requeue(RequeueArgs),
 }
 
 /// What a mutating request asks for.
@@ -188,6 +189,7 @@ impl Agent {
                 )
             }
             Op::FlushCaches(a) => Intent::OneShot(OneShot::Flush(a.clone())),
+            Op::Requeue(a) => Intent::OneShot(OneShot::Requeue(a.clone())),
             Op::ConfigApply(a) => {
                 let h = self.configs.history(&a.name, self.clock.now_ms()).map_err(node_refusal)?;
                 let next = h.versions.iter().map(|v| v.version).max().unwrap_or(0) + 1;

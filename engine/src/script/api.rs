@@ -222,6 +222,8 @@ pub(super) fn register(e: &mut Engine) {
         act(Some(node.into()), Op::Resume(ResumeArgs { run: Some(ctx()?.run_id.clone()) }))
     });
     e.register_fn("flush_caches", || act(None, Op::FlushCaches(FlushCachesArgs::default())));
+    // A drain stops new work; this moves the running jobs elsewhere.
+    e.register_fn("requeue", |why: &str| act(None, Op::Requeue(RequeueArgs { reason: why.into() })));
     e.register_fn("config_apply", |name: &str, content: &str| {
         act(None, Op::ConfigApply(ConfigApplyArgs { name: name.into(), content: content.into(), note: None }))
     });

@@ -129,6 +129,14 @@ pub struct FlushCachesArgs {
     pub signal_processes: bool,
 }
 
+/// `requeue`: stop the jobs running on a drained node so the scheduler
+/// starts them elsewhere (Slurm `scontrol requeue`, Kubernetes eviction).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequeueArgs {
+    pub reason: String,
+}
+
 impl Default for FlushCachesArgs {
     fn default() -> Self {
         FlushCachesArgs { drop_page_cache: true, signal_processes: true }

@@ -179,6 +179,9 @@ ops! {
     Drain(DrainArgs) = "drain", mutating = true, kind = Some(ActionKind::NodeDrain);
     /// Resume a node nightshift drained.
     Resume(ResumeArgs) = "resume", mutating = true, kind = Some(ActionKind::NodeDrain);
+    /// Move the jobs off a drained node: requeue them (Slurm) or evict them
+    /// (Kubernetes). A drain alone stops new work, not running jobs.
+    Requeue(RequeueArgs) = "requeue", mutating = true, kind = Some(ActionKind::NodeDrain);
     /// Drop the OS page cache and signal registered GPU processes.
     FlushCaches(FlushCachesArgs) = "flush_caches", mutating = true, kind = Some(ActionKind::FlushCaches);
     /// Managed config files and their history.

@@ -30,6 +30,7 @@ pub fn node(name: &str, profile: &str) -> SimNodeSpec {
         drained: None,
         configs: Default::default(),
         util_pct: None,
+        jobs_end_after_drain_secs: None,
     }
 }
 
