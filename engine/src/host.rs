@@ -503,16 +503,17 @@ impl ScriptHost for Host {
             .collect()
     }
 
-    fn config_list(&self, _ctx: &RunCtx, node: &str, name: &str) -> Dynamic {
+    fn config_list(&self, _ctx: &RunCtx, node: &str, name: Option<&str>) -> Dynamic {
         let Some(n) = self.core.fleet.get(node).cloned() else { return Dynamic::UNIT };
         let req = Request::new(
             self.core.ids.request(&format!("{}-config-list", self.run)),
-            Op::ConfigList(ConfigListArgs { name: Some(name.into()) }),
+            Op::ConfigList(ConfigListArgs { name: name.map(str::to_string) }),
         );
         match self.block_on(n.transport.call(req)) {
+            // One config by name: the entry; all of them: the array.
             Ok(r) if r.ok => r
                 .result
-                .and_then(|v| v.get(0).cloned())
+                .and_then(|v| if name.is_some() { v.get(0).cloned() } else { Some(v) })
                 .and_then(|v| rhai::serde::to_dynamic(v).ok())
                 .unwrap_or(Dynamic::UNIT),
             _ => Dynamic::UNIT,

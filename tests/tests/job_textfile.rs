@@ -35,8 +35,9 @@ async fn a_python_training_job_drives_h6_h11_and_h12_through_the_agent() {
     let d = dir.path();
     let jobs = d.join("jobs");
     std::fs::create_dir_all(&jobs).unwrap();
-    // An RTX 6000 node: not an Instinct, so H6's default threshold (25 %).
-    let sim = SimConfig { profile: "rtx6000-ada".into(), gpus: 2, ..SimConfig::default() };
+    // An 8-GPU RTX 6000 node: not an Instinct, so H6's default threshold
+    // (25 %); past four GPUs, so H12's 15 % budget applies.
+    let sim = SimConfig { profile: "rtx6000-ada".into(), gpus: 8, ..SimConfig::default() };
     let agent = TestAgent::start(d, "t1", sim, &format!("job_metrics_dir: {}\n", jobs.display())).await;
     let cfg = engine_setup(d, &[&agent], &[], "telemetry: {interval_ms: 250}\n");
     let rb = d.join("runbooks");
@@ -67,7 +68,7 @@ async fn a_python_training_job_drives_h6_h11_and_h12_through_the_agent() {
     let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/pytorch/nightshift_textfile.py");
     let mut job = Command::new(python)
         .arg(helper)
-        .args(["--dir", &jobs.display().to_string(), "--job", "llm", "--gpus", "2"])
+        .args(["--dir", &jobs.display().to_string(), "--job", "llm", "--gpus", "8"])
         .args(["--fragmented-gpu", "1", "--fragmentation-pct", "32", "--comm-share-pct", "34"])
         .args(["--steps-per-sec", "20", "--stall-after", "20", "--seconds", "60"])
         .stdout(Stdio::null())

@@ -310,6 +310,8 @@ struct GpuState {
     fan_cmd_pct: Option<f64>,
     fan_failed: bool,
     heatsink_factor: f64,
+    /// A slow degradation in progress: (factor per second, final factor).
+    heatsink_ramp: Option<(f64, f64)>,
     util_target_pct: f64,
     surge: f64,
     power_limit_watts: f64,
@@ -332,6 +334,8 @@ struct NodeState {
     ticks: u64,
     nvlink_fault: bool,
     nvlink_config_bad: bool,
+    /// Managed configs whose current content breaks GPU-to-GPU traffic.
+    bad_configs: std::collections::BTreeSet<String>,
     nvlink_errors: f64,
     cpu_bottleneck: bool,
     util_swing: bool,
@@ -470,6 +474,7 @@ impl SimBackend {
                 fan_cmd_pct: None,
                 fan_failed: false,
                 heatsink_factor: 1.0,
+                heatsink_ramp: None,
                 util_target_pct: config.util_pct,
                 surge: 1.0,
                 power_limit_watts: profile.power_default_watts,
@@ -496,6 +501,7 @@ impl SimBackend {
                     ticks: 0,
                     nvlink_fault: false,
                     nvlink_config_bad: false,
+                    bad_configs: Default::default(),
                     nvlink_errors: 0.0,
                     cpu_bottleneck: false,
                     util_swing: false,
@@ -568,6 +574,14 @@ impl SimBackend {
         let node = st.node.clone();
         let mut compute_sum = 0.0;
         for g in st.gpus.iter_mut() {
+            // Cooling that degrades slowly.
+            if let Some((rate, target)) = g.heatsink_ramp {
+                g.heatsink_factor += rate * dt;
+                if (rate >= 0.0 && g.heatsink_factor >= target) || (rate < 0.0 && g.heatsink_factor <= target) {
+                    g.heatsink_factor = target;
+                    g.heatsink_ramp = None;
+                }
+            }
             // Workload.
             let mut util = g.util_target_pct;
             if node.cpu_bottleneck {
@@ -665,7 +679,18 @@ impl SimBackend {
                 if !(1.0..=10.0).contains(factor) {
                     return Err(failed(format!("heatsink factor must be 1 to 10, found {factor}")));
                 }
-                st.gpus[self.check_gpu(*gpu)?].heatsink_factor = *factor;
+                let g = &mut st.gpus[self.check_gpu(*gpu)?];
+                g.heatsink_factor = *factor;
+                g.heatsink_ramp = None;
+            }
+            SimFault::HeatsinkRamp { gpu, factor, over_secs } => {
+                if !(1.0..=10.0).contains(factor) || !(1..=7 * 86_400).contains(over_secs) {
+                    return Err(failed(format!(
+                        "heatsink ramp: expected factor 1 to 10 and over_secs 1 to 604800, found {factor} and {over_secs}"
+                    )));
+                }
+                let g = &mut st.gpus[self.check_gpu(*gpu)?];
+                g.heatsink_ramp = Some(((factor - g.heatsink_factor) / *over_secs as f64, *factor));
             }
             SimFault::Load { gpu, util_pct } => {
                 let u = check_pct("util_pct", *util_pct)?;
@@ -708,6 +733,7 @@ impl SimBackend {
                 for g in st.gpus.iter_mut() {
                     g.fan_failed = false;
                     g.heatsink_factor = 1.0;
+                    g.heatsink_ramp = None;
                     g.surge = 1.0;
                     g.util_target_pct = self.config.util_pct;
                     g.mem_used_pct = self.config.mem_used_pct;
@@ -746,7 +772,13 @@ fn check_pct(field: &str, v: f64) -> Result<f64, BackendError> {
 pub fn config_breaks_p2p(content: &str) -> bool {
     content.lines().map(str::trim).any(|l| {
         let l = l.strip_prefix("export ").unwrap_or(l);
-        l == "NCCL_P2P_DISABLE=1" || l == "NCCL_P2P_LEVEL=LOC"
+        // NCCL told to avoid P2P; or the NVSwitch fabric manager put into a
+        // shared (virtualised) fabric mode on a bare-metal host, which
+        // leaves the NVLink partitions unset.
+        l == "NCCL_P2P_DISABLE=1"
+            || l == "NCCL_P2P_LEVEL=LOC"
+            || l.replace(' ', "") == "FABRIC_MODE=1"
+            || l.replace(' ', "") == "FABRIC_MODE=2"
     })
 }
 
@@ -899,8 +931,14 @@ impl Backend for SimBackend {
         }
     }
 
-    fn on_config_applied(&self, _name: &str, content: &str) {
-        self.lock().node.nvlink_config_bad = config_breaks_p2p(content);
+    fn on_config_applied(&self, name: &str, content: &str) {
+        let mut st = self.lock();
+        if config_breaks_p2p(content) {
+            st.node.bad_configs.insert(name.to_string());
+        } else {
+            st.node.bad_configs.remove(name);
+        }
+        st.node.nvlink_config_bad = !st.node.bad_configs.is_empty();
     }
 
     fn sim(&self) -> Option<&SimBackend> {

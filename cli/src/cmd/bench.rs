@@ -600,7 +600,7 @@ async fn script_overhead(iterations: usize) -> Result<Vec<f64>> {
         fn act(&self, _: &RunCtx, _: &str, _: Op) -> rhai::Map {
             rhai::Map::new()
         }
-        fn config_list(&self, _: &RunCtx, _: &str, _: &str) -> rhai::Dynamic {
+        fn config_list(&self, _: &RunCtx, _: &str, _: Option<&str>) -> rhai::Dynamic {
             rhai::Dynamic::UNIT
         }
         fn annotate(&self, _: &RunCtx, _: &str, _: &str, _: Option<&str>) {}

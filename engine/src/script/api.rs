@@ -244,7 +244,12 @@ pub(super) fn register(e: &mut Engine) {
     });
     e.register_fn("config_list", |name: &str| -> Result<Dynamic, Box<EvalAltResult>> {
         let c = ctx()?;
-        Ok(c.host.config_list(&c, &c.node()?, name))
+        Ok(c.host.config_list(&c, &c.node()?, Some(name)))
+    });
+    // Every managed config of the node (NCCL environment, fabric manager…).
+    e.register_fn("configs", || -> Result<Dynamic, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.config_list(&c, &c.node()?, None))
     });
     e.register_fn("annotate", |key: &str, value: &str| -> Result<(), Box<EvalAltResult>> {
         let c = ctx()?;

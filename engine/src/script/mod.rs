@@ -138,7 +138,8 @@ pub trait ScriptHost: Send + Sync {
     fn group_avg(&self, ctx: &RunCtx, metric: MetricId) -> Option<f64>;
     /// Send an action to a node's agent (audited intent → result).
     fn act(&self, ctx: &RunCtx, node: &str, op: Op) -> Map;
-    fn config_list(&self, ctx: &RunCtx, node: &str, name: &str) -> Dynamic;
+    /// One managed config by name (its entry), or all of them (an array).
+    fn config_list(&self, ctx: &RunCtx, node: &str, name: Option<&str>) -> Dynamic;
     fn annotate(&self, ctx: &RunCtx, node: &str, key: &str, text: Option<&str>);
     fn scale(&self, ctx: &RunCtx, out: bool, count: i64) -> Map;
     fn text(&self, ctx: &RunCtx, kind: TextKind, text: &str);

@@ -264,6 +264,10 @@ pub enum SimFault {
     FanRepair { gpu: u32 },
     /// Thermal resistance multiplied by `factor` (dust, dried paste).
     HeatsinkDegradation { gpu: u32, factor: f64 },
+    /// Cooling that degrades slowly: thermal resistance rises linearly to
+    /// `factor` over `over_secs` (the field report's climb from 65 to 95 °C
+    /// in six hours).
+    HeatsinkRamp { gpu: u32, factor: f64, over_secs: u64 },
     /// Set the workload's utilisation on one GPU or all of them.
     Load {
         #[serde(default)]
