@@ -123,6 +123,19 @@ pub struct TelemetryConfig {
     /// (`sources`) is the telemetry source and agents are only for actions.
     #[serde(default = "yes")]
     pub stream_from_agents: bool,
+    /// How far back the run and node pages can draw (`history.rs`).
+    #[serde(default = "d_history")]
+    pub history_secs: u64,
+    /// One plotted point per this many seconds.
+    #[serde(default = "d_history_step")]
+    pub history_step_secs: u64,
+}
+
+fn d_history() -> u64 {
+    6 * 3600
+}
+fn d_history_step() -> u64 {
+    10
 }
 
 fn yes() -> bool {
@@ -224,6 +237,8 @@ impl Default for TelemetryConfig {
             script_window_secs: d_script_window(),
             stale_after_secs: d_stale(),
             stream_from_agents: true,
+            history_secs: d_history(),
+            history_step_secs: d_history_step(),
         }
     }
 }
@@ -424,6 +439,8 @@ impl EngineConfig {
             ("interval_ms", t.interval_ms, 50, 600_000),
             ("script_window_secs", t.script_window_secs, 1, 86_400),
             ("stale_after_secs", t.stale_after_secs, 1, 86_400),
+            ("history_secs", t.history_secs, 0, 7 * 86_400),
+            ("history_step_secs", t.history_step_secs, 1, 3_600),
         ] {
             if !(lo..=hi).contains(&v) {
                 return Err(err(field, format!("telemetry.{field}: expected {lo} to {hi}, found {v}")));

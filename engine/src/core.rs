@@ -108,6 +108,8 @@ pub struct Core {
     pub script: Arc<rhai::Engine>,
     pub runbooks: RwLock<Arc<RunbookSet>>,
     pub brain: Mutex<Brain>,
+    /// What the pages plot.
+    pub history: Mutex<crate::history::History>,
     pub table: Mutex<RunTable>,
     pub handle: tokio::runtime::Handle,
     pub ids: Ids,

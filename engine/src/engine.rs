@@ -159,6 +159,10 @@ impl Engine {
             script: parts.script,
             runbooks: RwLock::new(Arc::new(parts.runbooks)),
             brain: Mutex::new(brain),
+            history: Mutex::new(crate::history::History::new(
+                parts.config.telemetry.history_secs,
+                parts.config.telemetry.history_step_secs,
+            )),
             table: Mutex::new(RunTable::new(parts.config.limits.alert_dedup_entries)),
             handle: tokio::runtime::Handle::current(),
             ids: Ids::new(runs_so_far),

@@ -43,10 +43,19 @@ impl Engine {
         if !t.node_metrics.ended_holds.is_empty() {
             self.audit_ended_holds(&t.node, &t.node_metrics.ended_holds).await;
         }
+        let samples = samples_from(t);
+        {
+            let mut h = crate::core::lock(&self.core.history);
+            for (gpu, metric, v) in &samples {
+                if crate::history::History::plotted(*metric) {
+                    h.push((node.idx, *gpu, *metric), t.ts_ms, *v);
+                }
+            }
+        }
         let fires = {
             let mut b = self.core.brain();
             let Brain { store, triggers, fires } = &mut *b;
-            for (gpu, metric, v) in samples_from(t) {
+            for (gpu, metric, v) in samples {
                 let key = SeriesKey { node: node.idx, gpu, metric };
                 if let Some(r) = store.push(key, t.ts_ms, v)
                     && triggers.watches(metric)
@@ -133,6 +142,16 @@ impl Engine {
     /// Feed samples from an external source (Prometheus, DCGM exporter):
     /// `(node, gpu, metric, ts_ms, value)`.
     pub async fn ingest_samples(&self, samples: &[(String, Option<u32>, MetricId, i64, f64)]) {
+        {
+            let mut h = crate::core::lock(&self.core.history);
+            for (node, gpu, metric, ts, v) in samples {
+                if let (Some(n), true) = (self.core.fleet.get(node), crate::history::History::plotted(*metric))
+                    && let Ok(gpu) = gpu.map(u16::try_from).transpose()
+                {
+                    h.push((n.idx, gpu, *metric), *ts, *v);
+                }
+            }
+        }
         let fires = {
             let mut b = self.core.brain();
             let Brain { store, triggers, fires } = &mut *b;

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod chart;
 pub mod error;
 pub mod extract;
 pub mod html;

@@ -191,7 +191,13 @@ fn compact(v: &Value) -> String {
             let (k, v) = m.iter().next().map(|(k, v)| (k.clone(), v.clone())).unwrap_or_default();
             format!("{k}: {}", compact(&v))
         }
-        Value::Object(m) => m.iter().map(|(k, v)| format!("{k}={}", compact(v))).collect::<Vec<_>>().join(" "),
+        // The chain's bookkeeping (a summary's hash) is for `verify`, not people.
+        Value::Object(m) => m
+            .iter()
+            .filter(|(k, _)| k.as_str() != "summary_sha256")
+            .map(|(k, v)| format!("{k}={}", compact(v)))
+            .collect::<Vec<_>>()
+            .join(" "),
         Value::Array(a) => format!("[{}]", a.iter().map(compact).collect::<Vec<_>>().join(", ")),
         Value::String(s) => s.clone(),
         other => other.to_string(),
@@ -266,6 +272,57 @@ fn run_holds(run: &RunSummary, records: &[AuditRecord]) -> Markup {
     }
 }
 
+/// The run's picture: its trigger metric and, for a GPU, temperature and
+/// power limit, from ten minutes before the event to five after the end,
+/// with each step and each hold's end marked.
+fn run_charts(s: &AppState, run: &RunSummary, records: &[AuditRecord]) -> Markup {
+    use crate::chart::{Mark, Series, chart};
+    use nightshift_engine::metrics::{self, ids};
+    let Some(node) = run.target.node.clone() else { return html! {} };
+    let t0 = if run.event_ts_ms > 0 { run.event_ts_ms } else { run.created_ms };
+    let end = run.finished_ms.unwrap_or_else(|| s.engine.clock().now_ms());
+    let (from, to) = (t0 - 10 * 60_000, end + 5 * 60_000);
+    let gpu = run.target.gpu;
+    let series = |m, label: &str, unit: &'static str, class: &'static str, g: Option<u32>| Series {
+        label: label.into(),
+        unit,
+        points: s.engine.series(&node, g, m, from, to),
+        class,
+    };
+    let mut marks: Vec<Mark> = records
+        .iter()
+        .filter_map(|r| match r.kind {
+            RecordKind::RunStarted => Some(Mark { ts_ms: r.ts_ms, label: "start".into(), class: "start" }),
+            RecordKind::RunFinished => Some(Mark { ts_ms: r.ts_ms, label: "end".into(), class: "end" }),
+            RecordKind::ActionResult if r.data["applied"] == true => {
+                Some(Mark { ts_ms: r.ts_ms, label: r.data["op"].as_str().unwrap_or("?").into(), class: "action" })
+            }
+            RecordKind::HoldEnded => Some(Mark { ts_ms: r.ts_ms, label: "hold ended".into(), class: "end" }),
+            _ => None,
+        })
+        .collect();
+    marks.sort_by_key(|m| m.ts_ms);
+    let trigger = run.event["metric"].as_str().and_then(metrics::metric_id);
+    html! {
+        @if let Some(g) = gpu {
+            (chart(
+                &format!("{node} GPU {g}: temperature and power limit"),
+                &[series(ids::TEMPERATURE, "temperature", "°C", "temp", Some(g)), series(ids::POWER_LIMIT, "power limit", "W", "limit", Some(g))],
+                &marks, from, to, t0,
+            ))
+        }
+        @if let Some(m) = trigger.filter(|m| *m != ids::TEMPERATURE || gpu.is_none()) {
+            @let def = metrics::metric(m);
+            @let g = if def.gpu_scoped { gpu } else { None };
+            (chart(
+                &format!("{node}: {} (the trigger)", def.name),
+                &[series(m, def.name, def.unit, "other", g)],
+                &marks, from, to, t0,
+            ))
+        }
+    }
+}
+
 /// `/runs/{id}`: what happened, why, and with what result.
 pub async fn run_page(
     State(s): State<AppState>,
@@ -319,6 +376,7 @@ pub async fn run_page(
                 pre { (pretty(&run.event)) }
             }
         }
+        (run_charts(&s, &run, &records))
         (run_holds(&run, &records))
         h2 { "Steps" }
         div.scroll {
@@ -484,6 +542,18 @@ pub async fn node_page(
                     }
                 }
             }
+        }
+        h2 { "Last hour" }
+        @for g in 0..(n.gpus.len() as u32) {
+            (crate::chart::chart(
+                &format!("GPU {g}: temperature and power limit"),
+                &[
+                    crate::chart::Series { label: "temperature".into(), unit: "°C", points: s.engine.series(&name, Some(g), nightshift_engine::metrics::ids::TEMPERATURE, now_ms - 3_600_000, now_ms), class: "temp" },
+                    crate::chart::Series { label: "power limit".into(), unit: "W", points: s.engine.series(&name, Some(g), nightshift_engine::metrics::ids::POWER_LIMIT, now_ms - 3_600_000, now_ms), class: "limit" },
+                ],
+                &recent.runs.iter().filter(|r| r.target.gpu.is_none_or(|x| x == g)).map(|r| crate::chart::Mark { ts_ms: r.created_ms, label: r.runbook.clone(), class: "action" }).collect::<Vec<_>>(),
+                now_ms - 3_600_000, now_ms, now_ms,
+            ))
         }
         h2 { "Holds in effect" }
         (holds_table(&held, now_ms))

@@ -536,6 +536,10 @@ async fn holds_in_effect_show_in_the_api_the_node_page_and_metrics() {
     let (_, page) = call(&f, "GET", &format!("/runs/{run}"), Some(VIEWER), None).await;
     let page = page.as_str().unwrap();
     assert!(page.contains("kept on purpose"), "{page}");
+    // The run's picture: temperature and power limit with its steps marked.
+    assert!(page.contains("gpu-a1 GPU 2: temperature and power limit"), "{page}");
+    assert!(page.matches("<polyline").count() >= 2, "two lines: {page}");
+    assert!(page.contains(">set_power_limit<"), "the step is marked: {page}");
     assert!(page.contains("1 hold(s) placed"), "{page}");
     // Metrics count holds by kind.
     let (_, m) = call(&f, "GET", "/metrics", Some(VIEWER), None).await;

@@ -120,7 +120,11 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 // log instead, to say where.
                 Err(e) if !e.to_string().contains("in use by another") && local_log(&c).is_some() => {
                     let log = local_log(&c).unwrap_or_default();
-                    outln!("{} the audit store cannot be opened: {e:#}", out.red("broken:"));
+                    outln!(
+                        "{} the audit store's sled files cannot be opened: they are damaged (sled says: {})",
+                        out.red("broken:"),
+                        format!("{e:#}").split(" backtrace").next().unwrap_or_default()
+                    );
                     if !log.exists() {
                         outln!("no record log at {} to check instead", log.display());
                         return Ok(1);
@@ -128,9 +132,9 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                     let v = nightshift_engine::audit::verify_log(&log)?;
                     if v.ok {
                         outln!(
-                            "the record log {} verifies up to record {}: run `nightshift audit salvage --to NEW_DIR` to rebuild the store from it",
-                            log.display(),
-                            v.verified_up_to
+                            "the record log holds every record up to {} intact ({}): run `nightshift audit salvage --to NEW_DIR` to rebuild the store from it, losing nothing",
+                            v.verified_up_to,
+                            log.display()
                         );
                     } else {
                         outln!(

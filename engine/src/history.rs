@@ -1,0 +1,121 @@
+//! Plot history: a short, bounded record of every GPU's and node's main
+//! series (temperature, power, power limit, fan, utilisation, memory, and a
+//! few node readings), one point per `step_secs` bucket (the last sample in
+//! it) for `keep_secs` — what the run and node pages draw. Separate from the
+//! trigger windows (`telemetry.rs`), which keep only what triggers need, at
+//! full rate.
+//!
+//! Memory: 8 bytes a point. At the defaults (6 h at 10 s, 2,160 points) a
+//! GPU's 6 series take ~104 KiB; `nightshift bench` measures it at fleet
+//! scale.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::metrics::{MetricId, ids};
+
+/// The series kept for plots.
+pub const PLOTTED: &[MetricId] = &[
+    ids::TEMPERATURE,
+    ids::POWER,
+    ids::POWER_LIMIT,
+    ids::FAN,
+    ids::UTIL,
+    ids::MEM_USED,
+    ids::MEM_FRAG,
+    ids::CPU_UTIL,
+    ids::P2P_LATENCY,
+    ids::COMM_OVERHEAD,
+    ids::JOB_PROGRESS,
+];
+
+/// `(node index, gpu, metric)`.
+pub type Key = (u32, Option<u16>, MetricId);
+
+/// The history of every plotted series.
+#[derive(Debug)]
+pub struct History {
+    step_ms: i64,
+    points: usize,
+    series: HashMap<Key, VecDeque<(u32, f32)>>,
+}
+
+impl History {
+    /// Keep `keep_secs` at one point per `step_secs`.
+    pub fn new(keep_secs: u64, step_secs: u64) -> History {
+        let step = step_secs.max(1);
+        History {
+            step_ms: (step as i64).saturating_mul(1000),
+            points: (keep_secs / step).clamp(1, 1 << 20) as usize,
+            series: HashMap::new(),
+        }
+    }
+
+    /// Whether a metric is kept.
+    pub fn plotted(metric: MetricId) -> bool {
+        PLOTTED.contains(&metric)
+    }
+
+    /// Record a sample: it replaces the bucket's point, or starts a new one.
+    pub fn push(&mut self, key: Key, ts_ms: i64, value: f64) {
+        if !value.is_finite() || ts_ms < 0 {
+            return;
+        }
+        let secs = u32::try_from(ts_ms / 1000).unwrap_or(u32::MAX);
+        let bucket = ts_ms / self.step_ms;
+        let ring = self.series.entry(key).or_insert_with(|| VecDeque::with_capacity(16));
+        match ring.back_mut() {
+            Some(last) if i64::from(last.0) * 1000 / self.step_ms == bucket => *last = (secs, value as f32),
+            Some(last) if i64::from(last.0) * 1000 / self.step_ms > bucket => {} // out of order: dropped
+            _ => {
+                ring.push_back((secs, value as f32));
+                while ring.len() > self.points {
+                    ring.pop_front();
+                }
+            }
+        }
+    }
+
+    /// The points of a series between `from_ms` and `to_ms`, as
+    /// `(ts_ms, value)`.
+    pub fn range(&self, key: Key, from_ms: i64, to_ms: i64) -> Vec<(i64, f64)> {
+        let Some(ring) = self.series.get(&key) else { return Vec::new() };
+        ring.iter()
+            .map(|(s, v)| (i64::from(*s) * 1000, f64::from(*v)))
+            .filter(|(t, _)| *t >= from_ms.saturating_sub(999) && *t <= to_ms)
+            .collect()
+    }
+
+    /// Points held, in all.
+    pub fn len(&self) -> usize {
+        self.series.values().map(VecDeque::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.series.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_point_per_bucket_bounded_in_time() {
+        let mut h = History::new(60, 10);
+        let k = (0, Some(1), ids::TEMPERATURE);
+        for s in 0..200 {
+            h.push(k, s * 1000, s as f64);
+        }
+        let all = h.range(k, 0, i64::MAX);
+        assert_eq!(all.len(), 6, "60 s at 10 s: {all:?}");
+        // The last sample of each bucket.
+        assert_eq!(all.last(), Some(&(199_000, 199.0)));
+        assert_eq!(all[0], (149_000, 149.0));
+        // Non-finite values and other series stay out.
+        h.push(k, 300_000, f64::NAN);
+        assert_eq!(h.range(k, 0, i64::MAX).len(), 6);
+        assert!(h.range((0, Some(2), ids::TEMPERATURE), 0, i64::MAX).is_empty());
+        assert_eq!(h.range(k, 180_000, 190_000).len(), 2);
+        assert!(History::plotted(ids::POWER_LIMIT) && !History::plotted(ids::ECC_SBE));
+    }
+}
