@@ -81,7 +81,7 @@ impl History {
         let Some(ring) = self.series.get(&key) else { return Vec::new() };
         ring.iter()
             .map(|(s, v)| (i64::from(*s) * 1000, f64::from(*v)))
-            .filter(|(t, _)| *t >= from_ms.saturating_sub(999) && *t <= to_ms)
+            .filter(|(t, _)| *t >= from_ms && *t <= to_ms)
             .collect()
     }
 
@@ -115,7 +115,7 @@ mod tests {
         h.push(k, 300_000, f64::NAN);
         assert_eq!(h.range(k, 0, i64::MAX).len(), 6);
         assert!(h.range((0, Some(2), ids::TEMPERATURE), 0, i64::MAX).is_empty());
-        assert_eq!(h.range(k, 180_000, 190_000).len(), 2);
+        assert_eq!(h.range(k, 180_000, 190_000), vec![(189_000, 189.0)]);
         assert!(History::plotted(ids::POWER_LIMIT) && !History::plotted(ids::ECC_SBE));
     }
 }
