@@ -41,8 +41,12 @@ impl RecordLog {
         let mut log = RecordLog { file: file.try_clone().map_err(|e| io(&path, e))?, path: path.clone(), len };
         // Walk back from the end to the line holding `head` (or the start).
         let (mut last_seq, end_of_head) = log.find_tail(&mut file, head)?;
-        if last_seq > head {
-            tracing::warn!(log = %path.display(), from = last_seq, to = head, "record log ahead of the store: cutting unacknowledged lines");
+        // Every append ends with a newline, so a last line without one is a
+        // write the kill cut short: never acknowledged, and left in place it
+        // would glue itself to the next record.
+        let torn = log.ends_torn(&mut file)?;
+        if last_seq > head || torn {
+            tracing::warn!(log = %path.display(), from = last_seq, to = head, torn, "record log ahead of the store: cutting unacknowledged lines");
             log.truncate(end_of_head)?;
             last_seq = log.find_tail(&mut file, head)?.0;
         }
@@ -90,6 +94,17 @@ impl RecordLog {
             }
             buf.truncate(start);
         }
+    }
+
+    /// Whether the file's last byte is not a newline (a torn last write).
+    fn ends_torn(&self, file: &mut File) -> Result<bool, AuditError> {
+        if self.len == 0 {
+            return Ok(false);
+        }
+        let mut last = [0u8; 1];
+        file.seek(SeekFrom::Start(self.len - 1)).map_err(|e| io(&self.path, e))?;
+        file.read_exact(&mut last).map_err(|e| io(&self.path, e))?;
+        Ok(last[0] != b'\n')
     }
 
     fn truncate(&mut self, len: u64) -> Result<(), AuditError> {

@@ -504,6 +504,31 @@ mod tests {
         assert_eq!(s.node_records("n1", 5).unwrap()[0].seq, 20, "newest first");
     }
 
+    /// Regression (kill -9 during the log write): a torn last line is cut
+    /// on open, so the next record does not glue itself onto it.
+    #[tokio::test]
+    async fn a_torn_last_log_line_is_cut_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = AuditStore::open(dir.path(), clock()).unwrap();
+            for i in 0..5 {
+                s.append(NewRecord::new(RecordKind::Note, "engine", json!({"i": i})), None).await.unwrap();
+            }
+        }
+        let log = dir.path().join(super::super::log::LOG_FILE);
+        let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        std::io::Write::write_all(&mut f, br#"{"seq":6,"ts_ms":1000,"kind":"note","run":null,"node":null,"gpu":nu"#)
+            .unwrap();
+        drop(f);
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        assert_eq!(s.head_seq(), 5);
+        let r = s.append(NewRecord::new(RecordKind::Note, "engine", json!({"i": 5})), None).await.unwrap();
+        assert_eq!(r.seq, 6);
+        let v = s.verify().unwrap();
+        assert_eq!((v.ok, v.verified_up_to), (true, 6), "{v:?}");
+        assert!(std::fs::read(&log).unwrap().ends_with(b"\n"));
+    }
+
     #[tokio::test]
     async fn flipping_any_byte_of_any_record_is_named() {
         let dir = tempfile::tempdir().unwrap();
