@@ -63,6 +63,8 @@ pub fn salvage(from: &Path, to: &Path, clock: SharedClock) -> Result<SalvageRepo
     }
     let mut good: BTreeMap<u64, AuditRecord> = BTreeMap::new();
     let mut damaged_lines = Vec::new();
+    // Summaries the log carries (each after the record that changed it).
+    let mut log_summaries: Vec<(RunSummary, Vec<u8>)> = Vec::new();
     let log = from.join(LOG_FILE);
     if log.exists() {
         for l in read_lines(&log)? {
@@ -71,6 +73,11 @@ pub fn salvage(from: &Path, to: &Path, clock: SharedClock) -> Result<SalvageRepo
                     good.insert(r.seq, r);
                 }
                 LogLine::Bad { line, problem } => damaged_lines.push((line, problem)),
+                LogLine::Summary { bytes } => {
+                    if let Ok(s) = serde_json::from_slice::<RunSummary>(&bytes) {
+                        log_summaries.push((s, bytes));
+                    }
+                }
             }
         }
     }
@@ -82,7 +89,9 @@ pub fn salvage(from: &Path, to: &Path, clock: SharedClock) -> Result<SalvageRepo
             good.entry(seq).or_insert(r);
         }
     }
-    let old_summaries = old.summaries;
+    // Newest last: the log's, then sled's; the one the chain vouches for wins.
+    let mut old_summaries = log_summaries;
+    old_summaries.extend(old.summaries);
     let sled_error = old.error;
     // What is missing between the first and the last record found.
     let mut lost = Vec::new();
@@ -120,9 +129,11 @@ pub fn salvage(from: &Path, to: &Path, clock: SharedClock) -> Result<SalvageRepo
     let (mut copied, mut rebuilt) = (0, 0);
     for (run, recs) in &by_run {
         let vouched = recs.iter().rev().find_map(|r| r.data["summary_sha256"].as_str());
-        let stored = old_summaries.iter().find(|(s, _)| &s.id == run);
-        match (stored, vouched) {
-            (Some((s, bytes)), Some(sha)) if super::sha256_hex(bytes) == sha => {
+        let stored = vouched.and_then(|sha| {
+            old_summaries.iter().find(|(s, bytes)| &s.id == run && super::sha256_hex(bytes) == sha)
+        });
+        match stored {
+            Some((s, _)) => {
                 summaries.push(s.clone());
                 copied += 1;
             }

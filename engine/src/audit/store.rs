@@ -1,6 +1,8 @@
-//! The sled store behind [`AuditStore`]: one writer thread that groups
-//! concurrent appends into one transaction and one flush, indexes by run
-//! and node, run summaries, queries and `verify`.
+//! The store behind [`AuditStore`]: one writer thread that groups
+//! concurrent appends into one record-log write and one fdatasync (the
+//! durability point), then indexes them in sled in one transaction (sled
+//! flushes in the background; a crash before that is replayed from the log
+//! on open); indexes by run and node, run summaries, queries and `verify`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,7 +13,7 @@ use tokio::sync::{broadcast, oneshot};
 
 use nightshift_proto::clock::SharedClock;
 
-use super::log::RecordLog;
+use super::log::{RecordLog, Replay, encode_lines};
 use super::*;
 
 struct WriteReq {
@@ -35,9 +37,84 @@ pub(super) struct Trees {
 pub struct AuditStore {
     pub(super) trees: Trees,
     path: PathBuf,
-    tx: std_mpsc::Sender<WriteReq>,
+    writer: Arc<WriterHandle>,
     live: broadcast::Sender<Arc<AuditRecord>>,
     head: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// The way to the writer thread. When the last clone of the store goes,
+/// the writer finishes what it was given, closes the log (giving back its
+/// zero-filled room) and flushes sled before the drop returns.
+struct WriterHandle {
+    tx: Option<std_mpsc::Sender<WriteReq>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl WriterHandle {
+    fn send(&self, req: WriteReq) -> Result<(), AuditError> {
+        self.tx.as_ref().ok_or(AuditError::Closed)?.send(req).map_err(|_| AuditError::Closed)
+    }
+}
+
+impl Drop for WriterHandle {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One record as sled indexes it.
+struct Indexed<'a> {
+    seq: u64,
+    run: Option<&'a str>,
+    node: Option<&'a str>,
+    bytes: &'a [u8],
+    /// The run's id, creation time and the summary's bytes.
+    summary: Option<(&'a str, i64, &'a [u8])>,
+}
+
+/// Index records in sled, all or none (not flushed: the record log is
+/// what makes them durable).
+fn index(t: &Trees, items: &[Indexed<'_>]) -> Result<(), AuditError> {
+    (&t.records, &t.by_run, &t.by_node, &t.runs, &t.runs_by_created)
+        .transaction(|(rec_t, run_t, node_t, runs_t, created_t)| {
+            for i in items {
+                rec_t.insert(&i.seq.to_be_bytes(), i.bytes)?;
+                if let Some(run) = i.run {
+                    run_t.insert(index_key(run, i.seq), &[])?;
+                }
+                if let Some(node) = i.node {
+                    node_t.insert(index_key(node, i.seq), &[])?;
+                }
+                if let Some((id, created_ms, bytes)) = i.summary {
+                    runs_t.insert(id.as_bytes(), bytes)?;
+                    created_t.insert(created_key(created_ms, id), &[])?;
+                }
+            }
+            Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+        })
+        .map_err(|e| AuditError::Write(format!("{e:?}")))
+}
+
+/// Put records the log holds and sled lost back into sled, and flush.
+fn replay(t: &Trees, replay: &[Replay]) -> Result<(), AuditError> {
+    let summaries: Vec<Option<RunSummary>> =
+        replay.iter().map(|r| r.summary.as_ref().and_then(|b| serde_json::from_slice(b).ok())).collect();
+    let items: Vec<Indexed<'_>> = replay
+        .iter()
+        .zip(&summaries)
+        .map(|(r, s)| Indexed {
+            seq: r.record.seq,
+            run: r.record.run.as_deref(),
+            node: r.record.node.as_deref(),
+            bytes: &r.bytes,
+            summary: s.as_ref().zip(r.summary.as_deref()).map(|(s, b)| (s.id.as_str(), s.created_ms, b)),
+        })
+        .collect();
+    index(t, &items)?;
+    t.db.flush().map(|_| ()).map_err(|e| AuditError::Write(e.to_string()))
 }
 
 impl std::fmt::Debug for AuditStore {
@@ -68,7 +145,7 @@ impl AuditStore {
         // go of its lock: retry briefly before calling it held.
         let mut attempt = 0;
         let db = loop {
-            match sled::Config::new().path(&path).mode(sled::Mode::LowSpace).open() {
+            match sled::Config::new().path(&path).mode(sled::Mode::LowSpace).flush_every_ms(Some(500)).open() {
                 Ok(db) => break db,
                 Err(e) => {
                     let message = e.to_string();
@@ -97,7 +174,7 @@ impl AuditStore {
             runs_by_created: open("runs_by_created")?,
             db: db.clone(),
         };
-        let (seq, hash) = match trees.records.last().map_err(|e| AuditError::Read(e.to_string()))? {
+        let (mut seq, mut hash) = match trees.records.last().map_err(|e| AuditError::Read(e.to_string()))? {
             Some((_, v)) => {
                 let r: AuditRecord = serde_json::from_slice(&v).map_err(|e| AuditError::Open {
                     path: path.clone(),
@@ -107,7 +184,7 @@ impl AuditStore {
             }
             None => (0, GENESIS.to_string()),
         };
-        let log = RecordLog::open(dir, seq, |after| {
+        let (log, ahead) = RecordLog::open(dir, seq, &hash, |after| {
             trees
                 .records
                 .range((after + 1).to_be_bytes()..)
@@ -117,15 +194,20 @@ impl AuditStore {
                 })
                 .collect()
         })?;
+        if let Some(last) = ahead.last() {
+            replay(&trees, &ahead)?;
+            (seq, hash) = (last.record.seq, last.record.hash.clone());
+        }
         let (tx, rx) = std_mpsc::channel::<WriteReq>();
         let (live, _) = broadcast::channel(4096);
         let head = Arc::new(std::sync::atomic::AtomicU64::new(seq));
         let writer = Writer { trees: trees.clone(), seq, hash, clock, live: live.clone(), head: head.clone(), log };
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("audit-writer".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() })?;
-        Ok(AuditStore { trees, path, tx, live, head })
+        let writer = Arc::new(WriterHandle { tx: Some(tx), thread: Some(thread) });
+        Ok(AuditStore { trees, path, writer, live, head })
     }
 
     /// Where the store lives.
@@ -136,14 +218,14 @@ impl AuditStore {
     /// Append a record (and optionally the run summary it changes) durably.
     pub async fn append(&self, rec: NewRecord, summary: Option<RunSummary>) -> Result<AuditRecord, AuditError> {
         let (ack, rx) = oneshot::channel();
-        self.tx.send(WriteReq { rec, summary, ack }).map_err(|_| AuditError::Closed)?;
+        self.writer.send(WriteReq { rec, summary, ack })?;
         rx.await.map_err(|_| AuditError::Closed)?
     }
 
     /// `append` for blocking threads (runbook scripts).
     pub fn append_blocking(&self, rec: NewRecord, summary: Option<RunSummary>) -> Result<AuditRecord, AuditError> {
         let (ack, rx) = oneshot::channel();
-        self.tx.send(WriteReq { rec, summary, ack }).map_err(|_| AuditError::Closed)?;
+        self.writer.send(WriteReq { rec, summary, ack })?;
         rx.blocking_recv().map_err(|_| AuditError::Closed)?
     }
 
@@ -382,6 +464,12 @@ impl Writer {
             }
             self.write_batch(batch);
         }
+        if let Err(e) = self.log.close() {
+            tracing::warn!(error = %e, "record log: cannot give back its zero-filled room");
+        }
+        if let Err(e) = self.trees.db.flush() {
+            tracing::warn!(error = %e, "audit store: flush at close failed (the record log has every record)");
+        }
     }
 
     fn write_batch(&mut self, batch: Vec<WriteReq>) {
@@ -416,36 +504,41 @@ impl Writer {
             prev = r.hash.clone();
             records.push(r);
         }
-        // The record log first (fsynced), then sled; a failed sled write
-        // takes the log's lines back.
+        // Serialize once: the same bytes go to the log and to sled.
+        let mut bytes = Vec::with_capacity(records.len());
+        let mut buf = Vec::with_capacity(records.len() * 512);
+        for (r, summary) in records.iter().zip(&summaries) {
+            let b = serde_json::to_vec(r).unwrap_or_default();
+            encode_lines(&mut buf, &b, r.seq, summary.as_deref());
+            bytes.push(b);
+        }
+        // The record log first (one fdatasync: the durability point), then
+        // sled; a failed sled write takes the log's lines back.
         let log_len = self.log.bytes();
         let t = &self.trees;
-        let result = self.log.append(&records).and_then(|_| {
-            (&t.records, &t.by_run, &t.by_node, &t.runs, &t.runs_by_created)
-                .transaction(|(rec_t, run_t, node_t, runs_t, created_t)| {
-                    for ((r, req), summary) in records.iter().zip(&batch).zip(&summaries) {
-                        let bytes = serde_json::to_vec(r).unwrap_or_default();
-                        rec_t.insert(&r.seq.to_be_bytes(), bytes)?;
-                        if let Some(run) = &r.run {
-                            run_t.insert(index_key(run, r.seq), &[])?;
-                        }
-                        if let Some(node) = &r.node {
-                            node_t.insert(index_key(node, r.seq), &[])?;
-                        }
-                        if let (Some(s), Some(bytes)) = (&req.summary, summary) {
-                            runs_t.insert(s.id.as_bytes(), bytes.as_slice())?;
-                            created_t.insert(created_key(s.created_ms, &s.id), &[])?;
-                        }
-                    }
-                    Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+        let result = self.log.append_bytes(&buf).and_then(|_| {
+            let items: Vec<Indexed<'_>> = records
+                .iter()
+                .zip(&batch)
+                .zip(&summaries)
+                .zip(&bytes)
+                .map(|(((r, req), summary), b)| Indexed {
+                    seq: r.seq,
+                    run: r.run.as_deref(),
+                    node: r.node.as_deref(),
+                    bytes: b,
+                    summary: req
+                        .summary
+                        .as_ref()
+                        .zip(summary.as_deref())
+                        .map(|(s, sb)| (s.id.as_str(), s.created_ms, sb)),
                 })
-                .map_err(|e| AuditError::Write(format!("{e:?}")))
-                .and_then(|_| self.trees.db.flush().map_err(|e| AuditError::Write(e.to_string())))
-                .inspect_err(|_| {
-                    if let Err(e) = self.log.unappend_to(log_len) {
-                        tracing::error!(error = %e, "cannot take back the record log's lines of a failed write");
-                    }
-                })
+                .collect();
+            index(t, &items).inspect_err(|_| {
+                if let Err(e) = self.log.unappend_to(log_len) {
+                    tracing::error!(error = %e, "cannot take back the record log's lines of a failed write");
+                }
+            })
         });
         match result {
             Ok(_) => {
@@ -526,7 +619,8 @@ mod tests {
         assert_eq!(r.seq, 6);
         let v = s.verify().unwrap();
         assert_eq!((v.ok, v.verified_up_to), (true, 6), "{v:?}");
-        assert!(std::fs::read(&log).unwrap().ends_with(b"\n"));
+        drop(s);
+        assert!(std::fs::read(&log).unwrap().ends_with(b"\n"), "closed cleanly, the log ends in its last line");
     }
 
     #[tokio::test]
