@@ -98,10 +98,20 @@ impl RecordLog {
         missing: impl FnOnce(u64) -> Result<Vec<AuditRecord>, AuditError>,
     ) -> Result<(RecordLog, Vec<Replay>), AuditError> {
         let path = dir.join(LOG_FILE);
-        let mut file =
-            OpenOptions::new().create(true).read(true).write(true).truncate(false).open(&path).map_err(|e| io(&path, e))?;
+        let mut file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .write(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| io(&path, e))?;
         let allocated = file.metadata().map_err(|e| io(&path, e))?.len();
-        let mut log = RecordLog { file: file.try_clone().map_err(|e| io(&path, e))?, path: path.clone(), len: allocated, allocated };
+        let mut log = RecordLog {
+            file: file.try_clone().map_err(|e| io(&path, e))?,
+            path: path.clone(),
+            len: allocated,
+            allocated,
+        };
         let (end, torn) = log.logical_end(&mut file)?;
         log.len = end;
         if torn {
@@ -299,16 +309,6 @@ impl RecordLog {
             encode_lines(&mut buf, &bytes, r.seq, None);
         }
         self.append_bytes(&buf)
-    }
-
-    /// Cut the log back to `len` bytes (a batch whose sled write failed).
-    pub fn unappend_to(&mut self, len: u64) -> Result<(), AuditError> {
-        self.truncate(len)
-    }
-
-    /// The current length in bytes (to roll back to).
-    pub fn bytes(&self) -> u64 {
-        self.len
     }
 
     /// A clean close: give back the zero-filled room.

@@ -3,10 +3,13 @@
 //! Every record has a gap-free sequence number and carries the SHA-256 of the
 //! record before it (over canonical JSON), so editing, removing or
 //! reordering any record breaks the chain at that point and [`AuditStore::verify`]
-//! names it. Appends go through one writer thread that groups concurrent
-//! appends into one transaction and one flush: a record is durable before
-//! its `append` returns. Run summaries and the by-run / by-node indexes are
-//! written in the same transaction as the record that changes them.
+//! names it. Appends go through a writer thread that groups concurrent
+//! appends into one write and one fdatasync of the record log
+//! (`records.jsonl`, the durability point), and an index thread that then
+//! puts them in sled (by seq, by run, by node, run summaries) and
+//! acknowledges them: a record is durable before its `append` returns, and
+//! readable from sled too. sled flushes in the background; what it loses in
+//! a crash is replayed from the log when the store opens.
 
 mod log;
 mod salvage;

@@ -129,9 +129,8 @@ pub fn salvage(from: &Path, to: &Path, clock: SharedClock) -> Result<SalvageRepo
     let (mut copied, mut rebuilt) = (0, 0);
     for (run, recs) in &by_run {
         let vouched = recs.iter().rev().find_map(|r| r.data["summary_sha256"].as_str());
-        let stored = vouched.and_then(|sha| {
-            old_summaries.iter().find(|(s, bytes)| &s.id == run && super::sha256_hex(bytes) == sha)
-        });
+        let stored = vouched
+            .and_then(|sha| old_summaries.iter().find(|(s, bytes)| &s.id == run && super::sha256_hex(bytes) == sha));
         match stored {
             Some((s, _)) => {
                 summaries.push(s.clone());

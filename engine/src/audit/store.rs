@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 
-use sled::Transactional;
 use tokio::sync::{broadcast, oneshot};
 
 use nightshift_proto::clock::SharedClock;
@@ -75,27 +74,30 @@ struct Indexed<'a> {
     summary: Option<(&'a str, i64, &'a [u8])>,
 }
 
-/// Index records in sled, all or none (not flushed: the record log is
-/// what makes them durable).
+/// Index records in sled: plain inserts in order (a record's index
+/// entries and summary before the record itself), not flushed — the record
+/// log is what makes them durable. Not a sled batch or transaction: each of
+/// those seals and writes sled's IO buffer with a synchronous writeback,
+/// which doubled the time of the log's own fdatasync. A crash leaves sled
+/// a prefix of these inserts (sled recovers its log up to the first
+/// incomplete entry), so the records tree's head says where replaying the
+/// log must start, and replaying the entries after it is idempotent.
 fn index(t: &Trees, items: &[Indexed<'_>]) -> Result<(), AuditError> {
-    (&t.records, &t.by_run, &t.by_node, &t.runs, &t.runs_by_created)
-        .transaction(|(rec_t, run_t, node_t, runs_t, created_t)| {
-            for i in items {
-                rec_t.insert(&i.seq.to_be_bytes(), i.bytes)?;
-                if let Some(run) = i.run {
-                    run_t.insert(index_key(run, i.seq), &[])?;
-                }
-                if let Some(node) = i.node {
-                    node_t.insert(index_key(node, i.seq), &[])?;
-                }
-                if let Some((id, created_ms, bytes)) = i.summary {
-                    runs_t.insert(id.as_bytes(), bytes)?;
-                    created_t.insert(created_key(created_ms, id), &[])?;
-                }
-            }
-            Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
-        })
-        .map_err(|e| AuditError::Write(format!("{e:?}")))
+    let w = |e: sled::Error| AuditError::Write(e.to_string());
+    for i in items {
+        if let Some(run) = i.run {
+            t.by_run.insert(index_key(run, i.seq), &[]).map_err(w)?;
+        }
+        if let Some(node) = i.node {
+            t.by_node.insert(index_key(node, i.seq), &[]).map_err(w)?;
+        }
+        if let Some((id, created_ms, bytes)) = i.summary {
+            t.runs.insert(id.as_bytes(), bytes).map_err(w)?;
+            t.runs_by_created.insert(created_key(created_ms, id), &[]).map_err(w)?;
+        }
+        t.records.insert(i.seq.to_be_bytes(), i.bytes).map_err(w)?;
+    }
+    Ok(())
 }
 
 /// Put records the log holds and sled lost back into sled, and flush.
@@ -145,7 +147,7 @@ impl AuditStore {
         // go of its lock: retry briefly before calling it held.
         let mut attempt = 0;
         let db = loop {
-            match sled::Config::new().path(&path).mode(sled::Mode::LowSpace).flush_every_ms(Some(500)).open() {
+            match sled::Config::new().path(&path).mode(sled::Mode::LowSpace).flush_every_ms(None).open() {
                 Ok(db) => break db,
                 Err(e) => {
                     let message = e.to_string();
@@ -201,10 +203,11 @@ impl AuditStore {
         let (tx, rx) = std_mpsc::channel::<WriteReq>();
         let (live, _) = broadcast::channel(4096);
         let head = Arc::new(std::sync::atomic::AtomicU64::new(seq));
-        let writer = Writer { trees: trees.clone(), seq, hash, clock, live: live.clone(), head: head.clone(), log };
+        let writer = Writer { seq, hash, clock, log };
+        let indexer = Indexer { trees: trees.clone(), live: live.clone(), head: head.clone(), failed: None };
         let thread = std::thread::Builder::new()
             .name("audit-writer".into())
-            .spawn(move || writer.run(rx))
+            .spawn(move || writer.run(rx, indexer))
             .map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() })?;
         let writer = Arc::new(WriterHandle { tx: Some(tx), thread: Some(thread) });
         Ok(AuditStore { trees, path, writer, live, head })
@@ -442,19 +445,66 @@ impl AuditStore {
     }
 }
 
+/// The next message: for a moment (what one caller takes to come back with
+/// its next record) by polling, then by sleeping. Waking a sleeping thread
+/// costs tens of µs on a VM, which is the whole gap between one writer and
+/// the disk's fdatasync rate; the poll costs nothing when the store is idle.
+fn recv_soon<T>(rx: &std_mpsc::Receiver<T>) -> Option<T> {
+    let until = std::time::Instant::now() + std::time::Duration::from_micros(POLL_MICROS);
+    loop {
+        match rx.try_recv() {
+            Ok(m) => return Some(m),
+            Err(std_mpsc::TryRecvError::Disconnected) => return None,
+            Err(std_mpsc::TryRecvError::Empty) if std::time::Instant::now() < until => std::thread::yield_now(),
+            Err(std_mpsc::TryRecvError::Empty) => return rx.recv().ok(),
+        }
+    }
+}
+
+/// How long [`recv_soon`] polls before it sleeps.
+const POLL_MICROS: u64 = 100;
+
+/// The first stage: chains a group of requests into records and makes
+/// them durable in the record log (one fdatasync), then hands them on.
 struct Writer {
-    trees: Trees,
     seq: u64,
     hash: String,
     clock: SharedClock,
-    live: broadcast::Sender<Arc<AuditRecord>>,
-    head: Arc<std::sync::atomic::AtomicU64>,
     log: RecordLog,
 }
 
+/// A group in the record log, on its way to sled and to its callers.
+struct Written {
+    records: Vec<AuditRecord>,
+    bytes: Vec<Vec<u8>>,
+    summaries: Vec<Option<Vec<u8>>>,
+    batch: Vec<WriteReq>,
+}
+
+/// The second stage: indexes a durable group in sled, then acknowledges
+/// it — while the first stage already syncs the next group. Once sled
+/// fails, it acknowledges nothing more (the log holds those records; an
+/// open replays them).
+struct Indexer {
+    trees: Trees,
+    live: broadcast::Sender<Arc<AuditRecord>>,
+    head: Arc<std::sync::atomic::AtomicU64>,
+    failed: Option<AuditError>,
+}
+
 impl Writer {
-    fn run(mut self, rx: std_mpsc::Receiver<WriteReq>) {
-        while let Ok(first) = rx.recv() {
+    fn run(mut self, rx: std_mpsc::Receiver<WriteReq>, indexer: Indexer) {
+        // A small queue: the log may run one group ahead of sled, no more.
+        let (tx, written) = std_mpsc::sync_channel::<Written>(1);
+        let second = std::thread::Builder::new().name("audit-index".into()).spawn(move || indexer.run(written));
+        let second = match second {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(error = %e, "audit store: cannot start its index thread");
+                return;
+            }
+        };
+        while let Some(first) = recv_soon(&rx) {
             let mut batch = vec![first];
             while batch.len() < 4096 {
                 match rx.try_recv() {
@@ -462,17 +512,22 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.write_batch(batch);
+            if let Some(w) = self.write_batch(batch)
+                && tx.send(w).is_err()
+            {
+                break;
+            }
         }
+        drop(tx);
+        let _ = second.join();
         if let Err(e) = self.log.close() {
             tracing::warn!(error = %e, "record log: cannot give back its zero-filled room");
         }
-        if let Err(e) = self.trees.db.flush() {
-            tracing::warn!(error = %e, "audit store: flush at close failed (the record log has every record)");
-        }
     }
 
-    fn write_batch(&mut self, batch: Vec<WriteReq>) {
+    /// Chain, encode and sync one group; `None` when the log refused it
+    /// (its callers have their error then).
+    fn write_batch(&mut self, batch: Vec<WriteReq>) -> Option<Written> {
         let now = self.clock.now_ms();
         let mut records = Vec::with_capacity(batch.len());
         let mut summaries: Vec<Option<Vec<u8>>> = Vec::with_capacity(batch.len());
@@ -512,16 +567,41 @@ impl Writer {
             encode_lines(&mut buf, &b, r.seq, summary.as_deref());
             bytes.push(b);
         }
-        // The record log first (one fdatasync: the durability point), then
-        // sled; a failed sled write takes the log's lines back.
-        let log_len = self.log.bytes();
-        let t = &self.trees;
-        let result = self.log.append_bytes(&buf).and_then(|_| {
-            let items: Vec<Indexed<'_>> = records
+        match self.log.append_bytes(&buf) {
+            Ok(()) => {
+                self.seq = seq;
+                self.hash = prev;
+                Some(Written { records, bytes, summaries, batch })
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "audit write failed");
+                for req in batch {
+                    let _ = req.ack.send(Err(e.clone()));
+                }
+                None
+            }
+        }
+    }
+}
+
+impl Indexer {
+    fn run(mut self, rx: std_mpsc::Receiver<Written>) {
+        while let Some(w) = recv_soon(&rx) {
+            self.index(w);
+        }
+        if let Err(e) = self.trees.db.flush() {
+            tracing::warn!(error = %e, "audit store: flush at close failed (the record log has every record)");
+        }
+    }
+
+    fn index(&mut self, w: Written) {
+        if self.failed.is_none() {
+            let items: Vec<Indexed<'_>> = w
+                .records
                 .iter()
-                .zip(&batch)
-                .zip(&summaries)
-                .zip(&bytes)
+                .zip(&w.batch)
+                .zip(&w.summaries)
+                .zip(&w.bytes)
                 .map(|(((r, req), summary), b)| Indexed {
                     seq: r.seq,
                     run: r.run.as_deref(),
@@ -534,28 +614,25 @@ impl Writer {
                         .map(|(s, sb)| (s.id.as_str(), s.created_ms, sb)),
                 })
                 .collect();
-            index(t, &items).inspect_err(|_| {
-                if let Err(e) = self.log.unappend_to(log_len) {
-                    tracing::error!(error = %e, "cannot take back the record log's lines of a failed write");
-                }
-            })
-        });
-        match result {
-            Ok(_) => {
-                self.seq = seq;
-                self.hash = prev;
-                self.head.store(seq, std::sync::atomic::Ordering::SeqCst);
-                for (r, req) in records.into_iter().zip(batch) {
-                    let _ = self.live.send(Arc::new(r.clone()));
-                    let _ = req.ack.send(Ok(r));
-                }
+            if let Err(e) = index(&self.trees, &items) {
+                tracing::error!(error = %e, "audit index (sled) failed: no more appends are acknowledged until a restart replays the record log");
+                self.failed = Some(AuditError::Write(format!(
+                    "the audit index (sled) failed ({e}); the record log holds every record: restart the engine to replay it"
+                )));
             }
-            Err(e) => {
-                tracing::error!(error = %e, "audit write failed");
-                for req in batch {
-                    let _ = req.ack.send(Err(e.clone()));
-                }
+        }
+        if let Some(e) = &self.failed {
+            for req in w.batch {
+                let _ = req.ack.send(Err(e.clone()));
             }
+            return;
+        }
+        if let Some(last) = w.records.last() {
+            self.head.store(last.seq, std::sync::atomic::Ordering::SeqCst);
+        }
+        for (r, req) in w.records.into_iter().zip(w.batch) {
+            let _ = self.live.send(Arc::new(r.clone()));
+            let _ = req.ack.send(Ok(r));
         }
     }
 }
