@@ -204,6 +204,17 @@ impl Core {
         self.audit.append(rec, Some(s.clone())).await
     }
 
+    /// [`Core::record_run`] without waiting: durable before any later
+    /// awaited record (see [`AuditStore::append_ordered`]).
+    pub fn record_run_ordered(&self, kind: RecordKind, s: &RunSummary, data: Value) -> Result<(), AuditError> {
+        let rec = NewRecord::new(kind, &s.requested_by, data)
+            .run(&s.id)
+            .node(s.target.node.as_deref())
+            .gpu(s.target.gpu)
+            .runbook(&s.runbook);
+        self.audit.append_ordered(rec, Some(s.clone()))
+    }
+
     /// The data of a notification or escalation record: the text, and where
     /// it goes (the log at once; webhooks, each confirmed by its own
     /// `notification_delivery` record). A dry run's text goes nowhere.

@@ -217,7 +217,15 @@ impl Engine {
             }
             Decision::Admit { approval, .. } => {
                 let s = summary.ok_or_else(|| EngineError::NoSuchRun("admitted run".into()))?;
-                self.core.record_run(RecordKind::RunQueued, &s, queued_data(&s)).await?;
+                if manual || approval.is_some() {
+                    // Reported to a person (the run id, the approval asked
+                    // for): durable first.
+                    self.core.record_run(RecordKind::RunQueued, &s, queued_data(&s)).await?;
+                } else {
+                    // An automatic run: in order, not awaited — its start,
+                    // first action or end waits for a later record.
+                    self.core.record_run_ordered(RecordKind::RunQueued, &s, queued_data(&s))?;
+                }
                 if let Some(why) = &approval {
                     self.core
                         .record_run(

@@ -397,7 +397,9 @@ impl Engine {
         )
         .node(node.as_ref().map(|n| n.spec.name.as_str()))
         .gpu(a.gpu());
-        if let Err(e) = self.core.audit.append(rec, None).await {
+        // In order, not awaited: what the alert leads to (a run's first
+        // action) waits for a later record, and so for this one.
+        if let Err(e) = self.core.audit.append_ordered(rec, None) {
             tracing::error!(error = %e, "cannot audit an alert");
             return;
         }

@@ -150,18 +150,10 @@ impl Engine {
                 continue;
             }
             let waited_ms = summary.started_ms.unwrap_or(now).saturating_sub(summary.created_ms);
-            if let Err(e) = self
-                .core
-                .record_run(
-                    RecordKind::RunStarted,
-                    &summary,
-                    json!({"params": summary.params, "waited_ms": waited_ms, "waited_for": waited}),
-                )
-                .await
-            {
-                tracing::error!(run = %summary.id, error = %e, "cannot audit run start");
-            }
-            self.spawn_run(summary, idx, cancel);
+            let started = json!({"params": summary.params, "waited_ms": waited_ms, "waited_for": waited});
+            // The run's own task records its start (before it can act), so
+            // starting the next run does not wait for this one's fsync.
+            self.spawn_run(summary, idx, cancel, started);
         }
     }
 
@@ -254,11 +246,16 @@ impl Engine {
         }
     }
 
-    fn spawn_run(&self, summary: RunSummary, idx: usize, cancel: Arc<AtomicBool>) {
+    fn spawn_run(&self, summary: RunSummary, idx: usize, cancel: Arc<AtomicBool>, started: serde_json::Value) {
         let engine = self.clone();
         let set = self.runbook_set();
         let Some(rb) = set.runbooks.get(idx).cloned() else { return };
         self.core.handle.spawn(async move {
+            // In order, not awaited: the run's first action or its end waits
+            // for a later record, and so for this one.
+            if let Err(e) = engine.core.record_run_ordered(RecordKind::RunStarted, &summary, started) {
+                tracing::error!(run = %summary.id, error = %e, "cannot audit run start");
+            }
             let host = Arc::new(crate::host::Host::new(engine.core.clone(), &summary.id, idx));
             let mut ctx = RunCtx::new(
                 crate::script::RunInfo {

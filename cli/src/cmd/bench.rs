@@ -410,7 +410,7 @@ fn first_action(r: &nightshift_engine::audit::AuditRecord) -> Option<Result<(), 
 /// 2: POST → applied ActionResult, at a steady rate, every alert on its own
 /// GPU. Returns (p50 ms, p99 ms); any alert without an applied action is
 /// an error.
-async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f64, f64)> {
+async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f64, f64, String)> {
     let nodes = alerts.div_ceil(8);
     let f = fleet(nodes, 8, 1000, data_root).await?;
     let cfg = f.engine_config(
@@ -424,10 +424,15 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
     let url = format!("http://{}/api/v1/alerts/alertmanager", listener.local_addr()?);
     let web = tokio::spawn(nightshift_web::serve(engine.clone(), listener, std::future::pending()));
     let sent: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
+    let posted: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
     let mut rx = engine.audit().subscribe();
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Result<f64, String>>();
-    let (eng2, sent2) = (engine.clone(), sent.clone());
+    let sent2 = sent.clone();
+    // Where each alert's time goes: when each of its records became durable.
+    let stages: Arc<std::sync::Mutex<HashMap<String, Vec<Instant>>>> = Arc::default();
+    let stages2 = stages.clone();
     let listener_task = tokio::spawn(async move {
+        let mut run_fp: HashMap<String, String> = HashMap::new();
         loop {
             let r = match rx.recv().await {
                 Ok(r) => r,
@@ -437,11 +442,28 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
                 }
                 Err(_) => break,
             };
-            let Some(applied) = first_action(&r) else { continue };
             let now = Instant::now();
-            let Some(run) = r.run.as_deref().and_then(|id| eng2.run(id).ok().flatten()) else { continue };
-            let fp = run.event["fingerprint"].as_str().unwrap_or("").to_string();
+            let fp = match (r.kind, r.run.as_deref()) {
+                (RecordKind::EventReceived, _) => r.data["fingerprint"].as_str().map(str::to_string),
+                (RecordKind::RunQueued, Some(id)) => {
+                    let fp = r.data["event"]["fingerprint"].as_str().map(str::to_string);
+                    if let Some(fp) = &fp {
+                        run_fp.insert(id.to_string(), fp.clone());
+                    }
+                    fp
+                }
+                (RecordKind::RunStarted | RecordKind::ActionIntent | RecordKind::ActionResult, Some(id)) => {
+                    run_fp.get(id).cloned()
+                }
+                _ => None,
+            };
+            let Some(fp) = fp else { continue };
+            let Some(applied) = first_action(&r) else {
+                stages2.lock().unwrap_or_else(|e| e.into_inner()).entry(fp).or_default().push(now);
+                continue;
+            };
             if let Some(t) = sent2.lock().unwrap_or_else(|e| e.into_inner()).remove(&fp) {
+                stages2.lock().unwrap_or_else(|e| e.into_inner()).entry(fp).or_default().push(now);
                 let _ = done_tx.send(applied.map(|_| (now - t).as_secs_f64() * 1000.0));
             }
         }
@@ -463,7 +485,9 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
                         "annotations": {}, "startsAt": nightshift_engine::alerts::format_rfc3339_ms(now), "endsAt": "0001-01-01T00:00:00Z",
                         "generatorURL": "", "fingerprint": fp}]
         });
-        sent.lock().unwrap_or_else(|e| e.into_inner()).insert(fp, Instant::now());
+        let t = Instant::now();
+        posted.lock().unwrap_or_else(|e| e.into_inner()).insert(fp.clone(), t);
+        sent.lock().unwrap_or_else(|e| e.into_inner()).insert(fp, t);
         let h = http.clone();
         let u = url.clone();
         tokio::spawn(async move {
@@ -494,8 +518,25 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
             alerts - lat.len() - failed.len()
         ));
     }
-    Ok((pct(&mut lat.clone(), 0.5), pct(&mut lat, 0.99)))
+    // Median time from the POST to each record, stage by stage.
+    let stages = stages.lock().unwrap_or_else(|e| e.into_inner());
+    let sent_at = posted.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cols: Vec<Vec<f64>> = vec![Vec::new(); STAGES.len()];
+    for (fp, times) in stages.iter() {
+        if let (Some(t0), STAGES_LEN) = (sent_at.get(fp), times.len()) {
+            for (i, t) in times.iter().enumerate() {
+                cols[i].push((*t - *t0).as_secs_f64() * 1000.0);
+            }
+        }
+    }
+    let breakdown =
+        STAGES.iter().zip(cols.iter_mut()).map(|(n, v)| format!("{n} {:.2}", median(v))).collect::<Vec<_>>().join(", ");
+    Ok((pct(&mut lat.clone(), 0.5), pct(&mut lat, 0.99), breakdown))
 }
+
+/// The records of one alert's path, in order.
+const STAGES: [&str; 5] = ["event_received", "run_queued", "run_started", "action_intent", "action_result"];
+const STAGES_LEN: usize = STAGES.len();
 
 /// 3: fault in the agent's telemetry → ActionResult. Returns (p50, p99) ms.
 async fn telemetry_latency(events: usize, interval_ms: u64, data_root: &Path) -> Result<(f64, f64)> {
@@ -1106,17 +1147,23 @@ async fn alert_latency_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
     for rate in [100.0, 1000.0] {
         let mut p50 = Vec::new();
         let mut p99 = Vec::new();
+        let mut breakdowns = Vec::new();
         for _ in 0..runs {
-            let (a, b) = alert_latency(alerts, rate, disk).await.with_context(|| format!("scenario 2 at {rate}/s"))?;
+            let (a, b, d) =
+                alert_latency(alerts, rate, disk).await.with_context(|| format!("scenario 2 at {rate}/s"))?;
             p50.push(a);
             p99.push(b);
+            breakdowns.push((a, d));
         }
+        breakdowns.sort_by(|x, y| x.0.total_cmp(&y.0));
+        let breakdown = breakdowns.get(breakdowns.len() / 2).map(|b| b.1.clone()).unwrap_or_default();
         let note = format!(
-            "{alerts} alerts at {rate:.0}/s over HTTP, each on its own GPU ({} agents × 8 GPUs over SSH), every action applied and journaled; audit on {}; {}",
+            "{alerts} alerts at {rate:.0}/s over HTTP, each on its own GPU ({} agents × 8 GPUs over SSH), every action applied and journaled; audit on {}; median ms from the POST to each durable record (median run): {breakdown}; {}",
             alerts.div_ceil(8),
             disk.display(),
             ctx.refs.text()
         );
+        eprintln!("scenario 2 at {rate:.0}/s: ms from the POST to each durable record: {breakdown}");
         c.add(
             2,
             &format!("alert → action applied at {rate:.0}/s, p50"),

@@ -203,7 +203,7 @@ impl AuditStore {
         let (tx, rx) = std_mpsc::channel::<WriteReq>();
         let (live, _) = broadcast::channel(4096);
         let head = Arc::new(std::sync::atomic::AtomicU64::new(seq));
-        let writer = Writer { seq, hash, clock, log };
+        let writer = Writer { seq, hash, clock, log, failed: None };
         let indexer = Indexer { trees: trees.clone(), live: live.clone(), head: head.clone(), failed: None };
         let thread = std::thread::Builder::new()
             .name("audit-writer".into())
@@ -223,6 +223,17 @@ impl AuditStore {
         let (ack, rx) = oneshot::channel();
         self.writer.send(WriteReq { rec, summary, ack })?;
         rx.await.map_err(|_| AuditError::Closed)?
+    }
+
+    /// Append without waiting for durability: the record is queued behind
+    /// every earlier append and ahead of every later one, and the writer
+    /// stops for good at its first failed log write — so it is durable
+    /// before any later `append` returns. For records nothing is acted on
+    /// or reported from until a later, awaited record (the hot path of an
+    /// automatic run: event, queued, started — then the awaited intent).
+    pub fn append_ordered(&self, rec: NewRecord, summary: Option<RunSummary>) -> Result<(), AuditError> {
+        let (ack, _) = oneshot::channel();
+        self.writer.send(WriteReq { rec, summary, ack })
     }
 
     /// `append` for blocking threads (runbook scripts).
@@ -471,6 +482,9 @@ struct Writer {
     hash: String,
     clock: SharedClock,
     log: RecordLog,
+    /// The first failed log write: every later append fails with it, so a
+    /// record appended in order is never missing behind a later one.
+    failed: Option<AuditError>,
 }
 
 /// A group in the record log, on its way to sled and to its callers.
@@ -528,6 +542,12 @@ impl Writer {
     /// Chain, encode and sync one group; `None` when the log refused it
     /// (its callers have their error then).
     fn write_batch(&mut self, batch: Vec<WriteReq>) -> Option<Written> {
+        if let Some(e) = &self.failed {
+            for req in batch {
+                let _ = req.ack.send(Err(e.clone()));
+            }
+            return None;
+        }
         let now = self.clock.now_ms();
         let mut records = Vec::with_capacity(batch.len());
         let mut summaries: Vec<Option<Vec<u8>>> = Vec::with_capacity(batch.len());
@@ -574,10 +594,14 @@ impl Writer {
                 Some(Written { records, bytes, summaries, batch })
             }
             Err(e) => {
-                tracing::error!(error = %e, "audit write failed");
+                tracing::error!(error = %e, "audit write failed: no more appends are accepted until a restart");
+                let e = AuditError::Write(format!(
+                    "the record log could not be written ({e}); the audit store accepts nothing more: fix the disk and restart the engine"
+                ));
                 for req in batch {
                     let _ = req.ack.send(Err(e.clone()));
                 }
+                self.failed = Some(e);
                 None
             }
         }
