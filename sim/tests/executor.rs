@@ -222,6 +222,61 @@ async fn blast_radius_holds_with_fifty_runs_racing() {
     assert_eq!(agent_drained, 5);
 }
 
+/// `drain_nodes` sends its drains 32 at a time: the blast radius must hold
+/// as exactly as when one run drains one node after another, and each
+/// refused node says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_run_draining_fifty_nodes_at_once_keeps_the_blast_radius() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "drain-pool",
+        "trigger:\n  type: manual\nscope: group\nblast_radius: {max_drained_pct: 10, max_per_group: 2, group_by: rack}\n",
+        "let rs = drain_nodes(group_nodes(), \"pool storm\");\nlet ok = 0;\nfor r in rs { if r.ok { ok += 1; } else if r.code != \"blast_radius\" { fail(r.error); } }\nnote(`drained ${ok} of ${rs.len()}`);\nkeep_holds(3600);\n",
+    );
+    let nodes: Vec<_> = (0..50)
+        .map(|i| {
+            let mut n = node(&format!("n{i:02}"), "h100-sxm");
+            n.gpus = 1;
+            n.labels.insert("rack".into(), format!("r{}", i % 3));
+            n.labels.insert("pool".into(), "a".into());
+            n
+        })
+        .collect();
+    let sim = start(nodes, rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let id = run_id(&f.engine.submit(manual("drain-pool", Target::group("pool", "a"), "user:alice")).await.unwrap());
+    let r = until_finished(f, &id, 120).await;
+    assert_eq!(r.outcome, Some(RunOutcome::Succeeded), "{r:?}");
+    let notes: Vec<String> = f
+        .engine
+        .run_records(&id)
+        .unwrap()
+        .into_iter()
+        .filter(|x| x.kind == RecordKind::Note)
+        .filter_map(|x| x.data["text"].as_str().map(str::to_string))
+        .collect();
+    assert!(notes.iter().any(|n| n == "drained 5 of 50"), "{notes:?}");
+    let drained: Vec<_> = f.engine.nodes().into_iter().filter(|n| n.state.drained).collect();
+    assert_eq!(drained.len(), 5, "10% of 50: {:?}", drained.iter().map(|n| &n.name).collect::<Vec<_>>());
+    for rack in ["r0", "r1", "r2"] {
+        assert!(drained.iter().filter(|n| n.labels["rack"] == rack).count() <= 2, "rack {rack}");
+    }
+    let run_records = f.engine.run_records(&id).unwrap();
+    let refusals = run_records.iter().filter(|x| x.kind == RecordKind::Refusal && x.data["code"] == "blast_radius");
+    assert_eq!(refusals.count(), 45);
+    // Every drain sent was audited as an intent first.
+    let intents = run_records.iter().filter(|x| x.kind == RecordKind::ActionIntent && x.data["op"] == "drain").count();
+    assert_eq!(intents, 5);
+    let mut agent_drained = 0;
+    for i in 0..50 {
+        let r = f.agent(&format!("n{i:02}")).handle(Request::new("p", Op::Telemetry(NoArgs {}))).await;
+        let t: Telemetry = serde_json::from_value(r.result.unwrap()).unwrap();
+        agent_drained += t.node_metrics.drained as usize;
+    }
+    assert_eq!(agent_drained, 5);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approval_flow() {
     let rb = tempfile::tempdir().unwrap();

@@ -625,8 +625,9 @@ async fn ssh_round_trip(calls: usize, state_root: &Path) -> Result<f64> {
 
 /// 4a: one manual run whose target is the group of all `n` agents, through
 /// the executor, the audit and the blast-radius checks: its script drains
-/// every node of the group (each drain audited before it is sent and
-/// journaled by its agent), and the run's end gives every drain back.
+/// every node of the group with `drain_nodes` (32 in flight; each drain
+/// audited before it is sent and journaled by its agent), and the run's end
+/// gives every drain back.
 /// Returns (submit → last node drained, submit → run finished) in seconds.
 async fn group_run(n: usize, state_root: &Path) -> Result<(f64, f64)> {
     let f = fleet(n, 1, 60_000, state_root).await?;
@@ -634,7 +635,7 @@ async fn group_run(n: usize, state_root: &Path) -> Result<(f64, f64)> {
         &[(
             "drain-all",
             "trigger: {type: manual}\nscope: group\ncooldown_secs: 0\ntimeout_secs: 600\nblast_radius: {max_drained_pct: 100}\n",
-            "for n in group_nodes() {\n    let r = drain_node(n, \"bench: group fan-out\");\n    if !r.ok { fail(`drain of ${n} refused: ${r}`); }\n}\n",
+            "for r in drain_nodes(group_nodes(), \"bench: group fan-out\") {\n    if !r.ok { fail(`a drain was refused: ${r}`); }\n}\n",
         )],
         60_000,
         state_root,
@@ -1224,7 +1225,7 @@ async fn fanout_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
         finished.push(b);
     }
     let note = format!(
-        "one manual run on a group of {n} agents through the executor, audit (on {}) and blast-radius checks; its script drains each node in turn (intent audited, then sent, then journaled by the agent); {}",
+        "one manual run on a group of {n} agents through the executor, audit (on {}) and blast-radius checks; its script drains them with drain_nodes, 32 in flight (each intent audited, then sent, then journaled by the agent); {}",
         disk.display(),
         ctx.refs.text()
     );

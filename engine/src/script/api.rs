@@ -114,6 +114,19 @@ fn act(node: Option<String>, op: Op) -> Result<Map, Box<EvalAltResult>> {
     Ok(result)
 }
 
+/// Many actions at once (group runs): one result map per action, in order.
+fn act_many(actions: Vec<(String, Op)>) -> Result<rhai::Array, Box<EvalAltResult>> {
+    let c = ctx()?;
+    if let Some(r) = c.check_stop() {
+        return Err(terminated(r));
+    }
+    let results = c.host.act_many(&c, actions);
+    if let Some(r) = c.check_stop() {
+        return Err(terminated(r));
+    }
+    Ok(results.into_iter().map(Dynamic::from).collect())
+}
+
 fn text(kind: TextKind, s: &str) -> Result<(), Box<EvalAltResult>> {
     let c = ctx()?;
     let n = c.notes.fetch_add(1, Ordering::SeqCst);
@@ -216,6 +229,27 @@ pub(super) fn register(e: &mut Engine) {
     e.register_fn("drain_node", |node: &str, why: &str| {
         let c = ctx()?;
         act(Some(node.into()), Op::Drain(DrainArgs { reason: why.into(), run: Some(c.run_id.clone()), sticky: false }))
+    });
+    e.register_fn("drain_nodes", |nodes: rhai::Array, why: &str| -> Result<rhai::Array, Box<EvalAltResult>> {
+        let c = ctx()?;
+        let mut actions = Vec::with_capacity(nodes.len());
+        for n in nodes {
+            let node =
+                n.into_string().map_err(|t| format!("drain_nodes: expected an array of node names, found {t}"))?;
+            actions
+                .push((node, Op::Drain(DrainArgs { reason: why.into(), run: Some(c.run_id.clone()), sticky: false })));
+        }
+        act_many(actions)
+    });
+    e.register_fn("resume_nodes", |nodes: rhai::Array| -> Result<rhai::Array, Box<EvalAltResult>> {
+        let c = ctx()?;
+        let mut actions = Vec::with_capacity(nodes.len());
+        for n in nodes {
+            let node =
+                n.into_string().map_err(|t| format!("resume_nodes: expected an array of node names, found {t}"))?;
+            actions.push((node, Op::Resume(ResumeArgs { run: Some(c.run_id.clone()) })));
+        }
+        act_many(actions)
     });
     e.register_fn("resume", || act(None, Op::Resume(ResumeArgs { run: Some(ctx()?.run_id.clone()) })));
     e.register_fn("resume_node", |node: &str| {

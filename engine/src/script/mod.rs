@@ -129,6 +129,9 @@ pub enum TextKind {
 
 /// What the engine offers a running script. Every method is called from the
 /// run's blocking thread.
+/// The most actions [`ScriptHost::act_many`] has in flight at once.
+pub const MAX_PARALLEL_ACTIONS: usize = 32;
+
 pub trait ScriptHost: Send + Sync {
     fn reading(&self, ctx: &RunCtx, q: &Reading) -> Option<f64>;
     fn gpu_info(&self, ctx: &RunCtx, node: &str, gpu: u32) -> Map;
@@ -138,6 +141,21 @@ pub trait ScriptHost: Send + Sync {
     fn group_avg(&self, ctx: &RunCtx, metric: MetricId) -> Option<f64>;
     /// Send an action to a node's agent (audited intent → result).
     fn act(&self, ctx: &RunCtx, node: &str, op: Op) -> Map;
+    /// [`ScriptHost::act`] for many nodes at once, at most
+    /// [`MAX_PARALLEL_ACTIONS`] in flight; results in the order given.
+    /// Each action is checked, audited and sent exactly as `act` does it —
+    /// only the waiting overlaps (the intents share fdatasyncs).
+    fn act_many(&self, ctx: &RunCtx, actions: Vec<(String, Op)>) -> Vec<Map> {
+        let mut out: Vec<Option<Map>> = vec![None; actions.len()];
+        for (chunk, slots) in actions.chunks(MAX_PARALLEL_ACTIONS).zip(out.chunks_mut(MAX_PARALLEL_ACTIONS)) {
+            std::thread::scope(|scope| {
+                for ((node, op), slot) in chunk.iter().zip(slots.iter_mut()) {
+                    scope.spawn(move || *slot = Some(self.act(ctx, node, op.clone())));
+                }
+            });
+        }
+        out.into_iter().map(Option::unwrap_or_default).collect()
+    }
     /// One managed config by name (its entry), or all of them (an array).
     fn config_list(&self, ctx: &RunCtx, node: &str, name: Option<&str>) -> Dynamic;
     fn annotate(&self, ctx: &RunCtx, node: &str, key: &str, text: Option<&str>);
