@@ -330,8 +330,27 @@ impl Engine {
         // The run's holds go when it ends (those it kept stay, leased).
         let mut released = Vec::new();
         let mut left = Vec::new();
-        for node in &held_on {
-            match self.core.release_run_holds(&summary, node).await {
+        // Node by node in order, up to 32 at once (a group run may hold
+        // hundreds of nodes).
+        let results: Vec<(String, Result<serde_json::Value, String>)> = {
+            use futures::StreamExt;
+            let shared = Arc::new(summary.clone());
+            futures::stream::iter(held_on.clone())
+                .map(|node| {
+                    let (core, s) = (self.core.clone(), shared.clone());
+                    async move {
+                        let r = core.release_run_holds(&s, &node).await;
+                        (node, r)
+                    }
+                })
+                .buffered(crate::script::MAX_PARALLEL_ACTIONS)
+                .collect()
+                .await
+        };
+        for (node, result) in &results {
+            let node = node.as_str();
+            let result = result.clone();
+            match result {
                 Ok(v) => {
                     if let Ok(r) = serde_json::from_value::<nightshift_proto::ReleaseResult>(v) {
                         for s in r.settings {

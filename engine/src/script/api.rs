@@ -114,17 +114,39 @@ fn act(node: Option<String>, op: Op) -> Result<Map, Box<EvalAltResult>> {
     Ok(result)
 }
 
-/// Many actions at once (group runs): one result map per action, in order.
-fn act_many(actions: Vec<(String, Op)>) -> Result<rhai::Array, Box<EvalAltResult>> {
+/// Many actions at once (group runs). The answer is flat — arrays of
+/// strings, not a map per node — so a large group stays inside the script's
+/// size limits (which count every string it holds): `#{ok: [nodes done],
+/// refused: [nodes not done], codes: [why, one per refused node],
+/// errors: #{code: the first message with that code}}`.
+fn act_many(actions: Vec<(String, Op)>) -> Result<Map, Box<EvalAltResult>> {
     let c = ctx()?;
     if let Some(r) = c.check_stop() {
         return Err(terminated(r));
     }
+    let nodes: Vec<String> = actions.iter().map(|(n, _)| n.clone()).collect();
     let results = c.host.act_many(&c, actions);
     if let Some(r) = c.check_stop() {
         return Err(terminated(r));
     }
-    Ok(results.into_iter().map(Dynamic::from).collect())
+    let (mut ok, mut refused, mut codes, mut errors) = (Vec::new(), Vec::new(), Vec::new(), Map::new());
+    for (node, r) in nodes.into_iter().zip(results) {
+        let field = |k: &str| r.get(k).map(|v| v.to_string()).unwrap_or_default();
+        if r.get("ok").and_then(|v| v.as_bool().ok()) == Some(true) {
+            ok.push(Dynamic::from(node));
+        } else {
+            let code = field("code");
+            errors.entry(code.as_str().into()).or_insert_with(|| Dynamic::from(format!("{node}: {}", field("error"))));
+            codes.push(Dynamic::from(code));
+            refused.push(Dynamic::from(node));
+        }
+    }
+    let mut m = Map::new();
+    m.insert("ok".into(), Dynamic::from_array(ok));
+    m.insert("refused".into(), Dynamic::from_array(refused));
+    m.insert("codes".into(), Dynamic::from_array(codes));
+    m.insert("errors".into(), Dynamic::from_map(errors));
+    Ok(m)
 }
 
 fn text(kind: TextKind, s: &str) -> Result<(), Box<EvalAltResult>> {
@@ -230,7 +252,7 @@ pub(super) fn register(e: &mut Engine) {
         let c = ctx()?;
         act(Some(node.into()), Op::Drain(DrainArgs { reason: why.into(), run: Some(c.run_id.clone()), sticky: false }))
     });
-    e.register_fn("drain_nodes", |nodes: rhai::Array, why: &str| -> Result<rhai::Array, Box<EvalAltResult>> {
+    e.register_fn("drain_nodes", |nodes: rhai::Array, why: &str| -> Result<Map, Box<EvalAltResult>> {
         let c = ctx()?;
         let mut actions = Vec::with_capacity(nodes.len());
         for n in nodes {
@@ -241,7 +263,7 @@ pub(super) fn register(e: &mut Engine) {
         }
         act_many(actions)
     });
-    e.register_fn("resume_nodes", |nodes: rhai::Array| -> Result<rhai::Array, Box<EvalAltResult>> {
+    e.register_fn("resume_nodes", |nodes: rhai::Array| -> Result<Map, Box<EvalAltResult>> {
         let c = ctx()?;
         let mut actions = Vec::with_capacity(nodes.len());
         for n in nodes {
