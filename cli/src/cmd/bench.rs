@@ -429,7 +429,7 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Result<f64, String>>();
     let sent2 = sent.clone();
     // Where each alert's time goes: when each of its records became durable.
-    let stages: Arc<std::sync::Mutex<HashMap<String, Vec<Instant>>>> = Arc::default();
+    let stages: Arc<std::sync::Mutex<HashMap<String, [Option<Instant>; STAGES_LEN]>>> = Arc::default();
     let stages2 = stages.clone();
     let listener_task = tokio::spawn(async move {
         let mut run_fp: HashMap<String, String> = HashMap::new();
@@ -458,12 +458,24 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
                 _ => None,
             };
             let Some(fp) = fp else { continue };
+            let stage = |kind: RecordKind| match kind {
+                RecordKind::EventReceived => 0,
+                RecordKind::RunQueued => 1,
+                RecordKind::RunStarted => 2,
+                RecordKind::ActionIntent => 3,
+                _ => 4,
+            };
+            let mark = |at: usize| {
+                let mut st = stages2.lock().unwrap_or_else(|e| e.into_inner());
+                let slot = &mut st.entry(fp.clone()).or_default()[at];
+                slot.get_or_insert(now);
+            };
             let Some(applied) = first_action(&r) else {
-                stages2.lock().unwrap_or_else(|e| e.into_inner()).entry(fp).or_default().push(now);
+                mark(stage(r.kind));
                 continue;
             };
             if let Some(t) = sent2.lock().unwrap_or_else(|e| e.into_inner()).remove(&fp) {
-                stages2.lock().unwrap_or_else(|e| e.into_inner()).entry(fp).or_default().push(now);
+                mark(4);
                 let _ = done_tx.send(applied.map(|_| (now - t).as_secs_f64() * 1000.0));
             }
         }
@@ -523,9 +535,11 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
     let sent_at = posted.lock().unwrap_or_else(|e| e.into_inner());
     let mut cols: Vec<Vec<f64>> = vec![Vec::new(); STAGES.len()];
     for (fp, times) in stages.iter() {
-        if let (Some(t0), STAGES_LEN) = (sent_at.get(fp), times.len()) {
+        if let Some(t0) = sent_at.get(fp) {
             for (i, t) in times.iter().enumerate() {
-                cols[i].push((*t - *t0).as_secs_f64() * 1000.0);
+                if let Some(t) = t {
+                    cols[i].push((*t - *t0).as_secs_f64() * 1000.0);
+                }
             }
         }
     }

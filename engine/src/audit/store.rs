@@ -31,6 +31,11 @@ pub(super) struct Trees {
     pub(super) runs_by_created: sled::Tree,
 }
 
+/// How often sled flushes in the background. Not what makes a record
+/// durable (the record log is); it bounds what an open replays after a
+/// crash to about this much of the log.
+const SLED_FLUSH_MS: u64 = 1000;
+
 /// The store.
 #[derive(Clone)]
 pub struct AuditStore {
@@ -147,7 +152,8 @@ impl AuditStore {
         // go of its lock: retry briefly before calling it held.
         let mut attempt = 0;
         let db = loop {
-            match sled::Config::new().path(&path).mode(sled::Mode::LowSpace).flush_every_ms(None).open() {
+            match sled::Config::new().path(&path).mode(sled::Mode::LowSpace).flush_every_ms(Some(SLED_FLUSH_MS)).open()
+            {
                 Ok(db) => break db,
                 Err(e) => {
                     let message = e.to_string();
