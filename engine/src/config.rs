@@ -126,9 +126,17 @@ pub struct TelemetryConfig {
     /// How far back the run and node pages can draw (`history.rs`).
     #[serde(default = "d_history")]
     pub history_secs: u64,
-    /// One plotted point per this many seconds.
+    /// One plotted point per this many seconds (widened at start when the
+    /// fleet is too large for `history_max_mib`).
     #[serde(default = "d_history_step")]
     pub history_step_secs: u64,
+    /// The most memory the plot history may take for the whole fleet.
+    #[serde(default = "d_history_max_mib")]
+    pub history_max_mib: u64,
+}
+
+fn d_history_max_mib() -> u64 {
+    256
 }
 
 fn d_history() -> u64 {
@@ -239,6 +247,7 @@ impl Default for TelemetryConfig {
             stream_from_agents: true,
             history_secs: d_history(),
             history_step_secs: d_history_step(),
+            history_max_mib: d_history_max_mib(),
         }
     }
 }
@@ -441,6 +450,7 @@ impl EngineConfig {
             ("stale_after_secs", t.stale_after_secs, 1, 86_400),
             ("history_secs", t.history_secs, 0, 7 * 86_400),
             ("history_step_secs", t.history_step_secs, 1, 3_600),
+            ("history_max_mib", t.history_max_mib, 1, 65_536),
         ] {
             if !(lo..=hi).contains(&v) {
                 return Err(err(field, format!("telemetry.{field}: expected {lo} to {hi}, found {v}")));

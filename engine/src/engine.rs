@@ -152,6 +152,23 @@ impl Engine {
         let brain = Brain::build(&parts.runbooks, (parts.config.telemetry.script_window_secs as i64) * 1000);
         let (shutdown, _) = tokio::sync::watch::channel(false);
         let runs_so_far = parts.audit.run_count().unwrap_or(0);
+        let t = &parts.config.telemetry;
+        let (history, step) = crate::history::History::for_fleet(
+            t.history_secs,
+            t.history_step_secs,
+            parts.nodes.len(),
+            t.history_max_mib.saturating_mul(1024 * 1024),
+        );
+        if step != t.history_step_secs {
+            tracing::info!(
+                nodes = parts.nodes.len(),
+                step_secs = step,
+                configured_step_secs = t.history_step_secs,
+                history_max_mib = t.history_max_mib,
+                "plot history: one point per {step} s to keep {} nodes within telemetry.history_max_mib",
+                parts.nodes.len()
+            );
+        }
         let core = Core {
             clock: parts.clock,
             audit: parts.audit,
@@ -159,10 +176,7 @@ impl Engine {
             script: parts.script,
             runbooks: RwLock::new(Arc::new(parts.runbooks)),
             brain: Mutex::new(brain),
-            history: Mutex::new(crate::history::History::new(
-                parts.config.telemetry.history_secs,
-                parts.config.telemetry.history_step_secs,
-            )),
+            history: Mutex::new(history),
             table: Mutex::new(RunTable::new(parts.config.limits.alert_dedup_entries)),
             handle: tokio::runtime::Handle::current(),
             ids: Ids::new(runs_so_far),

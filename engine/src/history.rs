@@ -5,9 +5,11 @@
 //! trigger windows (`telemetry.rs`), which keep only what triggers need, at
 //! full rate.
 //!
-//! Memory: 8 bytes a point. At the defaults (6 h at 10 s, 2,160 points) a
-//! GPU's 6 series take ~104 KiB; `nightshift bench` measures it at fleet
-//! scale.
+//! Memory: 8 bytes a point, up to twice that with a ring's spare room, and
+//! ~100 bytes a series. At the defaults (6 h at 10 s, 2,160 points) a GPU's
+//! series take ~100 KiB — 8 GiB for 10,000 nodes — so the step is widened
+//! at start to keep the whole fleet within `telemetry.history_max_mib`
+//! ([`History::for_fleet`]); `nightshift bench` (scenario 7) measures it.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -27,6 +29,13 @@ pub const PLOTTED: &[MetricId] = &[
     ids::COMM_OVERHEAD,
     ids::JOB_PROGRESS,
 ];
+
+/// Plotted series a node of 8 GPUs has (for sizing the history).
+const SERIES_PER_NODE: usize = 8 * 7 + 4;
+/// A series' map entry and ring header, about.
+const SERIES_OVERHEAD_BYTES: u64 = 100;
+/// A point, with the ring's spare room at worst.
+const WORST_BYTES_PER_POINT: u64 = 16;
 
 /// `(node index, gpu, metric)`.
 pub type Key = (u32, Option<u16>, MetricId);
@@ -50,6 +59,17 @@ impl History {
         }
     }
 
+    /// Keep `keep_secs` at one point per `step_secs`, or per a wider step
+    /// if `nodes` nodes of 8 GPUs would take more than `max_bytes`. Returns
+    /// the history and the step chosen.
+    pub fn for_fleet(keep_secs: u64, step_secs: u64, nodes: usize, max_bytes: u64) -> (History, u64) {
+        let series = (nodes.max(1) * SERIES_PER_NODE) as u64;
+        let per_series = (max_bytes / series).saturating_sub(SERIES_OVERHEAD_BYTES);
+        let points = (per_series / WORST_BYTES_PER_POINT).max(1);
+        let step = step_secs.max(1).max(keep_secs.div_ceil(points));
+        (History::new(keep_secs, step), step)
+    }
+
     /// Whether a metric is kept.
     pub fn plotted(metric: MetricId) -> bool {
         PLOTTED.contains(&metric)
@@ -62,7 +82,8 @@ impl History {
         }
         let secs = u32::try_from(ts_ms / 1000).unwrap_or(u32::MAX);
         let bucket = ts_ms / self.step_ms;
-        let ring = self.series.entry(key).or_insert_with(|| VecDeque::with_capacity(16));
+        let cap = self.points.min(16);
+        let ring = self.series.entry(key).or_insert_with(|| VecDeque::with_capacity(cap));
         match ring.back_mut() {
             Some(last) if i64::from(last.0) * 1000 / self.step_ms == bucket => *last = (secs, value as f32),
             Some(last) if i64::from(last.0) * 1000 / self.step_ms > bucket => {} // out of order: dropped
@@ -117,5 +138,19 @@ mod tests {
         assert!(h.range((0, Some(2), ids::TEMPERATURE), 0, i64::MAX).is_empty());
         assert_eq!(h.range(k, 180_000, 190_000), vec![(189_000, 189.0)]);
         assert!(History::plotted(ids::POWER_LIMIT) && !History::plotted(ids::ECC_SBE));
+    }
+
+    /// A small fleet keeps the configured step; a large one gets a wider
+    /// step that keeps the whole history within the budget.
+    #[test]
+    fn the_step_widens_to_fit_the_fleet_in_the_budget() {
+        let mib = 1024 * 1024;
+        for (nodes, max_mib, expect_step) in [(10, 256, 10), (500, 256, 40), (10_000, 256, 1029), (10_000, 4096, 49)] {
+            let (h, step) = History::for_fleet(6 * 3600, 10, nodes, max_mib * mib);
+            assert_eq!(step, expect_step, "{nodes} nodes in {max_mib} MiB");
+            let worst =
+                (nodes * SERIES_PER_NODE) as u64 * (SERIES_OVERHEAD_BYTES + h.points as u64 * WORST_BYTES_PER_POINT);
+            assert!(worst <= max_mib * mib || step == 10, "{nodes} nodes: {worst} bytes at worst");
+        }
     }
 }

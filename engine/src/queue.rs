@@ -541,6 +541,7 @@ impl Engine {
         running.saturating_sub(self.core.clock.idle_sleepers())
             + startable
             + self.core.inflight_events.load(Ordering::SeqCst) as usize
+            + self.core.audit.pending() as usize
     }
 
     /// Active runs as `id runbook target state`, for diagnostics.

@@ -52,12 +52,25 @@ pub struct AuditStore {
 struct WriterHandle {
     tx: Option<std_mpsc::Sender<WriteReq>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Appends sent and not yet answered (acknowledged or failed).
+    pending: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl WriterHandle {
     fn send(&self, req: WriteReq) -> Result<(), AuditError> {
-        self.tx.as_ref().ok_or(AuditError::Closed)?.send(req).map_err(|_| AuditError::Closed)
+        self.pending.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let sent = self.tx.as_ref().ok_or(AuditError::Closed)?.send(req).map_err(|_| AuditError::Closed);
+        if sent.is_err() {
+            self.pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        sent
     }
+}
+
+/// Answers one append and counts it off.
+fn answer(pending: &std::sync::atomic::AtomicU64, req: WriteReq, r: Result<AuditRecord, AuditError>) {
+    let _ = req.ack.send(r);
+    pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
 }
 
 impl Drop for WriterHandle {
@@ -209,13 +222,20 @@ impl AuditStore {
         let (tx, rx) = std_mpsc::channel::<WriteReq>();
         let (live, _) = broadcast::channel(4096);
         let head = Arc::new(std::sync::atomic::AtomicU64::new(seq));
-        let writer = Writer { seq, hash, clock, log, failed: None };
-        let indexer = Indexer { trees: trees.clone(), live: live.clone(), head: head.clone(), failed: None };
+        let pending = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let writer = Writer { seq, hash, clock, log, failed: None, pending: pending.clone() };
+        let indexer = Indexer {
+            trees: trees.clone(),
+            live: live.clone(),
+            head: head.clone(),
+            failed: None,
+            pending: pending.clone(),
+        };
         let thread = std::thread::Builder::new()
             .name("audit-writer".into())
             .spawn(move || writer.run(rx, indexer))
             .map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() })?;
-        let writer = Arc::new(WriterHandle { tx: Some(tx), thread: Some(thread) });
+        let writer = Arc::new(WriterHandle { tx: Some(tx), thread: Some(thread), pending });
         Ok(AuditStore { trees, path, writer, live, head })
     }
 
@@ -247,6 +267,12 @@ impl AuditStore {
         let (ack, rx) = oneshot::channel();
         self.writer.send(WriteReq { rec, summary, ack })?;
         rx.blocking_recv().map_err(|_| AuditError::Closed)?
+    }
+
+    /// Appends not yet answered (the simulator waits for none before it
+    /// moves time on).
+    pub fn pending(&self) -> u64 {
+        self.writer.pending.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The sequence number of the newest record.
@@ -491,6 +517,7 @@ struct Writer {
     /// The first failed log write: every later append fails with it, so a
     /// record appended in order is never missing behind a later one.
     failed: Option<AuditError>,
+    pending: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// A group in the record log, on its way to sled and to its callers.
@@ -510,6 +537,7 @@ struct Indexer {
     live: broadcast::Sender<Arc<AuditRecord>>,
     head: Arc<std::sync::atomic::AtomicU64>,
     failed: Option<AuditError>,
+    pending: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Writer {
@@ -550,7 +578,7 @@ impl Writer {
     fn write_batch(&mut self, batch: Vec<WriteReq>) -> Option<Written> {
         if let Some(e) = &self.failed {
             for req in batch {
-                let _ = req.ack.send(Err(e.clone()));
+                answer(&self.pending, req, Err(e.clone()));
             }
             return None;
         }
@@ -605,7 +633,7 @@ impl Writer {
                     "the record log could not be written ({e}); the audit store accepts nothing more: fix the disk and restart the engine"
                 ));
                 for req in batch {
-                    let _ = req.ack.send(Err(e.clone()));
+                    answer(&self.pending, req, Err(e.clone()));
                 }
                 self.failed = Some(e);
                 None
@@ -653,7 +681,7 @@ impl Indexer {
         }
         if let Some(e) = &self.failed {
             for req in w.batch {
-                let _ = req.ack.send(Err(e.clone()));
+                answer(&self.pending, req, Err(e.clone()));
             }
             return;
         }
@@ -662,7 +690,7 @@ impl Indexer {
         }
         for (r, req) in w.records.into_iter().zip(w.batch) {
             let _ = self.live.send(Arc::new(r.clone()));
-            let _ = req.ack.send(Ok(r));
+            answer(&self.pending, req, Ok(r));
         }
     }
 }
