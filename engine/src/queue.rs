@@ -347,9 +347,8 @@ impl Engine {
                 .collect()
                 .await
         };
-        for (node, result) in &results {
-            let node = node.as_str();
-            let result = result.clone();
+        for (node_name, result) in results {
+            let node = node_name.as_str();
             match result {
                 Ok(v) => {
                     if let Ok(r) = serde_json::from_value::<nightshift_proto::ReleaseResult>(v) {

@@ -637,6 +637,21 @@ async fn ssh_round_trip(calls: usize, state_root: &Path) -> Result<f64> {
     Ok(median(&mut v))
 }
 
+/// A manual run of `runbook` on `target`, as a person would ask for it.
+fn manual_run(runbook: &str, target: nightshift_engine::runs::Target) -> nightshift_engine::engine::RunRequest {
+    nightshift_engine::engine::RunRequest {
+        runbook: runbook.into(),
+        target,
+        trigger: "manual".into(),
+        detail: "bench".into(),
+        event: json!({}),
+        event_ts_ms: 0,
+        params: BTreeMap::new(),
+        dry_run: false,
+        requested_by: "user:bench".into(),
+    }
+}
+
 /// 4a: one manual run whose target is the group of all `n` agents, through
 /// the executor, the audit and the blast-radius checks: its script drains
 /// every node of the group with `drain_nodes` (32 in flight; each drain
@@ -658,19 +673,7 @@ async fn group_run(n: usize, state_root: &Path) -> Result<(f64, f64)> {
     wait_connected(&engine, n).await?;
     let mut rx = engine.audit().subscribe();
     let t = Instant::now();
-    let s = engine
-        .submit(nightshift_engine::engine::RunRequest {
-            runbook: "drain-all".into(),
-            target: nightshift_engine::runs::Target::group("pool", "a"),
-            trigger: "manual".into(),
-            detail: "bench".into(),
-            event: json!({}),
-            event_ts_ms: 0,
-            params: BTreeMap::new(),
-            dry_run: false,
-            requested_by: "user:bench".into(),
-        })
-        .await?;
+    let s = engine.submit(manual_run("drain-all", nightshift_engine::runs::Target::group("pool", "a"))).await?;
     let id = s.run().ok_or_else(|| anyhow!("the group run was not started: {s:?}"))?.id.clone();
     let mut drained = 0usize;
     let mut all_drained = None;
@@ -883,19 +886,7 @@ async fn run_end_to_end(iterations: usize, data_root: &Path) -> Result<Vec<f64>>
     let mut out = Vec::new();
     for _ in 0..iterations {
         let t = Instant::now();
-        let s = engine
-            .submit(nightshift_engine::engine::RunRequest {
-                runbook: "trivial".into(),
-                target: nightshift_engine::runs::Target::node("n0000"),
-                trigger: "manual".into(),
-                detail: "bench".into(),
-                event: json!({}),
-                event_ts_ms: 0,
-                params: BTreeMap::new(),
-                dry_run: false,
-                requested_by: "user:bench".into(),
-            })
-            .await?;
+        let s = engine.submit(manual_run("trivial", nightshift_engine::runs::Target::node("n0000"))).await?;
         let id = s.run().ok_or_else(|| anyhow!("not started: {s:?}"))?.id.clone();
         loop {
             if engine.run(&id)?.is_some_and(|r| r.outcome.is_some()) && engine.running() == 0 {

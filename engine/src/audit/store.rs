@@ -1,8 +1,9 @@
-//! The store behind [`AuditStore`]: one writer thread that groups
-//! concurrent appends into one record-log write and one fdatasync (the
-//! durability point), then indexes them in sled in one transaction (sled
-//! flushes in the background; a crash before that is replayed from the log
-//! on open); indexes by run and node, run summaries, queries and `verify`.
+//! The store behind [`AuditStore`]: a writer thread that groups concurrent
+//! appends into one record-log write and one fdatasync (the durability
+//! point), and an index thread that then puts them in sled and answers
+//! their callers (sled flushes in the background; what it loses in a crash
+//! is replayed from the log on open); indexes by run and node, run
+//! summaries, queries and `verify`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -58,8 +59,9 @@ struct WriterHandle {
 
 impl WriterHandle {
     fn send(&self, req: WriteReq) -> Result<(), AuditError> {
+        let tx = self.tx.as_ref().ok_or(AuditError::Closed)?;
         self.pending.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let sent = self.tx.as_ref().ok_or(AuditError::Closed)?.send(req).map_err(|_| AuditError::Closed);
+        let sent = tx.send(req).map_err(|_| AuditError::Closed);
         if sent.is_err() {
             self.pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         }

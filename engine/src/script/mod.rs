@@ -127,11 +127,11 @@ pub enum TextKind {
     Escalate,
 }
 
-/// What the engine offers a running script. Every method is called from the
-/// run's blocking thread.
 /// The most actions [`ScriptHost::act_many`] has in flight at once.
 pub const MAX_PARALLEL_ACTIONS: usize = 32;
 
+/// What the engine offers a running script. Every method is called from the
+/// run's blocking thread (`act_many`'s actions from threads it starts).
 pub trait ScriptHost: Send + Sync {
     fn reading(&self, ctx: &RunCtx, q: &Reading) -> Option<f64>;
     fn gpu_info(&self, ctx: &RunCtx, node: &str, gpu: u32) -> Map;
