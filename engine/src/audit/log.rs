@@ -31,6 +31,11 @@ const MIN_CHUNK_BYTES: u64 = 1 << 20;
 /// The largest.
 const MAX_CHUNK_BYTES: u64 = 64 << 20;
 
+/// Tests only: logs whose next append fails once (as a full or failing
+/// disk would make it).
+#[cfg(test)]
+pub(super) static FAIL_NEXT_APPEND: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
 /// A line carrying the exact bytes of the run summary the record before it
 /// changed (the record's `summary_sha256` vouches for them).
 #[derive(Debug, Serialize, Deserialize)]
@@ -289,6 +294,14 @@ impl RecordLog {
     pub fn append_bytes(&mut self, buf: &[u8]) -> Result<(), AuditError> {
         if buf.is_empty() {
             return Ok(());
+        }
+        #[cfg(test)]
+        {
+            let mut fail = FAIL_NEXT_APPEND.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = fail.iter().position(|p| p == &self.path) {
+                fail.remove(i);
+                return Err(io(&self.path, std::io::Error::other("injected write failure")));
+            }
         }
         self.grow(buf.len() as u64)?;
         let written = self.file.write_all_at(buf, self.len).and_then(|_| self.file.sync_data());

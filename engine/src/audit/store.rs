@@ -760,6 +760,36 @@ mod tests {
         assert!(std::fs::read(&log).unwrap().ends_with(b"\n"), "closed cleanly, the log ends in its last line");
     }
 
+    /// One failed log write stops the writer for good: a record appended
+    /// in order and lost to the failure can never be missing behind a later
+    /// record that was acknowledged.
+    #[tokio::test]
+    async fn after_a_failed_log_write_nothing_more_is_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = AuditStore::open(dir.path(), clock()).unwrap();
+            s.append(NewRecord::new(RecordKind::Note, "engine", json!({"i": 1})), None).await.unwrap();
+            super::super::log::FAIL_NEXT_APPEND.lock().unwrap().push(dir.path().join(super::super::log::LOG_FILE));
+            // The ordered record meets the (one) failure...
+            s.append_ordered(NewRecord::new(RecordKind::Note, "engine", json!({"i": 2})), None).unwrap();
+            while s.pending() > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            // ...and the awaited one after it, in a group of its own, is
+            // refused, though the disk would take it now.
+            let e = s.append(NewRecord::new(RecordKind::Note, "engine", json!({"i": 3})), None).await.unwrap_err();
+            assert!(e.to_string().contains("accepts nothing more"), "{e}");
+            assert_eq!(s.head_seq(), 1);
+            assert_eq!(s.pending(), 0, "every append answered");
+        }
+        // A restart starts clean, with the chain intact.
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        assert_eq!(s.head_seq(), 1);
+        let r = s.append(NewRecord::new(RecordKind::Note, "engine", json!({"i": 4})), None).await.unwrap();
+        assert_eq!(r.seq, 2);
+        assert!(s.verify().unwrap().ok);
+    }
+
     #[tokio::test]
     async fn flipping_any_byte_of_any_record_is_named() {
         let dir = tempfile::tempdir().unwrap();
