@@ -139,11 +139,8 @@ impl RecordLog {
             }
             replay = good;
         } else if last_seq < head {
-            // A line ≤ head was the last readable one; anything after it is
-            // unreadable (cut, the store has those records).
-            if end_of_head < log.len {
-                log.truncate(end_of_head)?;
-            }
+            // Unreadable lines after the last readable one stay: they are
+            // evidence `verify` names; the store's copies follow them.
             let recs = missing(last_seq)?;
             tracing::info!(log = %path.display(), records = recs.len(), "record log behind the store: copying records into it");
             log.append(&recs)?;

@@ -314,6 +314,31 @@ mod tests {
         assert_eq!(r.seq, 16);
     }
 
+    /// A last log line damaged beyond reading, with sled intact: the open
+    /// copies the record from sled after it, and keeps the damaged line as
+    /// evidence that `verify` names.
+    #[tokio::test]
+    async fn a_damaged_last_log_line_is_kept_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = AuditStore::open(dir.path(), clock()).unwrap();
+            for i in 0..5 {
+                s.append(NewRecord::new(RecordKind::Note, "e", json!({"i": i})), None).await.unwrap();
+            }
+        }
+        let log = dir.path().join(LOG_FILE);
+        let text = std::fs::read_to_string(&log).unwrap();
+        std::fs::write(&log, text.replace("{\"seq\":5,", "{\"sXq\":5,")).unwrap();
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        assert_eq!(s.head_seq(), 5);
+        let v = s.verify().unwrap();
+        assert!(!v.ok);
+        assert!(v.problem.as_deref().unwrap_or("").contains("records.jsonl:5: not a readable record"), "{v:?}");
+        drop(s);
+        let after = std::fs::read_to_string(&log).unwrap();
+        assert!(after.contains("{\"sXq\":5,") && after.contains("{\"seq\":5,"), "both the damaged line and the copy");
+    }
+
     #[tokio::test]
     async fn the_record_log_follows_the_store_across_crashes() {
         let dir = tempfile::tempdir().unwrap();
