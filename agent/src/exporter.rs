@@ -1,55 +1,116 @@
 //! A dcgm-exporter-compatible `/metrics` endpoint (`exporter_listen_addr`,
 //! by convention `:9400`): the agent's telemetry — from any backend, the
-//! simulator included — under the DCGM field names and labels
-//! (`gpu`, `UUID`, `device`, `Hostname`), so existing Prometheus scrape
-//! jobs, alert rules and Grafana dashboards work unchanged.
+//! simulator included — under DCGM's field names, types and help texts and
+//! with dcgm-exporter's labels in its order (`gpu`, `UUID`, `pci_bus_id`,
+//! `device`, `modelName`, `Hostname`, then `DCGM_FI_DRIVER_VERSION`), so
+//! existing Prometheus scrape jobs, alert rules and Grafana dashboards work
+//! unchanged. `tests/tests/prometheus.rs` compares the output with
+//! dcgm-exporter's own counters list and label template.
 //!
-//! Two deliberate differences from dcgm-exporter, so that `promtool check
-//! metrics` accepts the output: the model is in `model_name` (promtool
-//! rejects the camelCase `modelName`), and the ECC `_VOL_TOTAL` series are
-//! typed `gauge` (promtool wants counters to end in lowercase `_total`; the
-//! names must stay DCGM's). Queries and `rate()` work the same.
+//! Being exact costs two `promtool check metrics` lint findings that
+//! dcgm-exporter's own output has too: the camelCase `modelName` label, and
+//! counters whose DCGM names do not end in `_total`. They are warnings
+//! about naming style, not parse errors; the test accepts exactly those.
 //!
-//! A deliberately small HTTP/1.1 server: `GET /metrics` (and `/`), one
-//! request per connection, a bounded request head and a read timeout. It
+//! Served by axum on hyper, one connection at a time per task, with a
+//! bounded number of connections and a deadline for the request head. It
 //! only reads; nothing here changes the node.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 use tokio::net::TcpListener;
 
 use crate::service::Agent;
-use nightshift_proto::{GpuInfo, Telemetry};
+use nightshift_proto::{GpuInfo, GpuTelemetry, Telemetry, Vendor};
 
-/// Largest request head read before answering 431.
-const MAX_HEAD_BYTES: usize = 8 * 1024;
+/// Connections served at once; more wait in the kernel's backlog.
+const MAX_CONNECTIONS: usize = 64;
+/// A client must send its request head within this.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// (name, type, help, value from a GPU's sample). Classic DCGM names, as
-/// dcgm-exporter's default counters file has them.
-type Getter = fn(&nightshift_proto::GpuTelemetry, &GpuInfo) -> Option<f64>;
-const GPU_METRICS: &[(&str, &str, &str, Getter)] = &[
-    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", |g, _| Some(g.temperature_c)),
-    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", |g, _| Some(g.power_watts)),
-    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "gauge", "Power management limit (in W).", |g, _| Some(g.power_limit_watts)),
-    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", |g, _| Some(g.util_pct)),
-    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", |g, _| g.sm_clock_mhz.map(f64::from)),
-    ("DCGM_FI_DEV_FAN_SPEED", "gauge", "Fan speed (in %).", |g, _| g.fan_pct),
-    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", |g, i| {
-        Some((g.mem_used_pct / 100.0 * i.mem_total_mib as f64).round())
+/// A value from a GPU's sample.
+type Getter = fn(&GpuTelemetry, &GpuInfo) -> Option<f64>;
+
+/// One exported field: DCGM name, Prometheus type and help, as
+/// dcgm-exporter's counters files write them.
+struct Field {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    get: Getter,
+}
+
+const fn field(name: &'static str, kind: &'static str, help: &'static str, get: Getter) -> Field {
+    Field { name, kind, help, get }
+}
+
+fn fb_used(g: &GpuTelemetry, i: &GpuInfo) -> f64 {
+    (g.mem_used_pct / 100.0 * i.mem_total_mib as f64).round()
+}
+
+/// In dcgm-exporter's default order; absent readings are left out, never
+/// written as zero.
+const FIELDS: &[Field] = &[
+    field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", |g, _| g.sm_clock_mhz.map(f64::from)),
+    field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", |g, _| g.mem_clock_mhz.map(f64::from)),
+    field("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", |g, _| g.mem_temperature_c),
+    field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", |g, _| Some(g.temperature_c)),
+    field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", |g, _| Some(g.power_watts)),
+    field("DCGM_FI_DEV_POWER_MGMT_LIMIT", "gauge", "Power management limit (in W).", |g, _| {
+        Some(g.power_limit_watts)
     }),
-    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", |g, i| {
-        Some(i.mem_total_mib as f64 - (g.mem_used_pct / 100.0 * i.mem_total_mib as f64).round())
+    field(
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "counter",
+        "Total energy consumption since boot (in mJ).",
+        |g, _| g.energy_mj.map(|v| v as f64),
+    ),
+    field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.", |g, _| {
+        g.pcie_replay_total.map(|v| v as f64)
     }),
-    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "gauge", "Total number of single-bit volatile ECC errors.", |g, _| {
+    field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", |g, _| Some(g.util_pct)),
+    field("DCGM_FI_DEV_FAN_SPEED", "gauge", "Fan speed (in %).", |g, _| g.fan_pct),
+    field("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.", |g, _| {
+        g.xid_last.map(f64::from)
+    }),
+    field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", |g, i| {
+        Some(i.mem_total_mib as f64 - fb_used(g, i))
+    }),
+    field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", |g, i| Some(fb_used(g, i))),
+    field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors.", |g, _| {
         Some(g.ecc_sbe_total as f64)
     }),
-    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "gauge", "Total number of double-bit volatile ECC errors.", |g, _| {
+    field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors.", |g, _| {
         Some(g.ecc_dbe_total as f64)
     }),
-    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.", |g, _| g.xid_last.map(f64::from)),
+    field(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "counter",
+        "Total number of NVLink bandwidth counters for all lanes.",
+        |g, _| g.nvlink_bytes_total.map(|v| v as f64),
+    ),
+    field(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for uncorrectable errors",
+        |g, _| g.remapped_rows_uncorrectable.map(|v| v as f64),
+    ),
+    field(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for correctable errors",
+        |g, _| g.remapped_rows_correctable.map(|v| v as f64),
+    ),
+    field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed", |g, _| {
+        g.row_remap_failure.map(|f| if f { 1.0 } else { 0.0 })
+    }),
 ];
 
 /// Escape a label value for the text exposition format.
@@ -57,87 +118,107 @@ fn escape(v: &str) -> String {
     v.replace('\\', r"\\").replace('"', "\\\"").replace('\n', r"\n")
 }
 
+/// A GPU's labels, as dcgm-exporter writes them (its template, in order).
+fn labels(info: &GpuInfo, node: &str, driver: Option<&str>) -> String {
+    let device = match info.vendor {
+        Vendor::Nvidia => format!("nvidia{}", info.index),
+        Vendor::Amd => format!("card{}", info.index),
+    };
+    let mut l = format!(
+        "gpu=\"{}\",UUID=\"{}\",pci_bus_id=\"{}\",device=\"{device}\",modelName=\"{}\",Hostname=\"{}\"",
+        info.index,
+        escape(info.uuid.as_deref().unwrap_or("")),
+        escape(info.pci_bus_id.as_deref().unwrap_or("")),
+        escape(&info.name),
+        escape(node)
+    );
+    if let Some(d) = driver {
+        let _ = write!(l, ",DCGM_FI_DRIVER_VERSION=\"{}\"", escape(d));
+    }
+    l
+}
+
 /// Render one telemetry sample in dcgm-exporter's text format.
-pub fn render(t: &Telemetry, gpus: &[GpuInfo]) -> String {
-    let mut out = String::with_capacity(4096);
-    for (name, kind, help, get) in GPU_METRICS {
+pub fn render(t: &Telemetry, gpus: &[GpuInfo], driver: Option<&str>) -> String {
+    let mut out = String::with_capacity(8192);
+    let labelled: Vec<(&GpuTelemetry, &GpuInfo, String)> = t
+        .gpus
+        .iter()
+        .filter_map(|g| gpus.iter().find(|i| i.index == g.index).map(|i| (g, i, labels(i, &t.node, driver))))
+        .collect();
+    for f in FIELDS {
         let mut lines = String::new();
-        for g in &t.gpus {
-            let Some(info) = gpus.iter().find(|i| i.index == g.index) else { continue };
-            let Some(v) = get(g, info) else { continue };
-            let _ = writeln!(
-                lines,
-                "{name}{{gpu=\"{}\",UUID=\"{}\",device=\"nvidia{}\",model_name=\"{}\",Hostname=\"{}\"}} {}",
-                g.index,
-                escape(info.uuid.as_deref().unwrap_or("")),
-                g.index,
-                escape(&info.name),
-                escape(&t.node),
-                v
-            );
+        for (g, info, l) in &labelled {
+            let Some(v) = (f.get)(g, info) else { continue };
+            if !v.is_finite() {
+                continue;
+            }
+            let _ = writeln!(lines, "{}{{{l}}} {v}", f.name);
         }
         if !lines.is_empty() {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            let _ = writeln!(out, "# HELP {} {}\n# TYPE {} {}", f.name, f.help, f.name, f.kind);
             out.push_str(&lines);
         }
     }
     out
 }
 
+async fn metrics(State(agent): State<Arc<Agent>>) -> Response {
+    match agent.telemetry().await {
+        Ok(t) => {
+            let inv = agent.inventory();
+            (
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                render(&t, &inv.gpus, inv.driver_version.as_deref()),
+            )
+                .into_response()
+        }
+        Err((_, message)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("cannot read the GPUs: {message}\n")).into_response()
+        }
+    }
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    (StatusCode::NOT_FOUND, format!("no such path {:?}: try /metrics\n", uri.path())).into_response()
+}
+
+/// The exporter's routes: `GET /metrics` (and `HEAD`), `/` links to it.
+pub fn router(agent: Arc<Agent>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/", get(|| async { ([(header::CONTENT_TYPE, "text/html")], "<a href=\"/metrics\">metrics</a>\n") }))
+        .fallback(not_found)
+        .with_state(agent)
+}
+
 /// Serve `/metrics` on `listener` until the task is aborted.
 pub async fn serve(agent: Arc<Agent>, listener: TcpListener) {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::service::TowerToHyperService;
+
+    let app = router(agent);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let Ok((mut stream, peer)) = listener.accept().await else { continue };
-        let agent = agent.clone();
+        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of descriptors and the like: wait instead of spinning.
+                tracing::warn!(error = %e, "exporter: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let service = TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
-            let mut head = Vec::with_capacity(1024);
-            let mut buf = [0u8; 1024];
-            let read = tokio::time::timeout(Duration::from_secs(5), async {
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD_BYTES {
-                    let n = stream.read(&mut buf).await?;
-                    if n == 0 {
-                        break;
-                    }
-                    head.extend_from_slice(&buf[..n]);
-                }
-                Ok::<_, std::io::Error>(())
-            })
-            .await;
-            if !matches!(read, Ok(Ok(()))) {
-                return;
+            let mut builder = Builder::new(TokioExecutor::new());
+            builder.http1().timer(TokioTimer::new()).header_read_timeout(HEAD_TIMEOUT).max_buf_size(16 * 1024);
+            if let Err(e) = builder.serve_connection(TokioIo::new(stream), service).await {
+                tracing::debug!(%peer, error = %e, "exporter: connection ended with an error");
             }
-            let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
-            let line = String::from_utf8_lossy(line);
-            let mut parts = line.split_whitespace();
-            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-            let path = path.split('?').next().unwrap_or("");
-            let (status, ctype, body) = if head.len() >= MAX_HEAD_BYTES {
-                ("431 Request Header Fields Too Large", "text/plain", "request head too large\n".to_string())
-            } else if method != "GET" && method != "HEAD" {
-                ("405 Method Not Allowed", "text/plain", format!("expected GET, found {method}\n"))
-            } else if path == "/metrics" {
-                match agent.telemetry().await {
-                    Ok(t) => {
-                        ("200 OK", "text/plain; version=0.0.4; charset=utf-8", render(&t, &agent.inventory().gpus))
-                    }
-                    Err((_, message)) => {
-                        ("503 Service Unavailable", "text/plain", format!("cannot read the GPUs: {message}\n"))
-                    }
-                }
-            } else if path == "/" {
-                ("200 OK", "text/html", "<a href=\"/metrics\">metrics</a>\n".to_string())
-            } else {
-                ("404 Not Found", "text/plain", format!("no such path {path:?}: try /metrics\n"))
-            };
-            let body = if method == "HEAD" { String::new() } else { body };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            if let Err(e) = stream.write_all(resp.as_bytes()).await {
-                tracing::debug!(%peer, error = %e, "exporter: write failed");
-            }
-            let _ = stream.shutdown().await;
+            drop(permit);
         });
     }
 }
@@ -145,12 +226,13 @@ pub async fn serve(agent: Arc<Agent>, listener: TcpListener) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nightshift_proto::{GpuTelemetry, NodeTelemetry, Vendor};
+    use nightshift_proto::NodeTelemetry;
 
     #[test]
-    fn renders_dcgm_names_and_labels() {
+    fn renders_dcgm_names_labels_and_types() {
         let info = GpuInfo {
             uuid: Some("GPU-1".into()),
+            pci_bus_id: Some("00000000:18:00.0".into()),
             power_min_watts: 200.0,
             power_max_watts: 700.0,
             power_default_watts: 700.0,
@@ -170,26 +252,35 @@ mod tests {
                 mem_used_pct: 50.0,
                 ecc_dbe_total: 2,
                 xid_last: Some(79),
+                energy_mj: Some(123_456),
+                row_remap_failure: Some(false),
+                mem_temperature_c: Some(f64::NAN),
                 ..Default::default()
             }],
             node_metrics: NodeTelemetry::default(),
         };
-        let text = render(&t, &[info]);
-        let labels = r#"{gpu="0",UUID="GPU-1",device="nvidia0",model_name="NVIDIA H100 80GB HBM3",Hostname="gpu-a1"}"#;
+        let text = render(&t, &[info], Some("550.54.15"));
+        let labels = r#"{gpu="0",UUID="GPU-1",pci_bus_id="00000000:18:00.0",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-a1",DCGM_FI_DRIVER_VERSION="550.54.15"}"#;
         for line in [
             "# TYPE DCGM_FI_DEV_GPU_TEMP gauge".to_string(),
             format!("DCGM_FI_DEV_GPU_TEMP{labels} 71.5"),
             format!("DCGM_FI_DEV_POWER_USAGE{labels} 612.25"),
             format!("DCGM_FI_DEV_FB_USED{labels} 40780"),
             format!("DCGM_FI_DEV_FB_FREE{labels} 40779"),
-            "# TYPE DCGM_FI_DEV_ECC_DBE_VOL_TOTAL gauge".to_string(),
+            "# TYPE DCGM_FI_DEV_ECC_DBE_VOL_TOTAL counter".to_string(),
             format!("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{labels} 2"),
             format!("DCGM_FI_DEV_XID_ERRORS{labels} 79"),
+            "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter".to_string(),
+            format!("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{labels} 123456"),
+            format!("DCGM_FI_DEV_ROW_REMAP_FAILURE{labels} 0"),
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
-        // No fan reading on this board: no fan series (not a zero).
-        assert!(!text.contains("DCGM_FI_DEV_FAN_SPEED"));
+        // No fan or memory clock reading on this board: no series (not a
+        // zero); a NaN reading is left out too.
+        for absent in ["DCGM_FI_DEV_FAN_SPEED", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP"] {
+            assert!(!text.contains(absent), "{absent} in\n{text}");
+        }
         assert_eq!(escape("a\"b\\c\nd"), r#"a\"b\\c\nd"#);
     }
 }

@@ -5,7 +5,9 @@
 //! Prometheus config, alert rules and Grafana dashboard are the ones in
 //! `examples/`: the rules evaluate and every dashboard query returns data.
 //! And `promtool check metrics` accepts the agent's and the engine's
-//! `/metrics`.
+//! `/metrics`, and the agent's series have the names, types and labels
+//! dcgm-exporter gives them (its counters list and label template are in
+//! `tests/fixtures/dcgm-exporter/`).
 
 use std::time::Duration;
 
@@ -245,15 +247,152 @@ async fn promtool_accepts_the_agent_and_engine_metrics() {
         use std::io::Write;
         child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
         let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "promtool check metrics rejects the {what}'s /metrics:\n{}{}\n--- the text:\n{text}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let findings = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        if what == "engine" {
+            assert!(out.status.success(), "promtool check metrics rejects the engine's /metrics:\n{findings}\n--- the text:\n{text}");
+        } else {
+            // dcgm-exporter's own naming draws two style findings; exactly
+            // those are accepted (exit 3 is "lint problems", not a parse
+            // error), and nothing else.
+            assert!(
+                out.status.success() || out.status.code() == Some(3),
+                "promtool cannot parse the agent's /metrics ({}):\n{findings}\n--- the text:\n{text}",
+                out.status
+            );
+            for line in findings.lines().filter(|l| !l.trim().is_empty()) {
+                let (name, problem) = line.split_once(' ').unwrap_or((line, ""));
+                let dcgm_style = name.starts_with("DCGM_FI_")
+                    && (problem == "counter metrics should have \"_total\" suffix"
+                        || problem == "metric name should not include type 'counter'"
+                        || problem == "label names should be written in 'snake_case' not 'camelCase'");
+                assert!(dcgm_style, "promtool finding beyond dcgm-exporter's own naming: {line:?}\n--- the text:\n{text}");
+            }
+        }
     }
     web.abort();
     engine.shutdown().await;
+    let mut agent = agent;
+    agent.stop().await;
+}
+
+/// `(name, type, help)` of every field line in a dcgm-exporter counters
+/// file, commented-out ones included (they document the type of fields that
+/// are off by default).
+fn counters_csv(text: &str) -> Vec<(String, String, String)> {
+    let parse = |l: &str| {
+        let mut parts = l.splitn(3, ',').map(str::trim);
+        Some((parts.next()?.to_string(), parts.next()?.to_string(), parts.next()?.to_string()))
+    };
+    // Active lines first: where a field is listed twice, they win.
+    let active = text.lines().map(str::trim).filter(|l| l.starts_with("DCGM_")).filter_map(parse);
+    let commented = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix('#'))
+        .map(str::trim)
+        .filter(|l| l.starts_with("DCGM_"))
+        .filter_map(parse);
+    active.chain(commented).collect()
+}
+
+/// The label names of dcgm-exporter's GPU series, in order, from its
+/// template: no MIG, a hostname, and the label-type fields after.
+fn dcgm_exporter_labels(template: &str, label_fields: &[String]) -> Vec<String> {
+    let t = template.replace("{{ $metric.UUID }}", "UUID");
+    // Leave out the MIG block; keep the hostname block's content.
+    let mig_start = t.find("{{if $metric.MigProfile}}").unwrap();
+    let mig_end = mig_start + t[mig_start..].find("{{end}}").unwrap() + "{{end}}".len();
+    let t = format!("{}{}", &t[..mig_start], &t[mig_end..]);
+    let body = &t[t.find("}{").unwrap() + 2..];
+    let mut names: Vec<String> = body
+        .split(',')
+        .filter_map(|part| {
+            let part = part.trim_start_matches("{{if $metric.Hostname }}");
+            let (name, _) = part.split_once("=\"")?;
+            Some(name.to_string())
+        })
+        .collect();
+    names.extend(label_fields.iter().cloned());
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_exports_what_dcgm_exporter_exports() {
+    let fixtures = format!("{}/fixtures/dcgm-exporter", env!("CARGO_MANIFEST_DIR"));
+    let reference = counters_csv(&std::fs::read_to_string(format!("{fixtures}/default-counters.csv")).unwrap());
+    let ours = counters_csv(&example("dcgm-counters.csv"));
+    // Label-type fields on by default (active lines) become labels.
+    let reference_text = std::fs::read_to_string(format!("{fixtures}/default-counters.csv")).unwrap();
+    let label_fields: Vec<String> = reference_text
+        .lines()
+        .filter(|l| l.starts_with("DCGM_"))
+        .filter_map(|l| {
+            let mut parts = l.split(',').map(str::trim);
+            let (name, kind) = (parts.next()?, parts.next()?);
+            (kind == "label").then(|| name.to_string())
+        })
+        .collect();
+    assert_eq!(label_fields, ["DCGM_FI_DRIVER_VERSION"], "the default label-type fields changed");
+    let want_labels =
+        dcgm_exporter_labels(&std::fs::read_to_string(format!("{fixtures}/gpu-metric.tmpl")).unwrap(), &label_fields);
+    assert_eq!(want_labels, ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let sim = SimConfig { gpus: 2, ..SimConfig::default() };
+    let agent = TestAgent::start(dir.path(), "m1", sim, "exporter_listen_addr: 127.0.0.1:0\n").await;
+    let exporter = agent.started.as_ref().unwrap().exporter_addr.unwrap();
+    let text = reqwest::get(format!("http://{exporter}/metrics")).await.unwrap().text().await.unwrap();
+    let mut types = std::collections::BTreeMap::new();
+    let mut helps = std::collections::BTreeMap::new();
+    let mut series = 0;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            types.insert(name.to_string(), kind.to_string());
+        } else if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap();
+            helps.insert(name.to_string(), help.to_string());
+        } else {
+            let (name, rest) = line.split_once('{').unwrap_or_else(|| panic!("a series without labels: {line}"));
+            let labels: Vec<&str> = rest.split("\",").map(|kv| kv.split_once('=').unwrap().0).collect();
+            assert_eq!(labels, want_labels, "labels of {line}");
+            assert!(types.contains_key(name), "{name} has no # TYPE line before it");
+            series += 1;
+        }
+    }
+    assert!(series >= 2 * 15, "expected at least 15 fields for each of 2 GPUs, found {series} series:\n{text}");
+    for (name, kind) in &types {
+        // Every field is in the counters file we ship (so dcgm-exporter run
+        // with it exports the same series) with the same type…
+        let shipped = ours.iter().find(|(n, _, _)| n == name);
+        assert_eq!(shipped.map(|(_, t, _)| t.as_str()), Some(kind.as_str()), "{name} in examples/dcgm-counters.csv");
+        // … and where dcgm-exporter's own list has it, type and help are its.
+        if let Some((_, t, help)) = reference.iter().find(|(n, _, _)| n == name) {
+            assert_eq!(t, kind, "type of {name}");
+            assert_eq!(helps[name].trim_end_matches('.'), help.trim_end_matches('.'), "help of {name}");
+        }
+    }
+    for needed in [
+        "DCGM_FI_DEV_MEM_CLOCK",
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    ] {
+        assert!(types.contains_key(needed), "{needed} missing from\n{text}");
+    }
+    // Served by a real HTTP server: HEAD, 404 and a bad method answered.
+    let http = reqwest::Client::new();
+    let head = http.head(format!("http://{exporter}/metrics")).send().await.unwrap();
+    assert_eq!(head.status(), 200);
+    let missing = http.get(format!("http://{exporter}/nope")).send().await.unwrap();
+    assert_eq!(missing.status(), 404);
+    assert!(missing.text().await.unwrap().contains("try /metrics"));
+    let post = http.post(format!("http://{exporter}/metrics")).send().await.unwrap();
+    assert_eq!(post.status(), 405);
     let mut agent = agent;
     agent.stop().await;
 }

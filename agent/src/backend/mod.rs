@@ -40,6 +40,10 @@ pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
     /// The GPUs, read once at start.
     fn gpus(&self) -> &[GpuInfo];
+    /// The GPU driver's version, where the backend can read it.
+    fn driver_version(&self) -> Option<String> {
+        None
+    }
     /// One sample of every GPU and of the node.
     fn sample(&self) -> Result<(Vec<GpuTelemetry>, NodeTelemetry), BackendError>;
     fn set_power_limit(&self, gpu: u32, watts: f64) -> Result<Support<()>, BackendError>;

@@ -76,6 +76,47 @@ pub fn w_to_mw(w: f64) -> u32 {
     (w * 1000.0).round().clamp(0.0, u32::MAX as f64) as u32
 }
 
+/// NVML field ids (nvml.h) for readings without a call of their own.
+const NVML_FI_DEV_MEMORY_TEMP: u32 = 82;
+const NVML_FI_DEV_REMAPPED_COR: u32 = 142;
+const NVML_FI_DEV_REMAPPED_UNC: u32 = 143;
+const NVML_FI_DEV_REMAPPED_FAILURE: u32 = 145;
+
+/// Readings NVML gives only as field values; each absent where the GPU
+/// does not support it.
+#[derive(Default)]
+struct Fields {
+    mem_temp_c: Option<f64>,
+    remapped_cor: Option<u64>,
+    remapped_unc: Option<u64>,
+    remap_failure: Option<u64>,
+}
+
+fn field_values(d: &nvml_wrapper::Device<'_>) -> Fields {
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::structs::device::FieldId;
+    let ids = [NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_REMAPPED_COR, NVML_FI_DEV_REMAPPED_UNC, NVML_FI_DEV_REMAPPED_FAILURE];
+    let Ok(samples) = d.field_values_for(&ids.map(FieldId)) else { return Fields::default() };
+    let mut f = Fields::default();
+    for s in samples.into_iter().flatten() {
+        let v = match s.value {
+            Ok(SampleValue::F64(v)) => v,
+            Ok(SampleValue::U32(v)) => f64::from(v),
+            Ok(SampleValue::U64(v)) => v as f64,
+            Ok(SampleValue::I64(v)) => v as f64,
+            Err(_) => continue,
+        };
+        match s.field.0 {
+            NVML_FI_DEV_MEMORY_TEMP => f.mem_temp_c = Some(v),
+            NVML_FI_DEV_REMAPPED_COR => f.remapped_cor = Some(v as u64),
+            NVML_FI_DEV_REMAPPED_UNC => f.remapped_unc = Some(v as u64),
+            NVML_FI_DEV_REMAPPED_FAILURE => f.remap_failure = Some(v as u64),
+            _ => {}
+        }
+    }
+    f
+}
+
 impl NvmlBackend {
     /// Load NVML (from `lib_path` when given) and read the inventory.
     pub fn open(lib_path: Option<&Path>) -> Result<NvmlBackend, BackendError> {
@@ -107,6 +148,7 @@ impl NvmlBackend {
                 slowdown_temp_c: opt(d.temperature_threshold(TemperatureThreshold::Slowdown)).map(f64::from),
                 shutdown_temp_c: opt(d.temperature_threshold(TemperatureThreshold::Shutdown)).map(f64::from),
                 clock_max_mhz: opt(d.max_clock_info(Clock::SM)),
+                pci_bus_id: opt(d.pci_info()).map(|p| p.bus_id),
                 ..GpuInfo::new(i, d.name().map_err(failed)?, Vendor::Nvidia)
             });
         }
@@ -121,6 +163,7 @@ impl NvmlBackend {
     fn read_gpu(&self, i: u32) -> Result<GpuTelemetry, BackendError> {
         let d = self.device(i)?;
         let mem = opt(d.memory_info());
+        let fields = field_values(&d);
         let fan = if self.fans[i as usize] > 0 { opt(d.fan_speed(0)).map(f64::from) } else { None };
         let throttled = opt(d.current_throttle_reasons())
             .map(|r| {
@@ -151,6 +194,14 @@ impl NvmlBackend {
             xid_last: None,
             throttled,
             gpu_drained: opt(d.is_drain_enabled(None)).unwrap_or(false),
+            mem_clock_mhz: opt(d.clock_info(Clock::Memory)),
+            mem_temperature_c: fields.mem_temp_c,
+            energy_mj: opt(d.total_energy_consumption()),
+            pcie_replay_total: opt(d.pcie_replay_counter()).map(u64::from),
+            nvlink_bytes_total: None,
+            remapped_rows_correctable: fields.remapped_cor,
+            remapped_rows_uncorrectable: fields.remapped_unc,
+            row_remap_failure: fields.remap_failure.map(|v| v != 0),
         })
     }
 
@@ -188,6 +239,10 @@ impl Backend for NvmlBackend {
 
     fn gpus(&self) -> &[GpuInfo] {
         &self.info
+    }
+
+    fn driver_version(&self) -> Option<String> {
+        opt(self.nvml.sys_driver_version())
     }
 
     fn sample(&self) -> Result<(Vec<GpuTelemetry>, NodeTelemetry), BackendError> {

@@ -58,6 +58,13 @@ pub struct SimProfile {
     pub p2p_latency_us: f64,
     /// Interconnect links per GPU.
     pub links_per_gpu: u32,
+    /// Memory clock at full speed.
+    pub mem_clock_mhz: u32,
+    /// Whether the memory remaps rows on errors (A100 and later data
+    /// centre boards; V100 retires pages instead).
+    pub row_remap: bool,
+    /// One link's bandwidth, one direction.
+    pub link_gbytes_per_sec: f64,
 }
 
 /// The firmware's fan curve on boards with fans.
@@ -95,6 +102,9 @@ pub const PROFILES: &[SimProfile] = &[
         clock_max_mhz: 1_980,
         p2p_latency_us: 4.6,
         links_per_gpu: 18,
+        mem_clock_mhz: 2619,
+        row_remap: true,
+        link_gbytes_per_sec: 25.0,
     },
     SimProfile {
         key: "b200",
@@ -117,6 +127,9 @@ pub const PROFILES: &[SimProfile] = &[
         clock_max_mhz: 1_965,
         p2p_latency_us: 4.2,
         links_per_gpu: 18,
+        mem_clock_mhz: 3996,
+        row_remap: true,
+        link_gbytes_per_sec: 50.0,
     },
     SimProfile {
         key: "mi300x",
@@ -139,6 +152,9 @@ pub const PROFILES: &[SimProfile] = &[
         clock_max_mhz: 2_100,
         p2p_latency_us: 12.0,
         links_per_gpu: 7,
+        mem_clock_mhz: 1300,
+        row_remap: false,
+        link_gbytes_per_sec: 64.0,
     },
     SimProfile {
         key: "a100-sxm",
@@ -161,6 +177,9 @@ pub const PROFILES: &[SimProfile] = &[
         clock_max_mhz: 1_410,
         p2p_latency_us: 4.9,
         links_per_gpu: 12,
+        mem_clock_mhz: 1593,
+        row_remap: true,
+        link_gbytes_per_sec: 25.0,
     },
     SimProfile {
         key: "v100-sxm",
@@ -183,6 +202,9 @@ pub const PROFILES: &[SimProfile] = &[
         clock_max_mhz: 1_530,
         p2p_latency_us: 5.0,
         links_per_gpu: 6,
+        mem_clock_mhz: 877,
+        row_remap: false,
+        link_gbytes_per_sec: 25.0,
     },
     SimProfile {
         key: "rtx6000-ada",
@@ -205,6 +227,9 @@ pub const PROFILES: &[SimProfile] = &[
         clock_max_mhz: 2_505,
         p2p_latency_us: 9.0,
         links_per_gpu: 0,
+        mem_clock_mhz: 10001,
+        row_remap: false,
+        link_gbytes_per_sec: 0.0,
     },
 ];
 
@@ -326,6 +351,10 @@ struct GpuState {
     drained: bool,
     throttled: bool,
     util_now_pct: f64,
+    /// Energy since the driver loaded.
+    energy_mj: f64,
+    /// Bytes moved over this GPU's links.
+    nvlink_bytes: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -379,6 +408,18 @@ struct PersistedGpu {
     drained: bool,
     sbe: u64,
     dbe: u64,
+}
+
+/// Spare rows for remapping on a simulated board; past them a remap fails.
+const SPARE_ROWS: u64 = 512;
+
+/// The PCI addresses of an HGX baseboard's eight GPUs, in NVML's format.
+const HGX_BUS_IDS: [u8; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
+
+/// A GPU's PCI address on the simulated board.
+fn sim_pci_bus_id(i: u32) -> String {
+    let bus = HGX_BUS_IDS.get(i as usize).copied().unwrap_or(0xe0u8.wrapping_add(i as u8));
+    format!("00000000:{bus:02X}:00.0")
 }
 
 /// SplitMix64: a tiny, well-mixed hash for deterministic noise.
@@ -464,6 +505,7 @@ impl SimBackend {
                 shutdown_temp_c: Some(profile.shutdown_c),
                 clock_min_mhz: Some(profile.clock_min_mhz),
                 clock_max_mhz: Some(profile.clock_max_mhz),
+                pci_bus_id: Some(sim_pci_bus_id(i)),
                 ..GpuInfo::new(i, profile.name, profile.vendor)
             })
             .collect();
@@ -489,6 +531,8 @@ impl SimBackend {
                 drained: false,
                 throttled: false,
                 util_now_pct: config.util_pct,
+                energy_mj: 0.0,
+                nvlink_bytes: 0.0,
             })
             .collect();
         let sim = SimBackend {
@@ -641,6 +685,13 @@ impl SimBackend {
             let d_temp = (g.power_watts - conductance * (g.temp_c - ambient)) / p.heat_capacity_j_per_k * dt;
             g.temp_c += d_temp;
 
+            // Counters: energy is the integral of power; link traffic is
+            // the communication share of the job, at the links' rate.
+            g.energy_mj += g.power_watts * dt * 1000.0;
+            let comm = self.comm_overhead_pct(&node) / 100.0;
+            g.nvlink_bytes += p.link_gbytes_per_sec * 1e9 * p.links_per_gpu as f64 * comm * util / 100.0 * dt
+                / if node.nvlink_bad() { 3.0 } else { 1.0 };
+
             // Fragmentation creeps up with job churn.
             g.frag_pct = (g.frag_pct + dt / 3600.0 * 0.2 * util / 100.0).min(95.0);
         }
@@ -791,11 +842,16 @@ impl Backend for SimBackend {
         &self.info
     }
 
+    fn driver_version(&self) -> Option<String> {
+        Some(format!("sim-{}", env!("CARGO_PKG_VERSION")))
+    }
+
     fn sample(&self) -> Result<(Vec<GpuTelemetry>, NodeTelemetry), BackendError> {
         let st = self.lock();
         let seed = self.config.seed;
         let tick = st.node.ticks;
         let p = self.profile;
+        let ambient = self.config.ambient_c;
         let gpus = st
             .gpus
             .iter()
@@ -818,6 +874,18 @@ impl Backend for SimBackend {
                     xid_last: Some(g.xid_last.unwrap_or(0)),
                     throttled: g.throttled,
                     gpu_drained: g.drained,
+                    mem_clock_mhz: Some(p.mem_clock_mhz),
+                    // HBM runs a little hotter than the die it sits beside.
+                    mem_temperature_c: Some(round2(ambient + (g.temp_c - ambient) * 1.08)),
+                    energy_mj: Some(g.energy_mj as u64),
+                    // The simulator models no PCIe faults: no retries.
+                    pcie_replay_total: Some(0),
+                    nvlink_bytes_total: (p.links_per_gpu > 0).then_some(g.nvlink_bytes as u64),
+                    // Each uncorrectable error takes a spare row; a
+                    // correctable one does after repeated hits on its row.
+                    remapped_rows_correctable: p.row_remap.then_some(g.sbe / 64),
+                    remapped_rows_uncorrectable: p.row_remap.then_some(g.dbe.min(SPARE_ROWS)),
+                    row_remap_failure: p.row_remap.then_some(g.dbe > SPARE_ROWS),
                 }
             })
             .collect();

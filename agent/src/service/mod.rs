@@ -288,6 +288,7 @@ impl Agent {
                 })
                 .collect(),
             configs: self.configs.names(),
+            driver_version: self.backend.driver_version(),
         }
     }
 

@@ -52,6 +52,9 @@ pub struct GpuInfo {
     /// The lowest fan speed a curve may ask for here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub envelope_fan_min_pct: Option<f64>,
+    /// `00000000:18:00.0`, as NVML and dcgm-exporter's `pci_bus_id` write it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
 }
 
 impl GpuInfo {
@@ -76,6 +79,7 @@ impl GpuInfo {
             envelope_power_min_watts: None,
             envelope_power_max_watts: None,
             envelope_fan_min_pct: None,
+            pci_bus_id: None,
         }
     }
 }
@@ -90,6 +94,9 @@ pub struct Inventory {
     pub scheduler: String,
     pub gpus: Vec<GpuInfo>,
     pub configs: Vec<String>,
+    /// The GPU driver's version, where the backend reads one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
 }
 
 /// One GPU's sample. Optional fields are what the backend cannot read.
@@ -119,6 +126,29 @@ pub struct GpuTelemetry {
     pub throttled: bool,
     #[serde(default)]
     pub gpu_drained: bool,
+    /// Memory clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_clock_mhz: Option<u32>,
+    /// HBM temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_temperature_c: Option<f64>,
+    /// Energy used since the driver loaded, in millijoules (a counter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub energy_mj: Option<u64>,
+    /// PCIe retries (a counter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_replay_total: Option<u64>,
+    /// NVLink traffic on all of this GPU's links, in bytes (a counter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_bytes_total: Option<u64>,
+    /// Rows remapped for correctable / uncorrectable errors (counters), and
+    /// whether a remap failed (no spare row left).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remapped_rows_correctable: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remapped_rows_uncorrectable: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_remap_failure: Option<bool>,
 }
 
 /// Node-wide readings.
