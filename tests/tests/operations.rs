@@ -185,3 +185,115 @@ fn zero_to_two_nodes_as_documented() {
     assert_eq!(lab.ran, documented_commands(), "docs/OPERATIONS.md's walkthrough and this test differ");
     drop((engine, agent1, agent2));
 }
+
+/// `ReadWritePaths=` of a unit file, in order, `-` prefixes kept.
+fn read_write_paths(unit: &str) -> Vec<String> {
+    unit.lines()
+        .filter_map(|l| l.trim().strip_prefix("ReadWritePaths="))
+        .flat_map(|v| v.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .collect()
+}
+
+/// The agent installed as docs/OPERATIONS.md's "Each node" says, run in the
+/// file-system sandbox its shipped unit asks for (`ProtectSystem=strict`:
+/// everything read-only but the unit's `ReadWritePaths=`), with a temporary
+/// folder standing for `/`. A managed config in `/etc` is changed and
+/// rolled back over SSH: the folder is read-only, only the file is
+/// writable, so the agent must write it in place (a temp file and rename,
+/// as before, fails with "Read-only file system").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_rollback_in_the_agent_units_sandbox() {
+    use nightshift_proto::ssh::client::{AgentClient, ClientConfig};
+    use nightshift_proto::{ConfigApplyArgs, ConfigRollbackArgs, Op, Outcome, Request};
+
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let unit = std::fs::read_to_string(repo.join("examples/systemd/nightshift-agent.service")).unwrap();
+    assert!(unit.lines().any(|l| l.trim() == "ProtectSystem=strict"), "the unit no longer sandboxes the agent");
+    let rw = read_write_paths(&unit);
+    assert!(rw.contains(&"/var/lib/nightshift-agent".to_string()), "{rw:?}");
+    // A managed file that is missing must not stop the unit from starting:
+    // every path but the state dir carries systemd's `-`.
+    for p in rw.iter().filter(|p| p.as_str() != "/var/lib/nightshift-agent") {
+        assert!(p.starts_with('-'), "ReadWritePaths={p} stops the unit when the file is missing: write -{p}");
+    }
+    assert!(rw.contains(&"-/etc/nccl.conf".to_string()), "{rw:?}");
+
+    // The node's layout under a stand-in root.
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let under = |p: &str| root.join(p.trim_start_matches('-').trim_start_matches('/'));
+    let etc = under("/etc/nightshift");
+    let state = under("/var/lib/nightshift-agent"); // StateDirectory=, made by systemd
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(under("/etc/nccl.conf"), "NCCL_DEBUG=WARN\n").unwrap();
+    let key = nightshift_tests::engine_key(tmp.path());
+    std::fs::copy(tmp.path().join("engine_key.pub"), etc.join("authorized_keys")).unwrap();
+    std::fs::copy(repo.join("examples/policy.yaml"), etc.join("policy.yaml")).unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut cfg: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(repo.join("examples/agent.yaml")).unwrap()).unwrap();
+    let s = |p: &std::path::Path| serde_yaml::Value::from(p.display().to_string());
+    cfg["listen_addr"] = addr.clone().into();
+    cfg["state_dir"] = s(&state);
+    cfg["host_key_path"] = s(&state.join("host_key"));
+    cfg["authorized_keys_path"] = s(&etc.join("authorized_keys"));
+    cfg["policy_path"] = s(&etc.join("policy.yaml"));
+    cfg["flush_caches"]["drop_caches_path"] = s(&state.join("drop_caches"));
+    cfg["flush_caches"]["registry_dir"] = s(&state.join("flush.d"));
+    cfg["configs"]["nccl-env"]["path"] = s(&under("/etc/nccl.conf"));
+    let config = etc.join("agent.yaml");
+    std::fs::write(&config, serde_yaml::to_string(&cfg).unwrap()).unwrap();
+
+    let bins = workspace_bin_dir();
+    let sandbox = PathBuf::from(env!("CARGO_BIN_EXE_unit-sandbox"));
+    let mut argv = vec![sandbox.display().to_string(), root.display().to_string()];
+    for p in &rw {
+        argv.extend(["--rw".to_string(), under(p).display().to_string()]);
+    }
+    argv.extend(["--".into(), bins.join("nightshift-agent").display().to_string(), "run".into(), "--config".into()]);
+    argv.push(config.display().to_string());
+    let agent = Daemon::start_in(&argv, &tmp.path().join("agent.log"), tmp.path());
+    wait_tcp(&addr, &agent);
+    // The sandbox holds: nothing else in /etc is writable.
+    assert!(agent.log_text().is_empty() || !agent.log_text().contains("unit-sandbox:"), "{}", agent.log_text());
+
+    let out = Command::new(bins.join("nightshift-agent"))
+        .args(["fingerprint", "--config", &config.display().to_string()])
+        .output()
+        .unwrap();
+    let fp = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .find(|w| w.starts_with("SHA256:"))
+        .expect("a fingerprint")
+        .to_string();
+    let client = AgentClient::new(ClientConfig::new(addr.clone(), fp, key));
+    let conn = client.connection().await.unwrap();
+    let call = |id: &str, op: Op| {
+        let conn = conn.clone();
+        let req = Request::new(id, op);
+        async move { conn.call(&req).await.unwrap() }
+    };
+    let r = call(
+        "sandbox-apply",
+        Op::ConfigApply(ConfigApplyArgs { name: "nccl-env".into(), content: "NCCL_P2P_DISABLE=1\n".into(), note: None }),
+    )
+    .await;
+    assert!(r.ok, "config_apply in the sandbox: {r:?}\nagent log:\n{}", agent.log_text());
+    assert_eq!(r.action().unwrap().outcome, Outcome::Applied);
+    assert_eq!(std::fs::read_to_string(under("/etc/nccl.conf")).unwrap(), "NCCL_P2P_DISABLE=1\n");
+    let r = call("sandbox-rollback", Op::ConfigRollback(ConfigRollbackArgs { name: "nccl-env".into(), to_version: None }))
+        .await;
+    assert!(r.ok, "config_rollback in the sandbox: {r:?}\nagent log:\n{}", agent.log_text());
+    assert_eq!(r.action().unwrap().outcome, Outcome::Applied);
+    assert_eq!(std::fs::read_to_string(under("/etc/nccl.conf")).unwrap(), "NCCL_DEBUG=WARN\n");
+    // Nothing else was written in /etc (no temp file left beside it).
+    let mut names: Vec<String> = std::fs::read_dir(under("/etc"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["nccl.conf", "nightshift"]);
+    assert!(agent.log_text().contains("written in place"), "{}", agent.log_text());
+    drop(agent);
+}

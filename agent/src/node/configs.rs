@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::NodeError;
-use nightshift_proto::fsutil::write_atomic;
+use nightshift_proto::fsutil::{replace_contents, write_atomic};
 
 /// One managed file, as configured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -132,9 +132,20 @@ impl ConfigStore {
             .map_err(|e| NodeError::NotFound(format!("version {version} of `{name}` is not stored: {e}")))
     }
 
+    /// Write the managed file: atomically where its folder is writable,
+    /// in place where only the file is (systemd's `ProtectSystem=strict`
+    /// with the file in `ReadWritePaths=`). Each version's content is
+    /// stored first, so a torn in-place write is repaired by writing again.
     fn write_target(path: &Path, content: &str) -> Result<(), NodeError> {
-        write_atomic(path, content.as_bytes())
-            .map_err(|e| NodeError::Io(format!("cannot write {}: {e}", path.display())))
+        match replace_contents(path, content.as_bytes()) {
+            Ok(in_place) => {
+                if in_place {
+                    tracing::info!(path = %path.display(), "config written in place: its folder is read-only");
+                }
+                Ok(())
+            }
+            Err(e) => Err(NodeError::Io(format!("cannot write {}: {e}", path.display()))),
+        }
     }
 
     /// Write a new version and make it current. Returns the new history.

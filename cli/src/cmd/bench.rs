@@ -238,6 +238,7 @@ fn synthetic(node: &str, gpus: u32, t: i64) -> Telemetry {
                 xid_last: Some(0),
                 throttled: false,
                 gpu_drained: false,
+                ..GpuTelemetry::default()
             })
             .collect(),
         node_metrics: NodeTelemetry {
