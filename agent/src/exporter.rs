@@ -63,15 +63,10 @@ const FIELDS: &[Field] = &[
     field("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", |g, _| g.mem_temperature_c),
     field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", |g, _| Some(g.temperature_c)),
     field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", |g, _| Some(g.power_watts)),
-    field("DCGM_FI_DEV_POWER_MGMT_LIMIT", "gauge", "Power management limit (in W).", |g, _| {
-        Some(g.power_limit_watts)
+    field("DCGM_FI_DEV_POWER_MGMT_LIMIT", "gauge", "Power management limit (in W).", |g, _| Some(g.power_limit_watts)),
+    field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ).", |g, _| {
+        g.energy_mj.map(|v| v as f64)
     }),
-    field(
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        "counter",
-        "Total energy consumption since boot (in mJ).",
-        |g, _| g.energy_mj.map(|v| v as f64),
-    ),
     field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.", |g, _| {
         g.pcie_replay_total.map(|v| v as f64)
     }),

@@ -82,6 +82,12 @@ pub enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// Make a running engine read fleet.yaml, its tokens and the runbooks
+    /// again, as SIGHUP does (needs --server and an admin token); prints
+    /// what changed.
+    ///
+    /// Example: nightshift reload --server http://nightshift:8080
+    Reload,
     /// Generate the engine's SSH key (mode 0600) and print what agents need.
     ///
     /// Example: nightshift keygen --out /var/lib/nightshift/engine_key

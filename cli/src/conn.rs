@@ -390,6 +390,16 @@ impl Conn {
         }
     }
 
+    /// Ask a running engine to reload (admin).
+    pub async fn reload(&mut self) -> Result<Value> {
+        match self {
+            Conn::Remote(r) => r.post("/api/v1/reload", &json!({})).await,
+            Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
+                "a reload changes a running engine: pass --server URL (or set NIGHTSHIFT_SERVER), or send the engine SIGHUP (systemctl reload nightshift-engine)",
+            )),
+        }
+    }
+
     /// Shut an embedded engine down cleanly.
     pub async fn close(&mut self) {
         if let Conn::Local(l) = self

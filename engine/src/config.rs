@@ -42,6 +42,9 @@ pub struct EngineConfig {
     /// Run the engine's clock this many times faster than wall time (demo).
     #[serde(default = "one")]
     pub time_scale: f64,
+    /// The file this was read from (a reload reads it again).
+    #[serde(skip)]
+    pub source_path: Option<PathBuf>,
 }
 
 fn default_listen() -> String {
@@ -337,6 +340,7 @@ impl EngineConfig {
             let (line, column, message) = nightshift_proto::yaml::error_parts(&e);
             LoadError { file: path.into(), line, column, message }
         })?;
+        cfg.source_path = Some(path.to_path_buf());
         let base = path.parent().unwrap_or(Path::new("."));
         for p in [&mut cfg.data_dir, &mut cfg.runbook_dir, &mut cfg.inventory_path, &mut cfg.engine_key_path] {
             if p.is_relative() {

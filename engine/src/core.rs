@@ -121,6 +121,12 @@ pub struct Core {
     pub counters: Counters,
     pub shutdown: tokio::sync::watch::Sender<bool>,
     pub tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Tokens as last loaded (engine.yaml's `auth`, replaced by a reload),
+    /// and a count of reloads so the web layer knows to rebuild its table.
+    pub auth: RwLock<Arc<crate::config::AuthConfig>>,
+    pub auth_generation: AtomicU64,
+    /// One reload at a time.
+    pub reloading: tokio::sync::Mutex<()>,
 }
 
 /// Lease a run's holds get: its timeout and two minutes, so an engine that
@@ -155,7 +161,7 @@ impl Core {
     /// The nodes a target covers.
     pub fn target_nodes(&self, target: &Target) -> Vec<Arc<Node>> {
         match (&target.node, &target.group) {
-            (Some(n), _) => self.fleet.get(n).cloned().into_iter().collect(),
+            (Some(n), _) => self.fleet.get(n).into_iter().collect(),
             (None, Some((k, v))) => self.fleet.group(k, v),
             _ => Vec::new(),
         }
@@ -276,7 +282,8 @@ impl Core {
             return Ok(());
         }
         let mut t = self.table();
-        let serving: Vec<&Arc<Node>> = self.fleet.nodes.iter().filter(|n| !n.spec.standby).collect();
+        let all = self.fleet.nodes();
+        let serving: Vec<&Arc<Node>> = all.iter().filter(|n| !n.spec.standby).collect();
         let total = serving.len().max(1);
         let mut drained: HashSet<String> =
             serving.iter().filter(|n| n.state().drained).map(|n| n.spec.name.clone()).collect();
@@ -292,7 +299,8 @@ impl Core {
         if let (Some(limit), Some(label)) = (rb.max_per_group, &rb.group_by)
             && let Some(v) = target.label(label)
         {
-            let in_group = drained.iter().filter(|d| self.fleet.get(d).and_then(|n| n.label(label)) == Some(v)).count();
+            let in_group =
+                drained.iter().filter(|d| self.fleet.get(d).is_some_and(|n| n.label(label) == Some(v))).count();
             if in_group as u32 >= limit {
                 return Err(format!(
                     "blast radius: {in_group} node(s) with {label}={v} already drained (max_per_group {limit}); not draining {node} (run {run})"
@@ -317,7 +325,7 @@ impl Core {
         gpu: Option<u32>,
         mut req: Request,
     ) -> Result<(Reply, f64), String> {
-        let Some(n) = self.fleet.get(node).cloned() else { return Err(format!("{node} is not in the inventory")) };
+        let Some(n) = self.fleet.get(node) else { return Err(format!("{node} is not in the inventory")) };
         req.owner = Some(s.id.clone());
         let intent = NewRecord::new(
             RecordKind::ActionIntent,
@@ -438,13 +446,13 @@ impl Core {
 
     /// Holds in effect per node, from the agents' telemetry.
     pub fn holds_by_node(&self) -> BTreeMap<String, Vec<nightshift_proto::HoldInfo>> {
-        self.fleet.nodes.iter().map(|n| (n.spec.name.clone(), n.state().holds.clone())).collect()
+        self.fleet.nodes().iter().map(|n| (n.spec.name.clone(), n.state().holds.clone())).collect()
     }
 
     /// A node's holds as its agent has them now (`holds`, read-only); the
     /// last telemetry's when the agent does not answer.
     pub async fn current_holds(&self, node: &str) -> Vec<nightshift_proto::HoldInfo> {
-        let Some(n) = self.fleet.get(node).cloned() else { return Vec::new() };
+        let Some(n) = self.fleet.get(node) else { return Vec::new() };
         let req = Request::new(self.ids.request("holds"), Op::Holds(nightshift_proto::NoArgs {}));
         match n.transport.call(req).await {
             Ok(r) if r.ok => r

@@ -186,6 +186,9 @@ impl Engine {
             counters: Counters::default(),
             shutdown,
             tasks: Mutex::new(Vec::new()),
+            auth: std::sync::RwLock::new(Arc::new(parts.config.auth.clone())),
+            auth_generation: std::sync::atomic::AtomicU64::new(0),
+            reloading: tokio::sync::Mutex::new(()),
             config: parts.config,
         };
         Engine { core: Arc::new(core) }
@@ -201,6 +204,13 @@ impl Engine {
 
     pub fn audit(&self) -> &AuditStore {
         &self.core.audit
+    }
+
+    /// The tokens in force and their generation (it grows at each reload
+    /// that changed them).
+    pub fn auth(&self) -> (u64, Arc<crate::config::AuthConfig>) {
+        let a = self.core.auth.read().unwrap_or_else(|e| e.into_inner()).clone();
+        (self.core.auth_generation.load(std::sync::atomic::Ordering::SeqCst), a)
     }
 
     pub fn counters(&self) -> &Counters {

@@ -63,6 +63,10 @@ pub struct Node {
 }
 
 impl Node {
+    fn new(idx: u32, spec: NodeSpec, addr: String, transport: Arc<dyn AgentTransport>, state: NodeState) -> Node {
+        Node { idx, spec, addr, transport, state: Mutex::new(state) }
+    }
+
     pub fn state(&self) -> MutexGuard<'_, NodeState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -72,52 +76,156 @@ impl Node {
     }
 }
 
-/// All nodes.
+/// One version of the node list.
+struct Members {
+    nodes: Arc<Vec<Arc<Node>>>,
+    by_name: HashMap<String, usize>,
+    by_idx: HashMap<u32, usize>,
+}
+
+impl Members {
+    fn new(nodes: Vec<Arc<Node>>) -> Members {
+        let by_name = nodes.iter().enumerate().map(|(i, n)| (n.spec.name.clone(), i)).collect();
+        let by_idx = nodes.iter().enumerate().map(|(i, n)| (n.idx, i)).collect();
+        Members { nodes: Arc::new(nodes), by_name, by_idx }
+    }
+}
+
+/// What a fleet reload changed, by node name.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FleetChange {
+    pub added: Vec<String>,
+    /// Address, host key, labels or standby changed: a new connection.
+    pub changed: Vec<String>,
+    pub removed: Vec<String>,
+}
+
+impl FleetChange {
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
+    }
+}
+
+/// All nodes. The list can be replaced at run time (a reload of
+/// fleet.yaml); readers take a snapshot. A node keeps its `idx` for as long
+/// as it is in the list; a new node gets one never used before, so telemetry
+/// keyed by index never mixes two nodes.
 pub struct Fleet {
-    pub nodes: Vec<Arc<Node>>,
-    by_name: HashMap<String, u32>,
+    members: std::sync::RwLock<Members>,
+    next_idx: std::sync::atomic::AtomicU32,
 }
 
 impl Fleet {
     /// Build from inventory entries and a transport for each.
     pub fn new(nodes: Vec<(NodeSpec, String, Arc<dyn AgentTransport>)>) -> Fleet {
-        let mut by_name = HashMap::new();
-        let nodes = nodes
+        let nodes: Vec<Arc<Node>> = nodes
             .into_iter()
             .enumerate()
             .map(|(i, (spec, addr, transport))| {
-                by_name.insert(spec.name.clone(), i as u32);
-                Arc::new(Node { idx: i as u32, spec, addr, transport, state: Mutex::new(NodeState::default()) })
+                Arc::new(Node::new(i as u32, spec, addr, transport, NodeState::default()))
             })
             .collect();
-        Fleet { nodes, by_name }
+        let next = nodes.len() as u32;
+        Fleet {
+            members: std::sync::RwLock::new(Members::new(nodes)),
+            next_idx: std::sync::atomic::AtomicU32::new(next),
+        }
     }
 
-    pub fn get(&self, name: &str) -> Option<&Arc<Node>> {
-        self.by_name.get(name).map(|i| &self.nodes[*i as usize])
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Members> {
+        self.members.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn by_idx(&self, idx: u32) -> Option<&Arc<Node>> {
-        self.nodes.get(idx as usize)
+    /// Every node now (a snapshot).
+    pub fn nodes(&self) -> Arc<Vec<Arc<Node>>> {
+        self.read().nodes.clone()
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Node>> {
+        let m = self.read();
+        m.by_name.get(name).map(|i| m.nodes[*i].clone())
+    }
+
+    pub fn by_idx(&self, idx: u32) -> Option<Arc<Node>> {
+        let m = self.read();
+        m.by_idx.get(&idx).map(|i| m.nodes[*i].clone())
     }
 
     pub fn len(&self) -> usize {
-        self.nodes.len()
+        self.read().nodes.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
+        self.read().nodes.is_empty()
+    }
+
+    /// Whether `node` is the fleet's current node of that name (not one a
+    /// reload replaced or removed).
+    pub fn is_current(&self, node: &Arc<Node>) -> bool {
+        self.get(&node.spec.name).is_some_and(|n| Arc::ptr_eq(&n, node))
+    }
+
+    /// Replace the node list. Nodes whose spec and address are unchanged
+    /// stay as they are (connection, state); a changed one is rebuilt with a
+    /// new transport from `connect`, keeping its index and state; removed
+    /// ones leave. Returns the change and the nodes that need a connection
+    /// loop (added and changed).
+    pub fn replace(
+        &self,
+        specs: Vec<(NodeSpec, String)>,
+        mut connect: impl FnMut(&NodeSpec, &str) -> Arc<dyn AgentTransport>,
+    ) -> (FleetChange, Vec<Arc<Node>>) {
+        let mut members = self.members.write().unwrap_or_else(|e| e.into_inner());
+        let mut change = FleetChange::default();
+        let mut fresh = Vec::new();
+        let mut nodes = Vec::with_capacity(specs.len());
+        for (spec, addr) in specs {
+            let old = members.by_name.get(&spec.name).map(|i| members.nodes[*i].clone());
+            match old {
+                Some(o) if o.spec == spec && o.addr == addr => nodes.push(o),
+                Some(o) => {
+                    let state = o.state().clone();
+                    let n = Arc::new(Node::new(o.idx, spec.clone(), addr.clone(), connect(&spec, &addr), state));
+                    change.changed.push(spec.name.clone());
+                    fresh.push(n.clone());
+                    nodes.push(n);
+                }
+                None => {
+                    let idx = self.next_idx.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let n = Arc::new(Node::new(
+                        idx,
+                        spec.clone(),
+                        addr.clone(),
+                        connect(&spec, &addr),
+                        NodeState::default(),
+                    ));
+                    change.added.push(spec.name.clone());
+                    fresh.push(n.clone());
+                    nodes.push(n);
+                }
+            }
+        }
+        let kept: std::collections::HashSet<&str> = nodes.iter().map(|n| n.spec.name.as_str()).collect();
+        change.removed = members
+            .nodes
+            .iter()
+            .filter(|n| !kept.contains(n.spec.name.as_str()))
+            .map(|n| n.spec.name.clone())
+            .collect();
+        let next = Members::new(nodes);
+        *members = next;
+        (change, fresh)
     }
 
     /// Nodes whose label `key` is `value`.
     pub fn group(&self, key: &str, value: &str) -> Vec<Arc<Node>> {
-        self.nodes.iter().filter(|n| n.label(key) == Some(value)).cloned().collect()
+        self.nodes().iter().filter(|n| n.label(key) == Some(value)).cloned().collect()
     }
 
     /// Distinct values of label `key`, with their nodes.
     pub fn groups(&self, key: &str) -> BTreeMap<String, Vec<Arc<Node>>> {
         let mut out: BTreeMap<String, Vec<Arc<Node>>> = BTreeMap::new();
-        for n in &self.nodes {
+        for n in self.nodes().iter() {
             if let Some(v) = n.label(key) {
                 out.entry(v.to_string()).or_default().push(n.clone());
             }
@@ -127,6 +235,6 @@ impl Fleet {
 
     /// Names of drained nodes.
     pub fn drained(&self) -> Vec<String> {
-        self.nodes.iter().filter(|n| n.state().drained).map(|n| n.spec.name.clone()).collect()
+        self.nodes().iter().filter(|n| n.state().drained).map(|n| n.spec.name.clone()).collect()
     }
 }

@@ -120,7 +120,7 @@ impl Host {
                 format!("run {} targets {}; refusing to act on {node} outside it", self.run, ctx.target),
             ));
         }
-        let Some(n) = self.core.fleet.get(node).cloned() else {
+        let Some(n) = self.core.fleet.get(node) else {
             return Err(self.refuse(ctx, node, op, "unknown_node", format!("{node} is not in the inventory")));
         };
         if m.class == RunClass::Observe {
@@ -316,7 +316,7 @@ impl ScriptHost for Host {
         if let Err(refusal) = self.admit_change(ctx, node, &op, &m) {
             return refusal;
         }
-        let Some(n) = self.core.fleet.get(node).cloned() else { return refused("unknown_node", node) };
+        let Some(n) = self.core.fleet.get(node) else { return refused("unknown_node", node) };
         let mut reserved = false;
         if let Op::Drain(a) = &mut op {
             a.run = Some(self.run.clone());
@@ -482,7 +482,7 @@ impl ScriptHost for Host {
     }
 
     fn holds(&self, _ctx: &RunCtx, node: &str) -> rhai::Array {
-        let Some(n) = self.core.fleet.get(node).cloned() else { return rhai::Array::new() };
+        let Some(n) = self.core.fleet.get(node) else { return rhai::Array::new() };
         let req = Request::new(self.core.ids.request(&format!("{}-holds", self.run)), Op::Holds(NoArgs {}));
         let views: Vec<nightshift_proto::SettingView> = match self.block_on(n.transport.call(req)) {
             Ok(r) if r.ok => r.result.and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default(),
@@ -504,7 +504,7 @@ impl ScriptHost for Host {
     }
 
     fn config_list(&self, _ctx: &RunCtx, node: &str, name: Option<&str>) -> Dynamic {
-        let Some(n) = self.core.fleet.get(node).cloned() else { return Dynamic::UNIT };
+        let Some(n) = self.core.fleet.get(node) else { return Dynamic::UNIT };
         let req = Request::new(
             self.core.ids.request(&format!("{}-config-list", self.run)),
             Op::ConfigList(ConfigListArgs { name: name.map(str::to_string) }),

@@ -27,7 +27,7 @@ impl Engine {
     /// Feed one agent telemetry message: update node state, push samples,
     /// evaluate triggers, submit what fired.
     pub async fn ingest_telemetry(&self, t: &Telemetry) {
-        let Some(node) = self.core.fleet.get(&t.node).cloned() else {
+        let Some(node) = self.core.fleet.get(&t.node) else {
             tracing::warn!(node = %t.node, "telemetry from a node not in the inventory");
             return;
         };
@@ -242,7 +242,7 @@ impl Engine {
 
     fn fire_request(&self, rb: &Runbook, fire: &Fire) -> Option<RunRequest> {
         let m = &rb.manifest;
-        let node = fire.node.and_then(|i| self.core.fleet.by_idx(i)).cloned();
+        let node = fire.node.and_then(|i| self.core.fleet.by_idx(i));
         if let Some(n) = &node
             && !self.selector_matches(rb, n)
         {
@@ -379,7 +379,7 @@ impl Engine {
 
     async fn handle_alert(&self, a: Alert, poster: &str) {
         let host = a.host();
-        let node = host.as_deref().and_then(|h| self.core.fleet.get(h)).cloned();
+        let node = host.as_deref().and_then(|h| self.core.fleet.get(h));
         let actor = format!("alertmanager:{poster}");
         let rec = NewRecord::new(
             RecordKind::EventReceived,

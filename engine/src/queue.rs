@@ -467,7 +467,7 @@ impl Engine {
             }
         }
         let stale_ms = (self.core.config.telemetry.stale_after_secs as i64).saturating_mul(1000);
-        for n in &self.core.fleet.nodes {
+        for n in self.core.fleet.nodes().iter() {
             let mut st = n.state();
             if st.connected && now.saturating_sub(st.last_seen_ms) > stale_ms {
                 st.connected = false;
@@ -496,7 +496,7 @@ impl Engine {
             if !due {
                 continue;
             }
-            for n in self.core.fleet.nodes.clone() {
+            for n in self.core.fleet.nodes().iter().cloned() {
                 if !self.selector_matches(rb, &n) || !n.state().connected {
                     continue;
                 }

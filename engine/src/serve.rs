@@ -60,10 +60,7 @@ pub async fn start_with_clock(config: EngineConfig, clock: SharedClock) -> Resul
     let mut nodes = Vec::new();
     for spec in &inventory.nodes {
         let addr = spec.addr(&inventory.defaults);
-        let mut cc = ClientConfig::new(addr.clone(), spec.host_key.clone(), key.clone());
-        cc.user = inventory.defaults.user.clone();
-        cc.request_timeout = Duration::from_secs(config.limits.action_timeout_secs);
-        let client = Arc::new(AgentClient::new(cc));
+        let client = client_for(spec, &addr, &inventory, &key, &config);
         clients.push((spec.name.clone(), client.clone()));
         nodes.push((spec.clone(), addr, client as Arc<dyn AgentTransport>));
     }
@@ -74,8 +71,9 @@ pub async fn start_with_clock(config: EngineConfig, clock: SharedClock) -> Resul
         tracing::warn!(runs = ?recovered, "runs left unfinished by the last stop are now interrupted");
     }
     for (name, client) in clients {
+        let Some(node) = engine.core.fleet.get(&name) else { continue };
         let e = engine.clone();
-        engine.add_task(tokio::spawn(async move { node_loop(e, name, client).await }));
+        engine.add_task(tokio::spawn(async move { node_loop(e, node, client).await }));
     }
     let pulls = config
         .sources
@@ -101,15 +99,36 @@ pub async fn start_with_clock(config: EngineConfig, clock: SharedClock) -> Resul
     Ok(engine)
 }
 
+/// An SSH client for one node of the inventory.
+fn client_for(
+    spec: &crate::inventory::NodeSpec,
+    addr: &str,
+    inventory: &Inventory,
+    key: &Arc<keys::PrivateKey>,
+    config: &EngineConfig,
+) -> Arc<AgentClient> {
+    let mut cc = ClientConfig::new(addr.to_string(), spec.host_key.clone(), key.clone());
+    cc.user = inventory.defaults.user.clone();
+    cc.request_timeout = Duration::from_secs(config.limits.action_timeout_secs);
+    Arc::new(AgentClient::new(cc))
+}
+
 /// Keep one agent connected: inventory, then a telemetry stream into the
 /// engine; on any failure mark the node disconnected and try again after the
-/// client's backoff.
-async fn node_loop(engine: Engine, name: String, client: Arc<AgentClient>) {
+/// client's backoff. Ends when a reload replaces or removes the node.
+async fn node_loop(engine: Engine, node: Arc<crate::fleet::Node>, client: Arc<AgentClient>) {
     let mut shutdown = engine.shutdown_signal();
     let interval = engine.config().telemetry.interval_ms;
+    let name = node.spec.name.clone();
     let mut attempt: u64 = 0;
+    let retired = |engine: &Engine| !engine.core.fleet.is_current(&node);
     loop {
         if *shutdown.borrow() {
+            return;
+        }
+        if retired(&engine) {
+            tracing::info!(node = %name, "node replaced or removed by a reload: its connection closes");
+            client.reset().await;
             return;
         }
         attempt += 1;
@@ -123,6 +142,9 @@ async fn node_loop(engine: Engine, name: String, client: Arc<AgentClient>) {
                 let every = Duration::from_millis((engine.config().telemetry.stale_after_secs * 1000 / 3).max(200));
                 let mut n = 0u64;
                 loop {
+                    if retired(&engine) {
+                        return Ok(());
+                    }
                     engine.mark_alive(&name);
                     tokio::select! {
                         _ = tokio::time::sleep(every) => {}
@@ -137,6 +159,11 @@ async fn node_loop(engine: Engine, name: String, client: Arc<AgentClient>) {
             loop {
                 tokio::select! {
                     t = rx.recv() => match t {
+                        Some(t) if retired(&engine) => {
+                            drop(t);
+                            client.reset().await;
+                            return Ok(());
+                        }
                         Some(t) => engine.ingest_telemetry(&t).await,
                         None => break,
                     },
@@ -151,7 +178,12 @@ async fn node_loop(engine: Engine, name: String, client: Arc<AgentClient>) {
             return;
         }
         let wait = match result {
-            Ok(()) => return,
+            Ok(()) => {
+                if retired(&engine) {
+                    client.reset().await;
+                }
+                return;
+            }
             Err(e) => {
                 engine.set_node_disconnected(&name, &e.to_string());
                 match e {
@@ -165,6 +197,180 @@ async fn node_loop(engine: Engine, name: String, client: Arc<AgentClient>) {
             _ = shutdown.changed() => return,
         }
     }
+}
+
+/// What a reload changed.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct ReloadReport {
+    pub nodes: crate::fleet::FleetChange,
+    /// API tokens by name.
+    pub tokens_added: Vec<String>,
+    pub tokens_removed: Vec<String>,
+    /// Same name, another role or hash.
+    pub tokens_changed: Vec<String>,
+    pub webhook_tokens_changed: bool,
+    /// Whether any runbook's manifest or script changed (trigger states
+    /// then start over).
+    pub runbooks_changed: bool,
+    pub runbooks: usize,
+    pub runbook_errors: Vec<String>,
+    /// engine.yaml settings that differ from the running ones and take
+    /// effect only at a restart.
+    pub restart_needed: Vec<String>,
+}
+
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("cannot read the engine key {path}: {message}; nothing was reloaded")]
+    Key { path: String, message: String },
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+}
+
+/// Fingerprint of a runbook set: what a reload compares.
+fn runbook_digest(set: &crate::runbook::RunbookSet) -> Vec<(String, String, String)> {
+    let mut d: Vec<(String, String, String)> = set
+        .runbooks
+        .iter()
+        .map(|r| {
+            (r.manifest.name.clone(), serde_json::to_string(&r.manifest).unwrap_or_default(), r.script_source.clone())
+        })
+        .collect();
+    d.extend(set.errors.iter().map(|e| (String::new(), e.to_string(), String::new())));
+    d.sort();
+    d
+}
+
+/// Read fleet.yaml, engine.yaml's tokens and the runbooks again and put
+/// what changed in force: new nodes are connected, changed ones reconnected
+/// (their state kept), removed ones let go (runs already holding them finish
+/// on them); tokens are replaced; runbooks swapped when they changed. All
+/// files are read and checked first: if one is broken, nothing changes.
+/// Audited either way (`config_reloaded`, by `by`). Other engine.yaml
+/// settings are listed as needing a restart.
+pub async fn reload(engine: &Engine, by: &str) -> Result<ReloadReport, ReloadError> {
+    let _one = engine.core.reloading.lock().await;
+    let result = reload_files(engine);
+    let record = match &result {
+        Ok(r) => {
+            let mut v = serde_json::to_value(r).unwrap_or_default();
+            v["ok"] = true.into();
+            v
+        }
+        Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
+    };
+    engine
+        .core
+        .audit
+        .append(crate::audit::NewRecord::new(crate::audit::RecordKind::ConfigReloaded, by, record), None)
+        .await?;
+    match &result {
+        Ok(r) => tracing::info!(by, added = ?r.nodes.added, changed = ?r.nodes.changed, removed = ?r.nodes.removed,
+            tokens_added = ?r.tokens_added, tokens_removed = ?r.tokens_removed, runbooks_changed = r.runbooks_changed,
+            restart_needed = ?r.restart_needed, "reloaded"),
+        Err(e) => tracing::error!(by, error = %e, "reload refused: nothing changed"),
+    }
+    result
+}
+
+fn reload_files(engine: &Engine) -> Result<ReloadReport, ReloadError> {
+    let running = engine.config();
+    let mut report = ReloadReport::default();
+    // 1. Read and check everything; change nothing yet.
+    let new_config = match &running.source_path {
+        Some(path) => Some(EngineConfig::load(path)?),
+        None => None,
+    };
+    let inventory = match &new_config {
+        Some(_) => Some(Inventory::load(&running.inventory_path)?),
+        None => None,
+    };
+    let key = match &inventory {
+        Some(_) => Some(Arc::new(keys::load(&running.engine_key_path).map_err(|e| ReloadError::Key {
+            path: running.engine_key_path.display().to_string(),
+            message: e.to_string(),
+        })?)),
+        None => None,
+    };
+    let set = load_dir(&running.runbook_dir, &engine.core.script);
+    if let Some(new) = &new_config {
+        for (name, a, b) in [
+            ("listen_addr", j(&running.listen_addr), j(&new.listen_addr)),
+            ("data_dir", j(&running.data_dir), j(&new.data_dir)),
+            ("runbook_dir", j(&running.runbook_dir), j(&new.runbook_dir)),
+            ("inventory_path", j(&running.inventory_path), j(&new.inventory_path)),
+            ("engine_key_path", j(&running.engine_key_path), j(&new.engine_key_path)),
+            ("limits", j(&running.limits), j(&new.limits)),
+            ("script", j(&running.script), j(&new.script)),
+            ("telemetry", j(&running.telemetry), j(&new.telemetry)),
+            ("sources", j(&running.sources), j(&new.sources)),
+            ("notifications", j(&running.notifications), j(&new.notifications)),
+            ("time_scale", j(&running.time_scale), j(&new.time_scale)),
+            ("auth.allow_anonymous", j(&running.auth.allow_anonymous), j(&new.auth.allow_anonymous)),
+        ] {
+            if a != b {
+                report.restart_needed.push(name.to_string());
+            }
+        }
+    }
+    // 2. Put it in force.
+    if let (Some(inventory), Some(key)) = (inventory, key) {
+        let mut clients = std::collections::HashMap::new();
+        let specs: Vec<_> = inventory.nodes.iter().map(|s| (s.clone(), s.addr(&inventory.defaults))).collect();
+        let (change, fresh) = engine.core.fleet.replace(specs, |spec, addr| {
+            let c = client_for(spec, addr, &inventory, &key, running);
+            clients.insert(spec.name.clone(), c.clone());
+            c as Arc<dyn AgentTransport>
+        });
+        for node in fresh {
+            let Some(client) = clients.remove(&node.spec.name) else { continue };
+            let e = engine.clone();
+            engine.add_task(tokio::spawn(async move { node_loop(e, node, client).await }));
+        }
+        report.nodes = change;
+    }
+    if let Some(new) = new_config {
+        let (_, old) = engine.auth();
+        let mut auth = new.auth.clone();
+        auth.allow_anonymous = old.allow_anonymous;
+        if auth != *old {
+            for t in &auth.tokens {
+                match old.tokens.iter().find(|o| o.name == t.name) {
+                    None => report.tokens_added.push(t.name.clone()),
+                    Some(o) if o != t => report.tokens_changed.push(t.name.clone()),
+                    Some(_) => {}
+                }
+            }
+            report.tokens_removed = old
+                .tokens
+                .iter()
+                .filter(|o| !auth.tokens.iter().any(|t| t.name == o.name))
+                .map(|o| o.name.clone())
+                .collect();
+            report.webhook_tokens_changed =
+                auth.webhook_token_sha256 != old.webhook_token_sha256 || auth.webhook_tokens != old.webhook_tokens;
+            *engine.core.auth.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(auth);
+            engine.core.auth_generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    report.runbooks = set.runbooks.len();
+    report.runbook_errors = set.errors.iter().map(|e| e.to_string()).collect();
+    for e in &set.errors {
+        tracing::error!(error = %e, "runbook not loaded");
+    }
+    if runbook_digest(&set) != runbook_digest(&engine.runbook_set()) {
+        report.runbooks_changed = true;
+        engine.replace_runbooks(set);
+    }
+    Ok(report)
+}
+
+/// A setting as JSON, for comparing old and new.
+fn j<T: serde::Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or_default()
 }
 
 /// Pull a Prometheus server (instant query for the DCGM series) or a

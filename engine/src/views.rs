@@ -86,12 +86,12 @@ impl Engine {
 
     /// The fleet's node names.
     pub fn node_names(&self) -> Vec<String> {
-        self.core.fleet.nodes.iter().map(|n| n.spec.name.clone()).collect()
+        self.core.fleet.nodes().iter().map(|n| n.spec.name.clone()).collect()
     }
 
     /// Agents with a live connection (or recent telemetry).
     pub fn connected_agents(&self) -> usize {
-        self.core.fleet.nodes.iter().filter(|n| n.state().connected).count()
+        self.core.fleet.nodes().iter().filter(|n| n.state().connected).count()
     }
 
     /// A node's view.
@@ -141,7 +141,7 @@ impl Engine {
     pub fn active_holds(&self) -> Vec<(String, nightshift_proto::HoldInfo)> {
         self.core
             .fleet
-            .nodes
+            .nodes()
             .iter()
             .flat_map(|n| {
                 let name = n.spec.name.clone();
@@ -210,7 +210,7 @@ impl Engine {
         if op.is_mutating() {
             return Err(EngineError::NotReadOnly { op: op.name().to_string() });
         }
-        let n = self.core.fleet.get(node).cloned().ok_or_else(|| EngineError::UnknownNode(node.into()))?;
+        let n = self.core.fleet.get(node).ok_or_else(|| EngineError::UnknownNode(node.into()))?;
         let req = Request::new(self.core.ids.request(&format!("cli-{}", op.name())), op);
         n.transport
             .call(req)
@@ -233,27 +233,16 @@ impl Engine {
         Ok(())
     }
 
-    /// Reload runbooks from the folder (admin). Trigger states start over.
-    pub async fn reload_runbooks(&self, by: &str) -> Result<(usize, Vec<String>), EngineError> {
-        let set = crate::runbook::load_dir(&self.core.config.runbook_dir, &self.core.script);
-        let errors: Vec<String> = set.errors.iter().map(|e| e.to_string()).collect();
-        let n = set.runbooks.len();
+    /// Put a new runbook set in force. Trigger states start over.
+    pub fn replace_runbooks(&self, set: crate::runbook::RunbookSet) {
         let brain = Brain::build(&set, (self.core.config.telemetry.script_window_secs as i64).saturating_mul(1000));
         *self.core.brain() = brain;
         *self.core.runbooks.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(set);
-        self.core
-            .audit
-            .append(
-                NewRecord::new(RecordKind::EngineStarted, by, json!({"reload": true, "runbooks": n, "errors": errors})),
-                None,
-            )
-            .await?;
-        Ok((n, errors))
     }
 
     /// Fetch every agent's inventory once (node state, GPU counts, vendor).
     pub async fn refresh_inventories(&self) {
-        for n in self.core.fleet.nodes.clone() {
+        for n in self.core.fleet.nodes().iter().cloned() {
             let req = Request::new(self.core.ids.request(&format!("inv-{}", n.spec.name)), Op::Inventory(NoArgs {}));
             match n.transport.call(req).await {
                 Ok(r) if r.ok => {

@@ -246,6 +246,7 @@ impl SimFleet {
             sources: Default::default(),
             notifications: Default::default(),
             time_scale: 1.0,
+            source_path: None,
         };
         let audit = AuditStore::open(&config.data_dir, shared.clone()).map_err(|e| SimError::Setup(e.to_string()))?;
         let engine = Engine::new(EngineParts {

@@ -110,3 +110,95 @@ async fn a_temperature_fault_is_remediated_over_ssh() {
     assert!(engine.verify().unwrap().ok);
     engine.shutdown().await;
 }
+
+/// fleet.yaml and the tokens read again while the engine runs (what SIGHUP
+/// and `nightshift reload` do): a node added is connected, a node whose host
+/// key changed is reconnected (and refused, the key being wrong), a node
+/// removed is let go; a broken fleet.yaml changes nothing; settings that
+/// need a restart are named; every reload is audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_adds_changes_and_removes_nodes_and_refuses_a_broken_file() {
+    use nightshift_engine::serve::reload;
+    let dir = tempfile::tempdir().unwrap();
+    let sim = SimConfig { gpus: 1, ..SimConfig::default() };
+    let a1 = TestAgent::start(dir.path(), "r1", sim.clone(), "").await;
+    let a2 = TestAgent::start(dir.path(), "r2", sim, "").await;
+    let cfg = engine_setup(
+        dir.path(),
+        &[&a1],
+        &[("noop", "trigger: {type: manual}\nscope: node\n", "note(\"x\");\n")],
+        "auth: {tokens: [{name: alice, role: admin, sha256: 0000000000000000000000000000000000000000000000000000000000000000}]}\n",
+    );
+    let engine = nightshift_engine::serve::start(cfg).await.unwrap();
+    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    let fleet = |nodes: &[(&TestAgent, &str)]| {
+        let mut text = String::from("version: 1\nnodes:\n");
+        for (a, key) in nodes {
+            text.push_str(&format!(
+                "  - name: {}\n    address: {}\n    host_key: {key}\n    labels: {{pool: a}}\n",
+                a.cfg.node,
+                a.addr()
+            ));
+        }
+        std::fs::write(dir.path().join("fleet.yaml"), text).unwrap();
+    };
+
+    // A node added.
+    fleet(&[(&a1, &a1.fingerprint()), (&a2, &a2.fingerprint())]);
+    let r = reload(&engine, "user:test").await.unwrap();
+    assert_eq!(
+        (r.nodes.added.as_slice(), r.nodes.changed.len(), r.nodes.removed.len()),
+        (&["r2".to_string()][..], 0, 0)
+    );
+    assert!(!r.runbooks_changed && r.restart_needed.is_empty() && r.tokens_added.is_empty(), "{r:?}");
+    assert!(eventually(20, || (engine.connected_agents() == 2).then_some(())).await.is_some(), "r2 never connected");
+
+    // A broken fleet.yaml: refused with where, nothing changed.
+    std::fs::write(dir.path().join("fleet.yaml"), "version: 1\nnodes:\n  - name: r3\n").unwrap();
+    let err = reload(&engine, "user:test").await.unwrap_err().to_string();
+    assert!(err.contains("fleet.yaml:3:") && err.contains("address"), "{err}");
+    assert_eq!(engine.node_names(), ["r1", "r2"]);
+
+    // r1's host key is now wrong (a reinstalled node not yet re-pinned), r2
+    // removed; a token added; a setting that needs a restart.
+    fleet(&[(&a1, "SHA256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA")]);
+    let yaml = std::fs::read_to_string(dir.path().join("engine.yaml")).unwrap();
+    let yaml = yaml.replace(
+        "tokens: [",
+        "tokens: [{name: bob, role: viewer, sha256: 1111111111111111111111111111111111111111111111111111111111111111}, ",
+    ) + "limits: {queue_capacity: 7}\n";
+    std::fs::write(dir.path().join("engine.yaml"), yaml).unwrap();
+    let generation = engine.auth().0;
+    let r = reload(&engine, "signal:SIGHUP").await.unwrap();
+    assert_eq!(r.nodes.changed, ["r1"]);
+    assert_eq!(r.nodes.removed, ["r2"]);
+    assert_eq!(r.tokens_added, ["bob"]);
+    assert_eq!(r.restart_needed, ["limits"]);
+    assert!(engine.auth().0 > generation);
+    assert!(engine.auth().1.tokens.iter().any(|t| t.name == "bob"));
+    assert_eq!(engine.node_names(), ["r1"]);
+    let refused = eventually(30, || {
+        let n = engine.node("r1")?;
+        (!n.state.connected && n.state.last_error.as_deref().is_some_and(|e| e.contains("host key"))).then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "r1 with a wrong pinned key stays connected: {:?}", engine.node("r1").map(|n| n.state));
+
+    // Each reload is in the audit, with who asked and what happened.
+    let reloads: Vec<_> = engine
+        .audit()
+        .records_since(0)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.kind == RecordKind::ConfigReloaded)
+        .map(|r| (r.actor.clone(), r.data["ok"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(
+        reloads,
+        [("user:test".to_string(), true), ("user:test".to_string(), false), ("signal:SIGHUP".to_string(), true)]
+    );
+    engine.shutdown().await;
+    let (mut a1, mut a2) = (a1, a2);
+    a1.stop().await;
+    a2.stop().await;
+}

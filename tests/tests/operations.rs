@@ -21,7 +21,7 @@ fn documented_commands() -> Vec<String> {
     DOC[start..end]
         .lines()
         .map(str::trim)
-        .filter(|l| l.starts_with("nightshift"))
+        .filter(|l| l.starts_with("nightshift") || l.starts_with("kill -HUP"))
         .map(|l| l.trim_end_matches('&').trim().to_string())
         .collect()
 }
@@ -47,6 +47,7 @@ struct Lab {
     bins: PathBuf,
     web: String,
     token: String,
+    bob: String,
     ran: Vec<String>,
 }
 
@@ -60,6 +61,7 @@ impl Lab {
     fn expand(&self, line: &str) -> Vec<String> {
         line.replace("http://127.0.0.1:8080", &format!("http://{}", self.web))
             .replace("$TOKEN", &self.token)
+            .replace("$BOB", &self.bob)
             .split_whitespace()
             .map(str::to_string)
             .collect()
@@ -117,7 +119,7 @@ fn zero_to_two_nodes_as_documented() {
         format!("127.0.0.1:{}", free_port()),
         format!("127.0.0.1:{}", free_port()),
     );
-    let mut lab = Lab { dir, bins, web: web.clone(), token: String::new(), ran: Vec::new() };
+    let mut lab = Lab { dir, bins, web: web.clone(), token: String::new(), bob: String::new(), ran: Vec::new() };
     // The only change to the examples: free ports.
     lab.edit("agent.yaml", |t| t.replace("127.0.0.1:2222", &a1));
     lab.edit("fleet.yaml", |t| t.replace("127.0.0.1:2222", &a1).replace("127.0.0.1:2223", &a2));
@@ -179,6 +181,36 @@ fn zero_to_two_nodes_as_documented() {
     assert!(out.contains("gpu-overheat") && out.contains("gpu-node-01"), "{out}");
     let out = lab.run("nightshift --server http://127.0.0.1:8080 --token $TOKEN audit verify");
     assert!(out.contains("ok") || out.contains("verified"), "{out}");
+
+    // 7. Bob's token, put in force by SIGHUP, no restart.
+    let out = lab.run("nightshift token --name bob --role viewer");
+    lab.bob = out.split_whitespace().find(|w| w.starts_with("ns_")).expect("a token").to_string();
+    let line = out.lines().find(|l| l.trim_start().starts_with("- {name: bob")).expect("the config line");
+    let entry = line.trim_start().trim_start_matches("- ").to_string();
+    lab.edit("engine.yaml", |t| t.replacen("tokens: [", &format!("tokens: [{entry}, "), 1));
+    let before = lab
+        .command(&lab.expand("nightshift --server http://127.0.0.1:8080 --token $BOB agents list"))
+        .output()
+        .unwrap();
+    assert!(!before.status.success(), "bob's token works before the reload");
+    lab.ran.push("kill -HUP <the engine's pid>".into());
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(engine.child.id() as i32), nix::sys::signal::Signal::SIGHUP)
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    while !engine.log_text().contains("reloaded") {
+        assert!(Instant::now() < end, "no reload after SIGHUP; engine log:\n{}", engine.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = lab.run("nightshift --server http://127.0.0.1:8080 --token $BOB agents list");
+    assert_eq!(out.matches("connected").count(), 2, "{out}");
+    // The reload is in the audit, with what it changed.
+    let export = lab
+        .command(&lab.expand("nightshift --server http://127.0.0.1:8080 --token $TOKEN audit export --format jsonl"))
+        .output()
+        .unwrap();
+    let export = String::from_utf8_lossy(&export.stdout);
+    let reload = export.lines().find(|l| l.contains("\"config_reloaded\"")).expect("a config_reloaded record");
+    assert!(reload.contains("\"tokens_added\":[\"bob\"]") && reload.contains("signal:SIGHUP"), "{reload}");
 
     eprintln!("walkthrough took {:?}", t0.elapsed());
     // The document and this test ran the same commands.
@@ -276,14 +308,19 @@ async fn config_rollback_in_the_agent_units_sandbox() {
     };
     let r = call(
         "sandbox-apply",
-        Op::ConfigApply(ConfigApplyArgs { name: "nccl-env".into(), content: "NCCL_P2P_DISABLE=1\n".into(), note: None }),
+        Op::ConfigApply(ConfigApplyArgs {
+            name: "nccl-env".into(),
+            content: "NCCL_P2P_DISABLE=1\n".into(),
+            note: None,
+        }),
     )
     .await;
     assert!(r.ok, "config_apply in the sandbox: {r:?}\nagent log:\n{}", agent.log_text());
     assert_eq!(r.action().unwrap().outcome, Outcome::Applied);
     assert_eq!(std::fs::read_to_string(under("/etc/nccl.conf")).unwrap(), "NCCL_P2P_DISABLE=1\n");
-    let r = call("sandbox-rollback", Op::ConfigRollback(ConfigRollbackArgs { name: "nccl-env".into(), to_version: None }))
-        .await;
+    let r =
+        call("sandbox-rollback", Op::ConfigRollback(ConfigRollbackArgs { name: "nccl-env".into(), to_version: None }))
+            .await;
     assert!(r.ok, "config_rollback in the sandbox: {r:?}\nagent log:\n{}", agent.log_text());
     assert_eq!(r.action().unwrap().outcome, Outcome::Applied);
     assert_eq!(std::fs::read_to_string(under("/etc/nccl.conf")).unwrap(), "NCCL_DEBUG=WARN\n");

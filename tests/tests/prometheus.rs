@@ -249,7 +249,10 @@ async fn promtool_accepts_the_agent_and_engine_metrics() {
         let out = child.wait_with_output().unwrap();
         let findings = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         if what == "engine" {
-            assert!(out.status.success(), "promtool check metrics rejects the engine's /metrics:\n{findings}\n--- the text:\n{text}");
+            assert!(
+                out.status.success(),
+                "promtool check metrics rejects the engine's /metrics:\n{findings}\n--- the text:\n{text}"
+            );
         } else {
             // dcgm-exporter's own naming draws two style findings; exactly
             // those are accepted (exit 3 is "lint problems", not a parse
@@ -265,7 +268,10 @@ async fn promtool_accepts_the_agent_and_engine_metrics() {
                     && (problem == "counter metrics should have \"_total\" suffix"
                         || problem == "metric name should not include type 'counter'"
                         || problem == "label names should be written in 'snake_case' not 'camelCase'");
-                assert!(dcgm_style, "promtool finding beyond dcgm-exporter's own naming: {line:?}\n--- the text:\n{text}");
+                assert!(
+                    dcgm_style,
+                    "promtool finding beyond dcgm-exporter's own naming: {line:?}\n--- the text:\n{text}"
+                );
             }
         }
     }

@@ -310,9 +310,23 @@ pub async fn runbook(State(s): State<AppState>, _: Viewer, Path(name): Path<Stri
     Ok(Json(json!({"runbook": rb, "recent_runs": recent.runs})).into_response())
 }
 
+/// Read fleet.yaml, the tokens and the runbooks again (what SIGHUP does):
+/// the report of what changed, or 422 saying which file is broken (nothing
+/// changed then).
 pub async fn reload(State(s): State<AppState>, Admin(id): Admin) -> Result<Response, ApiError> {
-    let (n, errors) = s.engine.reload_runbooks(&id.actor()).await?;
-    Ok(Json(json!({"loaded": n, "errors": errors})).into_response())
+    match nightshift_engine::serve::reload(&s.engine, &id.actor()).await {
+        Ok(r) => {
+            let mut v = serde_json::to_value(&r).unwrap_or_default();
+            // What `runbooks reload` answered before: kept for its callers.
+            v["loaded"] = r.runbooks.into();
+            v["errors"] = json!(r.runbook_errors);
+            Ok(Json(v).into_response())
+        }
+        Err(nightshift_engine::serve::ReloadError::Audit(e)) => {
+            Err(nightshift_engine::engine::EngineError::from(e).into())
+        }
+        Err(e) => Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "reload_refused", e.to_string())),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -440,7 +454,7 @@ pub async fn alertmanager(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let poster = s.auth.require_webhook(&headers)?;
+    let poster = s.auth().require_webhook(&headers)?;
     let payload = WebhookPayload::parse(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let r = s.engine.ingest_alertmanager(payload, &poster);
     if r.shed > 0 {

@@ -34,7 +34,7 @@ fn is_page(path: &str) -> bool {
 }
 
 fn caller(parts: &Parts, s: &AppState, role: Role) -> Result<Identity, AuthRejection> {
-    s.auth
+    s.auth()
         .require(&parts.headers, &parts.method, role)
         .map_err(|err| AuthRejection { err, page: is_page(parts.uri.path()) })
 }

@@ -35,8 +35,31 @@ pub const MAX_WEBHOOK_BYTES: usize = 1024 * 1024;
 #[derive(Clone)]
 pub struct AppState {
     pub engine: Engine,
-    pub auth: Arc<Auth>,
+    /// The token table built from the engine's tokens of that generation;
+    /// rebuilt when a reload changed them.
+    auth: Arc<std::sync::Mutex<(u64, Arc<Auth>)>>,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+impl AppState {
+    pub fn new(engine: Engine) -> AppState {
+        let (generation, cfg) = engine.auth();
+        AppState {
+            auth: Arc::new(std::sync::Mutex::new((generation, Arc::new(Auth::new(&cfg))))),
+            shutdown: engine.shutdown_signal(),
+            engine,
+        }
+    }
+
+    /// The tokens in force now.
+    pub fn auth(&self) -> Arc<Auth> {
+        let mut cached = self.auth.lock().unwrap_or_else(|e| e.into_inner());
+        let (generation, cfg) = self.engine.auth();
+        if cached.0 != generation {
+            *cached = (generation, Arc::new(Auth::new(&cfg)));
+        }
+        cached.1.clone()
+    }
 }
 
 async fn metrics(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
@@ -45,8 +68,7 @@ async fn metrics(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiEr
 
 /// The whole web app for `engine`.
 pub fn router(engine: Engine) -> Router {
-    let state =
-        AppState { auth: Arc::new(Auth::new(&engine.config().auth)), shutdown: engine.shutdown_signal(), engine };
+    let state = AppState::new(engine);
     let webhook = Router::new()
         .route("/api/v1/alerts/alertmanager", post(api::alertmanager))
         .layer(DefaultBodyLimit::max(MAX_WEBHOOK_BYTES));
@@ -81,6 +103,7 @@ pub fn router(engine: Engine) -> Router {
         .route("/api/v1/agents/{name}/holds", get(api::agent_holds))
         .route("/api/v1/runbooks", get(api::runbooks))
         .route("/api/v1/runbooks/reload", post(api::reload))
+        .route("/api/v1/reload", post(api::reload))
         .route("/api/v1/runbooks/{name}", get(api::runbook))
         .route("/api/v1/audit/records", get(api::records))
         .route("/api/v1/audit/verify", get(api::verify))

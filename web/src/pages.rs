@@ -755,7 +755,7 @@ pub async fn login(State(s): State<AppState>, Form(f): Form<LoginForm>) -> Respo
     if let Ok(v) = format!("Bearer {}", f.token).parse() {
         h.insert(header::AUTHORIZATION, v);
     }
-    match s.auth.identify(&h) {
+    match s.auth().identify(&h) {
         Ok(_) => (
             StatusCode::SEE_OTHER,
             [

@@ -95,7 +95,8 @@ struct Fields {
 fn field_values(d: &nvml_wrapper::Device<'_>) -> Fields {
     use nvml_wrapper::enums::device::SampleValue;
     use nvml_wrapper::structs::device::FieldId;
-    let ids = [NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_REMAPPED_COR, NVML_FI_DEV_REMAPPED_UNC, NVML_FI_DEV_REMAPPED_FAILURE];
+    let ids =
+        [NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_REMAPPED_COR, NVML_FI_DEV_REMAPPED_UNC, NVML_FI_DEV_REMAPPED_FAILURE];
     let Ok(samples) = d.field_values_for(&ids.map(FieldId)) else { return Fields::default() };
     let mut f = Fields::default();
     for s in samples.into_iter().flatten() {

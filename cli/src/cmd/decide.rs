@@ -29,3 +29,43 @@ pub async fn reject(cli: &Cli, out: &Out, run: &str, reason: &str) -> Result<u8>
     }
     Ok(0)
 }
+
+/// Make a running engine read fleet.yaml, tokens and runbooks again; say
+/// what changed.
+pub async fn reload(cli: &Cli, out: &Out) -> Result<u8> {
+    let mut c = conn_announced(cli, out)?;
+    let r = c.reload().await?;
+    if out.json {
+        outln!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(0);
+    }
+    let list = |v: &serde_json::Value| -> String {
+        let names: Vec<&str> = v.as_array().map(|a| a.iter().filter_map(|x| x.as_str()).collect()).unwrap_or_default();
+        if names.is_empty() { "none".into() } else { names.join(", ") }
+    };
+    outln!(
+        "reloaded: nodes added {}, changed {}, removed {}",
+        list(&r["nodes"]["added"]),
+        list(&r["nodes"]["changed"]),
+        list(&r["nodes"]["removed"])
+    );
+    outln!(
+        "tokens added {}, changed {}, removed {}{}",
+        list(&r["tokens_added"]),
+        list(&r["tokens_changed"]),
+        list(&r["tokens_removed"]),
+        if r["webhook_tokens_changed"] == true { "; webhook tokens changed" } else { "" }
+    );
+    outln!(
+        "runbooks: {} loaded{}",
+        r["runbooks"],
+        if r["runbooks_changed"] == true { " (changed: trigger states start over)" } else { ", unchanged" }
+    );
+    for e in r["runbook_errors"].as_array().into_iter().flatten() {
+        outln!("  not loaded: {}", e.as_str().unwrap_or_default());
+    }
+    if r["restart_needed"].as_array().is_some_and(|a| !a.is_empty()) {
+        outln!("changed in engine.yaml but in force only after a restart: {}", list(&r["restart_needed"]));
+    }
+    Ok(0)
+}

@@ -49,6 +49,20 @@ pub async fn serve(cli: &Cli, listen: Option<String>) -> Result<u8> {
         engine.node_names().len(),
         engine.runbook_set().runbooks.len()
     );
+    // SIGHUP (`systemctl reload`): read fleet.yaml, tokens and runbooks
+    // again; audited, and a broken file changes nothing.
+    let e3 = engine.clone();
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(mut hup) => {
+            engine.add_task(tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP: reloading fleet.yaml, tokens and runbooks");
+                    let _ = nightshift_engine::serve::reload(&e3, "signal:SIGHUP").await;
+                }
+            }));
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot listen for SIGHUP: reload through the admin API instead"),
+    }
     let e2 = engine.clone();
     let shutdown = async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();

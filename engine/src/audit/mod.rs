@@ -65,6 +65,9 @@ pub enum RecordKind {
     /// The store was rebuilt from a damaged one: what was recovered and
     /// which breaks in the chain that explains.
     Salvaged,
+    /// fleet.yaml, tokens and runbooks read again (SIGHUP or the admin
+    /// API): who asked and what changed, or why nothing did.
+    ConfigReloaded,
 }
 
 impl RecordKind {
@@ -93,6 +96,7 @@ impl RecordKind {
             RecordKind::NotificationDelivery => "notification_delivery",
             RecordKind::HoldEnded => "hold_ended",
             RecordKind::Salvaged => "salvaged",
+            RecordKind::ConfigReloaded => "config_reloaded",
         }
     }
 }
