@@ -42,9 +42,66 @@ pub struct EngineConfig {
     /// Run the engine's clock this many times faster than wall time (demo).
     #[serde(default = "one")]
     pub time_scale: f64,
+    /// Links from run and node pages to Grafana, time range and host filled
+    /// in.
+    #[serde(default)]
+    pub grafana: Option<GrafanaConfig>,
     /// The file this was read from (a reload reads it again).
     #[serde(skip)]
     pub source_path: Option<PathBuf>,
+}
+
+/// Where the GPU dashboard lives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrafanaConfig {
+    /// Grafana's base URL, e.g. `https://grafana.example.com`.
+    pub url: String,
+    /// The dashboard's uid (the shipped one: `nightshift-engine`), which has
+    /// the `Hostname` and `gpu` variables.
+    #[serde(default = "default_dashboard_uid")]
+    pub dashboard_uid: String,
+}
+
+fn default_dashboard_uid() -> String {
+    "nightshift-engine".into()
+}
+
+#[cfg(test)]
+#[test]
+fn grafana_links_fill_in_host_gpu_and_range() {
+    let g = GrafanaConfig { url: "https://g.example/".into(), dashboard_uid: "nightshift-engine".into() };
+    assert_eq!(
+        g.link("gpu a1", Some(3), "1700000000000", "now"),
+        "https://g.example/d/nightshift-engine/?from=1700000000000&to=now&var-Hostname=gpu%20a1&var-gpu=3"
+    );
+}
+
+impl GrafanaConfig {
+    /// A link to the dashboard for `node` (and `gpu`) over `from`–`to`
+    /// (Grafana time expressions or epoch milliseconds).
+    pub fn link(&self, node: &str, gpu: Option<u32>, from: &str, to: &str) -> String {
+        let enc = |s: &str| -> String {
+            s.bytes()
+                .map(|b| match b {
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+                    _ => format!("%{b:02X}"),
+                })
+                .collect()
+        };
+        let mut u = format!(
+            "{}/d/{}/?from={}&to={}&var-Hostname={}",
+            self.url.trim_end_matches('/'),
+            enc(&self.dashboard_uid),
+            enc(from),
+            enc(to),
+            enc(node)
+        );
+        if let Some(g) = gpu {
+            u.push_str(&format!("&var-gpu={g}"));
+        }
+        u
+    }
 }
 
 fn default_listen() -> String {
@@ -357,6 +414,11 @@ impl EngineConfig {
         if let Err(m) = cfg.check_listen() {
             return Err(err(if m.starts_with("auth") { "allow_anonymous" } else { "listen_addr" }, m));
         }
+        if let Some(g) = &cfg.grafana
+            && !(g.url.starts_with("http://") || g.url.starts_with("https://"))
+        {
+            return Err(err("grafana", format!("grafana.url: expected http:// or https://…, found {:?}", g.url)));
+        }
         if !(1.0..=1000.0).contains(&cfg.time_scale) || cfg.time_scale.is_nan() {
             return Err(err("time_scale", format!("time_scale: expected 1 to 1000, found {}", cfg.time_scale)));
         }
@@ -520,6 +582,14 @@ mod tests {
                 "engine.yaml:7:3: limits.max_drained_pct: expected 0 to 100, found NaN",
             ),
             ("time_scale: .nan\n", "engine.yaml:6:1: time_scale: expected 1 to 1000, found NaN"),
+            (
+                "grafana:\n  url: grafana.local:3000\n",
+                "engine.yaml:6:1: grafana.url: expected http:// or https://…, found \"grafana.local:3000\"",
+            ),
+            (
+                "grafana:\n  url: http://g\n  uid: x\n",
+                "engine.yaml:8:3: grafana: unknown field `uid`, expected `url` or `dashboard_uid`",
+            ),
             (
                 "auth:\n  webhook_token_sha256: s3cret-token\n",
                 "engine.yaml:7:3: auth.webhook_token_sha256: expected 64 hex characters (`nightshift token` prints it; never the token itself), found 12 characters",

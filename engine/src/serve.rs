@@ -309,6 +309,7 @@ fn reload_files(engine: &Engine) -> Result<ReloadReport, ReloadError> {
             ("sources", j(&running.sources), j(&new.sources)),
             ("notifications", j(&running.notifications), j(&new.notifications)),
             ("time_scale", j(&running.time_scale), j(&new.time_scale)),
+            ("grafana", j(&running.grafana), j(&new.grafana)),
             ("auth.allow_anonymous", j(&running.auth.allow_anonymous), j(&new.auth.allow_anonymous)),
         ] {
             if a != b {

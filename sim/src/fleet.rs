@@ -84,6 +84,8 @@ pub struct SimFleetOptions {
     pub wrap_transport: Option<TransportWrapper>,
     /// API tokens (for web tests).
     pub auth: AuthConfig,
+    /// Grafana links on the pages.
+    pub grafana: Option<nightshift_engine::config::GrafanaConfig>,
 }
 
 /// Wraps a node's transport: `(node name, transport) → transport`.
@@ -101,6 +103,7 @@ impl SimFleetOptions {
             limits: Limits::default(),
             wrap_transport: None,
             auth: AuthConfig::default(),
+            grafana: None,
         }
     }
 }
@@ -246,6 +249,7 @@ impl SimFleet {
             sources: Default::default(),
             notifications: Default::default(),
             time_scale: 1.0,
+            grafana: opts.grafana.clone(),
             source_path: None,
         };
         let audit = AuditStore::open(&config.data_dir, shared.clone()).map_err(|e| SimError::Setup(e.to_string()))?;

@@ -52,18 +52,32 @@ fn example_prometheus_config(dir: &std::path::Path, exporter: &str, engine: &str
     serde_yaml::to_string(&v).unwrap()
 }
 
-/// Run every `expr` of `examples/grafana/nightshift-dashboard.json` until
-/// each returns at least one series.
-async fn dashboard_queries_return_data(prom_url: &str, prom: &Daemon) {
+/// Run every `expr` of `examples/grafana/nightshift-dashboard.json` (its
+/// panels, the GPU panels with the `Hostname` and `gpu` variables set as a
+/// person picking `host` and all GPUs would, its variables' queries and the
+/// runs annotation) until each returns at least one series.
+async fn dashboard_queries_return_data(prom_url: &str, prom: &Daemon, host: &str) {
     let dashboard: serde_json::Value = serde_json::from_str(&example("grafana/nightshift-dashboard.json")).unwrap();
-    let exprs: Vec<String> = dashboard["panels"]
+    let set = |e: &str| e.replace("$Hostname", host).replace("$gpu", ".*");
+    let mut exprs: Vec<String> = dashboard["panels"]
         .as_array()
         .unwrap()
         .iter()
-        .flat_map(|p| p["targets"].as_array().unwrap().iter())
-        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .map(|t| set(t["expr"].as_str().unwrap()))
         .collect();
-    assert!(exprs.len() >= 10, "{exprs:?}");
+    let gpu_panels = exprs.iter().filter(|e| e.contains("DCGM_FI_DEV_")).count();
+    assert!(gpu_panels >= 6, "the dashboard has {gpu_panels} GPU queries: {exprs:?}");
+    for v in dashboard["templating"]["list"].as_array().unwrap().iter().filter(|v| v["type"] == "query") {
+        // label_values(METRIC{…}, label) is Grafana's; Prometheus runs the selector.
+        let q = v["query"]["query"].as_str().unwrap();
+        let inner = q.trim_start_matches("label_values(").rsplit_once(',').unwrap().0;
+        exprs.push(set(inner));
+    }
+    for a in dashboard["annotations"]["list"].as_array().unwrap() {
+        exprs.push(set(a["expr"].as_str().unwrap()));
+    }
+    assert!(exprs.len() >= 20, "{exprs:?}");
     let http = reqwest::Client::new();
     let end = std::time::Instant::now() + Duration::from_secs(60);
     loop {
@@ -192,7 +206,7 @@ async fn a_fault_seen_through_prometheus_fires_a_runbook() {
 
     // Every query on the example Grafana dashboard runs on this Prometheus
     // and returns data: the dashboard and the engine's metric names agree.
-    dashboard_queries_return_data(&prom_url, &prom).await;
+    dashboard_queries_return_data(&prom_url, &prom, "p1").await;
     // The example alert rules load and evaluate.
     let rules: serde_json::Value =
         reqwest::get(format!("{prom_url}/api/v1/rules")).await.unwrap().json().await.unwrap();

@@ -21,9 +21,11 @@ use crate::error::ApiError;
 use crate::extract::{Admin, Operator, Viewer};
 use crate::html::{PageError, layout};
 
-fn time(ms: i64) -> String {
+/// A time for people: UTC in the page (and its tooltip), turned into the
+/// reader's own zone by app.js.
+fn time(ms: i64) -> Markup {
     let s = format_rfc3339_ms(ms);
-    format!("{} {}Z", &s[..10], &s[11..19])
+    html! { time datetime=(s) { (&s[..10]) " " (&s[11..19]) "Z" } }
 }
 
 fn dur(ms: i64) -> String {
@@ -333,11 +335,24 @@ pub async fn run_page(
     let records = s.engine.run_records(&id)?;
     let t0 = run.created_ms;
     let can_decide = run.state == RunState::PendingApproval && who.role >= Role::Operator;
+    let waited_for = records
+        .iter()
+        .find(|r| r.kind == RecordKind::RunStarted)
+        .and_then(|r| r.data["waited_for"].as_str().map(str::to_string));
+    let grafana = match (&s.engine.config().grafana, &run.target.node) {
+        (Some(g), Some(node)) => {
+            let end = run.finished_ms.unwrap_or_else(|| s.engine.clock().now_ms());
+            let from = run.event_ts_ms.min(run.created_ms).max(0).saturating_sub(15 * 60_000);
+            Some(g.link(node, run.target.gpu, &from.to_string(), &(end + 15 * 60_000).to_string()))
+        }
+        _ => None,
+    };
     let body = html! {
         div.head {
             h1 { "Run " (run.id) }
             (badge(&run))
             @if run.dry_run { span.tag { "dry run" } }
+            @if let Some(u) = &grafana { a.grafana href=(u) target="_blank" rel="noopener" { "Grafana ↗" } }
         }
         p.why { (run.why) }
         @if can_decide {
@@ -358,7 +373,8 @@ pub async fn run_page(
                     tr { th { "Trigger" } td { (run.trigger) } }
                     tr { th { "Requested by" } td { (run.requested_by) } }
                     tr { th { "Created" } td { (time(run.created_ms)) } }
-                    @if let Some(t) = run.started_ms { tr { th { "Started" } td { (time(t)) " (+" (dur(t - t0)) ")" } } }
+                    @if let Some(w) = run.waiting_for.as_deref().filter(|_| run.started_ms.is_none()) { tr { th { "Waiting for" } td { (w) } } }
+                    @if let Some(t) = run.started_ms { tr { th { "Started" } td { (time(t)) " (+" (dur(t - t0)) ")" @if let Some(w) = &waited_for { " — waited for " (w) } } } }
                     @if let Some(t) = run.finished_ms { tr { th { "Finished" } td { (time(t)) " (took " (dur(t - run.started_ms.unwrap_or(t0))) ")" } } }
                     tr { th { "Actions" } td { (run.actions) } }
                     @if let Some(e) = &run.error { tr { th { "Error" } td.error { (e) } } }
@@ -373,6 +389,7 @@ pub async fn run_page(
             }
             section {
                 h2 { "Triggering event" }
+                @if run.event_ts_ms > 0 { p { "At " (time(run.event_ts_ms)) @if run.created_ms > run.event_ts_ms { " (" (dur(run.created_ms - run.event_ts_ms)) " before the run was created)" } } }
                 pre { (pretty(&run.event)) }
             }
         }
@@ -488,7 +505,11 @@ pub async fn node_page(
     let held = held_settings(&s, &name, &n.holds).await;
     let now_ms = s.engine.clock().now_ms();
     let body = html! {
-        div.head { h1 { (n.name) } @if n.standby { span.tag { "standby" } } }
+        div.head {
+            h1 { (n.name) }
+            @if n.standby { span.tag { "standby" } }
+            @if let Some(g) = &s.engine.config().grafana { a.grafana href=(g.link(&n.name, None, "now-6h", "now")) target="_blank" rel="noopener" { "Grafana ↗" } }
+        }
         div.grid {
             section {
                 h2 { "State" }
@@ -688,14 +709,41 @@ pub async fn runbook_page(
 /// `/approvals`.
 pub async fn approvals_page(State(s): State<AppState>, Viewer(who): Viewer) -> Result<Response, PageError> {
     let pending = s.engine.pending_approvals();
+    let set = s.engine.runbook_set();
+    let now_ms = s.engine.clock().now_ms();
+    // What each run asks: the request record (reason, expiry, nodes it would
+    // change) and the runbook's own description.
+    let asks: Vec<(Option<Value>, i64, String)> = pending
+        .iter()
+        .map(|r| {
+            let rec = s
+                .engine
+                .run_records(&r.id)
+                .ok()
+                .and_then(|rs| rs.into_iter().rev().find(|x| x.kind == RecordKind::ApprovalRequested));
+            let expires = rec.as_ref().map_or(0, |x| {
+                x.ts_ms.saturating_add(x.data["expires_in_secs"].as_i64().unwrap_or(0).saturating_mul(1000))
+            });
+            let desc = set.get(&r.runbook).map(|(_, rb)| rb.manifest.description.clone()).unwrap_or_default();
+            (rec.map(|x| x.data), expires, desc)
+        })
+        .collect();
     let body = html! {
         h1 { "Approvals" }
         @if pending.is_empty() { p.empty { "Nothing is waiting for approval." } }
-        @for r in &pending {
+        @for (r, (data, expires, desc)) in pending.iter().zip(&asks) {
             div.card {
                 div.head { h2 { a href={"/runs/" (r.id)} { (r.id) } } (badge(r)) }
-                p { strong { (r.runbook) } " on " (r.target.to_string()) " — requested by " (r.requested_by) " at " (time(r.created_ms)) }
+                p { strong { (r.runbook) } " on " (r.target.to_string()) " — requested by " strong { (r.requested_by) } " at " (time(r.created_ms)) }
                 p.why { (r.why) }
+                table.kv {
+                    tr { th { "Plan" } td { (desc) } }
+                    @if let Some(why) = data.as_ref().and_then(|d| d["reason"].as_str()) { tr { th { "Needs approval because" } td { (why) } } }
+                    @if let Some(n) = data.as_ref().and_then(|d| d["nodes_changed"].as_u64()) { tr { th { "Nodes it may change" } td { (n) } } }
+                    tr { th { "Mode" } td { @if r.dry_run { "dry run: checks every action, changes nothing" } @else { "live: its actions change the nodes" } } }
+                    @if !r.params.is_empty() { tr { th { "Parameters" } td { code { @for (k, v) in &r.params { (k) "=" (serde_json::to_string(v).unwrap_or_default()) " " } } } } }
+                    @if *expires > 0 { tr { th { "Expires" } td { (time(*expires)) " (in " (dur((*expires - now_ms).max(0))) "; then it is cancelled)" } } }
+                }
                 @if who.role >= Role::Operator {
                     div.decide {
                         form method="post" action={"/ui/runs/" (r.id) "/approve"} { button.ok type="submit" { "Approve" } }

@@ -76,6 +76,10 @@ async fn fixture() -> Fixture {
         webhook_tokens: Vec::new(),
         allow_anonymous: None,
     };
+    opts.grafana = Some(nightshift_engine::config::GrafanaConfig {
+        url: "https://grafana.example/".into(),
+        dashboard_uid: "nightshift-engine".into(),
+    });
     let dir = scratch_dir().unwrap();
     let sim = SimFleet::start(opts, dir.path()).await.unwrap();
     Fixture { sim, _dir: dir, _rb: rb }
@@ -321,6 +325,31 @@ async fn approvals_cancel_and_cross_site_posts() {
     let id = v["run"]["id"].as_str().unwrap().to_string();
     let (_, list) = call(&f, "GET", "/api/v1/approvals", Some(VIEWER), None).await;
     assert_eq!(list.as_array().unwrap().len(), 1);
+    // The approvals page shows the plan, who asked, why and when it expires
+    // (times as <time> elements the page turns into the reader's zone).
+    let (s, page) = call(&f, "GET", "/approvals", Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::OK);
+    let page = page.as_str().unwrap();
+    for want in [
+        "careful for tests",
+        "user:otto",
+        "Expires",
+        "then it is cancelled",
+        "<time datetime=\"20",
+        "live: its actions change the nodes",
+    ] {
+        assert!(page.contains(want), "the approvals page lacks {want:?}:\n{page}");
+    }
+    // The run page links to Grafana with the node and time range filled in.
+    let (_, run_page) = call(&f, "GET", &format!("/runs/{id}"), Some(VIEWER), None).await;
+    let run_page = run_page.as_str().unwrap();
+    assert!(
+        run_page.contains("href=\"https://grafana.example/d/nightshift-engine/?from=")
+            && run_page.contains("&amp;var-Hostname=gpu-a1"),
+        "{run_page}"
+    );
+    let (_, node_page) = call(&f, "GET", "/nodes/gpu-a1", Some(VIEWER), None).await;
+    assert!(node_page.as_str().unwrap().contains("from=now-6h&amp;to=now&amp;var-Hostname=gpu-a1"));
     // The requester may not approve their own run.
     let (s, v) = call(&f, "POST", &format!("/api/v1/runs/{id}/approve"), Some(OPERATOR), None).await;
     assert_eq!(s, StatusCode::FORBIDDEN, "{v}");

@@ -1,4 +1,19 @@
-// nightshift: the timeline's live tail. New and finished runs appear
+// nightshift: times in the reader's own zone (the server writes UTC; the
+// UTC time stays in the tooltip), and the timeline's live tail.
+function nsLocalTimes(root) {
+  (root || document).querySelectorAll('time[datetime]').forEach(function (t) {
+    var d = new Date(t.getAttribute('datetime'));
+    if (isNaN(d.getTime())) return;
+    if (!t.title) t.title = t.textContent + ' (UTC)';
+    t.textContent = d.toLocaleString(undefined, {
+      year: 'numeric', month: 'short', day: 'numeric',
+      hour: '2-digit', minute: '2-digit', second: '2-digit', timeZoneName: 'short'
+    });
+  });
+}
+nsLocalTimes(document);
+
+// The timeline's live tail. New and finished runs appear
 // without a reload: every run event refreshes the table body from the server
 // (the same filters, rendered and escaped there).
 (function () {
@@ -19,7 +34,11 @@
       fetch(url, { credentials: 'same-origin' })
         .then(function (r) { return r.ok ? r.text() : null; })
         .then(function (html) {
-          if (html !== null) document.getElementById('runs').innerHTML = html;
+          if (html !== null) {
+            var body = document.getElementById('runs');
+            body.innerHTML = html;
+            nsLocalTimes(body);
+          }
           busy = false;
         })
         .catch(function () { busy = false; });
