@@ -199,6 +199,14 @@ pub enum AuditCmd {
         #[arg(long)]
         to: std::path::PathBuf,
     },
+    /// The newest record's sequence number and hash. Keep the line
+    /// somewhere the engine cannot write (a ticket, a chat, another
+    /// machine): a later `verify` must reach the same hash at that record,
+    /// so a rewritten history shows. The engine can post it itself
+    /// (notifications.audit_anchor_every_secs).
+    ///
+    /// Example: nightshift audit head --server http://nightshift:8080
+    Head,
     /// Every record, oldest first.
     ///
     /// Example: nightshift audit export --format jsonl > audit.jsonl

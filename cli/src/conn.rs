@@ -304,6 +304,28 @@ impl Conn {
         }
     }
 
+    /// The newest record (none in an empty store).
+    pub async fn audit_head(&mut self) -> Result<Option<AuditRecord>> {
+        match self {
+            Conn::Remote(r) => {
+                let v: Value = r.get("/api/v1/audit/head").await?;
+                let seq = v["seq"].as_u64().unwrap_or(0);
+                if seq == 0 {
+                    return Ok(None);
+                }
+                Ok(r.get::<Vec<AuditRecord>>(&format!("/api/v1/audit/records?after_seq={}&limit=1", seq - 1))
+                    .await?
+                    .into_iter()
+                    .next())
+            }
+            Conn::Local(l) => {
+                let a = l.audit()?;
+                let seq = a.head_seq();
+                if seq == 0 { Ok(None) } else { Ok(a.get(seq)?) }
+            }
+        }
+    }
+
     pub async fn records_after(&mut self, after: u64, limit: usize) -> Result<Vec<AuditRecord>> {
         match self {
             Conn::Remote(r) => r.get(&format!("/api/v1/audit/records?after_seq={after}&limit={limit}")).await,

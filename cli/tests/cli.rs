@@ -152,6 +152,18 @@ async fn embedded_engine() {
         String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert!(lines.len() > 10);
     assert_eq!(lines[0]["seq"], 1);
+    // The head: the last exported record's sequence number and hash.
+    let o = run(d, &["audit", "head", "--json"]);
+    assert_eq!(code(&o), 0);
+    let head = json(&o);
+    let last = lines.last().unwrap();
+    assert_eq!((head["seq"].clone(), head["hash"].clone()), (last["seq"].clone(), last["hash"].clone()));
+    let o = run(d, &["audit", "head"]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        text.starts_with(&format!("record {} at ", last["seq"])) && text.contains(last["hash"].as_str().unwrap()),
+        "{text}"
+    );
     // `audit export | head -1`: the reader leaves after a line.
     let mut child = bin()
         .current_dir(d)
@@ -264,6 +276,8 @@ async fn served_engine() {
     assert_eq!(power(&g1, 1).await, 400.0);
     let o = srv(&["audit", "list", "--json"], OPERATOR);
     assert_eq!(json(&o)["runs"].as_array().unwrap().len(), 2);
+    let o = srv(&["audit", "head", "--json"], OPERATOR);
+    assert!(json(&o)["seq"].as_u64().unwrap() > 0 && json(&o)["hash"].as_str().unwrap().len() == 64, "{o:?}");
 
     // A run that needs approval waits; the requester cannot approve it; the
     // admin can.

@@ -249,6 +249,12 @@ fn d_pull_timeout() -> u64 {
 pub struct NotificationsConfig {
     #[serde(default)]
     pub webhooks: Vec<WebhookTarget>,
+    /// Post the audit chain's head (sequence number and hash) this often to
+    /// the targets with `audit_anchors: true`, so the chain is anchored
+    /// outside the store: a rewritten history no longer matches a hash
+    /// someone else kept. Off when absent.
+    #[serde(default)]
+    pub audit_anchor_every_secs: Option<u64>,
 }
 
 /// One notification webhook.
@@ -274,6 +280,9 @@ pub struct WebhookTarget {
     /// dry run sends nothing.
     #[serde(default)]
     pub dry_runs: bool,
+    /// Receive the audit head every `audit_anchor_every_secs`.
+    #[serde(default)]
+    pub audit_anchors: bool,
 }
 
 fn d_attempts() -> u32 {
@@ -522,6 +531,14 @@ impl EngineConfig {
                 return Err(err(field, format!("telemetry.{field}: expected {lo} to {hi}, found {v}")));
             }
         }
+        if let Some(every) = cfg.notifications.audit_anchor_every_secs
+            && !(60..=7 * 86_400).contains(&every)
+        {
+            return Err(err(
+                "audit_anchor_every_secs",
+                format!("notifications.audit_anchor_every_secs: expected 60 to 604800, found {every}"),
+            ));
+        }
         for w in &cfg.notifications.webhooks {
             if !(1..=20).contains(&w.max_attempts) || w.timeout_secs > 300 {
                 return Err(err(
@@ -597,6 +614,10 @@ mod tests {
             (
                 "auth:\n  webhook_tokens:\n    - {name: am, sha256: abc}\n",
                 "engine.yaml:8:26: auth.webhook_tokens[am].sha256: expected 64 hex characters (sha256sum of the token), found 3 characters",
+            ),
+            (
+                "notifications:\n  audit_anchor_every_secs: 5\n",
+                "engine.yaml:8:3: notifications.audit_anchor_every_secs: expected 60 to 604800, found 5",
             ),
             (
                 "telemetry:\n  interval_ms: 0\n",

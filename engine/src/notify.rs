@@ -73,6 +73,29 @@ impl Notifier {
     }
 }
 
+/// The targets that take the audit head.
+impl Notifier {
+    pub fn anchor_targets(&self) -> Vec<WebhookTarget> {
+        self.targets.iter().filter(|t| t.audit_anchors).cloned().collect()
+    }
+}
+
+/// The request body for an audit anchor: the head's sequence number and
+/// hash (generic) or a line saying them (Slack).
+pub fn anchor_body(format: WebhookFormat, head: &AuditRecord) -> Value {
+    let text = format!(
+        "nightshift audit head: record {} at {}, hash {} — keep this line; `nightshift audit verify` must reach the same hash at that record",
+        head.seq,
+        crate::alerts::format_rfc3339_ms(head.ts_ms),
+        head.hash
+    );
+    match format {
+        WebhookFormat::Generic => json!({"kind": "audit_anchor", "seq": head.seq, "hash": head.hash,
+            "ts": crate::alerts::format_rfc3339_ms(head.ts_ms), "text": text}),
+        WebhookFormat::Slack => json!({"text": text}),
+    }
+}
+
 /// The request body for a notification record.
 pub fn body(format: WebhookFormat, rec: &AuditRecord) -> Value {
     let text = rec.data["text"].as_str().unwrap_or("");
@@ -155,6 +178,7 @@ mod tests {
                     timeout_secs: 1,
                     max_attempts: 1,
                     dry_runs: false,
+                    audit_anchors: false,
                 },
                 WebhookTarget {
                     name: "pager".into(),
@@ -164,8 +188,10 @@ mod tests {
                     timeout_secs: 1,
                     max_attempts: 1,
                     dry_runs: true,
+                    audit_anchors: true,
                 },
             ],
+            audit_anchor_every_secs: None,
         });
         assert_eq!(n.targets_for(RecordKind::Notification).len(), 1);
         assert_eq!(n.targets_for(RecordKind::Escalation).len(), 2);

@@ -85,6 +85,19 @@ pub async fn start_with_clock(config: EngineConfig, clock: SharedClock) -> Resul
         let e = engine.clone();
         engine.add_task(tokio::spawn(async move { pull_loop(e, src, is_prometheus).await }));
     }
+    if let Some(every) = config.notifications.audit_anchor_every_secs {
+        let e = engine.clone();
+        engine.add_task(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(every));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                tick.tick().await;
+                if let Err(err) = e.post_audit_anchor().await {
+                    tracing::error!(error = %err, "cannot post the audit anchor");
+                }
+            }
+        }));
+    }
     let e = engine.clone();
     let tick_ms = ((250.0 / e.clock().scale().max(1.0)) as u64).clamp(10, 250);
     engine.add_task(tokio::spawn(async move {

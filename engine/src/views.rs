@@ -233,6 +233,41 @@ impl Engine {
         Ok(())
     }
 
+    /// The newest record: its sequence number and hash anchor the chain.
+    pub fn audit_head(&self) -> Result<Option<AuditRecord>, EngineError> {
+        let seq = self.core.audit.head_seq();
+        if seq == 0 {
+            return Ok(None);
+        }
+        Ok(self.core.audit.get(seq)?)
+    }
+
+    /// Post the audit head to every target with `audit_anchors: true`; each
+    /// delivery is audited (`notification_delivery`, kind `audit_anchor`).
+    pub async fn post_audit_anchor(&self) -> Result<usize, EngineError> {
+        let targets = self.core.notifier.anchor_targets();
+        let Some(head) = self.audit_head()? else { return Ok(0) };
+        if targets.is_empty() {
+            return Ok(0);
+        }
+        for t in &targets {
+            let d = self.core.notifier.deliver(t, &crate::notify::anchor_body(t.format, &head)).await;
+            self.core
+                .audit
+                .append(
+                    NewRecord::new(
+                        RecordKind::NotificationDelivery,
+                        "engine",
+                        json!({"kind": "audit_anchor", "target": t.name, "anchored_seq": head.seq,
+                            "anchored_hash": head.hash, "ok": d.ok, "attempts": d.attempts, "detail": d.detail}),
+                    ),
+                    None,
+                )
+                .await?;
+        }
+        Ok(targets.len())
+    }
+
     /// Put a new runbook set in force. Trigger states start over.
     pub fn replace_runbooks(&self, set: crate::runbook::RunbookSet) {
         let brain = Brain::build(&set, (self.core.config.telemetry.script_window_secs as i64).saturating_mul(1000));

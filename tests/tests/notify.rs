@@ -203,3 +203,47 @@ async fn a_dry_run_that_would_escalate_sends_nothing_except_to_targets_that_opte
     let mut agent = agent;
     agent.stop().await;
 }
+
+/// The audit head is posted to the targets that asked for it (at start,
+/// then every `audit_anchor_every_secs`): its sequence number and hash are
+/// the store's, the delivery is audited, and other targets get nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_head_is_anchored_outside_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = TestAgent::start(dir.path(), "w2", SimConfig { gpus: 1, ..SimConfig::default() }, "").await;
+    let (anchor_url, anchors) = receiver(0).await;
+    let (ops_url, ops) = receiver(0).await;
+    let cfg = engine_setup(
+        dir.path(),
+        &[&agent],
+        &[("noop", "trigger: {type: manual}\nscope: node\n", "note(\"x\");\n")],
+        &format!(
+            "notifications:\n  audit_anchor_every_secs: 60\n  webhooks:\n\
+             \x20   - {{name: ledger, url: '{anchor_url}', audit_anchors: true}}\n\
+             \x20   - {{name: ops, url: '{ops_url}'}}\n"
+        ),
+    );
+    let engine = nightshift_engine::serve::start(cfg).await.unwrap();
+    let got = eventually(20, || anchors.lock().unwrap().first().cloned()).await.expect("an anchor posted at start");
+    assert_eq!(got["kind"], "audit_anchor");
+    let seq = got["seq"].as_u64().unwrap();
+    let rec = engine.audit().get(seq).unwrap().expect("the anchored record");
+    assert_eq!(got["hash"], rec.hash.as_str());
+    assert!(got["text"].as_str().unwrap().contains(&rec.hash));
+    let delivery = eventually(20, || {
+        engine
+            .audit()
+            .tail(seq, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .find(|r| r.kind == RecordKind::NotificationDelivery && r.data["kind"] == "audit_anchor")
+    })
+    .await
+    .expect("the anchor's delivery is audited");
+    assert_eq!((delivery.data["target"].clone(), delivery.data["ok"].clone()), ("ledger".into(), true.into()));
+    assert_eq!(delivery.data["anchored_seq"], seq);
+    assert!(ops.lock().unwrap().is_empty(), "a target without audit_anchors got {:?}", ops.lock().unwrap());
+    engine.shutdown().await;
+    let mut agent = agent;
+    agent.stop().await;
+}

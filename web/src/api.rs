@@ -355,6 +355,18 @@ pub async fn verify(State(s): State<AppState>, _: Viewer) -> Result<Json<VerifyR
     Ok(Json(s.engine.verify_in_background().await?))
 }
 
+/// The newest record's sequence number and hash: what to keep outside the
+/// store to anchor the chain.
+pub async fn head(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
+    let h = s.engine.audit_head()?;
+    Ok(Json(match h {
+        Some(r) => json!({"seq": r.seq, "hash": r.hash, "ts_ms": r.ts_ms,
+            "ts": nightshift_engine::alerts::format_rfc3339_ms(r.ts_ms)}),
+        None => json!({"seq": 0, "hash": null, "ts_ms": null, "ts": null}),
+    })
+    .into_response())
+}
+
 pub async fn export(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
     let audit = s.engine.audit().clone();
     let stream = futures::stream::unfold(0u64, move |after| {

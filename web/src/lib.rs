@@ -107,6 +107,7 @@ pub fn router(engine: Engine) -> Router {
         .route("/api/v1/runbooks/{name}", get(api::runbook))
         .route("/api/v1/audit/records", get(api::records))
         .route("/api/v1/audit/verify", get(api::verify))
+        .route("/api/v1/audit/head", get(api::head))
         .route("/api/v1/audit/export", get(api::export))
         .route("/api/v1/events/stream", get(api::stream))
         .route("/api/v1/openapi.json", get(api::openapi))

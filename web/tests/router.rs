@@ -142,6 +142,7 @@ fn endpoints(run: &str) -> Vec<(&'static str, String, Role, Option<Value>)> {
         ("POST", "/api/v1/nodes/gpu-a2/hands-off".into(), Role::Admin, Some(json!({"hands_off": false}))),
         ("POST", "/api/v1/runbooks/reload".into(), Role::Admin, None),
         ("POST", "/api/v1/reload".into(), Role::Admin, None),
+        ("GET", "/api/v1/audit/head".into(), Role::Viewer, None),
     ]
 }
 

@@ -161,6 +161,18 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
             }
             Ok(if v.ok { 0 } else { 1 })
         }
+        AuditCmd::Head => {
+            let Some(h) = c.audit_head().await? else {
+                outln!("the audit store is empty");
+                return Ok(0);
+            };
+            if out.json {
+                outln!("{}", serde_json::json!({"seq": h.seq, "hash": h.hash, "ts_ms": h.ts_ms}));
+            } else {
+                outln!("record {} at {} hash {}", h.seq, nightshift_engine::alerts::format_rfc3339_ms(h.ts_ms), h.hash);
+            }
+            Ok(0)
+        }
         AuditCmd::Export { format } => {
             if format != "jsonl" {
                 return Err(usage(format!("--format: expected jsonl, found {format:?}")));
