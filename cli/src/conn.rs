@@ -102,35 +102,73 @@ impl Remote {
         self.send(self.req(reqwest::Method::POST, path).json(body)).await
     }
 
-    /// The SSE live tail, as a stream of records.
+    /// The SSE live tail, as a stream of records, until `each` says stop.
+    /// Events are parsed by `eventsource-stream` (a UTF-8 character split
+    /// across network chunks stays whole); when the stream drops, it
+    /// reconnects with `Last-Event-ID`, so nothing is skipped or repeated.
     pub async fn follow(&self, mut each: impl FnMut(AuditRecord) -> bool) -> Result<()> {
+        use eventsource_stream::Eventsource;
         use futures::StreamExt;
-        let resp = self
-            .req(reqwest::Method::GET, "/api/v1/events/stream")
-            .send()
-            .await
-            .map_err(|e| unreachable(&self.url, e))?;
-        if !resp.status().is_success() {
-            return Err(anyhow!("{}: {}", self.url, resp.status()));
-        }
-        let mut stream = resp.bytes_stream();
-        let mut buf = String::new();
-        while let Some(chunk) = stream.next().await {
-            buf.push_str(&String::from_utf8_lossy(&chunk.map_err(|e| unreachable(&self.url, e))?));
-            while let Some(i) = buf.find("\n\n") {
-                let event: String = buf.drain(..i + 2).collect();
-                for line in event.lines() {
-                    if let Some(d) = line.strip_prefix("data:")
-                        && let Ok(r) = serde_json::from_str::<AuditRecord>(d.trim())
-                        && !each(r)
-                    {
-                        return Ok(());
+        let mut last_id: Option<String> = None;
+        let mut failures = 0u32;
+        loop {
+            let mut req = self.req(reqwest::Method::GET, "/api/v1/events/stream").timeout(Duration::from_secs(86_400));
+            if let Some(id) = &last_id {
+                req = req.header("Last-Event-ID", id);
+            }
+            let resp = match req.send().await {
+                Ok(r) => r,
+                Err(e) if last_id.is_none() => return Err(unreachable(&self.url, e)),
+                Err(e) => {
+                    failures += 1;
+                    eprintln!("the live tail dropped ({e}); reconnecting");
+                    tokio::time::sleep(crate::conn::retry_delay(failures)).await;
+                    continue;
+                }
+            };
+            if !resp.status().is_success() {
+                return Err(anyhow!("{}: {}", self.url, resp.status()));
+            }
+            failures = 0;
+            let mut events = resp.bytes_stream().eventsource();
+            while let Some(ev) = events.next().await {
+                let ev = match ev {
+                    Ok(ev) => ev,
+                    Err(e) => {
+                        eprintln!("the live tail dropped ({e}); reconnecting");
+                        break;
                     }
+                };
+                if !ev.id.is_empty() {
+                    last_id = Some(ev.id.clone());
+                }
+                match serde_json::from_str::<AuditRecord>(ev.data.trim()) {
+                    Ok(r) => {
+                        if !each(r) {
+                            return Ok(());
+                        }
+                    }
+                    Err(e) if !ev.data.trim().is_empty() => {
+                        eprintln!(
+                            "skipping an event that is not an audit record ({e}): {}",
+                            ev.data.chars().take(200).collect::<String>()
+                        );
+                    }
+                    Err(_) => {}
                 }
             }
+            failures += 1;
+            tokio::time::sleep(retry_delay(failures)).await;
         }
-        Ok(())
     }
+}
+
+/// Wait before reconnect `n` (1-based): doubling from 250 ms to 30 s, each
+/// with ±50 % jitter so many clients do not come back in lockstep.
+pub fn retry_delay(n: u32) -> Duration {
+    let base = (250u64 << n.saturating_sub(1).min(7)).min(30_000);
+    let jitter = rand::random_range(0.5..1.5);
+    Duration::from_millis((base as f64 * jitter) as u64)
 }
 
 impl Local {

@@ -201,7 +201,8 @@ async fn node_loop(engine: Engine, node: Arc<crate::fleet::Node>, client: Arc<Ag
                 engine.set_node_disconnected(&name, &e.to_string());
                 match e {
                     ClientError::Backoff { retry_in_ms, .. } => Duration::from_millis(retry_in_ms.min(30_000)),
-                    _ => Duration::from_millis(100),
+                    // Jittered, so nodes that dropped together do not retry together.
+                    _ => Duration::from_millis(rand::random_range(100..400)),
                 }
             }
         };

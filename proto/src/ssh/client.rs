@@ -307,7 +307,7 @@ impl AgentClient {
             }
             Err(e) => {
                 let mut b = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
-                let delay = self.cfg.backoff_min.saturating_mul(1u32 << b.failures.min(16)).min(self.cfg.backoff_max);
+                let delay = backoff_delay(self.cfg.backoff_min, self.cfg.backoff_max, b.failures);
                 b.failures += 1;
                 b.next_attempt = Some(Instant::now() + delay);
                 b.last_error = e.to_string();
@@ -350,5 +350,33 @@ impl AgentClient {
 impl AgentTransport for AgentClient {
     fn call(&self, req: Request) -> BoxFuture<'_, Result<Reply, ClientError>> {
         Box::pin(async move { self.request(&req).await })
+    }
+}
+/// The wait before reconnect attempt `failures + 1`: `min` doubled per
+/// failure up to `max`, then a random point in its upper half ("equal
+/// jitter"), so a fleet of clients that lost their agents at the same
+/// moment does not come back in lockstep.
+pub fn backoff_delay(min: Duration, max: Duration, failures: u32) -> Duration {
+    let base = min.saturating_mul(1u32 << failures.min(16)).min(max);
+    base.mul_f64(rand::random_range(0.5..1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_waits_double_within_bounds_and_spread_out() {
+        let (min, max) = (Duration::from_millis(200), Duration::from_secs(30));
+        for failures in 0..20 {
+            let base = min.saturating_mul(1u32 << failures.min(16)).min(max);
+            let waits: Vec<Duration> = (0..200).map(|_| backoff_delay(min, max, failures)).collect();
+            for w in &waits {
+                assert!(*w >= base.mul_f64(0.5) && *w < base, "{failures}: {w:?} outside [{:?}, {base:?})", base / 2);
+            }
+            // 200 clients that failed together do not retry together.
+            let distinct: std::collections::BTreeSet<Duration> = waits.iter().copied().collect();
+            assert!(distinct.len() > 150, "{failures}: only {} distinct waits", distinct.len());
+        }
     }
 }
