@@ -145,72 +145,25 @@ impl Alert {
 }
 
 /// Parse an RFC 3339 timestamp (`2026-11-30T03:04:05.123Z`, offsets
-/// allowed) to ms since the epoch. Years before 1970 (Alertmanager's
-/// `0001-01-01T00:00:00Z` for "no end") give negative values.
+/// allowed) to ms since the epoch, with `jiff` (which checks the calendar:
+/// no 31 February). Years before 1970 (Alertmanager's
+/// `0001-01-01T00:00:00Z` for "no end") give negative values. A date
+/// without a time or an offset is refused.
 pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
-    let b = s.as_bytes();
-    if b.len() < 20
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || (b[10] != b'T' && b[10] != b't' && b[10] != b' ')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> { s.get(r)?.parse().ok() };
-    let (y, mo, d, h, mi, sec) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
-        return None;
-    }
-    let mut rest = &s[19..];
-    let mut ms = 0i64;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits: String = frac.chars().take_while(|c| c.is_ascii_digit()).collect();
-        if digits.is_empty() {
-            return None;
-        }
-        let padded = format!("{:0<3}", &digits[..digits.len().min(3)]);
-        ms = padded.parse().ok()?;
-        rest = &frac[digits.len()..];
-    }
-    let offset_min = match rest {
-        "Z" | "z" => 0,
-        r if (r.starts_with('+') || r.starts_with('-')) && r.len() == 6 && r.as_bytes()[3] == b':' => {
-            // Byte checks and `get`: a multi-byte character here must not
-            // split a slice (found by fuzzing).
-            let sign = if r.starts_with('-') { -1 } else { 1 };
-            sign * (r.get(1..3)?.parse::<i64>().ok()? * 60 + r.get(4..6)?.parse::<i64>().ok()?)
-        }
-        _ => return None,
-    };
-    // Days from civil (Howard Hinnant's algorithm).
-    let (y2, m2) = if mo <= 2 { (y - 1, mo + 9) } else { (y, mo - 3) };
-    let era = if y2 >= 0 { y2 } else { y2 - 399 } / 400;
-    let yoe = y2 - era * 400;
-    let doy = (153 * m2 + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(((days * 86_400 + h * 3600 + mi * 60 + sec) - offset_min * 60) * 1000 + ms)
+    let ts: jiff::Timestamp = s.parse().ok()?;
+    Some(ts.as_millisecond())
 }
 
-/// Format ms since the epoch as RFC 3339 UTC (for display and payloads).
+/// Format ms since the epoch as RFC 3339 UTC (for display and payloads),
+/// always with milliseconds; out-of-range values are clamped to the years
+/// jiff can represent (-9999 to 9999).
 pub fn format_rfc3339_ms(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let millis = ms.rem_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z", sod / 3600, sod % 3600 / 60, sod % 60)
+    let ts = jiff::Timestamp::from_millisecond(ms).unwrap_or(if ms < 0 {
+        jiff::Timestamp::MIN
+    } else {
+        jiff::Timestamp::MAX
+    });
+    ts.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
 }
 
 /// A bounded set of seen keys (oldest forgotten first).
@@ -354,7 +307,22 @@ mod tests {
         }
         assert_eq!(parse_rfc3339_ms("2026-11-30T05:00:00+02:00"), parse_rfc3339_ms("2026-11-30T03:00:00Z"));
         assert!(parse_rfc3339_ms("0001-01-01T00:00:00Z").unwrap() < 0);
-        assert_eq!(parse_rfc3339_ms("2026-11-30"), None);
+        assert_eq!(format_rfc3339_ms(parse_rfc3339_ms("0001-01-01T00:00:00Z").unwrap()), "0001-01-01T00:00:00.000Z");
+        // What the hand-written parser let through or got wrong.
+        for bad in [
+            "2026-11-30",                // no time
+            "2026-02-31T00:00:00Z",      // 31 February
+            "2025-02-29T00:00:00Z",      // not a leap year
+            "2026-04-31T12:00:00Z",      // 31 April
+            "2026-11-30T24:00:00Z",      // hour 24
+            "2026-11-30T03:00:00",       // no offset
+            "2026-11-30T03:00:00+2:00",  // short offset
+            "2026-11-30T03:00:00Z junk", // trailing text
+        ] {
+            assert_eq!(parse_rfc3339_ms(bad), None, "{bad}");
+        }
+        assert_eq!(parse_rfc3339_ms("2026-11-30t03:00:00.5z"), parse_rfc3339_ms("2026-11-30T03:00:00.500Z"));
+        assert!(format_rfc3339_ms(i64::MAX).starts_with("9999-"));
     }
 
     #[test]

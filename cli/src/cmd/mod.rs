@@ -54,23 +54,46 @@ fn connect(cli: &Cli, out: &Out, announce: bool) -> Result<Conn> {
     Ok(c)
 }
 
-/// `30m`, `6h`, `2d` or RFC 3339 → ms since the epoch.
+/// `30m`, `6h`, `2d`, `1h30m` (any span jiff reads, ISO 8601's `PT6H`
+/// too) back from now, or an RFC 3339 time → ms since the epoch.
 pub fn parse_since(s: &str) -> Result<i64> {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
+    since_at(s, jiff::Timestamp::now().as_millisecond())
+}
+
+fn since_at(s: &str, now_ms: i64) -> Result<i64> {
     if let Some(ms) = nightshift_engine::alerts::parse_rfc3339_ms(s) {
         return Ok(ms);
     }
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: i64 =
-        num.parse().map_err(|_| usage(format!("--since: expected 30m, 6h, 2d or an RFC 3339 time, found {s:?}")))?;
-    let mult = match unit {
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return Err(usage(format!("--since: expected a unit s, m, h or d, found {s:?}"))),
+    let expected = || {
+        usage(format!(
+            "--since: expected a span back from now (30m, 6h, 2d, 1h30m) or an RFC 3339 time (2026-11-30T03:00:00Z), found {s:?}"
+        ))
     };
-    Ok(now - n * mult)
+    let span: jiff::Span = s.trim().parse().map_err(|_| expected())?;
+    let d = span.to_duration(jiff::SpanRelativeTo::days_are_24_hours()).map_err(|_| expected())?;
+    if d.is_negative() {
+        return Err(expected());
+    }
+    Ok(now_ms.saturating_sub(d.as_millis().min(i64::MAX as i128) as i64))
+}
+
+#[cfg(test)]
+#[test]
+fn since_takes_spans_and_times_and_refuses_the_rest() {
+    let now = 1_790_000_000_000;
+    for (s, want) in [
+        ("30m", now - 1_800_000),
+        ("6h", now - 21_600_000),
+        ("2d", now - 172_800_000),
+        ("1h30m", now - 5_400_000),
+        ("PT6H", now - 21_600_000),
+        ("2026-11-30T03:00:00Z", 1_796_007_600_000),
+    ] {
+        assert_eq!(since_at(s, now).unwrap(), want, "{s}");
+    }
+    for bad in ["", "yesterday", "30x", "2026-02-31T00:00:00Z", "-5m"] {
+        assert!(since_at(bad, now).is_err(), "{bad}");
+    }
 }
 
 pub fn parse_params(v: &[String]) -> Result<BTreeMap<String, String>> {
