@@ -154,6 +154,7 @@ mod tests {
             data: json!({"text": "still at 91 C after the power cap", "severity": "escalation"}),
             prev_hash: String::new(),
             hash: String::new(),
+            v: None,
         }
     }
 

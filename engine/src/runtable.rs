@@ -257,6 +257,7 @@ mod tests {
             data,
             prev_hash: String::new(),
             hash: String::new(),
+            v: None,
         }
     }
 

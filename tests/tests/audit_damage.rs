@@ -172,3 +172,66 @@ fn a_record_damaged_in_both_copies_is_reported_lost_and_the_rest_verifies() {
     let o = nightshift(d, &config(d, "engine2.yaml", "salvaged"), &["audit", "verify"]);
     assert_eq!(o.status.code(), Some(0));
 }
+
+/// The chain can be checked without nightshift: `scripts/verify-chain.py`
+/// (Python's standard library, an RFC 8785 canonical form of its own)
+/// recomputes every hash of a real store's export — power limits as floats
+/// (700.0), notes with "°C" and "→" — and names a record changed afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outside_tool_recomputes_every_hash() {
+    let Some(python) = nightshift_tests::external::require("python3", "python3") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let agent = nightshift_tests::TestAgent::start(
+        dir.path(),
+        "x1",
+        nightshift_agent::backend::sim::SimConfig { gpus: 1, ..Default::default() },
+        "",
+    )
+    .await;
+    let cfg = nightshift_tests::engine_setup(
+        dir.path(),
+        &[&agent],
+        &[(
+            "cap",
+            "trigger: {type: manual}\nscope: gpu\n",
+            "note(\"GPU at 91.5 °C → capping\");\nlet r = set_power_limit(612.5);\nset_power_limit(700.0);\n",
+        )],
+        "",
+    );
+    let engine = nightshift_engine::serve::start(cfg).await.unwrap();
+    assert!(nightshift_tests::eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    let s = engine
+        .submit(nightshift_tests::manual_run("cap", nightshift_engine::runs::Target::gpu("x1", 0)))
+        .await
+        .unwrap();
+    let id = s.run().unwrap().id.clone();
+    nightshift_tests::eventually(20, || engine.run(&id).unwrap().filter(|r| r.outcome.is_some())).await.unwrap();
+    let records = engine.audit().tail(0, usize::MAX).unwrap();
+    assert!(records.iter().all(|r| r.v == Some(2)));
+    assert!(records.iter().any(|r| serde_json::to_string(&r.data).unwrap().contains("700.0")), "a float that is whole");
+    let export: String = records.iter().map(|r| serde_json::to_string(r).unwrap() + "\n").collect();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/verify-chain.py");
+    let check = |text: &str| {
+        use std::io::Write;
+        let mut child = std::process::Command::new(&python)
+            .arg(&script)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (ok, text) = check(&export);
+    assert!(ok, "{text}");
+    assert!(text.starts_with(&format!("ok: {} records (0 version 1", records.len())), "{text}");
+    // A note changed after the fact.
+    let victim = records.iter().find(|r| r.data["text"].as_str().is_some_and(|t| t.contains("°C"))).unwrap().seq;
+    let forged = export.replace("91.5 °C", "71.5 °C");
+    let (ok, text) = check(&forged);
+    assert!(!ok && text.starts_with(&format!("record {victim} ")), "{text}");
+    engine.shutdown().await;
+    let mut agent = agent;
+    agent.stop().await;
+}

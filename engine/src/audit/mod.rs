@@ -151,7 +151,17 @@ pub struct AuditRecord {
     pub data: Value,
     pub prev_hash: String,
     pub hash: String,
+    /// How `hash` is computed: absent for version 1 (serde_json's bytes of
+    /// the fields in a fixed order), `2` for RFC 8785 canonical JSON of every
+    /// field but `hash` — which any JCS library recomputes (docs/OPERATIONS.md
+    /// shows one in Python). New records are version 2; `verify` checks
+    /// both, and the chain runs across the change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub v: Option<u8>,
 }
+
+/// The hash format new records get.
+pub const CHAIN_VERSION: u8 = 2;
 
 /// The fields covered by a record's hash, in a fixed order.
 #[derive(Serialize)]
@@ -166,10 +176,14 @@ struct Hashed<'a> {
     actor: &'a str,
     data: &'a Value,
     prev_hash: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    v: Option<u8>,
 }
 
 impl AuditRecord {
-    /// SHA-256 over the canonical JSON of everything but `hash`.
+    /// SHA-256 over the record without `hash`, as its version says: RFC
+    /// 8785 canonical JSON (version 2), or serde_json's bytes (version 1,
+    /// records written before; unknown versions never verify).
     pub fn compute_hash(&self) -> String {
         let h = Hashed {
             seq: self.seq,
@@ -182,8 +196,13 @@ impl AuditRecord {
             actor: &self.actor,
             data: &self.data,
             prev_hash: &self.prev_hash,
+            v: self.v,
         };
-        let bytes = serde_json::to_vec(&h).unwrap_or_default();
+        let bytes = match self.v {
+            None => serde_json::to_vec(&h).unwrap_or_default(),
+            Some(2) => serde_json_canonicalizer::to_vec(&h).unwrap_or_default(),
+            Some(_) => return String::new(),
+        };
         hex::encode(Sha256::digest(&bytes))
     }
 }
@@ -249,4 +268,73 @@ pub struct RunPage {
     pub runs: Vec<RunSummary>,
     /// Pass back as `cursor` for the next (older) page.
     pub next_cursor: Option<String>,
+}
+
+#[cfg(test)]
+mod chain_version_tests {
+    use super::*;
+
+    fn rec(seq: u64, prev: &str, v: Option<u8>) -> AuditRecord {
+        let mut r = AuditRecord {
+            seq,
+            ts_ms: 1_790_000_000_000 + seq as i64,
+            kind: RecordKind::Note,
+            run: Some("r1".into()),
+            node: None,
+            gpu: Some(2),
+            runbook: None,
+            actor: "engine".into(),
+            data: serde_json::json!({"text": "91.5 °C → capped", "b": [1, 2.5, true, null], "a": {"z": 1, "y": "\u{1f}"}}),
+            prev_hash: prev.into(),
+            hash: String::new(),
+            v,
+        };
+        r.hash = r.compute_hash();
+        r
+    }
+
+    /// A store written before version 2 goes on with version 2 records:
+    /// the log verifies across the change, and a change to either kind of
+    /// record is caught.
+    #[test]
+    fn a_chain_verifies_across_the_version_change() {
+        let r1 = rec(1, GENESIS, None);
+        let r2 = rec(2, &r1.hash, Some(CHAIN_VERSION));
+        assert_ne!(r1.hash, rec(1, GENESIS, Some(2)).hash, "the two formats hash differently");
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("records.jsonl");
+        let write = |rs: &[&AuditRecord]| {
+            let text: String = rs.iter().map(|r| serde_json::to_string(r).unwrap() + "\n").collect();
+            std::fs::write(&log, text).unwrap();
+        };
+        write(&[&r1, &r2]);
+        let v = verify_log(&log).unwrap();
+        assert!(v.ok && v.verified_up_to == 2, "{v:?}");
+        for tamper in [1, 2] {
+            let (mut a, mut b) = (r1.clone(), r2.clone());
+            let t = if tamper == 1 { &mut a } else { &mut b };
+            t.data["text"] = "91.5 °C → left alone".into();
+            write(&[&a, &b]);
+            let v = verify_log(&log).unwrap();
+            assert_eq!(v.first_bad_seq, Some(tamper), "{v:?}");
+        }
+        // An unknown version never verifies.
+        let mut r3 = rec(3, &r2.hash, Some(9));
+        r3.hash = "0".repeat(64);
+        assert_eq!(r3.compute_hash(), "");
+    }
+
+    /// Version 2 is RFC 8785: keys sorted, no spaces, ECMAScript numbers.
+    #[test]
+    fn version_2_hashes_the_canonical_json() {
+        let r = rec(7, GENESIS, Some(2));
+        let mut v = serde_json::to_value(&r).unwrap();
+        v.as_object_mut().unwrap().remove("hash");
+        let canon = serde_json_canonicalizer::to_string(&v).unwrap();
+        assert!(
+            canon.starts_with(r#"{"actor":"engine","data":{"a":{"y":"\u001f","z":1},"b":[1,2.5,true,null]"#),
+            "{canon}"
+        );
+        assert_eq!(r.hash, hex::encode(Sha256::digest(canon.as_bytes())));
+    }
 }

@@ -610,6 +610,7 @@ impl Writer {
                 data,
                 prev_hash: prev.clone(),
                 hash: String::new(),
+                v: Some(super::CHAIN_VERSION),
             };
             r.hash = r.compute_hash();
             prev = r.hash.clone();

@@ -241,6 +241,7 @@ mod tests {
                 data: json!({"target": Target::node("n1")}),
                 prev_hash: String::new(),
                 hash: String::new(),
+                v: None,
             }],
         )
         .unwrap();
