@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use clap_complete::engine::ArgValueCompleter;
 
 /// nightshift: incident runbooks for GPU fleets.
 #[derive(Parser)]
@@ -43,8 +44,9 @@ pub enum Command {
     ///
     /// Example: nightshift run gpu-overheat --node gpu-a1 --gpu 3 --param target_c=78 --dry-run
     Run {
+        #[arg(add = ArgValueCompleter::new(crate::complete::runbooks))]
         runbook: String,
-        #[arg(long)]
+        #[arg(long, add = ArgValueCompleter::new(crate::complete::nodes))]
         node: Option<String>,
         #[arg(long)]
         gpu: Option<u32>,
@@ -73,11 +75,15 @@ pub enum Command {
     /// Approve a run that waits for approval (needs --server).
     ///
     /// Example: nightshift approve r000042 --server http://nightshift:8080
-    Approve { run: String },
+    Approve {
+        #[arg(add = ArgValueCompleter::new(crate::complete::runs))]
+        run: String,
+    },
     /// Reject a run that waits for approval (needs --server).
     ///
     /// Example: nightshift reject r000042 --reason "not during the training run"
     Reject {
+        #[arg(add = ArgValueCompleter::new(crate::complete::runs))]
         run: String,
         #[arg(long)]
         reason: String,
@@ -112,7 +118,9 @@ pub enum Command {
         #[arg(long, conflicts_with = "role")]
         webhook: bool,
     },
-    /// Print shell completions.
+    /// Print the shell's completion script: commands and flags, and runbook,
+    /// node and run names looked up when you press Tab (the script calls
+    /// nightshift back with COMPLETE set).
     ///
     /// Example: nightshift completions bash > /etc/bash_completion.d/nightshift
     Completions { shell: clap_complete::Shell },
@@ -135,7 +143,10 @@ pub enum RunbooksCmd {
     /// Show a runbook's manifest and script.
     ///
     /// Example: nightshift runbooks show gpu-overheat
-    Show { name: String },
+    Show {
+        #[arg(add = ArgValueCompleter::new(crate::complete::runbooks))]
+        name: String,
+    },
     /// Check manifests and scripts in a folder (file:line:column errors).
     ///
     /// Example: nightshift runbooks validate runbooks/
@@ -162,9 +173,9 @@ pub enum AuditCmd {
     ///
     /// Example: nightshift audit list --node gpu-a1 --outcome failed --since 24h
     List {
-        #[arg(long)]
+        #[arg(long, add = ArgValueCompleter::new(crate::complete::nodes))]
         node: Option<String>,
-        #[arg(long)]
+        #[arg(long, add = ArgValueCompleter::new(crate::complete::runbooks))]
         runbook: Option<String>,
         #[arg(long)]
         outcome: Option<String>,
@@ -177,7 +188,10 @@ pub enum AuditCmd {
     /// One run: summary and every record.
     ///
     /// Example: nightshift audit show r000042
-    Show { run: String },
+    Show {
+        #[arg(add = ArgValueCompleter::new(crate::complete::runs))]
+        run: String,
+    },
     /// Print records as they are written (Ctrl-C to stop).
     ///
     /// Example: nightshift audit follow --server http://127.0.0.1:8080
@@ -225,16 +239,25 @@ pub enum AgentsCmd {
     /// Round trip to a node's agent.
     ///
     /// Example: nightshift agents ping gpu-a1
-    Ping { node: String },
+    Ping {
+        #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
+        node: String,
+    },
     /// A node's GPUs and envelope.
     ///
     /// Example: nightshift agents inventory gpu-a1
-    Inventory { node: String },
+    Inventory {
+        #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
+        node: String,
+    },
     /// What is held on a node: each setting's baseline, what is in effect,
     /// and every hold behind it (owner, value, lease).
     ///
     /// Example: nightshift agents holds gpu-a1
-    Holds { node: String },
+    Holds {
+        #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
+        node: String,
+    },
 }
 
 /// `nightshift demo`.

@@ -10,6 +10,7 @@
 mod out;
 mod args;
 mod cmd;
+mod complete;
 mod conn;
 
 use std::process::ExitCode;
@@ -96,10 +97,19 @@ async fn real_main(cli: Cli) -> Result<u8> {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // A shell asking for completions (COMPLETE=bash …): answer and exit,
+    // before any runtime starts (the completers start their own).
+    clap_complete::CompleteEnv::with_factory(<Cli as clap::CommandFactory>::command).complete();
     let cli = Cli::parse();
-    match real_main(cli).await {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(real_main(cli)) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             let code = e.chain().find_map(|c| c.downcast_ref::<Fail>()).map_or(1, |f| f.0);

@@ -279,6 +279,32 @@ async fn served_engine() {
     let o = srv(&["audit", "head", "--json"], OPERATOR);
     assert!(json(&o)["seq"].as_u64().unwrap() > 0 && json(&o)["hash"].as_str().unwrap().len() == 64, "{o:?}");
 
+    // Completion asks the engine for run names (fish's protocol: one
+    // `value<TAB>help` per line).
+    let complete = |line: &[&str]| {
+        let mut args = vec!["--", "nightshift"];
+        args.extend_from_slice(line);
+        let o =
+            bin().current_dir(d).args(&args).env("COMPLETE", "fish").env_remove("NIGHTSHIFT_SERVER").output().unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let runs = json(&srv(&["audit", "list", "--json"], OPERATOR))["runs"].as_array().unwrap().clone();
+    let first = runs[0]["id"].as_str().unwrap();
+    let text = complete(&["--server", &url, "--token", OPERATOR, "audit", "show", "r"]);
+    assert!(text.lines().any(|l| l.starts_with(&format!("{first}\tcap on g1"))), "{text}");
+    assert_eq!(text.lines().filter(|l| l.starts_with('r')).count(), runs.len(), "{text}");
+    // Runbook and node names come from the config's files.
+    assert_eq!(
+        complete(&["run", "ca"]).lines().map(|l| l.split('\t').next().unwrap()).collect::<Vec<_>>(),
+        ["cap", "careful"]
+    );
+    let nodes = complete(&["agents", "ping", "g"]);
+    assert_eq!(nodes.lines().map(|l| l.split('\t').next().unwrap()).collect::<Vec<_>>(), ["g1", "g2"], "{nodes}");
+    assert!(nodes.contains("pool=a"), "{nodes}");
+    // The script a shell sources registers that completer.
+    let script = String::from_utf8_lossy(&run(d, &["completions", "bash"]).stdout).into_owned();
+    assert!(script.contains("COMPLETE=\"bash\"") || script.contains("COMPLETE=bash"), "{script}");
+
     // A run that needs approval waits; the requester cannot approve it; the
     // admin can.
     let mut waiting = bin()

@@ -3,7 +3,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use clap::CommandFactory;
 
 use crate::args::Cli;
 use crate::cmd::usage;
@@ -55,11 +54,29 @@ pub fn token(name: &str, role: &str, webhook: bool) -> Result<u8> {
     Ok(0)
 }
 
-/// Print shell completions.
+/// Print the shell's completion script. It registers nightshift's dynamic
+/// completer: the shell calls `nightshift` back with `COMPLETE=<shell>` for
+/// commands, flags and runbook, node and run names.
 pub fn completions(shell: clap_complete::Shell) -> Result<u8> {
-    // Into a buffer first: clap_complete panics on a closed pipe.
+    use clap_complete::env::EnvCompleter;
+    let bin = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.to_str().map(str::to_string))
+        .unwrap_or_else(|| "nightshift".into());
+    // Into a buffer first: a closed pipe must not panic.
     let mut buf = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), "nightshift", &mut buf);
+    let shells: [&dyn EnvCompleter; 5] = [
+        &clap_complete::env::Bash,
+        &clap_complete::env::Zsh,
+        &clap_complete::env::Fish,
+        &clap_complete::env::Elvish,
+        &clap_complete::env::Powershell,
+    ];
+    let name = shell.to_string();
+    let Some(sh) = shells.iter().find(|s| s.is(&name)) else {
+        return Err(usage(format!("completions: expected bash, zsh, fish, elvish or powershell, found {name}")));
+    };
+    sh.write_registration("COMPLETE", "nightshift", "nightshift", &bin, &mut buf)?;
     crate::out::write_bytes(&buf);
     Ok(0)
 }
