@@ -123,7 +123,8 @@ fn parse_line(line: &str) -> Option<PromSample> {
         return None;
     }
     let mut labels = BTreeMap::new();
-    let mut rest = &line[name_end..];
+    // Prometheus allows blanks between the name and its labels.
+    let mut rest = line[name_end..].trim_start();
     if let Some(r) = rest.strip_prefix('{') {
         let mut chars = r.char_indices().peekable();
         let consumed;
@@ -150,7 +151,20 @@ fn parse_line(line: &str) -> Option<PromSample> {
                 }
             }
             let key = r[start..key_end?].trim().to_string();
-            if chars.next()?.1 != '"' {
+            if key.is_empty()
+                || key.starts_with(|c: char| c.is_ascii_digit())
+                || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            {
+                return None;
+            }
+            // Blanks may follow the `=`, as Prometheus allows.
+            let quote = loop {
+                match chars.next()?.1 {
+                    c if c.is_whitespace() => continue,
+                    c => break c,
+                }
+            };
+            if quote != '"' {
                 return None;
             }
             let mut value = String::new();
@@ -158,14 +172,23 @@ fn parse_line(line: &str) -> Option<PromSample> {
                 let (_, c) = chars.next()?;
                 match c {
                     '"' => break,
+                    // The format's three escapes; any other backslash is
+                    // kept as written (as Prometheus keeps it).
                     '\\' => match chars.next()?.1 {
                         'n' => value.push('\n'),
-                        other => value.push(other),
+                        c @ ('\\' | '"') => value.push(c),
+                        other => {
+                            value.push('\\');
+                            value.push(other);
+                        }
                     },
                     other => value.push(other),
                 }
             }
-            labels.insert(key, value);
+            // An empty value is no label at all, for Prometheus.
+            if !value.is_empty() {
+                labels.insert(key, value);
+            }
         }
         rest = &r[consumed..];
     }
@@ -327,6 +350,27 @@ pub fn map_samples(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Where the parser and Prometheus' own disagreed (found by
+    /// `tests/tests/prometheus.rs`, which diffs the two on a real server).
+    #[test]
+    fn reads_lines_as_prometheus_does() {
+        let labels = |line: &str| parse_line(line).map(|s| s.labels.into_iter().collect::<Vec<_>>());
+        let l = |pairs: &[(&str, &str)]| Some(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        for (line, want) in [
+            // Blanks between name and labels, and around `=`.
+            ("m {  a = \"1\" , b=\"2\" ,} 3", l(&[("a", "1"), ("b", "2")])),
+            // Only \\, \" and \n are escapes; another backslash stays.
+            (r#"m{t="a\tb",q="\"x\"",b="c:\\d"} 1"#, l(&[("b", r"c:\d"), ("q", "\"x\""), ("t", r"a\tb")])),
+            // An empty value is no label.
+            ("m{e=\"\",f=\"1\"} 1", l(&[("f", "1")])),
+            // Not a label name.
+            ("m{1a=\"x\"} 1", None),
+            ("m{a-b=\"x\"} 1", None),
+        ] {
+            assert_eq!(labels(line), want, "{line}");
+        }
+    }
 
     const DCGM_TEXT: &str = r#"# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).
 # TYPE DCGM_FI_DEV_GPU_TEMP gauge

@@ -416,3 +416,104 @@ async fn the_agent_exports_what_dcgm_exporter_exports() {
     let mut agent = agent;
     agent.stop().await;
 }
+
+/// The engine's exposition parser against Prometheus' own: a real
+/// Prometheus scrapes a text full of the format's corners (escapes, odd
+/// spacing, special values, UTF-8, comments) and what it stored must be
+/// exactly what `parse_exposition` reads from the same bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exposition_parser_reads_what_prometheus_reads() {
+    use nightshift_engine::sources::parse_exposition;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(prometheus) = require("prometheus", "prometheus") else { return };
+    let text = concat!(
+        "# HELP t_plain A gauge.\n",
+        "# TYPE t_plain gauge\n",
+        "t_plain 1\n",
+        "t_labels{a=\"1\",b=\"x y\"} 2.5\n",
+        "t_spaces {  a = \"1\" , b=\"2\" ,} 3\n",
+        "t_escapes{q=\"say \\\"hi\\\"\",bs=\"C:\\\\dir\",nl=\"two\\nlines\",tab=\"a\\tb\"} 4\n",
+        "t_utf8{gpu=\"0\",unit=\"°C → ok\"} -5e-3\n",
+        "t_inf{s=\"+\"} +Inf\n",
+        "t_inf{s=\"-\"} -Inf\n",
+        "t_big 1.7976931348623157e308\n",
+        "t_colon:sum 6\n",
+        "# a comment line\n",
+        "t_empty{e=\"\"} 7\n",
+    );
+    let (ours, bad) = parse_exposition(text);
+    assert_eq!(bad, 0);
+    // Serve it.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else { return };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                    text.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("p.yml"),
+        format!("global: {{scrape_interval: 1s}}\nscrape_configs:\n  - job_name: t\n    static_configs: [{{targets: ['{target}']}}]\n"),
+    )
+    .unwrap();
+    let port = free_port();
+    let prom = Daemon::start(
+        &[
+            prometheus.display().to_string(),
+            format!("--config.file={}", dir.path().join("p.yml").display()),
+            format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()),
+            format!("--web.listen-address=127.0.0.1:{port}"),
+        ],
+        &dir.path().join("prometheus.log"),
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    wait_http_ok(&format!("{url}/-/ready"), 60, &prom).await;
+    let http = reqwest::Client::new();
+    let mut theirs = Vec::new();
+    for _ in 0..60 {
+        let r: serde_json::Value = http
+            .get(format!("{url}/api/v1/query"))
+            .query(&[("query", "{__name__=~\"t_.*\"}")])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        theirs = nightshift_engine::sources::parse_query_response(&url, &serde_json::to_vec(&r).unwrap()).unwrap();
+        if theirs.len() == ours.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(theirs.len(), ours.len(), "prometheus stored {theirs:?}\nlog:\n{}", prom.log_text());
+    let key = |s: &nightshift_engine::sources::PromSample| {
+        let mut l = s.labels.clone();
+        l.remove("__name__");
+        l.remove("job");
+        l.remove("instance");
+        (s.name.clone(), l)
+    };
+    for o in &ours {
+        let t = theirs.iter().find(|t| key(t) == key(o)).unwrap_or_else(|| {
+            panic!("prometheus has no series {:?}; it has {:?}", key(o), theirs.iter().map(key).collect::<Vec<_>>())
+        });
+        assert!(
+            t.value == o.value || (t.value.is_nan() && o.value.is_nan()),
+            "{:?}: {} vs {}",
+            key(o),
+            t.value,
+            o.value
+        );
+    }
+}
