@@ -10,13 +10,26 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
+/// A sample value as the text format writes it (NaN was written `-Inf`).
 fn fmt_f(v: f64) -> String {
-    if v.is_finite() {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_finite() {
         format!("{v}")
     } else if v > 0.0 {
         "+Inf".into()
     } else {
         "-Inf".into()
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn values_are_written_as_the_format_says() {
+    for (v, want) in
+        [(1.5, "1.5"), (700.0, "700"), (f64::NAN, "NaN"), (f64::INFINITY, "+Inf"), (f64::NEG_INFINITY, "-Inf")]
+    {
+        assert_eq!(fmt_f(v), want);
     }
 }
 
