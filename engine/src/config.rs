@@ -617,7 +617,7 @@ mod tests {
             ),
             (
                 "notifications:\n  audit_anchor_every_secs: 5\n",
-                "engine.yaml:8:3: notifications.audit_anchor_every_secs: expected 60 to 604800, found 5",
+                "engine.yaml:7:3: notifications.audit_anchor_every_secs: expected 60 to 604800, found 5",
             ),
             (
                 "telemetry:\n  interval_ms: 0\n",

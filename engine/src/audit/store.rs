@@ -71,8 +71,10 @@ impl WriterHandle {
 
 /// Answers one append and counts it off.
 fn answer(pending: &std::sync::atomic::AtomicU64, req: WriteReq, r: Result<AuditRecord, AuditError>) {
-    let _ = req.ack.send(r);
+    // Counted out before the answer goes: whoever the answer wakes sees the
+    // count without it (the record is already indexed or refused).
     pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    let _ = req.ack.send(r);
 }
 
 impl Drop for WriterHandle {
