@@ -147,6 +147,39 @@ pub enum RunbooksCmd {
         #[arg(add = ArgValueCompleter::new(crate::complete::runbooks))]
         name: String,
     },
+    /// Let a runbook's automatic runs act (admin; needs --server). Audited
+    /// with who and why.
+    ///
+    /// Example: nightshift runbooks promote gpu-temp-drift --reason "a week in shadow, 3 fires, all right"
+    Promote {
+        #[arg(add = ArgValueCompleter::new(crate::complete::runbooks))]
+        name: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Put a runbook in shadow mode (admin; needs --server): its automatic
+    /// runs send every action as a dry run, change nothing, notify no one,
+    /// and record what they would have done.
+    ///
+    /// Example: nightshift runbooks demote pool-scale-in --reason "new fleet, watch it first"
+    Demote {
+        #[arg(add = ArgValueCompleter::new(crate::complete::runbooks))]
+        name: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// What a shadow runbook would have done: each fire, its target, the
+    /// actions with the agents' answers, refusals, and what happened on the
+    /// target afterwards.
+    ///
+    /// Example: nightshift runbooks shadow-report gpu-temp-drift --since 7d
+    ShadowReport {
+        #[arg(add = ArgValueCompleter::new(crate::complete::runbooks))]
+        name: String,
+        /// 7d, 24h, or an RFC 3339 time.
+        #[arg(long, default_value = "7d")]
+        since: String,
+    },
     /// Check manifests and scripts in a folder (file:line:column errors).
     ///
     /// Example: nightshift runbooks validate runbooks/

@@ -450,6 +450,38 @@ impl Conn {
         }
     }
 
+    /// Promote or demote a runbook on a running engine (admin).
+    pub async fn set_mode(&mut self, name: &str, mode: &str, reason: &str) -> Result<Value> {
+        match self {
+            Conn::Remote(r) => {
+                r.post(
+                    &format!("/api/v1/runbooks/{}/mode", crate::out::urlencode(name)),
+                    &json!({"mode": mode, "reason": reason}),
+                )
+                .await
+            }
+            Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
+                "promotion and demotion change a running engine: pass --server URL (or set NIGHTSHIFT_SERVER) with an admin token",
+            )),
+        }
+    }
+
+    /// A shadow runbook's report since `since_ms`.
+    pub async fn shadow_report(&mut self, name: &str, since_ms: i64) -> Result<Value> {
+        match self {
+            Conn::Remote(r) => {
+                r.get(&format!("/api/v1/runbooks/{}/shadow?since_ms={since_ms}", crate::out::urlencode(name))).await
+            }
+            Conn::Local(l) => {
+                let e = l.engine().await?;
+                let fires = e.shadow_report(name, since_ms, 1000)?;
+                Ok(
+                    json!({"runbook": name, "mode": e.runbook_mode(name).as_str(), "since_ms": since_ms, "fires": fires}),
+                )
+            }
+        }
+    }
+
     /// Ask a running engine to reload (admin).
     pub async fn reload(&mut self) -> Result<Value> {
         match self {

@@ -127,6 +127,27 @@ pub struct Core {
     pub auth_generation: AtomicU64,
     /// One reload at a time.
     pub reloading: tokio::sync::Mutex<()>,
+    /// Runbook modes an admin set (promote/demote), over the manifests';
+    /// kept in `data_dir/runbook-modes.json` across restarts.
+    pub modes: Mutex<BTreeMap<String, crate::manifest::Mode>>,
+}
+
+/// Where promotions and demotions are kept.
+pub fn modes_path(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("runbook-modes.json")
+}
+
+/// The modes an admin set, as last saved (none when the file is missing or
+/// unreadable — the manifests' modes then hold, and the log says so).
+pub fn load_modes(data_dir: &std::path::Path) -> BTreeMap<String, crate::manifest::Mode> {
+    let path = modes_path(data_dir);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            tracing::error!(path = %path.display(), error = %e, "runbook modes unreadable: the manifests' modes hold");
+            BTreeMap::new()
+        }),
+        Err(_) => BTreeMap::new(),
+    }
 }
 
 /// Lease a run's holds get: its timeout and two minutes, so an engine that
@@ -224,7 +245,19 @@ impl Core {
     /// The data of a notification or escalation record: the text, and where
     /// it goes (the log at once; webhooks, each confirmed by its own
     /// `notification_delivery` record). A dry run's text goes nowhere.
-    pub fn notification_data(&self, kind: RecordKind, text: &str, severity: &str, dry_run: bool) -> Value {
+    pub fn notification_data(
+        &self,
+        kind: RecordKind,
+        text: &str,
+        severity: &str,
+        dry_run: bool,
+        shadow: bool,
+    ) -> Value {
+        if shadow {
+            let would: Vec<String> = self.notifier.targets_for(kind).into_iter().map(|t| t.name).collect();
+            return json!({"text": text, "severity": severity, "dry_run": true, "shadow": true, "delivered_to": [],
+                "webhooks": [], "would_notify": would, "note": "shadow run: nothing is sent"});
+        }
         if dry_run {
             let opted_in: Vec<String> = self.notifier.dry_run_targets_for(kind).into_iter().map(|t| t.name).collect();
             return json!({"text": text, "severity": severity, "dry_run": true, "delivered_to": [], "webhooks": opted_in,
@@ -238,6 +271,10 @@ impl Core {
     /// background) and audit each delivery. Dry-run records go only to
     /// targets that opted in with `dry_runs: true` (marked as dry runs).
     pub fn deliver(core: &Arc<Core>, rec: &AuditRecord) {
+        // A shadow run notifies no one.
+        if rec.data["shadow"] == true {
+            return;
+        }
         let targets = if rec.data["dry_run"] == true {
             core.notifier.dry_run_targets_for(rec.kind)
         } else {
@@ -277,6 +314,16 @@ impl Core {
     /// neither counted nor limited. At least one serving node may always be
     /// drained, however small the fleet.
     pub fn reserve_drain(&self, run: &str, node: &str, rb: &BlastRadius) -> Result<(), String> {
+        self.drain_under_radius(run, node, rb, true)
+    }
+
+    /// Whether a drain would pass the blast radius now, reserving nothing
+    /// (a shadow run's check).
+    pub fn check_drain(&self, run: &str, node: &str, rb: &BlastRadius) -> Result<(), String> {
+        self.drain_under_radius(run, node, rb, false)
+    }
+
+    fn drain_under_radius(&self, run: &str, node: &str, rb: &BlastRadius, reserve: bool) -> Result<(), String> {
         let Some(target) = self.fleet.get(node) else { return Ok(()) };
         if target.spec.standby || target.state().drained {
             return Ok(());
@@ -307,7 +354,9 @@ impl Core {
                 ));
             }
         }
-        t.drains_in_flight.insert(node.to_string());
+        if reserve {
+            t.drains_in_flight.insert(node.to_string());
+        }
         Ok(())
     }
 

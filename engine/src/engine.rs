@@ -55,6 +55,9 @@ pub enum EngineError {
     /// A rejection must say why.
     #[error("reason: expected why the run is rejected, found an empty string")]
     MissingReason,
+    /// Promotion and demotion say why and change something.
+    #[error("{0}")]
+    BadModeChange(String),
     /// A person may not approve a run they asked for, triggered or posted.
     #[error("run {run} was requested by {by}: someone else must approve it")]
     SelfApproval { run: String, by: String },
@@ -187,6 +190,7 @@ impl Engine {
             shutdown,
             tasks: Mutex::new(Vec::new()),
             auth: std::sync::RwLock::new(Arc::new(parts.config.auth.clone())),
+            modes: Mutex::new(crate::core::load_modes(&parts.config.data_dir)),
             auth_generation: std::sync::atomic::AtomicU64::new(0),
             reloading: tokio::sync::Mutex::new(()),
             config: parts.config,

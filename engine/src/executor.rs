@@ -93,6 +93,14 @@ impl Engine {
         let params = m.resolve_params(&req.params).map_err(EngineError::BadParams)?;
         let now = self.core.now();
         let manual = req.trigger == "manual";
+        // A runbook in shadow mode: its automatic runs go through admission
+        // as if real but send every action as a dry run.
+        let shadow = !manual && self.runbook_mode(&m.name) == crate::manifest::Mode::Shadow;
+        let mut req = req;
+        if shadow {
+            req.dry_run = true;
+        }
+        let would_need_approval = shadow.then(|| approval_reason(m, nodes_changed(m, target_nodes))).flatten();
         let hands_off =
             self.core.target_nodes(&req.target).iter().find(|n| n.state().hands_off()).map(|n| n.spec.name.clone());
         let key = (req.runbook.clone(), req.target.clone());
@@ -116,12 +124,14 @@ impl Engine {
                     None
                 }
                 Decision::Refuse { .. } => {
-                    let s = new_summary(self.core.ids.run(), rb, &req, params.clone(), now);
+                    let mut s = new_summary(self.core.ids.run(), rb, &req, params.clone(), now);
+                    s.shadow = shadow;
                     t.last_finished.insert(key.clone(), now);
                     Some(s)
                 }
                 Decision::Admit { approval, hold_ms } => {
                     let mut s = new_summary(self.core.ids.run(), rb, &req, params.clone(), now);
+                    s.shadow = shadow;
                     if approval.is_some() {
                         s.state = RunState::PendingApproval;
                     }
@@ -169,8 +179,13 @@ impl Engine {
             (d, summary)
         };
         let queued_data = |s: &RunSummary| {
-            json!({"trigger": req.trigger, "detail": req.detail, "event": req.event, "dry_run": req.dry_run,
-                "target": s.target, "priority": m.priority.as_str(), "class": m.class})
+            let mut d = json!({"trigger": req.trigger, "detail": req.detail, "event": req.event, "dry_run": req.dry_run,
+                "target": s.target, "priority": m.priority.as_str(), "class": m.class});
+            if s.shadow {
+                d["shadow"] = true.into();
+                d["would_need_approval"] = json!(would_need_approval);
+            }
+            d
         };
         match decision {
             Decision::Drop { reason } => {
@@ -201,7 +216,11 @@ impl Engine {
                 Ok(Submitted::Suppressed { reason, existing_run: existing })
             }
             Decision::Refuse { reason } => {
-                let mut s = summary.unwrap_or_else(|| new_summary(self.core.ids.run(), rb, &req, params, now));
+                let mut s = summary.unwrap_or_else(|| {
+                    let mut s = new_summary(self.core.ids.run(), rb, &req, params, now);
+                    s.shadow = shadow;
+                    s
+                });
                 self.core.record_run(RecordKind::RunQueued, &s, queued_data(&s)).await?;
                 end_summary(&mut s, RunOutcome::Refused, Some(reason.clone()), now);
                 self.core
@@ -258,10 +277,11 @@ impl Engine {
     /// A notification or escalation record about run `s`, delivered.
     pub(crate) async fn text_record(&self, s: &RunSummary, kind: RecordKind, text: &str) {
         let severity = if kind == RecordKind::Escalation { "escalation" } else { "info" };
-        let rec = NewRecord::new(kind, "engine", self.core.notification_data(kind, text, severity, s.dry_run))
-            .run(&s.id)
-            .node(s.target.node.as_deref())
-            .runbook(&s.runbook);
+        let rec =
+            NewRecord::new(kind, "engine", self.core.notification_data(kind, text, severity, s.dry_run, s.shadow))
+                .run(&s.id)
+                .node(s.target.node.as_deref())
+                .runbook(&s.runbook);
         tracing::warn!(run = %s.id, runbook = %s.runbook, kind = kind.as_str(), text, "notification");
         match self.core.audit.append(rec, None).await {
             Ok(r) => Core::deliver(&self.core, &r),
@@ -384,6 +404,7 @@ pub(crate) fn new_summary(
 ) -> RunSummary {
     RunSummary {
         id,
+        shadow: false,
         runbook: rb.manifest.name.clone(),
         handbook: rb.manifest.handbook.clone(),
         target: req.target.clone(),

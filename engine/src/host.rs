@@ -325,6 +325,12 @@ impl ScriptHost for Host {
                     Ok(()) => reserved = true,
                     Err(why) => return self.refuse(ctx, node, &op, "blast_radius", why),
                 }
+            } else if self.summary().is_some_and(|s| s.shadow) {
+                // A shadow run meets the blast radius as a real one would,
+                // and takes nothing from it.
+                if let Err(why) = self.core.check_drain(&self.run, node, &m.blast_radius) {
+                    return self.refuse(ctx, node, &op, "blast_radius", why);
+                }
             }
         }
         let gpu = gpu_of(&op);
@@ -407,6 +413,11 @@ impl ScriptHost for Host {
         data["op"] = json!(op.name());
         data["duration_ms"] = json!(duration_ms);
         data["dry_run"] = json!(ctx.dry_run);
+        if self.summary().is_some_and(|s| s.shadow) {
+            // What a shadow run is for: would it have acted, by the agent.
+            data["shadow"] = json!(true);
+            data["would_act"] = json!(result["ok"] == true);
+        }
         self.record(ctx, RecordKind::ActionResult, Some(node), gpu, data);
         to_map(result)
     }
@@ -617,7 +628,8 @@ impl ScriptHost for Host {
         if !ctx.dry_run {
             tracing::warn!(run = %self.run, runbook = %ctx.runbook, severity, text = %text, "notification");
         }
-        let data = self.core.notification_data(rk, &text, severity, ctx.dry_run);
+        let shadow = self.summary().is_some_and(|s| s.shadow);
+        let data = self.core.notification_data(rk, &text, severity, ctx.dry_run, shadow);
         let rec = NewRecord::new(rk, "engine", data)
             .run(&self.run)
             .node(ctx.target.node.as_deref())

@@ -35,6 +35,7 @@ pub mod runs;
 pub mod runtable;
 pub mod script;
 pub mod serve;
+pub mod shadow;
 pub mod sources;
 pub mod telemetry;
 pub mod triggers;

@@ -236,6 +236,7 @@ impl Engine {
                 &format!("{runbook}: {reason}; {} held runs refused", held.len()),
                 "escalation",
                 false,
+                self.runbook_mode(runbook) == crate::manifest::Mode::Shadow,
             ),
         )
         .runbook(runbook);

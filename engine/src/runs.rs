@@ -127,6 +127,10 @@ pub struct ApprovalDecision {
 #[serde(deny_unknown_fields)]
 pub struct RunSummary {
     pub id: String,
+    /// A shadow run: its runbook was in shadow mode, so every action went
+    /// as a dry run and nothing was notified.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shadow: bool,
     pub runbook: String,
     #[serde(default)]
     pub handbook: Option<String>,

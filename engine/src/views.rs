@@ -44,6 +44,9 @@ pub struct RunbookView {
     pub scope: String,
     pub class: String,
     pub priority: String,
+    /// `act` or `shadow`, as in force now (an admin's promotion or
+    /// demotion, else the manifest's).
+    pub mode: String,
     /// Where the trigger's input comes from on a real fleet.
     pub input: String,
     pub manifest_path: String,
@@ -176,6 +179,7 @@ impl Engine {
                 scope: format!("{:?}", r.manifest.scope).to_lowercase(),
                 class: format!("{:?}", r.manifest.class).to_lowercase(),
                 priority: r.manifest.priority.as_str().into(),
+                mode: self.runbook_mode(&r.manifest.name).as_str().into(),
                 input: r.manifest.trigger.input_source(),
                 manifest_path: r.manifest_path.display().to_string(),
                 manifest: serde_json::to_value(&r.manifest).unwrap_or(Value::Null),
@@ -337,5 +341,67 @@ impl Engine {
     /// Whether `node` is in the inventory.
     pub fn has_node(&self, node: &str) -> bool {
         self.core.fleet.get(node).is_some()
+    }
+}
+
+impl Engine {
+    /// A runbook's mode now: what an admin set, else its manifest's.
+    pub fn runbook_mode(&self, name: &str) -> crate::manifest::Mode {
+        if let Some(m) = crate::core::lock(&self.core.modes).get(name) {
+            return *m;
+        }
+        self.runbook_set().get(name).map(|(_, rb)| rb.manifest.mode).unwrap_or_default()
+    }
+
+    /// Promote (`act`) or demote (`shadow`) a runbook, saying why. Audited
+    /// (`runbook_mode`, by `by`) before it takes effect; kept across
+    /// restarts.
+    pub async fn set_runbook_mode(
+        &self,
+        name: &str,
+        mode: crate::manifest::Mode,
+        by: &str,
+        reason: &str,
+    ) -> Result<crate::manifest::Mode, EngineError> {
+        let set = self.runbook_set();
+        if set.get(name).is_none() {
+            return Err(EngineError::UnknownRunbook { name: name.into(), known: set.names().join(", ") });
+        }
+        if reason.trim().is_empty() {
+            return Err(EngineError::BadModeChange(format!(
+                "reason: expected why {name} goes to {}, found an empty string",
+                mode.as_str()
+            )));
+        }
+        let from = self.runbook_mode(name);
+        if from == mode {
+            return Err(EngineError::BadModeChange(format!(
+                "{name} is already in {} mode: expected a change",
+                mode.as_str()
+            )));
+        }
+        self.core
+            .audit
+            .append(
+                NewRecord::new(
+                    RecordKind::RunbookMode,
+                    by,
+                    json!({"from": from.as_str(), "to": mode.as_str(), "reason": reason}),
+                )
+                .runbook(name),
+                None,
+            )
+            .await?;
+        let saved = {
+            let mut modes = crate::core::lock(&self.core.modes);
+            modes.insert(name.to_string(), mode);
+            serde_json::to_vec_pretty(&*modes).unwrap_or_default()
+        };
+        if let Err(e) =
+            nightshift_proto::fsutil::write_atomic(&crate::core::modes_path(&self.core.config.data_dir), &saved)
+        {
+            tracing::error!(error = %e, "cannot save runbook modes: the change holds until a restart");
+        }
+        Ok(mode)
     }
 }

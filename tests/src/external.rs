@@ -123,3 +123,49 @@ fn newest_mtime(dir: &Path) -> Option<std::time::SystemTime> {
     }
     newest
 }
+
+/// A tiny HTTP receiver: records each JSON body; answers 500 to the first
+/// `fail_first` requests, then 200.
+pub async fn receiver(fail_first: usize) -> (String, std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", l.local_addr().unwrap());
+    let got: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>> = Default::default();
+    let g = got.clone();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tokio::spawn(async move {
+        let mut n = 0usize;
+        loop {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // Head, then as many body bytes as Content-Length says.
+            let body = loop {
+                let k = s.read(&mut chunk).await.unwrap();
+                if k == 0 {
+                    break None;
+                }
+                buf.extend_from_slice(&chunk[..k]);
+                if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+                        .unwrap_or(0);
+                    while buf.len() < end + 4 + len {
+                        let k = s.read(&mut chunk).await.unwrap();
+                        buf.extend_from_slice(&chunk[..k]);
+                    }
+                    break Some(buf[end + 4..end + 4 + len].to_vec());
+                }
+            };
+            let Some(body) = body else { continue };
+            n += 1;
+            g.lock().unwrap().push(serde_json::from_slice(&body).unwrap());
+            let status = if n <= fail_first { "500 Internal Server Error" } else { "200 OK" };
+            let _ = s
+                .write_all(format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").as_bytes())
+                .await;
+        }
+    });
+    (url, got)
+}

@@ -257,6 +257,48 @@ pub async fn hands_off(
     Ok(Json(json!({"node": name, "hands_off": body.hands_off})).into_response())
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModeChange {
+    /// `act` (promote) or `shadow` (demote).
+    pub mode: nightshift_engine::manifest::Mode,
+    /// Why: kept in the audit record.
+    pub reason: String,
+}
+
+/// Promote or demote a runbook (admin), audited with who and why.
+pub async fn runbook_mode(
+    State(s): State<AppState>,
+    Admin(id): Admin,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<ModeChange>,
+) -> Result<Response, ApiError> {
+    let mode = s.engine.set_runbook_mode(&name, body.mode, &id.actor(), &body.reason).await?;
+    Ok(Json(json!({"runbook": name, "mode": mode.as_str()})).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShadowQuery {
+    #[serde(default)]
+    pub since_ms: Option<i64>,
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// What a shadow runbook would have done (viewer).
+pub async fn shadow_report(
+    State(s): State<AppState>,
+    _: Viewer,
+    Path(name): Path<String>,
+    ApiQuery(q): ApiQuery<ShadowQuery>,
+) -> Result<Response, ApiError> {
+    let since = q.since_ms.unwrap_or_else(|| s.engine.clock().now_ms() - 7 * 86_400_000);
+    let fires = s.engine.shadow_report(&name, since, q.limit.unwrap_or(200).min(1000))?;
+    Ok(Json(json!({"runbook": name, "mode": s.engine.runbook_mode(&name).as_str(), "since_ms": since, "fires": fires}))
+        .into_response())
+}
+
 pub async fn agent_ping(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
     let started = std::time::Instant::now();
     let reply = s.engine.agent_call(&name, Op::Telemetry(NoArgs {})).await?;

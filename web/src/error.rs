@@ -36,7 +36,8 @@ impl From<EngineError> for ApiError {
             EngineError::BadTarget(_)
             | EngineError::BadParams(_)
             | EngineError::NotReadOnly { .. }
-            | EngineError::MissingReason => (StatusCode::BAD_REQUEST, "bad_request"),
+            | EngineError::MissingReason
+            | EngineError::BadModeChange(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             EngineError::AgentUnreachable { .. } => (StatusCode::BAD_GATEWAY, "agent_unreachable"),
             EngineError::NotAwaitingApproval { .. } => (StatusCode::CONFLICT, "conflict"),
             EngineError::SelfApproval { .. } => (StatusCode::FORBIDDEN, "self_approval"),

@@ -670,6 +670,50 @@ pub async fn runbooks_page(State(s): State<AppState>, Viewer(who): Viewer) -> Re
 }
 
 /// `/runbooks/{name}`.
+/// `/runbooks/{name}/shadow`: what a shadow runbook would have done, and
+/// what happened on each target afterwards.
+pub async fn shadow_page(
+    State(s): State<AppState>,
+    Viewer(who): Viewer,
+    Path(name): Path<String>,
+) -> Result<Response, PageError> {
+    let since = s.engine.clock().now_ms() - 7 * 86_400_000;
+    let fires = s.engine.shadow_report(&name, since, 200)?;
+    let mode = s.engine.runbook_mode(&name);
+    let body = html! {
+        div.head { h1 { "Shadow report: " a href={"/runbooks/" (name)} { (name) } } span.tag { (mode.as_str()) " mode now" } }
+        p.muted { "The last 7 days. A shadow run goes through admission as a real one would and sends every action to the agent as a dry run: the agent's envelope, rate limits and hands-off answer; nothing changes and no one is notified. Promote with " code { "nightshift runbooks promote " (name) " --reason …" } " (admin)." }
+        @if fires.is_empty() { p.empty { "No shadow runs in the last 7 days." } }
+        @for f in &fires {
+            div.card {
+                div.head { h2 { a href={"/runs/" (f.run)} { (f.run) } } span.tag { (f.outcome.clone().unwrap_or_else(|| "running".into())) } }
+                p { (time(f.ts_ms)) " — " strong { (f.target) } " — " (f.why) }
+                @if let Some(a) = &f.would_need_approval { p.warn { "Would have waited for approval: " (a) } }
+                @if !f.would_act.is_empty() {
+                    table {
+                        thead { tr { th { "Would" } th { "Where" } th { "Agent's answer" } } }
+                        tbody {
+                            @for w in &f.would_act {
+                                tr {
+                                    td { strong { (w.op) } " " code { (compact(&w.args)) } }
+                                    td { (w.node.clone().unwrap_or_default()) @if let Some(g) = w.gpu { "/gpu" (g) } }
+                                    td { span class={"badge " (if w.agent_ok { "ok" } else { "bad" })} { (w.answer) } }
+                                }
+                            }
+                        }
+                    }
+                }
+                @for r in &f.refusals { p.error { "Refused by the engine: " (r) } }
+                @if !f.afterwards.is_empty() {
+                    h3 { "Afterwards" }
+                    ul { @for l in &f.afterwards { li { (l) } } }
+                }
+            }
+        }
+    };
+    Ok(layout(&format!("Shadow report {name}"), "Runbooks", Some(&who), body).into_response())
+}
+
 pub async fn runbook_page(
     State(s): State<AppState>,
     Viewer(who): Viewer,
@@ -684,7 +728,12 @@ pub async fn runbook_page(
     let recent = s.engine.runs(&RunFilter { runbook: Some(name.clone()), limit: Some(20), ..Default::default() })?;
     let manifest = std::fs::read_to_string(&rb.manifest_path).unwrap_or_else(|_| pretty(&rb.manifest));
     let body = html! {
-        div.head { h1 { (rb.name) } @if let Some(h) = &rb.handbook { span.tag { (h) } } }
+        div.head {
+            h1 { (rb.name) }
+            @if let Some(h) = &rb.handbook { span.tag { (h) } }
+            span class={"tag mode-" (rb.mode)} { (rb.mode) " mode" }
+            @if rb.mode == "shadow" { a href={"/runbooks/" (rb.name) "/shadow"} { "shadow report" } }
+        }
         p { (rb.description) }
         div.grid {
             section {

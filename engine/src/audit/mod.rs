@@ -68,6 +68,8 @@ pub enum RecordKind {
     /// fleet.yaml, tokens and runbooks read again (SIGHUP or the admin
     /// API): who asked and what changed, or why nothing did.
     ConfigReloaded,
+    /// An admin promoted a runbook to `act` or demoted it to `shadow`.
+    RunbookMode,
 }
 
 impl RecordKind {
@@ -97,6 +99,7 @@ impl RecordKind {
             RecordKind::HoldEnded => "hold_ended",
             RecordKind::Salvaged => "salvaged",
             RecordKind::ConfigReloaded => "config_reloaded",
+            RecordKind::RunbookMode => "runbook_mode",
         }
     }
 }

@@ -187,6 +187,7 @@ pub fn rebuild_summary(run: &str, recs: &[&AuditRecord]) -> Option<RunSummary> {
     let ending = format!("{} (summary rebuilt from the audit records after a salvage)", outcome.as_str());
     Some(RunSummary {
         id: run.to_string(),
+        shadow: queued.data["shadow"] == true,
         runbook: queued.runbook.clone().unwrap_or_default(),
         handbook: None,
         target,

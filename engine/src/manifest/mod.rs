@@ -65,8 +65,34 @@ pub struct Manifest {
     /// person releases.
     #[serde(default)]
     pub sticky_drain: bool,
+    /// `act` (its automatic runs change things) or `shadow` (they run on
+    /// live telemetry with every action sent as a dry run: no hold, no
+    /// change, no notification; each records what it would have done and
+    /// the agent's answer). An admin promotes or demotes a runbook at run
+    /// time (`nightshift runbooks promote|demote`); manual runs are always
+    /// what the person asked for.
+    #[serde(default)]
+    pub mode: Mode,
     /// The Rhai script, relative to the manifest.
     pub script: String,
+}
+
+/// Whether a runbook's automatic runs act or only say what they would do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    #[default]
+    Act,
+    Shadow,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Act => "act",
+            Mode::Shadow => "shadow",
+        }
+    }
 }
 
 /// What a run may do.
