@@ -128,6 +128,12 @@ pub enum Command {
     ///
     /// Example: nightshift demo --nodes 8 --duration-secs 60
     Demo(DemoArgs),
+    /// Replay recorded history (Prometheus or an OpenMetrics file) through
+    /// the runbooks in virtual time, every action a dry run: when each would
+    /// have fired, on what, what it would have done and what was refused.
+    ///
+    /// Example: nightshift backtest --all --prometheus http://prometheus:9090 --start 7d --end 0s --step 15s
+    Backtest(BacktestArgs),
     /// Measure detection, action and audit speed; print a table and write JSON.
     ///
     /// Example: nightshift bench --smoke --out target/bench.json
@@ -317,6 +323,46 @@ pub struct DemoArgs {
     /// After the script ends, keep the web UI up until Ctrl-C.
     #[arg(long)]
     pub keep_serving: bool,
+}
+
+/// `nightshift backtest`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BacktestArgs {
+    /// Only this runbook (repeatable).
+    #[arg(long, add = ArgValueCompleter::new(crate::complete::runbooks))]
+    pub runbook: Vec<String>,
+    /// Every runbook of the folder.
+    #[arg(long, conflicts_with = "runbook")]
+    pub all: bool,
+    /// Pull the recording from this Prometheus (range queries).
+    #[arg(long, conflicts_with = "from", requires_all = ["start", "end"])]
+    pub prometheus: Option<String>,
+    /// Start of the range: an RFC 3339 time or a span back from now (7d).
+    #[arg(long)]
+    pub start: Option<String>,
+    /// End of the range, the same way (0s: now).
+    #[arg(long)]
+    pub end: Option<String>,
+    /// Resolution of the range queries.
+    #[arg(long, default_value = "15s")]
+    pub step: String,
+    /// Read the recording from an OpenMetrics file instead (timestamps in
+    /// seconds, as `promtool tsdb create-blocks-from openmetrics` takes).
+    #[arg(long)]
+    pub from: Option<PathBuf>,
+    /// The runbook folder (default: the config's runbook_dir, else ./runbooks).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// The envelope the replay nodes' agents enforce (default: the agent's
+    /// built-in policy).
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Write the report as a web page here.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
 }
 
 /// `nightshift bench`.

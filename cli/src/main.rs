@@ -90,6 +90,10 @@ async fn real_main(cli: Cli) -> Result<u8> {
             init_logging("error");
             cmd::demo::demo(args, &out).await
         }
+        Command::Backtest(args) => {
+            init_logging("error");
+            cmd::backtest::backtest(&cli, args, &out).await
+        }
         Command::Bench(args) => {
             init_logging("error");
             cmd::bench::bench(args, &out).await

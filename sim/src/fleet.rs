@@ -421,6 +421,29 @@ impl SimFleet {
         self.settle().await
     }
 
+    /// Move virtual time to `ts_ms` and feed `samples` (recorded readings,
+    /// Prometheus-named) instead of the simulated hardware's: a backtest's
+    /// step. The agents still answer actions (as dry runs, for a shadow
+    /// engine) and run their leases.
+    pub async fn step_to(
+        &self,
+        ts_ms: i64,
+        samples: &[nightshift_engine::sources::PromSample],
+    ) -> Result<(), SimError> {
+        self.settle().await?;
+        let now = nightshift_proto::clock::Clock::now_ms(&self.clock);
+        if ts_ms > now {
+            self.clock.advance(ts_ms - now);
+        }
+        for a in self.agents.values() {
+            a.tick().await;
+        }
+        self.settle().await?;
+        self.engine.ingest_pulled(samples).await;
+        self.engine.tick().await;
+        self.settle().await
+    }
+
     /// Run `secs` of virtual time.
     pub async fn run_for(&self, secs: u64) -> Result<(), SimError> {
         let steps = secs as i64 * 1000 / self.tick_ms.max(1);

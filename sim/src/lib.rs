@@ -11,6 +11,7 @@
 //! depends on it.
 #![forbid(unsafe_code)]
 
+pub mod backtest;
 pub mod fleet;
 pub mod scenario;
 pub mod workload;

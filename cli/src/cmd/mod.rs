@@ -3,6 +3,7 @@
 
 pub mod agents;
 pub mod audit;
+pub mod backtest;
 pub mod bench;
 pub mod decide;
 pub mod demo;

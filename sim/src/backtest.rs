@@ -1,0 +1,435 @@
+//! Backtesting: a fleet's recorded history replayed through the real
+//! trigger engine and runbooks in virtual time. The recording (Prometheus
+//! range queries, or an OpenMetrics file) goes through the same DCGM
+//! mapping as the live sources; every node seen in it becomes a replay node
+//! whose agent answers each action as a dry run under the policy; every
+//! runbook runs in shadow mode. The report says when each runbook would
+//! have fired, on what, what it would have done, what the engine or an
+//! agent refused, how many nodes would have been drained at once, and which
+//! runs would have overlapped on a node.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use nightshift_agent::envelope::Policy;
+use nightshift_engine::config::Limits;
+use nightshift_engine::runbook::RunbookSet;
+use nightshift_engine::shadow::ShadowFire;
+use nightshift_engine::sources::{PromSample, host_of};
+
+use crate::fleet::{SimError, SimFleet, SimFleetOptions, SimNodeSpec};
+
+/// Why a recording cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordingError {
+    #[error("{what}:{line}: expected `name{{labels}} value timestamp` with the timestamp in seconds, found {found:?}")]
+    Line { what: String, line: usize, found: String },
+    #[error("{0}: no samples of the fields nightshift reads (DCGM_FI_DEV_GPU_TEMP, …) in it")]
+    Empty(String),
+    #[error("{what}: {message}")]
+    Response { what: String, message: String },
+}
+
+/// Recorded readings, grouped by time.
+#[derive(Debug, Clone, Default)]
+pub struct Recording {
+    /// `(ts_ms, samples at that time)`, oldest first.
+    pub steps: Vec<(i64, Vec<PromSample>)>,
+}
+
+impl Recording {
+    fn from_samples(samples: Vec<PromSample>, what: &str) -> Result<Recording, RecordingError> {
+        let mut by_ts: BTreeMap<i64, Vec<PromSample>> = BTreeMap::new();
+        for s in samples {
+            if nightshift_engine::sources::dcgm_metric(&s.name).is_none() {
+                continue;
+            }
+            if let Some(ts) = s.ts_ms {
+                by_ts.entry(ts).or_default().push(s);
+            }
+        }
+        if by_ts.is_empty() {
+            return Err(RecordingError::Empty(what.to_string()));
+        }
+        Ok(Recording { steps: by_ts.into_iter().collect() })
+    }
+
+    /// An OpenMetrics export (what `promtool tsdb create-blocks-from
+    /// openmetrics` reads): timestamps in seconds; `#` lines and `# EOF`
+    /// skipped; samples without a timestamp refused.
+    pub fn from_openmetrics(text: &str, what: &str) -> Result<Recording, RecordingError> {
+        let mut samples = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let l = line.trim();
+            if l.is_empty() || l.starts_with('#') {
+                continue;
+            }
+            // The value and the timestamp are the last two fields.
+            let bad =
+                || RecordingError::Line { what: what.to_string(), line: i + 1, found: l.chars().take(120).collect() };
+            let (head, ts) = l.rsplit_once(' ').ok_or_else(bad)?;
+            let ts: f64 = ts.parse().map_err(|_| bad())?;
+            if !ts.is_finite() {
+                return Err(bad());
+            }
+            let (parsed, badn) = nightshift_engine::sources::parse_exposition(head);
+            let (Some(mut s), 0) = (parsed.into_iter().next(), badn) else { return Err(bad()) };
+            s.ts_ms = Some((ts * 1000.0).round() as i64);
+            samples.push(s);
+        }
+        Self::from_samples(samples, what)
+    }
+
+    /// A Prometheus `/api/v1/query_range` answer (a matrix).
+    pub fn from_range_responses(bodies: &[Vec<u8>], what: &str) -> Result<Recording, RecordingError> {
+        let mut samples = Vec::new();
+        for body in bodies {
+            let bad = |message: String| RecordingError::Response { what: what.to_string(), message };
+            let v: serde_json::Value =
+                serde_json::from_slice(body).map_err(|e| bad(format!("expected JSON, found {e}")))?;
+            if v["status"] != "success" || v["data"]["resultType"] != "matrix" {
+                return Err(bad(format!(
+                    "expected a successful matrix, found status {} ({}) and resultType {}",
+                    v["status"], v["error"], v["data"]["resultType"]
+                )));
+            }
+            for series in v["data"]["result"].as_array().into_iter().flatten() {
+                let labels: BTreeMap<String, String> = series["metric"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
+                    .collect();
+                let Some(name) = labels.get("__name__").cloned() else { continue };
+                for p in series["values"].as_array().into_iter().flatten() {
+                    let (Some(ts), Some(val)) = (p[0].as_f64(), p[1].as_str().and_then(|s| s.parse::<f64>().ok()))
+                    else {
+                        continue;
+                    };
+                    samples.push(PromSample {
+                        name: name.clone(),
+                        labels: labels.clone(),
+                        value: val,
+                        ts_ms: Some((ts * 1000.0).round() as i64),
+                    });
+                }
+            }
+        }
+        Self::from_samples(samples, what)
+    }
+
+    /// Samples in all.
+    pub fn len(&self) -> usize {
+        self.steps.iter().map(|(_, s)| s.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    /// Every host seen, with the GPU count and a simulator profile for its
+    /// model (the replay node's envelope).
+    pub fn hosts(&self) -> BTreeMap<String, (u32, String)> {
+        let mut out: BTreeMap<String, (u32, String)> = BTreeMap::new();
+        for (_, samples) in &self.steps {
+            for s in samples {
+                let Some(h) = host_of(&s.labels) else { continue };
+                let e = out.entry(h).or_insert((1, "h100-sxm".into()));
+                if let Some(g) = s.labels.get("gpu").and_then(|g| g.parse::<u32>().ok()) {
+                    e.0 = e.0.max(g + 1).min(16);
+                }
+                if let Some(m) = s.labels.get("modelName").or_else(|| s.labels.get("model_name")) {
+                    e.1 = profile_for(m).into();
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The simulator profile closest to a GPU model name.
+pub fn profile_for(model: &str) -> &'static str {
+    let m = model.to_ascii_uppercase();
+    if m.contains("B200") {
+        "b200"
+    } else if m.contains("MI300") {
+        "mi300x"
+    } else if m.contains("A100") {
+        "a100-sxm"
+    } else if m.contains("V100") {
+        "v100-sxm"
+    } else if m.contains("RTX 6000") || m.contains("RTX6000") {
+        "rtx6000-ada"
+    } else {
+        "h100-sxm"
+    }
+}
+
+/// What to replay and how.
+pub struct BacktestOptions {
+    pub runbooks: RunbookSet,
+    pub script: Arc<rhai::Engine>,
+    /// The replay nodes' envelope (the shipped policy by default).
+    pub policy: Option<Policy>,
+    pub limits: Limits,
+}
+
+/// A fire, with its runbook.
+#[derive(Debug, Clone, Serialize)]
+pub struct Fire {
+    pub runbook: String,
+    pub handbook: Option<String>,
+    pub finished_ms: Option<i64>,
+    #[serde(flatten)]
+    pub fire: ShadowFire,
+}
+
+/// Two runs on one node at the same time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Overlap {
+    pub node: String,
+    pub runs: (String, String),
+    pub runbooks: (String, String),
+}
+
+/// The backtest's findings.
+#[derive(Debug, Clone, Serialize)]
+pub struct BacktestReport {
+    pub start_ms: i64,
+    pub end_ms: i64,
+    pub steps: usize,
+    pub samples: usize,
+    pub nodes: usize,
+    pub gpus: u32,
+    pub runbooks: Vec<String>,
+    pub fires: Vec<Fire>,
+    /// Drains the blast radius would have refused.
+    pub blast_radius_refusals: usize,
+    pub breaker_trips: usize,
+    /// The most nodes that would have been drained at one time.
+    pub max_drained_at_once: usize,
+    pub overlaps: Vec<Overlap>,
+    /// Wall time the replay took.
+    pub wall_secs: f64,
+}
+
+/// Replay `rec` through `opts.runbooks` in shadow mode. `progress` is called
+/// with `(steps done, steps)` now and then.
+pub async fn run(
+    rec: &Recording,
+    opts: BacktestOptions,
+    dir: &Path,
+    progress: &mut (dyn FnMut(usize, usize) + Send),
+) -> Result<BacktestReport, SimError> {
+    let t0 = std::time::Instant::now();
+    let hosts = rec.hosts();
+    if hosts.is_empty() {
+        return Err(SimError::Setup(
+            "the recording names no host (no Hostname, hostname, node or instance label)".into(),
+        ));
+    }
+    let nodes: Vec<SimNodeSpec> = hosts
+        .iter()
+        .map(|(name, (gpus, profile))| SimNodeSpec {
+            name: name.clone(),
+            profile: profile.clone(),
+            gpus: *gpus,
+            seed: 1,
+            labels: Default::default(),
+            standby: false,
+            drained: None,
+            configs: Default::default(),
+            util_pct: None,
+            jobs_end_after_drain_secs: None,
+        })
+        .collect();
+    let names = opts.runbooks.names();
+    let start_ms = rec.steps.first().map_or(0, |(t, _)| *t);
+    let end_ms = rec.steps.last().map_or(0, |(t, _)| *t);
+    let mut so = SimFleetOptions::new(nodes, opts.runbooks, opts.script);
+    so.start_ms = start_ms;
+    so.policy = opts.policy;
+    so.limits = opts.limits;
+    let sim = SimFleet::start(so, dir).await?;
+    for n in &names {
+        // Every runbook in shadow: its actions are dry runs, answered by the
+        // replay nodes' agents under the policy.
+        let _ = sim
+            .engine
+            .set_runbook_mode(
+                n,
+                nightshift_engine::manifest::Mode::Shadow,
+                "backtest",
+                "backtest: every action is a dry run",
+            )
+            .await;
+    }
+    let total = rec.steps.len();
+    let every = (total / 100).max(1);
+    for (i, (ts, samples)) in rec.steps.iter().enumerate() {
+        sim.step_to(*ts, samples).await?;
+        if i % every == 0 {
+            progress(i, total);
+        }
+    }
+    // Let runs started by the last samples finish (their sleeps and watches
+    // end in virtual time), for at most an hour after the recording.
+    for _ in 0..3600 {
+        if sim.engine.running() == 0 && sim.engine.queue_depth() == 0 {
+            break;
+        }
+        let now = nightshift_proto::clock::Clock::now_ms(&sim.clock);
+        sim.step_to(now + 1000, &[]).await?;
+    }
+    progress(total, total);
+    let engine = &sim.engine;
+    let set = engine.runbook_set();
+    let mut fires = Vec::new();
+    for n in &names {
+        let handbook = set.get(n).and_then(|(_, rb)| rb.manifest.handbook.clone());
+        for f in engine.shadow_report(n, i64::MIN / 2, 1_000_000).map_err(|e| SimError::Setup(e.to_string()))? {
+            let finished_ms = engine.run(&f.run).ok().flatten().and_then(|r| r.finished_ms);
+            fires.push(Fire { runbook: n.clone(), handbook: handbook.clone(), finished_ms, fire: f });
+        }
+    }
+    fires.sort_by_key(|f| f.fire.ts_ms);
+    let blast_radius_refusals =
+        fires.iter().flat_map(|f| &f.fire.refusals).filter(|r| r.starts_with("blast_radius")).count();
+    let breaker_trips = engine
+        .audit()
+        .tail(0, usize::MAX)
+        .map_err(|e| SimError::Setup(e.to_string()))?
+        .iter()
+        .filter(|r| r.kind == nightshift_engine::audit::RecordKind::BreakerTripped)
+        .count();
+    // Drains that would have happened: from the drain to the run's end, or
+    // to the end of the recording for a sticky (RMA) drain only a person
+    // releases.
+    let mut events: Vec<(i64, i32, String)> = Vec::new();
+    for f in &fires {
+        for w in f.fire.would_act.iter().filter(|w| w.agent_ok && w.op.starts_with("drain")) {
+            let node = w.node.clone().unwrap_or_default();
+            let until = if w.args["sticky"] == true { end_ms } else { f.finished_ms.unwrap_or(end_ms) };
+            events.push((w.ts_ms, 1, node.clone()));
+            events.push((until.max(w.ts_ms), -1, node));
+        }
+    }
+    // At one instant, drains start before others end.
+    events.sort_by_key(|(t, d, n)| (*t, -*d, n.clone()));
+    let mut drained: BTreeMap<String, i32> = BTreeMap::new();
+    let mut max_drained_at_once = 0;
+    for (_, d, node) in events {
+        *drained.entry(node).or_default() += d;
+        max_drained_at_once = max_drained_at_once.max(drained.values().filter(|v| **v > 0).count());
+    }
+    let mut overlaps = Vec::new();
+    for (i, a) in fires.iter().enumerate() {
+        for b in &fires[i + 1..] {
+            let node = |f: &Fire| f.fire.target.split('/').next().unwrap_or("").to_string();
+            let end = |f: &Fire| f.finished_ms.unwrap_or(end_ms);
+            if node(a) == node(b) && b.fire.ts_ms < end(a) && a.fire.ts_ms < end(b) {
+                overlaps.push(Overlap {
+                    node: node(a),
+                    runs: (a.fire.run.clone(), b.fire.run.clone()),
+                    runbooks: (a.runbook.clone(), b.runbook.clone()),
+                });
+            }
+        }
+    }
+    let report = BacktestReport {
+        start_ms,
+        end_ms,
+        steps: total,
+        samples: rec.len(),
+        nodes: hosts.len(),
+        gpus: hosts.values().map(|(g, _)| *g).sum(),
+        runbooks: names,
+        fires,
+        blast_radius_refusals,
+        breaker_trips,
+        max_drained_at_once,
+        overlaps,
+        wall_secs: t0.elapsed().as_secs_f64(),
+    };
+    sim.engine.shutdown().await;
+    Ok(report)
+}
+
+/// The report as a page (a file to open in a browser; no script, no CDN).
+pub fn html(r: &BacktestReport) -> String {
+    let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;");
+    let t = nightshift_engine::alerts::format_rfc3339_ms;
+    let mut rows = String::new();
+    for f in &r.fires {
+        let acts: Vec<String> = f
+            .fire
+            .would_act
+            .iter()
+            .map(|w| {
+                format!(
+                    "{} {} — {}",
+                    esc(&w.op),
+                    esc(&w.args.to_string()),
+                    if w.agent_ok { "agent: would apply".to_string() } else { esc(&w.answer) }
+                )
+            })
+            .collect();
+        rows.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+            esc(&t(f.fire.ts_ms)),
+            esc(&format!("{} {}", f.handbook.clone().unwrap_or_default(), f.runbook)),
+            esc(&f.fire.target),
+            esc(&f.fire.why),
+            acts.join("<br>"),
+            esc(&f.fire.refusals.join("; "))
+        ));
+    }
+    format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>nightshift backtest</title>\
+         <style>body{{font:14px system-ui;margin:24px}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}</style></head><body>\
+         <h1>Backtest {} → {}</h1><p>{} nodes, {} GPUs, {} samples in {} steps; {} runbooks; {} fires; {} blast-radius refusals; {} breaker trips; at most {} node(s) drained at once; {} overlapping run pairs. Replayed in {:.1} s.</p>\
+         <table><tr><th>When</th><th>Runbook</th><th>Target</th><th>Why</th><th>Would have</th><th>Refused</th></tr>\n{rows}</table></body></html>\n",
+        esc(&t(r.start_ms)),
+        esc(&t(r.end_ms)),
+        r.nodes,
+        r.gpus,
+        r.samples,
+        r.steps,
+        r.runbooks.len(),
+        r.fires.len(),
+        r.blast_radius_refusals,
+        r.breaker_trips,
+        r.max_drained_at_once,
+        r.overlaps.len(),
+        r.wall_secs
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openmetrics_lines_need_a_timestamp_and_group_by_time() {
+        let text = "# TYPE DCGM_FI_DEV_GPU_TEMP gauge\n\
+            DCGM_FI_DEV_GPU_TEMP{gpu=\"0\",Hostname=\"n1\",modelName=\"NVIDIA B200\"} 61 1790000000\n\
+            DCGM_FI_DEV_GPU_TEMP{gpu=\"3\",Hostname=\"n1\"} 62 1790000000\n\
+            DCGM_FI_DEV_GPU_TEMP{gpu=\"0\",Hostname=\"n1\"} 63 1790000015.5\n\
+            other_metric{Hostname=\"n1\"} 1 1790000000\n# EOF\n";
+        let r = Recording::from_openmetrics(text, "rec.om").unwrap();
+        assert_eq!(
+            r.steps.iter().map(|(t, s)| (*t, s.len())).collect::<Vec<_>>(),
+            [(1_790_000_000_000, 2), (1_790_000_015_500, 1)]
+        );
+        assert_eq!(r.hosts(), [("n1".to_string(), (4, "b200".to_string()))].into());
+        let err = Recording::from_openmetrics("DCGM_FI_DEV_GPU_TEMP{gpu=\"0\"} 61\n", "rec.om").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "rec.om:1: expected `name{labels} value timestamp` with the timestamp in seconds, found \"DCGM_FI_DEV_GPU_TEMP{gpu=\\\"0\\\"} 61\""
+        );
+        assert!(matches!(Recording::from_openmetrics("other 1 2\n", "x"), Err(RecordingError::Empty(_))));
+    }
+}
