@@ -371,7 +371,7 @@ pub struct BenchArgs {
     /// A reduced size for CI (under two minutes in all).
     #[arg(long)]
     pub smoke: bool,
-    /// Only these scenarios (1–7, repeatable; the machine's limits, 0, are always measured first).
+    /// Only these scenarios (1–8, repeatable; the machine's limits, 0, are always measured first).
     #[arg(long = "only")]
     pub only: Vec<u32>,
     /// Write the results here as JSON.

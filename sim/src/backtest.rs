@@ -224,8 +224,22 @@ pub async fn run(
     dir: &Path,
     progress: &mut (dyn FnMut(usize, usize) + Send),
 ) -> Result<BacktestReport, SimError> {
+    let steps = rec.steps.iter().map(|(t, s)| (*t, s.clone()));
+    run_steps(rec.hosts(), rec.steps.len(), steps, opts, dir, progress).await
+}
+
+/// [`run`] on steps made as they are needed (a recording too big to hold,
+/// or a generated one): `hosts` as [`Recording::hosts`] gives them, `total`
+/// the number of steps.
+pub async fn run_steps(
+    hosts: BTreeMap<String, (u32, String)>,
+    total: usize,
+    steps: impl Iterator<Item = (i64, Vec<PromSample>)>,
+    opts: BacktestOptions,
+    dir: &Path,
+    progress: &mut (dyn FnMut(usize, usize) + Send),
+) -> Result<BacktestReport, SimError> {
     let t0 = std::time::Instant::now();
-    let hosts = rec.hosts();
     if hosts.is_empty() {
         return Err(SimError::Setup(
             "the recording names no host (no Hostname, hostname, node or instance label)".into(),
@@ -247,8 +261,10 @@ pub async fn run(
         })
         .collect();
     let names = opts.runbooks.names();
-    let start_ms = rec.steps.first().map_or(0, |(t, _)| *t);
-    let end_ms = rec.steps.last().map_or(0, |(t, _)| *t);
+    let mut steps = steps.peekable();
+    let start_ms = steps.peek().map_or(0, |(t, _)| *t);
+    let mut end_ms = start_ms;
+    let mut samples = 0usize;
     let mut so = SimFleetOptions::new(nodes, opts.runbooks, opts.script);
     so.start_ms = start_ms;
     so.policy = opts.policy;
@@ -267,14 +283,18 @@ pub async fn run(
             )
             .await;
     }
-    let total = rec.steps.len();
     let every = (total / 100).max(1);
-    for (i, (ts, samples)) in rec.steps.iter().enumerate() {
-        sim.step_to(*ts, samples).await?;
+    let mut done = 0;
+    for (i, (ts, batch)) in steps.enumerate() {
+        sim.step_to(ts, &batch).await?;
+        end_ms = ts;
+        samples += batch.len();
+        done = i + 1;
         if i % every == 0 {
             progress(i, total);
         }
     }
+    let total = done;
     // Let runs started by the last samples finish (their sleeps and watches
     // end in virtual time), for at most an hour after the recording.
     for _ in 0..3600 {
@@ -343,7 +363,7 @@ pub async fn run(
         start_ms,
         end_ms,
         steps: total,
-        samples: rec.len(),
+        samples,
         nodes: hosts.len(),
         gpus: hosts.values().map(|(g, _)| *g).sum(),
         runbooks: names,
