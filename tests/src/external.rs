@@ -63,6 +63,29 @@ pub fn require(program: &str, package: &str) -> Option<PathBuf> {
     }
 }
 
+/// A real Prometheus on a free loopback port with `config`, its TSDB in
+/// `tsdb` (and `extra` flags), ready to answer; and its URL.
+pub async fn start_prometheus(
+    prometheus: &Path,
+    config: &Path,
+    tsdb: &Path,
+    extra: &[&str],
+    log: &Path,
+) -> (Daemon, String) {
+    let port = free_port();
+    let mut argv = vec![
+        prometheus.display().to_string(),
+        format!("--config.file={}", config.display()),
+        format!("--storage.tsdb.path={}", tsdb.display()),
+        format!("--web.listen-address=127.0.0.1:{port}"),
+    ];
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    let daemon = Daemon::start(&argv, log);
+    let url = format!("http://127.0.0.1:{port}");
+    wait_http_ok(&format!("{url}/-/ready"), 60, &daemon).await;
+    (daemon, url)
+}
+
 /// A free loopback port.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use nightshift_agent::backend::sim::SimConfig;
 use nightshift_engine::runs::RunOutcome;
-use nightshift_tests::external::{Daemon, free_port, require, wait_http_ok};
+use nightshift_tests::external::{Daemon, free_port, require, start_prometheus, wait_http_ok};
 use nightshift_tests::{TestAgent, engine_setup, eventually};
 use nightshift_web::auth::hash_token;
 
@@ -191,19 +191,10 @@ async fn the_shipped_rules_and_routes_start_the_matching_runbooks() {
     std::fs::write(d.join("prometheus.yml"), serde_yaml::to_string(&p).unwrap()).unwrap();
     // The rules as shipped: the two that fire here have no `for:`.
     std::fs::write(d.join("prometheus-rules.yml"), example("prometheus-rules.yml")).unwrap();
-    let prom_port = free_port();
-    let prom = Daemon::start(
-        &[
-            prometheus.display().to_string(),
-            format!("--config.file={}", d.join("prometheus.yml").display()),
-            format!("--storage.tsdb.path={}", d.join("tsdb").display()),
-            format!("--web.listen-address=127.0.0.1:{prom_port}"),
-        ],
-        &d.join("prometheus.log"),
-    );
-    wait_http_ok(&format!("http://127.0.0.1:{prom_port}/-/ready"), 60, &prom).await;
+    let (prom, prom_url) =
+        start_prometheus(&prometheus, &d.join("prometheus.yml"), &d.join("tsdb"), &[], &d.join("prometheus.log")).await;
     // Prometheus has scraped the GPUs before the faults.
-    let q = format!("http://127.0.0.1:{prom_port}/api/v1/query?query=DCGM_FI_DEV_GPU_TEMP");
+    let q = format!("{prom_url}/api/v1/query?query=DCGM_FI_DEV_GPU_TEMP");
     let scraped = async {
         for _ in 0..300 {
             if let Ok(r) = reqwest::get(&q).await
@@ -243,8 +234,8 @@ async fn the_shipped_rules_and_routes_start_the_matching_runbooks() {
         panic!(
             "the alerts did not start two runs: {:?}\nincrease: {}\nprometheus alerts: {}\nalertmanager alerts: {}\nexporter: {}\nrecords: {:?}\nalertmanager log:\n{}",
             engine.runs(&Default::default()).unwrap().runs,
-            get(format!("http://127.0.0.1:{prom_port}/api/v1/query?query=DCGM_FI_DEV_ECC_DBE_VOL_TOTAL%5B1m%5D")).await,
-            get(format!("http://127.0.0.1:{prom_port}/api/v1/alerts")).await,
+            get(format!("{prom_url}/api/v1/query?query=DCGM_FI_DEV_ECC_DBE_VOL_TOTAL%5B1m%5D")).await,
+            get(format!("{prom_url}/api/v1/alerts")).await,
             get(format!("http://127.0.0.1:{am_port}/api/v2/alerts")).await,
             get(format!("http://{exporter}/metrics")).await,
             engine.audit().tail(0, 50).unwrap().iter().map(|r| (r.kind, r.data.to_string())).collect::<Vec<_>>(),

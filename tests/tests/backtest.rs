@@ -7,7 +7,7 @@
 
 use std::process::Command;
 
-use nightshift_tests::external::{Daemon, free_port, require, wait_http_ok, workspace_bin_dir};
+use nightshift_tests::external::{require, start_prometheus, workspace_bin_dir};
 
 const STEP: i64 = 15;
 /// The climb starts this long after the recording does.
@@ -79,20 +79,14 @@ fn a_backtest_on_recorded_history_finds_the_fires_and_nothing_else() {
         String::from_utf8_lossy(&out.stderr)
     );
     std::fs::write(dir.path().join("p.yml"), "global: {scrape_interval: 15s}\n").unwrap();
-    let port = free_port();
-    let prom = Daemon::start(
-        &[
-            prometheus.display().to_string(),
-            format!("--config.file={}", dir.path().join("p.yml").display()),
-            format!("--storage.tsdb.path={}", tsdb.display()),
-            "--storage.tsdb.retention.time=30d".into(),
-            format!("--web.listen-address=127.0.0.1:{port}"),
-        ],
-        &dir.path().join("prometheus.log"),
-    );
-    let url = format!("http://127.0.0.1:{port}");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(wait_http_ok(&format!("{url}/-/ready"), 60, &prom));
+    let (prom, url) = rt.block_on(start_prometheus(
+        &prometheus,
+        &dir.path().join("p.yml"),
+        &tsdb,
+        &["--storage.tsdb.retention.time=30d"],
+        &dir.path().join("prometheus.log"),
+    ));
 
     let rfc = |s: i64| nightshift_engine::alerts::format_rfc3339_ms(s * 1000);
     let runbooks = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");

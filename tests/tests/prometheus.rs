@@ -15,7 +15,7 @@ use nightshift_agent::backend::sim::SimConfig;
 use nightshift_engine::runs::RunOutcome;
 use nightshift_proto::ssh::client::AgentConnection;
 use nightshift_proto::*;
-use nightshift_tests::external::{Daemon, free_port, require, wait_http_ok};
+use nightshift_tests::external::{Daemon, free_port, require, start_prometheus};
 use nightshift_tests::{TestAgent, engine_setup, eventually};
 
 fn example(name: &str) -> String {
@@ -125,7 +125,6 @@ async fn a_fault_seen_through_prometheus_fires_a_runbook() {
     let token = "prometheus-scrape-token-4f1c";
     std::fs::write(dir.path().join("nightshift.token"), token).unwrap();
 
-    let port = free_port();
     let config = example_prometheus_config(dir.path(), &exporter.to_string(), &web_addr.to_string());
     std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
     std::fs::write(dir.path().join("prometheus-rules.yml"), example("prometheus-rules.yml")).unwrap();
@@ -142,17 +141,14 @@ async fn a_fault_seen_through_prometheus_fires_a_runbook() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let prom = Daemon::start(
-        &[
-            prometheus.display().to_string(),
-            format!("--config.file={}", dir.path().join("prometheus.yml").display()),
-            format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()),
-            format!("--web.listen-address=127.0.0.1:{port}"),
-        ],
+    let (prom, prom_url) = start_prometheus(
+        &prometheus,
+        &dir.path().join("prometheus.yml"),
+        &dir.path().join("tsdb"),
+        &[],
         &dir.path().join("prometheus.log"),
-    );
-    let prom_url = format!("http://127.0.0.1:{port}");
-    wait_http_ok(&format!("{prom_url}/-/ready"), 60, &prom).await;
+    )
+    .await;
 
     let cfg = engine_setup(
         dir.path(),
@@ -466,18 +462,14 @@ async fn the_exposition_parser_reads_what_prometheus_reads() {
         format!("global: {{scrape_interval: 1s}}\nscrape_configs:\n  - job_name: t\n    static_configs: [{{targets: ['{target}']}}]\n"),
     )
     .unwrap();
-    let port = free_port();
-    let prom = Daemon::start(
-        &[
-            prometheus.display().to_string(),
-            format!("--config.file={}", dir.path().join("p.yml").display()),
-            format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()),
-            format!("--web.listen-address=127.0.0.1:{port}"),
-        ],
+    let (prom, url) = start_prometheus(
+        &prometheus,
+        &dir.path().join("p.yml"),
+        &dir.path().join("tsdb"),
+        &[],
         &dir.path().join("prometheus.log"),
-    );
-    let url = format!("http://127.0.0.1:{port}");
-    wait_http_ok(&format!("{url}/-/ready"), 60, &prom).await;
+    )
+    .await;
     let http = reqwest::Client::new();
     let mut theirs = Vec::new();
     for _ in 0..60 {
