@@ -245,21 +245,8 @@ pub async fn run_steps(
             "the recording names no host (no Hostname, hostname, node or instance label)".into(),
         ));
     }
-    let nodes: Vec<SimNodeSpec> = hosts
-        .iter()
-        .map(|(name, (gpus, profile))| SimNodeSpec {
-            name: name.clone(),
-            profile: profile.clone(),
-            gpus: *gpus,
-            seed: 1,
-            labels: Default::default(),
-            standby: false,
-            drained: None,
-            configs: Default::default(),
-            util_pct: None,
-            jobs_end_after_drain_secs: None,
-        })
-        .collect();
+    let nodes: Vec<SimNodeSpec> =
+        hosts.iter().map(|(name, (gpus, profile))| SimNodeSpec::new(name, profile, *gpus)).collect();
     let names = opts.runbooks.names();
     let mut steps = steps.peekable();
     let start_ms = steps.peek().map_or(0, |(t, _)| *t);

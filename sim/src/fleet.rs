@@ -88,6 +88,25 @@ pub struct SimFleetOptions {
     pub grafana: Option<nightshift_engine::config::GrafanaConfig>,
 }
 
+impl SimNodeSpec {
+    /// A serving node with `gpus` GPUs of `profile`, no labels, no drain, no
+    /// managed configs.
+    pub fn new(name: &str, profile: &str, gpus: u32) -> SimNodeSpec {
+        SimNodeSpec {
+            name: name.into(),
+            profile: profile.into(),
+            gpus,
+            seed: 1,
+            labels: Default::default(),
+            standby: false,
+            drained: None,
+            configs: Default::default(),
+            util_pct: None,
+            jobs_end_after_drain_secs: None,
+        }
+    }
+}
+
 /// Wraps a node's transport: `(node name, transport) → transport`.
 pub type TransportWrapper = Box<dyn Fn(&str, Arc<dyn AgentTransport>) -> Arc<dyn AgentTransport> + Send + Sync>;
 

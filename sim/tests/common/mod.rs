@@ -20,18 +20,7 @@ pub fn write_runbook(dir: &Path, name: &str, manifest_body: &str, script: &str) 
 }
 
 pub fn node(name: &str, profile: &str) -> SimNodeSpec {
-    SimNodeSpec {
-        name: name.into(),
-        profile: profile.into(),
-        gpus: 2,
-        seed: 1,
-        labels: Default::default(),
-        standby: false,
-        drained: None,
-        configs: Default::default(),
-        util_pct: None,
-        jobs_end_after_drain_secs: None,
-    }
+    SimNodeSpec::new(name, profile, 2)
 }
 
 pub struct Sim {
