@@ -183,7 +183,8 @@ pub struct TelemetryConfig {
     /// (`sources`) is the telemetry source and agents are only for actions.
     #[serde(default = "yes")]
     pub stream_from_agents: bool,
-    /// How far back the run and node pages can draw (`history.rs`).
+    /// How far back the run and node pages can draw (`history.rs`); 0
+    /// keeps no plot history.
     #[serde(default = "d_history")]
     pub history_secs: u64,
     /// One plotted point per this many seconds (widened at start when the

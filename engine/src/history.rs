@@ -49,12 +49,13 @@ pub struct History {
 }
 
 impl History {
-    /// Keep `keep_secs` at one point per `step_secs`.
+    /// Keep `keep_secs` at one point per `step_secs`; `keep_secs` 0 keeps
+    /// nothing (a backtest draws no pages).
     pub fn new(keep_secs: u64, step_secs: u64) -> History {
         let step = step_secs.max(1);
         History {
             step_ms: (step as i64).saturating_mul(1000),
-            points: (keep_secs / step).clamp(1, 1 << 20) as usize,
+            points: if keep_secs == 0 { 0 } else { (keep_secs / step).clamp(1, 1 << 20) as usize },
             series: HashMap::new(),
         }
     }
@@ -77,7 +78,7 @@ impl History {
 
     /// Record a sample: it replaces the bucket's point, or starts a new one.
     pub fn push(&mut self, key: Key, ts_ms: i64, value: f64) {
-        if !value.is_finite() || ts_ms < 0 {
+        if self.points == 0 || !value.is_finite() || ts_ms < 0 {
             return;
         }
         let secs = u32::try_from(ts_ms / 1000).unwrap_or(u32::MAX);
@@ -142,6 +143,15 @@ mod tests {
 
     /// A small fleet keeps the configured step; a large one gets a wider
     /// step that keeps the whole history within the budget.
+    #[test]
+    fn no_history_keeps_nothing() {
+        let mut h = History::new(0, 10);
+        let k = (0, Some(1), ids::TEMPERATURE);
+        h.push(k, 10_000, 70.0);
+        assert!(h.range(k, 0, i64::MAX).is_empty());
+        assert_eq!(h.len(), 0);
+    }
+
     #[test]
     fn the_step_widens_to_fit_the_fleet_in_the_budget() {
         let mib = 1024 * 1024;

@@ -256,6 +256,8 @@ pub async fn run_steps(
     so.start_ms = start_ms;
     so.policy = opts.policy;
     so.limits = opts.limits;
+    // Nobody looks at a replay's plots: keep none.
+    so.telemetry.history_secs = 0;
     let sim = SimFleet::start(so, dir).await?;
     for n in &names {
         // Every runbook in shadow: its actions are dry runs, answered by the

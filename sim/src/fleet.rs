@@ -86,6 +86,8 @@ pub struct SimFleetOptions {
     pub auth: AuthConfig,
     /// Grafana links on the pages.
     pub grafana: Option<nightshift_engine::config::GrafanaConfig>,
+    /// The engine's telemetry settings (a backtest keeps no plot history).
+    pub telemetry: TelemetryConfig,
 }
 
 impl SimNodeSpec {
@@ -123,6 +125,7 @@ impl SimFleetOptions {
             wrap_transport: None,
             auth: AuthConfig::default(),
             grafana: None,
+            telemetry: TelemetryConfig::default(),
         }
     }
 }
@@ -263,7 +266,7 @@ impl SimFleet {
             engine_key_path: dir.join("engine_key"),
             limits: opts.limits.clone(),
             script: ScriptLimits::default(),
-            telemetry: TelemetryConfig::default(),
+            telemetry: opts.telemetry.clone(),
             auth: opts.auth.clone(),
             sources: Default::default(),
             notifications: Default::default(),
