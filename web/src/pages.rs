@@ -351,7 +351,8 @@ pub async fn run_page(
         div.head {
             h1 { "Run " (run.id) }
             (badge(&run))
-            @if run.dry_run { span.tag { "dry run" } }
+            @if run.shadow { span.tag title="its runbook is in shadow mode: every action was a dry run, no one was notified" { "shadow" } }
+            @else if run.dry_run { span.tag { "dry run" } }
             @if let Some(u) = &grafana { a.grafana href=(u) target="_blank" rel="noopener" { "Grafana ↗" } }
         }
         p.why { (run.why) }
