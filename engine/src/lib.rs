@@ -21,6 +21,7 @@ pub mod counters;
 pub mod engine;
 pub mod executor;
 pub mod fleet;
+pub mod ha;
 pub mod history;
 pub mod host;
 pub mod ingest;

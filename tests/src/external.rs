@@ -192,3 +192,100 @@ pub async fn receiver(fail_first: usize) -> (String, std::sync::Arc<std::sync::M
     });
     (url, got)
 }
+
+/// A throwaway PostgreSQL cluster (the Debian `postgresql` package): made
+/// with `initdb` in a temporary folder, served on a free loopback port, and
+/// killed on drop. As root, it runs as the `postgres` user (`initdb`
+/// refuses root), through `setpriv`, which execs without forking.
+pub struct PgCluster {
+    pub daemon: Daemon,
+    /// `host=127.0.0.1 port=… user=nightshift dbname=postgres`.
+    pub conninfo: String,
+    pub port: u16,
+}
+
+/// The folder holding `initdb`, `postgres`: on the PATH, else Debian's
+/// versioned folder. `None` (after saying so) to skip, as [`require`].
+pub fn postgres_bin_dir() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("initdb")).find(|p| p.is_file()))
+    {
+        return p.parent().map(Path::to_path_buf);
+    }
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .filter(|p| p.join("initdb").is_file())
+        .collect();
+    versions.sort();
+    if let Some(p) = versions.pop() {
+        return Some(p);
+    }
+    require("initdb", "postgresql").and_then(|p| p.parent().map(Path::to_path_buf))
+}
+
+impl PgCluster {
+    /// Make and start a cluster under `dir` (which it takes over).
+    pub fn start(dir: &Path, bin: &Path) -> PgCluster {
+        let data = dir.join("pgdata");
+        let root = nix::unistd::Uid::effective().is_root();
+        let as_pg = |program: &Path, args: &[String]| -> Vec<String> {
+            let mut v = Vec::new();
+            if root {
+                v.extend(["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"].map(String::from));
+            }
+            v.push(program.display().to_string());
+            v.extend(args.iter().cloned());
+            v
+        };
+        if root {
+            let pg = nix::unistd::User::from_name("postgres")
+                .ok()
+                .flatten()
+                .expect("the postgres user (package postgresql)");
+            nix::unistd::chown(dir, Some(pg.uid), Some(pg.gid)).expect("chown the cluster folder to postgres");
+        }
+        let init = as_pg(
+            &bin.join("initdb"),
+            &[
+                "-D".into(),
+                data.display().to_string(),
+                "-U".into(),
+                "nightshift".into(),
+                "-A".into(),
+                "trust".into(),
+                "--no-sync".into(),
+            ],
+        );
+        let out = Command::new(&init[0]).args(&init[1..]).output().expect("initdb runs");
+        assert!(
+            out.status.success(),
+            "initdb: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = free_port();
+        let run = as_pg(
+            &bin.join("postgres"),
+            &[
+                "-D".into(),
+                data.display().to_string(),
+                "-p".into(),
+                port.to_string(),
+                "-c".into(),
+                "listen_addresses=127.0.0.1".into(),
+                "-k".into(),
+                dir.display().to_string(),
+            ],
+        );
+        let daemon = Daemon::start(&run, &dir.join("postgres.log"));
+        let end = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < end, "postgres did not listen on {port}; log:\n{}", daemon.log_text());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        PgCluster { daemon, conninfo: format!("host=127.0.0.1 port={port} user=nightshift dbname=postgres"), port }
+    }
+}

@@ -1,0 +1,153 @@
+//! High availability on PostgreSQL, first part: the leader lease with a
+//! fencing term (issue 17). Engines of one shard campaign for one lease row;
+//! its expiry is kept by the *database's* clock, so engines' clocks do not
+//! matter. Taking the lease over bumps the term. A write is fenced by
+//! making it conditional, in its own statement or transaction, on the
+//! writer's term still holding the lease: a deposed or paused leader's write
+//! changes nothing, so it cannot record an intent and therefore cannot act.
+//!
+//! Not yet here: the PostgreSQL audit backend these fenced writes will
+//! carry, standbys, takeover recovery and shards (see ARCHITECTURE.md).
+
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+/// Why a lease operation failed (the database, not the campaign: losing
+/// is an answer, not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("the lease table: {0}")]
+    Db(#[from] tokio_postgres::Error),
+    #[error(
+        "lease: expected a TTL of 1 s to 10 min and a renew interval below it, found ttl {ttl_ms} ms and renew {renew_ms} ms"
+    )]
+    Config { ttl_ms: u64, renew_ms: u64 },
+}
+
+/// One engine's part in a shard's election.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// The fleet partition this lease governs.
+    pub shard: String,
+    /// This engine (host name and a start id, say).
+    pub holder: String,
+    pub ttl: Duration,
+    pub renew_every: Duration,
+}
+
+impl LeaseConfig {
+    /// TTL 5 s, renewed every second.
+    pub fn new(shard: &str, holder: &str) -> LeaseConfig {
+        LeaseConfig {
+            shard: shard.into(),
+            holder: holder.into(),
+            ttl: Duration::from_secs(5),
+            renew_every: Duration::from_secs(1),
+        }
+    }
+
+    pub fn check(&self) -> Result<(), LeaseError> {
+        let (ttl_ms, renew_ms) = (self.ttl.as_millis() as u64, self.renew_every.as_millis() as u64);
+        if !(1_000..=600_000).contains(&ttl_ms) || renew_ms == 0 || renew_ms >= ttl_ms {
+            return Err(LeaseError::Config { ttl_ms, renew_ms });
+        }
+        Ok(())
+    }
+}
+
+/// Create the lease table if it is missing (idempotent).
+pub async fn migrate(db: &Client) -> Result<(), LeaseError> {
+    db.batch_execute(
+        "CREATE TABLE IF NOT EXISTS nightshift_lease (
+             shard      text PRIMARY KEY,
+             holder     text NOT NULL,
+             term       bigint NOT NULL,
+             expires_at timestamptz NOT NULL
+         )",
+    )
+    .await?;
+    Ok(())
+}
+
+/// Take the lease if it is free, expired, or already ours. Returns the term
+/// held, or `None` while another engine holds it. Taking it from someone
+/// else (or for the first time) starts a new term; keeping our own renews
+/// it at the same term.
+pub async fn campaign(db: &Client, cfg: &LeaseConfig) -> Result<Option<u64>, LeaseError> {
+    cfg.check()?;
+    let ttl_ms = cfg.ttl.as_millis() as i64;
+    let row = db
+        .query_opt(
+            "INSERT INTO nightshift_lease AS l (shard, holder, term, expires_at)
+                 VALUES ($1, $2, 1, now() + $3 * interval '1 millisecond')
+             ON CONFLICT (shard) DO UPDATE SET
+                 holder = EXCLUDED.holder,
+                 term = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > now() THEN l.term ELSE l.term + 1 END,
+                 expires_at = EXCLUDED.expires_at
+             WHERE l.holder = EXCLUDED.holder OR l.expires_at <= now()
+             RETURNING term",
+            &[&cfg.shard, &cfg.holder, &(ttl_ms as f64)],
+        )
+        .await?;
+    Ok(row.map(|r| r.get::<_, i64>(0) as u64))
+}
+
+/// Renew the lease at `term`. False: the lease expired and someone else
+/// took it (or it moved on) — this engine is deposed and must stop acting.
+pub async fn renew(db: &Client, cfg: &LeaseConfig, term: u64) -> Result<bool, LeaseError> {
+    let ttl_ms = cfg.ttl.as_millis() as i64;
+    let n = db
+        .execute(
+            "UPDATE nightshift_lease SET expires_at = now() + $4 * interval '1 millisecond'
+             WHERE shard = $1 AND holder = $2 AND term = $3 AND expires_at > now()",
+            &[&cfg.shard, &cfg.holder, &(term as i64), &(ttl_ms as f64)],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// The SQL condition that fences a write: put it in the write's `WHERE`
+/// (or check it in the same transaction) with the shard, holder and term
+/// as parameters `$shard`, `$holder`, `$term`.
+pub fn fence_condition(shard: usize, holder: usize, term: usize) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM nightshift_lease WHERE shard = ${shard} AND holder = ${holder} AND term = ${term} AND expires_at > now())"
+    )
+}
+
+/// Who holds a shard's lease now, at what term, and for how many more
+/// milliseconds (negative: expired).
+pub async fn holder(db: &Client, shard: &str) -> Result<Option<(String, u64, i64)>, LeaseError> {
+    let row = db
+        .query_opt(
+            "SELECT holder, term, (extract(epoch FROM (expires_at - now())) * 1000)::bigint
+             FROM nightshift_lease WHERE shard = $1",
+            &[&shard],
+        )
+        .await?;
+    Ok(row.map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64, r.get::<_, i64>(2))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_settings_are_checked() {
+        let mut c = LeaseConfig::new("a", "e1");
+        assert!(c.check().is_ok());
+        c.renew_every = Duration::from_secs(5);
+        assert_eq!(
+            c.check().unwrap_err().to_string(),
+            "lease: expected a TTL of 1 s to 10 min and a renew interval below it, found ttl 5000 ms and renew 5000 ms"
+        );
+        c.ttl = Duration::from_millis(200);
+        c.renew_every = Duration::from_millis(100);
+        assert!(c.check().is_err());
+        assert_eq!(
+            fence_condition(1, 2, 3),
+            "EXISTS (SELECT 1 FROM nightshift_lease WHERE shard = $1 AND holder = $2 AND term = $3 AND expires_at > now())"
+        );
+    }
+}
