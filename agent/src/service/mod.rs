@@ -142,6 +142,8 @@ pub struct Agent {
     mutate: tokio::sync::Mutex<()>,
     /// Host CPU from /proc.
     host: crate::node::host::HostStats,
+    /// The highest engine leader term seen (kept in the state dir).
+    leader_term: Mutex<u64>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -177,6 +179,12 @@ impl Agent {
         let store = HoldStore::open(&opts.state_dir.join("holds.json"))?;
         let scheduler = Scheduler::new(opts.scheduler.clone(), &opts.node, opts.state_dir.join("node-drain.json"));
         let configs = ConfigStore::new(opts.state_dir.join("configs"), opts.configs.clone());
+        // The highest leader term seen survives restarts: a deposed engine
+        // stays refused.
+        let leader_term = std::fs::read_to_string(opts.state_dir.join("leader-term"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0);
         Ok(Agent {
             opts,
             backend,
@@ -189,6 +197,7 @@ impl Agent {
             config_scan_ms: Mutex::new(i64::MIN),
             mutate: tokio::sync::Mutex::new(()),
             host: crate::node::host::HostStats::default(),
+            leader_term: Mutex::new(leader_term),
         })
     }
 
@@ -410,9 +419,12 @@ impl Agent {
             };
         }
         let now = self.clock.now_ms();
-        let reply = match self.decide_and_apply(&req, &digest).await {
-            Ok(v) => Reply::ok(&req.id, v),
+        let reply = match self.check_term(req.term) {
             Err((code, msg)) => Reply::err(&req.id, code, msg),
+            Ok(()) => match self.decide_and_apply(&req, &digest).await {
+                Ok(v) => Reply::ok(&req.id, v),
+                Err((code, msg)) => Reply::err(&req.id, code, msg),
+            },
         };
         if let Err(e) = self.jr().finish(&req.id, &digest, op, now, &reply) {
             tracing::error!(request = %req.id, error = %e, "cannot journal the reply");
@@ -423,6 +435,26 @@ impl Agent {
             "handled mutating request"
         );
         reply
+    }
+
+    /// A request from a lower leader term than one already seen comes from
+    /// a deposed engine: refused. A higher one is remembered (durably)
+    /// before anything it asks is done.
+    fn check_term(&self, term: Option<u64>) -> Result<(), Refusal> {
+        let Some(t) = term else { return Ok(()) };
+        let mut seen = self.leader_term.lock().unwrap_or_else(|e| e.into_inner());
+        if t < *seen {
+            return Err((
+                ErrorCode::StaleLeader,
+                format!("leader term {t} is stale: this agent has seen term {}; a newer engine leads", *seen),
+            ));
+        }
+        if t > *seen {
+            nightshift_proto::fsutil::write_atomic(&self.opts.state_dir.join("leader-term"), t.to_string().as_bytes())
+                .map_err(|e| (ErrorCode::Internal, format!("cannot record leader term {t}: {e}")))?;
+            *seen = t;
+        }
+        Ok(())
     }
 
     fn begin(&self, req: &Request, digest: &str) -> Result<(), Refusal> {

@@ -49,6 +49,11 @@ pub struct Request {
     /// Who asks: a run id, `person:<name>`, or absent (`manual`). Holds are
     /// owned by it; `release` and `renew` act on its holds.
     pub owner: Option<String>,
+    /// The sending engine's leader term (HA): an agent refuses a mutating
+    /// request whose term is below the highest it has seen (`stale_leader`),
+    /// so a deposed leader's requests already in flight do nothing. Absent
+    /// for a single engine.
+    pub term: Option<u64>,
 }
 
 /// The JSON shape of a request, before the arguments are typed.
@@ -66,6 +71,8 @@ struct RawRequest {
     revert_after_secs: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    term: Option<u64>,
 }
 
 /// Why a request could not be parsed. The reply carries `code` and the
@@ -205,7 +212,7 @@ ops! {
 impl Request {
     /// A request with a fresh op, not a dry run, no lease.
     pub fn new(id: impl Into<String>, op: Op) -> Request {
-        Request { id: id.into(), op, dry_run: false, revert_after_secs: None, owner: None }
+        Request { id: id.into(), op, dry_run: false, revert_after_secs: None, owner: None, term: None }
     }
 
     /// Parse one request. Refuses unknown fields, wrong types, unknown ops
@@ -224,7 +231,14 @@ impl Request {
             return Err(ParseError::Owner(o.chars().take(64).collect()));
         }
         let op = Op::from_parts(&raw.op, raw.args)?;
-        Ok(Request { id: raw.id, op, dry_run: raw.dry_run, revert_after_secs: raw.revert_after_secs, owner: raw.owner })
+        Ok(Request {
+            id: raw.id,
+            op,
+            dry_run: raw.dry_run,
+            revert_after_secs: raw.revert_after_secs,
+            owner: raw.owner,
+            term: raw.term,
+        })
     }
 
     /// Best effort: the `id` of a request that failed to parse, so the error
@@ -246,6 +260,7 @@ impl Request {
             dry_run: self.dry_run,
             revert_after_secs: self.revert_after_secs,
             owner: self.owner.clone(),
+            term: self.term,
         };
         serde_json::to_string(&raw).unwrap_or_default()
     }
@@ -256,6 +271,8 @@ impl Request {
         use sha2::{Digest, Sha256};
         let mut copy = self.clone();
         copy.id = String::new();
+        // Who leads is not what the request means.
+        copy.term = None;
         hex::encode(Sha256::digest(copy.to_json().as_bytes()))
     }
 }
