@@ -260,6 +260,28 @@ pub enum AuditCmd {
     ///
     /// Example: nightshift audit head --server http://nightshift:8080
     Head,
+    /// Copy the local audit store (its record log, with the run summaries)
+    /// into PostgreSQL, chain intact, then verify it there. Resumes where
+    /// an earlier copy stopped; refuses a database holding another chain.
+    /// The engine must be stopped. The connection string is read from a
+    /// file or an environment variable, never from the command line.
+    ///
+    /// Example: nightshift audit migrate --to postgres --url-file /etc/nightshift/pg.url
+    Migrate {
+        /// The target backend: postgres.
+        #[arg(long)]
+        to: String,
+        /// A file holding the connection string (`host=… user=… dbname=…`
+        /// or `postgres://…`).
+        #[arg(long, conflicts_with = "url_env")]
+        url_file: Option<std::path::PathBuf>,
+        /// An environment variable holding it.
+        #[arg(long)]
+        url_env: Option<String>,
+        /// The shard the records belong to.
+        #[arg(long, default_value = "default")]
+        shard: String,
+    },
     /// Every record, oldest first.
     ///
     /// Example: nightshift audit export --format jsonl > audit.jsonl

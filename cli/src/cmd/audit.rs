@@ -161,6 +161,25 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
             }
             Ok(if v.ok { 0 } else { 1 })
         }
+        AuditCmd::Migrate { to, url_file, url_env, shard } => {
+            if to != "postgres" {
+                return Err(usage(format!("--to: expected postgres, found {to:?}")));
+            }
+            let url = match (url_file, url_env) {
+                (Some(f), None) => std::fs::read_to_string(f)
+                    .map_err(|e| usage(format!("--url-file {}: cannot read it: {e}", f.display())))?
+                    .trim()
+                    .to_string(),
+                (None, Some(v)) => std::env::var(v)
+                    .map_err(|_| usage(format!("--url-env {v}: the variable is not set")))?
+                    .trim()
+                    .to_string(),
+                _ => return Err(usage("name the connection string: --url-file FILE or --url-env VAR")),
+            };
+            let config =
+                nightshift_engine::config::EngineConfig::load(&cli.config).map_err(|e| usage(e.to_string()))?;
+            migrate_to_postgres(&config.data_dir, &url, shard).await
+        }
         AuditCmd::Head => {
             let Some(h) = c.audit_head().await? else {
                 outln!("the audit store is empty");
@@ -233,4 +252,62 @@ async fn salvage(cli: &Cli, out: &Out, to: &std::path::Path) -> Result<u8> {
     );
     outln!("point data_dir at {} and start the engine", to.display());
     Ok(0)
+}
+
+/// `audit migrate --to postgres`: the record log into PostgreSQL, in
+/// batches of 1,000 records a transaction, resuming after what is there.
+async fn migrate_to_postgres(data_dir: &std::path::Path, url: &str, shard: &str) -> Result<u8> {
+    use nightshift_engine::audit::pg;
+    // The store must not be in use: opening it takes its lock.
+    drop(
+        nightshift_engine::audit::AuditStore::open(data_dir, std::sync::Arc::new(nightshift_proto::clock::SystemClock))
+            .map_err(|e| usage(format!("{e} (stop the engine before migrating)")))?,
+    );
+    let records = nightshift_engine::audit::log_records(data_dir)?;
+    let (mut db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| anyhow::Error::new(crate::Fail(4)).context(format!("cannot connect to PostgreSQL: {e}")))?;
+    tokio::spawn(conn);
+    let version = pg::migrate_schema(&mut db).await?;
+    let from = match pg::head(&db, shard).await? {
+        None => 0,
+        Some((seq, hash)) => match records.get(seq as usize - 1) {
+            Some((r, _)) if r.hash == hash => seq,
+            _ => {
+                return Err(usage(format!(
+                    "shard {shard} in the database ends at record {seq} with hash {hash}, which this store does not have at that record: it holds another chain; use another --shard or database"
+                )));
+            }
+        },
+    };
+    let todo = &records[from as usize..];
+    eprintln!(
+        "audit migrate: schema v{version}; {} records in the store, {from} already in shard {shard}, copying {}",
+        records.len(),
+        todo.len()
+    );
+    for (i, batch) in todo.chunks(1000).enumerate() {
+        pg::append(&mut db, shard, batch, None).await?;
+        if i % 20 == 19 {
+            eprintln!("audit migrate: {} of {}", (i + 1) * 1000, todo.len());
+        }
+    }
+    let v = pg::verify(&db, shard).await?;
+    let local_head = records.last().map(|(r, _)| r.hash.clone());
+    let db_head = pg::head(&db, shard).await?.map(|(_, h)| h);
+    if v.ok && local_head == db_head {
+        outln!(
+            "migrated: shard {shard} holds records 1–{} and its chain verifies in PostgreSQL (head hash {})",
+            v.verified_up_to,
+            db_head.unwrap_or_default()
+        );
+        Ok(0)
+    } else {
+        outln!(
+            "the copy does not verify: {} (first bad record {:?}); the local store is unchanged",
+            v.problem.unwrap_or_else(|| "the heads differ".into()),
+            v.first_bad_seq
+        );
+        Ok(1)
+    }
 }

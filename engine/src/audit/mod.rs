@@ -12,6 +12,7 @@
 //! a crash is replayed from the log when the store opens.
 
 mod log;
+pub mod pg;
 mod salvage;
 mod store;
 mod verify;
@@ -161,6 +162,34 @@ pub struct AuditRecord {
     /// both, and the chain runs across the change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub v: Option<u8>,
+}
+
+/// A record and the exact bytes of the run summary it changed, if any.
+pub type LoggedRecord = (AuditRecord, Option<Vec<u8>>);
+
+/// Every record of a store's record log (`data_dir/records.jsonl`) with the
+/// exact bytes of the run summary it changed, oldest first — what
+/// `nightshift audit migrate` copies. A damaged line stops it, naming the
+/// line: verify and salvage first.
+pub fn log_records(data_dir: &std::path::Path) -> Result<Vec<LoggedRecord>, AuditError> {
+    let mut out: Vec<LoggedRecord> = Vec::new();
+    for line in log::read_lines(&data_dir.join(log::LOG_FILE))? {
+        match line {
+            log::LogLine::Good(r) => out.push((r, None)),
+            log::LogLine::Summary { bytes } => {
+                if let Some(last) = out.last_mut() {
+                    last.1 = Some(bytes);
+                }
+            }
+            log::LogLine::Bad { line, problem } => {
+                return Err(AuditError::Read(format!(
+                    "{}:{line}: {problem}: run `nightshift audit verify`, and `audit salvage` if it is damaged, before migrating",
+                    data_dir.join(log::LOG_FILE).display()
+                )));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The hash format new records get.

@@ -1,0 +1,232 @@
+//! The audit chain in PostgreSQL (issue 17, first part): the schema and its
+//! versioned migrations, appends that keep the chain (each insert is
+//! conditional on the previous record's hash, and optionally fenced by the
+//! writer's leader term), `verify`, and the copy of a sled store into it
+//! (`nightshift audit migrate`). Each record is kept as the exact JSON line
+//! the record log holds, so its hash recomputes from the stored text; the
+//! columns beside it are for queries.
+//!
+//! Not yet here: the engine writing to it at run time, the live tail and
+//! the web UI's queries on it, standbys.
+
+use tokio_postgres::Client;
+
+use super::{AuditRecord, GENESIS, LoggedRecord, VerifyReport};
+use crate::ha::{LeaseConfig, fence_condition};
+
+/// Why a PostgreSQL audit operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PgAuditError {
+    #[error("postgres: {0}")]
+    Db(#[from] tokio_postgres::Error),
+    #[error("the database's audit schema is version {found}; this nightshift knows up to {known}: upgrade nightshift")]
+    SchemaTooNew { found: i32, known: i32 },
+    #[error("record {seq}: {message}")]
+    Record { seq: u64, message: String },
+    #[error("record {seq} was not written: {why}")]
+    NotAppended { seq: u64, why: String },
+}
+
+/// The schema, one step per version; step N takes version N-1 to N.
+const MIGRATIONS: &[&str] = &[
+    // 1: records and run summaries, per shard.
+    "CREATE TABLE nightshift_audit (
+         shard     text   NOT NULL,
+         seq       bigint NOT NULL,
+         ts_ms     bigint NOT NULL,
+         kind      text   NOT NULL,
+         run       text,
+         node      text,
+         gpu       integer,
+         runbook   text,
+         actor     text   NOT NULL,
+         prev_hash text   NOT NULL,
+         hash      text   NOT NULL,
+         record    text   NOT NULL,
+         PRIMARY KEY (shard, seq)
+     );
+     CREATE INDEX nightshift_audit_run ON nightshift_audit (shard, run, seq) WHERE run IS NOT NULL;
+     CREATE INDEX nightshift_audit_node ON nightshift_audit (shard, node, ts_ms) WHERE node IS NOT NULL;
+     CREATE TABLE nightshift_run_summary (
+         shard   text NOT NULL,
+         run     text NOT NULL,
+         summary text NOT NULL,
+         PRIMARY KEY (shard, run)
+     );",
+];
+
+/// Bring the schema to the newest version this build knows (idempotent;
+/// one transaction per step; refuses a schema newer than it knows).
+pub async fn migrate_schema(db: &mut Client) -> Result<i32, PgAuditError> {
+    db.batch_execute("CREATE TABLE IF NOT EXISTS nightshift_schema (version integer NOT NULL)").await?;
+    crate::ha::migrate(db).await.map_err(|e| match e {
+        crate::ha::LeaseError::Db(d) => PgAuditError::Db(d),
+        other => PgAuditError::Record { seq: 0, message: other.to_string() },
+    })?;
+    let known = MIGRATIONS.len() as i32;
+    loop {
+        let tx = db.transaction().await?;
+        tx.batch_execute("LOCK TABLE nightshift_schema IN EXCLUSIVE MODE").await?;
+        let version: i32 =
+            tx.query_opt("SELECT version FROM nightshift_schema", &[]).await?.map(|r| r.get(0)).unwrap_or(0);
+        if version > known {
+            return Err(PgAuditError::SchemaTooNew { found: version, known });
+        }
+        if version == known {
+            tx.commit().await?;
+            return Ok(version);
+        }
+        tx.batch_execute(MIGRATIONS[version as usize]).await?;
+        if version == 0 {
+            tx.execute("INSERT INTO nightshift_schema (version) VALUES (1)", &[]).await?;
+        } else {
+            tx.execute("UPDATE nightshift_schema SET version = $1", &[&(version + 1)]).await?;
+        }
+        tx.commit().await?;
+    }
+}
+
+/// The newest record of a shard: `(seq, hash)`.
+pub async fn head(db: &Client, shard: &str) -> Result<Option<(u64, String)>, PgAuditError> {
+    Ok(db
+        .query_opt("SELECT seq, hash FROM nightshift_audit WHERE shard = $1 ORDER BY seq DESC LIMIT 1", &[&shard])
+        .await?
+        .map(|r| (r.get::<_, i64>(0) as u64, r.get(1))))
+}
+
+/// Append chained records (and the run summaries they vouch for) in one
+/// transaction. Each insert lands only if it continues the chain — record
+/// 1 after the genesis hash, any other after a stored record whose hash is
+/// its `prev_hash` — and, with `lease`, only while that lease at `term`
+/// holds. Committed (synchronous_commit on) before this returns.
+pub async fn append(
+    db: &mut Client,
+    shard: &str,
+    records: &[LoggedRecord],
+    lease: Option<(&LeaseConfig, u64)>,
+) -> Result<(), PgAuditError> {
+    let tx = db.transaction().await?;
+    let fence = match lease {
+        Some(_) => format!(" AND {}", fence_condition(13, 14, 15)),
+        None => String::new(),
+    };
+    let sql = format!(
+        "INSERT INTO nightshift_audit (shard, seq, ts_ms, kind, run, node, gpu, runbook, actor, prev_hash, hash, record)
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12
+         WHERE ((CAST($2 AS bigint) = 1 AND $10 = '{GENESIS}')
+                OR EXISTS (SELECT 1 FROM nightshift_audit p WHERE p.shard = $1 AND p.seq = CAST($2 AS bigint) - 1 AND p.hash = $10)){fence}"
+    );
+    let stmt = tx.prepare(&sql).await?;
+    for (r, summary) in records {
+        let line = serde_json::to_string(r).map_err(|e| PgAuditError::Record { seq: r.seq, message: e.to_string() })?;
+        let (seq, gpu) = (r.seq as i64, r.gpu.map(|g| g as i32));
+        let kind = r.kind.as_str();
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+            &shard,
+            &seq,
+            &r.ts_ms,
+            &kind,
+            &r.run,
+            &r.node,
+            &gpu,
+            &r.runbook,
+            &r.actor,
+            &r.prev_hash,
+            &r.hash,
+            &line,
+        ];
+        let term_i;
+        if let Some((cfg, term)) = lease {
+            term_i = term as i64;
+            params.extend([&cfg.shard as &(dyn tokio_postgres::types::ToSql + Sync), &cfg.holder, &term_i]);
+        }
+        let n = tx.execute(&stmt, &params).await?;
+        if n != 1 {
+            let why = if lease.is_some() {
+                "it does not continue the stored chain, or this engine no longer holds the lease (deposed)"
+            } else {
+                "it does not continue the stored chain"
+            };
+            return Err(PgAuditError::NotAppended { seq: r.seq, why: why.into() });
+        }
+        if let (Some(run), Some(bytes)) = (&r.run, summary) {
+            let text = String::from_utf8_lossy(bytes).into_owned();
+            tx.execute(
+                "INSERT INTO nightshift_run_summary (shard, run, summary) VALUES ($1, $2, $3)
+                 ON CONFLICT (shard, run) DO UPDATE SET summary = EXCLUDED.summary",
+                &[&shard, run, &text],
+            )
+            .await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Walk a shard's chain in the database: every stored line parses, hashes
+/// to its `hash`, and links to the one before; the columns agree with the
+/// line.
+pub async fn verify(db: &Client, shard: &str) -> Result<VerifyReport, PgAuditError> {
+    let mut prev = GENESIS.to_string();
+    let mut expected = 1u64;
+    let mut after = 0i64;
+    let mut records = 0u64;
+    let bad = |seq: u64, verified: u64, records: u64, problem: String| VerifyReport {
+        ok: false,
+        verified_up_to: verified,
+        records,
+        first_bad_seq: Some(seq),
+        problem: Some(problem),
+    };
+    loop {
+        let rows = db
+            .query(
+                "SELECT seq, hash, record FROM nightshift_audit WHERE shard = $1 AND seq > $2 ORDER BY seq LIMIT 10000",
+                &[&shard, &after],
+            )
+            .await?;
+        if rows.is_empty() {
+            break;
+        }
+        for row in rows {
+            let (seq, hash, line): (i64, String, String) = (row.get(0), row.get(1), row.get(2));
+            let seq = seq as u64;
+            records += 1;
+            if seq != expected {
+                return Ok(bad(
+                    expected,
+                    expected - 1,
+                    records,
+                    format!("record {expected} is missing (next is {seq})"),
+                ));
+            }
+            let r: AuditRecord = match serde_json::from_str(&line) {
+                Ok(r) => r,
+                Err(e) => return Ok(bad(seq, seq - 1, records, format!("record {seq} is not a readable record: {e}"))),
+            };
+            if r.seq != seq || r.hash != hash {
+                return Ok(bad(
+                    seq,
+                    seq - 1,
+                    records,
+                    format!("record {seq}: its columns disagree with its stored line"),
+                ));
+            }
+            if r.prev_hash != prev {
+                return Ok(bad(seq, seq - 1, records, format!("record {seq} does not link to record {}", seq - 1)));
+            }
+            if r.compute_hash() != r.hash {
+                return Ok(bad(
+                    seq,
+                    seq - 1,
+                    records,
+                    format!("record {seq} was changed after it was written: its hash does not match"),
+                ));
+            }
+            prev = r.hash;
+            expected = seq + 1;
+            after = seq as i64;
+        }
+    }
+    Ok(VerifyReport { ok: true, verified_up_to: expected - 1, records, first_bad_seq: None, problem: None })
+}
