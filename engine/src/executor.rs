@@ -124,14 +124,12 @@ impl Engine {
                     None
                 }
                 Decision::Refuse { .. } => {
-                    let mut s = new_summary(self.core.ids.run(), rb, &req, params.clone(), now);
-                    s.shadow = shadow;
+                    let s = new_summary(self.core.ids.run(), rb, &req, params.clone(), now, shadow);
                     t.last_finished.insert(key.clone(), now);
                     Some(s)
                 }
                 Decision::Admit { approval, hold_ms } => {
-                    let mut s = new_summary(self.core.ids.run(), rb, &req, params.clone(), now);
-                    s.shadow = shadow;
+                    let mut s = new_summary(self.core.ids.run(), rb, &req, params.clone(), now, shadow);
                     if approval.is_some() {
                         s.state = RunState::PendingApproval;
                     }
@@ -216,11 +214,7 @@ impl Engine {
                 Ok(Submitted::Suppressed { reason, existing_run: existing })
             }
             Decision::Refuse { reason } => {
-                let mut s = summary.unwrap_or_else(|| {
-                    let mut s = new_summary(self.core.ids.run(), rb, &req, params, now);
-                    s.shadow = shadow;
-                    s
-                });
+                let mut s = summary.unwrap_or_else(|| new_summary(self.core.ids.run(), rb, &req, params, now, shadow));
                 self.core.record_run(RecordKind::RunQueued, &s, queued_data(&s)).await?;
                 end_summary(&mut s, RunOutcome::Refused, Some(reason.clone()), now);
                 self.core
@@ -401,10 +395,11 @@ pub(crate) fn new_summary(
     req: &RunRequest,
     params: BTreeMap<String, crate::manifest::ParamValue>,
     now: i64,
+    shadow: bool,
 ) -> RunSummary {
     RunSummary {
         id,
-        shadow: false,
+        shadow,
         runbook: rb.manifest.name.clone(),
         handbook: rb.manifest.handbook.clone(),
         target: req.target.clone(),

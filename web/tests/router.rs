@@ -53,16 +53,8 @@ async fn fixture() -> Fixture {
     let nodes = ["gpu-a1", "gpu-a2"]
         .iter()
         .map(|n| SimNodeSpec {
-            name: n.to_string(),
-            profile: "h100-sxm".into(),
-            gpus: 4,
-            seed: 1,
             labels: [("pool".to_string(), "a".to_string())].into(),
-            standby: false,
-            drained: None,
-            configs: Default::default(),
-            util_pct: None,
-            jobs_end_after_drain_secs: None,
+            ..SimNodeSpec::new(n, "h100-sxm", 4)
         })
         .collect();
     let mut opts = SimFleetOptions::new(nodes, set, script);

@@ -15,18 +15,7 @@ use serde_json::json;
 use tower::ServiceExt;
 
 async fn sim() -> (SimFleet, tempfile::TempDir) {
-    let node = SimNodeSpec {
-        name: "n1".into(),
-        profile: "h100-sxm".into(),
-        gpus: 1,
-        seed: 1,
-        labels: Default::default(),
-        standby: false,
-        drained: None,
-        configs: Default::default(),
-        util_pct: None,
-        jobs_end_after_drain_secs: None,
-    };
+    let node = SimNodeSpec::new("n1", "h100-sxm", 1);
     let mut opts =
         SimFleetOptions::new(vec![node], RunbookSet::default(), Arc::new(build_engine(&ScriptLimits::default())));
     opts.auth = AuthConfig { allow_anonymous: Some(nightshift_engine::config::Role::Viewer), ..Default::default() };
