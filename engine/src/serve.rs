@@ -197,6 +197,11 @@ async fn node_loop(engine: Engine, node: Arc<crate::fleet::Node>, client: Arc<Ag
                 }
                 return;
             }
+            Err(_) if retired(&engine) => {
+                // The node's state belongs to its replacement now.
+                client.reset().await;
+                return;
+            }
             Err(e) => {
                 engine.set_node_disconnected(&name, &e.to_string());
                 match e {
