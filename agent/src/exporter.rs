@@ -12,8 +12,9 @@
 //! counters whose DCGM names do not end in `_total`. They are warnings
 //! about naming style, not parse errors; the test accepts exactly those.
 //!
-//! Served by axum on hyper, one connection at a time per task, with a
-//! bounded number of connections and a deadline for the request head. It
+//! Served by axum on hyper, one connection per task: at most 64 at once, a
+//! client that sends nothing for 5 s is closed, and a kept-alive
+//! connection gives its slot back after a minute. It
 //! only reads; nothing here changes the node.
 
 use std::fmt::Write as _;
@@ -34,6 +35,8 @@ use nightshift_proto::{GpuInfo, GpuTelemetry, Telemetry, Vendor};
 const MAX_CONNECTIONS: usize = 64;
 /// A client must send its request head within this.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a connection keeps its slot, kept alive or not.
+const MAX_CONNECTION_LIFE: Duration = Duration::from_secs(60);
 
 /// A value from a GPU's sample.
 type Getter = fn(&GpuTelemetry, &GpuInfo) -> Option<f64>;
@@ -208,10 +211,25 @@ pub async fn serve(agent: Arc<Agent>, listener: TcpListener) {
         };
         let service = TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
+            // hyper's head deadline starts with the first byte: a client
+            // that connects and sends nothing would hold its slot forever.
+            // (`peek`, not `readable`: readiness may be reported before any
+            // byte arrives.)
+            let mut first = [0u8; 1];
+            if !matches!(tokio::time::timeout(HEAD_TIMEOUT, stream.peek(&mut first)).await, Ok(Ok(1))) {
+                tracing::debug!(%peer, "exporter: nothing sent within the head deadline; closed");
+                return;
+            }
             let mut builder = Builder::new(TokioExecutor::new());
             builder.http1().timer(TokioTimer::new()).header_read_timeout(HEAD_TIMEOUT).max_buf_size(16 * 1024);
-            if let Err(e) = builder.serve_connection(TokioIo::new(stream), service).await {
-                tracing::debug!(%peer, error = %e, "exporter: connection ended with an error");
+            // A kept-alive connection gives its slot back after a while
+            // (scrapers reconnect).
+            match tokio::time::timeout(MAX_CONNECTION_LIFE, builder.serve_connection(TokioIo::new(stream), service))
+                .await
+            {
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "exporter: connection ended with an error"),
+                Err(_) => tracing::debug!(%peer, "exporter: connection closed after its time"),
+                Ok(Ok(())) => {}
             }
             drop(permit);
         });

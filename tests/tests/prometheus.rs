@@ -400,6 +400,19 @@ async fn the_agent_exports_what_dcgm_exporter_exports() {
     ] {
         assert!(types.contains_key(needed), "{needed} missing from\n{text}");
     }
+    // A flood of idle connections (more than the 64 served at once) does
+    // not lock Prometheus out: each is dropped after the 5 s head deadline.
+    const IDLE: usize = 80;
+    let mut idle = Vec::new();
+    for _ in 0..IDLE {
+        idle.push(tokio::net::TcpStream::connect(exporter).await.unwrap());
+    }
+    let started = std::time::Instant::now();
+    let scrape = reqwest::Client::builder().timeout(Duration::from_secs(15)).build().unwrap();
+    let r = scrape.get(format!("http://{exporter}/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(started.elapsed() < Duration::from_secs(12), "scraped after {:?}", started.elapsed());
+    drop(idle);
     // Served by a real HTTP server: HEAD, 404 and a bad method answered.
     let http = reqwest::Client::new();
     let head = http.head(format!("http://{exporter}/metrics")).send().await.unwrap();
