@@ -46,6 +46,11 @@ pub struct EngineConfig {
     /// in.
     #[serde(default)]
     pub grafana: Option<GrafanaConfig>,
+    /// Where the audit chain lives: sled in `data_dir` (one engine), or
+    /// PostgreSQL (engines of a shard share it; one leads, the others
+    /// stand by).
+    #[serde(default)]
+    pub audit: AuditConfig,
     /// The file this was read from (a reload reads it again).
     #[serde(skip)]
     pub source_path: Option<PathBuf>,
@@ -101,6 +106,85 @@ impl GrafanaConfig {
             u.push_str(&format!("&var-gpu={g}"));
         }
         u
+    }
+}
+
+/// `audit:` in engine.yaml.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditConfig {
+    #[serde(default)]
+    pub backend: AuditBackend,
+    /// Required with `backend: postgres`.
+    #[serde(default)]
+    pub postgres: Option<PostgresConfig>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditBackend {
+    #[default]
+    Sled,
+    Postgres,
+}
+
+/// `audit.postgres:` — the database, this engine's shard and its lease.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostgresConfig {
+    /// A file holding the connection URL (`postgres://user:pw@host/db?sslmode=require`);
+    /// the URL is never logged.
+    #[serde(default)]
+    pub url_file: Option<PathBuf>,
+    /// Or the environment variable holding it.
+    #[serde(default)]
+    pub url_env: Option<String>,
+    /// PEM CA certificates the server's certificate is checked against
+    /// (`sslmode=require`); without it, the public web roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// The fleet partition this engine serves: its own lease and chain.
+    #[serde(default = "default_shard")]
+    pub shard: String,
+    /// How long a lease lasts without renewal (by the database's clock).
+    #[serde(default = "default_lease_ttl_ms")]
+    pub lease_ttl_ms: u64,
+    /// How often the leader renews it.
+    #[serde(default = "default_lease_renew_ms")]
+    pub lease_renew_ms: u64,
+    /// How often a standby reads new records from the database.
+    #[serde(default = "default_follow_ms")]
+    pub follow_ms: u64,
+    /// Where this engine's API is reached by the other engines (standbys
+    /// forward writes to the leader's); default `http://` + `listen_addr`.
+    #[serde(default)]
+    pub advertise_url: Option<String>,
+}
+
+fn default_shard() -> String {
+    "default".into()
+}
+fn default_lease_ttl_ms() -> u64 {
+    5_000
+}
+fn default_lease_renew_ms() -> u64 {
+    1_000
+}
+fn default_follow_ms() -> u64 {
+    250
+}
+
+impl PostgresConfig {
+    /// The connection URL, from its file or variable.
+    pub fn url(&self) -> Result<String, String> {
+        match (&self.url_file, &self.url_env) {
+            (Some(f), None) => std::fs::read_to_string(f)
+                .map(|s| s.trim().to_string())
+                .map_err(|e| format!("audit.postgres.url_file {}: {e}", f.display())),
+            (None, Some(v)) => std::env::var(v)
+                .map_err(|_| format!("audit.postgres.url_env: the environment variable {v} is not set")),
+            _ => Err("audit.postgres: expected exactly one of url_file and url_env".into()),
+        }
     }
 }
 
@@ -414,6 +498,13 @@ impl EngineConfig {
                 *p = base.join(&*p);
             }
         }
+        if let Some(pg) = &mut cfg.audit.postgres {
+            for p in [&mut pg.url_file, &mut pg.ca_file].into_iter().flatten() {
+                if p.is_relative() {
+                    *p = base.join(&*p);
+                }
+            }
+        }
         let err = |needle: &str, message: String| {
             let (line, column) = crate::manifest::locate(text, needle);
             LoadError { file: path.into(), line, column, message }
@@ -428,6 +519,46 @@ impl EngineConfig {
             && !(g.url.starts_with("http://") || g.url.starts_with("https://"))
         {
             return Err(err("grafana", format!("grafana.url: expected http:// or https://…, found {:?}", g.url)));
+        }
+        match (cfg.audit.backend, &cfg.audit.postgres) {
+            (AuditBackend::Postgres, None) => {
+                return Err(err(
+                    "backend",
+                    "audit.backend: postgres needs audit.postgres: {url_file: FILE} (or url_env: VAR)".into(),
+                ));
+            }
+            (AuditBackend::Postgres, Some(pg)) => {
+                if pg.url_file.is_some() == pg.url_env.is_some() {
+                    return Err(err(
+                        "postgres",
+                        "audit.postgres: expected exactly one of url_file and url_env, found both or neither".into(),
+                    ));
+                }
+                let (ttl, renew) = (pg.lease_ttl_ms, pg.lease_renew_ms);
+                if !(1_000..=600_000).contains(&ttl) || renew == 0 || renew * 2 > ttl {
+                    return Err(err(
+                        "lease_",
+                        format!(
+                            "audit.postgres: expected lease_ttl_ms 1000 to 600000 and lease_renew_ms at most half of it, found {ttl} and {renew}"
+                        ),
+                    ));
+                }
+                if !(10..=60_000).contains(&pg.follow_ms) {
+                    return Err(err("follow_ms", format!("audit.postgres.follow_ms: expected 10 to 60000, found {}", pg.follow_ms)));
+                }
+                if pg.shard.is_empty() || !pg.shard.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+                    return Err(err(
+                        "shard",
+                        format!("audit.postgres.shard: expected letters, digits, '-', '_' or '.', found {:?}", pg.shard),
+                    ));
+                }
+                if let Some(u) = &pg.advertise_url
+                    && !(u.starts_with("http://") || u.starts_with("https://"))
+                {
+                    return Err(err("advertise_url", format!("audit.postgres.advertise_url: expected http:// or https://…, found {u:?}")));
+                }
+            }
+            (AuditBackend::Sled, _) => {}
         }
         if !(1.0..=1000.0).contains(&cfg.time_scale) || cfg.time_scale.is_nan() {
             return Err(err("time_scale", format!("time_scale: expected 1 to 1000, found {}", cfg.time_scale)));

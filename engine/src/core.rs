@@ -73,6 +73,12 @@ pub struct Ids {
 }
 
 impl Ids {
+    /// Number runs after `runs_so_far` at least (a standby that took over:
+    /// the runs its copy of the chain gained while it stood by).
+    pub fn advance_to(&self, runs_so_far: u64) {
+        self.runs.fetch_max(runs_so_far, Ordering::SeqCst);
+    }
+
     /// Counters starting after `runs_so_far` (for readable, growing run
     /// numbers); the epoch makes them unique.
     pub fn new(runs_so_far: u64) -> Ids {
@@ -159,6 +165,13 @@ pub fn hold_lease_secs(timeout_secs: u64) -> u64 {
 /// Lock a mutex, taking its value even if a holder panicked.
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Core {
+    /// The leader lease, with the PostgreSQL backend.
+    pub fn leadership(&self) -> Option<&Arc<crate::ha::Leadership>> {
+        self.audit.postgres().map(|p| &p.leadership)
+    }
 }
 
 impl Core {
@@ -376,6 +389,14 @@ impl Core {
     ) -> Result<(Reply, f64), String> {
         let Some(n) = self.fleet.get(node) else { return Err(format!("{node} is not in the inventory")) };
         req.owner = Some(s.id.clone());
+        // With a leader lease, the request carries its term: an agent that
+        // has seen a newer leader refuses it (`stale_leader`).
+        if let Some(l) = self.leadership() {
+            match l.term() {
+                Some(t) => req.term = Some(t),
+                None => return Err("this engine is not the leader: it sends nothing".into()),
+            }
+        }
         let intent = NewRecord::new(
             RecordKind::ActionIntent,
             "engine",

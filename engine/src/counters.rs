@@ -28,6 +28,9 @@ pub struct Counters {
     /// Alerts each alert-triggered runbook looked at (its alertname matched).
     pub alert_evaluations: Mutex<HashMap<String, u64>>,
     pub action_latency: Mutex<Histogram>,
+    /// PostgreSQL backend: from taking the lease to acting (caught up,
+    /// recovered, loops started), in ms; 0 until this engine led.
+    pub failover_ms: AtomicU64,
 }
 
 /// A latency histogram (seconds), Prometheus-style cumulative buckets.

@@ -17,7 +17,7 @@ use tokio_postgres::Client;
 /// is an answer, not an error).
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
-    #[error("the lease table: {0}")]
+    #[error("the lease table: {}", crate::audit::pg::describe(.0))]
     Db(#[from] tokio_postgres::Error),
     #[error(
         "lease: expected a TTL of 1 s to 10 min and a renew interval below it, found ttl {ttl_ms} ms and renew {renew_ms} ms"
@@ -34,6 +34,9 @@ pub struct LeaseConfig {
     pub holder: String,
     pub ttl: Duration,
     pub renew_every: Duration,
+    /// Where this engine's API answers (standbys forward writes there);
+    /// empty when unknown.
+    pub url: String,
 }
 
 impl LeaseConfig {
@@ -44,6 +47,7 @@ impl LeaseConfig {
             holder: holder.into(),
             ttl: Duration::from_secs(5),
             renew_every: Duration::from_secs(1),
+            url: String::new(),
         }
     }
 
@@ -64,7 +68,8 @@ pub async fn migrate(db: &Client) -> Result<(), LeaseError> {
              holder     text NOT NULL,
              term       bigint NOT NULL,
              expires_at timestamptz NOT NULL
-         )",
+         );
+         ALTER TABLE nightshift_lease ADD COLUMN IF NOT EXISTS url text NOT NULL DEFAULT ''",
     )
     .await?;
     Ok(())
@@ -79,15 +84,16 @@ pub async fn campaign(db: &Client, cfg: &LeaseConfig) -> Result<Option<u64>, Lea
     let ttl_ms = cfg.ttl.as_millis() as i64;
     let row = db
         .query_opt(
-            "INSERT INTO nightshift_lease AS l (shard, holder, term, expires_at)
-                 VALUES ($1, $2, 1, now() + $3 * interval '1 millisecond')
+            "INSERT INTO nightshift_lease AS l (shard, holder, term, expires_at, url)
+                 VALUES ($1, $2, 1, now() + $3 * interval '1 millisecond', $4)
              ON CONFLICT (shard) DO UPDATE SET
                  holder = EXCLUDED.holder,
+                 url = EXCLUDED.url,
                  term = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > now() THEN l.term ELSE l.term + 1 END,
                  expires_at = EXCLUDED.expires_at
              WHERE l.holder = EXCLUDED.holder OR l.expires_at <= now()
              RETURNING term",
-            &[&cfg.shard, &cfg.holder, &(ttl_ms as f64)],
+            &[&cfg.shard, &cfg.holder, &(ttl_ms as f64), &cfg.url],
         )
         .await?;
     Ok(row.map(|r| r.get::<_, i64>(0) as u64))
@@ -107,6 +113,17 @@ pub async fn renew(db: &Client, cfg: &LeaseConfig, term: u64) -> Result<bool, Le
     Ok(n == 1)
 }
 
+/// Hand the lease at `term` back (it expires now): a standby takes over at
+/// its next campaign instead of after the TTL.
+pub async fn release(db: &Client, cfg: &LeaseConfig, term: u64) -> Result<(), LeaseError> {
+    db.execute(
+        "UPDATE nightshift_lease SET expires_at = now() WHERE shard = $1 AND holder = $2 AND term = $3",
+        &[&cfg.shard, &cfg.holder, &(term as i64)],
+    )
+    .await?;
+    Ok(())
+}
+
 /// The SQL condition that fences a write: put it in the write's `WHERE`
 /// (or check it in the same transaction) with the shard, holder and term
 /// as parameters `$shard`, `$holder`, `$term`.
@@ -119,14 +136,121 @@ pub fn fence_condition(shard: usize, holder: usize, term: usize) -> String {
 /// Who holds a shard's lease now, at what term, and for how many more
 /// milliseconds (negative: expired).
 pub async fn holder(db: &Client, shard: &str) -> Result<Option<(String, u64, i64)>, LeaseError> {
+    Ok(lease_row(db, shard).await?.map(|l| (l.holder, l.term, l.expires_in_ms)))
+}
+
+/// A shard's lease row as the database has it now.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LeaseRow {
+    pub holder: String,
+    pub term: u64,
+    /// Milliseconds left by the database's clock (negative: expired).
+    pub expires_in_ms: i64,
+    /// The holder's API address (may be empty).
+    pub url: String,
+}
+
+/// [`holder`] with the holder's address.
+pub async fn lease_row(db: &Client, shard: &str) -> Result<Option<LeaseRow>, LeaseError> {
     let row = db
         .query_opt(
-            "SELECT holder, term, (extract(epoch FROM (expires_at - now())) * 1000)::bigint
+            "SELECT holder, term, (extract(epoch FROM (expires_at - now())) * 1000)::bigint, url
              FROM nightshift_lease WHERE shard = $1",
             &[&shard],
         )
         .await?;
-    Ok(row.map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64, r.get::<_, i64>(2))))
+    Ok(row.map(|r| LeaseRow {
+        holder: r.get(0),
+        term: r.get::<_, i64>(1) as u64,
+        expires_in_ms: r.get(2),
+        url: r.get(3),
+    }))
+}
+
+/// What this engine knows of its shard's leadership, shared by the lease
+/// loop (which writes it), the audit writer (which fences every append
+/// with the term), the agents' requests (which carry it) and the API
+/// (which reports it and forwards writes to the leader).
+#[derive(Debug)]
+pub struct Leadership {
+    pub cfg: LeaseConfig,
+    /// The term this engine leads at; 0 while it is a standby (or after it
+    /// was deposed).
+    term: std::sync::atomic::AtomicU64,
+    /// The leader as last read from the lease row (a standby forwards
+    /// writes to its `url`).
+    leader: std::sync::RwLock<Option<LeaseRow>>,
+    /// When the lease was last taken or renewed (ms since the Unix epoch,
+    /// this host's clock; for `/metrics` only).
+    renewed_ms: std::sync::atomic::AtomicI64,
+    /// Set once: why this engine stopped leading.
+    deposed: tokio::sync::watch::Sender<Option<String>>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Leadership {
+    pub fn new(cfg: LeaseConfig) -> std::sync::Arc<Leadership> {
+        std::sync::Arc::new(Leadership {
+            cfg,
+            term: std::sync::atomic::AtomicU64::new(0),
+            leader: std::sync::RwLock::new(None),
+            renewed_ms: std::sync::atomic::AtomicI64::new(0),
+            deposed: tokio::sync::watch::channel(None).0,
+        })
+    }
+
+    /// The term this engine leads at, if it leads.
+    pub fn term(&self) -> Option<u64> {
+        match self.term.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => None,
+            t => Some(t),
+        }
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.term().is_some()
+    }
+
+    /// Lead at `term` (the lease was just taken).
+    pub fn lead(&self, term: u64) {
+        self.renewed();
+        self.term.store(term, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The lease was renewed just now.
+    pub fn renewed(&self) {
+        self.renewed_ms.store(now_ms(), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Milliseconds since the lease was last taken or renewed (None while
+    /// standing by).
+    pub fn lease_age_ms(&self) -> Option<i64> {
+        self.is_leader().then(|| now_ms() - self.renewed_ms.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// Stop leading for good: every later append is refused, and whoever
+    /// waits on [`Leadership::deposed`] hears why.
+    pub fn depose(&self, why: String) {
+        self.term.store(0, std::sync::atomic::Ordering::SeqCst);
+        self.deposed.send_replace(Some(why));
+    }
+
+    /// Flips to `Some(why)` when this engine stops leading.
+    pub fn deposed(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.deposed.subscribe()
+    }
+
+    pub fn set_leader(&self, row: Option<LeaseRow>) {
+        *self.leader.write().unwrap_or_else(|e| e.into_inner()) = row;
+    }
+
+    /// The leader as last read (possibly this engine).
+    pub fn leader(&self) -> Option<LeaseRow> {
+        self.leader.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 #[cfg(test)]

@@ -11,8 +11,9 @@ use nightshift_proto::ssh::client::{AgentClient, AgentTransport, ClientConfig, C
 use nightshift_proto::ssh::keys;
 use nightshift_proto::{NoArgs, Op, Request};
 
-use crate::audit::{AuditError, AuditStore};
-use crate::config::EngineConfig;
+use crate::audit::{AuditError, AuditStore, PgOptions};
+use crate::config::{AuditBackend, EngineConfig};
+use crate::ha::{LeaseConfig, Leadership};
 use crate::engine::{Engine, EngineError, EngineParts};
 use crate::inventory::Inventory;
 use crate::manifest::LoadError;
@@ -30,6 +31,9 @@ pub enum StartError {
     Audit(#[from] AuditError),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// engine.yaml's `audit.postgres` cannot be used as written.
+    #[error("{0}")]
+    Config(String),
 }
 
 /// The clock a config asks for.
@@ -44,13 +48,17 @@ pub async fn start(config: EngineConfig) -> Result<Engine, StartError> {
     start_with_clock(config.clone(), clock_for(&config)).await
 }
 
-/// [`start`] with a given clock.
+/// [`start`] with a given clock. With the sled backend the engine acts at
+/// once. With PostgreSQL it opens its copy of the shard's chain and stands
+/// by — serving reads, following the database — while a lease loop
+/// campaigns; once it holds the lease it recovers as a restart would and
+/// starts acting (see [`crate::ha`]).
 pub async fn start_with_clock(config: EngineConfig, clock: SharedClock) -> Result<Engine, StartError> {
     let inventory = Inventory::load(&config.inventory_path)?;
     let key = keys::load(&config.engine_key_path)
         .map_err(|e| StartError::Key { path: config.engine_key_path.display().to_string(), message: e.to_string() })?;
     let key = Arc::new(key);
-    let audit = AuditStore::open(&config.data_dir, clock.clone())?;
+    let audit = open_audit(&config, clock.clone()).await?;
     let script = Arc::new(build_engine(&config.script));
     let runbooks = load_dir(&config.runbook_dir, &script);
     for e in &runbooks.errors {
@@ -65,6 +73,58 @@ pub async fn start_with_clock(config: EngineConfig, clock: SharedClock) -> Resul
         nodes.push((spec.clone(), addr, client as Arc<dyn AgentTransport>));
     }
     let engine = Engine::new(EngineParts { config: config.clone(), clock, audit, nodes, script, runbooks });
+    match engine.core.leadership().cloned() {
+        None => activate(&engine, clients).await?,
+        Some(l) => {
+            tracing::info!(shard = %l.cfg.shard, holder = %l.cfg.holder, "standing by: campaigning for the shard's lease");
+            let e = engine.clone();
+            tokio::spawn(async move { lease_loop(e, l, clients).await });
+        }
+    }
+    Ok(engine)
+}
+
+/// Open the audit store engine.yaml asks for.
+async fn open_audit(config: &EngineConfig, clock: SharedClock) -> Result<AuditStore, StartError> {
+    let Some(pgc) = config.audit.postgres.as_ref().filter(|_| config.audit.backend == AuditBackend::Postgres) else {
+        return Ok(AuditStore::open(&config.data_dir, clock)?);
+    };
+    let url = pgc.url().map_err(StartError::Config)?;
+    let lease = LeaseConfig {
+        shard: pgc.shard.clone(),
+        holder: holder_id(),
+        ttl: Duration::from_millis(pgc.lease_ttl_ms),
+        renew_every: Duration::from_millis(pgc.lease_renew_ms),
+        url: pgc.advertise_url.clone().unwrap_or_else(|| format!("http://{}", config.listen_addr)),
+    };
+    lease.check().map_err(|e| StartError::Config(e.to_string()))?;
+    let opts = PgOptions {
+        url,
+        ca_file: pgc.ca_file.clone(),
+        shard: pgc.shard.clone(),
+        leadership: Leadership::new(lease),
+        follow_every: Duration::from_millis(pgc.follow_ms),
+    };
+    let dir = config.data_dir.clone();
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| AuditError::Open { path: dir.clone(), message: format!("cannot create the data dir: {e}") })?;
+    tokio::task::spawn_blocking(move || AuditStore::open_postgres(&dir, clock, opts))
+        .await
+        .map_err(|e| StartError::Config(format!("opening the audit store failed: {e}")))?
+        .map_err(StartError::from)
+}
+
+/// This process among the shard's engines: host, pid and a random part.
+fn holder_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    format!("{}-{}-{:04x}", if host.is_empty() { "engine" } else { &host }, std::process::id(), rand::random::<u16>())
+}
+
+/// Start acting: record the start, recover what the last leader (or the
+/// last run of this engine) left unfinished, then connect to every agent
+/// and start the pulls and the tick.
+async fn activate(engine: &Engine, clients: Vec<(String, Arc<AgentClient>)>) -> Result<(), StartError> {
+    let config = engine.config().clone();
     engine.announce_start().await?;
     let recovered = engine.recover().await?;
     if !recovered.is_empty() {
@@ -109,7 +169,199 @@ pub async fn start_with_clock(config: EngineConfig, clock: SharedClock) -> Resul
         }
     }));
     tracing::info!(nodes = engine.node_names().len(), runbooks = engine.runbook_set().runbooks.len(), "engine started");
-    Ok(engine)
+    Ok(())
+}
+
+/// Campaign for the shard's lease until this engine holds it; then catch
+/// up, recover and act, renewing the lease every `renew_every`. The lease
+/// is lost when a renewal finds another holder, or when none succeeded for
+/// the TTL (the database unreachable: by then another engine may hold it):
+/// the engine is then deposed — it writes and sends nothing more, cancels
+/// its runs and says so (`nightshift serve` exits for its service manager to
+/// start it again, as a standby). A shutdown hands the lease back at once.
+async fn lease_loop(engine: Engine, l: Arc<Leadership>, clients: Vec<(String, Arc<AgentClient>)>) {
+    let pg = match engine.audit().postgres() {
+        Some(p) => p.clone(),
+        None => return,
+    };
+    let mut shutdown = engine.shutdown_signal();
+    let mut db: Option<tokio_postgres::Client> = None;
+    let connect = |db: &mut Option<tokio_postgres::Client>| {
+        let (url, ca) = (pg.url.clone(), pg.ca_file.clone());
+        let stale = db.as_ref().is_none_or(|c| c.is_closed());
+        async move {
+            if stale {
+                match tokio::time::timeout(Duration::from_secs(5), crate::audit::pg::connect(&url, ca.as_deref())).await {
+                    Ok(Ok(c)) => return Ok(Some(c)),
+                    Ok(Err(e)) => return Err(e.to_string()),
+                    Err(_) => return Err("no connection within 5 s".to_string()),
+                }
+            }
+            Ok(None)
+        }
+    };
+    // Standing by.
+    let mut warned = false;
+    let term = loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        match connect(&mut db).await {
+            Ok(Some(c)) => db = Some(c),
+            Ok(None) => {}
+            Err(e) => {
+                if !warned {
+                    tracing::warn!(error = %e, "standby: cannot reach postgres to campaign (retrying)");
+                    warned = true;
+                }
+            }
+        }
+        if let Some(c) = &db {
+            match crate::ha::campaign(c, &l.cfg).await {
+                Ok(Some(term)) => break term,
+                Ok(None) => {
+                    if let Ok(row) = crate::ha::lease_row(c, &l.cfg.shard).await {
+                        l.set_leader(row);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "standby: campaign failed (retrying)");
+                    db = None;
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(l.cfg.renew_every) => {}
+            _ = shutdown.changed() => return,
+        }
+    };
+    let took = std::time::Instant::now();
+    l.lead(term);
+    if let Some(c) = &db
+        && let Ok(row) = crate::ha::lease_row(c, &l.cfg.shard).await
+    {
+        l.set_leader(row);
+    }
+    tracing::warn!(term, holder = %l.cfg.holder, shard = %l.cfg.shard, "took the lease: this engine leads");
+    let head = match engine.audit().lead(term).await {
+        Ok(h) => h,
+        Err(e) => {
+            step_down(&engine, &l, format!("cannot catch up with the database's chain: {e}"));
+            return;
+        }
+    };
+    engine.core.ids.advance_to(engine.audit().run_count().unwrap_or(0));
+    let renewals = {
+        let (engine, l) = (engine.clone(), l.clone());
+        let pg = pg.clone();
+        tokio::spawn(async move { renew_loop(engine, l, pg, db, term).await })
+    };
+    if let Err(e) = activate(&engine, clients).await {
+        step_down(&engine, &l, format!("cannot start acting: {e}"));
+        return;
+    }
+    engine.counters().failover_ms.store(took.elapsed().as_millis() as u64, std::sync::atomic::Ordering::SeqCst);
+    tracing::info!(term, head, "leading: recovered and acting");
+    let _ = renewals.await;
+}
+
+/// Keep the lease at `term` until it is lost (depose) or the engine shuts
+/// down (hand it back).
+async fn renew_loop(
+    engine: Engine,
+    l: Arc<Leadership>,
+    pg: crate::audit::PgOptions,
+    mut db: Option<tokio_postgres::Client>,
+    term: u64,
+) {
+    let mut shutdown = engine.shutdown_signal();
+    // When the last renewal that succeeded was *sent*: the database's
+    // expiry is at least this late, so the lease is surely still ours
+    // until this + TTL on this host's clock.
+    let mut renewed_at = std::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(l.cfg.renew_every) => {}
+            _ = shutdown.changed() => {
+                hand_back(&engine, &l, db.as_ref(), term).await;
+                return;
+            }
+        }
+        if !l.is_leader() {
+            return;
+        }
+        let sent = std::time::Instant::now();
+        if db.as_ref().is_none_or(|c| c.is_closed()) {
+            db = tokio::time::timeout(Duration::from_secs(2), crate::audit::pg::connect(&pg.url, pg.ca_file.as_deref()))
+                .await
+                .ok()
+                .and_then(Result::ok);
+        }
+        if let Some(c) = &db {
+            match tokio::time::timeout(l.cfg.renew_every, crate::ha::renew(c, &l.cfg, term)).await {
+                Ok(Ok(true)) => {
+                    renewed_at = sent;
+                    l.renewed();
+                }
+                Ok(Ok(false)) => {
+                    let now = crate::ha::lease_row(c, &l.cfg.shard).await.ok().flatten();
+                    let why = match now {
+                        Some(r) if r.holder != l.cfg.holder => {
+                            format!("{} took the lease at term {} (this engine led at term {term})", r.holder, r.term)
+                        }
+                        _ => format!("the lease at term {term} expired before it was renewed"),
+                    };
+                    step_down(&engine, &l, why);
+                    return;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "cannot renew the lease (retrying)");
+                    db = None;
+                }
+                Err(_) => {
+                    tracing::warn!("renewing the lease took longer than the renew interval (retrying)");
+                    db = None;
+                }
+            }
+        }
+        if renewed_at.elapsed() >= l.cfg.ttl {
+            step_down(
+                &engine,
+                &l,
+                format!(
+                    "the lease could not be renewed for {} ms (the database unreachable): another engine may lead now",
+                    l.cfg.ttl.as_millis()
+                ),
+            );
+            return;
+        }
+    }
+}
+
+/// Stop leading for good: refuse every append, stop acting, say why.
+fn step_down(engine: &Engine, l: &Leadership, why: String) {
+    tracing::error!(holder = %l.cfg.holder, why = %why, "deposed: this engine stops acting and writes nothing more");
+    l.depose(why);
+    let e = engine.clone();
+    tokio::spawn(async move { e.shutdown().await });
+}
+
+/// At shutdown, let running scripts finish their records, then expire the
+/// lease so a standby takes over now rather than after the TTL.
+async fn hand_back(engine: &Engine, l: &Leadership, db: Option<&tokio_postgres::Client>, term: u64) {
+    for _ in 0..100 {
+        if engine.running() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    l.depose("this engine shut down and handed the lease back".into());
+    if let Some(c) = db {
+        match crate::ha::release(c, &l.cfg, term).await {
+            Ok(()) => tracing::info!(term, "handed the lease back"),
+            Err(e) => tracing::warn!(error = %e, "cannot hand the lease back: a standby takes over when it expires"),
+        }
+    }
 }
 
 /// An SSH client for one node of the inventory.
@@ -329,6 +581,12 @@ fn reload_files(engine: &Engine) -> Result<ReloadReport, ReloadError> {
             ("notifications", j(&running.notifications), j(&new.notifications)),
             ("time_scale", j(&running.time_scale), j(&new.time_scale)),
             ("grafana", j(&running.grafana), j(&new.grafana)),
+            ("audit.backend", j(&running.audit.backend), j(&new.audit.backend)),
+            (
+                "audit.postgres",
+                j(&running.audit.postgres.as_ref().map(|p| (&p.url_file, &p.url_env, &p.shard, p.lease_ttl_ms))),
+                j(&new.audit.postgres.as_ref().map(|p| (&p.url_file, &p.url_env, &p.shard, p.lease_ttl_ms))),
+            ),
             ("auth.allow_anonymous", j(&running.auth.allow_anonymous), j(&new.auth.allow_anonymous)),
         ] {
             if a != b {

@@ -405,3 +405,65 @@ impl Engine {
         Ok(mode)
     }
 }
+
+/// Where this engine stands in its shard (`/api/v1/ha`, `/metrics`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HaStatus {
+    /// `sled` (one engine, always leading) or `postgres`.
+    pub backend: &'static str,
+    pub shard: Option<String>,
+    /// This engine's name in the lease table.
+    pub holder: Option<String>,
+    /// `leader`, `standby` or `deposed`.
+    pub role: &'static str,
+    /// The term this engine leads at.
+    pub term: Option<u64>,
+    /// The leader as this engine last read the lease row.
+    pub leader: Option<crate::ha::LeaseRow>,
+    /// Since the lease was last taken or renewed (leader only).
+    pub lease_age_ms: Option<i64>,
+    /// Why this engine stopped leading.
+    pub deposed: Option<String>,
+    /// From taking the lease to acting, when this engine took over.
+    pub takeover_ms: Option<u64>,
+}
+
+impl Engine {
+    /// Leadership as this engine sees it.
+    pub fn ha_status(&self) -> HaStatus {
+        let takeover = self.core.counters.failover_ms.load(std::sync::atomic::Ordering::SeqCst);
+        match self.core.leadership() {
+            None => HaStatus {
+                backend: "sled",
+                shard: None,
+                holder: None,
+                role: "leader",
+                term: None,
+                leader: None,
+                lease_age_ms: None,
+                deposed: None,
+                takeover_ms: None,
+            },
+            Some(l) => {
+                let deposed = l.deposed().borrow().clone();
+                HaStatus {
+                    backend: "postgres",
+                    shard: Some(l.cfg.shard.clone()),
+                    holder: Some(l.cfg.holder.clone()),
+                    role: if l.is_leader() {
+                        "leader"
+                    } else if deposed.is_some() {
+                        "deposed"
+                    } else {
+                        "standby"
+                    },
+                    term: l.term(),
+                    leader: l.leader(),
+                    lease_age_ms: l.lease_age_ms(),
+                    deposed,
+                    takeover_ms: (takeover > 0).then_some(takeover),
+                }
+            }
+        }
+    }
+}

@@ -272,6 +272,7 @@ impl SimFleet {
             notifications: Default::default(),
             time_scale: 1.0,
             grafana: opts.grafana.clone(),
+            audit: Default::default(),
             source_path: None,
         };
         let audit = AuditStore::open(&config.data_dir, shared.clone()).map_err(|e| SimError::Setup(e.to_string()))?;

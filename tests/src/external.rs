@@ -199,6 +199,9 @@ pub async fn receiver(fail_first: usize) -> (String, std::sync::Arc<std::sync::M
 /// refuses root), through `setpriv`, which execs without forking.
 pub struct PgCluster {
     pub daemon: Daemon,
+    /// How the server was started (a restart runs it again).
+    argv: Vec<String>,
+    dir: PathBuf,
     /// `host=127.0.0.1 port=… user=nightshift dbname=postgres`.
     pub conninfo: String,
     pub port: u16,
@@ -281,11 +284,52 @@ impl PgCluster {
             ],
         );
         let daemon = Daemon::start(&run, &dir.join("postgres.log"));
+        let mut c = PgCluster {
+            daemon,
+            argv: run,
+            dir: dir.to_path_buf(),
+            conninfo: format!("host=127.0.0.1 port={port} user=nightshift dbname=postgres"),
+            port,
+        };
+        c.wait_listening();
+        c
+    }
+
+    fn wait_listening(&mut self) {
         let end = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < end, "postgres did not listen on {port}; log:\n{}", daemon.log_text());
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < end, "postgres did not listen on {}; log:\n{}", self.port, self.daemon.log_text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Crash the server (SIGKILL: every connection drops, nothing is shut
+    /// down cleanly), wait `down`, start it again on the same data and port
+    /// (it recovers from its WAL) and wait until it listens. Returns how
+    /// long the database was unreachable.
+    pub fn crash_and_restart(&mut self, down: Duration) -> Duration {
+        let t0 = Instant::now();
+        let _ = self.daemon.child.kill();
+        let _ = self.daemon.child.wait();
+        // The postmaster's children notice its death and exit; a new
+        // postmaster refuses to start while they still hold the shared
+        // memory, so retry until it comes up.
+        std::thread::sleep(down);
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            self.daemon = Daemon::start(&self.argv, &self.dir.join("postgres-restart.log"));
+            let up = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < up {
+                if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                    return t0.elapsed();
+                }
+                if let Ok(Some(_)) = self.daemon.child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(Instant::now() < end, "postgres did not come back; log:\n{}", self.daemon.log_text());
             std::thread::sleep(Duration::from_millis(100));
         }
-        PgCluster { daemon, conninfo: format!("host=127.0.0.1 port={port} user=nightshift dbname=postgres"), port }
     }
 }

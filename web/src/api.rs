@@ -525,6 +525,13 @@ pub async fn openapi() -> Response {
 }
 
 pub async fn healthz(State(s): State<AppState>) -> Response {
-    Json(json!({"ok": true, "audit_seq": s.engine.audit().head_seq(), "agents_connected": s.engine.connected_agents()}))
-        .into_response()
+    Json(json!({"ok": true, "audit_seq": s.engine.audit().head_seq(), "agents_connected": s.engine.connected_agents(),
+        "role": s.engine.ha_status().role}))
+    .into_response()
+}
+
+/// `GET /api/v1/ha`: this engine's place in its shard — leader, standby
+/// or deposed, the term, and who leads.
+pub async fn ha(State(s): State<AppState>, _: Viewer) -> Response {
+    Json(s.engine.ha_status()).into_response()
 }

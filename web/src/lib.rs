@@ -9,6 +9,7 @@ pub mod auth;
 pub mod chart;
 pub mod error;
 pub mod extract;
+pub mod forward;
 pub mod html;
 pub mod pages;
 pub mod prom;
@@ -114,10 +115,12 @@ pub fn router(engine: Engine) -> Router {
         .route("/api/v1/audit/export", get(api::export))
         .route("/api/v1/events/stream", get(api::stream))
         .route("/api/v1/openapi.json", get(api::openapi))
+        .route("/api/v1/ha", get(api::ha))
         .route("/healthz", get(api::healthz))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .merge(webhook)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), forward::forward_writes))
         .with_state(state)
 }
 

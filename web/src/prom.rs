@@ -142,6 +142,21 @@ pub fn render(engine: &Engine) -> String {
     for ((kind, sticky), n) in holds {
         let _ = writeln!(out, "nightshift_holds{{kind=\"{kind}\",sticky=\"{sticky}\"}} {n}");
     }
+    let ha = engine.ha_status();
+    if let Some(shard) = &ha.shard {
+        family(&mut out, "nightshift_ha_leader", "gauge", "1 while this engine holds its shard's lease.");
+        let _ = writeln!(out, "nightshift_ha_leader{{shard=\"{}\"}} {}", shard, u8::from(ha.role == "leader"));
+        family(&mut out, "nightshift_ha_term", "gauge", "The lease term this engine leads at (0 while standing by).");
+        let _ = writeln!(out, "nightshift_ha_term{{shard=\"{}\"}} {}", shard, ha.term.unwrap_or(0));
+        family(
+            &mut out,
+            "nightshift_ha_lease_age_seconds",
+            "gauge",
+            "Seconds since the leader last took or renewed its lease (NaN while standing by).",
+        );
+        let age = ha.lease_age_ms.map_or(f64::NAN, |ms| ms as f64 / 1000.0);
+        let _ = writeln!(out, "nightshift_ha_lease_age_seconds{{shard=\"{}\"}} {}", shard, fmt_f(age));
+    }
     let (series, points) = engine.telemetry_size();
     family(&mut out, "nightshift_telemetry_series", "gauge", "Telemetry series held.");
     let _ = writeln!(out, "nightshift_telemetry_series {series}");

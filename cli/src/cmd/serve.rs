@@ -9,6 +9,9 @@ use crate::cmd::usage;
 /// store counts as stuck on damaged data.
 const STARTUP_LIMIT_SECS: u64 = 300;
 
+/// The exit status of an engine that lost its lease (EX_TEMPFAIL).
+pub const DEPOSED_EXIT: u8 = 75;
+
 pub async fn serve(cli: &Cli, listen: Option<String>) -> Result<u8> {
     let mut config = nightshift_engine::config::EngineConfig::load(&cli.config).map_err(|e| usage(e.to_string()))?;
     if let Some(l) = listen {
@@ -20,6 +23,13 @@ pub async fn serve(cli: &Cli, listen: Option<String>) -> Result<u8> {
     let addr = config.listen_addr.clone();
     let listener =
         tokio::net::TcpListener::bind(&addr).await.map_err(|e| usage(format!("cannot listen on {addr}: {e}")))?;
+    // Standbys forward writes to the leader's advertised URL: by default
+    // the address this engine really listens on.
+    if let Some(pg) = config.audit.postgres.as_mut()
+        && pg.advertise_url.is_none()
+    {
+        pg.advertise_url = Some(format!("http://{}", listener.local_addr()?));
+    }
     // sled spins, rather than fails, on a damaged page: if opening and
     // recovering the audit store stops making progress, say what to do and
     // exit non-zero instead of hanging as "starting" forever.
@@ -73,6 +83,45 @@ pub async fn serve(cli: &Cli, listen: Option<String>) -> Result<u8> {
         tracing::info!("shutting down");
         e2.shutdown().await;
     };
-    nightshift_web::serve(engine, listener, shutdown).await?;
-    Ok(0)
+    // Deposed (the lease lost to another engine, or the database gone for
+    // longer than the TTL): this process stops here, and the service manager
+    // starts it again as a standby.
+    let deposed = engine.audit().postgres().map(|p| p.leadership.deposed());
+    let stepped_down = async move {
+        match deposed {
+            Some(mut rx) => {
+                let why = loop {
+                    if let Some(why) = rx.borrow_and_update().clone() {
+                        break why;
+                    }
+                    if rx.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                why
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let web = tokio::spawn(nightshift_web::serve(engine.clone(), listener, async move {
+        tokio::select! {
+            _ = shutdown => {}
+            _ = stop_rx => {}
+        }
+    }));
+    tokio::select! {
+        r = web => { r??; Ok(0) }
+        why = stepped_down => {
+            if why.contains("shut down") {
+                // Our own shutdown handed the lease back; the web server
+                // is ending too.
+                return Ok(0);
+            }
+            eprintln!("nightshift: deposed: {why}; exiting so the service manager starts this engine again as a standby");
+            engine.shutdown().await;
+            let _ = stop_tx.send(());
+            Ok(DEPOSED_EXIT)
+        }
+    }
 }

@@ -13,6 +13,7 @@
 
 mod log;
 pub mod pg;
+mod pgwriter;
 mod salvage;
 mod store;
 mod verify;
@@ -27,7 +28,7 @@ use crate::runs::{RunOutcome, RunState, RunSummary};
 
 pub use log::{LOG_FILE, verify_log};
 pub use salvage::{SalvageReport, rebuild_summary, salvage};
-pub use store::AuditStore;
+pub use store::{AuditStore, PgOptions};
 
 /// SHA-256 of `bytes`, hex.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
@@ -255,6 +256,13 @@ pub enum AuditError {
     Read(String),
     #[error("the audit writer has stopped")]
     Closed,
+    /// PostgreSQL backend: this engine is a standby; only the leader writes.
+    #[error("this engine is a standby ({0}): only the leader writes; send writes to the leader (any replica's API forwards them)")]
+    NotLeader(String),
+    /// PostgreSQL backend: the lease moved on, or the chain did; this
+    /// engine writes nothing more.
+    #[error("this engine was deposed and writes nothing more: {0}")]
+    Deposed(String),
 }
 
 /// What `verify` found.

@@ -17,7 +17,7 @@ use crate::ha::{LeaseConfig, fence_condition};
 /// Why a PostgreSQL audit operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PgAuditError {
-    #[error("postgres: {0}")]
+    #[error("postgres: {}", describe(.0))]
     Db(#[from] tokio_postgres::Error),
     #[error("the database's audit schema is version {found}; this nightshift knows up to {known}: upgrade nightshift")]
     SchemaTooNew { found: i32, known: i32 },
@@ -25,6 +25,18 @@ pub enum PgAuditError {
     Record { seq: u64, message: String },
     #[error("record {seq} was not written: {why}")]
     NotAppended { seq: u64, why: String },
+}
+
+/// A database error with what the server said (tokio-postgres's own
+/// message is only "db error").
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{} ({}){}", d.message(), d.code().code(), d.detail().map(|x| format!(": {x}")).unwrap_or_default()),
+        None => match std::error::Error::source(e) {
+            Some(s) => format!("{e}: {s}"),
+            None => e.to_string(),
+        },
+    }
 }
 
 /// The schema, one step per version; step N takes version N-1 to N.
@@ -53,11 +65,23 @@ const MIGRATIONS: &[&str] = &[
          summary text NOT NULL,
          PRIMARY KEY (shard, run)
      );",
+    // 2: the exact bytes of the run summary each record vouches for, so a
+    // standby's copy indexes every record as the leader wrote it.
+    "ALTER TABLE nightshift_audit ADD COLUMN summary text;",
 ];
 
 /// Bring the schema to the newest version this build knows (idempotent;
 /// one transaction per step; refuses a schema newer than it knows).
 pub async fn migrate_schema(db: &mut Client) -> Result<i32, PgAuditError> {
+    // Engines starting together migrate one at a time (a concurrent
+    // `CREATE TABLE IF NOT EXISTS` can fail on the catalog's unique index).
+    db.batch_execute("SELECT pg_advisory_lock(7465847)").await?;
+    let r = migrate_locked(db).await;
+    let _ = db.batch_execute("SELECT pg_advisory_unlock(7465847)").await;
+    r
+}
+
+async fn migrate_locked(db: &mut Client) -> Result<i32, PgAuditError> {
     db.batch_execute("CREATE TABLE IF NOT EXISTS nightshift_schema (version integer NOT NULL)").await?;
     crate::ha::migrate(db).await.map_err(|e| match e {
         crate::ha::LeaseError::Db(d) => PgAuditError::Db(d),
@@ -107,12 +131,12 @@ pub async fn append(
 ) -> Result<(), PgAuditError> {
     let tx = db.transaction().await?;
     let fence = match lease {
-        Some(_) => format!(" AND {}", fence_condition(13, 14, 15)),
+        Some(_) => format!(" AND {}", fence_condition(14, 15, 16)),
         None => String::new(),
     };
     let sql = format!(
-        "INSERT INTO nightshift_audit (shard, seq, ts_ms, kind, run, node, gpu, runbook, actor, prev_hash, hash, record)
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12
+        "INSERT INTO nightshift_audit (shard, seq, ts_ms, kind, run, node, gpu, runbook, actor, prev_hash, hash, record, summary)
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13
          WHERE ((CAST($2 AS bigint) = 1 AND $10 = '{GENESIS}')
                 OR EXISTS (SELECT 1 FROM nightshift_audit p WHERE p.shard = $1 AND p.seq = CAST($2 AS bigint) - 1 AND p.hash = $10)){fence}"
     );
@@ -121,6 +145,7 @@ pub async fn append(
         let line = serde_json::to_string(r).map_err(|e| PgAuditError::Record { seq: r.seq, message: e.to_string() })?;
         let (seq, gpu) = (r.seq as i64, r.gpu.map(|g| g as i32));
         let kind = r.kind.as_str();
+        let summary_text = summary.as_ref().map(|b| String::from_utf8_lossy(b).into_owned());
         let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
             &shard,
             &seq,
@@ -134,6 +159,7 @@ pub async fn append(
             &r.prev_hash,
             &r.hash,
             &line,
+            &summary_text,
         ];
         let term_i;
         if let Some((cfg, term)) = lease {
@@ -149,18 +175,112 @@ pub async fn append(
             };
             return Err(PgAuditError::NotAppended { seq: r.seq, why: why.into() });
         }
-        if let (Some(run), Some(bytes)) = (&r.run, summary) {
-            let text = String::from_utf8_lossy(bytes).into_owned();
+        if let (Some(run), Some(text)) = (&r.run, &summary_text) {
             tx.execute(
                 "INSERT INTO nightshift_run_summary (shard, run, summary) VALUES ($1, $2, $3)
                  ON CONFLICT (shard, run) DO UPDATE SET summary = EXCLUDED.summary",
-                &[&shard, run, &text],
+                &[&shard, run, text],
             )
             .await?;
         }
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// Records of a shard after `after_seq`, oldest first, at most `limit`,
+/// each with the exact bytes of the run summary it vouches for (what a
+/// standby's copy indexes).
+pub async fn records_after(
+    db: &Client,
+    shard: &str,
+    after_seq: u64,
+    limit: i64,
+) -> Result<Vec<LoggedRecord>, PgAuditError> {
+    let rows = db
+        .query(
+            "SELECT seq, record, summary FROM nightshift_audit WHERE shard = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+            &[&shard, &(after_seq as i64), &limit],
+        )
+        .await?;
+    rows.into_iter()
+        .map(|row| {
+            let (seq, line, summary): (i64, String, Option<String>) = (row.get(0), row.get(1), row.get(2));
+            let r: AuditRecord = serde_json::from_str(&line)
+                .map_err(|e| PgAuditError::Record { seq: seq as u64, message: format!("not a readable record: {e}") })?;
+            Ok((r, summary.map(String::into_bytes)))
+        })
+        .collect()
+}
+
+/// The hash of a shard's record `seq`, if it is stored.
+pub async fn hash_at(db: &Client, shard: &str, seq: u64) -> Result<Option<String>, PgAuditError> {
+    Ok(db
+        .query_opt("SELECT hash FROM nightshift_audit WHERE shard = $1 AND seq = $2", &[&shard, &(seq as i64)])
+        .await?
+        .map(|r| r.get(0)))
+}
+
+/// Every shard the database holds records of.
+pub async fn shards(db: &Client) -> Result<Vec<String>, PgAuditError> {
+    Ok(db.query("SELECT DISTINCT shard FROM nightshift_audit ORDER BY shard", &[]).await?.iter().map(|r| r.get(0)).collect())
+}
+
+/// Why the database could not be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("postgres: {}", describe(.0))]
+    Db(#[from] tokio_postgres::Error),
+    #[error("postgres: the connection URL is not valid: {0} (expected postgres://USER@HOST:PORT/DB?sslmode=disable|prefer|require)")]
+    Url(tokio_postgres::Error),
+    #[error("postgres TLS: cannot read the CA file {path}: {message}")]
+    Ca { path: String, message: String },
+}
+
+/// Connect to `url` (a libpq URL or key=value string), with TLS when the
+/// URL asks for it (`sslmode=require`): the server's certificate is checked
+/// against `ca_file` (PEM) if given, else against the public web roots.
+/// The connection is driven by a task on the current runtime; it ends when
+/// the client is dropped.
+pub async fn connect(url: &str, ca_file: Option<&std::path::Path>) -> Result<Client, ConnectError> {
+    let config: tokio_postgres::Config = url.parse().map_err(ConnectError::Url)?;
+    if config.get_ssl_mode() == tokio_postgres::config::SslMode::Disable {
+        let (client, conn) = config.connect(tokio_postgres::NoTls).await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "postgres connection ended");
+            }
+        });
+        return Ok(client);
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_file {
+        Some(path) => {
+            use rustls_pki_types::pem::PemObject;
+            let certs = rustls_pki_types::CertificateDer::pem_file_iter(path)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| ConnectError::Ca { path: path.display().to_string(), message: e.to_string() })?;
+            for c in certs {
+                roots
+                    .add(c)
+                    .map_err(|e| ConnectError::Ca { path: path.display().to_string(), message: e.to_string() })?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ConnectError::Ca { path: "(built-in)".into(), message: e.to_string() })?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let (client, conn) = config.connect(tokio_postgres_rustls::MakeRustlsConnect::new(tls)).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "postgres connection ended");
+        }
+    });
+    Ok(client)
 }
 
 /// Walk a shard's chain in the database: every stored line parses, hashes

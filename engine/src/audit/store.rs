@@ -16,10 +16,19 @@ use nightshift_proto::clock::SharedClock;
 use super::log::{RecordLog, Replay, encode_lines};
 use super::*;
 
-struct WriteReq {
-    rec: NewRecord,
-    summary: Option<RunSummary>,
-    ack: oneshot::Sender<Result<AuditRecord, AuditError>>,
+pub(super) struct WriteReq {
+    pub(super) rec: NewRecord,
+    pub(super) summary: Option<RunSummary>,
+    pub(super) ack: oneshot::Sender<Result<AuditRecord, AuditError>>,
+}
+
+/// What the writer thread is asked to do.
+pub(super) enum Msg {
+    Write(WriteReq),
+    /// PostgreSQL backend: catch up with the database and write from its
+    /// head on at `term` (this engine just took the lease). Answers the
+    /// head's sequence number.
+    Lead { term: u64, ack: oneshot::Sender<Result<u64, AuditError>> },
 }
 
 #[derive(Clone)]
@@ -35,7 +44,7 @@ pub(super) struct Trees {
 /// How often sled flushes in the background. Not what makes a record
 /// durable (the record log is); it bounds what an open replays after a
 /// crash to about this much of the log.
-const SLED_FLUSH_MS: u64 = 1000;
+pub(super) const SLED_FLUSH_MS: u64 = 1000;
 
 /// The store.
 #[derive(Clone)]
@@ -45,13 +54,36 @@ pub struct AuditStore {
     writer: Arc<WriterHandle>,
     live: broadcast::Sender<Arc<AuditRecord>>,
     head: Arc<std::sync::atomic::AtomicU64>,
+    /// PostgreSQL backend: where the chain lives (sled is then this
+    /// engine's copy of it, for queries).
+    pg: Option<Arc<PgOptions>>,
+}
+
+/// The PostgreSQL backend's settings.
+#[derive(Clone)]
+pub struct PgOptions {
+    /// Never logged.
+    pub url: String,
+    /// PEM CA certificates for `sslmode=require` (else the web roots).
+    pub ca_file: Option<PathBuf>,
+    pub shard: String,
+    /// The lease every append is fenced by.
+    pub leadership: Arc<crate::ha::Leadership>,
+    /// How often a standby reads new records from the database.
+    pub follow_every: std::time::Duration,
+}
+
+impl std::fmt::Debug for PgOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgOptions").field("shard", &self.shard).field("ca_file", &self.ca_file).finish()
+    }
 }
 
 /// The way to the writer thread. When the last clone of the store goes,
 /// the writer finishes what it was given, closes the log (giving back its
 /// zero-filled room) and flushes sled before the drop returns.
 struct WriterHandle {
-    tx: Option<std_mpsc::Sender<WriteReq>>,
+    tx: Option<std_mpsc::Sender<Msg>>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// Appends sent and not yet answered (acknowledged or failed).
     pending: Arc<std::sync::atomic::AtomicU64>,
@@ -61,7 +93,7 @@ impl WriterHandle {
     fn send(&self, req: WriteReq) -> Result<(), AuditError> {
         let tx = self.tx.as_ref().ok_or(AuditError::Closed)?;
         self.pending.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let sent = tx.send(req).map_err(|_| AuditError::Closed);
+        let sent = tx.send(Msg::Write(req)).map_err(|_| AuditError::Closed);
         if sent.is_err() {
             self.pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         }
@@ -70,7 +102,7 @@ impl WriterHandle {
 }
 
 /// Answers one append and counts it off.
-fn answer(pending: &std::sync::atomic::AtomicU64, req: WriteReq, r: Result<AuditRecord, AuditError>) {
+pub(super) fn answer(pending: &std::sync::atomic::AtomicU64, req: WriteReq, r: Result<AuditRecord, AuditError>) {
     // Counted out before the answer goes: whoever the answer wakes sees the
     // count without it (the record is already indexed or refused).
     pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
@@ -160,55 +192,62 @@ pub(super) fn created_key(created_ms: i64, id: &str) -> Vec<u8> {
     k
 }
 
+/// Open sled's trees in `dir` (retrying briefly while a store closed a
+/// moment ago in this process lets go of its lock).
+pub(super) fn open_trees(dir: &Path) -> Result<(Trees, PathBuf), AuditError> {
+    let path = dir.join("audit.sled");
+    let mut attempt = 0;
+    let db = loop {
+        match sled::Config::new().path(&path).mode(sled::Mode::LowSpace).flush_every_ms(Some(SLED_FLUSH_MS)).open() {
+            Ok(db) => break db,
+            Err(e) => {
+                let message = e.to_string();
+                let locked = message.contains("could not acquire lock");
+                if locked && attempt < 40 {
+                    attempt += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    continue;
+                }
+                return Err(if locked {
+                    AuditError::Locked { path: path.clone(), message }
+                } else {
+                    AuditError::Open { path: path.clone(), message }
+                });
+            }
+        }
+    };
+    let open = |name: &str| db.open_tree(name).map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() });
+    let trees = Trees {
+        records: open("records")?,
+        by_run: open("by_run")?,
+        by_node: open("by_node")?,
+        runs: open("runs")?,
+        runs_by_created: open("runs_by_created")?,
+        db: db.clone(),
+    };
+    Ok((trees, path))
+}
+
+/// The newest record sled holds: `(seq, hash)`, or the genesis.
+pub(super) fn local_head(trees: &Trees, path: &Path) -> Result<(u64, String), AuditError> {
+    Ok(match trees.records.last().map_err(|e| AuditError::Read(e.to_string()))? {
+        Some((_, v)) => {
+            let r: AuditRecord = serde_json::from_slice(&v).map_err(|e| AuditError::Open {
+                path: path.to_path_buf(),
+                message: format!("last record unreadable: {e}"),
+            })?;
+            (r.seq, r.hash)
+        }
+        None => (0, GENESIS.to_string()),
+    })
+}
+
 impl AuditStore {
     /// Open (or create) the store in `dir`. Fails clearly when another
     /// process holds it.
     pub fn open(dir: &Path, clock: SharedClock) -> Result<AuditStore, AuditError> {
-        let path = dir.join("audit.sled");
-        // A store closed a moment ago in this process may still be letting
-        // go of its lock: retry briefly before calling it held.
-        let mut attempt = 0;
-        let db = loop {
-            match sled::Config::new().path(&path).mode(sled::Mode::LowSpace).flush_every_ms(Some(SLED_FLUSH_MS)).open()
-            {
-                Ok(db) => break db,
-                Err(e) => {
-                    let message = e.to_string();
-                    let locked = message.contains("could not acquire lock");
-                    if locked && attempt < 40 {
-                        attempt += 1;
-                        std::thread::sleep(std::time::Duration::from_millis(50));
-                        continue;
-                    }
-                    return Err(if locked {
-                        AuditError::Locked { path: path.clone(), message }
-                    } else {
-                        AuditError::Open { path: path.clone(), message }
-                    });
-                }
-            }
-        };
-        let open = |name: &str| {
-            db.open_tree(name).map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() })
-        };
-        let trees = Trees {
-            records: open("records")?,
-            by_run: open("by_run")?,
-            by_node: open("by_node")?,
-            runs: open("runs")?,
-            runs_by_created: open("runs_by_created")?,
-            db: db.clone(),
-        };
-        let (mut seq, mut hash) = match trees.records.last().map_err(|e| AuditError::Read(e.to_string()))? {
-            Some((_, v)) => {
-                let r: AuditRecord = serde_json::from_slice(&v).map_err(|e| AuditError::Open {
-                    path: path.clone(),
-                    message: format!("last record unreadable: {e}"),
-                })?;
-                (r.seq, r.hash)
-            }
-            None => (0, GENESIS.to_string()),
-        };
+        let (trees, path) = open_trees(dir)?;
+        let (mut seq, mut hash) = local_head(&trees, &path)?;
         let (log, ahead) = RecordLog::open(dir, seq, &hash, |after| {
             trees
                 .records
@@ -223,7 +262,7 @@ impl AuditStore {
             replay(&trees, &ahead)?;
             (seq, hash) = (last.record.seq, last.record.hash.clone());
         }
-        let (tx, rx) = std_mpsc::channel::<WriteReq>();
+        let (tx, rx) = std_mpsc::channel::<Msg>();
         let (live, _) = broadcast::channel(4096);
         let head = Arc::new(std::sync::atomic::AtomicU64::new(seq));
         let pending = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -240,7 +279,58 @@ impl AuditStore {
             .spawn(move || writer.run(rx, indexer))
             .map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() })?;
         let writer = Arc::new(WriterHandle { tx: Some(tx), thread: Some(thread), pending });
-        Ok(AuditStore { trees, path, writer, live, head })
+        Ok(AuditStore { trees, path, writer, live, head, pg: None })
+    }
+
+    /// Open the PostgreSQL backend: the chain lives in the database (shard
+    /// `pg.shard`), and sled in `dir` is this engine's copy of it for
+    /// queries — caught up now, then kept up by following the database
+    /// while standing by, and by this engine's own appends while it leads.
+    /// A copy that disagrees with the database (another database, a
+    /// restored backup) is dropped and read again. Appends are refused
+    /// until [`AuditStore::lead`].
+    pub fn open_postgres(dir: &Path, clock: SharedClock, pg: PgOptions) -> Result<AuditStore, AuditError> {
+        let (trees, path) = open_trees(dir)?;
+        let (live, _) = broadcast::channel(4096);
+        let head = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let pending = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let indexer = Indexer {
+            trees: trees.clone(),
+            live: live.clone(),
+            head: head.clone(),
+            failed: None,
+            pending: pending.clone(),
+        };
+        let (tx, rx) = std_mpsc::channel::<Msg>();
+        let (opened_tx, opened) = std_mpsc::channel();
+        let pg = Arc::new(pg);
+        let (p2, t2, path2, pending2) = (pg.clone(), trees.clone(), path.clone(), pending.clone());
+        let thread = std::thread::Builder::new()
+            .name("audit-pg-writer".into())
+            .spawn(move || super::pgwriter::run(p2, t2, path2, clock, pending2, rx, indexer, opened_tx))
+            .map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() })?;
+        let writer = Arc::new(WriterHandle { tx: Some(tx), thread: Some(thread), pending });
+        match opened.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(AuditError::Open { path, message: "the audit writer stopped while opening".into() }),
+        }
+        Ok(AuditStore { trees, path, writer, live, head, pg: Some(pg) })
+    }
+
+    /// PostgreSQL backend: this engine took the lease at `term`. Catch up
+    /// with every record the database holds (the last leader's included),
+    /// then append from its head on, fenced by `term`. Returns the head.
+    pub async fn lead(&self, term: u64) -> Result<u64, AuditError> {
+        let tx = self.writer.tx.as_ref().ok_or(AuditError::Closed)?;
+        let (ack, rx) = oneshot::channel();
+        tx.send(Msg::Lead { term, ack }).map_err(|_| AuditError::Closed)?;
+        rx.await.map_err(|_| AuditError::Closed)?
+    }
+
+    /// The PostgreSQL backend's settings, when it is the backend.
+    pub fn postgres(&self) -> Option<&PgOptions> {
+        self.pg.as_deref()
     }
 
     /// Where the store lives.
@@ -458,6 +548,9 @@ impl AuditStore {
     /// first record that cannot be read or does not check out — also when
     /// sled stops answering on a damaged page (it spins rather than fail).
     pub fn verify(&self) -> Result<VerifyReport, AuditError> {
+        if let Some(pg) = &self.pg {
+            return super::pgwriter::verify(pg);
+        }
         let log = self.path.parent().map(|d| d.join(super::log::LOG_FILE));
         super::verify::verify(self.trees.clone(), log)
     }
@@ -525,27 +618,75 @@ struct Writer {
 }
 
 /// A group in the record log, on its way to sled and to its callers.
-struct Written {
-    records: Vec<AuditRecord>,
-    bytes: Vec<Vec<u8>>,
-    summaries: Vec<Option<Vec<u8>>>,
-    batch: Vec<WriteReq>,
+pub(super) struct Written {
+    pub(super) records: Vec<AuditRecord>,
+    pub(super) bytes: Vec<Vec<u8>>,
+    pub(super) summaries: Vec<Option<Vec<u8>>>,
+    /// Each summary's run id and creation time.
+    pub(super) meta: Vec<Option<(String, i64)>>,
+    /// The callers to answer (none for records read from the database).
+    pub(super) batch: Vec<WriteReq>,
 }
 
 /// The second stage: indexes a durable group in sled, then acknowledges
 /// it — while the first stage already syncs the next group. Once sled
 /// fails, it acknowledges nothing more (the log holds those records; an
 /// open replays them).
-struct Indexer {
-    trees: Trees,
-    live: broadcast::Sender<Arc<AuditRecord>>,
-    head: Arc<std::sync::atomic::AtomicU64>,
-    failed: Option<AuditError>,
-    pending: Arc<std::sync::atomic::AtomicU64>,
+pub(super) struct Indexer {
+    pub(super) trees: Trees,
+    pub(super) live: broadcast::Sender<Arc<AuditRecord>>,
+    pub(super) head: Arc<std::sync::atomic::AtomicU64>,
+    pub(super) failed: Option<AuditError>,
+    pub(super) pending: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Chain a group of requests after record `seq` (hash `hash`) at time
+/// `now`: the records, the exact bytes of the summaries they vouch for,
+/// and each summary's run id and creation time.
+#[allow(clippy::type_complexity)]
+pub(super) fn chain(
+    seq: u64,
+    hash: &str,
+    now: i64,
+    batch: &[WriteReq],
+) -> (Vec<AuditRecord>, Vec<Option<Vec<u8>>>, Vec<Option<(String, i64)>>) {
+    let mut records = Vec::with_capacity(batch.len());
+    let mut summaries: Vec<Option<Vec<u8>>> = Vec::with_capacity(batch.len());
+    let (mut seq, mut prev) = (seq, hash.to_string());
+    for req in batch {
+        seq += 1;
+        // A record that changes a run's summary carries the summary's
+        // hash, so the chain vouches for the timeline too.
+        let summary = req.summary.as_ref().map(|s| serde_json::to_vec(s).unwrap_or_default());
+        let mut data = req.rec.data.clone();
+        if let (Some(bytes), Some(obj)) = (&summary, data.as_object_mut()) {
+            obj.insert("summary_sha256".into(), Value::String(sha256_hex(bytes)));
+        }
+        summaries.push(summary);
+        let mut r = AuditRecord {
+            seq,
+            ts_ms: now,
+            kind: req.rec.kind,
+            run: req.rec.run.clone(),
+            node: req.rec.node.clone(),
+            gpu: req.rec.gpu,
+            runbook: req.rec.runbook.clone(),
+            actor: req.rec.actor.clone(),
+            data,
+            prev_hash: prev.clone(),
+            hash: String::new(),
+            v: Some(super::CHAIN_VERSION),
+        };
+        r.hash = r.compute_hash();
+        prev = r.hash.clone();
+        records.push(r);
+    }
+    let meta = batch.iter().map(|r| r.summary.as_ref().map(|s| (s.id.clone(), s.created_ms))).collect();
+    (records, summaries, meta)
 }
 
 impl Writer {
-    fn run(mut self, rx: std_mpsc::Receiver<WriteReq>, indexer: Indexer) {
+    fn run(mut self, rx: std_mpsc::Receiver<Msg>, indexer: Indexer) {
         // A small queue: the log may run one group ahead of sled, no more.
         let (tx, written) = std_mpsc::sync_channel::<Written>(1);
         let second = std::thread::Builder::new().name("audit-index".into()).spawn(move || indexer.run(written));
@@ -557,10 +698,20 @@ impl Writer {
             }
         };
         while let Some(first) = recv_soon(&rx) {
+            let first = match first {
+                Msg::Write(w) => w,
+                Msg::Lead { ack, .. } => {
+                    let _ = ack.send(Err(AuditError::Write("the sled backend has no leader election".into())));
+                    continue;
+                }
+            };
             let mut batch = vec![first];
             while batch.len() < 4096 {
                 match rx.try_recv() {
-                    Ok(r) => batch.push(r),
+                    Ok(Msg::Write(r)) => batch.push(r),
+                    Ok(Msg::Lead { ack, .. }) => {
+                        let _ = ack.send(Err(AuditError::Write("the sled backend has no leader election".into())));
+                    }
                     Err(_) => break,
                 }
             }
@@ -586,38 +737,8 @@ impl Writer {
             }
             return None;
         }
-        let now = self.clock.now_ms();
-        let mut records = Vec::with_capacity(batch.len());
-        let mut summaries: Vec<Option<Vec<u8>>> = Vec::with_capacity(batch.len());
-        let (mut seq, mut prev) = (self.seq, self.hash.clone());
-        for req in &batch {
-            seq += 1;
-            // A record that changes a run's summary carries the summary's
-            // hash, so the chain vouches for the timeline too.
-            let summary = req.summary.as_ref().map(|s| serde_json::to_vec(s).unwrap_or_default());
-            let mut data = req.rec.data.clone();
-            if let (Some(bytes), Some(obj)) = (&summary, data.as_object_mut()) {
-                obj.insert("summary_sha256".into(), Value::String(sha256_hex(bytes)));
-            }
-            summaries.push(summary);
-            let mut r = AuditRecord {
-                seq,
-                ts_ms: now,
-                kind: req.rec.kind,
-                run: req.rec.run.clone(),
-                node: req.rec.node.clone(),
-                gpu: req.rec.gpu,
-                runbook: req.rec.runbook.clone(),
-                actor: req.rec.actor.clone(),
-                data,
-                prev_hash: prev.clone(),
-                hash: String::new(),
-                v: Some(super::CHAIN_VERSION),
-            };
-            r.hash = r.compute_hash();
-            prev = r.hash.clone();
-            records.push(r);
-        }
+        let (records, summaries, meta) = chain(self.seq, &self.hash, self.clock.now_ms(), &batch);
+        let (seq, prev) = records.last().map_or((self.seq, self.hash.clone()), |r| (r.seq, r.hash.clone()));
         // Serialize once: the same bytes go to the log and to sled.
         let mut bytes = Vec::with_capacity(records.len());
         let mut buf = Vec::with_capacity(records.len() * 512);
@@ -630,7 +751,7 @@ impl Writer {
             Ok(()) => {
                 self.seq = seq;
                 self.hash = prev;
-                Some(Written { records, bytes, summaries, batch })
+                Some(Written { records, bytes, summaries, meta, batch })
             }
             Err(e) => {
                 tracing::error!(error = %e, "audit write failed: no more appends are accepted until a restart");
@@ -648,7 +769,7 @@ impl Writer {
 }
 
 impl Indexer {
-    fn run(mut self, rx: std_mpsc::Receiver<Written>) {
+    pub(super) fn run(mut self, rx: std_mpsc::Receiver<Written>) {
         while let Some(w) = recv_soon(&rx) {
             self.index(w);
         }
@@ -662,19 +783,15 @@ impl Indexer {
             let items: Vec<Indexed<'_>> = w
                 .records
                 .iter()
-                .zip(&w.batch)
+                .zip(&w.meta)
                 .zip(&w.summaries)
                 .zip(&w.bytes)
-                .map(|(((r, req), summary), b)| Indexed {
+                .map(|(((r, meta), summary), b)| Indexed {
                     seq: r.seq,
                     run: r.run.as_deref(),
                     node: r.node.as_deref(),
                     bytes: b,
-                    summary: req
-                        .summary
-                        .as_ref()
-                        .zip(summary.as_deref())
-                        .map(|(s, sb)| (s.id.as_str(), s.created_ms, sb)),
+                    summary: meta.as_ref().zip(summary.as_deref()).map(|((id, created), sb)| (id.as_str(), *created, sb)),
                 })
                 .collect();
             if let Err(e) = index(&self.trees, &items) {
@@ -693,9 +810,12 @@ impl Indexer {
         if let Some(last) = w.records.last() {
             self.head.store(last.seq, std::sync::atomic::Ordering::SeqCst);
         }
-        for (r, req) in w.records.into_iter().zip(w.batch) {
+        let mut batch = w.batch.into_iter();
+        for r in w.records {
             let _ = self.live.send(Arc::new(r.clone()));
-            answer(&self.pending, req, Ok(r));
+            if let Some(req) = batch.next() {
+                answer(&self.pending, req, Ok(r));
+            }
         }
     }
 }

@@ -1,0 +1,449 @@
+//! High availability end to end: two `nightshift serve` processes on one
+//! real PostgreSQL, four sim agents over SSH, runs started through either
+//! engine's API (a standby forwards them to the leader).
+//!
+//! 1. kill -9 the leader at random points during runs, N times
+//!    (`NIGHTSHIFT_HA_KILLS`, default 20): each time the standby leads
+//!    within TTL + 2 s, and the killed engine comes back as a standby.
+//! 2. SIGSTOP the leader past its TTL; the standby takes over and acts;
+//!    SIGCONT: the old leader writes nothing, nothing it sends is applied,
+//!    and it exits saying it was deposed.
+//! 3. Crash PostgreSQL mid-run: the leader stops acting while the database
+//!    is gone and resumes after, at the same term.
+//!
+//! Afterwards: every run an engine accepted is in the database and
+//! finished (completed, or interrupted by the next leader's recovery); no
+//! agent applied any request twice, and no action was intended twice; the
+//! chain verifies in the database; a standby's copy holds every record.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nightshift_agent::backend::sim::SimConfig;
+use nightshift_engine::audit::{RecordKind, pg};
+use nightshift_tests::external::{Daemon, PgCluster, free_port, postgres_bin_dir, workspace_bin_dir};
+use nightshift_tests::{TestAgent, engine_setup};
+use serde_json::{Value, json};
+
+/// Lease TTL and renewal in this test.
+const TTL_MS: u64 = 2_000;
+const RENEW_MS: u64 = 250;
+
+fn kills() -> usize {
+    std::env::var("NIGHTSHIFT_HA_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(20)
+}
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+}
+
+/// One engine process.
+struct Eng {
+    name: &'static str,
+    config: PathBuf,
+    url: String,
+    daemon: Option<Daemon>,
+    starts: usize,
+    dir: PathBuf,
+}
+
+impl Eng {
+    fn start(&mut self) {
+        self.starts += 1;
+        let argv = [
+            workspace_bin_dir().join("nightshift").display().to_string(),
+            "--config".into(),
+            self.config.display().to_string(),
+            "serve".into(),
+        ];
+        let log = self.dir.join(format!("{}-{}.log", self.name, self.starts));
+        self.daemon = Some(Daemon::start(&argv, &log));
+    }
+
+    fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.daemon.as_ref().expect("running").child.id() as i32)
+    }
+
+    fn log(&self) -> String {
+        self.daemon.as_ref().map(|d| d.log_text()).unwrap_or_default()
+    }
+
+    async fn ha(&self, http: &reqwest::Client) -> Option<Value> {
+        let r = http.get(format!("{}/api/v1/ha", self.url)).send().await.ok()?;
+        r.json().await.ok()
+    }
+
+    async fn role(&self, http: &reqwest::Client) -> Option<String> {
+        self.ha(http).await.and_then(|v| v["role"].as_str().map(str::to_string))
+    }
+}
+
+/// Wait until exactly one engine leads; its index.
+async fn leader(engines: &[Eng], http: &reqwest::Client, secs: u64) -> usize {
+    let end = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let mut leading = Vec::new();
+        for (i, e) in engines.iter().enumerate() {
+            if e.role(http).await.as_deref() == Some("leader") {
+                leading.push(i);
+            }
+        }
+        if leading.len() == 1 {
+            return leading[0];
+        }
+        assert!(
+            Instant::now() < end,
+            "expected one leader, found {leading:?}; logs:\n{}\n---\n{}",
+            engines[0].log(),
+            engines[1].log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Start a run of `runbook` on node/gpu through `via`; the accepted run's id.
+async fn start_run(http: &reqwest::Client, via: &Eng, runbook: &str, node: &str, gpu: u32) -> Option<String> {
+    let r = http
+        .post(format!("{}/api/v1/runs", via.url))
+        .json(&json!({"runbook": runbook, "node": node, "gpu": gpu}))
+        .send()
+        .await
+        .ok()?;
+    if r.status().as_u16() != 202 {
+        return None;
+    }
+    let v: Value = r.json().await.ok()?;
+    v["run"]["id"].as_str().map(str::to_string)
+}
+
+async fn db(conninfo: &str) -> tokio_postgres::Client {
+    let (c, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    c
+}
+
+/// Every record of the shard, oldest first.
+async fn all_records(c: &tokio_postgres::Client) -> Vec<nightshift_engine::audit::AuditRecord> {
+    let mut out = Vec::new();
+    loop {
+        let after = out.last().map_or(0, |r: &nightshift_engine::audit::AuditRecord| r.seq);
+        let page = pg::records_after(c, "default", after, 5000).await.unwrap();
+        if page.is_empty() {
+            return out;
+        }
+        out.extend(page.into_iter().map(|(r, _)| r));
+    }
+}
+
+/// Request ids each agent journaled as `pending` (applied) more than once.
+fn applied_twice(agents: &[&TestAgent]) -> Vec<String> {
+    let mut twice = Vec::new();
+    for a in agents {
+        let text = std::fs::read_to_string(a.cfg.state_dir.join("journal.jsonl")).unwrap_or_default();
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        for line in text.lines() {
+            let Ok(v) = serde_json::from_str::<Value>(line) else { continue };
+            if v["state"] == "pending" {
+                *seen.entry(v["id"].as_str().unwrap_or_default().to_string()).or_default() += 1;
+            }
+        }
+        twice.extend(seen.into_iter().filter(|(_, n)| *n > 1).map(|(id, n)| format!("{}: {id} ×{n}", a.cfg.node)));
+    }
+    twice
+}
+
+/// Journal lines of run `run`'s own actions (not a later leader's
+/// release of its holds), over every agent.
+fn journal_lines(agents: &[&TestAgent], run: &str) -> usize {
+    let needle = format!("\"id\":\"{run}-a");
+    agents
+        .iter()
+        .map(|a| {
+            std::fs::read_to_string(a.cfg.state_dir.join("journal.jsonl"))
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains(&needle))
+                .count()
+        })
+        .sum()
+}
+
+fn write_engine(dir: &Path, base: &str, name: &str, port: u16) -> PathBuf {
+    let text = base.replace("listen_addr: 127.0.0.1:0", &format!("listen_addr: 127.0.0.1:{port}")).replace(
+        "data_dir: engine-data",
+        &format!(
+            "data_dir: data-{name}\naudit:\n  backend: postgres\n  postgres: {{url_file: pg-url, lease_ttl_ms: {TTL_MS}, lease_renew_ms: {RENEW_MS}, follow_ms: 100}}"
+        ),
+    );
+    let path = dir.join(format!("engine-{name}.yaml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice() {
+    let Some(bin) = postgres_bin_dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let pgdir = dir.join("pg");
+    std::fs::create_dir_all(&pgdir).unwrap();
+    let mut cluster = PgCluster::start(&pgdir, &bin);
+    std::fs::write(dir.join("pg-url"), &cluster.conninfo).unwrap();
+
+    let sim = SimConfig { gpus: 2, seed: 11, ..SimConfig::default() };
+    let mut agents = Vec::new();
+    for n in ["h1", "h2", "h3", "h4"] {
+        agents.push(TestAgent::start(dir, n, sim.clone(), "").await);
+    }
+    let refs: Vec<&TestAgent> = agents.iter().collect();
+    // A run caps the GPU, waits, caps it again: kills land before, between
+    // and after its actions.
+    engine_setup(
+        dir,
+        &refs,
+        &[(
+            "cap-twice",
+            "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\nmax_attempts_per_day: 10000\n",
+            "let a = set_power_limit(600);\nif !a.ok { fail(a.error); }\nsleep(1);\n\
+             let b = set_power_limit(550);\nif !b.ok { fail(b.error); }\n",
+        )],
+        "auth: {allow_anonymous: operator}\n",
+    );
+    let base = std::fs::read_to_string(dir.join("engine.yaml")).unwrap();
+    let mut engines = Vec::new();
+    for name in ["a", "b"] {
+        let port = free_port();
+        engines.push(Eng {
+            name,
+            config: write_engine(dir, &base, name, port),
+            url: format!("http://127.0.0.1:{port}"),
+            daemon: None,
+            starts: 0,
+            dir: dir.to_path_buf(),
+        });
+    }
+    for e in &mut engines {
+        e.start();
+    }
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let seed = std::env::var("NIGHTSHIFT_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
+    eprintln!("seed {seed}");
+    let mut rng = Lcg(seed);
+    let mut accepted: BTreeSet<String> = BTreeSet::new();
+    let targets: Vec<(String, u32)> =
+        ["h1", "h2", "h3", "h4"].iter().flat_map(|n| [(n.to_string(), 0), (n.to_string(), 1)]).collect();
+    let mut takeovers = Vec::new();
+
+    // 1. kill -9, again and again.
+    let mut l = leader(&engines, &http, 60).await;
+    for k in 0..kills() {
+        let standby = 1 - l;
+        // Runs through the standby (forwarded) and the leader.
+        for (i, (node, gpu)) in targets.iter().enumerate().skip(k % 2).step_by(2) {
+            let via = if i % 4 < 2 { &engines[standby] } else { &engines[l] };
+            if let Some(id) = start_run(&http, via, "cap-twice", node, *gpu).await {
+                accepted.insert(id);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.next() % 1500)).await;
+        let killed = Instant::now();
+        let d = engines[l].daemon.as_mut().unwrap();
+        d.child.kill().unwrap();
+        d.child.wait().unwrap();
+        let end = killed + Duration::from_millis(TTL_MS + 2_000);
+        loop {
+            if engines[standby].role(&http).await.as_deref() == Some("leader") {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "kill {k}: the standby did not lead within TTL + 2 s; its log:\n{}",
+                engines[standby].log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        takeovers.push(killed.elapsed());
+        engines[l].start();
+        l = standby;
+    }
+    if !takeovers.is_empty() {
+        takeovers.sort();
+        eprintln!(
+            "{} kills: takeover p50 {:?}, max {:?} (TTL {TTL_MS} ms)",
+            takeovers.len(),
+            takeovers[takeovers.len() / 2],
+            takeovers.last().unwrap()
+        );
+    }
+    let l = leader(&engines, &http, 30).await;
+    let old = 1 - l;
+    // The restarted engine comes up as a standby.
+    let t = Instant::now();
+    while engines[old].role(&http).await.as_deref() != Some("standby") {
+        assert!(t.elapsed() < Duration::from_secs(30), "the restarted engine is no standby; log:\n{}", engines[old].log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // 2. SIGSTOP the leader between a run's two actions.
+    let (node, gpu) = ("h1", 0);
+    let paused_run = loop {
+        if let Some(id) = start_run(&http, &engines[l], "cap-twice", node, gpu).await {
+            break id;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    accepted.insert(paused_run.clone());
+    let first_action = Instant::now();
+    while journal_lines(&refs, &paused_run) < 2 {
+        assert!(first_action.elapsed() < Duration::from_secs(20), "the run's first action never reached h1");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    nix::sys::signal::kill(engines[l].pid(), nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let lines_at_stop = journal_lines(&refs, &paused_run);
+    let stopped = Instant::now();
+    loop {
+        if engines[old].role(&http).await.as_deref() == Some("leader") {
+            break;
+        }
+        assert!(stopped.elapsed() < Duration::from_millis(TTL_MS + 2_000), "no takeover after SIGSTOP");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The new leader acts (on the same GPU: recovery interrupted the
+    // paused run and released its hold).
+    let acted = loop {
+        if let Some(id) = start_run(&http, &engines[old], "cap-twice", node, gpu).await {
+            break id;
+        }
+        assert!(stopped.elapsed() < Duration::from_secs(30), "the new leader accepts no run");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    accepted.insert(acted.clone());
+    let t = Instant::now();
+    while journal_lines(&refs, &acted) < 4 {
+        assert!(t.elapsed() < Duration::from_secs(30), "the new leader's run did not act; log:\n{}", engines[old].log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nix::sys::signal::kill(engines[l].pid(), nix::sys::signal::Signal::SIGCONT).unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = engines[l].daemon.as_mut().unwrap().child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "the deposed leader did not exit; log:\n{}", engines[l].log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(75), "exit status of a deposed engine; log:\n{}", engines[l].log());
+    assert!(engines[l].log().contains("deposed"), "it says so:\n{}", engines[l].log());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        journal_lines(&refs, &paused_run),
+        lines_at_stop,
+        "the paused leader's run reached no agent after it woke"
+    );
+    engines[l].start();
+    let t = Instant::now();
+    while engines[l].role(&http).await.as_deref() != Some("standby") {
+        assert!(t.elapsed() < Duration::from_secs(30), "the restarted engine is no standby; log:\n{}", engines[l].log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let l = leader(&engines, &http, 30).await;
+
+    // 3. PostgreSQL crashes between a run's two actions; the leader waits
+    //    and resumes at the same term.
+    let term_before = engines[l].ha(&http).await.unwrap()["term"].as_u64().unwrap();
+    let run = loop {
+        if let Some(id) = start_run(&http, &engines[l], "cap-twice", "h2", 1).await {
+            break id;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    accepted.insert(run.clone());
+    let t = Instant::now();
+    while journal_lines(&refs, &run) < 2 {
+        assert!(t.elapsed() < Duration::from_secs(20), "the run's first action never reached h2");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let down = cluster.crash_and_restart(Duration::from_millis(300));
+    eprintln!("postgres was down for {down:?}");
+    let t = Instant::now();
+    while journal_lines(&refs, &run) < 4 {
+        assert!(t.elapsed() < Duration::from_secs(30), "the run did not resume; log:\n{}", engines[l].log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if down < Duration::from_millis(TTL_MS - 2 * RENEW_MS) {
+        let ha = engines[l].ha(&http).await.unwrap();
+        assert_eq!((ha["role"].as_str(), ha["term"].as_u64()), (Some("leader"), Some(term_before)), "{ha}");
+    }
+
+    // Let every accepted run finish.
+    let l = leader(&engines, &http, 30).await;
+    let t = Instant::now();
+    let runs = loop {
+        let page: Value = http
+            .get(format!("{}/api/v1/runs?limit=1000", engines[l].url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let runs: BTreeMap<String, Value> = page["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["id"].as_str().unwrap().to_string(), r.clone()))
+            .collect();
+        if accepted.iter().all(|id| runs.get(id).is_some_and(|r| r["state"] == "finished")) {
+            break runs;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "runs left unfinished: {runs:#?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    for id in &accepted {
+        *outcomes.entry(runs[id]["outcome"].as_str().unwrap_or("?").to_string()).or_default() += 1;
+    }
+    eprintln!("{} runs accepted: {outcomes:?}", accepted.len());
+    assert!(outcomes.get("succeeded").copied().unwrap_or(0) > 0, "{outcomes:?}");
+    for (o, _) in &outcomes {
+        assert!(["succeeded", "interrupted", "failed", "cancelled"].contains(&o.as_str()), "{outcomes:?}");
+    }
+
+    // Nothing applied twice, nothing intended twice.
+    assert_eq!(applied_twice(&refs), Vec::<String>::new());
+    let c = db(&cluster.conninfo).await;
+    let records = all_records(&c).await;
+    let mut intents: BTreeMap<String, usize> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.kind == RecordKind::ActionIntent) {
+        *intents.entry(r.data["action_id"].as_str().unwrap_or_default().to_string()).or_default() += 1;
+    }
+    let twice: Vec<_> = intents.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "actions intended twice: {twice:?}");
+    let starts = records.iter().filter(|r| r.kind == RecordKind::EngineStarted).count();
+    assert!(starts > kills(), "an engine_started record per leader: {starts}");
+    // The chain verifies in the database, and the standby's copy has it all.
+    let v = pg::verify(&c, "default").await.unwrap();
+    assert!(v.ok, "{v:?}");
+    let standby = 1 - l;
+    let t = Instant::now();
+    loop {
+        let head: Value =
+            http.get(format!("{}/api/v1/audit/head", engines[standby].url)).send().await.unwrap().json().await.unwrap();
+        let (seq, _) = pg::head(&c, "default").await.unwrap().unwrap();
+        if head["seq"].as_u64() == Some(seq) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "the standby's copy lags: {head} vs {seq}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let v: Value =
+        http.get(format!("{}/api/v1/audit/verify", engines[standby].url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+}

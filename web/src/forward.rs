@@ -1,0 +1,94 @@
+//! Standbys forward writes. With the PostgreSQL backend only the shard's
+//! leader writes; a standby serves every read from its copy of the chain
+//! and passes any other request — runs, approvals, the Alertmanager
+//! webhook, promotions, reloads — to the leader's advertised URL with its
+//! headers and body as they came, and returns the leader's answer. So the
+//! CLI, the UI and Alertmanager may point at any replica. A request is
+//! forwarded once at most (a standby that receives a forwarded request
+//! answers 503: the engines disagree on who leads, which a retry settles).
+
+use axum::body::{Body, to_bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::{AppState, MAX_WEBHOOK_BYTES};
+
+/// Marks a forwarded request (its value: the standby's holder name).
+pub const FORWARDED_BY: &str = "x-nightshift-forwarded-by";
+
+/// How long the leader may take to answer a forwarded request.
+const FORWARD_TIMEOUT_SECS: u64 = 30;
+
+fn unavailable(msg: String) -> Response {
+    let mut r = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"error": msg}))).into_response();
+    r.headers_mut().insert("retry-after", HeaderValue::from_static("2"));
+    r
+}
+
+/// The middleware: reads and the leader's own requests pass through.
+pub async fn forward_writes(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let reading = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    // Signing in and out touch no shared state.
+    let local = matches!(req.uri().path(), "/login" | "/logout");
+    let Some(l) = s.engine.ha_status().holder.filter(|_| !reading && !local) else { return next.run(req).await };
+    let status = s.engine.ha_status();
+    if status.role == "leader" {
+        return next.run(req).await;
+    }
+    if req.headers().contains_key(FORWARDED_BY) {
+        return unavailable(format!(
+            "this engine ({l}) is not the leader either: the engines are changing leaders, retry in a few seconds"
+        ));
+    }
+    let Some(leader) = status.leader.filter(|r| r.expires_in_ms > 0 && !r.url.is_empty() && r.holder != l) else {
+        return unavailable(format!(
+            "no leader holds shard {} now (this engine, {l}, is {}): one is elected within the lease TTL, retry in a few seconds",
+            status.shard.unwrap_or_default(),
+            status.role
+        ));
+    };
+    let (parts, body) = req.into_parts();
+    let body = match to_bytes(body, MAX_WEBHOOK_BYTES).await {
+        Ok(b) => b,
+        Err(e) => {
+            return (StatusCode::PAYLOAD_TOO_LARGE, axum::Json(serde_json::json!({"error": e.to_string()})))
+                .into_response();
+        }
+    };
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let url = format!("{}{path}", leader.url.trim_end_matches('/'));
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(FORWARD_TIMEOUT_SECS))
+        .redirect(reqwest::redirect::Policy::none())
+        .build();
+    let Ok(client) = client else { return unavailable("cannot build the forwarding client".into()) };
+    let mut out = client.request(parts.method.clone(), &url).body(body);
+    for (name, value) in &parts.headers {
+        if !matches!(name.as_str(), "host" | "content-length" | "connection" | "transfer-encoding") {
+            out = out.header(name, value);
+        }
+    }
+    out = out.header(FORWARDED_BY, l.as_str());
+    tracing::info!(method = %parts.method, path = %parts.uri.path(), leader = %leader.holder, "standby: forwarding a write to the leader");
+    let answer = match out.send().await {
+        Ok(a) => a,
+        Err(e) => {
+            return unavailable(format!("the leader {} at {} did not answer: {e}", leader.holder, leader.url));
+        }
+    };
+    let mut resp = Response::builder().status(answer.status().as_u16());
+    for (name, value) in answer.headers() {
+        if !matches!(name.as_str(), "content-length" | "connection" | "transfer-encoding") {
+            if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name.as_ref()), HeaderValue::from_bytes(value.as_bytes())) {
+                resp = resp.header(n, v);
+            }
+        }
+    }
+    resp = resp.header("x-nightshift-leader", leader.holder.as_str());
+    match answer.bytes().await {
+        Ok(b) => resp.body(Body::from(b)).unwrap_or_else(|_| unavailable("the leader's answer was malformed".into())),
+        Err(e) => unavailable(format!("the leader's answer broke off: {e}")),
+    }
+}
