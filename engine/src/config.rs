@@ -181,8 +181,9 @@ impl PostgresConfig {
             (Some(f), None) => std::fs::read_to_string(f)
                 .map(|s| s.trim().to_string())
                 .map_err(|e| format!("audit.postgres.url_file {}: {e}", f.display())),
-            (None, Some(v)) => std::env::var(v)
-                .map_err(|_| format!("audit.postgres.url_env: the environment variable {v} is not set")),
+            (None, Some(v)) => {
+                std::env::var(v).map_err(|_| format!("audit.postgres.url_env: the environment variable {v} is not set"))
+            }
             _ => Err("audit.postgres: expected exactly one of url_file and url_env".into()),
         }
     }
@@ -544,18 +545,27 @@ impl EngineConfig {
                     ));
                 }
                 if !(10..=60_000).contains(&pg.follow_ms) {
-                    return Err(err("follow_ms", format!("audit.postgres.follow_ms: expected 10 to 60000, found {}", pg.follow_ms)));
+                    return Err(err(
+                        "follow_ms",
+                        format!("audit.postgres.follow_ms: expected 10 to 60000, found {}", pg.follow_ms),
+                    ));
                 }
                 if pg.shard.is_empty() || !pg.shard.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
                     return Err(err(
                         "shard",
-                        format!("audit.postgres.shard: expected letters, digits, '-', '_' or '.', found {:?}", pg.shard),
+                        format!(
+                            "audit.postgres.shard: expected letters, digits, '-', '_' or '.', found {:?}",
+                            pg.shard
+                        ),
                     ));
                 }
                 if let Some(u) = &pg.advertise_url
                     && !(u.starts_with("http://") || u.starts_with("https://"))
                 {
-                    return Err(err("advertise_url", format!("audit.postgres.advertise_url: expected http:// or https://…, found {u:?}")));
+                    return Err(err(
+                        "advertise_url",
+                        format!("audit.postgres.advertise_url: expected http:// or https://…, found {u:?}"),
+                    ));
                 }
             }
             (AuditBackend::Sled, _) => {}

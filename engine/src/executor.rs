@@ -29,6 +29,15 @@ use crate::runtable::{BreakerFire, FireRef, RunEntry, RunTable};
 impl Engine {
     /// Ask for a run (manual runs from the CLI and web come here too).
     pub async fn submit(&self, req: RunRequest) -> Result<Submitted, EngineError> {
+        // A leader still catching up and recovering takes no runs yet: its
+        // recovery would meet them as another leader's leftovers.
+        if let Some(l) = self.core.leadership()
+            && !l.is_ready()
+        {
+            return Err(EngineError::Audit(crate::audit::AuditError::NotLeader(
+                "not ready: taking over or standing by; retry in a few seconds".into(),
+            )));
+        }
         self.submit_inner(req, None).await
     }
 

@@ -185,6 +185,9 @@ pub struct Leadership {
     renewed_ms: std::sync::atomic::AtomicI64,
     /// Set once: why this engine stopped leading.
     deposed: tokio::sync::watch::Sender<Option<String>>,
+    /// Caught up and recovered: runs may be submitted (until then the API
+    /// answers 503 and a retry finds the leader ready).
+    ready: std::sync::atomic::AtomicBool,
 }
 
 fn now_ms() -> i64 {
@@ -199,6 +202,7 @@ impl Leadership {
             leader: std::sync::RwLock::new(None),
             renewed_ms: std::sync::atomic::AtomicI64::new(0),
             deposed: tokio::sync::watch::channel(None).0,
+            ready: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -220,6 +224,16 @@ impl Leadership {
         self.term.store(term, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Recovered and acting: submissions are taken from now on.
+    pub fn set_ready(&self) {
+        self.ready.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Leading, caught up and recovered.
+    pub fn is_ready(&self) -> bool {
+        self.is_leader() && self.ready.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// The lease was renewed just now.
     pub fn renewed(&self) {
         self.renewed_ms.store(now_ms(), std::sync::atomic::Ordering::SeqCst);
@@ -235,6 +249,7 @@ impl Leadership {
     /// waits on [`Leadership::deposed`] hears why.
     pub fn depose(&self, why: String) {
         self.term.store(0, std::sync::atomic::Ordering::SeqCst);
+        self.ready.store(false, std::sync::atomic::Ordering::SeqCst);
         self.deposed.send_replace(Some(why));
     }
 

@@ -13,8 +13,8 @@ use nightshift_proto::{NoArgs, Op, Request};
 
 use crate::audit::{AuditError, AuditStore, PgOptions};
 use crate::config::{AuditBackend, EngineConfig};
-use crate::ha::{LeaseConfig, Leadership};
 use crate::engine::{Engine, EngineError, EngineParts};
+use crate::ha::{Leadership, LeaseConfig};
 use crate::inventory::Inventory;
 use crate::manifest::LoadError;
 use crate::runbook::load_dir;
@@ -191,7 +191,8 @@ async fn lease_loop(engine: Engine, l: Arc<Leadership>, clients: Vec<(String, Ar
         let stale = db.as_ref().is_none_or(|c| c.is_closed());
         async move {
             if stale {
-                match tokio::time::timeout(Duration::from_secs(5), crate::audit::pg::connect(&url, ca.as_deref())).await {
+                match tokio::time::timeout(Duration::from_secs(5), crate::audit::pg::connect(&url, ca.as_deref())).await
+                {
                     Ok(Ok(c)) => return Ok(Some(c)),
                     Ok(Err(e)) => return Err(e.to_string()),
                     Err(_) => return Err("no connection within 5 s".to_string()),
@@ -261,6 +262,7 @@ async fn lease_loop(engine: Engine, l: Arc<Leadership>, clients: Vec<(String, Ar
         return;
     }
     engine.counters().failover_ms.store(took.elapsed().as_millis() as u64, std::sync::atomic::Ordering::SeqCst);
+    l.set_ready();
     tracing::info!(term, head, "leading: recovered and acting");
     let _ = renewals.await;
 }
@@ -292,10 +294,11 @@ async fn renew_loop(
         }
         let sent = std::time::Instant::now();
         if db.as_ref().is_none_or(|c| c.is_closed()) {
-            db = tokio::time::timeout(Duration::from_secs(2), crate::audit::pg::connect(&pg.url, pg.ca_file.as_deref()))
-                .await
-                .ok()
-                .and_then(Result::ok);
+            db =
+                tokio::time::timeout(Duration::from_secs(2), crate::audit::pg::connect(&pg.url, pg.ca_file.as_deref()))
+                    .await
+                    .ok()
+                    .and_then(Result::ok);
         }
         if let Some(c) = &db {
             match tokio::time::timeout(l.cfg.renew_every, crate::ha::renew(c, &l.cfg, term)).await {

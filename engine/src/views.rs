@@ -414,7 +414,8 @@ pub struct HaStatus {
     pub shard: Option<String>,
     /// This engine's name in the lease table.
     pub holder: Option<String>,
-    /// `leader`, `standby` or `deposed`.
+    /// `leader`, `taking_over` (caught up, recovering: writes wait),
+    /// `standby` or `deposed`.
     pub role: &'static str,
     /// The term this engine leads at.
     pub term: Option<u64>,
@@ -450,8 +451,10 @@ impl Engine {
                     backend: "postgres",
                     shard: Some(l.cfg.shard.clone()),
                     holder: Some(l.cfg.holder.clone()),
-                    role: if l.is_leader() {
+                    role: if l.is_ready() {
                         "leader"
+                    } else if l.is_leader() {
+                        "taking_over"
                     } else if deposed.is_some() {
                         "deposed"
                     } else {

@@ -196,9 +196,20 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     std::fs::write(dir.join("pg-url"), &cluster.conninfo).unwrap();
 
     let sim = SimConfig { gpus: 2, seed: 11, ..SimConfig::default() };
+    // Every GPU is capped many times over: the envelope's rate limit is
+    // raised (its refusals are not what this test is about).
+    let policy = dir.join("policy.yaml");
+    std::fs::write(
+        &policy,
+        format!(
+            "version: 1\nrate_limits:\n  power_limit: {{max_changes: 10000, window_secs: 600}}\nhands_off_marker_path: {}\n",
+            dir.join("HANDS_OFF").display()
+        ),
+    )
+    .unwrap();
     let mut agents = Vec::new();
     for n in ["h1", "h2", "h3", "h4"] {
-        agents.push(TestAgent::start(dir, n, sim.clone(), "").await);
+        agents.push(TestAgent::start(dir, n, sim.clone(), &format!("policy_path: {}\n", policy.display())).await);
     }
     let refs: Vec<&TestAgent> = agents.iter().collect();
     // A run caps the GPU, waits, caps it again: kills land before, between
@@ -287,7 +298,11 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     // The restarted engine comes up as a standby.
     let t = Instant::now();
     while engines[old].role(&http).await.as_deref() != Some("standby") {
-        assert!(t.elapsed() < Duration::from_secs(30), "the restarted engine is no standby; log:\n{}", engines[old].log());
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the restarted engine is no standby; log:\n{}",
+            engines[old].log()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
@@ -327,7 +342,11 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     accepted.insert(acted.clone());
     let t = Instant::now();
     while journal_lines(&refs, &acted) < 4 {
-        assert!(t.elapsed() < Duration::from_secs(30), "the new leader's run did not act; log:\n{}", engines[old].log());
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the new leader's run did not act; log:\n{}",
+            engines[old].log()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     nix::sys::signal::kill(engines[l].pid(), nix::sys::signal::Signal::SIGCONT).unwrap();
@@ -350,7 +369,11 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     engines[l].start();
     let t = Instant::now();
     while engines[l].role(&http).await.as_deref() != Some("standby") {
-        assert!(t.elapsed() < Duration::from_secs(30), "the restarted engine is no standby; log:\n{}", engines[l].log());
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the restarted engine is no standby; log:\n{}",
+            engines[l].log()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let l = leader(&engines, &http, 30).await;
@@ -367,7 +390,11 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     accepted.insert(run.clone());
     let t = Instant::now();
     while journal_lines(&refs, &run) < 2 {
-        assert!(t.elapsed() < Duration::from_secs(20), "the run's first action never reached h2");
+        if t.elapsed() > Duration::from_secs(20) {
+            let r =
+                http.get(format!("{}/api/v1/runs/{run}", engines[l].url)).send().await.unwrap().text().await.unwrap();
+            panic!("the run's first action never reached h2: {r}");
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let down = cluster.crash_and_restart(Duration::from_millis(300));
@@ -386,14 +413,8 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     let l = leader(&engines, &http, 30).await;
     let t = Instant::now();
     let runs = loop {
-        let page: Value = http
-            .get(format!("{}/api/v1/runs?limit=1000", engines[l].url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let page: Value =
+            http.get(format!("{}/api/v1/runs?limit=1000", engines[l].url)).send().await.unwrap().json().await.unwrap();
         let runs: BTreeMap<String, Value> = page["runs"]
             .as_array()
             .unwrap()
@@ -425,7 +446,15 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
         *intents.entry(r.data["action_id"].as_str().unwrap_or_default().to_string()).or_default() += 1;
     }
     let twice: Vec<_> = intents.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "actions intended twice: {twice:?}");
+    if let Some((id, _)) = twice.first() {
+        let run = id.rsplit_once("-a").map_or("", |(r, _)| r);
+        let of_run: Vec<String> = records
+            .iter()
+            .filter(|r| r.run.as_deref() == Some(run) || r.kind == RecordKind::EngineStarted)
+            .map(|r| serde_json::to_string(r).unwrap())
+            .collect();
+        panic!("actions intended twice: {twice:?}; records:\n{}", of_run.join("\n"));
+    }
     let starts = records.iter().filter(|r| r.kind == RecordKind::EngineStarted).count();
     assert!(starts > kills(), "an engine_started record per leader: {starts}");
     // The chain verifies in the database, and the standby's copy has it all.

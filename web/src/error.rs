@@ -41,6 +41,12 @@ impl From<EngineError> for ApiError {
             EngineError::AgentUnreachable { .. } => (StatusCode::BAD_GATEWAY, "agent_unreachable"),
             EngineError::NotAwaitingApproval { .. } => (StatusCode::CONFLICT, "conflict"),
             EngineError::SelfApproval { .. } => (StatusCode::FORBIDDEN, "self_approval"),
+            EngineError::Audit(nightshift_engine::audit::AuditError::NotLeader(_)) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "not_leader")
+            }
+            EngineError::Audit(nightshift_engine::audit::AuditError::Deposed(_)) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "deposed")
+            }
             EngineError::Audit(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         ApiError::new(status, code, e.to_string())

@@ -257,7 +257,9 @@ pub enum AuditError {
     #[error("the audit writer has stopped")]
     Closed,
     /// PostgreSQL backend: this engine is a standby; only the leader writes.
-    #[error("this engine is a standby ({0}): only the leader writes; send writes to the leader (any replica's API forwards them)")]
+    #[error(
+        "this engine is a standby ({0}): only the leader writes; send writes to the leader (any replica's API forwards them)"
+    )]
     NotLeader(String),
     /// PostgreSQL backend: the lease moved on, or the chain did; this
     /// engine writes nothing more.

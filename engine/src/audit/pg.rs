@@ -31,7 +31,9 @@ pub enum PgAuditError {
 /// message is only "db error").
 pub fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
-        Some(d) => format!("{} ({}){}", d.message(), d.code().code(), d.detail().map(|x| format!(": {x}")).unwrap_or_default()),
+        Some(d) => {
+            format!("{} ({}){}", d.message(), d.code().code(), d.detail().map(|x| format!(": {x}")).unwrap_or_default())
+        }
         None => match std::error::Error::source(e) {
             Some(s) => format!("{e}: {s}"),
             None => e.to_string(),
@@ -206,8 +208,10 @@ pub async fn records_after(
     rows.into_iter()
         .map(|row| {
             let (seq, line, summary): (i64, String, Option<String>) = (row.get(0), row.get(1), row.get(2));
-            let r: AuditRecord = serde_json::from_str(&line)
-                .map_err(|e| PgAuditError::Record { seq: seq as u64, message: format!("not a readable record: {e}") })?;
+            let r: AuditRecord = serde_json::from_str(&line).map_err(|e| PgAuditError::Record {
+                seq: seq as u64,
+                message: format!("not a readable record: {e}"),
+            })?;
             Ok((r, summary.map(String::into_bytes)))
         })
         .collect()
@@ -223,7 +227,12 @@ pub async fn hash_at(db: &Client, shard: &str, seq: u64) -> Result<Option<String
 
 /// Every shard the database holds records of.
 pub async fn shards(db: &Client) -> Result<Vec<String>, PgAuditError> {
-    Ok(db.query("SELECT DISTINCT shard FROM nightshift_audit ORDER BY shard", &[]).await?.iter().map(|r| r.get(0)).collect())
+    Ok(db
+        .query("SELECT DISTINCT shard FROM nightshift_audit ORDER BY shard", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
 }
 
 /// Why the database could not be reached.
@@ -231,7 +240,9 @@ pub async fn shards(db: &Client) -> Result<Vec<String>, PgAuditError> {
 pub enum ConnectError {
     #[error("postgres: {}", describe(.0))]
     Db(#[from] tokio_postgres::Error),
-    #[error("postgres: the connection URL is not valid: {0} (expected postgres://USER@HOST:PORT/DB?sslmode=disable|prefer|require)")]
+    #[error(
+        "postgres: the connection URL is not valid: {0} (expected postgres://USER@HOST:PORT/DB?sslmode=disable|prefer|require)"
+    )]
     Url(tokio_postgres::Error),
     #[error("postgres TLS: cannot read the CA file {path}: {message}")]
     Ca { path: String, message: String },

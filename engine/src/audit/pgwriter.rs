@@ -163,7 +163,9 @@ impl PgWriter {
             let (url, ca) = (self.pg.url.clone(), self.pg.ca_file.clone());
             let c = self
                 .rt
-                .block_on(async { tokio::time::timeout(Duration::from_secs(5), pg::connect(&url, ca.as_deref())).await })
+                .block_on(async {
+                    tokio::time::timeout(Duration::from_secs(5), pg::connect(&url, ca.as_deref())).await
+                })
                 .map_err(|_| AuditError::Write("postgres: no connection within 5 s".into()))?
                 .map_err(db_err)?;
             self.db = Some(c);
@@ -318,9 +320,8 @@ impl PgWriter {
                             // A retry of a group that did commit (its answer
                             // was lost with the connection) finds it there.
                             let db = self.db.as_ref().ok_or(AuditError::Closed);
-                            let there = db
-                                .ok()
-                                .and_then(|db| self.rt.block_on(pg::hash_at(db, &shard, last.0)).ok().flatten());
+                            let there =
+                                db.ok().and_then(|db| self.rt.block_on(pg::hash_at(db, &shard, last.0)).ok().flatten());
                             if attempt > 0 && there.as_deref() == Some(last.1.as_str()) {
                                 Ok(())
                             } else {

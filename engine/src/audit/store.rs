@@ -28,7 +28,10 @@ pub(super) enum Msg {
     /// PostgreSQL backend: catch up with the database and write from its
     /// head on at `term` (this engine just took the lease). Answers the
     /// head's sequence number.
-    Lead { term: u64, ack: oneshot::Sender<Result<u64, AuditError>> },
+    Lead {
+        term: u64,
+        ack: oneshot::Sender<Result<u64, AuditError>>,
+    },
 }
 
 #[derive(Clone)]
@@ -216,7 +219,8 @@ pub(super) fn open_trees(dir: &Path) -> Result<(Trees, PathBuf), AuditError> {
             }
         }
     };
-    let open = |name: &str| db.open_tree(name).map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() });
+    let open =
+        |name: &str| db.open_tree(name).map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() });
     let trees = Trees {
         records: open("records")?,
         by_run: open("by_run")?,
@@ -791,7 +795,10 @@ impl Indexer {
                     run: r.run.as_deref(),
                     node: r.node.as_deref(),
                     bytes: b,
-                    summary: meta.as_ref().zip(summary.as_deref()).map(|((id, created), sb)| (id.as_str(), *created, sb)),
+                    summary: meta
+                        .as_ref()
+                        .zip(summary.as_deref())
+                        .map(|((id, created), sb)| (id.as_str(), *created, sb)),
                 })
                 .collect();
             if let Err(e) = index(&self.trees, &items) {
