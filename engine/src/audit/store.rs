@@ -22,7 +22,9 @@ pub(super) struct WriteReq {
     pub(super) ack: oneshot::Sender<Result<AuditRecord, AuditError>>,
 }
 
-/// What the writer thread is asked to do.
+/// What the writer thread is asked to do. Not boxed: that would cost an
+/// allocation on every append, for a message (`Lead`) sent once a term.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Msg {
     Write(WriteReq),
     /// PostgreSQL backend: catch up with the database and write from its
