@@ -80,10 +80,10 @@ pub async fn forward_writes(State(s): State<AppState>, req: Request, next: Next)
     };
     let mut resp = Response::builder().status(answer.status().as_u16());
     for (name, value) in answer.headers() {
-        if !matches!(name.as_str(), "content-length" | "connection" | "transfer-encoding") {
-            if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name.as_ref()), HeaderValue::from_bytes(value.as_bytes())) {
-                resp = resp.header(n, v);
-            }
+        if !matches!(name.as_str(), "content-length" | "connection" | "transfer-encoding")
+            && let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name.as_ref()), HeaderValue::from_bytes(value.as_bytes()))
+        {
+            resp = resp.header(n, v);
         }
     }
     resp = resp.header("x-nightshift-leader", leader.holder.as_str());
