@@ -89,17 +89,14 @@ pub async fn serve(cli: &Cli, listen: Option<String>) -> Result<u8> {
     let deposed = engine.audit().postgres().map(|p| p.leadership.deposed());
     let stepped_down = async move {
         match deposed {
-            Some(mut rx) => {
-                let why = loop {
-                    if let Some(why) = rx.borrow_and_update().clone() {
-                        break why;
-                    }
-                    if rx.changed().await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                };
-                why
-            }
+            Some(mut rx) => loop {
+                if let Some(why) = rx.borrow_and_update().clone() {
+                    break why;
+                }
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            },
             None => std::future::pending().await,
         }
     };
