@@ -408,6 +408,14 @@ pub struct BenchArgs {
     /// Nodes for the memory scenario.
     #[arg(long)]
     pub memory_nodes: Option<usize>,
+    /// A PostgreSQL database (libpq URL or key=value string) for the
+    /// PostgreSQL figures: audit appends beside sled (5) and failover (9).
+    /// `scripts/bench-postgres` starts a throwaway one and passes it.
+    #[arg(long, env = "NIGHTSHIFT_BENCH_POSTGRES", hide_env_values = true)]
+    pub postgres: Option<String>,
+    /// Leader kills for the failover scenario (9).
+    #[arg(long)]
+    pub ha_kills: Option<usize>,
 }
 
 #[cfg(test)]

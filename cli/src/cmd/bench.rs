@@ -14,9 +14,14 @@
 //!    fault on its own GPU
 //! 4. one run whose target is a group of N agents, through the executor,
 //!    the audit and the blast-radius checks (and the raw transport beside it)
-//! 5. durable audit appends per second with 1, 8 and 64 writers
+//! 5. durable audit appends per second with 1, 8 and 64 writers, on sled
+//!    and (with `--postgres`) on PostgreSQL beside it
 //! 6. runbook overhead: a trivial cached runbook, script only and end to end
 //! 7. engine memory with N nodes × 8 GPUs of telemetry in 10-minute windows
+//! 8. backtest replay speed
+//! 9. failover (`--postgres`): two `nightshift serve` processes on one
+//!    database; kill -9 the leader N times; from each kill to the first
+//!    action of a run the survivor took (through its API)
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -800,6 +805,74 @@ async fn audit_append(writers: usize, per_writer: usize, dir: &Path) -> Result<f
     Ok(rate)
 }
 
+/// 5 on PostgreSQL: the same appends, each group committed in one
+/// transaction fenced by the lease term, through the engine's own store (a
+/// fresh shard, dropped afterwards).
+async fn audit_append_pg(writers: usize, per_writer: usize, url: &str, dir: &Path) -> Result<f64> {
+    use nightshift_engine::ha::{LeaseConfig, Leadership};
+    let tmp = tempfile::Builder::new().prefix("nightshift-bench-pg").tempdir_in(dir)?;
+    let shard = format!("bench-{:08x}", rand::random::<u32>());
+    let leadership = Leadership::new(LeaseConfig::new(&shard, "bench"));
+    let opts = nightshift_engine::audit::PgOptions {
+        url: url.to_string(),
+        ca_file: None,
+        shard: shard.clone(),
+        leadership: leadership.clone(),
+        follow_every: Duration::from_millis(250),
+    };
+    let path = tmp.path().to_path_buf();
+    let store =
+        tokio::task::spawn_blocking(move || AuditStore::open_postgres(&path, Arc::new(SystemClock), opts)).await??;
+    let db = nightshift_engine::audit::pg::connect(url, None).await?;
+    let term = nightshift_engine::ha::campaign(&db, &leadership.cfg).await?.ok_or_else(|| anyhow!("no lease"))?;
+    leadership.lead(term);
+    store.lead(term).await?;
+    // Renewed as the engine's lease loop would, or the fence stops the
+    // appends after the TTL.
+    let renewer = {
+        let cfg = leadership.cfg.clone();
+        let db = nightshift_engine::audit::pg::connect(url, None).await?;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(cfg.renew_every).await;
+                let _ = nightshift_engine::ha::renew(&db, &cfg, term).await;
+            }
+        })
+    };
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let s = store.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..per_writer {
+                s.append(
+                    NewRecord::new(
+                        RecordKind::Note,
+                        "bench",
+                        json!({"writer": w, "i": i, "text": "a durable record of what happened"}),
+                    ),
+                    None,
+                )
+                .await?;
+            }
+            Ok::<_, nightshift_engine::audit::AuditError>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let rate = (writers * per_writer) as f64 / t.elapsed().as_secs_f64();
+    renewer.abort();
+    let ok = store.verify()?.ok;
+    drop(store);
+    db.execute("DELETE FROM nightshift_audit WHERE shard = $1", &[&shard]).await?;
+    db.execute("DELETE FROM nightshift_lease WHERE shard = $1", &[&shard]).await?;
+    if !ok {
+        return Err(anyhow!("the chain does not verify"));
+    }
+    Ok(rate)
+}
+
 /// 6a: a trivial cached script, on a blocking thread, µs.
 async fn script_overhead(iterations: usize) -> Result<Vec<f64>> {
     use nightshift_engine::script::{RunCtx, ScriptHost, build_engine, compile, execute};
@@ -1083,7 +1156,7 @@ pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
         runs
     );
 
-    let steps: [(u32, StepFn); 8] = [
+    let steps: [(u32, StepFn); 9] = [
         (1, |x, c| Box::pin(trigger_throughput_step(x, c))),
         (2, |x, c| Box::pin(alert_latency_step(x, c))),
         (3, |x, c| Box::pin(telemetry_latency_step(x, c))),
@@ -1092,6 +1165,7 @@ pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
         (6, |x, c| Box::pin(runbook_overhead_step(x, c))),
         (7, |x, c| Box::pin(memory_step(x, c))),
         (8, |x, c| Box::pin(backtest_step(x, c))),
+        (9, |x, c| Box::pin(failover_step(x, c))),
     ];
     for (n, step) in steps {
         if want(n) {
@@ -1283,6 +1357,188 @@ async fn audit_append_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
             ),
         );
     }
+    if let Some(url) = &ctx.args.postgres {
+        for w in [1usize, 8, 64] {
+            let mut v = Vec::new();
+            for _ in 0..runs {
+                let n = per.max(if smoke { 2000 } else { 20_000 } / w);
+                v.push(audit_append_pg(w, n, url, disk).await.context("scenario 5 on postgres")?);
+            }
+            c.add(
+                5,
+                &format!("durable audit appends on PostgreSQL, {w} writer(s)"),
+                "records/s",
+                v,
+                None,
+                "each group one transaction fenced by the lease term, committed (synchronous_commit on) before acknowledgement; the database given by --postgres",
+            );
+        }
+    } else {
+        eprintln!("scenario 5: no --postgres database: PostgreSQL appends not measured (scripts/bench-postgres runs them)");
+    }
+    Ok(())
+}
+
+/// Scenario 9: failover. Two `nightshift serve` processes (this binary) on
+/// one database and four sim agents; each round kills the leader (SIGKILL)
+/// and asks the survivor for a run until it takes one (503 while it is
+/// taking over); the figure is from the kill to that run's first applied
+/// action, as the survivor's API shows it.
+async fn failover_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
+    let Some(url) = &ctx.args.postgres else {
+        eprintln!("scenario 9: no --postgres database: failover not measured (scripts/bench-postgres runs it)");
+        return Ok(());
+    };
+    const TTL_MS: u64 = 2_000;
+    let kills = ctx.args.ha_kills.unwrap_or(if ctx.smoke { 5 } else { 20 }).min(80);
+    let fleet = fleet(4, 2, 1000, &ctx.shm).await?;
+    // Eight targets, one power change per run: within the agents' rate
+    // limit (10 per GPU in 10 minutes) up to 80 kills.
+    fleet.engine_config(
+        &[("cap", "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\nmax_attempts_per_day: 100000\n", "let a = set_power_limit(600);\nif !a.ok { fail(a.error); }\n")],
+        1000,
+        &ctx.disk,
+    )?;
+    let base = std::fs::read_to_string(fleet.dir.join("engine.yaml"))?;
+    std::fs::write(fleet.dir.join("pg-url"), url)?;
+    let shard = format!("failover-{:08x}", rand::random::<u32>());
+    let exe = std::env::current_exe()?;
+    let mut engines: Vec<(String, PathBuf, Option<std::process::Child>)> = Vec::new();
+    for name in ["a", "b"] {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let data = tempfile::Builder::new().prefix("nightshift-bench-ha").tempdir_in(&ctx.disk)?.keep();
+        let text = base
+            .replace("listen_addr: 127.0.0.1:0", &format!("listen_addr: 127.0.0.1:{port}"))
+            .replace(
+                "data_dir: ",
+                &format!(
+                    "audit:\n  backend: postgres\n  postgres: {{url_file: pg-url, shard: {shard}, lease_ttl_ms: {TTL_MS}, lease_renew_ms: 250, follow_ms: 100}}\ndata_dir: "
+                ),
+            );
+        let text = {
+            // Each engine its own copy of the chain.
+            let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+            for l in &mut lines {
+                if l.starts_with("data_dir: ") {
+                    *l = format!("data_dir: {}", data.display());
+                }
+            }
+            lines.join("\n") + "\n"
+        };
+        let path = fleet.dir.join(format!("engine-{name}.yaml"));
+        std::fs::write(&path, text)?;
+        engines.push((format!("http://127.0.0.1:{port}"), path, None));
+    }
+    let spawn = |path: &Path, n: usize| -> Result<std::process::Child> {
+        let log = std::fs::File::create(path.with_extension(format!("{n}.log")))?;
+        Ok(std::process::Command::new(&exe)
+            .arg("--config")
+            .arg(path)
+            .arg("serve")
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .stdin(std::process::Stdio::null())
+            .spawn()?)
+    };
+    for (i, e) in engines.iter_mut().enumerate() {
+        e.2 = Some(spawn(&e.1, i)?);
+    }
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+    let role = |url: String| {
+        let http = http.clone();
+        async move {
+            let v: serde_json::Value = http.get(format!("{url}/api/v1/ha")).send().await.ok()?.json().await.ok()?;
+            v["role"].as_str().map(str::to_string)
+        }
+    };
+    let result: Result<Vec<f64>> = async {
+        let mut times = Vec::new();
+        let mut started = 2;
+        for k in 0..kills {
+            // The leader, once both engines answer.
+            let end = Instant::now() + Duration::from_secs(60);
+            let leader = loop {
+                let (a, b) = (role(engines[0].0.clone()).await, role(engines[1].0.clone()).await);
+                match (a.as_deref(), b.as_deref()) {
+                    (Some("leader"), Some("standby")) => break 0,
+                    (Some("standby"), Some("leader")) => break 1,
+                    _ if Instant::now() > end => return Err(anyhow!("round {k}: no leader and standby ({a:?}, {b:?})")),
+                    _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            };
+            let survivor = 1 - leader;
+            let mut child = engines[leader].2.take().ok_or_else(|| anyhow!("no leader process"))?;
+            let killed = Instant::now();
+            child.kill()?;
+            child.wait()?;
+            let target = json!({"runbook": "cap", "node": format!("n{:04}", k % 4), "gpu": (k / 4) % 2});
+            let run = loop {
+                if killed.elapsed() > Duration::from_secs(60) {
+                    return Err(anyhow!("round {k}: the survivor took no run within 60 s"));
+                }
+                let r = http.post(format!("{}/api/v1/runs", engines[survivor].0)).json(&target).send().await;
+                if let Ok(r) = r
+                    && r.status().as_u16() == 202
+                {
+                    let v: serde_json::Value = r.json().await?;
+                    break v["run"]["id"].as_str().unwrap_or_default().to_string();
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            loop {
+                if killed.elapsed() > Duration::from_secs(60) {
+                    return Err(anyhow!("round {k}: run {run} never acted"));
+                }
+                let v: serde_json::Value =
+                    http.get(format!("{}/api/v1/runs/{run}", engines[survivor].0)).send().await?.json().await?;
+                let acted = v["records"].as_array().is_some_and(|rs| {
+                    rs.iter().any(|r| r["kind"] == "action_result" && r["data"]["applied"] == true)
+                });
+                if acted {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            times.push(killed.elapsed().as_secs_f64() * 1000.0);
+            engines[leader].2 = Some(spawn(&engines[leader].1, started)?);
+            started += 1;
+        }
+        Ok(times)
+    }
+    .await;
+    for e in &mut engines {
+        if let Some(mut ch) = e.2.take() {
+            let _ = ch.kill();
+            let _ = ch.wait();
+        }
+    }
+    fleet.shutdown().await;
+    if let Ok(db) = nightshift_engine::audit::pg::connect(url, None).await {
+        let _ = db.execute("DELETE FROM nightshift_audit WHERE shard = $1", &[&shard]).await;
+        let _ = db.execute("DELETE FROM nightshift_lease WHERE shard = $1", &[&shard]).await;
+    }
+    let times = result?;
+    let mut sorted = times.clone();
+    let p99 = pct(&mut sorted, 99.0);
+    let budget = (TTL_MS + 2_000) as f64;
+    c.add(
+        9,
+        "failover: leader killed → first action by the new leader",
+        "ms",
+        times.clone(),
+        Some(("≤ TTL + 2 s (4,000 ms)", &move |m| m <= budget)),
+        &format!(
+            "{kills} kills (SIGKILL) of one of two `nightshift serve` processes on one PostgreSQL, lease TTL {TTL_MS} ms renewed every 250 ms; the survivor catches up, recovers, takes a run (asked every 10 ms through its API) and applies its action on a sim agent over SSH; p99 {p99:.0} ms"
+        ),
+    );
+    c.add(
+        9,
+        "failover p99",
+        "ms",
+        vec![p99],
+        Some(("≤ TTL + 2 s (4,000 ms)", &move |m| m <= budget)),
+        &format!("the 99th percentile of the {kills} kills above"),
+    );
     Ok(())
 }
 

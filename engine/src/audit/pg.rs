@@ -12,7 +12,7 @@
 use tokio_postgres::Client;
 
 use super::{AuditRecord, GENESIS, LoggedRecord, VerifyReport};
-use crate::ha::{LeaseConfig, fence_condition};
+use crate::ha::LeaseConfig;
 
 /// Why a PostgreSQL audit operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -121,70 +121,119 @@ pub async fn head(db: &Client, shard: &str) -> Result<Option<(u64, String)>, PgA
 }
 
 /// Append chained records (and the run summaries they vouch for) in one
-/// transaction. Each insert lands only if it continues the chain — record
-/// 1 after the genesis hash, any other after a stored record whose hash is
-/// its `prev_hash` — and, with `lease`, only while that lease at `term`
-/// holds. Committed (synchronous_commit on) before this returns.
+/// transaction of two statements, whatever their number. The group lands
+/// only if it continues the chain — its first record after the genesis
+/// hash or after a stored record whose hash is its `prev_hash`, each later
+/// one after the one before it (checked here, and by the primary key) —
+/// and, with `lease`, only while that lease at `term` holds: the lease row
+/// is read `FOR SHARE` in the same statement, so a takeover's update of it
+/// waits for this commit, and a commit after a takeover finds no row.
+/// Committed (synchronous_commit on) before this returns.
 pub async fn append(
     db: &mut Client,
     shard: &str,
     records: &[LoggedRecord],
     lease: Option<(&LeaseConfig, u64)>,
 ) -> Result<(), PgAuditError> {
-    let tx = db.transaction().await?;
-    let fence = match lease {
-        Some(_) => format!(" AND {}", fence_condition(14, 15, 16)),
-        None => String::new(),
-    };
-    let sql = format!(
-        "INSERT INTO nightshift_audit (shard, seq, ts_ms, kind, run, node, gpu, runbook, actor, prev_hash, hash, record, summary)
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13
-         WHERE ((CAST($2 AS bigint) = 1 AND $10 = '{GENESIS}')
-                OR EXISTS (SELECT 1 FROM nightshift_audit p WHERE p.shard = $1 AND p.seq = CAST($2 AS bigint) - 1 AND p.hash = $10)){fence}"
-    );
-    let stmt = tx.prepare(&sql).await?;
+    let Some((first, _)) = records.first() else { return Ok(()) };
+    for pair in records.windows(2) {
+        let (a, b) = (&pair[0].0, &pair[1].0);
+        if b.seq != a.seq + 1 || b.prev_hash != a.hash {
+            return Err(PgAuditError::NotAppended {
+                seq: b.seq,
+                why: format!("it does not follow record {} in the group", a.seq),
+            });
+        }
+    }
+    let mut cols: (Vec<i64>, Vec<i64>, Vec<&str>, Vec<Option<&str>>, Vec<Option<&str>>, Vec<Option<i32>>) =
+        Default::default();
+    let mut more: (Vec<Option<&str>>, Vec<&str>, Vec<&str>, Vec<&str>, Vec<String>, Vec<Option<String>>) =
+        Default::default();
+    // The newest summary of each run the group changes.
+    let mut summaries: std::collections::BTreeMap<&str, String> = Default::default();
     for (r, summary) in records {
         let line = serde_json::to_string(r).map_err(|e| PgAuditError::Record { seq: r.seq, message: e.to_string() })?;
-        let (seq, gpu) = (r.seq as i64, r.gpu.map(|g| g as i32));
-        let kind = r.kind.as_str();
         let summary_text = summary.as_ref().map(|b| String::from_utf8_lossy(b).into_owned());
-        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
-            &shard,
-            &seq,
-            &r.ts_ms,
-            &kind,
-            &r.run,
-            &r.node,
-            &gpu,
-            &r.runbook,
-            &r.actor,
-            &r.prev_hash,
-            &r.hash,
-            &line,
-            &summary_text,
-        ];
-        let term_i;
-        if let Some((cfg, term)) = lease {
-            term_i = term as i64;
-            params.extend([&cfg.shard as &(dyn tokio_postgres::types::ToSql + Sync), &cfg.holder, &term_i]);
-        }
-        let n = tx.execute(&stmt, &params).await?;
-        if n != 1 {
-            let why = if lease.is_some() {
-                "it does not continue the stored chain, or this engine no longer holds the lease (deposed)"
-            } else {
-                "it does not continue the stored chain"
-            };
-            return Err(PgAuditError::NotAppended { seq: r.seq, why: why.into() });
-        }
         if let (Some(run), Some(text)) = (&r.run, &summary_text) {
-            tx.execute(
-                "INSERT INTO nightshift_run_summary (shard, run, summary) VALUES ($1, $2, $3)
-                 ON CONFLICT (shard, run) DO UPDATE SET summary = EXCLUDED.summary",
-                &[&shard, run, text],
-            )
-            .await?;
+            summaries.insert(run.as_str(), text.clone());
         }
+        cols.0.push(r.seq as i64);
+        cols.1.push(r.ts_ms);
+        cols.2.push(r.kind.as_str());
+        cols.3.push(r.run.as_deref());
+        cols.4.push(r.node.as_deref());
+        cols.5.push(r.gpu.map(|g| g as i32));
+        more.0.push(r.runbook.as_deref());
+        more.1.push(&r.actor);
+        more.2.push(&r.prev_hash);
+        more.3.push(&r.hash);
+        more.4.push(line);
+        more.5.push(summary_text);
+    }
+    let (fence, lease_rows) = match lease {
+        Some(_) => (
+            " AND EXISTS (SELECT 1 FROM lease)",
+            "lease AS (SELECT 1 FROM nightshift_lease WHERE shard = $16 AND holder = $17 AND term = $18 AND expires_at > now() FOR SHARE),",
+        ),
+        None => ("", ""),
+    };
+    let sql = format!(
+        "WITH {lease_rows} rows AS (
+             SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::integer[],
+                                  $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])
+                 AS u(seq, ts_ms, kind, run, node, gpu, runbook, actor, prev_hash, hash, record, summary))
+         INSERT INTO nightshift_audit (shard, seq, ts_ms, kind, run, node, gpu, runbook, actor, prev_hash, hash, record, summary)
+         SELECT $1, seq, ts_ms, kind, run, node, gpu, runbook, actor, prev_hash, hash, record, summary FROM rows
+         WHERE ((CAST($14 AS bigint) = 1 AND $15 = '{GENESIS}')
+                OR EXISTS (SELECT 1 FROM nightshift_audit p WHERE p.shard = $1 AND p.seq = CAST($14 AS bigint) - 1 AND p.hash = $15)){fence}"
+    );
+    let (first_seq, first_prev) = (first.seq as i64, first.prev_hash.as_str());
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+        &shard,
+        &cols.0,
+        &cols.1,
+        &cols.2,
+        &cols.3,
+        &cols.4,
+        &cols.5,
+        &more.0,
+        &more.1,
+        &more.2,
+        &more.3,
+        &more.4,
+        &more.5,
+        &first_seq,
+        &first_prev,
+    ];
+    let term_i;
+    if let Some((cfg, term)) = lease {
+        term_i = term as i64;
+        params.extend([&cfg.shard as &(dyn tokio_postgres::types::ToSql + Sync), &cfg.holder, &term_i]);
+    }
+    let tx = db.transaction().await?;
+    let n = match tx.execute(sql.as_str(), &params).await {
+        Ok(n) => n,
+        // Another writer's record at this place: not ours to continue.
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => 0,
+        Err(e) => return Err(e.into()),
+    };
+    if n != records.len() as u64 {
+        let why = if lease.is_some() {
+            "it does not continue the stored chain, or this engine no longer holds the lease (deposed)"
+        } else {
+            "it does not continue the stored chain"
+        };
+        return Err(PgAuditError::NotAppended { seq: first.seq, why: why.into() });
+    }
+    if !summaries.is_empty() {
+        let (runs, texts): (Vec<&str>, Vec<String>) = summaries.into_iter().unzip();
+        tx.execute(
+            "INSERT INTO nightshift_run_summary (shard, run, summary)
+             SELECT $1, r, s FROM unnest($2::text[], $3::text[]) AS u(r, s)
+             ON CONFLICT (shard, run) DO UPDATE SET summary = EXCLUDED.summary",
+            &[&shard, &runs, &texts],
+        )
+        .await?;
     }
     tx.commit().await?;
     Ok(())
