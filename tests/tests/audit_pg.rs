@@ -147,7 +147,7 @@ async fn a_store_migrates_into_postgres_and_its_chain_holds_there() {
         r
     };
     let r1 = next(last + 1, &prev, "written while leading");
-    pg::append(&mut writer, "b", &[(r1.clone(), None)], Some((&lease_a, term))).await.unwrap();
+    pg::append(&writer, "b", &[(r1.clone(), None)], Some((&lease_a, term))).await.unwrap();
     // The lease moves on (engine-a paused past its TTL; engine-b took it).
     writer
         .execute("UPDATE nightshift_lease SET expires_at = now() - interval '1 second' WHERE shard = 'b'", &[])
@@ -156,12 +156,12 @@ async fn a_store_migrates_into_postgres_and_its_chain_holds_there() {
     let lease_b = LeaseConfig::new("b", "engine-b");
     assert_eq!(campaign(&writer, &lease_b).await.unwrap(), Some(term + 1));
     let r2 = next(last + 2, &r1, "written after being deposed");
-    let err = pg::append(&mut writer, "b", &[(r2.clone(), None)], Some((&lease_a, term))).await.unwrap_err();
+    let err = pg::append(&writer, "b", &[(r2.clone(), None)], Some((&lease_a, term))).await.unwrap_err();
     assert!(err.to_string().contains("no longer holds the lease"), "{err}");
-    pg::append(&mut writer, "b", &[(r2, None)], Some((&lease_b, term + 1))).await.unwrap();
+    pg::append(&writer, "b", &[(r2, None)], Some((&lease_b, term + 1))).await.unwrap();
     // A record that does not continue the chain is refused too.
     let forged = next(last + 10, &r1, "a gap");
-    assert!(pg::append(&mut writer, "b", &[(forged, None)], None).await.is_err());
+    assert!(pg::append(&writer, "b", &[(forged, None)], None).await.is_err());
     assert!(pg::verify(&writer, "b").await.unwrap().ok);
     drop(pgc);
 }

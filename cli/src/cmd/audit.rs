@@ -287,7 +287,7 @@ async fn migrate_to_postgres(data_dir: &std::path::Path, url: &str, shard: &str)
         todo.len()
     );
     for (i, batch) in todo.chunks(1000).enumerate() {
-        pg::append(&mut db, shard, batch, None).await?;
+        pg::append(&db, shard, batch, None).await?;
         if i % 20 == 19 {
             eprintln!("audit migrate: {} of {}", (i + 1) * 1000, todo.len());
         }

@@ -809,7 +809,7 @@ async fn audit_append(writers: usize, per_writer: usize, dir: &Path) -> Result<f
 /// transaction fenced by the lease term, through the engine's own store (a
 /// fresh shard, dropped afterwards).
 async fn audit_append_pg(writers: usize, per_writer: usize, url: &str, dir: &Path) -> Result<f64> {
-    use nightshift_engine::ha::{LeaseConfig, Leadership};
+    use nightshift_engine::ha::{Leadership, LeaseConfig};
     let tmp = tempfile::Builder::new().prefix("nightshift-bench-pg").tempdir_in(dir)?;
     let shard = format!("bench-{:08x}", rand::random::<u32>());
     let leadership = Leadership::new(LeaseConfig::new(&shard, "bench"));
@@ -1374,7 +1374,9 @@ async fn audit_append_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
             );
         }
     } else {
-        eprintln!("scenario 5: no --postgres database: PostgreSQL appends not measured (scripts/bench-postgres runs them)");
+        eprintln!(
+            "scenario 5: no --postgres database: PostgreSQL appends not measured (scripts/bench-postgres runs them)"
+        );
     }
     Ok(())
 }
@@ -1395,7 +1397,11 @@ async fn failover_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
     // Eight targets, one power change per run: within the agents' rate
     // limit (10 per GPU in 10 minutes) up to 80 kills.
     fleet.engine_config(
-        &[("cap", "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\nmax_attempts_per_day: 100000\n", "let a = set_power_limit(600);\nif !a.ok { fail(a.error); }\n")],
+        &[(
+            "cap",
+            "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\nmax_attempts_per_day: 100000\n",
+            "let a = set_power_limit(600);\nif !a.ok { fail(a.error); }\n",
+        )],
         1000,
         &ctx.disk,
     )?;
@@ -1462,7 +1468,9 @@ async fn failover_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
                 match (a.as_deref(), b.as_deref()) {
                     (Some("leader"), Some("standby")) => break 0,
                     (Some("standby"), Some("leader")) => break 1,
-                    _ if Instant::now() > end => return Err(anyhow!("round {k}: no leader and standby ({a:?}, {b:?})")),
+                    _ if Instant::now() > end => {
+                        return Err(anyhow!("round {k}: no leader and standby ({a:?}, {b:?})"));
+                    }
                     _ => tokio::time::sleep(Duration::from_millis(50)).await,
                 }
             };
@@ -1491,9 +1499,9 @@ async fn failover_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
                 }
                 let v: serde_json::Value =
                     http.get(format!("{}/api/v1/runs/{run}", engines[survivor].0)).send().await?.json().await?;
-                let acted = v["records"].as_array().is_some_and(|rs| {
-                    rs.iter().any(|r| r["kind"] == "action_result" && r["data"]["applied"] == true)
-                });
+                let acted = v["records"]
+                    .as_array()
+                    .is_some_and(|rs| rs.iter().any(|r| r["kind"] == "action_result" && r["data"]["applied"] == true));
                 if acted {
                     break;
                 }

@@ -121,7 +121,7 @@ pub async fn head(db: &Client, shard: &str) -> Result<Option<(u64, String)>, PgA
 }
 
 /// Append chained records (and the run summaries they vouch for) in one
-/// transaction of two statements, whatever their number. The group lands
+/// statement, whatever their number. The group lands
 /// only if it continues the chain — its first record after the genesis
 /// hash or after a stored record whose hash is its `prev_hash`, each later
 /// one after the one before it (checked here, and by the primary key) —
@@ -130,7 +130,18 @@ pub async fn head(db: &Client, shard: &str) -> Result<Option<(u64, String)>, PgA
 /// waits for this commit, and a commit after a takeover finds no row.
 /// Committed (synchronous_commit on) before this returns.
 pub async fn append(
-    db: &mut Client,
+    db: &Client,
+    shard: &str,
+    records: &[LoggedRecord],
+    lease: Option<(&LeaseConfig, u64)>,
+) -> Result<(), PgAuditError> {
+    append_with(&mut Appender::default(), db, shard, records, lease).await
+}
+
+/// [`append`] with the statement prepared once per connection.
+pub async fn append_with(
+    appender: &mut Appender,
+    db: &Client,
     shard: &str,
     records: &[LoggedRecord],
     lease: Option<(&LeaseConfig, u64)>,
@@ -145,10 +156,7 @@ pub async fn append(
             });
         }
     }
-    let mut cols: (Vec<i64>, Vec<i64>, Vec<&str>, Vec<Option<&str>>, Vec<Option<&str>>, Vec<Option<i32>>) =
-        Default::default();
-    let mut more: (Vec<Option<&str>>, Vec<&str>, Vec<&str>, Vec<&str>, Vec<String>, Vec<Option<String>>) =
-        Default::default();
+    let mut c = Columns::default();
     // The newest summary of each run the group changes.
     let mut summaries: std::collections::BTreeMap<&str, String> = Default::default();
     for (r, summary) in records {
@@ -157,67 +165,54 @@ pub async fn append(
         if let (Some(run), Some(text)) = (&r.run, &summary_text) {
             summaries.insert(run.as_str(), text.clone());
         }
-        cols.0.push(r.seq as i64);
-        cols.1.push(r.ts_ms);
-        cols.2.push(r.kind.as_str());
-        cols.3.push(r.run.as_deref());
-        cols.4.push(r.node.as_deref());
-        cols.5.push(r.gpu.map(|g| g as i32));
-        more.0.push(r.runbook.as_deref());
-        more.1.push(&r.actor);
-        more.2.push(&r.prev_hash);
-        more.3.push(&r.hash);
-        more.4.push(line);
-        more.5.push(summary_text);
+        c.seq.push(r.seq as i64);
+        c.ts_ms.push(r.ts_ms);
+        c.kind.push(r.kind.as_str());
+        c.run.push(r.run.as_deref());
+        c.node.push(r.node.as_deref());
+        c.gpu.push(r.gpu.map(|g| g as i32));
+        c.runbook.push(r.runbook.as_deref());
+        c.actor.push(&r.actor);
+        c.prev_hash.push(&r.prev_hash);
+        c.hash.push(&r.hash);
+        c.record.push(line);
+        c.summary.push(summary_text);
     }
-    let (fence, lease_rows) = match lease {
-        Some(_) => (
-            " AND EXISTS (SELECT 1 FROM lease)",
-            "lease AS (SELECT 1 FROM nightshift_lease WHERE shard = $16 AND holder = $17 AND term = $18 AND expires_at > now() FOR SHARE),",
-        ),
-        None => ("", ""),
-    };
-    let sql = format!(
-        "WITH {lease_rows} rows AS (
-             SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::integer[],
-                                  $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])
-                 AS u(seq, ts_ms, kind, run, node, gpu, runbook, actor, prev_hash, hash, record, summary))
-         INSERT INTO nightshift_audit (shard, seq, ts_ms, kind, run, node, gpu, runbook, actor, prev_hash, hash, record, summary)
-         SELECT $1, seq, ts_ms, kind, run, node, gpu, runbook, actor, prev_hash, hash, record, summary FROM rows
-         WHERE ((CAST($14 AS bigint) = 1 AND $15 = '{GENESIS}')
-                OR EXISTS (SELECT 1 FROM nightshift_audit p WHERE p.shard = $1 AND p.seq = CAST($14 AS bigint) - 1 AND p.hash = $15)){fence}"
-    );
-    let (first_seq, first_prev) = (first.seq as i64, first.prev_hash.as_str());
+    let (runs, texts): (Vec<&str>, Vec<String>) = summaries.into_iter().unzip();
+    let (first_seq, first_prev, count) = (first.seq as i64, first.prev_hash.as_str(), records.len() as i64);
     let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
         &shard,
-        &cols.0,
-        &cols.1,
-        &cols.2,
-        &cols.3,
-        &cols.4,
-        &cols.5,
-        &more.0,
-        &more.1,
-        &more.2,
-        &more.3,
-        &more.4,
-        &more.5,
+        &c.seq,
+        &c.ts_ms,
+        &c.kind,
+        &c.run,
+        &c.node,
+        &c.gpu,
+        &c.runbook,
+        &c.actor,
+        &c.prev_hash,
+        &c.hash,
+        &c.record,
+        &c.summary,
         &first_seq,
         &first_prev,
+        &runs,
+        &texts,
+        &count,
     ];
     let term_i;
     if let Some((cfg, term)) = lease {
         term_i = term as i64;
         params.extend([&cfg.shard as &(dyn tokio_postgres::types::ToSql + Sync), &cfg.holder, &term_i]);
     }
-    let tx = db.transaction().await?;
-    let n = match tx.execute(sql.as_str(), &params).await {
-        Ok(n) => n,
+    let stmt = appender.statement(db, lease.is_some()).await?;
+    let n: i64 = match db.query_one(&stmt, &params).await {
+        Ok(row) => row.get(0),
         // Another writer's record at this place: not ours to continue.
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => 0,
         Err(e) => return Err(e.into()),
     };
-    if n != records.len() as u64 {
+    if n != count {
         let why = if lease.is_some() {
             "it does not continue the stored chain, or this engine no longer holds the lease (deposed)"
         } else {
@@ -225,18 +220,74 @@ pub async fn append(
         };
         return Err(PgAuditError::NotAppended { seq: first.seq, why: why.into() });
     }
-    if !summaries.is_empty() {
-        let (runs, texts): (Vec<&str>, Vec<String>) = summaries.into_iter().unzip();
-        tx.execute(
-            "INSERT INTO nightshift_run_summary (shard, run, summary)
-             SELECT $1, r, s FROM unnest($2::text[], $3::text[]) AS u(r, s)
-             ON CONFLICT (shard, run) DO UPDATE SET summary = EXCLUDED.summary",
-            &[&shard, &runs, &texts],
-        )
-        .await?;
-    }
-    tx.commit().await?;
     Ok(())
+}
+
+/// A group of records, column by column (the statement's arrays).
+#[derive(Default)]
+struct Columns<'a> {
+    seq: Vec<i64>,
+    ts_ms: Vec<i64>,
+    kind: Vec<&'a str>,
+    run: Vec<Option<&'a str>>,
+    node: Vec<Option<&'a str>>,
+    gpu: Vec<Option<i32>>,
+    runbook: Vec<Option<&'a str>>,
+    actor: Vec<&'a str>,
+    prev_hash: Vec<&'a str>,
+    hash: Vec<&'a str>,
+    record: Vec<String>,
+    summary: Vec<Option<String>>,
+}
+
+/// The append statement, prepared once per connection (a new connection
+/// needs a new `Appender`).
+#[derive(Default)]
+pub struct Appender {
+    plain: Option<tokio_postgres::Statement>,
+    fenced: Option<tokio_postgres::Statement>,
+}
+
+impl Appender {
+    async fn statement(&mut self, db: &Client, fenced: bool) -> Result<tokio_postgres::Statement, PgAuditError> {
+        let slot = if fenced { &mut self.fenced } else { &mut self.plain };
+        if let Some(s) = slot {
+            return Ok(s.clone());
+        }
+        let (lease_rows, fence) = if fenced {
+            (
+                "lease AS (SELECT 1 FROM nightshift_lease WHERE shard = $19 AND holder = $20 AND term = $21 AND expires_at > now() FOR SHARE),",
+                " AND EXISTS (SELECT 1 FROM lease)",
+            )
+        } else {
+            ("", "")
+        };
+        // One statement, so one round trip and its own transaction: the
+        // records land, and the summaries only if all of them did.
+        let sql = format!(
+            "WITH {lease_rows}
+             rows AS (
+                 SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::integer[],
+                                      $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])
+                     AS u(seq, ts_ms, kind, run, node, gpu, runbook, actor, prev_hash, hash, record, summary)),
+             ins AS (
+                 INSERT INTO nightshift_audit (shard, seq, ts_ms, kind, run, node, gpu, runbook, actor, prev_hash, hash, record, summary)
+                 SELECT $1, seq, ts_ms, kind, run, node, gpu, runbook, actor, prev_hash, hash, record, summary FROM rows
+                 WHERE ((CAST($14 AS bigint) = 1 AND $15::text = '{GENESIS}')
+                        OR EXISTS (SELECT 1 FROM nightshift_audit p WHERE p.shard = $1 AND p.seq = CAST($14 AS bigint) - 1 AND p.hash = $15::text)){fence}
+                 RETURNING 1),
+             sums AS (
+                 INSERT INTO nightshift_run_summary (shard, run, summary)
+                 SELECT $1, r, s FROM unnest($16::text[], $17::text[]) AS u(r, s)
+                 WHERE (SELECT count(*) FROM ins) = $18::bigint
+                 ON CONFLICT (shard, run) DO UPDATE SET summary = EXCLUDED.summary
+                 RETURNING 1)
+             SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM sums)"
+        );
+        let s = db.prepare(&sql).await?;
+        *slot = Some(s.clone());
+        Ok(s)
+    }
 }
 
 /// Records of a shard after `after_seq`, oldest first, at most `limit`,

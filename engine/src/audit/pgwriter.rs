@@ -38,6 +38,8 @@ struct PgWriter {
     pg: Arc<PgOptions>,
     rt: tokio::runtime::Runtime,
     db: Option<Client>,
+    /// The append statement, prepared on `db`.
+    appender: pg::Appender,
     /// The head of this engine's copy (and, while leading, of the chain).
     seq: u64,
     hash: String,
@@ -98,6 +100,7 @@ pub(super) fn run(
         pg,
         rt,
         db: None,
+        appender: pg::Appender::default(),
         seq: 0,
         hash: GENESIS.into(),
         clock,
@@ -169,6 +172,7 @@ impl PgWriter {
                 .map_err(|_| AuditError::Write("postgres: no connection within 5 s".into()))?
                 .map_err(db_err)?;
             self.db = Some(c);
+            self.appender = pg::Appender::default();
         }
         self.db.as_mut().ok_or(AuditError::Closed)
     }
@@ -312,8 +316,14 @@ impl PgWriter {
             let result = match self.connect().map(|_| ()) {
                 Err(e) => Err((true, e)),
                 Ok(()) => {
-                    let Some(db) = self.db.as_mut() else { continue };
-                    let r = self.rt.block_on(pg::append(db, &shard, &logged, Some((&lease, term))));
+                    let Some(db) = self.db.as_ref() else { continue };
+                    let r = self.rt.block_on(pg::append_with(
+                        &mut self.appender,
+                        db,
+                        &shard,
+                        &logged,
+                        Some((&lease, term)),
+                    ));
                     match r {
                         Ok(()) => Ok(()),
                         Err(PgAuditError::NotAppended { seq, why }) => {
