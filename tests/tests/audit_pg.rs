@@ -130,7 +130,7 @@ async fn a_store_migrates_into_postgres_and_its_chain_holds_there() {
     assert!(v.problem.unwrap().contains("changed after it was written"));
 
     // Appends fenced by the lease: the leader's lands, a deposed one's not.
-    let mut writer = connect(&pgc.conninfo).await;
+    let writer = connect(&pgc.conninfo).await;
     let lease_a = LeaseConfig::new("b", "engine-a");
     let term = campaign(&writer, &lease_a).await.unwrap().expect("the lease");
     let (last, _) = pg::head(&writer, "b").await.unwrap().unwrap();

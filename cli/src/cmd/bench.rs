@@ -1459,8 +1459,7 @@ async fn failover_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
     };
     let result: Result<Vec<f64>> = async {
         let mut times = Vec::new();
-        let mut started = 2;
-        for k in 0..kills {
+        for (started, k) in (2..).zip(0..kills) {
             // The leader, once both engines answer.
             let end = Instant::now() + Duration::from_secs(60);
             let leader = loop {
@@ -1509,7 +1508,6 @@ async fn failover_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
             }
             times.push(killed.elapsed().as_secs_f64() * 1000.0);
             engines[leader].2 = Some(spawn(&engines[leader].1, started)?);
-            started += 1;
         }
         Ok(times)
     }
