@@ -94,6 +94,11 @@ pub enum Command {
     ///
     /// Example: nightshift reload --server http://nightshift:8080
     Reload,
+    /// Leadership (PostgreSQL backend): whether this engine leads its shard,
+    /// at what term, who leads, and every shard of the database.
+    ///
+    /// Example: nightshift ha --server http://nightshift-b:8080
+    Ha,
     /// Generate the engine's SSH key (mode 0600) and print what agents need.
     ///
     /// Example: nightshift keygen --out /var/lib/nightshift/engine_key

@@ -492,6 +492,16 @@ impl Conn {
         }
     }
 
+    /// `/api/v1/ha`, or for an engine.yaml here, what its database says.
+    pub async fn ha(&self) -> Result<Value> {
+        match self {
+            Conn::Remote(r) => r.get("/api/v1/ha").await,
+            Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
+                "leadership is a running engine's: pass --server URL (or set NIGHTSHIFT_SERVER) of any engine of the shard",
+            )),
+        }
+    }
+
     /// Shut an embedded engine down cleanly.
     pub async fn close(&mut self) {
         if let Conn::Local(l) = self

@@ -159,6 +159,11 @@ pub struct PostgresConfig {
     /// forward writes to the leader's); default `http://` + `listen_addr`.
     #[serde(default)]
     pub advertise_url: Option<String>,
+    /// Cut the fleet into shards by this fleet.yaml label (`cluster`,
+    /// `pool`): this engine serves only the nodes whose label equals its
+    /// `shard`. Unset: the shard is the whole fleet.
+    #[serde(default)]
+    pub fleet_label: Option<String>,
 }
 
 fn default_shard() -> String {
@@ -172,6 +177,29 @@ fn default_lease_renew_ms() -> u64 {
 }
 fn default_follow_ms() -> u64 {
     250
+}
+
+impl EngineConfig {
+    /// Keep the nodes of this engine's shard (`audit.postgres.fleet_label`);
+    /// without one, every node.
+    pub fn select_shard(&self, inventory: &mut crate::inventory::Inventory) {
+        if self.audit.backend != AuditBackend::Postgres {
+            return;
+        }
+        if let Some(pg) = &self.audit.postgres
+            && let Some(label) = &pg.fleet_label
+        {
+            let before = inventory.nodes.len();
+            inventory.nodes.retain(|n| n.labels.get(label) == Some(&pg.shard));
+            tracing::info!(
+                shard = %pg.shard,
+                label = %label,
+                nodes = inventory.nodes.len(),
+                of = before,
+                "this engine serves the nodes of its shard"
+            );
+        }
+    }
 }
 
 impl PostgresConfig {
@@ -531,7 +559,7 @@ impl EngineConfig {
             (AuditBackend::Postgres, Some(pg)) => {
                 if pg.url_file.is_some() == pg.url_env.is_some() {
                     return Err(err(
-                        "postgres",
+                        "postgres:",
                         "audit.postgres: expected exactly one of url_file and url_env, found both or neither".into(),
                     ));
                 }
@@ -710,6 +738,34 @@ mod tests {
         assert!(e.to_string().starts_with("engine.yaml:7:3: limits: unknown field `queue_capasity`"), "{e}");
     }
 
+    /// `audit.postgres.fleet_label` cuts the fleet: an engine keeps the
+    /// nodes whose label is its shard; without the label, all of them.
+    #[test]
+    fn a_shard_keeps_its_part_of_the_fleet() {
+        let inv = crate::inventory::Inventory::parse(
+            "version: 1\nnodes:\n  - {name: a1, address: '10.0.0.1:22', host_key: 'SHA256:x', labels: {cluster: east}}\n  - {name: b1, address: '10.0.0.2:22', host_key: 'SHA256:y', labels: {cluster: west}}\n  - {name: c1, address: '10.0.0.3:22', host_key: 'SHA256:z'}\n",
+            Path::new("fleet.yaml"),
+        )
+        .unwrap();
+        let base = "version: 1\ndata_dir: d\nrunbook_dir: r\ninventory_path: i\nengine_key_path: k\n";
+        let names = |extra: &str| {
+            let cfg = EngineConfig::parse(&format!("{base}{extra}"), Path::new("engine.yaml")).unwrap();
+            let mut i = inv.clone();
+            cfg.select_shard(&mut i);
+            i.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(names(""), ["a1", "b1", "c1"]);
+        assert_eq!(names("audit:\n  backend: postgres\n  postgres: {url_env: V, shard: east}\n"), ["a1", "b1", "c1"]);
+        assert_eq!(
+            names("audit:\n  backend: postgres\n  postgres: {url_env: V, shard: east, fleet_label: cluster}\n"),
+            ["a1"]
+        );
+        assert_eq!(
+            names("audit:\n  backend: postgres\n  postgres: {url_env: V, shard: west, fleet_label: cluster}\n"),
+            ["b1"]
+        );
+    }
+
     /// Values that would switch a safety off, stop the engine or never
     /// match: each refused with its line and what was expected.
     #[test]
@@ -764,6 +820,26 @@ mod tests {
             (
                 "telemetry:\n  interval_ms: 0\n",
                 "engine.yaml:7:3: telemetry.interval_ms: expected 50 to 600000, found 0",
+            ),
+            (
+                "audit:\n  backend: postgres\n",
+                "engine.yaml:7:3: audit.backend: postgres needs audit.postgres: {url_file: FILE} (or url_env: VAR)",
+            ),
+            (
+                "audit:\n  backend: postgres\n  postgres: {url_file: u, url_env: V}\n",
+                "engine.yaml:8:3: audit.postgres: expected exactly one of url_file and url_env, found both or neither",
+            ),
+            (
+                "audit:\n  backend: postgres\n  postgres: {url_env: V, lease_ttl_ms: 2000, lease_renew_ms: 1500}\n",
+                "engine.yaml:8:26: audit.postgres: expected lease_ttl_ms 1000 to 600000 and lease_renew_ms at most half of it, found 2000 and 1500",
+            ),
+            (
+                "audit:\n  backend: postgres\n  postgres: {url_env: V, shard: 'a b'}\n",
+                "engine.yaml:8:26: audit.postgres.shard: expected letters, digits, '-', '_' or '.', found \"a b\"",
+            ),
+            (
+                "audit:\n  backend: mysql\n",
+                "engine.yaml:7:12: audit.backend: unknown variant `mysql`, expected `sled` or `postgres`",
             ),
             (
                 "notifications:\n  webhooks:\n    - {name: ops, url: 'http://x', max_attempts: 0}\n",

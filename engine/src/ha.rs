@@ -167,6 +167,42 @@ pub async fn lease_row(db: &Client, shard: &str) -> Result<Option<LeaseRow>, Lea
     }))
 }
 
+/// One shard of a database: its lease and its chain's head.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ShardRow {
+    pub shard: String,
+    pub holder: String,
+    pub term: u64,
+    /// Milliseconds left on the lease (negative: expired, no leader).
+    pub expires_in_ms: i64,
+    pub url: String,
+    /// The newest record of the shard's chain (0: none).
+    pub head_seq: u64,
+}
+
+/// Every shard with a lease in the database (each running shard has one).
+pub async fn shards(db: &Client) -> Result<Vec<ShardRow>, LeaseError> {
+    let rows = db
+        .query(
+            "SELECT l.shard, l.holder, l.term, (extract(epoch FROM (l.expires_at - now())) * 1000)::bigint, l.url,
+                    COALESCE((SELECT max(a.seq) FROM nightshift_audit a WHERE a.shard = l.shard), 0)
+             FROM nightshift_lease l ORDER BY l.shard",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| ShardRow {
+            shard: r.get(0),
+            holder: r.get(1),
+            term: r.get::<_, i64>(2) as u64,
+            expires_in_ms: r.get(3),
+            url: r.get(4),
+            head_seq: r.get::<_, i64>(5) as u64,
+        })
+        .collect())
+}
+
 /// What this engine knows of its shard's leadership, shared by the lease
 /// loop (which writes it), the audit writer (which fences every append
 /// with the term), the agents' requests (which carry it) and the API

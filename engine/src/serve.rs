@@ -54,7 +54,8 @@ pub async fn start(config: EngineConfig) -> Result<Engine, StartError> {
 /// campaigns; once it holds the lease it recovers as a restart would and
 /// starts acting (see [`crate::ha`]).
 pub async fn start_with_clock(config: EngineConfig, clock: SharedClock) -> Result<Engine, StartError> {
-    let inventory = Inventory::load(&config.inventory_path)?;
+    let mut inventory = Inventory::load(&config.inventory_path)?;
+    config.select_shard(&mut inventory);
     let key = keys::load(&config.engine_key_path)
         .map_err(|e| StartError::Key { path: config.engine_key_path.display().to_string(), message: e.to_string() })?;
     let key = Arc::new(key);
@@ -559,7 +560,11 @@ fn reload_files(engine: &Engine) -> Result<ReloadReport, ReloadError> {
         None => None,
     };
     let inventory = match &new_config {
-        Some(_) => Some(Inventory::load(&running.inventory_path)?),
+        Some(_) => {
+            let mut inv = Inventory::load(&running.inventory_path)?;
+            running.select_shard(&mut inv);
+            Some(inv)
+        }
         None => None,
     };
     let key = match &inventory {

@@ -430,6 +430,20 @@ pub struct HaStatus {
 }
 
 impl Engine {
+    /// Every shard of this engine's database: who leads it, at what term,
+    /// and its chain's head (empty with the sled backend).
+    pub async fn ha_shards(&self) -> Result<Vec<crate::ha::ShardRow>, String> {
+        let Some(pg) = self.core.audit.postgres() else { return Ok(Vec::new()) };
+        let db = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            crate::audit::pg::connect(&pg.url, pg.ca_file.as_deref()),
+        )
+        .await
+        .map_err(|_| "postgres: no connection within 5 s".to_string())?
+        .map_err(|e| e.to_string())?;
+        crate::ha::shards(&db).await.map_err(|e| e.to_string())
+    }
+
     /// Leadership as this engine sees it.
     pub fn ha_status(&self) -> HaStatus {
         let takeover = self.core.counters.failover_ms.load(std::sync::atomic::Ordering::SeqCst);

@@ -475,4 +475,26 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     let v: Value =
         http.get(format!("{}/api/v1/audit/verify", engines[standby].url)).send().await.unwrap().json().await.unwrap();
     assert_eq!(v["ok"], true, "{v}");
+
+    // What an operator reads: either engine names the leader and the
+    // shard's head; /metrics says who leads; `nightshift ha` prints it.
+    let leader_ha = engines[l].ha(&http).await.unwrap();
+    let standby_ha = engines[standby].ha(&http).await.unwrap();
+    let (seq, _) = pg::head(&c, "default").await.unwrap().unwrap();
+    assert_eq!(standby_ha["leader"]["holder"], leader_ha["holder"], "{standby_ha}");
+    let shards = standby_ha["shards"].as_array().unwrap();
+    assert_eq!(shards.len(), 1, "{standby_ha}");
+    assert_eq!((shards[0]["holder"].clone(), shards[0]["head_seq"].as_u64()), (leader_ha["holder"].clone(), Some(seq)));
+    for (i, want) in [(l, "1"), (standby, "0")] {
+        let m = http.get(format!("{}/metrics", engines[i].url)).send().await.unwrap().text().await.unwrap();
+        assert!(m.contains(&format!("nightshift_ha_leader{{shard=\"default\"}} {want}")), "{m}");
+    }
+    let out = std::process::Command::new(workspace_bin_dir().join("nightshift"))
+        .args(["ha", "--server", &engines[standby].url, "--no-color"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("this engine: standby of shard default"), "{text}");
+    assert!(text.contains(leader_ha["holder"].as_str().unwrap()), "{text}");
 }

@@ -533,5 +533,10 @@ pub async fn healthz(State(s): State<AppState>) -> Response {
 /// `GET /api/v1/ha`: this engine's place in its shard — leader, standby
 /// or deposed, the term, and who leads.
 pub async fn ha(State(s): State<AppState>, _: Viewer) -> Response {
-    Json(s.engine.ha_status()).into_response()
+    let mut v = serde_json::to_value(s.engine.ha_status()).unwrap_or_default();
+    match s.engine.ha_shards().await {
+        Ok(shards) => v["shards"] = json!(shards),
+        Err(e) => v["shards_error"] = json!(e),
+    }
+    Json(v).into_response()
 }

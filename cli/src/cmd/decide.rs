@@ -32,6 +32,60 @@ pub async fn reject(cli: &Cli, out: &Out, run: &str, reason: &str) -> Result<u8>
 
 /// Make a running engine read fleet.yaml, tokens and runbooks again; say
 /// what changed.
+/// `nightshift ha`: an engine's place in its shard, and every shard.
+pub async fn ha(cli: &Cli, out: &Out) -> Result<u8> {
+    let c = conn_announced(cli, out)?;
+    let v = c.ha().await?;
+    if out.json {
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    if v["backend"] == "sled" {
+        outln!("sled backend: one engine, no leader election (audit.backend: postgres for HA)");
+        return Ok(0);
+    }
+    let s = |k: &str| v[k].as_str().unwrap_or("-").to_string();
+    outln!(
+        "this engine: {} of shard {} ({}){}",
+        s("role"),
+        s("shard"),
+        s("holder"),
+        v["term"].as_u64().map(|t| format!(", term {t}")).unwrap_or_default()
+    );
+    if let Some(why) = v["deposed"].as_str() {
+        outln!("deposed: {why}");
+    }
+    if let Some(e) = v["shards_error"].as_str() {
+        outln!("shards: cannot read them: {e}");
+    }
+    let rows: Vec<Vec<String>> = v["shards"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|r| {
+                    let left = r["expires_in_ms"].as_i64().unwrap_or(-1);
+                    vec![
+                        r["shard"].as_str().unwrap_or("").to_string(),
+                        if left > 0 {
+                            r["holder"].as_str().unwrap_or("").to_string()
+                        } else {
+                            out.red("none (expired)")
+                        },
+                        r["term"].to_string(),
+                        if left > 0 { format!("{:.1} s", left as f64 / 1000.0) } else { "-".into() },
+                        r["head_seq"].to_string(),
+                        r["url"].as_str().unwrap_or("").to_string(),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if !rows.is_empty() {
+        out.table(&["SHARD", "LEADER", "TERM", "LEASE LEFT", "RECORDS", "URL"], &rows);
+    }
+    Ok(0)
+}
+
 pub async fn reload(cli: &Cli, out: &Out) -> Result<u8> {
     let mut c = conn_announced(cli, out)?;
     let r = c.reload().await?;
