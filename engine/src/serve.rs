@@ -253,6 +253,21 @@ async fn lease_loop(engine: Engine, l: Arc<Leadership>, clients: Vec<(String, Ar
         }
     };
     engine.core.ids.advance_to(engine.audit().run_count().unwrap_or(0));
+    // Promotions and demotions live in the chain: what the last leader was
+    // told holds here (a runbook demoted to shadow stays in shadow).
+    match &db {
+        Some(c) => match crate::audit::pg::runbook_modes(c, &l.cfg.shard).await {
+            Ok(modes) => engine.adopt_modes(&modes),
+            Err(e) => {
+                step_down(&engine, &l, format!("cannot read the runbook modes: {e}"));
+                return;
+            }
+        },
+        None => {
+            step_down(&engine, &l, "lost the database before reading the runbook modes".into());
+            return;
+        }
+    }
     let renewals = {
         let (engine, l) = (engine.clone(), l.clone());
         let pg = pg.clone();

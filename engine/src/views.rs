@@ -406,6 +406,33 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// Take the runbook modes the shard's audit chain says an admin set (a
+    /// new leader: the last leader's promotions and demotions hold here
+    /// too), and keep them in `data_dir/runbook-modes.json`.
+    pub fn adopt_modes(&self, modes: &BTreeMap<String, String>) {
+        let saved = {
+            let mut held = crate::core::lock(&self.core.modes);
+            for (name, mode) in modes {
+                match serde_json::from_value::<crate::manifest::Mode>(json!(mode)) {
+                    Ok(m) => {
+                        held.insert(name.clone(), m);
+                    }
+                    Err(e) => {
+                        tracing::error!(runbook = %name, error = %e, "an audited runbook mode cannot be read: left as it was")
+                    }
+                }
+            }
+            serde_json::to_vec_pretty(&*held).unwrap_or_default()
+        };
+        if let Err(e) =
+            nightshift_proto::fsutil::write_atomic(&crate::core::modes_path(&self.core.config.data_dir), &saved)
+        {
+            tracing::error!(error = %e, "cannot save runbook modes: they hold until a restart");
+        }
+    }
+}
+
 /// Where this engine stands in its shard (`/api/v1/ha`, `/metrics`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct HaStatus {

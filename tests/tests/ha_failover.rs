@@ -8,6 +8,8 @@
 //! 2. SIGSTOP the leader past its TTL; the standby takes over and acts;
 //!    SIGCONT: the old leader writes nothing, nothing it sends is applied,
 //!    and it exits saying it was deposed.
+//!    Between them an admin demotes the runbook through the standby, and
+//!    the next leader keeps it demoted.
 //! 3. Crash PostgreSQL mid-run: the leader stops acting while the database
 //!    is gone and resumes after, at the same term.
 //!
@@ -101,6 +103,41 @@ async fn leader(engines: &[Eng], http: &reqwest::Client, secs: u64) -> usize {
             "expected one leader, found {leading:?}; logs:\n{}\n---\n{}",
             engines[0].log(),
             engines[1].log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// kill -9 the leader `l`; wait until the other engine leads (at most
+/// TTL + 2 s); how long that took.
+async fn kill_and_wait_for_takeover(engines: &mut [Eng], l: usize, http: &reqwest::Client, what: &str) -> Duration {
+    let standby = 1 - l;
+    let killed = Instant::now();
+    let d = engines[l].daemon.as_mut().unwrap();
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    let end = killed + Duration::from_millis(TTL_MS + 2_000);
+    loop {
+        if engines[standby].role(http).await.as_deref() == Some("leader") {
+            return killed.elapsed();
+        }
+        assert!(
+            Instant::now() < end,
+            "{what}: the standby did not lead within TTL + 2 s; its log:\n{}",
+            engines[standby].log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Wait until engine `i` (just started) answers as a standby.
+async fn wait_standby(engines: &[Eng], i: usize, http: &reqwest::Client) {
+    let t = Instant::now();
+    while engines[i].role(http).await.as_deref() != Some("standby") {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the restarted engine is no standby; log:\n{}",
+            engines[i].log()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -223,7 +260,7 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
             "let a = set_power_limit(600);\nif !a.ok { fail(a.error); }\nsleep(1);\n\
              let b = set_power_limit(550);\nif !b.ok { fail(b.error); }\n",
         )],
-        "auth: {allow_anonymous: operator}\n",
+        "auth: {allow_anonymous: admin}\n",
     );
     let base = std::fs::read_to_string(dir.join("engine.yaml")).unwrap();
     let mut engines = Vec::new();
@@ -264,23 +301,8 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
             }
         }
         tokio::time::sleep(Duration::from_millis(rng.next() % 1500)).await;
-        let killed = Instant::now();
-        let d = engines[l].daemon.as_mut().unwrap();
-        d.child.kill().unwrap();
-        d.child.wait().unwrap();
-        let end = killed + Duration::from_millis(TTL_MS + 2_000);
-        loop {
-            if engines[standby].role(&http).await.as_deref() == Some("leader") {
-                break;
-            }
-            assert!(
-                Instant::now() < end,
-                "kill {k}: the standby did not lead within TTL + 2 s; its log:\n{}",
-                engines[standby].log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        takeovers.push(killed.elapsed());
+        let killed = kill_and_wait_for_takeover(&mut engines, l, &http, &format!("kill {k}")).await;
+        takeovers.push(killed);
         engines[l].start();
         l = standby;
     }
@@ -478,13 +500,15 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
 
     // What an operator reads: either engine names the leader and the
     // shard's head; /metrics says who leads; `nightshift ha` prints it.
+    let (seq, _) = pg::head(&c, "default").await.unwrap().unwrap();
     let leader_ha = engines[l].ha(&http).await.unwrap();
     let standby_ha = engines[standby].ha(&http).await.unwrap();
-    let (seq, _) = pg::head(&c, "default").await.unwrap().unwrap();
     assert_eq!(standby_ha["leader"]["holder"], leader_ha["holder"], "{standby_ha}");
     let shards = standby_ha["shards"].as_array().unwrap();
     assert_eq!(shards.len(), 1, "{standby_ha}");
-    assert_eq!((shards[0]["holder"].clone(), shards[0]["head_seq"].as_u64()), (leader_ha["holder"].clone(), Some(seq)));
+    assert_eq!(shards[0]["holder"], leader_ha["holder"], "{standby_ha}");
+    // (Records may have come since: an agent's hold ending, say.)
+    assert!(shards[0]["head_seq"].as_u64().unwrap() >= seq, "{standby_ha} vs {seq}");
     for (i, want) in [(l, "1"), (standby, "0")] {
         let m = http.get(format!("{}/metrics", engines[i].url)).send().await.unwrap().text().await.unwrap();
         assert!(m.contains(&format!("nightshift_ha_leader{{shard=\"default\"}} {want}")), "{m}");

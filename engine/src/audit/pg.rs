@@ -70,6 +70,8 @@ const MIGRATIONS: &[&str] = &[
     // 2: the exact bytes of the run summary each record vouches for, so a
     // standby's copy indexes every record as the leader wrote it.
     "ALTER TABLE nightshift_audit ADD COLUMN summary text;",
+    // 3: the runbook modes an admin set, read by each new leader.
+    "CREATE INDEX nightshift_audit_mode ON nightshift_audit (shard, seq) WHERE kind = 'runbook_mode';",
 ];
 
 /// Bring the schema to the newest version this build knows (idempotent;
@@ -315,6 +317,30 @@ pub async fn records_after(
             Ok((r, summary.map(String::into_bytes)))
         })
         .collect()
+}
+
+/// The mode each runbook was last promoted or demoted to in a shard
+/// (`runbook_mode` records, oldest first, so the newest wins).
+pub async fn runbook_modes(
+    db: &Client,
+    shard: &str,
+) -> Result<std::collections::BTreeMap<String, String>, PgAuditError> {
+    let rows = db
+        .query(
+            "SELECT runbook, record FROM nightshift_audit WHERE shard = $1 AND kind = 'runbook_mode' ORDER BY seq",
+            &[&shard],
+        )
+        .await?;
+    let mut out = std::collections::BTreeMap::new();
+    for row in rows {
+        let (runbook, line): (Option<String>, String) = (row.get(0), row.get(1));
+        let to =
+            serde_json::from_str::<AuditRecord>(&line).ok().and_then(|r| r.data["to"].as_str().map(str::to_string));
+        if let (Some(runbook), Some(to)) = (runbook, to) {
+            out.insert(runbook, to);
+        }
+    }
+    Ok(out)
 }
 
 /// The hash of a shard's record `seq`, if it is stored.
