@@ -318,15 +318,31 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     let l = leader(&engines, &http, 30).await;
     let old = 1 - l;
     // The restarted engine comes up as a standby.
-    let t = Instant::now();
-    while engines[old].role(&http).await.as_deref() != Some("standby") {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the restarted engine is no standby; log:\n{}",
-            engines[old].log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_standby(&engines, old, &http).await;
+
+    // An admin's demotion, sent to the standby (forwarded), holds after a
+    // failover: the new leader reads the modes from the chain.
+    let r = http
+        .post(format!("{}/api/v1/runbooks/cap-twice/mode", engines[old].url))
+        .json(&json!({"mode": "shadow", "reason": "ha test: hold still"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    kill_and_wait_for_takeover(&mut engines, l, &http, "after the demotion").await;
+    engines[l].start();
+    wait_standby(&engines, l, &http).await;
+    let (l, old) = (old, l);
+    let rb: Value =
+        http.get(format!("{}/api/v1/runbooks/cap-twice", engines[l].url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(rb["runbook"]["mode"], "shadow", "{rb}");
+    let r = http
+        .post(format!("{}/api/v1/runbooks/cap-twice/mode", engines[l].url))
+        .json(&json!({"mode": "act", "reason": "ha test: act again"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
 
     // 2. SIGSTOP the leader between a run's two actions.
     let (node, gpu) = ("h1", 0);
@@ -389,15 +405,7 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
         "the paused leader's run reached no agent after it woke"
     );
     engines[l].start();
-    let t = Instant::now();
-    while engines[l].role(&http).await.as_deref() != Some("standby") {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the restarted engine is no standby; log:\n{}",
-            engines[l].log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_standby(&engines, l, &http).await;
     let l = leader(&engines, &http, 30).await;
 
     // 3. PostgreSQL crashes between a run's two actions; the leader waits
