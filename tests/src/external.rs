@@ -229,9 +229,26 @@ pub fn postgres_bin_dir() -> Option<PathBuf> {
     require("initdb", "postgresql").and_then(|p| p.parent().map(Path::to_path_buf))
 }
 
+/// Make `path` the `postgres` user's (when running as root, the server
+/// runs as that user) with mode 0600, as PostgreSQL wants its TLS key.
+pub fn give_to_postgres(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    if nix::unistd::Uid::effective().is_root() {
+        let pg =
+            nix::unistd::User::from_name("postgres").ok().flatten().expect("the postgres user (package postgresql)");
+        nix::unistd::chown(path, Some(pg.uid), Some(pg.gid)).expect("chown to postgres");
+    }
+}
+
 impl PgCluster {
     /// Make and start a cluster under `dir` (which it takes over).
     pub fn start(dir: &Path, bin: &Path) -> PgCluster {
+        PgCluster::start_with(dir, bin, &[])
+    }
+
+    /// [`PgCluster::start`] with more server settings (`-c name=value`).
+    pub fn start_with(dir: &Path, bin: &Path, settings: &[&str]) -> PgCluster {
         let data = dir.join("pgdata");
         let root = nix::unistd::Uid::effective().is_root();
         let as_pg = |program: &Path, args: &[String]| -> Vec<String> {
@@ -270,19 +287,20 @@ impl PgCluster {
             String::from_utf8_lossy(&out.stderr)
         );
         let port = free_port();
-        let run = as_pg(
-            &bin.join("postgres"),
-            &[
-                "-D".into(),
-                data.display().to_string(),
-                "-p".into(),
-                port.to_string(),
-                "-c".into(),
-                "listen_addresses=127.0.0.1".into(),
-                "-k".into(),
-                dir.display().to_string(),
-            ],
-        );
+        let mut args = vec![
+            "-D".into(),
+            data.display().to_string(),
+            "-p".into(),
+            port.to_string(),
+            "-c".into(),
+            "listen_addresses=127.0.0.1".into(),
+            "-k".into(),
+            dir.display().to_string(),
+        ];
+        for s in settings {
+            args.extend(["-c".to_string(), s.to_string()]);
+        }
+        let run = as_pg(&bin.join("postgres"), &args);
         let daemon = Daemon::start(&run, &dir.join("postgres.log"));
         let mut c = PgCluster {
             daemon,

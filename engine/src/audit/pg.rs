@@ -397,6 +397,12 @@ pub async fn connect(url: &str, ca_file: Option<&std::path::Path>) -> Result<Cli
             let certs = rustls_pki_types::CertificateDer::pem_file_iter(path)
                 .and_then(|it| it.collect::<Result<Vec<_>, _>>())
                 .map_err(|e| ConnectError::Ca { path: path.display().to_string(), message: e.to_string() })?;
+            if certs.is_empty() {
+                return Err(ConnectError::Ca {
+                    path: path.display().to_string(),
+                    message: "expected PEM certificates (-----BEGIN CERTIFICATE-----), found none".into(),
+                });
+            }
             for c in certs {
                 roots
                     .add(c)
