@@ -66,11 +66,11 @@ async fn the_chain_goes_over_tls_to_a_server_the_ca_vouches_for() {
     let (other, _) = self_signed();
     let wrong = tmp.path().join("other-ca.pem");
     std::fs::write(&wrong, other).unwrap();
-    let e = pg::connect(&url, Some(&wrong)).await.err().expect("refused");
+    let e = pg::connect(&url, Some(&wrong)).await.expect_err("refused");
     assert!(e.to_string().to_lowercase().contains("certificate"), "{e}");
     // A CA file that is not PEM: said so, with its path.
     let junk = tmp.path().join("junk.pem");
     std::fs::write(&junk, "not a certificate").unwrap();
-    let e = pg::connect(&url, Some(&junk)).await.err().expect("refused");
+    let e = pg::connect(&url, Some(&junk)).await.expect_err("refused");
     assert!(e.to_string().contains("junk.pem"), "{e}");
 }
