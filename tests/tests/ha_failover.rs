@@ -506,6 +506,30 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
         http.get(format!("{}/api/v1/audit/verify", engines[standby].url)).send().await.unwrap().json().await.unwrap();
     assert_eq!(v["ok"], true, "{v}");
 
+    // The standby's live tail streams what the leader writes.
+    let (head, _) = pg::head(&c, "default").await.unwrap().unwrap();
+    let mut tail = http
+        .get(format!("{}/api/v1/events/stream?after_seq={head}", engines[standby].url))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap();
+    let tailed_run = loop {
+        if let Some(id) = start_run(&http, &engines[l], "cap-twice", "h3", 0).await {
+            break id;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let mut seen = String::new();
+    let t = Instant::now();
+    while !seen.contains(&tailed_run) {
+        assert!(t.elapsed() < Duration::from_secs(10), "the standby's tail showed no record of {tailed_run}: {seen}");
+        if let Ok(Ok(Some(chunk))) = tokio::time::timeout(Duration::from_secs(1), tail.chunk()).await {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+    drop(tail);
+
     // What an operator reads: either engine names the leader and the
     // shard's head; /metrics says who leads; `nightshift ha` prints it.
     let (seq, _) = pg::head(&c, "default").await.unwrap().unwrap();
