@@ -245,7 +245,12 @@ pub enum AuditCmd {
     /// even be opened, the record log (records.jsonl) is walked instead.
     ///
     /// Example: nightshift audit verify
-    Verify,
+    Verify {
+        /// With PostgreSQL: every shard of the engine's database, each
+        /// named with its result (needs --server).
+        #[arg(long)]
+        all_shards: bool,
+    },
     /// Copy every record that still checks out (and the run summaries the
     /// chain vouches for, the others rebuilt) from a damaged store into a
     /// new one, with a `salvaged` record saying what was lost. Point

@@ -492,6 +492,16 @@ impl Conn {
         }
     }
 
+    /// Every shard's chain verified in the engine's database.
+    pub async fn verify_shards(&self) -> Result<Value> {
+        match self {
+            Conn::Remote(r) => r.get("/api/v1/audit/verify?shards=all").await,
+            Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
+                "--all-shards asks a running engine on PostgreSQL: pass --server URL (or set NIGHTSHIFT_SERVER)",
+            )),
+        }
+    }
+
     /// `/api/v1/ha`, or for an engine.yaml here, what its database says.
     pub async fn ha(&self) -> Result<Value> {
         match self {

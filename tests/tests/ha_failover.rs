@@ -404,6 +404,14 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
         lines_at_stop,
         "the paused leader's run reached no agent after it woke"
     );
+    // Nor did it record anything more of that run: its second action's
+    // intent never landed (the fence), so nothing could be sent for it.
+    let c = db(&cluster.conninfo).await;
+    let second = format!("{paused_run}-a2");
+    let landed: Vec<_> =
+        all_records(&c).await.into_iter().filter(|r| r.data["action_id"].as_str() == Some(second.as_str())).collect();
+    assert!(landed.is_empty(), "the deposed leader's write landed: {landed:?}");
+    drop(c);
     engines[l].start();
     wait_standby(&engines, l, &http).await;
     let l = leader(&engines, &http, 30).await;
@@ -553,4 +561,10 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("this engine: standby of shard default"), "{text}");
     assert!(text.contains(leader_ha["holder"].as_str().unwrap()), "{text}");
+    let out = std::process::Command::new(workspace_bin_dir().join("nightshift"))
+        .args(["audit", "verify", "--all-shards", "--server", &engines[standby].url, "--no-color"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("ok: shard default: chain verified up to record"), "{text}");
 }

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use nightshift_engine::alerts::WebhookPayload;
-use nightshift_engine::audit::{RunFilter, VerifyReport};
+use nightshift_engine::audit::RunFilter;
 use nightshift_engine::engine::RunRequest;
 use nightshift_engine::runs::{RunOutcome, RunState, Target};
 use nightshift_proto::{NoArgs, Op};
@@ -393,8 +393,30 @@ pub async fn records(
     Ok(Json(recs).into_response())
 }
 
-pub async fn verify(State(s): State<AppState>, _: Viewer) -> Result<Json<VerifyReport>, ApiError> {
-    Ok(Json(s.engine.verify_in_background().await?))
+/// `GET /api/v1/audit/verify[?shards=all]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyQuery {
+    #[serde(default)]
+    pub shards: Option<String>,
+}
+
+pub async fn verify(
+    State(s): State<AppState>,
+    _: Viewer,
+    ApiQuery(q): ApiQuery<VerifyQuery>,
+) -> Result<Response, ApiError> {
+    match q.shards.as_deref() {
+        None => Ok(Json(s.engine.verify_in_background().await?).into_response()),
+        Some("all") => {
+            let all =
+                s.engine.verify_shards().await.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "no_shards", e))?;
+            Ok(Json(all).into_response())
+        }
+        Some(other) => {
+            Err(ApiError::new(StatusCode::BAD_REQUEST, "bad_query", format!("shards: expected all, found {other:?}")))
+        }
+    }
 }
 
 /// The newest record's sequence number and hash: what to keep outside the

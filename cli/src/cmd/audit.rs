@@ -113,7 +113,32 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 }
             }
         },
-        AuditCmd::Verify => {
+        AuditCmd::Verify { all_shards: true } => {
+            let v = c.verify_shards().await?;
+            if out.json {
+                outln!("{}", serde_json::to_string_pretty(&v)?);
+            }
+            let mut ok = true;
+            for (shard, r) in v.as_object().into_iter().flatten() {
+                let good = r["ok"] == true;
+                ok &= good;
+                if out.json {
+                    continue;
+                }
+                if good {
+                    outln!("{} shard {shard}: chain verified up to record {}", out.green("ok:"), r["verified_up_to"]);
+                } else {
+                    outln!(
+                        "{} shard {shard}: the chain breaks at record {}: {}",
+                        out.red("broken:"),
+                        r["first_bad_seq"],
+                        r["problem"].as_str().unwrap_or("")
+                    );
+                }
+            }
+            Ok(if ok { 0 } else { 1 })
+        }
+        AuditCmd::Verify { all_shards: false } => {
             let v = match c.verify().await {
                 Ok(v) => v,
                 // A store that cannot be opened (damaged): walk its record
