@@ -136,6 +136,9 @@ pub struct Core {
     /// Runbook modes an admin set (promote/demote), over the manifests';
     /// kept in `data_dir/runbook-modes.json` across restarts.
     pub modes: Mutex<BTreeMap<String, crate::manifest::Mode>>,
+    /// The SSH client of each node (`serve.rs`; a reload replaces them): what
+    /// a leader's node loops are started with when it begins to act.
+    pub agent_clients: Mutex<std::collections::HashMap<String, Arc<nightshift_proto::ssh::client::AgentClient>>>,
 }
 
 /// Where promotions and demotions are kept.
@@ -171,6 +174,12 @@ impl Core {
     /// The leader lease, with the PostgreSQL backend.
     pub fn leadership(&self) -> Option<&Arc<crate::ha::Leadership>> {
         self.audit.postgres().map(|p| &p.leadership)
+    }
+
+    /// Whether this engine acts now: always with sled; with PostgreSQL,
+    /// once it leads and has recovered (a standby connects to no agent).
+    pub fn acting(&self) -> bool {
+        self.leadership().is_none_or(|l| l.is_ready())
     }
 }
 

@@ -191,6 +191,7 @@ impl Engine {
             tasks: Mutex::new(Vec::new()),
             auth: std::sync::RwLock::new(Arc::new(parts.config.auth.clone())),
             modes: Mutex::new(crate::core::load_modes(&parts.config.data_dir)),
+            agent_clients: Mutex::new(Default::default()),
             auth_generation: std::sync::atomic::AtomicU64::new(0),
             reloading: tokio::sync::Mutex::new(()),
             config: parts.config,

@@ -1,23 +1,38 @@
-//! High availability on PostgreSQL, first part: the leader lease with a
-//! fencing term (issue 17). Engines of one shard campaign for one lease row;
-//! its expiry is kept by the *database's* clock, so engines' clocks do not
-//! matter. Taking the lease over bumps the term. A write is fenced by
-//! making it conditional, in its own statement or transaction, on the
-//! writer's term still holding the lease: a deposed or paused leader's write
-//! changes nothing, so it cannot record an intent and therefore cannot act.
-//!
-//! Not yet here: the PostgreSQL audit backend these fenced writes will
-//! carry, standbys, takeover recovery and shards (see ARCHITECTURE.md).
+//! High availability on PostgreSQL: the leader lease with a fencing term.
+//! Engines of one shard campaign for one lease row; its expiry is kept by
+//! the *database's* clock, so engines' clocks do not matter. Taking the
+//! lease over bumps the term. A write is fenced by making it conditional, in
+//! its own statement, on the writer's term still holding the lease
+//! (`audit/pg.rs::append_with` reads the row `FOR SHARE`): a deposed or
+//! paused leader's write changes nothing, so it cannot record an intent and
+//! therefore cannot act. [`Leadership`] is what the rest of the engine
+//! reads: the term to fence and to send, the known leader, deposition. The
+//! loop that campaigns, renews and steps down is `serve.rs::lease_loop`;
+//! docs/HA.md tells the whole story.
 
 use std::time::Duration;
 
 use tokio_postgres::Client;
 
+/// A database error with what the server said (tokio-postgres's own
+/// message is only "db error").
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => {
+            format!("{} ({}){}", d.message(), d.code().code(), d.detail().map(|x| format!(": {x}")).unwrap_or_default())
+        }
+        None => match std::error::Error::source(e) {
+            Some(s) => format!("{e}: {s}"),
+            None => e.to_string(),
+        },
+    }
+}
+
 /// Why a lease operation failed (the database, not the campaign: losing
 /// is an answer, not an error).
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
-    #[error("the lease table: {}", crate::audit::pg::describe(.0))]
+    #[error("the lease table: {}", describe(.0))]
     Db(#[from] tokio_postgres::Error),
     #[error(
         "lease: expected a TTL of 1 s to 10 min and a renew interval below it, found ttl {ttl_ms} ms and renew {renew_ms} ms"

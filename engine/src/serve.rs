@@ -74,12 +74,13 @@ pub async fn start_with_clock(config: EngineConfig, clock: SharedClock) -> Resul
         nodes.push((spec.clone(), addr, client as Arc<dyn AgentTransport>));
     }
     let engine = Engine::new(EngineParts { config: config.clone(), clock, audit, nodes, script, runbooks });
+    *crate::core::lock(&engine.core.agent_clients) = clients.into_iter().collect();
     match engine.core.leadership().cloned() {
-        None => activate(&engine, clients).await?,
+        None => activate(&engine).await?,
         Some(l) => {
             tracing::info!(shard = %l.cfg.shard, holder = %l.cfg.holder, "standing by: campaigning for the shard's lease");
             let e = engine.clone();
-            tokio::spawn(async move { lease_loop(e, l, clients).await });
+            tokio::spawn(async move { lease_loop(e, l).await });
         }
     }
     Ok(engine)
@@ -124,13 +125,16 @@ fn holder_id() -> String {
 /// Start acting: record the start, recover what the last leader (or the
 /// last run of this engine) left unfinished, then connect to every agent
 /// and start the pulls and the tick.
-async fn activate(engine: &Engine, clients: Vec<(String, Arc<AgentClient>)>) -> Result<(), StartError> {
+async fn activate(engine: &Engine) -> Result<(), StartError> {
     let config = engine.config().clone();
     engine.announce_start().await?;
     let recovered = engine.recover().await?;
     if !recovered.is_empty() {
         tracing::warn!(runs = ?recovered, "runs left unfinished by the last stop are now interrupted");
     }
+    // The fleet as it is now (a standby may have reloaded it since start).
+    let clients: Vec<(String, Arc<AgentClient>)> =
+        crate::core::lock(&engine.core.agent_clients).iter().map(|(n, c)| (n.clone(), c.clone())).collect();
     for (name, client) in clients {
         let Some(node) = engine.core.fleet.get(&name) else { continue };
         let e = engine.clone();
@@ -180,7 +184,7 @@ async fn activate(engine: &Engine, clients: Vec<(String, Arc<AgentClient>)>) -> 
 /// the engine is then deposed — it writes and sends nothing more, cancels
 /// its runs and says so (`nightshift serve` exits for its service manager to
 /// start it again, as a standby). A shutdown hands the lease back at once.
-async fn lease_loop(engine: Engine, l: Arc<Leadership>, clients: Vec<(String, Arc<AgentClient>)>) {
+async fn lease_loop(engine: Engine, l: Arc<Leadership>) {
     let pg = match engine.audit().postgres() {
         Some(p) => p.clone(),
         None => return,
@@ -273,7 +277,7 @@ async fn lease_loop(engine: Engine, l: Arc<Leadership>, clients: Vec<(String, Ar
         let pg = pg.clone();
         tokio::spawn(async move { renew_loop(engine, l, pg, db, term).await })
     };
-    if let Err(e) = activate(&engine, clients).await {
+    if let Err(e) = activate(&engine).await {
         step_down(&engine, &l, format!("cannot start acting: {e}"));
         return;
     }
@@ -552,11 +556,20 @@ pub async fn reload(engine: &Engine, by: &str) -> Result<ReloadReport, ReloadErr
         }
         Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
     };
-    engine
+    let appended = engine
         .core
         .audit
         .append(crate::audit::NewRecord::new(crate::audit::RecordKind::ConfigReloaded, by, record), None)
-        .await?;
+        .await;
+    match appended {
+        Ok(_) => {}
+        // A standby writes nothing: its reload is in force here and in
+        // its log; the leader audits its own.
+        Err(AuditError::NotLeader(_)) => {
+            tracing::info!(by, ok = result.is_ok(), "standby: reload not audited (the leader audits its own)")
+        }
+        Err(e) => return Err(e.into()),
+    }
     match &result {
         Ok(r) => tracing::info!(by, added = ?r.nodes.added, changed = ?r.nodes.changed, removed = ?r.nodes.removed,
             tokens_added = ?r.tokens_added, tokens_removed = ?r.tokens_removed, runbooks_changed = r.runbooks_changed,
@@ -626,10 +639,23 @@ fn reload_files(engine: &Engine) -> Result<ReloadReport, ReloadError> {
             clients.insert(spec.name.clone(), c.clone());
             c as Arc<dyn AgentTransport>
         });
-        for node in fresh {
-            let Some(client) = clients.remove(&node.spec.name) else { continue };
-            let e = engine.clone();
-            engine.add_task(tokio::spawn(async move { node_loop(e, node, client).await }));
+        {
+            let mut held = crate::core::lock(&engine.core.agent_clients);
+            held.retain(|name, _| engine.core.fleet.get(name).is_some());
+            for node in &fresh {
+                if let Some(c) = clients.get(&node.spec.name) {
+                    held.insert(node.spec.name.clone(), c.clone());
+                }
+            }
+        }
+        // A standby connects to no agent: it starts the loops when it
+        // takes over.
+        if engine.core.acting() {
+            for node in fresh {
+                let Some(client) = clients.remove(&node.spec.name) else { continue };
+                let e = engine.clone();
+                engine.add_task(tokio::spawn(async move { node_loop(e, node, client).await }));
+            }
         }
         report.nodes = change;
     }

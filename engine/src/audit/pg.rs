@@ -1,13 +1,12 @@
-//! The audit chain in PostgreSQL (issue 17, first part): the schema and its
-//! versioned migrations, appends that keep the chain (each insert is
-//! conditional on the previous record's hash, and optionally fenced by the
-//! writer's leader term), `verify`, and the copy of a sled store into it
+//! The audit chain in PostgreSQL: connecting (TLS checked against a CA
+//! file), the schema and its versioned migrations, appends that keep the
+//! chain (a group lands only after the stored record its first one links
+//! to, and optionally only while the writer's lease term holds), the reads
+//! a standby follows with, `verify`, and the copy of a sled store into it
 //! (`nightshift audit migrate`). Each record is kept as the exact JSON line
-//! the record log holds, so its hash recomputes from the stored text; the
-//! columns beside it are for queries.
-//!
-//! Not yet here: the engine writing to it at run time, the live tail and
-//! the web UI's queries on it, standbys.
+//! the record log holds (and the exact run summary it vouches for), so its
+//! hash recomputes from the stored text; the columns beside it are for
+//! queries. The engine's writer thread on it is `pgwriter.rs`.
 
 use tokio_postgres::Client;
 
@@ -27,19 +26,7 @@ pub enum PgAuditError {
     NotAppended { seq: u64, why: String },
 }
 
-/// A database error with what the server said (tokio-postgres's own
-/// message is only "db error").
-pub fn describe(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(d) => {
-            format!("{} ({}){}", d.message(), d.code().code(), d.detail().map(|x| format!(": {x}")).unwrap_or_default())
-        }
-        None => match std::error::Error::source(e) {
-            Some(s) => format!("{e}: {s}"),
-            None => e.to_string(),
-        },
-    }
-}
+pub use crate::ha::describe;
 
 /// The schema, one step per version; step N takes version N-1 to N.
 const MIGRATIONS: &[&str] = &[
