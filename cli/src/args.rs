@@ -228,6 +228,10 @@ pub enum AuditCmd {
         since: Option<String>,
         #[arg(long, default_value_t = 20)]
         limit: usize,
+        /// With PostgreSQL: the runs of every shard of the database, each
+        /// with its shard (needs --server).
+        #[arg(long)]
+        all_shards: bool,
     },
     /// One run: summary and every record.
     ///

@@ -61,6 +61,25 @@ fn unreachable(url: &str, e: reqwest::Error) -> anyhow::Error {
         .context(format!("the engine at {url} is unreachable: {e}; is `nightshift serve` running?"))
 }
 
+/// A run filter as the API's query string.
+fn runs_query(f: &RunFilter) -> String {
+    let mut q = vec![];
+    let mut add = |k: &str, v: Option<String>| {
+        if let Some(v) = v {
+            q.push(format!("{k}={}", crate::out::urlencode(&v)));
+        }
+    };
+    add("node", f.node.clone());
+    add("gpu", f.gpu.map(|g| g.to_string()));
+    add("runbook", f.runbook.clone());
+    add("outcome", f.outcome.map(|o| o.as_str().to_string()));
+    add("since_ms", f.since_ms.map(|x| x.to_string()));
+    add("until_ms", f.until_ms.map(|x| x.to_string()));
+    add("cursor", f.cursor.clone());
+    add("limit", f.limit.map(|x| x.to_string()));
+    q.join("&")
+}
+
 impl Remote {
     pub fn new(url: &str, token: Option<String>) -> Result<Remote> {
         let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
@@ -282,24 +301,18 @@ impl Conn {
 
     pub async fn runs(&mut self, f: &RunFilter) -> Result<RunPage> {
         match self {
-            Conn::Remote(r) => {
-                let mut q = vec![];
-                let mut add = |k: &str, v: Option<String>| {
-                    if let Some(v) = v {
-                        q.push(format!("{k}={}", crate::out::urlencode(&v)));
-                    }
-                };
-                add("node", f.node.clone());
-                add("gpu", f.gpu.map(|g| g.to_string()));
-                add("runbook", f.runbook.clone());
-                add("outcome", f.outcome.map(|o| o.as_str().to_string()));
-                add("since_ms", f.since_ms.map(|x| x.to_string()));
-                add("until_ms", f.until_ms.map(|x| x.to_string()));
-                add("cursor", f.cursor.clone());
-                add("limit", f.limit.map(|x| x.to_string()));
-                r.get(&format!("/api/v1/runs?{}", q.join("&"))).await
-            }
+            Conn::Remote(r) => r.get(&format!("/api/v1/runs?{}", runs_query(f))).await,
             Conn::Local(l) => Ok(l.audit()?.runs(f)?),
+        }
+    }
+
+    /// The runs of every shard of a PostgreSQL database.
+    pub async fn runs_all_shards(&mut self, f: &RunFilter) -> Result<nightshift_engine::audit::pg::ShardRunPage> {
+        match self {
+            Conn::Remote(r) => r.get(&format!("/api/v1/runs?shards=all&{}", runs_query(f))).await,
+            Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
+                "--all-shards asks a running engine on PostgreSQL: pass --server URL (or set NIGHTSHIFT_SERVER)",
+            )),
         }
     }
 

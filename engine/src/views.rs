@@ -457,6 +457,15 @@ pub struct HaStatus {
 }
 
 impl Engine {
+    /// The runs of every shard of this engine's database, filtered in SQL.
+    pub async fn runs_all_shards(&self, f: &RunFilter) -> Result<crate::audit::pg::ShardRunPage, String> {
+        let Some(pg) = self.core.audit.postgres() else {
+            return Err("the sled backend has one shard: list runs without shards=all".into());
+        };
+        let db = crate::audit::pg::connect(&pg.url, pg.ca_file.as_deref()).await.map_err(|e| e.to_string())?;
+        crate::audit::pg::runs(&db, f).await.map_err(|e| e.to_string())
+    }
+
     /// Verify every shard's chain in this engine's database, each by name.
     pub async fn verify_shards(&self) -> Result<BTreeMap<String, VerifyReport>, String> {
         let Some(pg) = self.core.audit.postgres() else {

@@ -163,5 +163,54 @@ async fn a_store_migrates_into_postgres_and_its_chain_holds_there() {
     let forged = next(last + 10, &r1, "a gap");
     assert!(pg::append(&writer, "b", &[(forged, None)], None).await.is_err());
     assert!(pg::verify(&writer, "b").await.unwrap().ok);
+
+    // The runs of every shard, filtered in SQL (what `?shards=all` and
+    // `audit list --all-shards` read): two runs on m1 in shard a, two on m2
+    // in shard b.
+    use nightshift_engine::audit::RunFilter;
+    let all = pg::runs(&db, &RunFilter::default()).await.unwrap();
+    let created: Vec<i64> = all.runs.iter().map(|r| r.run.created_ms).collect();
+    assert!(created.windows(2).all(|w| w[0] >= w[1]), "newest first: {created:?}");
+    let outcome = all.runs[0].run.outcome;
+    let f = |node: Option<&str>, runbook: Option<&str>, since_ms: Option<i64>| RunFilter {
+        node: node.map(str::to_string),
+        runbook: runbook.map(str::to_string),
+        since_ms,
+        ..Default::default()
+    };
+    for (filter, want) in [
+        (RunFilter::default(), vec![("a", 2), ("b", 2)]),
+        (f(Some("m1"), None, None), vec![("a", 2)]),
+        (f(Some("m2"), None, None), vec![("b", 2)]),
+        (f(None, Some("cap"), None), vec![("a", 2), ("b", 2)]),
+        (f(None, Some("nope"), None), vec![]),
+        (f(None, None, Some(i64::MAX / 2)), vec![]),
+        (RunFilter { gpu: Some(0), ..Default::default() }, vec![("a", 2), ("b", 2)]),
+        (RunFilter { gpu: Some(3), ..Default::default() }, vec![]),
+        (RunFilter { outcome, ..f(Some("m1"), None, None) }, vec![("a", 2)]),
+    ] {
+        let page = pg::runs(&db, &filter).await.unwrap();
+        let mut got: std::collections::BTreeMap<&str, usize> = Default::default();
+        for r in &page.runs {
+            *got.entry(r.shard.as_str()).or_default() += 1;
+        }
+        let got: Vec<(&str, usize)> = got.into_iter().collect();
+        assert_eq!(got, want, "{filter:?}");
+    }
+    // A page at a time: every run once, in the same order.
+    let mut paged = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page =
+            pg::runs(&db, &RunFilter { limit: Some(1), cursor: cursor.clone(), ..Default::default() }).await.unwrap();
+        paged.extend(page.runs.iter().map(|r| r.run.id.clone()));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(paged, all.runs.iter().map(|r| r.run.id.clone()).collect::<Vec<_>>());
+    let bad = pg::runs(&db, &RunFilter { cursor: Some("yesterday".into()), ..Default::default() }).await.unwrap_err();
+    assert!(bad.to_string().contains("expected CREATED_MS/SHARD/RUN"), "{bad}");
     drop(pgc);
 }

@@ -567,4 +567,27 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("ok: shard default: chain verified up to record"), "{text}");
+
+    // Every shard's runs, from the database, on the standby: the API, the
+    // CLI and the page.
+    let page: Value = http
+        .get(format!("{}/api/v1/runs?shards=all&limit=1000", engines[standby].url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let listed: BTreeSet<String> =
+        page["runs"].as_array().unwrap().iter().map(|r| r["run"]["id"].as_str().unwrap().to_string()).collect();
+    assert!(accepted.is_subset(&listed), "missing: {:?}", accepted.difference(&listed).collect::<Vec<_>>());
+    assert!(page["runs"].as_array().unwrap().iter().all(|r| r["shard"] == "default"));
+    let out = std::process::Command::new(workspace_bin_dir().join("nightshift"))
+        .args(["audit", "list", "--all-shards", "--limit", "5", "--server", &engines[standby].url, "--no-color"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("SHARD") && text.contains("cap-twice"), "{text}");
+    let html = http.get(format!("{}/?shards=all", engines[standby].url)).send().await.unwrap().text().await.unwrap();
+    assert!(html.contains("Timeline — every shard") && html.contains(&tailed_run), "{html}");
 }

@@ -84,6 +84,8 @@ pub struct RunsQuery {
     pub until_ms: Option<i64>,
     pub cursor: Option<String>,
     pub limit: Option<usize>,
+    /// `all`: every shard of a PostgreSQL database, each run with its shard.
+    pub shards: Option<String>,
 }
 
 impl RunsQuery {
@@ -123,8 +125,18 @@ pub async fn list_runs(
     _: Viewer,
     ApiQuery(q): ApiQuery<RunsQuery>,
 ) -> Result<Response, ApiError> {
-    let page = s.engine.runs(&q.filter()?)?;
-    Ok(Json(page).into_response())
+    match q.shards.as_deref().filter(|x| !x.is_empty()) {
+        None => Ok(Json(s.engine.runs(&q.filter()?)?).into_response()),
+        Some("all") => {
+            let page = s
+                .engine
+                .runs_all_shards(&q.filter()?)
+                .await
+                .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "no_shards", e))?;
+            Ok(Json(page).into_response())
+        }
+        Some(other) => Err(ApiError::bad_request(format!("shards: expected all, found {other:?}"))),
+    }
 }
 
 pub async fn get_run(State(s): State<AppState>, _: Viewer, Path(id): Path<String>) -> Result<Response, ApiError> {

@@ -113,7 +113,12 @@ pub async fn timeline(
         until_ms: None,
         cursor: get("cursor"),
         limit: Some(50),
+        shards: None,
     };
+    let ha = s.engine.ha_status();
+    if ha.backend == "postgres" && get("shards").as_deref() == Some("all") {
+        return all_shards_timeline(&s, &who, &rq, &q).await;
+    }
     let page = s.engine.runs(&rq.filter()?)?;
     if get("partial").is_some() {
         return Ok(run_rows(&page.runs).into_response());
@@ -139,6 +144,10 @@ pub async fn timeline(
             h1 { "Timeline" }
             span #live.live { "live" }
             @if pending > 0 { a.badge.pending href="/approvals" { (pending) " waiting for approval" } }
+            @if let Some(shard) = &ha.shard {
+                span.tag { "shard " (shard) " · " (ha.role) }
+                a href="/?shards=all" { "all shards →" }
+            }
         }
         form.filters method="get" action="/" {
             label { "Node " select name="node" { option value="" { "any" } @for n in &nodes { option value=(n) selected[sel("node", n)] { (n) } } } }
@@ -165,6 +174,74 @@ pub async fn timeline(
         @if let Some(n) = next { p.pager { a href=(n) { "Older runs →" } } }
     };
     Ok(layout("Timeline", "Timeline", Some(&who), body).into_response())
+}
+
+/// `/?shards=all` (PostgreSQL): the runs of every shard of the database,
+/// filtered in SQL, each linked to its shard's leader (a run page lives on
+/// its shard's engines). Not live: reload to refresh.
+async fn all_shards_timeline(
+    s: &AppState,
+    who: &crate::auth::Identity,
+    rq: &RunsQuery,
+    q: &std::collections::HashMap<String, String>,
+) -> Result<Response, PageError> {
+    let filter = rq.filter()?;
+    let page = s
+        .engine
+        .runs_all_shards(&filter)
+        .await
+        .map_err(|e| ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "database", e))?;
+    let own = s.engine.ha_status().shard.unwrap_or_default();
+    let urls: std::collections::HashMap<String, String> =
+        s.engine.ha_shards().await.unwrap_or_default().into_iter().map(|r| (r.shard, r.url)).collect();
+    let link = |shard: &str, id: &str| -> String {
+        match urls.get(shard).filter(|_| shard != own) {
+            Some(u) if !u.is_empty() => format!("{}/runs/{id}", u.trim_end_matches('/')),
+            _ => format!("/runs/{id}"),
+        }
+    };
+    let mut next = None;
+    if let Some(c) = &page.next_cursor {
+        let mut params: Vec<(String, String)> = q
+            .iter()
+            .filter(|(k, v)| k.as_str() != "cursor" && !v.is_empty())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        params.push(("cursor".into(), c.clone()));
+        params.sort();
+        let qs: Vec<String> = params.iter().map(|(k, v)| format!("{k}={}", urlencode(v))).collect();
+        next = Some(format!("/?{}", qs.join("&")));
+    }
+    let body = html! {
+        div.head {
+            h1 { "Timeline — every shard" }
+            a href="/" { "← this shard (" (own) ")" }
+        }
+        div.scroll {
+            table.runs {
+                thead { tr { th { "Created (UTC)" } th { "Shard" } th { "Run" } th { "Runbook" } th { "Target" } th { "Trigger" } th { "Status" } th { "Actions" } th { "Why" } } }
+                tbody {
+                    @for sr in &page.runs {
+                        @let r = &sr.run;
+                        tr {
+                            td.nowrap { (time(r.created_ms)) }
+                            td { (sr.shard) }
+                            td { a href=(link(&sr.shard, &r.id)) { (r.id) } }
+                            td { (r.runbook) }
+                            td.nowrap { (r.target.to_string()) }
+                            td { (r.trigger) @if r.dry_run { " " span.tag { "dry run" } } }
+                            td { (badge(r)) }
+                            td.num { (r.actions) }
+                            td.reason { (r.why) }
+                        }
+                    }
+                    @if page.runs.is_empty() { tr { td colspan="9" .empty { "No runs match." } } }
+                }
+            }
+        }
+        @if let Some(n) = next { p.pager { a href=(n) { "Older runs →" } } }
+    };
+    Ok(layout("Timeline", "Timeline", Some(who), body).into_response())
 }
 
 /// Percent-encode a query value or path segment (RFC 3986 unreserved kept).

@@ -17,7 +17,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
     let mut c = conn(cli, out)?;
     match cmd {
         AuditCmd::Salvage { .. } => Err(anyhow::anyhow!("internal: salvage is handled without an engine")),
-        AuditCmd::List { node, runbook, outcome, since, limit } => {
+        AuditCmd::List { node, runbook, outcome, since, limit, all_shards } => {
             let outcome = match outcome {
                 Some(o) => Some(RunOutcome::parse(o).ok_or_else(|| {
                     usage(format!("--outcome: expected succeeded, failed, refused, timed_out, cancelled or interrupted, found {o:?}"))
@@ -32,6 +32,35 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 limit: Some(*limit),
                 ..Default::default()
             };
+            if *all_shards {
+                let page = c.runs_all_shards(&f).await?;
+                if out.json {
+                    outln!("{}", serde_json::to_string_pretty(&page)?);
+                    return Ok(0);
+                }
+                let rows: Vec<Vec<String>> = page
+                    .runs
+                    .iter()
+                    .map(|sr| {
+                        let r = &sr.run;
+                        vec![
+                            time(r.created_ms),
+                            sr.shard.clone(),
+                            r.id.clone(),
+                            r.runbook.clone(),
+                            r.target.to_string(),
+                            out.status(&run_status(r)),
+                            r.actions.to_string(),
+                            clip(&r.why, 80),
+                        ]
+                    })
+                    .collect();
+                out.table(&["CREATED (UTC)", "SHARD", "RUN", "RUNBOOK", "TARGET", "STATUS", "ACTIONS", "WHY"], &rows);
+                if page.next_cursor.is_some() {
+                    outln!("{}", out.dim("(more: raise --limit)"));
+                }
+                return Ok(0);
+            }
             let page = c.runs(&f).await?;
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&page)?);
@@ -40,12 +69,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                     .runs
                     .iter()
                     .map(|r| {
-                        let status = r.outcome.map(|o| o.as_str().to_string()).unwrap_or_else(|| {
-                            serde_json::to_value(r.state)
-                                .ok()
-                                .and_then(|v| v.as_str().map(str::to_string))
-                                .unwrap_or_default()
-                        });
+                        let status = run_status(r);
                         vec![
                             time(r.created_ms),
                             r.id.clone(),
@@ -335,4 +359,11 @@ async fn migrate_to_postgres(data_dir: &std::path::Path, url: &str, shard: &str)
         );
         Ok(1)
     }
+}
+
+/// A run's outcome, or its state while it has none.
+fn run_status(r: &nightshift_engine::runs::RunSummary) -> String {
+    r.outcome.map(|o| o.as_str().to_string()).unwrap_or_else(|| {
+        serde_json::to_value(r.state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+    })
 }

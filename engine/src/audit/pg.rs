@@ -59,6 +59,16 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE nightshift_audit ADD COLUMN summary text;",
     // 3: the runbook modes an admin set, read by each new leader.
     "CREATE INDEX nightshift_audit_mode ON nightshift_audit (shard, seq) WHERE kind = 'runbook_mode';",
+    // 4: run summaries as columns, for the runs of every shard in SQL.
+    "ALTER TABLE nightshift_run_summary
+         ADD COLUMN created_ms bigint, ADD COLUMN runbook text, ADD COLUMN state text,
+         ADD COLUMN outcome text, ADD COLUMN node text, ADD COLUMN gpu integer, ADD COLUMN nodes jsonb;
+     UPDATE nightshift_run_summary SET
+         created_ms = (summary::jsonb->>'created_ms')::bigint, runbook = summary::jsonb->>'runbook',
+         state = summary::jsonb->>'state', outcome = summary::jsonb->>'outcome',
+         node = summary::jsonb->'target'->>'node', gpu = (summary::jsonb->'target'->>'gpu')::integer,
+         nodes = COALESCE(summary::jsonb->'nodes', '[]'::jsonb);
+     CREATE INDEX nightshift_run_created ON nightshift_run_summary (created_ms DESC, shard DESC, run DESC);",
 ];
 
 /// Bring the schema to the newest version this build knows (idempotent;
@@ -266,10 +276,14 @@ impl Appender {
                         OR EXISTS (SELECT 1 FROM nightshift_audit p WHERE p.shard = $1 AND p.seq = CAST($14 AS bigint) - 1 AND p.hash = $15::text)){fence}
                  RETURNING 1),
              sums AS (
-                 INSERT INTO nightshift_run_summary (shard, run, summary)
-                 SELECT $1, r, s FROM unnest($16::text[], $17::text[]) AS u(r, s)
+                 INSERT INTO nightshift_run_summary (shard, run, summary, created_ms, runbook, state, outcome, node, gpu, nodes)
+                 SELECT $1, r, s, (j->>'created_ms')::bigint, j->>'runbook', j->>'state', j->>'outcome',
+                        j->'target'->>'node', (j->'target'->>'gpu')::integer, COALESCE(j->'nodes', '[]'::jsonb)
+                 FROM (SELECT r, s, s::jsonb AS j FROM unnest($16::text[], $17::text[]) AS u(r, s)) AS v
                  WHERE (SELECT count(*) FROM ins) = $18::bigint
-                 ON CONFLICT (shard, run) DO UPDATE SET summary = EXCLUDED.summary
+                 ON CONFLICT (shard, run) DO UPDATE SET summary = EXCLUDED.summary, created_ms = EXCLUDED.created_ms,
+                     runbook = EXCLUDED.runbook, state = EXCLUDED.state, outcome = EXCLUDED.outcome,
+                     node = EXCLUDED.node, gpu = EXCLUDED.gpu, nodes = EXCLUDED.nodes
                  RETURNING 1)
              SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM sums)"
         );
@@ -328,6 +342,95 @@ pub async fn runbook_modes(
         }
     }
     Ok(out)
+}
+
+/// A run of some shard, as the runs of every shard list it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ShardRun {
+    pub shard: String,
+    pub run: crate::runs::RunSummary,
+}
+
+/// A page of every shard's runs, newest first.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ShardRunPage {
+    pub runs: Vec<ShardRun>,
+    /// Pass back as `cursor` for the next (older) page.
+    pub next_cursor: Option<String>,
+}
+
+/// The runs of every shard, newest first, filtered in SQL as the single
+/// engine's listing filters (node: the target or any node the run touched;
+/// gpu, runbook, outcome, state, created between since and until), a page
+/// at a time (the cursor is the last run's `created_ms/shard/run`).
+pub async fn runs(db: &Client, f: &super::RunFilter) -> Result<ShardRunPage, PgAuditError> {
+    let limit = f.limit.unwrap_or(50).clamp(1, 1000) as i64;
+    let cursor = match &f.cursor {
+        Some(c) => {
+            let mut parts = c.splitn(3, '/');
+            let created = parts.next().and_then(|x| x.parse::<i64>().ok());
+            match (created, parts.next(), parts.next()) {
+                (Some(t), Some(shard), Some(run)) => Some((t, shard.to_string(), run.to_string())),
+                _ => {
+                    return Err(PgAuditError::Record {
+                        seq: 0,
+                        message: format!("cursor {c:?}: expected CREATED_MS/SHARD/RUN as this server gave it out"),
+                    });
+                }
+            }
+        }
+        None => None,
+    };
+    let outcome = f.outcome.map(|o| o.as_str().to_string());
+    let state = f.state.and_then(|s| serde_json::to_value(s).ok().and_then(|v| v.as_str().map(str::to_string)));
+    let gpu = f.gpu.map(|g| g as i32);
+    let (c_t, c_shard, c_run) = match &cursor {
+        Some((t, s, r)) => (Some(*t), Some(s.as_str()), Some(r.as_str())),
+        None => (None, None, None),
+    };
+    let rows = db
+        .query(
+            "SELECT shard, run, summary, created_ms FROM nightshift_run_summary
+             WHERE ($1::text IS NULL OR node = $1 OR nodes ? $1)
+               AND ($2::integer IS NULL OR gpu = $2)
+               AND ($3::text IS NULL OR runbook = $3)
+               AND ($4::text IS NULL OR outcome = $4)
+               AND ($5::text IS NULL OR state = $5)
+               AND ($6::bigint IS NULL OR created_ms >= $6)
+               AND ($7::bigint IS NULL OR created_ms <= $7)
+               AND ($8::bigint IS NULL OR (created_ms, shard, run) < ($8, $9::text, $10::text))
+             ORDER BY created_ms DESC, shard DESC, run DESC
+             LIMIT $11",
+            &[
+                &f.node,
+                &gpu,
+                &f.runbook,
+                &outcome,
+                &state,
+                &f.since_ms,
+                &f.until_ms,
+                &c_t,
+                &c_shard,
+                &c_run,
+                &(limit + 1),
+            ],
+        )
+        .await?;
+    let next_cursor = (rows.len() as i64 > limit).then(|| {
+        let last = &rows[limit as usize - 1];
+        format!("{}/{}/{}", last.get::<_, i64>(3), last.get::<_, String>(0), last.get::<_, String>(1))
+    });
+    let mut runs = Vec::with_capacity(rows.len());
+    for row in rows.iter().take(limit as usize) {
+        let (shard, run, text): (String, String, String) = (row.get(0), row.get(1), row.get(2));
+        match serde_json::from_str::<crate::runs::RunSummary>(&text) {
+            Ok(r) => runs.push(ShardRun { shard, run: r }),
+            Err(e) => {
+                tracing::error!(shard = %shard, run = %run, error = %e, "a run summary cannot be read; left out of the listing")
+            }
+        }
+    }
+    Ok(ShardRunPage { runs, next_cursor })
 }
 
 /// The hash of a shard's record `seq`, if it is stored.
