@@ -126,18 +126,7 @@ pub async fn timeline(
     let nodes = s.engine.node_names();
     let runbooks: Vec<String> = s.engine.runbook_set().names();
     let sel = |k: &str, v: &str| get(k).as_deref() == Some(v);
-    let mut next = None;
-    if let Some(c) = &page.next_cursor {
-        let mut params: Vec<(String, String)> = q
-            .iter()
-            .filter(|(k, v)| k.as_str() != "cursor" && !v.is_empty())
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        params.push(("cursor".into(), c.clone()));
-        params.sort();
-        let qs: Vec<String> = params.iter().map(|(k, v)| format!("{k}={}", urlencode(v))).collect();
-        next = Some(format!("/?{}", qs.join("&")));
-    }
+    let next = page.next_cursor.as_deref().map(|c| older_page(&q, c));
     let pending = s.engine.pending_approvals().len();
     let body = html! {
         div.head {
@@ -200,18 +189,7 @@ async fn all_shards_timeline(
             _ => format!("/runs/{id}"),
         }
     };
-    let mut next = None;
-    if let Some(c) = &page.next_cursor {
-        let mut params: Vec<(String, String)> = q
-            .iter()
-            .filter(|(k, v)| k.as_str() != "cursor" && !v.is_empty())
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        params.push(("cursor".into(), c.clone()));
-        params.sort();
-        let qs: Vec<String> = params.iter().map(|(k, v)| format!("{k}={}", urlencode(v))).collect();
-        next = Some(format!("/?{}", qs.join("&")));
-    }
+    let next = page.next_cursor.as_deref().map(|c| older_page(q, c));
     let body = html! {
         div.head {
             h1 { "Timeline — every shard" }
@@ -242,6 +220,20 @@ async fn all_shards_timeline(
         @if let Some(n) = next { p.pager { a href=(n) { "Older runs →" } } }
     };
     Ok(layout("Timeline", "Timeline", Some(who), body).into_response())
+}
+
+/// The timeline's link to the next (older) page: the same filters, this
+/// cursor.
+fn older_page(q: &std::collections::HashMap<String, String>, cursor: &str) -> String {
+    let mut params: Vec<(String, String)> = q
+        .iter()
+        .filter(|(k, v)| k.as_str() != "cursor" && !v.is_empty())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    params.push(("cursor".into(), cursor.to_string()));
+    params.sort();
+    let qs: Vec<String> = params.iter().map(|(k, v)| format!("{k}={}", urlencode(v))).collect();
+    format!("/?{}", qs.join("&"))
 }
 
 /// Percent-encode a query value or path segment (RFC 3986 unreserved kept).

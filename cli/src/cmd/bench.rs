@@ -772,10 +772,9 @@ async fn fanout(n: usize, state_root: &Path) -> Result<(f64, f64)> {
     Ok((connect, fan))
 }
 
-/// 5: durable appends per second with `writers` concurrent writers.
-async fn audit_append(writers: usize, per_writer: usize, dir: &Path) -> Result<f64> {
-    let tmp = tempfile::Builder::new().prefix("nightshift-bench-audit").tempdir_in(dir)?;
-    let store = AuditStore::open(tmp.path(), Arc::new(SystemClock))?;
+/// `writers` tasks appending `per_writer` records each to `store`, every
+/// append awaited (durable): records per second.
+async fn appends_per_sec(store: &AuditStore, writers: usize, per_writer: usize) -> Result<f64> {
     let t = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..writers {
@@ -798,7 +797,14 @@ async fn audit_append(writers: usize, per_writer: usize, dir: &Path) -> Result<f
     for t in tasks {
         t.await??;
     }
-    let rate = (writers * per_writer) as f64 / t.elapsed().as_secs_f64();
+    Ok((writers * per_writer) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// 5: durable appends per second with `writers` concurrent writers.
+async fn audit_append(writers: usize, per_writer: usize, dir: &Path) -> Result<f64> {
+    let tmp = tempfile::Builder::new().prefix("nightshift-bench-audit").tempdir_in(dir)?;
+    let store = AuditStore::open(tmp.path(), Arc::new(SystemClock))?;
+    let rate = appends_per_sec(&store, writers, per_writer).await?;
     if !store.verify()?.ok {
         return Err(anyhow!("the chain does not verify"));
     }
@@ -839,29 +845,7 @@ async fn audit_append_pg(writers: usize, per_writer: usize, url: &str, dir: &Pat
             }
         })
     };
-    let t = Instant::now();
-    let mut tasks = Vec::new();
-    for w in 0..writers {
-        let s = store.clone();
-        tasks.push(tokio::spawn(async move {
-            for i in 0..per_writer {
-                s.append(
-                    NewRecord::new(
-                        RecordKind::Note,
-                        "bench",
-                        json!({"writer": w, "i": i, "text": "a durable record of what happened"}),
-                    ),
-                    None,
-                )
-                .await?;
-            }
-            Ok::<_, nightshift_engine::audit::AuditError>(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    let rate = (writers * per_writer) as f64 / t.elapsed().as_secs_f64();
+    let rate = appends_per_sec(&store, writers, per_writer).await?;
     renewer.abort();
     let ok = store.verify()?.ok;
     drop(store);

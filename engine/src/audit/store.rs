@@ -269,17 +269,8 @@ impl AuditStore {
             (seq, hash) = (last.record.seq, last.record.hash.clone());
         }
         let (tx, rx) = std_mpsc::channel::<Msg>();
-        let (live, _) = broadcast::channel(4096);
-        let head = Arc::new(std::sync::atomic::AtomicU64::new(seq));
-        let pending = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (indexer, live, head, pending) = Indexer::new(&trees, seq);
         let writer = Writer { seq, hash, clock, log, failed: None, pending: pending.clone() };
-        let indexer = Indexer {
-            trees: trees.clone(),
-            live: live.clone(),
-            head: head.clone(),
-            failed: None,
-            pending: pending.clone(),
-        };
         let thread = std::thread::Builder::new()
             .name("audit-writer".into())
             .spawn(move || writer.run(rx, indexer))
@@ -297,16 +288,7 @@ impl AuditStore {
     /// until [`AuditStore::lead`].
     pub fn open_postgres(dir: &Path, clock: SharedClock, pg: PgOptions) -> Result<AuditStore, AuditError> {
         let (trees, path) = open_trees(dir)?;
-        let (live, _) = broadcast::channel(4096);
-        let head = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let pending = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let indexer = Indexer {
-            trees: trees.clone(),
-            live: live.clone(),
-            head: head.clone(),
-            failed: None,
-            pending: pending.clone(),
-        };
+        let (indexer, live, head, pending) = Indexer::new(&trees, 0);
         let (tx, rx) = std_mpsc::channel::<Msg>();
         let (opened_tx, opened) = std_mpsc::channel();
         let pg = Arc::new(pg);
@@ -774,7 +756,30 @@ impl Writer {
     }
 }
 
+/// The index thread's state and the handles the store keeps to it: the
+/// live tail, the head it acknowledged, the appends not yet answered.
+type IndexerParts = (
+    Indexer,
+    broadcast::Sender<Arc<AuditRecord>>,
+    Arc<std::sync::atomic::AtomicU64>,
+    Arc<std::sync::atomic::AtomicU64>,
+);
+
 impl Indexer {
+    fn new(trees: &Trees, head_seq: u64) -> IndexerParts {
+        let (live, _) = broadcast::channel(4096);
+        let head = Arc::new(std::sync::atomic::AtomicU64::new(head_seq));
+        let pending = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let indexer = Indexer {
+            trees: trees.clone(),
+            live: live.clone(),
+            head: head.clone(),
+            failed: None,
+            pending: pending.clone(),
+        };
+        (indexer, live, head, pending)
+    }
+
     pub(super) fn run(mut self, rx: std_mpsc::Receiver<Written>) {
         while let Some(w) = recv_soon(&rx) {
             self.index(w);
