@@ -297,11 +297,19 @@ impl Leadership {
     }
 
     /// Stop leading for good: every later append is refused, and whoever
-    /// waits on [`Leadership::deposed`] hears why.
+    /// waits on [`Leadership::deposed`] hears why (the first reason given).
     pub fn depose(&self, why: String) {
         self.term.store(0, std::sync::atomic::Ordering::SeqCst);
         self.ready.store(false, std::sync::atomic::Ordering::SeqCst);
-        self.deposed.send_replace(Some(why));
+        // The first reason stands (a deposed engine's own shutdown must not
+        // read as a clean hand-over).
+        self.deposed.send_if_modified(|r| {
+            if r.is_some() {
+                return false;
+            }
+            *r = Some(why);
+            true
+        });
     }
 
     /// Flips to `Some(why)` when this engine stops leading.
@@ -322,6 +330,24 @@ impl Leadership {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A leader deposed by a lost lease, whose own shutdown then tries to
+    /// hand the lease back, still says it was deposed (`serve` exits 75 on
+    /// that, 0 on a clean hand-over).
+    #[test]
+    fn the_first_reason_for_stepping_down_stands() {
+        let l = Leadership::new(LeaseConfig::new("a", "e1"));
+        assert_eq!((l.term(), l.is_ready()), (None, false));
+        l.lead(7);
+        l.set_ready();
+        assert_eq!((l.term(), l.is_ready()), (Some(7), true));
+        assert!(l.lease_age_ms().is_some_and(|ms| (0..1000).contains(&ms)));
+        let rx = l.deposed();
+        l.depose("e2 took the lease at term 8".into());
+        l.depose("this engine shut down and handed the lease back".into());
+        assert_eq!(rx.borrow().as_deref(), Some("e2 took the lease at term 8"));
+        assert_eq!((l.term(), l.is_ready(), l.lease_age_ms()), (None, false, None));
+    }
 
     #[test]
     fn lease_settings_are_checked() {

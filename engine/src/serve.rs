@@ -305,7 +305,10 @@ async fn renew_loop(
         tokio::select! {
             _ = tokio::time::sleep(l.cfg.renew_every) => {}
             _ = shutdown.changed() => {
-                hand_back(&engine, &l, db.as_ref(), term).await;
+                // Deposed already (its own shutdown): nothing to hand back.
+                if l.is_leader() {
+                    hand_back(&engine, &l, db.as_ref(), term).await;
+                }
                 return;
             }
         }
