@@ -139,6 +139,8 @@ pub struct Core {
     /// The SSH client of each node (`serve.rs`; a reload replaces them): what
     /// a leader's node loops are started with when it begins to act.
     pub agent_clients: Mutex<std::collections::HashMap<String, Arc<nightshift_proto::ssh::client::AgentClient>>>,
+    /// PostgreSQL backend: the connection the API's reads share.
+    pub pg_reader: tokio::sync::Mutex<Option<Arc<tokio_postgres::Client>>>,
 }
 
 /// Where promotions and demotions are kept.

@@ -192,6 +192,7 @@ impl Engine {
             auth: std::sync::RwLock::new(Arc::new(parts.config.auth.clone())),
             modes: Mutex::new(crate::core::load_modes(&parts.config.data_dir)),
             agent_clients: Mutex::new(Default::default()),
+            pg_reader: tokio::sync::Mutex::new(None),
             auth_generation: std::sync::atomic::AtomicU64::new(0),
             reloading: tokio::sync::Mutex::new(()),
             config: parts.config,

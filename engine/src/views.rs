@@ -2,6 +2,7 @@
 //! few node facts the serving loops set (connected, inventory, hands-off).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -457,21 +458,48 @@ pub struct HaStatus {
 }
 
 impl Engine {
+    /// This engine's connection for reading the database (PostgreSQL
+    /// backend): one, shared by the API's queries, made again when it broke.
+    async fn pg_reader(&self) -> Result<Arc<tokio_postgres::Client>, String> {
+        let Some(pg) = self.core.audit.postgres() else {
+            return Err("the sled backend has no database: leave out shards=all".into());
+        };
+        let mut held = self.core.pg_reader.lock().await;
+        if let Some(c) = held.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let c = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            crate::audit::pg::connect(&pg.url, pg.ca_file.as_deref()),
+        )
+        .await
+        .map_err(|_| "postgres: no connection within 5 s".to_string())?
+        .map_err(|e| e.to_string())?;
+        let c = Arc::new(c);
+        *held = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Runs, newest first, filtered: with PostgreSQL in SQL (this engine's
+    /// shard, from the database), else from the sled store.
+    pub async fn runs_page(&self, f: &RunFilter) -> Result<RunPage, EngineError> {
+        let Some(pg) = self.core.audit.postgres() else { return self.runs(f) };
+        let db = self.pg_reader().await.map_err(crate::audit::AuditError::Read)?;
+        let page = crate::audit::pg::runs(&db, f, Some(&pg.shard))
+            .await
+            .map_err(|e| crate::audit::AuditError::Read(e.to_string()))?;
+        Ok(RunPage { runs: page.runs.into_iter().map(|r| r.run).collect(), next_cursor: page.next_cursor })
+    }
+
     /// The runs of every shard of this engine's database, filtered in SQL.
     pub async fn runs_all_shards(&self, f: &RunFilter) -> Result<crate::audit::pg::ShardRunPage, String> {
-        let Some(pg) = self.core.audit.postgres() else {
-            return Err("the sled backend has one shard: list runs without shards=all".into());
-        };
-        let db = crate::audit::pg::connect(&pg.url, pg.ca_file.as_deref()).await.map_err(|e| e.to_string())?;
-        crate::audit::pg::runs(&db, f).await.map_err(|e| e.to_string())
+        let db = self.pg_reader().await?;
+        crate::audit::pg::runs(&db, f, None).await.map_err(|e| e.to_string())
     }
 
     /// Verify every shard's chain in this engine's database, each by name.
     pub async fn verify_shards(&self) -> Result<BTreeMap<String, VerifyReport>, String> {
-        let Some(pg) = self.core.audit.postgres() else {
-            return Err("the sled backend has one chain: verify without shards=all".into());
-        };
-        let db = crate::audit::pg::connect(&pg.url, pg.ca_file.as_deref()).await.map_err(|e| e.to_string())?;
+        let db = self.pg_reader().await?;
         let mut out = BTreeMap::new();
         for shard in crate::audit::pg::shards(&db).await.map_err(|e| e.to_string())? {
             let r = crate::audit::pg::verify(&db, &shard).await.map_err(|e| e.to_string())?;
@@ -483,14 +511,10 @@ impl Engine {
     /// Every shard of this engine's database: who leads it, at what term,
     /// and its chain's head (empty with the sled backend).
     pub async fn ha_shards(&self) -> Result<Vec<crate::ha::ShardRow>, String> {
-        let Some(pg) = self.core.audit.postgres() else { return Ok(Vec::new()) };
-        let db = tokio::time::timeout(
-            std::time::Duration::from_secs(5),
-            crate::audit::pg::connect(&pg.url, pg.ca_file.as_deref()),
-        )
-        .await
-        .map_err(|_| "postgres: no connection within 5 s".to_string())?
-        .map_err(|e| e.to_string())?;
+        if self.core.audit.postgres().is_none() {
+            return Ok(Vec::new());
+        }
+        let db = self.pg_reader().await?;
         crate::ha::shards(&db).await.map_err(|e| e.to_string())
     }
 

@@ -168,7 +168,7 @@ async fn a_store_migrates_into_postgres_and_its_chain_holds_there() {
     // `audit list --all-shards` read): two runs on m1 in shard a, two on m2
     // in shard b.
     use nightshift_engine::audit::RunFilter;
-    let all = pg::runs(&db, &RunFilter::default()).await.unwrap();
+    let all = pg::runs(&db, &RunFilter::default(), None).await.unwrap();
     let created: Vec<i64> = all.runs.iter().map(|r| r.run.created_ms).collect();
     assert!(created.windows(2).all(|w| w[0] >= w[1]), "newest first: {created:?}");
     let outcome = all.runs[0].run.outcome;
@@ -189,7 +189,7 @@ async fn a_store_migrates_into_postgres_and_its_chain_holds_there() {
         (RunFilter { gpu: Some(3), ..Default::default() }, vec![]),
         (RunFilter { outcome, ..f(Some("m1"), None, None) }, vec![("a", 2)]),
     ] {
-        let page = pg::runs(&db, &filter).await.unwrap();
+        let page = pg::runs(&db, &filter, None).await.unwrap();
         let mut got: std::collections::BTreeMap<&str, usize> = Default::default();
         for r in &page.runs {
             *got.entry(r.shard.as_str()).or_default() += 1;
@@ -201,8 +201,9 @@ async fn a_store_migrates_into_postgres_and_its_chain_holds_there() {
     let mut paged = Vec::new();
     let mut cursor = None;
     loop {
-        let page =
-            pg::runs(&db, &RunFilter { limit: Some(1), cursor: cursor.clone(), ..Default::default() }).await.unwrap();
+        let page = pg::runs(&db, &RunFilter { limit: Some(1), cursor: cursor.clone(), ..Default::default() }, None)
+            .await
+            .unwrap();
         paged.extend(page.runs.iter().map(|r| r.run.id.clone()));
         match page.next_cursor {
             Some(c) => cursor = Some(c),
@@ -210,7 +211,11 @@ async fn a_store_migrates_into_postgres_and_its_chain_holds_there() {
         }
     }
     assert_eq!(paged, all.runs.iter().map(|r| r.run.id.clone()).collect::<Vec<_>>());
-    let bad = pg::runs(&db, &RunFilter { cursor: Some("yesterday".into()), ..Default::default() }).await.unwrap_err();
+    let bad =
+        pg::runs(&db, &RunFilter { cursor: Some("yesterday".into()), ..Default::default() }, None).await.unwrap_err();
+    // One shard's runs only.
+    let b = pg::runs(&db, &RunFilter::default(), Some("b")).await.unwrap();
+    assert!(b.runs.len() == 2 && b.runs.iter().all(|r| r.shard == "b"), "{b:?}");
     assert!(bad.to_string().contains("expected CREATED_MS/SHARD/RUN"), "{bad}");
     drop(pgc);
 }

@@ -130,10 +130,11 @@ async fn kill_and_wait_for_takeover(engines: &mut [Eng], l: usize, http: &reqwes
     }
 }
 
-/// Wait until engine `i` (just started) answers as a standby.
+/// Wait until engine `i` (just started) answers as a standby that knows
+/// the leader (until its first campaign it forwards nowhere: 503).
 async fn wait_standby(engines: &[Eng], i: usize, http: &reqwest::Client) {
     let t = Instant::now();
-    while engines[i].role(http).await.as_deref() != Some("standby") {
+    while !engines[i].ha(http).await.is_some_and(|v| v["role"] == "standby" && v["leader"]["holder"].is_string()) {
         assert!(
             t.elapsed() < Duration::from_secs(30),
             "the restarted engine is no standby; log:\n{}",

@@ -126,7 +126,7 @@ pub async fn list_runs(
     ApiQuery(q): ApiQuery<RunsQuery>,
 ) -> Result<Response, ApiError> {
     match q.shards.as_deref().filter(|x| !x.is_empty()) {
-        None => Ok(Json(s.engine.runs(&q.filter()?)?).into_response()),
+        None => Ok(Json(s.engine.runs_page(&q.filter()?).await?).into_response()),
         Some("all") => {
             let page = s
                 .engine

@@ -119,7 +119,7 @@ pub async fn timeline(
     if ha.backend == "postgres" && get("shards").as_deref() == Some("all") {
         return all_shards_timeline(&s, &who, &rq, &q).await;
     }
-    let page = s.engine.runs(&rq.filter()?)?;
+    let page = s.engine.runs_page(&rq.filter()?).await?;
     if get("partial").is_some() {
         return Ok(run_rows(&page.runs).into_response());
     }

@@ -359,11 +359,11 @@ pub struct ShardRunPage {
     pub next_cursor: Option<String>,
 }
 
-/// The runs of every shard, newest first, filtered in SQL as the single
-/// engine's listing filters (node: the target or any node the run touched;
+/// The runs of one shard or (`None`) every shard, newest first, filtered in
+/// SQL as the single engine's listing filters (node: the target or any node the run touched;
 /// gpu, runbook, outcome, state, created between since and until), a page
 /// at a time (the cursor is the last run's `created_ms/shard/run`).
-pub async fn runs(db: &Client, f: &super::RunFilter) -> Result<ShardRunPage, PgAuditError> {
+pub async fn runs(db: &Client, f: &super::RunFilter, shard: Option<&str>) -> Result<ShardRunPage, PgAuditError> {
     let limit = f.limit.unwrap_or(50).clamp(1, 1000) as i64;
     let cursor = match &f.cursor {
         Some(c) => {
@@ -399,6 +399,7 @@ pub async fn runs(db: &Client, f: &super::RunFilter) -> Result<ShardRunPage, PgA
                AND ($6::bigint IS NULL OR created_ms >= $6)
                AND ($7::bigint IS NULL OR created_ms <= $7)
                AND ($8::bigint IS NULL OR (created_ms, shard, run) < ($8, $9::text, $10::text))
+               AND ($12::text IS NULL OR shard = $12)
              ORDER BY created_ms DESC, shard DESC, run DESC
              LIMIT $11",
             &[
@@ -413,6 +414,7 @@ pub async fn runs(db: &Client, f: &super::RunFilter) -> Result<ShardRunPage, PgA
                 &c_shard,
                 &c_run,
                 &(limit + 1),
+                &shard,
             ],
         )
         .await?;
