@@ -49,6 +49,8 @@ struct PgWriter {
     failed: Option<AuditError>,
     pending: Arc<AtomicU64>,
     to_index: std_mpsc::SyncSender<Written>,
+    /// Following the database fails now (said once).
+    follow_failing: bool,
 }
 
 fn db_err(e: impl std::fmt::Display) -> AuditError {
@@ -108,6 +110,7 @@ pub(super) fn run(
         failed: None,
         pending,
         to_index,
+        follow_failing: false,
     };
     match w.open(&trees, &path) {
         Ok(()) => {
@@ -145,11 +148,21 @@ pub(super) fn run(
                 let _ = ack.send(w.lead(term));
             }
             Err(std_mpsc::RecvTimeoutError::Timeout) => {
-                if w.leading.is_none()
-                    && w.failed.is_none()
-                    && let Err(e) = w.follow()
-                {
-                    tracing::warn!(error = %e, "standby: cannot read new audit records from postgres (retrying)");
+                if w.leading.is_none() && w.failed.is_none() {
+                    // Said once when following stops working, once when it
+                    // works again (not every `follow_ms`).
+                    match w.follow() {
+                        Err(e) if !w.follow_failing => {
+                            tracing::warn!(error = %e, "standby: cannot read new audit records from postgres (retrying)");
+                            w.follow_failing = true;
+                        }
+                        Err(_) => {}
+                        Ok(()) if w.follow_failing => {
+                            tracing::info!(head = w.seq, "standby: following postgres again");
+                            w.follow_failing = false;
+                        }
+                        Ok(()) => {}
+                    }
                 }
             }
             Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
