@@ -368,9 +368,9 @@ impl PgWriter {
                 }
                 Err((false, e)) => {
                     tracing::error!(error = %e, term, "audit append refused by the database: this engine stops writing");
-                    if matches!(e, AuditError::Deposed(_)) {
-                        self.pg.leadership.depose(e.to_string());
-                    }
+                    // A leader that cannot write cannot act: it steps down
+                    // (and exits), so a standby or its own restart takes over.
+                    self.pg.leadership.depose(e.to_string());
                     self.failed = Some(e.clone());
                     return self.refuse(batch, e);
                 }
