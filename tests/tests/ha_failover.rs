@@ -14,6 +14,9 @@
 //! 3. Crash PostgreSQL mid-run: the leader stops acting while the database
 //!    is gone and resumes after, at the same term.
 //!
+//! An Alertmanager post to the standby runs the alert's runbook on the
+//! leader.
+//!
 //! Afterwards: every run an engine accepted is in the database and
 //! finished (completed, or interrupted by the next leader's recovery); no
 //! agent applied any request twice, and no action was intended twice; the
@@ -277,12 +280,19 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     engine_setup(
         dir,
         &refs,
-        &[(
-            "cap-twice",
-            "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\nmax_attempts_per_day: 10000\n",
-            "let a = set_power_limit(600);\nif !a.ok { fail(a.error); }\nsleep(1);\n\
-             let b = set_power_limit(550);\nif !b.ok { fail(b.error); }\n",
-        )],
+        &[
+            (
+                "cap-twice",
+                "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\nmax_attempts_per_day: 10000\n",
+                "let a = set_power_limit(600);\nif !a.ok { fail(a.error); }\nsleep(1);\n\
+                 let b = set_power_limit(550);\nif !b.ok { fail(b.error); }\n",
+            ),
+            (
+                "gpu-hot",
+                "trigger: {type: alert, alertname: GpuHot}\nscope: gpu\n",
+                "let a = set_power_limit(650);\nif !a.ok { fail(a.error); }\n",
+            ),
+        ],
         "auth: {allow_anonymous: admin}\n",
     );
     let base = std::fs::read_to_string(dir.join("engine.yaml")).unwrap();
@@ -554,6 +564,44 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
         }
     }
     drop(tail);
+
+    // Alertmanager may post to any engine: the standby forwards the alert
+    // and the leader runs the alert's runbook.
+    let now = nightshift_engine::alerts::format_rfc3339_ms(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64,
+    );
+    let payload = json!({
+        "version": "4", "status": "firing", "receiver": "nightshift", "groupKey": "ha",
+        "truncatedAlerts": 0, "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "alerts": [{"status": "firing", "labels": {"alertname": "GpuHot", "Hostname": "h4", "gpu": "1"},
+            "annotations": {}, "startsAt": now, "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "",
+            "fingerprint": "ha-hot-h4-1"}],
+    });
+    let r =
+        http.post(format!("{}/api/v1/alerts/alertmanager", engines[standby].url)).json(&payload).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap_or_default());
+    let t = Instant::now();
+    loop {
+        let page: Value = http
+            .get(format!("{}/api/v1/runs?runbook=gpu-hot", engines[l].url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let done = page["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["trigger"] == "alert" && r["outcome"] == "succeeded" && r["target"]["node"] == "h4");
+        if done {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "the forwarded alert ran nothing on the leader: {page}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // What an operator reads: either engine names the leader and the
     // shard's head; /metrics says who leads; `nightshift ha` prints it.
