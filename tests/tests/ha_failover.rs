@@ -13,6 +13,8 @@
 //!    the next leader keeps it demoted.
 //! 3. Crash PostgreSQL mid-run: the leader stops acting while the database
 //!    is gone and resumes after, at the same term.
+//! 4. Keep PostgreSQL down past the TTL: the leader steps down and exits 75;
+//!    once the database is back an engine leads at a new term and acts.
 //!
 //! An Alertmanager post to the standby runs the alert's runbook on the
 //! leader.
@@ -473,6 +475,40 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
         let ha = engines[l].ha(&http).await.unwrap();
         assert_eq!((ha["role"].as_str(), ha["term"].as_u64()), (Some("leader"), Some(term_before)), "{ha}");
     }
+
+    // 4. PostgreSQL gone for longer than the TTL: the leader cannot know it
+    //    still leads, so it steps down and exits 75; once the database is
+    //    back an engine takes the lease at a new term and acts.
+    let ha = engines[l].ha(&http).await.unwrap();
+    let term_before = ha["term"].as_u64().unwrap();
+    let down = cluster.crash_and_restart(Duration::from_millis(TTL_MS + 1_500));
+    eprintln!("postgres was down for {down:?} (TTL {TTL_MS} ms)");
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = engines[l].daemon.as_mut().unwrap().child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the cut-off leader did not step down; log:\n{}",
+            engines[l].log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(75), "{}", engines[l].log());
+    assert!(engines[l].log().contains("could not be renewed"), "it says why:\n{}", engines[l].log());
+    engines[l].start();
+    let l = leader(&engines, &http, 30).await;
+    let ha = engines[l].ha(&http).await.unwrap();
+    assert!(ha["term"].as_u64().unwrap() > term_before, "a new term: {ha}");
+    let after = loop {
+        if let Some(id) = start_run(&http, &engines[l], "cap-twice", "h2", 0).await {
+            break id;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "no run taken after the outage");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    accepted.insert(after);
 
     // Let every accepted run finish.
     let l = leader(&engines, &http, 30).await;
