@@ -186,6 +186,11 @@ async fn start_run(http: &reqwest::Client, via: &Eng, runbook: &str, node: &str,
     v["run"]["id"].as_str().map(str::to_string)
 }
 
+/// GET `url` as JSON (the test's reads of either engine's API).
+async fn get_json(http: &reqwest::Client, url: String) -> Value {
+    http.get(&url).send().await.unwrap().json().await.unwrap_or_else(|e| panic!("{url}: {e}"))
+}
+
 async fn db(conninfo: &str) -> tokio_postgres::Client {
     let (c, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls).await.expect("connect");
     tokio::spawn(conn);
@@ -368,8 +373,7 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     engines[l].start();
     wait_standby(&engines, l, &http).await;
     let (l, old) = (old, l);
-    let rb: Value =
-        http.get(format!("{}/api/v1/runbooks/cap-twice", engines[l].url)).send().await.unwrap().json().await.unwrap();
+    let rb: Value = get_json(&http, format!("{}/api/v1/runbooks/cap-twice", engines[l].url)).await;
     assert_eq!(rb["runbook"]["mode"], "shadow", "{rb}");
     let r = http
         .post(format!("{}/api/v1/runbooks/cap-twice/mode", engines[l].url))
@@ -514,8 +518,7 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     let l = leader(&engines, &http, 30).await;
     let t = Instant::now();
     let runs = loop {
-        let page: Value =
-            http.get(format!("{}/api/v1/runs?limit=1000", engines[l].url)).send().await.unwrap().json().await.unwrap();
+        let page: Value = get_json(&http, format!("{}/api/v1/runs?limit=1000", engines[l].url)).await;
         let runs: BTreeMap<String, Value> = page["runs"]
             .as_array()
             .unwrap()
@@ -564,8 +567,7 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     let standby = 1 - l;
     let t = Instant::now();
     loop {
-        let head: Value =
-            http.get(format!("{}/api/v1/audit/head", engines[standby].url)).send().await.unwrap().json().await.unwrap();
+        let head: Value = get_json(&http, format!("{}/api/v1/audit/head", engines[standby].url)).await;
         let (seq, _) = pg::head(&c, "default").await.unwrap().unwrap();
         if head["seq"].as_u64() == Some(seq) {
             break;
@@ -573,8 +575,7 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
         assert!(t.elapsed() < Duration::from_secs(10), "the standby's copy lags: {head} vs {seq}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let v: Value =
-        http.get(format!("{}/api/v1/audit/verify", engines[standby].url)).send().await.unwrap().json().await.unwrap();
+    let v: Value = get_json(&http, format!("{}/api/v1/audit/verify", engines[standby].url)).await;
     assert_eq!(v["ok"], true, "{v}");
 
     // The standby's live tail streams what the leader writes.
@@ -619,14 +620,7 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap_or_default());
     let t = Instant::now();
     loop {
-        let page: Value = http
-            .get(format!("{}/api/v1/runs?runbook=gpu-hot", engines[l].url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let page: Value = get_json(&http, format!("{}/api/v1/runs?runbook=gpu-hot", engines[l].url)).await;
         let done = page["runs"]
             .as_array()
             .unwrap()
@@ -671,14 +665,7 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
 
     // Every shard's runs, from the database, on the standby: the API, the
     // CLI and the page.
-    let page: Value = http
-        .get(format!("{}/api/v1/runs?shards=all&limit=1000", engines[standby].url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let page: Value = get_json(&http, format!("{}/api/v1/runs?shards=all&limit=1000", engines[standby].url)).await;
     let listed: BTreeSet<String> =
         page["runs"].as_array().unwrap().iter().map(|r| r["run"]["id"].as_str().unwrap().to_string()).collect();
     assert!(accepted.is_subset(&listed), "missing: {:?}", accepted.difference(&listed).collect::<Vec<_>>());
