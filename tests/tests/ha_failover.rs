@@ -633,6 +633,32 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // A burst of 100 writes through the standby at once: every one is
+    // answered by the leader (accepted, or suppressed as a repeat), none
+    // fails in the forwarding.
+    let t = Instant::now();
+    let burst: Vec<_> = (0..100)
+        .map(|i| {
+            let (http, url) = (http.clone(), engines[standby].url.clone());
+            tokio::spawn(async move {
+                let body =
+                    json!({"runbook": "cap-twice", "node": format!("h{}", 1 + i % 4), "gpu": i % 2, "dry_run": true});
+                let r = http.post(format!("{url}/api/v1/runs")).json(&body).send().await.unwrap();
+                let leader = r.headers().get("x-nightshift-leader").is_some();
+                (r.status().as_u16(), leader, r.text().await.unwrap_or_default())
+            })
+        })
+        .collect();
+    let mut answers: BTreeMap<String, usize> = BTreeMap::new();
+    for b in burst {
+        let (status, via_leader, text) = b.await.unwrap();
+        assert!(status < 500 && via_leader, "{status}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap_or_default();
+        *answers.entry(format!("{status} {}", v["status"].as_str().unwrap_or("?"))).or_default() += 1;
+    }
+    assert!(answers.keys().any(|k| k.starts_with("202 queued")), "{answers:?}");
+    eprintln!("100 forwarded writes answered in {:?}: {answers:?}", t.elapsed());
+
     // What an operator reads: either engine names the leader and the
     // shard's head; /metrics says who leads; `nightshift ha` prints it.
     let (seq, _) = pg::head(&c, "default").await.unwrap().unwrap();

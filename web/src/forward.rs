@@ -21,6 +21,21 @@ pub const FORWARDED_BY: &str = "x-nightshift-forwarded-by";
 /// How long the leader may take to answer a forwarded request.
 const FORWARD_TIMEOUT_SECS: u64 = 30;
 
+/// One client for every forwarded request (its connections to the leader
+/// are reused).
+fn client() -> Option<&'static reqwest::Client> {
+    static CLIENT: std::sync::OnceLock<Option<reqwest::Client>> = std::sync::OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(FORWARD_TIMEOUT_SECS))
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .ok()
+        })
+        .as_ref()
+}
+
 fn unavailable(msg: String) -> Response {
     let mut r = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"error": msg}))).into_response();
     r.headers_mut().insert("retry-after", HeaderValue::from_static("2"));
@@ -59,11 +74,7 @@ pub async fn forward_writes(State(s): State<AppState>, req: Request, next: Next)
     };
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let url = format!("{}{path}", leader.url.trim_end_matches('/'));
-    let client = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(FORWARD_TIMEOUT_SECS))
-        .redirect(reqwest::redirect::Policy::none())
-        .build();
-    let Ok(client) = client else { return unavailable("cannot build the forwarding client".into()) };
+    let Some(client) = client() else { return unavailable("cannot build the forwarding client".into()) };
     let mut out = client.request(parts.method.clone(), &url).body(body);
     for (name, value) in &parts.headers {
         if !matches!(name.as_str(), "host" | "content-length" | "connection" | "transfer-encoding") {
