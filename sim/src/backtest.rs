@@ -368,6 +368,22 @@ pub async fn run_steps(
 }
 
 /// The report as a page (a file to open in a browser; no script, no CDN).
+impl BacktestReport {
+    /// The totals in one sentence (the command's last line and the page's
+    /// heading say the same).
+    pub fn totals(&self) -> String {
+        format!(
+            "{} fires; {} blast-radius refusals; {} breaker trips; at most {} node(s) drained at once; {} overlapping run pairs; replayed in {:.1} s",
+            self.fires.len(),
+            self.blast_radius_refusals,
+            self.breaker_trips,
+            self.max_drained_at_once,
+            self.overlaps.len(),
+            self.wall_secs
+        )
+    }
+}
+
 pub fn html(r: &BacktestReport) -> String {
     let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;");
     let t = nightshift_engine::alerts::format_rfc3339_ms;
@@ -399,7 +415,7 @@ pub fn html(r: &BacktestReport) -> String {
     format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>nightshift backtest</title>\
          <style>body{{font:14px system-ui;margin:24px}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}</style></head><body>\
-         <h1>Backtest {} → {}</h1><p>{} nodes, {} GPUs, {} samples in {} steps; {} runbooks; {} fires; {} blast-radius refusals; {} breaker trips; at most {} node(s) drained at once; {} overlapping run pairs. Replayed in {:.1} s.</p>\
+         <h1>Backtest {} → {}</h1><p>{} nodes, {} GPUs, {} samples in {} steps; {} runbooks; {}.</p>\
          <table><tr><th>When</th><th>Runbook</th><th>Target</th><th>Why</th><th>Would have</th><th>Refused</th></tr>\n{rows}</table></body></html>\n",
         esc(&t(r.start_ms)),
         esc(&t(r.end_ms)),
@@ -408,12 +424,7 @@ pub fn html(r: &BacktestReport) -> String {
         r.samples,
         r.steps,
         r.runbooks.len(),
-        r.fires.len(),
-        r.blast_radius_refusals,
-        r.breaker_trips,
-        r.max_drained_at_once,
-        r.overlaps.len(),
-        r.wall_secs
+        esc(&r.totals())
     )
 }
 

@@ -158,14 +158,6 @@ pub async fn backtest(cli: &Cli, args: &BacktestArgs, out: &Out) -> Result<u8> {
         })
         .collect();
     out.table(&["WHEN (UTC)", "ROW", "RUNBOOK", "TARGET", "WOULD", "REFUSED"], &rows);
-    outln!(
-        "{} fires; {} blast-radius refusals; {} breaker trips; at most {} node(s) drained at once; {} overlapping run pairs; replayed in {:.1} s",
-        report.fires.len(),
-        report.blast_radius_refusals,
-        report.breaker_trips,
-        report.max_drained_at_once,
-        report.overlaps.len(),
-        report.wall_secs
-    );
+    outln!("{}", report.totals());
     Ok(0)
 }
