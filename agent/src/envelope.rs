@@ -36,6 +36,72 @@ pub struct Policy {
     /// The lease of a hold whose request names none.
     #[serde(default = "default_lease")]
     pub default_lease_secs: u64,
+    /// The node's BMC, for chassis fans on boards without GPU fans
+    /// (`ipmitool` with vendor raw commands, as argument vectors — never a
+    /// shell). Absent: chassis fans are not nightshift's to drive.
+    #[serde(default)]
+    pub bmc: Option<BmcPolicy>,
+    /// When a node is fit to go back into service.
+    #[serde(default)]
+    pub health: HealthPolicy,
+}
+
+/// The BMC commands that drive the chassis fans.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BmcPolicy {
+    /// Chassis fans to full speed, e.g. `[ipmitool, raw, 0x30, 0x45, 0x01, 0x01]`.
+    pub fans_full_argv: Vec<String>,
+    /// Back to the BMC's own fan control, e.g. `[ipmitool, raw, 0x30, 0x45, 0x01, 0x00]`.
+    pub fans_auto_argv: Vec<String>,
+    #[serde(default = "default_bmc_timeout")]
+    pub timeout_secs: u64,
+}
+
+fn default_bmc_timeout() -> u64 {
+    15
+}
+
+/// Health checks: how fresh a passing check must be for nightshift to put
+/// the node back into service, and DCGM's diagnostic where installed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthPolicy {
+    /// A passing check older than this does not count: a resume or a
+    /// repair drain's release runs a new one.
+    #[serde(default = "default_health_age")]
+    pub max_age_secs: u64,
+    /// `dcgmi` (DCGM's CLI): `dcgmi diag -r 1 -j` joins the check. Absent:
+    /// used when `/usr/bin/dcgmi` exists.
+    #[serde(default)]
+    pub dcgmi_path: Option<PathBuf>,
+    #[serde(default = "default_dcgm_timeout")]
+    pub dcgm_timeout_secs: u64,
+    /// A drain hold whose lease runs out on an unhealthy node is extended
+    /// by this much instead of putting the node back into service.
+    #[serde(default = "default_unhealthy_extend")]
+    pub unhealthy_extend_secs: u64,
+}
+
+fn default_health_age() -> u64 {
+    600
+}
+fn default_dcgm_timeout() -> u64 {
+    180
+}
+fn default_unhealthy_extend() -> u64 {
+    900
+}
+
+impl Default for HealthPolicy {
+    fn default() -> Self {
+        HealthPolicy {
+            max_age_secs: default_health_age(),
+            dcgmi_path: None,
+            dcgm_timeout_secs: default_dcgm_timeout(),
+            unhealthy_extend_secs: default_unhealthy_extend(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -128,9 +194,30 @@ pub fn default_rate_limits() -> BTreeMap<ActionKind, RateLimit> {
         (NodeDrain, RateLimit { max_changes: 6, window_secs: 3600 }),
         (FlushCaches, RateLimit { max_changes: 12, window_secs: 3600 }),
         (Config, RateLimit { max_changes: 10, window_secs: 3600 }),
+        (ChassisFans, RateLimit { max_changes: 10, window_secs: 600 }),
+        (Power, RateLimit { max_changes: 6, window_secs: 3600 }),
+        (Mark, RateLimit { max_changes: 12, window_secs: 3600 }),
     ]
     .into_iter()
     .collect()
+}
+
+/// An argument vector a policy names: a program and its arguments, no
+/// shell, no empty or control-character argument.
+pub fn check_argv(argv: &[String]) -> Result<(), String> {
+    let Some(prog) = argv.first() else {
+        return Err("expected a program and its arguments, found an empty list".into());
+    };
+    let base = std::path::Path::new(prog).file_name().and_then(|f| f.to_str()).unwrap_or("");
+    if matches!(base, "sh" | "bash" | "dash" | "zsh" | "ksh" | "csh" | "fish" | "env") {
+        return Err(format!(
+            "expected the program itself (e.g. ipmitool), found the shell `{prog}`: nothing runs a shell"
+        ));
+    }
+    if argv.iter().any(|a| a.is_empty() || a.chars().any(char::is_control)) {
+        return Err("expected non-empty arguments without control characters".into());
+    }
+    Ok(())
 }
 
 impl Default for Policy {
@@ -144,6 +231,8 @@ impl Default for Policy {
             hands_off_marker_path: default_marker(),
             max_lease_secs: default_max_lease(),
             default_lease_secs: default_lease(),
+            bmc: None,
+            health: HealthPolicy::default(),
         }
     }
 }
@@ -253,6 +342,38 @@ impl Policy {
                     ),
                 );
             }
+        }
+        if let Some(b) = &self.bmc {
+            for (key, argv) in [("fans_full_argv", &b.fans_full_argv), ("fans_auto_argv", &b.fans_auto_argv)] {
+                if let Err(m) = check_argv(argv) {
+                    return fail(key, format!("bmc.{key}: {m}"));
+                }
+            }
+            if !(1..=600).contains(&b.timeout_secs) {
+                return fail("timeout_secs", format!("bmc.timeout_secs: expected 1 to 600, found {}", b.timeout_secs));
+            }
+        }
+        let h = &self.health;
+        if !(10..=86_400).contains(&h.max_age_secs) {
+            return fail(
+                "max_age_secs",
+                format!("health.max_age_secs: expected 10 to 86400, found {}", h.max_age_secs),
+            );
+        }
+        if !(60..=MAX_LEASE_SECS).contains(&h.unhealthy_extend_secs) {
+            return fail(
+                "unhealthy_extend_secs",
+                format!(
+                    "health.unhealthy_extend_secs: expected 60 to {MAX_LEASE_SECS}, found {}",
+                    h.unhealthy_extend_secs
+                ),
+            );
+        }
+        if !(1..=3600).contains(&h.dcgm_timeout_secs) {
+            return fail(
+                "dcgm_timeout_secs",
+                format!("health.dcgm_timeout_secs: expected 1 to 3600, found {}", h.dcgm_timeout_secs),
+            );
         }
         if !(1..=MAX_LEASE_SECS).contains(&self.max_lease_secs) {
             return fail(

@@ -262,7 +262,9 @@ impl HoldStore {
 ///   says so, else the baseline;
 /// - node drain: the same, except that a node already drained keeps its
 ///   drain and reason (nightshift never rewrites a person's drain);
-/// - config: the most recently placed hold's version.
+/// - config: the most recently placed hold's version;
+/// - chassis fans: full if any hold asks for it;
+/// - a scheduler mark: set if any hold (or the baseline) sets it.
 pub fn effective(baseline: &HoldValue, holds: &[HoldInfo]) -> HoldValue {
     if holds.is_empty() {
         return baseline.clone();
@@ -340,6 +342,15 @@ pub fn effective(baseline: &HoldValue, holds: &[HoldInfo]) -> HoldValue {
             .rev()
             .find_map(|(_, v)| matches!(v, HoldValue::Config { version: Some(_) }).then(|| (*v).clone()))
             .unwrap_or_else(|| baseline.clone()),
+        // Chassis fans: full if any hold asks for it.
+        HoldValue::ChassisFans { full } => HoldValue::ChassisFans {
+            full: *full || values.iter().any(|(_, v)| matches!(v, HoldValue::ChassisFans { full: true })),
+        },
+        // A mark: set if any hold sets it (a mark in the baseline — a
+        // person's — stays).
+        HoldValue::Mark { set } => {
+            HoldValue::Mark { set: *set || values.iter().any(|(_, v)| matches!(v, HoldValue::Mark { set: true })) }
+        }
     }
 }
 
@@ -391,6 +402,7 @@ mod tests {
             placed_at_ms: at,
             expires_at_ms: Some(at + 60_000),
             kept: false,
+            repair: false,
         }
     }
 

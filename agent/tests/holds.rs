@@ -27,7 +27,7 @@ struct Node {
 
 fn options(dir: &Path) -> AgentOptions {
     let mut o = AgentOptions::new("n1", dir.join("state"));
-    o.configs.insert("nccl-env".into(), ManagedConfig { path: dir.join("nccl.env") });
+    o.configs.insert("nccl-env".into(), ManagedConfig::file(dir.join("nccl.env")));
     o.policy.rate_limits.insert(ActionKind::PowerLimit, RateLimit { max_changes: 6, window_secs: 600 });
     o
 }
@@ -200,6 +200,7 @@ async fn hands_off_freezes_leases_and_a_persons_change_is_left_alone() {
             name: "nccl-env".into(),
             content: "NCCL_P2P_LEVEL=NVL\n".into(),
             note: None,
+            restart_consumer: true,
         }),
         Some(60),
     )
@@ -235,7 +236,7 @@ async fn hands_off_freezes_leases_and_a_persons_change_is_left_alone() {
 #[tokio::test]
 async fn sticky_drains_wait_for_a_person_and_persons_drains_are_never_undone() {
     let mut n = Node::new("h100-sxm");
-    let drain = |sticky| Op::Drain(DrainArgs { reason: "DBE on GPU 1: RMA".into(), run: None, sticky });
+    let drain = |sticky| Op::Drain(DrainArgs { reason: "DBE on GPU 1: RMA".into(), run: None, sticky, repair: false });
     let v = n.ok("r1", drain(true), None).await;
     assert!(v["hold"]["expires_at_ms"].is_null(), "sticky: no lease: {v}");
     let r = n.call("r1", drain(true), Some(60)).await;
@@ -276,9 +277,15 @@ async fn sticky_drains_wait_for_a_person_and_persons_drains_are_never_undone() {
 async fn a_config_baseline_marked_bad_is_never_restored() {
     let mut n = Node::new("h100-sxm");
     let file = n.dir.path().join("nccl.env");
-    let rollback = Op::ConfigRollback(ConfigRollbackArgs { name: "nccl-env".into(), to_version: None });
+    let rollback =
+        Op::ConfigRollback(ConfigRollbackArgs { name: "nccl-env".into(), to_version: None, restart_consumer: true });
     // A run applies a config and releases it: the first version comes back.
-    let apply = ConfigApplyArgs { name: "nccl-env".into(), content: "NCCL_P2P_LEVEL=NVL\n".into(), note: None };
+    let apply = ConfigApplyArgs {
+        name: "nccl-env".into(),
+        content: "NCCL_P2P_LEVEL=NVL\n".into(),
+        note: None,
+        restart_consumer: true,
+    };
     n.ok("r0", Op::ConfigApply(apply), Some(600)).await;
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "NCCL_P2P_LEVEL=NVL\n");
     let r: ReleaseResult = serde_json::from_value(n.ok("r0", release_owner("r0"), None).await).unwrap();
@@ -307,11 +314,17 @@ async fn a_held_config_version_marked_bad_ends_its_hold_and_is_never_put_back() 
     let mut n = Node::new("h100-sxm");
     let file = n.dir.path().join("nccl.env");
     // A person applies a config through the agent (a hold with a lease).
-    let bad = ConfigApplyArgs { name: "nccl-env".into(), content: "NCCL_P2P_DISABLE=1\n".into(), note: None };
+    let bad = ConfigApplyArgs {
+        name: "nccl-env".into(),
+        content: "NCCL_P2P_DISABLE=1\n".into(),
+        note: None,
+        restart_consumer: true,
+    };
     let v = n.ok("person:carol", Op::ConfigApply(bad), Some(3600)).await;
     let bad_version = v["after"]["current_version"].as_u64().unwrap() as u32;
     // A run rolls back and marks the version bad, then ends.
-    let rollback = Op::ConfigRollback(ConfigRollbackArgs { name: "nccl-env".into(), to_version: None });
+    let rollback =
+        Op::ConfigRollback(ConfigRollbackArgs { name: "nccl-env".into(), to_version: None, restart_consumer: true });
     n.ok("r1", rollback, Some(600)).await;
     let mark = n
         .ok("r1", Op::ConfigMark(ConfigMarkArgs { name: "nccl-env".into(), version: bad_version, good: false }), None)
@@ -341,8 +354,12 @@ async fn requeue_moves_jobs_only_off_a_node_nightshift_drained() {
     assert_eq!(r.code(), Some(ErrorCode::BadRequest), "{r:?}");
     assert!(r.error.unwrap().message.contains("drain it first"));
     // Drained by nightshift: the jobs are moved; the hardware sees them go.
-    n.ok("r1", Op::Drain(DrainArgs { reason: "stalled".into(), run: Some("r1".into()), sticky: false }), Some(600))
-        .await;
+    n.ok(
+        "r1",
+        Op::Drain(DrainArgs { reason: "stalled".into(), run: Some("r1".into()), sticky: false, repair: false }),
+        Some(600),
+    )
+    .await;
     let v = n.ok("r1", requeue(), None).await;
     assert_eq!(v["outcome"], "applied", "{v}");
     assert!(n.sim.jobs_requeued());

@@ -245,6 +245,20 @@ pub struct Limits {
     /// audited, so a storm cannot grow memory without bound.
     #[serde(default = "d_alert_backlog")]
     pub alert_backlog: usize,
+    /// Repeat offenders: a GPU quarantined this many times within
+    /// `repair_window_secs` is not remediated again: it goes to a person
+    /// (RMA) with its history. 0 turns the rule off.
+    #[serde(default = "d_max_repairs")]
+    pub max_repairs_in_window: usize,
+    #[serde(default = "d_repair_window")]
+    pub repair_window_secs: u64,
+}
+
+fn d_max_repairs() -> usize {
+    2
+}
+fn d_repair_window() -> u64 {
+    7 * 86_400
 }
 
 fn d_alert_backlog() -> usize {
@@ -276,6 +290,8 @@ impl Default for Limits {
             alert_dedup_entries: d_dedup(),
             action_timeout_secs: d_action_timeout(),
             alert_backlog: d_alert_backlog(),
+            max_repairs_in_window: d_max_repairs(),
+            repair_window_secs: d_repair_window(),
         }
     }
 }

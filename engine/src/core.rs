@@ -141,6 +141,12 @@ pub struct Core {
     pub agent_clients: Mutex<std::collections::HashMap<String, Arc<nightshift_proto::ssh::client::AgentClient>>>,
     /// PostgreSQL backend: the connection the API's reads share.
     pub pg_reader: tokio::sync::Mutex<Option<Arc<tokio_postgres::Client>>>,
+    /// Every GPU's place in its repair lifecycle (the fold of the chain's
+    /// `health_changed` records).
+    pub health: Mutex<crate::health::HealthModel>,
+    /// What the repair loop remembers between readings (not state: when it
+    /// last tried a pending fault, whom it told, when it last checked).
+    pub repair: Mutex<crate::repair::RepairMemory>,
 }
 
 /// Where promotions and demotions are kept.
@@ -192,6 +198,10 @@ impl Core {
 
     pub fn brain(&self) -> MutexGuard<'_, Brain> {
         lock(&self.brain)
+    }
+
+    pub fn health(&self) -> MutexGuard<'_, crate::health::HealthModel> {
+        lock(&self.health)
     }
 
     /// The loaded runbooks.
@@ -337,20 +347,23 @@ impl Core {
     /// The limits count the serving fleet: standby nodes (spare capacity) are
     /// neither counted nor limited. At least one serving node may always be
     /// drained, however small the fleet.
-    pub fn reserve_drain(&self, run: &str, node: &str, rb: &BlastRadius) -> Result<(), String> {
+    /// `Ok(true)` when this call reserved the drain (release it with
+    /// [`Core::release_drain`]); `Ok(false)` when the node needs none (it is
+    /// a standby, already drained, or another run's drain is in flight).
+    pub fn reserve_drain(&self, run: &str, node: &str, rb: &BlastRadius) -> Result<bool, String> {
         self.drain_under_radius(run, node, rb, true)
     }
 
     /// Whether a drain would pass the blast radius now, reserving nothing
     /// (a shadow run's check).
     pub fn check_drain(&self, run: &str, node: &str, rb: &BlastRadius) -> Result<(), String> {
-        self.drain_under_radius(run, node, rb, false)
+        self.drain_under_radius(run, node, rb, false).map(|_| ())
     }
 
-    fn drain_under_radius(&self, run: &str, node: &str, rb: &BlastRadius, reserve: bool) -> Result<(), String> {
-        let Some(target) = self.fleet.get(node) else { return Ok(()) };
+    fn drain_under_radius(&self, run: &str, node: &str, rb: &BlastRadius, reserve: bool) -> Result<bool, String> {
+        let Some(target) = self.fleet.get(node) else { return Ok(false) };
         if target.spec.standby || target.state().drained {
-            return Ok(());
+            return Ok(false);
         }
         let mut t = self.table();
         let all = self.fleet.nodes();
@@ -359,6 +372,11 @@ impl Core {
         let mut drained: HashSet<String> =
             serving.iter().filter(|n| n.state().drained).map(|n| n.spec.name.clone()).collect();
         drained.extend(t.drains_in_flight.iter().cloned());
+        // This node is being drained already (another run's drain in
+        // flight): it is out once, not twice.
+        if drained.contains(node) {
+            return Ok(false);
+        }
         let after = drained.len() + 1;
         let cap_pct = rb.max_drained_pct.min(self.config.limits.max_drained_pct);
         let allowed = ((total as f64 * cap_pct / 100.0).floor() as usize).max(1);
@@ -381,7 +399,7 @@ impl Core {
         if reserve {
             t.drains_in_flight.insert(node.to_string());
         }
-        Ok(())
+        Ok(reserve)
     }
 
     pub fn release_drain(&self, node: &str) {
@@ -474,6 +492,14 @@ impl Core {
     pub fn condition_holds(&self, idx: usize, s: &RunSummary) -> Option<(bool, String)> {
         let set = self.runbook_set();
         let m = &set.runbooks.get(idx)?.manifest;
+        if let Trigger::Fault { .. } = m.trigger {
+            let (node, gpu) = (s.target.node.as_deref()?, s.target.gpu?);
+            let state = self.health().state(node, gpu);
+            return Some((
+                state == crate::health::HealthState::Faulted,
+                format!("{node} GPU {gpu} is {}", state.as_str()),
+            ));
+        }
         if let Trigger::Alert { .. } = m.trigger {
             let fp = s.event.get("fingerprint").and_then(Value::as_str)?;
             let resolved = self.table().resolved.contains(fp);

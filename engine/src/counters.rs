@@ -21,6 +21,8 @@ pub struct Counters {
     /// Pulls that failed (unreachable, bad response).
     pub source_errors: AtomicU64,
     pub triggers_fired: AtomicU64,
+    /// Faults the health model recorded (new `faulted` states).
+    pub faults_seen: AtomicU64,
     pub runs_suppressed: AtomicU64,
     /// Runs cancelled so a critical run could go first.
     pub runs_preempted: AtomicU64,

@@ -195,9 +195,19 @@ impl Engine {
             pg_reader: tokio::sync::Mutex::new(None),
             auth_generation: std::sync::atomic::AtomicU64::new(0),
             reloading: tokio::sync::Mutex::new(()),
+            health: Mutex::new(crate::health::HealthModel::new(
+                parts.config.limits.max_repairs_in_window,
+                (parts.config.limits.repair_window_secs as i64).saturating_mul(1000),
+            )),
+            repair: Mutex::new(Default::default()),
             config: parts.config,
         };
         Engine { core: Arc::new(core) }
+    }
+
+    /// The engine a part of it (a run's host) belongs to.
+    pub(crate) fn from_core(core: Arc<Core>) -> Engine {
+        Engine { core }
     }
 
     pub fn config(&self) -> &EngineConfig {

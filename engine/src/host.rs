@@ -20,6 +20,7 @@ use nightshift_proto::{ConfigListArgs, HoldValue, NoArgs, Op, Outcome, ReleaseAr
 
 use crate::audit::{NewRecord, RecordKind};
 use crate::core::{Core, hold_lease_secs};
+use crate::health::{HealthState, Transition};
 use crate::manifest::{Manifest, RunClass, Scope};
 use crate::metrics::{self, METRICS, MetricId};
 use crate::runs::RunSummary;
@@ -207,7 +208,186 @@ impl Host {
     }
 }
 
+impl Host {
+    /// Note a lifecycle phase (jobs requeued) on every GPU of `node` this
+    /// run is handling a fault for.
+    fn lifecycle_phase(&self, ctx: &RunCtx, node: &str, phase: &str) {
+        if ctx.dry_run {
+            return;
+        }
+        let gpus: Vec<(u32, HealthState)> = self
+            .core
+            .health()
+            .node_gpus(node)
+            .filter(|(_, h)| h.run.as_deref() == Some(self.run.as_str()) && h.lifecycle.is_some())
+            .map(|(g, h)| (g, h.state))
+            .collect();
+        for (gpu, state) in gpus {
+            let t = Transition {
+                node: node.to_string(),
+                gpu,
+                from: state,
+                to: state,
+                fault: None,
+                by: self.run.clone(),
+                why: format!("{phase} by run {}", self.run),
+                instruction: None,
+                run: Some(self.run.clone()),
+                ack: None,
+                phase: Some(phase.to_string()),
+                check_failures: Vec::new(),
+            };
+            self.record_transition(ctx, &t);
+        }
+    }
+
+    fn record_transition(&self, ctx: &RunCtx, t: &Transition) {
+        let rec = t.record("engine").runbook(&ctx.runbook);
+        match self.core.audit.append_blocking(rec, self.summary()) {
+            Ok(r) => self.core.health().replay(&r),
+            Err(e) => tracing::error!(run = %self.run, error = %e, "cannot audit a health change"),
+        }
+    }
+
+    fn target_gpu(&self, ctx: &RunCtx) -> Option<(String, u32)> {
+        Some((ctx.target.node.clone()?, ctx.target.gpu?))
+    }
+}
+
 impl ScriptHost for Host {
+    fn fault(&self, ctx: &RunCtx) -> Map {
+        let Some((node, gpu)) = self.target_gpu(ctx) else { return Map::new() };
+        let now = self.core.now();
+        let model = self.core.health();
+        let Some(h) = model.get(&node, gpu) else { return Map::new() };
+        let repairs = model.repairs_in_window(&node, gpu, now);
+        let repeat = model.repeat_offender(&node, gpu, now);
+        let f = h.fault.clone();
+        let xid = f.as_ref().and_then(|f| f.xid);
+        let info = xid.and_then(crate::health::xid_info);
+        to_map(json!({
+            "state": h.state.as_str(),
+            "kind": f.as_ref().map(|f| f.kind.as_str()),
+            "xid": xid,
+            "detail": f.as_ref().map(|f| f.detail.clone()),
+            "meaning": info.map(|i| i.meaning),
+            "action": info.map(|i| i.action.as_str()),
+            "evidence": f.as_ref().map(|f| f.evidence),
+            "remap_pending": f.as_ref().is_some_and(|f| f.evidence.remap_pending),
+            "remap_failure": f.as_ref().is_some_and(|f| f.evidence.remap_failure),
+            "dbe_total": f.as_ref().map(|f| f.evidence.dbe_total),
+            "repairs_in_window": repairs,
+            "repeat_offender": repeat,
+            "run": h.run,
+        }))
+    }
+
+    fn health_to(&self, ctx: &RunCtx, to: &str, text: &str) -> Map {
+        let Some((node, gpu)) = self.target_gpu(ctx) else {
+            return refused("not_gpu", "the repair lifecycle is about a GPU: the run's target has none");
+        };
+        let to = match to {
+            "quarantined" => HealthState::Quarantined,
+            "awaiting_repair" => HealthState::AwaitingRepair,
+            "rma" => HealthState::Rma,
+            other => return refused("bad_state", &format!("unknown health state `{other}`")),
+        };
+        let from = self.core.health().state(&node, gpu);
+        let allowed = match to {
+            HealthState::Quarantined => matches!(from, HealthState::Faulted),
+            HealthState::AwaitingRepair => matches!(from, HealthState::Quarantined | HealthState::Faulted),
+            HealthState::Rma => from != HealthState::Rma,
+            _ => false,
+        };
+        if !allowed {
+            return to_map(json!({"ok": false, "from": from.as_str(), "to": to.as_str(),
+                "error": format!("{node} GPU {gpu} is {}: it does not move to {}", from.as_str(), to.as_str())}));
+        }
+        if ctx.dry_run {
+            self.record(ctx, RecordKind::Note, Some(&node), Some(gpu),
+                json!({"text": format!("dry run: would move {node} GPU {gpu} from {} to {} ({text})", from.as_str(), to.as_str())}));
+            return to_map(json!({"ok": true, "dry_run": true, "from": from.as_str(), "to": to.as_str()}));
+        }
+        let t = Transition {
+            node: node.clone(),
+            gpu,
+            from,
+            to,
+            fault: None,
+            by: self.run.clone(),
+            why: text.chars().take(1000).collect(),
+            instruction: (to != HealthState::Quarantined).then(|| text.chars().take(1000).collect()),
+            run: Some(self.run.clone()),
+            ack: None,
+            phase: None,
+            check_failures: Vec::new(),
+        };
+        self.record_transition(ctx, &t);
+        to_map(json!({"ok": true, "from": from.as_str(), "to": to.as_str()}))
+    }
+
+    fn declare_fault(&self, ctx: &RunCtx, kind: &str, xid: Option<u32>, detail: &str) -> Map {
+        let Some((node, gpu)) = self.target_gpu(ctx) else {
+            return refused("not_gpu", "a fault is about a GPU: the run's target has none");
+        };
+        let Some(kind) = crate::health::FaultKind::parse(kind) else {
+            return refused("bad_kind", &format!("unknown fault kind `{kind}`"));
+        };
+        let from = self.core.health().state(&node, gpu);
+        if !matches!(from, HealthState::Healthy | HealthState::Verifying) || ctx.dry_run {
+            return self.fault(ctx);
+        }
+        let now = self.core.now();
+        let t = Transition {
+            node: node.clone(),
+            gpu,
+            from,
+            to: HealthState::Faulted,
+            fault: Some(crate::health::Fault {
+                kind,
+                xid,
+                detail: detail.chars().take(500).collect(),
+                evidence: Default::default(),
+                seen_ms: now,
+            }),
+            by: self.run.clone(),
+            why: format!("{}: {detail}", kind.as_str()),
+            instruction: None,
+            run: Some(self.run.clone()),
+            ack: None,
+            phase: None,
+            check_failures: Vec::new(),
+        };
+        self.record_transition(ctx, &t);
+        self.fault(ctx)
+    }
+
+    fn health_check(&self, _ctx: &RunCtx, node: &str) -> Map {
+        let Some(n) = self.core.fleet.get(node) else { return refused("unknown_node", node) };
+        let engine = crate::engine::Engine::from_core(self.core.clone());
+        match self.block_on(engine.health_check_call(&n)) {
+            Ok(c) => to_map(json!({"ok": c.ok, "failures": c.failures(), "check": c})),
+            Err(e) => to_map(json!({"ok": false, "failures": [e.clone()], "error": e})),
+        }
+    }
+
+    fn nodes_avg(&self, _ctx: &RunCtx, nodes: &[String], metric: MetricId) -> Option<f64> {
+        let mut vals = Vec::new();
+        for name in nodes {
+            let Some(n) = self.core.fleet.get(name) else { continue };
+            let gpus = n.state().gpu_count();
+            let list: Vec<Option<u32>> =
+                if metrics::metric(metric).gpu_scoped { (0..gpus as u32).map(Some).collect() } else { vec![None] };
+            for g in list {
+                let q = Reading { node: name.clone(), gpu: g, metric, window_ms: 0, agg: Agg::Latest };
+                if let Some(x) = self.core.reading(&q) {
+                    vals.push(x);
+                }
+            }
+        }
+        if vals.is_empty() { None } else { Some(vals.iter().sum::<f64>() / vals.len() as f64) }
+    }
+
     fn reading(&self, _ctx: &RunCtx, q: &Reading) -> Option<f64> {
         self.core.reading(q)
     }
@@ -322,7 +502,7 @@ impl ScriptHost for Host {
             a.run = Some(self.run.clone());
             if !ctx.dry_run {
                 match self.core.reserve_drain(&self.run, node, &m.blast_radius) {
-                    Ok(()) => reserved = true,
+                    Ok(r) => reserved = r,
                     Err(why) => return self.refuse(ctx, node, &op, "blast_radius", why),
                 }
             } else if self.summary().is_some_and(|s| s.shadow) {
@@ -395,6 +575,11 @@ impl ScriptHost for Host {
         }
         if reserved {
             self.core.release_drain(node);
+        }
+        if let Op::Requeue(_) = &op
+            && result["applied"] == json!(true)
+        {
+            self.lifecycle_phase(ctx, node, "requeued");
         }
         let node_s = node.to_string();
         let holds_here =
@@ -558,6 +743,19 @@ impl ScriptHost for Host {
         };
         let mut changed = Vec::new();
         let mut skipped = Vec::new();
+        // The nodes serving before this call: a scale-out is judged on them
+        // (an idle node it just resumed would dilute the pool's average).
+        let before: Vec<String> = self
+            .core
+            .fleet
+            .group(&label, &value)
+            .iter()
+            .filter(|n| {
+                let st = n.state();
+                st.connected && !st.drained
+            })
+            .map(|n| n.spec.name.clone())
+            .collect();
         for n in self.core.fleet.group(&label, &value) {
             if changed.len() as i64 >= count {
                 break;
@@ -581,6 +779,19 @@ impl ScriptHost for Host {
                 // Never a node held drained for RMA, repair or a fault.
                 if let Some(h) = holds.iter().find(|h| matches!(h.value, HoldValue::NodeDrain { drained: true, .. })) {
                     skipped.push(json!({"node": name, "why": format!("held drained by {} ({})", h.owner, h.reason)}));
+                    continue;
+                }
+                // Nor one whose GPUs are not healthy (a lost GPU, a pending
+                // repair) — whatever its drain says.
+                let unhealthy: Vec<String> = self
+                    .core
+                    .health()
+                    .node_gpus(&name)
+                    .filter(|(_, h)| h.state != HealthState::Healthy)
+                    .map(|(g, h)| format!("GPU {g} {}", h.state.as_str()))
+                    .collect();
+                if !unhealthy.is_empty() {
+                    skipped.push(json!({"node": name, "why": format!("not healthy: {}", unhealthy.join(", "))}));
                     continue;
                 }
                 let r = self.act(ctx, &name, Op::Resume(nightshift_proto::ResumeArgs { run: Some(self.run.clone()) }));
@@ -611,7 +822,7 @@ impl ScriptHost for Host {
                 }
             }
         }
-        to_map(json!({"ok": true, "nodes": changed, "count": changed.len(), "skipped": skipped}))
+        to_map(json!({"ok": true, "nodes": changed, "count": changed.len(), "skipped": skipped, "before": before}))
     }
 
     fn text(&self, ctx: &RunCtx, kind: TextKind, text: &str) {

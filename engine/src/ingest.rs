@@ -43,7 +43,19 @@ impl Engine {
         if !t.node_metrics.ended_holds.is_empty() {
             self.audit_ended_holds(&t.node, &t.node_metrics.ended_holds).await;
         }
-        let samples = samples_from(t);
+        let mut samples = samples_from(t);
+        // How far each GPU is below its own slowdown temperature (per model
+        // and sensor: an AMD junction is not NVIDIA's GPU sensor).
+        {
+            let st = node.state();
+            if let Some(inv) = &st.inventory {
+                for g in t.gpus.iter().filter(|g| !g.lost) {
+                    let limit =
+                        inv.gpus.iter().find(|i| i.index == g.index).and_then(|i| i.slowdown_temp_c).unwrap_or(90.0);
+                    samples.push((u16::try_from(g.index).ok(), ids::THERMAL_HEADROOM, limit - g.temperature_c));
+                }
+            }
+        }
         {
             let mut h = crate::core::lock(&self.core.history);
             for (gpu, metric, v) in &samples {
@@ -85,6 +97,9 @@ impl Engine {
             std::mem::take(fires)
         };
         self.core.counters.samples_ingested.fetch_add(t.gpus.len() as u64 * 12 + 8, Ordering::Relaxed);
+        // Faults are states: every reading is evaluated against them before
+        // what the thresholds fired.
+        self.evaluate_health(&node).await;
         self.handle_fires(fires).await;
     }
 
@@ -170,6 +185,12 @@ impl Engine {
             std::mem::take(fires)
         };
         self.core.counters.samples_ingested.fetch_add(samples.len() as u64, Ordering::Relaxed);
+        let touched: std::collections::BTreeSet<&String> = samples.iter().map(|s| &s.0).collect();
+        for name in touched {
+            if let Some(n) = self.core.fleet.get(name) {
+                self.evaluate_health(&n).await;
+            }
+        }
         self.handle_fires(fires).await;
     }
 

@@ -98,6 +98,41 @@ pub const METRICS: &[MetricDef] = &[
     ),
     node("job.progress", "steps", "training progress counter", "job textfile (training loop); nightshift_job_progress"),
     node("node.drained", "0/1", "node drained in the scheduler", "agent (Slurm, Kubernetes)"),
+    gpu("gpu.lost", "0/1", "the GPU does not answer (fallen off the bus)", "agent (NVML GPU_IS_LOST, ROCm SMI)"),
+    gpu("gpu.xid_events_total", "count", "fatal XID events since the agent started", "agent (NVML event API)"),
+    gpu(
+        "gpu.row_remap_failure",
+        "0/1",
+        "a row remap failed (no spare row)",
+        "agent (NVML remapped rows); DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    ),
+    gpu(
+        "gpu.row_remap_pending",
+        "0/1",
+        "a row remap waits for a reset",
+        "agent (NVML remapped rows); DCGM_FI_DEV_ROW_REMAP_PENDING",
+    ),
+    gpu("gpu.reset_required", "0/1", "a fatal XID since the GPU's last reset", "agent (NVML event API)"),
+    gpu(
+        "gpu.thermal_headroom_c",
+        "°C",
+        "how far the GPU's sensor is below its slowdown temperature (per model and sensor)",
+        "derived: the device's slowdown temperature − gpu.temperature_c",
+    ),
+    node(
+        "job.stalled_secs",
+        "s",
+        "seconds since a running job's progress last advanced (the worst job); absent on an idle node",
+        "job textfile heartbeat (nightshift_job_last_progress_timestamp_seconds)",
+    ),
+    node("node.jobs_running", "count", "jobs with a live heartbeat", "job textfile heartbeat"),
+    node("node.chassis_fan_pct", "%", "chassis fan speed (boards without GPU fans)", "agent (BMC / simulator)"),
+    node(
+        "job.world_size",
+        "GPUs",
+        "GPUs in the largest job on the node, across nodes",
+        "job textfile (nightshift_job_world_size)",
+    ),
 ];
 
 /// Look a metric up by name.
@@ -140,6 +175,16 @@ pub mod ids {
     pub const UTIL_SWING: MetricId = 19;
     pub const JOB_PROGRESS: MetricId = 20;
     pub const DRAINED: MetricId = 21;
+    pub const LOST: MetricId = 22;
+    pub const XID_EVENTS: MetricId = 23;
+    pub const REMAP_FAILURE: MetricId = 24;
+    pub const REMAP_PENDING: MetricId = 25;
+    pub const RESET_REQUIRED: MetricId = 26;
+    pub const THERMAL_HEADROOM: MetricId = 27;
+    pub const JOB_STALLED: MetricId = 28;
+    pub const JOBS_RUNNING: MetricId = 29;
+    pub const CHASSIS_FAN: MetricId = 30;
+    pub const JOB_WORLD_SIZE: MetricId = 31;
 }
 
 #[cfg(test)]
@@ -156,11 +201,21 @@ mod tests {
             (ids::UTIL_SWING, "node.util_swing_pct"),
             (ids::JOB_PROGRESS, "job.progress"),
             (ids::DRAINED, "node.drained"),
+            (ids::LOST, "gpu.lost"),
+            (ids::XID_EVENTS, "gpu.xid_events_total"),
+            (ids::REMAP_FAILURE, "gpu.row_remap_failure"),
+            (ids::REMAP_PENDING, "gpu.row_remap_pending"),
+            (ids::RESET_REQUIRED, "gpu.reset_required"),
+            (ids::THERMAL_HEADROOM, "gpu.thermal_headroom_c"),
+            (ids::JOB_STALLED, "job.stalled_secs"),
+            (ids::JOBS_RUNNING, "node.jobs_running"),
+            (ids::CHASSIS_FAN, "node.chassis_fan_pct"),
+            (ids::JOB_WORLD_SIZE, "job.world_size"),
         ];
         for (id, name) in pairs {
             assert_eq!(metric(id).name, name);
             assert_eq!(metric_id(name), Some(id));
         }
-        assert_eq!(METRICS.len(), ids::DRAINED as usize + 1);
+        assert_eq!(METRICS.len(), ids::JOB_WORLD_SIZE as usize + 1);
     }
 }

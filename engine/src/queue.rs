@@ -476,6 +476,7 @@ impl Engine {
         }
         self.fleet_triggers(now).await;
         self.schedules(now).await;
+        self.health_tick(now).await;
         self.pump().await;
     }
 

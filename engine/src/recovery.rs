@@ -40,6 +40,9 @@ impl Engine {
             }
         }
         tracing::info!(records = records.len(), "executor memory rebuilt from the audit log");
+        // Faults and marks outlive any replay window: their own index.
+        let n = self.rebuild_health()?;
+        tracing::info!(records = n, "health model and node marks rebuilt from the audit log");
         let mut interrupted = Vec::new();
         for s in self.core.audit.unfinished_runs()? {
             match (s.state, set.get(&s.runbook)) {

@@ -48,6 +48,8 @@ pub fn dcgm_metric(name: &str) -> Option<DcgmField> {
         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL" => Metric(ids::ECC_SBE),
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" => Metric(ids::ECC_DBE),
         "DCGM_FI_DEV_XID_ERRORS" | "DCGM_FI_DEV_XID_ERROR" => Metric(ids::XID),
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE" => Metric(ids::REMAP_FAILURE),
+        "DCGM_FI_DEV_ROW_REMAP_PENDING" => Metric(ids::REMAP_PENDING),
         "DCGM_FI_DEV_FB_USED" => FbUsed,
         "DCGM_FI_DEV_FB_FREE" => FbFree,
         // A job's own readings (see the agent's job textfile contract), when
@@ -84,6 +86,8 @@ pub const DCGM_NAMES: &[&str] = &[
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
     "DCGM_FI_DEV_XID_ERRORS",
     "DCGM_FI_DEV_XID_ERROR",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_DEV_ROW_REMAP_PENDING",
     "DCGM_FI_DEV_FB_USED",
     "DCGM_FI_DEV_FB_FREE",
     "nightshift_gpu_mem_fragmentation_pct",

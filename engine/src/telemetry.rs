@@ -315,9 +315,21 @@ pub fn stats_of(points: impl Iterator<Item = (i64, f64)>) -> Option<WindowStats>
 
 /// The samples in one agent telemetry message: (gpu, metric, value).
 pub fn samples_from(t: &Telemetry) -> Vec<(Option<u16>, MetricId, f64)> {
-    let mut out = Vec::with_capacity(t.gpus.len() * 12 + 8);
+    let mut out = Vec::with_capacity(t.gpus.len() * 16 + 12);
     for g in &t.gpus {
         let i = Some(g.index as u16);
+        out.push((i, ids::LOST, g.lost as u8 as f64));
+        if let Some(x) = g.xid_last {
+            out.push((i, ids::XID, x as f64));
+        }
+        if let Some(n) = g.xid_events_total {
+            out.push((i, ids::XID_EVENTS, n as f64));
+        }
+        if g.lost {
+            // A GPU off the bus has no readings: its zeros are not
+            // measurements.
+            continue;
+        }
         out.push((i, ids::TEMPERATURE, g.temperature_c));
         out.push((i, ids::POWER, g.power_watts));
         out.push((i, ids::POWER_LIMIT, g.power_limit_watts));
@@ -337,10 +349,16 @@ pub fn samples_from(t: &Telemetry) -> Vec<(Option<u16>, MetricId, f64)> {
         }
         out.push((i, ids::ECC_SBE, g.ecc_sbe_total as f64));
         out.push((i, ids::ECC_DBE, g.ecc_dbe_total as f64));
-        if let Some(x) = g.xid_last {
-            out.push((i, ids::XID, x as f64));
-        }
         out.push((i, ids::THROTTLED, g.throttled as u8 as f64));
+        if let Some(b) = g.row_remap_failure {
+            out.push((i, ids::REMAP_FAILURE, b as u8 as f64));
+        }
+        if let Some(b) = g.row_remap_pending {
+            out.push((i, ids::REMAP_PENDING, b as u8 as f64));
+        }
+        if let Some(b) = g.reset_required {
+            out.push((i, ids::RESET_REQUIRED, b as u8 as f64));
+        }
     }
     let n = &t.node_metrics;
     if let Some(v) = n.cpu_util_pct {
@@ -363,6 +381,18 @@ pub fn samples_from(t: &Telemetry) -> Vec<(Option<u16>, MetricId, f64)> {
     }
     if let Some(v) = n.job_progress {
         out.push((None, ids::JOB_PROGRESS, v));
+    }
+    if let Some(v) = n.job_stalled_secs {
+        out.push((None, ids::JOB_STALLED, v));
+    }
+    if let Some(v) = n.jobs_running {
+        out.push((None, ids::JOBS_RUNNING, v as f64));
+    }
+    if let Some(v) = n.job_world_size {
+        out.push((None, ids::JOB_WORLD_SIZE, v as f64));
+    }
+    if let Some(v) = n.chassis_fan_pct {
+        out.push((None, ids::CHASSIS_FAN, v));
     }
     out.push((None, ids::DRAINED, n.drained as u8 as f64));
     out

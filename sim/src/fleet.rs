@@ -21,6 +21,7 @@ use nightshift_agent::LocalAgent;
 use nightshift_agent::backend::Backend;
 use nightshift_agent::backend::sim::{SimBackend, SimConfig};
 use nightshift_agent::envelope::Policy;
+pub use nightshift_agent::node::configs::Consumer;
 use nightshift_agent::node::configs::ManagedConfig;
 use nightshift_agent::service::{Agent, AgentOptions};
 use nightshift_proto::clock::{SharedClock, VirtualClock};
@@ -61,6 +62,20 @@ pub struct SimNodeSpec {
     /// they end (a drain stops new work, not running jobs). Default 1200.
     #[serde(default)]
     pub jobs_end_after_drain_secs: Option<u64>,
+    /// Who reads each managed config (`files`, `jobs`, `unit`): a change
+    /// takes effect when that consumer restarts. Default: a config whose
+    /// name holds `fabric` is read by the `nvidia-fabricmanager` unit, any
+    /// other by the jobs.
+    #[serde(default)]
+    pub consumers: BTreeMap<String, Consumer>,
+    /// GPUs in the jobs placed here, across nodes (default: this node's).
+    #[serde(default)]
+    pub job_world_size: Option<u32>,
+}
+
+/// The default consumer of a managed config by its name.
+pub fn default_consumer(name: &str) -> Consumer {
+    if name.contains("fabric") { Consumer::Unit } else { Consumer::Jobs }
 }
 
 fn d_profile() -> String {
@@ -105,6 +120,8 @@ impl SimNodeSpec {
             configs: Default::default(),
             util_pct: None,
             jobs_end_after_drain_secs: None,
+            consumers: Default::default(),
+            job_world_size: None,
         }
     }
 }
@@ -229,12 +246,34 @@ impl SimFleet {
             if let Some(p) = &opts.policy {
                 o.policy = Policy { hands_off_marker_path: state.join("hands-off"), ..p.clone() };
             }
+            let mut job_configs = Vec::new();
             for (name, content) in &n.configs {
                 let path = state.join(format!("{name}.conf"));
                 std::fs::create_dir_all(&state).map_err(|e| SimError::Setup(e.to_string()))?;
                 std::fs::write(&path, content).map_err(|e| SimError::Setup(e.to_string()))?;
+                // What the node booted with is in effect.
                 sim.on_config_applied(name, content);
-                o.configs.insert(name.clone(), ManagedConfig { path });
+                sim.on_consumer_restarted(name);
+                let consumer = n.consumers.get(name).copied().unwrap_or_else(|| default_consumer(name));
+                if consumer == Consumer::Jobs {
+                    job_configs.push(name.clone());
+                }
+                o.configs.insert(
+                    name.clone(),
+                    ManagedConfig {
+                        path,
+                        consumer,
+                        unit: (consumer == Consumer::Unit).then(|| "nvidia-fabricmanager".to_string()),
+                        // The simulated host has no systemd: the restart is
+                        // a real process that does nothing, then the model
+                        // restarts the service.
+                        systemctl_path: "true".into(),
+                    },
+                );
+            }
+            sim.set_job_configs(job_configs);
+            if let Some(w) = n.job_world_size {
+                sim.set_job_world_size(w);
             }
             let backend: Arc<dyn Backend> = sim.clone();
             let agent =

@@ -36,7 +36,7 @@ use nightshift_proto::clock::Clock;
 use nightshift_proto::owner::owned_by_nightshift;
 use nightshift_proto::{ConfigApplyArgs, NoArgs, Op, Request, SimFault, Telemetry};
 
-use crate::fleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
+use crate::fleet::{Consumer, SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
 use crate::workload::Workload;
 use nightshift_engine::audit::{AuditRecord, RecordKind, RunFilter};
 use nightshift_engine::manifest::LoadError;
@@ -617,7 +617,16 @@ fn person_edits_config(sim: &SimFleet, node: &str, c: &ConfigApplyArgs) -> Resul
         .get(&c.name)
         .ok_or_else(|| format!("node {node} manages no config named `{}`", c.name))?;
     std::fs::write(&managed.path, &c.content).map_err(|e| format!("cannot write {}: {e}", managed.path.display()))?;
-    nightshift_agent::backend::Backend::on_config_applied(sim.sim(node), &c.name, &c.content);
+    let hw = sim.sim(node);
+    nightshift_agent::backend::Backend::on_config_applied(hw, &c.name, &c.content);
+    // A person who edits the file and restarts what reads it (the default;
+    // `restart_consumer: false` leaves the running work on the old file).
+    if c.restart_consumer {
+        match managed.consumer {
+            Consumer::Jobs => nightshift_agent::backend::Backend::on_jobs_restarted(hw),
+            _ => nightshift_agent::backend::Backend::on_consumer_restarted(hw, &c.name),
+        }
+    }
     Ok(())
 }
 

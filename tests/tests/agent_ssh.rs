@@ -65,11 +65,16 @@ async fn every_op_in_dry_run_and_for_real() {
         Op::ResetClocks(GpuArgs { gpu: 1 }),
         Op::ClearEcc(GpuArgs { gpu: 1 }),
         Op::SetGpuDrain(SetGpuDrainArgs { gpu: 1, drained: true }),
-        Op::Drain(DrainArgs { reason: "test drain".into(), run: Some("run-1".into()), sticky: false }),
+        Op::Drain(DrainArgs { reason: "test drain".into(), run: Some("run-1".into()), sticky: false, repair: false }),
         Op::Resume(ResumeArgs { run: Some("run-1".into()) }),
         Op::FlushCaches(FlushCachesArgs::default()),
-        Op::ConfigApply(ConfigApplyArgs { name: "nccl-env".into(), content: "NCCL_DEBUG=INFO\n".into(), note: None }),
-        Op::ConfigRollback(ConfigRollbackArgs { name: "nccl-env".into(), to_version: None }),
+        Op::ConfigApply(ConfigApplyArgs {
+            name: "nccl-env".into(),
+            content: "NCCL_DEBUG=INFO\n".into(),
+            note: None,
+            restart_consumer: true,
+        }),
+        Op::ConfigRollback(ConfigRollbackArgs { name: "nccl-env".into(), to_version: None, restart_consumer: true }),
         Op::ConfigMark(ConfigMarkArgs { name: "nccl-env".into(), version: 2, good: false }),
     ];
     // Preconditions so each op has something to do.
@@ -268,10 +273,15 @@ async fn envelope_holds_over_ssh() {
         Op::SetClocks(SetClocksArgs { gpu: 0, min_mhz: 500, max_mhz: 1000 }),
         Op::ClearEcc(GpuArgs { gpu: 0 }),
         Op::SetGpuDrain(SetGpuDrainArgs { gpu: 0, drained: true }),
-        Op::Drain(DrainArgs { reason: "x".into(), run: None, sticky: false }),
+        Op::Drain(DrainArgs { reason: "x".into(), run: None, sticky: false, repair: false }),
         Op::Resume(ResumeArgs::default()),
         Op::FlushCaches(FlushCachesArgs::default()),
-        Op::ConfigApply(ConfigApplyArgs { name: "nccl-env".into(), content: "A=1\n".into(), note: None }),
+        Op::ConfigApply(ConfigApplyArgs {
+            name: "nccl-env".into(),
+            content: "A=1\n".into(),
+            note: None,
+            restart_consumer: true,
+        }),
     ];
     for (i, op) in mutating.iter().enumerate() {
         for dry_run in [false, true] {
@@ -351,7 +361,10 @@ async fn a_node_drained_by_a_person_is_never_resumed() {
     c.call(&req("pd", Op::SimFault(SimFault::PersonDrain { reason: "dave: reseating GPU 3".into() }))).await.unwrap();
     // nightshift's drain leaves the person's reason alone.
     let r = c
-        .call(&req("d", Op::Drain(DrainArgs { reason: "hot".into(), run: Some("r9".into()), sticky: false })))
+        .call(&req(
+            "d",
+            Op::Drain(DrainArgs { reason: "hot".into(), run: Some("r9".into()), sticky: false, repair: false }),
+        ))
         .await
         .unwrap();
     let a = action(&r);

@@ -312,15 +312,18 @@ async fn config_rollback_in_the_agent_units_sandbox() {
             name: "nccl-env".into(),
             content: "NCCL_P2P_DISABLE=1\n".into(),
             note: None,
+            restart_consumer: true,
         }),
     )
     .await;
     assert!(r.ok, "config_apply in the sandbox: {r:?}\nagent log:\n{}", agent.log_text());
     assert_eq!(r.action().unwrap().outcome, Outcome::Applied);
     assert_eq!(std::fs::read_to_string(under("/etc/nccl.conf")).unwrap(), "NCCL_P2P_DISABLE=1\n");
-    let r =
-        call("sandbox-rollback", Op::ConfigRollback(ConfigRollbackArgs { name: "nccl-env".into(), to_version: None }))
-            .await;
+    let r = call(
+        "sandbox-rollback",
+        Op::ConfigRollback(ConfigRollbackArgs { name: "nccl-env".into(), to_version: None, restart_consumer: true }),
+    )
+    .await;
     assert!(r.ok, "config_rollback in the sandbox: {r:?}\nagent log:\n{}", agent.log_text());
     assert_eq!(r.action().unwrap().outcome, Outcome::Applied);
     assert_eq!(std::fs::read_to_string(under("/etc/nccl.conf")).unwrap(), "NCCL_DEBUG=WARN\n");

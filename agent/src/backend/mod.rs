@@ -53,12 +53,48 @@ pub trait Backend: Send + Sync {
     fn reset_clocks(&self, gpu: u32) -> Result<Support<()>, BackendError>;
     fn clear_ecc(&self, gpu: u32) -> Result<Support<()>, BackendError>;
     fn set_gpu_drain(&self, gpu: u32, drained: bool) -> Result<Support<()>, BackendError>;
-    /// Called after the page cache was dropped and processes signalled.
-    fn on_caches_flushed(&self) {}
+    /// The GPU processes registered for the flush signal, signalled by the
+    /// model: `Some` only where the backend simulates the processes (real
+    /// backends leave it to the agent, which signals the registered pids).
+    fn flush_gpu_processes(&self) -> Option<FlushOutcome> {
+        None
+    }
     /// Called after the node's jobs were requeued (they stop here).
     fn on_jobs_requeued(&self) {}
-    /// Called after a managed config file changed.
+    /// Called after the node's jobs were requeued to restart (a config they
+    /// read changed) on a node that still takes work.
+    fn on_jobs_restarted(&self) {}
+    /// Called after a managed config file changed on disk. The change takes
+    /// effect when the file's consumer restarts ([`Backend::on_consumer_restarted`]).
     fn on_config_applied(&self, _name: &str, _content: &str) {}
+    /// Called after the consumer of a managed config (a systemd unit, the
+    /// jobs) restarted and read the file again.
+    fn on_consumer_restarted(&self, _name: &str) {}
+    /// Drive the chassis fans (simulated chassis only; on real nodes the
+    /// agent runs the BMC command from its policy).
+    fn set_chassis_fans(&self, _full: bool) -> Result<Support<()>, BackendError> {
+        Ok(Support::NotSupported("this backend cannot reach the chassis fans (configure policy.bmc)".into()))
+    }
+    /// Whether the chassis fans are held at full speed, where the backend
+    /// can tell.
+    fn chassis_fans_full(&self) -> Option<bool> {
+        None
+    }
+    /// The GPU's PCIe link: (current width, max width, current generation,
+    /// max generation), where the backend reads it.
+    fn pcie_link(&self, _gpu: u32) -> Option<PcieLink> {
+        None
+    }
+    /// A fatal XID on the GPU since its last reset, where the backend tracks
+    /// XID events (NVML's event API, the simulator).
+    fn fatal_xid_since_reset(&self, _gpu: u32) -> Option<u32> {
+        None
+    }
+    /// Power another node up or down where the backend simulates the
+    /// scheduler's power saving (the simulated fleet); `None` elsewhere.
+    fn power_node(&self, _node: &str, _up: bool) -> Option<Result<(), String>> {
+        None
+    }
     /// The simulator, when this backend is one.
     fn sim(&self) -> Option<&sim::SimBackend> {
         None
@@ -70,6 +106,29 @@ pub trait Backend: Send + Sync {
         gpus.iter().find(|g| g.index == index).ok_or(BackendError::NoSuchGpu { index, count: gpus.len() as u32 })
     }
 }
+
+/// What signalling the registered GPU processes did (simulated processes).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct FlushOutcome {
+    /// GPUs whose process registered for the signal.
+    pub registered: Vec<u32>,
+    /// Of those, the GPUs whose process answered (released its blocks).
+    pub answered: Vec<u32>,
+}
+
+/// A GPU's PCIe link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PcieLink {
+    pub width: u32,
+    pub max_width: u32,
+    pub generation: u32,
+    pub max_generation: u32,
+}
+
+/// XIDs that leave a GPU unfit for work until it is reset or replaced
+/// (NVIDIA's XID catalog; the engine's `health::xid_info` has the table
+/// with each code's meaning and action).
+pub const FATAL_XIDS: &[u32] = &[48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154];
 
 /// Which backend to start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

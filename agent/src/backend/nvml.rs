@@ -5,11 +5,14 @@
 //! the rest of the agent speaks watts. `NotSupported` (a fanless H100 SXM has
 //! no fan to set) maps to [`Support::NotSupported`], not to an error.
 //!
-//! XID events need a blocking event loop (`nvmlEventSetWait`) and are not
-//! read yet: `xid_last` stays empty on this backend; DCGM's exporter is the
-//! source for XIDs meanwhile.
+//! XIDs come from NVML's event API on a thread of their own
+//! (`nvmlEventSetWait` blocks): critical XID and double-bit ECC events, per
+//! GPU, so H8 has an input without DCGM. Several XIDs between two waits
+//! report only the last (NVML's own limit). A GPU that does not answer is
+//! that GPU's reading (`lost`), not the node's: its neighbours still report.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
@@ -24,11 +27,25 @@ use nightshift_proto::{GpuInfo, GpuTelemetry, NodeTelemetry, Vendor};
 /// NVLink links a GPU can have (NVML_NVLINK_MAX_LINKS).
 const MAX_LINKS: u32 = 18;
 
+/// What NVML's event API told about a GPU.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct XidState {
+    pub last: Option<u32>,
+    /// Fatal XID events since the agent started.
+    pub events: u64,
+    /// The last fatal XID since the GPU was last seen to come back (a
+    /// reset or a reboot makes a lost GPU answer again).
+    pub fatal_since_reset: Option<u32>,
+    /// The GPU did not answer at the last sample.
+    pub lost: bool,
+}
+
 /// NVIDIA GPUs through NVML.
 pub struct NvmlBackend {
-    nvml: Nvml,
+    nvml: Arc<Nvml>,
     info: Vec<GpuInfo>,
     fans: Vec<u32>,
+    xids: Arc<Mutex<Vec<XidState>>>,
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -80,6 +97,7 @@ pub fn w_to_mw(w: f64) -> u32 {
 const NVML_FI_DEV_MEMORY_TEMP: u32 = 82;
 const NVML_FI_DEV_REMAPPED_COR: u32 = 142;
 const NVML_FI_DEV_REMAPPED_UNC: u32 = 143;
+const NVML_FI_DEV_REMAPPED_PENDING: u32 = 144;
 const NVML_FI_DEV_REMAPPED_FAILURE: u32 = 145;
 
 /// Readings NVML gives only as field values; each absent where the GPU
@@ -90,13 +108,19 @@ struct Fields {
     remapped_cor: Option<u64>,
     remapped_unc: Option<u64>,
     remap_failure: Option<u64>,
+    remap_pending: Option<u64>,
 }
 
 fn field_values(d: &nvml_wrapper::Device<'_>) -> Fields {
     use nvml_wrapper::enums::device::SampleValue;
     use nvml_wrapper::structs::device::FieldId;
-    let ids =
-        [NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_REMAPPED_COR, NVML_FI_DEV_REMAPPED_UNC, NVML_FI_DEV_REMAPPED_FAILURE];
+    let ids = [
+        NVML_FI_DEV_MEMORY_TEMP,
+        NVML_FI_DEV_REMAPPED_COR,
+        NVML_FI_DEV_REMAPPED_UNC,
+        NVML_FI_DEV_REMAPPED_PENDING,
+        NVML_FI_DEV_REMAPPED_FAILURE,
+    ];
     let Ok(samples) = d.field_values_for(&ids.map(FieldId)) else { return Fields::default() };
     let mut f = Fields::default();
     for s in samples.into_iter().flatten() {
@@ -112,6 +136,7 @@ fn field_values(d: &nvml_wrapper::Device<'_>) -> Fields {
             NVML_FI_DEV_REMAPPED_COR => f.remapped_cor = Some(v as u64),
             NVML_FI_DEV_REMAPPED_UNC => f.remapped_unc = Some(v as u64),
             NVML_FI_DEV_REMAPPED_FAILURE => f.remap_failure = Some(v as u64),
+            NVML_FI_DEV_REMAPPED_PENDING => f.remap_pending = Some(v as u64),
             _ => {}
         }
     }
@@ -153,7 +178,33 @@ impl NvmlBackend {
                 ..GpuInfo::new(i, d.name().map_err(failed)?, Vendor::Nvidia)
             });
         }
-        Ok(NvmlBackend { nvml, info, fans })
+        let nvml = Arc::new(nvml);
+        let xids = Arc::new(Mutex::new(vec![XidState::default(); info.len()]));
+        spawn_xid_watch(nvml.clone(), xids.clone(), info.iter().filter_map(|g| g.uuid.clone()).collect());
+        Ok(NvmlBackend { nvml, info, fans, xids })
+    }
+
+    fn xid(&self, gpu: u32) -> XidState {
+        self.xids.lock().unwrap_or_else(|e| e.into_inner()).get(gpu as usize).cloned().unwrap_or_default()
+    }
+
+    /// A GPU that did not answer: its entry says so, its neighbours go on.
+    fn lost_gpu(&self, i: u32, e: &BackendError) -> GpuTelemetry {
+        let x = {
+            let mut all = self.xids.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(x) = all.get_mut(i as usize) {
+                x.lost = true;
+            }
+            all.get(i as usize).cloned().unwrap_or_default()
+        };
+        GpuTelemetry {
+            index: i,
+            lost: true,
+            lost_detail: Some(e.to_string()),
+            xid_last: x.last,
+            xid_events_total: Some(x.events),
+            ..GpuTelemetry::default()
+        }
     }
 
     fn device(&self, gpu: u32) -> Result<nvml_wrapper::Device<'_>, BackendError> {
@@ -163,6 +214,17 @@ impl NvmlBackend {
 
     fn read_gpu(&self, i: u32) -> Result<GpuTelemetry, BackendError> {
         let d = self.device(i)?;
+        // It answers: if it was lost, it came back (a reset or a reboot).
+        let xid = {
+            let mut all = self.xids.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(x) = all.get_mut(i as usize)
+                && x.lost
+            {
+                x.lost = false;
+                x.fatal_since_reset = None;
+            }
+            all.get(i as usize).cloned().unwrap_or_default()
+        };
         let mem = opt(d.memory_info());
         let fields = field_values(&d);
         let fan = if self.fans[i as usize] > 0 { opt(d.fan_speed(0)).map(f64::from) } else { None };
@@ -192,7 +254,8 @@ impl NvmlBackend {
             sm_clock_mhz: opt(d.clock_info(Clock::SM)),
             ecc_sbe_total: opt(d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)).unwrap_or(0),
             ecc_dbe_total: opt(d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)).unwrap_or(0),
-            xid_last: None,
+            xid_last: xid.last,
+            xid_events_total: Some(xid.events),
             throttled,
             gpu_drained: opt(d.is_drain_enabled(None)).unwrap_or(false),
             mem_clock_mhz: opt(d.clock_info(Clock::Memory)),
@@ -203,6 +266,10 @@ impl NvmlBackend {
             remapped_rows_correctable: fields.remapped_cor,
             remapped_rows_uncorrectable: fields.remapped_unc,
             row_remap_failure: fields.remap_failure.map(|v| v != 0),
+            row_remap_pending: fields.remap_pending.map(|v| v != 0),
+            lost: false,
+            lost_detail: None,
+            reset_required: None,
         })
     }
 
@@ -233,6 +300,64 @@ impl NvmlBackend {
     }
 }
 
+/// Watch NVML's event API for critical XIDs and double-bit ECC errors on
+/// every GPU (by UUID), on a thread of its own. A driver without the event
+/// API (an old one, a fake library) is logged once and the thread ends.
+fn spawn_xid_watch(nvml: Arc<Nvml>, xids: Arc<Mutex<Vec<XidState>>>, uuids: Vec<String>) {
+    use nvml_wrapper::bitmasks::event::EventTypes;
+    use nvml_wrapper::enums::event::XidError;
+    let spawned = std::thread::Builder::new().name("nvml-xid".into()).spawn(move || {
+        let mut set = match nvml.create_event_set() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %describe(&e), "NVML has no event API here: XIDs come only from DCGM");
+                return;
+            }
+        };
+        for i in 0..uuids.len() as u32 {
+            let Ok(d) = nvml.device_by_index(i) else { continue };
+            set = match d.register_events(EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR, set) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(gpu = i, error = %describe(&e.error), "cannot watch XID events on this GPU");
+                    return;
+                }
+            };
+        }
+        loop {
+            match set.wait(5_000) {
+                Ok(ev) => {
+                    let uuid = ev.device.uuid().ok();
+                    let Some(idx) = uuid.and_then(|u| uuids.iter().position(|x| *x == u)) else { continue };
+                    let code = match ev.event_data {
+                        Some(XidError::Value(v)) => u32::try_from(v).ok(),
+                        _ if ev.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) => Some(48),
+                        _ => None,
+                    };
+                    let Some(code) = code else { continue };
+                    let mut all = xids.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(x) = all.get_mut(idx) {
+                        x.last = Some(code);
+                        if super::FATAL_XIDS.contains(&code) {
+                            x.events += 1;
+                            x.fatal_since_reset = Some(code);
+                        }
+                    }
+                    tracing::warn!(gpu = idx, xid = code, "XID event");
+                }
+                Err(NvmlError::Timeout) => {}
+                Err(e) => {
+                    tracing::warn!(error = %describe(&e), "NVML event wait failed; retrying in 5 s");
+                    std::thread::sleep(std::time::Duration::from_secs(5));
+                }
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the XID watch thread");
+    }
+}
+
 impl Backend for NvmlBackend {
     fn name(&self) -> &'static str {
         "nvml"
@@ -247,7 +372,11 @@ impl Backend for NvmlBackend {
     }
 
     fn sample(&self) -> Result<(Vec<GpuTelemetry>, NodeTelemetry), BackendError> {
-        let gpus = self.info.iter().map(|g| self.read_gpu(g.index)).collect::<Result<Vec<_>, _>>()?;
+        let gpus = self
+            .info
+            .iter()
+            .map(|g| self.read_gpu(g.index).unwrap_or_else(|e| self.lost_gpu(g.index, &e)))
+            .collect::<Vec<_>>();
         let (up, total, errors) = self.read_links();
         let node = NodeTelemetry {
             nvlink_links_up: up,
@@ -313,5 +442,19 @@ impl Backend for NvmlBackend {
     fn set_gpu_drain(&self, gpu: u32, drained: bool) -> Result<Support<()>, BackendError> {
         let mut d = self.device(gpu)?;
         support(d.set_drain(drained, None), "the NVML drain state")
+    }
+
+    fn pcie_link(&self, gpu: u32) -> Option<super::PcieLink> {
+        let d = self.device(gpu).ok()?;
+        Some(super::PcieLink {
+            width: d.current_pcie_link_width().ok()?,
+            max_width: d.max_pcie_link_width().ok()?,
+            generation: d.current_pcie_link_gen().ok()?,
+            max_generation: d.max_pcie_link_gen().ok()?,
+        })
+    }
+
+    fn fatal_xid_since_reset(&self, gpu: u32) -> Option<u32> {
+        self.xid(gpu).fatal_since_reset
     }
 }

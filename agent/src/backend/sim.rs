@@ -19,10 +19,30 @@
 //! 70–78 °C; with its fan failed it passes 90 °C within a few minutes.
 //! Sensor noise comes from a hash of (seed, GPU, tick), so reading the model
 //! never perturbs it and the same seed gives the same trace.
+//!
+//! Never kinder than hardware (DESIGN.md, "Simulated hardware"), each with a
+//! test below:
+//! - temperatures are whole degrees with about ±1 °C of jitter, as NVML
+//!   reports them; AMD Instinct reports its *junction* (hotspot) sensor,
+//!   which runs well above the die average under load;
+//! - boards without GPU fans (HGX SXM, AMD OAM) are cooled by node-level
+//!   chassis fans behind the BMC; a chassis airflow fault heats every GPU;
+//! - a cache flush helps only the GPUs whose process registered for the
+//!   signal and answers, and can fail;
+//! - a managed config takes effect only when its consumer restarts (the
+//!   jobs for the NCCL environment, the unit for the fabric manager); a bad
+//!   config raises P2P latency with every link up, a physical link fault
+//!   takes links down and drives their error counters;
+//! - a hung job goes silent: its training loop stops writing progress (the
+//!   agent drops the stale reading after 120 s) while its heartbeat says how
+//!   long since progress last advanced, and its GPUs spin;
+//! - a GPU that fell off the bus stops reporting while its neighbours go
+//!   on, and its job hangs, until a person resets it;
+//! - load can change in phases; slow faults are slow (a heatsink ramp).
 
 use std::sync::Mutex;
 
-use super::{Backend, BackendError, Support};
+use super::{Backend, BackendError, FlushOutcome, PcieLink, Support};
 use nightshift_proto::{FanPoint, GpuInfo, GpuTelemetry, NodeTelemetry, SimFault, Vendor, fan_curve_speed};
 
 /// A GPU model's physical constants.
@@ -65,9 +85,13 @@ pub struct SimProfile {
     pub row_remap: bool,
     /// One link's bandwidth, one direction.
     pub link_gbytes_per_sec: f64,
+    /// The sensor `temperature_c` reads (`gpu`, or AMD's `junction`).
+    pub sensor: &'static str,
+    /// How far the reported sensor runs above the die average, per kW
+    /// drawn (a junction hotspot; 0 for NVIDIA's GPU sensor).
+    pub hotspot_c_per_kw: f64,
 }
 
-/// The firmware's fan curve on boards with fans.
 /// The firmware's fan curve on boards with fans: tuned for noise, it only
 /// reaches full speed at 95 °C (which is why a steeper curve helps).
 pub const FIRMWARE_FAN_CURVE: &[FanPoint] = &[
@@ -105,6 +129,8 @@ pub const PROFILES: &[SimProfile] = &[
         mem_clock_mhz: 2619,
         row_remap: true,
         link_gbytes_per_sec: 25.0,
+        sensor: "gpu",
+        hotspot_c_per_kw: 0.0,
     },
     SimProfile {
         key: "b200",
@@ -130,6 +156,8 @@ pub const PROFILES: &[SimProfile] = &[
         mem_clock_mhz: 3996,
         row_remap: true,
         link_gbytes_per_sec: 50.0,
+        sensor: "gpu",
+        hotspot_c_per_kw: 0.0,
     },
     SimProfile {
         key: "mi300x",
@@ -143,11 +171,11 @@ pub const PROFILES: &[SimProfile] = &[
         mem_total_mib: 196_608,
         heat_capacity_j_per_k: 1_400.0,
         g_passive_w_per_k: 3.0,
-        g_fan_w_per_k: 18.8,
-        fan_control: true,
+        g_fan_w_per_k: 16.0,
+        fan_control: false,
         chassis_airflow_pct: 70.0,
-        slowdown_c: 90.0,
-        shutdown_c: 100.0,
+        slowdown_c: 100.0,
+        shutdown_c: 110.0,
         clock_min_mhz: 500,
         clock_max_mhz: 2_100,
         p2p_latency_us: 12.0,
@@ -155,6 +183,8 @@ pub const PROFILES: &[SimProfile] = &[
         mem_clock_mhz: 1300,
         row_remap: false,
         link_gbytes_per_sec: 64.0,
+        sensor: "junction",
+        hotspot_c_per_kw: 20.0,
     },
     SimProfile {
         key: "a100-sxm",
@@ -180,6 +210,8 @@ pub const PROFILES: &[SimProfile] = &[
         mem_clock_mhz: 1593,
         row_remap: true,
         link_gbytes_per_sec: 25.0,
+        sensor: "gpu",
+        hotspot_c_per_kw: 0.0,
     },
     SimProfile {
         key: "v100-sxm",
@@ -205,6 +237,8 @@ pub const PROFILES: &[SimProfile] = &[
         mem_clock_mhz: 877,
         row_remap: false,
         link_gbytes_per_sec: 25.0,
+        sensor: "gpu",
+        hotspot_c_per_kw: 0.0,
     },
     SimProfile {
         key: "rtx6000-ada",
@@ -230,6 +264,8 @@ pub const PROFILES: &[SimProfile] = &[
         mem_clock_mhz: 10001,
         row_remap: false,
         link_gbytes_per_sec: 0.0,
+        sensor: "gpu",
+        hotspot_c_per_kw: 0.0,
     },
 ];
 
@@ -338,6 +374,8 @@ struct GpuState {
     /// A slow degradation in progress: (factor per second, final factor).
     heatsink_ramp: Option<(f64, f64)>,
     util_target_pct: f64,
+    /// Load in phases: (high, low, period in seconds).
+    phases: Option<(f64, f64, u64)>,
     surge: f64,
     power_limit_watts: f64,
     power_watts: f64,
@@ -348,6 +386,10 @@ struct GpuState {
     sbe: u64,
     dbe: u64,
     xid_last: Option<u32>,
+    /// Fatal XID events (a counter the gauge cannot show).
+    xid_events: u64,
+    /// The last fatal XID since the GPU was last reset.
+    fatal_xid_since_reset: Option<u32>,
     drained: bool,
     throttled: bool,
     util_now_pct: f64,
@@ -355,27 +397,68 @@ struct GpuState {
     energy_mj: f64,
     /// Bytes moved over this GPU's links.
     nvlink_bytes: f64,
+    /// Fallen off the bus: no readings, no compute, until a reset.
+    lost: bool,
+    /// A remapped row waits for a reset to take effect.
+    remap_pending: bool,
+    /// A remap failed (no spare row): RMA.
+    remap_failed: bool,
+    /// The GPU's process registered for the flush signal.
+    flush_registered: bool,
 }
+
+/// The node's job, as its integration reports it (the job textfile):
+/// progress from the training loop, a heartbeat from a thread beside it.
+#[derive(Debug, Clone)]
+struct SimJob {
+    progress: f64,
+    /// When progress last advanced (simulated seconds).
+    last_advance_t: f64,
+    hung: bool,
+    world_size: u32,
+}
+
+/// How long a stale job file is still read (the agent's
+/// `job_metrics_max_age_secs` default).
+const JOB_FILE_MAX_AGE_SECS: f64 = 120.0;
 
 #[derive(Debug, Clone)]
 struct NodeState {
     t_secs: f64,
     ticks: u64,
+    /// A physical link fault (links down, error counters rising).
     nvlink_fault: bool,
-    nvlink_config_bad: bool,
-    /// Managed configs whose current content breaks GPU-to-GPU traffic.
-    bad_configs: std::collections::BTreeSet<String>,
+    /// Managed configs as written on disk (what a restart would read).
+    written_configs: std::collections::BTreeMap<String, String>,
+    /// Managed configs as their consumers read them last (in effect).
+    active_configs: std::collections::BTreeMap<String, String>,
+    /// Configs the jobs read at start (a requeue or a new job picks up the
+    /// file); the others have a service consumer.
+    job_configs: std::collections::BTreeSet<String>,
     nvlink_errors: f64,
     cpu_bottleneck: bool,
     util_swing: bool,
-    job_stall: bool,
     comm_overhead_override: Option<f64>,
-    job_progress: f64,
+    job: Option<SimJob>,
+    /// World size of the jobs placed here.
+    job_world_size: u32,
+    /// The BMC was told to run the chassis fans at full speed.
+    chassis_full: bool,
+    chassis_actual_pct: f64,
+    /// Chassis airflow multiplier (a failed fan module: below 1).
+    chassis_airflow_factor: f64,
+    /// Registered processes do not answer the flush signal.
+    flush_failing: bool,
 }
 
 impl NodeState {
+    /// A bad config in effect (P2P latency up, links up).
+    fn config_bad(&self) -> bool {
+        self.active_configs.values().any(|c| config_breaks_p2p(c))
+    }
+
     fn nvlink_bad(&self) -> bool {
-        self.nvlink_fault || self.nvlink_config_bad
+        self.nvlink_fault || self.config_bad()
     }
 }
 
@@ -408,6 +491,16 @@ struct PersistedGpu {
     drained: bool,
     sbe: u64,
     dbe: u64,
+    #[serde(default)]
+    lost: bool,
+    #[serde(default)]
+    xid_last: Option<u32>,
+    #[serde(default)]
+    fatal_xid_since_reset: Option<u32>,
+    #[serde(default)]
+    remap_pending: bool,
+    #[serde(default)]
+    remap_failed: bool,
 }
 
 /// Spare rows for remapping on a simulated board; past them a remap fails.
@@ -436,6 +529,11 @@ fn noise(seed: u64, gpu: u32, tick: u64, channel: u64) -> f64 {
     (h >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
 }
 
+/// Whether an XID code leaves the GPU unfit until it is reset.
+fn fatal_xid(code: u32) -> bool {
+    super::FATAL_XIDS.contains(&code)
+}
+
 impl SimBackend {
     /// Keep the GPUs' settings and error counters in `path`, as hardware
     /// keeps them while the agent restarts; load them now if present.
@@ -451,6 +549,11 @@ impl SimBackend {
                         g.drained = p.drained;
                         g.sbe = p.sbe;
                         g.dbe = p.dbe;
+                        g.lost = p.lost;
+                        g.xid_last = p.xid_last;
+                        g.fatal_xid_since_reset = p.fatal_xid_since_reset;
+                        g.remap_pending = p.remap_pending;
+                        g.remap_failed = p.remap_failed;
                     }
                 }
                 Err(e) => tracing::warn!(path = %path.display(), error = %e, "sim: ignoring unreadable hardware state"),
@@ -472,6 +575,11 @@ impl SimBackend {
                 drained: g.drained,
                 sbe: g.sbe,
                 dbe: g.dbe,
+                lost: g.lost,
+                xid_last: g.xid_last,
+                fatal_xid_since_reset: g.fatal_xid_since_reset,
+                remap_pending: g.remap_pending,
+                remap_failed: g.remap_failed,
             })
             .collect();
         let bytes = serde_json::to_vec(&saved).unwrap_or_default();
@@ -506,6 +614,7 @@ impl SimBackend {
                 clock_min_mhz: Some(profile.clock_min_mhz),
                 clock_max_mhz: Some(profile.clock_max_mhz),
                 pci_bus_id: Some(sim_pci_bus_id(i)),
+                temperature_sensor: Some(profile.sensor.to_string()),
                 ..GpuInfo::new(i, profile.name, profile.vendor)
             })
             .collect();
@@ -518,6 +627,7 @@ impl SimBackend {
                 heatsink_factor: 1.0,
                 heatsink_ramp: None,
                 util_target_pct: config.util_pct,
+                phases: None,
                 surge: 1.0,
                 power_limit_watts: profile.power_default_watts,
                 power_watts: profile.idle_watts,
@@ -528,13 +638,25 @@ impl SimBackend {
                 sbe: 0,
                 dbe: 0,
                 xid_last: None,
+                xid_events: 0,
+                fatal_xid_since_reset: None,
                 drained: false,
                 throttled: false,
                 util_now_pct: config.util_pct,
                 energy_mj: 0.0,
                 nvlink_bytes: 0.0,
+                lost: false,
+                remap_pending: false,
+                remap_failed: false,
+                flush_registered: true,
             })
             .collect();
+        let job = (config.util_pct > 5.0).then_some(SimJob {
+            progress: 0.0,
+            last_advance_t: 0.0,
+            hung: false,
+            world_size: config.gpus,
+        });
         let sim = SimBackend {
             profile,
             info,
@@ -544,14 +666,19 @@ impl SimBackend {
                     t_secs: 0.0,
                     ticks: 0,
                     nvlink_fault: false,
-                    nvlink_config_bad: false,
-                    bad_configs: Default::default(),
+                    written_configs: Default::default(),
+                    active_configs: Default::default(),
+                    job_configs: Default::default(),
                     nvlink_errors: 0.0,
                     cpu_bottleneck: false,
                     util_swing: false,
-                    job_stall: false,
                     comm_overhead_override: None,
-                    job_progress: 0.0,
+                    job,
+                    job_world_size: config.gpus,
+                    chassis_full: false,
+                    chassis_actual_pct: profile.chassis_airflow_pct,
+                    chassis_airflow_factor: 1.0,
+                    flush_failing: false,
                 },
                 requeued: false,
             }),
@@ -564,7 +691,10 @@ impl SimBackend {
             sim.step(1_200.0);
             let mut st = sim.lock();
             st.node.t_secs = 0.0;
-            st.node.job_progress = 0.0;
+            if let Some(j) = st.node.job.as_mut() {
+                j.progress = 0.0;
+                j.last_advance_t = 0.0;
+            }
         }
         Ok(sim)
     }
@@ -586,7 +716,15 @@ impl SimBackend {
         }
     }
 
-    /// Advance the model by `dt_secs` of simulated time.
+    /// A lost GPU refuses every change, as a GPU off the bus does.
+    fn check_reachable(&self, gpu: u32) -> Result<usize, BackendError> {
+        let i = self.check_gpu(gpu)?;
+        if self.lock().gpus[i].lost {
+            return Err(failed(format!("GPU {gpu} is lost (fallen off the bus): it does not answer")));
+        }
+        Ok(i)
+    }
+
     /// Whether the node's jobs were requeued (and have not come back).
     pub fn jobs_requeued(&self) -> bool {
         self.lock().requeued
@@ -597,6 +735,40 @@ impl SimBackend {
         self.lock().requeued = false;
     }
 
+    /// Which managed configs the jobs read when they start (the others
+    /// have a service consumer that the agent restarts).
+    pub fn set_job_configs(&self, names: impl IntoIterator<Item = String>) {
+        self.lock().node.job_configs = names.into_iter().collect();
+    }
+
+    /// The world size of the jobs placed on this node (GPUs across nodes).
+    pub fn set_job_world_size(&self, n: u32) {
+        let mut st = self.lock();
+        st.node.job_world_size = n;
+        if let Some(j) = st.node.job.as_mut() {
+            j.world_size = n;
+        }
+    }
+
+    /// A new job starts (the workload placed work on an idle node): it
+    /// reads the job configs as they are on disk.
+    fn start_job(st: &mut SimState) {
+        let t = st.node.t_secs;
+        st.node.job =
+            Some(SimJob { progress: 0.0, last_advance_t: t, hung: false, world_size: st.node.job_world_size });
+        let node = &mut st.node;
+        for name in node.job_configs.clone() {
+            if let Some(c) = node.written_configs.get(&name).cloned() {
+                node.active_configs.insert(name, c);
+            }
+        }
+        // A fresh process: a fresh allocator.
+        for g in st.gpus.iter_mut() {
+            g.frag_pct = g.frag_pct.min(4.0);
+        }
+    }
+
+    /// Advance the model by `dt_secs` of simulated time.
     pub fn step(&self, dt_secs: f64) {
         if dt_secs <= 0.0 || !dt_secs.is_finite() {
             return;
@@ -611,12 +783,25 @@ impl SimBackend {
         st.node.ticks += 1;
     }
 
+    /// The temperature the GPU's sensor reads (junction sensors run above
+    /// the die average by the hotspot rise).
+    fn sensor_c(&self, g: &GpuState) -> f64 {
+        g.temp_c + self.profile.hotspot_c_per_kw * g.power_watts / 1000.0
+    }
+
     fn substep(&self, st: &mut SimState, dt: f64) {
         let p = self.profile;
         let ambient = self.config.ambient_c;
         let t = st.node.t_secs;
+        // Chassis fans: the BMC's setting (or full), with a few seconds of
+        // lag, times whatever is left of the airflow.
+        let chassis_target = if st.node.chassis_full { 100.0 } else { p.chassis_airflow_pct };
+        st.node.chassis_actual_pct += (chassis_target - st.node.chassis_actual_pct) * (1.0 - (-dt / 5.0).exp());
+        let chassis_airflow = st.node.chassis_actual_pct * st.node.chassis_airflow_factor;
+        let job_hung = st.node.job.as_ref().is_some_and(|j| j.hung);
         let node = st.node.clone();
         let mut compute_sum = 0.0;
+        let mut any_lost = false;
         for g in st.gpus.iter_mut() {
             // Cooling that degrades slowly.
             if let Some((rate, target)) = g.heatsink_ramp {
@@ -626,8 +811,18 @@ impl SimBackend {
                     g.heatsink_ramp = None;
                 }
             }
+            any_lost |= g.lost;
             // Workload.
-            let mut util = g.util_target_pct;
+            let mut util = match g.phases {
+                Some((high, low, period)) => {
+                    let half = (period.max(2) / 2) as f64;
+                    if ((t / half).floor() as u64).is_multiple_of(2) { high } else { low }
+                }
+                None => g.util_target_pct,
+            };
+            if node.job.is_none() {
+                util = util.min(0.0);
+            }
             if node.cpu_bottleneck {
                 util = util.min(12.0);
             }
@@ -637,19 +832,31 @@ impl SimBackend {
                 let phase = (t / 40.0).fract();
                 util = if phase < 0.5 { util.max(90.0) } else { util.min(25.0) };
             }
+            if job_hung && node.job.is_some() {
+                // A hung collective spins: the GPU looks busy, nothing moves.
+                util = 100.0;
+            }
             if g.drained {
                 util = util.min(2.0);
             }
+            if g.lost {
+                util = 0.0;
+            }
             g.util_now_pct = util;
-            let mut demand = p.idle_watts + (p.load_watts - p.idle_watts) * util / 100.0 * g.surge;
+            let spin = if job_hung { 0.55 } else { 1.0 };
+            let mut demand = p.idle_watts + (p.load_watts - p.idle_watts) * util / 100.0 * g.surge * spin;
+            if g.lost {
+                demand = p.idle_watts * 0.5;
+            }
             if let Some((_, max_mhz)) = g.clocks_locked {
                 let f = (max_mhz as f64 / p.clock_max_mhz as f64).clamp(0.05, 1.0);
                 demand = p.idle_watts + (demand - p.idle_watts) * f;
             }
-            // Thermal slowdown pulls the effective cap down as the die heats
-            // past the slowdown threshold.
-            let thermal = if g.temp_c > p.slowdown_c {
-                (1.0 - (g.temp_c - p.slowdown_c) / (p.shutdown_c - p.slowdown_c)).clamp(0.1, 1.0)
+            // Thermal slowdown pulls the effective cap down as the sensor
+            // heats past the slowdown threshold.
+            let sensor = g.temp_c + p.hotspot_c_per_kw * g.power_watts / 1000.0;
+            let thermal = if sensor > p.slowdown_c {
+                (1.0 - (sensor - p.slowdown_c) / (p.shutdown_c - p.slowdown_c)).clamp(0.1, 1.0)
             } else {
                 1.0
             };
@@ -670,13 +877,13 @@ impl SimBackend {
             }
             compute_sum += share * util / 100.0;
 
-            // Airflow.
+            // Airflow: the GPU's own fan, or its share of the chassis fans.
             let fan_target = if g.fan_failed {
                 0.0
             } else if p.fan_control {
                 g.fan_cmd_pct.unwrap_or_else(|| fan_curve_speed(FIRMWARE_FAN_CURVE, g.temp_c))
             } else {
-                p.chassis_airflow_pct
+                chassis_airflow
             };
             g.fan_actual_pct += (fan_target - g.fan_actual_pct) * (1.0 - (-dt / 3.0).exp());
             let airflow = (g.fan_actual_pct / 100.0).clamp(0.0, 1.0);
@@ -693,14 +900,27 @@ impl SimBackend {
                 / if node.nvlink_bad() { 3.0 } else { 1.0 };
 
             // Fragmentation creeps up with job churn.
-            g.frag_pct = (g.frag_pct + dt / 3600.0 * 0.2 * util / 100.0).min(95.0);
+            if !job_hung {
+                g.frag_pct = (g.frag_pct + dt / 3600.0 * 0.2 * util / 100.0).min(95.0);
+            }
         }
         let n = st.gpus.len().max(1) as f64;
-        if !node.job_stall {
-            let overhead = self.comm_overhead_pct(&node) / 100.0;
-            st.node.job_progress += dt * compute_sum / n * (1.0 - overhead);
+        let overhead = self.comm_overhead_pct(&node) / 100.0;
+        if let Some(job) = st.node.job.as_mut() {
+            // A GPU of the job fell off the bus: its collectives never
+            // complete.
+            if any_lost {
+                job.hung = true;
+            }
+            if !job.hung {
+                let advance = dt * compute_sum / n * (1.0 - overhead);
+                if advance > 0.0 {
+                    job.progress += advance;
+                    job.last_advance_t = t + dt;
+                }
+            }
         }
-        if node.nvlink_bad() {
+        if node.nvlink_fault {
             st.node.nvlink_errors += 40.0 * dt;
         }
         st.node.t_secs += dt;
@@ -747,6 +967,23 @@ impl SimBackend {
                 let u = check_pct("util_pct", *util_pct)?;
                 for i in pick(*gpu)? {
                     st.gpus[i].util_target_pct = u;
+                    st.gpus[i].phases = None;
+                }
+                // Work placed on an idle node starts a job.
+                if u > 5.0 && st.node.job.is_none() && !st.requeued {
+                    Self::start_job(&mut st);
+                }
+            }
+            SimFault::LoadPhases { gpu, high_pct, low_pct, period_secs } => {
+                let (h, l) = (check_pct("high_pct", *high_pct)?, check_pct("low_pct", *low_pct)?);
+                if !(2..=86_400).contains(period_secs) {
+                    return Err(failed(format!("load phases: period_secs must be 2 to 86400, found {period_secs}")));
+                }
+                for i in pick(*gpu)? {
+                    st.gpus[i].phases = Some((h, l, *period_secs));
+                }
+                if st.node.job.is_none() && !st.requeued {
+                    Self::start_job(&mut st);
                 }
             }
             SimFault::LoadSurge { gpu, factor } => {
@@ -759,11 +996,105 @@ impl SimBackend {
             }
             SimFault::NvlinkMisconfig { active } => st.node.nvlink_fault = *active,
             SimFault::EccDbe { gpu, count } => {
+                let row_remap = self.profile.row_remap;
                 let g = &mut st.gpus[self.check_gpu(*gpu)?];
                 g.dbe += count;
                 g.xid_last = Some(48);
+                g.xid_events += 1;
+                g.fatal_xid_since_reset = Some(48);
+                if row_remap {
+                    // Each uncorrectable error takes a spare row, which
+                    // becomes active at the next reset; past the spares the
+                    // remap fails.
+                    g.remap_pending = true;
+                    if g.dbe > SPARE_ROWS {
+                        g.remap_failed = true;
+                    }
+                }
             }
-            SimFault::Xid { gpu, code } => st.gpus[self.check_gpu(*gpu)?].xid_last = Some(*code),
+            SimFault::Xid { gpu, code } => {
+                let links = self.profile.links_per_gpu;
+                let g = &mut st.gpus[self.check_gpu(*gpu)?];
+                g.xid_last = Some(*code);
+                if fatal_xid(*code) {
+                    g.xid_events += 1;
+                    g.fatal_xid_since_reset = Some(*code);
+                }
+                match code {
+                    79 => g.lost = true,
+                    74 if links > 0 => st.node.nvlink_fault = true,
+                    63 if self.profile.row_remap => g.remap_pending = true,
+                    64 if self.profile.row_remap => g.remap_failed = true,
+                    _ => {}
+                }
+            }
+            SimFault::GpuLost { gpu } => {
+                let g = &mut st.gpus[self.check_gpu(*gpu)?];
+                g.lost = true;
+                g.xid_last = Some(79);
+                g.xid_events += 1;
+                g.fatal_xid_since_reset = Some(79);
+            }
+            SimFault::GpuReset { gpu } => {
+                let i = self.check_gpu(*gpu)?;
+                let g = &mut st.gpus[i];
+                g.lost = false;
+                g.dbe = 0;
+                g.sbe = 0;
+                g.remap_pending = false;
+                g.fatal_xid_since_reset = None;
+                g.fan_cmd_pct = None;
+                g.clocks_locked = None;
+                g.power_limit_watts = self.profile.power_default_watts;
+                // An NVLink error the reset retrained away.
+                if st.gpus.iter().all(|g| g.fatal_xid_since_reset != Some(74)) {
+                    st.node.nvlink_fault = false;
+                }
+                // The hung job died with the reset; the scheduler restarts
+                // work when the node takes it.
+                if st.node.job.as_ref().is_some_and(|j| j.hung) {
+                    st.node.job = None;
+                }
+            }
+            SimFault::RowRemapFailure { gpu } => {
+                let g = &mut st.gpus[self.check_gpu(*gpu)?];
+                g.remap_failed = true;
+                g.xid_last = Some(64);
+                g.xid_events += 1;
+                g.fatal_xid_since_reset = Some(64);
+            }
+            SimFault::ChassisAirflow { factor } => {
+                if !(0.05..=1.0).contains(factor) {
+                    return Err(failed(format!("chassis airflow factor must be 0.05 to 1, found {factor}")));
+                }
+                st.node.chassis_airflow_factor = *factor;
+            }
+            SimFault::FlushRegistration { gpu, registered } => {
+                for i in pick(*gpu)? {
+                    st.gpus[i].flush_registered = *registered;
+                }
+            }
+            SimFault::FlushFailure { active } => st.node.flush_failing = *active,
+            SimFault::JobEnd {} => {
+                st.node.job = None;
+                for g in st.gpus.iter_mut() {
+                    g.util_target_pct = 0.0;
+                    g.phases = None;
+                    // The process exits: its allocator goes with it.
+                    g.frag_pct = g.frag_pct.min(4.0);
+                }
+            }
+            SimFault::PersonPowerLimit { gpu, watts } => {
+                let i = self.check_gpu(*gpu)?;
+                let p = self.profile;
+                if !(p.power_min_watts..=p.power_max_watts).contains(watts) {
+                    return Err(failed(format!(
+                        "power limit {watts} W outside the device range {}–{} W",
+                        p.power_min_watts, p.power_max_watts
+                    )));
+                }
+                st.gpus[i].power_limit_watts = *watts;
+            }
             SimFault::Fragmentation { gpu, pct } => {
                 st.gpus[self.check_gpu(*gpu)?].frag_pct = check_pct("pct", *pct)?;
             }
@@ -775,10 +1106,20 @@ impl SimBackend {
             }
             SimFault::CpuBottleneck { active } => st.node.cpu_bottleneck = *active,
             SimFault::UtilSwing { active } => st.node.util_swing = *active,
-            SimFault::JobStall { active } => st.node.job_stall = *active,
+            SimFault::JobStall { active } => {
+                let t = st.node.t_secs;
+                if let Some(j) = st.node.job.as_mut() {
+                    j.hung = *active;
+                    if !*active {
+                        j.last_advance_t = t;
+                    }
+                }
+            }
             SimFault::CommOverhead { pct } => st.node.comm_overhead_override = Some(check_pct("pct", *pct)?),
-            SimFault::PersonDrain { .. } => {
-                return Err(failed("person_drain is handled by the node's scheduler adapter".into()));
+            SimFault::PersonDrain { .. } | SimFault::PersonResume {} => {
+                return Err(failed(
+                    "person_drain and person_resume are handled by the node's scheduler adapter".into(),
+                ));
             }
             SimFault::Clear {} => {
                 for g in st.gpus.iter_mut() {
@@ -787,21 +1128,34 @@ impl SimBackend {
                     g.heatsink_ramp = None;
                     g.surge = 1.0;
                     g.util_target_pct = self.config.util_pct;
+                    g.phases = None;
                     g.mem_used_pct = self.config.mem_used_pct;
+                    g.flush_registered = true;
                 }
                 st.node.nvlink_fault = false;
                 st.node.cpu_bottleneck = false;
                 st.node.util_swing = false;
-                st.node.job_stall = false;
                 st.node.comm_overhead_override = None;
+                st.node.chassis_airflow_factor = 1.0;
+                st.node.flush_failing = false;
+                if let Some(j) = st.node.job.as_mut() {
+                    j.hung = false;
+                }
             }
         }
+        drop(st);
+        self.save();
         Ok(())
     }
 
     /// Current die temperature, without noise (for tests).
     pub fn true_temperature_c(&self, gpu: u32) -> f64 {
         self.lock().gpus.get(gpu as usize).map(|g| g.temp_c).unwrap_or(f64::NAN)
+    }
+
+    /// The reported sensor's temperature without noise or rounding.
+    pub fn true_sensor_c(&self, gpu: u32) -> f64 {
+        self.lock().gpus.get(gpu as usize).map(|g| self.sensor_c(g)).unwrap_or(f64::NAN)
     }
 
     /// Simulated seconds since start.
@@ -858,13 +1212,28 @@ impl Backend for SimBackend {
             .enumerate()
             .map(|(i, g)| {
                 let i = i as u32;
+                if g.lost {
+                    // Off the bus: nothing to read. The XID still reaches
+                    // the kernel log (and NVML's event API).
+                    return GpuTelemetry {
+                        index: i,
+                        lost: true,
+                        lost_detail: Some("GPU is lost (fallen off the bus): NVML answers GPU_IS_LOST".into()),
+                        xid_last: Some(g.xid_last.unwrap_or(0)),
+                        xid_events_total: Some(g.xid_events),
+                        ..GpuTelemetry::default()
+                    };
+                }
+                // Whole degrees, as NVML and ROCm SMI report them, with
+                // about a degree of jitter.
+                let sensor = self.sensor_c(g);
                 GpuTelemetry {
                     index: i,
-                    temperature_c: round2(g.temp_c + 0.2 * noise(seed, i, tick, 1)),
+                    temperature_c: (sensor + 0.7 * noise(seed, i, tick, 1)).round(),
                     power_watts: round2(g.power_watts * (1.0 + 0.01 * noise(seed, i, tick, 2))),
                     power_limit_watts: g.power_limit_watts,
-                    fan_pct: p.fan_control.then(|| round2(g.fan_actual_pct)),
-                    util_pct: round2((g.util_now_pct + 1.5 * noise(seed, i, tick, 3)).clamp(0.0, 100.0)),
+                    fan_pct: p.fan_control.then(|| g.fan_actual_pct.round()),
+                    util_pct: (g.util_now_pct + 1.5 * noise(seed, i, tick, 3)).clamp(0.0, 100.0).round(),
                     mem_used_pct: round2(g.mem_used_pct),
                     mem_fragmentation_pct: Some(round2(g.frag_pct)),
                     sm_clock_mhz: Some(g.sm_clock_mhz),
@@ -872,11 +1241,12 @@ impl Backend for SimBackend {
                     ecc_dbe_total: g.dbe,
                     // Like DCGM's gauge: 0 until the first XID.
                     xid_last: Some(g.xid_last.unwrap_or(0)),
+                    xid_events_total: Some(g.xid_events),
                     throttled: g.throttled,
                     gpu_drained: g.drained,
                     mem_clock_mhz: Some(p.mem_clock_mhz),
                     // HBM runs a little hotter than the die it sits beside.
-                    mem_temperature_c: Some(round2(ambient + (g.temp_c - ambient) * 1.08)),
+                    mem_temperature_c: Some((ambient + (g.temp_c - ambient) * 1.08).round()),
                     energy_mj: Some(g.energy_mj as u64),
                     // The simulator models no PCIe faults: no retries.
                     pcie_replay_total: Some(0),
@@ -885,7 +1255,11 @@ impl Backend for SimBackend {
                     // correctable one does after repeated hits on its row.
                     remapped_rows_correctable: p.row_remap.then_some(g.sbe / 64),
                     remapped_rows_uncorrectable: p.row_remap.then_some(g.dbe.min(SPARE_ROWS)),
-                    row_remap_failure: p.row_remap.then_some(g.dbe > SPARE_ROWS),
+                    row_remap_failure: p.row_remap.then_some(g.remap_failed),
+                    row_remap_pending: p.row_remap.then_some(g.remap_pending),
+                    lost: false,
+                    lost_detail: None,
+                    reset_required: None,
                 }
             })
             .collect();
@@ -893,21 +1267,44 @@ impl Backend for SimBackend {
         let n = self.info.len() as u32;
         let links_total = p.links_per_gpu * n;
         let bad = node.nvlink_bad();
+        let t = node.t_secs;
+        let (progress, stalled, running, world) = match &node.job {
+            Some(j) => {
+                let stalled = (t - j.last_advance_t).max(0.0);
+                // The training loop writes progress; hung, its file goes
+                // stale and the agent stops reading it.
+                let progress = (stalled <= JOB_FILE_MAX_AGE_SECS).then(|| (j.progress * 1000.0).round() / 1000.0);
+                (progress, Some(stalled.floor()), 1, Some(j.world_size))
+            }
+            None => (None, None, 0, None),
+        };
+        let registered = st.gpus.iter().filter(|g| g.flush_registered && !g.lost).count() as u32;
         let node_t = NodeTelemetry {
             cpu_util_pct: Some(round2(
                 (if node.cpu_bottleneck { 97.0 } else { 45.0 } + 1.0 * noise(seed, 99, tick, 4)).clamp(0.0, 100.0),
             )),
-            nvlink_links_up: (links_total > 0).then(|| if bad { links_total - links_total / 3 } else { links_total }),
+            // NVML's link state: a bad config leaves every link up; a
+            // physical fault takes a third of them down.
+            nvlink_links_up: (links_total > 0)
+                .then(|| if node.nvlink_fault { links_total - links_total / 3 } else { links_total }),
             nvlink_links_total: (links_total > 0).then_some(links_total),
             nvlink_errors_total: (links_total > 0).then_some(node.nvlink_errors as u64),
-            nvlink_p2p_latency_us: Some(round2(
-                if bad { 50.0 } else { p.p2p_latency_us } * (1.0 + 0.03 * noise(seed, 99, tick, 5)),
-            )),
-            allreduce_p99_ms: Some(round2(if bad { 8.5 } else { 2.2 } * (1.0 + 0.05 * noise(seed, 99, tick, 6)))),
-            comm_overhead_pct: Some(round2(self.comm_overhead_pct(node))),
-            job_progress: Some((node.job_progress * 1000.0).round() / 1000.0),
+            nvlink_p2p_latency_us: running
+                .gt(&0)
+                .then(|| round2(if bad { 50.0 } else { p.p2p_latency_us } * (1.0 + 0.03 * noise(seed, 99, tick, 5)))),
+            allreduce_p99_ms: running
+                .gt(&0)
+                .then(|| round2(if bad { 8.5 } else { 2.2 } * (1.0 + 0.05 * noise(seed, 99, tick, 6)))),
+            comm_overhead_pct: running.gt(&0).then(|| round2(self.comm_overhead_pct(node))),
+            job_progress: progress,
+            job_stalled_secs: stalled,
+            jobs_running: Some(running),
+            job_world_size: world,
+            flush_registered: Some(if running > 0 { registered } else { 0 }),
+            chassis_fan_pct: (!p.fan_control).then(|| (node.chassis_actual_pct * node.chassis_airflow_factor).round()),
             drained: false,
             drain_reason: None,
+            marks: Vec::new(),
             hands_off: false,
             holds: Vec::new(),
             ended_holds: Vec::new(),
@@ -916,7 +1313,7 @@ impl Backend for SimBackend {
     }
 
     fn set_power_limit(&self, gpu: u32, watts: f64) -> Result<Support<()>, BackendError> {
-        let i = self.check_gpu(gpu)?;
+        let i = self.check_reachable(gpu)?;
         let p = self.profile;
         if !(p.power_min_watts..=p.power_max_watts).contains(&watts) {
             return Err(failed(format!(
@@ -930,7 +1327,7 @@ impl Backend for SimBackend {
     }
 
     fn set_fan_speed(&self, gpu: u32, pct: f64) -> Result<Support<()>, BackendError> {
-        let i = self.check_gpu(gpu)?;
+        let i = self.check_reachable(gpu)?;
         if !self.profile.fan_control {
             return Ok(Support::NotSupported(format!("{} has no controllable fan", self.profile.name)));
         }
@@ -940,7 +1337,7 @@ impl Backend for SimBackend {
     }
 
     fn reset_fan(&self, gpu: u32) -> Result<Support<()>, BackendError> {
-        let i = self.check_gpu(gpu)?;
+        let i = self.check_reachable(gpu)?;
         if !self.profile.fan_control {
             return Ok(Support::NotSupported(format!("{} has no controllable fan", self.profile.name)));
         }
@@ -950,21 +1347,21 @@ impl Backend for SimBackend {
     }
 
     fn set_clocks(&self, gpu: u32, min_mhz: u32, max_mhz: u32) -> Result<Support<()>, BackendError> {
-        let i = self.check_gpu(gpu)?;
+        let i = self.check_reachable(gpu)?;
         self.lock().gpus[i].clocks_locked = Some((min_mhz, max_mhz));
         self.save();
         Ok(Support::Done(()))
     }
 
     fn reset_clocks(&self, gpu: u32) -> Result<Support<()>, BackendError> {
-        let i = self.check_gpu(gpu)?;
+        let i = self.check_reachable(gpu)?;
         self.lock().gpus[i].clocks_locked = None;
         self.save();
         Ok(Support::Done(()))
     }
 
     fn clear_ecc(&self, gpu: u32) -> Result<Support<()>, BackendError> {
-        let i = self.check_gpu(gpu)?;
+        let i = self.check_reachable(gpu)?;
         let mut st = self.lock();
         st.gpus[i].sbe = 0;
         st.gpus[i].dbe = 0;
@@ -974,6 +1371,8 @@ impl Backend for SimBackend {
     }
 
     fn set_gpu_drain(&self, gpu: u32, drained: bool) -> Result<Support<()>, BackendError> {
+        // NVML's drain state is kept by the driver for the PCI slot: it can
+        // be set for a GPU that fell off the bus.
         let i = self.check_gpu(gpu)?;
         self.lock().gpus[i].drained = drained;
         self.save();
@@ -985,28 +1384,86 @@ impl Backend for SimBackend {
         // workload model places none on a drained node).
         let mut st = self.lock();
         st.requeued = true;
+        st.node.job = None;
         for g in st.gpus.iter_mut() {
             g.util_target_pct = 0.0;
+            g.phases = None;
+            g.frag_pct = g.frag_pct.min(4.0);
         }
     }
 
-    fn on_caches_flushed(&self) {
-        // Jobs that registered for the signal release their cached blocks
-        // (torch.cuda.empty_cache()); fragmentation drops to a fresh start.
+    fn on_jobs_restarted(&self) {
+        // Requeued on a node that takes work: the jobs start again here and
+        // read their configs as they are on disk.
         let mut st = self.lock();
-        for g in st.gpus.iter_mut() {
-            g.frag_pct = g.frag_pct.min(3.0);
+        if st.node.job.is_some() {
+            Self::start_job(&mut st);
         }
+    }
+
+    fn flush_gpu_processes(&self) -> Option<FlushOutcome> {
+        // Only a process that registered for the signal and answers it
+        // releases its cached blocks (torch.cuda.empty_cache()); the rest
+        // keep theirs, and no process means nothing to flush.
+        let mut st = self.lock();
+        let running = st.node.job.is_some();
+        let failing = st.node.flush_failing;
+        let mut out = FlushOutcome::default();
+        for (i, g) in st.gpus.iter_mut().enumerate() {
+            if !running || g.lost || !g.flush_registered {
+                continue;
+            }
+            out.registered.push(i as u32);
+            if failing {
+                continue;
+            }
+            out.answered.push(i as u32);
+            // Released cached blocks; what live tensors hold stays.
+            g.frag_pct = g.frag_pct.min(6.0);
+        }
+        Some(out)
     }
 
     fn on_config_applied(&self, name: &str, content: &str) {
+        self.lock().node.written_configs.insert(name.to_string(), content.to_string());
+    }
+
+    fn on_consumer_restarted(&self, name: &str) {
         let mut st = self.lock();
-        if config_breaks_p2p(content) {
-            st.node.bad_configs.insert(name.to_string());
-        } else {
-            st.node.bad_configs.remove(name);
+        let node = &mut st.node;
+        match node.written_configs.get(name).cloned() {
+            Some(c) => {
+                node.active_configs.insert(name.to_string(), c);
+            }
+            None => {
+                node.active_configs.remove(name);
+            }
         }
-        st.node.nvlink_config_bad = !st.node.bad_configs.is_empty();
+    }
+
+    fn set_chassis_fans(&self, full: bool) -> Result<Support<()>, BackendError> {
+        if self.profile.fan_control {
+            return Ok(Support::NotSupported(format!(
+                "{} boards have their own fans: the chassis fans do not cool them",
+                self.profile.name
+            )));
+        }
+        self.lock().node.chassis_full = full;
+        Ok(Support::Done(()))
+    }
+
+    fn chassis_fans_full(&self) -> Option<bool> {
+        (!self.profile.fan_control).then(|| self.lock().node.chassis_full)
+    }
+
+    fn pcie_link(&self, gpu: u32) -> Option<PcieLink> {
+        let st = self.lock();
+        let g = st.gpus.get(gpu as usize)?;
+        (!g.lost).then_some(PcieLink { width: 16, max_width: 16, generation: 5, max_generation: 5 })
+    }
+
+    fn fatal_xid_since_reset(&self, gpu: u32) -> Option<u32> {
+        self.lock().gpus.get(gpu as usize)?.fatal_xid_since_reset
     }
 
     fn sim(&self) -> Option<&SimBackend> {
@@ -1078,37 +1535,189 @@ mod tests {
 
     #[test]
     fn fan_curve_commands_change_temperature_on_boards_with_fans() {
-        let sim = node("mi300x", 4);
+        let sim = node("rtx6000-ada", 4);
         run(&sim, 60);
         let before = sim.true_temperature_c(0);
         assert_eq!(sim.set_fan_speed(0, 100.0).unwrap(), Support::Done(()));
         run(&sim, 600);
         assert!(sim.true_temperature_c(0) < before - 5.0);
-        let fanless = node("h100-sxm", 4);
-        assert!(matches!(fanless.set_fan_speed(0, 100.0).unwrap(), Support::NotSupported(_)));
+        for fanless in ["h100-sxm", "mi300x"] {
+            let f = node(fanless, 4);
+            assert!(matches!(f.set_fan_speed(0, 100.0).unwrap(), Support::NotSupported(_)), "{fanless}");
+        }
     }
 
+    /// Old sim: MI300X had a GPU fan the agent could drive. An OAM board has
+    /// none: the chassis fans behind the BMC cool it, and a chassis airflow
+    /// fault heats every GPU of the node at once.
     #[test]
-    fn nvlink_misconfiguration_raises_latency_and_errors() {
+    fn oam_boards_are_cooled_by_chassis_fans() {
+        let sim = node("mi300x", 9);
+        assert!(!sim.gpus()[0].fan_control);
+        run(&sim, 60);
+        let (g, n) = sim.sample().unwrap();
+        assert_eq!(g[0].fan_pct, None, "no GPU fan to read");
+        assert_eq!(n.chassis_fan_pct, Some(70.0));
+        let healthy = [sim.true_temperature_c(0), sim.true_temperature_c(1)];
+        sim.inject(&SimFault::ChassisAirflow { factor: 0.6 }).unwrap();
+        run(&sim, 900);
+        for (i, h) in healthy.iter().enumerate() {
+            let hot = sim.true_temperature_c(i as u32);
+            assert!(hot > h + 8.0, "GPU {i}: {h:.1} → {hot:.1} °C with 60 % of the airflow");
+        }
+        let hot = sim.true_temperature_c(0);
+        assert_eq!(sim.set_chassis_fans(true).unwrap(), Support::Done(()));
+        run(&sim, 900);
+        assert!(sim.true_temperature_c(0) < hot - 4.0, "full chassis fans help");
+        assert!(matches!(node("rtx6000-ada", 1).set_chassis_fans(true).unwrap(), Support::NotSupported(_)));
+    }
+
+    /// Old sim: temperatures at 0.01 °C with ±0.2 °C of noise, and AMD read
+    /// like NVIDIA's GPU sensor. NVML and ROCm SMI report whole degrees;
+    /// an Instinct reports its junction, well above the die under load.
+    #[test]
+    fn readings_are_whole_degrees_and_amd_reads_its_junction() {
+        let sim = node("h100-sxm", 11);
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..120 {
+            sim.step(1.0);
+            let t = sim.sample().unwrap().0[0].temperature_c;
+            assert_eq!(t.fract(), 0.0, "{t}");
+            seen.insert(t as i64);
+        }
+        assert!(seen.len() >= 2, "about a degree of jitter: {seen:?}");
+        let amd = node("mi300x", 11);
+        run(&amd, 60);
+        let (g, _) = amd.sample().unwrap();
+        assert_eq!(amd.gpus()[0].temperature_sensor.as_deref(), Some("junction"));
+        assert!(g[0].temperature_c > amd.true_temperature_c(0) + 10.0, "junction {} °C", g[0].temperature_c);
+        assert!(g[0].temperature_c > 85.0, "a healthy loaded MI300X reads above NVIDIA's 85 °C alert");
+        assert!(g[0].temperature_c < amd.gpus()[0].slowdown_temp_c.unwrap() - 5.0);
+    }
+
+    /// Old sim: every flush cured every GPU. Only a process that registered
+    /// for the signal and answers releases its blocks; a flush can fail.
+    #[test]
+    fn a_flush_helps_only_registered_processes_that_answer() {
+        let sim = node("a100-sxm", 12);
+        sim.inject(&SimFault::Fragmentation { gpu: 0, pct: 30.0 }).unwrap();
+        sim.inject(&SimFault::Fragmentation { gpu: 1, pct: 30.0 }).unwrap();
+        sim.inject(&SimFault::FlushRegistration { gpu: Some(1), registered: false }).unwrap();
+        let o = sim.flush_gpu_processes().unwrap();
+        assert_eq!((o.registered.clone(), o.answered.clone()), (vec![0], vec![0]));
+        let (g, _) = sim.sample().unwrap();
+        assert!(g[0].mem_fragmentation_pct.unwrap() <= 6.0);
+        assert_eq!(g[1].mem_fragmentation_pct, Some(30.0), "unregistered: untouched");
+        sim.inject(&SimFault::Fragmentation { gpu: 0, pct: 30.0 }).unwrap();
+        sim.inject(&SimFault::FlushFailure { active: true }).unwrap();
+        let o = sim.flush_gpu_processes().unwrap();
+        assert!(o.answered.is_empty() && o.registered == vec![0]);
+        assert_eq!(sim.sample().unwrap().0[0].mem_fragmentation_pct, Some(30.0));
+    }
+
+    /// Old sim: a config change took effect the moment the file changed. A
+    /// bad NCCL environment or fabric-manager mode takes effect when its
+    /// consumer restarts — and so does the rollback. A bad config leaves
+    /// every link up; a physical link fault takes links down and drives the
+    /// error counters.
+    #[test]
+    fn configs_take_effect_when_their_consumer_restarts() {
         let sim = node("h100-sxm", 5);
         run(&sim, 10);
         let (_, healthy) = sim.sample().unwrap();
         assert!(healthy.nvlink_p2p_latency_us.unwrap() < 6.0);
-        assert!(healthy.allreduce_p99_ms.unwrap() < 5.0);
         sim.on_config_applied("nccl-env", "NCCL_DEBUG=WARN\nNCCL_P2P_DISABLE=1\n");
+        run(&sim, 10);
+        assert!(sim.sample().unwrap().1.nvlink_p2p_latency_us.unwrap() < 6.0, "the running job read the old file");
+        sim.on_consumer_restarted("nccl-env");
         run(&sim, 10);
         let (_, bad) = sim.sample().unwrap();
         assert!(bad.nvlink_p2p_latency_us.unwrap() > 40.0);
         assert!(bad.allreduce_p99_ms.unwrap() > 5.0);
-        assert!(bad.nvlink_errors_total.unwrap() > healthy.nvlink_errors_total.unwrap());
-        assert!(bad.nvlink_links_up < bad.nvlink_links_total);
-        run(&sim, 10);
-        let (_, later) = sim.sample().unwrap();
-        assert!(later.nvlink_errors_total > bad.nvlink_errors_total, "error counters keep rising");
+        assert_eq!(bad.nvlink_links_up, bad.nvlink_links_total, "a config takes no link down");
+        assert_eq!(bad.nvlink_errors_total, healthy.nvlink_errors_total, "nor raises link errors");
         sim.on_config_applied("nccl-env", "NCCL_DEBUG=WARN\n");
         run(&sim, 2);
-        let (_, fixed) = sim.sample().unwrap();
-        assert!(fixed.nvlink_p2p_latency_us.unwrap() < 6.0);
+        assert!(sim.sample().unwrap().1.nvlink_p2p_latency_us.unwrap() > 40.0, "rolled back on disk only");
+        // Jobs that read the file restart with it.
+        sim.set_job_configs(["nccl-env".to_string()]);
+        sim.on_jobs_restarted();
+        run(&sim, 2);
+        assert!(sim.sample().unwrap().1.nvlink_p2p_latency_us.unwrap() < 6.0);
+        // A physical fault.
+        sim.inject(&SimFault::NvlinkMisconfig { active: true }).unwrap();
+        run(&sim, 10);
+        let (_, phys) = sim.sample().unwrap();
+        assert!(phys.nvlink_links_up < phys.nvlink_links_total);
+        assert!(phys.nvlink_errors_total > healthy.nvlink_errors_total);
+    }
+
+    /// Old sim: a stalled job kept reporting flat progress. A hung job's
+    /// training loop stops writing (the reading goes after 120 s), its
+    /// heartbeat says how long since progress advanced, and its GPUs spin.
+    /// An idle node has neither.
+    #[test]
+    fn a_hung_job_goes_silent_and_an_idle_node_reports_no_job() {
+        let sim = node("h100-sxm", 13);
+        run(&sim, 30);
+        let (_, n) = sim.sample().unwrap();
+        assert!(n.job_progress.unwrap() > 0.0 && n.job_stalled_secs.unwrap() < 2.0);
+        sim.inject(&SimFault::JobStall { active: true }).unwrap();
+        run(&sim, 60);
+        let (g, n) = sim.sample().unwrap();
+        assert!(n.job_progress.is_some(), "within 120 s the last file still reads");
+        assert!(g[0].util_pct > 95.0, "a hung collective spins at {} %", g[0].util_pct);
+        run(&sim, 120);
+        let (_, n) = sim.sample().unwrap();
+        assert_eq!(n.job_progress, None, "the training loop's file went stale");
+        assert!(n.job_stalled_secs.unwrap() >= 179.0, "{:?}", n.job_stalled_secs);
+        sim.inject(&SimFault::JobEnd {}).unwrap();
+        run(&sim, 10);
+        let (g, n) = sim.sample().unwrap();
+        assert_eq!((n.job_progress, n.job_stalled_secs, n.jobs_running), (None, None, Some(0)));
+        assert!(g[0].util_pct < 5.0);
+    }
+
+    /// Old sim: a GPU that fell off the bus kept computing and reporting.
+    #[test]
+    fn a_lost_gpu_stops_reporting_while_its_neighbours_go_on() {
+        let sim = node("h100-sxm", 14);
+        run(&sim, 10);
+        sim.inject(&SimFault::Xid { gpu: 1, code: 79 }).unwrap();
+        run(&sim, 10);
+        let (g, n) = sim.sample().unwrap();
+        assert!(g[1].lost && g[1].temperature_c == 0.0 && g[1].xid_last == Some(79));
+        assert!(!g[0].lost && g[0].temperature_c > 50.0);
+        assert!(sim.set_power_limit(1, 500.0).is_err(), "a lost GPU takes no change");
+        assert_eq!(sim.fatal_xid_since_reset(1), Some(79));
+        run(&sim, 150);
+        assert_eq!(sim.sample().unwrap().1.job_progress, None, "the job hung with its GPU");
+        assert!(n.jobs_running == Some(1));
+        sim.inject(&SimFault::GpuReset { gpu: 1 }).unwrap();
+        run(&sim, 5);
+        let (g, _) = sim.sample().unwrap();
+        assert!(!g[1].lost && g[1].xid_last == Some(79), "the gauge keeps its value");
+        assert_eq!(sim.fatal_xid_since_reset(1), None);
+    }
+
+    /// Old sim: load changed only when told. An RL job alternates rollout
+    /// and training phases.
+    #[test]
+    fn load_changes_in_phases() {
+        let sim = node("h100-sxm", 15);
+        sim.inject(&SimFault::LoadPhases { gpu: None, high_pct: 85.0, low_pct: 60.0, period_secs: 600 }).unwrap();
+        let mut utils = Vec::new();
+        for _ in 0..1200 {
+            sim.step(1.0);
+            utils.push(sim.sample().unwrap().0[0].util_pct);
+        }
+        assert!(
+            utils[100] > 80.0 && utils[400] < 65.0 && utils[700] > 80.0,
+            "{} {} {}",
+            utils[100],
+            utils[400],
+            utils[700]
+        );
     }
 
     #[test]
@@ -1119,7 +1728,7 @@ mod tests {
             (0..120)
                 .map(|_| {
                     sim.step(1.0);
-                    serde_json::to_string(&sim.sample().unwrap().0).unwrap()
+                    serde_json::to_string(&sim.sample().unwrap()).unwrap()
                 })
                 .collect::<Vec<_>>()
         };
@@ -1137,16 +1746,18 @@ mod tests {
         let (gpus, n) = sim.sample().unwrap();
         assert_eq!(gpus[1].ecc_dbe_total, 2);
         assert_eq!(gpus[1].xid_last, Some(48));
+        assert_eq!(gpus[1].row_remap_pending, Some(true), "a DBE's spare row waits for a reset");
+        assert_eq!(sim.fatal_xid_since_reset(1), Some(48));
         assert!(gpus[0].mem_fragmentation_pct.unwrap() > 30.0);
         assert!(gpus[0].util_pct < 20.0 && n.cpu_util_pct.unwrap() > 90.0);
-        sim.on_caches_flushed();
-        assert!(sim.sample().unwrap().0[0].mem_fragmentation_pct.unwrap() <= 3.0);
-        let p0 = n.job_progress.unwrap();
-        sim.inject(&SimFault::JobStall { active: true }).unwrap();
-        run(&sim, 30);
-        assert_eq!(sim.sample().unwrap().1.job_progress.unwrap(), p0);
+        sim.inject(&SimFault::GpuReset { gpu: 1 }).unwrap();
+        let g = &sim.sample().unwrap().0[1];
+        assert_eq!((g.ecc_dbe_total, g.row_remap_pending), (0, Some(false)), "a reset clears volatile counters");
+        sim.inject(&SimFault::RowRemapFailure { gpu: 1 }).unwrap();
+        assert_eq!(sim.sample().unwrap().0[1].row_remap_failure, Some(true));
         assert!(sim.inject(&SimFault::Load { gpu: Some(9), util_pct: 5.0 }).is_err());
         assert!(sim.inject(&SimFault::Load { gpu: None, util_pct: 500.0 }).is_err());
+        assert!(sim.inject(&SimFault::ChassisAirflow { factor: 0.0 }).is_err());
     }
 
     #[test]

@@ -20,6 +20,58 @@ use nightshift_proto::fsutil::{replace_contents, write_atomic};
 pub struct ManagedConfig {
     /// The file nightshift writes.
     pub path: PathBuf,
+    /// Who reads the file, and so what must restart for a change to take
+    /// effect: `files` (read at every use: at once), `jobs` (the running
+    /// jobs read it when they start: they are requeued), or `unit` (a
+    /// systemd service, restarted with `systemctl restart <unit>`).
+    #[serde(default)]
+    pub consumer: Consumer,
+    /// The systemd unit, with `consumer: unit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    /// `systemctl` (argv[0] of the restart).
+    #[serde(default = "systemctl", skip_serializing_if = "is_systemctl")]
+    pub systemctl_path: String,
+}
+
+/// Who reads a managed config.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Consumer {
+    #[default]
+    Files,
+    Jobs,
+    Unit,
+}
+
+fn systemctl() -> String {
+    "systemctl".into()
+}
+
+fn is_systemctl(s: &str) -> bool {
+    s == "systemctl"
+}
+
+impl ManagedConfig {
+    /// A file read at every use (a change takes effect at once).
+    pub fn file(path: PathBuf) -> ManagedConfig {
+        ManagedConfig { path, consumer: Consumer::Files, unit: None, systemctl_path: systemctl() }
+    }
+
+    /// What the agent's config must say, checked at start.
+    pub fn check(&self) -> Result<(), String> {
+        match (self.consumer, &self.unit) {
+            (Consumer::Unit, None) => Err("consumer: unit needs `unit:` (the systemd unit to restart)".into()),
+            (Consumer::Unit, Some(u))
+                if u.is_empty()
+                    || !u.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@' | ':')) =>
+            {
+                Err(format!("unit: expected a systemd unit name such as nvidia-fabricmanager, found {u:?}"))
+            }
+            (Consumer::Files | Consumer::Jobs, Some(_)) => Err("unit: only with consumer: unit".into()),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// One recorded version.
@@ -277,7 +329,7 @@ mod tests {
         std::fs::write(&target, "NCCL_DEBUG=WARN\n").unwrap();
         let store = ConfigStore::new(
             dir.path().join("state"),
-            [("nccl-env".to_string(), ManagedConfig { path: target.clone() })].into(),
+            [("nccl-env".to_string(), ManagedConfig::file(target.clone()))].into(),
         );
         let h = store.history("nccl-env", 1).unwrap();
         assert_eq!((h.current, h.last_good), (Some(1), Some(1)));

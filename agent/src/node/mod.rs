@@ -4,6 +4,7 @@
 
 pub mod caches;
 pub mod configs;
+pub mod dcgm;
 pub mod host;
 pub mod jobfile;
 pub mod scheduler;

@@ -58,11 +58,36 @@ fn ten() -> u64 {
 pub const K8S_REASON_ANNOTATION: &str = "nightshift.io/drain-reason";
 pub const K8S_BY_ANNOTATION: &str = "nightshift.io/drained-by";
 
-/// The node's drain state as the scheduler reports it.
+/// The node's drain state as the scheduler reports it, with its marks.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DrainState {
     pub drained: bool,
     pub reason: Option<String>,
+    /// The `no_pack` mark is on (Slurm: the node's weight is
+    /// [`NO_PACK_WEIGHT`]; Kubernetes: the `PreferNoSchedule` taint).
+    #[serde(default)]
+    pub no_pack: bool,
+    /// The `quarantine` taint is on (Kubernetes).
+    #[serde(default)]
+    pub quarantine: bool,
+    /// Slurm's node weight (the scheduler places work on the lowest first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+}
+
+/// The Slurm node weight that marks a node `no_pack`: the highest weight
+/// below Slurm's "infinite", so the scheduler places new work everywhere
+/// else first.
+pub const NO_PACK_WEIGHT: u32 = 65_000;
+
+/// Kubernetes taint keys of the marks.
+pub const K8S_NO_PACK_TAINT: &str = "nightshift.io/no-pack";
+pub const K8S_QUARANTINE_TAINT: &str = "nightshift.io/quarantine";
+
+/// A Slurm or Kubernetes node name: what may go into `NodeName=` or a
+/// kubectl argument.
+pub fn valid_node_name(n: &str) -> bool {
+    !n.is_empty() && n.len() <= 253 && n.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 /// The adapter.
@@ -195,6 +220,118 @@ impl Scheduler {
         }
     }
 
+    /// The commands that set (`set`) or clear a mark; `None` where the
+    /// scheduler has no such mark (Slurm's quarantine is the drain itself).
+    /// Clearing Slurm's `no_pack` puts `restore_weight` back.
+    pub fn mark_argv(
+        &self,
+        mark: nightshift_proto::MarkKind,
+        set: bool,
+        reason: &str,
+        restore_weight: u32,
+    ) -> Option<Vec<Vec<String>>> {
+        use nightshift_proto::MarkKind;
+        let clean: String = reason
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' })
+            .take(63)
+            .collect();
+        match (&self.config, mark) {
+            (SchedulerConfig::None, _) => Some(vec![]),
+            (SchedulerConfig::Slurm { scontrol_path, .. }, MarkKind::NoPack) => Some(vec![vec![
+                scontrol_path.clone(),
+                s("update"),
+                format!("NodeName={}", self.node),
+                format!("Weight={}", if set { NO_PACK_WEIGHT } else { restore_weight }),
+            ]]),
+            (SchedulerConfig::Slurm { .. }, MarkKind::Quarantine) => None,
+            (SchedulerConfig::Kubernetes { .. }, m) => {
+                let (key, effect) = match m {
+                    MarkKind::NoPack => (K8S_NO_PACK_TAINT, "PreferNoSchedule"),
+                    MarkKind::Quarantine => (K8S_QUARANTINE_TAINT, "NoSchedule"),
+                };
+                let mut v = self.kubectl_base();
+                v.extend([s("taint"), s("nodes"), self.node.clone()]);
+                if set {
+                    v.push(format!("{key}={}:{effect}", if clean.is_empty() { "nightshift".into() } else { clean }));
+                    v.push(s("--overwrite"));
+                } else {
+                    v.push(format!("{key}:{effect}-"));
+                }
+                Some(vec![v])
+            }
+        }
+    }
+
+    /// Set or clear a mark; `Ok(false)` where the scheduler has no such mark.
+    pub async fn mark(&self, mark: nightshift_proto::MarkKind, set: bool, reason: &str) -> Result<bool, NodeError> {
+        let restore = self.read_marks_file().map(|m| m.weight_before).unwrap_or(1);
+        if set && let SchedulerConfig::Slurm { .. } = self.config {
+            // Remember the weight to put back (not ours: a person's or the
+            // site's).
+            let st = self.state().await?;
+            if let Some(w) = st.weight.filter(|w| *w != NO_PACK_WEIGHT) {
+                self.write_marks_file(&MarksFile { weight_before: w, ..self.read_marks_file().unwrap_or_default() })?;
+            }
+        }
+        let Some(cmds) = self.mark_argv(mark, set, reason, restore) else { return Ok(false) };
+        if let SchedulerConfig::None = self.config {
+            let mut f = self.read_marks_file().unwrap_or_default();
+            match mark {
+                nightshift_proto::MarkKind::NoPack => f.no_pack = set,
+                nightshift_proto::MarkKind::Quarantine => f.quarantine = set,
+            }
+            self.write_marks_file(&f)?;
+            return Ok(true);
+        }
+        for argv in cmds {
+            procs::run_with_env(&argv, &self.env(), self.timeout()).await?;
+        }
+        Ok(true)
+    }
+
+    /// The command that powers `node` up or down through Slurm's power
+    /// saving (`ResumeProgram` / `SuspendProgram` do the work); `None`
+    /// where the scheduler has none.
+    pub fn power_argv(&self, node: &str, up: bool) -> Option<Vec<String>> {
+        match &self.config {
+            SchedulerConfig::Slurm { scontrol_path, .. } => Some(vec![
+                scontrol_path.clone(),
+                s("update"),
+                format!("NodeName={node}"),
+                s(if up { "State=POWER_UP" } else { "State=POWER_DOWN" }),
+            ]),
+            _ => None,
+        }
+    }
+
+    /// Power `node` up or down; `Ok(false)` where the scheduler has no
+    /// power saving.
+    pub async fn power(&self, node: &str, up: bool) -> Result<bool, NodeError> {
+        if !valid_node_name(node) {
+            return Err(NodeError::Unexpected(format!(
+                "node name {node:?}: expected letters, digits, `-`, `_` or `.`"
+            )));
+        }
+        let Some(argv) = self.power_argv(node, up) else { return Ok(false) };
+        procs::run_with_env(&argv, &self.env(), self.timeout()).await?;
+        Ok(true)
+    }
+
+    fn marks_file(&self) -> PathBuf {
+        self.state_file.with_file_name("node-marks.json")
+    }
+
+    fn read_marks_file(&self) -> Option<MarksFile> {
+        std::fs::read(self.marks_file()).ok().and_then(|b| serde_json::from_slice(&b).ok())
+    }
+
+    fn write_marks_file(&self, f: &MarksFile) -> Result<(), NodeError> {
+        let bytes = serde_json::to_vec_pretty(f).map_err(|e| NodeError::Io(e.to_string()))?;
+        nightshift_proto::fsutil::write_atomic(&self.marks_file(), &bytes)
+            .map_err(|e| NodeError::Io(format!("cannot write {}: {e}", self.marks_file().display())))
+    }
+
     /// The command that lists the jobs running on the node (Slurm), whose
     /// ids the requeue then names.
     pub fn running_jobs_argv(&self) -> Option<Vec<String>> {
@@ -265,10 +402,16 @@ impl Scheduler {
         })
     }
 
-    /// Read the drain state.
+    /// Read the drain state and marks.
     pub async fn state(&self) -> Result<DrainState, NodeError> {
         match &self.config {
-            SchedulerConfig::None => self.read_file(),
+            SchedulerConfig::None => {
+                let mut st = self.read_file()?;
+                let m = self.read_marks_file().unwrap_or_default();
+                st.no_pack = m.no_pack;
+                st.quarantine = m.quarantine;
+                Ok(st)
+            }
             SchedulerConfig::Slurm { .. } => {
                 let out = procs::run_with_env(&self.state_argv(), &self.env(), self.timeout()).await?;
                 parse_slurm_node(&out.stdout)
@@ -283,7 +426,11 @@ impl Scheduler {
     /// Drain the node with `reason`.
     pub async fn drain(&self, reason: &str) -> Result<(), NodeError> {
         if let SchedulerConfig::None = self.config {
-            return self.write_file(&DrainState { drained: true, reason: Some(reason.to_string()) });
+            return self.write_file(&DrainState {
+                drained: true,
+                reason: Some(reason.to_string()),
+                ..DrainState::default()
+            });
         }
         for argv in self.drain_argv(reason) {
             procs::run_with_env(&argv, &self.env(), self.timeout()).await?;
@@ -305,9 +452,24 @@ impl Scheduler {
     /// Simulation and tests: a person drains the node (only for `none`).
     pub fn person_drain(&self, reason: &str) -> Result<(), NodeError> {
         match self.config {
-            SchedulerConfig::None => self.write_file(&DrainState { drained: true, reason: Some(reason.to_string()) }),
+            SchedulerConfig::None => self.write_file(&DrainState {
+                drained: true,
+                reason: Some(reason.to_string()),
+                ..DrainState::default()
+            }),
             _ => Err(NodeError::Unexpected(format!(
                 "person_drain is only simulated with the `none` scheduler; use {} directly",
+                self.kind()
+            ))),
+        }
+    }
+
+    /// Simulation and tests: a person resumes the node (only for `none`).
+    pub fn person_resume(&self) -> Result<(), NodeError> {
+        match self.config {
+            SchedulerConfig::None => self.write_file(&DrainState::default()),
+            _ => Err(NodeError::Unexpected(format!(
+                "person_resume is only simulated with the `none` scheduler; use {} directly",
                 self.kind()
             ))),
         }
@@ -324,9 +486,32 @@ impl Scheduler {
     }
 
     fn write_file(&self, state: &DrainState) -> Result<(), NodeError> {
-        let bytes = serde_json::to_vec_pretty(state).map_err(|e| NodeError::Io(e.to_string()))?;
+        let state = DrainState { drained: state.drained, reason: state.reason.clone(), ..DrainState::default() };
+        let bytes = serde_json::to_vec_pretty(&state).map_err(|e| NodeError::Io(e.to_string()))?;
         nightshift_proto::fsutil::write_atomic(&self.state_file, &bytes)
             .map_err(|e| NodeError::Io(format!("cannot write {}: {e}", self.state_file.display())))
+    }
+}
+
+/// What the agent remembers about the marks it set (the `none` scheduler's
+/// marks, and the Slurm weight a `no_pack` mark replaced).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct MarksFile {
+    #[serde(default)]
+    no_pack: bool,
+    #[serde(default)]
+    quarantine: bool,
+    #[serde(default = "one")]
+    weight_before: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl Default for MarksFile {
+    fn default() -> Self {
+        MarksFile { no_pack: false, quarantine: false, weight_before: 1 }
     }
 }
 
@@ -354,7 +539,8 @@ pub fn parse_slurm_node(out: &str) -> Result<DrainState, NodeError> {
         r.trim().to_string()
     });
     let reason = reason.filter(|r| !r.is_empty() && r != "(null)");
-    Ok(DrainState { drained, reason })
+    let weight = line.split_whitespace().find_map(|f| f.strip_prefix("Weight=")).and_then(|w| w.parse().ok());
+    Ok(DrainState { drained, reason, no_pack: weight == Some(NO_PACK_WEIGHT), quarantine: false, weight })
 }
 
 /// Parse `kubectl get node -o json` output.
@@ -371,7 +557,15 @@ pub fn parse_k8s_node(out: &str) -> Result<DrainState, NodeError> {
         (true, None) => Some("cordoned without a nightshift annotation".to_string()),
         (_, r) => r,
     };
-    Ok(DrainState { drained, reason })
+    let taints = v.pointer("/spec/taints").and_then(|t| t.as_array()).cloned().unwrap_or_default();
+    let has = |key: &str| taints.iter().any(|t| t.get("key").and_then(|k| k.as_str()) == Some(key));
+    Ok(DrainState {
+        drained,
+        reason,
+        no_pack: has(K8S_NO_PACK_TAINT),
+        quarantine: has(K8S_QUARANTINE_TAINT),
+        weight: None,
+    })
 }
 
 #[cfg(test)]
@@ -445,6 +639,58 @@ mod tests {
     }
 
     #[test]
+    fn mark_and_power_commands_are_exact() {
+        use nightshift_proto::MarkKind;
+        assert_eq!(
+            slurm().mark_argv(MarkKind::NoPack, true, "memory", 1),
+            Some(vec![vec!["scontrol".to_string(), "update".into(), "NodeName=gpu01".into(), "Weight=65000".into()]])
+        );
+        assert_eq!(
+            slurm().mark_argv(MarkKind::NoPack, false, "", 20),
+            Some(vec![vec!["scontrol".to_string(), "update".into(), "NodeName=gpu01".into(), "Weight=20".into()]])
+        );
+        assert_eq!(slurm().mark_argv(MarkKind::Quarantine, true, "xid", 1), None, "Slurm's quarantine is the drain");
+        assert_eq!(
+            k8s().mark_argv(MarkKind::Quarantine, true, "xid 79 r12", 1),
+            Some(vec![vec![
+                "kubectl".to_string(),
+                "--kubeconfig=/etc/k.conf".into(),
+                "taint".into(),
+                "nodes".into(),
+                "gpu02".into(),
+                "nightshift.io/quarantine=xid_79_r12:NoSchedule".into(),
+                "--overwrite".into()
+            ]])
+        );
+        assert_eq!(
+            k8s().mark_argv(MarkKind::NoPack, false, "", 1),
+            Some(vec![vec![
+                "kubectl".to_string(),
+                "--kubeconfig=/etc/k.conf".into(),
+                "taint".into(),
+                "nodes".into(),
+                "gpu02".into(),
+                "nightshift.io/no-pack:PreferNoSchedule-".into()
+            ]])
+        );
+        assert_eq!(
+            slurm().power_argv("gpu07", true),
+            Some(vec!["scontrol".to_string(), "update".into(), "NodeName=gpu07".into(), "State=POWER_UP".into()])
+        );
+        assert_eq!(k8s().power_argv("gpu07", false), None);
+        for bad in ["", "a b", "x;rm", "../x", "n\nm"] {
+            assert!(!valid_node_name(bad), "{bad:?}");
+        }
+        let weighted = parse_slurm_node("NodeName=gpu01 State=IDLE Weight=65000 CPUTot=1").unwrap();
+        assert!(weighted.no_pack && weighted.weight == Some(65000));
+        let tainted = parse_k8s_node(
+            r#"{"spec":{"taints":[{"key":"nightshift.io/quarantine","value":"x","effect":"NoSchedule"}]},"metadata":{}}"#,
+        )
+        .unwrap();
+        assert!(tainted.quarantine && !tainted.no_pack);
+    }
+
+    #[test]
     fn kubernetes_commands_are_exact() {
         assert_eq!(
             k8s().drain_argv("nightshift: r2 ecc"),
@@ -512,7 +758,7 @@ mod tests {
         let ours = r#"{"spec":{"unschedulable":true},"metadata":{"annotations":{"nightshift.io/drain-reason":"nightshift: r3 xid 79"}}}"#;
         assert_eq!(
             parse_k8s_node(ours).unwrap(),
-            DrainState { drained: true, reason: Some("nightshift: r3 xid 79".into()) }
+            DrainState { drained: true, reason: Some("nightshift: r3 xid 79".into()), ..DrainState::default() }
         );
         let theirs = r#"{"spec":{"unschedulable":true},"metadata":{}}"#;
         let st = parse_k8s_node(theirs).unwrap();

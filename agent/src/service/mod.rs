@@ -144,6 +144,8 @@ pub struct Agent {
     host: crate::node::host::HostStats,
     /// The highest engine leader term seen (kept in the state dir).
     leader_term: Mutex<u64>,
+    /// The last health check, and each GPU's double-bit ECC count then.
+    last_health: Mutex<Option<(HealthCheck, Vec<u64>)>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -173,6 +175,9 @@ impl Agent {
         std::fs::create_dir_all(&opts.state_dir)
             .map_err(|source| AgentError::StateDir { path: opts.state_dir.clone(), source })?;
         opts.flush.signal().map_err(AgentError::Config)?;
+        for (name, m) in &opts.configs {
+            m.check().map_err(|e| AgentError::Config(format!("configs.{name}: {e}")))?;
+        }
         let journal_path = opts.state_dir.join("journal.jsonl");
         let journal =
             Journal::open(&journal_path).map_err(|source| AgentError::Journal { path: journal_path, source })?;
@@ -198,6 +203,7 @@ impl Agent {
             mutate: tokio::sync::Mutex::new(()),
             host: crate::node::host::HostStats::default(),
             leader_term: Mutex::new(leader_term),
+            last_health: Mutex::new(None),
         })
     }
 
@@ -267,6 +273,7 @@ impl Agent {
             Op::ActionStatus(a) => Ok(self.action_status(&a.request_id)),
             Op::ConfigList(a) => self.config_list(a.name.as_deref()),
             Op::Holds(_) => Ok(to_value(&self.held())),
+            Op::HealthCheck(a) => self.health_check(a.gpu).await.map(|h| to_value(&h)),
             _ => return self.mutate(req).await,
         };
         match result {
@@ -298,7 +305,143 @@ impl Agent {
                 .collect(),
             configs: self.configs.names(),
             driver_version: self.backend.driver_version(),
+            chassis_fan_control: self.opts.policy.bmc.is_some() || self.backend.chassis_fans_full().is_some(),
         }
+    }
+
+    /// Is the node fit to take work? Every GPU (or `only`): visible to the
+    /// backend, no row-remap failure or pending remap, no double-bit ECC
+    /// error since its last reset nor a rise since the last check, its PCIe
+    /// link at full width and generation, no fatal XID since its last reset;
+    /// NVLink links up; `dcgmi diag -r 1` where DCGM is installed. What the
+    /// backend cannot read is left out of `checked`, not counted as passed.
+    pub async fn health_check(&self, only: Option<u32>) -> Result<HealthCheck, Refusal> {
+        if let Some(g) = only {
+            self.backend.gpu(g).map_err(backend_refusal)?;
+        }
+        let (gpus, node) = self.backend.sample().map_err(backend_refusal)?;
+        let now = self.clock.now_ms();
+        let prev_dbe: Vec<u64> = self
+            .last_health
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|x| x.1.clone())
+            .unwrap_or_default();
+        let mut out = HealthCheck { ok: true, at_ms: now, gpus: Vec::new(), node_failures: Vec::new(), dcgm: None };
+        for g in gpus.iter().filter(|g| only.is_none_or(|o| o == g.index)) {
+            let mut c = GpuCheck { index: g.index, ok: true, failures: Vec::new(), checked: vec!["visible".into()] };
+            if g.lost {
+                c.failures.push(format!(
+                    "not visible to the backend ({})",
+                    g.lost_detail.as_deref().unwrap_or("it does not answer")
+                ));
+            } else {
+                if let (Some(fail), Some(pending)) = (g.row_remap_failure, g.row_remap_pending) {
+                    c.checked.push("row_remap".into());
+                    if fail {
+                        c.failures.push("a row remap failed (no spare row left): the GPU needs an RMA".into());
+                    } else if pending {
+                        c.failures.push("a row remap is pending: reset the GPU to activate it".into());
+                    }
+                }
+                c.checked.push("ecc".into());
+                if g.ecc_dbe_total > 0 {
+                    c.failures.push(format!("{} double-bit ECC error(s) since its last reset", g.ecc_dbe_total));
+                }
+                if let Some(before) = prev_dbe.get(g.index as usize)
+                    && g.ecc_dbe_total > *before
+                {
+                    c.failures.push(format!(
+                        "double-bit ECC errors rose from {before} to {} since the last check",
+                        g.ecc_dbe_total
+                    ));
+                }
+                if let Some(l) = self.backend.pcie_link(g.index) {
+                    c.checked.push("pcie_link".into());
+                    if l.width < l.max_width || l.generation < l.max_generation {
+                        c.failures.push(format!(
+                            "PCIe link at x{} gen {} (expected x{} gen {})",
+                            l.width, l.generation, l.max_width, l.max_generation
+                        ));
+                    }
+                }
+            }
+            if self.backend.sim().is_some() || self.backend.name() == "nvml" {
+                c.checked.push("recent_xid".into());
+                if let Some(x) = self.backend.fatal_xid_since_reset(g.index) {
+                    c.failures.push(format!("fatal XID {x} since its last reset"));
+                }
+            }
+            c.ok = c.failures.is_empty();
+            out.ok &= c.ok;
+            out.gpus.push(c);
+        }
+        if let (Some(up), Some(total)) = (node.nvlink_links_up, node.nvlink_links_total)
+            && up < total
+        {
+            out.node_failures.push(format!("{} of {total} NVLink links down", total - up));
+        }
+        if let Some(dcgmi) = self.dcgmi() {
+            let argv = vec![dcgmi.display().to_string(), "diag".into(), "-r".into(), "1".into(), "-j".into()];
+            let t = std::time::Duration::from_secs(self.opts.policy.health.dcgm_timeout_secs);
+            match crate::procs::run(&argv, t).await {
+                Ok(o) => match crate::node::dcgm::parse_diag(&o.stdout) {
+                    Ok(v) => {
+                        if !v.passed {
+                            out.node_failures.extend(v.failures.iter().map(|f| format!("dcgmi diag: {f}")));
+                        }
+                        out.dcgm = Some(if v.passed { "pass".into() } else { "fail".into() });
+                    }
+                    Err(e) => out.node_failures.push(format!("dcgmi diag: {e}")),
+                },
+                Err(e) => out.node_failures.push(format!("dcgmi diag -r 1 failed: {e}")),
+            }
+        }
+        out.ok &= out.node_failures.is_empty();
+        let dbe: Vec<u64> = gpus.iter().map(|g| g.ecc_dbe_total).collect();
+        *self.last_health.lock().unwrap_or_else(|e| e.into_inner()) = Some((out.clone(), dbe));
+        tracing::info!(node = %self.opts.node, ok = out.ok, failures = ?out.failures(), "health check");
+        Ok(out)
+    }
+
+    /// DCGM's CLI, when configured or installed.
+    fn dcgmi(&self) -> Option<PathBuf> {
+        if self.backend.sim().is_some() {
+            return None;
+        }
+        match &self.opts.policy.health.dcgmi_path {
+            Some(p) => Some(p.clone()),
+            None => Some(PathBuf::from("/usr/bin/dcgmi")).filter(|p| p.exists()),
+        }
+    }
+
+    /// A health check that passed at or after `since_ms` and is no older
+    /// than the policy's `health.max_age_secs`.
+    fn passed_since(&self, since_ms: i64) -> bool {
+        let now = self.clock.now_ms();
+        let max = self.opts.policy.health.max_age_secs as i64 * 1000;
+        self.last_health
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|(h, _)| h.ok && h.at_ms >= since_ms && now - h.at_ms <= max)
+    }
+
+    /// Before nightshift puts the node back into service: a passing health
+    /// check no older than the policy allows (one is run now if needed).
+    async fn require_healthy(&self, what: &str) -> Result<(), Refusal> {
+        if self.passed_since(i64::MIN) {
+            return Ok(());
+        }
+        let h = self.health_check(None).await?;
+        if h.ok {
+            return Ok(());
+        }
+        Err((
+            ErrorCode::Unhealthy,
+            format!("{} failed its health check, so {what} is refused: {}", self.opts.node, h.failures().join("; ")),
+        ))
     }
 
     async fn drain_state(&self, fresh: bool) -> Result<DrainState, NodeError> {
@@ -319,6 +462,11 @@ impl Agent {
     /// One telemetry sample of the node.
     pub async fn telemetry(&self) -> Result<Telemetry, Refusal> {
         let (mut gpus, mut node) = self.backend.sample().map_err(backend_refusal)?;
+        if self.backend.sim().is_some() || self.backend.name() == "nvml" {
+            for g in gpus.iter_mut() {
+                g.reset_required = Some(self.backend.fatal_xid_since_reset(g.index).is_some());
+            }
+        }
         // Host CPU from /proc where the backend has none (real GPUs).
         if node.cpu_util_pct.is_none() {
             node.cpu_util_pct = self.host.cpu_util_pct();
@@ -339,6 +487,17 @@ impl Agent {
             Ok(d) => {
                 node.drained = d.drained;
                 node.drain_reason = d.reason;
+                let held = self.holds().all_holds();
+                for (kind, on) in [(MarkKind::NoPack, d.no_pack), (MarkKind::Quarantine, d.quarantine)] {
+                    if on {
+                        let ours = held.iter().find(|h| h.setting == Setting::Mark { mark: kind });
+                        node.marks.push(NodeMark {
+                            mark: kind,
+                            ours: ours.is_some(),
+                            reason: ours.map(|h| h.reason.clone()),
+                        });
+                    }
+                }
             }
             Err(e) => tracing::warn!(node = %self.opts.node, error = %e, "cannot read drain state"),
         }
@@ -389,6 +548,11 @@ impl Agent {
             self.scheduler.person_drain(reason).map_err(node_refusal)?;
             *self.drain_cache.lock().unwrap_or_else(|e| e.into_inner()) = None;
             return Ok(json!({"injected": "person_drain"}));
+        }
+        if let SimFault::PersonResume {} = fault {
+            self.scheduler.person_resume().map_err(node_refusal)?;
+            *self.drain_cache.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            return Ok(json!({"injected": "person_resume"}));
         }
         sim.inject(fault).map_err(backend_refusal)?;
         Ok(json!({"injected": to_value(fault)}))
@@ -495,6 +659,12 @@ impl Agent {
         match &req.op {
             Op::Release(a) => return self.release_op(req, digest, a, &owner).await.map(|r| to_value(&r)),
             Op::Renew(a) => return self.renew_op(req, digest, a, &owner),
+            // Nothing broken goes back into service: nightshift resumes a
+            // node only with a passing health check (a person decides for
+            // themselves).
+            Op::Resume(_) if !is_person(&owner) && !req.dry_run => {
+                self.require_healthy("putting it back into service").await?;
+            }
             _ => {}
         }
         let result = match self.intent(&req.op, &owner).await? {
@@ -623,6 +793,7 @@ impl Agent {
             placed_at_ms: now,
             expires_at_ms: expires,
             kept: false,
+            repair: p.repair,
         };
         let (before, drifted) = match &existing {
             Some(h) => (h.applied.clone(), h.drifted.clone()),
@@ -760,10 +931,37 @@ impl Agent {
                 ));
             }
             if h.sticky() && !is_person(releaser) {
-                return Err((
-                    ErrorCode::NotOwner,
-                    format!("hold {} ({}) is sticky: only a person releases it", h.id, h.value),
-                ));
+                // A repair drain ends on evidence: its owner may release it
+                // once the agent's own health check passed after it was
+                // placed. An RMA drain is a person's call alone.
+                let repaired = h.repair
+                    && h.owner == releaser
+                    && (self.passed_since(h.placed_at_ms) || {
+                        let check = self.health_check(None).await?;
+                        if !check.ok {
+                            return Err((
+                                ErrorCode::Unhealthy,
+                                format!(
+                                    "repair drain {} stays: {} failed its health check: {}",
+                                    h.id,
+                                    self.opts.node,
+                                    check.failures().join("; ")
+                                ),
+                            ));
+                        }
+                        true
+                    });
+                if !repaired {
+                    return Err((
+                        ErrorCode::NotOwner,
+                        format!(
+                            "hold {} ({}) is sticky: only a person releases it{}",
+                            h.id,
+                            h.value,
+                            if h.repair { " (or its owner, after a passing health check)" } else { "" }
+                        ),
+                    ));
+                }
             }
         }
         if req.dry_run {
@@ -966,6 +1164,12 @@ impl Agent {
                     json!({"drop_page_cache": a.drop_page_cache, "signal_processes": a.signal_processes}),
                 )
             }
+            OneShot::Power(a) => (
+                ActionKind::Power,
+                None,
+                json!({"node": a.node, "powered": !a.up}),
+                json!({"node": a.node, "powered": a.up}),
+            ),
             OneShot::Requeue(a) => {
                 // Only off a node nightshift drained: on a node still taking
                 // work the jobs would come straight back; a person's drain
@@ -1045,17 +1249,53 @@ impl Agent {
                 json!({"ecc_sbe_total": g.ecc_sbe_total, "ecc_dbe_total": g.ecc_dbe_total})
             }
             OneShot::Flush(a) => {
-                let report =
-                    self.opts.flush.flush(a.drop_page_cache, a.signal_processes).await.map_err(node_refusal)?;
-                self.backend.on_caches_flushed();
+                // The page cache only when asked: it is not GPU memory.
+                let mut report = self.opts.flush.flush(a.drop_page_cache, false).await.map_err(node_refusal)?;
+                let simulated = if a.signal_processes { self.backend.flush_gpu_processes() } else { None };
+                if a.signal_processes && simulated.is_none() {
+                    let r = self.opts.flush.flush(false, true).await.map_err(node_refusal)?;
+                    report.signalled_pids = r.signalled_pids;
+                    report.stale_registrations_removed = r.stale_registrations_removed;
+                }
                 let (gpus, _) = self.backend.sample().map_err(backend_refusal)?;
                 let frag: Vec<Option<f64>> = gpus.iter().map(|g| g.mem_fragmentation_pct).collect();
-                json!({
+                let mut after = json!({
                     "page_cache_dropped": report.page_cache_dropped,
                     "signalled_pids": report.signalled_pids,
                     "stale_registrations_removed": report.stale_registrations_removed,
                     "mem_fragmentation_pct": frag,
-                })
+                });
+                if let Some(o) = &simulated {
+                    after["registered_gpus"] = json!(o.registered);
+                    after["answered_gpus"] = json!(o.answered);
+                    if !o.registered.is_empty() && o.answered.is_empty() {
+                        return Err((
+                            ErrorCode::ProcessFailed,
+                            format!(
+                                "{} GPU process(es) registered for the flush signal and none answered: nothing was released",
+                                o.registered.len()
+                            ),
+                        ));
+                    }
+                }
+                after
+            }
+            OneShot::Power(a) => {
+                let done = self.scheduler.power(&a.node, a.up).await.map_err(node_refusal)?;
+                if !done {
+                    match self.backend.power_node(&a.node, a.up) {
+                        Some(Ok(())) => {}
+                        Some(Err(m)) => return Err((ErrorCode::BackendError, m)),
+                        None => {
+                            return Err((
+                                ErrorCode::BackendError,
+                                format!("the {} scheduler has no power saving", self.scheduler.kind()),
+                            ));
+                        }
+                    }
+                }
+                tracing::info!(node = %self.opts.node, target = %a.node, up = a.up, "asked the scheduler to power a node");
+                json!({"node": a.node, "powered": a.up, "scheduler": self.scheduler.kind()})
             }
             OneShot::Requeue(a) => {
                 let moved = self.scheduler.requeue().await.map_err(node_refusal)?;
@@ -1155,7 +1395,10 @@ impl Agent {
         }
         let now = self.clock.now_ms();
         let _guard = self.mutate.lock().await;
-        let expired = self.holds().expired(now);
+        let mut expired = self.holds().expired(now);
+        if !expired.is_empty() {
+            expired = self.keep_unhealthy_drains(expired, now).await;
+        }
         if !expired.is_empty() {
             match self.release_now(&expired, HoldEnd::Expired, "").await {
                 Ok(r) => {
@@ -1188,6 +1431,58 @@ impl Agent {
                 tracing::warn!(node = %self.opts.node, gpu, error = %m, "fan curve step failed");
             }
         }
+    }
+
+    /// Of the expired holds, those whose end would put an unhealthy node
+    /// back into service are extended instead (nothing broken returns to
+    /// service on a timer); the rest are returned to be released.
+    async fn keep_unhealthy_drains(&self, expired: Vec<String>, now: i64) -> Vec<String> {
+        let (drains, remaining_drain): (Vec<String>, bool) = {
+            let store = self.holds();
+            let all = store.all_holds();
+            let drains: Vec<String> = all
+                .iter()
+                .filter(|h| expired.contains(&h.id) && matches!(h.value, HoldValue::NodeDrain { drained: true, .. }))
+                .map(|h| h.id.clone())
+                .collect();
+            let remaining = all
+                .iter()
+                .any(|h| !expired.contains(&h.id) && matches!(h.value, HoldValue::NodeDrain { drained: true, .. }));
+            let base_drained = store
+                .get(&Setting::NodeDrain {})
+                .is_some_and(|h| matches!(h.baseline, HoldValue::NodeDrain { drained: true, .. }));
+            (drains, remaining || base_drained)
+        };
+        if drains.is_empty() || remaining_drain {
+            return expired;
+        }
+        let check = match self.health_check(None).await {
+            Ok(c) => c,
+            Err((_, m)) => {
+                tracing::error!(node = %self.opts.node, error = %m, "cannot check health before a drain's lease ends: keeping it");
+                HealthCheck { ok: false, at_ms: now, gpus: vec![], node_failures: vec![m], dcgm: None }
+            }
+        };
+        if check.ok {
+            return expired;
+        }
+        let until = now + self.opts.policy.health.unhealthy_extend_secs as i64 * 1000;
+        {
+            let mut store = self.holds();
+            for mut h in store.remove(|h| drains.contains(&h.id)) {
+                h.expires_at_ms = Some(until);
+                let baseline = store.get(&h.setting).map(|x| x.baseline.clone()).unwrap_or(h.value.clone());
+                store.place(h, baseline);
+            }
+        }
+        if let Err((_, m)) = self.save() {
+            tracing::error!(node = %self.opts.node, error = %m, "cannot record the extended drain");
+        }
+        tracing::warn!(
+            node = %self.opts.node, holds = ?drains, failures = ?check.failures(),
+            "a drain's lease ran out on a node that fails its health check: the drain stays"
+        );
+        expired.into_iter().filter(|id| !drains.contains(id)).collect()
     }
 
     /// Record hand edits of managed config files as versions (at most once

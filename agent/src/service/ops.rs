@@ -17,6 +17,9 @@ pub(super) struct Placement {
     pub reason: String,
     /// No lease (node drains for RMA or repair only).
     pub sticky: bool,
+    /// A sticky drain for a repair: its owner may release it after a
+    /// passing health check.
+    pub repair: bool,
     /// The rate-limit family a device change counts against.
     pub kind: ActionKind,
     /// A config apply: the new content (a new version).
@@ -30,6 +33,7 @@ pub(super) enum OneShot {
     Flush(FlushCachesArgs),
     ConfigMark(ConfigMarkArgs),
     Requeue(RequeueArgs),
+    Power(PowerNodeArgs),
 }
 
 /// What a mutating request asks for.
@@ -62,7 +66,7 @@ impl Agent {
     pub(super) async fn intent(&self, op: &Op, owner: &str) -> Result<Intent, Refusal> {
         let policy = &self.opts.policy;
         let place = |setting, value, reason: String, kind| {
-            Intent::Place(Placement { setting, value, reason, sticky: false, kind, content: None })
+            Intent::Place(Placement { setting, value, reason, sticky: false, repair: false, kind, content: None })
         };
         Ok(match op {
             Op::SetPowerLimit(a) => {
@@ -141,6 +145,7 @@ impl Agent {
                     value: HoldValue::NodeDrain { drained: true, reason: Some(self.drain_reason(run, &a.reason)) },
                     reason: a.reason.trim().chars().take(200).collect(),
                     sticky: a.sticky,
+                    repair: a.sticky && a.repair,
                     kind: ActionKind::NodeDrain,
                     content: None,
                 })
@@ -204,6 +209,7 @@ impl Agent {
                     value: HoldValue::Config { version: Some(next) },
                     reason: a.note.clone().unwrap_or_else(|| format!("new version of {}", a.name)),
                     sticky: false,
+                    repair: false,
                     kind: ActionKind::Config,
                     content: Some(a.clone()),
                 })
@@ -222,6 +228,62 @@ impl Agent {
                 let h = self.configs.history(&a.name, self.clock.now_ms()).map_err(node_refusal)?;
                 self.configs.rollback_target(&h, Some(a.version)).map_err(node_refusal)?;
                 Intent::OneShot(OneShot::ConfigMark(a.clone()))
+            }
+            Op::SetChassisFans(a) => {
+                if policy.bmc.is_none() && self.backend.chassis_fans_full().is_none() {
+                    return Ok(Intent::NotApplicable(format!(
+                        "{} has no chassis fan control nightshift may drive (no `bmc` commands in its policy): \
+                         a person must check the chassis fans",
+                        self.opts.node
+                    )));
+                }
+                if !a.full {
+                    return Ok(self.release_own(
+                        Setting::ChassisFans {},
+                        owner,
+                        HoldValue::ChassisFans { full: false },
+                    ));
+                }
+                place(
+                    Setting::ChassisFans {},
+                    HoldValue::ChassisFans { full: true },
+                    "chassis fans at full speed".into(),
+                    ActionKind::ChassisFans,
+                )
+            }
+            Op::Mark(a) => {
+                let setting = Setting::Mark { mark: a.mark };
+                if !a.set {
+                    return Ok(self.release_own(setting, owner, HoldValue::Mark { set: false }));
+                }
+                if self.scheduler.mark_argv(a.mark, true, "", 1).is_none() {
+                    return Ok(Intent::NotApplicable(format!(
+                        "the {} scheduler has no {} mark (on Slurm a drain is the quarantine)",
+                        self.scheduler.kind(),
+                        a.mark.as_str()
+                    )));
+                }
+                place(
+                    setting,
+                    HoldValue::Mark { set: true },
+                    a.reason.clone().unwrap_or_else(|| a.mark.as_str().to_string()).chars().take(200).collect(),
+                    ActionKind::Mark,
+                )
+            }
+            Op::PowerNode(a) => {
+                if !crate::node::scheduler::valid_node_name(&a.node) {
+                    return Err((
+                        ErrorCode::BadRequest,
+                        format!("power_node: node name {:?}: expected letters, digits, `-`, `_` or `.`", a.node),
+                    ));
+                }
+                if self.scheduler.power_argv(&a.node, a.up).is_none() && self.backend.sim().is_none() {
+                    return Ok(Intent::NotApplicable(format!(
+                        "the {} scheduler has no power saving: use the autoscaler webhook",
+                        self.scheduler.kind()
+                    )));
+                }
+                Intent::OneShot(OneShot::Power(a.clone()))
             }
             other => return Err((ErrorCode::Internal, format!("{} is not a hold or an action", other.name()))),
         })

@@ -32,6 +32,16 @@ impl Agent {
                 let h = self.configs.history(name, self.clock.now_ms()).map_err(node_refusal)?;
                 Some(HoldValue::Config { version: self.configs.version_on_disk(&h) })
             }
+            Setting::ChassisFans {} => self.backend.chassis_fans_full().map(|full| HoldValue::ChassisFans { full }),
+            Setting::Mark { mark } => {
+                let st = self.drain_state(true).await.map_err(node_refusal)?;
+                Some(HoldValue::Mark {
+                    set: match mark {
+                        nightshift_proto::MarkKind::NoPack => st.no_pack,
+                        nightshift_proto::MarkKind::Quarantine => st.quarantine,
+                    },
+                })
+            }
             Setting::FanCurve { .. } | Setting::Clocks { .. } => None,
         })
     }
@@ -47,6 +57,10 @@ impl Agent {
             Setting::Clocks { gpu } => {
                 self.backend.gpu(*gpu).map_err(backend_refusal)?;
                 HoldValue::Clocks { locked_mhz: None }
+            }
+            // A BMC cannot be asked what it runs: its own control.
+            Setting::ChassisFans {} => {
+                HoldValue::ChassisFans { full: self.backend.chassis_fans_full().unwrap_or(false) }
             }
             Setting::Config { name } => {
                 // A file changed by hand becomes a recorded version first,
@@ -69,6 +83,18 @@ impl Agent {
         s: &Setting,
         v: &HoldValue,
         content: Option<&ConfigApplyArgs>,
+    ) -> Result<serde_json::Value, Refusal> {
+        self.write_setting_with(s, v, content, true).await
+    }
+
+    /// [`Agent::write_setting`]; `restart_consumer: false` writes a config
+    /// file without restarting what reads it.
+    pub(super) async fn write_setting_with(
+        &self,
+        s: &Setting,
+        v: &HoldValue,
+        content: Option<&ConfigApplyArgs>,
+        restart_consumer: bool,
     ) -> Result<serde_json::Value, Refusal> {
         let now = self.clock.now_ms();
         match (s, v) {
@@ -110,7 +136,31 @@ impl Agent {
                 let st = self.drain_state(true).await.map_err(node_refusal)?;
                 Ok(json!({"drained": st.drained, "reason": st.reason}))
             }
+            (Setting::ChassisFans {}, HoldValue::ChassisFans { full }) => {
+                match &self.opts.policy.bmc {
+                    Some(b) => {
+                        let argv = if *full { &b.fans_full_argv } else { &b.fans_auto_argv };
+                        crate::procs::run(argv, std::time::Duration::from_secs(b.timeout_secs))
+                            .await
+                            .map_err(|e| node_refusal(crate::node::NodeError::Process(e)))?;
+                    }
+                    None => self.support(self.backend.set_chassis_fans(*full).map_err(backend_refusal)?)?,
+                }
+                Ok(json!({"chassis_fans_full": full}))
+            }
+            (Setting::Mark { mark }, HoldValue::Mark { set }) => {
+                let done = self.scheduler.mark(*mark, *set, "nightshift").await.map_err(node_refusal)?;
+                if !done {
+                    return Err((
+                        nightshift_proto::ErrorCode::BackendError,
+                        format!("the {} scheduler has no {} mark", self.scheduler.kind(), mark.as_str()),
+                    ));
+                }
+                *self.drain_cache.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                Ok(json!({"mark": mark.as_str(), "set": set}))
+            }
             (Setting::Config { name }, HoldValue::Config { version }) => {
+                let restart = content.is_none_or(|a| a.restart_consumer) && restart_consumer;
                 let h = match (content, version) {
                     (Some(a), _) => {
                         let h = self.configs.apply(name, &a.content, a.note.clone(), now).map_err(node_refusal)?;
@@ -129,10 +179,39 @@ impl Agent {
                         ));
                     }
                 };
-                Ok(json!({"name": name, "current_version": h.current}))
+                let consumer = if restart { self.restart_consumer(name).await? } else { json!("not restarted") };
+                Ok(json!({"name": name, "current_version": h.current, "consumer_restarted": consumer}))
             }
             (s, v) => Err((nightshift_proto::ErrorCode::Internal, format!("{s}: a {v} value does not fit"))),
         }
+    }
+
+    /// Restart what reads managed config `name` so its new content takes
+    /// effect: nothing for files read at every use, a requeue of the running
+    /// jobs, or `systemctl restart <unit>` (argv, timeout).
+    pub(super) async fn restart_consumer(&self, name: &str) -> Result<serde_json::Value, Refusal> {
+        use crate::node::configs::Consumer;
+        let Some(m) = self.opts.configs.get(name) else { return Ok(json!("none declared")) };
+        let what = match m.consumer {
+            Consumer::Files => json!("files: read at every use"),
+            Consumer::Jobs => {
+                // The jobs start again (here or elsewhere) and read the file.
+                let moved = self.scheduler.requeue().await.map_err(node_refusal)?;
+                self.backend.on_jobs_restarted();
+                json!({"jobs_requeued": moved})
+            }
+            Consumer::Unit => {
+                let unit = m.unit.clone().unwrap_or_default();
+                let argv = vec![m.systemctl_path.clone(), "restart".to_string(), unit.clone()];
+                crate::procs::run(&argv, std::time::Duration::from_secs(60))
+                    .await
+                    .map_err(|e| node_refusal(crate::node::NodeError::Process(e)))?;
+                json!({"unit_restarted": unit})
+            }
+        };
+        self.backend.on_consumer_restarted(name);
+        tracing::info!(node = %self.opts.node, config = name, consumer = %what, "restarted a managed config's consumer");
+        Ok(what)
     }
 
     /// Whether a config version is marked bad (never restored).

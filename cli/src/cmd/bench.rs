@@ -255,11 +255,9 @@ fn synthetic(node: &str, gpus: u32, t: i64) -> Telemetry {
             allreduce_p99_ms: Some(2.2),
             comm_overhead_pct: Some(9.0),
             job_progress: Some((t - 1_790_000_000_000) as f64 / 1000.0),
-            drained: false,
-            drain_reason: None,
-            hands_off: false,
-            holds: Vec::new(),
-            ended_holds: Vec::new(),
+            job_stalled_secs: Some(0.0),
+            jobs_running: Some(1),
+            ..NodeTelemetry::default()
         },
     }
 }

@@ -208,7 +208,7 @@ async fn start(args: &DemoArgs) -> Result<Stage> {
         std::fs::write(&nccl, NCCL_GOOD)?;
         let cfg = AgentConfig {
             sim_time_scale: args.time_scale,
-            configs: [("nccl-env".to_string(), ManagedConfig { path: nccl })].into(),
+            configs: [("nccl-env".to_string(), ManagedConfig::file(nccl))].into(),
             ..AgentConfig::sim_node(
                 name,
                 &state,

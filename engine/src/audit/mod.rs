@@ -72,6 +72,8 @@ pub enum RecordKind {
     ConfigReloaded,
     /// An admin promoted a runbook to `act` or demoted it to `shadow`.
     RunbookMode,
+    /// A GPU's health moved in its repair lifecycle (`health.rs`).
+    HealthChanged,
 }
 
 impl RecordKind {
@@ -102,7 +104,15 @@ impl RecordKind {
             RecordKind::Salvaged => "salvaged",
             RecordKind::ConfigReloaded => "config_reloaded",
             RecordKind::RunbookMode => "runbook_mode",
+            RecordKind::HealthChanged => "health_changed",
         }
+    }
+
+    /// Kinds whose every record is indexed by kind (`records_of_kind`):
+    /// the state they carry outlives any replay window (a GPU awaiting an
+    /// RMA for weeks, a node's marks).
+    pub fn indexed_by_kind(self) -> bool {
+        matches!(self, RecordKind::HealthChanged | RecordKind::NodeAnnotated)
     }
 }
 

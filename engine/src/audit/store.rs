@@ -44,6 +44,8 @@ pub(super) struct Trees {
     pub(super) by_node: sled::Tree,
     pub(super) runs: sled::Tree,
     pub(super) runs_by_created: sled::Tree,
+    /// `kind \0 seq` for the kinds [`RecordKind::indexed_by_kind`] names.
+    pub(super) by_kind: sled::Tree,
 }
 
 /// How often sled flushes in the background. Not what makes a record
@@ -126,6 +128,7 @@ impl Drop for WriterHandle {
 /// One record as sled indexes it.
 struct Indexed<'a> {
     seq: u64,
+    kind: RecordKind,
     run: Option<&'a str>,
     node: Option<&'a str>,
     bytes: &'a [u8],
@@ -150,6 +153,9 @@ fn index(t: &Trees, items: &[Indexed<'_>]) -> Result<(), AuditError> {
         if let Some(node) = i.node {
             t.by_node.insert(index_key(node, i.seq), &[]).map_err(w)?;
         }
+        if i.kind.indexed_by_kind() {
+            t.by_kind.insert(index_key(i.kind.as_str(), i.seq), &[]).map_err(w)?;
+        }
         if let Some((id, created_ms, bytes)) = i.summary {
             t.runs.insert(id.as_bytes(), bytes).map_err(w)?;
             t.runs_by_created.insert(created_key(created_ms, id), &[]).map_err(w)?;
@@ -168,6 +174,7 @@ fn replay(t: &Trees, replay: &[Replay]) -> Result<(), AuditError> {
         .zip(&summaries)
         .map(|(r, s)| Indexed {
             seq: r.record.seq,
+            kind: r.record.kind,
             run: r.record.run.as_deref(),
             node: r.record.node.as_deref(),
             bytes: &r.bytes,
@@ -229,9 +236,34 @@ pub(super) fn open_trees(dir: &Path) -> Result<(Trees, PathBuf), AuditError> {
         by_node: open("by_node")?,
         runs: open("runs")?,
         runs_by_created: open("runs_by_created")?,
+        by_kind: open("by_kind")?,
         db: db.clone(),
     };
+    build_kind_index(&trees).map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() })?;
     Ok((trees, path))
+}
+
+/// A store from before the kind index: build it once from the records (the
+/// index is derived; the marker says it covers every record).
+fn build_kind_index(trees: &Trees) -> Result<(), sled::Error> {
+    const BUILT: &[u8] = b"\xffbuilt";
+    if trees.by_kind.get(BUILT)?.is_some() {
+        return Ok(());
+    }
+    let mut n = 0usize;
+    for item in trees.records.iter() {
+        let (_, v) = item?;
+        let Ok(r) = serde_json::from_slice::<AuditRecord>(&v) else { continue };
+        if r.kind.indexed_by_kind() {
+            trees.by_kind.insert(index_key(r.kind.as_str(), r.seq), &[])?;
+            n += 1;
+        }
+    }
+    trees.by_kind.insert(BUILT, &[])?;
+    if n > 0 {
+        tracing::info!(records = n, "audit store: built the index by kind");
+    }
+    Ok(())
 }
 
 /// The newest record sled holds: `(seq, hash)`, or the genesis.
@@ -418,6 +450,12 @@ impl AuditStore {
     /// Every record of a run, oldest first.
     pub fn run_records(&self, run: &str) -> Result<Vec<AuditRecord>, AuditError> {
         self.by_index(&self.trees.by_run, run, usize::MAX, false)
+    }
+
+    /// Every record of a kind [`RecordKind::indexed_by_kind`] names, oldest
+    /// first (the health model and node marks are rebuilt from these).
+    pub fn records_of_kind(&self, kind: RecordKind) -> Result<Vec<AuditRecord>, AuditError> {
+        self.by_index(&self.trees.by_kind, kind.as_str(), usize::MAX, false)
     }
 
     /// The newest records about a node, newest first.
@@ -799,6 +837,7 @@ impl Indexer {
                 .zip(&w.bytes)
                 .map(|(((r, meta), summary), b)| Indexed {
                     seq: r.seq,
+                    kind: r.kind,
                     run: r.run.as_deref(),
                     node: r.node.as_deref(),
                     bytes: b,

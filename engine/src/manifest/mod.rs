@@ -249,6 +249,11 @@ pub enum Trigger {
         #[serde(default)]
         increase: bool,
     },
+    /// A GPU fault in the health model (`health.rs`): a state, evaluated
+    /// on every reading and on the first reading after a start, pending
+    /// while a breaker, cooldown or full queue holds it. `kinds`: `dbe`,
+    /// `xid`, `gpu_lost`, `row_remap_failure`, `row_remap_pending`.
+    Fault { kinds: Vec<String> },
     /// An Alertmanager alert.
     Alert {
         alertname: String,
@@ -285,6 +290,7 @@ impl Trigger {
             Trigger::Predict { .. } => "predict",
             Trigger::Fleet { .. } => "fleet",
             Trigger::Change { .. } => "change",
+            Trigger::Fault { .. } => "fault",
             Trigger::Alert { .. } => "alert",
             Trigger::Schedule { .. } => "schedule",
             Trigger::Manual {} => "manual",

@@ -130,6 +130,28 @@ impl Manifest {
                     ));
                 }
             }
+            Trigger::Fault { kinds } => {
+                if kinds.is_empty() {
+                    return Err(err("kinds", "trigger.kinds: expected at least one fault kind, found none".into()));
+                }
+                for k in kinds {
+                    if crate::health::FaultKind::parse(k).is_none() {
+                        return Err(err(
+                            k,
+                            format!(
+                                "trigger.kinds: unknown fault kind `{k}`: expected one of {}",
+                                crate::health::FaultKind::ALL.map(|k| k.as_str()).join(", ")
+                            ),
+                        ));
+                    }
+                }
+                if self.scope != Scope::Gpu {
+                    return Err(err(
+                        "scope",
+                        "scope: a fault trigger acts on the GPU at fault, so scope must be gpu".into(),
+                    ));
+                }
+            }
             Trigger::Alert { alertname, .. } => {
                 if alertname.is_empty() {
                     return Err(err(

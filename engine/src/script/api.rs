@@ -49,6 +49,14 @@ fn secs_ms(v: f64, what: &str) -> Result<i64, Box<EvalAltResult>> {
     Ok((v * 1000.0).min(i64::MAX as f64) as i64)
 }
 
+fn mark_kind(name: &str) -> Result<MarkKind, Box<EvalAltResult>> {
+    match name {
+        "no_pack" | "no-pack" => Ok(MarkKind::NoPack),
+        "quarantine" => Ok(MarkKind::Quarantine),
+        other => Err(rt(format!("mark: unknown mark `{other}`: expected no_pack or quarantine"))),
+    }
+}
+
 fn metric_of(name: &str) -> Result<MetricId, Box<EvalAltResult>> {
     metrics::metric_id(name)
         .ok_or_else(|| rt(format!("unknown metric `{name}`: expected one of {}", metrics::metric_names())))
@@ -240,26 +248,37 @@ pub(super) fn register(e: &mut Engine) {
     });
 
     // Node actions.
-    e.register_fn("drain", |why: &str| {
+    let drain_args = |why: &str, run: &str, sticky: bool, repair: bool| DrainArgs {
+        reason: why.into(),
+        run: Some(run.to_string()),
+        sticky,
+        repair,
+    };
+    e.register_fn("drain", move |why: &str| {
         let c = ctx()?;
-        act(None, Op::Drain(DrainArgs { reason: why.into(), run: Some(c.run_id.clone()), sticky: false }))
+        act(None, Op::Drain(drain_args(why, &c.run_id, false, false)))
     });
-    e.register_fn("drain_sticky", |why: &str| {
+    // An RMA drain: only a person releases it.
+    e.register_fn("drain_sticky", move |why: &str| {
         let c = ctx()?;
-        act(None, Op::Drain(DrainArgs { reason: why.into(), run: Some(c.run_id.clone()), sticky: true }))
+        act(None, Op::Drain(drain_args(why, &c.run_id, true, false)))
     });
-    e.register_fn("drain_node", |node: &str, why: &str| {
+    // A repair drain: no lease; a passing health check (or a person) ends it.
+    e.register_fn("drain_repair", move |why: &str| {
         let c = ctx()?;
-        act(Some(node.into()), Op::Drain(DrainArgs { reason: why.into(), run: Some(c.run_id.clone()), sticky: false }))
+        act(None, Op::Drain(drain_args(why, &c.run_id, true, true)))
     });
-    e.register_fn("drain_nodes", |nodes: rhai::Array, why: &str| -> Result<Map, Box<EvalAltResult>> {
+    e.register_fn("drain_node", move |node: &str, why: &str| {
+        let c = ctx()?;
+        act(Some(node.into()), Op::Drain(drain_args(why, &c.run_id, false, false)))
+    });
+    e.register_fn("drain_nodes", move |nodes: rhai::Array, why: &str| -> Result<Map, Box<EvalAltResult>> {
         let c = ctx()?;
         let mut actions = Vec::with_capacity(nodes.len());
         for n in nodes {
             let node =
                 n.into_string().map_err(|t| format!("drain_nodes: expected an array of node names, found {t}"))?;
-            actions
-                .push((node, Op::Drain(DrainArgs { reason: why.into(), run: Some(c.run_id.clone()), sticky: false })));
+            actions.push((node, Op::Drain(drain_args(why, &c.run_id, false, false))));
         }
         act_many(actions)
     });
@@ -277,14 +296,58 @@ pub(super) fn register(e: &mut Engine) {
     e.register_fn("resume_node", |node: &str| {
         act(Some(node.into()), Op::Resume(ResumeArgs { run: Some(ctx()?.run_id.clone()) }))
     });
+    // Signals the GPU processes that registered; the page cache only when
+    // asked (`flush_caches(#{drop_page_cache: true})`).
     e.register_fn("flush_caches", || act(None, Op::FlushCaches(FlushCachesArgs::default())));
+    e.register_fn("flush_caches", |opts: Map| {
+        let flag = |k: &str, d: bool| -> Result<bool, Box<EvalAltResult>> {
+            match opts.get(k) {
+                None => Ok(d),
+                Some(v) => v.as_bool().map_err(|t| rt(format!("flush_caches: {k}: expected true or false, found {t}"))),
+            }
+        };
+        for k in opts.keys() {
+            if !matches!(k.as_str(), "drop_page_cache" | "signal_processes") {
+                return Err(rt(format!(
+                    "flush_caches: unknown option `{k}`: expected drop_page_cache or signal_processes"
+                )));
+            }
+        }
+        act(
+            None,
+            Op::FlushCaches(FlushCachesArgs {
+                drop_page_cache: flag("drop_page_cache", false)?,
+                signal_processes: flag("signal_processes", true)?,
+            }),
+        )
+    });
+    // Chassis fans through the BMC (boards without GPU fans).
+    e.register_fn("set_chassis_fans", |full: bool| act(None, Op::SetChassisFans(SetChassisFansArgs { full })));
+    // Scheduler marks: `no_pack` (place no more work), `quarantine`.
+    e.register_fn("mark", |name: &str, why: &str| {
+        act(None, Op::Mark(MarkArgs { mark: mark_kind(name)?, set: true, reason: Some(why.into()) }))
+    });
+    e.register_fn("unmark", |name: &str| {
+        act(None, Op::Mark(MarkArgs { mark: mark_kind(name)?, set: false, reason: None }))
+    });
     // A drain stops new work; this moves the running jobs elsewhere.
     e.register_fn("requeue", |why: &str| act(None, Op::Requeue(RequeueArgs { reason: why.into() })));
     e.register_fn("config_apply", |name: &str, content: &str| {
-        act(None, Op::ConfigApply(ConfigApplyArgs { name: name.into(), content: content.into(), note: None }))
+        act(
+            None,
+            Op::ConfigApply(ConfigApplyArgs {
+                name: name.into(),
+                content: content.into(),
+                note: None,
+                restart_consumer: true,
+            }),
+        )
     });
     e.register_fn("config_rollback", |name: &str| {
-        act(None, Op::ConfigRollback(ConfigRollbackArgs { name: name.into(), to_version: None }))
+        act(
+            None,
+            Op::ConfigRollback(ConfigRollbackArgs { name: name.into(), to_version: None, restart_consumer: true }),
+        )
     });
     e.register_fn("config_rollback", |name: &str, version: i64| {
         act(
@@ -292,6 +355,7 @@ pub(super) fn register(e: &mut Engine) {
             Op::ConfigRollback(ConfigRollbackArgs {
                 name: name.into(),
                 to_version: Some(u32_arg(version, "version")?),
+                restart_consumer: true,
             }),
         )
     });
@@ -316,6 +380,48 @@ pub(super) fn register(e: &mut Engine) {
         let c = ctx()?;
         c.host.annotate(&c, &c.node()?, key, None);
         Ok(())
+    });
+    // The repair lifecycle of the run's GPU.
+    e.register_fn("fault", || -> Result<Dynamic, Box<EvalAltResult>> {
+        let c = ctx()?;
+        let m = c.host.fault(&c);
+        Ok(if m.is_empty() { Dynamic::UNIT } else { Dynamic::from_map(m) })
+    });
+    e.register_fn("declare_fault", |kind: &str, detail: &str| -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.declare_fault(&c, kind, None, detail))
+    });
+    e.register_fn("declare_fault", |kind: &str, xid: i64, detail: &str| -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.declare_fault(&c, kind, Some(u32_arg(xid, "xid")?), detail))
+    });
+    e.register_fn("quarantine", |why: &str| -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.health_to(&c, "quarantined", why))
+    });
+    e.register_fn("await_repair", |what: &str| -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.health_to(&c, "awaiting_repair", what))
+    });
+    e.register_fn("rma", |why: &str| -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.health_to(&c, "rma", why))
+    });
+    e.register_fn("health_check", || -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.health_check(&c, &c.node()?))
+    });
+    e.register_fn("health_check", |node: &str| -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.health_check(&c, node))
+    });
+    // The average of a metric over the nodes named (a pool judged on the
+    // nodes that served before a scale-out, not diluted by idle new ones).
+    e.register_fn("nodes_metric", |nodes: rhai::Array, name: &str| -> Result<Dynamic, Box<EvalAltResult>> {
+        let c = ctx()?;
+        let m = metric_of(name)?;
+        let nodes: Vec<String> = nodes.into_iter().filter_map(|n| n.into_string().ok()).collect();
+        Ok(c.host.nodes_avg(&c, &nodes, m).map(Dynamic::from_float).unwrap_or(Dynamic::UNIT))
     });
     e.register_fn("scale_out", |n: i64| -> Result<Map, Box<EvalAltResult>> {
         let c = ctx()?;

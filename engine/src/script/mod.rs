@@ -168,6 +168,30 @@ pub trait ScriptHost: Send + Sync {
     fn keep_holds(&self, ctx: &RunCtx, lease_secs: u64) -> Map;
     /// The holds in effect on a node.
     fn holds(&self, ctx: &RunCtx, node: &str) -> rhai::Array;
+    /// The run's target GPU in the health model: its state, fault, what
+    /// the XID table says, its repeats (an empty map when never faulty).
+    fn fault(&self, _ctx: &RunCtx) -> Map {
+        Map::new()
+    }
+    /// Move the target GPU on in its repair lifecycle (`quarantined`,
+    /// `awaiting_repair`, `rma`); `text` says why, or what a person should
+    /// do.
+    fn health_to(&self, _ctx: &RunCtx, _to: &str, _text: &str) -> Map {
+        Map::new()
+    }
+    /// Record a fault the engine has not seen in telemetry (an alert's):
+    /// `kind` as in a `fault` trigger.
+    fn declare_fault(&self, _ctx: &RunCtx, _kind: &str, _xid: Option<u32>, _detail: &str) -> Map {
+        Map::new()
+    }
+    /// The agent's health check of a node (read-only).
+    fn health_check(&self, _ctx: &RunCtx, _node: &str) -> Map {
+        Map::new()
+    }
+    /// Average of a metric's latest values over the given nodes.
+    fn nodes_avg(&self, _ctx: &RunCtx, _nodes: &[String], _metric: MetricId) -> Option<f64> {
+        None
+    }
 }
 
 /// Why a script was stopped from outside.

@@ -107,6 +107,11 @@ pub struct DrainArgs {
     /// Only node drains may be sticky.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sticky: bool,
+    /// A sticky drain for a repair (a reset, a reboot), not an RMA: besides
+    /// a person, its owner may release it once the agent's own health
+    /// check has passed after the drain was placed. Only with `sticky`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub repair: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -120,10 +125,14 @@ fn yes() -> bool {
     true
 }
 
+/// `flush_caches`: signal the GPU processes that registered for it to
+/// release their cached allocator blocks. The OS page cache has nothing to
+/// do with GPU memory (and dropping it slows data loaders): it is dropped
+/// only when asked.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FlushCachesArgs {
-    #[serde(default = "yes")]
+    #[serde(default)]
     pub drop_page_cache: bool,
     #[serde(default = "yes")]
     pub signal_processes: bool,
@@ -139,7 +148,109 @@ pub struct RequeueArgs {
 
 impl Default for FlushCachesArgs {
     fn default() -> Self {
-        FlushCachesArgs { drop_page_cache: true, signal_processes: true }
+        FlushCachesArgs { drop_page_cache: false, signal_processes: true }
+    }
+}
+
+/// `set_chassis_fans`: the node's chassis fans, driven by its BMC, at full
+/// speed (`full: true`) or back on the BMC's own control. Boards without
+/// GPU fans (HGX SXM, AMD OAM) are cooled by these.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetChassisFansArgs {
+    pub full: bool,
+}
+
+/// `health_check` (read-only): is the node fit to take work? One GPU, or
+/// every GPU when `gpu` is absent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckArgs {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+}
+
+/// One GPU's part of a health check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuCheck {
+    pub index: u32,
+    pub ok: bool,
+    /// What failed, one sentence each (empty when `ok`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<String>,
+    /// What was checked, by name (`visible`, `row_remap`, `ecc_stable`,
+    /// `pcie_link`, `recent_xid`, `dcgm_diag`…); what the backend cannot
+    /// read is left out, not passed.
+    pub checked: Vec<String>,
+}
+
+/// The result of `health_check`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheck {
+    pub ok: bool,
+    pub at_ms: i64,
+    pub gpus: Vec<GpuCheck>,
+    /// Node-wide failures (NVLink links down, DCGM diag).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_failures: Vec<String>,
+    /// `dcgmi diag -r 1`'s verdict when DCGM is installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dcgm: Option<String>,
+}
+
+impl HealthCheck {
+    /// Every failure, node-wide first, then per GPU.
+    pub fn failures(&self) -> Vec<String> {
+        let mut v = self.node_failures.clone();
+        for g in &self.gpus {
+            v.extend(g.failures.iter().map(|f| format!("GPU {}: {f}", g.index)));
+        }
+        v
+    }
+}
+
+/// `power_node`: a standby node powered up or down through the scheduler's
+/// power saving (Slurm: `scontrol update NodeName=<node> State=POWER_UP`,
+/// which runs the site's `ResumeProgram`). Sent to an agent that can reach
+/// the scheduler (`power_control` in its config), for another node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PowerNodeArgs {
+    pub node: String,
+    pub up: bool,
+}
+
+/// `mark`: a scheduler mark held on the node — `no_pack` (place no more
+/// work here: Slurm a high node `Weight`, Kubernetes a `PreferNoSchedule`
+/// taint) or `quarantine` (Kubernetes a `NoSchedule` taint beside the
+/// cordon). A hold like any other: leased, restored to what the scheduler
+/// had when the hold goes, and a mark a person set (or changed) is never
+/// removed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MarkArgs {
+    pub mark: MarkKind,
+    pub set: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The marks a scheduler can carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MarkKind {
+    NoPack,
+    Quarantine,
+}
+
+impl MarkKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MarkKind::NoPack => "no_pack",
+            MarkKind::Quarantine => "quarantine",
+        }
     }
 }
 
@@ -157,6 +268,15 @@ pub struct ConfigApplyArgs {
     pub content: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Restart the file's consumer (as declared in the agent's config: a
+    /// systemd unit, or the running jobs) so the change takes effect.
+    /// Default true; false only writes the file.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub restart_consumer: bool,
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -166,6 +286,10 @@ pub struct ConfigRollbackArgs {
     /// The version to go back to; the last known good one when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to_version: Option<u32>,
+    /// As for `config_apply`: restart the consumer so the rollback takes
+    /// effect for running work (default true).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub restart_consumer: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -188,6 +312,9 @@ pub enum ActionKind {
     NodeDrain,
     FlushCaches,
     Config,
+    ChassisFans,
+    Power,
+    Mark,
 }
 
 impl ActionKind {
@@ -201,6 +328,9 @@ impl ActionKind {
             ActionKind::NodeDrain => "node_drain",
             ActionKind::FlushCaches => "flush_caches",
             ActionKind::Config => "config",
+            ActionKind::ChassisFans => "chassis_fans",
+            ActionKind::Power => "power",
+            ActionKind::Mark => "mark",
         }
     }
 }
@@ -280,13 +410,54 @@ pub enum SimFault {
         gpu: Option<u32>,
         factor: f64,
     },
-    /// Links down, error counters rising, P2P latency ~50 µs, all-reduce
-    /// p99 above 5 ms.
+    /// A physical NVLink fault: links down, error counters rising, P2P
+    /// latency ~50 µs, all-reduce p99 above 5 ms. (A bad NCCL or fabric
+    /// manager config raises latency with every link up.)
     NvlinkMisconfig { active: bool },
     /// Double-bit ECC errors on a GPU.
     EccDbe { gpu: u32, count: u64 },
-    /// An XID event on a GPU (the reading holds its last value).
+    /// An XID event on a GPU (the reading holds its last value). XID 79
+    /// (fallen off the bus) also loses the GPU, XID 74 an NVLink link.
     Xid { gpu: u32, code: u32 },
+    /// The GPU falls off the bus: it stops reporting (its neighbours go
+    /// on) and its jobs hang, until it is reset.
+    GpuLost { gpu: u32 },
+    /// A person resets the GPU (`nvidia-smi -r`, or a reboot): it reports
+    /// again, its volatile ECC counters and pending row remaps clear; the
+    /// XID gauge keeps its last value.
+    GpuReset { gpu: u32 },
+    /// A row remap fails (no spare row left): the GPU needs an RMA.
+    RowRemapFailure { gpu: u32 },
+    /// The node's chassis airflow multiplied by `factor` (a failed fan
+    /// module, a blocked inlet): every GPU cooled by chassis fans runs
+    /// hotter.
+    ChassisAirflow { factor: f64 },
+    /// Whether a GPU's processes registered for the flush signal (the
+    /// default is yes); unregistered processes keep their cached blocks.
+    FlushRegistration {
+        #[serde(default)]
+        gpu: Option<u32>,
+        registered: bool,
+    },
+    /// Registered processes stop answering the flush signal (a flush fails).
+    FlushFailure { active: bool },
+    /// Load in phases: `high_pct` and `low_pct` alternating every
+    /// `period_secs / 2` (an RL job's rollout and training phases).
+    LoadPhases {
+        #[serde(default)]
+        gpu: Option<u32>,
+        high_pct: f64,
+        low_pct: f64,
+        period_secs: u64,
+    },
+    /// The node's job finishes: the GPUs idle, its heartbeat stops (its
+    /// files go stale).
+    JobEnd {},
+    /// A person sets a GPU's power limit by hand (`nvidia-smi -pl`), not
+    /// through nightshift.
+    PersonPowerLimit { gpu: u32, watts: f64 },
+    /// A person resumes the node in the scheduler by hand.
+    PersonResume {},
     /// Memory fragmentation on a GPU, in percent.
     Fragmentation { gpu: u32, pct: f64 },
     /// Memory in use on a GPU, in percent.

@@ -14,12 +14,28 @@ use super::FanPoint;
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Setting {
-    PowerLimit { gpu: u32 },
-    FanCurve { gpu: u32 },
-    Clocks { gpu: u32 },
-    GpuDrain { gpu: u32 },
+    PowerLimit {
+        gpu: u32,
+    },
+    FanCurve {
+        gpu: u32,
+    },
+    Clocks {
+        gpu: u32,
+    },
+    GpuDrain {
+        gpu: u32,
+    },
     NodeDrain {},
-    Config { name: String },
+    Config {
+        name: String,
+    },
+    /// The node's chassis fans (through the BMC).
+    ChassisFans {},
+    /// A scheduler mark on the node (`no_pack`, `quarantine`).
+    Mark {
+        mark: super::MarkKind,
+    },
 }
 
 impl Setting {
@@ -32,6 +48,8 @@ impl Setting {
             Setting::GpuDrain { .. } => "gpu_drain",
             Setting::NodeDrain {} => "node_drain",
             Setting::Config { .. } => "config",
+            Setting::ChassisFans {} => "chassis_fans",
+            Setting::Mark { .. } => "mark",
         }
     }
 
@@ -52,6 +70,8 @@ impl std::fmt::Display for Setting {
         match self {
             Setting::Config { name } => write!(f, "config {name}"),
             Setting::NodeDrain {} => f.write_str("node drain"),
+            Setting::ChassisFans {} => f.write_str("chassis fans"),
+            Setting::Mark { mark } => write!(f, "mark {}", mark.as_str()),
             s => write!(f, "GPU {} {}", s.gpu().unwrap_or(0), s.kind().replace('_', " ")),
         }
     }
@@ -86,6 +106,13 @@ pub enum HoldValue {
         #[serde(default)]
         version: Option<u32>,
     },
+    /// `full: false`: the BMC's own fan control.
+    ChassisFans {
+        full: bool,
+    },
+    Mark {
+        set: bool,
+    },
 }
 
 impl std::fmt::Display for HoldValue {
@@ -107,6 +134,9 @@ impl std::fmt::Display for HoldValue {
             HoldValue::NodeDrain { drained: false, .. } => f.write_str("node in service"),
             HoldValue::Config { version: Some(v) } => write!(f, "version {v}"),
             HoldValue::Config { version: None } => f.write_str("no version"),
+            HoldValue::ChassisFans { full: true } => f.write_str("chassis fans at full speed"),
+            HoldValue::ChassisFans { full: false } => f.write_str("chassis fans on BMC control"),
+            HoldValue::Mark { set } => f.write_str(if *set { "marked" } else { "not marked" }),
         }
     }
 }
@@ -125,6 +155,14 @@ impl HoldValue {
             HoldValue::Clocks { locked_mhz } => json!({"clocks_locked_mhz": locked_mhz.map(|(a, b)| [a, b])}),
             HoldValue::GpuDrain { drained } => json!({"gpu_drained": drained}),
             HoldValue::NodeDrain { drained, reason } => json!({"drained": drained, "reason": reason}),
+            HoldValue::ChassisFans { full } => json!({"chassis_fans_full": full}),
+            HoldValue::Mark { set } => {
+                let mark = match setting {
+                    Setting::Mark { mark } => mark.as_str(),
+                    _ => "",
+                };
+                json!({"mark": mark, "set": set})
+            }
             HoldValue::Config { version } => {
                 let name = match setting {
                     Setting::Config { name } => name.as_str(),
@@ -159,6 +197,10 @@ pub struct HoldInfo {
     /// run or a person.
     #[serde(default)]
     pub kept: bool,
+    /// A sticky node drain for a repair (not an RMA): its owner may release
+    /// it once the agent's own health check passed after it was placed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub repair: bool,
 }
 
 impl HoldInfo {

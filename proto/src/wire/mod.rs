@@ -207,6 +207,17 @@ ops! {
     Release(ReleaseArgs) = "release", mutating = true, kind = None;
     /// Renew the lease of holds (and keep them past their run).
     Renew(RenewArgs) = "renew", mutating = true, kind = None;
+    /// Is the node fit to take work: GPUs visible, no row-remap failure or
+    /// pending remap, ECC stable, PCIe at its width, NVLink up, no fatal
+    /// XID since the last reset (`dcgmi diag -r 1` where DCGM is installed).
+    HealthCheck(HealthCheckArgs) = "health_check", mutating = false, kind = None;
+    /// The chassis fans at full speed through the BMC (a hold), or back on
+    /// the BMC's control.
+    SetChassisFans(SetChassisFansArgs) = "set_chassis_fans", mutating = true, kind = Some(ActionKind::ChassisFans);
+    /// Power a standby node up or down through the scheduler's power saving.
+    PowerNode(PowerNodeArgs) = "power_node", mutating = true, kind = Some(ActionKind::Power);
+    /// Set or clear a scheduler mark (`no_pack`, `quarantine`).
+    Mark(MarkArgs) = "mark", mutating = true, kind = Some(ActionKind::Mark);
 }
 
 impl Request {
@@ -316,6 +327,8 @@ pub enum ErrorCode {
     /// The request carries a leader term lower than one the agent has seen
     /// (a deposed engine).
     StaleLeader,
+    /// The node failed its health check: it does not go back into service.
+    Unhealthy,
 }
 
 impl ErrorCode {
@@ -339,6 +352,7 @@ impl ErrorCode {
             ErrorCode::Timeout => "timeout",
             ErrorCode::Internal => "internal",
             ErrorCode::StaleLeader => "stale_leader",
+            ErrorCode::Unhealthy => "unhealthy",
         }
     }
 }

@@ -55,6 +55,11 @@ pub struct GpuInfo {
     /// `00000000:18:00.0`, as NVML and dcgm-exporter's `pci_bus_id` write it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pci_bus_id: Option<String>,
+    /// Which sensor `temperature_c` reads: `gpu` (NVIDIA's GPU core
+    /// sensor), `junction` (AMD's hotspot), `edge`. The slowdown and
+    /// shutdown temperatures are for that sensor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_sensor: Option<String>,
 }
 
 impl GpuInfo {
@@ -80,6 +85,7 @@ impl GpuInfo {
             envelope_power_max_watts: None,
             envelope_fan_min_pct: None,
             pci_bus_id: None,
+            temperature_sensor: None,
         }
     }
 }
@@ -97,6 +103,10 @@ pub struct Inventory {
     /// The GPU driver's version, where the backend reads one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_version: Option<String>,
+    /// The agent can drive the chassis fans (a BMC command in its policy,
+    /// or the simulator's chassis).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub chassis_fan_control: bool,
 }
 
 /// One GPU's sample. Optional fields are what the backend cannot read.
@@ -149,6 +159,24 @@ pub struct GpuTelemetry {
     pub remapped_rows_uncorrectable: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub row_remap_failure: Option<bool>,
+    /// A row remap waits for a GPU reset to take effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_remap_pending: Option<bool>,
+    /// The GPU does not answer (fallen off the bus): its other readings are
+    /// absent (zero), not measured. `lost_detail` says what the backend
+    /// got.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lost: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_detail: Option<String>,
+    /// Fatal XID events seen since the agent started (a counter: the same
+    /// code twice is two events, which the `xid_last` gauge cannot show).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid_events_total: Option<u64>,
+    /// A fatal XID since the GPU was last reset (where the agent tracks XID
+    /// events): `Some(false)` once a reset cleared it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_required: Option<bool>,
 }
 
 /// Node-wide readings.
@@ -171,11 +199,32 @@ pub struct NodeTelemetry {
     pub comm_overhead_pct: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_progress: Option<f64>,
+    /// Seconds since a running job's progress last advanced, from a
+    /// heartbeat written outside its training loop (the worst job). Absent
+    /// when no job runs: an idle node is never stalled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_stalled_secs: Option<f64>,
+    /// Jobs with a live heartbeat on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jobs_running: Option<u32>,
+    /// The largest world size (GPUs in the job, across nodes) of those jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_world_size: Option<u32>,
+    /// GPU processes registered for the flush signal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush_registered: Option<u32>,
+    /// Chassis fan speed (boards cooled by chassis fans).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chassis_fan_pct: Option<f64>,
     /// Drained through the scheduler adapter.
     #[serde(default)]
     pub drained: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_reason: Option<String>,
+    /// Scheduler marks in effect (`no_pack`, `quarantine`), and who set
+    /// each: nightshift's own, or a person's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub marks: Vec<super::NodeMark>,
     /// The maintenance marker is present.
     #[serde(default)]
     pub hands_off: bool,
@@ -195,4 +244,15 @@ pub struct Telemetry {
     pub ts_ms: i64,
     pub gpus: Vec<GpuTelemetry>,
     pub node_metrics: NodeTelemetry,
+}
+
+/// A scheduler mark on the node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeMark {
+    pub mark: super::MarkKind,
+    /// Set by nightshift (else by a person, and never removed by it).
+    pub ours: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }

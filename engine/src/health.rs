@@ -1,0 +1,868 @@
+//! The health model: hardware faults are durable states with a repair
+//! lifecycle, not edges with timers.
+//!
+//! ```text
+//!   healthy ──evidence──► faulted ──drained──► quarantined ──told──► awaiting_repair
+//!      ▲                     │  (pending while a breaker,              │ repair evidence
+//!      │                     │   cooldown or queue holds it)           ▼ or a person
+//!      └──── passing health check ◄──────────────────────────────── verifying
+//!                                  (a failing one: back to awaiting_repair)
+//!   any state ──► rma (only a person leaves it)
+//! ```
+//!
+//! Every transition is a `health_changed` audit record (who, why, the
+//! evidence, what a person should do); the model is the fold of those
+//! records, rebuilt on every start and takeover from the chain's own index
+//! (`AuditStore::records_of_kind`). Evidence is evaluated on every reading
+//! — and so on the first reading after a start — against what the last
+//! verified repair acknowledged (the ECC counter, the XID events), so a
+//! double-bit error that landed while the engine was down is seen the
+//! moment the engine reads the GPU again.
+//!
+//! Nothing broken returns to service on a timer: a fault runbook's repair
+//! drain is sticky, and only a passing health check (the agent's own, which
+//! the agent checks again before it lets the drain go) or a person ends it.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::audit::{AuditRecord, NewRecord, RecordKind};
+
+/// Where a GPU stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthState {
+    #[default]
+    Healthy,
+    /// Evidence of a fault; nothing has acted on it yet (a run is due, or
+    /// it is pending behind a breaker, a cooldown or a full queue).
+    Faulted,
+    /// Drained (its jobs moved off); the fault is being classified.
+    Quarantined,
+    /// A person has been told what to do (reset, reboot, reseat).
+    AwaitingRepair,
+    /// Repair evidence arrived; the health check decides.
+    Verifying,
+    /// Only a person leaves it: the GPU is to be replaced.
+    Rma,
+}
+
+impl HealthState {
+    pub const ALL: [HealthState; 6] = [
+        HealthState::Healthy,
+        HealthState::Faulted,
+        HealthState::Quarantined,
+        HealthState::AwaitingRepair,
+        HealthState::Verifying,
+        HealthState::Rma,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HealthState::Healthy => "healthy",
+            HealthState::Faulted => "faulted",
+            HealthState::Quarantined => "quarantined",
+            HealthState::AwaitingRepair => "awaiting_repair",
+            HealthState::Verifying => "verifying",
+            HealthState::Rma => "rma",
+        }
+    }
+
+    /// How bad, for a node's summary of its GPUs.
+    fn rank(self) -> u8 {
+        match self {
+            HealthState::Healthy => 0,
+            HealthState::Verifying => 1,
+            HealthState::AwaitingRepair => 2,
+            HealthState::Quarantined => 3,
+            HealthState::Faulted => 4,
+            HealthState::Rma => 5,
+        }
+    }
+}
+
+/// What kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// Double-bit ECC errors (XID 48).
+    Dbe,
+    /// A fatal XID (the table below says which).
+    Xid,
+    /// The GPU fell off the bus (XID 79): it does not answer.
+    GpuLost,
+    /// A row remap failed: no spare row left (XID 64): RMA.
+    RowRemapFailure,
+    /// A row remap waits for a reset (XID 63).
+    RowRemapPending,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 5] =
+        [FaultKind::Dbe, FaultKind::Xid, FaultKind::GpuLost, FaultKind::RowRemapFailure, FaultKind::RowRemapPending];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultKind::Dbe => "dbe",
+            FaultKind::Xid => "xid",
+            FaultKind::GpuLost => "gpu_lost",
+            FaultKind::RowRemapFailure => "row_remap_failure",
+            FaultKind::RowRemapPending => "row_remap_pending",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<FaultKind> {
+        FaultKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// What NVIDIA's XID catalog says to do first ("resolution bucket,
+/// immediate action").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum XidAction {
+    /// The application's fault: restart the job; the GPU stays in service.
+    RestartApp,
+    /// A consequence of another error (a killed job): ignore unless alone.
+    Ignore,
+    /// Drain, move the jobs, reset the GPU, check it.
+    ResetGpu,
+    /// Drain, move the jobs, reboot the node (a GPU off the bus), check it.
+    RebootNode,
+    /// Replace the GPU.
+    Rma,
+}
+
+impl XidAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            XidAction::RestartApp => "restart_app",
+            XidAction::Ignore => "ignore",
+            XidAction::ResetGpu => "reset_gpu",
+            XidAction::RebootNode => "reboot_node",
+            XidAction::Rma => "rma",
+        }
+    }
+}
+
+/// One XID code: its meaning and what to do.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct XidInfo {
+    pub code: u32,
+    pub mnemonic: &'static str,
+    pub meaning: &'static str,
+    pub action: XidAction,
+}
+
+/// The XIDs nightshift knows, from NVIDIA's XID catalog for Ampere and newer
+/// ("Analyzing Xid Errors with the Xid Catalog",
+/// docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html) — the
+/// immediate-action bucket — with the field reports' practice for repeats
+/// (docs/XID.md explains each row; re-check against the catalog of the
+/// driver you run, which can change a bucket).
+pub const XID_TABLE: &[XidInfo] = &[
+    XidInfo {
+        code: 13,
+        mnemonic: "ROBUST_CHANNEL_GR_EXCEPTION",
+        meaning: "graphics engine exception (the application's fault)",
+        action: XidAction::RestartApp,
+    },
+    XidInfo {
+        code: 31,
+        mnemonic: "ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR_FLT",
+        meaning: "GPU memory page fault (the application's fault)",
+        action: XidAction::RestartApp,
+    },
+    XidInfo {
+        code: 43,
+        mnemonic: "ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR",
+        meaning: "GPU stopped processing (the application's fault)",
+        action: XidAction::RestartApp,
+    },
+    XidInfo {
+        code: 45,
+        mnemonic: "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL",
+        meaning: "preemptive cleanup after an earlier error (a killed job)",
+        action: XidAction::Ignore,
+    },
+    XidInfo { code: 48, mnemonic: "DBE", meaning: "double-bit ECC error", action: XidAction::ResetGpu },
+    XidInfo {
+        code: 61,
+        mnemonic: "PMU_BREAKPOINT",
+        meaning: "internal micro-controller breakpoint",
+        action: XidAction::ResetGpu,
+    },
+    XidInfo {
+        code: 62,
+        mnemonic: "PMU_HALT_ERROR",
+        meaning: "internal micro-controller halt",
+        action: XidAction::ResetGpu,
+    },
+    XidInfo {
+        code: 63,
+        mnemonic: "ECC_PAGE_RETIREMENT_OR_ROW_REMAPPER_EVENT",
+        meaning: "a page retired or a row marked for remapping: a reset activates it",
+        action: XidAction::ResetGpu,
+    },
+    XidInfo {
+        code: 64,
+        mnemonic: "ECC_PAGE_RETIREMENT_OR_ROW_REMAPPER_FAILURE",
+        meaning: "page retirement or row remapping failed: no spare left",
+        action: XidAction::Rma,
+    },
+    XidInfo { code: 74, mnemonic: "NVLINK_ERROR", meaning: "NVLink error", action: XidAction::ResetGpu },
+    XidInfo {
+        code: 79,
+        mnemonic: "GPU_HAS_FALLEN_OFF_THE_BUS",
+        meaning: "the GPU fell off the bus",
+        action: XidAction::RebootNode,
+    },
+    XidInfo {
+        code: 92,
+        mnemonic: "EXCESSIVE_SBE_INTERRUPTS",
+        meaning: "high single-bit ECC error rate",
+        action: XidAction::ResetGpu,
+    },
+    XidInfo {
+        code: 94,
+        mnemonic: "CONTAINED_ERROR",
+        meaning: "contained memory error (the job that hit it died)",
+        action: XidAction::ResetGpu,
+    },
+    XidInfo {
+        code: 95,
+        mnemonic: "UNCONTAINED_ERROR",
+        meaning: "uncontained memory error",
+        action: XidAction::ResetGpu,
+    },
+    XidInfo { code: 119, mnemonic: "GSP_RPC_TIMEOUT", meaning: "GSP RPC timeout", action: XidAction::ResetGpu },
+    XidInfo { code: 120, mnemonic: "GSP_ERROR", meaning: "GSP error", action: XidAction::ResetGpu },
+    XidInfo {
+        code: 154,
+        mnemonic: "GPU_RECOVERY_ACTION_CHANGED",
+        meaning: "the driver asks for a recovery action (reset, or reboot)",
+        action: XidAction::ResetGpu,
+    },
+];
+
+/// What the table says about an XID, if it is one nightshift knows.
+pub fn xid_info(code: u32) -> Option<&'static XidInfo> {
+    XID_TABLE.iter().find(|x| x.code == code)
+}
+
+/// Whether an XID is a hardware fault (the GPU leaves service).
+pub fn xid_is_fault(code: u32) -> bool {
+    xid_info(code).is_some_and(|x| matches!(x.action, XidAction::ResetGpu | XidAction::RebootNode | XidAction::Rma))
+}
+
+/// What the readings of one GPU say about faults.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Evidence {
+    pub dbe_total: u64,
+    #[serde(default)]
+    pub xid_last: Option<u32>,
+    /// Fatal XID events counted by the agent (NVML's event API); absent
+    /// with DCGM's gauge alone.
+    #[serde(default)]
+    pub xid_events: Option<u64>,
+    #[serde(default)]
+    pub lost: bool,
+    #[serde(default)]
+    pub remap_failure: bool,
+    #[serde(default)]
+    pub remap_pending: bool,
+    /// A fatal XID since the GPU's last reset, where the agent tracks it
+    /// (`Some(false)`: the GPU was reset since).
+    #[serde(default)]
+    pub reset_required: Option<bool>,
+}
+
+/// What the last verified repair (or the first sight of a healthy GPU)
+/// acknowledged: only evidence beyond it is a new fault.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Ack {
+    pub dbe_total: u64,
+    #[serde(default)]
+    pub xid_last: Option<u32>,
+    #[serde(default)]
+    pub xid_events: Option<u64>,
+}
+
+impl From<&Evidence> for Ack {
+    fn from(e: &Evidence) -> Ack {
+        Ack { dbe_total: e.dbe_total, xid_last: e.xid_last, xid_events: e.xid_events }
+    }
+}
+
+/// A fault: its kind, the XID where there is one, and the evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fault {
+    pub kind: FaultKind,
+    #[serde(default)]
+    pub xid: Option<u32>,
+    pub detail: String,
+    pub evidence: Evidence,
+    pub seen_ms: i64,
+}
+
+/// The timestamps of one lifecycle (fault seen → back in service).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Lifecycle {
+    pub seen_ms: i64,
+    #[serde(default)]
+    pub quarantined_ms: Option<i64>,
+    #[serde(default)]
+    pub requeued_ms: Option<i64>,
+    #[serde(default)]
+    pub repaired_ms: Option<i64>,
+    #[serde(default)]
+    pub verified_ms: Option<i64>,
+}
+
+impl Lifecycle {
+    /// `(phase, seconds from the fault)` for each phase reached.
+    pub fn phases(&self) -> Vec<(&'static str, f64)> {
+        let d = |t: Option<i64>| t.map(|t| (t - self.seen_ms).max(0) as f64 / 1000.0);
+        [
+            ("quarantined", d(self.quarantined_ms)),
+            ("requeued", d(self.requeued_ms)),
+            ("repaired", d(self.repaired_ms)),
+            ("verified", d(self.verified_ms)),
+        ]
+        .into_iter()
+        .filter_map(|(p, v)| v.map(|v| (p, v)))
+        .collect()
+    }
+}
+
+/// One GPU's health.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GpuHealth {
+    pub state: HealthState,
+    pub since_ms: i64,
+    pub fault: Option<Fault>,
+    pub ack: Ack,
+    /// The run that acted on the fault (its holds are the repair drain).
+    pub run: Option<String>,
+    /// What a person should do, in words.
+    pub instruction: Option<String>,
+    pub why: String,
+    pub lifecycle: Option<Lifecycle>,
+    /// When earlier faults of this GPU were quarantined (repeat offenders).
+    pub repairs: VecDeque<i64>,
+    /// Finished lifecycles, newest last (bounded).
+    pub history: VecDeque<(FaultKind, Lifecycle)>,
+    /// The last failing health check's failures.
+    pub check_failures: Vec<String>,
+}
+
+/// A transition to record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Transition {
+    pub node: String,
+    pub gpu: u32,
+    pub from: HealthState,
+    pub to: HealthState,
+    #[serde(default)]
+    pub fault: Option<Fault>,
+    /// Who: `engine`, a run id, `user:<name>`.
+    pub by: String,
+    pub why: String,
+    #[serde(default)]
+    pub instruction: Option<String>,
+    #[serde(default)]
+    pub run: Option<String>,
+    /// The counters this transition acknowledges (a verified repair).
+    #[serde(default)]
+    pub ack: Option<Ack>,
+    /// A phase the lifecycle reached without a state change (`requeued`).
+    #[serde(default)]
+    pub phase: Option<String>,
+    #[serde(default)]
+    pub check_failures: Vec<String>,
+}
+
+impl Transition {
+    /// The audit record of this transition.
+    pub fn record(&self, actor: &str) -> NewRecord {
+        let mut rec =
+            NewRecord::new(RecordKind::HealthChanged, actor, json!(self)).node(Some(&self.node)).gpu(Some(self.gpu));
+        if let Some(r) = &self.run {
+            rec = rec.run(r);
+        }
+        rec
+    }
+}
+
+/// How many past lifecycles a GPU keeps in memory.
+const HISTORY: usize = 16;
+
+/// Every GPU's health.
+#[derive(Debug, Clone, Default)]
+pub struct HealthModel {
+    gpus: BTreeMap<(String, u32), GpuHealth>,
+    /// Repeat offenders: a GPU remediated more than this many times within
+    /// the window goes to a person instead of round after round.
+    pub max_repairs: usize,
+    pub repair_window_ms: i64,
+}
+
+impl HealthModel {
+    pub fn new(max_repairs: usize, repair_window_ms: i64) -> HealthModel {
+        HealthModel { gpus: BTreeMap::new(), max_repairs, repair_window_ms }
+    }
+
+    pub fn get(&self, node: &str, gpu: u32) -> Option<&GpuHealth> {
+        self.gpus.get(&(node.to_string(), gpu))
+    }
+
+    /// A GPU's state (healthy when never seen faulty).
+    pub fn state(&self, node: &str, gpu: u32) -> HealthState {
+        self.get(node, gpu).map_or(HealthState::Healthy, |h| h.state)
+    }
+
+    /// The worst state of a node's GPUs.
+    pub fn node_state(&self, node: &str) -> HealthState {
+        self.node_gpus(node).map(|(_, h)| h.state).max_by_key(|s| s.rank()).unwrap_or(HealthState::Healthy)
+    }
+
+    /// A node's GPUs with a health record.
+    pub fn node_gpus<'a>(&'a self, node: &'a str) -> impl Iterator<Item = (u32, &'a GpuHealth)> + 'a {
+        self.gpus.range((node.to_string(), 0)..=(node.to_string(), u32::MAX)).map(|((_, g), h)| (*g, h))
+    }
+
+    /// Every GPU with a health record.
+    pub fn all(&self) -> impl Iterator<Item = (&(String, u32), &GpuHealth)> {
+        self.gpus.iter()
+    }
+
+    /// GPUs in a state.
+    pub fn in_state(&self, state: HealthState) -> Vec<(String, u32)> {
+        self.gpus.iter().filter(|(_, h)| h.state == state).map(|(k, _)| k.clone()).collect()
+    }
+
+    /// Counts per state (GPUs never faulty are not counted here).
+    pub fn counts(&self) -> BTreeMap<HealthState, usize> {
+        let mut m = BTreeMap::new();
+        for h in self.gpus.values() {
+            *m.entry(h.state).or_default() += 1;
+        }
+        m
+    }
+
+    /// Times this GPU was quarantined within the window before `now`.
+    pub fn repairs_in_window(&self, node: &str, gpu: u32, now: i64) -> usize {
+        self.get(node, gpu)
+            .map_or(0, |h| h.repairs.iter().filter(|t| **t >= now.saturating_sub(self.repair_window_ms)).count())
+    }
+
+    /// Whether this GPU has been remediated too often to try again.
+    pub fn repeat_offender(&self, node: &str, gpu: u32, now: i64) -> bool {
+        self.max_repairs > 0 && self.repairs_in_window(node, gpu, now) >= self.max_repairs
+    }
+
+    /// Whether a new fault shows in `ev`, beyond what was acknowledged. Only
+    /// a healthy GPU (or one verifying) gets a new fault; one already in
+    /// the lifecycle keeps its own.
+    pub fn observe(&self, node: &str, gpu: u32, ev: &Evidence, now: i64) -> Option<Transition> {
+        let h = self.get(node, gpu);
+        let state = h.map_or(HealthState::Healthy, |h| h.state);
+        if !matches!(state, HealthState::Healthy | HealthState::Verifying) {
+            return None;
+        }
+        let ack = h.map(|h| h.ack).unwrap_or_default();
+        let fault = fault_in(ev, &ack, now)?;
+        let why = format!("{}: {}", fault.kind.as_str(), fault.detail);
+        Some(Transition {
+            node: node.to_string(),
+            gpu,
+            from: state,
+            to: HealthState::Faulted,
+            fault: Some(fault),
+            by: "engine".into(),
+            why,
+            instruction: None,
+            run: None,
+            ack: None,
+            phase: None,
+            check_failures: Vec::new(),
+        })
+    }
+
+    /// Take a `health_changed` record into the model (as it is written, and
+    /// when the model is rebuilt from the chain).
+    pub fn replay(&mut self, r: &AuditRecord) {
+        if r.kind != RecordKind::HealthChanged {
+            return;
+        }
+        let Ok(t) = serde_json::from_value::<Transition>(r.data.clone()) else {
+            tracing::error!(seq = r.seq, "a health_changed record cannot be read: the model skips it");
+            return;
+        };
+        self.apply(&t, r.ts_ms);
+    }
+
+    /// Apply a transition at `ts_ms`.
+    pub fn apply(&mut self, t: &Transition, ts_ms: i64) {
+        let window = self.repair_window_ms;
+        let h = self.gpus.entry((t.node.clone(), t.gpu)).or_default();
+        if let Some(phase) = &t.phase {
+            if let Some(l) = h.lifecycle.as_mut()
+                && phase == "requeued"
+            {
+                l.requeued_ms.get_or_insert(ts_ms);
+            }
+            return;
+        }
+        h.state = t.to;
+        h.since_ms = ts_ms;
+        h.why = t.why.clone();
+        if t.run.is_some() {
+            h.run = t.run.clone();
+        }
+        if t.instruction.is_some() {
+            h.instruction = t.instruction.clone();
+        }
+        h.check_failures = t.check_failures.clone();
+        match t.to {
+            HealthState::Faulted => {
+                h.fault = t.fault.clone();
+                h.run = t.run.clone();
+                h.instruction = None;
+                h.lifecycle = Some(Lifecycle { seen_ms: ts_ms, ..Lifecycle::default() });
+            }
+            HealthState::Quarantined => {
+                if let Some(l) = h.lifecycle.as_mut() {
+                    l.quarantined_ms.get_or_insert(ts_ms);
+                }
+                h.repairs.push_back(ts_ms);
+                while h.repairs.front().is_some_and(|x| *x < ts_ms.saturating_sub(window.max(0))) {
+                    h.repairs.pop_front();
+                }
+            }
+            HealthState::Verifying => {
+                if let Some(l) = h.lifecycle.as_mut() {
+                    l.repaired_ms.get_or_insert(ts_ms);
+                }
+            }
+            HealthState::Healthy => {
+                if let Some(l) = h.lifecycle.as_mut() {
+                    l.verified_ms.get_or_insert(ts_ms);
+                }
+                if let Some(a) = t.ack {
+                    h.ack = a;
+                }
+                if let (Some(f), Some(l)) = (h.fault.take(), h.lifecycle.take()) {
+                    h.history.push_back((f.kind, l));
+                    while h.history.len() > HISTORY {
+                        h.history.pop_front();
+                    }
+                }
+                h.run = None;
+                h.instruction = None;
+            }
+            HealthState::AwaitingRepair | HealthState::Rma => {}
+        }
+    }
+}
+
+/// The fault `ev` shows beyond `ack`, worst first: a lost GPU, a failed
+/// remap, new double-bit errors, a new fatal XID, a pending remap.
+pub fn fault_in(ev: &Evidence, ack: &Ack, now: i64) -> Option<Fault> {
+    let f = |kind, xid, detail: String| Some(Fault { kind, xid, detail, evidence: *ev, seen_ms: now });
+    if ev.lost {
+        return f(FaultKind::GpuLost, Some(79), "the GPU does not answer (fallen off the bus)".into());
+    }
+    if ev.remap_failure {
+        return f(FaultKind::RowRemapFailure, Some(64), "a row remap failed: no spare row left".into());
+    }
+    if ev.dbe_total > ack.dbe_total {
+        return f(
+            FaultKind::Dbe,
+            Some(48),
+            format!("{} double-bit ECC error(s) (acknowledged {})", ev.dbe_total, ack.dbe_total),
+        );
+    }
+    if let Some(x) = ev.xid_last.filter(|x| xid_is_fault(*x)) {
+        let new = match (ev.xid_events, ack.xid_events) {
+            (Some(now_n), Some(acked)) => now_n > acked,
+            (Some(now_n), None) => now_n > 0,
+            // DCGM's gauge alone: a code other than the acknowledged one.
+            (None, _) => ack.xid_last != Some(x),
+        };
+        if new {
+            let what = xid_info(x).map_or("a fatal XID", |i| i.meaning);
+            return f(FaultKind::Xid, Some(x), format!("XID {x}: {what}"));
+        }
+    }
+    if ev.remap_pending && ev.reset_required != Some(false) && ev.dbe_total == ack.dbe_total && ack.dbe_total == 0 {
+        return f(FaultKind::RowRemapPending, Some(63), "a row remap waits for a GPU reset".into());
+    }
+    None
+}
+
+/// Whether `ev` shows the repair a GPU awaiting it needs: the evidence of
+/// its fault is gone (it answers again, its volatile counters were cleared
+/// by a reset, the pending remap took effect).
+pub fn repair_evidence(fault: &Fault, ev: &Evidence) -> Option<String> {
+    if ev.lost {
+        return None;
+    }
+    let reset = ev.reset_required == Some(false);
+    match fault.kind {
+        FaultKind::GpuLost => Some("the GPU answers again".into()),
+        FaultKind::Dbe if ev.dbe_total < fault.evidence.dbe_total || (reset && ev.dbe_total == 0) => {
+            Some("the GPU was reset: its double-bit ECC counter is clear".into())
+        }
+        FaultKind::RowRemapPending if !ev.remap_pending => Some("the pending row remap took effect".into()),
+        FaultKind::Xid if reset => Some("the GPU was reset since the XID".into()),
+        _ => None,
+    }
+}
+
+/// The evidence in a record's data (for views).
+pub fn transition_of(r: &AuditRecord) -> Option<Transition> {
+    (r.kind == RecordKind::HealthChanged).then(|| serde_json::from_value(r.data.clone()).ok()).flatten()
+}
+
+/// A GPU's health as people read it.
+pub fn gpu_view(gpu: u32, h: &GpuHealth, now: i64) -> Value {
+    json!({
+        "gpu": gpu,
+        "state": h.state.as_str(),
+        "since_ms": h.since_ms,
+        "why": h.why,
+        "fault": h.fault,
+        "run": h.run,
+        "instruction": h.instruction,
+        "check_failures": h.check_failures,
+        "lifecycle": h.lifecycle.map(|l| json!({"timestamps": l, "phases": l.phases().into_iter().collect::<BTreeMap<_, _>>()})),
+        "repairs_in_window": h.repairs.len(),
+        "history": h.history.iter().map(|(k, l)| json!({"kind": k.as_str(), "lifecycle": l, "phases": l.phases().into_iter().collect::<BTreeMap<_, _>>()})).collect::<Vec<_>>(),
+        "age_secs": (now - h.since_ms).max(0) / 1000,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(seq: u64, ts: i64, t: &Transition) -> AuditRecord {
+        AuditRecord {
+            seq,
+            ts_ms: ts,
+            kind: RecordKind::HealthChanged,
+            run: t.run.clone(),
+            node: Some(t.node.clone()),
+            gpu: Some(t.gpu),
+            runbook: None,
+            actor: "engine".into(),
+            data: serde_json::to_value(t).unwrap(),
+            prev_hash: String::new(),
+            hash: String::new(),
+            v: None,
+        }
+    }
+
+    fn to(state: HealthState, from: HealthState) -> Transition {
+        Transition {
+            node: "n1".into(),
+            gpu: 0,
+            from,
+            to: state,
+            fault: None,
+            by: "r1".into(),
+            why: "test".into(),
+            instruction: None,
+            run: Some("r1".into()),
+            ack: None,
+            phase: None,
+            check_failures: vec![],
+        }
+    }
+
+    /// Table: evidence against an acknowledgement → the fault found.
+    #[test]
+    fn evidence_table() {
+        let zero = Ack::default();
+        let cases: Vec<(&str, Evidence, Ack, Option<(FaultKind, Option<u32>)>)> = vec![
+            ("healthy", Evidence::default(), zero, None),
+            ("a DBE", Evidence { dbe_total: 2, ..Evidence::default() }, zero, Some((FaultKind::Dbe, Some(48)))),
+            (
+                "an acknowledged DBE",
+                Evidence { dbe_total: 2, ..Evidence::default() },
+                Ack { dbe_total: 2, ..zero },
+                None,
+            ),
+            (
+                "lost beats everything",
+                Evidence { lost: true, dbe_total: 5, ..Evidence::default() },
+                zero,
+                Some((FaultKind::GpuLost, Some(79))),
+            ),
+            (
+                "remap failure",
+                Evidence { remap_failure: true, dbe_total: 600, ..Evidence::default() },
+                zero,
+                Some((FaultKind::RowRemapFailure, Some(64))),
+            ),
+            (
+                "XID 95 by events",
+                Evidence { xid_last: Some(95), xid_events: Some(1), ..Evidence::default() },
+                zero,
+                Some((FaultKind::Xid, Some(95))),
+            ),
+            (
+                "the same XID counted twice",
+                Evidence { xid_last: Some(79), xid_events: Some(2), ..Evidence::default() },
+                Ack { xid_last: Some(79), xid_events: Some(1), ..zero },
+                Some((FaultKind::Xid, Some(79))),
+            ),
+            (
+                "an acknowledged XID",
+                Evidence { xid_last: Some(79), xid_events: Some(1), ..Evidence::default() },
+                Ack { xid_last: Some(79), xid_events: Some(1), ..zero },
+                None,
+            ),
+            (
+                "gauge only: a new code",
+                Evidence { xid_last: Some(94), ..Evidence::default() },
+                Ack { xid_last: Some(79), ..zero },
+                Some((FaultKind::Xid, Some(94))),
+            ),
+            (
+                "gauge only: the acknowledged code",
+                Evidence { xid_last: Some(79), ..Evidence::default() },
+                Ack { xid_last: Some(79), ..zero },
+                None,
+            ),
+            (
+                "an application XID",
+                Evidence { xid_last: Some(13), xid_events: Some(1), ..Evidence::default() },
+                zero,
+                None,
+            ),
+            ("XID 45 follows a killed job", Evidence { xid_last: Some(45), ..Evidence::default() }, zero, None),
+            (
+                "a pending remap alone",
+                Evidence { remap_pending: true, ..Evidence::default() },
+                zero,
+                Some((FaultKind::RowRemapPending, Some(63))),
+            ),
+        ];
+        for (name, ev, ack, want) in cases {
+            let got = fault_in(&ev, &ack, 1).map(|f| (f.kind, f.xid));
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_table_has_every_code_the_handbook_names() {
+        for code in [13, 31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154] {
+            assert!(xid_info(code).is_some(), "XID {code}");
+        }
+        assert_eq!(xid_info(79).unwrap().action, XidAction::RebootNode);
+        assert_eq!(xid_info(64).unwrap().action, XidAction::Rma);
+        assert!(!xid_is_fault(13) && xid_is_fault(95));
+    }
+
+    #[test]
+    fn a_lifecycle_replays_to_the_same_state_and_counts_repairs() {
+        let mut m = HealthModel::new(2, 86_400_000);
+        let ev = Evidence { dbe_total: 2, ..Evidence::default() };
+        let fault = m.observe("n1", 0, &ev, 1_000).expect("a fault");
+        let steps = [
+            (1_000, fault.clone()),
+            (2_000, to(HealthState::Quarantined, HealthState::Faulted)),
+            (
+                2_500,
+                Transition { phase: Some("requeued".into()), ..to(HealthState::Quarantined, HealthState::Quarantined) },
+            ),
+            (3_000, to(HealthState::AwaitingRepair, HealthState::Quarantined)),
+            (9_000, to(HealthState::Verifying, HealthState::AwaitingRepair)),
+            (
+                10_000,
+                Transition {
+                    ack: Some(Ack { dbe_total: 0, ..Ack::default() }),
+                    ..to(HealthState::Healthy, HealthState::Verifying)
+                },
+            ),
+        ];
+        let mut replayed = HealthModel::new(2, 86_400_000);
+        for (i, (ts, t)) in steps.iter().enumerate() {
+            m.apply(t, *ts);
+            replayed.replay(&rec(i as u64 + 1, *ts, t));
+        }
+        assert_eq!(m.get("n1", 0), replayed.get("n1", 0), "the chain rebuilds exactly what was applied");
+        let h = m.get("n1", 0).unwrap();
+        assert_eq!(h.state, HealthState::Healthy);
+        let (kind, l) = h.history.back().unwrap();
+        assert_eq!(*kind, FaultKind::Dbe);
+        assert_eq!(l.phases(), vec![("quarantined", 1.0), ("requeued", 1.5), ("repaired", 8.0), ("verified", 9.0)]);
+        assert_eq!(m.repairs_in_window("n1", 0, 10_000), 1);
+        assert!(!m.repeat_offender("n1", 0, 10_000));
+        // A second fault and quarantine: two in the window.
+        let t = m
+            .observe("n1", 0, &Evidence { dbe_total: 1, ..Evidence::default() }, 20_000)
+            .expect("a new DBE after the reset");
+        m.apply(&t, 20_000);
+        m.apply(&to(HealthState::Quarantined, HealthState::Faulted), 21_000);
+        assert!(m.repeat_offender("n1", 0, 22_000));
+        assert!(
+            m.observe("n1", 0, &Evidence { dbe_total: 9, ..Evidence::default() }, 23_000).is_none(),
+            "a GPU in the lifecycle keeps its fault"
+        );
+        assert_eq!(m.node_state("n1"), HealthState::Quarantined);
+        assert_eq!(m.node_state("n2"), HealthState::Healthy);
+    }
+
+    #[test]
+    fn repair_evidence_is_the_fault_gone() {
+        let lost = Fault {
+            kind: FaultKind::GpuLost,
+            xid: Some(79),
+            detail: String::new(),
+            evidence: Evidence { lost: true, ..Evidence::default() },
+            seen_ms: 0,
+        };
+        assert!(repair_evidence(&lost, &Evidence { lost: true, ..Evidence::default() }).is_none());
+        assert!(repair_evidence(&lost, &Evidence::default()).is_some());
+        let dbe = Fault {
+            kind: FaultKind::Dbe,
+            xid: Some(48),
+            detail: String::new(),
+            evidence: Evidence { dbe_total: 2, ..Evidence::default() },
+            seen_ms: 0,
+        };
+        assert!(repair_evidence(&dbe, &Evidence { dbe_total: 2, ..Evidence::default() }).is_none());
+        assert!(
+            repair_evidence(&dbe, &Evidence { dbe_total: 0, reset_required: Some(false), ..Evidence::default() })
+                .is_some()
+        );
+        let xid = Fault {
+            kind: FaultKind::Xid,
+            xid: Some(95),
+            detail: String::new(),
+            evidence: Evidence::default(),
+            seen_ms: 0,
+        };
+        assert!(
+            repair_evidence(&xid, &Evidence { xid_last: Some(95), reset_required: Some(true), ..Evidence::default() })
+                .is_none()
+        );
+        assert!(
+            repair_evidence(&xid, &Evidence { xid_last: Some(95), reset_required: Some(false), ..Evidence::default() })
+                .is_some()
+        );
+        let rma = Fault {
+            kind: FaultKind::RowRemapFailure,
+            xid: Some(64),
+            detail: String::new(),
+            evidence: Evidence::default(),
+            seen_ms: 0,
+        };
+        assert!(repair_evidence(&rma, &Evidence::default()).is_none(), "only a person ends an RMA");
+    }
+}

@@ -1,0 +1,502 @@
+//! The engine's side of the repair lifecycle (`health.rs` is the model):
+//!
+//! - on every reading of a node, each GPU's evidence is compared with what
+//!   its last verified repair acknowledged — a new fault is recorded at
+//!   once (`health_changed`, durable), then handed to the fault runbook
+//!   that takes its kind (a `fault` trigger); a fault that admission
+//!   suppresses (breaker, cooldown, full queue) stays pending and is tried
+//!   again, and a person is told the node by name the moment it is;
+//! - a GPU awaiting repair moves to `verifying` when the evidence of its
+//!   fault is gone (it answers again, a reset cleared its counters) or a
+//!   person says it was repaired;
+//! - on the engine's tick a verifying GPU gets the agent's `health_check`:
+//!   passing, it is healthy again (the counters it shows are acknowledged)
+//!   and, once every GPU of the node is, the run that quarantined it
+//!   releases its repair drain (the agent checks again before it lets the
+//!   drain go); failing, it waits for repair again and a person is told
+//!   what failed.
+//!
+//! Memory here is only pacing (when a pending fault was last tried, who was
+//! told); every state is on the chain.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use nightshift_proto::{HealthCheck, HealthCheckArgs, Op, ReleaseArgs, Request};
+
+use crate::audit::{NewRecord, RecordKind};
+use crate::engine::{Engine, RunRequest, Submitted};
+use crate::fleet::Node;
+use crate::health::{Ack, Evidence, FaultKind, HealthState, Transition, repair_evidence};
+use crate::manifest::Trigger;
+use crate::metrics::ids;
+use crate::runs::{RunSummary, Target};
+use crate::telemetry::SeriesKey;
+
+/// How often a pending fault is offered to admission again.
+const RETRY_PENDING_MS: i64 = 10_000;
+/// How often a verifying GPU's health check is run again after a failure
+/// to reach the agent.
+const RECHECK_MS: i64 = 30_000;
+
+/// Pacing for the repair loop.
+#[derive(Debug, Default)]
+pub struct RepairMemory {
+    /// (node, gpu) → when its pending fault was last offered.
+    tried: BTreeMap<(String, u32), i64>,
+    /// (node, gpu, fault seen) already told about a suppression or a
+    /// missing runbook.
+    told: BTreeSet<(String, u32, i64)>,
+    /// (node, gpu) → when its health check last ran.
+    checked: BTreeMap<(String, u32), i64>,
+}
+
+impl Engine {
+    /// The evidence the telemetry store holds for a GPU (`None` when it has
+    /// no reading at all).
+    pub(crate) fn evidence(&self, node: &Node, gpu: u32) -> Option<Evidence> {
+        let g = u16::try_from(gpu).ok()?;
+        let b = self.core.brain();
+        let get = |m| b.store.latest(SeriesKey { node: node.idx, gpu: Some(g), metric: m }).map(|(_, v)| v);
+        let lost = get(ids::LOST);
+        let dbe = get(ids::ECC_DBE);
+        let xid = get(ids::XID);
+        if lost.is_none() && dbe.is_none() && xid.is_none() {
+            return None;
+        }
+        Some(Evidence {
+            dbe_total: dbe.unwrap_or(0.0).max(0.0) as u64,
+            xid_last: xid.filter(|x| *x > 0.0).map(|x| x as u32),
+            xid_events: get(ids::XID_EVENTS).map(|x| x.max(0.0) as u64),
+            lost: lost.is_some_and(|v| v > 0.5),
+            remap_failure: get(ids::REMAP_FAILURE).is_some_and(|v| v > 0.5),
+            remap_pending: get(ids::REMAP_PENDING).is_some_and(|v| v > 0.5),
+            reset_required: get(ids::RESET_REQUIRED).map(|v| v > 0.5),
+        })
+    }
+
+    /// Record a transition (durably) and take it into the model.
+    pub(crate) async fn record_health(&self, t: &Transition, actor: &str) -> Result<(), String> {
+        let rec = t.record(actor);
+        let r = self.core.audit.append(rec, None).await.map_err(|e| format!("cannot audit a health change: {e}"))?;
+        self.core.health().replay(&r);
+        tracing::info!(
+            node = %t.node, gpu = t.gpu, from = t.from.as_str(), to = t.to.as_str(), by = %t.by, why = %t.why,
+            "health changed"
+        );
+        Ok(())
+    }
+
+    /// Look at every GPU of `node` after a reading: new faults, pending
+    /// faults, repair evidence.
+    pub(crate) async fn evaluate_health(&self, node: &Arc<Node>) {
+        if !self.core.acting() {
+            return;
+        }
+        let gpus = node.state().gpu_count() as u32;
+        let now = self.core.now();
+        for gpu in 0..gpus {
+            let Some(ev) = self.evidence(node, gpu) else { continue };
+            let name = node.spec.name.as_str();
+            let new = self.core.health().observe(name, gpu, &ev, now);
+            if let Some(t) = new {
+                if let Err(e) = self.record_health(&t, "engine").await {
+                    tracing::error!(node = name, gpu, error = %e, "a fault could not be recorded");
+                    continue;
+                }
+                self.core.counters.faults_seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            let h = self.core.health().get(name, gpu).cloned();
+            let Some(h) = h else { continue };
+            match h.state {
+                // Repaired before anything acted (a person rebooted the rack
+                // after a storm the breaker held): the health check decides.
+                HealthState::Faulted if h.fault.as_ref().and_then(|f| repair_evidence(f, &ev)).is_none() => {
+                    self.offer_fault(node, gpu, now).await
+                }
+                HealthState::Faulted | HealthState::AwaitingRepair => {
+                    if let Some(f) = &h.fault
+                        && let Some(why) = repair_evidence(f, &ev)
+                    {
+                        let t = Transition {
+                            node: name.to_string(),
+                            gpu,
+                            from: h.state,
+                            to: HealthState::Verifying,
+                            fault: None,
+                            by: "engine".into(),
+                            why,
+                            instruction: None,
+                            run: None,
+                            ack: None,
+                            phase: None,
+                            check_failures: Vec::new(),
+                        };
+                        if let Err(e) = self.record_health(&t, "engine").await {
+                            tracing::error!(node = name, gpu, error = %e, "cannot record repair evidence");
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A faulted GPU with no run acting on it: offer its fault to the
+    /// runbook that takes it (paced; admission decides).
+    async fn offer_fault(&self, node: &Arc<Node>, gpu: u32, now: i64) {
+        let name = node.spec.name.clone();
+        let key = (name.clone(), gpu);
+        {
+            let mut m = crate::core::lock(&self.core.repair);
+            if m.tried.get(&key).is_some_and(|t| now.saturating_sub(*t) < RETRY_PENDING_MS) {
+                return;
+            }
+            m.tried.insert(key.clone(), now);
+        }
+        let Some(h) = self.core.health().get(&name, gpu).cloned() else { return };
+        let Some(fault) = h.fault.clone() else { return };
+        let set = self.runbook_set();
+        let rb = set.runbooks.iter().find(|rb| {
+            matches!(&rb.manifest.trigger, Trigger::Fault { kinds } if kinds.iter().any(|k| k == fault.kind.as_str()))
+                && self.selector_matches(rb, node)
+        });
+        let target = Target::gpu(&name, gpu);
+        let Some(rb) = rb else {
+            self.tell_once(
+                &name,
+                gpu,
+                fault.seen_ms,
+                None,
+                format!(
+                    "{name} GPU {gpu}: {} — and no runbook takes `{}` faults (a `fault` trigger): nothing will act on it; a person must drain {name} and repair it",
+                    fault.detail,
+                    fault.kind.as_str()
+                ),
+            )
+            .await;
+            return;
+        };
+        // A run already on this GPU's fault (queued, waiting, running).
+        if self.core.table().active_by_key.contains_key(&(rb.manifest.name.clone(), target.clone())) {
+            return;
+        }
+        let req = RunRequest {
+            runbook: rb.manifest.name.clone(),
+            target: target.clone(),
+            trigger: "fault".into(),
+            detail: format!("{name} GPU {gpu}: {}", fault.detail),
+            event: json!({
+                "kind": "fault",
+                "fault": fault.kind.as_str(),
+                "xid": fault.xid,
+                "detail": fault.detail,
+                "evidence": fault.evidence,
+                "node": name,
+                "gpu": gpu,
+                "seen_ms": fault.seen_ms,
+            }),
+            // A fault is a state: it is current whenever it is offered.
+            event_ts_ms: now,
+            params: BTreeMap::new(),
+            dry_run: false,
+            requested_by: "engine".into(),
+        };
+        match self.submit_inner(req, None).await {
+            Ok(Submitted::Suppressed { reason, .. }) | Ok(Submitted::Dropped { reason }) => {
+                self.tell_once(
+                    &name,
+                    gpu,
+                    fault.seen_ms,
+                    Some(&rb.manifest.name),
+                    format!(
+                        "{name} GPU {gpu}: {} is pending — {}: {} does not act until that ends, and it will then; look at {name} now",
+                        fault.detail, reason, rb.manifest.name
+                    ),
+                )
+                .await;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(node = %name, gpu, error = %e, "cannot submit a fault run"),
+        }
+    }
+
+    /// Escalate once per fault: the text names the node.
+    async fn tell_once(&self, node: &str, gpu: u32, seen_ms: i64, runbook: Option<&str>, text: String) {
+        let fresh = crate::core::lock(&self.core.repair).told.insert((node.to_string(), gpu, seen_ms));
+        if !fresh {
+            return;
+        }
+        tracing::warn!(node, gpu, text = %text, "fault pending");
+        let data = self.core.notification_data(RecordKind::Escalation, &text, "escalation", false, false);
+        let mut rec = NewRecord::new(RecordKind::Escalation, "engine", data).node(Some(node)).gpu(Some(gpu));
+        if let Some(rb) = runbook {
+            rec = rec.runbook(rb);
+        }
+        match self.core.audit.append(rec, None).await {
+            Ok(r) => crate::core::Core::deliver(&self.core, &r),
+            Err(e) => tracing::error!(node, error = %e, "cannot audit a pending fault"),
+        }
+    }
+
+    /// The tick's part: health checks for verifying GPUs.
+    pub(crate) async fn health_tick(&self, now: i64) {
+        if !self.core.acting() {
+            return;
+        }
+        let verifying = self.core.health().in_state(HealthState::Verifying);
+        let mut by_node: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for (node, gpu) in verifying {
+            let due = {
+                let m = crate::core::lock(&self.core.repair);
+                m.checked.get(&(node.clone(), gpu)).is_none_or(|t| now.saturating_sub(*t) >= RECHECK_MS)
+            };
+            if due {
+                by_node.entry(node).or_default().push(gpu);
+            }
+        }
+        for (node, gpus) in by_node {
+            self.verify_node(&node, &gpus, now).await;
+        }
+    }
+
+    /// Run the agent's health check and move each verifying GPU on.
+    async fn verify_node(&self, node: &str, gpus: &[u32], now: i64) {
+        {
+            let mut m = crate::core::lock(&self.core.repair);
+            for g in gpus {
+                m.checked.insert((node.to_string(), *g), now);
+            }
+        }
+        let Some(n) = self.core.fleet.get(node) else { return };
+        let check = match self.health_check_call(&n).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(node, error = %e, "health check not answered; trying again");
+                return;
+            }
+        };
+        for gpu in gpus {
+            let Some(h) = self.core.health().get(node, *gpu).cloned() else { continue };
+            let gc = check.gpus.iter().find(|g| g.index == *gpu);
+            let mut failures: Vec<String> =
+                gc.map(|g| g.failures.clone()).unwrap_or_else(|| vec!["not in the check".into()]);
+            failures.extend(check.node_failures.iter().cloned());
+            let passed = failures.is_empty();
+            let ev = self.evidence(&n, *gpu).unwrap_or_default();
+            let t = Transition {
+                node: node.to_string(),
+                gpu: *gpu,
+                from: h.state,
+                to: if passed { HealthState::Healthy } else { HealthState::AwaitingRepair },
+                fault: None,
+                by: "engine".into(),
+                why: if passed {
+                    format!("health check passed ({})", gc.map(|g| g.checked.join(", ")).unwrap_or_default())
+                } else {
+                    format!("health check failed: {}", failures.join("; "))
+                },
+                instruction: None,
+                run: None,
+                ack: passed.then(|| Ack::from(&ev)),
+                phase: None,
+                check_failures: failures.clone(),
+            };
+            if let Err(e) = self.record_health(&t, "engine").await {
+                tracing::error!(node, gpu, error = %e, "cannot record a health check");
+                continue;
+            }
+            if !passed {
+                let text = format!(
+                    "{node} GPU {gpu} failed its health check after the repair: {}. It stays out of service{}",
+                    failures.join("; "),
+                    h.instruction.as_deref().map(|i| format!("; {i}")).unwrap_or_default()
+                );
+                let data = self.core.notification_data(RecordKind::Notification, &text, "warning", false, false);
+                let rec = NewRecord::new(RecordKind::Notification, "engine", data).node(Some(node)).gpu(Some(*gpu));
+                if let Ok(r) = self.core.audit.append(rec, None).await {
+                    crate::core::Core::deliver(&self.core, &r);
+                }
+            }
+        }
+        self.return_to_service(node).await;
+    }
+
+    /// The agent's health check (read-only; not a change, so not an action).
+    pub async fn health_check_call(&self, n: &Node) -> Result<HealthCheck, String> {
+        let req = Request::new(self.core.ids.request("health"), Op::HealthCheck(HealthCheckArgs { gpu: None }));
+        match n.transport.call(req).await {
+            Ok(r) if r.ok => serde_json::from_value(r.result.unwrap_or(Value::Null))
+                .map_err(|e| format!("the agent's health check does not read: {e}")),
+            Ok(r) => Err(r.error.map(|e| e.message).unwrap_or_default()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Once every GPU of a node is healthy, the runs that quarantined it
+    /// release what they hold there (the repair drain with them; the agent
+    /// checks health again before it lets the drain go).
+    async fn return_to_service(&self, node: &str) {
+        if self.core.health().node_state(node) != HealthState::Healthy {
+            return;
+        }
+        let Some(n) = self.core.fleet.get(node) else { return };
+        let holds = self.core.current_holds(node).await;
+        // Runs whose holds on this node were placed for a fault: the repair
+        // drain is sticky with `repair`.
+        let owners: BTreeSet<String> = holds.iter().filter(|h| h.repair).map(|h| h.owner.clone()).collect();
+        for owner in owners {
+            let Ok(Some(summary)) = self.core.audit.run(&owner) else { continue };
+            self.release_fault_holds(&summary, &n, &holds).await;
+        }
+    }
+
+    async fn release_fault_holds(&self, s: &RunSummary, n: &Node, holds: &[nightshift_proto::HoldInfo]) {
+        let node = n.spec.name.as_str();
+        let mut ids: Vec<String> =
+            holds.iter().filter(|h| h.owner == s.id && h.sticky()).map(|h| h.id.clone()).collect();
+        ids.sort();
+        let mut reqs: Vec<Request> = ids
+            .into_iter()
+            .map(|id| {
+                Request::new(
+                    self.core.ids.request(&format!("{}-repaired", s.id)),
+                    Op::Release(ReleaseArgs { hold: Some(id), owner: None, include_kept: false }),
+                )
+            })
+            .collect();
+        reqs.push(Request::new(
+            self.core.ids.request(&format!("{}-repaired", s.id)),
+            Op::Release(ReleaseArgs { hold: None, owner: Some(s.id.clone()), include_kept: true }),
+        ));
+        for req in reqs {
+            let action_id = req.id.clone();
+            let sent = self.core.send_audited(s, node, None, req).await;
+            let data = match &sent {
+                Ok((r, _)) if r.ok => {
+                    json!({"action_id": action_id, "op": "release", "ok": true, "outcome": "released",
+                    "applied": true, "after": r.result, "why": "repaired: the health check passed", "dry_run": false})
+                }
+                Ok((r, _)) => {
+                    json!({"action_id": action_id, "op": "release", "ok": false, "outcome": "refused", "applied": false,
+                    "code": r.code().map(|c| c.as_str()), "error": r.error.as_ref().map(|e| e.message.clone()), "dry_run": false})
+                }
+                Err(e) => {
+                    json!({"action_id": action_id, "op": "release", "ok": false, "outcome": "error", "applied": false,
+                    "code": "transport", "error": e, "dry_run": false})
+                }
+            };
+            let ok = data["ok"] == true;
+            let rec = NewRecord::new(RecordKind::ActionResult, "engine", data)
+                .run(&s.id)
+                .node(Some(node))
+                .runbook(&s.runbook);
+            if let Err(e) = self.core.audit.append(rec, None).await {
+                tracing::error!(run = %s.id, error = %e, "cannot audit a repair release");
+            }
+            if !ok {
+                tracing::warn!(node, run = %s.id, "a repaired node's hold was not released: it stays out of service");
+            }
+        }
+    }
+
+    /// A person says a node (or one GPU) was repaired: its GPUs awaiting
+    /// repair move to verifying (the health check still decides).
+    pub async fn mark_repaired(&self, node: &str, gpu: Option<u32>, who: &str, note: &str) -> Result<Vec<u32>, String> {
+        let n = self.core.fleet.get(node).ok_or_else(|| format!("{node} is not in the inventory"))?;
+        let candidates: Vec<(u32, HealthState)> = self
+            .core
+            .health()
+            .node_gpus(node)
+            .filter(|(g, h)| {
+                gpu.is_none_or(|x| x == *g)
+                    && matches!(
+                        h.state,
+                        HealthState::Faulted
+                            | HealthState::AwaitingRepair
+                            | HealthState::Quarantined
+                            | HealthState::Rma
+                    )
+            })
+            .map(|(g, h)| (g, h.state))
+            .collect();
+        if candidates.is_empty() {
+            return Err(format!(
+                "{node}{} has nothing awaiting repair: see `nightshift agents show {node}`",
+                gpu.map(|g| format!(" GPU {g}")).unwrap_or_default()
+            ));
+        }
+        let mut out = Vec::new();
+        for (g, from) in candidates {
+            let t = Transition {
+                node: node.to_string(),
+                gpu: g,
+                from,
+                to: HealthState::Verifying,
+                fault: None,
+                by: who.to_string(),
+                why: if note.is_empty() { format!("{who} says it was repaired") } else { format!("{who}: {note}") },
+                instruction: None,
+                run: None,
+                ack: None,
+                phase: None,
+                check_failures: Vec::new(),
+            };
+            self.record_health(&t, who).await?;
+            out.push(g);
+        }
+        drop(n);
+        Ok(out)
+    }
+
+    /// The health model as people read it: this engine's own (leading), or
+    /// rebuilt from its copy of the chain (a standby follows it).
+    pub fn health_model(&self) -> crate::health::HealthModel {
+        if self.core.acting() {
+            return self.core.health().clone();
+        }
+        let mut m = crate::health::HealthModel::new(
+            self.core.config.limits.max_repairs_in_window,
+            (self.core.config.limits.repair_window_secs as i64).saturating_mul(1000),
+        );
+        if let Ok(records) = self.core.audit.records_of_kind(RecordKind::HealthChanged) {
+            for r in &records {
+                m.replay(r);
+            }
+        }
+        m
+    }
+
+    /// Rebuild the health model and the node marks from the chain (start,
+    /// takeover, restore).
+    pub(crate) fn rebuild_health(&self) -> Result<usize, crate::audit::AuditError> {
+        let records = self.core.audit.records_of_kind(RecordKind::HealthChanged)?;
+        {
+            let mut m = self.core.health();
+            for r in &records {
+                m.replay(r);
+            }
+        }
+        let marks = self.core.audit.records_of_kind(RecordKind::NodeAnnotated)?;
+        for r in &marks {
+            if r.data["dry_run"] == true {
+                continue;
+            }
+            let (Some(node), Some(key)) = (r.node.as_deref(), r.data["key"].as_str()) else { continue };
+            let Some(n) = self.core.fleet.get(node) else { continue };
+            let mut st = n.state();
+            match r.data["value"].as_str() {
+                Some(v) => st.annotations.insert(key.to_string(), v.to_string()),
+                None => st.annotations.remove(key),
+            };
+        }
+        Ok(records.len() + marks.len())
+    }
+
+    /// A fault's kind, for the scenario runner and views.
+    pub fn fault_kind_of(&self, node: &str, gpu: u32) -> Option<FaultKind> {
+        self.core.health().get(node, gpu).and_then(|h| h.fault.as_ref().map(|f| f.kind))
+    }
+}
