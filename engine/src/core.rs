@@ -55,8 +55,9 @@ impl Brain {
         let triggers = TriggerSet::new(set.runbooks.iter().map(|r| &r.manifest));
         let mut retention = triggers.retention_ms();
         for rb in &set.runbooks {
+            let keep = script_window_ms.max(rb.manifest.history_secs.map_or(0, |h| h as i64 * 1000));
             for m in metrics_named_in(&rb.script_source) {
-                retention[m as usize] = retention[m as usize].max(script_window_ms);
+                retention[m as usize] = retention[m as usize].max(keep);
             }
         }
         Brain { store: TelemetryStore::new(retention), triggers, fires: Vec::new() }
@@ -82,8 +83,23 @@ impl Ids {
     /// Counters starting after `runs_so_far` (for readable, growing run
     /// numbers); the epoch makes them unique.
     pub fn new(runs_so_far: u64) -> Ids {
+        Ids::seeded(runs_so_far, None)
+    }
+
+    /// [`Ids::new`], with the epoch from `seed` when given (a deterministic
+    /// simulation: its clock hands out a new seed per engine start, so a
+    /// restart still gets a new epoch).
+    pub fn seeded(runs_so_far: u64, seed: Option<u64>) -> Ids {
         const ALPHABET: &[u8] = b"abcdefghijkmnpqrstuvwxyz23456789";
-        let epoch: String = (0..6).map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char).collect();
+        let epoch: String = match seed {
+            Some(mut x) => (0..6)
+                .map(|_| {
+                    x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                    ALPHABET[((x >> 33) % ALPHABET.len() as u64) as usize] as char
+                })
+                .collect(),
+            None => (0..6).map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char).collect(),
+        };
         Ids { epoch, runs: AtomicU64::new(runs_so_far), requests: AtomicU64::new(0) }
     }
 

@@ -23,6 +23,10 @@ pub struct Counters {
     pub triggers_fired: AtomicU64,
     /// Faults the health model recorded (new `faulted` states).
     pub faults_seen: AtomicU64,
+    /// GPUs' evidence evaluated against their health (every reading).
+    pub health_evaluations: AtomicU64,
+    /// Faults offered to each fault runbook.
+    pub fault_offers: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
     pub runs_suppressed: AtomicU64,
     /// Runs cancelled so a critical run could go first.
     pub runs_preempted: AtomicU64,

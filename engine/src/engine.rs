@@ -172,6 +172,7 @@ impl Engine {
                 parts.nodes.len()
             );
         }
+        let id_seed = parts.clock.id_seed();
         let core = Core {
             clock: parts.clock,
             audit: parts.audit,
@@ -182,7 +183,7 @@ impl Engine {
             history: Mutex::new(history),
             table: Mutex::new(RunTable::new(parts.config.limits.alert_dedup_entries)),
             handle: tokio::runtime::Handle::current(),
-            ids: Ids::new(runs_so_far),
+            ids: Ids::seeded(runs_so_far, id_seed),
             inflight_events: AtomicU64::new(0),
             alert_backlog: AtomicU64::new(0),
             notifier: crate::notify::Notifier::new(&parts.config.notifications),

@@ -371,6 +371,29 @@ impl ScriptHost for Host {
         }
     }
 
+    fn stats_between(&self, _ctx: &RunCtx, node: &str, gpu: Option<u32>, metric: MetricId, from_ms: i64, to_ms: i64) -> Map {
+        let Some(n) = self.core.fleet.get(node) else { return Map::new() };
+        let gpus: Vec<Option<u16>> = match (metrics::metric(metric).gpu_scoped, gpu) {
+            (true, Some(g)) => vec![u16::try_from(g).ok()],
+            (true, None) => (0..n.state().gpu_count()).map(|g| u16::try_from(g).ok()).collect(),
+            (false, _) => vec![None],
+        };
+        let b = self.core.brain();
+        let mut pts: Vec<f64> = Vec::new();
+        for g in gpus {
+            let key = crate::telemetry::SeriesKey { node: n.idx, gpu: g, metric };
+            pts.extend(b.store.window(key, from_ms).into_iter().filter(|(t, _)| *t <= to_ms).map(|(_, v)| v));
+        }
+        if pts.is_empty() {
+            return to_map(json!({"count": 0}));
+        }
+        let min = pts.iter().cloned().fold(f64::INFINITY, f64::min);
+        let max = pts.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let avg = pts.iter().sum::<f64>() / pts.len() as f64;
+        let r2 = |v: f64| (v * 100.0).round() / 100.0;
+        to_map(json!({"count": pts.len(), "min": r2(min), "max": r2(max), "avg": r2(avg)}))
+    }
+
     fn nodes_avg(&self, _ctx: &RunCtx, nodes: &[String], metric: MetricId) -> Option<f64> {
         let mut vals = Vec::new();
         for name in nodes {

@@ -251,6 +251,11 @@ impl Engine {
         let engine = self.clone();
         let set = self.runbook_set();
         let Some(rb) = set.runbooks.get(idx).cloned() else { return };
+        // A deterministic simulation runs its runs one at a time, in run
+        // order between their sleeps: the place is taken now, in the order
+        // the queue started them.
+        let turn = run_number(&summary.id);
+        self.core.clock.turn_reserve(turn);
         self.core.handle.spawn(async move {
             // In order, not awaited: the run's first action or its end waits
             // for a later record, and so for this one.
@@ -285,11 +290,36 @@ impl Engine {
             .unwrap_or_default();
             let script = engine.core.script.clone();
             let ast = rb.ast.clone();
-            let outcome =
-                tokio::task::spawn_blocking(move || script::execute(&script, &ast, ctx, event, params, target))
+            let clock = engine.core.clock.clone();
+            let handle = engine.core.handle.clone();
+            let e2 = engine.clone();
+            let id = summary.id.clone();
+            // The script and the run's end, on one thread, within its turn.
+            let done = tokio::task::spawn_blocking(move || {
+                clock.turn_enter(turn);
+                let outcome = script::execute(&script, &ast, ctx, event, params, target);
+                handle.block_on(e2.end_run(&id, outcome));
+                clock.turn_leave(turn);
+            })
+            .await;
+            if let Err(e) = done {
+                engine.core.clock.turn_leave(turn);
+                if let Err(e) = engine
+                    .finish(&summary.id, RunOutcome::Failed, Some(format!("the run's thread panicked: {e}")), None)
                     .await
-                    .unwrap_or_else(|e| ScriptOutcome::Failed(format!("the run's thread panicked: {e}")));
-            let preempted = engine.core.table().runs.get(&summary.id).and_then(|r| r.preempted_by.clone());
+                {
+                    tracing::error!(run = %summary.id, error = %e, "cannot record the end of a run");
+                }
+            }
+        });
+    }
+
+    /// Record how a run's script ended.
+    async fn end_run(&self, id: &str, outcome: ScriptOutcome) {
+        let engine = self;
+        let summary_id = id.to_string();
+        {
+            let preempted = engine.core.table().runs.get(&summary_id).and_then(|r| r.preempted_by.clone());
             let (o, err) = match outcome {
                 ScriptOutcome::Succeeded => (RunOutcome::Succeeded, None),
                 ScriptOutcome::Failed(m) => (RunOutcome::Failed, Some(m)),
@@ -303,10 +333,10 @@ impl Engine {
                     }),
                 ),
             };
-            if let Err(e) = engine.finish(&summary.id, o, err, None).await {
-                tracing::error!(run = %summary.id, error = %e, "cannot record the end of a run");
+            if let Err(e) = engine.finish(&summary_id, o, err, None).await {
+                tracing::error!(run = %summary_id, error = %e, "cannot record the end of a run");
             }
-        });
+        }
     }
 
     /// End a run: release its holds, record the outcome, free its slot.
@@ -571,4 +601,10 @@ impl Engine {
     pub fn run_class(&self, run: &str) -> Option<RunClass> {
         self.core.table().runs.get(run).map(|r| r.class)
     }
+}
+
+/// The number of a run id (`r000042-k7qxm2` → 42): its place in the turn
+/// order of a deterministic simulation.
+fn run_number(id: &str) -> u64 {
+    id.trim_start_matches('r').split('-').next().and_then(|n| n.parse().ok()).unwrap_or(u64::MAX)
 }

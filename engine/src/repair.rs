@@ -99,6 +99,7 @@ impl Engine {
         let now = self.core.now();
         for gpu in 0..gpus {
             let Some(ev) = self.evidence(node, gpu) else { continue };
+            self.core.counters.health_evaluations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let name = node.spec.name.as_str();
             let new = self.core.health().observe(name, gpu, &ev, now);
             if let Some(t) = new {
@@ -165,6 +166,11 @@ impl Engine {
         });
         let target = Target::gpu(&name, gpu);
         let Some(rb) = rb else {
+            // An alert-started runbook may be handling it (it sets the run);
+            // say nothing takes it only once it has waited five minutes.
+            if h.run.is_some() || now.saturating_sub(fault.seen_ms) < 300_000 {
+                return;
+            }
             self.tell_once(
                 &name,
                 gpu,
@@ -183,6 +189,7 @@ impl Engine {
         if self.core.table().active_by_key.contains_key(&(rb.manifest.name.clone(), target.clone())) {
             return;
         }
+        *crate::core::lock(&self.core.counters.fault_offers).entry(rb.manifest.name.clone()).or_default() += 1;
         let req = RunRequest {
             runbook: rb.manifest.name.clone(),
             target: target.clone(),

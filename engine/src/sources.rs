@@ -59,6 +59,8 @@ pub fn dcgm_metric(name: &str) -> Option<DcgmField> {
         "nightshift_comm_overhead_pct" => Metric(ids::COMM_OVERHEAD),
         "nightshift_allreduce_p99_ms" => Metric(ids::ALLREDUCE_P99),
         "nightshift_nvlink_p2p_latency_us" => Metric(ids::P2P_LATENCY),
+        "nightshift_job_last_progress_timestamp_seconds" => LastProgress,
+        "nightshift_job_world_size" => Metric(ids::JOB_WORLD_SIZE),
         _ => return None,
     })
 }
@@ -70,6 +72,9 @@ pub enum DcgmField {
     /// Framebuffer MiB: used and free make `gpu.mem_used_pct`.
     FbUsed,
     FbFree,
+    /// A job heartbeat's "progress last advanced at" (UNIX seconds):
+    /// `job.stalled_secs` is the time since, at the sample's time.
+    LastProgress,
 }
 
 /// Every name [`dcgm_metric`] knows, for the Prometheus query.
@@ -95,6 +100,8 @@ pub const DCGM_NAMES: &[&str] = &[
     "nightshift_comm_overhead_pct",
     "nightshift_allreduce_p99_ms",
     "nightshift_nvlink_p2p_latency_us",
+    "nightshift_job_last_progress_timestamp_seconds",
+    "nightshift_job_world_size",
 ];
 
 /// The instant query that fetches them all.
@@ -299,6 +306,12 @@ pub fn map_samples(
             st.bad_value += 1;
             continue;
         }
+        if let DcgmField::LastProgress = field {
+            let ts = s.ts_ms.unwrap_or(now_ms);
+            out.push((node, None, ids::JOB_STALLED, ts, (ts as f64 / 1000.0 - s.value).max(0.0).floor()));
+            st.mapped += 1;
+            continue;
+        }
         // Node readings (a job's progress, its communication share) have no GPU.
         if let DcgmField::Metric(m) = field
             && !crate::metrics::metric(m).gpu_scoped
@@ -339,6 +352,7 @@ pub fn map_samples(
                 e.2 = Some(s.value);
                 st.mapped += 1;
             }
+            DcgmField::LastProgress => {}
         }
     }
     for ((node, gpu), (ts, used, free)) in fb {

@@ -394,6 +394,9 @@ pub fn samples_from(t: &Telemetry) -> Vec<(Option<u16>, MetricId, f64)> {
     if let Some(v) = n.chassis_fan_pct {
         out.push((None, ids::CHASSIS_FAN, v));
     }
+    if let Some(v) = n.flush_registered {
+        out.push((None, ids::FLUSH_REGISTERED, v as f64));
+    }
     out.push((None, ids::DRAINED, n.drained as u8 as f64));
     out
 }

@@ -35,6 +35,8 @@ pub enum Compiled {
         level: Level,
         for_ms: i64,
         clear: Level,
+        /// Compare the window's average (`average: true`).
+        average: bool,
     },
     Rate {
         metric: MetricId,
@@ -84,9 +86,9 @@ impl Compiled {
     pub fn from_manifest(m: &Manifest) -> Option<Compiled> {
         let metric = m.metric_id()?;
         Some(match &m.trigger {
-            Trigger::Threshold { above, below, for_secs, clear_below, clear_above, .. } => {
+            Trigger::Threshold { above, below, for_secs, clear_below, clear_above, average, .. } => {
                 let (level, clear) = levels(*above, *below, *clear_below, *clear_above);
-                Compiled::Threshold { metric, level, for_ms: *for_secs as i64 * 1000, clear }
+                Compiled::Threshold { metric, level, for_ms: *for_secs as i64 * 1000, clear, average: *average }
             }
             Trigger::Rate { per_min_above, per_min_below, window_secs, min_samples, .. } => Compiled::Rate {
                 metric,
@@ -284,6 +286,31 @@ impl TriggerSet {
             let st = &mut e.states[ord];
             let name = metrics::metric(key.metric).name;
             let fired = match &e.compiled {
+                Compiled::Threshold { level, for_ms, clear, average: true, .. } => {
+                    // The window's average, once the window is covered.
+                    let stats = store.stats_slot(r.slot, ts_ms - for_ms);
+                    let covered = stats.is_some_and(|s| ts_ms - s.first.0 >= for_ms * 9 / 10 && s.count >= 3);
+                    let avg = stats.map_or(v, |s| s.avg);
+                    let breach = covered && level.breached(avg);
+                    let fired = if st.fired {
+                        if clear.breached(avg) {
+                            st.fired = false;
+                        }
+                        false
+                    } else if breach {
+                        st.fired = true;
+                        true
+                    } else {
+                        false
+                    };
+                    fired.then(|| {
+                        let (op, l) = match level {
+                            Level::Above(l) => ("above", *l),
+                            Level::Below(l) => ("below", *l),
+                        };
+                        format!("{name} averaging {} {op} {} over {} s", fmt_v(avg), fmt_v(l), for_ms / 1000)
+                    })
+                }
                 Compiled::Threshold { level, for_ms, clear, .. } => {
                     step_threshold(st, *level, *clear, *for_ms, v, ts_ms).then(|| {
                         let (op, l) = match level {
@@ -445,6 +472,15 @@ impl TriggerSet {
         let name = metrics::metric(metric).name;
         let latest = |k: &SeriesKey| store.latest(*k).map(|(_, v)| v);
         match &e.compiled {
+            Compiled::Threshold { level, average: true, for_ms, .. } => {
+                let vals: Vec<f64> = keys.iter().filter_map(|k| store.stats(*k, now_ms - for_ms).map(|s| s.avg)).collect();
+                if vals.is_empty() {
+                    return None;
+                }
+                let hit = vals.iter().any(|v| level.breached(*v));
+                let worst = vals.iter().cloned().fold(f64::NAN, f64::max);
+                Some((hit, format!("{name} averages {}", fmt_v(worst))))
+            }
             Compiled::Threshold { level, .. } => {
                 // For a node target of a GPU metric, any GPU breaching keeps it.
                 let keys: Vec<SeriesKey> = if gpu_scoped && targets.iter().all(|(_, g)| g.is_none()) {
@@ -566,6 +602,24 @@ mod tests {
             ("threshold does not fire below", thr, vec![84.9; 10], vec![]),
             ("hysteresis: dipping to 82 does not re-arm", thr, cat(&[&[90.0; 4], &[82.0; 3], &[90.0; 5]]), vec![3]),
             ("hysteresis: falling below 80 re-arms", thr, cat(&[&[90.0; 4], &[79.0; 2], &[90.0; 5]]), vec![3, 9]),
+            (
+                "whole-degree jitter around the level breaks a per-sample run",
+                thr,
+                [86.0, 85.0, 87.0, 86.0, 85.0, 86.0, 87.0, 85.0, 86.0, 86.0].repeat(3),
+                vec![],
+            ),
+            (
+                "the average over for_secs sees the same jitter as above the level",
+                "  type: threshold\n  metric: gpu.temperature_c\n  above: 85\n  for_secs: 3\n  clear_below: 80\n  average: true\n",
+                [86.0, 85.0, 87.0, 86.0, 85.0, 86.0, 87.0, 85.0, 86.0, 86.0].repeat(3),
+                vec![3],
+            ),
+            (
+                "an average that dips below the clear level re-arms",
+                "  type: threshold\n  metric: gpu.temperature_c\n  above: 85\n  for_secs: 3\n  clear_below: 80\n  average: true\n",
+                cat(&[&[90.0; 6], &[70.0; 6], &[90.0; 6]]),
+                vec![3, 15],
+            ),
             (
                 "below with clear_above",
                 "  type: threshold\n  metric: gpu.temperature_c\n  below: 20\n  clear_above: 25\n",

@@ -197,13 +197,21 @@ impl Engine {
         let set = self.runbook_set();
         let b = self.core.brain();
         let alerts = crate::core::lock(&self.core.counters.alert_evaluations).clone();
+        let offers = crate::core::lock(&self.core.counters.fault_offers).clone();
+        let health = self.core.counters.health_evaluations.load(std::sync::atomic::Ordering::Relaxed);
         set.runbooks
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                let (ev, fi) =
+                let (mut ev, mut fi) =
                     b.triggers.entries.get(i).and_then(|e| e.as_ref()).map_or((0, 0), |e| (e.evaluations, e.fires));
-                let ev = ev + alerts.get(&r.manifest.name).copied().unwrap_or(0);
+                ev += alerts.get(&r.manifest.name).copied().unwrap_or(0);
+                if let crate::manifest::Trigger::Fault { .. } = r.manifest.trigger {
+                    // A fault trigger looks at every GPU's health on every
+                    // reading.
+                    ev += health;
+                    fi += offers.get(&r.manifest.name).copied().unwrap_or(0);
+                }
                 (r.manifest.name.clone(), ev, fi)
             })
             .collect()

@@ -18,6 +18,16 @@ It writes, atomically (temp file, then rename):
     nightshift_comm_overhead_pct <all-reduce share of step time, over the last steps>
     nightshift_allreduce_p99_ms <p99 of the last steps' all-reduce times>
 
+and, from a heartbeat thread outside the training loop (`start_heartbeat()`;
+its own file, `<job>.heartbeat.prom`), so that a hung loop — a collective
+that never completes — still says how long it has been stuck:
+
+    nightshift_job_heartbeat_timestamp_seconds <now>
+    nightshift_job_last_progress_timestamp_seconds <when the loop last advanced>
+    nightshift_job_world_size <GPUs in the job, across nodes>
+
+The heartbeat stops with the process, so a finished job is never "stalled".
+
 The allocator figures come from `torch.cuda.memory_stats`, behind
 `memory_stats`, a function you (or a test) may replace: it maps a GPU index
 to `{"allocated_bytes.all.current": …, "reserved_bytes.all.current": …}`.
@@ -25,6 +35,7 @@ to `{"allocated_bytes.all.current": …, "reserved_bytes.all.current": …}`.
 
 import os
 import tempfile
+import threading
 import time
 
 DEFAULT_DIR = "/run/nightshift/jobs"
@@ -43,9 +54,13 @@ def torch_gpus():
 
 
 class JobTextfile:
-    def __init__(self, job, directory=None, gpus=None, memory_stats=None, window=100, write_every_secs=5.0):
+    def __init__(
+        self, job, directory=None, gpus=None, memory_stats=None, window=100, write_every_secs=5.0, world_size=None
+    ):
         self.directory = directory or os.environ.get("NIGHTSHIFT_JOB_METRICS_DIR", DEFAULT_DIR)
         self.path = os.path.join(self.directory, f"{job}.prom")
+        self.heartbeat_path = os.path.join(self.directory, f"{job}.heartbeat.prom")
+        self.world_size = world_size or int(os.environ.get("WORLD_SIZE", "0")) or None
         self.memory_stats = memory_stats or torch_memory_stats
         self.gpus = gpus if gpus is not None else torch_gpus()
         self.window = window
@@ -54,10 +69,14 @@ class JobTextfile:
         self.step_ms = []
         self.allreduce_ms = []
         self._last_write = 0.0
+        self.last_progress = time.time()
+        self._heartbeat = None
 
     def record_step(self, step_ms=None, allreduce_ms=None, steps=1):
         """One (or `steps`) training steps done; the times are optional."""
         self.steps += steps
+        if steps > 0:
+            self.last_progress = time.time()
         if step_ms is not None and allreduce_ms is not None and step_ms > 0:
             self.step_ms = (self.step_ms + [step_ms])[-self.window :]
             self.allreduce_ms = (self.allreduce_ms + [allreduce_ms])[-self.window :]
@@ -84,14 +103,46 @@ class JobTextfile:
             out.append(f"nightshift_allreduce_p99_ms {p99:.3f}")
         return out
 
-    def write(self):
+    def heartbeat_lines(self):
+        out = [
+            f"nightshift_job_heartbeat_timestamp_seconds {time.time():.3f}",
+            f"nightshift_job_last_progress_timestamp_seconds {self.last_progress:.3f}",
+        ]
+        world = self.world_size or len(self.gpus)
+        if world:
+            out.append(f"nightshift_job_world_size {world}")
+        return out
+
+    def _replace(self, path, lines):
         os.makedirs(self.directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".partial")
         with os.fdopen(fd, "w") as f:
-            f.write("\n".join(self.lines()) + "\n")
+            f.write("\n".join(lines) + "\n")
         os.chmod(tmp, 0o644)  # the agent runs as its own user
-        os.replace(tmp, self.path)
+        os.replace(tmp, path)
+
+    def write(self):
+        self._replace(self.path, self.lines())
         self._last_write = time.monotonic()
+
+    def write_heartbeat(self):
+        self._replace(self.heartbeat_path, self.heartbeat_lines())
+
+    def start_heartbeat(self, every_secs=5.0):
+        """Write the heartbeat file every `every_secs` from a daemon thread:
+        it goes on while the training loop is stuck, and stops with the
+        process."""
+
+        def beat():
+            while True:
+                try:
+                    self.write_heartbeat()
+                except OSError:
+                    pass
+                time.sleep(every_secs)
+
+        self._heartbeat = threading.Thread(target=beat, name="nightshift-heartbeat", daemon=True)
+        self._heartbeat.start()
 
 
 def _simulate(argv):
@@ -119,11 +170,16 @@ def _simulate(argv):
         return {"reserved_bytes.all.current": reserved, "allocated_bytes.all.current": reserved * (1 - frag / 100.0)}
 
     tf = JobTextfile(a.job, directory=a.dir, gpus=list(range(a.gpus)), memory_stats=stats, write_every_secs=0.2)
+    tf.start_heartbeat(every_secs=0.2)
     end = time.monotonic() + a.seconds
     step_ms = 1000.0 / a.steps_per_sec
     while time.monotonic() < end:
-        stalled = a.stall_after is not None and tf.steps >= a.stall_after
-        tf.record_step(step_ms=step_ms, allreduce_ms=step_ms * a.comm_share_pct / 100.0, steps=0 if stalled else 1)
+        if a.stall_after is not None and tf.steps >= a.stall_after:
+            # A hung collective: the loop never comes back; the heartbeat
+            # thread goes on.
+            time.sleep(step_ms / 1000.0)
+            continue
+        tf.record_step(step_ms=step_ms, allreduce_ms=step_ms * a.comm_share_pct / 100.0, steps=1)
         time.sleep(step_ms / 1000.0)
 
 

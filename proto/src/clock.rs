@@ -33,6 +33,25 @@ pub trait Clock: Send + Sync + 'static {
     fn idle_sleepers(&self) -> usize {
         0
     }
+    /// Serial clocks only (a simulation that must be deterministic): take a
+    /// place in the turn order for `key` (a run's number) before its thread
+    /// starts. Runs then execute one at a time, in key order, between
+    /// their sleeps.
+    fn turn_reserve(&self, _key: u64) {}
+    /// On the run's thread: wait for its turn (`turn_reserve` first).
+    fn turn_enter(&self, _key: u64) {}
+    /// When run `key` is done (on any thread): give its turn up.
+    fn turn_leave(&self, _key: u64) {}
+    /// A seed for ids that must repeat from run to run of a deterministic
+    /// simulation (each call a new one); `None` elsewhere (ids are random).
+    fn id_seed(&self) -> Option<u64> {
+        None
+    }
+}
+
+thread_local! {
+    /// The turn key of the run this thread executes (serial clocks).
+    static TURN_KEY: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
 }
 
 /// A shared clock.
@@ -120,9 +139,34 @@ pub struct VirtualClock {
 struct VirtualInner {
     now: AtomicI64,
     tx: tokio::sync::watch::Sender<i64>,
-    /// Deadlines of current sleepers.
-    sleepers: Mutex<Vec<i64>>,
+    /// Current sleepers, and whose turn it is.
+    sleepers: Mutex<Sleepers>,
     cv: Condvar,
+    /// Runs take turns (deterministic simulations).
+    serial: AtomicBool,
+    seeds: std::sync::atomic::AtomicU64,
+}
+
+/// Who sleeps until when, and whose turn it is.
+#[derive(Debug, Default)]
+struct Sleepers {
+    /// Deadlines, with the turn key of a run that sleeps (serial clocks).
+    deadlines: Vec<(i64, Option<u64>)>,
+    /// The run that has the turn.
+    holder: Option<u64>,
+    /// Runs waiting for the turn (and reserved ones not yet started).
+    waiting: std::collections::BTreeSet<u64>,
+}
+
+impl Sleepers {
+    /// Whether `key` may take the turn now: nobody has it, `key` is the
+    /// lowest waiting, and no run whose sleep is over is still on its way
+    /// to the waiting set (it could have a lower key).
+    fn may_take(&self, key: u64, now: i64) -> bool {
+        self.holder.is_none()
+            && self.waiting.first() == Some(&key)
+            && !self.deadlines.iter().any(|(d, k)| k.is_some() && *d <= now)
+    }
 }
 
 impl VirtualClock {
@@ -133,14 +177,48 @@ impl VirtualClock {
             inner: Arc::new(VirtualInner {
                 now: AtomicI64::new(start_ms),
                 tx,
-                sleepers: Mutex::new(Vec::new()),
+                sleepers: Mutex::new(Sleepers::default()),
                 cv: Condvar::new(),
+                serial: AtomicBool::new(false),
+                seeds: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<i64>> {
+    /// A clock whose runs take turns, one at a time in run order between
+    /// their sleeps, and whose ids come from `seed`: the same simulation
+    /// gives the same result, byte for byte.
+    pub fn serial(start_ms: i64, seed: u64) -> VirtualClock {
+        let c = VirtualClock::new(start_ms);
+        c.inner.serial.store(true, Ordering::SeqCst);
+        c.inner.seeds.store(seed, Ordering::SeqCst);
+        c
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sleepers> {
         self.inner.sleepers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is_serial(&self) -> bool {
+        self.inner.serial.load(Ordering::SeqCst)
+    }
+
+    /// Wait (holding the lock) until `key` may take the turn, and take it.
+    fn take_turn<'a>(
+        &'a self,
+        mut g: std::sync::MutexGuard<'a, Sleepers>,
+        key: u64,
+    ) -> std::sync::MutexGuard<'a, Sleepers> {
+        g.waiting.insert(key);
+        // This thread's state changed (a due sleeper that left the sleepers
+        // may be what another waiter waited for): tell them.
+        self.inner.cv.notify_all();
+        while !g.may_take(key, self.inner.now.load(Ordering::SeqCst)) {
+            g = self.inner.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        g.waiting.remove(&key);
+        g.holder = Some(key);
+        g
     }
 
     /// Move time to `t_ms` (never backwards) and wake whoever is due.
@@ -165,20 +243,31 @@ impl VirtualClock {
         self.inner.cv.notify_all();
     }
 
+    /// Serial clocks: (who has the turn, who waits for it, sleeping runs
+    /// with their deadlines) — for a stuck simulation's report.
+    pub fn turns(&self) -> (Option<u64>, Vec<u64>, Vec<(i64, u64)>) {
+        let g = self.lock();
+        (
+            g.holder,
+            g.waiting.iter().copied().collect(),
+            g.deadlines.iter().filter_map(|(d, k)| k.map(|k| (*d, k))).collect(),
+        )
+    }
+
     /// How many sleeps are waiting on this clock right now (due or not).
     pub fn sleepers(&self) -> usize {
-        self.lock().len()
+        self.lock().deadlines.len()
     }
 
     /// The earliest deadline among sleepers not yet due.
     pub fn next_deadline(&self) -> Option<i64> {
         let now = self.now_ms();
-        self.lock().iter().copied().filter(|d| *d > now).min()
+        self.lock().deadlines.iter().map(|(d, _)| *d).filter(|d| *d > now).min()
     }
 }
 
-fn remove_one(v: &mut Vec<i64>, deadline: i64) {
-    if let Some(i) = v.iter().position(|d| *d == deadline) {
+fn remove_one(v: &mut Vec<(i64, Option<u64>)>, deadline: i64, key: Option<u64>) {
+    if let Some(i) = v.iter().position(|d| *d == (deadline, key)) {
         v.swap_remove(i);
     }
 }
@@ -196,28 +285,75 @@ impl Clock for VirtualClock {
                 return;
             }
             let mut rx = me.inner.tx.subscribe();
-            me.lock().push(deadline);
+            me.lock().deadlines.push((deadline, None));
             let _ = rx.wait_for(|t| *t >= deadline).await;
-            remove_one(&mut me.lock(), deadline);
+            remove_one(&mut me.lock().deadlines, deadline, None);
         })
     }
 
     fn sleep_until_blocking(&self, deadline_ms: i64, cancel: &AtomicBool) {
-        let mut sleepers = self.lock();
+        let mut g = self.lock();
         if self.inner.now.load(Ordering::SeqCst) >= deadline_ms {
             return;
         }
-        sleepers.push(deadline_ms);
-        while self.inner.now.load(Ordering::SeqCst) < deadline_ms && !cancel.load(Ordering::Relaxed) {
-            sleepers = self.inner.cv.wait(sleepers).unwrap_or_else(|e| e.into_inner());
+        // A run holding the turn gives it up while it sleeps, and waits for
+        // it again (in key order) when it wakes.
+        let key = if self.is_serial() { TURN_KEY.with(|k| k.get()) } else { None };
+        if key.is_some() && g.holder == key {
+            g.holder = None;
         }
-        remove_one(&mut sleepers, deadline_ms);
+        g.deadlines.push((deadline_ms, key));
+        self.inner.cv.notify_all();
+        while self.inner.now.load(Ordering::SeqCst) < deadline_ms && !cancel.load(Ordering::Relaxed) {
+            g = self.inner.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        remove_one(&mut g.deadlines, deadline_ms, key);
+        if let Some(k) = key {
+            g = self.take_turn(g, k);
+        }
+        drop(g);
     }
 
     fn idle_sleepers(&self) -> usize {
-        let sleepers = self.lock();
+        let g = self.lock();
         let now = self.inner.now.load(Ordering::SeqCst);
-        sleepers.iter().filter(|d| **d > now).count()
+        g.deadlines.iter().filter(|(d, _)| *d > now).count()
+    }
+
+    fn turn_reserve(&self, key: u64) {
+        if self.is_serial() {
+            self.lock().waiting.insert(key);
+        }
+    }
+
+    fn turn_enter(&self, key: u64) {
+        if !self.is_serial() {
+            return;
+        }
+        TURN_KEY.with(|k| k.set(Some(key)));
+        let g = self.lock();
+        drop(self.take_turn(g, key));
+    }
+
+    fn turn_leave(&self, key: u64) {
+        if !self.is_serial() {
+            return;
+        }
+        TURN_KEY.with(|k| {
+            if k.get() == Some(key) {
+                k.set(None)
+            }
+        });
+        let mut g = self.lock();
+        if g.holder == Some(key) {
+            g.holder = None;
+        }
+        g.waiting.remove(&key);
+        self.inner.cv.notify_all();
+    }
+
+    fn id_seed(&self) -> Option<u64> {
+        self.is_serial().then(|| self.inner.seeds.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::SeqCst))
     }
 }
 

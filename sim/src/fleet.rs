@@ -224,7 +224,9 @@ pub fn scratch_dir() -> std::io::Result<tempfile::TempDir> {
 impl SimFleet {
     /// Build the agents and the engine in `dir`.
     pub async fn start(opts: SimFleetOptions, dir: &Path) -> Result<SimFleet, SimError> {
-        let clock = VirtualClock::new(opts.start_ms);
+        // Runs take turns in run order and ids come from the seed: the same
+        // scenario gives the same result, byte for byte.
+        let clock = VirtualClock::serial(opts.start_ms, 0x5eed ^ opts.nodes.len() as u64);
         let shared: SharedClock = Arc::new(clock.clone());
         let mut agents = BTreeMap::new();
         let mut sims = BTreeMap::new();
@@ -451,11 +453,12 @@ impl SimFleet {
             if start.elapsed() > limit {
                 let mut runs = self.engine.active_runs();
                 runs.push(format!(
-                    "running {}, clock sleepers {} ({} not due), busy {}",
+                    "running {}, clock sleepers {} ({} not due), busy {}, turns {:?}",
                     self.engine.running(),
                     self.clock.sleepers(),
                     nightshift_proto::clock::Clock::idle_sleepers(&self.clock),
-                    self.engine.busy()
+                    self.engine.busy(),
+                    self.clock.turns()
                 ));
                 return Err(SimError::Stuck(limit, runs));
             }

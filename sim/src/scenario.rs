@@ -63,6 +63,10 @@ pub struct Scenario {
     pub duration_secs: u64,
     #[serde(default)]
     pub timeline: Vec<Event>,
+    /// Parameter overrides per runbook (`{gpu-overheat: {hold_secs: 60}}`):
+    /// the runbook runs with these as its defaults.
+    #[serde(default)]
+    pub params: std::collections::BTreeMap<String, std::collections::BTreeMap<String, serde_yaml::Value>>,
     #[serde(default)]
     pub expect: Expect,
 }
@@ -100,6 +104,33 @@ pub struct Event {
     /// `all_nodes`; the hardware keeps what was applied).
     #[serde(default)]
     pub restart: Option<Restart>,
+    /// The node's maintenance marker appears (`true`) or goes (`false`).
+    #[serde(default)]
+    pub hands_off: Option<bool>,
+    /// A person does something on `node`, outside nightshift.
+    #[serde(default)]
+    pub person: Option<PersonAction>,
+}
+
+/// What a person does in a scenario.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum PersonAction {
+    /// Drains the node in the scheduler with their own reason.
+    Drain { reason: String },
+    /// Resumes the node in the scheduler by hand.
+    Resume {},
+    /// Sets a GPU's power limit by hand (`nvidia-smi -pl`).
+    PowerLimit { gpu: u32, watts: f64 },
+    /// Tells nightshift the node (or one GPU) was repaired
+    /// (`nightshift nodes repaired`).
+    Repaired {
+        #[serde(default)]
+        gpu: Option<u32>,
+    },
+    /// Releases nightshift's holds on the node as a person (`nightshift
+    /// holds release`), sticky ones included.
+    Release {},
 }
 
 /// Which process a timeline event restarts.
@@ -167,6 +198,26 @@ pub struct Expect {
     /// Record kinds that must not appear (e.g. `approval_requested`).
     #[serde(default)]
     pub never_records: Vec<RecordKind>,
+    /// Repair lifecycles that must have happened, each phase within its
+    /// bound (seconds from the fault): `{node, gpu, kind, within_secs:
+    /// {quarantined: 60, requeued: 120, verified: 900}}`.
+    #[serde(default)]
+    pub lifecycles: Vec<LifecycleMatch>,
+}
+
+/// A repair lifecycle a scenario expects.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LifecycleMatch {
+    pub node: String,
+    pub gpu: u32,
+    /// `dbe`, `xid`, `gpu_lost`, …
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Phase (`quarantined`, `requeued`, `repaired`, `verified`) → the most
+    /// seconds after the fault it may come.
+    #[serde(default)]
+    pub within_secs: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -243,6 +294,13 @@ pub struct Check {
     /// `holds: 0` says everything went back to its baseline.
     #[serde(default)]
     pub holds: Option<usize>,
+    /// The GPU's health state (`healthy`, `faulted`, `quarantined`,
+    /// `awaiting_repair`, `verifying`, `rma`); needs `gpu`.
+    #[serde(default)]
+    pub health: Option<String>,
+    /// A scheduler mark (`no_pack`, `quarantine`) present or absent.
+    #[serde(default)]
+    pub marked: Option<(String, bool)>,
 }
 
 /// One action line of a report.
@@ -352,6 +410,8 @@ impl Scenario {
                 e.pool_load.is_some(),
                 e.alert.is_some(),
                 e.restart.is_some(),
+                e.hands_off.is_some(),
+                e.person.is_some(),
             ]
             .iter()
             .filter(|b| **b)
@@ -360,9 +420,23 @@ impl Scenario {
                 return Err(err(
                     &format!("at_secs: {}", e.at_secs),
                     format!(
-                        "timeline at {} s: expected exactly one of fault, config_apply, pool_load, alert, restart",
+                        "timeline at {} s: expected exactly one of fault, config_apply, pool_load, alert, restart, hands_off, person",
                         e.at_secs
                     ),
+                ));
+            }
+            if (e.hands_off.is_some() || e.person.is_some()) && e.node.is_none() && !e.all_nodes {
+                return Err(err(
+                    &format!("at_secs: {}", e.at_secs),
+                    format!("timeline at {} s: hands_off and person name a node (or all_nodes: true)", e.at_secs),
+                ));
+            }
+            if let Some(PersonAction::PowerLimit { watts, .. }) = &e.person
+                && !(watts.is_finite() && *watts > 0.0 && *watts <= 100_000.0)
+            {
+                return Err(err(
+                    "power_limit",
+                    format!("timeline at {} s: person power_limit: expected watts from 1 to 100000, found {watts}", e.at_secs),
                 ));
             }
             if e.at_secs >= s.duration_secs {
@@ -428,12 +502,36 @@ impl Scenario {
                 c.power_limit_watts.is_some(),
                 c.annotation.is_some(),
                 c.config_version.is_some(),
+                c.holds.is_some(),
+                c.health.is_some(),
+                c.marked.is_some(),
             ];
             if !conditions.iter().any(|b| *b) {
                 return Err(err(&c.node, format!("check on {}: expected a condition to check, found none", c.node)));
             }
             if c.metric.is_some() && c.below.is_none() && c.above.is_none() {
                 return Err(err(&c.node, format!("check on {}: a metric needs `below` or `above`", c.node)));
+            }
+            if let Some(h) = &c.health {
+                if nightshift_engine::health::HealthState::ALL.iter().all(|x| x.as_str() != h) {
+                    return Err(err(
+                        h,
+                        format!(
+                            "check on {}: unknown health state `{h}`: expected one of {}",
+                            c.node,
+                            nightshift_engine::health::HealthState::ALL.map(|x| x.as_str()).join(", ")
+                        ),
+                    ));
+                }
+                if c.gpu.is_none() {
+                    return Err(err(h, format!("check on {}: a health check names its gpu", c.node)));
+                }
+            }
+            if let Some((m, _)) = &c.marked
+                && m != "no_pack"
+                && m != "quarantine"
+            {
+                return Err(err(m, format!("check on {}: unknown mark `{m}`: expected no_pack or quarantine", c.node)));
             }
         }
         for c in &s.expect.checks {
@@ -481,6 +579,35 @@ impl Scenario {
                     &format!("by_secs: {t}"),
                     format!("action {}: by_secs {t} is after duration_secs {}", m.op, s.duration_secs),
                 ));
+            }
+        }
+        for l in &s.expect.lifecycles {
+            if !names.contains(&l.node.as_str()) {
+                return Err(err(
+                    &l.node,
+                    format!("lifecycle: node `{}` is not in the fleet: expected one of {names:?}", l.node),
+                ));
+            }
+            if let Some(k) = &l.kind
+                && nightshift_engine::health::FaultKind::parse(k).is_none()
+            {
+                return Err(err(
+                    k,
+                    format!(
+                        "lifecycle: unknown fault kind `{k}`: expected one of {}",
+                        nightshift_engine::health::FaultKind::ALL.map(|k| k.as_str()).join(", ")
+                    ),
+                ));
+            }
+            for phase in l.within_secs.keys() {
+                if !["quarantined", "requeued", "repaired", "verified"].contains(&phase.as_str()) {
+                    return Err(err(
+                        phase,
+                        format!(
+                            "lifecycle: unknown phase `{phase}`: expected quarantined, requeued, repaired or verified"
+                        ),
+                    ));
+                }
             }
         }
         if let Some(list) = &s.runbooks {
@@ -586,6 +713,19 @@ async fn check(sim: &SimFleet, c: &Check) -> Vec<String> {
             ));
         }
     }
+    if let (Some(want), Some(g)) = (&c.health, c.gpu) {
+        let got = sim.engine.health_model().state(&c.node, g);
+        if got.as_str() != want {
+            let why = sim.engine.health_model().get(&c.node, g).map(|h| h.why.clone()).unwrap_or_default();
+            out.push(format!("{when}: {}/gpu{g} health is {}, expected {want} ({why})", c.node, got.as_str()));
+        }
+    }
+    if let Some((mark, present)) = &c.marked {
+        let has = t.node_metrics.marks.iter().any(|m| m.mark.as_str() == mark);
+        if has != *present {
+            out.push(format!("{when}: {} mark `{mark}` present is {has}, expected {present}", c.node));
+        }
+    }
     if let Some((key, present)) = &c.annotation {
         let has = sim.engine.node(&c.node).is_some_and(|n| n.state.annotations.contains_key(key));
         if has != *present {
@@ -628,6 +768,37 @@ fn person_edits_config(sim: &SimFleet, node: &str, c: &ConfigApplyArgs) -> Resul
         }
     }
     Ok(())
+}
+
+/// A person acts on `node` outside nightshift.
+async fn person_acts(sim: &SimFleet, node: &str, p: &PersonAction, n: usize) -> Result<(), String> {
+    let agent = &sim.agents[node];
+    let fault = |f: SimFault| Request::new(format!("scenario-person-{n}-{node}"), Op::SimFault(f));
+    let r = match p {
+        PersonAction::Drain { reason } => agent.handle(fault(SimFault::PersonDrain { reason: reason.clone() })).await,
+        PersonAction::Resume {} => agent.handle(fault(SimFault::PersonResume {})).await,
+        PersonAction::PowerLimit { gpu, watts } => {
+            agent.handle(fault(SimFault::PersonPowerLimit { gpu: *gpu, watts: *watts })).await
+        }
+        PersonAction::Repaired { gpu } => {
+            return sim.engine.mark_repaired(node, *gpu, "person:oncall", "").await.map(|_| ());
+        }
+        PersonAction::Release {} => {
+            for (i, h) in agent.held().iter().flat_map(|v| v.holds.clone()).enumerate() {
+                let mut req = Request::new(
+                    format!("scenario-person-{n}-{node}-{i}"),
+                    Op::Release(nightshift_proto::ReleaseArgs { hold: Some(h.id.clone()), owner: None, include_kept: true }),
+                );
+                req.owner = Some("person:oncall".into());
+                let r = agent.handle(req).await;
+                if !r.ok {
+                    return Err(format!("release of {}: {:?}", h.id, r.error));
+                }
+            }
+            return Ok(());
+        }
+    };
+    if r.ok { Ok(()) } else { Err(format!("{:?}", r.error)) }
 }
 
 /// Load a runbook folder with the default limits.
@@ -711,6 +882,32 @@ pub async fn run_traced(
     if let Some(names) = &scenario.runbooks {
         set.runbooks.retain(|r| names.contains(&r.manifest.name));
     }
+    for (rb, overrides) in &scenario.params {
+        let at = |needle: &str| nightshift_engine::manifest::locate(&text, needle);
+        let Some(r) = set.runbooks.iter_mut().find(|r| &r.manifest.name == rb) else {
+            let (line, column) = at(rb);
+            return Err(ScenarioError::Load(LoadError {
+                file: path.into(),
+                line,
+                column,
+                message: format!("params: runbook `{rb}` is not loaded by this scenario"),
+            }));
+        };
+        let as_text: std::collections::BTreeMap<String, String> = overrides
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_yaml::to_string(v).unwrap_or_default().trim().trim_matches('"').to_string()))
+            .collect();
+        if let Err(m) = r.manifest.resolve_params(&as_text) {
+            let key = overrides.keys().find(|k| m.contains(k.as_str())).cloned().unwrap_or_else(|| rb.clone());
+            let (line, column) = at(&key);
+            return Err(ScenarioError::Load(LoadError { file: path.into(), line, column, message: format!("params.{rb}: {m}") }));
+        }
+        for (k, v) in overrides {
+            if let Some(spec) = r.manifest.params.get_mut(k) {
+                spec.default = v.clone();
+            }
+        }
+    }
     let dir = scratch_dir().map_err(|e| ScenarioError::Setup(e.to_string()))?;
     let mut opts = SimFleetOptions::new(scenario.fleet.clone(), set, script);
     opts.tick_ms = scenario.tick_secs as i64 * 1000;
@@ -785,6 +982,22 @@ pub async fn run_traced(
             }
             if let Some(p) = &e.pool_load {
                 workload.set_pool(p.clone());
+            }
+            let people: Vec<String> =
+                if e.all_nodes { sim.agents.keys().cloned().collect() } else { e.node.clone().into_iter().collect() };
+            for node in &people {
+                if let Some(on) = e.hands_off {
+                    let marker = sim.agents[node].options().policy.hands_off_marker_path.clone();
+                    let r = if on { std::fs::write(&marker, b"maintenance\n") } else { std::fs::remove_file(&marker) };
+                    if let Err(err) = r {
+                        failures.push(format!("timeline at {} s: hands_off on {node}: {err}", e.at_secs));
+                    }
+                }
+                if let Some(p) = &e.person
+                    && let Err(why) = person_acts(&sim, node, p, next).await
+                {
+                    failures.push(format!("timeline at {} s: person on {node}: {why}", e.at_secs));
+                }
             }
             match e.restart {
                 Some(Restart::Engine) => {
@@ -951,6 +1164,48 @@ pub async fn run_traced(
     for k in &scenario.expect.records {
         if count_kind(*k) == 0 {
             failures.push(format!("expected a {} record, found none", k.as_str()));
+        }
+    }
+    let model = sim.engine.health_model();
+    for l in &scenario.expect.lifecycles {
+        let Some(h) = model.get(&l.node, l.gpu) else {
+            failures.push(format!("expected a repair lifecycle on {}/gpu{}, found no health record", l.node, l.gpu));
+            continue;
+        };
+        let mut cycles: Vec<(nightshift_engine::health::FaultKind, nightshift_engine::health::Lifecycle)> =
+            h.history.iter().cloned().collect();
+        if let (Some(f), Some(c)) = (&h.fault, h.lifecycle) {
+            cycles.push((f.kind, c));
+        }
+        let found = cycles.iter().find(|(k, _)| l.kind.as_ref().is_none_or(|want| k.as_str() == want));
+        let Some((kind, c)) = found else {
+            failures.push(format!(
+                "expected a {} lifecycle on {}/gpu{}, found {:?}",
+                l.kind.as_deref().unwrap_or("repair"),
+                l.node,
+                l.gpu,
+                cycles.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>()
+            ));
+            continue;
+        };
+        let phases: std::collections::BTreeMap<&str, f64> = c.phases().into_iter().collect();
+        for (phase, max) in &l.within_secs {
+            match phases.get(phase.as_str()) {
+                None => failures.push(format!(
+                    "{}/gpu{} {} lifecycle never reached `{phase}` (reached {:?})",
+                    l.node,
+                    l.gpu,
+                    kind.as_str(),
+                    phases
+                )),
+                Some(secs) if *secs > *max as f64 => failures.push(format!(
+                    "{}/gpu{} {} lifecycle reached `{phase}` {secs:.0} s after the fault, expected within {max} s",
+                    l.node,
+                    l.gpu,
+                    kind.as_str()
+                )),
+                _ => {}
+            }
         }
     }
     match sim.engine.verify() {

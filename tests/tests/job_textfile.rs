@@ -53,9 +53,11 @@ async fn a_python_training_job_drives_h6_h11_and_h12_through_the_agent() {
         &rb,
         "training-stall",
         &[
-            ("window_secs: 600", "window_secs: 10"),
-            ("min_samples: 60", "min_samples: 5"),
+            ("above: 600", "above: 5"),
+            ("for_secs: 10", "for_secs: 1"),
+            ("clear_below: 60", "clear_below: 2"),
             ("grace_secs: { type: int, default: 600", "grace_secs: { type: int, default: 2"),
+            ("moving_secs: { type: float, default: 60", "moving_secs: { type: float, default: 2"),
         ],
     );
     ship(&rb, "comm-overhead", &[("for_secs: 300", "for_secs: 2")]);
@@ -64,7 +66,7 @@ async fn a_python_training_job_drives_h6_h11_and_h12_through_the_agent() {
     assert!(engine.runbook_set().errors.is_empty(), "{:?}", engine.runbook_set().errors);
 
     // The job: GPU 1's allocator 32 % fragmented, all-reduce 34 % of each
-    // step, progress stops after 20 steps.
+    // step, its loop hangs after 20 steps (its heartbeat thread goes on).
     let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/pytorch/nightshift_textfile.py");
     let mut job = Command::new(python)
         .arg(helper)

@@ -11,9 +11,21 @@
 //! nightshift_nvlink_p2p_latency_us 4.7
 //! ```
 //!
+//! and, from a heartbeat thread outside the training loop (its own file,
+//! `<job>.heartbeat.prom`, so a hung loop's readings go stale while the
+//! heartbeat goes on):
+//!
+//! ```text
+//! nightshift_job_heartbeat_timestamp_seconds 1790000123.4   # now
+//! nightshift_job_last_progress_timestamp_seconds 1790000001 # when the loop last advanced
+//! nightshift_job_world_size 16                               # GPUs in the job, across nodes
+//! ```
+//!
 //! Files older than `max_age_secs` are ignored (a job that died stops
-//! speaking). Readings from several files combine: progress adds up, the
-//! rest take the worst (highest) value. These readings take the place of the
+//! speaking; a hung loop's progress file too). Readings from several files
+//! combine: progress adds up, the rest take the worst (highest) value —
+//! the stall of the most stuck job, the largest world size. A heartbeat
+//! counts its job as running. These readings take the place of the
 //! backend's: the job knows its allocator and its collectives.
 //! `examples/pytorch/nightshift_textfile.py` writes such a file from a
 //! PyTorch training loop.
@@ -32,6 +44,11 @@ pub struct JobReadings {
     pub comm_overhead_pct: Option<f64>,
     pub allreduce_p99_ms: Option<f64>,
     pub p2p_latency_us: Option<f64>,
+    /// Jobs whose heartbeat is fresh.
+    pub jobs_running: u32,
+    /// Seconds since the most stuck job last advanced.
+    pub stalled_secs: Option<f64>,
+    pub world_size: Option<u32>,
     /// `(file, line, why)` for lines that were not understood.
     pub rejected: Vec<(PathBuf, usize, String)>,
 }
@@ -60,7 +77,8 @@ pub fn read_dir(dir: &Path, max_age: Duration, now: SystemTime) -> JobReadings {
                 continue;
             }
         };
-        parse_into(&text, &f, &mut r);
+        let now_secs = now.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        parse_into_at(&text, &f, &mut r, now_secs);
     }
     r
 }
@@ -69,8 +87,16 @@ fn worst(slot: &mut Option<f64>, v: f64) {
     *slot = Some(slot.map_or(v, |s| s.max(v)));
 }
 
-/// Parse one file's text into `r`.
+/// Parse one file's text into `r` (heartbeats measured against the wall
+/// clock now).
 pub fn parse_into(text: &str, file: &Path, r: &mut JobReadings) {
+    let now = SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+    parse_into_at(text, file, r, now)
+}
+
+/// [`parse_into`], with `now_secs` the time (UNIX seconds) heartbeats are
+/// measured against.
+pub fn parse_into_at(text: &str, file: &Path, r: &mut JobReadings, now_secs: f64) {
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -109,6 +135,12 @@ pub fn parse_into(text: &str, file: &Path, r: &mut JobReadings) {
             "nightshift_comm_overhead_pct" => worst(&mut r.comm_overhead_pct, v),
             "nightshift_allreduce_p99_ms" => worst(&mut r.allreduce_p99_ms, v),
             "nightshift_nvlink_p2p_latency_us" => worst(&mut r.p2p_latency_us, v),
+            "nightshift_job_heartbeat_timestamp_seconds" => r.jobs_running += 1,
+            "nightshift_job_last_progress_timestamp_seconds" => worst(&mut r.stalled_secs, (now_secs - v).max(0.0).floor()),
+            "nightshift_job_world_size" if v >= 1.0 && v <= 1_000_000.0 => {
+                r.world_size = Some(r.world_size.unwrap_or(0).max(v as u32));
+            }
+            "nightshift_job_world_size" => reject(format!("world size: expected 1 to 1000000, found {v}")),
             other => reject(format!("unknown reading `{other}`")),
         }
     }
@@ -133,6 +165,11 @@ impl JobReadings {
         }
         if self.p2p_latency_us.is_some() {
             node.nvlink_p2p_latency_us = self.p2p_latency_us;
+        }
+        if self.jobs_running > 0 {
+            node.jobs_running = Some(self.jobs_running);
+            node.job_stalled_secs = self.stalled_secs;
+            node.job_world_size = self.world_size;
         }
     }
 }
@@ -177,5 +214,32 @@ mod tests {
         r.apply(&mut gpus, &mut node);
         assert_eq!(gpus[0].mem_fragmentation_pct, Some(28.5));
         assert_eq!((node.job_progress, node.comm_overhead_pct), (Some(150.0), Some(34.0)));
+    }
+
+    /// A hung loop stops writing; its heartbeat says since when. Two jobs:
+    /// the worse one's stall shows (a sum would hide it).
+    #[test]
+    fn heartbeats_give_the_worst_stall_and_the_world_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = SystemTime::now();
+        let t = now.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        std::fs::write(
+            dir.path().join("a.heartbeat.prom"),
+            format!("nightshift_job_heartbeat_timestamp_seconds {t}\nnightshift_job_last_progress_timestamp_seconds {}\nnightshift_job_world_size 16\n", t - 2.0),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("b.heartbeat.prom"),
+            format!("nightshift_job_heartbeat_timestamp_seconds {t}\nnightshift_job_last_progress_timestamp_seconds {}\nnightshift_job_world_size 8\n", t - 900.0),
+        )
+        .unwrap();
+        let r = read_dir(dir.path(), Duration::from_secs(120), now);
+        assert_eq!((r.jobs_running, r.world_size), (2, Some(16)));
+        assert!(r.stalled_secs.is_some_and(|s| (899.0..=901.0).contains(&s)), "{:?}", r.stalled_secs);
+        // No heartbeat (an idle node): no stall.
+        let empty = tempfile::tempdir().unwrap();
+        let mut node = NodeTelemetry::default();
+        read_dir(empty.path(), Duration::from_secs(120), now).apply(&mut [], &mut node);
+        assert_eq!((node.job_stalled_secs, node.jobs_running), (None, None));
     }
 }

@@ -41,6 +41,10 @@ pub struct Manifest {
     pub timeout_secs: u64,
     #[serde(default = "default_attempts")]
     pub max_attempts_per_day: u32,
+    /// History the script needs of the metrics it names (`metric_stats`
+    /// over the last hour, say), beyond `telemetry.script_window_secs`.
+    #[serde(default)]
+    pub history_secs: Option<u64>,
     #[serde(default = "default_event_age")]
     pub max_event_age_secs: u64,
     /// Storm protection: too many targets firing at once trips the breaker.
@@ -193,6 +197,11 @@ pub enum Trigger {
         clear_below: Option<f64>,
         #[serde(default)]
         clear_above: Option<f64>,
+        /// Compare the average over `for_secs` instead of every sample:
+        /// whole-degree readings with a degree of jitter around the level
+        /// would otherwise break a `for_secs` run on every dip.
+        #[serde(default)]
+        average: bool,
     },
     /// Least-squares rise (or fall) per minute over a window.
     Rate {

@@ -216,6 +216,11 @@ impl Manifest {
                 return Err(err(field, format!("{name}: expected {lo} to {hi}, found {x}")));
             }
         }
+        if let Some(h) = self.history_secs
+            && !(60..=86_400).contains(&h)
+        {
+            return Err(err("history_secs", format!("history_secs: expected 60 to 86400, found {h}")));
+        }
         if self.max_attempts_per_day == 0 {
             return Err(err("max_attempts_per_day", "max_attempts_per_day: expected at least 1, found 0".into()));
         }

@@ -175,6 +175,18 @@ pub(super) fn register(e: &mut Engine) {
     e.register_fn("metric", |name: &str, w: Dynamic| reading(name, None, None, num(&w, "window_secs")?, Agg::Avg));
     e.register_fn("metric_max", |name: &str, w: Dynamic| reading(name, None, None, num(&w, "window_secs")?, Agg::Max));
     e.register_fn("metric_min", |name: &str, w: Dynamic| reading(name, None, None, num(&w, "window_secs")?, Agg::Min));
+    // A metric between two moments: `metric_stats(name, from_secs_ago,
+    // to_secs_ago)` → #{count, min, max, avg} (the window the manifest's
+    // `history_secs` keeps).
+    e.register_fn("metric_stats", |name: &str, from: Dynamic, to: Dynamic| -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        let m = metric_of(name)?;
+        let now = c.clock.now_ms();
+        let from_ms = now.saturating_sub(secs_ms(num(&from, "from_secs_ago")?, "from_secs_ago")?);
+        let to_ms = now.saturating_sub(secs_ms(num(&to, "to_secs_ago")?, "to_secs_ago")?);
+        let gpu = if metrics::metric(m).gpu_scoped { c.target.gpu } else { None };
+        Ok(c.host.stats_between(&c, &c.node()?, gpu, m, from_ms.min(to_ms), to_ms.max(from_ms)))
+    });
     e.register_fn("metric_slope", |name: &str, w: Dynamic| {
         reading(name, None, None, num(&w, "window_secs")?, Agg::SlopePerMin)
     });

@@ -192,6 +192,11 @@ pub trait ScriptHost: Send + Sync {
     fn nodes_avg(&self, _ctx: &RunCtx, _nodes: &[String], _metric: MetricId) -> Option<f64> {
         None
     }
+    /// A metric between `from_ms` and `to_ms` (engine clock) on the run's
+    /// target: count, min, max, avg (the worst GPU for a node target).
+    fn stats_between(&self, _ctx: &RunCtx, _node: &str, _gpu: Option<u32>, _metric: MetricId, _from_ms: i64, _to_ms: i64) -> Map {
+        Map::new()
+    }
 }
 
 /// Why a script was stopped from outside.
