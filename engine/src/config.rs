@@ -323,17 +323,6 @@ pub struct TelemetryConfig {
     /// The most memory the plot history may take for the whole fleet.
     #[serde(default = "d_history_max_mib")]
     pub history_max_mib: u64,
-    /// The data hall's inlet air temperature, for each GPU's thermal
-    /// resistance `(T − inlet) / P` (H3 tells a cooling fault from a load
-    /// change by it). Set it to what your inlet sensors read; an error of a
-    /// few degrees moves the resistance a few per cent between load levels,
-    /// well below what a degrading heatsink does.
-    #[serde(default = "d_inlet")]
-    pub inlet_c: f64,
-}
-
-fn d_inlet() -> f64 {
-    25.0
 }
 
 fn d_history_max_mib() -> u64 {
@@ -458,7 +447,6 @@ impl Default for TelemetryConfig {
             history_secs: d_history(),
             history_step_secs: d_history_step(),
             history_max_mib: d_history_max_mib(),
-            inlet_c: d_inlet(),
         }
     }
 }

@@ -394,6 +394,26 @@ impl ScriptHost for Host {
         to_map(json!({"count": pts.len(), "min": r2(min), "max": r2(max), "avg": r2(avg)}))
     }
 
+    fn thermal_fit(&self, _ctx: &RunCtx, node: &str, gpu: u32, window_ms: i64) -> Map {
+        let Some(n) = self.core.fleet.get(node) else { return Map::new() };
+        let Ok(g) = u16::try_from(gpu) else { return Map::new() };
+        let since = self.core.now().saturating_sub(window_ms);
+        let (temps, power) = {
+            let b = self.core.brain();
+            let key = |metric| crate::telemetry::SeriesKey { node: n.idx, gpu: Some(g), metric };
+            (b.store.window(key(metrics::ids::TEMPERATURE), since), b.store.window(key(metrics::ids::POWER), since))
+        };
+        match crate::thermal::fit(&temps, &power) {
+            Some(f) => to_map(json!({
+                "per_min": (f.per_min * 1000.0).round() / 1000.0,
+                "per_kw": (f.per_kw * 10.0).round() / 10.0,
+                "samples": f.samples,
+                "power_range_watts": f.power_range_watts.round(),
+            })),
+            None => Map::new(),
+        }
+    }
+
     fn nodes_avg(&self, _ctx: &RunCtx, nodes: &[String], metric: MetricId) -> Option<f64> {
         let mut vals = Vec::new();
         for name in nodes {

@@ -50,8 +50,8 @@ impl Engine {
             let st = node.state();
             if let Some(inv) = &st.inventory {
                 for g in t.gpus.iter().filter(|g| !g.lost) {
-                    let limit =
-                        inv.gpus.iter().find(|i| i.index == g.index).and_then(|i| i.slowdown_temp_c).unwrap_or(90.0);
+                    let info = inv.gpus.iter().find(|i| i.index == g.index);
+                    let limit = info.and_then(|i| i.slowdown_temp_c).unwrap_or(90.0);
                     samples.push((u16::try_from(g.index).ok(), ids::THERMAL_HEADROOM, limit - g.temperature_c));
                 }
             }

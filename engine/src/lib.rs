@@ -41,5 +41,6 @@ pub mod serve;
 pub mod shadow;
 pub mod sources;
 pub mod telemetry;
+pub mod thermal;
 pub mod triggers;
 pub mod views;

@@ -133,12 +133,6 @@ pub const METRICS: &[MetricDef] = &[
         "GPUs in the largest job on the node, across nodes",
         "job textfile (nightshift_job_world_size)",
     ),
-    gpu(
-        "gpu.thermal_resistance_c_per_kw",
-        "°C/kW",
-        "(temperature − inlet) ÷ power under load: rises when cooling degrades, not when load changes",
-        "derived: gpu.temperature_c, gpu.power_watts and telemetry.inlet_c",
-    ),
     node(
         "node.flush_registered",
         "count",
@@ -197,8 +191,7 @@ pub mod ids {
     pub const JOBS_RUNNING: MetricId = 29;
     pub const CHASSIS_FAN: MetricId = 30;
     pub const JOB_WORLD_SIZE: MetricId = 31;
-    pub const THERMAL_RESISTANCE: MetricId = 32;
-    pub const FLUSH_REGISTERED: MetricId = 33;
+    pub const FLUSH_REGISTERED: MetricId = 32;
 }
 
 #[cfg(test)]
@@ -225,7 +218,6 @@ mod tests {
             (ids::JOBS_RUNNING, "node.jobs_running"),
             (ids::CHASSIS_FAN, "node.chassis_fan_pct"),
             (ids::JOB_WORLD_SIZE, "job.world_size"),
-            (ids::THERMAL_RESISTANCE, "gpu.thermal_resistance_c_per_kw"),
             (ids::FLUSH_REGISTERED, "node.flush_registered"),
         ];
         for (id, name) in pairs {

@@ -187,6 +187,13 @@ pub(super) fn register(e: &mut Engine) {
         let gpu = if metrics::metric(m).gpu_scoped { c.target.gpu } else { None };
         Ok(c.host.stats_between(&c, &c.node()?, gpu, m, from_ms.min(to_ms), to_ms.max(from_ms)))
     });
+    // Temperature against load over a window: #{per_min, per_kw, samples,
+    // power_range_watts} — the drift the load does not explain.
+    e.register_fn("thermal_fit", |w: Dynamic| -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        let window = secs_ms(num(&w, "window_secs")?, "window_secs")?;
+        Ok(c.host.thermal_fit(&c, &c.node()?, c.gpu()?, window))
+    });
     e.register_fn("metric_slope", |name: &str, w: Dynamic| {
         reading(name, None, None, num(&w, "window_secs")?, Agg::SlopePerMin)
     });

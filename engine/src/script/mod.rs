@@ -192,6 +192,14 @@ pub trait ScriptHost: Send + Sync {
     fn nodes_avg(&self, _ctx: &RunCtx, _nodes: &[String], _metric: MetricId) -> Option<f64> {
         None
     }
+    /// Over the last `window_ms` of a GPU: temperature fitted as
+    /// `a + b·power + c·time` (least squares), so what the load explains
+    /// (`b`, °C per kW) is told apart from what it does not (`c`, °C per
+    /// minute at constant load: a cooling fault). An empty map without
+    /// enough points.
+    fn thermal_fit(&self, _ctx: &RunCtx, _node: &str, _gpu: u32, _window_ms: i64) -> Map {
+        Map::new()
+    }
     /// A metric between `from_ms` and `to_ms` (engine clock) on the run's
     /// target: count, min, max, avg (the worst GPU for a node target).
     fn stats_between(&self, _ctx: &RunCtx, _node: &str, _gpu: Option<u32>, _metric: MetricId, _from_ms: i64, _to_ms: i64) -> Map {
