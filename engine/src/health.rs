@@ -464,12 +464,14 @@ impl HealthModel {
     }
 
     /// Whether a new fault shows in `ev`, beyond what was acknowledged. Only
-    /// a healthy GPU (or one verifying) gets a new fault; one already in
-    /// the lifecycle keeps its own.
+    /// a healthy GPU gets a new fault; one already in the lifecycle keeps
+    /// its own.
     pub fn observe(&self, node: &str, gpu: u32, ev: &Evidence, now: i64) -> Option<Transition> {
         let h = self.get(node, gpu);
         let state = h.map_or(HealthState::Healthy, |h| h.state);
-        if !matches!(state, HealthState::Healthy | HealthState::Verifying) {
+        // A GPU in its lifecycle keeps its fault (one being verified too:
+        // the health check decides, and a failing one sends it back).
+        if state != HealthState::Healthy {
             return None;
         }
         let ack = h.map(|h| h.ack).unwrap_or_default();

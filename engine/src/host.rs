@@ -134,7 +134,38 @@ impl Host {
             ));
         }
         if n.state().hands_off() {
-            return Err(self.refuse(ctx, node, op, "hands_off", format!("node {node} is hands-off (maintenance)")));
+            // A person is working on the node: nothing acts until the marker
+            // goes; then the ladder goes on from where the node is. (The
+            // run's deadline still ends it.)
+            self.record(
+                ctx,
+                RecordKind::Note,
+                Some(node),
+                gpu_of(op),
+                json!({"text": format!("{node} is hands-off (maintenance): {} waits until the marker goes", op.name())}),
+            );
+            while n.state().hands_off() {
+                if ctx.sleep_ms(HANDS_OFF_POLL_MS).is_err() {
+                    return Err(self.refuse(
+                        ctx,
+                        node,
+                        op,
+                        "hands_off",
+                        format!("node {node} stayed hands-off (maintenance) until the run ended"),
+                    ));
+                }
+            }
+            // The person is done: go on only if the fault is still there;
+            // else the run ends and its holds go.
+            if let Some(s) = self.summary()
+                && s.trigger != "manual"
+                && let Some((false, why)) = self.core.condition_holds(self.runbook_idx, &s)
+            {
+                let why = format!("the condition cleared while {node} was hands-off: {why}");
+                self.record(ctx, RecordKind::Note, Some(node), gpu_of(op), json!({"text": why}));
+                ctx.skip(&why);
+                return Err(refused("skipped", &why));
+            }
         }
         if let Op::Drain(a) = op
             && a.sticky
@@ -208,7 +239,37 @@ impl Host {
     }
 }
 
+/// How often a run waiting on a hands-off node looks again.
+const HANDS_OFF_POLL_MS: i64 = 10_000;
+
+/// The annotation that says nightshift powered a node up (scale-in powers
+/// down only those).
+const POWER_MARK: &str = "power";
+
 impl Host {
+    /// Power `node` up or down through a connected peer of its group (the
+    /// scheduler's power saving), audited like any action; the node's
+    /// `power` annotation says nightshift did it.
+    fn power(&self, ctx: &RunCtx, label: &str, value: &str, node: &str, up: bool) -> Result<(), String> {
+        let peers = self.core.fleet.group(label, value);
+        let Some(peer) = peers
+            .iter()
+            .filter(|p| p.spec.name != node || !up)
+            .find(|p| p.state().connected && !p.state().hands_off())
+            .map(|p| p.spec.name.clone())
+        else {
+            return Err(format!("no connected node of {label}={value} can reach the scheduler to power {node}"));
+        };
+        let r = self.act(ctx, &peer, Op::PowerNode(nightshift_proto::PowerNodeArgs { node: node.to_string(), up }));
+        let ok = r.get("ok").and_then(|d| d.as_bool().ok()) == Some(true);
+        if !ok {
+            return Err(r.get("error").map(|e| e.to_string()).unwrap_or_else(|| "refused".into()));
+        }
+        let text = format!("powered {} by run {}", if up { "up" } else { "down" }, self.run);
+        self.annotate(ctx, node, POWER_MARK, if up { Some(&text) } else { None });
+        Ok(())
+    }
+
     /// Note a lifecycle phase (jobs requeued) on every GPU of `node` this
     /// run is handling a fault for.
     fn lifecycle_phase(&self, ctx: &RunCtx, node: &str, phase: &str) {
@@ -806,11 +867,34 @@ impl ScriptHost for Host {
             if !n.spec.standby {
                 continue;
             }
-            let (drained, reason, holds) = {
+            let (drained, reason, holds, connected, powered_by_us) = {
                 let st = n.state();
-                (st.drained, st.drain_reason.clone(), st.holds.clone())
+                (
+                    st.drained,
+                    st.drain_reason.clone(),
+                    st.holds.clone(),
+                    st.connected,
+                    st.annotations.get(POWER_MARK).is_some_and(|v| v.starts_with("powered up by")),
+                )
             };
             let name = n.spec.name.clone();
+            // Power saving: a node the scheduler keeps powered down comes up
+            // through a peer of its group (its own agent is off), and goes
+            // down again only if nightshift powered it up.
+            if n.spec.power_saving && out && !connected {
+                match self.power(ctx, &label, &value, &name, true) {
+                    Ok(()) => changed.push(name),
+                    Err(why) => skipped.push(json!({"node": name, "why": why})),
+                }
+                continue;
+            }
+            if n.spec.power_saving && !out && connected && powered_by_us {
+                match self.power(ctx, &label, &value, &name, false) {
+                    Ok(()) => changed.push(name),
+                    Err(why) => skipped.push(json!({"node": name, "why": why})),
+                }
+                continue;
+            }
             if out {
                 if !drained {
                     continue;
@@ -865,7 +949,10 @@ impl ScriptHost for Host {
                 }
             }
         }
-        to_map(json!({"ok": true, "nodes": changed, "count": changed.len(), "skipped": skipped, "before": before}))
+        let booting: Vec<&String> =
+            changed.iter().filter(|c| self.core.fleet.get(c).is_some_and(|n| !n.state().connected)).collect();
+        to_map(json!({"ok": true, "nodes": changed, "count": changed.len(), "skipped": skipped, "before": before,
+            "booting": booting}))
     }
 
     fn text(&self, ctx: &RunCtx, kind: TextKind, text: &str) {

@@ -63,6 +63,12 @@ pub struct NodeSpec {
     /// A spare node kept drained until capacity is needed (scale-out).
     #[serde(default)]
     pub standby: bool,
+    /// The scheduler powers this node down while it is idle (Slurm power
+    /// saving): scale-out powers it up through a peer of its group
+    /// (`scontrol update State=POWER_UP`, which runs the site's
+    /// `ResumeProgram`), scale-in powers down what it powered up.
+    #[serde(default)]
+    pub power_saving: bool,
 }
 
 impl NodeSpec {

@@ -395,7 +395,13 @@ impl Engine {
                         }
                     }
                 }
-                Err(e) => left.push(format!("{node}: holds not released ({e}); their lease ends them")),
+                Err(e) => {
+                    // Tried again on every tick until the agent takes it (a
+                    // hands-off node, an unreachable agent): the lease is the
+                    // last resort, not the plan.
+                    left.push(format!("{node}: holds not released yet ({e}); retried until they are"));
+                    self.core.table().pending_releases.push((summary.clone(), node.to_string()));
+                }
             }
         }
         let mut kept: Vec<String> = Vec::new();
@@ -507,7 +513,37 @@ impl Engine {
         self.fleet_triggers(now).await;
         self.schedules(now).await;
         self.health_tick(now).await;
+        self.retry_releases().await;
         self.pump().await;
+    }
+
+    /// Releases finished runs could not make: again, once their node is no
+    /// longer hands-off and its agent answers.
+    async fn retry_releases(&self) {
+        let due: Vec<(RunSummary, String)> = {
+            let mut t = self.core.table();
+            if t.pending_releases.is_empty() {
+                return;
+            }
+            let fleet = &self.core.fleet;
+            let (ready, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut t.pending_releases).into_iter().partition(
+                |(_, node)| fleet.get(node).is_none_or(|n| {
+                    let st = n.state();
+                    st.connected && !st.hands_off()
+                }),
+            );
+            t.pending_releases = wait;
+            ready
+        };
+        for (s, node) in due {
+            if self.core.fleet.get(&node).is_none() {
+                continue;
+            }
+            if let Err(e) = self.core.release_run_holds(&s, &node).await {
+                tracing::warn!(run = %s.id, node = %node, error = %e, "holds still not released: trying again");
+                self.core.table().pending_releases.push((s, node));
+            }
+        }
     }
 
     async fn schedules(&self, now: i64) {

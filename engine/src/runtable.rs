@@ -112,6 +112,9 @@ pub struct RunTable {
     pub holds_ended: SeenSet,
     /// Fingerprints of resolved alerts.
     pub resolved: SeenSet,
+    /// Releases a finished run could not make (the node was hands-off or
+    /// unreachable): (run, node), tried again on the tick until they work.
+    pub pending_releases: Vec<(RunSummary, String)>,
 }
 
 /// The dedup key of an ended hold.

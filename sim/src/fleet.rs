@@ -71,7 +71,35 @@ pub struct SimNodeSpec {
     /// GPUs in the jobs placed here, across nodes (default: this node's).
     #[serde(default)]
     pub job_world_size: Option<u32>,
+    /// The scheduler's power saving has this node powered down: its agent
+    /// does not answer until a `power_node` powers it up, and it then takes
+    /// `boot_secs` to boot (default 300).
+    #[serde(default)]
+    pub powered_off: bool,
+    #[serde(default)]
+    pub boot_secs: Option<u64>,
+    /// The node's BMC lets nightshift drive the chassis fans (default yes;
+    /// `false`: a board without GPU fans has nothing nightshift can turn
+    /// up).
+    #[serde(default = "yes")]
+    pub bmc: bool,
 }
+
+fn yes() -> bool {
+    true
+}
+
+/// A simulated node's power.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Power {
+    On,
+    Off,
+    /// Booting; up at this time (ms).
+    Booting(i64),
+}
+
+/// Every node's power, shared by the fleet, its links and the power hook.
+pub type PowerMap = Arc<std::sync::Mutex<BTreeMap<String, (Power, i64)>>>;
 
 /// The default consumer of a managed config by its name.
 pub fn default_consumer(name: &str) -> Consumer {
@@ -122,6 +150,9 @@ impl SimNodeSpec {
             jobs_end_after_drain_secs: None,
             consumers: Default::default(),
             job_world_size: None,
+            powered_off: false,
+            boot_secs: None,
+            bmc: true,
         }
     }
 }
@@ -155,6 +186,8 @@ pub struct SimFleet {
     pub sims: BTreeMap<String, Arc<SimBackend>>,
     pub tick_ms: i64,
     pub dir: PathBuf,
+    /// Each node's power (power saving), and how long it boots.
+    pub power: PowerMap,
     /// What a restart needs to build the same engine and agents again.
     rebuild: Rebuild,
 }
@@ -184,10 +217,11 @@ impl AgentSlot {
 
 /// One engine's connection to one node: the current agent behind the slot,
 /// until the engine it belongs to is restarted (then every call fails, as a
-/// dead process's connections do).
+/// dead process's connections do), and only while the node is powered.
 struct EngineLink {
     slot: AgentSlot,
     alive: Arc<AtomicBool>,
+    power: PowerMap,
 }
 
 impl AgentTransport for EngineLink {
@@ -198,6 +232,11 @@ impl AgentTransport for EngineLink {
                     addr: self.slot.get().node().to_string(),
                     message: "the engine that owned this connection was restarted".into(),
                 });
+            }
+            let node = self.slot.get().node().to_string();
+            let power = self.power.lock().unwrap_or_else(|e| e.into_inner()).get(&node).map(|p| p.0);
+            if power.is_some_and(|p| p != Power::On) {
+                return Err(ClientError::Connect { addr: node, message: "the node is powered off (power saving)".into() });
             }
             let agent = self.slot.get();
             LocalAgent(agent).call(req).await
@@ -232,6 +271,32 @@ impl SimFleet {
         let mut sims = BTreeMap::new();
         let mut specs = Vec::new();
         let mut slots = BTreeMap::new();
+        let power: PowerMap = Arc::new(std::sync::Mutex::new(
+            opts.nodes
+                .iter()
+                .map(|n| {
+                    let state = if n.powered_off { Power::Off } else { Power::On };
+                    (n.name.clone(), (state, n.boot_secs.unwrap_or(300) as i64 * 1000))
+                })
+                .collect(),
+        ));
+        let hook: nightshift_agent::backend::sim::PowerHook = {
+            let power = power.clone();
+            let clock = clock.clone();
+            Arc::new(move |node: &str, up: bool| {
+                let mut p = power.lock().unwrap_or_else(|e| e.into_inner());
+                let Some((state, boot_ms)) = p.get_mut(node) else {
+                    return Err(format!("the scheduler knows no node {node}"));
+                };
+                let now = nightshift_proto::clock::Clock::now_ms(&clock);
+                *state = match (up, *state) {
+                    (true, Power::Off) => Power::Booting(now + *boot_ms),
+                    (true, s) => s,
+                    (false, _) => Power::Off,
+                };
+                Ok(())
+            })
+        };
         for (i, n) in opts.nodes.iter().enumerate() {
             let sim = Arc::new(
                 SimBackend::new(SimConfig {
@@ -274,6 +339,8 @@ impl SimFleet {
                 );
             }
             sim.set_job_configs(job_configs);
+            sim.set_power_hook(hook.clone());
+            sim.set_bmc(n.bmc);
             if let Some(w) = n.job_world_size {
                 sim.set_job_world_size(w);
             }
@@ -291,13 +358,14 @@ impl SimFleet {
                 host_key: "SHA256:sim".into(),
                 labels: n.labels.clone(),
                 standby: n.standby,
+                power_saving: n.powered_off || n.boot_secs.is_some(),
             });
             slots.insert(n.name.clone(), (o, AgentSlot(Arc::new(RwLock::new(agent.clone())))));
             agents.insert(n.name.clone(), agent);
             sims.insert(n.name.clone(), sim);
         }
         let links_alive = Arc::new(AtomicBool::new(true));
-        let nodes = links(&specs, &slots, &links_alive, opts.wrap_transport.as_ref());
+        let nodes = links(&specs, &slots, &links_alive, &power, opts.wrap_transport.as_ref());
         let config = EngineConfig {
             version: 1,
             listen_addr: "127.0.0.1:0".into(),
@@ -335,7 +403,8 @@ impl SimFleet {
             links_alive,
             engine_generation: 0,
         };
-        let fleet = SimFleet { clock, engine, agents, sims, tick_ms: opts.tick_ms, dir: dir.to_path_buf(), rebuild };
+        let fleet =
+            SimFleet { clock, engine, agents, sims, tick_ms: opts.tick_ms, dir: dir.to_path_buf(), power, rebuild };
         fleet.feed().await;
         Ok(fleet)
     }
@@ -372,7 +441,8 @@ impl SimFleet {
         let new = self.dir.join(format!("engine.{}", self.rebuild.engine_generation));
         copy_dir(from, &new).map_err(|e| setup(&e))?;
         let alive = Arc::new(AtomicBool::new(true));
-        let nodes = links(&self.rebuild.specs, &self.rebuild.agents, &alive, self.rebuild.wrap_transport.as_ref());
+        let nodes =
+            links(&self.rebuild.specs, &self.rebuild.agents, &alive, &self.power, self.rebuild.wrap_transport.as_ref());
         self.rebuild.links_alive = alive;
         let mut config = self.engine.config().clone();
         config.data_dir = new;
@@ -425,9 +495,17 @@ impl SimFleet {
         &self.agents[node]
     }
 
-    /// Send telemetry from every agent to the engine.
+    /// Whether a node is powered (not powered off or booting).
+    pub fn powered(&self, node: &str) -> bool {
+        self.power.lock().unwrap_or_else(|e| e.into_inner()).get(node).is_none_or(|p| p.0 == Power::On)
+    }
+
+    /// Send telemetry from every powered agent to the engine.
     pub async fn feed(&self) {
-        for a in self.agents.values() {
+        for (name, a) in &self.agents {
+            if !self.powered(name) {
+                continue;
+            }
             if let Ok(t) = a.telemetry().await {
                 self.engine.ingest_telemetry(&t).await;
             }
@@ -473,6 +551,18 @@ impl SimFleet {
         // current time first.
         self.settle().await?;
         self.clock.advance(self.tick_ms);
+        {
+            // Nodes that finished booting are up.
+            let now = nightshift_proto::clock::Clock::now_ms(&self.clock);
+            let mut p = self.power.lock().unwrap_or_else(|e| e.into_inner());
+            for (state, _) in p.values_mut() {
+                if let Power::Booting(at) = *state
+                    && at <= now
+                {
+                    *state = Power::On;
+                }
+            }
+        }
         let dt = self.tick_ms as f64 / 1000.0;
         for s in self.sims.values() {
             s.step(dt);
@@ -529,13 +619,15 @@ fn links(
     specs: &[NodeSpec],
     slots: &BTreeMap<String, (AgentOptions, AgentSlot)>,
     alive: &Arc<AtomicBool>,
+    power: &PowerMap,
     wrap: Option<&TransportWrapper>,
 ) -> Vec<(NodeSpec, String, Arc<dyn AgentTransport>)> {
     specs
         .iter()
         .map(|spec| {
             let slot = slots[&spec.name].1.clone();
-            let mut t: Arc<dyn AgentTransport> = Arc::new(EngineLink { slot, alive: alive.clone() });
+            let mut t: Arc<dyn AgentTransport> =
+                Arc::new(EngineLink { slot, alive: alive.clone(), power: power.clone() });
             if let Some(w) = wrap {
                 t = w(&spec.name, t);
             }

@@ -112,9 +112,9 @@ pub struct Event {
     pub person: Option<PersonAction>,
 }
 
-/// What a person does in a scenario.
+/// What a person does in a scenario: `person: {action: drain, reason: …}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum PersonAction {
     /// Drains the node in the scheduler with their own reason.
     Drain { reason: String },

@@ -96,7 +96,7 @@ impl Workload {
             } else if let Some(p) = pool {
                 let active = views
                     .iter()
-                    .filter(|n| n.labels.get(&p.label) == Some(&p.value) && !n.state.drained)
+                    .filter(|n| n.labels.get(&p.label) == Some(&p.value) && !n.state.drained && n.state.connected)
                     .count()
                     .max(1);
                 (p.total_util_pct / active as f64).min(100.0)

@@ -96,6 +96,7 @@ async fn an_interrupted_run_is_marked_and_its_action_not_reapplied() {
                 host_key: "SHA256:sim".into(),
                 labels: Default::default(),
                 standby: false,
+                power_saving: false,
             },
             "sim".into(),
             Arc::new(LocalAgent(agent.clone())) as Arc<dyn AgentTransport>,

@@ -449,6 +449,8 @@ struct NodeState {
     chassis_airflow_factor: f64,
     /// Registered processes do not answer the flush signal.
     flush_failing: bool,
+    /// The BMC lets the agent drive the chassis fans.
+    bmc: bool,
 }
 
 impl NodeState {
@@ -470,6 +472,11 @@ struct SimState {
     requeued: bool,
 }
 
+/// The simulated scheduler's power saving: power `node` up (`true`) or
+/// down, as `scontrol update State=POWER_UP` would (the simulated fleet
+/// boots the node in minutes).
+pub type PowerHook = std::sync::Arc<dyn Fn(&str, bool) -> Result<(), String> + Send + Sync>;
+
 /// The simulated node.
 #[derive(Debug)]
 pub struct SimBackend {
@@ -479,6 +486,16 @@ pub struct SimBackend {
     state: Mutex<SimState>,
     /// Where the "hardware" keeps its settings across agent restarts.
     persist: Option<std::path::PathBuf>,
+    power: Mutex<Option<PowerHookSlot>>,
+}
+
+/// A [`PowerHook`] in a slot `Debug` can print.
+pub struct PowerHookSlot(pub PowerHook);
+
+impl std::fmt::Debug for PowerHookSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PowerHook")
+    }
 }
 
 /// What a GPU keeps when the agent process restarts: its settings and its
@@ -679,11 +696,13 @@ impl SimBackend {
                     chassis_actual_pct: profile.chassis_airflow_pct,
                     chassis_airflow_factor: 1.0,
                     flush_failing: false,
+                    bmc: true,
                 },
                 requeued: false,
             }),
             config,
             persist: None,
+            power: Mutex::new(None),
         };
         if sim.config.start_warm {
             // Settle to the loaded steady state (20 simulated minutes), then
@@ -733,6 +752,18 @@ impl SimBackend {
     /// The node takes work again (it was resumed).
     pub fn clear_requeued(&self) {
         self.lock().requeued = false;
+    }
+
+    /// Let this node's agent power other nodes up and down through the
+    /// simulated scheduler (the fleet's power saving).
+    pub fn set_power_hook(&self, hook: PowerHook) {
+        *self.power.lock().unwrap_or_else(|e| e.into_inner()) = Some(PowerHookSlot(hook));
+    }
+
+    /// Whether the node's BMC lets the agent drive the chassis fans (the
+    /// default); without it nothing nightshift does reaches them.
+    pub fn set_bmc(&self, on: bool) {
+        self.lock().node.bmc = on;
     }
 
     /// Which managed configs the jobs read when they start (the others
@@ -1442,6 +1473,9 @@ impl Backend for SimBackend {
     }
 
     fn set_chassis_fans(&self, full: bool) -> Result<Support<()>, BackendError> {
+        if !self.lock().node.bmc {
+            return Ok(Support::NotSupported("this node's BMC gives no chassis fan control".into()));
+        }
         if self.profile.fan_control {
             return Ok(Support::NotSupported(format!(
                 "{} boards have their own fans: the chassis fans do not cool them",
@@ -1453,7 +1487,8 @@ impl Backend for SimBackend {
     }
 
     fn chassis_fans_full(&self) -> Option<bool> {
-        (!self.profile.fan_control).then(|| self.lock().node.chassis_full)
+        let st = self.lock();
+        (!self.profile.fan_control && st.node.bmc).then_some(st.node.chassis_full)
     }
 
     fn pcie_link(&self, gpu: u32) -> Option<PcieLink> {
@@ -1464,6 +1499,11 @@ impl Backend for SimBackend {
 
     fn fatal_xid_since_reset(&self, gpu: u32) -> Option<u32> {
         self.lock().gpus.get(gpu as usize)?.fatal_xid_since_reset
+    }
+
+    fn power_node(&self, node: &str, up: bool) -> Option<Result<(), String>> {
+        let hook = self.power.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|h| h.0.clone());
+        hook.map(|h| h(node, up))
     }
 
     fn sim(&self) -> Option<&SimBackend> {
