@@ -8,10 +8,16 @@ use std::process::Command;
 use nightshift_agent::backend::nvml::NvmlBackend;
 use nightshift_agent::backend::{Backend, Support};
 
+/// The path whose existence makes the fake's GPU 1 lost.
+fn lost_flag(dir: &Path) -> PathBuf {
+    dir.join("gpu1-lost")
+}
+
 fn build_fake(dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_nvml/fake_nvml.c");
     let out = dir.join("libnvidia-ml.so.1");
     let status = Command::new("cc")
+        .arg(format!("-DFAKE_LOST_PATH=\"{}\"", lost_flag(dir).display()))
         .args(["-shared", "-fPIC", "-O1", "-o"])
         .arg(&out)
         .arg(&src)
@@ -78,6 +84,22 @@ fn nvml_backend_against_the_fake_library() {
 
     // Out-of-range GPU index.
     assert!(b.set_power_limit(5, 300.0).unwrap_err().to_string().contains("no GPU 5"));
+
+    // GPU 1 falls off the bus: its reading says lost, GPU 0 still reports,
+    // and the node's sample does not fail.
+    std::fs::write(lost_flag(dir.path()), "").unwrap();
+    let (t, _) = b.sample().expect("one lost GPU must not blind the node");
+    assert_eq!(t.len(), 2);
+    assert!(!t[0].lost);
+    assert_eq!((t[0].temperature_c, t[0].power_watts), (71.0, 612.345));
+    assert!(t[1].lost, "{:?}", t[1]);
+    let detail = t[1].lost_detail.clone().unwrap_or_default();
+    assert!(!detail.is_empty(), "a lost GPU says why");
+    assert_eq!(t[1].temperature_c, 0.0, "a lost GPU reports nothing it did not read");
+    // It answers again (a reset): no longer lost.
+    std::fs::remove_file(lost_flag(dir.path())).unwrap();
+    let (t, _) = b.sample().unwrap();
+    assert!(!t[1].lost && t[1].temperature_c == 66.0, "{:?}", t[1]);
 }
 
 #[test]

@@ -56,7 +56,18 @@ impl Brain {
         let mut retention = triggers.retention_ms();
         for rb in &set.runbooks {
             let keep = script_window_ms.max(rb.manifest.history_secs.map_or(0, |h| h as i64 * 1000));
-            for m in metrics_named_in(&rb.script_source) {
+            let mut named = metrics_named_in(&rb.script_source);
+            // `thermal_fit` reads temperature against power, and the fan
+            // speeds to find where the airflow last changed.
+            if rb.script_source.contains("thermal_fit(") {
+                named.extend([
+                    metrics::ids::TEMPERATURE,
+                    metrics::ids::POWER,
+                    metrics::ids::FAN,
+                    metrics::ids::CHASSIS_FAN,
+                ]);
+            }
+            for m in named {
                 retention[m as usize] = retention[m as usize].max(keep);
             }
         }
@@ -162,7 +173,7 @@ pub struct Core {
     pub health: Mutex<crate::health::HealthModel>,
     /// What the repair loop remembers between readings (not state: when it
     /// last tried a pending fault, whom it told, when it last checked).
-    pub repair: Mutex<crate::repair::RepairMemory>,
+    pub repair: Mutex<crate::health::RepairMemory>,
 }
 
 /// Where promotions and demotions are kept.

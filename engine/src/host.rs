@@ -432,7 +432,15 @@ impl ScriptHost for Host {
         }
     }
 
-    fn stats_between(&self, _ctx: &RunCtx, node: &str, gpu: Option<u32>, metric: MetricId, from_ms: i64, to_ms: i64) -> Map {
+    fn stats_between(
+        &self,
+        _ctx: &RunCtx,
+        node: &str,
+        gpu: Option<u32>,
+        metric: MetricId,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Map {
         let Some(n) = self.core.fleet.get(node) else { return Map::new() };
         let gpus: Vec<Option<u16>> = match (metrics::metric(metric).gpu_scoped, gpu) {
             (true, Some(g)) => vec![u16::try_from(g).ok()],
@@ -458,7 +466,35 @@ impl ScriptHost for Host {
     fn thermal_fit(&self, _ctx: &RunCtx, node: &str, gpu: u32, window_ms: i64) -> Map {
         let Some(n) = self.core.fleet.get(node) else { return Map::new() };
         let Ok(g) = u16::try_from(gpu) else { return Map::new() };
-        let since = self.core.now().saturating_sub(window_ms);
+        let now = self.core.now();
+        let mut since = now.saturating_sub(window_ms);
+        // Judge the cooling only since its airflow last changed abruptly
+        // (chassis fans set or released, a GPU fan command): the
+        // temperatures before were made by other cooling, and the step
+        // would read as a drift. Five minutes for the heatsink to settle.
+        let airflow_step = {
+            let b = self.core.brain();
+            let gpu_fan = b
+                .store
+                .window(crate::telemetry::SeriesKey { node: n.idx, gpu: Some(g), metric: metrics::ids::FAN }, since);
+            let chassis = b.store.window(
+                crate::telemetry::SeriesKey { node: n.idx, gpu: None, metric: metrics::ids::CHASSIS_FAN },
+                since,
+            );
+            [crate::thermal::last_airflow_step(&gpu_fan, 5.0), crate::thermal::last_airflow_step(&chassis, 5.0)]
+                .into_iter()
+                .flatten()
+                .max()
+        };
+        if let Some(step) = airflow_step {
+            since = since.max(step + 300_000);
+            if now - since < window_ms / 2 {
+                return to_map(json!({
+                    "per_min": (),
+                    "airflow_changed_secs_ago": (now - step) / 1000,
+                }));
+            }
+        }
         let (temps, power) = {
             let b = self.core.brain();
             let key = |metric| crate::telemetry::SeriesKey { node: n.idx, gpu: Some(g), metric };
@@ -466,10 +502,12 @@ impl ScriptHost for Host {
         };
         match crate::thermal::fit(&temps, &power) {
             Some(f) => to_map(json!({
+                "window_secs": (now - since) / 1000,
                 "per_min": (f.per_min * 1000.0).round() / 1000.0,
                 "per_kw": (f.per_kw * 10.0).round() / 10.0,
                 "samples": f.samples,
                 "power_range_watts": f.power_range_watts.round(),
+                "lag_secs": f.tau_secs,
             })),
             None => Map::new(),
         }

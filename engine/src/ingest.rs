@@ -157,6 +157,29 @@ impl Engine {
     /// Feed samples from an external source (Prometheus, DCGM exporter):
     /// `(node, gpu, metric, ts_ms, value)`.
     pub async fn ingest_samples(&self, samples: &[(String, Option<u32>, MetricId, i64, f64)]) {
+        // Each GPU temperature also gives its headroom below the device's
+        // own slowdown temperature, as the agent path does.
+        let derived: Vec<_> = samples
+            .iter()
+            .filter(|s| s.2 == ids::TEMPERATURE && s.1.is_some())
+            .filter_map(|(node, gpu, _, ts, v)| {
+                let n = self.core.fleet.get(node)?;
+                let limit = n
+                    .state()
+                    .inventory
+                    .as_ref()
+                    .and_then(|inv| inv.gpus.iter().find(|i| Some(i.index) == *gpu).and_then(|i| i.slowdown_temp_c))
+                    .unwrap_or(90.0);
+                Some((node.clone(), *gpu, ids::THERMAL_HEADROOM, *ts, limit - v))
+            })
+            .collect();
+        let all;
+        let samples = if derived.is_empty() {
+            samples
+        } else {
+            all = [samples, &derived[..]].concat();
+            &all[..]
+        };
         {
             let mut h = crate::core::lock(&self.core.history);
             for (node, gpu, metric, ts, v) in samples {

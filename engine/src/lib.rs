@@ -20,6 +20,7 @@ pub mod core;
 pub mod counters;
 pub mod engine;
 pub mod executor;
+pub mod faults;
 pub mod fleet;
 pub mod ha;
 pub mod health;

@@ -526,12 +526,13 @@ impl Engine {
                 return;
             }
             let fleet = &self.core.fleet;
-            let (ready, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut t.pending_releases).into_iter().partition(
-                |(_, node)| fleet.get(node).is_none_or(|n| {
-                    let st = n.state();
-                    st.connected && !st.hands_off()
-                }),
-            );
+            let (ready, wait): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut t.pending_releases).into_iter().partition(|(_, node)| {
+                    fleet.get(node).is_none_or(|n| {
+                        let st = n.state();
+                        st.connected && !st.hands_off()
+                    })
+                });
             t.pending_releases = wait;
             ready
         };

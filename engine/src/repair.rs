@@ -41,18 +41,6 @@ const RETRY_PENDING_MS: i64 = 10_000;
 /// to reach the agent.
 const RECHECK_MS: i64 = 30_000;
 
-/// Pacing for the repair loop.
-#[derive(Debug, Default)]
-pub struct RepairMemory {
-    /// (node, gpu) → when its pending fault was last offered.
-    tried: BTreeMap<(String, u32), i64>,
-    /// (node, gpu, fault seen) already told about a suppression or a
-    /// missing runbook.
-    told: BTreeSet<(String, u32, i64)>,
-    /// (node, gpu) → when its health check last ran.
-    checked: BTreeMap<(String, u32), i64>,
-}
-
 impl Engine {
     /// The evidence the telemetry store holds for a GPU (`None` when it has
     /// no reading at all).
@@ -189,6 +177,16 @@ impl Engine {
         if self.core.table().active_by_key.contains_key(&(rb.manifest.name.clone(), target.clone())) {
             return;
         }
+        // A runbook in shadow answers a fault once: its dry run changes
+        // nothing, so the fault stays pending, and offering it again every
+        // cooldown would report one fault as many.
+        let shadow_key = (self.runbook_mode(&rb.manifest.name) == crate::manifest::Mode::Shadow)
+            .then(|| (name.clone(), gpu, fault.seen_ms, rb.manifest.name.clone()));
+        if let Some(k) = &shadow_key
+            && crate::core::lock(&self.core.repair).shadowed.contains(k)
+        {
+            return;
+        }
         *crate::core::lock(&self.core.counters.fault_offers).entry(rb.manifest.name.clone()).or_default() += 1;
         let req = RunRequest {
             runbook: rb.manifest.name.clone(),
@@ -225,7 +223,11 @@ impl Engine {
                 )
                 .await;
             }
-            Ok(_) => {}
+            Ok(_) => {
+                if let Some(k) = shadow_key {
+                    crate::core::lock(&self.core.repair).shadowed.insert(k);
+                }
+            }
             Err(e) => tracing::error!(node = %name, gpu, error = %e, "cannot submit a fault run"),
         }
     }

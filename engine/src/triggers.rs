@@ -473,7 +473,8 @@ impl TriggerSet {
         let latest = |k: &SeriesKey| store.latest(*k).map(|(_, v)| v);
         match &e.compiled {
             Compiled::Threshold { level, average: true, for_ms, .. } => {
-                let vals: Vec<f64> = keys.iter().filter_map(|k| store.stats(*k, now_ms - for_ms).map(|s| s.avg)).collect();
+                let vals: Vec<f64> =
+                    keys.iter().filter_map(|k| store.stats(*k, now_ms - for_ms).map(|s| s.avg)).collect();
                 if vals.is_empty() {
                     return None;
                 }

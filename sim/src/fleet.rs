@@ -236,7 +236,10 @@ impl AgentTransport for EngineLink {
             let node = self.slot.get().node().to_string();
             let power = self.power.lock().unwrap_or_else(|e| e.into_inner()).get(&node).map(|p| p.0);
             if power.is_some_and(|p| p != Power::On) {
-                return Err(ClientError::Connect { addr: node, message: "the node is powered off (power saving)".into() });
+                return Err(ClientError::Connect {
+                    addr: node,
+                    message: "the node is powered off (power saving)".into(),
+                });
             }
             let agent = self.slot.get();
             LocalAgent(agent).call(req).await

@@ -329,6 +329,9 @@ pub struct ScenarioReport {
     /// For each runbook the scenario names: how often its trigger looked and
     /// fired — a negative scenario shows "evaluated, did not fire".
     pub evaluations: Vec<RunbookEvaluation>,
+    /// Every notification and escalation, in order: `(t_secs, kind, text)`.
+    #[serde(default)]
+    pub said: Vec<(f64, String, String)>,
     /// With a trace interval: the fleet's state every so often (drains,
     /// holds, each GPU's temperature, power and limit), for debugging a
     /// scenario.
@@ -436,7 +439,10 @@ impl Scenario {
             {
                 return Err(err(
                     "power_limit",
-                    format!("timeline at {} s: person power_limit: expected watts from 1 to 100000, found {watts}", e.at_secs),
+                    format!(
+                        "timeline at {} s: person power_limit: expected watts from 1 to 100000, found {watts}",
+                        e.at_secs
+                    ),
                 ));
             }
             if e.at_secs >= s.duration_secs {
@@ -466,6 +472,22 @@ impl Scenario {
                     n,
                     format!("timeline at {} s: node `{n}` is not in the fleet: expected one of {names:?}", e.at_secs),
                 ));
+            }
+            if let Some(f) = &e.fault {
+                let gpus: Vec<u32> = s
+                    .fleet
+                    .iter()
+                    .filter(|n| e.all_nodes || e.node.as_deref() == Some(n.name.as_str()))
+                    .map(|n| n.gpus)
+                    .collect();
+                if let Some(g) = gpus.iter().min()
+                    && let Err(m) = f.validate(*g)
+                {
+                    return Err(err(
+                        &format!("at_secs: {}", e.at_secs),
+                        format!("timeline at {} s: fault: {m}", e.at_secs),
+                    ));
+                }
             }
             if e.restart == Some(Restart::Engine) && (e.node.is_some() || e.all_nodes) {
                 return Err(err(
@@ -787,7 +809,11 @@ async fn person_acts(sim: &SimFleet, node: &str, p: &PersonAction, n: usize) -> 
             for (i, h) in agent.held().iter().flat_map(|v| v.holds.clone()).enumerate() {
                 let mut req = Request::new(
                     format!("scenario-person-{n}-{node}-{i}"),
-                    Op::Release(nightshift_proto::ReleaseArgs { hold: Some(h.id.clone()), owner: None, include_kept: true }),
+                    Op::Release(nightshift_proto::ReleaseArgs {
+                        hold: Some(h.id.clone()),
+                        owner: None,
+                        include_kept: true,
+                    }),
                 );
                 req.owner = Some("person:oncall".into());
                 let r = agent.handle(req).await;
@@ -895,12 +921,19 @@ pub async fn run_traced(
         };
         let as_text: std::collections::BTreeMap<String, String> = overrides
             .iter()
-            .map(|(k, v)| (k.clone(), serde_yaml::to_string(v).unwrap_or_default().trim().trim_matches('"').to_string()))
+            .map(|(k, v)| {
+                (k.clone(), serde_yaml::to_string(v).unwrap_or_default().trim().trim_matches('"').to_string())
+            })
             .collect();
         if let Err(m) = r.manifest.resolve_params(&as_text) {
             let key = overrides.keys().find(|k| m.contains(k.as_str())).cloned().unwrap_or_else(|| rb.clone());
             let (line, column) = at(&key);
-            return Err(ScenarioError::Load(LoadError { file: path.into(), line, column, message: format!("params.{rb}: {m}") }));
+            return Err(ScenarioError::Load(LoadError {
+                file: path.into(),
+                line,
+                column,
+                message: format!("params.{rb}: {m}"),
+            }));
         }
         for (k, v) in overrides {
             if let Some(spec) = r.manifest.params.get_mut(k) {
@@ -1244,6 +1277,17 @@ pub async fn run_traced(
             (r.id.clone(), r.runbook.clone(), r.outcome.map_or("unfinished".to_string(), |o| o.as_str().to_string()))
         })
         .collect();
+    let said = records
+        .iter()
+        .filter(|r| matches!(r.kind, RecordKind::Notification | RecordKind::Escalation))
+        .map(|r| {
+            (
+                (r.ts_ms - t0) as f64 / 1000.0,
+                r.kind.as_str().to_string(),
+                r.data["text"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
     let virtual_secs = ((sim.clock.now_ms() - t0) / 1000) as u64;
     drop(sim);
     Ok(ScenarioReport {
@@ -1261,6 +1305,7 @@ pub async fn run_traced(
             .filter(|(n, ..)| named.contains(n))
             .map(|(runbook, evaluations, fires)| RunbookEvaluation { runbook, evaluations, fires })
             .collect(),
+        said,
         trace,
     })
 }

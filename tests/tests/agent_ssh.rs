@@ -67,7 +67,8 @@ async fn every_op_in_dry_run_and_for_real() {
         Op::SetGpuDrain(SetGpuDrainArgs { gpu: 1, drained: true }),
         Op::Drain(DrainArgs { reason: "test drain".into(), run: Some("run-1".into()), sticky: false, repair: false }),
         Op::Resume(ResumeArgs { run: Some("run-1".into()) }),
-        Op::FlushCaches(FlushCachesArgs::default()),
+        // The page cache only when asked (the default leaves it alone).
+        Op::FlushCaches(FlushCachesArgs { drop_page_cache: true, signal_processes: true }),
         Op::ConfigApply(ConfigApplyArgs {
             name: "nccl-env".into(),
             content: "NCCL_DEBUG=INFO\n".into(),
@@ -90,6 +91,17 @@ async fn every_op_in_dry_run_and_for_real() {
         assert_eq!(before.gpus[0].power_limit_watts, after.gpus[0].power_limit_watts, "{name} dry run changed power");
         assert_eq!(before.node_metrics.drained, after.node_metrics.drained, "{name} dry run changed drain");
 
+        // Back into service only once healthy: GPU 1 took a DBE (cleared
+        // counters do not make it healthy), so the resume is refused until a
+        // person resets the GPU.
+        if matches!(op, Op::Resume(_)) {
+            let r = c.call(&req("resume-unhealthy", op.clone())).await.unwrap();
+            let e = r.error.clone().expect("refused while a GPU is unhealthy");
+            assert_eq!(e.code, nightshift_proto::ErrorCode::Unhealthy, "{r:?}");
+            assert!(e.message.contains("GPU 1") && e.message.contains("health check"), "{}", e.message);
+            assert!(telemetry(&c).await.node_metrics.drained, "the refused resume left the drain in place");
+            c.call(&req("reset-gpu1", Op::SimFault(SimFault::GpuReset { gpu: 1 }))).await.unwrap();
+        }
         // For real.
         let r = c.call(&req(&format!("real-{i}"), op.clone())).await.unwrap();
         let a = action(&r);

@@ -136,7 +136,9 @@ pub fn parse_into_at(text: &str, file: &Path, r: &mut JobReadings, now_secs: f64
             "nightshift_allreduce_p99_ms" => worst(&mut r.allreduce_p99_ms, v),
             "nightshift_nvlink_p2p_latency_us" => worst(&mut r.p2p_latency_us, v),
             "nightshift_job_heartbeat_timestamp_seconds" => r.jobs_running += 1,
-            "nightshift_job_last_progress_timestamp_seconds" => worst(&mut r.stalled_secs, (now_secs - v).max(0.0).floor()),
+            "nightshift_job_last_progress_timestamp_seconds" => {
+                worst(&mut r.stalled_secs, (now_secs - v).max(0.0).floor())
+            }
             "nightshift_job_world_size" if v >= 1.0 && v <= 1_000_000.0 => {
                 r.world_size = Some(r.world_size.unwrap_or(0).max(v as u32));
             }

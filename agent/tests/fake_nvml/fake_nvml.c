@@ -3,6 +3,15 @@
  * bytes, temperatures in degrees C. Functions it does not define come back
  * from nvml-wrapper as FailedToLoadSymbol, as on an old driver. */
 #include <string.h>
+#include <unistd.h>
+
+/* While this file exists, GPU 1 has "fallen off the bus": every reading of
+ * it answers NVML_ERROR_GPU_IS_LOST, as after an XID 79. The test builds the
+ * library with its own path. */
+#ifndef FAKE_LOST_PATH
+#define FAKE_LOST_PATH "/nonexistent/fake-nvml-lost"
+#endif
+#define NVML_ERROR_GPU_IS_LOST 15
 
 typedef int nvmlReturn_t;
 #define NVML_SUCCESS 0
@@ -37,6 +46,7 @@ typedef struct { unsigned int version; unsigned long long total, reserved, free,
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 
 static int valid(nvmlDevice_t d) { return d == &gpus[0] || d == &gpus[1]; }
+static int lost(nvmlDevice_t d) { return d == &gpus[1] && access(FAKE_LOST_PATH, F_OK) == 0; }
 
 nvmlReturn_t nvmlInit_v2(void) { return NVML_SUCCESS; }
 nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
@@ -68,7 +78,7 @@ nvmlReturn_t nvmlDeviceSetPowerManagementLimit(nvmlDevice_t d, unsigned int mw) 
     d->limit_mw = mw;
     return NVML_SUCCESS;
 }
-nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *v) { *v = d->power_mw; return NVML_SUCCESS; }
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *v) { if (lost(d)) return NVML_ERROR_GPU_IS_LOST; *v = d->power_mw; return NVML_SUCCESS; }
 nvmlReturn_t nvmlDeviceGetNumFans(nvmlDevice_t d, unsigned int *n) {
     if (d->fans < 0) return NVML_ERROR_NOT_SUPPORTED;
     *n = (unsigned int)d->fans;
@@ -87,6 +97,7 @@ nvmlReturn_t nvmlDeviceSetDefaultFanSpeed_v2(nvmlDevice_t d, unsigned int fan) {
     d->fan_pct = 41; d->fan_default = 1; return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *v) {
+    if (lost(d)) return NVML_ERROR_GPU_IS_LOST;
     if (sensor != 0) return NVML_ERROR_INVALID_ARGUMENT;
     *v = d->temp_c; return NVML_SUCCESS;
 }

@@ -1013,7 +1013,7 @@ async fn memory(nodes: usize, secs: i64, data_root: &Path) -> Result<(f64, usize
                     host_key: "SHA256:x".into(),
                     labels: Default::default(),
                     standby: false,
-                power_saving: false,
+                    power_saving: false,
                 },
                 "x".to_string(),
                 Arc::new(Nowhere) as Arc<dyn AgentTransport>,

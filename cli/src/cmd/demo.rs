@@ -390,11 +390,15 @@ async fn play_script(st: &Stage, args: &DemoArgs, out: &Out) -> (Vec<Fault>, boo
                 Step::Pool(p) => workload.set_pool(p),
                 Step::BadConfig => {
                     // A person edits the managed file by hand (not through
-                    // nightshift): the agent adopts it as a new version.
+                    // nightshift; the agent adopts it as a new version)…
                     let agent = &agents[node];
                     match agent.options().configs.get("nccl-env") {
                         Some(m) => match std::fs::write(&m.path, NCCL_BAD) {
-                            Ok(()) => agent.backend().on_config_applied("nccl-env", NCCL_BAD),
+                            Ok(()) => {
+                                // …and relaunches the job, which reads it.
+                                agent.backend().on_config_applied("nccl-env", NCCL_BAD);
+                                agent.backend().on_consumer_restarted("nccl-env");
+                            }
                             Err(e) => outln!("cannot write {}: {e}", m.path.display()),
                         },
                         None => outln!("{node} manages no nccl-env config"),

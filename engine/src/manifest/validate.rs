@@ -83,7 +83,13 @@ impl Manifest {
             },
         };
         match &self.trigger {
-            Trigger::Threshold { above, below, clear_below, clear_above, .. } => {
+            Trigger::Threshold { above, below, clear_below, clear_above, average, for_secs, .. } => {
+                if *average && *for_secs == 0 {
+                    return Err(err(
+                        "average",
+                        "trigger.average: averages over `for_secs`, so it needs for_secs of 1 or more, found 0".into(),
+                    ));
+                }
                 level_pair(*above, *below, *clear_below, *clear_above)?
             }
             Trigger::Fleet { above, below, clear_below, clear_above, agg, where_above, .. } => {
@@ -135,12 +141,12 @@ impl Manifest {
                     return Err(err("kinds", "trigger.kinds: expected at least one fault kind, found none".into()));
                 }
                 for k in kinds {
-                    if crate::health::FaultKind::parse(k).is_none() {
+                    if crate::faults::FaultKind::parse(k).is_none() {
                         return Err(err(
                             k,
                             format!(
                                 "trigger.kinds: unknown fault kind `{k}`: expected one of {}",
-                                crate::health::FaultKind::ALL.map(|k| k.as_str()).join(", ")
+                                crate::faults::FaultKind::ALL.map(|k| k.as_str()).join(", ")
                             ),
                         ));
                     }

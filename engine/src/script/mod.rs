@@ -202,7 +202,15 @@ pub trait ScriptHost: Send + Sync {
     }
     /// A metric between `from_ms` and `to_ms` (engine clock) on the run's
     /// target: count, min, max, avg (the worst GPU for a node target).
-    fn stats_between(&self, _ctx: &RunCtx, _node: &str, _gpu: Option<u32>, _metric: MetricId, _from_ms: i64, _to_ms: i64) -> Map {
+    fn stats_between(
+        &self,
+        _ctx: &RunCtx,
+        _node: &str,
+        _gpu: Option<u32>,
+        _metric: MetricId,
+        _from_ms: i64,
+        _to_ms: i64,
+    ) -> Map {
         Map::new()
     }
 }

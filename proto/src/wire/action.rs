@@ -479,3 +479,88 @@ pub enum SimFault {
     /// Clear every fault and restore the default workload.
     Clear {},
 }
+
+impl SimFault {
+    /// The fault's GPU, when it names one.
+    pub fn gpu(&self) -> Option<u32> {
+        use SimFault::*;
+        match self {
+            FanFailure { gpu }
+            | FanRepair { gpu }
+            | HeatsinkDegradation { gpu, .. }
+            | HeatsinkRamp { gpu, .. }
+            | EccDbe { gpu, .. }
+            | Xid { gpu, .. }
+            | GpuLost { gpu }
+            | GpuReset { gpu }
+            | RowRemapFailure { gpu }
+            | PersonPowerLimit { gpu, .. }
+            | Fragmentation { gpu, .. } => Some(*gpu),
+            Load { gpu, .. }
+            | LoadSurge { gpu, .. }
+            | FlushRegistration { gpu, .. }
+            | LoadPhases { gpu, .. }
+            | MemoryUsed { gpu, .. } => *gpu,
+            _ => None,
+        }
+    }
+
+    /// Check the fault's values against their ranges and a node with
+    /// `gpus` GPUs: a scenario refuses a bad one when it loads, the sim
+    /// backend when it is injected.
+    pub fn validate(&self, gpus: u32) -> Result<(), String> {
+        use SimFault::*;
+        if let Some(g) = self.gpu()
+            && g >= gpus
+        {
+            return Err(format!(
+                "gpu {g}: expected 0 to {}, found {g} (the node has {gpus} GPUs)",
+                gpus.saturating_sub(1)
+            ));
+        }
+        let pct = |field: &str, v: f64| {
+            if (0.0..=100.0).contains(&v) { Ok(()) } else { Err(format!("{field}: expected 0 to 100, found {v}")) }
+        };
+        match self {
+            HeatsinkDegradation { factor, .. } if !(1.0..=10.0).contains(factor) => {
+                Err(format!("heatsink factor: expected 1 to 10, found {factor}"))
+            }
+            HeatsinkRamp { factor, over_secs, .. }
+                if !(1.0..=10.0).contains(factor) || !(1..=7 * 86_400).contains(over_secs) =>
+            {
+                Err(format!(
+                    "heatsink ramp: expected factor 1 to 10 and over_secs 1 to 604800, found {factor} and {over_secs}"
+                ))
+            }
+            Load { util_pct, .. } => pct("util_pct", *util_pct),
+            LoadPhases { high_pct, low_pct, period_secs, .. } => {
+                pct("high_pct", *high_pct)?;
+                pct("low_pct", *low_pct)?;
+                if (2..=86_400).contains(period_secs) {
+                    Ok(())
+                } else {
+                    Err(format!("load phases: period_secs: expected 2 to 86400, found {period_secs}"))
+                }
+            }
+            LoadSurge { factor, .. } if !(0.1..=2.0).contains(factor) => {
+                Err(format!("surge factor: expected 0.1 to 2, found {factor}"))
+            }
+            ChassisAirflow { factor } if !(0.05..=1.0).contains(factor) => {
+                Err(format!("chassis airflow factor: expected 0.05 to 1, found {factor}"))
+            }
+            PersonPowerLimit { watts, .. } if !(watts.is_finite() && *watts > 0.0 && *watts <= 100_000.0) => {
+                Err(format!("person power limit: expected watts from 1 to 100000, found {watts}"))
+            }
+            Fragmentation { pct: v, .. } => pct("pct", *v),
+            MemoryUsed { pct: v, .. } => pct("pct", *v),
+            CommOverhead { pct: v } => pct("pct", *v),
+            EccDbe { count, .. } if *count == 0 || *count > 1_000_000 => {
+                Err(format!("ecc_dbe count: expected 1 to 1000000, found {count}"))
+            }
+            Xid { code, .. } if *code == 0 || *code > 1_000 => {
+                Err(format!("xid code: expected 1 to 1000, found {code}"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
