@@ -408,7 +408,16 @@ impl HealthModel {
                 h.run = None;
                 h.instruction = None;
             }
-            HealthState::AwaitingRepair | HealthState::Rma => {}
+            HealthState::AwaitingRepair => {
+                // A health check that failed: that was no repair; the next
+                // one counts.
+                if t.from == HealthState::Verifying
+                    && let Some(l) = h.lifecycle.as_mut()
+                {
+                    l.repaired_ms = None;
+                }
+            }
+            HealthState::Rma => {}
         }
     }
 }
@@ -486,7 +495,7 @@ pub fn gpu_view(gpu: u32, h: &GpuHealth, now: i64) -> Value {
         "lifecycle": h.lifecycle.map(|l| json!({"timestamps": l, "phases": l.phases().into_iter().collect::<BTreeMap<_, _>>()})),
         "repairs_in_window": h.repairs.len(),
         "history": h.history.iter().map(|(k, l)| json!({"kind": k.as_str(), "lifecycle": l, "phases": l.phases().into_iter().collect::<BTreeMap<_, _>>()})).collect::<Vec<_>>(),
-        "age_secs": (now - h.since_ms).max(0) / 1000,
+        "age_secs": (h.since_ms > 0).then(|| (now - h.since_ms).max(0) / 1000),
     })
 }
 

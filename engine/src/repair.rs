@@ -460,6 +460,33 @@ impl Engine {
         Ok(out)
     }
 
+    /// A node's health as people read it: every GPU of its inventory (one
+    /// no fault touched is healthy), state, fault, what a person should do,
+    /// the lifecycle's timestamps and past lifecycles. `None`: not in the
+    /// inventory.
+    pub fn node_health(&self, node: &str) -> Option<Value> {
+        let n = self.core.fleet.get(node)?;
+        let model = self.health_model();
+        let now = self.core.now();
+        let count = n.state().gpu_count() as u32;
+        let mut gpus: BTreeMap<u32, Value> =
+            (0..count).map(|g| (g, crate::health::gpu_view(g, &crate::health::GpuHealth::default(), now))).collect();
+        for (g, h) in model.node_gpus(node) {
+            gpus.insert(g, crate::health::gpu_view(g, h, now));
+        }
+        Some(json!({
+            "node": node,
+            "state": model.node_state(node).as_str(),
+            "gpus": gpus.into_values().collect::<Vec<_>>(),
+        }))
+    }
+
+    /// Run the agent's health check on `node` by hand (read-only).
+    pub async fn health_check_node(&self, node: &str) -> Result<HealthCheck, String> {
+        let n = self.core.fleet.get(node).ok_or_else(|| format!("{node} is not in the inventory"))?;
+        self.health_check_call(&n).await
+    }
+
     /// The health model as people read it: this engine's own (leading), or
     /// rebuilt from its copy of the chain (a standby follows it).
     pub fn health_model(&self) -> crate::health::HealthModel {

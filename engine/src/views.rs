@@ -93,6 +93,11 @@ impl Engine {
         self.core.fleet.nodes().iter().map(|n| n.spec.name.clone()).collect()
     }
 
+    /// GPUs the fleet's inventories report.
+    pub fn fleet_gpus(&self) -> usize {
+        self.core.fleet.nodes().iter().map(|n| n.state().gpu_count()).sum()
+    }
+
     /// Agents with a live connection (or recent telemetry).
     pub fn connected_agents(&self) -> usize {
         self.core.fleet.nodes().iter().filter(|n| n.state().connected).count()

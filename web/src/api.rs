@@ -246,7 +246,64 @@ pub async fn nodes(State(s): State<AppState>, _: Viewer) -> Result<Response, Api
 pub async fn node(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
     let n = s.engine.node(&name).ok_or_else(|| ApiError::not_found(format!("no node {name:?} in the inventory")))?;
     let recent = s.engine.runs(&RunFilter { node: Some(name.clone()), limit: Some(20), ..Default::default() })?;
-    Ok(Json(json!({"node": n, "recent_runs": recent.runs})).into_response())
+    Ok(Json(json!({"node": n, "health": s.engine.node_health(&name), "recent_runs": recent.runs})).into_response())
+}
+
+/// `GET /api/v1/nodes/{name}/health`: every GPU's health state, fault,
+/// instruction and lifecycle.
+pub async fn node_health(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
+    let h =
+        s.engine.node_health(&name).ok_or_else(|| ApiError::not_found(format!("no node {name:?} in the inventory")))?;
+    Ok(Json(h).into_response())
+}
+
+/// `POST /api/v1/nodes/{name}/repaired`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Repaired {
+    /// One GPU; every GPU awaiting repair when absent.
+    #[serde(default)]
+    pub gpu: Option<u32>,
+    /// What was done (kept in the audit record).
+    #[serde(default)]
+    pub note: String,
+}
+
+/// A person says the node (or a GPU) was repaired: its GPUs go to
+/// verifying, and the health check decides whether they return.
+pub async fn node_repaired(
+    State(s): State<AppState>,
+    Operator(id): Operator,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<Repaired>,
+) -> Result<Response, ApiError> {
+    if s.engine.node(&name).is_none() {
+        return Err(ApiError::not_found(format!("no node {name:?} in the inventory")));
+    }
+    let gpus = s
+        .engine
+        .mark_repaired(&name, body.gpu, &id.actor(), &body.note)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::CONFLICT, "nothing_to_repair", e))?;
+    Ok(Json(json!({"node": name, "verifying": gpus})).into_response())
+}
+
+/// `POST /api/v1/agents/{name}/health-check`: the agent's read-only health
+/// check, now.
+pub async fn agent_health_check(
+    State(s): State<AppState>,
+    _: Operator,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    if s.engine.node(&name).is_none() {
+        return Err(ApiError::not_found(format!("no node {name:?} in the inventory")));
+    }
+    let hc = s
+        .engine
+        .health_check_node(&name)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "agent_error", e))?;
+    Ok(Json(json!({"node": name, "check": hc})).into_response())
 }
 
 /// `POST /api/v1/nodes/{name}/hands-off`.

@@ -573,6 +573,7 @@ pub async fn node_page(
     ];
     let inv = n.state.inventory.clone();
     let held = held_settings(&s, &name, &n.holds).await;
+    let health = s.engine.node_health(&name).unwrap_or_default();
     let now_ms = s.engine.clock().now_ms();
     let body = html! {
         div.head {
@@ -614,6 +615,7 @@ pub async fn node_page(
                 table.kv { @for (k, v) in &n.node_metrics { tr { th { (k) } td.num { (format!("{v:.2}")) } } } }
             }
         }
+        (health_section(&health))
         h2 { "GPUs" }
         div.scroll {
             table {
@@ -998,5 +1000,58 @@ pub async fn asset(Path(name): Path<String>) -> Response {
             ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], include_str!("assets/app.js")).into_response()
         }
         _ => (StatusCode::NOT_FOUND, "no such asset").into_response(),
+    }
+}
+
+/// The node page's health: each GPU a fault touched, where its lifecycle
+/// stands (seconds from the fault to each phase), what a person should do,
+/// and its last lifecycles.
+fn health_section(h: &serde_json::Value) -> Markup {
+    let gpus: Vec<&serde_json::Value> = h["gpus"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter(|g| g["state"] != "healthy" || g["history"].as_array().is_some_and(|x| !x.is_empty()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let secs = |v: &serde_json::Value| v.as_f64().map(|x| format!("{x:.0} s")).unwrap_or_else(|| "—".into());
+    html! {
+        section #health {
+            h2 { "Health" }
+            @if gpus.is_empty() {
+                p.muted { "every GPU healthy: no fault seen" }
+            } @else {
+                table {
+                    thead { tr { th { "GPU" } th { "State" } th { "Fault" } th { "Quarantined" } th { "Requeued" } th { "Repaired" } th { "Verified" } th { "What to do" } } }
+                    tbody {
+                        @for g in &gpus {
+                            @let phases = &g["lifecycle"]["phases"];
+                            tr {
+                                td { (g["gpu"]) }
+                                td { span.badge.(if g["state"] == "healthy" { "ok" } else { "bad" }) { (g["state"].as_str().unwrap_or("")) } }
+                                td { (g["fault"]["detail"].as_str().unwrap_or("")) @if let Some(r) = g["run"].as_str() { " " a href={"/runs/" (r)} { (r) } } }
+                                td.num { (secs(&phases["quarantined"])) }
+                                td.num { (secs(&phases["requeued"])) }
+                                td.num { (secs(&phases["repaired"])) }
+                                td.num { (secs(&phases["verified"])) }
+                                td { (g["instruction"].as_str().unwrap_or("")) @for f in g["check_failures"].as_array().into_iter().flatten() { br; small.error { (f.as_str().unwrap_or("")) } } }
+                            }
+                            @for past in g["history"].as_array().into_iter().flatten() {
+                                tr.muted {
+                                    td {} td { "earlier: " (past["kind"].as_str().unwrap_or("")) } td {}
+                                    td.num { (secs(&past["phases"]["quarantined"])) }
+                                    td.num { (secs(&past["phases"]["requeued"])) }
+                                    td.num { (secs(&past["phases"]["repaired"])) }
+                                    td.num { (secs(&past["phases"]["verified"])) }
+                                    td {}
+                                }
+                            }
+                        }
+                    }
+                }
+                p.muted { "seconds from the fault being seen to each phase of its repair" }
+            }
+        }
     }
 }

@@ -157,10 +157,70 @@ pub fn render(engine: &Engine) -> String {
         let age = ha.lease_age_ms.map_or(f64::NAN, |ms| ms as f64 / 1000.0);
         let _ = writeln!(out, "nightshift_ha_lease_age_seconds{{shard=\"{}\"}} {}", shard, fmt_f(age));
     }
+    health(&mut out, engine);
     let (series, points) = engine.telemetry_size();
     family(&mut out, "nightshift_telemetry_series", "gauge", "Telemetry series held.");
     let _ = writeln!(out, "nightshift_telemetry_series {series}");
     family(&mut out, "nightshift_telemetry_points", "gauge", "Telemetry points held in trigger windows.");
     let _ = writeln!(out, "nightshift_telemetry_points {points}");
     out
+}
+
+/// Upper bounds of the repair histogram, in seconds: a minute to three days.
+const REPAIR_BUCKETS_SECS: [f64; 11] =
+    [60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0, 172800.0, 259200.0];
+
+/// The health model: GPUs per state, and how long each phase of a fault's
+/// lifecycle took (the seeds' complaints — a 45-minute alert lag, a
+/// 42-minute MTTR — become a before and after).
+fn health(out: &mut String, engine: &Engine) {
+    use nightshift_engine::health::HealthState;
+    let model = engine.health_model();
+    let counts = model.counts();
+    let tracked: usize = counts.values().sum();
+    family(
+        out,
+        "nightshift_gpu_health",
+        "gauge",
+        "GPUs by health state (healthy includes every GPU no fault touched).",
+    );
+    for st in HealthState::ALL {
+        let mut n = counts.get(&st).copied().unwrap_or(0);
+        if st == HealthState::Healthy {
+            n += engine.fleet_gpus().saturating_sub(tracked);
+        }
+        let _ = writeln!(out, "nightshift_gpu_health{{state=\"{}\"}} {n}", st.as_str());
+    }
+    family(
+        out,
+        "nightshift_repair_seconds",
+        "histogram",
+        "Seconds from a fault being seen to each phase of its lifecycle (quarantined, requeued, repaired, verified), by fault kind; the lifecycles the engine holds (rebuilt from the audit chain).",
+    );
+    let mut hist: std::collections::BTreeMap<(&str, &str), (Vec<u64>, u64, f64)> = Default::default();
+    for (_, h) in model.all() {
+        let current = h.fault.as_ref().zip(h.lifecycle.as_ref()).map(|(f, l)| (f.kind, *l));
+        for (kind, l) in h.history.iter().copied().chain(current) {
+            for (phase, secs) in l.phases() {
+                let e =
+                    hist.entry((kind.as_str(), phase)).or_insert_with(|| (vec![0; REPAIR_BUCKETS_SECS.len()], 0, 0.0));
+                for (i, b) in REPAIR_BUCKETS_SECS.iter().enumerate() {
+                    if secs <= *b {
+                        e.0[i] += 1;
+                    }
+                }
+                e.1 += 1;
+                e.2 += secs;
+            }
+        }
+    }
+    for ((kind, phase), (buckets, count, sum)) in hist {
+        let l = format!("kind=\"{kind}\",phase=\"{phase}\"");
+        for (b, n) in REPAIR_BUCKETS_SECS.iter().zip(&buckets) {
+            let _ = writeln!(out, "nightshift_repair_seconds_bucket{{{l},le=\"{}\"}} {n}", fmt_f(*b));
+        }
+        let _ = writeln!(out, "nightshift_repair_seconds_bucket{{{l},le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "nightshift_repair_seconds_sum{{{l}}} {}", fmt_f(sum));
+        let _ = writeln!(out, "nightshift_repair_seconds_count{{{l}}} {count}");
+    }
 }

@@ -111,6 +111,8 @@ fn endpoints(run: &str) -> Vec<(&'static str, String, Role, Option<Value>)> {
         ("GET", "/api/v1/agents/gpu-a1/ping".into(), Role::Viewer, None),
         ("GET", "/api/v1/agents/gpu-a1/inventory".into(), Role::Viewer, None),
         ("GET", "/api/v1/agents/gpu-a1/holds".into(), Role::Viewer, None),
+        ("GET", "/api/v1/nodes/gpu-a1/health".into(), Role::Viewer, None),
+        ("POST", "/api/v1/agents/gpu-a1/health-check".into(), Role::Operator, None),
         ("GET", "/api/v1/runbooks".into(), Role::Viewer, None),
         ("GET", "/api/v1/runbooks/cap".into(), Role::Viewer, None),
         ("GET", "/api/v1/audit/records?after_seq=0&limit=5".into(), Role::Viewer, None),
@@ -653,4 +655,99 @@ mod nightshift_web_test_exposition {
         }
         Ok(types)
     }
+}
+
+/// One double-bit error, end to end, as an operator reads it the morning
+/// after: the node's health in the API and on its page, the lifecycle's
+/// phases in `/metrics`, and a person's `repaired` answered by the health
+/// check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dbe_lifecycle_is_in_the_api_the_node_page_and_metrics() {
+    use nightshift_proto::{Op, Request, SimFault};
+    let rb = tempfile::tempdir().unwrap();
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
+    for f in ["ecc-dbe-drain.yaml", "ecc-dbe-drain.rhai"] {
+        std::fs::copy(repo.join(f), rb.path().join(f)).unwrap();
+    }
+    let script = Arc::new(build_engine(&ScriptLimits::default()));
+    let set = load_dir(rb.path(), &script);
+    assert!(set.errors.is_empty(), "{:?}", set.errors);
+    let nodes = (1..=2)
+        .map(|i| SimNodeSpec {
+            labels: [("nvlink_domain".to_string(), format!("d{i}"))].into(),
+            ..SimNodeSpec::new(&format!("g{i}"), "b200", 8)
+        })
+        .collect();
+    let mut opts = SimFleetOptions::new(nodes, set, script);
+    opts.auth = AuthConfig {
+        tokens: vec![
+            TokenSpec { name: "vera".into(), role: Role::Viewer, sha256: hash_token(VIEWER) },
+            TokenSpec { name: "otto".into(), role: Role::Operator, sha256: hash_token(OPERATOR) },
+        ],
+        webhook_token_sha256: None,
+        webhook_tokens: Vec::new(),
+        allow_anonymous: None,
+    };
+    let dir = scratch_dir().unwrap();
+    let sim = SimFleet::start(opts, dir.path()).await.unwrap();
+    let f = Fixture { sim, _dir: dir, _rb: rb };
+    let fault = |x: SimFault| Request::new(format!("web-test-{x:?}"), Op::SimFault(x));
+
+    f.sim.run_for(60).await.unwrap();
+    let r = f.sim.agents["g1"].handle(fault(SimFault::EccDbe { gpu: 5, count: 1 })).await;
+    assert!(r.ok, "{r:?}");
+    f.sim.run_for(300).await.unwrap();
+    let (s, h) = call(&f, "GET", "/api/v1/nodes/g1/health", Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::OK, "{h}");
+    let g5 = &h["gpus"][5];
+    assert_eq!(g5["state"], "awaiting_repair", "{h}");
+    assert_eq!(g5["fault"]["kind"], "dbe", "{h}");
+    assert!(g5["instruction"].as_str().is_some_and(|i| i.contains("nvidia-smi -r -i 5")), "{h}");
+    assert_eq!(h["gpus"][4]["state"], "healthy");
+    let q = g5["lifecycle"]["phases"]["quarantined"].as_f64().unwrap();
+    assert!(q <= 60.0, "quarantined {q} s after the fault");
+    let page = call(&f, "GET", "/nodes/g1", Some(VIEWER), None).await.1;
+    let page = page.as_str().unwrap().to_string();
+    assert!(page.contains("id=\"health\"") && page.contains("awaiting_repair"), "{page}");
+    // Saying it was repaired without resetting it: the health check sends it
+    // back, and says why.
+    let (s, v) = call(&f, "POST", "/api/v1/nodes/g1/repaired", Some(VIEWER), Some(json!({"gpu": 5}))).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "a viewer cannot: {v}");
+    let (s, v) =
+        call(&f, "POST", "/api/v1/nodes/g1/repaired", Some(OPERATOR), Some(json!({"gpu": 5, "note": "reseated"})))
+            .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["verifying"], json!([5]));
+    f.sim.run_for(120).await.unwrap();
+    let h = call(&f, "GET", "/api/v1/nodes/g1/health", Some(VIEWER), None).await.1;
+    assert_eq!(h["gpus"][5]["state"], "awaiting_repair", "{h}");
+    assert!(h["gpus"][5]["check_failures"].as_array().is_some_and(|f| !f.is_empty()), "{h}");
+    let (s, v) = call(&f, "POST", "/api/v1/agents/g1/health-check", Some(OPERATOR), None).await;
+    assert_eq!((s, &v["check"]["ok"]), (StatusCode::OK, &json!(false)), "{v}");
+    // The reset: verified, back in service.
+    let r = f.sim.agents["g1"].handle(fault(SimFault::GpuReset { gpu: 5 })).await;
+    assert!(r.ok, "{r:?}");
+    f.sim.run_for(180).await.unwrap();
+    let h = call(&f, "GET", "/api/v1/nodes/g1/health", Some(VIEWER), None).await.1;
+    assert_eq!(h["gpus"][5]["state"], "healthy", "{h}");
+    let past = &h["gpus"][5]["history"][0]["phases"];
+    for phase in ["quarantined", "requeued", "repaired", "verified"] {
+        assert!(past[phase].is_number(), "{phase} missing: {h}");
+    }
+    // Repaired at the reset (about 420 s after the fault), not at the
+    // person's word that the health check refuted (about 300 s).
+    let repaired = past["repaired"].as_f64().unwrap();
+    assert!((400.0..=450.0).contains(&repaired), "repaired {repaired} s after the fault: {h}");
+    let text = call(&f, "GET", "/metrics", Some(VIEWER), None).await.1.as_str().unwrap().to_string();
+    nightshift_web_test_exposition::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    for phase in ["quarantined", "requeued", "repaired", "verified"] {
+        let line = format!("nightshift_repair_seconds_count{{kind=\"dbe\",phase=\"{phase}\"}} 1");
+        assert!(text.contains(&line), "no {line}\n{text}");
+    }
+    assert!(
+        text.contains("nightshift_repair_seconds_bucket{kind=\"dbe\",phase=\"quarantined\",le=\"60\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("nightshift_gpu_health{state=\"healthy\"} 16"), "{text}");
+    assert!(text.contains("nightshift_gpu_health{state=\"awaiting_repair\"} 0"), "{text}");
 }
