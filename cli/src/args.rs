@@ -69,9 +69,12 @@ pub enum Command {
     /// The audit log: list runs, show one, follow, verify, export.
     #[command(subcommand)]
     Audit(AuditCmd),
-    /// Agents: list, ping, inventory.
+    /// Agents: list, ping, inventory, holds, health.
     #[command(subcommand)]
     Agents(AgentsCmd),
+    /// Nodes: tell nightshift a node was repaired.
+    #[command(subcommand)]
+    Nodes(NodesCmd),
     /// Approve a run that waits for approval (needs --server).
     ///
     /// Example: nightshift approve r000042 --server http://nightshift:8080
@@ -332,6 +335,43 @@ pub enum AgentsCmd {
     Holds {
         #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
         node: String,
+    },
+    /// A node's health: each GPU's state (healthy, faulted, quarantined,
+    /// awaiting repair, verifying, RMA), its fault, what to do, and how long
+    /// each phase of its repair took.
+    ///
+    /// Example: nightshift agents show gpu-a1
+    Show {
+        #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
+        node: String,
+    },
+    /// Run the agent's read-only health check now (GPUs visible, ECC,
+    /// row remaps, PCIe, NVLink, recent fatal XIDs, `dcgmi diag` where
+    /// installed); exits 1 when it fails.
+    ///
+    /// Example: nightshift agents health-check gpu-a1
+    HealthCheck {
+        #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
+        node: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum NodesCmd {
+    /// Say a node (or one GPU) was repaired: its GPUs awaiting repair go to
+    /// verifying, and the agent's health check decides whether they return
+    /// to service (a failing one sends them back, saying why).
+    ///
+    /// Example: nightshift nodes repaired gpu-a1 --gpu 3 --note "reseated GPU 3"
+    Repaired {
+        #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
+        node: String,
+        /// One GPU (default: every GPU awaiting repair).
+        #[arg(long)]
+        gpu: Option<u32>,
+        /// What was done; kept in the audit record.
+        #[arg(long, default_value = "")]
+        note: String,
     },
 }
 

@@ -424,6 +424,57 @@ impl Conn {
         }
     }
 
+    /// A node's health (the engine's health model).
+    pub async fn node_health(&mut self, node: &str) -> Result<Value> {
+        match self {
+            Conn::Remote(r) => r.get(&format!("/api/v1/nodes/{}/health", crate::out::urlencode(node))).await,
+            Conn::Local(l) => {
+                let e = l.engine().await?;
+                // An engine started for this command knows no GPU counts yet.
+                e.refresh_inventories().await;
+                e.node_health(node)
+                    .ok_or_else(|| anyhow::Error::new(Fail(2)).context(format!("no node {node:?} in the inventory")))
+            }
+        }
+    }
+
+    /// The agent's health check, now.
+    pub async fn health_check(&mut self, node: &str) -> Result<Value> {
+        match self {
+            Conn::Remote(r) => {
+                r.post(&format!("/api/v1/agents/{}/health-check", crate::out::urlencode(node)), &json!({})).await
+            }
+            Conn::Local(l) => {
+                let e = l.engine().await?;
+                let hc = e
+                    .health_check_node(node)
+                    .await
+                    .map_err(|m| anyhow::Error::new(Fail(4)).context(format!("{node}: {m}")))?;
+                Ok(json!({"node": node, "check": hc}))
+            }
+        }
+    }
+
+    /// A person says `node` (or one GPU) was repaired.
+    pub async fn repaired(&mut self, node: &str, gpu: Option<u32>, note: &str) -> Result<Value> {
+        match self {
+            Conn::Remote(r) => {
+                r.post(
+                    &format!("/api/v1/nodes/{}/repaired", crate::out::urlencode(node)),
+                    &json!({"gpu": gpu, "note": note}),
+                )
+                .await
+            }
+            Conn::Local(l) => {
+                let e = l.engine().await?;
+                let who = format!("user:{}", std::env::var("USER").unwrap_or_else(|_| "cli".into()));
+                let gpus =
+                    e.mark_repaired(node, gpu, &who, note).await.map_err(|m| anyhow::Error::new(Fail(3)).context(m))?;
+                Ok(json!({"node": node, "verifying": gpus}))
+            }
+        }
+    }
+
     pub async fn runbooks(&mut self) -> Result<Vec<RunbookInfo>> {
         match self {
             Conn::Remote(r) => {

@@ -79,6 +79,13 @@ async fn real_main(cli: Cli) -> Result<u8> {
             c.close().await;
             r
         }
+        Command::Nodes(n) => {
+            init_logging("warn");
+            let mut c = cmd::conn(&cli, &out)?;
+            let r = cmd::agents::nodes(&mut c, &out, n).await;
+            c.close().await;
+            r
+        }
         Command::Approve { run } => cmd::decide::approve(&cli, &out, run).await,
         Command::Reject { run, reason } => cmd::decide::reject(&cli, &out, run, reason).await,
         Command::Reload => cmd::decide::reload(&cli, &out).await,

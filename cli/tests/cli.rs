@@ -201,6 +201,20 @@ async fn embedded_engine() {
     assert!(text.contains("GPU 0 power limit") && text.contains("kept") && text.contains("700 W"), "{text}");
     let o = run(d, &["agents", "holds", "g2"]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("g2: nothing held"), "{o:?}");
+    // Health: every GPU healthy, the agent's check passes, and a repair
+    // nobody awaits is refused with where to look.
+    let o = run(d, &["agents", "show", "g1", "--json"]);
+    let v = json(&o);
+    assert_eq!(v["state"], "healthy", "{v}");
+    assert!(v["gpus"].as_array().is_some_and(|g| !g.is_empty() && g.iter().all(|g| g["state"] == "healthy")), "{v}");
+    let o = run(d, &["agents", "show", "g1"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("QUARANTINED"), "{o:?}");
+    let o = run(d, &["agents", "health-check", "g1"]);
+    assert_eq!(code(&o), 0, "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("g1: health check passed"), "{o:?}");
+    let o = run(d, &["nodes", "repaired", "g1", "--gpu", "0"]);
+    assert_eq!(code(&o), 3, "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nothing awaiting repair"), "{o:?}");
 
     // Validate, with a broken file.
     let o = run(d, &["runbooks", "validate", "runbooks"]);
@@ -397,6 +411,9 @@ fn every_subcommand_has_an_example_in_its_help() {
         &["agents", "ping"],
         &["agents", "inventory"],
         &["agents", "holds"],
+        &["agents", "show"],
+        &["agents", "health-check"],
+        &["nodes", "repaired"],
         &["approve"],
         &["reject"],
         &["keygen"],

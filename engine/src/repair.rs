@@ -177,6 +177,24 @@ impl Engine {
         if self.core.table().active_by_key.contains_key(&(rb.manifest.name.clone(), target.clone())) {
             return;
         }
+        // A node under maintenance (the hands-off marker): nothing acts, and
+        // a refused run would start a cooldown that outlasts the marker. The
+        // fault stays pending, a person is told once, and it is offered the
+        // moment the marker goes.
+        if node.state().hands_off() {
+            self.tell_once(
+                &name,
+                gpu,
+                fault.seen_ms,
+                Some(&rb.manifest.name),
+                format!(
+                    "{name} GPU {gpu}: {} is pending — {name} is hands-off (maintenance): {} acts when the marker goes; look at {name} now",
+                    fault.detail, rb.manifest.name
+                ),
+            )
+            .await;
+            return;
+        }
         // A runbook in shadow answers a fault once: its dry run changes
         // nothing, so the fault stays pending, and offering it again every
         // cooldown would report one fault as many.

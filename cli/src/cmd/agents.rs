@@ -1,4 +1,5 @@
-//! `nightshift agents list | ping | inventory | holds`.
+//! `nightshift agents list | ping | inventory | holds | show | health-check`,
+//! `nightshift nodes repaired`.
 
 use anyhow::Result;
 use nightshift_proto::SettingView;
@@ -45,6 +46,71 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
                 .collect();
             out.table(&["NODE", "ADDRESS", "AGENT", "DRAIN", "HOTTEST", "LABELS"], &rows);
             Ok(0)
+        }
+        AgentsCmd::Show { node } => {
+            let h = c.node_health(node).await?;
+            if out.json {
+                outln!("{}", serde_json::to_string_pretty(&h)?);
+                return Ok(0);
+            }
+            outln!("{node}: {}", h["state"].as_str().unwrap_or("?"));
+            let secs = |v: &serde_json::Value| v.as_f64().map(|x| format!("{x:.0} s")).unwrap_or_else(|| "—".into());
+            let rows: Vec<Vec<String>> = h["gpus"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|g| {
+                    let p = &g["lifecycle"]["phases"];
+                    let state = g["state"].as_str().unwrap_or("?").to_string();
+                    vec![
+                        g["gpu"].to_string(),
+                        if state == "healthy" { out.green(&state) } else { out.red(&state) },
+                        g["fault"]["detail"].as_str().unwrap_or("").to_string(),
+                        secs(&p["quarantined"]),
+                        secs(&p["requeued"]),
+                        secs(&p["repaired"]),
+                        secs(&p["verified"]),
+                        g["history"].as_array().map_or(0, |v| v.len()).to_string(),
+                    ]
+                })
+                .collect();
+            out.table(&["GPU", "STATE", "FAULT", "QUARANTINED", "REQUEUED", "REPAIRED", "VERIFIED", "PAST"], &rows);
+            for g in h["gpus"].as_array().into_iter().flatten() {
+                if let Some(i) = g["instruction"].as_str() {
+                    outln!("GPU {}: {i}", g["gpu"]);
+                }
+                for f in g["check_failures"].as_array().into_iter().flatten() {
+                    outln!("GPU {}: health check failed: {}", g["gpu"], f.as_str().unwrap_or(""));
+                }
+            }
+            outln!("(seconds from the fault being seen to each phase of its repair)");
+            Ok(0)
+        }
+        AgentsCmd::HealthCheck { node } => {
+            let v = c.health_check(node).await?;
+            if out.json {
+                outln!("{}", serde_json::to_string_pretty(&v)?);
+            }
+            let check = &v["check"];
+            let ok = check["ok"] == true;
+            if !out.json {
+                outln!(
+                    "{node}: {}",
+                    if ok { out.green("health check passed") } else { out.red("health check failed") }
+                );
+                for g in check["gpus"].as_array().into_iter().flatten() {
+                    for f in g["failures"].as_array().into_iter().flatten() {
+                        outln!("  GPU {}: {}", g["index"], f.as_str().unwrap_or(""));
+                    }
+                }
+                for f in check["node_failures"].as_array().into_iter().flatten() {
+                    outln!("  {}", f.as_str().unwrap_or(""));
+                }
+                if let Some(d) = check["dcgm"].as_str() {
+                    outln!("  dcgmi diag: {d}");
+                }
+            }
+            Ok(if ok { 0 } else { 1 })
         }
         AgentsCmd::Ping { node } => {
             let v = c.agent(node, "ping").await?;
@@ -132,6 +198,25 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
                 })
                 .collect();
             out.table(&["GPU", "MODEL", "DEVICE POWER", "ENVELOPE", "FAN CONTROL", "MEMORY"], &rows);
+            Ok(0)
+        }
+    }
+}
+
+pub async fn nodes(c: &mut Conn, out: &Out, cmd: &crate::args::NodesCmd) -> Result<u8> {
+    match cmd {
+        crate::args::NodesCmd::Repaired { node, gpu, note } => {
+            let v = c.repaired(node, *gpu, note).await?;
+            if out.json {
+                outln!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let gpus: Vec<String> =
+                    v["verifying"].as_array().into_iter().flatten().map(|g| format!("GPU {g}")).collect();
+                outln!(
+                    "{node}: {} verifying; the agent's health check decides whether they return to service (nightshift agents show {node})",
+                    gpus.join(", ")
+                );
+            }
             Ok(0)
         }
     }
