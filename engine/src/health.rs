@@ -41,6 +41,8 @@ pub struct RepairMemory {
     pub(crate) told: BTreeSet<(String, u32, i64)>,
     /// (node, gpu) → when its health check last ran.
     pub(crate) checked: BTreeMap<(String, u32), i64>,
+    /// (node, gpu) → when a run last took its pending fault.
+    pub(crate) ran: BTreeMap<(String, u32), i64>,
     /// (node, gpu, fault seen, runbook) a shadow run already answered.
     pub(crate) shadowed: BTreeSet<(String, u32, i64, String)>,
 }
@@ -199,7 +201,19 @@ pub struct GpuHealth {
     pub history: VecDeque<(FaultKind, Lifecycle)>,
     /// The last failing health check's failures.
     pub check_failures: Vec<String>,
+    /// When a health check last refuted a repair (verifying → awaiting
+    /// repair): the same evidence does not count again until
+    /// [`REFUTED_RECHECK_MS`] has passed, so a GPU the check keeps failing
+    /// is checked every so often, not on every reading.
+    pub refuted_ms: Option<i64>,
+    /// The failures of the last refuting check (kept across the verifying
+    /// state, so a person is told again only when they change).
+    pub refuted_failures: Vec<String>,
 }
+
+/// How long a repair the health check refuted waits before the same
+/// evidence is checked again.
+pub const REFUTED_RECHECK_MS: i64 = 600_000;
 
 /// A transition to record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -377,6 +391,8 @@ impl HealthModel {
                 h.run = t.run.clone();
                 h.instruction = None;
                 h.lifecycle = Some(Lifecycle { seen_ms: ts_ms, ..Lifecycle::default() });
+                h.refuted_ms = None;
+                h.refuted_failures.clear();
             }
             HealthState::Quarantined => {
                 if let Some(l) = h.lifecycle.as_mut() {
@@ -399,6 +415,8 @@ impl HealthModel {
                 if let Some(a) = t.ack {
                     h.ack = a;
                 }
+                h.refuted_ms = None;
+                h.refuted_failures.clear();
                 if let (Some(f), Some(l)) = (h.fault.take(), h.lifecycle.take()) {
                     h.history.push_back((f.kind, l));
                     while h.history.len() > HISTORY {
@@ -411,10 +429,12 @@ impl HealthModel {
             HealthState::AwaitingRepair => {
                 // A health check that failed: that was no repair; the next
                 // one counts.
-                if t.from == HealthState::Verifying
-                    && let Some(l) = h.lifecycle.as_mut()
-                {
-                    l.repaired_ms = None;
+                if t.from == HealthState::Verifying {
+                    if let Some(l) = h.lifecycle.as_mut() {
+                        l.repaired_ms = None;
+                    }
+                    h.refuted_ms = Some(ts_ms);
+                    h.refuted_failures = t.check_failures.clone();
                 }
             }
             HealthState::Rma => {}

@@ -439,7 +439,10 @@ impl Engine {
             RunOutcome::Cancelled => shutting_down,
             _ => false,
         };
-        let starts_cooldown = !unfinished;
+        // A fault is a state: the health model, not a cooldown, keeps a
+        // fault run from repeating (a run that quarantined it moved it on;
+        // one that could not is offered again after a pause).
+        let starts_cooldown = !unfinished && summary.trigger != "fault";
         self.core
             .record_run(
                 RecordKind::RunFinished,

@@ -37,6 +37,9 @@ use crate::telemetry::SeriesKey;
 
 /// How often a pending fault is offered to admission again.
 const RETRY_PENDING_MS: i64 = 10_000;
+/// How long a fault waits to be offered again after a run took it and it
+/// is still faulted (the run could not drain: a blast radius, a refusal).
+const RETRY_AFTER_RUN_MS: i64 = 900_000;
 /// How often a verifying GPU's health check is run again after a failure
 /// to reach the agent.
 const RECHECK_MS: i64 = 30_000;
@@ -106,7 +109,12 @@ impl Engine {
                     self.offer_fault(node, gpu, now).await
                 }
                 HealthState::Faulted | HealthState::AwaitingRepair => {
-                    if let Some(f) = &h.fault
+                    // A repair the health check refuted: the same evidence
+                    // is checked again only every so often.
+                    let refuted =
+                        h.refuted_ms.is_some_and(|t| now.saturating_sub(t) < crate::health::REFUTED_RECHECK_MS);
+                    if !refuted
+                        && let Some(f) = &h.fault
                         && let Some(why) = repair_evidence(f, &ev)
                     {
                         let t = Transition {
@@ -140,7 +148,12 @@ impl Engine {
         let key = (name.clone(), gpu);
         {
             let mut m = crate::core::lock(&self.core.repair);
-            if m.tried.get(&key).is_some_and(|t| now.saturating_sub(*t) < RETRY_PENDING_MS) {
+            let pause = if m.ran.get(&key).is_some_and(|t| now.saturating_sub(*t) < RETRY_AFTER_RUN_MS) {
+                RETRY_AFTER_RUN_MS
+            } else {
+                RETRY_PENDING_MS
+            };
+            if m.tried.get(&key).is_some_and(|t| now.saturating_sub(*t) < pause) {
                 return;
             }
             m.tried.insert(key.clone(), now);
@@ -242,6 +255,7 @@ impl Engine {
                 .await;
             }
             Ok(_) => {
+                crate::core::lock(&self.core.repair).ran.insert(key.clone(), now);
                 if let Some(k) = shadow_key {
                     crate::core::lock(&self.core.repair).shadowed.insert(k);
                 }
@@ -335,7 +349,9 @@ impl Engine {
                 tracing::error!(node, gpu, error = %e, "cannot record a health check");
                 continue;
             }
-            if !passed {
+            // Told when the check refutes a repair, and again only when what
+            // fails changes (it is re-checked every ten minutes).
+            if !passed && failures != h.refuted_failures {
                 let text = format!(
                     "{node} GPU {gpu} failed its health check after the repair: {}. It stays out of service{}",
                     failures.join("; "),
