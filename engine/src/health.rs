@@ -204,11 +204,14 @@ pub struct GpuHealth {
     /// When a health check last refuted a repair (verifying → awaiting
     /// repair): the same evidence does not count again until
     /// [`REFUTED_RECHECK_MS`] has passed, so a GPU the check keeps failing
-    /// is checked every so often, not on every reading.
+    /// is checked every so often, not on every reading; new evidence (a
+    /// reset since) counts at once.
     pub refuted_ms: Option<i64>,
     /// The failures of the last refuting check (kept across the verifying
     /// state, so a person is told again only when they change).
     pub refuted_failures: Vec<String>,
+    /// The evidence the refuting check saw.
+    pub refuted_evidence: Option<Evidence>,
 }
 
 /// How long a repair the health check refuted waits before the same
@@ -239,6 +242,10 @@ pub struct Transition {
     pub phase: Option<String>,
     #[serde(default)]
     pub check_failures: Vec<String>,
+    /// The evidence a failing health check saw (it refuted a repair: the
+    /// same evidence does not count as a repair again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<Evidence>,
 }
 
 impl Transition {
@@ -347,6 +354,7 @@ impl HealthModel {
             ack: None,
             phase: None,
             check_failures: Vec::new(),
+            evidence: None,
         })
     }
 
@@ -393,6 +401,7 @@ impl HealthModel {
                 h.lifecycle = Some(Lifecycle { seen_ms: ts_ms, ..Lifecycle::default() });
                 h.refuted_ms = None;
                 h.refuted_failures.clear();
+                h.refuted_evidence = None;
             }
             HealthState::Quarantined => {
                 if let Some(l) = h.lifecycle.as_mut() {
@@ -417,6 +426,7 @@ impl HealthModel {
                 }
                 h.refuted_ms = None;
                 h.refuted_failures.clear();
+                h.refuted_evidence = None;
                 if let (Some(f), Some(l)) = (h.fault.take(), h.lifecycle.take()) {
                     h.history.push_back((f.kind, l));
                     while h.history.len() > HISTORY {
@@ -435,6 +445,7 @@ impl HealthModel {
                     }
                     h.refuted_ms = Some(ts_ms);
                     h.refuted_failures = t.check_failures.clone();
+                    h.refuted_evidence = t.evidence;
                 }
             }
             HealthState::Rma => {}
@@ -554,6 +565,7 @@ mod tests {
             ack: None,
             phase: None,
             check_failures: vec![],
+            evidence: None,
         }
     }
 

@@ -297,6 +297,7 @@ impl Host {
                 ack: None,
                 phase: Some(phase.to_string()),
                 check_failures: Vec::new(),
+                evidence: None,
             };
             self.record_transition(ctx, &t);
         }
@@ -382,6 +383,7 @@ impl ScriptHost for Host {
             ack: None,
             phase: None,
             check_failures: Vec::new(),
+            evidence: None,
         };
         self.record_transition(ctx, &t);
         to_map(json!({"ok": true, "from": from.as_str(), "to": to.as_str()}))
@@ -418,6 +420,7 @@ impl ScriptHost for Host {
             ack: None,
             phase: None,
             check_failures: Vec::new(),
+            evidence: None,
         };
         self.record_transition(ctx, &t);
         self.fault(ctx)

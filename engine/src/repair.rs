@@ -111,8 +111,8 @@ impl Engine {
                 HealthState::Faulted | HealthState::AwaitingRepair => {
                     // A repair the health check refuted: the same evidence
                     // is checked again only every so often.
-                    let refuted =
-                        h.refuted_ms.is_some_and(|t| now.saturating_sub(t) < crate::health::REFUTED_RECHECK_MS);
+                    let refuted = h.refuted_evidence == Some(ev)
+                        && h.refuted_ms.is_some_and(|t| now.saturating_sub(t) < crate::health::REFUTED_RECHECK_MS);
                     if !refuted
                         && let Some(f) = &h.fault
                         && let Some(why) = repair_evidence(f, &ev)
@@ -130,6 +130,7 @@ impl Engine {
                             ack: None,
                             phase: None,
                             check_failures: Vec::new(),
+                            evidence: None,
                         };
                         if let Err(e) = self.record_health(&t, "engine").await {
                             tracing::error!(node = name, gpu, error = %e, "cannot record repair evidence");
@@ -344,6 +345,7 @@ impl Engine {
                 ack: passed.then(|| Ack::from(&ev)),
                 phase: None,
                 check_failures: failures.clone(),
+                evidence: (!passed).then_some(ev),
             };
             if let Err(e) = self.record_health(&t, "engine").await {
                 tracing::error!(node, gpu, error = %e, "cannot record a health check");
@@ -486,6 +488,7 @@ impl Engine {
                 ack: None,
                 phase: None,
                 check_failures: Vec::new(),
+                evidence: None,
             };
             self.record_health(&t, who).await?;
             out.push(g);
