@@ -930,6 +930,23 @@ impl ScriptHost for Host {
                 continue;
             }
             if n.spec.power_saving && !out && connected && powered_by_us {
+                // Back to its standby drain first (running jobs finish
+                // elsewhere), then off.
+                if let Some(h) = holds.iter().find(|h| {
+                    matches!(h.value, HoldValue::NodeDrain { drained: false, .. }) && !h.owner.starts_with("person:")
+                }) {
+                    let r = self.act(
+                        ctx,
+                        &name,
+                        Op::Release(ReleaseArgs { hold: Some(h.id.clone()), owner: None, include_kept: false }),
+                    );
+                    if r.get("ok").and_then(|d| d.as_bool().ok()) != Some(true) {
+                        skipped.push(
+                            json!({"node": name, "why": r.get("error").map(|e| e.to_string()).unwrap_or_default()}),
+                        );
+                        continue;
+                    }
+                }
                 match self.power(ctx, &label, &value, &name, false) {
                     Ok(()) => changed.push(name),
                     Err(why) => skipped.push(json!({"node": name, "why": why})),

@@ -301,6 +301,9 @@ pub struct Check {
     /// A scheduler mark (`no_pack`, `quarantine`) present or absent.
     #[serde(default)]
     pub marked: Option<(String, bool)>,
+    /// The node powered on (`true`) or off (Slurm power saving).
+    #[serde(default)]
+    pub powered: Option<bool>,
 }
 
 /// One action line of a report.
@@ -527,6 +530,7 @@ impl Scenario {
                 c.holds.is_some(),
                 c.health.is_some(),
                 c.marked.is_some(),
+                c.powered.is_some(),
             ];
             if !conditions.iter().any(|b| *b) {
                 return Err(err(&c.node, format!("check on {}: expected a condition to check, found none", c.node)));
@@ -670,6 +674,16 @@ async fn telemetry(sim: &SimFleet, node: &str) -> Option<Telemetry> {
 async fn check(sim: &SimFleet, c: &Check) -> Vec<String> {
     let mut out = Vec::new();
     let when = c.at_secs.map_or("at the end".to_string(), |t| format!("at {t} s"));
+    if let Some(want) = c.powered {
+        let got = sim.powered(&c.node);
+        if got != want {
+            out.push(format!("{when}: {} powered {}, expected {}", c.node, on_off(got), on_off(want)));
+        }
+        // A powered-down node has no agent to ask the rest.
+        if !got {
+            return out;
+        }
+    }
     let Some(t) = telemetry(sim, &c.node).await else {
         return vec![format!("{when}: node {} is not in the fleet", c.node)];
     };
@@ -1308,6 +1322,10 @@ pub async fn run_traced(
         said,
         trace,
     })
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b { "on" } else { "off" }
 }
 
 /// Scenario files in a folder, sorted.

@@ -136,7 +136,8 @@ async fn agents_crash_mid_run_and_mid_stream_and_come_back() {
     let applied: Vec<_> = journal
         .iter()
         .filter_map(|l| match l {
-            JournalLine::Pending { id, .. } if id.starts_with(&run) => Some(id.clone()),
+            // The script's steps (`<run>-a<n>`), not the retried release.
+            JournalLine::Pending { id, .. } if id.starts_with(&format!("{run}-a")) => Some(id.clone()),
             _ => None,
         })
         .collect();
