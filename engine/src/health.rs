@@ -573,7 +573,8 @@ mod tests {
     #[test]
     fn evidence_table() {
         let zero = Ack::default();
-        let cases: Vec<(&str, Evidence, Ack, Option<(FaultKind, Option<u32>)>)> = vec![
+        type Case<'a> = (&'a str, Evidence, Ack, Option<(FaultKind, Option<u32>)>);
+        let cases: Vec<Case<'_>> = vec![
             ("healthy", Evidence::default(), zero, None),
             ("a DBE", Evidence { dbe_total: 2, ..Evidence::default() }, zero, Some((FaultKind::Dbe, Some(48)))),
             (

@@ -125,7 +125,9 @@ mod tests {
     use super::*;
 
     /// `T = 30 + 70·P(kW) + drift·t(min)`, whole degrees, one point a second.
-    fn series(power: impl Fn(i64) -> f64, drift_per_min: f64, secs: i64) -> (Vec<(i64, f64)>, Vec<(i64, f64)>) {
+    type Series = Vec<(i64, f64)>;
+
+    fn series(power: impl Fn(i64) -> f64, drift_per_min: f64, secs: i64) -> (Series, Series) {
         let mut t = Vec::new();
         let mut p = Vec::new();
         for s in 0..secs {

@@ -139,7 +139,7 @@ pub fn parse_into_at(text: &str, file: &Path, r: &mut JobReadings, now_secs: f64
             "nightshift_job_last_progress_timestamp_seconds" => {
                 worst(&mut r.stalled_secs, (now_secs - v).max(0.0).floor())
             }
-            "nightshift_job_world_size" if v >= 1.0 && v <= 1_000_000.0 => {
+            "nightshift_job_world_size" if (1.0..=1_000_000.0).contains(&v) => {
                 r.world_size = Some(r.world_size.unwrap_or(0).max(v as u32));
             }
             "nightshift_job_world_size" => reject(format!("world size: expected 1 to 1000000, found {v}")),
