@@ -705,3 +705,142 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     let html = http.get(format!("{}/?shards=all", engines[standby].url)).send().await.unwrap().text().await.unwrap();
     assert!(html.contains("Timeline — every shard") && html.contains(&tailed_run), "{html}");
 }
+
+/// A fault's lifecycle across takeovers: a DBE quarantines a node under one
+/// leader; the standby shows the same state (it rebuilds the model from the
+/// chain it follows); after a kill -9 the new leader keeps the node out and
+/// the fault as it was; a person's "repaired" is sent and the leader killed
+/// at once, and the next leader finishes the verification (it fails: no
+/// reset); after the reset the GPU is verified and the node returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_lifecycle_survives_takeovers() {
+    let Some(bin) = postgres_bin_dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let pgdir = dir.join("pg");
+    std::fs::create_dir_all(&pgdir).unwrap();
+    let cluster = PgCluster::start(&pgdir, &bin);
+    std::fs::write(dir.join("pg-url"), &cluster.conninfo).unwrap();
+    let sim = SimConfig { gpus: 2, seed: 5, ..SimConfig::default() };
+    let mut agents = Vec::new();
+    for n in ["h1", "h2"] {
+        agents.push(TestAgent::start(dir, n, sim.clone(), "").await);
+    }
+    let refs: Vec<&TestAgent> = agents.iter().collect();
+    engine_setup(dir, &refs, &[], "auth: {allow_anonymous: admin}\n");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for f in ["ecc-dbe-drain.yaml", "ecc-dbe-drain.rhai"] {
+        std::fs::copy(repo.join("runbooks").join(f), dir.join("runbooks").join(f)).unwrap();
+    }
+    let base = std::fs::read_to_string(dir.join("engine.yaml")).unwrap();
+    let mut engines = Vec::new();
+    for name in ["a", "b"] {
+        let port = free_port();
+        engines.push(Eng {
+            name,
+            config: write_engine(dir, &base, name, port),
+            url: format!("http://127.0.0.1:{port}"),
+            daemon: None,
+            starts: 0,
+            dir: dir.to_path_buf(),
+        });
+    }
+    for e in &mut engines {
+        e.start();
+    }
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let l = leader(&engines, &http, 60).await;
+    wait_standby(&engines, 1 - l, &http).await;
+    let agent_call = |op: nightshift_proto::Op, id: &str| {
+        let cfg = agents[0].client_config();
+        let id = id.to_string();
+        async move {
+            let c = nightshift_proto::ssh::client::AgentConnection::connect(&cfg).await.unwrap();
+            let r = c.call(&nightshift_proto::Request::new(id, op)).await.unwrap();
+            c.close().await;
+            r
+        }
+    };
+    let gpu1 = |e: usize| {
+        let url = format!("{}/api/v1/nodes/h1/health", engines[e].url);
+        let http = http.clone();
+        async move {
+            let v = get_json(&http, url).await;
+            v["gpus"][1].clone()
+        }
+    };
+    let drained = |e: usize| {
+        let url = format!("{}/api/v1/nodes/h1", engines[e].url);
+        let http = http.clone();
+        async move { get_json(&http, url).await["node"]["state"]["drained"] == true }
+    };
+    let until = |what: &'static str, secs: u64| (what, Instant::now() + Duration::from_secs(secs));
+
+    // 1. The DBE, under the first leader: quarantined, awaiting a reset.
+    let r =
+        agent_call(nightshift_proto::Op::SimFault(nightshift_proto::SimFault::EccDbe { gpu: 1, count: 1 }), "ha-dbe")
+            .await;
+    assert!(r.ok, "{r:?}");
+    let (what, end) = until("awaiting repair under the first leader", 60);
+    while gpu1(l).await["state"] != "awaiting_repair" || !drained(l).await {
+        assert!(Instant::now() < end, "{what}: {}\n{}", gpu1(l).await, engines[l].log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let before = gpu1(l).await;
+    // The standby follows the chain: the same state, the same fault.
+    let (what, end) = until("the standby's view", 20);
+    while gpu1(1 - l).await["state"] != "awaiting_repair" {
+        assert!(Instant::now() < end, "{what}: {}", gpu1(1 - l).await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(gpu1(1 - l).await["fault"], before["fault"]);
+
+    // 2. kill -9: the new leader keeps the fault, and the node out.
+    let mut engines = engines;
+    kill_and_wait_for_takeover(&mut engines, l, &http, "mid-lifecycle").await;
+    engines[l].start();
+    let n = 1 - l;
+    wait_standby(&engines, l, &http).await;
+    let after = gpu1(n).await;
+    assert_eq!((after["state"].clone(), after["fault"].clone()), (before["state"].clone(), before["fault"].clone()));
+    assert_eq!(after["lifecycle"]["timestamps"]["seen_ms"], before["lifecycle"]["timestamps"]["seen_ms"]);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(drained(n).await, "the node went back into service after the takeover");
+
+    // 3. "Repaired" (no reset), and the leader killed at once: the next one
+    //    finishes the verification, which fails and keeps the node out.
+    let r = http
+        .post(format!("{}/api/v1/nodes/h1/repaired", engines[n].url))
+        .json(&json!({"gpu": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    kill_and_wait_for_takeover(&mut engines, n, &http, "mid-verification").await;
+    engines[n].start();
+    let m = l;
+    let (what, end) = until("the verification finished by the next leader", 120);
+    loop {
+        let g = gpu1(m).await;
+        if g["state"] == "awaiting_repair" && g["check_failures"].as_array().is_some_and(|f| !f.is_empty()) {
+            break;
+        }
+        assert!(Instant::now() < end, "{what}: {g}\n{}", engines[m].log());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(drained(m).await);
+
+    // 4. The reset: verified, back in service.
+    let r =
+        agent_call(nightshift_proto::Op::SimFault(nightshift_proto::SimFault::GpuReset { gpu: 1 }), "ha-reset").await;
+    assert!(r.ok, "{r:?}");
+    let (what, end) = until("healthy after the reset", 120);
+    while gpu1(m).await["state"] != "healthy" || drained(m).await {
+        assert!(Instant::now() < end, "{what}: {}\n{}", gpu1(m).await, engines[m].log());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let g = gpu1(m).await;
+    let past = &g["history"][0]["phases"];
+    assert!(past["quarantined"].is_number() && past["verified"].is_number(), "{g}");
+    drop(cluster);
+}

@@ -35,6 +35,12 @@ fn text(cmd: &str, args: &[&str]) -> String {
 
 impl Slurm {
     fn start(dir: &Path) -> Slurm {
+        Slurm::start_with(dir, "", "")
+    }
+
+    /// With `nodes`: more `NodeName=` lines (they join the partition), and
+    /// `conf`: more settings (power saving).
+    fn start_with(dir: &Path, nodes: &str, conf_extra: &str) -> Slurm {
         let munge_dir = dir.join("munge");
         std::fs::create_dir_all(&munge_dir).unwrap();
         std::fs::set_permissions(&munge_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
@@ -80,14 +86,22 @@ impl Slurm {
                  SlurmctldPort={ctld_port}\nSlurmdPort={slurmd_port}\n\
                  SlurmUser={user}\nSlurmdUser={user}\n\
                  AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={socket}\n\
-                 StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool\n\
-                 SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd.pid\n\
+                 StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool-%n\n\
+                 SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd-%n.pid\n\
                  ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n\
                  AccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\n\
                  SelectType=select/linear\nMpiDefault=none\nReturnToService=2\n\
                  SlurmdParameters=config_overrides\n\
+                 {conf_extra}\
                  NodeName=gpu01 NodeHostname={host} NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 State=UNKNOWN\n\
-                 PartitionName=gpu Nodes=gpu01 Default=YES MaxTime=INFINITE State=UP\n",
+                 {nodes}\
+                 PartitionName=gpu Nodes=gpu01{more} Default=YES MaxTime=INFINITE State=UP\n",
+                nodes = nodes.replace("{host}", &host),
+                more = nodes
+                    .lines()
+                    .filter_map(|l| l.split_whitespace().next()?.strip_prefix("NodeName="))
+                    .map(|n| format!(",{n}"))
+                    .collect::<String>(),
                 socket = p(&socket),
             ),
         )
@@ -281,4 +295,269 @@ async fn slurm_adapter_against_a_real_slurm() {
     // The audit chain verifies after all of it.
     let report = engine.verify().unwrap();
     assert!(report.ok, "{report:?}");
+}
+
+/// Power saving, marks and quarantine against a real Slurm: gpu02 is a
+/// `CLOUD` node kept powered down, with a ResumeProgram this test provides
+/// (it "boots" the node by starting its slurmd, `-b`: reporting a reboot)
+/// and a SuspendProgram (it stops it).
+///
+/// - scale-out powers gpu02 up through the scheduler (`scontrol update
+///   State=POWER_UP` from a peer's agent: the node's own agent is off), the
+///   ResumeProgram runs and the node joins; scale-in powers it down again;
+/// - a no-pack mark sets the node's Slurm weight, and Slurm's own scheduler
+///   then starts new work elsewhere (`sbatch --test-only`); the mark's end
+///   puts the weight back;
+/// - a person's drain keeps the person's reason through a no-pack mark;
+/// - a DBE's quarantine drains the node with a reason naming the fault and
+///   the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_power_saving_marks_and_quarantine() {
+    for (program, package) in [
+        ("munged", "munge"),
+        ("slurmctld", "slurmctld"),
+        ("slurmd", "slurmd"),
+        ("scontrol", "slurm-client"),
+        ("sbatch", "slurm-client"),
+        ("scancel", "slurm-client"),
+    ] {
+        if require(program, package).is_none() {
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sdir = dir.path().join("slurm");
+    std::fs::create_dir_all(&sdir).unwrap();
+    let d = sdir.display().to_string();
+    let power_log = sdir.join("power.log");
+    let script = |name: &str, body: &str| {
+        let p = sdir.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\necho \"{name} $1\" >> {d}/power.log\n{body}")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p.display().to_string()
+    };
+    // The "boot": gpu02's slurmd starts and reports a reboot; the "power
+    // off": it stops.
+    let resume = script(
+        "resume",
+        &format!(
+            "for n in $(scontrol show hostnames \"$1\"); do slurmd -b -N \"$n\" -f {d}/slurm.conf > {d}/boot-$n.log 2>&1 & done\n"
+        ),
+    );
+    let suspend = script(
+        "suspend",
+        &format!("for n in $(scontrol show hostnames \"$1\"); do kill $(cat {d}/slurmd-$n.pid) 2>/dev/null; done\n"),
+    );
+    let gpu02_port = free_port();
+    let slurm = Slurm::start_with(
+        &sdir,
+        &format!(
+            "NodeName=gpu02 NodeHostname={{host}} NodeAddr=127.0.0.1 Port={gpu02_port} CPUs=1 RealMemory=100 State=CLOUD\n"
+        ),
+        &format!(
+            "SuspendProgram={suspend}\nResumeProgram={resume}\nSuspendTime=86400\nSuspendTimeout=10\nResumeTimeout=60\n"
+        ),
+    );
+    let conf = slurm.conf.display().to_string();
+    let sched = format!("scheduler: {{kind: slurm, slurm_conf: '{conf}', timeout_secs: 10}}\n");
+    let sim = SimConfig { gpus: 1, ..SimConfig::default() };
+    let a = TestAgent::start(dir.path(), "gpu01", sim.clone(), &sched).await;
+    let mut b = TestAgent::start(dir.path(), "gpu02", sim, &sched).await;
+    let b_addr = b.addr();
+    let node_manifest = "trigger: {type: manual}\nscope: node\ncooldown_secs: 0\nmax_attempts_per_day: 100\n";
+    let group_manifest = "trigger: {type: manual}\nscope: group\ncooldown_secs: 0\nmax_attempts_per_day: 100\n";
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cfg = engine_setup(
+        dir.path(),
+        &[&a, &b],
+        &[
+            (
+                "grow",
+                group_manifest,
+                "let r = scale_out(1);\nif r.count == 0 { fail(`nothing to scale out: ${r.skipped}`); }\n",
+            ),
+            (
+                "shrink",
+                group_manifest,
+                "let r = scale_in(1);\nif r.count == 0 { fail(`nothing to scale in: ${r.skipped}`); }\n",
+            ),
+            // The mark is a hold: kept 15 s after the run, then the agent
+            // ends it and puts the weight back.
+            (
+                "no-pack",
+                node_manifest,
+                "let r = mark(\"no_pack\", \"memory pressure\");\nif !r.ok { fail(r.error); }\nkeep_holds(15);\n",
+            ),
+        ],
+        "limits: {action_timeout_secs: 30}\n",
+    );
+    // The shipped DBE runbook, as it is.
+    for f in ["ecc-dbe-drain.yaml", "ecc-dbe-drain.rhai"] {
+        std::fs::copy(repo.join("runbooks").join(f), dir.path().join("runbooks").join(f)).unwrap();
+    }
+    // gpu02: a standby the scheduler keeps powered down.
+    let fleet = std::fs::read_to_string(dir.path().join("fleet.yaml")).unwrap();
+    let fleet = fleet.replace(
+        &format!("  - name: gpu02\n    address: {b_addr}\n"),
+        &format!("  - name: gpu02\n    standby: true\n    power_saving: true\n    address: {b_addr}\n"),
+    );
+    assert!(fleet.contains("power_saving: true"), "{fleet}");
+    std::fs::write(dir.path().join("fleet.yaml"), fleet).unwrap();
+    // gpu02 is powered down: its agent is off until the node boots.
+    b.stop().await;
+    let engine = nightshift_engine::serve::start(cfg).await.unwrap();
+    assert!(eventually(20, || engine.node("gpu01").unwrap().state.connected.then_some(())).await.is_some());
+
+    // 1. Scale-out powers gpu02 up through gpu01's agent; the ResumeProgram
+    //    boots it; its agent comes up with it.
+    let s = engine.submit(manual_run("grow", Target::group("pool", "a"))).await.unwrap();
+    let id = s.run().unwrap().id.clone();
+    let done = eventually(60, || engine.run(&id).unwrap().filter(|r| r.outcome.is_some())).await.unwrap();
+    assert_eq!(done.outcome, Some(RunOutcome::Succeeded), "{done:?} {:?}", engine.run_records(&id));
+    let records = engine.run_records(&id).unwrap();
+    let up = action_results(&records).into_iter().find(|r| r.data["op"] == "power_node").cloned();
+    let up = up.unwrap_or_else(|| panic!("no power_node: {records:?}"));
+    assert_eq!((up.node.as_deref(), up.data["applied"].clone()), (Some("gpu01"), true.into()), "{up:?}");
+    let booted = eventually(30, || {
+        let log = std::fs::read_to_string(&power_log).unwrap_or_default();
+        log.contains("resume gpu02").then_some(log)
+    })
+    .await;
+    assert!(booted.is_some(), "the ResumeProgram never ran: {}", slurm.ctld.log_text());
+    let joined = eventually(60, || {
+        let line = slurm.show("gpu02");
+        (state(&line).starts_with("IDLE") && !line.contains("POWER")).then_some(line)
+    })
+    .await;
+    assert!(
+        joined.is_some(),
+        "gpu02 did not join: {}\nits boot:\n{}\nslurmctld:\n{}",
+        slurm.show("gpu02"),
+        std::fs::read_to_string(sdir.join("boot-gpu02.log")).unwrap_or_default(),
+        slurm.ctld.log_text()
+    );
+    b.restart().await;
+    assert!(eventually(30, || engine.node("gpu02").unwrap().state.connected.then_some(())).await.is_some());
+
+    // 2. No-pack: Slurm's scheduler picks the other node for new work while
+    //    the mark stands, and the weight goes back when it ends.
+    // Where Slurm's scheduler starts a new job (a real one: it runs on the
+    // node's slurmd, then is cancelled).
+    let placed = || async {
+        let out = Command::new("sbatch")
+            .args(["--parsable", "-p", "gpu", "--wrap", "sleep 30"])
+            .env("SLURM_CONF", &slurm.conf)
+            .output()
+            .unwrap();
+        let job = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(out.status.success() && !job.is_empty(), "sbatch: {out:?}");
+        let node = eventually(30, || {
+            let o = slurm.scontrol(&["--oneliner", "show", "job", &job]);
+            let line = String::from_utf8_lossy(&o.stdout).into_owned();
+            let n = line.split_whitespace().find_map(|f| f.strip_prefix("NodeList="))?.to_string();
+            (line.contains("JobState=RUNNING") && n != "(null)").then_some(n)
+        })
+        .await
+        .unwrap_or_else(|| panic!("job {job} never started"));
+        let _ = Command::new("scancel").arg(&job).env("SLURM_CONF", &slurm.conf).output();
+        node
+    };
+    assert_eq!(placed().await, "gpu01", "with equal weights Slurm starts on gpu01");
+    let (s, _) = run(&engine, "no-pack", "gpu01").await;
+    assert_eq!(s.outcome, Some(RunOutcome::Succeeded), "{s:?}");
+    assert!(slurm.show("gpu01").contains("Weight=65000"), "{}", slurm.show("gpu01"));
+    assert_eq!(placed().await, "gpu02", "a no-pack node is skipped for new work");
+    let restored = eventually(60, || slurm.show("gpu01").contains("Weight=1 ").then_some(())).await;
+    assert!(restored.is_some(), "the mark's end puts the weight back: {}", slurm.show("gpu01"));
+
+    // 3. A person's drain: a no-pack mark sets the weight and leaves the
+    //    reason as the person wrote it; the person resumes the node.
+    let out = slurm.scontrol(&["update", "NodeName=gpu01", "State=DRAIN", "Reason=dave: reseating a riser"]);
+    assert!(out.status.success(), "{out:?}");
+    let (s, _) = run(&engine, "no-pack", "gpu01").await;
+    assert_eq!(s.outcome, Some(RunOutcome::Succeeded), "{s:?}");
+    let line = slurm.show("gpu01");
+    assert!(reason(&line).unwrap_or_default().starts_with("dave: reseating a riser"), "{line}");
+    assert!(line.contains("Weight=65000"), "{line}");
+    let restored = eventually(60, || slurm.show("gpu01").contains("Weight=1 ").then_some(())).await;
+    assert!(restored.is_some(), "{}", slurm.show("gpu01"));
+    let line = slurm.show("gpu01");
+    assert!(reason(&line).unwrap_or_default().starts_with("dave: reseating a riser"), "{line}");
+    let out = slurm.scontrol(&["update", "NodeName=gpu01", "State=RESUME"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        eventually(30, || (!engine.node("gpu01").unwrap().state.drained).then_some(())).await.is_some(),
+        "{:?}",
+        engine.node("gpu01").unwrap().state
+    );
+
+    // 4. A DBE (gpu02 serving too, so the blast radius allows the drain):
+    //    the quarantine's reason names the fault and the run.
+    let c = nightshift_proto::ssh::client::AgentConnection::connect(&a.client_config()).await.unwrap();
+    let r = c
+        .call(&nightshift_proto::Request::new(
+            "slurm-dbe",
+            nightshift_proto::Op::SimFault(nightshift_proto::SimFault::EccDbe { gpu: 0, count: 1 }),
+        ))
+        .await
+        .unwrap();
+    assert!(r.ok, "{r:?}");
+    let drained = eventually(60, || {
+        let line = slurm.show("gpu01");
+        state(&line).contains("DRAIN").then_some(line)
+    })
+    .await
+    .unwrap_or_else(|| {
+        let recs = engine.audit().tail(0, usize::MAX).unwrap();
+        let trail: Vec<String> = recs
+            .iter()
+            .filter(|r| {
+                r.runbook.as_deref() == Some("ecc-dbe-drain")
+                    || matches!(
+                        r.kind,
+                        RecordKind::HealthChanged | RecordKind::Escalation | RecordKind::TriggerSuppressed
+                    )
+            })
+            .map(|r| format!("{:?} {}", r.kind, r.data.to_string().chars().take(300).collect::<String>()))
+            .collect();
+        panic!("the DBE did not drain gpu01: {}\n{}", slurm.show("gpu01"), trail.join("\n"))
+    });
+    let why = reason(&drained).unwrap_or_default();
+    let run_id = engine
+        .runs(&Default::default())
+        .unwrap()
+        .runs
+        .into_iter()
+        .find(|r| r.runbook == "ecc-dbe-drain")
+        .map(|r| r.id)
+        .unwrap();
+    assert!(why.starts_with(&format!("nightshift: {run_id} repair: GPU 0")), "{drained}");
+    assert!(why.contains("double-bit ECC"), "the reason names the fault: {drained}");
+
+    // 5. Scale-in powers down only what nightshift powered up: gpu02.
+    let (s, records) = run_group(&engine, "shrink").await;
+    assert_eq!(s.outcome, Some(RunOutcome::Succeeded), "{s:?} {records:?}");
+    let down = action_results(&records).into_iter().find(|r| r.data["op"] == "power_node").cloned();
+    assert!(down.is_some_and(|r| r.data["applied"] == true), "{records:?}");
+    let off = eventually(30, || {
+        let log = std::fs::read_to_string(&power_log).unwrap_or_default();
+        log.contains("suspend gpu02").then_some(())
+    })
+    .await;
+    assert!(off.is_some(), "the SuspendProgram never ran: {}", slurm.ctld.log_text());
+    let line = slurm.show("gpu02");
+    assert!(line.contains("POWER"), "gpu02 is powering down: {line}");
+    b.stop().await;
+
+    assert!(engine.verify().unwrap().ok);
+    c.close().await;
+}
+
+async fn run_group(engine: &Engine, runbook: &str) -> (RunSummary, Vec<AuditRecord>) {
+    let s = engine.submit(manual_run(runbook, Target::group("pool", "a"))).await.unwrap();
+    let id = s.run().unwrap_or_else(|| panic!("{runbook} did not start: {s:?}")).id.clone();
+    let summary = eventually(60, || engine.run(&id).unwrap().filter(|r| r.outcome.is_some()))
+        .await
+        .unwrap_or_else(|| panic!("{runbook} did not end"));
+    (summary, engine.run_records(&id).unwrap())
 }
