@@ -505,7 +505,10 @@ impl Engine {
         let n = self.core.fleet.get(node)?;
         let model = self.health_model();
         let now = self.core.now();
-        let count = n.state().gpu_count() as u32;
+        // Every GPU of the inventory, and any the model knows beyond it (a
+        // standby, or an engine that has not read the inventory yet).
+        let known = model.node_gpus(node).map(|(g, _)| g + 1).max().unwrap_or(0);
+        let count = (n.state().gpu_count() as u32).max(known);
         let mut gpus: BTreeMap<u32, Value> =
             (0..count).map(|g| (g, crate::health::gpu_view(g, &crate::health::GpuHealth::default(), now))).collect();
         for (g, h) in model.node_gpus(node) {

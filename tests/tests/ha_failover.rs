@@ -761,8 +761,9 @@ async fn a_fault_lifecycle_survives_takeovers() {
             r
         }
     };
+    let urls: Vec<String> = engines.iter().map(|e| e.url.clone()).collect();
     let gpu1 = |e: usize| {
-        let url = format!("{}/api/v1/nodes/h1/health", engines[e].url);
+        let url = format!("{}/api/v1/nodes/h1/health", urls[e]);
         let http = http.clone();
         async move {
             let v = get_json(&http, url).await;
@@ -770,7 +771,7 @@ async fn a_fault_lifecycle_survives_takeovers() {
         }
     };
     let drained = |e: usize| {
-        let url = format!("{}/api/v1/nodes/h1", engines[e].url);
+        let url = format!("{}/api/v1/nodes/h1", urls[e]);
         let http = http.clone();
         async move { get_json(&http, url).await["node"]["state"]["drained"] == true }
     };
@@ -796,7 +797,6 @@ async fn a_fault_lifecycle_survives_takeovers() {
     assert_eq!(gpu1(1 - l).await["fault"], before["fault"]);
 
     // 2. kill -9: the new leader keeps the fault, and the node out.
-    let mut engines = engines;
     kill_and_wait_for_takeover(&mut engines, l, &http, "mid-lifecycle").await;
     engines[l].start();
     let n = 1 - l;
