@@ -46,6 +46,11 @@ pub struct EngineConfig {
     /// in.
     #[serde(default)]
     pub grafana: Option<GrafanaConfig>,
+    /// A cluster or cloud autoscaler that adds and removes nodes for a pool
+    /// (H4 beyond the standby nodes nightshift knows): nightshift POSTs a
+    /// request, audited before it is sent.
+    #[serde(default)]
+    pub autoscaler: Option<AutoscalerConfig>,
     /// Where the audit chain lives: sled in `data_dir` (one engine), or
     /// PostgreSQL (engines of a shard share it; one leads, the others
     /// stand by).
@@ -54,6 +59,33 @@ pub struct EngineConfig {
     /// The file this was read from (a reload reads it again).
     #[serde(skip)]
     pub source_path: Option<PathBuf>,
+}
+
+/// The generic autoscaler webhook: `POST url` with
+/// `{"version": 1, "pool": {"label", "value"}, "direction": "out"|"in",
+/// "count", "run", "reason", "request_id"}`; a 2xx answer means it took the
+/// request (the nodes come later: the runbook judges the pool's power share).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AutoscalerConfig {
+    pub url: String,
+    /// A file holding the bearer token the autoscaler expects (read at each
+    /// request, so a rotation needs no restart).
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    #[serde(default = "d_autoscaler_timeout")]
+    pub timeout_secs: u64,
+    /// The most nodes nightshift may have asked for, per pool, and not given
+    /// back (the budget).
+    #[serde(default = "d_autoscaler_max")]
+    pub max_nodes_per_pool: u32,
+}
+
+fn d_autoscaler_timeout() -> u64 {
+    10
+}
+fn d_autoscaler_max() -> u32 {
+    8
 }
 
 /// Where the GPU dashboard lives.
@@ -560,6 +592,26 @@ impl EngineConfig {
         if let Err(m) = cfg.check_listen() {
             return Err(err(if m.starts_with("auth") { "allow_anonymous" } else { "listen_addr" }, m));
         }
+        if let Some(a) = &cfg.autoscaler {
+            if !(a.url.starts_with("http://") || a.url.starts_with("https://")) {
+                return Err(err(
+                    "autoscaler",
+                    format!("autoscaler.url: expected http:// or https://…, found {:?}", a.url),
+                ));
+            }
+            if !(1..=300).contains(&a.timeout_secs) {
+                return Err(err(
+                    "autoscaler",
+                    format!("autoscaler.timeout_secs: expected 1 to 300, found {}", a.timeout_secs),
+                ));
+            }
+            if !(1..=10_000).contains(&a.max_nodes_per_pool) {
+                return Err(err(
+                    "autoscaler",
+                    format!("autoscaler.max_nodes_per_pool: expected 1 to 10000, found {}", a.max_nodes_per_pool),
+                ));
+            }
+        }
         if let Some(g) = &cfg.grafana
             && !(g.url.starts_with("http://") || g.url.starts_with("https://"))
         {
@@ -813,6 +865,14 @@ mod tests {
                 "engine.yaml:7:3: limits.max_drained_pct: expected 0 to 100, found NaN",
             ),
             ("time_scale: .nan\n", "engine.yaml:6:1: time_scale: expected 1 to 1000, found NaN"),
+            (
+                "autoscaler:\n  url: autoscaler.local\n",
+                "engine.yaml:6:1: autoscaler.url: expected http:// or https://…, found \"autoscaler.local\"",
+            ),
+            (
+                "autoscaler:\n  url: http://a\n  max_nodes_per_pool: 0\n",
+                "engine.yaml:6:1: autoscaler.max_nodes_per_pool: expected 1 to 10000, found 0",
+            ),
             (
                 "grafana:\n  url: grafana.local:3000\n",
                 "engine.yaml:6:1: grafana.url: expected http:// or https://…, found \"grafana.local:3000\"",

@@ -1013,6 +1013,117 @@ impl ScriptHost for Host {
             "booting": booting}))
     }
 
+    /// Ask the autoscaler for `count` more nodes for the run's pool
+    /// (`out`), or to take back `count` it added at nightshift's request
+    /// (`in`): bounded by the runbook's `max_nodes_changed`, the
+    /// autoscaler's per-pool budget, and for `in` by what nightshift asked
+    /// for; the request is audited (durably) before it is sent.
+    fn autoscale(&self, ctx: &RunCtx, out: bool, count: i64, why: &str) -> Map {
+        let Some(cfg) = self.core.config.autoscaler.clone() else {
+            return refused("no_autoscaler", "no autoscaler is configured (`autoscaler:` in engine.yaml)");
+        };
+        let Some((label, value)) = ctx.target.group.clone() else {
+            return refused("not_group", "autoscale_out/autoscale_in need a group target (scope: group)");
+        };
+        let Some(m) = self.manifest() else { return refused("internal", "the runbook was unloaded") };
+        let pool = format!("{label}={value}");
+        let max_step = m.max_nodes_changed.map_or(i64::MAX, |x| x as i64);
+        if count < 1 || count > max_step {
+            return refused(
+                "out_of_bounds",
+                &format!("autoscale: expected 1 to {max_step} nodes (the runbook's max_nodes_changed), found {count}"),
+            );
+        }
+        let asked = self.core.table().autoscaled.get(&pool).copied().unwrap_or(0);
+        if out && asked + count > cfg.max_nodes_per_pool as i64 {
+            return refused(
+                "budget",
+                &format!(
+                    "autoscale: {pool} already has {asked} node(s) nightshift asked for; {count} more would pass autoscaler.max_nodes_per_pool {}",
+                    cfg.max_nodes_per_pool
+                ),
+            );
+        }
+        if !out && count > asked {
+            return refused(
+                "not_ours",
+                &format!(
+                    "autoscale: nightshift asked for {asked} node(s) in {pool}; it gives back only those, not {count}"
+                ),
+            );
+        }
+        if !self.core.acting() {
+            return refused("not_leader", "this engine is not the leader: it sends nothing");
+        }
+        let direction = if out { "out" } else { "in" };
+        let action_id = self.core.next_action_id(&self.run);
+        let body = json!({"version": 1, "pool": {"label": label, "value": value}, "direction": direction,
+            "count": count, "run": self.run, "reason": why, "request_id": action_id});
+        self.record(
+            ctx,
+            RecordKind::ActionIntent,
+            None,
+            None,
+            json!({"action_id": action_id, "op": "autoscale", "args": body, "dry_run": ctx.dry_run, "url": cfg.url}),
+        );
+        let mut result = json!({"action_id": action_id, "op": "autoscale", "pool": pool, "direction": direction,
+            "count": count, "dry_run": ctx.dry_run});
+        if ctx.dry_run {
+            result["ok"] = json!(true);
+            result["applied"] = json!(false);
+            result["outcome"] = json!("dry_run");
+        } else {
+            let token = cfg.token_file.as_ref().map(|p| std::fs::read_to_string(p).map(|t| t.trim().to_string()));
+            let sent = match token {
+                Some(Err(e)) => Err(format!("cannot read autoscaler.token_file: {e}")),
+                t => {
+                    let url = cfg.url.clone();
+                    let timeout = std::time::Duration::from_secs(cfg.timeout_secs);
+                    self.block_on(async move {
+                        let mut rb = reqwest::Client::new().post(&url).timeout(timeout).json(&body);
+                        if let Some(Ok(t)) = t {
+                            rb = rb.bearer_auth(t);
+                        }
+                        match rb.send().await {
+                            Ok(r) => {
+                                let status = r.status();
+                                let text = r.text().await.unwrap_or_default();
+                                let text: String = text.chars().take(500).collect();
+                                if status.is_success() {
+                                    Ok((status.as_u16(), text))
+                                } else {
+                                    Err(format!("the autoscaler answered {status}: {text}"))
+                                }
+                            }
+                            Err(e) => Err(format!("the autoscaler at {url} did not answer: {e}")),
+                        }
+                    })
+                }
+            };
+            match sent {
+                Ok((status, text)) => {
+                    result["ok"] = json!(true);
+                    result["applied"] = json!(true);
+                    result["outcome"] = json!("applied");
+                    result["status"] = json!(status);
+                    result["answer"] = json!(text);
+                    let mut t = self.core.table();
+                    let e = t.autoscaled.entry(pool.clone()).or_default();
+                    *e = (*e + if out { count } else { -count }).max(0);
+                }
+                Err(e) => {
+                    result["ok"] = json!(false);
+                    result["applied"] = json!(false);
+                    result["outcome"] = json!("error");
+                    result["error"] = json!(e);
+                }
+            }
+        }
+        self.record(ctx, RecordKind::ActionResult, None, None, result.clone());
+        result["requested_in_pool"] = json!(self.core.table().autoscaled.get(&pool).copied().unwrap_or(0));
+        to_map(result)
+    }
+
     fn text(&self, ctx: &RunCtx, kind: TextKind, text: &str) {
         let (rk, severity) = match kind {
             TextKind::Note => (RecordKind::Note, "info"),

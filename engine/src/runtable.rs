@@ -115,6 +115,9 @@ pub struct RunTable {
     /// Releases a finished run could not make (the node was hands-off or
     /// unreachable): (run, node), tried again on the tick until they work.
     pub pending_releases: Vec<(RunSummary, String)>,
+    /// Per pool (`label=value`): nodes nightshift asked the autoscaler for
+    /// and has not given back (from the audited requests: rebuilt on start).
+    pub autoscaled: HashMap<String, i64>,
 }
 
 /// The dedup key of an ended hold.
@@ -179,6 +182,13 @@ impl RunTable {
                         self.last_finished.insert(key.clone(), r.ts_ms);
                     }
                     self.suppression_noted.remove(&key);
+                }
+            }
+            RecordKind::ActionResult if r.data["op"] == "autoscale" && r.data["applied"] == true => {
+                if let (Some(pool), Some(n)) = (r.data["pool"].as_str(), r.data["count"].as_i64()) {
+                    let d = if r.data["direction"] == "in" { -n } else { n };
+                    let e = self.autoscaled.entry(pool.to_string()).or_default();
+                    *e = (*e + d).max(0);
                 }
             }
             RecordKind::TriggerSuppressed => {

@@ -129,6 +129,8 @@ pub struct SimFleetOptions {
     pub auth: AuthConfig,
     /// Grafana links on the pages.
     pub grafana: Option<nightshift_engine::config::GrafanaConfig>,
+    /// The autoscaler webhook, if the test runs one.
+    pub autoscaler: Option<nightshift_engine::config::AutoscalerConfig>,
     /// The engine's telemetry settings (a backtest keeps no plot history).
     pub telemetry: TelemetryConfig,
 }
@@ -173,6 +175,7 @@ impl SimFleetOptions {
             wrap_transport: None,
             auth: AuthConfig::default(),
             grafana: None,
+            autoscaler: None,
             telemetry: TelemetryConfig::default(),
         }
     }
@@ -384,6 +387,7 @@ impl SimFleet {
             notifications: Default::default(),
             time_scale: 1.0,
             grafana: opts.grafana.clone(),
+            autoscaler: opts.autoscaler.clone(),
             audit: Default::default(),
             source_path: None,
         };

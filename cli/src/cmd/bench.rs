@@ -885,6 +885,9 @@ async fn script_overhead(iterations: usize) -> Result<Vec<f64>> {
         fn scale(&self, _: &RunCtx, _: bool, _: i64) -> rhai::Map {
             rhai::Map::new()
         }
+        fn autoscale(&self, _: &RunCtx, _: bool, _: i64, _: &str) -> rhai::Map {
+            rhai::Map::new()
+        }
         fn text(&self, _: &RunCtx, _: nightshift_engine::script::TextKind, _: &str) {}
         fn event_resolved(&self, _: &RunCtx) -> bool {
             false

@@ -450,6 +450,15 @@ pub(super) fn register(e: &mut Engine) {
         let c = ctx()?;
         Ok(c.host.scale(&c, false, n))
     });
+    // The autoscaler webhook (H4 beyond known standby nodes).
+    e.register_fn("autoscale_out", |n: i64, why: &str| -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.autoscale(&c, true, n, why))
+    });
+    e.register_fn("autoscale_in", |n: i64, why: &str| -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.autoscale(&c, false, n, why))
+    });
     // Holds.
     e.register_fn("release_holds", || -> Result<Map, Box<EvalAltResult>> {
         let c = ctx()?;

@@ -160,6 +160,9 @@ pub trait ScriptHost: Send + Sync {
     fn config_list(&self, ctx: &RunCtx, node: &str, name: Option<&str>) -> Dynamic;
     fn annotate(&self, ctx: &RunCtx, node: &str, key: &str, text: Option<&str>);
     fn scale(&self, ctx: &RunCtx, out: bool, count: i64) -> Map;
+    /// Ask the autoscaler webhook for nodes (`out`) or to take back ones
+    /// nightshift asked for (`in`).
+    fn autoscale(&self, ctx: &RunCtx, out: bool, count: i64, why: &str) -> Map;
     fn text(&self, ctx: &RunCtx, kind: TextKind, text: &str);
     fn event_resolved(&self, ctx: &RunCtx) -> bool;
     /// Release this run's holds (on `node`, or everywhere it holds).
