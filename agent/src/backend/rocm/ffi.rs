@@ -88,6 +88,16 @@ pub fn temperature_c(dev: u32) -> Result<f64, RsmiError> {
     Ok(v as f64 / 1000.0)
 }
 
+/// The memory controller's (UMC) ECC counts: (correctable, uncorrectable)
+/// — the RAS counters H8 reads on AMD (an uncorrectable one is a DBE).
+pub fn ecc_umc(dev: u32) -> Result<(u64, u64), RsmiError> {
+    let mut ec = rsmi::rsmi_error_count_t { correctable_err: 0, uncorrectable_err: 0 };
+    // SAFETY: `ec` is a valid, writable rsmi_error_count_t (repr(C), the
+    // layout bindgen checked); the block is passed by value.
+    check(unsafe { rsmi::rsmi_dev_ecc_count_get(dev, rsmi::rsmi_gpu_block_t_RSMI_GPU_BLOCK_UMC, &mut ec) })?;
+    Ok((ec.correctable_err, ec.uncorrectable_err))
+}
+
 /// Average power in watts (the library reports microwatts).
 pub fn power_watts(dev: u32) -> Result<f64, RsmiError> {
     let mut v: u64 = 0;

@@ -71,17 +71,30 @@ impl Backend for RocmBackend {
         let mut gpus = Vec::new();
         for g in &self.info {
             let i = g.index;
-            let (used, total) = ffi::vram_bytes(i).unwrap_or((0, 0));
-            gpus.push(GpuTelemetry {
+            // A GPU that does not answer is that GPU's reading (lost), not
+            // the node's: its neighbours still report.
+            let read = || -> Result<GpuTelemetry, BackendError> {
+                let (used, total) = ffi::vram_bytes(i).unwrap_or((0, 0));
+                let ecc = ffi::ecc_umc(i).ok();
+                Ok(GpuTelemetry {
+                    index: i,
+                    temperature_c: ffi::temperature_c(i).map_err(failed)?,
+                    power_watts: ffi::power_watts(i).map_err(failed)?,
+                    power_limit_watts: ffi::power_cap_watts(i).map_err(failed)?,
+                    fan_pct: if g.fan_control { ffi::fan_pct(i).ok() } else { None },
+                    util_pct: ffi::busy_pct(i).unwrap_or(0.0),
+                    mem_used_pct: if total > 0 { used as f64 / total as f64 * 100.0 } else { 0.0 },
+                    ecc_sbe_total: ecc.map_or(0, |e| e.0),
+                    ecc_dbe_total: ecc.map_or(0, |e| e.1),
+                    ..GpuTelemetry::default()
+                })
+            };
+            gpus.push(read().unwrap_or_else(|e| GpuTelemetry {
                 index: i,
-                temperature_c: ffi::temperature_c(i).map_err(failed)?,
-                power_watts: ffi::power_watts(i).map_err(failed)?,
-                power_limit_watts: ffi::power_cap_watts(i).map_err(failed)?,
-                fan_pct: if g.fan_control { ffi::fan_pct(i).ok() } else { None },
-                util_pct: ffi::busy_pct(i).unwrap_or(0.0),
-                mem_used_pct: if total > 0 { used as f64 / total as f64 * 100.0 } else { 0.0 },
+                lost: true,
+                lost_detail: Some(e.to_string()),
                 ..GpuTelemetry::default()
-            });
+            }));
         }
         Ok((gpus, NodeTelemetry::default()))
     }
