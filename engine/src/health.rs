@@ -219,7 +219,7 @@ pub struct GpuHealth {
 pub const REFUTED_RECHECK_MS: i64 = 600_000;
 
 /// A transition to record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Transition {
     pub node: String,
     pub gpu: u32,
@@ -349,12 +349,7 @@ impl HealthModel {
             fault: Some(fault),
             by: "engine".into(),
             why,
-            instruction: None,
-            run: None,
-            ack: None,
-            phase: None,
-            check_failures: Vec::new(),
-            evidence: None,
+            ..Transition::default()
         })
     }
 
@@ -557,15 +552,10 @@ mod tests {
             gpu: 0,
             from,
             to: state,
-            fault: None,
             by: "r1".into(),
             why: "test".into(),
-            instruction: None,
             run: Some("r1".into()),
-            ack: None,
-            phase: None,
-            check_failures: vec![],
-            evidence: None,
+            ..Transition::default()
         }
     }
 

@@ -289,15 +289,11 @@ impl Host {
                 gpu,
                 from: state,
                 to: state,
-                fault: None,
                 by: self.run.clone(),
                 why: format!("{phase} by run {}", self.run),
-                instruction: None,
                 run: Some(self.run.clone()),
-                ack: None,
                 phase: Some(phase.to_string()),
-                check_failures: Vec::new(),
-                evidence: None,
+                ..Transition::default()
             };
             self.record_transition(ctx, &t);
         }
@@ -375,15 +371,11 @@ impl ScriptHost for Host {
             gpu,
             from,
             to,
-            fault: None,
             by: self.run.clone(),
             why: text.chars().take(1000).collect(),
             instruction: (to != HealthState::Quarantined).then(|| text.chars().take(1000).collect()),
             run: Some(self.run.clone()),
-            ack: None,
-            phase: None,
-            check_failures: Vec::new(),
-            evidence: None,
+            ..Transition::default()
         };
         self.record_transition(ctx, &t);
         to_map(json!({"ok": true, "from": from.as_str(), "to": to.as_str()}))
@@ -415,12 +407,8 @@ impl ScriptHost for Host {
             }),
             by: self.run.clone(),
             why: format!("{}: {detail}", kind.as_str()),
-            instruction: None,
             run: Some(self.run.clone()),
-            ack: None,
-            phase: None,
-            check_failures: Vec::new(),
-            evidence: None,
+            ..Transition::default()
         };
         self.record_transition(ctx, &t);
         self.fault(ctx)

@@ -23,6 +23,9 @@ use crate::runtable::{FireRef, ended_key};
 use crate::telemetry::{SeriesKey, samples_from};
 use crate::triggers::Fire;
 
+/// The slowdown temperature assumed for a GPU whose backend reports none
+/// (NVIDIA's data-center parts slow down near 90 °C).
+const DEFAULT_SLOWDOWN_C: f64 = 90.0;
 impl Engine {
     /// Feed one agent telemetry message: update node state, push samples,
     /// evaluate triggers, submit what fired.
@@ -51,7 +54,7 @@ impl Engine {
             if let Some(inv) = &st.inventory {
                 for g in t.gpus.iter().filter(|g| !g.lost) {
                     let info = inv.gpus.iter().find(|i| i.index == g.index);
-                    let limit = info.and_then(|i| i.slowdown_temp_c).unwrap_or(90.0);
+                    let limit = info.and_then(|i| i.slowdown_temp_c).unwrap_or(DEFAULT_SLOWDOWN_C);
                     samples.push((u16::try_from(g.index).ok(), ids::THERMAL_HEADROOM, limit - g.temperature_c));
                 }
             }
@@ -169,7 +172,7 @@ impl Engine {
                     .inventory
                     .as_ref()
                     .and_then(|inv| inv.gpus.iter().find(|i| Some(i.index) == *gpu).and_then(|i| i.slowdown_temp_c))
-                    .unwrap_or(90.0);
+                    .unwrap_or(DEFAULT_SLOWDOWN_C);
                 Some((node.clone(), *gpu, ids::THERMAL_HEADROOM, *ts, limit - v))
             })
             .collect();

@@ -122,15 +122,9 @@ impl Engine {
                             gpu,
                             from: h.state,
                             to: HealthState::Verifying,
-                            fault: None,
                             by: "engine".into(),
                             why,
-                            instruction: None,
-                            run: None,
-                            ack: None,
-                            phase: None,
-                            check_failures: Vec::new(),
-                            evidence: None,
+                            ..Transition::default()
                         };
                         if let Err(e) = self.record_health(&t, "engine").await {
                             tracing::error!(node = name, gpu, error = %e, "cannot record repair evidence");
@@ -333,19 +327,16 @@ impl Engine {
                 gpu: *gpu,
                 from: h.state,
                 to: if passed { HealthState::Healthy } else { HealthState::AwaitingRepair },
-                fault: None,
                 by: "engine".into(),
                 why: if passed {
                     format!("health check passed ({})", gc.map(|g| g.checked.join(", ")).unwrap_or_default())
                 } else {
                     format!("health check failed: {}", failures.join("; "))
                 },
-                instruction: None,
-                run: None,
                 ack: passed.then(|| Ack::from(&ev)),
-                phase: None,
                 check_failures: failures.clone(),
                 evidence: (!passed).then_some(ev),
+                ..Transition::default()
             };
             if let Err(e) = self.record_health(&t, "engine").await {
                 tracing::error!(node, gpu, error = %e, "cannot record a health check");
@@ -480,15 +471,9 @@ impl Engine {
                 gpu: g,
                 from,
                 to: HealthState::Verifying,
-                fault: None,
                 by: who.to_string(),
                 why: if note.is_empty() { format!("{who} says it was repaired") } else { format!("{who}: {note}") },
-                instruction: None,
-                run: None,
-                ack: None,
-                phase: None,
-                check_failures: Vec::new(),
-                evidence: None,
+                ..Transition::default()
             };
             self.record_health(&t, who).await?;
             out.push(g);
