@@ -828,7 +828,16 @@ async fn a_fault_lifecycle_survives_takeovers() {
         assert!(Instant::now() < end, "{what}: {g}\n{}", engines[m].log());
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert!(drained(m).await);
+    // The node is still out: the agent says so (the engine's view follows
+    // its telemetry).
+    let t = agent_call(nightshift_proto::Op::Telemetry(nightshift_proto::NoArgs {}), "ha-probe").await;
+    let t: nightshift_proto::Telemetry = serde_json::from_value(t.result.unwrap()).unwrap();
+    assert!(t.node_metrics.drained, "back in service without a reset: {:?}\n{}", t.node_metrics, engines[m].log());
+    let (what, end) = until("the new leader's view of the drain", 15);
+    while !drained(m).await {
+        assert!(Instant::now() < end, "{what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // 4. The reset: verified, back in service.
     let r =
