@@ -202,6 +202,8 @@ pub struct PgCluster {
     /// How the server was started (a restart runs it again).
     argv: Vec<String>,
     dir: PathBuf,
+    /// `pg_isready`, beside `postgres`.
+    isready: PathBuf,
     /// `host=127.0.0.1 port=… user=nightshift dbname=postgres`.
     pub conninfo: String,
     pub port: u16,
@@ -306,17 +308,39 @@ impl PgCluster {
             daemon,
             argv: run,
             dir: dir.to_path_buf(),
+            // Beside the real `postgres` (the PATH may hold only links to
+            // initdb and postgres).
+            isready: std::fs::canonicalize(bin.join("postgres"))
+                .ok()
+                .and_then(|p| p.parent().map(|d| d.join("pg_isready")))
+                .filter(|p| p.is_file())
+                .unwrap_or_else(|| bin.join("pg_isready")),
             conninfo: format!("host=127.0.0.1 port={port} user=nightshift dbname=postgres"),
             port,
         };
-        c.wait_listening();
+        c.wait_ready();
         c
     }
 
-    fn wait_listening(&mut self) {
+    /// Whether the server accepts a connection and a session now
+    /// (`pg_isready`: 0 only once start-up or recovery is over). An open
+    /// port is not enough: while it starts up or recovers it refuses
+    /// sessions ("the database system is starting up"), and a test racing
+    /// it fails.
+    pub fn answers(&self) -> bool {
+        Command::new(&self.isready)
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "nightshift", "-d", "postgres", "-t", "2"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }
+
+    fn wait_ready(&mut self) {
         let end = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < end, "postgres did not listen on {}; log:\n{}", self.port, self.daemon.log_text());
+        while !self.answers() {
+            if Instant::now() >= end {
+                let o = Command::new(&self.isready).args(["-h", "127.0.0.1", "-p", &self.port.to_string()]).output();
+                panic!("postgres did not answer on {} ({o:?}); log:\n{}", self.port, self.daemon.log_text());
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -338,7 +362,7 @@ impl PgCluster {
             self.daemon = Daemon::start(&self.argv, &self.dir.join("postgres-restart.log"));
             let up = Instant::now() + Duration::from_secs(10);
             while Instant::now() < up {
-                if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                if self.answers() {
                     return t0.elapsed();
                 }
                 if let Ok(Some(_)) = self.daemon.child.try_wait() {
