@@ -528,8 +528,8 @@ impl Core {
             ));
         }
         if let Trigger::Alert { .. } = m.trigger {
-            let fp = s.event.get("fingerprint").and_then(Value::as_str)?;
-            let resolved = self.table().resolved.contains(fp);
+            s.event.get("fingerprint").and_then(Value::as_str)?;
+            let resolved = self.table().episode_resolved(&s.event);
             return Some((
                 !resolved,
                 if resolved { "the alert resolved".into() } else { "the alert is firing".into() },

@@ -1141,7 +1141,7 @@ impl ScriptHost for Host {
 
     fn event_resolved(&self, _ctx: &RunCtx) -> bool {
         let Some(s) = self.summary() else { return false };
-        s.event.get("fingerprint").and_then(Value::as_str).is_some_and(|f| self.core.table().resolved.contains(f))
+        self.core.table().episode_resolved(&s.event)
     }
 }
 

@@ -451,7 +451,9 @@ impl Engine {
             return;
         }
         if a.status == "resolved" {
-            self.core.table().resolved.insert(a.fingerprint.clone());
+            // An episode (fingerprint, startsAt) resolved — not the alert
+            // for ever: its next firing has a new startsAt and runs again.
+            self.core.table().resolved.insert(crate::runtable::episode(&a.fingerprint, &a.starts_at));
             return;
         }
         let Some(node) = node else {

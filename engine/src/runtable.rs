@@ -110,7 +110,7 @@ pub struct RunTable {
     pub alerts_seen: SeenSet,
     /// Ended holds already audited (`node|hold id|ended_at_ms`).
     pub holds_ended: SeenSet,
-    /// Fingerprints of resolved alerts.
+    /// Resolved alert episodes ([`episode`]: fingerprint and startsAt).
     pub resolved: SeenSet,
     /// Releases a finished run could not make (the node was hands-off or
     /// unreachable): (run, node), tried again on the tick until they work.
@@ -118,6 +118,13 @@ pub struct RunTable {
     /// Per pool (`label=value`): nodes nightshift asked the autoscaler for
     /// and has not given back (from the audited requests: rebuilt on start).
     pub autoscaled: HashMap<String, i64>,
+}
+
+/// An alert episode: its fingerprint and when it started firing.
+/// Alertmanager keeps `startsAt` for the life of one firing and sends a
+/// new one when the alert fires again, so "resolved" is about one episode.
+pub fn episode(fingerprint: &str, starts_at: &str) -> String {
+    format!("{fingerprint}@{starts_at}")
 }
 
 /// The dedup key of an ended hold.
@@ -144,6 +151,13 @@ impl RunTable {
             .position(|q| self.runs.get(q).is_some_and(|r| r.priority < priority))
             .unwrap_or(self.queue.len());
         self.queue.insert(pos, id);
+    }
+
+    /// Whether the alert episode a run's `event` came from has resolved.
+    pub fn episode_resolved(&self, event: &Value) -> bool {
+        let Some(fp) = event.get("fingerprint").and_then(Value::as_str) else { return false };
+        let starts = event.get("starts_at").and_then(Value::as_str).unwrap_or_default();
+        self.resolved.contains(&episode(fp, starts))
     }
 
     /// Runs of `key` in the 24 h before `now`.
@@ -216,7 +230,7 @@ impl RunTable {
                 };
                 self.alerts_seen.insert(format!("{status}|{fp}@{starts}"));
                 if status == "resolved" {
-                    self.resolved.insert(fp.to_string());
+                    self.resolved.insert(episode(fp, starts));
                 }
             }
             _ => {}

@@ -137,9 +137,7 @@ impl Engine {
                 r.outcome.map(|o| o.as_str().to_string()).unwrap_or_else(|| "not finished".into())
             ));
         }
-        if let Some(fp) = run.event.get("fingerprint").and_then(Value::as_str)
-            && self.core.table().resolved.contains(fp)
-        {
+        if self.core.table().episode_resolved(&run.event) {
             lines.push("the alert resolved".into());
         }
         if let Some(n) = self.node(&node) {

@@ -182,6 +182,49 @@ async fn a_firing_alert_across_three_engine_restarts_runs_once_per_cooldown() {
     assert!(f.engine.verify().unwrap().ok);
 }
 
+/// "Resolved" is about one episode of an alert (its fingerprint and
+/// startsAt), not the alert for ever: tomorrow's overheat on the same GPU
+/// has the same fingerprint and a new startsAt, and runs — across a restart
+/// too. (The resolved set used to be keyed by fingerprint alone: every later
+/// firing was skipped as "the alert resolved".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fire_resolve_fire_again_runs_twice_across_a_restart() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "hot",
+        "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 600\n",
+        "set_power_limit(0, 500);\nsleep(10);\n",
+    );
+    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let first_start = now(f);
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-9", first_start, "firing"), "alertmanager");
+    f.run_for(30).await.unwrap();
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-9", first_start, "resolved"), "alertmanager");
+    f.run_for(30).await.unwrap();
+    sim.fleet.restart_engine().await.unwrap();
+    let f = &sim.fleet;
+    // The cooldown passes; the same GPU overheats again: a new episode.
+    f.run_for(700).await.unwrap();
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-9", now(f), "firing"), "alertmanager");
+    f.run_for(30).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    assert!(
+        runs.iter().all(|r| r.outcome == Some(RunOutcome::Succeeded) && r.actions > 0),
+        "the second episode ran, not skipped as resolved: {runs:#?}"
+    );
+    // The first episode's resolve still stops a late run of that episode.
+    f.run_for(700).await.unwrap();
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-9", first_start, "firing"), "alertmanager");
+    f.run_for(30).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    let late: Vec<_> = runs.iter().filter(|r| r.actions > 0).collect();
+    assert_eq!(late.len(), 2, "a replayed firing of the resolved episode does not act again: {runs:#?}");
+    assert!(f.engine.verify().unwrap().ok);
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Between {
     Nothing,

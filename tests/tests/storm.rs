@@ -201,6 +201,19 @@ async fn an_alert_storm_is_absorbed_within_every_limit() {
     for (k, n) in &per_target {
         assert_eq!(*n, 1, "{k:?} ran {n} times within one cooldown");
     }
+    // "Resolved" is about an episode: only runs of the resolved episode
+    // (startsAt = t0) may be skipped for it; a firing episode never is.
+    let resolved_start = nightshift_engine::alerts::format_rfc3339_ms(t0_ms);
+    for r in runs
+        .iter()
+        .filter(|r| r.why.contains("resolved") || r.ending.as_deref().is_some_and(|e| e.contains("resolved")))
+    {
+        assert_eq!(
+            r.event["starts_at"].as_str(),
+            Some(resolved_start.as_str()),
+            "a firing episode skipped as resolved: {r:?}"
+        );
+    }
     let records = engine.audit().tail(0, usize::MAX).unwrap();
     let applied_drains = records
         .iter()
