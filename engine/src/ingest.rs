@@ -6,14 +6,14 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use nightshift_proto::{EndedHold, Telemetry};
 
 use crate::alerts::{Alert, WebhookPayload};
-use crate::audit::{NewRecord, RecordKind};
+use crate::audit::{AuditRecord, NewRecord, RecordKind};
 use crate::core::Brain;
-use crate::engine::{Engine, Ingested, RunRequest, Submitted};
+use crate::engine::{Engine, EngineError, Ingested, RunRequest, Submitted};
 use crate::fleet::Node;
 use crate::manifest::{Scope, Trigger};
 use crate::metrics::{self, MetricId, ids};
@@ -372,6 +372,20 @@ impl Engine {
     /// remembered as seen, so Alertmanager's retry brings them back — and one
     /// audit record says how many.
     pub fn ingest_alertmanager(&self, payload: WebhookPayload, poster: &str) -> Ingested {
+        self.intake_alertmanager(payload, poster).0
+    }
+
+    /// [`Engine::ingest_alertmanager`], and a future that ends once the last
+    /// accepted alert's `event_received` (and so every one before it) is
+    /// durable.
+    fn intake_alertmanager(
+        &self,
+        payload: WebhookPayload,
+        poster: &str,
+    ) -> (
+        Ingested,
+        Option<futures::future::BoxFuture<'static, Result<crate::audit::AuditRecord, crate::audit::AuditError>>>,
+    ) {
         let cap = self.core.config.limits.alert_backlog as u64;
         let mut fresh = Vec::new();
         let (mut duplicates, mut shed) = (0, 0);
@@ -379,7 +393,7 @@ impl Engine {
             let mut t = self.core.table();
             let backlog = self.core.alert_backlog.load(Ordering::SeqCst);
             for a in payload.alerts {
-                let key = format!("{}|{}", a.status, a.key());
+                let key = crate::runtable::alert_key(&a.status, &a.key());
                 if t.alerts_seen.contains(&key) {
                     duplicates += 1;
                 } else if backlog + fresh.len() as u64 >= cap {
@@ -394,7 +408,29 @@ impl Engine {
         let c = &self.core.counters;
         c.alerts_received.fetch_add((fresh.len() + duplicates + shed) as u64, Ordering::Relaxed);
         c.alerts_duplicate.fetch_add(duplicates as u64, Ordering::Relaxed);
-        let accepted = fresh.len();
+        // Each accepted alert is on the chain, in order, before this
+        // returns (the acknowledging caller awaits its durability:
+        // [`Engine::accept_alertmanager`]); what it leads to comes after.
+        let mut recorded = Vec::with_capacity(fresh.len());
+        let mut durable = None;
+        let last = fresh.len().saturating_sub(1);
+        for (i, a) in fresh.into_iter().enumerate() {
+            let rec = self.alert_record(&a, poster);
+            let sent = if i == last {
+                self.core.audit.append_ordered_ack(rec, None).map(|f| durable = Some(Box::pin(f) as _))
+            } else {
+                self.core.audit.append_ordered(rec, None)
+            };
+            match sent {
+                Ok(()) => recorded.push(a),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot audit an alert");
+                    self.core.alert_backlog.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+        }
+        let accepted = recorded.len();
+        let fresh = recorded;
         if accepted > 0 || shed > 0 {
             let engine = self.clone();
             let poster = poster.to_string();
@@ -416,7 +452,20 @@ impl Engine {
                 engine.core.inflight_events.fetch_sub(1, Ordering::SeqCst);
             });
         }
-        Ingested { accepted, duplicates, shed }
+        (Ingested { accepted, duplicates, shed }, durable)
+    }
+
+    /// The webhook's intake: [`Engine::ingest_alertmanager`], answered only
+    /// once every accepted alert's `event_received` is durable — a 200 is a
+    /// promise (recovery handles whatever a crash cut off after it).
+    pub async fn accept_alertmanager(&self, payload: WebhookPayload, poster: &str) -> Result<Ingested, EngineError> {
+        let (r, durable) = self.intake_alertmanager(payload, poster);
+        if let Some(d) = durable {
+            // The writer is one queue: once the last is durable, every
+            // alert appended before it is too.
+            d.await?;
+        }
+        Ok(r)
     }
 
     /// Alerts accepted and not yet handled.
@@ -424,32 +473,74 @@ impl Engine {
         self.core.alert_backlog.load(Ordering::SeqCst)
     }
 
-    async fn handle_alert(&self, a: Alert, poster: &str) {
-        let host = a.host();
-        let node = host.as_deref().and_then(|h| self.core.fleet.get(h));
-        let actor = format!("alertmanager:{poster}");
-        let rec = NewRecord::new(
+    /// The `event_received` record of an alert.
+    fn alert_record(&self, a: &Alert, poster: &str) -> NewRecord {
+        let node = a.host().and_then(|h| self.core.fleet.get(&h)).map(|n| n.spec.name.clone());
+        NewRecord::new(
             RecordKind::EventReceived,
-            &actor,
+            &format!("alertmanager:{poster}"),
             json!({
                 "source": "alertmanager",
+                // Acknowledged once durable; handled by a later
+                // `event_handled` (recovery finishes any it lacks).
+                "acked": true,
                 "posted_by": poster,
                 "alertname": a.name(),
                 "status": a.status,
                 "fingerprint": a.fingerprint,
                 "starts_at": a.starts_at,
+                "ends_at": a.ends_at,
                 "labels": a.labels,
                 "annotations": a.annotations,
             }),
         )
-        .node(node.as_ref().map(|n| n.spec.name.as_str()))
-        .gpu(a.gpu());
-        // In order, not awaited: what the alert leads to (a run's first
-        // action) waits for a later record, and so for this one.
-        if let Err(e) = self.core.audit.append_ordered(rec, None) {
-            tracing::error!(error = %e, "cannot audit an alert");
-            return;
+        .node(node.as_deref())
+        .gpu(a.gpu())
+    }
+
+    /// An alert as its `event_received` record has it (recovery handles the
+    /// ones whose handling a crash cut off).
+    pub(crate) fn alert_of_record(r: &AuditRecord) -> Option<(Alert, String)> {
+        if r.kind != RecordKind::EventReceived || r.data["source"] != "alertmanager" {
+            return None;
         }
+        let d = &r.data;
+        let map = |v: &Value| -> BTreeMap<String, String> {
+            v.as_object()
+                .map(|o| o.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
+                .unwrap_or_default()
+        };
+        let a = Alert {
+            status: d["status"].as_str()?.to_string(),
+            labels: map(&d["labels"]),
+            annotations: map(&d["annotations"]),
+            starts_at: d["starts_at"].as_str()?.to_string(),
+            ends_at: d["ends_at"].as_str().unwrap_or_default().to_string(),
+            generator_url: String::new(),
+            fingerprint: d["fingerprint"].as_str()?.to_string(),
+        };
+        Some((a, d["posted_by"].as_str().unwrap_or("alertmanager").to_string()))
+    }
+
+    /// What an alert leads to, once its `event_received` is on the chain;
+    /// then `event_handled`, so a recovery does not handle it again.
+    pub(crate) async fn handle_alert(&self, a: Alert, poster: &str) {
+        self.act_on_alert(&a, poster).await;
+        let rec = NewRecord::new(
+            RecordKind::EventHandled,
+            "engine",
+            json!({"source": "alertmanager", "key": crate::runtable::alert_key(&a.status, &a.key())}),
+        );
+        if let Err(e) = self.core.audit.append_ordered(rec, None) {
+            tracing::error!(error = %e, "cannot audit an alert's handling");
+        }
+    }
+
+    async fn act_on_alert(&self, a: &Alert, poster: &str) {
+        let a = a.clone();
+        let host = a.host();
+        let node = host.as_deref().and_then(|h| self.core.fleet.get(h));
+        let actor = format!("alertmanager:{poster}");
         if a.status == "resolved" {
             // An episode (fingerprint, startsAt) resolved — not the alert
             // for ever: its next firing has a new startsAt and runs again.

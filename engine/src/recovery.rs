@@ -40,6 +40,17 @@ impl Engine {
             }
         }
         tracing::info!(records = records.len(), "executor memory rebuilt from the audit log");
+        // Alerts acknowledged (their `event_received` durable) whose handling
+        // a crash cut off: handled now, in order — a 200 is a promise.
+        let unhandled: Vec<(crate::alerts::Alert, String)> = {
+            let t = self.core.table();
+            records
+                .iter()
+                .filter(|r| r.data["acked"] == true)
+                .filter_map(Engine::alert_of_record)
+                .filter(|(a, _)| !t.handled.contains(&crate::runtable::alert_key(&a.status, &a.key())))
+                .collect()
+        };
         // Faults and marks outlive any replay window: their own index.
         let n = self.rebuild_health()?;
         tracing::info!(records = n, "health model and node marks rebuilt from the audit log");
@@ -84,6 +95,19 @@ impl Engine {
                     interrupted.push(s.id);
                 }
             }
+        }
+        if !unhandled.is_empty() {
+            tracing::info!(alerts = unhandled.len(), "handling alerts accepted before the restart");
+            let engine = self.clone();
+            self.core.alert_backlog.fetch_add(unhandled.len() as u64, std::sync::atomic::Ordering::SeqCst);
+            self.core.inflight_events.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.core.handle.spawn(async move {
+                for (a, poster) in unhandled {
+                    engine.handle_alert(a, &poster).await;
+                    engine.core.alert_backlog.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                engine.core.inflight_events.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            });
         }
         Ok(interrupted)
     }

@@ -110,6 +110,8 @@ pub struct RunTable {
     pub alerts_seen: SeenSet,
     /// Ended holds already audited (`node|hold id|ended_at_ms`).
     pub holds_ended: SeenSet,
+    /// Accepted alerts whose handling is on the chain ([`alert_key`]).
+    pub handled: SeenSet,
     /// Resolved alert episodes ([`episode`]: fingerprint and startsAt).
     pub resolved: SeenSet,
     /// Releases a finished run could not make (the node was hands-off or
@@ -118,6 +120,11 @@ pub struct RunTable {
     /// Per pool (`label=value`): nodes nightshift asked the autoscaler for
     /// and has not given back (from the audited requests: rebuilt on start).
     pub autoscaled: HashMap<String, i64>,
+}
+
+/// The dedup key of one alert notification: its status and episode.
+pub fn alert_key(status: &str, episode_key: &str) -> String {
+    format!("{status}|{episode_key}")
 }
 
 /// An alert episode: its fingerprint and when it started firing.
@@ -138,6 +145,7 @@ impl RunTable {
             alerts_seen: SeenSet::new(dedup_entries),
             holds_ended: SeenSet::new(dedup_entries),
             resolved: SeenSet::new(dedup_entries),
+            handled: SeenSet::new(dedup_entries),
             ..RunTable::default()
         }
     }
@@ -222,13 +230,18 @@ impl RunTable {
                     self.holds_ended.insert(ended_key(node, id, at));
                 }
             }
+            RecordKind::EventHandled => {
+                if let Some(k) = r.data["key"].as_str() {
+                    self.handled.insert(k.to_string());
+                }
+            }
             RecordKind::EventReceived if r.data["source"] == "alertmanager" => {
                 let (Some(status), Some(fp), Some(starts)) =
                     (r.data["status"].as_str(), r.data["fingerprint"].as_str(), r.data["starts_at"].as_str())
                 else {
                     return;
                 };
-                self.alerts_seen.insert(format!("{status}|{fp}@{starts}"));
+                self.alerts_seen.insert(alert_key(status, &episode(fp, starts)));
                 if status == "resolved" {
                     self.resolved.insert(episode(fp, starts));
                 }

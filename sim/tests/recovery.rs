@@ -225,6 +225,53 @@ async fn fire_resolve_fire_again_runs_twice_across_a_restart() {
     assert!(f.engine.verify().unwrap().ok);
 }
 
+/// An alert the webhook acknowledged (its `event_received` durable) whose
+/// handling a crash cut off before any run was queued: the restarted engine
+/// finishes it — the run is queued, then `event_handled` — and handles it
+/// only once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_alert_cut_off_by_a_crash_is_handled_after_the_restart() {
+    use nightshift_engine::audit::NewRecord;
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "hot",
+        "trigger:\n  type: alert\n  alertname: GpuHot\nscope: gpu\ncooldown_secs: 600\n",
+        "set_power_limit(500);\n",
+    );
+    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    // What the webhook leaves on the chain before it answers, and nothing
+    // after it: the engine died there.
+    let starts = nightshift_engine::alerts::format_rfc3339_ms(now(f));
+    let rec = NewRecord::new(
+        RecordKind::EventReceived,
+        "alertmanager:am",
+        serde_json::json!({"source": "alertmanager", "acked": true, "posted_by": "am", "alertname": "GpuHot",
+            "status": "firing", "fingerprint": "fp-cut", "starts_at": starts, "ends_at": "0001-01-01T00:00:00Z",
+            "labels": {"alertname": "GpuHot", "Hostname": "n1", "gpu": "0"}, "annotations": {}}),
+    )
+    .node(Some("n1"))
+    .gpu(Some(0));
+    f.engine.audit().append(rec, None).await.unwrap();
+    assert!(f.engine.runs(&Default::default()).unwrap().runs.is_empty());
+    sim.fleet.restart_engine().await.unwrap();
+    let f = &sim.fleet;
+    f.run_for(30).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    assert_eq!(runs[0].event["fingerprint"], "fp-cut");
+    assert_eq!(runs[0].outcome, Some(RunOutcome::Succeeded), "{runs:#?}");
+    let handled = records(f).iter().filter(|r| r.kind == RecordKind::EventHandled).count();
+    assert_eq!(handled, 1);
+    // Handled: another restart does not handle it again.
+    sim.fleet.restart_engine().await.unwrap();
+    let f = &sim.fleet;
+    f.run_for(700).await.unwrap();
+    assert_eq!(f.engine.runs(&Default::default()).unwrap().runs.len(), 1);
+    assert!(f.engine.verify().unwrap().ok);
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Between {
     Nothing,

@@ -601,7 +601,8 @@ pub async fn alertmanager(
 ) -> Result<Response, ApiError> {
     let poster = s.auth().require_webhook(&headers)?;
     let payload = WebhookPayload::parse(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let r = s.engine.ingest_alertmanager(payload, &poster);
+    // Answered once every accepted alert is durable: a 200 is a promise.
+    let r = s.engine.accept_alertmanager(payload, &poster).await?;
     if r.shed > 0 {
         // Alertmanager retries on 5xx: the shed alerts come back later.
         let mut resp = (StatusCode::SERVICE_UNAVAILABLE, Json(json!(r))).into_response();

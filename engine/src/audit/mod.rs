@@ -74,6 +74,9 @@ pub enum RecordKind {
     RunbookMode,
     /// A GPU's health moved in its repair lifecycle (`health.rs`).
     HealthChanged,
+    /// Everything an accepted event leads to (runs queued, suppressions,
+    /// drops) is on the chain: recovery need not handle it again.
+    EventHandled,
 }
 
 impl RecordKind {
@@ -105,6 +108,7 @@ impl RecordKind {
             RecordKind::ConfigReloaded => "config_reloaded",
             RecordKind::RunbookMode => "runbook_mode",
             RecordKind::HealthChanged => "health_changed",
+            RecordKind::EventHandled => "event_handled",
         }
     }
 

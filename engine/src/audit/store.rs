@@ -376,6 +376,18 @@ impl AuditStore {
         self.writer.send(WriteReq { rec, summary, ack })
     }
 
+    /// `append_ordered`, with a way to learn when the record (and so every
+    /// record appended before it) is durable: await the returned future.
+    pub fn append_ordered_ack(
+        &self,
+        rec: NewRecord,
+        summary: Option<RunSummary>,
+    ) -> Result<impl std::future::Future<Output = Result<AuditRecord, AuditError>> + Send + 'static, AuditError> {
+        let (ack, rx) = oneshot::channel();
+        self.writer.send(WriteReq { rec, summary, ack })?;
+        Ok(async move { rx.await.map_err(|_| AuditError::Closed)? })
+    }
+
     /// `append` for blocking threads (runbook scripts).
     pub fn append_blocking(&self, rec: NewRecord, summary: Option<RunSummary>) -> Result<AuditRecord, AuditError> {
         let (ack, rx) = oneshot::channel();

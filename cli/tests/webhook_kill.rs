@@ -1,0 +1,163 @@
+//! An acknowledgement is a promise: `nightshift serve` is killed with
+//! SIGKILL 0–5 ms after it answers a webhook (200, accepted) or a run
+//! request (202), again and again. After every restart, each accepted alert
+//! has its `event_received` and the run it leads to, and each acknowledged
+//! run exists — the answer was sent only once its record was durable, and
+//! recovery finishes the handling a kill cut off.
+//!
+//! `NIGHTSHIFT_WEBHOOK_KILLS` sets the number of kills (default 50: 25
+//! webhooks, 25 runs).
+
+use std::collections::BTreeSet;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nightshift_agent::backend::sim::SimConfig;
+use nightshift_engine::audit::{AuditStore, RecordKind};
+use nightshift_proto::clock::SystemClock;
+use nightshift_tests::{TestAgent, engine_setup};
+
+fn spawn_engine(dir: &std::path::Path, port: u16) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_nightshift"))
+        .current_dir(dir)
+        .args(["serve", "--config", "engine.yaml", "--listen", &format!("127.0.0.1:{port}")])
+        .env("NIGHTSHIFT_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nightshift serve starts")
+}
+
+async fn wait_ready(http: &reqwest::Client, base: &str) {
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(r) = http.get(format!("{base}/healthz")).send().await
+            && r.status().is_success()
+        {
+            return;
+        }
+        assert!(Instant::now() < end, "the engine did not come up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn alert(i: usize, node: &str) -> serde_json::Value {
+    serde_json::json!({
+        "version": "4", "status": "firing", "receiver": "nightshift", "groupKey": "{}:{alertname=\"GpuHot\"}",
+        "truncatedAlerts": 0, "groupLabels": {"alertname": "GpuHot"}, "commonLabels": {}, "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "alerts": [{
+            "status": "firing",
+            "labels": {"alertname": "GpuHot", "Hostname": node, "gpu": (i % 2).to_string()},
+            "annotations": {"summary": "hot"},
+            "startsAt": nightshift_engine::alerts::format_rfc3339_ms(
+                nightshift_proto::clock::Clock::now_ms(&SystemClock)),
+            "endsAt": "0001-01-01T00:00:00Z",
+            "generatorURL": "",
+            "fingerprint": format!("kill-{i}"),
+        }],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_alert_and_run_survives_a_kill_right_after_the_answer() {
+    let kills: usize = std::env::var("NIGHTSHIFT_WEBHOOK_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    let dir = tempfile::tempdir().unwrap();
+    let sim = SimConfig { gpus: 2, ..SimConfig::default() };
+    std::fs::write(
+        dir.path().join("policy.yaml"),
+        "version: 1\nrate_limits:\n  power_limit: {max_changes: 100000, window_secs: 60}\n",
+    )
+    .unwrap();
+    let mut agents = Vec::new();
+    for i in 0..2 {
+        agents.push(TestAgent::start(dir.path(), &format!("n{i}"), sim.clone(), "policy_path: policy.yaml\n").await);
+    }
+    let manifest = "scope: gpu\ncooldown_secs: 0\nmax_concurrent: 16\nmax_attempts_per_day: 100000\n";
+    engine_setup(
+        dir.path(),
+        &agents.iter().collect::<Vec<_>>(),
+        &[
+            ("hot", &format!("trigger: {{type: alert, alertname: GpuHot}}\n{manifest}"), "set_power_limit(600);\n"),
+            ("work", &format!("trigger: {{type: manual}}\n{manifest}"), "set_power_limit(650);\n"),
+        ],
+        "auth: {allow_anonymous: admin}\n",
+    );
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let (mut alerts, mut runs): (BTreeSet<String>, BTreeSet<String>) = Default::default();
+    let mut seed = 0x5eed_u64;
+    let started = Instant::now();
+    for it in 0..=kills {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let base = format!("http://127.0.0.1:{port}");
+        let mut child = spawn_engine(dir.path(), port);
+        wait_ready(&http, &base).await;
+        if it == kills {
+            // The last life: let it finish what the kills left, then check.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let _ = child.kill();
+            let _ = child.wait();
+            break;
+        }
+        let node = format!("n{}", it % 2);
+        let accepted = if it % 2 == 0 {
+            let r = http
+                .post(format!("{base}/api/v1/alerts/alertmanager"))
+                .header("content-type", "application/json")
+                .body(alert(it, &node).to_string())
+                .send()
+                .await
+                .unwrap();
+            let ok = r.status() == 200;
+            let v: serde_json::Value = r.json().await.unwrap_or_default();
+            if ok && v["accepted"] == 1 {
+                alerts.insert(format!("kill-{it}"));
+            }
+            ok
+        } else {
+            let r = http
+                .post(format!("{base}/api/v1/runs"))
+                .json(&serde_json::json!({"runbook": "work", "node": node, "gpu": 1}))
+                .send()
+                .await
+                .unwrap();
+            let ok = r.status() == 202;
+            let v: serde_json::Value = r.json().await.unwrap_or_default();
+            if let Some(id) = v["run"]["id"].as_str() {
+                runs.insert(id.to_string());
+            }
+            ok
+        };
+        assert!(accepted, "iteration {it}: not accepted");
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        tokio::time::sleep(Duration::from_micros((seed >> 33) % 5_000)).await;
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+    }
+    let store = AuditStore::open(&dir.path().join("engine-data"), Arc::new(SystemClock)).unwrap();
+    assert!(store.verify().unwrap().ok);
+    let records = store.tail(0, usize::MAX).unwrap();
+    for fp in &alerts {
+        assert!(
+            records.iter().any(|r| r.kind == RecordKind::EventReceived && r.data["fingerprint"] == fp.as_str()),
+            "accepted alert {fp} has no event_received"
+        );
+        assert!(
+            records.iter().any(|r| r.kind == RecordKind::RunQueued && r.data["event"]["fingerprint"] == fp.as_str()),
+            "accepted alert {fp} led to no run"
+        );
+    }
+    for id in &runs {
+        assert!(store.run(id).unwrap().is_some(), "acknowledged run {id} is gone");
+    }
+    eprintln!(
+        "{kills} kills 0–5 ms after the answer: {} alerts and {} runs acknowledged, all present, in {:.1} s",
+        alerts.len(),
+        runs.len(),
+        started.elapsed().as_secs_f64()
+    );
+    for mut a in agents {
+        a.stop().await;
+    }
+}
