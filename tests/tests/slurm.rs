@@ -445,7 +445,8 @@ async fn slurm_power_saving_marks_and_quarantine() {
     // node's slurmd, then is cancelled).
     let placed = || async {
         let out = Command::new("sbatch")
-            .args(["--parsable", "-p", "gpu", "--wrap", "sleep 30"])
+            // Job output off the work tree (sbatch writes slurm-N.out in its cwd).
+            .args(["--parsable", "-p", "gpu", "--output", "/dev/null", "--wrap", "sleep 30"])
             .env("SLURM_CONF", &slurm.conf)
             .output()
             .unwrap();
