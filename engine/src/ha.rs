@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 use tokio_postgres::Client;
+use tokio_postgres::types::Type;
 
 /// A database error with what the server said (tokio-postgres's own
 /// message is only "db error").
@@ -98,7 +99,7 @@ pub async fn campaign(db: &Client, cfg: &LeaseConfig) -> Result<Option<u64>, Lea
     cfg.check()?;
     let ttl_ms = cfg.ttl.as_millis() as i64;
     let row = db
-        .query_opt(
+        .query_typed_opt(
             "INSERT INTO nightshift_lease AS l (shard, holder, term, expires_at, url)
                  VALUES ($1, $2, 1, now() + $3 * interval '1 millisecond', $4)
              ON CONFLICT (shard) DO UPDATE SET
@@ -108,7 +109,12 @@ pub async fn campaign(db: &Client, cfg: &LeaseConfig) -> Result<Option<u64>, Lea
                  expires_at = EXCLUDED.expires_at
              WHERE l.holder = EXCLUDED.holder OR l.expires_at <= now()
              RETURNING term",
-            &[&cfg.shard, &cfg.holder, &(ttl_ms as f64), &cfg.url],
+            &[
+                (&cfg.shard, Type::TEXT),
+                (&cfg.holder, Type::TEXT),
+                (&(ttl_ms as f64), Type::FLOAT8),
+                (&cfg.url, Type::TEXT),
+            ],
         )
         .await?;
     Ok(row.map(|r| r.get::<_, i64>(0) as u64))
@@ -118,11 +124,18 @@ pub async fn campaign(db: &Client, cfg: &LeaseConfig) -> Result<Option<u64>, Lea
 /// took it (or it moved on) — this engine is deposed and must stop acting.
 pub async fn renew(db: &Client, cfg: &LeaseConfig, term: u64) -> Result<bool, LeaseError> {
     let ttl_ms = cfg.ttl.as_millis() as i64;
+    // Typed: one round trip, no separate prepare (a leader far from its
+    // database renews in one RTT, not two).
     let n = db
-        .execute(
+        .execute_typed(
             "UPDATE nightshift_lease SET expires_at = now() + $4 * interval '1 millisecond'
              WHERE shard = $1 AND holder = $2 AND term = $3 AND expires_at > now()",
-            &[&cfg.shard, &cfg.holder, &(term as i64), &(ttl_ms as f64)],
+            &[
+                (&cfg.shard, Type::TEXT),
+                (&cfg.holder, Type::TEXT),
+                (&(term as i64), Type::INT8),
+                (&(ttl_ms as f64), Type::FLOAT8),
+            ],
         )
         .await?;
     Ok(n == 1)

@@ -208,6 +208,7 @@ async fn lease_loop(engine: Engine, l: Arc<Leadership>) {
     };
     // Standing by.
     let mut warned = false;
+    let mut campaign_sent: std::time::Instant;
     let term = loop {
         if *shutdown.borrow() {
             return;
@@ -223,6 +224,7 @@ async fn lease_loop(engine: Engine, l: Arc<Leadership>) {
             }
         }
         if let Some(c) = &db {
+            campaign_sent = std::time::Instant::now();
             match crate::ha::campaign(c, &l.cfg).await {
                 Ok(Some(term)) => break term,
                 Ok(None) => {
@@ -243,6 +245,14 @@ async fn lease_loop(engine: Engine, l: Arc<Leadership>) {
     };
     let took = std::time::Instant::now();
     l.lead(term);
+    // Renewals start now, before catching up: over a slow link catching up
+    // takes round trips a lease TTL may not cover.
+    let db = db.map(Arc::new);
+    let renewals = {
+        let (engine, l) = (engine.clone(), l.clone());
+        let (pg, db) = (pg.clone(), db.clone());
+        tokio::spawn(async move { renew_loop(engine, l, pg, db, term, campaign_sent).await })
+    };
     if let Some(c) = &db
         && let Ok(row) = crate::ha::lease_row(c, &l.cfg.shard).await
     {
@@ -272,11 +282,7 @@ async fn lease_loop(engine: Engine, l: Arc<Leadership>) {
             return;
         }
     }
-    let renewals = {
-        let (engine, l) = (engine.clone(), l.clone());
-        let pg = pg.clone();
-        tokio::spawn(async move { renew_loop(engine, l, pg, db, term).await })
-    };
+    drop(db);
     if let Err(e) = activate(&engine).await {
         step_down(&engine, &l, format!("cannot start acting: {e}"));
         return;
@@ -293,21 +299,27 @@ async fn renew_loop(
     engine: Engine,
     l: Arc<Leadership>,
     pg: crate::audit::PgOptions,
-    mut db: Option<tokio_postgres::Client>,
+    mut db: Option<Arc<tokio_postgres::Client>>,
     term: u64,
+    campaign_sent: std::time::Instant,
 ) {
     let mut shutdown = engine.shutdown_signal();
-    // When the last renewal that succeeded was *sent*: the database's
-    // expiry is at least this late, so the lease is surely still ours
-    // until this + TTL on this host's clock.
-    let mut renewed_at = std::time::Instant::now();
+    // When the last renewal that succeeded (first: the campaign that took
+    // the lease) was *sent*: the database's expiry is at least this late,
+    // so the lease is surely still ours until this + TTL on this host's
+    // clock.
+    let mut renewed_at = campaign_sent;
+    // Renewals start every `renew_every` from the last one's start, not
+    // `renew_every` after it answered: a slow round trip does not stretch
+    // the period (a 600 ms RTT renews every 600 ms, not every 1.1 s).
+    let mut next = tokio::time::Instant::now() + l.cfg.renew_every;
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(l.cfg.renew_every) => {}
+            _ = tokio::time::sleep_until(next) => {}
             _ = shutdown.changed() => {
                 // Deposed already (its own shutdown): nothing to hand back.
                 if l.is_leader() {
-                    hand_back(&engine, &l, db.as_ref(), term).await;
+                    hand_back(&engine, &l, db.as_deref(), term).await;
                 }
                 return;
             }
@@ -316,15 +328,24 @@ async fn renew_loop(
             return;
         }
         let sent = std::time::Instant::now();
+        next = tokio::time::Instant::now() + l.cfg.renew_every;
+        // A renewal may take as long as the lease has left (less a margin),
+        // not one renew interval: a slow but working database keeps a
+        // healthy leader; only a lease that would run out deposes it.
+        let budget = || {
+            let left = l.cfg.ttl.saturating_sub(renewed_at.elapsed());
+            left.saturating_sub(l.cfg.ttl / 10).max(Duration::from_millis(50))
+        };
         if db.as_ref().is_none_or(|c| c.is_closed()) {
-            db =
-                tokio::time::timeout(Duration::from_secs(2), crate::audit::pg::connect(&pg.url, pg.ca_file.as_deref()))
-                    .await
-                    .ok()
-                    .and_then(Result::ok);
+            db = tokio::time::timeout(budget(), crate::audit::pg::connect(&pg.url, pg.ca_file.as_deref()))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .map(Arc::new);
         }
         if let Some(c) = &db {
-            match tokio::time::timeout(l.cfg.renew_every, crate::ha::renew(c, &l.cfg, term)).await {
+            let budget = budget();
+            match tokio::time::timeout(budget, crate::ha::renew(c, &l.cfg, term)).await {
                 Ok(Ok(true)) => {
                     renewed_at = sent;
                     l.renewed();
@@ -345,7 +366,10 @@ async fn renew_loop(
                     db = None;
                 }
                 Err(_) => {
-                    tracing::warn!("renewing the lease took longer than the renew interval (retrying)");
+                    tracing::warn!(
+                        budget_ms = budget.as_millis() as u64,
+                        "a lease renewal did not answer in time (retrying)"
+                    );
                     db = None;
                 }
             }
