@@ -102,6 +102,24 @@ impl RecordLog {
         head_hash: &str,
         missing: impl FnOnce(u64) -> Result<Vec<AuditRecord>, AuditError>,
     ) -> Result<(RecordLog, Vec<Replay>), AuditError> {
+        Self::open_with(dir, head, head_hash, missing, true)
+    }
+
+    /// Open the log to rebuild an index from nothing: every record is
+    /// replayed, a torn last line (a write cut short) is cut, and any other
+    /// line that does not continue the chain is refused, never cut — with
+    /// no index to compare against, the log is the only copy.
+    pub fn open_for_rebuild(dir: &Path) -> Result<(RecordLog, Vec<Replay>), AuditError> {
+        Self::open_with(dir, 0, GENESIS, |_| Ok(Vec::new()), false)
+    }
+
+    fn open_with(
+        dir: &Path,
+        head: u64,
+        head_hash: &str,
+        missing: impl FnOnce(u64) -> Result<Vec<AuditRecord>, AuditError>,
+        may_cut: bool,
+    ) -> Result<(RecordLog, Vec<Replay>), AuditError> {
         let path = dir.join(LOG_FILE);
         let mut file = OpenOptions::new()
             .create(true)
@@ -127,6 +145,16 @@ impl RecordLog {
         let mut replay = Vec::new();
         if last_seq > head {
             let (good, cut_at) = log.read_ahead(end_of_head, head, head_hash)?;
+            if cut_at < log.len && !may_cut {
+                return Err(AuditError::Open {
+                    path: path.clone(),
+                    message: format!(
+                        "expected every line of the record log to continue the chain, found a line at byte {cut_at} \
+                         after record {} that does not",
+                        good.last().map_or(head, |r| r.record.seq)
+                    ),
+                });
+            }
             if cut_at < log.len {
                 tracing::error!(
                     log = %path.display(), at_byte = cut_at, after_record = good.last().map_or(head, |r| r.record.seq),

@@ -243,6 +243,59 @@ pub(super) fn open_trees(dir: &Path) -> Result<(Trees, PathBuf), AuditError> {
     Ok((trees, path))
 }
 
+/// sled's copy is only an index of the record log (the durability point),
+/// and sled can be left unreadable by a crash mid-write: set it aside as
+/// `audit.sled.damaged` (replacing an older one) and build a new index from
+/// every record of the log. Refused, with sled put back, when there is no
+/// log or a line of it does not continue the chain — then the log is the
+/// only copy and `nightshift audit salvage` is the way out.
+fn rebuild_index(dir: &Path, sled_path: &Path, damage: &str) -> Result<(Trees, (RecordLog, Vec<Replay>)), AuditError> {
+    let log_path = dir.join(super::LOG_FILE);
+    let refuse = |why: String| AuditError::Open {
+        path: sled_path.to_path_buf(),
+        message: format!(
+            "{damage}; the index cannot be rebuilt from the record log: {why}; \
+             run `nightshift audit salvage --data-dir {} --to NEW_DIR`",
+            dir.display()
+        ),
+    };
+    if !log_path.is_file() {
+        return Err(refuse(format!("expected {}, found no such file", log_path.display())));
+    }
+    let aside = set_aside(dir, sled_path).map_err(refuse)?;
+    let put_back = |why: String| {
+        let _ = std::fs::remove_dir_all(sled_path);
+        let _ = std::fs::rename(&aside, sled_path);
+        refuse(why)
+    };
+    let (trees, _) = open_trees(dir).map_err(|e| put_back(e.to_string()))?;
+    match RecordLog::open_for_rebuild(dir) {
+        Ok(log) => {
+            tracing::error!(
+                index = %sled_path.display(), damaged_copy = %aside.display(), damage, records = log.1.len(),
+                "audit index unreadable (a crash mid-write): rebuilding it from the record log"
+            );
+            Ok((trees, log))
+        }
+        Err(e) => {
+            drop(trees);
+            Err(put_back(e.to_string()))
+        }
+    }
+}
+
+/// Move an unreadable sled out of the way, to `audit.sled.damaged`
+/// (replacing an older one: the index is derived, the copy is for a
+/// post-mortem).
+fn set_aside(dir: &Path, sled_path: &Path) -> Result<PathBuf, String> {
+    let aside = dir.join("audit.sled.damaged");
+    if aside.exists() {
+        std::fs::remove_dir_all(&aside).map_err(|e| format!("removing {}: {e}", aside.display()))?;
+    }
+    std::fs::rename(sled_path, &aside).map_err(|e| format!("moving the damaged index aside: {e}"))?;
+    Ok(aside)
+}
+
 /// A store from before the kind index: build it once from the records (the
 /// index is derived; the marker says it covers every record).
 fn build_kind_index(trees: &Trees) -> Result<(), sled::Error> {
@@ -284,18 +337,30 @@ impl AuditStore {
     /// Open (or create) the store in `dir`. Fails clearly when another
     /// process holds it.
     pub fn open(dir: &Path, clock: SharedClock) -> Result<AuditStore, AuditError> {
-        let (trees, path) = open_trees(dir)?;
-        let (mut seq, mut hash) = local_head(&trees, &path)?;
-        let (log, ahead) = RecordLog::open(dir, seq, &hash, |after| {
-            trees
-                .records
-                .range((after + 1).to_be_bytes()..)
-                .map(|item| {
-                    let (_, v) = item.map_err(|e| AuditError::Read(e.to_string()))?;
-                    serde_json::from_slice(&v).map_err(|e| AuditError::Read(e.to_string()))
-                })
-                .collect()
-        })?;
+        let opened = open_trees(dir).and_then(|(trees, path)| {
+            let head = local_head(&trees, &path)?;
+            Ok((trees, path, head))
+        });
+        let (trees, path, (mut seq, mut hash), (log, ahead)) = match opened {
+            Ok((trees, path, (seq, hash))) => {
+                let log = RecordLog::open(dir, seq, &hash, |after| {
+                    trees
+                        .records
+                        .range((after + 1).to_be_bytes()..)
+                        .map(|item| {
+                            let (_, v) = item.map_err(|e| AuditError::Read(e.to_string()))?;
+                            serde_json::from_slice(&v).map_err(|e| AuditError::Read(e.to_string()))
+                        })
+                        .collect()
+                })?;
+                (trees, path, (seq, hash), log)
+            }
+            Err(AuditError::Open { path, message }) => {
+                let (trees, log) = rebuild_index(dir, &path, &message)?;
+                (trees, path, (0, GENESIS.to_string()), log)
+            }
+            Err(e) => return Err(e),
+        };
         if let Some(last) = ahead.last() {
             replay(&trees, &ahead)?;
             (seq, hash) = (last.record.seq, last.record.hash.clone());
@@ -319,7 +384,21 @@ impl AuditStore {
     /// restored backup) is dropped and read again. Appends are refused
     /// until [`AuditStore::lead`].
     pub fn open_postgres(dir: &Path, clock: SharedClock, pg: PgOptions) -> Result<AuditStore, AuditError> {
-        let (trees, path) = open_trees(dir)?;
+        let (trees, path) = match open_trees(dir) {
+            // The copy is read again from the database.
+            Err(AuditError::Open { path, message }) => {
+                let aside = set_aside(dir, &path).map_err(|why| AuditError::Open {
+                    path: path.clone(),
+                    message: format!("{message}; and it cannot be set aside to be read again: {why}"),
+                })?;
+                tracing::error!(
+                    index = %path.display(), damaged_copy = %aside.display(), damage = %message,
+                    "local audit copy unreadable (a crash mid-write): reading it again from the database"
+                );
+                open_trees(dir)?
+            }
+            r => r?,
+        };
         let (indexer, live, head, pending) = Indexer::new(&trees, 0);
         let (tx, rx) = std_mpsc::channel::<Msg>();
         let (opened_tx, opened) = std_mpsc::channel();
@@ -920,6 +999,59 @@ mod tests {
         assert_eq!((v.ok, v.verified_up_to, v.records), (true, 21, 21));
         assert_eq!(s.run_records("r1").unwrap().len(), 20);
         assert_eq!(s.node_records("n1", 5).unwrap()[0].seq, 20, "newest first");
+    }
+
+    /// Regression (CI, kill -9 loop iteration 90: "Read corrupted data at
+    /// file offset None"): sled left unreadable by a crash is only an index;
+    /// it is set aside and rebuilt from the record log, with every record,
+    /// its run and node views and summaries back.
+    #[tokio::test]
+    async fn an_unreadable_index_is_rebuilt_from_the_record_log() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = AuditStore::open(dir.path(), clock()).unwrap();
+            for i in 0..30 {
+                s.append(NewRecord::new(RecordKind::Note, "engine", json!({"i": i})).run("r1").node(Some("n1")), None)
+                    .await
+                    .unwrap();
+            }
+        }
+        let conf = dir.path().join("audit.sled").join("conf");
+        std::fs::write(&conf, b"not a sled config at all \xff\xfe").unwrap();
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        assert_eq!(s.head_seq(), 30);
+        let v = s.verify().unwrap();
+        assert_eq!((v.ok, v.verified_up_to), (true, 30), "{v:?}");
+        assert_eq!(s.run_records("r1").unwrap().len(), 30);
+        assert_eq!(s.node_records("n1", 5).unwrap()[0].seq, 30);
+        assert!(dir.path().join("audit.sled.damaged").join("conf").exists(), "the damaged index is kept aside");
+        let r = s.append(NewRecord::new(RecordKind::Note, "engine", json!({})), None).await.unwrap();
+        assert_eq!(r.seq, 31);
+    }
+
+    /// With no index to compare against, a log line that breaks the chain
+    /// is refused (never cut), sled is put back as it was, and the message
+    /// says what to run.
+    #[tokio::test]
+    async fn an_unreadable_index_over_a_damaged_log_is_refused_and_nothing_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = AuditStore::open(dir.path(), clock()).unwrap();
+            for i in 0..10 {
+                s.append(NewRecord::new(RecordKind::Note, "engine", json!({"i": i})), None).await.unwrap();
+            }
+        }
+        let log = dir.path().join(LOG_FILE);
+        let text = std::fs::read_to_string(&log).unwrap();
+        let edited = text.replacen("\"i\":3", "\"i\":33", 1);
+        assert_ne!(text, edited);
+        std::fs::write(&log, &edited).unwrap();
+        let conf = dir.path().join("audit.sled").join("conf");
+        std::fs::write(&conf, b"not a sled config at all \xff\xfe").unwrap();
+        let e = AuditStore::open(dir.path(), clock()).unwrap_err().to_string();
+        assert!(e.contains("cannot be rebuilt from the record log") && e.contains("nightshift audit salvage"), "{e}");
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), edited, "the log is left whole");
+        assert_eq!(std::fs::read(&conf).unwrap(), b"not a sled config at all \xff\xfe", "sled is put back as it was");
     }
 
     /// Regression (kill -9 during the log write): a torn last line is cut
