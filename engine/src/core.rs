@@ -465,6 +465,12 @@ impl Core {
         .runbook(&s.runbook);
         // Write ahead: nothing leaves before its intent is durable.
         self.audit.append(intent, Some(s.clone())).await.map_err(|e| format!("cannot audit the intent: {e}"))?;
+        // A store that stopped at a durability failure (this intent may
+        // be its last record) stops every send: the engine acts only while
+        // it can record what it does.
+        if let Some(e) = self.audit.stopped() {
+            return Err(format!("not sent: {e}"));
+        }
         let timeout = std::time::Duration::from_secs(self.config.limits.action_timeout_secs);
         let started = std::time::Instant::now();
         let reply = tokio::time::timeout(timeout, n.transport.call(req)).await;

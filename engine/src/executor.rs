@@ -38,6 +38,10 @@ impl Engine {
                 "not ready: taking over or standing by; retry in a few seconds".into(),
             )));
         }
+        // A store stopped at a durability failure takes nothing new.
+        if let Some(e) = self.core.audit.stopped() {
+            return Err(EngineError::Audit(e));
+        }
         self.submit_inner(req, None).await
     }
 

@@ -1043,6 +1043,9 @@ impl ScriptHost for Host {
         if !self.core.acting() {
             return refused("not_leader", "this engine is not the leader: it sends nothing");
         }
+        if let Some(e) = self.core.audit.stopped() {
+            return refused("audit_stopped", &format!("not sent: {e}"));
+        }
         let direction = if out { "out" } else { "in" };
         let action_id = self.core.next_action_id(&self.run);
         let body = json!({"version": 1, "pool": {"label": label, "value": value}, "direction": direction,

@@ -459,6 +459,11 @@ impl Engine {
     /// once every accepted alert's `event_received` is durable — a 200 is a
     /// promise (recovery handles whatever a crash cut off after it).
     pub async fn accept_alertmanager(&self, payload: WebhookPayload, poster: &str) -> Result<Ingested, EngineError> {
+        // A store stopped at a durability failure accepts nothing (a 503:
+        // Alertmanager sends it again later, to this engine or another).
+        if let Some(e) = self.core.audit.stopped() {
+            return Err(EngineError::Audit(e));
+        }
         let (r, durable) = self.intake_alertmanager(payload, poster);
         if let Some(d) = durable {
             // The writer is one queue: once the last is durable, every

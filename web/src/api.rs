@@ -617,9 +617,15 @@ pub async fn openapi() -> Response {
 }
 
 pub async fn healthz(State(s): State<AppState>) -> Response {
-    Json(json!({"ok": true, "audit_seq": s.engine.audit().head_seq(), "agents_connected": s.engine.connected_agents(),
-        "role": s.engine.ha_status().role}))
-    .into_response()
+    let (seq, agents, role) = (s.engine.audit().head_seq(), s.engine.connected_agents(), s.engine.ha_status().role);
+    // A store that stopped at a durability failure accepts nothing: the
+    // engine is not healthy, whatever else works.
+    if let Some(e) = s.engine.audit().stopped() {
+        let body = json!({"ok": false, "audit_seq": seq, "agents_connected": agents, "role": role,
+            "audit_stopped": e.to_string()});
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    }
+    Json(json!({"ok": true, "audit_seq": seq, "agents_connected": agents, "role": role})).into_response()
 }
 
 /// `GET /api/v1/ha`: this engine's place in its shard — leader, standby

@@ -47,6 +47,11 @@ impl From<EngineError> for ApiError {
             EngineError::Audit(nightshift_engine::audit::AuditError::Deposed(_)) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "deposed")
             }
+            // The store stopped at a durability failure: nothing more is
+            // accepted until it is fixed (retry elsewhere or later).
+            EngineError::Audit(
+                nightshift_engine::audit::AuditError::Write(_) | nightshift_engine::audit::AuditError::Closed,
+            ) => (StatusCode::SERVICE_UNAVAILABLE, "audit_stopped"),
             EngineError::Audit(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         ApiError::new(status, code, e.to_string())

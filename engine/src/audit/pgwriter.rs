@@ -48,6 +48,8 @@ struct PgWriter {
     leading: Option<u64>,
     failed: Option<AuditError>,
     pending: Arc<AtomicU64>,
+    /// The index's first failure: nothing more is written.
+    stopped: super::store::Stopped,
     to_index: std_mpsc::SyncSender<Written>,
     /// Following the database fails now (said once).
     follow_failing: bool,
@@ -91,6 +93,7 @@ pub(super) fn run(
         }
     };
     let (to_index, written) = std_mpsc::sync_channel::<Written>(1);
+    let stopped = indexer.stopped.clone();
     let second = match std::thread::Builder::new().name("audit-index".into()).spawn(move || indexer.run(written)) {
         Ok(t) => t,
         Err(e) => {
@@ -109,6 +112,7 @@ pub(super) fn run(
         leading: None,
         failed: None,
         pending,
+        stopped,
         to_index,
         follow_failing: false,
     };
@@ -296,6 +300,11 @@ impl PgWriter {
     }
 
     fn write(&mut self, batch: Vec<WriteReq>) {
+        if self.failed.is_none()
+            && let Some(e) = super::store::stopped_with(&self.stopped)
+        {
+            self.failed = Some(e);
+        }
         if let Some(e) = &self.failed {
             return self.refuse(batch, e.clone());
         }

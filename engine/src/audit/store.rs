@@ -64,6 +64,7 @@ pub struct AuditStore {
     /// PostgreSQL backend: where the chain lives (sled is then this
     /// engine's copy of it, for queries).
     pg: Option<Arc<PgOptions>>,
+    stopped: Stopped,
 }
 
 /// The PostgreSQL backend's settings.
@@ -366,14 +367,14 @@ impl AuditStore {
             (seq, hash) = (last.record.seq, last.record.hash.clone());
         }
         let (tx, rx) = std_mpsc::channel::<Msg>();
-        let (indexer, live, head, pending) = Indexer::new(&trees, seq);
-        let writer = Writer { seq, hash, clock, log, failed: None, pending: pending.clone() };
+        let (indexer, live, head, pending, stopped) = Indexer::new(&trees, seq);
+        let writer = Writer { seq, hash, clock, log, failed: None, pending: pending.clone(), stopped: stopped.clone() };
         let thread = std::thread::Builder::new()
             .name("audit-writer".into())
             .spawn(move || writer.run(rx, indexer))
             .map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() })?;
         let writer = Arc::new(WriterHandle { tx: Some(tx), thread: Some(thread), pending });
-        Ok(AuditStore { trees, path, writer, live, head, pg: None })
+        Ok(AuditStore { trees, path, writer, live, head, pg: None, stopped })
     }
 
     /// Open the PostgreSQL backend: the chain lives in the database (shard
@@ -399,7 +400,7 @@ impl AuditStore {
             }
             r => r?,
         };
-        let (indexer, live, head, pending) = Indexer::new(&trees, 0);
+        let (indexer, live, head, pending, stopped) = Indexer::new(&trees, 0);
         let (tx, rx) = std_mpsc::channel::<Msg>();
         let (opened_tx, opened) = std_mpsc::channel();
         let pg = Arc::new(pg);
@@ -414,7 +415,7 @@ impl AuditStore {
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(AuditError::Open { path, message: "the audit writer stopped while opening".into() }),
         }
-        Ok(AuditStore { trees, path, writer, live, head, pg: Some(pg) })
+        Ok(AuditStore { trees, path, writer, live, head, pg: Some(pg), stopped })
     }
 
     /// PostgreSQL backend: this engine took the lease at `term`. Catch up
@@ -481,6 +482,13 @@ impl AuditStore {
     }
 
     /// The sequence number of the newest record.
+    /// Why the store accepts nothing more (its first failure to write or
+    /// index), or `None` while it works. The engine stops acting and
+    /// answers 503 while this is set.
+    pub fn stopped(&self) -> Option<AuditError> {
+        stopped_with(&self.stopped)
+    }
+
     pub fn head_seq(&self) -> u64 {
         self.head.load(std::sync::atomic::Ordering::SeqCst)
     }
@@ -732,6 +740,7 @@ struct Writer {
     /// record appended in order is never missing behind a later one.
     failed: Option<AuditError>,
     pending: Arc<std::sync::atomic::AtomicU64>,
+    stopped: Stopped,
 }
 
 /// A group in the record log, on its way to sled and to its callers.
@@ -755,6 +764,26 @@ pub(super) struct Indexer {
     pub(super) head: Arc<std::sync::atomic::AtomicU64>,
     pub(super) failed: Option<AuditError>,
     pub(super) pending: Arc<std::sync::atomic::AtomicU64>,
+    /// Set at the first failure to write or index: the writers refuse every
+    /// later append *before* it reaches the log, and the engine reads it to
+    /// stop acting and answer 503 (`AuditStore::stopped`).
+    pub(super) stopped: Stopped,
+}
+
+/// The store's first durability failure, shared by its threads.
+pub(super) type Stopped = Arc<std::sync::Mutex<Option<AuditError>>>;
+
+/// Record the first failure (later ones keep the first's words).
+pub(super) fn stop(stopped: &Stopped, e: &AuditError) {
+    let mut g = stopped.lock().unwrap_or_else(|p| p.into_inner());
+    if g.is_none() {
+        *g = Some(e.clone());
+    }
+}
+
+/// The first failure, if the store has stopped.
+pub(super) fn stopped_with(stopped: &Stopped) -> Option<AuditError> {
+    stopped.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 /// Chain a group of requests after record `seq` (hash `hash`) at time
@@ -848,6 +877,9 @@ impl Writer {
     /// Chain, encode and sync one group; `None` when the log refused it
     /// (its callers have their error then).
     fn write_batch(&mut self, batch: Vec<WriteReq>) -> Option<Written> {
+        if self.failed.is_none() {
+            self.failed = stopped_with(&self.stopped);
+        }
         if let Some(e) = &self.failed {
             for req in batch {
                 answer(&self.pending, req, Err(e.clone()));
@@ -873,11 +905,13 @@ impl Writer {
             Err(e) => {
                 tracing::error!(error = %e, "audit write failed: no more appends are accepted until a restart");
                 let e = AuditError::Write(format!(
-                    "the record log could not be written ({e}); the audit store accepts nothing more: fix the disk and restart the engine"
+                    "the record log could not be written ({e}); the audit store accepts nothing more and the engine has stopped \
+                     acting: free space on the engine's data disk (or fix it) and restart the engine"
                 ));
                 for req in batch {
                     answer(&self.pending, req, Err(e.clone()));
                 }
+                stop(&self.stopped, &e);
                 self.failed = Some(e);
                 None
             }
@@ -892,6 +926,7 @@ type IndexerParts = (
     broadcast::Sender<Arc<AuditRecord>>,
     Arc<std::sync::atomic::AtomicU64>,
     Arc<std::sync::atomic::AtomicU64>,
+    Stopped,
 );
 
 impl Indexer {
@@ -899,14 +934,16 @@ impl Indexer {
         let (live, _) = broadcast::channel(4096);
         let head = Arc::new(std::sync::atomic::AtomicU64::new(head_seq));
         let pending = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let stopped: Stopped = Arc::default();
         let indexer = Indexer {
             trees: trees.clone(),
             live: live.clone(),
             head: head.clone(),
             failed: None,
             pending: pending.clone(),
+            stopped: stopped.clone(),
         };
-        (indexer, live, head, pending)
+        (indexer, live, head, pending, stopped)
     }
 
     pub(super) fn run(mut self, rx: std_mpsc::Receiver<Written>) {
@@ -939,17 +976,18 @@ impl Indexer {
                 })
                 .collect();
             if let Err(e) = index(&self.trees, &items) {
-                tracing::error!(error = %e, "audit index (sled) failed: no more appends are acknowledged until a restart replays the record log");
-                self.failed = Some(AuditError::Write(format!(
-                    "the audit index (sled) failed ({e}); the record log holds every record: restart the engine to replay it"
-                )));
+                // The group is in the record log (the durability point), so
+                // it is answered as written: what was acknowledged runs, and
+                // what the log lacks was refused. Nothing more is accepted.
+                let e = AuditError::Write(format!(
+                    "the audit index (sled) failed ({e}); the audit store accepts nothing more and the engine has \
+                     stopped acting: free space on the engine's data disk and restart the engine (the record log \
+                     holds every acknowledged record and replays them)"
+                ));
+                tracing::error!(error = %e, "audit index failed: this store accepts nothing more");
+                stop(&self.stopped, &e);
+                self.failed = Some(e);
             }
-        }
-        if let Some(e) = &self.failed {
-            for req in w.batch {
-                answer(&self.pending, req, Err(e.clone()));
-            }
-            return;
         }
         if let Some(last) = w.records.last() {
             self.head.store(last.seq, std::sync::atomic::Ordering::SeqCst);
