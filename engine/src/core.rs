@@ -584,6 +584,28 @@ impl Core {
         }
     }
 
+    /// What became of request `action_id` on `node`, by the agent's own
+    /// journal (`action_status`, read-only): the reply it sent, when it
+    /// answered one that was lost on the way back. `Err` with the status
+    /// when there is no reply to take (unknown, indeterminate, unreachable).
+    pub async fn lost_reply(&self, node: &str, action_id: &str) -> Result<Reply, Value> {
+        let Some(n) = self.fleet.get(node) else { return Err(json!({"state": "unknown node"})) };
+        let req = Request::new(
+            format!("{action_id}-status"),
+            Op::ActionStatus(nightshift_proto::ActionStatusArgs { request_id: action_id.to_string() }),
+        );
+        let timeout = std::time::Duration::from_secs(self.config.limits.action_timeout_secs);
+        let status = match tokio::time::timeout(timeout, n.transport.call(req)).await {
+            Ok(Ok(r)) => r.result.unwrap_or(Value::Null),
+            Ok(Err(e)) => json!({"state": "unreachable", "error": e.to_string()}),
+            Err(_) => json!({"state": "unreachable", "error": format!("no answer within {} s", timeout.as_secs())}),
+        };
+        match (status["state"].as_str(), serde_json::from_value::<Reply>(status["reply"].clone())) {
+            (Some("done"), Ok(reply)) => Ok(reply),
+            _ => Err(status),
+        }
+    }
+
     /// Holds in effect per node, from the agents' telemetry.
     pub fn holds_by_node(&self) -> BTreeMap<String, Vec<nightshift_proto::HoldInfo>> {
         self.fleet.nodes().iter().map(|n| (n.spec.name.clone(), n.state().holds.clone())).collect()

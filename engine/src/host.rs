@@ -655,9 +655,26 @@ impl ScriptHost for Host {
         }
         let t0 = ctx.clock.now_ms();
         let Some(summary) = self.summary() else { return refused("internal", "the run ended") };
-        let sent = self.block_on(self.core.send_audited(&summary, node, gpu, req));
+        let mut sent = self.block_on(self.core.send_audited(&summary, node, gpu, req));
+        // A change whose reply was lost may have been applied: ask the
+        // agent's journal, and take the reply it sent if it has one.
+        let mut lost: Option<Value> = None;
+        let changes = !ctx.dry_run && (places_hold(&op) || matches!(op, Op::Drain(_)));
+        if changes && let Err(e) = &sent {
+            let e = e.clone();
+            sent = match self.block_on(self.core.lost_reply(node, &action_id)) {
+                Ok(reply) => {
+                    lost = Some(json!({"state": "done", "error": e}));
+                    Ok((reply, 0.0))
+                }
+                Err(status) => {
+                    lost = Some(status);
+                    Err(e)
+                }
+            };
+        }
         let duration_ms = ctx.clock.now_ms() - t0;
-        let result = match &sent {
+        let mut result = match &sent {
             Ok((r, secs)) if matches!(op, Op::Release(_)) => {
                 self.core.counters.action_latency.lock().unwrap_or_else(|e| e.into_inner()).observe(*secs);
                 let mut v = json!({"ok": r.ok, "outcome": if r.ok { "released" } else { "refused" },
@@ -690,6 +707,10 @@ impl ScriptHost for Host {
             }
             Err(e) => json!({"ok": false, "outcome": "error", "applied": false, "code": "transport", "error": e}),
         };
+        if let Some(status) = &lost {
+            result["reply_lost"] = json!(true);
+            result["agent_status"] = status.clone();
+        }
         // Keep the engine's view of drains in step with what happened.
         if result["applied"] == json!(true) {
             match &op {
@@ -715,8 +736,12 @@ impl ScriptHost for Host {
             self.lifecycle_phase(ctx, node, "requeued");
         }
         let node_s = node.to_string();
-        let holds_here =
-            result["held"] == json!(true) || (!ctx.dry_run && matches!(op, Op::Drain(_)) && result["ok"] == true);
+        // A change with no reply at all (lost, and the agent unreachable)
+        // may hold: the run's end releases by owner there too, and retries
+        // until the agent takes it.
+        let holds_here = result["held"] == json!(true)
+            || (!ctx.dry_run && matches!(op, Op::Drain(_)) && result["ok"] == true)
+            || (changes && sent.is_err());
         if let Some(r) = self.core.table().runs.get_mut(&self.run) {
             r.summary.actions += 1;
             if !r.summary.nodes.contains(&node_s) && !ctx.dry_run {

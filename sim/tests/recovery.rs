@@ -379,3 +379,83 @@ async fn a_restored_backup_never_gets_an_old_reply_replayed_as_applied() {
     assert_eq!(done.outcome, Some(RunOutcome::Succeeded));
     assert_eq!(telemetry(f, "n1").await.gpus[0].power_limit_watts, 700.0);
 }
+
+/// Forwards everything; the reply to `set_power_limit` is lost on the way
+/// back (the agent applied it and answered; the engine sees a broken
+/// connection). With `unreachable`, the agent cannot be asked either.
+struct LoseReply {
+    inner: Arc<dyn AgentTransport>,
+    unreachable_after: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl AgentTransport for LoseReply {
+    fn call(&self, req: Request) -> BoxFuture<'_, Result<Reply, ClientError>> {
+        Box::pin(async move {
+            let lose = matches!(req.op, Op::SetPowerLimit(_));
+            let status = matches!(req.op, Op::ActionStatus(_));
+            if status && self.unreachable_after.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(ClientError::Connect { addr: "n1".into(), message: "unreachable".into() });
+            }
+            let r = self.inner.call(req).await;
+            if lose {
+                return Err(ClientError::Channel {
+                    addr: "n1".into(),
+                    message: "connection reset before the reply".into(),
+                });
+            }
+            r
+        })
+    }
+}
+
+/// Regression (issue 26 item 6): the agent applied a cap and its reply was
+/// lost; the run "succeeded" with no holds left and the cap stayed until its
+/// lease. Now the engine asks the agent's journal for the reply it sent, and
+/// the run's end releases by owner wherever a change may hold — so the GPU
+/// is back at its baseline when the run ends, with the agent asked or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_is_asked_for_and_the_runs_hold_ends_with_the_run() {
+    for asked in [true, false] {
+        let rb = tempfile::tempdir().unwrap();
+        write_runbook(
+            rb.path(),
+            "cap",
+            "trigger:\n  type: manual\nscope: gpu\n",
+            "set_power_limit(420);\nsleep(30);\n",
+        );
+        let unreachable = Arc::new(std::sync::atomic::AtomicBool::new(!asked));
+        let u2 = unreachable.clone();
+        let sim = start(vec![node("n1", "h100-sxm")], rb.path(), move |o| {
+            o.wrap_transport = Some(Box::new(move |_, inner| {
+                Arc::new(LoseReply { inner, unreachable_after: u2.clone() }) as Arc<dyn AgentTransport>
+            }))
+        })
+        .await;
+        let f = &sim.fleet;
+        let id = run_id(&f.engine.submit(manual("cap", Target::gpu("n1", 0), "user:alice")).await.unwrap());
+        f.run_for(5).await.unwrap();
+        assert_eq!(telemetry(f, "n1").await.gpus[0].power_limit_watts, 420.0, "asked {asked}: the agent applied it");
+        let done = until_finished(f, &id, 120).await;
+        let recs = f.engine.run_records(&id).unwrap();
+        let result = recs
+            .iter()
+            .find(|r| r.kind == RecordKind::ActionResult && r.data["op"] == "set_power_limit")
+            .unwrap_or_else(|| panic!("asked {asked}: no result: {recs:#?}"));
+        assert_eq!(result.data["reply_lost"], true, "{result:?}");
+        if asked {
+            assert_eq!(result.data["agent_status"]["state"], "done", "{result:?}");
+            assert_eq!(result.data["applied"], true, "the agent's own reply is taken: {result:?}");
+            assert_eq!(done.outcome, Some(RunOutcome::Succeeded), "{done:?}");
+        } else {
+            assert_eq!(result.data["agent_status"]["state"], "unreachable", "{result:?}");
+        }
+        let t = telemetry(f, "n1").await;
+        assert!(
+            t.node_metrics.holds.is_empty(),
+            "asked {asked}: the run's hold ended with it: {:?}",
+            t.node_metrics.holds
+        );
+        assert_eq!(t.gpus[0].power_limit_watts, 700.0, "asked {asked}: back at the baseline: {done:?}");
+        assert!(f.engine.verify().unwrap().ok);
+    }
+}
