@@ -63,3 +63,43 @@ async fn a_deposed_leaders_requests_are_refused() {
     assert_eq!(a.handle(cap("t5-late", 470.0, Some(5))).await.code(), Some(ErrorCode::StaleLeader));
     assert_eq!(limit(&sim), 480.0);
 }
+
+/// Fence at the send (issue 26 item 7): a new leader's read with its term is
+/// an announcement — the old leader's request that arrives after it is
+/// refused although the new leader never changed anything here — and a
+/// request handled after its leader's lease deadline is refused whatever
+/// its term, nothing applied.
+#[tokio::test]
+async fn an_announced_term_and_a_passed_deadline_fence_the_old_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = Arc::new(SimBackend::new(SimConfig { gpus: 1, ..SimConfig::default() }).unwrap());
+    let a = agent(dir.path(), &sim);
+    let before = limit(&sim);
+    // The new leader (term 2) announces itself with a read.
+    let mut announce = Request::new("term-2", Op::Holds(NoArgs {}));
+    announce.term = Some(2);
+    assert!(a.handle(announce).await.ok);
+    // The frozen term-1 leader resumes and sends.
+    let r = a.handle(cap("old", 500.0, Some(1))).await;
+    assert_eq!(r.code(), Some(ErrorCode::StaleLeader), "{r:?}");
+    assert_eq!(limit(&sim), before, "nothing changed");
+
+    // A request at the current term whose deadline has passed (the agent's
+    // clock reads 1,000,000 ms): refused, nothing applied.
+    let mut late = cap("late", 500.0, Some(2));
+    late.not_after_ms = Some(999_000);
+    let r = a.handle(late).await;
+    assert_eq!(r.code(), Some(ErrorCode::StaleLeader), "{r:?}");
+    assert!(r.error.unwrap().message.contains("1000 ms after its leader's lease deadline"));
+    assert_eq!(limit(&sim), before, "nothing changed");
+    // In time: applied.
+    let mut on_time = cap("on-time", 500.0, Some(2));
+    on_time.not_after_ms = Some(1_000_500);
+    assert!(a.handle(on_time).await.ok);
+    assert_eq!(limit(&sim), 500.0);
+    // The deadline is not part of the request's meaning: a replay with a
+    // new one answers as recorded.
+    let mut replay = cap("on-time", 500.0, Some(2));
+    replay.not_after_ms = Some(2_000_000);
+    assert!(a.handle(replay).await.ok);
+}

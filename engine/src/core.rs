@@ -200,6 +200,12 @@ pub fn hold_lease_secs(timeout_secs: u64) -> u64 {
     timeout_secs.saturating_add(120).min(86_400)
 }
 
+/// How much lease a send needs left: a tenth of the TTL, at least 50 ms —
+/// what a request may take to reach its agent.
+pub fn send_margin(ttl: std::time::Duration) -> std::time::Duration {
+    (ttl / 10).max(std::time::Duration::from_millis(50))
+}
+
 /// Lock a mutex, taking its value even if a holder panicked.
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -471,6 +477,22 @@ impl Core {
         if let Some(e) = self.audit.stopped() {
             return Err(format!("not sent: {e}"));
         }
+        // Fence at the send: the lease must be surely ours for a margin
+        // more, and the request carries the deadline past which the agent
+        // refuses it (a leader frozen here, resumed after a takeover).
+        if let Some(l) = self.leadership() {
+            let left = l.lease_left().unwrap_or_default();
+            let margin = send_margin(l.cfg.ttl);
+            if left <= margin {
+                return Err(format!(
+                    "not sent: this engine's lease is sure for {} ms more, under the {} ms margin a send needs — \
+                     it may no longer lead",
+                    left.as_millis(),
+                    margin.as_millis()
+                ));
+            }
+            req.not_after_ms = Some(self.now().saturating_add((left - margin).as_millis() as i64));
+        }
         let timeout = std::time::Duration::from_secs(self.config.limits.action_timeout_secs);
         let started = std::time::Instant::now();
         let reply = tokio::time::timeout(timeout, n.transport.call(req)).await;
@@ -604,6 +626,22 @@ impl Core {
             (Some("done"), Ok(reply)) => Ok(reply),
             _ => Err(status),
         }
+    }
+
+    /// A new leader tells every agent its term (a read with the term, at
+    /// most 2 s each, all at once) before it acts; the number that heard.
+    pub async fn announce_term(&self) -> usize {
+        let Some(term) = self.leadership().and_then(|l| l.term()) else { return 0 };
+        let nodes = self.fleet.nodes();
+        let calls = nodes.iter().map(|n| {
+            let mut req = Request::new(self.ids.request("term"), Op::Holds(nightshift_proto::NoArgs {}));
+            req.term = Some(term);
+            async move {
+                matches!(tokio::time::timeout(std::time::Duration::from_secs(2), n.transport.call(req)).await,
+                    Ok(Ok(r)) if r.ok)
+            }
+        });
+        futures::future::join_all(calls).await.into_iter().filter(|ok| *ok).count()
     }
 
     /// Holds in effect per node, from the agents' telemetry.

@@ -252,6 +252,10 @@ pub struct Leadership {
     /// Caught up and recovered: runs may be submitted (until then the API
     /// answers 503 and a retry finds the leader ready).
     ready: std::sync::atomic::AtomicBool,
+    /// Until when the lease is surely this engine's, on this host's
+    /// monotonic clock: the send time of the last campaign or renewal that
+    /// succeeded, plus the TTL (the database set its expiry later still).
+    secured_until: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 fn now_ms() -> i64 {
@@ -267,6 +271,7 @@ impl Leadership {
             renewed_ms: std::sync::atomic::AtomicI64::new(0),
             deposed: tokio::sync::watch::channel(None).0,
             ready: std::sync::atomic::AtomicBool::new(false),
+            secured_until: std::sync::Mutex::new(None),
         })
     }
 
@@ -307,6 +312,27 @@ impl Leadership {
     /// standing by).
     pub fn lease_age_ms(&self) -> Option<i64> {
         self.is_leader().then(|| now_ms() - self.renewed_ms.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// A campaign or renewal *sent* at `sent` succeeded: the lease is this
+    /// engine's until `sent + ttl` at least.
+    pub fn secured(&self, sent: std::time::Instant) {
+        let until = sent + self.cfg.ttl;
+        let mut g = self.secured_until.lock().unwrap_or_else(|e| e.into_inner());
+        if g.is_none_or(|u| u < until) {
+            *g = Some(until);
+        }
+    }
+
+    /// How long the lease is surely still this engine's (zero when it may
+    /// have lapsed; `None` while not leading). Checked immediately before
+    /// every send.
+    pub fn lease_left(&self) -> Option<Duration> {
+        if !self.is_leader() {
+            return None;
+        }
+        let until = *self.secured_until.lock().unwrap_or_else(|e| e.into_inner());
+        Some(until.map_or(Duration::ZERO, |u| u.saturating_duration_since(std::time::Instant::now())))
     }
 
     /// Stop leading for good: every later append is refused, and whoever
@@ -360,6 +386,26 @@ mod tests {
         l.depose("this engine shut down and handed the lease back".into());
         assert_eq!(rx.borrow().as_deref(), Some("e2 took the lease at term 8"));
         assert_eq!((l.term(), l.is_ready(), l.lease_age_ms()), (None, false, None));
+    }
+
+    /// The send-time fence reads this: sure until the last successful
+    /// campaign or renewal's *send* time plus the TTL, never longer.
+    #[test]
+    fn the_lease_is_sure_until_the_last_send_plus_the_ttl() {
+        let l = Leadership::new(LeaseConfig::new("a", "e1"));
+        assert_eq!(l.lease_left(), None, "not leading");
+        l.lead(3);
+        assert_eq!(l.lease_left(), Some(Duration::ZERO), "leading, never secured: nothing is sure");
+        let ttl = l.cfg.ttl;
+        l.secured(std::time::Instant::now() - ttl + Duration::from_millis(300));
+        let left = l.lease_left().unwrap();
+        assert!(left <= Duration::from_millis(300) && left > Duration::from_millis(100), "{left:?}");
+        // An older send never shortens what a newer one secured.
+        l.secured(std::time::Instant::now());
+        l.secured(std::time::Instant::now() - ttl);
+        assert!(l.lease_left().unwrap() > ttl - Duration::from_millis(200));
+        l.depose("gone".into());
+        assert_eq!(l.lease_left(), None);
     }
 
     #[test]

@@ -128,6 +128,12 @@ fn holder_id() -> String {
 async fn activate(engine: &Engine) -> Result<(), StartError> {
     let config = engine.config().clone();
     engine.announce_start().await?;
+    // Before the first action (recovery's releases are actions): every
+    // agent that answers learns this term and refuses the one before.
+    let told = engine.core.announce_term().await;
+    if engine.core.leadership().is_some() {
+        tracing::info!(agents = told, of = engine.core.fleet.nodes().len(), "announced this leader's term");
+    }
     let recovered = engine.recover().await?;
     if !recovered.is_empty() {
         tracing::warn!(runs = ?recovered, "runs left unfinished by the last stop are now interrupted");
@@ -244,6 +250,7 @@ async fn lease_loop(engine: Engine, l: Arc<Leadership>) {
         }
     };
     let took = std::time::Instant::now();
+    l.secured(campaign_sent);
     l.lead(term);
     // Renewals start now, before catching up: over a slow link catching up
     // takes round trips a lease TTL may not cover.
@@ -348,6 +355,7 @@ async fn renew_loop(
             match tokio::time::timeout(budget, crate::ha::renew(c, &l.cfg, term)).await {
                 Ok(Ok(true)) => {
                     renewed_at = sent;
+                    l.secured(sent);
                     l.renewed();
                 }
                 Ok(Ok(false)) => {
@@ -449,7 +457,11 @@ async fn node_loop(engine: Engine, node: Arc<crate::fleet::Node>, client: Arc<Ag
         attempt += 1;
         let result: Result<(), ClientError> = async {
             let conn = client.connection().await?;
-            let inv = conn.call(&Request::new(format!("inv-{name}-{attempt}"), Op::Inventory(NoArgs {}))).await?;
+            // Every connection's first call carries the term: an agent the
+            // takeover could not reach learns it when it comes back.
+            let mut first = Request::new(format!("inv-{name}-{attempt}"), Op::Inventory(NoArgs {}));
+            first.term = engine.core.leadership().and_then(|l| l.term());
+            let inv = conn.call(&first).await?;
             engine.set_node_inventory(&name, inv.result.and_then(|v| serde_json::from_value(v).ok()), None);
             if !engine.config().telemetry.stream_from_agents {
                 // Telemetry comes from `sources`; keep the connection for

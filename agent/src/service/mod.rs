@@ -263,6 +263,16 @@ impl Agent {
     /// Handle one parsed request.
     pub async fn handle(&self, req: Request) -> Reply {
         let id = req.id.clone();
+        // A read with a leader term is an announcement too: a new leader
+        // reads every agent's holds before it acts, and from then on the
+        // term before is refused here, reached by the new leader or not.
+        // (A read from a stale term is still answered: reads change nothing.)
+        if req.term.is_some()
+            && !req.op.is_mutating()
+            && let Err((ErrorCode::Internal, m)) = self.check_term(req.term)
+        {
+            tracing::error!(node = %self.opts.node, error = %m, "cannot record a leader's term");
+        }
         let result = match &req.op {
             Op::Inventory(_) => Ok(to_value(&self.inventory())),
             Op::Telemetry(_) => self.telemetry().await.map(|t| to_value(&t)),
@@ -583,7 +593,7 @@ impl Agent {
             };
         }
         let now = self.clock.now_ms();
-        let reply = match self.check_term(req.term) {
+        let reply = match self.check_term(req.term).and_then(|()| check_deadline(req.not_after_ms, now)) {
             Err((code, msg)) => Reply::err(&req.id, code, msg),
             Ok(()) => match self.decide_and_apply(&req, &digest).await {
                 Ok(v) => Reply::ok(&req.id, v),
@@ -1539,5 +1549,22 @@ impl Agent {
                 tracing::error!(node = %self.opts.node, error = %m, "cannot record the holds");
             }
         }
+    }
+}
+
+/// A mutating request handled after its leader's lease deadline comes from
+/// a leader that may no longer lead (frozen, then resumed after a
+/// takeover): refused, nothing applied.
+fn check_deadline(not_after_ms: Option<i64>, now_ms: i64) -> Result<(), Refusal> {
+    match not_after_ms {
+        Some(d) if now_ms > d => Err((
+            ErrorCode::StaleLeader,
+            format!(
+                "the request arrived {} ms after its leader's lease deadline ({d} ms since the epoch; this agent's \
+                 clock says {now_ms}): the sender may no longer lead, so nothing was done",
+                now_ms - d
+            ),
+        )),
+        _ => Ok(()),
     }
 }

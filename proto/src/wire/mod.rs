@@ -54,6 +54,13 @@ pub struct Request {
     /// so a deposed leader's requests already in flight do nothing. Absent
     /// for a single engine.
     pub term: Option<u64>,
+    /// The sending leader's lease deadline (HA), in ms since the Unix epoch
+    /// on the fleet's wall clock: the leader was sure of its lease until
+    /// then, no longer. An agent refuses a mutating request it handles
+    /// later (`stale_leader`), so a leader frozen between its check and the
+    /// send cannot act after a takeover even where the new leader has not
+    /// reached this agent yet. Absent for a single engine.
+    pub not_after_ms: Option<i64>,
 }
 
 /// The JSON shape of a request, before the arguments are typed.
@@ -73,6 +80,8 @@ struct RawRequest {
     owner: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     term: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    not_after_ms: Option<i64>,
 }
 
 /// Why a request could not be parsed. The reply carries `code` and the
@@ -223,7 +232,15 @@ ops! {
 impl Request {
     /// A request with a fresh op, not a dry run, no lease.
     pub fn new(id: impl Into<String>, op: Op) -> Request {
-        Request { id: id.into(), op, dry_run: false, revert_after_secs: None, owner: None, term: None }
+        Request {
+            id: id.into(),
+            op,
+            dry_run: false,
+            revert_after_secs: None,
+            owner: None,
+            term: None,
+            not_after_ms: None,
+        }
     }
 
     /// Parse one request. Refuses unknown fields, wrong types, unknown ops
@@ -249,6 +266,7 @@ impl Request {
             revert_after_secs: raw.revert_after_secs,
             owner: raw.owner,
             term: raw.term,
+            not_after_ms: raw.not_after_ms,
         })
     }
 
@@ -272,6 +290,7 @@ impl Request {
             revert_after_secs: self.revert_after_secs,
             owner: self.owner.clone(),
             term: self.term,
+            not_after_ms: self.not_after_ms,
         };
         serde_json::to_string(&raw).unwrap_or_default()
     }
@@ -282,8 +301,9 @@ impl Request {
         use sha2::{Digest, Sha256};
         let mut copy = self.clone();
         copy.id = String::new();
-        // Who leads is not what the request means.
+        // Who leads, and until when, is not what the request means.
         copy.term = None;
+        copy.not_after_ms = None;
         hex::encode(Sha256::digest(copy.to_json().as_bytes()))
     }
 }
