@@ -31,9 +31,21 @@ pub struct Held {
     #[serde(default)]
     pub drifted: Option<String>,
     pub holds: Vec<HoldInfo>,
+    /// A value the agent is putting on the device: recorded (durably, with
+    /// the hold) before the write, so a crash after the write and before
+    /// `applied` is saved finds the device at a value the agent wrote —
+    /// its own, never a person's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writing: Option<HoldValue>,
 }
 
 impl Held {
+    /// Whether the device's value `dev` is one the agent put there (what it
+    /// applied, or what it was writing when it last stopped).
+    pub fn is_own(&self, dev: &HoldValue) -> bool {
+        same_value(dev, &self.applied) || self.writing.as_ref().is_some_and(|w| same_value(dev, w))
+    }
+
     /// The value the holds ask for together.
     pub fn effective(&self) -> HoldValue {
         effective(&self.baseline, &self.holds)
@@ -82,6 +94,10 @@ pub struct HoldStore {
     rec: Record,
 }
 
+/// A copy of the store's record ([`HoldStore::snapshot`]).
+#[derive(Debug, Clone)]
+pub struct Snapshot(Record);
+
 /// The hold store could not be read.
 #[derive(Debug, thiserror::Error)]
 #[error("hold store {path}: {message}")]
@@ -112,6 +128,17 @@ impl HoldStore {
             });
         }
         Ok(HoldStore { path: path.to_path_buf(), rec })
+    }
+
+    /// The whole record as it is now, to put back with
+    /// [`HoldStore::restore`] when a change cannot be made durable (a full
+    /// disk): a refused request leaves nothing behind in memory either.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot(self.rec.clone())
+    }
+
+    pub fn restore(&mut self, s: Snapshot) {
+        self.rec = s.0;
     }
 
     /// Write the record atomically and durably.
@@ -152,6 +179,7 @@ impl HoldStore {
                 baseline,
                 drifted: None,
                 holds: vec![hold],
+                writing: None,
             }),
         }
     }

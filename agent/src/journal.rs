@@ -103,8 +103,16 @@ impl Journal {
     fn append(&mut self, line: JournalLine) -> std::io::Result<()> {
         let mut bytes = serde_json::to_vec(&line)?;
         bytes.push(b'\n');
-        self.file.write_all(&bytes)?;
-        self.file.sync_data()?;
+        let len = self.file.metadata()?.len();
+        let written = self.file.write_all(&bytes).and_then(|()| self.file.sync_data());
+        if let Err(e) = written {
+            // A line cut short (a full disk) must not swallow the next one:
+            // cut it off, or at least end it, before saying it failed.
+            if self.file.set_len(len).is_err() {
+                let _ = self.file.write_all(b"\n");
+            }
+            return Err(e);
+        }
         apply_line(&mut self.entries, &mut self.order, line);
         Ok(())
     }

@@ -241,6 +241,11 @@ impl Agent {
     }
 
     /// Every held setting, with its baseline and holds.
+    /// The holds that ended lately, oldest first (what telemetry reports).
+    pub fn ended_holds(&self) -> Vec<EndedHold> {
+        self.holds().ended_since(i64::MIN, usize::MAX)
+    }
+
     pub fn held(&self) -> Vec<SettingView> {
         self.holds().held().iter().map(|h| h.view()).collect()
     }
@@ -761,7 +766,7 @@ impl Agent {
         if let Some(h) = &existing
             && h.drifted.is_none()
             && let Some(dev) = self.read_setting(&p.setting).await?
-            && !same_value(&dev, &h.applied)
+            && !h.is_own(&dev)
         {
             if !req.dry_run {
                 let ids: Vec<String> = h.holds.iter().map(|x| x.id.clone()).collect();
@@ -836,18 +841,39 @@ impl Agent {
             });
         }
         self.begin(req, digest)?;
-        // The hold is durable before the device changes: a crash between
-        // the two is finished by `tick` (the effective value is re-applied).
-        self.holds().place(hold.clone(), baseline);
-        self.save()?;
+        // The hold, the value about to be written and the rate window are
+        // durable before the device changes, in one save: a crash after
+        // the write finds the device at `writing` (the agent's own, adopted
+        // by `reconcile`), a crash before it is finished by `reconcile`.
+        // A save that fails (a full disk) leaves nothing behind, in memory
+        // or on the device.
+        let before_save = self.holds().snapshot();
+        {
+            let mut store = self.holds();
+            store.place(hold.clone(), baseline);
+            if changes {
+                if let Some(h) = store.get_mut(&p.setting) {
+                    h.writing = Some(after.clone());
+                }
+                // Counted when tried (a failed write counts too): never
+                // under the limit after a crash.
+                store.rate_record(p.kind, gpu, now);
+            }
+        }
+        if let Err(e) = self.save() {
+            self.holds().restore(before_save);
+            return Err(e);
+        }
         if changes {
             match self.write_setting(&p.setting, &after, p.content.as_ref()).await {
                 Ok(_) => {
+                    // In memory only: the next save records it, and until
+                    // then `writing` says the device's value is the agent's.
                     let mut store = self.holds();
                     if let Some(h) = store.get_mut(&p.setting) {
                         h.applied = after.clone();
+                        h.writing = None;
                     }
-                    store.rate_record(p.kind, gpu, now);
                 }
                 Err(e) => {
                     // The device refused: take the hold back out.
@@ -857,12 +883,14 @@ impl Agent {
                         store.place(old.clone(), existing.as_ref().map(|h| h.baseline.clone()).unwrap_or(after));
                     }
                     store.forget(&p.setting);
+                    if let Some(h) = store.get_mut(&p.setting) {
+                        h.writing = None;
+                    }
                     drop(store);
                     self.save()?;
                     return Err(e);
                 }
             }
-            self.save()?;
         }
         Ok(ActionResult {
             outcome: if changes { Outcome::Applied } else { Outcome::Held },
@@ -1002,11 +1030,18 @@ impl Agent {
     /// Remove the holds and settle their settings (no journal; callers
     /// journal). Each end is remembered for telemetry.
     async fn release_now(&self, ids: &[String], how: HoldEnd, by: &str) -> Result<ReleaseResult, Refusal> {
+        let before_save = self.holds().snapshot();
         let gone = self.holds().remove(|h| ids.contains(&h.id));
         let mut settings: Vec<Setting> = gone.iter().map(|h| h.setting.clone()).collect();
         settings.sort();
         settings.dedup();
-        self.save()?;
+        // Not durably released (a full disk): the holds stay, in memory
+        // too, and the device as it is; a lease expiry is tried again on
+        // the next tick, a release request answers the error.
+        if let Err(e) = self.save() {
+            self.holds().restore(before_save);
+            return Err(e);
+        }
         let mut out = ReleaseResult { released: gone.iter().map(|h| h.id.clone()).collect(), settings: Vec::new() };
         for s in settings {
             out.settings.push(self.settle(&s).await);
@@ -1051,8 +1086,16 @@ impl Agent {
             return line(outcome, h.applied.clone(), format!("{s}: a person changed it ({d}); left as it is"));
         }
         // Has a person changed it since the agent applied it?
+        // The agent's own value (applied, or written just before a crash),
+        // or already the value it is about to put back, is no person's.
         match self.read_setting(s).await {
-            Ok(Some(dev)) if !same_value(&dev, &h.applied) => {
+            Ok(Some(dev)) if same_value(&dev, &target) && !h.is_own(&dev) => {
+                if let Some(x) = self.holds().get_mut(s) {
+                    x.applied = dev;
+                    x.writing = None;
+                }
+            }
+            Ok(Some(dev)) if !h.is_own(&dev) => {
                 let why = format!("the agent applied {}, the device now has {dev}", h.applied);
                 if last {
                     forget(self);
@@ -1405,6 +1448,10 @@ impl Agent {
         }
         let now = self.clock.now_ms();
         let _guard = self.mutate.lock().await;
+        // First make the record agree with the device (a write cut off by a
+        // stop is adopted), so an expiry never reads the agent's own write
+        // as a person's.
+        self.reconcile().await;
         let mut expired = self.holds().expired(now);
         if !expired.is_empty() {
             expired = self.keep_unhealthy_drains(expired, now).await;
@@ -1424,7 +1471,6 @@ impl Agent {
                 Err((_, m)) => tracing::error!(node = %self.opts.node, error = %m, "cannot release expired holds"),
             }
         }
-        self.reconcile().await;
         self.scan_configs(now);
         let curves: Vec<(u32, Vec<FanPoint>)> = self
             .holds()
@@ -1526,14 +1572,58 @@ impl Agent {
     /// Apply the effective value of any setting whose last change was cut
     /// short (the hold was recorded, the device not yet written).
     async fn reconcile(&self) {
-        let pending: Vec<(Setting, HoldValue)> = self
+        // A release cut off between recording it and restoring the device
+        // leaves a setting with no holds: put it back now.
+        let orphans: Vec<Setting> = self
             .holds()
             .held()
             .iter()
-            .filter(|h| h.drifted.is_none() && !h.holds.is_empty() && !same_value(&h.applied, &h.effective()))
-            .map(|h| (h.setting.clone(), h.effective()))
+            .filter(|h| h.holds.is_empty() && h.writing.is_none())
+            .map(|h| h.setting.clone())
             .collect();
-        for (s, v) in pending {
+        for s in orphans {
+            let line = self.settle(&s).await;
+            tracing::info!(node = %self.opts.node, setting = %s, outcome = ?line.outcome, detail = %line.detail,
+                "finished a release cut off by a stop");
+            if let Err((_, m)) = self.save() {
+                tracing::error!(node = %self.opts.node, error = %m, "cannot record the holds");
+            }
+        }
+        let pending: Vec<(Setting, HoldValue, crate::holds::Held)> = self
+            .holds()
+            .held()
+            .iter()
+            .filter(|h| {
+                h.drifted.is_none()
+                    && (h.writing.is_some() || (!h.holds.is_empty() && !same_value(&h.applied, &h.effective())))
+            })
+            .map(|h| (h.setting.clone(), h.effective(), h.clone()))
+            .collect();
+        for (s, v, h) in pending {
+            // A write the agent made just before it stopped: the device has
+            // the agent's own value; adopt it, never call it drift.
+            if let Some(w) = &h.writing
+                && let Ok(Some(dev)) = self.read_setting(&s).await
+                && same_value(&dev, w)
+            {
+                if let Some(x) = self.holds().get_mut(&s) {
+                    x.applied = w.clone();
+                    x.writing = None;
+                }
+                tracing::info!(node = %self.opts.node, setting = %s, value = %w, "adopted a write cut off by a stop");
+                if let Err((_, m)) = self.save() {
+                    tracing::error!(node = %self.opts.node, error = %m, "cannot record the holds");
+                }
+                if same_value(w, &v) || h.holds.is_empty() {
+                    continue;
+                }
+            }
+            if let Some(x) = self.holds().get_mut(&s) {
+                x.writing = None;
+            }
+            if h.holds.is_empty() || same_value(&h.applied, &v) {
+                continue;
+            }
             match self.write_setting(&s, &v, None).await {
                 Ok(_) => {
                     if let Some(h) = self.holds().get_mut(&s) {
