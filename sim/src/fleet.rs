@@ -557,6 +557,15 @@ impl SimFleet {
         // Whatever was started before this step finishes its work at the
         // current time first.
         self.settle().await?;
+        // The hardware lives through the tick with the settings it has
+        // now; only then does the clock move (waking runs that act at the
+        // new time). Stepping it after the clock moved raced the woken
+        // runs: an action landed before or after the physics by thread
+        // timing, and a loaded machine gave a different scenario.
+        let dt = self.tick_ms as f64 / 1000.0;
+        for s in self.sims.values() {
+            s.step(dt);
+        }
         self.clock.advance(self.tick_ms);
         {
             // Nodes that finished booting are up.
@@ -570,10 +579,9 @@ impl SimFleet {
                 }
             }
         }
-        let dt = self.tick_ms as f64 / 1000.0;
-        for s in self.sims.values() {
-            s.step(dt);
-        }
+        // Woken runs act at the new time before the agents' own clocks
+        // (lease expiries) do: one order, whatever the threads do.
+        self.settle().await?;
         for a in self.agents.values() {
             a.tick().await;
         }
