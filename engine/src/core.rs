@@ -544,9 +544,7 @@ impl Core {
     /// Whether the trigger's condition still holds for the run's target:
     /// `Some((holds, how))`, or `None` when it cannot be told (edges,
     /// predictions, manual and scheduled runs).
-    pub fn condition_holds(&self, idx: usize, s: &RunSummary) -> Option<(bool, String)> {
-        let set = self.runbook_set();
-        let m = &set.runbooks.get(idx)?.manifest;
+    pub fn condition_holds(&self, m: &crate::manifest::Manifest, s: &RunSummary) -> Option<(bool, String)> {
         if let Trigger::Fault { .. } = m.trigger {
             let (node, gpu) = (s.target.node.as_deref()?, s.target.gpu?);
             let state = self.health().state(node, gpu);
@@ -563,6 +561,8 @@ impl Core {
                 if resolved { "the alert resolved".into() } else { "the alert is firing".into() },
             ));
         }
+        // The compiled triggers are indexed by the loaded set's order.
+        let idx = self.runbook_set().get(&m.name)?.0;
         let now = self.now();
         let b = self.brain();
         match (&s.target.node, &s.target.group) {

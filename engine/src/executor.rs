@@ -98,7 +98,7 @@ impl Engine {
 
     pub(crate) async fn submit_inner(&self, req: RunRequest, fire: Option<FireRef>) -> Result<Submitted, EngineError> {
         let set = self.runbook_set();
-        let Some((rb_idx, rb)) = set.get(&req.runbook) else {
+        let Some((_, rb)) = set.get(&req.runbook) else {
             return Err(EngineError::UnknownRunbook { name: req.runbook.clone(), known: set.names().join(", ") });
         };
         let m = &rb.manifest;
@@ -162,7 +162,6 @@ impl Engine {
                         s.id.clone(),
                         RunEntry {
                             summary: s.clone(),
-                            runbook_idx: rb_idx,
                             class: m.class,
                             priority: m.priority,
                             exclusive: m.exclusive,
@@ -414,6 +413,7 @@ pub(crate) fn new_summary(
         id,
         shadow,
         runbook: rb.manifest.name.clone(),
+        runbook_digest: Some(rb.digest.clone()),
         handbook: rb.manifest.handbook.clone(),
         target: req.target.clone(),
         trigger: req.trigger.clone(),

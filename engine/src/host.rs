@@ -30,7 +30,9 @@ use crate::script::{Agg, Reading, RunCtx, ScriptHost, TextKind};
 pub struct Host {
     core: Arc<Core>,
     run: String,
-    runbook_idx: usize,
+    /// The runbook as the run started with it (a reload mid-run changes
+    /// nothing for this run).
+    manifest: Manifest,
 }
 
 fn to_map(v: Value) -> Map {
@@ -67,8 +69,8 @@ fn gpu_of(op: &Op) -> Option<u32> {
 }
 
 impl Host {
-    pub fn new(core: Arc<Core>, run: &str, runbook_idx: usize) -> Host {
-        Host { core, run: run.to_string(), runbook_idx }
+    pub fn new(core: Arc<Core>, run: &str, manifest: Manifest) -> Host {
+        Host { core, run: run.to_string(), manifest }
     }
 
     fn summary(&self) -> Option<RunSummary> {
@@ -76,7 +78,7 @@ impl Host {
     }
 
     fn manifest(&self) -> Option<Manifest> {
-        self.core.runbook_set().runbooks.get(self.runbook_idx).map(|r| r.manifest.clone())
+        Some(self.manifest.clone())
     }
 
     fn record(&self, ctx: &RunCtx, kind: RecordKind, node: Option<&str>, gpu: Option<u32>, data: Value) {
@@ -159,7 +161,7 @@ impl Host {
             // else the run ends and its holds go.
             if let Some(s) = self.summary()
                 && s.trigger != "manual"
-                && let Some((false, why)) = self.core.condition_holds(self.runbook_idx, &s)
+                && let Some((false, why)) = self.core.condition_holds(&self.manifest, &s)
             {
                 let why = format!("the condition cleared while {node} was hands-off: {why}");
                 self.record(ctx, RecordKind::Note, Some(node), gpu_of(op), json!({"text": why}));
@@ -224,7 +226,7 @@ impl Host {
             // cleared while the run waited or watched.
             if let Some(s) = self.summary()
                 && s.trigger != "manual"
-                && let Some((false, why)) = self.core.condition_holds(self.runbook_idx, &s)
+                && let Some((false, why)) = self.core.condition_holds(&self.manifest, &s)
             {
                 let why = format!("the condition cleared before the first change: {why}");
                 self.record(ctx, RecordKind::Note, Some(node), gpu_of(op), json!({"text": why}));

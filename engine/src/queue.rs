@@ -26,7 +26,8 @@ impl Engine {
     /// Whether a queued run may start now, or what it waits for.
     fn blocker(&self, t: &RunTable, r: &RunEntry) -> Option<String> {
         let set = self.runbook_set();
-        let rb = set.runbooks.get(r.runbook_idx)?;
+        // By name: a runbook gone or changed is refused when it would start.
+        let (_, rb) = set.get(&r.summary.runbook)?;
         let limit = self.core.config.limits.max_concurrent_runs;
         if r.priority != Priority::Critical && t.running >= limit {
             return Some(format!("the engine runs {limit} runs at once (limits.max_concurrent_runs)"));
@@ -121,8 +122,7 @@ impl Engine {
                     r.summary.started_ms = Some(now);
                     let waited = r.summary.waiting_for.take();
                     let summary = r.summary.clone();
-                    let (idx, cancel, exclusive, event_ts) =
-                        (r.runbook_idx, r.cancel.clone(), r.exclusive, r.event_ts_ms);
+                    let (cancel, exclusive, event_ts) = (r.cancel.clone(), r.exclusive, r.event_ts_ms);
                     t.running += 1;
                     *t.running_per_runbook.entry(summary.runbook.clone()).or_default() += 1;
                     if exclusive
@@ -131,7 +131,7 @@ impl Engine {
                     {
                         t.node_locks.insert(n.clone(), summary.id.clone());
                     }
-                    Some((summary, idx, cancel, waited, event_ts))
+                    Some((summary, cancel, waited, event_ts))
                 })
             };
             for (name, reason, until) in tripped {
@@ -140,10 +140,22 @@ impl Engine {
             for (holder, by) in preempt {
                 self.preempt(&holder, &by).await;
             }
-            let Some((summary, idx, cancel, waited, event_ts)) = to_start else { break };
+            let Some((summary, cancel, waited, event_ts)) = to_start else { break };
+            // The runbook it was admitted (and approved) as, by name and
+            // digest: a reload that reordered the set changes nothing; one
+            // that changed or removed this runbook refuses the run, saying so.
+            let rb = match bound_runbook(&set, &summary) {
+                Ok(rb) => rb.clone(),
+                Err(why) => {
+                    if let Err(e) = self.finish(&summary.id, RunOutcome::Refused, Some(why), None).await {
+                        tracing::error!(run = %summary.id, error = %e, "cannot record a refused run");
+                    }
+                    continue;
+                }
+            };
             // Re-check before acting: the event may have aged, or its
             // condition cleared, while the run waited.
-            if let Some(why) = self.stale_at_start(&summary, idx, event_ts) {
+            if let Some(why) = self.stale_at_start(&summary, &rb.manifest, event_ts) {
                 if let Err(e) = self.finish(&summary.id, RunOutcome::Skipped, Some(why), None).await {
                     tracing::error!(run = %summary.id, error = %e, "cannot record a skipped run");
                 }
@@ -153,17 +165,15 @@ impl Engine {
             let started = json!({"params": summary.params, "waited_ms": waited_ms, "waited_for": waited});
             // The run's own task records its start (before it can act), so
             // starting the next run does not wait for this one's fsync.
-            self.spawn_run(summary, idx, cancel, started);
+            self.spawn_run(summary, rb, cancel, started);
         }
     }
 
     /// Why a run about to start must not act, if it must not.
-    fn stale_at_start(&self, s: &RunSummary, idx: usize, event_ts: i64) -> Option<String> {
+    fn stale_at_start(&self, s: &RunSummary, m: &crate::manifest::Manifest, event_ts: i64) -> Option<String> {
         if s.trigger == "manual" {
             return None;
         }
-        let set = self.runbook_set();
-        let m = &set.runbooks.get(idx)?.manifest;
         let age_ms = self.core.now().saturating_sub(event_ts);
         if age_ms > (m.max_event_age_secs as i64).saturating_mul(1000) {
             return Some(format!(
@@ -172,7 +182,7 @@ impl Engine {
                 m.max_event_age_secs
             ));
         }
-        match self.core.condition_holds(idx, s) {
+        match self.core.condition_holds(m, s) {
             Some((false, why)) => Some(format!("the condition cleared before the run could start: {why}")),
             _ => None,
         }
@@ -247,10 +257,14 @@ impl Engine {
         }
     }
 
-    fn spawn_run(&self, summary: RunSummary, idx: usize, cancel: Arc<AtomicBool>, started: serde_json::Value) {
+    fn spawn_run(
+        &self,
+        summary: RunSummary,
+        rb: crate::runbook::Runbook,
+        cancel: Arc<AtomicBool>,
+        started: serde_json::Value,
+    ) {
         let engine = self.clone();
-        let set = self.runbook_set();
-        let Some(rb) = set.runbooks.get(idx).cloned() else { return };
         // A deterministic simulation runs its runs one at a time, in run
         // order between their sleeps: the place is taken now, in the order
         // the queue started them.
@@ -262,7 +276,7 @@ impl Engine {
             if let Err(e) = engine.core.record_run_ordered(RecordKind::RunStarted, &summary, started) {
                 tracing::error!(run = %summary.id, error = %e, "cannot audit run start");
             }
-            let host = Arc::new(crate::host::Host::new(engine.core.clone(), &summary.id, idx));
+            let host = Arc::new(crate::host::Host::new(engine.core.clone(), &summary.id, rb.manifest.clone()));
             let mut ctx = RunCtx::new(
                 crate::script::RunInfo {
                     run_id: summary.id.clone(),
@@ -647,4 +661,29 @@ impl Engine {
 /// order of a deterministic simulation.
 fn run_number(id: &str) -> u64 {
     id.trim_start_matches('r').split('-').next().and_then(|n| n.parse().ok()).unwrap_or(u64::MAX)
+}
+
+/// The runbook a run was admitted as: the one of that name in `set`, if its
+/// digest is still the one the run recorded (runs from before digests were
+/// recorded take the runbook by name). Otherwise why the run must not start.
+pub(crate) fn bound_runbook<'a>(
+    set: &'a crate::runbook::RunbookSet,
+    s: &RunSummary,
+) -> Result<&'a crate::runbook::Runbook, String> {
+    let short = |d: &str| d.chars().take(12).collect::<String>();
+    match (set.get(&s.runbook), &s.runbook_digest) {
+        (None, _) => Err(format!(
+            "runbook {} is no longer loaded (a reload removed it or it failed to load): not run; submit it again \
+             once the runbook is back",
+            s.runbook
+        )),
+        (Some((_, rb)), Some(d)) if &rb.digest != d => Err(format!(
+            "runbook {} changed since this run was admitted (admitted as {}, loaded now {}): not run — the \
+             approval was for the runbook as it was; submit it again to run the new version",
+            s.runbook,
+            short(d),
+            short(&rb.digest)
+        )),
+        (Some((_, rb)), _) => Ok(rb),
+    }
 }

@@ -57,7 +57,7 @@ impl Engine {
         let mut interrupted = Vec::new();
         for s in self.core.audit.unfinished_runs()? {
             match (s.state, set.get(&s.runbook)) {
-                (RunState::PendingApproval | RunState::Queued, Some((idx, rb))) => {
+                (RunState::PendingApproval | RunState::Queued, Some((_, rb))) => {
                     let m = &rb.manifest;
                     let mut t = self.core.table();
                     let pending = s.state == RunState::PendingApproval;
@@ -66,7 +66,6 @@ impl Engine {
                         s.id.clone(),
                         RunEntry {
                             summary: s.clone(),
-                            runbook_idx: idx,
                             class: m.class,
                             priority: m.priority,
                             exclusive: m.exclusive,

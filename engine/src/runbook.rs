@@ -10,6 +10,9 @@ use crate::script;
 /// A manifest with its compiled script.
 #[derive(Debug, Clone)]
 pub struct Runbook {
+    /// SHA-256 of the manifest's and the script's bytes (hex): what a run
+    /// is admitted and approved as. A reload that changes either changes it.
+    pub digest: String,
     pub manifest: Manifest,
     pub manifest_path: PathBuf,
     pub script_path: PathBuf,
@@ -56,7 +59,15 @@ pub fn load_file(path: &Path, engine: &rhai::Engine) -> Result<Runbook, LoadErro
         }
     })?;
     let ast = script::compile(engine, &script_source, &script_path)?;
-    Ok(Runbook { manifest, manifest_path: path.into(), script_path, script_source, ast: Arc::new(ast) })
+    let digest = {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update((text.len() as u64).to_be_bytes());
+        h.update(text.as_bytes());
+        h.update(script_source.as_bytes());
+        hex::encode(h.finalize())
+    };
+    Ok(Runbook { digest, manifest, manifest_path: path.into(), script_path, script_source, ast: Arc::new(ast) })
 }
 
 /// Load every `*.yaml` manifest in `dir` (not recursive). Bad files are

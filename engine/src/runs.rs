@@ -132,6 +132,10 @@ pub struct RunSummary {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shadow: bool,
     pub runbook: String,
+    /// The runbook's digest when the run was admitted (manifest and
+    /// script): it starts only if the loaded runbook still has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runbook_digest: Option<String>,
     #[serde(default)]
     pub handbook: Option<String>,
     pub target: Target,

@@ -34,7 +34,6 @@ pub struct FireRef {
 /// running.
 pub struct RunEntry {
     pub summary: RunSummary,
-    pub runbook_idx: usize,
     pub class: RunClass,
     pub priority: Priority,
     pub exclusive: bool,

@@ -354,3 +354,70 @@ async fn dry_runs_send_only_dry_run_actions() {
     assert_eq!(power_limit(f, "n1", 1).await, 700.0);
     assert!(!f.engine.node("n1").unwrap().state.drained);
 }
+
+/// Regression (issue 27 item 1, reproduced before the fix: the node was
+/// drained by `a-drain`'s script, recorded under `needs-approval`): a run is
+/// bound to its runbook's name and digest at admission. A reload that
+/// reorders the set changes nothing — the approved run runs the script it
+/// was approved as; one that changes the runbook, or removes it, refuses
+/// the run with a record saying why instead of running something else or
+/// stranding it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_runs_the_runbook_it_approved_or_is_refused() {
+    let rb = tempfile::tempdir().unwrap();
+    let careful = "trigger:\n  type: manual\nscope: node\napproval: {always: true, expire_secs: 600}\n";
+    write_runbook(rb.path(), "needs-approval", careful, "set_power_limit(0, 450);\n");
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let e = &f.engine;
+    let reload = |e: &nightshift_engine::engine::Engine| {
+        let script = std::sync::Arc::new(nightshift_engine::script::build_engine(&Default::default()));
+        let set = nightshift_engine::runbook::load_dir(rb.path(), &script);
+        assert!(set.errors.is_empty(), "{:?}", set.errors);
+        e.replace_runbooks(set);
+    };
+
+    // 1. A reload adds a runbook that sorts first: the approval still runs
+    //    `needs-approval`'s script.
+    let id = run_id(&e.submit(manual_req("needs-approval", "n1")).await.unwrap());
+    let digest = e.run(&id).unwrap().unwrap().runbook_digest.expect("the digest is recorded at admission");
+    write_runbook(rb.path(), "a-drain", "trigger:\n  type: manual\nscope: node\n", "drain(\"reordered\");\n");
+    reload(e);
+    e.approve(&id, "user:bob").await.unwrap();
+    let r = until_finished(f, &id, 60).await;
+    assert_eq!(r.outcome, Some(RunOutcome::Succeeded), "{r:?}");
+    assert_eq!(power_limit(f, "n1", 0).await, 700.0, "capped then released at the end");
+    let ops: Vec<String> = e
+        .run_records(&id)
+        .unwrap()
+        .iter()
+        .filter(|x| x.kind == RecordKind::ActionIntent)
+        .map(|x| x.data["op"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(ops.first().map(String::as_str), Some("set_power_limit"), "{ops:?}");
+    assert!(!ops.iter().any(|o| o == "drain"), "another runbook's script ran: {ops:?}");
+
+    // 2. The runbook changes while the run waits: refused, with why.
+    let id = run_id(&e.submit(manual_req("needs-approval", "n1")).await.unwrap());
+    assert_eq!(e.run(&id).unwrap().unwrap().runbook_digest.as_deref(), Some(digest.as_str()));
+    write_runbook(rb.path(), "needs-approval", careful, "set_power_limit(0, 300);\n");
+    reload(e);
+    e.approve(&id, "user:bob").await.unwrap();
+    let r = until_finished(f, &id, 60).await;
+    assert_eq!(r.outcome, Some(RunOutcome::Refused), "{r:?}");
+    assert!(r.why.contains("changed since this run was admitted"), "{}", r.why);
+    let fin = e.run_records(&id).unwrap().into_iter().find(|x| x.kind == RecordKind::RunFinished).unwrap();
+    assert!(fin.data.to_string().contains("changed since this run was admitted"), "{fin:?}");
+    assert_eq!(e.run_records(&id).unwrap().iter().filter(|x| x.kind == RecordKind::ActionIntent).count(), 0);
+
+    // 3. The runbook is removed while the run waits: refused, not stranded.
+    let id = run_id(&e.submit(manual_req("needs-approval", "n1")).await.unwrap());
+    std::fs::remove_file(rb.path().join("needs-approval.yaml")).unwrap();
+    reload(e);
+    let _ = e.approve(&id, "user:bob").await;
+    let r = until_finished(f, &id, 60).await;
+    assert_eq!(r.outcome, Some(RunOutcome::Refused), "{r:?}");
+    assert!(r.why.contains("no longer loaded"), "{}", r.why);
+    assert!(e.pending_approvals().is_empty());
+    assert!(f.engine.verify().unwrap().ok);
+}

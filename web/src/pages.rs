@@ -859,6 +859,7 @@ pub async fn approvals_page(State(s): State<AppState>, Viewer(who): Viewer) -> R
                 p.why { (r.why) }
                 table.kv {
                     tr { th { "Plan" } td { (desc) } }
+                    @if let Some(d) = &r.runbook_digest { tr { th { "Runbook version" } td { code title=(d) { (d.chars().take(12).collect::<String>()) } " — approving runs exactly this version; if the runbook changes before it starts, the run is refused" } } }
                     @if let Some(why) = data.as_ref().and_then(|d| d["reason"].as_str()) { tr { th { "Needs approval because" } td { (why) } } }
                     @if let Some(n) = data.as_ref().and_then(|d| d["nodes_changed"].as_u64()) { tr { th { "Nodes it may change" } td { (n) } } }
                     tr { th { "Mode" } td { @if r.dry_run { "dry run: checks every action, changes nothing" } @else { "live: its actions change the nodes" } } }

@@ -189,6 +189,7 @@ pub fn rebuild_summary(run: &str, recs: &[&AuditRecord]) -> Option<RunSummary> {
         id: run.to_string(),
         shadow: queued.data["shadow"] == true,
         runbook: queued.runbook.clone().unwrap_or_default(),
+        runbook_digest: None,
         handbook: None,
         target,
         trigger: queued.data["trigger"].as_str().unwrap_or("").to_string(),
