@@ -378,7 +378,10 @@ async fn renew_loop(
                         budget_ms = budget.as_millis() as u64,
                         "a lease renewal did not answer in time (retrying)"
                     );
-                    db = None;
+                    // The connection stays: its answer arrives later and is
+                    // dropped, and a new connection would cost more round
+                    // trips than the lease may have left. A broken one shows
+                    // as an error or as closed, and is replaced then.
                 }
             }
         }
