@@ -96,7 +96,13 @@ pub enum Command {
     /// what changed.
     ///
     /// Example: nightshift reload --server http://nightshift:8080
-    Reload,
+    Reload {
+        /// Put the runbooks that load in force even if others fail to load
+        /// (by default a broken runbook refuses the whole reload, so none
+        /// is dropped silently).
+        #[arg(long)]
+        allow_partial: bool,
+    },
     /// Leadership (PostgreSQL backend): whether this engine leads its shard,
     /// at what term, who leads, and every shard of the database.
     ///

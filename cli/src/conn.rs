@@ -547,9 +547,10 @@ impl Conn {
     }
 
     /// Ask a running engine to reload (admin).
-    pub async fn reload(&mut self) -> Result<Value> {
+    pub async fn reload(&mut self, allow_partial: bool) -> Result<Value> {
+        let path = if allow_partial { "/api/v1/reload?allow_partial=true" } else { "/api/v1/reload" };
         match self {
-            Conn::Remote(r) => r.post("/api/v1/reload", &json!({})).await,
+            Conn::Remote(r) => r.post(path, &json!({})).await,
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
                 "a reload changes a running engine: pass --server URL (or set NIGHTSHIFT_SERVER), or send the engine SIGHUP (systemctl reload nightshift-engine)",
             )),

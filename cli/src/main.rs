@@ -88,7 +88,7 @@ async fn real_main(cli: Cli) -> Result<u8> {
         }
         Command::Approve { run } => cmd::decide::approve(&cli, &out, run).await,
         Command::Reject { run, reason } => cmd::decide::reject(&cli, &out, run, reason).await,
-        Command::Reload => cmd::decide::reload(&cli, &out).await,
+        Command::Reload { allow_partial } => cmd::decide::reload(&cli, &out, *allow_partial).await,
         Command::Ha => cmd::decide::ha(&cli, &out).await,
         Command::Keygen { out: path, force } => cmd::setup::keygen(&cli, path.as_deref(), *force),
         Command::Token { name, role, webhook } => cmd::setup::token(name, role, *webhook),

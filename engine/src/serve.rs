@@ -564,6 +564,20 @@ pub enum ReloadError {
     Key { path: String, message: String },
     #[error(transparent)]
     Audit(#[from] AuditError),
+    /// The runbook folder cannot be read: reloading would stop every
+    /// automation at once.
+    #[error(
+        "expected a folder of runbooks at {path}, found {found}; nothing was reloaded (the runbooks in force stay)"
+    )]
+    RunbookDir { path: String, found: String },
+    /// Some runbooks failed to load: reloading would drop them silently.
+    #[error(
+        "{} runbook file(s) failed to load, so nothing was reloaded: {}; fix them, or reload with --allow-partial \
+         to put the others in force without them",
+        failures.len(),
+        failures.join("; ")
+    )]
+    Runbooks { failures: Vec<String> },
 }
 
 /// Fingerprint of a runbook set: what a reload compares.
@@ -588,8 +602,14 @@ fn runbook_digest(set: &crate::runbook::RunbookSet) -> Vec<(String, String, Stri
 /// Audited either way (`config_reloaded`, by `by`). Other engine.yaml
 /// settings are listed as needing a restart.
 pub async fn reload(engine: &Engine, by: &str) -> Result<ReloadReport, ReloadError> {
+    reload_with(engine, by, false).await
+}
+
+/// [`reload`]; with `allow_partial`, runbooks that fail to load are left
+/// out (and listed) instead of refusing the whole reload.
+pub async fn reload_with(engine: &Engine, by: &str, allow_partial: bool) -> Result<ReloadReport, ReloadError> {
     let _one = engine.core.reloading.lock().await;
-    let result = reload_files(engine);
+    let result = reload_files(engine, allow_partial);
     let record = match &result {
         Ok(r) => {
             let mut v = serde_json::to_value(r).unwrap_or_default();
@@ -621,7 +641,7 @@ pub async fn reload(engine: &Engine, by: &str) -> Result<ReloadReport, ReloadErr
     result
 }
 
-fn reload_files(engine: &Engine) -> Result<ReloadReport, ReloadError> {
+fn reload_files(engine: &Engine, allow_partial: bool) -> Result<ReloadReport, ReloadError> {
     let running = engine.config();
     let mut report = ReloadReport::default();
     // 1. Read and check everything; change nothing yet.
@@ -644,7 +664,22 @@ fn reload_files(engine: &Engine) -> Result<ReloadReport, ReloadError> {
         })?)),
         None => None,
     };
+    match std::fs::metadata(&running.runbook_dir) {
+        Ok(m) if m.is_dir() => {}
+        other => {
+            return Err(ReloadError::RunbookDir {
+                path: running.runbook_dir.display().to_string(),
+                found: match other {
+                    Ok(_) => "a file".into(),
+                    Err(e) => format!("nothing there ({e})"),
+                },
+            });
+        }
+    }
     let set = load_dir(&running.runbook_dir, &engine.core.script);
+    if !allow_partial && !set.errors.is_empty() {
+        return Err(ReloadError::Runbooks { failures: set.errors.iter().map(|e| e.to_string()).collect() });
+    }
     if let Some(new) = &new_config {
         for (name, a, b) in [
             ("listen_addr", j(&running.listen_addr), j(&new.listen_addr)),

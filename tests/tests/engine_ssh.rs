@@ -202,3 +202,58 @@ async fn a_reload_adds_changes_and_removes_nodes_and_refuses_a_broken_file() {
     a1.stop().await;
     a2.stop().await;
 }
+
+/// Regression (issue 27 item 10: a reload with the runbook folder missing
+/// answered 200 with `runbooks: 0`, and one broken manifest silently
+/// removed that runbook): a reload refuses, changing nothing, when the
+/// folder cannot be read or any runbook fails to load — the error names
+/// each failure with file:line:column; `--allow-partial` (the API's
+/// `allow_partial=true`) puts the others in force and lists the failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_refuses_a_missing_runbook_folder_and_a_broken_runbook() {
+    use nightshift_engine::serve::{reload, reload_with};
+    let dir = tempfile::tempdir().unwrap();
+    nightshift_tests::engine_key(dir.path());
+    let cfg = engine_setup(
+        dir.path(),
+        &[],
+        &[
+            ("alpha", "trigger: {type: manual}\nscope: node\n", "note(\"a\");\n"),
+            ("beta", "trigger: {type: manual}\nscope: node\n", "note(\"b\");\n"),
+        ],
+        "auth: {allow_anonymous: admin}\n",
+    );
+    let engine = nightshift_engine::serve::start(cfg).await.unwrap();
+    let names = |e: &nightshift_engine::engine::Engine| e.runbook_set().names();
+    assert_eq!(names(&engine), ["alpha", "beta"]);
+    let rb = dir.path().join("runbooks");
+
+    // One broken manifest: refused, both stay.
+    std::fs::write(rb.join("beta.yaml"), "version: 1\nname: beta\ndescription: b\nscript: beta.rhai\nscope: nowhere\n")
+        .unwrap();
+    let err = reload(&engine, "user:test").await.unwrap_err().to_string();
+    assert!(err.contains("1 runbook file(s) failed to load") && err.contains("beta.yaml:"), "{err}");
+    assert!(err.contains("--allow-partial"), "{err}");
+    assert_eq!(names(&engine), ["alpha", "beta"], "nothing changed");
+    // Asked for: the others are in force, the failure listed.
+    let r = reload_with(&engine, "user:test", true).await.unwrap();
+    assert_eq!(names(&engine), ["alpha"]);
+    assert!(r.runbook_errors.iter().any(|e| e.contains("beta.yaml:")), "{:?}", r.runbook_errors);
+
+    // The folder gone: refused even with allow_partial, nothing changed.
+    std::fs::rename(&rb, dir.path().join("runbooks.moved")).unwrap();
+    for partial in [false, true] {
+        let err = reload_with(&engine, "user:test", partial).await.unwrap_err().to_string();
+        assert!(err.contains("expected a folder of runbooks at") && err.contains("nothing was reloaded"), "{err}");
+        assert_eq!(names(&engine), ["alpha"]);
+    }
+    let refused = engine
+        .audit()
+        .records_since(0)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.kind == RecordKind::ConfigReloaded && r.data["ok"] == false)
+        .count();
+    assert_eq!(refused, 3, "each refusal is audited");
+    engine.shutdown().await;
+}

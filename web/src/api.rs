@@ -421,11 +421,23 @@ pub async fn runbook(State(s): State<AppState>, _: Viewer, Path(name): Path<Stri
     Ok(Json(json!({"runbook": rb, "recent_runs": recent.runs})).into_response())
 }
 
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReloadQuery {
+    /// Put the runbooks that load in force even if others fail.
+    #[serde(default)]
+    allow_partial: bool,
+}
+
 /// Read fleet.yaml, the tokens and the runbooks again (what SIGHUP does):
 /// the report of what changed, or 422 saying which file is broken (nothing
 /// changed then).
-pub async fn reload(State(s): State<AppState>, Admin(id): Admin) -> Result<Response, ApiError> {
-    match nightshift_engine::serve::reload(&s.engine, &id.actor()).await {
+pub async fn reload(
+    State(s): State<AppState>,
+    Admin(id): Admin,
+    ApiQuery(q): ApiQuery<ReloadQuery>,
+) -> Result<Response, ApiError> {
+    match nightshift_engine::serve::reload_with(&s.engine, &id.actor(), q.allow_partial).await {
         Ok(r) => {
             let mut v = serde_json::to_value(&r).unwrap_or_default();
             // What `runbooks reload` answered before: kept for its callers.

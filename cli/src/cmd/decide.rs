@@ -86,9 +86,9 @@ pub async fn ha(cli: &Cli, out: &Out) -> Result<u8> {
     Ok(0)
 }
 
-pub async fn reload(cli: &Cli, out: &Out) -> Result<u8> {
+pub async fn reload(cli: &Cli, out: &Out, allow_partial: bool) -> Result<u8> {
     let mut c = conn_announced(cli, out)?;
-    let r = c.reload().await?;
+    let r = c.reload(allow_partial).await?;
     if out.json {
         outln!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(0);
