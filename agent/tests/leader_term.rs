@@ -103,3 +103,31 @@ async fn an_announced_term_and_a_passed_deadline_fence_the_old_leader() {
     replay.not_after_ms = Some(2_000_000);
     assert!(a.handle(replay).await.ok);
 }
+
+/// Regression (issue 27 item 8: one dry run with `term: u64::MAX` locked
+/// every HA leader out of the agent for good): a dry run records no term,
+/// and a term far above the highest seen is refused and not recorded.
+#[tokio::test]
+async fn a_dry_run_or_an_impossible_term_cannot_lock_leaders_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = Arc::new(SimBackend::new(SimConfig { gpus: 1, ..SimConfig::default() }).unwrap());
+    let a = agent(dir.path(), &sim);
+    let mut dry = cap("dry-max", 500.0, Some(u64::MAX));
+    dry.dry_run = true;
+    let r = a.handle(dry).await;
+    assert_eq!(r.code(), Some(ErrorCode::BadRequest), "{r:?}");
+    let mut dry = cap("dry-9", 500.0, Some(9));
+    dry.dry_run = true;
+    assert!(a.handle(dry).await.ok);
+    // Neither was recorded: the real leader at term 3 still acts.
+    assert!(a.handle(cap("t3", 600.0, Some(3))).await.ok);
+    // A jump past the bound is refused and not recorded.
+    let r = a.handle(cap("t-huge", 500.0, Some(3 + 1_001))).await;
+    assert_eq!(r.code(), Some(ErrorCode::BadRequest), "{r:?}");
+    assert!(r.error.unwrap().message.contains("too far above"));
+    assert!(a.handle(cap("t4", 580.0, Some(4))).await.ok, "the next real term still acts");
+    assert_eq!(limit(&sim), 580.0);
+    drop(a);
+    let a = agent(dir.path(), &sim);
+    assert!(a.handle(cap("t4-again", 570.0, Some(4))).await.ok, "across a restart too");
+}

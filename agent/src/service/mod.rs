@@ -274,7 +274,7 @@ impl Agent {
         // (A read from a stale term is still answered: reads change nothing.)
         if req.term.is_some()
             && !req.op.is_mutating()
-            && let Err((ErrorCode::Internal, m)) = self.check_term(req.term)
+            && let Err((ErrorCode::Internal, m)) = self.check_term(req.term, true)
         {
             tracing::error!(node = %self.opts.node, error = %m, "cannot record a leader's term");
         }
@@ -598,7 +598,9 @@ impl Agent {
             };
         }
         let now = self.clock.now_ms();
-        let reply = match self.check_term(req.term).and_then(|()| check_deadline(req.not_after_ms, now)) {
+        // A dry run changes nothing, so it records no term either: it
+        // cannot lock leaders out.
+        let reply = match self.check_term(req.term, !req.dry_run).and_then(|()| check_deadline(req.not_after_ms, now)) {
             Err((code, msg)) => Reply::err(&req.id, code, msg),
             Ok(()) => match self.decide_and_apply(&req, &digest).await {
                 Ok(v) => Reply::ok(&req.id, v),
@@ -619,7 +621,7 @@ impl Agent {
     /// A request from a lower leader term than one already seen comes from
     /// a deposed engine: refused. A higher one is remembered (durably)
     /// before anything it asks is done.
-    fn check_term(&self, term: Option<u64>) -> Result<(), Refusal> {
+    fn check_term(&self, term: Option<u64>, record: bool) -> Result<(), Refusal> {
         let Some(t) = term else { return Ok(()) };
         let mut seen = self.leader_term.lock().unwrap_or_else(|e| e.into_inner());
         if t < *seen {
@@ -628,7 +630,21 @@ impl Agent {
                 format!("leader term {t} is stale: this agent has seen term {}; a newer engine leads", *seen),
             ));
         }
-        if t > *seen {
+        // Terms grow by one per takeover: a jump far past the highest seen
+        // is no leader's (one such request would lock every real leader
+        // out for good). Refused, nothing recorded.
+        let limit = if *seen == 0 { MAX_FIRST_TERM } else { seen.saturating_add(MAX_TERM_STEP) };
+        if t > limit {
+            return Err((
+                ErrorCode::BadRequest,
+                format!(
+                    "leader term {t} is too far above the highest this agent has seen ({}): expected at most {limit} \
+                     (terms grow by one per takeover); refused, and the term is not recorded",
+                    *seen
+                ),
+            ));
+        }
+        if t > *seen && record {
             nightshift_proto::fsutil::write_atomic(&self.opts.state_dir.join("leader-term"), t.to_string().as_bytes())
                 .map_err(|e| (ErrorCode::Internal, format!("cannot record leader term {t}: {e}")))?;
             *seen = t;
@@ -1658,3 +1674,11 @@ fn check_deadline(not_after_ms: Option<i64>, now_ms: i64) -> Result<(), Refusal>
         _ => Ok(()),
     }
 }
+
+/// How far above the highest term seen a request's term may be (terms grow
+/// by one per takeover; a thousand takeovers unseen by one agent is already
+/// far past any real fleet).
+const MAX_TERM_STEP: u64 = 1_000;
+
+/// The highest term a first request may carry (an agent that has seen none).
+const MAX_FIRST_TERM: u64 = 1 << 32;
