@@ -31,6 +31,8 @@ pub enum RecordingError {
     Empty(String),
     #[error("{what}: {message}")]
     Response { what: String, message: String },
+    #[error("{what}:{line}: {message}")]
+    Label { what: String, line: usize, message: String },
 }
 
 /// Recorded readings, grouped by time.
@@ -77,6 +79,13 @@ impl Recording {
             }
             let (parsed, badn) = nightshift_engine::sources::parse_exposition(head);
             let (Some(mut s), 0) = (parsed.into_iter().next(), badn) else { return Err(bad()) };
+            // A node name from a label becomes a replay node: checked here,
+            // where the line is known.
+            if let Some(h) = host_of(&s.labels)
+                && let Err(message) = nightshift_proto::names::check_node_name(&h)
+            {
+                return Err(RecordingError::Label { what: what.to_string(), line: i + 1, message });
+            }
             s.ts_ms = Some((ts * 1000.0).round() as i64);
             samples.push(s);
         }
@@ -104,6 +113,9 @@ impl Recording {
                     .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
                     .collect();
                 let Some(name) = labels.get("__name__").cloned() else { continue };
+                if let Some(h) = host_of(&labels) {
+                    nightshift_proto::names::check_node_name(&h).map_err(|m| bad(format!("series {name}: {m}")))?;
+                }
                 for p in series["values"].as_array().into_iter().flatten() {
                     let (Some(ts), Some(val)) = (p[0].as_f64(), p[1].as_str().and_then(|s| s.parse::<f64>().ok()))
                     else {
@@ -139,7 +151,7 @@ impl Recording {
                 let Some(h) = host_of(&s.labels) else { continue };
                 let e = out.entry(h).or_insert((1, "h100-sxm".into()));
                 if let Some(g) = s.labels.get("gpu").and_then(|g| g.parse::<u32>().ok()) {
-                    e.0 = e.0.max(g + 1).min(16);
+                    e.0 = e.0.max(g.saturating_add(1)).min(16);
                 }
                 if let Some(m) = s.labels.get("modelName").or_else(|| s.labels.get("model_name")) {
                     e.1 = profile_for(m).into();
@@ -445,6 +457,23 @@ mod tests {
             [(1_790_000_000_000, 2), (1_790_000_015_500, 1)]
         );
         assert_eq!(r.hosts(), [("n1".to_string(), (4, "b200".to_string()))].into());
+        // Regression (issue 27 item 5): a Hostname label that is a path
+        // is refused with where, before anything is written.
+        for host in ["../../x", "/var/lib/nightshift-agent"] {
+            let text = format!(
+                "DCGM_FI_DEV_GPU_TEMP{{gpu=\"0\",Hostname=\"gpu-a1\"}} 61 1790000000\n\
+                 DCGM_FI_DEV_GPU_TEMP{{gpu=\"0\",Hostname=\"{host}\"}} 61 1790000000\n"
+            );
+            let err = Recording::from_openmetrics(&text, "rec.om").unwrap_err().to_string();
+            assert!(err.starts_with("rec.om:2: node name") && err.contains("found '/'"), "{err}");
+        }
+        // A GPU index at the type's end does not overflow (it panicked).
+        let r = Recording::from_openmetrics(
+            "DCGM_FI_DEV_GPU_TEMP{gpu=\"4294967295\",Hostname=\"gpu-a1\"} 61 1790000000\n",
+            "rec.om",
+        )
+        .unwrap();
+        assert_eq!(r.hosts()["gpu-a1"].0, 16);
         let err = Recording::from_openmetrics("DCGM_FI_DEV_GPU_TEMP{gpu=\"0\"} 61\n", "rec.om").unwrap_err();
         assert_eq!(
             err.to_string(),

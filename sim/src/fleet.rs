@@ -314,7 +314,9 @@ impl SimFleet {
                 })
                 .map_err(|e| SimError::Setup(format!("node {}: {e}", n.name)))?,
             );
-            let state = dir.join("agents").join(&n.name);
+            // The agent's folder by position, not by name: a name from a
+            // recording or a scenario never becomes a path.
+            let state = dir.join("agents").join(format!("node-{i:05}"));
             let mut o = AgentOptions::new(&n.name, state.clone());
             if let Some(p) = &opts.policy {
                 o.policy = Policy { hands_off_marker_path: state.join("hands-off"), ..p.clone() };

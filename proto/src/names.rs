@@ -1,0 +1,54 @@
+//! Names that come from data — recording labels, alert labels, node names
+//! in payloads — checked against the fleet's charset before they reach a
+//! path, a process argument or a page.
+
+/// The longest node name (a DNS name).
+pub const MAX_NODE_NAME: usize = 253;
+
+/// Whether `name` is a node name: 1 to 253 ASCII letters, digits, `.`, `-`
+/// or `_`, not starting with `.` or `-` (so never `..`, a path, an option,
+/// or markup). The error says what was expected and what was found.
+pub fn check_node_name(name: &str) -> Result<(), String> {
+    let shown: String = name.chars().take(80).flat_map(char::escape_debug).collect();
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+    if name.is_empty() || name.len() > MAX_NODE_NAME {
+        return Err(format!(
+            "node name \"{shown}\": expected 1 to {MAX_NODE_NAME} characters, found {}",
+            name.chars().count()
+        ));
+    }
+    if let Some(c) = name.chars().find(|c| !ok_char(*c)) {
+        return Err(format!("node name \"{shown}\": expected only letters, digits, '.', '-' or '_', found {:?}", c));
+    }
+    if name.starts_with('.') || name.starts_with('-') {
+        return Err(format!("node name \"{shown}\": expected a letter, digit or '_' first, found {:?}", &name[..1]));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_are_checked() {
+        for ok in ["gpu-a1", "h100.rack3_17", "n0", "A"] {
+            assert_eq!(check_node_name(ok), Ok(()), "{ok}");
+        }
+        for (bad, says) in [
+            ("../../x", "found '/'"),
+            ("/etc/nightshift", "found '/'"),
+            ("..", "expected a letter"),
+            (".hidden", "expected a letter"),
+            ("-rf", "expected a letter"),
+            ("", "found 0"),
+            ("a b", "found ' '"),
+            ("<script>", "found '<'"),
+            ("nodé", "found 'é'"),
+        ] {
+            let e = check_node_name(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        assert!(check_node_name(&"x".repeat(254)).unwrap_err().contains("found 254"));
+    }
+}
