@@ -43,7 +43,7 @@ def canon(o):
 
 
 def main():
-    prev, n, v1 = GENESIS, 0, 0
+    prev, n, v1, first_v2 = GENESIS, 0, 0, None
     for lineno, line in enumerate(sys.stdin, 1):
         line = line.strip("\x00\n ")
         if not line:
@@ -57,11 +57,19 @@ def main():
             return 1
         version = rec.get("v", 1)
         if version == 2:
+            if first_v2 is None:
+                first_v2 = seq
             body = {k: v for k, v in rec.items() if k != "hash"}
             digest = hashlib.sha256(canon(body).encode("utf-8")).hexdigest()
             if digest != rec.get("hash"):
                 print(f"record {seq} (line {lineno}): expected hash {digest}, found {rec.get('hash')}")
                 return 1
+        elif version == 1 and first_v2 is not None:
+            # Every record after the first version 2 record is version 2: a
+            # version 1 record there is a downgrade, which would hide an edit
+            # (version 1 records are only linked here, not rehashed).
+            print(f"record {seq} (line {lineno}): expected hash version 2 after record {first_v2}, found version 1")
+            return 1
         elif version == 1:
             v1 += 1
         else:

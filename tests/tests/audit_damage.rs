@@ -231,6 +231,16 @@ async fn an_outside_tool_recomputes_every_hash() {
     let forged = export.replace("91.5 °C", "71.5 °C");
     let (ok, text) = check(&forged);
     assert!(!ok && text.starts_with(&format!("record {victim} ")), "{text}");
+    // Regression (issue 27 item 4): the same edit with the record's `"v":2`
+    // removed (version 1 records are only linked) passed; a version 1
+    // record after a version 2 one is a downgrade, refused.
+    let downgraded: String = forged
+        .lines()
+        .map(|l| if l.contains("71.5 °C") { l.replace(",\"v\":2", "") } else { l.to_string() } + "\n")
+        .collect();
+    assert_ne!(downgraded, forged, "the record carried its version");
+    let (ok, text) = check(&downgraded);
+    assert!(!ok && text.contains("expected hash version 2 after record 1, found version 1"), "{text}");
     engine.shutdown().await;
     let mut agent = agent;
     agent.stop().await;
