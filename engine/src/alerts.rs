@@ -166,11 +166,13 @@ pub fn format_rfc3339_ms(ms: i64) -> String {
     ts.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
 }
 
-/// A bounded set of seen keys (oldest forgotten first).
+/// A bounded set of seen keys (oldest forgotten first): at most `cap`
+/// keys, and with [`SeenSet::insert_at`] none older than a maximum age.
 #[derive(Debug)]
 pub struct SeenSet {
     set: HashSet<String>,
-    order: VecDeque<String>,
+    /// Keys in insertion order, with when they were seen (if told).
+    order: VecDeque<(String, Option<i64>)>,
     cap: usize,
 }
 
@@ -187,16 +189,36 @@ impl SeenSet {
 
     /// True when `key` is new (and remembers it).
     pub fn insert(&mut self, key: String) -> bool {
+        self.insert_inner(key, None)
+    }
+
+    /// [`SeenSet::insert`] of a key seen at `at_ms`, first forgetting the
+    /// keys seen more than `max_age_ms` before it (in time order, as the
+    /// audit log replays them and live events come).
+    pub fn insert_at(&mut self, key: String, at_ms: i64, max_age_ms: i64) -> bool {
+        let cutoff = at_ms.saturating_sub(max_age_ms);
+        while let Some((_, Some(t))) = self.order.front() {
+            if *t >= cutoff {
+                break;
+            }
+            if let Some((old, _)) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        self.insert_inner(key, Some(at_ms))
+    }
+
+    fn insert_inner(&mut self, key: String, at_ms: Option<i64>) -> bool {
         if self.set.contains(&key) {
             return false;
         }
         if self.order.len() >= self.cap
-            && let Some(old) = self.order.pop_front()
+            && let Some((old, _)) = self.order.pop_front()
         {
             self.set.remove(&old);
         }
         self.set.insert(key.clone());
-        self.order.push_back(key);
+        self.order.push_back((key, at_ms));
         true
     }
 
@@ -334,5 +356,20 @@ mod tests {
         assert!(s.insert("c".into()));
         assert_eq!(s.len(), 2);
         assert!(s.insert("a".into()), "a was forgotten");
+    }
+
+    /// Resolved episodes are forgotten by age too (issue 26: memory of
+    /// episodes bounded by age), in time order.
+    #[test]
+    fn seen_set_forgets_by_age() {
+        let mut s = SeenSet::new(100);
+        assert!(s.insert_at("e1".into(), 1_000, 10_000));
+        assert!(s.insert_at("e2".into(), 5_000, 10_000));
+        assert!(s.contains("e1") && s.contains("e2"));
+        assert!(s.insert_at("e3".into(), 12_000, 10_000));
+        assert!(!s.contains("e1"), "older than the age: forgotten");
+        assert!(s.contains("e2") && s.contains("e3"));
+        assert!(!s.insert_at("e3".into(), 13_000, 10_000), "still known");
+        assert_eq!(s.len(), 2);
     }
 }

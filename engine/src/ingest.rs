@@ -549,7 +549,12 @@ impl Engine {
         if a.status == "resolved" {
             // An episode (fingerprint, startsAt) resolved — not the alert
             // for ever: its next firing has a new startsAt and runs again.
-            self.core.table().resolved.insert(crate::runtable::episode(&a.fingerprint, &a.starts_at));
+            let now = self.core.now();
+            self.core.table().resolved.insert_at(
+                crate::runtable::episode(&a.fingerprint, &a.starts_at),
+                now,
+                crate::runtable::RESOLVED_KEPT_MS,
+            );
             return;
         }
         let Some(node) = node else {

@@ -126,6 +126,11 @@ pub fn alert_key(status: &str, episode_key: &str) -> String {
     format!("{status}|{episode_key}")
 }
 
+/// How long a resolved episode is remembered: a run queued for an episode
+/// that resolved is skipped within this; later memory is bounded by age as
+/// well as by count (a week of resolves outlives any queued run).
+pub const RESOLVED_KEPT_MS: i64 = 7 * 24 * 3_600_000;
+
 /// An alert episode: its fingerprint and when it started firing.
 /// Alertmanager keeps `startsAt` for the life of one firing and sends a
 /// new one when the alert fires again, so "resolved" is about one episode.
@@ -242,7 +247,7 @@ impl RunTable {
                 };
                 self.alerts_seen.insert(alert_key(status, &episode(fp, starts)));
                 if status == "resolved" {
-                    self.resolved.insert(episode(fp, starts));
+                    self.resolved.insert_at(episode(fp, starts), r.ts_ms, RESOLVED_KEPT_MS);
                 }
             }
             _ => {}
