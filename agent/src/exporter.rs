@@ -31,10 +31,19 @@ use tokio::net::TcpListener;
 use crate::service::Agent;
 use nightshift_proto::{GpuInfo, GpuTelemetry, Telemetry, Vendor};
 
-/// Connections served at once; more wait in the kernel's backlog.
+/// Connections served at once (a request sent); more wait for a slot.
 const MAX_CONNECTIONS: usize = 64;
+/// Connections accepted that have sent nothing yet; past this the newest
+/// is closed at once.
+const MAX_PENDING: usize = 4096;
 /// A client must send its request head within this.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// ... or within this while more than [`MAX_CONNECTIONS`] connections wait
+/// for their first byte: a scraper sends its request as it connects, a
+/// flood of idle connections is shed in a quarter second.
+const BUSY_HEAD_TIMEOUT: Duration = Duration::from_millis(250);
+/// How long a connection that sent its request waits for a slot.
+const SLOT_WAIT: Duration = Duration::from_secs(5);
 /// Longest a connection keeps its slot, kept alive or not.
 const MAX_CONNECTION_LIFE: Duration = Duration::from_secs(60);
 
@@ -198,8 +207,11 @@ pub async fn serve(agent: Arc<Agent>, listener: TcpListener) {
 
     let app = router(agent);
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Accept first, always: a slot is taken only once a connection has sent
+    // its request, so idle connections can never keep a scrape out (they
+    // used to take the 64 slots before `accept`).
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else { return };
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
@@ -209,17 +221,31 @@ pub async fn serve(agent: Arc<Agent>, listener: TcpListener) {
                 continue;
             }
         };
+        let waiting = pending.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if waiting >= MAX_PENDING {
+            pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            drop(stream);
+            continue;
+        }
         let service = TowerToHyperService::new(app.clone());
+        let (slots, pending) = (slots.clone(), pending.clone());
         tokio::spawn(async move {
             // hyper's head deadline starts with the first byte: a client
-            // that connects and sends nothing would hold its slot forever.
-            // (`peek`, not `readable`: readiness may be reported before any
-            // byte arrives.)
+            // that connects and sends nothing would hold its connection
+            // forever. (`peek`, not `readable`: readiness may be reported
+            // before any byte arrives.)
+            let deadline = if waiting >= MAX_CONNECTIONS { BUSY_HEAD_TIMEOUT } else { HEAD_TIMEOUT };
             let mut first = [0u8; 1];
-            if !matches!(tokio::time::timeout(HEAD_TIMEOUT, stream.peek(&mut first)).await, Ok(Ok(1))) {
+            let sent = matches!(tokio::time::timeout(deadline, stream.peek(&mut first)).await, Ok(Ok(1)));
+            pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            if !sent {
                 tracing::debug!(%peer, "exporter: nothing sent within the head deadline; closed");
                 return;
             }
+            let Ok(Ok(permit)) = tokio::time::timeout(SLOT_WAIT, slots.acquire_owned()).await else {
+                tracing::debug!(%peer, "exporter: no slot free in time; closed");
+                return;
+            };
             let mut builder = Builder::new(TokioExecutor::new());
             builder.http1().timer(TokioTimer::new()).header_read_timeout(HEAD_TIMEOUT).max_buf_size(16 * 1024);
             // A kept-alive connection gives its slot back after a while
