@@ -240,6 +240,7 @@ impl AgentConfig {
         }
         if let Some(f) = &self.flush_caches {
             f.signal().map_err(|m| ("flush_caches".to_string(), m))?;
+            f.check().map_err(|m| ("flush_caches".to_string(), m))?;
         }
         Ok(())
     }

@@ -1325,6 +1325,7 @@ impl Agent {
                     let r = self.opts.flush.flush(false, true).await.map_err(node_refusal)?;
                     report.signalled_pids = r.signalled_pids;
                     report.stale_registrations_removed = r.stale_registrations_removed;
+                    report.skipped = r.skipped;
                 }
                 let (gpus, _) = self.backend.sample().map_err(backend_refusal)?;
                 let frag: Vec<Option<f64>> = gpus.iter().map(|g| g.mem_fragmentation_pct).collect();
@@ -1332,6 +1333,7 @@ impl Agent {
                     "page_cache_dropped": report.page_cache_dropped,
                     "signalled_pids": report.signalled_pids,
                     "stale_registrations_removed": report.stale_registrations_removed,
+                    "skipped": report.skipped,
                     "mem_fragmentation_pct": frag,
                 });
                 if let Some(o) = &simulated {
