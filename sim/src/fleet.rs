@@ -374,6 +374,17 @@ impl SimFleet {
         }
         let links_alive = Arc::new(AtomicBool::new(true));
         let nodes = links(&specs, &slots, &links_alive, &power, opts.wrap_transport.as_ref());
+        // The runbooks' files where the engine's config says they are, so a
+        // reload reads the same set (an empty or missing folder is refused).
+        let rb_dir = dir.join("runbooks");
+        std::fs::create_dir_all(&rb_dir).map_err(|e| SimError::Setup(format!("runbook folder: {e}")))?;
+        for rb in &opts.runbooks.runbooks {
+            for f in [&rb.manifest_path, &rb.script_path] {
+                if let Some(name) = f.file_name() {
+                    let _ = std::fs::copy(f, rb_dir.join(name));
+                }
+            }
+        }
         let config = EngineConfig {
             version: 1,
             listen_addr: "127.0.0.1:0".into(),
