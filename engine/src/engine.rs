@@ -53,7 +53,7 @@ pub enum EngineError {
     #[error("run {run} is {state}, not waiting for approval")]
     NotAwaitingApproval { run: String, state: String },
     /// A rejection must say why.
-    #[error("reason: expected why the run is rejected, found an empty string")]
+    #[error("reason: expected why the run is rejected, found no visible character")]
     MissingReason,
     /// Promotion and demotion say why and change something.
     #[error("{0}")]

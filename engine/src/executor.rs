@@ -309,7 +309,7 @@ impl Engine {
 
     /// Reject a run waiting for approval, saying why.
     pub async fn reject(&self, run: &str, by: &str, reason: &str) -> Result<RunSummary, EngineError> {
-        if reason.trim().is_empty() {
+        if !nightshift_proto::names::has_visible_text(reason) {
             return Err(EngineError::MissingReason);
         }
         self.decide(run, by, false, Some(reason.to_string())).await

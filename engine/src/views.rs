@@ -381,9 +381,9 @@ impl Engine {
         if set.get(name).is_none() {
             return Err(EngineError::UnknownRunbook { name: name.into(), known: set.names().join(", ") });
         }
-        if reason.trim().is_empty() {
+        if !nightshift_proto::names::has_visible_text(reason) {
             return Err(EngineError::BadModeChange(format!(
-                "reason: expected why {name} goes to {}, found an empty string",
+                "reason: expected why {name} goes to {}, found no visible character",
                 mode.as_str()
             )));
         }

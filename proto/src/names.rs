@@ -26,9 +26,35 @@ pub fn check_node_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `text` has a character a person can see: not only whitespace,
+/// control characters (NUL …) or invisible format characters (zero-width
+/// spaces and joiners, direction marks, the BOM, soft hyphens). A reason
+/// that is "there" but shows as nothing is no reason.
+pub fn has_visible_text(text: &str) -> bool {
+    text.chars().any(|c| {
+        !c.is_whitespace()
+            && !c.is_control()
+            && !matches!(c,
+                '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
+                | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+                | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}' | '\u{FFA0}'
+                | '\u{E0000}'..='\u{E007F}')
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn visible_text_is_told_from_nothing() {
+        for nothing in ["", "   ", "\0\0", "\u{200B}\u{200D}", "\u{FEFF}\t\n", "\u{2066}\u{2069}", "\u{00AD}"] {
+            assert!(!has_visible_text(nothing), "{nothing:?}");
+        }
+        for some in ["not during the training run", " x ", "\u{200B}ok", "日本", "🚫"] {
+            assert!(has_visible_text(some), "{some:?}");
+        }
+    }
 
     #[test]
     fn node_names_are_checked() {

@@ -252,7 +252,15 @@ async fn bad_input_is_a_400_naming_the_field_and_big_bodies_a_413() {
             "POST",
             "/api/v1/runs/r999999/reject",
             json!({"reason": ""}),
-            "reason: expected why the run is rejected, found an empty string",
+            "reason: expected why the run is rejected, found no visible character",
+        ),
+        // Regression (issue 27 item 11): NUL and zero-width characters
+        // counted as a reason.
+        (
+            "POST",
+            "/api/v1/runs/r999999/reject",
+            json!({"reason": "\u{0}\u{200B}\u{FEFF}"}),
+            "reason: expected why the run is rejected, found no visible character",
         ),
         ("POST", "/api/v1/nodes/gpu-a1/hands-off", json!({"hands_of": true}), "unknown field `hands_of`"),
     ];
