@@ -124,7 +124,22 @@ pub fn router(engine: Engine) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .merge(webhook)
         .layer(axum::middleware::from_fn_with_state(state.clone(), forward::forward_writes))
+        .layer(axum::middleware::from_fn(no_framing))
         .with_state(state)
+}
+
+/// No page may be framed by another site (a click in a cross-site frame
+/// approved a run): `X-Frame-Options: DENY` and `frame-ancestors 'none'` on
+/// every answer, and no MIME sniffing.
+async fn no_framing(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let mut resp = next.run(req).await;
+    let h = resp.headers_mut();
+    h.insert(header::X_FRAME_OPTIONS, header::HeaderValue::from_static("DENY"));
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, header::HeaderValue::from_static("nosniff"));
+    if !h.contains_key(header::CONTENT_SECURITY_POLICY) {
+        h.insert(header::CONTENT_SECURITY_POLICY, header::HeaderValue::from_static("frame-ancestors 'none'"));
+    }
+    resp
 }
 
 /// Serve the router on `listener` until `shutdown` resolves; open SSE

@@ -759,3 +759,27 @@ async fn a_dbe_lifecycle_is_in_the_api_the_node_page_and_metrics() {
     assert!(text.contains("nightshift_gpu_health{state=\"healthy\"} 16"), "{text}");
     assert!(text.contains("nightshift_gpu_health{state=\"awaiting_repair\"} 0"), "{text}");
 }
+
+/// Regression (issue 27 item 11: a click in a cross-site frame approved a
+/// run): every answer — pages, API, errors — forbids framing and sniffing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_answer_may_be_framed() {
+    let f = fixture().await;
+    for (uri, token) in
+        [("/", Some(VIEWER)), ("/approvals", Some(VIEWER)), ("/api/v1/runs", Some(VIEWER)), ("/nope", None)]
+    {
+        let mut b = Request::builder().uri(uri);
+        if let Some(t) = token {
+            b = b.header(header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(b.body(Body::empty()).unwrap()).await.unwrap();
+        let h = resp.headers();
+        assert_eq!(h.get(header::X_FRAME_OPTIONS).map(|v| v.to_str().unwrap()), Some("DENY"), "{uri}");
+        assert_eq!(h.get(header::X_CONTENT_TYPE_OPTIONS).map(|v| v.to_str().unwrap()), Some("nosniff"), "{uri}");
+        assert!(
+            h.get(header::CONTENT_SECURITY_POLICY)
+                .is_some_and(|v| v.to_str().unwrap().contains("frame-ancestors 'none'")),
+            "{uri}: {h:?}"
+        );
+    }
+}
