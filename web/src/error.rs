@@ -52,6 +52,9 @@ impl From<EngineError> for ApiError {
             EngineError::Audit(
                 nightshift_engine::audit::AuditError::Write(_) | nightshift_engine::audit::AuditError::Closed,
             ) => (StatusCode::SERVICE_UNAVAILABLE, "audit_stopped"),
+            EngineError::Audit(nightshift_engine::audit::AuditError::BadCursor(_)) => {
+                (StatusCode::BAD_REQUEST, "bad_request")
+            }
             EngineError::Audit(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         ApiError::new(status, code, e.to_string())

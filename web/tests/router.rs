@@ -264,6 +264,13 @@ async fn bad_input_is_a_400_naming_the_field_and_big_bodies_a_413() {
         ),
         ("POST", "/api/v1/nodes/gpu-a1/hands-off", json!({"hands_of": true}), "unknown field `hands_of`"),
     ];
+    // Regression (issue 27 item 11): a cursor this server did not give out
+    // answered 500.
+    for cursor in ["zz", "00", "not-hex-at-all"] {
+        let (s, v) = call(&f, "GET", &format!("/api/v1/runs?cursor={cursor}"), Some(VIEWER), None).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "cursor {cursor}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("expected the next_cursor of an earlier page"), "{v}");
+    }
     for (method, path, body, needle) in cases {
         let token = if path.contains("hands-off") { ADMIN } else { OPERATOR };
         let (s, v) = call(&f, method, path, Some(token), Some(body.clone())).await;

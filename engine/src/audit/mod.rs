@@ -268,6 +268,9 @@ pub enum AuditError {
     Write(String),
     #[error("audit read failed: {0}")]
     Read(String),
+    /// A page cursor this server did not give out (the caller's mistake).
+    #[error("{0}")]
+    BadCursor(String),
     #[error("the audit writer has stopped")]
     Closed,
     /// PostgreSQL backend: this engine is a standby; only the leader writes.

@@ -574,9 +574,15 @@ impl AuditStore {
     pub fn runs(&self, f: &RunFilter) -> Result<RunPage, AuditError> {
         let limit = f.limit.unwrap_or(50).clamp(1, 1000);
         let upper: Vec<u8> = match &f.cursor {
-            Some(c) => {
-                hex::decode(c).map_err(|_| AuditError::Read(format!("cursor {c:?} is not one this server gave out")))?
-            }
+            Some(c) => match hex::decode(c) {
+                Ok(b) if b.len() > 8 => b,
+                _ => {
+                    return Err(AuditError::BadCursor(format!(
+                        "cursor {:?}: expected the next_cursor of an earlier page, as this server gave it out",
+                        c.chars().take(80).collect::<String>()
+                    )));
+                }
+            },
             None => vec![0xff; 9],
         };
         let mut runs = Vec::new();
