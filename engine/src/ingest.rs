@@ -566,6 +566,23 @@ impl Engine {
             }
             return;
         };
+        // An alert from the future is never stale (its age is negative):
+        // beyond any clock skew, it is refused.
+        let ahead_ms = a.starts_at_ms().saturating_sub(self.core.now());
+        if ahead_ms > MAX_ALERT_FUTURE_MS {
+            let reason = format!(
+                "alert {} starts at {}, {} s ahead of this engine's clock: expected at most {} s ahead (clock \
+                 skew); not acted on — check the clocks of Prometheus, Alertmanager and this engine",
+                a.name(),
+                a.starts_at,
+                ahead_ms / 1000,
+                MAX_ALERT_FUTURE_MS / 1000
+            );
+            if let Err(e) = self.drop_event(&reason, Some(&node.spec.name)).await {
+                tracing::error!(error = %e, "cannot audit a dropped alert");
+            }
+            return;
+        }
         let set = self.runbook_set();
         for rb in &set.runbooks {
             let Trigger::Alert { alertname, matchers } = &rb.manifest.trigger else { continue };
@@ -621,3 +638,7 @@ impl Engine {
         }
     }
 }
+
+/// How far ahead of the engine's clock an alert's `startsAt` may be (clock
+/// skew between Prometheus, Alertmanager and the engine).
+pub const MAX_ALERT_FUTURE_MS: i64 = 3_600_000;

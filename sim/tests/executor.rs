@@ -421,3 +421,26 @@ async fn an_approval_runs_the_runbook_it_approved_or_is_refused() {
     assert!(e.pending_approvals().is_empty());
     assert!(f.engine.verify().unwrap().ok);
 }
+
+/// Regression (issue 27 item 11: an alert dated year 9000 was never stale):
+/// an alert that starts more than an hour ahead of the engine's clock is
+/// dropped, audited with why, and starts no run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_from_the_future_is_refused() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(rb.path(), "hot", HOT_ALERT, "set_power_limit(0, 500);\n");
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let year_9000 = nightshift_engine::alerts::parse_rfc3339_ms("9000-01-01T00:00:00Z").unwrap();
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-future", year_9000, "firing"), "alertmanager");
+    f.run_for(30).await.unwrap();
+    let recs = records(f);
+    assert!(!recs.iter().any(|r| r.kind == RecordKind::RunQueued), "a run started for an alert from the future");
+    let dropped = recs.iter().find(|r| r.kind == RecordKind::EventDropped).expect("the drop is audited");
+    assert!(dropped.data.to_string().contains("ahead of this engine's clock"), "{dropped:?}");
+    // An alert a few minutes ahead (clock skew) is acted on.
+    let soon = now(f) + 120_000;
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-skew", soon, "firing"), "alertmanager");
+    f.run_for(30).await.unwrap();
+    assert!(records(f).iter().any(|r| r.kind == RecordKind::RunQueued), "a skewed but plausible alert runs");
+}
