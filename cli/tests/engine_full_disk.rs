@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nightshift_agent::backend::sim::SimConfig;
 use nightshift_engine::audit::{AuditStore, RecordKind};
@@ -26,27 +26,11 @@ impl Drop for Mount {
 }
 
 fn spawn_engine(dir: &std::path::Path, port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_nightshift"))
-        .current_dir(dir)
-        .args(["serve", "--config", "engine.yaml", "--listen", &format!("127.0.0.1:{port}")])
-        .env("NIGHTSHIFT_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nightshift serve starts")
+    nightshift_tests::spawn_serve(env!("CARGO_BIN_EXE_nightshift"), dir, port)
 }
 
 async fn wait_ready(http: &reqwest::Client, base: &str) {
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(r) = http.get(format!("{base}/healthz")).send().await
-            && r.status().is_success()
-        {
-            return;
-        }
-        assert!(Instant::now() < end, "the engine did not come up");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    nightshift_tests::wait_healthy(http, base).await
 }
 
 fn alert(i: usize) -> serde_json::Value {

@@ -9,7 +9,7 @@
 //! webhooks, 25 runs).
 
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,27 +19,11 @@ use nightshift_proto::clock::SystemClock;
 use nightshift_tests::{TestAgent, engine_setup};
 
 fn spawn_engine(dir: &std::path::Path, port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_nightshift"))
-        .current_dir(dir)
-        .args(["serve", "--config", "engine.yaml", "--listen", &format!("127.0.0.1:{port}")])
-        .env("NIGHTSHIFT_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nightshift serve starts")
+    nightshift_tests::spawn_serve(env!("CARGO_BIN_EXE_nightshift"), dir, port)
 }
 
 async fn wait_ready(http: &reqwest::Client, base: &str) {
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(r) = http.get(format!("{base}/healthz")).send().await
-            && r.status().is_success()
-        {
-            return;
-        }
-        assert!(Instant::now() < end, "the engine did not come up");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    nightshift_tests::wait_healthy(http, base).await
 }
 
 fn alert(i: usize, node: &str) -> serde_json::Value {

@@ -157,3 +157,31 @@ pub fn manual_run(runbook: &str, target: nightshift_engine::runs::Target) -> nig
         requested_by: "user:test".into(),
     }
 }
+
+/// `BIN serve` run in `dir` (its `engine.yaml`) on `127.0.0.1:port`, its
+/// logs at `warn` and out of the way: an engine process to kill and start
+/// again.
+pub fn spawn_serve(bin: &str, dir: &Path, port: u16) -> std::process::Child {
+    std::process::Command::new(bin)
+        .current_dir(dir)
+        .args(["serve", "--config", "engine.yaml", "--listen", &format!("127.0.0.1:{port}")])
+        .env("NIGHTSHIFT_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("nightshift serve starts")
+}
+
+/// Until `base`'s `/healthz` answers success (at most 60 s).
+pub async fn wait_healthy(http: &reqwest::Client, base: &str) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Ok(r) = http.get(format!("{base}/healthz")).send().await
+            && r.status().is_success()
+        {
+            return;
+        }
+        assert!(std::time::Instant::now() < end, "the engine at {base} did not come up");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
