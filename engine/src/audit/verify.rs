@@ -41,6 +41,7 @@ pub(super) fn verify(trees: Trees, log: Option<PathBuf>) -> Result<VerifyReport,
     let progress = Arc::new(AtomicU64::new(0));
     let (tx, rx) = std::sync::mpsc::channel();
     let p = progress.clone();
+    let trees2 = trees.clone();
     std::thread::Builder::new()
         .name("audit-verify".into())
         .spawn(move || {
@@ -92,8 +93,54 @@ pub(super) fn verify(trees: Trees, log: Option<PathBuf>) -> Result<VerifyReport,
                 ..report
             });
         }
+        // Each copy holds a chain of its own; they must be the same chain
+        // (a consistent rewrite of one copy verifies on its own).
+        if let Some((seq, problem)) = compare_copies(&trees2, &log, report.verified_up_to)? {
+            return Ok(VerifyReport { ok: false, first_bad_seq: Some(seq), problem: Some(problem), ..report });
+        }
     }
     Ok(report)
+}
+
+/// The first record, up to `up_to` (what the sled walk verified; later
+/// ones may be in flight), where sled and the record log disagree.
+fn compare_copies(trees: &Trees, log: &std::path::Path, up_to: u64) -> Result<Option<(u64, String)>, AuditError> {
+    let mut next = 1u64;
+    for line in super::log::read_lines(log)? {
+        let super::log::LogLine::Good(r) = line else { continue };
+        if r.seq > up_to {
+            break;
+        }
+        let in_sled = trees
+            .records
+            .get(r.seq.to_be_bytes())
+            .map_err(|e| AuditError::Read(e.to_string()))?
+            .and_then(|v| serde_json::from_slice::<super::AuditRecord>(&v).ok());
+        match in_sled {
+            Some(s) if s.hash == r.hash => {}
+            Some(s) => {
+                return Ok(Some((
+                    r.seq,
+                    format!(
+                        "record {} differs between sled (hash {}…, actor {}) and {} (hash {}…, actor {}): one copy \
+                         was rewritten",
+                        r.seq,
+                        &s.hash[..s.hash.len().min(12)],
+                        s.actor,
+                        super::LOG_FILE,
+                        &r.hash[..r.hash.len().min(12)],
+                        r.actor
+                    ),
+                )));
+            }
+            None => return Ok(Some((r.seq, format!("record {} is in {} but not in sled", r.seq, super::LOG_FILE)))),
+        }
+        next = r.seq + 1;
+    }
+    if next <= up_to {
+        return Ok(Some((next, format!("records {next} to {up_to} are in sled but not in {}", super::LOG_FILE))));
+    }
+    Ok(None)
 }
 
 /// The whole walk: chain (with a salvage's documented breaks), summaries.
@@ -247,6 +294,44 @@ mod tests {
         .unwrap();
         s.why = why.into();
         s
+    }
+
+    /// Regression (issue 27 item 3: a consistent rewrite of sled alone
+    /// passed `verify` while sled and records.jsonl disagreed about who
+    /// approved a run): the two copies are compared record by record.
+    #[tokio::test]
+    async fn a_consistent_rewrite_of_one_copy_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        s.append(NewRecord::new(RecordKind::RunQueued, "user:alice", json!({})).run("r1"), None).await.unwrap();
+        s.append(NewRecord::new(RecordKind::Approved, "user:bob", json!({})).run("r1"), None).await.unwrap();
+        for i in 0..5 {
+            s.append(NewRecord::new(RecordKind::Note, "engine", json!({"i": i})).run("r1"), None).await.unwrap();
+        }
+        assert!(s.verify().unwrap().ok);
+        // sled alone, rewritten from record 2 on, with every hash recomputed:
+        // its own chain is whole.
+        let head = s.head_seq();
+        let mut prev = s.get(1).unwrap().unwrap().hash;
+        for seq in 2..=head {
+            let mut r = s.get(seq).unwrap().unwrap();
+            if seq == 2 {
+                r.actor = "user:mallory".into();
+            }
+            r.prev_hash = prev.clone();
+            r.hash = r.compute_hash();
+            prev = r.hash.clone();
+            let bytes = serde_json::to_vec(&r).unwrap();
+            s.tamper_for_tests(seq, |b| *b = bytes).unwrap();
+        }
+        let v = s.verify().unwrap();
+        assert!(!v.ok, "{v:?}");
+        assert_eq!(v.first_bad_seq, Some(2), "{v:?}");
+        let p = v.problem.unwrap();
+        assert!(
+            p.contains("record 2 differs between sled") && p.contains("user:mallory") && p.contains("user:bob"),
+            "{p}"
+        );
     }
 
     #[tokio::test]
