@@ -200,6 +200,38 @@ pub fn hold_lease_secs(timeout_secs: u64) -> u64 {
     timeout_secs.saturating_add(120).min(86_400)
 }
 
+/// Why a change did not come back with a reply: `left` when the request
+/// may have reached the agent (a broken connection, no reply in time) —
+/// it may have been applied — and not when it never left (not the leader,
+/// the intent not durable, the store stopped, the lease not sure).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SendError {
+    pub message: String,
+    pub left: bool,
+}
+
+impl SendError {
+    fn not_sent(message: impl Into<String>) -> SendError {
+        SendError { message: message.into(), left: false }
+    }
+
+    fn left(message: impl Into<String>) -> SendError {
+        SendError { message: message.into(), left: true }
+    }
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl serde::Serialize for SendError {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.message)
+    }
+}
+
 /// How much lease a send needs left: a tenth of the TTL, at least 50 ms —
 /// what a request may take to reach its agent.
 pub fn send_margin(ttl: std::time::Duration) -> std::time::Duration {
@@ -448,15 +480,17 @@ impl Core {
         node: &str,
         gpu: Option<u32>,
         mut req: Request,
-    ) -> Result<(Reply, f64), String> {
-        let Some(n) = self.fleet.get(node) else { return Err(format!("{node} is not in the inventory")) };
+    ) -> Result<(Reply, f64), SendError> {
+        let Some(n) = self.fleet.get(node) else {
+            return Err(SendError::not_sent(format!("{node} is not in the inventory")));
+        };
         req.owner = Some(s.id.clone());
         // With a leader lease, the request carries its term: an agent that
         // has seen a newer leader refuses it (`stale_leader`).
         if let Some(l) = self.leadership() {
             match l.term() {
                 Some(t) => req.term = Some(t),
-                None => return Err("this engine is not the leader: it sends nothing".into()),
+                None => return Err(SendError::not_sent("this engine is not the leader: it sends nothing")),
             }
         }
         let intent = NewRecord::new(
@@ -470,12 +504,15 @@ impl Core {
         .gpu(gpu)
         .runbook(&s.runbook);
         // Write ahead: nothing leaves before its intent is durable.
-        self.audit.append(intent, Some(s.clone())).await.map_err(|e| format!("cannot audit the intent: {e}"))?;
+        self.audit
+            .append(intent, Some(s.clone()))
+            .await
+            .map_err(|e| SendError::not_sent(format!("cannot audit the intent: {e}")))?;
         // A store that stopped at a durability failure (this intent may
         // be its last record) stops every send: the engine acts only while
         // it can record what it does.
         if let Some(e) = self.audit.stopped() {
-            return Err(format!("not sent: {e}"));
+            return Err(SendError::not_sent(format!("not sent: {e}")));
         }
         // Fence at the send: the lease must be surely ours for a margin
         // more, and the request carries the deadline past which the agent
@@ -484,12 +521,12 @@ impl Core {
             let left = l.lease_left().unwrap_or_default();
             let margin = send_margin(l.cfg.ttl);
             if left <= margin {
-                return Err(format!(
+                return Err(SendError::not_sent(format!(
                     "not sent: this engine's lease is sure for {} ms more, under the {} ms margin a send needs — \
                      it may no longer lead",
                     left.as_millis(),
                     margin.as_millis()
-                ));
+                )));
             }
             req.not_after_ms = Some(self.now().saturating_add((left - margin).as_millis() as i64));
         }
@@ -499,8 +536,8 @@ impl Core {
         let secs = started.elapsed().as_secs_f64();
         match reply {
             Ok(Ok(r)) => Ok((r, secs)),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no reply from {node} within {} s", timeout.as_secs())),
+            Ok(Err(e)) => Err(SendError::left(e.to_string())),
+            Err(_) => Err(SendError::left(format!("no reply from {node} within {} s", timeout.as_secs()))),
         }
     }
 
@@ -537,7 +574,7 @@ impl Core {
         match result {
             Ok((r, _)) if r.ok => Ok(r.result.unwrap_or(Value::Null)),
             Ok((r, _)) => Err(r.error.map(|e| e.message).unwrap_or_default()),
-            Err(e) => Err(e),
+            Err(e) => Err(e.message),
         }
     }
 

@@ -659,10 +659,15 @@ impl ScriptHost for Host {
         let Some(summary) = self.summary() else { return refused("internal", "the run ended") };
         let mut sent = self.block_on(self.core.send_audited(&summary, node, gpu, req));
         // A change whose reply was lost may have been applied: ask the
-        // agent's journal, and take the reply it sent if it has one.
+        // agent's journal, and take the reply it sent if it has one. (One
+        // that never left — not the leader, the intent not durable — asks
+        // nothing.)
         let mut lost: Option<Value> = None;
         let changes = !ctx.dry_run && (places_hold(&op) || matches!(op, Op::Drain(_)));
-        if changes && let Err(e) = &sent {
+        if changes
+            && let Err(e) = &sent
+            && e.left
+        {
             let e = e.clone();
             sent = match self.block_on(self.core.lost_reply(node, &action_id)) {
                 Ok(reply) => {
@@ -743,7 +748,7 @@ impl ScriptHost for Host {
         // until the agent takes it.
         let holds_here = result["held"] == json!(true)
             || (!ctx.dry_run && matches!(op, Op::Drain(_)) && result["ok"] == true)
-            || (changes && sent.is_err());
+            || (changes && sent.as_ref().is_err_and(|e| e.left));
         if let Some(r) = self.core.table().runs.get_mut(&self.run) {
             r.summary.actions += 1;
             if !r.summary.nodes.contains(&node_s) && !ctx.dry_run {
