@@ -5,13 +5,13 @@
 //! meanwhile (drifted).
 //!
 //! This module owns the *rules* (pure functions over holds, unit-tested
-//! here) and the *record* (one JSON file, replaced atomically and fsynced
-//! before a reply leaves, so holds, baselines, leases and rate-limit windows
-//! survive restarts exactly). Reading and writing the device is the
-//! service's job (`service::settings`).
+//! here) and the *record* in memory: what changed since it was last made
+//! durable is a [`HoldsDelta`], one part of a line of the agent's state log
+//! (`statelog`), so holds, baselines, leases and rate-limit windows survive
+//! restarts exactly. Reading and writing the device is the service's job
+//! (`service::settings`).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -62,10 +62,10 @@ impl Held {
     }
 }
 
-/// What is persisted.
+/// What is persisted (whole in a snapshot, as [`HoldsDelta`]s between).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Record {
+pub struct Record {
     version: u32,
     held: Vec<Held>,
     /// Applied changes per (kind, GPU), for the rate limits.
@@ -73,6 +73,123 @@ struct Record {
     /// The most recent ends, oldest first (at most [`ENDED_KEPT`]).
     #[serde(default)]
     ended: VecDeque<EndedHold>,
+    /// How many ends were ever noted (what a delta's `ended` counts from).
+    #[serde(default)]
+    ended_total: u64,
+}
+
+/// What changed in the record since it was last made durable: the held
+/// settings that changed (whole) or went, the rate windows that changed,
+/// the ends noted since. Applying it to the durable record gives the
+/// record in memory.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HoldsDelta {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub set: Vec<Held>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<Setting>,
+    /// The held settings' order, when it is not what applying `set` and
+    /// `removed` gives (a setting forgotten and held again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<Vec<Setting>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    rate: Vec<RateWindow>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ended: Vec<EndedHold>,
+    /// How many ends were ever noted, with these (more than `ended` says
+    /// when more ended than are kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ended_total: Option<u64>,
+}
+
+impl HoldsDelta {
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty()
+            && self.removed.is_empty()
+            && self.order.is_none()
+            && self.rate.is_empty()
+            && self.ended.is_empty()
+            && self.ended_total.is_none()
+    }
+}
+
+impl Record {
+    /// A new, empty record.
+    pub fn empty() -> Record {
+        Record { version: 1, ..Record::default() }
+    }
+
+    /// Read a whole record (a snapshot, or the older `holds.json`).
+    pub fn check(self) -> Result<Record, String> {
+        if self.version != 1 {
+            return Err(format!("unsupported hold record version: expected 1, found {}", self.version));
+        }
+        Ok(self)
+    }
+
+    /// Apply a delta (replaying the state log).
+    pub fn apply(&mut self, d: &HoldsDelta) {
+        self.held.retain(|h| !d.removed.contains(&h.setting));
+        for h in &d.set {
+            match self.held.iter_mut().find(|x| x.setting == h.setting) {
+                Some(x) => *x = h.clone(),
+                None => self.held.push(h.clone()),
+            }
+        }
+        if let Some(order) = &d.order {
+            self.held.sort_by_key(|h| order.iter().position(|s| *s == h.setting).unwrap_or(usize::MAX));
+        }
+        for w in &d.rate {
+            match self.rate.iter_mut().find(|x| x.kind == w.kind && x.gpu == w.gpu) {
+                Some(x) => *x = w.clone(),
+                None => self.rate.push(w.clone()),
+            }
+        }
+        for e in &d.ended {
+            self.ended.push_back(e.clone());
+            self.ended_total += 1;
+        }
+        if let Some(t) = d.ended_total {
+            self.ended_total = t;
+        }
+        while self.ended.len() > ENDED_KEPT {
+            self.ended.pop_front();
+        }
+    }
+
+    /// What turns `base` into `self`.
+    fn delta_from(&self, base: &Record) -> HoldsDelta {
+        let set: Vec<Held> = self
+            .held
+            .iter()
+            .filter(|h| base.held.iter().find(|b| b.setting == h.setting) != Some(*h))
+            .cloned()
+            .collect();
+        let removed: Vec<Setting> = base
+            .held
+            .iter()
+            .filter(|b| !self.held.iter().any(|h| h.setting == b.setting))
+            .map(|b| b.setting.clone())
+            .collect();
+        let rate: Vec<RateWindow> = self
+            .rate
+            .iter()
+            .filter(|w| base.rate.iter().find(|b| b.kind == w.kind && b.gpu == w.gpu) != Some(*w))
+            .cloned()
+            .collect();
+        let new_ends = (self.ended_total.saturating_sub(base.ended_total) as usize).min(self.ended.len());
+        let ended: Vec<EndedHold> = self.ended.iter().skip(self.ended.len() - new_ends).cloned().collect();
+        let ended_total = (self.ended_total != base.ended_total).then_some(self.ended_total);
+        let mut d = HoldsDelta { set, removed, order: None, rate, ended, ended_total };
+        let mut replayed = base.clone();
+        replayed.apply(&d);
+        let order = |r: &Record| r.held.iter().map(|h| h.setting.clone()).collect::<Vec<_>>();
+        if order(&replayed) != order(self) {
+            d.order = Some(order(self));
+        }
+        d
+    }
 }
 
 /// How many ended holds the store remembers.
@@ -86,48 +203,41 @@ struct RateWindow {
     at_ms: VecDeque<i64>,
 }
 
-/// The store. Mutations change memory; [`HoldStore::save`] makes them
-/// durable (the service calls it before replying).
-#[derive(Debug)]
+/// The store. Mutations change memory; [`HoldStore::delta`] is what a
+/// line of the state log must carry to make them durable, and
+/// [`HoldStore::mark_durable`] says it did.
+#[derive(Debug, Clone)]
 pub struct HoldStore {
-    path: PathBuf,
     rec: Record,
+    /// The record as the state log has it.
+    durable: Record,
 }
 
 /// A copy of the store's record ([`HoldStore::snapshot`]).
 #[derive(Debug, Clone)]
 pub struct Snapshot(Record);
 
-/// The hold store could not be read.
-#[derive(Debug, thiserror::Error)]
-#[error("hold store {path}: {message}")]
-pub struct StoreError {
-    pub path: PathBuf,
-    pub message: String,
-}
-
 impl HoldStore {
-    /// Open the store at `path` (empty when the file does not exist). A file
-    /// that exists but cannot be read is an error: starting without the
-    /// holds would forget baselines and leases.
-    pub fn open(path: &Path) -> Result<HoldStore, StoreError> {
-        let rec = match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice::<Record>(&bytes).map_err(|e| StoreError {
-                path: path.into(),
-                message: format!(
-                    "not a hold record ({e}); move it aside only after checking the node's settings by hand"
-                ),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Record { version: 1, ..Record::default() },
-            Err(e) => return Err(StoreError { path: path.into(), message: e.to_string() }),
-        };
-        if rec.version != 1 {
-            return Err(StoreError {
-                path: path.into(),
-                message: format!("unsupported hold record version: expected 1, found {}", rec.version),
-            });
-        }
-        Ok(HoldStore { path: path.to_path_buf(), rec })
+    /// A store holding `rec`, all of it durable.
+    pub fn from_record(rec: Record) -> HoldStore {
+        HoldStore { durable: rec.clone(), rec }
+    }
+
+    /// The whole record (what a snapshot of the state log carries).
+    pub fn record(&self) -> &Record {
+        &self.rec
+    }
+
+    /// What changed since the state log last took the record; `None` when
+    /// nothing did.
+    pub fn delta(&self) -> Option<HoldsDelta> {
+        let d = self.rec.delta_from(&self.durable);
+        (!d.is_empty()).then_some(d)
+    }
+
+    /// The state log has the record as it is now.
+    pub fn mark_durable(&mut self) {
+        self.durable = self.rec.clone();
     }
 
     /// The whole record as it is now, to put back with
@@ -139,12 +249,6 @@ impl HoldStore {
 
     pub fn restore(&mut self, s: Snapshot) {
         self.rec = s.0;
-    }
-
-    /// Write the record atomically and durably.
-    pub fn save(&self) -> std::io::Result<()> {
-        let bytes = serde_json::to_vec(&self.rec).map_err(std::io::Error::other)?;
-        nightshift_proto::fsutil::write_atomic(&self.path, &bytes)
     }
 
     pub fn get(&self, s: &Setting) -> Option<&Held> {
@@ -208,6 +312,7 @@ impl HoldStore {
     /// Remember that a hold ended (for telemetry; saved with the store).
     pub fn note_ended(&mut self, e: EndedHold) {
         self.rec.ended.push_back(e);
+        self.rec.ended_total += 1;
         while self.rec.ended.len() > ENDED_KEPT {
             self.rec.ended.pop_front();
         }
@@ -556,19 +661,20 @@ mod tests {
     #[test]
     fn the_record_survives_a_reopen_exactly() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("holds.json");
         let limit = crate::envelope::RateLimit { max_changes: 2, window_secs: 60 };
         {
-            let mut s = HoldStore::open(&path).unwrap();
+            let (mut log, mut st) = crate::statelog::StateLog::open(dir.path()).unwrap();
+            let s = &mut st.holds;
             let p = Setting::PowerLimit { gpu: 1 };
             s.place(hold("r1", 1_000, pw(450.0), p.clone()), pw(700.0));
             s.place(hold("r2", 2_000, pw(500.0), p.clone()), pw(0.0));
             s.get_mut(&p).unwrap().applied = pw(450.0);
             s.rate_record(ActionKind::PowerLimit, Some(1), 1_000);
             s.rate_record(ActionKind::PowerLimit, Some(1), 2_000);
-            s.save().unwrap();
+            log.commit(s, None, None, true).unwrap();
         }
-        let mut s = HoldStore::open(&path).unwrap();
+        let (_, mut st) = crate::statelog::StateLog::open(dir.path()).unwrap();
+        let s = &mut st.holds;
         let h = s.get(&Setting::PowerLimit { gpu: 1 }).unwrap();
         assert_eq!(h.baseline, pw(700.0), "the first hold's baseline stays");
         assert_eq!(h.applied, pw(450.0));
@@ -585,12 +691,49 @@ mod tests {
         assert_eq!(s.remove(|h| h.owner == "r1").len(), 1);
     }
 
+    /// Every sequence of changes: the durable record with the delta applied
+    /// is the record in memory (table of steps, each checked).
     #[test]
-    fn an_unreadable_record_is_an_error_not_a_blank_start() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("holds.json");
-        std::fs::write(&path, b"{\"version\":1,\"held\":[").unwrap();
-        let err = HoldStore::open(&path).unwrap_err().to_string();
-        assert!(err.contains("not a hold record"), "{err}");
+    fn a_delta_turns_the_durable_record_into_the_one_in_memory() {
+        let p0 = Setting::PowerLimit { gpu: 0 };
+        let p1 = Setting::PowerLimit { gpu: 1 };
+        let d = Setting::NodeDrain {};
+        type Step = fn(&mut HoldStore, &Setting, &Setting, &Setting);
+        let steps: &[(&str, Step)] = &[
+            ("place", |s, p0, _, _| s.place(hold("a", 1, pw(600.0), p0.clone()), pw(700.0))),
+            ("second setting", |s, _, p1, _| s.place(hold("b", 2, pw(500.0), p1.clone()), pw(700.0))),
+            ("drain", |s, _, _, d| s.place(hold("c", 3, nd(true, Some("x")), d.clone()), nd(false, None))),
+            ("applied", |s, p0, _, _| s.get_mut(p0).unwrap().applied = pw(600.0)),
+            ("writing", |s, _, p1, _| s.get_mut(p1).unwrap().writing = Some(pw(500.0))),
+            ("rate", |s, _, _, _| s.rate_record(ActionKind::PowerLimit, Some(0), 9)),
+            ("remove and forget first", |s, p0, _, _| {
+                s.remove(|h| h.owner == "a");
+                s.forget(p0);
+            }),
+            ("ended", |s, _, _, _| {
+                for i in 0..(ENDED_KEPT + 3) {
+                    s.note_ended(EndedHold {
+                        hold: hold("a", i as i64, pw(1.0), Setting::PowerLimit { gpu: 0 }),
+                        ended_at_ms: i as i64,
+                        how: nightshift_proto::HoldEnd::Expired,
+                        by: String::new(),
+                        outcome: nightshift_proto::RestoreOutcome::Restored,
+                        now: pw(700.0),
+                    })
+                }
+            }),
+            ("held again, last in order", |s, p0, _, _| s.place(hold("e", 4, pw(650.0), p0.clone()), pw(700.0))),
+            ("drifted", |s, _, _, d| s.get_mut(d).unwrap().drifted = Some("by hand".into())),
+        ];
+        let mut s = HoldStore::from_record(Record::empty());
+        for (what, step) in steps {
+            step(&mut s, &p0, &p1, &d);
+            let delta = s.delta().unwrap_or_default();
+            let mut replayed = s.durable.clone();
+            replayed.apply(&delta);
+            assert!(&replayed == s.record(), "{what}: the replayed record differs");
+            s.mark_durable();
+            assert!(s.delta().is_none(), "{what}: nothing left after it is durable");
+        }
     }
 }

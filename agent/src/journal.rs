@@ -1,17 +1,15 @@
 //! The applied-request journal: what makes request ids idempotent, across
 //! agent restarts.
 //!
-//! Every mutating request is journaled: a `pending` line (fsynced) before the
-//! change is made, a `done` line with the reply after. A repeated id returns
-//! the recorded reply. An id left `pending` by a crash is *indeterminate*:
-//! the agent will never apply it again, and says so. Lease reverts are
-//! journaled too. The file is JSON lines, one record each, readable by tests
-//! and by people (`jq`).
+//! Every mutating request is journaled: a `pending` line before the change
+//! is made (durable, in the same state-log line as the holds it places), a
+//! `done` line with the reply after. A repeated id returns the recorded
+//! reply. An id left `pending` by a crash is *indeterminate*: the agent
+//! will never apply it again, and says so. Lease reverts are journaled
+//! too. The lines live in the agent's state log (`statelog`); this is the
+//! index over them, in memory.
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -36,113 +34,62 @@ pub struct Entry {
     pub reverted: Option<(i64, bool, String)>,
 }
 
-/// The journal, in memory and on disk.
-#[derive(Debug)]
+/// The journal's index: every id's state, oldest first.
+#[derive(Debug, Default)]
 pub struct Journal {
-    path: PathBuf,
-    file: File,
     entries: HashMap<String, Entry>,
     order: Vec<String>,
 }
 
-/// Most ids kept; older ones are dropped when the file is compacted at start.
-const KEEP: usize = 100_000;
+/// Most ids kept; the oldest are dropped (down to half) when the state log
+/// is compacted with more.
+pub const KEEP: usize = 100_000;
 
 impl Journal {
-    /// Open (or create) the journal at `path`. A torn last line (crash mid
-    /// write) is ignored; the id it named stays unknown or pending.
-    pub fn open(path: &Path) -> std::io::Result<Journal> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let mut entries: HashMap<String, Entry> = HashMap::new();
-        let mut order = Vec::new();
-        if let Ok(f) = File::open(path) {
-            for line in BufReader::new(f).lines() {
-                let Ok(line) = line else { break };
-                let Ok(rec) = serde_json::from_str::<JournalLine>(&line) else { continue };
-                apply_line(&mut entries, &mut order, rec);
-            }
-        }
-        let needs_compaction = order.len() > KEEP;
-        if needs_compaction {
-            let drop = order.len() - KEEP / 2;
-            for id in order.drain(..drop) {
-                entries.remove(&id);
-            }
-            let mut buf = Vec::new();
-            for id in &order {
-                for line in lines_for(id, &entries[id]) {
-                    serde_json::to_writer(&mut buf, &line)?;
-                    buf.push(b'\n');
-                }
-            }
-            nightshift_proto::fsutil::write_atomic(path, &buf)?;
-        }
-        let mut file = OpenOptions::new().create(true).append(true).open(path)?;
-        // Terminate a torn last line so the next record starts cleanly.
-        if let Ok(bytes) = std::fs::read(path)
-            && bytes.last().is_some_and(|b| *b != b'\n')
-        {
-            file.write_all(b"\n")?;
-            file.sync_data()?;
-        }
-        Ok(Journal { path: path.to_path_buf(), file, entries, order })
-    }
-
-    /// Where the journal lives.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// What is known about `id`.
     pub fn lookup(&self, id: &str) -> Option<&Entry> {
         self.entries.get(id)
     }
 
-    fn append(&mut self, line: JournalLine) -> std::io::Result<()> {
-        let mut bytes = serde_json::to_vec(&line)?;
-        bytes.push(b'\n');
-        let len = self.file.metadata()?.len();
-        let written = self.file.write_all(&bytes).and_then(|()| self.file.sync_data());
-        if let Err(e) = written {
-            // A line cut short (a full disk) must not swallow the next one:
-            // cut it off, or at least end it, before saying it failed.
-            if self.file.set_len(len).is_err() {
-                let _ = self.file.write_all(b"\n");
-            }
-            return Err(e);
-        }
+    /// How many ids it knows.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// Take one line in (written to the log, or replayed from it).
+    pub fn apply(&mut self, line: JournalLine) {
         apply_line(&mut self.entries, &mut self.order, line);
-        Ok(())
     }
 
-    /// Durably note that `id` is about to be applied.
-    pub fn begin(&mut self, id: &str, digest: &str, op: &str, at_ms: i64) -> std::io::Result<()> {
-        self.append(JournalLine::Pending { id: id.into(), digest: digest.into(), op: op.into(), at_ms })
+    /// Drop the oldest ids, down to half of [`KEEP`], once there are more
+    /// than [`KEEP`].
+    pub fn trim(&mut self) {
+        if self.order.len() > KEEP {
+            let drop = self.order.len() - KEEP / 2;
+            for id in self.order.drain(..drop) {
+                self.entries.remove(&id);
+            }
+        }
     }
 
-    /// Record the reply for `id`.
-    pub fn finish(&mut self, id: &str, digest: &str, op: &str, at_ms: i64, reply: &Reply) -> std::io::Result<()> {
-        self.append(JournalLine::Done {
-            id: id.into(),
-            digest: digest.into(),
-            op: op.into(),
-            at_ms,
-            reply: reply.clone(),
-        })
+    /// The lines that rebuild the journal (a snapshot's).
+    pub fn lines(&self) -> Vec<JournalLine> {
+        self.order.iter().flat_map(|id| lines_for(id, &self.entries[id])).collect()
     }
+}
 
-    /// Record that the lease of `id` was carried out.
-    pub fn reverted(&mut self, id: &str, at_ms: i64, ok: bool, detail: &str) -> std::io::Result<()> {
-        self.append(JournalLine::Reverted { id: id.into(), at_ms, ok, detail: detail.into() })
-    }
+/// The line saying `id` is about to be applied.
+pub fn pending(id: &str, digest: &str, op: &str, at_ms: i64) -> JournalLine {
+    JournalLine::Pending { id: id.into(), digest: digest.into(), op: op.into(), at_ms }
+}
 
-    /// Read a journal file's lines (for tests and audits).
-    pub fn read_lines(path: &Path) -> std::io::Result<Vec<JournalLine>> {
-        let f = File::open(path)?;
-        Ok(BufReader::new(f).lines().map_while(Result::ok).filter_map(|l| serde_json::from_str(&l).ok()).collect())
-    }
+/// The line recording `id`'s reply.
+pub fn done(id: &str, digest: &str, op: &str, at_ms: i64, reply: &Reply) -> JournalLine {
+    JournalLine::Done { id: id.into(), digest: digest.into(), op: op.into(), at_ms, reply: reply.clone() }
 }
 
 fn apply_line(entries: &mut HashMap<String, Entry>, order: &mut Vec<String>, line: JournalLine) {
@@ -196,27 +143,23 @@ mod tests {
     use nightshift_proto::ErrorCode;
 
     #[test]
-    fn survives_reopen_and_torn_tail() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("journal.jsonl");
-        {
-            let mut j = Journal::open(&path).unwrap();
-            j.begin("a", "d1", "set_power_limit", 1).unwrap();
-            j.finish("a", "d1", "set_power_limit", 2, &Reply::ok("a", serde_json::json!({"x":1}))).unwrap();
-            j.begin("b", "d2", "drain", 3).unwrap();
+    fn lines_rebuild_the_same_index_and_trim_keeps_the_newest() {
+        let mut j = Journal::default();
+        j.apply(pending("a", "d1", "set_power_limit", 1));
+        j.apply(done("a", "d1", "set_power_limit", 2, &Reply::ok("a", serde_json::json!({"x":1}))));
+        j.apply(pending("b", "d2", "drain", 3));
+        j.apply(JournalLine::Reverted { id: "a".into(), at_ms: 9, ok: true, detail: "back".into() });
+        let mut again = Journal::default();
+        for l in j.lines() {
+            again.apply(l);
         }
-        // A crash mid-write leaves half a line.
-        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        f.write_all(br#"{"state":"done","id":"b","dig"#).unwrap();
-        drop(f);
-        let j = Journal::open(&path).unwrap();
-        assert_eq!(j.lookup("a").unwrap().reply.as_ref().unwrap().result, Some(serde_json::json!({"x":1})));
-        assert_eq!(j.lookup("b").unwrap().reply, None, "b stays pending: indeterminate");
-        assert!(j.lookup("c").is_none());
-        drop(j);
-        let mut j = Journal::open(&path).unwrap();
-        j.finish("c", "d3", "drain", 4, &Reply::err("c", ErrorCode::HandsOff, "no")).unwrap();
-        let j = Journal::open(&path).unwrap();
-        assert_eq!(j.lookup("c").unwrap().reply.as_ref().unwrap().code(), Some(ErrorCode::HandsOff));
+        assert_eq!(again.lookup("a"), j.lookup("a"));
+        assert_eq!(again.lookup("b").unwrap().reply, None, "b stays pending: indeterminate");
+        for i in 0..=KEEP {
+            j.apply(done(&format!("x{i}"), "d", "drain", 4, &Reply::err("x", ErrorCode::HandsOff, "no")));
+        }
+        j.trim();
+        assert_eq!(j.len(), KEEP / 2);
+        assert!(j.lookup("a").is_none() && j.lookup(&format!("x{KEEP}")).is_some());
     }
 }

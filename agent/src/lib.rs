@@ -8,6 +8,7 @@
 //! - [`holds`]: every change is a hold: owned, leased, persisted, restored.
 //! - [`service`]: request handling, idempotency, dry runs, the hold pipeline.
 //! - [`journal`]: applied request ids, so none is applied twice.
+//! - [`statelog`]: the one append-only log all of that state lives in.
 //! - [`ssh`]: the SSH server; [`local`]: the same service in-process.
 //! - [`exporter`]: dcgm-exporter-compatible `/metrics`.
 //! - [`config`], [`runtime`]: agent.yaml → validate → build → run.
@@ -28,6 +29,7 @@ pub mod probe;
 pub mod procs;
 pub mod runtime;
 pub mod service;
+pub mod statelog;
 pub mod ssh;
 
 pub use local::LocalAgent;

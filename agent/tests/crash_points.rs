@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use nightshift_agent::backend::Backend;
 use nightshift_agent::backend::sim::{SimBackend, SimConfig};
-use nightshift_agent::holds::HoldStore;
+use nightshift_agent::statelog::StateLog;
 use nightshift_agent::service::{Agent, AgentOptions};
 use nightshift_proto::clock::{SharedClock, VirtualClock};
 use nightshift_proto::*;
@@ -63,7 +63,8 @@ async fn a_stop_at_any_step_of_a_change_never_reads_the_agents_own_write_as_drif
         {
             let a = agent(dir.path(), &hw, &clock);
             drop(a);
-            let mut store = HoldStore::open(&dir.path().join("state").join("holds.json")).unwrap();
+            let (mut log, mut st) = StateLog::open(&dir.path().join("state")).unwrap();
+            let store = &mut st.holds;
             let setting = Setting::PowerLimit { gpu: 0 };
             let hold = HoldInfo {
                 id: "r1-a1".into(),
@@ -88,7 +89,7 @@ async fn a_stop_at_any_step_of_a_change_never_reads_the_agents_own_write_as_drif
                     store.remove(|x| x.id == "r1-a1");
                 }
             }
-            store.save().unwrap();
+            log.commit(store, None, None, true).unwrap();
             if !matches!(step, Step::SavedNotWritten) {
                 hw.set_power_limit(0, CAP).unwrap();
             }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use nightshift_agent::backend::Backend;
 use nightshift_agent::backend::sim::{SimBackend, SimConfig};
-use nightshift_agent::journal::Journal;
+use nightshift_agent::statelog::StateLog;
 use nightshift_agent::service::{Agent, AgentOptions};
 use nightshift_proto::clock::{SharedClock, VirtualClock};
 use nightshift_proto::*;
@@ -70,25 +70,49 @@ async fn a_full_state_disk_refuses_cleanly_keeps_holds_and_converges_when_space_
     assert!(first.ok, "{first:?}");
     assert_eq!(power(&hw), 600.0);
 
-    // Fill the disk.
+    // Fill the disk, to the last byte.
     let mut filler = std::fs::File::create(state.join("filler")).unwrap();
-    let chunk = vec![0x5au8; 16 * 1024];
-    while filler.write_all(&chunk).and_then(|_| filler.sync_data()).is_ok() {}
+    let mut chunk = 16 * 1024;
+    while chunk > 0 {
+        while filler.write_all(&vec![0x5au8; chunk]).and_then(|_| filler.sync_data()).is_ok() {}
+        chunk /= 2;
+    }
     drop(filler);
 
-    // A tighter cap cannot be recorded: refused, nothing changes.
-    let r = a.handle(cap("r2-a1", "r2", 500.0)).await;
-    assert!(!r.ok, "a change the agent cannot record is refused: {r:?}");
-    assert_eq!(power(&hw), 600.0, "the device is untouched");
-    assert_eq!(a.held()[0].holds.len(), 1, "nothing of the refused request stays in memory: {:?}", a.held());
+    // A change is refused once its line cannot be recorded (the last page
+    // of the state log may still take a few lines: those are durable, and
+    // applied). The refused one changes nothing.
+    let mut accepted = vec![600.0];
+    let refused = loop {
+        let watts = 590.0 - 10.0 * accepted.len() as f64;
+        assert!(watts > 200.0, "the full disk never refused a change: {accepted:?}");
+        let id = format!("r{}-a1", accepted.len() + 1);
+        let r = a.handle(cap(&id, &format!("r{}", accepted.len() + 1), watts)).await;
+        if !r.ok {
+            break r;
+        }
+        accepted.push(watts);
+    };
+    assert!(
+        refused.error.as_ref().is_some_and(|e| e.message.contains("cannot record the request and its holds durably")),
+        "{refused:?}"
+    );
+    let lowest = accepted.iter().cloned().fold(f64::INFINITY, f64::min);
+    assert_eq!(power(&hw), lowest, "the device is untouched by the refused change");
+    assert_eq!(a.held()[0].holds.len(), accepted.len(), "nothing of the refused request stays in memory: {:?}", a.held());
+    StateLog::verify(&state).expect("no state log line is cut by the full disk");
 
     // The lease runs out on the full disk: the hold and the device stay,
     // and every tick tries again.
     clock.advance(120_000);
     a.tick().await;
     a.tick().await;
-    assert_eq!(a.held().first().map(|h| h.holds.len()), Some(1), "the hold is kept until its end is recorded");
-    assert_eq!(power(&hw), 600.0, "nothing restored that the record does not say");
+    assert_eq!(
+        a.held().first().map(|h| h.holds.len()),
+        Some(accepted.len()),
+        "the holds are kept until their end is recorded"
+    );
+    assert_eq!(power(&hw), lowest, "nothing restored that the record does not say");
 
     // Space comes back: the expiry goes through, the device is restored.
     std::fs::remove_file(state.join("filler")).unwrap();
@@ -99,12 +123,9 @@ async fn a_full_state_disk_refuses_cleanly_keeps_holds_and_converges_when_space_
 
     // Restarted: the journal is whole — the first id answers as recorded
     // and is not applied again; the refused one never applies.
-    let lines = Journal::read_lines(&state.join("journal.jsonl")).unwrap();
+    let lines = StateLog::journal_lines(&state).unwrap();
     assert!(lines.len() >= 2, "{lines:?}");
-    let raw = std::fs::read_to_string(state.join("journal.jsonl")).unwrap();
-    for (i, l) in raw.lines().enumerate() {
-        assert!(serde_json::from_str::<serde_json::Value>(l).is_ok(), "journal line {} is cut: {l:?}", i + 1);
-    }
+    StateLog::verify(&state).expect("no state log line is cut");
     let a = agent(dir.path(), &hw, &clock);
     let again = a.handle(cap("r1-a1", "r1", 600.0)).await;
     assert_eq!(again, first, "a replay answers as recorded");

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use nightshift_agent::backend::Backend;
 use nightshift_agent::backend::sim::{SimBackend, SimConfig};
 use nightshift_agent::envelope::RateLimit;
-use nightshift_agent::journal::{Journal, JournalLine};
+use nightshift_agent::journal::JournalLine;
 use nightshift_agent::node::configs::ManagedConfig;
 use nightshift_agent::service::{Agent, AgentOptions};
 use nightshift_proto::clock::{Clock, SharedClock, VirtualClock};
@@ -161,7 +161,7 @@ async fn fan_clock_and_power_holds_survive_a_restart_and_expire_on_time() {
     assert!(n.held().is_empty());
     assert_eq!(n.power(0), 300.0, "power back to its baseline at 500 s");
     // Each expiry is in the journal, against the request that placed it.
-    let lines = Journal::read_lines(&n.agent.journal_path()).unwrap();
+    let lines = n.agent.journal_lines();
     let reverted = lines.iter().filter(|l| matches!(l, JournalLine::Reverted { ok: true, .. })).count();
     assert_eq!(reverted, 3, "{lines:?}");
 }
@@ -221,7 +221,7 @@ async fn hands_off_freezes_leases_and_a_persons_change_is_left_alone() {
     assert!(n.held().is_empty(), "the leases act once the marker is gone");
     assert_eq!(n.power(0), 600.0, "the person's limit stays");
     assert_eq!(std::fs::read_to_string(n.dir.path().join("nccl.env")).unwrap(), "NCCL_DEBUG=INFO\n");
-    let lines = Journal::read_lines(&n.agent.journal_path()).unwrap();
+    let lines = n.agent.journal_lines();
     let drifted: Vec<&String> = lines
         .iter()
         .filter_map(|l| match l {
@@ -458,7 +458,7 @@ async fn sim_fault_exists_only_on_the_sim_backend_and_is_journaled() {
     n.sim.step(60.0);
     let util = n.sim.sample().unwrap().0[0].util_pct;
     assert!(util > 50.0, "the repeat did not set the load again: {util}%");
-    let lines = Journal::read_lines(&n.agent.journal_path()).unwrap();
+    let lines = n.agent.journal_lines();
     assert!(lines.iter().any(|l| matches!(l, JournalLine::Done { id, .. } if id == "fault-1")));
     assert_eq!(n.clock.now_ms(), 1_000_000);
 }

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use nightshift_agent::backend::sim::SimConfig;
-use nightshift_agent::journal::{Journal, JournalLine};
+use nightshift_agent::journal::JournalLine;
+use nightshift_agent::statelog::StateLog;
 use nightshift_engine::audit::{AuditStore, RecordKind};
 use nightshift_engine::runs::RunOutcome;
 use nightshift_proto::clock::SystemClock;
@@ -227,9 +228,8 @@ async fn the_engine_survives_kill_9_in_a_loop() {
     }
     let mut applied_total = 0usize;
     for a in &agents {
-        let path = a.cfg.state_dir.join("journal.jsonl");
         let mut pending: HashMap<String, usize> = HashMap::new();
-        for line in Journal::read_lines(&path).unwrap() {
+        for line in StateLog::journal_lines(&a.cfg.state_dir).unwrap() {
             if let JournalLine::Pending { id, .. } = line {
                 *pending.entry(id).or_default() += 1;
             }

@@ -115,7 +115,7 @@ async fn an_interrupted_run_is_marked_and_its_action_not_reapplied() {
     assert_eq!(recs.last().unwrap().kind, RecordKind::RunFinished);
     assert!(engine2.verify().unwrap().ok);
     // The agent applied it exactly once; the restart re-sent nothing.
-    let lines = nightshift_agent::journal::Journal::read_lines(&agent.journal_path()).unwrap();
+    let lines = agent.journal_lines();
     let pending = lines
         .iter()
         .filter(|l| matches!(l, nightshift_agent::journal::JournalLine::Pending { id, .. } if *id == action_id))
@@ -369,7 +369,7 @@ async fn a_restored_backup_never_gets_an_old_reply_replayed_as_applied() {
     assert_eq!(action.data["applied"], true, "{action:?}");
     assert_eq!(action.data["before"]["power_limit_watts"], 700.0, "{action:?}");
     let id = action.data["action_id"].as_str().unwrap().to_string();
-    let lines = nightshift_agent::journal::Journal::read_lines(&f.agent("n1").journal_path()).unwrap();
+    let lines = f.agent("n1").journal_lines();
     let pending = lines
         .iter()
         .filter(|l| matches!(l, nightshift_agent::journal::JournalLine::Pending { id: x, .. } if *x == id))

@@ -8,7 +8,8 @@
 use std::time::{Duration, Instant};
 
 use nightshift_agent::backend::sim::SimConfig;
-use nightshift_agent::journal::{Journal, JournalLine};
+use nightshift_agent::journal::JournalLine;
+use nightshift_agent::statelog::StateLog;
 use nightshift_engine::audit::RecordKind;
 use nightshift_engine::runs::{RunOutcome, Target};
 use nightshift_proto::ssh::client::AgentConnection;
@@ -108,7 +109,7 @@ async fn agents_crash_mid_run_and_mid_stream_and_come_back() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(reverted, "GPU 1 is back at {original} W");
-    let journal = Journal::read_lines(&a.cfg.state_dir.join("journal.jsonl")).unwrap();
+    let journal = StateLog::journal_lines(&a.cfg.state_dir).unwrap();
     assert!(
         journal.iter().any(|l| matches!(l, JournalLine::Reverted { id, ok: true, .. } if id == "lease-1")),
         "{journal:?}"

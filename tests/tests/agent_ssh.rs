@@ -336,7 +336,7 @@ async fn a_repeated_id_is_never_reapplied_even_after_restart() {
     let status = c.call(&req("st", Op::ActionStatus(ActionStatusArgs { request_id: "once".into() }))).await.unwrap();
     assert_eq!(status.result.unwrap()["state"], json!("done"));
     let lines =
-        nightshift_agent::journal::Journal::read_lines(&agent.started.as_ref().unwrap().agent.journal_path()).unwrap();
+        agent.started.as_ref().unwrap().agent.journal_lines();
     let applied = lines
         .iter()
         .filter(|l| matches!(l, nightshift_agent::journal::JournalLine::Pending { id, .. } if id == "once"))

@@ -29,6 +29,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nightshift_agent::backend::sim::SimConfig;
+use nightshift_agent::journal::JournalLine;
+use nightshift_agent::statelog::StateLog;
 use nightshift_engine::audit::{RecordKind, pg};
 use nightshift_tests::external::{Daemon, PgCluster, free_port, postgres_bin_dir, workspace_bin_dir};
 use nightshift_tests::{TestAgent, engine_setup};
@@ -214,12 +216,10 @@ async fn all_records(c: &tokio_postgres::Client) -> Vec<nightshift_engine::audit
 fn applied_twice(agents: &[&TestAgent]) -> Vec<String> {
     let mut twice = Vec::new();
     for a in agents {
-        let text = std::fs::read_to_string(a.cfg.state_dir.join("journal.jsonl")).unwrap_or_default();
         let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-        for line in text.lines() {
-            let Ok(v) = serde_json::from_str::<Value>(line) else { continue };
-            if v["state"] == "pending" {
-                *seen.entry(v["id"].as_str().unwrap_or_default().to_string()).or_default() += 1;
+        for line in StateLog::journal_lines(&a.cfg.state_dir).unwrap_or_default() {
+            if let JournalLine::Pending { id, .. } = line {
+                *seen.entry(id).or_default() += 1;
             }
         }
         twice.extend(seen.into_iter().filter(|(_, n)| *n > 1).map(|(id, n)| format!("{}: {id} ×{n}", a.cfg.node)));
@@ -230,14 +230,18 @@ fn applied_twice(agents: &[&TestAgent]) -> Vec<String> {
 /// Journal lines of run `run`'s own actions (not a later leader's
 /// release of its holds), over every agent.
 fn journal_lines(agents: &[&TestAgent], run: &str) -> usize {
-    let needle = format!("\"id\":\"{run}-a");
+    let prefix = format!("{run}-a");
     agents
         .iter()
         .map(|a| {
-            std::fs::read_to_string(a.cfg.state_dir.join("journal.jsonl"))
+            StateLog::journal_lines(&a.cfg.state_dir)
                 .unwrap_or_default()
-                .lines()
-                .filter(|l| l.contains(&needle))
+                .iter()
+                .filter(|l| match l {
+                    JournalLine::Pending { id, .. }
+                    | JournalLine::Done { id, .. }
+                    | JournalLine::Reverted { id, .. } => id.starts_with(&prefix),
+                })
                 .count()
         })
         .sum()

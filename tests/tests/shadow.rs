@@ -8,6 +8,8 @@
 use std::time::Duration;
 
 use nightshift_agent::backend::sim::SimConfig;
+use nightshift_agent::journal::JournalLine;
+use nightshift_agent::statelog::StateLog;
 use nightshift_engine::audit::RecordKind;
 use nightshift_engine::runs::RunOutcome;
 use nightshift_proto::ssh::client::AgentConnection;
@@ -78,14 +80,20 @@ async fn a_shadow_runbook_changes_nothing_and_reports_what_it_would_have_done() 
     assert!(!t.node_metrics.drained && t.node_metrics.holds.is_empty(), "{:?}", t.node_metrics);
     let mut journaled = 0;
     for a in [&s1, &s2] {
-        let text = std::fs::read_to_string(a.cfg.state_dir.join("journal.jsonl")).unwrap_or_default();
-        for line in text.lines().filter(|l| l.contains(&run.id)) {
+        for line in StateLog::journal_lines(&a.cfg.state_dir).unwrap_or_default() {
             // Only dry runs: answered without a pending (in-flight change)
             // line, and answered as a dry run.
-            let v: serde_json::Value = serde_json::from_str(line).unwrap();
-            assert_eq!(v["state"], "done", "{}: {line}", a.cfg.node);
-            assert_eq!(v["reply"]["result"]["outcome"], "dry_run", "{}: {line}", a.cfg.node);
-            journaled += 1;
+            match &line {
+                JournalLine::Done { id, reply, .. } if id.contains(&run.id) => {
+                    let outcome = reply.result.as_ref().map(|r| r["outcome"].clone());
+                    assert_eq!(outcome, Some(serde_json::json!("dry_run")), "{}: {line:?}", a.cfg.node);
+                    journaled += 1;
+                }
+                JournalLine::Pending { id, .. } | JournalLine::Reverted { id, .. } => {
+                    assert!(!id.contains(&run.id), "{}: {line:?}", a.cfg.node);
+                }
+                JournalLine::Done { .. } => {}
+            }
         }
     }
     assert_eq!(journaled, 2, "both would-be actions reached an agent");

@@ -5,8 +5,10 @@
 //! mutating request goes: idempotency (journal) → hands-off marker → what
 //! the op means ([`ops`]) → lease bounds → envelope → the effective value
 //! before and after → rate limit (only when the device value changes) → dry
-//! run → journal `pending` → hold recorded durably → device written
-//! ([`settings`]) → hold record updated → journal `done` → reply.
+//! run → journal `pending` and the hold, one line of the state log, synced
+//! → device written ([`settings`]) → the reply and the value now applied,
+//! one line (written, synced with the next) → reply. One `fdatasync` per
+//! change (see [`crate::statelog`]).
 //!
 //! On its own clock ([`Agent::tick`]) the agent releases holds whose lease
 //! ran out (never while the hands-off marker exists), finishes a change an
@@ -27,7 +29,8 @@ use nightshift_proto::*;
 use crate::backend::{Backend, BackendError, Support};
 use crate::envelope::Policy;
 use crate::holds::{HoldStore, same_value};
-use crate::journal::Journal;
+use crate::journal::{Journal, JournalLine};
+use crate::statelog::StateLog;
 
 /// How far back telemetry reports ended holds (the engine audits each once).
 pub const ENDED_REPORTED_MS: i64 = 10 * 60 * 1000;
@@ -135,6 +138,9 @@ pub struct Agent {
     configs: ConfigStore,
     journal: Mutex<Journal>,
     store: Mutex<HoldStore>,
+    /// Where both (and the leader term) are made durable. Locked before
+    /// either of them.
+    log: Mutex<StateLog>,
     drain_cache: Mutex<Option<(DrainState, i64)>>,
     /// When managed config files were last checked for hand edits.
     config_scan_ms: Mutex<i64>,
@@ -142,7 +148,7 @@ pub struct Agent {
     mutate: tokio::sync::Mutex<()>,
     /// Host CPU from /proc.
     host: crate::node::host::HostStats,
-    /// The highest engine leader term seen (kept in the state dir).
+    /// The highest engine leader term seen (kept in the state log).
     leader_term: Mutex<u64>,
     /// The last health check, and each GPU's double-bit ECC count then.
     last_health: Mutex<Option<(HealthCheck, Vec<u64>)>>,
@@ -157,19 +163,17 @@ impl std::fmt::Debug for Agent {
 /// An agent could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    #[error("cannot open the request journal {path}: {source}")]
-    Journal { path: PathBuf, source: std::io::Error },
     #[error("cannot create the state dir {path}: {source}")]
     StateDir { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
-    Holds(#[from] crate::holds::StoreError),
+    State(#[from] crate::statelog::StateError),
     #[error("{0}")]
     Config(String),
 }
 
 impl Agent {
-    /// Build an agent. Reads the journal and the hold record from the state
-    /// dir, so request ids, holds, baselines, leases and rate-limit windows
+    /// Build an agent. Replays the state log in the state dir, so request
+    /// ids, holds, baselines, leases, rate-limit windows and the leader term
     /// survive restarts.
     pub fn new(opts: AgentOptions, backend: Arc<dyn Backend>, clock: SharedClock) -> Result<Agent, AgentError> {
         std::fs::create_dir_all(&opts.state_dir)
@@ -178,31 +182,25 @@ impl Agent {
         for (name, m) in &opts.configs {
             m.check().map_err(|e| AgentError::Config(format!("configs.{name}: {e}")))?;
         }
-        let journal_path = opts.state_dir.join("journal.jsonl");
-        let journal =
-            Journal::open(&journal_path).map_err(|source| AgentError::Journal { path: journal_path, source })?;
-        let store = HoldStore::open(&opts.state_dir.join("holds.json"))?;
+        let (log, state) = StateLog::open(&opts.state_dir)?;
         let scheduler = Scheduler::new(opts.scheduler.clone(), &opts.node, opts.state_dir.join("node-drain.json"));
         let configs = ConfigStore::new(opts.state_dir.join("configs"), opts.configs.clone());
-        // The highest leader term seen survives restarts: a deposed engine
-        // stays refused.
-        let leader_term = std::fs::read_to_string(opts.state_dir.join("leader-term"))
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or(0);
         Ok(Agent {
             opts,
             backend,
             clock,
             scheduler,
             configs,
-            journal: Mutex::new(journal),
-            store: Mutex::new(store),
+            journal: Mutex::new(state.journal),
+            store: Mutex::new(state.holds),
+            log: Mutex::new(log),
             drain_cache: Mutex::new(None),
             config_scan_ms: Mutex::new(i64::MIN),
             mutate: tokio::sync::Mutex::new(()),
             host: crate::node::host::HostStats::default(),
-            leader_term: Mutex::new(leader_term),
+            // The highest leader term seen survives restarts: a deposed
+            // engine stays refused.
+            leader_term: Mutex::new(state.term),
             last_health: Mutex::new(None),
         })
     }
@@ -227,9 +225,25 @@ impl Agent {
         &self.clock
     }
 
-    /// Where the applied-request journal lives.
-    pub fn journal_path(&self) -> PathBuf {
-        self.opts.state_dir.join("journal.jsonl")
+    /// Where the state log lives.
+    pub fn state_log_path(&self) -> PathBuf {
+        self.opts.state_dir.join(crate::statelog::LOG_FILE)
+    }
+
+    /// Every journal line in the state log, oldest first (for tests and
+    /// people).
+    pub fn journal_lines(&self) -> Vec<JournalLine> {
+        let _log = self.state_log();
+        StateLog::journal_lines(&self.opts.state_dir).unwrap_or_default()
+    }
+
+    /// `fdatasync` calls on the state log since the agent started.
+    pub fn state_syncs(&self) -> u64 {
+        self.state_log().syncs()
+    }
+
+    fn state_log(&self) -> std::sync::MutexGuard<'_, StateLog> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn holds(&self) -> std::sync::MutexGuard<'_, HoldStore> {
@@ -607,7 +621,9 @@ impl Agent {
                 Err((code, msg)) => Reply::err(&req.id, code, msg),
             },
         };
-        if let Err(e) = self.jr().finish(&req.id, &digest, op, now, &reply) {
+        // Written before the reply leaves, synced with the next change
+        // (see `statelog`): the change itself was durable before it was made.
+        if let Err(e) = self.commit(Some(crate::journal::done(&req.id, &digest, op, now, &reply)), false) {
             tracing::error!(request = %req.id, error = %e, "cannot journal the reply");
         }
         tracing::info!(
@@ -645,21 +661,47 @@ impl Agent {
             ));
         }
         if t > *seen && record {
-            nightshift_proto::fsutil::write_atomic(&self.opts.state_dir.join("leader-term"), t.to_string().as_bytes())
+            // The term alone: a change being made meanwhile is recorded by
+            // its own line.
+            let entry = crate::statelog::Entry { term: Some(t), ..Default::default() };
+            self.state_log()
+                .append(&entry, true)
                 .map_err(|e| (ErrorCode::Internal, format!("cannot record leader term {t}: {e}")))?;
             *seen = t;
         }
         Ok(())
     }
 
+    /// Write what changed in the holds, with `journal`, as one line of the
+    /// state log (`sync`: durably, one `fdatasync`); compact the log when
+    /// it has grown. Called without the holds or journal locked.
+    fn commit(&self, journal: Option<JournalLine>, sync: bool) -> std::io::Result<()> {
+        let mut log = self.state_log();
+        log.commit(&mut self.holds(), journal.clone(), None, sync)?;
+        let mut jr = self.jr();
+        if let Some(l) = journal {
+            jr.apply(l);
+        }
+        if log.wants_compaction() {
+            jr.trim();
+            let term = *self.leader_term.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = log.compact(&self.holds(), &jr, term) {
+                tracing::error!(node = %self.opts.node, error = %e, "cannot compact the state log; it keeps growing");
+            }
+        }
+        Ok(())
+    }
+
+    /// Durably mark `req` as being applied, with the holds it changed in
+    /// memory, before the device changes.
     fn begin(&self, req: &Request, digest: &str) -> Result<(), Refusal> {
-        self.jr()
-            .begin(&req.id, digest, req.op.name(), self.clock.now_ms())
-            .map_err(|e| (ErrorCode::Internal, format!("cannot journal the request before applying it: {e}")))
+        let line = crate::journal::pending(&req.id, digest, req.op.name(), self.clock.now_ms());
+        self.commit(Some(line), true)
+            .map_err(|e| (ErrorCode::Internal, format!("cannot record the request and its holds durably: {e}")))
     }
 
     fn save(&self) -> Result<(), Refusal> {
-        self.holds().save().map_err(|e| (ErrorCode::Internal, format!("cannot record the holds durably: {e}")))
+        self.commit(None, true).map_err(|e| (ErrorCode::Internal, format!("cannot record the holds durably: {e}")))
     }
 
     fn hands_off_refusal(&self) -> Refusal {
@@ -856,9 +898,8 @@ impl Agent {
                 released: None,
             });
         }
-        self.begin(req, digest)?;
-        // The hold, the value about to be written and the rate window are
-        // durable before the device changes, in one save: a crash after
+        // The request, the hold, the value about to be written and the rate
+        // window are durable before the device changes, in one line: a crash after
         // the write finds the device at `writing` (the agent's own, adopted
         // by `reconcile`), a crash before it is finished by `reconcile`.
         // A save that fails (a full disk) leaves nothing behind, in memory
@@ -876,15 +917,16 @@ impl Agent {
                 store.rate_record(p.kind, gpu, now);
             }
         }
-        if let Err(e) = self.save() {
+        if let Err(e) = self.begin(req, digest) {
             self.holds().restore(before_save);
             return Err(e);
         }
         if changes {
             match self.write_setting(&p.setting, &after, p.content.as_ref()).await {
                 Ok(_) => {
-                    // In memory only: the next save records it, and until
-                    // then `writing` says the device's value is the agent's.
+                    // Recorded with the reply (not synced on its own): until
+                    // it is durable, `writing` says the device's value is
+                    // the agent's.
                     let mut store = self.holds();
                     if let Some(h) = store.get_mut(&p.setting) {
                         h.applied = after.clone();
@@ -1039,13 +1081,20 @@ impl Agent {
             }
             return Ok(ReleaseResult { released: chosen.iter().map(|h| h.id.clone()).collect(), settings });
         }
-        self.begin(req, digest)?;
-        self.release_now(&chosen.iter().map(|h| h.id.clone()).collect::<Vec<_>>(), HoldEnd::Released, releaser).await
+        let ids: Vec<String> = chosen.iter().map(|h| h.id.clone()).collect();
+        self.release_now(&ids, HoldEnd::Released, releaser, Some((req, digest))).await
     }
 
-    /// Remove the holds and settle their settings (no journal; callers
-    /// journal). Each end is remembered for telemetry.
-    async fn release_now(&self, ids: &[String], how: HoldEnd, by: &str) -> Result<ReleaseResult, Refusal> {
+    /// Remove the holds and settle their settings; `begin`: the request
+    /// asking for it, marked in the same line as the removal. Each end is
+    /// remembered for telemetry.
+    async fn release_now(
+        &self,
+        ids: &[String],
+        how: HoldEnd,
+        by: &str,
+        begin: Option<(&Request, &str)>,
+    ) -> Result<ReleaseResult, Refusal> {
         let before_save = self.holds().snapshot();
         let gone = self.holds().remove(|h| ids.contains(&h.id));
         let mut settings: Vec<Setting> = gone.iter().map(|h| h.setting.clone()).collect();
@@ -1054,7 +1103,11 @@ impl Agent {
         // Not durably released (a full disk): the holds stay, in memory
         // too, and the device as it is; a lease expiry is tried again on
         // the next tick, a release request answers the error.
-        if let Err(e) = self.save() {
+        let recorded = match begin {
+            Some((req, digest)) => self.begin(req, digest),
+            None => self.save(),
+        };
+        if let Err(e) = recorded {
             self.holds().restore(before_save);
             return Err(e);
         }
@@ -1071,7 +1124,12 @@ impl Agent {
                 store.note_ended(EndedHold { hold: h, ended_at_ms: now, how, by: by.to_string(), outcome, now: value });
             }
         }
-        self.save()?;
+        // What the device has now: written, synced with the next change. A
+        // stop before that finds the setting released and not restored,
+        // which `reconcile` finishes.
+        if let Err(e) = self.commit(None, false) {
+            tracing::error!(node = %self.opts.node, error = %e, "cannot record a restore; it is recorded with the next change");
+        }
         Ok(out)
     }
 
@@ -1188,7 +1246,7 @@ impl Agent {
             ));
         }
         if !req.dry_run {
-            self.begin(req, digest)?;
+            let before_save = self.holds().snapshot();
             let mut store = self.holds();
             let ids: Vec<String> = found.iter().map(|h| h.id.clone()).collect();
             let gone = store.remove(|h| ids.contains(&h.id));
@@ -1199,7 +1257,10 @@ impl Agent {
                 store.place(h, baseline);
             }
             drop(store);
-            self.save()?;
+            if let Err(e) = self.begin(req, digest) {
+                self.holds().restore(before_save);
+                return Err(e);
+            }
         }
         Ok(json!({"renewed": found.iter().map(|h| &h.id).collect::<Vec<_>>(), "expires_at_ms": until, "kept": a.keep}))
     }
@@ -1310,7 +1371,14 @@ impl Agent {
                 released: None,
             });
         }
-        self.begin(req, digest)?;
+        // Counted when tried (as a hold's change is), in the line that
+        // marks the request: never under the limit after a crash.
+        let before_save = self.holds().snapshot();
+        self.holds().rate_record(kind, gpu, now);
+        if let Err(e) = self.begin(req, digest) {
+            self.holds().restore(before_save);
+            return Err(e);
+        }
         let after = match &o {
             OneShot::ClearEcc { gpu } => {
                 self.support(self.backend.clear_ecc(*gpu).map_err(backend_refusal)?)?;
@@ -1386,8 +1454,6 @@ impl Agent {
                 after
             }
         };
-        self.holds().rate_record(kind, gpu, now);
-        self.save()?;
         Ok(ActionResult {
             outcome: Outcome::Applied,
             before,
@@ -1475,13 +1541,14 @@ impl Agent {
             expired = self.keep_unhealthy_drains(expired, now).await;
         }
         if !expired.is_empty() {
-            match self.release_now(&expired, HoldEnd::Expired, "").await {
+            match self.release_now(&expired, HoldEnd::Expired, "", None).await {
                 Ok(r) => {
                     for id in &r.released {
                         let detail = r.settings.iter().map(|s| s.detail.clone()).collect::<Vec<_>>().join("; ");
                         let ok = r.settings.iter().all(|s| s.outcome != RestoreOutcome::Failed);
                         tracing::info!(node = %self.opts.node, hold = %id, ok, detail = %detail, "hold lease ran out");
-                        if let Err(e) = self.jr().reverted(id, now, ok, &detail) {
+                        let line = JournalLine::Reverted { id: id.clone(), at_ms: now, ok, detail };
+                        if let Err(e) = self.commit(Some(line), false) {
                             tracing::error!(error = %e, "cannot journal a lease expiry");
                         }
                     }

@@ -412,9 +412,10 @@ fn first_action(r: &nightshift_engine::audit::AuditRecord) -> Option<Result<(), 
 }
 
 /// 2: POST → applied ActionResult, at a steady rate, every alert on its own
-/// GPU. Returns (p50 ms, p99 ms); any alert without an applied action is
-/// an error.
-async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f64, f64, String)> {
+/// GPU. Returns (p50 ms, p99 ms, the per-record breakdown, the agents'
+/// fdatasyncs per change they recorded); any alert without an applied
+/// action is an error.
+async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f64, f64, String, f64)> {
     let nodes = alerts.div_ceil(8);
     let f = fleet(nodes, 8, 1000, data_root).await?;
     let cfg = f.engine_config(
@@ -486,6 +487,7 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
     });
     let http = reqwest::Client::new();
     let names: Vec<String> = f.agents.iter().map(|(n, _)| n.clone()).collect();
+    let syncs_before: u64 = f.agents.iter().map(|(_, a)| a.agent.state_syncs()).sum();
     let start = Instant::now();
     for i in 0..alerts {
         let due = start + Duration::from_secs_f64(i as f64 / rate);
@@ -524,6 +526,22 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
     listener_task.abort();
     web.abort();
     engine.shutdown().await;
+    // Each change an agent made (applied, and the release at its run's
+    // end) has its `pending` line; the syncs it cost are the state log's
+    // own count.
+    let syncs: u64 = f.agents.iter().map(|(_, a)| a.agent.state_syncs()).sum::<u64>() - syncs_before;
+    let changes: usize = f
+        .agents
+        .iter()
+        .map(|(_, a)| {
+            a.agent
+                .journal_lines()
+                .iter()
+                .filter(|l| matches!(l, nightshift_agent::journal::JournalLine::Pending { .. }))
+                .count()
+        })
+        .sum();
+    let syncs_per_change = syncs as f64 / changes.max(1) as f64;
     f.shutdown().await;
     if lat.len() < alerts {
         return Err(anyhow!(
@@ -549,7 +567,7 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
     }
     let breakdown =
         STAGES.iter().zip(cols.iter_mut()).map(|(n, v)| format!("{n} {:.2}", median(v))).collect::<Vec<_>>().join(", ");
-    Ok((pct(&mut lat.clone(), 0.5), pct(&mut lat, 0.99), breakdown))
+    Ok((pct(&mut lat.clone(), 0.5), pct(&mut lat, 0.99), breakdown, syncs_per_change))
 }
 
 /// The records of one alert's path, in order.
@@ -1216,12 +1234,14 @@ async fn alert_latency_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
         let mut p50 = Vec::new();
         let mut p99 = Vec::new();
         let mut breakdowns = Vec::new();
+        let mut syncs = Vec::new();
         for _ in 0..runs {
-            let (a, b, d) =
+            let (a, b, d, s) =
                 alert_latency(alerts, rate, disk).await.with_context(|| format!("scenario 2 at {rate}/s"))?;
             p50.push(a);
             p99.push(b);
             breakdowns.push((a, d));
+            syncs.push(s);
         }
         breakdowns.sort_by(|x, y| x.0.total_cmp(&y.0));
         let breakdown = breakdowns.get(breakdowns.len() / 2).map(|b| b.1.clone()).unwrap_or_default();
@@ -1232,21 +1252,22 @@ async fn alert_latency_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
             ctx.refs.text()
         );
         eprintln!("scenario 2 at {rate:.0}/s: ms from the POST to each durable record: {breakdown}");
+        // The goals (issue 26): at 100/s p50 ≤ 1.5 ms and p99 ≤ 5 ms; at
+        // 1,000/s on distinct GPUs p99 ≤ 100 ms on a 2-core machine.
+        let slow = rate >= 1000.0;
+        let p50_goal: Option<(&str, &dyn Fn(f64) -> bool)> =
+            if slow { None } else { Some(("≤ 1.5 ms", &|m| m <= 1.5)) };
+        let p99_goal: (&str, &dyn Fn(f64) -> bool) =
+            if slow { ("≤ 100 ms", &|m| m <= 100.0) } else { ("≤ 5 ms", &|m| m <= 5.0) };
+        c.add(2, &format!("alert → action applied at {rate:.0}/s, p50"), "ms", p50, p50_goal, &note);
+        c.add(2, &format!("alert → action applied at {rate:.0}/s, p99"), "ms", p99, Some(p99_goal), &note);
         c.add(
             2,
-            &format!("alert → action applied at {rate:.0}/s, p50"),
-            "ms",
-            p50,
-            Some(("≤ 1.5 ms", &|m| m <= 1.5)),
-            &note,
-        );
-        c.add(
-            2,
-            &format!("alert → action applied at {rate:.0}/s, p99"),
-            "ms",
-            p99,
-            Some(("≤ 5 ms", &|m| m <= 5.0)),
-            &note,
+            &format!("agent fdatasyncs per change at {rate:.0}/s"),
+            "syncs",
+            syncs,
+            Some(("= 1", &|m| (m - 1.0).abs() < 1e-9)),
+            "the agents' state-log fdatasyncs over the scenario ÷ the changes they recorded (each applied cap and each release at its run's end has a `pending` line)",
         );
     }
     Ok(())
