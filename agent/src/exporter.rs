@@ -170,15 +170,24 @@ pub fn render(t: &Telemetry, gpus: &[GpuInfo], driver: Option<&str>) -> String {
     out
 }
 
+/// nightshift's own lines after the DCGM fields: whether the agent can
+/// record changes durably.
+fn render_agent(t: &Telemetry) -> String {
+    format!(
+        "# HELP nightshift_agent_state_degraded 1 while the agent cannot write its state log (a full or failing disk): it refuses every change until it can.\n\
+         # TYPE nightshift_agent_state_degraded gauge\nnightshift_agent_state_degraded{{Hostname=\"{}\"}} {}\n",
+        t.node,
+        u8::from(t.node_metrics.state_degraded.is_some())
+    )
+}
+
 async fn metrics(State(agent): State<Arc<Agent>>) -> Response {
     match agent.telemetry().await {
         Ok(t) => {
             let inv = agent.inventory();
-            (
-                [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-                render(&t, &inv.gpus, inv.driver_version.as_deref()),
-            )
-                .into_response()
+            let mut body = render(&t, &inv.gpus, inv.driver_version.as_deref());
+            body.push_str(&render_agent(&t));
+            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
         }
         Err((_, message)) => {
             (StatusCode::SERVICE_UNAVAILABLE, format!("cannot read the GPUs: {message}\n")).into_response()

@@ -29,7 +29,7 @@ pub mod probe;
 pub mod procs;
 pub mod runtime;
 pub mod service;
-pub mod statelog;
 pub mod ssh;
+pub mod statelog;
 
 pub use local::LocalAgent;

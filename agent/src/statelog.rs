@@ -191,9 +191,7 @@ impl StateLog {
                     None => bytes.len() as u64,
                 };
                 let first = match entries.first() {
-                    Some((_, _, e)) if e.snapshot.is_some() => {
-                        entries.get(1).map_or(whole, |(_, off, _)| *off)
-                    }
+                    Some((_, _, e)) if e.snapshot.is_some() => entries.get(1).map_or(whole, |(_, off, _)| *off),
                     _ => 0,
                 };
                 let loaded = replay(entries.into_iter().map(|(l, _, e)| (l, e))).map_err(&err)?;
@@ -211,15 +209,26 @@ impl StateLog {
             .open(&path)
             .map_err(|e| err(format!("cannot open it for appending: {e}")))?;
         if file.metadata().map(|m| m.len()).unwrap_or(0) > whole {
-            file.set_len(whole).and_then(|()| file.sync_data()).map_err(|e| err(format!("cannot cut its torn last line: {e}")))?;
+            file.set_len(whole)
+                .and_then(|()| file.sync_data())
+                .map_err(|e| err(format!("cannot cut its torn last line: {e}")))?;
         }
-        let mut log = StateLog { path: path.clone(), file, len: whole, snapshot_len: first, cut_pending: None, unsynced: false, syncs: 0 };
+        let mut log = StateLog {
+            path: path.clone(),
+            file,
+            len: whole,
+            snapshot_len: first,
+            cut_pending: None,
+            unsynced: false,
+            syncs: 0,
+        };
         // A new log starts with a snapshot; an old one is compacted only
         // when it has grown (its lines are the history tests and people
         // read).
         if migrated.is_some() || log.wants_compaction() {
             loaded.journal.trim();
-            log.compact(&loaded.holds, &loaded.journal, loaded.term).map_err(|e| err(format!("cannot write its snapshot: {e}")))?;
+            log.compact(&loaded.holds, &loaded.journal, loaded.term)
+                .map_err(|e| err(format!("cannot write its snapshot: {e}")))?;
         }
         for old in migrated.unwrap_or_default() {
             let mut to = old.clone().into_os_string();

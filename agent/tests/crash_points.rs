@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use nightshift_agent::backend::Backend;
 use nightshift_agent::backend::sim::{SimBackend, SimConfig};
-use nightshift_agent::statelog::StateLog;
 use nightshift_agent::service::{Agent, AgentOptions};
+use nightshift_agent::statelog::StateLog;
 use nightshift_proto::clock::{SharedClock, VirtualClock};
 use nightshift_proto::*;
 

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use nightshift_agent::backend::Backend;
 use nightshift_agent::backend::sim::{SimBackend, SimConfig};
-use nightshift_agent::statelog::StateLog;
 use nightshift_agent::service::{Agent, AgentOptions};
+use nightshift_agent::statelog::StateLog;
 use nightshift_proto::clock::{SharedClock, VirtualClock};
 use nightshift_proto::*;
 
@@ -99,8 +99,17 @@ async fn a_full_state_disk_refuses_cleanly_keeps_holds_and_converges_when_space_
     );
     let lowest = accepted.iter().cloned().fold(f64::INFINITY, f64::min);
     assert_eq!(power(&hw), lowest, "the device is untouched by the refused change");
-    assert_eq!(a.held()[0].holds.len(), accepted.len(), "nothing of the refused request stays in memory: {:?}", a.held());
+    assert_eq!(
+        a.held()[0].holds.len(),
+        accepted.len(),
+        "nothing of the refused request stays in memory: {:?}",
+        a.held()
+    );
     StateLog::verify(&state).expect("no state log line is cut by the full disk");
+    // Telemetry (what the engine sees) and /metrics say so.
+    let t = a.telemetry().await.unwrap();
+    let why = t.node_metrics.state_degraded.clone().expect("the agent reports itself degraded");
+    assert!(why.contains("state.log") && why.contains("No space left on device"), "{why}");
 
     // The lease runs out on the full disk: the hold and the device stay,
     // and every tick tries again.
@@ -117,6 +126,7 @@ async fn a_full_state_disk_refuses_cleanly_keeps_holds_and_converges_when_space_
     // Space comes back: the expiry goes through, the device is restored.
     std::fs::remove_file(state.join("filler")).unwrap();
     a.tick().await;
+    assert_eq!(a.telemetry().await.unwrap().node_metrics.state_degraded, None, "no longer degraded");
     assert!(a.held().is_empty(), "{:?}", a.held());
     assert_eq!(power(&hw), 700.0);
     drop(a);

@@ -18,20 +18,43 @@ use nightshift_proto::clock::{SharedClock, VirtualClock};
 async fn each_change_costs_one_fdatasync_and_nothing_else_costs_any() {
     let dir = tempfile::tempdir().unwrap();
     let clock = VirtualClock::new(1_000_000);
-    let sim: Arc<dyn Backend> = Arc::new(
-        SimBackend::new(SimConfig { profile: "h100-sxm".into(), gpus: 2, ..SimConfig::default() }).unwrap(),
-    );
+    let sim: Arc<dyn Backend> =
+        Arc::new(SimBackend::new(SimConfig { profile: "h100-sxm".into(), gpus: 2, ..SimConfig::default() }).unwrap());
     let shared: SharedClock = Arc::new(clock.clone());
     let agent = Agent::new(AgentOptions::new("n1", dir.path().join("state")), sim, shared).unwrap();
     // (request, whether it should succeed, fdatasyncs it may cost)
     let table: &[(&str, bool, u64)] = &[
-        (r#"{"v":1,"id":"c1","op":"set_power_limit","args":{"gpu":0,"watts":600},"owner":"r1","revert_after_secs":60}"#, true, 1),
-        (r#"{"v":1,"id":"c1","op":"set_power_limit","args":{"gpu":0,"watts":600},"owner":"r1","revert_after_secs":60}"#, true, 0),
-        (r#"{"v":1,"id":"c2","op":"set_power_limit","args":{"gpu":0,"watts":550},"owner":"r2","revert_after_secs":60}"#, true, 1),
-        (r#"{"v":1,"id":"c3","op":"set_power_limit","args":{"gpu":1,"watts":550},"owner":"r2","dry_run":true}"#, true, 0),
+        (
+            r#"{"v":1,"id":"c1","op":"set_power_limit","args":{"gpu":0,"watts":600},"owner":"r1","revert_after_secs":60}"#,
+            true,
+            1,
+        ),
+        (
+            r#"{"v":1,"id":"c1","op":"set_power_limit","args":{"gpu":0,"watts":600},"owner":"r1","revert_after_secs":60}"#,
+            true,
+            0,
+        ),
+        (
+            r#"{"v":1,"id":"c2","op":"set_power_limit","args":{"gpu":0,"watts":550},"owner":"r2","revert_after_secs":60}"#,
+            true,
+            1,
+        ),
+        (
+            r#"{"v":1,"id":"c3","op":"set_power_limit","args":{"gpu":1,"watts":550},"owner":"r2","dry_run":true}"#,
+            true,
+            0,
+        ),
         (r#"{"v":1,"id":"c4","op":"set_power_limit","args":{"gpu":1,"watts":5},"owner":"r2"}"#, false, 0),
-        (r#"{"v":1,"id":"c5","op":"set_clocks","args":{"gpu":1,"min_mhz":800,"max_mhz":1500},"owner":"r2","revert_after_secs":60}"#, true, 1),
-        (r#"{"v":1,"id":"c6","op":"set_gpu_drain","args":{"gpu":1,"drained":true},"owner":"r2","revert_after_secs":60}"#, true, 1),
+        (
+            r#"{"v":1,"id":"c5","op":"set_clocks","args":{"gpu":1,"min_mhz":800,"max_mhz":1500},"owner":"r2","revert_after_secs":60}"#,
+            true,
+            1,
+        ),
+        (
+            r#"{"v":1,"id":"c6","op":"set_gpu_drain","args":{"gpu":1,"drained":true},"owner":"r2","revert_after_secs":60}"#,
+            true,
+            1,
+        ),
         (r#"{"v":1,"id":"c7","op":"clear_ecc","args":{"gpu":0},"owner":"r2"}"#, true, 1),
         (r#"{"v":1,"id":"c8","op":"drain","args":{"reason":"test"},"owner":"r3","revert_after_secs":60}"#, true, 1),
         (r#"{"v":1,"id":"c9","op":"renew","args":{"owner":"r2","lease_secs":120}}"#, true, 1),

@@ -32,6 +32,9 @@ pub struct NodeState {
     /// Holds in effect on the node and its GPUs (from the agent).
     #[serde(default)]
     pub holds: Vec<nightshift_proto::HoldInfo>,
+    /// The agent cannot record changes durably: what it said.
+    #[serde(default)]
+    pub state_degraded: Option<String>,
 }
 
 impl NodeState {

@@ -42,6 +42,14 @@ impl Engine {
             st.drain_reason = t.node_metrics.drain_reason.clone();
             st.agent_hands_off = t.node_metrics.hands_off;
             st.holds = t.node_metrics.holds.clone();
+            if st.state_degraded != t.node_metrics.state_degraded {
+                match &t.node_metrics.state_degraded {
+                    Some(why) => tracing::error!(node = %t.node, error = %why,
+                        "the agent cannot record changes durably: it refuses every change until it can"),
+                    None => tracing::info!(node = %t.node, "the agent records changes durably again"),
+                }
+                st.state_degraded = t.node_metrics.state_degraded.clone();
+            }
         }
         if !t.node_metrics.ended_holds.is_empty() {
             self.audit_ended_holds(&t.node, &t.node_metrics.ended_holds).await;

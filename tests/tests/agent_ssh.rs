@@ -335,8 +335,7 @@ async fn a_repeated_id_is_never_reapplied_even_after_restart() {
     assert_eq!(telemetry(&c).await.gpus[0].power_limit_watts, 600.0);
     let status = c.call(&req("st", Op::ActionStatus(ActionStatusArgs { request_id: "once".into() }))).await.unwrap();
     assert_eq!(status.result.unwrap()["state"], json!("done"));
-    let lines =
-        agent.started.as_ref().unwrap().agent.journal_lines();
+    let lines = agent.started.as_ref().unwrap().agent.journal_lines();
     let applied = lines
         .iter()
         .filter(|l| matches!(l, nightshift_agent::journal::JournalLine::Pending { id, .. } if id == "once"))

@@ -93,8 +93,7 @@ async fn a_temperature_fault_is_remediated_over_ssh() {
     assert_eq!(recs[6].data["after"]["settings"][0]["outcome"], "restored", "{:?}", recs[6]);
     assert!(run.why.contains("every hold released, baselines restored"), "{}", run.why);
     // The agent journaled the same request id.
-    let journal =
-        g1.started.as_ref().unwrap().agent.journal_lines();
+    let journal = g1.started.as_ref().unwrap().agent.journal_lines();
     let action_id = intent.data["action_id"].as_str().unwrap();
     assert!(
         journal.iter().any(|l| matches!(l, nightshift_agent::journal::JournalLine::Done { id, .. } if id == action_id))

@@ -165,7 +165,8 @@ async fn a_frozen_leaders_request_is_refused_after_a_takeover_that_never_reached
 
     // The run's request leaves the leader and is held on the way.
     hold.store(ARMED, Ordering::SeqCst);
-    let r = http.post(format!("{ua}/api/v1/runs")).json(&json!({"runbook": "cap", "node": "h1", "gpu": 0})).send().await;
+    let r =
+        http.post(format!("{ua}/api/v1/runs")).json(&json!({"runbook": "cap", "node": "h1", "gpu": 0})).send().await;
     let v: Value = r.unwrap().json().await.unwrap();
     let run = v["run"]["id"].as_str().unwrap_or_else(|| panic!("{v}")).to_string();
     let (c, conn) = tokio_postgres::connect(&cluster.conninfo, tokio_postgres::NoTls).await.unwrap();

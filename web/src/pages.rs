@@ -588,6 +588,9 @@ pub async fn node_page(
                     tr { th { "Address" } td { code { (n.address) } } }
                     tr { th { "Agent" } td { @if n.state.connected { span.badge.ok { "connected" } } @else { span.badge.bad { "unreachable" } } @if let Some(e) = &n.state.last_error { " " small.error { (e) } } } }
                     tr { th { "Drain" } td { (drain_cell(&n.state.drained, &n.state.drain_reason, n.drained_by_person)) } }
+                    @if let Some(why) = &n.state.state_degraded {
+                        tr { th { "Agent state" } td { span.badge.bad { "degraded" } " " small.error { (why) } } }
+                    }
                     tr { th { "Hands-off" } td {
                         @if n.state.agent_hands_off { span.badge.warn { "marker on the node" } " " }
                         @if let Some((by, why)) = &n.state.engine_hands_off { span.badge.warn { "set by " (by) } " " small { (why) } }

@@ -1324,6 +1324,7 @@ impl Backend for SimBackend {
             drain_reason: None,
             marks: Vec::new(),
             hands_off: false,
+            state_degraded: None,
             holds: Vec::new(),
             ended_holds: Vec::new(),
         };

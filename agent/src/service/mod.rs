@@ -152,6 +152,9 @@ pub struct Agent {
     leader_term: Mutex<u64>,
     /// The last health check, and each GPU's double-bit ECC count then.
     last_health: Mutex<Option<(HealthCheck, Vec<u64>)>>,
+    /// The state log's last write failed: what failed (cleared by the next
+    /// write that succeeds). Telemetry and `/metrics` report it.
+    degraded: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -202,6 +205,7 @@ impl Agent {
             // engine stays refused.
             leader_term: Mutex::new(state.term),
             last_health: Mutex::new(None),
+            degraded: Mutex::new(None),
         })
     }
 
@@ -531,6 +535,7 @@ impl Agent {
             Err(e) => tracing::warn!(node = %self.opts.node, error = %e, "cannot read drain state"),
         }
         node.hands_off = self.opts.policy.hands_off();
+        node.state_degraded = self.state_degraded();
         {
             let store = self.holds();
             node.holds = store.all_holds();
@@ -664,9 +669,9 @@ impl Agent {
             // The term alone: a change being made meanwhile is recorded by
             // its own line.
             let entry = crate::statelog::Entry { term: Some(t), ..Default::default() };
-            self.state_log()
-                .append(&entry, true)
-                .map_err(|e| (ErrorCode::Internal, format!("cannot record leader term {t}: {e}")))?;
+            let written = self.state_log().append(&entry, true);
+            self.note_durability(&written);
+            written.map_err(|e| (ErrorCode::Internal, format!("cannot record leader term {t}: {e}")))?;
             *seen = t;
         }
         Ok(())
@@ -677,7 +682,13 @@ impl Agent {
     /// it has grown. Called without the holds or journal locked.
     fn commit(&self, journal: Option<JournalLine>, sync: bool) -> std::io::Result<()> {
         let mut log = self.state_log();
-        log.commit(&mut self.holds(), journal.clone(), None, sync)?;
+        let written = log.commit(&mut self.holds(), journal.clone(), None, sync);
+        // Only a durable write says the log works again (a short unsynced
+        // line may still fit the last page of a full disk).
+        if sync || written.is_err() {
+            self.note_durability(&written);
+        }
+        written?;
         let mut jr = self.jr();
         if let Some(l) = journal {
             jr.apply(l);
@@ -690,6 +701,31 @@ impl Agent {
             }
         }
         Ok(())
+    }
+
+    /// Remember whether the state log's last write worked (what telemetry
+    /// reports as `state_degraded`).
+    fn note_durability(&self, r: &std::io::Result<()>) {
+        let mut d = self.degraded.lock().unwrap_or_else(|e| e.into_inner());
+        match r {
+            Ok(()) if d.is_some() => {
+                tracing::info!(node = %self.opts.node, "the state log takes writes again");
+                *d = None;
+            }
+            Ok(()) => {}
+            Err(e) => {
+                if d.is_none() {
+                    tracing::error!(node = %self.opts.node, error = %e, path = %self.state_log_path().display(),
+                        "cannot write the state log: every change is refused until it can");
+                }
+                *d = Some(format!("cannot write {}: {e}", self.state_log_path().display()));
+            }
+        }
+    }
+
+    /// What the last failed write of the state log said, while it lasts.
+    pub fn state_degraded(&self) -> Option<String> {
+        self.degraded.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Durably mark `req` as being applied, with the holds it changed in
@@ -1532,6 +1568,13 @@ impl Agent {
         }
         let now = self.clock.now_ms();
         let _guard = self.mutate.lock().await;
+        // A log that failed a write is tried again (an empty line, synced),
+        // so the agent says it works again once space is back even when no
+        // change comes.
+        if self.state_degraded().is_some() {
+            let written = self.state_log().append(&crate::statelog::Entry::default(), true);
+            self.note_durability(&written);
+        }
         // First make the record agree with the device (a write cut off by a
         // stop is adopted), so an expiry never reads the agent's own write
         // as a person's.

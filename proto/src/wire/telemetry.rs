@@ -228,6 +228,11 @@ pub struct NodeTelemetry {
     /// The maintenance marker is present.
     #[serde(default)]
     pub hands_off: bool,
+    /// The agent cannot record changes durably (a full or failing disk
+    /// under its state dir): what failed. It refuses every change until a
+    /// write succeeds again, and retries the ends it could not record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_degraded: Option<String>,
     /// Every active hold on the node and its GPUs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holds: Vec<super::HoldInfo>,
