@@ -168,9 +168,24 @@ fn a_record_damaged_in_both_copies_is_reported_lost_and_the_rest_verifies() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains(&format!("salvaged {} record(s)", head - 1)), "{text}");
     assert!(text.contains(&format!("lost records {target}–{target}")), "{text}");
-    // The new store verifies: the gap is the one its `salvaged` record names.
+    // The new store verifies: the gap is the one its `salvaged` record
+    // names (before it), and verify reports it.
     let o = nightshift(d, &config(d, "engine2.yaml", "salvaged"), &["audit", "verify"]);
     assert_eq!(o.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains(&format!(
+            "excused: the chain breaks before record {}: excused by the `salvaged` record {}",
+            target + 1,
+            head + 1
+        )),
+        "{text}"
+    );
+    // The salvage record carries the damaged store's head.
+    let store = AuditStore::open(&d.join("salvaged"), Arc::new(SystemClock)).unwrap();
+    let rec = store.get(head + 1).unwrap().unwrap();
+    assert_eq!(rec.kind, nightshift_engine::audit::RecordKind::Salvaged);
+    assert_eq!(rec.data["pre_salvage_head"]["seq"], serde_json::json!(head), "{}", rec.data);
 }
 
 /// The chain can be checked without nightshift: `scripts/verify-chain.py`

@@ -200,6 +200,12 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
             } else if v.ok {
                 outln!("{} chain verified up to record {} ({} records)", out.green("ok:"), v.verified_up_to, v.records);
+                for (seq, by) in &v.excused {
+                    outln!(
+                        "{} the chain breaks before record {seq}: excused by the `salvaged` record {by}, which lists what was lost",
+                        out.yellow("excused:")
+                    );
+                }
             } else {
                 outln!(
                     "{} the chain breaks at record {}: {}",

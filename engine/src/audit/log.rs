@@ -399,10 +399,12 @@ pub fn read_lines(path: &Path) -> Result<Vec<LogLine>, AuditError> {
 /// documents what an earlier salvage lost.
 pub fn verify_log(path: &Path) -> Result<VerifyReport, AuditError> {
     let lines = read_lines(path)?;
-    let excused = super::salvage::excused_breaks(lines.iter().filter_map(|l| match l {
+    let excuses = super::salvage::excuses(lines.iter().filter_map(|l| match l {
         LogLine::Good(r) => Some(r),
         LogLine::Bad { .. } | LogLine::Summary { .. } => None,
     }));
+    let excused: std::collections::HashMap<u64, u64> = excuses.into_iter().collect();
+    let mut used = Vec::new();
     let mut prev = GENESIS.to_string();
     let mut expected = 1u64;
     let mut records = 0u64;
@@ -417,6 +419,7 @@ pub fn verify_log(path: &Path) -> Result<VerifyReport, AuditError> {
             records,
             first_bad_seq: Some(first_bad_seq),
             problem: Some(problem),
+            excused: Vec::new(),
         };
         match l {
             LogLine::Bad { line, problem } => {
@@ -424,7 +427,13 @@ pub fn verify_log(path: &Path) -> Result<VerifyReport, AuditError> {
             }
             LogLine::Summary { .. } => {}
             LogLine::Good(r) => {
-                let excuse = excused.contains(&r.seq);
+                let excuse = excused.get(&r.seq).copied();
+                if (r.seq != expected || r.prev_hash != prev)
+                    && let Some(by) = excuse
+                {
+                    used.push((r.seq, by));
+                }
+                let excuse = excuse.is_some();
                 if r.seq != expected && !excuse {
                     return Ok(bad(expected, format!("record {expected} is missing (found {} next)", r.seq)));
                 }
@@ -436,5 +445,12 @@ pub fn verify_log(path: &Path) -> Result<VerifyReport, AuditError> {
             }
         }
     }
-    Ok(VerifyReport { ok: true, verified_up_to: expected - 1, records, first_bad_seq: None, problem: None })
+    Ok(VerifyReport {
+        ok: true,
+        verified_up_to: expected - 1,
+        records,
+        first_bad_seq: None,
+        problem: None,
+        excused: used,
+    })
 }

@@ -295,6 +295,11 @@ pub struct VerifyReport {
     pub first_bad_seq: Option<u64>,
     #[serde(default)]
     pub problem: Option<String>,
+    /// Breaks in the chain a salvage documented: (the record after the
+    /// break, the `salvaged` record that excuses it). Each is reported,
+    /// never silently passed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub excused: Vec<(u64, u64)>,
 }
 
 /// Filter for listing runs.

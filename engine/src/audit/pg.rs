@@ -532,6 +532,7 @@ pub async fn verify(db: &Client, shard: &str) -> Result<VerifyReport, PgAuditErr
         records,
         first_bad_seq: Some(seq),
         problem: Some(problem),
+        excused: Vec::new(),
     };
     loop {
         let rows = db
@@ -583,5 +584,12 @@ pub async fn verify(db: &Client, shard: &str) -> Result<VerifyReport, PgAuditErr
             after = seq as i64;
         }
     }
-    Ok(VerifyReport { ok: true, verified_up_to: expected - 1, records, first_bad_seq: None, problem: None })
+    Ok(VerifyReport {
+        ok: true,
+        verified_up_to: expected - 1,
+        records,
+        first_bad_seq: None,
+        problem: None,
+        excused: Vec::new(),
+    })
 }

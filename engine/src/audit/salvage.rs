@@ -4,8 +4,10 @@
 //! Records come from the record log and, where sled still opens, from sled
 //! too; each one's own hash must match its content. They are copied
 //! verbatim (same sequence numbers and hashes) and a `salvaged` record is
-//! appended, chained to the last of them, naming what was lost; `verify`
-//! accepts exactly the breaks a `salvaged` record names. Run summaries are
+//! appended, chained to the last of them, naming what was lost and the
+//! damaged store's head (`pre_salvage_head`); `verify` accepts exactly the
+//! breaks a `salvaged` record names *before itself* — never its own, never
+//! a later one — and reports each. Run summaries are
 //! copied where they match the chain (`summary_sha256`) and rebuilt from
 //! the run's records where they do not.
 
@@ -43,13 +45,34 @@ pub struct SalvageReport {
 }
 
 /// The sequence numbers whose break in the chain (a gap before them, or a
-/// `prev_hash` that does not match) an earlier salvage documented.
+/// `prev_hash` that does not match) an earlier salvage documented, each
+/// with the `salvaged` record that did. A salvage is appended after every
+/// record it recovered, so it can only excuse a break before itself: a
+/// `salvaged` record put in the middle of the chain to excuse the break it
+/// makes (its own, or the next record's link to it) excuses nothing.
 pub fn excused_breaks<'a>(records: impl Iterator<Item = &'a AuditRecord>) -> HashSet<u64> {
-    records
+    excuses(records).into_iter().map(|(seq, _)| seq).collect()
+}
+
+/// [`excused_breaks`] with the salvage record that excuses each, sorted.
+pub fn excuses<'a>(records: impl Iterator<Item = &'a AuditRecord>) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = records
         .filter(|r| r.kind == RecordKind::Salvaged)
-        .flat_map(|r| r.data["excused"].as_array().cloned().unwrap_or_default())
-        .filter_map(|v| v.as_u64())
-        .collect()
+        .flat_map(|r| {
+            let by = r.seq;
+            r.data["excused"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|v| v.as_u64())
+                .filter(move |e| *e < by)
+                .map(move |e| (e, by))
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup_by_key(|(e, _)| *e);
+    out
 }
 
 /// Copy what can be trusted from the store in `from` into a new store in
@@ -144,10 +167,12 @@ pub fn salvage(from: &Path, to: &Path, clock: SharedClock) -> Result<SalvageRepo
             }
         }
     }
+    let head = records.last().map(|r| json!({"seq": r.seq, "hash": r.hash})).unwrap_or(Value::Null);
     let store = create_from(to, &records, &summaries, clock)?;
     let recovered = records.len() as u64;
     let data = json!({
         "from": from.display().to_string(),
+        "pre_salvage_head": head,
         "recovered": recovered,
         "lost": lost.iter().map(|(a, b)| json!([a, b])).collect::<Vec<Value>>(),
         "excused": excused,

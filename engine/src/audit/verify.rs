@@ -8,7 +8,7 @@
 //! the process ends — the CLI exits right after; the server runs one verify
 //! at a time).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +36,7 @@ pub(super) fn verify(trees: Trees, log: Option<PathBuf>) -> Result<VerifyReport,
                 "an earlier verify is stuck on damaged data in the store: stop the engine, then run `nightshift audit verify` and `nightshift audit salvage`"
                     .into(),
             ),
+            excused: Vec::new(),
         });
     }
     let progress = Arc::new(AtomicU64::new(0));
@@ -75,6 +76,7 @@ pub(super) fn verify(trees: Trees, log: Option<PathBuf>) -> Result<VerifyReport,
                             "record {seq} (or the sled page holding it) cannot be read: the store stopped answering for {} s while reading it (damaged data); `nightshift audit salvage --to NEW_DIR` rebuilds a store from the record log",
                             STALL.as_secs()
                         )),
+                        excused: Vec::new(),
                     };
                 }
             }
@@ -145,7 +147,7 @@ fn compare_copies(trees: &Trees, log: &std::path::Path, up_to: u64) -> Result<Op
 
 /// The whole walk: chain (with a salvage's documented breaks), summaries.
 fn walk(trees: &Trees, progress: &AtomicU64) -> VerifyReport {
-    let mut report = chain(trees, &HashSet::new(), progress);
+    let mut report = chain(trees, &HashMap::new(), progress);
     if !report.ok {
         // Was the break documented by a salvage? Only then look.
         let excused = excused_breaks(trees);
@@ -163,10 +165,11 @@ fn walk(trees: &Trees, progress: &AtomicU64) -> VerifyReport {
     }
 }
 
-fn chain(trees: &Trees, excused: &HashSet<u64>, progress: &AtomicU64) -> VerifyReport {
+fn chain(trees: &Trees, excused: &HashMap<u64, u64>, progress: &AtomicU64) -> VerifyReport {
     let mut prev = GENESIS.to_string();
     let mut expected = 1u64;
     let mut records = 0u64;
+    let mut used = Vec::new();
     for item in trees.records.iter() {
         let bad = |records: u64, first: u64, problem: String| VerifyReport {
             ok: false,
@@ -174,6 +177,7 @@ fn chain(trees: &Trees, excused: &HashSet<u64>, progress: &AtomicU64) -> VerifyR
             records,
             first_bad_seq: Some(first),
             problem: Some(problem),
+            excused: Vec::new(),
         };
         let (k, v) = match item {
             Ok(kv) => kv,
@@ -187,7 +191,7 @@ fn chain(trees: &Trees, excused: &HashSet<u64>, progress: &AtomicU64) -> VerifyR
         };
         let key_seq = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0; 8]));
         records += 1;
-        let excuse = excused.contains(&key_seq);
+        let excuse = excused.contains_key(&key_seq);
         if key_seq != expected && !excuse {
             return bad(
                 records,
@@ -209,6 +213,11 @@ fn chain(trees: &Trees, excused: &HashSet<u64>, progress: &AtomicU64) -> VerifyR
                 format!("record {key_seq} does not link to record {}: prev_hash mismatch", key_seq - 1),
             );
         }
+        if (key_seq != expected || r.prev_hash != prev)
+            && let Some(by) = excused.get(&key_seq)
+        {
+            used.push((key_seq, *by));
+        }
         if r.compute_hash() != r.hash {
             return bad(records, key_seq, format!("record {key_seq} was altered: its hash does not match its content"));
         }
@@ -216,11 +225,12 @@ fn chain(trees: &Trees, excused: &HashSet<u64>, progress: &AtomicU64) -> VerifyR
         expected = key_seq + 1;
         progress.store(key_seq, Ordering::SeqCst);
     }
-    VerifyReport { ok: true, verified_up_to: expected - 1, records, first_bad_seq: None, problem: None }
+    VerifyReport { ok: true, verified_up_to: expected - 1, records, first_bad_seq: None, problem: None, excused: used }
 }
 
-/// The breaks `salvaged` records document.
-fn excused_breaks(trees: &Trees) -> HashSet<u64> {
+/// The breaks `salvaged` records document (each before its salvage
+/// record), with the salvage record that documents it.
+fn excused_breaks(trees: &Trees) -> HashMap<u64, u64> {
     let recs: Vec<AuditRecord> = trees
         .records
         .iter()
@@ -228,7 +238,7 @@ fn excused_breaks(trees: &Trees) -> HashSet<u64> {
         .filter_map(|(_, v)| serde_json::from_slice::<AuditRecord>(&v).ok())
         .filter(|r| r.kind == RecordKind::Salvaged)
         .collect();
-    super::salvage::excused_breaks(recs.iter())
+    super::salvage::excuses(recs.iter()).into_iter().collect()
 }
 
 /// Each stored run summary must be the one the chain's newest record for
@@ -332,6 +342,42 @@ mod tests {
             p.contains("record 2 differs between sled") && p.contains("user:mallory") && p.contains("user:bob"),
             "{p}"
         );
+    }
+
+    /// Regression (issue 27 item 2: a record replaced by a self-hashed
+    /// `salvaged` record whose `excused` list named its own sequence and
+    /// the next one passed `verify`, in both copies, with the head
+    /// unchanged): a salvage excuses only breaks before itself.
+    #[tokio::test]
+    async fn a_salvaged_record_in_the_middle_cannot_excuse_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        for i in 0..8 {
+            s.append(NewRecord::new(RecordKind::Note, "engine", json!({"i": i})).run("r1"), None).await.unwrap();
+        }
+        assert!(s.verify().unwrap().ok);
+        let head = (s.head_seq(), s.get(s.head_seq()).unwrap().unwrap().hash);
+        // Record 4 becomes a salvage "excusing" itself and record 5.
+        let mut forged = s.get(4).unwrap().unwrap();
+        forged.kind = RecordKind::Salvaged;
+        forged.actor = "nightshift:salvage".into();
+        forged.data = json!({"recovered": 3, "lost": [], "excused": [4, 5]});
+        forged.hash = forged.compute_hash();
+        let line = serde_json::to_string(&forged).unwrap();
+        s.tamper_for_tests(4, |b| *b = line.clone().into_bytes()).unwrap();
+        let log = dir.path().join(LOG_FILE);
+        let text = std::fs::read_to_string(&log).unwrap();
+        let edited: Vec<String> =
+            text.lines().map(|l| if l.starts_with("{\"seq\":4,") { line.clone() } else { l.to_string() }).collect();
+        assert_ne!(edited.join("\n") + "\n", text, "the log line was replaced too");
+        std::fs::write(&log, edited.join("\n") + "\n").unwrap();
+        assert_eq!((s.head_seq(), s.get(s.head_seq()).unwrap().unwrap().hash), head, "the head does not show it");
+        let v = s.verify().unwrap();
+        assert!(!v.ok, "{v:?}");
+        assert_eq!(v.first_bad_seq, Some(5), "{v:?}");
+        assert!(v.problem.as_deref().unwrap_or("").contains("record 5 does not link to record 4"), "{v:?}");
+        let l = crate::audit::verify_log(&log).unwrap();
+        assert_eq!((l.ok, l.first_bad_seq), (false, Some(5)), "the record log's own walk names it too: {l:?}");
     }
 
     #[tokio::test]
