@@ -83,10 +83,21 @@ async fn tokens_and_keys_never_reach_logs_or_the_audit_log() {
         .await
         .unwrap();
     assert_eq!(r.status(), 202);
-    let r = http.post(format!("{base}/login")).form(&[("token", operator.as_str())]).send().await.unwrap();
-    assert!(r.status().is_success() || r.status().is_redirection(), "{}", r.status());
-    let r = http.get(format!("{base}/")).header("cookie", format!("nightshift_token={operator}")).send().await.unwrap();
+    let no_redirect = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let r = no_redirect.post(format!("{base}/login")).form(&[("token", operator.as_str())]).send().await.unwrap();
+    assert!(r.status().is_redirection(), "{}", r.status());
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string();
+    assert!(!cookie.contains(&operator), "a session id, not the token: {cookie}");
+    let r = http.get(format!("{base}/")).header("cookie", &cookie).send().await.unwrap();
     assert_eq!(r.status(), 200);
+    // The token itself in the cookie is no session.
+    let r = no_redirect
+        .get(format!("{base}/"))
+        .header("cookie", format!("nightshift_session={operator}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers().get("location").map(|v| v.to_str().unwrap()), Some("/login"), "{}", r.status());
     let alert = serde_json::json!({
         "version": "4", "status": "firing", "receiver": "nightshift", "groupKey": "g", "truncatedAlerts": 0,
         "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {}, "externalURL": "",

@@ -1,5 +1,17 @@
-//! Who is asking: bearer tokens (or the UI's cookie holding one), stored as
-//! SHA-256 hashes with a role, compared in constant time.
+//! Who is asking: bearer tokens (or the UI's session cookie), stored as
+//! SHA-256 hashes with a role, compared in constant time. The login page
+//! turns a token into a session: the cookie holds a random session id, never
+//! the token; the session knows only the token's digest, so a token removed
+//! by a reload ends its sessions too. Sessions live in memory (an engine
+//! restart logs everyone out) for [`SESSION_SECS`].
+//!
+//! Anonymous mode (a loopback demo) answers only requests addressed to a
+//! loopback host: a page on another site that rebinds its own name to
+//! 127.0.0.1 (DNS rebinding) still sends its own name as `Host`.
+
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, Method, StatusCode};
 use nightshift_engine::config::{AuthConfig, Role};
@@ -7,8 +19,51 @@ use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
 
-/// The cookie the login page sets.
-pub const COOKIE: &str = "nightshift_token";
+/// The cookie the login page sets: a session id.
+pub const COOKIE: &str = "nightshift_session";
+
+/// How long a session lasts.
+pub const SESSION_SECS: u64 = 12 * 3600;
+
+/// Session id → (the token's digest, when it ends).
+static SESSIONS: LazyLock<Mutex<HashMap<String, ([u8; 32], Instant)>>> = LazyLock::new(Default::default);
+
+fn sessions() -> std::sync::MutexGuard<'static, HashMap<String, ([u8; 32], Instant)>> {
+    SESSIONS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Start a session for a token that identifies someone: the cookie's value.
+pub fn start_session(token: &str) -> String {
+    let id = hex::encode(rand::random::<[u8; 32]>());
+    let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+    let now = Instant::now();
+    let mut s = sessions();
+    s.retain(|_, (_, end)| *end > now);
+    s.insert(id.clone(), (digest, now + Duration::from_secs(SESSION_SECS)));
+    id
+}
+
+/// End the session a request's cookie names (logout).
+pub fn end_session(headers: &HeaderMap) {
+    if let Some((id, true)) = Auth::token_from(headers) {
+        sessions().remove(&id);
+    }
+}
+
+/// Whether `Host` names this machine's loopback (what anonymous mode
+/// answers): `localhost`, `127.x.x.x` or `[::1]`, with any port. No `Host`
+/// (HTTP/1.0 tools) counts as loopback: browsers always send one.
+fn loopback_host(headers: &HeaderMap) -> Result<(), String> {
+    let Some(host) = headers.get(axum::http::header::HOST) else { return Ok(()) };
+    let host = host.to_str().map_err(|_| "a Host header that is not text".to_string())?;
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(n, _)| n),
+    };
+    let ok =
+        name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if ok { Ok(()) } else { Err(format!("Host: {host}")) }
+}
 
 /// A caller.
 #[derive(Debug, Clone, PartialEq)]
@@ -90,11 +145,15 @@ impl Auth {
 
     fn lookup(&self, token: &str) -> Option<(String, Role)> {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        self.lookup_digest(&digest)
+    }
+
+    fn lookup_digest(&self, digest: &[u8; 32]) -> Option<(String, Role)> {
         // Compare against every token, whatever matches, so the time taken
         // does not say which (or whether) one did.
         let mut found = None;
         for (name, role, h) in &self.tokens {
-            if ct_eq(&digest, h) && found.is_none() {
+            if ct_eq(digest, h) && found.is_none() {
                 found = Some((name.clone(), *role));
             }
         }
@@ -114,12 +173,34 @@ impl Auth {
     /// Who is calling, if anyone.
     pub fn identify(&self, headers: &HeaderMap) -> Result<Identity, ApiError> {
         match Self::token_from(headers) {
-            Some((token, cookie)) => match self.lookup(&token) {
-                Some((name, role)) => Ok(Identity { name, role, via: if cookie { Via::Cookie } else { Via::Bearer } }),
+            Some((token, false)) => match self.lookup(&token) {
+                Some((name, role)) => Ok(Identity { name, role, via: Via::Bearer }),
                 None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the token is not valid")),
             },
+            Some((session, true)) => {
+                let digest = sessions().get(&session).filter(|(_, end)| *end > Instant::now()).map(|(d, _)| *d);
+                match digest.and_then(|d| self.lookup_digest(&d)) {
+                    Some((name, role)) => Ok(Identity { name, role, via: Via::Cookie }),
+                    None => Err(ApiError::new(
+                        StatusCode::UNAUTHORIZED,
+                        "unauthorized",
+                        "the session has ended (logged out, expired, the engine restarted or its token was removed): log in again on /login",
+                    )),
+                }
+            }
             None => match self.anonymous {
-                Some(role) => Ok(Identity { name: "anonymous".into(), role, via: Via::Anonymous }),
+                Some(role) => {
+                    loopback_host(headers).map_err(|found| {
+                        ApiError::new(
+                            StatusCode::FORBIDDEN,
+                            "not_loopback",
+                            format!(
+                                "anonymous mode answers only requests addressed to this machine's loopback (Host: 127.0.0.1, [::1] or localhost), found {found}: send a token, or open the UI at http://127.0.0.1:PORT"
+                            ),
+                        )
+                    })?;
+                    Ok(Identity { name: "anonymous".into(), role, via: Via::Anonymous })
+                }
                 None => Err(ApiError::new(
                     StatusCode::UNAUTHORIZED,
                     "unauthorized",
@@ -196,7 +277,16 @@ impl Auth {
                 }
                 Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the token is not valid"))
             }
-            None if self.anonymous.is_some() => Ok("anonymous".into()),
+            None if self.anonymous.is_some() => {
+                loopback_host(headers).map_err(|found| {
+                    ApiError::new(
+                        StatusCode::FORBIDDEN,
+                        "not_loopback",
+                        format!("anonymous mode takes webhook calls only addressed to this machine's loopback, found {found}"),
+                    )
+                })?;
+                Ok("anonymous".into())
+            }
             None => Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -237,6 +327,64 @@ fn cross_site(headers: &HeaderMap) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (issue 27 item 10: anonymous mode had no Host check, so a
+    /// page whose name was rebound to 127.0.0.1 could start runs): only a
+    /// loopback Host is answered anonymously; a token is answered anywhere.
+    #[test]
+    fn anonymous_mode_answers_only_a_loopback_host() {
+        let auth = Auth::new(&AuthConfig { allow_anonymous: Some(Role::Operator), ..AuthConfig::default() });
+        let with_host = |h: &str| {
+            let mut m = HeaderMap::new();
+            m.insert("host", h.parse().unwrap());
+            m
+        };
+        for (host, ok) in [
+            ("127.0.0.1:8080", true),
+            ("localhost:8080", true),
+            ("LOCALHOST", true),
+            ("[::1]:8080", true),
+            ("127.1.2.3", true),
+            ("evil.example:8080", false),
+            ("localhost.evil.example", false),
+            ("10.0.0.1:8080", false),
+            ("[::ffff:10.0.0.1]:8080", false),
+        ] {
+            let r = auth.identify(&with_host(host));
+            assert_eq!(r.is_ok(), ok, "{host}: {r:?}");
+            if !ok {
+                let e = r.unwrap_err();
+                assert_eq!(e.status, StatusCode::FORBIDDEN);
+                assert!(e.message.contains(&format!("found Host: {host}")), "{}", e.message);
+            }
+        }
+        assert!(auth.identify(&HeaderMap::new()).is_ok(), "no Host (HTTP/1.0 tools)");
+    }
+
+    #[test]
+    fn a_session_holds_the_tokens_digest_and_ends_with_the_token() {
+        let cfg = |tokens: Vec<nightshift_engine::config::TokenSpec>| AuthConfig { tokens, ..AuthConfig::default() };
+        let token = nightshift_engine::config::TokenSpec {
+            name: "ana".into(),
+            role: Role::Operator,
+            sha256: hash_token("s3cret"),
+        };
+        let auth = Auth::new(&cfg(vec![token]));
+        let id = start_session("s3cret");
+        assert!(!id.contains("s3cret") && id.len() == 64);
+        let mut h = HeaderMap::new();
+        h.insert("cookie", format!("{COOKIE}={id}").parse().unwrap());
+        let who = auth.identify(&h).unwrap();
+        assert_eq!((who.name.as_str(), who.via), ("ana", Via::Cookie));
+        // The token itself is no session.
+        let mut raw = HeaderMap::new();
+        raw.insert("cookie", format!("{COOKIE}=s3cret").parse().unwrap());
+        assert_eq!(auth.identify(&raw).unwrap_err().status, StatusCode::UNAUTHORIZED);
+        // A reload that removed the token ends its sessions.
+        assert_eq!(Auth::new(&cfg(vec![])).identify(&h).unwrap_err().status, StatusCode::UNAUTHORIZED);
+        end_session(&h);
+        assert_eq!(auth.identify(&h).unwrap_err().status, StatusCode::UNAUTHORIZED, "logged out");
+    }
 
     #[test]
     fn cross_site_requests_are_told_from_ours_and_from_scripts() {

@@ -912,7 +912,7 @@ pub async fn login_page() -> Response {
                 label { "API token " input type="password" name="token" autocomplete="current-password" required; }
                 button type="submit" { "Log in" }
             }
-            p.muted { "The token is kept in a same-site, HTTP-only cookie." }
+            p.muted { "You get a session (a same-site, HTTP-only cookie holding a random id, not the token) for 12 hours." }
         },
     )
     .into_response()
@@ -933,7 +933,14 @@ pub async fn login(State(s): State<AppState>, Form(f): Form<LoginForm>) -> Respo
             StatusCode::SEE_OTHER,
             [
                 (header::LOCATION, "/".to_string()),
-                (header::SET_COOKIE, format!("{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict", f.token)),
+                (
+                    header::SET_COOKIE,
+                    format!(
+                        "{COOKIE}={}; Path=/; Max-Age={}; HttpOnly; SameSite=Strict",
+                        crate::auth::start_session(&f.token),
+                        crate::auth::SESSION_SECS
+                    ),
+                ),
             ],
         )
             .into_response(),
@@ -941,7 +948,8 @@ pub async fn login(State(s): State<AppState>, Form(f): Form<LoginForm>) -> Respo
     }
 }
 
-pub async fn logout() -> Response {
+pub async fn logout(headers: HeaderMap) -> Response {
+    crate::auth::end_session(&headers);
     (
         StatusCode::SEE_OTHER,
         [

@@ -94,6 +94,22 @@ async fn call(f: &Fixture, method: &str, uri: &str, token: Option<&str>, body: O
     (status, v)
 }
 
+/// Log in on /login with `token`: the session cookie to send (never the
+/// token itself).
+async fn session(f: &Fixture, token: &str) -> String {
+    let req = Request::builder()
+        .method("POST")
+        .uri("/login")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(format!("token={token}")))
+        .unwrap();
+    let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    let cookie = resp.headers()[header::SET_COOKIE].to_str().unwrap().to_string();
+    assert!(!cookie.contains(token), "the cookie holds a session id, not the token: {cookie}");
+    cookie.split(';').next().unwrap().to_string()
+}
+
 async fn settle(f: &Fixture) {
     for _ in 0..5 {
         f.sim.step().await.unwrap();
@@ -385,7 +401,7 @@ async fn approvals_cancel_and_cross_site_posts() {
     let req = Request::builder()
         .method("POST")
         .uri("/api/v1/runs")
-        .header(header::COOKIE, format!("nightshift_token={OPERATOR}"))
+        .header(header::COOKIE, session(&f, OPERATOR).await)
         .header("sec-fetch-site", "cross-site")
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(json!({"runbook": "cap", "node": "gpu-a1", "gpu": 0}).to_string()))
@@ -396,7 +412,7 @@ async fn approvals_cancel_and_cross_site_posts() {
     let req = Request::builder()
         .method("POST")
         .uri("/api/v1/runs")
-        .header(header::COOKIE, format!("nightshift_token={OPERATOR}"))
+        .header(header::COOKIE, session(&f, OPERATOR).await)
         .header("sec-fetch-site", "same-origin")
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(json!({"runbook": "cap", "node": "gpu-a1", "gpu": 0, "dry_run": true}).to_string()))
@@ -411,7 +427,7 @@ async fn approvals_cancel_and_cross_site_posts() {
     let req = Request::builder()
         .method("POST")
         .uri(format!("/ui/runs/{id3}/reject"))
-        .header(header::COOKIE, format!("nightshift_token={ADMIN}"))
+        .header(header::COOKIE, session(&f, ADMIN).await)
         .header("sec-fetch-site", "same-origin")
         .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
         .body(Body::from("reason=+++"))

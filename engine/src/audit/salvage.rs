@@ -11,7 +11,7 @@
 //! copied where they match the chain (`summary_sha256`) and rebuilt from
 //! the run's records where they do not.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,17 +44,13 @@ pub struct SalvageReport {
     pub salvage_seq: u64,
 }
 
-/// The sequence numbers whose break in the chain (a gap before them, or a
-/// `prev_hash` that does not match) an earlier salvage documented, each
-/// with the `salvaged` record that did. A salvage is appended after every
-/// record it recovered, so it can only excuse a break before itself: a
-/// `salvaged` record put in the middle of the chain to excuse the break it
-/// makes (its own, or the next record's link to it) excuses nothing.
-pub fn excused_breaks<'a>(records: impl Iterator<Item = &'a AuditRecord>) -> HashSet<u64> {
-    excuses(records).into_iter().map(|(seq, _)| seq).collect()
-}
-
-/// [`excused_breaks`] with the salvage record that excuses each, sorted.
+/// The breaks in the chain (a gap before a record, or a `prev_hash` that
+/// does not match) an earlier salvage documented: (the record after the
+/// break, the `salvaged` record that documents it), sorted. A salvage is
+/// appended after every record it recovered, so it can only excuse a break
+/// before itself: a `salvaged` record put in the middle of the chain to
+/// excuse the break it makes (its own, or the next record's link to it)
+/// excuses nothing.
 pub fn excuses<'a>(records: impl Iterator<Item = &'a AuditRecord>) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = records
         .filter(|r| r.kind == RecordKind::Salvaged)
