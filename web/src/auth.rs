@@ -26,9 +26,11 @@ pub const COOKIE: &str = "nightshift_session";
 pub const SESSION_SECS: u64 = 12 * 3600;
 
 /// Session id → (the token's digest, when it ends).
-static SESSIONS: LazyLock<Mutex<HashMap<String, ([u8; 32], Instant)>>> = LazyLock::new(Default::default);
+type Sessions = HashMap<String, ([u8; 32], Instant)>;
 
-fn sessions() -> std::sync::MutexGuard<'static, HashMap<String, ([u8; 32], Instant)>> {
+static SESSIONS: LazyLock<Mutex<Sessions>> = LazyLock::new(Default::default);
+
+fn sessions() -> std::sync::MutexGuard<'static, Sessions> {
     SESSIONS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
