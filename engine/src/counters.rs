@@ -37,6 +37,9 @@ pub struct Counters {
     /// PostgreSQL backend: from taking the lease to acting (caught up,
     /// recovered, loops started), in ms; 0 until this engine led.
     pub failover_ms: AtomicU64,
+    /// Full-chain verify walks this engine ran (the API serves a report
+    /// again while the head stays).
+    pub verify_walks: AtomicU64,
 }
 
 /// A latency histogram (seconds), Prometheus-style cumulative buckets.

@@ -173,6 +173,7 @@ impl Engine {
             );
         }
         let id_seed = parts.clock.id_seed();
+        let modes = crate::core::load_modes(&parts.audit, &parts.config.data_dir);
         let core = Core {
             clock: parts.clock,
             audit: parts.audit,
@@ -191,9 +192,10 @@ impl Engine {
             shutdown,
             tasks: Mutex::new(Vec::new()),
             auth: std::sync::RwLock::new(Arc::new(parts.config.auth.clone())),
-            modes: Mutex::new(crate::core::load_modes(&parts.config.data_dir)),
+            modes: Mutex::new(modes),
             agent_clients: Mutex::new(Default::default()),
             pg_reader: tokio::sync::Mutex::new(None),
+            verify_cache: tokio::sync::Mutex::new(None),
             auth_generation: std::sync::atomic::AtomicU64::new(0),
             reloading: tokio::sync::Mutex::new(()),
             health: Mutex::new(crate::health::HealthModel::new(

@@ -74,13 +74,26 @@ impl Engine {
     }
 
     /// [`Engine::verify`] off the async threads (it reads the whole store,
-    /// and waits out a store stuck on damaged data).
+    /// and waits out a store stuck on damaged data). One at a time: callers
+    /// wait for the walk in progress, and a report is served again while
+    /// the head has not moved (for at most `VERIFY_CACHE_SECS`) — page
+    /// loads cannot stack up full-chain walks.
     pub async fn verify_in_background(&self) -> Result<VerifyReport, EngineError> {
+        let mut cache = self.core.verify_cache.lock().await;
+        let head = self.core.audit.head_seq();
+        if let Some((h, at, r)) = cache.as_ref()
+            && *h == head
+            && at.elapsed() < std::time::Duration::from_secs(crate::core::VERIFY_CACHE_SECS)
+        {
+            return Ok(r.clone());
+        }
         let audit = self.core.audit.clone();
+        self.core.counters.verify_walks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let r = tokio::task::spawn_blocking(move || audit.verify())
             .await
-            .map_err(|e| crate::audit::AuditError::Read(format!("the verify task failed: {e}")))?;
-        Ok(r?)
+            .map_err(|e| crate::audit::AuditError::Read(format!("the verify task failed: {e}")))??;
+        *cache = Some((head, std::time::Instant::now(), r.clone()));
+        Ok(r)
     }
 
     /// Runs waiting for approval.
@@ -427,6 +440,9 @@ impl Engine {
     pub fn adopt_modes(&self, modes: &BTreeMap<String, String>) {
         let saved = {
             let mut held = crate::core::lock(&self.core.modes);
+            // The chain's modes, and only those: a mode the file holds with
+            // no record behind it does not hold.
+            held.clear();
             for (name, mode) in modes {
                 match serde_json::from_value::<crate::manifest::Mode>(json!(mode)) {
                     Ok(m) => {

@@ -806,3 +806,32 @@ async fn no_answer_may_be_framed() {
         );
     }
 }
+
+/// Regression (issue 27 item 10: any viewer could start unlimited
+/// full-chain verifies — 40 page loads cost 37 s of CPU): one walk at a
+/// time, and its report served again while the head has not moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verifies_are_one_at_a_time_and_served_again_while_the_head_stays() {
+    let f = fixture().await;
+    let walks = || f.sim.engine.counters().verify_walks.load(std::sync::atomic::Ordering::Relaxed);
+    let before = walks();
+    let calls = (0..40).map(|_| call(&f, "GET", "/api/v1/audit/verify", Some(VIEWER), None));
+    for (s, v) in futures::future::join_all(calls).await {
+        assert_eq!(s, StatusCode::OK, "{v}");
+        assert_eq!(v["ok"], true, "{v}");
+    }
+    assert_eq!(walks() - before, 1, "40 requests, one walk");
+    // A new record moves the head: the next request walks again.
+    let (s, v) = call(
+        &f,
+        "POST",
+        "/api/v1/runs",
+        Some(OPERATOR),
+        Some(json!({"runbook": "cap", "node": "gpu-a1", "gpu": 0, "dry_run": true})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let (_, v) = call(&f, "GET", "/api/v1/audit/verify", Some(VIEWER), None).await;
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(walks() - before, 2);
+}

@@ -114,9 +114,9 @@ impl RecordKind {
 
     /// Kinds whose every record is indexed by kind (`records_of_kind`):
     /// the state they carry outlives any replay window (a GPU awaiting an
-    /// RMA for weeks, a node's marks).
+    /// RMA for weeks, a node's marks, a runbook promoted months ago).
     pub fn indexed_by_kind(self) -> bool {
-        matches!(self, RecordKind::HealthChanged | RecordKind::NodeAnnotated)
+        matches!(self, RecordKind::HealthChanged | RecordKind::NodeAnnotated | RecordKind::RunbookMode)
     }
 }
 

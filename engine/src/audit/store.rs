@@ -297,10 +297,11 @@ fn set_aside(dir: &Path, sled_path: &Path) -> Result<PathBuf, String> {
     Ok(aside)
 }
 
-/// A store from before the kind index: build it once from the records (the
-/// index is derived; the marker says it covers every record).
+/// A store from before the kind index (or before a kind joined it): build
+/// it once from the records (the index is derived; the marker says which
+/// kinds it covers for every record — 2: runbook modes joined).
 fn build_kind_index(trees: &Trees) -> Result<(), sled::Error> {
-    const BUILT: &[u8] = b"\xffbuilt";
+    const BUILT: &[u8] = b"\xffbuilt-2";
     if trees.by_kind.get(BUILT)?.is_some() {
         return Ok(());
     }
