@@ -15,6 +15,7 @@
 
 pub mod clock;
 pub mod fsutil;
+pub mod json;
 pub mod names;
 pub mod owner;
 pub mod ssh;

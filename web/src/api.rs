@@ -32,7 +32,30 @@ pub struct ApiJson<T>(pub T);
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
+        let json = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+            .is_some_and(|m| m == "application/json" || (m.starts_with("application/") && m.ends_with("+json")));
+        if !json {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "expected `Content-Type: application/json`",
+            ));
+        }
+        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|r| {
+            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "request body too large")
+            } else {
+                ApiError::bad_request(r.body_text())
+            }
+        })?;
+        // A key given twice is refused: the last would win while a reader
+        // of the body sees the first.
+        nightshift_proto::json::check_no_duplicate_keys(&bytes).map_err(ApiError::bad_request)?;
+        match Json::<T>::from_bytes(&bytes) {
             Ok(Json(v)) => Ok(ApiJson(v)),
             Err(r) => Err(json_rejection(r)),
         }

@@ -835,3 +835,28 @@ async fn verifies_are_one_at_a_time_and_served_again_while_the_head_stays() {
     assert_eq!(v["ok"], true, "{v}");
     assert_eq!(walks() - before, 2);
 }
+
+/// Regression (issue 27 item 10: duplicate keys in a body were accepted,
+/// the last one winning): refused with the key and where.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_with_a_key_twice_is_refused() {
+    let f = fixture().await;
+    let body = r#"{"runbook": "cap", "node": "gpu-a1", "gpu": 0, "dry_run": true, "dry_run": false}"#;
+    let req = Request::builder()
+        .method("POST")
+        .uri("/api/v1/runs")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::AUTHORIZATION, format!("Bearer {OPERATOR}"))
+        .body(Body::from(body))
+        .unwrap();
+    let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.starts_with("duplicate key \"dry_run\": expected each key once in an object at line 1 column"), "{v}");
+    assert_eq!(
+        post_raw(&f, "/api/v1/runs", Some(OPERATOR), body.replace(", \"dry_run\": false", "")).await,
+        StatusCode::ACCEPTED
+    );
+}

@@ -246,6 +246,9 @@ impl Request {
     /// Parse one request. Refuses unknown fields, wrong types, unknown ops
     /// and other protocol versions, naming what was expected and found.
     pub fn parse(bytes: &[u8]) -> Result<Request, ParseError> {
+        // A key given twice (`"watts": 600, "watts": 100` in `args`) is
+        // refused: the last would win while a reader sees the first.
+        crate::json::check_no_duplicate_keys(bytes).map_err(ParseError::Envelope)?;
         let raw: RawRequest = serde_json::from_slice(bytes).map_err(|e| ParseError::Envelope(e.to_string()))?;
         if raw.v != PROTOCOL_VERSION {
             return Err(ParseError::Version(raw.v));
@@ -460,6 +463,18 @@ mod tests {
         assert!(req.dry_run);
         assert_eq!(req.op, Op::SetPowerLimit(SetPowerLimitArgs { gpu: 0, watts: 450.0 }));
         assert!(req.op.is_mutating());
+    }
+
+    /// Regression (issue 27 item 10: duplicate keys inside `args` were
+    /// accepted, the last one winning).
+    #[test]
+    fn a_key_given_twice_is_refused() {
+        let e = Request::parse(br#"{"v":1,"id":"r1","op":"set_power_limit","args":{"gpu":0,"watts":600,"watts":100}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("duplicate key \"watts\": expected each key once in an object"), "{e}");
+        let e = Request::parse(br#"{"v":1,"id":"r1","id":"r2","op":"holds","args":{}}"#).unwrap_err().to_string();
+        assert!(e.contains("duplicate key \"id\""), "{e}");
     }
 
     #[test]
