@@ -565,6 +565,18 @@ impl Engine {
             );
             return;
         }
+        // A host label is data: checked against the fleet's charset before
+        // it goes anywhere (a lookup, a reason on a page).
+        if let Some(h) = &host
+            && let Err(why) = nightshift_proto::names::check_node_name(h)
+        {
+            self.core.counters.alerts_unknown_node.fetch_add(1, Ordering::Relaxed);
+            let reason = format!("alert {}: its host label is no node name: {why}; not acted on", a.name());
+            if let Err(e) = self.drop_event(&reason, None).await {
+                tracing::error!(error = %e, "cannot audit a dropped alert");
+            }
+            return;
+        }
         let Some(node) = node else {
             self.core.counters.alerts_unknown_node.fetch_add(1, Ordering::Relaxed);
             let reason =

@@ -75,6 +75,15 @@ async fn stale_events_are_dropped_and_audited() {
     f.run_for(2).await.unwrap();
     let dropped: Vec<_> = records(f).into_iter().filter(|r| r.kind == RecordKind::EventDropped).collect();
     assert!(dropped[1].data["reason"].as_str().unwrap().contains("not in the inventory"));
+    // A host label that is no node name (a path, markup) is refused as such.
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "../../etc", "y", now(f), "firing"), "alertmanager");
+    f.run_for(2).await.unwrap();
+    let dropped: Vec<_> = records(f).into_iter().filter(|r| r.kind == RecordKind::EventDropped).collect();
+    let reason = dropped[2].data["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("its host label is no node name: node name \"../../etc\": expected only letters, digits, '.', '-' or '_', found '/'"),
+        "{reason}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
