@@ -191,6 +191,18 @@ pub struct PostgresConfig {
     /// forward writes to the leader's); default `http://` + `listen_addr`.
     #[serde(default)]
     pub advertise_url: Option<String>,
+    /// The `advertise_url` of every engine of the shard (this one may be
+    /// listed too). A standby forwards writes only to a leader whose URL
+    /// is one of these: the lease row is data, and a row pointing
+    /// elsewhere gets nothing.
+    #[serde(default)]
+    pub peers: Vec<String>,
+    /// A file holding the secret the engines of the shard share (`openssl
+    /// rand -hex 32`). A standby checks who is asking itself and forwards
+    /// the request with this secret and that name: a person's token never
+    /// leaves the engine it was sent to. Forwarding needs it and `peers`.
+    #[serde(default)]
+    pub peer_token_file: Option<PathBuf>,
     /// Cut the fleet into shards by this fleet.yaml label (`cluster`,
     /// `pool`): this engine serves only the nodes whose label equals its
     /// `shard`. Unset: the shard is the whole fleet.
@@ -246,6 +258,23 @@ impl PostgresConfig {
             }
             _ => Err("audit.postgres: expected exactly one of url_file and url_env".into()),
         }
+    }
+
+    /// The shared engine secret, from `peer_token_file` (`None` when not
+    /// configured).
+    pub fn peer_token(&self) -> Result<Option<String>, String> {
+        let Some(f) = &self.peer_token_file else { return Ok(None) };
+        let t = std::fs::read_to_string(f)
+            .map(|s| s.trim().to_string())
+            .map_err(|e| format!("audit.postgres.peer_token_file {}: {e}", f.display()))?;
+        if t.len() < 32 {
+            return Err(format!(
+                "audit.postgres.peer_token_file {}: expected a secret of at least 32 characters (`openssl rand -hex 32`), found {}",
+                f.display(),
+                t.len()
+            ));
+        }
+        Ok(Some(t))
     }
 }
 
@@ -576,7 +605,7 @@ impl EngineConfig {
             }
         }
         if let Some(pg) = &mut cfg.audit.postgres {
-            for p in [&mut pg.url_file, &mut pg.ca_file].into_iter().flatten() {
+            for p in [&mut pg.url_file, &mut pg.ca_file, &mut pg.peer_token_file].into_iter().flatten() {
                 if p.is_relative() {
                     *p = base.join(&*p);
                 }
@@ -590,24 +619,24 @@ impl EngineConfig {
             return Err(err("version", format!("unsupported config version: expected 1, found {}", cfg.version)));
         }
         if let Err(m) = cfg.check_listen() {
-            return Err(err(if m.starts_with("auth") { "allow_anonymous" } else { "listen_addr" }, m));
+            return Err(err(if m.starts_with("auth") { "auth.allow_anonymous" } else { "listen_addr" }, m));
         }
         if let Some(a) = &cfg.autoscaler {
             if !(a.url.starts_with("http://") || a.url.starts_with("https://")) {
                 return Err(err(
-                    "autoscaler",
+                    "autoscaler.url",
                     format!("autoscaler.url: expected http:// or https://…, found {:?}", a.url),
                 ));
             }
             if !(1..=300).contains(&a.timeout_secs) {
                 return Err(err(
-                    "autoscaler",
+                    "autoscaler.timeout_secs",
                     format!("autoscaler.timeout_secs: expected 1 to 300, found {}", a.timeout_secs),
                 ));
             }
             if !(1..=10_000).contains(&a.max_nodes_per_pool) {
                 return Err(err(
-                    "autoscaler",
+                    "autoscaler.max_nodes_per_pool",
                     format!("autoscaler.max_nodes_per_pool: expected 1 to 10000, found {}", a.max_nodes_per_pool),
                 ));
             }
@@ -615,26 +644,26 @@ impl EngineConfig {
         if let Some(g) = &cfg.grafana
             && !(g.url.starts_with("http://") || g.url.starts_with("https://"))
         {
-            return Err(err("grafana", format!("grafana.url: expected http:// or https://…, found {:?}", g.url)));
+            return Err(err("grafana.url", format!("grafana.url: expected http:// or https://…, found {:?}", g.url)));
         }
         match (cfg.audit.backend, &cfg.audit.postgres) {
             (AuditBackend::Postgres, None) => {
                 return Err(err(
-                    "backend",
+                    "audit.backend",
                     "audit.backend: postgres needs audit.postgres: {url_file: FILE} (or url_env: VAR)".into(),
                 ));
             }
             (AuditBackend::Postgres, Some(pg)) => {
                 if pg.url_file.is_some() == pg.url_env.is_some() {
                     return Err(err(
-                        "postgres:",
+                        "audit.postgres",
                         "audit.postgres: expected exactly one of url_file and url_env, found both or neither".into(),
                     ));
                 }
                 let (ttl, renew) = (pg.lease_ttl_ms, pg.lease_renew_ms);
                 if !(1_000..=600_000).contains(&ttl) || renew == 0 || renew * 2 > ttl {
                     return Err(err(
-                        "lease_",
+                        "audit.postgres.lease_ttl_ms",
                         format!(
                             "audit.postgres: expected lease_ttl_ms 1000 to 600000 and lease_renew_ms at most half of it, found {ttl} and {renew}"
                         ),
@@ -642,13 +671,13 @@ impl EngineConfig {
                 }
                 if !(10..=60_000).contains(&pg.follow_ms) {
                     return Err(err(
-                        "follow_ms",
+                        "audit.postgres.follow_ms",
                         format!("audit.postgres.follow_ms: expected 10 to 60000, found {}", pg.follow_ms),
                     ));
                 }
                 if pg.shard.is_empty() || !pg.shard.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
                     return Err(err(
-                        "shard",
+                        "audit.postgres.shard",
                         format!(
                             "audit.postgres.shard: expected letters, digits, '-', '_' or '.', found {:?}",
                             pg.shard
@@ -659,8 +688,14 @@ impl EngineConfig {
                     && !(u.starts_with("http://") || u.starts_with("https://"))
                 {
                     return Err(err(
-                        "advertise_url",
+                        "audit.postgres.advertise_url",
                         format!("audit.postgres.advertise_url: expected http:// or https://…, found {u:?}"),
+                    ));
+                }
+                if let Some(u) = pg.peers.iter().find(|u| !(u.starts_with("http://") || u.starts_with("https://"))) {
+                    return Err(err(
+                        "audit.postgres.peers",
+                        format!("audit.postgres.peers: expected http:// or https://…, found {u:?}"),
                     ));
                 }
             }
@@ -671,7 +706,7 @@ impl EngineConfig {
         }
         if !(0.0..=100.0).contains(&cfg.limits.max_drained_pct) {
             return Err(err(
-                "max_drained_pct",
+                "limits.max_drained_pct",
                 format!("limits.max_drained_pct: expected 0 to 100, found {}", cfg.limits.max_drained_pct),
             ));
         }
@@ -706,7 +741,7 @@ impl EngineConfig {
             && !is_sha(h)
         {
             return Err(err(
-                "webhook_token_sha256",
+                "auth.webhook_token_sha256",
                 format!(
                     "auth.webhook_token_sha256: expected 64 hex characters (`nightshift token` prints it; never the token itself), found {} characters",
                     h.len()
@@ -735,7 +770,10 @@ impl EngineConfig {
             ("alert_backlog", l.alert_backlog as u64, 1, 10_000_000),
         ] {
             if !(lo..=hi).contains(&v) {
-                return Err(err(field, format!("limits.{field}: expected {lo} to {hi}, found {v}")));
+                return Err(err(
+                    &format!("limits.{field}"),
+                    format!("limits.{field}: expected {lo} to {hi}, found {v}"),
+                ));
             }
         }
         let sl = &cfg.script;
@@ -766,14 +804,17 @@ impl EngineConfig {
             ("history_max_mib", t.history_max_mib, 1, 65_536),
         ] {
             if !(lo..=hi).contains(&v) {
-                return Err(err(field, format!("telemetry.{field}: expected {lo} to {hi}, found {v}")));
+                return Err(err(
+                    &format!("telemetry.{field}"),
+                    format!("telemetry.{field}: expected {lo} to {hi}, found {v}"),
+                ));
             }
         }
         if let Some(every) = cfg.notifications.audit_anchor_every_secs
             && !(60..=7 * 86_400).contains(&every)
         {
             return Err(err(
-                "audit_anchor_every_secs",
+                "notifications.audit_anchor_every_secs",
                 format!("notifications.audit_anchor_every_secs: expected 60 to 604800, found {every}"),
             ));
         }
@@ -867,15 +908,15 @@ mod tests {
             ("time_scale: .nan\n", "engine.yaml:6:1: time_scale: expected 1 to 1000, found NaN"),
             (
                 "autoscaler:\n  url: autoscaler.local\n",
-                "engine.yaml:6:1: autoscaler.url: expected http:// or https://…, found \"autoscaler.local\"",
+                "engine.yaml:7:3: autoscaler.url: expected http:// or https://…, found \"autoscaler.local\"",
             ),
             (
                 "autoscaler:\n  url: http://a\n  max_nodes_per_pool: 0\n",
-                "engine.yaml:6:1: autoscaler.max_nodes_per_pool: expected 1 to 10000, found 0",
+                "engine.yaml:8:3: autoscaler.max_nodes_per_pool: expected 1 to 10000, found 0",
             ),
             (
                 "grafana:\n  url: grafana.local:3000\n",
-                "engine.yaml:6:1: grafana.url: expected http:// or https://…, found \"grafana.local:3000\"",
+                "engine.yaml:7:3: grafana.url: expected http:// or https://…, found \"grafana.local:3000\"",
             ),
             (
                 "grafana:\n  url: http://g\n  uid: x\n",
@@ -926,5 +967,37 @@ mod tests {
             let e = EngineConfig::parse(&format!("{base}{extra}"), Path::new("engine.yaml")).unwrap_err();
             assert_eq!(e.to_string(), want, "{extra}");
         }
+    }
+
+    /// Regression (issue 27 item 9: a first-line comment containing
+    /// "backend" made an error on line 9 point at `engine.yaml:1:52`): the
+    /// key is found by the parser — not in a comment, not in a value, and
+    /// the right one of several keys of that name.
+    #[test]
+    fn errors_point_at_the_key_not_at_a_comment_or_another_key_of_that_name() {
+        let text = "# engine.yaml — the audit backend: sled unless set (see docs/HA.md, follow_ms too)\n\
+                    version: 1\n\
+                    listen_addr: 127.0.0.1:8080\n\
+                    data_dir: d\n\
+                    runbook_dir: r\n\
+                    inventory_path: f.yaml\n\
+                    engine_key_path: k\n\
+                    grafana: {url: 'http://backend:3000', dashboard_uid: backend}\n\
+                    audit:\n\
+                    \x20 backend: postgres   # backend: the database\n\
+                    \x20 postgres: {url_env: V, follow_ms: 5}\n";
+        let e = EngineConfig::parse(text, Path::new("engine.yaml")).unwrap_err().to_string();
+        assert_eq!(e, "engine.yaml:11:26: audit.postgres.follow_ms: expected 10 to 60000, found 5");
+        let e = EngineConfig::parse(&text.replace("follow_ms: 5", "shard: 'a b'"), Path::new("engine.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("engine.yaml:11:26: audit.postgres.shard:"), "{e}");
+        let e = EngineConfig::parse(
+            &text.replace("  postgres: {url_env: V, follow_ms: 5}\n", ""),
+            Path::new("engine.yaml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("engine.yaml:10:3: audit.backend: postgres needs audit.postgres"), "{e}");
     }
 }

@@ -122,19 +122,22 @@ pub async fn campaign(db: &Client, cfg: &LeaseConfig) -> Result<Option<u64>, Lea
 
 /// Renew the lease at `term`. False: the lease expired and someone else
 /// took it (or it moved on) — this engine is deposed and must stop acting.
+/// Each renewal writes this engine's URL again: a row changed by hand (to
+/// send the standbys' forwarded requests elsewhere) lasts one renewal.
 pub async fn renew(db: &Client, cfg: &LeaseConfig, term: u64) -> Result<bool, LeaseError> {
     let ttl_ms = cfg.ttl.as_millis() as i64;
     // Typed: one round trip, no separate prepare (a leader far from its
     // database renews in one RTT, not two).
     let n = db
         .execute_typed(
-            "UPDATE nightshift_lease SET expires_at = now() + $4 * interval '1 millisecond'
+            "UPDATE nightshift_lease SET expires_at = now() + $4 * interval '1 millisecond', url = $5
              WHERE shard = $1 AND holder = $2 AND term = $3 AND expires_at > now()",
             &[
                 (&cfg.shard, Type::TEXT),
                 (&cfg.holder, Type::TEXT),
                 (&(term as i64), Type::INT8),
                 (&(ttl_ms as f64), Type::FLOAT8),
+                (&cfg.url, Type::TEXT),
             ],
         )
         .await?;

@@ -92,6 +92,9 @@ async fn open_audit(config: &EngineConfig, clock: SharedClock) -> Result<AuditSt
         return Ok(AuditStore::open(&config.data_dir, clock)?);
     };
     let url = pgc.url().map_err(StartError::Config)?;
+    // Checked now: a standby that cannot forward would only say so at the
+    // first write.
+    pgc.peer_token().map_err(StartError::Config)?;
     let lease = LeaseConfig {
         shard: pgc.shard.clone(),
         holder: holder_id(),

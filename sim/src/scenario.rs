@@ -409,7 +409,9 @@ impl Scenario {
             return Err(err("duration_secs", "expected tick_secs ≥ 1 and duration_secs 1 to 604800".into()));
         }
         let names: Vec<&str> = s.fleet.iter().map(|n| n.name.as_str()).collect();
-        for e in &s.timeline {
+        for (i, e) in s.timeline.iter().enumerate() {
+            // The event's own `at_secs` key, by the parser.
+            let here = format!("timeline.{i}.at_secs");
             let what = [
                 e.fault.is_some(),
                 e.config_apply.is_some(),
@@ -424,7 +426,7 @@ impl Scenario {
             .count();
             if what != 1 {
                 return Err(err(
-                    &format!("at_secs: {}", e.at_secs),
+                    &here,
                     format!(
                         "timeline at {} s: expected exactly one of fault, config_apply, pool_load, alert, restart, hands_off, person",
                         e.at_secs
@@ -433,7 +435,7 @@ impl Scenario {
             }
             if (e.hands_off.is_some() || e.person.is_some()) && e.node.is_none() && !e.all_nodes {
                 return Err(err(
-                    &format!("at_secs: {}", e.at_secs),
+                    &here,
                     format!("timeline at {} s: hands_off and person name a node (or all_nodes: true)", e.at_secs),
                 ));
             }
@@ -450,7 +452,7 @@ impl Scenario {
             }
             if e.at_secs >= s.duration_secs {
                 return Err(err(
-                    &format!("at_secs: {}", e.at_secs),
+                    &here,
                     format!(
                         "timeline at {} s: the scenario ends at duration_secs {}, so this never happens",
                         e.at_secs, s.duration_secs
@@ -486,15 +488,12 @@ impl Scenario {
                 if let Some(g) = gpus.iter().min()
                     && let Err(m) = f.validate(*g)
                 {
-                    return Err(err(
-                        &format!("at_secs: {}", e.at_secs),
-                        format!("timeline at {} s: fault: {m}", e.at_secs),
-                    ));
+                    return Err(err(&here, format!("timeline at {} s: fault: {m}", e.at_secs)));
                 }
             }
             if e.restart == Some(Restart::Engine) && (e.node.is_some() || e.all_nodes) {
                 return Err(err(
-                    &format!("at_secs: {}", e.at_secs),
+                    &here,
                     format!("timeline at {} s: `restart: engine` takes no node (there is one engine)", e.at_secs),
                 ));
             }
@@ -502,10 +501,7 @@ impl Scenario {
                 && e.node.is_none()
                 && !e.all_nodes
             {
-                return Err(err(
-                    &format!("at_secs: {}", e.at_secs),
-                    format!("timeline at {} s: name a node (or all_nodes: true)", e.at_secs),
-                ));
+                return Err(err(&here, format!("timeline at {} s: name a node (or all_nodes: true)", e.at_secs)));
             }
         }
         for c in s.expect.checks.iter().chain(&s.expect.final_state) {
@@ -560,21 +556,23 @@ impl Scenario {
                 return Err(err(m, format!("check on {}: unknown mark `{m}`: expected no_pack or quarantine", c.node)));
             }
         }
-        for c in &s.expect.checks {
+        for (i, c) in s.expect.checks.iter().enumerate() {
             match c.at_secs {
                 None => {
                     return Err(err(&c.node, "checks: expected at_secs (use `final` for the end state)".into()));
                 }
                 Some(t) if t > s.duration_secs => {
                     return Err(err(
-                        &format!("at_secs: {t}"),
+                        &format!("expect.checks.{i}.at_secs"),
                         format!("checks: at_secs {t} is after duration_secs {}: it would never run", s.duration_secs),
                     ));
                 }
                 _ => {}
             }
         }
-        for m in s.expect.actions.iter().chain(&s.expect.never) {
+        let actions = s.expect.actions.iter().enumerate().map(|(i, m)| ("actions", i, m));
+        let never = s.expect.never.iter().enumerate().map(|(i, m)| ("never", i, m));
+        for (list, i, m) in actions.chain(never) {
             if !nightshift_proto::OP_NAMES.contains(&m.op.as_str()) || !nightshift_proto::Op::is_mutating_name(&m.op) {
                 return Err(err(
                     &m.op,
@@ -602,7 +600,7 @@ impl Scenario {
                 && t > s.duration_secs
             {
                 return Err(err(
-                    &format!("by_secs: {t}"),
+                    &format!("expect.{list}.{i}.by_secs"),
                     format!("action {}: by_secs {t} is after duration_secs {}", m.op, s.duration_secs),
                 ));
             }

@@ -247,11 +247,18 @@ fn journal_lines(agents: &[&TestAgent], run: &str) -> usize {
         .sum()
 }
 
-fn write_engine(dir: &Path, base: &str, name: &str, port: u16) -> PathBuf {
+/// Engine `name` on `port`, one of the shard's engines on `ports` (its
+/// peers, sharing the secret in `peer-token`).
+fn write_engine(dir: &Path, base: &str, name: &str, port: u16, ports: &[u16]) -> PathBuf {
+    if !dir.join("peer-token").exists() {
+        std::fs::write(dir.join("peer-token"), "0123456789abcdef0123456789abcdef-ha-failover\n").unwrap();
+    }
+    let peers: Vec<String> = ports.iter().map(|p| format!("'http://127.0.0.1:{p}'")).collect();
     let text = base.replace("listen_addr: 127.0.0.1:0", &format!("listen_addr: 127.0.0.1:{port}")).replace(
         "data_dir: engine-data",
         &format!(
-            "data_dir: data-{name}\naudit:\n  backend: postgres\n  postgres: {{url_file: pg-url, lease_ttl_ms: {TTL_MS}, lease_renew_ms: {RENEW_MS}, follow_ms: 100}}"
+            "data_dir: data-{name}\naudit:\n  backend: postgres\n  postgres: {{url_file: pg-url, lease_ttl_ms: {TTL_MS}, lease_renew_ms: {RENEW_MS}, follow_ms: 100, peer_token_file: peer-token, peers: [{}]}}",
+            peers.join(", ")
         ),
     );
     let path = dir.join(format!("engine-{name}.yaml"));
@@ -308,11 +315,11 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     );
     let base = std::fs::read_to_string(dir.join("engine.yaml")).unwrap();
     let mut engines = Vec::new();
-    for name in ["a", "b"] {
-        let port = free_port();
+    let ports = [free_port(), free_port()];
+    for (name, port) in ["a", "b"].into_iter().zip(ports) {
         engines.push(Eng {
             name,
-            config: write_engine(dir, &base, name, port),
+            config: write_engine(dir, &base, name, port, &ports),
             url: format!("http://127.0.0.1:{port}"),
             daemon: None,
             starts: 0,
@@ -738,11 +745,11 @@ async fn a_fault_lifecycle_survives_takeovers() {
     }
     let base = std::fs::read_to_string(dir.join("engine.yaml")).unwrap();
     let mut engines = Vec::new();
-    for name in ["a", "b"] {
-        let port = free_port();
+    let ports = [free_port(), free_port()];
+    for (name, port) in ["a", "b"].into_iter().zip(ports) {
         engines.push(Eng {
             name,
-            config: write_engine(dir, &base, name, port),
+            config: write_engine(dir, &base, name, port, &ports),
             url: format!("http://127.0.0.1:{port}"),
             daemon: None,
             starts: 0,

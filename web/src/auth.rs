@@ -105,7 +105,17 @@ pub struct Auth {
     /// Webhook tokens by name.
     webhooks: Vec<(String, [u8; 32])>,
     anonymous: Option<Role>,
+    /// The digest of the secret the engines of an HA shard share: a
+    /// request carrying it says who asked ([`PEER_AS`]), checked by the
+    /// standby that forwarded it.
+    peer: Option<[u8; 32]>,
 }
+
+/// The engines' shared secret, on a forwarded request.
+pub const PEER_SECRET: &str = "x-nightshift-peer";
+/// Who asked, on a forwarded request: `user NAME`, `anonymous` or
+/// `webhook NAME` (what the standby checked).
+pub const PEER_AS: &str = "x-nightshift-as";
 
 fn decode(hex_str: &str) -> [u8; 32] {
     let mut out = [0u8; 32];
@@ -142,7 +152,38 @@ impl Auth {
                 .chain(cfg.webhook_tokens.iter().map(|w| (w.name.clone(), decode(&w.sha256))))
                 .collect(),
             anonymous: cfg.allow_anonymous,
+            peer: None,
         }
+    }
+
+    /// The same, taking requests forwarded by the engines that share
+    /// `secret`.
+    pub fn with_peer_secret(mut self, secret: Option<&str>) -> Auth {
+        self.peer = secret.map(|s| Sha256::digest(s.as_bytes()).into());
+        self
+    }
+
+    /// A forwarded request: who the standby says asked, if the request
+    /// carries the engines' secret (`Err` if it carries a wrong one).
+    fn forwarded_as(&self, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+        let Some(secret) = headers.get(PEER_SECRET) else { return Ok(None) };
+        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+        let Some(peer) = &self.peer else {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a forwarded request, and this engine takes none: set audit.postgres.peer_token_file on every engine of the shard",
+            ));
+        };
+        if !ct_eq(&digest, peer) {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the engines' shared secret is not valid",
+            ));
+        }
+        let who = headers.get(PEER_AS).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        Ok(Some(who))
     }
 
     fn lookup(&self, token: &str) -> Option<(String, Role)> {
@@ -174,6 +215,29 @@ impl Auth {
 
     /// Who is calling, if anyone.
     pub fn identify(&self, headers: &HeaderMap) -> Result<Identity, ApiError> {
+        if let Some(who) = self.forwarded_as(headers)? {
+            // A standby checked the caller; the role is this engine's own
+            // for that name.
+            let refused = || {
+                ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    format!("a forwarded request for {who:?}, who has no token here"),
+                )
+            };
+            return match who.split_once(' ') {
+                Some(("user", name)) => {
+                    let role =
+                        self.tokens.iter().find(|(n, _, _)| n == name).map(|(_, r, _)| *r).ok_or_else(refused)?;
+                    Ok(Identity { name: name.to_string(), role, via: Via::Bearer })
+                }
+                None if who == "anonymous" => match self.anonymous {
+                    Some(role) => Ok(Identity { name: "anonymous".into(), role, via: Via::Bearer }),
+                    None => Err(refused()),
+                },
+                _ => Err(refused()),
+            };
+        }
         match Self::token_from(headers) {
             Some((token, false)) => match self.lookup(&token) {
                 Some((name, role)) => Ok(Identity { name, role, via: Via::Bearer }),
@@ -256,6 +320,17 @@ impl Auth {
                 "unsupported_media_type",
                 format!("the webhook takes `Content-Type: application/json` (as Alertmanager sends), found {ct:?}"),
             ));
+        }
+        if let Some(who) = self.forwarded_as(headers)? {
+            return match who.strip_prefix("webhook ") {
+                Some(name) if self.webhooks.iter().any(|(n, _)| n == name) => Ok(name.to_string()),
+                Some("anonymous") if self.anonymous.is_some() => Ok("anonymous".into()),
+                _ => Err(ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    format!("a forwarded webhook call for {who:?}, which has no webhook token here"),
+                )),
+            };
         }
         let token = Self::token_from(headers).filter(|(_, cookie)| !cookie).map(|(t, _)| t);
         match token {

@@ -1,11 +1,18 @@
 //! Standbys forward writes. With the PostgreSQL backend only the shard's
 //! leader writes; a standby serves every read from its copy of the chain
 //! and passes any other request — runs, approvals, the Alertmanager
-//! webhook, promotions, reloads — to the leader's advertised URL with its
-//! headers and body as they came, and returns the leader's answer. So the
-//! CLI, the UI and Alertmanager may point at any replica. A request is
-//! forwarded once at most (a standby that receives a forwarded request
-//! answers 503: the engines disagree on who leads, which a retry settles).
+//! webhook, promotions, reloads — to the leader's advertised URL, and
+//! returns the leader's answer. So the CLI, the UI and Alertmanager may
+//! point at any replica. A request is forwarded once at most (a standby
+//! that receives a forwarded request answers 503: the engines disagree on
+//! who leads, which a retry settles).
+//!
+//! The lease row that names the leader's URL is data: a standby forwards
+//! only to a URL listed in `audit.postgres.peers`, and never a caller's
+//! credential. It checks the caller itself (token, session, webhook
+//! token), drops `Authorization` and `Cookie`, and sends the engines'
+//! shared secret with the name it checked (`auth::PEER_SECRET`,
+//! `auth::PEER_AS`); the leader gives that name its own role.
 
 use axum::body::{Body, to_bytes};
 use axum::extract::{Request, State};
@@ -64,6 +71,36 @@ pub async fn forward_writes(State(s): State<AppState>, req: Request, next: Next)
             status.role
         ));
     };
+    // Only to a configured peer, with the engines' secret.
+    let Some(secret) = s.peers.secret.clone() else {
+        return unavailable(format!(
+            "this engine ({l}) is a standby and cannot forward to the leader: set audit.postgres.peer_token_file (and peers) on every engine of the shard, or send writes to the leader at {}",
+            leader.url
+        ));
+    };
+    if !s.peers.urls.iter().any(|u| u == leader.url.trim_end_matches('/')) {
+        tracing::error!(leader = %leader.holder, url = %leader.url, peers = ?s.peers.urls,
+            "the lease row names a leader URL that is not one of audit.postgres.peers: not forwarding");
+        return unavailable(format!(
+            "the lease row says the leader {} is at {}, which is not one of audit.postgres.peers ({}): nothing is forwarded there — add it if it is one of this shard's engines",
+            leader.holder,
+            leader.url,
+            s.peers.urls.join(", ")
+        ));
+    }
+    // Who asks, checked here; the leader gives the name its own role.
+    let webhook = req.uri().path() == "/api/v1/alerts/alertmanager";
+    let who = if webhook {
+        s.auth().require_webhook(req.headers()).map(|name| format!("webhook {name}"))
+    } else {
+        s.auth().require(req.headers(), req.method(), nightshift_engine::config::Role::Viewer).map(|id| {
+            if id.via == crate::auth::Via::Anonymous { "anonymous".to_string() } else { format!("user {}", id.name) }
+        })
+    };
+    let who = match who {
+        Ok(w) => w,
+        Err(e) => return e.into_response(),
+    };
     let (parts, body) = req.into_parts();
     let body = match to_bytes(body, MAX_WEBHOOK_BYTES).await {
         Ok(b) => b,
@@ -77,11 +114,17 @@ pub async fn forward_writes(State(s): State<AppState>, req: Request, next: Next)
     let Some(client) = client() else { return unavailable("cannot build the forwarding client".into()) };
     let mut out = client.request(parts.method.clone(), &url).body(body);
     for (name, value) in &parts.headers {
-        if !matches!(name.as_str(), "host" | "content-length" | "connection" | "transfer-encoding") {
+        if !matches!(
+            name.as_str(),
+            "host" | "content-length" | "connection" | "transfer-encoding" | "authorization" | "cookie"
+        ) && name.as_str() != crate::auth::PEER_SECRET
+            && name.as_str() != crate::auth::PEER_AS
+        {
             out = out.header(name, value);
         }
     }
-    out = out.header(FORWARDED_BY, l.as_str());
+    out =
+        out.header(FORWARDED_BY, l.as_str()).header(crate::auth::PEER_SECRET, secret).header(crate::auth::PEER_AS, who);
     tracing::info!(method = %parts.method, path = %parts.uri.path(), leader = %leader.holder, "standby: forwarding a write to the leader");
     let answer = match out.send().await {
         Ok(a) => a,

@@ -40,14 +40,40 @@ pub struct AppState {
     /// rebuilt when a reload changed them.
     auth: Arc<std::sync::Mutex<(u64, Arc<Auth>)>>,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// HA: the secret the shard's engines share and the peers a standby
+    /// may forward to (`audit.postgres.peer_token_file`, `peers`).
+    pub peers: Arc<Peers>,
+}
+
+/// Where a standby may forward, and the secret it forwards with.
+#[derive(Debug, Default)]
+pub struct Peers {
+    pub secret: Option<String>,
+    pub urls: Vec<String>,
+}
+
+impl Peers {
+    fn of(engine: &Engine) -> Peers {
+        let Some(pg) = &engine.config().audit.postgres else { return Peers::default() };
+        let secret = pg.peer_token().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "no engine secret: this engine neither forwards nor takes forwarded requests");
+            None
+        });
+        Peers { secret, urls: pg.peers.iter().map(|u| u.trim_end_matches('/').to_string()).collect() }
+    }
 }
 
 impl AppState {
     pub fn new(engine: Engine) -> AppState {
         let (generation, cfg) = engine.auth();
+        let peers = Arc::new(Peers::of(&engine));
         AppState {
-            auth: Arc::new(std::sync::Mutex::new((generation, Arc::new(Auth::new(&cfg))))),
+            auth: Arc::new(std::sync::Mutex::new((
+                generation,
+                Arc::new(Auth::new(&cfg).with_peer_secret(peers.secret.as_deref())),
+            ))),
             shutdown: engine.shutdown_signal(),
+            peers,
             engine,
         }
     }
@@ -57,7 +83,7 @@ impl AppState {
         let mut cached = self.auth.lock().unwrap_or_else(|e| e.into_inner());
         let (generation, cfg) = self.engine.auth();
         if cached.0 != generation {
-            *cached = (generation, Arc::new(Auth::new(&cfg)));
+            *cached = (generation, Arc::new(Auth::new(&cfg).with_peer_secret(self.peers.secret.as_deref())));
         }
         cached.1.clone()
     }

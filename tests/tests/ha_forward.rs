@@ -1,0 +1,168 @@
+//! A standby forwards writes only to a configured peer, and never a
+//! person's credential (issue 27 item 9: one database `UPDATE` of the lease
+//! row's URL captured an operator token). Two `nightshift serve` processes
+//! on one real PostgreSQL:
+//!
+//! 1. a run posted to the standby with an operator token reaches the
+//!    leader as that operator (the standby checked the token; the leader
+//!    gave the name its own role) — the token itself never left;
+//! 2. the leader frozen, its lease row's URL rewritten to a listener of
+//!    ours: the standby refuses to forward there (503 naming the URL and
+//!    `peers`) and the listener gets no connection;
+//! 3. the leader resumed: its next renewal writes its own URL back;
+//! 4. a request to the leader carrying a wrong engine secret is refused.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use nightshift_agent::backend::sim::SimConfig;
+use nightshift_tests::external::{Daemon, PgCluster, free_port, postgres_bin_dir, workspace_bin_dir};
+use nightshift_tests::{TestAgent, engine_setup};
+use serde_json::{Value, json};
+
+const OPERATOR: &str = "op-token-0123456789abcdef";
+
+fn write_engine(dir: &Path, base: &str, name: &str, port: u16, ports: &[u16]) -> PathBuf {
+    let peers: Vec<String> = ports.iter().map(|p| format!("'http://127.0.0.1:{p}'")).collect();
+    let text = base.replace("listen_addr: 127.0.0.1:0", &format!("listen_addr: 127.0.0.1:{port}")).replace(
+        "data_dir: engine-data",
+        &format!(
+            "data_dir: data-{name}\naudit:\n  backend: postgres\n  postgres: {{url_file: pg-url, lease_ttl_ms: 3000, lease_renew_ms: 250, follow_ms: 50, peer_token_file: peer-token, peers: [{}]}}",
+            peers.join(", ")
+        ),
+    );
+    let path = dir.join(format!("engine-{name}.yaml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn start(dir: &Path, config: &Path, name: &str) -> Daemon {
+    let argv = [
+        workspace_bin_dir().join("nightshift").display().to_string(),
+        "--config".into(),
+        config.display().to_string(),
+        "serve".into(),
+    ];
+    Daemon::start(&argv, &dir.join(format!("{name}.log")))
+}
+
+async fn ha(http: &reqwest::Client, url: &str) -> Value {
+    match http.get(format!("{url}/api/v1/ha")).bearer_auth(OPERATOR).send().await {
+        Ok(r) => r.json().await.unwrap_or(Value::Null),
+        Err(_) => Value::Null,
+    }
+}
+
+async fn until(what: &str, d: &Daemon, mut f: impl AsyncFnMut() -> bool) {
+    let t = Instant::now();
+    while !f().await {
+        assert!(t.elapsed() < Duration::from_secs(30), "{what}; log:\n{}", d.log_text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
+    let Some(bin) = postgres_bin_dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let pgdir = dir.join("pg");
+    std::fs::create_dir_all(&pgdir).unwrap();
+    let cluster = PgCluster::start(&pgdir, &bin);
+    std::fs::write(dir.join("pg-url"), &cluster.conninfo).unwrap();
+    std::fs::write(dir.join("peer-token"), "9f86d081884c7d659a2feaa0c55ad015-shared\n").unwrap();
+    let agent = TestAgent::start(dir, "h1", SimConfig { gpus: 1, ..SimConfig::default() }, "").await;
+    engine_setup(
+        dir,
+        &[&agent],
+        &[("cap", "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\n", "set_power_limit(600);\n")],
+        &format!(
+            "auth: {{tokens: [{{name: ops, role: operator, sha256: {}}}]}}\n",
+            nightshift_web::auth::hash_token(OPERATOR)
+        ),
+    );
+    let base = std::fs::read_to_string(dir.join("engine.yaml")).unwrap();
+    let ports = [free_port(), free_port()];
+    let (ua, ub) = (format!("http://127.0.0.1:{}", ports[0]), format!("http://127.0.0.1:{}", ports[1]));
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let a = start(dir, &write_engine(dir, &base, "a", ports[0], &ports), "a");
+    until("a leads", &a, async || ha(&http, &ua).await["role"] == "leader").await;
+    let b = start(dir, &write_engine(dir, &base, "b", ports[1], &ports), "b");
+    until("b is a standby that knows the leader", &b, async || {
+        let v = ha(&http, &ub).await;
+        v["role"] == "standby" && v["leader"]["url"] == json!(ua)
+    })
+    .await;
+
+    // 1. Forwarded as the operator, checked by the standby.
+    let post = |url: &str| {
+        http.post(format!("{url}/api/v1/runs"))
+            .bearer_auth(OPERATOR)
+            .json(&json!({"runbook": "cap", "node": "h1", "gpu": 0, "dry_run": true}))
+            .send()
+    };
+    let r = post(&ub).await.unwrap();
+    assert_eq!(r.status(), 202, "{:?}", r.text().await);
+    let v: Value = r.json().await.unwrap();
+    let run = v["run"]["id"].as_str().unwrap().to_string();
+    let got: Value =
+        http.get(format!("{ua}/api/v1/runs/{run}")).bearer_auth(OPERATOR).send().await.unwrap().json().await.unwrap();
+    assert_eq!(got["run"]["requested_by"], "user:ops", "{got}");
+    // A wrong token is refused by the standby itself.
+    let r = http
+        .post(format!("{ub}/api/v1/runs"))
+        .bearer_auth("not-a-token")
+        .json(&json!({"runbook": "cap", "node": "h1", "gpu": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+
+    // 2. The row points at our listener while the leader is frozen.
+    let capture = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cap_url = format!("http://{}", capture.local_addr().unwrap());
+    let connections = Arc::new(AtomicUsize::new(0));
+    let c2 = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((_s, _)) = capture.accept().await {
+            c2.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    let (db, conn) = tokio_postgres::connect(&cluster.conninfo, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let pid = nix::unistd::Pid::from_raw(a.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let n = db.execute("UPDATE nightshift_lease SET url = $1 WHERE shard = 'default'", &[&cap_url]).await.unwrap();
+    assert_eq!(n, 1);
+    until("b reads the rewritten row", &b, async || ha(&http, &ub).await["leader"]["url"] == json!(cap_url)).await;
+    let r = post(&ub).await.unwrap();
+    assert_eq!(r.status(), 503);
+    let text = r.text().await.unwrap();
+    assert!(text.contains(&format!("at {cap_url}, which is not one of audit.postgres.peers")), "{text}");
+    assert_eq!(connections.load(Ordering::SeqCst), 0, "nothing was sent to the URL the row named");
+
+    // 3. The leader's next renewal writes its own URL back.
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    until("the leader re-asserts its URL", &a, async || {
+        let row = db.query_one("SELECT url FROM nightshift_lease WHERE shard = 'default'", &[]).await.unwrap();
+        row.get::<_, String>(0) == ua
+    })
+    .await;
+    assert_eq!(ha(&http, &ua).await["role"], "leader", "renewed, not deposed");
+
+    // 4. The engines' secret is checked.
+    let r = http
+        .post(format!("{ua}/api/v1/runs"))
+        .header("x-nightshift-peer", "guessed")
+        .header("x-nightshift-as", "user ops")
+        .json(&json!({"runbook": "cap", "node": "h1", "gpu": 0, "dry_run": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.text().await.unwrap().contains("the engines' shared secret is not valid"));
+    drop(b);
+    drop(a);
+}
