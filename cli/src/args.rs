@@ -72,9 +72,15 @@ pub enum Command {
     /// Agents: list, ping, inventory, holds, health.
     #[command(subcommand)]
     Agents(AgentsCmd),
-    /// Nodes: tell nightshift a node was repaired.
+    /// Nodes: repaired, resume, hands-off.
     #[command(subcommand)]
     Nodes(NodesCmd),
+    /// Holds: release them as yourself (needs --server).
+    #[command(subcommand)]
+    Holds(HoldsCmd),
+    /// Runs: cancel one (needs --server).
+    #[command(subcommand)]
+    Runs(RunsCmd),
     /// Approve a run that waits for approval (needs --server).
     ///
     /// Example: nightshift approve r000042 --server http://nightshift:8080
@@ -363,6 +369,43 @@ pub enum AgentsCmd {
 }
 
 #[derive(Subcommand)]
+pub enum HoldsCmd {
+    /// Release holds on a node as yourself (`person:<you>`), audited: a
+    /// run's, a kept one, a sticky repair or RMA drain, another person's.
+    /// Without --owner or --hold: every hold on the node (or on --gpu).
+    ///
+    /// Example: nightshift holds release gpu-a1 --gpu 3 --reason "cap no longer needed" --server http://nightshift:8080
+    Release {
+        #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
+        node: String,
+        /// Only holds on this GPU.
+        #[arg(long)]
+        gpu: Option<u32>,
+        /// Only this owner's holds (a run id, or person:NAME).
+        #[arg(long, conflicts_with = "hold")]
+        owner: Option<String>,
+        /// Only this hold (its id, from `nightshift agents holds NODE`).
+        #[arg(long)]
+        hold: Option<String>,
+        /// Why: kept in the audit record.
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum RunsCmd {
+    /// Cancel a queued, pending or running run: a running one stops at
+    /// its next step and gives back its holds.
+    ///
+    /// Example: nightshift runs cancel r000042-k3x9qa --server http://nightshift:8080
+    Cancel {
+        #[arg(add = ArgValueCompleter::new(crate::complete::runs))]
+        run: String,
+    },
+}
+
+#[derive(Subcommand)]
 pub enum NodesCmd {
     /// Say a node (or one GPU) was repaired: its GPUs awaiting repair go to
     /// verifying, and the agent's health check decides whether they return
@@ -378,6 +421,36 @@ pub enum NodesCmd {
         /// What was done; kept in the audit record.
         #[arg(long, default_value = "")]
         note: String,
+    },
+    /// Put a node back into service yourself (`person:<you>`), audited:
+    /// every drain on it ends — nightshift's, a sticky repair or RMA drain,
+    /// another person's. (`repaired` is the lifecycle's step instead: the
+    /// health check decides.) Needs --server.
+    ///
+    /// Example: nightshift nodes resume gpu-a1 --reason "RMA replacement installed and tested"
+    Resume {
+        #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
+        node: String,
+        /// Why: kept in the audit record.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Set or clear hands-off in the engine (admin): nightshift changes
+    /// nothing on the node while it is set. Needs --server.
+    ///
+    /// Example: nightshift nodes hands-off gpu-a1 --on --reason "firmware update until 14:00"
+    HandsOff {
+        #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
+        node: String,
+        /// Set it.
+        #[arg(long, conflicts_with = "off", required_unless_present = "off")]
+        on: bool,
+        /// Clear it.
+        #[arg(long)]
+        off: bool,
+        /// Why: kept in the audit record (needed with --on).
+        #[arg(long, required_if_eq("on", "true"))]
+        reason: Option<String>,
     },
 }
 

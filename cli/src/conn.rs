@@ -98,6 +98,12 @@ impl Remote {
         let resp = rb.send().await.map_err(|e| unreachable(&self.url, e))?;
         let status = resp.status();
         let body = resp.text().await.map_err(|e| unreachable(&self.url, e))?;
+        self.answer(status, body)
+    }
+
+    /// An answer's body as `T`, or the error it carries (with the exit code
+    /// its status means).
+    fn answer<T: DeserializeOwned>(&self, status: reqwest::StatusCode, body: String) -> Result<T> {
         if !status.is_success() {
             let err = serde_json::from_str::<Value>(&body).ok().map(|v| v["error"].clone()).unwrap_or_default();
             let msg = err["message"].as_str().map(str::to_string).unwrap_or_else(|| body.chars().take(300).collect());
@@ -119,6 +125,30 @@ impl Remote {
 
     pub async fn post<T: DeserializeOwned>(&self, path: &str, body: &Value) -> Result<T> {
         self.send(self.req(reqwest::Method::POST, path).json(body)).await
+    }
+
+    /// POST a control: its answer on 200, and on 409 too (some of it was
+    /// refused by the agent: the body says what was done and what not).
+    pub async fn post_control(&self, path: &str, body: &Value) -> Result<(bool, Value)> {
+        let resp =
+            self.req(reqwest::Method::POST, path).json(body).send().await.map_err(|e| unreachable(&self.url, e))?;
+        if resp.status().as_u16() == 409 {
+            let text = resp.text().await.map_err(|e| unreachable(&self.url, e))?;
+            if let Ok(v) = serde_json::from_str::<Value>(&text)
+                && v.get("actions").is_some()
+            {
+                return Ok((false, v));
+            }
+            let msg = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+                .unwrap_or(text);
+            return Err(anyhow::Error::new(Fail(3)).context(format!("{} 409 Conflict: {msg}", self.url)));
+        }
+        let status = resp.status();
+        let body = resp.text().await.map_err(|e| unreachable(&self.url, e))?;
+        let v: Value = self.answer(status, body)?;
+        Ok((true, v))
     }
 
     /// The SSE live tail, as a stream of records, until `each` says stop.
@@ -456,6 +486,22 @@ impl Conn {
     }
 
     /// A person says `node` (or one GPU) was repaired.
+    /// Cancel a run (the running engine's, or this process's own).
+    pub async fn cancel(&mut self, run: &str) -> Result<()> {
+        match self {
+            Conn::Remote(r) => {
+                let _: Value =
+                    r.post(&format!("/api/v1/runs/{}/cancel", crate::out::urlencode(run)), &json!({})).await?;
+                Ok(())
+            }
+            Conn::Local(l) => {
+                let e = l.engine().await?;
+                let who = format!("user:{}", std::env::var("USER").unwrap_or_else(|_| "cli".into()));
+                e.cancel(run, &who).await.map_err(|m| anyhow::Error::new(Fail(3)).context(m.to_string()))
+            }
+        }
+    }
+
     pub async fn repaired(&mut self, node: &str, gpu: Option<u32>, note: &str) -> Result<Value> {
         match self {
             Conn::Remote(r) => {

@@ -79,12 +79,28 @@ async fn real_main(cli: Cli) -> Result<u8> {
             c.close().await;
             r
         }
+        Command::Nodes(crate::args::NodesCmd::Resume { node, reason }) => {
+            init_logging("warn");
+            cmd::control::nodes_resume(&cli, &out, node, reason).await
+        }
+        Command::Nodes(crate::args::NodesCmd::HandsOff { node, on, off: _, reason }) => {
+            init_logging("warn");
+            cmd::control::nodes_hands_off(&cli, &out, node, *on, reason.as_deref()).await
+        }
         Command::Nodes(n) => {
             init_logging("warn");
             let mut c = cmd::conn(&cli, &out)?;
             let r = cmd::agents::nodes(&mut c, &out, n).await;
             c.close().await;
             r
+        }
+        Command::Holds(crate::args::HoldsCmd::Release { node, gpu, owner, hold, reason }) => {
+            init_logging("warn");
+            cmd::control::holds_release(&cli, &out, node, *gpu, owner.as_deref(), hold.as_deref(), reason).await
+        }
+        Command::Runs(crate::args::RunsCmd::Cancel { run }) => {
+            init_logging("warn");
+            cmd::control::runs_cancel(&cli, &out, run).await
         }
         Command::Approve { run } => cmd::decide::approve(&cli, &out, run).await,
         Command::Reject { run, reason } => cmd::decide::reject(&cli, &out, run, reason).await,

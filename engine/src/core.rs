@@ -522,12 +522,27 @@ impl Core {
         s: &RunSummary,
         node: &str,
         gpu: Option<u32>,
+        req: Request,
+    ) -> Result<(Reply, f64), SendError> {
+        self.send_audited_by(Some(s), &s.id, "engine", node, gpu, req).await
+    }
+
+    /// [`Core::send_audited`] for `owner` (a run's id, or `person:<name>`
+    /// for a person's own control), its intent recorded as `actor`'s and
+    /// under `run` when there is one.
+    pub async fn send_audited_by(
+        &self,
+        run: Option<&RunSummary>,
+        owner: &str,
+        actor: &str,
+        node: &str,
+        gpu: Option<u32>,
         mut req: Request,
     ) -> Result<(Reply, f64), SendError> {
         let Some(n) = self.fleet.get(node) else {
             return Err(SendError::not_sent(format!("{node} is not in the inventory")));
         };
-        req.owner = Some(s.id.clone());
+        req.owner = Some(owner.to_string());
         // With a leader lease, the request carries its term: an agent that
         // has seen a newer leader refuses it (`stale_leader`).
         if let Some(l) = self.leadership() {
@@ -536,19 +551,18 @@ impl Core {
                 None => return Err(SendError::not_sent("this engine is not the leader: it sends nothing")),
             }
         }
-        let intent = NewRecord::new(
-            RecordKind::ActionIntent,
-            "engine",
-            json!({"action_id": req.id, "op": req.op.name(), "args": req.op.args(), "dry_run": req.dry_run,
-                "lease_secs": req.revert_after_secs}),
-        )
-        .run(&s.id)
-        .node(Some(node))
-        .gpu(gpu)
-        .runbook(&s.runbook);
+        let mut data = json!({"action_id": req.id, "op": req.op.name(), "args": req.op.args(), "dry_run": req.dry_run,
+            "lease_secs": req.revert_after_secs});
+        if run.is_none() {
+            data["owner"] = json!(owner);
+        }
+        let mut intent = NewRecord::new(RecordKind::ActionIntent, actor, data).node(Some(node)).gpu(gpu);
+        if let Some(s) = run {
+            intent = intent.run(&s.id).runbook(&s.runbook);
+        }
         // Write ahead: nothing leaves before its intent is durable.
         self.audit
-            .append(intent, Some(s.clone()))
+            .append(intent, run.cloned())
             .await
             .map_err(|e| SendError::not_sent(format!("cannot audit the intent: {e}")))?;
         // A store that stopped at a durability failure (this intent may

@@ -45,6 +45,9 @@ pub enum EngineError {
     BadParams(String),
     #[error("no run `{0}`")]
     NoSuchRun(String),
+    /// Cancel of a run that already ended.
+    #[error("run {run} already finished ({outcome}): there is nothing to cancel")]
+    AlreadyFinished { run: String, outcome: String },
     /// Only reading ops may be sent to an agent outside a runbook.
     #[error("{op} changes the node: run a runbook instead")]
     NotReadOnly { op: String },

@@ -379,9 +379,29 @@ impl Engine {
     pub async fn cancel(&self, run: &str, by: &str) -> Result<(), EngineError> {
         let running = {
             let t = self.core.table();
-            let e = t.runs.get(run).ok_or_else(|| EngineError::NoSuchRun(run.into()))?;
-            e.cancel.store(true, Ordering::SeqCst);
-            e.summary.state == RunState::Running
+            match t.runs.get(run) {
+                Some(e) if e.summary.state == RunState::Finished => {
+                    return Err(EngineError::AlreadyFinished {
+                        run: run.into(),
+                        outcome: e.summary.outcome.map(|o| o.as_str().to_string()).unwrap_or_else(|| "ended".into()),
+                    });
+                }
+                Some(e) => {
+                    e.cancel.store(true, Ordering::SeqCst);
+                    e.summary.state == RunState::Running
+                }
+                None => {
+                    drop(t);
+                    // Finished (it left the table) or never was.
+                    return Err(match self.core.audit.run(run)? {
+                        Some(s) => EngineError::AlreadyFinished {
+                            run: run.into(),
+                            outcome: s.outcome.map(|o| o.as_str().to_string()).unwrap_or_else(|| "ended".into()),
+                        },
+                        None => EngineError::NoSuchRun(run.into()),
+                    });
+                }
+            }
         };
         if !running {
             self.finish(run, RunOutcome::Cancelled, Some(format!("cancelled by {by} before it started")), None).await?;

@@ -16,6 +16,7 @@ pub mod admission;
 pub mod alerts;
 pub mod audit;
 pub mod config;
+pub mod control;
 pub mod core;
 pub mod counters;
 pub mod engine;

@@ -338,6 +338,65 @@ pub struct HandsOff {
     pub reason: Option<String>,
 }
 
+/// `POST /api/v1/nodes/{name}/holds/release`: which holds, and why.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseHolds {
+    #[serde(default)]
+    pub gpu: Option<u32>,
+    #[serde(default)]
+    pub owner: Option<String>,
+    #[serde(default)]
+    pub hold: Option<String>,
+    /// Why: kept in the audit record.
+    pub reason: String,
+}
+
+/// A person releases holds on a node (operator): sent to the agent as
+/// `person:<name>`, audited. 200 with each release's outcome; 409 when the
+/// agent refused one (hands-off, for instance).
+pub async fn release_holds(
+    State(s): State<AppState>,
+    Operator(id): Operator,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<ReleaseHolds>,
+) -> Result<Response, ApiError> {
+    let what =
+        nightshift_engine::control::ReleaseWhat { gpu: body.gpu, owner: body.owner.clone(), hold: body.hold.clone() };
+    let out = s.engine.person_release(&name, &what, &id.name, &body.reason).await?;
+    Ok(control_answer(out))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resume {
+    /// Why: kept in the audit record.
+    pub reason: String,
+}
+
+/// A person puts a node back into service (operator): every drain on it
+/// ends, a sticky repair or RMA drain too.
+pub async fn resume_node(
+    State(s): State<AppState>,
+    Operator(id): Operator,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<Resume>,
+) -> Result<Response, ApiError> {
+    let out = s.engine.person_resume(&name, &id.name, &body.reason).await?;
+    Ok(control_answer(out))
+}
+
+fn control_answer(out: nightshift_engine::control::ControlOutcome) -> Response {
+    let refused = out.actions.iter().find(|a| a["ok"] != true);
+    let status = if refused.is_some() { StatusCode::CONFLICT } else { StatusCode::OK };
+    let mut v = serde_json::to_value(&out).unwrap_or_default();
+    if let Some(r) = refused {
+        v["error"] = json!({"code": r["code"].as_str().unwrap_or("refused"),
+            "message": r["error"].as_str().unwrap_or("the agent refused")});
+    }
+    (status, Json(v)).into_response()
+}
+
 pub async fn hands_off(
     State(s): State<AppState>,
     Admin(id): Admin,

@@ -39,7 +39,9 @@ impl From<EngineError> for ApiError {
             | EngineError::MissingReason
             | EngineError::BadModeChange(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             EngineError::AgentUnreachable { .. } => (StatusCode::BAD_GATEWAY, "agent_unreachable"),
-            EngineError::NotAwaitingApproval { .. } => (StatusCode::CONFLICT, "conflict"),
+            EngineError::NotAwaitingApproval { .. } | EngineError::AlreadyFinished { .. } => {
+                (StatusCode::CONFLICT, "conflict")
+            }
             EngineError::SelfApproval { .. } => (StatusCode::FORBIDDEN, "self_approval"),
             EngineError::Audit(nightshift_engine::audit::AuditError::NotLeader(_)) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "not_leader")

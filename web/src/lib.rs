@@ -115,6 +115,9 @@ pub fn router(engine: Engine) -> Router {
         .route("/ui/runs/{id}/approve", post(pages::ui_approve))
         .route("/ui/runs/{id}/reject", post(pages::ui_reject))
         .route("/ui/nodes/{name}/hands-off", post(pages::ui_hands_off))
+        .route("/ui/nodes/{name}/holds/release", post(pages::ui_release))
+        .route("/ui/nodes/{name}/resume", post(pages::ui_resume))
+        .route("/ui/runs/{id}/cancel", post(pages::ui_cancel))
         .route("/static/{name}", get(pages::asset))
         // API.
         .route("/api/v1/runs", get(api::list_runs).post(api::start_run))
@@ -128,6 +131,8 @@ pub fn router(engine: Engine) -> Router {
         .route("/api/v1/nodes/{name}/hands-off", post(api::hands_off))
         .route("/api/v1/nodes/{name}/health", get(api::node_health))
         .route("/api/v1/nodes/{name}/repaired", post(api::node_repaired))
+        .route("/api/v1/nodes/{name}/holds/release", post(api::release_holds))
+        .route("/api/v1/nodes/{name}/resume", post(api::resume_node))
         .route("/api/v1/agents/{name}/health-check", post(api::agent_health_check))
         .route("/api/v1/agents/{name}/ping", get(api::agent_ping))
         .route("/api/v1/agents/{name}/inventory", get(api::agent_inventory))

@@ -425,6 +425,12 @@ pub async fn run_page(
             @if let Some(u) = &grafana { a.grafana href=(u) target="_blank" rel="noopener" { "Grafana ↗" } }
         }
         p.why { (run.why) }
+        @if who.role >= Role::Operator && run.outcome.is_none() {
+            form.inline.cancel method="post" action={"/ui/runs/" (run.id) "/cancel"}
+                data-confirm={"Cancel run " (run.id) "? A running run stops at its next step and gives back its holds."} {
+                button.bad type="submit" { "Cancel run" }
+            }
+        }
         @if can_decide {
             div.decide {
                 form method="post" action={"/ui/runs/" (run.id) "/approve"} { button.ok type="submit" { "Approve" } }
@@ -652,7 +658,14 @@ pub async fn node_page(
             ))
         }
         h2 { "Holds in effect" }
-        (holds_table(&held, now_ms))
+        (holds_table(&held, now_ms, (who.role >= Role::Operator).then_some(name.as_str())))
+        @if who.role >= Role::Operator && n.state.drained {
+            form.inline.resume method="post" action={"/ui/nodes/" (n.name) "/resume"}
+                data-confirm={"Put " (n.name) " back into service as you? Every drain on it ends, a repair or RMA drain too."} {
+                input type="text" name="reason" placeholder="why it can serve again" required;
+                button.bad type="submit" { "Resume node" }
+            }
+        }
         h2 { "Recent runs" }
         div.scroll { table.runs { tbody { (run_rows(&recent.runs)) } } }
     };
@@ -685,13 +698,15 @@ async fn held_settings(s: &AppState, node: &str, reported: &[HoldInfo]) -> Vec<S
     out
 }
 
-fn holds_table(held: &[SettingView], now_ms: i64) -> Markup {
+/// The holds on a node; with `release`, each row has a release button
+/// (an operator's: sent to the agent as them, audited) for node `node`.
+fn holds_table(held: &[SettingView], now_ms: i64, release: Option<&str>) -> Markup {
     html! {
         @if held.is_empty() {
             p.muted { "None: every setting is as the device had it." }
         } @else {
             div.scroll { table.holds {
-                thead { tr { th { "Setting" } th { "Hold" } th { "Owner" } th { "Lease" } th { "In effect" } th { "Baseline" } } }
+                thead { tr { th { "Setting" } th { "Hold" } th { "Owner" } th { "Lease" } th { "In effect" } th { "Baseline" } @if release.is_some() { th { "" } } } }
                 tbody {
                     @for v in held {
                         @for h in &v.holds {
@@ -707,6 +722,16 @@ fn holds_table(held: &[SettingView], now_ms: i64) -> Markup {
                                 }
                                 td { @if let Some(d) = &v.drifted { span.badge.warn { "drifted" } " " small { (d) } } @else { (v.effective.to_string()) } }
                                 td { (v.baseline.to_string()) }
+                                @if let Some(node) = release {
+                                    td {
+                                        form.inline.release method="post" action={"/ui/nodes/" (node) "/holds/release"}
+                                            data-confirm={"Release " (h.owner) "'s hold on " (v.setting.to_string()) " (" (h.value.to_string()) ") as you? It is audited."} {
+                                            input type="hidden" name="hold" value=(h.id);
+                                            input type="text" name="reason" placeholder="why" required;
+                                            button.bad type="submit" { "Release" }
+                                        }
+                                    }
+                                }
                             }
                         }
                     }
@@ -989,6 +1014,62 @@ pub struct HandsOffForm {
     hands_off: bool,
     #[serde(default)]
     reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct ReleaseForm {
+    hold: String,
+    reason: String,
+}
+
+/// The node page's release button (operator).
+pub async fn ui_release(
+    State(s): State<AppState>,
+    Operator(who): Operator,
+    Path(name): Path<String>,
+    Form(f): Form<ReleaseForm>,
+) -> Result<Response, PageError> {
+    let what = nightshift_engine::control::ReleaseWhat { hold: Some(f.hold), ..Default::default() };
+    let out = s.engine.person_release(&name, &what, &who.name, &f.reason).await?;
+    control_page(&name, out)
+}
+
+#[derive(Deserialize)]
+pub struct ResumeForm {
+    reason: String,
+}
+
+/// The node page's resume button (operator).
+pub async fn ui_resume(
+    State(s): State<AppState>,
+    Operator(who): Operator,
+    Path(name): Path<String>,
+    Form(f): Form<ResumeForm>,
+) -> Result<Response, PageError> {
+    let out = s.engine.person_resume(&name, &who.name, &f.reason).await?;
+    control_page(&name, out)
+}
+
+/// Back to the node page, or the agent's refusal as an error page.
+fn control_page(node: &str, out: nightshift_engine::control::ControlOutcome) -> Result<Response, PageError> {
+    if let Some(r) = out.actions.iter().find(|a| a["ok"] != true) {
+        return Err(PageError(crate::error::ApiError::new(
+            StatusCode::CONFLICT,
+            "refused",
+            format!("{node}: the agent refused: {}", r["error"].as_str().unwrap_or("?")),
+        )));
+    }
+    Ok(Redirect::to(&format!("/nodes/{node}")).into_response())
+}
+
+/// The run page's cancel button (operator).
+pub async fn ui_cancel(
+    State(s): State<AppState>,
+    Operator(who): Operator,
+    Path(run): Path<String>,
+) -> Result<Response, PageError> {
+    s.engine.cancel(&run, &who.actor()).await?;
+    Ok(Redirect::to(&format!("/runs/{run}")).into_response())
 }
 
 pub async fn ui_hands_off(

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
+use nightshift_engine::audit::RecordKind;
 use nightshift_engine::config::{AuthConfig, Role, TokenSpec};
 use nightshift_engine::runbook::load_dir;
 use nightshift_engine::script::{ScriptLimits, build_engine};
@@ -45,6 +46,12 @@ async fn fixture() -> Fixture {
         "set_power_limit(params.watts);\nnote(\"capped\");\n",
     );
     write(rb.path(), "keep", "trigger: {type: manual}\nscope: gpu\n", "set_power_limit(480);\nkeep_holds(600);\n");
+    write(
+        rb.path(),
+        "rma",
+        "trigger: {type: manual}\nscope: node\nsticky_drain: true\n",
+        "let r = drain_sticky(\"GPU 1 to be replaced\");\nif !r.ok { fail(r.error); }\n",
+    );
     write(rb.path(), "careful", "trigger: {type: manual}\nscope: node\napproval: {always: true}\n", "note(\"ok\");\n");
     write(rb.path(), "hot", "trigger: {type: alert, alertname: GpuTempHigh}\nscope: gpu\n", "set_power_limit(450);\n");
     let script = Arc::new(build_engine(&ScriptLimits::default()));
@@ -150,6 +157,8 @@ fn endpoints(run: &str) -> Vec<(&'static str, String, Role, Option<Value>)> {
             Some(json!({"runbook": "cap", "node": "gpu-a2", "gpu": 1, "dry_run": true})),
         ),
         ("POST", "/api/v1/nodes/gpu-a2/hands-off".into(), Role::Admin, Some(json!({"hands_off": false}))),
+        // gpu-a2 is not drained: a resume changes nothing, and succeeds.
+        ("POST", "/api/v1/nodes/gpu-a2/resume".into(), Role::Operator, Some(json!({"reason": "matrix"}))),
         ("POST", "/api/v1/runbooks/reload".into(), Role::Admin, None),
         ("POST", "/api/v1/reload".into(), Role::Admin, None),
         ("GET", "/api/v1/audit/head".into(), Role::Viewer, None),
@@ -859,4 +868,109 @@ async fn a_body_with_a_key_twice_is_refused() {
         post_raw(&f, "/api/v1/runs", Some(OPERATOR), body.replace(", \"dry_run\": false", "")).await,
         StatusCode::ACCEPTED
     );
+}
+
+/// A person's controls (issue 30): release a kept hold and put a node
+/// under a sticky RMA drain back into service, as themselves — viewers
+/// refused, a reason required, the change on the agent and in the audit,
+/// under the person's name; the node page offers both, and a finished run
+/// cannot be cancelled (409, not 404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_releases_a_hold_and_resumes_a_node_as_themselves() {
+    let f = fixture().await;
+    let (s, v) =
+        call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "keep", "node": "gpu-a1", "gpu": 2})))
+            .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let run = v["run"]["id"].as_str().unwrap().to_string();
+    settle(&f).await;
+    let holds = |f: &Fixture| {
+        let f = f.sim.engine.clone();
+        async move {
+            let r = nightshift_web::router(f)
+                .oneshot(
+                    Request::builder()
+                        .uri("/api/v1/agents/gpu-a1/holds")
+                        .header(header::AUTHORIZATION, format!("Bearer {VIEWER}"))
+                        .body(Body::empty())
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
+            let v: Value = serde_json::from_slice(&r.into_body().collect().await.unwrap().to_bytes()).unwrap();
+            v["settings"].as_array().cloned().unwrap_or_default()
+        }
+    };
+    assert_eq!(holds(&f).await.len(), 1, "the kept hold");
+    // The node page offers the release to an operator, not to a viewer.
+    let (_, page) = call(&f, "GET", "/nodes/gpu-a1", Some(OPERATOR), None).await;
+    assert!(page.as_str().unwrap().contains("/ui/nodes/gpu-a1/holds/release"), "{page}");
+    let (_, page) = call(&f, "GET", "/nodes/gpu-a1", Some(VIEWER), None).await;
+    assert!(!page.as_str().unwrap().contains("/holds/release"));
+
+    let release = json!({"gpu": 2, "reason": "the cap is no longer needed"});
+    let path = "/api/v1/nodes/gpu-a1/holds/release";
+    let (s, v) = call(&f, "POST", path, Some(VIEWER), Some(release.clone())).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
+    let (s, v) = call(&f, "POST", path, Some(OPERATOR), Some(json!({"gpu": 2, "reason": " "}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("reason: expected why"), "{v}");
+    let (s, v) = call(&f, "POST", path, Some(OPERATOR), Some(release.clone())).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["actions"][0]["ok"], true, "{v}");
+    assert_eq!(v["actions"][0]["owner"], run.as_str(), "{v}");
+    assert!(holds(&f).await.is_empty(), "released on the agent");
+    let (s, v) = call(&f, "POST", path, Some(OPERATOR), Some(release)).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "nothing left: {v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("gpu-a1 has no hold on GPU 2"), "{v}");
+    // In the audit, as the person, with why.
+    let recs = f.sim.engine.audit().tail(0, usize::MAX).unwrap();
+    let intent = recs
+        .iter()
+        .rev()
+        .find(|r| r.kind == RecordKind::ActionIntent && r.data["op"] == "release" && r.run.is_none())
+        .expect("the release's intent");
+    assert_eq!((intent.actor.as_str(), intent.data["owner"].as_str()), ("user:otto", Some("person:otto")));
+    let result = recs
+        .iter()
+        .rev()
+        .find(|r| r.kind == RecordKind::ActionResult && r.data["action_id"] == intent.data["action_id"])
+        .unwrap();
+    assert_eq!(
+        (result.data["ok"].clone(), result.data["reason"].clone()),
+        (json!(true), json!("the cap is no longer needed"))
+    );
+
+    // A sticky RMA drain: only a person ends it.
+    let (s, v) =
+        call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "rma", "node": "gpu-a1"}))).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let rma = v["run"]["id"].as_str().unwrap().to_string();
+    settle(&f).await;
+    assert!(f.sim.engine.node("gpu-a1").unwrap().state.drained, "drained for RMA");
+    let (_, page) = call(&f, "GET", "/nodes/gpu-a1", Some(OPERATOR), None).await;
+    assert!(page.as_str().unwrap().contains("/ui/nodes/gpu-a1/resume"), "{page}");
+    let (s, _) = call(&f, "POST", "/api/v1/nodes/gpu-a1/resume", Some(VIEWER), Some(json!({"reason": "x"}))).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (s, v) = call(
+        &f,
+        "POST",
+        "/api/v1/nodes/gpu-a1/resume",
+        Some(OPERATOR),
+        Some(json!({"reason": "GPU 1 replaced and tested"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    settle(&f).await;
+    assert!(!f.sim.engine.node("gpu-a1").unwrap().state.drained, "back in service: {v}");
+    let recs = f.sim.engine.audit().tail(0, usize::MAX).unwrap();
+    assert!(
+        recs.iter().any(|r| r.kind == RecordKind::ActionIntent && r.data["op"] == "resume" && r.actor == "user:otto")
+    );
+    // A finished run cannot be cancelled: a conflict, saying so.
+    let (s, v) = call(&f, "POST", &format!("/api/v1/runs/{rma}/cancel"), Some(OPERATOR), None).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("already finished"), "{v}");
+    let (s, _) = call(&f, "POST", "/api/v1/runs/r999999-nope/cancel", Some(OPERATOR), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
 }

@@ -156,11 +156,14 @@ impl Agent {
                     .holds()
                     .hold_of(&setting, owner)
                     .is_some_and(|h| matches!(h.value, HoldValue::NodeDrain { drained: true, .. }));
-                if own_drain {
+                if own_drain && !owner.starts_with("person:") {
                     return Ok(self.release_own(setting, owner, HoldValue::NodeDrain { drained: false, reason: None }));
                 }
                 // Other runs' drains (not a person's, not a sticky one for
-                // RMA or repair): resuming undoes what nightshift did.
+                // RMA or repair): resuming undoes what nightshift did. A
+                // person resuming ends every drain, sticky and other
+                // people's too: it is their call.
+                let by_person = owner.starts_with("person:");
                 let others: Vec<String> = self
                     .holds()
                     .get(&setting)
@@ -169,8 +172,7 @@ impl Agent {
                             .iter()
                             .filter(|x| {
                                 matches!(x.value, HoldValue::NodeDrain { drained: true, .. })
-                                    && !x.sticky()
-                                    && !x.owner.starts_with("person:")
+                                    && (by_person || (!x.sticky() && !x.owner.starts_with("person:")))
                             })
                             .map(|x| x.id.clone())
                             .collect()

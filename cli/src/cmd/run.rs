@@ -240,6 +240,8 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
     });
     let mut shown = 0usize;
     let t0 = now;
+    let mut interrupt = std::pin::pin!(tokio::signal::ctrl_c());
+    let mut cancelling = false;
     loop {
         let (run, records) = c.run(&id).await?;
         for r in records.iter().skip(shown) {
@@ -263,8 +265,57 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
             }
             return Ok(exit_for(Some(o), rejected));
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = &mut interrupt, if !cancelling => {
+                match on_interrupt(c, out, &id).await? {
+                    Some(code) => {
+                        if let Some(pb) = spinner {
+                            pb.finish_and_clear();
+                        }
+                        return Ok(code);
+                    }
+                    // Cancelled: follow the run to its end.
+                    None => cancelling = true,
+                }
+            }
+        }
     }
+}
+
+/// Ctrl-C while a run streams: ask whether to cancel it or leave it
+/// running (a terminal), and say which. `None`: cancelled, keep following
+/// it to its end; `Some(code)`: exit now, the run left running.
+async fn on_interrupt(c: &mut Conn, out: &Out, id: &str) -> Result<Option<u8>> {
+    let local = matches!(c, Conn::Local(_));
+    let cancel = if local {
+        // The engine is this process: leaving would interrupt the run
+        // mid-step. Cancel it properly instead (it stops at its next step
+        // and gives back its holds).
+        eprintln!("\n{id}: this command runs the engine itself, so the run cannot outlive it: cancelling it");
+        true
+    } else if std::io::stdin().is_terminal() {
+        eprint!("\n{id} is still running on the engine. Cancel it? [y/N] (no: it goes on, and you can follow it) ");
+        let mut line = String::new();
+        let answered = tokio::task::spawn_blocking(move || std::io::stdin().lock().read_line(&mut line).map(|_| line))
+            .await
+            .ok()
+            .and_then(|r| r.ok());
+        matches!(answered.as_deref().map(str::trim), Some("y" | "Y" | "yes"))
+    } else {
+        false
+    };
+    if !cancel {
+        eprintln!(
+            "{id}: left running. Follow it with `nightshift audit show {id}`; cancel it with `nightshift runs cancel {id}`"
+        );
+        return Ok(Some(130));
+    }
+    c.cancel(id).await?;
+    if !out.json {
+        eprintln!("{id}: cancelled — it stops at its next step and gives back its holds");
+    }
+    Ok(None)
 }
 
 /// `nightshift runbooks test [NAME]`.

@@ -50,3 +50,11 @@ nsLocalTimes(document);
   es.onopen = function () { if (live) live.classList.add('on'); };
   es.onerror = function () { if (live) live.classList.remove('on'); };
 })();
+
+// A control that changes a node or a run asks first: a form with
+// data-confirm submits only if the person says yes.
+document.querySelectorAll('form[data-confirm]').forEach(function (f) {
+  f.addEventListener('submit', function (e) {
+    if (!window.confirm(f.getAttribute('data-confirm'))) e.preventDefault();
+  });
+});

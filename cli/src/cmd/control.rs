@@ -1,0 +1,123 @@
+//! A person's controls through a running engine: `nightshift holds
+//! release`, `nightshift nodes resume`, `nightshift nodes hands-off`,
+//! `nightshift runs cancel`. Each goes to the engine's API (it sends the
+//! change to the agent as `person:<you>`, audited); none needs the engine's
+//! key, and none starts an engine of its own beside the running one.
+
+use anyhow::Result;
+use serde_json::{Value, json};
+
+use crate::args::Cli;
+use crate::cmd::{conn_announced, usage};
+use crate::conn::{Conn, Remote};
+use crate::out::{Out, urlencode};
+
+fn remote<'a>(c: &'a Conn, what: &str) -> Result<&'a Remote> {
+    match c {
+        Conn::Remote(r) => Ok(r),
+        Conn::Local(_) => Err(usage(format!(
+            "{what} goes through the running engine (it sends the change as you, audited): pass --server URL (or set NIGHTSHIFT_SERVER)"
+        ))),
+    }
+}
+
+/// Print a control's outcome: one line per request, the agent's refusal
+/// where it refused. Exit 3 when any was refused.
+fn report(out: &Out, done: bool, v: &Value) -> Result<u8> {
+    if out.json {
+        outln!("{}", serde_json::to_string_pretty(v)?);
+        return Ok(if done { 0 } else { 3 });
+    }
+    let node = v["node"].as_str().unwrap_or("?");
+    for a in v["actions"].as_array().into_iter().flatten() {
+        let what = match (a["op"].as_str(), a["hold"].as_str()) {
+            (Some("release"), Some(h)) => format!(
+                "released hold {h} ({}, owner {})",
+                a["setting"].as_str().unwrap_or("?"),
+                a["owner"].as_str().unwrap_or("?")
+            ),
+            (Some("resume"), _) => "put back into service".to_string(),
+            (op, _) => op.unwrap_or("?").to_string(),
+        };
+        if a["ok"] == true {
+            let detail = released_detail(&a["after"]);
+            outln!("{} {node}: {what}{detail}", out.green("done:"));
+        } else {
+            outln!(
+                "{} {node}: not {what}: {} ({})",
+                out.red("refused:"),
+                a["error"].as_str().unwrap_or("?"),
+                a["code"].as_str().unwrap_or("?")
+            );
+        }
+        if let Some(w) = a["warning"].as_str() {
+            outln!("{} {w}", out.yellow("note:"));
+        }
+    }
+    outln!("{}", out.dim("(audited as you: nightshift audit list --node NODE)"));
+    Ok(if done { 0 } else { 3 })
+}
+
+/// What the agent says a release left, in words.
+fn released_detail(after: &Value) -> String {
+    let settings = after["released"]["settings"].as_array().or_else(|| after["settings"].as_array());
+    let words: Vec<String> =
+        settings.into_iter().flatten().filter_map(|s| s["detail"].as_str().map(str::to_string)).collect();
+    if words.is_empty() { String::new() } else { format!(" — {}", words.join("; ")) }
+}
+
+pub async fn holds_release(
+    cli: &Cli,
+    out: &Out,
+    node: &str,
+    gpu: Option<u32>,
+    owner: Option<&str>,
+    hold: Option<&str>,
+    reason: &str,
+) -> Result<u8> {
+    let c = conn_announced(cli, out)?;
+    let r = remote(&c, "releasing a hold")?;
+    let (done, v) = r
+        .post_control(
+            &format!("/api/v1/nodes/{}/holds/release", urlencode(node)),
+            &json!({"gpu": gpu, "owner": owner, "hold": hold, "reason": reason}),
+        )
+        .await?;
+    report(out, done, &v)
+}
+
+pub async fn nodes_resume(cli: &Cli, out: &Out, node: &str, reason: &str) -> Result<u8> {
+    let c = conn_announced(cli, out)?;
+    let r = remote(&c, "putting a node back into service")?;
+    let (done, v) =
+        r.post_control(&format!("/api/v1/nodes/{}/resume", urlencode(node)), &json!({"reason": reason})).await?;
+    report(out, done, &v)
+}
+
+pub async fn nodes_hands_off(cli: &Cli, out: &Out, node: &str, on: bool, reason: Option<&str>) -> Result<u8> {
+    let c = conn_announced(cli, out)?;
+    let r = remote(&c, "setting hands-off")?;
+    let v: Value = r
+        .post(&format!("/api/v1/nodes/{}/hands-off", urlencode(node)), &json!({"hands_off": on, "reason": reason}))
+        .await?;
+    if out.json {
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+    } else if on {
+        outln!("{node}: hands-off — nightshift changes nothing on it until `nightshift nodes hands-off {node} --off`");
+    } else {
+        outln!("{node}: hands-off cleared — nightshift may act on it again");
+    }
+    Ok(0)
+}
+
+pub async fn runs_cancel(cli: &Cli, out: &Out, run: &str) -> Result<u8> {
+    let c = conn_announced(cli, out)?;
+    let r = remote(&c, "cancelling a run")?;
+    let v: Value = r.post(&format!("/api/v1/runs/{}/cancel", urlencode(run)), &json!({})).await?;
+    if out.json {
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        outln!("{run}: cancelled — a running run stops at its next step and gives back its holds");
+    }
+    Ok(0)
+}
