@@ -75,6 +75,11 @@ async fn setup(dir: &Path) -> (TestAgent, TestAgent) {
                 "trigger: {type: manual}\nscope: node\napproval: {always: true}\n",
                 "note(\"approved work\");\n",
             ),
+            (
+                "rma",
+                "trigger: {type: manual}\nscope: node\nsticky_drain: true\n",
+                "let r = drain_sticky(\"GPU 1 to be replaced\");\nif !r.ok { fail(r.error); }\n",
+            ),
         ],
         &tokens,
     );
@@ -91,7 +96,7 @@ async fn embedded_engine() {
     assert_eq!(code(&o), 0);
     let names: Vec<String> =
         json(&o).as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap().to_string()).collect();
-    assert_eq!(names, vec!["cap", "careful"]);
+    assert_eq!(names, vec!["cap", "careful", "rma"]);
 
     // A dry run changes nothing.
     let o = run(d, &["run", "cap", "--node", "g1", "--gpu", "0", "--param", "watts=450", "--dry-run"]);
@@ -254,7 +259,7 @@ fn free_port() -> u16 {
 async fn served_engine() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (g1, _g2) = setup(d).await;
+    let (g1, g2) = setup(d).await;
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let mut server = bin()
@@ -377,6 +382,56 @@ async fn served_engine() {
     assert_eq!(code(&o), 0);
     assert_eq!(waiting.wait().unwrap().code(), Some(3));
 
+    // A person's controls (issue 30), through the server, as themselves.
+    // The kept cap on g1 GPU 1 (400 W) is released:
+    let o = srv(&["holds", "release", "g1", "--gpu", "1", "--reason", "the cap is no longer needed"], OPERATOR);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(code(&o), 0, "{text}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(text.contains("done: g1: released hold") && text.contains("back to its baseline"), "{text}");
+    assert_eq!(power(&g1, 1).await, 700.0, "released on the agent");
+    let o = srv(&["holds", "release", "g1", "--gpu", "1", "--reason", "again"], OPERATOR);
+    assert_eq!(code(&o), 2, "nothing left to release");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("g1 has no hold on GPU 1"));
+    // A sticky RMA drain ends only by a person:
+    let o = srv(&["run", "rma", "--node", "g2", "--yes"], OPERATOR);
+    assert_eq!(code(&o), 0);
+    let drained = |a: &TestAgent| {
+        let agent = a.started.as_ref().unwrap().agent.clone();
+        async move { agent.telemetry().await.unwrap().node_metrics.drained }
+    };
+    assert!(drained(&g2).await);
+    let o = srv(&["nodes", "resume", "g2", "--reason", "GPU 1 replaced and tested"], OPERATOR);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("done: g2: put back into service"));
+    assert!(!drained(&g2).await, "resumed on the agent");
+    // Both are in the audit under the person's name.
+    let o = srv(&["audit", "export"], OPERATOR);
+    let export = String::from_utf8_lossy(&o.stdout).into_owned();
+    let by_alice: Vec<&str> =
+        export.lines().filter(|l| l.contains("\"actor\":\"user:alice\"") && l.contains("\"action_intent\"")).collect();
+    assert!(
+        by_alice.iter().any(|l| l.contains("\"op\":\"release\""))
+            && by_alice.iter().any(|l| l.contains("\"op\":\"resume\"")),
+        "{export}"
+    );
+    // Hands-off: an admin's; an operator is refused.
+    let o = srv(&["nodes", "hands-off", "g2", "--on", "--reason", "firmware update"], OPERATOR);
+    assert_eq!(code(&o), 2);
+    let o = srv(&["nodes", "hands-off", "g2", "--on", "--reason", "firmware update"], ADMIN);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let o = srv(&["nodes", "hands-off", "g2", "--off"], ADMIN);
+    assert_eq!(code(&o), 0);
+    // A finished run cannot be cancelled; an unknown one is not found.
+    let done_run = json(&srv(&["audit", "list", "--json"], OPERATOR))["runs"][0]["id"].as_str().unwrap().to_string();
+    let o = srv(&["runs", "cancel", &done_run], OPERATOR);
+    assert_eq!(code(&o), 3);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already finished"));
+    assert_eq!(code(&srv(&["runs", "cancel", "r999999-nope"], OPERATOR)), 2);
+    // Without a server the controls say how.
+    let o = run(d, &["nodes", "resume", "g2", "--reason", "x"]);
+    assert_eq!(code(&o), 2);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("pass --server URL"));
+
     // Bad token: exit 2; wrong role: exit 2 with the role named.
     let o = srv(&["audit", "list"], "wrong");
     assert_eq!(code(&o), 2);
@@ -414,6 +469,10 @@ fn every_subcommand_has_an_example_in_its_help() {
         &["agents", "show"],
         &["agents", "health-check"],
         &["nodes", "repaired"],
+        &["nodes", "resume"],
+        &["nodes", "hands-off"],
+        &["holds", "release"],
+        &["runs", "cancel"],
         &["approve"],
         &["reject"],
         &["keygen"],
