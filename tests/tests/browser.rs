@@ -312,3 +312,170 @@ setTimeout(() => document.getElementById("f").submit(), 300);
     engine.shutdown().await;
     tokio::time::timeout(Duration::from_secs(10), server).await.expect("the server stops (SSE streams end)").unwrap();
 }
+
+fn no_params(mut r: RunRequest) -> RunRequest {
+    r.params.clear();
+    r
+}
+
+impl Driver {
+    /// Click the element `css` selects (a real click: the page's own
+    /// handlers run).
+    async fn click(&self, css: &str) {
+        let e = self.cmd(reqwest::Method::POST, "/element", Some(json!({"using": "css selector", "value": css}))).await;
+        let id = e
+            .as_object()
+            .and_then(|o| o.values().next())
+            .and_then(|v| v.as_str())
+            .unwrap_or_else(|| panic!("no {css}: {e}"));
+        self.cmd(reqwest::Method::POST, &format!("/element/{id}/click"), Some(json!({}))).await;
+    }
+
+    /// The open dialog's text (a `confirm`), answered yes or no.
+    async fn answer_dialog(&self, yes: bool) -> String {
+        let mut text = Value::Null;
+        for _ in 0..50 {
+            text = self.cmd(reqwest::Method::GET, "/alert/text", None).await;
+            if text.is_string() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let text = text.as_str().unwrap_or_else(|| panic!("no dialog opened: {text}")).to_string();
+        let path = if yes { "/alert/accept" } else { "/alert/dismiss" };
+        self.cmd(reqwest::Method::POST, path, Some(json!({}))).await;
+        text
+    }
+}
+
+/// A person's controls in Chromium (issue 30): on the node page, release a
+/// kept hold (the confirmation dismissed first: nothing happens; then
+/// accepted) and resume a node under a sticky RMA drain; on the run page,
+/// cancel a running run; hands-off from the node page. Each change is
+/// checked on the agent and in the audit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_controls_holds_nodes_and_runs_from_the_ui() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let sim = SimConfig { profile: "h100-sxm".into(), gpus: 2, ..SimConfig::default() };
+    let a = TestAgent::start(d, "gpu-a1", sim.clone(), "").await;
+    let b = TestAgent::start(d, "gpu-a2", sim, "").await;
+    let cfg = engine_setup(
+        d,
+        &[&a, &b],
+        &[
+            (
+                "keep-cap",
+                "trigger: {type: manual}\nscope: gpu\n",
+                "let r = set_power_limit(480);\nif !r.ok { fail(r.error); }\nkeep_holds(3600);\n",
+            ),
+            (
+                "rma",
+                "trigger: {type: manual}\nscope: node\nsticky_drain: true\n",
+                "let r = drain_sticky(\"GPU 1 to be replaced\");\nif !r.ok { fail(r.error); }\n",
+            ),
+            (
+                "slow",
+                "trigger: {type: manual}\nscope: gpu\ntimeout_secs: 900\n",
+                "note(\"waiting\");\nsleep(600);\nnote(\"woke\");\n",
+            ),
+        ],
+        "auth:\n  allow_anonymous: admin\n",
+    );
+    let engine = nightshift_engine::serve::start(cfg).await.unwrap();
+    eventually(20, || (engine.connected_agents() == 2).then_some(())).await.expect("agents connected");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let web_engine = engine.clone();
+    let mut stop = engine.shutdown_signal();
+    let server = tokio::spawn(async move {
+        nightshift_web::serve(web_engine, listener, async move {
+            let _ = stop.wait_for(|v| *v).await;
+        })
+        .await
+        .unwrap();
+    });
+    let agent_a = a.started.as_ref().unwrap().agent.clone();
+    let agent_b = b.started.as_ref().unwrap().agent.clone();
+    let power = |agent: &std::sync::Arc<nightshift_agent::service::Agent>| {
+        agent.backend().sample().unwrap().0[1].power_limit_watts
+    };
+    let person_intent = |op: &str| {
+        engine.audit().tail(0, usize::MAX).unwrap().into_iter().any(|r| {
+            r.kind == nightshift_engine::audit::RecordKind::ActionIntent
+                && r.data["op"] == op
+                && r.actor == "user:anonymous"
+                && r.data["owner"] == "person:anonymous"
+        })
+    };
+
+    // A kept cap on gpu-a1 GPU 1.
+    let id = engine.submit(no_params(manual("keep-cap", "gpu-a1", 1, "1"))).await.unwrap().run().unwrap().id.clone();
+    eventually(20, || engine.run(&id).unwrap().and_then(|r| r.outcome)).await.expect("run finished");
+    assert_eq!(power(&agent_a), 480.0);
+    let driver = Driver::start(1280, 1000).await;
+    driver.go(&format!("{base}/nodes/gpu-a1")).await;
+    driver.screenshot("node-holds.png").await;
+    driver
+        .js("document.querySelector('form.release input[name=reason]').value = 'the cap is no longer needed'; return 1")
+        .await;
+    // Asked first; "no" changes nothing.
+    driver.click("form.release button").await;
+    let asked = driver.answer_dialog(false).await;
+    assert!(asked.contains("Release") && asked.contains(&id) && asked.contains("480 W"), "{asked}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(power(&agent_a), 480.0, "dismissed: still held");
+    assert!(!person_intent("release"));
+    // "Yes" releases it, as the person.
+    driver.click("form.release button").await;
+    driver.answer_dialog(true).await;
+    eventually(10, || (power(&agent_a) == 700.0).then_some(())).await.expect("released on the agent");
+    assert!(agent_a.held().is_empty(), "{:?}", agent_a.held());
+    assert!(person_intent("release"), "the release is audited as the person");
+    let text = driver.js("return document.body.innerText").await;
+    assert!(text.as_str().unwrap().contains("None: every setting is as the device had it"), "{text}");
+
+    // A sticky RMA drain on gpu-a2, ended from its node page.
+    let mut rma = manual("rma", "gpu-a2", 0, "1");
+    rma.target = Target::node("gpu-a2");
+    rma.params.clear();
+    let id = engine.submit(rma).await.unwrap().run().unwrap().id.clone();
+    eventually(20, || engine.run(&id).unwrap().and_then(|r| r.outcome)).await.expect("run finished");
+    let drained = |agent: &std::sync::Arc<nightshift_agent::service::Agent>| {
+        agent.held().iter().any(|s| matches!(s.effective, nightshift_proto::HoldValue::NodeDrain { drained: true, .. }))
+    };
+    assert!(drained(&agent_b));
+    eventually(10, || engine.node("gpu-a2").filter(|n| n.state.drained).map(|_| ())).await.expect("the engine sees it");
+    driver.go(&format!("{base}/nodes/gpu-a2")).await;
+    driver
+        .js("document.querySelector('form.resume input[name=reason]').value = 'GPU 1 replaced and tested'; return 1")
+        .await;
+    driver.click("form.resume button").await;
+    let asked = driver.answer_dialog(true).await;
+    assert!(asked.contains("back into service") && asked.contains("RMA"), "{asked}");
+    eventually(10, || (!drained(&agent_b)).then_some(())).await.expect("resumed on the agent");
+    assert!(person_intent("resume"));
+
+    // Hands-off from the node page (admin), asked first.
+    driver.go(&format!("{base}/nodes/gpu-a2")).await;
+    driver.js("document.querySelector('form.hands-off input[name=reason]').value = 'firmware update'; return 1").await;
+    driver.click("form.hands-off button").await;
+    assert!(driver.answer_dialog(true).await.contains("hands-off"));
+    eventually(10, || engine.node("gpu-a2").filter(|n| n.state.hands_off()).map(|_| ())).await.expect("hands-off set");
+
+    // A running run, cancelled from its page.
+    let id = engine.submit(no_params(manual("slow", "gpu-a1", 0, "1"))).await.unwrap().run().unwrap().id.clone();
+    eventually(20, || {
+        engine.run(&id).unwrap().filter(|r| r.state == nightshift_engine::runs::RunState::Running).map(|_| ())
+    })
+    .await
+    .expect("running");
+    driver.go(&format!("{base}/runs/{id}")).await;
+    driver.click("form.cancel button").await;
+    assert!(driver.answer_dialog(true).await.contains(&format!("Cancel run {id}")));
+    let outcome = eventually(20, || engine.run(&id).unwrap().and_then(|r| r.outcome)).await.expect("it ended");
+    assert_eq!(outcome, nightshift_engine::runs::RunOutcome::Cancelled);
+    drop(driver);
+    engine.shutdown().await;
+    tokio::time::timeout(Duration::from_secs(10), server).await.expect("the server stops").unwrap();
+}

@@ -607,7 +607,8 @@ pub async fn node_page(
                     @if let Some(i) = &inv { tr { th { "Backend" } td { (i.backend) " · scheduler " (i.scheduler) " · agent " (i.agent_version) } } }
                 }
                 @if who.role >= Role::Admin {
-                    form.inline method="post" action={"/ui/nodes/" (n.name) "/hands-off"} {
+                    form.inline.hands-off method="post" action={"/ui/nodes/" (n.name) "/hands-off"}
+                        data-confirm={"Change hands-off on " (n.name) "? While it is set nightshift changes nothing on the node."} {
                         @if n.state.engine_hands_off.is_some() {
                             input type="hidden" name="hands_off" value="false";
                             button type="submit" { "Clear hands-off" }
