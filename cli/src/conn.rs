@@ -486,6 +486,39 @@ impl Conn {
     }
 
     /// A person says `node` (or one GPU) was repaired.
+    /// What the engine would decide for `req` (target nodes, nodes
+    /// changed, approval), changing nothing.
+    pub async fn plan(&mut self, req: &RunRequest) -> Result<Value> {
+        match self {
+            Conn::Remote(r) => {
+                let mut body = json!({"runbook": req.runbook, "params": req.params, "dry_run": req.dry_run});
+                if let Some(n) = &req.target.node {
+                    body["node"] = json!(n);
+                }
+                if let Some(g) = req.target.gpu {
+                    body["gpu"] = json!(g);
+                }
+                if let Some((k, v)) = &req.target.group {
+                    body["group"] = json!(format!("{k}={v}"));
+                }
+                r.post("/api/v1/runs/plan", &body).await
+            }
+            Conn::Local(l) => {
+                let e = l.engine().await?;
+                e.plan(req).map_err(|m| {
+                    let code = match m {
+                        nightshift_engine::engine::EngineError::UnknownRunbook { .. }
+                        | nightshift_engine::engine::EngineError::UnknownNode(_)
+                        | nightshift_engine::engine::EngineError::BadTarget(_)
+                        | nightshift_engine::engine::EngineError::BadParams(_) => 2,
+                        _ => 1,
+                    };
+                    anyhow::Error::new(Fail(code)).context(m.to_string())
+                })
+            }
+        }
+    }
+
     /// Cancel a run (the running engine's, or this process's own).
     pub async fn cancel(&mut self, run: &str) -> Result<()> {
         match self {

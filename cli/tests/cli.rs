@@ -76,6 +76,11 @@ async fn setup(dir: &Path) -> (TestAgent, TestAgent) {
                 "note(\"approved work\");\n",
             ),
             (
+                "shrink",
+                "trigger: {type: manual}\nscope: group\nmax_nodes_changed: 2\nnodes_changed_param: n\nparams:\n  n: {type: int, default: 1}\napproval: {above_nodes: 1}\n",
+                "note(`would give back ${params.n} node(s)`);\n",
+            ),
+            (
                 "rma",
                 "trigger: {type: manual}\nscope: node\nsticky_drain: true\n",
                 "let r = drain_sticky(\"GPU 1 to be replaced\");\nif !r.ok { fail(r.error); }\n",
@@ -96,7 +101,7 @@ async fn embedded_engine() {
     assert_eq!(code(&o), 0);
     let names: Vec<String> =
         json(&o).as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap().to_string()).collect();
-    assert_eq!(names, vec!["cap", "careful", "rma"]);
+    assert_eq!(names, vec!["cap", "careful", "rma", "shrink"]);
 
     // A dry run changes nothing.
     let o = run(d, &["run", "cap", "--node", "g1", "--gpu", "0", "--param", "watts=450", "--dry-run"]);
@@ -381,6 +386,45 @@ async fn served_engine() {
     let o = srv(&["reject", &pending.unwrap(), "--reason", "not during training"], ADMIN);
     assert_eq!(code(&o), 0);
     assert_eq!(waiting.wait().unwrap().code(), Some(3));
+
+    // The plan the CLI shows is the engine's decision, both ways (it used
+    // to count the group's members, 2 > 1, and say "needs approval" for a
+    // run the engine started at once).
+    let o = srv(&["run", "shrink", "--group", "pool=a", "--yes"], OPERATOR);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(code(&o), 0, "{text}");
+    assert!(!text.contains("needs approval"), "one node a run: no approval: {text}");
+    assert!(text.contains("succeeded"), "{text}");
+    let mut waiting = bin()
+        .current_dir(d)
+        .args(["--server", &url, "--token", OPERATOR, "run", "shrink", "--group", "pool=a", "--param", "n=2", "--yes"])
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pending = None;
+    for _ in 0..100 {
+        let o = srv(&["audit", "list", "--json"], OPERATOR);
+        pending = json(&o)["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["state"] == "pending_approval" && r["runbook"] == "shrink")
+            .map(|r| r["id"].as_str().unwrap().to_string());
+        if pending.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pending = pending.expect("two nodes a run waits for approval");
+    assert_eq!(code(&srv(&["reject", &pending, "--reason", "one at a time"], ADMIN)), 0);
+    let out = waiting.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("needs approval by another operator (changes up to 2 nodes (approval above 1))"),
+        "the plan said so before it was sent: {text}"
+    );
 
     // A person's controls (issue 30), through the server, as themselves.
     // The kept cap on g1 GPU 1 (400 W) is released:

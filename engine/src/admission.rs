@@ -17,6 +17,8 @@
 //! The caller applies the decision (records the attempt, the breaker fire,
 //! the queued run) — see `executor.rs`.
 
+use std::collections::BTreeMap;
+
 use crate::config::Limits;
 use crate::manifest::{Manifest, Priority, Scope};
 use crate::runs::Target;
@@ -35,6 +37,8 @@ pub struct Ask<'a> {
     pub hands_off: Option<&'a str>,
     /// Nodes in the target (the group's size for group runs).
     pub target_nodes: usize,
+    /// The run's parameters (`nodes_changed_param` counts one of them).
+    pub params: &'a BTreeMap<String, crate::manifest::ParamValue>,
 }
 
 /// What becomes of a request.
@@ -54,10 +58,16 @@ pub enum Decision {
 }
 
 /// How many nodes a run of `m` on `target` changes at most.
-pub fn nodes_changed(m: &Manifest, target_nodes: usize) -> u32 {
+pub fn nodes_changed(m: &Manifest, target_nodes: usize, params: &BTreeMap<String, crate::manifest::ParamValue>) -> u32 {
     match m.scope {
         Scope::Gpu | Scope::Node => 1,
-        Scope::Group => m.max_nodes_changed.unwrap_or(target_nodes.min(u32::MAX as usize) as u32),
+        Scope::Group => {
+            let cap = m.max_nodes_changed.unwrap_or(target_nodes.min(u32::MAX as usize) as u32);
+            match m.nodes_changed_param.as_ref().and_then(|p| params.get(p)) {
+                Some(crate::manifest::ParamValue::Int(n)) => cap.min((*n).clamp(0, u32::MAX as i64) as u32),
+                _ => cap,
+            }
+        }
     }
 }
 
@@ -137,7 +147,7 @@ pub fn admit(t: &RunTable, a: &Ask<'_>, now: i64, limits: &Limits) -> Decision {
             ),
         };
     }
-    let approval = if a.dry_run { None } else { approval_reason(m, nodes_changed(m, a.target_nodes)) };
+    let approval = if a.dry_run { None } else { approval_reason(m, nodes_changed(m, a.target_nodes, a.params)) };
     let hold_ms = m.breaker.as_ref().map_or(0, |b| (b.hold_secs as i64).saturating_mul(1000));
     Decision::Admit { approval, hold_ms }
 }
@@ -145,6 +155,8 @@ pub fn admit(t: &RunTable, a: &Ask<'_>, now: i64, limits: &Limits) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    static NO_PARAMS: BTreeMap<String, crate::manifest::ParamValue> = BTreeMap::new();
     use crate::runtable::BreakerFire;
     use std::path::Path;
 
@@ -316,6 +328,7 @@ mod tests {
                 dry_run: false,
                 hands_off: None,
                 target_nodes: 1,
+                params: &NO_PARAMS,
             };
             tweak(&mut ask);
             let d = admit(&t, &ask, NOW, &limits);
@@ -346,35 +359,59 @@ mod tests {
             dry_run: false,
             hands_off: None,
             target_nodes: 1,
+            params: &NO_PARAMS,
         };
         assert!(matches!(admit(&t, &ask, NOW, &Limits::default()), Decision::Suppress { first: true, .. }));
         t.suppression_noted.insert(key);
         assert!(matches!(admit(&t, &ask, NOW, &Limits::default()), Decision::Suppress { first: false, .. }));
     }
 
+    /// Approval counts what the run changes: the manifest's cap, the run's
+    /// own `nodes_changed_param` value under it, or the whole group.
     #[test]
     fn approval_counts_the_nodes_a_run_changes() {
+        use crate::manifest::ParamValue;
         let target = Target::group("pool", "a");
         let t = RunTable::new(10);
-        let cases: Vec<(&str, Manifest, usize, bool, Option<&str>)> = vec![
+        let stepped = "max_nodes_changed: 4\nnodes_changed_param: nodes_per_step\nparams:\n  nodes_per_step: {type: int, default: 1}\napproval: {above_nodes: 1}\n";
+        let step = |n: i64| BTreeMap::from([("nodes_per_step".to_string(), ParamValue::Int(n))]);
+        let cases: Vec<(&str, Manifest, BTreeMap<String, ParamValue>, usize, bool, Option<&str>)> = vec![
+            ("one node a step, above 1", group_manifest(stepped), step(1), 20, false, None),
             (
-                "a 20-node pool, 2 changed, above 3",
-                group_manifest("max_nodes_changed: 2\napproval: {above_nodes: 3}\n"),
+                "three nodes a step, above 1",
+                group_manifest(stepped),
+                step(3),
                 20,
                 false,
-                None,
+                Some("changes up to 3 nodes (approval above 1)"),
+            ),
+            (
+                "ten asked, the cap says four",
+                group_manifest(stepped),
+                step(10),
+                20,
+                false,
+                Some("changes up to 4 nodes (approval above 1)"),
             ),
             (
                 "a 20-node pool, no cap, above 3",
                 group_manifest("approval: {above_nodes: 3}\n"),
+                BTreeMap::new(),
                 20,
                 false,
                 Some("changes up to 20 nodes (approval above 3)"),
             ),
-            ("always", group_manifest("max_nodes_changed: 1\napproval: {always: true}\n"), 20, false, Some("always")),
-            ("a dry run never waits", group_manifest("approval: {always: true}\n"), 20, true, None),
+            (
+                "always",
+                group_manifest("max_nodes_changed: 1\napproval: {always: true}\n"),
+                BTreeMap::new(),
+                20,
+                false,
+                Some("always"),
+            ),
+            ("a dry run never waits", group_manifest("approval: {always: true}\n"), BTreeMap::new(), 20, true, None),
         ];
-        for (name, m, size, dry, want) in cases {
+        for (name, m, params, size, dry, want) in cases {
             let ask = Ask {
                 manifest: &m,
                 target: &target,
@@ -383,6 +420,7 @@ mod tests {
                 dry_run: dry,
                 hands_off: None,
                 target_nodes: size,
+                params: &params,
             };
             match (admit(&t, &ask, NOW, &Limits::default()), want) {
                 (Decision::Admit { approval: None, .. }, None) => {}
@@ -390,6 +428,32 @@ mod tests {
                 (d, w) => panic!("{name}: got {d:?}, want approval {w:?}"),
             }
         }
+    }
+
+    /// An approval rule that can never apply is refused where it is written.
+    #[test]
+    fn an_approval_that_never_applies_is_refused() {
+        let parse = |scope: &str, extra: &str| {
+            let text = format!(
+                "version: 1\nname: scale\ndescription: d\nscript: s.rhai\ntrigger:\n  type: manual\nscope: {scope}\n{extra}"
+            );
+            Manifest::parse(&text, Path::new("s.yaml")).map(|_| ()).map_err(|e| e.to_string())
+        };
+        let e = parse("gpu", "approval: {above_nodes: 1}\n").unwrap_err();
+        assert_eq!(
+            e,
+            "s.yaml:8:12: approval.above_nodes: a gpu-scoped run changes one node, so above_nodes 1 never applies: expected a group runbook, or approval: {always: true}"
+        );
+        let e = parse("group", "max_nodes_changed: 1\napproval: {above_nodes: 3}\n").unwrap_err();
+        assert!(e.contains("runs change at most max_nodes_changed 1 node(s), so above_nodes 3 never applies"), "{e}");
+        let e = parse("group", "nodes_changed_param: n\nparams: {n: {type: int, default: 1}}\n").unwrap_err();
+        assert!(e.contains("nodes_changed_param: expected a group runbook with max_nodes_changed"), "{e}");
+        let e =
+            parse("group", "max_nodes_changed: 3\nnodes_changed_param: n\nparams: {n: {type: float, default: 1}}\n")
+                .unwrap_err();
+        assert!(e.contains("expected the name of an int parameter"), "{e}");
+        parse("group", "max_nodes_changed: 3\napproval: {above_nodes: 1}\n").unwrap();
+        parse("node", "approval: {always: true}\n").unwrap();
     }
 
     #[test]
@@ -410,6 +474,7 @@ mod tests {
             dry_run: false,
             hands_off: None,
             target_nodes: 1,
+            params: &NO_PARAMS,
         };
         assert_eq!(admit(&t, &ask, NOW, &Limits::default()), Decision::Admit { approval: None, hold_ms: 20_000 });
     }

@@ -113,7 +113,7 @@ impl Engine {
         if shadow {
             req.dry_run = true;
         }
-        let would_need_approval = shadow.then(|| approval_reason(m, nodes_changed(m, target_nodes))).flatten();
+        let would_need_approval = shadow.then(|| approval_reason(m, nodes_changed(m, target_nodes, &params))).flatten();
         let hands_off =
             self.core.target_nodes(&req.target).iter().find(|n| n.state().hands_off()).map(|n| n.spec.name.clone());
         let key = (req.runbook.clone(), req.target.clone());
@@ -129,6 +129,7 @@ impl Engine {
                 dry_run: req.dry_run,
                 hands_off: hands_off.as_deref(),
                 target_nodes,
+                params: &params,
             };
             let d = admit(&t, &ask, now, &self.core.config.limits);
             let summary = match &d {
@@ -257,7 +258,7 @@ impl Engine {
                             RecordKind::ApprovalRequested,
                             &s,
                             json!({"reason": why, "expires_in_secs": m.approval.expire_secs,
-                                "nodes_changed": nodes_changed(m, target_nodes)}),
+                                "nodes_changed": nodes_changed(m, target_nodes, &s.params)}),
                         )
                         .await?;
                     self.text_record(
@@ -409,6 +410,37 @@ impl Engine {
         Ok(())
     }
 
+    /// What a run of `req` would be, decided as `submit` decides it and
+    /// changing nothing: the nodes it targets, how many it may change,
+    /// whether it waits for approval and why (the CLI shows this, never a
+    /// count of its own).
+    pub fn plan(&self, req: &RunRequest) -> Result<Value, EngineError> {
+        let set = self.runbook_set();
+        let Some((_, rb)) = set.get(&req.runbook) else {
+            return Err(EngineError::UnknownRunbook { name: req.runbook.clone(), known: set.names().join(", ") });
+        };
+        let m = &rb.manifest;
+        let target_nodes = self.check_request(rb, req)?;
+        let params = m.resolve_params(&req.params).map_err(EngineError::BadParams)?;
+        let changed = nodes_changed(m, target_nodes, &params);
+        let approval = if req.dry_run { None } else { approval_reason(m, changed) };
+        let nodes: Vec<String> = self.core.target_nodes(&req.target).iter().map(|n| n.spec.name.clone()).collect();
+        let hands_off: Vec<&String> =
+            nodes.iter().filter(|n| self.core.fleet.get(n).is_some_and(|x| x.state().hands_off())).collect();
+        Ok(json!({
+            "runbook": m.name,
+            "digest": rb.digest,
+            "target": req.target,
+            "nodes": nodes,
+            "nodes_changed": changed,
+            "needs_approval": approval.is_some(),
+            "approval_reason": approval,
+            "dry_run": req.dry_run,
+            "params": params,
+            "hands_off": hands_off,
+        }))
+    }
+
     /// Whether a run on `target` of `runbook` would wait for approval.
     pub fn needs_approval(&self, runbook: &str, target: &Target) -> Result<bool, EngineError> {
         let set = self.runbook_set();
@@ -416,7 +448,8 @@ impl Engine {
             .get(runbook)
             .ok_or_else(|| EngineError::UnknownRunbook { name: runbook.into(), known: set.names().join(", ") })?;
         let n = self.core.target_nodes(target).len();
-        Ok(approval_reason(&rb.manifest, nodes_changed(&rb.manifest, n)).is_some())
+        let params = rb.manifest.default_params();
+        Ok(approval_reason(&rb.manifest, nodes_changed(&rb.manifest, n, &params)).is_some())
     }
 }
 

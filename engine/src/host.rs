@@ -187,12 +187,14 @@ impl Host {
         if ctx.dry_run {
             return Ok(());
         }
-        let (acted, nodes) = match self.core.table().runs.get(&self.run) {
-            Some(r) => (r.acted, r.summary.nodes.clone()),
-            None => (true, Vec::new()),
+        let (acted, nodes, params) = match self.core.table().runs.get(&self.run) {
+            Some(r) => (r.acted, r.summary.nodes.clone(), r.summary.params.clone()),
+            None => (true, Vec::new(), Default::default()),
         };
+        // The run's own cap: `max_nodes_changed`, or under it the value of
+        // its `nodes_changed_param` (what its approval counted).
         if m.scope == Scope::Group
-            && let Some(cap) = m.max_nodes_changed
+            && let Some(cap) = m.max_nodes_changed.map(|_| crate::admission::nodes_changed(&m, usize::MAX, &params))
             && !nodes.iter().any(|x| x == node)
             && nodes.len() as u32 >= cap
         {
@@ -1047,7 +1049,9 @@ impl ScriptHost for Host {
         };
         let Some(m) = self.manifest() else { return refused("internal", "the runbook was unloaded") };
         let pool = format!("{label}={value}");
-        let max_step = m.max_nodes_changed.map_or(i64::MAX, |x| x as i64);
+        let params = self.core.table().runs.get(&self.run).map(|r| r.summary.params.clone()).unwrap_or_default();
+        let max_step =
+            m.max_nodes_changed.map_or(i64::MAX, |_| crate::admission::nodes_changed(&m, usize::MAX, &params) as i64);
         if count < 1 || count > max_step {
             return refused(
                 "out_of_bounds",

@@ -258,6 +258,27 @@ pub async fn cancel(
     Ok(Json(json!({"cancelled": run})).into_response())
 }
 
+/// `POST /api/v1/runs/plan`: what `POST /api/v1/runs` with this body would
+/// decide — target nodes, nodes changed, approval — changing nothing.
+pub async fn plan_run(
+    State(s): State<AppState>,
+    Viewer(id): Viewer,
+    ApiJson(body): ApiJson<StartRun>,
+) -> Result<Response, ApiError> {
+    let req = RunRequest {
+        runbook: body.runbook.clone(),
+        target: body.target()?,
+        trigger: "manual".into(),
+        detail: format!("plan for {}", id.actor()),
+        event: json!({"kind": "manual", "by": id.actor()}),
+        event_ts_ms: nightshift_proto::clock::Clock::now_ms(s.engine.clock().as_ref()),
+        params: body.params.clone(),
+        dry_run: body.dry_run,
+        requested_by: id.actor(),
+    };
+    Ok(Json(s.engine.plan(&req)?).into_response())
+}
+
 pub async fn approvals(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
     Ok(Json(s.engine.pending_approvals()).into_response())
 }

@@ -121,6 +121,7 @@ pub fn router(engine: Engine) -> Router {
         .route("/static/{name}", get(pages::asset))
         // API.
         .route("/api/v1/runs", get(api::list_runs).post(api::start_run))
+        .route("/api/v1/runs/plan", post(api::plan_run))
         .route("/api/v1/runs/{id}", get(api::get_run))
         .route("/api/v1/runs/{id}/approve", post(api::approve))
         .route("/api/v1/runs/{id}/reject", post(api::reject))

@@ -126,25 +126,32 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
             );
         }
     };
-    // The plan.
+    // The plan: the engine's own decision (nodes, nodes changed, approval),
+    // never a count of this command's.
     let rb = c.runbook(runbook).await?;
-    let nodes = c.nodes().await?;
-    let touched: Vec<String> = nodes
-        .iter()
-        .filter(|n| match &target.group {
-            Some((k, v)) => n.labels.get(k) == Some(v),
-            None => target.node.as_ref() == Some(&n.name),
-        })
-        .map(|n| n.name.clone())
-        .collect();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
+    let requested_by = format!("user:{}", std::env::var("USER").unwrap_or_else(|_| "cli".into()));
+    let request = RunRequest {
+        runbook: runbook.into(),
+        target: target.clone(),
+        trigger: "manual".into(),
+        detail: format!("manual run by {requested_by}"),
+        event: json!({"kind": "manual", "by": requested_by}),
+        event_ts_ms: now,
+        params: params.clone(),
+        dry_run,
+        requested_by,
+    };
+    let plan = c.plan(&request).await?;
+    let touched: Vec<String> =
+        plan["nodes"].as_array().into_iter().flatten().filter_map(|n| n.as_str().map(str::to_string)).collect();
     if touched.is_empty() {
         return Err(
             anyhow::Error::new(Fail(2)).context(format!("no node matches {target}: check the node name or the label"))
         );
     }
-    let approval = &rb.manifest["approval"];
-    let needs_approval = !dry_run
-        && (approval["always"] == true || approval["above_nodes"].as_u64().is_some_and(|a| touched.len() as u64 > a));
+    let needs_approval = plan["needs_approval"] == true;
+    let approval_why = plan["approval_reason"].as_str().unwrap_or("").to_string();
     let mut resolved: BTreeMap<String, String> = BTreeMap::new();
     if let Some(ps) = rb.manifest["params"].as_object() {
         for (k, p) in ps {
@@ -172,7 +179,11 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
             } else {
                 out.red("live: actions change the nodes")
             },
-            if needs_approval { out.yellow("; needs approval by another operator") } else { String::new() }
+            if needs_approval {
+                out.yellow(&format!("; needs approval by another operator ({approval_why})"))
+            } else {
+                String::new()
+            }
         );
     }
     if !dry_run && !yes {
@@ -194,24 +205,10 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
             "this run needs approval by someone else, which needs a running engine: run it with --server URL",
         ));
     }
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
-    let requested_by = format!("user:{}", std::env::var("USER").unwrap_or_else(|_| "cli".into()));
     if let Conn::Local(l) = c {
         l.wait_connected(&touched, 15).await?;
     }
-    let submitted = c
-        .submit(RunRequest {
-            runbook: runbook.into(),
-            target: target.clone(),
-            trigger: "manual".into(),
-            detail: format!("manual run by {requested_by}"),
-            event: json!({"kind": "manual", "by": requested_by}),
-            event_ts_ms: now,
-            params,
-            dry_run,
-            requested_by,
-        })
-        .await?;
+    let submitted = c.submit(request).await?;
     let id = match &submitted {
         Submitted::Queued { run } | Submitted::PendingApproval { run } => run.id.clone(),
         Submitted::Refused { run } => {

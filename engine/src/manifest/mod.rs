@@ -65,6 +65,11 @@ pub struct Manifest {
     /// Group runs: the most nodes one run changes (approval counts this).
     #[serde(default)]
     pub max_nodes_changed: Option<u32>,
+    /// Group runs: the int parameter that says how many nodes a run
+    /// changes (`nodes_per_step`), at most `max_nodes_changed`. Approval
+    /// counts the run's value, and the engine holds the run to it.
+    #[serde(default)]
+    pub nodes_changed_param: Option<String>,
     /// The runbook may place a sticky node drain (RMA, repair) that only a
     /// person releases.
     #[serde(default)]

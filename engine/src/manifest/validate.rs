@@ -233,6 +233,44 @@ impl Manifest {
         if self.approval.above_nodes == Some(0) {
             return Err(err("above_nodes", "approval.above_nodes: expected at least 1, found 0".into()));
         }
+        // An approval rule that can never apply is a promise nobody keeps:
+        // refused, saying why.
+        if let Some(a) = self.approval.above_nodes {
+            if self.scope != Scope::Group {
+                return Err(err(
+                    "approval.above_nodes",
+                    format!(
+                        "approval.above_nodes: a {}-scoped run changes one node, so above_nodes {a} never applies: expected a group runbook, or approval: {{always: true}}",
+                        if self.scope == Scope::Gpu { "gpu" } else { "node" }
+                    ),
+                ));
+            }
+            if let Some(cap) = self.max_nodes_changed
+                && cap <= a
+            {
+                return Err(err(
+                    "approval.above_nodes",
+                    format!(
+                        "approval.above_nodes: runs change at most max_nodes_changed {cap} node(s), so above_nodes {a} never applies: expected above_nodes below {cap}"
+                    ),
+                ));
+            }
+        }
+        if let Some(p) = &self.nodes_changed_param {
+            if self.scope != Scope::Group || self.max_nodes_changed.is_none() {
+                return Err(err(
+                    "nodes_changed_param",
+                    "nodes_changed_param: expected a group runbook with max_nodes_changed (the most a run may ask for)"
+                        .into(),
+                ));
+            }
+            if self.params.get(p).map(|s| s.ty) != Some(ParamType::Int) {
+                return Err(err(
+                    "nodes_changed_param",
+                    format!("nodes_changed_param: expected the name of an int parameter, found {p:?}"),
+                ));
+            }
+        }
         if let Some(v) = &self.selector.vendor
             && v != "nvidia"
             && v != "amd"
