@@ -375,7 +375,8 @@ mod tests {
         let t = RunTable::new(10);
         let stepped = "max_nodes_changed: 4\nnodes_changed_param: nodes_per_step\nparams:\n  nodes_per_step: {type: int, default: 1}\napproval: {above_nodes: 1}\n";
         let step = |n: i64| BTreeMap::from([("nodes_per_step".to_string(), ParamValue::Int(n))]);
-        let cases: Vec<(&str, Manifest, BTreeMap<String, ParamValue>, usize, bool, Option<&str>)> = vec![
+        type Case<'a> = (&'a str, Manifest, BTreeMap<String, ParamValue>, usize, bool, Option<&'a str>);
+        let cases: Vec<Case<'_>> = vec![
             ("one node a step, above 1", group_manifest(stepped), step(1), 20, false, None),
             (
                 "three nodes a step, above 1",

@@ -194,7 +194,7 @@ impl Host {
         // The run's own cap: `max_nodes_changed`, or under it the value of
         // its `nodes_changed_param` (what its approval counted).
         if m.scope == Scope::Group
-            && let Some(cap) = m.max_nodes_changed.map(|_| crate::admission::nodes_changed(&m, usize::MAX, &params))
+            && let Some(cap) = m.max_nodes_changed.map(|_| crate::admission::nodes_changed(m, usize::MAX, &params))
             && !nodes.iter().any(|x| x == node)
             && nodes.len() as u32 >= cap
         {
