@@ -395,7 +395,7 @@ async fn served_engine() {
     assert_eq!(code(&o), 0, "{text}");
     assert!(!text.contains("needs approval"), "one node a run: no approval: {text}");
     assert!(text.contains("succeeded"), "{text}");
-    let mut waiting = bin()
+    let waiting = bin()
         .current_dir(d)
         .args(["--server", &url, "--token", OPERATOR, "run", "shrink", "--group", "pool=a", "--param", "n=2", "--yes"])
         .env("NO_COLOR", "1")
