@@ -20,7 +20,8 @@ fn each_shipped_approval_rule_asks_when_it_should_and_only_then() {
         runbooks.extend(set.runbooks);
     }
     // (runbook, params set, nodes in the group, wants approval)
-    let table: &[(&str, &[(&str, &str)], usize, Option<&str>)] = &[
+    type Row = (&'static str, &'static [(&'static str, &'static str)], usize, Option<&'static str>);
+    let table: &[Row] = &[
         ("pool-scale-in", &[], 16, None),
         ("pool-scale-in", &[("nodes_per_step", "1")], 16, None),
         ("pool-scale-in", &[("nodes_per_step", "2")], 16, Some("changes up to 2 nodes (approval above 1)")),
