@@ -97,8 +97,20 @@ impl Engine {
     }
 
     /// Runs waiting for approval.
+    /// On a standby, from its copy of the chain (the run table is the
+    /// leader's): the approvals page reads the same through either engine.
     pub fn pending_approvals(&self) -> Vec<RunSummary> {
-        self.core.table().pending_approvals()
+        if self.core.acting() {
+            return self.core.table().pending_approvals();
+        }
+        let f = crate::audit::RunFilter {
+            state: Some(crate::runs::RunState::PendingApproval),
+            limit: Some(1000),
+            ..Default::default()
+        };
+        let mut v = self.core.audit.runs(&f).map(|p| p.runs).unwrap_or_default();
+        v.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
+        v
     }
 
     /// The fleet's node names.
@@ -374,7 +386,15 @@ impl Engine {
 impl Engine {
     /// A runbook's mode now: what an admin set, else its manifest's.
     pub fn runbook_mode(&self, name: &str) -> crate::manifest::Mode {
-        if let Some(m) = crate::core::lock(&self.core.modes).get(name) {
+        // A standby follows the chain: the leader's promotions and
+        // demotions, as they are recorded.
+        if !self.core.acting()
+            && let Ok(records) = self.core.audit.records_of_kind(crate::audit::RecordKind::RunbookMode)
+        {
+            if let Some(m) = crate::core::modes_from_records(&records).get(name) {
+                return *m;
+            }
+        } else if let Some(m) = crate::core::lock(&self.core.modes).get(name) {
             return *m;
         }
         self.runbook_set().get(name).map(|(_, rb)| rb.manifest.mode).unwrap_or_default()

@@ -11,6 +11,11 @@
 //!    `peers`) and the listener gets no connection;
 //! 3. the leader resumed: its next renewal writes its own URL back;
 //! 4. a request to the leader carrying a wrong engine secret is refused.
+//!
+//! And a standby reads right (issue 30): `nightshift run` through it
+//! follows the run to its end (it used to exit 2, "404 no run"), its
+//! approvals list has the leader's pending run, and a demotion on the
+//! leader shows on the standby.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,6 +28,7 @@ use nightshift_tests::{TestAgent, engine_setup};
 use serde_json::{Value, json};
 
 const OPERATOR: &str = "op-token-0123456789abcdef";
+const ADMIN: &str = "admin-token-0123456789abcdef";
 
 fn write_engine(dir: &Path, base: &str, name: &str, port: u16, ports: &[u16]) -> PathBuf {
     let peers: Vec<String> = ports.iter().map(|p| format!("'http://127.0.0.1:{p}'")).collect();
@@ -77,10 +83,14 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
     engine_setup(
         dir,
         &[&agent],
-        &[("cap", "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\n", "set_power_limit(600);\n")],
+        &[
+            ("cap", "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\n", "set_power_limit(600);\n"),
+            ("careful", "trigger: {type: manual}\nscope: node\napproval: {always: true}\n", "note(\"ok\");\n"),
+        ],
         &format!(
-            "auth: {{tokens: [{{name: ops, role: operator, sha256: {}}}]}}\n",
-            nightshift_web::auth::hash_token(OPERATOR)
+            "auth: {{tokens: [{{name: ops, role: operator, sha256: {}}}, {{name: boss, role: admin, sha256: {}}}]}}\n",
+            nightshift_web::auth::hash_token(OPERATOR),
+            nightshift_web::auth::hash_token(ADMIN)
         ),
     );
     let base = std::fs::read_to_string(dir.join("engine.yaml")).unwrap();
@@ -119,6 +129,78 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
         .await
         .unwrap();
     assert_eq!(r.status(), 401);
+
+    // The standby reads right. `nightshift run` through it, to the end:
+    let o = std::process::Command::new(workspace_bin_dir().join("nightshift"))
+        .args([
+            "--server",
+            &ub,
+            "--token",
+            OPERATOR,
+            "--no-color",
+            "run",
+            "cap",
+            "--node",
+            "h1",
+            "--gpu",
+            "0",
+            "--dry-run",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("succeeded"), "{}", String::from_utf8_lossy(&o.stdout));
+    // A pending approval on the leader is on the standby's list:
+    let r = http
+        .post(format!("{ua}/api/v1/runs"))
+        .bearer_auth(OPERATOR)
+        .json(&json!({"runbook": "careful", "node": "h1"}))
+        .send()
+        .await
+        .unwrap();
+    let pending: Value = r.json().await.unwrap();
+    let pending = pending["run"]["id"].as_str().unwrap().to_string();
+    until("the standby lists the leader's pending approval", &b, async || {
+        let v: Value = http
+            .get(format!("{ub}/api/v1/approvals"))
+            .bearer_auth(OPERATOR)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v.as_array().is_some_and(|a| a.iter().any(|r| r["id"] == json!(pending)))
+    })
+    .await;
+    // A demotion on the leader shows on the standby:
+    let r = http
+        .post(format!("{ua}/api/v1/runbooks/cap/mode"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"mode": "shadow", "reason": "watch it first"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    until("the standby shows the demotion", &b, async || {
+        let v: Value = http
+            .get(format!("{ub}/api/v1/runbooks/cap"))
+            .bearer_auth(OPERATOR)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["mode"] == "shadow" || v["runbook"]["mode"] == "shadow"
+    })
+    .await;
 
     // 2. The row points at our listener while the leader is frozen.
     let capture = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

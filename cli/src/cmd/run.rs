@@ -239,8 +239,18 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
     let t0 = now;
     let mut interrupt = std::pin::pin!(tokio::signal::ctrl_c());
     let mut cancelling = false;
+    let submitted_at = std::time::Instant::now();
     loop {
-        let (run, records) = c.run(&id).await?;
+        // Through an HA standby the run is the leader's: the standby's copy
+        // of the chain has it a moment later (its `follow_ms`).
+        let (run, records) = match c.run(&id).await {
+            Ok(x) => x,
+            Err(e) if submitted_at.elapsed() < Duration::from_secs(15) && format!("{e:#}").contains("404") => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         for r in records.iter().skip(shown) {
             let line = describe_record(out, r, t0);
             if out.json {
