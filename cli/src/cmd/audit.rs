@@ -57,7 +57,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                     .collect();
                 out.table(&["CREATED (UTC)", "SHARD", "RUN", "RUNBOOK", "TARGET", "STATUS", "ACTIONS", "WHY"], &rows);
                 if page.next_cursor.is_some() {
-                    outln!("{}", out.dim("(more: raise --limit)"));
+                    eprintln!("{}", out.dim("(more: raise --limit)"));
                 }
                 return Ok(0);
             }
@@ -83,7 +83,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                     .collect();
                 out.table(&["CREATED (UTC)", "RUN", "RUNBOOK", "TARGET", "STATUS", "ACTIONS", "WHY"], &rows);
                 if page.next_cursor.is_some() {
-                    outln!("{}", out.dim("(more: raise --limit)"));
+                    eprintln!("{}", out.dim("(more: raise --limit)"));
                 }
             }
             Ok(0)

@@ -282,7 +282,7 @@ fn print_banner(st: &Stage, args: &DemoArgs, out: &Out) {
         st.engine.runbook_set().runbooks.len()
     );
     outln!(
-        "  time       {}× faster: {} s of demo = {} min of incident",
+        "  time       {}× faster: {} s of demo = {} min of incident; [mm:ss] below is simulated time",
         args.time_scale,
         args.duration_secs,
         (args.duration_secs as f64 * args.time_scale / 60.0).round()
