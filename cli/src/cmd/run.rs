@@ -236,7 +236,6 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
         pb
     });
     let mut shown = 0usize;
-    let t0 = now;
     let mut interrupt = std::pin::pin!(tokio::signal::ctrl_c());
     let mut cancelling = false;
     let submitted_at = std::time::Instant::now();
@@ -252,7 +251,7 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
             Err(e) => return Err(e),
         };
         for r in records.iter().skip(shown) {
-            let line = describe_record(out, r, t0);
+            let line = describe_record(out, r, run.created_ms);
             if out.json {
                 outln!("{}", serde_json::to_string(r)?);
             } else if let Some(pb) = &spinner {
