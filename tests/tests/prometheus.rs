@@ -93,7 +93,9 @@ async fn dashboard_queries_return_data(prom_url: &str, prom: &Daemon, host: &str
                 .await
                 .unwrap();
             assert_eq!(r["status"], "success", "the dashboard query {e} is not valid PromQL: {r}");
-            if r["data"]["result"].as_array().is_none_or(|a| a.is_empty()) {
+            // The HA panels have data only with an HA pair (this engine is
+            // one, on sled): valid PromQL is all that is asked of them here.
+            if r["data"]["result"].as_array().is_none_or(|a| a.is_empty()) && !e.starts_with("nightshift_ha_") {
                 empty.push(e.clone());
             }
         }
@@ -213,7 +215,7 @@ async fn a_fault_seen_through_prometheus_fires_a_runbook() {
         .flat_map(|g| g["rules"].as_array().unwrap().iter())
         .filter(|r| r["health"] == "ok")
         .count();
-    assert_eq!(healthy, 16, "all 16 example rules evaluate: {rules}");
+    assert_eq!(healthy, 19, "all 19 example rules evaluate: {rules}");
 
     web.abort();
     engine.shutdown().await;
@@ -529,5 +531,55 @@ async fn the_exposition_parser_reads_what_prometheus_reads() {
             t.value,
             o.value
         );
+    }
+}
+
+/// The shipped monitoring knows about standbys and pages people about
+/// nightshift itself (issue 30): `promtool test rules` runs
+/// `examples/prometheus-rules.test.yml` through Prometheus's own rule
+/// engine (an HA pair: the standby's `nightshift_agents_connected 0` pages
+/// nobody; the leader missing an agent does; no leader does), and `amtool`
+/// routes nightshift's own alerts to people and GPU alerts to nightshift.
+#[test]
+fn the_shipped_rules_know_standbys_and_route_nightshifts_own_alerts_to_people() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    if let Some(promtool) = require("promtool", "prometheus") {
+        let out = std::process::Command::new(promtool)
+            .args(["test", "rules", "examples/prometheus-rules.test.yml"])
+            .current_dir(&repo)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool test rules: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let Some(amtool) = require("amtool", "prometheus-alertmanager") else { return };
+    let route = |labels: &[&str]| {
+        let out = std::process::Command::new(&amtool)
+            .args(["config", "routes", "test", "--config.file=examples/alertmanager.yml"])
+            .args(labels)
+            .current_dir(&repo)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "amtool: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    for own in ["NightshiftDown", "NightshiftNoLeader", "NightshiftAgentsDisconnected", "NightshiftAgentStateDegraded"]
+    {
+        assert_eq!(route(&["component=nightshift", &format!("alertname={own}")]), "on-call", "{own}");
+    }
+    assert_eq!(route(&["alertname=GpuTempHigh", "Hostname=gpu-a1", "gpu=3"]), "nightshift");
+    // Every rule of the nightshift group carries the label that routes it.
+    let rules: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(repo.join("examples/prometheus-rules.yml")).unwrap()).unwrap();
+    for g in rules["groups"].as_sequence().unwrap() {
+        if g["name"] == "nightshift" {
+            for r in g["rules"].as_sequence().unwrap() {
+                assert_eq!(r["labels"]["component"], "nightshift", "{:?}", r["alert"]);
+            }
+        }
     }
 }
