@@ -487,6 +487,7 @@ pub(crate) fn new_summary(
         started_ms: None,
         finished_ms: None,
         actions: 0,
+        did: Vec::new(),
         approvals: Vec::new(),
         error: None,
         nodes: Vec::new(),

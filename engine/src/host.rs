@@ -751,8 +751,14 @@ impl ScriptHost for Host {
         let holds_here = result["held"] == json!(true)
             || (!ctx.dry_run && matches!(op, Op::Drain(_)) && result["ok"] == true)
             || (changes && sent.as_ref().is_err_and(|e| e.left));
+        let effect = (result["applied"] == json!(true) && !ctx.dry_run).then(|| effect_of(&op)).flatten();
         if let Some(r) = self.core.table().runs.get_mut(&self.run) {
             r.summary.actions += 1;
+            if let Some(e) = effect
+                && !r.summary.did.iter().any(|d| d == e)
+            {
+                r.summary.did.push(e.to_string());
+            }
             if !r.summary.nodes.contains(&node_s) && !ctx.dry_run {
                 r.summary.nodes.push(node_s.clone());
             }
@@ -1187,4 +1193,29 @@ impl ScriptHost for Host {
 /// Metric names for a doc table (used by the CLI and README).
 pub fn metric_names() -> Vec<&'static str> {
     metrics::METRICS.iter().map(|m| m.name).collect()
+}
+
+/// What an applied action did, in the words the timeline shows.
+pub fn effect_of(op: &Op) -> Option<&'static str> {
+    Some(match op {
+        Op::SetPowerLimit(_) => "capped",
+        Op::SetFanCurve(_) | Op::ResetFan(_) => "fans",
+        Op::SetClocks(_) | Op::ResetClocks(_) => "clocks",
+        Op::SetGpuDrain(a) if a.drained => "GPU drained",
+        Op::SetGpuDrain(_) => "GPU back",
+        Op::Drain(a) if a.sticky && a.repair => "drained for repair",
+        Op::Drain(a) if a.sticky => "drained for RMA",
+        Op::Drain(_) => "drained",
+        Op::Resume(_) => "resumed",
+        Op::Requeue(_) => "jobs requeued",
+        Op::FlushCaches(_) => "caches flushed",
+        Op::ClearEcc(_) => "ECC cleared",
+        Op::ConfigRollback(_) => "rolled back",
+        Op::ConfigApply(_) => "config changed",
+        Op::ConfigMark(_) => "config marked",
+        Op::PowerNode(_) => "powered",
+        Op::Mark(_) => "marked",
+        Op::Release(_) => "released",
+        _ => return None,
+    })
 }

@@ -178,6 +178,11 @@ pub struct RunSummary {
     #[serde(default)]
     pub finished_ms: Option<i64>,
     pub actions: u32,
+    /// What the run's applied actions did, in words, in order, each once
+    /// (`capped`, `drained for RMA`, `rolled back` …): the timeline's
+    /// "did" column. Empty: it changed nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub did: Vec<String>,
     #[serde(default)]
     pub approvals: Vec<ApprovalDecision>,
     /// Failure text, with the script's file and line when it came from there.

@@ -62,6 +62,29 @@ fn badge(r: &RunSummary) -> Markup {
     html! { span class={"badge " (class)} { (text) } }
 }
 
+/// What a run did, each effect in its own colour: a drain (out of
+/// service), a cap or fan or clock change, a config rolled back or changed,
+/// anything else; "nothing" for a finished run that changed nothing.
+fn did(r: &RunSummary) -> Markup {
+    let class = |d: &str| {
+        if d.contains("drained") {
+            "did drain"
+        } else if matches!(d, "capped" | "fans" | "clocks") {
+            "did cap"
+        } else if d.contains("rolled back") || d.starts_with("config") {
+            "did config"
+        } else if matches!(d, "resumed" | "released" | "GPU back") {
+            "did back"
+        } else {
+            "did other"
+        }
+    };
+    html! {
+        @for d in &r.did { span class=(class(d)) { (d) } " " }
+        @if r.did.is_empty() && r.outcome.is_some() { span.did.none { "nothing" } }
+    }
+}
+
 fn run_rows(runs: &[RunSummary]) -> Markup {
     html! {
         @for r in runs {
@@ -72,12 +95,13 @@ fn run_rows(runs: &[RunSummary]) -> Markup {
                 td.nowrap { (r.target.to_string()) }
                 td { (r.trigger) @if r.dry_run { " " span.tag { "dry run" } } }
                 td { (badge(r)) }
+                td { (did(r)) }
                 td.num { (r.actions) }
                 td.reason { (r.why) }
             }
         }
         @if runs.is_empty() {
-            tr { td colspan="8" .empty { "No runs match." } }
+            tr { td colspan="9" .empty { "No runs match." } }
         }
     }
 }
@@ -156,7 +180,7 @@ pub async fn timeline(
         }
         div.scroll {
             table.runs data-live=(if get("cursor").is_none() { "1" } else { "" }) {
-                thead { tr { th { "Created (UTC)" } th { "Run" } th { "Runbook" } th { "Target" } th { "Trigger" } th { "Status" } th { "Actions" } th { "Why" } } }
+                thead { tr { th { "Created (UTC)" } th { "Run" } th { "Runbook" } th { "Target" } th { "Trigger" } th { "Status" } th { "Did" } th { "Actions" } th { "Why" } } }
                 tbody #runs { (run_rows(&page.runs)) }
             }
         }
@@ -197,7 +221,7 @@ async fn all_shards_timeline(
         }
         div.scroll {
             table.runs {
-                thead { tr { th { "Created (UTC)" } th { "Shard" } th { "Run" } th { "Runbook" } th { "Target" } th { "Trigger" } th { "Status" } th { "Actions" } th { "Why" } } }
+                thead { tr { th { "Created (UTC)" } th { "Shard" } th { "Run" } th { "Runbook" } th { "Target" } th { "Trigger" } th { "Status" } th { "Did" } th { "Actions" } th { "Why" } } }
                 tbody {
                     @for sr in &page.runs {
                         @let r = &sr.run;
@@ -209,11 +233,12 @@ async fn all_shards_timeline(
                             td.nowrap { (r.target.to_string()) }
                             td { (r.trigger) @if r.dry_run { " " span.tag { "dry run" } } }
                             td { (badge(r)) }
+                            td { (did(r)) }
                             td.num { (r.actions) }
                             td.reason { (r.why) }
                         }
                     }
-                    @if page.runs.is_empty() { tr { td colspan="9" .empty { "No runs match." } } }
+                    @if page.runs.is_empty() { tr { td colspan="10" .empty { "No runs match." } } }
                 }
             }
         }
@@ -453,6 +478,7 @@ pub async fn run_page(
                     @if let Some(t) = run.started_ms { tr { th { "Started" } td { (time(t)) " (+" (dur(t - t0)) ")" @if let Some(w) = &waited_for { " — waited for " (w) } } } }
                     @if let Some(t) = run.finished_ms { tr { th { "Finished" } td { (time(t)) " (took " (dur(t - run.started_ms.unwrap_or(t0))) ")" } } }
                     tr { th { "Actions" } td { (run.actions) } }
+                    tr { th { "Did" } td { (did(&run)) } }
                     @if let Some(e) = &run.error { tr { th { "Error" } td.error { (e) } } }
                     @for a in &run.approvals {
                         tr { th { @if a.approved { "Approved" } @else { "Rejected" } } td { (a.by) " at " (time(a.at_ms)) @if let Some(r) = &a.reason { " — " (r) } } }

@@ -963,6 +963,14 @@ async fn a_person_releases_a_hold_and_resumes_a_node_as_themselves() {
     assert_eq!(s, StatusCode::OK, "{v}");
     settle(&f).await;
     assert!(!f.sim.engine.node("gpu-a1").unwrap().state.drained, "back in service: {v}");
+    // The morning after: the timeline says what each run did, each in its
+    // own colour.
+    let (_, page) = call(&f, "GET", "/", Some(VIEWER), None).await;
+    let page = page.as_str().unwrap();
+    assert!(page.contains(r#"<span class="did drain">drained for RMA</span>"#), "{page}");
+    assert!(page.contains(r#"<span class="did cap">capped</span>"#), "{page}");
+    let (_, v) = call(&f, "GET", &format!("/api/v1/runs/{rma}"), Some(VIEWER), None).await;
+    assert_eq!(v["run"]["did"], json!(["drained for RMA"]), "{v}");
     let recs = f.sim.engine.audit().tail(0, usize::MAX).unwrap();
     assert!(
         recs.iter().any(|r| r.kind == RecordKind::ActionIntent && r.data["op"] == "resume" && r.actor == "user:otto")

@@ -231,6 +231,7 @@ pub fn rebuild_summary(run: &str, recs: &[&AuditRecord]) -> Option<RunSummary> {
         started_ms: started.map(|r| r.ts_ms),
         finished_ms: Some(finished.map_or(queued.ts_ms, |r| r.ts_ms)),
         actions: recs.iter().filter(|r| r.kind == RecordKind::ActionResult).count() as u32,
+        did: Vec::new(),
         approvals: Vec::new(),
         error: finished.and_then(|f| f.data["error"].as_str().map(str::to_string)),
         nodes: Vec::new(),
