@@ -59,6 +59,26 @@ fn merged(marks: &[Mark], from_ms: i64, to_ms: i64) -> Vec<Mark> {
     out
 }
 
+/// The smallest range a series' axis shows: 20 °C, 100 W, 20 points of a
+/// percentage, else a tenth of its size.
+fn min_span(unit: &str, hi: f64) -> f64 {
+    match unit {
+        "°C" => 20.0,
+        "W" => 100.0,
+        "%" => 20.0,
+        _ => (hi.abs() * 0.1).max(1.0),
+    }
+}
+
+/// `[lo, hi]` widened about its middle to at least `span`.
+fn widen(lo: f64, hi: f64, span: f64) -> (f64, f64) {
+    if hi - lo >= span {
+        return (lo, hi);
+    }
+    let mid = (lo + hi) / 2.0;
+    (mid - span / 2.0, mid + span / 2.0)
+}
+
 /// A chart of `series` between `from_ms` and `to_ms`, the x axis labelled
 /// relative to `t0_ms` (the event), with `marks`.
 pub fn chart(title: &str, series: &[Series], marks: &[Mark], from_ms: i64, to_ms: i64, t0_ms: i64) -> Markup {
@@ -72,6 +92,9 @@ pub fn chart(title: &str, series: &[Series], marks: &[Mark], from_ms: i64, to_ms
         .map(|s| {
             let lo = s.points.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
             let hi = s.points.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+            // A minimum span per unit, so a flat line stays flat instead of
+            // a 1 W wobble filling the chart.
+            let (lo, hi) = widen(lo, hi, min_span(s.unit, hi));
             let pad = ((hi - lo) * 0.1).max(1.0);
             (lo - pad, hi + pad)
         })
@@ -132,5 +155,21 @@ mod tests {
         assert!(html.contains(">1m<"), "{html}");
         let empty = chart("none", &[], &[], 0, 1, 0).into_string();
         assert!(empty.contains("no readings"));
+    }
+}
+
+#[cfg(test)]
+mod span_tests {
+    use super::*;
+
+    /// A flat 700 W limit with a 1 W wobble is drawn on at least 100 W, not
+    /// on 699–701 (issue 30: node charts autoscaled to noise); a real
+    /// swing keeps its own range.
+    #[test]
+    fn an_axis_spans_at_least_its_units_minimum() {
+        assert_eq!(widen(699.0, 701.0, min_span("W", 701.0)), (650.0, 750.0));
+        assert_eq!(widen(30.0, 79.0, min_span("°C", 79.0)), (30.0, 79.0));
+        assert_eq!(widen(50.0, 50.0, min_span("%", 50.0)), (40.0, 60.0));
+        assert_eq!(widen(3.0, 3.0, min_span("count", 3.0)), (2.5, 3.5));
     }
 }
