@@ -44,10 +44,13 @@ pub enum Command {
     ///
     /// Example: nightshift run gpu-overheat --node gpu-a1 --gpu 3 --param target_c=78 --dry-run
     Run {
+        /// The runbook to run (`nightshift runbooks list`).
         #[arg(add = ArgValueCompleter::new(crate::complete::runbooks))]
         runbook: String,
+        /// The node to run it on (GPU- and node-scoped runbooks).
         #[arg(long, add = ArgValueCompleter::new(crate::complete::nodes))]
         node: Option<String>,
+        /// The GPU to run it on (GPU-scoped runbooks).
         #[arg(long)]
         gpu: Option<u32>,
         /// A label group, e.g. pool=a.
@@ -85,6 +88,7 @@ pub enum Command {
     ///
     /// Example: nightshift approve r000042 --server http://nightshift:8080
     Approve {
+        /// The run id (r000042-k3x9qa; `nightshift audit list`).
         #[arg(add = ArgValueCompleter::new(crate::complete::runs))]
         run: String,
     },
@@ -92,8 +96,10 @@ pub enum Command {
     ///
     /// Example: nightshift reject r000042 --reason "not during the training run"
     Reject {
+        /// The run id (r000042-k3x9qa; `nightshift audit list`).
         #[arg(add = ArgValueCompleter::new(crate::complete::runs))]
         run: String,
+        /// Why: kept in the audit record.
         #[arg(long)]
         reason: String,
     },
@@ -121,6 +127,7 @@ pub enum Command {
         /// Where to write it (default: the config's engine_key_path, else ./engine_key).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Replace a key file that exists.
         #[arg(long)]
         force: bool,
     },
@@ -128,6 +135,7 @@ pub enum Command {
     ///
     /// Example: nightshift token --name alice --role operator
     Token {
+        /// Who holds the token (the audit log says `user:<name>`), or the webhook token's name.
         #[arg(long)]
         name: String,
         /// viewer, operator or admin.
@@ -170,6 +178,7 @@ pub enum RunbooksCmd {
     ///
     /// Example: nightshift runbooks show gpu-overheat
     Show {
+        /// The runbook's name.
         #[arg(add = ArgValueCompleter::new(crate::complete::runbooks))]
         name: String,
     },
@@ -178,8 +187,10 @@ pub enum RunbooksCmd {
     ///
     /// Example: nightshift runbooks promote gpu-temp-drift --reason "a week in shadow, 3 fires, all right"
     Promote {
+        /// The runbook's name.
         #[arg(add = ArgValueCompleter::new(crate::complete::runbooks))]
         name: String,
+        /// Why: kept in the audit record.
         #[arg(long)]
         reason: String,
     },
@@ -189,8 +200,10 @@ pub enum RunbooksCmd {
     ///
     /// Example: nightshift runbooks demote pool-scale-in --reason "new fleet, watch it first"
     Demote {
+        /// The runbook's name.
         #[arg(add = ArgValueCompleter::new(crate::complete::runbooks))]
         name: String,
+        /// Why: kept in the audit record.
         #[arg(long)]
         reason: String,
     },
@@ -200,6 +213,7 @@ pub enum RunbooksCmd {
     ///
     /// Example: nightshift runbooks shadow-report gpu-temp-drift --since 7d
     ShadowReport {
+        /// The runbook's name.
         #[arg(add = ArgValueCompleter::new(crate::complete::runbooks))]
         name: String,
         /// 7d, 24h, or an RFC 3339 time.
@@ -232,15 +246,19 @@ pub enum AuditCmd {
     ///
     /// Example: nightshift audit list --node gpu-a1 --outcome failed --since 24h
     List {
+        /// Only runs on this node.
         #[arg(long, add = ArgValueCompleter::new(crate::complete::nodes))]
         node: Option<String>,
+        /// Only runs of this runbook.
         #[arg(long, add = ArgValueCompleter::new(crate::complete::runbooks))]
         runbook: Option<String>,
+        /// Only runs that ended so: succeeded, failed, refused, timed_out, cancelled, interrupted.
         #[arg(long)]
         outcome: Option<String>,
         /// 30m, 6h, 2d, or an RFC 3339 time.
         #[arg(long)]
         since: Option<String>,
+        /// At most this many runs.
         #[arg(long, default_value_t = 20)]
         limit: usize,
         /// With PostgreSQL: the runs of every shard of the database, each
@@ -252,6 +270,7 @@ pub enum AuditCmd {
     ///
     /// Example: nightshift audit show r000042
     Show {
+        /// The run id (r000042-k3x9qa; `nightshift audit list`).
         #[arg(add = ArgValueCompleter::new(crate::complete::runs))]
         run: String,
     },
@@ -278,6 +297,7 @@ pub enum AuditCmd {
     ///
     /// Example: nightshift audit salvage --to /var/lib/nightshift/data.salvaged
     Salvage {
+        /// An empty folder for the new store.
         #[arg(long)]
         to: std::path::PathBuf,
     },
@@ -315,6 +335,7 @@ pub enum AuditCmd {
     ///
     /// Example: nightshift audit export --format jsonl > audit.jsonl
     Export {
+        /// jsonl (one record a line) or json.
         #[arg(long, default_value = "jsonl")]
         format: String,
     },
@@ -330,6 +351,7 @@ pub enum AgentsCmd {
     ///
     /// Example: nightshift agents ping gpu-a1
     Ping {
+        /// The node, as fleet.yaml names it.
         #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
         node: String,
     },
@@ -337,6 +359,7 @@ pub enum AgentsCmd {
     ///
     /// Example: nightshift agents inventory gpu-a1
     Inventory {
+        /// The node, as fleet.yaml names it.
         #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
         node: String,
     },
@@ -345,6 +368,7 @@ pub enum AgentsCmd {
     ///
     /// Example: nightshift agents holds gpu-a1
     Holds {
+        /// The node, as fleet.yaml names it.
         #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
         node: String,
     },
@@ -354,6 +378,7 @@ pub enum AgentsCmd {
     ///
     /// Example: nightshift agents show gpu-a1
     Show {
+        /// The node, as fleet.yaml names it.
         #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
         node: String,
     },
@@ -363,6 +388,7 @@ pub enum AgentsCmd {
     ///
     /// Example: nightshift agents health-check gpu-a1
     HealthCheck {
+        /// The node, as fleet.yaml names it.
         #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
         node: String,
     },
@@ -376,6 +402,7 @@ pub enum HoldsCmd {
     ///
     /// Example: nightshift holds release gpu-a1 --gpu 3 --reason "cap no longer needed" --server http://nightshift:8080
     Release {
+        /// The node, as fleet.yaml names it.
         #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
         node: String,
         /// Only holds on this GPU.
@@ -400,6 +427,7 @@ pub enum RunsCmd {
     ///
     /// Example: nightshift runs cancel r000042-k3x9qa --server http://nightshift:8080
     Cancel {
+        /// The run id (r000042-k3x9qa; `nightshift audit list`).
         #[arg(add = ArgValueCompleter::new(crate::complete::runs))]
         run: String,
     },
@@ -413,6 +441,7 @@ pub enum NodesCmd {
     ///
     /// Example: nightshift nodes repaired gpu-a1 --gpu 3 --note "reseated GPU 3"
     Repaired {
+        /// The node, as fleet.yaml names it.
         #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
         node: String,
         /// One GPU (default: every GPU awaiting repair).
@@ -429,6 +458,7 @@ pub enum NodesCmd {
     ///
     /// Example: nightshift nodes resume gpu-a1 --reason "RMA replacement installed and tested"
     Resume {
+        /// The node, as fleet.yaml names it.
         #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
         node: String,
         /// Why: kept in the audit record.
@@ -440,6 +470,7 @@ pub enum NodesCmd {
     ///
     /// Example: nightshift nodes hands-off gpu-a1 --on --reason "firmware update until 14:00"
     HandsOff {
+        /// The node, as fleet.yaml names it.
         #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
         node: String,
         /// Set it.
