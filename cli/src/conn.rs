@@ -34,6 +34,9 @@ pub struct RunbookInfo {
     pub script: String,
     #[serde(default)]
     pub manifest_path: String,
+    /// `act` or `shadow`: what an admin set, else the manifest's.
+    #[serde(default)]
+    pub mode: String,
 }
 
 /// A running server.
@@ -261,6 +264,13 @@ impl Local {
     pub fn runbooks(&self) -> Result<Vec<RunbookInfo>> {
         let script = nightshift_engine::script::build_engine(&self.config.script);
         let set = nightshift_engine::runbook::load_dir(&self.config.runbook_dir, &script);
+        // Promotions and demotions as the engine last saved them (its cache
+        // of the chain; the engine rewrites it from the chain at start).
+        let set_modes: std::collections::BTreeMap<String, nightshift_engine::manifest::Mode> =
+            std::fs::read(nightshift_engine::core::modes_path(&self.config.data_dir))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or_default();
         Ok(set
             .runbooks
             .iter()
@@ -274,6 +284,7 @@ impl Local {
                 manifest: serde_json::to_value(&r.manifest).unwrap_or(Value::Null),
                 script: r.script_source.clone(),
                 manifest_path: r.manifest_path.display().to_string(),
+                mode: set_modes.get(&r.manifest.name).copied().unwrap_or(r.manifest.mode).as_str().into(),
             })
             .collect())
     }

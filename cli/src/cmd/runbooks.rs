@@ -20,6 +20,7 @@ pub async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
                         vec![
                             r.handbook.clone().unwrap_or_default(),
                             r.name.clone(),
+                            if r.mode == "shadow" { out.yellow("shadow") } else { r.mode.clone() },
                             r.trigger.clone(),
                             r.scope.clone(),
                             clip(&r.input, 80),
@@ -27,7 +28,7 @@ pub async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
                         ]
                     })
                     .collect();
-                out.table(&["ROW", "RUNBOOK", "TRIGGER", "SCOPE", "INPUT", "DESCRIPTION"], &rows);
+                out.table(&["ROW", "RUNBOOK", "MODE", "TRIGGER", "SCOPE", "INPUT", "DESCRIPTION"], &rows);
             }
             Ok(0)
         }
