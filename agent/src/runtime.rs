@@ -92,8 +92,17 @@ pub async fn start_with(
     let listener = tokio::net::TcpListener::bind(&cfg.listen_addr)
         .await
         .map_err(|source| StartError::Listen { addr: cfg.listen_addr.clone(), source })?;
-    let server = serve(agent.clone(), listener, ServerOptions { host_key, authorized, limits: cfg.ssh.clone() })
-        .map_err(|source| StartError::Listen { addr: cfg.listen_addr.clone(), source })?;
+    let server = serve(
+        agent.clone(),
+        listener,
+        ServerOptions {
+            host_key,
+            authorized,
+            authorized_path: Some(cfg.authorized_keys_path.clone()),
+            limits: cfg.ssh.clone(),
+        },
+    )
+    .map_err(|source| StartError::Listen { addr: cfg.listen_addr.clone(), source })?;
     let mut tasks = Vec::new();
     let a = agent.clone();
     // Under a sped-up clock the loops speed up too (at most one simulated

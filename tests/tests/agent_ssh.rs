@@ -185,6 +185,39 @@ async fn keys_are_checked_both_ways() {
     }
 }
 
+/// The engine key rotated without restarting the agent (issue 30): the
+/// new key added beside the old one is accepted at once; the old one,
+/// removed, is refused; a half-written file keeps the keys before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_key_rotates_without_restarting_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = TestAgent::start(dir.path(), "k2", sim("b200"), "").await;
+    let path = agent.cfg.authorized_keys_path.clone();
+    let old_line = std::fs::read_to_string(&path).unwrap();
+    let new_key = nightshift_proto::ssh::keys::generate("engine-2027").unwrap();
+    let new_line = format!("{}\n", new_key.public_key().to_openssh().unwrap());
+    let with = |key: &nightshift_proto::ssh::keys::PrivateKey| {
+        let mut cfg = agent.client_config();
+        cfg.key = std::sync::Arc::new(key.clone());
+        cfg
+    };
+    let old_cfg = agent.client_config();
+    let new_cfg = with(&new_key);
+    assert!(AgentConnection::connect(&new_cfg).await.is_err(), "not yet authorized");
+    // Both keys: both accepted, no restart.
+    std::fs::write(&path, format!("{old_line}{new_line}")).unwrap();
+    AgentConnection::connect(&new_cfg).await.expect("the new key, at once");
+    AgentConnection::connect(&old_cfg).await.expect("the old key, still");
+    // A half-written file: the keys before it stay.
+    std::fs::write(&path, "ssh-ed25519 AAAA-cut-short").unwrap();
+    AgentConnection::connect(&new_cfg).await.expect("the keys before a broken file stay");
+    // The old key removed: refused.
+    std::fs::write(&path, &new_line).unwrap();
+    let err = AgentConnection::connect(&old_cfg).await.err().expect("the old key is refused");
+    assert!(matches!(err, ClientError::AuthRejected { .. }), "{err}");
+    AgentConnection::connect(&new_cfg).await.expect("the new key goes on");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_error_replies_and_the_agent_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();

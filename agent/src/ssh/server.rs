@@ -35,7 +35,56 @@ use nightshift_proto::{Op, Reply, Request};
 pub struct ServerOptions {
     pub host_key: PrivateKey,
     pub authorized: Vec<PublicKey>,
+    /// The file `authorized` came from: read again when it changes (a new
+    /// engine key added beside the old one, then the old one removed — a
+    /// key rotation without restarting any agent).
+    pub authorized_path: Option<std::path::PathBuf>,
     pub limits: ConnLimits,
+}
+
+/// The engine keys this agent accepts, and the file they are read from
+/// again when it changes (its modification time and length).
+pub struct AuthorizedKeys {
+    path: Option<std::path::PathBuf>,
+    keys: std::sync::RwLock<(Option<(std::time::SystemTime, u64)>, Arc<Vec<PublicKey>>)>,
+}
+
+impl AuthorizedKeys {
+    pub fn new(keys: Vec<PublicKey>, path: Option<std::path::PathBuf>) -> AuthorizedKeys {
+        let stamp = path.as_deref().and_then(stamp);
+        AuthorizedKeys { path, keys: std::sync::RwLock::new((stamp, Arc::new(keys))) }
+    }
+
+    /// The keys in force: the file's, read again if it changed. A file
+    /// that no longer reads (half written, a bad line) keeps the keys
+    /// before it, and says so.
+    pub fn current(&self) -> Arc<Vec<PublicKey>> {
+        let Some(path) = &self.path else { return self.keys.read().unwrap_or_else(|e| e.into_inner()).1.clone() };
+        let now = stamp(path);
+        {
+            let k = self.keys.read().unwrap_or_else(|e| e.into_inner());
+            if k.0 == now {
+                return k.1.clone();
+            }
+        }
+        let mut k = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        match nightshift_proto::ssh::keys::load_authorized(path) {
+            Ok(keys) => {
+                tracing::info!(path = %path.display(), keys = keys.len(), "authorized keys changed: read again");
+                *k = (now, Arc::new(keys));
+            }
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e, "authorized keys changed and do not read: the keys before stay");
+                k.0 = now;
+            }
+        }
+        k.1.clone()
+    }
+}
+
+fn stamp(path: &std::path::Path) -> Option<(std::time::SystemTime, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
 }
 
 /// How many not-yet-authenticated connections the server tolerates, and for
@@ -139,7 +188,7 @@ impl RunningAgentServer {
 #[derive(Clone)]
 struct AgentSsh {
     agent: Arc<Agent>,
-    authorized: Arc<Vec<PublicKey>>,
+    authorized: Arc<AuthorizedKeys>,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -194,7 +243,7 @@ impl Drop for PreauthSlot {
 
 impl Conn {
     fn is_authorized(&self, key: &PublicKey) -> bool {
-        self.inner.authorized.iter().any(|k| k.key_data() == key.key_data())
+        self.inner.authorized.current().iter().any(|k| k.key_data() == key.key_data())
     }
 
     /// Refuse a request this agent never serves, say why on stderr, and
@@ -391,7 +440,11 @@ pub fn serve(agent: Arc<Agent>, listener: TcpListener, opts: ServerOptions) -> s
         nodelay: true,
         ..Default::default()
     });
-    let ssh = AgentSsh { agent, authorized: Arc::new(opts.authorized), shutdown: shutdown_rx.clone() };
+    let ssh = AgentSsh {
+        agent,
+        authorized: Arc::new(AuthorizedKeys::new(opts.authorized, opts.authorized_path)),
+        shutdown: shutdown_rx.clone(),
+    };
     let limits = opts.limits;
     let join = tokio::spawn(async move {
         if let Err(e) = accept_loop(ssh, config, listener, limits, shutdown_rx).await {
