@@ -46,8 +46,11 @@ pub struct ServerOptions {
 /// again when it changes (its modification time and length).
 pub struct AuthorizedKeys {
     path: Option<std::path::PathBuf>,
-    keys: std::sync::RwLock<(Option<(std::time::SystemTime, u64)>, Arc<Vec<PublicKey>>)>,
+    keys: std::sync::RwLock<(Option<Stamp>, Arc<Vec<PublicKey>>)>,
 }
+
+/// A file's modification time and length: what says it changed.
+type Stamp = (std::time::SystemTime, u64);
 
 impl AuthorizedKeys {
     pub fn new(keys: Vec<PublicKey>, path: Option<std::path::PathBuf>) -> AuthorizedKeys {
@@ -82,7 +85,7 @@ impl AuthorizedKeys {
     }
 }
 
-fn stamp(path: &std::path::Path) -> Option<(std::time::SystemTime, u64)> {
+fn stamp(path: &std::path::Path) -> Option<Stamp> {
     let m = std::fs::metadata(path).ok()?;
     Some((m.modified().ok()?, m.len()))
 }
