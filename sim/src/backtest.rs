@@ -199,6 +199,81 @@ pub struct Fire {
     pub fire: ShadowFire,
 }
 
+/// A runbook whose actions change what it measures: on a recording the
+/// measurements cannot react to its would-be actions, so what it does after
+/// its first action is an estimate.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClosedLoop {
+    pub runbook: String,
+    /// The metric its trigger reads.
+    pub metric: String,
+    /// The actions of its script that move that metric.
+    pub acts_with: Vec<String>,
+}
+
+impl ClosedLoop {
+    pub fn sentence(&self) -> String {
+        format!(
+            "{} is a closed loop: it measures {} and acts on it ({}); the recording cannot react to its would-be actions, so its steps after the first are estimates on recorded data",
+            self.runbook,
+            self.metric,
+            self.acts_with.join(", ")
+        )
+    }
+}
+
+/// Which action functions move which metric (a script that calls one on
+/// the metric its trigger reads is a closed loop).
+const MOVES: &[(&[&str], &[&str])] = &[
+    (
+        &[
+            "gpu.temperature_c",
+            "gpu.thermal_headroom_c",
+            "gpu.power_watts",
+            "gpu.power_pct_of_limit",
+            "gpu.power_limit_watts",
+        ],
+        &[
+            "set_power_limit",
+            "set_fan_curve",
+            "set_clocks",
+            "drain",
+            "drain_sticky",
+            "drain_repair",
+            "scale_out",
+            "scale_in",
+            "requeue",
+        ],
+    ),
+    (&["gpu.mem_fragmentation_pct"], &["flush_caches"]),
+    (
+        &["node.nvlink_p2p_latency_us", "node.comm_overhead_pct", "node.allreduce_p99_ms"],
+        &["config_rollback", "config_apply"],
+    ),
+    (&["gpu.util_pct", "node.cpu_util_pct"], &["drain", "drain_sticky", "drain_repair", "requeue"]),
+];
+
+/// The closed loops among `set`'s runbooks.
+pub fn closed_loops(set: &RunbookSet) -> Vec<ClosedLoop> {
+    let mut out = Vec::new();
+    for rb in &set.runbooks {
+        let Some(metric) = rb.manifest.trigger.metric() else { continue };
+        let acts: Vec<String> = MOVES
+            .iter()
+            .filter(|(metrics, _)| metrics.contains(&metric))
+            .flat_map(|(_, fns)| fns.iter())
+            .filter(|f| rb.script_source.contains(&format!("{f}(")))
+            .map(|f| f.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if !acts.is_empty() {
+            out.push(ClosedLoop { runbook: rb.manifest.name.clone(), metric: metric.to_string(), acts_with: acts });
+        }
+    }
+    out
+}
+
 /// Two runs on one node at the same time.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Overlap {
@@ -224,6 +299,9 @@ pub struct BacktestReport {
     /// The most nodes that would have been drained at one time.
     pub max_drained_at_once: usize,
     pub overlaps: Vec<Overlap>,
+    /// Runbooks that act on what they measure: their later steps are
+    /// estimates on recorded data.
+    pub closed_loops: Vec<ClosedLoop>,
     /// Wall time the replay took.
     pub wall_secs: f64,
 }
@@ -260,6 +338,7 @@ pub async fn run_steps(
     let nodes: Vec<SimNodeSpec> =
         hosts.iter().map(|(name, (gpus, profile))| SimNodeSpec::new(name, profile, *gpus)).collect();
     let names = opts.runbooks.names();
+    let loops = closed_loops(&opts.runbooks);
     let mut steps = steps.peekable();
     let start_ms = steps.peek().map_or(0, |(t, _)| *t);
     let mut end_ms = start_ms;
@@ -373,6 +452,7 @@ pub async fn run_steps(
         breaker_trips,
         max_drained_at_once,
         overlaps,
+        closed_loops: loops,
         wall_secs: t0.elapsed().as_secs_f64(),
     };
     sim.engine.shutdown().await;
@@ -424,10 +504,11 @@ pub fn html(r: &BacktestReport) -> String {
             esc(&f.fire.refusals.join("; "))
         ));
     }
+    let notes: String = r.closed_loops.iter().map(|l| format!("<p><b>Note:</b> {}</p>", esc(&l.sentence()))).collect();
     format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>nightshift backtest</title>\
          <style>body{{font:14px system-ui;margin:24px}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}</style></head><body>\
-         <h1>Backtest {} → {}</h1><p>{} nodes, {} GPUs, {} samples in {} steps; {} runbooks; {}.</p>\
+         <h1>Backtest {} → {}</h1><p>{} nodes, {} GPUs, {} samples in {} steps; {} runbooks; {}.</p>{notes}\
          <table><tr><th>When</th><th>Runbook</th><th>Target</th><th>Why</th><th>Would have</th><th>Refused</th></tr>\n{rows}</table></body></html>\n",
         esc(&t(r.start_ms)),
         esc(&t(r.end_ms)),
@@ -442,6 +523,23 @@ pub fn html(r: &BacktestReport) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// The closed loops among the shipped runbooks (issue 30: a backtest
+    /// predicted a sticky drain that did not happen live, and did not say
+    /// that recorded temperatures cannot react to would-be caps).
+    #[test]
+    fn the_report_names_the_runbooks_that_act_on_what_they_measure() {
+        let engine = nightshift_engine::script::build_engine(&nightshift_engine::script::ScriptLimits::default());
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
+        let set = nightshift_engine::runbook::load_dir(&dir, &engine);
+        let loops = closed_loops(&set);
+        let names: Vec<&str> = loops.iter().map(|l| l.runbook.as_str()).collect();
+        assert!(names.contains(&"gpu-overheat") && names.contains(&"mem-fragmentation"), "{names:?}");
+        assert!(!names.contains(&"ecc-dbe-drain"), "a fault counter does not react: {names:?}");
+        let overheat = loops.iter().find(|l| l.runbook == "gpu-overheat").unwrap();
+        assert!(overheat.acts_with.contains(&"set_power_limit".to_string()), "{overheat:?}");
+        assert!(overheat.sentence().contains("its steps after the first are estimates on recorded data"));
+    }
+
     use super::*;
 
     #[test]

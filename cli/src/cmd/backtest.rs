@@ -158,6 +158,9 @@ pub async fn backtest(cli: &Cli, args: &BacktestArgs, out: &Out) -> Result<u8> {
         })
         .collect();
     out.table(&["WHEN (UTC)", "ROW", "RUNBOOK", "TARGET", "WOULD", "REFUSED"], &rows);
+    for l in &report.closed_loops {
+        outln!("{} {}", out.yellow("note:"), l.sentence());
+    }
     outln!("{}", report.totals());
     Ok(0)
 }
