@@ -202,6 +202,11 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
     })
     .await;
 
+    // Its node page says whose agents they are, not "unreachable".
+    let page = http.get(format!("{ub}/nodes/h1")).bearer_auth(OPERATOR).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains("the leader&#39;s (") || page.contains("the leader's ("), "{page}");
+    assert!(!page.contains(">unreachable<"), "{page}");
+
     // 2. The row points at our listener while the leader is frozen.
     let capture = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cap_url = format!("http://{}", capture.local_addr().unwrap());

@@ -550,8 +550,25 @@ pub async fn run_page(
 }
 
 /// `/nodes`.
+/// The agent cell: connected, unreachable — or, on an HA standby (which
+/// talks to no agent), whose agents they are.
+fn agent_cell(connected: bool, standby_of: Option<&str>) -> Markup {
+    html! {
+        @if connected { span.badge.ok { "connected" } }
+        @else if let Some(leader) = standby_of { span.badge.muted title="an HA standby connects to no agent: the leader does" { "the leader's (" (leader) ")" } }
+        @else { span.badge.bad { "unreachable" } }
+    }
+}
+
+/// On an HA standby: the leader's name (its agents are the leader's).
+fn standby_of(s: &AppState) -> Option<String> {
+    let ha = s.engine.ha_status();
+    (ha.role == "standby").then(|| ha.leader.map(|l| l.holder).unwrap_or_else(|| "none yet".into()))
+}
+
 pub async fn nodes_page(State(s): State<AppState>, Viewer(who): Viewer) -> Result<Response, PageError> {
     let nodes = s.engine.nodes();
+    let standby = standby_of(&s);
     let body = html! {
         h1 { "Nodes" }
         div.scroll {
@@ -562,7 +579,7 @@ pub async fn nodes_page(State(s): State<AppState>, Viewer(who): Viewer) -> Resul
                         tr {
                             td { a href={"/nodes/" (n.name)} { (n.name) } @if n.standby { " " span.tag { "standby" } } }
                             td { @for (k, v) in &n.labels { span.tag { (k) "=" (v) } " " } }
-                            td { @if n.state.connected { span.badge.ok { "connected" } } @else { span.badge.bad { "unreachable" } } }
+                            td { (agent_cell(n.state.connected, standby.as_deref())) }
                             td { (drain_cell(&n.state.drained, &n.state.drain_reason, n.drained_by_person)) @if n.state.hands_off() { " " span.badge.warn { "hands-off" } } }
                             td.num { (n.gpus.iter().filter_map(|g| g.get("gpu.temperature_c")).cloned().fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x)))).map(|t| format!("{t:.1} °C")).unwrap_or_else(|| "—".into())) }
                             td { @for (k, v) in &n.state.annotations { span.tag title=(v) { (k) } " " } }
@@ -592,6 +609,7 @@ pub async fn node_page(
 ) -> Result<Response, PageError> {
     let n = s.engine.node(&name).ok_or_else(|| ApiError::not_found(format!("no node {name:?} in the inventory")))?;
     let recent = s.engine.runs(&RunFilter { node: Some(name.clone()), limit: Some(20), ..Default::default() })?;
+    let standby = standby_of(&s);
     let cols = [
         "temperature_c",
         "power_watts",
@@ -618,7 +636,7 @@ pub async fn node_page(
                 h2 { "State" }
                 table.kv {
                     tr { th { "Address" } td { code { (n.address) } } }
-                    tr { th { "Agent" } td { @if n.state.connected { span.badge.ok { "connected" } } @else { span.badge.bad { "unreachable" } } @if let Some(e) = &n.state.last_error { " " small.error { (e) } } } }
+                    tr { th { "Agent" } td { (agent_cell(n.state.connected, standby.as_deref())) @if let Some(e) = &n.state.last_error { " " small.error { (e) } } } }
                     tr { th { "Drain" } td { (drain_cell(&n.state.drained, &n.state.drain_reason, n.drained_by_person)) } }
                     @if let Some(why) = &n.state.state_degraded {
                         tr { th { "Agent state" } td { span.badge.bad { "degraded" } " " small.error { (why) } } }
