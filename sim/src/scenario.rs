@@ -57,6 +57,10 @@ pub struct Scenario {
     /// Runbooks to load (by name); all in the folder when absent.
     #[serde(default)]
     pub runbooks: Option<Vec<String>>,
+    /// Runbooks (of those loaded) run in shadow mode here: every action a
+    /// dry run, what they would do recorded and said.
+    #[serde(default)]
+    pub shadow: Vec<String>,
     pub fleet: Vec<SimNodeSpec>,
     #[serde(default = "d_tick")]
     pub tick_secs: u64,
@@ -919,6 +923,18 @@ pub async fn run_traced(
     }
     if let Some(names) = &scenario.runbooks {
         set.runbooks.retain(|r| names.contains(&r.manifest.name));
+    }
+    for name in &scenario.shadow {
+        let Some(r) = set.runbooks.iter_mut().find(|r| &r.manifest.name == name) else {
+            let (line, column) = nightshift_engine::manifest::locate(&text, "shadow");
+            return Err(ScenarioError::Load(LoadError {
+                file: path.into(),
+                line,
+                column,
+                message: format!("shadow: runbook `{name}` is not loaded by this scenario"),
+            }));
+        };
+        r.manifest.mode = nightshift_engine::manifest::Mode::Shadow;
     }
     for (rb, overrides) in &scenario.params {
         let at = |needle: &str| nightshift_engine::manifest::locate(&text, needle);
