@@ -58,7 +58,12 @@ pub fn describe_record(out: &Out, r: &AuditRecord, t0: i64) -> String {
         RecordKind::ActionResult => {
             let outcome = d["outcome"].as_str().unwrap_or("?");
             let mark = if d["ok"] == true { out.status(outcome) } else { out.red(outcome) };
-            let change = if d["before"].is_null() && d["after"].is_null() {
+            // A release says what each setting came back to, in words.
+            let released: Vec<&str> =
+                d["after"]["settings"].as_array().into_iter().flatten().filter_map(|x| x["detail"].as_str()).collect();
+            let change = if d["op"] == "release" && !released.is_empty() {
+                format!(" {}", released.join("; "))
+            } else if d["before"].is_null() && d["after"].is_null() {
                 String::new()
             } else {
                 format!(" {} → {}", compact(&d["before"]), compact(&d["after"]))
