@@ -104,6 +104,9 @@ pub struct StateLog {
     unsynced: bool,
     /// `fdatasync` calls made (what the benchmark reports per request).
     syncs: u64,
+    /// The highest leader term the log holds (a compaction keeps it, so
+    /// the caller need not be asked for it under the log's lock).
+    term: u64,
 }
 
 fn crc(bytes: &[u8]) -> u32 {
@@ -221,6 +224,7 @@ impl StateLog {
             cut_pending: None,
             unsynced: false,
             syncs: 0,
+            term: loaded.term,
         };
         // A new log starts with a snapshot; an old one is compacted only
         // when it has grown (its lines are the history tests and people
@@ -271,6 +275,9 @@ impl StateLog {
             return Err(err);
         }
         self.len += line.len() as u64;
+        if let Some(t) = e.term {
+            self.term = self.term.max(t);
+        }
         if sync {
             self.syncs += 1;
             self.unsynced = false;
@@ -317,6 +324,7 @@ impl StateLog {
     /// file synced, renamed over the log, the folder synced). The holds
     /// must be durable (as they are right after a commit).
     pub fn compact(&mut self, holds: &HoldStore, journal: &Journal, term: u64) -> std::io::Result<()> {
+        let term = term.max(self.term);
         let snap = Entry {
             snapshot: Some(Box::new(Snapshot {
                 version: 1,
@@ -533,6 +541,36 @@ mod tests {
         let err = StateLog::open(dir.path()).unwrap_err().to_string();
         assert!(err.contains("line 4 is damaged (checksum mismatch"), "{err}");
         assert!(err.contains("move") && err.contains("aside"), "{err}");
+    }
+
+    /// Compaction (at start past the threshold, or after a change) keeps
+    /// everything: one snapshot line, the same holds, journal and term,
+    /// and appends go on after it.
+    #[test]
+    fn a_compacted_log_is_one_snapshot_with_everything_in_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, mut st) = StateLog::open(dir.path()).unwrap();
+        for i in 0..50 {
+            st.holds.place(hold(&format!("h{i}"), 600.0 - i as f64), HoldValue::PowerLimit { watts: 700.0 });
+            log.commit(&mut st.holds, Some(pending(&format!("r{i}"))), Some(i), i % 10 == 0).unwrap();
+            st.journal.apply(pending(&format!("r{i}")));
+        }
+        // The log's own highest term survives the compaction even when the
+        // caller passes none.
+        let before = std::fs::read_to_string(dir.path().join(LOG_FILE)).unwrap().lines().count();
+        assert!(before > 50, "{before}");
+        log.compact(&st.holds, &st.journal, 0).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.path().join(LOG_FILE)).unwrap().lines().count(), 1);
+        log.commit(&mut st.holds, Some(pending("after")), None, true).unwrap();
+        drop(log);
+        let (_, again) = StateLog::open(dir.path()).unwrap();
+        assert_eq!(again.holds.record(), st.holds.record());
+        assert_eq!(again.term, 49);
+        for i in 0..50 {
+            assert!(again.journal.lookup(&format!("r{i}")).is_some(), "r{i}");
+        }
+        assert!(again.journal.lookup("after").is_some());
+        StateLog::verify(dir.path()).unwrap();
     }
 
     #[test]

@@ -695,8 +695,9 @@ impl Agent {
         }
         if log.wants_compaction() {
             jr.trim();
-            let term = *self.leader_term.lock().unwrap_or_else(|e| e.into_inner());
-            if let Err(e) = log.compact(&self.holds(), &jr, term) {
+            // The log keeps the highest term it holds itself: no other lock
+            // is taken under its own (a term being recorded waits for it).
+            if let Err(e) = log.compact(&self.holds(), &jr, 0) {
                 tracing::error!(node = %self.opts.node, error = %e, "cannot compact the state log; it keeps growing");
             }
         }
