@@ -120,6 +120,21 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
     let got: Value =
         http.get(format!("{ua}/api/v1/runs/{run}")).bearer_auth(OPERATOR).send().await.unwrap().json().await.unwrap();
     assert_eq!(got["run"]["requested_by"], "user:ops", "{got}");
+    // Ended before the next run of the same runbook on the same GPU (it
+    // would be suppressed as "already active" otherwise).
+    until("the forwarded run ends", &a, async || {
+        let v: Value = http
+            .get(format!("{ua}/api/v1/runs/{run}"))
+            .bearer_auth(OPERATOR)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        !v["run"]["outcome"].is_null()
+    })
+    .await;
     // A wrong token is refused by the standby itself.
     let r = http
         .post(format!("{ub}/api/v1/runs"))
