@@ -23,7 +23,7 @@ use crate::core::Core;
 use crate::engine::{Engine, EngineError, RunRequest, Submitted};
 use crate::manifest::Scope;
 use crate::runbook::Runbook;
-use crate::runs::{ApprovalDecision, RunOutcome, RunState, RunSummary, Target};
+use crate::runs::{ApprovalDecision, RunOutcome, RunState, RunSummary};
 use crate::runtable::{BreakerFire, FireRef, RunEntry, RunTable};
 
 impl Engine {
@@ -439,17 +439,6 @@ impl Engine {
             "params": params,
             "hands_off": hands_off,
         }))
-    }
-
-    /// Whether a run on `target` of `runbook` would wait for approval.
-    pub fn needs_approval(&self, runbook: &str, target: &Target) -> Result<bool, EngineError> {
-        let set = self.runbook_set();
-        let (_, rb) = set
-            .get(runbook)
-            .ok_or_else(|| EngineError::UnknownRunbook { name: runbook.into(), known: set.names().join(", ") })?;
-        let n = self.core.target_nodes(target).len();
-        let params = rb.manifest.default_params();
-        Ok(approval_reason(&rb.manifest, nodes_changed(&rb.manifest, n, &params)).is_some())
     }
 }
 
