@@ -84,6 +84,9 @@ pub enum Command {
     /// Runs: cancel one (needs --server).
     #[command(subcommand)]
     Runs(RunsCmd),
+    /// The fleet inventory: build fleet.yaml from Slurm or an inventory.
+    #[command(subcommand)]
+    Fleet(FleetCmd),
     /// Approve a run that waits for approval (needs --server).
     ///
     /// Example: nightshift approve r000042 --server http://nightshift:8080
@@ -417,6 +420,51 @@ pub enum HoldsCmd {
         /// Why: kept in the audit record.
         #[arg(long)]
         reason: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum FleetCmd {
+    /// Build fleet.yaml from Slurm's node list or an Ansible-style inventory,
+    /// collecting each agent's host key over SSH (trust on first use: every
+    /// key is printed for review, and nothing is written until you confirm).
+    /// Nodes already in --out keep their labels; a host key that changed is
+    /// refused unless --accept-changed.
+    ///
+    /// Example: scontrol --oneliner show nodes | nightshift fleet import --slurm - --out /etc/nightshift/fleet.yaml
+    Import {
+        /// `scontrol --oneliner show nodes` output (a file, or - for stdin):
+        /// NodeName, NodeAddr, the first of Partitions as label `pool`.
+        #[arg(long, value_name = "FILE", conflicts_with = "inventory", required_unless_present = "inventory")]
+        slurm: Option<PathBuf>,
+        /// An INI inventory (Ansible's format): `[group]` sections, host lines
+        /// `name [ansible_host=ADDR] [key=value …]`; the group is label
+        /// `pool` unless the line sets one, `nightshift_standby=true` marks a spare.
+        #[arg(long, value_name = "FILE")]
+        inventory: Option<PathBuf>,
+        /// The fleet.yaml to write (merged with it when it exists).
+        #[arg(long, default_value = "fleet.yaml")]
+        out: PathBuf,
+        /// The agents' SSH port (fleet.yaml `defaults.port`).
+        #[arg(long, default_value_t = 2222)]
+        port: u16,
+        /// A label for every imported node (repeatable): key=value.
+        #[arg(long = "label", value_name = "KEY=VALUE")]
+        labels: Vec<String>,
+        /// Seconds to wait for each agent's host key.
+        #[arg(long, default_value_t = 5)]
+        timeout_secs: u64,
+        /// Write without asking (after reviewing the keys another way).
+        #[arg(long, short)]
+        yes: bool,
+        /// Write the nodes that answered and leave out the others (by
+        /// default one unreachable agent writes nothing).
+        #[arg(long)]
+        skip_unreachable: bool,
+        /// Accept host keys that differ from the ones in --out (a
+        /// reinstalled node; otherwise a sign of a machine in the middle).
+        #[arg(long)]
+        accept_changed: bool,
     },
 }
 

@@ -98,6 +98,29 @@ async fn real_main(cli: Cli) -> Result<u8> {
             init_logging("warn");
             cmd::control::holds_release(&cli, &out, node, *gpu, owner.as_deref(), hold.as_deref(), reason).await
         }
+        Command::Fleet(crate::args::FleetCmd::Import {
+            slurm,
+            inventory,
+            out: path,
+            port,
+            labels,
+            timeout_secs,
+            yes,
+            skip_unreachable,
+            accept_changed,
+        }) => {
+            init_logging("warn");
+            let opts = cmd::fleet::ImportOpts {
+                out: path.clone(),
+                port: *port,
+                labels: labels.clone(),
+                timeout: std::time::Duration::from_secs((*timeout_secs).max(1)),
+                yes: *yes,
+                skip_unreachable: *skip_unreachable,
+                accept_changed: *accept_changed,
+            };
+            cmd::fleet::import(&out, slurm.as_deref(), inventory.as_deref(), opts).await
+        }
         Command::Runs(crate::args::RunsCmd::Cancel { run }) => {
             init_logging("warn");
             cmd::control::runs_cancel(&cli, &out, run).await

@@ -31,10 +31,16 @@ pub fn engine_key(dir: &Path) -> Arc<PrivateKey> {
 
 /// An agent config for a sim node in `dir`, listening on a free loopback port.
 pub fn sim_agent_config(dir: &Path, node: &str, sim: SimConfig, extra_yaml: &str) -> AgentConfig {
+    sim_agent_config_at(dir, node, sim, extra_yaml, "127.0.0.1:0")
+}
+
+/// As [`sim_agent_config`], listening on `listen` (another loopback address:
+/// several agents on one port, as a fleet has).
+pub fn sim_agent_config_at(dir: &Path, node: &str, sim: SimConfig, extra_yaml: &str, listen: &str) -> AgentConfig {
     let node_dir = dir.join(node);
     std::fs::create_dir_all(&node_dir).unwrap();
     let text = format!(
-        "version: 1\nnode: {node}\nlisten_addr: 127.0.0.1:0\nstate_dir: {node}/state\nhost_key_path: {node}/host_key\n\
+        "version: 1\nnode: {node}\nlisten_addr: {listen}\nstate_dir: {node}/state\nhost_key_path: {node}/host_key\n\
          authorized_keys_path: engine_key.pub\nbackend: sim\nsim: {sim}\n\
          flush_caches: {{drop_caches_path: {node}/drop_caches, registry_dir: {node}/flush.d}}\n\
          configs:\n  nccl-env:\n    path: {node}/nccl.env\n{extra_yaml}",
@@ -50,6 +56,14 @@ impl TestAgent {
     pub async fn start(dir: &Path, node: &str, sim: SimConfig, extra_yaml: &str) -> TestAgent {
         let engine_key = engine_key(dir);
         let cfg = sim_agent_config(dir, node, sim, extra_yaml);
+        let started = runtime::start(&cfg, None).await.expect("agent starts");
+        TestAgent { started: Some(started), cfg, engine_key, dir: dir.to_path_buf() }
+    }
+
+    /// Start a sim agent listening on `listen`.
+    pub async fn start_at(dir: &Path, node: &str, sim: SimConfig, extra_yaml: &str, listen: &str) -> TestAgent {
+        let engine_key = engine_key(dir);
+        let cfg = sim_agent_config_at(dir, node, sim, extra_yaml, listen);
         let started = runtime::start(&cfg, None).await.expect("agent starts");
         TestAgent { started: Some(started), cfg, engine_key, dir: dir.to_path_buf() }
     }

@@ -562,3 +562,91 @@ async fn run_group(engine: &Engine, runbook: &str) -> (RunSummary, Vec<AuditReco
         .unwrap_or_else(|| panic!("{runbook} did not end"));
     (summary, engine.run_records(&id).unwrap())
 }
+
+/// `nightshift fleet import` against the real Slurm: its node list piped in
+/// from `scontrol --oneliner show nodes`, the host keys collected from the
+/// agents over SSH. An agent that does not answer writes nothing (unless
+/// --skip-unreachable), a host key that changed is refused (unless
+/// --accept-changed), and what it writes is an inventory the engine loads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_import_from_a_real_slurm() {
+    for (program, package) in
+        [("munged", "munge"), ("slurmctld", "slurmctld"), ("slurmd", "slurmd"), ("scontrol", "slurm-client")]
+    {
+        if require(program, package).is_none() {
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // gpu02 and gpu03 are known to Slurm at their own loopback addresses;
+    // only gpu02 runs an agent.
+    let slurm = Slurm::start_with(
+        &dir.path().join("slurm"),
+        "NodeName=gpu02 NodeAddr=127.0.0.2 CPUs=1 RealMemory=100 State=UNKNOWN\n\
+         NodeName=gpu03 NodeAddr=127.0.0.3 CPUs=1 RealMemory=100 State=UNKNOWN\n",
+        "",
+    );
+    let port = free_port();
+    let sim = SimConfig { gpus: 1, ..SimConfig::default() };
+    let a = TestAgent::start_at(dir.path(), "gpu01", sim.clone(), "", &format!("127.0.0.1:{port}")).await;
+    let mut b = TestAgent::start_at(dir.path(), "gpu02", sim.clone(), "", &format!("127.0.0.2:{port}")).await;
+    let nodes = slurm.scontrol(&["--oneliner", "show", "nodes"]);
+    assert!(nodes.status.success(), "{}", String::from_utf8_lossy(&nodes.stderr));
+    let fleet = dir.path().join("fleet.yaml");
+    let bin = nightshift_tests::external::workspace_bin_dir().join("nightshift");
+    let import = |extra: &[&str]| {
+        use std::io::Write;
+        let mut child = Command::new(&bin)
+            .args(["fleet", "import", "--slurm", "-", "--timeout-secs", "3", "--port", &port.to_string(), "--out"])
+            .arg(&fleet)
+            .args(extra)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(&nodes.stdout).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    };
+
+    // gpu03 has no agent: nothing is written.
+    let (code, text) = import(&["--yes"]);
+    assert_eq!(code, Some(4), "{text}");
+    assert!(text.contains("gpu03") && text.contains("unreachable"), "{text}");
+    assert!(!fleet.exists(), "nothing written while an agent is missing");
+
+    let (code, text) = import(&["--yes", "--skip-unreachable"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&a.fingerprint()) && text.contains(&b.fingerprint()), "every key is printed: {text}");
+    let inv = nightshift_engine::inventory::Inventory::load(&fleet).unwrap();
+    let got: Vec<(&str, &str, &str, Option<&str>)> = inv
+        .nodes
+        .iter()
+        .map(|n| (n.name.as_str(), n.address.as_str(), n.host_key.as_str(), n.labels.get("pool").map(String::as_str)))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("gpu01", "127.0.0.1", a.fingerprint().as_str(), Some("gpu")),
+            ("gpu02", "127.0.0.2", b.fingerprint().as_str(), Some("gpu"))
+        ]
+    );
+    assert_eq!(inv.defaults.port, port);
+
+    // gpu02 is reinstalled: a new host key. Refused until accepted.
+    let old_key = b.fingerprint();
+    b.stop().await;
+    std::fs::remove_file(dir.path().join("gpu02/host_key")).unwrap();
+    let b = TestAgent::start_at(dir.path(), "gpu02", sim, "", &format!("127.0.0.2:{port}")).await;
+    assert_ne!(b.fingerprint(), old_key);
+    let before = std::fs::read_to_string(&fleet).unwrap();
+    let (code, text) = import(&["--yes", "--skip-unreachable"]);
+    assert_eq!(code, Some(3), "{text}");
+    assert!(text.contains(&format!("CHANGED (was {old_key})")), "{text}");
+    assert_eq!(std::fs::read_to_string(&fleet).unwrap(), before, "a changed key writes nothing");
+    let (code, text) = import(&["--yes", "--skip-unreachable", "--accept-changed"]);
+    assert_eq!(code, Some(0), "{text}");
+    let inv = nightshift_engine::inventory::Inventory::load(&fleet).unwrap();
+    assert_eq!(inv.nodes[1].host_key, b.fingerprint());
+}

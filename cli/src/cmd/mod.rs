@@ -8,6 +8,7 @@ pub mod bench;
 pub mod control;
 pub mod decide;
 pub mod demo;
+pub mod fleet;
 pub mod run;
 pub mod runbooks;
 pub mod serve;

@@ -105,6 +105,43 @@ impl client::Handler for Pinning {
     }
 }
 
+/// Records the host key a server presents and refuses to go on: what
+/// `nightshift fleet import` uses to collect host keys (trust on first use,
+/// printed for a person to compare) without authenticating.
+struct Scanner {
+    seen: Arc<Mutex<Option<String>>>,
+}
+
+impl client::Handler for Scanner {
+    type Error = russh::Error;
+
+    async fn check_server_key(&mut self, key: &PublicKeyOrCertificate) -> Result<bool, Self::Error> {
+        let found = match key {
+            PublicKeyOrCertificate::PublicKey { key, .. } => crate::ssh::keys::fingerprint(key),
+            PublicKeyOrCertificate::Certificate(_) => "a certificate".to_string(),
+        };
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(found);
+        Ok(false)
+    }
+}
+
+/// The host key fingerprint (`SHA256:…`) the SSH server at `addr` presents.
+/// Nothing is authenticated or sent after the key exchange.
+pub async fn scan_host_key(addr: &str, timeout: Duration) -> Result<String, ClientError> {
+    let seen = Arc::new(Mutex::new(None));
+    let config = Arc::new(client::Config { inactivity_timeout: Some(timeout), nodelay: true, ..Default::default() });
+    let connect = client::connect(config, addr.to_string(), Scanner { seen: seen.clone() });
+    let result = tokio::time::timeout(timeout, connect).await;
+    if let Some(found) = seen.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        return Ok(found);
+    }
+    Err(match result {
+        Err(_) => ClientError::Timeout { addr: addr.to_string(), ms: timeout.as_millis() as u64 },
+        Ok(Err(e)) => ClientError::Connect { addr: addr.to_string(), message: e.to_string() },
+        Ok(Ok(_)) => ClientError::Connect { addr: addr.to_string(), message: "no host key was presented".into() },
+    })
+}
+
 /// One open SSH connection to an agent.
 pub struct AgentConnection {
     handle: client::Handle<Pinning>,
