@@ -154,7 +154,10 @@ pub enum Command {
     /// nightshift back with COMPLETE set).
     ///
     /// Example: nightshift completions bash > /etc/bash_completion.d/nightshift
-    Completions { shell: clap_complete::Shell },
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
     /// A simulated fleet, the engine and the web UI, with a fault script.
     ///
     /// Example: nightshift demo --nodes 8 --duration-secs 60
@@ -226,7 +229,10 @@ pub enum RunbooksCmd {
     /// Check manifests and scripts in a folder (file:line:column errors).
     ///
     /// Example: nightshift runbooks validate runbooks/
-    Validate { path: Option<PathBuf> },
+    Validate {
+        /// A runbook folder or one manifest (default: the config's runbook_dir, else ./runbooks).
+        path: Option<PathBuf>,
+    },
     /// Run the scenarios in <dir>/scenarios in virtual time.
     ///
     /// Example: nightshift runbooks test gpu-overheat --dir runbooks
@@ -653,5 +659,34 @@ mod unit_file_tests {
                 "{cmd}: expected serve or runbooks validate"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod help_tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every argument of every subcommand says what it is for (`--help`
+    /// with an empty line beside an argument helps no one at 3 a.m.).
+    #[test]
+    fn every_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if a.get_help().is_none_or(|h| h.to_string().trim().is_empty()) {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "nightshift", &mut missing);
+        assert!(missing.is_empty(), "arguments without help: {missing:#?}");
     }
 }

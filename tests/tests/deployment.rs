@@ -89,3 +89,159 @@ fn systemd_accepts_the_units() {
         assert!(out.status.success() && findings.is_empty(), "systemd-analyze verify {name}:\n{stderr}");
     }
 }
+
+/// `scripts/package-deb` builds both Debian packages from the workspace's
+/// binaries: `dpkg-deb --info` names them, their contents hold the binary,
+/// the unit (valid for systemd with the packaged paths), and for the engine
+/// the shipped runbooks it loads; the maintainer scripts parse, make the
+/// engine's user, and enable nothing.
+#[test]
+fn debian_packages_hold_what_they_say() {
+    let Some(dpkg_deb) = require("dpkg-deb", "dpkg") else { return };
+    let bins = workspace_bin_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new(root.join("scripts/package-deb"))
+        .arg("--bin-dir")
+        .arg(&bins)
+        .arg("--out")
+        .arg(dir.path())
+        .arg("--fast")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "package-deb: {}", String::from_utf8_lossy(&out.stderr));
+    let debs: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
+    assert_eq!(debs.len(), 2, "{debs:?}");
+    let version = env!("CARGO_PKG_VERSION");
+    for (pkg, bin, unit_name, depends) in [
+        ("nightshift-agent", "nightshift-agent", "nightshift-agent.service", "libc6"),
+        ("nightshift", "nightshift", "nightshift-engine.service", "libc6, adduser"),
+    ] {
+        let deb = debs.iter().find(|d| d.contains(&format!("/{pkg}_"))).unwrap_or_else(|| panic!("{pkg}: {debs:?}"));
+        let info = Command::new(&dpkg_deb).args(["--info", deb]).output().unwrap();
+        let info = String::from_utf8_lossy(&info.stdout).to_string();
+        println!("dpkg-deb --info {deb}\n{info}");
+        for want in [
+            format!("Package: {pkg}\n"),
+            format!("Version: {version}\n"),
+            format!("Depends: {depends}\n"),
+            "postinst".into(),
+            "prerm".into(),
+        ] {
+            assert!(info.contains(&want), "{pkg}: expected {want:?} in:\n{info}");
+        }
+        let x = dir.path().join(pkg);
+        for (flag, to) in [("-x", x.clone()), ("-e", x.join("DEBIAN"))] {
+            let st = Command::new(&dpkg_deb).arg(flag).arg(deb).arg(&to).status().unwrap();
+            assert!(st.success(), "dpkg-deb {flag} {deb}");
+        }
+        // The packaged binary runs.
+        let v = Command::new(x.join("usr/bin").join(bin)).arg("--version").output().unwrap();
+        assert!(v.status.success() && String::from_utf8_lossy(&v.stdout).contains(version), "{pkg} --version: {v:?}");
+        // The unit points at the packaged binary; systemd accepts it.
+        let unit_path = x.join("lib/systemd/system").join(unit_name);
+        let unit = std::fs::read_to_string(&unit_path).unwrap();
+        assert!(unit.contains(&format!("ExecStart=/usr/bin/{bin} ")), "{unit}");
+        assert!(!unit.contains("/usr/local/"), "{unit}");
+        if let Some(analyze) = require("systemd-analyze", "systemd") {
+            let local = dir.path().join(format!("check-{unit_name}"));
+            std::fs::create_dir_all(&local).unwrap();
+            let local = local.join(unit_name);
+            std::fs::write(&local, unit.replace("/usr/bin/", &format!("{}/", x.join("usr/bin").display()))).unwrap();
+            let o = Command::new(&analyze).args(["verify", "--man=no"]).arg(&local).current_dir("/").output().unwrap();
+            let stderr = String::from_utf8_lossy(&o.stderr);
+            let findings: Vec<&str> = stderr.lines().filter(|l| l.contains(unit_name)).collect();
+            assert!(o.status.success() && findings.is_empty(), "systemd-analyze verify {unit_name}:\n{stderr}");
+        }
+        // Maintainer scripts parse, and none enables or starts the unit.
+        for script in ["postinst", "prerm", "postrm"] {
+            let path = x.join("DEBIAN").join(script);
+            let st = Command::new("sh").arg("-n").arg(&path).status().unwrap();
+            assert!(st.success(), "{pkg} {script} does not parse");
+            let text = std::fs::read_to_string(&path).unwrap();
+            let commands: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.starts_with("echo")).collect();
+            assert!(
+                !commands.iter().any(|l| l.contains("systemctl enable") || l.contains("systemctl start")),
+                "{pkg} {script} enables and starts nothing: {text}"
+            );
+        }
+    }
+    // The engine's package carries the runbooks its units load, and makes its user.
+    let engine = dir.path().join("nightshift");
+    let v = Command::new(engine.join("usr/bin/nightshift"))
+        .args(["runbooks", "validate"])
+        .arg(engine.join("usr/share/nightshift/runbooks"))
+        .output()
+        .unwrap();
+    assert!(v.status.success(), "the packaged runbooks validate: {v:?}");
+    let postinst = std::fs::read_to_string(engine.join("DEBIAN/postinst")).unwrap();
+    assert!(postinst.contains("adduser --system --ingroup nightshift"), "{postinst}");
+}
+
+/// `examples/ansible/agents.yml` passes `ansible-playbook --syntax-check`,
+/// and the agent.yaml its template writes (rendered here by Ansible's own
+/// template module) is a config `nightshift-agent check-config` accepts.
+#[test]
+fn the_ansible_playbook_parses_and_writes_a_valid_agent_config() {
+    let Some(playbook) = require("ansible-playbook", "ansible-core") else { return };
+    let Some(ansible) = require("ansible", "ansible-core") else { return };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ansible");
+    let o = Command::new(&playbook)
+        .args(["--syntax-check", "-i"])
+        .arg(root.join("inventory.ini"))
+        .arg(root.join("agents.yml"))
+        .env("ANSIBLE_LOCALHOST_WARNING", "false")
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "ansible-playbook --syntax-check:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    std::fs::copy(root.join("../policy.yaml"), dir.path().join("policy.yaml")).unwrap();
+    let bins = workspace_bin_dir();
+    let agent = bins.join("nightshift-agent");
+    let k = Command::new(&agent).args(["keygen", "--out"]).arg(dir.path().join("engine_key")).output().unwrap();
+    assert!(k.status.success(), "{k:?}");
+    std::fs::copy(dir.path().join("engine_key.pub"), dir.path().join("authorized_keys")).unwrap();
+    std::fs::write(dir.path().join("nccl.conf"), "").unwrap();
+    let dest = dir.path().join("agent.yaml");
+    let vars = [
+        "nightshift_node_name=gpu-a01".to_string(),
+        "nightshift_listen_addr=127.0.0.1:2222".into(),
+        format!("nightshift_state_dir={d}/state"),
+        format!("nightshift_config_dir={d}"),
+        format!("nightshift_drop_caches_path={d}/drop_caches"),
+        format!("nightshift_nccl_conf={d}/nccl.conf"),
+        "nightshift_backend=sim".into(),
+        "nightshift_exporter_listen_addr=127.0.0.1:9400".into(),
+        "nightshift_scheduler=none".into(),
+    ];
+    let mut cmd = Command::new(&ansible);
+    cmd.args(["localhost", "-i", "localhost,", "-c", "local", "-m", "ansible.builtin.template", "-a"])
+        .arg(format!("src={} dest={}", root.join("templates/agent.yaml.j2").display(), dest.display()))
+        .env("ANSIBLE_LOCALHOST_WARNING", "false");
+    for v in &vars {
+        cmd.args(["-e", v]);
+    }
+    let o = cmd.output().unwrap();
+    assert!(
+        o.status.success(),
+        "ansible template:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let text = std::fs::read_to_string(&dest).unwrap();
+    assert!(text.contains("node: gpu-a01") && text.contains("exporter_listen_addr: 127.0.0.1:9400"), "{text}");
+    let o = Command::new(&agent).args(["check-config", "--config"]).arg(&dest).output().unwrap();
+    assert!(
+        o.status.success(),
+        "check-config of the rendered agent.yaml:\n{text}\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -501,6 +501,14 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_inventory_reads() {
+        let n = parse_inventory(include_str!("../../../examples/ansible/inventory.ini")).unwrap();
+        assert_eq!(n.len(), 9);
+        assert!(n.iter().any(|n| n.name == "gpu-a05" && n.standby && n.address == "10.0.1.5"));
+        assert!(n.iter().all(|n| n.labels.contains_key("rack") && n.labels.contains_key("pool")));
+    }
+
+    #[test]
     fn inventory_groups_ranges_and_vars() {
         let text = "# fleet\n[pool_a]\ngpu-a[01:03] rack=r1\ngpu-a09 ansible_host=10.0.0.9 ansible_user=root pool=special nightshift_standby=true\n\
                     [pool_a:vars]\nansible_python_interpreter=/usr/bin/python3\n[all:children]\npool_a\n";
