@@ -280,7 +280,7 @@ impl Local {
                 handbook: r.manifest.handbook.clone(),
                 trigger: r.manifest.trigger.kind().into(),
                 scope: format!("{:?}", r.manifest.scope).to_lowercase(),
-                input: r.manifest.trigger.input_source(),
+                input: r.manifest.input_source(),
                 manifest: serde_json::to_value(&r.manifest).unwrap_or(Value::Null),
                 script: r.script_source.clone(),
                 manifest_path: r.manifest_path.display().to_string(),

@@ -647,7 +647,7 @@ impl Core {
                 format!("{node} GPU {gpu} is {}", state.as_str()),
             ));
         }
-        if let Trigger::Alert { .. } = m.trigger {
+        if matches!(m.trigger, Trigger::Alert { .. }) || s.trigger == "alert" {
             s.event.get("fingerprint").and_then(Value::as_str)?;
             let resolved = self.table().episode_resolved(&s.event);
             return Some((

@@ -15,7 +15,7 @@ use crate::audit::{AuditRecord, NewRecord, RecordKind};
 use crate::core::Brain;
 use crate::engine::{Engine, EngineError, Ingested, RunRequest, Submitted};
 use crate::fleet::Node;
-use crate::manifest::{Scope, Trigger};
+use crate::manifest::Scope;
 use crate::metrics::{self, MetricId, ids};
 use crate::runbook::Runbook;
 use crate::runs::Target;
@@ -605,12 +605,13 @@ impl Engine {
         }
         let set = self.runbook_set();
         for rb in &set.runbooks {
-            let Trigger::Alert { alertname, matchers } = &rb.manifest.trigger else { continue };
-            if alertname != a.name() {
+            if !rb.manifest.alerts().any(|(name, _)| name == a.name()) {
                 continue;
             }
             *crate::core::lock(&self.core.counters.alert_evaluations).entry(rb.manifest.name.clone()).or_default() += 1;
-            if !matchers.iter().all(|(k, v)| a.labels.get(k) == Some(v)) {
+            let labels_match =
+                |m: &std::collections::BTreeMap<String, String>| m.iter().all(|(k, v)| a.labels.get(k) == Some(v));
+            if !rb.manifest.alerts().any(|(name, m)| name == a.name() && labels_match(m)) {
                 continue;
             }
             if !self.selector_matches(rb, &node) {

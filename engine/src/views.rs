@@ -211,7 +211,7 @@ impl Engine {
                 class: format!("{:?}", r.manifest.class).to_lowercase(),
                 priority: r.manifest.priority.as_str().into(),
                 mode: self.runbook_mode(&r.manifest.name).as_str().into(),
-                input: r.manifest.trigger.input_source(),
+                input: r.manifest.input_source(),
                 manifest_path: r.manifest_path.display().to_string(),
                 manifest: serde_json::to_value(&r.manifest).unwrap_or(Value::Null),
                 script_path: r.script_path.display().to_string(),

@@ -57,6 +57,43 @@ async fn the_same_alert_a_hundred_times_starts_one_run() {
     assert_eq!(f.engine.runs(&Default::default()).unwrap().runs.len(), 2);
 }
 
+/// One runbook, both kinds of start (`alert_triggers:` beside a telemetry
+/// trigger): the alert starts it; the telemetry trigger that fires a minute
+/// later finds the cooldown running and is suppressed, and so is the alert
+/// on a node whose telemetry started it first. A row never runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_trigger_and_a_telemetry_trigger_share_one_run() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "both",
+        "trigger:\n  type: threshold\n  metric: node.drained\n  below: 1\n  for_secs: 60\n\
+         alert_triggers: [{alertname: NodeHot}]\nscope: node\ncooldown_secs: 600\n",
+        "note(\"started\");\n",
+    );
+    let sim = start(vec![node("n1", "h100-sxm"), node("n2", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    f.engine.ingest_alertmanager(alert_payload("NodeHot", "n1", "fp-n1", now(f), "firing"), "alertmanager");
+    f.run_for(5).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    assert_eq!((runs[0].trigger.as_str(), runs[0].target.node.as_deref()), ("alert", Some("n1")));
+    // A minute on, the telemetry trigger fires on both nodes: n2 runs, n1 is cooling down.
+    f.run_for(120).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    let mut got: Vec<(String, String)> =
+        runs.iter().map(|r| (r.target.node.clone().unwrap_or_default(), r.trigger.clone())).collect();
+    got.sort();
+    assert_eq!(got, [("n1".to_string(), "alert".to_string()), ("n2".to_string(), "threshold".to_string())]);
+    // The alert for n2 now: suppressed, not a second run.
+    f.engine.ingest_alertmanager(alert_payload("NodeHot", "n2", "fp-n2", now(f), "firing"), "alertmanager");
+    f.run_for(30).await.unwrap();
+    assert_eq!(f.engine.runs(&Default::default()).unwrap().runs.len(), 2);
+    let suppressed: Vec<_> = records(f).into_iter().filter(|r| r.kind == RecordKind::TriggerSuppressed).collect();
+    assert!(suppressed.iter().any(|r| r.node.as_deref() == Some("n1")), "{suppressed:#?}");
+    assert!(suppressed.iter().any(|r| r.node.as_deref() == Some("n2")), "{suppressed:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_events_are_dropped_and_audited() {
     let rb = tempfile::tempdir().unwrap();

@@ -121,6 +121,49 @@ fn every_paging_rule_has_its_alert_runbook() {
     }
 }
 
+/// One folder serves a Prometheus shop: `runbooks/` starts each telemetry
+/// row from its paging rule too (`alert_triggers:`), names only alerts the
+/// rules define, for its own row, and keeps the rows only the engine's own
+/// triggers give (H3's short-window trend, H4's pool decisions).
+#[test]
+fn the_main_folder_answers_the_paging_rules_too() {
+    use nightshift_sim::scenario::load_runbooks;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let (set, _) = load_runbooks(&root.join("runbooks"));
+    assert!(set.errors.is_empty(), "{:?}", set.errors);
+    let rules: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(root.join("examples/prometheus-rules.yml")).unwrap()).unwrap();
+    let rule_row = |alert: &str| -> Option<String> {
+        rules["groups"].as_sequence()?.iter().flat_map(|g| g["rules"].as_sequence().into_iter().flatten()).find_map(
+            |r| {
+                (r["alert"].as_str() == Some(alert)).then(|| r["labels"]["handbook"].as_str().unwrap_or("").to_string())
+            },
+        )
+    };
+    let mut answered = Vec::new();
+    for r in &set.runbooks {
+        for (alert, _) in r.manifest.alerts() {
+            let row =
+                rule_row(alert).unwrap_or_else(|| panic!("{} answers {alert}, which no rule defines", r.manifest.name));
+            assert!(
+                r.manifest.rows().contains(&row.as_str()),
+                "{alert} is labelled {row}; {} is for {:?}",
+                r.manifest.name,
+                r.manifest.rows()
+            );
+            answered.push(row);
+        }
+    }
+    // Faults (H8) come from the agent's own telemetry and the durable fault
+    // lifecycle; every other row but H4 has its alert here.
+    for row in ["H1", "H3", "H5", "H6", "H7", "H9", "H10", "H11", "H12"] {
+        assert!(answered.iter().any(|r| r == row), "no runbook in runbooks/ answers {row}'s alert");
+    }
+    for must in ["gpu-temp-trend", "pool-scale-out", "pool-scale-in"] {
+        assert!(set.get(must).is_some(), "runbooks/ keeps {must}");
+    }
+}
+
 /// Issue-level promise: every row that applies to them is proven on an AMD
 /// MI300X and on an NVIDIA B200 (not only on the H100 the rows were first
 /// written for). H1's AMD case is H2's own row; H2 is the AMD row.

@@ -88,12 +88,12 @@ pub fn parse_slurm(text: &str) -> Result<Vec<Listed>, SourceError> {
         if line.trim().is_empty() {
             continue;
         }
-        if line.starts_with(char::is_whitespace) {
-            if let Some((_, r)) = records.last_mut() {
-                r.push(' ');
-                r.push_str(line.trim());
-                continue;
-            }
+        if line.starts_with(char::is_whitespace)
+            && let Some((_, r)) = records.last_mut()
+        {
+            r.push(' ');
+            r.push_str(line.trim());
+            continue;
         }
         records.push((i + 1, line.trim().to_string()));
     }
@@ -475,7 +475,8 @@ mod tests {
 
     #[test]
     fn bad_sources_say_where_and_what() {
-        let cases: &[(&str, fn(&str) -> Result<Vec<Listed>, SourceError>, &str)] = &[
+        type Parse = fn(&str) -> Result<Vec<Listed>, SourceError>;
+        let cases: &[(&str, Parse, &str)] = &[
             (
                 "Node gpu01 not found\n",
                 parse_slurm,

@@ -23,6 +23,13 @@ pub struct Manifest {
     #[serde(default)]
     pub handbook: Option<String>,
     pub trigger: Trigger,
+    /// Prometheus alerts that start this runbook too (beside `trigger`):
+    /// one folder serves a site whose paging is in Prometheus and the
+    /// engine's own triggers (pool scaling, trends) alike. Whichever comes
+    /// first runs; the other finds the run active or the cooldown running
+    /// and is recorded as suppressed, so a row never runs twice.
+    #[serde(default)]
+    pub alert_triggers: Vec<AlertTrigger>,
     pub scope: Scope,
     /// Which nodes the runbook applies to.
     #[serde(default)]
@@ -278,6 +285,38 @@ pub enum Trigger {
     Schedule { every_secs: u64 },
     /// Only from the CLI or web.
     Manual {},
+}
+
+/// An Alertmanager alert that starts a runbook (`alert_triggers:`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertTrigger {
+    pub alertname: String,
+    /// Labels the alert must carry, exactly.
+    #[serde(default)]
+    pub matchers: BTreeMap<String, String>,
+}
+
+impl Manifest {
+    /// Where this runbook's starts come from on a real fleet (one line):
+    /// its trigger's input, and the alerts of `alert_triggers`.
+    pub fn input_source(&self) -> String {
+        let mut s = self.trigger.input_source();
+        for a in &self.alert_triggers {
+            s.push_str(&format!("; or Alertmanager alert {}", a.alertname));
+        }
+        s
+    }
+
+    /// Every alert that starts this runbook: its `trigger` when that is an
+    /// alert, then `alert_triggers`.
+    pub fn alerts(&self) -> impl Iterator<Item = (&str, &BTreeMap<String, String>)> {
+        let own = match &self.trigger {
+            Trigger::Alert { alertname, matchers } => Some((alertname.as_str(), matchers)),
+            _ => None,
+        };
+        own.into_iter().chain(self.alert_triggers.iter().map(|a| (a.alertname.as_str(), &a.matchers)))
+    }
 }
 
 fn default_min_samples() -> usize {

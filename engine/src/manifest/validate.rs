@@ -82,6 +82,26 @@ impl Manifest {
                 _ => Ok(()),
             },
         };
+        let mut seen_alerts = std::collections::BTreeSet::new();
+        for (name, matchers) in self.alerts() {
+            if name.is_empty() {
+                return Err(err("alertname", "alertname: expected an alert name, found an empty string".into()));
+            }
+            if !seen_alerts.insert((name, matchers)) {
+                return Err(err(
+                    "alert_triggers",
+                    format!(
+                        "alert_triggers: expected each alert once, found {name} (with the same matchers) a second time"
+                    ),
+                ));
+            }
+        }
+        if !self.alert_triggers.is_empty() && self.scope == Scope::Group {
+            return Err(err(
+                "alert_triggers",
+                "alert_triggers: an alert targets a node or GPU, so the runbook's scope must be node or gpu, found group".into(),
+            ));
+        }
         match &self.trigger {
             Trigger::Threshold { above, below, clear_below, clear_above, average, for_secs, .. } => {
                 if *average && *for_secs == 0 {
