@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod browse;
 pub mod chart;
 pub mod error;
 pub mod extract;
@@ -109,7 +110,8 @@ pub fn router(engine: Engine) -> Router {
         .route("/runbooks/{name}", get(pages::runbook_page))
         .route("/runbooks/{name}/shadow", get(pages::shadow_page))
         .route("/approvals", get(pages::approvals_page))
-        .route("/audit", get(pages::audit_page))
+        .route("/audit", get(browse::page))
+        .route("/audit/records/{seq}", get(browse::record_page))
         .route("/login", get(pages::login_page).post(pages::login))
         .route("/logout", post(pages::logout))
         .route("/ui/runs/{id}/approve", post(pages::ui_approve))
@@ -145,6 +147,8 @@ pub fn router(engine: Engine) -> Router {
         .route("/api/v1/runbooks/{name}/mode", post(api::runbook_mode))
         .route("/api/v1/runbooks/{name}/shadow", get(api::shadow_report))
         .route("/api/v1/audit/records", get(api::records))
+        .route("/api/v1/audit/search", get(browse::api_search))
+        .route("/api/v1/audit/records/{seq}", get(browse::api_record))
         .route("/api/v1/audit/verify", get(api::verify))
         .route("/api/v1/audit/head", get(api::head))
         .route("/api/v1/audit/export", get(api::export))

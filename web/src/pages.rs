@@ -954,22 +954,6 @@ pub async fn approvals_page(State(s): State<AppState>, Viewer(who): Viewer) -> R
     Ok(layout("Approvals", "Approvals", Some(&who), body).into_response())
 }
 
-/// `/audit`: is the chain intact?
-pub async fn audit_page(State(s): State<AppState>, Viewer(who): Viewer) -> Result<Response, PageError> {
-    let v = s.engine.verify_in_background().await?;
-    let body = html! {
-        h1 { "Audit integrity" }
-        @if v.ok {
-            p.verdict.ok { "✓ Chain verified up to record " (v.verified_up_to) " (" (v.records) " records): every record links to the one before and matches its hash." }
-        } @else {
-            p.verdict.bad { "✗ The chain breaks at record " (v.first_bad_seq.unwrap_or(0)) ". Records 1–" (v.verified_up_to) " verify." }
-            p.error { (v.problem.clone().unwrap_or_default()) }
-        }
-        p { "Export the log: " a href="/api/v1/audit/export" { "JSONL" } " · " a href="/api/v1/audit/verify" { "verification as JSON" } }
-    };
-    Ok(layout("Audit", "Audit", Some(&who), body).into_response())
-}
-
 /// `/login`.
 pub async fn login_page() -> Response {
     layout(

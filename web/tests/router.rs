@@ -150,6 +150,10 @@ fn endpoints(run: &str) -> Vec<(&'static str, String, Role, Option<Value>)> {
         ("GET", "/runbooks/cap".into(), Role::Viewer, None),
         ("GET", "/approvals".into(), Role::Viewer, None),
         ("GET", "/audit".into(), Role::Viewer, None),
+        ("GET", "/audit?kind=run_finished&since=1h".into(), Role::Viewer, None),
+        ("GET", "/audit/records/1".into(), Role::Viewer, None),
+        ("GET", "/api/v1/audit/search?kind=action_result&limit=5".into(), Role::Viewer, None),
+        ("GET", "/api/v1/audit/records/1".into(), Role::Viewer, None),
         (
             "POST",
             "/api/v1/runs".into(),
@@ -981,4 +985,99 @@ async fn a_person_releases_a_hold_and_resumes_a_node_as_themselves() {
     assert!(v["error"]["message"].as_str().unwrap().contains("already finished"), "{v}");
     let (s, _) = call(&f, "POST", "/api/v1/runs/r999999-nope/cancel", Some(OPERATOR), None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+/// The record browser finds records by kind, node, run, actor and time,
+/// newest first, a page at a time, and shows one record with its link to
+/// the one before checked; a filter that does not parse says what it
+/// expected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_browser_filters_pages_and_links_records() {
+    let f = fixture().await;
+    let mut ids = Vec::new();
+    for (node, gpu) in [("gpu-a1", 0), ("gpu-a2", 1), ("gpu-a1", 2)] {
+        let (st, v) =
+            call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "cap", "node": node, "gpu": gpu})))
+                .await;
+        assert_eq!(st, StatusCode::ACCEPTED, "{v}");
+        ids.push(v["run"]["id"].as_str().unwrap().to_string());
+        settle(&f).await;
+    }
+    let search = |q: String| {
+        let f = &f;
+        async move {
+            let (st, v) = call(f, "GET", &format!("/api/v1/audit/search?{q}"), Some(VIEWER), None).await;
+            assert_eq!(st, StatusCode::OK, "{q}: {v}");
+            v
+        }
+    };
+    // By kind and node: the two runs' cap and release results on gpu-a1, newest first.
+    let v = search("kind=action_result&node=gpu-a1".into()).await;
+    let recs = v["records"].as_array().unwrap();
+    assert_eq!(recs.len(), 4, "{v}");
+    assert!(recs.iter().all(|r| r["kind"] == "action_result" && r["node"] == "gpu-a1"));
+    assert!(recs[0]["seq"].as_u64() > recs[1]["seq"].as_u64(), "newest first");
+    assert_eq!(recs[0]["run"], ids[2].as_str());
+    // By run: that run's records only.
+    let v = search(format!("run={}", ids[1])).await;
+    assert!(
+        v["records"].as_array().unwrap().iter().all(|r| r["run"] == ids[1].as_str())
+            && v["records"].as_array().unwrap().len() >= 3
+    );
+    // By actor, a bare name meaning user:<name>.
+    let v = search("actor=otto&kind=run_queued".into()).await;
+    assert_eq!(v["records"].as_array().unwrap().len(), 3, "{v}");
+    // Paging: one at a time, continuing where the last stopped.
+    let first = search("kind=run_finished&limit=1".into()).await;
+    let before = first["next_before_seq"].as_u64().unwrap();
+    let second = search(format!("kind=run_finished&limit=1&before_seq={before}")).await;
+    assert!(second["records"][0]["seq"].as_u64().unwrap() < first["records"][0]["seq"].as_u64().unwrap());
+    // Time: nothing until an hour ago.
+    let v = search("until=1h".into()).await;
+    assert!(v["records"].as_array().unwrap().is_empty(), "{v}");
+    // Refusals that say what was expected.
+    for (q, want) in [
+        ("kind=bogus", "kind: expected one of engine_started"),
+        (
+            "since=yesterday",
+            "since: expected an RFC 3339 time (2026-12-01T03:00:00Z) or an age (90s, 15m, 6h, 7d), found \"yesterday\"",
+        ),
+        ("limit=5000", "limit: expected a whole number up to 1000, found \"5000\""),
+        ("colour=red", "unknown field `colour`"),
+    ] {
+        let (st, v) = call(&f, "GET", &format!("/api/v1/audit/search?{q}"), Some(VIEWER), None).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{q}: {v}");
+        let msg = v["error"]["message"].as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+        assert!(msg.contains(want), "{q}: expected {want:?} in {v}");
+    }
+    // One record: its neighbours and the link to the one before, checked.
+    let seq = recs[0]["seq"].as_u64().unwrap();
+    let (st, v) = call(&f, "GET", &format!("/api/v1/audit/records/{seq}"), Some(VIEWER), None).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!((v["prev_seq"].as_u64(), v["links_to_prev"].as_bool()), (Some(seq - 1), Some(true)), "{v}");
+    let (st, _) = call(&f, "GET", "/api/v1/audit/records/999999", Some(VIEWER), None).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    // The pages.
+    let (st, page) = call(&f, "GET", &format!("/audit?kind=action_result&node=gpu-a1"), Some(VIEWER), None).await;
+    assert_eq!(st, StatusCode::OK);
+    let page = page.as_str().unwrap().to_string();
+    assert!(
+        page.contains("id=\"audit-records\"") && page.contains(&format!("href=\"/audit/records/{seq}\"")),
+        "{page}"
+    );
+    assert!(
+        page.contains("cap applied") || page.contains("set_power_limit applied"),
+        "a record reads in words: {page}"
+    );
+    // A tampered record's page says the chain breaks after it.
+    f.sim
+        .engine
+        .audit()
+        .tamper_for_tests(seq - 1, |b| {
+            let s = String::from_utf8(b.clone()).unwrap().replacen("\"hash\":\"", "\"hash\":\"00", 1);
+            *b = s.into_bytes();
+        })
+        .unwrap();
+    let (_, page) = call(&f, "GET", &format!("/audit/records/{seq}"), Some(VIEWER), None).await;
+    assert!(page.as_str().unwrap().contains("the chain breaks here"), "{page}");
 }

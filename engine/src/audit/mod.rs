@@ -28,7 +28,7 @@ use crate::runs::{RunOutcome, RunState, RunSummary};
 
 pub use log::{LOG_FILE, verify_log};
 pub use salvage::{SalvageReport, rebuild_summary, salvage};
-pub use store::{AuditStore, PgOptions};
+pub use store::{AuditStore, PgOptions, RecordPage, RecordQuery, SEARCH_SCAN};
 
 /// SHA-256 of `bytes`, hex.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {

@@ -335,6 +335,40 @@ pub(super) fn local_head(trees: &Trees, path: &Path) -> Result<(u64, String), Au
     })
 }
 
+/// The most records one search page reads (a filter that matches little
+/// pages through the log instead of reading all of it at once).
+pub const SEARCH_SCAN: u64 = 50_000;
+
+/// What the record browser asks for.
+#[derive(Debug, Clone, Default)]
+pub struct RecordQuery {
+    pub kind: Option<RecordKind>,
+    pub node: Option<String>,
+    pub run: Option<String>,
+    /// `user:alice`, `engine`, `person:bob` — or a bare name for `user:<name>`.
+    pub actor: Option<String>,
+    pub since_ms: Option<i64>,
+    pub until_ms: Option<i64>,
+    /// Only records older than this seq (the previous page's `next_before_seq`).
+    pub before_seq: Option<u64>,
+    pub limit: usize,
+}
+
+/// A page of the record browser, newest first.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RecordPage {
+    pub records: Vec<AuditRecord>,
+    /// Pass as `before_seq` for the next (older) page; `None`: no more.
+    pub next_before_seq: Option<u64>,
+    /// Records read for this page.
+    pub scanned: u64,
+}
+
+fn index_seq(r: Result<(sled::IVec, sled::IVec), sled::Error>) -> Result<u64, AuditError> {
+    let (k, _) = r.map_err(|e| AuditError::Read(e.to_string()))?;
+    Ok(u64::from_be_bytes(k[k.len().saturating_sub(8)..].try_into().unwrap_or([0; 8])))
+}
+
 impl AuditStore {
     /// Open (or create) the store in `dir`. Fails clearly when another
     /// process holds it.
@@ -561,6 +595,61 @@ impl AuditStore {
     /// The newest records about a node, newest first.
     pub fn node_records(&self, node: &str, limit: usize) -> Result<Vec<AuditRecord>, AuditError> {
         self.by_index(&self.trees.by_node, node, limit, true)
+    }
+
+    /// Records matching `q`, newest first, for the record browser: through
+    /// the run or node index when one is named, else a backward scan of at
+    /// most [`SEARCH_SCAN`] records per page. `next_before_seq` continues
+    /// the search where this page stopped (`None`: nothing older).
+    pub fn search(&self, q: &RecordQuery) -> Result<RecordPage, AuditError> {
+        let limit = q.limit.clamp(1, 1000);
+        let before = q.before_seq.unwrap_or(u64::MAX);
+        let keep = |r: &AuditRecord| {
+            q.kind.is_none_or(|k| r.kind == k)
+                && q.node.as_deref().is_none_or(|n| r.node.as_deref() == Some(n))
+                && q.run.as_deref().is_none_or(|n| r.run.as_deref() == Some(n))
+                && q.actor.as_deref().is_none_or(|a| r.actor == a || r.actor.strip_prefix("user:") == Some(a))
+                && q.since_ms.is_none_or(|t| r.ts_ms >= t)
+                && q.until_ms.is_none_or(|t| r.ts_ms <= t)
+        };
+        let mut page = RecordPage::default();
+        // The seqs to look at, newest first.
+        let seqs: Box<dyn Iterator<Item = Result<u64, AuditError>>> = match (&q.run, &q.node) {
+            (Some(run), _) => {
+                let mut p = run.as_bytes().to_vec();
+                p.push(0);
+                Box::new(self.trees.by_run.scan_prefix(&p).rev().map(index_seq))
+            }
+            (None, Some(node)) => {
+                let mut p = node.as_bytes().to_vec();
+                p.push(0);
+                Box::new(self.trees.by_node.scan_prefix(&p).rev().map(index_seq))
+            }
+            (None, None) => Box::new(self.trees.records.range(..before.to_be_bytes()).rev().map(|r| {
+                let (k, _) = r.map_err(|e| AuditError::Read(e.to_string()))?;
+                Ok(u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0; 8])))
+            })),
+        };
+        for seq in seqs {
+            let seq = seq?;
+            if seq >= before {
+                continue;
+            }
+            if page.scanned >= SEARCH_SCAN {
+                page.next_before_seq = Some(seq + 1);
+                break;
+            }
+            page.scanned += 1;
+            let Some(r) = self.get(seq)? else { continue };
+            if keep(&r) {
+                page.records.push(r);
+                if page.records.len() >= limit {
+                    page.next_before_seq = Some(seq);
+                    break;
+                }
+            }
+        }
+        Ok(page)
     }
 
     /// A run's summary.
