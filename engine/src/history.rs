@@ -1,6 +1,6 @@
 //! Plot history: a short, bounded record of every GPU's and node's main
-//! series (temperature, power, power limit, fan, utilisation, memory, and a
-//! few node readings), one point per `step_secs` bucket (the last sample in
+//! series (temperature, power, power limit, fan, utilisation, memory, the
+//! double-bit ECC and fatal XID counters, and a few node readings), one point per `step_secs` bucket (the last sample in
 //! it) for `keep_secs` — what the run and node pages draw. Separate from the
 //! trigger windows (`telemetry.rs`), which keep only what triggers need, at
 //! full rate.
@@ -24,6 +24,8 @@ pub const PLOTTED: &[MetricId] = &[
     ids::UTIL,
     ids::MEM_USED,
     ids::MEM_FRAG,
+    ids::ECC_DBE,
+    ids::XID_EVENTS,
     ids::CPU_UTIL,
     ids::P2P_LATENCY,
     ids::COMM_OVERHEAD,
@@ -36,6 +38,16 @@ const SERIES_PER_NODE: usize = 8 * 7 + 4;
 const SERIES_OVERHEAD_BYTES: u64 = 100;
 /// A point, with the ring's spare room at worst.
 const WORST_BYTES_PER_POINT: u64 = 16;
+
+/// Fault counters, kept as their changes only (a point when the value
+/// moves, at most [`STEPPED_POINTS`]): a step on the chart is the moment a
+/// fault landed, and a counter that never moves costs one point.
+pub const STEPPED: &[MetricId] = &[ids::ECC_DBE, ids::XID_EVENTS];
+/// Changes kept per counter.
+const STEPPED_POINTS: usize = 8;
+/// A node's counters at worst (8 GPUs, every change slot used).
+const STEPPED_BYTES_PER_NODE: u64 =
+    (8 * STEPPED.len()) as u64 * (SERIES_OVERHEAD_BYTES + STEPPED_POINTS as u64 * WORST_BYTES_PER_POINT);
 
 /// `(node index, gpu, metric)`.
 pub type Key = (u32, Option<u16>, MetricId);
@@ -65,7 +77,8 @@ impl History {
     /// the history and the step chosen.
     pub fn for_fleet(keep_secs: u64, step_secs: u64, nodes: usize, max_bytes: u64) -> (History, u64) {
         let series = (nodes.max(1) * SERIES_PER_NODE) as u64;
-        let per_series = (max_bytes / series).saturating_sub(SERIES_OVERHEAD_BYTES);
+        let for_series = max_bytes.saturating_sub(nodes.max(1) as u64 * STEPPED_BYTES_PER_NODE);
+        let per_series = (for_series / series).saturating_sub(SERIES_OVERHEAD_BYTES);
         let points = (per_series / WORST_BYTES_PER_POINT).max(1);
         let step = step_secs.max(1).max(keep_secs.div_ceil(points));
         (History::new(keep_secs, step), step)
@@ -82,6 +95,16 @@ impl History {
             return;
         }
         let secs = u32::try_from(ts_ms / 1000).unwrap_or(u32::MAX);
+        if STEPPED.contains(&key.2) {
+            let ring = self.series.entry(key).or_insert_with(|| VecDeque::with_capacity(2));
+            if ring.back().is_none_or(|last| last.1 != value as f32 && last.0 <= secs) {
+                ring.push_back((secs, value as f32));
+                while ring.len() > STEPPED_POINTS {
+                    ring.pop_front();
+                }
+            }
+            return;
+        }
         let bucket = ts_ms / self.step_ms;
         let cap = self.points.min(16);
         let ring = self.series.entry(key).or_insert_with(|| VecDeque::with_capacity(cap));
@@ -101,6 +124,9 @@ impl History {
     /// `(ts_ms, value)`.
     pub fn range(&self, key: Key, from_ms: i64, to_ms: i64) -> Vec<(i64, f64)> {
         let Some(ring) = self.series.get(&key) else { return Vec::new() };
+        if STEPPED.contains(&key.2) {
+            return stepped(ring, from_ms, to_ms);
+        }
         ring.iter()
             .map(|(s, v)| (i64::from(*s) * 1000, f64::from(*v)))
             .filter(|(t, _)| *t >= from_ms && *t <= to_ms)
@@ -115,6 +141,37 @@ impl History {
     pub fn is_empty(&self) -> bool {
         self.series.is_empty()
     }
+}
+
+/// A counter's changes drawn as steps over `[from_ms, to_ms]`: the value
+/// in force at `from_ms`, each change as a vertical step, the last value
+/// held to `to_ms`.
+fn stepped(ring: &VecDeque<(u32, f32)>, from_ms: i64, to_ms: i64) -> Vec<(i64, f64)> {
+    let at = |s: u32| i64::from(s) * 1000;
+    let mut out = Vec::new();
+    // The value in force at `from_ms`: the last change before it.
+    let mut current = ring.iter().take_while(|(s, _)| at(*s) < from_ms).last().map(|(_, v)| f64::from(*v));
+    if let Some(c) = current {
+        out.push((from_ms, c));
+    }
+    for (s, v) in ring {
+        let (t, v) = (at(*s), f64::from(*v));
+        if t < from_ms {
+            continue;
+        }
+        if t > to_ms {
+            break;
+        }
+        if let Some(c) = current {
+            out.push((t, c));
+        }
+        out.push((t, v));
+        current = Some(v);
+    }
+    if let Some(c) = current {
+        out.push((to_ms, c));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -152,14 +209,46 @@ mod tests {
         assert_eq!(h.len(), 0);
     }
 
+    /// A fault counter keeps its changes only and draws as steps: flat at
+    /// the value in force, straight up at the moment it moved.
+    #[test]
+    fn counters_keep_their_changes_and_draw_as_steps() {
+        let mut h = History::new(3600, 10);
+        let k = (0, Some(5), ids::ECC_DBE);
+        for s in 0..600 {
+            h.push(
+                k,
+                s * 1000,
+                if s < 300 {
+                    0.0
+                } else if s < 450 {
+                    1.0
+                } else {
+                    3.0
+                },
+            );
+        }
+        assert_eq!(h.len(), 3, "three values, three points");
+        assert_eq!(
+            h.range(k, 100_000, 599_000),
+            [(100_000, 0.0), (300_000, 0.0), (300_000, 1.0), (450_000, 1.0), (450_000, 3.0), (599_000, 3.0)]
+        );
+        assert_eq!(h.range(k, 500_000, 599_000), [(500_000, 3.0), (599_000, 3.0)], "the value in force");
+        for s in 600..700 {
+            h.push(k, s * 1000, s as f64);
+        }
+        assert_eq!(h.len(), STEPPED_POINTS, "a counter that keeps moving keeps its last changes");
+    }
+
     #[test]
     fn the_step_widens_to_fit_the_fleet_in_the_budget() {
         let mib = 1024 * 1024;
-        for (nodes, max_mib, expect_step) in [(10, 256, 10), (500, 256, 40), (10_000, 256, 1029), (10_000, 4096, 49)] {
+        for (nodes, max_mib, expect_step) in [(10, 256, 10), (500, 256, 40), (10_000, 256, 1271), (10_000, 4096, 50)] {
             let (h, step) = History::for_fleet(6 * 3600, 10, nodes, max_mib * mib);
             assert_eq!(step, expect_step, "{nodes} nodes in {max_mib} MiB");
-            let worst =
-                (nodes * SERIES_PER_NODE) as u64 * (SERIES_OVERHEAD_BYTES + h.points as u64 * WORST_BYTES_PER_POINT);
+            let worst = (nodes * SERIES_PER_NODE) as u64
+                * (SERIES_OVERHEAD_BYTES + h.points as u64 * WORST_BYTES_PER_POINT)
+                + nodes as u64 * STEPPED_BYTES_PER_NODE;
             assert!(worst <= max_mib * mib || step == 10, "{nodes} nodes: {worst} bytes at worst");
         }
     }

@@ -549,6 +549,48 @@ impl Engine {
         }
     }
 
+    /// Put an alert's resolution on the runs its episode started (the run
+    /// page and the audit then show when the condition cleared, whatever
+    /// the run's own outcome).
+    fn note_resolved(&self, a: &Alert, node: &str, actor: &str) {
+        let filter = crate::audit::RunFilter {
+            node: Some(node.to_string()),
+            since_ms: Some(a.starts_at_ms().saturating_sub(60_000)),
+            limit: Some(200),
+            ..Default::default()
+        };
+        let runs = match self.core.audit.runs(&filter) {
+            Ok(p) => p.runs,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot look up the runs of a resolved alert");
+                return;
+            }
+        };
+        let resolved_at = if a.ends_at.starts_with("0001-") { None } else { Some(a.ends_at.clone()) };
+        for r in runs.iter().filter(|r| {
+            r.event.get("fingerprint").and_then(Value::as_str) == Some(a.fingerprint.as_str())
+                && r.event.get("starts_at").and_then(Value::as_str) == Some(a.starts_at.as_str())
+        }) {
+            let text = format!(
+                "alert {} resolved{} (Alertmanager){}",
+                a.name(),
+                resolved_at.as_deref().map(|t| format!(" at {t}")).unwrap_or_default(),
+                if r.outcome.is_none() { "; the run goes on until its own steps end" } else { "" }
+            );
+            let rec = NewRecord::new(
+                RecordKind::Note,
+                actor,
+                json!({"text": text, "alert_resolved": {"alertname": a.name(), "fingerprint": a.fingerprint,
+                    "starts_at": a.starts_at, "ends_at": resolved_at}}),
+            )
+            .run(&r.id)
+            .node(Some(node));
+            if let Err(e) = self.core.audit.append_ordered(rec, None) {
+                tracing::error!(error = %e, run = %r.id, "cannot audit an alert's resolution on its run");
+            }
+        }
+    }
+
     async fn act_on_alert(&self, a: &Alert, poster: &str) {
         let a = a.clone();
         let host = a.host();
@@ -563,6 +605,9 @@ impl Engine {
                 now,
                 crate::runtable::RESOLVED_KEPT_MS,
             );
+            if let Some(node) = &node {
+                self.note_resolved(&a, &node.spec.name, &actor);
+            }
             return;
         }
         // A host label is data: checked against the fleet's charset before

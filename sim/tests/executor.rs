@@ -94,6 +94,42 @@ async fn an_alert_trigger_and_a_telemetry_trigger_share_one_run() {
     assert!(suppressed.iter().any(|r| r.node.as_deref() == Some("n2")), "{suppressed:#?}");
 }
 
+/// An alert's "resolved" lands on the run its episode started: a note on
+/// the run (audited as Alertmanager), whatever the run's outcome; another
+/// episode's resolution does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolved_alert_is_noted_on_its_run() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(rb.path(), "hot", HOT_ALERT, "note(\"looked\");\n");
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let t = now(f);
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "firing"), "alertmanager");
+    f.run_for(10).await.unwrap();
+    let run = f.engine.runs(&Default::default()).unwrap().runs.remove(0);
+    assert_eq!(run.outcome, Some(RunOutcome::Succeeded));
+    // Another episode of the same alert (an older startsAt) resolves: not this run's.
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t - 600_000, "resolved"), "alertmanager");
+    f.run_for(2).await.unwrap();
+    let resolved = |f: &nightshift_sim::fleet::SimFleet| {
+        f.engine
+            .run_records(&run.id)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.data.get("alert_resolved").is_some())
+            .collect::<Vec<_>>()
+    };
+    assert!(resolved(f).is_empty());
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "resolved"), "alertmanager");
+    f.run_for(2).await.unwrap();
+    let notes = resolved(f);
+    assert_eq!(notes.len(), 1, "{notes:#?}");
+    assert_eq!(notes[0].kind, RecordKind::Note);
+    assert_eq!(notes[0].actor, "alertmanager:alertmanager");
+    assert!(notes[0].data["text"].as_str().unwrap().starts_with("alert GpuHot resolved"), "{:?}", notes[0].data);
+    assert!(f.engine.verify().unwrap().ok);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_events_are_dropped_and_audited() {
     let rb = tempfile::tempdir().unwrap();

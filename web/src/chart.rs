@@ -96,7 +96,9 @@ pub fn chart(title: &str, series: &[Series], marks: &[Mark], from_ms: i64, to_ms
             // a 1 W wobble filling the chart.
             let (lo, hi) = widen(lo, hi, min_span(s.unit, hi));
             let pad = ((hi - lo) * 0.1).max(1.0);
-            (lo - pad, hi + pad)
+            // A count never goes below zero: no axis label of -1 errors.
+            let floor = if s.unit == "count" && lo >= 0.0 { 0.0 } else { f64::NEG_INFINITY };
+            ((lo - pad).max(floor), hi + pad)
         })
         .collect();
     let y = |v: f64, (lo, hi): (f64, f64)| TOP + (1.0 - (v - lo) / (hi - lo).max(1e-9)) * (H - TOP - BOTTOM);

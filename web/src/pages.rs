@@ -330,6 +330,65 @@ fn steps(records: &[AuditRecord]) -> Vec<Step<'_>> {
     out
 }
 
+/// A value with the unit its key names (`power_limit_watts` → `500 W`).
+fn with_unit(key: &str, v: &Value) -> String {
+    let n = match v {
+        Value::Number(n) => n.as_f64().map(|f| if f.fract() == 0.0 { format!("{f:.0}") } else { format!("{f:.1}") }),
+        Value::String(s) => Some(s.clone()),
+        Value::Bool(b) => Some(if *b { "on".into() } else { "off".into() }),
+        Value::Null => Some("none".into()),
+        _ => None,
+    };
+    let Some(n) = n else { return compact(v) };
+    let unit = [("_watts", " W"), ("_pct", " %"), ("_c", " °C"), ("_mhz", " MHz"), ("_secs", " s"), ("_mib", " MiB")]
+        .iter()
+        .find(|(suf, _)| key.ends_with(suf))
+        .map(|(_, u)| *u)
+        .unwrap_or("");
+    format!("{n}{unit}")
+}
+
+fn words(key: &str) -> String {
+    let k = ["_watts", "_pct", "_c", "_mhz", "_secs", "_mib"]
+        .iter()
+        .fold(key.to_string(), |k, suf| k.strip_suffix(suf).map(str::to_string).unwrap_or(k));
+    k.replace('_', " ")
+}
+
+/// An action's result as a sentence: each setting's before → after with
+/// its unit, what a release put back, whether the change is held.
+fn step_sentence(d: &Value) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    if let Some(settings) = d["after"]["settings"].as_array() {
+        parts.extend(settings.iter().filter_map(|s| s["detail"].as_str().map(str::to_string)));
+    }
+    if parts.is_empty()
+        && let Some(after) = d["after"].as_object()
+    {
+        for (k, a) in after {
+            if k == "released" || k == "settings" {
+                continue;
+            }
+            match d["before"].get(k) {
+                Some(b) if b != a => parts.push(format!("{} {} → {}", words(k), with_unit(k, b), with_unit(k, a))),
+                Some(_) => parts.push(format!("{} stays {}", words(k), with_unit(k, a))),
+                None => parts.push(format!("{} {}", words(k), with_unit(k, a))),
+            }
+        }
+    }
+    if parts.is_empty() && d["after"].is_null() && d["before"].is_null() {
+        return String::new();
+    }
+    if parts.is_empty() {
+        parts.push(format!("{} → {}", compact(&d["before"]), compact(&d["after"])));
+    }
+    let mut s = parts.join("; ");
+    if d["held"] == true {
+        s.push_str(" (held until the run releases it)");
+    }
+    s
+}
+
 /// A `hold_ended` record in one line: what, how it ended, what became of
 /// the setting.
 fn hold_ended_text(r: &AuditRecord) -> String {
@@ -407,6 +466,13 @@ fn run_charts(s: &AppState, run: &RunSummary, records: &[AuditRecord]) -> Markup
                 &marks, from, to, t0,
             ))
         }
+        @if let (Some(g), Some(fault)) = (gpu, run.event["fault"].as_str().filter(|_| run.trigger == "fault")) {
+            (chart(
+                &format!("{node} GPU {g}: fault counters (the {fault} fault)"),
+                &[series(ids::ECC_DBE, "double-bit ECC", "count", "fault", Some(g)), series(ids::XID_EVENTS, "fatal XIDs", "count", "limit", Some(g))],
+                &marks, from, to, t0,
+            ))
+        }
         @if let Some(m) = trigger.filter(|m| *m != ids::TEMPERATURE || gpu.is_none()) {
             @let def = metrics::metric(m);
             @let g = if def.gpu_scoped { gpu } else { None };
@@ -472,6 +538,9 @@ pub async fn run_page(
                     tr { th { "Runbook" } td { a href={"/runbooks/" (run.runbook)} { (run.runbook) } @if let Some(h) = &run.handbook { " " span.tag { (h) } } } }
                     tr { th { "Target" } td { @if let Some(n) = &run.target.node { a href={"/nodes/" (n)} { (run.target.to_string()) } } @else { (run.target.to_string()) } } }
                     tr { th { "Trigger" } td { (run.trigger) } }
+                    @if let Some(n) = records.iter().find(|r| r.data.get("alert_resolved").is_some()) {
+                        tr { th { "Alert" } td #alert-resolved { "resolved " (time(n.ts_ms)) } }
+                    }
                     tr { th { "Requested by" } td { (run.requested_by) } }
                     tr { th { "Created" } td { (time(run.created_ms)) } }
                     @if let Some(w) = run.waiting_for.as_deref().filter(|_| run.started_ms.is_none()) { tr { th { "Waiting for" } td { (w) } } }
@@ -517,7 +586,10 @@ pub async fn run_page(
                                             @if let Some(d) = r.data["detail"].as_str() { " " small { (d) } }
                                             @if let Some(e) = r.data["error"].as_str() { " " small.error { (e) } }
                                             }
-                                            td { code { (compact(&r.data["before"])) } " → " code { (compact(&r.data["after"])) } }
+                                            td {
+                                                (step_sentence(&r.data))
+                                                details.raw { summary { "JSON" } pre { (pretty(&r.data)) } }
+                                            }
                                             td.nowrap { (r.data["duration_ms"].as_i64().map(|ms| format!("{ms} ms")).unwrap_or_default()) }
                                         }
                                         None => { td { span.badge.running { "no result (in flight or interrupted)" } } td {} td {} }
@@ -702,6 +774,22 @@ pub async fn node_page(
                 now_ms - 3_600_000, now_ms, now_ms,
             ))
         }
+        @for g in 0..(n.gpus.len() as u32) {
+            @let dbe = s.engine.series(&name, Some(g), nightshift_engine::metrics::ids::ECC_DBE, now_ms - 3_600_000, now_ms);
+            @let xid = s.engine.series(&name, Some(g), nightshift_engine::metrics::ids::XID_EVENTS, now_ms - 3_600_000, now_ms);
+            // A counter that never moved draws a flat zero line: only GPUs with a fault in the hour get a chart.
+            @if dbe.iter().chain(&xid).any(|p| p.1 > 0.0) {
+                (crate::chart::chart(
+                    &format!("GPU {g}: fault counters"),
+                    &[
+                        crate::chart::Series { label: "double-bit ECC".into(), unit: "count", points: dbe, class: "fault" },
+                        crate::chart::Series { label: "fatal XIDs".into(), unit: "count", points: xid, class: "limit" },
+                    ],
+                    &fault_marks(&health, g),
+                    now_ms - 3_600_000, now_ms, now_ms,
+                ))
+            }
+        }
         h2 { "Holds in effect" }
         (holds_table(&held, now_ms, (who.role >= Role::Operator).then_some(name.as_str())))
         @if who.role >= Role::Operator && n.state.drained {
@@ -715,6 +803,32 @@ pub async fn node_page(
         div.scroll { table.runs { tbody { (run_rows(&recent.runs)) } } }
     };
     Ok(layout(&name, "Nodes", Some(&who), body).into_response())
+}
+
+/// Marks for a GPU's health changes (faulted, awaiting repair, …) from the
+/// node's health view.
+fn fault_marks(health: &serde_json::Value, gpu: u32) -> Vec<crate::chart::Mark> {
+    let mut out = Vec::new();
+    for g in health["gpus"].as_array().into_iter().flatten().filter(|g| g["gpu"].as_u64() == Some(gpu as u64)) {
+        // The lifecycle's moments (faulted, drained, …), else the state's start.
+        for (k, v) in g["lifecycle"]["timestamps"].as_object().into_iter().flatten() {
+            if let Some(ts) = v.as_i64().filter(|t| *t > 0) {
+                out.push(crate::chart::Mark {
+                    ts_ms: ts,
+                    label: k.trim_end_matches("_ms").replace('_', " "),
+                    class: "action",
+                });
+            }
+        }
+        if out.is_empty()
+            && let (Some(ts), Some(state)) = (g["since_ms"].as_i64().filter(|t| *t > 0), g["state"].as_str())
+            && state != "healthy"
+        {
+            out.push(crate::chart::Mark { ts_ms: ts, label: state.replace('_', " "), class: "action" });
+        }
+    }
+    out.sort_by_key(|m| m.ts_ms);
+    out
 }
 
 /// What is held on a node, from its agent (baselines included); when the
@@ -1174,6 +1288,35 @@ fn health_section(h: &serde_json::Value) -> Markup {
                 }
                 p.muted { "seconds from the fault being seen to each phase of its repair" }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod sentence_tests {
+    use super::step_sentence;
+    use serde_json::json;
+
+    #[test]
+    fn results_read_as_sentences() {
+        let cases = [
+            (
+                json!({"before": {"power_limit_watts": 700.0}, "after": {"power_limit_watts": 500.0}, "held": true}),
+                "power limit 700 W → 500 W (held until the run releases it)",
+            ),
+            (
+                json!({"after": {"released": ["h1"], "settings": [{"detail": "GPU 2 power limit back to its baseline (700 W)"}]}}),
+                "GPU 2 power limit back to its baseline (700 W)",
+            ),
+            (json!({"before": {"fan_pct": 60}, "after": {"fan_pct": 60}}), "fan stays 60 %"),
+            (
+                json!({"before": {"drained": false}, "after": {"drained": true, "reason": "dbe"}}),
+                "drained off → on; reason dbe",
+            ),
+            (json!({"ok": false}), ""),
+        ];
+        for (d, want) in cases {
+            assert_eq!(step_sentence(&d), want, "{d}");
         }
     }
 }

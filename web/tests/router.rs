@@ -753,6 +753,19 @@ async fn a_dbe_lifecycle_is_in_the_api_the_node_page_and_metrics() {
     let page = call(&f, "GET", "/nodes/g1", Some(VIEWER), None).await.1;
     let page = page.as_str().unwrap().to_string();
     assert!(page.contains("id=\"health\"") && page.contains("awaiting_repair"), "{page}");
+    // The fault chart: GPU 5's counter steps, marked with its lifecycle; the
+    // GPUs whose counters never moved get none.
+    let at = page.find("GPU 5: fault counters").unwrap_or_else(|| panic!("no fault chart: {page}"));
+    let fault_chart = &page[at..];
+    let fault_chart = &fault_chart[..fault_chart.find("</figure>").unwrap_or_else(|| panic!("{fault_chart}"))];
+    assert!(fault_chart.contains("<polyline") && fault_chart.contains("double-bit ECC"), "{fault_chart}");
+    assert!(fault_chart.contains("seen, quarantined"), "the lifecycle's moments are marked: {fault_chart}");
+    assert!(!page.contains("GPU 4: fault counters"), "{page}");
+    // The run's page charts its fault too.
+    let runs = call(&f, "GET", "/api/v1/runs?node=g1", Some(VIEWER), None).await.1;
+    let id = runs["runs"][0]["id"].as_str().unwrap().to_string();
+    let run_page = call(&f, "GET", &format!("/runs/{id}"), Some(VIEWER), None).await.1;
+    assert!(run_page.as_str().unwrap().contains("g1 GPU 5: fault counters (the dbe fault)"), "{run_page}");
     // Saying it was repaired without resetting it: the health check sends it
     // back, and says why.
     let (s, v) = call(&f, "POST", "/api/v1/nodes/g1/repaired", Some(VIEWER), Some(json!({"gpu": 5}))).await;
