@@ -233,7 +233,7 @@ async fn the_timeline_and_run_pages_in_chromium() {
     for needle in [
         "set_power_limit gpu=0 watts=450",
         "applied",
-        "power_limit_watts: 700 → power_limit_watts: 450",
+        "power limit 700 W → 450 W (held until the run releases it)",
         "capping GPU 0 to 450.0 W",
         "succeeded after 1 action",
     ] {
@@ -257,6 +257,45 @@ async fn the_timeline_and_run_pages_in_chromium() {
     }
     driver.go(&format!("{base}/nodes/gpu-a1")).await;
     driver.screenshot("node.png").await;
+
+    // A double-bit ECC error on gpu-a2's GPU 3: the node page charts the
+    // counter's step, marked with the fault's lifecycle.
+    {
+        use nightshift_proto::ssh::client::AgentTransport;
+        use nightshift_proto::{Op, Request, SimFault};
+        let c = b.client();
+        let r = c.call(Request::new("browser-dbe", Op::SimFault(SimFault::EccDbe { gpu: 3, count: 1 }))).await.unwrap();
+        assert!(r.ok, "{r:?}");
+    }
+    let mut charted = false;
+    for _ in 0..100 {
+        driver.go(&format!("{base}/nodes/gpu-a2")).await;
+        let text = driver.js("return document.body.innerText").await;
+        if text.as_str().unwrap_or("").contains("GPU 3: fault counters") {
+            charted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(charted, "the node page charts GPU 3's fault counters");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    driver.go(&format!("{base}/nodes/gpu-a2")).await;
+    driver
+        .js("for (const c of document.querySelectorAll('figcaption')) { if (c.innerText.includes('fault counters')) { c.parentElement.scrollIntoView(); window.scrollBy(0, -300); } } return 1")
+        .await;
+    driver.screenshot("node-fault.png").await;
+
+    // The audit browser: filter, open a record, see its link checked.
+    driver.go(&format!("{base}/audit?kind=action_result")).await;
+    let text = driver.js("return document.getElementById('audit-records').innerText").await;
+    let text = text.as_str().unwrap().to_string();
+    assert!(text.contains("set_power_limit applied") && !text.contains("run_started"), "{text}");
+    driver.screenshot("audit.png").await;
+    driver.js("document.querySelector('#audit-records a').click(); return 1").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let link = driver.js("return document.getElementById('record-link').innerText").await;
+    assert!(link.as_str().unwrap_or("").contains("equals record"), "{link}");
+    driver.screenshot("audit-record.png").await;
 
     // Anonymous mode (this server's) against a page on another local port:
     // it posts an alert with `no-cors` `text/plain`, a run to the JSON API,

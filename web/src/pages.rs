@@ -469,7 +469,7 @@ fn run_charts(s: &AppState, run: &RunSummary, records: &[AuditRecord]) -> Markup
         @if let (Some(g), Some(fault)) = (gpu, run.event["fault"].as_str().filter(|_| run.trigger == "fault")) {
             (chart(
                 &format!("{node} GPU {g}: fault counters (the {fault} fault)"),
-                &[series(ids::ECC_DBE, "double-bit ECC", "count", "fault", Some(g)), series(ids::XID_EVENTS, "fatal XIDs", "count", "limit", Some(g))],
+                &[series(ids::ECC_DBE, "double-bit ECC", "count", "fault", Some(g)), series(ids::XID_EVENTS, "fatal XIDs", "count", "xid", Some(g))],
                 &marks, from, to, t0,
             ))
         }
@@ -779,15 +779,15 @@ pub async fn node_page(
             @let xid = s.engine.series(&name, Some(g), nightshift_engine::metrics::ids::XID_EVENTS, now_ms - 3_600_000, now_ms);
             // A counter that never moved draws a flat zero line: only GPUs with a fault in the hour get a chart.
             @if dbe.iter().chain(&xid).any(|p| p.1 > 0.0) {
-                (crate::chart::chart(
+                div.faults id={"faults-gpu-" (g)} { (crate::chart::chart(
                     &format!("GPU {g}: fault counters"),
                     &[
                         crate::chart::Series { label: "double-bit ECC".into(), unit: "count", points: dbe, class: "fault" },
-                        crate::chart::Series { label: "fatal XIDs".into(), unit: "count", points: xid, class: "limit" },
+                        crate::chart::Series { label: "fatal XIDs".into(), unit: "count", points: xid, class: "xid" },
                     ],
                     &fault_marks(&health, g),
                     now_ms - 3_600_000, now_ms, now_ms,
-                ))
+                )) }
             }
         }
         h2 { "Holds in effect" }

@@ -1071,7 +1071,7 @@ async fn the_audit_browser_filters_pages_and_links_records() {
     let (st, _) = call(&f, "GET", "/api/v1/audit/records/999999", Some(VIEWER), None).await;
     assert_eq!(st, StatusCode::NOT_FOUND);
     // The pages.
-    let (st, page) = call(&f, "GET", &format!("/audit?kind=action_result&node=gpu-a1"), Some(VIEWER), None).await;
+    let (st, page) = call(&f, "GET", "/audit?kind=action_result&node=gpu-a1", Some(VIEWER), None).await;
     assert_eq!(st, StatusCode::OK);
     let page = page.as_str().unwrap().to_string();
     assert!(
