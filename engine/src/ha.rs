@@ -85,7 +85,16 @@ pub async fn migrate(db: &Client) -> Result<(), LeaseError> {
              term       bigint NOT NULL,
              expires_at timestamptz NOT NULL
          );
-         ALTER TABLE nightshift_lease ADD COLUMN IF NOT EXISTS url text NOT NULL DEFAULT ''",
+         ALTER TABLE nightshift_lease ADD COLUMN IF NOT EXISTS url text NOT NULL DEFAULT '';
+         CREATE TABLE IF NOT EXISTS nightshift_engines (
+             shard   text NOT NULL,
+             holder  text NOT NULL,
+             url     text NOT NULL DEFAULT '',
+             role    text NOT NULL,
+             term    bigint NOT NULL DEFAULT 0,
+             seen_at timestamptz NOT NULL,
+             PRIMARY KEY (shard, holder)
+         )",
     )
     .await?;
     Ok(())
@@ -230,6 +239,60 @@ pub async fn shards(db: &Client) -> Result<Vec<ShardRow>, LeaseError> {
             expires_in_ms: r.get(3),
             url: r.get(4),
             head_seq: r.get::<_, i64>(5) as u64,
+        })
+        .collect())
+}
+
+/// How long an engine that stopped announcing itself is still listed.
+pub const ENGINE_LISTED_SECS: i64 = 600;
+
+/// Say this engine is alive, in what role and term (every engine of a
+/// shard, leader and standbys, every few seconds): what `nightshift ha`
+/// lists. Rows not refreshed in a day are removed.
+pub async fn announce(db: &Client, cfg: &LeaseConfig, role: &str, term: u64) -> Result<(), LeaseError> {
+    db.execute(
+        "INSERT INTO nightshift_engines (shard, holder, url, role, term, seen_at) VALUES ($1, $2, $3, $4, $5, now())
+         ON CONFLICT (shard, holder) DO UPDATE SET url = EXCLUDED.url, role = EXCLUDED.role, term = EXCLUDED.term,
+             seen_at = EXCLUDED.seen_at",
+        &[&cfg.shard, &cfg.holder, &cfg.url, &role, &(term as i64)],
+    )
+    .await?;
+    db.execute("DELETE FROM nightshift_engines WHERE seen_at < now() - interval '1 day'", &[]).await?;
+    Ok(())
+}
+
+/// One engine of a shard as it last announced itself.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EngineRow {
+    pub shard: String,
+    pub holder: String,
+    pub url: String,
+    /// `leader`, `taking_over`, `standby`, `deposed` or `stopped`.
+    pub role: String,
+    pub term: u64,
+    /// Since its last announcement, by the database's clock.
+    pub seen_ms_ago: i64,
+}
+
+/// Every engine heard from in the last [`ENGINE_LISTED_SECS`], by shard.
+pub async fn engines(db: &Client) -> Result<Vec<EngineRow>, LeaseError> {
+    let rows = db
+        .query(
+            "SELECT shard, holder, url, role, term, (extract(epoch FROM (now() - seen_at)) * 1000)::bigint
+             FROM nightshift_engines WHERE seen_at > now() - $1 * interval '1 second'
+             ORDER BY shard, holder",
+            &[&(ENGINE_LISTED_SECS as f64)],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| EngineRow {
+            shard: r.get(0),
+            holder: r.get(1),
+            url: r.get(2),
+            role: r.get(3),
+            term: r.get::<_, i64>(4) as u64,
+            seen_ms_ago: r.get(5),
         })
         .collect())
 }

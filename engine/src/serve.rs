@@ -80,7 +80,10 @@ pub async fn start_with_clock(config: EngineConfig, clock: SharedClock) -> Resul
         Some(l) => {
             tracing::info!(shard = %l.cfg.shard, holder = %l.cfg.holder, "standing by: campaigning for the shard's lease");
             let e = engine.clone();
+            let l2 = l.clone();
             tokio::spawn(async move { lease_loop(e, l).await });
+            let e = engine.clone();
+            tokio::spawn(async move { announce_loop(e, l2).await });
         }
     }
     Ok(engine)
@@ -193,6 +196,46 @@ async fn activate(engine: &Engine) -> Result<(), StartError> {
 /// the engine is then deposed — it writes and sends nothing more, cancels
 /// its runs and says so (`nightshift serve` exits for its service manager to
 /// start it again, as a standby). A shutdown hands the lease back at once.
+/// Tell the database this engine is alive and in what role, every couple
+/// of seconds, on a connection of its own (the lease loop's renewals stay
+/// one round trip each); at shutdown, that it stopped.
+async fn announce_loop(engine: Engine, l: Arc<Leadership>) {
+    let Some(pg) = engine.audit().postgres().cloned() else { return };
+    let mut shutdown = engine.shutdown_signal();
+    let mut db: Option<tokio_postgres::Client> = None;
+    let every = l.cfg.renew_every.max(Duration::from_secs(2));
+    loop {
+        let stopping = *shutdown.borrow();
+        if db.as_ref().is_none_or(|c| c.is_closed()) {
+            db =
+                tokio::time::timeout(Duration::from_secs(5), crate::audit::pg::connect(&pg.url, pg.ca_file.as_deref()))
+                    .await
+                    .ok()
+                    .and_then(Result::ok);
+        }
+        if let Some(c) = &db {
+            let st = engine.ha_status();
+            let role = if stopping { "stopped" } else { st.role };
+            let r = tokio::time::timeout(
+                Duration::from_secs(5),
+                crate::ha::announce(c, &l.cfg, role, st.term.unwrap_or(0)),
+            )
+            .await;
+            if !matches!(r, Ok(Ok(()))) {
+                tracing::debug!("could not announce this engine in nightshift_engines (retrying)");
+                db = None;
+            }
+        }
+        if stopping {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
 async fn lease_loop(engine: Engine, l: Arc<Leadership>) {
     let pg = match engine.audit().postgres() {
         Some(p) => p.clone(),

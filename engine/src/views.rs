@@ -567,6 +567,15 @@ impl Engine {
         crate::ha::shards(&db).await.map_err(|e| e.to_string())
     }
 
+    /// Every engine of every shard, as each last announced itself.
+    pub async fn ha_engines(&self) -> Result<Vec<crate::ha::EngineRow>, String> {
+        if self.core.audit.postgres().is_none() {
+            return Ok(Vec::new());
+        }
+        let db = self.pg_reader().await?;
+        crate::ha::engines(&db).await.map_err(|e| e.to_string())
+    }
+
     /// Leadership as this engine sees it.
     pub fn ha_status(&self) -> HaStatus {
         let takeover = self.core.counters.failover_ms.load(std::sync::atomic::Ordering::SeqCst);

@@ -106,6 +106,28 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
     })
     .await;
 
+    // `nightshift ha` through the standby lists both engines of the shard
+    // with their roles, not only the leader.
+    until("both engines announced", &b, async || {
+        let v = ha(&http, &ub).await;
+        let roles: Vec<&str> =
+            v["engines"].as_array().into_iter().flatten().filter_map(|e| e["role"].as_str()).collect();
+        roles.contains(&"leader") && roles.contains(&"standby")
+    })
+    .await;
+    let out = std::process::Command::new(workspace_bin_dir().join("nightshift"))
+        .args(["--server", &ub, "--token", OPERATOR, "--no-color", "ha"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let (ha_a, ha_b) = (ha(&http, &ua).await, ha(&http, &ub).await);
+    for (engine, role) in [(&ha_a, "leader"), (&ha_b, "standby")] {
+        let holder = engine["holder"].as_str().unwrap();
+        let line = text.lines().find(|l| l.contains(holder) && l.contains(role));
+        assert!(line.is_some(), "`nightshift ha` lists {holder} as {role}:\n{text}");
+    }
+
     // 1. Forwarded as the operator, checked by the standby.
     let post = |url: &str| {
         http.post(format!("{url}/api/v1/runs"))

@@ -751,5 +751,9 @@ pub async fn ha(State(s): State<AppState>, _: Viewer) -> Response {
         Ok(shards) => v["shards"] = json!(shards),
         Err(e) => v["shards_error"] = json!(e),
     }
+    match s.engine.ha_engines().await {
+        Ok(engines) => v["engines"] = json!(engines),
+        Err(e) => v["engines_error"] = json!(e),
+    }
     Json(v).into_response()
 }

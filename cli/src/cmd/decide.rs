@@ -83,6 +83,50 @@ pub async fn ha(cli: &Cli, out: &Out) -> Result<u8> {
     if !rows.is_empty() {
         out.table(&["SHARD", "LEADER", "TERM", "LEASE LEFT", "RECORDS", "URL"], &rows);
     }
+    // Every engine of every shard, leader and standbys, as each announced itself.
+    let leaders: Vec<(String, String)> = v["shards"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["expires_in_ms"].as_i64().unwrap_or(-1) > 0)
+        .map(|r| (r["shard"].as_str().unwrap_or("").to_string(), r["holder"].as_str().unwrap_or("").to_string()))
+        .collect();
+    let engines: Vec<Vec<String>> = v["engines"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let (shard, holder) = (e["shard"].as_str().unwrap_or(""), e["holder"].as_str().unwrap_or(""));
+            let role = e["role"].as_str().unwrap_or("?");
+            let holds = leaders.iter().any(|(s, h)| s == shard && h == holder);
+            let ago = e["seen_ms_ago"].as_i64().unwrap_or(0);
+            vec![
+                shard.to_string(),
+                holder.to_string(),
+                match (role, holds) {
+                    ("leader", true) => out.green("leader"),
+                    ("leader", false) => out.yellow("leader (lease lost)"),
+                    ("standby", _) => "standby".to_string(),
+                    ("stopped", _) => out.dim("stopped"),
+                    (r, _) => out.yellow(r),
+                },
+                e["term"].as_u64().filter(|t| *t > 0).map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
+                if ago > 15_000 {
+                    out.red(&format!("{} s ago", ago / 1000))
+                } else {
+                    format!("{:.1} s ago", ago as f64 / 1000.0)
+                },
+                e["url"].as_str().unwrap_or("").to_string(),
+            ]
+        })
+        .collect();
+    if let Some(e) = v["engines_error"].as_str() {
+        outln!("engines: cannot read them: {e}");
+    }
+    if !engines.is_empty() {
+        outln!();
+        out.table(&["SHARD", "ENGINE", "ROLE", "TERM", "SEEN", "URL"], &engines);
+    }
     Ok(0)
 }
 
