@@ -128,6 +128,16 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
         assert!(line.is_some(), "`nightshift ha` lists {holder} as {role}:\n{text}");
     }
 
+    // `agents list` through the standby: the agent is the leader's, not "unreachable".
+    let out = std::process::Command::new(workspace_bin_dir().join("nightshift"))
+        .args(["--server", &ub, "--token", OPERATOR, "--no-color", "agents", "list"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let leader = ha_a["holder"].as_str().unwrap();
+    assert!(out.status.success() && text.contains(&format!("the leader's ({leader})")), "{text}");
+    assert!(!text.contains("unreachable"), "{text}");
+
     // 1. Forwarded as the operator, checked by the standby.
     let post = |url: &str| {
         http.post(format!("{url}/api/v1/runs"))

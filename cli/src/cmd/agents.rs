@@ -16,6 +16,25 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
                 outln!("{}", serde_json::to_string_pretty(&nodes)?);
                 return Ok(0);
             }
+            // A standby connects to no agent: they are its leader's.
+            let standby_of = match c {
+                Conn::Remote(_) => c.ha().await.ok().filter(|v| v["role"] == "standby").map(|v| {
+                    (
+                        v["leader"]["holder"].as_str().unwrap_or("none yet").to_string(),
+                        v["leader"]["url"].as_str().unwrap_or("").to_string(),
+                    )
+                }),
+                Conn::Local(_) => None,
+            };
+            if let Some((holder, url)) = &standby_of {
+                outln!(
+                    "{}",
+                    out.dim(&format!(
+                        "this engine is a standby: the agents are connected to the leader, {holder}{}",
+                        if url.is_empty() { String::new() } else { format!(" ({url})") }
+                    ))
+                );
+            }
             let rows: Vec<Vec<String>> = nodes
                 .iter()
                 .map(|n| {
@@ -37,7 +56,11 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
                     vec![
                         n.name.clone(),
                         n.address.clone(),
-                        if n.state.connected { out.green("connected") } else { out.red("unreachable") },
+                        match (&standby_of, n.state.connected) {
+                            (_, true) => out.green("connected"),
+                            (Some((holder, _)), false) => out.dim(&format!("the leader's ({holder})")),
+                            (None, false) => out.red("unreachable"),
+                        },
                         drain,
                         hottest.map(|t| format!("{t:.1} °C")).unwrap_or_else(|| "—".into()),
                         n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","),
