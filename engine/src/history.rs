@@ -133,6 +133,43 @@ impl History {
             .collect()
     }
 
+    /// The step and how long points are kept, in ms.
+    pub fn step_ms(&self) -> i64 {
+        self.step_ms
+    }
+    pub fn keep_ms(&self) -> i64 {
+        self.step_ms.saturating_mul(self.points as i64)
+    }
+
+    /// An empty history with this one's step and length.
+    pub fn like(&self) -> History {
+        History { step_ms: self.step_ms, points: self.points, series: HashMap::new() }
+    }
+
+    /// Put `older`'s points before this history's own (a history rebuilt
+    /// from Prometheus after a takeover, merged under what arrived live
+    /// since): for each series, the older points before its first one,
+    /// then its own, the oldest dropped past the length.
+    pub fn merge_older(&mut self, older: History) {
+        for (key, old) in older.series {
+            let ring = self.series.entry(key).or_default();
+            let first = ring.front().map(|p| p.0);
+            let mut merged: VecDeque<(u32, f32)> = old.into_iter().filter(|p| first.is_none_or(|f| p.0 < f)).collect();
+            if STEPPED.contains(&key.2)
+                && let (Some(a), Some(b)) = (merged.back(), ring.front())
+                && a.1 == b.1
+            {
+                ring.pop_front();
+            }
+            merged.extend(ring.drain(..));
+            let cap = if STEPPED.contains(&key.2) { STEPPED_POINTS } else { self.points };
+            while merged.len() > cap {
+                merged.pop_front();
+            }
+            *ring = merged;
+        }
+    }
+
     /// Points held, in all.
     pub fn len(&self) -> usize {
         self.series.values().map(VecDeque::len).sum()
@@ -238,6 +275,31 @@ mod tests {
             h.push(k, s * 1000, s as f64);
         }
         assert_eq!(h.len(), STEPPED_POINTS, "a counter that keeps moving keeps its last changes");
+    }
+
+    /// Rebuilt points go under the live ones: older before, nothing
+    /// overlapping, a counter's equal value at the seam kept once.
+    #[test]
+    fn an_older_history_merges_under_the_live_one() {
+        let mut live = History::new(3600, 10);
+        let t = (0, Some(0), ids::TEMPERATURE);
+        let c = (0, Some(0), ids::ECC_DBE);
+        for s in 600..700 {
+            live.push(t, s * 1000, 70.0);
+        }
+        live.push(c, 600_000, 1.0);
+        let mut old = live.like();
+        for s in 0..650 {
+            old.push(t, s * 1000, 50.0);
+        }
+        old.push(c, 0, 0.0);
+        old.push(c, 300_000, 1.0);
+        live.merge_older(old);
+        let pts = live.range(t, 0, i64::MAX);
+        assert_eq!(pts.first(), Some(&(9_000, 50.0)), "older points first (last of each bucket)");
+        assert!(pts.windows(2).all(|w| w[0].0 < w[1].0), "in order, no overlap");
+        assert_eq!(pts.iter().filter(|p| p.1 == 50.0).count(), 60, "only the points before the live ones");
+        assert_eq!(live.range(c, 0, 700_000), [(0, 0.0), (300_000, 0.0), (300_000, 1.0), (700_000, 1.0)]);
     }
 
     #[test]

@@ -241,6 +241,41 @@ impl Engine {
         st
     }
 
+    /// Rebuild the plot history from recorded samples (a Prometheus range
+    /// query at takeover or start): into the history only — no trigger
+    /// sees them — under whatever arrived live meanwhile. Returns the
+    /// points kept.
+    pub fn backfill_history(&self, samples: &[crate::sources::PromSample]) -> usize {
+        let now = self.core.now();
+        // One timestamp at a time: the framebuffer pair makes memory per instant.
+        let mut by_ts: std::collections::BTreeMap<i64, Vec<crate::sources::PromSample>> = Default::default();
+        for s in samples {
+            by_ts.entry(s.ts_ms.unwrap_or(now)).or_default().push(s.clone());
+        }
+        let mut older = crate::core::lock(&self.core.history).like();
+        let mut kept = 0;
+        for (_, group) in by_ts {
+            let (mapped, _) =
+                crate::sources::map_samples(&group, now, &|h| self.has_node(h), &|n, u| self.gpu_by_uuid(n, u));
+            for (node, gpu, metric, ts, v) in &mapped {
+                if let (Some(n), true) = (self.core.fleet.get(node), crate::history::History::plotted(*metric))
+                    && let Ok(gpu) = gpu.map(u16::try_from).transpose()
+                {
+                    older.push((n.idx, gpu, *metric), *ts, *v);
+                    kept += 1;
+                }
+            }
+        }
+        crate::core::lock(&self.core.history).merge_older(older);
+        kept
+    }
+
+    /// The plot history's step and length, ms.
+    pub fn history_span_ms(&self) -> (i64, i64) {
+        let h = crate::core::lock(&self.core.history);
+        (h.step_ms(), h.keep_ms())
+    }
+
     /// A pull from a source failed.
     pub fn count_source_error(&self) {
         self.core.counters.source_errors.fetch_add(1, Ordering::Relaxed);

@@ -162,6 +162,17 @@ async fn activate(engine: &Engine) -> Result<(), StartError> {
         let e = engine.clone();
         engine.add_task(tokio::spawn(async move { pull_loop(e, src, is_prometheus).await }));
     }
+    // The charts of the hours before this engine led (a takeover, a
+    // restart): rebuilt from Prometheus when it is a source.
+    if let Some(src) = config.sources.prometheus.clone() {
+        let e = engine.clone();
+        engine.add_task(tokio::spawn(async move {
+            match backfill_history(&e, &src.url, Duration::from_secs(src.timeout_secs.max(30))).await {
+                Ok(points) => tracing::info!(points, url = %src.url, "plot history rebuilt from Prometheus"),
+                Err(e) => tracing::warn!(error = %e, "plot history not rebuilt from Prometheus (charts start now)"),
+            }
+        }));
+    }
     if let Some(every) = config.notifications.audit_anchor_every_secs {
         let e = engine.clone();
         engine.add_task(tokio::spawn(async move {
@@ -861,6 +872,33 @@ async fn pull_loop(engine: Engine, src: crate::config::PullSource, is_prometheus
             }
         }
     }
+}
+
+/// One range query over the plot history's length, at its step, into the
+/// history. Returns the points kept.
+pub async fn backfill_history(engine: &Engine, url: &str, timeout: Duration) -> Result<usize, String> {
+    let (step_ms, keep_ms) = engine.history_span_ms();
+    if keep_ms == 0 {
+        return Ok(0);
+    }
+    let end = engine.clock().now_ms() / 1000;
+    let start = end - keep_ms / 1000;
+    let step = (step_ms / 1000).max(1);
+    let http = reqwest::Client::builder().timeout(timeout).build().map_err(|e| e.to_string())?;
+    let resp = http
+        .get(format!("{}/api/v1/query_range", url.trim_end_matches('/')))
+        .query(&[
+            ("query", crate::sources::plotted_query()),
+            ("start", start.to_string()),
+            ("end", end.to_string()),
+            ("step", format!("{step}s")),
+        ])
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    let body = resp.bytes().await.map_err(|e| format!("{url}: {e}"))?;
+    let samples = crate::sources::parse_range_response(url, &body).map_err(|e| e.to_string())?;
+    Ok(engine.backfill_history(&samples))
 }
 
 /// One pull.

@@ -109,6 +109,50 @@ pub fn prometheus_query() -> String {
     format!("{{__name__=~\"{}\"}}", DCGM_NAMES.join("|"))
 }
 
+/// The range query that rebuilds the plot history: the names whose metric
+/// is plotted (and the framebuffer pair for memory).
+pub fn plotted_query() -> String {
+    let names: Vec<&str> = DCGM_NAMES
+        .iter()
+        .copied()
+        .filter(|n| match dcgm_metric(n) {
+            Some(DcgmField::Metric(m)) => crate::history::History::plotted(m),
+            Some(DcgmField::FbUsed | DcgmField::FbFree) => true,
+            _ => false,
+        })
+        .collect();
+    format!("{{__name__=~\"{}\"}}", names.join("|"))
+}
+
+/// Parse a `/api/v1/query_range` response (a matrix): one sample per value.
+pub fn parse_range_response(url: &str, body: &[u8]) -> Result<Vec<PromSample>, SourceError> {
+    let bad = |found: String| SourceError::Response { url: url.to_string(), found };
+    let v: Value = serde_json::from_slice(body).map_err(|e| bad(format!("invalid JSON ({e})")))?;
+    if v["status"] != "success" {
+        return Err(bad(format!("status {} ({})", v["status"], v["error"])));
+    }
+    if v["data"]["resultType"] != "matrix" {
+        return Err(bad(format!("resultType {} (expected matrix)", v["data"]["resultType"])));
+    }
+    let mut out = Vec::new();
+    for r in v["data"]["result"].as_array().into_iter().flatten() {
+        let Some(metric) = r["metric"].as_object() else { continue };
+        let labels: BTreeMap<String, String> =
+            metric.iter().filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string()))).collect();
+        let Some(name) = labels.get("__name__").cloned() else { continue };
+        for p in r["values"].as_array().into_iter().flatten() {
+            let (Some(ts), Some(val)) = (p[0].as_f64(), p[1].as_str().and_then(parse_value)) else { continue };
+            out.push(PromSample {
+                name: name.clone(),
+                labels: labels.clone(),
+                value: val,
+                ts_ms: Some((ts * 1000.0).round() as i64),
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// Parse the text exposition format. Lines that do not parse are counted in
 /// the second value, not fatal.
 pub fn parse_exposition(text: &str) -> (Vec<PromSample>, usize) {

@@ -165,3 +165,76 @@ fn a_backtest_on_recorded_history_finds_the_fires_and_nothing_else() {
     let page = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
     assert!(page.contains("gpu-overheat") && page.contains("bt1/gpu3"), "{page}");
 }
+
+/// The charts survive a takeover (or a restart): an engine whose source
+/// is Prometheus rebuilds its plot history from it when it starts leading.
+/// Two recorded hours of one GPU — a flat 58 °C and a double-bit ECC error
+/// an hour in — show on the node's charts of an engine that just started,
+/// and its triggers never saw them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plot_history_is_rebuilt_from_prometheus_when_an_engine_starts_leading() {
+    use nightshift_engine::metrics::ids;
+    let Some(promtool) = require("promtool", "prometheus") else { return };
+    let Some(prometheus) = require("prometheus", "prometheus") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let (start_s, end_s) = ((now_s - 3 * 3600) / STEP * STEP, (now_s - 4200) / STEP * STEP);
+    let dbe_s = start_s + 3600;
+    let mut om = String::new();
+    for (f, v) in [("DCGM_FI_DEV_GPU_TEMP", None), ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", Some(dbe_s))] {
+        om.push_str(&format!("# TYPE {f} gauge\n"));
+        let mut t = start_s;
+        while t <= end_s {
+            let value = match v {
+                None => "58".to_string(),
+                Some(at) => (if t >= at { "1" } else { "0" }).to_string(),
+            };
+            om.push_str(&format!("{f}{{gpu=\"0\",UUID=\"GPU-ph-0\",Hostname=\"ph1\"}} {value} {t}\n"));
+            t += STEP;
+        }
+    }
+    om.push_str("# EOF\n");
+    std::fs::write(dir.path().join("rec.om"), om).unwrap();
+    let tsdb = dir.path().join("tsdb");
+    let out = Command::new(&promtool)
+        .args(["tsdb", "create-blocks-from", "openmetrics"])
+        .arg(dir.path().join("rec.om"))
+        .arg(&tsdb)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "promtool: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(dir.path().join("p.yml"), "global: {scrape_interval: 15s}\n").unwrap();
+    let (_prom, url) = start_prometheus(
+        &prometheus,
+        &dir.path().join("p.yml"),
+        &tsdb,
+        &["--storage.tsdb.retention.time=30d"],
+        &dir.path().join("prometheus.log"),
+    )
+    .await;
+
+    let sim = nightshift_agent::backend::sim::SimConfig { gpus: 1, ..Default::default() };
+    let agent = nightshift_tests::TestAgent::start(dir.path(), "ph1", sim, "").await;
+    let cfg = nightshift_tests::engine_setup(
+        dir.path(),
+        &[&agent],
+        &[],
+        &format!("sources: {{prometheus: {{url: '{url}', interval_secs: 3600}}}}\n"),
+    );
+    let engine = nightshift_engine::serve::start(cfg).await.unwrap();
+    let (from, to) = (start_s * 1000, end_s * 1000);
+    let temps = nightshift_tests::eventually(30, || {
+        let t = engine.series("ph1", Some(0), ids::TEMPERATURE, from, to);
+        (!t.is_empty()).then_some(t)
+    })
+    .await
+    .expect("the recorded hours are on the chart");
+    assert!(temps.iter().all(|p| p.1 == 58.0 && p.0 >= from && p.0 <= to), "{temps:?}");
+    assert!(temps.len() >= 6, "points across the recorded hours: {}", temps.len());
+    let dbe = engine.series("ph1", Some(0), ids::ECC_DBE, from, to);
+    let step = dbe.iter().position(|p| p.1 == 1.0).map(|i| dbe[i].0);
+    assert!(step.is_some_and(|t| (t - dbe_s * 1000).abs() <= 600_000), "the DBE's step near its time: {dbe:?}");
+    // Charts only: no trigger acted on the recorded DBE.
+    assert!(engine.runs(&Default::default()).unwrap().runs.is_empty());
+    engine.shutdown().await;
+}
