@@ -15,7 +15,10 @@
 //! And a standby reads right (issue 30): `nightshift run` through it
 //! follows the run to its end (it used to exit 2, "404 no run"), its
 //! approvals list has the leader's pending run, and a demotion on the
-//! leader shows on the standby.
+//! leader shows on the standby; `nightshift ha` lists both engines with
+//! their roles, `agents list` names the leader as the agents' holder; a
+//! real Prometheus scraping the pair with the shipped rules has no
+//! nightshift alert pending (the standby's zero agents page no one).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -253,6 +256,65 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
     let page = http.get(format!("{ub}/nodes/h1")).bearer_auth(OPERATOR).send().await.unwrap().text().await.unwrap();
     assert!(page.contains("the leader&#39;s (") || page.contains("the leader's ("), "{page}");
     assert!(!page.contains(">unreachable<"), "{page}");
+
+    // A real Prometheus scraping both engines with the shipped rules: the
+    // standby (connected to no agent) puts no NightshiftAgentsDisconnected
+    // in pending, nor does anything else page; the rule's condition
+    // without its standby clause would (the control).
+    if let Some(prometheus) = nightshift_tests::external::require("prometheus", "prometheus") {
+        let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/prometheus-rules.yml");
+        std::fs::write(dir.join("prom-token"), OPERATOR).unwrap();
+        std::fs::write(
+            dir.join("prom.yml"),
+            format!(
+                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: ['{}']\n\
+                 scrape_configs:\n  - job_name: nightshift\n    authorization: {{credentials_file: '{}'}}\n\
+                 \x20   static_configs: [{{targets: ['127.0.0.1:{}', '127.0.0.1:{}']}}]\n",
+                rules.display(),
+                dir.join("prom-token").display(),
+                ports[0],
+                ports[1]
+            ),
+        )
+        .unwrap();
+        let (prom, purl) = nightshift_tests::external::start_prometheus(
+            &prometheus,
+            &dir.join("prom.yml"),
+            &dir.join("prom-tsdb"),
+            &[],
+            &dir.join("prometheus.log"),
+        )
+        .await;
+        let query = async |q: &str| -> Vec<Value> {
+            let v: Value = http
+                .get(format!("{purl}/api/v1/query"))
+                .query(&[("query", q)])
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v["data"]["result"].as_array().cloned().unwrap_or_default()
+        };
+        until("Prometheus scrapes both engines and evaluates the rules", &prom, async || {
+            query("up{job=\"nightshift\"} == 1").await.len() == 2
+                && query("nightshift_ha_leader").await.len() == 2
+                && query("count(ALERTS) or vector(0)").await.len() == 1
+        })
+        .await;
+        // A few evaluations with both engines' series present.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let standby_instance = format!("127.0.0.1:{}", ports[1]);
+        let control = query("nightshift_agents_connected < nightshift_agents").await;
+        assert!(
+            control.iter().any(|r| r["metric"]["instance"] == standby_instance.as_str()),
+            "the control: the standby reports fewer agents connected than the inventory: {control:?}"
+        );
+        let alerts = query("ALERTS{component=\"nightshift\"}").await;
+        assert!(alerts.is_empty(), "no nightshift alert pending or firing for an HA pair at rest: {alerts:?}");
+        drop(prom);
+    }
 
     // 2. The row points at our listener while the leader is frozen.
     let capture = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
