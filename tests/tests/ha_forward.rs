@@ -229,6 +229,12 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
         v.as_array().is_some_and(|a| a.iter().any(|r| r["id"] == json!(pending)))
     })
     .await;
+    // … and its approvals page shows it as the leader's does.
+    for url in [&ua, &ub] {
+        let page =
+            http.get(format!("{url}/approvals")).bearer_auth(OPERATOR).send().await.unwrap().text().await.unwrap();
+        assert!(page.contains(&pending) && page.contains("careful"), "{url}/approvals lacks {pending}:\n{page}");
+    }
     // A demotion on the leader shows on the standby:
     let r = http
         .post(format!("{ua}/api/v1/runbooks/cap/mode"))

@@ -556,6 +556,30 @@ fn the_shipped_rules_know_standbys_and_route_nightshifts_own_alerts_to_people() 
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // Every shipped rule has a case that makes it fire.
+    let rules: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(repo.join("examples/prometheus-rules.yml")).unwrap()).unwrap();
+    let cases: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(repo.join("examples/prometheus-rules.test.yml")).unwrap())
+            .unwrap();
+    let fired: Vec<&str> = cases["tests"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_sequence().into_iter().flatten())
+        .filter(|c| c["exp_alerts"].as_sequence().is_some_and(|a| !a.is_empty()))
+        .filter_map(|c| c["alertname"].as_str())
+        .collect();
+    for g in rules["groups"].as_sequence().unwrap() {
+        for r in g["rules"].as_sequence().unwrap() {
+            if let Some(alert) = r["alert"].as_str() {
+                assert!(
+                    fired.contains(&alert),
+                    "{alert} has no case in examples/prometheus-rules.test.yml that fires it"
+                );
+            }
+        }
+    }
     let Some(amtool) = require("amtool", "prometheus-alertmanager") else { return };
     let route = |labels: &[&str]| {
         let out = std::process::Command::new(&amtool)
