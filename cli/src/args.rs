@@ -603,6 +603,10 @@ pub struct BacktestArgs {
     /// Write the report as a web page here.
     #[arg(long)]
     pub html: Option<PathBuf>,
+    /// Stop with a clear message (instead of being killed by the kernel)
+    /// when the replay's resident memory passes this: 800MiB, 2GiB.
+    #[arg(long, value_name = "SIZE")]
+    pub max_memory: Option<String>,
 }
 
 /// `nightshift bench`.

@@ -167,14 +167,19 @@ impl Engine {
 
     /// Feed samples from an external source (Prometheus, DCGM exporter):
     /// `(node, gpu, metric, ts_ms, value)`.
-    pub async fn ingest_samples(&self, samples: &[(String, Option<u32>, MetricId, i64, f64)]) {
+    /// The node names may be any string type (`Arc<str>` from a backtest's
+    /// series table: no allocation per sample).
+    pub async fn ingest_samples<N>(&self, samples: &[(N, Option<u32>, MetricId, i64, f64)])
+    where
+        N: AsRef<str> + Clone + Send + Sync,
+    {
         // Each GPU temperature also gives its headroom below the device's
         // own slowdown temperature, as the agent path does.
         let derived: Vec<_> = samples
             .iter()
             .filter(|s| s.2 == ids::TEMPERATURE && s.1.is_some())
             .filter_map(|(node, gpu, _, ts, v)| {
-                let n = self.core.fleet.get(node)?;
+                let n = self.core.fleet.get(node.as_ref())?;
                 let limit = n
                     .state()
                     .inventory
@@ -194,7 +199,7 @@ impl Engine {
         {
             let mut h = crate::core::lock(&self.core.history);
             for (node, gpu, metric, ts, v) in samples {
-                if let (Some(n), true) = (self.core.fleet.get(node), crate::history::History::plotted(*metric))
+                if let (Some(n), true) = (self.core.fleet.get(node.as_ref()), crate::history::History::plotted(*metric))
                     && let Ok(gpu) = gpu.map(u16::try_from).transpose()
                 {
                     h.push((n.idx, gpu, *metric), *ts, *v);
@@ -205,7 +210,7 @@ impl Engine {
             let mut b = self.core.brain();
             let Brain { store, triggers, fires } = &mut *b;
             for (node, gpu, metric, ts, v) in samples {
-                let Some(n) = self.core.fleet.get(node) else { continue };
+                let Some(n) = self.core.fleet.get(node.as_ref()) else { continue };
                 let Ok(gpu) = gpu.map(u16::try_from).transpose() else { continue };
                 let key = SeriesKey { node: n.idx, gpu, metric: *metric };
                 if let Some(r) = store.push(key, *ts, *v)
@@ -219,7 +224,7 @@ impl Engine {
             std::mem::take(fires)
         };
         self.core.counters.samples_ingested.fetch_add(samples.len() as u64, Ordering::Relaxed);
-        let touched: std::collections::BTreeSet<&String> = samples.iter().map(|s| &s.0).collect();
+        let touched: std::collections::BTreeSet<&str> = samples.iter().map(|s| s.0.as_ref()).collect();
         for name in touched {
             if let Some(n) = self.core.fleet.get(name) {
                 self.evaluate_health(&n).await;

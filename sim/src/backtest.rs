@@ -306,13 +306,16 @@ pub struct BacktestReport {
     pub wall_secs: f64,
 }
 
-/// Replay `rec` through `opts.runbooks` in shadow mode. `progress` is called
-/// with `(steps done, steps)` now and then.
+/// Called with `(steps done, steps)` now and then; an `Err` stops the
+/// replay with that reason (`--max-memory`).
+pub type Progress<'a> = &'a mut (dyn FnMut(usize, usize) -> Result<(), String> + Send);
+
+/// Replay `rec` through `opts.runbooks` in shadow mode.
 pub async fn run(
     rec: &Recording,
     opts: BacktestOptions,
     dir: &Path,
-    progress: &mut (dyn FnMut(usize, usize) + Send),
+    progress: Progress<'_>,
 ) -> Result<BacktestReport, SimError> {
     let steps = rec.steps.iter().map(|(t, s)| (*t, s.clone()));
     run_steps(rec.hosts(), rec.steps.len(), steps, opts, dir, progress).await
@@ -320,14 +323,55 @@ pub async fn run(
 
 /// [`run`] on steps made as they are needed (a recording too big to hold,
 /// or a generated one): `hosts` as [`Recording::hosts`] gives them, `total`
-/// the number of steps.
+/// the number of steps. The samples are interned as they come.
 pub async fn run_steps(
     hosts: BTreeMap<String, (u32, String)>,
     total: usize,
     steps: impl Iterator<Item = (i64, Vec<PromSample>)>,
     opts: BacktestOptions,
     dir: &Path,
-    progress: &mut (dyn FnMut(usize, usize) + Send),
+    progress: Progress<'_>,
+) -> Result<BacktestReport, SimError> {
+    let mut table = crate::recording::SeriesTable::new();
+    let mapped = steps.map(move |(ts, batch)| {
+        let ids = table.intern_step(&batch).map_err(|m| RecordingError::Label {
+            what: "a step".into(),
+            line: 0,
+            message: m,
+        })?;
+        let mut out = Vec::with_capacity(ids.len());
+        let n = table.map_step(ts, &ids, &mut out);
+        Ok((ts, out, n))
+    });
+    run_mapped(hosts, total, mapped, opts, dir, progress).await
+}
+
+/// [`run`] on an OpenMetrics file read as a stream (two passes, never held).
+pub async fn run_file(
+    om: &crate::recording::OpenMetricsFile,
+    opts: BacktestOptions,
+    dir: &Path,
+    progress: Progress<'_>,
+) -> Result<BacktestReport, SimError> {
+    let stream = om.stream().map_err(|e| SimError::Setup(e.to_string()))?;
+    let mapped = stream.map(|r| {
+        r.map(|(ts, ids)| {
+            let mut out = Vec::with_capacity(ids.len());
+            let n = om.table.map_step(ts, &ids, &mut out);
+            (ts, out, n)
+        })
+    });
+    run_mapped(om.table.hosts(), om.steps(), mapped, opts, dir, progress).await
+}
+
+/// The replay itself, on mapped steps `(ts, samples, samples read)`.
+pub async fn run_mapped(
+    hosts: BTreeMap<String, (u32, String)>,
+    total: usize,
+    steps: impl Iterator<Item = Result<(i64, Vec<crate::recording::Mapped>, usize), RecordingError>>,
+    opts: BacktestOptions,
+    dir: &Path,
+    progress: Progress<'_>,
 ) -> Result<BacktestReport, SimError> {
     let t0 = std::time::Instant::now();
     if hosts.is_empty() {
@@ -340,7 +384,10 @@ pub async fn run_steps(
     let names = opts.runbooks.names();
     let loops = closed_loops(&opts.runbooks);
     let mut steps = steps.peekable();
-    let start_ms = steps.peek().map_or(0, |(t, _)| *t);
+    let start_ms = match steps.peek() {
+        Some(Ok((t, _, _))) => *t,
+        _ => 0,
+    };
     let mut end_ms = start_ms;
     let mut samples = 0usize;
     let mut so = SimFleetOptions::new(nodes, opts.runbooks, opts.script);
@@ -365,13 +412,14 @@ pub async fn run_steps(
     }
     let every = (total / 100).max(1);
     let mut done = 0;
-    for (i, (ts, batch)) in steps.enumerate() {
-        sim.step_to(ts, &batch).await?;
+    for (i, step) in steps.enumerate() {
+        let (ts, batch, read) = step.map_err(|e| SimError::Setup(e.to_string()))?;
+        sim.step_to_mapped(ts, &batch).await?;
         end_ms = ts;
-        samples += batch.len();
+        samples += read;
         done = i + 1;
         if i % every == 0 {
-            progress(i, total);
+            progress(i, total).map_err(|why| SimError::Setup(format!("stopped at step {i} of {total}: {why}")))?;
         }
     }
     let total = done;
@@ -384,7 +432,7 @@ pub async fn run_steps(
         let now = nightshift_proto::clock::Clock::now_ms(&sim.clock);
         sim.step_to(now + 1000, &[]).await?;
     }
-    progress(total, total);
+    progress(total, total).map_err(|why| SimError::Setup(format!("stopped after the last step: {why}")))?;
     let engine = &sim.engine;
     let set = engine.runbook_set();
     let mut fires = Vec::new();

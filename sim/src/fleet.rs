@@ -627,6 +627,23 @@ impl SimFleet {
         self.settle().await
     }
 
+    /// [`SimFleet::step_to`] with samples already mapped to nodes, GPUs and
+    /// metrics (a backtest's interned series: nothing allocated per sample).
+    pub async fn step_to_mapped(&self, ts_ms: i64, samples: &[crate::recording::Mapped]) -> Result<(), SimError> {
+        self.settle().await?;
+        let now = nightshift_proto::clock::Clock::now_ms(&self.clock);
+        if ts_ms > now {
+            self.clock.advance(ts_ms - now);
+        }
+        for a in self.agents.values() {
+            a.tick().await;
+        }
+        self.settle().await?;
+        self.engine.ingest_samples(samples).await;
+        self.engine.tick().await;
+        self.settle().await
+    }
+
     /// Run `secs` of virtual time.
     pub async fn run_for(&self, secs: u64) -> Result<(), SimError> {
         let steps = secs as i64 * 1000 / self.tick_ms.max(1);

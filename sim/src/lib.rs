@@ -13,5 +13,6 @@
 
 pub mod backtest;
 pub mod fleet;
+pub mod recording;
 pub mod scenario;
 pub mod workload;

@@ -164,6 +164,52 @@ fn a_backtest_on_recorded_history_finds_the_fires_and_nothing_else() {
     assert!(stdout.contains("ecc-dbe-drain") && stdout.contains("bt1/gpu5"), "{stdout}");
     let page = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
     assert!(page.contains("gpu-overheat") && page.contains("bt1/gpu3"), "{page}");
+
+    // The same recording from the file (streamed in two passes, never held)
+    // gives the same report.
+    let from_file = dir.path().join("from-file.json");
+    let out = Command::new(workspace_bin_dir().join("nightshift"))
+        .current_dir(dir.path())
+        .args(["backtest", "--all", "--from"])
+        .arg(dir.path().join("rec.om"))
+        .arg("--dir")
+        .arg(&runbooks)
+        .arg("--out")
+        .arg(&from_file)
+        .args(["--max-memory", "4GiB"])
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "backtest --from failed:\n{stderr}");
+    assert!(stderr.contains("peak memory"), "{stderr}");
+    let f: serde_json::Value = serde_json::from_slice(&std::fs::read(&from_file).unwrap()).unwrap();
+    for k in [
+        "samples",
+        "steps",
+        "nodes",
+        "gpus",
+        "fires",
+        "max_drained_at_once",
+        "blast_radius_refusals",
+        "start_ms",
+        "end_ms",
+    ] {
+        assert_eq!(f[k], r[k], "{k} differs between --prometheus and --from");
+    }
+    // A memory bound the replay cannot keep stops it with a clear message.
+    let out = Command::new(workspace_bin_dir().join("nightshift"))
+        .current_dir(dir.path())
+        .args(["backtest", "--all", "--from"])
+        .arg(dir.path().join("rec.om"))
+        .arg("--dir")
+        .arg(&runbooks)
+        .args(["--max-memory", "1MiB"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("is above --max-memory 1 MiB"), "{stderr}");
 }
 
 /// The charts survive a takeover (or a restart): an engine whose source

@@ -1650,10 +1650,16 @@ async fn backtest_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
             policy: None,
             limits: Default::default(),
         };
-        let r =
-            nightshift_sim::backtest::run_steps(hosts.clone(), steps, history, opts, scratch.path(), &mut |_, _| {})
-                .await
-                .map_err(|e| anyhow!("scenario 8: {e}"))?;
+        let r = nightshift_sim::backtest::run_steps(
+            hosts.clone(),
+            steps,
+            history,
+            opts,
+            scratch.path(),
+            &mut |_, _| Ok(()),
+        )
+        .await
+        .map_err(|e| anyhow!("scenario 8: {e}"))?;
         fires = r.fires.len();
         rates.push(r.samples as f64 / r.wall_secs);
     }
