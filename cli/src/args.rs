@@ -638,6 +638,9 @@ pub struct BenchArgs {
     /// Leader kills for the failover scenario (9).
     #[arg(long)]
     pub ha_kills: Option<usize>,
+    /// Scenario 8 replays the whole week (484 M samples) instead of a day.
+    #[arg(long)]
+    pub full: bool,
 }
 
 #[cfg(test)]
