@@ -346,22 +346,49 @@ pub async fn run_steps(
     run_mapped(hosts, total, mapped, opts, dir, progress).await
 }
 
-/// [`run`] on an OpenMetrics file read as a stream (two passes, never held).
+/// Steps read ahead of the replay: the reader parses on its own thread
+/// (the second core) while the replay runs, holding at most this many.
+const READ_AHEAD_STEPS: usize = 4;
+
+/// [`run`] on an OpenMetrics file read as a stream (two passes, never
+/// held): the second pass parses and maps on a thread of its own, a few
+/// steps ahead of the replay.
 pub async fn run_file(
-    om: &crate::recording::OpenMetricsFile,
+    om: Arc<crate::recording::OpenMetricsFile>,
     opts: BacktestOptions,
     dir: &Path,
     progress: Progress<'_>,
 ) -> Result<BacktestReport, SimError> {
-    let stream = om.stream().map_err(|e| SimError::Setup(e.to_string()))?;
-    let mapped = stream.map(|r| {
-        r.map(|(ts, ids)| {
-            let mut out = Vec::with_capacity(ids.len());
-            let n = om.table.map_step(ts, &ids, &mut out);
-            (ts, out, n)
+    type Item = Result<(i64, Vec<crate::recording::Mapped>, usize), RecordingError>;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Item>(READ_AHEAD_STEPS);
+    let reader = om.clone();
+    let thread = std::thread::Builder::new()
+        .name("backtest-reader".into())
+        .spawn(move || {
+            let stream = match reader.stream() {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            for r in stream {
+                let item = r.map(|(ts, ids)| {
+                    let mut out = Vec::with_capacity(ids.len());
+                    let n = reader.table.map_step(ts, &ids, &mut out);
+                    (ts, out, n)
+                });
+                // The replay stopped (an error, --max-memory): stop reading.
+                if tx.send(item).is_err() {
+                    return;
+                }
+            }
         })
-    });
-    run_mapped(om.table.hosts(), om.steps(), mapped, opts, dir, progress).await
+        .map_err(|e| SimError::Setup(format!("cannot start the reader thread: {e}")))?;
+    let steps = std::iter::from_fn(move || tokio::task::block_in_place(|| rx.recv().ok()));
+    let report = run_mapped(om.table.hosts(), om.steps(), steps, opts, dir, progress).await;
+    let _ = thread.join();
+    report
 }
 
 /// The replay itself, on mapped steps `(ts, samples, samples read)`.

@@ -406,7 +406,7 @@ pub async fn backtest(cli: &Cli, args: &BacktestArgs, out: &Out) -> Result<u8> {
     };
     let opts = BacktestOptions { runbooks: set, script, policy, limits };
     let result = match source {
-        Source::File(om) => run_file(&om, opts, scratch.path(), &mut progress).await,
+        Source::File(om) => run_file(std::sync::Arc::new(om), opts, scratch.path(), &mut progress).await,
         Source::Prometheus(w) => {
             let total = w.total_steps;
             run_mapped(hosts, total, PromSteps::start(w), opts, scratch.path(), &mut progress).await
