@@ -274,6 +274,35 @@ pub fn closed_loops(set: &RunbookSet) -> Vec<ClosedLoop> {
     out
 }
 
+/// Runbooks whose trigger needs more samples in its window than the
+/// recording's step can give: on this recording they cannot fire at all
+/// (say so, rather than report a quiet month).
+pub fn cannot_fire(set: &RunbookSet, step_ms: i64) -> Vec<String> {
+    use nightshift_engine::manifest::Trigger;
+    if step_ms <= 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for rb in &set.runbooks {
+        let (window_secs, min_samples) = match &rb.manifest.trigger {
+            Trigger::Rate { window_secs, min_samples, .. } | Trigger::Predict { window_secs, min_samples, .. } => {
+                (*window_secs, *min_samples)
+            }
+            _ => continue,
+        };
+        let most = (window_secs as i64 * 1000 / step_ms + 1) as usize;
+        if most < min_samples {
+            out.push(format!(
+                "{} cannot fire on this recording: its trigger needs {min_samples} samples in {window_secs} s, a {} s step gives at most {most} (replay at --step {} s or finer)",
+                rb.manifest.name,
+                step_ms / 1000,
+                (window_secs as usize / min_samples.saturating_sub(1).max(1)).max(1)
+            ));
+        }
+    }
+    out
+}
+
 /// Two runs on one node at the same time.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Overlap {
@@ -302,6 +331,9 @@ pub struct BacktestReport {
     /// Runbooks that act on what they measure: their later steps are
     /// estimates on recorded data.
     pub closed_loops: Vec<ClosedLoop>,
+    /// Runbooks the recording's step leaves blind (too few samples in their
+    /// trigger's window), each as a sentence.
+    pub cannot_fire: Vec<String>,
     /// Wall time the replay took.
     pub wall_secs: f64,
 }
@@ -410,6 +442,7 @@ pub async fn run_mapped(
         hosts.iter().map(|(name, (gpus, profile))| SimNodeSpec::new(name, profile, *gpus)).collect();
     let names = opts.runbooks.names();
     let loops = closed_loops(&opts.runbooks);
+    let set_for_step = opts.runbooks.clone();
     let mut steps = steps.peekable();
     let start_ms = match steps.peek() {
         Some(Ok((t, _, _))) => *t,
@@ -528,6 +561,7 @@ pub async fn run_mapped(
         max_drained_at_once,
         overlaps,
         closed_loops: loops,
+        cannot_fire: cannot_fire(&set_for_step, if total > 1 { (end_ms - start_ms) / (total as i64 - 1) } else { 0 }),
         wall_secs: t0.elapsed().as_secs_f64(),
     };
     sim.engine.shutdown().await;
@@ -579,7 +613,12 @@ pub fn html(r: &BacktestReport) -> String {
             esc(&f.fire.refusals.join("; "))
         ));
     }
-    let notes: String = r.closed_loops.iter().map(|l| format!("<p><b>Note:</b> {}</p>", esc(&l.sentence()))).collect();
+    let notes: String = r
+        .closed_loops
+        .iter()
+        .map(|l| format!("<p><b>Note:</b> {}</p>", esc(&l.sentence())))
+        .chain(r.cannot_fire.iter().map(|b| format!("<p><b>Blind:</b> {}</p>", esc(b))))
+        .collect();
     format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>nightshift backtest</title>\
          <style>body{{font:14px system-ui;margin:24px}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}</style></head><body>\
@@ -601,6 +640,22 @@ mod tests {
     /// The closed loops among the shipped runbooks (issue 30: a backtest
     /// predicted a sticky drain that did not happen live, and did not say
     /// that recorded temperatures cannot react to would-be caps).
+    /// A recording too coarse for a trigger's window says so: the shipped
+    /// drift runbook (120 samples in 30 min) is blind at 30 s, not at 15 s.
+    #[test]
+    fn a_step_too_coarse_for_a_trigger_is_named() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
+        let script = std::sync::Arc::new(nightshift_engine::script::build_engine(&Default::default()));
+        let set = nightshift_engine::runbook::load_dir(&dir, &script);
+        let blind = cannot_fire(&set, 30_000);
+        assert!(
+            blind.iter().any(|b| b.starts_with("gpu-temp-drift cannot fire on this recording: its trigger needs 120 samples in 1800 s, a 30 s step gives at most 61")),
+            "{blind:?}"
+        );
+        assert!(!cannot_fire(&set, 15_000).iter().any(|b| b.starts_with("gpu-temp-drift")));
+        assert!(cannot_fire(&set, 1_000).is_empty());
+    }
+
     #[test]
     fn the_report_names_the_runbooks_that_act_on_what_they_measure() {
         let engine = nightshift_engine::script::build_engine(&nightshift_engine::script::ScriptLimits::default());

@@ -455,6 +455,9 @@ pub async fn backtest(cli: &Cli, args: &BacktestArgs, out: &Out) -> Result<u8> {
     for l in &report.closed_loops {
         outln!("{} {}", out.yellow("note:"), l.sentence());
     }
+    for l in &report.cannot_fire {
+        outln!("{} {l}", out.red("blind:"));
+    }
     outln!("{}", report.totals());
     Ok(0)
 }
