@@ -14,7 +14,8 @@
 
 pub mod admission;
 pub mod alerts;
-pub mod audit;
+/// The audit log, its own crate (`nightshift-audit`), under its old path.
+pub use nightshift_audit as audit;
 pub mod config;
 pub mod control;
 pub mod core;
@@ -23,7 +24,7 @@ pub mod engine;
 pub mod executor;
 pub mod faults;
 pub mod fleet;
-pub mod ha;
+pub use nightshift_audit::ha;
 pub mod health;
 pub mod history;
 pub mod host;
@@ -36,7 +37,7 @@ pub mod queue;
 pub mod recovery;
 pub mod repair;
 pub mod runbook;
-pub mod runs;
+pub use nightshift_audit::runs;
 pub mod runtable;
 pub mod script;
 pub mod serve;

@@ -18,6 +18,7 @@ pub mod fsutil;
 pub mod json;
 pub mod names;
 pub mod owner;
+pub mod params;
 pub mod ssh;
 pub mod wire;
 pub mod yaml;

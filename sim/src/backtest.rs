@@ -22,18 +22,7 @@ use nightshift_engine::sources::{PromSample, host_of};
 
 use crate::fleet::{SimError, SimFleet, SimFleetOptions, SimNodeSpec};
 
-/// Why a recording cannot be read.
-#[derive(Debug, thiserror::Error)]
-pub enum RecordingError {
-    #[error("{what}:{line}: expected `name{{labels}} value timestamp` with the timestamp in seconds, found {found:?}")]
-    Line { what: String, line: usize, found: String },
-    #[error("{0}: no samples of the fields nightshift reads (DCGM_FI_DEV_GPU_TEMP, …) in it")]
-    Empty(String),
-    #[error("{what}: {message}")]
-    Response { what: String, message: String },
-    #[error("{what}:{line}: {message}")]
-    Label { what: String, line: usize, message: String },
-}
+pub use crate::recording::{RecordingError, profile_for};
 
 /// Recorded readings, grouped by time.
 #[derive(Debug, Clone, Default)]
@@ -159,24 +148,6 @@ impl Recording {
             }
         }
         out
-    }
-}
-
-/// The simulator profile closest to a GPU model name.
-pub fn profile_for(model: &str) -> &'static str {
-    let m = model.to_ascii_uppercase();
-    if m.contains("B200") {
-        "b200"
-    } else if m.contains("MI300") {
-        "mi300x"
-    } else if m.contains("A100") {
-        "a100-sxm"
-    } else if m.contains("V100") {
-        "v100-sxm"
-    } else if m.contains("RTX 6000") || m.contains("RTX6000") {
-        "rtx6000-ada"
-    } else {
-        "h100-sxm"
     }
 }
 

@@ -29,7 +29,36 @@ use std::sync::Arc;
 use nightshift_engine::metrics::{MetricId, ids};
 use nightshift_engine::sources::{DcgmField, PromSample, dcgm_metric, host_of};
 
-use crate::backtest::{RecordingError, profile_for};
+/// Why a recording cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordingError {
+    #[error("{what}:{line}: expected `name{{labels}} value timestamp` with the timestamp in seconds, found {found:?}")]
+    Line { what: String, line: usize, found: String },
+    #[error("{0}: no samples of the fields nightshift reads (DCGM_FI_DEV_GPU_TEMP, …) in it")]
+    Empty(String),
+    #[error("{what}: {message}")]
+    Response { what: String, message: String },
+    #[error("{what}:{line}: {message}")]
+    Label { what: String, line: usize, message: String },
+}
+
+/// The simulator profile closest to a GPU model name.
+pub fn profile_for(model: &str) -> &'static str {
+    let m = model.to_ascii_uppercase();
+    if m.contains("B200") {
+        "b200"
+    } else if m.contains("MI300") {
+        "mi300x"
+    } else if m.contains("A100") {
+        "a100-sxm"
+    } else if m.contains("V100") {
+        "v100-sxm"
+    } else if m.contains("RTX 6000") || m.contains("RTX6000") {
+        "rtx6000-ada"
+    } else {
+        "h100-sxm"
+    }
+}
 
 /// A sample as the engine takes it: `(node, gpu, metric, ts_ms, value)`.
 pub type Mapped = (Arc<str>, Option<u32>, MetricId, i64, f64);
@@ -72,7 +101,7 @@ impl SeriesTable {
     }
 
     /// Every host seen, with its GPU count and a simulator profile for its
-    /// model (the replay node's envelope), as [`crate::backtest::Recording::hosts`].
+    /// model (the replay node's envelope), as the in-memory reader gives them.
     pub fn hosts(&self) -> BTreeMap<String, (u32, String)> {
         self.hosts.clone()
     }
@@ -530,10 +559,6 @@ mod tests {
         }
         assert_eq!(seen[0], seen[1]);
         assert_eq!(seen[1], seen[2]);
-        // The in-memory reader's grouping agrees.
-        let rec = crate::backtest::Recording::from_openmetrics(&series_major, "x").unwrap();
-        assert_eq!(rec.steps.len(), 5);
-        assert_eq!(rec.steps[2].1.len(), 6);
     }
 
     #[test]

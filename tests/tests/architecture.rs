@@ -19,8 +19,10 @@ use serde_json::Value;
 /// Workspace crate → the workspace crates it may depend on (normal deps).
 const ALLOWED: &[(&str, &[&str])] = &[
     ("nightshift-proto", &[]),
+    // The audit log (issue 28): the protocol crate only.
+    ("nightshift-audit", &["nightshift-proto"]),
     ("nightshift-agent", &["nightshift-proto"]),
-    ("nightshift-engine", &["nightshift-proto"]),
+    ("nightshift-engine", &["nightshift-proto", "nightshift-audit"]),
     ("nightshift-sim", &["nightshift-proto", "nightshift-agent", "nightshift-engine"]),
     ("nightshift-web", &["nightshift-proto", "nightshift-engine"]),
     ("nightshift", &["nightshift-proto", "nightshift-agent", "nightshift-engine", "nightshift-sim", "nightshift-web"]),
@@ -34,6 +36,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
 const LEAN: &[(&str, &[&str])] = &[
     ("nightshift-engine", &["nvml-wrapper", "rocm_smi_lib_sys", "clap", "tracing-subscriber", "nix"]),
     ("nightshift-proto", &["nvml-wrapper", "rocm_smi_lib_sys", "clap", "tracing-subscriber", "nix", "sled", "rhai"]),
+    (
+        "nightshift-audit",
+        &["nvml-wrapper", "rocm_smi_lib_sys", "clap", "tracing-subscriber", "nix", "rhai", "axum", "reqwest"],
+    ),
 ];
 
 fn root() -> PathBuf {
@@ -94,6 +100,15 @@ fn violations(meta: &Value) -> Vec<String> {
     let edges = normal_edges(meta);
     let workspace: BTreeSet<&str> = ALLOWED.iter().map(|(n, _)| *n).collect();
     let mut out = Vec::new();
+    // A new workspace crate must say what it may depend on.
+    for member in meta["workspace_members"].as_array().into_iter().flatten() {
+        let id = member.as_str().unwrap_or("");
+        if let Some(name) = names(meta).get(id)
+            && !workspace.contains(name.as_str())
+        {
+            out.push(format!("{name}: a workspace crate not in ALLOWED; add it with the crates it may depend on"));
+        }
+    }
     for (name, allowed) in ALLOWED {
         let Some(deps) = edges.get(*name) else {
             out.push(format!("{name}: not in the workspace any more; update ALLOWED"));
@@ -270,7 +285,7 @@ fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
 #[test]
 fn no_crate_has_a_module_cycle() {
     let mut found = Vec::new();
-    for krate in ["proto", "agent", "engine", "sim", "web", "cli"] {
+    for krate in ["proto", "audit", "agent", "engine", "sim", "web", "cli"] {
         let c = cycles(&module_graph(&root().join(krate).join("src")));
         if !c.is_empty() {
             found.push(format!("{krate}: {c:?}"));

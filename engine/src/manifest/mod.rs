@@ -472,15 +472,9 @@ pub enum ParamType {
     String,
 }
 
-/// A typed parameter value.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum ParamValue {
-    Bool(bool),
-    Int(i64),
-    Float(f64),
-    String(String),
-}
+/// A typed parameter value (in `nightshift-proto`: the audit log's run
+/// summaries record it too).
+pub use nightshift_proto::params::ParamValue;
 
 impl ParamType {
     pub fn name(self) -> &'static str {

@@ -284,9 +284,9 @@ mod tests {
     }
 
     fn summary(id: &str, why: &str) -> RunSummary {
-        let mut s = crate::audit::rebuild_summary(
+        let mut s = crate::rebuild_summary(
             id,
-            &[&crate::audit::AuditRecord {
+            &[&crate::AuditRecord {
                 seq: 1,
                 ts_ms: 1,
                 kind: RecordKind::RunQueued,
@@ -376,7 +376,7 @@ mod tests {
         assert!(!v.ok, "{v:?}");
         assert_eq!(v.first_bad_seq, Some(5), "{v:?}");
         assert!(v.problem.as_deref().unwrap_or("").contains("record 5 does not link to record 4"), "{v:?}");
-        let l = crate::audit::verify_log(&log).unwrap();
+        let l = crate::verify_log(&log).unwrap();
         assert_eq!((l.ok, l.first_bad_seq), (false, Some(5)), "the record log's own walk names it too: {l:?}");
     }
 

@@ -11,9 +11,13 @@
 //! readable from sled too. sled flushes in the background; what it loses in
 //! a crash is replayed from the log when the store opens.
 
+#![forbid(unsafe_code)]
+
+pub mod ha;
 mod log;
 pub mod pg;
 mod pgwriter;
+pub mod runs;
 mod salvage;
 mod store;
 mod verify;
