@@ -11,9 +11,25 @@
 //! readable from sled too. sled flushes in the background; what it loses in
 //! a crash is replayed from the log when the store opens.
 
+//!
+//! The modules form a DAG, lowest first (`tests/tests/architecture.rs`
+//! checks it, `super::` paths included):
+//!
+//! ```text
+//! runs, ha, chain          no other module
+//! log                      chain        (the record log: records.jsonl)
+//! index                    log, ha      (writer and index threads, sled trees and keys)
+//! pg                       ha, runs     (the chain in PostgreSQL)
+//! pgwriter                 index, pg    (the PostgreSQL writer thread)
+//! verify                   index, log, chain
+//! store                    index, log, pgwriter, verify   (AuditStore, the façade)
+//! salvage                  index, log, verify             (a tool over a store)
+//! ```
 #![forbid(unsafe_code)]
 
+mod chain;
 pub mod ha;
+mod index;
 mod log;
 pub mod pg;
 mod pgwriter;
@@ -30,9 +46,10 @@ use sha2::{Digest, Sha256};
 
 use crate::runs::{RunOutcome, RunState, RunSummary};
 
+pub use index::PgOptions;
 pub use log::{LOG_FILE, verify_log};
 pub use salvage::{SalvageReport, rebuild_summary, salvage};
-pub use store::{AuditStore, PgOptions, RecordPage, RecordQuery, SEARCH_SCAN};
+pub use store::{AuditStore, RecordPage, RecordQuery, SEARCH_SCAN};
 
 /// SHA-256 of `bytes`, hex.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {

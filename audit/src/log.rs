@@ -399,7 +399,7 @@ pub fn read_lines(path: &Path) -> Result<Vec<LogLine>, AuditError> {
 /// documents what an earlier salvage lost.
 pub fn verify_log(path: &Path) -> Result<VerifyReport, AuditError> {
     let lines = read_lines(path)?;
-    let excuses = super::salvage::excuses(lines.iter().filter_map(|l| match l {
+    let excuses = super::chain::excuses(lines.iter().filter_map(|l| match l {
         LogLine::Good(r) => Some(r),
         LogLine::Bad { .. } | LogLine::Summary { .. } => None,
     }));

@@ -24,8 +24,8 @@ use std::time::Duration;
 use nightshift_proto::clock::SharedClock;
 use tokio_postgres::Client;
 
+use super::index::{Indexer, Msg, PgOptions, Trees, WriteReq, Written, answer, chain, local_head};
 use super::pg::{self, PgAuditError};
-use super::store::{Indexer, Msg, PgOptions, Trees, WriteReq, Written, answer, chain, local_head};
 use super::{AuditError, GENESIS, VerifyReport};
 
 /// How long opening waits for an unreachable database.
@@ -49,7 +49,7 @@ struct PgWriter {
     failed: Option<AuditError>,
     pending: Arc<AtomicU64>,
     /// The index's first failure: nothing more is written.
-    stopped: super::store::Stopped,
+    stopped: super::index::Stopped,
     to_index: std_mpsc::SyncSender<Written>,
     /// Following the database fails now (said once).
     follow_failing: bool,
@@ -301,7 +301,7 @@ impl PgWriter {
 
     fn write(&mut self, batch: Vec<WriteReq>) {
         if self.failed.is_none()
-            && let Some(e) = super::store::stopped_with(&self.stopped)
+            && let Some(e) = super::index::stopped_with(&self.stopped)
         {
             self.failed = Some(e);
         }

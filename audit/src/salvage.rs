@@ -22,8 +22,8 @@ use serde_json::{Value, json};
 
 use nightshift_proto::clock::SharedClock;
 
+use super::index::{created_key, index_key};
 use super::log::{LOG_FILE, LogLine, read_lines};
-use super::store::{created_key, index_key};
 use super::{AuditError, AuditRecord, AuditStore, NewRecord, RecordKind};
 use crate::runs::{RunOutcome, RunState, RunSummary, Target};
 
@@ -42,33 +42,6 @@ pub struct SalvageReport {
     pub sled_error: Option<String>,
     /// The `salvaged` record in the new store.
     pub salvage_seq: u64,
-}
-
-/// The breaks in the chain (a gap before a record, or a `prev_hash` that
-/// does not match) an earlier salvage documented: (the record after the
-/// break, the `salvaged` record that documents it), sorted. A salvage is
-/// appended after every record it recovered, so it can only excuse a break
-/// before itself: a `salvaged` record put in the middle of the chain to
-/// excuse the break it makes (its own, or the next record's link to it)
-/// excuses nothing.
-pub fn excuses<'a>(records: impl Iterator<Item = &'a AuditRecord>) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = records
-        .filter(|r| r.kind == RecordKind::Salvaged)
-        .flat_map(|r| {
-            let by = r.seq;
-            r.data["excused"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|v| v.as_u64())
-                .filter(move |e| *e < by)
-                .map(move |e| (e, by))
-        })
-        .collect();
-    out.sort_unstable();
-    out.dedup_by_key(|(e, _)| *e);
-    out
 }
 
 /// Copy what can be trusted from the store in `from` into a new store in

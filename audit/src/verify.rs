@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::store::Trees;
+use super::index::Trees;
 use super::{AuditError, AuditRecord, GENESIS, RecordKind, VerifyReport, sha256_hex};
 
 /// How long a walk may go without reading a record before the store counts
@@ -238,7 +238,7 @@ fn excused_breaks(trees: &Trees) -> HashMap<u64, u64> {
         .filter_map(|(_, v)| serde_json::from_slice::<AuditRecord>(&v).ok())
         .filter(|r| r.kind == RecordKind::Salvaged)
         .collect();
-    super::salvage::excuses(recs.iter()).into_iter().collect()
+    super::chain::excuses(recs.iter()).into_iter().collect()
 }
 
 /// Each stored run summary must be the one the chain's newest record for

@@ -6,7 +6,8 @@
 //!    CLI; the simulated world on engine and agent, never the reverse.
 //! 2. **Heavy dependencies.** The engine's (and the protocol's) whole
 //!    dependency closure has no NVML, ROCm, clap, tracing-subscriber or nix.
-//! 3. **No module cycles** inside a crate: top-level modules form a DAG.
+//! 3. **No module cycles** inside a crate: top-level modules form a DAG
+//!    (`crate::x` and `super::x` paths that reach the crate root both count).
 //!
 //! Each checker is a plain function over data, and has a test that feeds it
 //! a violation, so the boundary tests can fail.
@@ -213,6 +214,34 @@ fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
                     refs.insert(m);
                 }
             }
+            // `super::x`: from a module `depth` levels down, `super::` k
+            // times reaches the crate root when k == depth — then `x` is a
+            // top-level module; fewer stay inside this one (`self::` too).
+            let parts: Vec<String> =
+                rel.components().map(|c| c.as_os_str().to_string_lossy().trim_end_matches(".rs").to_string()).collect();
+            let depth = if parts.last().is_some_and(|l| l == "mod") { parts.len() - 1 } else { parts.len() };
+            for (i, _) in text.match_indices("super::") {
+                if text[..i].ends_with("super::") {
+                    continue;
+                }
+                let mut rest = &text[i..];
+                let mut k = 0;
+                while let Some(r) = rest.strip_prefix("super::") {
+                    rest = r;
+                    k += 1;
+                }
+                if k != depth {
+                    continue;
+                }
+                let names: Vec<String> = match rest.strip_prefix('{') {
+                    Some(group) => group[..group.find('}').unwrap_or(group.len())]
+                        .split(',')
+                        .map(|item| item.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect())
+                        .collect(),
+                    None => vec![rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect()],
+                };
+                refs.extend(names.into_iter().filter(|n: &String| !n.is_empty()));
+            }
             refs.remove(&top);
         }
     }
@@ -306,6 +335,22 @@ fn the_cycle_finder_finds_cycles() {
     };
     assert!(cycles(&g(&[("a", "b"), ("b", "c")])).is_empty());
     assert_eq!(cycles(&g(&[("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")])), vec![vec!["a", "b", "c"]]);
+    // `super::` paths count: two modules naming each other through
+    // `super::` form a cycle (issue 28: the audit log's was invisible).
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("lib.rs"), "mod a;\nmod b;\n").unwrap();
+    std::fs::write(dir.path().join("a.rs"), "use super::b::thing;\n").unwrap();
+    std::fs::write(dir.path().join("b.rs"), "pub fn thing() { super::a::other(); }\n").unwrap();
+    std::fs::create_dir(dir.path().join("c")).unwrap();
+    std::fs::write(dir.path().join("c/mod.rs"), "mod d;\n").unwrap();
+    std::fs::write(dir.path().join("c/d.rs"), "use super::super::{a, b};\nuse super::e;\n").unwrap();
+    let synthetic = module_graph(dir.path());
+    assert_eq!(cycles(&synthetic), vec![vec!["a", "b"]]);
+    assert_eq!(
+        synthetic["c"],
+        BTreeSet::from(["a".to_string(), "b".to_string()]),
+        "super::super from c/d reaches the root"
+    );
     // And the parser sees a real edge: the agent's service names its journal.
     let agent = module_graph(&root().join("agent/src"));
     assert!(agent["service"].contains("journal"), "{:?}", agent["service"]);

@@ -1,0 +1,581 @@
+//! The layer under the store's façade: a writer thread that groups
+//! concurrent appends into one record-log write and one fdatasync (the
+//! durability point), and an index thread that then puts them in sled and
+//! answers their callers (sled flushes in the background; what it loses in
+//! a crash is replayed from the log on open); the sled trees and their
+//! keys; the PostgreSQL settings the writer threads share.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc as std_mpsc;
+
+use tokio::sync::{broadcast, oneshot};
+
+use nightshift_proto::clock::SharedClock;
+
+use super::log::{RecordLog, Replay, encode_lines};
+use super::*;
+
+pub(super) struct WriteReq {
+    pub(super) rec: NewRecord,
+    pub(super) summary: Option<RunSummary>,
+    pub(super) ack: oneshot::Sender<Result<AuditRecord, AuditError>>,
+}
+
+/// What the writer thread is asked to do. Not boxed: that would cost an
+/// allocation on every append, for a message (`Lead`) sent once a term.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Msg {
+    Write(WriteReq),
+    /// PostgreSQL backend: catch up with the database and write from its
+    /// head on at `term` (this engine just took the lease). Answers the
+    /// head's sequence number.
+    Lead {
+        term: u64,
+        ack: oneshot::Sender<Result<u64, AuditError>>,
+    },
+}
+
+#[derive(Clone)]
+pub(super) struct Trees {
+    pub(super) db: sled::Db,
+    pub(super) records: sled::Tree,
+    pub(super) by_run: sled::Tree,
+    pub(super) by_node: sled::Tree,
+    pub(super) runs: sled::Tree,
+    pub(super) runs_by_created: sled::Tree,
+    /// `kind \0 seq` for the kinds [`RecordKind::indexed_by_kind`] names.
+    pub(super) by_kind: sled::Tree,
+}
+
+/// How often sled flushes in the background. Not what makes a record
+/// durable (the record log is); it bounds what an open replays after a
+/// crash to about this much of the log.
+pub(super) const SLED_FLUSH_MS: u64 = 1000;
+
+/// The PostgreSQL backend's settings.
+#[derive(Clone)]
+pub struct PgOptions {
+    /// Never logged.
+    pub url: String,
+    /// PEM CA certificates for `sslmode=require` (else the web roots).
+    pub ca_file: Option<PathBuf>,
+    pub shard: String,
+    /// The lease every append is fenced by.
+    pub leadership: Arc<crate::ha::Leadership>,
+    /// How often a standby reads new records from the database.
+    pub follow_every: std::time::Duration,
+}
+
+impl std::fmt::Debug for PgOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgOptions").field("shard", &self.shard).field("ca_file", &self.ca_file).finish()
+    }
+}
+
+/// Answers one append and counts it off.
+pub(super) fn answer(pending: &std::sync::atomic::AtomicU64, req: WriteReq, r: Result<AuditRecord, AuditError>) {
+    // Counted out before the answer goes: whoever the answer wakes sees the
+    // count without it (the record is already indexed or refused).
+    pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    let _ = req.ack.send(r);
+}
+
+/// One record as sled indexes it.
+pub(super) struct Indexed<'a> {
+    seq: u64,
+    kind: RecordKind,
+    run: Option<&'a str>,
+    node: Option<&'a str>,
+    bytes: &'a [u8],
+    /// The run's id, creation time and the summary's bytes.
+    summary: Option<(&'a str, i64, &'a [u8])>,
+}
+
+/// Index records in sled: plain inserts in order (a record's index
+/// entries and summary before the record itself), not flushed — the record
+/// log is what makes them durable. Not a sled batch or transaction: each of
+/// those seals and writes sled's IO buffer with a synchronous writeback,
+/// which doubled the time of the log's own fdatasync. A crash leaves sled
+/// a prefix of these inserts (sled recovers its log up to the first
+/// incomplete entry), so the records tree's head says where replaying the
+/// log must start, and replaying the entries after it is idempotent.
+pub(super) fn index(t: &Trees, items: &[Indexed<'_>]) -> Result<(), AuditError> {
+    let w = |e: sled::Error| AuditError::Write(e.to_string());
+    for i in items {
+        if let Some(run) = i.run {
+            t.by_run.insert(index_key(run, i.seq), &[]).map_err(w)?;
+        }
+        if let Some(node) = i.node {
+            t.by_node.insert(index_key(node, i.seq), &[]).map_err(w)?;
+        }
+        if i.kind.indexed_by_kind() {
+            t.by_kind.insert(index_key(i.kind.as_str(), i.seq), &[]).map_err(w)?;
+        }
+        if let Some((id, created_ms, bytes)) = i.summary {
+            t.runs.insert(id.as_bytes(), bytes).map_err(w)?;
+            t.runs_by_created.insert(created_key(created_ms, id), &[]).map_err(w)?;
+        }
+        t.records.insert(i.seq.to_be_bytes(), i.bytes).map_err(w)?;
+    }
+    Ok(())
+}
+
+/// Put records the log holds and sled lost back into sled, and flush.
+pub(super) fn replay(t: &Trees, replay: &[Replay]) -> Result<(), AuditError> {
+    let summaries: Vec<Option<RunSummary>> =
+        replay.iter().map(|r| r.summary.as_ref().and_then(|b| serde_json::from_slice(b).ok())).collect();
+    let items: Vec<Indexed<'_>> = replay
+        .iter()
+        .zip(&summaries)
+        .map(|(r, s)| Indexed {
+            seq: r.record.seq,
+            kind: r.record.kind,
+            run: r.record.run.as_deref(),
+            node: r.record.node.as_deref(),
+            bytes: &r.bytes,
+            summary: s.as_ref().zip(r.summary.as_deref()).map(|(s, b)| (s.id.as_str(), s.created_ms, b)),
+        })
+        .collect();
+    index(t, &items)?;
+    t.db.flush().map(|_| ()).map_err(|e| AuditError::Write(e.to_string()))
+}
+
+pub(super) fn index_key(prefix: &str, seq: u64) -> Vec<u8> {
+    let mut k = prefix.as_bytes().to_vec();
+    k.push(0);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+pub(super) fn created_key(created_ms: i64, id: &str) -> Vec<u8> {
+    let mut k = (created_ms.max(0) as u64).to_be_bytes().to_vec();
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+/// Open sled's trees in `dir` (retrying briefly while a store closed a
+/// moment ago in this process lets go of its lock).
+pub(super) fn open_trees(dir: &Path) -> Result<(Trees, PathBuf), AuditError> {
+    let path = dir.join("audit.sled");
+    let mut attempt = 0;
+    let db = loop {
+        match sled::Config::new().path(&path).mode(sled::Mode::LowSpace).flush_every_ms(Some(SLED_FLUSH_MS)).open() {
+            Ok(db) => break db,
+            Err(e) => {
+                let message = e.to_string();
+                let locked = message.contains("could not acquire lock");
+                if locked && attempt < 40 {
+                    attempt += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    continue;
+                }
+                return Err(if locked {
+                    AuditError::Locked { path: path.clone(), message }
+                } else {
+                    AuditError::Open { path: path.clone(), message }
+                });
+            }
+        }
+    };
+    let open =
+        |name: &str| db.open_tree(name).map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() });
+    let trees = Trees {
+        records: open("records")?,
+        by_run: open("by_run")?,
+        by_node: open("by_node")?,
+        runs: open("runs")?,
+        runs_by_created: open("runs_by_created")?,
+        by_kind: open("by_kind")?,
+        db: db.clone(),
+    };
+    build_kind_index(&trees).map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() })?;
+    Ok((trees, path))
+}
+
+/// sled's copy is only an index of the record log (the durability point),
+/// and sled can be left unreadable by a crash mid-write: set it aside as
+/// `audit.sled.damaged` (replacing an older one) and build a new index from
+/// every record of the log. Refused, with sled put back, when there is no
+/// log or a line of it does not continue the chain — then the log is the
+/// only copy and `nightshift audit salvage` is the way out.
+pub(super) fn rebuild_index(
+    dir: &Path,
+    sled_path: &Path,
+    damage: &str,
+) -> Result<(Trees, (RecordLog, Vec<Replay>)), AuditError> {
+    let log_path = dir.join(super::LOG_FILE);
+    let refuse = |why: String| AuditError::Open {
+        path: sled_path.to_path_buf(),
+        message: format!(
+            "{damage}; the index cannot be rebuilt from the record log: {why}; \
+             run `nightshift audit salvage --data-dir {} --to NEW_DIR`",
+            dir.display()
+        ),
+    };
+    if !log_path.is_file() {
+        return Err(refuse(format!("expected {}, found no such file", log_path.display())));
+    }
+    let aside = set_aside(dir, sled_path).map_err(refuse)?;
+    let put_back = |why: String| {
+        let _ = std::fs::remove_dir_all(sled_path);
+        let _ = std::fs::rename(&aside, sled_path);
+        refuse(why)
+    };
+    let (trees, _) = open_trees(dir).map_err(|e| put_back(e.to_string()))?;
+    match RecordLog::open_for_rebuild(dir) {
+        Ok(log) => {
+            tracing::error!(
+                index = %sled_path.display(), damaged_copy = %aside.display(), damage, records = log.1.len(),
+                "audit index unreadable (a crash mid-write): rebuilding it from the record log"
+            );
+            Ok((trees, log))
+        }
+        Err(e) => {
+            drop(trees);
+            Err(put_back(e.to_string()))
+        }
+    }
+}
+
+/// Move an unreadable sled out of the way, to `audit.sled.damaged`
+/// (replacing an older one: the index is derived, the copy is for a
+/// post-mortem).
+pub(super) fn set_aside(dir: &Path, sled_path: &Path) -> Result<PathBuf, String> {
+    let aside = dir.join("audit.sled.damaged");
+    if aside.exists() {
+        std::fs::remove_dir_all(&aside).map_err(|e| format!("removing {}: {e}", aside.display()))?;
+    }
+    std::fs::rename(sled_path, &aside).map_err(|e| format!("moving the damaged index aside: {e}"))?;
+    Ok(aside)
+}
+
+/// A store from before the kind index (or before a kind joined it): build
+/// it once from the records (the index is derived; the marker says which
+/// kinds it covers for every record — 2: runbook modes joined).
+pub(super) fn build_kind_index(trees: &Trees) -> Result<(), sled::Error> {
+    const BUILT: &[u8] = b"\xffbuilt-2";
+    if trees.by_kind.get(BUILT)?.is_some() {
+        return Ok(());
+    }
+    let mut n = 0usize;
+    for item in trees.records.iter() {
+        let (_, v) = item?;
+        let Ok(r) = serde_json::from_slice::<AuditRecord>(&v) else { continue };
+        if r.kind.indexed_by_kind() {
+            trees.by_kind.insert(index_key(r.kind.as_str(), r.seq), &[])?;
+            n += 1;
+        }
+    }
+    trees.by_kind.insert(BUILT, &[])?;
+    if n > 0 {
+        tracing::info!(records = n, "audit store: built the index by kind");
+    }
+    Ok(())
+}
+
+/// The newest record sled holds: `(seq, hash)`, or the genesis.
+pub(super) fn local_head(trees: &Trees, path: &Path) -> Result<(u64, String), AuditError> {
+    Ok(match trees.records.last().map_err(|e| AuditError::Read(e.to_string()))? {
+        Some((_, v)) => {
+            let r: AuditRecord = serde_json::from_slice(&v).map_err(|e| AuditError::Open {
+                path: path.to_path_buf(),
+                message: format!("last record unreadable: {e}"),
+            })?;
+            (r.seq, r.hash)
+        }
+        None => (0, GENESIS.to_string()),
+    })
+}
+
+/// The next message: for a moment (what one caller takes to come back with
+/// its next record) by polling, then by sleeping. Waking a sleeping thread
+/// costs tens of µs on a VM, which is the whole gap between one writer and
+/// the disk's fdatasync rate; the poll costs nothing when the store is idle.
+pub(super) fn recv_soon<T>(rx: &std_mpsc::Receiver<T>) -> Option<T> {
+    let until = std::time::Instant::now() + std::time::Duration::from_micros(POLL_MICROS);
+    loop {
+        match rx.try_recv() {
+            Ok(m) => return Some(m),
+            Err(std_mpsc::TryRecvError::Disconnected) => return None,
+            Err(std_mpsc::TryRecvError::Empty) if std::time::Instant::now() < until => std::thread::yield_now(),
+            Err(std_mpsc::TryRecvError::Empty) => return rx.recv().ok(),
+        }
+    }
+}
+
+/// How long [`recv_soon`] polls before it sleeps.
+pub(super) const POLL_MICROS: u64 = 100;
+
+/// The first stage: chains a group of requests into records and makes
+/// them durable in the record log (one fdatasync), then hands them on.
+pub(super) struct Writer {
+    pub(super) seq: u64,
+    pub(super) hash: String,
+    pub(super) clock: SharedClock,
+    pub(super) log: RecordLog,
+    /// The first failed log write: every later append fails with it, so a
+    /// record appended in order is never missing behind a later one.
+    pub(super) failed: Option<AuditError>,
+    pub(super) pending: Arc<std::sync::atomic::AtomicU64>,
+    pub(super) stopped: Stopped,
+}
+
+/// A group in the record log, on its way to sled and to its callers.
+pub(super) struct Written {
+    pub(super) records: Vec<AuditRecord>,
+    pub(super) bytes: Vec<Vec<u8>>,
+    pub(super) summaries: Vec<Option<Vec<u8>>>,
+    /// Each summary's run id and creation time.
+    pub(super) meta: Vec<Option<(String, i64)>>,
+    /// The callers to answer (none for records read from the database).
+    pub(super) batch: Vec<WriteReq>,
+}
+
+/// The second stage: indexes a durable group in sled, then acknowledges
+/// it — while the first stage already syncs the next group. Once sled
+/// fails, it acknowledges nothing more (the log holds those records; an
+/// open replays them).
+pub(super) struct Indexer {
+    pub(super) trees: Trees,
+    pub(super) live: broadcast::Sender<Arc<AuditRecord>>,
+    pub(super) head: Arc<std::sync::atomic::AtomicU64>,
+    pub(super) failed: Option<AuditError>,
+    pub(super) pending: Arc<std::sync::atomic::AtomicU64>,
+    /// Set at the first failure to write or index: the writers refuse every
+    /// later append *before* it reaches the log, and the engine reads it to
+    /// stop acting and answer 503 (`AuditStore::stopped`).
+    pub(super) stopped: Stopped,
+}
+
+/// The store's first durability failure, shared by its threads.
+pub(super) type Stopped = Arc<std::sync::Mutex<Option<AuditError>>>;
+
+/// Record the first failure (later ones keep the first's words).
+pub(super) fn stop(stopped: &Stopped, e: &AuditError) {
+    let mut g = stopped.lock().unwrap_or_else(|p| p.into_inner());
+    if g.is_none() {
+        *g = Some(e.clone());
+    }
+}
+
+/// The first failure, if the store has stopped.
+pub(super) fn stopped_with(stopped: &Stopped) -> Option<AuditError> {
+    stopped.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// Chain a group of requests after record `seq` (hash `hash`) at time
+/// `now`: the records, the exact bytes of the summaries they vouch for,
+/// and each summary's run id and creation time.
+#[allow(clippy::type_complexity)]
+pub(super) fn chain(
+    seq: u64,
+    hash: &str,
+    now: i64,
+    batch: &[WriteReq],
+) -> (Vec<AuditRecord>, Vec<Option<Vec<u8>>>, Vec<Option<(String, i64)>>) {
+    let mut records = Vec::with_capacity(batch.len());
+    let mut summaries: Vec<Option<Vec<u8>>> = Vec::with_capacity(batch.len());
+    let (mut seq, mut prev) = (seq, hash.to_string());
+    for req in batch {
+        seq += 1;
+        // A record that changes a run's summary carries the summary's
+        // hash, so the chain vouches for the timeline too.
+        let summary = req.summary.as_ref().map(|s| serde_json::to_vec(s).unwrap_or_default());
+        let mut data = req.rec.data.clone();
+        if let (Some(bytes), Some(obj)) = (&summary, data.as_object_mut()) {
+            obj.insert("summary_sha256".into(), Value::String(sha256_hex(bytes)));
+        }
+        summaries.push(summary);
+        let mut r = AuditRecord {
+            seq,
+            ts_ms: now,
+            kind: req.rec.kind,
+            run: req.rec.run.clone(),
+            node: req.rec.node.clone(),
+            gpu: req.rec.gpu,
+            runbook: req.rec.runbook.clone(),
+            actor: req.rec.actor.clone(),
+            data,
+            prev_hash: prev.clone(),
+            hash: String::new(),
+            v: Some(super::CHAIN_VERSION),
+        };
+        r.hash = r.compute_hash();
+        prev = r.hash.clone();
+        records.push(r);
+    }
+    let meta = batch.iter().map(|r| r.summary.as_ref().map(|s| (s.id.clone(), s.created_ms))).collect();
+    (records, summaries, meta)
+}
+
+impl Writer {
+    pub(super) fn run(mut self, rx: std_mpsc::Receiver<Msg>, indexer: Indexer) {
+        // A small queue: the log may run one group ahead of sled, no more.
+        let (tx, written) = std_mpsc::sync_channel::<Written>(1);
+        let second = std::thread::Builder::new().name("audit-index".into()).spawn(move || indexer.run(written));
+        let second = match second {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(error = %e, "audit store: cannot start its index thread");
+                return;
+            }
+        };
+        while let Some(first) = recv_soon(&rx) {
+            let first = match first {
+                Msg::Write(w) => w,
+                Msg::Lead { ack, .. } => {
+                    let _ = ack.send(Err(AuditError::Write("the sled backend has no leader election".into())));
+                    continue;
+                }
+            };
+            let mut batch = vec![first];
+            while batch.len() < 4096 {
+                match rx.try_recv() {
+                    Ok(Msg::Write(r)) => batch.push(r),
+                    Ok(Msg::Lead { ack, .. }) => {
+                        let _ = ack.send(Err(AuditError::Write("the sled backend has no leader election".into())));
+                    }
+                    Err(_) => break,
+                }
+            }
+            if let Some(w) = self.write_batch(batch)
+                && tx.send(w).is_err()
+            {
+                break;
+            }
+        }
+        drop(tx);
+        let _ = second.join();
+        if let Err(e) = self.log.close() {
+            tracing::warn!(error = %e, "record log: cannot give back its zero-filled room");
+        }
+    }
+
+    /// Chain, encode and sync one group; `None` when the log refused it
+    /// (its callers have their error then).
+    pub(super) fn write_batch(&mut self, batch: Vec<WriteReq>) -> Option<Written> {
+        if self.failed.is_none() {
+            self.failed = stopped_with(&self.stopped);
+        }
+        if let Some(e) = &self.failed {
+            for req in batch {
+                answer(&self.pending, req, Err(e.clone()));
+            }
+            return None;
+        }
+        let (records, summaries, meta) = chain(self.seq, &self.hash, self.clock.now_ms(), &batch);
+        let (seq, prev) = records.last().map_or((self.seq, self.hash.clone()), |r| (r.seq, r.hash.clone()));
+        // Serialize once: the same bytes go to the log and to sled.
+        let mut bytes = Vec::with_capacity(records.len());
+        let mut buf = Vec::with_capacity(records.len() * 512);
+        for (r, summary) in records.iter().zip(&summaries) {
+            let b = serde_json::to_vec(r).unwrap_or_default();
+            encode_lines(&mut buf, &b, r.seq, summary.as_deref());
+            bytes.push(b);
+        }
+        match self.log.append_bytes(&buf) {
+            Ok(()) => {
+                self.seq = seq;
+                self.hash = prev;
+                Some(Written { records, bytes, summaries, meta, batch })
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "audit write failed: no more appends are accepted until a restart");
+                let e = AuditError::Write(format!(
+                    "the record log could not be written ({e}); the audit store accepts nothing more and the engine has stopped \
+                     acting: free space on the engine's data disk (or fix it) and restart the engine"
+                ));
+                for req in batch {
+                    answer(&self.pending, req, Err(e.clone()));
+                }
+                stop(&self.stopped, &e);
+                self.failed = Some(e);
+                None
+            }
+        }
+    }
+}
+
+/// The index thread's state and the handles the store keeps to it: the
+/// live tail, the head it acknowledged, the appends not yet answered.
+pub(super) type IndexerParts = (
+    Indexer,
+    broadcast::Sender<Arc<AuditRecord>>,
+    Arc<std::sync::atomic::AtomicU64>,
+    Arc<std::sync::atomic::AtomicU64>,
+    Stopped,
+);
+
+impl Indexer {
+    pub(super) fn new(trees: &Trees, head_seq: u64) -> IndexerParts {
+        let (live, _) = broadcast::channel(4096);
+        let head = Arc::new(std::sync::atomic::AtomicU64::new(head_seq));
+        let pending = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let stopped: Stopped = Arc::default();
+        let indexer = Indexer {
+            trees: trees.clone(),
+            live: live.clone(),
+            head: head.clone(),
+            failed: None,
+            pending: pending.clone(),
+            stopped: stopped.clone(),
+        };
+        (indexer, live, head, pending, stopped)
+    }
+
+    pub(super) fn run(mut self, rx: std_mpsc::Receiver<Written>) {
+        while let Some(w) = recv_soon(&rx) {
+            self.index(w);
+        }
+        if let Err(e) = self.trees.db.flush() {
+            tracing::warn!(error = %e, "audit store: flush at close failed (the record log has every record)");
+        }
+    }
+
+    pub(super) fn index(&mut self, w: Written) {
+        if self.failed.is_none() {
+            let items: Vec<Indexed<'_>> = w
+                .records
+                .iter()
+                .zip(&w.meta)
+                .zip(&w.summaries)
+                .zip(&w.bytes)
+                .map(|(((r, meta), summary), b)| Indexed {
+                    seq: r.seq,
+                    kind: r.kind,
+                    run: r.run.as_deref(),
+                    node: r.node.as_deref(),
+                    bytes: b,
+                    summary: meta
+                        .as_ref()
+                        .zip(summary.as_deref())
+                        .map(|((id, created), sb)| (id.as_str(), *created, sb)),
+                })
+                .collect();
+            if let Err(e) = index(&self.trees, &items) {
+                // The group is in the record log (the durability point), so
+                // it is answered as written: what was acknowledged runs, and
+                // what the log lacks was refused. Nothing more is accepted.
+                let e = AuditError::Write(format!(
+                    "the audit index (sled) failed ({e}); the audit store accepts nothing more and the engine has \
+                     stopped acting: free space on the engine's data disk and restart the engine (the record log \
+                     holds every acknowledged record and replays them)"
+                ));
+                tracing::error!(error = %e, "audit index failed: this store accepts nothing more");
+                stop(&self.stopped, &e);
+                self.failed = Some(e);
+            }
+        }
+        if let Some(last) = w.records.last() {
+            self.head.store(last.seq, std::sync::atomic::Ordering::SeqCst);
+        }
+        let mut batch = w.batch.into_iter();
+        for r in w.records {
+            let _ = self.live.send(Arc::new(r.clone()));
+            if let Some(req) = batch.next() {
+                answer(&self.pending, req, Ok(r));
+            }
+        }
+    }
+}
