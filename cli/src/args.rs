@@ -333,9 +333,15 @@ pub enum AuditCmd {
         /// or `postgres://…`).
         #[arg(long, conflicts_with = "url_env")]
         url_file: Option<std::path::PathBuf>,
-        /// An environment variable holding it.
+        /// An environment variable holding it. With neither, engine.yaml's
+        /// `audit.postgres` (url_file/url_env, ca_file) is used.
         #[arg(long)]
         url_env: Option<String>,
+        /// The CA certificate(s) that sign the server's (PEM), for
+        /// `sslmode=require` (default: engine.yaml's `audit.postgres.ca_file`,
+        /// else the Mozilla roots) — the same TLS connection as the engine's.
+        #[arg(long)]
+        ca_file: Option<std::path::PathBuf>,
         /// The shard the records belong to.
         #[arg(long, default_value = "default")]
         shard: String,

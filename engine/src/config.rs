@@ -249,14 +249,24 @@ impl EngineConfig {
 impl PostgresConfig {
     /// The connection URL, from its file or variable.
     pub fn url(&self) -> Result<String, String> {
-        match (&self.url_file, &self.url_env) {
+        PostgresConfig::read_url(self.url_file.as_deref(), self.url_env.as_deref(), "audit.postgres.")
+    }
+
+    /// The connection URL from a file or an environment variable (exactly
+    /// one), trimmed; `what` prefixes the field names in errors
+    /// (`audit.postgres.` here, `--` for the CLI's flags).
+    pub fn read_url(file: Option<&Path>, env: Option<&str>, what: &str) -> Result<String, String> {
+        let sep = if what.ends_with('.') { "_" } else { "-" };
+        match (file, env) {
             (Some(f), None) => std::fs::read_to_string(f)
                 .map(|s| s.trim().to_string())
-                .map_err(|e| format!("audit.postgres.url_file {}: {e}", f.display())),
-            (None, Some(v)) => {
-                std::env::var(v).map_err(|_| format!("audit.postgres.url_env: the environment variable {v} is not set"))
+                .map_err(|e| format!("{what}url{sep}file {}: {e}", f.display())),
+            (None, Some(v)) => std::env::var(v)
+                .map(|s| s.trim().to_string())
+                .map_err(|_| format!("{what}url{sep}env: the environment variable {v} is not set")),
+            _ => {
+                Err(format!("expected exactly one of {what}url{sep}file and {what}url{sep}env, found both or neither"))
             }
-            _ => Err("audit.postgres: expected exactly one of url_file and url_env".into()),
         }
     }
 

@@ -216,24 +216,28 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
             }
             Ok(if v.ok { 0 } else { 1 })
         }
-        AuditCmd::Migrate { to, url_file, url_env, shard } => {
+        AuditCmd::Migrate { to, url_file, url_env, ca_file, shard } => {
             if to != "postgres" {
                 return Err(usage(format!("--to: expected postgres, found {to:?}")));
             }
-            let url = match (url_file, url_env) {
-                (Some(f), None) => std::fs::read_to_string(f)
-                    .map_err(|e| usage(format!("--url-file {}: cannot read it: {e}", f.display())))?
-                    .trim()
-                    .to_string(),
-                (None, Some(v)) => std::env::var(v)
-                    .map_err(|_| usage(format!("--url-env {v}: the variable is not set")))?
-                    .trim()
-                    .to_string(),
-                _ => return Err(usage("name the connection string: --url-file FILE or --url-env VAR")),
-            };
             let config =
                 nightshift_engine::config::EngineConfig::load(&cli.config).map_err(|e| usage(e.to_string()))?;
-            migrate_to_postgres(&config.data_dir, &url, shard).await
+            // The connection string as the engine reads it: the flags, else
+            // engine.yaml's audit.postgres.
+            let from_config = config.audit.postgres.as_ref();
+            let (url, config_ca) = if url_file.is_some() || url_env.is_some() {
+                let url =
+                    nightshift_engine::config::PostgresConfig::read_url(url_file.as_deref(), url_env.as_deref(), "--")
+                        .map_err(usage)?;
+                (url, from_config.and_then(|p| p.ca_file.clone()))
+            } else {
+                let p = from_config.ok_or_else(|| {
+                    usage("name the connection string: --url-file FILE or --url-env VAR (or audit.postgres in engine.yaml)")
+                })?;
+                (p.url().map_err(usage)?, p.ca_file.clone())
+            };
+            let ca = ca_file.clone().or(config_ca);
+            migrate_to_postgres(&config.data_dir, &url, ca.as_deref(), shard).await
         }
         AuditCmd::Head => {
             let Some(h) = c.audit_head().await? else {
@@ -311,7 +315,12 @@ async fn salvage(cli: &Cli, out: &Out, to: &std::path::Path) -> Result<u8> {
 
 /// `audit migrate --to postgres`: the record log into PostgreSQL, in
 /// batches of 1,000 records a transaction, resuming after what is there.
-async fn migrate_to_postgres(data_dir: &std::path::Path, url: &str, shard: &str) -> Result<u8> {
+async fn migrate_to_postgres(
+    data_dir: &std::path::Path,
+    url: &str,
+    ca_file: Option<&std::path::Path>,
+    shard: &str,
+) -> Result<u8> {
     use nightshift_engine::audit::pg;
     // The store must not be in use: opening it takes its lock.
     drop(
@@ -319,10 +328,11 @@ async fn migrate_to_postgres(data_dir: &std::path::Path, url: &str, shard: &str)
             .map_err(|e| usage(format!("{e} (stop the engine before migrating)")))?,
     );
     let records = nightshift_engine::audit::log_records(data_dir)?;
-    let (mut db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+    // The engine's own connection: TLS as the URL's sslmode asks, the
+    // server's certificate checked against the CA file.
+    let mut db = pg::connect(url, ca_file)
         .await
         .map_err(|e| anyhow::Error::new(crate::Fail(4)).context(format!("cannot connect to PostgreSQL: {e}")))?;
-    tokio::spawn(conn);
     let version = pg::migrate_schema(&mut db).await?;
     let from = match pg::head(&db, shard).await? {
         None => 0,
