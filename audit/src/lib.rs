@@ -1,16 +1,79 @@
-//! The tamper-evident audit log, in sled, behind one small interface.
+//! nightshift's tamper-evident audit log: what the engine saw, decided and
+//! did, as a hash chain that is durable before anything acts on it.
 //!
-//! Every record has a gap-free sequence number and carries the SHA-256 of the
-//! record before it (over canonical JSON), so editing, removing or
-//! reordering any record breaks the chain at that point and [`AuditStore::verify`]
-//! names it. Appends go through a writer thread that groups concurrent
-//! appends into one write and one fdatasync of the record log
-//! (`records.jsonl`, the durability point), and an index thread that then
-//! puts them in sled (by seq, by run, by node, run summaries) and
-//! acknowledges them: a record is durable before its `append` returns, and
-//! readable from sled too. sled flushes in the background; what it loses in
-//! a crash is replayed from the log when the store opens.
-
+//! # Records and the chain
+//!
+//! A record ([`AuditRecord`]) has a gap-free sequence number `seq` from 1,
+//! a time, a kind, the run/node/GPU/runbook it is about, an actor, a JSON
+//! payload, `prev_hash` (the previous record's `hash`; [`GENESIS`] for the
+//! first) and its own `hash`: SHA-256, hex, over RFC 8785 canonical JSON of
+//! every field but `hash` (chain version 2, `"v": 2`), or over serde_json's
+//! bytes of the fields in a fixed order (version 1, records written before
+//! version 2; both verify, and the chain runs across the change). Editing,
+//! removing or reordering any record breaks the chain there, and
+//! [`AuditStore::verify`] names the record. A `salvaged` record may excuse
+//! breaks *before itself* only (`chain.rs`). A record that changes a run's
+//! summary carries `summary_sha256`, the digest of the summary's exact
+//! bytes, so the run read-model is vouched for by the chain too.
+//!
+//! # On disk (the sled backend)
+//!
+//! `data_dir/records.jsonl` — the **durability point**. One line per record
+//! (its JSON), and after a record that changed a run summary a line
+//! `{"summary_of": SEQ, "summary": "…"}` with that summary's exact bytes.
+//! The writer thread appends a group of lines and fdatasyncs once; the file
+//! grows in zero-filled chunks so that fdatasync writes the data only, and a
+//! crash leaves NUL bytes at the tail, which readers skip. Then the index
+//! thread puts the group in sled and answers the callers: `append` returns
+//! only after the fdatasync (and `append_ordered`'s record is durable before
+//! any later append returns).
+//!
+//! `data_dir/audit.sled` — the index, rebuildable from the log: records by
+//! seq, `run \0 seq`, `node \0 seq`, `kind \0 seq` for the kinds whose state
+//! outlives a replay window, run summaries by id and by creation time. sled
+//! flushes in the background (about every second): on open, a torn last
+//! log line is cut, and every log line sled lacks is replayed into it
+//! (lines that do not continue the chain are cut, never indexed); an index
+//! sled cannot open is set aside and rebuilt from the log.
+//!
+//! # In PostgreSQL (the HA backend)
+//!
+//! Tables (versioned migrations in `pg.rs`, one engine migrating at a
+//! time under an advisory lock): `nightshift_audit (shard, seq, ts_ms,
+//! kind, run, node, gpu, runbook, actor, prev_hash, hash, record, summary,
+//! PRIMARY KEY (shard, seq))`, `nightshift_run_summary (shard, run, summary,
+//! created_ms, runbook, state, outcome, node, gpu, nodes)`,
+//! `nightshift_lease (shard, holder, term, expires_at, url)` and
+//! `nightshift_engines (shard, holder, url, role, term, seen_at)`
+//! (`ha.rs`), `nightshift_schema (version)`. The durability point is the
+//! commit of one statement per group, chained after the stored head and
+//! **fenced**: it reads the lease row `FOR SHARE` and writes only while this
+//! engine's holder and term hold an unexpired lease, so a deposed leader's
+//! late group is refused by the database itself. The local sled copy is
+//! then the engine's index for queries; a standby follows the table into
+//! its own copy.
+//!
+//! # Recovery
+//!
+//! After a crash nothing acknowledged is lost: it was in the log (or
+//! committed) before its caller heard back. The engine rebuilds its state
+//! (runs, cooldowns, holds, modes, faults) from the chain; recovery's own
+//! records say what it concluded.
+//!
+//! # What `verify` proves, and what it cannot
+//!
+//! `verify` walks the whole chain — every `prev_hash` link, every `hash`
+//! recomputed, summaries against their digests, the log against sled — and
+//! names the first record that does not check out. It proves the store is
+//! one unbroken chain from [`GENESIS`]. It cannot prove the chain is the
+//! one that was written: someone able to rewrite the whole store can
+//! rewrite every hash too, or cut the newest records off. Only an **outside
+//! anchor** proves that: the head (`seq`, `hash`) published elsewhere
+//! (`nightshift audit head`, `/api/v1/audit/head`), against
+//! which a later head must extend. `scripts/verify-chain.py` recomputes the
+//! hashes of an export without nightshift.
+//!
+//! # Layout
 //!
 //! The modules form a DAG, lowest first (`tests/tests/architecture.rs`
 //! checks it, `super::` paths included):
