@@ -1,6 +1,8 @@
-//! The chain's rules that more than one reader applies: which breaks a
-//! `salvaged` record excuses (the record log's open, `verify`, salvage).
-//! The lowest layer of the crate: it names no other module.
+//! The chain rule, written once: [`Walk`] checks records in `seq` order —
+//! gap-free from 1, each linked to the one before, each hash its content's
+//! — for every reader (the record log, sled, PostgreSQL), with one wording
+//! per [`Break`]; and which breaks a `salvaged` record excuses. The lowest
+//! layer of the crate: it names no other module.
 
 use super::*;
 
@@ -29,4 +31,152 @@ pub fn excuses<'a>(records: impl Iterator<Item = &'a AuditRecord>) -> Vec<(u64, 
     out.sort_unstable();
     out.dedup_by_key(|(e, _)| *e);
     out
+}
+
+/// Why a record does not continue the chain. One wording for every reader
+/// (the record log, sled, PostgreSQL).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Break {
+    /// A record is missing: `expected` came next, `found` came instead.
+    Missing { expected: u64, found: u64 },
+    /// `seq`'s `prev_hash` is not the record before it's hash.
+    Unlinked { seq: u64 },
+    /// `seq`'s content does not hash to its `hash`.
+    Altered { seq: u64 },
+}
+
+impl Break {
+    /// The record the break is reported at.
+    pub fn seq(&self) -> u64 {
+        match self {
+            Break::Missing { expected, .. } => *expected,
+            Break::Unlinked { seq } | Break::Altered { seq } => *seq,
+        }
+    }
+}
+
+impl std::fmt::Display for Break {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Break::Missing { expected, found } => {
+                write!(f, "record {expected} is missing (the next record is {found})")
+            }
+            Break::Unlinked { seq } => write!(
+                f,
+                "record {seq} does not link to record {}: its prev_hash is not that record's hash",
+                seq.saturating_sub(1)
+            ),
+            Break::Altered { seq } => write!(f, "record {seq} was altered: its hash does not match its content"),
+        }
+    }
+}
+
+/// The chain rule, walked record by record in `seq` order: gap-free from 1,
+/// each record linked to the one before, each hash its content's — except
+/// the breaks an earlier salvage documented (`excused`), which are noted in
+/// `used`.
+pub struct Walk<'a> {
+    expected: u64,
+    prev: String,
+    excused: &'a std::collections::HashMap<u64, u64>,
+    /// (record after an excused break, the `salvaged` record excusing it).
+    pub used: Vec<(u64, u64)>,
+}
+
+impl<'a> Walk<'a> {
+    pub fn new(excused: &'a std::collections::HashMap<u64, u64>) -> Walk<'a> {
+        Walk { expected: 1, prev: GENESIS.to_string(), excused, used: Vec::new() }
+    }
+
+    /// The next `seq` the chain expects.
+    pub fn expected(&self) -> u64 {
+        self.expected
+    }
+
+    /// Records verified so far: 1 to `verified_up_to`.
+    pub fn verified_up_to(&self) -> u64 {
+        self.expected - 1
+    }
+
+    /// Check the next record.
+    pub fn check(&mut self, r: &AuditRecord) -> Result<(), Break> {
+        let excuse = self.excused.get(&r.seq).copied();
+        if (r.seq != self.expected || r.prev_hash != self.prev)
+            && let Some(by) = excuse
+        {
+            self.used.push((r.seq, by));
+        }
+        if r.seq != self.expected && excuse.is_none() {
+            return Err(Break::Missing { expected: self.expected, found: r.seq });
+        }
+        if r.prev_hash != self.prev && excuse.is_none() {
+            return Err(Break::Unlinked { seq: r.seq });
+        }
+        if r.compute_hash() != r.hash {
+            return Err(Break::Altered { seq: r.seq });
+        }
+        self.prev = r.hash.clone();
+        self.expected = r.seq + 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(n: u64) -> Vec<AuditRecord> {
+        let mut prev = GENESIS.to_string();
+        (1..=n)
+            .map(|seq| {
+                let mut r = AuditRecord {
+                    seq,
+                    ts_ms: seq as i64,
+                    kind: RecordKind::Note,
+                    run: None,
+                    node: None,
+                    gpu: None,
+                    runbook: None,
+                    actor: "engine".into(),
+                    data: serde_json::json!({"n": seq}),
+                    prev_hash: prev.clone(),
+                    hash: String::new(),
+                    v: Some(2),
+                };
+                r.hash = r.compute_hash();
+                prev = r.hash.clone();
+                r
+            })
+            .collect()
+    }
+
+    /// One rule, one wording: a gap, a broken link, an edited record; a
+    /// break a later salvage documents is excused and noted.
+    #[test]
+    fn the_chain_rule_names_each_break() {
+        let walk = |recs: &[AuditRecord], excused: &std::collections::HashMap<u64, u64>| {
+            let mut w = Walk::new(excused);
+            let r = recs.iter().try_for_each(|r| w.check(r));
+            (r.map_err(|b| b.to_string()), w.verified_up_to(), w.used)
+        };
+        let none = std::collections::HashMap::new();
+        let ok = chain(4);
+        assert_eq!(walk(&ok, &none), (Ok(()), 4, vec![]));
+        let mut gap = chain(4);
+        gap.remove(1);
+        assert_eq!(walk(&gap, &none).0, Err("record 2 is missing (the next record is 3)".into()));
+        let mut unlinked = chain(4);
+        unlinked[2].prev_hash = "00".into();
+        unlinked[2].hash = unlinked[2].compute_hash();
+        assert_eq!(
+            walk(&unlinked, &none).0,
+            Err("record 3 does not link to record 2: its prev_hash is not that record's hash".into())
+        );
+        let mut altered = chain(4);
+        altered[3].data = serde_json::json!({"n": 99});
+        assert_eq!(walk(&altered, &none).0, Err("record 4 was altered: its hash does not match its content".into()));
+        // Record 3 follows a documented loss (record 2 gone), excused by record 9.
+        let excused = std::collections::HashMap::from([(3, 9)]);
+        assert_eq!(walk(&gap, &excused), (Ok(()), 4, vec![(3, 9)]));
+    }
 }

@@ -404,18 +404,16 @@ pub fn verify_log(path: &Path) -> Result<VerifyReport, AuditError> {
         LogLine::Bad { .. } | LogLine::Summary { .. } => None,
     }));
     let excused: std::collections::HashMap<u64, u64> = excuses.into_iter().collect();
-    let mut used = Vec::new();
-    let mut prev = GENESIS.to_string();
-    let mut expected = 1u64;
+    let mut walk = super::chain::Walk::new(&excused);
     let mut records = 0u64;
     for l in &lines {
         if matches!(l, LogLine::Summary { .. }) {
             continue;
         }
         records += 1;
-        let bad = |first_bad_seq: u64, problem: String| VerifyReport {
+        let bad = |walk: &super::chain::Walk<'_>, first_bad_seq: u64, problem: String| VerifyReport {
             ok: false,
-            verified_up_to: expected - 1,
+            verified_up_to: walk.verified_up_to(),
             records,
             first_bad_seq: Some(first_bad_seq),
             problem: Some(problem),
@@ -423,34 +421,22 @@ pub fn verify_log(path: &Path) -> Result<VerifyReport, AuditError> {
         };
         match l {
             LogLine::Bad { line, problem } => {
-                return Ok(bad(expected, format!("{}:{line}: {problem}", path.display())));
+                return Ok(bad(&walk, walk.expected(), format!("{}:{line}: {problem}", path.display())));
             }
             LogLine::Summary { .. } => {}
             LogLine::Good(r) => {
-                let excuse = excused.get(&r.seq).copied();
-                if (r.seq != expected || r.prev_hash != prev)
-                    && let Some(by) = excuse
-                {
-                    used.push((r.seq, by));
+                if let Err(b) = walk.check(r) {
+                    return Ok(bad(&walk, b.seq(), b.to_string()));
                 }
-                let excuse = excuse.is_some();
-                if r.seq != expected && !excuse {
-                    return Ok(bad(expected, format!("record {expected} is missing (found {} next)", r.seq)));
-                }
-                if r.prev_hash != prev && !excuse {
-                    return Ok(bad(r.seq, format!("record {} does not link to the record before it", r.seq)));
-                }
-                prev = r.hash.clone();
-                expected = r.seq + 1;
             }
         }
     }
     Ok(VerifyReport {
         ok: true,
-        verified_up_to: expected - 1,
+        verified_up_to: walk.verified_up_to(),
         records,
         first_bad_seq: None,
         problem: None,
-        excused: used,
+        excused: walk.used,
     })
 }

@@ -707,7 +707,7 @@ mod tests {
         s.delete_for_tests(3).unwrap();
         let v = s.verify().unwrap();
         assert_eq!(v.first_bad_seq, Some(3));
-        assert!(v.problem.unwrap().contains("sequence gap: expected record 3, found 4"));
+        assert!(v.problem.unwrap().contains("record 3 is missing (the next record is 4)"));
     }
 
     /// Regression: without exact float parsing, a stored record read back

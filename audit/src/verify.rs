@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::index::Trees;
-use super::{AuditError, AuditRecord, GENESIS, RecordKind, VerifyReport, sha256_hex};
+use super::{AuditError, AuditRecord, RecordKind, VerifyReport, sha256_hex};
 
 /// How long a walk may go without reading a record before the store counts
 /// as stuck on damaged data.
@@ -166,14 +166,12 @@ fn walk(trees: &Trees, progress: &AtomicU64) -> VerifyReport {
 }
 
 fn chain(trees: &Trees, excused: &HashMap<u64, u64>, progress: &AtomicU64) -> VerifyReport {
-    let mut prev = GENESIS.to_string();
-    let mut expected = 1u64;
+    let mut walk = super::chain::Walk::new(excused);
     let mut records = 0u64;
-    let mut used = Vec::new();
     for item in trees.records.iter() {
-        let bad = |records: u64, first: u64, problem: String| VerifyReport {
+        let bad = |walk: &super::chain::Walk<'_>, records: u64, first: u64, problem: String| VerifyReport {
             ok: false,
-            verified_up_to: expected - 1,
+            verified_up_to: walk.verified_up_to(),
             records,
             first_bad_seq: Some(first),
             problem: Some(problem),
@@ -182,7 +180,9 @@ fn chain(trees: &Trees, excused: &HashMap<u64, u64>, progress: &AtomicU64) -> Ve
         let (k, v) = match item {
             Ok(kv) => kv,
             Err(e) => {
+                let expected = walk.expected();
                 return bad(
+                    &walk,
                     records,
                     expected,
                     format!("record {expected} (or the page holding it) cannot be read: {e}"),
@@ -191,41 +191,26 @@ fn chain(trees: &Trees, excused: &HashMap<u64, u64>, progress: &AtomicU64) -> Ve
         };
         let key_seq = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0; 8]));
         records += 1;
-        let excuse = excused.contains_key(&key_seq);
-        if key_seq != expected && !excuse {
-            return bad(
-                records,
-                expected.min(key_seq),
-                format!("sequence gap: expected record {expected}, found {key_seq}"),
-            );
-        }
         let r: AuditRecord = match serde_json::from_slice(&v) {
             Ok(r) => r,
-            Err(e) => return bad(records, key_seq, format!("record {key_seq} is not a valid record: {e}")),
+            Err(e) => return bad(&walk, records, key_seq, format!("record {key_seq} is not a valid record: {e}")),
         };
         if r.seq != key_seq {
-            return bad(records, key_seq, format!("record stored at {key_seq} says it is {}", r.seq));
+            return bad(&walk, records, key_seq, format!("record stored at {key_seq} says it is {}", r.seq));
         }
-        if r.prev_hash != prev && !excuse {
-            return bad(
-                records,
-                key_seq,
-                format!("record {key_seq} does not link to record {}: prev_hash mismatch", key_seq - 1),
-            );
+        if let Err(b) = walk.check(&r) {
+            return bad(&walk, records, b.seq(), b.to_string());
         }
-        if (key_seq != expected || r.prev_hash != prev)
-            && let Some(by) = excused.get(&key_seq)
-        {
-            used.push((key_seq, *by));
-        }
-        if r.compute_hash() != r.hash {
-            return bad(records, key_seq, format!("record {key_seq} was altered: its hash does not match its content"));
-        }
-        prev = r.hash;
-        expected = key_seq + 1;
         progress.store(key_seq, Ordering::SeqCst);
     }
-    VerifyReport { ok: true, verified_up_to: expected - 1, records, first_bad_seq: None, problem: None, excused: used }
+    VerifyReport {
+        ok: true,
+        verified_up_to: walk.verified_up_to(),
+        records,
+        first_bad_seq: None,
+        problem: None,
+        excused: walk.used,
+    }
 }
 
 /// The breaks `salvaged` records document (each before its salvage
