@@ -126,31 +126,7 @@ pub fn plotted_query() -> String {
 
 /// Parse a `/api/v1/query_range` response (a matrix): one sample per value.
 pub fn parse_range_response(url: &str, body: &[u8]) -> Result<Vec<PromSample>, SourceError> {
-    let bad = |found: String| SourceError::Response { url: url.to_string(), found };
-    let v: Value = serde_json::from_slice(body).map_err(|e| bad(format!("invalid JSON ({e})")))?;
-    if v["status"] != "success" {
-        return Err(bad(format!("status {} ({})", v["status"], v["error"])));
-    }
-    if v["data"]["resultType"] != "matrix" {
-        return Err(bad(format!("resultType {} (expected matrix)", v["data"]["resultType"])));
-    }
-    let mut out = Vec::new();
-    for r in v["data"]["result"].as_array().into_iter().flatten() {
-        let Some(metric) = r["metric"].as_object() else { continue };
-        let labels: BTreeMap<String, String> =
-            metric.iter().filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string()))).collect();
-        let Some(name) = labels.get("__name__").cloned() else { continue };
-        for p in r["values"].as_array().into_iter().flatten() {
-            let (Some(ts), Some(val)) = (p[0].as_f64(), p[1].as_str().and_then(parse_value)) else { continue };
-            out.push(PromSample {
-                name: name.clone(),
-                labels: labels.clone(),
-                value: val,
-                ts_ms: Some((ts * 1000.0).round() as i64),
-            });
-        }
-    }
-    Ok(out)
+    parse_response(url, body, "matrix")
 }
 
 /// Parse the text exposition format. Lines that do not parse are counted in
@@ -267,13 +243,19 @@ fn parse_value(v: &str) -> Option<f64> {
 
 /// Parse a `/api/v1/query` response (a vector).
 pub fn parse_query_response(url: &str, body: &[u8]) -> Result<Vec<PromSample>, SourceError> {
+    parse_response(url, body, "vector")
+}
+
+/// A Prometheus answer of `result_type`: every value of every series as a
+/// sample (a vector's one `value`, a matrix's `values`).
+fn parse_response(url: &str, body: &[u8], result_type: &str) -> Result<Vec<PromSample>, SourceError> {
     let bad = |found: String| SourceError::Response { url: url.to_string(), found };
     let v: Value = serde_json::from_slice(body).map_err(|e| bad(format!("invalid JSON ({e})")))?;
     if v["status"] != "success" {
         return Err(bad(format!("status {} ({})", v["status"], v["error"])));
     }
-    if v["data"]["resultType"] != "vector" {
-        return Err(bad(format!("resultType {}", v["data"]["resultType"])));
+    if v["data"]["resultType"] != result_type {
+        return Err(bad(format!("resultType {} (expected {result_type})", v["data"]["resultType"])));
     }
     let mut out = Vec::new();
     for r in v["data"]["result"].as_array().into_iter().flatten() {
@@ -281,10 +263,19 @@ pub fn parse_query_response(url: &str, body: &[u8]) -> Result<Vec<PromSample>, S
         let labels: BTreeMap<String, String> =
             metric.iter().filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string()))).collect();
         let Some(name) = labels.get("__name__").cloned() else { continue };
-        let (Some(ts), Some(val)) = (r["value"][0].as_f64(), r["value"][1].as_str().and_then(parse_value)) else {
-            continue;
+        let points: Vec<&Value> = match result_type {
+            "vector" => vec![&r["value"]],
+            _ => r["values"].as_array().into_iter().flatten().collect(),
         };
-        out.push(PromSample { name, labels, value: val, ts_ms: Some((ts * 1000.0).round() as i64) });
+        for p in points {
+            let (Some(ts), Some(val)) = (p[0].as_f64(), p[1].as_str().and_then(parse_value)) else { continue };
+            out.push(PromSample {
+                name: name.clone(),
+                labels: labels.clone(),
+                value: val,
+                ts_ms: Some((ts * 1000.0).round() as i64),
+            });
+        }
     }
     Ok(out)
 }

@@ -16,9 +16,10 @@ fn self_signed() -> (String, String) {
     (cert.pem(), key.serialize_pem())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_chain_goes_over_tls_to_a_server_the_ca_vouches_for() {
-    let Some(bin) = postgres_bin_dir() else { return };
+/// A PostgreSQL cluster with `ssl=on` and a certificate for 127.0.0.1,
+/// and the CA file that vouches for it (`None`: no PostgreSQL here).
+fn tls_cluster() -> Option<(tempfile::TempDir, PgCluster, std::path::PathBuf)> {
+    let bin = postgres_bin_dir()?;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("pg");
     std::fs::create_dir_all(&dir).unwrap();
@@ -35,6 +36,12 @@ async fn the_chain_goes_over_tls_to_a_server_the_ca_vouches_for() {
     );
     let ca = tmp.path().join("ca.pem");
     std::fs::write(&ca, &cert).unwrap();
+    Some((tmp, cluster, ca))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chain_goes_over_tls_to_a_server_the_ca_vouches_for() {
+    let Some((tmp, cluster, ca)) = tls_cluster() else { return };
 
     // Encrypted, and the certificate checked.
     let url = format!("{} sslmode=require", cluster.conninfo);
@@ -82,23 +89,7 @@ async fn the_chain_goes_over_tls_to_a_server_the_ca_vouches_for() {
 /// certificate the CA file vouches for, and the chain verifies there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_migrate_goes_over_tls() {
-    let Some(bin) = postgres_bin_dir() else { return };
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("pg");
-    std::fs::create_dir_all(&dir).unwrap();
-    let (cert, key) = self_signed();
-    let (crt_path, key_path) = (dir.join("server.crt"), dir.join("server.key"));
-    std::fs::write(&crt_path, &cert).unwrap();
-    std::fs::write(&key_path, &key).unwrap();
-    give_to_postgres(&crt_path);
-    give_to_postgres(&key_path);
-    let cluster = PgCluster::start_with(
-        &dir,
-        &bin,
-        &["ssl=on", &format!("ssl_cert_file={}", crt_path.display()), &format!("ssl_key_file={}", key_path.display())],
-    );
-    let ca = tmp.path().join("ca.pem");
-    std::fs::write(&ca, &cert).unwrap();
+    let Some((tmp, cluster, ca)) = tls_cluster() else { return };
     let url_file = tmp.path().join("pg-url");
     std::fs::write(&url_file, format!("{} sslmode=require", cluster.conninfo)).unwrap();
 
