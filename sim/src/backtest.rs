@@ -356,6 +356,9 @@ const READ_AHEAD_STEPS: usize = 4;
 /// [`run`] on an OpenMetrics file read as a stream (two passes, never
 /// held): the second pass parses and maps on a thread of its own, a few
 /// steps ahead of the replay.
+///
+/// Call it on a multi-threaded tokio runtime (the CLI's): the replay waits
+/// for the reader with `block_in_place`.
 pub async fn run_file(
     om: Arc<crate::recording::OpenMetricsFile>,
     opts: BacktestOptions,
