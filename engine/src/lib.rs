@@ -38,6 +38,7 @@ pub mod recovery;
 pub mod repair;
 pub mod runbook;
 pub use nightshift_audit::runs;
+pub mod reload;
 pub mod runtable;
 pub mod script;
 pub mod serve;

@@ -540,7 +540,7 @@ pub async fn reload(
     Admin(id): Admin,
     ApiQuery(q): ApiQuery<ReloadQuery>,
 ) -> Result<Response, ApiError> {
-    match nightshift_engine::serve::reload_with(&s.engine, &id.actor(), q.allow_partial).await {
+    match nightshift_engine::reload::reload_with(&s.engine, &id.actor(), q.allow_partial).await {
         Ok(r) => {
             let mut v = serde_json::to_value(&r).unwrap_or_default();
             // What `runbooks reload` answered before: kept for its callers.
@@ -548,7 +548,7 @@ pub async fn reload(
             v["errors"] = json!(r.runbook_errors);
             Ok(Json(v).into_response())
         }
-        Err(nightshift_engine::serve::ReloadError::Audit(e)) => {
+        Err(nightshift_engine::reload::ReloadError::Audit(e)) => {
             Err(nightshift_engine::engine::EngineError::from(e).into())
         }
         Err(e) => Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "reload_refused", e.to_string())),
