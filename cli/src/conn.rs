@@ -267,7 +267,7 @@ impl Local {
         // Promotions and demotions as the engine last saved them (its cache
         // of the chain; the engine rewrites it from the chain at start).
         let set_modes: std::collections::BTreeMap<String, nightshift_engine::manifest::Mode> =
-            std::fs::read(nightshift_engine::core::modes_path(&self.config.data_dir))
+            std::fs::read(nightshift_engine::modes::modes_path(&self.config.data_dir))
                 .ok()
                 .and_then(|b| serde_json::from_slice(&b).ok())
                 .unwrap_or_default();

@@ -176,7 +176,7 @@ impl Engine {
             );
         }
         let id_seed = parts.clock.id_seed();
-        let modes = crate::core::load_modes(&parts.audit, &parts.config.data_dir);
+        let modes = crate::modes::load_modes(&parts.audit, &parts.config.data_dir);
         let core = Core {
             clock: parts.clock,
             audit: parts.audit,

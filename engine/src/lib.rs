@@ -32,6 +32,7 @@ pub mod ingest;
 pub mod inventory;
 pub mod manifest;
 pub mod metrics;
+pub mod modes;
 pub mod notify;
 pub mod queue;
 pub mod recovery;

@@ -391,7 +391,7 @@ impl Engine {
         if !self.core.acting()
             && let Ok(records) = self.core.audit.records_of_kind(crate::audit::RecordKind::RunbookMode)
         {
-            if let Some(m) = crate::core::modes_from_records(&records).get(name) {
+            if let Some(m) = crate::modes::modes_from_records(&records).get(name) {
                 return *m;
             }
         } else if let Some(m) = crate::core::lock(&self.core.modes).get(name) {
@@ -445,7 +445,7 @@ impl Engine {
             serde_json::to_vec_pretty(&*modes).unwrap_or_default()
         };
         if let Err(e) =
-            nightshift_proto::fsutil::write_atomic(&crate::core::modes_path(&self.core.config.data_dir), &saved)
+            nightshift_proto::fsutil::write_atomic(&crate::modes::modes_path(&self.core.config.data_dir), &saved)
         {
             tracing::error!(error = %e, "cannot save runbook modes: the change holds until a restart");
         }
@@ -476,7 +476,7 @@ impl Engine {
             serde_json::to_vec_pretty(&*held).unwrap_or_default()
         };
         if let Err(e) =
-            nightshift_proto::fsutil::write_atomic(&crate::core::modes_path(&self.core.config.data_dir), &saved)
+            nightshift_proto::fsutil::write_atomic(&crate::modes::modes_path(&self.core.config.data_dir), &saved)
         {
             tracing::error!(error = %e, "cannot save runbook modes: they hold until a restart");
         }

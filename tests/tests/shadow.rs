@@ -184,7 +184,7 @@ async fn a_shadow_runbook_changes_nothing_and_reports_what_it_would_have_done() 
     );
     // Kept across a restart of the engine.
     assert_eq!(
-        nightshift_engine::core::load_modes(engine.audit(), &engine.config().data_dir)
+        nightshift_engine::modes::load_modes(engine.audit(), &engine.config().data_dir)
             .get("hot-cap")
             .map(|m| m.as_str()),
         Some("act")

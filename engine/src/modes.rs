@@ -1,0 +1,96 @@
+//! Runbook modes (act or shadow) as an admin set them: the audit chain's
+//! `runbook_mode` records are the truth; `runbook-modes.json` in the data
+//! dir is a cache of them, rewritten when it disagrees.
+
+use std::collections::BTreeMap;
+
+/// Where promotions and demotions are kept.
+pub fn modes_path(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("runbook-modes.json")
+}
+
+/// The modes an admin set, as the audit chain records them (each runbook's
+/// newest `runbook_mode` record). `runbook-modes.json` is only a cache of
+/// them: a file that says otherwise (edited while the engine was stopped)
+/// is named in the log and rewritten from the chain — no promotion holds
+/// without its record.
+pub fn load_modes(
+    audit: &crate::audit::AuditStore,
+    data_dir: &std::path::Path,
+) -> BTreeMap<String, crate::manifest::Mode> {
+    let chain = match audit.records_of_kind(crate::audit::RecordKind::RunbookMode) {
+        Ok(records) => modes_from_records(&records),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read the runbook modes from the audit chain: the manifests' modes hold");
+            return BTreeMap::new();
+        }
+    };
+    let path = modes_path(data_dir);
+    let file: Option<BTreeMap<String, crate::manifest::Mode>> =
+        std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    if file.as_ref() != Some(&chain) && (file.is_some() || !chain.is_empty()) {
+        if file.is_some() {
+            tracing::warn!(path = %path.display(), file = ?file, chain = ?chain,
+                "runbook-modes.json disagrees with the audit chain (changed outside nightshift?): the chain's modes hold");
+        }
+        let bytes = serde_json::to_vec_pretty(&chain).unwrap_or_default();
+        if let Err(e) = nightshift_proto::fsutil::write_atomic(&path, &bytes) {
+            tracing::error!(path = %path.display(), error = %e, "cannot rewrite runbook-modes.json");
+        }
+    }
+    chain
+}
+
+/// Each runbook's newest mode in `records` (oldest first).
+pub fn modes_from_records(records: &[crate::audit::AuditRecord]) -> BTreeMap<String, crate::manifest::Mode> {
+    let mut out = BTreeMap::new();
+    for r in records.iter().filter(|r| r.kind == crate::audit::RecordKind::RunbookMode) {
+        let (Some(name), Some(to)) = (r.runbook.as_ref(), r.data["to"].as_str()) else { continue };
+        match serde_json::from_value::<crate::manifest::Mode>(serde_json::json!(to)) {
+            Ok(m) => {
+                out.insert(name.clone(), m);
+            }
+            Err(e) => {
+                tracing::error!(runbook = %name, seq = r.seq, error = %e, "an audited runbook mode cannot be read")
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// Regression (issue 27 item 10: `runbook-modes.json` edited on a
+    /// stopped engine promoted a runbook with no record while the chain
+    /// still said shadow): the chain's modes hold and the file is rewritten.
+    #[tokio::test]
+    async fn runbook_modes_come_from_the_chain_not_the_file() {
+        use crate::audit::{AuditStore, NewRecord, RecordKind};
+        use crate::manifest::Mode;
+        let dir = tempfile::tempdir().unwrap();
+        let clock: nightshift_proto::clock::SharedClock = Arc::new(nightshift_proto::clock::VirtualClock::new(1));
+        let audit = AuditStore::open(dir.path(), clock).unwrap();
+        audit
+            .append(
+                NewRecord::new(RecordKind::RunbookMode, "user:ada", serde_json::json!({"from": "shadow", "to": "act"}))
+                    .runbook("hot-cap"),
+                None,
+            )
+            .await
+            .unwrap();
+        let path = modes_path(dir.path());
+        std::fs::write(&path, r#"{"hot-cap": "shadow", "drain-all": "act"}"#).unwrap();
+        let modes = load_modes(&audit, dir.path());
+        assert_eq!(modes, BTreeMap::from([("hot-cap".to_string(), Mode::Act)]));
+        let file: BTreeMap<String, Mode> = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(file, modes, "the file is rewritten from the chain");
+        // A lost file is rebuilt too.
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(load_modes(&audit, dir.path()), modes);
+        assert!(path.exists());
+    }
+}
