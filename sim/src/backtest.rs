@@ -464,7 +464,7 @@ pub async fn run_mapped(
             break;
         }
         let now = nightshift_proto::clock::Clock::now_ms(&sim.clock);
-        sim.step_to(now + 1000, &[]).await?;
+        sim.step_to_mapped(now + 1000, &[]).await?;
     }
     progress(total, total).map_err(|why| SimError::Setup(format!("stopped after the last step: {why}")))?;
     let engine = &sim.engine;

@@ -605,31 +605,20 @@ impl SimFleet {
     }
 
     /// Move virtual time to `ts_ms` and feed `samples` (recorded readings,
-    /// Prometheus-named) instead of the simulated hardware's: a backtest's
-    /// step. The agents still answer actions (as dry runs, for a shadow
-    /// engine) and run their leases.
-    pub async fn step_to(
-        &self,
-        ts_ms: i64,
-        samples: &[nightshift_engine::sources::PromSample],
-    ) -> Result<(), SimError> {
-        self.settle().await?;
-        let now = nightshift_proto::clock::Clock::now_ms(&self.clock);
-        if ts_ms > now {
-            self.clock.advance(ts_ms - now);
-        }
-        for a in self.agents.values() {
-            a.tick().await;
-        }
-        self.settle().await?;
-        self.engine.ingest_pulled(samples).await;
+    /// already mapped to nodes, GPUs and metrics: a backtest's interned
+    /// series, nothing allocated per sample) instead of the simulated
+    /// hardware's: a backtest's step. The agents still answer actions (as
+    /// dry runs, for a shadow engine) and run their leases.
+    pub async fn step_to_mapped(&self, ts_ms: i64, samples: &[crate::recording::Mapped]) -> Result<(), SimError> {
+        self.advance_agents_to(ts_ms).await?;
+        self.engine.ingest_samples(samples).await;
         self.engine.tick().await;
         self.settle().await
     }
 
-    /// [`SimFleet::step_to`] with samples already mapped to nodes, GPUs and
-    /// metrics (a backtest's interned series: nothing allocated per sample).
-    pub async fn step_to_mapped(&self, ts_ms: i64, samples: &[crate::recording::Mapped]) -> Result<(), SimError> {
+    /// A backtest step's first half: virtual time to `ts_ms`, every agent
+    /// ticked (leases, dry runs answered), all settled.
+    async fn advance_agents_to(&self, ts_ms: i64) -> Result<(), SimError> {
         self.settle().await?;
         let now = nightshift_proto::clock::Clock::now_ms(&self.clock);
         if ts_ms > now {
@@ -638,9 +627,6 @@ impl SimFleet {
         for a in self.agents.values() {
             a.tick().await;
         }
-        self.settle().await?;
-        self.engine.ingest_samples(samples).await;
-        self.engine.tick().await;
         self.settle().await
     }
 

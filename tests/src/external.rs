@@ -118,8 +118,10 @@ pub fn workspace_bin_dir() -> PathBuf {
             let exe = std::env::current_exe().expect("test binary path");
             let dir = exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf();
             let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-            let newest_source =
-                ["agent", "engine", "web", "cli"].iter().filter_map(|c| newest_mtime(&root.join(c).join("src"))).max();
+            let newest_source = ["proto", "audit", "agent", "engine", "sim", "web", "cli"]
+                .iter()
+                .filter_map(|c| newest_mtime(&root.join(c).join("src")))
+                .max();
             let fresh = ["nightshift", "nightshift-agent"].iter().all(|b| {
                 let built = std::fs::metadata(dir.join(b)).and_then(|m| m.modified()).ok();
                 matches!((built, newest_source), (Some(b), Some(s)) if b >= s)

@@ -64,6 +64,20 @@ async fn ha(http: &reqwest::Client, url: &str) -> Value {
     }
 }
 
+/// `nightshift --server URL --token OPERATOR --no-color ARGS…`.
+fn cli(url: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(workspace_bin_dir().join("nightshift"))
+        .args(["--server", url, "--token", OPERATOR, "--no-color"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `GET url` as the operator, as JSON.
+async fn get_json(http: &reqwest::Client, url: &str) -> Value {
+    http.get(url).bearer_auth(OPERATOR).send().await.unwrap().json().await.unwrap()
+}
+
 async fn until(what: &str, d: &Daemon, mut f: impl AsyncFnMut() -> bool) {
     let t = Instant::now();
     while !f().await {
@@ -118,10 +132,7 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
         roles.contains(&"leader") && roles.contains(&"standby")
     })
     .await;
-    let out = std::process::Command::new(workspace_bin_dir().join("nightshift"))
-        .args(["--server", &ub, "--token", OPERATOR, "--no-color", "ha"])
-        .output()
-        .unwrap();
+    let out = cli(&ub, &["ha"]);
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     let (ha_a, ha_b) = (ha(&http, &ua).await, ha(&http, &ub).await);
@@ -132,10 +143,7 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
     }
 
     // `agents list` through the standby: the agent is the leader's, not "unreachable".
-    let out = std::process::Command::new(workspace_bin_dir().join("nightshift"))
-        .args(["--server", &ub, "--token", OPERATOR, "--no-color", "agents", "list"])
-        .output()
-        .unwrap();
+    let out = cli(&ub, &["agents", "list"]);
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let leader = ha_a["holder"].as_str().unwrap();
     assert!(out.status.success() && text.contains(&format!("the leader's ({leader})")), "{text}");
@@ -152,21 +160,12 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
     assert_eq!(r.status(), 202, "{:?}", r.text().await);
     let v: Value = r.json().await.unwrap();
     let run = v["run"]["id"].as_str().unwrap().to_string();
-    let got: Value =
-        http.get(format!("{ua}/api/v1/runs/{run}")).bearer_auth(OPERATOR).send().await.unwrap().json().await.unwrap();
+    let got: Value = get_json(&http, &format!("{ua}/api/v1/runs/{run}")).await;
     assert_eq!(got["run"]["requested_by"], "user:ops", "{got}");
     // Ended before the next run of the same runbook on the same GPU (it
     // would be suppressed as "already active" otherwise).
     until("the forwarded run ends", &a, async || {
-        let v: Value = http
-            .get(format!("{ua}/api/v1/runs/{run}"))
-            .bearer_auth(OPERATOR)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v: Value = get_json(&http, &format!("{ua}/api/v1/runs/{run}")).await;
         !v["run"]["outcome"].is_null()
     })
     .await;
@@ -181,23 +180,7 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
     assert_eq!(r.status(), 401);
 
     // The standby reads right. `nightshift run` through it, to the end:
-    let o = std::process::Command::new(workspace_bin_dir().join("nightshift"))
-        .args([
-            "--server",
-            &ub,
-            "--token",
-            OPERATOR,
-            "--no-color",
-            "run",
-            "cap",
-            "--node",
-            "h1",
-            "--gpu",
-            "0",
-            "--dry-run",
-        ])
-        .output()
-        .unwrap();
+    let o = cli(&ub, &["run", "cap", "--node", "h1", "--gpu", "0", "--dry-run"]);
     assert_eq!(
         o.status.code(),
         Some(0),
@@ -217,15 +200,7 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
     let pending: Value = r.json().await.unwrap();
     let pending = pending["run"]["id"].as_str().unwrap().to_string();
     until("the standby lists the leader's pending approval", &b, async || {
-        let v: Value = http
-            .get(format!("{ub}/api/v1/approvals"))
-            .bearer_auth(OPERATOR)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v: Value = get_json(&http, &format!("{ub}/api/v1/approvals")).await;
         v.as_array().is_some_and(|a| a.iter().any(|r| r["id"] == json!(pending)))
     })
     .await;
@@ -245,15 +220,7 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
         .unwrap();
     assert_eq!(r.status(), 200);
     until("the standby shows the demotion", &b, async || {
-        let v: Value = http
-            .get(format!("{ub}/api/v1/runbooks/cap"))
-            .bearer_auth(OPERATOR)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v: Value = get_json(&http, &format!("{ub}/api/v1/runbooks/cap")).await;
         v["mode"] == "shadow" || v["runbook"]["mode"] == "shadow"
     })
     .await;
