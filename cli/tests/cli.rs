@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use nightshift_agent::backend::sim::SimConfig;
 use nightshift_proto::{NoArgs, Op, Request, Telemetry};
+use nightshift_tests::external::free_port;
 use nightshift_tests::{TestAgent, engine_setup};
 use serde_json::Value;
 
@@ -254,10 +255,6 @@ fn wait_healthy(url: &str) {
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("the server did not come up at {url}");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,6 +25,7 @@ use nightshift_engine::audit::{AuditStore, RecordKind};
 use nightshift_engine::runs::RunOutcome;
 use nightshift_proto::clock::SystemClock;
 use nightshift_proto::{Inventory, NoArgs, Op, Request};
+use nightshift_tests::external::free_port;
 use nightshift_tests::{TestAgent, engine_setup};
 
 const SCRIPT: &str = r#"
@@ -46,10 +47,6 @@ impl Lcg {
         self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         self.0 >> 33
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn spawn_engine(dir: &std::path::Path, port: u16) -> Child {

@@ -16,6 +16,7 @@ use std::time::Duration;
 use nightshift_agent::backend::sim::SimConfig;
 use nightshift_engine::audit::{AuditStore, RecordKind};
 use nightshift_proto::clock::SystemClock;
+use nightshift_tests::external::free_port;
 use nightshift_tests::{TestAgent, engine_setup};
 
 struct Mount(std::path::PathBuf);
@@ -48,10 +49,6 @@ fn alert(i: usize) -> serde_json::Value {
             "fingerprint": format!("full-{i}"),
         }],
     })
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

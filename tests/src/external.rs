@@ -87,8 +87,21 @@ pub async fn start_prometheus(
 }
 
 /// A free loopback port.
+///
+/// Never the same port twice in one process: the kernel may hand a just-closed
+/// ephemeral port out again at once, and two daemons told the same port make a
+/// test fail for the wrong reason (two agents on one address, one refused for
+/// the other's host key).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// Wait until `url` answers 200.

@@ -14,6 +14,7 @@ use base64::Engine as _;
 use nightshift_agent::backend::sim::SimConfig;
 use nightshift_engine::engine::RunRequest;
 use nightshift_engine::runs::Target;
+use nightshift_tests::external::free_port;
 use nightshift_tests::{TestAgent, engine_setup, eventually};
 use serde_json::{Value, json};
 
@@ -28,10 +29,6 @@ impl Drop for Driver {
     fn drop(&mut self) {
         let _ = self.child.kill();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 impl Driver {
