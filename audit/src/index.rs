@@ -11,9 +11,7 @@ use std::sync::mpsc as std_mpsc;
 
 use tokio::sync::{broadcast, oneshot};
 
-use nightshift_proto::clock::SharedClock;
-
-use super::log::{RecordLog, Replay, encode_lines};
+use super::log::{RecordLog, Replay};
 use super::*;
 
 pub(super) struct WriteReq {
@@ -307,20 +305,6 @@ pub(super) fn recv_soon<T>(rx: &std_mpsc::Receiver<T>) -> Option<T> {
 /// How long [`recv_soon`] polls before it sleeps.
 pub(super) const POLL_MICROS: u64 = 100;
 
-/// The first stage: chains a group of requests into records and makes
-/// them durable in the record log (one fdatasync), then hands them on.
-pub(super) struct Writer {
-    pub(super) seq: u64,
-    pub(super) hash: String,
-    pub(super) clock: SharedClock,
-    pub(super) log: RecordLog,
-    /// The first failed log write: every later append fails with it, so a
-    /// record appended in order is never missing behind a later one.
-    pub(super) failed: Option<AuditError>,
-    pub(super) pending: Arc<std::sync::atomic::AtomicU64>,
-    pub(super) stopped: Stopped,
-}
-
 /// A group in the record log, on its way to sled and to its callers.
 pub(super) struct Written {
     pub(super) records: Vec<AuditRecord>,
@@ -407,94 +391,6 @@ pub(super) fn chain(
     }
     let meta = batch.iter().map(|r| r.summary.as_ref().map(|s| (s.id.clone(), s.created_ms))).collect();
     (records, summaries, meta)
-}
-
-impl Writer {
-    pub(super) fn run(mut self, rx: std_mpsc::Receiver<Msg>, indexer: Indexer) {
-        // A small queue: the log may run one group ahead of sled, no more.
-        let (tx, written) = std_mpsc::sync_channel::<Written>(1);
-        let second = std::thread::Builder::new().name("audit-index".into()).spawn(move || indexer.run(written));
-        let second = match second {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::error!(error = %e, "audit store: cannot start its index thread");
-                return;
-            }
-        };
-        while let Some(first) = recv_soon(&rx) {
-            let first = match first {
-                Msg::Write(w) => w,
-                Msg::Lead { ack, .. } => {
-                    let _ = ack.send(Err(AuditError::Write("the sled backend has no leader election".into())));
-                    continue;
-                }
-            };
-            let mut batch = vec![first];
-            while batch.len() < 4096 {
-                match rx.try_recv() {
-                    Ok(Msg::Write(r)) => batch.push(r),
-                    Ok(Msg::Lead { ack, .. }) => {
-                        let _ = ack.send(Err(AuditError::Write("the sled backend has no leader election".into())));
-                    }
-                    Err(_) => break,
-                }
-            }
-            if let Some(w) = self.write_batch(batch)
-                && tx.send(w).is_err()
-            {
-                break;
-            }
-        }
-        drop(tx);
-        let _ = second.join();
-        if let Err(e) = self.log.close() {
-            tracing::warn!(error = %e, "record log: cannot give back its zero-filled room");
-        }
-    }
-
-    /// Chain, encode and sync one group; `None` when the log refused it
-    /// (its callers have their error then).
-    pub(super) fn write_batch(&mut self, batch: Vec<WriteReq>) -> Option<Written> {
-        if self.failed.is_none() {
-            self.failed = stopped_with(&self.stopped);
-        }
-        if let Some(e) = &self.failed {
-            for req in batch {
-                answer(&self.pending, req, Err(e.clone()));
-            }
-            return None;
-        }
-        let (records, summaries, meta) = chain(self.seq, &self.hash, self.clock.now_ms(), &batch);
-        let (seq, prev) = records.last().map_or((self.seq, self.hash.clone()), |r| (r.seq, r.hash.clone()));
-        // Serialize once: the same bytes go to the log and to sled.
-        let mut bytes = Vec::with_capacity(records.len());
-        let mut buf = Vec::with_capacity(records.len() * 512);
-        for (r, summary) in records.iter().zip(&summaries) {
-            let b = serde_json::to_vec(r).unwrap_or_default();
-            encode_lines(&mut buf, &b, r.seq, summary.as_deref());
-            bytes.push(b);
-        }
-        match self.log.append_bytes(&buf) {
-            Ok(()) => {
-                self.seq = seq;
-                self.hash = prev;
-                Some(Written { records, bytes, summaries, meta, batch })
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "audit write failed: no more appends are accepted until a restart");
-                let e = AuditError::Write(format!(
-                    "the record log could not be written ({e}); the audit store accepts nothing more and the engine has stopped \
-                     acting: free space on the engine's data disk (or fix it) and restart the engine"
-                ));
-                for req in batch {
-                    answer(&self.pending, req, Err(e.clone()));
-                }
-                stop(&self.stopped, &e);
-                self.failed = Some(e);
-                None
-            }
-        }
-    }
 }
 
 /// The index thread's state and the handles the store keeps to it: the

@@ -81,11 +81,12 @@
 //! ```text
 //! runs, ha, chain          no other module
 //! log                      chain        (the record log: records.jsonl)
-//! index                    log, ha      (writer and index threads, sled trees and keys)
+//! index                    log, ha      (the index thread, sled trees and keys, chaining a group)
+//! pipeline                 index, log   (the one group-commit loop; the file log's writer)
 //! pg                       ha, runs     (the chain in PostgreSQL)
-//! pgwriter                 index, pg    (the PostgreSQL writer thread)
+//! pgwriter                 index, pg, pipeline   (the PostgreSQL log's writer)
 //! verify                   index, log, chain
-//! store                    index, log, pgwriter, verify   (AuditStore, the façade)
+//! store                    index, log, pipeline, pgwriter, verify   (AuditStore, the façade)
 //! salvage                  index, log, verify             (a tool over a store)
 //! ```
 #![forbid(unsafe_code)]
@@ -96,6 +97,7 @@ mod index;
 mod log;
 pub mod pg;
 mod pgwriter;
+mod pipeline;
 pub mod runs;
 mod salvage;
 mod store;

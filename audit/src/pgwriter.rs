@@ -127,51 +127,9 @@ pub(super) fn run(
             return;
         }
     }
-    let every = w.pg.follow_every;
-    loop {
-        match rx.recv_timeout(every) {
-            Ok(Msg::Write(first)) => {
-                let mut batch = vec![first];
-                let mut lead = None;
-                while batch.len() < 4096 {
-                    match rx.try_recv() {
-                        Ok(Msg::Write(r)) => batch.push(r),
-                        Ok(m @ Msg::Lead { .. }) => {
-                            lead = Some(m);
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
-                w.write(batch);
-                if let Some(Msg::Lead { term, ack }) = lead {
-                    let _ = ack.send(w.lead(term));
-                }
-            }
-            Ok(Msg::Lead { term, ack }) => {
-                let _ = ack.send(w.lead(term));
-            }
-            Err(std_mpsc::RecvTimeoutError::Timeout) => {
-                if w.leading.is_none() && w.failed.is_none() {
-                    // Said once when following stops working, once when it
-                    // works again (not every `follow_ms`).
-                    match w.follow() {
-                        Err(e) if !w.follow_failing => {
-                            tracing::warn!(error = %e, "standby: cannot read new audit records from postgres (retrying)");
-                            w.follow_failing = true;
-                        }
-                        Err(_) => {}
-                        Ok(()) if w.follow_failing => {
-                            tracing::info!(head = w.seq, "standby: following postgres again");
-                            w.follow_failing = false;
-                        }
-                        Ok(()) => {}
-                    }
-                }
-            }
-            Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
-        }
-    }
+    let to_index = w.to_index.clone();
+    super::pipeline::run(&mut w, &rx, &to_index);
+    drop(to_index);
     drop(w);
     let _ = second.join();
 }
@@ -283,7 +241,7 @@ impl PgWriter {
     }
 
     /// The lease was taken at `term`: catch up, then write from the head.
-    fn lead(&mut self, term: u64) -> Result<u64, AuditError> {
+    fn take_lead(&mut self, term: u64) -> Result<u64, AuditError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -293,13 +251,16 @@ impl PgWriter {
         Ok(self.seq)
     }
 
-    fn refuse(&self, batch: Vec<WriteReq>, e: AuditError) {
+    fn refuse(&self, batch: Vec<WriteReq>, e: AuditError) -> Option<Written> {
         for req in batch {
             answer(&self.pending, req, Err(e.clone()));
         }
+        None
     }
 
-    fn write(&mut self, batch: Vec<WriteReq>) {
+    /// One group, one fenced statement: committed before its callers hear
+    /// back (through the index thread).
+    fn commit_group(&mut self, batch: Vec<WriteReq>) -> Option<Written> {
         if self.failed.is_none()
             && let Some(e) = super::index::stopped_with(&self.stopped)
         {
@@ -325,7 +286,7 @@ impl PgWriter {
         };
         let (records, summaries, meta) = chain(self.seq, &self.hash, self.clock.now_ms(), &batch);
         let logged: Vec<super::LoggedRecord> = records.iter().cloned().zip(summaries.iter().cloned()).collect();
-        let Some(last) = records.last().map(|r| (r.seq, r.hash.clone())) else { return };
+        let last = records.last().map(|r| (r.seq, r.hash.clone()))?;
         let shard = self.pg.shard.clone();
         let lease = self.pg.leadership.cfg.clone();
         let mut attempt = 0u32;
@@ -387,7 +348,41 @@ impl PgWriter {
         }
         (self.seq, self.hash) = last;
         let bytes = records.iter().map(|r| serde_json::to_vec(r).unwrap_or_default()).collect();
-        let _ = self.to_index.send(Written { records, bytes, summaries, meta, batch });
+        Some(Written { records, bytes, summaries, meta, batch })
+    }
+}
+
+impl super::pipeline::GroupLog for PgWriter {
+    fn commit(&mut self, batch: Vec<WriteReq>) -> Option<Written> {
+        self.commit_group(batch)
+    }
+
+    fn lead(&mut self, term: u64) -> Result<u64, AuditError> {
+        self.take_lead(term)
+    }
+
+    fn idle_every(&self) -> Option<Duration> {
+        Some(self.pg.follow_every)
+    }
+
+    /// A standby follows the database. Said once when following stops
+    /// working, once when it works again (not every `follow_ms`).
+    fn idle(&mut self) {
+        if self.leading.is_some() || self.failed.is_some() {
+            return;
+        }
+        match self.follow() {
+            Err(e) if !self.follow_failing => {
+                tracing::warn!(error = %e, "standby: cannot read new audit records from postgres (retrying)");
+                self.follow_failing = true;
+            }
+            Err(_) => {}
+            Ok(()) if self.follow_failing => {
+                tracing::info!(head = self.seq, "standby: following postgres again");
+                self.follow_failing = false;
+            }
+            Ok(()) => {}
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use nightshift_proto::clock::SharedClock;
 
 use super::index::*;
 use super::log::RecordLog;
+use super::pipeline::FileLog;
 use super::*;
 
 /// The store.
@@ -133,10 +134,11 @@ impl AuditStore {
         }
         let (tx, rx) = std_mpsc::channel::<Msg>();
         let (indexer, live, head, pending, stopped) = Indexer::new(&trees, seq);
-        let writer = Writer { seq, hash, clock, log, failed: None, pending: pending.clone(), stopped: stopped.clone() };
+        let writer =
+            FileLog { seq, hash, clock, log, failed: None, pending: pending.clone(), stopped: stopped.clone() };
         let thread = std::thread::Builder::new()
             .name("audit-writer".into())
-            .spawn(move || writer.run(rx, indexer))
+            .spawn(move || writer.run_thread(rx, indexer))
             .map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() })?;
         let writer = Arc::new(WriterHandle { tx: Some(tx), thread: Some(thread), pending });
         Ok(AuditStore { trees, path, writer, live, head, pg: None, stopped })

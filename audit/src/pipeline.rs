@@ -1,0 +1,199 @@
+//! The one group-commit loop. Callers' appends are taken a group at a
+//! time — as many as wait, up to [`MAX_GROUP`] — made durable in one step
+//! by a [`GroupLog`], and handed to the index thread, which puts them in
+//! sled and answers the callers while the next group is made durable.
+//! Both backends run this loop; they differ only in what makes a group
+//! durable — one `fdatasync` of `records.jsonl` ([`FileLog`]), one fenced
+//! PostgreSQL statement (`pgwriter.rs`) — and in what an idle writer does
+//! (a PostgreSQL standby follows the database).
+
+use std::sync::Arc;
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant};
+
+use nightshift_proto::clock::SharedClock;
+
+use super::AuditError;
+use super::index::{Msg, POLL_MICROS, Stopped, WriteReq, Written, answer, chain, stop, stopped_with};
+use super::log::{RecordLog, encode_lines};
+
+/// The most requests one group takes.
+pub(super) const MAX_GROUP: usize = 4096;
+
+/// What makes a group durable: the log the loop writes.
+pub(super) trait GroupLog {
+    /// Chain `batch` after the log's head and make it durable. The group
+    /// for the index, or `None` when the log refused it (its callers have
+    /// their error then).
+    fn commit(&mut self, batch: Vec<WriteReq>) -> Option<Written>;
+    /// This engine took the lease at `term`: catch up, and write from the
+    /// head on. Answers the head's sequence number.
+    fn lead(&mut self, term: u64) -> Result<u64, AuditError>;
+    /// How long the loop waits for an append before [`GroupLog::idle`]
+    /// (`None`: it sleeps until one comes).
+    fn idle_every(&self) -> Option<Duration> {
+        None
+    }
+    /// Work while no append comes.
+    fn idle(&mut self) {}
+}
+
+/// Why no message came.
+enum NoMsg {
+    Idle,
+    Closed,
+}
+
+/// The next message: polled for [`POLL_MICROS`] first (a caller's next
+/// append usually comes within that; waking a sleeping thread costs tens
+/// of µs on a VM, the whole gap between one writer and the disk's
+/// fdatasync rate), then waited for — at most `every`.
+fn next(rx: &std_mpsc::Receiver<Msg>, every: Option<Duration>) -> Result<Msg, NoMsg> {
+    let until = Instant::now() + Duration::from_micros(POLL_MICROS);
+    loop {
+        match rx.try_recv() {
+            Ok(m) => return Ok(m),
+            Err(std_mpsc::TryRecvError::Disconnected) => return Err(NoMsg::Closed),
+            Err(std_mpsc::TryRecvError::Empty) if Instant::now() < until => std::thread::yield_now(),
+            Err(std_mpsc::TryRecvError::Empty) => {
+                return match every {
+                    None => rx.recv().map_err(|_| NoMsg::Closed),
+                    Some(every) => rx.recv_timeout(every).map_err(|e| match e {
+                        std_mpsc::RecvTimeoutError::Timeout => NoMsg::Idle,
+                        std_mpsc::RecvTimeoutError::Disconnected => NoMsg::Closed,
+                    }),
+                };
+            }
+        }
+    }
+}
+
+/// The loop: until every sender is gone (the store closed) or the index
+/// thread stopped.
+pub(super) fn run(log: &mut dyn GroupLog, rx: &std_mpsc::Receiver<Msg>, to_index: &std_mpsc::SyncSender<Written>) {
+    loop {
+        let first = match next(rx, log.idle_every()) {
+            Err(NoMsg::Closed) => return,
+            Err(NoMsg::Idle) => {
+                log.idle();
+                continue;
+            }
+            Ok(Msg::Lead { term, ack }) => {
+                let _ = ack.send(log.lead(term));
+                continue;
+            }
+            Ok(Msg::Write(w)) => w,
+        };
+        let mut batch = vec![first];
+        let mut lead = None;
+        while batch.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(Msg::Write(r)) => batch.push(r),
+                // Appends sent before it are written first.
+                Ok(m @ Msg::Lead { .. }) => {
+                    lead = Some(m);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        if let Some(w) = log.commit(batch)
+            && to_index.send(w).is_err()
+        {
+            return;
+        }
+        if let Some(Msg::Lead { term, ack }) = lead {
+            let _ = ack.send(log.lead(term));
+        }
+    }
+}
+
+/// The first stage: chains a group of requests into records and makes
+/// them durable in the record log (one fdatasync), then hands them on.
+pub(super) struct FileLog {
+    pub(super) seq: u64,
+    pub(super) hash: String,
+    pub(super) clock: SharedClock,
+    pub(super) log: RecordLog,
+    /// The first failed log write: every later append fails with it, so a
+    /// record appended in order is never missing behind a later one.
+    pub(super) failed: Option<AuditError>,
+    pub(super) pending: Arc<std::sync::atomic::AtomicU64>,
+    pub(super) stopped: Stopped,
+}
+
+impl GroupLog for FileLog {
+    /// Chain, encode and sync one group; `None` when the log refused it
+    /// (its callers have their error then).
+    fn commit(&mut self, batch: Vec<WriteReq>) -> Option<Written> {
+        if self.failed.is_none() {
+            self.failed = stopped_with(&self.stopped);
+        }
+        if let Some(e) = &self.failed {
+            for req in batch {
+                answer(&self.pending, req, Err(e.clone()));
+            }
+            return None;
+        }
+        let (records, summaries, meta) = chain(self.seq, &self.hash, self.clock.now_ms(), &batch);
+        let (seq, prev) = records.last().map_or((self.seq, self.hash.clone()), |r| (r.seq, r.hash.clone()));
+        // Serialize once: the same bytes go to the log and to sled.
+        let mut bytes = Vec::with_capacity(records.len());
+        let mut buf = Vec::with_capacity(records.len() * 512);
+        for (r, summary) in records.iter().zip(&summaries) {
+            let b = serde_json::to_vec(r).unwrap_or_default();
+            encode_lines(&mut buf, &b, r.seq, summary.as_deref());
+            bytes.push(b);
+        }
+        match self.log.append_bytes(&buf) {
+            Ok(()) => {
+                self.seq = seq;
+                self.hash = prev;
+                Some(Written { records, bytes, summaries, meta, batch })
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "audit write failed: no more appends are accepted until a restart");
+                let e = AuditError::Write(format!(
+                    "the record log could not be written ({e}); the audit store accepts nothing more and the engine has stopped \
+                     acting: free space on the engine's data disk (or fix it) and restart the engine"
+                ));
+                for req in batch {
+                    answer(&self.pending, req, Err(e.clone()));
+                }
+                stop(&self.stopped, &e);
+                self.failed = Some(e);
+                None
+            }
+        }
+    }
+
+    fn lead(&mut self, _term: u64) -> Result<u64, AuditError> {
+        Err(AuditError::Write(
+            "leadership needs the PostgreSQL backend (audit.postgres in engine.yaml): a file log has one writer, this engine"
+                .into(),
+        ))
+    }
+}
+
+impl FileLog {
+    /// The file backend's writer thread: this loop, the index thread
+    /// beside it, and the log's zero-filled room given back at the end.
+    pub(super) fn run_thread(mut self, rx: std_mpsc::Receiver<Msg>, indexer: super::index::Indexer) {
+        // A small queue: the log may run one group ahead of sled, no more.
+        let (tx, written) = std_mpsc::sync_channel::<Written>(1);
+        let second = std::thread::Builder::new().name("audit-index".into()).spawn(move || indexer.run(written));
+        let second = match second {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(error = %e, "audit store: cannot start its index thread");
+                return;
+            }
+        };
+        run(&mut self, &rx, &tx);
+        drop(tx);
+        let _ = second.join();
+        if let Err(e) = self.log.close() {
+            tracing::warn!(error = %e, "record log: cannot give back its zero-filled room");
+        }
+    }
+}
