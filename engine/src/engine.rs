@@ -155,7 +155,11 @@ impl Engine {
     /// [`Engine::recover`] once, then [`Engine::tick`] periodically (the
     /// server does both), or drive it yourself (scenario tests).
     pub fn new(parts: EngineParts) -> Engine {
-        let brain = Brain::build(&parts.runbooks, (parts.config.telemetry.script_window_secs as i64) * 1000);
+        let brain = Brain::build(
+            &parts.runbooks,
+            (parts.config.telemetry.script_window_secs as i64) * 1000,
+            parts.config.telemetry.ingest_shards as usize,
+        );
         let (shutdown, _) = tokio::sync::watch::channel(false);
         let runs_so_far = parts.audit.run_count().unwrap_or(0);
         let t = &parts.config.telemetry;

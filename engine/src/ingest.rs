@@ -4,6 +4,7 @@
 //! alert a runbook matches) becomes a run request for the executor.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use serde_json::{Value, json};
@@ -173,62 +174,71 @@ impl Engine {
     where
         N: AsRef<str> + Clone + Send + Sync,
     {
-        // Each GPU temperature also gives its headroom below the device's
-        // own slowdown temperature, as the agent path does.
-        let derived: Vec<_> = samples
+        // Each sample's node, looked up once (a batch comes node by node:
+        // the last one found is tried first).
+        let mut nodes: Vec<Arc<Node>> = Vec::new();
+        let mut position: std::collections::HashMap<u32, u32> = Default::default();
+        let mut at: Vec<Option<u32>> = Vec::with_capacity(samples.len());
+        let mut last: Option<(&str, u32)> = None;
+        for (name, ..) in samples {
+            let name = name.as_ref();
+            let hit = match last {
+                Some((l, i)) if l == name => Some(i),
+                _ => self.core.fleet.get(name).map(|n| {
+                    *position.entry(n.idx).or_insert_with(|| {
+                        nodes.push(n);
+                        nodes.len() as u32 - 1
+                    })
+                }),
+            };
+            last = hit.map(|i| (name, i));
+            at.push(hit);
+        }
+        // (node, series key, ts, value) for the samples of known nodes and
+        // GPUs, then each GPU temperature's headroom below the device's own
+        // slowdown temperature, as the agent path does.
+        let mut keyed: Vec<(u32, SeriesKey, i64, f64)> = Vec::with_capacity(samples.len() + samples.len() / 8);
+        for ((_, gpu, metric, ts, v), n) in samples.iter().zip(&at) {
+            let (Some(n), Ok(gpu)) = (n, gpu.map(u16::try_from).transpose()) else { continue };
+            keyed.push((*n, SeriesKey { node: nodes[*n as usize].idx, gpu, metric: *metric }, *ts, *v));
+        }
+        let headroom: Vec<_> = keyed
             .iter()
-            .filter(|s| s.2 == ids::TEMPERATURE && s.1.is_some())
-            .filter_map(|(node, gpu, _, ts, v)| {
-                let n = self.core.fleet.get(node.as_ref())?;
-                let limit = n
+            .filter(|(_, k, ..)| k.metric == ids::TEMPERATURE && k.gpu.is_some())
+            .map(|(n, k, ts, v)| {
+                let limit = nodes[*n as usize]
                     .state()
                     .inventory
                     .as_ref()
-                    .and_then(|inv| inv.gpus.iter().find(|i| Some(i.index) == *gpu).and_then(|i| i.slowdown_temp_c))
+                    .and_then(|inv| inv.gpus.iter().find(|i| k.gpu == u16::try_from(i.index).ok()))
+                    .and_then(|i| i.slowdown_temp_c)
                     .unwrap_or(DEFAULT_SLOWDOWN_C);
-                Some((node.clone(), *gpu, ids::THERMAL_HEADROOM, *ts, limit - v))
+                (*n, SeriesKey { metric: ids::THERMAL_HEADROOM, ..*k }, *ts, limit - v)
             })
             .collect();
-        let all;
-        let samples = if derived.is_empty() {
-            samples
-        } else {
-            all = [samples, &derived[..]].concat();
-            &all[..]
-        };
+        keyed.extend(headroom);
         {
             let mut h = crate::core::lock(&self.core.history);
-            for (node, gpu, metric, ts, v) in samples {
-                if let (Some(n), true) = (self.core.fleet.get(node.as_ref()), crate::history::History::plotted(*metric))
-                    && let Ok(gpu) = gpu.map(u16::try_from).transpose()
-                {
-                    h.push((n.idx, gpu, *metric), *ts, *v);
-                }
+            for (_, key, ts, v) in keyed.iter().filter(|(_, k, ..)| crate::history::History::plotted(k.metric)) {
+                h.push((key.node, key.gpu, key.metric), *ts, *v);
             }
         }
-        let fires = {
-            let mut b = self.core.brain();
-            let Brain { store, triggers, fires } = &mut *b;
-            for (node, gpu, metric, ts, v) in samples {
-                let Some(n) = self.core.fleet.get(node.as_ref()) else { continue };
-                let Ok(gpu) = gpu.map(u16::try_from).transpose() else { continue };
-                let key = SeriesKey { node: n.idx, gpu, metric: *metric };
-                if let Some(r) = store.push(key, *ts, *v)
-                    && triggers.watches(*metric)
-                {
-                    triggers.on_sample(store, r, *ts, *v, fires);
-                }
-                let mut st = n.state();
-                st.last_seen_ms = st.last_seen_ms.max(*ts);
-            }
-            std::mem::take(fires)
-        };
-        self.core.counters.samples_ingested.fetch_add(samples.len() as u64, Ordering::Relaxed);
-        let touched: std::collections::BTreeSet<&str> = samples.iter().map(|s| s.0.as_ref()).collect();
-        for name in touched {
-            if let Some(n) = self.core.fleet.get(name) {
-                self.evaluate_health(&n).await;
-            }
+        let batch: Vec<(SeriesKey, i64, f64)> = keyed.iter().map(|(_, k, ts, v)| (*k, *ts, *v)).collect();
+        let fires = self.core.brain().ingest(&batch);
+        let mut seen: Vec<i64> = vec![i64::MIN; nodes.len()];
+        for (n, _, ts, _) in &keyed {
+            seen[*n as usize] = seen[*n as usize].max(*ts);
+        }
+        for (n, ts) in nodes.iter().zip(seen) {
+            let mut st = n.state();
+            st.last_seen_ms = st.last_seen_ms.max(ts);
+        }
+        self.core.counters.samples_ingested.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        // Health in name order, as before.
+        let mut touched: Vec<&Arc<Node>> = nodes.iter().collect();
+        touched.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
+        for n in touched {
+            self.evaluate_health(n).await;
         }
         self.handle_fires(fires).await;
     }

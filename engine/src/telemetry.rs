@@ -131,21 +131,37 @@ impl Series {
     fn len(&self) -> usize {
         self.window.as_ref().map_or(1, |w| w.values.len())
     }
+
+    /// [`stats_of`] the points at or after `since_ms`, without the boxed
+    /// iterator of [`Series::iter_from`] (the per-sample trigger path: the
+    /// same points in the same order, so the same bits).
+    fn stats_from(&self, since_ms: i64) -> Option<WindowStats> {
+        match &self.window {
+            Some(w) => stats_of(w.iter().skip_while(move |(t, _)| *t < since_ms)),
+            None => stats_of(std::iter::once(self.last()).filter(move |(t, _)| *t >= since_ms)),
+        }
+    }
 }
 
-/// A handle to a series returned by [`TelemetryStore::push`]: its slot in
-/// the store and its ordinal among the series of its metric.
+/// A handle to a series returned by [`TelemetryStore::push`]: its shard,
+/// its slot there and its ordinal among that shard's series of its metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeriesRef {
+    pub shard: u32,
     pub slot: u32,
     pub ordinal: u32,
 }
 
-/// The store. Series live in a vector; a dense per-node table (node index
-/// from the inventory × GPU × metric) finds a key's slot without hashing.
+/// One shard of the store: the series of the nodes whose index is the
+/// shard's number modulo the shard count. Series live in a vector; a dense
+/// per-node table (node index × GPU × metric) finds a key's slot without
+/// hashing.
 #[derive(Debug)]
-pub struct TelemetryStore {
-    /// Per node: slot + 1 by `(gpu + 1) × metrics + metric` (0 = none).
+pub struct StoreShard {
+    number: u32,
+    count: u32,
+    /// Per node of the shard (index ÷ shards): slot + 1 by
+    /// `(gpu + 1) × metrics + metric` (0 = none).
     table: Vec<Vec<u32>>,
     series: Vec<Series>,
     /// Per metric: the slots of its series, by ordinal.
@@ -155,39 +171,30 @@ pub struct TelemetryStore {
     samples_in: u64,
 }
 
-impl TelemetryStore {
-    /// A store keeping each metric for `retention_ms[metric]` (missing = 0:
-    /// only the latest point).
-    pub fn new(mut retention_ms: Vec<i64>) -> TelemetryStore {
-        retention_ms.resize(METRICS.len(), 0);
-        // The utilisation swing is derived from a minute of utilisation.
-        retention_ms[ids::UTIL as usize] = retention_ms[ids::UTIL as usize].max(60_000);
-        TelemetryStore {
-            table: Vec::new(),
-            series: Vec::new(),
-            by_metric: vec![Vec::new(); METRICS.len()],
-            retention_ms,
-            samples_in: 0,
-        }
-    }
+/// The store: per-series windows, split by node into shards that can be
+/// filled in parallel (each owns its nodes' series outright). A series'
+/// points, and so every statistic and trigger state, do not depend on the
+/// shard count.
+#[derive(Debug)]
+pub struct TelemetryStore {
+    shards: Vec<StoreShard>,
+}
 
-    /// How long a metric is kept.
-    pub fn retention_ms(&self, metric: MetricId) -> i64 {
-        self.retention_ms[metric as usize]
-    }
-
+impl StoreShard {
     fn cell(key: SeriesKey) -> usize {
         key.gpu.map_or(0, |g| g as usize + 1) * METRICS.len() + key.metric as usize
     }
 
+    fn row(&self, node: u32) -> usize {
+        (node / self.count) as usize
+    }
+
     fn slot_of(&self, key: SeriesKey) -> Option<u32> {
-        let slot = *self.table.get(key.node as usize)?.get(Self::cell(key))?;
+        let slot = *self.table.get(self.row(key.node))?.get(Self::cell(key))?;
         slot.checked_sub(1)
     }
 
-    /// Add a point. Returns the series' handle, or `None` when the point
-    /// was older than the newest one held (a late scrape) and was dropped
-    /// rather than break the window's order, or the metric is unknown.
+    /// Add a point (see [`TelemetryStore::push`]).
     pub fn push(&mut self, key: SeriesKey, ts_ms: i64, value: f64) -> Option<SeriesRef> {
         self.samples_in += 1;
         let keep = *self.retention_ms.get(key.metric as usize)?;
@@ -200,10 +207,11 @@ impl TelemetryStore {
                 per_metric.push(slot);
                 let window = (keep > 0).then(Box::<Window>::default);
                 self.series.push(Series { key, ordinal, last_v: value as f32, last_ms: i64::MIN, window });
-                if self.table.len() <= key.node as usize {
-                    self.table.resize_with(key.node as usize + 1, Vec::new);
+                let row = self.row(key.node);
+                if self.table.len() <= row {
+                    self.table.resize_with(row + 1, Vec::new);
                 }
-                let row = &mut self.table[key.node as usize];
+                let row = &mut self.table[row];
                 let cell = Self::cell(key);
                 if row.len() <= cell {
                     // Whole GPUs at a time.
@@ -222,7 +230,7 @@ impl TelemetryStore {
         }
         s.last_ms = ts_ms;
         s.last_v = value as f32;
-        Some(SeriesRef { slot, ordinal: s.ordinal })
+        Some(SeriesRef { shard: self.number, slot, ordinal: s.ordinal })
     }
 
     /// The key of a slot.
@@ -230,7 +238,7 @@ impl TelemetryStore {
         self.series.get(slot as usize).map(|s| s.key)
     }
 
-    /// The key of the `ordinal`-th series of `metric`.
+    /// The key of the `ordinal`-th series of `metric` in this shard.
     pub fn key_by_ordinal(&self, metric: MetricId, ordinal: u32) -> Option<SeriesKey> {
         let slot = *self.by_metric.get(metric as usize)?.get(ordinal as usize)?;
         self.key(slot)
@@ -238,6 +246,77 @@ impl TelemetryStore {
 
     fn get(&self, key: SeriesKey) -> Option<&Series> {
         self.slot_of(key).map(|slot| &self.series[slot as usize])
+    }
+
+    /// Statistics of a slot's points at or after `since_ms`.
+    pub fn stats_slot(&self, slot: u32, since_ms: i64) -> Option<WindowStats> {
+        self.series.get(slot as usize)?.stats_from(since_ms)
+    }
+}
+
+impl TelemetryStore {
+    /// A store keeping each metric for `retention_ms[metric]` (missing = 0:
+    /// only the latest point), in one shard.
+    pub fn new(retention_ms: Vec<i64>) -> TelemetryStore {
+        TelemetryStore::with_shards(retention_ms, 1)
+    }
+
+    /// The same in `shards` shards (at least one).
+    pub fn with_shards(mut retention_ms: Vec<i64>, shards: usize) -> TelemetryStore {
+        retention_ms.resize(METRICS.len(), 0);
+        // The utilisation swing is derived from a minute of utilisation.
+        retention_ms[ids::UTIL as usize] = retention_ms[ids::UTIL as usize].max(60_000);
+        let count = shards.clamp(1, 256) as u32;
+        TelemetryStore {
+            shards: (0..count)
+                .map(|number| StoreShard {
+                    number,
+                    count,
+                    table: Vec::new(),
+                    series: Vec::new(),
+                    by_metric: vec![Vec::new(); METRICS.len()],
+                    retention_ms: retention_ms.clone(),
+                    samples_in: 0,
+                })
+                .collect(),
+        }
+    }
+
+    /// The shard holding a node's series.
+    pub fn shard_of(&self, node: u32) -> usize {
+        (node % self.shards.len() as u32) as usize
+    }
+
+    /// Every shard, each to be filled on a thread of its own.
+    pub fn shards_mut(&mut self) -> &mut [StoreShard] {
+        &mut self.shards
+    }
+
+    /// The shards.
+    pub fn shards(&self) -> &[StoreShard] {
+        &self.shards
+    }
+
+    /// How long a metric is kept.
+    pub fn retention_ms(&self, metric: MetricId) -> i64 {
+        self.shards[0].retention_ms[metric as usize]
+    }
+
+    /// Add a point. Returns the series' handle, or `None` when the point
+    /// was older than the newest one held (a late scrape) and was dropped
+    /// rather than break the window's order, or the metric is unknown.
+    pub fn push(&mut self, key: SeriesKey, ts_ms: i64, value: f64) -> Option<SeriesRef> {
+        let shard = self.shard_of(key.node);
+        self.shards[shard].push(key, ts_ms, value)
+    }
+
+    /// The key a handle names.
+    pub fn key(&self, r: SeriesRef) -> Option<SeriesKey> {
+        self.shards.get(r.shard as usize)?.key(r.slot)
+    }
+
+    fn get(&self, key: SeriesKey) -> Option<&Series> {
+        self.shards[self.shard_of(key.node)].get(key)
     }
 
     /// The latest point.
@@ -252,28 +331,29 @@ impl TelemetryStore {
 
     /// Statistics of the points at or after `since_ms`.
     pub fn stats(&self, key: SeriesKey, since_ms: i64) -> Option<WindowStats> {
-        stats_of(self.get(key)?.iter_from(since_ms))
+        self.get(key)?.stats_from(since_ms)
     }
 
-    /// Statistics of a slot's points at or after `since_ms`.
-    pub fn stats_slot(&self, slot: u32, since_ms: i64) -> Option<WindowStats> {
-        stats_of(self.series.get(slot as usize)?.iter_from(since_ms))
+    /// Statistics of a handle's points at or after `since_ms`.
+    pub fn stats_ref(&self, r: SeriesRef, since_ms: i64) -> Option<WindowStats> {
+        self.shards.get(r.shard as usize)?.stats_slot(r.slot, since_ms)
     }
 
     /// Number of series held.
     pub fn series_count(&self) -> usize {
-        self.series.len()
+        self.shards.iter().map(|s| s.series.len()).sum()
     }
 
     /// Points held across all series.
     pub fn points(&self) -> usize {
-        self.series.iter().map(|s| s.len()).sum()
+        self.shards.iter().flat_map(|s| &s.series).map(|s| s.len()).sum()
     }
 
     /// Bytes reserved for window points (6 a point).
     pub fn point_bytes(&self) -> usize {
-        self.series
+        self.shards
             .iter()
+            .flat_map(|s| &s.series)
             .filter_map(|s| s.window.as_ref())
             .map(|w| w.gaps_ms.capacity() * 2 + w.values.capacity() * 4)
             .sum()
@@ -281,7 +361,7 @@ impl TelemetryStore {
 
     /// Samples pushed since start.
     pub fn samples_in(&self) -> u64 {
-        self.samples_in
+        self.shards.iter().map(|s| s.samples_in).sum()
     }
 }
 

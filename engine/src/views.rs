@@ -233,8 +233,7 @@ impl Engine {
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                let (mut ev, mut fi) =
-                    b.triggers.entries.get(i).and_then(|e| e.as_ref()).map_or((0, 0), |e| (e.evaluations, e.fires));
+                let (mut ev, mut fi) = b.triggers.counts(i);
                 ev += alerts.get(&r.manifest.name).copied().unwrap_or(0);
                 if let crate::manifest::Trigger::Fault { .. } = r.manifest.trigger {
                     // A fault trigger looks at every GPU's health on every
@@ -313,7 +312,11 @@ impl Engine {
 
     /// Put a new runbook set in force. Trigger states start over.
     pub fn replace_runbooks(&self, set: crate::runbook::RunbookSet) {
-        let brain = Brain::build(&set, (self.core.config.telemetry.script_window_secs as i64).saturating_mul(1000));
+        let brain = Brain::build(
+            &set,
+            (self.core.config.telemetry.script_window_secs as i64).saturating_mul(1000),
+            self.core.config.telemetry.ingest_shards as usize,
+        );
         *self.core.brain() = brain;
         *self.core.runbooks.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(set);
     }

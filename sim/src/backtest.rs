@@ -158,6 +158,9 @@ pub struct BacktestOptions {
     /// The replay nodes' envelope (the shipped policy by default).
     pub policy: Option<Policy>,
     pub limits: Limits,
+    /// Shards of the engine's telemetry windows and triggers, one thread
+    /// each per step (`--shards`; the report does not depend on it).
+    pub shards: usize,
 }
 
 /// A fire, with its runbook.
@@ -430,6 +433,7 @@ pub async fn run_mapped(
     so.limits = opts.limits;
     // Nobody looks at a replay's plots: keep none.
     so.telemetry.history_secs = 0;
+    so.telemetry.ingest_shards = opts.shards.max(1) as u64;
     let sim = SimFleet::start(so, dir).await?;
     for n in &names {
         // Every runbook in shadow: its actions are dry runs, answered by the

@@ -323,6 +323,29 @@ fn no_crate_has_a_module_cycle() {
     assert!(found.is_empty(), "module cycles:\n{}", found.join("\n"));
 }
 
+/// Issue 28: no engine source file over 800 lines — one that long holds
+/// more than one idea (split it by role, as `host/` and `triggers/` are).
+#[test]
+fn no_engine_file_is_over_800_lines() {
+    fn walk(dir: &Path, out: &mut Vec<(PathBuf, usize)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let n = std::fs::read_to_string(&p).unwrap().lines().count();
+                out.push((p, n));
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&root().join("engine/src"), &mut files);
+    assert!(files.len() > 30, "the engine's sources were found: {}", files.len());
+    let long: Vec<String> =
+        files.iter().filter(|(_, n)| *n > 800).map(|(p, n)| format!("{} has {n} lines", p.display())).collect();
+    assert!(long.is_empty(), "expected no engine file over 800 lines, found:\n{}", long.join("\n"));
+}
+
 #[test]
 fn the_cycle_finder_finds_cycles() {
     let g = |edges: &[(&str, &str)]| {

@@ -404,7 +404,8 @@ pub async fn backtest(cli: &Cli, args: &BacktestArgs, out: &Out) -> Result<u8> {
         }
         Ok(())
     };
-    let opts = BacktestOptions { runbooks: set, script, policy, limits };
+    let shards = args.shards.map_or_else(default_shards, usize::from);
+    let opts = BacktestOptions { runbooks: set, script, policy, limits, shards };
     let result = match source {
         Source::File(om) => run_file(std::sync::Arc::new(om), opts, scratch.path(), &mut progress).await,
         Source::Prometheus(w) => {
@@ -460,4 +461,10 @@ pub async fn backtest(cli: &Cli, args: &BacktestArgs, out: &Out) -> Result<u8> {
     }
     outln!("{}", report.totals());
     Ok(0)
+}
+
+/// One shard a core (at most 16: past that, a step's threads cost more
+/// than they save).
+pub fn default_shards() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(16)
 }

@@ -1627,87 +1627,111 @@ async fn backtest_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
     }
     let hosts = table.hosts();
     let table = std::sync::Arc::new(table);
-    let mut rates = Vec::new();
-    let mut walls = Vec::new();
-    let mut fires = 0;
-    let mut samples = 0;
-    let runs = if ctx.smoke { ctx.runs.min(3) } else { 1 };
-    for _ in 0..runs {
-        let set = nightshift_engine::runbook::load_dir(&dir, &script);
-        if !set.errors.is_empty() || set.runbooks.is_empty() {
-            return Err(anyhow!("scenario 8 needs the handbook in {}: {:?}", dir.display(), set.errors));
-        }
-        let start_ms = 1_790_000_000_000i64;
-        let (table, ids) = (table.clone(), ids.clone());
-        let history = (0..steps).map(move |i| {
-            let t = i as i64 * step_s;
-            let mut step = Vec::with_capacity(ids.len());
-            for (k, id) in ids.iter().enumerate() {
-                let (n, g, f) = (k / 24, (k / 3) % 8, k % 3);
-                // One GPU of the fleet climbs 5 °C an hour; the rest hold
-                // steady with a little noise.
-                let v = match f {
-                    0 if n == 0 && g == 3 => 65.0 + t as f64 / 720.0,
-                    0 => 62.0 + ((n + g) % 5) as f64 * 0.1,
-                    1 => 610.0,
-                    _ => 92.0,
-                };
-                step.push((*id, v));
+    let what = if hours >= 24 * 7 { "7 days".to_string() } else { format!("{hours} h") };
+    let week_samples = 7.0 * 86_400.0 / step_s as f64 * nodes as f64 * 8.0 * fields.len() as f64;
+    // One shard (one thread), then one a core — unless that is one too —
+    // the reports compared: sharding must not change what fires.
+    let cores = crate::cmd::backtest::default_shards();
+    let mut variants = vec![cores];
+    if cores > 1 && !ctx.args.full {
+        variants.insert(0, 1);
+    }
+    let mut reports: Vec<(usize, serde_json::Value)> = Vec::new();
+    for shards in variants {
+        let mut rates = Vec::new();
+        let mut walls = Vec::new();
+        let mut fires = 0;
+        let mut samples = 0;
+        let runs = if ctx.smoke { ctx.runs.min(3) } else { 1 };
+        for _ in 0..runs {
+            let set = nightshift_engine::runbook::load_dir(&dir, &script);
+            if !set.errors.is_empty() || set.runbooks.is_empty() {
+                return Err(anyhow!("scenario 8 needs the handbook in {}: {:?}", dir.display(), set.errors));
             }
-            let ts = start_ms + t * 1000;
-            let mut out = Vec::with_capacity(step.len());
-            let read = table.map_step(ts, &step, &mut out);
-            Ok((ts, out, read))
-        });
-        let scratch = nightshift_sim::fleet::scratch_dir()?;
-        let opts = nightshift_sim::backtest::BacktestOptions {
-            runbooks: set,
-            script: script.clone(),
-            policy: None,
-            limits: Default::default(),
-        };
-        let r =
-            nightshift_sim::backtest::run_mapped(hosts.clone(), steps, history, opts, scratch.path(), &mut |_, _| {
-                Ok(())
-            })
+            let start_ms = 1_790_000_000_000i64;
+            let (table, ids) = (table.clone(), ids.clone());
+            let history = (0..steps).map(move |i| {
+                let t = i as i64 * step_s;
+                let mut step = Vec::with_capacity(ids.len());
+                for (k, id) in ids.iter().enumerate() {
+                    let (n, g, f) = (k / 24, (k / 3) % 8, k % 3);
+                    // One GPU of the fleet climbs 5 °C an hour; the rest hold
+                    // steady with a little noise.
+                    let v = match f {
+                        0 if n == 0 && g == 3 => 65.0 + t as f64 / 720.0,
+                        0 => 62.0 + ((n + g) % 5) as f64 * 0.1,
+                        1 => 610.0,
+                        _ => 92.0,
+                    };
+                    step.push((*id, v));
+                }
+                let ts = start_ms + t * 1000;
+                let mut out = Vec::with_capacity(step.len());
+                let read = table.map_step(ts, &step, &mut out);
+                Ok((ts, out, read))
+            });
+            let scratch = nightshift_sim::fleet::scratch_dir()?;
+            let opts = nightshift_sim::backtest::BacktestOptions {
+                runbooks: set,
+                script: script.clone(),
+                policy: None,
+                limits: Default::default(),
+                shards,
+            };
+            let r = nightshift_sim::backtest::run_mapped(
+                hosts.clone(),
+                steps,
+                history,
+                opts,
+                scratch.path(),
+                &mut |_, _| Ok(()),
+            )
             .await
             .map_err(|e| anyhow!("scenario 8: {e}"))?;
-        fires = r.fires.len();
-        samples = r.samples;
-        rates.push(r.samples as f64 / r.wall_secs);
-        walls.push(r.wall_secs);
-    }
-    let what = if hours >= 24 * 7 { "7 days".to_string() } else { format!("{hours} h") };
-    c.add(
-        8,
-        &format!("backtest: {nodes} nodes × 8 GPUs, {what} at 15 s, whole handbook"),
-        "samples/s",
-        rates.clone(),
-        None,
-        &format!(
-            "{samples} samples replayed (3 DCGM fields per GPU, interned series); {fires} fires (the one climbing GPU)"
-        ),
-    );
-    c.add(
-        8,
-        &format!("backtest: wall time of that replay ({samples} samples)"),
-        "s",
-        walls,
-        if hours >= 24 * 7 { Some(("≤ 60 s", &|s| s <= 60.0)) } else { None },
-        "measured, one process",
-    );
-    if hours < 24 * 7 {
-        let week = 7.0 * 86_400.0 / step_s as f64 * 1000.0 * 8.0 * 3.0;
-        let mut projected: Vec<f64> = rates.iter().map(|r| week / r).collect();
-        projected.sort_by(f64::total_cmp);
+            fires = r.fires.len();
+            samples = r.samples;
+            rates.push(r.samples as f64 / r.wall_secs);
+            walls.push(r.wall_secs);
+            let mut json = serde_json::to_value(&r)?;
+            json["wall_secs"] = serde_json::Value::Null;
+            reports.push((shards, json));
+        }
+        let threads = if shards == 1 { "1 shard".to_string() } else { format!("{shards} shards") };
         c.add(
             8,
-            "backtest: 7 days × 1,000 nodes × 8 GPUs at the measured rate",
-            "s",
-            projected,
-            Some(("≤ 60 s", &|s| s <= 60.0)),
-            "a projection (484 M samples ÷ the rate above); --full replays it",
+            &format!("backtest: {nodes} nodes × 8 GPUs, {what} at 15 s, whole handbook, {threads}"),
+            "samples/s",
+            rates.clone(),
+            None,
+            &format!(
+                "{samples} samples replayed (3 DCGM fields per GPU, interned series); {fires} fires (the one climbing GPU)"
+            ),
         );
+        c.add(
+            8,
+            &format!("backtest: wall time of that replay ({samples} samples, {threads})"),
+            "s",
+            walls,
+            if hours >= 24 * 7 { Some(("≤ 60 s", &|s| s <= 60.0)) } else { None },
+            "measured, one process",
+        );
+        if hours < 24 * 7 {
+            let mut projected: Vec<f64> = rates.iter().map(|r| week_samples / r).collect();
+            projected.sort_by(f64::total_cmp);
+            c.add(
+                8,
+                &format!("backtest: 7 days × {nodes} nodes × 8 GPUs at 15 s at the measured rate, {threads}"),
+                "s",
+                projected,
+                Some(("≤ 60 s", &|s| s <= 60.0)),
+                &format!("a projection ({:.0} M samples ÷ the rate above); --full replays it", week_samples / 1e6),
+            );
+        }
+    }
+    if let Some((_, first)) = reports.first()
+        && let Some((shards, other)) = reports.iter().find(|(_, r)| r != first)
+    {
+        return Err(anyhow!("scenario 8: the replay in {shards} shard(s) gave another report than the first: {other}"));
     }
     Ok(())
 }

@@ -396,6 +396,15 @@ pub struct TelemetryConfig {
     /// The most memory the plot history may take for the whole fleet.
     #[serde(default = "d_history_max_mib")]
     pub history_max_mib: u64,
+    /// The telemetry windows and their triggers split by node into this
+    /// many shards; a large batch (a Prometheus pull, a backtest step) is
+    /// evaluated one thread a shard. What fires does not depend on it.
+    #[serde(default = "d_ingest_shards")]
+    pub ingest_shards: u64,
+}
+
+fn d_ingest_shards() -> u64 {
+    1
 }
 
 fn d_history_max_mib() -> u64 {
@@ -520,6 +529,7 @@ impl Default for TelemetryConfig {
             history_secs: d_history(),
             history_step_secs: d_history_step(),
             history_max_mib: d_history_max_mib(),
+            ingest_shards: d_ingest_shards(),
         }
     }
 }

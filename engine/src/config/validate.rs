@@ -246,6 +246,7 @@ impl EngineConfig {
             ("history_secs", t.history_secs, 0, 7 * 86_400),
             ("history_step_secs", t.history_step_secs, 1, 3_600),
             ("history_max_mib", t.history_max_mib, 1, 65_536),
+            ("ingest_shards", t.ingest_shards, 1, 64),
         ] {
             if !(lo..=hi).contains(&v) {
                 return Err(err(

@@ -9,7 +9,9 @@ use std::collections::HashMap;
 
 use crate::manifest::{Aggregate, Manifest, PredictModel, Scope, Trigger};
 use crate::metrics::{self, MetricId};
-use crate::telemetry::{SeriesKey, SeriesRef, TelemetryStore};
+use crate::telemetry::{SeriesKey, SeriesRef, StoreShard, TelemetryStore};
+
+mod series;
 
 /// Direction of a level comparison.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -198,13 +200,28 @@ pub fn step_threshold(st: &mut State, level: Level, clear: Level, for_ms: i64, v
 pub struct Entry {
     pub compiled: Compiled,
     pub scope: Scope,
-    /// Per series of the metric, by the store's ordinal.
-    states: Vec<State>,
     group_states: HashMap<String, State>,
-    /// Times the trigger was evaluated on a sample (or a group, per tick).
-    pub evaluations: u64,
-    /// Times it fired.
-    pub fires: u64,
+    /// Times a fleet trigger was evaluated on a group (per tick), and fired.
+    group_evaluations: u64,
+    group_fires: u64,
+}
+
+/// The per-series trigger states of one shard of the store (the series of
+/// its nodes): what a thread filling that shard changes, and nothing else.
+#[derive(Debug, Default)]
+pub struct ShardStates {
+    /// Per entry: per series of its metric in the shard, by ordinal.
+    states: Vec<Vec<State>>,
+    /// Per entry: times it was evaluated on a sample, and fired.
+    evaluations: Vec<u64>,
+    fires: Vec<u64>,
+}
+
+/// The triggers' rules, shared read-only by the threads filling shards.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules<'a> {
+    entries: &'a [Option<Entry>],
+    by_metric: &'a [Vec<usize>],
 }
 
 /// The loaded telemetry triggers, indexed by metric.
@@ -213,6 +230,8 @@ pub struct TriggerSet {
     pub entries: Vec<Option<Entry>>,
     /// Per metric: the entries that watch it.
     by_metric: Vec<Vec<usize>>,
+    /// Per store shard.
+    shards: Vec<ShardStates>,
 }
 
 /// An aggregate over a group's latest values.
@@ -233,7 +252,8 @@ fn fmt_v(v: f64) -> String {
 impl TriggerSet {
     /// Build from the runbooks' manifests, index for index.
     pub fn new<'a>(manifests: impl Iterator<Item = &'a Manifest>) -> TriggerSet {
-        let mut set = TriggerSet { entries: Vec::new(), by_metric: vec![Vec::new(); metrics::METRICS.len()] };
+        let mut set =
+            TriggerSet { entries: Vec::new(), by_metric: vec![Vec::new(); metrics::METRICS.len()], shards: Vec::new() };
         for (i, m) in manifests.enumerate() {
             let entry = Compiled::from_manifest(m).map(|compiled| {
                 if !matches!(compiled, Compiled::Fleet { .. })
@@ -241,14 +261,7 @@ impl TriggerSet {
                 {
                     v.push(i);
                 }
-                Entry {
-                    compiled,
-                    scope: m.scope,
-                    states: Vec::new(),
-                    group_states: HashMap::new(),
-                    evaluations: 0,
-                    fires: 0,
-                }
+                Entry { compiled, scope: m.scope, group_states: HashMap::new(), group_evaluations: 0, group_fires: 0 }
             });
             set.entries.push(entry);
         }
@@ -271,142 +284,34 @@ impl TriggerSet {
         self.by_metric.get(metric as usize).is_some_and(|v| !v.is_empty())
     }
 
+    /// Times trigger `i` was evaluated (on samples and groups), and fired.
+    pub fn counts(&self, i: usize) -> (u64, u64) {
+        let Some(Some(e)) = self.entries.get(i) else { return (0, 0) };
+        let on = |v: &Vec<u64>| v.get(i).copied().unwrap_or(0);
+        let ev = self.shards.iter().map(|s| on(&s.evaluations)).sum::<u64>() + e.group_evaluations;
+        let fi = self.shards.iter().map(|s| on(&s.fires)).sum::<u64>() + e.group_fires;
+        (ev, fi)
+    }
+
+    /// The rules and one state table per store shard (at least `shards`),
+    /// to evaluate each shard's samples on a thread of its own.
+    pub fn split_mut(&mut self, shards: usize) -> (Rules<'_>, &mut [ShardStates]) {
+        if self.shards.len() < shards {
+            self.shards.resize_with(shards, ShardStates::default);
+        }
+        (Rules { entries: &self.entries, by_metric: &self.by_metric }, &mut self.shards)
+    }
+
     /// Evaluate the triggers on `metric` after a new point of `key` was
     /// pushed into `store`.
     pub fn on_sample(&mut self, store: &TelemetryStore, r: SeriesRef, ts_ms: i64, v: f64, out: &mut Vec<Fire>) {
-        let Some(key) = store.key(r.slot) else { return };
-        let Some(idx) = self.by_metric.get(key.metric as usize) else { return };
-        let ord = r.ordinal as usize;
-        for &i in idx {
-            let Some(e) = self.entries[i].as_mut() else { continue };
-            if e.states.len() <= ord {
-                e.states.resize(ord + 1, State::default());
-            }
-            e.evaluations += 1;
-            let st = &mut e.states[ord];
-            let name = metrics::metric(key.metric).name;
-            let fired = match &e.compiled {
-                Compiled::Threshold { level, for_ms, clear, average: true, .. } => {
-                    // The window's average, once the window is covered.
-                    let stats = store.stats_slot(r.slot, ts_ms - for_ms);
-                    let covered = stats.is_some_and(|s| ts_ms - s.first.0 >= for_ms * 9 / 10 && s.count >= 3);
-                    let avg = stats.map_or(v, |s| s.avg);
-                    let breach = covered && level.breached(avg);
-                    let fired = if st.fired {
-                        if clear.breached(avg) {
-                            st.fired = false;
-                        }
-                        false
-                    } else if breach {
-                        st.fired = true;
-                        true
-                    } else {
-                        false
-                    };
-                    fired.then(|| {
-                        let (op, l) = match level {
-                            Level::Above(l) => ("above", *l),
-                            Level::Below(l) => ("below", *l),
-                        };
-                        format!("{name} averaging {} {op} {} over {} s", fmt_v(avg), fmt_v(l), for_ms / 1000)
-                    })
-                }
-                Compiled::Threshold { level, for_ms, clear, .. } => {
-                    step_threshold(st, *level, *clear, *for_ms, v, ts_ms).then(|| {
-                        let (op, l) = match level {
-                            Level::Above(l) => ("above", *l),
-                            Level::Below(l) => ("below", *l),
-                        };
-                        format!("{name} {} {op} {} for {} s", fmt_v(v), fmt_v(l), for_ms / 1000)
-                    })
-                }
-                Compiled::Rate { per_min, window_ms, min_samples, .. } => {
-                    let stats = store.stats_slot(r.slot, ts_ms - window_ms);
-                    let covered =
-                        stats.is_some_and(|s| s.count >= *min_samples && ts_ms - s.first.0 >= window_ms * 8 / 10);
-                    let rate = stats.map_or(0.0, |s| s.slope_per_sec * 60.0);
-                    let breach = covered && per_min.breached(rate);
-                    if st.fired {
-                        if !breach {
-                            st.fired = false;
-                        }
-                        None
-                    } else if breach {
-                        st.fired = true;
-                        Some(format!("{name} changing {} per min over {} s", fmt_v(rate), window_ms / 1000))
-                    } else {
-                        None
-                    }
-                }
-                Compiled::Predict { crosses, horizon_ms, window_ms, min_samples, model, .. } => {
-                    let horizon_s = *horizon_ms as f64 / 1000.0;
-                    let stats = store.stats_slot(r.slot, ts_ms - window_ms);
-                    let predicted = stats.and_then(|s| {
-                        if s.count < *min_samples || ts_ms - s.first.0 < window_ms / 2 {
-                            return None;
-                        }
-                        let now_v = s.last.1;
-                        let secs = match model {
-                            PredictModel::Linear => {
-                                let future = now_v + s.slope_per_sec * horizon_s;
-                                let rising = now_v < *crosses && future >= *crosses && s.slope_per_sec > 0.0;
-                                let falling = now_v > *crosses && future <= *crosses && s.slope_per_sec < 0.0;
-                                (rising || falling).then(|| (*crosses - now_v) / s.slope_per_sec)?
-                            }
-                            PredictModel::FirstOrder { time_constant_secs } => {
-                                // A first-order system is (T∞ − T)/τ from its
-                                // level: T∞ = T + τ·dT/dt.
-                                let tau = *time_constant_secs as f64;
-                                let asymptote = now_v + tau * s.slope_per_sec;
-                                let rising = now_v < *crosses && asymptote > *crosses;
-                                let falling = now_v > *crosses && asymptote < *crosses;
-                                if !(rising || falling) {
-                                    return None;
-                                }
-                                // Time to reach the level on the fitted curve.
-                                let t = tau * ((asymptote - now_v) / (asymptote - *crosses)).ln();
-                                (t.is_finite() && t >= 0.0 && t <= horizon_s).then_some(t)?
-                            }
-                        };
-                        Some((s, secs))
-                    });
-                    match (st.fired, predicted) {
-                        (true, None) => {
-                            st.fired = false;
-                            None
-                        }
-                        (false, Some((s, secs))) => {
-                            st.fired = true;
-                            Some(format!(
-                                "{name} {} rising {} per min: crosses {} in about {:.0} s",
-                                fmt_v(s.last.1),
-                                fmt_v(s.slope_per_sec * 60.0),
-                                fmt_v(*crosses),
-                                secs.max(0.0)
-                            ))
-                        }
-                        _ => None,
-                    }
-                }
-                Compiled::Change { to_any_of, increase, .. } => {
-                    let prev = st.last.replace(v);
-                    match prev {
-                        Some(p) if p != v => {
-                            let hit = (!to_any_of.is_empty() && to_any_of.contains(&v)) || (*increase && v > p);
-                            hit.then(|| format!("{name} changed {} → {}", fmt_v(p), fmt_v(v)))
-                        }
-                        _ => None,
-                    }
-                }
-                Compiled::Fleet { .. } => None,
-            };
-            if let Some(detail) = fired {
-                e.fires += 1;
-                out.push(Fire { trigger: i, node: Some(key.node), gpu: key.gpu, group: None, value: v, ts_ms, detail });
-            }
-        }
+        let Some(shard) = store.shards().get(r.shard as usize) else { return };
+        let (rules, states) = self.split_mut(store.shards().len());
+        rules.on_sample(&mut states[r.shard as usize], shard, r, ts_ms, v, out);
     }
+}
 
+impl TriggerSet {
     /// Evaluate fleet triggers. `groups(label)` lists (value, series keys of
     /// the metric in that group) for the live, undrained nodes.
     pub fn on_tick(&mut self, store: &TelemetryStore, now_ms: i64, groups: GroupLister<'_>, out: &mut Vec<Fire>) {
@@ -421,10 +326,10 @@ impl TriggerSet {
                     continue;
                 }
                 let x = aggregate(*agg, *where_above, &vals);
-                e.evaluations += 1;
+                e.group_evaluations += 1;
                 let st = e.group_states.entry(value.clone()).or_default();
                 if step_threshold(st, *level, *clear, *for_ms, x, now_ms) {
-                    e.fires += 1;
+                    e.group_fires += 1;
                     let agg_name = format!("{agg:?}").to_lowercase();
                     let (op, l) = match level {
                         Level::Above(l) => ("above", *l),
@@ -527,13 +432,20 @@ impl TriggerSet {
     /// fault can fire again once the cooldown has passed).
     pub fn rearm(&mut self, store: &TelemetryStore, trigger: usize, node: Option<u32>, group: Option<&str>) {
         if let Some(Some(e)) = self.entries.get_mut(trigger) {
-            if let Some(n) = node {
+            if let Some(n) = node
+                && !matches!(e.compiled, Compiled::Change { .. })
+            {
                 let metric = e.compiled.metric();
-                for (ord, st) in e.states.iter_mut().enumerate() {
-                    let on_node = store.key_by_ordinal(metric, ord as u32).is_some_and(|k| k.node == n);
-                    if on_node && !matches!(e.compiled, Compiled::Change { .. }) {
-                        st.fired = false;
-                        st.pending_since = None;
+                // The node's series are all in its shard.
+                let k = store.shard_of(n);
+                if let (Some(shard), Some(states)) =
+                    (store.shards().get(k), self.shards.get_mut(k).and_then(|s| s.states.get_mut(trigger)))
+                {
+                    for (ord, st) in states.iter_mut().enumerate() {
+                        if shard.key_by_ordinal(metric, ord as u32).is_some_and(|k| k.node == n) {
+                            st.fired = false;
+                            st.pending_since = None;
+                        }
                     }
                 }
             }

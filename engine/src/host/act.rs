@@ -1,0 +1,291 @@
+//! A script's change to one node: the checks before it (target, hands-off,
+//! the blast radius, `max_nodes_changed`, the run's class, a sticky drain
+//! the manifest did not declare, the trigger's condition before the first
+//! change), its intent audited, the agent's answer audited after.
+
+use super::*;
+
+impl Host {
+    /// Checks that come before any change; `Err` is the refusal (or a skip).
+    fn admit_change(&self, ctx: &RunCtx, node: &str, op: &Op, m: &Manifest) -> Result<(), Map> {
+        if !self.in_target(ctx, node) {
+            return Err(self.refuse(
+                ctx,
+                node,
+                op,
+                "outside_target",
+                format!("run {} targets {}; refusing to act on {node} outside it", self.run, ctx.target),
+            ));
+        }
+        let Some(n) = self.core.fleet.get(node) else {
+            return Err(self.refuse(ctx, node, op, "unknown_node", format!("{node} is not in the inventory")));
+        };
+        if m.class == RunClass::Observe {
+            return Err(self.refuse(
+                ctx,
+                node,
+                op,
+                "observe_only",
+                format!("runbook {} is `class: observe`: it reads, notes and notifies, and changes nothing", m.name),
+            ));
+        }
+        if n.state().hands_off() {
+            // A person is working on the node: nothing acts until the marker
+            // goes; then the ladder goes on from where the node is. (The
+            // run's deadline still ends it.)
+            self.record(
+                ctx,
+                RecordKind::Note,
+                Some(node),
+                gpu_of(op),
+                json!({"text": format!("{node} is hands-off (maintenance): {} waits until the marker goes", op.name())}),
+            );
+            while n.state().hands_off() {
+                if ctx.sleep_ms(HANDS_OFF_POLL_MS).is_err() {
+                    return Err(self.refuse(
+                        ctx,
+                        node,
+                        op,
+                        "hands_off",
+                        format!("node {node} stayed hands-off (maintenance) until the run ended"),
+                    ));
+                }
+            }
+            // The person is done: go on only if the fault is still there;
+            // else the run ends and its holds go.
+            if let Some(s) = self.summary()
+                && s.trigger != "manual"
+                && let Some((false, why)) = self.core.condition_holds(&self.manifest, &s)
+            {
+                let why = format!("the condition cleared while {node} was hands-off: {why}");
+                self.record(ctx, RecordKind::Note, Some(node), gpu_of(op), json!({"text": why}));
+                ctx.skip(&why);
+                return Err(refused("skipped", &why));
+            }
+        }
+        if let Op::Drain(a) = op
+            && a.sticky
+            && !m.sticky_drain
+        {
+            return Err(self.refuse(
+                ctx,
+                node,
+                op,
+                "not_declared",
+                format!(
+                    "runbook {} may not place a sticky drain: declare `sticky_drain: true` in its manifest",
+                    m.name
+                ),
+            ));
+        }
+        if ctx.dry_run {
+            return Ok(());
+        }
+        let (acted, nodes, params) = match self.core.table().runs.get(&self.run) {
+            Some(r) => (r.acted, r.summary.nodes.clone(), r.summary.params.clone()),
+            None => (true, Vec::new(), Default::default()),
+        };
+        // The run's own cap: `max_nodes_changed`, or under it the value of
+        // its `nodes_changed_param` (what its approval counted).
+        if m.scope == Scope::Group
+            && let Some(cap) = m.max_nodes_changed.map(|_| crate::admission::nodes_changed(m, usize::MAX, &params))
+            && !nodes.iter().any(|x| x == node)
+            && nodes.len() as u32 >= cap
+        {
+            return Err(self.refuse(
+                ctx,
+                node,
+                op,
+                "max_nodes_changed",
+                format!(
+                    "run {} already changed {} node(s) (max_nodes_changed {cap}); not {node}",
+                    self.run,
+                    nodes.len()
+                ),
+            ));
+        }
+        if m.exclusive && ctx.target.node.is_none() {
+            let mut t = self.core.table();
+            match t.node_locks.get(node) {
+                Some(holder) if holder != &self.run => {
+                    let why = format!("node {node} is busy with exclusive run {holder}");
+                    drop(t);
+                    return Err(self.refuse(ctx, node, op, "node_busy", why));
+                }
+                _ => {
+                    t.node_locks.insert(node.to_string(), self.run.clone());
+                }
+            }
+        }
+        if !acted {
+            // Re-check before the first change: the condition may have
+            // cleared while the run waited or watched.
+            if let Some(s) = self.summary()
+                && s.trigger != "manual"
+                && let Some((false, why)) = self.core.condition_holds(&self.manifest, &s)
+            {
+                let why = format!("the condition cleared before the first change: {why}");
+                self.record(ctx, RecordKind::Note, Some(node), gpu_of(op), json!({"text": why}));
+                ctx.skip(&why);
+                return Err(refused("skipped", &why));
+            }
+            if let Some(r) = self.core.table().runs.get_mut(&self.run) {
+                r.acted = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`ScriptHost::act`]: one change to `node`, checked and audited.
+    pub(super) fn act_on(&self, ctx: &RunCtx, node: &str, mut op: Op) -> Map {
+        let Some(m) = self.manifest() else { return refused("internal", "the runbook was unloaded") };
+        if let Err(refusal) = self.admit_change(ctx, node, &op, &m) {
+            return refusal;
+        }
+        let Some(n) = self.core.fleet.get(node) else { return refused("unknown_node", node) };
+        let mut reserved = false;
+        if let Op::Drain(a) = &mut op {
+            a.run = Some(self.run.clone());
+            if !ctx.dry_run {
+                match self.core.reserve_drain(&self.run, node, &m.blast_radius) {
+                    Ok(r) => reserved = r,
+                    Err(why) => return self.refuse(ctx, node, &op, "blast_radius", why),
+                }
+            } else if self.summary().is_some_and(|s| s.shadow) {
+                // A shadow run meets the blast radius as a real one would,
+                // and takes nothing from it.
+                if let Err(why) = self.core.check_drain(&self.run, node, &m.blast_radius) {
+                    return self.refuse(ctx, node, &op, "blast_radius", why);
+                }
+            }
+        }
+        let gpu = gpu_of(&op);
+        let action_id = self.core.next_action_id(&self.run);
+        let mut req = Request::new(&action_id, op.clone());
+        req.dry_run = ctx.dry_run;
+        if places_hold(&op) {
+            req.revert_after_secs = Some(hold_lease_secs(m.timeout_secs));
+        }
+        let t0 = ctx.clock.now_ms();
+        let Some(summary) = self.summary() else { return refused("internal", "the run ended") };
+        let mut sent = self.block_on(self.core.send_audited(&summary, node, gpu, req));
+        // A change whose reply was lost may have been applied: ask the
+        // agent's journal, and take the reply it sent if it has one. (One
+        // that never left — not the leader, the intent not durable — asks
+        // nothing.)
+        let mut lost: Option<Value> = None;
+        let changes = !ctx.dry_run && (places_hold(&op) || matches!(op, Op::Drain(_)));
+        if changes
+            && let Err(e) = &sent
+            && e.left
+        {
+            let e = e.clone();
+            sent = match self.block_on(self.core.lost_reply(node, &action_id)) {
+                Ok(reply) => {
+                    lost = Some(json!({"state": "done", "error": e}));
+                    Ok((reply, 0.0))
+                }
+                Err(status) => {
+                    lost = Some(status);
+                    Err(e)
+                }
+            };
+        }
+        let duration_ms = ctx.clock.now_ms() - t0;
+        let mut result = match &sent {
+            Ok((r, secs)) if matches!(op, Op::Release(_)) => {
+                self.core.counters.action_latency.lock().unwrap_or_else(|e| e.into_inner()).observe(*secs);
+                let mut v = json!({"ok": r.ok, "outcome": if r.ok { "released" } else { "refused" },
+                    "applied": r.ok && !ctx.dry_run, "held": false, "after": r.result});
+                if let Some(e) = &r.error {
+                    v["code"] = json!(e.code.as_str());
+                    v["error"] = json!(e.message);
+                }
+                v
+            }
+            Ok((r, secs)) => {
+                self.core.counters.action_latency.lock().unwrap_or_else(|e| e.into_inner()).observe(*secs);
+                let action = r.action();
+                let mut v = json!({
+                    "ok": r.ok,
+                    "outcome": action.as_ref().map(|a| serde_json::to_value(a.outcome).unwrap_or(Value::Null)).unwrap_or(json!(if r.ok { "ok" } else { "refused" })),
+                    "applied": action.as_ref().is_some_and(|a| a.outcome == Outcome::Applied),
+                    "held": action.as_ref().is_some_and(|a| a.hold.is_some() && a.outcome != Outcome::DryRun),
+                    "before": action.as_ref().map(|a| a.before.clone()).unwrap_or(Value::Null),
+                    "after": action.as_ref().map(|a| a.after.clone()).unwrap_or_else(|| r.result.clone().unwrap_or(Value::Null)),
+                    "detail": action.as_ref().and_then(|a| a.detail.clone()),
+                    "hold": action.as_ref().and_then(|a| a.hold.as_ref().map(|h| h.id.clone())),
+                    "released": action.as_ref().and_then(|a| a.released.clone()),
+                });
+                if let Some(e) = &r.error {
+                    v["code"] = json!(e.code.as_str());
+                    v["error"] = json!(e.message);
+                }
+                v
+            }
+            Err(e) => json!({"ok": false, "outcome": "error", "applied": false, "code": "transport", "error": e}),
+        };
+        if let Some(status) = &lost {
+            result["reply_lost"] = json!(true);
+            result["agent_status"] = status.clone();
+        }
+        // Keep the engine's view of drains in step with what happened.
+        if result["applied"] == json!(true) {
+            match &op {
+                Op::Drain(_) => {
+                    let mut st = n.state();
+                    st.drained = true;
+                    st.drain_reason = result["after"]["reason"].as_str().map(str::to_string);
+                }
+                Op::Resume(_) => {
+                    let mut st = n.state();
+                    st.drained = false;
+                    st.drain_reason = None;
+                }
+                _ => {}
+            }
+        }
+        if reserved {
+            self.core.release_drain(node);
+        }
+        if let Op::Requeue(_) = &op
+            && result["applied"] == json!(true)
+        {
+            self.lifecycle_phase(ctx, node, "requeued");
+        }
+        let node_s = node.to_string();
+        // A change with no reply at all (lost, and the agent unreachable)
+        // may hold: the run's end releases by owner there too, and retries
+        // until the agent takes it.
+        let holds_here = result["held"] == json!(true)
+            || (!ctx.dry_run && matches!(op, Op::Drain(_)) && result["ok"] == true)
+            || (changes && sent.as_ref().is_err_and(|e| e.left));
+        let effect = (result["applied"] == json!(true) && !ctx.dry_run).then(|| effect_of(&op)).flatten();
+        if let Some(r) = self.core.table().runs.get_mut(&self.run) {
+            r.summary.actions += 1;
+            if let Some(e) = effect
+                && !r.summary.did.iter().any(|d| d == e)
+            {
+                r.summary.did.push(e.to_string());
+            }
+            if !r.summary.nodes.contains(&node_s) && !ctx.dry_run {
+                r.summary.nodes.push(node_s.clone());
+            }
+            if holds_here && !r.held_on.contains(&node_s) {
+                r.held_on.push(node_s.clone());
+            }
+        }
+        let mut data = result.clone();
+        data["action_id"] = json!(action_id);
+        data["op"] = json!(op.name());
+        data["duration_ms"] = json!(duration_ms);
+        data["dry_run"] = json!(ctx.dry_run);
+        if self.summary().is_some_and(|s| s.shadow) {
+            // What a shadow run is for: would it have acted, by the agent.
+            data["shadow"] = json!(true);
+            data["would_act"] = json!(result["ok"] == true);
+        }
+        self.record(ctx, RecordKind::ActionResult, Some(node), gpu, data);
+        to_map(result)
+    }
+}
