@@ -80,6 +80,7 @@
 //!
 //! ```text
 //! runs, ha, chain          no other module
+//! data                     runs         (typed payloads: what recovery reads back)
 //! log                      chain        (the record log: records.jsonl)
 //! index                    log, ha      (the index thread, sled trees and keys, chaining a group)
 //! pipeline                 index, log   (the one group-commit loop; the file log's writer)
@@ -92,6 +93,7 @@
 #![forbid(unsafe_code)]
 
 mod chain;
+pub mod data;
 pub mod ha;
 mod index;
 mod log;
@@ -223,6 +225,15 @@ impl NewRecord {
     pub fn new(kind: RecordKind, actor: &str, data: Value) -> NewRecord {
         NewRecord { kind, run: None, node: None, gpu: None, runbook: None, actor: actor.into(), data }
     }
+
+    /// A record with a typed payload (`data.rs`): what recovery reads back
+    /// is written only this way.
+    pub fn typed<P: data::Payload>(kind: RecordKind, actor: &str, payload: &P) -> NewRecord {
+        debug_assert!(P::KINDS.contains(&kind), "a {kind:?} record with a payload for {:?}", P::KINDS);
+        // A payload is plain data (string keys only): it always serializes.
+        let data = serde_json::to_value(payload).unwrap_or(Value::Null);
+        NewRecord::new(kind, actor, data)
+    }
     pub fn run(mut self, run: &str) -> Self {
         self.run = Some(run.into());
         self
@@ -314,6 +325,23 @@ struct Hashed<'a> {
 }
 
 impl AuditRecord {
+    /// The payload as its type (`data.rs`); an error names the record and
+    /// what did not read.
+    pub fn payload<P: data::Payload>(&self) -> Result<P, data::PayloadError> {
+        if !P::KINDS.contains(&self.kind) {
+            return Err(data::PayloadError::Kind {
+                seq: self.seq,
+                expected: P::KINDS.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(" or "),
+                found: self.kind.as_str().into(),
+            });
+        }
+        P::deserialize(&self.data).map_err(|e| data::PayloadError::Shape {
+            seq: self.seq,
+            kind: self.kind.as_str().into(),
+            message: e.to_string(),
+        })
+    }
+
     /// SHA-256 over the record without `hash`, as its version says: RFC
     /// 8785 canonical JSON (version 2), or serde_json's bytes (version 1,
     /// records written before; unknown versions never verify).

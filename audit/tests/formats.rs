@@ -46,3 +46,35 @@ fn the_december_2026_store_opens_and_verifies() {
     assert_eq!(r.prev_hash, recs[49].hash);
     assert!(store.verify().unwrap().ok);
 }
+
+/// The typed payloads recovery reads (`nightshift_audit::data`) read every
+/// such record of the store written before them — with the fields recovery
+/// uses there — so a restart on an old store rebuilds what it did.
+#[test]
+fn records_written_before_the_typed_payloads_read_as_them() {
+    use nightshift_audit::data;
+    let dir = fixture("store-2026-12");
+    let store = AuditStore::open(dir.path(), Arc::new(nightshift_proto::clock::SystemClock)).unwrap();
+    let recs = store.tail(0, usize::MAX).unwrap();
+    let mut read = std::collections::BTreeMap::<&str, usize>::new();
+    for r in &recs {
+        let ok = match r.kind {
+            RecordKind::RunQueued => r.payload::<data::RunQueued>().map(|p| p.target.is_some()),
+            RecordKind::RunStarted => r.payload::<data::RunStarted>().map(|_| true),
+            RecordKind::RunFinished => r.payload::<data::RunFinished>().map(|p| p.target.is_some()),
+            RecordKind::TriggerSuppressed => r.payload::<data::TriggerSuppressed>().map(|p| p.target.is_some()),
+            RecordKind::HoldEnded => {
+                r.payload::<data::HoldEnded>().map(|p| !p.hold_id.is_empty() && p.ended_at_ms.is_some())
+            }
+            RecordKind::ActionResult | RecordKind::ActionIntent => {
+                r.payload::<data::ActionOp>().map(|p| !p.op.is_empty())
+            }
+            _ => continue,
+        };
+        assert_eq!(ok, Ok(true), "record {} ({:?}): {}", r.seq, r.kind, r.data);
+        *read.entry(r.kind.as_str()).or_default() += 1;
+    }
+    for kind in ["run_queued", "run_started", "run_finished", "trigger_suppressed", "hold_ended", "action_result"] {
+        assert!(read.contains_key(kind), "the fixture has {kind} records: {read:?}");
+    }
+}

@@ -382,10 +382,30 @@ impl Core {
         self.audit.append(rec, Some(s.clone())).await
     }
 
-    /// [`Core::record_run`] without waiting: durable before any later
+    /// [`Core::record_run`] with a typed payload (one recovery reads back).
+    pub async fn record_run_typed<P: crate::audit::data::Payload>(
+        &self,
+        kind: RecordKind,
+        s: &RunSummary,
+        data: &P,
+    ) -> Result<AuditRecord, AuditError> {
+        let rec = NewRecord::typed(kind, &s.requested_by, data)
+            .run(&s.id)
+            .node(s.target.node.as_deref())
+            .gpu(s.target.gpu)
+            .runbook(&s.runbook);
+        self.audit.append(rec, Some(s.clone())).await
+    }
+
+    /// [`Core::record_run_typed`] without waiting: durable before any later
     /// awaited record (see [`AuditStore::append_ordered`]).
-    pub fn record_run_ordered(&self, kind: RecordKind, s: &RunSummary, data: Value) -> Result<(), AuditError> {
-        let rec = NewRecord::new(kind, &s.requested_by, data)
+    pub fn record_run_ordered<P: crate::audit::data::Payload>(
+        &self,
+        kind: RecordKind,
+        s: &RunSummary,
+        data: &P,
+    ) -> Result<(), AuditError> {
+        let rec = NewRecord::typed(kind, &s.requested_by, data)
             .run(&s.id)
             .node(s.target.node.as_deref())
             .gpu(s.target.gpu)

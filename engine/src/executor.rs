@@ -189,14 +189,16 @@ impl Engine {
             };
             (d, summary)
         };
-        let queued_data = |s: &RunSummary| {
-            let mut d = json!({"trigger": req.trigger, "detail": req.detail, "event": req.event, "dry_run": req.dry_run,
-                "target": s.target, "priority": m.priority.as_str(), "class": m.class});
-            if s.shadow {
-                d["shadow"] = true.into();
-                d["would_need_approval"] = json!(would_need_approval);
-            }
-            d
+        let queued_data = |s: &RunSummary| crate::audit::data::RunQueued {
+            trigger: req.trigger.clone(),
+            detail: req.detail.clone(),
+            event: req.event.clone(),
+            dry_run: req.dry_run,
+            target: Some(s.target.clone()),
+            priority: m.priority.as_str().into(),
+            class: json!(m.class),
+            shadow: s.shadow.then_some(true),
+            would_need_approval: if s.shadow { would_need_approval.clone() } else { None },
         };
         match decision {
             Decision::Drop { reason } => {
@@ -211,10 +213,15 @@ impl Engine {
             Decision::Suppress { reason, existing, first } => {
                 self.core.counters.runs_suppressed.fetch_add(1, Ordering::Relaxed);
                 if first {
-                    let mut rec = NewRecord::new(
+                    let mut rec = NewRecord::typed(
                         RecordKind::TriggerSuppressed,
                         &req.requested_by,
-                        json!({"reason": reason, "detail": req.detail, "trigger": req.trigger, "target": req.target}),
+                        &crate::audit::data::TriggerSuppressed {
+                            reason: reason.clone(),
+                            detail: req.detail.clone(),
+                            trigger: req.trigger.clone(),
+                            target: Some(req.target.clone()),
+                        },
                     )
                     .node(req.target.node.as_deref())
                     .gpu(req.target.gpu)
@@ -228,13 +235,18 @@ impl Engine {
             }
             Decision::Refuse { reason } => {
                 let mut s = summary.unwrap_or_else(|| new_summary(self.core.ids.run(), rb, &req, params, now, shadow));
-                self.core.record_run(RecordKind::RunQueued, &s, queued_data(&s)).await?;
+                self.core.record_run_typed(RecordKind::RunQueued, &s, &queued_data(&s)).await?;
                 end_summary(&mut s, RunOutcome::Refused, Some(reason.clone()), now);
                 self.core
-                    .record_run(
+                    .record_run_typed(
                         RecordKind::RunFinished,
                         &s,
-                        json!({"outcome": "refused", "reason": reason, "target": s.target}),
+                        &crate::audit::data::RunFinished {
+                            outcome: "refused".into(),
+                            reason: Some(reason.clone()),
+                            target: Some(s.target.clone()),
+                            ..Default::default()
+                        },
                     )
                     .await?;
                 self.count_outcome(RunOutcome::Refused);
@@ -246,11 +258,11 @@ impl Engine {
                 if manual || approval.is_some() {
                     // Reported to a person (the run id, the approval asked
                     // for): durable first.
-                    self.core.record_run(RecordKind::RunQueued, &s, queued_data(&s)).await?;
+                    self.core.record_run_typed(RecordKind::RunQueued, &s, &queued_data(&s)).await?;
                 } else {
                     // An automatic run: in order, not awaited — its start,
                     // first action or end waits for a later record.
-                    self.core.record_run_ordered(RecordKind::RunQueued, &s, queued_data(&s))?;
+                    self.core.record_run_ordered(RecordKind::RunQueued, &s, &queued_data(&s))?;
                 }
                 if let Some(why) = &approval {
                     self.core

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use nightshift_proto::{EndedHold, Telemetry};
 
 use crate::alerts::{Alert, WebhookPayload};
+use crate::audit::data::AlertReceived;
 use crate::audit::{AuditRecord, NewRecord, RecordKind};
 use crate::core::Brain;
 use crate::engine::{Engine, EngineError, Ingested, RunRequest, Submitted};
@@ -135,24 +136,24 @@ impl Engine {
         };
         for e in fresh {
             let run = self.core.audit.run(&e.hold.owner).ok().flatten();
-            let mut rec = NewRecord::new(
+            let mut rec = NewRecord::typed(
                 RecordKind::HoldEnded,
                 &format!("agent:{node}"),
-                json!({
-                    "hold_id": e.hold.id,
-                    "owner": e.hold.owner,
-                    "setting": e.hold.setting.to_string(),
-                    "kind": e.hold.setting.kind(),
-                    "value": e.hold.value.to_string(),
-                    "reason": e.hold.reason,
-                    "placed_at_ms": e.hold.placed_at_ms,
-                    "expires_at_ms": e.hold.expires_at_ms,
-                    "ended_at_ms": e.ended_at_ms,
-                    "how": e.how.as_str(),
-                    "by": e.by,
-                    "outcome": e.outcome,
-                    "now": e.now.to_string(),
-                }),
+                &crate::audit::data::HoldEnded {
+                    hold_id: e.hold.id.clone(),
+                    owner: e.hold.owner.clone(),
+                    setting: e.hold.setting.to_string(),
+                    kind: e.hold.setting.kind().into(),
+                    value: e.hold.value.to_string(),
+                    reason: e.hold.reason.clone(),
+                    placed_at_ms: e.hold.placed_at_ms,
+                    expires_at_ms: e.hold.expires_at_ms,
+                    ended_at_ms: Some(e.ended_at_ms),
+                    how: e.how.as_str().into(),
+                    by: e.by.clone(),
+                    outcome: json!(e.outcome),
+                    now: e.now.to_string(),
+                },
             )
             .node(Some(node))
             .gpu(e.hold.setting.gpu());
@@ -539,23 +540,23 @@ impl Engine {
     /// The `event_received` record of an alert.
     fn alert_record(&self, a: &Alert, poster: &str) -> NewRecord {
         let node = a.host().and_then(|h| self.core.fleet.get(&h)).map(|n| n.spec.name.clone());
-        NewRecord::new(
+        NewRecord::typed(
             RecordKind::EventReceived,
             &format!("alertmanager:{poster}"),
-            json!({
-                "source": "alertmanager",
+            &AlertReceived {
+                source: AlertReceived::SOURCE.into(),
                 // Acknowledged once durable; handled by a later
                 // `event_handled` (recovery finishes any it lacks).
-                "acked": true,
-                "posted_by": poster,
-                "alertname": a.name(),
-                "status": a.status,
-                "fingerprint": a.fingerprint,
-                "starts_at": a.starts_at,
-                "ends_at": a.ends_at,
-                "labels": a.labels,
-                "annotations": a.annotations,
-            }),
+                acked: true,
+                posted_by: poster.into(),
+                alertname: a.name().to_string(),
+                status: a.status.clone(),
+                fingerprint: a.fingerprint.clone(),
+                starts_at: a.starts_at.clone(),
+                ends_at: a.ends_at.clone(),
+                labels: a.labels.clone(),
+                annotations: a.annotations.clone(),
+            },
         )
         .node(node.as_deref())
         .gpu(a.gpu())
@@ -564,35 +565,34 @@ impl Engine {
     /// An alert as its `event_received` record has it (recovery handles the
     /// ones whose handling a crash cut off).
     pub(crate) fn alert_of_record(r: &AuditRecord) -> Option<(Alert, String)> {
-        if r.kind != RecordKind::EventReceived || r.data["source"] != "alertmanager" {
+        let d = r.payload::<AlertReceived>().ok().filter(|d| d.source == AlertReceived::SOURCE)?;
+        if d.status.is_empty() || d.fingerprint.is_empty() || d.starts_at.is_empty() {
             return None;
         }
-        let d = &r.data;
-        let map = |v: &Value| -> BTreeMap<String, String> {
-            v.as_object()
-                .map(|o| o.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
-                .unwrap_or_default()
-        };
+        let poster = if d.posted_by.is_empty() { AlertReceived::SOURCE.to_string() } else { d.posted_by };
         let a = Alert {
-            status: d["status"].as_str()?.to_string(),
-            labels: map(&d["labels"]),
-            annotations: map(&d["annotations"]),
-            starts_at: d["starts_at"].as_str()?.to_string(),
-            ends_at: d["ends_at"].as_str().unwrap_or_default().to_string(),
+            status: d.status,
+            labels: d.labels,
+            annotations: d.annotations,
+            starts_at: d.starts_at,
+            ends_at: d.ends_at,
             generator_url: String::new(),
-            fingerprint: d["fingerprint"].as_str()?.to_string(),
+            fingerprint: d.fingerprint,
         };
-        Some((a, d["posted_by"].as_str().unwrap_or("alertmanager").to_string()))
+        Some((a, poster))
     }
 
     /// What an alert leads to, once its `event_received` is on the chain;
     /// then `event_handled`, so a recovery does not handle it again.
     pub(crate) async fn handle_alert(&self, a: Alert, poster: &str) {
         self.act_on_alert(&a, poster).await;
-        let rec = NewRecord::new(
+        let rec = NewRecord::typed(
             RecordKind::EventHandled,
             "engine",
-            json!({"source": "alertmanager", "key": crate::runtable::alert_key(&a.status, &a.key())}),
+            &crate::audit::data::EventHandled {
+                source: AlertReceived::SOURCE.into(),
+                key: crate::runtable::alert_key(&a.status, &a.key()),
+            },
         );
         if let Err(e) = self.core.audit.append_ordered(rec, None) {
             tracing::error!(error = %e, "cannot audit an alert's handling");

@@ -162,7 +162,8 @@ impl Engine {
                 continue;
             }
             let waited_ms = summary.started_ms.unwrap_or(now).saturating_sub(summary.created_ms);
-            let started = json!({"params": summary.params, "waited_ms": waited_ms, "waited_for": waited});
+            let started =
+                crate::audit::data::RunStarted { params: json!(summary.params), waited_ms, waited_for: json!(waited) };
             // The run's own task records its start (before it can act), so
             // starting the next run does not wait for this one's fsync.
             self.spawn_run(summary, rb, cancel, started);
@@ -217,10 +218,10 @@ impl Engine {
             .core
             .audit
             .append(
-                NewRecord::new(
+                NewRecord::typed(
                     RecordKind::BreakerTripped,
                     "engine",
-                    json!({"reason": reason, "tripped_until_ms": until}),
+                    &crate::audit::data::BreakerTripped { reason: reason.into(), tripped_until_ms: Some(until) },
                 )
                 .runbook(runbook),
                 None,
@@ -262,7 +263,7 @@ impl Engine {
         summary: RunSummary,
         rb: crate::runbook::Runbook,
         cancel: Arc<AtomicBool>,
-        started: serde_json::Value,
+        started: crate::audit::data::RunStarted,
     ) {
         let engine = self.clone();
         // A deterministic simulation runs its runs one at a time, in run
@@ -273,7 +274,7 @@ impl Engine {
         self.core.handle.spawn(async move {
             // In order, not awaited: the run's first action or its end waits
             // for a later record, and so for this one.
-            if let Err(e) = engine.core.record_run_ordered(RecordKind::RunStarted, &summary, started) {
+            if let Err(e) = engine.core.record_run_ordered(RecordKind::RunStarted, &summary, &started) {
                 tracing::error!(run = %summary.id, error = %e, "cannot audit run start");
             }
             let host = Arc::new(crate::host::Host::new(engine.core.clone(), &summary.id, rb.manifest.clone()));
@@ -458,12 +459,21 @@ impl Engine {
         // one that could not is offered again after a pause).
         let starts_cooldown = !unfinished && summary.trigger != "fault";
         self.core
-            .record_run(
+            .record_run_typed(
                 RecordKind::RunFinished,
                 &summary,
-                json!({"outcome": outcome.as_str(), "error": error, "note": note, "actions": summary.actions,
-                    "target": summary.target, "holds_released": released, "holds_kept": kept, "holds_left": left,
-                    "starts_cooldown": starts_cooldown}),
+                &crate::audit::data::RunFinished {
+                    outcome: outcome.as_str().into(),
+                    error: error.clone(),
+                    note: note.map(str::to_string),
+                    actions: Some(summary.actions),
+                    target: Some(summary.target.clone()),
+                    holds_released: Some(released),
+                    holds_kept: Some(kept),
+                    holds_left: Some(left),
+                    starts_cooldown: Some(starts_cooldown),
+                    ..Default::default()
+                },
             )
             .await?;
         {

@@ -175,11 +175,17 @@ impl Engine {
             self.core.now(),
         );
         self.core
-            .record_run(
+            .record_run_typed(
                 RecordKind::RunFinished,
                 &s,
-                json!({"outcome": "interrupted", "recovered": true, "target": s.target, "holds_left": s.holds_left,
-                    "starts_cooldown": false}),
+                &crate::audit::data::RunFinished {
+                    outcome: "interrupted".into(),
+                    recovered: Some(true),
+                    target: Some(s.target.clone()),
+                    holds_left: Some(s.holds_left.clone()),
+                    starts_cooldown: Some(false),
+                    ..Default::default()
+                },
             )
             .await?;
         self.count_outcome(RunOutcome::Interrupted);

@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicBool;
 use serde_json::Value;
 
 use crate::alerts::SeenSet;
-use crate::audit::{AuditRecord, RecordKind};
+use crate::audit::{AuditRecord, RecordKind, data};
 use crate::manifest::{BreakerCount, Priority, RunClass};
 use crate::runs::{RunState, RunSummary, Target};
 
@@ -184,10 +184,18 @@ impl RunTable {
     /// Take an audit record into account, as if it had just been written:
     /// how the table is rebuilt after a restart. `breaker_of` says whether a
     /// runbook has a breaker.
+    ///
+    /// Payloads are read as their types (`nightshift_audit::data`); a record
+    /// whose payload does not read is passed over, and said.
     pub fn replay(&mut self, r: &AuditRecord, breaker_of: &dyn Fn(&str) -> bool) {
+        fn read<P: data::Payload>(r: &AuditRecord) -> Option<P> {
+            r.payload::<P>()
+                .map_err(|e| tracing::warn!(error = %e, "recovery passes over a record it cannot read"))
+                .ok()
+        }
         match r.kind {
             RecordKind::RunQueued => {
-                if let Some(key) = key_of_record(r) {
+                if let Some(key) = read::<data::RunQueued>(r).and_then(|p| key_of(r, p.target)) {
                     self.attempts.entry(key.clone()).or_default().push_back(r.ts_ms);
                     if breaker_of(&key.0)
                         && let Some(node) = key.1.node.clone().or_else(|| r.node.clone())
@@ -201,53 +209,62 @@ impl RunTable {
                 }
             }
             RecordKind::RunFinished => {
-                if let Some(key) = key_of_record(r) {
+                let Some(p) = read::<data::RunFinished>(r) else { return };
+                if let Some(key) = key_of(r, p.target) {
                     // Runs that never finished their work (skipped,
                     // interrupted, cancelled by a shutdown) start no cooldown.
-                    if r.data["starts_cooldown"] != false {
+                    if p.starts_cooldown != Some(false) {
                         self.last_finished.insert(key.clone(), r.ts_ms);
                     }
                     self.suppression_noted.remove(&key);
                 }
             }
-            RecordKind::ActionResult if r.data["op"] == "autoscale" && r.data["applied"] == true => {
-                if let (Some(pool), Some(n)) = (r.data["pool"].as_str(), r.data["count"].as_i64()) {
-                    let d = if r.data["direction"] == "in" { -n } else { n };
+            RecordKind::ActionResult => {
+                if read::<data::ActionOp>(r).is_some_and(|a| a.op == data::AutoscaleResult::OP)
+                    && let Some(p) = read::<data::AutoscaleResult>(r)
+                    && let Some((pool, d)) = p.applied_change()
+                {
                     let e = self.autoscaled.entry(pool.to_string()).or_default();
                     *e = (*e + d).max(0);
                 }
             }
             RecordKind::TriggerSuppressed => {
-                if let Some(key) = key_of_record(r) {
+                if let Some(key) = read::<data::TriggerSuppressed>(r).and_then(|p| key_of(r, p.target)) {
                     self.suppression_noted.insert(key);
                 }
             }
             RecordKind::BreakerTripped => {
-                if let (Some(rb), Some(until)) = (&r.runbook, r.data.get("tripped_until_ms").and_then(Value::as_i64)) {
+                if let (Some(rb), Some(until)) =
+                    (&r.runbook, read::<data::BreakerTripped>(r).and_then(|p| p.tripped_until_ms))
+                {
                     self.breakers.entry(rb.clone()).or_default().tripped_until = until;
                 }
             }
             RecordKind::HoldEnded => {
-                if let (Some(node), Some(id), Some(at)) =
-                    (&r.node, r.data["hold_id"].as_str(), r.data["ended_at_ms"].as_i64())
-                {
-                    self.holds_ended.insert(ended_key(node, id, at));
+                let Some(p) = read::<data::HoldEnded>(r) else { return };
+                if let (Some(node), false, Some(at)) = (&r.node, p.hold_id.is_empty(), p.ended_at_ms) {
+                    self.holds_ended.insert(ended_key(node, &p.hold_id, at));
                 }
             }
             RecordKind::EventHandled => {
-                if let Some(k) = r.data["key"].as_str() {
-                    self.handled.insert(k.to_string());
+                if let Some(p) = read::<data::EventHandled>(r).filter(|p| !p.key.is_empty()) {
+                    self.handled.insert(p.key);
                 }
             }
-            RecordKind::EventReceived if r.data["source"] == "alertmanager" => {
-                let (Some(status), Some(fp), Some(starts)) =
-                    (r.data["status"].as_str(), r.data["fingerprint"].as_str(), r.data["starts_at"].as_str())
-                else {
+            RecordKind::EventReceived => {
+                // Other sources' events carry other payloads.
+                let Ok(p) = r.payload::<data::AlertReceived>() else { return };
+                if p.source != data::AlertReceived::SOURCE
+                    || p.status.is_empty()
+                    || p.fingerprint.is_empty()
+                    || p.starts_at.is_empty()
+                {
                     return;
-                };
-                self.alerts_seen.insert(alert_key(status, &episode(fp, starts)));
-                if status == "resolved" {
-                    self.resolved.insert_at(episode(fp, starts), r.ts_ms, RESOLVED_KEPT_MS);
+                }
+                let ep = episode(&p.fingerprint, &p.starts_at);
+                self.alerts_seen.insert(alert_key(&p.status, &ep));
+                if p.status == "resolved" {
+                    self.resolved.insert_at(ep, r.ts_ms, RESOLVED_KEPT_MS);
                 }
             }
             _ => {}
@@ -272,14 +289,11 @@ impl RunTable {
     }
 }
 
-/// The (runbook, target) a run record is about: `data.target` where the
-/// record carries it, else its node and GPU fields.
-fn key_of_record(r: &AuditRecord) -> Option<Key> {
+/// The (runbook, target) a run record is about: its payload's `target`
+/// where it carries one, else the record's node and GPU fields.
+fn key_of(r: &AuditRecord, target: Option<Target>) -> Option<Key> {
     let runbook = r.runbook.clone()?;
-    let target = match r.data.get("target") {
-        Some(t) if !t.is_null() => serde_json::from_value::<Target>(t.clone()).ok()?,
-        _ => Target { node: r.node.clone(), gpu: r.gpu, group: None },
-    };
+    let target = target.unwrap_or_else(|| Target { node: r.node.clone(), gpu: r.gpu, group: None });
     Some((runbook, target))
 }
 

@@ -310,6 +310,45 @@ pub struct BacktestReport {
     pub cannot_fire: Vec<String>,
     /// Wall time the replay took.
     pub wall_secs: f64,
+    /// Where that time went (measured, so it differs run to run: leave it
+    /// and `wall_secs` out when comparing reports).
+    pub profile: ReplayProfile,
+}
+
+/// The replay's wall time by phase, in seconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReplayProfile {
+    /// Waiting for the next step (read, parsed, mapped).
+    pub reading_secs: f64,
+    /// The replay agents advanced to the step's time (leases, physics, dry
+    /// runs answered).
+    pub agents_secs: f64,
+    /// The samples into the engine's windows and triggers, and each node's
+    /// health looked at.
+    pub ingest_secs: f64,
+    /// The engine's tick (fleet triggers, schedules) and what fired run to
+    /// rest: admission, runs, their dry-run actions.
+    pub runs_secs: f64,
+    /// Runs still going after the last step, let finish; then the report.
+    pub finish_secs: f64,
+}
+
+impl ReplayProfile {
+    /// One line: each phase's seconds and share.
+    pub fn sentence(&self, wall_secs: f64) -> String {
+        let share = |s: f64| if wall_secs > 0.0 { s / wall_secs * 100.0 } else { 0.0 };
+        [
+            ("reading steps", self.reading_secs),
+            ("replay agents", self.agents_secs),
+            ("windows, triggers and health", self.ingest_secs),
+            ("tick and runs", self.runs_secs),
+            ("finish and report", self.finish_secs),
+        ]
+        .iter()
+        .map(|(what, s)| format!("{what} {s:.1} s ({:.0} %)", share(*s)))
+        .collect::<Vec<_>>()
+        .join(", ")
+    }
 }
 
 /// Called with `(steps done, steps)` now and then; an `Err` stops the
@@ -450,16 +489,23 @@ pub async fn run_mapped(
     }
     let every = (total / 100).max(1);
     let mut done = 0;
+    let (mut reading, mut spent) = (std::time::Duration::ZERO, [std::time::Duration::ZERO; 3]);
+    let mut waited = std::time::Instant::now();
+    // The time between one step's end and the next one's start is the
+    // wait for the step (the iterator reads, parses, maps it).
     for (i, step) in steps.enumerate() {
+        reading += waited.elapsed();
         let (ts, batch, read) = step.map_err(|e| SimError::Setup(e.to_string()))?;
-        sim.step_to_mapped(ts, &batch).await?;
+        sim.step_to_mapped_timed(ts, &batch, &mut spent).await?;
         end_ms = ts;
         samples += read;
         done = i + 1;
         if i % every == 0 {
             progress(i, total).map_err(|why| SimError::Setup(format!("stopped at step {i} of {total}: {why}")))?;
         }
+        waited = std::time::Instant::now();
     }
+    let finishing = std::time::Instant::now();
     let total = done;
     // Let runs started by the last samples finish (their sleeps and watches
     // end in virtual time), for at most an hour after the recording.
@@ -541,6 +587,13 @@ pub async fn run_mapped(
         closed_loops: loops,
         cannot_fire: cannot_fire(&set_for_step, if total > 1 { (end_ms - start_ms) / (total as i64 - 1) } else { 0 }),
         wall_secs: t0.elapsed().as_secs_f64(),
+        profile: ReplayProfile {
+            reading_secs: reading.as_secs_f64(),
+            agents_secs: spent[0].as_secs_f64(),
+            ingest_secs: spent[1].as_secs_f64(),
+            runs_secs: spent[2].as_secs_f64(),
+            finish_secs: finishing.elapsed().as_secs_f64(),
+        },
     };
     sim.engine.shutdown().await;
     Ok(report)

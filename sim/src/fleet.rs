@@ -610,10 +610,29 @@ impl SimFleet {
     /// hardware's: a backtest's step. The agents still answer actions (as
     /// dry runs, for a shadow engine) and run their leases.
     pub async fn step_to_mapped(&self, ts_ms: i64, samples: &[crate::recording::Mapped]) -> Result<(), SimError> {
+        self.step_to_mapped_timed(ts_ms, samples, &mut [Duration::ZERO; 3]).await
+    }
+
+    /// [`SimFleet::step_to_mapped`], adding the time of its three phases
+    /// to `spent`: the replay agents advanced, the samples ingested
+    /// (windows, triggers, health), the engine's tick and its runs settled.
+    pub async fn step_to_mapped_timed(
+        &self,
+        ts_ms: i64,
+        samples: &[crate::recording::Mapped],
+        spent: &mut [Duration; 3],
+    ) -> Result<(), SimError> {
+        let t = Instant::now();
         self.advance_agents_to(ts_ms).await?;
+        spent[0] += t.elapsed();
+        let t = Instant::now();
         self.engine.ingest_samples(samples).await;
+        spent[1] += t.elapsed();
+        let t = Instant::now();
         self.engine.tick().await;
-        self.settle().await
+        let r = self.settle().await;
+        spent[2] += t.elapsed();
+        r
     }
 
     /// A backtest step's first half: virtual time to `ts_ms`, every agent

@@ -74,6 +74,7 @@ async fn replay(shards: usize) -> BacktestReport {
 fn comparable(r: &BacktestReport) -> serde_json::Value {
     let mut v = serde_json::to_value(r).unwrap();
     v["wall_secs"] = serde_json::Value::Null;
+    v["profile"] = serde_json::Value::Null;
     v
 }
 

@@ -422,6 +422,7 @@ pub async fn backtest(cli: &Cli, args: &BacktestArgs, out: &Out) -> Result<u8> {
             report.wall_secs
         );
     }
+    eprintln!("backtest: where the time went: {}", report.profile.sentence(report.wall_secs));
     if let Some(p) = &args.out {
         std::fs::write(p, serde_json::to_vec_pretty(&report)?).with_context(|| format!("--out {}", p.display()))?;
     }

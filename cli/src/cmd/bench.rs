@@ -1637,6 +1637,7 @@ async fn backtest_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
         variants.insert(0, 1);
     }
     let mut reports: Vec<(usize, serde_json::Value)> = Vec::new();
+    let mut profiles: Vec<(usize, String, f64)> = Vec::new();
     for shards in variants {
         let mut rates = Vec::new();
         let mut walls = Vec::new();
@@ -1694,6 +1695,8 @@ async fn backtest_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
             walls.push(r.wall_secs);
             let mut json = serde_json::to_value(&r)?;
             json["wall_secs"] = serde_json::Value::Null;
+            json["profile"] = serde_json::Value::Null;
+            profiles.push((shards, r.profile.sentence(r.wall_secs), r.wall_secs));
             reports.push((shards, json));
         }
         let threads = if shards == 1 { "1 shard".to_string() } else { format!("{shards} shards") };
@@ -1732,6 +1735,11 @@ async fn backtest_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
         && let Some((shards, other)) = reports.iter().find(|(_, r)| r != first)
     {
         return Err(anyhow!("scenario 8: the replay in {shards} shard(s) gave another report than the first: {other}"));
+    }
+    // Where the time went, measured by phase — the week's profile when it
+    // misses its 60 s.
+    for (shards, sentence, wall) in profiles {
+        eprintln!("scenario 8, {shards} shard(s), {wall:.1} s: {sentence}");
     }
     Ok(())
 }

@@ -85,7 +85,16 @@ impl Host {
     }
 
     fn record(&self, ctx: &RunCtx, kind: RecordKind, node: Option<&str>, gpu: Option<u32>, data: Value) {
-        let rec = NewRecord::new(kind, "engine", data).run(&self.run).node(node).gpu(gpu).runbook(&ctx.runbook);
+        self.append(ctx, NewRecord::new(kind, "engine", data).node(node).gpu(gpu));
+    }
+
+    /// [`Host::record`] with a typed payload (one recovery reads back).
+    fn record_typed<P: crate::audit::data::Payload>(&self, ctx: &RunCtx, kind: RecordKind, payload: &P) {
+        self.append(ctx, NewRecord::typed(kind, "engine", payload));
+    }
+
+    fn append(&self, ctx: &RunCtx, rec: NewRecord) {
+        let rec = rec.run(&self.run).runbook(&ctx.runbook);
         if let Err(e) = self.core.audit.append_blocking(rec, self.summary()) {
             tracing::error!(run = %self.run, error = %e, "cannot audit from a script");
         }

@@ -3,6 +3,7 @@
 //! autoscaler for nodes when no standby is left.
 
 use super::*;
+use crate::audit::data::AutoscaleResult;
 
 impl Host {
     /// [`ScriptHost::scale`].
@@ -195,12 +196,18 @@ impl Host {
             None,
             json!({"action_id": action_id, "op": "autoscale", "args": body, "dry_run": ctx.dry_run, "url": cfg.url}),
         );
-        let mut result = json!({"action_id": action_id, "op": "autoscale", "pool": pool, "direction": direction,
-            "count": count, "dry_run": ctx.dry_run});
+        let mut result = AutoscaleResult {
+            action_id: action_id.clone(),
+            op: AutoscaleResult::OP.into(),
+            pool: pool.clone(),
+            direction: direction.into(),
+            count,
+            dry_run: ctx.dry_run,
+            ..Default::default()
+        };
         if ctx.dry_run {
-            result["ok"] = json!(true);
-            result["applied"] = json!(false);
-            result["outcome"] = json!("dry_run");
+            result.ok = true;
+            result.outcome = "dry_run".into();
         } else {
             let token = cfg.token_file.as_ref().map(|p| std::fs::read_to_string(p).map(|t| t.trim().to_string()));
             let sent = match token {
@@ -231,24 +238,23 @@ impl Host {
             };
             match sent {
                 Ok((status, text)) => {
-                    result["ok"] = json!(true);
-                    result["applied"] = json!(true);
-                    result["outcome"] = json!("applied");
-                    result["status"] = json!(status);
-                    result["answer"] = json!(text);
+                    result.ok = true;
+                    result.applied = true;
+                    result.outcome = "applied".into();
+                    result.status = Some(status);
+                    result.answer = Some(text);
                     let mut t = self.core.table();
                     let e = t.autoscaled.entry(pool.clone()).or_default();
                     *e = (*e + if out { count } else { -count }).max(0);
                 }
                 Err(e) => {
-                    result["ok"] = json!(false);
-                    result["applied"] = json!(false);
-                    result["outcome"] = json!("error");
-                    result["error"] = json!(e);
+                    result.outcome = "error".into();
+                    result.error = Some(e);
                 }
             }
         }
-        self.record(ctx, RecordKind::ActionResult, None, None, result.clone());
+        self.record_typed(ctx, RecordKind::ActionResult, &result);
+        let mut result = json!(result);
         result["requested_in_pool"] = json!(self.core.table().autoscaled.get(&pool).copied().unwrap_or(0));
         to_map(result)
     }

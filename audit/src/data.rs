@@ -1,0 +1,314 @@
+//! Typed record payloads: the ones recovery reads back. Each is one struct
+//! that the engine writes ([`crate::NewRecord::typed`]) and recovery reads
+//! ([`crate::AuditRecord::payload`]), so renaming a field is a compile
+//! error on both sides instead of a silent break of the one code path that
+//! must never break. Field names are the keys the chains on disk already
+//! have; a field an older record lacks reads as its default. The hash is
+//! over the stored bytes, so nothing here changes what verifies.
+
+use std::collections::BTreeMap;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::RecordKind;
+use crate::runs::Target;
+
+/// A payload type and the record kinds that carry it.
+pub trait Payload: Serialize + DeserializeOwned {
+    /// The kinds a record with this payload has.
+    const KINDS: &'static [RecordKind];
+}
+
+/// Why a record's payload could not be read as a type.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PayloadError {
+    #[error("record {seq}: expected a record of kind {expected}, found {found}")]
+    Kind { seq: u64, expected: String, found: String },
+    #[error("record {seq} ({kind}): its payload does not read as expected: {message}")]
+    Shape { seq: u64, kind: String, message: String },
+}
+
+/// `run_queued`: what a run was queued for.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunQueued {
+    /// The trigger type: `threshold`, `alert`, `manual`, `fault`, …
+    pub trigger: String,
+    pub detail: String,
+    /// The event that started it (an alert's labels, a fire's value).
+    pub event: Value,
+    pub dry_run: bool,
+    pub target: Option<Target>,
+    pub priority: String,
+    pub class: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<bool>,
+    /// A shadow run: the approval the live run would have needed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub would_need_approval: Option<String>,
+}
+
+impl Payload for RunQueued {
+    const KINDS: &'static [RecordKind] = &[RecordKind::RunQueued];
+}
+
+/// `run_started`: what the run starts with, and what it waited for.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunStarted {
+    pub params: Value,
+    pub waited_ms: i64,
+    /// What held the run back while it waited (holds, approvals, slots).
+    pub waited_for: Value,
+}
+
+impl Payload for RunStarted {
+    const KINDS: &'static [RecordKind] = &[RecordKind::RunStarted];
+}
+
+/// `run_finished`: how a run ended and whether its cooldown starts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunFinished {
+    pub outcome: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Why admission refused it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actions: Option<u32>,
+    pub target: Option<Target>,
+    /// Each setting given back: `{node, setting, outcome, detail}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holds_released: Option<Vec<Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holds_kept: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holds_left: Option<Vec<String>>,
+    /// Ended by recovery after a crash.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovered: Option<bool>,
+    /// `Some(false)`: the run never finished its work (skipped,
+    /// interrupted, a fault run) and starts no cooldown; absent (older
+    /// records) means it does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub starts_cooldown: Option<bool>,
+}
+
+impl Payload for RunFinished {
+    const KINDS: &'static [RecordKind] = &[RecordKind::RunFinished];
+}
+
+/// `trigger_suppressed`: the first suppression of an episode.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TriggerSuppressed {
+    pub reason: String,
+    pub detail: String,
+    pub trigger: String,
+    pub target: Option<Target>,
+}
+
+impl Payload for TriggerSuppressed {
+    const KINDS: &'static [RecordKind] = &[RecordKind::TriggerSuppressed];
+}
+
+/// `breaker_tripped`: a runbook's breaker open until a time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BreakerTripped {
+    pub reason: String,
+    pub tripped_until_ms: Option<i64>,
+}
+
+impl Payload for BreakerTripped {
+    const KINDS: &'static [RecordKind] = &[RecordKind::BreakerTripped];
+}
+
+/// `hold_ended`: an agent says a hold ended (audited once: recovery keeps
+/// the ones it has seen).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HoldEnded {
+    pub hold_id: String,
+    pub owner: String,
+    pub setting: String,
+    pub kind: String,
+    pub value: String,
+    pub reason: String,
+    pub placed_at_ms: i64,
+    pub expires_at_ms: Option<i64>,
+    pub ended_at_ms: Option<i64>,
+    pub how: String,
+    pub by: String,
+    pub outcome: Value,
+    pub now: String,
+}
+
+impl Payload for HoldEnded {
+    const KINDS: &'static [RecordKind] = &[RecordKind::HoldEnded];
+}
+
+/// `event_received` of an Alertmanager alert: acknowledged once durable,
+/// handled by a later `event_handled` (recovery handles any it lacks).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AlertReceived {
+    /// `alertmanager` (other sources write other payloads).
+    pub source: String,
+    pub acked: bool,
+    pub posted_by: String,
+    pub alertname: String,
+    pub status: String,
+    pub fingerprint: String,
+    pub starts_at: String,
+    pub ends_at: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl AlertReceived {
+    /// The `source` an Alertmanager alert's record has.
+    pub const SOURCE: &'static str = "alertmanager";
+}
+
+impl Payload for AlertReceived {
+    const KINDS: &'static [RecordKind] = &[RecordKind::EventReceived];
+}
+
+/// `event_handled`: an event's handling finished (its key: status and
+/// episode for an alert).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EventHandled {
+    pub source: String,
+    pub key: String,
+}
+
+impl Payload for EventHandled {
+    const KINDS: &'static [RecordKind] = &[RecordKind::EventHandled];
+}
+
+/// The op an `action_intent` or `action_result` is about (to pick the
+/// payload type of the rest).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ActionOp {
+    pub op: String,
+}
+
+impl Payload for ActionOp {
+    const KINDS: &'static [RecordKind] = &[RecordKind::ActionIntent, RecordKind::ActionResult];
+}
+
+/// `action_result` of an autoscaler request (`op: autoscale`): what the
+/// cluster's autoscaler was asked for, and whether it took it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AutoscaleResult {
+    pub action_id: String,
+    /// `autoscale`.
+    pub op: String,
+    pub pool: String,
+    /// `out` or `in`.
+    pub direction: String,
+    pub count: i64,
+    pub dry_run: bool,
+    pub ok: bool,
+    pub applied: bool,
+    /// `applied`, `dry_run` or `error`.
+    pub outcome: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl AutoscaleResult {
+    pub const OP: &'static str = "autoscale";
+
+    /// The change to the pool's count of nodes asked for, if applied.
+    pub fn applied_change(&self) -> Option<(&str, i64)> {
+        self.applied.then(|| (self.pool.as_str(), if self.direction == "in" { -self.count } else { self.count }))
+    }
+}
+
+impl Payload for AutoscaleResult {
+    const KINDS: &'static [RecordKind] = &[RecordKind::ActionResult];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AuditRecord, NewRecord};
+
+    fn stored(rec: NewRecord) -> AuditRecord {
+        AuditRecord {
+            seq: 7,
+            ts_ms: 1,
+            kind: rec.kind,
+            run: rec.run,
+            node: rec.node,
+            gpu: rec.gpu,
+            runbook: rec.runbook,
+            actor: rec.actor,
+            data: rec.data,
+            prev_hash: String::new(),
+            hash: String::new(),
+            v: Some(2),
+        }
+    }
+
+    /// What is written is what is read.
+    #[test]
+    fn a_payload_reads_back_as_written() {
+        let p = RunFinished {
+            outcome: "succeeded".into(),
+            target: Some(Target { node: Some("n1".into()), gpu: Some(2), group: None }),
+            starts_cooldown: Some(false),
+            holds_left: Some(vec!["n1: drifted".into()]),
+            ..Default::default()
+        };
+        let r = stored(NewRecord::typed(RecordKind::RunFinished, "engine", &p));
+        assert_eq!(r.payload::<RunFinished>().unwrap(), p);
+        assert_eq!(r.data["starts_cooldown"], false, "the key the chains on disk have");
+    }
+
+    /// Records written before the types (keys by hand, some missing, some
+    /// null) still read: the replay of an old chain does not change.
+    #[test]
+    fn records_from_before_the_types_read() {
+        let old = |kind, data: Value| stored(NewRecord::new(kind, "engine", data));
+        let r = old(
+            RecordKind::RunFinished,
+            serde_json::json!({"outcome": "refused", "reason": "cooldown", "target": {"node": "n1"}}),
+        );
+        let p = r.payload::<RunFinished>().unwrap();
+        assert_eq!((p.starts_cooldown, p.reason.as_deref()), (None, Some("cooldown")));
+        let r = old(
+            RecordKind::RunFinished,
+            serde_json::json!({"outcome": "failed", "error": null, "note": null, "actions": 2, "target": {"node": "n1"},
+                "holds_released": [], "holds_kept": [], "holds_left": [], "starts_cooldown": true}),
+        );
+        assert_eq!(r.payload::<RunFinished>().unwrap().starts_cooldown, Some(true));
+        let r = old(RecordKind::BreakerTripped, serde_json::json!({"reason": "3 nodes in 600 s"}));
+        assert_eq!(r.payload::<BreakerTripped>().unwrap().tripped_until_ms, None);
+        // A field of the wrong type is an error that says where.
+        let r = old(RecordKind::BreakerTripped, serde_json::json!({"tripped_until_ms": "soon"}));
+        let e = r.payload::<BreakerTripped>().unwrap_err().to_string();
+        assert!(
+            e.starts_with("record 7 (breaker_tripped): its payload does not read as expected: invalid type"),
+            "{e}"
+        );
+        // The wrong kind is refused.
+        let e = r.payload::<RunFinished>().unwrap_err().to_string();
+        assert_eq!(e, "record 7: expected a record of kind run_finished, found breaker_tripped");
+    }
+}
