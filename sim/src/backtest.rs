@@ -161,6 +161,11 @@ pub struct BacktestOptions {
     /// Shards of the engine's telemetry windows and triggers, one thread
     /// each per step (`--shards`; the report does not depend on it).
     pub shards: usize,
+    /// Leave the replay agents unticked on steps that begin with no run in
+    /// flight or queued: in a replay they only answer dry runs, which place
+    /// no holds (the report does not depend on it:
+    /// `sim/tests/backtest_shards.rs`).
+    pub idle_agents_untouched: bool,
 }
 
 /// A fire, with its runbook.
@@ -457,6 +462,7 @@ pub async fn run_mapped(
     let nodes: Vec<SimNodeSpec> =
         hosts.iter().map(|(name, (gpus, profile))| SimNodeSpec::new(name, profile, *gpus)).collect();
     let names = opts.runbooks.names();
+    let idle_skip = opts.idle_agents_untouched;
     let loops = closed_loops(&opts.runbooks);
     let set_for_step = opts.runbooks.clone();
     let mut steps = steps.peekable();
@@ -496,7 +502,8 @@ pub async fn run_mapped(
     for (i, step) in steps.enumerate() {
         reading += waited.elapsed();
         let (ts, batch, read) = step.map_err(|e| SimError::Setup(e.to_string()))?;
-        sim.step_to_mapped_timed(ts, &batch, &mut spent).await?;
+        let tick = !idle_skip || sim.engine.running() > 0 || sim.engine.queue_depth() > 0;
+        sim.step_to_mapped_timed(ts, &batch, tick, &mut spent).await?;
         end_ms = ts;
         samples += read;
         done = i + 1;

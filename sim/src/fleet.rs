@@ -610,20 +610,31 @@ impl SimFleet {
     /// hardware's: a backtest's step. The agents still answer actions (as
     /// dry runs, for a shadow engine) and run their leases.
     pub async fn step_to_mapped(&self, ts_ms: i64, samples: &[crate::recording::Mapped]) -> Result<(), SimError> {
-        self.step_to_mapped_timed(ts_ms, samples, &mut [Duration::ZERO; 3]).await
+        self.step_to_mapped_timed(ts_ms, samples, true, &mut [Duration::ZERO; 3]).await
     }
 
     /// [`SimFleet::step_to_mapped`], adding the time of its three phases
     /// to `spent`: the replay agents advanced, the samples ingested
     /// (windows, triggers, health), the engine's tick and its runs settled.
+    /// Without `tick_agents` the clock moves and the agents are not ticked
+    /// (a backtest step with no run in flight: nothing for them to answer).
     pub async fn step_to_mapped_timed(
         &self,
         ts_ms: i64,
         samples: &[crate::recording::Mapped],
+        tick_agents: bool,
         spent: &mut [Duration; 3],
     ) -> Result<(), SimError> {
         let t = Instant::now();
-        self.advance_agents_to(ts_ms).await?;
+        if tick_agents {
+            self.advance_agents_to(ts_ms).await?;
+        } else {
+            self.settle().await?;
+            let now = nightshift_proto::clock::Clock::now_ms(&self.clock);
+            if ts_ms > now {
+                self.clock.advance(ts_ms - now);
+            }
+        }
         spent[0] += t.elapsed();
         let t = Instant::now();
         self.engine.ingest_samples(samples).await;

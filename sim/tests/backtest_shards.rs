@@ -1,6 +1,7 @@
 //! Issue 29: a backtest replayed in shards (the engine's telemetry windows
-//! and triggers split by node, one thread each per step) gives the report
-//! a one-shard replay gives — the same fires in the same order with the
+//! and triggers split by node, one thread each per step), and with its
+//! fast path (replay agents left unticked while no run is in flight), gives
+//! the report a one-shard replay ticking every agent gives — the same fires in the same order with the
 //! same run ids, refusals, drains and overlaps — on a recording where much
 //! fires at once on nodes of different shards: GPUs overheating in the
 //! same step, double-bit ECC errors draining nodes until breakers trip.
@@ -59,7 +60,7 @@ fn steps() -> impl Iterator<Item = (i64, Vec<PromSample>)> {
     })
 }
 
-async fn replay(shards: usize) -> BacktestReport {
+async fn replay(shards: usize, idle_agents_untouched: bool) -> BacktestReport {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
     let script = Arc::new(nightshift_engine::script::build_engine(&Default::default()));
     let set = nightshift_engine::runbook::load_dir(&dir, &script);
@@ -67,7 +68,14 @@ async fn replay(shards: usize) -> BacktestReport {
     let hosts: BTreeMap<String, (u32, String)> =
         (0..NODES).map(|n| (format!("bt{n:03}"), (GPUS, "h100-sxm".to_string()))).collect();
     let scratch = tempfile::tempdir().unwrap();
-    let opts = BacktestOptions { runbooks: set, script, policy: None, limits: Default::default(), shards };
+    let opts = BacktestOptions {
+        runbooks: set,
+        script,
+        policy: None,
+        limits: Default::default(),
+        shards,
+        idle_agents_untouched,
+    };
     run_steps(hosts, STEPS, steps(), opts, scratch.path(), &mut |_, _| Ok(())).await.expect("the replay")
 }
 
@@ -80,7 +88,8 @@ fn comparable(r: &BacktestReport) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_and_one_shard_replays_give_identical_reports() {
-    let one = replay(1).await;
+    // The reference: one shard, every replay agent ticked at every step.
+    let one = replay(1, false).await;
     // What the recording is for: much fires, on nodes of every shard, and
     // the blast radius refuses some of it.
     let runbooks: std::collections::BTreeSet<&str> = one.fires.iter().map(|f| f.runbook.as_str()).collect();
@@ -103,8 +112,10 @@ async fn sharded_and_one_shard_replays_give_identical_reports() {
         );
     }
     let want = comparable(&one);
-    for shards in [2, 3] {
-        let got = comparable(&replay(shards).await);
+    // Then the fast path alone (agents left unticked on steps with no run
+    // in flight), and with it 2 and 3 shards.
+    for (shards, fast) in [(1, true), (2, true), (3, true)] {
+        let got = comparable(&replay(shards, fast).await);
         if got != want {
             let (a, b) = (serde_json::to_string_pretty(&want).unwrap(), serde_json::to_string_pretty(&got).unwrap());
             let diff = a
@@ -112,9 +123,9 @@ async fn sharded_and_one_shard_replays_give_identical_reports() {
                 .zip(b.lines())
                 .enumerate()
                 .find(|(_, (x, y))| x != y)
-                .map(|(n, (x, y))| format!("line {n}: one shard {x:?}, {shards} shards {y:?}"))
+                .map(|(n, (x, y))| format!("line {n}: reference {x:?}, {shards} shard(s) {y:?}"))
                 .unwrap_or_else(|| "lengths differ".into());
-            panic!("{shards} shards gave another report — {diff}");
+            panic!("{shards} shard(s), idle agents untouched: {fast}, gave another report — {diff}");
         }
     }
 }

@@ -405,7 +405,7 @@ pub async fn backtest(cli: &Cli, args: &BacktestArgs, out: &Out) -> Result<u8> {
         Ok(())
     };
     let shards = args.shards.map_or_else(default_shards, usize::from);
-    let opts = BacktestOptions { runbooks: set, script, policy, limits, shards };
+    let opts = BacktestOptions { runbooks: set, script, policy, limits, shards, idle_agents_untouched: true };
     let result = match source {
         Source::File(om) => run_file(std::sync::Arc::new(om), opts, scratch.path(), &mut progress).await,
         Source::Prometheus(w) => {

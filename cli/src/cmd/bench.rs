@@ -1678,6 +1678,7 @@ async fn backtest_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
                 policy: None,
                 limits: Default::default(),
                 shards,
+                idle_agents_untouched: true,
             };
             let r = nightshift_sim::backtest::run_mapped(
                 hosts.clone(),
