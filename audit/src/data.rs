@@ -194,16 +194,69 @@ impl Payload for EventHandled {
     const KINDS: &'static [RecordKind] = &[RecordKind::EventHandled];
 }
 
-/// The op an `action_intent` or `action_result` is about (to pick the
-/// payload type of the rest).
+/// What every `action_intent` and `action_result` says: the action it is
+/// about, its op, whether it was a dry run (to pair a result with its
+/// intent, and to pick the payload type of the rest).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct ActionOp {
+pub struct ActionRef {
+    pub action_id: String,
     pub op: String,
+    pub dry_run: bool,
 }
 
-impl Payload for ActionOp {
+impl Payload for ActionRef {
     const KINDS: &'static [RecordKind] = &[RecordKind::ActionIntent, RecordKind::ActionResult];
+}
+
+/// `action_intent`: a change about to be sent to an agent, durable before
+/// it leaves.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ActionIntent {
+    pub action_id: String,
+    pub op: String,
+    pub args: Value,
+    pub dry_run: bool,
+    /// The hold's lease, when it has one.
+    pub lease_secs: Option<u64>,
+    /// A person's own control (no run): who it is for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+}
+
+impl Payload for ActionIntent {
+    const KINDS: &'static [RecordKind] = &[RecordKind::ActionIntent];
+}
+
+/// `action_result` written by recovery for an intent whose answer a crash
+/// cut off: what the agent says became of it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ActionReconciled {
+    pub action_id: String,
+    pub op: String,
+    pub reconciled: bool,
+    pub agent_status: Value,
+}
+
+impl Payload for ActionReconciled {
+    const KINDS: &'static [RecordKind] = &[RecordKind::ActionResult];
+}
+
+/// `runbook_mode`: a runbook moved between shadow and act (the newest one
+/// is the runbook's mode after a restart).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunbookMode {
+    pub from: String,
+    pub to: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Payload for RunbookMode {
+    const KINDS: &'static [RecordKind] = &[RecordKind::RunbookMode];
 }
 
 /// `action_result` of an autoscaler request (`op: autoscale`): what the

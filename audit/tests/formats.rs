@@ -66,15 +66,26 @@ fn records_written_before_the_typed_payloads_read_as_them() {
             RecordKind::HoldEnded => {
                 r.payload::<data::HoldEnded>().map(|p| !p.hold_id.is_empty() && p.ended_at_ms.is_some())
             }
-            RecordKind::ActionResult | RecordKind::ActionIntent => {
-                r.payload::<data::ActionOp>().map(|p| !p.op.is_empty())
+            RecordKind::ActionResult => {
+                r.payload::<data::ActionRef>().map(|p| !p.op.is_empty() && !p.action_id.is_empty())
+            }
+            RecordKind::ActionIntent => {
+                r.payload::<data::ActionIntent>().map(|p| !p.op.is_empty() && !p.action_id.is_empty())
             }
             _ => continue,
         };
         assert_eq!(ok, Ok(true), "record {} ({:?}): {}", r.seq, r.kind, r.data);
         *read.entry(r.kind.as_str()).or_default() += 1;
     }
-    for kind in ["run_queued", "run_started", "run_finished", "trigger_suppressed", "hold_ended", "action_result"] {
+    for kind in [
+        "run_queued",
+        "run_started",
+        "run_finished",
+        "trigger_suppressed",
+        "hold_ended",
+        "action_intent",
+        "action_result",
+    ] {
         assert!(read.contains_key(kind), "the fixture has {kind} records: {read:?}");
     }
 }

@@ -580,12 +580,15 @@ impl Core {
                 None => return Err(SendError::not_sent("this engine is not the leader: it sends nothing")),
             }
         }
-        let mut data = json!({"action_id": req.id, "op": req.op.name(), "args": req.op.args(), "dry_run": req.dry_run,
-            "lease_secs": req.revert_after_secs});
-        if run.is_none() {
-            data["owner"] = json!(owner);
-        }
-        let mut intent = NewRecord::new(RecordKind::ActionIntent, actor, data).node(Some(node)).gpu(gpu);
+        let data = crate::audit::data::ActionIntent {
+            action_id: req.id.clone(),
+            op: req.op.name().into(),
+            args: req.op.args(),
+            dry_run: req.dry_run,
+            lease_secs: req.revert_after_secs,
+            owner: run.is_none().then(|| owner.to_string()),
+        };
+        let mut intent = NewRecord::typed(RecordKind::ActionIntent, actor, &data).node(Some(node)).gpu(gpu);
         if let Some(s) = run {
             intent = intent.run(&s.id).runbook(&s.runbook);
         }

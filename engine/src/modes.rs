@@ -45,7 +45,14 @@ pub fn load_modes(
 pub fn modes_from_records(records: &[crate::audit::AuditRecord]) -> BTreeMap<String, crate::manifest::Mode> {
     let mut out = BTreeMap::new();
     for r in records.iter().filter(|r| r.kind == crate::audit::RecordKind::RunbookMode) {
-        let (Some(name), Some(to)) = (r.runbook.as_ref(), r.data["to"].as_str()) else { continue };
+        let Some(name) = r.runbook.as_ref() else { continue };
+        let to = match r.payload::<crate::audit::data::RunbookMode>() {
+            Ok(p) => p.to,
+            Err(e) => {
+                tracing::error!(runbook = %name, error = %e, "an audited runbook mode cannot be read");
+                continue;
+            }
+        };
         match serde_json::from_value::<crate::manifest::Mode>(serde_json::json!(to)) {
             Ok(m) => {
                 out.insert(name.clone(), m);

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use nightshift_proto::{ActionStatusArgs, Op, Request};
 
-use crate::audit::{AuditRecord, NewRecord, RecordKind};
+use crate::audit::{AuditRecord, NewRecord, RecordKind, data};
 use crate::engine::{Engine, EngineError};
 use crate::executor::end_summary;
 use crate::runs::{RunOutcome, RunState, RunSummary};
@@ -46,7 +46,7 @@ impl Engine {
             let t = self.core.table();
             records
                 .iter()
-                .filter(|r| r.data["acked"] == true)
+                .filter(|r| r.payload::<data::AlertReceived>().is_ok_and(|p| p.acked))
                 .filter_map(Engine::alert_of_record)
                 .filter(|(a, _)| !t.handled.contains(&crate::runtable::alert_key(&a.status, &a.key())))
                 .collect()
@@ -115,27 +115,30 @@ impl Engine {
     /// mark it interrupted.
     async fn interrupt(&self, mut s: RunSummary) -> Result<(), EngineError> {
         let records = self.core.audit.run_records(&s.id)?;
-        let mut open: BTreeMap<String, AuditRecord> = BTreeMap::new();
+        let mut open: BTreeMap<String, (AuditRecord, String)> = BTreeMap::new();
         let mut touched: Vec<String> = Vec::new();
-        for r in &records {
-            let Some(id) = r.data.get("action_id").and_then(Value::as_str) else { continue };
-            match r.kind {
-                RecordKind::ActionIntent => {
-                    open.insert(id.to_string(), r.clone());
-                    if let Some(n) = &r.node
-                        && r.data["dry_run"] != true
-                        && !touched.contains(n)
-                    {
-                        touched.push(n.clone());
-                    }
+        for r in records.iter().filter(|r| matches!(r.kind, RecordKind::ActionIntent | RecordKind::ActionResult)) {
+            let a = match r.payload::<data::ActionRef>() {
+                Ok(a) if !a.action_id.is_empty() => a,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "recovery passes over an action record it cannot read");
+                    continue;
                 }
-                RecordKind::ActionResult => {
-                    open.remove(id);
+            };
+            if r.kind == RecordKind::ActionIntent {
+                if let Some(n) = &r.node
+                    && !a.dry_run
+                    && !touched.contains(n)
+                {
+                    touched.push(n.clone());
                 }
-                _ => {}
+                open.insert(a.action_id, (r.clone(), a.op));
+            } else {
+                open.remove(&a.action_id);
             }
         }
-        for (action_id, intent) in open {
+        for (action_id, (intent, op)) in open {
             let node = intent.node.clone().unwrap_or_default();
             let status = match self.core.fleet.get(&node) {
                 Some(n) => {
@@ -150,10 +153,10 @@ impl Engine {
                 }
                 None => json!({"state": "unknown node"}),
             };
-            let rec = NewRecord::new(
+            let rec = NewRecord::typed(
                 RecordKind::ActionResult,
                 "engine",
-                json!({"action_id": action_id, "reconciled": true, "agent_status": status, "op": intent.data.get("op")}),
+                &data::ActionReconciled { action_id, op, reconciled: true, agent_status: status },
             )
             .run(&s.id)
             .node(Some(&node))

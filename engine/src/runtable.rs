@@ -220,7 +220,7 @@ impl RunTable {
                 }
             }
             RecordKind::ActionResult => {
-                if read::<data::ActionOp>(r).is_some_and(|a| a.op == data::AutoscaleResult::OP)
+                if read::<data::ActionRef>(r).is_some_and(|a| a.op == data::AutoscaleResult::OP)
                     && let Some(p) = read::<data::AutoscaleResult>(r)
                     && let Some((pool, d)) = p.applied_change()
                 {

@@ -433,10 +433,14 @@ impl Engine {
         self.core
             .audit
             .append(
-                NewRecord::new(
+                NewRecord::typed(
                     RecordKind::RunbookMode,
                     by,
-                    json!({"from": from.as_str(), "to": mode.as_str(), "reason": reason}),
+                    &crate::audit::data::RunbookMode {
+                        from: from.as_str().into(),
+                        to: mode.as_str().into(),
+                        reason: Some(reason.to_string()),
+                    },
                 )
                 .runbook(name),
                 None,
