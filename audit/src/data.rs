@@ -223,10 +223,68 @@ pub struct ActionIntent {
     /// A person's own control (no run): who it is for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// An autoscaler request: where it goes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 impl Payload for ActionIntent {
     const KINDS: &'static [RecordKind] = &[RecordKind::ActionIntent];
+}
+
+/// `action_result` of a change sent to an agent: the agent's answer (its
+/// fields beyond these in `more`), or why there was none.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ActionResult {
+    pub action_id: String,
+    pub op: String,
+    pub ok: bool,
+    /// `applied`, `unchanged`, `released`, `kept`, `refused`, `error`, …
+    pub outcome: String,
+    pub applied: bool,
+    pub dry_run: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// What the agent says is on the device after.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// A person's control: their reason, and who.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<i64>,
+    /// A shadow run's: whether the live run would have acted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub would_act: Option<bool>,
+    /// The rest of the agent's answer (`held`, `before`, …).
+    #[serde(flatten)]
+    pub more: serde_json::Map<String, Value>,
+}
+
+impl Payload for ActionResult {
+    const KINDS: &'static [RecordKind] = &[RecordKind::ActionResult];
+}
+
+/// `refusal`: a change the engine would not send, and why.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Refusal {
+    pub op: String,
+    pub code: String,
+    pub reason: String,
+}
+
+impl Payload for Refusal {
+    const KINDS: &'static [RecordKind] = &[RecordKind::Refusal];
 }
 
 /// `action_result` written by recovery for an intent whose answer a crash
@@ -295,6 +353,172 @@ impl AutoscaleResult {
 
 impl Payload for AutoscaleResult {
     const KINDS: &'static [RecordKind] = &[RecordKind::ActionResult];
+}
+
+/// `engine_started`: what this engine loaded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EngineStarted {
+    pub version: String,
+    /// The run and request ids' epoch (ids never repeat across starts).
+    pub id_epoch: String,
+    pub runbooks: Vec<String>,
+    pub runbook_errors: Vec<String>,
+    pub nodes: usize,
+}
+
+impl Payload for EngineStarted {
+    const KINDS: &'static [RecordKind] = &[RecordKind::EngineStarted];
+}
+
+/// `approval_requested`: a run waits for a second person.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ApprovalRequested {
+    pub reason: String,
+    pub expires_in_secs: u64,
+    pub nodes_changed: u32,
+}
+
+impl Payload for ApprovalRequested {
+    const KINDS: &'static [RecordKind] = &[RecordKind::ApprovalRequested];
+}
+
+/// `config_reloaded`: a reload (SIGHUP, the API), what it changed, or why
+/// it was refused (`ok: false`, `error`). The report's fields are in
+/// `report`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ConfigReloaded {
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(flatten)]
+    pub report: serde_json::Map<String, Value>,
+}
+
+impl Payload for ConfigReloaded {
+    const KINDS: &'static [RecordKind] = &[RecordKind::ConfigReloaded];
+}
+
+/// `node_annotated`: a node's mark set (`value`) or removed (none) — the
+/// marks outlive a restart (`power`: nightshift powered the node up).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeAnnotated {
+    pub key: String,
+    pub value: Option<String>,
+    /// A dry run's: what would have been set, not set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl Payload for NodeAnnotated {
+    const KINDS: &'static [RecordKind] = &[RecordKind::NodeAnnotated];
+}
+
+/// `note`: a line in a run's timeline.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Note {
+    pub text: String,
+    /// The alert that started the run resolved (Alertmanager).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alert_resolved: Option<Value>,
+}
+
+impl Payload for Note {
+    const KINDS: &'static [RecordKind] = &[RecordKind::Note];
+}
+
+/// `notification` and `escalation`: a text for people, and where it goes
+/// (the log at once; each webhook confirmed by a `notification_delivery`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Notice {
+    pub text: String,
+    /// `info`, `warning` or `escalation`.
+    pub severity: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<bool>,
+    pub delivered_to: Vec<String>,
+    pub webhooks: Vec<String>,
+    /// A shadow run's: who the live run would have told.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub would_notify: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl Payload for Notice {
+    const KINDS: &'static [RecordKind] = &[RecordKind::Notification, RecordKind::Escalation];
+}
+
+/// `notification_delivery`: one webhook's answer to a notification (or to
+/// the audit anchor: `kind: audit_anchor`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Delivery {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub target: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub format: Option<Value>,
+    /// The notification delivered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub for_seq: Option<u64>,
+    /// The anchor's head.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub anchored_seq: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub anchored_hash: Option<String>,
+    pub ok: bool,
+    pub attempts: u32,
+    pub detail: String,
+}
+
+impl Payload for Delivery {
+    const KINDS: &'static [RecordKind] = &[RecordKind::NotificationDelivery];
+}
+
+/// `approved` / `rejected`: a person's answer to a run waiting for one.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Approval {
+    pub by: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Payload for Approval {
+    const KINDS: &'static [RecordKind] = &[RecordKind::Approved, RecordKind::Rejected];
+}
+
+/// `event_dropped`: an event nothing runs for, and why.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EventDropped {
+    pub reason: String,
+}
+
+impl Payload for EventDropped {
+    const KINDS: &'static [RecordKind] = &[RecordKind::EventDropped];
+}
+
+/// `hands_off`: a person set or cleared the engine's hands-off on a node.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HandsOff {
+    pub hands_off: bool,
+    pub reason: Option<String>,
+}
+
+impl Payload for HandsOff {
+    const KINDS: &'static [RecordKind] = &[RecordKind::HandsOff];
 }
 
 #[cfg(test)]

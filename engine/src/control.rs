@@ -126,16 +126,11 @@ impl Engine {
         let req = Request::new(self.core.ids.request("person"), op);
         let (id, op_name) = (req.id.clone(), req.op.name());
         let sent = self.core.send_audited_by(None, &owner, &actor, node, gpu, req).await;
-        let data = match &sent {
-            Ok((r, _)) if r.ok => json!({"action_id": id, "op": op_name, "ok": true, "outcome": "applied",
-                "applied": true, "after": r.result, "reason": reason, "by": actor, "dry_run": false}),
-            Ok((r, _)) => json!({"action_id": id, "op": op_name, "ok": false, "outcome": "refused", "applied": false,
-                "code": r.code().map(|c| c.as_str()), "error": r.error.as_ref().map(|e| e.message.clone()),
-                "reason": reason, "by": actor, "dry_run": false}),
-            Err(e) => json!({"action_id": id, "op": op_name, "ok": false, "outcome": "error", "applied": false,
-                "code": "transport", "error": e.message, "reason": reason, "by": actor, "dry_run": false}),
-        };
-        let rec = NewRecord::new(RecordKind::ActionResult, &actor, data.clone()).node(Some(node)).gpu(gpu);
+        let mut result = crate::core::action_result(&id, op_name, false, &sent, ("applied", true));
+        result.reason = Some(reason.into());
+        result.by = Some(actor.clone());
+        let data = json!(result);
+        let rec = NewRecord::typed(RecordKind::ActionResult, &actor, &result).node(Some(node)).gpu(gpu);
         self.core.audit.append(rec, None).await?;
         match sent {
             Err(e) if !e.left => Err(EngineError::AgentUnreachable { node: node.into(), message: e.message }),

@@ -21,122 +21,15 @@ use crate::counters::Counters;
 use crate::fleet::{Fleet, Node};
 use crate::manifest::BlastRadius;
 use crate::manifest::Trigger;
-use crate::metrics::{self, MetricId};
+use crate::metrics;
 use crate::notify::Notifier;
 use crate::runbook::RunbookSet;
 use crate::runs::{RunSummary, Target};
 use crate::runtable::RunTable;
 use crate::script::{Agg, Reading};
-use crate::telemetry::{SeriesKey, StoreShard, TelemetryStore};
-use crate::triggers::{Fire, ShardStates, TriggerSet};
+use crate::telemetry::SeriesKey;
 
-/// The telemetry store and the triggers watching it.
-pub struct Brain {
-    pub store: TelemetryStore,
-    pub triggers: TriggerSet,
-    pub fires: Vec<Fire>,
-}
-
-/// Metric names that appear as string literals in a script: those get the
-/// script window of history.
-fn metrics_named_in(source: &str) -> Vec<MetricId> {
-    metrics::METRICS
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| source.contains(&format!("\"{}\"", m.name)))
-        .map(|(i, _)| i as MetricId)
-        .collect()
-}
-
-/// Below this many samples a batch is ingested on the caller's thread
-/// whatever the shard count (a thread costs more than it saves).
-const PARALLEL_MIN_SAMPLES: usize = 4096;
-
-impl Brain {
-    /// Triggers for `set`, and a store keeping what they and the scripts
-    /// need, in `shards` shards (`telemetry.ingest_shards`).
-    pub fn build(set: &RunbookSet, script_window_ms: i64, shards: usize) -> Brain {
-        let triggers = TriggerSet::new(set.runbooks.iter().map(|r| &r.manifest));
-        let mut retention = triggers.retention_ms();
-        for rb in &set.runbooks {
-            let keep = script_window_ms.max(rb.manifest.history_secs.map_or(0, |h| h as i64 * 1000));
-            let mut named = metrics_named_in(&rb.script_source);
-            // `thermal_fit` reads temperature against power, and the fan
-            // speeds to find where the airflow last changed.
-            if rb.script_source.contains("thermal_fit(") {
-                named.extend([
-                    metrics::ids::TEMPERATURE,
-                    metrics::ids::POWER,
-                    metrics::ids::FAN,
-                    metrics::ids::CHASSIS_FAN,
-                ]);
-            }
-            for m in named {
-                retention[m as usize] = retention[m as usize].max(keep);
-            }
-        }
-        Brain { store: TelemetryStore::with_shards(retention, shards), triggers, fires: Vec::new() }
-    }
-
-    /// Push samples and step the triggers watching them; what fired, in
-    /// sample order.
-    ///
-    /// With more than one shard and a large batch (a Prometheus pull, a
-    /// backtest step) each shard's samples are pushed and evaluated on a
-    /// thread of its own — a shard owns its nodes' series and their trigger
-    /// states outright — and the fires are put back in sample order: the
-    /// result is the one-shard result, bit for bit.
-    pub fn ingest(&mut self, samples: &[(SeriesKey, i64, f64)]) -> Vec<Fire> {
-        let Brain { store, triggers, fires } = self;
-        let n = store.shards().len();
-        if n == 1 || samples.len() < PARALLEL_MIN_SAMPLES {
-            for &(key, ts, v) in samples {
-                if let Some(r) = store.push(key, ts, v)
-                    && triggers.watches(key.metric)
-                {
-                    triggers.on_sample(store, r, ts, v, fires);
-                }
-            }
-            return std::mem::take(fires);
-        }
-        let mut parts: Vec<Vec<u32>> = vec![Vec::with_capacity(samples.len() / n + 1); n];
-        for (i, (key, _, _)) in samples.iter().enumerate() {
-            parts[store.shard_of(key.node)].push(i as u32);
-        }
-        let (rules, states) = triggers.split_mut(n);
-        let fill = |shard: &mut StoreShard, st: &mut ShardStates, idx: &[u32]| -> Vec<(u32, Fire)> {
-            let (mut out, mut tagged) = (Vec::new(), Vec::new());
-            for &i in idx {
-                let (key, ts, v) = samples[i as usize];
-                if let Some(r) = shard.push(key, ts, v)
-                    && rules.watches(key.metric)
-                {
-                    rules.on_sample(st, shard, r, ts, v, &mut out);
-                    tagged.extend(out.drain(..).map(|f| (i, f)));
-                }
-            }
-            tagged
-        };
-        let fill = &fill;
-        let mut tagged = std::thread::scope(|scope| {
-            let mut work = store.shards_mut().iter_mut().zip(states.iter_mut()).zip(&parts);
-            let Some(((first, first_states), first_idx)) = work.next() else { return Vec::new() };
-            let others: Vec<_> = work.map(|((sh, st), idx)| scope.spawn(move || fill(sh, st, idx))).collect();
-            let mut all = fill(first, first_states, first_idx);
-            for h in others {
-                match h.join() {
-                    Ok(v) => all.extend(v),
-                    Err(panic) => std::panic::resume_unwind(panic),
-                }
-            }
-            all
-        });
-        // One sample's fires come from one shard, in entry order: a stable
-        // sort by sample keeps them so.
-        tagged.sort_by_key(|(i, _)| *i);
-        tagged.into_iter().map(|(_, f)| f).collect()
-    }
-}
+pub use crate::brain::Brain;
 
 /// Run ids and request ids that never repeat: a random epoch chosen at each
 /// engine start, then a counter. A restart, a suppressed trigger or a
@@ -250,6 +143,37 @@ pub const VERIFY_CACHE_SECS: u64 = 60;
 /// dies leaves nothing held for long. At most a day.
 pub fn hold_lease_secs(timeout_secs: u64) -> u64 {
     timeout_secs.saturating_add(120).min(86_400)
+}
+
+/// The `action_result` of a request `sent` to an agent: on a yes, `on_ok`'s
+/// outcome and whether it applied, and what is on the device after; a
+/// refusal's code and message; a transport error.
+pub fn action_result(
+    action_id: &str,
+    op: &str,
+    dry_run: bool,
+    sent: &Result<(Reply, f64), SendError>,
+    on_ok: (&str, bool),
+) -> crate::audit::data::ActionResult {
+    use crate::audit::data::ActionResult;
+    let base = ActionResult { action_id: action_id.into(), op: op.into(), dry_run, ..Default::default() };
+    match sent {
+        Ok((r, _)) if r.ok => {
+            ActionResult { ok: true, outcome: on_ok.0.into(), applied: on_ok.1, after: r.result.clone(), ..base }
+        }
+        Ok((r, _)) => ActionResult {
+            outcome: "refused".into(),
+            code: r.code().map(|c| c.as_str().to_string()),
+            error: r.error.as_ref().map(|e| e.message.clone()),
+            ..base
+        },
+        Err(e) => ActionResult {
+            outcome: "error".into(),
+            code: Some("transport".into()),
+            error: Some(e.message.clone()),
+            ..base
+        },
+    }
 }
 
 /// Why a change did not come back with a reply: `left` when the request
@@ -372,18 +296,9 @@ impl Core {
             .map(|v| (v * 100.0).round() / 100.0)
     }
 
-    /// Append a record about run `s` (and store its summary with it).
-    pub async fn record_run(&self, kind: RecordKind, s: &RunSummary, data: Value) -> Result<AuditRecord, AuditError> {
-        let rec = NewRecord::new(kind, &s.requested_by, data)
-            .run(&s.id)
-            .node(s.target.node.as_deref())
-            .gpu(s.target.gpu)
-            .runbook(&s.runbook);
-        self.audit.append(rec, Some(s.clone())).await
-    }
-
-    /// [`Core::record_run`] with a typed payload (one recovery reads back).
-    pub async fn record_run_typed<P: crate::audit::data::Payload>(
+    /// Append a record about run `s` with a typed payload (and store its
+    /// summary with it).
+    pub async fn record_run<P: crate::audit::data::Payload>(
         &self,
         kind: RecordKind,
         s: &RunSummary,
@@ -397,7 +312,7 @@ impl Core {
         self.audit.append(rec, Some(s.clone())).await
     }
 
-    /// [`Core::record_run_typed`] without waiting: durable before any later
+    /// [`Core::record_run`] without waiting: durable before any later
     /// awaited record (see [`AuditStore::append_ordered`]).
     pub fn record_run_ordered<P: crate::audit::data::Payload>(
         &self,
@@ -413,40 +328,59 @@ impl Core {
         self.audit.append_ordered(rec, Some(s.clone()))
     }
 
-    /// The data of a notification or escalation record: the text, and where
-    /// it goes (the log at once; webhooks, each confirmed by its own
+    /// A notification or escalation record: the text, and where it goes
+    /// (the log at once; webhooks, each confirmed by its own
     /// `notification_delivery` record). A dry run's text goes nowhere.
-    pub fn notification_data(
+    pub fn notice_record(
         &self,
         kind: RecordKind,
         text: &str,
         severity: &str,
         dry_run: bool,
         shadow: bool,
-    ) -> Value {
-        if shadow {
-            let would: Vec<String> = self.notifier.targets_for(kind).into_iter().map(|t| t.name).collect();
-            return json!({"text": text, "severity": severity, "dry_run": true, "shadow": true, "delivered_to": [],
-                "webhooks": [], "would_notify": would, "note": "shadow run: nothing is sent"});
-        }
-        if dry_run {
-            let opted_in: Vec<String> = self.notifier.dry_run_targets_for(kind).into_iter().map(|t| t.name).collect();
-            return json!({"text": text, "severity": severity, "dry_run": true, "delivered_to": [], "webhooks": opted_in,
-                "note": "dry run: would have been sent (only to targets with dry_runs: true, marked as a dry run)"});
-        }
-        let webhooks: Vec<String> = self.notifier.targets_for(kind).into_iter().map(|t| t.name).collect();
-        json!({"text": text, "severity": severity, "delivered_to": ["log"], "webhooks": webhooks})
+    ) -> NewRecord {
+        let names = |targets: Vec<crate::config::WebhookTarget>| targets.into_iter().map(|t| t.name).collect();
+        let base = crate::audit::data::Notice { text: text.into(), severity: severity.into(), ..Default::default() };
+        let notice = if shadow {
+            crate::audit::data::Notice {
+                dry_run: Some(true),
+                shadow: Some(true),
+                would_notify: Some(names(self.notifier.targets_for(kind))),
+                note: Some("shadow run: nothing is sent".into()),
+                ..base
+            }
+        } else if dry_run {
+            crate::audit::data::Notice {
+                dry_run: Some(true),
+                webhooks: names(self.notifier.dry_run_targets_for(kind)),
+                note: Some(
+                    "dry run: would have been sent (only to targets with dry_runs: true, marked as a dry run)".into(),
+                ),
+                ..base
+            }
+        } else {
+            crate::audit::data::Notice {
+                delivered_to: vec!["log".into()],
+                webhooks: names(self.notifier.targets_for(kind)),
+                ..base
+            }
+        };
+        NewRecord::typed(kind, "engine", &notice)
     }
 
     /// Send a durable notification record to the webhooks (in the
     /// background) and audit each delivery. Dry-run records go only to
     /// targets that opted in with `dry_runs: true` (marked as dry runs).
     pub fn deliver(core: &Arc<Core>, rec: &AuditRecord) {
+        let Ok(notice) = rec.payload::<crate::audit::data::Notice>() else {
+            tracing::error!(seq = rec.seq, "not a notification: nothing delivered");
+            return;
+        };
         // A shadow run notifies no one.
-        if rec.data["shadow"] == true {
+        if notice.shadow == Some(true) {
             return;
         }
-        let targets = if rec.data["dry_run"] == true {
+        let targets = if notice.dry_run == Some(true) {
             core.notifier.dry_run_targets_for(rec.kind)
         } else {
             core.notifier.targets_for(rec.kind)
@@ -460,10 +394,18 @@ impl Core {
                 if !d.ok {
                     tracing::warn!(target = %target.name, attempts = d.attempts, detail = %d.detail, "notification not delivered");
                 }
-                let mut r = NewRecord::new(
+                let mut r = NewRecord::typed(
                     RecordKind::NotificationDelivery,
                     "engine",
-                    json!({"target": target.name, "format": target.format, "for_seq": seq, "ok": d.ok, "attempts": d.attempts, "detail": d.detail}),
+                    &crate::audit::data::Delivery {
+                        target: target.name.clone(),
+                        format: Some(json!(target.format)),
+                        for_seq: Some(seq),
+                        ok: d.ok,
+                        attempts: d.attempts,
+                        detail: d.detail.clone(),
+                        ..Default::default()
+                    },
                 )
                 .node(node.as_deref());
                 if let Some(run) = &run {
@@ -587,6 +529,7 @@ impl Core {
             dry_run: req.dry_run,
             lease_secs: req.revert_after_secs,
             owner: run.is_none().then(|| owner.to_string()),
+            url: None,
         };
         let mut intent = NewRecord::typed(RecordKind::ActionIntent, actor, &data).node(Some(node)).gpu(gpu);
         if let Some(s) = run {
@@ -638,25 +581,16 @@ impl Core {
         );
         let action_id = req.id.clone();
         let result = self.send_audited(s, node, None, req).await;
-        let data = match &result {
-            Ok((r, _)) if r.ok => {
-                let released = r.release().is_some_and(|x| !x.released.is_empty());
-                json!({"action_id": action_id, "op": "release", "ok": true,
-                    "outcome": if released { "released" } else { "unchanged" }, "applied": released,
-                    "after": r.result, "dry_run": false})
-            }
-            Ok((r, _)) => json!({"action_id": action_id, "op": "release", "ok": false, "outcome": "refused",
-                "applied": false, "code": r.code().map(|c| c.as_str()), "error": r.error.as_ref().map(|e| e.message.clone()),
-                "dry_run": false}),
-            Err(e) => {
-                json!({"action_id": action_id, "op": "release", "ok": false, "outcome": "error", "applied": false,
-                "code": "transport", "error": e, "dry_run": false})
-            }
-        };
-        let rec = NewRecord::new(RecordKind::ActionResult, "engine", data.clone())
-            .run(&s.id)
-            .node(Some(node))
-            .runbook(&s.runbook);
+        let released = matches!(&result, Ok((r, _)) if r.release().is_some_and(|x| !x.released.is_empty()));
+        let data = action_result(
+            &action_id,
+            "release",
+            false,
+            &result,
+            (if released { "released" } else { "unchanged" }, released),
+        );
+        let rec =
+            NewRecord::typed(RecordKind::ActionResult, "engine", &data).run(&s.id).node(Some(node)).runbook(&s.runbook);
         if let Err(e) = self.audit.append(rec, Some(s.clone())).await {
             tracing::error!(run = %s.id, error = %e, "cannot audit a release");
         }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use nightshift_proto::clock::SharedClock;
 use nightshift_proto::ssh::client::AgentTransport;
@@ -259,16 +259,16 @@ impl Engine {
         self.core
             .audit
             .append(
-                NewRecord::new(
+                NewRecord::typed(
                     RecordKind::EngineStarted,
                     "engine",
-                    json!({
-                        "version": env!("CARGO_PKG_VERSION"),
-                        "id_epoch": self.core.ids.epoch(),
-                        "runbooks": set.names(),
-                        "runbook_errors": set.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
-                        "nodes": self.core.fleet.len(),
-                    }),
+                    &crate::audit::data::EngineStarted {
+                        version: env!("CARGO_PKG_VERSION").into(),
+                        id_epoch: self.core.ids.epoch().to_string(),
+                        runbooks: set.names(),
+                        runbook_errors: set.errors.iter().map(|e| e.to_string()).collect(),
+                        nodes: self.core.fleet.len(),
+                    },
                 ),
                 None,
             )

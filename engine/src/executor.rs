@@ -49,7 +49,15 @@ impl Engine {
         self.core.counters.events_dropped.fetch_add(1, Ordering::Relaxed);
         self.core
             .audit
-            .append(NewRecord::new(RecordKind::EventDropped, "engine", json!({"reason": reason})).node(node), None)
+            .append(
+                NewRecord::typed(
+                    RecordKind::EventDropped,
+                    "engine",
+                    &crate::audit::data::EventDropped { reason: reason.into() },
+                )
+                .node(node),
+                None,
+            )
             .await?;
         Ok(())
     }
@@ -235,10 +243,10 @@ impl Engine {
             }
             Decision::Refuse { reason } => {
                 let mut s = summary.unwrap_or_else(|| new_summary(self.core.ids.run(), rb, &req, params, now, shadow));
-                self.core.record_run_typed(RecordKind::RunQueued, &s, &queued_data(&s)).await?;
+                self.core.record_run(RecordKind::RunQueued, &s, &queued_data(&s)).await?;
                 end_summary(&mut s, RunOutcome::Refused, Some(reason.clone()), now);
                 self.core
-                    .record_run_typed(
+                    .record_run(
                         RecordKind::RunFinished,
                         &s,
                         &crate::audit::data::RunFinished {
@@ -258,7 +266,7 @@ impl Engine {
                 if manual || approval.is_some() {
                     // Reported to a person (the run id, the approval asked
                     // for): durable first.
-                    self.core.record_run_typed(RecordKind::RunQueued, &s, &queued_data(&s)).await?;
+                    self.core.record_run(RecordKind::RunQueued, &s, &queued_data(&s)).await?;
                 } else {
                     // An automatic run: in order, not awaited — its start,
                     // first action or end waits for a later record.
@@ -269,8 +277,11 @@ impl Engine {
                         .record_run(
                             RecordKind::ApprovalRequested,
                             &s,
-                            json!({"reason": why, "expires_in_secs": m.approval.expire_secs,
-                                "nodes_changed": nodes_changed(m, target_nodes, &s.params)}),
+                            &crate::audit::data::ApprovalRequested {
+                                reason: why.clone(),
+                                expires_in_secs: m.approval.expire_secs,
+                                nodes_changed: nodes_changed(m, target_nodes, &s.params),
+                            },
                         )
                         .await?;
                     self.text_record(
@@ -296,11 +307,12 @@ impl Engine {
     /// A notification or escalation record about run `s`, delivered.
     pub(crate) async fn text_record(&self, s: &RunSummary, kind: RecordKind, text: &str) {
         let severity = if kind == RecordKind::Escalation { "escalation" } else { "info" };
-        let rec =
-            NewRecord::new(kind, "engine", self.core.notification_data(kind, text, severity, s.dry_run, s.shadow))
-                .run(&s.id)
-                .node(s.target.node.as_deref())
-                .runbook(&s.runbook);
+        let rec = self
+            .core
+            .notice_record(kind, text, severity, s.dry_run, s.shadow)
+            .run(&s.id)
+            .node(s.target.node.as_deref())
+            .runbook(&s.runbook);
         tracing::warn!(run = %s.id, runbook = %s.runbook, kind = kind.as_str(), text, "notification");
         match self.core.audit.append(rec, None).await {
             Ok(r) => Core::deliver(&self.core, &r),
@@ -378,12 +390,24 @@ impl Engine {
             s
         };
         if approved {
-            self.core.record_run(RecordKind::Approved, &summary, json!({"by": by})).await?;
+            self.core
+                .record_run(
+                    RecordKind::Approved,
+                    &summary,
+                    &crate::audit::data::Approval { by: by.into(), reason: None },
+                )
+                .await?;
             self.pump().await;
             Ok(summary)
         } else {
             let why = format!("rejected by {by}: {}", reason.clone().unwrap_or_default());
-            self.core.record_run(RecordKind::Rejected, &summary, json!({"by": by, "reason": reason})).await?;
+            self.core
+                .record_run(
+                    RecordKind::Rejected,
+                    &summary,
+                    &crate::audit::data::Approval { by: by.into(), reason: reason.clone() },
+                )
+                .await?;
             self.finish(run, RunOutcome::Cancelled, Some(why), None).await
         }
     }

@@ -248,11 +248,15 @@ pub struct Transition {
     pub evidence: Option<Evidence>,
 }
 
+impl crate::audit::data::Payload for Transition {
+    const KINDS: &'static [RecordKind] = &[RecordKind::HealthChanged];
+}
+
 impl Transition {
     /// The audit record of this transition.
     pub fn record(&self, actor: &str) -> NewRecord {
         let mut rec =
-            NewRecord::new(RecordKind::HealthChanged, actor, json!(self)).node(Some(&self.node)).gpu(Some(self.gpu));
+            NewRecord::typed(RecordKind::HealthChanged, actor, self).node(Some(&self.node)).gpu(Some(self.gpu));
         if let Some(r) = &self.run {
             rec = rec.run(r);
         }
@@ -359,9 +363,12 @@ impl HealthModel {
         if r.kind != RecordKind::HealthChanged {
             return;
         }
-        let Ok(t) = serde_json::from_value::<Transition>(r.data.clone()) else {
-            tracing::error!(seq = r.seq, "a health_changed record cannot be read: the model skips it");
-            return;
+        let t = match r.payload::<Transition>() {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(error = %e, "a health_changed record cannot be read: the model skips it");
+                return;
+            }
         };
         self.apply(&t, r.ts_ms);
     }

@@ -627,11 +627,14 @@ impl Engine {
                 resolved_at.as_deref().map(|t| format!(" at {t}")).unwrap_or_default(),
                 if r.outcome.is_none() { "; the run goes on until its own steps end" } else { "" }
             );
-            let rec = NewRecord::new(
+            let rec = NewRecord::typed(
                 RecordKind::Note,
                 actor,
-                json!({"text": text, "alert_resolved": {"alertname": a.name(), "fingerprint": a.fingerprint,
-                    "starts_at": a.starts_at, "ends_at": resolved_at}}),
+                &crate::audit::data::Note {
+                    text,
+                    alert_resolved: Some(json!({"alertname": a.name(), "fingerprint": a.fingerprint,
+                        "starts_at": a.starts_at, "ends_at": resolved_at})),
+                },
             )
             .run(&r.id)
             .node(Some(node));

@@ -16,6 +16,7 @@ pub mod admission;
 pub mod alerts;
 /// The audit log, its own crate (`nightshift-audit`), under its old path.
 pub use nightshift_audit as audit;
+pub mod brain;
 pub mod config;
 pub mod control;
 pub mod core;

@@ -98,9 +98,10 @@ pub fn anchor_body(format: WebhookFormat, head: &AuditRecord) -> Value {
 
 /// The request body for a notification record.
 pub fn body(format: WebhookFormat, rec: &AuditRecord) -> Value {
-    let text = rec.data["text"].as_str().unwrap_or("");
-    let severity = rec.data["severity"].as_str().unwrap_or("info");
-    let dry_run = rec.data["dry_run"] == true;
+    let notice = rec.payload::<crate::audit::data::Notice>().unwrap_or_default();
+    let text = notice.text.as_str();
+    let severity = if notice.severity.is_empty() { "info" } else { notice.severity.as_str() };
+    let dry_run = notice.dry_run == Some(true);
     let target = match (&rec.node, rec.gpu) {
         (Some(n), Some(g)) => format!("{n}/{g}"),
         (Some(n), None) => n.clone(),

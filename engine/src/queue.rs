@@ -201,10 +201,13 @@ impl Engine {
         };
         cancel.store(true, Ordering::SeqCst);
         self.core.counters.runs_preempted.fetch_add(1, Ordering::Relaxed);
-        let rec = NewRecord::new(
+        let rec = NewRecord::typed(
             RecordKind::Note,
             "engine",
-            json!({"text": format!("preempted: critical run {by} needs this node; this run is cancelled")}),
+            &crate::audit::data::Note {
+                text: format!("preempted: critical run {by} needs this node; this run is cancelled"),
+                ..Default::default()
+            },
         )
         .run(holder);
         if let Err(e) = self.core.audit.append(rec, None).await {
@@ -239,18 +242,16 @@ impl Engine {
                 tracing::error!(run = %id, error = %e, "cannot refuse a held run");
             }
         }
-        let rec = NewRecord::new(
-            RecordKind::Escalation,
-            "engine",
-            self.core.notification_data(
+        let rec = self
+            .core
+            .notice_record(
                 RecordKind::Escalation,
                 &format!("{runbook}: {reason}; {} held runs refused", held.len()),
                 "escalation",
                 false,
                 self.runbook_mode(runbook) == crate::manifest::Mode::Shadow,
-            ),
-        )
-        .runbook(runbook);
+            )
+            .runbook(runbook);
         tracing::warn!(runbook, reason, "breaker tripped");
         match self.core.audit.append(rec, None).await {
             Ok(r) => Core::deliver(&self.core, &r),
@@ -459,7 +460,7 @@ impl Engine {
         // one that could not is offered again after a pause).
         let starts_cooldown = !unfinished && summary.trigger != "fault";
         self.core
-            .record_run_typed(
+            .record_run(
                 RecordKind::RunFinished,
                 &summary,
                 &crate::audit::data::RunFinished {

@@ -178,7 +178,7 @@ impl Engine {
             self.core.now(),
         );
         self.core
-            .record_run_typed(
+            .record_run(
                 RecordKind::RunFinished,
                 &s,
                 &crate::audit::data::RunFinished {

@@ -92,17 +92,20 @@ pub async fn reload_with(engine: &Engine, by: &str, allow_partial: bool) -> Resu
     let _one = engine.core.reloading.lock().await;
     let result = reload_files(engine, allow_partial);
     let record = match &result {
-        Ok(r) => {
-            let mut v = serde_json::to_value(r).unwrap_or_default();
-            v["ok"] = true.into();
-            v
-        }
-        Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
+        Ok(r) => crate::audit::data::ConfigReloaded {
+            ok: true,
+            error: None,
+            report: match serde_json::to_value(r) {
+                Ok(serde_json::Value::Object(m)) => m,
+                _ => Default::default(),
+            },
+        },
+        Err(e) => crate::audit::data::ConfigReloaded { ok: false, error: Some(e.to_string()), ..Default::default() },
     };
     let appended = engine
         .core
         .audit
-        .append(crate::audit::NewRecord::new(crate::audit::RecordKind::ConfigReloaded, by, record), None)
+        .append(crate::audit::NewRecord::typed(crate::audit::RecordKind::ConfigReloaded, by, &record), None)
         .await;
     match appended {
         Ok(_) => {}

@@ -266,8 +266,11 @@ impl Engine {
             return;
         }
         tracing::warn!(node, gpu, text = %text, "fault pending");
-        let data = self.core.notification_data(RecordKind::Escalation, &text, "escalation", false, false);
-        let mut rec = NewRecord::new(RecordKind::Escalation, "engine", data).node(Some(node)).gpu(Some(gpu));
+        let mut rec = self
+            .core
+            .notice_record(RecordKind::Escalation, &text, "escalation", false, false)
+            .node(Some(node))
+            .gpu(Some(gpu));
         if let Some(rb) = runbook {
             rec = rec.runbook(rb);
         }
@@ -350,8 +353,11 @@ impl Engine {
                     failures.join("; "),
                     h.instruction.as_deref().map(|i| format!("; {i}")).unwrap_or_default()
                 );
-                let data = self.core.notification_data(RecordKind::Notification, &text, "warning", false, false);
-                let rec = NewRecord::new(RecordKind::Notification, "engine", data).node(Some(node)).gpu(Some(*gpu));
+                let rec = self
+                    .core
+                    .notice_record(RecordKind::Notification, &text, "warning", false, false)
+                    .node(Some(node))
+                    .gpu(Some(*gpu));
                 if let Ok(r) = self.core.audit.append(rec, None).await {
                     crate::core::Core::deliver(&self.core, &r);
                 }
@@ -410,22 +416,12 @@ impl Engine {
         for req in reqs {
             let action_id = req.id.clone();
             let sent = self.core.send_audited(s, node, None, req).await;
-            let data = match &sent {
-                Ok((r, _)) if r.ok => {
-                    json!({"action_id": action_id, "op": "release", "ok": true, "outcome": "released",
-                    "applied": true, "after": r.result, "why": "repaired: the health check passed", "dry_run": false})
-                }
-                Ok((r, _)) => {
-                    json!({"action_id": action_id, "op": "release", "ok": false, "outcome": "refused", "applied": false,
-                    "code": r.code().map(|c| c.as_str()), "error": r.error.as_ref().map(|e| e.message.clone()), "dry_run": false})
-                }
-                Err(e) => {
-                    json!({"action_id": action_id, "op": "release", "ok": false, "outcome": "error", "applied": false,
-                    "code": "transport", "error": e, "dry_run": false})
-                }
-            };
-            let ok = data["ok"] == true;
-            let rec = NewRecord::new(RecordKind::ActionResult, "engine", data)
+            let mut data = crate::core::action_result(&action_id, "release", false, &sent, ("released", true));
+            if data.ok {
+                data.why = Some("repaired: the health check passed".into());
+            }
+            let ok = data.ok;
+            let rec = NewRecord::typed(RecordKind::ActionResult, "engine", &data)
                 .run(&s.id)
                 .node(Some(node))
                 .runbook(&s.runbook);
@@ -542,15 +538,19 @@ impl Engine {
         }
         let marks = self.core.audit.records_of_kind(RecordKind::NodeAnnotated)?;
         for r in &marks {
-            if r.data["dry_run"] == true {
-                continue;
-            }
-            let (Some(node), Some(key)) = (r.node.as_deref(), r.data["key"].as_str()) else { continue };
-            let Some(n) = self.core.fleet.get(node) else { continue };
+            let p = match r.payload::<crate::audit::data::NodeAnnotated>() {
+                Ok(p) if p.dry_run != Some(true) && !p.key.is_empty() => p,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::error!(error = %e, "a node mark cannot be read: it is skipped");
+                    continue;
+                }
+            };
+            let Some(n) = r.node.as_deref().and_then(|node| self.core.fleet.get(node)) else { continue };
             let mut st = n.state();
-            match r.data["value"].as_str() {
-                Some(v) => st.annotations.insert(key.to_string(), v.to_string()),
-                None => st.annotations.remove(key),
+            match p.value {
+                Some(v) => st.annotations.insert(p.key, v),
+                None => st.annotations.remove(&p.key),
             };
         }
         Ok(records.len() + marks.len())

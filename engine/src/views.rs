@@ -267,8 +267,12 @@ impl Engine {
         self.core
             .audit
             .append(
-                NewRecord::new(RecordKind::HandsOff, by, json!({"hands_off": why.is_some(), "reason": why}))
-                    .node(Some(node)),
+                NewRecord::typed(
+                    RecordKind::HandsOff,
+                    by,
+                    &crate::audit::data::HandsOff { hands_off: why.is_some(), reason: why.map(str::to_string) },
+                )
+                .node(Some(node)),
                 None,
             )
             .await?;
@@ -297,11 +301,19 @@ impl Engine {
             self.core
                 .audit
                 .append(
-                    NewRecord::new(
+                    NewRecord::typed(
                         RecordKind::NotificationDelivery,
                         "engine",
-                        json!({"kind": "audit_anchor", "target": t.name, "anchored_seq": head.seq,
-                            "anchored_hash": head.hash, "ok": d.ok, "attempts": d.attempts, "detail": d.detail}),
+                        &crate::audit::data::Delivery {
+                            kind: Some("audit_anchor".into()),
+                            target: t.name.clone(),
+                            anchored_seq: Some(head.seq),
+                            anchored_hash: Some(head.hash.clone()),
+                            ok: d.ok,
+                            attempts: d.attempts,
+                            detail: d.detail.clone(),
+                            ..Default::default()
+                        },
                     ),
                     None,
                 )

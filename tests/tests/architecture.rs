@@ -346,6 +346,41 @@ fn no_engine_file_is_over_800_lines() {
     assert!(long.is_empty(), "expected no engine file over 800 lines, found:\n{}", long.join("\n"));
 }
 
+/// Issue 28: the engine writes record payloads only as types
+/// (`NewRecord::typed`, `nightshift_audit::data`), never as hand-built JSON
+/// that recovery would read back by string keys — outside its tests.
+#[test]
+fn the_engine_writes_no_untyped_record_payload() {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&root().join("engine/src"), &mut files);
+    let mut found = Vec::new();
+    let mut typed = 0;
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        // Test modules come last in a file: what follows `#[cfg(test)]` is
+        // test code.
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        typed += code.matches("NewRecord::typed(").count();
+        for (i, line) in code.lines().enumerate() {
+            if line.contains("NewRecord::new(") {
+                found.push(format!("{}:{}: {}", f.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(typed > 20, "the engine's records were found: {typed} typed ones");
+    assert!(found.is_empty(), "expected only typed record payloads in the engine, found:\n{}", found.join("\n"));
+}
+
 #[test]
 fn the_cycle_finder_finds_cycles() {
     let g = |edges: &[(&str, &str)]| {

@@ -33,12 +33,11 @@ impl Host {
             // A person is working on the node: nothing acts until the marker
             // goes; then the ladder goes on from where the node is. (The
             // run's deadline still ends it.)
-            self.record(
+            self.note(
                 ctx,
-                RecordKind::Note,
                 Some(node),
                 gpu_of(op),
-                json!({"text": format!("{node} is hands-off (maintenance): {} waits until the marker goes", op.name())}),
+                format!("{node} is hands-off (maintenance): {} waits until the marker goes", op.name()),
             );
             while n.state().hands_off() {
                 if ctx.sleep_ms(HANDS_OFF_POLL_MS).is_err() {
@@ -58,7 +57,7 @@ impl Host {
                 && let Some((false, why)) = self.core.condition_holds(&self.manifest, &s)
             {
                 let why = format!("the condition cleared while {node} was hands-off: {why}");
-                self.record(ctx, RecordKind::Note, Some(node), gpu_of(op), json!({"text": why}));
+                self.note(ctx, Some(node), gpu_of(op), why.to_string());
                 ctx.skip(&why);
                 return Err(refused("skipped", &why));
             }
@@ -125,7 +124,7 @@ impl Host {
                 && let Some((false, why)) = self.core.condition_holds(&self.manifest, &s)
             {
                 let why = format!("the condition cleared before the first change: {why}");
-                self.record(ctx, RecordKind::Note, Some(node), gpu_of(op), json!({"text": why}));
+                self.note(ctx, Some(node), gpu_of(op), why.to_string());
                 ctx.skip(&why);
                 return Err(refused("skipped", &why));
             }
@@ -275,17 +274,24 @@ impl Host {
                 r.held_on.push(node_s.clone());
             }
         }
-        let mut data = result.clone();
-        data["action_id"] = json!(action_id);
-        data["op"] = json!(op.name());
-        data["duration_ms"] = json!(duration_ms);
-        data["dry_run"] = json!(ctx.dry_run);
+        // The answer as built above: every field a string, bool or JSON
+        // value where the type has it (an answer that does not read keeps
+        // its fields, untyped, in `more`).
+        let mut data: crate::audit::data::ActionResult =
+            serde_json::from_value(result.clone()).unwrap_or_else(|_| crate::audit::data::ActionResult {
+                more: result.as_object().cloned().unwrap_or_default(),
+                ..Default::default()
+            });
+        data.action_id = action_id.clone();
+        data.op = op.name().into();
+        data.duration_ms = Some(duration_ms);
+        data.dry_run = ctx.dry_run;
         if self.summary().is_some_and(|s| s.shadow) {
             // What a shadow run is for: would it have acted, by the agent.
-            data["shadow"] = json!(true);
-            data["would_act"] = json!(result["ok"] == true);
+            data.shadow = Some(true);
+            data.would_act = Some(result["ok"] == true);
         }
-        self.record(ctx, RecordKind::ActionResult, Some(node), gpu, data);
+        self.record_typed(ctx, RecordKind::ActionResult, Some(node), gpu, &data);
         to_map(result)
     }
 }

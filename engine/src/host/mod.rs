@@ -84,13 +84,21 @@ impl Host {
         Some(self.manifest.clone())
     }
 
-    fn record(&self, ctx: &RunCtx, kind: RecordKind, node: Option<&str>, gpu: Option<u32>, data: Value) {
-        self.append(ctx, NewRecord::new(kind, "engine", data).node(node).gpu(gpu));
+    /// A record of this run, with a typed payload.
+    fn record_typed<P: crate::audit::data::Payload>(
+        &self,
+        ctx: &RunCtx,
+        kind: RecordKind,
+        node: Option<&str>,
+        gpu: Option<u32>,
+        payload: &P,
+    ) {
+        self.append(ctx, NewRecord::typed(kind, "engine", payload).node(node).gpu(gpu));
     }
 
-    /// [`Host::record`] with a typed payload (one recovery reads back).
-    fn record_typed<P: crate::audit::data::Payload>(&self, ctx: &RunCtx, kind: RecordKind, payload: &P) {
-        self.append(ctx, NewRecord::typed(kind, "engine", payload));
+    /// A note in the run's timeline.
+    fn note(&self, ctx: &RunCtx, node: Option<&str>, gpu: Option<u32>, text: String) {
+        self.record_typed(ctx, RecordKind::Note, node, gpu, &crate::audit::data::Note { text, ..Default::default() });
     }
 
     fn append(&self, ctx: &RunCtx, rec: NewRecord) {
@@ -110,13 +118,8 @@ impl Host {
     }
 
     fn refuse(&self, ctx: &RunCtx, node: &str, op: &Op, code: &str, message: String) -> Map {
-        self.record(
-            ctx,
-            RecordKind::Refusal,
-            Some(node),
-            gpu_of(op),
-            json!({"op": op.name(), "code": code, "reason": message}),
-        );
+        let data = crate::audit::data::Refusal { op: op.name().into(), code: code.into(), reason: message.clone() };
+        self.record_typed(ctx, RecordKind::Refusal, Some(node), gpu_of(op), &data);
         refused(code, &message)
     }
 
@@ -248,8 +251,12 @@ impl ScriptHost for Host {
                 "error": format!("{node} GPU {gpu} is {}: it does not move to {}", from.as_str(), to.as_str())}));
         }
         if ctx.dry_run {
-            self.record(ctx, RecordKind::Note, Some(&node), Some(gpu),
-                json!({"text": format!("dry run: would move {node} GPU {gpu} from {} to {} ({text})", from.as_str(), to.as_str())}));
+            self.note(
+                ctx,
+                Some(&node),
+                Some(gpu),
+                format!("dry run: would move {node} GPU {gpu} from {} to {} ({text})", from.as_str(), to.as_str()),
+            );
             return to_map(json!({"ok": true, "dry_run": true, "from": from.as_str(), "to": to.as_str()}));
         }
         let t = Transition {
@@ -557,17 +564,8 @@ impl ScriptHost for Host {
             let action_id = req.id.clone();
             let sent = self.block_on(self.core.send_audited(&summary, n, None, req));
             let ok = matches!(&sent, Ok((r, _)) if r.ok);
-            let data = match &sent {
-                Ok((r, _)) => {
-                    json!({"action_id": action_id, "op": "renew", "ok": r.ok, "outcome": if r.ok { "kept" } else { "refused" },
-                    "applied": false, "after": r.result, "error": r.error.as_ref().map(|e| e.message.clone()), "dry_run": ctx.dry_run})
-                }
-                Err(e) => {
-                    json!({"action_id": action_id, "op": "renew", "ok": false, "outcome": "error", "applied": false,
-                    "code": "transport", "error": e, "dry_run": ctx.dry_run})
-                }
-            };
-            self.record(ctx, RecordKind::ActionResult, Some(n), None, data);
+            let data = crate::core::action_result(&action_id, "renew", ctx.dry_run, &sent, ("kept", false));
+            self.record_typed(ctx, RecordKind::ActionResult, Some(n), None, &data);
             if ok {
                 kept.push(n.clone());
             }
@@ -636,12 +634,13 @@ impl ScriptHost for Host {
                 None => st.annotations.remove(key),
             };
         }
-        let mut data = json!({"key": key, "value": text});
-        if ctx.dry_run {
-            data["dry_run"] = json!(true);
-            data["note"] = json!("dry run: would have set this annotation");
-        }
-        self.record(ctx, RecordKind::NodeAnnotated, Some(node), None, data);
+        let data = crate::audit::data::NodeAnnotated {
+            key: key.into(),
+            value: text.map(str::to_string),
+            dry_run: ctx.dry_run.then_some(true),
+            note: ctx.dry_run.then(|| "dry run: would have set this annotation".to_string()),
+        };
+        self.append(ctx, NewRecord::typed(RecordKind::NodeAnnotated, "engine", &data).node(Some(node)));
     }
 
     fn scale(&self, ctx: &RunCtx, out: bool, count: i64) -> Map {
@@ -665,15 +664,21 @@ impl ScriptHost for Host {
         };
         let text: String = text.chars().take(2000).collect();
         if kind == TextKind::Note {
-            self.record(ctx, rk, ctx.target.node.as_deref(), ctx.target.gpu, json!({"text": text}));
+            self.append(
+                ctx,
+                NewRecord::typed(rk, "engine", &crate::audit::data::Note { text, ..Default::default() })
+                    .node(ctx.target.node.as_deref())
+                    .gpu(ctx.target.gpu),
+            );
             return;
         }
         if !ctx.dry_run {
             tracing::warn!(run = %self.run, runbook = %ctx.runbook, severity, text = %text, "notification");
         }
         let shadow = self.summary().is_some_and(|s| s.shadow);
-        let data = self.core.notification_data(rk, &text, severity, ctx.dry_run, shadow);
-        let rec = NewRecord::new(rk, "engine", data)
+        let rec = self
+            .core
+            .notice_record(rk, &text, severity, ctx.dry_run, shadow)
             .run(&self.run)
             .node(ctx.target.node.as_deref())
             .gpu(ctx.target.gpu)

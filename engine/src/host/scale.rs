@@ -189,13 +189,15 @@ impl Host {
         let action_id = self.core.next_action_id(&self.run);
         let body = json!({"version": 1, "pool": {"label": label, "value": value}, "direction": direction,
             "count": count, "run": self.run, "reason": why, "request_id": action_id});
-        self.record(
-            ctx,
-            RecordKind::ActionIntent,
-            None,
-            None,
-            json!({"action_id": action_id, "op": "autoscale", "args": body, "dry_run": ctx.dry_run, "url": cfg.url}),
-        );
+        let intent = crate::audit::data::ActionIntent {
+            action_id: action_id.clone(),
+            op: AutoscaleResult::OP.into(),
+            args: body.clone(),
+            dry_run: ctx.dry_run,
+            url: Some(cfg.url.clone()),
+            ..Default::default()
+        };
+        self.record_typed(ctx, RecordKind::ActionIntent, None, None, &intent);
         let mut result = AutoscaleResult {
             action_id: action_id.clone(),
             op: AutoscaleResult::OP.into(),
@@ -253,7 +255,7 @@ impl Host {
                 }
             }
         }
-        self.record_typed(ctx, RecordKind::ActionResult, &result);
+        self.record_typed(ctx, RecordKind::ActionResult, None, None, &result);
         let mut result = json!(result);
         result["requested_in_pool"] = json!(self.core.table().autoscaled.get(&pool).copied().unwrap_or(0));
         to_map(result)
