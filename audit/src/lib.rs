@@ -88,7 +88,8 @@
 //! pgwriter                 index, pg, pipeline   (the PostgreSQL log's writer)
 //! verify                   index, log, chain
 //! store                    index, log, pipeline, pgwriter, verify   (AuditStore, the façade)
-//! salvage                  index, log, verify             (a tool over a store)
+//! tools/salvage            index, log, verify, store      (a new store from what checks out)
+//! tools/migrate            pg, store, log                 (a record log into PostgreSQL)
 //! ```
 #![forbid(unsafe_code)]
 
@@ -101,8 +102,8 @@ pub mod pg;
 mod pgwriter;
 mod pipeline;
 pub mod runs;
-mod salvage;
 mod store;
+pub mod tools;
 mod verify;
 
 use std::path::PathBuf;
@@ -115,8 +116,8 @@ use crate::runs::{RunOutcome, RunState, RunSummary};
 
 pub use index::PgOptions;
 pub use log::{LOG_FILE, verify_log};
-pub use salvage::{SalvageReport, rebuild_summary, salvage};
 pub use store::{AuditStore, RecordPage, RecordQuery, SEARCH_SCAN};
+pub use tools::salvage::{SalvageReport, rebuild_summary, salvage};
 
 /// SHA-256 of `bytes`, hex.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {

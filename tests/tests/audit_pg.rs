@@ -103,7 +103,7 @@ async fn a_store_migrates_into_postgres_and_its_chain_holds_there() {
 
     // Again: nothing to copy, still verified.
     let (ok, out) = migrate(&one, &config, &url_file, "a");
-    assert!(ok && out.contains(&format!("{} already in shard a, copying 0", local.len())), "{out}");
+    assert!(ok && out.contains(&format!("{} already in shard a, copied 0", local.len())), "{out}");
 
     // Another store's chain into the same shard: refused, nothing written.
     let two = work.path().join("two");

@@ -313,65 +313,38 @@ async fn salvage(cli: &Cli, out: &Out, to: &std::path::Path) -> Result<u8> {
     Ok(0)
 }
 
-/// `audit migrate --to postgres`: the record log into PostgreSQL, in
-/// batches of 1,000 records a transaction, resuming after what is there.
+/// `audit migrate --to postgres`: the record log into PostgreSQL
+/// (`nightshift_audit::tools::migrate`), resuming after what is there.
 async fn migrate_to_postgres(
     data_dir: &std::path::Path,
     url: &str,
     ca_file: Option<&std::path::Path>,
     shard: &str,
 ) -> Result<u8> {
-    use nightshift_engine::audit::pg;
-    // The store must not be in use: opening it takes its lock.
-    drop(
-        nightshift_engine::audit::AuditStore::open(data_dir, std::sync::Arc::new(nightshift_proto::clock::SystemClock))
-            .map_err(|e| usage(format!("{e} (stop the engine before migrating)")))?,
-    );
-    let records = nightshift_engine::audit::log_records(data_dir)?;
-    // The engine's own connection: TLS as the URL's sslmode asks, the
-    // server's certificate checked against the CA file.
-    let mut db = pg::connect(url, ca_file)
-        .await
-        .map_err(|e| anyhow::Error::new(crate::Fail(4)).context(format!("cannot connect to PostgreSQL: {e}")))?;
-    let version = pg::migrate_schema(&mut db).await?;
-    let from = match pg::head(&db, shard).await? {
-        None => 0,
-        Some((seq, hash)) => match records.get(seq as usize - 1) {
-            Some((r, _)) if r.hash == hash => seq,
-            _ => {
-                return Err(usage(format!(
-                    "shard {shard} in the database ends at record {seq} with hash {hash}, which this store does not have at that record: it holds another chain; use another --shard or database"
-                )));
-            }
-        },
+    use nightshift_engine::audit::tools::migrate::{self, MigrateError};
+    let mut progress = |done: usize, of: usize| eprintln!("audit migrate: {done} of {of}");
+    let m = match migrate::to_postgres(data_dir, url, ca_file, shard, &mut progress).await {
+        Ok(m) => m,
+        Err(e @ (MigrateError::InUse(_) | MigrateError::OtherChain { .. })) => return Err(usage(e.to_string())),
+        Err(e @ MigrateError::Connect(_)) => return Err(anyhow::Error::new(crate::Fail(4)).context(e.to_string())),
+        Err(e) => return Err(e.into()),
     };
-    let todo = &records[from as usize..];
     eprintln!(
-        "audit migrate: schema v{version}; {} records in the store, {from} already in shard {shard}, copying {}",
-        records.len(),
-        todo.len()
+        "audit migrate: schema v{}; {} records in the store, {} already in shard {shard}, copied {}",
+        m.schema_version, m.records, m.already, m.copied
     );
-    for (i, batch) in todo.chunks(1000).enumerate() {
-        pg::append(&db, shard, batch, None).await?;
-        if i % 20 == 19 {
-            eprintln!("audit migrate: {} of {}", (i + 1) * 1000, todo.len());
-        }
-    }
-    let v = pg::verify(&db, shard).await?;
-    let local_head = records.last().map(|(r, _)| r.hash.clone());
-    let db_head = pg::head(&db, shard).await?.map(|(_, h)| h);
-    if v.ok && local_head == db_head {
+    if m.ok() {
         outln!(
             "migrated: shard {shard} holds records 1–{} and its chain verifies in PostgreSQL (head hash {})",
-            v.verified_up_to,
-            db_head.unwrap_or_default()
+            m.verified.verified_up_to,
+            m.db_head.unwrap_or_default()
         );
         Ok(0)
     } else {
         outln!(
             "the copy does not verify: {} (first bad record {:?}); the local store is unchanged",
-            v.problem.unwrap_or_else(|| "the heads differ".into()),
-            v.first_bad_seq
+            m.verified.problem.unwrap_or_else(|| "the heads differ".into()),
+            m.verified.first_bad_seq
         );
         Ok(1)
     }

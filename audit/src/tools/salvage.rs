@@ -22,10 +22,10 @@ use serde_json::{Value, json};
 
 use nightshift_proto::clock::SharedClock;
 
-use super::index::{created_key, index_key};
-use super::log::{LOG_FILE, LogLine, read_lines};
-use super::{AuditError, AuditRecord, AuditStore, NewRecord, RecordKind};
+use crate::index::{created_key, index_key};
+use crate::log::{LOG_FILE, LogLine, read_lines};
 use crate::runs::{RunOutcome, RunState, RunSummary, Target};
+use crate::{AuditError, AuditRecord, AuditStore, NewRecord, RecordKind};
 
 /// What a salvage did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -122,7 +122,7 @@ pub fn salvage(from: &Path, to: &Path, clock: SharedClock) -> Result<SalvageRepo
     for (run, recs) in &by_run {
         let vouched = recs.iter().rev().find_map(|r| r.data["summary_sha256"].as_str());
         let stored = vouched
-            .and_then(|sha| old_summaries.iter().find(|(s, bytes)| &s.id == run && super::sha256_hex(bytes) == sha));
+            .and_then(|sha| old_summaries.iter().find(|(s, bytes)| &s.id == run && crate::sha256_hex(bytes) == sha));
         match stored {
             Some((s, _)) => {
                 summaries.push(s.clone());
@@ -273,7 +273,7 @@ fn read_old_sled(from: &Path) -> OldSled {
         let now = progress.load(Ordering::SeqCst);
         if now != seen.0 {
             seen = (now, Instant::now());
-        } else if seen.1.elapsed() >= super::verify::STALL {
+        } else if seen.1.elapsed() >= crate::verify::STALL {
             let mut g = got.lock().unwrap_or_else(|x| x.into_inner());
             let last = g.records.last().map(|(s, _)| *s).unwrap_or(0);
             g.error = Some(format!("sled stopped answering after record {last} (damaged data)"));
