@@ -689,6 +689,7 @@ mod tests {
                 "telemetry:\n  interval_ms: 0\n",
                 "engine.yaml:7:3: telemetry.interval_ms: expected 50 to 600000, found 0",
             ),
+            ("telemetry:\n  ingest_shards: 0\n", "engine.yaml:7:3: telemetry.ingest_shards: expected 1 to 64, found 0"),
             (
                 "audit:\n  backend: postgres\n",
                 "engine.yaml:7:3: audit.backend: postgres needs audit.postgres: {url_file: FILE} (or url_env: VAR)",
