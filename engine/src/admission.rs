@@ -15,7 +15,7 @@
 //!    the run waits for a person (dry runs never do).
 //!
 //! The caller applies the decision (records the attempt, the breaker fire,
-//! the queued run) — see `executor.rs`.
+//! the queued run) — see `run/executor.rs`.
 
 use std::collections::BTreeMap;
 

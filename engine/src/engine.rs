@@ -4,9 +4,9 @@
 //!
 //! - `ingest.rs` — telemetry, pulled samples and Alertmanager alerts in,
 //!   trigger fires out;
-//! - `executor.rs` — submit (admission), the queue, starting, finishing,
+//! - `run/executor.rs`, `run/queue.rs` — submit (admission), the queue, starting, finishing,
 //!   approvals, the periodic tick;
-//! - `recovery.rs` — what a restart rebuilds and reconciles;
+//! - `run/recovery.rs` — what a restart rebuilds and reconciles;
 //! - `views.rs` — what the API, UI and CLI read.
 
 use std::collections::BTreeMap;

@@ -2,11 +2,11 @@
 //!
 //! Flow: telemetry or an alert ([`ingest`]) → [`triggers`] → a run request
 //! → [`admission`] (stale, dedup, cooldown, breaker, budget, hands-off,
-//! capacity, approval) → the [`executor`] and its [`queue`] (classes and
+//! capacity, approval) → the [`run::executor`] and its [`run::queue`] (classes and
 //! priorities, re-check at start, holds released at the end) → the runbook's Rhai [`script`] through the [`host`]
 //! → holds and actions sent to agents → every step in the [`audit`] log.
 //! The executor's memory ([`runtable`]) is rebuilt from the log on start
-//! ([`recovery`]).
+//! ([`run::recovery`]).
 //!
 //! Dependency rule: this crate uses `nightshift-proto`, never the agent
 //! daemon (checked by `tests/tests/architecture.rs`).
@@ -22,7 +22,6 @@ pub mod control;
 pub mod core;
 pub mod counters;
 pub mod engine;
-pub mod executor;
 pub mod faults;
 pub mod fleet;
 pub use nightshift_audit::ha;
@@ -35,9 +34,8 @@ pub mod manifest;
 pub mod metrics;
 pub mod modes;
 pub mod notify;
-pub mod queue;
-pub mod recovery;
 pub mod repair;
+pub mod run;
 pub mod runbook;
 pub use nightshift_audit::runs;
 pub mod reload;

@@ -5,7 +5,7 @@
 //! Nothing here is kept anywhere but memory, and nothing needs to be: every
 //! entry is derived from audit records, and [`RunTable::replay`] rebuilds
 //! it from the last day of the log when the engine starts (see
-//! `recovery.rs`). So a restart — a crash, an upgrade, `Restart=on-failure`
+//! `run/recovery.rs`). So a restart — a crash, an upgrade, `Restart=on-failure`
 //! — does not forget a cooldown and re-run a still-firing alert.
 
 use std::collections::{HashMap, HashSet, VecDeque};

@@ -17,9 +17,9 @@ use serde_json::{Value, json};
 
 use nightshift_proto::{ActionStatusArgs, Op, Request};
 
+use super::executor::end_summary;
 use crate::audit::{AuditRecord, NewRecord, RecordKind, data};
 use crate::engine::{Engine, EngineError};
-use crate::executor::end_summary;
 use crate::runs::{RunOutcome, RunState, RunSummary};
 use crate::runtable::{RunEntry, RunTable};
 

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::json;
 
+use super::executor::end_summary;
 use crate::audit::{NewRecord, RecordKind};
 use crate::core::Core;
 use crate::engine::{Engine, EngineError, RunRequest};
-use crate::executor::end_summary;
 use crate::manifest::{Priority, RunClass, Trigger};
 use crate::runs::{RunOutcome, RunState, RunSummary, Target};
 use crate::runtable::{RunEntry, RunTable};
