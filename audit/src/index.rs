@@ -291,13 +291,34 @@ pub(super) fn local_head(trees: &Trees, path: &Path) -> Result<(u64, String), Au
 /// costs tens of µs on a VM, which is the whole gap between one writer and
 /// the disk's fdatasync rate; the poll costs nothing when the store is idle.
 pub(super) fn recv_soon<T>(rx: &std_mpsc::Receiver<T>) -> Option<T> {
+    recv_soon_within(rx, None).ok()
+}
+
+/// Why [`recv_soon_within`] got no message.
+pub(super) enum NoMsg {
+    /// `wait` passed.
+    Idle,
+    /// Every sender is gone.
+    Closed,
+}
+
+/// [`recv_soon`], sleeping at most `wait` (`None`: until a message comes).
+pub(super) fn recv_soon_within<T>(rx: &std_mpsc::Receiver<T>, wait: Option<std::time::Duration>) -> Result<T, NoMsg> {
     let until = std::time::Instant::now() + std::time::Duration::from_micros(POLL_MICROS);
     loop {
         match rx.try_recv() {
-            Ok(m) => return Some(m),
-            Err(std_mpsc::TryRecvError::Disconnected) => return None,
+            Ok(m) => return Ok(m),
+            Err(std_mpsc::TryRecvError::Disconnected) => return Err(NoMsg::Closed),
             Err(std_mpsc::TryRecvError::Empty) if std::time::Instant::now() < until => std::thread::yield_now(),
-            Err(std_mpsc::TryRecvError::Empty) => return rx.recv().ok(),
+            Err(std_mpsc::TryRecvError::Empty) => {
+                return match wait {
+                    None => rx.recv().map_err(|_| NoMsg::Closed),
+                    Some(wait) => rx.recv_timeout(wait).map_err(|e| match e {
+                        std_mpsc::RecvTimeoutError::Timeout => NoMsg::Idle,
+                        std_mpsc::RecvTimeoutError::Disconnected => NoMsg::Closed,
+                    }),
+                };
+            }
         }
     }
 }

@@ -9,12 +9,12 @@
 
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nightshift_proto::clock::SharedClock;
 
 use super::AuditError;
-use super::index::{Msg, POLL_MICROS, Stopped, WriteReq, Written, answer, chain, stop, stopped_with};
+use super::index::{Msg, NoMsg, Stopped, WriteReq, Written, answer, chain, recv_soon_within, stop, stopped_with};
 use super::log::{RecordLog, encode_lines};
 
 /// The most requests one group takes.
@@ -38,41 +38,11 @@ pub(super) trait GroupLog {
     fn idle(&mut self) {}
 }
 
-/// Why no message came.
-enum NoMsg {
-    Idle,
-    Closed,
-}
-
-/// The next message: polled for [`POLL_MICROS`] first (a caller's next
-/// append usually comes within that; waking a sleeping thread costs tens
-/// of µs on a VM, the whole gap between one writer and the disk's
-/// fdatasync rate), then waited for — at most `every`.
-fn next(rx: &std_mpsc::Receiver<Msg>, every: Option<Duration>) -> Result<Msg, NoMsg> {
-    let until = Instant::now() + Duration::from_micros(POLL_MICROS);
-    loop {
-        match rx.try_recv() {
-            Ok(m) => return Ok(m),
-            Err(std_mpsc::TryRecvError::Disconnected) => return Err(NoMsg::Closed),
-            Err(std_mpsc::TryRecvError::Empty) if Instant::now() < until => std::thread::yield_now(),
-            Err(std_mpsc::TryRecvError::Empty) => {
-                return match every {
-                    None => rx.recv().map_err(|_| NoMsg::Closed),
-                    Some(every) => rx.recv_timeout(every).map_err(|e| match e {
-                        std_mpsc::RecvTimeoutError::Timeout => NoMsg::Idle,
-                        std_mpsc::RecvTimeoutError::Disconnected => NoMsg::Closed,
-                    }),
-                };
-            }
-        }
-    }
-}
-
 /// The loop: until every sender is gone (the store closed) or the index
 /// thread stopped.
 pub(super) fn run(log: &mut dyn GroupLog, rx: &std_mpsc::Receiver<Msg>, to_index: &std_mpsc::SyncSender<Written>) {
     loop {
-        let first = match next(rx, log.idle_every()) {
+        let first = match recv_soon_within(rx, log.idle_every()) {
             Err(NoMsg::Closed) => return,
             Err(NoMsg::Idle) => {
                 log.idle();

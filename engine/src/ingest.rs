@@ -79,16 +79,13 @@ impl Engine {
         }
         let fires = {
             let mut b = self.core.brain();
-            let Brain { store, triggers, fires } = &mut *b;
-            for (gpu, metric, v) in samples {
-                let key = SeriesKey { node: node.idx, gpu, metric };
-                if let Some(r) = store.push(key, t.ts_ms, v)
-                    && triggers.watches(metric)
-                {
-                    triggers.on_sample(store, r, t.ts_ms, v, fires);
-                }
-            }
+            let batch: Vec<(SeriesKey, i64, f64)> = samples
+                .into_iter()
+                .map(|(gpu, metric, v)| (SeriesKey { node: node.idx, gpu, metric }, t.ts_ms, v))
+                .collect();
+            let mut fires = b.ingest(&batch);
             // Derived: the utilisation swing over the last minute.
+            let store = &b.store;
             let swing = t
                 .gpus
                 .iter()
@@ -101,13 +98,9 @@ impl Engine {
                 .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
             if let Some(sw) = swing {
                 let key = SeriesKey { node: node.idx, gpu: None, metric: ids::UTIL_SWING };
-                if let Some(r) = store.push(key, t.ts_ms, sw)
-                    && triggers.watches(ids::UTIL_SWING)
-                {
-                    triggers.on_sample(store, r, t.ts_ms, sw, fires);
-                }
+                fires.extend(b.ingest(&[(key, t.ts_ms, sw)]));
             }
-            std::mem::take(fires)
+            fires
         };
         self.core.counters.samples_ingested.fetch_add(t.gpus.len() as u64 * 12 + 8, Ordering::Relaxed);
         // Faults are states: every reading is evaluated against them before
