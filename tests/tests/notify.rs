@@ -64,10 +64,14 @@ async fn notifications_reach_webhooks_with_retries_and_are_audited() {
             .find(|d| d.data["target"] == target && d.data["for_seq"] == seq)
             .unwrap_or_else(|| panic!("{target} {seq}"))
     };
-    // ops: the first try failed (HTTP 500), the retry worked.
+    // ops: its first request failed (HTTP 500) and was retried. The two
+    // deliveries run concurrently, so either may have met the 500: one took
+    // two tries, the other one.
     let (a, b) = (find("ops", notify.seq), find("ops", escalate.seq));
-    assert_eq!((a.data["ok"].clone(), a.data["attempts"].clone()), (true.into(), 2.into()), "{a:?}");
-    assert_eq!((b.data["ok"].clone(), b.data["attempts"].clone()), (true.into(), 1.into()), "{b:?}");
+    assert_eq!((a.data["ok"].clone(), b.data["ok"].clone()), (true.into(), true.into()), "{a:?} {b:?}");
+    let mut tries = [a.data["attempts"].as_u64(), b.data["attempts"].as_u64()];
+    tries.sort();
+    assert_eq!(tries, [Some(1), Some(2)], "{a:?} {b:?}");
     let p = find("pager", escalate.seq);
     assert_eq!(p.data["ok"], true);
     for seq in [notify.seq, escalate.seq] {
