@@ -12,6 +12,7 @@ use std::sync::mpsc as std_mpsc;
 use tokio::sync::{broadcast, oneshot};
 
 use super::log::{RecordLog, Replay};
+use super::positions::{Position, Positions};
 use super::*;
 
 pub(super) struct WriteReq {
@@ -34,10 +35,98 @@ pub(super) enum Msg {
     },
 }
 
+/// Where records are found by sequence number.
+#[derive(Clone)]
+pub(super) enum RecordTable {
+    /// The record bytes in sled: the PostgreSQL backend's local copy (it
+    /// has no record log to point into), and a file store from before
+    /// `records.idx` until its first open builds one.
+    Sled(sled::Tree),
+    /// The file backend: each record's position in the record log
+    /// (`positions.rs`) — one copy of each record, the log's.
+    Log(Arc<Positions>),
+}
+
+/// Records with their stored bytes, as [`RecordTable::entries`] walks them.
+pub(super) type Entries<'a> = Box<dyn Iterator<Item = Result<(u64, Vec<u8>), AuditError>> + 'a>;
+
+fn read_err(e: sled::Error) -> AuditError {
+    AuditError::Read(e.to_string())
+}
+
+fn key_seq(k: &[u8]) -> u64 {
+    u64::from_be_bytes(k.try_into().unwrap_or([0; 8]))
+}
+
+impl RecordTable {
+    /// The stored bytes of record `seq`.
+    pub(super) fn get(&self, seq: u64) -> Result<Option<Vec<u8>>, AuditError> {
+        match self {
+            RecordTable::Sled(t) => Ok(t.get(seq.to_be_bytes()).map_err(read_err)?.map(|v| v.to_vec())),
+            RecordTable::Log(p) => p.get(seq),
+        }
+    }
+
+    /// The seqs stored in `from..=to`, oldest first (newest first with `rev`).
+    pub(super) fn seqs(&self, from: u64, to: u64, rev: bool) -> Box<dyn Iterator<Item = Result<u64, AuditError>> + '_> {
+        match self {
+            RecordTable::Sled(t) => {
+                if from > to {
+                    return Box::new(std::iter::empty());
+                }
+                let r = t.range(from.to_be_bytes()..=to.to_be_bytes());
+                let f =
+                    |i: Result<(sled::IVec, sled::IVec), sled::Error>| i.map(|(k, _)| key_seq(&k)).map_err(read_err);
+                if rev { Box::new(r.rev().map(f)) } else { Box::new(r.map(f)) }
+            }
+            RecordTable::Log(p) => Box::new(p.seqs(from, to, rev)),
+        }
+    }
+
+    /// The records stored in `from..=to` with their bytes, in seq order
+    /// (newest first with `rev`).
+    pub(super) fn entries(&self, from: u64, to: u64, rev: bool) -> Entries<'_> {
+        match self {
+            RecordTable::Sled(t) => {
+                if from > to {
+                    return Box::new(std::iter::empty());
+                }
+                let r = t.range(from.to_be_bytes()..=to.to_be_bytes());
+                let f = |i: Result<(sled::IVec, sled::IVec), sled::Error>| {
+                    i.map(|(k, v)| (key_seq(&k), v.to_vec())).map_err(read_err)
+                };
+                if rev { Box::new(r.rev().map(f)) } else { Box::new(r.map(f)) }
+            }
+            RecordTable::Log(p) => Box::new(p.seqs(from, to, rev).map(move |s| {
+                let seq = s?;
+                let bytes = p.get(seq)?.ok_or_else(|| AuditError::Read(format!("record {seq}: its entry went")))?;
+                Ok((seq, bytes))
+            })),
+        }
+    }
+
+    /// Every record, oldest first.
+    pub(super) fn all(&self) -> Entries<'_> {
+        self.entries(1, u64::MAX, false)
+    }
+
+    /// The newest record and its bytes.
+    pub(super) fn last(&self) -> Result<Option<(u64, Vec<u8>)>, AuditError> {
+        self.entries(1, u64::MAX, true).next().transpose()
+    }
+}
+
 #[derive(Clone)]
 pub(super) struct Trees {
     pub(super) db: sled::Db,
-    pub(super) records: sled::Tree,
+    pub(super) records: RecordTable,
+    /// sled's `records` tree: the record bytes where [`RecordTable::Sled`]
+    /// is the table (and, in a store from before `records.idx`, what its
+    /// first open builds the index from).
+    pub(super) sled_records: sled::Tree,
+    /// `checkpoint`: the seq up to which `records.idx` is synced and the
+    /// other trees are filled (an open replays the log from there).
+    pub(super) meta: sled::Tree,
     pub(super) by_run: sled::Tree,
     pub(super) by_node: sled::Tree,
     pub(super) runs: sled::Tree,
@@ -82,6 +171,8 @@ pub(super) fn answer(pending: &std::sync::atomic::AtomicU64, req: WriteReq, r: R
 /// One record as sled indexes it.
 pub(super) struct Indexed<'a> {
     seq: u64,
+    /// Its line in the record log (the file backend).
+    position: Option<Position>,
     kind: RecordKind,
     run: Option<&'a str>,
     node: Option<&'a str>,
@@ -100,6 +191,8 @@ pub(super) struct Indexed<'a> {
 /// log must start, and replaying the entries after it is idempotent.
 pub(super) fn index(t: &Trees, items: &[Indexed<'_>]) -> Result<(), AuditError> {
     let w = |e: sled::Error| AuditError::Write(e.to_string());
+    let mut positions: Vec<Position> = Vec::new();
+    let mut first = 0u64;
     for i in items {
         if let Some(run) = i.run {
             t.by_run.insert(index_key(run, i.seq), &[]).map_err(w)?;
@@ -114,8 +207,102 @@ pub(super) fn index(t: &Trees, items: &[Indexed<'_>]) -> Result<(), AuditError> 
             t.runs.insert(id.as_bytes(), bytes).map_err(w)?;
             t.runs_by_created.insert(created_key(created_ms, id), &[]).map_err(w)?;
         }
-        t.records.insert(i.seq.to_be_bytes(), i.bytes).map_err(w)?;
+        match (&t.records, i.position) {
+            (RecordTable::Sled(records), _) => {
+                records.insert(i.seq.to_be_bytes(), i.bytes).map_err(w)?;
+            }
+            (RecordTable::Log(p), Some(pos)) => {
+                if !positions.is_empty() && first + positions.len() as u64 != i.seq {
+                    p.put(first, &positions)?;
+                    positions.clear();
+                }
+                if positions.is_empty() {
+                    first = i.seq;
+                }
+                positions.push(pos);
+            }
+            (RecordTable::Log(_), None) => {
+                return Err(AuditError::Write(format!("record {}: no position in the record log to index", i.seq)));
+            }
+        }
     }
+    if let RecordTable::Log(p) = &t.records {
+        p.put(first, &positions)?;
+    }
+    Ok(())
+}
+
+/// The seq up to which the last checkpoint says everything is indexed.
+pub(super) fn checkpoint(t: &Trees) -> Result<u64, AuditError> {
+    Ok(t.meta.get(b"checkpoint").map_err(read_err)?.map_or(0, |v| key_seq(&v)))
+}
+
+/// Where an open of a file store starts replaying the log: the
+/// checkpoint's record and hash (the genesis when there is none, or when
+/// its record cannot be read — then the whole log is replayed).
+pub(super) fn checkpoint_head(t: &Trees, p: &Positions) -> Result<(u64, String), AuditError> {
+    let c = checkpoint(t)?.min(p.count());
+    if c == 0 {
+        return Ok((0, GENESIS.to_string()));
+    }
+    if !p.log_holds(c)? {
+        return Err(AuditError::Open {
+            path: p.log_path().to_path_buf(),
+            message: format!(
+                "expected the record log to hold every record up to {c} (records.idx vouches for them), found it \
+                 shorter: it was cut, replaced or removed outside nightshift; put the original back (a backup), or \
+                 move records.idx aside to open what the log holds"
+            ),
+        });
+    }
+    // The newest record at or below the checkpoint that reads: a line
+    // damaged since stays in the log as evidence `verify` names.
+    for k in (1..=c).rev() {
+        let read = p.get(k).ok().flatten().and_then(|b| serde_json::from_slice::<AuditRecord>(&b).ok());
+        match read {
+            Some(r) if r.seq == k => {
+                if k < c {
+                    tracing::error!(
+                        checkpoint = c,
+                        readable = k,
+                        "audit store: records past {k} cannot be read from the record log (damaged lines): the chain goes on from {k}; `nightshift audit verify` names them"
+                    );
+                }
+                return Ok((k, r.hash));
+            }
+            _ => continue,
+        }
+    }
+    Ok((0, GENESIS.to_string()))
+}
+
+/// A store from before `records.idx`: build it from the whole record log
+/// (which has just been made to agree with sled's copy, `head` its last
+/// record), checkpoint it, and only then empty sled's copy — a crash before
+/// that leaves the store as it was, and the next open builds it again.
+pub(super) fn build_positions(t: &Trees, p: &Positions, head: u64) -> Result<(), AuditError> {
+    let w = |e: sled::Error| AuditError::Write(e.to_string());
+    let last = p.rebuild()?;
+    p.cut_after(head)?;
+    p.sync()?;
+    t.meta.insert(b"checkpoint", &head.to_be_bytes()).map_err(w)?;
+    t.db.flush().map_err(w)?;
+    t.sled_records.clear().map_err(w)?;
+    t.db.flush().map_err(w)?;
+    tracing::info!(
+        records = head,
+        log_last = last,
+        "audit store: built records.idx from the record log; sled keeps no second copy of the records now"
+    );
+    Ok(())
+}
+
+/// Sync `records.idx` and record that everything up to `seq` is indexed.
+pub(super) fn write_checkpoint(t: &Trees, seq: u64) -> Result<(), AuditError> {
+    if let RecordTable::Log(p) = &t.records {
+        p.sync()?;
+    }
+    t.meta.insert(b"checkpoint", &seq.to_be_bytes()).map_err(|e| AuditError::Write(e.to_string()))?;
     Ok(())
 }
 
@@ -128,6 +315,7 @@ pub(super) fn replay(t: &Trees, replay: &[Replay]) -> Result<(), AuditError> {
         .zip(&summaries)
         .map(|(r, s)| Indexed {
             seq: r.record.seq,
+            position: Some(Position { offset: r.offset, len: r.bytes.len() as u32 }),
             kind: r.record.kind,
             run: r.record.run.as_deref(),
             node: r.record.node.as_deref(),
@@ -136,6 +324,12 @@ pub(super) fn replay(t: &Trees, replay: &[Replay]) -> Result<(), AuditError> {
         })
         .collect();
     index(t, &items)?;
+    if let Some(last) = replay.last() {
+        if let RecordTable::Log(p) = &t.records {
+            p.cut_after(last.record.seq)?;
+        }
+        write_checkpoint(t, last.record.seq)?;
+    }
     t.db.flush().map(|_| ()).map_err(|e| AuditError::Write(e.to_string()))
 }
 
@@ -178,8 +372,11 @@ pub(super) fn open_trees(dir: &Path) -> Result<(Trees, PathBuf), AuditError> {
     };
     let open =
         |name: &str| db.open_tree(name).map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() });
+    let sled_records = open("records")?;
     let trees = Trees {
-        records: open("records")?,
+        records: RecordTable::Sled(sled_records.clone()),
+        sled_records,
+        meta: open("meta")?,
         by_run: open("by_run")?,
         by_node: open("by_node")?,
         runs: open("runs")?,
@@ -257,7 +454,7 @@ pub(super) fn build_kind_index(trees: &Trees) -> Result<(), sled::Error> {
         return Ok(());
     }
     let mut n = 0usize;
-    for item in trees.records.iter() {
+    for item in trees.sled_records.iter() {
         let (_, v) = item?;
         let Ok(r) = serde_json::from_slice::<AuditRecord>(&v) else { continue };
         if r.kind.indexed_by_kind() {
@@ -274,7 +471,7 @@ pub(super) fn build_kind_index(trees: &Trees) -> Result<(), sled::Error> {
 
 /// The newest record sled holds: `(seq, hash)`, or the genesis.
 pub(super) fn local_head(trees: &Trees, path: &Path) -> Result<(u64, String), AuditError> {
-    Ok(match trees.records.last().map_err(|e| AuditError::Read(e.to_string()))? {
+    Ok(match trees.records.last()? {
         Some((_, v)) => {
             let r: AuditRecord = serde_json::from_slice(&v).map_err(|e| AuditError::Open {
                 path: path.to_path_buf(),
@@ -333,6 +530,9 @@ pub(super) struct Written {
     pub(super) summaries: Vec<Option<Vec<u8>>>,
     /// Each summary's run id and creation time.
     pub(super) meta: Vec<Option<(String, i64)>>,
+    /// Each record's line in the record log (the file backend; empty for
+    /// records from the database).
+    pub(super) positions: Vec<Position>,
     /// The callers to answer (none for records read from the database).
     pub(super) batch: Vec<WriteReq>,
 }
@@ -351,7 +551,14 @@ pub(super) struct Indexer {
     /// later append *before* it reaches the log, and the engine reads it to
     /// stop acting and answer 503 (`AuditStore::stopped`).
     pub(super) stopped: Stopped,
+    /// When `records.idx` was last synced and the checkpoint written.
+    pub(super) checkpointed: std::time::Instant,
 }
+
+/// How often the index thread syncs `records.idx` and writes the
+/// checkpoint: what an open replays from the log after a crash is about
+/// this much (plus sled's own flush interval).
+pub(super) const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The store's first durability failure, shared by its threads.
 pub(super) type Stopped = Arc<std::sync::Mutex<Option<AuditError>>>;
@@ -437,6 +644,7 @@ impl Indexer {
             failed: None,
             pending: pending.clone(),
             stopped: stopped.clone(),
+            checkpointed: std::time::Instant::now(),
         };
         (indexer, live, head, pending, stopped)
     }
@@ -444,6 +652,12 @@ impl Indexer {
     pub(super) fn run(mut self, rx: std_mpsc::Receiver<Written>) {
         while let Some(w) = recv_soon(&rx) {
             self.index(w);
+        }
+        if self.failed.is_none() && matches!(self.trees.records, RecordTable::Log(_)) {
+            let head = self.head.load(std::sync::atomic::Ordering::SeqCst);
+            if let Err(e) = write_checkpoint(&self.trees, head) {
+                tracing::warn!(error = %e, "audit store: checkpoint at close failed (an open replays the record log)");
+            }
         }
         if let Err(e) = self.trees.db.flush() {
             tracing::warn!(error = %e, "audit store: flush at close failed (the record log has every record)");
@@ -458,8 +672,10 @@ impl Indexer {
                 .zip(&w.meta)
                 .zip(&w.summaries)
                 .zip(&w.bytes)
-                .map(|(((r, meta), summary), b)| Indexed {
+                .enumerate()
+                .map(|(i, (((r, meta), summary), b))| Indexed {
                     seq: r.seq,
+                    position: w.positions.get(i).copied(),
                     kind: r.kind,
                     run: r.run.as_deref(),
                     node: r.node.as_deref(),
@@ -482,6 +698,16 @@ impl Indexer {
                 tracing::error!(error = %e, "audit index failed: this store accepts nothing more");
                 stop(&self.stopped, &e);
                 self.failed = Some(e);
+            } else if matches!(self.trees.records, RecordTable::Log(_))
+                && self.checkpointed.elapsed() >= CHECKPOINT_EVERY
+                && let Some(last) = w.records.last()
+            {
+                // Not fatal: the log holds every record; a later open replays
+                // more of it.
+                if let Err(e) = write_checkpoint(&self.trees, last.seq) {
+                    tracing::warn!(error = %e, "audit store: checkpoint failed (an open replays more of the record log)");
+                }
+                self.checkpointed = std::time::Instant::now();
             }
         }
         if let Some(last) = w.records.last() {

@@ -101,6 +101,7 @@ mod log;
 pub mod pg;
 mod pgwriter;
 mod pipeline;
+mod positions;
 pub mod runs;
 mod store;
 pub mod tools;

@@ -49,6 +49,8 @@ pub struct SummaryLine {
 /// fdatasync and before sled's background flush): replayed into sled.
 pub struct Replay {
     pub record: AuditRecord,
+    /// Where its line starts in the log.
+    pub offset: u64,
     pub bytes: Vec<u8>,
     pub summary: Option<Vec<u8>>,
 }
@@ -269,7 +271,7 @@ impl RecordLog {
                 Ok(r) if r.seq == expected && r.prev_hash == prev && r.compute_hash() == r.hash => {
                     expected += 1;
                     prev = r.hash.clone();
-                    out.push(Replay { record: r, bytes: line.to_vec(), summary: None });
+                    out.push(Replay { record: r, offset: from + at as u64, bytes: line.to_vec(), summary: None });
                 }
                 Ok(_) => break,
                 Err(_) => match serde_json::from_slice::<SummaryLine>(line) {
@@ -312,6 +314,11 @@ impl RecordLog {
         }
         self.allocated = target;
         Ok(())
+    }
+
+    /// Bytes of lines written: where the next append starts.
+    pub fn len(&self) -> u64 {
+        self.len
     }
 
     /// Append lines (whole ones, each ending in a newline) and make them

@@ -185,7 +185,14 @@ impl PgWriter {
                 shard = %shard,
                 "this engine's copy of the audit chain disagrees with the database's: dropping it and reading the database's again"
             );
-            for t in [&trees.records, &trees.by_run, &trees.by_node, &trees.runs, &trees.runs_by_created] {
+            for t in [
+                &trees.sled_records,
+                &trees.by_run,
+                &trees.by_node,
+                &trees.by_kind,
+                &trees.runs,
+                &trees.runs_by_created,
+            ] {
                 t.clear().map_err(|e| open_err(e.to_string()))?;
             }
         }
@@ -213,7 +220,14 @@ impl PgWriter {
                 return Ok(());
             }
             let n = page.len() as i64;
-            let mut w = Written { records: vec![], bytes: vec![], summaries: vec![], meta: vec![], batch: vec![] };
+            let mut w = Written {
+                records: vec![],
+                bytes: vec![],
+                summaries: vec![],
+                meta: vec![],
+                positions: vec![],
+                batch: vec![],
+            };
             for (r, summary) in page {
                 if r.seq != self.seq + 1 || r.prev_hash != self.hash {
                     return Err(AuditError::Read(format!(
@@ -348,7 +362,7 @@ impl PgWriter {
         }
         (self.seq, self.hash) = last;
         let bytes = records.iter().map(|r| serde_json::to_vec(r).unwrap_or_default()).collect();
-        Some(Written { records, bytes, summaries, meta, batch })
+        Some(Written { records, bytes, summaries, meta, positions: Vec::new(), batch })
     }
 }
 

@@ -16,6 +16,7 @@ use nightshift_proto::clock::SharedClock;
 use super::AuditError;
 use super::index::{Msg, NoMsg, Stopped, WriteReq, Written, answer, chain, recv_soon_within, stop, stopped_with};
 use super::log::{RecordLog, encode_lines};
+use super::positions::Position;
 
 /// The most requests one group takes.
 pub(super) const MAX_GROUP: usize = 4096;
@@ -109,9 +110,12 @@ impl GroupLog for FileLog {
         let (seq, prev) = records.last().map_or((self.seq, self.hash.clone()), |r| (r.seq, r.hash.clone()));
         // Serialize once: the same bytes go to the log and to sled.
         let mut bytes = Vec::with_capacity(records.len());
+        let mut positions = Vec::with_capacity(records.len());
         let mut buf = Vec::with_capacity(records.len() * 512);
+        let base = self.log.len();
         for (r, summary) in records.iter().zip(&summaries) {
             let b = serde_json::to_vec(r).unwrap_or_default();
+            positions.push(Position { offset: base + buf.len() as u64, len: b.len() as u32 });
             encode_lines(&mut buf, &b, r.seq, summary.as_deref());
             bytes.push(b);
         }
@@ -119,7 +123,7 @@ impl GroupLog for FileLog {
             Ok(()) => {
                 self.seq = seq;
                 self.hash = prev;
-                Some(Written { records, bytes, summaries, meta, batch })
+                Some(Written { records, bytes, summaries, meta, positions, batch })
             }
             Err(e) => {
                 tracing::error!(error = %e, "audit write failed: no more appends are accepted until a restart");

@@ -13,6 +13,7 @@ use nightshift_proto::clock::SharedClock;
 use super::index::*;
 use super::log::RecordLog;
 use super::pipeline::FileLog;
+use super::positions::Positions;
 use super::*;
 
 /// The store.
@@ -104,15 +105,17 @@ impl AuditStore {
     /// Open (or create) the store in `dir`. Fails clearly when another
     /// process holds it.
     pub fn open(dir: &Path, clock: SharedClock) -> Result<AuditStore, AuditError> {
-        let opened = open_trees(dir).and_then(|(trees, path)| {
-            let head = local_head(&trees, &path)?;
-            Ok((trees, path, head))
-        });
-        let (trees, path, (mut seq, mut hash), (log, ahead)) = match opened {
-            Ok((trees, path, (seq, hash))) => {
+        let positions = || Positions::open(dir).map(Arc::new);
+        // A store from before records.idx keeps its records in sled (the
+        // first open builds the index, then empties that copy).
+        let mut legacy = false;
+        let (mut trees, path, (mut seq, mut hash), (log, ahead)) = match open_trees(dir) {
+            Ok((trees, path)) if !trees.sled_records.is_empty() => {
+                legacy = true;
+                let (seq, hash) = local_head(&trees, &path)?;
                 let log = RecordLog::open(dir, seq, &hash, |after| {
                     trees
-                        .records
+                        .sled_records
                         .range((after + 1).to_be_bytes()..)
                         .map(|item| {
                             let (_, v) = item.map_err(|e| AuditError::Read(e.to_string()))?;
@@ -122,8 +125,35 @@ impl AuditStore {
                 })?;
                 (trees, path, (seq, hash), log)
             }
+            Ok((mut trees, path)) => {
+                let p = positions()?;
+                trees.records = RecordTable::Log(p.clone());
+                let (from, hash) = checkpoint_head(&trees, &p)?;
+                let log = if from == 0 {
+                    // Nothing vouched for yet: every line must continue the
+                    // chain from the start (a line that does not is refused,
+                    // never cut).
+                    RecordLog::open_for_rebuild(dir)?
+                } else {
+                    RecordLog::open(dir, from, &hash, |last| {
+                        Err(AuditError::Open {
+                            path: dir.join(LOG_FILE),
+                            message: format!(
+                                "expected the record log to hold every record up to {from} (its index says so), found its \
+                                 last record is {last}: the log was cut outside nightshift; run `nightshift audit salvage \
+                                 --data-dir {} --to NEW_DIR`",
+                                dir.display()
+                            ),
+                        })
+                    })?
+                };
+                (trees, path, (from, hash), log)
+            }
             Err(AuditError::Open { path, message }) => {
-                let (trees, log) = rebuild_index(dir, &path, &message)?;
+                let (mut trees, log) = rebuild_index(dir, &path, &message)?;
+                let p = positions()?;
+                p.cut_after(0)?;
+                trees.records = RecordTable::Log(p);
                 (trees, path, (0, GENESIS.to_string()), log)
             }
             Err(e) => return Err(e),
@@ -131,6 +161,14 @@ impl AuditStore {
         if let Some(last) = ahead.last() {
             replay(&trees, &ahead)?;
             (seq, hash) = (last.record.seq, last.record.hash.clone());
+        }
+        if legacy {
+            let p = positions()?;
+            build_positions(&trees, &p, seq)?;
+            trees.records = RecordTable::Log(p);
+        } else if let RecordTable::Log(p) = &trees.records {
+            // Entries past the log's last record (a torn line cut) go.
+            p.cut_after(seq)?;
         }
         let (tx, rx) = std_mpsc::channel::<Msg>();
         let (indexer, live, head, pending, stopped) = Indexer::new(&trees, seq);
@@ -267,7 +305,7 @@ impl AuditStore {
 
     /// One record.
     pub fn get(&self, seq: u64) -> Result<Option<AuditRecord>, AuditError> {
-        match self.trees.records.get(seq.to_be_bytes()).map_err(|e| AuditError::Read(e.to_string()))? {
+        match self.trees.records.get(seq)? {
             Some(v) => serde_json::from_slice(&v).map(Some).map_err(|e| AuditError::Read(format!("record {seq}: {e}"))),
             None => Ok(None),
         }
@@ -276,13 +314,12 @@ impl AuditStore {
     /// Records after `after_seq`, oldest first, at most `limit`.
     pub fn tail(&self, after_seq: u64, limit: usize) -> Result<Vec<AuditRecord>, AuditError> {
         let Some(first) = after_seq.checked_add(1) else { return Ok(Vec::new()) };
-        let start = first.to_be_bytes();
         self.trees
             .records
-            .range(start..)
+            .entries(first, u64::MAX, false)
             .take(limit)
             .map(|r| {
-                let (_, v) = r.map_err(|e| AuditError::Read(e.to_string()))?;
+                let (_, v) = r?;
                 serde_json::from_slice(&v).map_err(|e| AuditError::Read(e.to_string()))
             })
             .collect()
@@ -357,10 +394,7 @@ impl AuditStore {
                 p.push(0);
                 Box::new(self.trees.by_node.scan_prefix(&p).rev().map(index_seq))
             }
-            (None, None) => Box::new(self.trees.records.range(..before.to_be_bytes()).rev().map(|r| {
-                let (k, _) = r.map_err(|e| AuditError::Read(e.to_string()))?;
-                Ok(u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0; 8])))
-            })),
+            (None, None) => Box::new(self.trees.records.seqs(1, before.saturating_sub(1), true)),
         };
         for seq in seqs {
             let seq = seq?;
@@ -459,8 +493,8 @@ impl AuditStore {
     /// more than a clock step, which this allows a minute of.
     pub fn records_since(&self, since_ms: i64) -> Result<Vec<AuditRecord>, AuditError> {
         let mut out = Vec::new();
-        for item in self.trees.records.iter().rev() {
-            let (_, v) = item.map_err(|e| AuditError::Read(e.to_string()))?;
+        for item in self.trees.records.entries(1, u64::MAX, true) {
+            let (_, v) = item?;
             let r: AuditRecord = serde_json::from_slice(&v).map_err(|e| AuditError::Read(e.to_string()))?;
             if r.ts_ms < since_ms.saturating_sub(60_000) {
                 break;
@@ -510,31 +544,95 @@ impl AuditStore {
 
     /// Make everything written so far durable.
     pub fn flush(&self) -> Result<(), AuditError> {
+        if let RecordTable::Log(p) = &self.trees.records {
+            p.sync()?;
+        }
         self.trees.db.flush().map(|_| ()).map_err(|e| AuditError::Write(e.to_string()))
     }
 
     /// Tests only: overwrite the stored bytes of record `seq` with `f(bytes)`,
-    /// as an attacker with disk access would.
+    /// as an attacker with disk access would: in sled's copy (PostgreSQL's
+    /// local copy), or in the record log's line (a file store's only copy;
+    /// `records.idx` is rebuilt after it, as an open would).
     #[doc(hidden)]
     pub fn tamper_for_tests(&self, seq: u64, f: impl FnOnce(&mut Vec<u8>)) -> Result<(), AuditError> {
-        let key = seq.to_be_bytes();
-        let mut bytes = self
-            .trees
-            .records
-            .get(key)
-            .map_err(|e| AuditError::Read(e.to_string()))?
-            .map(|v| v.to_vec())
-            .unwrap_or_default();
-        f(&mut bytes);
-        self.trees.records.insert(key, bytes).map_err(|e| AuditError::Write(e.to_string()))?;
+        match &self.trees.records {
+            RecordTable::Sled(t) => {
+                let key = seq.to_be_bytes();
+                let mut bytes =
+                    t.get(key).map_err(|e| AuditError::Read(e.to_string()))?.map(|v| v.to_vec()).unwrap_or_default();
+                f(&mut bytes);
+                t.insert(key, bytes).map_err(|e| AuditError::Write(e.to_string()))?;
+            }
+            RecordTable::Log(p) => self.rewrite_log_for_tests(p, seq, |line| {
+                if let Some(l) = line {
+                    f(l);
+                }
+            })?,
+        }
         self.flush()
     }
 
     /// Tests only: delete record `seq`.
     #[doc(hidden)]
     pub fn delete_for_tests(&self, seq: u64) -> Result<(), AuditError> {
-        self.trees.records.remove(seq.to_be_bytes()).map_err(|e| AuditError::Write(e.to_string()))?;
+        match &self.trees.records {
+            RecordTable::Sled(t) => {
+                t.remove(seq.to_be_bytes()).map_err(|e| AuditError::Write(e.to_string()))?;
+            }
+            RecordTable::Log(p) => self.rewrite_log_for_tests(p, seq, |line| *line = None)?,
+        }
         self.flush()
+    }
+
+    /// Rewrite record `seq`'s line of the record log (`None`: remove it and
+    /// its summary line), and move the entries of `records.idx` after it by
+    /// the bytes it gained or lost (as an attacker who knows the format
+    /// would). The writer's own end of the log is not moved: append nothing
+    /// after a rewrite that changes a line's length.
+    fn rewrite_log_for_tests(
+        &self,
+        p: &Positions,
+        seq: u64,
+        f: impl FnOnce(&mut Option<&mut Vec<u8>>),
+    ) -> Result<(), AuditError> {
+        use super::positions::Position;
+        let log = p.log_path().to_path_buf();
+        let Some(at) = p.position(seq)? else { return Ok(()) };
+        let mut text = std::fs::read(&log).map_err(|e| AuditError::Read(e.to_string()))?;
+        let (start, end) = (at.offset as usize, at.offset as usize + at.len as usize);
+        let mut line = text[start..end].to_vec();
+        let mut slot = Some(&mut line);
+        f(&mut slot);
+        let removed = slot.is_none();
+        let (cut_end, replacement) = if removed {
+            let mut e = end + 1;
+            if text[e..].starts_with(format!("{{\"summary_of\":{seq},").as_bytes())
+                && let Some(nl) = text[e..].iter().position(|b| *b == b'\n')
+            {
+                e += nl + 1;
+            }
+            (e, Vec::new())
+        } else {
+            (end, line)
+        };
+        let delta = replacement.len() as i64 - (cut_end - start) as i64;
+        let new_len = replacement.len() as u32;
+        text.splice(start..cut_end, replacement);
+        std::fs::write(&log, &text).map_err(|e| AuditError::Write(e.to_string()))?;
+        for s in 1..=p.count() {
+            let Some(q) = p.position(s)? else { continue };
+            if s == seq {
+                if removed {
+                    p.clear_for_tests(s)?;
+                } else {
+                    p.put(s, &[Position { offset: q.offset, len: new_len }])?;
+                }
+            } else if q.offset > at.offset {
+                p.put(s, &[Position { offset: (q.offset as i64 + delta) as u64, len: q.len }])?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -723,6 +821,88 @@ mod tests {
         }
         let v = s.verify().unwrap();
         assert!(v.ok, "{v:?}");
+    }
+
+    /// A crash leaves records.idx unsynced past the last checkpoint (stale
+    /// or zeroed pages) and perhaps entries past the log: the open rewrites
+    /// every entry after the checkpoint from the log and cuts the rest.
+    #[tokio::test]
+    async fn the_index_past_its_checkpoint_is_rebuilt_from_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = AuditStore::open(dir.path(), clock()).unwrap();
+            for i in 0..20 {
+                let rec = NewRecord::new(RecordKind::Note, "engine", json!({"i": i})).run(&format!("r{}", i % 3));
+                s.append(rec, None).await.unwrap();
+            }
+        }
+        {
+            let (t, _) = open_trees(dir.path()).unwrap();
+            assert_eq!(checkpoint(&t).unwrap(), 20, "a clean close checkpoints everything");
+            t.meta.insert(b"checkpoint", &5u64.to_be_bytes()).unwrap();
+            t.db.flush().unwrap();
+        }
+        let idx = dir.path().join(super::super::positions::IDX_FILE);
+        let mut bytes = std::fs::read(&idx).unwrap();
+        assert_eq!(bytes.len(), 20 * 16);
+        for b in &mut bytes[6 * 16..12 * 16] {
+            *b = 0;
+        }
+        for b in &mut bytes[12 * 16..14 * 16] {
+            *b ^= 0x5a;
+        }
+        let first: [u8; 16] = bytes[..16].try_into().unwrap();
+        bytes.extend_from_slice(&first);
+        std::fs::write(&idx, &bytes).unwrap();
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        assert_eq!(s.head_seq(), 20);
+        for seq in 1..=20 {
+            assert_eq!(s.get(seq).unwrap().unwrap().seq, seq);
+        }
+        assert_eq!(std::fs::metadata(&idx).unwrap().len(), 20 * 16, "the entry past the log is cut");
+        assert_eq!(s.run_records("r1").unwrap().len(), 7);
+        assert!(s.verify().unwrap().ok);
+        let r = s.append(NewRecord::new(RecordKind::Note, "engine", json!({})), None).await.unwrap();
+        assert_eq!(r.seq, 21);
+    }
+
+    /// A store from before records.idx held every record twice, in the log
+    /// and in sled: its first open builds the index from the log and
+    /// empties sled's copy; the chain and every query read as before.
+    #[tokio::test]
+    async fn a_store_with_records_in_sled_gets_its_index_built_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut lines = Vec::new();
+        {
+            let s = AuditStore::open(dir.path(), clock()).unwrap();
+            for i in 0..12 {
+                let rec = NewRecord::new(RecordKind::Note, "engine", json!({"i": i})).run("r1");
+                lines.push(s.append(rec, None).await.unwrap());
+            }
+        }
+        {
+            // As the old format left it: records in sled, no index file, no
+            // checkpoint.
+            let (t, _) = open_trees(dir.path()).unwrap();
+            for r in &lines {
+                t.sled_records.insert(r.seq.to_be_bytes(), serde_json::to_vec(r).unwrap()).unwrap();
+            }
+            t.meta.clear().unwrap();
+            t.db.flush().unwrap();
+        }
+        std::fs::remove_file(dir.path().join(super::super::positions::IDX_FILE)).unwrap();
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        assert!(s.trees.sled_records.is_empty(), "sled's copy is emptied");
+        assert!(matches!(s.trees.records, RecordTable::Log(_)));
+        assert_eq!(checkpoint(&s.trees).unwrap(), 12);
+        assert_eq!(s.head_seq(), 12);
+        assert_eq!(s.run_records("r1").unwrap(), lines);
+        assert!(s.verify().unwrap().ok);
+        let r = s.append(NewRecord::new(RecordKind::Note, "engine", json!({})), None).await.unwrap();
+        assert_eq!(r.seq, 13);
+        drop(s);
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        assert_eq!((s.head_seq(), s.get(13).unwrap().unwrap().hash), (13, r.hash));
     }
 
     #[tokio::test]

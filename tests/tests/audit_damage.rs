@@ -1,9 +1,10 @@
 //! A damaged audit store, as an attacker or a failing disk leaves it: one
-//! flipped byte inside a record in the sled files, or in the record log.
+//! flipped byte in the index (`records.idx`), in sled's files, or inside a
+//! record in the record log (a file store's only copy of each record).
 //! `nightshift audit verify` names the record (it does not hang on sled's
 //! damaged page, nor print an offset that names nothing), and `nightshift
-//! audit salvage --to DIR` builds a store that verifies, holding every other
-//! record, on which the engine starts.
+//! audit salvage --to DIR` builds a store that verifies, holding every
+//! record the log still holds, on which the engine starts.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -77,24 +78,22 @@ fn flip(file: &Path, needle: &[u8]) -> usize {
 }
 
 #[test]
-fn a_flipped_byte_in_sled_is_named_and_salvage_recovers_every_other_record() {
+fn a_flipped_byte_in_the_index_is_named_and_salvage_recovers_every_record() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let head = store_with_records(d);
     let cfg = config(d, "engine.yaml", "data");
-    // Inside a record's JSON in the sled log file, far from the ends.
-    flip(&d.join("data/audit.sled/db"), format!("\"i\":{},", head / 16).as_bytes());
+    // One byte of the entry of a record far from the ends.
+    let target = head / 16;
+    let idx = d.join("data/records.idx");
+    let mut b = std::fs::read(&idx).unwrap();
+    b[((target - 1) * 16 + 2) as usize] ^= 0x01;
+    std::fs::write(&idx, b).unwrap();
     let o = nightshift(d, &cfg, &["audit", "verify"]);
     assert_eq!(o.status.code(), Some(1));
     let text = String::from_utf8_lossy(&o.stdout);
-    // Where sled still opens, verify names the record it cannot read;
-    // where the damage stops sled from opening at all, it says so and that
-    // the record log holds every record, up to the head.
-    if text.contains("cannot be opened") {
-        assert!(text.contains(&format!("the record log holds every record up to {head}")), "{text}");
-    } else {
-        assert!(text.contains("broken: the chain breaks at record"), "{text}");
-    }
+    assert!(text.contains(&format!("broken: the chain breaks at record {target}")), "{text}");
+    assert!(text.contains("records.idx is damaged (checksum mismatch)"), "{text}");
 
     let o = nightshift(d, &cfg, &["audit", "salvage", "--to", "salvaged"]);
     assert_eq!(o.status.code(), Some(0));
@@ -109,14 +108,34 @@ fn a_flipped_byte_in_sled_is_named_and_salvage_recovers_every_other_record() {
     assert_eq!(o.status.code(), Some(0));
 }
 
+/// sled now holds only what is derived (the indexes by run, node and kind,
+/// run summaries, the checkpoint): damage there is rebuilt from the log.
 #[test]
-fn a_flipped_byte_in_the_record_log_is_named_by_line_and_sled_still_has_the_record() {
+fn a_flipped_byte_in_sled_loses_no_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let head = store_with_records(d);
+    let cfg = config(d, "engine.yaml", "data");
+    // Inside the by-run index's keys in the sled log file.
+    flip(&d.join("data/audit.sled/db"), b"r3-");
+    let o = nightshift(d, &cfg, &["audit", "salvage", "--to", "salvaged"]);
+    assert_eq!(o.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains(&format!("salvaged {head} record(s)")), "the record log kept every record: {text}");
+    let o = nightshift(d, &config(d, "engine2.yaml", "salvaged"), &["audit", "verify"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("chain verified up to record {}", head + 1)));
+}
+
+#[test]
+fn a_flipped_byte_in_the_record_log_is_named_by_line_and_salvage_reports_the_record_lost() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let head = store_with_records(d);
     let cfg = config(d, "engine.yaml", "data");
     let log = d.join("data/records.jsonl");
-    flip(&log, format!("\"i\":{},", head / 32).as_bytes());
+    // Every writer's record with this `i`: one line each.
+    let flipped = flip(&log, format!("\"i\":{},", head / 32).as_bytes()) as u64;
     let o = nightshift(d, &cfg, &["audit", "verify"]);
     assert_eq!(o.status.code(), Some(1));
     let text = String::from_utf8_lossy(&o.stdout);
@@ -124,19 +143,20 @@ fn a_flipped_byte_in_the_record_log_is_named_by_line_and_sled_still_has_the_reco
     let o = nightshift(d, &cfg, &["audit", "salvage", "--to", "salvaged"]);
     assert_eq!(o.status.code(), Some(0));
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains(&format!("salvaged {head} record(s)")), "sled kept the damaged line's record: {text}");
-    assert!(text.contains("damaged record log line"), "{text}");
+    // The log is the only copy: the damaged line's record is lost, and said.
+    assert!(text.contains(&format!("salvaged {} record(s)", head - flipped)), "{text}");
+    assert!(text.contains("lost records") && text.contains("damaged record log line"), "{text}");
     let o = nightshift(d, &config(d, "engine2.yaml", "salvaged"), &["audit", "verify"]);
     assert_eq!(o.status.code(), Some(0));
 }
 
 #[test]
-fn a_record_damaged_in_both_copies_is_reported_lost_and_the_rest_verifies() {
+fn an_altered_record_is_reported_lost_and_the_rest_verifies() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let head = store_with_records(d);
     let cfg = config(d, "engine.yaml", "data");
-    // Alter one record in both copies (an attacker editing both files).
+    // Alter one record's line (an attacker editing the file, in place).
     let target = head / 2;
     {
         let store = AuditStore::open(&d.join("data"), Arc::new(SystemClock)).unwrap();
@@ -147,19 +167,6 @@ fn a_record_damaged_in_both_copies_is_reported_lost_and_the_rest_verifies() {
             })
             .unwrap();
     }
-    let log = d.join("data/records.jsonl");
-    let text = std::fs::read_to_string(&log).unwrap();
-    let lines: Vec<String> = text
-        .lines()
-        .map(|l| {
-            if l.starts_with(&format!("{{\"seq\":{target},")) {
-                l.replace("test:audit-writer", "test:audit-wrotex")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect();
-    std::fs::write(&log, lines.join("\n") + "\n").unwrap();
     let o = nightshift(d, &cfg, &["audit", "verify"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("record {target} was altered")));

@@ -305,12 +305,17 @@ fn create_from(
         let w = |e: sled::Error| AuditError::Write(e.to_string());
         for r in records {
             let bytes = serde_json::to_vec(r).map_err(|e| AuditError::Write(e.to_string()))?;
-            t.records.insert(r.seq.to_be_bytes(), bytes).map_err(w)?;
+            // sled's copy, as a store from before records.idx holds it: the
+            // open below writes the record log from it and builds the index.
+            t.sled_records.insert(r.seq.to_be_bytes(), bytes).map_err(w)?;
             if let Some(run) = &r.run {
                 t.by_run.insert(index_key(run, r.seq), &[]).map_err(w)?;
             }
             if let Some(node) = &r.node {
                 t.by_node.insert(index_key(node, r.seq), &[]).map_err(w)?;
+            }
+            if r.kind.indexed_by_kind() {
+                t.by_kind.insert(index_key(r.kind.as_str(), r.seq), &[]).map_err(w)?;
             }
         }
         for s in summaries {
