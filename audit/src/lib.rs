@@ -24,17 +24,29 @@
 //! The writer thread appends a group of lines and fdatasyncs once; the file
 //! grows in zero-filled chunks so that fdatasync writes the data only, and a
 //! crash leaves NUL bytes at the tail, which readers skip. Then the index
-//! thread puts the group in sled and answers the callers: `append` returns
-//! only after the fdatasync (and `append_ordered`'s record is durable before
-//! any later append returns).
+//! thread indexes the group and answers the callers: `append` returns only
+//! after the fdatasync (and `append_ordered`'s record is durable before any
+//! later append returns). The log holds the **only copy** of each record.
 //!
-//! `data_dir/audit.sled` — the index, rebuildable from the log: records by
-//! seq, `run \0 seq`, `node \0 seq`, `kind \0 seq` for the kinds whose state
-//! outlives a replay window, run summaries by id and by creation time. sled
-//! flushes in the background (about every second): on open, a torn last
-//! log line is cut, and every log line sled lacks is replayed into it
-//! (lines that do not continue the chain are cut, never indexed); an index
-//! sled cannot open is set aside and rebuilt from the log.
+//! `data_dir/records.idx` — where each record's line is: 16 bytes a record
+//! at `(seq - 1) × 16` (offset, length, CRC-32; `positions.rs` has the
+//! format). Written with each group, never synced on the append path.
+//!
+//! `data_dir/audit.sled` — what else is derived from the log: `run \0 seq`,
+//! `node \0 seq`, `kind \0 seq` for the kinds whose state outlives a replay
+//! window, run summaries by id and by creation time, and the **checkpoint**
+//! (`meta`): the seq up to which records.idx is synced and these trees are
+//! filled, written about once a second (after an fdatasync of records.idx)
+//! and at a clean close. sled flushes in the background (about every
+//! second). On open, a torn last log line is cut, and every log line past
+//! the checkpoint is indexed again (records.idx and sled; lines that do not
+//! continue the chain are cut, never indexed), and entries past the log's
+//! last record are cut. An index sled cannot open is set aside and rebuilt
+//! from the log; records.idx moved aside is rebuilt from the whole log. A
+//! store from before records.idx (its records in sled as well) gets the
+//! file built from its log at its first open, and sled's copy emptied after
+//! the checkpoint is durable. The bench for why: one sled insert of each
+//! record was half the CPU of an append (docs/BENCHMARKS.md, scenario 5).
 //!
 //! # In PostgreSQL (the HA backend)
 //!
@@ -49,9 +61,10 @@
 //! commit of one statement per group, chained after the stored head and
 //! **fenced**: it reads the lease row `FOR SHARE` and writes only while this
 //! engine's holder and term hold an unexpired lease, so a deposed leader's
-//! late group is refused by the database itself. The local sled copy is
-//! then the engine's index for queries; a standby follows the table into
-//! its own copy.
+//! late group is refused by the database itself. The local sled copy (the
+//! records themselves in sled: there is no local log to point into) is then
+//! the engine's index for queries; a standby follows the table into its own
+//! copy.
 //!
 //! # Recovery
 //!
@@ -63,7 +76,8 @@
 //! # What `verify` proves, and what it cannot
 //!
 //! `verify` walks the whole chain — every `prev_hash` link, every `hash`
-//! recomputed, summaries against their digests, the log against sled — and
+//! recomputed, summaries against their digests; the record log line by line,
+//! then every record again through records.idx — and
 //! names the first record that does not check out. It proves the store is
 //! one unbroken chain from [`GENESIS`]. It cannot prove the chain is the
 //! one that was written: someone able to rewrite the whole store can
@@ -82,10 +96,11 @@
 //! runs, ha, chain          no other module
 //! data                     runs         (typed payloads: what recovery reads back)
 //! log                      chain        (the record log: records.jsonl)
-//! index                    log, ha      (the index thread, sled trees and keys, chaining a group)
+//! index                    log, positions, ha   (the index thread, sled trees and keys, chaining a group)
 //! pipeline                 index, log   (the one group-commit loop; the file log's writer)
 //! pg                       ha, runs     (the chain in PostgreSQL)
 //! pgwriter                 index, pg, pipeline   (the PostgreSQL log's writer)
+//! positions                log          (records.idx: where each record's line is)
 //! verify                   index, log, chain
 //! store                    index, log, pipeline, pgwriter, verify   (AuditStore, the façade)
 //! tools/salvage            index, log, verify, store      (a new store from what checks out)
