@@ -127,13 +127,23 @@ async fn agents_crash_mid_run_and_mid_stream_and_come_back() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(released, "GPU 0 is back at {original} W, found {} W", power_limit(&c, 0).await);
-    let records = engine.run_records(&run).unwrap();
-    assert!(
+    // The agent applies the release before the engine has its answer (and
+    // audits it): wait for the record rather than read once (a loaded full
+    // run read the run's records between the two).
+    let retried = |records: &[nightshift_engine::audit::AuditRecord]| {
         records
             .iter()
-            .any(|r| r.kind == RecordKind::ActionResult && r.data["op"] == "release" && r.data["applied"] == true),
-        "the retried release is on the run's record: {records:?}"
-    );
+            .any(|r| r.kind == RecordKind::ActionResult && r.data["op"] == "release" && r.data["applied"] == true)
+    };
+    let mut records = engine.run_records(&run).unwrap();
+    for _ in 0..100 {
+        if retried(&records) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        records = engine.run_records(&run).unwrap();
+    }
+    assert!(retried(&records), "the retried release is on the run's record: {records:?}");
     let applied: Vec<_> = journal
         .iter()
         .filter_map(|l| match l {
