@@ -691,7 +691,7 @@ impl Indexer {
                 // it is answered as written: what was acknowledged runs, and
                 // what the log lacks was refused. Nothing more is accepted.
                 let e = AuditError::Write(format!(
-                    "the audit index (sled) failed ({e}); the audit store accepts nothing more and the engine has \
+                    "the audit index (records.idx or sled) failed ({e}); the audit store accepts nothing more and the engine has \
                      stopped acting: free space on the engine's data disk and restart the engine (the record log \
                      holds every acknowledged record and replays them)"
                 ));
