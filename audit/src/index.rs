@@ -487,8 +487,11 @@ pub(super) fn local_head(trees: &Trees, path: &Path) -> Result<(u64, String), Au
 /// its next record) by polling, then by sleeping. Waking a sleeping thread
 /// costs tens of µs on a VM, which is the whole gap between one writer and
 /// the disk's fdatasync rate; the poll costs nothing when the store is idle.
-pub(super) fn recv_soon<T>(rx: &std_mpsc::Receiver<T>) -> Option<T> {
-    recv_soon_within(rx, None).ok()
+///
+/// The writer's receive: it polls for [`POLL_MICROS`], then sleeps at most
+/// `wait` (`None`: until a message comes).
+pub(super) fn recv_soon_within<T>(rx: &std_mpsc::Receiver<T>, wait: Option<std::time::Duration>) -> Result<T, NoMsg> {
+    recv_polling(rx, POLL_MICROS, wait)
 }
 
 /// Why [`recv_soon_within`] got no message.
@@ -499,9 +502,14 @@ pub(super) enum NoMsg {
     Closed,
 }
 
-/// [`recv_soon`], sleeping at most `wait` (`None`: until a message comes).
-pub(super) fn recv_soon_within<T>(rx: &std_mpsc::Receiver<T>, wait: Option<std::time::Duration>) -> Result<T, NoMsg> {
-    let until = std::time::Instant::now() + std::time::Duration::from_micros(POLL_MICROS);
+/// The next message, polling `poll_micros` first, then sleeping at most
+/// `wait` (`None`: until a message comes).
+pub(super) fn recv_polling<T>(
+    rx: &std_mpsc::Receiver<T>,
+    poll_micros: u64,
+    wait: Option<std::time::Duration>,
+) -> Result<T, NoMsg> {
+    let until = std::time::Instant::now() + std::time::Duration::from_micros(poll_micros);
     loop {
         match rx.try_recv() {
             Ok(m) => return Ok(m),
@@ -522,6 +530,9 @@ pub(super) fn recv_soon_within<T>(rx: &std_mpsc::Receiver<T>, wait: Option<std::
 
 /// How long [`recv_soon`] polls before it sleeps.
 pub(super) const POLL_MICROS: u64 = 100;
+
+/// How long the index thread polls before it sleeps.
+pub(super) const INDEX_POLL_MICROS: u64 = 400;
 
 /// A group in the record log, on its way to sled and to its callers.
 pub(super) struct Written {
@@ -650,7 +661,10 @@ impl Indexer {
     }
 
     pub(super) fn run(mut self, rx: std_mpsc::Receiver<Written>) {
-        while let Some(w) = recv_soon(&rx) {
+        // The index thread polls for about one fdatasync (the next group
+        // comes no sooner than the writer's next sync): awake when it comes,
+        // so a caller's answer does not wait for this thread to be woken.
+        while let Ok(w) = recv_polling(&rx, INDEX_POLL_MICROS, None) {
             self.index(w);
         }
         if self.failed.is_none() && matches!(self.trees.records, RecordTable::Log(_)) {
