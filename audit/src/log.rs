@@ -65,7 +65,8 @@ pub struct RecordLog {
     allocated: u64,
 }
 
-fn io(path: &Path, e: std::io::Error) -> AuditError {
+/// A file's I/O error, named with its path (records.idx's too).
+pub(super) fn io(path: &Path, e: std::io::Error) -> AuditError {
     AuditError::Write(format!("{}: {e}", path.display()))
 }
 

@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::AuditError;
+use super::log::io;
 
 /// The file's name inside the data dir.
 pub const IDX_FILE: &str = "records.idx";
@@ -86,10 +87,6 @@ pub struct Positions {
     log_path: PathBuf,
     /// Entries in the file: the highest seq it has a slot for.
     count: AtomicU64,
-}
-
-fn io(path: &Path, e: std::io::Error) -> AuditError {
-    AuditError::Write(format!("{}: {e}", path.display()))
 }
 
 impl Positions {
