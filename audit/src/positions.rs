@@ -220,13 +220,12 @@ impl Positions {
     /// Returns the log's last seq.
     pub fn rebuild(&self) -> Result<u64, AuditError> {
         self.cut_after(0)?;
-        let after = 0;
         let len = self.log.metadata().map_err(|e| io(&self.log_path, e))?.len();
         let mut at = 0;
         let mut chunk = vec![0u8; 1 << 20];
         let mut carry: Vec<u8> = Vec::new();
         let mut line_start = at;
-        let mut last = after;
+        let mut last = 0;
         let mut batch: Vec<Position> = Vec::new();
         let mut batch_first = 0u64;
         while at < len {
@@ -238,8 +237,10 @@ impl Positions {
                     continue;
                 }
                 carry.extend_from_slice(&chunk[start..i]);
+                // A later line for the same seq (one written after a damaged
+                // one) takes its slot.
                 if let Some(seq) = record_line_seq(&carry)
-                    && seq > after
+                    && seq > 0
                 {
                     let p = Position { offset: line_start, len: carry.len() as u32 };
                     if batch.is_empty() || batch_first + batch.len() as u64 != seq {
