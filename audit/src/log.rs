@@ -65,6 +65,12 @@ pub struct RecordLog {
     allocated: u64,
 }
 
+/// Open `path` to read and write, creating it when missing, never
+/// truncating it (the record log, and records.idx beside it).
+pub(super) fn open_rw(path: &Path) -> Result<File, AuditError> {
+    OpenOptions::new().create(true).read(true).write(true).truncate(false).open(path).map_err(|e| io(path, e))
+}
+
 /// A file's I/O error, named with its path (records.idx's too).
 pub(super) fn io(path: &Path, e: std::io::Error) -> AuditError {
     AuditError::Write(format!("{}: {e}", path.display()))
@@ -124,13 +130,7 @@ impl RecordLog {
         may_cut: bool,
     ) -> Result<(RecordLog, Vec<Replay>), AuditError> {
         let path = dir.join(LOG_FILE);
-        let mut file = OpenOptions::new()
-            .create(true)
-            .read(true)
-            .write(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| io(&path, e))?;
+        let mut file = open_rw(&path)?;
         let allocated = file.metadata().map_err(|e| io(&path, e))?.len();
         let mut log = RecordLog {
             file: file.try_clone().map_err(|e| io(&path, e))?,

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::AuditError;
-use super::log::io;
+use super::log::{io, open_rw};
 
 /// The file's name inside the data dir.
 pub const IDX_FILE: &str = "records.idx";
@@ -94,13 +94,7 @@ impl Positions {
     pub fn open(dir: &Path) -> Result<Positions, AuditError> {
         let path = dir.join(IDX_FILE);
         let log_path = dir.join(super::LOG_FILE);
-        let idx = OpenOptions::new()
-            .create(true)
-            .read(true)
-            .write(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| io(&path, e))?;
+        let idx = open_rw(&path)?;
         let log =
             OpenOptions::new().create(true).read(true).append(true).open(&log_path).map_err(|e| io(&log_path, e))?;
         let len = idx.metadata().map_err(|e| io(&path, e))?.len();

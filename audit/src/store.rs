@@ -553,7 +553,7 @@ impl AuditStore {
     /// Tests only: overwrite the stored bytes of record `seq` with `f(bytes)`,
     /// as an attacker with disk access would: in sled's copy (PostgreSQL's
     /// local copy), or in the record log's line (a file store's only copy;
-    /// `records.idx` is rebuilt after it, as an open would).
+    /// the entries of `records.idx` after it move with it).
     #[doc(hidden)]
     pub fn tamper_for_tests(&self, seq: u64, f: impl FnOnce(&mut Vec<u8>)) -> Result<(), AuditError> {
         match &self.trees.records {
