@@ -11,15 +11,19 @@ use std::sync::mpsc as std_mpsc;
 
 use tokio::sync::{broadcast, oneshot};
 
+use super::encode::Prepared;
 use super::log::{RecordLog, Replay};
 use super::positions::{Position, Positions};
 use super::*;
 
 pub(super) struct WriteReq {
-    pub(super) rec: NewRecord,
-    pub(super) summary: Option<RunSummary>,
-    pub(super) ack: oneshot::Sender<Result<AuditRecord, AuditError>>,
+    /// The record as its caller prepared it (`encode.rs`).
+    pub(super) prep: Prepared,
+    pub(super) ack: Ack,
 }
+
+/// Where a caller hears that its record is durable (or why not).
+pub(super) type Ack = oneshot::Sender<Result<AuditRecord, AuditError>>;
 
 /// What the writer thread is asked to do. Not boxed: that would cost an
 /// allocation on every append, for a message (`Lead`) sent once a term.
@@ -161,11 +165,11 @@ impl std::fmt::Debug for PgOptions {
 }
 
 /// Answers one append and counts it off.
-pub(super) fn answer(pending: &std::sync::atomic::AtomicU64, req: WriteReq, r: Result<AuditRecord, AuditError>) {
+pub(super) fn answer(pending: &std::sync::atomic::AtomicU64, ack: Ack, r: Result<AuditRecord, AuditError>) {
     // Counted out before the answer goes: whoever the answer wakes sees the
     // count without it (the record is already indexed or refused).
     pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    let _ = req.ack.send(r);
+    let _ = ack.send(r);
 }
 
 /// One record as sled indexes it.
@@ -534,18 +538,19 @@ pub(super) const POLL_MICROS: u64 = 100;
 /// How long the index thread polls before it sleeps.
 pub(super) const INDEX_POLL_MICROS: u64 = 400;
 
+/// The index thread polls only after a group smaller than this: after a
+/// larger one the next group is large too, and the thread's yields would
+/// take the CPU its writers need (a plain sleep was faster at 64 writers).
+pub(super) const INDEX_POLL_UNDER: usize = 16;
+
 /// A group in the record log, on its way to sled and to its callers.
 pub(super) struct Written {
-    pub(super) records: Vec<AuditRecord>,
-    pub(super) bytes: Vec<Vec<u8>>,
-    pub(super) summaries: Vec<Option<Vec<u8>>>,
-    /// Each summary's run id and creation time.
-    pub(super) meta: Vec<Option<(String, i64)>>,
+    /// The records with their lines, summaries and callers (none for
+    /// records read from the database).
+    pub(super) chain: Chain,
     /// Each record's line in the record log (the file backend; empty for
     /// records from the database).
     pub(super) positions: Vec<Position>,
-    /// The callers to answer (none for records read from the database).
-    pub(super) batch: Vec<WriteReq>,
 }
 
 /// The second stage: indexes a durable group in sled, then acknowledges
@@ -587,49 +592,47 @@ pub(super) fn stopped_with(stopped: &Stopped) -> Option<AuditError> {
     stopped.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
+/// A group chained after record `seq` (hash `hash`) at time `now`, its
+/// lines in one buffer: what [`chain`] gives the log to write.
+pub(super) struct Chain {
+    pub(super) records: Vec<AuditRecord>,
+    /// The group's lines, as the record log holds them.
+    pub(super) lines: Vec<u8>,
+    /// Where each record's line is in `lines`.
+    pub(super) ranges: Vec<std::ops::Range<usize>>,
+    /// The exact bytes of the summaries they vouch for.
+    pub(super) summaries: Vec<Option<Vec<u8>>>,
+    /// Each summary's run id and creation time.
+    pub(super) meta: Vec<Option<(String, i64)>>,
+    /// The callers to answer, in order.
+    pub(super) acks: Vec<Ack>,
+}
+
 /// Chain a group of requests after record `seq` (hash `hash`) at time
-/// `now`: the records, the exact bytes of the summaries they vouch for,
-/// and each summary's run id and creation time.
-#[allow(clippy::type_complexity)]
-pub(super) fn chain(
-    seq: u64,
-    hash: &str,
-    now: i64,
-    batch: &[WriteReq],
-) -> (Vec<AuditRecord>, Vec<Option<Vec<u8>>>, Vec<Option<(String, i64)>>) {
-    let mut records = Vec::with_capacity(batch.len());
-    let mut summaries: Vec<Option<Vec<u8>>> = Vec::with_capacity(batch.len());
-    let (mut seq, mut prev) = (seq, hash.to_string());
+/// `now`. The callers prepared their records' bytes (`encode.rs`): this
+/// streams each hash and copies each line together.
+pub(super) fn chain(seq: u64, hash: &str, now: i64, batch: Vec<WriteReq>) -> Chain {
+    let n = batch.len();
+    let mut c = Chain {
+        records: Vec::with_capacity(n),
+        lines: Vec::with_capacity(n * 400),
+        ranges: Vec::with_capacity(n),
+        summaries: Vec::with_capacity(n),
+        meta: Vec::with_capacity(n),
+        acks: Vec::with_capacity(n),
+    };
+    let mut seq = seq;
     for req in batch {
         seq += 1;
-        // A record that changes a run's summary carries the summary's
-        // hash, so the chain vouches for the timeline too.
-        let summary = req.summary.as_ref().map(|s| serde_json::to_vec(s).unwrap_or_default());
-        let mut data = req.rec.data.clone();
-        if let (Some(bytes), Some(obj)) = (&summary, data.as_object_mut()) {
-            obj.insert("summary_sha256".into(), Value::String(sha256_hex(bytes)));
-        }
-        summaries.push(summary);
-        let mut r = AuditRecord {
-            seq,
-            ts_ms: now,
-            kind: req.rec.kind,
-            run: req.rec.run.clone(),
-            node: req.rec.node.clone(),
-            gpu: req.rec.gpu,
-            runbook: req.rec.runbook.clone(),
-            actor: req.rec.actor.clone(),
-            data,
-            prev_hash: prev.clone(),
-            hash: String::new(),
-            v: Some(super::CHAIN_VERSION),
-        };
-        r.hash = r.compute_hash();
-        prev = r.hash.clone();
-        records.push(r);
+        let prev = c.records.last().map_or(hash, |r: &AuditRecord| r.hash.as_str());
+        let chained = req.prep.chain(seq, now, prev, &mut c.lines);
+        c.records.push(chained.record);
+        c.ranges.push(chained.line);
+        c.summaries.push(chained.summary);
+        c.meta.push(chained.meta);
+        c.acks.push(req.ack);
     }
-    let meta = batch.iter().map(|r| r.summary.as_ref().map(|s| (s.id.clone(), s.created_ms))).collect();
-    (records, summaries, meta)
+    c
 }
 
 /// The index thread's state and the handles the store keeps to it: the
@@ -664,7 +667,9 @@ impl Indexer {
         // The index thread polls for about one fdatasync (the next group
         // comes no sooner than the writer's next sync): awake when it comes,
         // so a caller's answer does not wait for this thread to be woken.
-        while let Ok(w) = recv_polling(&rx, INDEX_POLL_MICROS, None) {
+        let mut last = 1usize;
+        while let Ok(w) = recv_polling(&rx, if last < INDEX_POLL_UNDER { INDEX_POLL_MICROS } else { 0 }, None) {
+            last = w.chain.records.len();
             self.index(w);
         }
         if self.failed.is_none() && matches!(self.trees.records, RecordTable::Log(_)) {
@@ -680,20 +685,21 @@ impl Indexer {
 
     pub(super) fn index(&mut self, w: Written) {
         if self.failed.is_none() {
-            let items: Vec<Indexed<'_>> = w
+            let c = &w.chain;
+            let items: Vec<Indexed<'_>> = c
                 .records
                 .iter()
-                .zip(&w.meta)
-                .zip(&w.summaries)
-                .zip(&w.bytes)
+                .zip(&c.meta)
+                .zip(&c.summaries)
+                .zip(&c.ranges)
                 .enumerate()
-                .map(|(i, (((r, meta), summary), b))| Indexed {
+                .map(|(i, (((r, meta), summary), range))| Indexed {
                     seq: r.seq,
                     position: w.positions.get(i).copied(),
                     kind: r.kind,
                     run: r.run.as_deref(),
                     node: r.node.as_deref(),
-                    bytes: b,
+                    bytes: &c.lines[range.clone()],
                     summary: meta
                         .as_ref()
                         .zip(summary.as_deref())
@@ -714,7 +720,7 @@ impl Indexer {
                 self.failed = Some(e);
             } else if matches!(self.trees.records, RecordTable::Log(_))
                 && self.checkpointed.elapsed() >= CHECKPOINT_EVERY
-                && let Some(last) = w.records.last()
+                && let Some(last) = w.chain.records.last()
             {
                 // Not fatal: the log holds every record; a later open replays
                 // more of it.
@@ -724,14 +730,18 @@ impl Indexer {
                 self.checkpointed = std::time::Instant::now();
             }
         }
-        if let Some(last) = w.records.last() {
+        if let Some(last) = w.chain.records.last() {
             self.head.store(last.seq, std::sync::atomic::Ordering::SeqCst);
         }
-        let mut batch = w.batch.into_iter();
-        for r in w.records {
-            let _ = self.live.send(Arc::new(r.clone()));
-            if let Some(req) = batch.next() {
-                answer(&self.pending, req, Ok(r));
+        let mut acks = w.chain.acks.into_iter();
+        // The live tail gets its copy only while someone listens.
+        let live = self.live.receiver_count() > 0;
+        for r in w.chain.records {
+            if live {
+                let _ = self.live.send(Arc::new(r.clone()));
+            }
+            if let Some(ack) = acks.next() {
+                answer(&self.pending, ack, Ok(r));
             }
         }
     }

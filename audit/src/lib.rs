@@ -95,14 +95,15 @@
 //! ```text
 //! runs, ha, chain          no other module
 //! data                     runs         (typed payloads: what recovery reads back)
+//! encode                   runs         (a record's hash input and log line, prepared by its caller)
 //! log                      chain        (the record log: records.jsonl)
-//! index                    log, positions, ha   (the index thread, sled trees and keys, chaining a group)
+//! index                    encode, log, positions, ha   (the index thread, sled trees and keys, chaining a group)
 //! pipeline                 index, log   (the one group-commit loop; the file log's writer)
 //! pg                       ha, runs     (the chain in PostgreSQL)
 //! pgwriter                 index, pg, pipeline   (the PostgreSQL log's writer)
 //! positions                log          (records.idx: where each record's line is)
 //! verify                   index, log, chain
-//! store                    index, log, pipeline, pgwriter, verify   (AuditStore, the façade)
+//! store                    encode, index, log, pipeline, pgwriter, verify   (AuditStore, the façade)
 //! tools/salvage            index, log, verify, store      (a new store from what checks out)
 //! tools/migrate            pg, store, log                 (a record log into PostgreSQL)
 //! ```
@@ -110,6 +111,7 @@
 
 mod chain;
 pub mod data;
+mod encode;
 pub mod ha;
 mod index;
 mod log;

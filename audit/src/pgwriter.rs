@@ -24,7 +24,7 @@ use std::time::Duration;
 use nightshift_proto::clock::SharedClock;
 use tokio_postgres::Client;
 
-use super::index::{Indexer, Msg, PgOptions, Trees, WriteReq, Written, answer, chain, local_head};
+use super::index::{Ack, Indexer, Msg, PgOptions, Trees, WriteReq, Written, answer, chain, local_head};
 use super::pg::{self, PgAuditError};
 use super::{AuditError, GENESIS, VerifyReport};
 
@@ -128,7 +128,8 @@ pub(super) fn run(
         }
     }
     let to_index = w.to_index.clone();
-    super::pipeline::run(&mut w, &rx, &to_index);
+    let pending = w.pending.clone();
+    super::pipeline::run(&mut w, &rx, &to_index, &pending);
     drop(to_index);
     drop(w);
     let _ = second.join();
@@ -220,13 +221,13 @@ impl PgWriter {
                 return Ok(());
             }
             let n = page.len() as i64;
-            let mut w = Written {
+            let mut c = super::index::Chain {
                 records: vec![],
-                bytes: vec![],
+                lines: vec![],
+                ranges: vec![],
                 summaries: vec![],
                 meta: vec![],
-                positions: vec![],
-                batch: vec![],
+                acks: vec![],
             };
             for (r, summary) in page {
                 if r.seq != self.seq + 1 || r.prev_hash != self.hash {
@@ -240,12 +241,14 @@ impl PgWriter {
                     .and_then(|b| serde_json::from_slice::<crate::runs::RunSummary>(b).ok())
                     .map(|s| (s.id, s.created_ms));
                 (self.seq, self.hash) = (r.seq, r.hash.clone());
-                w.bytes.push(serde_json::to_vec(&r).unwrap_or_default());
-                w.records.push(r);
-                w.summaries.push(summary);
-                w.meta.push(meta);
+                let start = c.lines.len();
+                let _ = serde_json::to_writer(&mut c.lines, &r);
+                c.ranges.push(start..c.lines.len());
+                c.records.push(r);
+                c.summaries.push(summary);
+                c.meta.push(meta);
             }
-            if self.to_index.send(w).is_err() {
+            if self.to_index.send(Written { chain: c, positions: vec![] }).is_err() {
                 return Err(AuditError::Closed);
             }
             if n < FOLLOW_PAGE {
@@ -265,9 +268,9 @@ impl PgWriter {
         Ok(self.seq)
     }
 
-    fn refuse(&self, batch: Vec<WriteReq>, e: AuditError) -> Option<Written> {
-        for req in batch {
-            answer(&self.pending, req, Err(e.clone()));
+    fn refuse(&self, acks: impl IntoIterator<Item = Ack>, e: AuditError) -> Option<Written> {
+        for ack in acks {
+            answer(&self.pending, ack, Err(e.clone()));
         }
         None
     }
@@ -281,7 +284,7 @@ impl PgWriter {
             self.failed = Some(e);
         }
         if let Some(e) = &self.failed {
-            return self.refuse(batch, e.clone());
+            return self.refuse(batch.into_iter().map(|r| r.ack), e.clone());
         }
         let held = self.pg.leadership.term();
         let term = match (self.leading, held) {
@@ -289,18 +292,18 @@ impl PgWriter {
             (Some(_), _) => {
                 let e = AuditError::Deposed("the lease moved on".into());
                 self.failed = Some(e.clone());
-                return self.refuse(batch, e);
+                return self.refuse(batch.into_iter().map(|r| r.ack), e);
             }
             (None, _) => {
                 let leader = self.pg.leadership.leader().map_or("no leader is known yet".to_string(), |l| {
                     format!("the leader is {} at term {}", l.holder, l.term)
                 });
-                return self.refuse(batch, AuditError::NotLeader(leader));
+                return self.refuse(batch.into_iter().map(|r| r.ack), AuditError::NotLeader(leader));
             }
         };
-        let (records, summaries, meta) = chain(self.seq, &self.hash, self.clock.now_ms(), &batch);
-        let logged: Vec<super::LoggedRecord> = records.iter().cloned().zip(summaries.iter().cloned()).collect();
-        let last = records.last().map(|r| (r.seq, r.hash.clone()))?;
+        let c = chain(self.seq, &self.hash, self.clock.now_ms(), batch);
+        let logged: Vec<super::LoggedRecord> = c.records.iter().cloned().zip(c.summaries.iter().cloned()).collect();
+        let last = c.records.last().map(|r| (r.seq, r.hash.clone()))?;
         let shard = self.pg.shard.clone();
         let lease = self.pg.leadership.cfg.clone();
         let mut attempt = 0u32;
@@ -308,7 +311,7 @@ impl PgWriter {
             if self.pg.leadership.term() != Some(term) {
                 let e = AuditError::Deposed("the lease was lost while the database could not be reached".into());
                 self.failed = Some(e.clone());
-                return self.refuse(batch, e);
+                return self.refuse(c.acks, e);
             }
             let result = match self.connect().map(|_| ()) {
                 Err(e) => Err((true, e)),
@@ -356,13 +359,12 @@ impl PgWriter {
                     // (and exits), so a standby or its own restart takes over.
                     self.pg.leadership.depose(e.to_string());
                     self.failed = Some(e.clone());
-                    return self.refuse(batch, e);
+                    return self.refuse(c.acks, e);
                 }
             }
         }
         (self.seq, self.hash) = last;
-        let bytes = records.iter().map(|r| serde_json::to_vec(r).unwrap_or_default()).collect();
-        Some(Written { records, bytes, summaries, meta, positions: Vec::new(), batch })
+        Some(Written { chain: c, positions: Vec::new() })
     }
 }
 

@@ -8,14 +8,15 @@
 //! (a PostgreSQL standby follows the database).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nightshift_proto::clock::SharedClock;
 
 use super::AuditError;
 use super::index::{Msg, NoMsg, Stopped, WriteReq, Written, answer, chain, recv_soon_within, stop, stopped_with};
-use super::log::{RecordLog, encode_lines};
+use super::log::RecordLog;
 use super::positions::Position;
 
 /// The most requests one group takes.
@@ -39,9 +40,32 @@ pub(super) trait GroupLog {
     fn idle(&mut self) {}
 }
 
+/// How long a group waits for the appends it expects (see [`run`]).
+const GATHER: Duration = Duration::from_micros(60);
+
+/// A group waits only when it expects at most this many appends: more
+/// writers than that fill the next group while this one syncs, and the
+/// wait would cost the CPU they need (docs/BENCHMARKS.md, scenario 5).
+const GATHER_UP_TO: usize = 16;
+
 /// The loop: until every sender is gone (the store closed) or the index
 /// thread stopped.
-pub(super) fn run(log: &mut dyn GroupLog, rx: &std_mpsc::Receiver<Msg>, to_index: &std_mpsc::SyncSender<Written>) {
+///
+/// A group takes what waits, and then — for at most [`GATHER`] — the
+/// appends it expects: as many as the group before it had, or as many as
+/// are not yet answered (`pending`), whichever is more, when that is at
+/// most [`GATHER_UP_TO`]. Without that wait, a few writers who each await
+/// their append split into two groups that take turns (one syncs while the
+/// other's callers are being answered), each sync carrying about half of
+/// them; with it, they come back in time to share one. One writer expects
+/// one append and never waits.
+pub(super) fn run(
+    log: &mut dyn GroupLog,
+    rx: &std_mpsc::Receiver<Msg>,
+    to_index: &std_mpsc::SyncSender<Written>,
+    pending: &AtomicU64,
+) {
+    let mut last_group = 0usize;
     loop {
         let first = match recv_soon_within(rx, log.idle_every()) {
             Err(NoMsg::Closed) => return,
@@ -55,8 +79,15 @@ pub(super) fn run(log: &mut dyn GroupLog, rx: &std_mpsc::Receiver<Msg>, to_index
             }
             Ok(Msg::Write(w)) => w,
         };
-        let mut batch = vec![first];
+        let waiting = pending.load(Ordering::SeqCst) as usize;
+        let mut batch = Vec::with_capacity(waiting.max(last_group).clamp(1, MAX_GROUP));
+        batch.push(first);
         let mut lead = None;
+        let mut expect = last_group.max(waiting);
+        if expect > GATHER_UP_TO {
+            expect = 0;
+        }
+        let until = Instant::now() + GATHER;
         while batch.len() < MAX_GROUP {
             match rx.try_recv() {
                 Ok(Msg::Write(r)) => batch.push(r),
@@ -65,9 +96,13 @@ pub(super) fn run(log: &mut dyn GroupLog, rx: &std_mpsc::Receiver<Msg>, to_index
                     lead = Some(m);
                     break;
                 }
+                Err(std_mpsc::TryRecvError::Empty) if batch.len() < expect && Instant::now() < until => {
+                    std::thread::yield_now()
+                }
                 Err(_) => break,
             }
         }
+        last_group = batch.len();
         if let Some(w) = log.commit(batch)
             && to_index.send(w).is_err()
         {
@@ -89,7 +124,7 @@ pub(super) struct FileLog {
     /// The first failed log write: every later append fails with it, so a
     /// record appended in order is never missing behind a later one.
     pub(super) failed: Option<AuditError>,
-    pub(super) pending: Arc<std::sync::atomic::AtomicU64>,
+    pub(super) pending: Arc<AtomicU64>,
     pub(super) stopped: Stopped,
 }
 
@@ -102,28 +137,20 @@ impl GroupLog for FileLog {
         }
         if let Some(e) = &self.failed {
             for req in batch {
-                answer(&self.pending, req, Err(e.clone()));
+                answer(&self.pending, req.ack, Err(e.clone()));
             }
             return None;
         }
-        let (records, summaries, meta) = chain(self.seq, &self.hash, self.clock.now_ms(), &batch);
-        let (seq, prev) = records.last().map_or((self.seq, self.hash.clone()), |r| (r.seq, r.hash.clone()));
-        // Serialize once: the same bytes go to the log and to sled.
-        let mut bytes = Vec::with_capacity(records.len());
-        let mut positions = Vec::with_capacity(records.len());
-        let mut buf = Vec::with_capacity(records.len() * 512);
+        let c = chain(self.seq, &self.hash, self.clock.now_ms(), batch);
+        let (seq, prev) = c.records.last().map_or((self.seq, self.hash.clone()), |r| (r.seq, r.hash.clone()));
         let base = self.log.len();
-        for (r, summary) in records.iter().zip(&summaries) {
-            let b = serde_json::to_vec(r).unwrap_or_default();
-            positions.push(Position { offset: base + buf.len() as u64, len: b.len() as u32 });
-            encode_lines(&mut buf, &b, r.seq, summary.as_deref());
-            bytes.push(b);
-        }
-        match self.log.append_bytes(&buf) {
+        let positions =
+            c.ranges.iter().map(|r| Position { offset: base + r.start as u64, len: r.len() as u32 }).collect();
+        match self.log.append_bytes(&c.lines) {
             Ok(()) => {
                 self.seq = seq;
                 self.hash = prev;
-                Some(Written { records, bytes, summaries, meta, positions, batch })
+                Some(Written { chain: c, positions })
             }
             Err(e) => {
                 tracing::error!(error = %e, "audit write failed: no more appends are accepted until a restart");
@@ -131,8 +158,8 @@ impl GroupLog for FileLog {
                     "the record log could not be written ({e}); the audit store accepts nothing more and the engine has stopped \
                      acting: free space on the engine's data disk (or fix it) and restart the engine"
                 ));
-                for req in batch {
-                    answer(&self.pending, req, Err(e.clone()));
+                for ack in c.acks {
+                    answer(&self.pending, ack, Err(e.clone()));
                 }
                 stop(&self.stopped, &e);
                 self.failed = Some(e);
@@ -163,7 +190,8 @@ impl FileLog {
                 return;
             }
         };
-        run(&mut self, &rx, &tx);
+        let pending = self.pending.clone();
+        run(&mut self, &rx, &tx, &pending);
         drop(tx);
         let _ = second.join();
         if let Err(e) = self.log.close() {

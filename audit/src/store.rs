@@ -10,6 +10,7 @@ use tokio::sync::{broadcast, oneshot};
 
 use nightshift_proto::clock::SharedClock;
 
+use super::encode::Prepared;
 use super::index::*;
 use super::log::RecordLog;
 use super::pipeline::FileLog;
@@ -246,7 +247,7 @@ impl AuditStore {
     /// Append a record (and optionally the run summary it changes) durably.
     pub async fn append(&self, rec: NewRecord, summary: Option<RunSummary>) -> Result<AuditRecord, AuditError> {
         let (ack, rx) = oneshot::channel();
-        self.writer.send(WriteReq { rec, summary, ack })?;
+        self.writer.send(WriteReq { prep: Prepared::new(rec, summary.as_ref()), ack })?;
         rx.await.map_err(|_| AuditError::Closed)?
     }
 
@@ -258,7 +259,7 @@ impl AuditStore {
     /// automatic run: event, queued, started — then the awaited intent).
     pub fn append_ordered(&self, rec: NewRecord, summary: Option<RunSummary>) -> Result<(), AuditError> {
         let (ack, _) = oneshot::channel();
-        self.writer.send(WriteReq { rec, summary, ack })
+        self.writer.send(WriteReq { prep: Prepared::new(rec, summary.as_ref()), ack })
     }
 
     /// `append_ordered`, with a way to learn when the record (and so every
@@ -269,14 +270,14 @@ impl AuditStore {
         summary: Option<RunSummary>,
     ) -> Result<impl std::future::Future<Output = Result<AuditRecord, AuditError>> + Send + 'static, AuditError> {
         let (ack, rx) = oneshot::channel();
-        self.writer.send(WriteReq { rec, summary, ack })?;
+        self.writer.send(WriteReq { prep: Prepared::new(rec, summary.as_ref()), ack })?;
         Ok(async move { rx.await.map_err(|_| AuditError::Closed)? })
     }
 
     /// `append` for blocking threads (runbook scripts).
     pub fn append_blocking(&self, rec: NewRecord, summary: Option<RunSummary>) -> Result<AuditRecord, AuditError> {
         let (ack, rx) = oneshot::channel();
-        self.writer.send(WriteReq { rec, summary, ack })?;
+        self.writer.send(WriteReq { prep: Prepared::new(rec, summary.as_ref()), ack })?;
         rx.blocking_recv().map_err(|_| AuditError::Closed)?
     }
 

@@ -646,6 +646,11 @@ pub struct BenchArgs {
     /// `scripts/bench-postgres` starts a throwaway one and passes it.
     #[arg(long, env = "NIGHTSHIFT_BENCH_POSTGRES", hide_env_values = true)]
     pub postgres: Option<String>,
+    /// SQLite's durable rows per second with 8 threads on the same disk
+    /// (`scripts/bench-sqlite` prints it): scenario 5's 8-writer target is
+    /// ten times that. Without it that figure is not compared.
+    #[arg(long, value_name = "ROWS_PER_S", value_parser = positive_rate)]
+    pub sqlite_8_rows_per_s: Option<f64>,
     /// Leader kills for the failover scenario (9).
     #[arg(long)]
     pub ha_kills: Option<usize>,
@@ -653,6 +658,14 @@ pub struct BenchArgs {
     /// samples) instead of a day.
     #[arg(long)]
     pub full: bool,
+}
+
+/// A rate: a finite number above zero.
+fn positive_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("expected a number of rows per second above zero, found {s:?}")),
+    }
 }
 
 #[cfg(test)]
