@@ -28,6 +28,13 @@
 //! after the fdatasync (and `append_ordered`'s record is durable before any
 //! later append returns). The log holds the **only copy** of each record.
 //!
+//! The writer thread does as little as it can, since the chain makes its
+//! work serial: each caller's task prepares its record's canonical bytes
+//! and line but for `seq`, `ts_ms` and `prev_hash` (`encode.rs`), and the
+//! writer streams SHA-256 over them with those spliced in. A group of a few
+//! writers waits up to 60 µs for the appends it expects (`pipeline.rs`), so
+//! they share one fdatasync rather than taking turns.
+//!
 //! `data_dir/records.idx` — where each record's line is: 16 bytes a record
 //! at `(seq - 1) × 16` (offset, length, CRC-32; `positions.rs` has the
 //! format). Written with each group, never synced on the append path.

@@ -721,4 +721,21 @@ mod help_tests {
         walk(&Cli::command(), "nightshift", &mut missing);
         assert!(missing.is_empty(), "arguments without help: {missing:#?}");
     }
+
+    /// `bench --sqlite-8-rows-per-s` takes a rate: a finite number above
+    /// zero, and says what it found otherwise.
+    #[test]
+    fn a_reference_rate_is_a_positive_finite_number() {
+        for (input, want) in [
+            ("4869", Ok(4869.0)),
+            ("4869.5", Ok(4869.5)),
+            ("0", Err("expected a number of rows per second above zero, found \"0\"")),
+            ("-3", Err("expected a number of rows per second above zero, found \"-3\"")),
+            ("NaN", Err("expected a number of rows per second above zero, found \"NaN\"")),
+            ("inf", Err("expected a number of rows per second above zero, found \"inf\"")),
+            ("fast", Err("expected a number of rows per second above zero, found \"fast\"")),
+        ] {
+            assert_eq!(positive_rate(input), want.map_err(String::from), "{input}");
+        }
+    }
 }
