@@ -527,20 +527,7 @@ mod tests {
     use crate::{AuditRecord, NewRecord};
 
     fn stored(rec: NewRecord) -> AuditRecord {
-        AuditRecord {
-            seq: 7,
-            ts_ms: 1,
-            kind: rec.kind,
-            run: rec.run,
-            node: rec.node,
-            gpu: rec.gpu,
-            runbook: rec.runbook,
-            actor: rec.actor,
-            data: rec.data,
-            prev_hash: String::new(),
-            hash: String::new(),
-            v: Some(2),
-        }
+        AuditRecord { seq: 7, ts_ms: 1, ..rec.unchained() }
     }
 
     /// What is written is what is read.

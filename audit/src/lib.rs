@@ -252,6 +252,25 @@ impl NewRecord {
         NewRecord { kind, run: None, node: None, gpu: None, runbook: None, actor: actor.into(), data }
     }
 
+    /// The record before the writer chains it: `seq`, `ts_ms`, `prev_hash`
+    /// and `hash` not yet set, the current chain version.
+    pub(crate) fn unchained(self) -> AuditRecord {
+        AuditRecord {
+            seq: 0,
+            ts_ms: 0,
+            kind: self.kind,
+            run: self.run,
+            node: self.node,
+            gpu: self.gpu,
+            runbook: self.runbook,
+            actor: self.actor,
+            data: self.data,
+            prev_hash: String::new(),
+            hash: String::new(),
+            v: Some(CHAIN_VERSION),
+        }
+    }
+
     /// A record with a typed payload (`data.rs`): what recovery reads back
     /// is written only this way.
     pub fn typed<P: data::Payload>(kind: RecordKind, actor: &str, payload: &P) -> NewRecord {
