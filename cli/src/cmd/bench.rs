@@ -313,6 +313,33 @@ struct Fleet {
     _dir: tempfile::TempDir,
     dir: PathBuf,
     key: Arc<nightshift_proto::ssh::keys::PrivateKey>,
+    /// Its engines' data dirs (on the disk, not beside the fleet's state).
+    data_dirs: DataDirs,
+}
+
+/// Data dirs made for a fleet's engines, removed with the fleet: an
+/// engine holds its data dir by path, so these are plain paths rather than
+/// `TempDir`s (kept, they were left behind: 15 in `/tmp` a bench run).
+#[derive(Default)]
+struct DataDirs(std::sync::Mutex<Vec<PathBuf>>);
+
+impl DataDirs {
+    /// A new empty dir under `root`, removed when the fleet goes.
+    fn make(&self, root: &Path, prefix: &str) -> Result<PathBuf> {
+        let dir = tempfile::Builder::new().prefix(prefix).tempdir_in(root)?.keep();
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(dir.clone());
+        Ok(dir)
+    }
+}
+
+impl Drop for DataDirs {
+    fn drop(&mut self) {
+        for dir in self.0.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "bench: an engine's data dir was not removed");
+            }
+        }
+    }
 }
 
 /// Start `n` sim agents over SSH on loopback; their state (journal fsyncs)
@@ -340,7 +367,7 @@ async fn fleet(n: usize, gpus: u32, interval_ms: u64, state_root: &Path) -> Resu
         let s = runtime::start_with(&cfg, backend, clock.clone()).await?;
         agents.push((name, s));
     }
-    Ok(Fleet { agents, _dir: tmp, dir, key: Arc::new(key) })
+    Ok(Fleet { agents, _dir: tmp, dir, key: Arc::new(key), data_dirs: DataDirs::default() })
 }
 
 impl Fleet {
@@ -364,7 +391,7 @@ impl Fleet {
             ));
         }
         std::fs::write(self.dir.join("fleet.yaml"), fleet)?;
-        let data = tempfile::Builder::new().prefix("nightshift-bench-engine").tempdir_in(data_root)?.keep();
+        let data = self.data_dirs.make(data_root, "nightshift-bench-engine")?;
         let text = format!(
             "version: 1\nlisten_addr: 127.0.0.1:0\ndata_dir: {}\nrunbook_dir: runbooks\ninventory_path: fleet.yaml\nengine_key_path: engine_key\nlimits: {{queue_capacity: 10000, max_concurrent_runs: 256, max_drained_pct: 100}}\ntelemetry: {{interval_ms: {interval_ms}}}\nauth: {{allow_anonymous: admin}}\n",
             data.display()
@@ -1450,7 +1477,7 @@ async fn failover_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
     let mut engines: Vec<(String, PathBuf, Option<std::process::Child>)> = Vec::new();
     for name in ["a", "b"] {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let data = tempfile::Builder::new().prefix("nightshift-bench-ha").tempdir_in(&ctx.disk)?.keep();
+        let data = fleet.data_dirs.make(&ctx.disk, "nightshift-bench-ha")?;
         let text = base
             .replace("listen_addr: 127.0.0.1:0", &format!("listen_addr: 127.0.0.1:{port}"))
             .replace(
