@@ -369,6 +369,7 @@ impl PgWriter {
 }
 
 impl super::pipeline::GroupLog for PgWriter {
+    type Group = Written;
     fn commit(&mut self, batch: Vec<WriteReq>) -> Option<Written> {
         self.commit_group(batch)
     }
