@@ -212,11 +212,18 @@ impl GroupLog for FileLog {
                     d.busy.fetch_add(1, Ordering::SeqCst);
                     return Some(Unsynced { group, at, len });
                 }
-                match d.syncer.sync() {
+                // The syncer records a failed sync before it counts its groups
+                // out: a group written behind one it lost is refused here, and
+                // not synced again (a retried fdatasync can report success for
+                // pages it lost).
+                let synced = match stopped_with(&self.stopped) {
+                    Some(e) => Err(e),
+                    None => d.syncer.sync().map_err(|e| log_failed(&e)),
+                };
+                match synced {
                     // The index thread outlives this one.
                     Ok(()) => drop(d.to_index.send(group)),
                     Err(e) => {
-                        let e = log_failed(&e);
                         d.syncer.zero(at, len);
                         for ack in group.chain.acks {
                             answer(&self.pending, ack, Err(e.clone()));
