@@ -608,22 +608,6 @@ pub(super) struct Chain {
     pub(super) acks: Vec<Ack>,
 }
 
-impl Written {
-    /// Append the group after this one (the next in the log) to it: the
-    /// index takes both in one batch.
-    pub(super) fn extend(&mut self, next: Written) {
-        let (c, n) = (&mut self.chain, next.chain);
-        let base = c.lines.len();
-        c.records.extend(n.records);
-        c.lines.extend_from_slice(&n.lines);
-        c.ranges.extend(n.ranges.into_iter().map(|r| r.start + base..r.end + base));
-        c.summaries.extend(n.summaries);
-        c.meta.extend(n.meta);
-        c.acks.extend(n.acks);
-        self.positions.extend(next.positions);
-    }
-}
-
 /// Chain a group of requests after record `seq` (hash `hash`) at time
 /// `now`. The callers prepared their records' bytes (`encode.rs`): this
 /// streams each hash and copies each line together.

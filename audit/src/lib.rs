@@ -21,17 +21,12 @@
 //! `data_dir/records.jsonl` — the **durability point**. One line per record
 //! (its JSON), and after a record that changed a run summary a line
 //! `{"summary_of": SEQ, "summary": "…"}` with that summary's exact bytes.
-//! The writer thread appends a group of lines; one fdatasync makes it and
-//! every group written before it durable — run by the syncer thread, so the
-//! writer chains and writes the next groups meanwhile, or by the writer
-//! itself for a small group when the syncer is idle (`pipeline.rs`). The
-//! file grows in zero-filled chunks so that fdatasync writes the data only,
-//! and a crash leaves NUL bytes at the tail, which readers skip. A failed
-//! fdatasync zeroes its group and every group written behind it, refuses
-//! them all, and stops the store. Then the index thread indexes the
-//! group and answers the callers: `append` returns only after the
-//! fdatasync (and `append_ordered`'s record is durable before any later
-//! append returns). The log holds the **only copy** of each record.
+//! The writer thread appends a group of lines and fdatasyncs once; the file
+//! grows in zero-filled chunks so that fdatasync writes the data only, and a
+//! crash leaves NUL bytes at the tail, which readers skip. Then the index
+//! thread indexes the group and answers the callers: `append` returns only
+//! after the fdatasync (and `append_ordered`'s record is durable before any
+//! later append returns). The log holds the **only copy** of each record.
 //!
 //! The writer thread does as little as it can, since the chain makes its
 //! work serial: each caller's task prepares its record's canonical bytes

@@ -1,10 +1,9 @@
 //! The record log: every audit record as one line of JSON in
 //! `records.jsonl`, and after a record that changes a run's summary, a
 //! `{"summary_of": SEQ, "summary": "…"}` line with the summary's exact bytes.
-//! It is the durability point: the writer appends a group of lines, one
-//! fdatasync makes it (and every group written before) durable, then the
-//! records are indexed in sled (flushed in the background) and
-//! acknowledged. sled is fast to query but opaque when damaged (a
+//! It is the durability point: the writer appends a group of lines and
+//! fdatasyncs once, then indexes them in sled (flushed in the background),
+//! then acknowledges. sled is fast to query but opaque when damaged (a
 //! flipped byte can stop it from opening at all); the log is plain text, so
 //! `verify` can name the first damaged record by line and `salvage` can
 //! rebuild a store from every record that still checks out.
@@ -36,27 +35,6 @@ const MAX_CHUNK_BYTES: u64 = 64 << 20;
 /// disk would make it).
 #[cfg(test)]
 pub(super) static FAIL_NEXT_APPEND: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
-
-/// Tests only: logs whose next fdatasync fails once, after taking the
-/// time given (as a failing disk's would).
-#[cfg(test)]
-pub(super) static FAIL_NEXT_SYNC: std::sync::Mutex<Vec<(PathBuf, std::time::Duration)>> =
-    std::sync::Mutex::new(Vec::new());
-
-/// Tests only: logs whose writer hands every group to the syncer, never
-/// syncing a small one itself.
-#[cfg(test)]
-pub(super) static ALWAYS_HAND_ON: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
-
-#[cfg(test)]
-fn injected(list: &std::sync::Mutex<Vec<PathBuf>>, path: &Path, what: &str) -> Result<(), AuditError> {
-    let mut fail = list.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(i) = fail.iter().position(|p| p == path) {
-        fail.remove(i);
-        return Err(io(path, std::io::Error::other(format!("injected {what} failure"))));
-    }
-    Ok(())
-}
 
 /// A line carrying the exact bytes of the run summary the record before it
 /// changed (the record's `summary_sha256` vouches for them).
@@ -351,7 +329,13 @@ impl RecordLog {
             return Ok(());
         }
         #[cfg(test)]
-        injected(&FAIL_NEXT_APPEND, &self.path, "write")?;
+        {
+            let mut fail = FAIL_NEXT_APPEND.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = fail.iter().position(|p| p == &self.path) {
+                fail.remove(i);
+                return Err(io(&self.path, std::io::Error::other("injected write failure")));
+            }
+        }
         self.grow(buf.len() as u64)?;
         let written = self.file.write_all_at(buf, self.len).and_then(|_| self.file.sync_data());
         if let Err(e) = written {
@@ -361,35 +345,6 @@ impl RecordLog {
         }
         self.len += buf.len() as u64;
         Ok(())
-    }
-
-    /// Append lines (whole ones, each ending in a newline) without making
-    /// them durable: where they start. The log's [`LogSyncer`] makes them
-    /// durable; until it has, nothing may be acknowledged. A failed write
-    /// leaves zeros where it was.
-    pub(super) fn write_bytes(&mut self, buf: &[u8]) -> Result<u64, AuditError> {
-        #[cfg(test)]
-        injected(&FAIL_NEXT_APPEND, &self.path, "write")?;
-        self.grow(buf.len() as u64)?;
-        let at = self.len;
-        if let Err(e) = self.file.write_all_at(buf, at) {
-            let _ = self.file.write_all_at(&vec![0u8; buf.len()], at);
-            return Err(io(&self.path, e));
-        }
-        self.len += buf.len() as u64;
-        Ok(at)
-    }
-
-    /// Tests only: whether this log's writer hands every group on.
-    #[cfg(test)]
-    pub(super) fn always_hand_on(&self) -> bool {
-        ALWAYS_HAND_ON.lock().unwrap_or_else(|e| e.into_inner()).contains(&self.path)
-    }
-
-    /// A handle that makes what [`RecordLog::write_bytes`] wrote durable,
-    /// for a thread of its own (the same open file).
-    pub(super) fn syncer(&self) -> Result<LogSyncer, AuditError> {
-        Ok(LogSyncer { file: self.file.try_clone().map_err(|e| io(&self.path, e))?, path: self.path.clone() })
     }
 
     /// Append records (without summaries) and make them durable.
@@ -408,36 +363,6 @@ impl RecordLog {
             self.truncate(self.len)?;
         }
         Ok(())
-    }
-}
-
-/// Makes the record log's written lines durable, beside the thread that
-/// writes them: one fdatasync covers every line written before it began.
-pub(super) struct LogSyncer {
-    file: File,
-    path: PathBuf,
-}
-
-impl LogSyncer {
-    /// fdatasync the log.
-    pub(super) fn sync(&self) -> Result<(), AuditError> {
-        #[cfg(test)]
-        {
-            let mut fail = FAIL_NEXT_SYNC.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(i) = fail.iter().position(|(p, _)| p == &self.path) {
-                let (_, took) = fail.remove(i);
-                drop(fail);
-                std::thread::sleep(took);
-                return Err(io(&self.path, std::io::Error::other("injected fdatasync failure")));
-            }
-        }
-        self.file.sync_data().map_err(|e| io(&self.path, e))
-    }
-
-    /// Overwrite lines that were written and not made durable with zeros
-    /// (which readers skip), as far as the disk still takes writes.
-    pub(super) fn zero(&self, at: u64, len: usize) {
-        let _ = self.file.write_all_at(&vec![0u8; len], at);
     }
 }
 

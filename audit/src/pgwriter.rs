@@ -369,7 +369,6 @@ impl PgWriter {
 }
 
 impl super::pipeline::GroupLog for PgWriter {
-    type Group = Written;
     fn commit(&mut self, batch: Vec<WriteReq>) -> Option<Written> {
         self.commit_group(batch)
     }
