@@ -1,9 +1,10 @@
 //! Scenario 5 on the audit crate alone: durable appends per second from
-//! tokio tasks that each await every append, as `nightshift bench --only 5`
-//! measures them, without building the CLI (a release build of this crate
-//! takes minutes, the CLI's about fifteen). For trying a change to the
-//! write path: alternate two builds one run at a time, since this VM's
-//! fdatasync rate moves ±25 % between minutes (docs/BENCHMARKS.md).
+//! tokio tasks that each await every append — the load `nightshift bench
+//! --only 5` times (`tools/load.rs`) — without building the CLI (a release
+//! build of this crate takes minutes, the CLI's about fifteen). For trying
+//! a change to the write path: alternate two builds one run at a time,
+//! since this VM's fdatasync rate moves ±25 % between minutes
+//! (docs/BENCHMARKS.md).
 //!
 //! ```text
 //! cargo run --release -p nightshift-audit --example appends -- [WRITERS [PER_WRITER [RUNS]]] [--keyed] [--no-verify]
@@ -17,11 +18,10 @@
 
 use std::error::Error;
 use std::sync::Arc;
-use std::time::Instant;
 
-use nightshift_audit::{AuditStore, NewRecord, RecordKind};
+use nightshift_audit::AuditStore;
+use nightshift_audit::tools::load::appends_per_sec;
 use nightshift_proto::clock::SystemClock;
-use serde_json::json;
 
 struct Args {
     writers: usize,
@@ -73,32 +73,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     for _ in 0..a.runs {
         let tmp = tempfile::Builder::new().prefix("nightshift-appends").tempdir()?;
         let store = AuditStore::open(tmp.path(), Arc::new(SystemClock))?;
-        let (writers, per, keyed) = (a.writers, a.per_writer, a.keyed);
-        let rate = rt.block_on(async {
-            let t = Instant::now();
-            let mut tasks = Vec::new();
-            for w in 0..writers {
-                let s = store.clone();
-                tasks.push(tokio::spawn(async move {
-                    for i in 0..per {
-                        let mut rec = NewRecord::new(
-                            RecordKind::Note,
-                            "bench",
-                            json!({"writer": w, "i": i, "text": "a durable record of what happened"}),
-                        );
-                        if keyed {
-                            rec = rec.run(&format!("bench-{w}-{}", i / 10)).node(Some(&format!("node{:03}", i % 100)));
-                        }
-                        s.append(rec, None).await?;
-                    }
-                    Ok::<_, nightshift_audit::AuditError>(())
-                }));
-            }
-            for t in tasks {
-                t.await??;
-            }
-            Ok::<_, Box<dyn Error>>((writers * per) as f64 / t.elapsed().as_secs_f64())
-        })?;
+        let rate = rt.block_on(appends_per_sec(&store, a.writers, a.per_writer, a.keyed))?;
         if a.verify && !store.verify()?.ok {
             return Err("the chain does not verify".into());
         }

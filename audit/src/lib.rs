@@ -113,6 +113,7 @@
 //! store                    encode, index, log, pipeline, pgwriter, verify   (AuditStore, the façade)
 //! tools/salvage            index, log, verify, store      (a new store from what checks out)
 //! tools/migrate            pg, store, log                 (a record log into PostgreSQL)
+//! tools/load               store                          (scenario 5's appends, for the bench and examples/appends.rs)
 //! ```
 #![forbid(unsafe_code)]
 

@@ -37,7 +37,8 @@ use nightshift_agent::backend::Backend;
 use nightshift_agent::backend::sim::{SimBackend, SimConfig};
 use nightshift_agent::config::AgentConfig;
 use nightshift_agent::runtime::{self, StartedAgent};
-use nightshift_engine::audit::{AuditStore, NewRecord, RecordKind};
+use nightshift_engine::audit::tools::load::appends_per_sec;
+use nightshift_engine::audit::{AuditStore, RecordKind};
 use nightshift_engine::engine::Engine;
 use nightshift_engine::manifest::Manifest;
 use nightshift_engine::metrics;
@@ -814,35 +815,6 @@ async fn fanout(n: usize, state_root: &Path) -> Result<(f64, f64)> {
     }
     f.shutdown().await;
     Ok((connect, fan))
-}
-
-/// `writers` tasks appending `per_writer` records each to `store`, every
-/// append awaited (durable): records per second. `keyed`: each record about
-/// a run and a node, as the engine's are (two more index keys each).
-async fn appends_per_sec(store: &AuditStore, writers: usize, per_writer: usize, keyed: bool) -> Result<f64> {
-    let t = Instant::now();
-    let mut tasks = Vec::new();
-    for w in 0..writers {
-        let s = store.clone();
-        tasks.push(tokio::spawn(async move {
-            for i in 0..per_writer {
-                let mut rec = NewRecord::new(
-                    RecordKind::Note,
-                    "bench",
-                    json!({"writer": w, "i": i, "text": "a durable record of what happened"}),
-                );
-                if keyed {
-                    rec = rec.run(&format!("bench-{w}-{}", i / 10)).node(Some(&format!("node{:03}", i % 100)));
-                }
-                s.append(rec, None).await?;
-            }
-            Ok::<_, nightshift_engine::audit::AuditError>(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok((writers * per_writer) as f64 / t.elapsed().as_secs_f64())
 }
 
 /// 5: durable appends per second with `writers` concurrent writers.
