@@ -21,7 +21,7 @@ pub async fn appends_per_sec(
     keyed: bool,
 ) -> Result<f64, AuditError> {
     let t = Instant::now();
-    let mut tasks = Vec::with_capacity(writers);
+    let mut tasks = Vec::new();
     for w in 0..writers {
         let s = store.clone();
         tasks.push(tokio::spawn(async move {
@@ -43,7 +43,7 @@ pub async fn appends_per_sec(
         task.await
             .map_err(|e| AuditError::Write(format!("a writer task of the load panicked or was cancelled: {e}")))??;
     }
-    Ok((writers * per_writer) as f64 / t.elapsed().as_secs_f64())
+    Ok(writers as f64 * per_writer as f64 / t.elapsed().as_secs_f64())
 }
 
 #[cfg(test)]
