@@ -158,10 +158,12 @@ impl GroupLog for FileLog {
                     "the record log could not be written ({e}); the audit store accepts nothing more and the engine has stopped \
                      acting: free space on the engine's data disk (or fix it) and restart the engine"
                 ));
+                // Stopped before anyone hears of it: a caller that gets this
+                // error and then asks `AuditStore::stopped` sees it too.
+                stop(&self.stopped, &e);
                 for ack in c.acks {
                     answer(&self.pending, ack, Err(e.clone()));
                 }
-                stop(&self.stopped, &e);
                 self.failed = Some(e);
                 None
             }

@@ -69,4 +69,18 @@ mod tests {
             assert!(store.verify().unwrap().ok);
         }
     }
+
+    /// A store that fails mid-load ends the load with its error, not a
+    /// rate: the log's first write fails, and so does every later append.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_store_ends_the_load_with_its_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = AuditStore::open(dir.path(), Arc::new(SystemClock)).unwrap();
+        crate::log::FAIL_NEXT_APPEND.lock().unwrap().push(dir.path().join(crate::LOG_FILE));
+        match appends_per_sec(&store, 4, 25, false).await {
+            Err(AuditError::Write(m)) => assert!(m.contains("injected write failure"), "the log's error, found {m:?}"),
+            other => panic!("expected the store's write error, found {other:?}"),
+        }
+        assert!(store.stopped().is_some(), "the store says it stopped");
+    }
 }
