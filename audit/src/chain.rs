@@ -43,6 +43,10 @@ pub enum Break {
     Unlinked { seq: u64 },
     /// `seq`'s content does not hash to its `hash`.
     Altered { seq: u64 },
+    /// `seq` is a version 1 record after the version 2 record `first_v2`:
+    /// version 1 is only ever a prefix of a chain (records written before
+    /// the switch), so a later one is a downgrade.
+    Downgraded { seq: u64, first_v2: u64 },
 }
 
 impl Break {
@@ -50,7 +54,7 @@ impl Break {
     pub fn seq(&self) -> u64 {
         match self {
             Break::Missing { expected, .. } => *expected,
-            Break::Unlinked { seq } | Break::Altered { seq } => *seq,
+            Break::Unlinked { seq } | Break::Altered { seq } | Break::Downgraded { seq, .. } => *seq,
         }
     }
 }
@@ -67,6 +71,10 @@ impl std::fmt::Display for Break {
                 seq.saturating_sub(1)
             ),
             Break::Altered { seq } => write!(f, "record {seq} was altered: its hash does not match its content"),
+            Break::Downgraded { seq, first_v2 } => write!(
+                f,
+                "record {seq} was downgraded: expected hash version 2 after record {first_v2}, found version 1"
+            ),
         }
     }
 }
@@ -79,13 +87,15 @@ pub struct Walk<'a> {
     expected: u64,
     prev: String,
     excused: &'a std::collections::HashMap<u64, u64>,
+    /// The first version 2 record seen: no version 1 record may follow.
+    first_v2: Option<u64>,
     /// (record after an excused break, the `salvaged` record excusing it).
     pub used: Vec<(u64, u64)>,
 }
 
 impl<'a> Walk<'a> {
     pub fn new(excused: &'a std::collections::HashMap<u64, u64>) -> Walk<'a> {
-        Walk { expected: 1, prev: GENESIS.to_string(), excused, used: Vec::new() }
+        Walk { expected: 1, prev: GENESIS.to_string(), excused, first_v2: None, used: Vec::new() }
     }
 
     /// The next `seq` the chain expects.
@@ -114,6 +124,11 @@ impl<'a> Walk<'a> {
         }
         if r.compute_hash() != r.hash {
             return Err(Break::Altered { seq: r.seq });
+        }
+        match (r.v, self.first_v2) {
+            (None, Some(first_v2)) => return Err(Break::Downgraded { seq: r.seq, first_v2 }),
+            (Some(_), None) => self.first_v2 = Some(r.seq),
+            _ => {}
         }
         self.prev = r.hash.clone();
         self.expected = r.seq + 1;
@@ -175,6 +190,32 @@ mod tests {
         let mut altered = chain(4);
         altered[3].data = serde_json::json!({"n": 99});
         assert_eq!(walk(&altered, &none).0, Err("record 4 was altered: its hash does not match its content".into()));
+        // A version 1 record (hashed as version 1, so its own hash checks)
+        // after a version 2 one.
+        let rechain = |recs: &mut [AuditRecord]| {
+            let mut prev = GENESIS.to_string();
+            for r in recs.iter_mut() {
+                r.prev_hash = prev;
+                r.hash = r.compute_hash();
+                prev = r.hash.clone();
+            }
+        };
+        let mut downgraded = chain(4);
+        downgraded[2].v = None;
+        rechain(&mut downgraded);
+        assert_eq!(
+            walk(&downgraded, &none).0,
+            Err("record 3 was downgraded: expected hash version 2 after record 1, found version 1".into())
+        );
+        let mut prefix = chain(4);
+        prefix[0].v = None;
+        prefix[1].v = None;
+        rechain(&mut prefix);
+        assert_eq!(
+            walk(&prefix, &none),
+            (Ok(()), 4, vec![]),
+            "version 1 as a prefix is a store from before the switch"
+        );
         // Record 3 follows a documented loss (record 2 gone), excused by record 9.
         let excused = std::collections::HashMap::from([(3, 9)]);
         assert_eq!(walk(&gap, &excused), (Ok(()), 4, vec![(3, 9)]));

@@ -254,8 +254,9 @@ pub(super) fn checkpoint_head(t: &Trees, p: &Positions) -> Result<(u64, String),
             path: p.log_path().to_path_buf(),
             message: format!(
                 "expected the record log to hold every record up to {c} (records.idx vouches for them), found it \
-                 shorter: it was cut, replaced or removed outside nightshift; put the original back (a backup), or \
-                 move records.idx aside to open what the log holds"
+                 shorter: it was cut, replaced or edited outside nightshift; nothing was changed: run `nightshift \
+                 audit verify` to see the damage, put the original back (a backup), or run `nightshift audit salvage \
+                 --to NEW_DIR` to build a store beside this one from every record that checks out"
             ),
         });
     }
@@ -408,7 +409,7 @@ pub(super) fn rebuild_index(
         path: sled_path.to_path_buf(),
         message: format!(
             "{damage}; the index cannot be rebuilt from the record log: {why}; \
-             run `nightshift audit salvage --data-dir {} --to NEW_DIR`",
+             run `nightshift audit salvage --to NEW_DIR` (its engine.yaml's data_dir is {})",
             dir.display()
         ),
     };
@@ -447,6 +448,70 @@ pub(super) fn set_aside(dir: &Path, sled_path: &Path) -> Result<PathBuf, String>
     }
     std::fs::rename(sled_path, &aside).map_err(|e| format!("moving the damaged index aside: {e}"))?;
     Ok(aside)
+}
+
+/// A copy of a store's sled index in a fresh temporary folder, removed
+/// when dropped: `verify` and `salvage` open sled (which writes on every
+/// open) on the copy, so that neither writes a byte into the store they
+/// read. sled is derived and small beside the record log (its trees index
+/// records; they do not hold them).
+pub(super) struct SledCopy {
+    /// The temporary folder: open it as a store's dir (`open_trees`).
+    pub(super) root: PathBuf,
+    /// `root/audit.sled`.
+    pub(super) path: PathBuf,
+}
+
+impl SledCopy {
+    /// Copy `dir/audit.sled`; `Ok(None)` when the store has none.
+    pub(super) fn of(dir: &Path) -> Result<Option<SledCopy>, String> {
+        let from = dir.join("audit.sled");
+        if !from.is_dir() {
+            return Ok(None);
+        }
+        let root = std::env::temp_dir().join(format!(
+            "nightshift-audit-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let copy = SledCopy { path: root.join("audit.sled"), root };
+        copy_dir(&from, &copy.path).map_err(|e| {
+            format!(
+                "expected to copy {} into {} (to read it without writing to the store), found: {e}; \
+                 set TMPDIR to a folder with room",
+                from.display(),
+                copy.root.display()
+            )
+        })?;
+        Ok(Some(copy))
+    }
+}
+
+/// Whether a running engine holds the store in `dir` (sled's lock on
+/// `audit.sled/db`), asked without opening anything for writing.
+pub(super) fn held_by_engine(dir: &Path) -> bool {
+    std::fs::File::open(dir.join("audit.sled").join("db"))
+        .is_ok_and(|f| matches!(f.try_lock_shared(), Err(std::fs::TryLockError::WouldBlock)))
+}
+
+impl Drop for SledCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
 }
 
 /// A store from before the kind index (or before a kind joined it): build

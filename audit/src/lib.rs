@@ -118,6 +118,8 @@
 #![forbid(unsafe_code)]
 
 mod chain;
+#[cfg(test)]
+mod damage_tests;
 pub mod data;
 mod encode;
 pub mod ha;
@@ -144,6 +146,7 @@ pub use index::PgOptions;
 pub use log::{LOG_FILE, verify_log};
 pub use store::{AuditStore, RecordPage, RecordQuery, SEARCH_SCAN};
 pub use tools::salvage::{SalvageReport, rebuild_summary, salvage};
+pub use verify::{anchor_check, parse_anchor, verify_dir};
 
 /// SHA-256 of `bytes`, hex.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
@@ -460,6 +463,10 @@ pub struct VerifyReport {
     /// never silently passed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub excused: Vec<(u64, u64)>,
+    /// What was not checked, and why (e.g. an index that would not open
+    /// beside a chain that verifies); never a break.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// Filter for listing runs.

@@ -98,28 +98,61 @@ pub fn encode_lines(buf: &mut Vec<u8>, record_bytes: &[u8], seq: u64, summary: O
     }
 }
 
+/// Whether the bytes after the last line that continues the chain are a
+/// torn write — the only damage an open may cut. A write cut short by a
+/// crash leaves a last line without its newline; a power loss during a
+/// group's write leaves pages that were never written, which read as NUL
+/// bytes (the file's room is zero-filled in advance). So every line of a
+/// torn tail lacks its newline (the last) or holds a NUL byte; a whole
+/// line without one — an edit, an inserted or moved line, a broken record
+/// with records after it — is evidence, never cut.
+pub(super) fn is_torn_tail(rest: &[u8]) -> bool {
+    let mut lines = rest.split(|b| *b == b'\n').peekable();
+    while let Some(line) = lines.next() {
+        let last = lines.peek().is_none();
+        if line.is_empty() || line.contains(&0) || last {
+            continue;
+        }
+        return false;
+    }
+    true
+}
+
+/// Newlines in `file` before byte `at` (so the line at `at` is that + 1).
+fn count_lines_before(file: &File, at: u64) -> std::io::Result<u64> {
+    let mut chunk = vec![0u8; 1 << 20];
+    let (mut pos, mut n) = (0u64, 0u64);
+    while pos < at {
+        let step = ((at - pos) as usize).min(chunk.len());
+        file.read_exact_at(&mut chunk[..step], pos)?;
+        n += chunk[..step].iter().filter(|b| **b == b'\n').count() as u64;
+        pos += step as u64;
+    }
+    Ok(n)
+}
+
 impl RecordLog {
     /// Open (or create) the log in `dir` and make it agree with the store,
     /// whose newest record is `head` with hash `head_hash`. Lines past it
-    /// that continue the chain are returned to be replayed into the store;
-    /// the first line that does not (a torn write, or an edit) and all after
-    /// it are cut. Records the log lacks (a store older than the log) are
-    /// copied from `missing`.
+    /// that continue the chain are returned to be replayed into the store.
+    /// What follows them may be cut only when it is a torn write (see
+    /// [`is_torn_tail`]); anything else — an edit, a broken line with whole
+    /// records after it — is refused with nothing changed, naming the line
+    /// and `nightshift audit salvage`. Records the log lacks (a store older
+    /// than the log) are copied from `missing`.
     pub fn open(
         dir: &Path,
         head: u64,
         head_hash: &str,
         missing: impl FnOnce(u64) -> Result<Vec<AuditRecord>, AuditError>,
     ) -> Result<(RecordLog, Vec<Replay>), AuditError> {
-        Self::open_with(dir, head, head_hash, missing, true)
+        Self::open_with(dir, head, head_hash, missing)
     }
 
     /// Open the log to rebuild an index from nothing: every record is
-    /// replayed, a torn last line (a write cut short) is cut, and any other
-    /// line that does not continue the chain is refused, never cut — with
-    /// no index to compare against, the log is the only copy.
+    /// replayed from the first; the same rule for what may be cut.
     pub fn open_for_rebuild(dir: &Path) -> Result<(RecordLog, Vec<Replay>), AuditError> {
-        Self::open_with(dir, 0, GENESIS, |_| Ok(Vec::new()), false)
+        Self::open_with(dir, 0, GENESIS, |_| Ok(Vec::new()))
     }
 
     fn open_with(
@@ -127,7 +160,6 @@ impl RecordLog {
         head: u64,
         head_hash: &str,
         missing: impl FnOnce(u64) -> Result<Vec<AuditRecord>, AuditError>,
-        may_cut: bool,
     ) -> Result<(RecordLog, Vec<Replay>), AuditError> {
         let path = dir.join(LOG_FILE);
         let mut file = open_rw(&path)?;
@@ -138,51 +170,75 @@ impl RecordLog {
             len: allocated,
             allocated,
         };
-        let (end, torn) = log.logical_end(&mut file)?;
-        log.len = end;
-        if torn {
-            tracing::warn!(log = %path.display(), at_byte = end, "record log ends in a torn line (a write cut short): cutting it");
-            log.truncate(end)?;
-        }
+        // Everything is read and judged before anything is changed: a
+        // refused open leaves the file byte for byte as it was.
+        let (end, torn_from) = log.logical_end(&mut file)?;
+        let whole_lines = torn_from.unwrap_or(end);
+        log.len = whole_lines;
         let (last_seq, end_of_head) = log.find_tail(&mut file, head)?;
-        let mut replay = Vec::new();
-        if last_seq > head {
-            let (good, cut_at) = log.read_ahead(end_of_head, head, head_hash)?;
-            if cut_at < log.len && !may_cut {
-                return Err(AuditError::Open {
-                    path: path.clone(),
-                    message: format!(
-                        "expected every line of the record log to continue the chain, found a line at byte {cut_at} \
-                         after record {} that does not",
-                        good.last().map_or(head, |r| r.record.seq)
-                    ),
-                });
-            }
-            if cut_at < log.len {
-                tracing::error!(
-                    log = %path.display(), at_byte = cut_at, after_record = good.last().map_or(head, |r| r.record.seq),
-                    "record log lines past the store do not continue the chain: cutting them"
-                );
-                log.truncate(cut_at)?;
-            }
-            if !good.is_empty() {
-                tracing::info!(log = %path.display(), records = good.len(), "record log ahead of the store: replaying its records into it");
-            }
-            replay = good;
-        } else if last_seq < head {
+        if last_seq < head {
             // Unreadable lines after the last readable one stay: they are
-            // evidence `verify` names; the store's copies follow them.
+            // evidence `verify` names; the store's copies follow them (after
+            // a torn last line is cut, so that they do not glue onto it).
+            log.len = end;
+            if let Some(torn) = torn_from {
+                log.truncate(torn)?;
+            }
             let recs = missing(last_seq)?;
             tracing::info!(log = %path.display(), records = recs.len(), "record log behind the store: copying records into it");
             log.append(&recs)?;
+            return Ok((log, Vec::new()));
         }
-        Ok((log, replay))
+        let (good, cut_at) =
+            if last_seq > head { log.read_ahead(end_of_head, head, head_hash)? } else { (Vec::new(), end_of_head) };
+        if cut_at < end {
+            let mut rest = vec![0u8; (end - cut_at) as usize];
+            log.file.read_exact_at(&mut rest, cut_at).map_err(|e| io(&path, e))?;
+            let after = good.last().map_or(head, |r| r.record.seq);
+            if !is_torn_tail(&rest) {
+                return Err(log.refusal(cut_at, after, &rest));
+            }
+            tracing::warn!(
+                log = %path.display(), at_byte = cut_at, bytes = rest.len(), after_record = after,
+                "record log ends in a torn write (a write cut short, never acknowledged): cutting it"
+            );
+            log.truncate(cut_at)?;
+        } else {
+            log.len = end;
+        }
+        if !good.is_empty() {
+            tracing::info!(log = %path.display(), records = good.len(), "record log ahead of the store: replaying its records into it");
+        }
+        Ok((log, good))
     }
 
-    /// The end of the last line (trailing NUL room skipped), and whether
-    /// the last line lacks its newline (a torn write; the end returned is
-    /// then the start of that line).
-    fn logical_end(&self, file: &mut File) -> Result<(u64, bool), AuditError> {
+    /// Why an open is refused: the first line past record `after` that
+    /// does not continue the chain, by line number and byte, and what it is.
+    fn refusal(&self, at: u64, after: u64, rest: &[u8]) -> AuditError {
+        let line_no = count_lines_before(&self.file, at).map_or_else(|_| "?".to_string(), |n| (n + 1).to_string());
+        let first = rest.split(|b| *b == b'\n').find(|l| !l.is_empty() && !l.iter().all(|b| *b == 0)).unwrap_or(rest);
+        let what = match serde_json::from_slice::<AuditRecord>(first) {
+            Ok(r) if r.compute_hash() != r.hash => {
+                format!("record {} was altered: its hash does not match its content", r.seq)
+            }
+            Ok(r) if r.seq != after + 1 => format!("record {} where record {} belongs", r.seq, after + 1),
+            Ok(r) => format!("record {} does not link to record {after}", r.seq),
+            Err(e) => format!("not a readable record ({e})"),
+        };
+        AuditError::Open {
+            path: self.path.clone(),
+            message: format!(
+                "expected the lines after record {after} to continue the chain (or to be one torn last write), found \
+                 line {line_no} (byte {at}): {what}, with whole lines after it; nothing was changed: run `nightshift \
+                 audit verify` to see the damage and `nightshift audit salvage --to NEW_DIR` to build a store beside \
+                 this one from every record that checks out"
+            ),
+        }
+    }
+
+    /// The end of the written bytes (trailing NUL room skipped), and where
+    /// the last line starts when it lacks its newline (a torn write).
+    fn logical_end(&self, file: &mut File) -> Result<(u64, Option<u64>), AuditError> {
         let mut pos = self.allocated;
         // Skip the zero-filled room.
         let mut last: Option<(u64, u8)> = None;
@@ -196,9 +252,9 @@ impl RecordLog {
                 last = Some((pos + i as u64, c[i]));
             }
         }
-        let Some((at, byte)) = last else { return Ok((0, false)) };
+        let Some((at, byte)) = last else { return Ok((0, None)) };
         if byte == b'\n' {
-            return Ok((at + 1, false));
+            return Ok((at + 1, None));
         }
         // Torn: find the newline before it.
         let mut pos = at + 1;
@@ -208,10 +264,10 @@ impl RecordLog {
             let c = &mut chunk[..step as usize];
             file.read_exact_at(c, pos).map_err(|e| io(&self.path, e))?;
             if let Some(i) = c.iter().rposition(|b| *b == b'\n') {
-                return Ok((pos + i as u64 + 1, true));
+                return Ok((at + 1, Some(pos + i as u64 + 1)));
             }
         }
-        Ok((0, true))
+        Ok((at + 1, Some(0)))
     }
 
     /// The seq of the last readable line, and the byte offset just after
@@ -377,65 +433,111 @@ pub enum LogLine {
     Summary { bytes: Vec<u8> },
 }
 
+/// A line of the log and where it is: its number (1-based) and the byte
+/// it starts at.
+#[derive(Debug)]
+pub struct Located {
+    pub line: usize,
+    pub offset: u64,
+    pub what: LogLine,
+}
+
 /// Read every line of the log at `path`, checking each record's own hash.
+/// The file is only ever opened to read.
 pub fn read_lines(path: &Path) -> Result<Vec<LogLine>, AuditError> {
+    Ok(read_located(path)?.into_iter().map(|l| l.what).collect())
+}
+
+/// [`read_lines`], with each line's number and offset.
+pub fn read_located(path: &Path) -> Result<Vec<Located>, AuditError> {
     let f = File::open(path).map_err(|e| AuditError::Read(format!("{}: {e}", path.display())))?;
     let mut out = Vec::new();
+    let mut offset = 0u64;
     for (i, line) in BufReader::new(f).split(b'\n').enumerate() {
         let line = line.map_err(|e| AuditError::Read(format!("{}: {e}", path.display())))?;
+        let at = offset;
+        offset += line.len() as u64 + 1;
         if line.is_empty() || line.iter().all(|b| *b == 0) {
             continue;
         }
-        if let Ok(s) = serde_json::from_slice::<SummaryLine>(&line) {
-            out.push(LogLine::Summary { bytes: s.summary.into_bytes() });
-            continue;
-        }
-        out.push(match serde_json::from_slice::<AuditRecord>(&line) {
-            Ok(r) if r.compute_hash() == r.hash => LogLine::Good(r),
-            Ok(r) => LogLine::Bad {
-                line: i + 1,
-                problem: format!("record {} was altered: its hash does not match its content", r.seq),
-            },
-            Err(e) => LogLine::Bad { line: i + 1, problem: format!("not a readable record ({e})") },
-        });
+        let what = if let Ok(s) = serde_json::from_slice::<SummaryLine>(&line) {
+            LogLine::Summary { bytes: s.summary.into_bytes() }
+        } else {
+            match serde_json::from_slice::<AuditRecord>(&line) {
+                Ok(r) if r.compute_hash() == r.hash => LogLine::Good(r),
+                Ok(r) => LogLine::Bad {
+                    line: i + 1,
+                    problem: format!("record {} was altered: its hash does not match its content", r.seq),
+                },
+                Err(e) => LogLine::Bad { line: i + 1, problem: format!("not a readable record ({e})") },
+            }
+        };
+        out.push(Located { line: i + 1, offset: at, what });
     }
     Ok(out)
 }
 
 /// Walk the log's chain: each record's hash, its link to the one before,
-/// and the sequence without gaps — except where a `salvaged` record
-/// documents what an earlier salvage lost.
+/// the sequence without gaps — except where a `salvaged` record documents
+/// what an earlier salvage lost — no version 1 record after a version 2
+/// one, and each run summary line against the digest its record carries.
+/// A break is named by the log's path, line and byte, and the record.
+/// Opens the file only to read.
 pub fn verify_log(path: &Path) -> Result<VerifyReport, AuditError> {
-    let lines = read_lines(path)?;
-    let excuses = super::chain::excuses(lines.iter().filter_map(|l| match l {
+    let lines = read_located(path)?;
+    let excuses = super::chain::excuses(lines.iter().filter_map(|l| match &l.what {
         LogLine::Good(r) => Some(r),
         LogLine::Bad { .. } | LogLine::Summary { .. } => None,
     }));
     let excused: std::collections::HashMap<u64, u64> = excuses.into_iter().collect();
     let mut walk = super::chain::Walk::new(&excused);
     let mut records = 0u64;
+    // The digest the last record vouches its summary line with.
+    let mut vouched: Option<(u64, Option<String>)> = None;
     for l in &lines {
-        if matches!(l, LogLine::Summary { .. }) {
-            continue;
-        }
-        records += 1;
-        let bad = |walk: &super::chain::Walk<'_>, first_bad_seq: u64, problem: String| VerifyReport {
+        let at = format!("{}:{} (byte {})", path.display(), l.line, l.offset);
+        let bad = |walk: &super::chain::Walk<'_>, records: u64, first_bad_seq: u64, problem: String| VerifyReport {
             ok: false,
             verified_up_to: walk.verified_up_to(),
             records,
             first_bad_seq: Some(first_bad_seq),
             problem: Some(problem),
             excused: Vec::new(),
+            notes: Vec::new(),
         };
-        match l {
-            LogLine::Bad { line, problem } => {
-                return Ok(bad(&walk, walk.expected(), format!("{}:{line}: {problem}", path.display())));
-            }
-            LogLine::Summary { .. } => {}
-            LogLine::Good(r) => {
-                if let Err(b) = walk.check(r) {
-                    return Ok(bad(&walk, b.seq(), b.to_string()));
+        match &l.what {
+            LogLine::Summary { bytes } => {
+                let Some((seq, digest)) = vouched.take() else {
+                    return Ok(bad(
+                        &walk,
+                        records,
+                        walk.expected(),
+                        format!("{at}: a run summary line with no record before it"),
+                    ));
+                };
+                if let Some(d) = digest
+                    && super::sha256_hex(bytes) != d
+                {
+                    return Ok(bad(
+                        &walk,
+                        records,
+                        seq,
+                        format!(
+                            "{at}: the run summary after record {seq} was changed: it does not match the record's summary_sha256"
+                        ),
+                    ));
                 }
+            }
+            LogLine::Bad { problem, .. } => {
+                records += 1;
+                return Ok(bad(&walk, records, walk.expected(), format!("{at}: {problem}")));
+            }
+            LogLine::Good(r) => {
+                records += 1;
+                if let Err(b) = walk.check(r) {
+                    return Ok(bad(&walk, records, b.seq(), format!("{at}: {b}")));
+                }
+                vouched = Some((r.seq, r.data["summary_sha256"].as_str().map(str::to_string)));
             }
         }
     }
@@ -446,5 +548,6 @@ pub fn verify_log(path: &Path) -> Result<VerifyReport, AuditError> {
         first_bad_seq: None,
         problem: None,
         excused: walk.used,
+        notes: Vec::new(),
     })
 }

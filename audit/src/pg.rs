@@ -534,6 +534,7 @@ pub async fn verify(db: &Client, shard: &str) -> Result<VerifyReport, PgAuditErr
         first_bad_seq: Some(seq),
         problem: Some(problem),
         excused: Vec::new(),
+        notes: Vec::new(),
     };
     loop {
         let rows = db
@@ -574,5 +575,6 @@ pub async fn verify(db: &Client, shard: &str) -> Result<VerifyReport, PgAuditErr
         first_bad_seq: None,
         problem: None,
         excused: Vec::new(),
+        notes: Vec::new(),
     })
 }

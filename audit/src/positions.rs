@@ -101,6 +101,18 @@ impl Positions {
         Ok(Positions { idx, log, path, log_path, count: AtomicU64::new(len / ENTRY) })
     }
 
+    /// Open the index in `dir` only to read (`verify` on a stopped store),
+    /// seeing no entry past `max_seq` (entries past the checkpoint may be
+    /// stale after a power loss, until an open rewrites them).
+    pub fn open_read_only(dir: &Path, max_seq: u64) -> Result<Positions, AuditError> {
+        let path = dir.join(IDX_FILE);
+        let log_path = dir.join(super::LOG_FILE);
+        let idx = File::open(&path).map_err(|e| io(&path, e))?;
+        let log = File::open(&log_path).map_err(|e| io(&log_path, e))?;
+        let len = idx.metadata().map_err(|e| io(&path, e))?.len();
+        Ok(Positions { idx, log, path, log_path, count: AtomicU64::new((len / ENTRY).min(max_seq)) })
+    }
+
     /// The log this index points into.
     pub fn log_path(&self) -> &Path {
         &self.log_path

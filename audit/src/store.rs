@@ -132,8 +132,8 @@ impl AuditStore {
                 let (from, hash) = checkpoint_head(&trees, &p)?;
                 let log = if from == 0 {
                     // Nothing vouched for yet: every line must continue the
-                    // chain from the start (a line that does not is refused,
-                    // never cut).
+                    // chain from the start (only a torn last write is cut;
+                    // any other line that does not is refused).
                     RecordLog::open_for_rebuild(dir)?
                 } else {
                     RecordLog::open(dir, from, &hash, |last| {
@@ -142,7 +142,7 @@ impl AuditStore {
                             message: format!(
                                 "expected the record log to hold every record up to {from} (its index says so), found its \
                                  last record is {last}: the log was cut outside nightshift; run `nightshift audit salvage \
-                                 --data-dir {} --to NEW_DIR`",
+                                 --to NEW_DIR` (its engine.yaml's data_dir is {})",
                                 dir.display()
                             ),
                         })

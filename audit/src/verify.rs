@@ -9,12 +9,12 @@
 //! at a time).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::index::Trees;
+use super::index::{RecordTable, SledCopy, Trees, checkpoint, open_trees};
 use super::{AuditError, AuditRecord, RecordKind, VerifyReport, sha256_hex};
 
 /// How long a walk may go without reading a record before the store counts
@@ -37,6 +37,7 @@ pub(super) fn verify(trees: Trees, log: Option<PathBuf>) -> Result<VerifyReport,
                     .into(),
             ),
             excused: Vec::new(),
+            notes: Vec::new(),
         });
     }
     // The record log first (a file store's only copy of each record): its
@@ -86,12 +87,126 @@ pub(super) fn verify(trees: Trees, log: Option<PathBuf>) -> Result<VerifyReport,
                             STALL.as_secs()
                         )),
                         excused: Vec::new(),
+                        notes: Vec::new(),
                     };
                 }
             }
         }
     };
     Ok(report)
+}
+
+/// Verify the file store in `dir` without opening anything in it for
+/// writing — what `nightshift audit verify` runs on a stopped engine's
+/// data dir. The record log (the only copy of each record) is walked
+/// first; then a copy of sled, taken to a temporary folder, is walked with
+/// every record read through `records.idx` (opened to read, up to the
+/// checkpoint) and the run summaries checked against their digests.
+/// `anchor`: a head published earlier (`audit head`), which the chain must
+/// still hold. Refused ([`AuditError::Locked`]) while an engine holds the
+/// store: ask it instead.
+pub fn verify_dir(dir: &Path, anchor: Option<(u64, &str)>) -> Result<VerifyReport, AuditError> {
+    if super::index::held_by_engine(dir) {
+        return Err(AuditError::Locked { path: dir.to_path_buf(), message: "held by a running engine".into() });
+    }
+    let log = dir.join(super::LOG_FILE);
+    if !log.is_file() {
+        return Err(AuditError::Open {
+            path: dir.to_path_buf(),
+            message: format!("expected a record log at {}, found none: is data_dir right?", log.display()),
+        });
+    }
+    let mut report = super::log::verify_log(&log)?;
+    if !report.ok {
+        report.problem = report.problem.map(|p| format!("record log: {p}"));
+        return Ok(report);
+    }
+    if let Some((seq, hash)) = anchor
+        && let Some(problem) = anchor_problem(&log, report.verified_up_to, seq, hash)?
+    {
+        return Ok(VerifyReport { ok: false, first_bad_seq: Some(seq), problem: Some(problem), ..report });
+    }
+    let copy = match SledCopy::of(dir) {
+        Ok(Some(copy)) => copy,
+        Ok(None) => {
+            report
+                .notes
+                .push("no sled index (audit.sled) beside the log: the engine builds one at its next start".into());
+            return Ok(report);
+        }
+        Err(why) => return Err(AuditError::Read(why)),
+    };
+    let mut trees = match open_trees(&copy.root) {
+        Ok((trees, _)) => trees,
+        Err(e) => {
+            report.notes.push(format!(
+                "the sled index (audit.sled) does not open ({e}); it is derived from the record log, which verifies: \
+                 the engine sets it aside and rebuilds it at its next start; run summaries were not checked"
+            ));
+            return Ok(report);
+        }
+    };
+    if trees.sled_records.is_empty() {
+        if !dir.join(super::positions::IDX_FILE).is_file() {
+            report.notes.push("no records.idx beside the log: the engine builds it at its next start".into());
+            return Ok(report);
+        }
+        let upto = checkpoint(&trees)?;
+        let positions = super::positions::Positions::open_read_only(dir, upto)?;
+        trees.records = RecordTable::Log(Arc::new(positions));
+    }
+    let indexed = verify(trees, None)?;
+    if !indexed.ok {
+        return Ok(indexed);
+    }
+    Ok(report)
+}
+
+/// Whether the log still holds record `seq` with `hash` (`None`: it does).
+fn anchor_problem(log: &Path, verified_up_to: u64, seq: u64, hash: &str) -> Result<Option<String>, AuditError> {
+    let found = if seq <= verified_up_to {
+        super::log::read_lines(log)?.into_iter().find_map(|l| match l {
+            super::log::LogLine::Good(r) if r.seq == seq => Some(r.hash),
+            _ => None,
+        })
+    } else {
+        None
+    };
+    Ok(anchor_check(verified_up_to, seq, hash, found.as_deref()))
+}
+
+/// A head published earlier (record `seq` with `hash`) against a chain
+/// that verifies up to `verified_up_to` and holds `found` as that record's
+/// hash: `None` when the chain still holds it, else what is wrong.
+pub fn anchor_check(verified_up_to: u64, seq: u64, hash: &str, found: Option<&str>) -> Option<String> {
+    if seq > verified_up_to {
+        return Some(format!(
+            "expected the chain to reach the anchored head, record {seq}, found it ends at record {verified_up_to}: \
+             records were cut off"
+        ));
+    }
+    match found {
+        Some(h) if h.eq_ignore_ascii_case(hash) => None,
+        Some(h) => Some(format!(
+            "expected record {seq} to have the anchored hash {hash}, found {h}: the history up to it was rewritten"
+        )),
+        None => Some(format!("expected record {seq} (the anchored head) in the chain, found none")),
+    }
+}
+
+/// `SEQ:HASH` (as `nightshift audit verify --head` takes it) as its parts.
+pub fn parse_anchor(s: &str) -> Result<(u64, String), String> {
+    let (seq, hash) = s.split_once(':').ok_or_else(|| format!("expected SEQ:HASH, found {s:?}"))?;
+    let seq: u64 =
+        seq.trim().parse().map_err(|_| format!("expected SEQ:HASH with SEQ a record number, found {seq:?}"))?;
+    let hash = hash.trim();
+    if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("expected SEQ:HASH with HASH 64 hex digits (SHA-256), found {hash:?}"));
+    }
+    if seq == 0 {
+        return Err("expected SEQ:HASH with SEQ at least 1, found 0".into());
+    }
+    Ok((seq, hash.to_ascii_lowercase()))
 }
 
 /// The whole walk: chain (with a salvage's documented breaks), summaries.
@@ -125,6 +240,7 @@ fn chain(trees: &Trees, excused: &HashMap<u64, u64>, progress: &AtomicU64) -> Ve
             first_bad_seq: Some(first),
             problem: Some(problem),
             excused: Vec::new(),
+            notes: Vec::new(),
         };
         let (k, v) = match item {
             Ok(kv) => kv,
@@ -159,6 +275,7 @@ fn chain(trees: &Trees, excused: &HashMap<u64, u64>, progress: &AtomicU64) -> Ve
         first_bad_seq: None,
         problem: None,
         excused: walk.used,
+        notes: Vec::new(),
     }
 }
 
@@ -377,10 +494,10 @@ mod tests {
         assert_eq!(r.seq, 16);
     }
 
-    /// A last log line damaged beyond reading (the only copy of its
-    /// record): the open goes on from the newest record that reads, keeps
-    /// the damaged line as evidence that `verify` names, and the store takes
-    /// appends again.
+    /// A last log line damaged beyond reading but whole (its newline is
+    /// there: not a torn write) is the only copy of its record, and
+    /// evidence: the open refuses with nothing changed, `verify` names it,
+    /// and salvage builds a store from the rest, saying what was lost.
     #[tokio::test]
     async fn a_damaged_last_log_line_is_kept_and_named() {
         let dir = tempfile::tempdir().unwrap();
@@ -392,19 +509,22 @@ mod tests {
         }
         let log = dir.path().join(LOG_FILE);
         let text = std::fs::read_to_string(&log).unwrap();
-        std::fs::write(&log, text.replace("{\"seq\":5,", "{\"sXq\":5,")).unwrap();
-        let s = AuditStore::open(dir.path(), clock()).unwrap();
-        assert_eq!(s.head_seq(), 4);
-        let v = s.verify().unwrap();
+        let damaged = text.replace("{\"seq\":5,", "{\"sXq\":5,");
+        std::fs::write(&log, &damaged).unwrap();
+        let e = AuditStore::open(dir.path(), clock()).unwrap_err().to_string();
+        assert!(e.contains("found line 5 (byte ") && e.contains("nightshift audit salvage"), "{e}");
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), damaged, "nothing was cut");
+        let v = super::verify_dir(dir.path(), None).unwrap();
         assert!(!v.ok);
-        assert!(v.problem.as_deref().unwrap_or("").contains("records.jsonl:5: not a readable record"), "{v:?}");
-        let r = s.append(NewRecord::new(RecordKind::Note, "e", json!({"i": "after"})), None).await.unwrap();
-        assert_eq!(r.seq, 5);
-        drop(s);
-        let after = std::fs::read_to_string(&log).unwrap();
-        assert!(after.contains("{\"sXq\":5,") && after.contains("{\"seq\":5,"), "both the damaged line and the new 5");
-        let s = AuditStore::open(dir.path(), clock()).unwrap();
-        assert_eq!(s.get(5).unwrap().unwrap().data["i"], "after");
+        assert!(v.problem.as_deref().unwrap_or("").contains("records.jsonl:5 (byte "), "{v:?}");
+        assert!(v.problem.as_deref().unwrap_or("").contains("not a readable record"), "{v:?}");
+        let to = tempfile::tempdir().unwrap();
+        let (from, new) = (dir.path().to_path_buf(), to.path().join("new"));
+        let r = tokio::task::spawn_blocking(move || crate::salvage(&from, &new, clock())).await.unwrap().unwrap();
+        assert_eq!((r.recovered, r.damaged_lines.len(), r.damaged_lines[0].0), (4, 1, 5), "{r:?}");
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), damaged, "salvage writes beside the store");
+        let s = AuditStore::open(&to.path().join("new"), clock()).unwrap();
+        assert!(s.verify().unwrap().ok);
     }
 
     #[tokio::test]
@@ -419,8 +539,9 @@ mod tests {
         let log = dir.path().join(LOG_FILE);
         let text = std::fs::read_to_string(&log).unwrap();
         assert_eq!(text.lines().count(), 10, "closed cleanly: no zero-filled room left");
-        // Lines past the store that do not continue the chain (here: edited
-        // copies whose hashes do not match) and a torn one: cut.
+        // Whole lines past the store that do not continue the chain (here:
+        // edited copies whose hashes do not match) are evidence: refused,
+        // nothing cut. A torn last write alone is cut.
         let last = text.lines().last().unwrap().to_string();
         let mut ahead = text.clone();
         for seq in [11, 12] {
@@ -429,6 +550,10 @@ mod tests {
         }
         ahead.push_str("{\"seq\":13,\"ts_ms\":");
         std::fs::write(&log, &ahead).unwrap();
+        let e = AuditStore::open(dir.path(), clock()).unwrap_err().to_string();
+        assert!(e.contains("found line 11 (byte ") && e.contains("record 11 was altered"), "{e}");
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), ahead, "nothing was cut");
+        std::fs::write(&log, text.clone() + "{\"seq\":11,\"ts_ms\":").unwrap();
         {
             let s = AuditStore::open(dir.path(), clock()).unwrap();
             assert_eq!(std::fs::read_to_string(&log).unwrap(), text, "cut back to what the store holds");

@@ -288,15 +288,22 @@ pub enum AuditCmd {
     /// Example: nightshift audit follow --server http://127.0.0.1:8080
     Follow,
     /// Walk the hash chain; exit 1 if it is broken, naming the first record
-    /// that cannot be read or does not check out. When the store cannot
-    /// even be opened, the record log (records.jsonl) is walked instead.
+    /// that cannot be read or does not check out (line, byte and record of
+    /// the record log). On a stopped engine's data dir it opens nothing
+    /// for writing: the record log and records.idx are only read, and sled
+    /// is read from a copy in a temporary folder.
     ///
     /// Example: nightshift audit verify
+    /// Example: nightshift audit verify --head 48213:9f2c…   # a head kept from `audit head`
     Verify {
         /// With PostgreSQL: every shard of the engine's database, each
         /// named with its result (needs --server).
         #[arg(long)]
         all_shards: bool,
+        /// A head kept elsewhere (`nightshift audit head`), as SEQ:HASH:
+        /// the chain must still hold that record with that hash.
+        #[arg(long, value_name = "SEQ:HASH")]
+        head: Option<String>,
     },
     /// Copy every record that still checks out (and the run summaries the
     /// chain vouches for, the others rebuilt) from a damaged store into a

@@ -389,11 +389,48 @@ impl Conn {
         }
     }
 
-    pub async fn verify(&mut self) -> Result<VerifyReport> {
+    /// Walk the chain (and check `anchor`, a head kept from `audit head`).
+    /// Here, on a stopped engine's data dir, nothing is opened for writing.
+    pub async fn verify(&mut self, anchor: Option<(u64, String)>) -> Result<VerifyReport> {
         match self {
-            Conn::Remote(r) => r.get("/api/v1/audit/verify").await,
-            Conn::Local(l) => Ok(l.audit()?.verify()?),
+            Conn::Remote(r) => {
+                let mut v: VerifyReport = r.get("/api/v1/audit/verify").await?;
+                if let Some((seq, hash)) = anchor.filter(|_| v.ok) {
+                    let found = r
+                        .get::<Vec<AuditRecord>>(&format!("/api/v1/audit/records?after_seq={}&limit=1", seq - 1))
+                        .await?
+                        .into_iter()
+                        .next()
+                        .filter(|rec| rec.seq == seq)
+                        .map(|rec| rec.hash);
+                    if let Some(problem) =
+                        nightshift_engine::audit::anchor_check(v.verified_up_to, seq, &hash, found.as_deref())
+                    {
+                        (v.ok, v.first_bad_seq, v.problem) = (false, Some(seq), Some(problem));
+                    }
+                }
+                Ok(v)
+            }
+            Conn::Local(l) => {
+                if l.config.audit.backend == nightshift_engine::config::AuditBackend::Postgres {
+                    return Err(anyhow::Error::new(Fail(2)).context(
+                        "with audit.backend: postgres the chain is in the database: pass --server URL of any engine of the shard",
+                    ));
+                }
+                let dir = l.config.data_dir.clone();
+                let d = dir.clone();
+                tokio::task::spawn_blocking(move || {
+                    nightshift_engine::audit::verify_dir(&d, anchor.as_ref().map(|(s, h)| (*s, h.as_str())))
+                })
+                .await?
+                .map_err(|e| locked(e, &dir))
+            }
         }
+    }
+
+    /// Whether this is the engine's data dir here (not a server).
+    pub fn is_local(&self) -> bool {
+        matches!(self, Conn::Local(_))
     }
 
     /// The newest record (none in an empty store).

@@ -195,6 +195,102 @@ fn an_altered_record_is_reported_lost_and_the_rest_verifies() {
     assert_eq!(rec.data["pre_salvage_head"]["seq"], serde_json::json!(head), "{}", rec.data);
 }
 
+/// Issue 46 point 1, from outside, as the attack round did it: one
+/// record's line edited so that its length changes (an actor 4 bytes
+/// shorter), records.idx left alone. `audit verify` names the line, byte
+/// and record and exits 1; `serve` refuses to start, naming salvage; and
+/// after both the record log is byte for byte what it was (it used to be
+/// cut at the edit: 14,060 records deleted, "ok" printed).
+#[test]
+fn an_edited_log_stays_whole_after_verify_and_a_refused_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let head = store_with_records(d);
+    let cfg = config(d, "engine.yaml", "data");
+    let log = d.join("data/records.jsonl");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let target = head / 2;
+    let (line_no, _) = text
+        .lines()
+        .enumerate()
+        .find(|(_, l)| l.starts_with(&format!("{{\"seq\":{target},")))
+        .expect("the target's line");
+    let edited: String = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| if i == line_no { l.replace("test:audit-writer", "test:audit-wr") } else { l.to_string() } + "\n")
+        .collect();
+    assert_eq!(edited.len() + 4, text.len());
+    std::fs::write(&log, &edited).unwrap();
+
+    let o = nightshift(d, &cfg, &["audit", "verify"]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains(&format!("broken: the chain breaks at record {target}")), "{out}");
+    assert!(out.contains(&format!("records.jsonl:{} (byte ", line_no + 1)), "{out}");
+    assert!(out.contains(&format!("record {target} was altered")) && out.contains("nothing was changed"), "{out}");
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), edited, "verify changed the log");
+
+    assert_eq!(nightshift(d, &cfg, &["keygen", "--out", "key"]).status.code(), Some(0));
+    let o = nightshift(d, &cfg, &["serve", "--listen", "127.0.0.1:0"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("nothing was changed") && err.contains("nightshift audit salvage --to NEW_DIR"), "{err}");
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), edited, "a refused serve changed the log");
+
+    // Salvage builds a store beside it, and still touches nothing here.
+    let o = nightshift(d, &cfg, &["audit", "salvage", "--to", "salvaged"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("salvaged {} record(s)", head - 1)));
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), edited, "salvage changed the log");
+    let o = nightshift(d, &config(d, "engine2.yaml", "salvaged"), &["audit", "verify"]);
+    assert_eq!(o.status.code(), Some(0));
+}
+
+/// `audit verify --head SEQ:HASH` checks a head kept elsewhere: the same
+/// store passes; a store rewritten whole (every hash recomputed, so the
+/// chain itself verifies) fails at the anchor.
+#[test]
+fn verify_checks_a_head_kept_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let head = store_with_records(d);
+    let cfg = config(d, "engine.yaml", "data");
+    let o = nightshift(d, &cfg, &["audit", "head", "--json"]);
+    let h: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(h["seq"], serde_json::json!(head));
+    let anchor = format!("{}:{}", head, h["hash"].as_str().unwrap());
+    let o = nightshift(d, &cfg, &["audit", "verify", "--head", &anchor]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("the chain still holds the anchored head"));
+    // The whole history rewritten by someone who recomputes every hash.
+    let log = d.join("data/records.jsonl");
+    let mut prev = nightshift_engine::audit::GENESIS.to_string();
+    let mut out = String::new();
+    for line in std::fs::read_to_string(&log).unwrap().lines() {
+        let Ok(mut r) = serde_json::from_str::<nightshift_engine::audit::AuditRecord>(line) else { continue };
+        r.actor = "test:someone-else".into();
+        r.prev_hash = prev;
+        r.hash = r.compute_hash();
+        prev = r.hash.clone();
+        out.push_str(&serde_json::to_string(&r).unwrap());
+        out.push('\n');
+    }
+    let rewritten = d.join("rewritten");
+    std::fs::create_dir_all(&rewritten).unwrap();
+    std::fs::write(rewritten.join("records.jsonl"), &out).unwrap();
+    let cfg2 = config(d, "engine2.yaml", "rewritten");
+    let o = nightshift(d, &cfg2, &["audit", "verify"]);
+    assert_eq!(o.status.code(), Some(0), "the rewritten chain verifies on its own");
+    let o = nightshift(d, &cfg2, &["audit", "verify", "--head", &anchor]);
+    assert_eq!(o.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains(&format!("expected record {head} to have the anchored hash")), "{text}");
+    let o = nightshift(d, &cfg, &["audit", "verify", "--head", "12:nothex"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--head: expected SEQ:HASH with HASH 64 hex digits"));
+}
+
 /// The chain can be checked without nightshift: `scripts/verify-chain.py`
 /// (Python's standard library, an RFC 8785 canonical form of its own)
 /// recomputes every hash of a real store's export — power limits as floats
@@ -263,7 +359,82 @@ async fn an_outside_tool_recomputes_every_hash() {
     assert_ne!(downgraded, forged, "the record carried its version");
     let (ok, text) = check(&downgraded);
     assert!(!ok && text.contains("expected hash version 2 after record 1, found version 1"), "{text}");
+    // Issue 46 point 2: "v" stripped from *every* record, so none is after
+    // a version 2 one, and the note rewritten, hashes and links kept:
+    // version 1 records are rehashed now, by both verifiers.
+    let all_v1: String = forged.lines().map(|l| l.replace(",\"v\":2", "") + "\n").collect();
+    assert!(!all_v1.contains("\"v\":"));
+    let (ok, text) = check(&all_v1);
+    assert!(!ok && text.starts_with("record 1 (line 1): expected hash "), "{text}");
+    let file = dir.path().join("all-v1.jsonl");
+    std::fs::write(&file, &all_v1).unwrap();
+    let v = nightshift_engine::audit::verify_log(&file).unwrap();
+    assert!(!v.ok && v.problem.as_deref().unwrap_or("").contains("record 1 was altered"), "{v:?}");
     engine.shutdown().await;
     let mut agent = agent;
     agent.stop().await;
+}
+
+/// Version 1 records (serde_json's bytes of the fields in a fixed order)
+/// are rehashed by `scripts/verify-chain.py` exactly as nightshift hashes
+/// them: floats in serde_json's shortest form at every exponent, strings
+/// with escapes and non-ASCII text, nested maps with their keys sorted,
+/// the extremes of the integers. A chain of them verifies; one edit fails.
+#[test]
+fn the_outside_tool_rehashes_version_1_records() {
+    use nightshift_engine::audit::{AuditRecord, GENESIS, RecordKind};
+    let Some(python) = nightshift_tests::external::require("python3", "python3") else { return };
+    let payloads = [
+        serde_json::json!({"watts": 700.0, "f": [0.1, 1e16, 1e15, 1.5e-7, 0.0001, 1e-5, 123456789.125, -2.5, 1.23e22, 12345678901234567.0]}),
+        serde_json::json!({"tiny": 5e-324, "huge": 1.7976931348623157e308, "neg0": -0.0, "z": 0.0}),
+        serde_json::json!({"text": "GPU at 91.5 °C → capping", "esc": "a\"b\\c\nd\te\u{1}f\u{7f}g\u{8}\u{c}\r"}),
+        serde_json::json!({"zeta": {"b": 1, "a": [true, false, null]}, "alpha": u64::MAX, "mid": i64::MIN}),
+        serde_json::json!({"emoji": "🔥", "empty": {}, "list": []}),
+    ];
+    let mut prev = GENESIS.to_string();
+    let mut export = String::new();
+    for (i, data) in payloads.iter().enumerate() {
+        let mut r = AuditRecord {
+            seq: i as u64 + 1,
+            ts_ms: 1_700_000_000_000 + i as i64,
+            kind: RecordKind::Note,
+            run: (i % 2 == 0).then(|| format!("r{i}")),
+            node: Some("gpu-a1".into()),
+            gpu: (i == 1).then_some(3),
+            runbook: None,
+            actor: "engine".into(),
+            data: data.clone(),
+            prev_hash: prev.clone(),
+            hash: String::new(),
+            v: None,
+        };
+        r.hash = r.compute_hash();
+        prev = r.hash.clone();
+        export.push_str(&serde_json::to_string(&r).unwrap());
+        export.push('\n');
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/verify-chain.py");
+    let check = |text: &str, args: &[&str]| {
+        use std::io::Write;
+        let mut child = std::process::Command::new(&python)
+            .arg(&script)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (ok, text) = check(&export, &[]);
+    assert!(ok, "{text}");
+    assert_eq!(text.trim(), format!("ok: {} records ({} version 1)", payloads.len(), payloads.len()));
+    let (ok, text) = check(&export.replace("91.5 °C", "71.5 °C"), &[]);
+    assert!(!ok && text.starts_with("record 3 (line 3): expected hash "), "{text}");
+    // The anchored head, and a wrong one.
+    let (ok, text) = check(&export, &["--head", &format!("5:{prev}")]);
+    assert!(ok, "{text}");
+    let (ok, text) = check(&export, &["--head", &format!("4:{prev}")]);
+    assert!(!ok && text.contains("expected the anchored hash"), "{text}");
 }

@@ -53,6 +53,12 @@ pub fn salvage(from: &Path, to: &Path, clock: SharedClock) -> Result<SalvageRepo
             message: "already holds an audit store: salvage into an empty folder".into(),
         });
     }
+    if crate::index::held_by_engine(from) {
+        return Err(AuditError::Locked {
+            path: from.to_path_buf(),
+            message: "held by a running engine: stop it before salvaging its store".into(),
+        });
+    }
     let mut good: BTreeMap<u64, AuditRecord> = BTreeMap::new();
     let mut damaged_lines = Vec::new();
     // Summaries the log carries (each after the record that changed it).
@@ -223,10 +229,17 @@ struct OldSled {
 /// yields until it fails or stops answering (sled spins on a damaged page;
 /// the thread is left to the process's end).
 fn read_old_sled(from: &Path) -> OldSled {
-    let path = from.join("audit.sled");
-    if !path.exists() {
-        return OldSled { error: Some(format!("no sled store at {}", path.display())), ..OldSled::default() };
-    }
+    // Read from a copy: sled writes on every open, and salvage writes
+    // nothing into the store it reads.
+    let copy = match crate::index::SledCopy::of(from) {
+        Ok(Some(copy)) => copy,
+        Ok(None) => {
+            let path = from.join("audit.sled");
+            return OldSled { error: Some(format!("no sled store at {}", path.display())), ..OldSled::default() };
+        }
+        Err(why) => return OldSled { error: Some(why), ..OldSled::default() },
+    };
+    let path = copy.path.clone();
     let got: Arc<Mutex<OldSled>> = Arc::default();
     let progress = Arc::new(AtomicU64::new(0));
     let (g, p) = (got.clone(), progress.clone());

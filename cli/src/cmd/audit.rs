@@ -137,7 +137,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 }
             }
         },
-        AuditCmd::Verify { all_shards: true } => {
+        AuditCmd::Verify { all_shards: true, .. } => {
             let v = c.verify_shards().await?;
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
@@ -162,44 +162,20 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
             }
             Ok(if ok { 0 } else { 1 })
         }
-        AuditCmd::Verify { all_shards: false } => {
-            let v = match c.verify().await {
-                Ok(v) => v,
-                // A store that cannot be opened (damaged): walk its record
-                // log instead, to say where.
-                Err(e) if !e.to_string().contains("in use by another") && local_log(&c).is_some() => {
-                    let log = local_log(&c).unwrap_or_default();
-                    outln!(
-                        "{} the audit store's sled files cannot be opened: they are damaged (sled says: {})",
-                        out.red("broken:"),
-                        format!("{e:#}").split(" backtrace").next().unwrap_or_default()
-                    );
-                    if !log.exists() {
-                        outln!("no record log at {} to check instead", log.display());
-                        return Ok(1);
-                    }
-                    let v = nightshift_engine::audit::verify_log(&log)?;
-                    if v.ok {
-                        outln!(
-                            "the record log holds every record up to {} intact ({}): run `nightshift audit salvage --to NEW_DIR` to rebuild the store from it, losing nothing",
-                            v.verified_up_to,
-                            log.display()
-                        );
-                    } else {
-                        outln!(
-                            "the record log breaks at record {}: {}",
-                            v.first_bad_seq.unwrap_or(0),
-                            v.problem.clone().unwrap_or_default()
-                        );
-                    }
-                    return Ok(1);
-                }
-                Err(e) => return Err(e),
-            };
+        AuditCmd::Verify { all_shards: false, head } => {
+            let anchor = head
+                .as_deref()
+                .map(nightshift_engine::audit::parse_anchor)
+                .transpose()
+                .map_err(|e| usage(format!("--head: {e}")))?;
+            let v = c.verify(anchor).await?;
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
             } else if v.ok {
                 outln!("{} chain verified up to record {} ({} records)", out.green("ok:"), v.verified_up_to, v.records);
+                if let Some(h) = head {
+                    outln!("{} the chain still holds the anchored head {h}", out.green("anchored:"));
+                }
                 for (seq, by) in &v.excused {
                     outln!(
                         "{} the chain breaks before record {seq}: excused by the `salvaged` record {by}, which lists what was lost",
@@ -213,6 +189,16 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                     v.first_bad_seq.unwrap_or(0),
                     v.problem.clone().unwrap_or_default()
                 );
+                if c.is_local() {
+                    outln!(
+                        "nothing was changed; `nightshift audit salvage --to NEW_DIR` builds a store beside this one from every record that checks out"
+                    );
+                }
+            }
+            if !out.json {
+                for n in &v.notes {
+                    outln!("{} {n}", out.yellow("note:"));
+                }
             }
             Ok(if v.ok { 0 } else { 1 })
         }
@@ -266,14 +252,6 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
             }
             Ok(0)
         }
-    }
-}
-
-/// The record log of an embedded engine's data dir.
-fn local_log(c: &Conn) -> Option<std::path::PathBuf> {
-    match c {
-        Conn::Local(l) => Some(l.config.data_dir.join(nightshift_engine::audit::LOG_FILE)),
-        Conn::Remote(_) => None,
     }
 }
 
