@@ -72,6 +72,10 @@ pub struct AgentConfig {
     /// Job files older than this are ignored (the job stopped writing).
     #[serde(default = "default_job_age")]
     pub job_metrics_max_age_secs: u64,
+    /// `nightshift-agent run --new-state`: a state dir used before may
+    /// start without its state log (never read from the file).
+    #[serde(skip)]
+    pub new_state: bool,
 }
 
 fn default_job_age() -> u64 {
@@ -132,6 +136,7 @@ impl AgentConfig {
             ssh: Default::default(),
             job_metrics_dir: None,
             job_metrics_max_age_secs: default_job_age(),
+            new_state: false,
         }
     }
 
@@ -268,6 +273,7 @@ impl AgentConfig {
         o.max_request_bytes = self.max_request_bytes;
         o.job_metrics_dir = self.job_metrics_dir.clone();
         o.job_metrics_max_age_secs = self.job_metrics_max_age_secs;
+        o.new_state = self.new_state;
         Ok(o)
     }
 }

@@ -29,6 +29,11 @@ enum Command {
         /// Override the config's backend: auto, sim, nvml or rocm.
         #[arg(long)]
         backend: Option<BackendKind>,
+        /// Start with no holds on a state dir used before whose state.log
+        /// is missing or empty (the start is refused otherwise: the holds,
+        /// baselines and leases it kept would be forgotten silently).
+        #[arg(long)]
+        new_state: bool,
     },
     /// Generate an Ed25519 key (mode 0600) and its .pub; print the fingerprint.
     ///
@@ -90,9 +95,10 @@ fn init_logging() {
 
 async fn real_main(cli: Cli) -> Result<(), String> {
     match cli.command {
-        Command::Run { config, backend } => {
+        Command::Run { config, backend, new_state } => {
             init_logging();
-            let cfg = AgentConfig::load(&config).map_err(|e| e.to_string())?;
+            let mut cfg = AgentConfig::load(&config).map_err(|e| e.to_string())?;
+            cfg.new_state = new_state;
             let started = runtime::start(&cfg, backend).await.map_err(|e| e.to_string())?;
             println!(
                 "nightshift-agent {} on {} (backend {}), host key {}{}",

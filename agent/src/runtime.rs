@@ -39,20 +39,23 @@ pub struct StartedAgent {
 }
 
 impl StartedAgent {
-    /// Stop the loops and the server.
+    /// Stop the loops and the server, and let go of the state dir.
     pub async fn shutdown(self) {
         for t in &self.tasks {
             t.abort();
         }
         self.server.shutdown().await;
+        self.agent.close();
     }
 
-    /// Stop at once, without waiting (a crash, for tests).
+    /// Stop at once, without waiting (a crash, for tests: as a process
+    /// that dies, it lets go of the state dir).
     pub fn kill(self) {
         for t in &self.tasks {
             t.abort();
         }
         self.server.abort();
+        self.agent.close();
     }
 }
 
@@ -85,10 +88,17 @@ pub async fn start_with(
     backend: Arc<dyn Backend>,
     clock: SharedClock,
 ) -> Result<StartedAgent, StartError> {
+    // A host key from an earlier start says the state dir was used: its
+    // state log must be there (the agent first, so that a start that fails
+    // before its state log exists leaves no key behind to say otherwise).
+    let mut opts = cfg.options()?;
+    if cfg.host_key_path.exists() {
+        opts.used_before = Some(format!("its host key {} exists", cfg.host_key_path.display()));
+    }
+    let authorized = keys::load_authorized(&cfg.authorized_keys_path)?;
+    let agent = Arc::new(Agent::new(opts, backend.clone(), clock.clone())?);
     let (host_key, created) = keys::load_or_create(&cfg.host_key_path, &format!("nightshift-agent@{}", cfg.node))?;
     let fingerprint = keys::fingerprint(host_key.public_key());
-    let authorized = keys::load_authorized(&cfg.authorized_keys_path)?;
-    let agent = Arc::new(Agent::new(cfg.options()?, backend.clone(), clock.clone())?);
     let listener = tokio::net::TcpListener::bind(&cfg.listen_addr)
         .await
         .map_err(|source| StartError::Listen { addr: cfg.listen_addr.clone(), source })?;

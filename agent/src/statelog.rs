@@ -45,6 +45,52 @@ use crate::journal::{Journal, JournalLine};
 /// The log's file name in the state dir.
 pub const LOG_FILE: &str = "state.log";
 
+/// The lock file in the state dir: held (`flock`, exclusive) by the one
+/// agent using the dir for its whole life, with that agent's pid in it.
+pub const LOCK_FILE: &str = "agent.lock";
+
+/// How long a start waits for the lock before it says who holds it (an
+/// agent stopping in the same process lets go a moment later).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Take the state dir's lock, or say which process holds it.
+fn lock_dir(dir: &Path) -> Result<File, String> {
+    let path = dir.join(LOCK_FILE);
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open its lock file {}: {e}", path.display()))?;
+    let started = std::time::Instant::now();
+    loop {
+        match f.try_lock() {
+            Ok(()) => break,
+            Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < LOCK_WAIT => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                let holder = holder.trim();
+                return Err(format!(
+                    "expected the state dir to be free, found it held by another nightshift-agent ({}): two agents \
+                     on one state dir would both apply the same requests; stop that one, or give this one its own \
+                     state_dir",
+                    if holder.is_empty() { "pid unknown".to_string() } else { format!("pid {holder}") }
+                ));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(format!("cannot lock {}: {e}", path.display()));
+            }
+        }
+    }
+    f.set_len(0)
+        .and_then(|()| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
+        .map_err(|e| format!("cannot write its pid into {}: {e}", path.display()))?;
+    Ok(f)
+}
+
 /// The log is compacted when it is larger than this and four times its
 /// last snapshot.
 pub const COMPACT_MIN_BYTES: u64 = 16 << 20;
@@ -107,6 +153,8 @@ pub struct StateLog {
     /// The highest leader term the log holds (a compaction keeps it, so
     /// the caller need not be asked for it under the log's lock).
     term: u64,
+    /// The state dir's lock, held while the log is open.
+    lock: File,
 }
 
 fn crc(bytes: &[u8]) -> u32 {
@@ -167,11 +215,36 @@ fn scan(bytes: &[u8]) -> Scan {
 impl StateLog {
     /// Open the log in `dir` (created empty when there is none; migrated
     /// from the older files when they are there), replay it, and compact
-    /// it.
-    pub fn open(dir: &Path) -> Result<(StateLog, Loaded), StateError> {
+    /// it. A dir used before (`used_before` says by what: the host key
+    /// there) must have its log: without one the holds, baselines and
+    /// leases it kept are gone while GPUs may still be capped by them, so
+    /// the open refuses — unless `new_state` (`--new-state`) says to start
+    /// with none. The dir's lock ([`LOCK_FILE`]) is held while the log is
+    /// open: a second agent on the dir is refused with the holder's pid.
+    pub fn open_checked(
+        dir: &Path,
+        used_before: Option<&str>,
+        new_state: bool,
+    ) -> Result<(StateLog, Loaded), StateError> {
         let path = dir.join(LOG_FILE);
         let err = |message: String| StateError { path: path.clone(), message };
         std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create its folder: {e}")))?;
+        let lock = lock_dir(dir).map_err(&err)?;
+        let empty = std::fs::metadata(&path).map_or(true, |m| m.len() == 0);
+        let old_files = ["holds.json", "journal.jsonl", "leader-term"].iter().any(|f| dir.join(f).exists());
+        if empty
+            && !old_files
+            && !new_state
+            && let Some(evidence) = used_before
+        {
+            return Err(err(format!(
+                "expected the state log of a state dir used before ({evidence}), found {}: the holds, baselines \
+                 and leases it kept are gone, and GPUs may still be capped or drained by them. Check the node's \
+                 settings by hand (`nvidia-smi -q`, the scheduler's drain) and put state.log back from a backup, \
+                 or start with --new-state to begin with no holds",
+                if path.exists() { "it empty" } else { "none" }
+            )));
+        }
         // (state, files migrated, bytes of whole lines, first line's length)
         let (mut loaded, migrated, whole, first) = match std::fs::read(&path) {
             Ok(bytes) => {
@@ -225,11 +298,12 @@ impl StateLog {
             unsynced: false,
             syncs: 0,
             term: loaded.term,
+            lock,
         };
-        // A new log starts with a snapshot; an old one is compacted only
-        // when it has grown (its lines are the history tests and people
+        // A new (or empty) log starts with a snapshot; an old one is
+        // compacted only when it has grown (its lines are the history tests and people
         // read).
-        if migrated.is_some() || log.wants_compaction() {
+        if migrated.is_some() || whole == 0 || log.wants_compaction() {
             loaded.journal.trim();
             log.compact(&loaded.holds, &loaded.journal, loaded.term)
                 .map_err(|e| err(format!("cannot write its snapshot: {e}")))?;
@@ -242,6 +316,18 @@ impl StateLog {
             }
         }
         Ok((log, loaded))
+    }
+
+    /// Let go of the state dir's lock (an agent stopped in a process that
+    /// goes on: a restart in tests or the simulator). Nothing may be
+    /// written through this log afterwards.
+    pub fn unlock(&self) {
+        let _ = self.lock.unlock();
+    }
+
+    /// [`StateLog::open_checked`] for a dir with no sign of earlier use.
+    pub fn open(dir: &Path) -> Result<(StateLog, Loaded), StateError> {
+        Self::open_checked(dir, None, false)
     }
 
     /// Where the log lives.
@@ -601,6 +687,38 @@ mod tests {
         let (_, st) = StateLog::open(dir.path()).unwrap();
         assert_eq!(st.holds.record(), rec.record());
         assert_eq!(st.term, 4);
+    }
+
+    #[test]
+    fn a_second_open_of_a_state_dir_is_refused_naming_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, _) = StateLog::open(dir.path()).unwrap();
+        let e = StateLog::open(dir.path()).unwrap_err().to_string();
+        assert!(e.contains(&format!("held by another nightshift-agent (pid {})", std::process::id())), "{e}");
+        first.unlock();
+        let (_again, _) = StateLog::open(dir.path()).unwrap();
+    }
+
+    /// A state dir used before (its host key there) without its log, or
+    /// with an empty one, is refused unless `new_state`; a new dir, or one
+    /// with its log, opens.
+    #[test]
+    fn a_used_state_dir_without_its_log_is_refused_unless_told() {
+        let used = Some("its host key /x/host_key exists");
+        let dir = tempfile::tempdir().unwrap();
+        let e = StateLog::open_checked(dir.path(), used, false).unwrap_err().to_string();
+        assert!(e.contains("found none") && e.contains("--new-state") && e.contains("its host key /x/host_key"), "{e}");
+        assert!(!dir.path().join(LOG_FILE).exists(), "nothing written");
+        std::fs::write(dir.path().join(LOG_FILE), "").unwrap();
+        let e = StateLog::open_checked(dir.path(), used, false).unwrap_err().to_string();
+        assert!(e.contains("found it empty"), "{e}");
+        let (log, _) = StateLog::open_checked(dir.path(), used, true).unwrap();
+        drop(log);
+        // Now it has its log (a snapshot): opens without being told.
+        let (_log, _) = StateLog::open_checked(dir.path(), used, false).unwrap();
+        // A fresh dir never refuses.
+        let fresh = tempfile::tempdir().unwrap();
+        StateLog::open_checked(fresh.path(), None, false).unwrap();
     }
 
     #[test]

@@ -56,6 +56,7 @@ impl Node {
     /// Stop the agent and start a new one on the same state dir (the
     /// hardware keeps its settings, as real GPUs do).
     fn restart(&mut self) {
+        self.agent.close();
         let (sim, agent) = open(self.dir.path(), self.profile, &self.clock);
         self.sim = sim;
         self.agent = agent;

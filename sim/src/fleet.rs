@@ -496,6 +496,10 @@ impl SimFleet {
             .ok_or_else(|| SimError::Setup(format!("agent restart: node `{node}` is not in the fleet")))?;
         let backend: Arc<dyn Backend> = self.sims[node].clone();
         let shared: SharedClock = Arc::new(self.clock.clone());
+        // The old process is gone: it holds the state dir no longer.
+        if let Some(old) = self.agents.get(node) {
+            old.close();
+        }
         let agent = Arc::new(
             Agent::new(opts.clone(), backend, shared)
                 .map_err(|e| SimError::Setup(format!("agent restart on {node}: {e}")))?,

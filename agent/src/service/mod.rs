@@ -56,6 +56,11 @@ pub struct AgentOptions {
     pub job_metrics_dir: Option<PathBuf>,
     /// Job files older than this are ignored.
     pub job_metrics_max_age_secs: u64,
+    /// The state dir was used before (what says so: its host key): its
+    /// state log must be there, unless `new_state`.
+    pub used_before: Option<String>,
+    /// Start with no holds even where `used_before` (`--new-state`).
+    pub new_state: bool,
 }
 
 impl AgentOptions {
@@ -78,6 +83,8 @@ impl AgentOptions {
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             job_metrics_dir: None,
             job_metrics_max_age_secs: 120,
+            used_before: None,
+            new_state: false,
         }
     }
 }
@@ -155,6 +162,9 @@ pub struct Agent {
     /// The state log's last write failed: what failed (cleared by the next
     /// write that succeeds). Telemetry and `/metrics` report it.
     degraded: Mutex<Option<String>>,
+    /// Stopped ([`Agent::close`]): refuses requests, its loops do nothing,
+    /// and another agent may have its state dir.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Agent {
@@ -185,7 +195,7 @@ impl Agent {
         for (name, m) in &opts.configs {
             m.check().map_err(|e| AgentError::Config(format!("configs.{name}: {e}")))?;
         }
-        let (log, state) = StateLog::open(&opts.state_dir)?;
+        let (log, state) = StateLog::open_checked(&opts.state_dir, opts.used_before.as_deref(), opts.new_state)?;
         let scheduler = Scheduler::new(opts.scheduler.clone(), &opts.node, opts.state_dir.join("node-drain.json"));
         let configs = ConfigStore::new(opts.state_dir.join("configs"), opts.configs.clone());
         Ok(Agent {
@@ -206,6 +216,7 @@ impl Agent {
             leader_term: Mutex::new(state.term),
             last_health: Mutex::new(None),
             degraded: Mutex::new(None),
+            closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -244,6 +255,15 @@ impl Agent {
     /// `fdatasync` calls on the state log since the agent started.
     pub fn state_syncs(&self) -> u64 {
         self.state_log().syncs()
+    }
+
+    /// Stop this agent for good within a process that goes on (a restart
+    /// in tests or the simulator; a real agent stops by exiting): it
+    /// refuses every request from now on, its loops do nothing, and its
+    /// state dir's lock is let go so that the agent replacing it can start.
+    pub fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.state_log().unlock();
     }
 
     fn state_log(&self) -> std::sync::MutexGuard<'_, StateLog> {
@@ -286,6 +306,9 @@ impl Agent {
     /// Handle one parsed request.
     pub async fn handle(&self, req: Request) -> Reply {
         let id = req.id.clone();
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Reply::err(&id, ErrorCode::Internal, "this agent has stopped: ask the one that replaced it");
+        }
         // A read with a leader term is an announcement too: a new leader
         // reads every agent's holds before it acts, and from then on the
         // term before is refused here, reached by the new leader or not.
@@ -1564,7 +1587,7 @@ impl Agent {
     /// times a second (the runtime does); scenario tests call it each
     /// virtual tick.
     pub async fn tick(&self) {
-        if self.opts.policy.hands_off() {
+        if self.opts.policy.hands_off() || self.closed.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
         let now = self.clock.now_ms();
