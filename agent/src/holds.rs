@@ -37,6 +37,10 @@ pub struct Held {
     /// its own, never a person's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub writing: Option<HoldValue>,
+    /// The last time the setting was found at its baseline while held (a
+    /// reset, a reboot) and applied again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reapplied: Option<nightshift_proto::Reapplied>,
 }
 
 impl Held {
@@ -58,6 +62,7 @@ impl Held {
             effective: self.effective(),
             drifted: self.drifted.clone(),
             holds: self.holds.clone(),
+            reapplied: self.reapplied.clone(),
         }
     }
 }
@@ -284,6 +289,7 @@ impl HoldStore {
                 drifted: None,
                 holds: vec![hold],
                 writing: None,
+                reapplied: None,
             }),
         }
     }

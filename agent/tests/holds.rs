@@ -463,3 +463,65 @@ async fn sim_fault_exists_only_on_the_sim_backend_and_is_journaled() {
     assert!(lines.iter().any(|l| matches!(l, JournalLine::Done { id, .. } if id == "fault-1")));
     assert_eq!(n.clock.now_ms(), 1_000_000);
 }
+
+/// Issue 46 point 3: the GPU is reset (or the node rebooted, the driver
+/// reloaded) while the agent is down, so its power limit is back at the
+/// default while the agent still holds a cap. Before, the agent went on
+/// reporting 450 W held while the GPU ran at 700 W, and the next change
+/// ended the hold as a person's. Now the first tick after the start reads
+/// every held GPU setting back: one at its default is applied again and
+/// says so; one a person set to something else is drifted, left alone.
+#[tokio::test]
+async fn a_cap_lost_to_a_reset_while_the_agent_was_down_is_applied_again() {
+    let mut n = Node::new("h100-sxm");
+    n.ok("r1", cap(0, 450.0), Some(3600)).await;
+    n.ok("r1", cap(1, 500.0), Some(3600)).await;
+    assert_eq!((n.power(0), n.power(1)), (450.0, 500.0));
+    n.agent.close();
+    n.sim.inject(&SimFault::GpuReset { gpu: 0 }).unwrap();
+    assert_eq!(n.power(0), 700.0, "the reset put the default back");
+    n.restart();
+    n.advance(1).await;
+    assert_eq!(n.power(0), 450.0, "applied again after the start");
+    let v = n.held().into_iter().find(|h| h.setting == Setting::PowerLimit { gpu: 0 }).unwrap();
+    let r = v.reapplied.clone().expect("reported as re-applied");
+    assert_eq!((r.found, r.applied), (HoldValue::PowerLimit { watts: 700.0 }, HoldValue::PowerLimit { watts: 450.0 }));
+    assert!(v.drifted.is_none());
+    // Reset again while the agent runs: found at the next read-back.
+    n.sim.inject(&SimFault::GpuReset { gpu: 1 }).unwrap();
+    n.advance(30).await;
+    assert_eq!(n.power(1), 700.0, "read back once a minute, not every tick");
+    n.advance(31).await;
+    assert_eq!(n.power(1), 500.0);
+    // A person's own value is theirs: marked drifted, never overwritten.
+    n.sim.set_power_limit(0, 600.0).unwrap();
+    n.advance(61).await;
+    assert_eq!(n.power(0), 600.0);
+    let v = n.held().into_iter().find(|h| h.setting == Setting::PowerLimit { gpu: 0 }).unwrap();
+    assert!(v.drifted.as_deref().is_some_and(|d| d.contains("the device now has")), "{v:?}");
+    let r: ReleaseResult = serde_json::from_value(n.ok("r1", release_owner("r1"), None).await).unwrap();
+    let gpu0 = r.settings.iter().find(|s| s.setting == Setting::PowerLimit { gpu: 0 }).unwrap();
+    assert_eq!(gpu0.outcome, RestoreOutcome::Drifted);
+    assert_eq!((n.power(0), n.power(1)), (600.0, 700.0), "the person's value stays; GPU 1 back to its baseline");
+}
+
+/// A baseline in the state log that no device would have had (crafted,
+/// with a valid checksum) is refused at release, never written.
+#[tokio::test]
+async fn a_crafted_baseline_in_the_state_log_is_not_put_back() {
+    let mut n = Node::new("h100-sxm");
+    n.ok("r1", cap(0, 450.0), Some(3600)).await;
+    n.agent.close();
+    {
+        let state = n.dir.path().join("state");
+        let (mut log, mut loaded) = nightshift_agent::statelog::StateLog::open(&state).unwrap();
+        loaded.holds.get_mut(&Setting::PowerLimit { gpu: 0 }).unwrap().baseline =
+            HoldValue::PowerLimit { watts: 5000.0 };
+        log.compact(&loaded.holds, &loaded.journal, loaded.term).unwrap();
+    }
+    n.restart();
+    let r: ReleaseResult = serde_json::from_value(n.ok("r1", release_owner("r1"), None).await).unwrap();
+    assert_eq!(r.settings[0].outcome, RestoreOutcome::Failed, "{r:?}");
+    assert!(r.settings[0].detail.contains("the recorded baseline is refused"), "{r:?}");
+    assert_eq!(n.power(0), 450.0, "left at the held value");
+}

@@ -154,6 +154,37 @@ impl Payload for HoldEnded {
     const KINDS: &'static [RecordKind] = &[RecordKind::HoldEnded];
 }
 
+/// `hold_reapplied`: a held setting found at its default and applied again.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HoldReapplied {
+    pub setting: String,
+    pub kind: String,
+    /// What the device had (its default), and what was put back.
+    pub found: String,
+    pub applied: String,
+    pub at_ms: i64,
+    pub owners: Vec<String>,
+}
+
+impl Payload for HoldReapplied {
+    const KINDS: &'static [RecordKind] = &[RecordKind::HoldReapplied];
+}
+
+/// `hold_drifted`: a held setting not in force, and what was found.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HoldDrifted {
+    pub setting: String,
+    pub kind: String,
+    pub why: String,
+    pub owners: Vec<String>,
+}
+
+impl Payload for HoldDrifted {
+    const KINDS: &'static [RecordKind] = &[RecordKind::HoldDrifted];
+}
+
 /// `event_received` of an Alertmanager alert: acknowledged once durable,
 /// handled by a later `event_handled` (recovery handles any it lacks).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -195,6 +195,12 @@ pub enum RecordKind {
     /// Everything an accepted event leads to (runs queued, suppressions,
     /// drops) is on the chain: recovery need not handle it again.
     EventHandled,
+    /// A held setting was found at its default on the device (a GPU reset,
+    /// a reboot) and the agent applied the held value again.
+    HoldReapplied,
+    /// A held setting is not in force on the device (a person's value, or
+    /// a re-apply the envelope refused): the agent leaves it alone.
+    HoldDrifted,
 }
 
 impl RecordKind {
@@ -227,6 +233,8 @@ impl RecordKind {
             RecordKind::RunbookMode => "runbook_mode",
             RecordKind::HealthChanged => "health_changed",
             RecordKind::EventHandled => "event_handled",
+            RecordKind::HoldReapplied => "hold_reapplied",
+            RecordKind::HoldDrifted => "hold_drifted",
         }
     }
 

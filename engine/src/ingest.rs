@@ -56,6 +56,9 @@ impl Engine {
         if !t.node_metrics.ended_holds.is_empty() {
             self.audit_ended_holds(&t.node, &t.node_metrics.ended_holds).await;
         }
+        if !t.node_metrics.reapplied.is_empty() || !t.node_metrics.drifted.is_empty() {
+            self.audit_holds_not_in_force(&t.node, &t.node_metrics).await;
+        }
         let mut samples = samples_from(t);
         // How far each GPU is below its own slowdown temperature (per model
         // and sensor: an AMD junction is not NVIDIA's GPU sensor).
@@ -156,6 +159,55 @@ impl Engine {
             tracing::info!(node, hold = %e.hold.id, owner = %e.hold.owner, how = e.how.as_str(), outcome = ?e.outcome, "hold ended");
             if let Err(err) = self.core.audit.append(rec, None).await {
                 tracing::error!(node, hold = %e.hold.id, error = %err, "cannot audit a hold's end");
+            }
+        }
+    }
+
+    /// Audit, once each, what an agent found reading its held settings
+    /// back from the device: a setting back at its default and applied
+    /// again (`hold_reapplied`, with the reading), or one not in force
+    /// (`hold_drifted`, with what was found) — on the run of the hold's
+    /// owner when it is one. The seen set is rebuilt from the log on start.
+    async fn audit_holds_not_in_force(&self, node: &str, m: &nightshift_proto::NodeTelemetry) {
+        let mut recs: Vec<(String, NewRecord, Vec<String>)> = Vec::new();
+        for r in &m.reapplied {
+            let key = crate::runtable::reapplied_key(node, &r.setting.to_string(), r.reapplied.at_ms);
+            let payload = crate::audit::data::HoldReapplied {
+                setting: r.setting.to_string(),
+                kind: r.setting.kind().into(),
+                found: r.reapplied.found.to_string(),
+                applied: r.reapplied.applied.to_string(),
+                at_ms: r.reapplied.at_ms,
+                owners: r.owners.clone(),
+            };
+            let rec = NewRecord::typed(RecordKind::HoldReapplied, &format!("agent:{node}"), &payload)
+                .node(Some(node))
+                .gpu(r.setting.gpu());
+            recs.push((key, rec, r.owners.clone()));
+        }
+        for d in &m.drifted {
+            let key = crate::runtable::drifted_key(node, &d.setting.to_string(), &d.why);
+            let payload = crate::audit::data::HoldDrifted {
+                setting: d.setting.to_string(),
+                kind: d.setting.kind().into(),
+                why: d.why.clone(),
+                owners: d.owners.clone(),
+            };
+            let rec = NewRecord::typed(RecordKind::HoldDrifted, &format!("agent:{node}"), &payload)
+                .node(Some(node))
+                .gpu(d.setting.gpu());
+            recs.push((key, rec, d.owners.clone()));
+        }
+        for (key, mut rec, owners) in recs {
+            if !self.core.table().holds_ended.insert(key) {
+                continue;
+            }
+            if let Some(r) = owners.iter().find_map(|o| self.core.audit.run(o).ok().flatten()) {
+                rec = rec.run(&r.id).runbook(&r.runbook);
+            }
+            tracing::warn!(node, kind = rec.kind.as_str(), setting = %rec.data["setting"], "a held setting was not in force on the device");
+            if let Err(err) = self.core.audit.append(rec, None).await {
+                tracing::error!(node, error = %err, "cannot audit a held setting's read-back");
             }
         }
     }

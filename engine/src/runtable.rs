@@ -143,6 +143,16 @@ pub fn ended_key(node: &str, hold_id: &str, ended_at_ms: i64) -> String {
     format!("{node}|{hold_id}|{ended_at_ms}")
 }
 
+/// The key a `hold_reapplied` record is known by (in the same seen set).
+pub fn reapplied_key(node: &str, setting: &str, at_ms: i64) -> String {
+    format!("reapplied|{node}|{setting}|{at_ms}")
+}
+
+/// The key a `hold_drifted` record is known by (in the same seen set).
+pub fn drifted_key(node: &str, setting: &str, why: &str) -> String {
+    format!("drifted|{node}|{setting}|{why}")
+}
+
 impl RunTable {
     pub fn new(dedup_entries: usize) -> RunTable {
         RunTable {
@@ -244,6 +254,16 @@ impl RunTable {
                 let Some(p) = read::<data::HoldEnded>(r) else { return };
                 if let (Some(node), false, Some(at)) = (&r.node, p.hold_id.is_empty(), p.ended_at_ms) {
                     self.holds_ended.insert(ended_key(node, &p.hold_id, at));
+                }
+            }
+            RecordKind::HoldReapplied => {
+                if let (Some(node), Some(p)) = (&r.node, read::<data::HoldReapplied>(r)) {
+                    self.holds_ended.insert(reapplied_key(node, &p.setting, p.at_ms));
+                }
+            }
+            RecordKind::HoldDrifted => {
+                if let (Some(node), Some(p)) = (&r.node, read::<data::HoldDrifted>(r)) {
+                    self.holds_ended.insert(drifted_key(node, &p.setting, &p.why));
                 }
             }
             RecordKind::EventHandled => {

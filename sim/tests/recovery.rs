@@ -459,3 +459,48 @@ async fn a_lost_reply_is_asked_for_and_the_runs_hold_ends_with_the_run() {
         assert!(f.engine.verify().unwrap().ok);
     }
 }
+
+/// Issue 46 point 3, through the engine: a run's cap is lost to a GPU
+/// reset (the device back at its default). The agent applies it again at
+/// its next read-back, and the engine audits that once, on the run, with
+/// the reading — across an engine restart too. A person's own value on a
+/// held setting is audited once as `hold_drifted`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cap_lost_to_a_gpu_reset_is_applied_again_and_audited_on_its_run() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "trend",
+        "trigger:\n  type: manual\nscope: gpu\n",
+        "set_power_limit(500);\nkeep_holds(3600);\n",
+    );
+    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let id = run_id(&f.engine.submit(manual("trend", Target::gpu("n1", 0), "user:alice")).await.unwrap());
+    until_finished(f, &id, 10).await;
+    f.run_for(5).await.unwrap();
+    assert_eq!(telemetry(f, "n1").await.gpus[0].power_limit_watts, 500.0);
+    f.sim("n1").inject(&nightshift_proto::SimFault::GpuReset { gpu: 0 }).unwrap();
+    assert_eq!(telemetry(f, "n1").await.gpus[0].power_limit_watts, 700.0);
+    f.run_for(65).await.unwrap();
+    assert_eq!(telemetry(f, "n1").await.gpus[0].power_limit_watts, 500.0, "applied again");
+    let reapplied = |f: &nightshift_sim::fleet::SimFleet| {
+        records(f).into_iter().filter(|r| r.kind == RecordKind::HoldReapplied).collect::<Vec<_>>()
+    };
+    let r = reapplied(f);
+    assert_eq!(r.len(), 1, "{r:#?}");
+    assert_eq!(r[0].run.as_deref(), Some(id.as_str()), "on the run that placed the hold");
+    assert_eq!((r[0].data["found"].as_str(), r[0].data["applied"].as_str()), (Some("700 W"), Some("500 W")));
+    sim.fleet.restart_engine().await.unwrap();
+    let f = &sim.fleet;
+    f.run_for(30).await.unwrap();
+    assert_eq!(reapplied(f).len(), 1, "audited once, across the restart");
+    // A person sets their own value: not in force, audited once.
+    nightshift_agent::backend::Backend::set_power_limit(f.sim("n1"), 0, 600.0).unwrap();
+    f.run_for(130).await.unwrap();
+    assert_eq!(telemetry(f, "n1").await.gpus[0].power_limit_watts, 600.0, "a person's value is left alone");
+    let drifted: Vec<_> = records(f).into_iter().filter(|r| r.kind == RecordKind::HoldDrifted).collect();
+    assert_eq!(drifted.len(), 1, "{drifted:#?}");
+    assert!(drifted[0].data["why"].as_str().unwrap().contains("the device now has 600 W"), "{:?}", drifted[0].data);
+    assert!(f.engine.verify().unwrap().ok);
+}

@@ -87,6 +87,8 @@ const ALL_KINDS: &[RecordKind] = &[
     RecordKind::NodeAnnotated,
     RecordKind::HandsOff,
     RecordKind::HoldEnded,
+    RecordKind::HoldReapplied,
+    RecordKind::HoldDrifted,
     RecordKind::HealthChanged,
     RecordKind::RunFinished,
     RecordKind::Salvaged,

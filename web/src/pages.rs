@@ -851,6 +851,7 @@ async fn held_settings(s: &AppState, node: &str, reported: &[HoldInfo]) -> Vec<S
                 effective: h.value.clone(),
                 drifted: Some("agent unreachable: baseline unknown".into()),
                 holds: vec![h.clone()],
+                reapplied: None,
             }),
         }
     }
@@ -879,7 +880,15 @@ fn holds_table(held: &[SettingView], now_ms: i64, release: Option<&str>) -> Mark
                                         Some(t) => { (dur((t - now_ms).max(0))) " left" @if h.kept { " · kept past its run" } },
                                     }
                                 }
-                                td { @if let Some(d) = &v.drifted { span.badge.warn { "drifted" } " " small { (d) } } @else { (v.effective.to_string()) } }
+                                td {
+                                    @if let Some(d) = &v.drifted { span.badge.warn { "not in force" } " " small { (d) } }
+                                    @else {
+                                        (v.effective.to_string())
+                                        @if let Some(r) = &v.reapplied {
+                                            br; span.badge.muted { "re-applied" } " " small { "found at " (r.found.to_string()) " (a reset or reboot) " (dur((now_ms - r.at_ms).max(0))) " ago" }
+                                        }
+                                    }
+                                }
                                 td { (v.baseline.to_string()) }
                                 @if let Some(node) = release {
                                     td {

@@ -1327,6 +1327,8 @@ impl Backend for SimBackend {
             state_degraded: None,
             holds: Vec::new(),
             ended_holds: Vec::new(),
+            reapplied: Vec::new(),
+            drifted: Vec::new(),
         };
         Ok((gpus, node_t))
     }

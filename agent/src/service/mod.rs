@@ -165,7 +165,13 @@ pub struct Agent {
     /// Stopped ([`Agent::close`]): refuses requests, its loops do nothing,
     /// and another agent may have its state dir.
     closed: std::sync::atomic::AtomicBool,
+    /// When held settings were last read back from the device (`None`:
+    /// not since the start).
+    readback_ms: Mutex<Option<i64>>,
 }
+
+/// How often held GPU settings are read back from the device.
+pub const READBACK_MS: i64 = 60_000;
 
 impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -217,6 +223,7 @@ impl Agent {
             last_health: Mutex::new(None),
             degraded: Mutex::new(None),
             closed: std::sync::atomic::AtomicBool::new(false),
+            readback_ms: Mutex::new(None),
         })
     }
 
@@ -563,6 +570,24 @@ impl Agent {
             let store = self.holds();
             node.holds = store.all_holds();
             node.ended_holds = store.ended_since(self.clock.now_ms() - ENDED_REPORTED_MS, 32);
+            let since = self.clock.now_ms() - ENDED_REPORTED_MS;
+            let owners = |h: &crate::holds::Held| h.holds.iter().map(|x| x.owner.clone()).collect::<Vec<_>>();
+            for h in store.held().iter().filter(|h| !h.holds.is_empty()) {
+                if let Some(r) = h.reapplied.as_ref().filter(|r| r.at_ms >= since) {
+                    node.reapplied.push(nightshift_proto::ReappliedSetting {
+                        setting: h.setting.clone(),
+                        reapplied: r.clone(),
+                        owners: owners(h),
+                    });
+                }
+                if let Some(why) = &h.drifted {
+                    node.drifted.push(nightshift_proto::DriftedSetting {
+                        setting: h.setting.clone(),
+                        why: why.clone(),
+                        owners: owners(h),
+                    });
+                }
+            }
         }
         Ok(Telemetry { node: self.opts.node.clone(), ts_ms: self.clock.now_ms(), gpus, node_metrics: node })
     }
@@ -1244,6 +1269,15 @@ impl Agent {
             }
             _ => {}
         }
+        if last && let Err(why) = self.baseline_allowed(s, &target) {
+            forget(self);
+            tracing::error!(node = %self.opts.node, setting = %s, detail = %why, "refused to put back a recorded baseline");
+            return line(
+                RestoreOutcome::Failed,
+                h.applied.clone(),
+                format!("{s}: the recorded baseline is refused ({why}); left at {}: set it by hand", h.applied),
+            );
+        }
         if last
             && let (Setting::Config { name }, HoldValue::Config { version }) = (s, &h.baseline)
             && self.config_version_bad(name, *version)
@@ -1603,6 +1637,7 @@ impl Agent {
         // stop is adopted), so an expiry never reads the agent's own write
         // as a person's.
         self.reconcile().await;
+        self.readback(now).await;
         let mut expired = self.holds().expired(now);
         if !expired.is_empty() {
             expired = self.keep_unhealthy_drains(expired, now).await;
@@ -1717,6 +1752,83 @@ impl Agent {
                 Err(e) => {
                     tracing::warn!(node = %self.opts.node, config = %name, error = %e, "cannot check a managed config")
                 }
+            }
+        }
+    }
+
+    /// Read the held GPU settings back from the device: at the first tick
+    /// after a start, then every [`READBACK_MS`]. A power limit or GPU
+    /// drain found at its baseline while held — a GPU reset, a reboot, a
+    /// driver reload put the device's default back, often while the agent
+    /// was down — is applied again (inside the envelope) and noted as
+    /// `reapplied` with the reading; one that cannot be, or that holds a
+    /// value that is neither the agent's nor the default (a person's), is
+    /// marked drifted. Never shown as held while not in force. Node-level
+    /// settings (a drain, marks, configs, chassis fans) back at their
+    /// baseline are a person's or the scheduler's doing, found at release
+    /// as before: they are not put back behind anyone's back.
+    async fn readback(&self, now: i64) {
+        {
+            let mut last = self.readback_ms.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|t| now - t < READBACK_MS) {
+                return;
+            }
+            *last = Some(now);
+        }
+        let due: Vec<crate::holds::Held> = self
+            .holds()
+            .held()
+            .iter()
+            .filter(|h| {
+                !h.holds.is_empty()
+                    && h.drifted.is_none()
+                    && h.writing.is_none()
+                    && matches!(h.setting, Setting::PowerLimit { .. } | Setting::GpuDrain { .. })
+            })
+            .cloned()
+            .collect();
+        for h in due {
+            let s = &h.setting;
+            let Ok(Some(dev)) = self.read_setting(s).await else { continue };
+            if h.is_own(&dev) {
+                continue;
+            }
+            let v = h.effective();
+            let drift = if same_value(&dev, &h.baseline) {
+                match self.held_value_allowed(s, &v) {
+                    Err(why) => Some(format!(
+                        "found at its default {dev} (a reset or reboot?); {v} is outside the envelope now: {why}"
+                    )),
+                    Ok(()) => match self.write_setting(s, &v, None).await {
+                        Ok(_) => {
+                            if let Some(x) = self.holds().get_mut(s) {
+                                x.applied = v.clone();
+                                x.reapplied = Some(nightshift_proto::Reapplied {
+                                    at_ms: now,
+                                    found: dev.clone(),
+                                    applied: v.clone(),
+                                });
+                            }
+                            tracing::warn!(node = %self.opts.node, setting = %s, found = %dev, applied = %v,
+                                "a held setting was back at its default (a GPU reset, a reboot): applied again");
+                            None
+                        }
+                        Err((_, m)) => Some(format!(
+                            "found at its default {dev} (a reset or reboot?); applying {v} again failed: {m}"
+                        )),
+                    },
+                }
+            } else {
+                Some(format!("the agent applied {}, the device now has {dev}", h.applied))
+            };
+            if let Some(why) = drift {
+                tracing::warn!(node = %self.opts.node, setting = %s, detail = %why, "held setting not in force: drifted");
+                if let Some(x) = self.holds().get_mut(s) {
+                    x.drifted = Some(why);
+                }
+            }
+            if let Err((_, m)) = self.save() {
+                tracing::error!(node = %self.opts.node, error = %m, "cannot record the holds");
             }
         }
     }

@@ -46,6 +46,41 @@ impl Agent {
         })
     }
 
+    /// Whether `baseline` may be put back on `s`: a value the device itself
+    /// could have had. A baseline comes from the state log; one crafted or
+    /// damaged there (a power limit past the device's range, or under the
+    /// policy's floor and not the device's own default) is refused, never
+    /// written.
+    pub(super) fn baseline_allowed(&self, s: &Setting, baseline: &HoldValue) -> Result<(), String> {
+        if let (Setting::PowerLimit { gpu }, HoldValue::PowerLimit { watts }) = (s, baseline) {
+            let info = self.backend.gpu(*gpu).map_err(|e| e.to_string())?;
+            let in_range = watts.is_finite() && *watts >= info.power_min_watts && *watts <= info.power_max_watts;
+            let is_default = (watts - info.power_default_watts).abs() < 0.5;
+            if !in_range || (!is_default && self.opts.policy.check_power(info, *watts).is_err()) {
+                return Err(format!(
+                    "expected a power limit within {}–{} W for GPU {gpu} ({}) and the policy's envelope, or its \
+                     default {} W, found {}",
+                    crate::envelope::fmt_num(info.power_min_watts),
+                    crate::envelope::fmt_num(info.power_max_watts),
+                    info.name,
+                    crate::envelope::fmt_num(info.power_default_watts),
+                    crate::envelope::fmt_num(*watts)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the holds' value `v` on `s` is inside the envelope now (the
+    /// policy may have changed since it was placed).
+    pub(super) fn held_value_allowed(&self, s: &Setting, v: &HoldValue) -> Result<(), String> {
+        if let (Setting::PowerLimit { gpu }, HoldValue::PowerLimit { watts }) = (s, v) {
+            let info = self.backend.gpu(*gpu).map_err(|e| e.to_string())?;
+            self.opts.policy.check_power(info, *watts)?;
+        }
+        Ok(())
+    }
+
     /// The value `s` has when nothing of nightshift's holds it: read from
     /// the device, or the firmware's own control for fans and clocks.
     pub(super) async fn baseline_of(&self, s: &Setting) -> Result<HoldValue, Refusal> {

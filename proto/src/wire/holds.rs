@@ -224,6 +224,42 @@ pub struct SettingView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drifted: Option<String>,
     pub holds: Vec<HoldInfo>,
+    /// The last time the agent found the setting back at its baseline
+    /// while held (a GPU reset, a reboot, a driver reload) and applied the
+    /// held value again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reapplied: Option<Reapplied>,
+}
+
+/// A held setting found at its default and applied again, in telemetry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReappliedSetting {
+    pub setting: Setting,
+    pub reapplied: Reapplied,
+    /// The owners of the holds on it (a run id, `person:…`).
+    pub owners: Vec<String>,
+}
+
+/// A held setting not in force, in telemetry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriftedSetting {
+    pub setting: Setting,
+    pub why: String,
+    pub owners: Vec<String>,
+}
+
+/// A held setting found at its default and applied again (invariant 16:
+/// a hold is what the device does).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reapplied {
+    pub at_ms: i64,
+    /// What the device had (its default).
+    pub found: HoldValue,
+    /// What the agent put back (what the holds ask for).
+    pub applied: HoldValue,
 }
 
 /// `release`: by hold id, or every hold of an owner.

@@ -239,6 +239,14 @@ pub struct NodeTelemetry {
     /// Holds that ended in the last few minutes, newest last (bounded).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ended_holds: Vec<super::EndedHold>,
+    /// Held settings found at their default (a reset, a reboot) and applied
+    /// again in the last few minutes, with the holds' owners.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reapplied: Vec<super::ReappliedSetting>,
+    /// Held settings not in force (a person's value, or a re-apply the
+    /// envelope refused): each with what was found.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drifted: Vec<super::DriftedSetting>,
 }
 
 /// One sample of the whole node.
