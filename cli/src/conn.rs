@@ -379,8 +379,25 @@ impl Conn {
                     req.target.gpu,
                     req.target.group.clone().map(|(k, v)| format!("{k}={v}")),
                 );
-                r.post("/api/v1/runs", &json!({"runbook": req.runbook, "node": node, "gpu": gpu, "group": group, "params": req.params, "dry_run": req.dry_run}))
-                    .await
+                // One key for this submission: a retry after a lost answer
+                // (the engine restarting, a dropped connection) gets the
+                // run the first try started, never a second one.
+                let key = format!("cli-{:032x}", rand::random::<u128>());
+                let body = json!({"runbook": req.runbook, "node": node, "gpu": gpu, "group": group, "params": req.params, "dry_run": req.dry_run});
+                let mut tries = 0;
+                loop {
+                    tries += 1;
+                    let sent = r
+                        .send(r.req(reqwest::Method::POST, "/api/v1/runs").header("Idempotency-Key", &key).json(&body))
+                        .await;
+                    match sent {
+                        Err(e) if tries < 3 && e.downcast_ref::<Fail>().is_some_and(|f| f.0 == 4) => {
+                            eprintln!("{e:#}: trying again with the same Idempotency-Key ({tries} of 3)");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                        other => break other,
+                    }
+                }
             }
             Conn::Local(l) => {
                 let e = l.engine().await?;

@@ -119,6 +119,19 @@ pub struct RunTable {
     /// Per pool (`label=value`): nodes nightshift asked the autoscaler for
     /// and has not given back (from the audited requests: rebuilt on start).
     pub autoscaled: HashMap<String, i64>,
+    /// Manual runs by their submitter's `Idempotency-Key`
+    /// ([`idempotency_key`]): the run and when it was queued. Kept
+    /// [`IDEMPOTENCY_KEPT_MS`]; rebuilt from `run_queued` records on start.
+    pub idempotent: HashMap<String, (String, i64)>,
+}
+
+/// How long a run is found again by its `Idempotency-Key`.
+pub const IDEMPOTENCY_KEPT_MS: i64 = 24 * 3_600_000;
+
+/// The key a manual run is known by: who asked, and their key (two people
+/// may use the same key for different runs).
+pub fn idempotency_key(requested_by: &str, key: &str) -> String {
+    format!("{requested_by}|{key}")
 }
 
 /// The dedup key of one alert notification: its status and episode.
@@ -164,6 +177,17 @@ impl RunTable {
         }
     }
 
+    /// The run a key was given for within [`IDEMPOTENCY_KEPT_MS`] of `now`.
+    pub fn idempotent_run(&self, key: &str, now: i64) -> Option<String> {
+        self.idempotent.get(key).filter(|(_, at)| now - at < IDEMPOTENCY_KEPT_MS).map(|(id, _)| id.clone())
+    }
+
+    /// Remember `key` for run `id`, forgetting keys past their time.
+    pub fn remember_idempotent(&mut self, key: String, id: String, at_ms: i64) {
+        self.idempotent.retain(|_, (_, t)| at_ms - *t < IDEMPOTENCY_KEPT_MS);
+        self.idempotent.insert(key, (id, at_ms));
+    }
+
     /// Queue a run: after every run of its priority or higher, before lower
     /// ones.
     pub fn enqueue(&mut self, id: String, priority: Priority) {
@@ -205,7 +229,13 @@ impl RunTable {
         }
         match r.kind {
             RecordKind::RunQueued => {
-                if let Some(key) = read::<data::RunQueued>(r).and_then(|p| key_of(r, p.target)) {
+                let p = read::<data::RunQueued>(r);
+                if let (Some(p), Some(run)) = (&p, &r.run)
+                    && let Some(k) = p.event["idempotency_key"].as_str()
+                {
+                    self.remember_idempotent(idempotency_key(&r.actor, k), run.clone(), r.ts_ms);
+                }
+                if let Some(key) = p.and_then(|p| key_of(r, p.target)) {
                     self.attempts.entry(key.clone()).or_default().push_back(r.ts_ms);
                     if breaker_of(&key.0)
                         && let Some(node) = key.1.node.clone().or_else(|| r.node.clone())

@@ -201,13 +201,36 @@ impl StartRun {
     }
 }
 
+/// An `Idempotency-Key` header: 1 to 255 visible ASCII characters.
+fn idempotency_key(headers: &axum::http::HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get("idempotency-key") else { return Ok(None) };
+    let k = v.to_str().ok().filter(|k| !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| b.is_ascii_graphic()));
+    match k {
+        Some(k) => Ok(Some(k.to_string())),
+        None => Err(ApiError::bad_request(format!(
+            "Idempotency-Key: expected 1 to 255 visible ASCII characters, found {} bytes{}",
+            v.len(),
+            if v.to_str().is_err() { " that are not ASCII" } else { "" }
+        ))),
+    }
+}
+
+/// `POST /api/v1/runs`: a manual run. With an `Idempotency-Key` header, a
+/// retry (after a lost answer) with the same key from the same person
+/// within 24 h answers the run the first one started, and starts nothing.
 pub async fn start_run(
     State(s): State<AppState>,
     Operator(id): Operator,
+    headers: axum::http::HeaderMap,
     ApiJson(body): ApiJson<StartRun>,
 ) -> Result<Response, ApiError> {
     let target = body.target()?;
+    let key = idempotency_key(&headers)?;
     let now = nightshift_proto::clock::Clock::now_ms(s.engine.clock().as_ref());
+    let mut event = json!({"kind": "manual", "by": id.actor()});
+    if let Some(k) = key {
+        event["idempotency_key"] = json!(k);
+    }
     let submitted = s
         .engine
         .submit(RunRequest {
@@ -215,7 +238,7 @@ pub async fn start_run(
             target,
             trigger: "manual".into(),
             detail: format!("manual run by {}", id.actor()),
-            event: json!({"kind": "manual", "by": id.actor()}),
+            event,
             event_ts_ms: now,
             params: body.params.clone(),
             dry_run: body.dry_run,

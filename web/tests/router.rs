@@ -1094,3 +1094,59 @@ async fn the_audit_browser_filters_pages_and_links_records() {
     let (_, page) = call(&f, "GET", &format!("/audit/records/{seq}"), Some(VIEWER), None).await;
     assert!(page.as_str().unwrap().contains("the chain breaks here"), "{page}");
 }
+
+/// Issue 46 point 7: a retry of `POST /api/v1/runs` after a lost 202 could
+/// start a second run. With an `Idempotency-Key` the retry answers the run
+/// the first try started — also after an engine restart (the key is on the
+/// run's `run_queued` record) — and starts nothing; another person's
+/// identical key is theirs; a malformed key is a 400 naming the header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_run_submission_with_its_idempotency_key_starts_one_run() {
+    let mut f = fixture().await;
+    async fn post(f: &Fixture, token: &str, key: &str, gpu: u32) -> (StatusCode, Value) {
+        let req = Request::builder()
+            .method("POST")
+            .uri("/api/v1/runs")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .header("Idempotency-Key", key)
+            .body(Body::from(json!({"runbook": "cap", "node": "gpu-a1", "gpu": gpu}).to_string()))
+            .unwrap();
+        let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+    let queued = |f: &Fixture| {
+        f.sim
+            .engine
+            .audit()
+            .tail(0, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.kind == RecordKind::RunQueued)
+            .count()
+    };
+    let (s, first) = post(&f, OPERATOR, "try-7f3a", 0).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{first}");
+    let id = first["run"]["id"].as_str().unwrap().to_string();
+    settle(&f).await;
+    let (s, again) = post(&f, OPERATOR, "try-7f3a", 0).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{again}");
+    assert_eq!(again["run"]["id"], json!(id), "the same run, not a second");
+    assert_eq!(queued(&f), 1);
+    // The same key from someone else is theirs (another GPU: no cooldown).
+    let (s, other) = post(&f, ADMIN, "try-7f3a", 1).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{other}");
+    assert_ne!(other["run"]["id"], json!(id));
+    assert_eq!(queued(&f), 2);
+    // Across an engine restart.
+    f.sim.restart_engine().await.unwrap();
+    let (s, after) = post(&f, OPERATOR, "try-7f3a", 0).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{after}");
+    assert_eq!(after["run"]["id"], json!(id));
+    assert_eq!(queued(&f), 2, "nothing new queued after the restart");
+    let (s, bad) = post(&f, OPERATOR, "two words", 0).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(bad.to_string().contains("Idempotency-Key: expected 1 to 255 visible ASCII characters"), "{bad}");
+}

@@ -45,6 +45,32 @@ impl Engine {
         self.submit_inner(req, None).await
     }
 
+    /// What a submission that repeats an earlier one's `Idempotency-Key`
+    /// answers: the run that one started, as it is now — once its
+    /// `run_queued` is durable (the first submission may still be writing
+    /// it: an answer is a promise).
+    async fn submitted_again(&self, id: &str) -> Result<Submitted, EngineError> {
+        let mut waited = 0;
+        let run = loop {
+            if let Some(run) = self.core.audit.run(id)? {
+                break run;
+            }
+            if waited >= 5_000 {
+                return Err(EngineError::Audit(crate::audit::AuditError::NotLeader(format!(
+                    "the first submission with this Idempotency-Key (run {id}) is not recorded yet; retry in a few seconds"
+                ))));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            waited += 10;
+        };
+        tracing::info!(run = %run.id, "a run submitted again with the same Idempotency-Key: answered with the run it started");
+        Ok(match (run.state, run.outcome) {
+            (RunState::PendingApproval, _) => Submitted::PendingApproval { run },
+            (_, Some(RunOutcome::Refused)) => Submitted::Refused { run },
+            _ => Submitted::Queued { run },
+        })
+    }
+
     pub(crate) async fn drop_event(&self, reason: &str, node: Option<&str>) -> Result<(), EngineError> {
         self.core.counters.events_dropped.fetch_add(1, Ordering::Relaxed);
         self.core
@@ -125,10 +151,17 @@ impl Engine {
         let hands_off =
             self.core.target_nodes(&req.target).iter().find(|n| n.state().hands_off()).map(|n| n.spec.name.clone());
         let key = (req.runbook.clone(), req.target.clone());
+        // A manual run submitted again with the same `Idempotency-Key` (a
+        // retry after a lost answer) is the run it started.
+        let idem = req.event["idempotency_key"]
+            .as_str()
+            .filter(|_| manual)
+            .map(|k| crate::runtable::idempotency_key(&req.requested_by, k));
         // Decide and take the decision's effect on the table under one lock,
         // so two requests for one target cannot both be admitted.
-        let (decision, summary) = {
+        let (decision, summary, again) = {
             let mut t = self.core.table();
+            let again = idem.as_deref().and_then(|k| t.idempotent_run(k, now));
             let ask = Ask {
                 manifest: m,
                 target: &req.target,
@@ -139,7 +172,11 @@ impl Engine {
                 target_nodes,
                 params: &params,
             };
-            let d = admit(&t, &ask, now, &self.core.config.limits);
+            let d = if again.is_some() {
+                Decision::Drop { reason: String::new() }
+            } else {
+                admit(&t, &ask, now, &self.core.config.limits)
+            };
             let summary = match &d {
                 Decision::Suppress { first: true, .. } => {
                     t.suppression_noted.insert(key.clone());
@@ -195,8 +232,14 @@ impl Engine {
                 }
                 _ => None,
             };
-            (d, summary)
+            if let (Some(k), Some(s)) = (idem, &summary) {
+                t.remember_idempotent(k, s.id.clone(), now);
+            }
+            (d, summary, again)
         };
+        if let Some(id) = again {
+            return self.submitted_again(&id).await;
+        }
         let queued_data = |s: &RunSummary| crate::audit::data::RunQueued {
             trigger: req.trigger.clone(),
             detail: req.detail.clone(),
