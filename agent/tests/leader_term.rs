@@ -131,3 +131,31 @@ async fn a_dry_run_or_an_impossible_term_cannot_lock_leaders_out() {
     let a = agent(dir.path(), &sim);
     assert!(a.handle(cap("t4-again", 570.0, Some(4))).await.ok, "across a restart too");
 }
+
+/// Issue 46 point 9: 20 inventory reads with the engine's key and a term
+/// 1,000 above the last each raised the agent's term to 20,002, and the
+/// real leader was then refused as stale — across restarts. Only the
+/// announce (a read of the holds) and real changes record a term now.
+#[tokio::test]
+async fn reads_other_than_the_announce_never_raise_the_term() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = Arc::new(SimBackend::new(SimConfig { gpus: 1, ..SimConfig::default() }).unwrap());
+    let a = agent(dir.path(), &sim);
+    assert!(a.handle(cap("lead", 600.0, Some(2))).await.ok);
+    for i in 0..20u64 {
+        for op in [Op::Inventory(NoArgs {}), Op::Telemetry(NoArgs {})] {
+            let mut r = Request::new(format!("inflate-{i}-{}", op.name()), op);
+            r.term = Some(2 + 1000 * (i + 1));
+            assert!(a.handle(r).await.ok);
+        }
+    }
+    // The real leader (term 2) still acts.
+    let r = a.handle(cap("still", 550.0, Some(2))).await;
+    assert!(r.ok, "{r:?}");
+    assert_eq!(limit(&sim), 550.0);
+    // The announce of a takeover does record its term.
+    let mut announce = Request::new("announce-3", Op::Holds(NoArgs {}));
+    announce.term = Some(3);
+    assert!(a.handle(announce).await.ok);
+    assert_eq!(a.handle(cap("old", 500.0, Some(2))).await.code(), Some(ErrorCode::StaleLeader));
+}

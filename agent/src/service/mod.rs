@@ -316,13 +316,16 @@ impl Agent {
         if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
             return Reply::err(&id, ErrorCode::Internal, "this agent has stopped: ask the one that replaced it");
         }
-        // A read with a leader term is an announcement too: a new leader
-        // reads every agent's holds before it acts, and from then on the
-        // term before is refused here, reached by the new leader or not.
-        // (A read from a stale term is still answered: reads change nothing.)
+        // A new leader announces its term with one read, of the holds,
+        // before it acts (`Core::announce_term`): from then on the term
+        // before is refused here, reached by the new leader or not. Only
+        // that read (and a change that is not a dry run) records a term:
+        // other reads — inventory, telemetry, what a monitoring tool with
+        // the engine's key sends — never move it. (A read from a stale term
+        // is still answered: reads change nothing.)
         if req.term.is_some()
             && !req.op.is_mutating()
-            && let Err((ErrorCode::Internal, m)) = self.check_term(req.term, true)
+            && let Err((ErrorCode::Internal, m)) = self.check_term(req.term, matches!(req.op, Op::Holds(_)))
         {
             tracing::error!(node = %self.opts.node, error = %m, "cannot record a leader's term");
         }
