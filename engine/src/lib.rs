@@ -27,6 +27,7 @@ pub mod fleet;
 pub use nightshift_audit::ha;
 pub mod health;
 pub mod history;
+mod holdreports;
 pub mod host;
 pub mod ingest;
 pub mod inventory;
