@@ -148,7 +148,7 @@ impl AgentConfig {
 
     /// Parse text read from `path`.
     pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
-        let mut cfg: AgentConfig = serde_yaml::from_str(text).map_err(|e| {
+        let mut cfg: AgentConfig = nightshift_proto::yaml::from_str(text).map_err(|e| {
             let (line, column, message) = nightshift_proto::yaml::error_parts(&e);
             ConfigError::Parse { path: path.into(), line, column, message }
         })?;
@@ -311,6 +311,11 @@ mod tests {
                 "agent.yaml:8:7: sim: gpus must be 1 to 16, found 0",
             ),
             ("version: 1\nnode: a\n", "agent.yaml:1:1: missing field `listen_addr`"),
+            // Issue 46 point 8: a second entry of one name, last one won.
+            (
+                "version: 1\nnode: a\nlisten_addr: 1.2.3.4:22\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\nconfigs:\n  nccl-env: {path: /etc/nccl.conf}\n  nccl-env: {path: /etc/shadow}\n",
+                "agent.yaml:8:3: configs: duplicate entry with key \"nccl-env\"",
+            ),
             (
                 "version: 1\nnode: a\nlisten_addr: 1.2.3.4:22\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\nsim: {gpus: many}\n",
                 "agent.yaml:7:13: sim.gpus: invalid type: string \"many\", expected u32",

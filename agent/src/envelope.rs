@@ -262,7 +262,7 @@ impl Policy {
 
     /// Parse and validate policy text; `path` is used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Policy, PolicyError> {
-        let policy: Policy = serde_yaml::from_str(text).map_err(|e| {
+        let policy: Policy = nightshift_proto::yaml::from_str(text).map_err(|e| {
             let (line, column, message) = nightshift_proto::yaml::error_parts(&e);
             PolicyError::Parse { path: path.into(), line, column, message }
         })?;

@@ -62,6 +62,9 @@ pub enum AlertError {
 impl WebhookPayload {
     /// Parse and check a payload.
     pub fn parse(bytes: &[u8]) -> Result<WebhookPayload, AlertError> {
+        // A key given twice (two `Hostname` labels) is refused, as in every
+        // other body: the last would win while a reader sees the first.
+        nightshift_proto::json::check_no_duplicate_keys(bytes).map_err(AlertError::Json)?;
         let p: WebhookPayload = serde_json::from_slice(bytes).map_err(|e| AlertError::Json(e.to_string()))?;
         if p.version != "4" {
             return Err(AlertError::Version(p.version));
@@ -128,9 +131,24 @@ impl Alert {
         self.labels.get("node").cloned()
     }
 
-    /// The GPU index from the `gpu` label, if any.
+    /// The GPU index from the `gpu` label, if any (read strictly, see
+    /// [`Alert::gpu_label`]).
     pub fn gpu(&self) -> Option<u32> {
-        self.labels.get("gpu").and_then(|g| g.parse().ok())
+        self.gpu_label().ok().flatten()
+    }
+
+    /// The `gpu` label as a GPU index: decimal digits only, no sign, no
+    /// leading zero (`+1` and `007` are not GPUs 1 and 7: a label written
+    /// some other way is a mistake to refuse, not to guess at).
+    pub fn gpu_label(&self) -> Result<Option<u32>, String> {
+        let Some(g) = self.labels.get("gpu") else { return Ok(None) };
+        let canonical = !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()) && (g == "0" || !g.starts_with('0'));
+        match g.parse::<u32>() {
+            Ok(n) if canonical => Ok(Some(n)),
+            _ => Err(format!(
+                "expected the gpu label to be a GPU index (0, 1, 2 … in decimal, no sign or leading zero), found {g:?}"
+            )),
+        }
     }
 
     /// `startsAt` in ms since the epoch.
@@ -271,6 +289,12 @@ mod tests {
         assert_eq!(a.name(), "GpuTempHigh");
         assert_eq!(a.host().as_deref(), Some("gpu-a1"));
         assert_eq!(a.gpu(), Some(3));
+        for bad in ["+1", "007", "-1", "1.0", " 1", "4294967296", ""] {
+            let mut b = a.clone();
+            b.labels.insert("gpu".into(), bad.into());
+            assert!(b.gpu_label().unwrap_err().contains(&format!("found {bad:?}")), "{bad}");
+            assert_eq!(b.gpu(), None);
+        }
         assert_eq!(a.starts_at_ms(), parse_rfc3339_ms("2026-11-30T03:00:12.345Z").unwrap());
         assert_eq!(a.key(), "5e2c9a1f0b7d3e44@2026-11-30T03:00:12.345Z");
     }
@@ -294,6 +318,11 @@ mod tests {
             (
                 r#"{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{}}]}"#,
                 "missing field `startsAt`",
+            ),
+            // Issue 46 point 8: two `Hostname` labels, the last one won.
+            (
+                r#"{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"alertname":"x","Hostname":"a","Hostname":"b"},"startsAt":"2026-01-01T00:00:00Z","fingerprint":"f"}]}"#,
+                "duplicate key \"Hostname\": expected each key once in an object",
             ),
         ];
         for (input, want) in cases {

@@ -660,7 +660,17 @@ impl Engine {
             if !self.selector_matches(rb, &node) {
                 continue;
             }
-            let target = match (rb.manifest.scope, a.gpu()) {
+            let gpu = match a.gpu_label() {
+                Ok(g) => g,
+                Err(why) => {
+                    let reason = format!("alert {} on {}: {why}", a.name(), node.spec.name);
+                    if let Err(e) = self.drop_event(&reason, Some(&node.spec.name)).await {
+                        tracing::error!(error = %e, "cannot audit a dropped alert");
+                    }
+                    return;
+                }
+            };
+            let target = match (rb.manifest.scope, gpu) {
                 (Scope::Gpu, Some(g)) => Target::gpu(&node.spec.name, g),
                 (Scope::Gpu, None) => {
                     let reason =
@@ -696,8 +706,18 @@ impl Engine {
                 dry_run: false,
                 requested_by: actor.clone(),
             };
-            if let Err(e) = self.submit_inner(req, None).await {
-                tracing::error!(error = %e, "cannot submit an alert run");
+            match self.submit_inner(req, None).await {
+                // Refused as asked (a GPU past the node's, a bad param): on
+                // the chain with why, not only in the log.
+                Err(e @ (EngineError::BadTarget(_) | EngineError::BadParams(_))) => {
+                    let reason =
+                        format!("alert {} on {} not run by {}: {e}", a.name(), node.spec.name, rb.manifest.name);
+                    if let Err(e) = self.drop_event(&reason, Some(&node.spec.name)).await {
+                        tracing::error!(error = %e, "cannot audit a dropped alert");
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "cannot submit an alert run"),
+                Ok(_) => {}
             }
         }
     }

@@ -95,7 +95,7 @@ impl Inventory {
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<Inventory, LoadError> {
-        let inv: Inventory = serde_yaml::from_str(text).map_err(|e| {
+        let inv: Inventory = nightshift_proto::yaml::from_str(text).map_err(|e| {
             let (line, column, message) = nightshift_proto::yaml::error_parts(&e);
             LoadError { file: path.into(), line, column, message }
         })?;
@@ -107,6 +107,34 @@ impl Inventory {
             return Err(err("version", format!("unsupported inventory version: expected 1, found {}", inv.version)));
         }
         let mut seen = std::collections::HashSet::new();
+        // Two entries that reach one agent (one address, or one host key)
+        // would make a release on one node change the other, audited
+        // under the wrong name.
+        let mut addrs: std::collections::HashMap<String, &str> = Default::default();
+        let mut keys: std::collections::HashMap<&str, &str> = Default::default();
+        for (i, n) in inv.nodes.iter().enumerate() {
+            let addr = n.addr(&inv.defaults);
+            if let Some(first) = addrs.insert(addr.clone(), &n.name) {
+                return Err(err(
+                    &format!("nodes.{i}.address"),
+                    format!(
+                        "nodes.{i}: expected each node at its own address, found `{}` at {addr}, the address of `{first}`: \
+                         both entries would reach one agent",
+                        n.name
+                    ),
+                ));
+            }
+            if let Some(first) = keys.insert(&n.host_key, &n.name) {
+                return Err(err(
+                    &format!("nodes.{i}.host_key"),
+                    format!(
+                        "nodes.{i}: expected each node's own host key, found `{}` with the host key of `{first}` ({}): one \
+                         agent answering as both, or a cloned key (regenerate it on the clone: nightshift-agent keygen --force)",
+                        n.name, n.host_key
+                    ),
+                ));
+            }
+        }
         for n in &inv.nodes {
             if n.name.is_empty() || n.name.contains(char::is_whitespace) {
                 return Err(err("name", format!("node name must be non-empty without spaces, found {:?}", n.name)));
@@ -144,6 +172,26 @@ mod tests {
         assert!(e.message.contains("expected a SHA256 fingerprint"));
         let dup = "version: 1\nnodes:\n  - {name: a, address: x, host_key: 'SHA256:1'}\n  - {name: a, address: y, host_key: 'SHA256:2'}\n";
         assert!(Inventory::parse(dup, Path::new("f")).unwrap_err().message.contains("listed twice"));
+        // Issue 46 point 8: one address or one host key for two nodes;
+        // a label given twice.
+        let one_addr = "version: 1\nnodes:\n  - {name: a, address: x, host_key: 'SHA256:1'}\n  - {name: b, address: 'x:2222', host_key: 'SHA256:2'}\n";
+        let e = Inventory::parse(one_addr, Path::new("f")).unwrap_err();
+        assert_eq!(
+            (e.line, e.message.as_str()),
+            (
+                4,
+                "nodes.1: expected each node at its own address, found `b` at x:2222, the address of `a`: both entries would reach one agent"
+            )
+        );
+        let one_key = "version: 1\nnodes:\n  - {name: a, address: x, host_key: 'SHA256:1'}\n  - {name: b, address: y, host_key: 'SHA256:1'}\n";
+        let e = Inventory::parse(one_key, Path::new("f")).unwrap_err();
+        assert!(
+            e.message.starts_with("nodes.1: expected each node's own host key, found `b` with the host key of `a`"),
+            "{e}"
+        );
+        let label_twice = "version: 1\nnodes:\n  - name: a\n    address: x\n    host_key: 'SHA256:1'\n    labels: {pool: p, pool: q}\n";
+        let e = Inventory::parse(label_twice, Path::new("f")).unwrap_err();
+        assert!(e.message.contains("duplicate entry with key \"pool\""), "{e}");
         let unknown = "version: 1\nnodes:\n  - {name: a, adress: x, host_key: 'SHA256:1'}\n";
         let e = Inventory::parse(unknown, Path::new("f")).unwrap_err();
         assert!(e.to_string().starts_with("f:3:"), "{e}");

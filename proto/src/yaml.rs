@@ -13,6 +13,17 @@ use std::rc::Rc;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
+/// Deserialize `text` as `T`, refusing a key given twice in any mapping
+/// (serde_yaml lets the last one win in a map: a second `nccl-env:` under
+/// `configs:` pointing at another file would replace the first silently).
+/// The document is read as `T` (the type's own errors first), then as a
+/// YAML value, which refuses a duplicate with its location.
+pub fn from_str<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_yaml::Error> {
+    let t = serde_yaml::from_str(text)?;
+    serde_yaml::from_str::<serde_yaml::Value>(text)?;
+    Ok(t)
+}
+
 /// Line, column and message of a YAML error, without serde_yaml's trailing
 /// " at line L column C" (the location goes in front instead).
 pub fn error_parts(e: &serde_yaml::Error) -> (usize, usize, String) {

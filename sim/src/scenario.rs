@@ -395,7 +395,7 @@ impl Scenario {
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<Scenario, LoadError> {
-        let s: Scenario = serde_yaml::from_str(text).map_err(|e| {
+        let s: Scenario = nightshift_proto::yaml::from_str(text).map_err(|e| {
             let (line, column, message) = nightshift_proto::yaml::error_parts(&e);
             LoadError { file: path.into(), line, column, message }
         })?;

@@ -526,3 +526,39 @@ async fn an_alert_from_the_future_is_refused() {
     f.run_for(30).await.unwrap();
     assert!(records(f).iter().any(|r| r.kind == RecordKind::RunQueued), "a skewed but plausible alert runs");
 }
+
+/// Issue 46 point 8: GPU labels `+1` and `007` started real runs on GPUs 1
+/// and 7, and `4294967295` was acknowledged with only a log line. A label
+/// that is not a plain decimal index, or a GPU past the node's, is an
+/// audited refusal now, and nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_label_written_any_other_way_is_refused_on_the_chain() {
+    let rb = tempfile::tempdir().unwrap();
+    let gpu_alert = "trigger:\n  type: alert\n  alertname: GpuHot\nscope: gpu\ncooldown_secs: 0\n";
+    write_runbook(rb.path(), "hot", gpu_alert, "set_power_limit(500);\n");
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    for (i, (label, why)) in
+        [("+1", "found \"+1\""), ("007", "found \"007\""), ("4294967295", "has GPUs 0..1, found --gpu 4294967295")]
+            .into_iter()
+            .enumerate()
+    {
+        let mut p = alert_payload("GpuHot", "n1", &format!("f{i}"), now(f), "firing");
+        p.alerts[0].labels.insert("gpu".into(), label.into());
+        f.engine.ingest_alertmanager(p, "alertmanager");
+        f.run_for(3).await.unwrap();
+        assert!(f.engine.runs(&Default::default()).unwrap().runs.is_empty(), "{label}: nothing runs");
+        let dropped: Vec<_> = records(f).into_iter().filter(|r| r.kind == RecordKind::EventDropped).collect();
+        assert_eq!(dropped.len(), i + 1, "{label}");
+        let reason = dropped[i].data["reason"].as_str().unwrap();
+        assert!(reason.contains(why), "{label}: {reason}");
+    }
+    // The plain index runs.
+    let mut p = alert_payload("GpuHot", "n1", "ok", now(f), "firing");
+    p.alerts[0].labels.insert("gpu".into(), "1".into());
+    f.engine.ingest_alertmanager(p, "alertmanager");
+    f.run_for(3).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].target.gpu, Some(1));
+}

@@ -569,3 +569,39 @@ async fn plain_openssh_is_a_client() {
     assert_eq!(a.outcome, Outcome::DryRun);
     assert_eq!(a.after, json!({"power_limit_watts": 450.0}));
 }
+
+/// Issue 46 point 8: `fleet import` with two hosts at one address wrote
+/// both, with one host key; a release on one then changed the other,
+/// audited under the wrong name. Refused now, nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_import_refuses_two_hosts_at_one_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = nightshift_tests::external::free_port();
+    let a = TestAgent::start_at(
+        dir.path(),
+        "gpu01",
+        SimConfig { gpus: 1, ..SimConfig::default() },
+        "",
+        &format!("127.0.0.1:{port}"),
+    )
+    .await;
+    let ini = dir.path().join("hosts.ini");
+    std::fs::write(&ini, "[gpu]\ngpu01 ansible_host=127.0.0.1\ngpu02 ansible_host=127.0.0.1\n").unwrap();
+    let fleet = dir.path().join("fleet.yaml");
+    let out = std::process::Command::new(nightshift_tests::external::workspace_bin_dir().join("nightshift"))
+        .args(["fleet", "import", "--yes", "--timeout-secs", "3", "--port", &port.to_string(), "--inventory"])
+        .arg(&ini)
+        .arg("--out")
+        .arg(&fleet)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains(&format!("found `gpu02` at 127.0.0.1:{port}, the address of `gpu01`"))
+            && text.contains("nothing written"),
+        "{text}"
+    );
+    assert!(!fleet.exists());
+    drop(a);
+}

@@ -427,6 +427,14 @@ pub async fn import(out: &Out, slurm: Option<&Path>, inventory: Option<&Path>, o
         outln!("{} is up to date ({} nodes)", o.out.display(), nodes.len());
         return Ok(0);
     }
+    // Two hosts at one address, or answering with one host key, are one
+    // agent under two names: a release on one would change the other.
+    let inv = Inventory { version: 1, defaults, nodes };
+    if let Err(e) = Inventory::parse(&serde_yaml::to_string(&inv)?, &o.out) {
+        eprintln!("error: {}: nothing written", e.message);
+        return Ok(2);
+    }
+    let Inventory { defaults, nodes, .. } = inv;
     if !o.yes {
         let q = format!(
             "write {} nodes to {} ({new} new host keys, {changed} changed)? Compare each with `nightshift-agent fingerprint` on its node",

@@ -37,6 +37,11 @@ pub fn token(name: &str, role: &str, webhook: bool) -> Result<u8> {
     if !role_ok {
         return Err(usage(format!("--role: expected viewer, operator or admin, found {role:?}")));
     }
+    if !nightshift_engine::config::valid_token_name(name) {
+        return Err(usage(format!(
+            "--name: expected 1 to 64 letters, digits or `._-@` (the name the audit shows), found {name:?}"
+        )));
+    }
     let bytes: [u8; 24] = rand::random();
     let token = format!("ns_{}", hex::encode(bytes));
     let sha = nightshift_web::auth::hash_token(&token);

@@ -9,6 +9,7 @@ use crate::manifest::LoadError;
 use crate::script::ScriptLimits;
 
 mod validate;
+pub use validate::valid_token_name;
 
 /// `engine.yaml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -680,6 +681,23 @@ mod tests {
             (
                 "auth:\n  webhook_tokens:\n    - {name: am, sha256: abc}\n",
                 "engine.yaml:8:26: auth.webhook_tokens[am].sha256: expected 64 hex characters (sha256sum of the token), found 3 characters",
+            ),
+            // Issue 46 point 8: who acted must be one name each.
+            (
+                "auth:\n  tokens:\n    - {name: viewer, role: admin, sha256: '0000000000000000000000000000000000000000000000000000000000000000'}\n    - {name: viewer, role: viewer, sha256: '1111111111111111111111111111111111111111111111111111111111111111'}\n",
+                "engine.yaml:9:8: auth.tokens[1].name: expected a name no other token has, found \"viewer\", the name of auth.tokens[0]: the audit could not tell who acted",
+            ),
+            (
+                "auth:\n  tokens:\n    - {name: ana, role: admin, sha256: '0000000000000000000000000000000000000000000000000000000000000000'}\n  webhook_tokens:\n    - {name: ana, sha256: '1111111111111111111111111111111111111111111111111111111111111111'}\n",
+                "engine.yaml:10:8: auth.webhook_tokens[0].name: expected a name no other token has, found \"ana\", the name of auth.tokens[0]: the audit could not tell who acted",
+            ),
+            (
+                "auth:\n  tokens:\n    - {name: '<b>ana</b>', role: admin, sha256: '0000000000000000000000000000000000000000000000000000000000000000'}\n",
+                "engine.yaml:8:8: auth.tokens[0].name: expected 1 to 64 letters, digits or `._-@` (the name the audit shows), found \"<b>ana</b>\"",
+            ),
+            (
+                "auth:\n  tokens:\n    - {name: '', role: admin, sha256: '0000000000000000000000000000000000000000000000000000000000000000'}\n",
+                "engine.yaml:8:8: auth.tokens[0].name: expected 1 to 64 letters, digits or `._-@` (the name the audit shows), found \"\"",
             ),
             (
                 "notifications:\n  audit_anchor_every_secs: 5\n",

@@ -37,7 +37,7 @@ impl EngineConfig {
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<EngineConfig, LoadError> {
-        let mut cfg: EngineConfig = serde_yaml::from_str(text).map_err(|e| {
+        let mut cfg: EngineConfig = nightshift_proto::yaml::from_str(text).map_err(|e| {
             let (line, column, message) = nightshift_proto::yaml::error_parts(&e);
             LoadError { file: path.into(), line, column, message }
         })?;
@@ -170,6 +170,36 @@ impl EngineConfig {
             }
         }
         let is_sha = |h: &str| h.len() == 64 && hex::decode(h).is_ok();
+        // A token's name is who the audit says acted: one per person or
+        // Alertmanager, across both lists, and text that shows as itself
+        // on every page (no spaces, newlines or markup).
+        let mut names = std::collections::HashMap::new();
+        for (list, i, name) in cfg
+            .auth
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| ("tokens", i, &t.name))
+            .chain(cfg.auth.webhook_tokens.iter().enumerate().map(|(i, t)| ("webhook_tokens", i, &t.name)))
+        {
+            let at = format!("auth.{list}.{i}.name");
+            if !valid_token_name(name) {
+                return Err(err(
+                    &at,
+                    format!(
+                        "auth.{list}[{i}].name: expected 1 to 64 letters, digits or `._-@` (the name the audit shows), found {name:?}"
+                    ),
+                ));
+            }
+            if let Some(first) = names.insert(name.clone(), format!("auth.{list}[{}]", i)) {
+                return Err(err(
+                    &at,
+                    format!(
+                        "auth.{list}[{i}].name: expected a name no other token has, found {name:?}, the name of {first}: the audit could not tell who acted"
+                    ),
+                ));
+            }
+        }
         for t in &cfg.auth.tokens {
             if !is_sha(&t.sha256) {
                 return Err(err(
@@ -276,4 +306,10 @@ impl EngineConfig {
         }
         Ok(cfg)
     }
+}
+
+/// Whether `name` may name a token: 1 to 64 letters, digits or `._-@` —
+/// the name the audit shows for whoever uses it, as itself on every page.
+pub fn valid_token_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-@".contains(&b))
 }

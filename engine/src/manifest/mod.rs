@@ -609,7 +609,7 @@ pub use nightshift_proto::yaml::locate;
 impl Manifest {
     /// Parse and validate a manifest's text; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Manifest, LoadError> {
-        let m: Manifest = serde_yaml::from_str(text).map_err(|e| {
+        let m: Manifest = nightshift_proto::yaml::from_str(text).map_err(|e| {
             let (line, column, message) = nightshift_proto::yaml::error_parts(&e);
             LoadError { file: path.into(), line, column, message }
         })?;
