@@ -612,3 +612,58 @@ fn a_reader_that_goes_away_is_not_a_panic() {
         assert_ne!(o.status.code(), Some(101), "{args:?}: {err}");
     }
 }
+
+/// Issue 46 point 6: an engine started while PostgreSQL is down answered
+/// nothing, not even `/healthz`, until the database came back. Now the port
+/// answers at once: 503, not ready, and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_waiting_for_its_database_says_so_on_healthz() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("rb")).unwrap();
+    std::fs::write(d.join("fleet.yaml"), "version: 1\nnodes: []\n").unwrap();
+    assert_eq!(code(&run(d, &["keygen", "--out", "key"])), 0);
+    std::fs::write(
+        d.join("engine.yaml"),
+        "version: 1\ndata_dir: data\nrunbook_dir: rb\ninventory_path: fleet.yaml\nengine_key_path: key\n\
+         audit:\n  backend: postgres\n  postgres: {url_env: NIGHTSHIFT_TEST_PG}\n",
+    )
+    .unwrap();
+    // Nothing listens at this port: the database is "down".
+    let pg_port = free_port();
+    let port = free_port();
+    let mut child = bin()
+        .current_dir(d)
+        .args(["serve", "--config", "engine.yaml", "--listen", &format!("127.0.0.1:{port}")])
+        .env("NIGHTSHIFT_TEST_PG", format!("postgres://nightshift@127.0.0.1:{pg_port}/nightshift"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+    let get = |path: &str| {
+        let r = http.get(format!("http://127.0.0.1:{port}{path}")).send();
+        async move {
+            let r = r.await.ok()?;
+            Some((r.status().as_u16(), r.json::<Value>().await.unwrap_or_default()))
+        }
+    };
+    let mut answered = None;
+    for _ in 0..100 {
+        if let Some(a) = get("/healthz").await {
+            answered = Some(a);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = answered.expect("healthz answered while the database is down");
+    assert_eq!(status, 503, "{body}");
+    assert_eq!((body["ok"].clone(), body["ready"].clone()), (Value::Bool(false), Value::Bool(false)), "{body}");
+    assert!(body["starting"].as_str().is_some_and(|s| s.contains("PostgreSQL")), "{body}");
+    let (status, body) = get("/readyz").await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    let (status, body) = get("/api/v1/runs").await.unwrap();
+    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("starting")), "{body}");
+    let _ = child.kill();
+    let _ = child.wait();
+}

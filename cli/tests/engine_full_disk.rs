@@ -1,9 +1,11 @@
 //! The engine on a full disk: its data dir on a small tmpfs that is then
 //! filled. The store stops at its first failure to write or index; from
 //! then on every new run is refused with 503 (not 500), `/healthz` is not
-//! ok and says why, and after a kill -9, space freed and a restart, the
+//! ok and says why, and after its exit, space freed and a restart, the
 //! runs in the audit log are exactly the runs that were answered 202 —
-//! nothing that was refused executes later.
+//! nothing that was refused executes later. A store that stays stopped
+//! makes `serve` exit 74 after `audit.exit_after_stop_secs`, so the service
+//! manager restarts it.
 //!
 //! Needs to mount a tmpfs (root); elsewhere it says so and checks nothing.
 
@@ -79,7 +81,7 @@ async fn a_full_disk_stops_the_engine_and_nothing_refused_runs_later() {
         dir.path(),
         &[&agent],
         &[("work", &format!("trigger: {{type: manual}}\n{manifest}"), "set_power_limit(650);\n")],
-        "auth: {allow_anonymous: admin}\n",
+        "auth: {allow_anonymous: admin}\naudit: {exit_after_stop_secs: 5}\n",
     );
     let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
     let port = free_port();
@@ -150,9 +152,23 @@ async fn a_full_disk_stops_the_engine_and_nothing_refused_runs_later() {
     assert_eq!(hv["ok"], false, "{hv}");
     assert!(hv["audit_stopped"].as_str().is_some_and(|m| m.contains("free space")), "it says what to do: {hv}");
 
-    // Crash, free the space, start again: recovery replays what was acknowledged.
-    engine.kill().unwrap();
-    engine.wait().unwrap();
+    // Issue 46 point 6: it answered 503 forever and never exited, so
+    // systemd never restarted it. After `audit.exit_after_stop_secs` (5 s
+    // here) it exits 74 by itself.
+    let mut exited = None;
+    for _ in 0..300 {
+        if let Some(s) = engine.try_wait().unwrap() {
+            exited = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let exited = exited.unwrap_or_else(|| {
+        let _ = engine.kill();
+        panic!("the engine did not exit within 30 s of its store stopping")
+    });
+    assert_eq!(exited.code(), Some(74), "{exited:?}");
+    // Free the space, start again: recovery replays what was acknowledged.
     std::fs::remove_file(data.join("filler")).unwrap();
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");

@@ -766,6 +766,17 @@ pub async fn healthz(State(s): State<AppState>) -> Response {
     Json(json!({"ok": true, "audit_seq": seq, "agents_connected": agents, "role": role})).into_response()
 }
 
+/// `GET /readyz`: ready to take work — the store writes (a standby is
+/// ready to serve reads and forward writes). 503 with why when not.
+pub async fn readyz(State(s): State<AppState>) -> Response {
+    let role = s.engine.ha_status().role;
+    if let Some(e) = s.engine.audit().stopped() {
+        let body = json!({"ok": false, "ready": false, "role": role, "audit_stopped": e.to_string()});
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    }
+    Json(json!({"ok": true, "ready": true, "role": role})).into_response()
+}
+
 /// `GET /api/v1/ha`: this engine's place in its shard — leader, standby
 /// or deposed, the term, and who leads.
 pub async fn ha(State(s): State<AppState>, _: Viewer) -> Response {

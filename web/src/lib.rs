@@ -156,6 +156,7 @@ pub fn router(engine: Engine) -> Router {
         .route("/api/v1/openapi.json", get(api::openapi))
         .route("/api/v1/ha", get(api::ha))
         .route("/healthz", get(api::healthz))
+        .route("/readyz", get(api::readyz))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .merge(webhook)
@@ -197,4 +198,35 @@ pub async fn serve(
         ));
     }
     axum::serve(listener, router(engine)).with_graceful_shutdown(shutdown).await
+}
+
+/// Answer on `listener` while the engine starts (opening its audit store —
+/// PostgreSQL may not answer yet — and recovering), until `done`:
+/// `/healthz` and `/readyz` say 503 `{"ok": false, "ready": false,
+/// "starting": why}`, every other path 503 with code `starting`. So a
+/// service manager and a load balancer see a live process that is not
+/// ready, rather than a port that takes connections and never answers.
+pub async fn serve_starting(
+    listener: tokio::net::TcpListener,
+    why: String,
+    done: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    let health = {
+        let why = why.clone();
+        move || async move {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(serde_json::json!({"ok": false, "ready": false, "starting": why})),
+            )
+                .into_response()
+        }
+    };
+    let other = move || async move {
+        let body = serde_json::json!({"error": {"code": "starting", "message": format!("the engine is starting: {why}; retry in a few seconds")}});
+        (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+    };
+    let app = axum::Router::new().route("/healthz", get(health.clone())).route("/readyz", get(health)).fallback(other);
+    axum::serve(listener, app).with_graceful_shutdown(done).await
 }

@@ -12,6 +12,10 @@ const STARTUP_LIMIT_SECS: u64 = 300;
 /// The exit status of an engine that lost its lease (EX_TEMPFAIL).
 pub const DEPOSED_EXIT: u8 = 75;
 
+/// The exit status of an engine whose audit store stopped at a write
+/// failure and stayed stopped (EX_IOERR).
+pub const STORE_STOPPED_EXIT: u8 = 74;
+
 pub async fn serve(cli: &Cli, listen: Option<String>) -> Result<u8> {
     let mut config = nightshift_engine::config::EngineConfig::load(&cli.config).map_err(|e| usage(e.to_string()))?;
     if let Some(l) = listen {
@@ -46,7 +50,31 @@ pub async fn serve(cli: &Cli, listen: Option<String>) -> Result<u8> {
             std::process::exit(2);
         }
     });
-    let engine = nightshift_engine::serve::start(config).await.map_err(|e| match e {
+    // While the store opens (PostgreSQL may be down) and recovery runs,
+    // the port answers: not ready, and why (a clone of the listening
+    // socket, handed back once the engine is up).
+    let (starting_tx, starting_rx) = tokio::sync::oneshot::channel::<()>();
+    let why = match &config.audit.postgres {
+        Some(_) if config.audit.backend == nightshift_engine::config::AuditBackend::Postgres => {
+            "opening the audit store in PostgreSQL (waiting for the database if it is down) and recovering".to_string()
+        }
+        _ => format!("opening the audit store in {} and recovering", config.data_dir.display()),
+    };
+    let starting = match listener.into_std().and_then(|l| Ok((l.try_clone()?, l))) {
+        Ok((clone, own)) => {
+            let clone = tokio::net::TcpListener::from_std(clone)?;
+            let task = tokio::spawn(nightshift_web::serve_starting(clone, why, async move {
+                let _ = starting_rx.await;
+            }));
+            (task, tokio::net::TcpListener::from_std(own)?)
+        }
+        Err(e) => return Err(usage(format!("cannot listen on {addr}: {e}"))),
+    };
+    let (starting_task, listener) = starting;
+    let started_engine = nightshift_engine::serve::start(config).await;
+    let _ = starting_tx.send(());
+    let _ = starting_task.await;
+    let engine = started_engine.map_err(|e| match e {
         nightshift_engine::serve::StartError::Audit(nightshift_engine::audit::AuditError::Locked { path, .. }) => {
             usage(format!("{} is in use by another nightshift process", path.display()))
         }
@@ -100,6 +128,23 @@ pub async fn serve(cli: &Cli, listen: Option<String>) -> Result<u8> {
             None => std::future::pending().await,
         }
     };
+    // A store stopped at a write failure stays stopped: after answering
+    // 503 with why for `audit.exit_after_stop_secs`, exit non-zero so the
+    // service manager starts the engine again (and pages through it).
+    let exit_after = std::time::Duration::from_secs(engine.config().audit.exit_after_stop_secs);
+    let store = engine.audit().clone();
+    let store_stopped = async move {
+        let mut since: Option<std::time::Instant> = None;
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            match (store.stopped(), since) {
+                (None, _) => since = None,
+                (Some(_), None) => since = Some(std::time::Instant::now()),
+                (Some(why), Some(t)) if t.elapsed() >= exit_after => break why,
+                (Some(_), Some(_)) => {}
+            }
+        }
+    };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let web = tokio::spawn(nightshift_web::serve(engine.clone(), listener, async move {
         tokio::select! {
@@ -109,6 +154,14 @@ pub async fn serve(cli: &Cli, listen: Option<String>) -> Result<u8> {
     }));
     tokio::select! {
         r = web => { r??; Ok(0) }
+        why = store_stopped => {
+            eprintln!(
+                "error: the audit store stopped ({why}) {} s ago and takes no writes: exiting (74) so the service manager starts this engine again (audit.exit_after_stop_secs)",
+                exit_after.as_secs()
+            );
+            let _ = stop_tx.send(());
+            Ok(STORE_STOPPED_EXIT)
+        }
         why = stepped_down => {
             if why.contains("shut down") {
                 // Our own shutdown handed the lease back; the web server

@@ -145,7 +145,7 @@ impl GrafanaConfig {
 }
 
 /// `audit:` in engine.yaml.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuditConfig {
     #[serde(default)]
@@ -153,6 +153,25 @@ pub struct AuditConfig {
     /// Required with `backend: postgres`.
     #[serde(default)]
     pub postgres: Option<PostgresConfig>,
+    /// After the store stops at a write failure (a full or failing disk),
+    /// `nightshift serve` answers 503 with why for this long, then exits
+    /// non-zero (74) so the service manager starts it again.
+    #[serde(default = "default_exit_after_stop")]
+    pub exit_after_stop_secs: u64,
+}
+
+fn default_exit_after_stop() -> u64 {
+    60
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            backend: AuditBackend::default(),
+            postgres: None,
+            exit_after_stop_secs: default_exit_after_stop(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -234,6 +234,12 @@ impl EngineConfig {
                 ));
             }
         }
+        if !(1..=86_400).contains(&cfg.audit.exit_after_stop_secs) {
+            return Err(err(
+                "audit.exit_after_stop_secs",
+                format!("audit.exit_after_stop_secs: expected 1 to 86400, found {}", cfg.audit.exit_after_stop_secs),
+            ));
+        }
         // Numbers that would switch a safety off or stop the engine.
         let l = &cfg.limits;
         for (field, v, lo, hi) in [
