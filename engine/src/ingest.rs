@@ -386,53 +386,102 @@ impl Engine {
         &self,
         payload: WebhookPayload,
         poster: &str,
-    ) -> (
-        Ingested,
-        Option<futures::future::BoxFuture<'static, Result<crate::audit::AuditRecord, crate::audit::AuditError>>>,
-    ) {
+    ) -> (Ingested, Option<futures::future::BoxFuture<'static, Result<(), String>>>) {
+        use futures::FutureExt;
         let cap = self.core.config.limits.alert_backlog as u64;
-        let mut fresh = Vec::new();
         let (mut duplicates, mut shed) = (0, 0);
+        // Under the table's lock: which alerts are new, their records sent
+        // to the writer (in order, not awaited), and each new key's
+        // durability future noted, so a duplicate arriving meanwhile waits
+        // for the original's record instead of being acknowledged first.
+        let mut recorded = Vec::new();
+        let mut keys = Vec::new();
+        let mut waits: Vec<crate::runtable::AlertDurable> = Vec::new();
+        let mut durable = None;
+        // Records built before the lock (building one looks up its node).
+        let prepared: Vec<(String, NewRecord, Alert)> = payload
+            .alerts
+            .into_iter()
+            .map(|a| (crate::runtable::alert_key(&a.status, &a.key()), self.alert_record(&a, poster), a))
+            .collect();
         {
             let mut t = self.core.table();
             let backlog = self.core.alert_backlog.load(Ordering::SeqCst);
-            for a in payload.alerts {
-                let key = crate::runtable::alert_key(&a.status, &a.key());
+            let mut fresh = Vec::new();
+            for (key, rec, a) in prepared {
                 if t.alerts_seen.contains(&key) {
                     duplicates += 1;
+                    if let Some(w) = t.alerts_pending.get(&key) {
+                        waits.push(w.clone());
+                    }
                 } else if backlog + fresh.len() as u64 >= cap {
                     shed += 1;
                 } else {
-                    t.alerts_seen.insert(key);
-                    fresh.push(a);
+                    t.alerts_seen.insert(key.clone());
+                    fresh.push((key, rec, a));
                 }
             }
             self.core.alert_backlog.fetch_add(fresh.len() as u64, Ordering::SeqCst);
-        }
-        let c = &self.core.counters;
-        c.alerts_received.fetch_add((fresh.len() + duplicates + shed) as u64, Ordering::Relaxed);
-        c.alerts_duplicate.fetch_add(duplicates as u64, Ordering::Relaxed);
-        // Each accepted alert is on the chain, in order, before this
-        // returns (the acknowledging caller awaits its durability:
-        // [`Engine::accept_alertmanager`]); what it leads to comes after.
-        let mut recorded = Vec::with_capacity(fresh.len());
-        let mut durable = None;
-        let last = fresh.len().saturating_sub(1);
-        for (i, a) in fresh.into_iter().enumerate() {
-            let rec = self.alert_record(&a, poster);
-            let sent = if i == last {
-                self.core.audit.append_ordered_ack(rec, None).map(|f| durable = Some(Box::pin(f) as _))
-            } else {
-                self.core.audit.append_ordered(rec, None)
-            };
-            match sent {
-                Ok(()) => recorded.push(a),
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot audit an alert");
-                    self.core.alert_backlog.fetch_sub(1, Ordering::SeqCst);
+            // Each accepted alert is on the chain, in order, before this
+            // returns (the acknowledging caller awaits its durability:
+            // [`Engine::accept_alertmanager`]); what it leads to comes after.
+            let last = fresh.len().saturating_sub(1);
+            for (i, (key, rec, a)) in fresh.into_iter().enumerate() {
+                let sent = if i == last {
+                    self.core
+                        .audit
+                        .append_ordered_ack(rec, None)
+                        .map(|f| durable = Some(f.map(|r| r.map(|_| ()).map_err(|e| e.to_string())).boxed().shared()))
+                } else {
+                    self.core.audit.append_ordered(rec, None)
+                };
+                match sent {
+                    Ok(()) => {
+                        keys.push(key);
+                        recorded.push(a);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot audit an alert");
+                        self.core.alert_backlog.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+            }
+            if let Some(d) = &durable {
+                for k in &keys {
+                    t.alerts_pending.insert(k.clone(), d.clone());
                 }
             }
         }
+        // Once durable, the keys wait for nothing more.
+        if let Some(d) = durable.clone() {
+            let engine = self.clone();
+            self.core.handle.spawn(async move {
+                let _ = d.await;
+                let mut t = engine.core.table();
+                for k in &keys {
+                    t.alerts_pending.remove(k);
+                }
+            });
+        }
+        let c = &self.core.counters;
+        c.alerts_received.fetch_add((recorded.len() + duplicates + shed) as u64, Ordering::Relaxed);
+        c.alerts_duplicate.fetch_add(duplicates as u64, Ordering::Relaxed);
+        let durable: Option<futures::future::BoxFuture<'static, Result<(), String>>> = match (durable, waits.is_empty())
+        {
+            (None, true) => None,
+            (own, _) => Some(
+                async move {
+                    for w in waits {
+                        w.await?;
+                    }
+                    if let Some(d) = own {
+                        d.await?;
+                    }
+                    Ok(())
+                }
+                .boxed(),
+            ),
+        };
         let accepted = recorded.len();
         let fresh = recorded;
         if accepted > 0 || shed > 0 {
@@ -471,8 +520,8 @@ impl Engine {
         let (r, durable) = self.intake_alertmanager(payload, poster);
         if let Some(d) = durable {
             // The writer is one queue: once the last is durable, every
-            // alert appended before it is too.
-            d.await?;
+            // alert appended before it is too — and a duplicate's original.
+            d.await.map_err(|e| EngineError::Audit(crate::audit::AuditError::Write(e)))?;
         }
         Ok(r)
     }

@@ -107,6 +107,10 @@ pub struct RunTable {
     pub schedule_next: HashMap<String, i64>,
     /// Alert dedup: `status|fingerprint@startsAt`.
     pub alerts_seen: SeenSet,
+    /// Alerts accepted whose `event_received` is not durable yet, with the
+    /// future that ends when it is: a duplicate (an Alertmanager HA pair
+    /// sends both) is answered only after the original is durable.
+    pub alerts_pending: HashMap<String, AlertDurable>,
     /// Ended holds already audited (`node|hold id|ended_at_ms`).
     pub holds_ended: SeenSet,
     /// Accepted alerts whose handling is on the chain ([`alert_key`]).
@@ -124,6 +128,10 @@ pub struct RunTable {
     /// [`IDEMPOTENCY_KEPT_MS`]; rebuilt from `run_queued` records on start.
     pub idempotent: HashMap<String, (String, i64)>,
 }
+
+/// Ends when an accepted alert's `event_received` is durable (or says why
+/// it is not), for every caller that waits on it.
+pub type AlertDurable = futures::future::Shared<futures::future::BoxFuture<'static, Result<(), String>>>;
 
 /// How long a run is found again by its `Idempotency-Key`.
 pub const IDEMPOTENCY_KEPT_MS: i64 = 24 * 3_600_000;

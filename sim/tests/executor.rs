@@ -562,3 +562,31 @@ async fn a_gpu_label_written_any_other_way_is_refused_on_the_chain() {
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].target.gpu, Some(1));
 }
+
+/// Issue 46 point 5: an Alertmanager HA pair sends each alert twice; the
+/// duplicate was acknowledged at once, before the original's record was
+/// durable — under a power loss 5 acknowledged alerts vanished. The
+/// duplicate's answer now waits for the original's `event_received`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_alert_is_acknowledged_only_once_the_original_is_durable() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(rb.path(), "hot", HOT_ALERT, "note(\"hot\");\n");
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    for i in 0..20 {
+        let p = alert_payload("GpuHot", "n1", &format!("pair-{i}"), now(f), "firing");
+        // The first sender's intake (its own answer not awaited), then the
+        // second sender's identical alert, answered.
+        f.engine.ingest_alertmanager(p.clone(), "am-1");
+        let r = f.engine.accept_alertmanager(p, "am-2").await.unwrap();
+        assert_eq!((r.accepted, r.duplicates), (0, 1));
+        let durable = f
+            .engine
+            .audit()
+            .records_since(0)
+            .unwrap()
+            .iter()
+            .any(|r| r.kind == RecordKind::EventReceived && r.data["fingerprint"] == format!("pair-{i}"));
+        assert!(durable, "round {i}: the duplicate was acknowledged before the original was durable");
+    }
+}
