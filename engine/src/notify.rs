@@ -30,7 +30,15 @@ pub struct Delivery {
 
 impl Notifier {
     pub fn new(cfg: &NotificationsConfig) -> Notifier {
-        Notifier { targets: cfg.webhooks.clone(), http: reqwest::Client::new() }
+        // Never follow a redirect: a 307 to an internal URL would get the
+        // body posted there while the audit said where it was meant to go.
+        // A redirect is the delivery's answer, audited as such (not 2xx:
+        // a failure).
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
+        Notifier { targets: cfg.webhooks.clone(), http }
     }
 
     /// Targets for a record of this kind.

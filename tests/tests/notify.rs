@@ -204,3 +204,50 @@ async fn the_audit_head_is_anchored_outside_the_store() {
     let mut agent = agent;
     agent.stop().await;
 }
+
+/// Issue 46 point 11: a webhook answering 307 to an internal URL got the
+/// notification's body POSTed there, while the audit said "200 ok". A
+/// redirect is never followed now: the delivery is audited as what it was
+/// (HTTP 307, failed) and the internal URL receives nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_never_follows_a_redirect() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let agent = TestAgent::start(dir.path(), "w1", SimConfig { gpus: 1, ..SimConfig::default() }, "").await;
+    let (internal_url, internal) = receiver(0).await;
+    let redirector = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let redirect_url = format!("http://{}/hook", redirector.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = redirector.accept().await {
+            let internal_url = internal_url.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                let _ = s.read(&mut buf).await;
+                let reply = format!(
+                    "HTTP/1.1 307 Temporary Redirect\r\nLocation: {internal_url}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+                let _ = s.write_all(reply.as_bytes()).await;
+            });
+        }
+    });
+    let cfg = engine_setup(
+        dir.path(),
+        &[&agent],
+        &[("tell", "trigger: {type: manual}\nscope: gpu\n", "notify(\"heads up\");\n")],
+        &format!("notifications:\n  webhooks:\n\x20   - {{name: ops, url: '{redirect_url}', max_attempts: 1}}\n"),
+    );
+    let engine = nightshift_engine::serve::start(cfg).await.unwrap();
+    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    engine.submit(manual_run("tell", Target::gpu("w1", 0))).await.unwrap();
+    let d = eventually(20, || {
+        engine.audit().tail(0, usize::MAX).unwrap().into_iter().find(|r| r.kind == RecordKind::NotificationDelivery)
+    })
+    .await
+    .expect("a delivery record");
+    assert_eq!((d.data["ok"].clone(), d.data["detail"].as_str()), (false.into(), Some("HTTP 307")), "{:?}", d.data);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(internal.lock().unwrap().is_empty(), "the body went to the redirect's target");
+    engine.shutdown().await;
+    let mut agent = agent;
+    agent.stop().await;
+}

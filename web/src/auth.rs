@@ -45,9 +45,11 @@ pub fn start_session(token: &str) -> String {
     id
 }
 
-/// End the session a request's cookie names (logout).
+/// End the session a request's cookie names (logout) — whatever else the
+/// request carries: an `Authorization` header beside the cookie used to
+/// leave the session valid.
 pub fn end_session(headers: &HeaderMap) {
-    if let Some((id, true)) = Auth::token_from(headers) {
+    if let Some(id) = Auth::cookie_from(headers) {
         sessions().remove(&id);
     }
 }
@@ -209,8 +211,13 @@ impl Auth {
         {
             return Some((t.trim().to_string(), false));
         }
+        Auth::cookie_from(headers).map(|t| (t, true))
+    }
+
+    /// The session id the request's cookie carries.
+    fn cookie_from(headers: &HeaderMap) -> Option<String> {
         let cookies = headers.get(axum::http::header::COOKIE).and_then(|v| v.to_str().ok())?;
-        cookies.split(';').find_map(|c| c.trim().strip_prefix(&format!("{COOKIE}=")).map(|t| (t.to_string(), true)))
+        cookies.split(';').find_map(|c| c.trim().strip_prefix(&format!("{COOKIE}=")).map(str::to_string))
     }
 
     /// Who is calling, if anyone.

@@ -1150,3 +1150,28 @@ async fn a_retried_run_submission_with_its_idempotency_key_starts_one_run() {
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert!(bad.to_string().contains("Idempotency-Key: expected 1 to 255 visible ASCII characters"), "{bad}");
 }
+
+/// Issue 46 point 11: a logout that also carried an `Authorization`
+/// header left the server's session valid. It ends the cookie's session
+/// whatever else the request carries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logout_ends_the_session_whatever_else_the_request_carries() {
+    let f = fixture().await;
+    let cookie = session(&f, OPERATOR).await;
+    let get_runs = |cookie: String| {
+        let req = Request::builder().uri("/api/v1/runs").header(header::COOKIE, cookie).body(Body::empty()).unwrap();
+        nightshift_web::router(f.sim.engine.clone()).oneshot(req)
+    };
+    assert_eq!(get_runs(cookie.clone()).await.unwrap().status(), StatusCode::OK, "the session works");
+    let req = Request::builder()
+        .method("POST")
+        .uri("/logout")
+        .header(header::COOKIE, cookie.clone())
+        .header(header::AUTHORIZATION, format!("Bearer {VIEWER}"))
+        .header("sec-fetch-site", "same-origin")
+        .body(Body::empty())
+        .unwrap();
+    let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    assert_eq!(get_runs(cookie).await.unwrap().status(), StatusCode::UNAUTHORIZED, "the session is over");
+}
