@@ -32,25 +32,35 @@ import sys
 GENESIS = "0" * 64
 
 
-def canon(o):
+def dump(o, number):
+    """Compact JSON with object keys sorted and floats written by `number`:
+    RFC 8785 (version 2) and serde_json (version 1) differ only there. (RFC
+    8785 sorts keys by UTF-16 code units, serde_json by bytes: the same for
+    the ASCII keys nightshift writes.)"""
     if isinstance(o, dict):
-        # RFC 8785 sorts keys by UTF-16 code units; for ASCII keys that is
-        # plain sorting.
-        return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + canon(o[k]) for k in sorted(o)) + "}"
+        return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + dump(o[k], number) for k in sorted(o)) + "}"
     if isinstance(o, list):
-        return "[" + ",".join(canon(x) for x in o) + "]"
+        return "[" + ",".join(dump(x, number) for x in o) + "]"
     if isinstance(o, bool) or o is None:
         return json.dumps(o)
     if isinstance(o, float):
-        # ECMAScript number form: 700.0 is "700", 0.1 stays "0.1".
-        if o.is_integer() and abs(o) < 1e21:
-            return str(int(o))
-        r = repr(o)
-        if "e" in r:
-            mant, exp = r.split("e")
-            r = mant + "e" + ("+" if not exp.startswith("-") else "-") + exp.lstrip("+-").lstrip("0")
-        return r
+        return number(o)
     return json.dumps(o, ensure_ascii=False)
+
+
+def ecma(o):
+    """A float in ECMAScript number form: 700.0 is "700", 0.1 stays "0.1"."""
+    if o.is_integer() and abs(o) < 1e21:
+        return str(int(o))
+    r = repr(o)
+    if "e" in r:
+        mant, exp = r.split("e")
+        r = mant + "e" + ("+" if not exp.startswith("-") else "-") + exp.lstrip("+-").lstrip("0")
+    return r
+
+
+def canon(o):
+    return dump(o, ecma)
 
 
 def ryu(o):
@@ -86,15 +96,7 @@ def ryu(o):
 
 def compact(o):
     """serde_json's compact bytes of a parsed value (its maps sort keys)."""
-    if isinstance(o, dict):
-        return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + compact(o[k]) for k in sorted(o)) + "}"
-    if isinstance(o, list):
-        return "[" + ",".join(compact(x) for x in o) + "]"
-    if isinstance(o, bool) or o is None:
-        return json.dumps(o)
-    if isinstance(o, float):
-        return ryu(o)
-    return json.dumps(o, ensure_ascii=False)
+    return dump(o, ryu)
 
 
 V1_FIELDS = ("seq", "ts_ms", "kind", "run", "node", "gpu", "runbook", "actor", "data", "prev_hash")
