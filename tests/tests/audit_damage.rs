@@ -33,6 +33,17 @@ fn nightshift(dir: &Path, config: &str, args: &[&str]) -> Output {
     out
 }
 
+/// `scripts/verify-chain.py ARGS` over `text` on stdin: (exit 0, stdout).
+fn verify_chain_py(python: &Path, text: &str, args: &[&str]) -> (bool, String) {
+    use std::io::Write;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/verify-chain.py");
+    let mut child =
+        Command::new(python).arg(&script).args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// A store with a few thousand records: the audit writer, stopped.
 fn store_with_records(d: &Path) -> u64 {
     let mut child = Command::new(env!("CARGO_BIN_EXE_audit-writer"))
@@ -328,19 +339,7 @@ async fn an_outside_tool_recomputes_every_hash() {
     assert!(records.iter().all(|r| r.v == Some(2)));
     assert!(records.iter().any(|r| serde_json::to_string(&r.data).unwrap().contains("700.0")), "a float that is whole");
     let export: String = records.iter().map(|r| serde_json::to_string(r).unwrap() + "\n").collect();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/verify-chain.py");
-    let check = |text: &str| {
-        use std::io::Write;
-        let mut child = std::process::Command::new(&python)
-            .arg(&script)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
-    };
+    let check = |text: &str| verify_chain_py(&python, text, &[]);
     let (ok, text) = check(&export);
     assert!(ok, "{text}");
     assert!(text.starts_with(&format!("ok: {} records (0 version 1", records.len())), "{text}");
@@ -413,20 +412,7 @@ fn the_outside_tool_rehashes_version_1_records() {
         export.push_str(&serde_json::to_string(&r).unwrap());
         export.push('\n');
     }
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/verify-chain.py");
-    let check = |text: &str, args: &[&str]| {
-        use std::io::Write;
-        let mut child = std::process::Command::new(&python)
-            .arg(&script)
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
-    };
+    let check = |text: &str, args: &[&str]| verify_chain_py(&python, text, args);
     let (ok, text) = check(&export, &[]);
     assert!(ok, "{text}");
     assert_eq!(text.trim(), format!("ok: {} records ({} version 1)", payloads.len(), payloads.len()));
