@@ -484,7 +484,19 @@ pub fn read_located(path: &Path) -> Result<Vec<Located>, AuditError> {
 /// A break is named by the log's path, line and byte, and the record.
 /// Opens the file only to read.
 pub fn verify_log(path: &Path) -> Result<VerifyReport, AuditError> {
+    Ok(verify_log_at(path, None)?.0)
+}
+
+/// [`verify_log`], and the hash the log holds for record `want` (an
+/// anchored head), found in the same one pass.
+pub(super) fn verify_log_at(path: &Path, want: Option<u64>) -> Result<(VerifyReport, Option<String>), AuditError> {
     let lines = read_located(path)?;
+    let found = want.and_then(|seq| {
+        lines.iter().find_map(|l| match &l.what {
+            LogLine::Good(r) if r.seq == seq => Some(r.hash.clone()),
+            _ => None,
+        })
+    });
     let excuses = super::chain::excuses(lines.iter().filter_map(|l| match &l.what {
         LogLine::Good(r) => Some(r),
         LogLine::Bad { .. } | LogLine::Summary { .. } => None,
@@ -508,46 +520,55 @@ pub fn verify_log(path: &Path) -> Result<VerifyReport, AuditError> {
         match &l.what {
             LogLine::Summary { bytes } => {
                 let Some((seq, digest)) = vouched.take() else {
-                    return Ok(bad(
-                        &walk,
-                        records,
-                        walk.expected(),
-                        format!("{at}: a run summary line with no record before it"),
+                    return Ok((
+                        bad(
+                            &walk,
+                            records,
+                            walk.expected(),
+                            format!("{at}: a run summary line with no record before it"),
+                        ),
+                        found,
                     ));
                 };
                 if let Some(d) = digest
                     && super::sha256_hex(bytes) != d
                 {
-                    return Ok(bad(
-                        &walk,
-                        records,
-                        seq,
-                        format!(
-                            "{at}: the run summary after record {seq} was changed: it does not match the record's summary_sha256"
+                    return Ok((
+                        bad(
+                            &walk,
+                            records,
+                            seq,
+                            format!(
+                                "{at}: the run summary after record {seq} was changed: it does not match the record's summary_sha256"
+                            ),
                         ),
+                        found,
                     ));
                 }
             }
             LogLine::Bad { problem, .. } => {
                 records += 1;
-                return Ok(bad(&walk, records, walk.expected(), format!("{at}: {problem}")));
+                return Ok((bad(&walk, records, walk.expected(), format!("{at}: {problem}")), found));
             }
             LogLine::Good(r) => {
                 records += 1;
                 if let Err(b) = walk.check(r) {
-                    return Ok(bad(&walk, records, b.seq(), format!("{at}: {b}")));
+                    return Ok((bad(&walk, records, b.seq(), format!("{at}: {b}")), found));
                 }
                 vouched = Some((r.seq, r.data["summary_sha256"].as_str().map(str::to_string)));
             }
         }
     }
-    Ok(VerifyReport {
-        ok: true,
-        verified_up_to: walk.verified_up_to(),
-        records,
-        first_bad_seq: None,
-        problem: None,
-        excused: walk.used,
-        notes: Vec::new(),
-    })
+    Ok((
+        VerifyReport {
+            ok: true,
+            verified_up_to: walk.verified_up_to(),
+            records,
+            first_bad_seq: None,
+            problem: None,
+            excused: walk.used,
+            notes: Vec::new(),
+        },
+        found,
+    ))
 }

@@ -116,13 +116,13 @@ pub fn verify_dir(dir: &Path, anchor: Option<(u64, &str)>) -> Result<VerifyRepor
             message: format!("expected a record log at {}, found none: is data_dir right?", log.display()),
         });
     }
-    let mut report = super::log::verify_log(&log)?;
+    let (mut report, anchored) = super::log::verify_log_at(&log, anchor.map(|(seq, _)| seq))?;
     if !report.ok {
         report.problem = report.problem.map(|p| format!("record log: {p}"));
         return Ok(report);
     }
     if let Some((seq, hash)) = anchor
-        && let Some(problem) = anchor_problem(&log, report.verified_up_to, seq, hash)?
+        && let Some(problem) = anchor_check(report.verified_up_to, seq, hash, anchored.as_deref())
     {
         return Ok(VerifyReport { ok: false, first_bad_seq: Some(seq), problem: Some(problem), ..report });
     }
@@ -160,19 +160,6 @@ pub fn verify_dir(dir: &Path, anchor: Option<(u64, &str)>) -> Result<VerifyRepor
         return Ok(indexed);
     }
     Ok(report)
-}
-
-/// Whether the log still holds record `seq` with `hash` (`None`: it does).
-fn anchor_problem(log: &Path, verified_up_to: u64, seq: u64, hash: &str) -> Result<Option<String>, AuditError> {
-    let found = if seq <= verified_up_to {
-        super::log::read_lines(log)?.into_iter().find_map(|l| match l {
-            super::log::LogLine::Good(r) if r.seq == seq => Some(r.hash),
-            _ => None,
-        })
-    } else {
-        None
-    };
-    Ok(anchor_check(verified_up_to, seq, hash, found.as_deref()))
 }
 
 /// A head published earlier (record `seq` with `hash`) against a chain
