@@ -487,11 +487,26 @@ impl SledCopy {
     }
 }
 
+/// How long a held lock is asked again before the store counts as held: a
+/// store closed a moment ago lets go of sled's lock only when sled's own
+/// background writes have finished (its threads keep the file open a
+/// little after the close returns); a running engine holds it for good.
+const HELD_FOR: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Whether a running engine holds the store in `dir` (sled's lock on
 /// `audit.sled/db`), asked without opening anything for writing.
 pub(super) fn held_by_engine(dir: &Path) -> bool {
-    std::fs::File::open(dir.join("audit.sled").join("db"))
-        .is_ok_and(|f| matches!(f.try_lock_shared(), Err(std::fs::TryLockError::WouldBlock)))
+    let Ok(f) = std::fs::File::open(dir.join("audit.sled").join("db")) else { return false };
+    let until = std::time::Instant::now() + HELD_FOR;
+    loop {
+        match f.try_lock_shared() {
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(std::fs::TryLockError::WouldBlock) => return true,
+            _ => return false,
+        }
+    }
 }
 
 impl Drop for SledCopy {
