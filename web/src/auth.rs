@@ -34,6 +34,11 @@ fn sessions() -> std::sync::MutexGuard<'static, Sessions> {
     SESSIONS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The most sessions one token holds at once: a login past it ends that
+/// token's oldest session (a script logging in in a loop cannot grow the
+/// table without bound, and a stolen token's sessions age out of it).
+pub const SESSIONS_PER_TOKEN: usize = 16;
+
 /// Start a session for a token that identifies someone: the cookie's value.
 pub fn start_session(token: &str) -> String {
     let id = hex::encode(rand::random::<[u8; 32]>());
@@ -41,8 +46,29 @@ pub fn start_session(token: &str) -> String {
     let now = Instant::now();
     let mut s = sessions();
     s.retain(|_, (_, end)| *end > now);
+    let mut mine: Vec<(Instant, String)> =
+        s.iter().filter(|(_, (d, _))| ct_eq(d, &digest)).map(|(k, (_, end))| (*end, k.clone())).collect();
+    if mine.len() >= SESSIONS_PER_TOKEN {
+        mine.sort();
+        for (_, old) in mine.iter().take(mine.len() + 1 - SESSIONS_PER_TOKEN) {
+            s.remove(old);
+        }
+    }
     s.insert(id.clone(), (digest, now + Duration::from_secs(SESSION_SECS)));
     id
+}
+
+/// The session cookie's attributes: same-site, HTTP-only, and `Secure`
+/// where the engine is reached over HTTPS (`auth.secure_cookies`).
+pub fn cookie_attrs(secure: bool) -> &'static str {
+    if secure { "Path=/; HttpOnly; SameSite=Strict; Secure" } else { "Path=/; HttpOnly; SameSite=Strict" }
+}
+
+/// A login posted from another site's page (login CSRF: the other site
+/// logs the victim's browser in as the attacker, whose audit trail then
+/// holds the victim's approvals): refused.
+pub fn login_from_another_site(headers: &HeaderMap) -> bool {
+    cross_site(headers)
 }
 
 /// End the session a request's cookie names (logout) — whatever else the

@@ -1100,7 +1100,16 @@ pub struct LoginForm {
     token: String,
 }
 
-pub async fn login(State(s): State<AppState>, Form(f): Form<LoginForm>) -> Response {
+pub async fn login(State(s): State<AppState>, headers: HeaderMap, Form(f): Form<LoginForm>) -> Response {
+    if crate::auth::login_from_another_site(&headers) {
+        return PageError(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "cross_site",
+            "a login must come from this site's own login page, found a form posted by another site",
+        ))
+        .into_response();
+    }
+    let secure = s.engine.config().auth.secure_cookies;
     let mut h = HeaderMap::new();
     if let Ok(v) = format!("Bearer {}", f.token).parse() {
         h.insert(header::AUTHORIZATION, v);
@@ -1113,9 +1122,10 @@ pub async fn login(State(s): State<AppState>, Form(f): Form<LoginForm>) -> Respo
                 (
                     header::SET_COOKIE,
                     format!(
-                        "{COOKIE}={}; Path=/; Max-Age={}; HttpOnly; SameSite=Strict",
+                        "{COOKIE}={}; Max-Age={}; {}",
                         crate::auth::start_session(&f.token),
-                        crate::auth::SESSION_SECS
+                        crate::auth::SESSION_SECS,
+                        crate::auth::cookie_attrs(secure)
                     ),
                 ),
             ],
@@ -1125,14 +1135,12 @@ pub async fn login(State(s): State<AppState>, Form(f): Form<LoginForm>) -> Respo
     }
 }
 
-pub async fn logout(headers: HeaderMap) -> Response {
+pub async fn logout(State(s): State<AppState>, headers: HeaderMap) -> Response {
     crate::auth::end_session(&headers);
+    let attrs = crate::auth::cookie_attrs(s.engine.config().auth.secure_cookies);
     (
         StatusCode::SEE_OTHER,
-        [
-            (header::LOCATION, "/login".to_string()),
-            (header::SET_COOKIE, format!("{COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict")),
-        ],
+        [(header::LOCATION, "/login".to_string()), (header::SET_COOKIE, format!("{COOKIE}=; Max-Age=0; {attrs}"))],
     )
         .into_response()
 }

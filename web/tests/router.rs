@@ -38,6 +38,10 @@ fn write(dir: &std::path::Path, name: &str, manifest: &str, script: &str) {
 }
 
 async fn fixture() -> Fixture {
+    fixture_cookies(false).await
+}
+
+async fn fixture_cookies(secure_cookies: bool) -> Fixture {
     let rb = tempfile::tempdir().unwrap();
     write(
         rb.path(),
@@ -74,6 +78,7 @@ async fn fixture() -> Fixture {
         webhook_token_sha256: Some(hash_token(WEBHOOK)),
         webhook_tokens: Vec::new(),
         allow_anonymous: None,
+        secure_cookies,
     };
     opts.grafana = Some(nightshift_engine::config::GrafanaConfig {
         url: "https://grafana.example/".into(),
@@ -731,6 +736,7 @@ async fn a_dbe_lifecycle_is_in_the_api_the_node_page_and_metrics() {
         webhook_token_sha256: None,
         webhook_tokens: Vec::new(),
         allow_anonymous: None,
+        secure_cookies: false,
     };
     let dir = scratch_dir().unwrap();
     let sim = SimFleet::start(opts, dir.path()).await.unwrap();
@@ -830,6 +836,13 @@ async fn no_answer_may_be_framed() {
                 .is_some_and(|v| v.to_str().unwrap().contains("frame-ancestors 'none'")),
             "{uri}: {h:?}"
         );
+        // Issue 46 point 11: the whole policy, not only framing.
+        let csp = h[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+        for part in
+            ["default-src 'none'", "script-src 'self'", "style-src 'self'", "form-action 'self'", "base-uri 'none'"]
+        {
+            assert!(csp.contains(part), "{uri}: {part} in {csp}");
+        }
     }
 }
 
@@ -1174,4 +1187,62 @@ async fn logout_ends_the_session_whatever_else_the_request_carries() {
     let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::SEE_OTHER);
     assert_eq!(get_runs(cookie).await.unwrap().status(), StatusCode::UNAUTHORIZED, "the session is over");
+}
+
+/// Issue 46 point 11: a login form posted by another site's page is
+/// refused (login CSRF); one token holds at most 16 sessions (the oldest
+/// ends); the cookie is `Secure` where `auth.secure_cookies` says the UI
+/// is reached over HTTPS, and only there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logins_come_from_this_site_sessions_are_capped_and_cookies_secure_when_told() {
+    let f = fixture().await;
+    let login = |extra: Option<(&'static str, &'static str)>| {
+        let mut b = Request::builder()
+            .method("POST")
+            .uri("/login")
+            .header(header::HOST, "engine.example:8080")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+        if let Some((k, v)) = extra {
+            b = b.header(k, v);
+        }
+        nightshift_web::router(f.sim.engine.clone()).oneshot(b.body(Body::from(format!("token={VIEWER}"))).unwrap())
+    };
+    for header in [("origin", "https://evil.example"), ("sec-fetch-site", "cross-site")] {
+        let resp = login(Some(header)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{header:?}");
+        assert!(resp.headers().get(header::SET_COOKIE).is_none(), "{header:?}: no session");
+    }
+    for header in [Some(("origin", "http://engine.example:8080")), Some(("sec-fetch-site", "same-origin")), None] {
+        assert_eq!(login(header).await.unwrap().status(), StatusCode::SEE_OTHER, "{header:?}");
+    }
+
+    let first = session(&f, VIEWER).await;
+    let works = |cookie: String| {
+        let req = Request::builder().uri("/api/v1/runs").header(header::COOKIE, cookie).body(Body::empty()).unwrap();
+        nightshift_web::router(f.sim.engine.clone()).oneshot(req)
+    };
+    assert_eq!(works(first.clone()).await.unwrap().status(), StatusCode::OK);
+    let mut last = String::new();
+    for _ in 0..nightshift_web::auth::SESSIONS_PER_TOKEN {
+        last = session(&f, VIEWER).await;
+    }
+    assert_eq!(works(first).await.unwrap().status(), StatusCode::UNAUTHORIZED, "the oldest session ended");
+    assert_eq!(works(last).await.unwrap().status(), StatusCode::OK, "the newest works");
+    let other = session(&f, OPERATOR).await;
+    assert_eq!(works(other).await.unwrap().status(), StatusCode::OK, "another token's sessions are its own");
+
+    let set_cookie = |f: &Fixture| {
+        let req = Request::builder()
+            .method("POST")
+            .uri("/login")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(format!("token={VIEWER}")))
+            .unwrap();
+        let r = nightshift_web::router(f.sim.engine.clone()).oneshot(req);
+        async move { r.await.unwrap().headers()[header::SET_COOKIE].to_str().unwrap().to_string() }
+    };
+    assert!(!set_cookie(&f).await.contains("Secure"), "plain HTTP: not Secure");
+    let tls = fixture_cookies(true).await;
+    let c = set_cookie(&tls).await;
+    assert!(c.contains("; Secure") && c.contains("HttpOnly") && c.contains("SameSite=Strict"), "{c}");
 }

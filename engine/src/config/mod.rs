@@ -583,6 +583,11 @@ pub struct AuthConfig {
     /// demos: the server refuses it on any other address.
     #[serde(default)]
     pub allow_anonymous: Option<Role>,
+    /// Mark the UI's session cookie `Secure` (sent only over HTTPS): set
+    /// when people reach the engine through a TLS-terminating proxy, so the
+    /// cookie never travels in clear between them and the proxy.
+    #[serde(default)]
+    pub secure_cookies: bool,
 }
 
 /// A token that may post alerts.
