@@ -61,6 +61,44 @@ fn units_keep_their_hardening() {
     let agent = settings(&unit("nightshift-agent.service"));
     assert!(agent.iter().any(|(k, v)| k == "ReadWritePaths" && v.contains("/var/lib/nightshift-agent")));
     assert!(!agent.iter().any(|(k, _)| k == "User"), "the agent runs as root; its envelope limits it");
+    // Issue 46 point 11: root, but with one capability and a syscall filter.
+    for (k, v) in [
+        ("CapabilityBoundingSet", "CAP_SYS_ADMIN"),
+        ("SystemCallFilter", "@system-service"),
+        ("SystemCallErrorNumber", "EPERM"),
+        ("ProtectKernelLogs", "yes"),
+        ("PrivateMounts", "yes"),
+    ] {
+        assert!(agent.iter().any(|(a, b)| a == k && b == v), "the agent unit lost {k}={v}");
+    }
+    let denied = agent.iter().find(|(k, v)| k == "SystemCallFilter" && v.starts_with('~')).map(|(_, v)| v.clone());
+    for group in ["@mount", "@reboot", "@module", "@raw-io", "@debug", "@swap", "@clock"] {
+        assert!(denied.as_deref().is_some_and(|d| d.split_whitespace().any(|g| g.trim_start_matches('~') == group)));
+    }
+}
+
+/// `systemd-analyze security` scores both units (lower is safer; 10 is no
+/// sandbox at all): the agent, root for its hardware, at most 3.0 (4.8
+/// before round 4's capabilities and syscall filter); the engine at most
+/// 1.5. `--threshold` makes systemd itself fail the check.
+#[test]
+fn systemd_scores_the_units_exposure() {
+    let Some(analyze) = require("systemd-analyze", "systemd") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // systemd's threshold is in tenths of the printed score.
+    for (name, most_tenths) in [("nightshift-agent.service", 30), ("nightshift-engine.service", 15)] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, unit(name)).unwrap();
+        let out = Command::new(&analyze)
+            .args(["security", "--offline=true", "--no-pager", &format!("--threshold={most_tenths}")])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let score = text.lines().find(|l| l.contains("Overall exposure level")).unwrap_or("").to_string();
+        println!("{score}");
+        assert!(out.status.success(), "{name}: expected exposure at most {most_tenths} tenths, found: {score}\n{text}");
+    }
 }
 
 #[test]
@@ -175,6 +213,15 @@ fn debian_packages_hold_what_they_say() {
         .unwrap();
     assert!(v.status.success(), "the packaged runbooks validate: {v:?}");
     let postinst = std::fs::read_to_string(engine.join("DEBIAN/postinst")).unwrap();
+    // Issue 46 point 11: /etc/nightshift (tokens, the database URL, the
+    // peer token) is made 0750, for the engine's group only.
+    assert!(postinst.contains("install -d -m 0750 -o root -g nightshift /etc/nightshift"), "{postinst}");
+    let agent_postinst = std::fs::read_to_string(dir.path().join("nightshift-agent/DEBIAN/postinst")).unwrap();
+    assert!(agent_postinst.contains("install -d -m 0750 -o root -g root /etc/nightshift"), "{agent_postinst}");
+    assert!(
+        !format!("{postinst}{agent_postinst}").contains("mkdir -p /etc/nightshift"),
+        "no dir made with the umask's mode"
+    );
     assert!(postinst.contains("adduser --system --ingroup nightshift"), "{postinst}");
 }
 

@@ -252,6 +252,7 @@ fn journal_lines(agents: &[&TestAgent], run: &str) -> usize {
 fn write_engine(dir: &Path, base: &str, name: &str, port: u16, ports: &[u16]) -> PathBuf {
     if !dir.join("peer-token").exists() {
         std::fs::write(dir.join("peer-token"), "0123456789abcdef0123456789abcdef-ha-failover\n").unwrap();
+        std::fs::set_permissions(dir.join("peer-token"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     }
     let peers: Vec<String> = ports.iter().map(|p| format!("'http://127.0.0.1:{p}'")).collect();
     let text = base.replace("listen_addr: 127.0.0.1:0", &format!("listen_addr: 127.0.0.1:{port}")).replace(

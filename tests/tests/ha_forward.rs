@@ -96,6 +96,7 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
     let cluster = PgCluster::start(&pgdir, &bin);
     std::fs::write(dir.join("pg-url"), &cluster.conninfo).unwrap();
     std::fs::write(dir.join("peer-token"), "9f86d081884c7d659a2feaa0c55ad015-shared\n").unwrap();
+    std::fs::set_permissions(dir.join("peer-token"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let agent = TestAgent::start(dir, "h1", SimConfig { gpus: 1, ..SimConfig::default() }, "").await;
     engine_setup(
         dir,

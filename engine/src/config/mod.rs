@@ -295,7 +295,22 @@ impl PostgresConfig {
     /// The shared engine secret, from `peer_token_file` (`None` when not
     /// configured).
     pub fn peer_token(&self) -> Result<Option<String>, String> {
+        use std::os::unix::fs::PermissionsExt;
         let Some(f) = &self.peer_token_file else { return Ok(None) };
+        // The secret lets its holder act as any engine of the shard: a
+        // file others may read is refused, as ssh refuses a readable key.
+        let mode = std::fs::metadata(f)
+            .map_err(|e| format!("audit.postgres.peer_token_file {}: {e}", f.display()))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            return Err(format!(
+                "audit.postgres.peer_token_file {}: expected mode 0600 or stricter (only its owner may read the shard's secret), found {:04o}: chmod 600 {}",
+                f.display(),
+                mode & 0o7777,
+                f.display()
+            ));
+        }
         let t = std::fs::read_to_string(f)
             .map(|s| s.trim().to_string())
             .map_err(|e| format!("audit.postgres.peer_token_file {}: {e}", f.display()))?;
@@ -612,6 +627,32 @@ pub struct TokenSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 46 point 11: the shard's secret in a file others can read is
+    /// refused, naming the mode and the fix.
+    #[test]
+    fn a_peer_token_others_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("peer.token");
+        std::fs::write(&f, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let pg: PostgresConfig =
+            serde_yaml::from_str(&format!("{{url_file: u, peer_token_file: {}}}", f.display())).unwrap();
+        for (mode, ok) in [(0o644, false), (0o640, false), (0o604, false), (0o600, true), (0o400, true)] {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            match pg.peer_token() {
+                Ok(t) => assert!(ok && t.is_some(), "{mode:o}"),
+                Err(e) => {
+                    assert!(!ok, "{mode:o}: {e}");
+                    assert!(
+                        e.contains("expected mode 0600 or stricter") && e.contains(&format!("found 0{mode:o}")),
+                        "{e}"
+                    );
+                    assert!(e.contains("chmod 600"), "{e}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn example_config_is_valid_and_errors_are_located() {
