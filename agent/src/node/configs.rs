@@ -349,4 +349,31 @@ mod tests {
         let err = store.history("fabric", 0).unwrap_err();
         assert!(err.to_string().contains("no managed config named `fabric`: expected one of [nccl-env]"));
     }
+
+    /// Issue 46 point 11: applying and rolling back keep the managed file's
+    /// own mode (a 0600 secret stayed 0600 only by luck of the umask; a
+    /// 0644 file others read became the umask's); the copies of each
+    /// version in the state dir are 0600.
+    #[test]
+    fn the_managed_file_keeps_its_mode_and_the_copies_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        for keep in [0o600, 0o640, 0o644] {
+            let dir = tempfile::tempdir().unwrap();
+            let target = dir.path().join("nccl.env");
+            std::fs::write(&target, "NCCL_DEBUG=WARN\n").unwrap();
+            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(keep)).unwrap();
+            let store = ConfigStore::new(
+                dir.path().join("state"),
+                [("nccl-env".to_string(), ManagedConfig::file(target.clone()))].into(),
+            );
+            store.apply("nccl-env", "NCCL_P2P_DISABLE=1\n", None, 2).unwrap();
+            assert_eq!(mode(&target), keep, "applied");
+            store.rollback("nccl-env", 1, 3).unwrap();
+            assert_eq!(mode(&target), keep, "rolled back");
+            for v in ["v1", "v2", "history.json"] {
+                assert_eq!(mode(&store.dir("nccl-env").join(v)), 0o600, "{v}");
+            }
+        }
+    }
 }
