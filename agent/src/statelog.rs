@@ -161,9 +161,27 @@ fn crc(bytes: &[u8]) -> u32 {
     crc32fast::hash(bytes)
 }
 
+/// The longest line after the first: one change (a request is at most
+/// 64 KiB; its reply and hold records are a few more). A longer one is
+/// never written, and read as damage without being parsed.
+pub const MAX_CHANGE_LINE_BYTES: usize = 1 << 20;
+
+/// The longest first line (the snapshot: the journal's last 100,000 replies
+/// and every hold) and the largest log an open reads.
+pub const MAX_LOG_BYTES: u64 = 1 << 30;
+
 /// One encoded line.
 fn encode(e: &Entry) -> std::io::Result<Vec<u8>> {
     let json = serde_json::to_vec(e)?;
+    if e.snapshot.is_none() && json.len() + 10 > MAX_CHANGE_LINE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "a state change of {} bytes, expected at most {MAX_CHANGE_LINE_BYTES} (a line the next start could not read is never written)",
+                json.len()
+            ),
+        ));
+    }
     let mut line = format!("{:08x} ", crc(&json)).into_bytes();
     line.extend_from_slice(&json);
     line.push(b'\n');
@@ -200,7 +218,13 @@ fn scan(bytes: &[u8]) -> Scan {
     for (i, raw) in bytes.split_inclusive(|b| *b == b'\n').enumerate() {
         let whole = raw.last() == Some(&b'\n');
         let line = raw.strip_suffix(b"\n").unwrap_or(raw);
-        let parsed = if whole { decode(line) } else { Err("a line cut short (no newline)".into()) };
+        let parsed = if i > 0 && line.len() > MAX_CHANGE_LINE_BYTES {
+            Err(format!("a line of {} bytes, expected at most {MAX_CHANGE_LINE_BYTES} after the first", line.len()))
+        } else if whole {
+            decode(line)
+        } else {
+            Err("a line cut short (no newline)".into())
+        };
         match (parsed, &bad) {
             (Ok(e), None) => entries.push((i + 1, off, e)),
             (Ok(_), Some(_)) => valid_after = true,
@@ -246,6 +270,15 @@ impl StateLog {
             )));
         }
         // (state, files migrated, bytes of whole lines, first line's length)
+        if let Ok(m) = std::fs::metadata(&path)
+            && m.len() > MAX_LOG_BYTES
+        {
+            return Err(err(format!(
+                "expected at most {MAX_LOG_BYTES} bytes (a compacted log is one snapshot and the changes since), \
+                 found {}: this is not a state log the agent wrote. Check the node's settings by hand, then move it aside",
+                m.len()
+            )));
+        }
         let (mut loaded, migrated, whole, first) = match std::fs::read(&path) {
             Ok(bytes) => {
                 let (entries, bad, valid_after) = scan(&bytes);
@@ -627,6 +660,42 @@ mod tests {
         let err = StateLog::open(dir.path()).unwrap_err().to_string();
         assert!(err.contains("line 4 is damaged (checksum mismatch"), "{err}");
         assert!(err.contains("move") && err.contains("aside"), "{err}");
+    }
+
+    /// Issue 46 point 11: no bound on a line — a change of any size was
+    /// written, and a crafted line of any size (its checksum right) was
+    /// parsed at start. A change past the bound is refused with nothing
+    /// written; such a line in the file is damage, named with its length.
+    #[test]
+    fn a_line_past_the_bound_is_never_written_and_refused_when_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LOG_FILE);
+        let huge = "x".repeat(MAX_CHANGE_LINE_BYTES);
+        {
+            let (mut log, mut st) = StateLog::open(dir.path()).unwrap();
+            log.commit(&mut st.holds, Some(pending("a")), None, true).unwrap();
+            let before = std::fs::read(&path).unwrap();
+            let e = log.commit(&mut st.holds, Some(pending(&huge)), None, true).unwrap_err().to_string();
+            assert!(e.contains(&format!("expected at most {MAX_CHANGE_LINE_BYTES}")), "{e}");
+            assert_eq!(std::fs::read(&path).unwrap(), before, "nothing was written");
+            log.commit(&mut st.holds, Some(pending("b")), None, true).unwrap();
+        }
+        let (_, st) = StateLog::open(dir.path()).unwrap();
+        assert!(st.journal.lookup("a").is_some() && st.journal.lookup("b").is_some());
+        // The same line made by hand, its checksum right, before a valid one.
+        let json = serde_json::to_vec(&Entry { journal: Some(pending(&huge)), ..Entry::default() }).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes[bytes[..bytes.len() - 1].iter().rposition(|b| *b == b'\n').unwrap() + 1..].to_vec();
+        bytes.extend_from_slice(format!("{:08x} ", crc(&json)).as_bytes());
+        bytes.extend_from_slice(&json);
+        bytes.push(b'\n');
+        bytes.extend_from_slice(&last);
+        std::fs::write(&path, &bytes).unwrap();
+        let e = StateLog::open(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("line 4 is damaged (a line of ") && e.contains("expected at most 1048576 after the first"),
+            "{e}"
+        );
     }
 
     /// Compaction (at start past the threshold, or after a change) keeps
