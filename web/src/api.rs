@@ -739,6 +739,29 @@ pub async fn alertmanager(
 ) -> Result<Response, ApiError> {
     let poster = s.auth().require_webhook(&headers)?;
     let payload = WebhookPayload::parse(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let limits = &s.engine.config().limits;
+    let (rate, burst) = (limits.webhook_alerts_per_sec, limits.webhook_alert_burst);
+    let allowed = {
+        let mut b = s.posters.lock().unwrap_or_else(|e| e.into_inner());
+        crate::take_allowance(&mut b, &poster, payload.alerts.len(), rate, burst, std::time::Instant::now())
+    };
+    if let Err(secs) = allowed {
+        // 503, not 429: Alertmanager sends again only after a 5xx.
+        tracing::debug!(poster = %poster, alerts = payload.alerts.len(), retry_secs = secs, "webhook poster over its rate");
+        let e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "rate_limited",
+            format!(
+                "poster `{poster}` sent more than {rate} alerts/s (limits.webhook_alerts_per_sec, burst {burst}): \
+                 nothing of this call was accepted; send it again in {secs} s"
+            ),
+        );
+        let mut resp = e.into_response();
+        if let Ok(v) = axum::http::HeaderValue::from_str(&secs.to_string()) {
+            resp.headers_mut().insert(axum::http::header::RETRY_AFTER, v);
+        }
+        return Ok(resp);
+    }
     // Answered once every accepted alert is durable: a 200 is a promise.
     let r = s.engine.accept_alertmanager(payload, &poster).await?;
     if r.shed > 0 {

@@ -44,6 +44,39 @@ pub struct AppState {
     /// HA: the secret the shard's engines share and the peers a standby
     /// may forward to (`audit.postgres.peer_token_file`, `peers`).
     pub peers: Arc<Peers>,
+    /// Each webhook poster's allowance (`limits.webhook_alerts_per_sec`).
+    pub posters: Arc<std::sync::Mutex<PosterBuckets>>,
+}
+
+/// Poster name → (alerts it may still send at once, when that was counted).
+pub type PosterBuckets = std::collections::HashMap<String, (f64, std::time::Instant)>;
+
+/// Take `alerts` from `poster`'s allowance (a token bucket: `rate` a
+/// second, at most `burst` saved). `Err(secs)`: not now, ask again in
+/// `secs`. A call larger than the burst needs a full bucket, not more.
+pub fn take_allowance(
+    buckets: &mut PosterBuckets,
+    poster: &str,
+    alerts: usize,
+    rate: f64,
+    burst: u64,
+    now: std::time::Instant,
+) -> Result<(), u64> {
+    if rate.is_nan() || rate <= 0.0 || alerts == 0 {
+        return Ok(());
+    }
+    let burst = burst.max(1) as f64;
+    // A poster name is a configured token's name: the map stays small.
+    let (left, at) = buckets.entry(poster.to_string()).or_insert((burst, now));
+    *left = (*left + now.saturating_duration_since(*at).as_secs_f64() * rate).min(burst);
+    *at = now;
+    let need = (alerts as f64).min(burst);
+    if *left >= need {
+        *left -= need;
+        Ok(())
+    } else {
+        Err((((need - *left) / rate).ceil() as u64).max(1))
+    }
 }
 
 /// Where a standby may forward, and the secret it forwards with.
@@ -75,6 +108,7 @@ impl AppState {
             ))),
             shutdown: engine.shutdown_signal(),
             peers,
+            posters: Default::default(),
             engine,
         }
     }
@@ -235,4 +269,27 @@ pub async fn serve_starting(
     };
     let app = axum::Router::new().route("/healthz", get(health.clone())).route("/readyz", get(health)).fallback(other);
     axum::serve(listener, app).with_graceful_shutdown(done).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// Issue 46 point 11: one poster's allowance is its own, refills at
+    /// its rate, and says when to come back.
+    #[test]
+    fn a_posters_allowance_refills_at_its_rate_and_is_its_own() {
+        let mut b = PosterBuckets::new();
+        let t0 = Instant::now();
+        assert_eq!(take_allowance(&mut b, "am", 100, 10.0, 100, t0), Ok(()));
+        assert_eq!(take_allowance(&mut b, "am", 1, 10.0, 100, t0), Err(1));
+        assert_eq!(take_allowance(&mut b, "other", 100, 10.0, 100, t0), Ok(()), "another poster's own");
+        assert_eq!(take_allowance(&mut b, "am", 50, 10.0, 100, t0 + Duration::from_secs(2)), Err(3));
+        assert_eq!(take_allowance(&mut b, "am", 50, 10.0, 100, t0 + Duration::from_secs(5)), Ok(()));
+        // Larger than the burst: a full bucket lets it through.
+        assert_eq!(take_allowance(&mut b, "big", 5_000, 10.0, 100, t0), Ok(()));
+        assert_eq!(take_allowance(&mut b, "off", 1_000_000, 0.0, 1, t0), Ok(()), "0: no limit");
+    }
 }

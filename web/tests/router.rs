@@ -38,10 +38,11 @@ fn write(dir: &std::path::Path, name: &str, manifest: &str, script: &str) {
 }
 
 async fn fixture() -> Fixture {
-    fixture_cookies(false).await
+    fixture_with(|_| {}).await
 }
 
-async fn fixture_cookies(secure_cookies: bool) -> Fixture {
+/// The fixture, its options changed by `edit` before the fleet starts.
+async fn fixture_with(edit: impl FnOnce(&mut SimFleetOptions)) -> Fixture {
     let rb = tempfile::tempdir().unwrap();
     write(
         rb.path(),
@@ -78,12 +79,13 @@ async fn fixture_cookies(secure_cookies: bool) -> Fixture {
         webhook_token_sha256: Some(hash_token(WEBHOOK)),
         webhook_tokens: Vec::new(),
         allow_anonymous: None,
-        secure_cookies,
+        secure_cookies: false,
     };
     opts.grafana = Some(nightshift_engine::config::GrafanaConfig {
         url: "https://grafana.example/".into(),
         dashboard_uid: "nightshift-engine".into(),
     });
+    edit(&mut opts);
     let dir = scratch_dir().unwrap();
     let sim = SimFleet::start(opts, dir.path()).await.unwrap();
     Fixture { sim, _dir: dir, _rb: rb }
@@ -1242,7 +1244,52 @@ async fn logins_come_from_this_site_sessions_are_capped_and_cookies_secure_when_
         async move { r.await.unwrap().headers()[header::SET_COOKIE].to_str().unwrap().to_string() }
     };
     assert!(!set_cookie(&f).await.contains("Secure"), "plain HTTP: not Secure");
-    let tls = fixture_cookies(true).await;
+    let tls = fixture_with(|o| o.auth.secure_cookies = true).await;
     let c = set_cookie(&tls).await;
     assert!(c.contains("; Secure") && c.contains("HttpOnly") && c.contains("SameSite=Strict"), "{c}");
+}
+
+/// Issue 46 point 11: one webhook poster cannot take the engine's whole
+/// intake. Past its allowance its calls are 503 with `Retry-After` (what
+/// makes Alertmanager send again) and nothing of them is accepted; another
+/// poster's allowance is its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_poster_past_its_rate_is_told_to_come_back_and_others_are_not() {
+    const SECOND: &str = "a-second-webhook-token-for-the-rate-test";
+    let f = fixture_with(|o| {
+        o.limits.webhook_alerts_per_sec = 0.01;
+        o.limits.webhook_alert_burst = 3;
+        o.auth
+            .webhook_tokens
+            .push(nightshift_engine::config::WebhookToken { name: "second".into(), sha256: hash_token(SECOND) });
+    })
+    .await;
+    let app = nightshift_web::router(f.sim.engine.clone());
+    let starts = nightshift_engine::alerts::format_rfc3339_ms(nightshift_proto::clock::Clock::now_ms(&f.sim.clock));
+    let post = |token: &'static str| {
+        let req = Request::builder()
+            .method("POST")
+            .uri("/api/v1/alerts/alertmanager")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(payload("firing", &starts)))
+            .unwrap();
+        app.clone().oneshot(req)
+    };
+    let received = || {
+        f.sim.engine.audit().tail(0, usize::MAX).unwrap().iter().filter(|r| r.kind == RecordKind::EventReceived).count()
+    };
+    for _ in 0..3 {
+        assert_eq!(post(WEBHOOK).await.unwrap().status(), StatusCode::OK);
+    }
+    let before = received();
+    let resp = post(WEBHOOK).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let retry: u64 = resp.headers()[header::RETRY_AFTER].to_str().unwrap().parse().unwrap();
+    assert!(retry >= 1, "{retry}");
+    let body: Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("limits.webhook_alerts_per_sec"), "{body}");
+    assert_eq!(received(), before, "nothing of the refused call was accepted");
+    assert_eq!(post(SECOND).await.unwrap().status(), StatusCode::OK, "another poster's allowance is its own");
 }

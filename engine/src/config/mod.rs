@@ -360,6 +360,22 @@ pub struct Limits {
     pub max_repairs_in_window: usize,
     #[serde(default = "d_repair_window")]
     pub repair_window_secs: u64,
+    /// Alerts one poster (one webhook token) may send per second, on
+    /// average; past it (and its burst) its calls are answered 503 with
+    /// `Retry-After`, so one noisy or stolen token cannot take the whole
+    /// backlog from the others. 0 turns the limit off.
+    #[serde(default = "d_webhook_rate")]
+    pub webhook_alerts_per_sec: f64,
+    /// Alerts one poster may send at once above the rate.
+    #[serde(default = "d_webhook_burst")]
+    pub webhook_alert_burst: u64,
+}
+
+fn d_webhook_rate() -> f64 {
+    5_000.0
+}
+fn d_webhook_burst() -> u64 {
+    50_000
 }
 
 fn d_max_repairs() -> usize {
@@ -400,6 +416,8 @@ impl Default for Limits {
             alert_backlog: d_alert_backlog(),
             max_repairs_in_window: d_max_repairs(),
             repair_window_secs: d_repair_window(),
+            webhook_alerts_per_sec: d_webhook_rate(),
+            webhook_alert_burst: d_webhook_burst(),
         }
     }
 }
@@ -721,6 +739,14 @@ mod tests {
             (
                 "limits:\n  max_drained_pct: .nan\n",
                 "engine.yaml:7:3: limits.max_drained_pct: expected 0 to 100, found NaN",
+            ),
+            (
+                "limits:\n  webhook_alerts_per_sec: .nan\n",
+                "engine.yaml:7:3: limits.webhook_alerts_per_sec: expected 0 (no limit) to 10000000, found NaN",
+            ),
+            (
+                "limits:\n  webhook_alert_burst: 0\n",
+                "engine.yaml:7:3: limits.webhook_alert_burst: expected 1 to 100000000, found 0",
             ),
             ("time_scale: .nan\n", "engine.yaml:6:1: time_scale: expected 1 to 1000, found NaN"),
             (

@@ -148,6 +148,15 @@ impl EngineConfig {
         if !(1.0..=1000.0).contains(&cfg.time_scale) || cfg.time_scale.is_nan() {
             return Err(err("time_scale", format!("time_scale: expected 1 to 1000, found {}", cfg.time_scale)));
         }
+        if !(0.0..=10_000_000.0).contains(&cfg.limits.webhook_alerts_per_sec) {
+            return Err(err(
+                "limits.webhook_alerts_per_sec",
+                format!(
+                    "limits.webhook_alerts_per_sec: expected 0 (no limit) to 10000000, found {}",
+                    cfg.limits.webhook_alerts_per_sec
+                ),
+            ));
+        }
         if !(0.0..=100.0).contains(&cfg.limits.max_drained_pct) {
             return Err(err(
                 "limits.max_drained_pct",
@@ -248,6 +257,7 @@ impl EngineConfig {
             ("alert_dedup_entries", l.alert_dedup_entries as u64, 1, 100_000_000),
             ("action_timeout_secs", l.action_timeout_secs, 1, 3_600),
             ("alert_backlog", l.alert_backlog as u64, 1, 10_000_000),
+            ("webhook_alert_burst", l.webhook_alert_burst, 1, 100_000_000),
         ] {
             if !(lo..=hi).contains(&v) {
                 return Err(err(
