@@ -16,6 +16,10 @@
 //! client that sends nothing for 5 s is closed, and a kept-alive
 //! connection gives its slot back after a minute. It
 //! only reads; nothing here changes the node.
+//!
+//! After the DCGM fields come the jobs' own `nightshift_*` series from
+//! `job_metrics_dir`, with `Hostname` set by the agent and the job's own
+//! host labels dropped: a job cannot make its readings another node's.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -187,6 +191,7 @@ async fn metrics(State(agent): State<Arc<Agent>>) -> Response {
             let inv = agent.inventory();
             let mut body = render(&t, &inv.gpus, inv.driver_version.as_deref());
             body.push_str(&render_agent(&t));
+            body.push_str(&agent.job_series());
             ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
         }
         Err((_, message)) => {

@@ -115,20 +115,18 @@ impl Alert {
         if let Some(h) = ["Hostname", "hostname"].iter().find_map(|k| self.labels.get(*k)) {
             return Some(h.clone());
         }
-        if let Some(i) = self.labels.get("instance") {
-            if let Some(rest) = i.strip_prefix('[')
-                && let Some(end) = rest.find(']')
-            {
-                return Some(rest[..end].to_string());
-            }
-            return Some(match i.rsplit_once(':') {
-                Some((h, p)) if !h.contains(':') && !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()) => {
-                    h.to_string()
-                }
-                _ => i.clone(),
-            });
+        if let Some(h) = self.instance_host() {
+            return Some(h);
         }
         self.labels.get("node").cloned()
+    }
+
+    /// The host of the `instance` label: the scrape target Prometheus
+    /// itself set (a scraped series' own `instance` becomes
+    /// `exported_instance` unless `honor_labels`), so the one host label a
+    /// job writing metrics cannot choose.
+    pub fn instance_host(&self) -> Option<String> {
+        self.labels.get("instance").map(|i| address_host(i).unwrap_or(i).to_string())
     }
 
     /// The GPU index from the `gpu` label, if any (read strictly, see
@@ -253,6 +251,17 @@ impl SeenSet {
     }
 }
 
+/// The host of `host:port` or `[v6]:port` (`None` without a numeric port).
+pub fn address_host(a: &str) -> Option<&str> {
+    if let Some(rest) = a.strip_prefix('[') {
+        return rest.find(']').map(|end| &rest[..end]);
+    }
+    match a.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') && !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()) => Some(h),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,6 +358,17 @@ mod tests {
         assert_eq!(mk(&[("hostname", "n3"), ("node", "n4")]).host().as_deref(), Some("n3"));
         assert_eq!(mk(&[("node", "n4")]).host().as_deref(), Some("n4"));
         assert_eq!(mk(&[]).host(), None);
+        // The scrape target's host, whatever Hostname says (issue 46 point 10).
+        assert_eq!(
+            mk(&[("instance", "10.0.0.7:9400"), ("Hostname", "n1")]).instance_host().as_deref(),
+            Some("10.0.0.7")
+        );
+        assert_eq!(mk(&[("Hostname", "n1")]).instance_host(), None);
+        for (a, h) in
+            [("10.0.0.7:2222", Some("10.0.0.7")), ("[fd00::1]:22", Some("fd00::1")), ("sim:n1", None), ("n1", None)]
+        {
+            assert_eq!(address_host(a), h, "{a}");
+        }
     }
 
     #[test]

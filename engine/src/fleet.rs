@@ -84,13 +84,22 @@ struct Members {
     nodes: Arc<Vec<Arc<Node>>>,
     by_name: HashMap<String, usize>,
     by_idx: HashMap<u32, usize>,
+    /// The host of each agent's address, where one node alone has it
+    /// (several agents on one machine share theirs: no entry).
+    by_host: HashMap<String, Option<usize>>,
 }
 
 impl Members {
     fn new(nodes: Vec<Arc<Node>>) -> Members {
         let by_name = nodes.iter().enumerate().map(|(i, n)| (n.spec.name.clone(), i)).collect();
         let by_idx = nodes.iter().enumerate().map(|(i, n)| (n.idx, i)).collect();
-        Members { nodes: Arc::new(nodes), by_name, by_idx }
+        let mut by_host: HashMap<String, Option<usize>> = HashMap::new();
+        for (i, n) in nodes.iter().enumerate() {
+            if let Some(h) = crate::alerts::address_host(&n.spec.address) {
+                by_host.entry(h.to_string()).and_modify(|e| *e = None).or_insert(Some(i));
+            }
+        }
+        Members { nodes: Arc::new(nodes), by_name, by_idx, by_host }
     }
 }
 
@@ -147,6 +156,14 @@ impl Fleet {
     pub fn get(&self, name: &str) -> Option<Arc<Node>> {
         let m = self.read();
         m.by_name.get(name).map(|i| m.nodes[*i].clone())
+    }
+
+    /// The node a scrape target's host is: a node's name, or the host of
+    /// one node's agent address alone.
+    pub fn by_source(&self, host: &str) -> Option<Arc<Node>> {
+        let m = self.read();
+        let i = m.by_name.get(host).copied().or_else(|| m.by_host.get(host).copied().flatten())?;
+        Some(m.nodes[i].clone())
     }
 
     pub fn by_idx(&self, idx: u32) -> Option<Arc<Node>> {

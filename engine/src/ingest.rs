@@ -678,6 +678,28 @@ impl Engine {
             }
             return;
         };
+        // Labels a job writes cannot choose a node (issue 46 point 10): a
+        // job's metrics may carry any `Hostname`, but `instance` is the
+        // scrape target Prometheus set. Both naming nodes, and different
+        // ones: the alert is not acted on.
+        if let Some(src) = a.instance_host()
+            && let Some(from) = self.core.fleet.by_source(&src)
+            && from.spec.name != node.spec.name
+        {
+            let reason = format!(
+                "alert {} names host {:?} but was scraped from {} (instance {:?}): a label a job writes cannot \
+                 choose a node; not acted on — drop the job's own Hostname label (honor_labels: false, or a \
+                 metric_relabel_configs rule)",
+                a.name(),
+                node.spec.name,
+                from.spec.name,
+                a.labels.get("instance").map(String::as_str).unwrap_or("")
+            );
+            if let Err(e) = self.drop_event(&reason, Some(&from.spec.name)).await {
+                tracing::error!(error = %e, "cannot audit a dropped alert");
+            }
+            return;
+        }
         // An alert from the future is never stale (its age is negative):
         // beyond any clock skew, it is refused.
         let ahead_ms = a.starts_at_ms().saturating_sub(self.core.now());

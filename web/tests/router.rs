@@ -1293,3 +1293,30 @@ async fn a_webhook_poster_past_its_rate_is_told_to_come_back_and_others_are_not(
     assert_eq!(received(), before, "nothing of the refused call was accepted");
     assert_eq!(post(SECOND).await.unwrap().status(), StatusCode::OK, "another poster's allowance is its own");
 }
+
+/// Issue 46 point 10: a job on gpu-a1 that writes `Hostname="gpu-a2"` into
+/// its metrics steered the alert (and its runbook) onto gpu-a2. The alert's
+/// `instance` (the scrape target, set by Prometheus) names gpu-a1: labels
+/// that disagree are not acted on, and the drop is audited naming both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_label_a_job_forged_does_not_choose_the_node() {
+    let f = fixture().await;
+    let starts = nightshift_engine::alerts::format_rfc3339_ms(nightshift_proto::clock::Clock::now_ms(&f.sim.clock));
+    let forged = payload("firing", &starts).replace("\"Hostname\":\"gpu-a1\"", "\"Hostname\":\"gpu-a2\"");
+    assert!(forged.contains("gpu-a2") && forged.contains("\"instance\":\"gpu-a1:9400\""), "{forged}");
+    assert_eq!(post_raw(&f, "/api/v1/alerts/alertmanager", Some(WEBHOOK), forged).await, StatusCode::OK);
+    settle(&f).await;
+    let (_, v) = call(&f, "GET", "/api/v1/runs", Some(VIEWER), None).await;
+    assert_eq!(v["runs"].as_array().unwrap().len(), 0, "no run on either node: {v}");
+    let recs = f.sim.engine.audit().tail(0, usize::MAX).unwrap();
+    let dropped: Vec<_> = recs.iter().filter(|r| r.kind == RecordKind::EventDropped).collect();
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    let reason = dropped[0].data["reason"].as_str().unwrap();
+    assert!(reason.contains("names host \"gpu-a2\" but was scraped from gpu-a1"), "{reason}");
+    // The same alert with labels that agree runs as before.
+    let honest = payload("firing", &starts).replace("5e2c9a1f0b7d3e44", "5e2c9a1f0b7d3e45");
+    assert_eq!(post_raw(&f, "/api/v1/alerts/alertmanager", Some(WEBHOOK), honest).await, StatusCode::OK);
+    settle(&f).await;
+    let (_, v) = call(&f, "GET", "/api/v1/runs", Some(VIEWER), None).await;
+    assert_eq!(v["runs"][0]["target"], json!({"node": "gpu-a1", "gpu": 2}), "{v}");
+}

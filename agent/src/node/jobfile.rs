@@ -53,10 +53,9 @@ pub struct JobReadings {
     pub rejected: Vec<(PathBuf, usize, String)>,
 }
 
-/// Read every fresh `*.prom` file in `dir`.
-pub fn read_dir(dir: &Path, max_age: Duration, now: SystemTime) -> JobReadings {
-    let mut r = JobReadings::default();
-    let Ok(entries) = std::fs::read_dir(dir) else { return r };
+/// The fresh `*.prom` files of `dir`, in name order.
+fn fresh_files(dir: &Path, max_age: Duration, now: SystemTime) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok())
         .map(|e| e.path())
@@ -68,7 +67,103 @@ pub fn read_dir(dir: &Path, max_age: Duration, now: SystemTime) -> JobReadings {
         })
         .collect();
     files.sort();
-    for f in files {
+    files
+}
+
+/// Labels a job may not set on the series it exports: the ones that say
+/// which node (or scrape target) a reading is from.
+const HOST_LABELS: &[&str] = &["Hostname", "hostname", "instance", "node"];
+
+/// The jobs' own `nightshift_*` series of the fresh files in `dir`, as the
+/// agent's exporter serves them: `Hostname` set to `node` by the agent —
+/// a job's own `Hostname`, `hostname`, `instance`, `node` and `exported_*`
+/// labels dropped — so no label a job writes can make a reading (and the
+/// alert and drain it may lead to) another node's (issue 46 point 10).
+/// Timestamps are dropped; a line not understood is left out; a series
+/// two files both hold is served once (the first file's).
+pub fn exported_series(dir: &Path, max_age: Duration, now: SystemTime, node: &str) -> String {
+    use std::fmt::Write as _;
+    let mut by_name: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    for f in fresh_files(dir, max_age, now) {
+        if std::fs::metadata(&f).map_or(true, |m| m.len() > 1 << 20) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        for line in text.lines().map(str::trim).filter(|l| l.starts_with("nightshift_")) {
+            let Some((name, labels, value)) = split_series(line) else { continue };
+            let mut kept: Vec<(String, String)> = labels
+                .into_iter()
+                .filter(|(k, _)| !HOST_LABELS.contains(&k.as_str()) && !k.starts_with("exported_"))
+                .collect();
+            kept.sort();
+            let mut l = format!("Hostname=\"{}\"", escape(node));
+            for (k, v) in kept {
+                let _ = write!(l, ",{k}=\"{}\"", escape(&v));
+            }
+            by_name.entry(name).or_default().entry(l).or_insert(value);
+        }
+    }
+    let mut out = String::new();
+    for (name, series) in by_name {
+        let _ = writeln!(out, "# HELP {name} A job's own reading (job_metrics_dir), labelled by the agent.");
+        let _ = writeln!(out, "# TYPE {name} untyped");
+        for (l, v) in series {
+            let _ = writeln!(out, "{name}{{{l}}} {v}");
+        }
+    }
+    out
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// A series' labels, in the order written.
+type Labels = Vec<(String, String)>;
+
+/// `name{k="v",…} value [timestamp]`: the name, the labels (unescaped)
+/// and the value; `None` for anything else.
+fn split_series(line: &str) -> Option<(String, Labels, f64)> {
+    let name_end = line.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).unwrap_or(line.len());
+    let (name, mut rest) = line.split_at(name_end);
+    let mut labels = Vec::new();
+    if let Some(body) = rest.strip_prefix('{') {
+        let mut chars = body.char_indices().peekable();
+        loop {
+            while chars.next_if(|(_, c)| *c == ',' || c.is_whitespace()).is_some() {}
+            if let Some((i, '}')) = chars.peek().copied() {
+                rest = &body[i + 1..];
+                break;
+            }
+            let mut key = String::new();
+            while let Some((_, c)) = chars.next_if(|(_, c)| c.is_ascii_alphanumeric() || *c == '_') {
+                key.push(c);
+            }
+            if key.is_empty() || chars.next()?.1 != '=' || chars.next()?.1 != '"' {
+                return None;
+            }
+            let mut val = String::new();
+            loop {
+                match chars.next()?.1 {
+                    '"' => break,
+                    '\\' => match chars.next()?.1 {
+                        'n' => val.push('\n'),
+                        c => val.push(c),
+                    },
+                    c => val.push(c),
+                }
+            }
+            labels.push((key, val));
+        }
+    }
+    let value: f64 = rest.split_whitespace().next()?.parse().ok()?;
+    Some((name.to_string(), labels, value))
+}
+
+/// Read every fresh `*.prom` file in `dir`.
+pub fn read_dir(dir: &Path, max_age: Duration, now: SystemTime) -> JobReadings {
+    let mut r = JobReadings::default();
+    for f in fresh_files(dir, max_age, now) {
         // A file over 1 MiB is not a job's few readings.
         let text = match std::fs::metadata(&f) {
             Ok(m) if m.len() <= 1 << 20 => std::fs::read_to_string(&f).unwrap_or_default(),
@@ -243,5 +338,43 @@ mod tests {
         let mut node = NodeTelemetry::default();
         read_dir(empty.path(), Duration::from_secs(120), now).apply(&mut [], &mut node);
         assert_eq!((node.job_stalled_secs, node.jobs_running), (None, None));
+    }
+
+    /// Issue 46 point 10: a job on this node that writes another node's
+    /// name (or an instance) into its series cannot make them that node's:
+    /// the exporter sets Hostname itself and drops the job's host labels.
+    #[test]
+    fn exported_job_series_carry_this_nodes_name_whatever_the_job_wrote() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("train.prom"),
+            "# a comment\n\
+             nightshift_comm_overhead_pct{Hostname=\"gpu-b7\",instance=\"gpu-b7:9400\",job=\"llm\"} 34\n\
+             nightshift_job_heartbeat_timestamp_seconds{node=\"x\",exported_instance=\"y\"} 1790000123.4 1790000123000\n\
+             nightshift_gpu_mem_fragmentation_pct{gpu=\"1\",note=\"a \\\"q\\\" b\"} 28.5\n\
+             nightshift_broken{gpu=1} 3\n\
+             other_metric 1\n",
+        )
+        .unwrap();
+        let out = exported_series(dir.path(), Duration::from_secs(120), SystemTime::now(), "gpu-a1");
+        assert!(out.contains("nightshift_comm_overhead_pct{Hostname=\"gpu-a1\",job=\"llm\"} 34\n"), "{out}");
+        assert!(
+            out.contains("nightshift_job_heartbeat_timestamp_seconds{Hostname=\"gpu-a1\"} 1790000123.4\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"nightshift_gpu_mem_fragmentation_pct{Hostname="gpu-a1",gpu="1",note="a \"q\" b"} 28.5"#),
+            "{out}"
+        );
+        assert!(
+            !out.contains("gpu-b7")
+                && !out.contains("instance")
+                && !out.contains("broken")
+                && !out.contains("other_metric"),
+            "{out}"
+        );
+        // A stale file is not served.
+        let old = SystemTime::now() + Duration::from_secs(600);
+        assert_eq!(exported_series(dir.path(), Duration::from_secs(120), old, "gpu-a1"), "");
     }
 }

@@ -349,6 +349,19 @@ impl Agent {
     }
 
     /// The node's inventory.
+    /// The jobs' own series for the exporter, labelled with this node's
+    /// name by the agent (see `node::jobfile::exported_series`); empty
+    /// without a `job_metrics_dir`.
+    pub fn job_series(&self) -> String {
+        let Some(dir) = &self.opts.job_metrics_dir else { return String::new() };
+        crate::node::jobfile::exported_series(
+            dir,
+            std::time::Duration::from_secs(self.opts.job_metrics_max_age_secs),
+            std::time::SystemTime::now(),
+            &self.opts.node,
+        )
+    }
+
     pub fn inventory(&self) -> Inventory {
         Inventory {
             node: self.opts.node.clone(),
