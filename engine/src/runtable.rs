@@ -127,6 +127,23 @@ pub struct RunTable {
     /// ([`idempotency_key`]): the run and when it was queued. Kept
     /// [`IDEMPOTENCY_KEPT_MS`]; rebuilt from `run_queued` records on start.
     pub idempotent: HashMap<String, (String, i64)>,
+    /// Active run → the latest firing alert suppressed because of it: if
+    /// that run ends without doing its work (skipped, interrupted), the
+    /// alert is offered again rather than lost (issue 46 point 5). At most
+    /// one per active run.
+    pub waiting_alerts: HashMap<String, WaitingAlert>,
+}
+
+/// A firing alert's run request, suppressed by an active run, kept to be
+/// offered again (the parts an alert's request has; no params, not dry).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WaitingAlert {
+    pub runbook: String,
+    pub target: Target,
+    pub detail: String,
+    pub event: Value,
+    pub event_ts_ms: i64,
+    pub requested_by: String,
 }
 
 /// Ends when an accepted alert's `event_received` is durable (or says why

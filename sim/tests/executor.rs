@@ -590,3 +590,59 @@ async fn a_duplicate_alert_is_acknowledged_only_once_the_original_is_durable() {
         assert!(durable, "round {i}: the duplicate was acknowledged before the original was durable");
     }
 }
+
+/// Issue 46 point 5: a firing alert suppressed because a run for the same
+/// runbook and target was active was lost when that run was then skipped
+/// (its own alert resolved while it waited): nothing offered the other one
+/// again (1 of 64 targets in the storm). Now the run's end offers it again;
+/// a run that did its work does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_held_back_by_a_run_that_was_skipped_is_offered_again() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "hot",
+        "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 300\napproval: {always: true, expire_secs: 3600}\n",
+        "set_power_limit(0, 500);\n",
+    );
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let e = &f.engine;
+    let t = now(f);
+    e.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "firing"), "alertmanager");
+    f.run_for(2).await.unwrap();
+    let first = e.pending_approvals().remove(0).id;
+    // Another alert for the node while the first run waits: held back.
+    e.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-2", t + 1_000, "firing"), "alertmanager");
+    f.run_for(2).await.unwrap();
+    assert_eq!(e.runs(&Default::default()).unwrap().runs.len(), 1);
+    assert_eq!(records(f).iter().filter(|r| r.kind == RecordKind::TriggerSuppressed).count(), 1);
+    // The first alert resolves; approved, its run finds that and is skipped.
+    e.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "resolved"), "alertmanager");
+    f.run_for(2).await.unwrap();
+    e.approve(&first, "user:bob").await.unwrap();
+    let r = until_finished(f, &first, 60).await;
+    assert_eq!(r.outcome, Some(RunOutcome::Skipped), "{r:?}");
+    f.run_for(2).await.unwrap();
+    // fp-2 still fires: its run is there, saying why it came now.
+    let runs = e.runs(&Default::default()).unwrap().runs;
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    let again = runs.iter().find(|x| x.id != first).unwrap();
+    assert_eq!(again.state, RunState::PendingApproval);
+    assert!(
+        again.detail.contains(&format!("offered again: run {first}, which held it back, ended skipped")),
+        "{}",
+        again.detail
+    );
+    let queued = e.run_records(&again.id).unwrap().into_iter().find(|x| x.kind == RecordKind::RunQueued).unwrap();
+    assert_eq!(queued.data["event"]["fingerprint"], "fp-2", "{:?}", queued.data);
+    // Approved, it does its work; a third alert it holds back is not offered again.
+    e.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-3", t + 2_000, "firing"), "alertmanager");
+    f.run_for(2).await.unwrap();
+    e.approve(&again.id, "user:bob").await.unwrap();
+    let r = until_finished(f, &again.id, 60).await;
+    assert_eq!(r.outcome, Some(RunOutcome::Succeeded), "{r:?}");
+    f.run_for(10).await.unwrap();
+    assert_eq!(e.runs(&Default::default()).unwrap().runs.len(), 2, "the work was done: the cooldown holds the third");
+    assert!(e.verify().unwrap().ok);
+}

@@ -177,6 +177,22 @@ impl Engine {
             } else {
                 admit(&t, &ask, now, &self.core.config.limits)
             };
+            if let Decision::Suppress { existing: Some(run), .. } = &d
+                && req.trigger == "alert"
+            {
+                // Under the table's lock: the run cannot end in between.
+                t.waiting_alerts.insert(
+                    run.clone(),
+                    crate::runtable::WaitingAlert {
+                        runbook: req.runbook.clone(),
+                        target: req.target.clone(),
+                        detail: req.detail.clone(),
+                        event: req.event.clone(),
+                        event_ts_ms: req.event_ts_ms,
+                        requested_by: req.requested_by.clone(),
+                    },
+                );
+            }
             let summary = match &d {
                 Decision::Suppress { first: true, .. } => {
                     t.suppression_noted.insert(key.clone());

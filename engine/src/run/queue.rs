@@ -477,7 +477,7 @@ impl Engine {
                 },
             )
             .await?;
-        {
+        let waiting = {
             let mut t = self.core.table();
             t.runs.remove(run);
             t.queue.retain(|id| id != run);
@@ -495,6 +495,12 @@ impl Engine {
                 }
             }
             t.node_locks.retain(|_, holder| holder != run);
+            // An alert suppressed by this run is offered again when the run
+            // did not do its work (and earned no cooldown).
+            t.waiting_alerts.remove(run).filter(|_| unfinished)
+        };
+        if let Some(w) = waiting {
+            self.reconsider(w, run, outcome).await;
         }
         if let Some(f) = fire {
             let mut b = self.core.brain();
@@ -507,6 +513,37 @@ impl Engine {
         let engine = self.clone();
         Box::pin(async move { engine.pump().await }).await;
         Ok(summary)
+    }
+
+    /// Offer again a firing alert that run `run` held back (it was active
+    /// for the same runbook and target), now that `run` ended `outcome`
+    /// without doing its work: it goes through admission like any alert,
+    /// and its run says why it came now. Not while the engine stops.
+    async fn reconsider(&self, w: crate::runtable::WaitingAlert, run: &str, outcome: RunOutcome) {
+        if *self.core.shutdown.borrow() {
+            return;
+        }
+        let req = crate::engine::RunRequest {
+            runbook: w.runbook,
+            target: w.target,
+            trigger: "alert".into(),
+            detail: format!(
+                "{} (offered again: run {run}, which held it back, ended {} without doing its work)",
+                w.detail,
+                outcome.as_str()
+            ),
+            event: w.event,
+            event_ts_ms: w.event_ts_ms,
+            params: std::collections::BTreeMap::new(),
+            dry_run: false,
+            requested_by: w.requested_by,
+        };
+        tracing::info!(run, runbook = %req.runbook, target = %req.target, "a held-back alert is offered again");
+        // Boxed: finish → submit → pump → finish.
+        let engine = self.clone();
+        if let Err(e) = Box::pin(async move { engine.submit_inner(req, None).await }).await {
+            tracing::error!(error = %e, run, "cannot offer a held-back alert again");
+        }
     }
 
     // ---------------------------------------------------------------- tick
