@@ -482,15 +482,59 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     }
     let down = cluster.crash_and_restart(Duration::from_millis(300));
     eprintln!("postgres was down for {down:?}");
+    // Issue 46 point 12: this step failed under load, "the run did not
+    // resume". The cause: a 300 ms crash is not a 300 ms outage on a loaded
+    // machine — the database took 3.0–3.1 s to answer again (three CPU hogs
+    // on two cores), longer than the 2 s lease. The leader then rightly
+    // stepped down (exit 75, as in step 4) and the next leader's recovery
+    // interrupted the run (only a run's own leader resumes it). The step
+    // now checks what the design promises for the outage that happened:
+    // within what a lease survives, the run resumes at the same term;
+    // past it, the leader steps down saying why and the run ends once.
     let t = Instant::now();
-    while journal_lines(&refs, &run) < 4 {
+    let stepped_down = loop {
+        if journal_lines(&refs, &run) >= 4 {
+            break None;
+        }
+        if let Some(st) = engines[l].daemon.as_mut().unwrap().child.try_wait().unwrap() {
+            break Some(st);
+        }
         assert!(t.elapsed() < Duration::from_secs(30), "the run did not resume; log:\n{}", engines[l].log());
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    if down < Duration::from_millis(TTL_MS - 2 * RENEW_MS) {
-        let ha = engines[l].ha(&http).await.unwrap();
-        assert_eq!((ha["role"].as_str(), ha["term"].as_u64()), (Some("leader"), Some(term_before)), "{ha}");
-    }
+    };
+    let survivable = down < Duration::from_millis(TTL_MS - 2 * RENEW_MS);
+    let l = match stepped_down {
+        None => {
+            if survivable {
+                let ha = engines[l].ha(&http).await.unwrap();
+                assert_eq!((ha["role"].as_str(), ha["term"].as_u64()), (Some("leader"), Some(term_before)), "{ha}");
+            }
+            l
+        }
+        Some(status) => {
+            assert!(!survivable, "the leader stepped down after an outage of {down:?}; log:\n{}", engines[l].log());
+            assert_eq!(status.code(), Some(75), "{}", engines[l].log());
+            assert!(engines[l].log().contains("could not be renewed"), "it says why:\n{}", engines[l].log());
+            engines[l].start();
+            let old = l;
+            let l = leader(&engines, &http, 30).await;
+            let t = Instant::now();
+            let outcome = loop {
+                let r = get_json(&http, format!("{}/api/v1/runs/{run}", engines[l].url)).await;
+                if let Some(o) = r["run"]["outcome"].as_str() {
+                    break o.to_string();
+                }
+                assert!(t.elapsed() < Duration::from_secs(30), "the run never ended: {r}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            assert!(["succeeded", "interrupted"].contains(&outcome.as_str()), "{outcome}");
+            eprintln!("the leader stepped down after {down:?}; the run ended {outcome}");
+            if old != l {
+                wait_standby(&engines, old, &http).await;
+            }
+            l
+        }
+    };
 
     // 4. PostgreSQL gone for longer than the TTL: the leader cannot know it
     //    still leads, so it steps down and exits 75; once the database is
