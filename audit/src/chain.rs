@@ -108,6 +108,34 @@ impl<'a> Walk<'a> {
         self.expected - 1
     }
 
+    /// The report of a walk over `records` records that broke at
+    /// `first_bad_seq` with `problem`.
+    pub fn broken(&self, records: u64, first_bad_seq: u64, problem: String) -> crate::VerifyReport {
+        crate::VerifyReport {
+            ok: false,
+            verified_up_to: self.verified_up_to(),
+            records,
+            first_bad_seq: Some(first_bad_seq),
+            problem: Some(problem),
+            excused: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// The report of a walk over `records` records that held, naming the
+    /// breaks salvage records excused.
+    pub fn whole(self, records: u64) -> crate::VerifyReport {
+        crate::VerifyReport {
+            ok: true,
+            verified_up_to: self.verified_up_to(),
+            records,
+            first_bad_seq: None,
+            problem: None,
+            excused: self.used,
+            notes: Vec::new(),
+        }
+    }
+
     /// Check the next record.
     pub fn check(&mut self, r: &AuditRecord) -> Result<(), Break> {
         let excuse = self.excused.get(&r.seq).copied();

@@ -508,21 +508,11 @@ pub(super) fn verify_log_at(path: &Path, want: Option<u64>) -> Result<(VerifyRep
     let mut vouched: Option<(u64, Option<String>)> = None;
     for l in &lines {
         let at = format!("{}:{} (byte {})", path.display(), l.line, l.offset);
-        let bad = |walk: &super::chain::Walk<'_>, records: u64, first_bad_seq: u64, problem: String| VerifyReport {
-            ok: false,
-            verified_up_to: walk.verified_up_to(),
-            records,
-            first_bad_seq: Some(first_bad_seq),
-            problem: Some(problem),
-            excused: Vec::new(),
-            notes: Vec::new(),
-        };
         match &l.what {
             LogLine::Summary { bytes } => {
                 let Some((seq, digest)) = vouched.take() else {
                     return Ok((
-                        bad(
-                            &walk,
+                        walk.broken(
                             records,
                             walk.expected(),
                             format!("{at}: a run summary line with no record before it"),
@@ -534,9 +524,7 @@ pub(super) fn verify_log_at(path: &Path, want: Option<u64>) -> Result<(VerifyRep
                     && super::sha256_hex(bytes) != d
                 {
                     return Ok((
-                        bad(
-                            &walk,
-                            records,
+                        walk.broken(records,
                             seq,
                             format!(
                                 "{at}: the run summary after record {seq} was changed: it does not match the record's summary_sha256"
@@ -548,27 +536,16 @@ pub(super) fn verify_log_at(path: &Path, want: Option<u64>) -> Result<(VerifyRep
             }
             LogLine::Bad { problem, .. } => {
                 records += 1;
-                return Ok((bad(&walk, records, walk.expected(), format!("{at}: {problem}")), found));
+                return Ok((walk.broken(records, walk.expected(), format!("{at}: {problem}")), found));
             }
             LogLine::Good(r) => {
                 records += 1;
                 if let Err(b) = walk.check(r) {
-                    return Ok((bad(&walk, records, b.seq(), format!("{at}: {b}")), found));
+                    return Ok((walk.broken(records, b.seq(), format!("{at}: {b}")), found));
                 }
                 vouched = Some((r.seq, r.data["summary_sha256"].as_str().map(str::to_string)));
             }
         }
     }
-    Ok((
-        VerifyReport {
-            ok: true,
-            verified_up_to: walk.verified_up_to(),
-            records,
-            first_bad_seq: None,
-            problem: None,
-            excused: walk.used,
-            notes: Vec::new(),
-        },
-        found,
-    ))
+    Ok((walk.whole(records), found))
 }

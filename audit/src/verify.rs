@@ -220,21 +220,11 @@ fn chain(trees: &Trees, excused: &HashMap<u64, u64>, progress: &AtomicU64) -> Ve
     let mut walk = super::chain::Walk::new(excused);
     let mut records = 0u64;
     for item in trees.records.all() {
-        let bad = |walk: &super::chain::Walk<'_>, records: u64, first: u64, problem: String| VerifyReport {
-            ok: false,
-            verified_up_to: walk.verified_up_to(),
-            records,
-            first_bad_seq: Some(first),
-            problem: Some(problem),
-            excused: Vec::new(),
-            notes: Vec::new(),
-        };
         let (k, v) = match item {
             Ok(kv) => kv,
             Err(e) => {
                 let expected = walk.expected();
-                return bad(
-                    &walk,
+                return walk.broken(
                     records,
                     expected,
                     format!("record {expected} (or the page holding it) cannot be read: {e}"),
@@ -245,25 +235,17 @@ fn chain(trees: &Trees, excused: &HashMap<u64, u64>, progress: &AtomicU64) -> Ve
         records += 1;
         let r: AuditRecord = match serde_json::from_slice(&v) {
             Ok(r) => r,
-            Err(e) => return bad(&walk, records, key_seq, format!("record {key_seq} is not a valid record: {e}")),
+            Err(e) => return walk.broken(records, key_seq, format!("record {key_seq} is not a valid record: {e}")),
         };
         if r.seq != key_seq {
-            return bad(&walk, records, key_seq, format!("record stored at {key_seq} says it is {}", r.seq));
+            return walk.broken(records, key_seq, format!("record stored at {key_seq} says it is {}", r.seq));
         }
         if let Err(b) = walk.check(&r) {
-            return bad(&walk, records, b.seq(), b.to_string());
+            return walk.broken(records, b.seq(), b.to_string());
         }
         progress.store(key_seq, Ordering::SeqCst);
     }
-    VerifyReport {
-        ok: true,
-        verified_up_to: walk.verified_up_to(),
-        records,
-        first_bad_seq: None,
-        problem: None,
-        excused: walk.used,
-        notes: Vec::new(),
-    }
+    walk.whole(records)
 }
 
 /// The breaks `salvaged` records document (each before its salvage
