@@ -215,6 +215,10 @@ impl VirtualClock {
         self.inner.cv.notify_all();
         while !g.may_take(key, self.inner.now.load(Ordering::SeqCst)) {
             g = self.inner.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+            // Still waiting: still in line. Two runs of one key (an engine
+            // that died with a run its successor started again) share one
+            // place, and the one that leaves takes it out of the set.
+            g.waiting.insert(key);
         }
         g.waiting.remove(&key);
         g.holder = Some(key);
@@ -451,6 +455,34 @@ mod tests {
         let b = VirtualClock::serial(0, 7);
         assert_eq!([a.id_seed(), a.id_seed()], [b.id_seed(), b.id_seed()]);
         assert_eq!(VirtualClock::new(0).id_seed(), None);
+    }
+
+    /// Regression (a CI hang): two runs with one turn key — a dead
+    /// engine's run and the same run started again by its successor. The
+    /// first left while the second waited, taking the shared key out of
+    /// line: the second waited for good (and the runtime's drop with it).
+    #[test]
+    fn a_run_sharing_a_key_with_one_that_left_still_gets_its_turn() {
+        let clock = VirtualClock::serial(0, 7);
+        clock.turn_reserve(2);
+        clock.turn_enter(2);
+        let c = clock.clone();
+        let second = std::thread::spawn(move || {
+            c.turn_enter(2);
+            c.turn_leave(2);
+        });
+        while clock.turns().1.is_empty() {
+            std::thread::yield_now();
+        }
+        clock.turn_leave(2);
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while !second.is_finished() && std::time::Instant::now() < until {
+            clock.poke();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(second.is_finished(), "the second run of key 2 never got its turn: {:?}", clock.turns());
+        second.join().unwrap();
+        assert_eq!(clock.turns(), (None, vec![], vec![]));
     }
 
     #[test]

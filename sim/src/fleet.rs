@@ -460,6 +460,7 @@ impl SimFleet {
         self.rebuild.engine_generation += 1;
         let new = self.dir.join(format!("engine.{}", self.rebuild.engine_generation));
         copy_dir(from, &new).map_err(|e| setup(&e))?;
+        self.stop_old_runs().await.map_err(|e| setup(&e))?;
         let alive = Arc::new(AtomicBool::new(true));
         let nodes =
             links(&self.rebuild.specs, &self.rebuild.agents, &alive, &self.power, self.rebuild.wrap_transport.as_ref());
@@ -484,6 +485,34 @@ impl SimFleet {
         self.feed().await;
         self.settle().await?;
         Ok(interrupted)
+    }
+
+    /// Wait (at most 30 s) until the dying engine's runs — cancelled, their
+    /// links cut — have ended and given back their turns on the shared
+    /// clock. A dead process runs nothing: a run of the old engine still
+    /// going when the new one starts could share a turn key with one of
+    /// the new engine's (the same queued run started again by recovery),
+    /// and the clock's turns are per key — the one that left took the
+    /// other's place in line, and the other waited for good (a CI hang).
+    async fn stop_old_runs(&self) -> Result<(), String> {
+        let start = Instant::now();
+        loop {
+            let (holder, waiting, _) = self.clock.turns();
+            let running = self.engine.running();
+            if running == 0 && holder.is_none() && waiting.is_empty() {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                return Err(format!(
+                    "the old engine's runs did not stop within 30 s: running {running}, turn held by {holder:?}, \
+                     waiting {waiting:?}; runs: {:?}",
+                    self.engine.active_runs()
+                ));
+            }
+            self.engine.cancel_all();
+            self.clock.poke();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
     }
 
     /// A node's agent process restarts: a new agent on the same state
