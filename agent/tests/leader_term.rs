@@ -25,6 +25,13 @@ fn cap(id: &str, watts: f64, term: Option<u64>) -> Request {
     r
 }
 
+/// A leader's announce: a read of the holds with its term.
+fn announce(id: &str, term: u64) -> Request {
+    let mut r = Request::new(id, Op::Holds(NoArgs {}));
+    r.term = Some(term);
+    r
+}
+
 fn limit(sim: &SimBackend) -> f64 {
     sim.sample().unwrap().0[0].power_limit_watts
 }
@@ -34,6 +41,7 @@ async fn a_deposed_leaders_requests_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let sim = Arc::new(SimBackend::new(SimConfig { gpus: 1, ..SimConfig::default() }).unwrap());
     let a = agent(dir.path(), &sim);
+    assert!(a.handle(announce("term-5", 5)).await.ok);
     let r = a.handle(cap("t5", 600.0, Some(5))).await;
     assert!(r.ok, "{r:?}");
     assert_eq!(limit(&sim), 600.0);
@@ -59,9 +67,32 @@ async fn a_deposed_leaders_requests_are_refused() {
     // Restarted, the agent still knows term 5.
     let a = agent(dir.path(), &sim);
     assert_eq!(a.handle(cap("t4-late", 450.0, Some(4))).await.code(), Some(ErrorCode::StaleLeader));
+    assert!(a.handle(announce("term-6", 6)).await.ok);
     assert!(a.handle(cap("t6", 480.0, Some(6))).await.ok);
     assert_eq!(a.handle(cap("t5-late", 470.0, Some(5))).await.code(), Some(ErrorCode::StaleLeader));
     assert_eq!(limit(&sim), 480.0);
+}
+
+/// Issue 46 point 9, strictly: only the announce path records a term. A
+/// change carrying a higher term is made (fenced by its term, not past
+/// the bound) but moves nothing — the leader at the announced term still
+/// acts, across a restart — and only a later announce fences it out.
+#[tokio::test]
+async fn a_change_with_a_higher_term_records_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = Arc::new(SimBackend::new(SimConfig { gpus: 1, ..SimConfig::default() }).unwrap());
+    let a = agent(dir.path(), &sim);
+    assert!(a.handle(announce("term-2", 2)).await.ok);
+    let r = a.handle(cap("t9", 600.0, Some(9))).await;
+    assert!(r.ok, "{r:?}");
+    assert_eq!(limit(&sim), 600.0);
+    assert!(a.handle(cap("t2", 550.0, Some(2))).await.ok, "term 9 was not recorded");
+    drop(a);
+    let a = agent(dir.path(), &sim);
+    assert!(a.handle(cap("t2-after", 540.0, Some(2))).await.ok, "nor across a restart");
+    assert!(a.handle(announce("term-3", 3)).await.ok);
+    assert_eq!(a.handle(cap("t2-late", 530.0, Some(2))).await.code(), Some(ErrorCode::StaleLeader));
+    assert_eq!(limit(&sim), 540.0);
 }
 
 /// Fence at the send (issue 26 item 7): a new leader's read with its term is
@@ -76,9 +107,7 @@ async fn an_announced_term_and_a_passed_deadline_fence_the_old_leader() {
     let a = agent(dir.path(), &sim);
     let before = limit(&sim);
     // The new leader (term 2) announces itself with a read.
-    let mut announce = Request::new("term-2", Op::Holds(NoArgs {}));
-    announce.term = Some(2);
-    assert!(a.handle(announce).await.ok);
+    assert!(a.handle(announce("term-2", 2)).await.ok);
     // The frozen term-1 leader resumes and sends.
     let r = a.handle(cap("old", 500.0, Some(1))).await;
     assert_eq!(r.code(), Some(ErrorCode::StaleLeader), "{r:?}");
@@ -119,13 +148,15 @@ async fn a_dry_run_or_an_impossible_term_cannot_lock_leaders_out() {
     let mut dry = cap("dry-9", 500.0, Some(9));
     dry.dry_run = true;
     assert!(a.handle(dry).await.ok);
-    // Neither was recorded: the real leader at term 3 still acts.
+    // Neither was recorded: the real leader at term 3 announces and acts.
+    assert!(a.handle(announce("term-3", 3)).await.ok);
     assert!(a.handle(cap("t3", 600.0, Some(3))).await.ok);
     // A jump past the bound is refused and not recorded.
     let r = a.handle(cap("t-huge", 500.0, Some(3 + 1_001))).await;
     assert_eq!(r.code(), Some(ErrorCode::BadRequest), "{r:?}");
     assert!(r.error.unwrap().message.contains("too far above"));
-    assert!(a.handle(cap("t4", 580.0, Some(4))).await.ok, "the next real term still acts");
+    assert!(a.handle(announce("term-4", 4)).await.ok, "the next real term still announces");
+    assert!(a.handle(cap("t4", 580.0, Some(4))).await.ok, "and acts");
     assert_eq!(limit(&sim), 580.0);
     drop(a);
     let a = agent(dir.path(), &sim);
@@ -135,12 +166,13 @@ async fn a_dry_run_or_an_impossible_term_cannot_lock_leaders_out() {
 /// Issue 46 point 9: 20 inventory reads with the engine's key and a term
 /// 1,000 above the last each raised the agent's term to 20,002, and the
 /// real leader was then refused as stale — across restarts. Only the
-/// announce (a read of the holds) and real changes record a term now.
+/// announce (a read of the holds) records a term now.
 #[tokio::test]
 async fn reads_other_than_the_announce_never_raise_the_term() {
     let dir = tempfile::tempdir().unwrap();
     let sim = Arc::new(SimBackend::new(SimConfig { gpus: 1, ..SimConfig::default() }).unwrap());
     let a = agent(dir.path(), &sim);
+    assert!(a.handle(announce("term-2", 2)).await.ok);
     assert!(a.handle(cap("lead", 600.0, Some(2))).await.ok);
     for i in 0..20u64 {
         for op in [Op::Inventory(NoArgs {}), Op::Telemetry(NoArgs {})] {
@@ -154,8 +186,6 @@ async fn reads_other_than_the_announce_never_raise_the_term() {
     assert!(r.ok, "{r:?}");
     assert_eq!(limit(&sim), 550.0);
     // The announce of a takeover does record its term.
-    let mut announce = Request::new("announce-3", Op::Holds(NoArgs {}));
-    announce.term = Some(3);
-    assert!(a.handle(announce).await.ok);
+    assert!(a.handle(announce("announce-3", 3)).await.ok);
     assert_eq!(a.handle(cap("old", 500.0, Some(2))).await.code(), Some(ErrorCode::StaleLeader));
 }

@@ -522,6 +522,15 @@ impl Core {
                 None => return Err(SendError::not_sent("this engine is not the leader: it sends nothing")),
             }
         }
+        // An agent records a term only from an announce: one this node has
+        // not acknowledged goes first (an agent the takeover could not
+        // reach, or a new connection). Not heard, the change still goes:
+        // its term fences it, and the agent refuses it if a newer leader
+        // spoke meanwhile.
+        if let Some(t) = req.term.filter(|t| n.announced() < *t) {
+            self.announce_to(&n, t).await;
+        }
+        // (`Node::announce` is the one way a term reaches an agent.)
         let data = crate::audit::data::ActionIntent {
             action_id: req.id.clone(),
             op: req.op.name().into(),
@@ -693,15 +702,16 @@ impl Core {
     pub async fn announce_term(&self) -> usize {
         let Some(term) = self.leadership().and_then(|l| l.term()) else { return 0 };
         let nodes = self.fleet.nodes();
-        let calls = nodes.iter().map(|n| {
-            let mut req = Request::new(self.ids.request("term"), Op::Holds(nightshift_proto::NoArgs {}));
-            req.term = Some(term);
-            async move {
-                matches!(tokio::time::timeout(std::time::Duration::from_secs(2), n.transport.call(req)).await,
-                    Ok(Ok(r)) if r.ok)
-            }
-        });
+        let calls = nodes.iter().map(|n| self.announce_to(n, term));
         futures::future::join_all(calls).await.into_iter().filter(|ok| *ok).count()
+    }
+
+    /// Announce `term` to one node's agent (the read of the holds with the
+    /// term: the only request an agent records a term from), at most 2 s;
+    /// whether it acknowledged. Remembered on the node, so a change is
+    /// preceded by one announce per term, not by one each.
+    pub async fn announce_to(&self, n: &crate::fleet::Node, term: u64) -> bool {
+        n.announce(self.ids.request("term"), term).await
     }
 
     /// Holds in effect per node, from the agents' telemetry.

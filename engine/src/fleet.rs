@@ -63,11 +63,43 @@ pub struct Node {
     pub addr: String,
     pub transport: Arc<dyn AgentTransport>,
     state: Mutex<NodeState>,
+    /// The highest leader term this node's agent acknowledged an announce
+    /// of (0: none yet, or its connection was renewed since).
+    announced: std::sync::atomic::AtomicU64,
 }
 
 impl Node {
     fn new(idx: u32, spec: NodeSpec, addr: String, transport: Arc<dyn AgentTransport>, state: NodeState) -> Node {
-        Node { idx, spec, addr, transport, state: Mutex::new(state) }
+        Node { idx, spec, addr, transport, state: Mutex::new(state), announced: Default::default() }
+    }
+
+    /// The highest term this node's agent acknowledged an announce of.
+    pub fn announced(&self) -> u64 {
+        self.announced.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Tell this node's agent the leader's `term` (a read of the holds
+    /// with it, request `id`: the only request an agent records a term
+    /// from), at most 2 s; whether it acknowledged (then remembered).
+    pub async fn announce(&self, id: String, term: u64) -> bool {
+        let mut req = nightshift_proto::Request::new(id, nightshift_proto::Op::Holds(nightshift_proto::NoArgs {}));
+        req.term = Some(term);
+        let heard = matches!(tokio::time::timeout(std::time::Duration::from_secs(2), self.transport.call(req)).await,
+            Ok(Ok(r)) if r.ok);
+        if heard {
+            self.set_announced(term);
+        }
+        heard
+    }
+
+    /// The agent acknowledged the announce of `term`; `0` forgets what it
+    /// heard (a new connection: perhaps a new agent on a new state folder).
+    pub fn set_announced(&self, term: u64) {
+        if term == 0 {
+            self.announced.store(0, std::sync::atomic::Ordering::SeqCst);
+        } else {
+            self.announced.fetch_max(term, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     pub fn state(&self) -> MutexGuard<'_, NodeState> {
@@ -256,5 +288,41 @@ impl Fleet {
     /// Names of drained nodes.
     pub fn drained(&self) -> Vec<String> {
         self.nodes().iter().filter(|n| n.state().drained).map(|n| n.spec.name.clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nightshift_proto::ssh::client::ClientError;
+    use nightshift_proto::{Reply, Request};
+
+    /// Answers every request and remembers what it was sent.
+    #[derive(Default)]
+    struct Heard(Mutex<Vec<(String, Option<u64>)>>);
+
+    impl AgentTransport for Heard {
+        fn call(&self, req: Request) -> futures::future::BoxFuture<'_, Result<Reply, ClientError>> {
+            self.0.lock().unwrap().push((req.op.name().to_string(), req.term));
+            Box::pin(async move { Ok(Reply::ok(&req.id, serde_json::json!([]))) })
+        }
+    }
+
+    /// Issue 46 point 9: an agent records a term only from the announce,
+    /// so the engine remembers per node which term was heard — one
+    /// announce per term, again after a new connection forgot it.
+    #[tokio::test]
+    async fn a_term_is_announced_once_per_node_until_the_connection_is_renewed() {
+        let heard = Arc::new(Heard::default());
+        let spec: NodeSpec = serde_yaml::from_str("name: n1\naddress: 127.0.0.1:2222\nhost_key: SHA256:abc\n").unwrap();
+        let n = Node::new(0, spec, "127.0.0.1:2222".into(), heard.clone(), NodeState::default());
+        assert_eq!(n.announced(), 0);
+        assert!(n.announce("t1".into(), 3).await);
+        assert_eq!(n.announced(), 3);
+        n.set_announced(2);
+        assert_eq!(n.announced(), 3, "an older term never lowers what was heard");
+        n.set_announced(0);
+        assert_eq!(n.announced(), 0, "a new connection forgets it");
+        assert_eq!(*heard.0.lock().unwrap(), vec![("holds".to_string(), Some(3))]);
     }
 }

@@ -517,11 +517,19 @@ pub(crate) async fn node_loop(engine: Engine, node: Arc<crate::fleet::Node>, cli
         attempt += 1;
         let result: Result<(), ClientError> = async {
             let conn = client.connection().await?;
-            // Every connection's first call carries the term: an agent the
-            // takeover could not reach learns it when it comes back.
-            let mut first = Request::new(format!("inv-{name}-{attempt}"), Op::Inventory(NoArgs {}));
-            first.term = engine.core.leadership().and_then(|l| l.term());
-            let inv = conn.call(&first).await?;
+            // Every connection begins with the announce of the leader's
+            // term (a read of the holds with it, the only request an agent
+            // records a term from): an agent the takeover could not reach
+            // learns it when it comes back.
+            node.set_announced(0);
+            if let Some(term) = engine.core.leadership().and_then(|l| l.term()) {
+                let mut announce = Request::new(format!("term-{name}-{attempt}"), Op::Holds(NoArgs {}));
+                announce.term = Some(term);
+                if conn.call(&announce).await?.ok {
+                    node.set_announced(term);
+                }
+            }
+            let inv = conn.call(&Request::new(format!("inv-{name}-{attempt}"), Op::Inventory(NoArgs {}))).await?;
             engine.set_node_inventory(&name, inv.result.and_then(|v| serde_json::from_value(v).ok()), None);
             if !engine.config().telemetry.stream_from_agents {
                 // Telemetry comes from `sources`; keep the connection for

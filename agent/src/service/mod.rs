@@ -317,9 +317,10 @@ impl Agent {
             return Reply::err(&id, ErrorCode::Internal, "this agent has stopped: ask the one that replaced it");
         }
         // A new leader announces its term with one read, of the holds,
-        // before it acts (`Core::announce_term`): from then on the term
-        // before is refused here, reached by the new leader or not. Only
-        // that read (and a change that is not a dry run) records a term:
+        // before it acts (`Core::announce_term`, and on every new
+        // connection and before its first change to a node): from then on
+        // the term before is refused here, reached by the new leader or
+        // not. Only that announce records a term: changes, dry runs and
         // other reads — inventory, telemetry, what a monitoring tool with
         // the engine's key sends — never move it. (A read from a stale term
         // is still answered: reads change nothing.)
@@ -681,9 +682,10 @@ impl Agent {
             };
         }
         let now = self.clock.now_ms();
-        // A dry run changes nothing, so it records no term either: it
-        // cannot lock leaders out.
-        let reply = match self.check_term(req.term, !req.dry_run).and_then(|()| check_deadline(req.not_after_ms, now)) {
+        // A change is fenced by the term it carries but records none: only
+        // the announce path moves the term (a change with a higher one is
+        // made, and the leader's announce precedes it).
+        let reply = match self.check_term(req.term, false).and_then(|()| check_deadline(req.not_after_ms, now)) {
             Err((code, msg)) => Reply::err(&req.id, code, msg),
             Ok(()) => match self.decide_and_apply(&req, &digest).await {
                 Ok(v) => Reply::ok(&req.id, v),
