@@ -77,9 +77,12 @@ pub struct RunFinished {
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
-    /// Why admission refused it.
+    /// Why admission refused it, or why a person cancelled or rejected it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The person who cancelled or rejected it (also the record's actor).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub actions: Option<u32>,
     pub target: Option<Target>,
@@ -257,6 +260,10 @@ pub struct ActionIntent {
     /// An autoscaler request: where it goes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// A person's own control: why, as they gave it (the intent says it
+    /// before anything leaves, not only the result after).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl Payload for ActionIntent {

@@ -492,11 +492,16 @@ pub enum RunsCmd {
     /// Cancel a queued, pending or running run: a running one stops at
     /// its next step and gives back its holds.
     ///
-    /// Example: nightshift runs cancel r000042-k3x9qa --server http://nightshift:8080
+    /// The audit records you as who cancelled it, with your reason.
+    ///
+    /// Example: nightshift runs cancel r000042-k3x9qa --reason "wrong node" --server http://nightshift:8080
     Cancel {
         /// The run id (r000042-k3x9qa; `nightshift audit list`).
         #[arg(add = ArgValueCompleter::new(crate::complete::runs))]
         run: String,
+        /// Why: kept in the audit record beside your name.
+        #[arg(long)]
+        reason: Option<String>,
     },
 }
 

@@ -585,17 +585,18 @@ impl Conn {
     }
 
     /// Cancel a run (the running engine's, or this process's own).
-    pub async fn cancel(&mut self, run: &str) -> Result<()> {
+    pub async fn cancel(&mut self, run: &str, reason: &str) -> Result<()> {
         match self {
             Conn::Remote(r) => {
-                let _: Value =
-                    r.post(&format!("/api/v1/runs/{}/cancel", crate::out::urlencode(run)), &json!({})).await?;
+                let _: Value = r
+                    .post(&format!("/api/v1/runs/{}/cancel", crate::out::urlencode(run)), &json!({"reason": reason}))
+                    .await?;
                 Ok(())
             }
             Conn::Local(l) => {
                 let e = l.engine().await?;
                 let who = format!("user:{}", std::env::var("USER").unwrap_or_else(|_| "cli".into()));
-                e.cancel(run, &who).await.map_err(|m| anyhow::Error::new(Fail(3)).context(m.to_string()))
+                e.cancel(run, &who, Some(reason)).await.map_err(|m| anyhow::Error::new(Fail(3)).context(m.to_string()))
             }
         }
     }

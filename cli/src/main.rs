@@ -121,9 +121,9 @@ async fn real_main(cli: Cli) -> Result<u8> {
             };
             cmd::fleet::import(&out, slurm.as_deref(), inventory.as_deref(), opts).await
         }
-        Command::Runs(crate::args::RunsCmd::Cancel { run }) => {
+        Command::Runs(crate::args::RunsCmd::Cancel { run, reason }) => {
             init_logging("warn");
-            cmd::control::runs_cancel(&cli, &out, run).await
+            cmd::control::runs_cancel(&cli, &out, run, reason.as_deref()).await
         }
         Command::Approve { run } => cmd::decide::approve(&cli, &out, run).await,
         Command::Reject { run, reason } => cmd::decide::reject(&cli, &out, run, reason).await,

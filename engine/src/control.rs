@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use nightshift_proto::{HoldInfo, Op, ReleaseArgs, Request, ResumeArgs};
 
 use crate::audit::{NewRecord, RecordKind};
+use crate::core::SentBy;
 use crate::engine::{Engine, EngineError};
 
 /// Which holds a person releases on a node.
@@ -125,7 +126,10 @@ impl Engine {
         let actor = format!("user:{name}");
         let req = Request::new(self.core.ids.request("person"), op);
         let (id, op_name) = (req.id.clone(), req.op.name());
-        let sent = self.core.send_audited_by(None, &owner, &actor, node, gpu, req).await;
+        let sent = self
+            .core
+            .send_audited_by(None, SentBy { owner: &owner, actor: &actor, reason: Some(reason) }, node, gpu, req)
+            .await;
         let mut result = crate::core::action_result(&id, op_name, false, &sent, ("applied", true));
         result.reason = Some(reason.into());
         result.by = Some(actor.clone());

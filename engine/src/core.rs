@@ -176,6 +176,15 @@ pub fn action_result(
     }
 }
 
+/// Who a change is sent for: the hold's owner (a run's id, or
+/// `person:<name>`), the audit's actor, and a person's reason.
+#[derive(Debug, Clone, Copy)]
+pub struct SentBy<'a> {
+    pub owner: &'a str,
+    pub actor: &'a str,
+    pub reason: Option<&'a str>,
+}
+
 /// Why a change did not come back with a reply: `left` when the request
 /// may have reached the agent (a broken connection, no reply in time) —
 /// it may have been applied — and not when it never left (not the leader,
@@ -304,7 +313,19 @@ impl Core {
         s: &RunSummary,
         data: &P,
     ) -> Result<AuditRecord, AuditError> {
-        let rec = NewRecord::typed(kind, &s.requested_by, data)
+        self.record_run_as(kind, s, &s.requested_by, data).await
+    }
+
+    /// [`Core::record_run`] with `actor` as who acted (a person who
+    /// approved, rejected or cancelled the run; the engine stopping).
+    pub async fn record_run_as<P: crate::audit::data::Payload>(
+        &self,
+        kind: RecordKind,
+        s: &RunSummary,
+        actor: &str,
+        data: &P,
+    ) -> Result<AuditRecord, AuditError> {
+        let rec = NewRecord::typed(kind, actor, data)
             .run(&s.id)
             .node(s.target.node.as_deref())
             .gpu(s.target.gpu)
@@ -495,17 +516,17 @@ impl Core {
         gpu: Option<u32>,
         req: Request,
     ) -> Result<(Reply, f64), SendError> {
-        self.send_audited_by(Some(s), &s.id, "engine", node, gpu, req).await
+        self.send_audited_by(Some(s), SentBy { owner: &s.id, actor: "engine", reason: None }, node, gpu, req).await
     }
 
-    /// [`Core::send_audited`] for `owner` (a run's id, or `person:<name>`
-    /// for a person's own control), its intent recorded as `actor`'s and
-    /// under `run` when there is one.
+    /// [`Core::send_audited`] for `by.owner` (a run's id, or
+    /// `person:<name>` for a person's own control), its intent recorded as
+    /// `by.actor`'s, with the person's reason, and under `run` when there
+    /// is one.
     pub async fn send_audited_by(
         &self,
         run: Option<&RunSummary>,
-        owner: &str,
-        actor: &str,
+        by: SentBy<'_>,
         node: &str,
         gpu: Option<u32>,
         mut req: Request,
@@ -513,6 +534,7 @@ impl Core {
         let Some(n) = self.fleet.get(node) else {
             return Err(SendError::not_sent(format!("{node} is not in the inventory")));
         };
+        let SentBy { owner, actor, reason } = by;
         req.owner = Some(owner.to_string());
         // With a leader lease, the request carries its term: an agent that
         // has seen a newer leader refuses it (`stale_leader`).
@@ -539,6 +561,7 @@ impl Core {
             lease_secs: req.revert_after_secs,
             owner: run.is_none().then(|| owner.to_string()),
             url: None,
+            reason: reason.map(str::to_string),
         };
         let mut intent = NewRecord::typed(RecordKind::ActionIntent, actor, &data).node(Some(node)).gpu(gpu);
         if let Some(s) = run {

@@ -295,7 +295,9 @@ impl Engine {
 
     /// Stop background work; cancel running runs (they finish as cancelled).
     pub async fn shutdown(&self) {
-        let _ = self.core.shutdown.send(true);
+        // `send_replace`, not `send`: with no receiver left `send` stores
+        // nothing, and a run ending now would not know the engine stops.
+        self.core.shutdown.send_replace(true);
         for t in lock(&self.core.tasks).drain(..) {
             t.abort();
         }

@@ -57,6 +57,26 @@ pub struct RunEntry {
     pub keeps_on: Vec<String>,
     /// Why it was cancelled, when another run preempted it.
     pub preempted_by: Option<String>,
+    /// Who cancelled it (or rejected it), and why: the actor of its end.
+    pub cancelled_by: Option<CancelledBy>,
+}
+
+/// A person's cancel (or rejection) of a run: recorded as theirs, not as
+/// the run's requester's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CancelledBy {
+    pub by: String,
+    pub reason: Option<String>,
+}
+
+impl CancelledBy {
+    /// `by alice` or `by alice: wrong node`.
+    pub fn words(&self) -> String {
+        match &self.reason {
+            Some(r) => format!("by {}: {r}", self.by),
+            None => format!("by {}", self.by),
+        }
+    }
 }
 
 /// One fire counted by a breaker.

@@ -646,3 +646,69 @@ async fn an_alert_held_back_by_a_run_that_was_skipped_is_offered_again() {
     assert_eq!(e.runs(&Default::default()).unwrap().runs.len(), 2, "the work was done: the cooldown holds the third");
     assert!(e.verify().unwrap().ok);
 }
+
+/// Every act says who (issue 46, people's acts; issue 43, point 1): an
+/// approval and a rejection are recorded under the person who decided, a
+/// cancel under the person who cancelled — with their reason — not the
+/// run's requester, and a run the stopping engine cancels under `engine`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_rejections_and_cancels_are_recorded_under_who_did_them() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "careful",
+        "trigger:\n  type: manual\nscope: node\napproval: {always: true, expire_secs: 600}\n",
+        "set_power_limit(0, 450);\nsleep(60);\n",
+    );
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let e = &f.engine;
+    let finished = |id: &str| {
+        e.run_records(id).unwrap().into_iter().find(|r| r.kind == RecordKind::RunFinished).expect("run_finished")
+    };
+    // Approved by bob, cancelled while running by dave, who says why.
+    let id = run_id(&e.submit(manual_req("careful", "n1")).await.unwrap());
+    e.approve(&id, "user:bob").await.unwrap();
+    f.run_for(5).await.unwrap();
+    assert_eq!(power_limit(f, "n1", 0).await, 450.0, "running, capped");
+    e.cancel(&id, "user:dave", Some("  wrong node  ")).await.unwrap();
+    let r = until_finished(f, &id, 120).await;
+    assert_eq!(r.outcome, Some(RunOutcome::Cancelled));
+    assert!(r.why.contains("cancelled by user:dave: wrong node while running"), "{}", r.why);
+    assert_eq!(power_limit(f, "n1", 0).await, 700.0, "its hold given back");
+    let recs = e.run_records(&id).unwrap();
+    let approved = recs.iter().find(|r| r.kind == RecordKind::Approved).unwrap();
+    assert_eq!(approved.actor, "user:bob", "the approver acted, not the requester");
+    let end = finished(&id);
+    assert_eq!(
+        (end.actor.as_str(), end.data["by"].as_str(), end.data["reason"].as_str()),
+        ("user:dave", Some("user:dave"), Some("wrong node")),
+        "{end:?}"
+    );
+    // Rejected by carol: both the rejection and the end are hers.
+    let id = run_id(&e.submit(manual_req("careful", "n1")).await.unwrap());
+    e.reject(&id, "user:carol", "not during the training run").await.unwrap();
+    let recs = e.run_records(&id).unwrap();
+    let rejected = recs.iter().find(|r| r.kind == RecordKind::Rejected).unwrap();
+    assert_eq!(rejected.actor, "user:carol");
+    let end = finished(&id);
+    assert_eq!((end.actor.as_str(), end.data["reason"].as_str()), ("user:carol", Some("not during the training run")));
+    // Cancelled while waiting for approval, with no reason: still hers.
+    let id = run_id(&e.submit(manual_req("careful", "n1")).await.unwrap());
+    e.cancel(&id, "user:erin", None).await.unwrap();
+    let end = finished(&id);
+    assert_eq!((end.actor.as_str(), end.data.get("reason")), ("user:erin", None), "{end:?}");
+    assert_eq!(end.data["error"], "cancelled by user:erin before it started");
+    // A run the requester's own start left running is, at shutdown, the
+    // engine's to end — never "alice cancelled it".
+    let id = run_id(&e.submit(manual_req("careful", "n1")).await.unwrap());
+    e.approve(&id, "user:bob").await.unwrap();
+    f.run_for(5).await.unwrap();
+    e.shutdown().await;
+    // (Virtual time: the script sees the cancel at its next step.)
+    until_finished(f, &id, 120).await;
+    let end = finished(&id);
+    assert_eq!(end.actor, "engine", "{end:?}");
+    assert!(end.data["error"].as_str().unwrap().contains("the engine is stopping"), "{end:?}");
+    assert_eq!(end.data["starts_cooldown"], false, "a stop is not a person's cancel: no cooldown earned");
+}

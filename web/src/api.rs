@@ -62,6 +62,30 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     }
 }
 
+/// [`ApiJson`], or `T::default()` for a request with no body and no
+/// `Content-Type` at all (a bare `POST`).
+pub struct ApiJsonOrEmpty<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for ApiJsonOrEmpty<T> {
+    type Rejection = ApiError;
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        if req.headers().contains_key(axum::http::header::CONTENT_TYPE) {
+            return ApiJson::<T>::from_request(req, state).await.map(|ApiJson(v)| ApiJsonOrEmpty(v));
+        }
+        let bytes =
+            axum::body::Bytes::from_request(req, state).await.map_err(|r| ApiError::bad_request(r.body_text()))?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            Ok(ApiJsonOrEmpty(T::default()))
+        } else {
+            Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "expected `Content-Type: application/json` (or no body at all)",
+            ))
+        }
+    }
+}
+
 fn json_rejection(r: JsonRejection) -> ApiError {
     let status = r.status();
     if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -272,12 +296,22 @@ pub async fn reject(
     Ok(Json(s.engine.reject(&run, &id.actor(), &body.reason).await?).into_response())
 }
 
+/// `POST /api/v1/runs/{id}/cancel`: an optional `{"reason": "…"}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cancel {
+    /// Why: kept in the audit record beside who cancelled.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
 pub async fn cancel(
     State(s): State<AppState>,
     Operator(id): Operator,
     Path(run): Path<String>,
+    ApiJsonOrEmpty(body): ApiJsonOrEmpty<Cancel>,
 ) -> Result<Response, ApiError> {
-    s.engine.cancel(&run, &id.actor()).await?;
+    s.engine.cancel(&run, &id.actor(), body.reason.as_deref()).await?;
     Ok(Json(json!({"cancelled": run})).into_response())
 }
 

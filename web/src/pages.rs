@@ -519,6 +519,7 @@ pub async fn run_page(
         @if who.role >= Role::Operator && run.outcome.is_none() {
             form.inline.cancel method="post" action={"/ui/runs/" (run.id) "/cancel"}
                 data-confirm={"Cancel run " (run.id) "? A running run stops at its next step and gives back its holds."} {
+                input type="text" name="reason" maxlength="500" placeholder="why (kept in the audit)" aria-label="why you cancel it";
                 button.bad type="submit" { "Cancel run" }
             }
         }
@@ -1222,13 +1223,21 @@ fn control_page(node: &str, out: nightshift_engine::control::ControlOutcome) -> 
     Ok(Redirect::to(&format!("/nodes/{node}")).into_response())
 }
 
+#[derive(Debug, Deserialize)]
+pub struct CancelForm {
+    /// Why, when given (an empty field is none).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
 /// The run page's cancel button (operator).
 pub async fn ui_cancel(
     State(s): State<AppState>,
     Operator(who): Operator,
     Path(run): Path<String>,
+    Form(f): Form<CancelForm>,
 ) -> Result<Response, PageError> {
-    s.engine.cancel(&run, &who.actor()).await?;
+    s.engine.cancel(&run, &who.actor(), f.reason.as_deref()).await?;
     Ok(Redirect::to(&format!("/runs/{run}")).into_response())
 }
 

@@ -458,6 +458,28 @@ async fn approvals_cancel_and_cross_site_posts() {
     assert!(String::from_utf8_lossy(&body).contains("expected why the run is rejected"), "{body:?}");
     let (_, v) = call(&f, "GET", &format!("/api/v1/runs/{id3}"), Some(VIEWER), None).await;
     assert_eq!(v["run"]["state"], "pending_approval", "an empty rejection changes nothing");
+    // Cancelled by someone other than who asked, with a reason: the audit
+    // names who cancelled (the actor filter finds it), and why.
+    let (s, v) = call(
+        &f,
+        "POST",
+        &format!("/api/v1/runs/{id3}/cancel"),
+        Some(ADMIN),
+        Some(json!({"reason": "duplicate of another request"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let end = f.sim.engine.run_records(&id3).unwrap().into_iter().find(|r| r.kind == RecordKind::RunFinished).unwrap();
+    assert_eq!(
+        (end.actor.as_str(), end.data["reason"].as_str()),
+        ("user:ada", Some("duplicate of another request")),
+        "{end:?}"
+    );
+    let rejected =
+        f.sim.engine.run_records(&id2).unwrap().into_iter().find(|r| r.kind == RecordKind::Rejected).unwrap();
+    assert_eq!(rejected.actor, "user:ada", "the rejection is the admin's, not the requester's");
+    let (s, v) = call(&f, "POST", &format!("/api/v1/runs/{id3}/cancel"), Some(ADMIN), Some(json!({"why": "x"}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "an unknown field is refused: {v}");
     // GET-only routes refuse POST and vice versa.
     let (s, _) = call(&f, "POST", "/api/v1/audit/verify", Some(ADMIN), None).await;
     assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
@@ -963,6 +985,8 @@ async fn a_person_releases_a_hold_and_resumes_a_node_as_themselves() {
         .find(|r| r.kind == RecordKind::ActionIntent && r.data["op"] == "release" && r.run.is_none())
         .expect("the release's intent");
     assert_eq!((intent.actor.as_str(), intent.data["owner"].as_str()), ("user:otto", Some("person:otto")));
+    // The intent says why before anything leaves, not only the result.
+    assert_eq!(intent.data["reason"], json!("the cap is no longer needed"), "{intent:?}");
     let result = recs
         .iter()
         .rev()

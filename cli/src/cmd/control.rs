@@ -110,10 +110,10 @@ pub async fn nodes_hands_off(cli: &Cli, out: &Out, node: &str, on: bool, reason:
     Ok(0)
 }
 
-pub async fn runs_cancel(cli: &Cli, out: &Out, run: &str) -> Result<u8> {
+pub async fn runs_cancel(cli: &Cli, out: &Out, run: &str, reason: Option<&str>) -> Result<u8> {
     let c = conn_announced(cli, out)?;
     let r = remote(&c, "cancelling a run")?;
-    let v: Value = r.post(&format!("/api/v1/runs/{}/cancel", urlencode(run)), &json!({})).await?;
+    let v: Value = r.post(&format!("/api/v1/runs/{}/cancel", urlencode(run)), &json!({"reason": reason})).await?;
     if out.json {
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {

@@ -322,7 +322,7 @@ async fn on_interrupt(c: &mut Conn, out: &Out, id: &str) -> Result<Option<u8>> {
         );
         return Ok(Some(130));
     }
-    c.cancel(id).await?;
+    c.cancel(id, "cancelled at the terminal that started it (interrupted while waiting)").await?;
     if !out.json {
         eprintln!("{id}: cancelled — it stops at its next step and gives back its holds");
     }

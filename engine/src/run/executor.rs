@@ -24,7 +24,7 @@ use crate::engine::{Engine, EngineError, RunRequest, Submitted};
 use crate::manifest::Scope;
 use crate::runbook::Runbook;
 use crate::runs::{ApprovalDecision, RunOutcome, RunState, RunSummary};
-use crate::runtable::{BreakerFire, FireRef, RunEntry, RunTable};
+use crate::runtable::{BreakerFire, CancelledBy, FireRef, RunEntry, RunTable};
 
 impl Engine {
     /// Ask for a run (manual runs from the CLI and web come here too).
@@ -239,6 +239,7 @@ impl Engine {
                             held_on: Vec::new(),
                             keeps_on: Vec::new(),
                             preempted_by: None,
+                            cancelled_by: None,
                         },
                     );
                     if approval.is_none() {
@@ -441,6 +442,8 @@ impl Engine {
             });
             if approved {
                 entry.summary.state = RunState::Queued;
+            } else {
+                entry.cancelled_by = Some(CancelledBy { by: by.into(), reason: reason.clone() });
             }
             let (s, prio) = (entry.summary.clone(), entry.priority);
             if approved {
@@ -450,10 +453,11 @@ impl Engine {
         };
         if approved {
             self.core
-                .record_run(
+                .record_run_as(
                     RecordKind::Approved,
                     &summary,
-                    &crate::audit::data::Approval { by: by.into(), reason: None },
+                    by,
+                    &crate::audit::data::Approval { by: by.into(), reason: reason.clone() },
                 )
                 .await?;
             self.pump().await;
@@ -461,9 +465,10 @@ impl Engine {
         } else {
             let why = format!("rejected by {by}: {}", reason.clone().unwrap_or_default());
             self.core
-                .record_run(
+                .record_run_as(
                     RecordKind::Rejected,
                     &summary,
+                    by,
                     &crate::audit::data::Approval { by: by.into(), reason: reason.clone() },
                 )
                 .await?;
@@ -471,11 +476,14 @@ impl Engine {
         }
     }
 
-    /// Cancel a queued, pending or running run.
-    pub async fn cancel(&self, run: &str, by: &str) -> Result<(), EngineError> {
-        let running = {
-            let t = self.core.table();
-            match t.runs.get(run) {
+    /// Cancel a queued, pending or running run as `by` (the actor of its
+    /// end in the audit), saying why when they did. A second cancel of a
+    /// running run changes nothing: the first one's words stand.
+    pub async fn cancel(&self, run: &str, by: &str, reason: Option<&str>) -> Result<(), EngineError> {
+        let reason = reason.map(str::trim).filter(|r| !r.is_empty()).map(str::to_string);
+        let (running, words) = {
+            let mut t = self.core.table();
+            match t.runs.get_mut(run) {
                 Some(e) if e.summary.state == RunState::Finished => {
                     return Err(EngineError::AlreadyFinished {
                         run: run.into(),
@@ -483,8 +491,10 @@ impl Engine {
                     });
                 }
                 Some(e) => {
+                    let c = e.cancelled_by.get_or_insert_with(|| CancelledBy { by: by.into(), reason });
+                    let words = c.words();
                     e.cancel.store(true, Ordering::SeqCst);
-                    e.summary.state == RunState::Running
+                    (e.summary.state == RunState::Running, words)
                 }
                 None => {
                     drop(t);
@@ -500,7 +510,7 @@ impl Engine {
             }
         };
         if !running {
-            self.finish(run, RunOutcome::Cancelled, Some(format!("cancelled by {by} before it started")), None).await?;
+            self.finish(run, RunOutcome::Cancelled, Some(format!("cancelled {words} before it started")), None).await?;
         }
         Ok(())
     }

@@ -335,7 +335,11 @@ impl Engine {
         let engine = self;
         let summary_id = id.to_string();
         {
-            let preempted = engine.core.table().runs.get(&summary_id).and_then(|r| r.preempted_by.clone());
+            let (preempted, cancelled_by) = match engine.core.table().runs.get(&summary_id) {
+                Some(r) => (r.preempted_by.clone(), r.cancelled_by.clone()),
+                None => (None, None),
+            };
+            let stopping = *engine.core.shutdown.borrow();
             let (o, err) = match outcome {
                 ScriptOutcome::Succeeded => (RunOutcome::Succeeded, None),
                 ScriptOutcome::Failed(m) => (RunOutcome::Failed, Some(m)),
@@ -343,9 +347,11 @@ impl Engine {
                 ScriptOutcome::Skipped(m) => (RunOutcome::Skipped, Some(m)),
                 ScriptOutcome::Cancelled => (
                     RunOutcome::Cancelled,
-                    Some(match preempted {
-                        Some(by) => format!("preempted by critical run {by}"),
-                        None => "cancelled while running".to_string(),
+                    Some(match (preempted, cancelled_by) {
+                        (Some(by), _) => format!("preempted by critical run {by}"),
+                        (None, Some(c)) => format!("cancelled {} while running", c.words()),
+                        (None, None) if stopping => "cancelled while running: the engine is stopping".to_string(),
+                        (None, None) => "cancelled while running".to_string(),
                     }),
                 ),
             };
@@ -363,7 +369,7 @@ impl Engine {
         error: Option<String>,
         note: Option<&str>,
     ) -> Result<RunSummary, EngineError> {
-        let (mut summary, held_on, keeps_on, was_running, fire) = {
+        let (mut summary, held_on, keeps_on, was_running, fire, cancelled_by, preempted) = {
             let t = self.core.table();
             let e = t.runs.get(run).ok_or_else(|| EngineError::NoSuchRun(run.into()))?;
             (
@@ -372,6 +378,8 @@ impl Engine {
                 e.keeps_on.clone(),
                 e.summary.state == RunState::Running,
                 e.fire.clone(),
+                e.cancelled_by.clone(),
+                e.preempted_by.is_some(),
             )
         };
         // The run's holds go when it ends (those it kept stay, leased).
@@ -459,10 +467,20 @@ impl Engine {
         // fault run from repeating (a run that quarantined it moved it on;
         // one that could not is offered again after a pause).
         let starts_cooldown = !unfinished && summary.trigger != "fault";
+        // Who ended it: the person who cancelled or rejected it, the engine
+        // when it stopped or preempted it, else whoever asked for the run.
+        let cancelled = outcome == RunOutcome::Cancelled;
+        let person = cancelled_by.filter(|_| cancelled);
+        let actor = match &person {
+            Some(c) => c.by.clone(),
+            None if cancelled && (shutting_down || preempted) => "engine".to_string(),
+            None => summary.requested_by.clone(),
+        };
         self.core
-            .record_run(
+            .record_run_as(
                 RecordKind::RunFinished,
                 &summary,
+                &actor,
                 &crate::audit::data::RunFinished {
                     outcome: outcome.as_str().into(),
                     error: error.clone(),
@@ -473,6 +491,8 @@ impl Engine {
                     holds_kept: Some(kept),
                     holds_left: Some(left),
                     starts_cooldown: Some(starts_cooldown),
+                    by: person.as_ref().map(|c| c.by.clone()),
+                    reason: person.and_then(|c| c.reason),
                     ..Default::default()
                 },
             )

@@ -82,6 +82,7 @@ impl Engine {
                             held_on: Vec::new(),
                             keeps_on: Vec::new(),
                             preempted_by: None,
+                            cancelled_by: None,
                         },
                     );
                     if !pending {
