@@ -68,6 +68,14 @@ pub struct Node {
     announced: std::sync::atomic::AtomicU64,
 }
 
+/// The announce of a leader's `term`: a read of the holds carrying it,
+/// the one request an agent records a term from.
+pub fn announce_request(id: String, term: u64) -> nightshift_proto::Request {
+    let mut req = nightshift_proto::Request::new(id, nightshift_proto::Op::Holds(nightshift_proto::NoArgs {}));
+    req.term = Some(term);
+    req
+}
+
 impl Node {
     fn new(idx: u32, spec: NodeSpec, addr: String, transport: Arc<dyn AgentTransport>, state: NodeState) -> Node {
         Node { idx, spec, addr, transport, state: Mutex::new(state), announced: Default::default() }
@@ -82,8 +90,7 @@ impl Node {
     /// with it, request `id`: the only request an agent records a term
     /// from), at most 2 s; whether it acknowledged (then remembered).
     pub async fn announce(&self, id: String, term: u64) -> bool {
-        let mut req = nightshift_proto::Request::new(id, nightshift_proto::Op::Holds(nightshift_proto::NoArgs {}));
-        req.term = Some(term);
+        let req = announce_request(id, term);
         let heard = matches!(tokio::time::timeout(std::time::Duration::from_secs(2), self.transport.call(req)).await,
             Ok(Ok(r)) if r.ok);
         if heard {

@@ -523,8 +523,7 @@ pub(crate) async fn node_loop(engine: Engine, node: Arc<crate::fleet::Node>, cli
             // learns it when it comes back.
             node.set_announced(0);
             if let Some(term) = engine.core.leadership().and_then(|l| l.term()) {
-                let mut announce = Request::new(format!("term-{name}-{attempt}"), Op::Holds(NoArgs {}));
-                announce.term = Some(term);
+                let announce = crate::fleet::announce_request(format!("term-{name}-{attempt}"), term);
                 if conn.call(&announce).await?.ok {
                     node.set_announced(term);
                 }
