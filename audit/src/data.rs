@@ -465,6 +465,10 @@ pub struct Note {
     /// The alert that started the run resolved (Alertmanager).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alert_resolved: Option<Value>,
+    /// A restarted engine resumed the run (the k-th time): it runs its
+    /// script again from the top, its holds left in place meanwhile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<u32>,
 }
 
 impl Payload for Note {

@@ -3,7 +3,9 @@
 //! each kill the audit store opens and its chain verifies; every record the
 //! engine published (SSE, which only carries durable records) and every run
 //! it acknowledged (HTTP 202) is still there; after each restart every run
-//! that was unfinished is `interrupted`; and across everything no agent
+//! that was running is resumed by the new engine (a `note` saying so, its
+//! holds left in place) or, resumed three times already, `interrupted`;
+//! and across everything no agent
 //! applied any request id twice, and every request an agent applied has its
 //! `action_intent` in the audit log (written ahead). Each run also asks for
 //! a power limit below the envelope: no such request is ever applied, and
@@ -129,8 +131,9 @@ async fn the_engine_survives_kill_9_in_a_loop() {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
     let published: Arc<Mutex<BTreeMap<u64, String>>> = Arc::default();
     let mut acknowledged: BTreeSet<String> = BTreeSet::new();
-    let mut to_check_interrupted: Vec<String> = Vec::new();
+    let mut to_check_interrupted: Vec<(String, u64)> = Vec::new();
     let (mut interrupted_seen, mut runs_submitted, mut kills_mid_action) = (0usize, 0usize, 0usize);
+    let mut resumed_seen = 0usize;
     let started = Instant::now();
 
     for it in 0..=iterations {
@@ -139,19 +142,43 @@ async fn the_engine_survives_kill_9_in_a_loop() {
         let mut child = spawn_engine(dir.path(), port);
         wait_ready(&http, &base, agents.len()).await;
 
-        // Runs that were unfinished at the last kill are interrupted now.
-        for id in to_check_interrupted.drain(..) {
+        // Runs that were running at the last kill are resumed now (or,
+        // resumed too often, interrupted); queued ones queue again.
+        for (id, resumed_before) in to_check_interrupted.drain(..) {
             let v: serde_json::Value =
                 http.get(format!("{base}/api/v1/runs/{id}")).send().await.unwrap().json().await.unwrap();
-            assert_eq!(
-                v["run"]["outcome"], "interrupted",
-                "iteration {it} (seed {seed}): run {id} after restart: {}",
-                v["run"]
-            );
-            interrupted_seen += 1;
+            let resumed = resumes(&v["records"]);
+            if v["run"]["outcome"] == "interrupted" {
+                assert_eq!(
+                    resumed, 3,
+                    "iteration {it} (seed {seed}): run {id} interrupted before 3 resumes: {}",
+                    v["run"]
+                );
+                interrupted_seen += 1;
+            } else {
+                let was_running = resumed_before != u64::MAX;
+                assert!(
+                    !was_running || resumed > resumed_before,
+                    "iteration {it} (seed {seed}): run {id} neither resumed nor interrupted after the restart: {}",
+                    v["run"]
+                );
+                resumed_seen += usize::from(was_running);
+            }
         }
         if it == iterations {
-            // Let the last engine finish its runs, then stop it cleanly.
+            // Let the last engine finish its runs (the resumed ones too).
+            let t = Instant::now();
+            for id in &acknowledged {
+                loop {
+                    let v: serde_json::Value =
+                        http.get(format!("{base}/api/v1/runs/{id}")).send().await.unwrap().json().await.unwrap();
+                    if !v["run"]["outcome"].is_null() {
+                        break;
+                    }
+                    assert!(t.elapsed() < Duration::from_secs(120), "seed {seed}: run {id} never ended: {}", v["run"]);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
             let _ = child.kill();
             let _ = child.wait();
             break;
@@ -206,8 +233,15 @@ async fn the_engine_survives_kill_9_in_a_loop() {
             if intents > results {
                 kills_mid_action += 1;
             }
+            // A running run must be resumed past its count now; a queued
+            // one (never started since) only queues again: u64::MAX.
+            let before = if r.state == nightshift_engine::runs::RunState::Running {
+                recs.iter().filter_map(|x| x.data["resumed"].as_u64()).max().unwrap_or(0)
+            } else {
+                u64::MAX
+            };
+            to_check_interrupted.push((r.id.clone(), before));
         }
-        to_check_interrupted.extend(unfinished.into_iter().map(|r| r.id));
         drop(store);
     }
 
@@ -281,7 +315,7 @@ async fn the_engine_survives_kill_9_in_a_loop() {
     }
     eprintln!(
         "engine kill -9: {iterations} kills ({kills_mid_action} with an action in flight), {runs_submitted} runs acknowledged, \
-         {interrupted_seen} marked interrupted after restart, {applied_total} requests applied by agents, none twice, \
+         {resumed_seen} resumed and {interrupted_seen} marked interrupted after a restart, {applied_total} requests applied by agents, none twice, \
          {} records published and all present, {limits_applied} power limits applied all within {floor}-{ceiling} W, \
          {probes_refused} of {probes_sent} out-of-envelope probes refused (the rest cut by a kill), outcomes {by_outcome:?}, seed {seed}, {:.1} s",
         published.lock().unwrap().len(),
@@ -290,4 +324,9 @@ async fn the_engine_survives_kill_9_in_a_loop() {
     for mut a in agents {
         a.stop().await;
     }
+}
+
+/// How many times a run was resumed, by its records (the API's `records`).
+fn resumes(records: &serde_json::Value) -> u64 {
+    records.as_array().into_iter().flatten().filter_map(|r| r["data"]["resumed"].as_u64()).max().unwrap_or(0)
 }

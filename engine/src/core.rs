@@ -689,10 +689,12 @@ impl Core {
         let mut t = self.table();
         let n = t.runs.get_mut(run).map(|r| {
             r.next_action += 1;
-            r.next_action
+            (r.resumed, r.next_action)
         });
         match n {
-            Some(n) => format!("{run}-a{n}"),
+            Some((0, n)) => format!("{run}-a{n}"),
+            // A resumed run: ids no earlier engine of this run can have used.
+            Some((k, n)) => format!("{run}-r{k}-a{n}"),
             // A run no longer in the table (recovery): a fresh request id.
             None => self.ids.request(&format!("{run}-x")),
         }

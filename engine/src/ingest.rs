@@ -628,6 +628,7 @@ impl Engine {
                     text,
                     alert_resolved: Some(json!({"alertname": a.name(), "fingerprint": a.fingerprint,
                         "starts_at": a.starts_at, "ends_at": resolved_at})),
+                    ..Default::default()
                 },
             )
             .run(&r.id)

@@ -59,6 +59,10 @@ pub struct RunEntry {
     pub preempted_by: Option<String>,
     /// Who cancelled it (or rejected it), and why: the actor of its end.
     pub cancelled_by: Option<CancelledBy>,
+    /// How many times an engine's restart resumed it (0: never stopped).
+    /// A resumed run starts its script again from the top, under action
+    /// ids of its own (`<run>-r<k>-a<n>`), and is never stale by age.
+    pub resumed: u32,
 }
 
 /// A person's cancel (or rejection) of a run: recorded as theirs, not as

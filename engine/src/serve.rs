@@ -142,7 +142,7 @@ async fn activate(engine: &Engine) -> Result<(), StartError> {
     }
     let recovered = engine.recover().await?;
     if !recovered.is_empty() {
-        tracing::warn!(runs = ?recovered, "runs left unfinished by the last stop are now interrupted");
+        tracing::warn!(runs = ?recovered, "runs left unfinished by the last stop, resumed too often or whose runbook is gone, are now interrupted");
     }
     // The fleet as it is now (a standby may have reloaded it since start).
     let clients: Vec<(String, Arc<AgentClient>)> =

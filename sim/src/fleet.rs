@@ -455,11 +455,14 @@ impl SimFleet {
     pub async fn restart_engine_from(&mut self, from: &Path) -> Result<Vec<String>, SimError> {
         let setup = |e: &dyn std::fmt::Display| SimError::Setup(format!("engine restart: {e}"));
         self.rebuild.links_alive.store(false, Ordering::SeqCst);
-        self.engine.cancel_all();
-        self.clock.poke();
         self.rebuild.engine_generation += 1;
         let new = self.dir.join(format!("engine.{}", self.rebuild.engine_generation));
+        // The disk as the process died: copied before its runs are told to
+        // stop (a dead process writes nothing after; a run that noticed the
+        // cancel first would record an end no crash records).
         copy_dir(from, &new).map_err(|e| setup(&e))?;
+        self.engine.cancel_all();
+        self.clock.poke();
         self.stop_old_runs().await.map_err(|e| setup(&e))?;
         let alive = Arc::new(AtomicBool::new(true));
         let nodes =

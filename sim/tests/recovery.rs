@@ -1,6 +1,9 @@
-//! Crash recovery and restarts: a run cut off mid-action is `interrupted`
-//! after restart, its open intent is reconciled with the agent by request
-//! id, the action is never applied twice, and the run's hold is released;
+//! Crash recovery and restarts: a run cut off mid-action is resumed after
+//! the restart, its open intent reconciled with the agent by request id,
+//! the action never applied twice, and the run's hold left in place until
+//! the resumed run ends; a stop (SIGTERM) leaves a capped run's cap on for
+//! the next engine; a run resumed three times is interrupted at the fourth
+//! restart and its holds released;
 //! a still-firing alert does not re-run after each restart; two runs'
 //! holds on one GPU end at the baseline across engine and agent restarts;
 //! a restored backup never gets an old reply replayed as "applied".
@@ -15,7 +18,7 @@ use nightshift_agent::LocalAgent;
 use nightshift_engine::audit::{AuditStore, RecordKind};
 use nightshift_engine::engine::{Engine, EngineParts};
 use nightshift_engine::inventory::NodeSpec;
-use nightshift_engine::runs::{RunOutcome, Target};
+use nightshift_engine::runs::{RunOutcome, RunState, Target};
 use nightshift_engine::script::{ScriptLimits, build_engine};
 use nightshift_proto::ssh::client::{AgentTransport, ClientError};
 use nightshift_proto::{NoArgs, Op, Reply, Request, Telemetry};
@@ -52,7 +55,7 @@ async fn telemetry(f: &nightshift_sim::fleet::SimFleet, node: &str) -> Telemetry
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_interrupted_run_is_marked_and_its_action_not_reapplied() {
+async fn a_run_cut_off_mid_action_is_resumed_with_its_hold_in_place_and_its_action_not_reapplied() {
     let rb = tempfile::tempdir().unwrap();
     write_runbook(
         rb.path(),
@@ -104,15 +107,17 @@ async fn an_interrupted_run_is_marked_and_its_action_not_reapplied() {
         script,
         runbooks: set,
     });
-    let recovered = engine2.recover().await.unwrap();
-    assert_eq!(recovered, vec![id.clone()]);
+    let interrupted = engine2.recover().await.unwrap();
+    assert!(interrupted.is_empty(), "resumed, not interrupted: {interrupted:?}");
     let run = engine2.run(&id).unwrap().unwrap();
-    assert_eq!(run.outcome, Some(RunOutcome::Interrupted));
+    assert_eq!((run.state, run.outcome), (RunState::Queued, None), "queued again: {run:?}");
     let recs = engine2.run_records(&id).unwrap();
     let reconciled = recs.iter().find(|r| r.kind == RecordKind::ActionResult).unwrap();
     assert_eq!(reconciled.data["reconciled"], true);
     assert_eq!(reconciled.data["agent_status"]["state"], "done", "{reconciled:?}");
-    assert_eq!(recs.last().unwrap().kind, RecordKind::RunFinished);
+    let note = recs.last().unwrap();
+    assert_eq!((note.kind, note.data["resumed"].as_u64()), (RecordKind::Note, Some(1)), "{note:?}");
+    assert!(note.data["text"].as_str().unwrap().contains("its holds on n1 stay in place"), "{note:?}");
     assert!(engine2.verify().unwrap().ok);
     // The agent applied it exactly once; the restart re-sent nothing.
     let lines = agent.journal_lines();
@@ -121,17 +126,112 @@ async fn an_interrupted_run_is_marked_and_its_action_not_reapplied() {
         .filter(|l| matches!(l, nightshift_agent::journal::JournalLine::Pending { id, .. } if *id == action_id))
         .count();
     assert_eq!(pending, 1);
-    // The interrupted run's hold was released: the baseline is back.
+    // The mitigation is still on: nothing was released at the restart.
     let r = agent.handle(Request::new("probe", Op::Telemetry(NoArgs {}))).await;
     let t: Telemetry = serde_json::from_value(r.result.unwrap()).unwrap();
-    assert_eq!(t.gpus[0].power_limit_watts, 700.0);
-    assert!(t.node_metrics.holds.is_empty(), "{:?}", t.node_metrics.holds);
-    let release = recs.iter().find(|r| r.kind == RecordKind::ActionResult && r.data["op"] == "release").unwrap();
-    assert_eq!(release.data["after"]["settings"][0]["outcome"], "restored", "{release:?}");
-    // A second recovery finds nothing left to do.
-    assert!(engine2.recover().await.unwrap().is_empty());
+    assert_eq!(t.gpus[0].power_limit_watts, 420.0);
+    assert_eq!(t.node_metrics.holds.len(), 1, "{:?}", t.node_metrics.holds);
+    assert_eq!(t.node_metrics.holds[0].owner, id);
+    assert!(!recs.iter().any(|r| r.data["op"] == "release"), "no release at the restart");
     gate.notify_waiters();
     gate.notify_one();
+}
+
+/// The cap a run placed, and whether anything of the run's was released
+/// (an agent's `hold_ended`, a `release` action).
+async fn cap_and_releases(f: &nightshift_sim::fleet::SimFleet, run: &str) -> (f64, usize) {
+    let released = f
+        .engine
+        .run_records(run)
+        .unwrap()
+        .iter()
+        .filter(|r| r.kind == RecordKind::HoldEnded || r.data["op"] == "release")
+        .count();
+    (telemetry(f, "n1").await.gpus[0].power_limit_watts, released)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_a_capped_run_keeps_the_cap_and_the_next_engine_resumes_the_run() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "cool",
+        "trigger:\n  type: manual\nscope: gpu\ncooldown_secs: 900\n",
+        "set_power_limit(450);\nsleep(120);\nnote(\"cooled\");\n",
+    );
+    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let id = run_id(&f.engine.submit(manual("cool", Target::gpu("n1", 0), "user:alice")).await.unwrap());
+    f.run_for(10).await.unwrap();
+    assert_eq!(cap_and_releases(f, &id).await, (450.0, 0), "capped, running");
+    // SIGTERM: the engine stops. The run is left as it is — unfinished in
+    // the log, its cap on the GPU — not cancelled, not released.
+    f.engine.shutdown().await;
+    f.run_for(5).await.unwrap();
+    assert_eq!(cap_and_releases(f, &id).await, (450.0, 0), "a stop releases nothing");
+    assert!(!kinds(&records(f), &id).contains(&RecordKind::RunFinished), "left unfinished");
+    // The next engine resumes it: the cap was never off.
+    let interrupted = sim.fleet.restart_engine().await.unwrap();
+    assert!(interrupted.is_empty(), "{interrupted:?}");
+    let f = &sim.fleet;
+    f.run_for(5).await.unwrap();
+    assert_eq!(cap_and_releases(f, &id).await, (450.0, 0), "the cap held across the restart");
+    let run = f.engine.run(&id).unwrap().unwrap();
+    assert_eq!(run.state, RunState::Running, "{run:?}");
+    let recs = f.engine.run_records(&id).unwrap();
+    assert!(recs.iter().any(|r| r.data["resumed"] == 1), "the resume is on the run's page");
+    // Its own end releases the cap and earns its cooldown (it did its work).
+    let end = until_finished(f, &id, 300).await;
+    assert_eq!(end.outcome, Some(RunOutcome::Succeeded), "{end:?}");
+    f.run_for(5).await.unwrap();
+    let (cap, released) = cap_and_releases(f, &id).await;
+    assert_eq!(cap, 700.0, "back at the baseline after the run's own end");
+    assert!(released > 0);
+    let recs = f.engine.run_records(&id).unwrap();
+    let finished = recs.iter().find(|r| r.kind == RecordKind::RunFinished).unwrap();
+    assert_eq!(finished.data["starts_cooldown"], true, "{finished:?}");
+    // One intent per action id, across both engines.
+    let mut ids: Vec<&str> = recs
+        .iter()
+        .filter(|r| r.kind == RecordKind::ActionIntent)
+        .filter_map(|r| r.data["action_id"].as_str())
+        .collect();
+    let n = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "an action id intended twice: {ids:?}");
+    assert!(f.engine.verify().unwrap().ok);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_resumed_three_times_is_interrupted_at_the_fourth_restart_and_its_cap_released() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "cool",
+        "trigger:\n  type: manual\nscope: gpu\ntimeout_secs: 3600\n",
+        "set_power_limit(450);\nsleep(1800);\n",
+    );
+    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let id = run_id(&sim.fleet.engine.submit(manual("cool", Target::gpu("n1", 0), "user:alice")).await.unwrap());
+    sim.fleet.run_for(10).await.unwrap();
+    for restart in 1..=3 {
+        let interrupted = sim.fleet.restart_engine().await.unwrap();
+        assert!(interrupted.is_empty(), "restart {restart}: {interrupted:?}");
+        sim.fleet.run_for(10).await.unwrap();
+        assert_eq!(cap_and_releases(&sim.fleet, &id).await, (450.0, 0), "restart {restart}");
+        let run = sim.fleet.engine.run(&id).unwrap().unwrap();
+        assert_eq!(run.state, RunState::Running, "restart {restart}: {run:?}");
+    }
+    let interrupted = sim.fleet.restart_engine().await.unwrap();
+    assert_eq!(interrupted, vec![id.clone()]);
+    let f = &sim.fleet;
+    f.run_for(5).await.unwrap();
+    let run = f.engine.run(&id).unwrap().unwrap();
+    assert_eq!(run.outcome, Some(RunOutcome::Interrupted), "{run:?}");
+    assert!(run.why.contains("resumed 3 times already"), "{}", run.why);
+    assert_eq!(telemetry(f, "n1").await.gpus[0].power_limit_watts, 700.0, "released at last");
+    assert!(f.engine.verify().unwrap().ok);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -311,8 +411,10 @@ async fn two_runs_capping_one_gpu_end_at_the_baseline_across_restarts() {
         match between {
             Between::Nothing => {}
             Between::EngineRestart => {
+                // The overheat run resumes (its 450 W hold stays on).
                 let interrupted = sim.fleet.restart_engine().await.unwrap();
-                assert_eq!(interrupted, vec![overheat.clone()], "{between:?}");
+                assert!(interrupted.is_empty(), "{between:?}: {interrupted:?}");
+                assert_eq!(telemetry(&sim.fleet, "n1").await.gpus[0].power_limit_watts, 450.0, "{between:?}");
             }
             Between::AgentRestart => {
                 sim.fleet.restart_agent("n1").unwrap();

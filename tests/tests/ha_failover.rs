@@ -20,7 +20,8 @@
 //! leader.
 //!
 //! Afterwards: every run an engine accepted is in the database and
-//! finished (completed, or interrupted by the next leader's recovery); no
+//! finished (completed — resumed by the next leader's recovery where one
+//! was in flight — or interrupted after three resumes); no
 //! agent applied any request twice, and no action was intended twice; the
 //! chain verifies in the database; a standby's copy holds every record.
 
@@ -227,8 +228,9 @@ fn applied_twice(agents: &[&TestAgent]) -> Vec<String> {
     twice
 }
 
-/// Journal lines of run `run`'s own actions (not a later leader's
-/// release of its holds), over every agent.
+/// Journal lines of run `run`'s own actions in its first life (not a later
+/// leader's release of its holds, nor a resumed life's `<run>-r<k>-a<n>`),
+/// over every agent.
 fn journal_lines(agents: &[&TestAgent], run: &str) -> usize {
     let prefix = format!("{run}-a");
     agents
@@ -413,8 +415,9 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     let lines_at_stop = journal_lines(&refs, &paused_run);
     let stopped = Instant::now();
     wait_for_takeover(&engines, old, &http, stopped, "after SIGSTOP").await;
-    // The new leader acts (on the same GPU: recovery interrupted the
-    // paused run and released its hold).
+    // The new leader acts (on the same GPU: recovery resumed the paused
+    // run, under action ids of its own, and once that run has ended a new
+    // one is admitted).
     let acted = loop {
         if let Some(id) = start_run(&http, &engines[old], "cap-twice", node, gpu).await {
             break id;
@@ -487,7 +490,7 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
     // machine — the database took 3.0–3.1 s to answer again (three CPU hogs
     // on two cores), longer than the 2 s lease. The leader then rightly
     // stepped down (exit 75, as in step 4) and the next leader's recovery
-    // interrupted the run (only a run's own leader resumes it). The step
+    // resumed the run from its top (its holds left in place). The step
     // now checks what the design promises for the outage that happened:
     // within what a lease survives, the run resumes at the same term;
     // past it, the leader steps down saying why and the run ends once.

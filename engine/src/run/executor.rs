@@ -240,6 +240,7 @@ impl Engine {
                             keeps_on: Vec::new(),
                             preempted_by: None,
                             cancelled_by: None,
+                            resumed: 0,
                         },
                     );
                     if approval.is_none() {

@@ -176,7 +176,10 @@ impl Engine {
             return None;
         }
         let age_ms = self.core.now().saturating_sub(event_ts);
-        if age_ms > (m.max_event_age_secs as i64).saturating_mul(1000) {
+        // A resumed run was fresh when it first started: only its condition
+        // is checked again.
+        let resumed = self.core.table().runs.get(&s.id).is_some_and(|r| r.resumed > 0);
+        if !resumed && age_ms > (m.max_event_age_secs as i64).saturating_mul(1000) {
             return Some(format!(
                 "the event was {} s old when the run could start (max_event_age_secs {}): not acted on",
                 age_ms / 1000,
@@ -340,6 +343,11 @@ impl Engine {
                 None => (None, None),
             };
             let stopping = *engine.core.shutdown.borrow();
+            if stopping && preempted.is_none() && cancelled_by.is_none() && matches!(outcome, ScriptOutcome::Cancelled)
+            {
+                engine.leave_for_next_engine(&summary_id);
+                return;
+            }
             let (o, err) = match outcome {
                 ScriptOutcome::Succeeded => (RunOutcome::Succeeded, None),
                 ScriptOutcome::Failed(m) => (RunOutcome::Failed, Some(m)),
@@ -350,7 +358,6 @@ impl Engine {
                     Some(match (preempted, cancelled_by) {
                         (Some(by), _) => format!("preempted by critical run {by}"),
                         (None, Some(c)) => format!("cancelled {} while running", c.words()),
-                        (None, None) if stopping => "cancelled while running: the engine is stopping".to_string(),
                         (None, None) => "cancelled while running".to_string(),
                     }),
                 ),
@@ -359,6 +366,28 @@ impl Engine {
                 tracing::error!(run = %summary_id, error = %e, "cannot record the end of a run");
             }
         }
+    }
+
+    /// The engine stops under a running run: leave it as it is — unfinished
+    /// in the audit log, its holds in place on the agents (leased) — for
+    /// the next engine's recovery to resume. Only its slot here is freed;
+    /// nothing is released, recorded as ended, or counted as a cooldown.
+    fn leave_for_next_engine(&self, run: &str) {
+        let mut t = self.core.table();
+        let Some(e) = t.runs.remove(run) else { return };
+        t.queue.retain(|id| id != run);
+        let key = RunTable::key(&e.summary);
+        if t.active_by_key.get(&key).is_some_and(|id| id == run) {
+            t.active_by_key.remove(&key);
+        }
+        if e.summary.state == RunState::Running {
+            t.running = t.running.saturating_sub(1);
+            if let Some(c) = t.running_per_runbook.get_mut(&e.summary.runbook) {
+                *c = c.saturating_sub(1);
+            }
+        }
+        t.node_locks.retain(|_, holder| holder != run);
+        tracing::warn!(run, runbook = %e.summary.runbook, holds_on = ?e.held_on, "the engine stops under this run: left unfinished, its holds in place, for the next engine to resume");
     }
 
     /// End a run: release its holds, record the outcome, free its slot.

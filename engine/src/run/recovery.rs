@@ -5,9 +5,13 @@
 //!    breaker windows) is replayed from the last day of the audit log;
 //! 2. runs waiting for approval wait again; queued runs queue again (their
 //!    event is re-checked when they start);
-//! 3. runs that were running are interrupted: each action intent without a
-//!    result is reconciled with its agent by request id (never re-sent), and
-//!    the run's holds are released.
+//! 3. runs that were running are resumed: each action intent without a
+//!    result is reconciled with its agent by request id (never re-sent), the
+//!    run's holds stay where they are (leased), and the run queues again to
+//!    run its script from the top under fresh action ids — a restart keeps
+//!    a mitigation in force, and only the run's own end (or a person)
+//!    releases it. A run resumed [`MAX_RESUMES`] times already, or whose
+//!    runbook is gone, is interrupted instead: its holds are released.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -55,8 +59,15 @@ impl Engine {
         let n = self.rebuild_health()?;
         tracing::info!(records = n, "health model and node marks rebuilt from the audit log");
         let mut interrupted = Vec::new();
+        let mut resumed = Vec::new();
         for s in self.core.audit.unfinished_runs()? {
+            let records = self.core.audit.run_records(&s.id)?;
+            let before = resumes(&records);
             match (s.state, set.get(&s.runbook)) {
+                (RunState::Running, Some((_, rb))) if before < MAX_RESUMES => {
+                    self.resume(s.clone(), rb, &records, before + 1).await?;
+                    resumed.push(s.id);
+                }
                 (RunState::PendingApproval | RunState::Queued, Some((_, rb))) => {
                     let m = &rb.manifest;
                     let mut t = self.core.table();
@@ -79,10 +90,15 @@ impl Engine {
                             next_action: 0,
                             event_ts_ms: s.event_ts_ms,
                             acted: false,
-                            held_on: Vec::new(),
+                            // Holds of an earlier life (resumed, stopped
+                            // again before it started) go at its end.
+                            held_on: if before > 0 { changed_nodes(&records) } else { Vec::new() },
                             keeps_on: Vec::new(),
                             preempted_by: None,
                             cancelled_by: None,
+                            // A run resumed once, stopped again before it
+                            // started: its next ids must still be its own.
+                            resumed: before,
                         },
                     );
                     if !pending {
@@ -91,10 +107,13 @@ impl Engine {
                     tracing::info!(run = %s.id, state = s.state.as_str(), "run restored after a restart");
                 }
                 _ => {
-                    self.interrupt(s.clone()).await?;
+                    self.interrupt(s.clone(), &records).await?;
                     interrupted.push(s.id);
                 }
             }
+        }
+        if !resumed.is_empty() {
+            tracing::warn!(runs = ?resumed, "runs in flight at the last stop resume; their holds stayed in place");
         }
         if !unhandled.is_empty() {
             tracing::info!(alerts = unhandled.len(), "handling alerts accepted before the restart");
@@ -112,28 +131,111 @@ impl Engine {
         Ok(interrupted)
     }
 
+    /// Resume run `s`, found running after a restart, for the `k`-th time:
+    /// reconcile its open intents, leave its holds in place, record why,
+    /// and queue it again (its script starts from the top; its end releases
+    /// the holds of every life it had, as any run's end does).
+    async fn resume(
+        &self,
+        mut s: RunSummary,
+        rb: &crate::runbook::Runbook,
+        records: &[AuditRecord],
+        k: u32,
+    ) -> Result<(), EngineError> {
+        let touched = self.reconcile_open(&s, records).await?;
+        let m = &rb.manifest;
+        s.state = RunState::Queued;
+        s.started_ms = None;
+        let holds = if touched.is_empty() {
+            "it had changed nothing yet".to_string()
+        } else {
+            format!("its holds on {} stay in place until it ends", touched.join(", "))
+        };
+        self.core
+            .record_run(
+                RecordKind::Note,
+                &s,
+                &data::Note {
+                    text: format!(
+                        "resumed after an engine restart ({k} of at most {MAX_RESUMES}): the script starts again from the top; {holds}"
+                    ),
+                    resumed: Some(k),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let mut t = self.core.table();
+        t.active_by_key.insert(RunTable::key(&s), s.id.clone());
+        t.runs.insert(
+            s.id.clone(),
+            RunEntry {
+                summary: s.clone(),
+                class: m.class,
+                priority: m.priority,
+                exclusive: m.exclusive,
+                not_before_ms: 0,
+                approval_deadline_ms: 0,
+                cancel: Arc::new(AtomicBool::new(false)),
+                announced: true,
+                fire: None,
+                next_action: 0,
+                event_ts_ms: s.event_ts_ms,
+                acted: false,
+                held_on: touched,
+                keeps_on: Vec::new(),
+                preempted_by: None,
+                cancelled_by: None,
+                resumed: k,
+            },
+        );
+        t.enqueue(s.id.clone(), m.priority);
+        tracing::info!(run = %s.id, resumed = k, "run resumed after a restart");
+        Ok(())
+    }
+
     /// Reconcile an unfinished run's open intents, release its holds, and
     /// mark it interrupted.
-    async fn interrupt(&self, mut s: RunSummary) -> Result<(), EngineError> {
-        let records = self.core.audit.run_records(&s.id)?;
+    async fn interrupt(&self, mut s: RunSummary, records: &[AuditRecord]) -> Result<(), EngineError> {
+        let touched = self.reconcile_open(&s, records).await?;
+        let mut left = Vec::new();
+        for node in &touched {
+            if let Err(e) = self.core.release_run_holds(&s, node).await {
+                left.push(format!("{node}: holds not released ({e}); their lease ends them"));
+            }
+        }
+        s.holds_left = left;
+        let why = match resumes(records) {
+            0 => "the engine stopped while this run was in flight".to_string(),
+            n => format!(
+                "the engine stopped while this run was in flight, and it was resumed {n} times already (at most {MAX_RESUMES}): its holds are released"
+            ),
+        };
+        end_summary(&mut s, RunOutcome::Interrupted, Some(why), self.core.now());
+        self.core
+            .record_run(
+                RecordKind::RunFinished,
+                &s,
+                &crate::audit::data::RunFinished {
+                    outcome: "interrupted".into(),
+                    recovered: Some(true),
+                    target: Some(s.target.clone()),
+                    holds_left: Some(s.holds_left.clone()),
+                    starts_cooldown: Some(false),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        self.count_outcome(RunOutcome::Interrupted);
+        Ok(())
+    }
+
+    /// Reconcile each of a run's action intents that has no result with its
+    /// agent, by request id (`action_status`, never re-sent), recording what
+    /// the agent says. Returns the nodes the run changed (where it may hold).
+    async fn reconcile_open(&self, s: &RunSummary, records: &[AuditRecord]) -> Result<Vec<String>, EngineError> {
         let mut open: BTreeMap<String, (AuditRecord, String)> = BTreeMap::new();
-        let mut touched: Vec<String> = Vec::new();
-        for r in records.iter().filter(|r| matches!(r.kind, RecordKind::ActionIntent | RecordKind::ActionResult)) {
-            let a = match r.payload::<data::ActionRef>() {
-                Ok(a) if !a.action_id.is_empty() => a,
-                Ok(_) => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, "recovery passes over an action record it cannot read");
-                    continue;
-                }
-            };
+        for (r, a) in action_refs(records) {
             if r.kind == RecordKind::ActionIntent {
-                if let Some(n) = &r.node
-                    && !a.dry_run
-                    && !touched.contains(n)
-                {
-                    touched.push(n.clone());
-                }
                 open.insert(a.action_id, (r.clone(), a.op));
             } else {
                 open.remove(&a.action_id);
@@ -165,34 +267,50 @@ impl Engine {
             .runbook(&s.runbook);
             self.core.audit.append(rec, None).await?;
         }
-        let mut left = Vec::new();
-        for node in &touched {
-            if let Err(e) = self.core.release_run_holds(&s, node).await {
-                left.push(format!("{node}: holds not released ({e}); their lease ends them"));
+        Ok(changed_nodes(records))
+    }
+}
+
+/// A run's action intents and results, with their action ids.
+fn action_refs(records: &[AuditRecord]) -> impl Iterator<Item = (&AuditRecord, data::ActionRef)> {
+    records.iter().filter(|r| matches!(r.kind, RecordKind::ActionIntent | RecordKind::ActionResult)).filter_map(|r| {
+        match r.payload::<data::ActionRef>() {
+            Ok(a) if !a.action_id.is_empty() => Some((r, a)),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "recovery passes over an action record it cannot read");
+                None
             }
         }
-        s.holds_left = left;
-        end_summary(
-            &mut s,
-            RunOutcome::Interrupted,
-            Some("the engine stopped while this run was in flight".into()),
-            self.core.now(),
-        );
-        self.core
-            .record_run(
-                RecordKind::RunFinished,
-                &s,
-                &crate::audit::data::RunFinished {
-                    outcome: "interrupted".into(),
-                    recovered: Some(true),
-                    target: Some(s.target.clone()),
-                    holds_left: Some(s.holds_left.clone()),
-                    starts_cooldown: Some(false),
-                    ..Default::default()
-                },
-            )
-            .await?;
-        self.count_outcome(RunOutcome::Interrupted);
-        Ok(())
+    })
+}
+
+/// The nodes a run sent a real (not dry) action to: where it may hold.
+fn changed_nodes(records: &[AuditRecord]) -> Vec<String> {
+    let mut nodes: Vec<String> = Vec::new();
+    for (r, a) in action_refs(records) {
+        if r.kind == RecordKind::ActionIntent
+            && !a.dry_run
+            && let Some(n) = &r.node
+            && !nodes.contains(n)
+        {
+            nodes.push(n.clone());
+        }
     }
+    nodes
+}
+
+/// How many times a restart resumes one run before the next restart
+/// interrupts it instead: a run whose own work brings the engine down must
+/// not bring it down forever.
+pub const MAX_RESUMES: u32 = 3;
+
+/// How many times a run was resumed, by its records.
+fn resumes(records: &[AuditRecord]) -> u32 {
+    records
+        .iter()
+        .filter(|r| r.kind == RecordKind::Note)
+        .filter_map(|r| r.payload::<data::Note>().ok()?.resumed)
+        .max()
+        .unwrap_or(0)
 }
