@@ -408,7 +408,7 @@ impl Core {
         };
         for target in targets {
             let core2 = core.clone();
-            let body = crate::notify::body(target.format, rec);
+            let body = core.notifier.body(&target, rec);
             let (seq, run, runbook, node) = (rec.seq, rec.run.clone(), rec.runbook.clone(), rec.node.clone());
             core.handle.spawn(async move {
                 let d = core2.notifier.deliver(&target, &body).await;

@@ -1,6 +1,9 @@
 //! Notification delivery: `notify`, `escalate`, approval requests and
 //! breaker trips go to the configured webhooks — nightshift's own JSON
-//! (`generic`) or a Slack incoming-webhook body (`slack`) — with a timeout
+//! (`generic`), a Slack incoming-webhook body (`slack`), or an alert posted
+//! to Alertmanager's v2 API (`alertmanager`: the site's own routes page a
+//! person), each with the links to its run's and node's pages when
+//! `notifications.ui_url` is set — with a timeout
 //! and retries (1 s, 2 s, 4 s … between tries). Every delivery ends in a
 //! `notification_delivery` audit record naming the target (never its URL:
 //! Slack webhook URLs are secrets), the tries and the result.
@@ -17,6 +20,8 @@ use crate::config::{NotificationsConfig, WebhookFormat, WebhookTarget};
 pub struct Notifier {
     targets: Vec<WebhookTarget>,
     http: reqwest::Client,
+    /// The web UI's URL, for the links in each notification.
+    ui_url: Option<String>,
 }
 
 /// How one delivery went.
@@ -38,7 +43,13 @@ impl Notifier {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .unwrap_or_else(|_| reqwest::Client::new());
-        Notifier { targets: cfg.webhooks.clone(), http }
+        let ui_url = cfg.ui_url.as_ref().map(|u| u.trim_end_matches('/').to_string());
+        Notifier { targets: cfg.webhooks.clone(), http, ui_url }
+    }
+
+    /// The request body of notification record `rec` for `target`.
+    pub fn body(&self, target: &WebhookTarget, rec: &AuditRecord) -> Value {
+        body(target, rec, &Links::of(self.ui_url.as_deref(), rec))
     }
 
     /// Targets for a record of this kind.
@@ -101,11 +112,37 @@ pub fn anchor_body(format: WebhookFormat, head: &AuditRecord) -> Value {
         WebhookFormat::Generic => json!({"kind": "audit_anchor", "seq": head.seq, "hash": head.hash,
             "ts": crate::alerts::format_rfc3339_ms(head.ts_ms), "text": text}),
         WebhookFormat::Slack => json!({"text": text}),
+        // Refused by validation (an anchor must not be resolved away); an
+        // informational alert if one is configured anyway.
+        WebhookFormat::Alertmanager => json!([{
+            "labels": {"alertname": "NightshiftAuditAnchor", "component": "nightshift", "severity": "info"},
+            "annotations": {"summary": text},
+            "startsAt": crate::alerts::format_rfc3339_ms(head.ts_ms),
+        }]),
+    }
+}
+
+/// The pages a notification links to: its run's and its node's.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Links {
+    pub run: Option<String>,
+    pub node: Option<String>,
+    pub ui: Option<String>,
+}
+
+impl Links {
+    pub fn of(ui_url: Option<&str>, rec: &AuditRecord) -> Links {
+        let Some(ui) = ui_url else { return Links::default() };
+        Links {
+            run: rec.run.as_ref().map(|r| format!("{ui}/runs/{r}")),
+            node: rec.node.as_ref().map(|n| format!("{ui}/nodes/{n}")),
+            ui: Some(ui.to_string()),
+        }
     }
 }
 
 /// The request body for a notification record.
-pub fn body(format: WebhookFormat, rec: &AuditRecord) -> Value {
+pub fn body(t: &WebhookTarget, rec: &AuditRecord, links: &Links) -> Value {
     let notice = rec.payload::<crate::audit::data::Notice>().unwrap_or_default();
     let text = notice.text.as_str();
     let severity = if notice.severity.is_empty() { "info" } else { notice.severity.as_str() };
@@ -115,7 +152,8 @@ pub fn body(format: WebhookFormat, rec: &AuditRecord) -> Value {
         (Some(n), None) => n.clone(),
         _ => String::new(),
     };
-    match format {
+    match t.format {
+        WebhookFormat::Alertmanager => alert_body(rec, text, dry_run, &target, links, t.firing_secs),
         WebhookFormat::Generic => json!({
             "source": "nightshift",
             "kind": rec.kind.as_str(),
@@ -128,6 +166,8 @@ pub fn body(format: WebhookFormat, rec: &AuditRecord) -> Value {
             "audit_seq": rec.seq,
             "ts_ms": rec.ts_ms,
             "dry_run": dry_run,
+            "run_url": links.run,
+            "node_url": links.node,
         }),
         WebhookFormat::Slack => {
             let icon = if rec.kind == RecordKind::Escalation { ":rotating_light:" } else { ":information_source:" };
@@ -139,11 +179,76 @@ pub fn body(format: WebhookFormat, rec: &AuditRecord) -> Value {
                 head.push_str(&format!(" on {target}"));
             }
             if let Some(run) = &rec.run {
-                head.push_str(&format!(" ({run})"));
+                match &links.run {
+                    Some(url) => head.push_str(&format!(" (<{url}|{run}>)")),
+                    None => head.push_str(&format!(" ({run})")),
+                }
             }
             json!({"text": format!("{head}: {text}")})
         }
     }
+}
+
+/// A notification as one alert for Alertmanager's `POST /api/v2/alerts`:
+/// an escalation is `NightshiftEscalation` with `severity="page"`, any
+/// other notice `NightshiftNotification` with `severity="info"`; both carry
+/// `component="nightshift"` (so the example routes send them to people,
+/// never back to nightshift), the node as `Hostname` (as dcgm-exporter's
+/// series), the GPU, runbook and run as labels, and the text and links as
+/// annotations. It fires from the record's time for `firing_secs`.
+fn alert_body(rec: &AuditRecord, text: &str, dry_run: bool, target: &str, links: &Links, firing_secs: u64) -> Value {
+    let escalation = rec.kind == RecordKind::Escalation;
+    let mut labels = serde_json::Map::new();
+    let mut label = |k: &str, v: String| {
+        labels.insert(k.to_string(), Value::String(v));
+    };
+    label("alertname", if escalation { "NightshiftEscalation" } else { "NightshiftNotification" }.into());
+    label("component", "nightshift".into());
+    label("severity", if escalation { "page" } else { "info" }.into());
+    if let Some(n) = &rec.node {
+        label("Hostname", n.clone());
+    }
+    if let Some(g) = rec.gpu {
+        label("gpu", g.to_string());
+    }
+    if let Some(rb) = &rec.runbook {
+        label("runbook", rb.clone());
+    }
+    if let Some(r) = &rec.run {
+        label("run", r.clone());
+    }
+    if dry_run {
+        label("dry_run", "true".into());
+    }
+    let what = match (&rec.runbook, target.is_empty()) {
+        (Some(rb), false) => format!("{rb} on {target}"),
+        (Some(rb), true) => rb.clone(),
+        (None, false) => target.to_string(),
+        (None, true) => "nightshift".into(),
+    };
+    let mut annotations = serde_json::Map::new();
+    let mut note = |k: &str, v: String| {
+        annotations.insert(k.to_string(), Value::String(v));
+    };
+    note("summary", format!("{}{what}: {text}", if dry_run { "[dry run] " } else { "" }));
+    note("description", text.to_string());
+    note("audit_seq", rec.seq.to_string());
+    if let Some(u) = &links.run {
+        note("run_url", u.clone());
+    }
+    if let Some(u) = &links.node {
+        note("node_url", u.clone());
+    }
+    let mut alert = json!({
+        "labels": labels,
+        "annotations": annotations,
+        "startsAt": crate::alerts::format_rfc3339_ms(rec.ts_ms),
+        "endsAt": crate::alerts::format_rfc3339_ms(rec.ts_ms.saturating_add((firing_secs as i64).saturating_mul(1000))),
+    });
+    if let Some(u) = links.run.as_ref().or(links.node.as_ref()).or(links.ui.as_ref()) {
+        alert["generatorURL"] = json!(u);
+    }
+    json!([alert])
 }
 
 #[cfg(test)]
@@ -167,12 +272,31 @@ mod tests {
         }
     }
 
+    fn target(format: WebhookFormat) -> WebhookTarget {
+        WebhookTarget {
+            name: "t".into(),
+            url: "http://x".into(),
+            format,
+            escalations_only: false,
+            timeout_secs: 1,
+            max_attempts: 1,
+            dry_runs: false,
+            audit_anchors: false,
+            firing_secs: 3600,
+        }
+    }
+
+    fn body(format: WebhookFormat, rec: &AuditRecord) -> Value {
+        super::body(&target(format), rec, &Links::default())
+    }
+
     #[test]
     fn bodies() {
         let g = body(WebhookFormat::Generic, &rec(RecordKind::Escalation));
         assert_eq!(g["kind"], "escalation");
         assert_eq!(g["audit_seq"], 42);
         assert_eq!(g["gpu"], 3);
+        assert_eq!(g["run_url"], Value::Null, "no ui_url: no link");
         let s = body(WebhookFormat::Slack, &rec(RecordKind::Escalation));
         assert_eq!(
             s,
@@ -189,6 +313,7 @@ mod tests {
                     max_attempts: 1,
                     dry_runs: false,
                     audit_anchors: false,
+                    firing_secs: 3600,
                 },
                 WebhookTarget {
                     name: "pager".into(),
@@ -199,9 +324,11 @@ mod tests {
                     max_attempts: 1,
                     dry_runs: true,
                     audit_anchors: true,
+                    firing_secs: 3600,
                 },
             ],
             audit_anchor_every_secs: None,
+            ui_url: None,
         });
         assert_eq!(n.targets_for(RecordKind::Notification).len(), 1);
         assert_eq!(n.targets_for(RecordKind::Escalation).len(), 2);
@@ -214,5 +341,46 @@ mod tests {
         assert!(body(WebhookFormat::Slack, &r)["text"].as_str().unwrap().starts_with("[dry run] :rotating_light:"));
         assert_eq!(body(WebhookFormat::Generic, &r)["dry_run"], true);
         assert_eq!(body(WebhookFormat::Generic, &rec(RecordKind::Escalation))["dry_run"], false);
+    }
+
+    #[test]
+    fn an_escalation_is_an_alert_with_its_links_for_alertmanager() {
+        let n = Notifier::new(&NotificationsConfig {
+            webhooks: vec![target(WebhookFormat::Alertmanager)],
+            audit_anchor_every_secs: None,
+            ui_url: Some("https://ns.example/".into()),
+        });
+        let b = n.body(&n.targets[0], &rec(RecordKind::Escalation));
+        assert_eq!(
+            b,
+            json!([{
+                "labels": {"alertname": "NightshiftEscalation", "component": "nightshift", "severity": "page",
+                    "Hostname": "gpu-a1", "gpu": "3", "runbook": "gpu-overheat", "run": "r000007"},
+                "annotations": {"summary": "gpu-overheat on gpu-a1/3: still at 91 C after the power cap",
+                    "description": "still at 91 C after the power cap", "audit_seq": "42",
+                    "run_url": "https://ns.example/runs/r000007", "node_url": "https://ns.example/nodes/gpu-a1"},
+                "startsAt": "2026-09-21T14:13:20.000Z",
+                "endsAt": "2026-09-21T15:13:20.000Z",
+                "generatorURL": "https://ns.example/runs/r000007",
+            }])
+        );
+        // A notice is information, not a page; links in every format.
+        let i = n.body(&n.targets[0], &rec(RecordKind::Notification));
+        assert_eq!(
+            (i[0]["labels"]["alertname"].as_str(), i[0]["labels"]["severity"].as_str()),
+            (Some("NightshiftNotification"), Some("info"))
+        );
+        let g = super::body(
+            &target(WebhookFormat::Generic),
+            &rec(RecordKind::Notification),
+            &Links::of(Some("https://ns.example"), &rec(RecordKind::Notification)),
+        );
+        assert_eq!(g["node_url"], "https://ns.example/nodes/gpu-a1");
+        let s = super::body(
+            &target(WebhookFormat::Slack),
+            &rec(RecordKind::Escalation),
+            &Links::of(Some("https://ns.example"), &rec(RecordKind::Escalation)),
+        );
+        assert!(s["text"].as_str().unwrap().contains("(<https://ns.example/runs/r000007|r000007>)"), "{s}");
     }
 }

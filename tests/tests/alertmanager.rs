@@ -102,6 +102,125 @@ async fn alertmanager_delivers_and_the_runbook_runs_once() {
     agent.stop().await;
 }
 
+/// Out of the box a person is paged through the site's own Alertmanager:
+/// the shipped `examples/engine.yaml` notification target (format
+/// `alertmanager`) posts a runbook's escalation to a real Alertmanager's v2
+/// API, and the shipped `examples/alertmanager.yml` routes it to the
+/// on-call receiver at once, with the run's and the node's links — and
+/// never back to nightshift's own webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escalation_pages_a_person_through_the_real_alertmanager_with_the_runs_link() {
+    let Some(am) = require("prometheus-alertmanager", "prometheus-alertmanager") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (pager_url, paged) = nightshift_tests::external::receiver(0).await;
+    let (chat_url, chatted) = nightshift_tests::external::receiver(0).await;
+    let token = "alertmanager-test-token-0123456789";
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let web_addr = listener.local_addr().unwrap();
+    let example =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/alertmanager.yml")).unwrap();
+    let config = example
+        .replace("http://nightshift.example:8080", &format!("http://{web_addr}"))
+        .replace("REPLACE_WITH_THE_WEBHOOK_TOKEN", token)
+        .replace("http://pager.example/alert", &pager_url)
+        .replace("http://chat.example/alert", &chat_url);
+    assert!(config.contains(&pager_url) && config.contains(&chat_url), "the example changed:\n{config}");
+    std::fs::write(dir.path().join("alertmanager.yml"), &config).unwrap();
+    let port = free_port();
+    let daemon = Daemon::start(
+        &[
+            am.display().to_string(),
+            format!("--config.file={}", dir.path().join("alertmanager.yml").display()),
+            format!("--storage.path={}", dir.path().join("am-data").display()),
+            format!("--web.listen-address=127.0.0.1:{port}"),
+            "--cluster.listen-address=".into(),
+        ],
+        &dir.path().join("alertmanager.log"),
+    );
+    let am_url = format!("http://127.0.0.1:{port}");
+    wait_http_ok(&format!("{am_url}/-/ready"), 60, &daemon).await;
+
+    // The shipped notification target, pointed at this Alertmanager.
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/engine.yaml")).unwrap();
+    let target = shipped
+        .lines()
+        .find(|l| l.contains("format: alertmanager"))
+        .expect("examples/engine.yaml ships an alertmanager target")
+        .replace("http://127.0.0.1:9093", &am_url);
+    let agent = TestAgent::start(dir.path(), "am2", SimConfig { gpus: 2, ..SimConfig::default() }, "").await;
+    let cfg = engine_setup(
+        dir.path(),
+        &[&agent],
+        &[(
+            "still-hot",
+            "trigger: {type: manual}\nscope: gpu\n",
+            "let r = set_power_limit(500);\nescalate(`GPU ${target.gpu} still at 91 C under a 500 W cap`);\n",
+        )],
+        &format!(
+            "auth:\n  webhook_token_sha256: {}\nnotifications:\n  ui_url: http://ui.example:8080/\n  webhooks:\n{target}\n",
+            hash_token(token)
+        ),
+    );
+    let engine = nightshift_engine::serve::start(cfg).await.unwrap();
+    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    let web = tokio::spawn(nightshift_web::serve(engine.clone(), listener, std::future::pending()));
+
+    let submitted = engine
+        .submit(nightshift_tests::manual_run("still-hot", nightshift_engine::runs::Target::gpu("am2", 1)))
+        .await
+        .unwrap();
+    let run = match submitted {
+        nightshift_engine::engine::Submitted::Queued { run } => run.id,
+        other => panic!("{other:?}"),
+    };
+    let page = eventually(60, || {
+        paged.lock().unwrap().iter().find(|b| b["alerts"][0]["labels"]["alertname"] == "NightshiftEscalation").cloned()
+    })
+    .await
+    .unwrap_or_else(|| panic!("no page; alertmanager log:\n{}", daemon.log_text()));
+    assert_eq!(page["receiver"], "on-call", "{page}");
+    let a = &page["alerts"][0];
+    assert_eq!(a["status"], "firing", "{page}");
+    assert_eq!(
+        (a["labels"]["Hostname"].as_str(), a["labels"]["gpu"].as_str(), a["labels"]["run"].as_str()),
+        (Some("am2"), Some("1"), Some(run.as_str())),
+        "{page}"
+    );
+    assert_eq!(a["labels"]["severity"], "page");
+    let run_url = format!("http://ui.example:8080/runs/{run}");
+    assert_eq!(a["annotations"]["run_url"], run_url.as_str(), "{page}");
+    assert_eq!(a["annotations"]["node_url"], "http://ui.example:8080/nodes/am2", "{page}");
+    assert_eq!(a["generatorURL"], run_url.as_str(), "{page}");
+    assert!(a["annotations"]["summary"].as_str().unwrap().contains("still at 91 C"), "{page}");
+    // Delivered, and audited as such on the run.
+    let delivered = eventually(20, || {
+        engine
+            .run_records(&run)
+            .unwrap()
+            .into_iter()
+            .find(|r| r.kind == nightshift_engine::audit::RecordKind::NotificationDelivery && r.data["ok"] == true)
+    })
+    .await;
+    assert!(delivered.is_some_and(|r| r.data["target"] == "alertmanager"));
+    // nightshift's own page never comes back to it as an alert to act on,
+    // and the chat got no copy of the page.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        engine.counters().alerts_received.load(Ordering::Relaxed),
+        0,
+        "an escalation reached nightshift's webhook"
+    );
+    assert!(
+        !chatted.lock().unwrap().iter().any(|b| b["alerts"][0]["labels"]["alertname"] == "NightshiftEscalation"),
+        "the page went to chat too"
+    );
+    web.abort();
+    engine.shutdown().await;
+    drop(daemon);
+    let mut agent = agent;
+    agent.stop().await;
+}
+
 /// Copy `from` into `to` (files and one level of folders).
 fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();

@@ -595,7 +595,21 @@ fn the_shipped_rules_know_standbys_and_route_nightshifts_own_alerts_to_people() 
     {
         assert_eq!(route(&["component=nightshift", &format!("alertname={own}")]), "on-call", "{own}");
     }
-    assert_eq!(route(&["alertname=GpuTempHigh", "Hostname=gpu-a1", "gpu=3"]), "nightshift");
+    // A GPU alert reaches nightshift and, through a route that waits 15
+    // minutes (resolved by then: no page), the person.
+    assert_eq!(route(&["alertname=GpuTempHigh", "Hostname=gpu-a1", "gpu=3"]), "nightshift,on-call-gpu");
+    // nightshift's own pages go to people, never back to nightshift.
+    assert_eq!(route(&["alertname=NightshiftEscalation", "component=nightshift", "Hostname=gpu-a1"]), "on-call");
+    assert_eq!(route(&["alertname=NightshiftNotification", "component=nightshift", "Hostname=gpu-a1"]), "team-chat");
+    let am: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(repo.join("examples/alertmanager.yml")).unwrap()).unwrap();
+    let gpu_page = am["route"]["routes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|r| r["receiver"] == "on-call-gpu")
+        .expect("a person's route for GPU alerts");
+    assert_eq!(gpu_page["group_wait"], "15m", "nightshift gets its chance before a person is paged");
     // Every rule of the nightshift group carries the label that routes it.
     let rules: serde_yaml::Value =
         serde_yaml::from_str(&std::fs::read_to_string(repo.join("examples/prometheus-rules.yml")).unwrap()).unwrap();

@@ -520,6 +520,10 @@ pub struct NotificationsConfig {
     /// someone else kept. Off when absent.
     #[serde(default)]
     pub audit_anchor_every_secs: Option<u64>,
+    /// Where people open the web UI (`https://nightshift.example`): every
+    /// notification carries the links to its run's and node's pages.
+    #[serde(default)]
+    pub ui_url: Option<String>,
 }
 
 /// One notification webhook.
@@ -548,6 +552,15 @@ pub struct WebhookTarget {
     /// Receive the audit head every `audit_anchor_every_secs`.
     #[serde(default)]
     pub audit_anchors: bool,
+    /// `format: alertmanager` only: how long the alert stays firing in
+    /// Alertmanager (its `endsAt`), so a page is not resolved before a
+    /// person has seen it. Default one hour.
+    #[serde(default = "d_firing_secs")]
+    pub firing_secs: u64,
+}
+
+fn d_firing_secs() -> u64 {
+    3600
 }
 
 fn d_attempts() -> u32 {
@@ -560,6 +573,10 @@ pub enum WebhookFormat {
     #[default]
     Generic,
     Slack,
+    /// Alertmanager's v2 API (`POST /api/v2/alerts`): the notification as
+    /// an alert, so the site's own routes take it to PagerDuty, Opsgenie,
+    /// Slack or email (`examples/alertmanager.yml`).
+    Alertmanager,
 }
 
 fn d_interval() -> u64 {

@@ -167,6 +167,18 @@ fn values_that_disable_safety_are_refused_with_their_line() {
             "notifications:\n  webhooks:\n    - {name: ops, url: 'http://x', max_attempts: 0}\n",
             "engine.yaml:8:14: notifications.webhooks[ops]: expected max_attempts 1 to 20 and timeout_secs at most 300, found 0 and 5",
         ),
+        (
+            "notifications:\n  webhooks:\n    - {name: am, url: 'http://am:9093/', format: alertmanager}\n",
+            "engine.yaml:8:23: notifications.webhooks[am]: format alertmanager expects Alertmanager's v2 alerts endpoint (http://alertmanager:9093/api/v2/alerts), found \"http://am:9093/\"",
+        ),
+        (
+            "notifications:\n  webhooks:\n    - {name: am, url: 'http://am:9093/api/v2/alerts', format: alertmanager, audit_anchors: true}\n",
+            "engine.yaml:8:14: notifications.webhooks[am]: format alertmanager expects firing_secs 60 to 604800 and no audit_anchors (keep the head where it is not resolved away), found 3600 and true",
+        ),
+        (
+            "notifications:\n  ui_url: ui.example\n",
+            "engine.yaml:7:3: notifications.ui_url: expected the web UI's http:// or https:// URL, found \"ui.example\"",
+        ),
     ];
     for (extra, want) in cases {
         let e = EngineConfig::parse(&format!("{base}{extra}"), Path::new("engine.yaml")).unwrap_err();

@@ -309,7 +309,35 @@ impl EngineConfig {
                 format!("notifications.audit_anchor_every_secs: expected 60 to 604800, found {every}"),
             ));
         }
+        if let Some(u) = &cfg.notifications.ui_url
+            && !(u.starts_with("http://") || u.starts_with("https://"))
+        {
+            return Err(err(
+                "notifications.ui_url",
+                format!("notifications.ui_url: expected the web UI's http:// or https:// URL, found {u:?}"),
+            ));
+        }
         for w in &cfg.notifications.webhooks {
+            if w.format == super::WebhookFormat::Alertmanager {
+                if !w.url.trim_end_matches('/').ends_with("/api/v2/alerts") {
+                    return Err(err(
+                        &w.url,
+                        format!(
+                            "notifications.webhooks[{}]: format alertmanager expects Alertmanager's v2 alerts endpoint (http://alertmanager:9093/api/v2/alerts), found {:?}",
+                            w.name, w.url
+                        ),
+                    ));
+                }
+                if w.audit_anchors || !(60..=7 * 86_400).contains(&w.firing_secs) {
+                    return Err(err(
+                        &w.name,
+                        format!(
+                            "notifications.webhooks[{}]: format alertmanager expects firing_secs 60 to 604800 and no audit_anchors (keep the head where it is not resolved away), found {} and {}",
+                            w.name, w.firing_secs, w.audit_anchors
+                        ),
+                    ));
+                }
+            }
             if !(1..=20).contains(&w.max_attempts) || w.timeout_secs > 300 {
                 return Err(err(
                     &w.name,
