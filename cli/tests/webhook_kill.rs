@@ -33,7 +33,7 @@ fn alert(i: usize, node: &str) -> serde_json::Value {
         "externalURL": "http://alertmanager:9093",
         "alerts": [{
             "status": "firing",
-            "labels": {"alertname": "GpuHot", "Hostname": node, "gpu": (i % 2).to_string()},
+            "labels": {"alertname": "GpuHot", "Hostname": node, "gpu": ((i / 2) % 8).to_string()},
             "annotations": {"summary": "hot"},
             "startsAt": nightshift_engine::alerts::format_rfc3339_ms(
                 nightshift_proto::clock::Clock::now_ms(&SystemClock)),
@@ -48,7 +48,12 @@ fn alert(i: usize, node: &str) -> serde_json::Value {
 async fn every_acknowledged_alert_and_run_survives_a_kill_right_after_the_answer() {
     let kills: usize = std::env::var("NIGHTSHIFT_WEBHOOK_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
     let dir = tempfile::tempdir().unwrap();
-    let sim = SimConfig { gpus: 2, ..SimConfig::default() };
+    // Eight GPUs: each alert is for the GPU after the last one's, so the
+    // run an alert of eight alerts earlier started (resumed by a restart at
+    // most three times, a few lives) has long ended — a run still active
+    // for the same runbook and target would hold a new alert back (dedup),
+    // and this test is about acknowledgements, not dedup.
+    let sim = SimConfig { gpus: 8, ..SimConfig::default() };
     std::fs::write(
         dir.path().join("policy.yaml"),
         "version: 1\nrate_limits:\n  power_limit: {max_changes: 100000, window_secs: 60}\n",

@@ -145,15 +145,20 @@ impl Host {
         let mut reserved = false;
         if let Op::Drain(a) = &mut op {
             a.run = Some(self.run.clone());
+            // A fault run whose GPU the health model holds faulted: hardware
+            // evidence, a quarantine the blast radius never refuses.
+            let confirmed = self
+                .summary()
+                .is_some_and(|s| s.trigger == "fault" && matches!(self.core.condition_holds(&m, &s), Some((true, _))));
             if !ctx.dry_run {
-                match self.core.reserve_drain(&self.run, node, &m.blast_radius) {
+                match self.core.reserve_drain(&self.run, node, &m.blast_radius, confirmed) {
                     Ok(r) => reserved = r,
                     Err(why) => return self.refuse(ctx, node, &op, "blast_radius", why),
                 }
             } else if self.summary().is_some_and(|s| s.shadow) {
                 // A shadow run meets the blast radius as a real one would,
                 // and takes nothing from it.
-                if let Err(why) = self.core.check_drain(&self.run, node, &m.blast_radius) {
+                if let Err(why) = self.core.check_drain(&self.run, node, &m.blast_radius, confirmed) {
                     return self.refuse(ctx, node, &op, "blast_radius", why);
                 }
             }
