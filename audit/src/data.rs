@@ -355,6 +355,21 @@ impl Payload for RunbookMode {
     const KINDS: &'static [RecordKind] = &[RecordKind::RunbookMode];
 }
 
+/// `fleet_mode`: the whole fleet moved between `act`, `shadow` and
+/// `paused` (the newest one is the fleet's mode, after a restart and on
+/// every engine of the shard).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FleetMode {
+    pub from: String,
+    pub to: String,
+    pub reason: String,
+}
+
+impl Payload for FleetMode {
+    const KINDS: &'static [RecordKind] = &[RecordKind::FleetMode];
+}
+
 /// `action_result` of an autoscaler request (`op: autoscale`): what the
 /// cluster's autoscaler was asked for, and whether it took it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -201,6 +201,8 @@ pub enum RecordKind {
     /// A held setting is not in force on the device (a person's value, or
     /// a re-apply the envelope refused): the agent leaves it alone.
     HoldDrifted,
+    /// An admin put the whole fleet in `act`, `shadow` or `paused` mode.
+    FleetMode,
 }
 
 impl RecordKind {
@@ -235,6 +237,7 @@ impl RecordKind {
             RecordKind::EventHandled => "event_handled",
             RecordKind::HoldReapplied => "hold_reapplied",
             RecordKind::HoldDrifted => "hold_drifted",
+            RecordKind::FleetMode => "fleet_mode",
         }
     }
 
@@ -242,7 +245,10 @@ impl RecordKind {
     /// the state they carry outlives any replay window (a GPU awaiting an
     /// RMA for weeks, a node's marks, a runbook promoted months ago).
     pub fn indexed_by_kind(self) -> bool {
-        matches!(self, RecordKind::HealthChanged | RecordKind::NodeAnnotated | RecordKind::RunbookMode)
+        matches!(
+            self,
+            RecordKind::HealthChanged | RecordKind::NodeAnnotated | RecordKind::RunbookMode | RecordKind::FleetMode
+        )
     }
 }
 

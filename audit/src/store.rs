@@ -362,6 +362,11 @@ impl AuditStore {
         self.by_index(&self.trees.by_kind, kind.as_str(), usize::MAX, false)
     }
 
+    /// The newest record of a kind indexed by kind ([`RecordKind::indexed_by_kind`]).
+    pub fn newest_of_kind(&self, kind: RecordKind) -> Result<Option<AuditRecord>, AuditError> {
+        Ok(self.by_index(&self.trees.by_kind, kind.as_str(), 1, true)?.pop())
+    }
+
     /// The newest records about a node, newest first.
     pub fn node_records(&self, node: &str, limit: usize) -> Result<Vec<AuditRecord>, AuditError> {
         self.by_index(&self.trees.by_node, node, limit, true)

@@ -485,6 +485,22 @@ pub enum FleetCmd {
         #[arg(long)]
         accept_changed: bool,
     },
+    /// Show or set the whole fleet's mode: `act` (each runbook in its own
+    /// mode), `shadow` (every automatic run sends its actions as dry runs
+    /// and records what it would have done) or `paused` (no automatic run
+    /// starts; runs already going go on; a faulted GPU is told to a
+    /// person). Manual runs are never held back. Setting needs an admin
+    /// token and --server; audited with who and why (`fleet_mode`).
+    ///
+    /// Example: nightshift fleet mode shadow --reason "first week on this fleet" --server http://nightshift:8080
+    Mode {
+        /// The mode to set; without it, the mode now.
+        #[arg(value_parser = ["act", "shadow", "paused"])]
+        mode: Option<String>,
+        /// Why (required to set): kept in the audit record.
+        #[arg(long)]
+        reason: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]

@@ -659,6 +659,33 @@ impl Conn {
         }
     }
 
+    /// The whole fleet's mode: `{mode, set_by, reason}`.
+    pub async fn fleet_mode(&mut self) -> Result<Value> {
+        match self {
+            Conn::Remote(r) => r.get("/api/v1/fleet/mode").await,
+            Conn::Local(l) => {
+                let e = l.engine().await?;
+                let (mode, set) = e.fleet_mode();
+                Ok(match set {
+                    Some((by, reason)) => json!({"mode": mode.as_str(), "set_by": by, "reason": reason}),
+                    None => {
+                        json!({"mode": mode.as_str(), "set_by": null, "reason": "initial_fleet_mode in engine.yaml"})
+                    }
+                })
+            }
+        }
+    }
+
+    /// Set the whole fleet's mode on a running engine (admin).
+    pub async fn set_fleet_mode(&mut self, mode: &str, reason: &str) -> Result<Value> {
+        match self {
+            Conn::Remote(r) => r.post("/api/v1/fleet/mode", &json!({"mode": mode, "reason": reason})).await,
+            Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
+                "the fleet's mode changes a running engine: pass --server URL (or set NIGHTSHIFT_SERVER) with an admin token",
+            )),
+        }
+    }
+
     /// Promote or demote a runbook on a running engine (admin).
     pub async fn set_mode(&mut self, name: &str, mode: &str, reason: &str) -> Result<Value> {
         match self {

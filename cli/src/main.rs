@@ -121,6 +121,10 @@ async fn real_main(cli: Cli) -> Result<u8> {
             };
             cmd::fleet::import(&out, slurm.as_deref(), inventory.as_deref(), opts).await
         }
+        Command::Fleet(crate::args::FleetCmd::Mode { mode, reason }) => {
+            init_logging("warn");
+            cmd::fleet::mode(&cli, &out, mode.as_deref(), reason.as_deref()).await
+        }
         Command::Runs(crate::args::RunsCmd::Cancel { run, reason }) => {
             init_logging("warn");
             cmd::control::runs_cancel(&cli, &out, run, reason.as_deref()).await

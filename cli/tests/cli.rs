@@ -473,6 +473,18 @@ async fn served_engine() {
     assert_eq!(code(&o), 2);
     assert!(String::from_utf8_lossy(&o.stderr).contains("pass --server URL"));
 
+    // The fleet's mode: shown to anyone, set by an admin with a reason.
+    let o = srv(&["fleet", "mode"], OPERATOR);
+    assert_eq!(code(&o), 0);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("the fleet is in act mode"), "{o:?}");
+    assert_eq!(code(&srv(&["fleet", "mode", "paused"], ADMIN)), 2, "no reason: a usage error");
+    assert_eq!(code(&srv(&["fleet", "mode", "paused", "--reason", "upgrade"], OPERATOR)), 2, "not an admin");
+    let o = srv(&["fleet", "mode", "paused", "--reason", "driver upgrade"], ADMIN);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let o = srv(&["fleet", "mode", "--json"], OPERATOR);
+    assert_eq!((json(&o)["mode"].as_str(), json(&o)["reason"].as_str()), (Some("paused"), Some("driver upgrade")));
+    assert_eq!(code(&srv(&["fleet", "mode", "act", "--reason", "done"], ADMIN)), 0);
+
     // Bad token: exit 2; wrong role: exit 2 with the role named.
     let o = srv(&["audit", "list"], "wrong");
     assert_eq!(code(&o), 2);

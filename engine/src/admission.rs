@@ -2,6 +2,8 @@
 //! the run table, the manifest, the request and the time. The rules, in the
 //! order they apply:
 //!
+//! 0. **paused** — an admin paused the whole fleet (`nightshift fleet
+//!    mode paused`): suppressed, audited once (not manual runs);
 //! 1. **stale** — an event older than `max_event_age_secs` is dropped
 //!    (manual runs are never stale);
 //! 2. **dedup** — a run for the same (runbook, target) is active: suppressed;
@@ -39,6 +41,8 @@ pub struct Ask<'a> {
     pub target_nodes: usize,
     /// The run's parameters (`nodes_changed_param` counts one of them).
     pub params: &'a BTreeMap<String, crate::manifest::ParamValue>,
+    /// The fleet is paused: by whom and why.
+    pub paused: Option<&'a str>,
 }
 
 /// What becomes of a request.
@@ -84,6 +88,13 @@ pub fn approval_reason(m: &Manifest, n: u32) -> Option<String> {
 pub fn admit(t: &RunTable, a: &Ask<'_>, now: i64, limits: &Limits) -> Decision {
     let m = a.manifest;
     let key: Key = (m.name.clone(), a.target.clone());
+    if let (Some(why), false) = (a.paused, a.manual) {
+        return Decision::Suppress {
+            reason: format!("the fleet is paused ({why}): {} on {} waits until it is not", m.name, a.target),
+            existing: None,
+            first: !t.suppression_noted.contains(&key),
+        };
+    }
     let age_ms = now.saturating_sub(a.event_ts_ms);
     let max_age_ms = (m.max_event_age_secs as i64).saturating_mul(1000);
     if !a.manual && age_ms > max_age_ms {
@@ -329,6 +340,7 @@ mod tests {
                 hands_off: None,
                 target_nodes: 1,
                 params: &NO_PARAMS,
+                paused: None,
             };
             tweak(&mut ask);
             let d = admit(&t, &ask, NOW, &limits);
@@ -360,6 +372,7 @@ mod tests {
             hands_off: None,
             target_nodes: 1,
             params: &NO_PARAMS,
+            paused: None,
         };
         assert!(matches!(admit(&t, &ask, NOW, &Limits::default()), Decision::Suppress { first: true, .. }));
         t.suppression_noted.insert(key);
@@ -422,6 +435,7 @@ mod tests {
                 hands_off: None,
                 target_nodes: size,
                 params: &params,
+                paused: None,
             };
             match (admit(&t, &ask, NOW, &Limits::default()), want) {
                 (Decision::Admit { approval: None, .. }, None) => {}
@@ -476,6 +490,7 @@ mod tests {
             hands_off: None,
             target_nodes: 1,
             params: &NO_PARAMS,
+            paused: None,
         };
         assert_eq!(admit(&t, &ask, NOW, &Limits::default()), Decision::Admit { approval: None, hold_ms: 20_000 });
     }

@@ -4,6 +4,43 @@
 
 use std::collections::BTreeMap;
 
+/// The whole fleet's mode, one admin switch over every runbook's own:
+/// `act` (each runbook in its mode), `shadow` (every automatic run is a
+/// shadow run: admitted as if real, every action a dry run) or `paused`
+/// (no automatic run starts — suppressed, audited once per runbook and
+/// target, faults kept pending and a person told; runs already going go
+/// on). A person's manual run is never held back by it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FleetMode {
+    #[default]
+    Act,
+    Shadow,
+    Paused,
+}
+
+impl FleetMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FleetMode::Act => "act",
+            FleetMode::Shadow => "shadow",
+            FleetMode::Paused => "paused",
+        }
+    }
+
+    /// The mode a `fleet_mode` record sets; `shadow` for one that cannot be
+    /// read (never `act` on a record nobody can read).
+    pub fn of_record(r: &crate::audit::AuditRecord) -> FleetMode {
+        r.payload::<crate::audit::data::FleetMode>()
+            .ok()
+            .and_then(|p| serde_json::from_value(serde_json::json!(p.to)).ok())
+            .unwrap_or_else(|| {
+                tracing::error!(seq = r.seq, "a fleet_mode record cannot be read: the fleet is taken as in shadow");
+                FleetMode::Shadow
+            })
+    }
+}
+
 /// Where promotions and demotions are kept.
 pub fn modes_path(data_dir: &std::path::Path) -> std::path::PathBuf {
     data_dir.join("runbook-modes.json")

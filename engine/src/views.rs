@@ -473,6 +473,55 @@ impl Engine {
 }
 
 impl Engine {
+    /// The whole fleet's mode now, with who set it and why (`None`: the
+    /// config's `initial_fleet_mode`, nobody set one yet). The chain's
+    /// newest `fleet_mode` record decides — on a standby too, and after a
+    /// restart or a takeover.
+    pub fn fleet_mode(&self) -> (crate::modes::FleetMode, Option<(String, String)>) {
+        match self.core.audit.newest_of_kind(RecordKind::FleetMode) {
+            Ok(Some(r)) => {
+                let reason = r.payload::<crate::audit::data::FleetMode>().map(|p| p.reason).unwrap_or_default();
+                (crate::modes::FleetMode::of_record(&r), Some((r.actor.clone(), reason)))
+            }
+            Ok(None) => (self.core.config.initial_fleet_mode, None),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the fleet's mode: taken as in shadow");
+                (crate::modes::FleetMode::Shadow, None)
+            }
+        }
+    }
+
+    /// Put the whole fleet in `mode`, saying why: audited (`fleet_mode`, by
+    /// `by`) before it takes effect, for every engine of the shard.
+    pub async fn set_fleet_mode(
+        &self,
+        mode: crate::modes::FleetMode,
+        by: &str,
+        reason: &str,
+    ) -> Result<crate::modes::FleetMode, EngineError> {
+        if !nightshift_proto::names::has_visible_text(reason) {
+            return Err(EngineError::BadModeChange(format!(
+                "reason: expected why the fleet goes to {}, found no visible character",
+                mode.as_str()
+            )));
+        }
+        let (from, _) = self.fleet_mode();
+        if from == mode {
+            return Err(EngineError::BadModeChange(format!(
+                "the fleet is already in {} mode: expected a change",
+                mode.as_str()
+            )));
+        }
+        let payload = crate::audit::data::FleetMode {
+            from: from.as_str().into(),
+            to: mode.as_str().into(),
+            reason: reason.trim().to_string(),
+        };
+        self.core.audit.append(NewRecord::typed(RecordKind::FleetMode, by, &payload), None).await?;
+        tracing::warn!(from = from.as_str(), to = mode.as_str(), by, reason, "fleet mode changed");
+        Ok(mode)
+    }
+
     /// Take the runbook modes the shard's audit chain says an admin set (a
     /// new leader: the last leader's promotions and demotions hold here
     /// too), and keep them in `data_dir/runbook-modes.json`.

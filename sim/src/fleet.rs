@@ -392,6 +392,7 @@ impl SimFleet {
             runbook_dir: dir.join("runbooks"),
             inventory_path: dir.join("fleet.yaml"),
             engine_key_path: dir.join("engine_key"),
+            initial_fleet_mode: Default::default(),
             limits: opts.limits.clone(),
             script: ScriptLimits::default(),
             telemetry: opts.telemetry.clone(),

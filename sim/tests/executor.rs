@@ -712,3 +712,78 @@ async fn approvals_rejections_and_cancels_are_recorded_under_who_did_them() {
     assert!(!recs.iter().any(|r| r.kind == RecordKind::RunFinished), "{recs:#?}");
     assert_eq!(power_limit(f, "n1", 0).await, 450.0, "a stop releases nothing");
 }
+
+/// Whether each `set_power_limit` of run `id` was applied on the device.
+fn applied(f: &nightshift_sim::fleet::SimFleet, id: &str) -> Vec<bool> {
+    f.engine
+        .run_records(id)
+        .unwrap()
+        .iter()
+        .filter(|r| r.kind == RecordKind::ActionResult && r.data["op"] == "set_power_limit")
+        .map(|r| r.data["applied"] == true)
+        .collect()
+}
+
+/// Issue 43 point 3: one switch for the whole fleet. In `shadow` every
+/// automatic run is a shadow run whatever its runbook's mode (admitted,
+/// every action a dry run, the GPU untouched); in `paused` no automatic run
+/// starts (suppressed, audited with who paused it and why) while a
+/// person's manual run still does; back in `act` an alert acts. Each change
+/// is audited as the admin's before it takes effect, survives a restart,
+/// and a change without a reason or to the same mode is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_mode_shadows_pauses_and_acts_for_every_runbook() {
+    use nightshift_engine::modes::FleetMode;
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "hot",
+        "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 0\n",
+        "set_power_limit(0, 500);\n",
+    );
+    write_runbook(rb.path(), "cap", "trigger:\n  type: manual\nscope: node\n", "set_power_limit(1, 450);\n");
+    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let e = &sim.fleet.engine;
+    assert_eq!(e.fleet_mode(), (FleetMode::Act, None), "act when nobody set one");
+    assert!(e.set_fleet_mode(FleetMode::Shadow, "user:admin", "  ").await.is_err(), "a reason is needed");
+    assert!(e.set_fleet_mode(FleetMode::Act, "user:admin", "why not").await.is_err(), "already act");
+    e.set_fleet_mode(FleetMode::Shadow, "user:admin", "first week on this fleet").await.unwrap();
+    let f = &sim.fleet;
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", now(f), "firing"), "alertmanager");
+    f.run_for(10).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    assert!(runs[0].shadow && runs[0].dry_run, "a shadow run: {:?}", runs[0]);
+    assert_eq!(applied(f, &runs[0].id), vec![false], "its action a dry run: nothing changed");
+    // Paused, and kept across a restart.
+    f.engine.set_fleet_mode(FleetMode::Paused, "user:admin", "driver upgrade tonight").await.unwrap();
+    sim.fleet.restart_engine().await.unwrap();
+    let f = &sim.fleet;
+    let (mode, by) = f.engine.fleet_mode();
+    assert_eq!((mode, by), (FleetMode::Paused, Some(("user:admin".to_string(), "driver upgrade tonight".to_string()))));
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-2", now(f), "firing"), "alertmanager");
+    f.run_for(10).await.unwrap();
+    assert_eq!(f.engine.runs(&Default::default()).unwrap().runs.len(), 1, "no automatic run while paused");
+    let recs = records(f);
+    let held = recs.iter().find(|r| r.kind == RecordKind::TriggerSuppressed).expect("the suppression is audited");
+    assert!(
+        held.data["reason"].as_str().unwrap().contains("the fleet is paused (by user:admin: driver upgrade tonight)"),
+        "{held:?}"
+    );
+    let changes: Vec<_> = recs.iter().filter(|r| r.kind == RecordKind::FleetMode).collect();
+    assert_eq!(changes.len(), 2);
+    assert_eq!(
+        (changes[1].actor.as_str(), changes[1].data["from"].as_str(), changes[1].data["to"].as_str()),
+        ("user:admin", Some("shadow"), Some("paused"))
+    );
+    // A person's manual run is not held back.
+    let id = run_id(&f.engine.submit(manual("cap", Target::node("n1"), "user:alice")).await.unwrap());
+    assert_eq!(until_finished(f, &id, 60).await.outcome, Some(RunOutcome::Succeeded));
+    // Act: the next alert acts.
+    f.engine.set_fleet_mode(FleetMode::Act, "user:admin", "shadow report reviewed").await.unwrap();
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-3", now(f), "firing"), "alertmanager");
+    f.run_for(10).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    let last = runs.iter().find(|r| r.runbook == "hot" && !r.shadow).expect("an acting run");
+    assert_eq!(applied(f, &last.id), vec![true], "acted: {runs:#?}");
+}

@@ -495,6 +495,40 @@ pub struct ModeChange {
     pub reason: String,
 }
 
+/// A change of the whole fleet's mode.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetModeChange {
+    /// `act`, `shadow` or `paused`.
+    pub mode: nightshift_engine::modes::FleetMode,
+    /// Why: kept in the audit record.
+    pub reason: String,
+}
+
+/// The whole fleet's mode, who set it and why (viewer).
+pub async fn fleet_mode(State(s): State<AppState>, _v: Viewer) -> Result<Response, ApiError> {
+    Ok(Json(fleet_mode_view(&s.engine)).into_response())
+}
+
+fn fleet_mode_view(e: &nightshift_engine::engine::Engine) -> Value {
+    let (mode, set) = e.fleet_mode();
+    match set {
+        Some((by, reason)) => json!({"mode": mode.as_str(), "set_by": by, "reason": reason}),
+        None => json!({"mode": mode.as_str(), "set_by": null, "reason": "initial_fleet_mode in engine.yaml"}),
+    }
+}
+
+/// Put the whole fleet in act, shadow or paused mode (admin), audited with
+/// who and why before it takes effect.
+pub async fn set_fleet_mode(
+    State(s): State<AppState>,
+    Admin(id): Admin,
+    ApiJson(body): ApiJson<FleetModeChange>,
+) -> Result<Response, ApiError> {
+    s.engine.set_fleet_mode(body.mode, &id.actor(), &body.reason).await?;
+    Ok(Json(fleet_mode_view(&s.engine)).into_response())
+}
+
 /// Promote or demote a runbook (admin), audited with who and why.
 pub async fn runbook_mode(
     State(s): State<AppState>,

@@ -94,6 +94,7 @@ const ALL_KINDS: &[RecordKind] = &[
     RecordKind::Salvaged,
     RecordKind::ConfigReloaded,
     RecordKind::RunbookMode,
+    RecordKind::FleetMode,
 ];
 
 /// The store's query for these filters.

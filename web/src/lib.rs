@@ -179,6 +179,7 @@ pub fn router(engine: Engine) -> Router {
         .route("/api/v1/reload", post(api::reload))
         .route("/api/v1/runbooks/{name}", get(api::runbook))
         .route("/api/v1/runbooks/{name}/mode", post(api::runbook_mode))
+        .route("/api/v1/fleet/mode", get(api::fleet_mode).post(api::set_fleet_mode))
         .route("/api/v1/runbooks/{name}/shadow", get(api::shadow_report))
         .route("/api/v1/audit/records", get(api::records))
         .route("/api/v1/audit/search", get(browse::api_search))

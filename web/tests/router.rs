@@ -173,6 +173,9 @@ fn endpoints(run: &str) -> Vec<(&'static str, String, Role, Option<Value>)> {
         ("POST", "/api/v1/runbooks/reload".into(), Role::Admin, None),
         ("POST", "/api/v1/reload".into(), Role::Admin, None),
         ("GET", "/api/v1/audit/head".into(), Role::Viewer, None),
+        ("GET", "/api/v1/fleet/mode".into(), Role::Viewer, None),
+        // Last: the fleet in shadow from here on.
+        ("POST", "/api/v1/fleet/mode".into(), Role::Admin, Some(json!({"mode": "shadow", "reason": "matrix"}))),
     ]
 }
 
@@ -218,8 +221,20 @@ async fn role_by_endpoint_matrix() {
             }
         }
     }
+    // The fleet's mode changed once, by the admin, with the reason.
+    let (s, v) = call(&f, "GET", "/api/v1/fleet/mode", Some(VIEWER), None).await;
+    assert_eq!((s, v["mode"].as_str(), v["reason"].as_str()), (StatusCode::OK, Some("shadow"), Some("matrix")), "{v}");
+    let (s, v) =
+        call(&f, "POST", "/api/v1/fleet/mode", Some(ADMIN), Some(json!({"mode": "shadow", "reason": "again"}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "already in shadow: {v}");
+    let (s, v) = call(&f, "POST", "/api/v1/fleet/mode", Some(ADMIN), Some(json!({"mode": "off", "reason": "x"}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("act"), "says what it expected: {v}");
     // No secret in the audit log.
     let all = f.sim.engine.audit().tail(0, usize::MAX).unwrap();
+    let modes: Vec<_> = all.iter().filter(|r| r.kind == nightshift_engine::audit::RecordKind::FleetMode).collect();
+    assert_eq!(modes.len(), 1);
+    assert!(modes[0].actor.starts_with("user:") && modes[0].actor != "user:anonymous", "{:?}", modes[0]);
     let text = serde_json::to_string(&all).unwrap();
     for t in [VIEWER, OPERATOR, ADMIN, WEBHOOK] {
         assert!(!text.contains(t), "a token leaked into the audit log");

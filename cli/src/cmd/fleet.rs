@@ -1,4 +1,5 @@
-//! `nightshift fleet import`: build `fleet.yaml` from the scheduler's node
+//! `nightshift fleet mode`: show or set the whole fleet's mode (act, shadow,
+//! paused). `nightshift fleet import`: build `fleet.yaml` from the scheduler's node
 //! list (`scontrol --oneliner show nodes`, piped in: the CLI spawns no
 //! process) or an Ansible-style INI inventory, collecting each agent's host
 //! key over SSH.
@@ -459,6 +460,45 @@ pub async fn import(out: &Out, slurm: Option<&Path>, inventory: Option<&Path>, o
     tmp.as_file().sync_all()?;
     tmp.persist(&o.out).with_context(|| format!("cannot replace {}", o.out.display()))?;
     outln!("wrote {} ({} nodes); reload the engine to use it: nightshift reload", o.out.display(), inv.nodes.len());
+    Ok(0)
+}
+
+/// `nightshift fleet mode [MODE] [--reason R]`: show the whole fleet's
+/// mode, or set it (admin, audited).
+pub async fn mode(cli: &crate::args::Cli, out: &Out, mode: Option<&str>, reason: Option<&str>) -> Result<u8> {
+    let v = match mode {
+        None => {
+            let mut c = crate::cmd::conn(cli, out)?;
+            let v = c.fleet_mode().await?;
+            c.close().await;
+            v
+        }
+        Some(m) => {
+            let Some(reason) = reason.filter(|r| !r.trim().is_empty()) else {
+                return Err(usage(format!(
+                    "--reason: expected why the fleet goes to {m} (kept in the audit record), found none"
+                )));
+            };
+            let mut c = crate::cmd::conn_announced(cli, out)?;
+            c.set_fleet_mode(m, reason).await?
+        }
+    };
+    if out.json {
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    let m = v["mode"].as_str().unwrap_or("?");
+    let what = match m {
+        "act" => "each runbook acts in its own mode (runbooks list shows it)",
+        "shadow" => "every automatic run sends its actions as dry runs and records what it would have done",
+        "paused" => "no automatic run starts; runs already going go on; a faulted GPU is told to a person",
+        _ => "",
+    };
+    let who = match v["set_by"].as_str() {
+        Some(by) => format!("set by {by}: {}", v["reason"].as_str().unwrap_or("")),
+        None => "initial_fleet_mode in engine.yaml: nobody set one yet".to_string(),
+    };
+    outln!("the fleet is in {m} mode: {what} ({who})");
     Ok(0)
 }
 

@@ -26,6 +26,11 @@ pub struct EngineConfig {
     /// The engine's SSH key (`nightshift keygen`); its `.pub` goes into each
     /// agent's authorized keys.
     pub engine_key_path: PathBuf,
+    /// The whole fleet's mode until an admin sets one (`nightshift fleet
+    /// mode`, audited): `act` when absent; the shipped engine.yaml starts a
+    /// first deployment in `shadow` (docs/ROLLOUT.md).
+    #[serde(default)]
+    pub initial_fleet_mode: crate::modes::FleetMode,
     #[serde(default)]
     pub limits: Limits,
     #[serde(default)]

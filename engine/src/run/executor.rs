@@ -140,9 +140,17 @@ impl Engine {
         let params = m.resolve_params(&req.params).map_err(EngineError::BadParams)?;
         let now = self.core.now();
         let manual = req.trigger == "manual";
-        // A runbook in shadow mode: its automatic runs go through admission
-        // as if real but send every action as a dry run.
-        let shadow = !manual && self.runbook_mode(&m.name) == crate::manifest::Mode::Shadow;
+        // A runbook (or the whole fleet) in shadow mode: its automatic runs
+        // go through admission as if real but send every action as a dry
+        // run. A paused fleet starts none (admission suppresses them).
+        let (fleet, set_by) = self.fleet_mode();
+        let paused = (fleet == crate::modes::FleetMode::Paused).then(|| match &set_by {
+            Some((by, why)) => format!("by {by}: {why}"),
+            None => "initial_fleet_mode: paused".to_string(),
+        });
+        let shadow = !manual
+            && (fleet == crate::modes::FleetMode::Shadow
+                || self.runbook_mode(&m.name) == crate::manifest::Mode::Shadow);
         let mut req = req;
         if shadow {
             req.dry_run = true;
@@ -171,6 +179,7 @@ impl Engine {
                 hands_off: hands_off.as_deref(),
                 target_nodes,
                 params: &params,
+                paused: paused.as_deref(),
             };
             let d = if again.is_some() {
                 Decision::Drop { reason: String::new() }
