@@ -420,7 +420,8 @@ pub enum AgentsCmd {
 pub enum HoldsCmd {
     /// Release holds on a node as yourself (`person:<you>`), audited: a
     /// run's, a kept one, a sticky repair or RMA drain, another person's.
-    /// Without --owner or --hold: every hold on the node (or on --gpu).
+    /// Every hold on the node only with --all (or, on a terminal, after
+    /// you say yes to the list of what goes).
     ///
     /// Example: nightshift holds release gpu-a1 --gpu 3 --reason "cap no longer needed" --server http://nightshift:8080
     Release {
@@ -436,6 +437,9 @@ pub enum HoldsCmd {
         /// Only this hold (its id, from `nightshift agents holds NODE`).
         #[arg(long)]
         hold: Option<String>,
+        /// Every hold on the node, without asking.
+        #[arg(long, conflicts_with_all = ["gpu", "owner", "hold"])]
+        all: bool,
         /// Why: kept in the audit record.
         #[arg(long)]
         reason: String,

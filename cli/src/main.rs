@@ -94,9 +94,10 @@ async fn real_main(cli: Cli) -> Result<u8> {
             c.close().await;
             r
         }
-        Command::Holds(crate::args::HoldsCmd::Release { node, gpu, owner, hold, reason }) => {
+        Command::Holds(crate::args::HoldsCmd::Release { node, gpu, owner, hold, all, reason }) => {
             init_logging("warn");
-            cmd::control::holds_release(&cli, &out, node, *gpu, owner.as_deref(), hold.as_deref(), reason).await
+            let what = cmd::control::Release { gpu: *gpu, owner: owner.as_deref(), hold: hold.as_deref(), all: *all };
+            cmd::control::holds_release(&cli, &out, node, what, reason).await
         }
         Command::Fleet(crate::args::FleetCmd::Import {
             slurm,

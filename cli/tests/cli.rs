@@ -424,6 +424,11 @@ async fn served_engine() {
     );
 
     // A person's controls (issue 30), through the server, as themselves.
+    // Every hold on a node only with --all or a yes (no terminal here: a no).
+    let o = srv(&["holds", "release", "g1", "--reason", "slip of the keyboard"], OPERATOR);
+    assert_eq!(code(&o), 3, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("expected a yes, or --all"), "{o:?}");
+    assert_eq!(power(&g1, 1).await, 400.0, "nothing released");
     // The kept cap on g1 GPU 1 (400 W) is released:
     let o = srv(&["holds", "release", "g1", "--gpu", "1", "--reason", "the cap is no longer needed"], OPERATOR);
     let text = String::from_utf8_lossy(&o.stdout).into_owned();

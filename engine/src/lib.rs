@@ -14,6 +14,7 @@
 
 pub mod admission;
 pub mod alerts;
+mod blast;
 /// The audit log, its own crate (`nightshift-audit`), under its old path.
 pub use nightshift_audit as audit;
 pub mod brain;

@@ -517,7 +517,14 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
         Some(status) => {
             assert!(!survivable, "the leader stepped down after an outage of {down:?}; log:\n{}", engines[l].log());
             assert_eq!(status.code(), Some(75), "{}", engines[l].log());
-            assert!(engines[l].log().contains("could not be renewed"), "it says why:\n{}", engines[l].log());
+            // Why, in either of its two words: the renewals failed for the
+            // TTL, or the database came back and the lease had run out by
+            // its clock (seen: a 1.7 s outage under load).
+            let log = engines[l].log();
+            assert!(
+                log.contains("could not be renewed") || log.contains("expired before it was renewed"),
+                "it says why:\n{log}"
+            );
             engines[l].start();
             let old = l;
             let l = leader(&engines, &http, 30).await;

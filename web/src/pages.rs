@@ -642,8 +642,27 @@ fn standby_of(s: &AppState) -> Option<String> {
 pub async fn nodes_page(State(s): State<AppState>, Viewer(who): Viewer) -> Result<Response, PageError> {
     let nodes = s.engine.nodes();
     let standby = standby_of(&s);
+    let serving = nodes.iter().filter(|n| !n.standby).count();
+    let by_people = nodes.iter().filter(|n| !n.standby && n.state.drained && n.drained_by_person).count();
+    let by_us = nodes.iter().filter(|n| !n.standby && n.state.drained && !n.drained_by_person).count();
+    let (mode, set_by) = s.engine.fleet_mode();
     let body = html! {
         h1 { "Nodes" }
+        @if mode != nightshift_engine::modes::FleetMode::Act {
+            p.fleet-mode { span.badge.warn { "fleet " (mode.as_str()) } " "
+                @match &set_by {
+                    Some((by, why)) => { "set by " (by) ": " (why) }
+                    None => { "initial_fleet_mode in engine.yaml" }
+                }
+                @if mode == nightshift_engine::modes::FleetMode::Shadow { " — every automatic run is a dry run" }
+                @else { " — no automatic run starts" }
+            }
+        }
+        p.counts {
+            (serving) " serving nodes: " (serving - by_people - by_us) " in service, "
+            (by_us) " drained by nightshift (the blast radius counts these), "
+            (by_people) " drained by people (not counted)"
+        }
         div.scroll {
             table {
                 thead { tr { th { "Node" } th { "Labels" } th { "Agent" } th { "Drain" } th { "Hottest GPU" } th { "Notes" } } }

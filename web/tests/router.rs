@@ -230,6 +230,12 @@ async fn role_by_endpoint_matrix() {
     let (s, v) = call(&f, "POST", "/api/v1/fleet/mode", Some(ADMIN), Some(json!({"mode": "off", "reason": "x"}))).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("act"), "says what it expected: {v}");
+    // The nodes page says so, and counts drains by who set them.
+    let (s, page) = call(&f, "GET", "/nodes", Some(VIEWER), None).await;
+    let page = page.as_str().unwrap_or_default().to_string();
+    assert_eq!(s, StatusCode::OK);
+    assert!(page.contains("fleet shadow") && page.contains(": matrix"), "{page}");
+    assert!(page.contains("drained by people (not counted)"), "{page}");
     // No secret in the audit log.
     let all = f.sim.engine.audit().tail(0, usize::MAX).unwrap();
     let modes: Vec<_> = all.iter().filter(|r| r.kind == nightshift_engine::audit::RecordKind::FleetMode).collect();

@@ -66,17 +66,39 @@ fn released_detail(after: &Value) -> String {
     if words.is_empty() { String::new() } else { format!(" — {}", words.join("; ")) }
 }
 
-pub async fn holds_release(
-    cli: &Cli,
-    out: &Out,
-    node: &str,
-    gpu: Option<u32>,
-    owner: Option<&str>,
-    hold: Option<&str>,
-    reason: &str,
-) -> Result<u8> {
+/// Which holds `holds release` was asked to release.
+pub struct Release<'a> {
+    pub gpu: Option<u32>,
+    pub owner: Option<&'a str>,
+    pub hold: Option<&'a str>,
+    /// Every hold on the node, without asking.
+    pub all: bool,
+}
+
+pub async fn holds_release(cli: &Cli, out: &Out, node: &str, what: Release<'_>, reason: &str) -> Result<u8> {
+    let Release { gpu, owner, hold, all } = what;
     let c = conn_announced(cli, out)?;
     let r = remote(&c, "releasing a hold")?;
+    // Every hold on a node is a lot to give back by a slip of the keyboard:
+    // say what goes and ask, or take --all.
+    if gpu.is_none() && owner.is_none() && hold.is_none() && !all {
+        let held: Value = r.get(&format!("/api/v1/agents/{}/holds", urlencode(node))).await?;
+        let settings: Vec<nightshift_proto::SettingView> = serde_json::from_value(held["settings"].clone())?;
+        let holds: Vec<&nightshift_proto::HoldInfo> = settings.iter().flat_map(|s| &s.holds).collect();
+        if holds.is_empty() {
+            outln!("{node}: nothing is held; nothing to release");
+            return Ok(0);
+        }
+        for h in &holds {
+            eprintln!("  {}: {} held by {}", h.id, h.value, h.owner);
+        }
+        let question = format!("release all {} hold(s) on {node} listed above?", holds.len());
+        if !ask(&question)? {
+            return Err(anyhow::Error::new(crate::Fail(3)).context(format!(
+                "nothing released: expected a yes, or --all to release every hold on {node} (or --gpu, --owner, --hold for fewer)"
+            )));
+        }
+    }
     let (done, v) = r
         .post_control(
             &format!("/api/v1/nodes/{}/holds/release", urlencode(node)),
@@ -120,4 +142,17 @@ pub async fn runs_cancel(cli: &Cli, out: &Out, run: &str, reason: Option<&str>) 
         outln!("{run}: cancelled — a running run stops at its next step and gives back its holds");
     }
     Ok(0)
+}
+
+/// Ask a yes/no question on the terminal; no terminal is a no.
+fn ask(question: &str) -> Result<bool> {
+    use std::io::{BufRead, IsTerminal, Write};
+    if !std::io::stdin().is_terminal() {
+        return Ok(false);
+    }
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush().ok();
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    Ok(matches!(line.trim(), "y" | "Y" | "yes"))
 }

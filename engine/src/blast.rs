@@ -1,0 +1,103 @@
+//! The blast radius: how many serving nodes nightshift may have drained at
+//! once (`max_drained_pct` of the serving fleet, at least one;
+//! `max_per_group` per label value), counted over nightshift's own drains
+//! and those in flight — never people's — and never in the way of a
+//! confirmed fault's quarantine (the breaker stops storms at admission).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::core::Core;
+use crate::fleet::Node;
+use crate::manifest::BlastRadius;
+
+impl Core {
+    /// Reserve a drain under the blast radius, or say why not.
+    ///
+    /// The limits count the serving fleet: standby nodes (spare capacity) are
+    /// neither counted nor limited. At least one serving node may always be
+    /// drained, however small the fleet. People's drains do not spend the
+    /// budget. A `confirmed` fault's drain (hardware evidence the health
+    /// model holds) is never refused: a storm of false positives is the
+    /// breaker's to stop, at admission; a GPU off the bus must go.
+    /// `Ok(true)` when this call reserved the drain (release it with
+    /// [`Core::release_drain`]); `Ok(false)` when the node needs none (it is
+    /// a standby, already drained, or another run's drain is in flight).
+    pub fn reserve_drain(&self, run: &str, node: &str, rb: &BlastRadius, confirmed: bool) -> Result<bool, String> {
+        self.drain_under_radius(run, node, rb, true, confirmed)
+    }
+
+    /// Whether a drain would pass the blast radius now, reserving nothing
+    /// (a shadow run's check).
+    pub fn check_drain(&self, run: &str, node: &str, rb: &BlastRadius, confirmed: bool) -> Result<(), String> {
+        self.drain_under_radius(run, node, rb, false, confirmed).map(|_| ())
+    }
+
+    fn drain_under_radius(
+        &self,
+        run: &str,
+        node: &str,
+        rb: &BlastRadius,
+        reserve: bool,
+        confirmed: bool,
+    ) -> Result<bool, String> {
+        let Some(target) = self.fleet.get(node) else { return Ok(false) };
+        if target.spec.standby || target.state().drained {
+            return Ok(false);
+        }
+        let mut t = self.table();
+        let all = self.fleet.nodes();
+        let serving: Vec<&Arc<Node>> = all.iter().filter(|n| !n.spec.standby).collect();
+        let total = serving.len().max(1);
+        let by_people = serving.iter().filter(|n| n.state().drained_by_person()).count();
+        let mut drained: HashSet<String> = serving
+            .iter()
+            .filter(|n| n.state().drained && !n.state().drained_by_person())
+            .map(|n| n.spec.name.clone())
+            .collect();
+        drained.extend(t.drains_in_flight.iter().cloned());
+        // This node is being drained already (another run's drain in
+        // flight): it is out once, not twice.
+        if drained.contains(node) {
+            return Ok(false);
+        }
+        if confirmed {
+            if reserve {
+                t.drains_in_flight.insert(node.to_string());
+            }
+            return Ok(reserve);
+        }
+        let after = drained.len() + 1;
+        let cap_pct = rb.max_drained_pct.min(self.config.limits.max_drained_pct);
+        let allowed = ((total as f64 * cap_pct / 100.0).floor() as usize).max(1);
+        if after > allowed {
+            let people = if by_people > 0 {
+                format!(" ({by_people} more drained by people, not counted)")
+            } else {
+                String::new()
+            };
+            return Err(format!(
+                "blast radius: draining {node} would take {after} of {total} serving nodes out by nightshift{people}; max_drained_pct {cap_pct}% allows {allowed} (run {run})"
+            ));
+        }
+        if let (Some(limit), Some(label)) = (rb.max_per_group, &rb.group_by)
+            && let Some(v) = target.label(label)
+        {
+            let in_group =
+                drained.iter().filter(|d| self.fleet.get(d).is_some_and(|n| n.label(label) == Some(v))).count();
+            if in_group as u32 >= limit {
+                return Err(format!(
+                    "blast radius: {in_group} node(s) with {label}={v} already drained (max_per_group {limit}); not draining {node} (run {run})"
+                ));
+            }
+        }
+        if reserve {
+            t.drains_in_flight.insert(node.to_string());
+        }
+        Ok(reserve)
+    }
+
+    pub fn release_drain(&self, node: &str) {
+        self.table().drains_in_flight.remove(node);
+    }
+}
