@@ -101,6 +101,11 @@ pub struct RunFinished {
     /// records) means it does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub starts_cooldown: Option<bool>,
+    /// The run decided there was nothing to do (succeeded, no action, told
+    /// nobody): the attempt admitted at this time is not counted against
+    /// `max_attempts_per_day`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_refunded_ms: Option<i64>,
 }
 
 impl Payload for RunFinished {

@@ -59,6 +59,8 @@ pub struct RunEntry {
     pub preempted_by: Option<String>,
     /// Who cancelled it (or rejected it), and why: the actor of its end.
     pub cancelled_by: Option<CancelledBy>,
+    /// It notified or escalated: a run that tells a person is never free.
+    pub told: bool,
     /// How many times an engine's restart resumed it (0: never stopped).
     /// A resumed run starts its script again from the top, under action
     /// ids of its own (`<run>-r<k>-a<n>`), and is never stale by age.
@@ -305,6 +307,9 @@ impl RunTable {
                     if p.starts_cooldown != Some(false) {
                         self.last_finished.insert(key.clone(), r.ts_ms);
                     }
+                    if let Some(at) = p.budget_refunded_ms {
+                        self.refund_attempt(&key, at);
+                    }
                     self.suppression_noted.remove(&key);
                 }
             }
@@ -367,6 +372,16 @@ impl RunTable {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Give back the attempt a run admitted at `at_ms` spent (the first one
+    /// counted at or after it): the run decided there was nothing to do.
+    pub fn refund_attempt(&mut self, key: &Key, at_ms: i64) {
+        if let Some(q) = self.attempts.get_mut(key)
+            && let Some(i) = q.iter().position(|ts| *ts >= at_ms)
+        {
+            q.remove(i);
         }
     }
 

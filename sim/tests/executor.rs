@@ -238,7 +238,7 @@ async fn the_attempt_budget_refuses_and_escalates() {
         rb.path(),
         "hot",
         "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 0\nmax_attempts_per_day: 2\n",
-        "note(\"trying\");\n",
+        "set_power_limit(0, 600);\n",
     );
     let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
     let f = &sim.fleet;
@@ -254,6 +254,42 @@ async fn the_attempt_budget_refuses_and_escalates() {
     let esc =
         f.engine.run_records(&runs[0].id).unwrap().into_iter().filter(|r| r.kind == RecordKind::Escalation).count();
     assert_eq!(esc, 1);
+}
+
+/// Issue 42 point 7: a run that decided there was nothing to do (it
+/// succeeded, changed nothing, told nobody) spends no attempt budget — six
+/// no-op runs under a budget of two are never refused and page no one,
+/// before and after a restart (the refund is on the chain). One that tells a
+/// person still spends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_decides_there_is_nothing_to_do_spends_no_budget() {
+    for (script, refused) in [("note(\"within threshold: nothing to do\");\n", 0), ("notify(\"look at it\");\n", 4)] {
+        let rb = tempfile::tempdir().unwrap();
+        write_runbook(
+            rb.path(),
+            "hot",
+            "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 0\nmax_attempts_per_day: 2\n",
+            script,
+        );
+        let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+        for i in 0..6 {
+            if i == 3 {
+                sim.fleet.restart_engine().await.unwrap();
+            }
+            let f = &sim.fleet;
+            f.engine.ingest_alertmanager(
+                alert_payload("GpuHot", "n1", &format!("fp{i}"), now(f), "firing"),
+                "alertmanager",
+            );
+            f.run_for(5).await.unwrap();
+        }
+        let f = &sim.fleet;
+        let runs = f.engine.runs(&Default::default()).unwrap().runs;
+        let n = runs.iter().filter(|r| r.outcome == Some(RunOutcome::Refused)).count();
+        assert_eq!((runs.len(), n), (6, refused), "{script}: {runs:#?}");
+        let escalations = records(f).iter().filter(|r| r.kind == RecordKind::Escalation).count();
+        assert_eq!(escalations, refused, "{script}: a page per refusal, none for a no-op");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -675,6 +675,9 @@ impl ScriptHost for Host {
         if !ctx.dry_run {
             tracing::warn!(run = %self.run, runbook = %ctx.runbook, severity, text = %text, "notification");
         }
+        if let Some(r) = self.core.table().runs.get_mut(&self.run) {
+            r.told = true;
+        }
         let shadow = self.summary().is_some_and(|s| s.shadow);
         let rec = self
             .core

@@ -249,6 +249,7 @@ impl Engine {
                             keeps_on: Vec::new(),
                             preempted_by: None,
                             cancelled_by: None,
+                            told: false,
                             resumed: 0,
                         },
                     );

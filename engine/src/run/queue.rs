@@ -496,6 +496,9 @@ impl Engine {
         // fault run from repeating (a run that quarantined it moved it on;
         // one that could not is offered again after a pause).
         let starts_cooldown = !unfinished && summary.trigger != "fault";
+        // A run that decided there was nothing to do spends no budget.
+        let told = self.core.table().runs.get(run).is_some_and(|e| e.told);
+        let no_op = outcome == RunOutcome::Succeeded && summary.actions == 0 && summary.did.is_empty() && !told;
         // Who ended it: the person who cancelled or rejected it, the engine
         // when it stopped or preempted it, else whoever asked for the run.
         let cancelled = outcome == RunOutcome::Cancelled;
@@ -520,6 +523,7 @@ impl Engine {
                     holds_kept: Some(kept),
                     holds_left: Some(left),
                     starts_cooldown: Some(starts_cooldown),
+                    budget_refunded_ms: no_op.then_some(summary.created_ms),
                     by: person.as_ref().map(|c| c.by.clone()),
                     reason: person.and_then(|c| c.reason),
                     ..Default::default()
@@ -533,6 +537,9 @@ impl Engine {
             let key = RunTable::key(&summary);
             if t.active_by_key.get(&key).is_some_and(|id| id == run) {
                 t.active_by_key.remove(&key);
+            }
+            if no_op {
+                t.refund_attempt(&key, summary.created_ms);
             }
             if starts_cooldown {
                 t.last_finished.insert(key, now);

@@ -96,6 +96,7 @@ impl Engine {
                             keeps_on: Vec::new(),
                             preempted_by: None,
                             cancelled_by: None,
+                            told: false,
                             // A run resumed once, stopped again before it
                             // started: its next ids must still be its own.
                             resumed: before,
@@ -185,6 +186,7 @@ impl Engine {
                 keeps_on: Vec::new(),
                 preempted_by: None,
                 cancelled_by: None,
+                told: false,
                 resumed: k,
             },
         );
