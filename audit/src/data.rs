@@ -577,6 +577,9 @@ impl Payload for EventDropped {
 pub struct HandsOff {
     pub hands_off: bool,
     pub reason: Option<String>,
+    /// It ends by itself at this time (and is audited as expired then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<i64>,
 }
 
 impl Payload for HandsOff {

@@ -247,7 +247,11 @@ impl RecordKind {
     pub fn indexed_by_kind(self) -> bool {
         matches!(
             self,
-            RecordKind::HealthChanged | RecordKind::NodeAnnotated | RecordKind::RunbookMode | RecordKind::FleetMode
+            RecordKind::HealthChanged
+                | RecordKind::NodeAnnotated
+                | RecordKind::RunbookMode
+                | RecordKind::FleetMode
+                | RecordKind::HandsOff
         )
     }
 }

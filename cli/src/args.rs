@@ -558,9 +558,10 @@ pub enum NodesCmd {
         reason: String,
     },
     /// Set or clear hands-off in the engine (admin): nightshift changes
-    /// nothing on the node while it is set. Needs --server.
+    /// nothing on the node while it is set — across restarts — until it is
+    /// cleared or its --for runs out (then audited as ended). Needs --server.
     ///
-    /// Example: nightshift nodes hands-off gpu-a1 --on --reason "firmware update until 14:00"
+    /// Example: nightshift nodes hands-off gpu-a1 --on --for 4h --reason "firmware update"
     HandsOff {
         /// The node, as fleet.yaml names it.
         #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
@@ -574,6 +575,10 @@ pub enum NodesCmd {
         /// Why: kept in the audit record (needed with --on).
         #[arg(long, required_if_eq("on", "true"))]
         reason: Option<String>,
+        /// With --on: it ends by itself after this long (30m, 4h, 2d; at
+        /// most 30 days). Without it, a person ends it.
+        #[arg(long = "for", value_name = "SPAN", requires = "on")]
+        for_span: Option<String>,
     },
 }
 

@@ -83,9 +83,13 @@ async fn real_main(cli: Cli) -> Result<u8> {
             init_logging("warn");
             cmd::control::nodes_resume(&cli, &out, node, reason).await
         }
-        Command::Nodes(crate::args::NodesCmd::HandsOff { node, on, off: _, reason }) => {
+        Command::Nodes(crate::args::NodesCmd::HandsOff { node, on, off: _, reason, for_span }) => {
             init_logging("warn");
-            cmd::control::nodes_hands_off(&cli, &out, node, *on, reason.as_deref()).await
+            let for_secs = match for_span {
+                Some(s) => Some(cmd::parse_span_secs("--for", s)?),
+                None => None,
+            };
+            cmd::control::nodes_hands_off(&cli, &out, node, *on, reason.as_deref(), for_secs).await
         }
         Command::Nodes(n) => {
             init_logging("warn");

@@ -463,8 +463,12 @@ async fn served_engine() {
     // Hands-off: an admin's; an operator is refused.
     let o = srv(&["nodes", "hands-off", "g2", "--on", "--reason", "firmware update"], OPERATOR);
     assert_eq!(code(&o), 2);
-    let o = srv(&["nodes", "hands-off", "g2", "--on", "--reason", "firmware update"], ADMIN);
+    let o = srv(&["nodes", "hands-off", "g2", "--on", "--for", "2h", "--reason", "firmware update"], ADMIN);
     assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("changes nothing on it until 20"), "{o:?}");
+    let o = srv(&["agents", "list"], OPERATOR);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("yes (user:root, until"), "{o:?}");
+    assert_eq!(code(&srv(&["nodes", "hands-off", "g2", "--on", "--for", "soon", "--reason", "x"], ADMIN)), 2);
     let o = srv(&["nodes", "hands-off", "g2", "--off"], ADMIN);
     assert_eq!(code(&o), 0);
     // A finished run cannot be cancelled; an unknown one is not found.

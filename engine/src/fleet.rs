@@ -24,6 +24,9 @@ pub struct NodeState {
     pub agent_hands_off: bool,
     /// An admin set hands-off in the engine: `(who, why)`.
     pub engine_hands_off: Option<(String, String)>,
+    /// When the engine's hands-off ends by itself (none: a person ends it).
+    #[serde(default)]
+    pub engine_hands_off_until_ms: Option<i64>,
     /// Notes runbooks left on the node (e.g. `no-pack`).
     pub annotations: BTreeMap<String, String>,
     pub inventory: Option<AgentInventory>,

@@ -553,7 +553,21 @@ impl Engine {
                 None => st.annotations.remove(&p.key),
             };
         }
-        Ok(records.len() + marks.len())
+        // An admin's hands-off outlives a restart (and moves to the next
+        // leader): each node's newest `hands_off` record.
+        let hands_off = self.core.audit.records_of_kind(RecordKind::HandsOff)?;
+        for r in &hands_off {
+            let (Some(n), Ok(p)) = (
+                r.node.as_deref().and_then(|node| self.core.fleet.get(node)),
+                r.payload::<crate::audit::data::HandsOff>(),
+            ) else {
+                continue;
+            };
+            let mut st = n.state();
+            st.engine_hands_off = p.hands_off.then(|| (r.actor.clone(), p.reason.unwrap_or_default()));
+            st.engine_hands_off_until_ms = p.until_ms.filter(|_| p.hands_off);
+        }
+        Ok(records.len() + marks.len() + hands_off.len())
     }
 
     /// A fault's kind, for the scenario runner and views.

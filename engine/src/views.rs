@@ -261,22 +261,52 @@ impl Engine {
     }
 
     /// Set or clear the engine-side hands-off marker of a node (admin).
-    pub async fn set_hands_off(&self, node: &str, by: &str, why: Option<&str>) -> Result<(), EngineError> {
+    pub async fn set_hands_off(
+        &self,
+        node: &str,
+        by: &str,
+        why: Option<&str>,
+        until_ms: Option<i64>,
+    ) -> Result<(), EngineError> {
         let n = self.core.fleet.get(node).ok_or_else(|| EngineError::UnknownNode(node.into()))?;
-        n.state().engine_hands_off = why.map(|w| (by.to_string(), w.to_string()));
-        self.core
-            .audit
-            .append(
-                NewRecord::typed(
-                    RecordKind::HandsOff,
-                    by,
-                    &crate::audit::data::HandsOff { hands_off: why.is_some(), reason: why.map(str::to_string) },
-                )
-                .node(Some(node)),
-                None,
-            )
-            .await?;
+        let until_ms = until_ms.filter(|_| why.is_some());
+        // Durable first: a hands-off holds across a restart (rebuilt from
+        // the chain), so it is not in force before its record is.
+        let payload =
+            crate::audit::data::HandsOff { hands_off: why.is_some(), reason: why.map(str::to_string), until_ms };
+        self.core.audit.append(NewRecord::typed(RecordKind::HandsOff, by, &payload).node(Some(node)), None).await?;
+        let mut st = n.state();
+        st.engine_hands_off = why.map(|w| (by.to_string(), w.to_string()));
+        st.engine_hands_off_until_ms = until_ms;
         Ok(())
+    }
+
+    /// End every engine hands-off whose time is up, audited as the
+    /// engine's with who set it and until when.
+    pub async fn expire_hands_off(&self) {
+        let now = self.core.now();
+        for n in self.core.fleet.nodes().iter() {
+            let (by, until) = {
+                let st = n.state();
+                match (&st.engine_hands_off, st.engine_hands_off_until_ms) {
+                    (Some((by, _)), Some(until)) if until <= now => (by.clone(), until),
+                    _ => continue,
+                }
+            };
+            let why =
+                format!("the hands-off {by} set ended at {} as they asked", crate::alerts::format_rfc3339_ms(until));
+            let payload = crate::audit::data::HandsOff { hands_off: false, reason: Some(why), until_ms: None };
+            let rec = NewRecord::typed(RecordKind::HandsOff, "engine", &payload).node(Some(&n.spec.name));
+            match self.core.audit.append(rec, None).await {
+                Ok(_) => {
+                    let mut st = n.state();
+                    st.engine_hands_off = None;
+                    st.engine_hands_off_until_ms = None;
+                    tracing::info!(node = %n.spec.name, set_by = %by, "hands-off expired");
+                }
+                Err(e) => tracing::error!(node = %n.spec.name, error = %e, "cannot audit a hands-off's end: it stays"),
+            }
+        }
     }
 
     /// The newest record: its sequence number and hash anchor the chain.

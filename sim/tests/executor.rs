@@ -823,3 +823,43 @@ async fn the_fleet_mode_shadows_pauses_and_acts_for_every_runbook() {
     let last = runs.iter().find(|r| r.runbook == "hot" && !r.shadow).expect("an acting run");
     assert_eq!(applied(f, &last.id), vec![true], "acted: {runs:#?}");
 }
+
+/// Issue 43 point 3: an admin's hands-off holds across a restart (it was
+/// memory only: a restart forgot it and nightshift acted on a node under
+/// maintenance), and one set for a while ends by itself, audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hands_off_outlives_a_restart_and_ends_when_its_time_is_up() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "hot",
+        "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 0\n",
+        "set_power_limit(0, 500);\n",
+    );
+    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let until = now(&sim.fleet) + 600_000;
+    sim.fleet.engine.set_hands_off("n1", "user:admin", Some("firmware update"), Some(until)).await.unwrap();
+    sim.fleet.restart_engine().await.unwrap();
+    let f = &sim.fleet;
+    let st = f.engine.node("n1").unwrap().state;
+    assert_eq!(
+        (st.engine_hands_off.clone(), st.engine_hands_off_until_ms),
+        (Some(("user:admin".to_string(), "firmware update".to_string())), Some(until)),
+        "rebuilt from the chain"
+    );
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", now(f), "firing"), "alertmanager");
+    f.run_for(10).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    assert_eq!(runs[0].outcome, Some(RunOutcome::Refused), "{runs:#?}");
+    assert!(runs[0].error.as_deref().unwrap_or_default().contains("hands-off"), "{:?}", runs[0]);
+    // Its time runs out: ended by the engine, saying whose it was.
+    f.run_for(600).await.unwrap();
+    assert!(!f.engine.node("n1").unwrap().state.hands_off());
+    let ended = records(f).into_iter().filter(|r| r.kind == RecordKind::HandsOff).last().unwrap();
+    assert_eq!((ended.actor.as_str(), ended.data["hands_off"].as_bool()), ("engine", Some(false)));
+    assert!(ended.data["reason"].as_str().unwrap().contains("the hands-off user:admin set ended"), "{ended:?}");
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-2", now(f), "firing"), "alertmanager");
+    f.run_for(10).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    assert_eq!(runs[0].outcome, Some(RunOutcome::Succeeded), "acts again: {:?}", runs[0]);
+}

@@ -414,6 +414,9 @@ pub struct HandsOff {
     pub hands_off: bool,
     #[serde(default)]
     pub reason: Option<String>,
+    /// It ends by itself after this many seconds (1 to 30 days).
+    #[serde(default)]
+    pub for_secs: Option<u64>,
 }
 
 /// `POST /api/v1/nodes/{name}/holds/release`: which holds, and why.
@@ -482,8 +485,17 @@ pub async fn hands_off(
     ApiJson(body): ApiJson<HandsOff>,
 ) -> Result<Response, ApiError> {
     let reason = body.reason.clone().unwrap_or_else(|| "maintenance".into());
-    s.engine.set_hands_off(&name, &id.actor(), body.hands_off.then_some(reason.as_str())).await?;
-    Ok(Json(json!({"node": name, "hands_off": body.hands_off})).into_response())
+    let until_ms = match body.for_secs {
+        Some(secs @ 1..=2_592_000) => {
+            Some(s.engine.clock().now_ms().saturating_add((secs as i64).saturating_mul(1000)))
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(format!("for_secs: expected 1 to 2592000 (30 days), found {other}")));
+        }
+        None => None,
+    };
+    s.engine.set_hands_off(&name, &id.actor(), body.hands_off.then_some(reason.as_str()), until_ms).await?;
+    Ok(Json(json!({"node": name, "hands_off": body.hands_off, "until_ms": until_ms})).into_response())
 }
 
 #[derive(Debug, Deserialize)]

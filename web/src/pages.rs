@@ -735,7 +735,7 @@ pub async fn node_page(
                     }
                     tr { th { "Hands-off" } td {
                         @if n.state.agent_hands_off { span.badge.warn { "marker on the node" } " " }
-                        @if let Some((by, why)) = &n.state.engine_hands_off { span.badge.warn { "set by " (by) } " " small { (why) } }
+                        @if let Some((by, why)) = &n.state.engine_hands_off { span.badge.warn { "set by " (by) } " " small { (why) } @if let Some(u) = n.state.engine_hands_off_until_ms { " " small { "until " (nightshift_engine::alerts::format_rfc3339_ms(u)) } } }
                         @if !n.state.hands_off() { span.muted { "no" } }
                     } }
                     tr { th { "Labels" } td { @for (k, v) in &n.labels { span.tag { (k) "=" (v) } " " } } }
@@ -1267,7 +1267,7 @@ pub async fn ui_hands_off(
     Form(f): Form<HandsOffForm>,
 ) -> Result<Response, PageError> {
     let reason = f.reason.unwrap_or_else(|| "maintenance".into());
-    s.engine.set_hands_off(&name, &who.actor(), f.hands_off.then_some(reason.as_str())).await?;
+    s.engine.set_hands_off(&name, &who.actor(), f.hands_off.then_some(reason.as_str()), None).await?;
     Ok(Redirect::to(&format!("/nodes/{name}")).into_response())
 }
 

@@ -62,12 +62,21 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
                             (None, false) => out.red("unreachable"),
                         },
                         drain,
+                        match (&n.state.engine_hands_off, n.state.engine_hands_off_until_ms) {
+                            (Some((by, _)), Some(until)) => out.yellow(&format!(
+                                "yes ({by}, until {})",
+                                nightshift_engine::alerts::format_rfc3339_ms(until)
+                            )),
+                            (Some((by, _)), None) => out.yellow(&format!("yes ({by})")),
+                            (None, _) if n.state.agent_hands_off => out.yellow("yes (marker on the node)"),
+                            (None, _) => "no".into(),
+                        },
                         hottest.map(|t| format!("{t:.1} °C")).unwrap_or_else(|| "—".into()),
                         n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","),
                     ]
                 })
                 .collect();
-            out.table(&["NODE", "ADDRESS", "AGENT", "DRAIN", "HOTTEST", "LABELS"], &rows);
+            out.table(&["NODE", "ADDRESS", "AGENT", "DRAIN", "HANDS-OFF", "HOTTEST", "LABELS"], &rows);
             Ok(0)
         }
         AgentsCmd::Show { node } => {

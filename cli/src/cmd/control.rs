@@ -116,14 +116,29 @@ pub async fn nodes_resume(cli: &Cli, out: &Out, node: &str, reason: &str) -> Res
     report(out, done, &v)
 }
 
-pub async fn nodes_hands_off(cli: &Cli, out: &Out, node: &str, on: bool, reason: Option<&str>) -> Result<u8> {
+pub async fn nodes_hands_off(
+    cli: &Cli,
+    out: &Out,
+    node: &str,
+    on: bool,
+    reason: Option<&str>,
+    for_secs: Option<u64>,
+) -> Result<u8> {
     let c = conn_announced(cli, out)?;
     let r = remote(&c, "setting hands-off")?;
     let v: Value = r
-        .post(&format!("/api/v1/nodes/{}/hands-off", urlencode(node)), &json!({"hands_off": on, "reason": reason}))
+        .post(
+            &format!("/api/v1/nodes/{}/hands-off", urlencode(node)),
+            &json!({"hands_off": on, "reason": reason, "for_secs": for_secs}),
+        )
         .await?;
     if out.json {
         outln!("{}", serde_json::to_string_pretty(&v)?);
+    } else if on && let Some(until) = v["until_ms"].as_i64() {
+        outln!(
+            "{node}: hands-off — nightshift changes nothing on it until {} (or `nightshift nodes hands-off {node} --off`)",
+            nightshift_engine::alerts::format_rfc3339_ms(until)
+        );
     } else if on {
         outln!("{node}: hands-off — nightshift changes nothing on it until `nightshift nodes hands-off {node} --off`");
     } else {

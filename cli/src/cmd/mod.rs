@@ -63,6 +63,17 @@ pub fn parse_since(s: &str) -> Result<i64> {
     since_at(s, jiff::Timestamp::now().as_millisecond())
 }
 
+/// A span forward (`30m`, `4h`, `2d`), in seconds, for `flag`.
+pub fn parse_span_secs(flag: &str, s: &str) -> Result<u64> {
+    let expected = || usage(format!("{flag}: expected a span (30m, 4h, 2d, 1h30m), found {s:?}"));
+    let span: jiff::Span = s.trim().parse().map_err(|_| expected())?;
+    let d = span.to_duration(jiff::SpanRelativeTo::days_are_24_hours()).map_err(|_| expected())?;
+    if d.is_negative() || d.is_zero() {
+        return Err(expected());
+    }
+    Ok(d.as_secs().max(1) as u64)
+}
+
 fn since_at(s: &str, now_ms: i64) -> Result<i64> {
     if let Some(ms) = nightshift_engine::alerts::parse_rfc3339_ms(s) {
         return Ok(ms);

@@ -607,6 +607,7 @@ impl Engine {
     /// Periodic work: expire approvals, fire schedules and fleet triggers,
     /// mark silent nodes disconnected, start queued runs.
     pub async fn tick(&self) {
+        self.expire_hands_off().await;
         let now = self.core.now();
         let expired: Vec<String> = self
             .core
