@@ -855,7 +855,7 @@ async fn a_hands_off_outlives_a_restart_and_ends_when_its_time_is_up() {
     // Its time runs out: ended by the engine, saying whose it was.
     f.run_for(600).await.unwrap();
     assert!(!f.engine.node("n1").unwrap().state.hands_off());
-    let ended = records(f).into_iter().filter(|r| r.kind == RecordKind::HandsOff).last().unwrap();
+    let ended = records(f).into_iter().rev().find(|r| r.kind == RecordKind::HandsOff).unwrap();
     assert_eq!((ended.actor.as_str(), ended.data["hands_off"].as_bool()), ("engine", Some(false)));
     assert!(ended.data["reason"].as_str().unwrap().contains("the hands-off user:admin set ended"), "{ended:?}");
     f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-2", now(f), "firing"), "alertmanager");
