@@ -249,32 +249,36 @@ pub enum RunbooksCmd {
     },
 }
 
+/// Which runs a listing shows (`audit list`, `runs list`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct RunListArgs {
+    /// Only runs on this node.
+    #[arg(long, add = ArgValueCompleter::new(crate::complete::nodes))]
+    pub node: Option<String>,
+    /// Only runs of this runbook.
+    #[arg(long, add = ArgValueCompleter::new(crate::complete::runbooks))]
+    pub runbook: Option<String>,
+    /// Only runs that ended so: succeeded, failed, refused, timed_out, cancelled, interrupted.
+    #[arg(long)]
+    pub outcome: Option<String>,
+    /// 30m, 6h, 2d, or an RFC 3339 time.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// At most this many runs.
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    /// With PostgreSQL: the runs of every shard of the database, each
+    /// with its shard (needs --server).
+    #[arg(long)]
+    pub all_shards: bool,
+}
+
 #[derive(Subcommand)]
 pub enum AuditCmd {
-    /// Runs, newest first.
+    /// Runs, newest first (the same as `nightshift runs list`).
     ///
     /// Example: nightshift audit list --node gpu-a1 --outcome failed --since 24h
-    List {
-        /// Only runs on this node.
-        #[arg(long, add = ArgValueCompleter::new(crate::complete::nodes))]
-        node: Option<String>,
-        /// Only runs of this runbook.
-        #[arg(long, add = ArgValueCompleter::new(crate::complete::runbooks))]
-        runbook: Option<String>,
-        /// Only runs that ended so: succeeded, failed, refused, timed_out, cancelled, interrupted.
-        #[arg(long)]
-        outcome: Option<String>,
-        /// 30m, 6h, 2d, or an RFC 3339 time.
-        #[arg(long)]
-        since: Option<String>,
-        /// At most this many runs.
-        #[arg(long, default_value_t = 20)]
-        limit: usize,
-        /// With PostgreSQL: the runs of every shard of the database, each
-        /// with its shard (needs --server).
-        #[arg(long)]
-        all_shards: bool,
-    },
+    List(RunListArgs),
     /// One run: summary and every record.
     ///
     /// Example: nightshift audit show r000042
@@ -418,6 +422,11 @@ pub enum AgentsCmd {
 
 #[derive(Subcommand)]
 pub enum HoldsCmd {
+    /// Every hold in effect across the fleet: node, setting, value, owner
+    /// (a run, a person), lease.
+    ///
+    /// Example: nightshift holds list --server http://nightshift:8080
+    List,
     /// Release holds on a node as yourself (`person:<you>`), audited: a
     /// run's, a kept one, a sticky repair or RMA drain, another person's.
     /// Every hold on the node only with --all (or, on a terminal, after
@@ -509,6 +518,10 @@ pub enum FleetCmd {
 
 #[derive(Subcommand)]
 pub enum RunsCmd {
+    /// Runs, newest first (the same as `nightshift audit list`).
+    ///
+    /// Example: nightshift runs list --outcome failed --since 24h
+    List(RunListArgs),
     /// Cancel a queued, pending or running run: a running one stops at
     /// its next step and gives back its holds.
     ///

@@ -130,6 +130,10 @@ async fn real_main(cli: Cli) -> Result<u8> {
             init_logging("warn");
             cmd::fleet::mode(&cli, &out, mode.as_deref(), reason.as_deref()).await
         }
+        Command::Runs(crate::args::RunsCmd::List(a)) => {
+            cmd::audit::audit(&cli, &out, &crate::args::AuditCmd::List(a.clone())).await
+        }
+        Command::Holds(crate::args::HoldsCmd::List) => cmd::agents::holds_list(&cli, &out).await,
         Command::Runs(crate::args::RunsCmd::Cancel { run, reason }) => {
             init_logging("warn");
             cmd::control::runs_cancel(&cli, &out, run, reason.as_deref()).await

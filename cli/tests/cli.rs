@@ -424,6 +424,12 @@ async fn served_engine() {
     );
 
     // A person's controls (issue 30), through the server, as themselves.
+    // Where kubectl users look: the fleet's holds, and runs list = audit list.
+    let o = srv(&["holds", "list"], OPERATOR);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(code(&o) == 0 && text.contains("g1") && text.contains("400 W"), "{text}");
+    let runs = json(&srv(&["runs", "list", "--json"], OPERATOR));
+    assert_eq!(runs["runs"], json(&srv(&["audit", "list", "--json"], OPERATOR))["runs"]);
     // Every hold on a node only with --all or a yes (no terminal here: a no).
     let o = srv(&["holds", "release", "g1", "--reason", "slip of the keyboard"], OPERATOR);
     assert_eq!(code(&o), 3, "{}", String::from_utf8_lossy(&o.stderr));

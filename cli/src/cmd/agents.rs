@@ -256,3 +256,45 @@ pub async fn nodes(c: &mut Conn, out: &Out, cmd: &crate::args::NodesCmd) -> Resu
         }
     }
 }
+
+/// `nightshift holds list`: every hold in effect across the fleet, from
+/// each node's last report (one line per hold).
+pub async fn holds_list(cli: &crate::args::Cli, out: &Out) -> Result<u8> {
+    let mut c = crate::cmd::conn(cli, out)?;
+    let nodes = c.nodes().await?;
+    c.close().await;
+    let holds: Vec<(&str, &nightshift_proto::HoldInfo)> =
+        nodes.iter().flat_map(|n| n.holds.iter().map(move |h| (n.name.as_str(), h))).collect();
+    if out.json {
+        let v: Vec<serde_json::Value> = holds.iter().map(|(n, h)| serde_json::json!({"node": n, "hold": h})).collect();
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    if holds.is_empty() {
+        outln!("nothing is held anywhere: every setting is as its device had it");
+        return Ok(0);
+    }
+    let rows: Vec<Vec<String>> = holds
+        .iter()
+        .map(|(n, h)| {
+            vec![
+                n.to_string(),
+                h.setting.to_string(),
+                h.value.to_string(),
+                h.owner.clone(),
+                match h.expires_at_ms {
+                    None => "sticky (a person releases it)".into(),
+                    Some(t) => format!(
+                        "until {}{}",
+                        nightshift_engine::alerts::format_rfc3339_ms(t),
+                        if h.kept { ", kept" } else { "" }
+                    ),
+                },
+                h.id.clone(),
+            ]
+        })
+        .collect();
+    out.table(&["NODE", "SETTING", "VALUE", "OWNER", "LEASE", "HOLD"], &rows);
+    outln!("{} hold(s) on {} node(s)", holds.len(), nodes.iter().filter(|n| !n.holds.is_empty()).count());
+    Ok(0)
+}

@@ -17,7 +17,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
     let mut c = conn(cli, out)?;
     match cmd {
         AuditCmd::Salvage { .. } => Err(anyhow::anyhow!("internal: salvage is handled without an engine")),
-        AuditCmd::List { node, runbook, outcome, since, limit, all_shards } => {
+        AuditCmd::List(crate::args::RunListArgs { node, runbook, outcome, since, limit, all_shards }) => {
             let outcome = match outcome {
                 Some(o) => Some(RunOutcome::parse(o).ok_or_else(|| {
                     usage(format!("--outcome: expected succeeded, failed, refused, timed_out, cancelled or interrupted, found {o:?}"))
