@@ -67,6 +67,36 @@ pub struct RunEntry {
     pub resumed: u32,
 }
 
+impl RunEntry {
+    /// A run's entry as its manifest says (class, priority, exclusive),
+    /// its approval expiring `expire_secs` after it was created, nothing
+    /// done yet; callers set what differs (a breaker's hold, a resume).
+    pub fn new(summary: RunSummary, m: &crate::manifest::Manifest) -> RunEntry {
+        RunEntry {
+            class: m.class,
+            priority: m.priority,
+            exclusive: m.exclusive,
+            not_before_ms: 0,
+            approval_deadline_ms: summary
+                .created_ms
+                .saturating_add((m.approval.expire_secs as i64).saturating_mul(1000)),
+            cancel: Arc::new(AtomicBool::new(false)),
+            announced: false,
+            fire: None,
+            next_action: 0,
+            event_ts_ms: summary.event_ts_ms,
+            acted: false,
+            held_on: Vec::new(),
+            keeps_on: Vec::new(),
+            preempted_by: None,
+            cancelled_by: None,
+            told: false,
+            resumed: 0,
+            summary,
+        }
+    }
+}
+
 /// A person's cancel (or rejection) of a run: recorded as theirs, not as
 /// the run's requester's.
 #[derive(Debug, Clone, PartialEq)]

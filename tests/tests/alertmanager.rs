@@ -45,20 +45,7 @@ async fn alertmanager_delivers_and_the_runbook_runs_once() {
         .replace("group_interval: 5m", "group_interval: 1s")
         .replace("repeat_interval: 4h", "repeat_interval: 2s");
     assert!(config.contains(&web_addr.to_string()) && config.contains(token), "the example changed:\n{config}");
-    std::fs::write(dir.path().join("alertmanager.yml"), &config).unwrap();
-    let port = free_port();
-    let daemon = Daemon::start(
-        &[
-            am.display().to_string(),
-            format!("--config.file={}", dir.path().join("alertmanager.yml").display()),
-            format!("--storage.path={}", dir.path().join("am-data").display()),
-            format!("--web.listen-address=127.0.0.1:{port}"),
-            "--cluster.listen-address=".into(),
-        ],
-        &dir.path().join("alertmanager.log"),
-    );
-    let am_url = format!("http://127.0.0.1:{port}");
-    wait_http_ok(&format!("{am_url}/-/ready"), 60, &daemon).await;
+    let (daemon, am_url) = start_alertmanager(&am, dir.path(), &config).await;
 
     // The same alert, posted five times (as Prometheus re-sends it).
     let starts = nightshift_engine::alerts::format_rfc3339_ms(
@@ -125,20 +112,7 @@ async fn an_escalation_pages_a_person_through_the_real_alertmanager_with_the_run
         .replace("http://pager.example/alert", &pager_url)
         .replace("http://chat.example/alert", &chat_url);
     assert!(config.contains(&pager_url) && config.contains(&chat_url), "the example changed:\n{config}");
-    std::fs::write(dir.path().join("alertmanager.yml"), &config).unwrap();
-    let port = free_port();
-    let daemon = Daemon::start(
-        &[
-            am.display().to_string(),
-            format!("--config.file={}", dir.path().join("alertmanager.yml").display()),
-            format!("--storage.path={}", dir.path().join("am-data").display()),
-            format!("--web.listen-address=127.0.0.1:{port}"),
-            "--cluster.listen-address=".into(),
-        ],
-        &dir.path().join("alertmanager.log"),
-    );
-    let am_url = format!("http://127.0.0.1:{port}");
-    wait_http_ok(&format!("{am_url}/-/ready"), 60, &daemon).await;
+    let (daemon, am_url) = start_alertmanager(&am, dir.path(), &config).await;
 
     // The shipped notification target, pointed at this Alertmanager.
     let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/engine.yaml")).unwrap();
@@ -219,6 +193,26 @@ async fn an_escalation_pages_a_person_through_the_real_alertmanager_with_the_run
     drop(daemon);
     let mut agent = agent;
     agent.stop().await;
+}
+
+/// A real Alertmanager with `config` on a free loopback port, ready; and its
+/// URL.
+async fn start_alertmanager(am: &std::path::Path, dir: &std::path::Path, config: &str) -> (Daemon, String) {
+    std::fs::write(dir.join("alertmanager.yml"), config).unwrap();
+    let port = free_port();
+    let daemon = Daemon::start(
+        &[
+            am.display().to_string(),
+            format!("--config.file={}", dir.join("alertmanager.yml").display()),
+            format!("--storage.path={}", dir.join("am-data").display()),
+            format!("--web.listen-address=127.0.0.1:{port}"),
+            "--cluster.listen-address=".into(),
+        ],
+        &dir.join("alertmanager.log"),
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    wait_http_ok(&format!("{url}/-/ready"), 60, &daemon).await;
+    (daemon, url)
 }
 
 /// Copy `from` into `to` (files and one level of folders).

@@ -12,8 +12,7 @@
 //!   lower exclusive run holding its node.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use serde_json::{Value, json};
 
@@ -232,25 +231,12 @@ impl Engine {
                     t.runs.insert(
                         s.id.clone(),
                         RunEntry {
-                            summary: s.clone(),
-                            class: m.class,
-                            priority: m.priority,
-                            exclusive: m.exclusive,
                             not_before_ms: now.saturating_add(*hold_ms),
                             approval_deadline_ms: now
                                 .saturating_add((m.approval.expire_secs as i64).saturating_mul(1000)),
-                            cancel: Arc::new(AtomicBool::new(false)),
-                            announced: false,
                             fire,
-                            next_action: 0,
                             event_ts_ms: req.event_ts_ms,
-                            acted: false,
-                            held_on: Vec::new(),
-                            keeps_on: Vec::new(),
-                            preempted_by: None,
-                            cancelled_by: None,
-                            told: false,
-                            resumed: 0,
+                            ..RunEntry::new(s.clone(), m)
                         },
                     );
                     if approval.is_none() {

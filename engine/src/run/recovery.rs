@@ -14,8 +14,6 @@
 //!    runbook is gone, is interrupted instead: its holds are released.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use serde_json::{Value, json};
 
@@ -76,30 +74,13 @@ impl Engine {
                     t.runs.insert(
                         s.id.clone(),
                         RunEntry {
-                            summary: s.clone(),
-                            class: m.class,
-                            priority: m.priority,
-                            exclusive: m.exclusive,
-                            not_before_ms: 0,
-                            approval_deadline_ms: s
-                                .created_ms
-                                .saturating_add((m.approval.expire_secs as i64).saturating_mul(1000)),
-                            cancel: Arc::new(AtomicBool::new(false)),
                             announced: true,
-                            fire: None,
-                            next_action: 0,
-                            event_ts_ms: s.event_ts_ms,
-                            acted: false,
                             // Holds of an earlier life (resumed, stopped
-                            // again before it started) go at its end.
+                            // again before it started) go at its end; its
+                            // next ids must still be its own.
                             held_on: if before > 0 { changed_nodes(&records) } else { Vec::new() },
-                            keeps_on: Vec::new(),
-                            preempted_by: None,
-                            cancelled_by: None,
-                            told: false,
-                            // A run resumed once, stopped again before it
-                            // started: its next ids must still be its own.
                             resumed: before,
+                            ..RunEntry::new(s.clone(), m)
                         },
                     );
                     if !pending {
@@ -169,26 +150,7 @@ impl Engine {
         t.active_by_key.insert(RunTable::key(&s), s.id.clone());
         t.runs.insert(
             s.id.clone(),
-            RunEntry {
-                summary: s.clone(),
-                class: m.class,
-                priority: m.priority,
-                exclusive: m.exclusive,
-                not_before_ms: 0,
-                approval_deadline_ms: 0,
-                cancel: Arc::new(AtomicBool::new(false)),
-                announced: true,
-                fire: None,
-                next_action: 0,
-                event_ts_ms: s.event_ts_ms,
-                acted: false,
-                held_on: touched,
-                keeps_on: Vec::new(),
-                preempted_by: None,
-                cancelled_by: None,
-                told: false,
-                resumed: k,
-            },
+            RunEntry { announced: true, held_on: touched, resumed: k, ..RunEntry::new(s.clone(), m) },
         );
         t.enqueue(s.id.clone(), m.priority);
         tracing::info!(run = %s.id, resumed = k, "run resumed after a restart");
