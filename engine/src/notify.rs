@@ -304,27 +304,14 @@ mod tests {
         );
         let n = Notifier::new(&NotificationsConfig {
             webhooks: vec![
-                WebhookTarget {
-                    name: "all".into(),
-                    url: "http://x".into(),
-                    format: WebhookFormat::Generic,
-                    escalations_only: false,
-                    timeout_secs: 1,
-                    max_attempts: 1,
-                    dry_runs: false,
-                    audit_anchors: false,
-                    firing_secs: 3600,
-                },
+                WebhookTarget { name: "all".into(), ..target(WebhookFormat::Generic) },
                 WebhookTarget {
                     name: "pager".into(),
                     url: "http://y".into(),
-                    format: WebhookFormat::Slack,
                     escalations_only: true,
-                    timeout_secs: 1,
-                    max_attempts: 1,
                     dry_runs: true,
                     audit_anchors: true,
-                    firing_secs: 3600,
+                    ..target(WebhookFormat::Slack)
                 },
             ],
             audit_anchor_every_secs: None,

@@ -11,6 +11,8 @@ use nightshift_engine::runs::{RunOutcome, RunState, Target};
 use nightshift_proto::{NoArgs, Op, Request, Telemetry};
 
 const HOT_ALERT: &str = "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 300\n";
+/// `GpuHot` on a node, no cooldown: every new alert may start a run.
+const HOT_ANY_TIME: &str = "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 0\n";
 
 async fn power_limit(sim: &nightshift_sim::fleet::SimFleet, node: &str, gpu: usize) -> f64 {
     let r = sim.agent(node).handle(Request::new("probe", Op::Telemetry(NoArgs {}))).await;
@@ -234,12 +236,7 @@ fn manual_req(runbook: &str, node: &str) -> nightshift_engine::engine::RunReques
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_attempt_budget_refuses_and_escalates() {
     let rb = tempfile::tempdir().unwrap();
-    write_runbook(
-        rb.path(),
-        "hot",
-        "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 0\nmax_attempts_per_day: 2\n",
-        "set_power_limit(0, 600);\n",
-    );
+    write_runbook(rb.path(), "hot", &format!("{HOT_ANY_TIME}max_attempts_per_day: 2\n"), "set_power_limit(0, 600);\n");
     let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
     let f = &sim.fleet;
     for i in 0..3 {
@@ -265,12 +262,7 @@ async fn the_attempt_budget_refuses_and_escalates() {
 async fn a_run_that_decides_there_is_nothing_to_do_spends_no_budget() {
     for (script, refused) in [("note(\"within threshold: nothing to do\");\n", 0), ("notify(\"look at it\");\n", 4)] {
         let rb = tempfile::tempdir().unwrap();
-        write_runbook(
-            rb.path(),
-            "hot",
-            "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 0\nmax_attempts_per_day: 2\n",
-            script,
-        );
+        write_runbook(rb.path(), "hot", &format!("{HOT_ANY_TIME}max_attempts_per_day: 2\n"), script);
         let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
         for i in 0..6 {
             if i == 3 {
@@ -771,12 +763,7 @@ fn applied(f: &nightshift_sim::fleet::SimFleet, id: &str) -> Vec<bool> {
 async fn the_fleet_mode_shadows_pauses_and_acts_for_every_runbook() {
     use nightshift_engine::modes::FleetMode;
     let rb = tempfile::tempdir().unwrap();
-    write_runbook(
-        rb.path(),
-        "hot",
-        "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 0\n",
-        "set_power_limit(0, 500);\n",
-    );
+    write_runbook(rb.path(), "hot", HOT_ANY_TIME, "set_power_limit(0, 500);\n");
     write_runbook(rb.path(), "cap", "trigger:\n  type: manual\nscope: node\n", "set_power_limit(1, 450);\n");
     let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
     let e = &sim.fleet.engine;
@@ -830,12 +817,7 @@ async fn the_fleet_mode_shadows_pauses_and_acts_for_every_runbook() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hands_off_outlives_a_restart_and_ends_when_its_time_is_up() {
     let rb = tempfile::tempdir().unwrap();
-    write_runbook(
-        rb.path(),
-        "hot",
-        "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 0\n",
-        "set_power_limit(0, 500);\n",
-    );
+    write_runbook(rb.path(), "hot", HOT_ANY_TIME, "set_power_limit(0, 500);\n");
     let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
     let until = now(&sim.fleet) + 600_000;
     sim.fleet.engine.set_hands_off("n1", "user:admin", Some("firmware update"), Some(until)).await.unwrap();
