@@ -568,6 +568,29 @@ impl Core {
         }
     }
 
+    /// Keep run `s`'s holds on `node` past its end, for `lease_secs`,
+    /// audited: a resumed run that could not decide leaves its mitigation
+    /// in force for a person (invariant 18).
+    pub async fn keep_run_holds(&self, s: &RunSummary, node: &str, lease_secs: u64) -> Result<(), String> {
+        let req = Request::new(
+            self.next_action_id(&s.id),
+            Op::Renew(nightshift_proto::RenewArgs { hold: None, owner: Some(s.id.clone()), lease_secs, keep: true }),
+        );
+        let action_id = req.id.clone();
+        let result = self.send_audited(s, node, None, req).await;
+        let data = action_result(&action_id, "renew", false, &result, ("kept", false));
+        let rec =
+            NewRecord::typed(RecordKind::ActionResult, "engine", &data).run(&s.id).node(Some(node)).runbook(&s.runbook);
+        if let Err(e) = self.audit.append(rec, Some(s.clone())).await {
+            tracing::error!(run = %s.id, error = %e, "cannot audit a kept hold");
+        }
+        match result {
+            Ok((r, _)) if r.ok => Ok(()),
+            Ok((r, _)) => Err(r.error.map(|e| e.message).unwrap_or_default()),
+            Err(e) => Err(e.message),
+        }
+    }
+
     /// Whether the trigger's condition still holds for the run's target:
     /// `Some((holds, how))`, or `None` when it cannot be told (edges,
     /// predictions, manual and scheduled runs).

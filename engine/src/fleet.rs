@@ -38,12 +38,25 @@ pub struct NodeState {
     /// The agent cannot record changes durably: what it said.
     #[serde(default)]
     pub state_degraded: Option<String>,
+    /// When this engine got its first reading of the node (none yet: a
+    /// new engine knows nothing of it). What a resumed run may judge from
+    /// starts here (invariant 18).
+    #[serde(skip)]
+    pub first_reading_ms: Option<i64>,
 }
 
 impl NodeState {
     /// Drained by someone other than nightshift.
     pub fn drained_by_person(&self) -> bool {
         self.drained && !owned_by_nightshift(self.drain_reason.as_deref())
+    }
+
+    /// A reading of the node at `ts_ms` arrived (`i64::MIN`: none).
+    pub fn saw_reading(&mut self, ts_ms: i64) {
+        self.last_seen_ms = self.last_seen_ms.max(ts_ms);
+        if ts_ms > i64::MIN {
+            self.first_reading_ms.get_or_insert(ts_ms);
+        }
     }
 
     pub fn hands_off(&self) -> bool {

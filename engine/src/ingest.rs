@@ -39,7 +39,7 @@ impl Engine {
         {
             let mut st = node.state();
             st.connected = true;
-            st.last_seen_ms = t.ts_ms.max(st.last_seen_ms);
+            st.saw_reading(t.ts_ms);
             st.drained = t.node_metrics.drained;
             st.drain_reason = t.node_metrics.drain_reason.clone();
             st.agent_hands_off = t.node_metrics.hands_off;
@@ -176,8 +176,7 @@ impl Engine {
             seen[*n as usize] = seen[*n as usize].max(*ts);
         }
         for (n, ts) in nodes.iter().zip(seen) {
-            let mut st = n.state();
-            st.last_seen_ms = st.last_seen_ms.max(ts);
+            n.state().saw_reading(ts);
         }
         self.core.counters.samples_ingested.fetch_add(batch.len() as u64, Ordering::Relaxed);
         // Health in name order, as before.

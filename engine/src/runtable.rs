@@ -65,6 +65,10 @@ pub struct RunEntry {
     /// A resumed run starts its script again from the top, under action
     /// ids of its own (`<run>-r<k>-a<n>`), and is never stale by age.
     pub resumed: u32,
+    /// A resumed run waits, until this moment at most, for its nodes'
+    /// inventory and a first reading from this engine before it starts
+    /// (none: not resumed, or ready).
+    pub resume_wait_until_ms: Option<i64>,
 }
 
 impl RunEntry {
@@ -92,6 +96,7 @@ impl RunEntry {
             cancelled_by: None,
             told: false,
             resumed: 0,
+            resume_wait_until_ms: None,
             summary,
         }
     }

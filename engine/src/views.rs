@@ -365,18 +365,32 @@ impl Engine {
 
     /// Fetch every agent's inventory once (node state, GPU counts, vendor).
     pub async fn refresh_inventories(&self) {
-        for n in self.core.fleet.nodes().iter().cloned() {
-            let req = Request::new(self.core.ids.request(&format!("inv-{}", n.spec.name)), Op::Inventory(NoArgs {}));
-            match n.transport.call(req).await {
-                Ok(r) if r.ok => {
-                    let inv = r.result.and_then(|v| serde_json::from_value(v).ok());
-                    let mut st = n.state();
-                    st.inventory = inv;
-                    st.last_error = None;
-                }
-                Ok(r) => n.state().last_error = r.error.map(|e| e.message),
-                Err(e) => n.state().last_error = Some(e.to_string()),
+        for n in self.core.fleet.nodes().iter() {
+            self.fetch_inventory(n).await;
+        }
+    }
+
+    /// Fetch `node`'s inventory if this engine has none yet (a connection's
+    /// first call): a new engine knows a node only after this.
+    pub async fn ensure_inventory(&self, node: &str) {
+        let Some(n) = self.core.fleet.get(node) else { return };
+        let known = n.state().inventory.is_some();
+        if !known {
+            self.fetch_inventory(&n).await;
+        }
+    }
+
+    async fn fetch_inventory(&self, n: &crate::fleet::Node) {
+        let req = Request::new(self.core.ids.request(&format!("inv-{}", n.spec.name)), Op::Inventory(NoArgs {}));
+        match n.transport.call(req).await {
+            Ok(r) if r.ok => {
+                let inv = r.result.and_then(|v| serde_json::from_value(v).ok());
+                let mut st = n.state();
+                st.inventory = inv;
+                st.last_error = None;
             }
+            Ok(r) => n.state().last_error = r.error.map(|e| e.message),
+            Err(e) => n.state().last_error = Some(e.to_string()),
         }
     }
 

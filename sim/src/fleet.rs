@@ -483,10 +483,14 @@ impl SimFleet {
         });
         let old = std::mem::replace(&mut self.engine, engine);
         drop(old);
-        self.engine.refresh_inventories().await;
+        // As a real engine starts: it records its start and recovers before
+        // it has connected to anyone — no inventory, no telemetry history;
+        // each node's inventory comes with its first poll and its readings
+        // at the scrape interval (the next steps' `feed`). Runs it resumes
+        // start as soon as the queue lets them (DESIGN.md, "Simulated
+        // hardware": never kinder than a real restart).
         self.engine.announce_start().await.map_err(|e| setup(&e))?;
         let interrupted = self.engine.recover().await.map_err(|e| setup(&e))?;
-        self.feed().await;
         self.settle().await?;
         Ok(interrupted)
     }
@@ -563,6 +567,9 @@ impl SimFleet {
             if !self.powered(name) {
                 continue;
             }
+            // A connection's first call is the inventory (a restarted
+            // engine has none until then).
+            self.engine.ensure_inventory(name).await;
             if let Ok(t) = a.telemetry().await {
                 self.engine.ingest_telemetry(&t).await;
             }

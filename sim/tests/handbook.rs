@@ -191,3 +191,37 @@ fn every_row_has_an_mi300x_and_a_b200_scenario() {
     }
     assert!(missing.is_empty(), "no scenario for {missing:?}");
 }
+
+/// Invariant 18: every shipped runbook that holds a power cap, a fan curve
+/// or the chassis fans has a shipped scenario that restarts the engine
+/// while its fault persists (the simulated restart is a real one's: no
+/// telemetry history, inventory only after the first poll).
+#[test]
+fn every_runbook_that_holds_cooling_or_power_has_an_engine_restart_scenario() {
+    use nightshift_sim::scenario::{Restart, Scenario};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
+    let scenarios: Vec<Scenario> =
+        scenario_files(&root.join("scenarios")).iter().map(|f| Scenario::load(f).unwrap()).collect();
+    let mut holding = Vec::new();
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "rhai") {
+            let script = std::fs::read_to_string(&path).unwrap();
+            if ["set_power_limit(", "set_fan_curve(", "set_chassis_fans("].iter().any(|op| script.contains(op)) {
+                holding.push(path.file_stem().unwrap().to_string_lossy().to_string());
+            }
+        }
+    }
+    holding.sort();
+    assert!(holding.len() >= 3, "{holding:?}");
+    let missing: Vec<&String> = holding
+        .iter()
+        .filter(|name| {
+            !scenarios.iter().any(|s| {
+                s.runbooks.as_ref().is_some_and(|r| r.contains(name))
+                    && s.timeline.iter().any(|e| e.restart == Some(Restart::Engine))
+            })
+        })
+        .collect();
+    assert!(missing.is_empty(), "no engine-restart scenario for {missing:?}");
+}

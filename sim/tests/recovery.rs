@@ -606,3 +606,111 @@ async fn a_cap_lost_to_a_gpu_reset_is_applied_again_and_audited_on_its_run() {
     assert!(drifted[0].data["why"].as_str().unwrap().contains("the device now has 600 W"), "{:?}", drifted[0].data);
     assert!(f.engine.verify().unwrap().ok);
 }
+
+/// Invariant 18, the gate: a new engine knows nothing of its nodes; a run it
+/// resumes waits for the node's inventory and a reading of its own before
+/// its script starts, and a window it reads (here 300 s) only once this
+/// engine has observed all of it — the cap stays in force meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_run_waits_for_readings_of_its_own_and_judges_only_windows_it_observed() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "cool",
+        "trigger:\n  type: manual\nscope: gpu\ntimeout_secs: 3600\n",
+        "let g = gpu();\nif g.name == () { throw \"judged a GPU it has no inventory of\"; }\n\
+         set_power_limit(450);\nsleep(60);\n\
+         let t = metric_max(\"gpu.temperature_c\", 300);\nif t == () { throw \"no readings\"; }\nnote(`judged over 300 s: ${t}`);\n",
+    );
+    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let id = run_id(&sim.fleet.engine.submit(manual("cool", Target::gpu("n1", 0), "user:alice")).await.unwrap());
+    sim.fleet.run_for(10).await.unwrap();
+    assert_eq!(cap_and_releases(&sim.fleet, &id).await, (450.0, 0));
+    let interrupted = sim.fleet.restart_engine().await.unwrap();
+    assert!(interrupted.is_empty(), "{interrupted:?}");
+    let restarted_ms = nightshift_proto::clock::Clock::now_ms(&sim.fleet.clock);
+    let f = &sim.fleet;
+    // Nothing from the node yet: queued, saying what it waits for.
+    let run = f.engine.run(&id).unwrap().unwrap();
+    assert_eq!(run.state, RunState::Queued, "{run:?}");
+    let waits = f.engine.active_runs().join("; ");
+    assert!(waits.contains("resumed after a restart: waits for this engine's inventory of n1"), "{waits}");
+    f.run_for(200).await.unwrap();
+    assert_eq!(cap_and_releases(f, &id).await, (450.0, 0), "the cap stays while the window fills");
+    let end = until_finished(f, &id, 600).await;
+    assert_eq!(end.outcome, Some(RunOutcome::Succeeded), "{end:?}");
+    let judged = f
+        .engine
+        .run_records(&id)
+        .unwrap()
+        .into_iter()
+        .find(|r| r.kind == RecordKind::Note && r.data["text"].as_str().is_some_and(|t| t.starts_with("judged")))
+        .expect("the resumed run judged its window");
+    assert!(
+        judged.ts_ms - restarted_ms >= 300_000,
+        "judged {} s after the restart, before this engine had observed 300 s",
+        (judged.ts_ms - restarted_ms) / 1000
+    );
+    assert!(f.engine.verify().unwrap().ok);
+}
+
+/// Invariant 18, the end: a resumed script that fails keeps its holds (it
+/// could not decide; a person does), is recorded as failed after resume,
+/// pages once, and starts no cooldown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_run_that_fails_keeps_its_holds_and_pages_once() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "cool",
+        "trigger:\n  type: manual\nscope: gpu\ntimeout_secs: 3600\n",
+        "if target.resumed > 0 { throw \"cannot tell after a restart\"; }\nset_power_limit(450);\nsleep(1800);\n",
+    );
+    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let id = run_id(&sim.fleet.engine.submit(manual("cool", Target::gpu("n1", 0), "user:alice")).await.unwrap());
+    sim.fleet.run_for(10).await.unwrap();
+    sim.fleet.restart_engine().await.unwrap();
+    let f = &sim.fleet;
+    let end = until_finished(f, &id, 120).await;
+    assert_eq!(end.outcome, Some(RunOutcome::Failed), "{end:?}");
+    assert!(end.why.contains("failed after resume") && end.why.contains("cannot tell"), "{}", end.why);
+    f.run_for(600).await.unwrap();
+    assert_eq!(cap_and_releases(f, &id).await, (450.0, 0), "the cap outlives the failed resume");
+    let recs = f.engine.run_records(&id).unwrap();
+    let pages = recs.iter().filter(|r| r.kind == RecordKind::Escalation).count();
+    assert_eq!(pages, 1, "one page: {:?}", kinds(&recs, &id));
+    let finished = recs.iter().find(|r| r.kind == RecordKind::RunFinished).unwrap();
+    assert_eq!(finished.data["starts_cooldown"], false, "{finished:?}");
+    assert!(finished.data["holds_kept"].as_array().is_some_and(|k| !k.is_empty()), "{finished:?}");
+    assert!(f.engine.verify().unwrap().ok);
+}
+
+/// A node that never reports to the new engine: the resumed run waits
+/// `limits.resume_wait_secs`, then ends failed — its holds not released —
+/// and a person is paged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_run_whose_node_never_reports_ends_failed_without_releasing() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "cool",
+        "trigger:\n  type: manual\nscope: gpu\ntimeout_secs: 3600\n",
+        "set_power_limit(450);\nsleep(1800);\n",
+    );
+    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |o| o.limits.resume_wait_secs = 120).await;
+    let id = run_id(&sim.fleet.engine.submit(manual("cool", Target::gpu("n1", 0), "user:alice")).await.unwrap());
+    sim.fleet.run_for(10).await.unwrap();
+    // The node's network goes as the engine restarts.
+    sim.fleet.power.lock().unwrap().get_mut("n1").unwrap().0 = nightshift_sim::fleet::Power::Off;
+    sim.fleet.restart_engine().await.unwrap();
+    let f = &sim.fleet;
+    let end = until_finished(f, &id, 300).await;
+    assert_eq!(end.outcome, Some(RunOutcome::Failed), "{end:?}");
+    assert!(end.why.contains("limits.resume_wait_secs"), "{}", end.why);
+    let recs = f.engine.run_records(&id).unwrap();
+    assert_eq!(recs.iter().filter(|r| r.kind == RecordKind::Escalation).count(), 1);
+    assert!(!recs.iter().any(|r| r.data["op"] == "release"), "nothing released");
+    // Back on the network: the cap is still there.
+    f.power.lock().unwrap().get_mut("n1").unwrap().0 = nightshift_sim::fleet::Power::On;
+    assert_eq!(telemetry(f, "n1").await.gpus[0].power_limit_watts, 450.0);
+}

@@ -939,6 +939,7 @@ async fn script_overhead(iterations: usize) -> Result<Vec<f64>> {
                 dry_run: false,
                 timeout_secs: 60,
                 max_notes: 100,
+                resumed: 0,
             };
             let ctx = Arc::new(RunCtx::new(info, Arc::new(SystemClock), h));
             let params = rhai::serde::to_dynamic(json!({"a": 1})).unwrap_or_default();

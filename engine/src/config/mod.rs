@@ -374,6 +374,16 @@ pub struct Limits {
     /// Alerts one poster may send at once above the rate.
     #[serde(default = "d_webhook_burst")]
     pub webhook_alert_burst: u64,
+    /// A run resumed after a restart waits at most this long for its
+    /// node's inventory and first reading from this engine before it
+    /// decides anything; past it the run ends failed, its holds kept, and
+    /// a person is paged (invariant 18).
+    #[serde(default = "d_resume_wait")]
+    pub resume_wait_secs: u64,
+}
+
+fn d_resume_wait() -> u64 {
+    300
 }
 
 fn d_webhook_rate() -> f64 {
@@ -423,6 +433,7 @@ impl Default for Limits {
             repair_window_secs: d_repair_window(),
             webhook_alerts_per_sec: d_webhook_rate(),
             webhook_alert_burst: d_webhook_burst(),
+            resume_wait_secs: d_resume_wait(),
         }
     }
 }

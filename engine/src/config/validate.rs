@@ -258,6 +258,7 @@ impl EngineConfig {
             ("action_timeout_secs", l.action_timeout_secs, 1, 3_600),
             ("alert_backlog", l.alert_backlog as u64, 1, 10_000_000),
             ("webhook_alert_burst", l.webhook_alert_burst, 1, 100_000_000),
+            ("resume_wait_secs", l.resume_wait_secs, 1, 86_400),
         ] {
             if !(lo..=hi).contains(&v) {
                 return Err(err(

@@ -418,6 +418,16 @@ impl ScriptHost for Host {
         self.core.reading(q)
     }
 
+    fn unobserved_ms(&self, _ctx: &RunCtx, node: &str, window_ms: i64) -> i64 {
+        let Some(n) = self.core.fleet.get(node) else { return 0 };
+        let first = n.state().first_reading_ms;
+        match first {
+            // From its first reading on, this engine has seen the node.
+            Some(first) => window_ms.saturating_sub(self.core.now().saturating_sub(first)).max(0),
+            None => window_ms,
+        }
+    }
+
     fn gpu_info(&self, _ctx: &RunCtx, node: &str, gpu: u32) -> Map {
         let mut out = serde_json::Map::new();
         if let Some(n) = self.core.fleet.get(node) {
@@ -593,10 +603,12 @@ impl ScriptHost for Host {
             .into_iter()
             .flat_map(|v| {
                 let (baseline, effective) = (v.baseline.to_string(), v.effective.to_string());
+                let baseline_watts = watts_of(&v.baseline);
                 v.holds.into_iter().map(move |h| {
                     Dynamic::from(to_map(json!({
                         "id": h.id, "owner": h.owner, "setting": h.setting.kind(), "gpu": h.setting.gpu(),
                         "value": h.value.to_string(), "reason": h.reason, "expires_at_ms": h.expires_at_ms,
+                        "watts": watts_of(&h.value), "baseline_watts": baseline_watts,
                         "sticky": h.sticky(), "kept": h.kept, "baseline": baseline, "effective": effective,
                     })))
                 })
@@ -695,6 +707,14 @@ impl ScriptHost for Host {
     fn event_resolved(&self, _ctx: &RunCtx) -> bool {
         let Some(s) = self.summary() else { return false };
         self.core.table().episode_resolved(&s.event)
+    }
+}
+
+/// A power limit's watts, for scripts (none for other settings).
+fn watts_of(v: &HoldValue) -> Option<f64> {
+    match v {
+        HoldValue::PowerLimit { watts } => Some(*watts),
+        _ => None,
     }
 }
 

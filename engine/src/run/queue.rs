@@ -5,7 +5,6 @@
 //! blocking thread, and the finish that releases its holds. Also the
 //! periodic tick: approval expiry, stale nodes, fleet triggers, schedules.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -14,9 +13,9 @@ use serde_json::json;
 use super::executor::end_summary;
 use crate::audit::{NewRecord, RecordKind};
 use crate::core::Core;
-use crate::engine::{Engine, EngineError, RunRequest};
-use crate::manifest::{Priority, RunClass, Trigger};
-use crate::runs::{RunOutcome, RunState, RunSummary, Target};
+use crate::engine::{Engine, EngineError};
+use crate::manifest::Priority;
+use crate::runs::{RunOutcome, RunState, RunSummary};
 use crate::runtable::{RunEntry, RunTable};
 use crate::script::{self, RunCtx, ScriptOutcome};
 
@@ -24,7 +23,7 @@ impl Engine {
     // ---------------------------------------------------------------- the queue
 
     /// Whether a queued run may start now, or what it waits for.
-    fn blocker(&self, t: &RunTable, r: &RunEntry) -> Option<String> {
+    pub(super) fn blocker(&self, t: &RunTable, r: &RunEntry) -> Option<String> {
         let set = self.runbook_set();
         // By name: a runbook gone or changed is refused when it would start.
         let (_, rb) = set.get(&r.summary.runbook)?;
@@ -51,6 +50,7 @@ impl Engine {
         loop {
             let now = self.core.now();
             let set = self.runbook_set();
+            let gate = self.resume_gate(now).await;
             let mut tripped: Vec<(String, String, i64)> = Vec::new();
             let mut preempt: Vec<(String, String)> = Vec::new();
             let to_start = {
@@ -82,6 +82,10 @@ impl Engine {
                 for (i, id) in t.queue.iter().enumerate() {
                     let Some(r) = t.runs.get(id) else { continue };
                     if !r.announced {
+                        continue;
+                    }
+                    if let Some(why) = gate.get(id) {
+                        waits.push((id.clone(), why.clone()));
                         continue;
                     }
                     if r.not_before_ms > now {
@@ -176,10 +180,14 @@ impl Engine {
             return None;
         }
         let age_ms = self.core.now().saturating_sub(event_ts);
-        // A resumed run was fresh when it first started: only its condition
-        // is checked again.
-        let resumed = self.core.table().runs.get(&s.id).is_some_and(|r| r.resumed > 0);
-        if !resumed && age_ms > (m.max_event_age_secs as i64).saturating_mul(1000) {
+        // A resumed run was fresh when it first started, and its condition
+        // may be gone only because its own holds are in force (a cap keeps
+        // the GPU under the threshold): its script decides, from readings
+        // this engine made (invariant 18).
+        if self.core.table().runs.get(&s.id).is_some_and(|r| r.resumed > 0) {
+            return None;
+        }
+        if age_ms > (m.max_event_age_secs as i64).saturating_mul(1000) {
             return Some(format!(
                 "the event was {} s old when the run could start (max_event_age_secs {}): not acted on",
                 age_ms / 1000,
@@ -282,6 +290,7 @@ impl Engine {
                 tracing::error!(run = %summary.id, error = %e, "cannot audit run start");
             }
             let host = Arc::new(crate::host::Host::new(engine.core.clone(), &summary.id, rb.manifest.clone()));
+            let resumed = engine.core.table().runs.get(&summary.id).map_or(0, |r| r.resumed);
             let mut ctx = RunCtx::new(
                 crate::script::RunInfo {
                     run_id: summary.id.clone(),
@@ -290,6 +299,7 @@ impl Engine {
                     dry_run: summary.dry_run,
                     timeout_secs: rb.manifest.timeout_secs,
                     max_notes: engine.core.config.script.max_notes,
+                    resumed,
                 },
                 engine.core.clock.clone(),
                 host,
@@ -305,6 +315,9 @@ impl Engine {
                 "group_value": summary.target.group.as_ref().map(|g| g.1.clone()),
                 "dry_run": summary.dry_run,
                 "run": summary.id,
+                // An engine restart resumed it this many times: the script
+                // starts from the top with its earlier holds in force.
+                "resumed": resumed,
             }))
             .unwrap_or_default();
             let script = engine.core.script.clone();
@@ -398,7 +411,7 @@ impl Engine {
         error: Option<String>,
         note: Option<&str>,
     ) -> Result<RunSummary, EngineError> {
-        let (mut summary, held_on, keeps_on, was_running, fire, cancelled_by, preempted) = {
+        let (mut summary, mut held_on, mut keeps_on, was_running, fire, cancelled_by, preempted, resumed) = {
             let t = self.core.table();
             let e = t.runs.get(run).ok_or_else(|| EngineError::NoSuchRun(run.into()))?;
             (
@@ -409,7 +422,22 @@ impl Engine {
                 e.fire.clone(),
                 e.cancelled_by.clone(),
                 e.preempted_by.is_some(),
+                e.resumed,
             )
+        };
+        // A resumed run that could not decide keeps its holds (invariant 18).
+        let undecided_after_resume =
+            resumed > 0 && matches!(outcome, RunOutcome::Failed | RunOutcome::TimedOut) && !held_on.is_empty();
+        if undecided_after_resume {
+            for node in self.keep_undecided(&summary, std::mem::take(&mut held_on)).await {
+                if !keeps_on.contains(&node) {
+                    keeps_on.push(node);
+                }
+            }
+        }
+        let error = match error {
+            Some(e) if undecided_after_resume => Some(format!("failed after resume: {e}")),
+            e => e,
         };
         // The run's holds go when it ends (those it kept stay, leased).
         let mut released = Vec::new();
@@ -495,7 +523,7 @@ impl Engine {
         // A fault is a state: the health model, not a cooldown, keeps a
         // fault run from repeating (a run that quarantined it moved it on;
         // one that could not is offered again after a pause).
-        let starts_cooldown = !unfinished && summary.trigger != "fault";
+        let starts_cooldown = !unfinished && !undecided_after_resume && summary.trigger != "fault";
         // A run that decided there was nothing to do spends no budget.
         let told = self.core.table().runs.get(run).is_some_and(|e| e.told);
         let no_op = outcome == RunOutcome::Succeeded && summary.actions == 0 && summary.did.is_empty() && !told;
@@ -530,6 +558,14 @@ impl Engine {
                 },
             )
             .await?;
+        if undecided_after_resume {
+            self.page_undecided_after_resume(
+                &summary,
+                error.as_deref().unwrap_or("no reason given"),
+                &summary.holds_kept,
+            )
+            .await;
+        }
         let waiting = {
             let mut t = self.core.table();
             t.runs.remove(run);
@@ -600,165 +636,6 @@ impl Engine {
         if let Err(e) = Box::pin(async move { engine.submit_inner(req, None).await }).await {
             tracing::error!(error = %e, run, "cannot offer a held-back alert again");
         }
-    }
-
-    // ---------------------------------------------------------------- tick
-
-    /// Periodic work: expire approvals, fire schedules and fleet triggers,
-    /// mark silent nodes disconnected, start queued runs.
-    pub async fn tick(&self) {
-        self.expire_hands_off().await;
-        let now = self.core.now();
-        let expired: Vec<String> = self
-            .core
-            .table()
-            .runs
-            .values()
-            .filter(|r| r.summary.state == RunState::PendingApproval && r.approval_deadline_ms <= now)
-            .map(|r| r.summary.id.clone())
-            .collect();
-        for id in expired {
-            if let Err(e) = self
-                .finish(&id, RunOutcome::Cancelled, Some("approval expired: nobody approved it in time".into()), None)
-                .await
-            {
-                tracing::error!(run = %id, error = %e, "cannot expire an approval");
-            }
-        }
-        let stale_ms = (self.core.config.telemetry.stale_after_secs as i64).saturating_mul(1000);
-        for n in self.core.fleet.nodes().iter() {
-            let mut st = n.state();
-            if st.connected && now.saturating_sub(st.last_seen_ms) > stale_ms {
-                st.connected = false;
-            }
-        }
-        self.fleet_triggers(now).await;
-        self.schedules(now).await;
-        self.health_tick(now).await;
-        self.retry_releases().await;
-        self.pump().await;
-    }
-
-    /// Releases finished runs could not make: again, once their node is no
-    /// longer hands-off and its agent answers.
-    async fn retry_releases(&self) {
-        let due: Vec<(RunSummary, String)> = {
-            let mut t = self.core.table();
-            if t.pending_releases.is_empty() {
-                return;
-            }
-            let fleet = &self.core.fleet;
-            let (ready, wait): (Vec<_>, Vec<_>) =
-                std::mem::take(&mut t.pending_releases).into_iter().partition(|(_, node)| {
-                    fleet.get(node).is_none_or(|n| {
-                        let st = n.state();
-                        st.connected && !st.hands_off()
-                    })
-                });
-            t.pending_releases = wait;
-            ready
-        };
-        for (s, node) in due {
-            if self.core.fleet.get(&node).is_none() {
-                continue;
-            }
-            if let Err(e) = self.core.release_run_holds(&s, &node).await {
-                tracing::warn!(run = %s.id, node = %node, error = %e, "holds still not released: trying again");
-                self.core.table().pending_releases.push((s, node));
-            }
-        }
-    }
-
-    async fn schedules(&self, now: i64) {
-        let set = self.runbook_set();
-        for rb in &set.runbooks {
-            let Trigger::Schedule { every_secs } = rb.manifest.trigger else { continue };
-            let every_ms = (every_secs as i64).saturating_mul(1000);
-            let due = {
-                let mut t = self.core.table();
-                let next = t.schedule_next.entry(rb.manifest.name.clone()).or_insert(now.saturating_add(every_ms));
-                if *next <= now {
-                    *next = now.saturating_add(every_ms);
-                    true
-                } else {
-                    false
-                }
-            };
-            if !due {
-                continue;
-            }
-            for n in self.core.fleet.nodes().iter().cloned() {
-                if !self.selector_matches(rb, &n) || !n.state().connected {
-                    continue;
-                }
-                let req = RunRequest {
-                    runbook: rb.manifest.name.clone(),
-                    target: Target::node(&n.spec.name),
-                    trigger: "schedule".into(),
-                    detail: format!("scheduled every {every_secs} s"),
-                    event: json!({"kind": "schedule", "every_secs": every_secs}),
-                    event_ts_ms: now,
-                    params: BTreeMap::new(),
-                    dry_run: false,
-                    requested_by: "engine".into(),
-                };
-                if let Err(e) = self.submit_inner(req, None).await {
-                    tracing::error!(runbook = %rb.manifest.name, error = %e, "cannot submit a scheduled run");
-                }
-            }
-        }
-    }
-
-    /// Runs executing right now.
-    pub fn running(&self) -> usize {
-        self.core.table().running
-    }
-
-    /// Runs that are executing and not asleep on the clock, plus runs ready
-    /// to start: zero means the engine is idle until time moves.
-    pub fn busy(&self) -> usize {
-        let now = self.core.now();
-        let t = self.core.table();
-        let startable = t
-            .queue
-            .iter()
-            .filter(|id| {
-                t.runs.get(*id).is_some_and(|r| r.announced && r.not_before_ms <= now && self.blocker(&t, r).is_none())
-            })
-            .count();
-        let running = t.running;
-        drop(t);
-        running.saturating_sub(self.core.clock.idle_sleepers())
-            + startable
-            + self.core.inflight_events.load(Ordering::SeqCst) as usize
-            + self.core.audit.pending() as usize
-    }
-
-    /// Active runs as `id runbook target state`, for diagnostics.
-    pub fn active_runs(&self) -> Vec<String> {
-        let t = self.core.table();
-        let mut v: Vec<String> = t
-            .runs
-            .values()
-            .map(|r| format!("{} {} {} {:?}", r.summary.id, r.summary.runbook, r.summary.target, r.summary.state))
-            .collect();
-        v.sort();
-        v
-    }
-
-    /// Runs waiting to start (queued or pending approval).
-    pub fn queue_depth(&self) -> usize {
-        self.core
-            .table()
-            .runs
-            .values()
-            .filter(|r| matches!(r.summary.state, RunState::Queued | RunState::PendingApproval))
-            .count()
-    }
-
-    /// The class a run's runbook declared.
-    pub fn run_class(&self, run: &str) -> Option<RunClass> {
-        self.core.table().runs.get(run).map(|r| r.class)
     }
 }
 

@@ -21,6 +21,7 @@ use nightshift_proto::{ActionStatusArgs, Op, Request};
 
 use super::executor::end_summary;
 use crate::audit::{AuditRecord, NewRecord, RecordKind, data};
+use crate::core::Core;
 use crate::engine::{Engine, EngineError};
 use crate::runs::{RunOutcome, RunState, RunSummary};
 use crate::runtable::{RunEntry, RunTable};
@@ -80,6 +81,7 @@ impl Engine {
                             // next ids must still be its own.
                             held_on: if before > 0 { changed_nodes(&records) } else { Vec::new() },
                             resumed: before,
+                            resume_wait_until_ms: (before > 0).then(|| self.resume_deadline()),
                             ..RunEntry::new(s.clone(), m)
                         },
                     );
@@ -139,7 +141,8 @@ impl Engine {
                 &s,
                 &data::Note {
                     text: format!(
-                        "resumed after an engine restart ({k} of at most {MAX_RESUMES}): the script starts again from the top; {holds}"
+                        "resumed after an engine restart ({k} of at most {MAX_RESUMES}): the script starts again from the top once this engine has the node's inventory and readings of its own (at most {} s); {holds}",
+                        self.core.config.limits.resume_wait_secs
                     ),
                     resumed: Some(k),
                     ..Default::default()
@@ -150,11 +153,140 @@ impl Engine {
         t.active_by_key.insert(RunTable::key(&s), s.id.clone());
         t.runs.insert(
             s.id.clone(),
-            RunEntry { announced: true, held_on: touched, resumed: k, ..RunEntry::new(s.clone(), m) },
+            RunEntry {
+                announced: true,
+                held_on: touched,
+                resumed: k,
+                resume_wait_until_ms: Some(self.resume_deadline()),
+                ..RunEntry::new(s.clone(), m)
+            },
         );
         t.enqueue(s.id.clone(), m.priority);
         tracing::info!(run = %s.id, resumed = k, "run resumed after a restart");
         Ok(())
+    }
+
+    /// Until when a run resumed now may wait for its nodes' inventory and
+    /// first readings (`limits.resume_wait_secs`).
+    fn resume_deadline(&self) -> i64 {
+        self.core.now().saturating_add((self.core.config.limits.resume_wait_secs as i64).saturating_mul(1000))
+    }
+
+    /// What a resumed run still waits for before it may start, if anything:
+    /// the inventory and a first reading, from this engine, of the node it
+    /// targets and of every node it holds on. A new engine knows nothing;
+    /// a script that judged from nothing would conclude "nothing to do" and
+    /// release a mitigation still needed (invariant 18).
+    pub(crate) fn resume_unready(&self, target: Option<&str>, held_on: &[String]) -> Option<String> {
+        let mut missing = Vec::new();
+        for name in target.into_iter().chain(held_on.iter().map(String::as_str)) {
+            if missing.iter().any(|(n, _): &(String, &str)| n == name) {
+                continue;
+            }
+            let Some(node) = self.core.fleet.get(name) else { continue };
+            let st = node.state();
+            if st.inventory.is_none() {
+                missing.push((name.to_string(), "inventory"));
+            } else if st.first_reading_ms.is_none() {
+                missing.push((name.to_string(), "first reading"));
+            }
+        }
+        if missing.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "resumed after a restart: waits for this engine's {}",
+            missing.iter().map(|(n, what)| format!("{what} of {n}")).collect::<Vec<_>>().join(", ")
+        ))
+    }
+
+    /// Resumed runs that may not start yet, and why: each waits for this
+    /// engine's inventory and first reading of its nodes. One whose wait
+    /// ran out ends failed here — its holds kept, a person paged.
+    pub(crate) async fn resume_gate(&self, now: i64) -> BTreeMap<String, String> {
+        let waiting: Vec<(String, Option<String>, Vec<String>, i64)> = {
+            let t = self.core.table();
+            t.queue
+                .iter()
+                .filter_map(|id| {
+                    let r = t.runs.get(id)?;
+                    Some((id.clone(), r.summary.target.node.clone(), r.held_on.clone(), r.resume_wait_until_ms?))
+                })
+                .collect()
+        };
+        let mut gate = BTreeMap::new();
+        let mut expired = Vec::new();
+        for (id, node, held_on, until) in waiting {
+            match self.resume_unready(node.as_deref(), &held_on) {
+                None => {
+                    if let Some(r) = self.core.table().runs.get_mut(&id) {
+                        r.resume_wait_until_ms = None;
+                    }
+                }
+                Some(why) if now < until => {
+                    gate.insert(id, why);
+                }
+                Some(why) => expired.push((id, why)),
+            }
+        }
+        for (id, why) in expired {
+            let wait = self.core.config.limits.resume_wait_secs;
+            let why = format!("{why}, and none came within {wait} s (limits.resume_wait_secs): it could not decide");
+            // Boxed: pump → finish → pump.
+            let engine = self.clone();
+            if let Err(e) = Box::pin(async move { engine.finish(&id, RunOutcome::Failed, Some(why), None).await }).await
+            {
+                tracing::error!(error = %e, "cannot record a resumed run that could not decide");
+            }
+        }
+        gate
+    }
+
+    /// Page a person, once, for a resumed run that ended without deciding:
+    /// what it holds stays, and they decide what happens to it.
+    pub(crate) async fn page_undecided_after_resume(&self, s: &RunSummary, why: &str, kept: &[String]) {
+        let holds = if kept.is_empty() {
+            "its holds could not be renewed: their earlier lease still ends them".to_string()
+        } else {
+            format!(
+                "its holds stay in force ({}); release them with `nightshift holds release` once safe",
+                kept.join("; ")
+            )
+        };
+        let text = format!(
+            "run {} ({}, {}) failed after an engine restart resumed it: {why}; {holds}",
+            s.id, s.runbook, s.target
+        );
+        let rec = self
+            .core
+            .notice_record(RecordKind::Escalation, &text, "escalation", s.dry_run, s.shadow)
+            .run(&s.id)
+            .node(s.target.node.as_deref())
+            .gpu(s.target.gpu)
+            .runbook(&s.runbook);
+        tracing::warn!(run = %s.id, runbook = %s.runbook, reason = why, "a resumed run could not decide: its holds stay, a person is paged");
+        match self.core.audit.append(rec, Some(s.clone())).await {
+            Ok(r) => Core::deliver(&self.core, &r),
+            Err(e) => tracing::error!(run = %s.id, error = %e, "cannot audit an escalation"),
+        }
+    }
+
+    /// A resumed run that could not decide (its script failed or ran out
+    /// of time, or this engine never saw its node) keeps the holds of its
+    /// earlier lives on `held_on`, renewed for its lease: a restart never
+    /// weakens a mitigation; a person decides. Returns the nodes kept.
+    pub(crate) async fn keep_undecided(&self, s: &RunSummary, held_on: Vec<String>) -> Vec<String> {
+        let timeout = self.runbook_set().get(&s.runbook).map_or(3600, |(_, rb)| rb.manifest.timeout_secs);
+        let lease = crate::core::hold_lease_secs(timeout);
+        let mut kept = Vec::new();
+        for node in held_on {
+            match self.core.keep_run_holds(s, &node, lease).await {
+                Ok(()) => kept.push(node),
+                // Not kept: its earlier lease still ends it; released it is not.
+                Err(e) => tracing::error!(run = %s.id, node = %node, error = %e, "cannot keep a resumed run's holds"),
+            }
+        }
+        kept
     }
 
     /// Reconcile an unfinished run's open intents, release its holds, and

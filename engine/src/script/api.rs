@@ -77,6 +77,7 @@ fn reading(
     };
     let gpu = if metrics::metric(metric).gpu_scoped { gpu.or(c.target.gpu) } else { None };
     let q = Reading { node, gpu, metric, window_ms: secs_ms(window_secs, "window_secs")?, agg };
+    c.observe_window(&q.node, q.window_ms)?;
     Ok(match c.host.reading(&c, &q) {
         Some(v) => Dynamic::from_float(v),
         None => Dynamic::UNIT,
@@ -181,18 +182,23 @@ pub(super) fn register(e: &mut Engine) {
     e.register_fn("metric_stats", |name: &str, from: Dynamic, to: Dynamic| -> Result<Map, Box<EvalAltResult>> {
         let c = ctx()?;
         let m = metric_of(name)?;
-        let now = c.clock.now_ms();
-        let from_ms = now.saturating_sub(secs_ms(num(&from, "from_secs_ago")?, "from_secs_ago")?);
-        let to_ms = now.saturating_sub(secs_ms(num(&to, "to_secs_ago")?, "to_secs_ago")?);
+        let from_ago = secs_ms(num(&from, "from_secs_ago")?, "from_secs_ago")?;
+        let to_ago = secs_ms(num(&to, "to_secs_ago")?, "to_secs_ago")?;
         let gpu = if metrics::metric(m).gpu_scoped { c.target.gpu } else { None };
-        Ok(c.host.stats_between(&c, &c.node()?, gpu, m, from_ms.min(to_ms), to_ms.max(from_ms)))
+        let node = c.node()?;
+        c.observe_window(&node, from_ago.max(to_ago))?;
+        let now = c.clock.now_ms();
+        let (from_ms, to_ms) = (now.saturating_sub(from_ago), now.saturating_sub(to_ago));
+        Ok(c.host.stats_between(&c, &node, gpu, m, from_ms.min(to_ms), to_ms.max(from_ms)))
     });
     // Temperature against load over a window: #{per_min, per_kw, samples,
     // power_range_watts} — the drift the load does not explain.
     e.register_fn("thermal_fit", |w: Dynamic| -> Result<Map, Box<EvalAltResult>> {
         let c = ctx()?;
         let window = secs_ms(num(&w, "window_secs")?, "window_secs")?;
-        Ok(c.host.thermal_fit(&c, &c.node()?, c.gpu()?, window))
+        let node = c.node()?;
+        c.observe_window(&node, window)?;
+        Ok(c.host.thermal_fit(&c, &node, c.gpu()?, window))
     });
     e.register_fn("metric_slope", |name: &str, w: Dynamic| {
         reading(name, None, None, num(&w, "window_secs")?, Agg::SlopePerMin)

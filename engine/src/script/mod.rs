@@ -200,6 +200,11 @@ pub trait ScriptHost: Send + Sync {
     /// (`b`, °C per kW) is told apart from what it does not (`c`, °C per
     /// minute at constant load: a cooling fault). An empty map without
     /// enough points.
+    /// How much of the last `window_ms` this engine has not observed of
+    /// `node` (0: all of it; a new engine has observed nothing).
+    fn unobserved_ms(&self, _ctx: &RunCtx, _node: &str, _window_ms: i64) -> i64 {
+        0
+    }
     fn thermal_fit(&self, _ctx: &RunCtx, _node: &str, _gpu: u32, _window_ms: i64) -> Map {
         Map::new()
     }
@@ -236,6 +241,8 @@ pub struct RunInfo {
     pub dry_run: bool,
     pub timeout_secs: u64,
     pub max_notes: u32,
+    /// How many times an engine restart resumed the run (0: never).
+    pub resumed: u32,
 }
 
 /// Everything a host function knows about the run it serves.
@@ -250,6 +257,9 @@ pub struct RunCtx {
     pub cancel: Arc<AtomicBool>,
     pub host: Arc<dyn ScriptHost>,
     pub max_notes: u32,
+    /// How many times an engine restart resumed the run: a resumed run
+    /// judges a window only once this engine has observed all of it.
+    pub resumed: u32,
     pub notes: AtomicU32,
     pub failure: Mutex<Option<String>>,
     stop: Mutex<Option<StopReason>>,
@@ -269,6 +279,7 @@ impl RunCtx {
             cancel: Arc::new(AtomicBool::new(false)),
             host,
             max_notes: info.max_notes,
+            resumed: info.resumed,
             notes: AtomicU32::new(0),
             failure: Mutex::new(None),
             stop: Mutex::new(None),
@@ -316,6 +327,19 @@ impl RunCtx {
     }
 
     /// Sleep on the engine clock, stopping at the deadline or on cancel.
+    /// In a resumed run, wait until this engine has observed the whole
+    /// window a reading of `node` covers (bounded by the run's deadline):
+    /// a conclusion from a window a new engine has not seen — "the trend
+    /// has turned", "nothing to do" — could release a mitigation still
+    /// needed (invariant 18). Fresh runs never wait.
+    pub fn observe_window(&self, node: &str, window_ms: i64) -> Result<(), Box<EvalAltResult>> {
+        if self.resumed == 0 || window_ms <= 0 {
+            return Ok(());
+        }
+        let wait = self.host.unobserved_ms(self, node, window_ms);
+        if wait > 0 { self.sleep_ms(wait) } else { Ok(()) }
+    }
+
     pub fn sleep_ms(&self, ms: i64) -> Result<(), Box<EvalAltResult>> {
         let now = self.clock.now_ms();
         let until = now.saturating_add(ms.max(0)).min(self.deadline_ms);

@@ -1,0 +1,182 @@
+//! The periodic tick (approval expiry, stale nodes, hands-off that ended,
+//! fleet triggers, schedules, releases retried) and the queue's counters
+//! the simulator and `/metrics` read (running, busy, queue depth).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use serde_json::json;
+
+use crate::engine::{Engine, RunRequest};
+use crate::manifest::{RunClass, Trigger};
+use crate::runs::{RunOutcome, RunState, RunSummary, Target};
+
+impl Engine {
+    /// Periodic work: expire approvals, fire schedules and fleet triggers,
+    /// mark silent nodes disconnected, start queued runs.
+    pub async fn tick(&self) {
+        self.expire_hands_off().await;
+        let now = self.core.now();
+        let expired: Vec<String> = self
+            .core
+            .table()
+            .runs
+            .values()
+            .filter(|r| r.summary.state == RunState::PendingApproval && r.approval_deadline_ms <= now)
+            .map(|r| r.summary.id.clone())
+            .collect();
+        for id in expired {
+            if let Err(e) = self
+                .finish(&id, RunOutcome::Cancelled, Some("approval expired: nobody approved it in time".into()), None)
+                .await
+            {
+                tracing::error!(run = %id, error = %e, "cannot expire an approval");
+            }
+        }
+        let stale_ms = (self.core.config.telemetry.stale_after_secs as i64).saturating_mul(1000);
+        for n in self.core.fleet.nodes().iter() {
+            let mut st = n.state();
+            if st.connected && now.saturating_sub(st.last_seen_ms) > stale_ms {
+                st.connected = false;
+            }
+        }
+        self.fleet_triggers(now).await;
+        self.schedules(now).await;
+        self.health_tick(now).await;
+        self.retry_releases().await;
+        self.pump().await;
+    }
+
+    /// Releases finished runs could not make: again, once their node is no
+    /// longer hands-off and its agent answers.
+    async fn retry_releases(&self) {
+        let due: Vec<(RunSummary, String)> = {
+            let mut t = self.core.table();
+            if t.pending_releases.is_empty() {
+                return;
+            }
+            let fleet = &self.core.fleet;
+            let (ready, wait): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut t.pending_releases).into_iter().partition(|(_, node)| {
+                    fleet.get(node).is_none_or(|n| {
+                        let st = n.state();
+                        st.connected && !st.hands_off()
+                    })
+                });
+            t.pending_releases = wait;
+            ready
+        };
+        for (s, node) in due {
+            if self.core.fleet.get(&node).is_none() {
+                continue;
+            }
+            if let Err(e) = self.core.release_run_holds(&s, &node).await {
+                tracing::warn!(run = %s.id, node = %node, error = %e, "holds still not released: trying again");
+                self.core.table().pending_releases.push((s, node));
+            }
+        }
+    }
+
+    async fn schedules(&self, now: i64) {
+        let set = self.runbook_set();
+        for rb in &set.runbooks {
+            let Trigger::Schedule { every_secs } = rb.manifest.trigger else { continue };
+            let every_ms = (every_secs as i64).saturating_mul(1000);
+            let due = {
+                let mut t = self.core.table();
+                let next = t.schedule_next.entry(rb.manifest.name.clone()).or_insert(now.saturating_add(every_ms));
+                if *next <= now {
+                    *next = now.saturating_add(every_ms);
+                    true
+                } else {
+                    false
+                }
+            };
+            if !due {
+                continue;
+            }
+            for n in self.core.fleet.nodes().iter().cloned() {
+                if !self.selector_matches(rb, &n) || !n.state().connected {
+                    continue;
+                }
+                let req = RunRequest {
+                    runbook: rb.manifest.name.clone(),
+                    target: Target::node(&n.spec.name),
+                    trigger: "schedule".into(),
+                    detail: format!("scheduled every {every_secs} s"),
+                    event: json!({"kind": "schedule", "every_secs": every_secs}),
+                    event_ts_ms: now,
+                    params: BTreeMap::new(),
+                    dry_run: false,
+                    requested_by: "engine".into(),
+                };
+                if let Err(e) = self.submit_inner(req, None).await {
+                    tracing::error!(runbook = %rb.manifest.name, error = %e, "cannot submit a scheduled run");
+                }
+            }
+        }
+    }
+
+    /// Runs executing right now.
+    pub fn running(&self) -> usize {
+        self.core.table().running
+    }
+
+    /// Runs that are executing and not asleep on the clock, plus runs ready
+    /// to start: zero means the engine is idle until time moves.
+    pub fn busy(&self) -> usize {
+        let now = self.core.now();
+        let t = self.core.table();
+        let startable = t
+            .queue
+            .iter()
+            .filter(|id| {
+                // A resumed run waiting for its nodes' first readings waits
+                // for time to move, as a sleeping one does.
+                t.runs.get(*id).is_some_and(|r| {
+                    r.announced
+                        && r.not_before_ms <= now
+                        && r.resume_wait_until_ms.is_none_or(|u| u <= now)
+                        && self.blocker(&t, r).is_none()
+                })
+            })
+            .count();
+        let running = t.running;
+        drop(t);
+        running.saturating_sub(self.core.clock.idle_sleepers())
+            + startable
+            + self.core.inflight_events.load(Ordering::SeqCst) as usize
+            + self.core.audit.pending() as usize
+    }
+
+    /// Active runs as `id runbook target state (what it waits for)`, for
+    /// diagnostics.
+    pub fn active_runs(&self) -> Vec<String> {
+        let t = self.core.table();
+        let mut v: Vec<String> = t
+            .runs
+            .values()
+            .map(|r| {
+                let waits = r.summary.waiting_for.as_deref().map(|w| format!(" ({w})")).unwrap_or_default();
+                format!("{} {} {} {:?}{waits}", r.summary.id, r.summary.runbook, r.summary.target, r.summary.state)
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Runs waiting to start (queued or pending approval).
+    pub fn queue_depth(&self) -> usize {
+        self.core
+            .table()
+            .runs
+            .values()
+            .filter(|r| matches!(r.summary.state, RunState::Queued | RunState::PendingApproval))
+            .count()
+    }
+
+    /// The class a run's runbook declared.
+    pub fn run_class(&self, run: &str) -> Option<RunClass> {
+        self.core.table().runs.get(run).map(|r| r.class)
+    }
+}
