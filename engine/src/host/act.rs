@@ -51,8 +51,11 @@ impl Host {
                 }
             }
             // The person is done: go on only if the fault is still there;
-            // else the run ends and its holds go.
+            // else the run ends and its holds go (not a resumed run that
+            // acted in an earlier life: its holds may be what keeps it down).
+            let resumed_holding = self.core.table().runs.get(&self.run).is_some_and(|r| r.resumed > 0 && r.acted);
             if let Some(s) = self.summary()
+                && !resumed_holding
                 && s.trigger != "manual"
                 && let Some((false, why)) = self.core.condition_holds(&self.manifest, &s)
             {

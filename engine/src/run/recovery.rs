@@ -80,6 +80,7 @@ impl Engine {
                             // again before it started) go at its end; its
                             // next ids must still be its own.
                             held_on: if before > 0 { changed_nodes(&records) } else { Vec::new() },
+                            acted: before > 0 && !changed_nodes(&records).is_empty(),
                             resumed: before,
                             resume_wait_until_ms: (before > 0).then(|| self.resume_deadline()),
                             ..RunEntry::new(s.clone(), m)
@@ -155,6 +156,10 @@ impl Engine {
             s.id.clone(),
             RunEntry {
                 announced: true,
+                // It acted in an earlier life: no "condition cleared before
+                // the first change" skip — its own holds may be what keeps
+                // the condition down, and a skip would release them.
+                acted: !touched.is_empty(),
                 held_on: touched,
                 resumed: k,
                 resume_wait_until_ms: Some(self.resume_deadline()),
