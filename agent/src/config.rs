@@ -47,6 +47,10 @@ pub struct AgentConfig {
     /// Run simulated time this many times faster than wall time (demo).
     #[serde(default = "one")]
     pub sim_time_scale: f64,
+    /// With `sim_time_scale`: the moment (Unix ms) the scaled time counts
+    /// from, shared with the engine's `time_origin_ms` (tests, demos).
+    #[serde(default)]
+    pub sim_time_origin_ms: Option<i64>,
     #[serde(default = "default_interval")]
     pub telemetry_interval_ms: u64,
     #[serde(default = "default_max_request")]
@@ -123,6 +127,7 @@ impl AgentConfig {
             nvml_lib_path: None,
             sim,
             sim_time_scale: one(),
+            sim_time_origin_ms: None,
             telemetry_interval_ms: default_interval(),
             max_request_bytes: default_max_request(),
             scheduler: SchedulerConfig::default(),
@@ -207,6 +212,17 @@ impl AgentConfig {
             return fail(
                 "sim_time_scale",
                 format!("sim_time_scale: expected 1 to 1000, found {}", self.sim_time_scale),
+            );
+        }
+        if let Some(origin) = self.sim_time_origin_ms
+            && (self.sim_time_scale <= 1.0 || origin < 0)
+        {
+            return fail(
+                "sim_time_origin_ms",
+                format!(
+                    "sim_time_origin_ms: expected a Unix time in ms (0 or more) with a sim_time_scale above 1, found {origin} with sim_time_scale {}",
+                    self.sim_time_scale
+                ),
             );
         }
         if !(10..=60_000).contains(&self.telemetry_interval_ms) {

@@ -73,7 +73,11 @@ pub fn open_backend(cfg: &AgentConfig, kind: Option<BackendKind>) -> Result<Arc<
 
 /// The clock the config asks for.
 pub fn clock_for(cfg: &AgentConfig) -> SharedClock {
-    if cfg.sim_time_scale > 1.0 { Arc::new(ScaledClock::new(cfg.sim_time_scale)) } else { Arc::new(SystemClock) }
+    match (cfg.sim_time_scale > 1.0, cfg.sim_time_origin_ms) {
+        (true, Some(origin)) => Arc::new(ScaledClock::anchored(cfg.sim_time_scale, origin)),
+        (true, None) => Arc::new(ScaledClock::new(cfg.sim_time_scale)),
+        (false, _) => Arc::new(SystemClock),
+    }
 }
 
 /// Start an agent from its config.

@@ -38,7 +38,11 @@ pub enum StartError {
 
 /// The clock a config asks for.
 pub fn clock_for(config: &EngineConfig) -> SharedClock {
-    if config.time_scale > 1.0 { Arc::new(ScaledClock::new(config.time_scale)) } else { Arc::new(SystemClock) }
+    match (config.time_scale > 1.0, config.time_origin_ms) {
+        (true, Some(origin)) => Arc::new(ScaledClock::anchored(config.time_scale, origin)),
+        (true, None) => Arc::new(ScaledClock::new(config.time_scale)),
+        (false, _) => Arc::new(SystemClock),
+    }
 }
 
 /// Start the engine with SSH connections to every agent and its background

@@ -108,6 +108,16 @@ impl ScaledClock {
     pub fn new(scale: f64) -> ScaledClock {
         ScaledClock { origin_real: Instant::now(), origin_ms: wall_ms(), scale: scale.max(1.0) }
     }
+
+    /// A clock `scale` times faster than wall time since `origin_ms` (Unix
+    /// ms): every process given the same origin and scale reads the same
+    /// time, whenever it started — an engine restarted beside agents that
+    /// were not goes on from their time, as a real one does.
+    pub fn anchored(scale: f64, origin_ms: i64) -> ScaledClock {
+        let scale = scale.max(1.0);
+        let since = wall_ms().saturating_sub(origin_ms).max(0) as f64;
+        ScaledClock { origin_real: Instant::now(), origin_ms: origin_ms.saturating_add((since * scale) as i64), scale }
+    }
 }
 
 impl Clock for ScaledClock {
@@ -491,5 +501,21 @@ mod tests {
         let a = clock.now_ms();
         std::thread::sleep(Duration::from_millis(20));
         assert!(clock.now_ms() - a >= 1_900);
+    }
+
+    /// Two processes given one origin read one time, whenever each started:
+    /// a clock made 50 ms later is not 50 ms behind but level.
+    #[test]
+    fn anchored_clocks_started_apart_agree() {
+        let origin = wall_ms() - 1_000;
+        let first = ScaledClock::anchored(30.0, origin);
+        std::thread::sleep(Duration::from_millis(50));
+        let second = ScaledClock::anchored(30.0, origin);
+        let (a, b) = (first.now_ms(), second.now_ms());
+        // 1 s of wall time since the origin is 30 s of scaled time.
+        assert!(a - origin >= 30_000, "{}", a - origin);
+        assert!((a - b).abs() < 300, "first {a}, second {b}: {} ms apart", a - b);
+        let unanchored = ScaledClock::new(30.0);
+        assert!(a - unanchored.now_ms() > 20_000, "a clock of its own starts at the wall time");
     }
 }

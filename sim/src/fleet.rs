@@ -400,6 +400,7 @@ impl SimFleet {
             sources: Default::default(),
             notifications: Default::default(),
             time_scale: 1.0,
+            time_origin_ms: None,
             grafana: opts.grafana.clone(),
             autoscaler: opts.autoscaler.clone(),
             audit: Default::default(),

@@ -50,6 +50,11 @@ pub struct EngineConfig {
     /// Run the engine's clock this many times faster than wall time (demo).
     #[serde(default = "one")]
     pub time_scale: f64,
+    /// With `time_scale`: the moment (Unix ms) the scaled time counts from,
+    /// so engines and simulated agents given the same origin share one
+    /// time across restarts (tests, demos). None: the engine's start.
+    #[serde(default)]
+    pub time_origin_ms: Option<i64>,
     /// Links from run and node pages to Grafana, time range and host filled
     /// in.
     #[serde(default)]

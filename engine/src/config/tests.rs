@@ -97,6 +97,11 @@ fn values_that_disable_safety_are_refused_with_their_line() {
         ),
         ("time_scale: .nan\n", "engine.yaml:6:1: time_scale: expected 1 to 1000, found NaN"),
         (
+            "time_origin_ms: 1790000000000\n",
+            "engine.yaml:6:1: time_origin_ms: expected a Unix time in ms (0 or more) with a time_scale above 1, found 1790000000000 with time_scale 1",
+        ),
+        ("limits:\n  resume_wait_secs: 0\n", "engine.yaml:7:3: limits.resume_wait_secs: expected 1 to 86400, found 0"),
+        (
             "autoscaler:\n  url: autoscaler.local\n",
             "engine.yaml:7:3: autoscaler.url: expected http:// or https://…, found \"autoscaler.local\"",
         ),

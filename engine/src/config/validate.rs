@@ -148,6 +148,17 @@ impl EngineConfig {
         if !(1.0..=1000.0).contains(&cfg.time_scale) || cfg.time_scale.is_nan() {
             return Err(err("time_scale", format!("time_scale: expected 1 to 1000, found {}", cfg.time_scale)));
         }
+        if let Some(origin) = cfg.time_origin_ms
+            && (cfg.time_scale <= 1.0 || origin < 0)
+        {
+            return Err(err(
+                "time_origin_ms",
+                format!(
+                    "time_origin_ms: expected a Unix time in ms (0 or more) with a time_scale above 1, found {origin} with time_scale {}",
+                    cfg.time_scale
+                ),
+            ));
+        }
         if !(0.0..=10_000_000.0).contains(&cfg.limits.webhook_alerts_per_sec) {
             return Err(err(
                 "limits.webhook_alerts_per_sec",
