@@ -1,7 +1,9 @@
 //! The blast radius: how many serving nodes nightshift may have drained at
-//! once (`max_drained_pct` of the serving fleet, at least one;
-//! `max_per_group` per label value), counted over nightshift's own drains
-//! and those in flight — never people's — and never in the way of a
+//! once (`max_drained_pct` of the serving fleet, at least one: its own
+//! budget, counted over its own drains and those in flight — never
+//! people's), and how many nodes of one group may be out of service
+//! (`max_per_group` per label value: every node out counts, whoever took
+//! it out — a group's capacity does not care). Never in the way of a
 //! confirmed fault's quarantine (the breaker stops storms at admission).
 
 use std::collections::HashSet;
@@ -83,11 +85,19 @@ impl Core {
         if let (Some(limit), Some(label)) = (rb.max_per_group, &rb.group_by)
             && let Some(v) = target.label(label)
         {
-            let in_group =
-                drained.iter().filter(|d| self.fleet.get(d).is_some_and(|n| n.label(label) == Some(v))).count();
-            if in_group as u32 >= limit {
+            // Out of service in the group: nightshift's drains and those in
+            // flight, and people's.
+            let ours = drained.iter().filter(|d| self.fleet.get(d).is_some_and(|n| n.label(label) == Some(v))).count();
+            let people = serving
+                .iter()
+                .filter(|n| n.label(label) == Some(v) && n.state().drained_by_person())
+                .filter(|n| !drained.contains(&n.spec.name))
+                .count();
+            let out = ours + people;
+            if out as u32 >= limit {
+                let whose = if people > 0 { format!(" ({people} drained by people)") } else { String::new() };
                 return Err(format!(
-                    "blast radius: {in_group} node(s) with {label}={v} already drained (max_per_group {limit}); not draining {node} (run {run})"
+                    "blast radius: {out} node(s) with {label}={v} already out of service{whose} (max_per_group {limit}); not draining {node} (run {run})"
                 ));
             }
         }
