@@ -430,7 +430,11 @@ pub enum HoldsCmd {
     /// Release holds on a node as yourself (`person:<you>`), audited: a
     /// run's, a kept one, a sticky repair or RMA drain, another person's.
     /// Every hold on the node only with --all (or, on a terminal, after
-    /// you say yes to the list of what goes).
+    /// you say yes to the list of what goes). A drain nightshift keeps on a
+    /// GPU that is still broken (faulted, quarantined, awaiting repair,
+    /// RMA) goes with `nightshift nodes repaired` (the health check ends
+    /// it), or an admin's --force; an admin's hands-off refuses an
+    /// operator's release.
     ///
     /// Example: nightshift holds release gpu-a1 --gpu 3 --reason "cap no longer needed" --server http://nightshift:8080
     Release {
@@ -446,9 +450,16 @@ pub enum HoldsCmd {
         /// Only this hold (its id, from `nightshift agents holds NODE`).
         #[arg(long)]
         hold: Option<String>,
+        /// Only holds of this kind: power_limit, fan_curve, clocks,
+        /// gpu_drain, node_drain, config, chassis_fans, mark.
+        #[arg(long)]
+        kind: Option<String>,
         /// Every hold on the node, without asking.
-        #[arg(long, conflicts_with_all = ["gpu", "owner", "hold"])]
+        #[arg(long, conflicts_with_all = ["gpu", "owner", "hold", "kind"])]
         all: bool,
+        /// Admin: release a repair drain of a GPU still broken too (say why).
+        #[arg(long)]
+        force: bool,
         /// Why: kept in the audit record.
         #[arg(long)]
         reason: String,

@@ -98,9 +98,16 @@ async fn real_main(cli: Cli) -> Result<u8> {
             c.close().await;
             r
         }
-        Command::Holds(crate::args::HoldsCmd::Release { node, gpu, owner, hold, all, reason }) => {
+        Command::Holds(crate::args::HoldsCmd::Release { node, gpu, owner, hold, kind, all, force, reason }) => {
             init_logging("warn");
-            let what = cmd::control::Release { gpu: *gpu, owner: owner.as_deref(), hold: hold.as_deref(), all: *all };
+            let what = cmd::control::Release {
+                gpu: *gpu,
+                owner: owner.as_deref(),
+                hold: hold.as_deref(),
+                kind: kind.as_deref(),
+                all: *all,
+                force: *force,
+            };
             cmd::control::holds_release(&cli, &out, node, what, reason).await
         }
         Command::Fleet(crate::args::FleetCmd::Import {

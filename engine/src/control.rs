@@ -15,7 +15,8 @@ use crate::audit::{NewRecord, RecordKind};
 use crate::core::SentBy;
 use crate::engine::{Engine, EngineError};
 
-/// Which holds a person releases on a node.
+/// Which holds a person releases on a node. A release names its scope:
+/// `all`, or at least one of the narrowing fields.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReleaseWhat {
     /// Only holds on this GPU.
@@ -24,7 +25,25 @@ pub struct ReleaseWhat {
     pub owner: Option<String>,
     /// Only this hold.
     pub hold: Option<String>,
+    /// Only holds of this kind (`power_limit`, `fan_curve`, `node_drain`, …).
+    pub kind: Option<String>,
+    /// Every hold on the node (said on purpose).
+    pub all: bool,
+    /// An admin releases a repair drain of a GPU the health model holds
+    /// broken anyway (a reason is required, as always).
+    pub force: bool,
 }
+
+/// Who acts, as far as the guards care.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Person<'a> {
+    pub name: &'a str,
+    pub admin: bool,
+}
+
+/// The kinds of held settings a release may name.
+pub const HOLD_KINDS: [&str; 8] =
+    ["power_limit", "fan_curve", "clocks", "gpu_drain", "node_drain", "config", "chassis_fans", "mark"];
 
 /// What a person's control did.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -40,33 +59,85 @@ impl Engine {
     /// saying why. Without `owner` or `hold`: every hold on the node (or
     /// its GPU `gpu`). The holds are read from the agent first, so what is
     /// released is what is there now.
+    ///
+    /// The guards the CLI's questions stand for, kept here so every way in
+    /// has them: the scope is named (`all`, or a GPU, owner, hold or kind);
+    /// an admin's hands-off on the node refuses an operator's release; a
+    /// drain nightshift keeps on a GPU the health model holds broken
+    /// (faulted, quarantined, awaiting repair, RMA) goes only by the repair
+    /// lifecycle (`nodes repaired`) or an admin's `force`. Nothing is sent
+    /// when a guard refuses.
     pub async fn person_release(
         &self,
         node: &str,
         what: &ReleaseWhat,
-        name: &str,
+        who: Person<'_>,
         reason: &str,
     ) -> Result<ControlOutcome, EngineError> {
         check_reason(reason, "the holds are released")?;
+        if !what.all && what.gpu.is_none() && what.owner.is_none() && what.hold.is_none() && what.kind.is_none() {
+            return Err(EngineError::BadTarget(format!(
+                "expected the release's scope — all: true (every hold on {node}), or a gpu, owner, hold or kind — found none"
+            )));
+        }
+        if let Some(k) = &what.kind
+            && !HOLD_KINDS.contains(&k.as_str())
+        {
+            return Err(EngineError::BadTarget(format!(
+                "kind: expected one of {}, found {k:?}",
+                HOLD_KINDS.join(", ")
+            )));
+        }
+        if what.force && !who.admin {
+            return Err(EngineError::AdminOnly(format!(
+                "force: only an admin releases a repair drain of a broken GPU; {} is not one",
+                who.name
+            )));
+        }
+        let hands_off = self.core.fleet.get(node).and_then(|n| n.state().engine_hands_off.clone());
+        if let Some((by, why)) = hands_off
+            && !who.admin
+        {
+            return Err(EngineError::Guarded {
+                code: "hands_off",
+                message: format!(
+                    "{node} is hands-off ({by}: {why}): nothing released; an admin releases it, or ends the hands-off first (`nightshift nodes hands-off {node} --off`)"
+                ),
+            });
+        }
         let holds = self.current_holds(node).await?;
         let chosen: Vec<&HoldInfo> = holds
             .iter()
             .filter(|h| what.gpu.is_none_or(|g| h.setting.gpu() == Some(g)))
             .filter(|h| what.owner.as_ref().is_none_or(|o| &h.owner == o))
             .filter(|h| what.hold.as_ref().is_none_or(|id| &h.id == id))
+            .filter(|h| what.kind.as_ref().is_none_or(|k| h.setting.kind() == k))
             .collect();
         if chosen.is_empty() {
             return Err(EngineError::BadTarget(format!(
-                "{node} has no hold{}{}{}: see `nightshift agents holds {node}`",
+                "{node} has no hold{}{}{}{}: see `nightshift agents holds {node}`",
+                what.kind.as_ref().map(|k| format!(" of kind {k}")).unwrap_or_default(),
                 what.gpu.map(|g| format!(" on GPU {g}")).unwrap_or_default(),
                 what.owner.as_ref().map(|o| format!(" owned by {o}")).unwrap_or_default(),
                 what.hold.as_ref().map(|h| format!(" with id {h}")).unwrap_or_default(),
             )));
         }
+        if !(who.admin && what.force) {
+            let broken: Vec<String> = chosen.iter().filter_map(|h| self.repair_drain_of_broken_gpu(node, h)).collect();
+            if !broken.is_empty() {
+                return Err(EngineError::Guarded {
+                    code: "repair_pending",
+                    message: format!(
+                        "nothing released: {}; mark the repair done (`nightshift nodes repaired {node}`: the health check then ends the drain), or, as an admin, force the release with a reason",
+                        broken.join("; ")
+                    ),
+                });
+            }
+        }
         let mut out = ControlOutcome { node: node.to_string(), actions: Vec::new() };
         for h in chosen {
             let op = Op::Release(ReleaseArgs { hold: Some(h.id.clone()), ..Default::default() });
-            let mut line = self.send_as_person(node, h.setting.gpu(), op, name, reason).await?;
+            let mut line = self.send_as_person(node, h.setting.gpu(), op, who.name, reason).await?;
             line["hold"] = json!(h.id);
             line["owner"] = json!(h.owner);
             line["setting"] = json!(h.setting.to_string());
@@ -96,6 +167,34 @@ impl Engine {
             ));
         }
         Ok(ControlOutcome { node: node.to_string(), actions: vec![line] })
+    }
+
+    /// If `h` is a drain nightshift keeps for a GPU the health model holds
+    /// broken: what it is, in words. A node drain counts for every GPU of
+    /// the node; a GPU drain for its GPU.
+    fn repair_drain_of_broken_gpu(&self, node: &str, h: &HoldInfo) -> Option<String> {
+        use crate::health::HealthState;
+        let drain = matches!(
+            h.value,
+            nightshift_proto::HoldValue::NodeDrain { drained: true, .. }
+                | nightshift_proto::HoldValue::GpuDrain { drained: true }
+        );
+        if !drain || h.owner.starts_with("person:") {
+            return None;
+        }
+        let model = self.core.health();
+        let broken: Vec<String> = model
+            .node_gpus(node)
+            .filter(|(g, _)| h.setting.gpu().is_none_or(|only| only == *g))
+            .filter(|(_, gh)| {
+                matches!(
+                    gh.state,
+                    HealthState::Faulted | HealthState::Quarantined | HealthState::AwaitingRepair | HealthState::Rma
+                )
+            })
+            .map(|(g, gh)| format!("GPU {g} {}", gh.state.as_str()))
+            .collect();
+        (!broken.is_empty()).then(|| format!("hold {} ({}) keeps {} out of service", h.id, h.value, broken.join(", ")))
     }
 
     /// The holds on `node` now, from its agent.

@@ -64,6 +64,13 @@ pub enum EngineError {
     /// A person may not approve a run they asked for, triggered or posted.
     #[error("run {run} was requested by {by}: someone else must approve it")]
     SelfApproval { run: String, by: String },
+    /// A person's control refused as things stand (an admin's hands-off,
+    /// a repair not done), nothing sent: the message says what would let it.
+    #[error("{message}")]
+    Guarded { code: &'static str, message: String },
+    /// Only an admin may do this (a forced release).
+    #[error("{0}")]
+    AdminOnly(String),
     #[error(transparent)]
     Audit(#[from] AuditError),
 }

@@ -345,3 +345,72 @@ async fn random_faults_restarts_and_people_never_leave_a_broken_gpu_in_service()
         eprintln!("seed {seed}: ok ({} events)", story.len());
     }
 }
+
+/// The API's guards (issue 56, point 5), in the engine so every way in has
+/// them: a release names its scope; a drain nightshift keeps on a GPU the
+/// health model holds broken goes by the repair lifecycle or an admin's
+/// force, never a plain release; an admin's hands-off refuses an
+/// operator's release. Nothing is sent when a guard refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repair_drain_of_a_broken_gpu_is_not_undone_by_a_plain_release() {
+    use nightshift_engine::control::{Person, ReleaseWhat};
+    use nightshift_engine::engine::EngineError;
+    let dir = scratch_dir().unwrap();
+    let rb = tempfile::tempdir().unwrap();
+    let f = fleet(dir.path(), rb.path()).await;
+    let mut n = 0;
+    inject(&f, &mut n, SimFault::EccDbe { gpu: GPU, count: 3 }).await;
+    assert!(until(&f, HealthState::AwaitingRepair, 300).await, "{:?}", state(&f));
+    assert!(drained(&f).await);
+    let operator = Person { name: "otto", admin: false };
+    let admin = Person { name: "ana", admin: true };
+    let all = ReleaseWhat { all: true, ..Default::default() };
+    let sent_before = f.engine.audit().tail(0, usize::MAX).unwrap().len();
+
+    // No scope: refused, saying what is expected.
+    let e = f.engine.person_release(NODE, &ReleaseWhat::default(), operator, "tidy up").await.unwrap_err();
+    assert!(matches!(e, EngineError::BadTarget(_)) && e.to_string().contains("expected the release's scope"), "{e}");
+    let e = f
+        .engine
+        .person_release(NODE, &ReleaseWhat { kind: Some("fans".into()), ..Default::default() }, operator, "x")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("kind: expected one of power_limit"), "{e}");
+    // Every hold, by an operator: the repair drain of a GPU awaiting repair stays.
+    let e = f.engine.person_release(NODE, &all, operator, "tidy up").await.unwrap_err();
+    match &e {
+        EngineError::Guarded { code, message } => {
+            assert_eq!(*code, "repair_pending");
+            assert!(message.contains(&format!("GPU {GPU} awaiting_repair")), "{message}");
+            assert!(message.contains(&format!("nightshift nodes repaired {NODE}")), "{message}");
+        }
+        other => panic!("expected a guard, found {other:?}"),
+    }
+    // So does a narrower one that names the drain.
+    let drains = ReleaseWhat { kind: Some("node_drain".into()), ..Default::default() };
+    assert!(matches!(
+        f.engine.person_release(NODE, &drains, operator, "tidy up").await,
+        Err(EngineError::Guarded { code: "repair_pending", .. })
+    ));
+    // Force is an admin's.
+    let forced = ReleaseWhat { force: true, ..all.clone() };
+    assert!(matches!(f.engine.person_release(NODE, &forced, operator, "x").await, Err(EngineError::AdminOnly(_))));
+    // An admin's hands-off: an operator releases nothing, however narrow.
+    f.engine.set_hands_off(NODE, "user:ana", Some("NVSwitch tray reseat"), None).await.unwrap();
+    let e = f.engine.person_release(NODE, &drains, operator, "tidy up").await.unwrap_err();
+    assert!(matches!(e, EngineError::Guarded { code: "hands_off", .. }) && e.to_string().contains("user:ana"), "{e}");
+    // Nothing was sent by any of those: no intent, no result.
+    let recs = f.engine.audit().tail(0, usize::MAX).unwrap();
+    assert!(
+        !recs[sent_before..].iter().any(|r| r.data["op"] == "release"),
+        "a refused release sent something: {:?}",
+        &recs[sent_before..]
+    );
+    f.engine.set_hands_off(NODE, "user:ana", None, None).await.unwrap();
+    assert!(drained(&f).await, "still drained after every refusal");
+    // An admin's explicit force, with a reason, releases it.
+    let out = f.engine.person_release(NODE, &forced, admin, "GPU swapped by the vendor on site").await.unwrap();
+    assert!(out.actions.iter().all(|a| a["ok"] == true), "{:?}", out.actions);
+    f.step().await.unwrap();
+    assert!(!drained(&f).await);
+}

@@ -429,22 +429,43 @@ pub struct ReleaseHolds {
     pub owner: Option<String>,
     #[serde(default)]
     pub hold: Option<String>,
+    /// Only holds of this kind (`power_limit`, `fan_curve`, `node_drain`, …).
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Every hold on the node: said on purpose (without it, a release names
+    /// a gpu, owner, hold or kind).
+    #[serde(default)]
+    pub all: bool,
+    /// Admin only: release a repair drain of a GPU the health model holds
+    /// broken anyway.
+    #[serde(default)]
+    pub force: bool,
     /// Why: kept in the audit record.
     pub reason: String,
 }
 
 /// A person releases holds on a node (operator): sent to the agent as
-/// `person:<name>`, audited. 200 with each release's outcome; 409 when the
-/// agent refused one (hands-off, for instance).
+/// `person:<name>`, audited. 200 with each release's outcome; 400 without
+/// a scope; 409 when a guard refuses (`hands_off`: an admin's hands-off;
+/// `repair_pending`: a repair drain of a broken GPU — mark it repaired, or
+/// an admin forces) or the agent refused one; 403 for a non-admin's force.
 pub async fn release_holds(
     State(s): State<AppState>,
     Operator(id): Operator,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<ReleaseHolds>,
 ) -> Result<Response, ApiError> {
-    let what =
-        nightshift_engine::control::ReleaseWhat { gpu: body.gpu, owner: body.owner.clone(), hold: body.hold.clone() };
-    let out = s.engine.person_release(&name, &what, &id.name, &body.reason).await?;
+    let what = nightshift_engine::control::ReleaseWhat {
+        gpu: body.gpu,
+        owner: body.owner.clone(),
+        hold: body.hold.clone(),
+        kind: body.kind.clone(),
+        all: body.all,
+        force: body.force,
+    };
+    let who =
+        nightshift_engine::control::Person { name: &id.name, admin: id.role == nightshift_engine::config::Role::Admin };
+    let out = s.engine.person_release(&name, &what, who, &body.reason).await?;
     Ok(control_answer(out))
 }
 

@@ -43,6 +43,8 @@ impl From<EngineError> for ApiError {
                 (StatusCode::CONFLICT, "conflict")
             }
             EngineError::SelfApproval { .. } => (StatusCode::FORBIDDEN, "self_approval"),
+            EngineError::Guarded { code, .. } => (StatusCode::CONFLICT, *code),
+            EngineError::AdminOnly(_) => (StatusCode::FORBIDDEN, "forbidden"),
             EngineError::Audit(nightshift_engine::audit::AuditError::NotLeader(_)) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "not_leader")
             }

@@ -1210,7 +1210,11 @@ pub async fn ui_release(
     Form(f): Form<ReleaseForm>,
 ) -> Result<Response, PageError> {
     let what = nightshift_engine::control::ReleaseWhat { hold: Some(f.hold), ..Default::default() };
-    let out = s.engine.person_release(&name, &what, &who.name, &f.reason).await?;
+    let person = nightshift_engine::control::Person {
+        name: &who.name,
+        admin: who.role == nightshift_engine::config::Role::Admin,
+    };
+    let out = s.engine.person_release(&name, &what, person, &f.reason).await?;
     control_page(&name, out)
 }
 

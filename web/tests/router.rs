@@ -987,6 +987,14 @@ async fn a_person_releases_a_hold_and_resumes_a_node_as_themselves() {
     let path = "/api/v1/nodes/gpu-a1/holds/release";
     let (s, v) = call(&f, "POST", path, Some(VIEWER), Some(release.clone())).await;
     assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
+    // The API keeps the CLI's guards: a release names its scope, and only
+    // an admin forces.
+    let (s, v) = call(&f, "POST", path, Some(OPERATOR), Some(json!({"reason": "tidy up"}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("expected the release's scope"), "{v}");
+    let (s, v) = call(&f, "POST", path, Some(OPERATOR), Some(json!({"all": true, "force": true, "reason": "x"}))).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
+    assert_eq!(holds(&f).await.len(), 1, "nothing released by a refused call");
     let (s, v) = call(&f, "POST", path, Some(OPERATOR), Some(json!({"gpu": 2, "reason": " "}))).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("reason: expected why"), "{v}");

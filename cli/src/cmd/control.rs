@@ -71,17 +71,21 @@ pub struct Release<'a> {
     pub gpu: Option<u32>,
     pub owner: Option<&'a str>,
     pub hold: Option<&'a str>,
+    /// Only holds of this kind.
+    pub kind: Option<&'a str>,
     /// Every hold on the node, without asking.
     pub all: bool,
+    /// Admin: a repair drain of a broken GPU too.
+    pub force: bool,
 }
 
 pub async fn holds_release(cli: &Cli, out: &Out, node: &str, what: Release<'_>, reason: &str) -> Result<u8> {
-    let Release { gpu, owner, hold, all } = what;
+    let Release { gpu, owner, hold, kind, all, force } = what;
     let c = conn_announced(cli, out)?;
     let r = remote(&c, "releasing a hold")?;
     // Every hold on a node is a lot to give back by a slip of the keyboard:
     // say what goes and ask, or take --all.
-    if gpu.is_none() && owner.is_none() && hold.is_none() && !all {
+    if gpu.is_none() && owner.is_none() && hold.is_none() && kind.is_none() && !all {
         let held: Value = r.get(&format!("/api/v1/agents/{}/holds", urlencode(node))).await?;
         let settings: Vec<nightshift_proto::SettingView> = serde_json::from_value(held["settings"].clone())?;
         let holds: Vec<&nightshift_proto::HoldInfo> = settings.iter().flat_map(|s| &s.holds).collect();
@@ -102,7 +106,8 @@ pub async fn holds_release(cli: &Cli, out: &Out, node: &str, what: Release<'_>, 
     let (done, v) = r
         .post_control(
             &format!("/api/v1/nodes/{}/holds/release", urlencode(node)),
-            &json!({"gpu": gpu, "owner": owner, "hold": hold, "reason": reason}),
+            &json!({"gpu": gpu, "owner": owner, "hold": hold, "kind": kind, "force": force,
+                "all": gpu.is_none() && owner.is_none() && hold.is_none() && kind.is_none(), "reason": reason}),
         )
         .await?;
     report(out, done, &v)
