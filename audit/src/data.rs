@@ -541,6 +541,12 @@ pub struct Delivery {
     pub ok: bool,
     pub attempts: u32,
     pub detail: String,
+    /// Not delivered yet: retried until delivered or expired.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<bool>,
+    /// Not delivered within `notifications.page_expiry_secs`: given up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub undeliverable: Option<bool>,
 }
 
 impl Payload for Delivery {

@@ -106,6 +106,8 @@ pub struct Core {
     /// Alerts accepted by a webhook call and not yet handled.
     pub alert_backlog: AtomicU64,
     pub notifier: Notifier,
+    /// Pages not delivered yet (invariant 19), retried by the tick.
+    pub outbox: Mutex<crate::outbox::Outbox>,
     pub counters: Counters,
     pub shutdown: tokio::sync::watch::Sender<bool>,
     pub tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -406,38 +408,8 @@ impl Core {
             core.notifier.targets_for(rec.kind)
         };
         for target in targets {
-            let core2 = core.clone();
-            let body = core.notifier.body(&target, rec);
-            let (seq, run, runbook, node) = (rec.seq, rec.run.clone(), rec.runbook.clone(), rec.node.clone());
-            core.handle.spawn(async move {
-                let d = core2.notifier.deliver(&target, &body).await;
-                if !d.ok {
-                    tracing::warn!(target = %target.name, attempts = d.attempts, detail = %d.detail, "notification not delivered");
-                }
-                let mut r = NewRecord::typed(
-                    RecordKind::NotificationDelivery,
-                    "engine",
-                    &crate::audit::data::Delivery {
-                        target: target.name.clone(),
-                        format: Some(json!(target.format)),
-                        for_seq: Some(seq),
-                        ok: d.ok,
-                        attempts: d.attempts,
-                        detail: d.detail.clone(),
-                        ..Default::default()
-                    },
-                )
-                .node(node.as_deref());
-                if let Some(run) = &run {
-                    r = r.run(run);
-                }
-                if let Some(rb) = &runbook {
-                    r = r.runbook(rb);
-                }
-                if let Err(e) = core2.audit.append(r, None).await {
-                    tracing::error!(error = %e, "cannot audit a notification delivery");
-                }
-            });
+            let (core2, rec) = (core.clone(), rec.clone());
+            core.handle.spawn(async move { core2.send_page(&rec, &target, 0, true).await });
         }
     }
 

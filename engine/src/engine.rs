@@ -202,6 +202,7 @@ impl Engine {
             inflight_events: AtomicU64::new(0),
             alert_backlog: AtomicU64::new(0),
             notifier: crate::notify::Notifier::new(&parts.config.notifications),
+            outbox: Mutex::new(Default::default()),
             counters: Counters::default(),
             shutdown,
             tasks: Mutex::new(Vec::new()),

@@ -36,6 +36,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod modes;
 pub mod notify;
+pub mod outbox;
 pub mod repair;
 pub mod run;
 pub mod runbook;

@@ -4,9 +4,11 @@
 //! to Alertmanager's v2 API (`alertmanager`: the site's own routes page a
 //! person), each with the links to its run's and node's pages when
 //! `notifications.ui_url` is set — with a timeout
-//! and retries (1 s, 2 s, 4 s … between tries). Every delivery ends in a
-//! `notification_delivery` audit record naming the target (never its URL:
-//! Slack webhook URLs are secrets), the tries and the result.
+//! and retries (1 s, 2 s, 4 s … between tries); a page those do not
+//! deliver stays in the durable outbox (`outbox.rs`) until it is delivered
+//! or expires. Deliveries are `notification_delivery` audit records naming
+//! the target (never its URL: Slack webhook URLs are secrets), the tries
+//! and the result.
 
 use std::time::Duration;
 
@@ -64,11 +66,21 @@ impl Notifier {
         self.targets_for(kind).into_iter().filter(|t| t.dry_runs).collect()
     }
 
+    /// The target named `name`.
+    pub fn target(&self, name: &str) -> Option<WebhookTarget> {
+        self.targets.iter().find(|t| t.name == name).cloned()
+    }
+
     /// Send `body` to `target`, retrying failures (network errors and
-    /// non-2xx answers).
+    /// non-2xx answers) `max_attempts` times in all.
     pub async fn deliver(&self, target: &WebhookTarget, body: &Value) -> Delivery {
+        self.deliver_tries(target, body, target.max_attempts).await
+    }
+
+    /// [`Notifier::deliver`] with `tries` tries.
+    pub async fn deliver_tries(&self, target: &WebhookTarget, body: &Value, tries: u32) -> Delivery {
         let mut detail = String::new();
-        let max = target.max_attempts.max(1);
+        let max = tries.max(1);
         for attempt in 1..=max {
             let r =
                 self.http.post(&target.url).timeout(Duration::from_secs(target.timeout_secs)).json(body).send().await;
@@ -283,6 +295,7 @@ mod tests {
             dry_runs: false,
             audit_anchors: false,
             firing_secs: 3600,
+            fallback: None,
         }
     }
 
@@ -316,6 +329,7 @@ mod tests {
             ],
             audit_anchor_every_secs: None,
             ui_url: None,
+            page_expiry_secs: 3600,
         });
         assert_eq!(n.targets_for(RecordKind::Notification).len(), 1);
         assert_eq!(n.targets_for(RecordKind::Escalation).len(), 2);
@@ -336,6 +350,7 @@ mod tests {
             webhooks: vec![target(WebhookFormat::Alertmanager)],
             audit_anchor_every_secs: None,
             ui_url: Some("https://ns.example/".into()),
+            page_expiry_secs: 3600,
         });
         let b = n.body(&n.targets[0], &rec(RecordKind::Escalation));
         assert_eq!(

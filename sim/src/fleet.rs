@@ -133,6 +133,8 @@ pub struct SimFleetOptions {
     pub autoscaler: Option<nightshift_engine::config::AutoscalerConfig>,
     /// The engine's telemetry settings (a backtest keeps no plot history).
     pub telemetry: TelemetryConfig,
+    /// Where pages go (a test's receiver).
+    pub notifications: nightshift_engine::config::NotificationsConfig,
 }
 
 impl SimNodeSpec {
@@ -177,6 +179,7 @@ impl SimFleetOptions {
             grafana: None,
             autoscaler: None,
             telemetry: TelemetryConfig::default(),
+            notifications: Default::default(),
         }
     }
 }
@@ -398,7 +401,7 @@ impl SimFleet {
             telemetry: opts.telemetry.clone(),
             auth: opts.auth.clone(),
             sources: Default::default(),
-            notifications: Default::default(),
+            notifications: opts.notifications.clone(),
             time_scale: 1.0,
             time_origin_ms: None,
             grafana: opts.grafana.clone(),

@@ -85,6 +85,11 @@ pub fn render(engine: &Engine) -> String {
         ),
         ("nightshift_triggers_fired_total", "Trigger fires.", c.triggers_fired.load(Ordering::Relaxed)),
         (
+            "nightshift_pages_undeliverable_total",
+            "Pages given up after notifications.page_expiry_secs without a delivery (since this engine started).",
+            engine.pages_pending().1,
+        ),
+        (
             "nightshift_runs_suppressed_total",
             "Run requests suppressed by dedup, cooldown or a tripped breaker.",
             c.runs_suppressed.load(Ordering::Relaxed),
@@ -121,6 +126,11 @@ pub fn render(engine: &Engine) -> String {
         ("nightshift_audit_sequence", "Sequence number of the newest audit record.", engine.audit().head_seq() as f64),
         ("nightshift_runbooks_loaded", "Runbooks loaded.", engine.runbook_set().runbooks.len() as f64),
         ("nightshift_runbook_errors", "Runbook files that failed to load.", engine.runbook_set().errors.len() as f64),
+        (
+            "nightshift_pages_pending",
+            "Pages (notifications, escalations) not delivered yet to a target: retried until delivered or expired.",
+            engine.pages_pending().0 as f64,
+        ),
     ];
     for (name, help, v) in gauges {
         family(&mut out, name, "gauge", help);

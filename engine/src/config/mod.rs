@@ -530,7 +530,7 @@ fn d_pull_timeout() -> u64 {
 }
 
 /// `notifications:` — webhooks for `notify`/`escalate`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NotificationsConfig {
     #[serde(default)]
@@ -545,6 +545,27 @@ pub struct NotificationsConfig {
     /// notification carries the links to its run's and node's pages.
     #[serde(default)]
     pub ui_url: Option<String>,
+    /// A page (notification or escalation) not delivered within this long
+    /// of its record is given up: recorded `undeliverable` and counted in
+    /// `/metrics` (`nightshift_pages_undeliverable_total`). Until then it
+    /// is retried, across restarts.
+    #[serde(default = "d_page_expiry")]
+    pub page_expiry_secs: u64,
+}
+
+fn d_page_expiry() -> u64 {
+    21_600
+}
+
+impl Default for NotificationsConfig {
+    fn default() -> Self {
+        NotificationsConfig {
+            webhooks: Vec::new(),
+            audit_anchor_every_secs: None,
+            ui_url: None,
+            page_expiry_secs: d_page_expiry(),
+        }
+    }
 }
 
 /// One notification webhook.
@@ -578,6 +599,11 @@ pub struct WebhookTarget {
     /// person has seen it. Default one hour.
     #[serde(default = "d_firing_secs")]
     pub firing_secs: u64,
+    /// Another target's name: a page this one does not take within its
+    /// quick tries goes there too (a second route for when the first is
+    /// down), while this one keeps being retried.
+    #[serde(default)]
+    pub fallback: Option<String>,
 }
 
 fn d_firing_secs() -> u64 {

@@ -102,6 +102,14 @@ fn values_that_disable_safety_are_refused_with_their_line() {
         ),
         ("limits:\n  resume_wait_secs: 0\n", "engine.yaml:7:3: limits.resume_wait_secs: expected 1 to 86400, found 0"),
         (
+            "notifications:\n  page_expiry_secs: 5\n",
+            "engine.yaml:7:3: notifications.page_expiry_secs: expected 60 to 86400, found 5",
+        ),
+        (
+            "notifications:\n  webhooks:\n    - {name: pager, url: 'http://pager.example/hook', fallback: phone}\n",
+            "engine.yaml:8:65: notifications.webhooks[pager].fallback: expected another target's name (there is none), found \"phone\"",
+        ),
+        (
             "autoscaler:\n  url: autoscaler.local\n",
             "engine.yaml:7:3: autoscaler.url: expected http:// or https://…, found \"autoscaler.local\"",
         ),

@@ -359,6 +359,27 @@ impl EngineConfig {
                     ),
                 ));
             }
+            if let Some(fb) = &w.fallback
+                && (fb == &w.name || !cfg.notifications.webhooks.iter().any(|o| &o.name == fb))
+            {
+                let names: Vec<&str> =
+                    cfg.notifications.webhooks.iter().map(|o| o.name.as_str()).filter(|n| n != &w.name).collect();
+                return Err(err(
+                    fb,
+                    format!(
+                        "notifications.webhooks[{}].fallback: expected another target's name ({}), found {fb:?}",
+                        w.name,
+                        if names.is_empty() { "there is none".to_string() } else { names.join(", ") }
+                    ),
+                ));
+            }
+        }
+        let expiry = cfg.notifications.page_expiry_secs;
+        if !(60..=86_400).contains(&expiry) {
+            return Err(err(
+                "notifications.page_expiry_secs",
+                format!("notifications.page_expiry_secs: expected 60 to 86400, found {expiry}"),
+            ));
         }
         Ok(cfg)
     }

@@ -54,6 +54,11 @@ impl Engine {
                 .filter(|(a, _)| !t.handled.contains(&crate::runtable::alert_key(&a.status, &a.key())))
                 .collect()
         };
+        // Pages the last engine had not delivered: sent again (invariant 19).
+        let pages = self.rebuild_outbox(&records);
+        if pages > 0 {
+            tracing::warn!(pages, "pages not yet delivered before the restart: retried now");
+        }
         // Faults and marks outlive any replay window: their own index.
         let n = self.rebuild_health()?;
         tracing::info!(records = n, "health model and node marks rebuilt from the audit log");

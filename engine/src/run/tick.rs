@@ -16,6 +16,7 @@ impl Engine {
     /// mark silent nodes disconnected, start queued runs.
     pub async fn tick(&self) {
         self.expire_hands_off().await;
+        self.retry_pages().await;
         let now = self.core.now();
         let expired: Vec<String> = self
             .core
