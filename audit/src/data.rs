@@ -514,6 +514,15 @@ pub struct Notice {
     pub would_notify: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// This notice ends the page of escalation record `resolves` (its
+    /// fault handled, repaired, or taken over by a person): sent to the
+    /// targets that page went to, as its resolution.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resolves: Option<u64>,
+    /// A follow-up of escalation record `follows`, still open on the node:
+    /// it goes to the person that page reached, never muted by it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub follows: Option<u64>,
 }
 
 impl Payload for Notice {

@@ -35,7 +35,8 @@ pub struct Ask<'a> {
     pub manual: bool,
     pub event_ts_ms: i64,
     pub dry_run: bool,
-    /// A node of the target in maintenance, if any.
+    /// A node of the target in maintenance, if any, in words with who set
+    /// it and why (`NodeState::hands_off_words`).
     pub hands_off: Option<&'a str>,
     /// Nodes in the target (the group's size for group runs).
     pub target_nodes: usize,
@@ -144,10 +145,8 @@ pub fn admit(t: &RunTable, a: &Ask<'_>, now: i64, limits: &Limits) -> Decision {
             ),
         };
     }
-    if let Some(n) = a.hands_off {
-        return Decision::Refuse {
-            reason: format!("node {n} is hands-off (maintenance): nightshift does not act on it"),
-        };
+    if let Some(why) = a.hands_off {
+        return Decision::Refuse { reason: format!("{why}: nightshift does not act on it") };
     }
     let waiting = t.queue.len();
     if waiting >= limits.queue_capacity && m.priority != Priority::Critical {
@@ -306,9 +305,9 @@ mod tests {
                 "hands-off",
                 Box::new(|_| {}),
                 &m,
-                Box::new(|a| a.hands_off = Some("n1")),
+                Box::new(|a| a.hands_off = Some("node n1 is hands-off (user:ana: NVSwitch tray reseat)")),
                 "refuse",
-                "node n1 is hands-off",
+                "node n1 is hands-off (user:ana: NVSwitch tray reseat): nightshift does not act on it",
             ),
             (
                 "queue full",

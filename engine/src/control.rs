@@ -143,6 +143,9 @@ impl Engine {
             line["setting"] = json!(h.setting.to_string());
             out.actions.push(line);
         }
+        if out.actions.iter().any(|a| a["ok"] == true) {
+            self.resolve_pages(node, what.gpu, &format!("taken over by {}: {reason}", who.name), None).await;
+        }
         Ok(out)
     }
 
@@ -153,6 +156,9 @@ impl Engine {
     pub async fn person_resume(&self, node: &str, name: &str, reason: &str) -> Result<ControlOutcome, EngineError> {
         check_reason(reason, "the node is put back into service")?;
         let mut line = self.send_as_person(node, None, Op::Resume(ResumeArgs::default()), name, reason).await?;
+        if line["ok"] == true {
+            self.resolve_pages(node, None, &format!("taken over by {name}: {reason}"), None).await;
+        }
         let unhealthy: Vec<Value> = self
             .node_health(node)
             .and_then(|h| h["gpus"].as_array().cloned())

@@ -361,8 +361,27 @@ impl Core {
         dry_run: bool,
         shadow: bool,
     ) -> NewRecord {
+        self.notice_record_following(kind, text, severity, dry_run, shadow, None)
+    }
+
+    /// [`Core::notice_record`] for a follow-up of the open escalation
+    /// `follows` (a live notice only).
+    pub fn notice_record_following(
+        &self,
+        kind: RecordKind,
+        text: &str,
+        severity: &str,
+        dry_run: bool,
+        shadow: bool,
+        follows: Option<u64>,
+    ) -> NewRecord {
         let names = |targets: Vec<crate::config::WebhookTarget>| targets.into_iter().map(|t| t.name).collect();
-        let base = crate::audit::data::Notice { text: text.into(), severity: severity.into(), ..Default::default() };
+        let base = crate::audit::data::Notice {
+            text: text.into(),
+            severity: severity.into(),
+            follows: follows.filter(|_| !dry_run && !shadow),
+            ..Default::default()
+        };
         let notice = if shadow {
             crate::audit::data::Notice {
                 dry_run: Some(true),
@@ -388,29 +407,6 @@ impl Core {
             }
         };
         NewRecord::typed(kind, "engine", &notice)
-    }
-
-    /// Send a durable notification record to the webhooks (in the
-    /// background) and audit each delivery. Dry-run records go only to
-    /// targets that opted in with `dry_runs: true` (marked as dry runs).
-    pub fn deliver(core: &Arc<Core>, rec: &AuditRecord) {
-        let Ok(notice) = rec.payload::<crate::audit::data::Notice>() else {
-            tracing::error!(seq = rec.seq, "not a notification: nothing delivered");
-            return;
-        };
-        // A shadow run notifies no one.
-        if notice.shadow == Some(true) {
-            return;
-        }
-        let targets = if notice.dry_run == Some(true) {
-            core.notifier.dry_run_targets_for(rec.kind)
-        } else {
-            core.notifier.targets_for(rec.kind)
-        };
-        for target in targets {
-            let (core2, rec) = (core.clone(), rec.clone());
-            core.handle.spawn(async move { core2.send_page(&rec, &target, 0, true).await });
-        }
     }
 
     /// Send a mutating request for run `s` to `node`'s agent, with its intent

@@ -59,6 +59,16 @@ impl NodeState {
         }
     }
 
+    /// Why node `name` is hands-off, in words for a page: the admin's own
+    /// reason, or the agent's maintenance marker (none: it is not).
+    pub fn hands_off_words(&self, name: &str) -> Option<String> {
+        match (&self.engine_hands_off, self.agent_hands_off) {
+            (Some((by, why)), _) => Some(format!("node {name} is hands-off ({by}: {why})")),
+            (None, true) => Some(format!("node {name} is hands-off (the maintenance marker on the node)")),
+            (None, false) => None,
+        }
+    }
+
     pub fn hands_off(&self) -> bool {
         self.agent_hands_off || self.engine_hands_off.is_some()
     }

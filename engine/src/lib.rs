@@ -37,6 +37,7 @@ pub mod metrics;
 pub mod modes;
 pub mod notify;
 pub mod outbox;
+pub mod pages;
 pub mod repair;
 pub mod run;
 pub mod runbook;

@@ -54,6 +54,20 @@ impl Notifier {
         body(target, rec, &Links::of(self.ui_url.as_deref(), rec))
     }
 
+    /// The body of `rec`, which resolves the page of escalation record
+    /// `page`: to Alertmanager, that page's own alert (the same labels)
+    /// ending at `rec`'s time; to other targets, `rec`'s text.
+    pub fn resolution_body(&self, target: &WebhookTarget, rec: &AuditRecord, page: &AuditRecord) -> Value {
+        if target.format != WebhookFormat::Alertmanager {
+            return self.body(target, rec);
+        }
+        let mut v = body(target, page, &Links::of(self.ui_url.as_deref(), page));
+        v[0]["endsAt"] = json!(crate::alerts::format_rfc3339_ms(rec.ts_ms.max(page.ts_ms)));
+        let why = rec.payload::<crate::audit::data::Notice>().map(|n| n.text).unwrap_or_default();
+        v[0]["annotations"]["resolution"] = json!(why);
+        v
+    }
+
     /// Targets for a record of this kind.
     pub fn targets_for(&self, kind: RecordKind) -> Vec<WebhookTarget> {
         let escalation = kind == RecordKind::Escalation;
@@ -232,6 +246,12 @@ fn alert_body(rec: &AuditRecord, text: &str, dry_run: bool, target: &str, links:
     if dry_run {
         label("dry_run", "true".into());
     }
+    // A follow-up of an open page: routed to the person that page reached
+    // and never muted by it (examples/alertmanager.yml).
+    let follows = rec.payload::<crate::audit::data::Notice>().ok().and_then(|n| n.follows);
+    if !escalation && follows.is_some() {
+        label("followup", "true".into());
+    }
     let what = match (&rec.runbook, target.is_empty()) {
         (Some(rb), false) => format!("{rb} on {target}"),
         (Some(rb), true) => rb.clone(),
@@ -330,6 +350,7 @@ mod tests {
             audit_anchor_every_secs: None,
             ui_url: None,
             page_expiry_secs: 3600,
+            retry_max_secs: 300,
         });
         assert_eq!(n.targets_for(RecordKind::Notification).len(), 1);
         assert_eq!(n.targets_for(RecordKind::Escalation).len(), 2);
@@ -344,6 +365,39 @@ mod tests {
         assert_eq!(body(WebhookFormat::Generic, &rec(RecordKind::Escalation))["dry_run"], false);
     }
 
+    /// A page's resolution is the page's own alert (the same labels, so
+    /// Alertmanager ends that alert) ending at the resolution's time; a
+    /// follow-up notice is labelled so the routes send it to the person
+    /// the page reached and the inhibition leaves it alone.
+    #[test]
+    fn a_resolution_ends_the_pages_own_alert_and_a_follow_up_is_labelled() {
+        let n = Notifier::new(&NotificationsConfig {
+            webhooks: vec![target(WebhookFormat::Alertmanager)],
+            audit_anchor_every_secs: None,
+            ui_url: Some("https://ns.example/".into()),
+            page_expiry_secs: 3600,
+            retry_max_secs: 300,
+        });
+        let page = rec(RecordKind::Escalation);
+        let mut resolution = rec(RecordKind::Notification);
+        resolution.ts_ms = page.ts_ms + 600_000;
+        resolution.data = json!({"text": "resolved: handled by run r000009", "severity": "info", "delivered_to": [],
+            "webhooks": ["t"], "resolves": page.seq});
+        let open = n.body(&n.targets[0], &page);
+        let ended = n.resolution_body(&n.targets[0], &resolution, &page);
+        assert_eq!(ended[0]["labels"], open[0]["labels"], "the same alert");
+        assert_eq!(ended[0]["startsAt"], open[0]["startsAt"]);
+        assert_eq!(ended[0]["endsAt"], json!(crate::alerts::format_rfc3339_ms(resolution.ts_ms)));
+        assert_eq!(ended[0]["annotations"]["resolution"], "resolved: handled by run r000009");
+        let mut follow = rec(RecordKind::Notification);
+        follow.data = json!({"text": "GPU 3 capped: reset it", "severity": "warning", "delivered_to": [],
+            "webhooks": ["t"], "follows": page.seq});
+        let b = n.body(&n.targets[0], &follow);
+        assert_eq!(b[0]["labels"]["alertname"], "NightshiftNotification");
+        assert_eq!(b[0]["labels"]["followup"], "true", "{b}");
+        assert!(n.body(&n.targets[0], &rec(RecordKind::Notification))[0]["labels"].get("followup").is_none());
+    }
+
     #[test]
     fn an_escalation_is_an_alert_with_its_links_for_alertmanager() {
         let n = Notifier::new(&NotificationsConfig {
@@ -351,6 +405,7 @@ mod tests {
             audit_anchor_every_secs: None,
             ui_url: Some("https://ns.example/".into()),
             page_expiry_secs: 3600,
+            retry_max_secs: 300,
         });
         let b = n.body(&n.targets[0], &rec(RecordKind::Escalation));
         assert_eq!(

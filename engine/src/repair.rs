@@ -77,6 +77,12 @@ impl Engine {
             node = %t.node, gpu = t.gpu, from = t.from.as_str(), to = t.to.as_str(), by = %t.by, why = %t.why,
             "health changed"
         );
+        // Repaired (evidence of a repair, or a person says so): the GPU's
+        // pages end.
+        if matches!(t.to, HealthState::Healthy | HealthState::Verifying) {
+            let why = format!("GPU {} {} ({})", t.gpu, t.to.as_str(), t.why);
+            Box::pin(self.resolve_pages(&t.node, Some(t.gpu), &why, None)).await;
+        }
         Ok(())
     }
 
@@ -189,14 +195,15 @@ impl Engine {
         // a refused run would start a cooldown that outlasts the marker. The
         // fault stays pending, a person is told once, and it is offered the
         // moment the marker goes.
-        if node.state().hands_off() {
+        let hands_off = node.state().hands_off_words(&name);
+        if let Some(words) = hands_off {
             self.tell_once(
                 &name,
                 gpu,
                 fault.seen_ms,
                 Some(&rb.manifest.name),
                 format!(
-                    "{name} GPU {gpu}: {} is pending — {name} is hands-off (maintenance): {} acts when the marker goes; look at {name} now",
+                    "{name} GPU {gpu}: {} is pending — {words}: {} acts when it ends; look at {name} now",
                     fault.detail, rb.manifest.name
                 ),
             )

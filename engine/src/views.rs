@@ -275,9 +275,14 @@ impl Engine {
         let payload =
             crate::audit::data::HandsOff { hands_off: why.is_some(), reason: why.map(str::to_string), until_ms };
         self.core.audit.append(NewRecord::typed(RecordKind::HandsOff, by, &payload).node(Some(node)), None).await?;
-        let mut st = n.state();
-        st.engine_hands_off = why.map(|w| (by.to_string(), w.to_string()));
-        st.engine_hands_off_until_ms = until_ms;
+        {
+            let mut st = n.state();
+            st.engine_hands_off = why.map(|w| (by.to_string(), w.to_string()));
+            st.engine_hands_off_until_ms = until_ms;
+        }
+        if let Some(w) = why {
+            self.resolve_pages(node, None, &format!("taken over by {by}: hands-off ({w})"), None).await;
+        }
         Ok(())
     }
 

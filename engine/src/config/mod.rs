@@ -551,6 +551,14 @@ pub struct NotificationsConfig {
     /// is retried, across restarts.
     #[serde(default = "d_page_expiry")]
     pub page_expiry_secs: u64,
+    /// The longest pause between two tries of a page not delivered yet
+    /// (the pause starts at 30 s, or this if shorter, and doubles).
+    #[serde(default = "d_retry_max")]
+    pub retry_max_secs: u64,
+}
+
+fn d_retry_max() -> u64 {
+    300
 }
 
 fn d_page_expiry() -> u64 {
@@ -564,6 +572,7 @@ impl Default for NotificationsConfig {
             audit_anchor_every_secs: None,
             ui_url: None,
             page_expiry_secs: d_page_expiry(),
+            retry_max_secs: d_retry_max(),
         }
     }
 }

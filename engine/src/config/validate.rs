@@ -374,6 +374,13 @@ impl EngineConfig {
                 ));
             }
         }
+        let retry = cfg.notifications.retry_max_secs;
+        if !(5..=3600).contains(&retry) {
+            return Err(err(
+                "notifications.retry_max_secs",
+                format!("notifications.retry_max_secs: expected 5 to 3600, found {retry}"),
+            ));
+        }
         let expiry = cfg.notifications.page_expiry_secs;
         if !(60..=86_400).contains(&expiry) {
             return Err(err(

@@ -691,9 +691,14 @@ impl ScriptHost for Host {
             r.told = true;
         }
         let shadow = self.summary().is_some_and(|s| s.shadow);
+        // A notice about a node whose page is open follows that page.
+        let follows = match (kind, ctx.target.node.as_deref()) {
+            (TextKind::Notify, Some(node)) => self.core.open_page_on(node),
+            _ => None,
+        };
         let rec = self
             .core
-            .notice_record(rk, &text, severity, ctx.dry_run, shadow)
+            .notice_record_following(rk, &text, severity, ctx.dry_run, shadow, follows)
             .run(&self.run)
             .node(ctx.target.node.as_deref())
             .gpu(ctx.target.gpu)

@@ -156,7 +156,7 @@ impl Engine {
         }
         let would_need_approval = shadow.then(|| approval_reason(m, nodes_changed(m, target_nodes, &params))).flatten();
         let hands_off =
-            self.core.target_nodes(&req.target).iter().find(|n| n.state().hands_off()).map(|n| n.spec.name.clone());
+            self.core.target_nodes(&req.target).iter().find_map(|n| n.state().hands_off_words(&n.spec.name));
         let key = (req.runbook.clone(), req.target.clone());
         // A manual run submitted again with the same `Idempotency-Key` (a
         // retry after a lost answer) is the run it started.

@@ -566,6 +566,16 @@ impl Engine {
             )
             .await;
         }
+        // A run that did its work ends the pages other runs opened about
+        // its target: the fault is handled (invariant 19).
+        if outcome == RunOutcome::Succeeded
+            && summary.actions > 0
+            && !summary.dry_run
+            && let Some(node) = summary.target.node.clone()
+        {
+            let why = format!("handled by run {run} ({})", summary.runbook);
+            self.resolve_pages(&node, summary.target.gpu, &why, Some(run)).await;
+        }
         let waiting = {
             let mut t = self.core.table();
             t.runs.remove(run);

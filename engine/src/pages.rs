@@ -1,0 +1,295 @@
+//! Pages that must reach a person (invariant 19): sending them through
+//! the durable outbox (`outbox.rs`), trying again, rebuilding what is
+//! still to send after a restart, and ending a page when its fault is
+//! handled, repaired or taken over by a person.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::audit::{AuditRecord, NewRecord, RecordKind, data};
+use crate::config::WebhookTarget;
+use crate::core::Core;
+use crate::engine::Engine;
+use crate::outbox::{OpenPage, Pending, backoff_ms};
+
+impl Core {
+    /// Send a durable notification record to the webhooks (in the
+    /// background) and audit each delivery. Dry-run records go only to
+    /// targets that opted in with `dry_runs: true` (marked as dry runs).
+    pub fn deliver(core: &Arc<Core>, rec: &AuditRecord) {
+        let Ok(notice) = rec.payload::<crate::audit::data::Notice>() else {
+            tracing::error!(seq = rec.seq, "not a notification: nothing delivered");
+            return;
+        };
+        // A shadow run notifies no one.
+        if notice.shadow == Some(true) {
+            return;
+        }
+        // The targets the record names (a resolution: those its page went
+        // to), as they are configured now.
+        let targets: Vec<crate::config::WebhookTarget> =
+            notice.webhooks.iter().filter_map(|n| core.notifier.target(n)).collect();
+        if rec.kind == RecordKind::Escalation && notice.dry_run != Some(true) {
+            core.open_page(rec);
+        }
+        for target in targets {
+            let (core2, rec) = (core.clone(), rec.clone());
+            core.handle.spawn(async move { core2.send_page(&rec, &target, 0, true).await });
+        }
+    }
+
+    /// Escalation record `rec` was sent: its page is open.
+    pub(crate) fn open_page(&self, rec: &AuditRecord) {
+        let Some(node) = &rec.node else { return };
+        let page = OpenPage { seq: rec.seq, gpu: rec.gpu, run: rec.run.clone(), ts_ms: rec.ts_ms };
+        crate::core::lock(&self.outbox).open.entry(node.clone()).or_default().push(page);
+    }
+
+    /// The newest page still open on `node` (a notice about the node
+    /// follows it).
+    pub fn open_page_on(&self, node: &str) -> Option<u64> {
+        let now = self.now();
+        let ob = crate::core::lock(&self.outbox);
+        ob.open.get(node)?.iter().filter(|p| now.saturating_sub(p.ts_ms) < self.firing_ms()).map(|p| p.seq).max()
+    }
+
+    /// How long an escalation's page stays firing by itself: the longest
+    /// `firing_secs` of the Alertmanager targets (one hour without one).
+    fn firing_ms(&self) -> i64 {
+        let secs = self
+            .config
+            .notifications
+            .webhooks
+            .iter()
+            .filter(|t| t.format == crate::config::WebhookFormat::Alertmanager)
+            .map(|t| t.firing_secs)
+            .max()
+            .unwrap_or(3600);
+        (secs as i64).saturating_mul(1000)
+    }
+
+    /// One delivery of page `rec` to `target` (`before` tries already
+    /// made; `quick`: the target's own quick tries, else one), recorded
+    /// when it lands, when it first fails (pending) and when it expires
+    /// (undeliverable); kept in the outbox until then. A first failure
+    /// hands the page to the target's fallback too.
+    pub(crate) async fn send_page(
+        self: &Arc<Core>,
+        rec: &AuditRecord,
+        target: &WebhookTarget,
+        before: u32,
+        quick: bool,
+    ) {
+        let resolves = rec.payload::<data::Notice>().ok().and_then(|n| n.resolves);
+        let body = match resolves.and_then(|seq| self.audit.get(seq).ok().flatten()) {
+            Some(page) => self.notifier.resolution_body(target, rec, &page),
+            None => self.notifier.body(target, rec),
+        };
+        let d = if quick {
+            self.notifier.deliver(target, &body).await
+        } else {
+            self.notifier.deliver_tries(target, &body, 1).await
+        };
+        let attempts = before.saturating_add(d.attempts);
+        let now = self.now();
+        let expiry_ms = (self.config.notifications.page_expiry_secs as i64).saturating_mul(1000);
+        let key = (rec.seq, target.name.clone());
+        let expired = !d.ok && now.saturating_sub(rec.ts_ms) >= expiry_ms;
+        let first_failure = !d.ok && before == 0;
+        {
+            let mut ob = crate::core::lock(&self.outbox);
+            if d.ok || expired {
+                ob.items.remove(&key);
+                if expired {
+                    ob.undeliverable += 1;
+                }
+            } else {
+                let retry = attempts.saturating_sub(target.max_attempts.max(1)).saturating_add(1);
+                ob.items.insert(
+                    key,
+                    Pending {
+                        first_ms: rec.ts_ms,
+                        attempts,
+                        next_ms: now.saturating_add(backoff_ms(
+                            retry,
+                            (self.config.notifications.retry_max_secs as i64).saturating_mul(1000),
+                        )),
+                        busy: false,
+                    },
+                );
+            }
+        }
+        if d.ok {
+            if before > 0 {
+                tracing::info!(target = %target.name, seq = rec.seq, attempts, "page delivered after retries");
+            }
+        } else {
+            tracing::warn!(target = %target.name, seq = rec.seq, attempts, detail = %d.detail, expired, "page not delivered");
+        }
+        // Recorded: delivered, the first failure (pending), the expiry.
+        // Retries that fail in between go to the log only.
+        if d.ok || expired || first_failure {
+            let payload = data::Delivery {
+                target: target.name.clone(),
+                format: Some(serde_json::json!(target.format)),
+                for_seq: Some(rec.seq),
+                ok: d.ok,
+                attempts,
+                detail: d.detail.clone(),
+                pending: (!d.ok && !expired).then_some(true),
+                undeliverable: expired.then_some(true),
+                ..Default::default()
+            };
+            let mut r =
+                NewRecord::typed(RecordKind::NotificationDelivery, "engine", &payload).node(rec.node.as_deref());
+            if let Some(run) = &rec.run {
+                r = r.run(run);
+            }
+            if let Some(rb) = &rec.runbook {
+                r = r.runbook(rb);
+            }
+            if let Err(e) = self.audit.append(r, None).await {
+                tracing::error!(error = %e, "cannot audit a notification delivery");
+            }
+        }
+        if first_failure
+            && !expired
+            && let Some(fb) = target.fallback.as_deref().and_then(|n| self.notifier.target(n))
+            && !crate::core::lock(&self.outbox).contains(rec.seq, &fb.name)
+        {
+            tracing::warn!(target = %target.name, fallback = %fb.name, seq = rec.seq, "page handed to the fallback route");
+            Box::pin(self.send_page(rec, &fb, 0, true)).await;
+        }
+    }
+}
+
+impl Engine {
+    /// End the open pages on `node` (of GPU `gpu` only, when given; not
+    /// those run `except_run` sent): each gets a resolving notice, sent
+    /// through the outbox to the targets its page went to — to
+    /// Alertmanager, the page's own alert with its end (invariant 19).
+    pub async fn resolve_pages(&self, node: &str, gpu: Option<u32>, why: &str, except_run: Option<&str>) {
+        let taken: Vec<OpenPage> = {
+            let mut ob = crate::core::lock(&self.core.outbox);
+            let Some(open) = ob.open.get_mut(node) else { return };
+            let (take, keep): (Vec<OpenPage>, Vec<OpenPage>) = std::mem::take(open).into_iter().partition(|p| {
+                gpu.is_none_or(|g| p.gpu == Some(g)) && (except_run.is_none() || p.run.as_deref() != except_run)
+            });
+            *open = keep;
+            take
+        };
+        let now = self.core.now();
+        for p in taken {
+            // Past its own firing time the pager has ended it already.
+            if now.saturating_sub(p.ts_ms) >= self.core.firing_ms() {
+                continue;
+            }
+            let Ok(Some(page)) = self.core.audit.get(p.seq) else { continue };
+            let Ok(n) = page.payload::<data::Notice>() else { continue };
+            let notice = data::Notice {
+                text: format!("resolved: {why}"),
+                severity: "info".into(),
+                delivered_to: vec!["log".into()],
+                webhooks: n.webhooks.clone(),
+                resolves: Some(p.seq),
+                ..Default::default()
+            };
+            let mut r = NewRecord::typed(RecordKind::Notification, "engine", &notice).node(Some(node)).gpu(page.gpu);
+            if let Some(run) = &page.run {
+                r = r.run(run);
+            }
+            if let Some(rb) = &page.runbook {
+                r = r.runbook(rb);
+            }
+            match self.core.audit.append(r, None).await {
+                Ok(rec) => {
+                    tracing::info!(node, seq = p.seq, why, "page resolved");
+                    Core::deliver(&self.core, &rec);
+                }
+                Err(e) => tracing::error!(error = %e, "cannot audit a page's resolution"),
+            }
+        }
+    }
+
+    /// Pages waiting for a delivery, and pages given up since this engine
+    /// started (`/metrics`).
+    pub fn pages_pending(&self) -> (usize, u64) {
+        let ob = crate::core::lock(&self.core.outbox);
+        (ob.len(), ob.undeliverable)
+    }
+
+    /// Try again every page whose pause is over (the tick's).
+    pub async fn retry_pages(&self) {
+        let due = crate::core::lock(&self.core.outbox).take_due(self.core.now());
+        for (seq, name, attempts) in due {
+            let core = self.core.clone();
+            self.core.handle.spawn(async move {
+                let rec = core.audit.get(seq).ok().flatten();
+                match (rec, core.notifier.target(&name)) {
+                    (Some(rec), Some(target)) => core.send_page(&rec, &target, attempts, false).await,
+                    // The record or the target is gone (a reload removed
+                    // it): nothing to send it with.
+                    _ => {
+                        crate::core::lock(&core.outbox).items.remove(&(seq, name.clone()));
+                        tracing::error!(seq, target = %name, "a pending page's record or target is gone: dropped from the outbox");
+                    }
+                }
+            });
+        }
+    }
+
+    /// Pages to send after a restart or takeover: each notice in `records`
+    /// younger than the expiry whose targets have no delivered or
+    /// undeliverable record. Returns how many.
+    pub(crate) fn rebuild_outbox(&self, records: &[AuditRecord]) -> usize {
+        let now = self.core.now();
+        let expiry_ms = (self.core.config.notifications.page_expiry_secs as i64).saturating_mul(1000);
+        let mut done: BTreeSet<(u64, String)> = BTreeSet::new();
+        let mut tried: BTreeMap<(u64, String), u32> = BTreeMap::new();
+        for r in records.iter().filter(|r| r.kind == RecordKind::NotificationDelivery) {
+            let Ok(d) = r.payload::<data::Delivery>() else { continue };
+            let Some(seq) = d.for_seq else { continue };
+            if d.ok || d.undeliverable == Some(true) {
+                done.insert((seq, d.target));
+            } else {
+                *tried.entry((seq, d.target)).or_default() += d.attempts;
+            }
+        }
+        let resolved: BTreeSet<u64> = records
+            .iter()
+            .filter(|r| r.kind == RecordKind::Notification)
+            .filter_map(|r| r.payload::<data::Notice>().ok()?.resolves)
+            .collect();
+        let firing_ms = self.core.firing_ms();
+        let mut ob = crate::core::lock(&self.core.outbox);
+        for r in records.iter().filter(|r| r.kind == RecordKind::Escalation && !resolved.contains(&r.seq)) {
+            let Ok(n) = r.payload::<data::Notice>() else { continue };
+            if n.dry_run == Some(true) || now.saturating_sub(r.ts_ms) >= firing_ms {
+                continue;
+            }
+            if let Some(node) = &r.node {
+                let page = OpenPage { seq: r.seq, gpu: r.gpu, run: r.run.clone(), ts_ms: r.ts_ms };
+                ob.open.entry(node.clone()).or_default().push(page);
+            }
+        }
+        let before = ob.len();
+        for r in records {
+            if !matches!(r.kind, RecordKind::Notification | RecordKind::Escalation) {
+                continue;
+            }
+            let Ok(n) = r.payload::<data::Notice>() else { continue };
+            if n.shadow == Some(true) || now.saturating_sub(r.ts_ms) >= expiry_ms {
+                continue;
+            }
+            for name in n.webhooks {
+                let key = (r.seq, name);
+                if done.contains(&key) || self.core.notifier.target(&key.1).is_none() {
+                    continue;
+                }
+                let attempts = tried.get(&key).copied().unwrap_or(0);
+                ob.items.entry(key).or_insert(Pending { first_ms: r.ts_ms, attempts, next_ms: now, busy: false });
+            }
+        }
+        ob.len() - before
+    }
+}
