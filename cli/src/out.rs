@@ -16,6 +16,15 @@ macro_rules! out {
     ($($arg:tt)*) => { $crate::out::write_out(format_args!($($arg)*)) };
 }
 
+/// Text from the server made safe for a terminal: every control character
+/// but a newline (an escape sequence in a reason could clear the screen or
+/// rewrite a line) shown as `\u{1b}`.
+pub fn clean(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() && c != '\n' { c.escape_unicode().to_string() } else { c.to_string() })
+        .collect()
+}
+
 /// Write to stdout; on a broken pipe, exit 0; on another error, say so on
 /// stderr and exit 1.
 pub fn write_out(args: std::fmt::Arguments<'_>) {

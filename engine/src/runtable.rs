@@ -108,6 +108,10 @@ impl RunEntry {
 pub struct CancelledBy {
     pub by: String,
     pub reason: Option<String>,
+    /// Ended because the fleet's mode changed under it (a shadow run when
+    /// the fleet goes to act): it did not do its work, so it earns no
+    /// cooldown and what it held back is offered again.
+    pub mode_switch: bool,
 }
 
 impl CancelledBy {

@@ -547,7 +547,7 @@ impl Engine {
         mode: crate::modes::FleetMode,
         by: &str,
         reason: &str,
-    ) -> Result<crate::modes::FleetMode, EngineError> {
+    ) -> Result<FleetModeChange, EngineError> {
         if !nightshift_proto::names::has_visible_text(reason) {
             return Err(EngineError::BadModeChange(format!(
                 "reason: expected why the fleet goes to {}, found no visible character",
@@ -568,7 +568,52 @@ impl Engine {
         };
         self.core.audit.append(NewRecord::typed(RecordKind::FleetMode, by, &payload), None).await?;
         tracing::warn!(from = from.as_str(), to = mode.as_str(), by, reason, "fleet mode changed");
-        Ok(mode)
+        // To act at once: a run in shadow only because the fleet was (its
+        // runbook acts) ends now, under who switched, so the real trigger
+        // can run on its target; it earns no cooldown.
+        let mut ended = Vec::new();
+        if mode == crate::modes::FleetMode::Act {
+            let shadow_runs: Vec<String> = {
+                let t = self.core.table();
+                t.runs
+                    .values()
+                    .filter(|r| r.summary.shadow && r.summary.trigger != "manual")
+                    .filter(|r| self.runbook_mode(&r.summary.runbook) == crate::manifest::Mode::Act)
+                    .map(|r| r.summary.id.clone())
+                    .collect()
+            };
+            let why =
+                format!("the fleet went to act ({}): this shadow run ends so the real one can run", reason.trim());
+            for id in shadow_runs {
+                match self.cancel_as(&id, by, Some(&why), true).await {
+                    Ok(()) => ended.push(id),
+                    Err(e) => tracing::warn!(run = %id, error = %e, "a shadow run could not be ended"),
+                }
+            }
+        }
+        Ok(FleetModeChange { mode, ended, in_flight: self.in_flight() })
+    }
+
+    /// Runs not finished, as `id runbook target state`: what a pause or a
+    /// mode change leaves going.
+    pub fn in_flight(&self) -> Vec<String> {
+        let t = self.core.table();
+        let mut v: Vec<String> = t
+            .runs
+            .values()
+            .map(|r| {
+                let kind = if r.summary.shadow { " (shadow)" } else { "" };
+                format!(
+                    "{} {} {} {}{kind}",
+                    r.summary.id,
+                    r.summary.runbook,
+                    r.summary.target,
+                    r.summary.state.as_str()
+                )
+            })
+            .collect();
+        v.sort();
+        v
     }
 
     /// Take the runbook modes the shard's audit chain says an admin set (a
@@ -732,4 +777,14 @@ impl Engine {
             }
         }
     }
+}
+
+/// What a fleet mode change did: the mode now, the shadow runs it ended
+/// (going to act), and the runs still in flight (`id runbook target
+/// state`) — a pause stops new runs, not these.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FleetModeChange {
+    pub mode: crate::modes::FleetMode,
+    pub ended: Vec<String>,
+    pub in_flight: Vec<String>,
 }

@@ -811,6 +811,52 @@ async fn the_fleet_mode_shadows_pauses_and_acts_for_every_runbook() {
     assert_eq!(applied(f, &last.id), vec![true], "acted: {runs:#?}");
 }
 
+/// Issue 56 point 4: a mode switch takes effect at once. A shadow run in
+/// flight (it holds its target for its whole timeout) ends when the fleet
+/// goes to act — recorded under the admin who switched, with why, earning
+/// no cooldown — and the alert it held back runs for real at once; a pause
+/// says what is still in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn going_to_act_ends_the_shadow_runs_in_flight_and_a_pause_says_what_goes_on() {
+    use nightshift_engine::modes::FleetMode;
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "hot",
+        "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 900\ntimeout_secs: 3600\n",
+        "set_power_limit(0, 500);\nsleep(3000);\n",
+    );
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    f.engine.set_fleet_mode(FleetMode::Shadow, "user:admin", "first week").await.unwrap();
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", now(f), "firing"), "alertmanager");
+    f.run_for(10).await.unwrap();
+    let shadow = f.engine.runs(&Default::default()).unwrap().runs;
+    assert_eq!(shadow.len(), 1, "{shadow:#?}");
+    assert!(shadow[0].shadow && shadow[0].outcome.is_none(), "a shadow run in flight: {:?}", shadow[0]);
+    let shadow = shadow[0].id.clone();
+    let change = f.engine.set_fleet_mode(FleetMode::Act, "user:ana", "shadow report reviewed").await.unwrap();
+    assert_eq!(change.ended, vec![shadow.clone()], "{change:?}");
+    let end = until_finished(f, &shadow, 30).await;
+    assert_eq!(end.outcome, Some(RunOutcome::Cancelled), "{end:?}");
+    assert!(end.why.contains("the fleet went to act (shadow report reviewed)"), "{}", end.why);
+    let finished =
+        f.engine.run_records(&shadow).unwrap().into_iter().find(|r| r.kind == RecordKind::RunFinished).unwrap();
+    assert_eq!(finished.actor, "user:ana", "under who switched");
+    assert_eq!(finished.data["starts_cooldown"], false, "{finished:?}");
+    // The real run: it acts now, not after the shadow run's hour or a cooldown.
+    f.run_for(10).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    let real = runs.iter().find(|r| r.runbook == "hot" && !r.shadow).unwrap_or_else(|| panic!("{runs:#?}"));
+    assert_eq!(applied(f, &real.id), vec![true]);
+    assert_eq!(power_limit(f, "n1", 0).await, 500.0);
+    // Paused: what goes on is said.
+    let change = f.engine.set_fleet_mode(FleetMode::Paused, "user:ana", "driver upgrade").await.unwrap();
+    assert!(change.ended.is_empty());
+    assert_eq!(change.in_flight.len(), 1, "{change:?}");
+    assert!(change.in_flight[0].starts_with(&format!("{} hot n1 running", real.id)), "{change:?}");
+}
+
 /// Issue 43 point 3: an admin's hands-off holds across a restart (it was
 /// memory only: a restart forgot it and nightshift acted on a node under
 /// maintenance), and one set for a while ends by itself, audited.

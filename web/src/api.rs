@@ -558,8 +558,11 @@ pub async fn set_fleet_mode(
     Admin(id): Admin,
     ApiJson(body): ApiJson<FleetModeChange>,
 ) -> Result<Response, ApiError> {
-    s.engine.set_fleet_mode(body.mode, &id.actor(), &body.reason).await?;
-    Ok(Json(fleet_mode_view(&s.engine)).into_response())
+    let change = s.engine.set_fleet_mode(body.mode, &id.actor(), &body.reason).await?;
+    let mut v = fleet_mode_view(&s.engine);
+    v["ended"] = json!(change.ended);
+    v["in_flight"] = json!(change.in_flight);
+    Ok(Json(v).into_response())
 }
 
 /// Promote or demote a runbook (admin), audited with who and why.

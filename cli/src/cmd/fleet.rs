@@ -499,6 +499,20 @@ pub async fn mode(cli: &crate::args::Cli, out: &Out, mode: Option<&str>, reason:
         None => "initial_fleet_mode in engine.yaml: nobody set one yet".to_string(),
     };
     outln!("the fleet is in {m} mode: {what} ({who})");
+    // After a change: what it ended, and what is still going.
+    for id in v["ended"].as_array().into_iter().flatten().filter_map(serde_json::Value::as_str) {
+        outln!("  ended shadow run {} (it held its target; the real run can start)", crate::out::clean(id));
+    }
+    if let Some(going) = v["in_flight"].as_array() {
+        if going.is_empty() {
+            outln!("  no run in flight");
+        } else {
+            outln!("  still in flight ({}):", going.len());
+            for r in going.iter().filter_map(serde_json::Value::as_str) {
+                outln!("    {}", crate::out::clean(r));
+            }
+        }
+    }
     Ok(0)
 }
 

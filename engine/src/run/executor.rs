@@ -440,7 +440,7 @@ impl Engine {
             if approved {
                 entry.summary.state = RunState::Queued;
             } else {
-                entry.cancelled_by = Some(CancelledBy { by: by.into(), reason: reason.clone() });
+                entry.cancelled_by = Some(CancelledBy { by: by.into(), reason: reason.clone(), mode_switch: false });
             }
             let (s, prio) = (entry.summary.clone(), entry.priority);
             if approved {
@@ -477,6 +477,18 @@ impl Engine {
     /// end in the audit), saying why when they did. A second cancel of a
     /// running run changes nothing: the first one's words stand.
     pub async fn cancel(&self, run: &str, by: &str, reason: Option<&str>) -> Result<(), EngineError> {
+        self.cancel_as(run, by, reason, false).await
+    }
+
+    /// [`Engine::cancel`]; `mode_switch`: the fleet's mode changed under
+    /// the run (no cooldown, what it held back offered again).
+    pub(crate) async fn cancel_as(
+        &self,
+        run: &str,
+        by: &str,
+        reason: Option<&str>,
+        mode_switch: bool,
+    ) -> Result<(), EngineError> {
         let reason = reason.map(str::trim).filter(|r| !r.is_empty()).map(str::to_string);
         let (running, words) = {
             let mut t = self.core.table();
@@ -488,7 +500,7 @@ impl Engine {
                     });
                 }
                 Some(e) => {
-                    let c = e.cancelled_by.get_or_insert_with(|| CancelledBy { by: by.into(), reason });
+                    let c = e.cancelled_by.get_or_insert_with(|| CancelledBy { by: by.into(), reason, mode_switch });
                     let words = c.words();
                     e.cancel.store(true, Ordering::SeqCst);
                     (e.summary.state == RunState::Running, words)

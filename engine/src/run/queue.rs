@@ -515,9 +515,10 @@ impl Engine {
         // cooldown: if its condition is still there after a restart, the
         // runbook must start over at once.
         let shutting_down = *self.core.shutdown.borrow();
+        let mode_switch = outcome == RunOutcome::Cancelled && cancelled_by.as_ref().is_some_and(|c| c.mode_switch);
         let unfinished = match outcome {
             RunOutcome::Skipped | RunOutcome::Interrupted => true,
-            RunOutcome::Cancelled => shutting_down,
+            RunOutcome::Cancelled => shutting_down || mode_switch,
             _ => false,
         };
         // A fault is a state: the health model, not a cooldown, keeps a
@@ -599,7 +600,19 @@ impl Engine {
             t.node_locks.retain(|_, holder| holder != run);
             // An alert suppressed by this run is offered again when the run
             // did not do its work (and earned no cooldown).
-            t.waiting_alerts.remove(run).filter(|_| unfinished)
+            let held_back = t.waiting_alerts.remove(run).filter(|_| unfinished);
+            // A shadow run ended by the fleet going to act: its own alert
+            // is offered again, to run for real now.
+            held_back.or_else(|| {
+                (mode_switch && summary.trigger == "alert").then(|| crate::runtable::WaitingAlert {
+                    runbook: summary.runbook.clone(),
+                    target: summary.target.clone(),
+                    detail: summary.detail.clone(),
+                    event: summary.event.clone(),
+                    event_ts_ms: summary.event_ts_ms,
+                    requested_by: summary.requested_by.clone(),
+                })
+            })
         };
         if let Some(w) = waiting {
             self.reconsider(w, run, outcome).await;
