@@ -261,19 +261,27 @@ impl Engine {
     }
 
     /// Set or clear the engine-side hands-off marker of a node (admin).
+    /// `on`: set it, saying why (`reason`); off: clear it, the reason
+    /// recorded too ("hands-off ended" when none is given).
     pub async fn set_hands_off(
         &self,
         node: &str,
         by: &str,
-        why: Option<&str>,
+        on: bool,
+        reason: Option<&str>,
         until_ms: Option<i64>,
     ) -> Result<(), EngineError> {
         let n = self.core.fleet.get(node).ok_or_else(|| EngineError::UnknownNode(node.into()))?;
-        let until_ms = until_ms.filter(|_| why.is_some());
+        if let Some(problem) = reason.and_then(|r| nightshift_proto::names::free_text_problem("reason", r)) {
+            return Err(EngineError::BadParams(problem));
+        }
+        let reason = reason.map(str::trim).filter(|r| !r.is_empty());
+        let why = if on { Some(reason.unwrap_or("maintenance")) } else { None };
+        let until_ms = until_ms.filter(|_| on);
         // Durable first: a hands-off holds across a restart (rebuilt from
         // the chain), so it is not in force before its record is.
-        let payload =
-            crate::audit::data::HandsOff { hands_off: why.is_some(), reason: why.map(str::to_string), until_ms };
+        let recorded = if on { why } else { Some(reason.unwrap_or("hands-off ended")) };
+        let payload = crate::audit::data::HandsOff { hands_off: on, reason: recorded.map(str::to_string), until_ms };
         self.core.audit.append(NewRecord::typed(RecordKind::HandsOff, by, &payload).node(Some(node)), None).await?;
         {
             let mut st = n.state();
@@ -478,6 +486,9 @@ impl Engine {
         if set.get(name).is_none() {
             return Err(EngineError::UnknownRunbook { name: name.into(), known: set.names().join(", ") });
         }
+        if let Some(problem) = nightshift_proto::names::free_text_problem("reason", reason) {
+            return Err(EngineError::BadModeChange(problem));
+        }
         if !nightshift_proto::names::has_visible_text(reason) {
             return Err(EngineError::BadModeChange(format!(
                 "reason: expected why {name} goes to {}, found no visible character",
@@ -548,6 +559,9 @@ impl Engine {
         by: &str,
         reason: &str,
     ) -> Result<FleetModeChange, EngineError> {
+        if let Some(problem) = nightshift_proto::names::free_text_problem("reason", reason) {
+            return Err(EngineError::BadModeChange(problem));
+        }
         if !nightshift_proto::names::has_visible_text(reason) {
             return Err(EngineError::BadModeChange(format!(
                 "reason: expected why the fleet goes to {}, found no visible character",

@@ -26,6 +26,26 @@ pub fn check_node_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The most characters a person's free text (a reason, a note) may have.
+pub const MAX_FREE_TEXT_CHARS: usize = 1000;
+
+/// What is wrong with a person's free text (a reason, a note) for the
+/// audit and the pages, if anything: at most [`MAX_FREE_TEXT_CHARS`]
+/// characters, and no control character but a newline (an escape sequence
+/// in a reason would rewrite the screen of whoever reads it).
+pub fn free_text_problem(field: &str, text: &str) -> Option<String> {
+    let n = text.chars().count();
+    if n > MAX_FREE_TEXT_CHARS {
+        return Some(format!("{field}: expected at most {MAX_FREE_TEXT_CHARS} characters, found {n}"));
+    }
+    let (i, c) = text.chars().enumerate().find(|(_, c)| c.is_control() && *c != '\n')?;
+    Some(format!(
+        "{field}: expected no control character but a newline, found U+{:04X} at character {}",
+        c as u32,
+        i + 1
+    ))
+}
+
 /// Whether `text` has a character a person can see: not only whitespace,
 /// control characters (NUL …) or invisible format characters (zero-width
 /// spaces and joiners, direction marks, the BOM, soft hyphens). A reason
@@ -76,5 +96,19 @@ mod tests {
             assert!(e.contains(says), "{bad}: {e}");
         }
         assert!(check_node_name(&"x".repeat(254)).unwrap_err().contains("found 254"));
+    }
+
+    #[test]
+    fn free_text_is_bounded_and_has_no_control_characters() {
+        assert_eq!(free_text_problem("reason", "GPU 3 replaced\nand tested"), None);
+        assert_eq!(
+            free_text_problem("reason", "ok\u{1b}[2J"),
+            Some("reason: expected no control character but a newline, found U+001B at character 3".into())
+        );
+        assert_eq!(
+            free_text_problem("reason", &"x".repeat(1001)),
+            Some("reason: expected at most 1000 characters, found 1001".into())
+        );
+        assert_eq!(free_text_problem("reason", &"é".repeat(1000)), None, "characters, not bytes");
     }
 }

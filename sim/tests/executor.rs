@@ -866,7 +866,7 @@ async fn a_hands_off_outlives_a_restart_and_ends_when_its_time_is_up() {
     write_runbook(rb.path(), "hot", HOT_ANY_TIME, "set_power_limit(0, 500);\n");
     let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
     let until = now(&sim.fleet) + 600_000;
-    sim.fleet.engine.set_hands_off("n1", "user:admin", Some("firmware update"), Some(until)).await.unwrap();
+    sim.fleet.engine.set_hands_off("n1", "user:admin", true, Some("firmware update"), Some(until)).await.unwrap();
     sim.fleet.restart_engine().await.unwrap();
     let f = &sim.fleet;
     let st = f.engine.node("n1").unwrap().state;

@@ -11,6 +11,7 @@ use nightshift_engine::runbook::load_dir;
 use nightshift_engine::script::{ScriptLimits, build_engine};
 use nightshift_proto::{NoArgs, Op, Request, SimFault, Telemetry};
 use nightshift_sim::fleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
+use serde_json::json;
 
 const NODE: &str = "g1";
 const GPU: u32 = 5;
@@ -396,7 +397,7 @@ async fn a_repair_drain_of_a_broken_gpu_is_not_undone_by_a_plain_release() {
     let forced = ReleaseWhat { force: true, ..all.clone() };
     assert!(matches!(f.engine.person_release(NODE, &forced, operator, "x").await, Err(EngineError::AdminOnly(_))));
     // An admin's hands-off: an operator releases nothing, however narrow.
-    f.engine.set_hands_off(NODE, "user:ana", Some("NVSwitch tray reseat"), None).await.unwrap();
+    f.engine.set_hands_off(NODE, "user:ana", true, Some("NVSwitch tray reseat"), None).await.unwrap();
     let e = f.engine.person_release(NODE, &drains, operator, "tidy up").await.unwrap_err();
     assert!(matches!(e, EngineError::Guarded { code: "hands_off", .. }) && e.to_string().contains("user:ana"), "{e}");
     // Nothing was sent by any of those: no intent, no result.
@@ -406,7 +407,20 @@ async fn a_repair_drain_of_a_broken_gpu_is_not_undone_by_a_plain_release() {
         "a refused release sent something: {:?}",
         &recs[sent_before..]
     );
-    f.engine.set_hands_off(NODE, "user:ana", None, None).await.unwrap();
+    f.engine.set_hands_off(NODE, "user:ana", false, Some("reseat done"), None).await.unwrap();
+    let cleared = f
+        .engine
+        .audit()
+        .tail(0, usize::MAX)
+        .unwrap()
+        .into_iter()
+        .rev()
+        .find(|r| r.kind == nightshift_engine::audit::RecordKind::HandsOff);
+    let cleared = cleared.expect("the clearing is audited");
+    assert_eq!(
+        (cleared.data["hands_off"].clone(), cleared.data["reason"].clone()),
+        (json!(false), json!("reseat done"))
+    );
     assert!(drained(&f).await, "still drained after every refusal");
     // An admin's explicit force, with a reason, releases it.
     let out = f.engine.person_release(NODE, &forced, admin, "GPU swapped by the vendor on site").await.unwrap();

@@ -505,7 +505,6 @@ pub async fn hands_off(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<HandsOff>,
 ) -> Result<Response, ApiError> {
-    let reason = body.reason.clone().unwrap_or_else(|| "maintenance".into());
     let until_ms = match body.for_secs {
         Some(secs @ 1..=2_592_000) => {
             Some(s.engine.clock().now_ms().saturating_add((secs as i64).saturating_mul(1000)))
@@ -515,7 +514,7 @@ pub async fn hands_off(
         }
         None => None,
     };
-    s.engine.set_hands_off(&name, &id.actor(), body.hands_off.then_some(reason.as_str()), until_ms).await?;
+    s.engine.set_hands_off(&name, &id.actor(), body.hands_off, body.reason.as_deref(), until_ms).await?;
     Ok(Json(json!({"node": name, "hands_off": body.hands_off, "until_ms": until_ms})).into_response())
 }
 

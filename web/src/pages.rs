@@ -1270,8 +1270,7 @@ pub async fn ui_hands_off(
     Path(name): Path<String>,
     Form(f): Form<HandsOffForm>,
 ) -> Result<Response, PageError> {
-    let reason = f.reason.unwrap_or_else(|| "maintenance".into());
-    s.engine.set_hands_off(&name, &who.actor(), f.hands_off.then_some(reason.as_str()), None).await?;
+    s.engine.set_hands_off(&name, &who.actor(), f.hands_off, f.reason.as_deref(), None).await?;
     Ok(Redirect::to(&format!("/nodes/{name}")).into_response())
 }
 

@@ -995,6 +995,16 @@ async fn a_person_releases_a_hold_and_resumes_a_node_as_themselves() {
     let (s, v) = call(&f, "POST", path, Some(OPERATOR), Some(json!({"all": true, "force": true, "reason": "x"}))).await;
     assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
     assert_eq!(holds(&f).await.len(), 1, "nothing released by a refused call");
+    // Free text is bounded and has no control characters (an escape
+    // sequence would rewrite the screen of whoever reads the audit).
+    for (reason, says) in [
+        ("\u{1b}[2Jgone".to_string(), "expected no control character but a newline, found U+001B at character 1"),
+        ("x".repeat(60_000), "expected at most 1000 characters, found 60000"),
+    ] {
+        let (s, v) = call(&f, "POST", path, Some(OPERATOR), Some(json!({"gpu": 2, "reason": reason}))).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(says), "{v}");
+    }
     let (s, v) = call(&f, "POST", path, Some(OPERATOR), Some(json!({"gpu": 2, "reason": " "}))).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("reason: expected why"), "{v}");

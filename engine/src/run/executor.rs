@@ -391,6 +391,9 @@ impl Engine {
 
     /// Reject a run waiting for approval, saying why.
     pub async fn reject(&self, run: &str, by: &str, reason: &str) -> Result<RunSummary, EngineError> {
+        if let Some(problem) = nightshift_proto::names::free_text_problem("reason", reason) {
+            return Err(EngineError::BadParams(problem));
+        }
         if !nightshift_proto::names::has_visible_text(reason) {
             return Err(EngineError::MissingReason);
         }
@@ -489,6 +492,9 @@ impl Engine {
         reason: Option<&str>,
         mode_switch: bool,
     ) -> Result<(), EngineError> {
+        if let Some(problem) = reason.and_then(|r| nightshift_proto::names::free_text_problem("reason", r)) {
+            return Err(EngineError::BadParams(problem));
+        }
         let reason = reason.map(str::trim).filter(|r| !r.is_empty()).map(str::to_string);
         let (running, words) = {
             let mut t = self.core.table();
