@@ -71,6 +71,11 @@ pub enum EngineError {
     /// Only an admin may do this (a forced release).
     #[error("{0}")]
     AdminOnly(String),
+    /// An `Idempotency-Key` used again for a different request.
+    #[error(
+        "Idempotency-Key {key:?} was used for run {run} ({what}): a different request with the same key is refused; use a new key"
+    )]
+    IdempotencyConflict { key: String, run: String, what: String },
     #[error(transparent)]
     Audit(#[from] AuditError),
 }

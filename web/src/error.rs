@@ -45,6 +45,7 @@ impl From<EngineError> for ApiError {
             EngineError::SelfApproval { .. } => (StatusCode::FORBIDDEN, "self_approval"),
             EngineError::Guarded { code, .. } => (StatusCode::CONFLICT, *code),
             EngineError::AdminOnly(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            EngineError::IdempotencyConflict { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_conflict"),
             EngineError::Audit(nightshift_engine::audit::AuditError::NotLeader(_)) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "not_leader")
             }

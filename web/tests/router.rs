@@ -1224,6 +1224,14 @@ async fn a_retried_run_submission_with_its_idempotency_key_starts_one_run() {
     assert_eq!(s, StatusCode::ACCEPTED, "{after}");
     assert_eq!(after["run"]["id"], json!(id));
     assert_eq!(queued(&f), 2, "nothing new queued after the restart");
+    // The same key for a different request is a mistake, not a retry: 422
+    // naming the run the key started, and nothing queued.
+    let (s, clash) = post(&f, OPERATOR, "try-7f3a", 1).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{clash}");
+    let says = clash["error"]["message"].as_str().unwrap();
+    assert!(says.contains(&format!("was used for run {id} (cap on gpu-a1/gpu0)")), "{clash}");
+    assert_eq!(clash["error"]["code"], "idempotency_conflict");
+    assert_eq!(queued(&f), 2);
     let (s, bad) = post(&f, OPERATOR, "two words", 0).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert!(bad.to_string().contains("Idempotency-Key: expected 1 to 255 visible ASCII characters"), "{bad}");

@@ -252,7 +252,21 @@ impl Engine {
             (d, summary, again)
         };
         if let Some(id) = again {
-            return self.submitted_again(&id).await;
+            let found = self.submitted_again(&id).await?;
+            // The same key for a different request is a mistake, not a retry.
+            if let Some(first) = found.run()
+                && (first.runbook != req.runbook
+                    || first.target != req.target
+                    || first.dry_run != req.dry_run
+                    || first.params != params)
+            {
+                return Err(EngineError::IdempotencyConflict {
+                    key: req.event["idempotency_key"].as_str().unwrap_or_default().to_string(),
+                    run: first.id.clone(),
+                    what: format!("{} on {}", first.runbook, first.target),
+                });
+            }
+            return Ok(found);
         }
         let queued_data = |s: &RunSummary| crate::audit::data::RunQueued {
             trigger: req.trigger.clone(),
