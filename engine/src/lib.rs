@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod alert_intake;
 pub mod alerts;
 mod blast;
 /// The audit log, its own crate (`nightshift-audit`), under its old path.
@@ -25,6 +26,7 @@ pub mod counters;
 pub mod engine;
 pub mod faults;
 pub mod fleet;
+pub mod fleet_mode;
 pub use nightshift_audit::ha;
 pub mod health;
 pub mod history;

@@ -857,6 +857,36 @@ async fn going_to_act_ends_the_shadow_runs_in_flight_and_a_pause_says_what_goes_
     assert!(change.in_flight[0].starts_with(&format!("{} hot n1 running", real.id)), "{change:?}");
 }
 
+/// Issue 56 point 7: an alert nightshift does not take is audited as
+/// dropped, saying why — no runbook takes its name, or none with its labels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_no_runbook_takes_is_audited_as_dropped_with_why() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "hot",
+        "trigger:\n  type: alert\n  alertname: GpuHot\n  matchers: {severity: page}\nscope: node\ncooldown_secs: 0\n",
+        "note(\"hot\");\n",
+    );
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    f.engine.ingest_alertmanager(alert_payload("DiskFull", "n1", "fp-1", now(f), "firing"), "alertmanager");
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-2", now(f), "firing"), "alertmanager");
+    f.run_for(5).await.unwrap();
+    let dropped: Vec<String> = records(f)
+        .into_iter()
+        .filter(|r| r.kind == RecordKind::EventDropped)
+        .filter_map(|r| r.data["reason"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(dropped.len(), 2, "{dropped:?}");
+    assert!(
+        dropped[0].contains("alert DiskFull on n1: no loaded runbook takes it (the runbooks take GpuHot)"),
+        "{dropped:?}"
+    );
+    assert!(dropped[1].contains("alert GpuHot on n1: hot take(s) GpuHot but not with its labels"), "{dropped:?}");
+    assert!(f.engine.runs(&Default::default()).unwrap().runs.is_empty());
+}
+
 /// Issue 43 point 3: an admin's hands-off holds across a restart (it was
 /// memory only: a restart forgot it and nightshift acted on a node under
 /// maintenance), and one set for a while ends by itself, audited.
