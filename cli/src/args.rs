@@ -87,6 +87,11 @@ pub enum Command {
     /// The fleet inventory: build fleet.yaml from Slurm or an inventory.
     #[command(subcommand)]
     Fleet(FleetCmd),
+    /// Runs waiting for a person's approval, where kubectl users look.
+    ///
+    /// Example: nightshift approvals list --server http://nightshift:8080
+    #[command(subcommand)]
+    Approvals(ApprovalsCmd),
     /// Approve a run that waits for approval (needs --server).
     ///
     /// Example: nightshift approve r000042 --server http://nightshift:8080
@@ -271,6 +276,10 @@ pub struct RunListArgs {
     /// with its shard (needs --server).
     #[arg(long)]
     pub all_shards: bool,
+    /// Only runs in this state: queued, pending_approval, running or
+    /// finished.
+    #[arg(long)]
+    pub state: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -525,6 +534,15 @@ pub enum FleetCmd {
         #[arg(long)]
         reason: Option<String>,
     },
+}
+
+#[derive(Subcommand)]
+pub enum ApprovalsCmd {
+    /// Runs waiting for approval, newest first (`runs list --state
+    /// pending_approval`); approve one with `nightshift approve RUN`.
+    ///
+    /// Example: nightshift approvals list --node gpu-a1
+    List(RunListArgs),
 }
 
 #[derive(Subcommand)]

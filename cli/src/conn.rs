@@ -76,6 +76,7 @@ fn runs_query(f: &RunFilter) -> String {
     add("gpu", f.gpu.map(|g| g.to_string()));
     add("runbook", f.runbook.clone());
     add("outcome", f.outcome.map(|o| o.as_str().to_string()));
+    add("state", f.state.map(|s| s.as_str().to_string()));
     add("since_ms", f.since_ms.map(|x| x.to_string()));
     add("until_ms", f.until_ms.map(|x| x.to_string()));
     add("cursor", f.cursor.clone());

@@ -140,6 +140,10 @@ async fn real_main(cli: Cli) -> Result<u8> {
         Command::Runs(crate::args::RunsCmd::List(a)) => {
             cmd::audit::audit(&cli, &out, &crate::args::AuditCmd::List(a.clone())).await
         }
+        Command::Approvals(crate::args::ApprovalsCmd::List(a)) => {
+            let a = crate::args::RunListArgs { state: Some("pending_approval".into()), ..a.clone() };
+            cmd::audit::audit(&cli, &out, &crate::args::AuditCmd::List(a)).await
+        }
         Command::Holds(crate::args::HoldsCmd::List) => cmd::agents::holds_list(&cli, &out).await,
         Command::Runs(crate::args::RunsCmd::Cancel { run, reason }) => {
             init_logging("warn");

@@ -23,21 +23,72 @@ struct Driver {
     url: String,
     session: String,
     http: reqwest::Client,
+    /// The browser's own profile folder: every Chromium process of this
+    /// driver names it on its command line.
+    profile: PathBuf,
 }
 
 impl Drop for Driver {
+    /// Nothing is left running (issue 56 point 8): the session is ended
+    /// (chromedriver quits its Chromium), then chromedriver's whole process
+    /// group is killed, and any Chromium of this profile still there after
+    /// that (a renderer that outlived its parent) is killed too.
     fn drop(&mut self) {
+        end_session(&self.url, &self.session);
+        let pgid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
         let _ = self.child.kill();
+        let _ = self.child.wait();
+        for _ in 0..50 {
+            let left = processes_naming(&self.profile);
+            if left.is_empty() {
+                break;
+            }
+            for pid in left {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = std::fs::remove_dir_all(&self.profile);
     }
+}
+
+/// `DELETE /session/{id}` on a plain socket (no runtime in a `Drop`).
+fn end_session(url: &str, session: &str) {
+    use std::io::{Read, Write};
+    let Some(addr) = url.strip_prefix("http://") else { return };
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let req =
+        format!("DELETE /session/{session} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).is_ok() {
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+    }
+}
+
+/// Processes whose command line names `path` (from /proc).
+fn processes_naming(path: &std::path::Path) -> Vec<i32> {
+    let needle = path.display().to_string();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle.as_str()))
+        })
+        .collect()
 }
 
 impl Driver {
     async fn start(width: u32, height: u32) -> Driver {
         let port = free_port();
+        use std::os::unix::process::CommandExt;
         let child = Command::new("chromedriver")
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            // Its own process group: the browsers it starts go with it.
+            .process_group(0)
             .spawn()
             .expect("chromedriver is installed (Debian chromium-driver)");
         let url = format!("http://127.0.0.1:{port}");
@@ -69,7 +120,7 @@ impl Driver {
         }}});
         let r: Value = http.post(format!("{url}/session")).json(&caps).send().await.unwrap().json().await.unwrap();
         let session = r["value"]["sessionId"].as_str().unwrap_or_else(|| panic!("no session: {r}")).to_string();
-        Driver { child, url, session, http }
+        Driver { child, url, session, http, profile }
     }
 
     async fn cmd(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
@@ -511,7 +562,13 @@ async fn a_person_controls_holds_nodes_and_runs_from_the_ui() {
     assert!(driver.answer_dialog(true).await.contains(&format!("Cancel run {id}")));
     let outcome = eventually(20, || engine.run(&id).unwrap().and_then(|r| r.outcome)).await.expect("it ended");
     assert_eq!(outcome, nightshift_engine::runs::RunOutcome::Cancelled);
+    let profile = driver.profile.clone();
     drop(driver);
+    // Nothing of the browser is left running after the test (issue 56
+    // point 8): a Chromium that outlived chromedriver was the suite's
+    // leftover.
+    let left = processes_naming(&profile);
+    assert!(left.is_empty(), "browser processes left running: {left:?}");
     engine.shutdown().await;
     tokio::time::timeout(Duration::from_secs(10), server).await.expect("the server stops").unwrap();
 }

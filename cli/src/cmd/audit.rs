@@ -3,7 +3,7 @@
 use anyhow::Result;
 
 use nightshift_engine::audit::RunFilter;
-use nightshift_engine::runs::RunOutcome;
+use nightshift_engine::runs::{RunOutcome, RunState};
 
 use crate::args::{AuditCmd, Cli};
 use crate::cmd::{conn, parse_since, run, usage};
@@ -17,7 +17,20 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
     let mut c = conn(cli, out)?;
     match cmd {
         AuditCmd::Salvage { .. } => Err(anyhow::anyhow!("internal: salvage is handled without an engine")),
-        AuditCmd::List(crate::args::RunListArgs { node, runbook, outcome, since, limit, all_shards }) => {
+        AuditCmd::List(crate::args::RunListArgs { node, runbook, outcome, since, limit, all_shards, state }) => {
+            let state = match state.as_deref() {
+                Some(st) => Some(
+                    [RunState::Queued, RunState::PendingApproval, RunState::Running, RunState::Finished]
+                        .into_iter()
+                        .find(|x| x.as_str() == st)
+                        .ok_or_else(|| {
+                            usage(format!(
+                                "--state: expected queued, pending_approval, running or finished, found {st:?}"
+                            ))
+                        })?,
+                ),
+                None => None,
+            };
             let outcome = match outcome {
                 Some(o) => Some(RunOutcome::parse(o).ok_or_else(|| {
                     usage(format!("--outcome: expected succeeded, failed, refused, timed_out, cancelled or interrupted, found {o:?}"))
@@ -30,6 +43,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 outcome,
                 since_ms: since.as_deref().map(parse_since).transpose()?,
                 limit: Some(*limit),
+                state,
                 ..Default::default()
             };
             if *all_shards {

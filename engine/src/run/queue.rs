@@ -45,12 +45,16 @@ impl Engine {
         }
     }
 
-    /// Start every run that may start now.
-    pub async fn pump(&self) {
+    /// Start every run that may start now. Boxed, as `finish` is.
+    pub fn pump(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(self.pump_inner())
+    }
+
+    async fn pump_inner(&self) {
         loop {
             let now = self.core.now();
             let set = self.runbook_set();
-            let gate = self.resume_gate(now).await;
+            let gate = Box::pin(self.resume_gate(now)).await;
             let mut tripped: Vec<(String, String, i64)> = Vec::new();
             let mut preempt: Vec<(String, String)> = Vec::new();
             let to_start = {
@@ -404,7 +408,21 @@ impl Engine {
     }
 
     /// End a run: release its holds, record the outcome, free its slot.
-    pub(crate) async fn finish(
+    /// Boxed: it is awaited from many places (the queue, the tick, a run's
+    /// own thread), some of them inside each other, and its state is large
+    /// — inline, every caller's frame would carry it (a stack overflow in
+    /// a debug build's replay).
+    pub(crate) fn finish<'a>(
+        &'a self,
+        run: &'a str,
+        outcome: RunOutcome,
+        error: Option<String>,
+        note: Option<&'a str>,
+    ) -> futures::future::BoxFuture<'a, Result<RunSummary, EngineError>> {
+        Box::pin(self.finish_inner(run, outcome, error, note))
+    }
+
+    async fn finish_inner(
         &self,
         run: &str,
         outcome: RunOutcome,
@@ -429,7 +447,9 @@ impl Engine {
         let undecided_after_resume =
             resumed > 0 && matches!(outcome, RunOutcome::Failed | RunOutcome::TimedOut) && !held_on.is_empty();
         if undecided_after_resume {
-            for node in self.keep_undecided(&summary, std::mem::take(&mut held_on)).await {
+            // Boxed, as every await here that is not on every run's path:
+            // `finish` runs on a run's thread, whose stack is not large.
+            for node in Box::pin(self.keep_undecided(&summary, std::mem::take(&mut held_on))).await {
                 if !keeps_on.contains(&node) {
                     keeps_on.push(node);
                 }
@@ -560,11 +580,11 @@ impl Engine {
             )
             .await?;
         if undecided_after_resume {
-            self.page_undecided_after_resume(
+            Box::pin(self.page_undecided_after_resume(
                 &summary,
                 error.as_deref().unwrap_or("no reason given"),
                 &summary.holds_kept,
-            )
+            ))
             .await;
         }
         // A run that did its work ends the pages other runs opened about
@@ -575,7 +595,7 @@ impl Engine {
             && let Some(node) = summary.target.node.clone()
         {
             let why = format!("handled by run {run} ({})", summary.runbook);
-            self.resolve_pages(&node, summary.target.gpu, &why, Some(run)).await;
+            Box::pin(self.resolve_pages(&node, summary.target.gpu, &why, Some(run))).await;
         }
         let waiting = {
             let mut t = self.core.table();

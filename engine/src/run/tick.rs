@@ -13,8 +13,13 @@ use crate::runs::{RunOutcome, RunState, RunSummary, Target};
 
 impl Engine {
     /// Periodic work: expire approvals, fire schedules and fleet triggers,
-    /// mark silent nodes disconnected, start queued runs.
-    pub async fn tick(&self) {
+    /// mark silent nodes disconnected, start queued runs. Boxed (a large
+    /// state, awaited inside a replay's step).
+    pub fn tick(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(self.tick_inner())
+    }
+
+    async fn tick_inner(&self) {
         self.expire_hands_off().await;
         self.retry_pages().await;
         let now = self.core.now();
