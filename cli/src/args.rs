@@ -380,8 +380,8 @@ pub enum AuditCmd {
 pub enum AgentsCmd {
     /// Every node: connection, drain state, readings.
     ///
-    /// Example: nightshift agents list
-    List,
+    /// Example: nightshift agents list --state faulted --label pool=train
+    List(NodeListArgs),
     /// Round trip to a node's agent.
     ///
     /// Example: nightshift agents ping gpu-a1
@@ -434,8 +434,8 @@ pub enum HoldsCmd {
     /// Every hold in effect across the fleet: node, setting, value, owner
     /// (a run, a person), lease.
     ///
-    /// Example: nightshift holds list --server http://nightshift:8080
-    List,
+    /// Example: nightshift holds list --label pool=train --server http://nightshift:8080
+    List(NodeListArgs),
     /// Release holds on a node as yourself (`person:<you>`), audited: a
     /// run's, a kept one, a sticky repair or RMA drain, another person's.
     /// Every hold on the node only with --all (or, on a terminal, after
@@ -534,6 +534,21 @@ pub enum FleetCmd {
         #[arg(long)]
         reason: Option<String>,
     },
+}
+
+/// Which nodes a listing shows (`agents list`, `holds list`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct NodeListArgs {
+    /// Only this node.
+    #[arg(long, add = ArgValueCompleter::new(crate::complete::nodes))]
+    pub node: Option<String>,
+    /// Only nodes with this label value (key=value, e.g. pool=train).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub label: Option<String>,
+    /// Only nodes in this state: in_service, drained, hands_off, faulted or
+    /// disconnected.
+    #[arg(long)]
+    pub state: Option<String>,
 }
 
 #[derive(Subcommand)]

@@ -480,14 +480,30 @@ impl Conn {
         }
     }
 
-    pub async fn nodes(&mut self) -> Result<Vec<NodeView>> {
+    /// The nodes `f` selects (every page of them).
+    pub async fn nodes_filtered(&mut self, f: &nightshift_engine::node_filter::NodeFilter) -> Result<Vec<NodeView>> {
         match self {
-            Conn::Remote(r) => r.get("/api/v1/nodes").await,
+            Conn::Remote(r) => {
+                let mut q = vec![];
+                if let Some(n) = &f.node {
+                    q.push(format!("node={}", crate::out::urlencode(n)));
+                }
+                if let Some((k, v)) = &f.label {
+                    q.push(format!("label={}", crate::out::urlencode(&format!("{k}={v}"))));
+                }
+                if let Some(st) = f.state
+                    && let Some((name, _)) =
+                        nightshift_engine::node_filter::NodeStateFilter::ALL.iter().find(|(_, x)| *x == st)
+                {
+                    q.push(format!("state={name}"));
+                }
+                r.get(&format!("/api/v1/nodes?{}", q.join("&"))).await
+            }
             Conn::Local(l) => {
                 let e = l.engine().await?;
                 let names = e.node_names();
                 let _ = l.wait_connected(&names, 5).await;
-                Ok(e.nodes())
+                Ok(e.nodes_filtered(f).0)
             }
         }
     }

@@ -144,7 +144,7 @@ async fn real_main(cli: Cli) -> Result<u8> {
             let a = crate::args::RunListArgs { state: Some("pending_approval".into()), ..a.clone() };
             cmd::audit::audit(&cli, &out, &crate::args::AuditCmd::List(a)).await
         }
-        Command::Holds(crate::args::HoldsCmd::List) => cmd::agents::holds_list(&cli, &out).await,
+        Command::Holds(crate::args::HoldsCmd::List(a)) => cmd::agents::holds_list(&cli, &out, a).await,
         Command::Runs(crate::args::RunsCmd::Cancel { run, reason }) => {
             init_logging("warn");
             cmd::control::runs_cancel(&cli, &out, run, reason.as_deref()).await

@@ -249,7 +249,9 @@ impl Engine {
 }
 
 fn check_reason(reason: &str, what: &str) -> Result<(), EngineError> {
-    if let Some(problem) = nightshift_proto::names::free_text_problem("reason", reason) {
+    if nightshift_proto::names::has_visible_text(reason)
+        && let Some(problem) = nightshift_proto::names::free_text_problem("reason", reason)
+    {
         return Err(EngineError::BadParams(problem));
     }
     if nightshift_proto::names::has_visible_text(reason) {

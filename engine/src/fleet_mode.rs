@@ -33,7 +33,9 @@ impl Engine {
         by: &str,
         reason: &str,
     ) -> Result<FleetModeChange, EngineError> {
-        if let Some(problem) = nightshift_proto::names::free_text_problem("reason", reason) {
+        if nightshift_proto::names::has_visible_text(reason)
+            && let Some(problem) = nightshift_proto::names::free_text_problem("reason", reason)
+        {
             return Err(EngineError::BadModeChange(problem));
         }
         if !nightshift_proto::names::has_visible_text(reason) {

@@ -37,6 +37,7 @@ pub mod inventory;
 pub mod manifest;
 pub mod metrics;
 pub mod modes;
+pub mod node_filter;
 pub mod notify;
 pub mod outbox;
 pub mod pages;

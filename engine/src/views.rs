@@ -486,7 +486,9 @@ impl Engine {
         if set.get(name).is_none() {
             return Err(EngineError::UnknownRunbook { name: name.into(), known: set.names().join(", ") });
         }
-        if let Some(problem) = nightshift_proto::names::free_text_problem("reason", reason) {
+        if nightshift_proto::names::has_visible_text(reason)
+            && let Some(problem) = nightshift_proto::names::free_text_problem("reason", reason)
+        {
             return Err(EngineError::BadModeChange(problem));
         }
         if !nightshift_proto::names::has_visible_text(reason) {

@@ -1391,3 +1391,49 @@ async fn a_host_label_a_job_forged_does_not_choose_the_node() {
     let (_, v) = call(&f, "GET", "/api/v1/runs", Some(VIEWER), None).await;
     assert_eq!(v["runs"][0]["target"], json!({"node": "gpu-a1", "gpu": 2}), "{v}");
 }
+
+/// Issue 56 point 7: `/api/v1/nodes` filters (node, label, state) and pages
+/// (`limit`, `Next-Cursor`), and refuses a filter it cannot read, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nodes_api_filters_and_pages() {
+    let f = fixture().await;
+    let names = |v: &Value| -> Vec<String> {
+        v.as_array().unwrap().iter().map(|n| n["name"].as_str().unwrap().to_string()).collect()
+    };
+    let (s, v) = call(&f, "GET", "/api/v1/nodes", Some(VIEWER), None).await;
+    assert_eq!((s, names(&v)), (StatusCode::OK, vec!["gpu-a1".to_string(), "gpu-a2".to_string()]));
+    let (_, v) = call(&f, "GET", "/api/v1/nodes?node=gpu-a2", Some(VIEWER), None).await;
+    assert_eq!(names(&v), vec!["gpu-a2"]);
+    let (_, v) = call(&f, "GET", "/api/v1/nodes?label=pool%3Da", Some(VIEWER), None).await;
+    assert_eq!(names(&v).len(), 2);
+    let (_, v) = call(&f, "GET", "/api/v1/nodes?label=pool%3Db", Some(VIEWER), None).await;
+    assert!(names(&v).is_empty());
+    f.sim.engine.set_hands_off("gpu-a2", "user:ana", true, Some("reseat"), None).await.unwrap();
+    let (_, v) = call(&f, "GET", "/api/v1/nodes?state=hands_off", Some(VIEWER), None).await;
+    assert_eq!(names(&v), vec!["gpu-a2"]);
+    let (_, v) = call(&f, "GET", "/api/v1/nodes?state=in_service", Some(VIEWER), None).await;
+    assert_eq!(names(&v), vec!["gpu-a1"]);
+    // Pages: one node each, the next page's cursor in the header.
+    let req = Request::builder()
+        .uri("/api/v1/nodes?limit=1")
+        .header(header::AUTHORIZATION, format!("Bearer {VIEWER}"))
+        .body(Body::empty())
+        .unwrap();
+    let resp = nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.headers().get("next-cursor").and_then(|h| h.to_str().ok()), Some("gpu-a1"));
+    let (_, v) = call(&f, "GET", "/api/v1/nodes?limit=1&cursor=gpu-a1", Some(VIEWER), None).await;
+    assert_eq!(names(&v), vec!["gpu-a2"]);
+    for (q, says) in [
+        (
+            "state=broken",
+            "state: expected one of in_service, drained, hands_off, faulted, disconnected, found \"broken\"",
+        ),
+        ("label=pool", "label: expected key=value"),
+        ("limit=0", "limit: expected 1 to 10000, found 0"),
+        ("colour=red", "colour"),
+    ] {
+        let (s, v) = call(&f, "GET", &format!("/api/v1/nodes?{q}"), Some(VIEWER), None).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{q}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap_or_default().contains(says), "{q}: {v}");
+    }
+}

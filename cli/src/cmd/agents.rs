@@ -10,8 +10,8 @@ use crate::out::Out;
 
 pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
     match cmd {
-        AgentsCmd::List => {
-            let nodes = c.nodes().await?;
+        AgentsCmd::List(a) => {
+            let nodes = c.nodes_filtered(&node_filter(a)?).await?;
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&nodes)?);
                 return Ok(0);
@@ -259,9 +259,26 @@ pub async fn nodes(c: &mut Conn, out: &Out, cmd: &crate::args::NodesCmd) -> Resu
 
 /// `nightshift holds list`: every hold in effect across the fleet, from
 /// each node's last report (one line per hold).
-pub async fn holds_list(cli: &crate::args::Cli, out: &Out) -> Result<u8> {
+/// The engine's node filter for a listing's arguments.
+fn node_filter(a: &crate::args::NodeListArgs) -> Result<nightshift_engine::node_filter::NodeFilter> {
+    use nightshift_engine::node_filter::{NodeFilter, NodeStateFilter, parse_label};
+    Ok(NodeFilter {
+        node: a.node.clone(),
+        label: a.label.as_deref().map(parse_label).transpose().map_err(|e| crate::cmd::usage(format!("--{e}")))?,
+        state: a
+            .state
+            .as_deref()
+            .map(NodeStateFilter::parse)
+            .transpose()
+            .map_err(|e| crate::cmd::usage(format!("--{e}")))?,
+        ..Default::default()
+    })
+}
+
+pub async fn holds_list(cli: &crate::args::Cli, out: &Out, a: &crate::args::NodeListArgs) -> Result<u8> {
+    let f = node_filter(a)?;
     let mut c = crate::cmd::conn(cli, out)?;
-    let nodes = c.nodes().await?;
+    let nodes = c.nodes_filtered(&f).await?;
     c.close().await;
     let holds: Vec<(&str, &nightshift_proto::HoldInfo)> =
         nodes.iter().flat_map(|n| n.holds.iter().map(move |h| (n.name.as_str(), h))).collect();

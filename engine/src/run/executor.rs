@@ -405,11 +405,11 @@ impl Engine {
 
     /// Reject a run waiting for approval, saying why.
     pub async fn reject(&self, run: &str, by: &str, reason: &str) -> Result<RunSummary, EngineError> {
-        if let Some(problem) = nightshift_proto::names::free_text_problem("reason", reason) {
-            return Err(EngineError::BadParams(problem));
-        }
         if !nightshift_proto::names::has_visible_text(reason) {
             return Err(EngineError::MissingReason);
+        }
+        if let Some(problem) = nightshift_proto::names::free_text_problem("reason", reason) {
+            return Err(EngineError::BadParams(problem));
         }
         self.decide(run, by, false, Some(reason.to_string())).await
     }
