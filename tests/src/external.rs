@@ -92,6 +92,40 @@ pub async fn start_prometheus(
 /// ephemeral port out again at once, and two daemons told the same port make a
 /// test fail for the wrong reason (two agents on one address, one refused for
 /// the other's host key).
+/// Processes whose command line names `path` (read from /proc): what a
+/// test started under its own folder, however it was started (a daemon a
+/// daemon forked, a browser's renderer).
+pub fn processes_naming(path: &Path) -> Vec<i32> {
+    let needle = path.display().to_string();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let me = std::process::id() as i32;
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle.as_str()))
+        })
+        .collect()
+}
+
+/// Kill (SIGKILL) every process naming `path` until none is left (at most
+/// 5 s): a test leaves nothing running (issue 56 point 8). Returns what
+/// was still running when asked.
+pub fn kill_processes_naming(path: &Path) -> Vec<i32> {
+    let first = processes_naming(path);
+    for _ in 0..50 {
+        let left = processes_naming(path);
+        if left.is_empty() {
+            break;
+        }
+        for pid in left {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    first
+}
+
 pub fn free_port() -> u16 {
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());

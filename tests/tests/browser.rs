@@ -14,7 +14,7 @@ use base64::Engine as _;
 use nightshift_agent::backend::sim::SimConfig;
 use nightshift_engine::engine::RunRequest;
 use nightshift_engine::runs::Target;
-use nightshift_tests::external::free_port;
+use nightshift_tests::external::{free_port, kill_processes_naming, processes_naming};
 use nightshift_tests::{TestAgent, engine_setup, eventually};
 use serde_json::{Value, json};
 
@@ -39,16 +39,7 @@ impl Drop for Driver {
         let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
         let _ = self.child.kill();
         let _ = self.child.wait();
-        for _ in 0..50 {
-            let left = processes_naming(&self.profile);
-            if left.is_empty() {
-                break;
-            }
-            for pid in left {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        kill_processes_naming(&self.profile);
         let _ = std::fs::remove_dir_all(&self.profile);
     }
 }
@@ -65,18 +56,6 @@ fn end_session(url: &str, session: &str) {
         let mut sink = Vec::new();
         let _ = s.read_to_end(&mut sink);
     }
-}
-
-/// Processes whose command line names `path` (from /proc).
-fn processes_naming(path: &std::path::Path) -> Vec<i32> {
-    let needle = path.display().to_string();
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle.as_str()))
-        })
-        .collect()
 }
 
 impl Driver {

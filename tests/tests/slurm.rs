@@ -17,7 +17,7 @@ use nightshift_agent::backend::sim::SimConfig;
 use nightshift_engine::audit::{AuditRecord, RecordKind};
 use nightshift_engine::engine::Engine;
 use nightshift_engine::runs::{RunOutcome, RunSummary, Target};
-use nightshift_tests::external::{Daemon, free_port, require};
+use nightshift_tests::external::{Daemon, free_port, kill_processes_naming, processes_naming, require};
 use nightshift_tests::{TestAgent, engine_setup, eventually, manual_run};
 
 /// A running single-node Slurm cluster.
@@ -26,6 +26,15 @@ struct Slurm {
     ctld: Daemon,
     slurmd: Daemon,
     _munged: Daemon,
+}
+
+impl Drop for Slurm {
+    /// Nothing of it is left running (issue 56 point 8): besides the
+    /// daemons started here, a slurmd the controller's ResumeProgram
+    /// started (a "boot") names this cluster's slurm.conf.
+    fn drop(&mut self) {
+        kill_processes_naming(&self.conf);
+    }
 }
 
 fn text(cmd: &str, args: &[&str]) -> String {
@@ -552,6 +561,10 @@ async fn slurm_power_saving_marks_and_quarantine() {
 
     assert!(engine.verify().unwrap().ok);
     c.close().await;
+    // The "booted" slurmd went with the cluster.
+    let conf = slurm.conf.clone();
+    drop(slurm);
+    assert!(processes_naming(&conf).is_empty(), "Slurm processes left running: {:?}", processes_naming(&conf));
 }
 
 async fn run_group(engine: &Engine, runbook: &str) -> (RunSummary, Vec<AuditRecord>) {
