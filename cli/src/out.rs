@@ -140,10 +140,18 @@ pub fn time(ms: i64) -> String {
 
 /// Shorten to `n` characters.
 pub fn clip(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_string()
-    } else {
-        format!("{}…", s.chars().take(n.saturating_sub(1)).collect::<String>())
+    let s = clean(s);
+    if s.chars().count() <= n { s } else { format!("{}…", s.chars().take(n.saturating_sub(1)).collect::<String>()) }
+}
+
+/// [`clean`] on every string in `v` (a record's data from the server).
+pub fn clean_json(v: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => Value::String(clean(s)),
+        Value::Array(a) => Value::Array(a.iter().map(clean_json).collect()),
+        Value::Object(o) => Value::Object(o.iter().map(|(k, v)| (clean(k), clean_json(v))).collect()),
+        other => other.clone(),
     }
 }
 
@@ -173,5 +181,19 @@ mod secs_tests {
         for (s, want) in [(-5, "0 s"), (45, "45 s"), (720, "12 min"), (12_000, "3 h 20 min"), (187_200, "2 d 4 h")] {
             assert_eq!(super::secs(s), want, "{s}");
         }
+    }
+}
+
+#[cfg(test)]
+mod clean_tests {
+    use super::{clean, clean_json, clip};
+
+    #[test]
+    fn control_characters_from_the_server_are_shown_not_obeyed() {
+        assert_eq!(clean("wrong node\u{1b}[2J\r ok\nnext"), "wrong node\\u{1b}[2J\\u{d} ok\nnext");
+        assert_eq!(clean("GPU 3 at 91 °C"), "GPU 3 at 91 °C");
+        assert_eq!(clip("ab\u{1b}[2J", 80), "ab\\u{1b}[2J");
+        let v = clean_json(&serde_json::json!({"reason": "x\u{7}", "n": [1, "\u{1b}"]}));
+        assert_eq!(v, serde_json::json!({"reason": "x\\u{7}", "n": [1, "\\u{1b}"]}));
     }
 }

@@ -115,12 +115,12 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 r.target,
                 out.status(r.outcome.map(|o| o.as_str()).unwrap_or("active"))
             );
-            outln!("{}", r.why);
+            outln!("{}", crate::out::clean(&r.why));
             outln!(
                 "{}",
                 out.dim(&format!(
                     "requested by {} · trigger {} · created {}",
-                    r.requested_by,
+                    crate::out::clean(&r.requested_by),
                     r.trigger,
                     time(r.created_ms)
                 ))

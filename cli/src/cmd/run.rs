@@ -28,6 +28,15 @@ fn compact(v: &Value) -> String {
 
 /// One line for a record, with the time since `t0`.
 pub fn describe_record(out: &Out, r: &AuditRecord, t0: i64) -> String {
+    // What people wrote (a reason, a note) is shown, never obeyed by the
+    // terminal.
+    let cleaned = AuditRecord {
+        data: crate::out::clean_json(&r.data),
+        actor: crate::out::clean(&r.actor),
+        node: r.node.as_deref().map(crate::out::clean),
+        ..r.clone()
+    };
+    let r = &cleaned;
     let t = out.dim(&format!("+{:>5.0}s", (r.ts_ms - t0) as f64 / 1000.0));
     let d = &r.data;
     let where_ =
