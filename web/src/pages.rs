@@ -639,8 +639,22 @@ fn standby_of(s: &AppState) -> Option<String> {
     (ha.role == "standby").then(|| ha.leader.map(|l| l.holder).unwrap_or_else(|| "none yet".into()))
 }
 
-pub async fn nodes_page(State(s): State<AppState>, Viewer(who): Viewer) -> Result<Response, PageError> {
+pub async fn nodes_page(
+    State(s): State<AppState>,
+    Viewer(who): Viewer,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Result<Response, PageError> {
+    use nightshift_engine::node_filter::{NodeFilter, NodeStateFilter, parse_label};
     let nodes = s.engine.nodes();
+    // The table shows what the filter selects; the counts are the fleet's.
+    let (label, state) = (q.get("label").filter(|l| !l.is_empty()), q.get("state").filter(|v| !v.is_empty()));
+    let bad = |e: String| PageError(crate::error::ApiError::bad_request(e));
+    let f = NodeFilter {
+        label: label.map(|l| parse_label(l)).transpose().map_err(bad)?,
+        state: state.map(|v| NodeStateFilter::parse(v)).transpose().map_err(bad)?,
+        ..Default::default()
+    };
+    let shown = if f == NodeFilter::default() { nodes.clone() } else { s.engine.nodes_filtered(&f).0 };
     let standby = standby_of(&s);
     let serving = nodes.iter().filter(|n| !n.standby).count();
     let by_people = nodes.iter().filter(|n| !n.standby && n.state.drained && n.drained_by_person).count();
@@ -663,11 +677,24 @@ pub async fn nodes_page(State(s): State<AppState>, Viewer(who): Viewer) -> Resul
             (by_us) " drained by nightshift (the blast radius counts these), "
             (by_people) " drained by people (not counted)"
         }
+        form.filter method="get" action="/nodes" {
+            input type="text" name="label" placeholder="label key=value (pool=train)" value=(label.cloned().unwrap_or_default());
+            " "
+            select name="state" {
+                option value="" { "any state" }
+                @for (name, _) in NodeStateFilter::ALL {
+                    option value=(name) selected[state.map(String::as_str) == Some(name)] { (name.replace('_', " ")) }
+                }
+            }
+            " "
+            button type="submit" { "Filter" }
+            @if f != NodeFilter::default() { " " (shown.len()) " of " (nodes.len()) " nodes · " a href="/nodes" { "all" } }
+        }
         div.scroll {
             table {
                 thead { tr { th { "Node" } th { "Labels" } th { "Agent" } th { "Drain" } th { "Hottest GPU" } th { "Notes" } } }
                 tbody {
-                    @for n in &nodes {
+                    @for n in &shown {
                         tr {
                             td { a href={"/nodes/" (n.name)} { (n.name) } @if n.standby { " " span.tag { "standby" } } }
                             td { @for (k, v) in &n.labels { span.tag { (k) "=" (v) } " " } }

@@ -1423,6 +1423,14 @@ async fn the_nodes_api_filters_and_pages() {
     assert_eq!(resp.headers().get("next-cursor").and_then(|h| h.to_str().ok()), Some("gpu-a1"));
     let (_, v) = call(&f, "GET", "/api/v1/nodes?limit=1&cursor=gpu-a1", Some(VIEWER), None).await;
     assert_eq!(names(&v), vec!["gpu-a2"]);
+    // The nodes page filters the same way (the counts stay the fleet's).
+    let (s, page) = call(&f, "GET", "/nodes?state=hands_off", Some(VIEWER), None).await;
+    let page = page.as_str().unwrap_or_default().to_string();
+    assert_eq!(s, StatusCode::OK, "{page}");
+    assert!(page.contains(r#"href="/nodes/gpu-a2""#) && !page.contains(r#"href="/nodes/gpu-a1""#), "{page}");
+    assert!(page.contains("1 of 2 nodes"), "{page}");
+    let (s, _) = call(&f, "GET", "/nodes?state=broken", Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
     for (q, says) in [
         (
             "state=broken",
