@@ -126,6 +126,36 @@ pub fn kill_processes_naming(path: &Path) -> Vec<i32> {
     first
 }
 
+/// A real Alertmanager (`am`) with the config in `dir/alertmanager.yml`
+/// on loopback `port`, its storage in `dir/am-data` (a restart on the same
+/// `dir` and `port` keeps its notification log), its log `dir/<log>`;
+/// ready when this returns.
+pub async fn alertmanager_at(am: &Path, dir: &Path, port: u16, log: &str) -> Daemon {
+    let daemon = Daemon::start(
+        &[
+            am.display().to_string(),
+            format!("--config.file={}", dir.join("alertmanager.yml").display()),
+            format!("--storage.path={}", dir.join("am-data").display()),
+            format!("--web.listen-address=127.0.0.1:{port}"),
+            "--cluster.listen-address=".into(),
+        ],
+        &dir.join(log),
+    );
+    wait_http_ok(&format!("http://127.0.0.1:{port}/-/ready"), 60, &daemon).await;
+    daemon
+}
+
+/// The shipped notification target of `examples/engine.yaml` (its line with
+/// `format: alertmanager`), pointed at the Alertmanager at `url`.
+pub fn shipped_alertmanager_target(url: &str) -> String {
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/engine.yaml")).unwrap();
+    shipped
+        .lines()
+        .find(|l| l.contains("format: alertmanager"))
+        .expect("examples/engine.yaml ships an alertmanager target")
+        .replace("http://127.0.0.1:9093", url)
+}
+
 pub fn free_port() -> u16 {
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());

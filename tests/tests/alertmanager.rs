@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use nightshift_agent::backend::sim::SimConfig;
 use nightshift_engine::runs::RunOutcome;
-use nightshift_tests::external::{Daemon, free_port, require, start_prometheus, wait_http_ok};
+use nightshift_tests::external::{
+    Daemon, alertmanager_at, free_port, require, shipped_alertmanager_target, start_prometheus,
+};
 use nightshift_tests::{TestAgent, engine_setup, eventually};
 use nightshift_web::auth::hash_token;
 
@@ -115,12 +117,7 @@ async fn an_escalation_pages_a_person_through_the_real_alertmanager_with_the_run
     let (daemon, am_url) = start_alertmanager(&am, dir.path(), &config).await;
 
     // The shipped notification target, pointed at this Alertmanager.
-    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/engine.yaml")).unwrap();
-    let target = shipped
-        .lines()
-        .find(|l| l.contains("format: alertmanager"))
-        .expect("examples/engine.yaml ships an alertmanager target")
-        .replace("http://127.0.0.1:9093", &am_url);
+    let target = shipped_alertmanager_target(&am_url);
     let agent = TestAgent::start(dir.path(), "am2", SimConfig { gpus: 2, ..SimConfig::default() }, "").await;
     let cfg = engine_setup(
         dir.path(),
@@ -200,19 +197,8 @@ async fn an_escalation_pages_a_person_through_the_real_alertmanager_with_the_run
 async fn start_alertmanager(am: &std::path::Path, dir: &std::path::Path, config: &str) -> (Daemon, String) {
     std::fs::write(dir.join("alertmanager.yml"), config).unwrap();
     let port = free_port();
-    let daemon = Daemon::start(
-        &[
-            am.display().to_string(),
-            format!("--config.file={}", dir.join("alertmanager.yml").display()),
-            format!("--storage.path={}", dir.join("am-data").display()),
-            format!("--web.listen-address=127.0.0.1:{port}"),
-            "--cluster.listen-address=".into(),
-        ],
-        &dir.join("alertmanager.log"),
-    );
-    let url = format!("http://127.0.0.1:{port}");
-    wait_http_ok(&format!("{url}/-/ready"), 60, &daemon).await;
-    (daemon, url)
+    let daemon = alertmanager_at(am, dir, port, "alertmanager.log").await;
+    (daemon, format!("http://127.0.0.1:{port}"))
 }
 
 /// Copy `from` into `to` (files and one level of folders).
@@ -278,17 +264,7 @@ async fn the_shipped_rules_and_routes_start_the_matching_runbooks() {
         .replace("group_interval: 5m", "group_interval: 1s");
     std::fs::write(d.join("alertmanager.yml"), am_config).unwrap();
     let am_port = free_port();
-    let am_daemon = Daemon::start(
-        &[
-            am.display().to_string(),
-            format!("--config.file={}", d.join("alertmanager.yml").display()),
-            format!("--storage.path={}", d.join("am-data").display()),
-            format!("--web.listen-address=127.0.0.1:{am_port}"),
-            "--cluster.listen-address=".into(),
-        ],
-        &d.join("alertmanager.log"),
-    );
-    wait_http_ok(&format!("http://127.0.0.1:{am_port}/-/ready"), 60, &am_daemon).await;
+    let am_daemon = alertmanager_at(&am, d, am_port, "alertmanager.log").await;
 
     // Prometheus: the shipped config and rules; targets and intervals
     // shortened.

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use nightshift_agent::backend::sim::SimConfig;
 use nightshift_proto::ssh::client::AgentConnection;
 use nightshift_proto::{Op, Request, SimFault};
-use nightshift_tests::external::{Daemon, free_port, receiver, require, wait_http_ok};
+use nightshift_tests::external::{alertmanager_at, free_port, receiver, require, shipped_alertmanager_target};
 use nightshift_tests::{TestAgent, engine_setup, eventually};
 use serde_json::Value;
 
@@ -37,32 +37,6 @@ fn alertmanager_config(pager_url: &str, chat_url: &str) -> String {
     config
 }
 
-/// A real Alertmanager on `port` with the config in `dir`, ready.
-async fn alertmanager_at(am: &std::path::Path, dir: &std::path::Path, port: u16, n: usize) -> Daemon {
-    let daemon = Daemon::start(
-        &[
-            am.display().to_string(),
-            format!("--config.file={}", dir.join("alertmanager.yml").display()),
-            format!("--storage.path={}", dir.join("am-data").display()),
-            format!("--web.listen-address=127.0.0.1:{port}"),
-            "--cluster.listen-address=".into(),
-        ],
-        &dir.join(format!("alertmanager-{n}.log")),
-    );
-    wait_http_ok(&format!("http://127.0.0.1:{port}/-/ready"), 60, &daemon).await;
-    daemon
-}
-
-/// The shipped notification target, pointed at the Alertmanager on `port`.
-fn shipped_target(port: u16) -> String {
-    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/engine.yaml")).unwrap();
-    shipped
-        .lines()
-        .find(|l| l.contains("format: alertmanager"))
-        .expect("examples/engine.yaml ships an alertmanager target")
-        .replace("http://127.0.0.1:9093", &format!("http://127.0.0.1:{port}"))
-}
-
 /// Every alert a receiver got, with the notification's status.
 fn alerts(got: &Got) -> Vec<Value> {
     got.lock().unwrap().iter().flat_map(|b| b["alerts"].as_array().cloned().unwrap_or_default()).collect()
@@ -79,7 +53,7 @@ async fn a_page_is_followed_up_to_its_person_and_ends_when_its_fault_is_handled(
     let (chat_url, chatted) = receiver(0).await;
     std::fs::write(dir.path().join("alertmanager.yml"), alertmanager_config(&pager_url, &chat_url)).unwrap();
     let port = free_port();
-    let daemon = alertmanager_at(&am, dir.path(), port, 0).await;
+    let daemon = alertmanager_at(&am, dir.path(), port, "alertmanager-0.log").await;
     let agent = TestAgent::start(dir.path(), "am3", SimConfig { gpus: 2, ..SimConfig::default() }, "").await;
     let cfg = engine_setup(
         dir.path(),
@@ -88,7 +62,10 @@ async fn a_page_is_followed_up_to_its_person_and_ends_when_its_fault_is_handled(
             ("stuck", "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\n", STUCK),
             ("handle", "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\n", HANDLE),
         ],
-        &format!("notifications:\n  ui_url: http://ui.example:8080/\n  webhooks:\n{}\n", shipped_target(port)),
+        &format!(
+            "notifications:\n  ui_url: http://ui.example:8080/\n  webhooks:\n{}\n",
+            shipped_alertmanager_target(&format!("http://127.0.0.1:{port}"))
+        ),
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
     assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
@@ -158,7 +135,7 @@ async fn no_page_is_lost_to_a_five_minute_outage_or_twenty_alertmanager_restarts
     let (chat_url, chatted) = receiver(0).await;
     std::fs::write(dir.path().join("alertmanager.yml"), alertmanager_config(&pager_url, &chat_url)).unwrap();
     let port = free_port();
-    let mut daemon = Some(alertmanager_at(&am, dir.path(), port, 0).await);
+    let mut daemon = Some(alertmanager_at(&am, dir.path(), port, "alertmanager-0.log").await);
     let agent = TestAgent::start(dir.path(), "am4", SimConfig { gpus: 2, seed: 4, ..SimConfig::default() }, "").await;
     let web_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let web_addr = web_listener.local_addr().unwrap();
@@ -168,7 +145,7 @@ async fn no_page_is_lost_to_a_five_minute_outage_or_twenty_alertmanager_restarts
         &[("stuck", "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\nmax_concurrent: 64\n", STUCK)],
         &format!(
             "auth: {{allow_anonymous: viewer}}\nnotifications:\n  ui_url: http://ui.example:8080/\n  retry_max_secs: 20\n  webhooks:\n{}\n",
-            shipped_target(port)
+            shipped_alertmanager_target(&format!("http://127.0.0.1:{port}"))
         ),
     );
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
@@ -193,7 +170,7 @@ async fn no_page_is_lost_to_a_five_minute_outage_or_twenty_alertmanager_restarts
     // Down for five minutes.
     tokio::time::sleep(Duration::from_secs(300).saturating_sub(down_at.elapsed())).await;
     assert!(engine.pages_pending().0 >= waiting.0, "a page left the outbox while the pager was down");
-    daemon = Some(alertmanager_at(&am, dir.path(), port, 1).await);
+    daemon = Some(alertmanager_at(&am, dir.path(), port, "alertmanager-1.log").await);
     // Back: the notice of the DBE's repair drain reaches the person.
     let notice = eventually(90, || {
         alerts(&chatted)
@@ -220,7 +197,7 @@ async fn no_page_is_lost_to_a_five_minute_outage_or_twenty_alertmanager_restarts
         tokio::time::sleep(Duration::from_millis(rng % 400)).await;
         drop(daemon.take());
         tokio::time::sleep(Duration::from_millis(300)).await;
-        daemon = Some(alertmanager_at(&am, dir.path(), port, 2 + i as usize).await);
+        daemon = Some(alertmanager_at(&am, dir.path(), port, &format!("alertmanager-{}.log", 2 + i)).await);
     }
     let all_paged = eventually(180, || {
         let got: std::collections::BTreeSet<String> = alerts(&paged)
