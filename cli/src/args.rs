@@ -177,6 +177,105 @@ pub enum Command {
     ///
     /// Example: nightshift bench --smoke --out target/bench.json
     Bench(BenchArgs),
+    /// Play a fleet's fault mix for weeks of virtual time under three
+    /// policies on one schedule — nightshift (the real engine and your
+    /// runbooks), manual (the seeds' 45 + 42 minutes) and oracle (the
+    /// instant) — and report what each cost: ETTR, GPU-hours lost by cause,
+    /// time to quarantine, pages, actions on healthy GPUs.
+    ///
+    /// Example: nightshift simulate --faults examples/faults/llama3-405b.yaml --nodes 256 --days 54 --seed 7 --json out.json
+    Simulate(SimulateArgs),
+}
+
+/// `nightshift simulate … --json FILE` means `--out FILE`: the report is
+/// a file (the global `--json`, a switch, prints JSON instead of the
+/// summary). Only after `simulate`, and only when a value follows.
+pub fn simulate_json_file(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let Some(at) = args.iter().skip(1).position(|a| a == "simulate").map(|i| i + 1) else { return args };
+    let mut out = args;
+    let mut i = at + 1;
+    while i < out.len() {
+        let arg = out[i].to_string_lossy().into_owned();
+        if arg == "--json" && out.get(i + 1).is_some_and(|v| !v.to_string_lossy().starts_with('-')) {
+            out[i] = "--out".into();
+            i += 1;
+        } else if let Some(v) = arg.strip_prefix("--json=") {
+            out[i] = format!("--out={v}").into();
+        }
+        i += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod simulate_json_tests {
+    use super::simulate_json_file;
+
+    fn rewrite(line: &str) -> String {
+        let args = line.split(' ').map(std::ffi::OsString::from).collect();
+        simulate_json_file(args).iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
+    }
+
+    #[test]
+    fn json_with_a_file_after_simulate_writes_the_report_there() {
+        for (given, want) in [
+            ("nightshift simulate --nodes 16 --json out.json", "nightshift simulate --nodes 16 --out out.json"),
+            ("nightshift simulate --json=out.json --days 7", "nightshift simulate --out=out.json --days 7"),
+            // A switch: prints JSON.
+            ("nightshift simulate --json --nodes 16", "nightshift simulate --json --nodes 16"),
+            ("nightshift simulate --nodes 16 --json", "nightshift simulate --nodes 16 --json"),
+            // Before the command it is the global switch.
+            ("nightshift --json simulate --nodes 16", "nightshift --json simulate --nodes 16"),
+            // Other commands are left alone.
+            ("nightshift runs list --json x", "nightshift runs list --json x"),
+        ] {
+            assert_eq!(rewrite(given), want, "{given}");
+        }
+    }
+}
+
+/// `nightshift simulate`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimulateArgs {
+    /// The fault mix (docs/OUTCOME.md: the format).
+    #[arg(long, value_name = "FILE")]
+    pub faults: PathBuf,
+    /// Nodes in the fleet.
+    #[arg(long)]
+    pub nodes: usize,
+    /// Days of virtual time.
+    #[arg(long)]
+    pub days: f64,
+    /// The schedule's seed (the same seed gives the same report, byte for byte).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Run this many seeds (seed, seed+1, …) and report the mean and range.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub seeds: u64,
+    #[arg(long, default_value_t = 8)]
+    pub gpus_per_node: u32,
+    /// The sim profile of every node.
+    #[arg(long, default_value = "h100-sxm")]
+    pub profile: String,
+    /// The runbook folder (default: the config's runbook_dir, else ./runbooks).
+    #[arg(long)]
+    pub runbooks: Option<PathBuf>,
+    /// Share of the nodes kept as standbys, outside the job.
+    #[arg(long, default_value_t = 2.0)]
+    pub standby_pct: f64,
+    /// The job checkpoints this often.
+    #[arg(long, default_value_t = 1800)]
+    pub checkpoint_secs: u64,
+    /// A restart of the job takes this long.
+    #[arg(long, default_value_t = 600)]
+    pub restart_secs: u64,
+    /// Write the report as JSON here (`--json` alone prints it instead of
+    /// the summary, as for every command).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Write the report as a web page here.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]

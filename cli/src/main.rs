@@ -169,6 +169,10 @@ async fn real_main(cli: Cli) -> Result<u8> {
             init_logging("error");
             cmd::bench::bench(args, &out).await
         }
+        Command::Simulate(args) => {
+            init_logging("error");
+            cmd::simulate::simulate(&cli, args, &out).await
+        }
     }
 }
 
@@ -176,7 +180,7 @@ fn main() -> ExitCode {
     // A shell asking for completions (COMPLETE=bash …): answer and exit,
     // before any runtime starts (the completers start their own).
     clap_complete::CompleteEnv::with_factory(<Cli as clap::CommandFactory>::command).complete();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(args::simulate_json_file(std::env::args_os().collect()));
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -1,7 +1,8 @@
 //! The blast radius: how many serving nodes nightshift may have drained at
 //! once (`max_drained_pct` of the serving fleet, at least one: its own
 //! budget, counted over its own drains and those in flight — never
-//! people's), and how many nodes of one group may be out of service
+//! people's, nor a node out for a confirmed hardware fault: that is not a
+//! guess), and how many nodes of one group may be out of service
 //! (`max_per_group` per label value: every node out counts, whoever took
 //! it out — a group's capacity does not care). Never in the way of a
 //! confirmed fault's quarantine (the breaker stops storms at admission).
@@ -11,6 +12,7 @@ use std::sync::Arc;
 
 use crate::core::Core;
 use crate::fleet::Node;
+use crate::health::HealthState;
 use crate::manifest::BlastRadius;
 
 impl Core {
@@ -19,7 +21,9 @@ impl Core {
     /// The limits count the serving fleet: standby nodes (spare capacity) are
     /// neither counted nor limited. At least one serving node may always be
     /// drained, however small the fleet. People's drains do not spend the
-    /// budget. A `confirmed` fault's drain (hardware evidence the health
+    /// budget, nor do nodes out for a confirmed fault (a GPU the health
+    /// model holds quarantined, awaiting repair, verifying or for RMA: it
+    /// would be out under any policy). A `confirmed` fault's drain (hardware evidence the health
     /// model holds) is never refused: a storm of false positives is the
     /// breaker's to stop, at admission; a GPU off the bus must go.
     /// `Ok(true)` when this call reserved the drain (release it with
@@ -47,6 +51,17 @@ impl Core {
         if target.spec.standby || target.state().drained {
             return Ok(false);
         }
+        // Out for a confirmed fault: not nightshift's guess (read before
+        // the run table's lock).
+        let confirmed_out: HashSet<String> = {
+            let h = self.health();
+            self.fleet
+                .nodes()
+                .iter()
+                .filter(|n| !matches!(h.node_state(&n.spec.name), HealthState::Healthy | HealthState::Faulted))
+                .map(|n| n.spec.name.clone())
+                .collect()
+        };
         let mut t = self.table();
         let all = self.fleet.nodes();
         let serving: Vec<&Arc<Node>> = all.iter().filter(|n| !n.spec.standby).collect();
@@ -69,7 +84,13 @@ impl Core {
             }
             return Ok(reserve);
         }
-        let after = drained.len() + 1;
+        let guesses = drained.iter().filter(|d| !confirmed_out.contains(*d)).count();
+        let confirmed_note = if guesses < drained.len() {
+            format!(" ({} more out for a confirmed fault, not counted)", drained.len() - guesses)
+        } else {
+            String::new()
+        };
+        let after = guesses + 1;
         let cap_pct = rb.max_drained_pct.min(self.config.limits.max_drained_pct);
         let allowed = ((total as f64 * cap_pct / 100.0).floor() as usize).max(1);
         if after > allowed {
@@ -79,7 +100,7 @@ impl Core {
                 String::new()
             };
             return Err(format!(
-                "blast radius: draining {node} would take {after} of {total} serving nodes out by nightshift{people}; max_drained_pct {cap_pct}% allows {allowed} (run {run})"
+                "blast radius: draining {node} would take {after} of {total} serving nodes out by nightshift{people}{confirmed_note}; max_drained_pct {cap_pct}% allows {allowed} (run {run})"
             ));
         }
         if let (Some(limit), Some(label)) = (rb.max_per_group, &rb.group_by)

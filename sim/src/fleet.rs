@@ -708,6 +708,64 @@ impl SimFleet {
         self.settle().await
     }
 
+    /// A fleet-month's step (`nightshift simulate`): the clock moves
+    /// `advance_ms`, but only the nodes in `hot` (an incident on them) live
+    /// through it in full — physics for the whole interval, their agents
+    /// ticked, their telemetry fed — unless `all`, when every node is, with
+    /// its physics for at most `quiet_physics_ms` (a quiet node is in steady
+    /// state; stepping hours of it in half seconds would cost hours). The
+    /// same order as [`SimFleet::step`]. Returns the telemetry fed, by
+    /// node, so the caller sees what the scheduler shows without asking
+    /// again.
+    pub async fn step_sparse(
+        &self,
+        advance_ms: i64,
+        quiet_physics_ms: i64,
+        hot: &std::collections::BTreeSet<String>,
+        all: bool,
+    ) -> Result<Vec<(String, nightshift_proto::Telemetry)>, SimError> {
+        self.settle().await?;
+        for (name, s) in &self.sims {
+            if hot.contains(name) {
+                s.step(advance_ms as f64 / 1000.0);
+            } else if all {
+                s.step(advance_ms.min(quiet_physics_ms) as f64 / 1000.0);
+            }
+        }
+        self.clock.advance(advance_ms.max(1));
+        {
+            let now = nightshift_proto::clock::Clock::now_ms(&self.clock);
+            let mut p = self.power.lock().unwrap_or_else(|e| e.into_inner());
+            for (state, _) in p.values_mut() {
+                if let Power::Booting(at) = *state
+                    && at <= now
+                {
+                    *state = Power::On;
+                }
+            }
+        }
+        self.settle().await?;
+        for (name, a) in &self.agents {
+            if all || hot.contains(name) {
+                a.tick().await;
+            }
+        }
+        self.settle().await?;
+        let mut fed = Vec::new();
+        for (name, a) in &self.agents {
+            if !(all || hot.contains(name)) || !self.powered(name) {
+                continue;
+            }
+            if let Ok(t) = a.telemetry().await {
+                self.engine.ingest_telemetry(&t).await;
+                fed.push((name.clone(), t));
+            }
+        }
+        self.engine.tick().await;
+        self.settle().await?;
+        Ok(fed)
+    }
+
     /// Run `secs` of virtual time.
     pub async fn run_for(&self, secs: u64) -> Result<(), SimError> {
         let steps = secs as i64 * 1000 / self.tick_ms.max(1);

@@ -5,6 +5,7 @@
 //!
 //! - [`fleet`]: [`fleet::SimFleet`], stepping physics, agents and engine tick by tick;
 //! - [`scenario`]: scenario files (fleet, timeline, expectations) and their runner;
+//! - [`simulate`]: a fault mix played for weeks on a whole fleet under three policies (`nightshift simulate`);
 //! - [`workload`]: the scheduler's view of work (pools, drains that do not stop jobs at once).
 //!
 //! Dependency rule: this crate depends on the engine and the agent; neither
@@ -15,4 +16,5 @@ pub mod backtest;
 pub mod fleet;
 pub mod recording;
 pub mod scenario;
+pub mod simulate;
 pub mod workload;

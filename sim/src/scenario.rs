@@ -843,6 +843,30 @@ async fn person_acts(sim: &SimFleet, node: &str, p: &PersonAction, n: usize) -> 
     if r.ok { Ok(()) } else { Err(format!("{:?}", r.error)) }
 }
 
+/// The agents' envelope in scenarios and fleet-month runs: the shipped
+/// policy's per-model power floors (H100 350 W, MI300X 400 W).
+pub fn sim_policy() -> nightshift_agent::envelope::Policy {
+    nightshift_agent::envelope::Policy {
+        power: nightshift_agent::envelope::PowerPolicy {
+            floor_watts: None,
+            ceiling_watts: None,
+            models: vec![
+                nightshift_agent::envelope::ModelPowerPolicy {
+                    name_contains: "H100".into(),
+                    floor_watts: Some(350.0),
+                    ceiling_watts: None,
+                },
+                nightshift_agent::envelope::ModelPowerPolicy {
+                    name_contains: "MI300X".into(),
+                    floor_watts: Some(400.0),
+                    ceiling_watts: None,
+                },
+            ],
+        },
+        ..nightshift_agent::envelope::Policy::default()
+    }
+}
+
 /// Load a runbook folder with the default limits.
 pub fn load_runbooks(dir: &Path) -> (RunbookSet, Arc<rhai::Engine>) {
     let script = Arc::new(build_engine(&ScriptLimits::default()));
@@ -972,25 +996,7 @@ pub async fn run_traced(
     let dir = scratch_dir().map_err(|e| ScenarioError::Setup(e.to_string()))?;
     let mut opts = SimFleetOptions::new(scenario.fleet.clone(), set, script);
     opts.tick_ms = scenario.tick_secs as i64 * 1000;
-    opts.policy = Some(nightshift_agent::envelope::Policy {
-        power: nightshift_agent::envelope::PowerPolicy {
-            floor_watts: None,
-            ceiling_watts: None,
-            models: vec![
-                nightshift_agent::envelope::ModelPowerPolicy {
-                    name_contains: "H100".into(),
-                    floor_watts: Some(350.0),
-                    ceiling_watts: None,
-                },
-                nightshift_agent::envelope::ModelPowerPolicy {
-                    name_contains: "MI300X".into(),
-                    floor_watts: Some(400.0),
-                    ceiling_watts: None,
-                },
-            ],
-        },
-        ..nightshift_agent::envelope::Policy::default()
-    });
+    opts.policy = Some(sim_policy());
     let started = Instant::now();
     let mut sim = SimFleet::start(opts, dir.path()).await.map_err(|e| ScenarioError::Setup(e.to_string()))?;
     let t0 = sim.clock.now_ms();

@@ -1077,6 +1077,26 @@ impl SimBackend {
                     st.node.job = None;
                 }
             }
+            SimFault::GpuReplace { gpu } => {
+                let i = self.check_gpu(*gpu)?;
+                let g = &mut st.gpus[i];
+                g.lost = false;
+                g.dbe = 0;
+                g.sbe = 0;
+                g.remap_pending = false;
+                g.remap_failed = false;
+                g.fatal_xid_since_reset = None;
+                g.xid_last = None;
+                g.fan_failed = false;
+                g.heatsink_factor = 1.0;
+                g.heatsink_ramp = None;
+                g.fan_cmd_pct = None;
+                g.clocks_locked = None;
+                g.power_limit_watts = self.profile.power_default_watts;
+                if st.node.job.as_ref().is_some_and(|j| j.hung) {
+                    st.node.job = None;
+                }
+            }
             SimFault::RowRemapFailure { gpu } => {
                 let g = &mut st.gpus[self.check_gpu(*gpu)?];
                 g.remap_failed = true;

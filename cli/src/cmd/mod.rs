@@ -13,6 +13,7 @@ pub mod run;
 pub mod runbooks;
 pub mod serve;
 pub mod setup;
+pub mod simulate;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

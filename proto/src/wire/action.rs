@@ -428,6 +428,10 @@ pub enum SimFault {
     GpuReset { gpu: u32 },
     /// A row remap fails (no spare row left): the GPU needs an RMA.
     RowRemapFailure { gpu: u32 },
+    /// A technician replaces the GPU (an RMA, a reseat of a new part): it
+    /// answers again with no error history — no ECC counts, no XID, no
+    /// failed or pending remap, a clean thermal interface.
+    GpuReplace { gpu: u32 },
     /// The node's chassis airflow multiplied by `factor` (a failed fan
     /// module, a blocked inlet): every GPU cooled by chassis fans runs
     /// hotter.
@@ -494,6 +498,7 @@ impl SimFault {
             | GpuLost { gpu }
             | GpuReset { gpu }
             | RowRemapFailure { gpu }
+            | GpuReplace { gpu }
             | PersonPowerLimit { gpu, .. }
             | Fragmentation { gpu, .. } => Some(*gpu),
             Load { gpu, .. }

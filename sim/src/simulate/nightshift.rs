@@ -1,0 +1,426 @@
+//! The `nightshift` policy: the schedule played on a [`SimFleet`] — the
+//! real engine with the runbooks, the real agent code on the sim backend —
+//! in virtual time that moves in 5-second ticks where something is
+//! happening and in long strides where nothing is.
+//!
+//! Nothing here decides what nightshift does. The driver strikes each
+//! fault, watches what the scheduler shows (every node's drain and GPU
+//! drains, from the telemetry the engine is fed), reads the audit log for
+//! actions and pages, and plays the technician: a repair starts when a
+//! node or GPU is taken out of service (or a person is paged about it) and
+//! ends `repair_secs` later with the class's repair on the simulated
+//! hardware (a reset, a replaced GPU, a reseated link) and, for a part
+//! replaced, `nodes repaired`. People still watch their dashboards: a
+//! detectable fault nightshift has not taken out of service after the
+//! seeds' 45 + 42 minutes is drained by a person (counted apart as
+//! `left_to_people`).
+//!
+//! Fidelity, written down: a node without an incident is stepped, ticked
+//! and read every `quiet_feed_secs` (its physics for 5 s of each stride: a
+//! quiet GPU is in steady state); runs asleep on the clock wake at their
+//! time or within 60 s of it; an agent's lease expiry on a quiet node is
+//! seen within `quiet_feed_secs`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use nightshift_engine::audit::RecordKind;
+use nightshift_proto::clock::Clock;
+use nightshift_proto::{Op, Request, SimFault};
+
+use super::account::Outcome;
+use super::mix::{FaultMix, Repair, Signal};
+use super::schedule::Fault;
+use super::{MANUAL_ALERT_LAG_MS, MANUAL_MTTR_MS, PolicyRun, SimulateError, SimulateOptions};
+use crate::fleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
+use crate::scenario::{load_runbooks, sim_policy};
+
+/// Per fault, as the run goes.
+#[derive(Debug, Clone, Default)]
+struct Track {
+    struck: bool,
+    quarantined_ms: Option<i64>,
+    repair_due_ms: Option<i64>,
+    cleared_ms: Option<i64>,
+    requeued_ms: Option<i64>,
+    by_person: bool,
+}
+
+const TICK_MS: i64 = 5_000;
+const HOT_WINDOW_MS: i64 = 20 * 60_000;
+const ASLEEP_STRIDE_MS: i64 = 60_000;
+const QUIET_PHYSICS_MS: i64 = 5_000;
+
+pub fn node_name(i: usize) -> String {
+    format!("n{i:05}")
+}
+
+pub async fn run(
+    opts: &SimulateOptions,
+    mix: &FaultMix,
+    faults: &[Fault],
+    job_nodes: usize,
+) -> Result<PolicyRun, SimulateError> {
+    let setup = |e: &dyn std::fmt::Display| SimulateError::Setup(e.to_string());
+    let (set, script) = load_runbooks(&opts.runbooks);
+    if let Some(e) = set.errors.first() {
+        return Err(SimulateError::Setup(format!("the runbooks do not load: {e}")));
+    }
+    let names: Vec<String> = (0..opts.nodes).map(node_name).collect();
+    let specs: Vec<SimNodeSpec> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut s = SimNodeSpec::new(name, &opts.profile, opts.gpus_per_node);
+            s.seed = opts.seed.wrapping_add(i as u64);
+            // The job's nodes are busy; standbys idle.
+            s.util_pct = Some(if i < job_nodes { 85.0 } else { 5.0 });
+            s.labels.insert("pool".into(), "train".into());
+            s.labels.insert("rack".into(), format!("r{:03}", i / 16));
+            s.labels.insert("nvlink_domain".into(), name.clone());
+            s
+        })
+        .collect();
+    let dir = scratch_dir().map_err(|e| setup(&e))?;
+    let mut fo = SimFleetOptions::new(specs, set, script);
+    fo.tick_ms = TICK_MS;
+    fo.policy = Some(sim_policy());
+    // Plots keep no history over a month; a quiet node is read every
+    // `quiet_feed_secs`, and is not "disconnected" for that.
+    fo.telemetry.history_secs = 0;
+    fo.telemetry.stale_after_secs = fo.telemetry.stale_after_secs.max(2 * opts.quiet_feed_secs + 60);
+    let sim = SimFleet::start(fo, dir.path()).await.map_err(|e| setup(&e))?;
+    let t0 = sim.clock.now_ms();
+    let horizon = opts.horizon_ms();
+    let quiet_feed_ms = opts.quiet_feed_secs as i64 * 1000;
+
+    let mut track = vec![Track::default(); faults.len()];
+    let mut out_since: Vec<Option<i64>> = vec![None; opts.nodes];
+    let mut spans: Vec<Vec<(i64, i64)>> = vec![Vec::new(); opts.nodes];
+    let mut last_change: Vec<i64> = vec![i64::MIN / 2; opts.nodes];
+    let mut by_node: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, f) in faults.iter().enumerate() {
+        by_node.entry(f.node).or_default().push(i);
+    }
+    let index: BTreeMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect();
+    let mut out = PolicyRun::default();
+    let mut steps = 0u64;
+    let mut next_fault = 0usize;
+    let mut last_full = i64::MIN / 2;
+    let mut seq = 0u64;
+    let mut req = 0u64;
+    let mut next_id = || {
+        req += 1;
+        format!("simulate-{req}")
+    };
+    loop {
+        let now = sim.clock.now_ms() - t0;
+        if now >= horizon {
+            break;
+        }
+        // Faults due.
+        while next_fault < faults.len() && faults[next_fault].at_ms <= now {
+            let i = next_fault;
+            next_fault += 1;
+            let f = &faults[i];
+            let class = &mix.classes[f.class];
+            let node = &names[f.node];
+            track[i].struck = true;
+            last_change[f.node] = now;
+            if let Some(fault) = strike(class.signal, class.xid_code, f.gpu, &class.name) {
+                let r = sim.agents[node].handle(Request::new(next_id(), Op::SimFault(fault))).await;
+                if !r.ok {
+                    return Err(SimulateError::Setup(format!(
+                        "fault {} ({}) on {node}: the sim refused it: {:?}",
+                        f.id, class.name, r.error
+                    )));
+                }
+            }
+            match class.signal {
+                Signal::PersonDrain => {
+                    track[i].quarantined_ms = Some(now);
+                    track[i].repair_due_ms = Some(now + class.repair_ms());
+                }
+                Signal::None => track[i].cleared_ms = Some(now),
+                _ if class.repair == Repair::None && class.signal != Signal::HungJob => {
+                    // A transient signal: it is over once seen.
+                    track[i].cleared_ms = Some(now);
+                }
+                _ => {}
+            }
+        }
+        // Repairs due.
+        for (i, f) in faults.iter().enumerate() {
+            let t = &mut track[i];
+            if t.cleared_ms.is_some() || t.repair_due_ms.is_none_or(|d| d > now) {
+                continue;
+            }
+            let class = &mix.classes[f.class];
+            let node = &names[f.node];
+            let mut fixes = repair(class.signal, class.repair, f.gpu);
+            if t.by_person {
+                // The person who drained it puts it back.
+                fixes.push(SimFault::PersonResume {});
+            }
+            for fault in fixes {
+                let _ = sim.agents[node].handle(Request::new(next_id(), Op::SimFault(fault))).await;
+            }
+            if matches!(class.repair, Repair::Reseat | Repair::Rma) && class.signal.hardware() {
+                let gpu = (class.signal != Signal::LinkFault).then_some(f.gpu);
+                let _ = sim.engine.mark_repaired(node, gpu, "person:technician", "part replaced").await;
+            }
+            t.cleared_ms = Some(now);
+            last_change[f.node] = now;
+        }
+        // People's fallback: a detectable fault still in service after the
+        // seeds' alert lag and repair time.
+        for (i, f) in faults.iter().enumerate() {
+            let class = &mix.classes[f.class];
+            let t = &mut track[i];
+            if !t.struck
+                || t.quarantined_ms.is_some()
+                || t.requeued_ms.is_some()
+                || t.cleared_ms.is_some()
+                || !class.signal.detectable()
+                || now < f.at_ms + MANUAL_ALERT_LAG_MS + MANUAL_MTTR_MS
+            {
+                continue;
+            }
+            let node = &names[f.node];
+            out.left_to_people += 1;
+            last_change[f.node] = now;
+            if class.signal == Signal::HungJob {
+                // A hung job is not a node's fault: the person restarts it.
+                let stop = SimFault::JobStall { active: false };
+                let _ = sim.agents[node].handle(Request::new(next_id(), Op::SimFault(stop))).await;
+                t.requeued_ms = Some(now);
+                t.cleared_ms = Some(now);
+                continue;
+            }
+            let drain = SimFault::PersonDrain { reason: format!("oncall: {} on gpu {}", class.name, f.gpu) };
+            let _ = sim.agents[node].handle(Request::new(next_id(), Op::SimFault(drain))).await;
+            t.by_person = true;
+        }
+
+        // How far to go.
+        let hot: BTreeSet<String> = (0..opts.nodes)
+            .filter(|&n| {
+                now - last_change[n] < HOT_WINDOW_MS
+                    || by_node.get(&n).is_some_and(|fs| {
+                        fs.iter().any(|&i| {
+                            track[i].struck && track[i].quarantined_ms.is_none() && track[i].cleared_ms.is_none()
+                        })
+                    })
+            })
+            .map(|n| names[n].clone())
+            .collect();
+        let next_event = faults
+            .get(next_fault)
+            .map(|f| f.at_ms)
+            .into_iter()
+            .chain(track.iter().filter(|t| t.cleared_ms.is_none()).filter_map(|t| t.repair_due_ms))
+            .min()
+            .unwrap_or(horizon)
+            .min(horizon);
+        let full_due = last_full + quiet_feed_ms;
+        let mut advance = if !hot.is_empty() {
+            TICK_MS
+        } else if sim.engine.running() > 0 {
+            let wake = sim.clock.next_deadline().map(|d| d - t0).unwrap_or(now + ASLEEP_STRIDE_MS);
+            (wake - now).clamp(TICK_MS, ASLEEP_STRIDE_MS)
+        } else {
+            (full_due - now).max(TICK_MS)
+        };
+        advance = advance.min((next_event - now).max(TICK_MS)).min((full_due - now).max(TICK_MS));
+        let all = now + advance >= full_due;
+        let fed = sim.step_sparse(advance, QUIET_PHYSICS_MS, &hot, all).await.map_err(|e| setup(&e))?;
+        steps += 1;
+        let now = sim.clock.now_ms() - t0;
+        if all {
+            last_full = now;
+        }
+        // What the scheduler shows.
+        for (name, tel) in &fed {
+            let Some(&n) = index.get(name.as_str()) else { continue };
+            let is_out = tel.node_metrics.drained || tel.gpus.iter().any(|g| g.gpu_drained);
+            match (is_out, out_since[n]) {
+                (true, None) => out_since[n] = Some(now),
+                (false, Some(since)) => {
+                    spans[n].push((since, now));
+                    out_since[n] = None;
+                    last_change[n] = now;
+                }
+                _ => {}
+            }
+            if let Some(fs) = by_node.get(&n) {
+                for &i in fs {
+                    let t = &mut track[i];
+                    if !t.struck || t.cleared_ms.is_some_and(|c| c < now - TICK_MS) {
+                        continue;
+                    }
+                    let class = &mix.classes[faults[i].class];
+                    if is_out && t.quarantined_ms.is_none() {
+                        t.quarantined_ms = Some(now);
+                    }
+                    if class.signal == Signal::HungJob
+                        && t.requeued_ms.is_none()
+                        && (is_out || sim.sims[name].jobs_requeued())
+                    {
+                        t.requeued_ms = Some(now);
+                        t.cleared_ms = Some(now);
+                        let stop = SimFault::JobStall { active: false };
+                        let _ = sim.agents[name].handle(Request::new(next_id(), Op::SimFault(stop))).await;
+                    }
+                    if t.quarantined_ms.is_some() && t.repair_due_ms.is_none() && class.repair != Repair::None {
+                        t.repair_due_ms = Some(now + class.repair_ms());
+                    }
+                }
+            }
+        }
+        // What nightshift did, from its audit log.
+        let records = sim.engine.audit().tail(seq, usize::MAX).map_err(|e| setup(&e))?;
+        for r in &records {
+            seq = seq.max(r.seq);
+            let Some(n) = r.node.as_deref().and_then(|n| index.get(n)).copied() else {
+                if r.kind == RecordKind::Escalation
+                    || (r.kind == RecordKind::Notification && r.data["follows"].is_u64())
+                {
+                    out.pages.push((now, "no_fault".into()));
+                } else if r.kind == RecordKind::Notification {
+                    out.chat_messages.push((now, "no_fault".into()));
+                }
+                continue;
+            };
+            let present: Vec<usize> = by_node
+                .get(&n)
+                .map(|fs| {
+                    fs.iter()
+                        .copied()
+                        .filter(|&i| track[i].struck && track[i].cleared_ms.is_none_or(|c| c + HOT_WINDOW_MS > now))
+                        .collect()
+                })
+                .unwrap_or_default();
+            match r.kind {
+                RecordKind::ActionResult => {
+                    let op = r.data["op"].as_str().unwrap_or("");
+                    let applied = r.data["applied"] == true && r.data["dry_run"] != true;
+                    if !applied || !Op::is_mutating_name(op) || matches!(op, "release" | "resume" | "reset_fan") {
+                        continue;
+                    }
+                    out.actions += 1;
+                    last_change[n] = now;
+                    let on_fault = present.iter().any(|&i| r.gpu.is_none() || r.gpu == Some(faults[i].gpu));
+                    if !on_fault {
+                        out.healthy_gpu_actions += 1;
+                    }
+                    // A thermal fault is mitigated by its first change.
+                    for &i in &present {
+                        let t = &mut track[i];
+                        if mix.classes[faults[i].class].signal == Signal::Thermal && t.quarantined_ms.is_none() {
+                            t.quarantined_ms = Some(now);
+                        }
+                    }
+                }
+                RecordKind::Escalation | RecordKind::Notification => {
+                    let class = present
+                        .iter()
+                        .max_by_key(|&&i| faults[i].at_ms)
+                        .map(|&i| mix.classes[faults[i].class].name.clone())
+                        .unwrap_or_else(|| "no_fault".into());
+                    let page = r.kind == RecordKind::Escalation || r.data["follows"].is_u64();
+                    if page {
+                        out.pages.push((now, class));
+                    } else {
+                        out.chat_messages.push((now, class));
+                    }
+                    // A person told about a node starts its repair.
+                    for &i in &present {
+                        let class = &mix.classes[faults[i].class];
+                        let t = &mut track[i];
+                        if t.repair_due_ms.is_none() && t.cleared_ms.is_none() && class.repair != Repair::None {
+                            t.repair_due_ms = Some(now + class.repair_ms());
+                        }
+                    }
+                }
+                RecordKind::Refusal if r.data["code"] == "blast_radius" => {
+                    out.refused_by_blast_radius += 1;
+                }
+                RecordKind::HealthChanged if r.data["to"] == "rma" => {
+                    let had = by_node.get(&n).is_some_and(|fs| {
+                        fs.iter().any(|&i| {
+                            track[i].struck
+                                && mix.classes[faults[i].class].signal.hardware()
+                                && r.gpu.is_none_or(|g| g == faults[i].gpu)
+                        })
+                    });
+                    if !had {
+                        out.wrong_rma += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    for (i, f) in faults.iter().enumerate() {
+        let t = &track[i];
+        tracing::debug!(
+            fault = i,
+            class = %mix.classes[f.class].name,
+            node = %names[f.node],
+            gpu = f.gpu,
+            at_secs = f.at_ms / 1000,
+            quarantined_secs = ?t.quarantined_ms.map(|q| q / 1000),
+            requeued_secs = ?t.requeued_ms.map(|q| q / 1000),
+            cleared_secs = ?t.cleared_ms.map(|q| q / 1000),
+            by_person = t.by_person,
+            "simulate: fault outcome"
+        );
+    }
+    let end = horizon;
+    for (n, since) in out_since.iter().enumerate() {
+        if let Some(s) = since {
+            spans[n].push((*s, end));
+        }
+    }
+    out.outcomes = track
+        .iter()
+        .map(|t| Outcome { quarantined_ms: t.quarantined_ms, cleared_ms: t.cleared_ms, requeued_ms: t.requeued_ms })
+        .collect();
+    out.out_of_service = spans;
+    tracing::debug!(steps, "simulate: the nightshift policy ran");
+    drop(sim);
+    Ok(out)
+}
+
+/// The simulated fault that makes a class's signal.
+pub fn strike(signal: Signal, xid: Option<u32>, gpu: u32, class: &str) -> Option<SimFault> {
+    Some(match signal {
+        Signal::Xid => SimFault::Xid { gpu, code: xid.unwrap_or(79) },
+        Signal::EccDbe => SimFault::EccDbe { gpu, count: 1 },
+        Signal::GpuLost => SimFault::GpuLost { gpu },
+        Signal::RowRemapFailure => SimFault::RowRemapFailure { gpu },
+        Signal::LinkFault => SimFault::NvlinkMisconfig { active: true },
+        Signal::Thermal => SimFault::HeatsinkDegradation { gpu, factor: 2.0 },
+        Signal::HungJob => SimFault::JobStall { active: true },
+        Signal::PersonDrain => SimFault::PersonDrain { reason: format!("maintenance: {class}") },
+        Signal::None => return None,
+    })
+}
+
+/// What the technician does to the simulated hardware when the repair is
+/// done.
+pub fn repair(signal: Signal, how: Repair, gpu: u32) -> Vec<SimFault> {
+    let part = matches!(how, Repair::Reseat | Repair::Rma);
+    match signal {
+        Signal::Xid | Signal::EccDbe | Signal::GpuLost | Signal::RowRemapFailure => {
+            vec![if part || signal == Signal::RowRemapFailure {
+                SimFault::GpuReplace { gpu }
+            } else {
+                SimFault::GpuReset { gpu }
+            }]
+        }
+        Signal::LinkFault => vec![SimFault::NvlinkMisconfig { active: false }],
+        Signal::Thermal => vec![SimFault::HeatsinkDegradation { gpu, factor: 1.0 }],
+        Signal::PersonDrain => vec![SimFault::PersonResume {}],
+        Signal::HungJob | Signal::None => vec![],
+    }
+}

@@ -1,0 +1,127 @@
+//! The fleet-month's first slice (`nightshift simulate`): a small fleet —
+//! 16 nodes × 8 GPUs for 7 virtual days, three fault classes (a GPU off the
+//! bus, a double-bit ECC error, a hung collective) — through the real
+//! engine and the shipped runbooks, beside the seeds' manual process and
+//! the oracle on the same schedule. What is asserted is what nightshift
+//! did, read from its own audit log and the scheduler's view: nothing
+//! here models its decisions.
+
+use std::path::{Path, PathBuf};
+
+use nightshift_sim::simulate::mix::FaultMix;
+use nightshift_sim::simulate::{SimulateOptions, simulate};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn opts(seed: u64) -> SimulateOptions {
+    let mut o = SimulateOptions::new(16, 7.0, seed);
+    o.runbooks = root().join("runbooks");
+    // Two standbys: a job of 14 nodes that can restart around one fault.
+    o.standby_pct = 12.5;
+    o
+}
+
+fn mix() -> FaultMix {
+    FaultMix::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/faults/valid/three-classes.yaml"))
+        .unwrap()
+}
+
+async fn report(seed: u64) -> (String, Value) {
+    let r = simulate(&opts(seed), &mix()).await.unwrap();
+    let json = r.to_json();
+    let v: Value = serde_json::from_str(&json).unwrap();
+    (json, v)
+}
+
+fn n(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("expected a number, found {v}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_fleet_week_nightshift_quarantines_in_seconds_touches_no_healthy_gpu_and_pages_nobody() {
+    let (_, r) = report(7).await;
+    let by_class = &r["faults_by_class"];
+    for class in ["gpu-lost", "hbm", "nccl-hang"] {
+        assert!(n(&by_class[class]) >= 1.0, "seed 7 draws every class: {by_class}");
+    }
+    let ns = &r["policies"]["nightshift"];
+    let manual = &r["policies"]["manual"];
+    let oracle = &r["policies"]["oracle"];
+    let ctx = serde_json::to_string_pretty(ns).unwrap();
+
+    // Every hardware fault out of service within two minutes, none left to
+    // people, none of the job's restarts onto a broken node.
+    let ttq = &ns["time_to_quarantine_secs"];
+    assert_eq!(n(&ttq["count"]), n(&by_class["gpu-lost"]) + n(&by_class["hbm"]), "{ctx}");
+    assert!(n(&ttq["p99"]) <= 120.0, "time to quarantine p99: expected ≤ 120 s, found {}", ttq["p99"]);
+    assert_eq!(ns["undetected"], 0, "{ctx}");
+    assert_eq!(ns["restarts_onto_broken_nodes"], 0, "{ctx}");
+    // The hung jobs are moved by nightshift, inside H11's grace period (a
+    // notice at 10 minutes, the drain and requeue at 20), not by a person.
+    let hung = &ns["hung_job_time_to_requeue_secs"];
+    assert_eq!(n(&hung["count"]), n(&by_class["nccl-hang"]), "{ctx}");
+    assert!(n(&hung["max"]) <= 1500.0, "hung job moved after {} s: {ctx}", hung["max"]);
+    assert_eq!(ns["left_to_people"], 0, "{ctx}");
+
+    // Nothing done to a healthy GPU, no RMA without a hardware fault.
+    assert_eq!(ns["healthy_gpu_actions"], 0, "{ctx}");
+    assert_eq!(ns["wrong_rma"], 0, "{ctx}");
+    assert!(n(&ns["actions"]) >= n(&r["faults"]), "every fault acted on: {ctx}");
+
+    // No page for a fault nightshift handled on its own: the drained GPUs
+    // await their repair in the team's chat, a requeued job is done.
+    assert_eq!(ns["pages"], 0, "{ctx}");
+    // The manual process pages for every fault it sees.
+    assert_eq!(n(&manual["pages"]), n(&r["faults"]), "{manual}");
+
+    // Against the same schedule: better than the manual process, within a
+    // quarter of the physical limit.
+    let lost = n(&ns["gpu_hours_lost"]);
+    assert!(lost < n(&manual["gpu_hours_lost"]), "nightshift lost {lost} GPU-h, manual {}", manual["gpu_hours_lost"]);
+    assert!(
+        lost <= 1.25 * n(&oracle["gpu_hours_lost"]) + 1.0,
+        "nightshift lost {lost} GPU-h, the oracle {}",
+        oracle["gpu_hours_lost"]
+    );
+    assert!(n(&ns["ettr"]) > n(&manual["ettr"]), "ETTR {} vs manual {}", ns["ettr"], manual["ettr"]);
+    assert!(n(&oracle["ettr"]) >= n(&ns["ettr"]), "the oracle is the limit: {} vs {}", oracle["ettr"], ns["ettr"]);
+    // The manual process sees each fault after 45 + 42 minutes.
+    assert_eq!(manual["time_to_quarantine_secs"]["max"], 5220, "{manual}");
+    assert_eq!(oracle["time_to_quarantine_secs"]["max"], 0, "{oracle}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_seed_gives_the_same_bytes_and_another_seed_another_fleet_week() {
+    let (a, _) = report(11).await;
+    let (b, _) = report(11).await;
+    assert!(a == b, "seed 11 twice gave two reports:\n{a}\n---\n{b}");
+    assert!(!a.contains("wall"), "no wall-clock field in the report");
+    let (c, _) = report(12).await;
+    assert_ne!(a, c, "seeds 11 and 12 gave the same report");
+}
+
+#[test]
+fn impossible_runs_are_refused_before_they_start() {
+    for (edit, want) in [
+        ((|o: &mut SimulateOptions| o.nodes = 0) as fn(&mut SimulateOptions), "--nodes: expected 1 to 20000, found 0"),
+        (|o| o.days = f64::NAN, "--days: expected more than 0 and at most 366, found NaN"),
+        (|o| o.days = -1.0, "--days: expected more than 0 and at most 366, found -1"),
+        (|o| o.gpus_per_node = 9, "--gpus-per-node: expected 1 to 8, found 9"),
+        (|o| o.checkpoint_secs = 0, "--checkpoint-secs: expected 60 to 86400, found 0"),
+        (|o| o.standby_pct = 80.0, "--standby-pct: expected 0 to 50, found 80"),
+    ] {
+        let mut o = opts(1);
+        edit(&mut o);
+        let e = o.check(None).unwrap_err().to_string();
+        assert_eq!(e, want);
+    }
+    // More nodes than the memory this machine has free.
+    let mut o = opts(1);
+    o.nodes = 4096;
+    let e = o.check(Some(1 << 30)).unwrap_err().to_string();
+    assert!(e.starts_with("--nodes 4096: the simulated fleet needs about 4096 MiB"), "{e}");
+    assert!(e.ends_with("expected at most 1024 nodes here"), "{e}");
+}
