@@ -24,9 +24,13 @@ fn opts(seed: u64) -> SimulateOptions {
     o
 }
 
-fn mix() -> FaultMix {
-    FaultMix::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/faults/valid/three-classes.yaml"))
+fn mix_named(name: &str) -> FaultMix {
+    FaultMix::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/faults/valid/{name}.yaml")))
         .unwrap()
+}
+
+fn mix() -> FaultMix {
+    mix_named("three-classes")
 }
 
 async fn report(seed: u64) -> (String, Value) {
@@ -91,6 +95,39 @@ async fn a_small_fleet_week_nightshift_quarantines_in_seconds_touches_no_healthy
     // The manual process sees each fault after 45 + 42 minutes.
     assert_eq!(manual["time_to_quarantine_secs"]["max"], 5220, "{manual}");
     assert_eq!(oracle["time_to_quarantine_secs"]["max"], 0, "{oracle}");
+}
+
+/// Every kind of incident meeting every other (the dense mix: a GPU off
+/// the bus, HBM and GSP faults, a physical link fault, a degraded thermal
+/// interface, hung collectives, software crashes nobody sees, people's
+/// maintenance drains): one page at most per fault that needs hands, none
+/// for what nightshift recovered on its own, every hardware fault out of
+/// service or mitigated within two minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_full_mix_pages_once_per_fault_that_needs_hands_and_never_for_what_recovered() {
+    let mix = mix_named("dense");
+    let r = simulate(&opts(7), &mix).await.unwrap();
+    let r: Value = serde_json::from_str(&r.to_json()).unwrap();
+    let ns = &r["policies"]["nightshift"];
+    let ctx = serde_json::to_string_pretty(ns).unwrap();
+    for class in &mix.classes {
+        let faults = n(&r["faults_by_class"][&class.name]);
+        let pages = ns["pages_by_class"].get(&class.name).map(n).unwrap_or(0.0);
+        let needs_hands = class.repair != nightshift_sim::simulate::mix::Repair::None
+            && class.signal != nightshift_sim::simulate::mix::Signal::PersonDrain;
+        if needs_hands {
+            assert!(pages <= faults, "{}: {pages} pages for {faults} faults: {ctx}", class.name);
+        } else {
+            assert_eq!(pages, 0.0, "{}: a page for a fault nothing needs hands for: {ctx}", class.name);
+        }
+    }
+    assert_eq!(ns["pages_by_class"].get("no_fault"), None, "a page about no fault: {ctx}");
+    assert!(n(&ns["time_to_quarantine_secs"]["p99"]) <= 120.0, "{ctx}");
+    assert!(n(&ns["time_to_quarantine_secs"]["count"]) >= 15.0, "{ctx}");
+    assert_eq!(ns["healthy_gpu_actions"], 0, "{ctx}");
+    assert_eq!(ns["wrong_rma"], 0, "{ctx}");
+    assert_eq!(ns["left_to_people"], 0, "{ctx}");
+    assert!(n(&ns["ettr"]) > n(&r["policies"]["manual"]["ettr"]), "{ctx}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,7 +36,8 @@ pub enum Signal {
     GpuLost,
     /// A row remap fails: no spare row left (XID 64).
     RowRemapFailure,
-    /// A physical NVLink fault on the node (links down, errors rising).
+    /// A physical link fault on one GPU: XID 74 and its NVLink links down
+    /// (errors rising) until the link is reseated.
     LinkFault,
     /// The GPU's thermal interface fails (its thermal resistance rises).
     Thermal,

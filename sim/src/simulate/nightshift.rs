@@ -46,6 +46,8 @@ struct Track {
 }
 
 const TICK_MS: i64 = 5_000;
+/// The utilisation of a node running work.
+const BUSY_PCT: f64 = 85.0;
 const HOT_WINDOW_MS: i64 = 20 * 60_000;
 const ASLEEP_STRIDE_MS: i64 = 60_000;
 const QUIET_PHYSICS_MS: i64 = 5_000;
@@ -72,8 +74,11 @@ pub async fn run(
         .map(|(i, name)| {
             let mut s = SimNodeSpec::new(name, &opts.profile, opts.gpus_per_node);
             s.seed = opts.seed.wrapping_add(i as u64);
-            // The job's nodes are busy; standbys idle.
-            s.util_pct = Some(if i < job_nodes { 85.0 } else { 5.0 });
+            // Every node in service runs work: the job's nodes the job,
+            // the standbys background jobs the job preempts (so a hang or a
+            // hot GPU shows on any node, as on a busy fleet).
+            let _ = job_nodes;
+            s.util_pct = Some(BUSY_PCT);
             s.labels.insert("pool".into(), "train".into());
             s.labels.insert("rack".into(), format!("r{:03}", i / 16));
             s.labels.insert("nvlink_domain".into(), name.clone());
@@ -126,7 +131,13 @@ pub async fn run(
             let node = &names[f.node];
             track[i].struck = true;
             last_change[f.node] = now;
-            if let Some(fault) = strike(class.signal, class.xid_code, f.gpu, &class.name) {
+            if class.signal == Signal::HungJob && out_since[f.node].is_none() {
+                // In service, the node runs the job again, whatever moved
+                // it off before (the workload model does the same when a
+                // node is resumed).
+                sim.sims[node].clear_requeued();
+            }
+            for fault in strike(class.signal, class.xid_code, f.gpu, &class.name) {
                 let r = sim.agents[node].handle(Request::new(next_id(), Op::SimFault(fault))).await;
                 if !r.ok {
                     return Err(SimulateError::Setup(format!(
@@ -165,8 +176,7 @@ pub async fn run(
                 let _ = sim.agents[node].handle(Request::new(next_id(), Op::SimFault(fault))).await;
             }
             if matches!(class.repair, Repair::Reseat | Repair::Rma) && class.signal.hardware() {
-                let gpu = (class.signal != Signal::LinkFault).then_some(f.gpu);
-                let _ = sim.engine.mark_repaired(node, gpu, "person:technician", "part replaced").await;
+                let _ = sim.engine.mark_repaired(node, Some(f.gpu), "person:technician", "part replaced").await;
             }
             t.cleared_ms = Some(now);
             last_change[f.node] = now;
@@ -248,6 +258,10 @@ pub async fn run(
                     spans[n].push((since, now));
                     out_since[n] = None;
                     last_change[n] = now;
+                    // Back in service: the scheduler places work on it again.
+                    sim.sims[name].clear_requeued();
+                    let work = SimFault::Load { gpu: None, util_pct: BUSY_PCT };
+                    let _ = sim.agents[name].handle(Request::new(next_id(), Op::SimFault(work))).await;
                 }
                 _ => {}
             }
@@ -280,6 +294,7 @@ pub async fn run(
         let records = sim.engine.audit().tail(seq, usize::MAX).map_err(|e| setup(&e))?;
         for r in &records {
             seq = seq.max(r.seq);
+            tracing::trace!(at_secs = now / 1000, kind = ?r.kind, node = ?r.node, gpu = ?r.gpu, data = %r.data, "simulate: audit");
             let Some(n) = r.node.as_deref().and_then(|n| index.get(n)).copied() else {
                 if r.kind == RecordKind::Escalation
                     || (r.kind == RecordKind::Notification && r.data["follows"].is_u64())
@@ -391,19 +406,22 @@ pub async fn run(
     Ok(out)
 }
 
-/// The simulated fault that makes a class's signal.
-pub fn strike(signal: Signal, xid: Option<u32>, gpu: u32, class: &str) -> Option<SimFault> {
-    Some(match signal {
+/// The simulated faults that make a class's signal. A link fault is what
+/// NVML shows for a broken NVLink cable or switch port: XID 74 on the GPU
+/// and its links down, which a reset alone does not bring back (the
+/// simulator has no InfiniBand: a fabric fault is played as this one).
+pub fn strike(signal: Signal, xid: Option<u32>, gpu: u32, class: &str) -> Vec<SimFault> {
+    vec![match signal {
         Signal::Xid => SimFault::Xid { gpu, code: xid.unwrap_or(79) },
         Signal::EccDbe => SimFault::EccDbe { gpu, count: 1 },
         Signal::GpuLost => SimFault::GpuLost { gpu },
         Signal::RowRemapFailure => SimFault::RowRemapFailure { gpu },
-        Signal::LinkFault => SimFault::NvlinkMisconfig { active: true },
+        Signal::LinkFault => return vec![SimFault::NvlinkMisconfig { active: true }, SimFault::Xid { gpu, code: 74 }],
         Signal::Thermal => SimFault::HeatsinkDegradation { gpu, factor: 2.0 },
         Signal::HungJob => SimFault::JobStall { active: true },
         Signal::PersonDrain => SimFault::PersonDrain { reason: format!("maintenance: {class}") },
-        Signal::None => return None,
-    })
+        Signal::None => return vec![],
+    }]
 }
 
 /// What the technician does to the simulated hardware when the repair is
@@ -418,7 +436,7 @@ pub fn repair(signal: Signal, how: Repair, gpu: u32) -> Vec<SimFault> {
                 SimFault::GpuReset { gpu }
             }]
         }
-        Signal::LinkFault => vec![SimFault::NvlinkMisconfig { active: false }],
+        Signal::LinkFault => vec![SimFault::NvlinkMisconfig { active: false }, SimFault::GpuReset { gpu }],
         Signal::Thermal => vec![SimFault::HeatsinkDegradation { gpu, factor: 1.0 }],
         Signal::PersonDrain => vec![SimFault::PersonResume {}],
         Signal::HungJob | Signal::None => vec![],

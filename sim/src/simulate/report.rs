@@ -232,11 +232,11 @@ impl Report {
         for n in self.policies.keys() {
             h.push_str(&format!("<span class=\"k\" style=\"background:{}\"></span>{}", color(n), esc(n)));
         }
-        h.push_str("</p><h2>Summary</h2><table><tr><th>policy</th><th>ETTR</th><th>GPU-hours lost</th><th>TTQ p50 s</th><th>TTQ p99 s</th><th>job interruptions</th><th>restarts onto broken nodes</th><th>actions on healthy GPUs</th><th>wrong RMAs</th><th>pages</th><th>left to people</th><th>undetected</th></tr>");
+        h.push_str("</p><h2>Summary</h2><table><tr><th>policy</th><th>ETTR</th><th>GPU-hours lost</th><th>TTQ p50 s</th><th>TTQ p99 s</th><th>job interruptions</th><th>restarts onto broken nodes</th><th>actions on healthy GPUs</th><th>wrong RMAs</th><th>pages</th><th>chat messages</th><th>left to people</th><th>undetected</th></tr>");
         for (n, p) in &self.policies {
             let a = &p.accounting;
             h.push_str(&format!(
-                "<tr><td>{}</td><td>{:.4}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{:.4}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 esc(n),
                 a.ettr,
                 a.gpu_hours_lost,
@@ -247,6 +247,7 @@ impl Report {
                 p.healthy_gpu_actions,
                 p.wrong_rma,
                 p.pages,
+                p.chat_messages,
                 p.left_to_people,
                 a.undetected
             ));
@@ -282,7 +283,22 @@ impl Report {
         }
         h.push_str(&format!("<text x=\"2\" y=\"16\">100</text><text x=\"2\" y=\"{}\">{lo}</text></svg>", ht - 22.0));
         // ETTR and GPU-hours lost.
-        h.push_str("<h2>ETTR and GPU-hours lost by cause</h2><table><tr><th>policy</th><th>ETTR</th>");
+        // ETTR as bars; the causes as rows, one column a policy.
+        h.push_str("<h2>ETTR</h2><table><tr><th>policy</th><th>ETTR</th></tr>");
+        for (n, p) in &self.policies {
+            h.push_str(&format!(
+                "<tr><td>{}</td><td><svg width=\"200\" height=\"14\"><rect width=\"{:.1}\" height=\"14\" fill=\"{}\"/></svg> {:.4}</td></tr>",
+                esc(n),
+                p.accounting.ettr * 200.0,
+                color(n),
+                p.accounting.ettr
+            ));
+        }
+        h.push_str("</table><h2>GPU-hours lost by cause</h2><table><tr><th>cause</th>");
+        for n in self.policies.keys() {
+            h.push_str(&format!("<th>{}</th>", esc(n)));
+        }
+        h.push_str("</tr>");
         let causes: Vec<String> = self
             .policies
             .values()
@@ -290,23 +306,17 @@ impl Report {
             .map(|p| p.accounting.gpu_hours_lost_by_cause.keys().cloned().collect())
             .unwrap_or_default();
         for c in &causes {
-            h.push_str(&format!("<th>{}</th>", esc(c)));
-        }
-        h.push_str("</tr>");
-        for (n, p) in &self.policies {
-            h.push_str(&format!(
-                "<tr><td>{}</td><td><svg width=\"200\" height=\"14\"><rect width=\"{:.1}\" height=\"14\" fill=\"{}\"/></svg> {:.4}</td>",
-                esc(n),
-                p.accounting.ettr * 200.0,
-                color(n),
-                p.accounting.ettr
-            ));
-            for c in &causes {
+            h.push_str(&format!("<tr><td>{}</td>", esc(&c.replace('_', " "))));
+            for p in self.policies.values() {
                 h.push_str(&format!("<td>{:.1}</td>", p.accounting.gpu_hours_lost_by_cause.get(c).unwrap_or(&0.0)));
             }
             h.push_str("</tr>");
         }
-        h.push_str("</table>");
+        h.push_str("<tr><th>total</th>");
+        for p in self.policies.values() {
+            h.push_str(&format!("<th>{:.1}</th>", p.accounting.gpu_hours_lost));
+        }
+        h.push_str("</tr></table>");
         // Time to quarantine by class.
         h.push_str(
             "<h2>Time to quarantine by fault class (s: p50 / p99 / max)</h2><table><tr><th>class</th><th>faults</th>",
