@@ -819,7 +819,7 @@ pub struct BenchArgs {
     /// A reduced size for CI (under two minutes in all).
     #[arg(long)]
     pub smoke: bool,
-    /// Only these scenarios (1–8, repeatable; the machine's limits, 0, are always measured first).
+    /// Only these scenarios (1–10, repeatable; the machine's limits, 0, are always measured first).
     #[arg(long = "only")]
     pub only: Vec<u32>,
     /// Write the results here as JSON.
@@ -848,7 +848,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub ha_kills: Option<usize>,
     /// Scenario 8 replays the whole week (7 days × 1,000 nodes at 15 s: 968 M
-    /// samples) instead of a day.
+    /// samples) instead of a day; scenario 10 plays the paper's fleet
+    /// (2,048 nodes × 54 days) instead of 256 nodes.
     #[arg(long)]
     pub full: bool,
 }

@@ -23,6 +23,9 @@
 //! 9. failover (`--postgres`): two `nightshift serve` processes on one
 //!    database; kill -9 the leader N times; from each kill to the first
 //!    action of a run the survivor took (through its API)
+//! 10. the fleet-month: `nightshift simulate` with the Llama 3 mix on 256
+//!     nodes × 54 days (`--full`: 2,048 nodes, the paper's fleet), in a
+//!     child process: wall time and peak resident memory
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -1162,7 +1165,7 @@ pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
         runs
     );
 
-    let steps: [(u32, StepFn); 9] = [
+    let steps: [(u32, StepFn); 10] = [
         (1, |x, c| Box::pin(trigger_throughput_step(x, c))),
         (2, |x, c| Box::pin(alert_latency_step(x, c))),
         (3, |x, c| Box::pin(telemetry_latency_step(x, c))),
@@ -1172,6 +1175,7 @@ pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
         (7, |x, c| Box::pin(memory_step(x, c))),
         (8, |x, c| Box::pin(backtest_step(x, c))),
         (9, |x, c| Box::pin(failover_step(x, c))),
+        (10, |x, c| Box::pin(fleet_month_step(x, c))),
     ];
     for (n, step) in steps {
         if want(n) {
@@ -1773,6 +1777,81 @@ async fn backtest_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
     for (shards, sentence, wall) in profiles {
         eprintln!("scenario 8, {shards} shard(s), {wall:.1} s: {sentence}");
     }
+    Ok(())
+}
+
+/// Scenario 10: the fleet-month in virtual time, in a child process (its
+/// peak memory is its own): the shipped Llama 3 mix and runbooks, run from
+/// the repository root.
+async fn fleet_month_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
+    let (nodes, days) = if ctx.smoke {
+        (32usize, 7u32)
+    } else if ctx.args.full {
+        (2048, 54)
+    } else {
+        (256, 54)
+    };
+    let mix = Path::new("examples/faults/llama3-405b.yaml");
+    if !mix.is_file() || !Path::new("runbooks").is_dir() {
+        return Err(anyhow!(
+            "scenario 10 plays examples/faults/llama3-405b.yaml with ./runbooks: run the bench from the repository root"
+        ));
+    }
+    let runs = if nodes >= 2048 { 1 } else { ctx.runs.min(3) };
+    let (mut walls, mut peaks) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let report = tempfile::NamedTempFile::new()?;
+        let started = Instant::now();
+        let child = tokio::process::Command::new(std::env::current_exe()?)
+            .args(["--no-color", "simulate", "--faults"])
+            .arg(mix)
+            .args(["--nodes", &nodes.to_string(), "--days", &days.to_string(), "--seed", "7", "--runbooks", "runbooks"])
+            .arg("--out")
+            .arg(report.path())
+            .stdout(std::process::Stdio::null())
+            .output()
+            .await
+            .context("scenario 10: nightshift simulate in a child process")?;
+        let wall = started.elapsed().as_secs_f64();
+        let stderr = String::from_utf8_lossy(&child.stderr);
+        if !child.status.success() {
+            return Err(anyhow!("scenario 10: nightshift simulate failed ({}): {stderr}", child.status));
+        }
+        // "simulate: 37.3 s wall, peak memory 42 MiB (VmHWM)"
+        let peak = stderr
+            .lines()
+            .find_map(|l| l.split("peak memory ").nth(1)?.split(' ').next()?.parse::<f64>().ok())
+            .ok_or_else(|| anyhow!("scenario 10: the child printed no peak memory: {stderr}"))?;
+        walls.push(wall);
+        peaks.push(peak);
+    }
+    let node_days = nodes as f64 * days as f64;
+    let full = nodes >= 2048 && days >= 54;
+    let time_target: Option<(&str, &dyn Fn(f64) -> bool)> = if full {
+        Some(("≤ 1200 s", &|s| s <= 1200.0))
+    } else if nodes == 256 && days == 54 {
+        Some(("< 300 s", &|s| s < 300.0))
+    } else {
+        None
+    };
+    let rate: Vec<f64> = walls.iter().map(|w| node_days / w.max(1e-9)).collect();
+    c.add(
+        10,
+        &format!("fleet-month, {nodes} nodes × 8 GPUs × {days} days, wall"),
+        "s",
+        walls,
+        time_target,
+        "examples/faults/llama3-405b.yaml, seed 7, three policies on one schedule, the shipped runbooks on the real engine",
+    );
+    c.add(10, "fleet-month node-days per second", "node-days/s", rate, None, "nodes × days ÷ wall");
+    c.add(
+        10,
+        &format!("fleet-month, {nodes} nodes, peak memory"),
+        "MiB",
+        peaks,
+        if full { Some(("≤ 2048 MiB", &|m| m <= 2048.0)) } else { None },
+        "the child's VmHWM",
+    );
     Ok(())
 }
 
