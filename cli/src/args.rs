@@ -269,6 +269,17 @@ pub struct SimulateArgs {
     /// A restart of the job takes this long.
     #[arg(long, default_value_t = 600)]
     pub restart_secs: u64,
+    /// Restart the engine (an upgrade) this often, the first at half the
+    /// period; 0: never. The report counts mitigations a restart weakened.
+    #[arg(long, default_value_t = 7 * 86_400)]
+    pub engine_restart_every_secs: u64,
+    /// Take the pager down this often, the first at a third of the period;
+    /// 0: never. The report counts pages it never took.
+    #[arg(long, default_value_t = 2 * 86_400)]
+    pub pager_outage_every_secs: u64,
+    /// Each pager outage lasts this long.
+    #[arg(long, default_value_t = 1800)]
+    pub pager_outage_secs: u64,
     /// Write the report as JSON here (`--json` alone prints it instead of
     /// the summary, as for every command).
     #[arg(long, value_name = "FILE")]

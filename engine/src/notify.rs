@@ -351,6 +351,7 @@ mod tests {
             ui_url: None,
             page_expiry_secs: 3600,
             retry_max_secs: 300,
+            repage_after_secs: 86_400,
         });
         assert_eq!(n.targets_for(RecordKind::Notification).len(), 1);
         assert_eq!(n.targets_for(RecordKind::Escalation).len(), 2);
@@ -377,6 +378,7 @@ mod tests {
             ui_url: Some("https://ns.example/".into()),
             page_expiry_secs: 3600,
             retry_max_secs: 300,
+            repage_after_secs: 86_400,
         });
         let page = rec(RecordKind::Escalation);
         let mut resolution = rec(RecordKind::Notification);
@@ -406,6 +408,7 @@ mod tests {
             ui_url: Some("https://ns.example/".into()),
             page_expiry_secs: 3600,
             retry_max_secs: 300,
+            repage_after_secs: 86_400,
         });
         let b = n.body(&n.targets[0], &rec(RecordKind::Escalation));
         assert_eq!(

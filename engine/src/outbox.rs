@@ -24,6 +24,50 @@ pub struct Outbox {
     /// Pages recorded undeliverable since this engine started.
     pub undeliverable: u64,
     pub(crate) open: BTreeMap<String, Vec<OpenPage>>,
+    /// (runbook, node, GPU, what it said with its figures left out) → the
+    /// escalation that paged it last (seq, time): the same runbook saying
+    /// the same about the same target pages again only after
+    /// `notifications.repage_after_secs`, or once the GPU was repaired or a
+    /// person took over. Anything else it says pages.
+    pub(crate) paged: BTreeMap<PagedKey, (u64, i64)>,
+}
+
+/// (runbook, node, GPU, the text's shape: [`finding_shape`]).
+pub(crate) type PagedKey = (String, String, Option<u32>, String);
+
+/// What an escalation says with its figures left out ("GPU 5 … power
+/// 381.0 W" and "… 377.0 W" say the same; "cannot drain" says something
+/// else).
+pub fn finding_shape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut in_number = false;
+    for c in text.chars() {
+        if c.is_ascii_digit() || (in_number && c == '.') {
+            if !in_number {
+                out.push('#');
+            }
+            in_number = true;
+        } else {
+            in_number = false;
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod shape_tests {
+    use super::finding_shape;
+
+    #[test]
+    fn figures_do_not_make_a_new_finding_and_words_do() {
+        let a = finding_shape("GPU 5 on n00003 only stays cool with the mitigation (power 381.0 W); kept for 7200 s");
+        let b = finding_shape("GPU 5 on n00003 only stays cool with the mitigation (power 377.0 W); kept for 7200 s");
+        assert_eq!(a, b);
+        assert_eq!(a, "GPU # on n# only stays cool with the mitigation (power # W); kept for # s");
+        assert_ne!(a, finding_shape("cannot drain n00003 (refused); GPU 5 at 95 °C needs a person now"));
+        assert_ne!(finding_shape("GPU 5 on n1 is hot"), finding_shape("GPU 5 on n1 is lost"));
+    }
 }
 
 /// An escalation whose page is open: it ends when its fault is handled,

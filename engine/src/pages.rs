@@ -10,7 +10,7 @@ use crate::audit::{AuditRecord, NewRecord, RecordKind, data};
 use crate::config::WebhookTarget;
 use crate::core::Core;
 use crate::engine::Engine;
-use crate::outbox::{OpenPage, Pending, backoff_ms};
+use crate::outbox::{OpenPage, Pending, backoff_ms, finding_shape};
 
 impl Core {
     /// Send a durable notification record to the webhooks (in the
@@ -42,7 +42,28 @@ impl Core {
     pub(crate) fn open_page(&self, rec: &AuditRecord) {
         let Some(node) = &rec.node else { return };
         let page = OpenPage { seq: rec.seq, gpu: rec.gpu, run: rec.run.clone(), ts_ms: rec.ts_ms };
-        crate::core::lock(&self.outbox).open.entry(node.clone()).or_default().push(page);
+        let mut ob = crate::core::lock(&self.outbox);
+        ob.open.entry(node.clone()).or_default().push(page);
+        if let (Some(rb), Ok(n)) = (&rec.runbook, rec.payload::<data::Notice>()) {
+            ob.paged.insert((rb.clone(), node.clone(), rec.gpu, finding_shape(&n.text)), (rec.seq, rec.ts_ms));
+        }
+    }
+
+    /// The escalation in which `runbook` said `text` (figures aside) about
+    /// `node`/`gpu` within `notifications.repage_after_secs`, with no repair
+    /// or takeover since: saying it again pages nobody twice.
+    pub fn already_paged(&self, runbook: &str, node: &str, gpu: Option<u32>, text: &str) -> Option<u64> {
+        let window = (self.config.notifications.repage_after_secs as i64).saturating_mul(1000);
+        let ob = crate::core::lock(&self.outbox);
+        let key = (runbook.to_string(), node.to_string(), gpu, finding_shape(text));
+        let &(seq, ts) = ob.paged.get(&key)?;
+        (self.now().saturating_sub(ts) < window).then_some(seq)
+    }
+
+    /// The GPU was repaired, or a person took the node over: its next
+    /// fault pages again.
+    fn forget_paged(ob: &mut crate::outbox::Outbox, node: &str, gpu: Option<u32>) {
+        ob.paged.retain(|(_, n, g, _), _| !(n == node && (gpu.is_none() || g.is_none() || *g == gpu)));
     }
 
     /// The newest page still open on `node` (a notice about the node
@@ -171,6 +192,9 @@ impl Engine {
     pub async fn resolve_pages(&self, node: &str, gpu: Option<u32>, why: &str, except_run: Option<&str>) {
         let taken: Vec<OpenPage> = {
             let mut ob = crate::core::lock(&self.core.outbox);
+            if except_run.is_none() {
+                Core::forget_paged(&mut ob, node, gpu);
+            }
             let Some(open) = ob.open.get_mut(node) else { return };
             let (take, keep): (Vec<OpenPage>, Vec<OpenPage>) = std::mem::take(open).into_iter().partition(|p| {
                 gpu.is_none_or(|g| p.gpu == Some(g)) && (except_run.is_none() || p.run.as_deref() != except_run)
@@ -261,7 +285,36 @@ impl Engine {
             .filter_map(|r| r.payload::<data::Notice>().ok()?.resolves)
             .collect();
         let firing_ms = self.core.firing_ms();
+        let repage_ms = (self.core.config.notifications.repage_after_secs as i64).saturating_mul(1000);
         let mut ob = crate::core::lock(&self.core.outbox);
+        // What each runbook paged about, in order: forgotten at a repair
+        // or a person's takeover (`resolve_pages` without a run).
+        for r in records {
+            match r.kind {
+                RecordKind::Escalation if now.saturating_sub(r.ts_ms) < repage_ms => {
+                    let Ok(n) = r.payload::<data::Notice>() else { continue };
+                    if let (Some(rb), Some(node), None | Some(false), None | Some(false)) =
+                        (&r.runbook, &r.node, n.dry_run, n.shadow)
+                    {
+                        ob.paged.insert((rb.clone(), node.clone(), r.gpu, finding_shape(&n.text)), (r.seq, r.ts_ms));
+                    }
+                }
+                RecordKind::HealthChanged if matches!(r.data["to"].as_str(), Some("healthy" | "verifying")) => {
+                    if let Some(node) = &r.node {
+                        Core::forget_paged(&mut ob, node, r.gpu);
+                    }
+                }
+                RecordKind::Notification
+                    if r.data["resolves"].is_u64()
+                        && r.data["text"].as_str().is_some_and(|t| t.starts_with("resolved: taken over by")) =>
+                {
+                    if let Some(node) = &r.node {
+                        Core::forget_paged(&mut ob, node, r.gpu);
+                    }
+                }
+                _ => {}
+            }
+        }
         for r in records.iter().filter(|r| r.kind == RecordKind::Escalation && !resolved.contains(&r.seq)) {
             let Ok(n) = r.payload::<data::Notice>() else { continue };
             if n.dry_run == Some(true) || now.saturating_sub(r.ts_ms) >= firing_ms {

@@ -756,6 +756,9 @@ impl SimFleet {
             if !(all || hot.contains(name)) || !self.powered(name) {
                 continue;
             }
+            // As `feed`: a restarted engine has no inventory until a
+            // connection's first call.
+            self.engine.ensure_inventory(name).await;
             if let Ok(t) = a.telemetry().await {
                 self.engine.ingest_telemetry(&t).await;
                 fed.push((name.clone(), t));

@@ -45,6 +45,9 @@ pub async fn simulate(cli: &Cli, args: &SimulateArgs, out: &Out) -> Result<u8> {
     opts.standby_pct = args.standby_pct;
     opts.checkpoint_secs = args.checkpoint_secs;
     opts.restart_secs = args.restart_secs;
+    opts.engine_restart_every_secs = args.engine_restart_every_secs;
+    opts.pager_outage_every_secs = args.pager_outage_every_secs;
+    opts.pager_outage_secs = args.pager_outage_secs;
     opts.check(mem_available()).map_err(|e| usage(e.to_string()))?;
     if args.seed.checked_add(args.seeds - 1).is_none() {
         return Err(usage(format!("--seed {} --seeds {}: the last seed is past u64", args.seed, args.seeds)));

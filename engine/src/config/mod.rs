@@ -555,6 +555,16 @@ pub struct NotificationsConfig {
     /// (the pause starts at 30 s, or this if shorter, and doubles).
     #[serde(default = "d_retry_max")]
     pub retry_max_secs: u64,
+    /// A runbook that escalated about a node or GPU does not page about it
+    /// again for this long (its later escalations are notes on the run),
+    /// unless the GPU was repaired or a person took over in between: one
+    /// page per fault, not one per retry, restart or expired hold.
+    #[serde(default = "d_repage_after")]
+    pub repage_after_secs: u64,
+}
+
+fn d_repage_after() -> u64 {
+    86_400
 }
 
 fn d_retry_max() -> u64 {
@@ -573,6 +583,7 @@ impl Default for NotificationsConfig {
             ui_url: None,
             page_expiry_secs: d_page_expiry(),
             retry_max_secs: d_retry_max(),
+            repage_after_secs: d_repage_after(),
         }
     }
 }

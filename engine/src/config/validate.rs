@@ -381,6 +381,15 @@ impl EngineConfig {
                 format!("notifications.retry_max_secs: expected 5 to 3600, found {retry}"),
             ));
         }
+        let repage = cfg.notifications.repage_after_secs;
+        if repage > 30 * 86_400 {
+            return Err(err(
+                "notifications.repage_after_secs",
+                format!(
+                    "notifications.repage_after_secs: expected 0 (page every time) to 2592000 (30 days), found {repage}"
+                ),
+            ));
+        }
         let expiry = cfg.notifications.page_expiry_secs;
         if !(60..=86_400).contains(&expiry) {
             return Err(err(

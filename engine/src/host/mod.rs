@@ -669,12 +669,26 @@ impl ScriptHost for Host {
     }
 
     fn text(&self, ctx: &RunCtx, kind: TextKind, text: &str) {
-        let (rk, severity) = match kind {
+        let (rk, severity): (RecordKind, &str) = match kind {
             TextKind::Note => (RecordKind::Note, "info"),
             TextKind::Notify => (RecordKind::Notification, "warning"),
             TextKind::Escalate => (RecordKind::Escalation, "escalation"),
         };
-        let text: String = text.chars().take(2000).collect();
+        let mut text: String = text.chars().take(2000).collect();
+        let mut kind = kind;
+        let mut rk = rk;
+        // Said again about a target this runbook paged about (a run resumed
+        // after a restart, the ladder again after its hold expired): the
+        // person has it; a note, not a second page.
+        if kind == TextKind::Escalate
+            && !ctx.dry_run
+            && let Some(node) = ctx.target.node.as_deref()
+            && let Some(seq) = self.core.already_paged(&ctx.runbook, node, ctx.target.gpu, &text)
+        {
+            text = format!("already paged (audit #{seq}), not paged again: {text}");
+            kind = TextKind::Note;
+            rk = RecordKind::Note;
+        }
         if kind == TextKind::Note {
             self.append(
                 ctx,

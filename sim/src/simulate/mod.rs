@@ -22,6 +22,7 @@
 pub mod account;
 pub mod mix;
 pub mod nightshift;
+pub mod operations;
 pub mod report;
 pub mod schedule;
 
@@ -67,6 +68,13 @@ pub struct SimulateOptions {
     pub restart_secs: u64,
     /// A node with no incident is stepped and read this often.
     pub quiet_feed_secs: u64,
+    /// The engine is restarted (an upgrade) this often, the first at half
+    /// the period; 0: never.
+    pub engine_restart_every_secs: u64,
+    /// The pager is down for `pager_outage_secs` this often, the first at
+    /// a third of the period; 0: never.
+    pub pager_outage_every_secs: u64,
+    pub pager_outage_secs: u64,
 }
 
 impl SimulateOptions {
@@ -82,6 +90,9 @@ impl SimulateOptions {
             checkpoint_secs: 1800,
             restart_secs: 600,
             quiet_feed_secs: 600,
+            engine_restart_every_secs: 7 * 86_400,
+            pager_outage_every_secs: 2 * 86_400,
+            pager_outage_secs: 1800,
         }
     }
 
@@ -119,6 +130,20 @@ impl SimulateOptions {
         }
         if self.checkpoint_secs < 60 || self.checkpoint_secs > 86_400 {
             return bad(format!("--checkpoint-secs: expected 60 to 86400, found {}", self.checkpoint_secs));
+        }
+        if self.engine_restart_every_secs != 0 && self.engine_restart_every_secs < 3600 {
+            return bad(format!(
+                "--engine-restart-every-secs: expected 0 (never) or at least 3600, found {}",
+                self.engine_restart_every_secs
+            ));
+        }
+        if self.pager_outage_every_secs != 0
+            && (self.pager_outage_secs == 0 || self.pager_outage_secs >= self.pager_outage_every_secs)
+        {
+            return bad(format!(
+                "--pager-outage-secs: expected more than 0 and less than --pager-outage-every-secs ({}), found {}",
+                self.pager_outage_every_secs, self.pager_outage_secs
+            ));
         }
         if self.restart_secs == 0 || self.restart_secs > 86_400 {
             return bad(format!("--restart-secs: expected 1 to 86400, found {}", self.restart_secs));
@@ -168,6 +193,17 @@ pub struct PolicyRun {
     pub refused_by_blast_radius: u64,
     pub actions: u64,
     pub left_to_people: u64,
+    /// Engine restarts played (the `nightshift` policy only).
+    pub engine_restarts: u64,
+    /// Nodes with a drain or a cap in force, over every restart.
+    pub mitigations_in_force_at_restart: u64,
+    /// Nodes whose drain or cap, in force before a restart, was not for
+    /// the next 10 minutes while their fault persisted.
+    pub mitigations_weakened_by_restart: u64,
+    /// Pager outages played.
+    pub pager_outages: u64,
+    /// Pages (escalations and follow-ups) the pager never took.
+    pub pages_lost: u64,
 }
 
 /// A person (or the oracle) acting after `delay_ms` on every detectable

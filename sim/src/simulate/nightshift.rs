@@ -29,10 +29,12 @@ use nightshift_proto::{Op, Request, SimFault};
 
 use super::account::Outcome;
 use super::mix::{FaultMix, Repair, Signal};
+use super::operations::{Mitigation, Pager, WATCH_AFTER_RESTART_MS};
 use super::schedule::Fault;
 use super::{MANUAL_ALERT_LAG_MS, MANUAL_MTTR_MS, PolicyRun, SimulateError, SimulateOptions};
 use crate::fleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
 use crate::scenario::{load_runbooks, sim_policy};
+use nightshift_engine::config::NotificationsConfig;
 
 /// Per fault, as the run goes.
 #[derive(Debug, Clone, Default)]
@@ -93,7 +95,26 @@ pub async fn run(
     // `quiet_feed_secs`, and is not "disconnected" for that.
     fo.telemetry.history_secs = 0;
     fo.telemetry.stale_after_secs = fo.telemetry.stale_after_secs.max(2 * opts.quiet_feed_secs + 60);
-    let sim = SimFleet::start(fo, dir.path()).await.map_err(|e| setup(&e))?;
+    let pager = Pager::start().await.map_err(|e| setup(&e))?;
+    fo.notifications = NotificationsConfig { webhooks: vec![pager.target()], ..Default::default() };
+    let mut sim = SimFleet::start(fo, dir.path()).await.map_err(|e| setup(&e))?;
+    // Operations: restarts and pager outages, each a schedule of times.
+    let every = |secs: u64, first: u64| -> Vec<i64> {
+        if secs == 0 {
+            return vec![];
+        }
+        let (every_ms, first_ms) = (secs as i64 * 1000, first as i64 * 1000);
+        (0..).map(|k| first_ms + k * every_ms).take_while(|&t| t < opts.horizon_ms()).collect()
+    };
+    let restarts = every(opts.engine_restart_every_secs, opts.engine_restart_every_secs / 2);
+    let outages = every(opts.pager_outage_every_secs, opts.pager_outage_every_secs / 3);
+    let outage_ms = opts.pager_outage_secs as i64 * 1000;
+    // A GPU's limit uncapped (the profile's default power limit).
+    let max_watts = nightshift_agent::backend::sim::profile(&opts.profile).map_or(0.0, |p| p.power_default_watts);
+    let (mut next_restart, mut next_outage, mut pager_down_until) = (0usize, 0usize, None::<i64>);
+    // (node, what was in force before the restart, watched until).
+    let mut watch: Vec<(usize, Mitigation, i64)> = Vec::new();
+    let mut page_seqs: Vec<u64> = Vec::new();
     let t0 = sim.clock.now_ms();
     let horizon = opts.horizon_ms();
     let quiet_feed_ms = opts.quiet_feed_secs as i64 * 1000;
@@ -211,13 +232,56 @@ pub async fn run(
             t.by_person = true;
         }
 
+        // The pager goes down, and comes back.
+        if let Some(until) = pager_down_until
+            && now >= until
+        {
+            pager.set_down(false);
+            pager_down_until = None;
+        }
+        if pager_down_until.is_none() && outages.get(next_outage).is_some_and(|&t| t <= now) {
+            next_outage += 1;
+            pager.set_down(true);
+            pager_down_until = Some(now + outage_ms);
+            out.pager_outages += 1;
+        }
+        // An upgrade: the engine restarts. What is in force on every node
+        // with a fault is read from its agent first.
+        if restarts.get(next_restart).is_some_and(|&t| t <= now) {
+            next_restart += 1;
+            for (&n, fs) in &by_node {
+                if !fs.iter().any(|&i| track[i].struck && track[i].cleared_ms.is_none()) {
+                    continue;
+                }
+                if let Ok(t) = sim.agents[&names[n]].telemetry().await {
+                    let m = Mitigation::of(&t);
+                    let max_watts = t.gpus.iter().map(|g| g.power_limit_watts).fold(0.0, f64::max).max(max_watts);
+                    if m.any(max_watts) {
+                        out.mitigations_in_force_at_restart += 1;
+                    }
+                    watch.push((n, m, now + WATCH_AFTER_RESTART_MS));
+                }
+            }
+            sim.restart_engine().await.map_err(|e| setup(&e))?;
+            out.engine_restarts += 1;
+            tracing::debug!(at_secs = now / 1000, watched = watch.len(), "simulate: engine restarted");
+        }
+
         // How far to go.
         let hot: BTreeSet<String> = (0..opts.nodes)
             .filter(|&n| {
                 now - last_change[n] < HOT_WINDOW_MS
+                    || watch.iter().any(|w| w.0 == n)
                     || by_node.get(&n).is_some_and(|fs| {
                         fs.iter().any(|&i| {
-                            track[i].struck && track[i].quarantined_ms.is_none() && track[i].cleared_ms.is_none()
+                            let t = &track[i];
+                            // Not yet out of service; or a thermal fault,
+                            // mitigated but not repaired: its holds end and
+                            // the GPU heats again (no steady state).
+                            t.struck
+                                && t.cleared_ms.is_none()
+                                && (t.quarantined_ms.is_none()
+                                    || mix.classes[faults[i].class].signal == Signal::Thermal)
                         })
                     })
             })
@@ -228,6 +292,9 @@ pub async fn run(
             .map(|f| f.at_ms)
             .into_iter()
             .chain(track.iter().filter(|t| t.cleared_ms.is_none()).filter_map(|t| t.repair_due_ms))
+            .chain(restarts.get(next_restart).copied())
+            .chain(outages.get(next_outage).copied())
+            .chain(pager_down_until)
             .min()
             .unwrap_or(horizon)
             .min(horizon);
@@ -251,6 +318,19 @@ pub async fn run(
         // What the scheduler shows.
         for (name, tel) in &fed {
             let Some(&n) = index.get(name.as_str()) else { continue };
+            // A mitigation in force before a restart, while its fault is
+            // still there.
+            let persists =
+                by_node.get(&n).is_some_and(|fs| fs.iter().any(|&i| track[i].struck && track[i].cleared_ms.is_none()));
+            if let Some(w) = watch.iter().position(|w| w.0 == n) {
+                if let Some(what) = persists.then(|| watch[w].1.weakened_in(&Mitigation::of(tel))).flatten() {
+                    tracing::warn!(node = %name, at_secs = now / 1000, %what, "simulate: a restart weakened a mitigation");
+                    out.mitigations_weakened_by_restart += 1;
+                    watch.remove(w);
+                } else if !persists || now >= watch[w].2 {
+                    watch.remove(w);
+                }
+            }
             let is_out = tel.node_metrics.drained || tel.gpus.iter().any(|g| g.gpu_drained);
             match (is_out, out_since[n]) {
                 (true, None) => out_since[n] = Some(now),
@@ -300,6 +380,7 @@ pub async fn run(
                     || (r.kind == RecordKind::Notification && r.data["follows"].is_u64())
                 {
                     out.pages.push((now, "no_fault".into()));
+                    page_seqs.push(r.seq);
                 } else if r.kind == RecordKind::Notification {
                     out.chat_messages.push((now, "no_fault".into()));
                 }
@@ -344,6 +425,7 @@ pub async fn run(
                     let page = r.kind == RecordKind::Escalation || r.data["follows"].is_u64();
                     if page {
                         out.pages.push((now, class));
+                        page_seqs.push(r.seq);
                     } else {
                         out.chat_messages.push((now, class));
                     }
@@ -390,6 +472,18 @@ pub async fn run(
             "simulate: fault outcome"
         );
     }
+    // The pager back, the engine's outbox given time to send what it kept
+    // (its retries back off to `retry_max_secs`): a page still not taken
+    // is lost.
+    pager.set_down(false);
+    for _ in 0..(2 * 3600 / (TICK_MS / 1000)) {
+        if sim.engine.pages_pending().0 == 0 {
+            break;
+        }
+        sim.step_sparse(TICK_MS, QUIET_PHYSICS_MS, &BTreeSet::new(), false).await.map_err(|e| setup(&e))?;
+    }
+    let received = pager.received();
+    out.pages_lost = page_seqs.iter().filter(|s| !received.contains(s)).count() as u64;
     let end = horizon;
     for (n, since) in out_since.iter().enumerate() {
         if let Some(s) = since {

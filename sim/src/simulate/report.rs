@@ -28,6 +28,9 @@ pub struct ModelInfo {
     pub manual_alert_lag_secs: i64,
     pub manual_mttr_secs: i64,
     pub quiet_feed_secs: u64,
+    pub engine_restart_every_secs: u64,
+    pub pager_outage_every_secs: u64,
+    pub pager_outage_secs: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -48,6 +51,15 @@ pub struct PolicyReport {
     /// Faults a person had to take out of service (for `nightshift`: ones
     /// it had not after the seeds' 87 minutes).
     pub left_to_people: u64,
+    /// The engine restarted under this policy (`nightshift`), and how
+    /// many mitigations in force before a restart were not for the next
+    /// 10 minutes while their fault persisted.
+    pub engine_restarts: u64,
+    pub mitigations_in_force_at_restart: u64,
+    pub mitigations_weakened_by_restart: u64,
+    /// Pager outages played, and pages the pager never took.
+    pub pager_outages: u64,
+    pub pages_lost: u64,
     /// Share of the fleet in service, hour by hour, in percent.
     pub in_service_pct_by_hour: Vec<f64>,
 }
@@ -113,6 +125,11 @@ pub fn build(
                 refused_by_blast_radius: p.refused_by_blast_radius,
                 actions: p.actions,
                 left_to_people: p.left_to_people,
+                engine_restarts: p.engine_restarts,
+                mitigations_in_force_at_restart: p.mitigations_in_force_at_restart,
+                mitigations_weakened_by_restart: p.mitigations_weakened_by_restart,
+                pager_outages: p.pager_outages,
+                pages_lost: p.pages_lost,
                 in_service_pct_by_hour: in_service(&p.out_of_service, opts.nodes, hours),
             };
             (name.to_string(), report)
@@ -140,6 +157,9 @@ pub fn build(
             manual_alert_lag_secs: MANUAL_ALERT_LAG_MS / 1000,
             manual_mttr_secs: MANUAL_MTTR_MS / 1000,
             quiet_feed_secs: opts.quiet_feed_secs,
+            engine_restart_every_secs: opts.engine_restart_every_secs,
+            pager_outage_every_secs: opts.pager_outage_every_secs,
+            pager_outage_secs: opts.pager_outage_secs,
         },
         policies,
     }
@@ -195,6 +215,16 @@ impl Report {
                 p.healthy_gpu_actions,
                 p.pages,
                 a.restarts_onto_broken_nodes
+            ));
+        }
+        if let Some(p) = self.policies.get("nightshift") {
+            s.push_str(&format!(
+                "nightshift: {} engine restart(s) with {} mitigation(s) in force, {} weakened by one; {} pager outage(s), {} page(s) lost\n",
+                p.engine_restarts,
+                p.mitigations_in_force_at_restart,
+                p.mitigations_weakened_by_restart,
+                p.pager_outages,
+                p.pages_lost
             ));
         }
         s
