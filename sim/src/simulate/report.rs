@@ -283,6 +283,16 @@ impl Report {
             ));
         }
         h.push_str("</table>");
+        if let Some(p) = self.policies.get("nightshift") {
+            h.push_str(&format!(
+                "<p>Operations under nightshift: {} engine restart(s) with {} mitigation(s) in force, {} weakened by one; {} pager outage(s), {} page(s) lost.</p>",
+                p.engine_restarts,
+                p.mitigations_in_force_at_restart,
+                p.mitigations_weakened_by_restart,
+                p.pager_outages,
+                p.pages_lost
+            ));
+        }
         // Serving capacity over time.
         let (w, ht) = (1000.0, 220.0);
         h.push_str("<h2>Fleet in service, hour by hour (%)</h2>");
