@@ -509,6 +509,10 @@ pub struct RunFilter {
     pub cursor: Option<String>,
     #[serde(default)]
     pub limit: Option<usize>,
+    /// Only runs on any of these nodes (a label filter, resolved by the
+    /// engine from the fleet: the store does not know labels). Empty: none.
+    #[serde(default)]
+    pub nodes_any: Option<Vec<String>>,
 }
 
 /// A page of runs, newest first.

@@ -400,6 +400,7 @@ pub async fn runs(db: &Client, f: &super::RunFilter, shard: Option<&str>) -> Res
                AND ($7::bigint IS NULL OR created_ms <= $7)
                AND ($8::bigint IS NULL OR (created_ms, shard, run) < ($8, $9::text, $10::text))
                AND ($12::text IS NULL OR shard = $12)
+               AND ($13::text[] IS NULL OR node = ANY($13) OR nodes ?| $13)
              ORDER BY created_ms DESC, shard DESC, run DESC
              LIMIT $11",
             &[
@@ -415,6 +416,7 @@ pub async fn runs(db: &Client, f: &super::RunFilter, shard: Option<&str>) -> Res
                 &c_run,
                 &(limit + 1),
                 &shard,
+                &f.nodes_any,
             ],
         )
         .await?;

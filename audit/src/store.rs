@@ -472,7 +472,11 @@ impl AuditStore {
                 && f.gpu.is_none_or(|g| run.target.gpu == Some(g))
                 && f.runbook.as_ref().is_none_or(|r| &run.runbook == r)
                 && f.outcome.is_none_or(|o| run.outcome == Some(o))
-                && f.state.is_none_or(|s| run.state == s);
+                && f.state.is_none_or(|s| run.state == s)
+                && f.nodes_any.as_ref().is_none_or(|any| {
+                    run.target.node.as_ref().is_some_and(|n| any.contains(n))
+                        || run.nodes.iter().any(|n| any.contains(n))
+                });
             if !keep {
                 continue;
             }

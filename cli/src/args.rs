@@ -390,6 +390,10 @@ pub struct RunListArgs {
     /// finished.
     #[arg(long)]
     pub state: Option<String>,
+    /// Only runs on the nodes that carry this label now (key=value, as in
+    /// fleet.yaml).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub label: Option<String>,
 }
 
 #[derive(Subcommand)]

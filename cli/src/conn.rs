@@ -65,6 +65,11 @@ fn unreachable(url: &str, e: reqwest::Error) -> anyhow::Error {
 }
 
 /// A run filter as the API's query string.
+/// `&label=key=value` for a runs listing (none without a label).
+fn label_query(label: Option<&(String, String)>) -> String {
+    label.map(|(k, v)| format!("&label={}", crate::out::urlencode(&format!("{k}={v}")))).unwrap_or_default()
+}
+
 fn runs_query(f: &RunFilter) -> String {
     let mut q = vec![];
     let mut add = |k: &str, v: Option<String>| {
@@ -341,17 +346,30 @@ impl Conn {
         }
     }
 
-    pub async fn runs(&mut self, f: &RunFilter) -> Result<RunPage> {
+    /// Runs, newest first; with `label`, only those on the nodes that carry
+    /// it now (resolved by the running engine for `--server`, from the
+    /// embedded engine's fleet here: the audit store knows no labels).
+    pub async fn runs(&mut self, f: &RunFilter, label: Option<&(String, String)>) -> Result<RunPage> {
         match self {
-            Conn::Remote(r) => r.get(&format!("/api/v1/runs?{}", runs_query(f))).await,
-            Conn::Local(l) => Ok(l.audit()?.runs(f)?),
+            Conn::Remote(r) => r.get(&format!("/api/v1/runs?{}{}", runs_query(f), label_query(label))).await,
+            Conn::Local(l) => {
+                let mut f = f.clone();
+                if let Some((k, v)) = label {
+                    f.nodes_any = Some(l.engine().await?.nodes_labelled(k, v));
+                }
+                Ok(l.audit()?.runs(&f)?)
+            }
         }
     }
 
     /// The runs of every shard of a PostgreSQL database.
-    pub async fn runs_all_shards(&mut self, f: &RunFilter) -> Result<nightshift_engine::audit::pg::ShardRunPage> {
+    pub async fn runs_all_shards(
+        &mut self,
+        f: &RunFilter,
+        label: Option<&(String, String)>,
+    ) -> Result<nightshift_engine::audit::pg::ShardRunPage> {
         match self {
-            Conn::Remote(r) => r.get(&format!("/api/v1/runs?shards=all&{}", runs_query(f))).await,
+            Conn::Remote(r) => r.get(&format!("/api/v1/runs?shards=all&{}{}", runs_query(f), label_query(label))).await,
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
                 "--all-shards asks a running engine on PostgreSQL: pass --server URL (or set NIGHTSHIFT_SERVER)",
             )),

@@ -7,6 +7,12 @@ use crate::views::NodeView;
 impl Engine {
     /// The nodes `f` selects, by name, a page of them, and where the next
     /// page starts (none: this was the last).
+    /// The nodes that carry `label` = `value` now (a runs listing's label
+    /// filter: the audit store does not know labels).
+    pub fn nodes_labelled(&self, label: &str, value: &str) -> Vec<String> {
+        self.core.fleet.nodes().iter().filter(|n| n.label(label) == Some(value)).map(|n| n.spec.name.clone()).collect()
+    }
+
     pub fn nodes_filtered(&self, f: &NodeFilter) -> (Vec<NodeView>, Option<String>) {
         let mut names = self.node_names();
         names.sort();

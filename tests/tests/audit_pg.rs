@@ -188,6 +188,10 @@ async fn a_store_migrates_into_postgres_and_its_chain_holds_there() {
         (RunFilter { gpu: Some(0), ..Default::default() }, vec![("a", 2), ("b", 2)]),
         (RunFilter { gpu: Some(3), ..Default::default() }, vec![]),
         (RunFilter { outcome, ..f(Some("m1"), None, None) }, vec![("a", 2)]),
+        // A label, resolved by the engine into the nodes that carry it.
+        (RunFilter { nodes_any: Some(vec!["m2".into(), "m9".into()]), ..Default::default() }, vec![("b", 2)]),
+        (RunFilter { nodes_any: Some(vec!["m1".into(), "m2".into()]), ..Default::default() }, vec![("a", 2), ("b", 2)]),
+        (RunFilter { nodes_any: Some(vec![]), ..Default::default() }, vec![]),
     ] {
         let page = pg::runs(&db, &filter, None).await.unwrap();
         let mut got: std::collections::BTreeMap<&str, usize> = Default::default();

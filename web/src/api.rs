@@ -133,10 +133,21 @@ pub struct RunsQuery {
     pub limit: Option<usize>,
     /// `all`: every shard of a PostgreSQL database, each run with its shard.
     pub shards: Option<String>,
+    /// `key=value`: runs on the nodes that carry this label now.
+    pub label: Option<String>,
 }
 
 impl RunsQuery {
-    pub fn filter(&self) -> Result<RunFilter, ApiError> {
+    /// The store's filter; a `label` becomes the nodes that carry it now
+    /// (the store knows no labels).
+    pub fn filter(&self, engine: &nightshift_engine::engine::Engine) -> Result<RunFilter, ApiError> {
+        let nodes_any = match self.label.as_deref().filter(|l| !l.is_empty()) {
+            Some(label) => {
+                let (k, v) = nightshift_engine::node_filter::parse_label(label).map_err(ApiError::bad_request)?;
+                Some(engine.nodes_labelled(&k, &v))
+            }
+            None => None,
+        };
         let outcome = match self.outcome.as_deref().filter(|s| !s.is_empty()) {
             Some(o) => Some(RunOutcome::parse(o).ok_or_else(|| {
                 ApiError::bad_request(format!(
@@ -163,6 +174,7 @@ impl RunsQuery {
             until_ms: self.until_ms,
             cursor: self.cursor.clone().filter(|s| !s.is_empty()),
             limit: self.limit,
+            nodes_any,
         })
     }
 }
@@ -172,12 +184,13 @@ pub async fn list_runs(
     _: Viewer,
     ApiQuery(q): ApiQuery<RunsQuery>,
 ) -> Result<Response, ApiError> {
+    let f = q.filter(&s.engine)?;
     match q.shards.as_deref().filter(|x| !x.is_empty()) {
-        None => Ok(Json(s.engine.runs_page(&q.filter()?).await?).into_response()),
+        None => Ok(Json(s.engine.runs_page(&f).await?).into_response()),
         Some("all") => {
             let page = s
                 .engine
-                .runs_all_shards(&q.filter()?)
+                .runs_all_shards(&f)
                 .await
                 .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "no_shards", e))?;
             Ok(Json(page).into_response())

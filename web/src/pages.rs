@@ -138,12 +138,13 @@ pub async fn timeline(
         cursor: get("cursor"),
         limit: Some(50),
         shards: None,
+        label: get("label"),
     };
     let ha = s.engine.ha_status();
     if ha.backend == "postgres" && get("shards").as_deref() == Some("all") {
         return all_shards_timeline(&s, &who, &rq, &q).await;
     }
-    let page = s.engine.runs_page(&rq.filter()?).await?;
+    let page = s.engine.runs_page(&rq.filter(&s.engine)?).await?;
     if get("partial").is_some() {
         return Ok(run_rows(&page.runs).into_response());
     }
@@ -198,7 +199,7 @@ async fn all_shards_timeline(
     rq: &RunsQuery,
     q: &std::collections::HashMap<String, String>,
 ) -> Result<Response, PageError> {
-    let filter = rq.filter()?;
+    let filter = rq.filter(&s.engine)?;
     let page = s
         .engine
         .runs_all_shards(&filter)

@@ -1445,3 +1445,33 @@ async fn the_nodes_api_filters_and_pages() {
         assert!(v["error"]["message"].as_str().unwrap_or_default().contains(says), "{q}: {v}");
     }
 }
+
+/// Issue 56 point 7: `runs list --label` — `/api/v1/runs?label=key=value`
+/// lists the runs on the nodes that carry the label now (the store knows no
+/// labels: the engine resolves it), and refuses a label it cannot read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runs_api_filters_by_label() {
+    let f = fixture().await;
+    let (s, v) =
+        call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "cap", "node": "gpu-a1", "gpu": 0})))
+            .await;
+    assert!(s.is_success(), "{s}: {v}");
+    settle(&f).await;
+    let count = |v: &Value| v["runs"].as_array().map_or(0, Vec::len);
+    let (s, v) = call(&f, "GET", "/api/v1/runs?label=pool%3Da", Some(VIEWER), None).await;
+    assert_eq!((s, count(&v)), (StatusCode::OK, 1), "{v}");
+    assert_eq!(v["runs"][0]["target"]["node"], "gpu-a1", "{v}");
+    let (_, v) = call(&f, "GET", "/api/v1/runs?label=pool%3Db", Some(VIEWER), None).await;
+    assert_eq!(count(&v), 0, "no node carries pool=b: {v}");
+    let (_, v) = call(&f, "GET", "/api/v1/runs?label=pool%3Da&node=gpu-a2", Some(VIEWER), None).await;
+    assert_eq!(count(&v), 0, "both filters hold: {v}");
+    let (s, v) = call(&f, "GET", "/api/v1/runs?label=pool", Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap_or_default().contains("label: expected key=value"), "{v}");
+    // The runs timeline filters the same way.
+    let (s, page) = call(&f, "GET", "/?label=pool%3Db", Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(page.as_str().unwrap_or_default().contains("No runs match."), "no run listed for pool=b");
+    let (_, page) = call(&f, "GET", "/?label=pool%3Da", Some(VIEWER), None).await;
+    assert!(!page.as_str().unwrap_or_default().contains("No runs match."), "the run on gpu-a1 is listed");
+}

@@ -17,7 +17,12 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
     let mut c = conn(cli, out)?;
     match cmd {
         AuditCmd::Salvage { .. } => Err(anyhow::anyhow!("internal: salvage is handled without an engine")),
-        AuditCmd::List(crate::args::RunListArgs { node, runbook, outcome, since, limit, all_shards, state }) => {
+        AuditCmd::List(crate::args::RunListArgs { node, runbook, outcome, since, limit, all_shards, state, label }) => {
+            let label = label
+                .as_deref()
+                .map(nightshift_engine::node_filter::parse_label)
+                .transpose()
+                .map_err(|e| usage(format!("--{e}")))?;
             let state = match state.as_deref() {
                 Some(st) => Some(
                     [RunState::Queued, RunState::PendingApproval, RunState::Running, RunState::Finished]
@@ -47,7 +52,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 ..Default::default()
             };
             if *all_shards {
-                let page = c.runs_all_shards(&f).await?;
+                let page = c.runs_all_shards(&f, label.as_ref()).await?;
                 if out.json {
                     outln!("{}", serde_json::to_string_pretty(&page)?);
                     return Ok(0);
@@ -75,7 +80,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 }
                 return Ok(0);
             }
-            let page = c.runs(&f).await?;
+            let page = c.runs(&f, label.as_ref()).await?;
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&page)?);
             } else {
