@@ -177,6 +177,21 @@ async fn the_same_seed_gives_the_same_bytes_and_another_seed_another_fleet_week(
     assert_ne!(a, c, "seeds 11 and 12 gave the same report");
 }
 
+/// A mix whose counts would draw more faults than a run can play (GPU-days
+/// near zero) is refused at once, before anything is drawn.
+#[tokio::test]
+async fn a_mix_that_would_draw_billions_of_faults_is_refused_at_once() {
+    let text = "version: 1\nname: tiny\nsource: s\ngpu_days: 1e-9\nclasses:\n  - {name: hbm, count: 3, signal: ecc_dbe, effect: kill, repair: reset, repair_secs: 600}\n";
+    let mix = FaultMix::parse(text, Path::new("tiny.yaml")).unwrap();
+    let started = std::time::Instant::now();
+    let e = simulate(&opts(1), &mix).await.unwrap_err().to_string();
+    assert!(
+        e.starts_with("the mix draws about 2.688e12 faults for 16 nodes × 8 GPUs × 7 days: expected at most 1000000"),
+        "{e}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}
+
 #[test]
 fn impossible_runs_are_refused_before_they_start() {
     for (edit, want) in [

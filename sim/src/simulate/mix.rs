@@ -9,7 +9,7 @@
 //! source: "The Llama 3 Herd of Models (2024), Table 5"
 //! gpu_days: 884736            # 16,384 GPUs × 54 days
 //! classes:
-//!   - {name: faulty-gpu, count: 148, signal: gpu_lost, effect: hang, repair: reseat, repair_secs: 14400}
+//!   - {name: faulty-gpu, count: 148, signal: gpu_lost, effect: kill, repair: reseat, repair_secs: 14400}
 //!   - {name: hbm3, count: 72, signal: ecc_dbe, effect: kill, repair: reset, repair_secs: 1800}
 //! ```
 //!

@@ -175,6 +175,23 @@ impl SimulateOptions {
     }
 }
 
+/// The most faults one run draws: each is played on the real engine.
+pub const MAX_FAULTS: f64 = 1_000_000.0;
+
+/// Refuse a mix that would draw more faults than a run can play (a huge
+/// count, or GPU-days near zero), before drawing any.
+pub fn check_fault_count(opts: &SimulateOptions, mix: &FaultMix) -> Result<(), SimulateError> {
+    let gpus = opts.nodes as u64 * opts.gpus_per_node as u64;
+    let expected: f64 = mix.classes.iter().map(|c| mix.expected(c, gpus, opts.days)).sum();
+    if !(expected.is_finite() && expected <= MAX_FAULTS) {
+        return Err(SimulateError::Options(format!(
+            "the mix draws about {expected:.3e} faults for {} nodes × {} GPUs × {} days: expected at most {MAX_FAULTS:.0}; check its counts and gpu_days",
+            opts.nodes, opts.gpus_per_node, opts.days
+        )));
+    }
+    Ok(())
+}
+
 /// One policy's run, before it becomes the report.
 #[derive(Debug, Clone, Default)]
 pub struct PolicyRun {
@@ -253,6 +270,7 @@ pub fn scripted(
 /// Run the three policies on one schedule.
 pub async fn simulate(opts: &SimulateOptions, mix: &FaultMix) -> Result<report::Report, SimulateError> {
     opts.check(None)?;
+    check_fault_count(opts, mix)?;
     let faults = schedule::draw(mix, opts.nodes, opts.gpus_per_node, opts.days, opts.seed);
     let job = opts.job();
     let mut runs = std::collections::BTreeMap::new();
