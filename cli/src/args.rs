@@ -252,6 +252,7 @@ pub struct SimulateArgs {
     /// Run this many seeds (seed, seed+1, …) and report the mean and range.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub seeds: u64,
+    /// GPUs in each node (1 to 8).
     #[arg(long, default_value_t = 8)]
     pub gpus_per_node: u32,
     /// The sim profile of every node.

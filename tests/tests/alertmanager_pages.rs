@@ -139,12 +139,15 @@ async fn no_page_is_lost_to_a_five_minute_outage_or_twenty_alertmanager_restarts
     let agent = TestAgent::start(dir.path(), "am4", SimConfig { gpus: 2, seed: 4, ..SimConfig::default() }, "").await;
     let web_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let web_addr = web_listener.local_addr().unwrap();
+    // Every one of the 20 runs escalates the same about the same GPU:
+    // `repage_after_secs: 0` makes each a page of its own to count (by
+    // default the same finding pages once a day).
     let cfg = engine_setup(
         dir.path(),
         &[&agent],
         &[("stuck", "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\nmax_concurrent: 64\n", STUCK)],
         &format!(
-            "auth: {{allow_anonymous: viewer}}\nnotifications:\n  ui_url: http://ui.example:8080/\n  retry_max_secs: 20\n  webhooks:\n{}\n",
+            "auth: {{allow_anonymous: viewer}}\nnotifications:\n  ui_url: http://ui.example:8080/\n  retry_max_secs: 20\n  repage_after_secs: 0\n  webhooks:\n{}\n",
             shipped_alertmanager_target(&format!("http://127.0.0.1:{port}"))
         ),
     );

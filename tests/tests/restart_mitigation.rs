@@ -143,7 +143,19 @@ async fn a_capped_overheat_keeps_its_cap_through_sigterm_and_kill_9() {
     let first = runs.iter().map(|r| r["id"].as_str().unwrap().to_string()).min().unwrap();
     let detail: serde_json::Value =
         http.get(format!("{base}/api/v1/runs/{first}")).send().await.unwrap().json().await.unwrap();
-    let resumed =
-        detail["records"].as_array().map_or(0, |r| r.iter().filter(|r| r["data"]["resumed"].is_u64()).count());
-    assert_eq!(resumed, 2, "the first run was resumed after each restart: {}", detail["records"]);
+    let records = detail["records"].as_array().cloned().unwrap_or_default();
+    let resumed = records.iter().filter(|r| r["data"]["resumed"].is_u64()).count();
+    // Resumed after each restart it was in flight for. Resumed with its cap
+    // in force, the ladder keeps it rather than testing the cooling again:
+    // it may end (succeeded, its holds kept) before the second restart,
+    // and then its kept hold is what carries the cap through it (the
+    // readings above).
+    let ended_keeping = records
+        .iter()
+        .any(|r| r["kind"] == "run_finished" && r["data"]["holds_kept"].as_array().is_some_and(|h| !h.is_empty()));
+    assert!(
+        resumed == 2 || (resumed == 1 && ended_keeping),
+        "the first run was resumed after each restart it was in flight for ({resumed}), ended keeping its holds: {ended_keeping}: {}",
+        detail["records"]
+    );
 }
