@@ -567,17 +567,23 @@ impl SimFleet {
 
     /// Send telemetry from every powered agent to the engine.
     pub async fn feed(&self) {
-        for (name, a) in &self.agents {
-            if !self.powered(name) {
-                continue;
-            }
-            // A connection's first call is the inventory (a restarted
-            // engine has none until then).
-            self.engine.ensure_inventory(name).await;
-            if let Ok(t) = a.telemetry().await {
-                self.engine.ingest_telemetry(&t).await;
-            }
+        for name in self.agents.keys() {
+            self.feed_one(name).await;
         }
+    }
+
+    /// Send one powered node's telemetry to the engine, and return it.
+    async fn feed_one(&self, name: &str) -> Option<nightshift_proto::Telemetry> {
+        let a = self.agents.get(name)?;
+        if !self.powered(name) {
+            return None;
+        }
+        // A connection's first call is the inventory (a restarted engine
+        // has none until then).
+        self.engine.ensure_inventory(name).await;
+        let t = a.telemetry().await.ok()?;
+        self.engine.ingest_telemetry(&t).await;
+        Some(t)
     }
 
     /// Wait until no run is working (all asleep on the clock or done).
@@ -759,15 +765,7 @@ impl SimFleet {
         self.settle().await?;
         let mut fed = Vec::new();
         for name in &live {
-            let Some(a) = self.agents.get(*name) else { continue };
-            if !self.powered(name) {
-                continue;
-            }
-            // As `feed`: a restarted engine has no inventory until a
-            // connection's first call.
-            self.engine.ensure_inventory(name).await;
-            if let Ok(t) = a.telemetry().await {
-                self.engine.ingest_telemetry(&t).await;
+            if let Some(t) = self.feed_one(name).await {
                 fed.push(((*name).clone(), t));
             }
         }

@@ -53,16 +53,7 @@ async fn invalid_scenarios_are_refused_with_the_exact_message() {
             },
         };
         let got = got.replace(&format!("{}/", dir.display()), "");
-        let expect_path = path.with_extension("err");
-        if bless {
-            std::fs::write(&expect_path, format!("{got}\n")).unwrap();
-            continue;
-        }
-        let want = std::fs::read_to_string(&expect_path)
-            .unwrap_or_else(|_| panic!("{} is missing (run with NIGHTSHIFT_BLESS=1)", expect_path.display()));
-        if got != want.trim_end() {
-            failures.push(format!("{}:\n  got  {got}\n  want {}", path.display(), want.trim_end()));
-        }
+        check_golden(&path, &got, bless, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -111,16 +102,22 @@ fn invalid_fault_mixes_are_refused_with_the_exact_message() {
                 continue;
             }
         };
-        let expect_path = path.with_extension("err");
-        if bless {
-            std::fs::write(&expect_path, format!("{got}\n")).unwrap();
-            continue;
-        }
-        let want = std::fs::read_to_string(&expect_path)
-            .unwrap_or_else(|_| panic!("{} is missing (run with NIGHTSHIFT_BLESS=1)", expect_path.display()));
-        if got != want.trim_end() {
-            failures.push(format!("{}:\n  got  {got}\n  want {}", path.display(), want.trim_end()));
-        }
+        check_golden(&path, &got, bless, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `got` against the `.err` file beside `path` (rewritten instead with
+/// `NIGHTSHIFT_BLESS=1`); a difference is added to `failures`.
+fn check_golden(path: &Path, got: &str, bless: bool, failures: &mut Vec<String>) {
+    let expect_path = path.with_extension("err");
+    if bless {
+        std::fs::write(&expect_path, format!("{got}\n")).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&expect_path)
+        .unwrap_or_else(|_| panic!("{} is missing (run with NIGHTSHIFT_BLESS=1)", expect_path.display()));
+    if got != want.trim_end() {
+        failures.push(format!("{}:\n  got  {got}\n  want {}", path.display(), want.trim_end()));
+    }
 }
