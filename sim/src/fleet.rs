@@ -565,6 +565,19 @@ impl SimFleet {
         self.power.lock().unwrap_or_else(|e| e.into_inner()).get(node).is_none_or(|p| p.0 == Power::On)
     }
 
+    /// Nodes that finished booting by the clock's time are up.
+    fn finish_boots(&self) {
+        let now = nightshift_proto::clock::Clock::now_ms(&self.clock);
+        let mut p = self.power.lock().unwrap_or_else(|e| e.into_inner());
+        for (state, _) in p.values_mut() {
+            if let Power::Booting(at) = *state
+                && at <= now
+            {
+                *state = Power::On;
+            }
+        }
+    }
+
     /// Send telemetry from every powered agent to the engine.
     pub async fn feed(&self) {
         for name in self.agents.keys() {
@@ -634,18 +647,7 @@ impl SimFleet {
             s.step(dt);
         }
         self.clock.advance(self.tick_ms);
-        {
-            // Nodes that finished booting are up.
-            let now = nightshift_proto::clock::Clock::now_ms(&self.clock);
-            let mut p = self.power.lock().unwrap_or_else(|e| e.into_inner());
-            for (state, _) in p.values_mut() {
-                if let Power::Booting(at) = *state
-                    && at <= now
-                {
-                    *state = Power::On;
-                }
-            }
-        }
+        self.finish_boots();
         // Woken runs act at the new time before the agents' own clocks
         // (lease expiries) do: one order, whatever the threads do.
         self.settle().await?;
@@ -745,17 +747,7 @@ impl SimFleet {
             }
         }
         self.clock.advance(advance_ms.max(1));
-        {
-            let now = nightshift_proto::clock::Clock::now_ms(&self.clock);
-            let mut p = self.power.lock().unwrap_or_else(|e| e.into_inner());
-            for (state, _) in p.values_mut() {
-                if let Power::Booting(at) = *state
-                    && at <= now
-                {
-                    *state = Power::On;
-                }
-            }
-        }
+        self.finish_boots();
         self.settle().await?;
         for name in &live {
             if let Some(a) = self.agents.get(*name) {

@@ -964,6 +964,28 @@ impl SimBackend {
         if node.nvlink_bad() { 34.0 } else { 9.0 }
     }
 
+    /// GPU `i` reset: its error state cleared, its settings back to their
+    /// defaults; an NVLink error it caused retrained away; a hung job on
+    /// the node died with it (the scheduler restarts work when the node
+    /// takes it).
+    fn reset_gpu(&self, st: &mut SimState, i: usize) {
+        let g = &mut st.gpus[i];
+        g.lost = false;
+        g.dbe = 0;
+        g.sbe = 0;
+        g.remap_pending = false;
+        g.fatal_xid_since_reset = None;
+        g.fan_cmd_pct = None;
+        g.clocks_locked = None;
+        g.power_limit_watts = self.profile.power_default_watts;
+        if st.gpus.iter().all(|g| g.fatal_xid_since_reset != Some(74)) {
+            st.node.nvlink_fault = false;
+        }
+        if st.node.job.as_ref().is_some_and(|j| j.hung) {
+            st.node.job = None;
+        }
+    }
+
     /// Apply a fault or workload change.
     pub fn inject(&self, fault: &SimFault) -> Result<(), BackendError> {
         if let Some(g) = fault.gpu() {
@@ -1056,46 +1078,18 @@ impl SimBackend {
                 g.xid_events += 1;
                 g.fatal_xid_since_reset = Some(79);
             }
-            SimFault::GpuReset { gpu } => {
-                let i = self.check_gpu(*gpu)?;
-                let g = &mut st.gpus[i];
-                g.lost = false;
-                g.dbe = 0;
-                g.sbe = 0;
-                g.remap_pending = false;
-                g.fatal_xid_since_reset = None;
-                g.fan_cmd_pct = None;
-                g.clocks_locked = None;
-                g.power_limit_watts = self.profile.power_default_watts;
-                // An NVLink error the reset retrained away.
-                if st.gpus.iter().all(|g| g.fatal_xid_since_reset != Some(74)) {
-                    st.node.nvlink_fault = false;
-                }
-                // The hung job died with the reset; the scheduler restarts
-                // work when the node takes it.
-                if st.node.job.as_ref().is_some_and(|j| j.hung) {
-                    st.node.job = None;
-                }
-            }
+            SimFault::GpuReset { gpu } => self.reset_gpu(&mut st, self.check_gpu(*gpu)?),
             SimFault::GpuReplace { gpu } => {
+                // A new GPU: reset, and what a reset does not clear (a
+                // failed remap, its XID history, a broken fan or heatsink).
                 let i = self.check_gpu(*gpu)?;
+                self.reset_gpu(&mut st, i);
                 let g = &mut st.gpus[i];
-                g.lost = false;
-                g.dbe = 0;
-                g.sbe = 0;
-                g.remap_pending = false;
                 g.remap_failed = false;
-                g.fatal_xid_since_reset = None;
                 g.xid_last = None;
                 g.fan_failed = false;
                 g.heatsink_factor = 1.0;
                 g.heatsink_ramp = None;
-                g.fan_cmd_pct = None;
-                g.clocks_locked = None;
-                g.power_limit_watts = self.profile.power_default_watts;
-                if st.node.job.as_ref().is_some_and(|j| j.hung) {
-                    st.node.job = None;
-                }
             }
             SimFault::RowRemapFailure { gpu } => {
                 let g = &mut st.gpus[self.check_gpu(*gpu)?];

@@ -205,10 +205,21 @@ pub struct PolicyRun {
     /// Messages to the team's chat (ms, class or `no_fault`): nightshift's
     /// notifications that are not follow-ups of a page.
     pub chat_messages: Vec<(i64, String)>,
+    pub counts: Counts,
+}
+
+/// What a policy did, counted: the same fields in its run and its report.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Counts {
+    /// Mutating actions on a node or GPU with no fault at that moment.
     pub healthy_gpu_actions: u64,
+    /// GPUs sent to RMA without a hardware fault.
     pub wrong_rma: u64,
     pub refused_by_blast_radius: u64,
+    /// Mutating actions applied (releases not counted).
     pub actions: u64,
+    /// Faults a person had to take out of service (for `nightshift`: ones
+    /// it had not after the seeds' 87 minutes).
     pub left_to_people: u64,
     /// Engine restarts played (the `nightshift` policy only).
     pub engine_restarts: u64,
@@ -281,7 +292,7 @@ pub async fn simulate(opts: &SimulateOptions, mix: &FaultMix) -> Result<report::
         let mut p = scripted(mix, &faults, opts.nodes, delay, hands_only);
         p.accounting = account::account(job, &mix.classes, &faults, &p.outcomes, &p.out_of_service);
         if name == "manual" {
-            p.left_to_people =
+            p.counts.left_to_people =
                 p.outcomes.iter().filter(|o| o.quarantined_ms.is_some() || o.requeued_ms.is_some()).count() as u64;
         }
         runs.insert(name, p);

@@ -217,7 +217,7 @@ pub async fn run(
                 continue;
             }
             let node = &names[f.node];
-            out.left_to_people += 1;
+            out.counts.left_to_people += 1;
             last_change[f.node] = now;
             if class.signal == Signal::HungJob {
                 // A hung job is not a node's fault: the person restarts it.
@@ -243,7 +243,7 @@ pub async fn run(
             next_outage += 1;
             pager.set_down(true);
             pager_down_until = Some(now + outage_ms);
-            out.pager_outages += 1;
+            out.counts.pager_outages += 1;
         }
         // An upgrade: the engine restarts. What is in force on every node
         // with a fault is read from its agent first.
@@ -257,13 +257,13 @@ pub async fn run(
                     let m = Mitigation::of(&t);
                     let max_watts = t.gpus.iter().map(|g| g.power_limit_watts).fold(0.0, f64::max).max(max_watts);
                     if m.any(max_watts) {
-                        out.mitigations_in_force_at_restart += 1;
+                        out.counts.mitigations_in_force_at_restart += 1;
                     }
                     watch.push((n, m, now + WATCH_AFTER_RESTART_MS));
                 }
             }
             sim.restart_engine().await.map_err(|e| setup(&e))?;
-            out.engine_restarts += 1;
+            out.counts.engine_restarts += 1;
             tracing::debug!(at_secs = now / 1000, watched = watch.len(), "simulate: engine restarted");
         }
 
@@ -325,7 +325,7 @@ pub async fn run(
             if let Some(w) = watch.iter().position(|w| w.0 == n) {
                 if let Some(what) = persists.then(|| watch[w].1.weakened_in(&Mitigation::of(tel))).flatten() {
                     tracing::warn!(node = %name, at_secs = now / 1000, %what, "simulate: a restart weakened a mitigation");
-                    out.mitigations_weakened_by_restart += 1;
+                    out.counts.mitigations_weakened_by_restart += 1;
                     watch.remove(w);
                 } else if !persists || now >= watch[w].2 {
                     watch.remove(w);
@@ -402,11 +402,11 @@ pub async fn run(
                     if !applied || !Op::is_mutating_name(op) || matches!(op, "release" | "resume" | "reset_fan") {
                         continue;
                     }
-                    out.actions += 1;
+                    out.counts.actions += 1;
                     last_change[n] = now;
                     let on_fault = present.iter().any(|&i| r.gpu.is_none() || r.gpu == Some(faults[i].gpu));
                     if !on_fault {
-                        out.healthy_gpu_actions += 1;
+                        out.counts.healthy_gpu_actions += 1;
                     }
                     // A thermal fault is mitigated by its first change.
                     for &i in &present {
@@ -439,7 +439,7 @@ pub async fn run(
                     }
                 }
                 RecordKind::Refusal if r.data["code"] == "blast_radius" => {
-                    out.refused_by_blast_radius += 1;
+                    out.counts.refused_by_blast_radius += 1;
                 }
                 RecordKind::HealthChanged if r.data["to"] == "rma" => {
                     let had = by_node.get(&n).is_some_and(|fs| {
@@ -450,7 +450,7 @@ pub async fn run(
                         })
                     });
                     if !had {
-                        out.wrong_rma += 1;
+                        out.counts.wrong_rma += 1;
                     }
                 }
                 _ => {}
@@ -483,7 +483,7 @@ pub async fn run(
         sim.step_sparse(TICK_MS, QUIET_PHYSICS_MS, &BTreeSet::new(), false).await.map_err(|e| setup(&e))?;
     }
     let received = pager.received();
-    out.pages_lost = page_seqs.iter().filter(|s| !received.contains(s)).count() as u64;
+    out.counts.pages_lost = page_seqs.iter().filter(|s| !received.contains(s)).count() as u64;
     let end = horizon;
     for (n, since) in out_since.iter().enumerate() {
         if let Some(s) = since {
@@ -502,8 +502,10 @@ pub async fn run(
 
 /// The simulated faults that make a class's signal. A link fault is what
 /// NVML shows for a broken NVLink cable or switch port: XID 74 on the GPU
-/// and its links down, which a reset alone does not bring back (the
-/// simulator has no InfiniBand: a fabric fault is played as this one).
+/// and its links down until the technician's repair (a reseat; the
+/// simulator has no InfiniBand: a fabric fault is played as this one). The
+/// sim retrains the links at any reset of the GPU: nightshift resets none
+/// itself, it tells a person to.
 pub fn strike(signal: Signal, xid: Option<u32>, gpu: u32, class: &str) -> Vec<SimFault> {
     vec![match signal {
         Signal::Xid => SimFault::Xid { gpu, code: xid.unwrap_or(79) },

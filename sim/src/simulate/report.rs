@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::account::{Accounting, Stats, round3};
 use super::mix::FaultMix;
 use super::schedule::Fault;
-use super::{MANUAL_ALERT_LAG_MS, MANUAL_MTTR_MS, PolicyRun, SimulateOptions};
+use super::{Counts, MANUAL_ALERT_LAG_MS, MANUAL_MTTR_MS, PolicyRun, SimulateOptions};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct FleetInfo {
@@ -38,28 +38,14 @@ pub struct PolicyReport {
     #[serde(flatten)]
     pub accounting: Accounting,
     pub time_to_quarantine_by_class_secs: BTreeMap<String, Stats>,
-    pub healthy_gpu_actions: u64,
-    pub wrong_rma: u64,
+    #[serde(flatten)]
+    pub counts: Counts,
     pub pages: u64,
     pub pages_by_class: BTreeMap<String, u64>,
     pub pages_per_week: Vec<u64>,
     /// Notifications to the team's chat (not pages).
     pub chat_messages: u64,
     pub chat_messages_by_class: BTreeMap<String, u64>,
-    pub refused_by_blast_radius: u64,
-    pub actions: u64,
-    /// Faults a person had to take out of service (for `nightshift`: ones
-    /// it had not after the seeds' 87 minutes).
-    pub left_to_people: u64,
-    /// The engine restarted under this policy (`nightshift`), and how
-    /// many mitigations in force before a restart were not for the next
-    /// 10 minutes while their fault persisted.
-    pub engine_restarts: u64,
-    pub mitigations_in_force_at_restart: u64,
-    pub mitigations_weakened_by_restart: u64,
-    /// Pager outages played, and pages the pager never took.
-    pub pager_outages: u64,
-    pub pages_lost: u64,
     /// Share of the fleet in service, hour by hour, in percent.
     pub in_service_pct_by_hour: Vec<f64>,
 }
@@ -111,9 +97,8 @@ pub fn build(
             }
             let report = PolicyReport {
                 accounting: p.accounting.clone(),
+                counts: p.counts.clone(),
                 time_to_quarantine_by_class_secs: by_class.into_iter().map(|(k, v)| (k, Stats::of(v))).collect(),
-                healthy_gpu_actions: p.healthy_gpu_actions,
-                wrong_rma: p.wrong_rma,
                 pages: p.pages.len() as u64,
                 pages_by_class,
                 pages_per_week: per_week,
@@ -122,14 +107,6 @@ pub fn build(
                     *m.entry(c.clone()).or_default() += 1;
                     m
                 }),
-                refused_by_blast_radius: p.refused_by_blast_radius,
-                actions: p.actions,
-                left_to_people: p.left_to_people,
-                engine_restarts: p.engine_restarts,
-                mitigations_in_force_at_restart: p.mitigations_in_force_at_restart,
-                mitigations_weakened_by_restart: p.mitigations_weakened_by_restart,
-                pager_outages: p.pager_outages,
-                pages_lost: p.pages_lost,
                 in_service_pct_by_hour: in_service(&p.out_of_service, opts.nodes, hours),
             };
             (name.to_string(), report)
@@ -212,7 +189,7 @@ impl Report {
                 a.time_to_quarantine_secs.p50,
                 a.time_to_quarantine_secs.p99,
                 a.job_interruptions,
-                p.healthy_gpu_actions,
+                p.counts.healthy_gpu_actions,
                 p.pages,
                 a.restarts_onto_broken_nodes
             ));
@@ -220,11 +197,11 @@ impl Report {
         if let Some(p) = self.policies.get("nightshift") {
             s.push_str(&format!(
                 "nightshift: {} engine restart(s) with {} mitigation(s) in force, {} weakened by one; {} pager outage(s), {} page(s) lost\n",
-                p.engine_restarts,
-                p.mitigations_in_force_at_restart,
-                p.mitigations_weakened_by_restart,
-                p.pager_outages,
-                p.pages_lost
+                p.counts.engine_restarts,
+                p.counts.mitigations_in_force_at_restart,
+                p.counts.mitigations_weakened_by_restart,
+                p.counts.pager_outages,
+                p.counts.pages_lost
             ));
         }
         s
@@ -274,11 +251,11 @@ impl Report {
                 a.time_to_quarantine_secs.p99,
                 a.job_interruptions,
                 a.restarts_onto_broken_nodes,
-                p.healthy_gpu_actions,
-                p.wrong_rma,
+                p.counts.healthy_gpu_actions,
+                p.counts.wrong_rma,
                 p.pages,
                 p.chat_messages,
-                p.left_to_people,
+                p.counts.left_to_people,
                 a.undetected
             ));
         }
@@ -286,11 +263,11 @@ impl Report {
         if let Some(p) = self.policies.get("nightshift") {
             h.push_str(&format!(
                 "<p>Operations under nightshift: {} engine restart(s) with {} mitigation(s) in force, {} weakened by one; {} pager outage(s), {} page(s) lost.</p>",
-                p.engine_restarts,
-                p.mitigations_in_force_at_restart,
-                p.mitigations_weakened_by_restart,
-                p.pager_outages,
-                p.pages_lost
+                p.counts.engine_restarts,
+                p.counts.mitigations_in_force_at_restart,
+                p.counts.mitigations_weakened_by_restart,
+                p.counts.pager_outages,
+                p.counts.pages_lost
             ));
         }
         // Serving capacity over time.
@@ -479,8 +456,8 @@ fn figure(p: &PolicyReport, name: &str) -> f64 {
         "time_to_quarantine_p99_secs" => a.time_to_quarantine_secs.p99 as f64,
         "job_interruptions" => a.job_interruptions as f64,
         "restarts_onto_broken_nodes" => a.restarts_onto_broken_nodes as f64,
-        "healthy_gpu_actions" => p.healthy_gpu_actions as f64,
-        "wrong_rma" => p.wrong_rma as f64,
+        "healthy_gpu_actions" => p.counts.healthy_gpu_actions as f64,
+        "wrong_rma" => p.counts.wrong_rma as f64,
         "pages" => p.pages as f64,
         _ => a.undetected as f64,
     }
