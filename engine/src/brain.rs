@@ -6,13 +6,15 @@
 use crate::metrics::{self, MetricId};
 use crate::runbook::RunbookSet;
 use crate::telemetry::{SeriesKey, StoreShard, TelemetryStore};
-use crate::triggers::{Fire, ShardStates, TriggerSet};
+use crate::triggers::{Fire, GroupCache, ShardStates, TriggerSet};
 
 /// The telemetry store and the triggers watching it.
 pub struct Brain {
     pub store: TelemetryStore,
     pub triggers: TriggerSet,
     pub fires: Vec<Fire>,
+    /// The fleet triggers' groups while the fleet is unchanged.
+    pub groups: GroupCache,
 }
 
 /// Metric names that appear as string literals in a script: those get the
@@ -53,7 +55,12 @@ impl Brain {
                 retention[m as usize] = retention[m as usize].max(keep);
             }
         }
-        Brain { store: TelemetryStore::with_shards(retention, shards), triggers, fires: Vec::new() }
+        Brain {
+            store: TelemetryStore::with_shards(retention, shards),
+            triggers,
+            fires: Vec::new(),
+            groups: GroupCache::default(),
+        }
     }
 
     /// Push samples and step the triggers watching them; what fired, in
@@ -65,7 +72,10 @@ impl Brain {
     /// states outright — and the fires are put back in sample order: the
     /// result is the one-shard result, bit for bit.
     pub fn ingest(&mut self, samples: &[(SeriesKey, i64, f64)]) -> Vec<Fire> {
-        let Brain { store, triggers, fires } = self;
+        let Brain { store, triggers, fires, groups } = self;
+        for (key, _, _) in samples {
+            groups.touch(key.node);
+        }
         let n = store.shards().len();
         if n == 1 || samples.len() < PARALLEL_MIN_SAMPLES {
             for &(key, ts, v) in samples {

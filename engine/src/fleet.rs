@@ -190,6 +190,9 @@ impl FleetChange {
 pub struct Fleet {
     members: std::sync::RwLock<Members>,
     next_idx: std::sync::atomic::AtomicU32,
+    /// Bumped by every [`Fleet::replace`]: what is derived from the node
+    /// list (labels, groups) is stale when it moves.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl Fleet {
@@ -206,6 +209,7 @@ impl Fleet {
         Fleet {
             members: std::sync::RwLock::new(Members::new(nodes)),
             next_idx: std::sync::atomic::AtomicU32::new(next),
+            generation: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -299,7 +303,13 @@ impl Fleet {
             .collect();
         let next = Members::new(nodes);
         *members = next;
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         (change, fresh)
+    }
+
+    /// How many times the node list was replaced.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Nodes whose label `key` is `value`.

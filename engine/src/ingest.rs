@@ -328,12 +328,28 @@ impl Engine {
     }
 
     /// Evaluate fleet triggers over the live, undrained nodes of each group.
+    /// The groups are listed again only when the fleet changed (a reload,
+    /// a node connected or lost, drained or back, a GPU count): see
+    /// [`crate::triggers::GroupCache`].
     pub(crate) async fn fleet_triggers(&self, now: i64) {
         let fires = {
             let mut b = self.core.brain();
-            let Brain { store, triggers, fires } = &mut *b;
+            let Brain { store, triggers, fires, groups: cache } = &mut *b;
+            if !triggers.has_fleet() {
+                return;
+            }
             let fleet = &self.core.fleet;
-            let groups = |label: &str, metric: MetricId| -> Vec<(String, Vec<SeriesKey>)> {
+            let nodes = fleet.nodes();
+            let mut basis = Vec::with_capacity(nodes.len() + 1);
+            basis.push(fleet.generation());
+            basis.extend(nodes.iter().map(|n| {
+                let st = n.state();
+                let live = st.connected && !st.drained;
+                (u64::from(n.idx) << 32) | ((st.gpu_count().max(1) as u64 & 0x7fff_ffff) << 1) | u64::from(live)
+            }));
+            cache.refresh(basis, store);
+            let list = |label: &str, metric: MetricId| -> Vec<(String, Vec<SeriesKey>)> {
+                let gpu_scoped = metrics::metric(metric).gpu_scoped;
                 fleet
                     .groups(label)
                     .into_iter()
@@ -346,7 +362,6 @@ impl Engine {
                             })
                             .flat_map(|n| {
                                 let count = n.state().gpu_count().max(1);
-                                let gpu_scoped = metrics::metric(metric).gpu_scoped;
                                 (0..if gpu_scoped { count } else { 1 }).filter_map(move |g| {
                                     Some(SeriesKey {
                                         node: n.idx,
@@ -360,7 +375,7 @@ impl Engine {
                     })
                     .collect()
             };
-            triggers.on_tick(store, now, &groups, fires);
+            triggers.on_tick(store, cache, now, &list, fires);
             std::mem::take(fires)
         };
         self.handle_fires(fires).await;

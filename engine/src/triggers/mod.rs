@@ -11,7 +11,10 @@ use crate::manifest::{Aggregate, Manifest, PredictModel, Scope, Trigger};
 use crate::metrics::{self, MetricId};
 use crate::telemetry::{SeriesKey, SeriesRef, StoreShard, TelemetryStore};
 
+mod groups;
 mod series;
+
+pub use groups::{GroupCache, GroupLister};
 
 /// Direction of a level comparison.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -148,10 +151,6 @@ impl Compiled {
     }
 }
 
-/// Lists `(label value, series keys)` for a label and metric (the fleet's
-/// live, undrained nodes).
-pub type GroupLister<'a> = &'a dyn Fn(&str, MetricId) -> Vec<(String, Vec<SeriesKey>)>;
-
 /// Per-series state.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct State {
@@ -278,6 +277,11 @@ impl TriggerSet {
         r
     }
 
+    /// Whether any trigger is a fleet aggregate.
+    pub fn has_fleet(&self) -> bool {
+        self.entries.iter().flatten().any(|e| matches!(e.compiled, Compiled::Fleet { .. }))
+    }
+
     /// Whether any trigger watches this metric (samples of other metrics
     /// need no evaluation).
     pub fn watches(&self, metric: MetricId) -> bool {
@@ -312,16 +316,27 @@ impl TriggerSet {
 }
 
 impl TriggerSet {
-    /// Evaluate fleet triggers. `groups(label)` lists (value, series keys of
-    /// the metric in that group) for the live, undrained nodes.
-    pub fn on_tick(&mut self, store: &TelemetryStore, now_ms: i64, groups: GroupLister<'_>, out: &mut Vec<Fire>) {
+    /// Evaluate fleet triggers over the groups' latest values, kept by
+    /// `cache`; `list(label, metric)` lists (value, series keys of the
+    /// metric in that group) for the live, undrained nodes when the cache
+    /// has no list.
+    pub fn on_tick(
+        &mut self,
+        store: &TelemetryStore,
+        cache: &mut GroupCache,
+        now_ms: i64,
+        list: GroupLister<'_>,
+        out: &mut Vec<Fire>,
+    ) {
+        let mut vals: Vec<f64> = Vec::new();
         for (i, e) in self.entries.iter_mut().enumerate() {
             let Some(e) = e.as_mut() else { continue };
             let Compiled::Fleet { metric, agg, group_by, where_above, level, for_ms, clear } = &e.compiled else {
                 continue;
             };
-            for (value, keys) in groups(group_by, *metric) {
-                let vals: Vec<f64> = keys.iter().filter_map(|k| store.latest(*k).map(|(_, v)| v)).collect();
+            for (value, latest) in cache.latest(store, group_by, *metric, list) {
+                vals.clear();
+                vals.extend(latest.iter().flatten());
                 if vals.is_empty() {
                     continue;
                 }
@@ -620,14 +635,17 @@ mod tests {
             assert_eq!(label, "pool");
             vec![("a".into(), vec![k(0, 0), k(0, 1), k(1, 0)]), ("b".into(), vec![k(2, 0)])]
         };
+        let mut cache = GroupCache::default();
         let mut fired = Vec::new();
         for t in 0..6i64 {
             // Pool a averages 93.3 %, pool b 50 %.
             for (n, g, v) in [(0, 0, 95.0), (0, 1, 95.0), (1, 0, 90.0), (2, 0, 50.0)] {
                 store.push(k(n, g), t * 1000, v);
+                cache.touch(n);
             }
+            cache.refresh(vec![], &store);
             let mut out = Vec::new();
-            set.on_tick(&store, t * 1000, &groups, &mut out);
+            set.on_tick(&store, &mut cache, t * 1000, &groups, &mut out);
             fired.extend(out.into_iter().map(|f| (t, f.group.unwrap().1, f.detail)));
         }
         assert_eq!(fired.len(), 1, "{fired:?}");
@@ -641,7 +659,7 @@ mod tests {
         );
         let mut set = TriggerSet::new(std::iter::once(&m));
         let mut out = Vec::new();
-        set.on_tick(&store, 6_000, &groups, &mut out);
+        set.on_tick(&store, &mut cache, 6_000, &groups, &mut out);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].value, 2.0);
     }
