@@ -961,7 +961,15 @@ impl SimBackend {
         if let Some(v) = node.comm_overhead_override {
             return v;
         }
-        if node.nvlink_bad() { 34.0 } else { 9.0 }
+        if node.nvlink_bad() {
+            34.0
+        } else if node.util_swing {
+            // Topology-blind all-reduce: the low half of each swing is the
+            // job waiting on communication.
+            41.0
+        } else {
+            9.0
+        }
     }
 
     /// GPU `i` reset: its error state cleared, its settings back to their

@@ -20,6 +20,7 @@
 //! `sleep`, `wait_until`, `note`, `notify`, `escalate`, `fail`.
 
 mod api;
+pub mod workload;
 
 use std::cell::RefCell;
 use std::path::Path;
@@ -402,6 +403,7 @@ pub fn build_engine(limits: &ScriptLimits) -> Engine {
         })
     });
     api::register(&mut e);
+    workload::register(&mut e);
     e
 }
 
