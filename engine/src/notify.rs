@@ -352,6 +352,7 @@ mod tests {
             page_expiry_secs: 3600,
             retry_max_secs: 300,
             repage_after_secs: 86_400,
+            remind_after_secs: 86_400,
         });
         assert_eq!(n.targets_for(RecordKind::Notification).len(), 1);
         assert_eq!(n.targets_for(RecordKind::Escalation).len(), 2);
@@ -379,6 +380,7 @@ mod tests {
             page_expiry_secs: 3600,
             retry_max_secs: 300,
             repage_after_secs: 86_400,
+            remind_after_secs: 86_400,
         });
         let page = rec(RecordKind::Escalation);
         let mut resolution = rec(RecordKind::Notification);
@@ -409,6 +411,7 @@ mod tests {
             page_expiry_secs: 3600,
             retry_max_secs: 300,
             repage_after_secs: 86_400,
+            remind_after_secs: 86_400,
         });
         let b = n.body(&n.targets[0], &rec(RecordKind::Escalation));
         assert_eq!(

@@ -28,7 +28,8 @@ pub struct Outbox {
     /// escalation that paged it last (seq, time): the same runbook saying
     /// the same about the same target pages again only after
     /// `notifications.repage_after_secs`, or once the GPU was repaired or a
-    /// person took over. Anything else it says pages.
+    /// person took over. Anything else it says pages. Notifications the
+    /// same (their shape [`said_shape`], within `remind_after_secs`).
     pub(crate) paged: BTreeMap<PagedKey, (u64, i64)>,
 }
 
@@ -38,6 +39,12 @@ pub(crate) type PagedKey = (String, String, Option<u32>, String);
 /// What an escalation says with its figures left out ("GPU 5 … power
 /// 381.0 W" and "… 377.0 W" say the same; "cannot drain" says something
 /// else).
+/// A notification's shape: [`finding_shape`], kept apart from an
+/// escalation's (the same words notified and escalated are two things).
+pub fn said_shape(text: &str) -> String {
+    format!("notify:{}", finding_shape(text))
+}
+
 pub fn finding_shape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut in_number = false;

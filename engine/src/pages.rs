@@ -10,7 +10,7 @@ use crate::audit::{AuditRecord, NewRecord, RecordKind, data};
 use crate::config::WebhookTarget;
 use crate::core::Core;
 use crate::engine::Engine;
-use crate::outbox::{OpenPage, Pending, backoff_ms, finding_shape};
+use crate::outbox::{OpenPage, Pending, backoff_ms, finding_shape, said_shape};
 
 impl Core {
     /// Send a durable notification record to the webhooks (in the
@@ -31,6 +31,9 @@ impl Core {
             notice.webhooks.iter().filter_map(|n| core.notifier.target(n)).collect();
         if rec.kind == RecordKind::Escalation && notice.dry_run != Some(true) {
             core.open_page(rec);
+        }
+        if rec.kind == RecordKind::Notification {
+            core.remember_said(rec, &notice);
         }
         for target in targets {
             let (core2, rec) = (core.clone(), rec.clone());
@@ -58,6 +61,27 @@ impl Core {
         let key = (runbook.to_string(), node.to_string(), gpu, finding_shape(text));
         let &(seq, ts) = ob.paged.get(&key)?;
         (self.now().saturating_sub(ts) < window).then_some(seq)
+    }
+
+    /// The notification in which `runbook` told the team `text` (figures
+    /// aside) about `node`/`gpu` within `notifications.remind_after_secs`,
+    /// with no repair or takeover since: one finding, said once.
+    pub fn already_said(&self, runbook: &str, node: &str, gpu: Option<u32>, text: &str) -> Option<u64> {
+        let window = (self.config.notifications.remind_after_secs as i64).saturating_mul(1000);
+        let ob = crate::core::lock(&self.outbox);
+        let key = (runbook.to_string(), node.to_string(), gpu, said_shape(text));
+        let &(seq, ts) = ob.paged.get(&key)?;
+        (self.now().saturating_sub(ts) < window).then_some(seq)
+    }
+
+    /// Notification record `rec` was written: remember its finding.
+    fn remember_said(&self, rec: &AuditRecord, n: &data::Notice) {
+        if let (Some(rb), Some(node), None | Some(false), None | Some(false), None) =
+            (&rec.runbook, &rec.node, n.dry_run, n.shadow, n.resolves)
+        {
+            let mut ob = crate::core::lock(&self.outbox);
+            ob.paged.insert((rb.clone(), node.clone(), rec.gpu, said_shape(&n.text)), (rec.seq, rec.ts_ms));
+        }
     }
 
     /// The GPU was repaired, or a person took the node over: its next
@@ -286,6 +310,7 @@ impl Engine {
             .collect();
         let firing_ms = self.core.firing_ms();
         let repage_ms = (self.core.config.notifications.repage_after_secs as i64).saturating_mul(1000);
+        let remind_ms = (self.core.config.notifications.remind_after_secs as i64).saturating_mul(1000);
         let mut ob = crate::core::lock(&self.core.outbox);
         // What each runbook paged about, in order: forgotten at a repair
         // or a person's takeover (`resolve_pages` without a run).
@@ -310,6 +335,14 @@ impl Engine {
                 {
                     if let Some(node) = &r.node {
                         Core::forget_paged(&mut ob, node, r.gpu);
+                    }
+                }
+                RecordKind::Notification if now.saturating_sub(r.ts_ms) < remind_ms => {
+                    let Ok(n) = r.payload::<data::Notice>() else { continue };
+                    if let (Some(rb), Some(node), None | Some(false), None | Some(false), None) =
+                        (&r.runbook, &r.node, n.dry_run, n.shadow, n.resolves)
+                    {
+                        ob.paged.insert((rb.clone(), node.clone(), r.gpu, said_shape(&n.text)), (r.seq, r.ts_ms));
                     }
                 }
                 _ => {}

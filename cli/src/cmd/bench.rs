@@ -914,6 +914,9 @@ async fn script_overhead(iterations: usize) -> Result<Vec<f64>> {
         fn event_resolved(&self, _: &RunCtx) -> bool {
             false
         }
+        fn runs_within(&self, _: &RunCtx, _: i64) -> i64 {
+            0
+        }
         fn release_holds(&self, _: &RunCtx, _: Option<&str>) -> rhai::Map {
             rhai::Map::new()
         }

@@ -561,6 +561,13 @@ pub struct NotificationsConfig {
     /// page per fault, not one per retry, restart or expired hold.
     #[serde(default = "d_repage_after")]
     pub repage_after_secs: u64,
+    /// The same for notifications: a runbook that told the team something
+    /// about a node or GPU says it again (figures aside) only after this
+    /// long — a reminder — or after a repair or a person's takeover; in
+    /// between, and across restarts, it is a note on the run. A different
+    /// finding (other words) is said at once. 0 says everything every time.
+    #[serde(default = "d_repage_after")]
+    pub remind_after_secs: u64,
 }
 
 fn d_repage_after() -> u64 {
@@ -584,6 +591,7 @@ impl Default for NotificationsConfig {
             page_expiry_secs: d_page_expiry(),
             retry_max_secs: d_retry_max(),
             repage_after_secs: d_repage_after(),
+            remind_after_secs: d_repage_after(),
         }
     }
 }

@@ -106,6 +106,10 @@ fn values_that_disable_safety_are_refused_with_their_line() {
             "engine.yaml:7:3: notifications.page_expiry_secs: expected 60 to 86400, found 5",
         ),
         (
+            "notifications:\n  remind_after_secs: 99999999\n",
+            "engine.yaml:7:3: notifications.remind_after_secs: expected 0 (say every time) to 2592000 (30 days), found 99999999",
+        ),
+        (
             "notifications:\n  webhooks:\n    - {name: pager, url: 'http://pager.example/hook', fallback: phone}\n",
             "engine.yaml:8:65: notifications.webhooks[pager].fallback: expected another target's name (there is none), found \"phone\"",
         ),

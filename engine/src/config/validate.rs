@@ -390,6 +390,15 @@ impl EngineConfig {
                 ),
             ));
         }
+        let remind = cfg.notifications.remind_after_secs;
+        if remind > 30 * 86_400 {
+            return Err(err(
+                "notifications.remind_after_secs",
+                format!(
+                    "notifications.remind_after_secs: expected 0 (say every time) to 2592000 (30 days), found {remind}"
+                ),
+            ));
+        }
         let expiry = cfg.notifications.page_expiry_secs;
         if !(60..=86_400).contains(&expiry) {
             return Err(err(

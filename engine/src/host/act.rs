@@ -6,6 +6,15 @@
 use super::*;
 
 impl Host {
+    /// See [`ScriptHost::runs_within`].
+    pub(super) fn runs_of_key_within(&self, window_ms: i64) -> i64 {
+        let Some(s) = self.summary() else { return 0 };
+        let key = crate::runtable::RunTable::key(&s);
+        let since = self.core.now().saturating_sub(window_ms);
+        let t = self.core.table();
+        t.attempts.get(&key).map_or(0, |q| q.iter().filter(|ts| **ts >= since).count()) as i64
+    }
+
     /// Checks that come before any change; `Err` is the refusal (or a skip).
     fn admit_change(&self, ctx: &RunCtx, node: &str, op: &Op, m: &Manifest) -> Result<(), Map> {
         if !self.in_target(ctx, node) {

@@ -689,6 +689,17 @@ impl ScriptHost for Host {
             kind = TextKind::Note;
             rk = RecordKind::Note;
         }
+        // A finding told already (the same run resumed, the cause still
+        // there at the next run): a note until the reminder is due.
+        if kind == TextKind::Notify
+            && !ctx.dry_run
+            && let Some(node) = ctx.target.node.as_deref()
+            && let Some(seq) = self.core.already_said(&ctx.runbook, node, ctx.target.gpu, &text)
+        {
+            text = format!("already said (audit #{seq}), not said again: {text}");
+            kind = TextKind::Note;
+            rk = RecordKind::Note;
+        }
         if kind == TextKind::Note {
             self.append(
                 ctx,
@@ -726,6 +737,10 @@ impl ScriptHost for Host {
     fn event_resolved(&self, _ctx: &RunCtx) -> bool {
         let Some(s) = self.summary() else { return false };
         self.core.table().episode_resolved(&s.event)
+    }
+
+    fn runs_within(&self, _ctx: &RunCtx, window_ms: i64) -> i64 {
+        self.runs_of_key_within(window_ms)
     }
 }
 

@@ -166,6 +166,10 @@ pub trait ScriptHost: Send + Sync {
     fn autoscale(&self, ctx: &RunCtx, out: bool, count: i64, why: &str) -> Map;
     fn text(&self, ctx: &RunCtx, kind: TextKind, text: &str);
     fn event_resolved(&self, ctx: &RunCtx) -> bool;
+    /// Runs of this runbook on this target that started in the last
+    /// `window_ms` (at most 24 h), this one included; a run that decided
+    /// there was nothing to do does not count. Rebuilt after a restart.
+    fn runs_within(&self, ctx: &RunCtx, window_ms: i64) -> i64;
     /// Release this run's holds (on `node`, or everywhere it holds).
     fn release_holds(&self, ctx: &RunCtx, node: Option<&str>) -> Map;
     /// Keep this run's holds past its end, with a new lease.

@@ -121,6 +121,16 @@ pub(super) fn register(e: &mut Engine) {
         m.insert("pct".into(), Dynamic::from_float(limit));
         m
     });
+    // How often this row acted on this target lately: a recurrence is a
+    // finding of its own (H6: "the flush did not stick").
+    e.register_fn("runs_within", |w: Dynamic| -> Result<i64, Box<EvalAltResult>> {
+        let c = ctx()?;
+        let secs = w.as_float().ok().or_else(|| w.as_int().ok().map(|i| i as f64));
+        let secs = secs
+            .filter(|s| s.is_finite() && (0.0..=86_400.0).contains(s))
+            .ok_or_else(|| super::rt(format!("runs_within: expected 0 to 86400 seconds, found {w}")))?;
+        Ok(c.host.runs_within(&c, (secs * 1000.0) as i64))
+    });
     e.register_fn("workload", || -> Result<Map, Box<EvalAltResult>> {
         let c = ctx()?;
         let node = c.node()?;
