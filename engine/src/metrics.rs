@@ -139,6 +139,24 @@ pub const METRICS: &[MetricDef] = &[
         "GPU processes registered for the flush signal",
         "agent (the flush registry folder)",
     ),
+    gpu(
+        "gpu.mem_peak_allocated_pct",
+        "%",
+        "the job's peak allocated GPU memory, without its allocator's cache (absent where the job does not export it)",
+        "job textfile (PyTorch torch.cuda.max_memory_allocated); nightshift_gpu_mem_peak_allocated_pct",
+    ),
+    gpu(
+        "gpu.mem_need_pct",
+        "%",
+        "GPU memory the work needs: the job's peak allocated where it exports it, else framebuffer used (a fallback that counts the allocator's cache)",
+        "derived: gpu.mem_peak_allocated_pct, else gpu.mem_used_pct",
+    ),
+    node(
+        "job.oom_events_total",
+        "count",
+        "out-of-memory errors the node's jobs caught (a counter)",
+        "job textfile; nightshift_job_oom_events_total",
+    ),
 ];
 
 /// Look a metric up by name.
@@ -192,6 +210,9 @@ pub mod ids {
     pub const CHASSIS_FAN: MetricId = 30;
     pub const JOB_WORLD_SIZE: MetricId = 31;
     pub const FLUSH_REGISTERED: MetricId = 32;
+    pub const MEM_PEAK: MetricId = 33;
+    pub const MEM_NEED: MetricId = 34;
+    pub const OOM_EVENTS: MetricId = 35;
 }
 
 #[cfg(test)]
@@ -219,11 +240,14 @@ mod tests {
             (ids::CHASSIS_FAN, "node.chassis_fan_pct"),
             (ids::JOB_WORLD_SIZE, "job.world_size"),
             (ids::FLUSH_REGISTERED, "node.flush_registered"),
+            (ids::MEM_PEAK, "gpu.mem_peak_allocated_pct"),
+            (ids::MEM_NEED, "gpu.mem_need_pct"),
+            (ids::OOM_EVENTS, "job.oom_events_total"),
         ];
         for (id, name) in pairs {
             assert_eq!(metric(id).name, name);
             assert_eq!(metric_id(name), Some(id));
         }
-        assert_eq!(METRICS.len(), ids::FLUSH_REGISTERED as usize + 1);
+        assert_eq!(METRICS.len(), ids::OOM_EVENTS as usize + 1);
     }
 }

@@ -55,6 +55,8 @@ pub fn dcgm_metric(name: &str) -> Option<DcgmField> {
         // A job's own readings (see the agent's job textfile contract), when
         // node_exporter's textfile collector serves the same files.
         "nightshift_gpu_mem_fragmentation_pct" => Metric(ids::MEM_FRAG),
+        "nightshift_gpu_mem_peak_allocated_pct" => Metric(ids::MEM_PEAK),
+        "nightshift_job_oom_events_total" => Metric(ids::OOM_EVENTS),
         "nightshift_job_progress" => Metric(ids::JOB_PROGRESS),
         "nightshift_comm_overhead_pct" => Metric(ids::COMM_OVERHEAD),
         "nightshift_allreduce_p99_ms" => Metric(ids::ALLREDUCE_P99),
@@ -96,6 +98,8 @@ pub const DCGM_NAMES: &[&str] = &[
     "DCGM_FI_DEV_FB_USED",
     "DCGM_FI_DEV_FB_FREE",
     "nightshift_gpu_mem_fragmentation_pct",
+    "nightshift_gpu_mem_peak_allocated_pct",
+    "nightshift_job_oom_events_total",
     "nightshift_job_progress",
     "nightshift_comm_overhead_pct",
     "nightshift_allreduce_p99_ms",
@@ -397,6 +401,18 @@ pub fn map_samples(
             out.push((node, Some(gpu), ids::MEM_USED, ts, u / (u + f) * 100.0));
         }
     }
+    // What the work needs: the job's peak allocated where it exports it,
+    // else framebuffer used (the fallback counts the allocator's cache).
+    let peaks: std::collections::HashSet<(&str, u32)> =
+        out.iter().filter(|s| s.2 == ids::MEM_PEAK).filter_map(|s| Some((s.0.as_str(), s.1?))).collect();
+    let need: Vec<_> = out
+        .iter()
+        .filter(|s| {
+            s.2 == ids::MEM_PEAK || (s.2 == ids::MEM_USED && s.1.is_some_and(|g| !peaks.contains(&(s.0.as_str(), g))))
+        })
+        .map(|s| (s.0.clone(), s.1, ids::MEM_NEED, s.3, s.4))
+        .collect();
+    out.extend(need);
     (out, st)
 }
 

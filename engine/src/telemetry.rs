@@ -421,6 +421,10 @@ pub fn samples_from(t: &Telemetry) -> Vec<(Option<u16>, MetricId, f64)> {
         }
         out.push((i, ids::UTIL, g.util_pct));
         out.push((i, ids::MEM_USED, g.mem_used_pct));
+        if let Some(p) = g.mem_peak_allocated_pct {
+            out.push((i, ids::MEM_PEAK, p));
+        }
+        out.push((i, ids::MEM_NEED, g.mem_peak_allocated_pct.unwrap_or(g.mem_used_pct)));
         if let Some(f) = g.mem_fragmentation_pct {
             out.push((i, ids::MEM_FRAG, f));
         }
@@ -455,6 +459,9 @@ pub fn samples_from(t: &Telemetry) -> Vec<(Option<u16>, MetricId, f64)> {
     }
     if let Some(v) = n.allreduce_p99_ms {
         out.push((None, ids::ALLREDUCE_P99, v));
+    }
+    if let Some(v) = n.job_oom_events_total {
+        out.push((None, ids::OOM_EVENTS, v as f64));
     }
     if let Some(v) = n.comm_overhead_pct {
         out.push((None, ids::COMM_OVERHEAD, v));

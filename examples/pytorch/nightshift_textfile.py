@@ -14,7 +14,9 @@ training step and `write()` every few seconds (or let `step()` do it):
 It writes, atomically (temp file, then rename):
 
     nightshift_job_progress <steps>
-    nightshift_gpu_mem_fragmentation_pct{gpu="<i>"} <1 - allocated/reserved, in %>
+    nightshift_gpu_mem_fragmentation_pct{gpu="<i>"} <inactive split bytes / reserved, in % (else 1 - allocated/reserved)>
+    nightshift_gpu_mem_peak_allocated_pct{gpu="<i>"} <peak allocated / the GPU's memory, in %: what the job needs>
+    nightshift_job_oom_events_total <out-of-memory errors the allocator caught>
     nightshift_comm_overhead_pct <all-reduce share of step time, over the last steps>
     nightshift_allreduce_p99_ms <p99 of the last steps' all-reduce times>
 
@@ -30,7 +32,12 @@ The heartbeat stops with the process, so a finished job is never "stalled".
 
 The allocator figures come from `torch.cuda.memory_stats`, behind
 `memory_stats`, a function you (or a test) may replace: it maps a GPU index
-to `{"allocated_bytes.all.current": …, "reserved_bytes.all.current": …}`.
+to `{"allocated_bytes.all.current": …, "reserved_bytes.all.current": …,
+"inactive_split_bytes.all.current": …, "allocated_bytes.all.peak": …,
+"num_ooms": …}`; the GPU's memory size from `total_bytes` (default
+`torch.cuda.get_device_properties(i).total_memory`). Framebuffer used, as
+NVML reads it, counts the allocator's cache: nightshift's headroom row (H7)
+reads the peak allocated figure instead where a job writes it.
 """
 
 import os
@@ -47,6 +54,12 @@ def torch_memory_stats(gpu):
     return torch.cuda.memory_stats(gpu)
 
 
+def torch_total_bytes(gpu):
+    import torch
+
+    return torch.cuda.get_device_properties(gpu).total_memory
+
+
 def torch_gpus():
     import torch
 
@@ -55,13 +68,22 @@ def torch_gpus():
 
 class JobTextfile:
     def __init__(
-        self, job, directory=None, gpus=None, memory_stats=None, window=100, write_every_secs=5.0, world_size=None
+        self,
+        job,
+        directory=None,
+        gpus=None,
+        memory_stats=None,
+        window=100,
+        write_every_secs=5.0,
+        world_size=None,
+        total_bytes=None,
     ):
         self.directory = directory or os.environ.get("NIGHTSHIFT_JOB_METRICS_DIR", DEFAULT_DIR)
         self.path = os.path.join(self.directory, f"{job}.prom")
         self.heartbeat_path = os.path.join(self.directory, f"{job}.heartbeat.prom")
         self.world_size = world_size or int(os.environ.get("WORLD_SIZE", "0")) or None
         self.memory_stats = memory_stats or torch_memory_stats
+        self.total_bytes = total_bytes or torch_total_bytes
         self.gpus = gpus if gpus is not None else torch_gpus()
         self.window = window
         self.write_every_secs = write_every_secs
@@ -89,12 +111,30 @@ class JobTextfile:
         allocated = s.get("allocated_bytes.all.current", 0)
         if reserved <= 0:
             return 0.0
+        # Inactive split blocks are the free pieces the allocator cannot hand
+        # out whole: fragmentation. Cached whole blocks are not.
+        inactive = s.get("inactive_split_bytes.all.current")
+        if inactive is not None:
+            return max(0.0, min(100.0, inactive / reserved * 100.0))
         return max(0.0, min(100.0, (1.0 - allocated / reserved) * 100.0))
+
+    def peak_allocated_pct(self, gpu):
+        peak = self.memory_stats(gpu).get("allocated_bytes.all.peak")
+        total = self.total_bytes(gpu)
+        if peak is None or not total:
+            return None
+        return max(0.0, min(100.0, peak / total * 100.0))
 
     def lines(self):
         out = [f"nightshift_job_progress {self.steps}"]
+        ooms = 0
         for g in self.gpus:
             out.append(f'nightshift_gpu_mem_fragmentation_pct{{gpu="{g}"}} {self.fragmentation_pct(g):.2f}')
+            peak = self.peak_allocated_pct(g)
+            if peak is not None:
+                out.append(f'nightshift_gpu_mem_peak_allocated_pct{{gpu="{g}"}} {peak:.2f}')
+            ooms += self.memory_stats(g).get("num_ooms", 0)
+        out.append(f"nightshift_job_oom_events_total {ooms}")
         if self.step_ms:
             share = 100.0 * sum(self.allreduce_ms) / sum(self.step_ms)
             out.append(f"nightshift_comm_overhead_pct {share:.2f}")
@@ -167,9 +207,21 @@ def _simulate(argv):
     def stats(gpu):
         frag = a.fragmentation_pct if gpu == a.fragmented_gpu else 2.0
         reserved = 40 << 30
-        return {"reserved_bytes.all.current": reserved, "allocated_bytes.all.current": reserved * (1 - frag / 100.0)}
+        return {
+            "reserved_bytes.all.current": reserved,
+            "allocated_bytes.all.current": reserved * (1 - frag / 100.0),
+            "allocated_bytes.all.peak": reserved,
+            "num_ooms": 0,
+        }
 
-    tf = JobTextfile(a.job, directory=a.dir, gpus=list(range(a.gpus)), memory_stats=stats, write_every_secs=0.2)
+    tf = JobTextfile(
+        a.job,
+        directory=a.dir,
+        gpus=list(range(a.gpus)),
+        memory_stats=stats,
+        write_every_secs=0.2,
+        total_bytes=lambda gpu: 80 << 30,
+    )
     tf.start_heartbeat(every_secs=0.2)
     end = time.monotonic() + a.seconds
     step_ms = 1000.0 / a.steps_per_sec

@@ -251,6 +251,8 @@ impl NvmlBackend {
                 .map(|m| (m.used as f64 / m.total as f64 * 10_000.0).round() / 100.0)
                 .unwrap_or(0.0),
             mem_fragmentation_pct: None,
+            // Only the job knows its allocator (the job textfile).
+            mem_peak_allocated_pct: None,
             sm_clock_mhz: opt(d.clock_info(Clock::SM)),
             ecc_sbe_total: opt(d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)).unwrap_or(0),
             ecc_dbe_total: opt(d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)).unwrap_or(0),

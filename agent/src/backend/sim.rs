@@ -439,6 +439,8 @@ struct NodeState {
     cpu_bottleneck: bool,
     util_swing: bool,
     comm_overhead_override: Option<f64>,
+    /// Out-of-memory errors the job caught (a need at 98 % or more).
+    oom_events: u64,
     job: Option<SimJob>,
     /// World size of the jobs placed here.
     job_world_size: u32,
@@ -690,6 +692,7 @@ impl SimBackend {
                     cpu_bottleneck: false,
                     util_swing: false,
                     comm_overhead_override: None,
+                    oom_events: 0,
                     job,
                     job_world_size: config.gpus,
                     chassis_full: false,
@@ -1143,6 +1146,9 @@ impl SimBackend {
                 for i in pick(*gpu)? {
                     st.gpus[i].mem_used_pct = v;
                 }
+                if v >= 98.0 {
+                    st.node.oom_events += 1;
+                }
             }
             SimFault::CpuBottleneck { active } => st.node.cpu_bottleneck = *active,
             SimFault::UtilSwing { active } => st.node.util_swing = *active,
@@ -1246,6 +1252,7 @@ impl Backend for SimBackend {
         let tick = st.node.ticks;
         let p = self.profile;
         let ambient = self.config.ambient_c;
+        let has_job = st.node.job.is_some();
         let gpus = st
             .gpus
             .iter()
@@ -1274,7 +1281,18 @@ impl Backend for SimBackend {
                     power_limit_watts: g.power_limit_watts,
                     fan_pct: p.fan_control.then(|| g.fan_actual_pct.round()),
                     util_pct: (g.util_now_pct + 1.5 * noise(seed, i, tick, 3)).clamp(0.0, 100.0).round(),
-                    mem_used_pct: round2(g.mem_used_pct),
+                    // Framebuffer used, as NVML reads it: with a job, its
+                    // caching allocator keeps what it once reserved (a busy
+                    // training GPU reads 85–95 % whatever it needs); without
+                    // one, the driver's own few hundred MiB.
+                    mem_used_pct: round2(if has_job {
+                        (g.mem_used_pct + 0.75 * (100.0 - g.mem_used_pct)).min(99.5)
+                    } else {
+                        0.4
+                    }),
+                    // What the job needs (its allocator's peak), exported by
+                    // the job like PyTorch's max_memory_allocated.
+                    mem_peak_allocated_pct: has_job.then(|| round2(g.mem_used_pct)),
                     mem_fragmentation_pct: Some(round2(g.frag_pct)),
                     sm_clock_mhz: Some(g.sm_clock_mhz),
                     ecc_sbe_total: g.sbe,
@@ -1340,6 +1358,7 @@ impl Backend for SimBackend {
             job_stalled_secs: stalled,
             jobs_running: Some(running),
             job_world_size: world,
+            job_oom_events_total: has_job.then_some(node.oom_events),
             flush_registered: Some(if running > 0 { registered } else { 0 }),
             chassis_fan_pct: (!p.fan_control).then(|| (node.chassis_actual_pct * node.chassis_airflow_factor).round()),
             drained: false,

@@ -5,7 +5,9 @@
 //!
 //! ```text
 //! nightshift_job_progress 1234                       # steps done (a counter)
-//! nightshift_gpu_mem_fragmentation_pct{gpu="1"} 28.5 # 1 − allocated/reserved
+//! nightshift_gpu_mem_fragmentation_pct{gpu="1"} 28.5 # inactive split bytes / reserved (else 1 − allocated/reserved)
+//! nightshift_gpu_mem_peak_allocated_pct{gpu="1"} 71  # peak allocated / total: the job's real need
+//! nightshift_job_oom_events_total 0                  # out-of-memory errors caught (a counter)
 //! nightshift_comm_overhead_pct 34                    # all-reduce share of step time
 //! nightshift_allreduce_p99_ms 8.5
 //! nightshift_nvlink_p2p_latency_us 4.7
@@ -41,6 +43,8 @@ use nightshift_proto::{GpuTelemetry, NodeTelemetry};
 pub struct JobReadings {
     pub progress: Option<f64>,
     pub fragmentation_pct: BTreeMap<u32, f64>,
+    pub peak_allocated_pct: BTreeMap<u32, f64>,
+    pub oom_events: Option<f64>,
     pub comm_overhead_pct: Option<f64>,
     pub allreduce_p99_ms: Option<f64>,
     pub p2p_latency_us: Option<f64>,
@@ -227,6 +231,16 @@ pub fn parse_into_at(text: &str, file: &Path, r: &mut JobReadings, now_secs: f64
                 Some(_) => reject(format!("fragmentation: expected 0 to 100, found {v}")),
                 None => reject("nightshift_gpu_mem_fragmentation_pct needs a gpu=\"N\" label".into()),
             },
+            "nightshift_gpu_mem_peak_allocated_pct" => match gpu {
+                Some(g) if (0.0..=100.0).contains(&v) => {
+                    let e = r.peak_allocated_pct.entry(g).or_insert(v);
+                    *e = e.max(v);
+                }
+                Some(_) => reject(format!("peak allocated: expected 0 to 100, found {v}")),
+                None => reject("nightshift_gpu_mem_peak_allocated_pct needs a gpu=\"N\" label".into()),
+            },
+            "nightshift_job_oom_events_total" if v >= 0.0 => r.oom_events = Some(r.oom_events.unwrap_or(0.0) + v),
+            "nightshift_job_oom_events_total" => reject(format!("oom events: expected 0 or more, found {v}")),
             "nightshift_comm_overhead_pct" => worst(&mut r.comm_overhead_pct, v),
             "nightshift_allreduce_p99_ms" => worst(&mut r.allreduce_p99_ms, v),
             "nightshift_nvlink_p2p_latency_us" => worst(&mut r.p2p_latency_us, v),
@@ -250,6 +264,12 @@ impl JobReadings {
             if let Some(f) = self.fragmentation_pct.get(&g.index) {
                 g.mem_fragmentation_pct = Some(*f);
             }
+            if let Some(p) = self.peak_allocated_pct.get(&g.index) {
+                g.mem_peak_allocated_pct = Some(*p);
+            }
+        }
+        if let Some(n) = self.oom_events {
+            node.job_oom_events_total = Some(n.min(u64::MAX as f64) as u64);
         }
         if self.progress.is_some() {
             node.job_progress = self.progress;
@@ -280,12 +300,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
             dir.path().join("job-a.prom"),
-            "# HELP …\nnightshift_job_progress 100\nnightshift_gpu_mem_fragmentation_pct{gpu=\"1\"} 28.5\nnightshift_comm_overhead_pct 12\n",
+            "# HELP …\nnightshift_job_progress 100\nnightshift_gpu_mem_fragmentation_pct{gpu=\"1\"} 28.5\nnightshift_comm_overhead_pct 12\nnightshift_gpu_mem_peak_allocated_pct{gpu=\"1\"} 71\nnightshift_job_oom_events_total 2\n",
         )
         .unwrap();
         std::fs::write(
             dir.path().join("job-b.prom"),
-            "nightshift_job_progress 50\nnightshift_comm_overhead_pct 34\nnightshift_gpu_mem_fragmentation_pct 3\nnightshift_comm_overhead_pct NaN\nbogus_metric 1\n",
+            "nightshift_job_progress 50\nnightshift_comm_overhead_pct 34\nnightshift_gpu_mem_fragmentation_pct 3\nnightshift_comm_overhead_pct NaN\nbogus_metric 1\nnightshift_gpu_mem_peak_allocated_pct{gpu=\"1\"} 140\nnightshift_job_oom_events_total 1\nnightshift_job_oom_events_total -1\n",
         )
         .unwrap();
         std::fs::write(dir.path().join("notes.txt"), "nightshift_job_progress 999\n").unwrap();
@@ -293,13 +313,17 @@ mod tests {
         assert_eq!(r.progress, Some(150.0));
         assert_eq!(r.fragmentation_pct.get(&1), Some(&28.5));
         assert_eq!(r.comm_overhead_pct, Some(34.0), "the worst of the jobs");
+        assert_eq!(r.peak_allocated_pct.get(&1), Some(&71.0));
+        assert_eq!(r.oom_events, Some(3.0), "the jobs' counters add up");
         let why: Vec<(usize, &str)> = r.rejected.iter().map(|(_, l, w)| (*l, w.as_str())).collect();
         assert_eq!(
             why,
             vec![
                 (3, "nightshift_gpu_mem_fragmentation_pct needs a gpu=\"N\" label"),
                 (4, "expected a finite number, found \"NaN\""),
-                (5, "unknown reading `bogus_metric`")
+                (5, "unknown reading `bogus_metric`"),
+                (6, "peak allocated: expected 0 to 100, found 140"),
+                (8, "oom events: expected 0 or more, found -1")
             ]
         );
         // A job that stopped writing is ignored after max_age.

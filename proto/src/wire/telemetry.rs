@@ -123,6 +123,11 @@ pub struct GpuTelemetry {
     pub mem_used_pct: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_fragmentation_pct: Option<f64>,
+    /// The job's peak allocated memory, % of the GPU's (its allocator's own
+    /// count — PyTorch's `max_memory_allocated` — without its cache): the
+    /// headroom signal. Only a job that exports it has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_peak_allocated_pct: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sm_clock_mhz: Option<u32>,
     #[serde(default)]
@@ -210,6 +215,9 @@ pub struct NodeTelemetry {
     /// The largest world size (GPUs in the job, across nodes) of those jobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_world_size: Option<u32>,
+    /// Out-of-memory errors the node's jobs caught (a counter, summed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_oom_events_total: Option<u64>,
     /// GPU processes registered for the flush signal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flush_registered: Option<u32>,
