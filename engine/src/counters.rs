@@ -31,6 +31,9 @@ pub struct Counters {
     /// Runs cancelled so a critical run could go first.
     pub runs_preempted: AtomicU64,
     pub runs_by_outcome: Mutex<HashMap<&'static str, u64>>,
+    /// What scripts told people, by (runbook, `notification` | `escalation`
+    /// | `repeat_noted` — a finding said again, kept as a note).
+    pub told: Mutex<std::collections::BTreeMap<(String, &'static str), u64>>,
     /// Alerts each alert-triggered runbook looked at (its alertname matched).
     pub alert_evaluations: Mutex<HashMap<String, u64>>,
     pub action_latency: Mutex<Histogram>,

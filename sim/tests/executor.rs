@@ -9,6 +9,7 @@ use nightshift_engine::audit::RecordKind;
 use nightshift_engine::engine::Submitted;
 use nightshift_engine::runs::{RunOutcome, RunState, Target};
 use nightshift_proto::{NoArgs, Op, Request, Telemetry};
+use nightshift_sim::fleet::SimNodeSpec;
 
 const HOT_ALERT: &str = "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 300\n";
 /// `GpuHot` on a node, no cooldown: every new alert may start a run.
@@ -263,7 +264,9 @@ async fn a_run_that_decides_there_is_nothing_to_do_spends_no_budget() {
     for (script, refused) in [("note(\"within threshold: nothing to do\");\n", 0), ("notify(\"look at it\");\n", 4)] {
         let rb = tempfile::tempdir().unwrap();
         write_runbook(rb.path(), "hot", &format!("{HOT_ANY_TIME}max_attempts_per_day: 2\n"), script);
-        let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+        // Every notice is said (a finding said again is otherwise a note,
+        // and a run that only repeats itself did nothing either).
+        let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |o| o.notifications.remind_after_secs = 0).await;
         for i in 0..6 {
             if i == 3 {
                 sim.fleet.restart_engine().await.unwrap();
@@ -920,4 +923,36 @@ async fn a_hands_off_outlives_a_restart_and_ends_when_its_time_is_up() {
     f.run_for(10).await.unwrap();
     let runs = f.engine.runs(&Default::default()).unwrap().runs;
     assert_eq!(runs[0].outcome, Some(RunOutcome::Succeeded), "acts again: {:?}", runs[0]);
+}
+
+/// A storm queues hundreds of runs behind `max_concurrent: 1`; by the time
+/// a slot frees, every one is past its event age. The queue skips them in
+/// one loop: before, each skipped run pumped the queue again from inside
+/// its own `finish`, and 256 of them overflowed a worker's stack (found by
+/// `nightshift simulate` on 256 nodes whose headroom runs all queued).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_queued_runs_gone_stale_are_skipped_in_a_loop_not_a_stack_overflow() {
+    const N: usize = 400;
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "hot",
+        &format!("{HOT_ANY_TIME}max_concurrent: 1\nmax_event_age_secs: 60\n"),
+        "sleep(90);\n",
+    );
+    let nodes = (0..N).map(|i| SimNodeSpec::new(&format!("n{i:03}"), "h100-sxm", 1)).collect();
+    let sim = start(nodes, rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let t = now(f);
+    for i in 0..N {
+        let name = format!("n{i:03}");
+        f.engine.ingest_alertmanager(alert_payload("GpuHot", &name, &format!("fp-{i}"), t, "firing"), "alertmanager");
+    }
+    f.run_for(150).await.unwrap();
+    let recs = records(f);
+    let finished =
+        |o: &str| recs.iter().filter(|r| r.kind == RecordKind::RunFinished && r.data["outcome"] == o).count();
+    assert_eq!(recs.iter().filter(|r| r.kind == RecordKind::RunQueued).count(), N, "one run per node");
+    assert_eq!(finished("succeeded"), 1, "one slot, one run acted");
+    assert_eq!(finished("skipped"), N - 1, "the rest went stale in the queue");
 }

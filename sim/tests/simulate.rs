@@ -80,6 +80,12 @@ async fn a_small_fleet_week_nightshift_quarantines_in_seconds_touches_no_healthy
     assert_eq!(ns["pages"], 0, "{ctx}");
     // The manual process pages for every fault it sees.
     assert_eq!(n(&manual["pages"]), n(&r["faults"]), "{manual}");
+    // A week of busy training jobs (framebuffer ~90 % used by the caching
+    // allocator, a 9 % all-reduce share) with no workload fault: the
+    // workload rows say nothing.
+    for row in ["mem-fragmentation", "mem-headroom", "gpu-starved", "util-swing", "comm-overhead"] {
+        assert_eq!(ns["told_by_runbook"].get(row), None, "{row} told people about a healthy job: {ctx}");
+    }
 
     // Against the same schedule: better than the manual process, within a
     // quarter of the physical limit.

@@ -99,6 +99,16 @@ pub fn render(engine: &Engine) -> String {
         family(&mut out, name, "counter", help);
         let _ = writeln!(out, "{name} {v}");
     }
+    family(
+        &mut out,
+        "nightshift_told_total",
+        "counter",
+        "What runbooks told people, by runbook and kind: notification, escalation, or repeat_noted (a finding said again within notifications.remind_after_secs, kept as a note).",
+    );
+    let told = c.told.lock().map(|m| m.clone()).unwrap_or_default();
+    for ((rb, kind), n) in told {
+        let _ = writeln!(out, "nightshift_told_total{{runbook=\"{rb}\",kind=\"{kind}\"}} {n}");
+    }
     family(&mut out, "nightshift_runs_total", "counter", "Finished runs by outcome.");
     let by = c.runs_by_outcome.lock().map(|m| m.clone()).unwrap_or_default();
     for o in ["succeeded", "failed", "refused", "timed_out", "cancelled", "interrupted"] {

@@ -59,6 +59,12 @@ async fn fixture_with(edit: impl FnOnce(&mut SimFleetOptions)) -> Fixture {
     );
     write(rb.path(), "careful", "trigger: {type: manual}\nscope: node\napproval: {always: true}\n", "note(\"ok\");\n");
     write(rb.path(), "hot", "trigger: {type: alert, alertname: GpuTempHigh}\nscope: gpu\n", "set_power_limit(450);\n");
+    write(
+        rb.path(),
+        "tell",
+        "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\n",
+        "notify(`GPU ${target.gpu} on ${target.node} reads ${elapsed()} s: look at it`);\n",
+    );
     let script = Arc::new(build_engine(&ScriptLimits::default()));
     let set = load_dir(rb.path(), &script);
     assert!(set.errors.is_empty(), "{:?}", set.errors);
@@ -609,6 +615,12 @@ async fn metrics_follow_the_exposition_format() {
     let f = fixture().await;
     call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "cap", "node": "gpu-a1", "gpu": 0}))).await;
     settle(&f).await;
+    // One finding told twice: said once, then kept as a note (counted).
+    for _ in 0..2 {
+        call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(json!({"runbook": "tell", "node": "gpu-a1", "gpu": 1})))
+            .await;
+        settle(&f).await;
+    }
     let (s, v) = call(&f, "GET", "/metrics", Some(VIEWER), None).await;
     assert_eq!(s, StatusCode::OK);
     let text = v.as_str().unwrap();
@@ -624,8 +636,10 @@ async fn metrics_follow_the_exposition_format() {
     ] {
         assert!(families.contains_key(want), "missing {want}");
     }
-    assert!(text.contains("nightshift_runs_total{outcome=\"succeeded\"} 1"), "{text}");
+    assert!(text.contains("nightshift_runs_total{outcome=\"succeeded\"} 3"), "{text}");
     assert!(text.contains("nightshift_action_duration_seconds_count 1"), "{text}");
+    assert!(text.contains("nightshift_told_total{runbook=\"tell\",kind=\"notification\"} 1"), "{text}");
+    assert!(text.contains("nightshift_told_total{runbook=\"tell\",kind=\"repeat_noted\"} 1"), "{text}");
     assert!(text.contains("nightshift_agents_connected 2"), "{text}");
 }
 

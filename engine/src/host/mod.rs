@@ -700,6 +700,15 @@ impl ScriptHost for Host {
             kind = TextKind::Note;
             rk = RecordKind::Note;
         }
+        let what = match kind {
+            TextKind::Notify => Some("notification"),
+            TextKind::Escalate => Some("escalation"),
+            TextKind::Note if text.starts_with("already ") => Some("repeat_noted"),
+            TextKind::Note => None,
+        };
+        if let (Some(what), false) = (what, ctx.dry_run) {
+            *crate::core::lock(&self.core.counters.told).entry((ctx.runbook.clone(), what)).or_default() += 1;
+        }
         if kind == TextKind::Note {
             self.append(
                 ctx,

@@ -19,6 +19,11 @@ use crate::runs::{RunOutcome, RunState, RunSummary};
 use crate::runtable::{RunEntry, RunTable};
 use crate::script::{self, RunCtx, ScriptOutcome};
 
+tokio::task_local! {
+    /// Set on a task while it runs the pump loop.
+    static IN_PUMP: ();
+}
+
 impl Engine {
     // ---------------------------------------------------------------- the queue
 
@@ -46,8 +51,20 @@ impl Engine {
     }
 
     /// Start every run that may start now. Boxed, as `finish` is.
+    ///
+    /// A run the loop ends itself (refused, skipped as stale, held by a
+    /// tripped breaker) pumps again from inside `finish`; on the loop's own
+    /// task that pump returns at once — the loop goes on to the next run —
+    /// so a queue of a thousand runs that all went stale is a loop, not a
+    /// thousand nested calls (it overflowed the stack: 256 nodes whose
+    /// headroom runs waited behind `max_concurrent`).
     pub fn pump(&self) -> futures::future::BoxFuture<'_, ()> {
-        Box::pin(self.pump_inner())
+        Box::pin(async move {
+            if IN_PUMP.try_with(|_| ()).is_ok() {
+                return;
+            }
+            IN_PUMP.scope((), self.pump_inner()).await
+        })
     }
 
     async fn pump_inner(&self) {

@@ -26,6 +26,7 @@ pub mod operations;
 pub mod report;
 pub mod schedule;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use account::{Accounting, JobModel, Outcome};
@@ -205,6 +206,9 @@ pub struct PolicyRun {
     /// Messages to the team's chat (ms, class or `no_fault`): nightshift's
     /// notifications that are not follow-ups of a page.
     pub chat_messages: Vec<(i64, String)>,
+    /// Pages and chat messages together, by the runbook that said them
+    /// (`nightshift` only): which rows talk.
+    pub told_by_runbook: BTreeMap<String, u64>,
     pub counts: Counts,
 }
 

@@ -374,6 +374,11 @@ pub async fn run(
         let records = sim.engine.audit().tail(seq, usize::MAX).map_err(|e| setup(&e))?;
         for r in &records {
             seq = seq.max(r.seq);
+            if matches!(r.kind, RecordKind::Escalation | RecordKind::Notification)
+                && let Some(rb) = &r.runbook
+            {
+                *out.told_by_runbook.entry(rb.clone()).or_default() += 1;
+            }
             tracing::trace!(at_secs = now / 1000, kind = ?r.kind, node = ?r.node, gpu = ?r.gpu, data = %r.data, "simulate: audit");
             let Some(n) = r.node.as_deref().and_then(|n| index.get(n)).copied() else {
                 if r.kind == RecordKind::Escalation

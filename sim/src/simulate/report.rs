@@ -46,6 +46,8 @@ pub struct PolicyReport {
     /// Notifications to the team's chat (not pages).
     pub chat_messages: u64,
     pub chat_messages_by_class: BTreeMap<String, u64>,
+    /// Pages and chat messages by the runbook that said them.
+    pub told_by_runbook: BTreeMap<String, u64>,
     /// Share of the fleet in service, hour by hour, in percent.
     pub in_service_pct_by_hour: Vec<f64>,
 }
@@ -107,6 +109,7 @@ pub fn build(
                     *m.entry(c.clone()).or_default() += 1;
                     m
                 }),
+                told_by_runbook: p.told_by_runbook.clone(),
                 in_service_pct_by_hour: in_service(&p.out_of_service, opts.nodes, hours),
             };
             (name.to_string(), report)
