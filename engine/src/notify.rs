@@ -215,13 +215,27 @@ pub fn body(t: &WebhookTarget, rec: &AuditRecord, links: &Links) -> Value {
     }
 }
 
+/// A finding's identity: the runbook, node, GPU and what it says with its
+/// figures left out (`outbox.rs::finding_shape`), hashed to 12 hex digits —
+/// the same finding told by two runs (a reminder, a restart) carries the
+/// same `finding` label, so Alertmanager groups them (`group_by: [finding]`).
+pub fn finding_id(rec: &AuditRecord, text: &str) -> Option<String> {
+    use sha2::{Digest, Sha256};
+    let rb = rec.runbook.as_deref()?;
+    let mut h = Sha256::new();
+    h.update(format!("{rb}\n{}\n{:?}\n", rec.node.as_deref().unwrap_or(""), rec.gpu));
+    h.update(crate::outbox::finding_shape(text).as_bytes());
+    Some(hex::encode(&h.finalize()[..6]))
+}
+
 /// A notification as one alert for Alertmanager's `POST /api/v2/alerts`:
 /// an escalation is `NightshiftEscalation` with `severity="page"`, any
 /// other notice `NightshiftNotification` with `severity="info"`; both carry
 /// `component="nightshift"` (so the example routes send them to people,
 /// never back to nightshift), the node as `Hostname` (as dcgm-exporter's
-/// series), the GPU, runbook and run as labels, and the text and links as
-/// annotations. It fires from the record's time for `firing_secs`.
+/// series), the GPU, runbook, run and finding ([`finding_id`]) as labels,
+/// and the text and links as annotations. It fires from the record's time
+/// for `firing_secs`.
 fn alert_body(rec: &AuditRecord, text: &str, dry_run: bool, target: &str, links: &Links, firing_secs: u64) -> Value {
     let escalation = rec.kind == RecordKind::Escalation;
     let mut labels = serde_json::Map::new();
@@ -242,6 +256,9 @@ fn alert_body(rec: &AuditRecord, text: &str, dry_run: bool, target: &str, links:
     }
     if let Some(r) = &rec.run {
         label("run", r.clone());
+    }
+    if let Some(f) = finding_id(rec, text) {
+        label("finding", f);
     }
     if dry_run {
         label("dry_run", "true".into());
@@ -418,7 +435,8 @@ mod tests {
             b,
             json!([{
                 "labels": {"alertname": "NightshiftEscalation", "component": "nightshift", "severity": "page",
-                    "Hostname": "gpu-a1", "gpu": "3", "runbook": "gpu-overheat", "run": "r000007"},
+                    "Hostname": "gpu-a1", "gpu": "3", "runbook": "gpu-overheat", "run": "r000007",
+                    "finding": "ecf927796c56"},
                 "annotations": {"summary": "gpu-overheat on gpu-a1/3: still at 91 C after the power cap",
                     "description": "still at 91 C after the power cap", "audit_seq": "42",
                     "run_url": "https://ns.example/runs/r000007", "node_url": "https://ns.example/nodes/gpu-a1"},
@@ -427,6 +445,17 @@ mod tests {
                 "generatorURL": "https://ns.example/runs/r000007",
             }])
         );
+        // One finding in other figures is the same `finding`; other words,
+        // another GPU or another runbook are findings of their own.
+        let r = rec(RecordKind::Escalation);
+        let f = |r: &AuditRecord, t: &str| finding_id(r, t).unwrap();
+        assert_eq!(f(&r, "still at 93 C after the power cap"), "ecf927796c56");
+        assert_ne!(f(&r, "cannot drain the node"), "ecf927796c56");
+        let mut other = r.clone();
+        other.gpu = Some(4);
+        assert_ne!(f(&other, "still at 91 C after the power cap"), "ecf927796c56");
+        other.runbook = None;
+        assert_eq!(finding_id(&other, "text"), None, "an engine notice is no runbook's finding");
         // A notice is information, not a page; links in every format.
         let i = n.body(&n.targets[0], &rec(RecordKind::Notification));
         assert_eq!(
