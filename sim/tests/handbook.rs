@@ -225,3 +225,38 @@ fn every_runbook_that_holds_cooling_or_power_has_an_engine_restart_scenario() {
         .collect();
     assert!(missing.is_empty(), "no engine-restart scenario for {missing:?}");
 }
+
+/// The workload rows (H6, H7, H9, H10, H12) state in their manifests which
+/// signals they decide on and what they fall back to, and their scripts
+/// read nothing else (issue 57): a row that starts reading another metric
+/// says so where an operator looks, or this fails.
+#[test]
+fn the_workload_rows_declare_every_signal_they_read() {
+    use nightshift_engine::metrics::METRICS;
+    use nightshift_sim::scenario::load_runbooks;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
+    let mut checked = 0;
+    for dir in [root.clone(), root.join("alerts")] {
+        let (set, _) = load_runbooks(&dir);
+        assert!(set.errors.is_empty(), "{:?}", set.errors);
+        for rb in &set.runbooks {
+            let m = &rb.manifest;
+            if !m.rows().iter().any(|r| ["H6", "H7", "H9", "H10", "H12"].contains(r)) {
+                continue;
+            }
+            checked += 1;
+            let sig = m.signals.as_ref().unwrap_or_else(|| panic!("{}: no `signals:` in its manifest", m.name));
+            let declared = |name: &str| sig.uses.iter().chain(&sig.fallback).any(|d| d == name);
+            if let Some(t) = m.trigger.metric() {
+                assert!(sig.uses.iter().any(|u| u == t), "{}: its trigger's {t} is not in signals.uses", m.name);
+            }
+            for metric in METRICS.iter().map(|d| d.name) {
+                if rb.script_source.contains(&format!("\"{metric}\"")) {
+                    assert!(declared(metric), "{}: the script reads {metric}, not in its signals", m.name);
+                }
+            }
+            assert!(sig.when_absent.is_some(), "{}: signals.when_absent says what it does without them", m.name);
+        }
+    }
+    assert_eq!(checked, 10, "five rows, each with its alert-started twin");
+}

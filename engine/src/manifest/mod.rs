@@ -89,8 +89,26 @@ pub struct Manifest {
     /// what the person asked for.
     #[serde(default)]
     pub mode: Mode,
+    /// The readings the runbook decides on, and what it reads where they
+    /// are absent (an MI300X without a counter, a job that exports
+    /// nothing): stated, checked against the metric table, and — for the
+    /// shipped workload rows — against what the script reads.
+    #[serde(default)]
+    pub signals: Option<Signals>,
     /// The Rhai script, relative to the manifest.
     pub script: String,
+}
+
+/// A runbook's signals: `uses` (decided on), `fallback` (read where one of
+/// them is absent), `when_absent` (what it does then, in words).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Signals {
+    pub uses: Vec<String>,
+    #[serde(default)]
+    pub fallback: Vec<String>,
+    #[serde(default)]
+    pub when_absent: Option<String>,
 }
 
 /// Whether a runbook's automatic runs act or only say what they would do.

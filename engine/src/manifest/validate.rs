@@ -334,6 +334,19 @@ impl Manifest {
         if !self.script.ends_with(".rhai") {
             return Err(err("script", format!("script: expected a .rhai file, found {:?}", self.script)));
         }
+        if let Some(sig) = &self.signals {
+            if sig.uses.is_empty() {
+                return Err(err("signals", "signals.uses: expected at least one metric, found none".into()));
+            }
+            for (field, list) in [("uses", &sig.uses), ("fallback", &sig.fallback)] {
+                if let Some(m) = list.iter().find(|m| metrics::metric_id(m).is_none()) {
+                    return Err(err(
+                        m,
+                        format!("signals.{field}: unknown metric `{m}`: expected one of {}", metrics::metric_names()),
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }
