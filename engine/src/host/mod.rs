@@ -481,6 +481,7 @@ impl ScriptHost for Host {
             "vendor": st.vendor(),
             "annotations": st.annotations,
             "holds": st.holds.len(),
+            "pool_standbys_serving": self.standbys_serving(&n),
         });
         for (i, m) in METRICS.iter().enumerate() {
             if m.gpu_scoped {

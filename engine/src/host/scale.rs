@@ -6,6 +6,24 @@ use super::*;
 use crate::audit::data::AutoscaleResult;
 
 impl Host {
+    /// Standby nodes of `n`'s pool (its `pool` label) serving now: the
+    /// pool is scaled out by that many (H12 names an expansion that raised
+    /// the communication share).
+    pub(super) fn standbys_serving(&self, n: &crate::fleet::Node) -> usize {
+        let Some(pool) = n.label("pool") else { return 0 };
+        self.core
+            .fleet
+            .group("pool", pool)
+            .iter()
+            .filter(|m| {
+                m.spec.standby && {
+                    let st = m.state();
+                    st.connected && !st.drained
+                }
+            })
+            .count()
+    }
+
     /// [`ScriptHost::scale`].
     pub(super) fn scale_group(&self, ctx: &RunCtx, out: bool, count: i64) -> Map {
         let Some((label, value)) = ctx.target.group.clone() else {
