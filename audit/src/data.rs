@@ -489,6 +489,10 @@ pub struct Note {
     /// script again from the top, its holds left in place meanwhile.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resumed: Option<u32>,
+    /// A run of this runbook on this target found nothing to do: the
+    /// findings it told about the target are over (the next is told again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub findings_cleared: Option<bool>,
 }
 
 impl Payload for Note {

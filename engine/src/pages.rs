@@ -12,6 +12,35 @@ use crate::core::Core;
 use crate::engine::Engine;
 use crate::outbox::{OpenPage, Pending, backoff_ms, finding_shape, said_shape};
 
+impl Engine {
+    /// A run found nothing to do: the findings its runbook told about the
+    /// target are over — said so on the run (the next one is told again;
+    /// rebuilt from this record after a restart).
+    pub(crate) async fn clear_findings(&self, s: &crate::runs::RunSummary) {
+        let Some(node) = s.target.node.as_deref() else { return };
+        if !self.core.forget_said(&s.runbook, node, s.target.gpu) {
+            return;
+        }
+        let rec = NewRecord::typed(
+            RecordKind::Note,
+            "engine",
+            &data::Note {
+                text: "the finding told about this target is over (this run found nothing to do): the next one is told"
+                    .into(),
+                findings_cleared: Some(true),
+                ..Default::default()
+            },
+        )
+        .run(&s.id)
+        .node(Some(node))
+        .gpu(s.target.gpu)
+        .runbook(&s.runbook);
+        if let Err(e) = self.core.audit.append(rec, None).await {
+            tracing::error!(run = %s.id, error = %e, "cannot audit a finding's end");
+        }
+    }
+}
+
 impl Core {
     /// Send a durable notification record to the webhooks (in the
     /// background) and audit each delivery. Dry-run records go only to
@@ -72,6 +101,20 @@ impl Core {
         let key = (runbook.to_string(), node.to_string(), gpu, said_shape(text));
         let &(seq, ts) = ob.paged.get(&key)?;
         (self.now().saturating_sub(ts) < window).then_some(seq)
+    }
+
+    /// Forget what `runbook` told about `node`/`gpu` (its notifications'
+    /// findings; pages keep their own rule). Whether there was any.
+    pub(crate) fn forget_said(&self, runbook: &str, node: &str, gpu: Option<u32>) -> bool {
+        let mut ob = crate::core::lock(&self.outbox);
+        Core::forget_said_in(&mut ob, runbook, node, gpu)
+    }
+
+    fn forget_said_in(ob: &mut crate::outbox::Outbox, runbook: &str, node: &str, gpu: Option<u32>) -> bool {
+        let before = ob.paged.len();
+        ob.paged
+            .retain(|(rb, n, g, shape), _| !(rb == runbook && n == node && *g == gpu && shape.starts_with("notify:")));
+        ob.paged.len() != before
     }
 
     /// Notification record `rec` was written: remember its finding.
@@ -335,6 +378,11 @@ impl Engine {
                 {
                     if let Some(node) = &r.node {
                         Core::forget_paged(&mut ob, node, r.gpu);
+                    }
+                }
+                RecordKind::Note if r.data["findings_cleared"] == true => {
+                    if let (Some(rb), Some(node)) = (&r.runbook, &r.node) {
+                        Core::forget_said_in(&mut ob, rb, node, r.gpu);
                     }
                 }
                 RecordKind::Notification if now.saturating_sub(r.ts_ms) < remind_ms => {

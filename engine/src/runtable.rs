@@ -61,6 +61,9 @@ pub struct RunEntry {
     pub cancelled_by: Option<CancelledBy>,
     /// It notified or escalated: a run that tells a person is never free.
     pub told: bool,
+    /// It said again a finding already told (kept as a note): the finding
+    /// is still there, so its end does not clear it.
+    pub repeated: bool,
     /// How many times an engine's restart resumed it (0: never stopped).
     /// A resumed run starts its script again from the top, under action
     /// ids of its own (`<run>-r<k>-a<n>`), and is never stale by age.
@@ -95,6 +98,7 @@ impl RunEntry {
             preempted_by: None,
             cancelled_by: None,
             told: false,
+            repeated: false,
             resumed: 0,
             resume_wait_until_ms: None,
             summary,

@@ -956,3 +956,40 @@ async fn hundreds_of_queued_runs_gone_stale_are_skipped_in_a_loop_not_a_stack_ov
     assert_eq!(finished("succeeded"), 1, "one slot, one run acted");
     assert_eq!(finished("skipped"), N - 1, "the rest went stale in the queue");
 }
+
+/// A finding's life (issue 57): told once; a later run of the same runbook
+/// that finds nothing to do ends it (a note on that run); the next time it
+/// is told again — also across a restart, rebuilt from the audit log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finding_is_told_once_ends_when_a_run_finds_nothing_and_is_told_again() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "look",
+        "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\nparams:\n  say: {type: bool, default: true}\n",
+        "if params.say { notify(`GPU ${target.gpu} on ${target.node} needs a look`); } else { note(\"fine\"); }\n",
+    );
+    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let notified = |f: &nightshift_sim::fleet::SimFleet| {
+        records(f).iter().filter(|r| r.kind == RecordKind::Notification && r.runbook.as_deref() == Some("look")).count()
+    };
+    // (say, restart before it, notifications after it)
+    for (i, (say, restart, want)) in
+        [(true, false, 1), (true, false, 1), (false, false, 1), (true, true, 2), (true, true, 2)]
+            .into_iter()
+            .enumerate()
+    {
+        if restart {
+            sim.fleet.restart_engine().await.unwrap();
+        }
+        let f = &sim.fleet;
+        let mut req = manual("look", Target::gpu("n1", 0), "user:alice");
+        req.params.insert("say".into(), say.to_string());
+        let id = run_id(&f.engine.submit(req).await.unwrap());
+        until_finished(f, &id, 30).await;
+        assert_eq!(notified(f), want, "after run {i} (say {say}, restart {restart})");
+    }
+    let cleared =
+        records(&sim.fleet).iter().filter(|r| r.kind == RecordKind::Note && r.data["findings_cleared"] == true).count();
+    assert_eq!(cleared, 1, "the run that found nothing says the finding is over, once");
+}

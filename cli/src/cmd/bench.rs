@@ -917,6 +917,7 @@ async fn script_overhead(iterations: usize) -> Result<Vec<f64>> {
         fn runs_within(&self, _: &RunCtx, _: i64) -> i64 {
             0
         }
+        fn finding_cleared(&self, _: &RunCtx, _: &str) {}
         fn release_holds(&self, _: &RunCtx, _: Option<&str>) -> rhai::Map {
             rhai::Map::new()
         }

@@ -6,6 +6,27 @@
 use super::*;
 
 impl Host {
+    /// See [`ScriptHost::finding_cleared`]: forgotten, and a note (rebuilt
+    /// from it after a restart).
+    pub(super) fn clear_run_findings(&self, ctx: &RunCtx, why: &str) {
+        let Some(node) = ctx.target.node.as_deref() else { return };
+        if ctx.dry_run || !self.core.forget_said(&ctx.runbook, node, ctx.target.gpu) {
+            return;
+        }
+        let text: String = format!("finding cleared: {why}").chars().take(2000).collect();
+        self.append(
+            ctx,
+            NewRecord::typed(
+                RecordKind::Note,
+                "engine",
+                &crate::audit::data::Note { text, findings_cleared: Some(true), ..Default::default() },
+            )
+            .node(Some(node))
+            .gpu(ctx.target.gpu)
+            .runbook(&ctx.runbook),
+        );
+    }
+
     /// See [`ScriptHost::runs_within`].
     pub(super) fn runs_of_key_within(&self, window_ms: i64) -> i64 {
         let Some(s) = self.summary() else { return 0 };

@@ -700,6 +700,9 @@ impl ScriptHost for Host {
             text = format!("already said (audit #{seq}), not said again: {text}");
             kind = TextKind::Note;
             rk = RecordKind::Note;
+            if let Some(r) = self.core.table().runs.get_mut(&self.run) {
+                r.repeated = true;
+            }
         }
         let what = match kind {
             TextKind::Notify => Some("notification"),
@@ -751,6 +754,10 @@ impl ScriptHost for Host {
 
     fn runs_within(&self, _ctx: &RunCtx, window_ms: i64) -> i64 {
         self.runs_of_key_within(window_ms)
+    }
+
+    fn finding_cleared(&self, ctx: &RunCtx, why: &str) {
+        self.clear_run_findings(ctx, why)
     }
 }
 

@@ -563,7 +563,7 @@ impl Engine {
         // one that could not is offered again after a pause).
         let starts_cooldown = !unfinished && !undecided_after_resume && summary.trigger != "fault";
         // A run that decided there was nothing to do spends no budget.
-        let told = self.core.table().runs.get(run).is_some_and(|e| e.told);
+        let (told, repeated) = self.core.table().runs.get(run).map_or((false, false), |e| (e.told, e.repeated));
         let no_op = outcome == RunOutcome::Succeeded && summary.actions == 0 && summary.did.is_empty() && !told;
         // Who ended it: the person who cancelled or rejected it, the engine
         // when it stopped or preempted it, else whoever asked for the run.
@@ -596,6 +596,11 @@ impl Engine {
                 },
             )
             .await?;
+        // It looked and found nothing to do (not a repeat of a finding):
+        // what this runbook told about the target is over.
+        if no_op && !repeated && !summary.dry_run {
+            self.clear_findings(&summary).await;
+        }
         if undecided_after_resume {
             Box::pin(self.page_undecided_after_resume(
                 &summary,

@@ -33,7 +33,12 @@ impl Engine {
         let set = self.runbook_set();
         let longest_cooldown_ms =
             set.runbooks.iter().map(|r| (r.manifest.cooldown_secs as i64).saturating_mul(1000)).max().unwrap_or(0);
-        let since = self.core.now().saturating_sub(longest_cooldown_ms.max(86_400_000));
+        // Back far enough for the cooldowns, a day of budgets, and the
+        // findings and pages still remembered (`remind_after_secs`,
+        // `repage_after_secs`: up to 30 days).
+        let n = &self.core.config.notifications;
+        let remembered_ms = (n.remind_after_secs.max(n.repage_after_secs) as i64).saturating_mul(1000);
+        let since = self.core.now().saturating_sub(longest_cooldown_ms.max(86_400_000).max(remembered_ms));
         let records = self.core.audit.records_since(since)?;
         {
             let mut t = self.core.table();

@@ -170,6 +170,9 @@ pub trait ScriptHost: Send + Sync {
     /// `window_ms` (at most 24 h), this one included; a run that decided
     /// there was nothing to do does not count. Rebuilt after a restart.
     fn runs_within(&self, ctx: &RunCtx, window_ms: i64) -> i64;
+    /// The condition this runbook told about the target is gone: its
+    /// findings there are over (the next one is told), said on the run.
+    fn finding_cleared(&self, ctx: &RunCtx, why: &str);
     /// Release this run's holds (on `node`, or everywhere it holds).
     fn release_holds(&self, ctx: &RunCtx, node: Option<&str>) -> Map;
     /// Keep this run's holds past its end, with a new lease.

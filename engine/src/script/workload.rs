@@ -131,6 +131,13 @@ pub(super) fn register(e: &mut Engine) {
             .ok_or_else(|| super::rt(format!("runs_within: expected 0 to 86400 seconds, found {w}")))?;
         Ok(c.host.runs_within(&c, (secs * 1000.0) as i64))
     });
+    // The condition this runbook told about is gone (H7: the memory freed):
+    // the next time it appears it is a new finding, told again.
+    e.register_fn("finding_cleared", |why: &str| -> Result<(), Box<EvalAltResult>> {
+        let c = ctx()?;
+        c.host.finding_cleared(&c, why);
+        Ok(())
+    });
     e.register_fn("workload", || -> Result<Map, Box<EvalAltResult>> {
         let c = ctx()?;
         let node = c.node()?;
