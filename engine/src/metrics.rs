@@ -157,6 +157,12 @@ pub const METRICS: &[MetricDef] = &[
         "out-of-memory errors the node's jobs caught (a counter)",
         "job textfile; nightshift_job_oom_events_total",
     ),
+    gpu(
+        "gpu.sm_active_pct",
+        "%",
+        "share of cycles an SM had work (what utilisation means to a training job; absent without DCGM profiling)",
+        "DCGM_FI_PROF_SM_ACTIVE (dcgm-exporter, a 0–1 ratio), through Prometheus",
+    ),
 ];
 
 /// Look a metric up by name.
@@ -213,6 +219,7 @@ pub mod ids {
     pub const MEM_PEAK: MetricId = 33;
     pub const MEM_NEED: MetricId = 34;
     pub const OOM_EVENTS: MetricId = 35;
+    pub const SM_ACTIVE: MetricId = 36;
 }
 
 #[cfg(test)]
@@ -243,11 +250,12 @@ mod tests {
             (ids::MEM_PEAK, "gpu.mem_peak_allocated_pct"),
             (ids::MEM_NEED, "gpu.mem_need_pct"),
             (ids::OOM_EVENTS, "job.oom_events_total"),
+            (ids::SM_ACTIVE, "gpu.sm_active_pct"),
         ];
         for (id, name) in pairs {
             assert_eq!(metric(id).name, name);
             assert_eq!(metric_id(name), Some(id));
         }
-        assert_eq!(METRICS.len(), ids::OOM_EVENTS as usize + 1);
+        assert_eq!(METRICS.len(), ids::SM_ACTIVE as usize + 1);
     }
 }

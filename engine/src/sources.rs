@@ -50,6 +50,7 @@ pub fn dcgm_metric(name: &str) -> Option<DcgmField> {
         "DCGM_FI_DEV_XID_ERRORS" | "DCGM_FI_DEV_XID_ERROR" => Metric(ids::XID),
         "DCGM_FI_DEV_ROW_REMAP_FAILURE" => Metric(ids::REMAP_FAILURE),
         "DCGM_FI_DEV_ROW_REMAP_PENDING" => Metric(ids::REMAP_PENDING),
+        "DCGM_FI_PROF_SM_ACTIVE" => Ratio(ids::SM_ACTIVE),
         "DCGM_FI_DEV_FB_USED" => FbUsed,
         "DCGM_FI_DEV_FB_FREE" => FbFree,
         // A job's own readings (see the agent's job textfile contract), when
@@ -67,10 +68,32 @@ pub fn dcgm_metric(name: &str) -> Option<DcgmField> {
     })
 }
 
+/// `gpu.mem_need_pct` for the samples of `out` from `from` on: the job's
+/// peak allocated where it exports it, else framebuffer used (the fallback
+/// counts the allocator's cache) — as the agent's telemetry derives it. One
+/// rule for the live pull and the recording's replay.
+pub fn add_memory_need<N: Clone + Eq + std::hash::Hash>(
+    out: &mut Vec<(N, Option<u32>, MetricId, i64, f64)>,
+    from: usize,
+) {
+    let peaks: std::collections::HashSet<(N, u32)> =
+        out[from..].iter().filter(|s| s.2 == ids::MEM_PEAK).filter_map(|s| Some((s.0.clone(), s.1?))).collect();
+    let need: Vec<_> = out[from..]
+        .iter()
+        .filter(|s| {
+            s.2 == ids::MEM_PEAK || (s.2 == ids::MEM_USED && s.1.is_some_and(|g| !peaks.contains(&(s.0.clone(), g))))
+        })
+        .map(|s| (s.0.clone(), s.1, ids::MEM_NEED, s.3, s.4))
+        .collect();
+    out.extend(need);
+}
+
 /// What a DCGM series becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DcgmField {
     Metric(MetricId),
+    /// A ratio (0–1) of the metric, a percentage: DCGM's profiling fields.
+    Ratio(MetricId),
     /// Framebuffer MiB: used and free make `gpu.mem_used_pct`.
     FbUsed,
     FbFree,
@@ -95,6 +118,7 @@ pub const DCGM_NAMES: &[&str] = &[
     "DCGM_FI_DEV_XID_ERROR",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE",
     "DCGM_FI_DEV_ROW_REMAP_PENDING",
+    "DCGM_FI_PROF_SM_ACTIVE",
     "DCGM_FI_DEV_FB_USED",
     "DCGM_FI_DEV_FB_FREE",
     "nightshift_gpu_mem_fragmentation_pct",
@@ -337,17 +361,22 @@ pub fn map_samples(
             st.other_series += 1;
             continue;
         };
+        // DCGM's profiling fields are ratios (0–1): percent here.
+        let (field, value) = match field {
+            DcgmField::Ratio(m) => (DcgmField::Metric(m), s.value * 100.0),
+            f => (f, s.value),
+        };
         let Some(node) = host_of(&s.labels).filter(|h| is_node(h)) else {
             st.unknown_host += 1;
             continue;
         };
-        if !s.value.is_finite() {
+        if !value.is_finite() {
             st.bad_value += 1;
             continue;
         }
         if let DcgmField::LastProgress = field {
             let ts = s.ts_ms.unwrap_or(now_ms);
-            out.push((node, None, ids::JOB_STALLED, ts, (ts as f64 / 1000.0 - s.value).max(0.0).floor()));
+            out.push((node, None, ids::JOB_STALLED, ts, (ts as f64 / 1000.0 - value).max(0.0).floor()));
             st.mapped += 1;
             continue;
         }
@@ -355,7 +384,7 @@ pub fn map_samples(
         if let DcgmField::Metric(m) = field
             && !crate::metrics::metric(m).gpu_scoped
         {
-            out.push((node, None, m, s.ts_ms.unwrap_or(now_ms), s.value));
+            out.push((node, None, m, s.ts_ms.unwrap_or(now_ms), value));
             st.mapped += 1;
             continue;
         }
@@ -369,26 +398,26 @@ pub fn map_samples(
                 }
             },
         };
-        if !s.value.is_finite() {
+        if !value.is_finite() {
             st.bad_value += 1;
             continue;
         }
         let ts = s.ts_ms.unwrap_or(now_ms);
         match field {
-            DcgmField::Metric(m) => {
-                out.push((node, Some(gpu), m, ts, s.value));
+            DcgmField::Metric(m) | DcgmField::Ratio(m) => {
+                out.push((node, Some(gpu), m, ts, value));
                 st.mapped += 1;
             }
             DcgmField::FbUsed => {
                 let e = fb.entry((node, gpu)).or_insert((ts, None, None));
                 e.0 = e.0.max(ts);
-                e.1 = Some(s.value);
+                e.1 = Some(value);
                 st.mapped += 1;
             }
             DcgmField::FbFree => {
                 let e = fb.entry((node, gpu)).or_insert((ts, None, None));
                 e.0 = e.0.max(ts);
-                e.2 = Some(s.value);
+                e.2 = Some(value);
                 st.mapped += 1;
             }
             DcgmField::LastProgress => {}
@@ -401,18 +430,7 @@ pub fn map_samples(
             out.push((node, Some(gpu), ids::MEM_USED, ts, u / (u + f) * 100.0));
         }
     }
-    // What the work needs: the job's peak allocated where it exports it,
-    // else framebuffer used (the fallback counts the allocator's cache).
-    let peaks: std::collections::HashSet<(&str, u32)> =
-        out.iter().filter(|s| s.2 == ids::MEM_PEAK).filter_map(|s| Some((s.0.as_str(), s.1?))).collect();
-    let need: Vec<_> = out
-        .iter()
-        .filter(|s| {
-            s.2 == ids::MEM_PEAK || (s.2 == ids::MEM_USED && s.1.is_some_and(|g| !peaks.contains(&(s.0.as_str(), g))))
-        })
-        .map(|s| (s.0.clone(), s.1, ids::MEM_NEED, s.3, s.4))
-        .collect();
-    out.extend(need);
+    add_memory_need(&mut out, 0);
     (out, st)
 }
 
@@ -471,9 +489,10 @@ this is not a metric line
         assert_eq!(find(ids::POWER, 1), Some((5, 612.5)), "GPU found by UUID");
         assert_eq!(find(ids::XID, 0), Some((5, 79.0)), "host from instance, DCGM 4.6 name");
         assert_eq!(find(ids::MEM_USED, 0), Some((5, 37.5)));
+        assert_eq!(find(ids::SM_ACTIVE, 0), Some((5, 50.0)), "a profiling ratio, in percent");
         assert_eq!(
             st,
-            MapStats { mapped: 6, other_series: 1, unknown_host: 1, unknown_gpu: 1, bad_value: 1 },
+            MapStats { mapped: 7, other_series: 0, unknown_host: 1, unknown_gpu: 1, bad_value: 1 },
             "{mapped:?}"
         );
     }

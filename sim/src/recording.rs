@@ -142,7 +142,7 @@ impl SeriesTable {
                     }
                 };
                 let gpu_scoped = match field {
-                    DcgmField::Metric(m) => nightshift_engine::metrics::metric(m).gpu_scoped,
+                    DcgmField::Metric(m) | DcgmField::Ratio(m) => nightshift_engine::metrics::metric(m).gpu_scoped,
                     DcgmField::LastProgress => false,
                     DcgmField::FbUsed | DcgmField::FbFree => true,
                 };
@@ -179,6 +179,7 @@ impl SeriesTable {
     pub fn map_step(&self, ts: i64, samples: &[(u32, f64)], out: &mut Vec<Mapped>) -> usize {
         let mut fb: BTreeMap<(u32, u32), (Option<f64>, Option<f64>)> = BTreeMap::new();
         let mut read = 0;
+        let first = out.len();
         for (id, v) in samples {
             let Some(Some(s)) = self.series.get(*id as usize) else { continue };
             if !v.is_finite() {
@@ -187,6 +188,7 @@ impl SeriesTable {
             read += 1;
             match s.field {
                 DcgmField::Metric(m) => out.push((s.node.clone(), s.gpu, m, ts, *v)),
+                DcgmField::Ratio(m) => out.push((s.node.clone(), s.gpu, m, ts, *v * 100.0)),
                 DcgmField::LastProgress => {
                     out.push((s.node.clone(), None, ids::JOB_STALLED, ts, (ts as f64 / 1000.0 - v).max(0.0).floor()))
                 }
@@ -206,6 +208,7 @@ impl SeriesTable {
                 out.push((self.node_names[node as usize].clone(), Some(gpu), ids::MEM_USED, ts, u / (u + f) * 100.0));
             }
         }
+        nightshift_engine::sources::add_memory_need(out, first);
         read
     }
 
@@ -596,9 +599,14 @@ mod tests {
         let step = t.intern_step(&batch).unwrap();
         let mut out = Vec::new();
         assert_eq!(t.map_step(5, &step, &mut out), 2);
-        assert_eq!(out.len(), 1);
+        // The share, and what the work needs: the share itself, the job
+        // exporting no peak allocated memory — as the live mapping gives.
+        assert_eq!(out.len(), 2);
         assert_eq!((out[0].1, out[0].2, out[0].4), (Some(1), ids::MEM_USED, 75.0));
+        assert_eq!((out[1].1, out[1].2, out[1].4), (Some(1), ids::MEM_NEED, 75.0));
         let (live, _) = nightshift_engine::sources::map_samples(&batch, 5, &|_| true, &|_, _| None);
-        assert_eq!(live[0].4, 75.0);
+        let live: Vec<_> = live.iter().map(|s| (s.1, s.2, s.4)).collect();
+        let replayed: Vec<_> = out.iter().map(|s| (s.1, s.2, s.4)).collect();
+        assert_eq!(live, replayed);
     }
 }
