@@ -81,26 +81,28 @@ impl Core {
         }
     }
 
-    /// The escalation in which `runbook` said `text` (figures aside) about
-    /// `node`/`gpu` within `notifications.repage_after_secs`, with no repair
-    /// or takeover since: saying it again pages nobody twice.
-    pub fn already_paged(&self, runbook: &str, node: &str, gpu: Option<u32>, text: &str) -> Option<u64> {
-        let window = (self.config.notifications.repage_after_secs as i64).saturating_mul(1000);
+    /// The record in which `runbook` said `text` (figures aside) about
+    /// `node`/`gpu` already, with no repair, takeover or end of the finding
+    /// since: an escalation within `notifications.repage_after_secs` (saying
+    /// it again pages nobody twice), a notification within
+    /// `remind_after_secs` (one finding, said once).
+    pub fn already_said(
+        &self,
+        escalation: bool,
+        runbook: &str,
+        node: &str,
+        gpu: Option<u32>,
+        text: &str,
+    ) -> Option<u64> {
+        let n = &self.config.notifications;
+        let (secs, shape) = if escalation {
+            (n.repage_after_secs, finding_shape(text))
+        } else {
+            (n.remind_after_secs, said_shape(text))
+        };
         let ob = crate::core::lock(&self.outbox);
-        let key = (runbook.to_string(), node.to_string(), gpu, finding_shape(text));
-        let &(seq, ts) = ob.paged.get(&key)?;
-        (self.now().saturating_sub(ts) < window).then_some(seq)
-    }
-
-    /// The notification in which `runbook` told the team `text` (figures
-    /// aside) about `node`/`gpu` within `notifications.remind_after_secs`,
-    /// with no repair or takeover since: one finding, said once.
-    pub fn already_said(&self, runbook: &str, node: &str, gpu: Option<u32>, text: &str) -> Option<u64> {
-        let window = (self.config.notifications.remind_after_secs as i64).saturating_mul(1000);
-        let ob = crate::core::lock(&self.outbox);
-        let key = (runbook.to_string(), node.to_string(), gpu, said_shape(text));
-        let &(seq, ts) = ob.paged.get(&key)?;
-        (self.now().saturating_sub(ts) < window).then_some(seq)
+        let &(seq, ts) = ob.paged.get(&(runbook.to_string(), node.to_string(), gpu, shape))?;
+        (self.now().saturating_sub(ts) < (secs as i64).saturating_mul(1000)).then_some(seq)
     }
 
     /// Forget what `runbook` told about `node`/`gpu` (its notifications'

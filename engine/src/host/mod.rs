@@ -678,29 +678,21 @@ impl ScriptHost for Host {
         let mut text: String = text.chars().take(2000).collect();
         let mut kind = kind;
         let mut rk = rk;
-        // Said again about a target this runbook paged about (a run resumed
-        // after a restart, the ladder again after its hold expired): the
-        // person has it; a note, not a second page.
-        if kind == TextKind::Escalate
+        // Said again about a target this runbook paged about or told (a run
+        // resumed after a restart, the ladder again after its hold expired,
+        // the cause still there at the next run): the people have it — a
+        // note, not a second page or message, until a reminder is due.
+        let escalation = kind == TextKind::Escalate;
+        if kind != TextKind::Note
             && !ctx.dry_run
             && let Some(node) = ctx.target.node.as_deref()
-            && let Some(seq) = self.core.already_paged(&ctx.runbook, node, ctx.target.gpu, &text)
+            && let Some(seq) = self.core.already_said(escalation, &ctx.runbook, node, ctx.target.gpu, &text)
         {
-            text = format!("already paged (audit #{seq}), not paged again: {text}");
+            let did = if escalation { "paged" } else { "said" };
+            text = format!("already {did} (audit #{seq}), not {did} again: {text}");
             kind = TextKind::Note;
             rk = RecordKind::Note;
-        }
-        // A finding told already (the same run resumed, the cause still
-        // there at the next run): a note until the reminder is due.
-        if kind == TextKind::Notify
-            && !ctx.dry_run
-            && let Some(node) = ctx.target.node.as_deref()
-            && let Some(seq) = self.core.already_said(&ctx.runbook, node, ctx.target.gpu, &text)
-        {
-            text = format!("already said (audit #{seq}), not said again: {text}");
-            kind = TextKind::Note;
-            rk = RecordKind::Note;
-            if let Some(r) = self.core.table().runs.get_mut(&self.run) {
+            if let Some(r) = self.core.table().runs.get_mut(&self.run).filter(|_| !escalation) {
                 r.repeated = true;
             }
         }
