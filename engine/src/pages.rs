@@ -21,20 +21,13 @@ impl Engine {
         if !self.core.forget_said(&s.runbook, node, s.target.gpu) {
             return;
         }
-        let rec = NewRecord::typed(
-            RecordKind::Note,
-            "engine",
-            &data::Note {
-                text: "the finding told about this target is over (this run found nothing to do): the next one is told"
-                    .into(),
-                findings_cleared: Some(true),
-                ..Default::default()
-            },
+        let rec = Core::findings_cleared_note(
+            &s.runbook,
+            node,
+            s.target.gpu,
+            "the finding told about this target is over (this run found nothing to do): the next one is told".into(),
         )
-        .run(&s.id)
-        .node(Some(node))
-        .gpu(s.target.gpu)
-        .runbook(&s.runbook);
+        .run(&s.id);
         if let Err(e) = self.core.audit.append(rec, None).await {
             tracing::error!(run = %s.id, error = %e, "cannot audit a finding's end");
         }
@@ -117,6 +110,19 @@ impl Core {
         ob.paged
             .retain(|(rb, n, g, shape), _| !(rb == runbook && n == node && *g == gpu && shape.starts_with("notify:")));
         ob.paged.len() != before
+    }
+
+    /// The note that ends `runbook`'s findings on `node`/`gpu` (what the
+    /// rebuild after a restart forgets them by).
+    pub(crate) fn findings_cleared_note(runbook: &str, node: &str, gpu: Option<u32>, text: String) -> NewRecord {
+        NewRecord::typed(
+            RecordKind::Note,
+            "engine",
+            &data::Note { text, findings_cleared: Some(true), ..Default::default() },
+        )
+        .node(Some(node))
+        .gpu(gpu)
+        .runbook(runbook)
     }
 
     /// Notification record `rec` was written: remember its finding.

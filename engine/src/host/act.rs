@@ -14,17 +14,7 @@ impl Host {
             return;
         }
         let text: String = format!("finding cleared: {why}").chars().take(2000).collect();
-        self.append(
-            ctx,
-            NewRecord::typed(
-                RecordKind::Note,
-                "engine",
-                &crate::audit::data::Note { text, findings_cleared: Some(true), ..Default::default() },
-            )
-            .node(Some(node))
-            .gpu(ctx.target.gpu)
-            .runbook(&ctx.runbook),
-        );
+        self.append(ctx, Core::findings_cleared_note(&ctx.runbook, node, ctx.target.gpu, text));
     }
 
     /// See [`ScriptHost::runs_within`].
