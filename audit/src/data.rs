@@ -527,6 +527,11 @@ pub struct Notice {
     /// it goes to the person that page reached, never muted by it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub follows: Option<u64>,
+    /// How big the finding is, as the script told it (`notify(text,
+    /// size)`, larger is worse): the finding is said again once it grows by
+    /// `notifications.worse_by_pct` (rebuilt from this after a restart).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<f64>,
 }
 
 impl Payload for Notice {

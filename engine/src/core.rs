@@ -361,27 +361,22 @@ impl Core {
         dry_run: bool,
         shadow: bool,
     ) -> NewRecord {
-        self.notice_record_following(kind, text, severity, dry_run, shadow, None)
+        let said = crate::audit::data::Notice { text: text.into(), severity: severity.into(), ..Default::default() };
+        self.notice_record_from(kind, said, dry_run, shadow)
     }
 
-    /// [`Core::notice_record`] for a follow-up of the open escalation
-    /// `follows` (a live notice only).
-    pub fn notice_record_following(
+    /// [`Core::notice_record`] from what was said (`text`, `severity`, and a
+    /// script's `follows` — the open escalation it follows up, kept for a
+    /// live notice only — and `size`), with its targets filled in.
+    pub fn notice_record_from(
         &self,
         kind: RecordKind,
-        text: &str,
-        severity: &str,
+        said: crate::audit::data::Notice,
         dry_run: bool,
         shadow: bool,
-        follows: Option<u64>,
     ) -> NewRecord {
         let names = |targets: Vec<crate::config::WebhookTarget>| targets.into_iter().map(|t| t.name).collect();
-        let base = crate::audit::data::Notice {
-            text: text.into(),
-            severity: severity.into(),
-            follows: follows.filter(|_| !dry_run && !shadow),
-            ..Default::default()
-        };
+        let base = crate::audit::data::Notice { follows: said.follows.filter(|_| !dry_run && !shadow), ..said };
         let notice = if shadow {
             crate::audit::data::Notice {
                 dry_run: Some(true),

@@ -370,6 +370,7 @@ mod tests {
             retry_max_secs: 300,
             repage_after_secs: 86_400,
             remind_after_secs: 86_400,
+            worse_by_pct: 25.0,
         });
         assert_eq!(n.targets_for(RecordKind::Notification).len(), 1);
         assert_eq!(n.targets_for(RecordKind::Escalation).len(), 2);
@@ -398,6 +399,7 @@ mod tests {
             retry_max_secs: 300,
             repage_after_secs: 86_400,
             remind_after_secs: 86_400,
+            worse_by_pct: 25.0,
         });
         let page = rec(RecordKind::Escalation);
         let mut resolution = rec(RecordKind::Notification);
@@ -429,6 +431,7 @@ mod tests {
             retry_max_secs: 300,
             repage_after_secs: 86_400,
             remind_after_secs: 86_400,
+            worse_by_pct: 25.0,
         });
         let b = n.body(&n.targets[0], &rec(RecordKind::Escalation));
         assert_eq!(

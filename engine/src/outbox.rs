@@ -30,7 +30,51 @@ pub struct Outbox {
     /// `notifications.repage_after_secs`, or once the GPU was repaired or a
     /// person took over. Anything else it says pages. Notifications the
     /// same (their shape [`said_shape`], within `remind_after_secs`).
-    pub(crate) paged: BTreeMap<PagedKey, (u64, i64)>,
+    pub(crate) paged: BTreeMap<PagedKey, SaidAt>,
+}
+
+/// Where a finding was last said: its record, when, and how big it was
+/// (a script's `notify(text, size)`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct SaidAt {
+    pub seq: u64,
+    pub ts_ms: i64,
+    pub size: Option<f64>,
+}
+
+/// How a finding said again because it grew begins:
+/// `worse than when told (audit #12: 30 → 45): …` ([`worse_text`]).
+const WORSE_PREFIX: &str = "worse than when told (audit #";
+
+/// `text`, said again because its size grew from `was` to `now` since
+/// record `seq` said it.
+pub(crate) fn worse_text(seq: u64, was: f64, now: f64, text: &str) -> String {
+    format!("{WORSE_PREFIX}{seq}: {was} → {now}): {text}")
+}
+
+/// Whether saying something again says anything new.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Said {
+    /// Not said before (or long enough ago): say it.
+    New,
+    /// Said in record `seq`, no bigger since: a note, not a message.
+    Again { seq: u64 },
+    /// Said in record `seq` when it was `was`; it has grown past
+    /// `notifications.worse_by_pct`: say it again, as worse.
+    Worse { seq: u64, was: f64 },
+}
+
+impl Said {
+    /// `size` now against the finding as last said, grown by at least
+    /// `worse_by_pct` percent (a size of 0 or less grows by any rise).
+    pub(crate) fn of(at: SaidAt, size: Option<f64>, worse_by_pct: f64) -> Said {
+        match (at.size, size) {
+            (Some(was), Some(now)) if now > was && now >= was.max(0.0) * (1.0 + worse_by_pct / 100.0) => {
+                Said::Worse { seq: at.seq, was }
+            }
+            _ => Said::Again { seq: at.seq },
+        }
+    }
 }
 
 /// (runbook, node, GPU, the text's shape: [`finding_shape`]).
@@ -46,6 +90,8 @@ pub fn said_shape(text: &str) -> String {
 }
 
 pub fn finding_shape(text: &str) -> String {
+    // A finding said again because it got worse is the same finding.
+    let text = text.strip_prefix(WORSE_PREFIX).and_then(|rest| rest.split_once("): ").map(|(_, t)| t)).unwrap_or(text);
     let mut out = String::with_capacity(text.len());
     let mut in_number = false;
     for c in text.chars() {
@@ -64,7 +110,26 @@ pub fn finding_shape(text: &str) -> String {
 
 #[cfg(test)]
 mod shape_tests {
-    use super::finding_shape;
+    use super::{Said, SaidAt, finding_shape};
+
+    #[test]
+    fn a_finding_is_worse_once_it_grows_by_the_stated_share() {
+        let at = |size| SaidAt { seq: 7, ts_ms: 0, size };
+        // (size last said, size now) → what saying it again is, at 25 %.
+        let cases = [
+            (Some(30.0), Some(30.0), Said::Again { seq: 7 }),
+            (Some(30.0), Some(37.0), Said::Again { seq: 7 }),
+            (Some(30.0), Some(37.5), Said::Worse { seq: 7, was: 30.0 }),
+            (Some(30.0), Some(20.0), Said::Again { seq: 7 }),
+            (Some(0.0), Some(0.5), Said::Worse { seq: 7, was: 0.0 }),
+            (Some(0.0), Some(0.0), Said::Again { seq: 7 }),
+            (None, Some(90.0), Said::Again { seq: 7 }),
+            (Some(30.0), None, Said::Again { seq: 7 }),
+        ];
+        for (was, now, want) in cases {
+            assert_eq!(Said::of(at(was), now, 25.0), want, "was {was:?}, now {now:?}");
+        }
+    }
 
     #[test]
     fn figures_do_not_make_a_new_finding_and_words_do() {
@@ -74,6 +139,10 @@ mod shape_tests {
         assert_eq!(a, "GPU # on n# only stays cool with the mitigation (power # W); kept for # s");
         assert_ne!(a, finding_shape("cannot drain n00003 (refused); GPU 5 at 95 °C needs a person now"));
         assert_ne!(finding_shape("GPU 5 on n1 is hot"), finding_shape("GPU 5 on n1 is lost"));
+        // Said again as worse: the same finding.
+        let worse = super::worse_text(12, 30.0, 45.5, "n1: all-reduce is 45.5% of step time");
+        assert_eq!(worse, "worse than when told (audit #12: 30 → 45.5): n1: all-reduce is 45.5% of step time");
+        assert_eq!(finding_shape(&worse), finding_shape("n1: all-reduce is 30% of step time"));
     }
 }
 

@@ -10,7 +10,7 @@ use crate::audit::{AuditRecord, NewRecord, RecordKind, data};
 use crate::config::WebhookTarget;
 use crate::core::Core;
 use crate::engine::Engine;
-use crate::outbox::{OpenPage, Pending, backoff_ms, finding_shape, said_shape};
+use crate::outbox::{OpenPage, Pending, Said, SaidAt, backoff_ms, finding_shape, said_shape};
 
 impl Engine {
     /// A run found nothing to do: the findings its runbook told about the
@@ -70,15 +70,19 @@ impl Core {
         let mut ob = crate::core::lock(&self.outbox);
         ob.open.entry(node.clone()).or_default().push(page);
         if let (Some(rb), Ok(n)) = (&rec.runbook, rec.payload::<data::Notice>()) {
-            ob.paged.insert((rb.clone(), node.clone(), rec.gpu, finding_shape(&n.text)), (rec.seq, rec.ts_ms));
+            ob.paged.insert(
+                (rb.clone(), node.clone(), rec.gpu, finding_shape(&n.text)),
+                SaidAt { seq: rec.seq, ts_ms: rec.ts_ms, size: None },
+            );
         }
     }
 
-    /// The record in which `runbook` said `text` (figures aside) about
-    /// `node`/`gpu` already, with no repair, takeover or end of the finding
-    /// since: an escalation within `notifications.repage_after_secs` (saying
-    /// it again pages nobody twice), a notification within
-    /// `remind_after_secs` (one finding, said once).
+    /// Whether `runbook` said `text` (figures aside) about `node`/`gpu`
+    /// already, with no repair, takeover or end of the finding since: an
+    /// escalation within `notifications.repage_after_secs` (saying it again
+    /// pages nobody twice), a notification within `remind_after_secs` (one
+    /// finding, said once) — unless the notification's `size` grew by
+    /// `worse_by_pct` since (it is worse: said again).
     pub fn already_said(
         &self,
         escalation: bool,
@@ -86,7 +90,8 @@ impl Core {
         node: &str,
         gpu: Option<u32>,
         text: &str,
-    ) -> Option<u64> {
+        size: Option<f64>,
+    ) -> Said {
         let n = &self.config.notifications;
         let (secs, shape) = if escalation {
             (n.repage_after_secs, finding_shape(text))
@@ -94,8 +99,11 @@ impl Core {
             (n.remind_after_secs, said_shape(text))
         };
         let ob = crate::core::lock(&self.outbox);
-        let &(seq, ts) = ob.paged.get(&(runbook.to_string(), node.to_string(), gpu, shape))?;
-        (self.now().saturating_sub(ts) < (secs as i64).saturating_mul(1000)).then_some(seq)
+        let Some(&at) = ob.paged.get(&(runbook.to_string(), node.to_string(), gpu, shape)) else { return Said::New };
+        if self.now().saturating_sub(at.ts_ms) >= (secs as i64).saturating_mul(1000) {
+            return Said::New;
+        }
+        Said::of(at, size.filter(|_| !escalation), n.worse_by_pct)
     }
 
     /// Forget what `runbook` told about `node`/`gpu` (its notifications'
@@ -131,7 +139,10 @@ impl Core {
             (&rec.runbook, &rec.node, n.dry_run, n.shadow, n.resolves)
         {
             let mut ob = crate::core::lock(&self.outbox);
-            ob.paged.insert((rb.clone(), node.clone(), rec.gpu, said_shape(&n.text)), (rec.seq, rec.ts_ms));
+            ob.paged.insert(
+                (rb.clone(), node.clone(), rec.gpu, said_shape(&n.text)),
+                SaidAt { seq: rec.seq, ts_ms: rec.ts_ms, size: n.size },
+            );
         }
     }
 
@@ -372,7 +383,8 @@ impl Engine {
                     if let (Some(rb), Some(node), None | Some(false), None | Some(false)) =
                         (&r.runbook, &r.node, n.dry_run, n.shadow)
                     {
-                        ob.paged.insert((rb.clone(), node.clone(), r.gpu, finding_shape(&n.text)), (r.seq, r.ts_ms));
+                        let at = SaidAt { seq: r.seq, ts_ms: r.ts_ms, size: None };
+                        ob.paged.insert((rb.clone(), node.clone(), r.gpu, finding_shape(&n.text)), at);
                     }
                 }
                 RecordKind::HealthChanged if matches!(r.data["to"].as_str(), Some("healthy" | "verifying")) => {
@@ -398,7 +410,8 @@ impl Engine {
                     if let (Some(rb), Some(node), None | Some(false), None | Some(false), None) =
                         (&r.runbook, &r.node, n.dry_run, n.shadow, n.resolves)
                     {
-                        ob.paged.insert((rb.clone(), node.clone(), r.gpu, said_shape(&n.text)), (r.seq, r.ts_ms));
+                        let at = SaidAt { seq: r.seq, ts_ms: r.ts_ms, size: n.size };
+                        ob.paged.insert((rb.clone(), node.clone(), r.gpu, said_shape(&n.text)), at);
                     }
                 }
                 _ => {}

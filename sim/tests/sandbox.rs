@@ -68,6 +68,18 @@ fn hostile() -> Vec<(&'static str, &'static str, RunOutcome, &'static str)> {
             "gpu: expected an index from 0 to 4294967295, found 4294967296",
         ),
         ("nan-watts", "set_power_limit(0, 0.0 / 0.0);\n", RunOutcome::Failed, "watts: expected a finite number"),
+        (
+            "nan-size",
+            "notify(\"a finding\", 0.0 / 0.0);\n",
+            RunOutcome::Failed,
+            "notify's size: expected a finite number, found NaN",
+        ),
+        (
+            "text-size",
+            "notify(\"a finding\", \"big\");\n",
+            RunOutcome::Failed,
+            "notify's size: expected a number, found string",
+        ),
     ]
 }
 

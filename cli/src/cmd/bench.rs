@@ -910,7 +910,7 @@ async fn script_overhead(iterations: usize) -> Result<Vec<f64>> {
         fn autoscale(&self, _: &RunCtx, _: bool, _: i64, _: &str) -> rhai::Map {
             rhai::Map::new()
         }
-        fn text(&self, _: &RunCtx, _: nightshift_engine::script::TextKind, _: &str) {}
+        fn text(&self, _: &RunCtx, _: nightshift_engine::script::TextKind, _: &str, _: Option<f64>) {}
         fn event_resolved(&self, _: &RunCtx) -> bool {
             false
         }

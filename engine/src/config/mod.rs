@@ -568,6 +568,15 @@ pub struct NotificationsConfig {
     /// finding (other words) is said at once. 0 says everything every time.
     #[serde(default = "d_repage_after")]
     pub remind_after_secs: u64,
+    /// A finding a script told with a size (`notify(text, size)`: larger
+    /// is worse) is said again, before its reminder, once its size has
+    /// grown by this much since it was last said (25: 30 % → 37.5 %).
+    #[serde(default = "d_worse_by")]
+    pub worse_by_pct: f64,
+}
+
+fn d_worse_by() -> f64 {
+    25.0
 }
 
 fn d_repage_after() -> u64 {
@@ -592,6 +601,7 @@ impl Default for NotificationsConfig {
             retry_max_secs: d_retry_max(),
             repage_after_secs: d_repage_after(),
             remind_after_secs: d_repage_after(),
+            worse_by_pct: d_worse_by(),
         }
     }
 }

@@ -110,6 +110,14 @@ fn values_that_disable_safety_are_refused_with_their_line() {
             "engine.yaml:7:3: notifications.remind_after_secs: expected 0 (say every time) to 2592000 (30 days), found 99999999",
         ),
         (
+            "notifications:\n  worse_by_pct: .nan\n",
+            "engine.yaml:7:3: notifications.worse_by_pct: expected 1 to 1000 (percent of the size last said), found NaN",
+        ),
+        (
+            "notifications:\n  worse_by_pct: 0\n",
+            "engine.yaml:7:3: notifications.worse_by_pct: expected 1 to 1000 (percent of the size last said), found 0",
+        ),
+        (
             "notifications:\n  webhooks:\n    - {name: pager, url: 'http://pager.example/hook', fallback: phone}\n",
             "engine.yaml:8:65: notifications.webhooks[pager].fallback: expected another target's name (there is none), found \"phone\"",
         ),

@@ -399,6 +399,15 @@ impl EngineConfig {
                 ),
             ));
         }
+        let worse = cfg.notifications.worse_by_pct;
+        if !(worse.is_finite() && (1.0..=1000.0).contains(&worse)) {
+            return Err(err(
+                "notifications.worse_by_pct",
+                format!(
+                    "notifications.worse_by_pct: expected 1 to 1000 (percent of the size last said), found {worse}"
+                ),
+            ));
+        }
         let expiry = cfg.notifications.page_expiry_secs;
         if !(60..=86_400).contains(&expiry) {
             return Err(err(

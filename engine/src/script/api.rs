@@ -159,14 +159,27 @@ fn act_many(actions: Vec<(String, Op)>) -> Result<Map, Box<EvalAltResult>> {
 }
 
 fn text(kind: TextKind, s: &str) -> Result<(), Box<EvalAltResult>> {
+    sized_text(kind, s, None)
+}
+
+fn sized_text(kind: TextKind, s: &str, size: Option<f64>) -> Result<(), Box<EvalAltResult>> {
     let c = ctx()?;
     let n = c.notes.fetch_add(1, Ordering::SeqCst);
     if n < c.max_notes {
-        c.host.text(&c, kind, s);
+        c.host.text(&c, kind, s, size);
     } else if n == c.max_notes {
-        c.host.text(&c, TextKind::Note, &format!("note limit of {} reached: further notes dropped", c.max_notes));
+        c.host.text(&c, TextKind::Note, &format!("note limit of {} reached: further notes dropped", c.max_notes), None);
     }
     Ok(())
+}
+
+/// `notify(text, size)`: the finding's size (larger is worse), a finite
+/// number — `()` (a signal that is absent) tells it without one.
+fn notify_sized(s: &str, size: &Dynamic) -> Result<(), Box<EvalAltResult>> {
+    if size.is_unit() {
+        return sized_text(TextKind::Notify, s, None);
+    }
+    sized_text(TextKind::Notify, s, Some(num(size, "notify's size")?))
 }
 
 /// Register every host function on `e`.
@@ -513,6 +526,7 @@ pub(super) fn register(e: &mut Engine) {
     });
     e.register_fn("note", |s: &str| text(TextKind::Note, s));
     e.register_fn("notify", |s: &str| text(TextKind::Notify, s));
+    e.register_fn("notify", |s: &str, size: Dynamic| notify_sized(s, &size));
     e.register_fn("escalate", |s: &str| text(TextKind::Escalate, s));
     e.register_fn("fail", |s: &str| -> Result<(), Box<EvalAltResult>> {
         let c = ctx()?;

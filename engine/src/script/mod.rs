@@ -164,7 +164,9 @@ pub trait ScriptHost: Send + Sync {
     /// Ask the autoscaler webhook for nodes (`out`) or to take back ones
     /// nightshift asked for (`in`).
     fn autoscale(&self, ctx: &RunCtx, out: bool, count: i64, why: &str) -> Map;
-    fn text(&self, ctx: &RunCtx, kind: TextKind, text: &str);
+    /// Note, notify or escalate `text`; `size` (larger is worse) lets a
+    /// notification already told be said again once it has grown.
+    fn text(&self, ctx: &RunCtx, kind: TextKind, text: &str, size: Option<f64>);
     fn event_resolved(&self, ctx: &RunCtx) -> bool;
     /// Runs of this runbook on this target that started in the last
     /// `window_ms` (at most 24 h), this one included; a run that decided

@@ -1,0 +1,92 @@
+//! What a script tells people (`note`, `notify`, `escalate`): recorded
+//! before it is sent, and said once per finding — a note on the run when
+//! the same runbook already said the same about the same target, until a
+//! reminder is due or (a sized notification) it has grown worse.
+
+use crate::audit::{NewRecord, RecordKind};
+use crate::core::Core;
+use crate::outbox::Said;
+use crate::script::{RunCtx, TextKind};
+
+use super::Host;
+
+impl Host {
+    pub(super) fn tell(&self, ctx: &RunCtx, kind: TextKind, text: &str, size: Option<f64>) {
+        let (rk, severity): (RecordKind, &str) = match kind {
+            TextKind::Note => (RecordKind::Note, "info"),
+            TextKind::Notify => (RecordKind::Notification, "warning"),
+            TextKind::Escalate => (RecordKind::Escalation, "escalation"),
+        };
+        let mut text: String = text.chars().take(2000).collect();
+        let mut kind = kind;
+        let mut rk = rk;
+        // Said again about a target this runbook paged about or told (a run
+        // resumed after a restart, the ladder again after its hold expired,
+        // the cause still there at the next run): the people have it — a
+        // note, not a second page or message, until a reminder is due or
+        // (a notification with a size) it has grown worse.
+        let escalation = kind == TextKind::Escalate;
+        if kind != TextKind::Note
+            && !ctx.dry_run
+            && let Some(node) = ctx.target.node.as_deref()
+        {
+            match self.core.already_said(escalation, &ctx.runbook, node, ctx.target.gpu, &text, size) {
+                Said::New => {}
+                Said::Worse { seq, was } => {
+                    text = crate::outbox::worse_text(seq, was, size.unwrap_or(was), &text);
+                }
+                Said::Again { seq } => {
+                    let did = if escalation { "paged" } else { "said" };
+                    text = format!("already {did} (audit #{seq}), not {did} again: {text}");
+                    kind = TextKind::Note;
+                    rk = RecordKind::Note;
+                    if let Some(r) = self.core.table().runs.get_mut(&self.run).filter(|_| !escalation) {
+                        r.repeated = true;
+                    }
+                }
+            }
+        }
+        let what = match kind {
+            TextKind::Notify => Some("notification"),
+            TextKind::Escalate => Some("escalation"),
+            TextKind::Note if text.starts_with("already ") => Some("repeat_noted"),
+            TextKind::Note => None,
+        };
+        if let (Some(what), false) = (what, ctx.dry_run) {
+            *crate::core::lock(&self.core.counters.told).entry((ctx.runbook.clone(), what)).or_default() += 1;
+        }
+        if kind == TextKind::Note {
+            self.append(
+                ctx,
+                NewRecord::typed(rk, "engine", &crate::audit::data::Note { text, ..Default::default() })
+                    .node(ctx.target.node.as_deref())
+                    .gpu(ctx.target.gpu),
+            );
+            return;
+        }
+        if !ctx.dry_run {
+            tracing::warn!(run = %self.run, runbook = %ctx.runbook, severity, text = %text, "notification");
+        }
+        if let Some(r) = self.core.table().runs.get_mut(&self.run) {
+            r.told = true;
+        }
+        let shadow = self.summary().is_some_and(|s| s.shadow);
+        // A notice about a node whose page is open follows that page.
+        let follows = match (kind, ctx.target.node.as_deref()) {
+            (TextKind::Notify, Some(node)) => self.core.open_page_on(node),
+            _ => None,
+        };
+        let said = crate::audit::data::Notice { text, severity: severity.into(), follows, size, ..Default::default() };
+        let rec = self
+            .core
+            .notice_record_from(rk, said, ctx.dry_run, shadow)
+            .run(&self.run)
+            .node(ctx.target.node.as_deref())
+            .gpu(ctx.target.gpu)
+            .runbook(&ctx.runbook);
+        match self.core.audit.append_blocking(rec, self.summary()) {
+            Ok(r) => Core::deliver(&self.core, &r),
+            Err(e) => tracing::error!(run = %self.run, error = %e, "cannot audit from a script"),
+        }
+    }
+}
