@@ -260,3 +260,30 @@ fn the_workload_rows_declare_every_signal_they_read() {
     }
     assert_eq!(checked, 10, "five rows, each with its alert-started twin");
 }
+
+/// Issue 57, "counted": every shipped scenario of a workload row (H6, H7,
+/// H9, H10, H12) states how many notifications it sends — a finding told
+/// twice, or a healthy job told once, fails its own scenario — and each
+/// row's runbook runs in a night-long (≥ 8 h) or engine-restart case.
+#[test]
+fn every_workload_row_scenario_counts_its_notifications() {
+    use nightshift_sim::scenario::{Restart, Scenario};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
+    let scenarios: Vec<Scenario> =
+        scenario_files(&root.join("scenarios")).iter().map(|f| Scenario::load(f).unwrap()).collect();
+    let rows = ["H6", "H7", "H9", "H10", "H12"];
+    let of_rows: Vec<&Scenario> =
+        scenarios.iter().filter(|s| s.handbook.as_deref().is_some_and(|h| rows.contains(&h))).collect();
+    assert!(of_rows.len() >= 25, "{} workload-row scenarios", of_rows.len());
+    let uncounted: Vec<&str> =
+        of_rows.iter().filter(|s| s.expect.notifications.is_none()).map(|s| s.name.as_str()).collect();
+    assert!(uncounted.is_empty(), "scenarios that do not count their notifications: {uncounted:?}");
+    let row_runbooks = ["mem-fragmentation", "mem-headroom", "gpu-starved", "util-swing", "comm-overhead"];
+    for rb in row_runbooks {
+        let long_or_restart = of_rows.iter().any(|s| {
+            s.runbooks.as_ref().is_some_and(|r| r.iter().any(|n| n == rb))
+                && (s.duration_secs >= 8 * 3600 || s.timeline.iter().any(|e| e.restart == Some(Restart::Engine)))
+        });
+        assert!(long_or_restart, "{rb}: no night-long or engine-restart scenario");
+    }
+}
