@@ -122,6 +122,11 @@ const FIELDS: &[Field] = &[
     field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed", |g, _| {
         g.row_remap_failure.map(|f| if f { 1.0 } else { 0.0 })
     }),
+    // A profiling field: a ratio, where the backend reads it (the
+    // simulator's NVIDIA profiles; on real nodes DCGM's own exporter).
+    field("DCGM_FI_PROF_SM_ACTIVE", "gauge", "The ratio of cycles an SM has at least 1 warp assigned.", |g, _| {
+        g.sm_active_pct.map(|p| p / 100.0)
+    }),
 ];
 
 /// Escape a label value for the text exposition format.

@@ -161,7 +161,7 @@ pub const METRICS: &[MetricDef] = &[
         "gpu.sm_active_pct",
         "%",
         "share of cycles an SM had work (what utilisation means to a training job; absent without DCGM profiling)",
-        "DCGM_FI_PROF_SM_ACTIVE (dcgm-exporter, a 0–1 ratio), through Prometheus",
+        "DCGM_FI_PROF_SM_ACTIVE (dcgm-exporter, a 0–1 ratio), through Prometheus; the simulator's NVIDIA profiles",
     ),
 ];
 

@@ -425,6 +425,9 @@ pub fn samples_from(t: &Telemetry) -> Vec<(Option<u16>, MetricId, f64)> {
             out.push((i, ids::MEM_PEAK, p));
         }
         out.push((i, ids::MEM_NEED, g.mem_peak_allocated_pct.unwrap_or(g.mem_used_pct)));
+        if let Some(a) = g.sm_active_pct {
+            out.push((i, ids::SM_ACTIVE, a));
+        }
         if let Some(f) = g.mem_fragmentation_pct {
             out.push((i, ids::MEM_FRAG, f));
         }

@@ -312,6 +312,31 @@ fn counters_csv(text: &str) -> Vec<(String, String, String)> {
     active.chain(commented).collect()
 }
 
+/// Every DCGM field the engine's Prometheus source reads is on in the
+/// shipped counters list (`dcgm-exporter -f examples/dcgm-counters.csv`):
+/// a field a runbook decides on but dcgm-exporter never serves is a signal
+/// that is always absent (H9's SM activity was, until this test). Where
+/// the engine knows several names for one reading, one of them is enough.
+#[test]
+fn the_shipped_counters_serve_every_dcgm_field_the_engine_reads() {
+    use nightshift_engine::sources::{DCGM_NAMES, dcgm_metric};
+    let text = example("dcgm-counters.csv");
+    let active: Vec<&str> =
+        text.lines().map(str::trim).filter(|l| l.starts_with("DCGM_")).filter_map(|l| l.split(',').next()).collect();
+    let mut missing = Vec::new();
+    for name in DCGM_NAMES.iter().filter(|n| n.starts_with("DCGM_")) {
+        let field = dcgm_metric(name);
+        let served = DCGM_NAMES
+            .iter()
+            .filter(|other| dcgm_metric(other) == field)
+            .any(|other| active.iter().any(|a| a.trim() == *other));
+        if !served {
+            missing.push(*name);
+        }
+    }
+    assert!(missing.is_empty(), "fields the engine reads that examples/dcgm-counters.csv leaves off: {missing:?}");
+}
+
 /// The label names of dcgm-exporter's GPU series, in order, from its
 /// template: no MIG, a hostname, and the label-type fields after.
 fn dcgm_exporter_labels(template: &str, label_fields: &[String]) -> Vec<String> {

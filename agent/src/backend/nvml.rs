@@ -253,6 +253,9 @@ impl NvmlBackend {
             mem_fragmentation_pct: None,
             // Only the job knows its allocator (the job textfile).
             mem_peak_allocated_pct: None,
+            // DCGM profiling, not NVML: read from dcgm-exporter by the
+            // engine's Prometheus source.
+            sm_active_pct: None,
             sm_clock_mhz: opt(d.clock_info(Clock::SM)),
             ecc_sbe_total: opt(d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)).unwrap_or(0),
             ecc_dbe_total: opt(d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)).unwrap_or(0),

@@ -393,6 +393,9 @@ struct GpuState {
     drained: bool,
     throttled: bool,
     util_now_pct: f64,
+    /// SM activity (DCGM profiling): below NVML's utilisation, far below
+    /// it while the GPU spins in a collective.
+    sm_active_now_pct: f64,
     /// Energy since the driver loaded.
     energy_mj: f64,
     /// Bytes moved over this GPU's links.
@@ -422,6 +425,10 @@ struct SimJob {
 /// `job_metrics_max_age_secs` default).
 const JOB_FILE_MAX_AGE_SECS: f64 = 120.0;
 
+/// SM activity per point of NVML utilisation on a training job's GPU: a
+/// kernel that keeps NVML at 100 % rarely occupies every SM.
+const SM_ACTIVE_PER_UTIL: f64 = 0.85;
+
 #[derive(Debug, Clone)]
 struct NodeState {
     t_secs: f64,
@@ -437,6 +444,8 @@ struct NodeState {
     job_configs: std::collections::BTreeSet<String>,
     nvlink_errors: f64,
     cpu_bottleneck: bool,
+    /// The starved GPUs wait in a spinning collective (NVML busy).
+    collective_spin: bool,
     util_swing: bool,
     comm_overhead_override: Option<f64>,
     /// Out-of-memory errors the job caught (a need at 98 % or more).
@@ -662,6 +671,7 @@ impl SimBackend {
                 drained: false,
                 throttled: false,
                 util_now_pct: config.util_pct,
+                sm_active_now_pct: config.util_pct * SM_ACTIVE_PER_UTIL,
                 energy_mj: 0.0,
                 nvlink_bytes: 0.0,
                 lost: false,
@@ -690,6 +700,7 @@ impl SimBackend {
                     job_configs: Default::default(),
                     nvlink_errors: 0.0,
                     cpu_bottleneck: false,
+                    collective_spin: false,
                     util_swing: false,
                     comm_overhead_override: None,
                     oom_events: 0,
@@ -857,7 +868,13 @@ impl SimBackend {
             if node.job.is_none() {
                 util = util.min(0.0);
             }
-            if node.cpu_bottleneck {
+            // SM activity of a kernel that keeps NVML busy: a spinning
+            // collective occupies a few SMs.
+            let mut spinning = false;
+            if node.cpu_bottleneck && node.collective_spin && node.job.is_some() {
+                util = util.max(97.0);
+                spinning = true;
+            } else if node.cpu_bottleneck {
                 util = util.min(12.0);
             }
             if node.util_swing {
@@ -877,6 +894,7 @@ impl SimBackend {
                 util = 0.0;
             }
             g.util_now_pct = util;
+            g.sm_active_now_pct = if spinning && !g.lost && !g.drained { 6.0 } else { util * SM_ACTIVE_PER_UTIL };
             let spin = if job_hung { 0.55 } else { 1.0 };
             let mut demand = p.idle_watts + (p.load_watts - p.idle_watts) * util / 100.0 * g.surge * spin;
             if g.lost {
@@ -1150,7 +1168,10 @@ impl SimBackend {
                     st.node.oom_events += 1;
                 }
             }
-            SimFault::CpuBottleneck { active } => st.node.cpu_bottleneck = *active,
+            SimFault::CpuBottleneck { active, collective_spin } => {
+                st.node.cpu_bottleneck = *active;
+                st.node.collective_spin = *active && *collective_spin;
+            }
             SimFault::UtilSwing { active } => st.node.util_swing = *active,
             SimFault::JobStall { active } => {
                 let t = st.node.t_secs;
@@ -1180,6 +1201,7 @@ impl SimBackend {
                 }
                 st.node.nvlink_fault = false;
                 st.node.cpu_bottleneck = false;
+                st.node.collective_spin = false;
                 st.node.util_swing = false;
                 st.node.comm_overhead_override = None;
                 st.node.chassis_airflow_factor = 1.0;
@@ -1293,6 +1315,9 @@ impl Backend for SimBackend {
                     // What the job needs (its allocator's peak), exported by
                     // the job like PyTorch's max_memory_allocated.
                     mem_peak_allocated_pct: has_job.then(|| round2(g.mem_used_pct)),
+                    // DCGM profiling: NVIDIA only (datacenter Volta and newer).
+                    sm_active_pct: (p.vendor == Vendor::Nvidia)
+                        .then(|| round2((g.sm_active_now_pct + 1.0 * noise(seed, i, tick, 5)).clamp(0.0, 100.0))),
                     mem_fragmentation_pct: Some(round2(g.frag_pct)),
                     sm_clock_mhz: Some(g.sm_clock_mhz),
                     ecc_sbe_total: g.sbe,
@@ -1812,7 +1837,7 @@ mod tests {
         let sim = node("a100-sxm", 6);
         sim.inject(&SimFault::EccDbe { gpu: 1, count: 2 }).unwrap();
         sim.inject(&SimFault::Fragmentation { gpu: 0, pct: 31.0 }).unwrap();
-        sim.inject(&SimFault::CpuBottleneck { active: true }).unwrap();
+        sim.inject(&SimFault::CpuBottleneck { active: true, collective_spin: false }).unwrap();
         run(&sim, 30);
         let (gpus, n) = sim.sample().unwrap();
         assert_eq!(gpus[1].ecc_dbe_total, 2);

@@ -471,7 +471,14 @@ pub enum SimFault {
         pct: f64,
     },
     /// Data-loader bottleneck: GPUs starve while the CPU is pegged.
-    CpuBottleneck { active: bool },
+    /// `collective_spin`: they wait for input inside a spinning collective
+    /// (a starved rank holds the others in an all-reduce) — NVML reads
+    /// them busy, SM activity does not.
+    CpuBottleneck {
+        active: bool,
+        #[serde(default)]
+        collective_spin: bool,
+    },
     /// Utilisation swings between high and low (topology-blind all-reduce).
     UtilSwing { active: bool },
     /// Training progress stops advancing.

@@ -128,6 +128,13 @@ pub struct GpuTelemetry {
     /// headroom signal. Only a job that exports it has it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_peak_allocated_pct: Option<f64>,
+    /// SM activity, % of cycles an SM had a warp (DCGM profiling's
+    /// `DCGM_FI_PROF_SM_ACTIVE` as a percentage): what utilisation means
+    /// to a training job. Where the agent can read it — the simulator's
+    /// NVIDIA profiles; NVML and ROCm SMI cannot (DCGM serves it to
+    /// Prometheus instead), and AMD GPUs have no such field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_active_pct: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sm_clock_mhz: Option<u32>,
     #[serde(default)]
