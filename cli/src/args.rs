@@ -729,6 +729,22 @@ pub enum NodesCmd {
         #[arg(long)]
         reason: String,
     },
+    /// Drain a node yourself (`person:<you>`), audited: the scheduler
+    /// places no new work there and running jobs finish. It is your drain:
+    /// its reason in the scheduler names you, nightshift never ends it and
+    /// its blast radius does not count it; `nodes resume` ends it. Needs
+    /// --server.
+    ///
+    /// Example: nightshift nodes drain gpu-a1 --reason "firmware update, ticket OPS-4711"
+    Drain {
+        /// The node, as fleet.yaml names it.
+        #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
+        node: String,
+        /// Why: kept in the audit record and written as the scheduler's
+        /// drain reason.
+        #[arg(long)]
+        reason: String,
+    },
     /// Set or clear hands-off in the engine (admin): nightshift changes
     /// nothing on the node while it is set — across restarts — until it is
     /// cleared or its --for runs out (then audited as ended). Needs --server.

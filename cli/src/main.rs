@@ -83,6 +83,10 @@ async fn real_main(cli: Cli) -> Result<u8> {
             init_logging("warn");
             cmd::control::nodes_resume(&cli, &out, node, reason).await
         }
+        Command::Nodes(crate::args::NodesCmd::Drain { node, reason }) => {
+            init_logging("warn");
+            cmd::control::nodes_drain(&cli, &out, node, reason).await
+        }
         Command::Nodes(crate::args::NodesCmd::HandsOff { node, on, off: _, reason, for_span }) => {
             init_logging("warn");
             let for_secs = match for_span {

@@ -456,14 +456,32 @@ async fn served_engine() {
     assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("done: g2: put back into service"));
     assert!(!drained(&g2).await, "resumed on the agent");
-    // Both are in the audit under the person's name.
+    // A person's drain (where kubectl users look: `nodes drain`): theirs in
+    // the scheduler (named, not nightshift's prefix), held with no lease by
+    // the person; a person's resume ends it.
+    let o = srv(&["nodes", "drain", "g2", "--reason", "firmware update, ticket OPS-4711"], OPERATOR);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("done: g2: drained as yours"), "{o:?}");
+    let g2_agent = g2.started.as_ref().unwrap().agent.clone();
+    let m = g2_agent.telemetry().await.unwrap().node_metrics;
+    assert!(m.drained, "drained on the agent");
+    assert_eq!(m.drain_reason.as_deref(), Some("drained by alice: firmware update, ticket OPS-4711"));
+    let o = srv(&["agents", "holds", "g2"], OPERATOR);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(text.lines().any(|l| l.contains("person:alice") && l.contains("sticky")), "{text}");
+    assert_eq!(code(&srv(&["nodes", "drain", "g2"], OPERATOR)), 2, "no reason: a usage error");
+    let o = srv(&["nodes", "resume", "g2", "--reason", "firmware done"], OPERATOR);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!drained(&g2).await, "a person's resume ends a person's drain");
+    // All are in the audit under the person's name.
     let o = srv(&["audit", "export"], OPERATOR);
     let export = String::from_utf8_lossy(&o.stdout).into_owned();
     let by_alice: Vec<&str> =
         export.lines().filter(|l| l.contains("\"actor\":\"user:alice\"") && l.contains("\"action_intent\"")).collect();
     assert!(
         by_alice.iter().any(|l| l.contains("\"op\":\"release\""))
-            && by_alice.iter().any(|l| l.contains("\"op\":\"resume\"")),
+            && by_alice.iter().any(|l| l.contains("\"op\":\"resume\""))
+            && by_alice.iter().any(|l| l.contains("\"op\":\"drain\"") && l.contains("OPS-4711")),
         "{export}"
     );
     // Hands-off: an admin's; an operator is refused.
@@ -538,6 +556,7 @@ fn every_subcommand_has_an_example_in_its_help() {
         &["agents", "health-check"],
         &["nodes", "repaired"],
         &["nodes", "resume"],
+        &["nodes", "drain"],
         &["nodes", "hands-off"],
         &["holds", "release"],
         &["runs", "cancel"],

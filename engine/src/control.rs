@@ -1,5 +1,5 @@
-//! People's own controls of a node: release holds, put a node back into
-//! service. Each is sent to the agent as the person (`owner:
+//! People's own controls of a node: release holds, drain a node, put it
+//! back into service. Each is sent to the agent as the person (`owner:
 //! person:<name>`), through the same audited path as a runbook's actions
 //! (the intent durable before it leaves, the agent's answer recorded
 //! after, fenced by the leader's term). The agent's own rules still hold:
@@ -9,7 +9,7 @@
 
 use serde_json::{Value, json};
 
-use nightshift_proto::{HoldInfo, Op, ReleaseArgs, Request, ResumeArgs};
+use nightshift_proto::{DrainArgs, HoldInfo, Op, ReleaseArgs, Request, ResumeArgs};
 
 use crate::audit::{NewRecord, RecordKind};
 use crate::core::SentBy;
@@ -172,6 +172,19 @@ impl Engine {
                 unhealthy.len()
             ));
         }
+        Ok(ControlOutcome { node: node.to_string(), actions: vec![line] })
+    }
+
+    /// Drain `node` as the person `name` (`nightshift nodes drain`): the
+    /// scheduler places no new work there, running jobs finish. It is the
+    /// person's drain — the scheduler's reason names them, it has no lease,
+    /// nightshift never ends it and its blast radius does not count it —
+    /// until a person resumes the node (`nodes resume`). Audited before it
+    /// is sent, under the person, with the reason.
+    pub async fn person_drain(&self, node: &str, name: &str, reason: &str) -> Result<ControlOutcome, EngineError> {
+        check_reason(reason, "the node is drained")?;
+        let op = Op::Drain(DrainArgs { reason: reason.into(), run: None, sticky: true, repair: false });
+        let line = self.send_as_person(node, None, op, name, reason).await?;
         Ok(ControlOutcome { node: node.to_string(), actions: vec![line] })
     }
 

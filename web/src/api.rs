@@ -556,6 +556,26 @@ pub async fn resume_node(
     Ok(control_answer(out))
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Drain {
+    /// Why: kept in the audit record and written as the scheduler's drain
+    /// reason (`drained by <you>: <reason>`).
+    pub reason: String,
+}
+
+/// A person drains a node (operator): their drain, never undone by
+/// nightshift, ended by a person's resume.
+pub async fn drain_node(
+    State(s): State<AppState>,
+    Operator(id): Operator,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<Drain>,
+) -> Result<Response, ApiError> {
+    let out = s.engine.person_drain(&name, &id.name, &body.reason).await?;
+    Ok(control_answer(out))
+}
+
 fn control_answer(out: nightshift_engine::control::ControlOutcome) -> Response {
     let refused = out.actions.iter().find(|a| a["ok"] != true);
     let status = if refused.is_some() { StatusCode::CONFLICT } else { StatusCode::OK };

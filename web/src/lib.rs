@@ -170,6 +170,7 @@ pub fn router(engine: Engine) -> Router {
         .route("/api/v1/nodes/{name}/repaired", post(api::node_repaired))
         .route("/api/v1/nodes/{name}/holds/release", post(api::release_holds))
         .route("/api/v1/nodes/{name}/resume", post(api::resume_node))
+        .route("/api/v1/nodes/{name}/drain", post(api::drain_node))
         .route("/api/v1/agents/{name}/health-check", post(api::agent_health_check))
         .route("/api/v1/agents/{name}/ping", get(api::agent_ping))
         .route("/api/v1/agents/{name}/inventory", get(api::agent_inventory))

@@ -48,6 +48,18 @@ pub(super) enum Intent {
     OneShot(OneShot),
 }
 
+/// The scheduler's reason for a person's drain: `drained by <who>: <why>`,
+/// control characters blanked, at most 200 characters — never with
+/// nightshift's owner prefix (`proto::owner`), whatever the person is
+/// called, so it reads as the person's own.
+fn person_drain_reason(owner: &str, why: &str) -> String {
+    let clean = |s: &str| s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect::<String>();
+    let who = owner.strip_prefix("person:").unwrap_or(owner);
+    let mut r = format!("drained by {}: {}", clean(who), clean(why.trim()));
+    r.truncate(r.char_indices().nth(200).map_or(r.len(), |(i, _)| i));
+    r
+}
+
 fn envelope(m: String) -> Refusal {
     (ErrorCode::OutOfEnvelope, m)
 }
@@ -140,11 +152,18 @@ impl Agent {
             }
             Op::Drain(a) => {
                 let run = a.run.as_deref().unwrap_or(owner);
+                // A person's drain is theirs: the scheduler's reason names
+                // them, not nightshift (so nothing of nightshift's ever
+                // undoes it, nor counts it in its blast radius), and it has
+                // no lease — a person ends it.
+                let by_person = owner.starts_with("person:");
+                let drain_reason =
+                    if by_person { person_drain_reason(owner, &a.reason) } else { self.drain_reason(run, &a.reason) };
                 Intent::Place(Placement {
                     setting: Setting::NodeDrain {},
-                    value: HoldValue::NodeDrain { drained: true, reason: Some(self.drain_reason(run, &a.reason)) },
+                    value: HoldValue::NodeDrain { drained: true, reason: Some(drain_reason) },
                     reason: a.reason.trim().chars().take(200).collect(),
-                    sticky: a.sticky,
+                    sticky: a.sticky || by_person,
                     repair: a.sticky && a.repair,
                     kind: ActionKind::NodeDrain,
                     content: None,
@@ -327,5 +346,26 @@ impl Agent {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::person_drain_reason;
+    use nightshift_proto::owner::owned_by_nightshift;
+
+    #[test]
+    fn a_persons_drain_reason_names_them_and_is_never_nightshifts() {
+        let cases = [
+            ("person:alice", "firmware update", "drained by alice: firmware update"),
+            ("person:nightshift", "a person called nightshift", "drained by nightshift: a person called nightshift"),
+            ("person:bob", "  line\nbreak\t ", "drained by bob: line break"),
+        ];
+        for (owner, why, want) in cases {
+            let r = person_drain_reason(owner, why);
+            assert_eq!(r, want);
+            assert!(!owned_by_nightshift(Some(&r)), "{r}");
+        }
+        assert_eq!(person_drain_reason("person:carol", &"x".repeat(500)).chars().count(), 200);
     }
 }

@@ -251,9 +251,9 @@ pub async fn nodes(c: &mut Conn, out: &Out, cmd: &crate::args::NodesCmd) -> Resu
             }
             Ok(0)
         }
-        crate::args::NodesCmd::Resume { .. } | crate::args::NodesCmd::HandsOff { .. } => {
-            Err(anyhow::anyhow!("internal: handled by cmd::control"))
-        }
+        crate::args::NodesCmd::Resume { .. }
+        | crate::args::NodesCmd::Drain { .. }
+        | crate::args::NodesCmd::HandsOff { .. } => Err(anyhow::anyhow!("internal: handled by cmd::control")),
     }
 }
 

@@ -37,6 +37,9 @@ fn report(out: &Out, done: bool, v: &Value) -> Result<u8> {
                 a["owner"].as_str().unwrap_or("?")
             ),
             (Some("resume"), _) => "put back into service".to_string(),
+            (Some("drain"), _) => {
+                "drained as yours (nightshift never ends it; `nightshift nodes resume` does)".to_string()
+            }
             (op, _) => op.unwrap_or("?").to_string(),
         };
         if a["ok"] == true {
@@ -118,6 +121,14 @@ pub async fn nodes_resume(cli: &Cli, out: &Out, node: &str, reason: &str) -> Res
     let r = remote(&c, "putting a node back into service")?;
     let (done, v) =
         r.post_control(&format!("/api/v1/nodes/{}/resume", urlencode(node)), &json!({"reason": reason})).await?;
+    report(out, done, &v)
+}
+
+pub async fn nodes_drain(cli: &Cli, out: &Out, node: &str, reason: &str) -> Result<u8> {
+    let c = conn_announced(cli, out)?;
+    let r = remote(&c, "draining a node")?;
+    let (done, v) =
+        r.post_control(&format!("/api/v1/nodes/{}/drain", urlencode(node)), &json!({"reason": reason})).await?;
     report(out, done, &v)
 }
 
