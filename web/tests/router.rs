@@ -174,7 +174,8 @@ fn endpoints(run: &str) -> Vec<(&'static str, String, Role, Option<Value>)> {
             Some(json!({"runbook": "cap", "node": "gpu-a2", "gpu": 1, "dry_run": true})),
         ),
         ("POST", "/api/v1/nodes/gpu-a2/hands-off".into(), Role::Admin, Some(json!({"hands_off": false}))),
-        // gpu-a2 is not drained: a resume changes nothing, and succeeds.
+        // A person's drain of gpu-a2, then their resume ends it.
+        ("POST", "/api/v1/nodes/gpu-a2/drain".into(), Role::Operator, Some(json!({"reason": "matrix"}))),
         ("POST", "/api/v1/nodes/gpu-a2/resume".into(), Role::Operator, Some(json!({"reason": "matrix"}))),
         ("POST", "/api/v1/runbooks/reload".into(), Role::Admin, None),
         ("POST", "/api/v1/reload".into(), Role::Admin, None),
