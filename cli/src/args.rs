@@ -720,6 +720,9 @@ pub enum NodesCmd {
     /// another person's. (`repaired` is the lifecycle's step instead: the
     /// health check decides.) Needs --server.
     ///
+    /// Where the repair lifecycle holds a GPU of the node not healthy, it
+    /// says which and asks first (without a terminal: refused, exit 3).
+    ///
     /// Example: nightshift nodes resume gpu-a1 --reason "RMA replacement installed and tested"
     Resume {
         /// The node, as fleet.yaml names it.
@@ -728,6 +731,10 @@ pub enum NodesCmd {
         /// Why: kept in the audit record.
         #[arg(long)]
         reason: String,
+        /// Put it back without asking, GPUs not healthy in the repair
+        /// lifecycle too.
+        #[arg(long)]
+        yes: bool,
     },
     /// Drain a node yourself (`person:<you>`), audited: the scheduler
     /// places no new work there and running jobs finish. It is your drain:

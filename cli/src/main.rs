@@ -79,9 +79,9 @@ async fn real_main(cli: Cli) -> Result<u8> {
             c.close().await;
             r
         }
-        Command::Nodes(crate::args::NodesCmd::Resume { node, reason }) => {
+        Command::Nodes(crate::args::NodesCmd::Resume { node, reason, yes }) => {
             init_logging("warn");
-            cmd::control::nodes_resume(&cli, &out, node, reason).await
+            cmd::control::nodes_resume(&cli, &out, node, reason, *yes).await
         }
         Command::Nodes(crate::args::NodesCmd::Drain { node, reason }) => {
             init_logging("warn");

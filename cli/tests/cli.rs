@@ -82,6 +82,11 @@ async fn setup(dir: &Path) -> (TestAgent, TestAgent) {
                 "note(`would give back ${params.n} node(s)`);\n",
             ),
             (
+                "fault",
+                "trigger: {type: manual}\nscope: gpu\n",
+                "let f = declare_fault(\"dbe\", 48, \"double-bit ECC errors (test)\");\nif f.state != \"faulted\" { fail(`${f}`); }\n",
+            ),
+            (
                 "rma",
                 "trigger: {type: manual}\nscope: node\nsticky_drain: true\n",
                 "let r = drain_sticky(\"GPU 1 to be replaced\");\nif !r.ok { fail(r.error); }\n",
@@ -102,7 +107,7 @@ async fn embedded_engine() {
     assert_eq!(code(&o), 0);
     let names: Vec<String> =
         json(&o).as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap().to_string()).collect();
-    assert_eq!(names, vec!["cap", "careful", "rma", "shrink"]);
+    assert_eq!(names, vec!["cap", "careful", "fault", "rma", "shrink"]);
 
     // A dry run changes nothing.
     let o = run(d, &["run", "cap", "--node", "g1", "--gpu", "0", "--param", "watts=450", "--dry-run"]);
@@ -452,7 +457,18 @@ async fn served_engine() {
         async move { agent.telemetry().await.unwrap().node_metrics.drained }
     };
     assert!(drained(&g2).await);
+    // GPU 1 faulted in the repair lifecycle: a resume says so and asks
+    // (no terminal here: refused), or takes --yes.
+    let o = srv(&["run", "fault", "--node", "g2", "--gpu", "1", "--yes"], OPERATOR);
+    assert_eq!(code(&o), 0, "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     let o = srv(&["nodes", "resume", "g2", "--reason", "GPU 1 replaced and tested"], OPERATOR);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(code(&o), 3, "{err}");
+    // (the sim's counter is clear, so the engine has moved it on to
+    // verifying by now: not healthy either way)
+    assert!(err.contains("does not hold healthy:\n  GPU 1 ") && err.contains("or --yes"), "{err}");
+    assert!(drained(&g2).await, "nothing was sent");
+    let o = srv(&["nodes", "resume", "g2", "--reason", "GPU 1 replaced and tested", "--yes"], OPERATOR);
     assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("done: g2: put back into service"));
     assert!(!drained(&g2).await, "resumed on the agent");
@@ -470,7 +486,7 @@ async fn served_engine() {
     let text = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(text.lines().any(|l| l.contains("person:alice") && l.contains("sticky")), "{text}");
     assert_eq!(code(&srv(&["nodes", "drain", "g2"], OPERATOR)), 2, "no reason: a usage error");
-    let o = srv(&["nodes", "resume", "g2", "--reason", "firmware done"], OPERATOR);
+    let o = srv(&["nodes", "resume", "g2", "--reason", "firmware done", "--yes"], OPERATOR);
     assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
     assert!(!drained(&g2).await, "a person's resume ends a person's drain");
     // All are in the audit under the person's name.

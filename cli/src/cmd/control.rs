@@ -116,9 +116,37 @@ pub async fn holds_release(cli: &Cli, out: &Out, node: &str, what: Release<'_>, 
     report(out, done, &v)
 }
 
-pub async fn nodes_resume(cli: &Cli, out: &Out, node: &str, reason: &str) -> Result<u8> {
+pub async fn nodes_resume(cli: &Cli, out: &Out, node: &str, reason: &str, yes: bool) -> Result<u8> {
     let c = conn_announced(cli, out)?;
     let r = remote(&c, "putting a node back into service")?;
+    // A GPU the repair lifecycle does not hold healthy goes back to work
+    // with the node: say which, and ask (or take --yes).
+    if !yes {
+        let h: Value = r.get(&format!("/api/v1/nodes/{}/health", urlencode(node))).await?;
+        let unhealthy: Vec<String> = h["gpus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|g| g["state"] != "healthy")
+            .map(|g| {
+                let why = g["why"].as_str().map(|w| format!(": {w}")).unwrap_or_default();
+                format!("GPU {} {}{why}", g["gpu"], g["state"].as_str().unwrap_or("?"))
+            })
+            .collect();
+        if !unhealthy.is_empty() {
+            eprintln!("{node} has GPUs the repair lifecycle does not hold healthy:");
+            for u in &unhealthy {
+                eprintln!("  {u}");
+            }
+            eprintln!("(`nightshift nodes repaired {node}` lets the health check decide instead)");
+            if !ask(&format!("put {node} back into service anyway?"))? {
+                return Err(anyhow::Error::new(crate::Fail(3)).context(format!(
+                    "nothing done: expected a yes, or --yes to put {node} back into service with {} GPU(s) not healthy",
+                    unhealthy.len()
+                )));
+            }
+        }
+    }
     let (done, v) =
         r.post_control(&format!("/api/v1/nodes/{}/resume", urlencode(node)), &json!({"reason": reason})).await?;
     report(out, done, &v)
