@@ -12,6 +12,7 @@ pub mod error;
 pub mod extract;
 pub mod forward;
 pub mod html;
+pub mod nodes;
 pub mod pages;
 pub mod prom;
 
@@ -138,7 +139,7 @@ pub fn router(engine: Engine) -> Router {
         // Pages.
         .route("/", get(pages::timeline))
         .route("/runs/{id}", get(pages::run_page))
-        .route("/nodes", get(pages::nodes_page))
+        .route("/nodes", get(nodes::nodes_page))
         .route("/nodes/{name}", get(pages::node_page))
         .route("/runbooks", get(pages::runbooks_page))
         .route("/runbooks/{name}", get(pages::runbook_page))
