@@ -88,7 +88,7 @@ impl HealthState {
     }
 
     /// How bad, for a node's summary of its GPUs.
-    fn rank(self) -> u8 {
+    pub fn rank(self) -> u8 {
         match self {
             HealthState::Healthy => 0,
             HealthState::Verifying => 1,

@@ -48,6 +48,7 @@ pub fn layout(title: &str, active: &str, who: Option<&Identity>, body: Markup) -
     let nav = [
         ("/", "Timeline"),
         ("/approvals", "Approvals"),
+        ("/fleet", "Fleet"),
         ("/nodes", "Nodes"),
         ("/runbooks", "Runbooks"),
         ("/audit", "Audit"),

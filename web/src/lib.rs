@@ -140,6 +140,7 @@ pub fn router(engine: Engine) -> Router {
         .route("/", get(pages::timeline))
         .route("/runs/{id}", get(pages::run_page))
         .route("/nodes", get(nodes::nodes_page))
+        .route("/fleet", get(nodes::fleet_page))
         .route("/nodes/{name}", get(pages::node_page))
         .route("/runbooks", get(pages::runbooks_page))
         .route("/runbooks/{name}", get(pages::runbook_page))

@@ -264,7 +264,7 @@ fn older_page(q: &std::collections::HashMap<String, String>, cursor: &str) -> St
 }
 
 /// Percent-encode a query value or path segment (RFC 3986 unreserved kept).
-fn urlencode(s: &str) -> String {
+pub(crate) fn urlencode(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, URL_ENCODE).to_string()
 }
 

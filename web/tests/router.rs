@@ -65,6 +65,12 @@ async fn fixture_with(edit: impl FnOnce(&mut SimFleetOptions)) -> Fixture {
         "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\n",
         "notify(`GPU ${target.gpu} on ${target.node} reads ${elapsed()} s: look at it`);\n",
     );
+    write(
+        rb.path(),
+        "fault",
+        "trigger: {type: manual}\nscope: gpu\n",
+        "declare_fault(\"dbe\", 48, \"double-bit ECC errors (test)\");\nlet r = rma(\"replace it (test)\");\nif !r.ok { fail(`${r}`); }\n",
+    );
     let script = Arc::new(build_engine(&ScriptLimits::default()));
     let set = load_dir(rb.path(), &script);
     assert!(set.errors.is_empty(), "{:?}", set.errors);
@@ -162,6 +168,8 @@ fn endpoints(run: &str) -> Vec<(&'static str, String, Role, Option<Value>)> {
         ("GET", "/runbooks".into(), Role::Viewer, None),
         ("GET", "/runbooks/cap".into(), Role::Viewer, None),
         ("GET", "/approvals".into(), Role::Viewer, None),
+        ("GET", "/fleet".into(), Role::Viewer, None),
+        ("GET", "/nodes?group=pool&sort=health".into(), Role::Viewer, None),
         ("GET", "/audit".into(), Role::Viewer, None),
         ("GET", "/audit?kind=run_finished&since=1h".into(), Role::Viewer, None),
         ("GET", "/audit/records/1".into(), Role::Viewer, None),
@@ -1489,4 +1497,81 @@ async fn the_runs_api_filters_by_label() {
     assert!(page.as_str().unwrap_or_default().contains("No runs match."), "no run listed for pool=b");
     let (_, page) = call(&f, "GET", "/?label=pool%3Da", Some(VIEWER), None).await;
     assert!(!page.as_str().unwrap_or_default().contains("No runs match."), "the run on gpu-a1 is listed");
+}
+
+/// Issue 43 point 5: the nodes page at fleet scale. 1,000 nodes × 8 GPUs in
+/// four pools: the page is one table under 1 MB, grouped by pool with each
+/// group's count, sorted worst health first (the two faulted nodes lead
+/// their pools), a bad sort refused saying what it takes; `/fleet` counts
+/// nodes and GPUs by health, GPU model and pool. (How long Chromium takes
+/// to draw it: `tests/tests/browser.rs`, printed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_nodes_on_one_page_grouped_sorted_and_counted() {
+    let pools = ["train", "infer", "eval", "dev"];
+    let f = fixture_with(|o| {
+        o.nodes = (0..1000)
+            .map(|i| SimNodeSpec {
+                labels: [
+                    ("pool".to_string(), pools[i % 4].to_string()),
+                    ("rack".to_string(), format!("r{:02}", i / 40)),
+                ]
+                .into(),
+                ..SimNodeSpec::new(&format!("n{i:04}"), "h100-sxm", 8)
+            })
+            .collect();
+    })
+    .await;
+    settle(&f).await;
+    for (node, gpu) in [("n0517", 3), ("n0042", 0)] {
+        let body = json!({"runbook": "fault", "node": node, "gpu": gpu});
+        let (s, v) = call(&f, "POST", "/api/v1/runs", Some(OPERATOR), Some(body)).await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    }
+    for _ in 0..40 {
+        settle(&f).await;
+        let (_, v) = call(&f, "GET", "/api/v1/runs?runbook=fault", Some(VIEWER), None).await;
+        if v["runs"].as_array().unwrap().iter().filter(|r| r["outcome"] == "succeeded").count() == 2 {
+            break;
+        }
+    }
+    let (_, v) = call(&f, "GET", "/api/v1/runs?runbook=fault", Some(VIEWER), None).await;
+    assert!(v["runs"].as_array().unwrap().iter().all(|r| r["outcome"] == "succeeded"), "{v}");
+    let (s, page) = call(&f, "GET", "/nodes?group=pool&sort=health", Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::OK);
+    let page = page.as_str().unwrap().to_string();
+    eprintln!("/nodes at 1,000 nodes: {} bytes", page.len());
+    assert!(page.len() < 1 << 20, "expected the page under 1 MiB, found {} bytes", page.len());
+    assert_eq!(page.matches("href=\"/nodes/n").count(), 1000, "every node once");
+    for p in pools {
+        assert!(page.contains(&format!("<strong>pool={p}</strong> · 250 node(s)")), "the {p} group's header");
+    }
+    // Worst first within each group: n0517 (pool infer) and n0042 (eval)
+    // lead their groups.
+    for (pool, node) in [("infer", "n0517"), ("eval", "n0042")] {
+        let group = page.split(&format!("<strong>pool={pool}</strong>")).nth(1).unwrap();
+        let first = group.split("href=\"/nodes/").nth(1).unwrap();
+        assert!(first.starts_with(node), "{node} first in pool {pool}: {}", &first[..40]);
+        assert!(group.split("</tr>").next().unwrap().contains("1 not healthy"), "{pool}'s header counts it");
+    }
+    let (s, v) = call(&f, "GET", "/nodes?sort=hottest", Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(
+        v.as_str().unwrap().contains("sort: expected one of name, health, temp, drain, found &quot;hottest&quot;"),
+        "{v}"
+    );
+    let (s, fleet) = call(&f, "GET", "/fleet", Some(VIEWER), None).await;
+    assert_eq!(s, StatusCode::OK);
+    let fleet = fleet.as_str().unwrap();
+    assert!(fleet.contains("1000 nodes, 8000 GPUs"), "{}", &fleet[..fleet.len().min(2000)]);
+    // 998 healthy nodes, 2 with a GPU to replace; 7,998 healthy GPUs.
+    let row = |state: &str| {
+        let r = fleet.split(&format!(">{state}</span>")).nth(1).unwrap().split("</tr>").next().unwrap().to_string();
+        r.split("<td class=\"num\">").skip(1).map(|c| c.split('<').next().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(row("healthy"), ["998", "7998"]);
+    assert_eq!(row("rma"), ["2", "2"], "the two GPUs sent for replacement");
+    assert!(
+        fleet.contains("href=\"/nodes?group=pool&amp;sort=health&amp;label=pool%3Dtrain\""),
+        "pools link to their nodes"
+    );
 }
