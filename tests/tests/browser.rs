@@ -551,3 +551,88 @@ async fn a_person_controls_holds_nodes_and_runs_from_the_ui() {
     engine.shutdown().await;
     tokio::time::timeout(Duration::from_secs(10), server).await.expect("the server stops").unwrap();
 }
+
+/// Issue 43 point 5: the nodes page of a 1,000-node fleet (8 GPUs each, four
+/// pools, two GPUs sent for replacement) grouped by pool and sorted worst
+/// first, and the fleet page, in Chromium. How long the browser takes is
+/// printed (`--nocapture`), not asserted; the test holds the shape: every
+/// node a row under its pool's header, the worst first, no page wider than
+/// the window. Screenshots: `nodes-1000.png`, `fleet.png`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_node_fleet_in_chromium() {
+    use nightshift_engine::config::{AuthConfig, Role};
+    use nightshift_sim::fleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
+    let rb = tempfile::tempdir().unwrap();
+    std::fs::write(
+        rb.path().join("fault.yaml"),
+        "version: 1\nname: fault\ndescription: a GPU to replace (test)\nscript: fault.rhai\ntrigger: {type: manual}\nscope: gpu\n",
+    )
+    .unwrap();
+    std::fs::write(
+        rb.path().join("fault.rhai"),
+        "declare_fault(\"dbe\", 48, \"double-bit ECC errors (test)\");\nlet r = rma(\"replace it (test)\");\nif !r.ok { fail(`${r}`); }\n",
+    )
+    .unwrap();
+    let script = std::sync::Arc::new(nightshift_engine::script::build_engine(&Default::default()));
+    let set = nightshift_engine::runbook::load_dir(rb.path(), &script);
+    assert!(set.errors.is_empty(), "{:?}", set.errors);
+    let pools = ["train", "infer", "eval", "dev"];
+    let nodes = (0..1000)
+        .map(|i| SimNodeSpec {
+            labels: [("pool".to_string(), pools[i % 4].to_string()), ("rack".to_string(), format!("r{:02}", i / 40))]
+                .into(),
+            ..SimNodeSpec::new(&format!("n{i:04}"), "h100-sxm", 8)
+        })
+        .collect();
+    let mut opts = SimFleetOptions::new(nodes, set, script);
+    opts.auth = AuthConfig { allow_anonymous: Some(Role::Viewer), ..AuthConfig::default() };
+    let dir = scratch_dir().unwrap();
+    let sim = SimFleet::start(opts, dir.path()).await.unwrap();
+    for _ in 0..5 {
+        sim.step().await.unwrap();
+    }
+    let mut ids = Vec::new();
+    for (node, gpu) in [("n0517", 3), ("n0042", 0)] {
+        let mut r = manual("fault", node, gpu, "0");
+        r.params.clear();
+        ids.push(sim.engine.submit(r).await.unwrap().run().unwrap().id.clone());
+    }
+    for _ in 0..200 {
+        if ids.iter().all(|id| sim.engine.run(id).unwrap().is_some_and(|r| r.outcome.is_some())) {
+            break;
+        }
+        sim.step().await.unwrap();
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(nightshift_web::serve(sim.engine.clone(), listener, async move {
+        let _ = stopped.await;
+    }));
+
+    let driver = Driver::start(1440, 1000).await;
+    let measure = "const t = performance.getEntriesByType('navigation')[0]; \
+        return {response_ms: t.responseEnd - t.startTime, loaded_ms: t.loadEventEnd - t.startTime, \
+        bytes: t.transferSize, rows: document.querySelectorAll('tbody tr').length, \
+        groups: document.querySelectorAll('tr.group').length, \
+        wide: document.documentElement.scrollWidth > window.innerWidth, \
+        first: [...document.querySelectorAll('tr.group')].map(g => g.nextElementSibling.querySelector('a').textContent)}";
+    driver.go(&format!("{base}/nodes?group=pool&sort=health")).await;
+    let m = driver.js(measure).await;
+    eprintln!("/nodes, 1,000 nodes grouped by pool, in Chromium: {m}");
+    assert_eq!(m["rows"], 1004, "1,000 nodes and 4 group headers: {m}");
+    assert_eq!(m["groups"], 4, "{m}");
+    assert_eq!(m["wide"], false, "the page fits the window: {m}");
+    let firsts: Vec<&str> = m["first"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert!(firsts.contains(&"n0517") && firsts.contains(&"n0042"), "the worst lead their pools: {firsts:?}");
+    driver.screenshot("nodes-1000.png").await;
+    driver.go(&format!("{base}/fleet")).await;
+    let m = driver.js(measure).await;
+    eprintln!("/fleet, 1,000 nodes, in Chromium: {m}");
+    assert_eq!(m["wide"], false, "{m}");
+    let text = driver.js("return document.body.innerText").await;
+    assert!(text.as_str().unwrap().contains("1000 nodes, 8000 GPUs"), "{text}");
+    driver.screenshot("fleet.png").await;
+    let _ = stop.send(());
+    let _ = server.await;
+}

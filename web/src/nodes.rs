@@ -97,6 +97,11 @@ pub async fn nodes_page(
                 by.entry(v).or_default().push(r);
             }
             groups.extend(by);
+            // Worst first, the groups too: the pool with the sickest node
+            // leads (by name among equals).
+            if sort == "health" {
+                groups.sort_by_key(|(_, rows)| std::cmp::Reverse(rows.iter().map(|r| r.health.rank()).max()));
+            }
         }
         None => groups.push((String::new(), rows)),
     }
