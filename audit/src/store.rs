@@ -72,13 +72,20 @@ impl std::fmt::Debug for AuditStore {
 /// pages through the log instead of reading all of it at once).
 pub const SEARCH_SCAN: u64 = 50_000;
 
+/// Whether a record's `actor` is the one asked for: the same, `user:<a>`
+/// for a bare name, or any person (`user:…`) for `people`.
+pub fn actor_matches(actor: &str, asked: &str) -> bool {
+    actor == asked || actor.strip_prefix("user:") == Some(asked) || (asked == "people" && actor.starts_with("user:"))
+}
+
 /// What the record browser asks for.
 #[derive(Debug, Clone, Default)]
 pub struct RecordQuery {
     pub kind: Option<RecordKind>,
     pub node: Option<String>,
     pub run: Option<String>,
-    /// `user:alice`, `engine`, `person:bob` — or a bare name for `user:<name>`.
+    /// `user:alice`, `engine`, `person:bob` — or a bare name for
+    /// `user:<name>`, or `people` for anyone signed in (every `user:`).
     pub actor: Option<String>,
     pub since_ms: Option<i64>,
     pub until_ms: Option<i64>,
@@ -383,7 +390,7 @@ impl AuditStore {
             q.kind.is_none_or(|k| r.kind == k)
                 && q.node.as_deref().is_none_or(|n| r.node.as_deref() == Some(n))
                 && q.run.as_deref().is_none_or(|n| r.run.as_deref() == Some(n))
-                && q.actor.as_deref().is_none_or(|a| r.actor == a || r.actor.strip_prefix("user:") == Some(a))
+                && q.actor.as_deref().is_none_or(|a| actor_matches(&r.actor, a))
                 && q.since_ms.is_none_or(|t| r.ts_ms >= t)
                 && q.until_ms.is_none_or(|t| r.ts_ms <= t)
         };
@@ -654,6 +661,25 @@ mod tests {
 
     fn clock() -> SharedClock {
         Arc::new(VirtualClock::new(1_000))
+    }
+
+    #[test]
+    fn the_actor_filter_answers_for_a_name_a_whole_actor_and_people() {
+        // (record's actor, asked for, matches)
+        let cases = [
+            ("user:alice", "alice", true),
+            ("user:alice", "user:alice", true),
+            ("user:alice", "people", true),
+            ("user:alice", "bob", false),
+            ("engine", "people", false),
+            ("engine", "engine", true),
+            ("agent:n1", "people", false),
+            ("alertmanager", "alice", false),
+            ("user:people", "people", true),
+        ];
+        for (actor, asked, want) in cases {
+            assert_eq!(actor_matches(actor, asked), want, "{actor} asked as {asked}");
+        }
     }
 
     #[tokio::test]

@@ -127,7 +127,7 @@ pub fn query(p: &SearchParams, now_ms: i64) -> Result<RecordQuery, ApiError> {
     })
 }
 
-async fn search(s: &AppState, q: RecordQuery) -> Result<RecordPage, ApiError> {
+pub(crate) async fn search(s: &AppState, q: RecordQuery) -> Result<RecordPage, ApiError> {
     let audit = s.engine.audit().clone();
     tokio::task::spawn_blocking(move || audit.search(&q))
         .await
@@ -178,6 +178,23 @@ fn parse_seq(s: &str) -> Result<u64, ApiError> {
         .ok_or_else(|| ApiError::bad_request(format!("seq: expected a record number from 1, found {s:?}")))
 }
 
+/// A record's scalar fields as `key: value` pairs (digests left out): what
+/// a record with no sentence of its own says, without raw JSON.
+fn words(d: &Value) -> String {
+    let Some(m) = d.as_object() else { return d.to_string() };
+    let pairs: Vec<String> = m
+        .iter()
+        .filter(|(k, _)| !k.ends_with("sha256") && !k.ends_with("hash"))
+        .filter_map(|(k, v)| match v {
+            Value::String(s) => Some(format!("{k}: {s}")),
+            Value::Number(n) => Some(format!("{k}: {n}")),
+            Value::Bool(b) => Some(format!("{k}: {b}")),
+            _ => None,
+        })
+        .collect();
+    if pairs.is_empty() { format!("{} field(s): see the record", m.len()) } else { pairs.join(", ") }
+}
+
 /// What a record says, in a few words.
 pub fn summary(r: &AuditRecord) -> String {
     let d = &r.data;
@@ -208,7 +225,16 @@ pub fn summary(r: &AuditRecord) -> String {
         RecordKind::HealthChanged => {
             format!("GPU {} → {}", r.gpu.map(|g| g.to_string()).unwrap_or_default(), st("to").unwrap_or_default())
         }
-        _ => st("detail").or_else(|| st("reason")).unwrap_or_else(|| d.to_string()),
+        RecordKind::RunStarted => match d.get("waited_ms").and_then(Value::as_i64).filter(|ms| *ms > 0) {
+            Some(ms) => format!("started after waiting {} s", ms / 1000),
+            None => "started".to_string(),
+        },
+        _ => st("detail").or_else(|| st("reason")).or_else(|| st("why")).unwrap_or_else(|| words(d)),
+    };
+    // A person's act says why.
+    let text = match (r.kind, st("reason"), r.actor.starts_with("user:")) {
+        (RecordKind::ActionIntent | RecordKind::ActionResult, Some(why), true) => format!("{text} — {why}"),
+        _ => text,
     };
     let mut t: String = text.chars().take(140).collect();
     if t.len() < text.len() {
@@ -217,7 +243,7 @@ pub fn summary(r: &AuditRecord) -> String {
     t
 }
 
-fn time(ms: i64) -> Markup {
+pub(crate) fn time(ms: i64) -> Markup {
     let s = format_rfc3339_ms(ms);
     html! { time datetime=(s) { (&s[..10]) " " (&s[11..19]) "Z" } }
 }
@@ -279,7 +305,7 @@ pub async fn page(
             }
             label { "node " input type="text" name="node" value=(val(&p.node)) size="12"; }
             label { "run " input type="text" name="run" value=(val(&p.run)) size="16"; }
-            label { "actor " input type="text" name="actor" value=(val(&p.actor)) size="12" placeholder="engine, alice"; }
+            label { "actor " input type="text" name="actor" value=(val(&p.actor)) size="12" placeholder="engine, alice, people"; }
             label { "since " input type="text" name="since" value=(val(&p.since)) size="12" placeholder="6h or RFC 3339"; }
             label { "until " input type="text" name="until" value=(val(&p.until)) size="12"; }
             button type="submit" { "Filter" }

@@ -154,6 +154,32 @@ pub async fn timeline(
     let sel = |k: &str, v: &str| get(k).as_deref() == Some(v);
     let next = page.next_cursor.as_deref().map(|c| older_page(&q, c));
     let pending = s.engine.pending_approvals().len();
+    // What people did in the same window (cancels, approvals, releases,
+    // drains, resumes, hands-off, mode changes): the night is not only runs.
+    let people = crate::browse::search(
+        &s,
+        nightshift_engine::audit::RecordQuery {
+            actor: Some("people".into()),
+            node: rq.node.clone(),
+            since_ms,
+            limit: 40,
+            ..Default::default()
+        },
+    )
+    .await?;
+    // Their acts, not the runs they started (those are the table below)
+    // nor the intent before each result.
+    let people: Vec<_> = people
+        .records
+        .into_iter()
+        .filter(|r| {
+            !matches!(
+                r.kind,
+                RecordKind::RunQueued | RecordKind::RunStarted | RecordKind::RunFinished | RecordKind::ActionIntent
+            )
+        })
+        .take(8)
+        .collect();
     let body = html! {
         div.head {
             h1 { "Timeline" }
@@ -179,6 +205,26 @@ pub async fn timeline(
             } }
             button type="submit" { "Filter" }
             a href="/" { "clear" }
+        }
+        @if !people.is_empty() && get("cursor").is_none() {
+            details.people open {
+                summary { "What people did" @if since_ms.is_some() { " (" (range) ")" } }
+                table.people {
+                    tbody {
+                        @for r in &people {
+                            tr {
+                                td.nowrap { (crate::browse::time(r.ts_ms)) }
+                                td { (r.actor.strip_prefix("user:").unwrap_or(&r.actor)) }
+                                td { (crate::browse::summary(r)) }
+                                td { @if let Some(n) = &r.node { a href={"/nodes/" (n)} { (n) } @if let Some(g) = r.gpu { " GPU " (g) } } }
+                                td { @if let Some(id) = &r.run { a href={"/runs/" (id)} { (id) } } }
+                                td { a href={"/audit/records/" (r.seq)} { "#" (r.seq) } }
+                            }
+                        }
+                    }
+                }
+                p.muted { a href="/audit?actor=people" { "every act by a person →" } }
+            }
         }
         div.scroll {
             table.runs data-live=(if get("cursor").is_none() { "1" } else { "" }) {

@@ -1087,6 +1087,17 @@ async fn a_person_releases_a_hold_and_resumes_a_node_as_themselves() {
     let page = page.as_str().unwrap();
     assert!(page.contains(r#"<span class="did drain">drained for RMA</span>"#), "{page}");
     assert!(page.contains(r#"<span class="did cap">capped</span>"#), "{page}");
+    // ... and what people did beside the runs: otto's resume and release.
+    let people = page.split("What people did").nth(1).expect("the people's box").split("</details>").next().unwrap();
+    assert!(people.contains("<td>otto</td><td>resume applied — "), "{people}");
+    assert!(people.contains("<td>otto</td><td>release applied — "), "{people}");
+    assert!(!people.contains("{&quot;"), "no raw JSON: {people}");
+    assert!(!people.contains("<td>engine</td>"), "only people: {people}");
+    // The actor filter's `people`: every signed-in person, no one else.
+    let (_, v) = call(&f, "GET", "/api/v1/audit/search?actor=people&limit=1000", Some(VIEWER), None).await;
+    let actors: std::collections::BTreeSet<&str> =
+        v["records"].as_array().unwrap().iter().map(|r| r["actor"].as_str().unwrap()).collect();
+    assert!(actors.contains("user:otto") && actors.iter().all(|a| a.starts_with("user:")), "{actors:?}");
     let (_, v) = call(&f, "GET", &format!("/api/v1/runs/{rma}"), Some(VIEWER), None).await;
     assert_eq!(v["run"]["did"], json!(["drained for RMA"]), "{v}");
     let recs = f.sim.engine.audit().tail(0, usize::MAX).unwrap();
