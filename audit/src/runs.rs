@@ -179,7 +179,7 @@ pub struct RunSummary {
     pub finished_ms: Option<i64>,
     pub actions: u32,
     /// What the run's applied actions did, in words, in order, each once
-    /// (`capped`, `drained for RMA`, `rolled back` …): the timeline's
+    /// (`capped`, `drained for repair`, `GPU to RMA`, `rolled back` …): the timeline's
     /// "did" column. Empty: it changed nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub did: Vec<String>,

@@ -1085,7 +1085,7 @@ async fn a_person_releases_a_hold_and_resumes_a_node_as_themselves() {
     // own colour.
     let (_, page) = call(&f, "GET", "/", Some(VIEWER), None).await;
     let page = page.as_str().unwrap();
-    assert!(page.contains(r#"<span class="did drain">drained for RMA</span>"#), "{page}");
+    assert!(page.contains(r#"<span class="did drain">drained until a person ends it</span>"#), "{page}");
     assert!(page.contains(r#"<span class="did cap">capped</span>"#), "{page}");
     // ... and what people did beside the runs: otto's resume and release.
     let people = page.split("What people did").nth(1).expect("the people's box").split("</details>").next().unwrap();
@@ -1099,7 +1099,7 @@ async fn a_person_releases_a_hold_and_resumes_a_node_as_themselves() {
         v["records"].as_array().unwrap().iter().map(|r| r["actor"].as_str().unwrap()).collect();
     assert!(actors.contains("user:otto") && actors.iter().all(|a| a.starts_with("user:")), "{actors:?}");
     let (_, v) = call(&f, "GET", &format!("/api/v1/runs/{rma}"), Some(VIEWER), None).await;
-    assert_eq!(v["run"]["did"], json!(["drained for RMA"]), "{v}");
+    assert_eq!(v["run"]["did"], json!(["drained until a person ends it"]), "{v}");
     let recs = f.sim.engine.audit().tail(0, usize::MAX).unwrap();
     assert!(
         recs.iter().any(|r| r.kind == RecordKind::ActionIntent && r.data["op"] == "resume" && r.actor == "user:otto")
@@ -1547,6 +1547,8 @@ async fn a_thousand_nodes_on_one_page_grouped_sorted_and_counted() {
     }
     let (_, v) = call(&f, "GET", "/api/v1/runs?runbook=fault", Some(VIEWER), None).await;
     assert!(v["runs"].as_array().unwrap().iter().all(|r| r["outcome"] == "succeeded"), "{v}");
+    // What each did, in words: the health change is the act here.
+    assert!(v["runs"].as_array().unwrap().iter().all(|r| r["did"] == json!(["GPU to RMA"])), "{v}");
     let (s, page) = call(&f, "GET", "/nodes?group=pool&sort=health", Some(VIEWER), None).await;
     assert_eq!(s, StatusCode::OK);
     let page = page.as_str().unwrap().to_string();

@@ -190,6 +190,14 @@ impl Host {
     }
 
     fn record_transition(&self, ctx: &RunCtx, t: &Transition) {
+        // A GPU sent for replacement is what the run did, in its words.
+        if t.to == HealthState::Rma
+            && !ctx.dry_run
+            && let Some(r) = self.core.table().runs.get_mut(&self.run)
+            && !r.summary.did.iter().any(|d| d == "GPU to RMA")
+        {
+            r.summary.did.push("GPU to RMA".into());
+        }
         let rec = t.record("engine").runbook(&ctx.runbook);
         match self.core.audit.append_blocking(rec, self.summary()) {
             Ok(r) => self.core.health().replay(&r),
@@ -710,7 +718,9 @@ pub fn effect_of(op: &Op) -> Option<&'static str> {
         Op::SetGpuDrain(a) if a.drained => "GPU drained",
         Op::SetGpuDrain(_) => "GPU back",
         Op::Drain(a) if a.sticky && a.repair => "drained for repair",
-        Op::Drain(a) if a.sticky => "drained for RMA",
+        // Sticky: a person ends it (an RMA, or a cooling repair); an RMA
+        // says so itself ("GPU to RMA", from the health change).
+        Op::Drain(a) if a.sticky => "drained until a person ends it",
         Op::Drain(_) => "drained",
         Op::Resume(_) => "resumed",
         Op::Requeue(_) => "jobs requeued",
@@ -720,8 +730,36 @@ pub fn effect_of(op: &Op) -> Option<&'static str> {
         Op::ConfigApply(_) => "config changed",
         Op::ConfigMark(_) => "config marked",
         Op::PowerNode(_) => "powered",
-        Op::Mark(_) => "marked",
+        Op::Mark(a) if a.set => "marked",
+        Op::Mark(_) => "unmarked",
+        Op::SetChassisFans(_) => "chassis fans",
         Op::Release(_) => "released",
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::effect_of;
+    use nightshift_proto::{DrainArgs, MarkArgs, MarkKind, Op, SetChassisFansArgs};
+
+    /// What the timeline's "Did" column says for each change: a chassis-fan
+    /// change is not "nothing", a sticky drain is not called an RMA (a
+    /// cooling repair is sticky too; an RMA says "GPU to RMA" itself).
+    #[test]
+    fn every_change_has_its_own_words() {
+        let drain = |sticky, repair| Op::Drain(DrainArgs { reason: "x".into(), run: None, sticky, repair });
+        let mark = |set| Op::Mark(MarkArgs { mark: MarkKind::NoPack, set, reason: None });
+        let cases = [
+            (drain(false, false), Some("drained")),
+            (drain(true, true), Some("drained for repair")),
+            (drain(true, false), Some("drained until a person ends it")),
+            (Op::SetChassisFans(SetChassisFansArgs { full: true }), Some("chassis fans")),
+            (mark(true), Some("marked")),
+            (mark(false), Some("unmarked")),
+        ];
+        for (op, want) in cases {
+            assert_eq!(effect_of(&op), want, "{op:?}");
+        }
+    }
 }
