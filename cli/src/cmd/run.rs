@@ -243,9 +243,9 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
         }
     };
     // Stream the steps.
-    let spinner = (out.tty && !out.json).then(|| {
+    let mut spinner = (out.tty && !out.json).then(|| {
         let pb = indicatif::ProgressBar::new_spinner();
-        pb.set_message(format!("{id} running"));
+        pb.set_message(format!("{id} submitted"));
         pb.enable_steady_tick(Duration::from_millis(120));
         pb
     });
@@ -275,6 +275,10 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
             }
         }
         shown = records.len();
+        // The spinner says what the run waits for, not always "running".
+        if let Some(pb) = &spinner {
+            pb.set_message(format!("{id} {}", waiting_words(run.state, run.waiting_for.as_deref())));
+        }
         if let Some(o) = run.outcome {
             if let Some(pb) = spinner {
                 pb.finish_and_clear();
@@ -288,18 +292,31 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             _ = &mut interrupt, if !cancelling => {
+                // The question goes on a clean line: the spinner is gone
+                // for good (what follows prints line by line).
+                if let Some(pb) = spinner.take() {
+                    pb.finish_and_clear();
+                }
                 match on_interrupt(c, out, &id).await? {
-                    Some(code) => {
-                        if let Some(pb) = spinner {
-                            pb.finish_and_clear();
-                        }
-                        return Ok(code);
-                    }
+                    Some(code) => return Ok(code),
                     // Cancelled: follow the run to its end.
                     None => cancelling = true,
                 }
             }
         }
+    }
+}
+
+/// What a streamed run is doing, for the spinner: queued (and behind
+/// what), waiting for approval, running.
+fn waiting_words(state: nightshift_engine::runs::RunState, waiting_for: Option<&str>) -> String {
+    use nightshift_engine::runs::RunState;
+    match (state, waiting_for) {
+        (RunState::PendingApproval, _) => "waiting for approval by another operator (nightshift approve)".into(),
+        (RunState::Queued, Some(w)) => format!("queued: waiting for {w}"),
+        (RunState::Queued, None) => "queued".into(),
+        (RunState::Running, _) => "running".into(),
+        (RunState::Finished, _) => "finished".into(),
     }
 }
 
@@ -315,7 +332,7 @@ async fn on_interrupt(c: &mut Conn, out: &Out, id: &str) -> Result<Option<u8>> {
         eprintln!("\n{id}: this command runs the engine itself, so the run cannot outlive it: cancelling it");
         true
     } else if std::io::stdin().is_terminal() {
-        eprint!("\n{id} is still running on the engine. Cancel it? [y/N] (no: it goes on, and you can follow it) ");
+        eprint!("{id} is still on the engine. Cancel it? [y/N] (no: it goes on, and you can follow it) ");
         let mut line = String::new();
         let answered = tokio::task::spawn_blocking(move || std::io::stdin().lock().read_line(&mut line).map(|_| line))
             .await
@@ -413,4 +430,27 @@ pub async fn test_scenarios(out: &Out, dir: &Path, name: Option<&str>, trace: Op
         outln!("\n{} scenario(s), {} failed", reports.len(), failed);
     }
     Ok(if failed == 0 { 0 } else { 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::waiting_words;
+    use nightshift_engine::runs::RunState;
+
+    #[test]
+    fn the_spinner_says_what_the_run_waits_for() {
+        let cases = [
+            (RunState::PendingApproval, None, "waiting for approval by another operator (nightshift approve)"),
+            (
+                RunState::Queued,
+                Some("the node lock held by r000007-abc"),
+                "queued: waiting for the node lock held by r000007-abc",
+            ),
+            (RunState::Queued, None, "queued"),
+            (RunState::Running, None, "running"),
+        ];
+        for (state, waiting, want) in cases {
+            assert_eq!(waiting_words(state, waiting), want);
+        }
+    }
 }
