@@ -601,9 +601,15 @@ pub enum FleetCmd {
     /// Example: scontrol --oneliner show nodes | nightshift fleet import --slurm - --out /etc/nightshift/fleet.yaml
     Import {
         /// `scontrol --oneliner show nodes` output (a file, or - for stdin):
-        /// NodeName, NodeAddr, the first of Partitions as label `pool`.
+        /// NodeName, NodeAddr, the first of Partitions as label `pool` (all
+        /// of them as `partitions`), the GPUs of Gres as `gpu_model` and
+        /// `gpu_count`.
         #[arg(long, value_name = "FILE", conflicts_with = "inventory", required_unless_present = "inventory")]
         slurm: Option<PathBuf>,
+        /// Slurm's topology — topology.conf, or `scontrol show topology`
+        /// output: each node's leaf switch as label `switch` (with --slurm).
+        #[arg(long, value_name = "FILE", requires = "slurm")]
+        topology: Option<PathBuf>,
         /// An INI inventory (Ansible's format): `[group]` sections, host lines
         /// `name [ansible_host=ADDR] [key=value …]`; the group is label
         /// `pool` unless the line sets one, `nightshift_standby=true` marks a spare.

@@ -116,6 +116,7 @@ async fn real_main(cli: Cli) -> Result<u8> {
         }
         Command::Fleet(crate::args::FleetCmd::Import {
             slurm,
+            topology,
             inventory,
             out: path,
             port,
@@ -128,6 +129,7 @@ async fn real_main(cli: Cli) -> Result<u8> {
             init_logging("warn");
             let opts = cmd::fleet::ImportOpts {
                 out: path.clone(),
+                topology: topology.clone(),
                 port: *port,
                 labels: labels.clone(),
                 timeout: std::time::Duration::from_secs((*timeout_secs).max(1)),

@@ -662,4 +662,23 @@ async fn fleet_import_from_a_real_slurm() {
     assert_eq!(code, Some(0), "{text}");
     let inv = nightshift_engine::inventory::Inventory::load(&fleet).unwrap();
     assert_eq!(inv.nodes[1].host_key, b.fingerprint());
+
+    // Imported again with the fabric's topology and a --label: each node's
+    // leaf switch, and the label said now replaces the file's.
+    let topo = dir.path().join("topology.conf");
+    std::fs::write(
+        &topo,
+        "SwitchName=leaf1 Nodes=gpu[01-02]\nSwitchName=leaf2 Nodes=gpu03\nSwitchName=spine Switches=leaf[1-2]\n",
+    )
+    .unwrap();
+    let topo = topo.display().to_string();
+    let (code, text) = import(&["--yes", "--skip-unreachable", "--topology", &topo, "--label", "site=lab"]);
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = import(&["--yes", "--skip-unreachable", "--topology", &topo, "--label", "site=hall-b"]);
+    assert_eq!(code, Some(0), "{text}");
+    let inv = nightshift_engine::inventory::Inventory::load(&fleet).unwrap();
+    for n in &inv.nodes {
+        assert_eq!(n.labels.get("switch").map(String::as_str), Some("leaf1"), "{n:?}");
+        assert_eq!(n.labels.get("site").map(String::as_str), Some("hall-b"), "the newer --label: {n:?}");
+    }
 }

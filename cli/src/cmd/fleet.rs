@@ -27,6 +27,9 @@ use crate::out::Out;
 /// What `fleet import` was asked to do.
 pub struct ImportOpts {
     pub out: PathBuf,
+    /// Slurm's topology (topology.conf or `scontrol show topology`): each
+    /// node's leaf switch as label `switch`.
+    pub topology: Option<PathBuf>,
     pub port: u16,
     pub labels: Vec<String>,
     pub timeout: Duration,
@@ -113,8 +116,18 @@ pub fn parse_slurm(text: &str) -> Result<Vec<Listed>, SourceError> {
         };
         let address = get("NodeAddr").filter(|a| !a.is_empty() && *a != "(null)").unwrap_or(name).to_string();
         let mut labels = BTreeMap::new();
-        if let Some(p) = get("Partitions").and_then(|p| p.split(',').next()).filter(|p| !p.is_empty()) {
+        let partitions: Vec<&str> = get("Partitions").unwrap_or("").split(',').filter(|p| !p.is_empty()).collect();
+        if let Some(p) = partitions.first() {
             labels.insert("pool".to_string(), p.to_string());
+        }
+        if partitions.len() > 1 {
+            labels.insert("partitions".to_string(), partitions.join(","));
+        }
+        if let Some((model, count)) = get("Gres").and_then(gpus_of_gres) {
+            if let Some(m) = model {
+                labels.insert("gpu_model".to_string(), m);
+            }
+            labels.insert("gpu_count".to_string(), count.to_string());
         }
         let state = get("State").unwrap_or("");
         nodes.push(Listed {
@@ -126,6 +139,129 @@ pub fn parse_slurm(text: &str) -> Result<Vec<Listed>, SourceError> {
         });
     }
     Ok(nodes)
+}
+
+/// The GPUs a Slurm `Gres=` value names: `gpu:h100:8(S:0-1)` → the model
+/// (`h100`; none for a bare `gpu:8`) and the count, summed over every
+/// `gpu` entry (`gpu:h100:4,gpu:h100:4` → 8). None: no GPU in it.
+fn gpus_of_gres(gres: &str) -> Option<(Option<String>, u64)> {
+    let mut model = None;
+    let mut total = 0u64;
+    let mut any = false;
+    // Split on commas outside parentheses (`(S:0-1)` holds none, but an
+    // index list may: `(IDX:0,2)`).
+    let mut depth = 0i32;
+    let mut items = vec![String::new()];
+    for c in gres.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(String::new());
+                continue;
+            }
+            _ => {}
+        }
+        if let Some(last) = items.last_mut() {
+            last.push(c);
+        }
+    }
+    for item in items {
+        let item = item.split('(').next().unwrap_or("").trim();
+        let mut parts = item.split(':');
+        if parts.next() != Some("gpu") {
+            continue;
+        }
+        let rest: Vec<&str> = parts.collect();
+        let (m, n) = match rest.as_slice() {
+            [n] => (None, n.parse::<u64>().ok()),
+            [m, n, ..] => (Some(m.to_string()), n.parse::<u64>().ok()),
+            [] => (None, None),
+        };
+        if let Some(n) = n {
+            any = true;
+            total = total.saturating_add(n);
+            model = model.or(m);
+        }
+    }
+    any.then_some((model, total))
+}
+
+/// Each node's leaf switch from Slurm's topology — `scontrol show
+/// topology` (`SwitchName=s1 Level=0 … Nodes=gpu[01-04]`) or topology.conf
+/// (`SwitchName=s1 Nodes=gpu[01-04]`; a switch over switches lists
+/// `Switches=` only): the lowest-level switch that lists the node.
+pub fn parse_topology(text: &str) -> Result<BTreeMap<String, String>, SourceError> {
+    let mut best: BTreeMap<String, (u32, String)> = BTreeMap::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let err = |message: String| SourceError { line: i + 1, message };
+        let f = fields(line);
+        let get = |k: &str| f.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str());
+        let Some(switch) = get("SwitchName").filter(|s| !s.is_empty()) else {
+            let found: String = line.chars().take(60).collect();
+            return Err(err(format!(
+                "expected a switch line starting `SwitchName=` (topology.conf or `scontrol show topology`), found {found:?}"
+            )));
+        };
+        let Some(nodes) = get("Nodes").filter(|n| !n.is_empty()) else { continue };
+        let level = match get("Level") {
+            Some(l) => l.parse::<u32>().map_err(|_| err(format!("Level: expected a whole number, found {l:?}")))?,
+            None => 0,
+        };
+        for node in expand_hostlist(nodes).map_err(err)? {
+            match best.get(&node) {
+                Some((l, _)) if *l <= level => {}
+                _ => {
+                    best.insert(node, (level, switch.to_string()));
+                }
+            }
+        }
+    }
+    Ok(best.into_iter().map(|(n, (_, s))| (n, s)).collect())
+}
+
+/// A Slurm hostlist: `gpu[01-04,07],cpu1` → gpu01 … gpu04, gpu07, cpu1
+/// (zero padding kept; commas inside brackets separate ranges).
+fn expand_hostlist(list: &str) -> Result<Vec<String>, String> {
+    let mut items = Vec::new();
+    let (mut depth, mut start) = (0i32, 0usize);
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&list[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&list[start..]);
+    let mut out = Vec::new();
+    for item in items.into_iter().filter(|i| !i.is_empty()) {
+        let Some(open) = item.find('[') else {
+            out.push(item.to_string());
+            continue;
+        };
+        let close = item.find(']').filter(|c| *c > open).ok_or_else(|| format!("unclosed `[` in {item:?}"))?;
+        let (head, tail) = (&item[..open], &item[close + 1..]);
+        for range in item[open + 1..close].split(',') {
+            let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+            let (a, b) = match (lo.parse::<u64>(), hi.parse::<u64>()) {
+                (Ok(a), Ok(b)) if a <= b && b - a < 100_000 => (a, b),
+                _ => return Err(format!("expected ranges like [01-04,07] in {item:?}, found {range:?}")),
+            };
+            let width = lo.len();
+            for n in a..=b {
+                out.push(format!("{head}{n:0width$}{tail}"));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// `gpu[01:04]` → gpu01 … gpu04 (Ansible's numeric host ranges).
@@ -232,12 +368,14 @@ pub struct Row {
 }
 
 /// Merge the listed nodes into `existing`: a node already there keeps its
-/// address, labels (the source's fill in what is missing), standby and
-/// power saving; its key is compared. Nodes only in the file stay.
+/// address, labels (the source's fill in what is missing; the `given`
+/// --labels of this import replace), standby and power saving; its key is
+/// compared. Nodes only in the file stay.
 pub fn merge(
     existing: Option<&Inventory>,
     listed: &[Listed],
     keys: &BTreeMap<String, Result<String, String>>,
+    given: &BTreeMap<String, String>,
 ) -> Vec<Row> {
     let mut rows = Vec::new();
     for l in listed {
@@ -248,6 +386,11 @@ pub fn merge(
                 let mut o = o.clone();
                 for (k, v) in &l.labels {
                     o.labels.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+                // A --label on this import is said now: it wins over the
+                // file's (the source's own labels only fill in).
+                for (k, v) in given {
+                    o.labels.insert(k.clone(), v.clone());
                 }
                 o
             }
@@ -317,6 +460,16 @@ pub async fn import(out: &Out, slurm: Option<&Path>, inventory: Option<&Path>, o
         (None, None) => return Err(usage("pass --slurm FILE (scontrol --oneliner show nodes) or --inventory FILE")),
     };
     let mut listed = listed.map_err(|e| usage(format!("{}:{e}", source.display())))?;
+    // Each node's leaf switch, from Slurm's topology: label `switch`.
+    if let Some(t) = &o.topology {
+        let text = std::fs::read_to_string(t).with_context(|| format!("cannot read {}", t.display()))?;
+        let switches = parse_topology(&text).map_err(|e| usage(format!("{}:{e}", t.display())))?;
+        for n in &mut listed {
+            if let Some(sw) = switches.get(&n.name) {
+                n.labels.entry("switch".to_string()).or_insert_with(|| sw.clone());
+            }
+        }
+    }
     if listed.is_empty() {
         return Err(usage(format!("{}: expected at least one node, found none", source.display())));
     }
@@ -372,7 +525,7 @@ pub async fn import(out: &Out, slurm: Option<&Path>, inventory: Option<&Path>, o
         .buffer_unordered(64)
         .collect()
         .await;
-    let rows = merge(existing.as_ref(), &listed, &keys);
+    let rows = merge(existing.as_ref(), &listed, &keys, &extra);
 
     // The review table.
     let w = rows.iter().map(|r| r.spec.name.len()).max().unwrap_or(4).max(4);
@@ -418,13 +571,20 @@ pub async fn import(out: &Out, slurm: Option<&Path>, inventory: Option<&Path>, o
         return Ok(3);
     }
     let mut nodes: Vec<NodeSpec> = existing.as_ref().map(|inv| inv.nodes.clone()).unwrap_or_default();
+    // Nodes whose labels this import changes (a --label, a switch or a
+    // GPU model the source now names): written even with no new key.
+    let relabelled = rows
+        .iter()
+        .filter(|r| !matches!(r.key, KeyState::Unreachable(_)))
+        .filter(|r| nodes.iter().any(|n| n.name == r.spec.name && n.labels != r.spec.labels))
+        .count();
     for r in rows.into_iter().filter(|r| !matches!(r.key, KeyState::Unreachable(_))) {
         match nodes.iter_mut().find(|n| n.name == r.spec.name) {
             Some(n) => *n = r.spec,
             None => nodes.push(r.spec),
         }
     }
-    if new == 0 && changed == 0 && existing.is_some() {
+    if new == 0 && changed == 0 && relabelled == 0 && existing.is_some() {
         outln!("{} is up to date ({} nodes)", o.out.display(), nodes.len());
         return Ok(0);
     }
@@ -438,7 +598,7 @@ pub async fn import(out: &Out, slurm: Option<&Path>, inventory: Option<&Path>, o
     let Inventory { defaults, nodes, .. } = inv;
     if !o.yes {
         let q = format!(
-            "write {} nodes to {} ({new} new host keys, {changed} changed)? Compare each with `nightshift-agent fingerprint` on its node",
+            "write {} nodes to {} ({new} new host keys, {changed} changed, {relabelled} relabelled)? Compare each with `nightshift-agent fingerprint` on its node",
             nodes.len(),
             o.out.display()
         );
@@ -564,6 +724,51 @@ mod tests {
     }
 
     #[test]
+    fn slurm_partitions_and_gres_become_labels() {
+        let text = "NodeName=g01 NodeAddr=10.0.0.1 Gres=gpu:h100:8(S:0-1) Partitions=train,debug State=IDLE\n\
+                    NodeName=g02 Gres=gpu:4 Partitions=infer State=MIXED\n\
+                    NodeName=g03 Gres=gpu:a100:4(IDX:0-3),gpu:a100:4,nvme:1 Partitions= State=IDLE\n\
+                    NodeName=c01 Gres=(null) Partitions=cpu State=IDLE\n";
+        let n = parse_slurm(text).unwrap();
+        let labels = |i: usize| n[i].labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
+        assert_eq!(labels(0), ["gpu_count=8", "gpu_model=h100", "partitions=train,debug", "pool=train"]);
+        assert_eq!(labels(1), ["gpu_count=4", "pool=infer"]);
+        assert_eq!(labels(2), ["gpu_count=8", "gpu_model=a100"]);
+        assert_eq!(labels(3), ["pool=cpu"]);
+    }
+
+    #[test]
+    fn topology_gives_each_node_its_leaf_switch() {
+        // `scontrol show topology`: the spine lists every node too, at a
+        // higher level; the leaf wins.
+        let shown = "SwitchName=spine Level=1 LinkSpeed=1 Nodes=gpu[01-06] Switches=leaf[1-2]\n\
+                     SwitchName=leaf1 Level=0 LinkSpeed=1 Nodes=gpu[01-03]\n\
+                     SwitchName=leaf2 Level=0 LinkSpeed=1 Nodes=gpu[04-05,06]\n";
+        // topology.conf: leaves list Nodes=, the spine Switches= only.
+        let conf = "# fabric\nSwitchName=leaf1 Nodes=gpu[01-03]\nSwitchName=leaf2 Nodes=gpu04,gpu[05-06]\nSwitchName=spine Switches=leaf[1-2]\n";
+        for text in [shown, conf] {
+            let t = parse_topology(text).unwrap();
+            let want: BTreeMap<String, String> =
+                (1..=6).map(|i| (format!("gpu{i:02}"), if i <= 3 { "leaf1" } else { "leaf2" }.to_string())).collect();
+            assert_eq!(t, want, "{text}");
+        }
+        let cases = [
+            (
+                "NodeName=gpu01\n",
+                "line 1: expected a switch line starting `SwitchName=` (topology.conf or `scontrol show topology`), found \"NodeName=gpu01\"",
+            ),
+            (
+                "SwitchName=s Nodes=gpu[04-01]\n",
+                "line 1: expected ranges like [01-04,07] in \"gpu[04-01]\", found \"04-01\"",
+            ),
+            ("\nSwitchName=s Level=x Nodes=a\n", "line 2: Level: expected a whole number, found \"x\""),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_topology(text).unwrap_err().to_string(), want, "{text:?}");
+        }
+    }
+
+    #[test]
     fn the_shipped_inventory_reads() {
         let n = parse_inventory(include_str!("../../../examples/ansible/inventory.ini")).unwrap();
         assert_eq!(n.len(), 9);
@@ -628,7 +833,13 @@ mod tests {
             ("c".to_string(), Ok("SHA256:sea".to_string())),
             ("d".to_string(), Err("connection refused".to_string())),
         ]);
-        let rows = merge(Some(&existing), &listed, &keys);
+        // A --label given on this import replaces the file's.
+        let given = BTreeMap::from([("rack".to_string(), "r10".to_string())]);
+        let relabelled = merge(Some(&existing), &listed, &keys, &given);
+        assert_eq!(relabelled[0].spec.labels.get("rack").map(String::as_str), Some("r10"));
+        assert_eq!(relabelled[0].spec.labels.get("pool").map(String::as_str), Some("p"));
+        let rows = merge(Some(&existing), &listed, &keys, &BTreeMap::new());
+        assert_eq!(rows[0].spec.labels.get("rack").map(String::as_str), Some("r9"));
         assert_eq!(rows[0].key, KeyState::Changed { was: "SHA256:old".into() });
         assert_eq!(rows[0].spec.address, "10.0.0.1:2300");
         assert_eq!(rows[0].spec.labels.get("pool").map(String::as_str), Some("p"), "the file's label wins");
