@@ -230,6 +230,12 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
     let page = http.get(format!("{ub}/nodes/h1")).bearer_auth(OPERATOR).send().await.unwrap().text().await.unwrap();
     assert!(page.contains("the leader&#39;s (") || page.contains("the leader's ("), "{page}");
     assert!(!page.contains(">unreachable<"), "{page}");
+    // ... and its nodes page does not call a node "in service" it cannot
+    // know about (a standby reads no agent): the drain is the leader's to say.
+    let page = http.get(format!("{ub}/nodes")).bearer_auth(OPERATOR).send().await.unwrap().text().await.unwrap();
+    assert!(!page.contains(">in service</span>") && page.contains("This engine is an HA standby"), "{page}");
+    let page = http.get(format!("{ua}/nodes")).bearer_auth(OPERATOR).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains(">in service</span>"), "the leader knows: {page}");
 
     // A real Prometheus scraping both engines with the shipped rules: the
     // standby (connected to no agent) puts no NightshiftAgentsDisconnected

@@ -135,10 +135,14 @@ pub async fn nodes_page(
                 @else { " — no automatic run starts" }
             }
         }
-        p.counts {
-            (serving) " serving nodes: " (serving - by_people - by_us) " in service, "
-            (by_us) " drained by nightshift (the blast radius counts these), "
-            (by_people) " drained by people (not counted) · " a href="/fleet" { "the fleet by health and GPU model" }
+        @if let Some(leader) = &standby {
+            p.counts { "This engine is an HA standby: it reads no agent, so drains and readings are the leader's (" (leader) ") — its own nodes page has them. Health in the repair lifecycle is read from the shared audit log. · " a href="/fleet" { "the fleet by health and GPU model" } }
+        } @else {
+            p.counts {
+                (serving) " serving nodes: " (serving - by_people - by_us) " in service, "
+                (by_us) " drained by nightshift (the blast radius counts these), "
+                (by_people) " drained by people (not counted) · " a href="/fleet" { "the fleet by health and GPU model" }
+            }
         }
         form.filter method="get" action="/nodes" {
             input type="text" name="label" placeholder="label key=value (pool=train)" value=(label.cloned().unwrap_or_default());
@@ -179,7 +183,7 @@ pub async fn nodes_page(
                                 td { a href={"/nodes/" (n.name)} { (n.name) } @if n.standby { " " span.tag { "standby" } } }
                                 td { @for (k, v) in &n.labels { span.tag { (k) "=" (v) } " " } }
                                 td { (agent_cell(n.state.connected, standby.as_deref())) }
-                                td { (drain_cell(&n.state.drained, &n.state.drain_reason, n.drained_by_person)) @if n.state.hands_off() { " " span.badge.warn { "hands-off" } } }
+                                td { (drain_cell(&n.state.drained, &n.state.drain_reason, n.drained_by_person, standby.as_deref())) @if n.state.hands_off() { " " span.badge.warn { "hands-off" } } }
                                 td { (health_cell(r.health)) }
                                 td.num { (r.hottest.map(|t| format!("{t:.1} °C")).unwrap_or_else(|| "—".into())) }
                                 td { @for (k, v) in &n.state.annotations { span.tag title=(v) { (k) } " " } }
@@ -204,9 +208,13 @@ pub(crate) fn health_cell(h: HealthState) -> Markup {
     html! { span class={"badge " (class)} { (h.as_str().replace('_', " ")) } }
 }
 
-pub(crate) fn drain_cell(drained: &bool, reason: &Option<String>, by_person: bool) -> Markup {
+/// The drain cell: drained (by whom, why) or in service — or, on an HA
+/// standby (which reads no agent, so knows no drain), whose it is to say.
+pub(crate) fn drain_cell(drained: &bool, reason: &Option<String>, by_person: bool, standby_of: Option<&str>) -> Markup {
     html! {
-        @if *drained {
+        @if let Some(leader) = standby_of {
+            span.badge.muted title="an HA standby reads no agent: the leader knows each node's drain" { "the leader's (" (leader) ")" }
+        } @else if *drained {
             span class={"badge " (if by_person { "warn" } else { "running" })} { @if by_person { "drained by a person" } @else { "drained by nightshift" } }
             @if let Some(r) = reason { " " small { (r) } }
         } @else { span.muted { "in service" } }
@@ -267,8 +275,12 @@ pub async fn fleet_page(State(s): State<AppState>, Viewer(who): Viewer) -> Resul
     }
     let total_gpus: usize = gpu_health.values().sum();
     let (mode, _) = s.engine.fleet_mode();
+    let standby = standby_of(&s);
     let body = html! {
         h1 { "Fleet" }
+        @if let Some(leader) = &standby {
+            p.counts { "This engine is an HA standby: health is read from the shared audit log; drains and hands-off are the leader's (" (leader) ") to count — its fleet page has them." }
+        }
         p.counts {
             (nodes.len()) " nodes, " (total_gpus) " GPUs · the fleet is in " strong { (mode.as_str()) } " mode · "
             a href="/nodes?sort=health" { "nodes, worst first" }

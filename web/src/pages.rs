@@ -706,7 +706,7 @@ pub async fn node_page(
                 table.kv {
                     tr { th { "Address" } td { code { (n.address) } } }
                     tr { th { "Agent" } td { (agent_cell(n.state.connected, standby.as_deref())) @if let Some(e) = &n.state.last_error { " " small.error { (e) } } } }
-                    tr { th { "Drain" } td { (drain_cell(&n.state.drained, &n.state.drain_reason, n.drained_by_person)) } }
+                    tr { th { "Drain" } td { (drain_cell(&n.state.drained, &n.state.drain_reason, n.drained_by_person, standby.as_deref())) } }
                     @if let Some(why) = &n.state.state_degraded {
                         tr { th { "Agent state" } td { span.badge.bad { "degraded" } " " small.error { (why) } } }
                     }
