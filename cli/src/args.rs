@@ -705,6 +705,11 @@ pub enum RunsCmd {
 
 #[derive(Subcommand)]
 pub enum NodesCmd {
+    /// Every node: connection, drain state, readings (the same as `agents
+    /// list`, where kubectl users look).
+    ///
+    /// Example: nightshift nodes list --state drained --label pool=train
+    List(NodeListArgs),
     /// Say a node (or one GPU) was repaired: its GPUs awaiting repair go to
     /// verifying, and the agent's health check decides whether they return
     /// to service (a failing one sends them back, saying why).

@@ -508,6 +508,9 @@ async fn served_engine() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("changes nothing on it until 20"), "{o:?}");
     let o = srv(&["agents", "list"], OPERATOR);
     assert!(String::from_utf8_lossy(&o.stdout).contains("yes (user:root, until"), "{o:?}");
+    let nodes = srv(&["nodes", "list", "--state", "hands-off"], OPERATOR);
+    let text = String::from_utf8_lossy(&nodes.stdout).into_owned();
+    assert!(text.contains("g2") && !text.contains("g1 "), "nodes list = agents list, filtered: {text}");
     assert_eq!(code(&srv(&["nodes", "hands-off", "g2", "--on", "--for", "soon", "--reason", "x"], ADMIN)), 2);
     let o = srv(&["nodes", "hands-off", "g2", "--off"], ADMIN);
     assert_eq!(code(&o), 0);
@@ -571,6 +574,7 @@ fn every_subcommand_has_an_example_in_its_help() {
         &["agents", "show"],
         &["agents", "health-check"],
         &["nodes", "repaired"],
+        &["nodes", "list"],
         &["nodes", "resume"],
         &["nodes", "drain"],
         &["nodes", "hands-off"],

@@ -251,6 +251,7 @@ pub async fn nodes(c: &mut Conn, out: &Out, cmd: &crate::args::NodesCmd) -> Resu
             }
             Ok(0)
         }
+        crate::args::NodesCmd::List(a) => agents(c, out, &AgentsCmd::List(a.clone())).await,
         crate::args::NodesCmd::Resume { .. }
         | crate::args::NodesCmd::Drain { .. }
         | crate::args::NodesCmd::HandsOff { .. } => Err(anyhow::anyhow!("internal: handled by cmd::control")),
