@@ -88,3 +88,12 @@ pub fn layout(title: &str, active: &str, who: Option<&Identity>, body: Markup) -
         }
     }
 }
+
+/// Percent-encode a query value or path segment (RFC 3986 unreserved kept).
+pub(crate) fn urlencode(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, URL_ENCODE).to_string()
+}
+
+/// Everything but RFC 3986's unreserved characters.
+const URL_ENCODE: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');

@@ -12,8 +12,7 @@ use nightshift_engine::views::NodeView;
 
 use crate::AppState;
 use crate::extract::Viewer;
-use crate::html::{PageError, layout};
-use crate::pages::urlencode;
+use crate::html::{PageError, layout, urlencode};
 
 /// The agent cell: connected, unreachable — or, on an HA standby (which
 /// talks to no agent), whose agents they are.

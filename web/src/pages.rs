@@ -19,7 +19,7 @@ use crate::api::RunsQuery;
 use crate::auth::COOKIE;
 use crate::error::ApiError;
 use crate::extract::{Admin, Operator, Viewer};
-use crate::html::{PageError, layout};
+use crate::html::{PageError, layout, urlencode};
 use crate::nodes::{agent_cell, drain_cell, standby_of};
 
 /// A time for people: UTC in the page (and its tooltip), turned into the
@@ -308,15 +308,6 @@ fn older_page(q: &std::collections::HashMap<String, String>, cursor: &str) -> St
     let qs: Vec<String> = params.iter().map(|(k, v)| format!("{k}={}", urlencode(v))).collect();
     format!("/?{}", qs.join("&"))
 }
-
-/// Percent-encode a query value or path segment (RFC 3986 unreserved kept).
-pub(crate) fn urlencode(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, URL_ENCODE).to_string()
-}
-
-/// Everything but RFC 3986's unreserved characters.
-const URL_ENCODE: &percent_encoding::AsciiSet =
-    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
 
 fn pretty(v: &Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default()
