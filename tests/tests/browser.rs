@@ -541,6 +541,21 @@ async fn a_person_controls_holds_nodes_and_runs_from_the_ui() {
     assert!(driver.answer_dialog(true).await.contains(&format!("Cancel run {id}")));
     let outcome = eventually(20, || engine.run(&id).unwrap().and_then(|r| r.outcome)).await.expect("it ended");
     assert_eq!(outcome, nightshift_engine::runs::RunOutcome::Cancelled);
+    // The morning after: the timeline says what the people did beside the
+    // runs — the release, the resume, the hands-off, the cancel — each with
+    // its reason.
+    driver.go(&base).await;
+    let people = driver.js("return document.querySelector('details.people').innerText").await;
+    let people = people.as_str().unwrap_or_default();
+    for said in [
+        "release applied — the cap is no longer needed",
+        "resume applied — GPU 1 replaced and tested",
+        "hands-off set: firmware update",
+        "cancelled",
+    ] {
+        assert!(people.contains(said), "the timeline's people box says {said:?}:\n{people}");
+    }
+    driver.screenshot("timeline-people.png").await;
     let profile = driver.profile.clone();
     drop(driver);
     // Nothing of the browser is left running after the test (issue 56

@@ -225,6 +225,21 @@ pub fn summary(r: &AuditRecord) -> String {
         RecordKind::HealthChanged => {
             format!("GPU {} → {}", r.gpu.map(|g| g.to_string()).unwrap_or_default(), st("to").unwrap_or_default())
         }
+        RecordKind::HandsOff => {
+            let why = st("reason").unwrap_or_default();
+            if d.get("hands_off") == Some(&Value::Bool(true)) {
+                format!("hands-off set: {why}")
+            } else {
+                format!("hands-off ended: {why}")
+            }
+        }
+        RecordKind::FleetMode | RecordKind::RunbookMode => format!(
+            "{} {} → {}: {}",
+            if r.kind == RecordKind::FleetMode { "fleet" } else { r.runbook.as_deref().unwrap_or("runbook") },
+            st("from").unwrap_or_default(),
+            st("to").unwrap_or_default(),
+            st("reason").unwrap_or_default()
+        ),
         RecordKind::RunStarted => match d.get("waited_ms").and_then(Value::as_i64).filter(|ms| *ms > 0) {
             Some(ms) => format!("started after waiting {} s", ms / 1000),
             None => "started".to_string(),

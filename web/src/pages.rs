@@ -172,11 +172,11 @@ pub async fn timeline(
     let people: Vec<_> = people
         .records
         .into_iter()
-        .filter(|r| {
-            !matches!(
-                r.kind,
-                RecordKind::RunQueued | RecordKind::RunStarted | RecordKind::RunFinished | RecordKind::ActionIntent
-            )
+        .filter(|r| match r.kind {
+            RecordKind::RunQueued | RecordKind::RunStarted | RecordKind::ActionIntent => false,
+            // A run's end is a person's act when they cancelled it.
+            RecordKind::RunFinished => r.data["outcome"] == "cancelled",
+            _ => true,
         })
         .take(8)
         .collect();
