@@ -1,8 +1,9 @@
 //! An acknowledgement is a promise: `nightshift serve` is killed with
 //! SIGKILL 0–5 ms after it answers a webhook (200, accepted) or a run
 //! request (202), again and again. After every restart, each accepted alert
-//! has its `event_received` and the run it leads to, and each acknowledged
-//! run exists — the answer was sent only once its record was durable, and
+//! has its `event_received` and the run it leads to (or the still-active
+//! run for the same GPU that held it back), and each acknowledged run
+//! exists — the answer was sent only once its record was durable, and
 //! recovery finishes the handling a kill cut off.
 //!
 //! `NIGHTSHIFT_WEBHOOK_KILLS` sets the number of kills (default 50: 25
@@ -132,10 +133,34 @@ async fn every_acknowledged_alert_and_run_survives_a_kill_right_after_the_answer
             records.iter().any(|r| r.kind == RecordKind::EventReceived && r.data["fingerprint"] == fp.as_str()),
             "accepted alert {fp} has no event_received"
         );
-        assert!(
-            records.iter().any(|r| r.kind == RecordKind::RunQueued && r.data["event"]["fingerprint"] == fp.as_str()),
-            "accepted alert {fp} led to no run"
-        );
+        // Handled: a run queued for it — or, where a run for the same
+        // runbook and GPU is still active (resumed by a restart and not yet
+        // started again: lives here last milliseconds), held back by that
+        // run, which does the same work (dedup, by design). Either way its
+        // handling is on the chain (`event_handled`).
+        let received = records
+            .iter()
+            .find(|r| r.kind == RecordKind::EventReceived && r.data["fingerprint"] == fp.as_str())
+            .map(|r| r.seq)
+            .unwrap();
+        let handled = records
+            .iter()
+            .find(|r| {
+                r.kind == RecordKind::EventHandled
+                    && r.data["key"].as_str().is_some_and(|k| k.contains(&format!("|{fp}@")))
+            })
+            .map(|r| r.seq);
+        let queued =
+            records.iter().any(|r| r.kind == RecordKind::RunQueued && r.data["event"]["fingerprint"] == fp.as_str());
+        let held_back = handled.is_some_and(|h| {
+            records.iter().any(|r| {
+                r.kind == RecordKind::TriggerSuppressed
+                    && (received..h).contains(&r.seq)
+                    && r.data["reason"].as_str().is_some_and(|w| w.ends_with("is already active"))
+            })
+        });
+        assert!(queued || held_back, "accepted alert {fp} led to no run, and no active run held it back");
+        assert!(handled.is_some() || queued, "accepted alert {fp}: its handling is not on the chain");
     }
     for id in &runs {
         assert!(store.run(id).unwrap().is_some(), "acknowledged run {id} is gone");
