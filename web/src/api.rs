@@ -285,7 +285,9 @@ pub async fn start_run(
     Ok((StatusCode::ACCEPTED, Json(submitted)).into_response())
 }
 
-/// `POST /api/v1/runs/{id}/reject`.
+/// The body of a control that needs only a reason (`POST
+/// /api/v1/runs/{id}/reject`, a node's resume and drain): kept in the audit
+/// record.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Reason {
@@ -537,31 +539,16 @@ pub async fn release_holds(
     Ok(control_answer(out))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Resume {
-    /// Why: kept in the audit record.
-    pub reason: String,
-}
-
 /// A person puts a node back into service (operator): every drain on it
 /// ends, a sticky repair or RMA drain too.
 pub async fn resume_node(
     State(s): State<AppState>,
     Operator(id): Operator,
     Path(name): Path<String>,
-    ApiJson(body): ApiJson<Resume>,
+    ApiJson(body): ApiJson<Reason>,
 ) -> Result<Response, ApiError> {
     let out = s.engine.person_resume(&name, &id.name, &body.reason).await?;
     Ok(control_answer(out))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Drain {
-    /// Why: kept in the audit record and written as the scheduler's drain
-    /// reason (`drained by <you>: <reason>`).
-    pub reason: String,
 }
 
 /// A person drains a node (operator): their drain, never undone by
@@ -570,7 +557,7 @@ pub async fn drain_node(
     State(s): State<AppState>,
     Operator(id): Operator,
     Path(name): Path<String>,
-    ApiJson(body): ApiJson<Drain>,
+    ApiJson(body): ApiJson<Reason>,
 ) -> Result<Response, ApiError> {
     let out = s.engine.person_drain(&name, &id.name, &body.reason).await?;
     Ok(control_answer(out))
