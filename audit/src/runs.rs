@@ -68,7 +68,12 @@ impl RunState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunOutcome {
+    /// It did its work: nothing is left for a person.
     Succeeded,
+    /// It did its part and a person must finish: it paged one, or left a
+    /// node drained until a person ends it (a repair, an RMA, a cooling
+    /// fault that stayed hot). The ending says what for.
+    NeedsPerson,
     Failed,
     /// Not started or stopped by a rule: approval rejected, blast radius,
     /// hands-off, attempt budget, breaker.
@@ -86,6 +91,7 @@ impl RunOutcome {
     pub fn as_str(self) -> &'static str {
         match self {
             RunOutcome::Succeeded => "succeeded",
+            RunOutcome::NeedsPerson => "needs_person",
             RunOutcome::Failed => "failed",
             RunOutcome::Refused => "refused",
             RunOutcome::TimedOut => "timed_out",
@@ -95,18 +101,35 @@ impl RunOutcome {
         }
     }
 
+    /// Every outcome, in the order lists and filters show them.
+    pub const ALL: [RunOutcome; 8] = [
+        RunOutcome::Succeeded,
+        RunOutcome::NeedsPerson,
+        RunOutcome::Failed,
+        RunOutcome::Refused,
+        RunOutcome::TimedOut,
+        RunOutcome::Cancelled,
+        RunOutcome::Interrupted,
+        RunOutcome::Skipped,
+    ];
+
     pub fn parse(s: &str) -> Option<RunOutcome> {
-        [
-            RunOutcome::Succeeded,
-            RunOutcome::Failed,
-            RunOutcome::Refused,
-            RunOutcome::TimedOut,
-            RunOutcome::Cancelled,
-            RunOutcome::Interrupted,
-            RunOutcome::Skipped,
-        ]
-        .into_iter()
-        .find(|o| o.as_str() == s)
+        Self::ALL.into_iter().find(|o| o.as_str() == s)
+    }
+
+    /// The outcome in words, as a person reads it (`needs a person`).
+    pub fn words(self) -> &'static str {
+        match self {
+            RunOutcome::NeedsPerson => "needs a person",
+            RunOutcome::TimedOut => "timed out",
+            o => o.as_str(),
+        }
+    }
+
+    /// The run did its work (all of it, or its part before a person's):
+    /// it ends the pages other runs opened about its target.
+    pub fn did_its_work(self) -> bool {
+        matches!(self, RunOutcome::Succeeded | RunOutcome::NeedsPerson)
     }
 }
 

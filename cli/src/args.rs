@@ -41,6 +41,9 @@ pub enum Command {
     },
     /// Run a runbook against a node, a GPU or a group: shows the plan, asks
     /// before changing anything (unless --yes), streams each step.
+    /// Exit status: 0 succeeded, 4 it did its part and needs a person (it
+    /// paged one, or left a node drained for one), 3 refused or rejected,
+    /// 1 anything else.
     ///
     /// Example: nightshift run gpu-overheat --node gpu-a1 --gpu 3 --param target_c=78 --dry-run
     Run {
@@ -374,7 +377,7 @@ pub struct RunListArgs {
     /// Only runs of this runbook.
     #[arg(long, add = ArgValueCompleter::new(crate::complete::runbooks))]
     pub runbook: Option<String>,
-    /// Only runs that ended so: succeeded, failed, refused, timed_out, cancelled, interrupted.
+    /// Only runs that ended so: succeeded, needs_person, failed, refused, timed_out, cancelled, interrupted, skipped.
     #[arg(long)]
     pub outcome: Option<String>,
     /// 30m, 6h, 2d, or an RFC 3339 time.

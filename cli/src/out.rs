@@ -85,7 +85,7 @@ impl Out {
         match s {
             "succeeded" | "applied" | "ok" | "pass" => self.green(s),
             "failed" | "interrupted" | "FAIL" | "refused" => self.red(s),
-            "timed_out" | "pending_approval" | "queued" | "dry_run" => self.yellow(s),
+            "timed_out" | "pending_approval" | "queued" | "dry_run" | "needs_person" => self.yellow(s),
             "running" => self.blue(s),
             _ => s.to_string(),
         }

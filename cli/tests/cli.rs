@@ -451,7 +451,10 @@ async fn served_engine() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("g1 has no hold on GPU 1"));
     // A sticky RMA drain ends only by a person:
     let o = srv(&["run", "rma", "--node", "g2", "--yes"], OPERATOR);
-    assert_eq!(code(&o), 0);
+    // Exit 4: it did its part, a person ends the drain.
+    assert_eq!(code(&o), 4, "{}", String::from_utf8_lossy(&o.stdout));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains("needs_person — g2 drained until a person ends it (GPU 1 to be replaced)"), "{said}");
     let drained = |a: &TestAgent| {
         let agent = a.started.as_ref().unwrap().agent.clone();
         async move { agent.telemetry().await.unwrap().node_metrics.drained }
@@ -613,7 +616,9 @@ fn the_demo_remediates_every_scripted_fault() {
     let summary = text.split("Summary").nth(1).expect("a summary");
     for row in ["H1", "H4", "H5", "H6", "H8", "H2"] {
         let line = summary.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no {row} row"));
-        assert!(line.ends_with("remediated"), "{line}");
+        // The DBE's GPU waits for a person's reset: said so, not "succeeded".
+        let done = if row == "H8" { "remediated, needs a person" } else { "remediated" };
+        assert!(line.ends_with(done), "{line}");
     }
     assert!(summary.contains("chain verified up to record"));
     // Every GPU ends at its baseline limit unless a run keeps a hold on

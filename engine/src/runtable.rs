@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::alerts::SeenSet;
 use crate::audit::{AuditRecord, RecordKind, data};
 use crate::manifest::{BreakerCount, Priority, RunClass};
-use crate::runs::{RunState, RunSummary, Target};
+use crate::runs::{RunOutcome, RunState, RunSummary, Target};
 
 /// A (runbook, target) pair: what dedup, cooldowns and budgets are about.
 pub type Key = (String, Target);
@@ -72,6 +72,71 @@ pub struct RunEntry {
     /// inventory and a first reading from this engine before it starts
     /// (none: not resumed, or ready).
     pub resume_wait_until_ms: Option<i64>,
+    /// What its changes and words came to: the outcome of a script that
+    /// ended normally is derived from it ([`Achieved::outcome`]).
+    pub achieved: Achieved,
+}
+
+/// What a run achieved, as its script went (issue 43 point 9: a run whose
+/// changes were all refused, or that left a node drained and hot, is not
+/// "succeeded"). Counted for real changes only: a dry or shadow run keeps
+/// its script's outcome.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Achieved {
+    /// Changes the agent applied (or found already in place).
+    pub applied: u32,
+    /// Changes refused — by the agent's envelope or by a rule of the
+    /// engine (blast radius, hands-off, a target outside the run's) — as
+    /// `op on node: why`.
+    pub refused: Vec<String>,
+    /// Changes that could not be sent or answered, as `op on node: why`.
+    pub failed: Vec<String>,
+    /// The first page it sent (or found already sent): a person is needed.
+    pub paged: Option<String>,
+    /// A drain it left for a person to end (sticky: an RMA, a repair, a
+    /// cooling fault), as `node drained until a person ends it (why)`.
+    pub left_for_person: Option<String>,
+}
+
+impl Achieved {
+    /// How a run whose script ended normally ended, by what it achieved,
+    /// and why when that is not plain success:
+    /// - it tried changes and none went through: `refused` (every one
+    ///   refused) or `failed` (one could not be sent);
+    /// - else it paged a person, or left a node drained for one:
+    ///   `needs_person`, saying what for;
+    /// - else `succeeded`.
+    pub fn outcome(&self) -> (RunOutcome, Option<String>) {
+        let list = |v: &[String]| {
+            let mut s = v.iter().take(3).cloned().collect::<Vec<_>>().join("; ");
+            if v.len() > 3 {
+                s.push_str(&format!("; and {} more", v.len() - 3));
+            }
+            s
+        };
+        let paged = self.paged.as_ref().map(|p| format!("; paged a person: {p}")).unwrap_or_default();
+        if self.applied == 0 && !self.failed.is_empty() {
+            let n = self.failed.len() + self.refused.len();
+            return (
+                RunOutcome::Failed,
+                Some(format!(
+                    "none of its {n} change(s) went through: {}{paged}",
+                    list(&[self.failed.clone(), self.refused.clone()].concat())
+                )),
+            );
+        }
+        if self.applied == 0 && !self.refused.is_empty() {
+            return (
+                RunOutcome::Refused,
+                Some(format!("every change it tried was refused: {}{paged}", list(&self.refused))),
+            );
+        }
+        match (&self.paged, &self.left_for_person) {
+            (Some(p), _) => (RunOutcome::NeedsPerson, Some(format!("paged a person: {p}"))),
+            (None, Some(d)) => (RunOutcome::NeedsPerson, Some(d.clone())),
+            (None, None) => (RunOutcome::Succeeded, None),
+        }
+    }
 }
 
 impl RunEntry {
@@ -101,6 +166,7 @@ impl RunEntry {
             repeated: false,
             resumed: 0,
             resume_wait_until_ms: None,
+            achieved: Achieved::default(),
             summary,
         }
     }
@@ -474,6 +540,66 @@ mod tests {
             hash: String::new(),
             v: None,
         }
+    }
+
+    /// Issue 43 point 9: a run's outcome says what it achieved.
+    #[test]
+    fn a_run_ends_by_what_it_achieved() {
+        let refused = |s: &str| vec![s.to_string()];
+        let cases: Vec<(Achieved, RunOutcome, Option<&str>)> = vec![
+            (Achieved::default(), RunOutcome::Succeeded, None),
+            (Achieved { applied: 2, ..Default::default() }, RunOutcome::Succeeded, None),
+            // One change refused, another went through: it did its work.
+            (
+                Achieved { applied: 1, refused: refused("set_fan_curve on n1: no fan"), ..Default::default() },
+                RunOutcome::Succeeded,
+                None,
+            ),
+            (
+                Achieved { refused: refused("drain on n1: blast radius"), ..Default::default() },
+                RunOutcome::Refused,
+                Some("every change it tried was refused: drain on n1: blast radius"),
+            ),
+            (
+                Achieved {
+                    refused: refused("drain on n1: hands-off"),
+                    paged: Some("drain by hand".into()),
+                    ..Default::default()
+                },
+                RunOutcome::Refused,
+                Some("every change it tried was refused: drain on n1: hands-off; paged a person: drain by hand"),
+            ),
+            (
+                Achieved { failed: refused("drain on n1: unreachable"), ..Default::default() },
+                RunOutcome::Failed,
+                Some("none of its 1 change(s) went through: drain on n1: unreachable"),
+            ),
+            (
+                Achieved { applied: 3, paged: Some("cooling needs a person".into()), ..Default::default() },
+                RunOutcome::NeedsPerson,
+                Some("paged a person: cooling needs a person"),
+            ),
+            // Paged without changing anything (nothing it could do).
+            (
+                Achieved { paged: Some("no standby".into()), ..Default::default() },
+                RunOutcome::NeedsPerson,
+                Some("paged a person: no standby"),
+            ),
+            (
+                Achieved {
+                    applied: 2,
+                    left_for_person: Some("n1 drained until a person ends it (hot)".into()),
+                    ..Default::default()
+                },
+                RunOutcome::NeedsPerson,
+                Some("n1 drained until a person ends it (hot)"),
+            ),
+        ];
+        for (a, outcome, why) in cases {
+            assert_eq!(a.outcome(), (outcome, why.map(str::to_string)), "{a:?}");
+        }
+        let many = Achieved { refused: (0..5).map(|i| format!("op{i}")).collect(), ..Default::default() };
+        assert_eq!(many.outcome().1.unwrap(), "every change it tried was refused: op0; op1; op2; and 2 more");
     }
 
     #[test]

@@ -993,3 +993,59 @@ async fn a_finding_is_told_once_ends_when_a_run_finds_nothing_and_is_told_again(
         records(&sim.fleet).iter().filter(|r| r.kind == RecordKind::Note && r.data["findings_cleared"] == true).count();
     assert_eq!(cleared, 1, "the run that found nothing says the finding is over, once");
 }
+
+/// Issue 43 point 9: a run's outcome says what it achieved, not that its
+/// script reached the last line. Every change refused is `refused`; a page,
+/// or a drain only a person ends, is `needs_person` saying what for; a
+/// change that went through beside a refused one is still `succeeded`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_ends_by_what_it_achieved_not_by_its_last_line() {
+    let rb = tempfile::tempdir().unwrap();
+    let manual = "trigger:\n  type: manual\nscope: node\ncooldown_secs: 0\n";
+    // 10 W: far below any envelope's floor.
+    write_runbook(rb.path(), "too-low", manual, "let r = set_power_limit(0, 10);\nnote(`refused: ${r.error}`);\n");
+    write_runbook(rb.path(), "fan-or-cap", manual, "set_power_limit(0, 10);\nset_power_limit(0, 600);\n");
+    write_runbook(
+        rb.path(),
+        "rma",
+        &format!("{manual}sticky_drain: true\n"),
+        "drain_sticky(\"GPU 0 replaced next week\");\n",
+    );
+    write_runbook(rb.path(), "page", manual, "escalate(\"the chassis fans need a look\");\n");
+    write_runbook(rb.path(), "cap", manual, "set_power_limit(0, 500);\n");
+    let sim = start(vec![node("n1", "h100-sxm"), node("n2", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let ended = |runbook: &'static str, node: &'static str| async move {
+        let id = run_id(&f.engine.submit(manual_req(runbook, node)).await.unwrap());
+        until_finished(f, &id, 60).await
+    };
+    let r = ended("too-low", "n1").await;
+    assert_eq!(r.outcome, Some(RunOutcome::Refused), "{r:?}");
+    assert!(r.why.contains("every change it tried was refused: set_power_limit on n1: "), "{}", r.why);
+    let r = ended("fan-or-cap", "n1").await;
+    assert_eq!(r.outcome, Some(RunOutcome::Succeeded), "the second change went through: {r:?}");
+    let r = ended("page", "n1").await;
+    assert_eq!(r.outcome, Some(RunOutcome::NeedsPerson), "{r:?}");
+    assert!(
+        r.why.contains("needs a person after 0 action(s): paged a person: the chassis fans need a look"),
+        "{}",
+        r.why
+    );
+    let r = ended("cap", "n1").await;
+    assert_eq!(r.outcome, Some(RunOutcome::Succeeded), "{r:?}");
+    let r = ended("rma", "n2").await;
+    assert_eq!(r.outcome, Some(RunOutcome::NeedsPerson), "{r:?}");
+    assert!(
+        r.why
+            .contains("needs a person after 1 action(s): n2 drained until a person ends it (GPU 0 replaced next week)"),
+        "{}",
+        r.why
+    );
+    let finished =
+        f.engine.run_records(&r.id).unwrap().into_iter().find(|x| x.kind == RecordKind::RunFinished).unwrap();
+    assert_eq!(finished.data["outcome"], "needs_person", "{finished:?}");
+    // Filtered as such: the morning's list of what waits for a person.
+    let filter = nightshift_engine::audit::RunFilter { outcome: Some(RunOutcome::NeedsPerson), ..Default::default() };
+    let waiting = f.engine.runs(&filter).unwrap().runs;
+    assert_eq!(waiting.iter().map(|r| r.runbook.as_str()).collect::<Vec<_>>(), vec!["rma", "page"], "{waiting:#?}");
+}

@@ -138,7 +138,8 @@ async fn hostile_scripts_are_stopped_and_recorded() {
     // Acting outside the target is refused and audited; nothing is drained.
     let id = run_id(&engine.submit(manual("outside", Target::node("n2"), "user:mallory")).await.unwrap());
     let r = until_finished(&sim.fleet, &id, 100).await;
-    assert_eq!(r.outcome, Some(RunOutcome::Succeeded), "{r:?}");
+    assert_eq!(r.outcome, Some(RunOutcome::Refused), "its only change was refused: {r:?}");
+    assert!(r.why.contains("refusing to act on n9 outside it"), "{}", r.why);
     let recs = engine.run_records(&id).unwrap();
     let refusal = recs.iter().find(|r| r.kind == RecordKind::Refusal).expect("a refusal record");
     assert_eq!(refusal.data["code"], "outside_target");

@@ -46,11 +46,11 @@ fn status_class(r: &RunSummary) -> (&'static str, String) {
             match o {
                 RunOutcome::Succeeded => "ok",
                 RunOutcome::Failed | RunOutcome::Interrupted => "bad",
-                RunOutcome::Refused => "warn",
+                RunOutcome::Refused | RunOutcome::NeedsPerson => "warn",
                 RunOutcome::TimedOut => "timeout",
                 RunOutcome::Cancelled | RunOutcome::Skipped => "muted",
             },
-            o.as_str().replace('_', " "),
+            o.words().to_string(),
         ),
         (RunState::PendingApproval, _) => ("pending", "pending approval".into()),
         (RunState::Running, _) => ("running", "running".into()),
@@ -196,7 +196,7 @@ pub async fn timeline(
             label { "Runbook " select name="runbook" { option value="" { "any" } @for r in &runbooks { option value=(r) selected[sel("runbook", r)] { (r) } } } }
             label { "Outcome " select name="outcome" {
                 option value="" { "any" }
-                @for o in ["succeeded", "failed", "refused", "timed_out", "cancelled", "interrupted"] { option value=(o) selected[sel("outcome", o)] { (o) } }
+                @for o in RunOutcome::ALL { option value=(o.as_str()) selected[sel("outcome", o.as_str())] { (o.words()) } }
             } }
             label { "Time " select name="range" {
                 @for (v, t) in [("all", "all time"), ("1h", "last hour"), ("6h", "last 6 h"), ("24h", "last 24 h"), ("7d", "last 7 days")] {

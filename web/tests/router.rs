@@ -1541,12 +1541,13 @@ async fn a_thousand_nodes_on_one_page_grouped_sorted_and_counted() {
     for _ in 0..40 {
         settle(&f).await;
         let (_, v) = call(&f, "GET", "/api/v1/runs?runbook=fault", Some(VIEWER), None).await;
-        if v["runs"].as_array().unwrap().iter().filter(|r| r["outcome"] == "succeeded").count() == 2 {
+        if v["runs"].as_array().unwrap().iter().filter(|r| r["outcome"] == "needs_person").count() == 2 {
             break;
         }
     }
     let (_, v) = call(&f, "GET", "/api/v1/runs?runbook=fault", Some(VIEWER), None).await;
-    assert!(v["runs"].as_array().unwrap().iter().all(|r| r["outcome"] == "succeeded"), "{v}");
+    // An RMA waits for a person's hands: not "succeeded" (issue 43 point 9).
+    assert!(v["runs"].as_array().unwrap().iter().all(|r| r["outcome"] == "needs_person"), "{v}");
     // What each did, in words: the health change is the act here.
     assert!(v["runs"].as_array().unwrap().iter().all(|r| r["did"] == json!(["GPU to RMA"])), "{v}");
     let (s, page) = call(&f, "GET", "/nodes?group=pool&sort=health", Some(VIEWER), None).await;

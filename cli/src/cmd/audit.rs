@@ -38,7 +38,10 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
             };
             let outcome = match outcome {
                 Some(o) => Some(RunOutcome::parse(o).ok_or_else(|| {
-                    usage(format!("--outcome: expected succeeded, failed, refused, timed_out, cancelled or interrupted, found {o:?}"))
+                    usage(format!(
+                        "--outcome: expected one of {}, found {o:?}",
+                        RunOutcome::ALL.map(|o| o.as_str()).join(", ")
+                    ))
                 })?),
                 None => None,
             };

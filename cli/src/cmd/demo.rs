@@ -541,10 +541,13 @@ async fn summarize(st: &Stage, faults: &[Fault], args: &DemoArgs, out: &Out) -> 
             format!("holds left by mistake: {}", left.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; "))
         } else if mine.iter().all(|r| r.outcome == Some(nightshift_engine::runs::RunOutcome::Succeeded)) {
             "remediated".into()
+        } else if mine.iter().all(|r| r.outcome.is_some_and(|o| o.did_its_work())) {
+            // Its part done, a person's to come (a reset, an RMA): said so.
+            "remediated, needs a person".into()
         } else {
             mine.iter().map(|r| r.outcome.map(|o| o.as_str()).unwrap_or("?")).collect::<Vec<_>>().join(",")
         };
-        if outcome != "remediated" {
+        if !outcome.starts_with("remediated") {
             all_ok = false;
         }
         rows.push(vec![
@@ -553,7 +556,13 @@ async fn summarize(st: &Stage, faults: &[Fault], args: &DemoArgs, out: &Out) -> 
             book.join(", "),
             actions.to_string(),
             first_action.map(|t| format!("{:.0} s", (t - at) as f64 / 1000.0)).unwrap_or_else(|| "—".into()),
-            if outcome == "remediated" { out.green(&outcome) } else { out.red(&outcome) },
+            if outcome == "remediated" {
+                out.green(&outcome)
+            } else if outcome.starts_with("remediated") {
+                out.yellow(&outcome)
+            } else {
+                out.red(&outcome)
+            },
         ]);
     }
     out.table(&["ROW", "FAULT", "RUNBOOK", "ACTIONS", "FIRST ACTION", "OUTCOME"], &rows);

@@ -93,7 +93,9 @@ pub fn describe_record(out: &Out, r: &AuditRecord, t0: i64) -> String {
         )),
         RecordKind::RunFinished => {
             let o = d["outcome"].as_str().unwrap_or("?");
-            format!("finished: {}{}", out.status(o), d["error"].as_str().map(|e| format!(" — {e}")).unwrap_or_default())
+            // Why it ended so: the error, or what a person must do.
+            let why = d["error"].as_str().or(d["note"].as_str());
+            format!("finished: {}{}", out.status(o), why.map(|e| format!(" — {e}")).unwrap_or_default())
         }
         other => format!("{} {} {}", other.as_str(), where_, clip(&compact(d), 120)),
     };
@@ -103,6 +105,7 @@ pub fn describe_record(out: &Out, r: &AuditRecord, t0: i64) -> String {
 fn exit_for(o: Option<RunOutcome>, rejected: bool) -> u8 {
     match o {
         Some(RunOutcome::Succeeded) => 0,
+        Some(RunOutcome::NeedsPerson) => 4,
         Some(RunOutcome::Refused) => 3,
         Some(RunOutcome::Cancelled) if rejected => 3,
         _ => 1,

@@ -289,6 +289,25 @@ impl Host {
             || (changes && sent.as_ref().is_err_and(|e| e.left));
         let effect = (result["applied"] == json!(true) && !ctx.dry_run).then(|| effect_of(&op)).flatten();
         if let Some(r) = self.core.table().runs.get_mut(&self.run) {
+            if !ctx.dry_run {
+                // What it came to, for the run's outcome: went through
+                // (applied, or already so), refused, or lost on the way.
+                let a = &mut r.achieved;
+                let why =
+                    || format!("{} on {node}: {}", op.name(), result["error"].as_str().unwrap_or("no reason given"));
+                match (result["ok"] == true, result["outcome"].as_str()) {
+                    (true, _) => a.applied += 1,
+                    (false, Some("refused")) => a.refused.push(why()),
+                    (false, _) => a.failed.push(why()),
+                }
+                if let Op::Drain(d) = &op
+                    && d.sticky
+                    && result["applied"] == true
+                    && a.left_for_person.is_none()
+                {
+                    a.left_for_person = Some(format!("{node} drained until a person ends it ({})", d.reason));
+                }
+            }
             r.summary.actions += 1;
             if let Some(e) = effect
                 && !r.summary.did.iter().any(|d| d == e)

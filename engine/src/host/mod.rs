@@ -121,6 +121,11 @@ impl Host {
     fn refuse(&self, ctx: &RunCtx, node: &str, op: &Op, code: &str, message: String) -> Map {
         let data = crate::audit::data::Refusal { op: op.name().into(), code: code.into(), reason: message.clone() };
         self.record_typed(ctx, RecordKind::Refusal, Some(node), gpu_of(op), &data);
+        if !ctx.dry_run
+            && let Some(r) = self.core.table().runs.get_mut(&self.run)
+        {
+            r.achieved.refused.push(format!("{} on {node}: {message}", op.name()));
+        }
         refused(code, &message)
     }
 
@@ -280,6 +285,18 @@ impl ScriptHost for Host {
             ..Transition::default()
         };
         self.record_transition(ctx, &t);
+        // A GPU left waiting on a person's hands: the run needs one, for
+        // this (more precise than the drain that keeps the node out).
+        let waits = match to {
+            HealthState::AwaitingRepair => Some("awaits a repair"),
+            HealthState::Rma => Some("goes to RMA"),
+            _ => None,
+        };
+        if let Some(waits) = waits
+            && let Some(r) = self.core.table().runs.get_mut(&self.run)
+        {
+            r.achieved.left_for_person = Some(format!("{node} GPU {gpu} {waits}: {}", t.why));
+        }
         to_map(json!({"ok": true, "from": from.as_str(), "to": to.as_str()}))
     }
 

@@ -26,6 +26,13 @@ impl Host {
         // note, not a second page or message, until a reminder is due or
         // (a notification with a size) it has grown worse.
         let escalation = kind == TextKind::Escalate;
+        // A page (new, or one already sent): the run needs a person.
+        if escalation
+            && !ctx.dry_run
+            && let Some(r) = self.core.table().runs.get_mut(&self.run)
+        {
+            r.achieved.paged.get_or_insert_with(|| text.clone());
+        }
         if kind != TextKind::Note
             && !ctx.dry_run
             && let Some(node) = ctx.target.node.as_deref()

@@ -382,8 +382,21 @@ impl Engine {
                 engine.leave_for_next_engine(&summary_id);
                 return;
             }
+            // A script that ended normally ended as its changes and pages
+            // came to: all refused is not success, a page or a drain left
+            // for a person is not done (issue 43 point 9).
+            let achieved = engine.core.table().runs.get(&summary_id).map(|r| r.achieved.clone()).unwrap_or_default();
             let (o, err) = match outcome {
-                ScriptOutcome::Succeeded => (RunOutcome::Succeeded, None),
+                ScriptOutcome::Succeeded => match achieved.outcome() {
+                    (RunOutcome::NeedsPerson, why) => {
+                        if let Err(e) = engine.finish(&summary_id, RunOutcome::NeedsPerson, None, why.as_deref()).await
+                        {
+                            tracing::error!(run = %summary_id, error = %e, "cannot record the end of a run");
+                        }
+                        return;
+                    }
+                    ended => ended,
+                },
                 ScriptOutcome::Failed(m) => (RunOutcome::Failed, Some(m)),
                 ScriptOutcome::TimedOut(m) => (RunOutcome::TimedOut, Some(m)),
                 ScriptOutcome::Skipped(m) => (RunOutcome::Skipped, Some(m)),
@@ -536,7 +549,11 @@ impl Engine {
         summary.holds_left = left.clone();
         let now = self.core.now();
         end_summary(&mut summary, outcome, error.clone(), now);
-        if !held_on.is_empty() && outcome == RunOutcome::Succeeded {
+        if let (RunOutcome::NeedsPerson, Some(why)) = (outcome, note) {
+            summary.ending = Some(format!("needs a person after {} action(s): {why}", summary.actions));
+            summary.why = format!("{} — {}", summary.detail, summary.ending.clone().unwrap_or_default());
+        }
+        if !held_on.is_empty() && outcome.did_its_work() {
             let tail = if !left.is_empty() {
                 format!("; {} hold(s) not restored: {}", left.len(), left.join("; "))
             } else if !kept.is_empty() {
@@ -611,7 +628,7 @@ impl Engine {
         }
         // A run that did its work ends the pages other runs opened about
         // its target: the fault is handled (invariant 19).
-        if outcome == RunOutcome::Succeeded
+        if outcome.did_its_work()
             && summary.actions > 0
             && !summary.dry_run
             && let Some(node) = summary.target.node.clone()
