@@ -610,6 +610,31 @@ impl Payload for HandsOff {
     const KINDS: &'static [RecordKind] = &[RecordKind::HandsOff];
 }
 
+/// `maintenance`: a person set a maintenance window (`set`), or it ended
+/// (`set: false`: a person ended it, or its end time came). A window makes
+/// the nodes it matches hands-off from `starts_ms` to `ends_ms`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Maintenance {
+    pub id: String,
+    pub set: bool,
+    /// Node labels a node must all have (`pool: train`), as set.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub matchers: BTreeMap<String, String>,
+    /// Nodes by name, as set (a node matches by name or by labels).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub starts_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ends_ms: Option<i64>,
+    pub reason: String,
+}
+
+impl Payload for Maintenance {
+    const KINDS: &'static [RecordKind] = &[RecordKind::Maintenance];
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

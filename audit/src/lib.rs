@@ -203,6 +203,9 @@ pub enum RecordKind {
     HoldDrifted,
     /// An admin put the whole fleet in `act`, `shadow` or `paused` mode.
     FleetMode,
+    /// A maintenance window was set or ended: nodes matched by labels or
+    /// names are hands-off from its start to its end.
+    Maintenance,
 }
 
 impl RecordKind {
@@ -238,6 +241,7 @@ impl RecordKind {
             RecordKind::HoldReapplied => "hold_reapplied",
             RecordKind::HoldDrifted => "hold_drifted",
             RecordKind::FleetMode => "fleet_mode",
+            RecordKind::Maintenance => "maintenance",
         }
     }
 
@@ -252,6 +256,7 @@ impl RecordKind {
                 | RecordKind::RunbookMode
                 | RecordKind::FleetMode
                 | RecordKind::HandsOff
+                | RecordKind::Maintenance
         )
     }
 }

@@ -90,6 +90,10 @@ pub enum Command {
     /// The fleet inventory: build fleet.yaml from Slurm or an inventory.
     #[command(subcommand)]
     Fleet(FleetCmd),
+    /// Maintenance windows, like Alertmanager silences: the nodes they
+    /// match are hands-off from their start to their end.
+    #[command(subcommand)]
+    Maintenance(MaintenanceCmd),
     /// Runs waiting for a person's approval, where kubectl users look.
     ///
     /// Example: nightshift approvals list --server http://nightshift:8080
@@ -657,6 +661,53 @@ pub enum FleetCmd {
         /// Why (required to set): kept in the audit record.
         #[arg(long)]
         reason: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum MaintenanceCmd {
+    /// Windows in force or to come: what they match, until when, who set
+    /// them and why, and the nodes each covers now.
+    ///
+    /// Example: nightshift maintenance list --server http://nightshift:8080
+    List,
+    /// Set a window (admin, needs --server): the nodes it matches — every
+    /// --match and, when given, one of the --node names, as in a silence —
+    /// are hands-off from --from (default now) until --until or for --for:
+    /// nightshift starts no automatic run there, a run's change waits, and
+    /// their open pages end as taken over. It always ends (30 days at
+    /// most), audited; a node joining the pool meanwhile is covered too.
+    ///
+    /// Example: nightshift maintenance add --match pool=train --match rack=r12 --for 4h --reason "PDU firmware, CHG-1142"
+    Add {
+        /// A node label the window matches (KEY=VALUE; repeat: all must hold).
+        #[arg(long = "match", value_name = "KEY=VALUE")]
+        matchers: Vec<String>,
+        /// A node it matches by name (repeat for more).
+        #[arg(long = "node", add = ArgValueCompleter::new(crate::complete::nodes))]
+        nodes: Vec<String>,
+        /// When it starts: an RFC 3339 time, or a span from now (2h).
+        #[arg(long)]
+        from: Option<String>,
+        /// How long from its start (30m, 4h, 2d).
+        #[arg(long = "for", value_name = "SPAN", conflicts_with = "until", required_unless_present = "until")]
+        for_span: Option<String>,
+        /// When it ends: an RFC 3339 time.
+        #[arg(long)]
+        until: Option<String>,
+        /// Why: kept in the audit record and shown on each node.
+        #[arg(long)]
+        reason: String,
+    },
+    /// End a window before its time (admin, needs --server), saying why.
+    ///
+    /// Example: nightshift maintenance end mw-k3x9qa-1 --reason "done early"
+    End {
+        /// The window's id (`nightshift maintenance list`).
+        id: String,
+        /// Why: kept in the audit record.
+        #[arg(long)]
+        reason: String,
     },
 }
 

@@ -721,6 +721,28 @@ impl Conn {
         }
     }
 
+    /// Maintenance windows in force or to come.
+    pub async fn windows(&mut self) -> Result<Value> {
+        match self {
+            Conn::Remote(r) => r.get("/api/v1/maintenance").await,
+            Conn::Local(l) => Ok(json!({"windows": l.engine().await?.windows()})),
+        }
+    }
+
+    /// Set (`body` as `POST /api/v1/maintenance` takes it) or end a
+    /// maintenance window on a running engine (admin).
+    pub async fn change_window(&mut self, end: Option<&str>, body: &Value) -> Result<Value> {
+        match (self, end) {
+            (Conn::Remote(r), None) => r.post("/api/v1/maintenance", body).await,
+            (Conn::Remote(r), Some(id)) => {
+                r.post(&format!("/api/v1/maintenance/{}/end", crate::out::urlencode(id)), body).await
+            }
+            (Conn::Local(_), _) => Err(anyhow::Error::new(Fail(2)).context(
+                "a maintenance window changes a running engine: pass --server URL (or set NIGHTSHIFT_SERVER) with an admin token",
+            )),
+        }
+    }
+
     /// Promote or demote a runbook on a running engine (admin).
     pub async fn set_mode(&mut self, name: &str, mode: &str, reason: &str) -> Result<Value> {
         match self {

@@ -139,6 +139,10 @@ async fn real_main(cli: Cli) -> Result<u8> {
             };
             cmd::fleet::import(&out, slurm.as_deref(), inventory.as_deref(), opts).await
         }
+        Command::Maintenance(m) => {
+            init_logging("warn");
+            cmd::maintenance::maintenance(&cli, &out, m).await
+        }
         Command::Fleet(crate::args::FleetCmd::Mode { mode, reason }) => {
             init_logging("warn");
             cmd::fleet::mode(&cli, &out, mode.as_deref(), reason.as_deref()).await

@@ -517,6 +517,27 @@ async fn served_engine() {
     assert_eq!(code(&srv(&["nodes", "hands-off", "g2", "--on", "--for", "soon", "--reason", "x"], ADMIN)), 2);
     let o = srv(&["nodes", "hands-off", "g2", "--off"], ADMIN);
     assert_eq!(code(&o), 0);
+    // A maintenance window on g2 by name: listed, shown, ended early.
+    let o = srv(&["maintenance", "add", "--node", "g2", "--reason", "PDU swap"], ADMIN);
+    assert_eq!(code(&o), 2, "no end: a usage error: {o:?}");
+    let o = srv(&["maintenance", "add", "--node", "g2", "--for", "3h", "--reason", "PDU swap"], OPERATOR);
+    assert_eq!(code(&o), 2, "an admin's: {o:?}");
+    let o = srv(&["maintenance", "add", "--node", "g2", "--match", "rack", "--for", "3h", "--reason", "x"], ADMIN);
+    assert!(code(&o) == 2 && String::from_utf8_lossy(&o.stderr).contains("--match: expected KEY=VALUE"), "{o:?}");
+    let o = srv(&["maintenance", "add", "--node", "g2", "--for", "3h", "--reason", "PDU swap"], ADMIN);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(code(&o), 0, "{text}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(text.contains("set maintenance window mw-") && text.contains("1 node(s) covered now"), "{text}");
+    let listed = json(&srv(&["maintenance", "list", "--json"], OPERATOR));
+    let id = listed["windows"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(listed["windows"][0]["covers"], serde_json::json!(["g2"]), "{listed}");
+    let o = srv(&["maintenance", "list"], OPERATOR);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("PDU swap"), "{o:?}");
+    let o = srv(&["agents", "list"], OPERATOR);
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("yes (window {id}, until")), "{o:?}");
+    let o = srv(&["maintenance", "end", &id, "--reason", "done early"], ADMIN);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(json(&srv(&["maintenance", "list", "--json"], OPERATOR))["windows"], serde_json::json!([]));
     // A finished run cannot be cancelled; an unknown one is not found.
     let done_run = json(&srv(&["audit", "list", "--json"], OPERATOR))["runs"][0]["id"].as_str().unwrap().to_string();
     let o = srv(&["runs", "cancel", &done_run], OPERATOR);

@@ -216,6 +216,8 @@ impl Engine {
             agent_clients: Mutex::new(Default::default()),
             pg_reader: tokio::sync::Mutex::new(None),
             verify_cache: tokio::sync::Mutex::new(None),
+            windows: Mutex::new(Default::default()),
+            windows_cover: std::sync::atomic::AtomicBool::new(false),
             auth_generation: std::sync::atomic::AtomicU64::new(0),
             reloading: tokio::sync::Mutex::new(()),
             health: Mutex::new(crate::health::HealthModel::new(

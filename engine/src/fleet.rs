@@ -27,6 +27,9 @@ pub struct NodeState {
     /// When the engine's hands-off ends by itself (none: a person ends it).
     #[serde(default)]
     pub engine_hands_off_until_ms: Option<i64>,
+    /// The maintenance window that covers the node now (`maintenance.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<crate::windows::Cover>,
     /// Notes runbooks left on the node (e.g. `no-pack`).
     pub annotations: BTreeMap<String, String>,
     pub inventory: Option<AgentInventory>,
@@ -62,15 +65,22 @@ impl NodeState {
     /// Why node `name` is hands-off, in words for a page: the admin's own
     /// reason, or the agent's maintenance marker (none: it is not).
     pub fn hands_off_words(&self, name: &str) -> Option<String> {
-        match (&self.engine_hands_off, self.agent_hands_off) {
-            (Some((by, why)), _) => Some(format!("node {name} is hands-off ({by}: {why})")),
-            (None, true) => Some(format!("node {name} is hands-off (the maintenance marker on the node)")),
-            (None, false) => None,
+        match (&self.engine_hands_off, self.agent_hands_off, &self.maintenance) {
+            (Some((by, why)), _, _) => Some(format!("node {name} is hands-off ({by}: {why})")),
+            (None, true, _) => Some(format!("node {name} is hands-off (the maintenance marker on the node)")),
+            (None, false, Some(w)) => Some(format!(
+                "node {name} is in maintenance window {} ({}: {}) until {}",
+                w.id,
+                w.by,
+                w.reason,
+                crate::alerts::format_rfc3339_ms(w.ends_ms)
+            )),
+            (None, false, None) => None,
         }
     }
 
     pub fn hands_off(&self) -> bool {
-        self.agent_hands_off || self.engine_hands_off.is_some()
+        self.agent_hands_off || self.engine_hands_off.is_some() || self.maintenance.is_some()
     }
 
     pub fn vendor(&self) -> Option<Vendor> {

@@ -1049,3 +1049,83 @@ async fn a_run_ends_by_what_it_achieved_not_by_its_last_line() {
     let waiting = f.engine.runs(&filter).unwrap().runs;
     assert_eq!(waiting.iter().map(|r| r.runbook.as_str()).collect::<Vec<_>>(), vec!["rma", "page"], "{waiting:#?}");
 }
+
+/// Issue 43 point 3: a maintenance window, like a silence — matched by
+/// labels (every matcher) and names, with an end that always comes. The
+/// nodes it covers are hands-off; nodes it does not cover are not; it
+/// outlives a restart; it ends by itself at its time, audited as the
+/// engine's, and a person can end one early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_maintenance_window_covers_what_it_matches_until_it_ends() {
+    use nightshift_engine::windows::WindowSpec;
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(rb.path(), "hot", HOT_ANY_TIME, "set_power_limit(0, 500);\n");
+    let labelled = |name: &str, pool: &str, rack: &str| SimNodeSpec {
+        labels: [("pool".to_string(), pool.to_string()), ("rack".to_string(), rack.to_string())].into(),
+        ..node(name, "h100-sxm")
+    };
+    let mut sim =
+        start(vec![labelled("a1", "a", "r1"), labelled("a2", "a", "r2"), labelled("b1", "b", "r1")], rb.path(), |_| {})
+            .await;
+    let e = sim.fleet.engine.clone();
+    let ends = now(&sim.fleet) + 3_600_000;
+    let spec = |matchers: &[(&str, &str)], nodes: &[&str], ends_ms: i64| WindowSpec {
+        matchers: matchers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        starts_ms: None,
+        ends_ms,
+        reason: "PDU firmware".into(),
+    };
+    // Refused, saying what was expected, and nothing recorded.
+    let before = records(&sim.fleet).len();
+    let err = e.set_window("user:admin", spec(&[], &[], ends)).await.unwrap_err().to_string();
+    assert!(err.contains("needs at least one node or label matcher"), "{err}");
+    let err = e.set_window("user:admin", spec(&[], &["nope"], ends)).await.unwrap_err().to_string();
+    assert!(err.contains("node \"nope\" is not in the inventory"), "{err}");
+    assert_eq!(records(&sim.fleet).len(), before, "a refused window records nothing");
+    // pool=a and rack=r1: a1 only (a2 is in another rack, b1 in another pool).
+    let w = e.set_window("user:admin", spec(&[("pool", "a"), ("rack", "r1")], &[], ends)).await.unwrap();
+    assert_eq!(w.covers, vec!["a1".to_string()], "{w:?}");
+    sim.fleet.restart_engine().await.unwrap();
+    let f = &sim.fleet;
+    let st = f.engine.node("a1").unwrap().state;
+    assert_eq!(st.maintenance.as_ref().map(|c| c.id.clone()), Some(w.id.clone()), "rebuilt from the chain: {st:?}");
+    assert!(!f.engine.node("a2").unwrap().state.hands_off() && !f.engine.node("b1").unwrap().state.hands_off());
+    for (node, fp) in [("a1", "fp-1"), ("b1", "fp-2")] {
+        f.engine.ingest_alertmanager(alert_payload("GpuHot", node, fp, now(f), "firing"), "alertmanager");
+    }
+    f.run_for(10).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    let on = |n: &str| runs.iter().find(|r| r.target.node.as_deref() == Some(n)).cloned().unwrap();
+    assert_eq!(on("a1").outcome, Some(RunOutcome::Refused), "{runs:#?}");
+    assert!(
+        on("a1")
+            .error
+            .unwrap_or_default()
+            .contains(&format!("is in maintenance window {} (user:admin: PDU firmware)", w.id)),
+        "{:?}",
+        on("a1")
+    );
+    assert_eq!(on("b1").outcome, Some(RunOutcome::Succeeded), "outside the window: {:?}", on("b1"));
+    // Its time comes: ended by the engine, saying whose it was.
+    f.run_for(3_600).await.unwrap();
+    assert!(!f.engine.node("a1").unwrap().state.hands_off());
+    assert!(f.engine.windows().is_empty());
+    let ended = records(f).into_iter().rev().find(|r| r.kind == RecordKind::Maintenance).unwrap();
+    assert_eq!((ended.actor.as_str(), ended.data["set"].as_bool()), ("engine", Some(false)));
+    assert!(ended.data["reason"].as_str().unwrap().contains("the window user:admin set ended at"), "{ended:?}");
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "a1", "fp-3", now(f), "firing"), "alertmanager");
+    f.run_for(10).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    assert_eq!(runs[0].outcome, Some(RunOutcome::Succeeded), "acts again: {:?}", runs[0]);
+    // By name, ended early by a person, under their name and reason.
+    let w = f.engine.set_window("user:admin", spec(&[], &["a2", "b1"], now(f) + 600_000)).await.unwrap();
+    assert_eq!(w.covers, vec!["a2".to_string(), "b1".to_string()]);
+    f.engine.end_window(&w.id, "user:ana", "done early").await.unwrap();
+    assert!(!f.engine.node("a2").unwrap().state.hands_off());
+    let ended = records(f).into_iter().rev().find(|r| r.kind == RecordKind::Maintenance).unwrap();
+    assert_eq!((ended.actor.as_str(), ended.data["reason"].as_str()), ("user:ana", Some("done early")));
+    let err = f.engine.end_window(&w.id, "user:ana", "again").await.unwrap_err().to_string();
+    assert!(err.contains(&format!("no maintenance window \"{}\"", w.id)), "{err}");
+    assert!(f.engine.verify().unwrap().ok);
+}

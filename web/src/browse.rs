@@ -95,6 +95,7 @@ const ALL_KINDS: &[RecordKind] = &[
     RecordKind::ConfigReloaded,
     RecordKind::RunbookMode,
     RecordKind::FleetMode,
+    RecordKind::Maintenance,
 ];
 
 /// The store's query for these filters.
@@ -231,6 +232,24 @@ pub fn summary(r: &AuditRecord) -> String {
                 format!("hands-off set: {why}")
             } else {
                 format!("hands-off ended: {why}")
+            }
+        }
+        RecordKind::Maintenance => {
+            let id = st("id").unwrap_or_default();
+            let why = st("reason").unwrap_or_default();
+            if d.get("set") == Some(&Value::Bool(true)) {
+                let mut what: Vec<String> = d
+                    .get("matchers")
+                    .and_then(Value::as_object)
+                    .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect())
+                    .unwrap_or_default();
+                if let Some(nodes) = d.get("nodes").and_then(Value::as_array) {
+                    what.extend(nodes.iter().filter_map(Value::as_str).map(str::to_string));
+                }
+                let until = d.get("ends_ms").and_then(Value::as_i64).map(nightshift_engine::alerts::format_rfc3339_ms);
+                format!("maintenance window {id} set on {} until {}: {why}", what.join(" "), until.unwrap_or_default())
+            } else {
+                format!("maintenance window {id} ended: {why}")
             }
         }
         RecordKind::FleetMode | RecordKind::RunbookMode => format!(

@@ -12,6 +12,7 @@ pub mod error;
 pub mod extract;
 pub mod forward;
 pub mod html;
+pub mod maintenance;
 pub mod nodes;
 pub mod pages;
 pub mod prom;
@@ -183,6 +184,8 @@ pub fn router(engine: Engine) -> Router {
         .route("/api/v1/runbooks/{name}", get(api::runbook))
         .route("/api/v1/runbooks/{name}/mode", post(api::runbook_mode))
         .route("/api/v1/fleet/mode", get(api::fleet_mode).post(api::set_fleet_mode))
+        .route("/api/v1/maintenance", get(maintenance::list).post(maintenance::set))
+        .route("/api/v1/maintenance/{id}/end", post(maintenance::end))
         .route("/api/v1/runbooks/{name}/shadow", get(api::shadow_report))
         .route("/api/v1/audit/records", get(api::records))
         .route("/api/v1/audit/search", get(browse::api_search))

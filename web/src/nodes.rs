@@ -274,6 +274,7 @@ pub async fn fleet_page(State(s): State<AppState>, Viewer(who): Viewer) -> Resul
     }
     let total_gpus: usize = gpu_health.values().sum();
     let (mode, _) = s.engine.fleet_mode();
+    let windows = s.engine.windows();
     let standby = standby_of(&s);
     let body = html! {
         h1 { "Fleet" }
@@ -283,6 +284,27 @@ pub async fn fleet_page(State(s): State<AppState>, Viewer(who): Viewer) -> Resul
         p.counts {
             (nodes.len()) " nodes, " (total_gpus) " GPUs · the fleet is in " strong { (mode.as_str()) } " mode · "
             a href="/nodes?sort=health" { "nodes, worst first" }
+        }
+        h2 { "Maintenance windows" }
+        @if windows.is_empty() {
+            p.muted { "None in force or to come (" code { "nightshift maintenance add" } ")." }
+        } @else {
+            div.scroll { table {
+                thead { tr { th { "Window" } th { "Matches" } th { "From" } th { "Until" } th.num { "Covers now" } th { "Set by" } th { "Why" } } }
+                tbody {
+                    @for w in &windows {
+                        tr {
+                            td { code { (w.id) } }
+                            td { @for (k, v) in &w.matchers { span.tag { (k) "=" (v) } " " } @for n in &w.nodes { a href={"/nodes/" (urlencode(n))} { (n) } " " } }
+                            td { (nightshift_engine::alerts::format_rfc3339_ms(w.starts_ms)) }
+                            td { (nightshift_engine::alerts::format_rfc3339_ms(w.ends_ms)) }
+                            td.num { (w.covers.len()) }
+                            td { (w.by) }
+                            td { (w.reason) }
+                        }
+                    }
+                }
+            } }
         }
         h2 { "Health in the repair lifecycle" }
         div.scroll { table {

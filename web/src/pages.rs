@@ -704,6 +704,7 @@ pub async fn node_page(
                     tr { th { "Hands-off" } td {
                         @if n.state.agent_hands_off { span.badge.warn { "marker on the node" } " " }
                         @if let Some((by, why)) = &n.state.engine_hands_off { span.badge.warn { "set by " (by) } " " small { (why) } @if let Some(u) = n.state.engine_hands_off_until_ms { " " small { "until " (nightshift_engine::alerts::format_rfc3339_ms(u)) } } }
+                        @if let Some(w) = &n.state.maintenance { span.badge.warn { "maintenance window " (w.id) } " " small { (w.by) ": " (w.reason) " until " (nightshift_engine::alerts::format_rfc3339_ms(w.ends_ms)) } }
                         @if !n.state.hands_off() { span.muted { "no" } }
                     } }
                     tr { th { "Labels" } td { @for (k, v) in &n.labels { span.tag { (k) "=" (v) } " " } } }

@@ -189,6 +189,14 @@ fn endpoints(run: &str) -> Vec<(&'static str, String, Role, Option<Value>)> {
         ("POST", "/api/v1/reload".into(), Role::Admin, None),
         ("GET", "/api/v1/audit/head".into(), Role::Viewer, None),
         ("GET", "/api/v1/fleet/mode".into(), Role::Viewer, None),
+        ("GET", "/api/v1/maintenance".into(), Role::Viewer, None),
+        // A window that matches no node (the matrix's other rows act on them).
+        (
+            "POST",
+            "/api/v1/maintenance".into(),
+            Role::Admin,
+            Some(json!({"matchers": {"pool": "nowhere"}, "for_secs": 600, "reason": "matrix"})),
+        ),
         // Last: the fleet in shadow from here on.
         ("POST", "/api/v1/fleet/mode".into(), Role::Admin, Some(json!({"mode": "shadow", "reason": "matrix"}))),
     ]
@@ -335,6 +343,43 @@ async fn bad_input_is_a_400_naming_the_field_and_big_bodies_a_413() {
             "reason: expected why the run is rejected, found no visible character",
         ),
         ("POST", "/api/v1/nodes/gpu-a1/hands-off", json!({"hands_of": true}), "unknown field `hands_of`"),
+        (
+            "POST",
+            "/api/v1/maintenance",
+            json!({"matchers": {"pool": "a"}, "reason": "fw"}),
+            "expected an end (ends_at or for_secs), found none: a maintenance window always ends",
+        ),
+        (
+            "POST",
+            "/api/v1/maintenance",
+            json!({"matcher": {"pool": "a"}, "for_secs": 60, "reason": "fw"}),
+            "unknown field `matcher`",
+        ),
+        (
+            "POST",
+            "/api/v1/maintenance",
+            json!({"for_secs": 60, "reason": "fw"}),
+            "needs at least one node or label matcher",
+        ),
+        (
+            "POST",
+            "/api/v1/maintenance",
+            json!({"nodes": ["gpu-a1"], "ends_at": "tomorrow", "reason": "fw"}),
+            "ends_at: expected an RFC 3339 time (2026-12-06T14:00:00Z), found \"tomorrow\"",
+        ),
+        (
+            "POST",
+            "/api/v1/maintenance",
+            json!({"nodes": ["gpu-a1"], "for_secs": 3_600_000, "reason": "fw"}),
+            "end: expected at most 30 days after the start, found 41 days",
+        ),
+        (
+            "POST",
+            "/api/v1/maintenance",
+            json!({"nodes": ["gpu-a1"], "for_secs": 60, "reason": " "}),
+            "reason: expected why",
+        ),
+        ("POST", "/api/v1/maintenance/mw-nope/end", json!({"reason": "x"}), "no maintenance window \"mw-nope\""),
     ];
     // Regression (issue 27 item 11): a cursor this server did not give out
     // answered 500.
@@ -344,7 +389,7 @@ async fn bad_input_is_a_400_naming_the_field_and_big_bodies_a_413() {
         assert!(v["error"]["message"].as_str().unwrap().contains("expected the next_cursor of an earlier page"), "{v}");
     }
     for (method, path, body, needle) in cases {
-        let token = if path.contains("hands-off") { ADMIN } else { OPERATOR };
+        let token = if path.contains("hands-off") || path.contains("maintenance") { ADMIN } else { OPERATOR };
         let (s, v) = call(&f, method, path, Some(token), Some(body.clone())).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{path} {body}: {v}");
         let msg = v["error"]["message"].as_str().unwrap_or("");
@@ -1588,4 +1633,48 @@ async fn a_thousand_nodes_on_one_page_grouped_sorted_and_counted() {
         fleet.contains("href=\"/nodes?group=pool&amp;sort=health&amp;label=pool%3Dtrain\""),
         "pools link to their nodes"
     );
+}
+
+/// Issue 43 point 3: a maintenance window over HTTP — set by an admin on a
+/// label, listed with the nodes it covers, shown on each covered node's
+/// page and in the audit browser in words, ended early with a reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_maintenance_window_is_set_shown_and_ended_over_http() {
+    let f = fixture().await;
+    let body = json!({"matchers": {"pool": "a"}, "nodes": ["gpu-a1"], "for_secs": 7200, "reason": "PDU firmware"});
+    let (s, v) = call(&f, "POST", "/api/v1/maintenance", Some(OPERATOR), Some(body.clone())).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "an admin's: {v}");
+    let (s, v) = call(&f, "POST", "/api/v1/maintenance", Some(ADMIN), Some(body)).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let id = v["window"]["id"].as_str().unwrap().to_string();
+    assert_eq!(v["window"]["covers"], json!(["gpu-a1"]), "pool=a and the name gpu-a1: {v}");
+    let (_, v) = call(&f, "GET", "/api/v1/maintenance", Some(VIEWER), None).await;
+    assert_eq!(v["windows"][0]["id"], id.as_str(), "{v}");
+    assert_eq!(v["windows"][0]["by"], "user:ada", "under the admin token's name: {v}");
+    let (_, page) = call(&f, "GET", "/nodes/gpu-a1", Some(VIEWER), None).await;
+    let page = page.as_str().unwrap_or_default().to_string();
+    assert!(page.contains(&format!("maintenance window {id}")) && page.contains("PDU firmware"), "{page}");
+    let (_, page) = call(&f, "GET", "/nodes/gpu-a2", Some(VIEWER), None).await;
+    assert!(!page.as_str().unwrap_or_default().contains("maintenance window"), "gpu-a2 is not covered");
+    let (_, v) = call(&f, "GET", "/api/v1/nodes/gpu-a1", Some(VIEWER), None).await;
+    assert_eq!(v["node"]["state"]["maintenance"]["id"], id.as_str(), "{v}");
+    let (_, page) = call(&f, "GET", "/fleet", Some(VIEWER), None).await;
+    let page = page.as_str().unwrap_or_default().to_string();
+    assert!(
+        page.contains(&format!("<code>{id}</code>")) && page.contains("PDU firmware"),
+        "the fleet page lists it: {page}"
+    );
+    let (s, v) =
+        call(&f, "POST", &format!("/api/v1/maintenance/{id}/end"), Some(ADMIN), Some(json!({"reason": "done early"})))
+            .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (_, v) = call(&f, "GET", "/api/v1/maintenance", Some(VIEWER), None).await;
+    assert_eq!(v["windows"], json!([]), "{v}");
+    let (_, v) = call(&f, "GET", "/api/v1/nodes/gpu-a1", Some(VIEWER), None).await;
+    assert!(v["node"]["state"]["maintenance"].is_null(), "{v}");
+    // The audit browser says it in words.
+    let (_, page) = call(&f, "GET", "/audit?kind=maintenance", Some(VIEWER), None).await;
+    let page = page.as_str().unwrap_or_default().to_string();
+    assert!(page.contains(&format!("maintenance window {id} set on pool=a gpu-a1 until")), "{page}");
+    assert!(page.contains(&format!("maintenance window {id} ended: done early")), "{page}");
 }

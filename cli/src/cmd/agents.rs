@@ -69,6 +69,19 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
                             )),
                             (Some((by, _)), None) => out.yellow(&format!("yes ({by})")),
                             (None, _) if n.state.agent_hands_off => out.yellow("yes (marker on the node)"),
+                            (None, _) if n.state.maintenance.is_some() => {
+                                let w = n
+                                    .state
+                                    .maintenance
+                                    .as_ref()
+                                    .map(|w| (w.id.as_str(), w.ends_ms))
+                                    .unwrap_or_default();
+                                out.yellow(&format!(
+                                    "yes (window {}, until {})",
+                                    w.0,
+                                    nightshift_engine::alerts::format_rfc3339_ms(w.1)
+                                ))
+                            }
                             (None, _) => "no".into(),
                         },
                         hottest.map(|t| format!("{t:.1} °C")).unwrap_or_else(|| "—".into()),

@@ -9,6 +9,7 @@ pub mod control;
 pub mod decide;
 pub mod demo;
 pub mod fleet;
+pub mod maintenance;
 pub mod run;
 pub mod runbooks;
 pub mod serve;

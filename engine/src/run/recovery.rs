@@ -67,6 +67,12 @@ impl Engine {
         // Faults and marks outlive any replay window: their own index.
         let n = self.rebuild_health()?;
         tracing::info!(records = n, "health model and node marks rebuilt from the audit log");
+        // Maintenance windows too: a node under one stays hands-off.
+        let windows = self.rebuild_windows()?;
+        if windows > 0 {
+            self.apply_windows().await;
+            tracing::info!(windows, "maintenance windows rebuilt from the audit log");
+        }
         let mut interrupted = Vec::new();
         let mut resumed = Vec::new();
         for s in self.core.audit.unfinished_runs()? {

@@ -21,6 +21,7 @@ impl Engine {
 
     async fn tick_inner(&self) {
         self.expire_hands_off().await;
+        self.apply_windows().await;
         self.retry_pages().await;
         let now = self.core.now();
         let expired: Vec<String> = self
