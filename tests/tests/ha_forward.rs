@@ -143,11 +143,12 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
         assert!(line.is_some(), "`nightshift ha` lists {holder} as {role}:\n{text}");
     }
 
-    // `agents list` through the standby: the agent is the leader's, not "unreachable".
+    // `agents list` through the standby: the leader's view (issue 43 point
+    // 6: a standby reads no agent), connected, not "unreachable".
     let out = cli(&ub, &["agents", "list"]);
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let leader = ha_a["holder"].as_str().unwrap();
-    assert!(out.status.success() && text.contains(&format!("the leader's ({leader})")), "{text}");
+    assert!(out.status.success() && text.contains("connected"), "{text}");
     assert!(!text.contains("unreachable"), "{text}");
 
     // 1. Forwarded as the operator, checked by the standby.
@@ -226,16 +227,30 @@ async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
     })
     .await;
 
-    // Its node page says whose agents they are, not "unreachable".
-    let page = http.get(format!("{ub}/nodes/h1")).bearer_auth(OPERATOR).send().await.unwrap().text().await.unwrap();
-    assert!(page.contains("the leader&#39;s (") || page.contains("the leader's ("), "{page}");
-    assert!(!page.contains(">unreachable<"), "{page}");
-    // ... and its nodes page does not call a node "in service" it cannot
-    // know about (a standby reads no agent): the drain is the leader's to say.
+    // Its node and nodes pages, the fleet page and the nodes API are the
+    // leader's (a standby reads no agent, so its own would not know a
+    // drain): forwarded, marked with the leader's name, the same as the
+    // leader's own.
+    for path in ["/nodes/h1", "/nodes", "/fleet", "/api/v1/nodes", "/api/v1/maintenance"] {
+        let r = http.get(format!("{ub}{path}")).bearer_auth(OPERATOR).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        assert_eq!(
+            r.headers().get("x-nightshift-leader").and_then(|v| v.to_str().ok()),
+            Some(leader),
+            "{path} is the leader's answer"
+        );
+        let page = r.text().await.unwrap();
+        assert!(!page.contains(">unreachable<") && !page.contains("This engine is an HA standby"), "{path}: {page}");
+    }
     let page = http.get(format!("{ub}/nodes")).bearer_auth(OPERATOR).send().await.unwrap().text().await.unwrap();
-    assert!(!page.contains(">in service</span>") && page.contains("This engine is an HA standby"), "{page}");
-    let page = http.get(format!("{ua}/nodes")).bearer_auth(OPERATOR).send().await.unwrap().text().await.unwrap();
     assert!(page.contains(">in service</span>"), "the leader knows: {page}");
+    // A read the standby can answer itself stays its own.
+    let r = http.get(format!("{ub}/api/v1/runs")).bearer_auth(OPERATOR).send().await.unwrap();
+    assert!(r.headers().get("x-nightshift-leader").is_none(), "{:?}", r.headers());
+    // Without a credential: the standby's own answer (sign in first), not
+    // the leader's.
+    let r = http.get(format!("{ub}/api/v1/nodes")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
 
     // A real Prometheus scraping both engines with the shipped rules: the
     // standby (connected to no agent) puts no NightshiftAgentsDisconnected

@@ -49,9 +49,27 @@ fn unavailable(msg: String) -> Response {
     r
 }
 
-/// The middleware: reads and the leader's own requests pass through.
+/// Reads of what only the leader knows — the agents it is connected to:
+/// drains, hands-off, holds, readings, maintenance windows. A standby
+/// reads no agent, so on a standby these are the leader's answer, and its
+/// own (which says it is a standby) only when the leader cannot give one.
+pub fn live_read(path: &str) -> bool {
+    matches!(path, "/nodes" | "/fleet" | "/api/v1/nodes" | "/api/v1/holds" | "/api/v1/maintenance")
+        || ["/nodes/", "/api/v1/nodes/", "/api/v1/agents/"].iter().any(|p| path.starts_with(p))
+}
+
+/// The middleware: reads and the leader's own requests pass through; on a
+/// standby, live reads go to the leader when it answers.
 pub async fn forward_writes(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let reading = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    if reading && req.method() == Method::GET && live_read(req.uri().path()) {
+        let (path, headers) =
+            (req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string(), req.headers().clone());
+        return match leader_read(&s, &path, &headers).await {
+            Some(answer) => answer,
+            None => next.run(req).await,
+        };
+    }
     // Signing in and out touch no shared state.
     let local = matches!(req.uri().path(), "/login" | "/logout");
     let Some(l) = s.engine.ha_status().holder.filter(|_| !reading && !local) else { return next.run(req).await };
@@ -144,5 +162,82 @@ pub async fn forward_writes(State(s): State<AppState>, req: Request, next: Next)
     match answer.bytes().await {
         Ok(b) => resp.body(Body::from(b)).unwrap_or_else(|_| unavailable("the leader's answer was malformed".into())),
         Err(e) => unavailable(format!("the leader's answer broke off: {e}")),
+    }
+}
+
+/// A live read on a standby, answered by the leader: none where this
+/// engine leads (or runs alone), the read was forwarded already, no leader
+/// or no peer secret is known, the caller is not signed in (the local page
+/// sends them to sign in), or the leader does not answer with a success —
+/// then the standby answers itself, saying it is one.
+async fn leader_read(s: &AppState, path: &str, headers: &axum::http::HeaderMap) -> Option<Response> {
+    let l = s.engine.ha_status().holder?;
+    let status = s.engine.ha_status();
+    if status.role == "leader" || headers.contains_key(FORWARDED_BY) {
+        return None;
+    }
+    let leader = status.leader.filter(|r| r.expires_in_ms > 0 && !r.url.is_empty() && r.holder != l)?;
+    let secret = s.peers.secret.clone()?;
+    if !s.peers.urls.iter().any(|u| u == leader.url.trim_end_matches('/')) {
+        return None;
+    }
+    let id = s.auth().require(headers, &Method::GET, nightshift_engine::config::Role::Viewer).ok()?;
+    let who = if id.via == crate::auth::Via::Anonymous { "anonymous".to_string() } else { format!("user {}", id.name) };
+    let url = format!("{}{path}", leader.url.trim_end_matches('/'));
+    let mut out = client()?.get(&url);
+    if let Some(accept) = headers.get("accept") {
+        out = out.header("accept", accept);
+    }
+    out = out
+        .header(FORWARDED_BY, l.as_str())
+        .header(crate::auth::PEER_SECRET, secret)
+        .header(crate::auth::PEER_AS, who)
+        .timeout(std::time::Duration::from_secs(5));
+    let answer = match out.send().await {
+        Ok(a) if a.status().is_success() => a,
+        Ok(a) => {
+            tracing::warn!(path, leader = %leader.holder, status = %a.status(), "standby: the leader did not answer a live read: answering from this engine");
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(path, leader = %leader.holder, error = %e, "standby: the leader did not answer a live read: answering from this engine");
+            return None;
+        }
+    };
+    let mut resp = Response::builder().status(answer.status().as_u16());
+    for (name, value) in answer.headers() {
+        if matches!(name.as_str(), "content-type" | "next-cursor" | "cache-control")
+            && let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name.as_ref()), HeaderValue::from_bytes(value.as_bytes()))
+        {
+            resp = resp.header(n, v);
+        }
+    }
+    resp = resp.header("x-nightshift-leader", leader.holder.as_str());
+    let body = answer.bytes().await.ok()?;
+    resp.body(Body::from(body)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::live_read;
+
+    #[test]
+    fn live_reads_are_what_only_the_leader_knows() {
+        for p in [
+            "/nodes",
+            "/nodes/gpu-a1",
+            "/fleet",
+            "/api/v1/nodes",
+            "/api/v1/nodes/gpu-a1/health",
+            "/api/v1/holds",
+            "/api/v1/maintenance",
+            "/api/v1/agents/gpu-a1/holds",
+        ] {
+            assert!(live_read(p), "{p}");
+        }
+        for p in ["/", "/runs/r1", "/audit", "/api/v1/runs", "/api/v1/audit/verify", "/api/v1/ha", "/login", "/nodesx"]
+        {
+            assert!(!live_read(p), "{p}");
+        }
     }
 }
