@@ -53,11 +53,20 @@ enum Command {
         config: PathBuf,
     },
     /// Check a config, its policy and authorized keys; print a summary.
+    /// Offline by default (the unit runs it before every start, and a
+    /// scheduler down for a minute must not keep the agent from starting):
+    /// a managed config file that is missing is a warning. With --live it
+    /// also asks the scheduler for this node's state (scontrol or kubectl,
+    /// with the config's timeout) and a missing managed file is an error —
+    /// run it once after installing a node.
     ///
-    /// Example: nightshift-agent check-config --config examples/agent.yaml
+    /// Example: nightshift-agent check-config --config /etc/nightshift/agent.yaml --live
     CheckConfig {
         #[arg(long, short)]
         config: PathBuf,
+        /// Contact the scheduler and require every managed file.
+        #[arg(long)]
+        live: bool,
     },
     /// What the agent sees on this machine: inventory, one telemetry
     /// sample, which readings the backend provides, each action's limits.
@@ -182,7 +191,7 @@ async fn real_main(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::CheckConfig { config } => {
+        Command::CheckConfig { config, live } => {
             let cfg = AgentConfig::load(&config).map_err(|e| e.to_string())?;
             let policy = cfg.policy().map_err(|e| e.to_string())?;
             let authorized = keys::load_authorized(&cfg.authorized_keys_path).map(|k| k.len());
@@ -190,10 +199,6 @@ async fn real_main(cli: Cli) -> Result<(), String> {
             println!(
                 "backend      {}",
                 serde_json::to_value(cfg.backend).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
-            );
-            println!(
-                "scheduler    {}",
-                serde_json::to_value(&cfg.scheduler).map(|v| v.to_string()).unwrap_or_default()
             );
             println!(
                 "policy       {}",
@@ -226,7 +231,44 @@ async fn real_main(cli: Cli) -> Result<(), String> {
                 Ok(n) => println!("authorized   {n} key(s) in {}", cfg.authorized_keys_path.display()),
                 Err(e) => return Err(e.to_string()),
             }
-            println!("configs      {:?}", cfg.configs.keys().collect::<Vec<_>>());
+            let mut problems: Vec<String> = Vec::new();
+            for (name, c) in &cfg.configs {
+                match std::fs::metadata(&c.path) {
+                    Ok(m) if m.is_file() => println!("config       {name}: {} ({} bytes)", c.path.display(), m.len()),
+                    Ok(_) => problems.push(format!("config {name}: {} is not a file", c.path.display())),
+                    Err(e) if live => problems.push(format!(
+                        "config {name}: {}: {e}: create it (the agent snapshots it before each change) or remove it from configs",
+                        c.path.display()
+                    )),
+                    Err(e) => println!(
+                        "config       {name}: {}: {e} (a warning: `check-config --live` requires it)",
+                        c.path.display()
+                    ),
+                }
+            }
+            let scheduler = nightshift_agent::node::scheduler::Scheduler::new(
+                cfg.scheduler.clone(),
+                &cfg.node,
+                cfg.state_dir.join("node-drain.json"),
+            );
+            match (scheduler.kind(), live) {
+                ("none", _) => println!("scheduler    none: drains are the agent's own file"),
+                (kind, false) => println!("scheduler    {kind}: not contacted (`check-config --live` asks it)"),
+                (kind, true) => match scheduler.state().await {
+                    Ok(st) => println!(
+                        "scheduler    {kind}: contacted; the node is {}{}",
+                        if st.drained { "drained" } else { "in service" },
+                        st.reason.map(|r| format!(" ({r})")).unwrap_or_default()
+                    ),
+                    Err(e) => problems.push(format!(
+                        "scheduler {kind}: cannot read this node's state: {e}; check the scheduler section of {} (node_name, the path, slurm_conf or kubeconfig)",
+                        config.display()
+                    )),
+                },
+            }
+            if !problems.is_empty() {
+                return Err(problems.join("\n       "));
+            }
             println!("ok");
             Ok(())
         }
@@ -271,7 +313,7 @@ mod tests {
             argv[0] = argv[0].rsplit('/').next().unwrap_or(argv[0]);
             let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{cmd}: {e}"));
             match cli.command {
-                Command::Run { config, .. } | Command::CheckConfig { config } => {
+                Command::Run { config, .. } | Command::CheckConfig { config, .. } => {
                     assert_eq!(config, PathBuf::from("/etc/nightshift/agent.yaml"))
                 }
                 _ => panic!("{cmd}: expected run or check-config"),

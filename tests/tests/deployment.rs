@@ -4,6 +4,7 @@
 //! checked against the CLIs by unit tests in `agent/src/main.rs` and
 //! `cli/src/main.rs`.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -204,14 +205,61 @@ fn debian_packages_hold_what_they_say() {
             );
         }
     }
-    // The engine's package carries the runbooks its units load, and makes its user.
+    // The engine's package carries the runbooks its units load — conffiles
+    // in the one runbook_dir its sample engine.yaml names — and makes its user.
     let engine = dir.path().join("nightshift");
     let v = Command::new(engine.join("usr/bin/nightshift"))
         .args(["runbooks", "validate"])
-        .arg(engine.join("usr/share/nightshift/runbooks"))
+        .arg(engine.join("etc/nightshift/runbooks"))
         .output()
         .unwrap();
     assert!(v.status.success(), "the packaged runbooks validate: {v:?}");
+    assert!(!engine.join("usr/share/nightshift/runbooks").exists(), "one runbook_dir");
+    let sample = std::fs::read_to_string(engine.join("usr/share/doc/nightshift/examples/engine.yaml")).unwrap();
+    assert!(sample.contains("\nrunbook_dir: /etc/nightshift/runbooks\n"), "{sample}");
+    // Issue 43 point 8: conffiles (kept across upgrades when edited), the
+    // chain checker, sample configs that pass check-config.
+    let conffiles = std::fs::read_to_string(engine.join("DEBIAN/conffiles")).unwrap();
+    assert!(conffiles.lines().any(|l| l == "/etc/nightshift/runbooks/gpu-overheat.rhai"), "{conffiles}");
+    assert!(conffiles.lines().all(|l| l.starts_with("/etc/nightshift/")), "{conffiles}");
+    let agent_x = dir.path().join("nightshift-agent");
+    let agent_conffiles = std::fs::read_to_string(agent_x.join("DEBIAN/conffiles")).unwrap();
+    assert_eq!(agent_conffiles, "/etc/nightshift/policy.yaml\n");
+    let checker = engine.join("usr/share/nightshift/verify-chain.py");
+    assert!(std::fs::metadata(&checker).unwrap().permissions().mode() & 0o111 != 0, "verify-chain.py runs");
+    if let Some(py) = require("python3", "python3") {
+        let o = Command::new(py).arg(&checker).arg("--help").output().unwrap();
+        assert!(String::from_utf8_lossy(&o.stderr).contains("usage: verify-chain.py") || o.status.success(), "{o:?}");
+    }
+    // The agent's sample, installed as the postinst says (its paths moved
+    // under a scratch root: /etc/nightshift and /var/lib), passes
+    // check-config with the packaged policy.
+    let node_root = dir.path().join("node");
+    std::fs::create_dir_all(node_root.join("etc/nightshift")).unwrap();
+    std::fs::create_dir_all(node_root.join("var/lib/nightshift-agent")).unwrap();
+    std::fs::copy(agent_x.join("etc/nightshift/policy.yaml"), node_root.join("etc/nightshift/policy.yaml")).unwrap();
+    std::fs::write(node_root.join("etc/nightshift/authorized_keys"), "").unwrap();
+    std::fs::write(node_root.join("etc/nccl.conf"), "NCCL_DEBUG=WARN\n").unwrap();
+    let sample = std::fs::read_to_string(agent_x.join("usr/share/doc/nightshift-agent/examples/agent.yaml")).unwrap();
+    let r = node_root.display().to_string();
+    let sample = sample
+        .replace(" /etc/", &format!(" {r}/etc/"))
+        .replace(" /var/lib/", &format!(" {r}/var/lib/"))
+        .replace("kind: slurm", "kind: none");
+    let policy = std::fs::read_to_string(node_root.join("etc/nightshift/policy.yaml")).unwrap();
+    std::fs::write(
+        node_root.join("etc/nightshift/policy.yaml"),
+        policy.replace("/etc/nightshift/hands-off", &format!("{r}/etc/nightshift/hands-off")),
+    )
+    .unwrap();
+    let cfg = node_root.join("etc/nightshift/agent.yaml");
+    std::fs::write(&cfg, sample).unwrap();
+    let o = Command::new(agent_x.join("usr/bin/nightshift-agent"))
+        .args(["check-config", "--live", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "the packaged sample passes check-config: {o:?}");
     let postinst = std::fs::read_to_string(engine.join("DEBIAN/postinst")).unwrap();
     // Issue 46 point 11: /etc/nightshift (tokens, the database URL, the
     // peer token) is made 0750, for the engine's group only.

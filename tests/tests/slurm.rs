@@ -210,6 +210,34 @@ async fn slurm_adapter_against_a_real_slurm() {
         &format!("scheduler: {{kind: slurm, node_name: gpu99, slurm_conf: '{conf}', timeout_secs: 3}}\n"),
     )
     .await;
+    // `check-config --live` asks the real Slurm (issue 43 point 8): gpu01
+    // is Slurm's, gpu02's node_name (gpu99) is not; offline, neither is
+    // contacted, and the unit's pre-start check does not wait on Slurm.
+    let agent_bin = nightshift_tests::external::workspace_bin_dir().join("nightshift-agent");
+    let check = |node: &str, live: bool| {
+        let mut c = Command::new(&agent_bin);
+        c.arg("check-config").arg("--config").arg(dir.path().join(format!("{node}.yaml")));
+        if live {
+            c.arg("--live");
+        }
+        c.current_dir(dir.path()).output().unwrap()
+    };
+    for node in ["gpu01", "gpu02"] {
+        std::fs::write(dir.path().join(node).join("nccl.env"), "NCCL_DEBUG=WARN\n").unwrap();
+    }
+    let o = check("gpu01", true);
+    let said = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{said}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(said.contains("scheduler    slurm: contacted; the node is"), "{said}");
+    let o = check("gpu02", true);
+    assert!(!o.status.success(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("scheduler slurm: cannot read this node's state"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = check("gpu02", false);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("slurm: not contacted"), "{o:?}");
     let manifest = "trigger: {type: manual}\nscope: node\ncooldown_secs: 0\nmax_attempts_per_day: 100\n";
     let cfg = engine_setup(
         dir.path(),
