@@ -340,3 +340,58 @@ fn the_ansible_playbook_parses_and_writes_a_valid_agent_config() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// Issue 43 point 8: `ansible-playbook --check` of `agents.yml` on a fresh
+/// node (this machine over a local connection, its paths in a scratch
+/// folder: no agent binary, no unit, no config) passes and changes nothing,
+/// saying what it would install and start; the same in --check with the
+/// agent "installed" (a binary at nightshift_agent_bin) runs the check of
+/// the config it would keep.
+#[test]
+fn the_playbook_passes_check_mode_on_a_fresh_node() {
+    let Some(playbook) = require("ansible-playbook", "ansible-core") else { return };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ansible");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    std::fs::write(dir.path().join("inventory.ini"), "[gpu_nodes]\ngpu-a01 ansible_connection=local\n").unwrap();
+    std::fs::write(
+        dir.path().join("engine_key.pub"),
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE1lJ7n5Vd8kAa3S4b1p2yG6HkBqEjz8y1yPqTq0s3mZ nightshift-engine\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("nightshift-agent_0.1.0_amd64.deb"), "not installed in --check").unwrap();
+    let play = |bin: &str| {
+        let vars = [
+            format!("nightshift_agent_deb={d}/nightshift-agent_0.1.0_amd64.deb"),
+            format!("nightshift_engine_keys_file={d}/engine_key.pub"),
+            format!("nightshift_config_dir={d}/etc"),
+            format!("nightshift_state_dir={d}/state"),
+            format!("nightshift_fingerprints_dir={d}/fingerprints"),
+            format!("nightshift_agent_bin={bin}"),
+            "ansible_become=false".into(),
+            "ansible_python_interpreter=/usr/bin/python3".into(),
+        ];
+        let mut cmd = Command::new(&playbook);
+        cmd.args(["--check", "-i"])
+            .arg(dir.path().join("inventory.ini"))
+            .arg(root.join("agents.yml"))
+            .env("ANSIBLE_LOCALHOST_WARNING", "false")
+            .env("ANSIBLE_NOCOLOR", "1");
+        for v in &vars {
+            cmd.args(["-e", v]);
+        }
+        let o = cmd.output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        (o.status.success(), text)
+    };
+    let (ok, text) = play(&format!("{d}/no-such-agent"));
+    assert!(ok, "--check on a fresh node:\n{text}");
+    for said in ["would install nightshift-agent_0.1.0_amd64.deb", "would enable and start nightshift-agent"] {
+        assert!(text.contains(said), "{said:?}:\n{text}");
+    }
+    assert!(text.contains("failed=0"), "{text}");
+    // Nothing was written.
+    for p in ["etc", "state", "fingerprints"] {
+        assert!(!dir.path().join(p).exists(), "--check wrote {p}:\n{text}");
+    }
+}
