@@ -1,62 +1,28 @@
 //! Who is asking: bearer tokens (or the UI's session cookie), stored as
-//! SHA-256 hashes with a role, compared in constant time. The login page
-//! turns a token into a session: the cookie holds a random session id, never
-//! the token; the session knows only the token's digest, so a token removed
-//! by a reload ends its sessions too. Sessions live in memory (an engine
-//! restart logs everyone out) for [`SESSION_SECS`].
+//! SHA-256 hashes with a role, compared in constant time; or, with
+//! `auth.proxy`, the person a trusted authenticating proxy names in a
+//! header, their role from their groups (single sign-on through the site's
+//! identity provider, as Grafana's auth proxy; `sso.rs` refuses the header
+//! from any address but the proxy's). The login page turns a token into a
+//! session (`sessions.rs`: kept across restarts, never the token itself).
 //!
 //! Anonymous mode (a loopback demo) answers only requests addressed to a
 //! loopback host: a page on another site that rebinds its own name to
 //! 127.0.0.1 (DNS rebinding) still sends its own name as `Host`.
 
-use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use axum::http::{HeaderMap, Method, StatusCode};
-use nightshift_engine::config::{AuthConfig, Role};
+use nightshift_engine::config::{AuthConfig, ProxyAuth, Role};
 use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
+use crate::sessions::Sessions;
 
 /// The cookie the login page sets: a session id.
 pub const COOKIE: &str = "nightshift_session";
 
-/// How long a session lasts.
-pub const SESSION_SECS: u64 = 12 * 3600;
-
-/// Session id → (the token's digest, when it ends).
-type Sessions = HashMap<String, ([u8; 32], Instant)>;
-
-static SESSIONS: LazyLock<Mutex<Sessions>> = LazyLock::new(Default::default);
-
-fn sessions() -> std::sync::MutexGuard<'static, Sessions> {
-    SESSIONS.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The most sessions one token holds at once: a login past it ends that
-/// token's oldest session (a script logging in in a loop cannot grow the
-/// table without bound, and a stolen token's sessions age out of it).
-pub const SESSIONS_PER_TOKEN: usize = 16;
-
-/// Start a session for a token that identifies someone: the cookie's value.
-pub fn start_session(token: &str) -> String {
-    let id = hex::encode(rand::random::<[u8; 32]>());
-    let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-    let now = Instant::now();
-    let mut s = sessions();
-    s.retain(|_, (_, end)| *end > now);
-    let mut mine: Vec<(Instant, String)> =
-        s.iter().filter(|(_, (d, _))| ct_eq(d, &digest)).map(|(k, (_, end))| (*end, k.clone())).collect();
-    if mine.len() >= SESSIONS_PER_TOKEN {
-        mine.sort();
-        for (_, old) in mine.iter().take(mine.len() + 1 - SESSIONS_PER_TOKEN) {
-            s.remove(old);
-        }
-    }
-    s.insert(id.clone(), (digest, now + Duration::from_secs(SESSION_SECS)));
-    id
-}
+pub use crate::sessions::{SESSION_SECS, SESSIONS_PER_TOKEN};
 
 /// The session cookie's attributes: same-site, HTTP-only, and `Secure`
 /// where the engine is reached over HTTPS (`auth.secure_cookies`).
@@ -74,9 +40,9 @@ pub fn login_from_another_site(headers: &HeaderMap) -> bool {
 /// End the session a request's cookie names (logout) — whatever else the
 /// request carries: an `Authorization` header beside the cookie used to
 /// leave the session valid.
-pub fn end_session(headers: &HeaderMap) {
+pub fn end_session(sessions: &Sessions, headers: &HeaderMap) {
     if let Some(id) = Auth::cookie_from(headers) {
-        sessions().remove(&id);
+        sessions.end(&id);
     }
 }
 
@@ -112,12 +78,26 @@ pub enum Via {
     Cookie,
     /// Nothing, in anonymous mode: any page the browser visits can do that.
     Anonymous,
+    /// The authenticating proxy's header: the proxy adds it to whatever the
+    /// browser sends, so it counts as a cookie does.
+    Proxy,
 }
 
 impl Identity {
     /// Signed in through the login page (so there is a cookie to drop).
     pub fn has_session(&self) -> bool {
         self.via == Via::Cookie
+    }
+
+    /// Who this is, for a standby forwarding its request to the leader
+    /// (`PEER_AS`): a token's holder by name (the leader gives the name its
+    /// own role), the proxy's person with the role their groups gave here.
+    pub fn peer_as(&self) -> String {
+        match self.via {
+            Via::Anonymous => "anonymous".to_string(),
+            Via::Proxy => format!("sso {} {}", self.name, role_word(self.role)),
+            Via::Bearer | Via::Cookie => format!("user {}", self.name),
+        }
     }
 
     /// `user:<name>` for the audit log.
@@ -137,6 +117,18 @@ pub struct Auth {
     /// request carrying it says who asked ([`PEER_AS`]), checked by the
     /// standby that forwarded it.
     peer: Option<[u8; 32]>,
+    /// The sign-in sessions this engine keeps.
+    sessions: Arc<Sessions>,
+    /// `auth.proxy`: the authenticating proxy's headers and group roles.
+    proxy: Option<ProxyAuth>,
+}
+
+fn role_word(r: Role) -> &'static str {
+    match r {
+        Role::Viewer => "viewer",
+        Role::Operator => "operator",
+        Role::Admin => "admin",
+    }
 }
 
 /// The engines' shared secret, on a forwarded request.
@@ -181,7 +173,60 @@ impl Auth {
                 .collect(),
             anonymous: cfg.allow_anonymous,
             peer: None,
+            sessions: Arc::new(Sessions::open(None)),
+            proxy: cfg.proxy.clone(),
         }
+    }
+
+    /// The same, with the engine's sessions.
+    pub fn with_sessions(mut self, sessions: Arc<Sessions>) -> Auth {
+        self.sessions = sessions;
+        self
+    }
+
+    /// The engine's sessions (login and logout open and end them).
+    pub fn sessions(&self) -> &Arc<Sessions> {
+        &self.sessions
+    }
+
+    /// `auth.proxy`, when set.
+    pub fn proxy(&self) -> Option<&ProxyAuth> {
+        self.proxy.as_ref()
+    }
+
+    /// The person the proxy's header names, and the role of their groups
+    /// (none: no header). `sso.rs` has already refused the header from an
+    /// address that is not the proxy's.
+    fn proxy_identity(&self, headers: &HeaderMap) -> Option<Result<Identity, ApiError>> {
+        let p = self.proxy.as_ref()?;
+        let user = headers.get(p.user_header.as_str())?;
+        let refused = |m: String| ApiError::new(StatusCode::FORBIDDEN, "forbidden", m);
+        let name = match user.to_str().map(str::trim) {
+            Ok(n) if !n.is_empty() && n.len() <= 128 && n.chars().all(|c| c.is_ascii_graphic() && c != ',') => n,
+            _ => {
+                return Some(Err(refused(format!(
+                    "{}: expected a person's name (printable, no spaces, at most 128 characters), found {user:?}",
+                    p.user_header
+                ))));
+            }
+        };
+        let groups: Vec<&str> = headers
+            .get_all(p.groups_header.as_str())
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|g| !g.is_empty())
+            .collect();
+        let role = groups.iter().filter_map(|g| p.roles.get(*g).copied()).max().or(p.default_role);
+        Some(match role {
+            Some(role) => Ok(Identity { name: name.to_string(), role, via: Via::Proxy }),
+            None => Err(refused(format!(
+                "{name} is in none of the groups auth.proxy.roles names ({}), found groups [{}]: ask an admin to add one",
+                p.roles.keys().cloned().collect::<Vec<_>>().join(", "),
+                groups.join(", ")
+            ))),
+        })
     }
 
     /// The same, taking requests forwarded by the engines that share
@@ -259,6 +304,20 @@ impl Auth {
                 )
             };
             return match who.split_once(' ') {
+                // The proxy's person: the standby mapped their groups with
+                // the same auth.proxy; their role comes with the name.
+                Some(("sso", rest)) if self.proxy.is_some() => match rest.rsplit_once(' ') {
+                    Some((name, role)) => {
+                        let role = match role {
+                            "viewer" => Role::Viewer,
+                            "operator" => Role::Operator,
+                            "admin" => Role::Admin,
+                            _ => return Err(refused()),
+                        };
+                        Ok(Identity { name: name.to_string(), role, via: Via::Bearer })
+                    }
+                    None => Err(refused()),
+                },
                 Some(("user", name)) => {
                     let role =
                         self.tokens.iter().find(|(n, _, _)| n == name).map(|(_, r, _)| *r).ok_or_else(refused)?;
@@ -271,13 +330,20 @@ impl Auth {
                 _ => Err(refused()),
             };
         }
+        // A bearer token first (a script through the proxy), then the
+        // proxy's person, then a session, then anonymous.
+        if !matches!(Self::token_from(headers), Some((_, false)))
+            && let Some(id) = self.proxy_identity(headers)
+        {
+            return id;
+        }
         match Self::token_from(headers) {
             Some((token, false)) => match self.lookup(&token) {
                 Some((name, role)) => Ok(Identity { name, role, via: Via::Bearer }),
                 None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the token is not valid")),
             },
             Some((session, true)) => {
-                let digest = sessions().get(&session).filter(|(_, end)| *end > Instant::now()).map(|(d, _)| *d);
+                let digest = self.sessions.token_of(&session);
                 match digest.and_then(|d| self.lookup_digest(&d)) {
                     Some((name, role)) => Ok(Identity { name, role, via: Via::Cookie }),
                     None => Err(ApiError::new(
@@ -326,7 +392,7 @@ impl Auth {
         // (browsers always say so; curl and scripts say nothing).
         let refused = match id.via {
             Via::Bearer => false,
-            Via::Cookie => !same_site(headers),
+            Via::Cookie | Via::Proxy => !same_site(headers),
             Via::Anonymous => cross_site(headers),
         };
         if refused && method != Method::GET {
@@ -480,7 +546,7 @@ mod tests {
             sha256: hash_token("s3cret"),
         };
         let auth = Auth::new(&cfg(vec![token]));
-        let id = start_session("s3cret");
+        let id = auth.sessions().start("s3cret");
         assert!(!id.contains("s3cret") && id.len() == 64);
         let mut h = HeaderMap::new();
         h.insert("cookie", format!("{COOKIE}={id}").parse().unwrap());
@@ -491,8 +557,9 @@ mod tests {
         raw.insert("cookie", format!("{COOKIE}=s3cret").parse().unwrap());
         assert_eq!(auth.identify(&raw).unwrap_err().status, StatusCode::UNAUTHORIZED);
         // A reload that removed the token ends its sessions.
-        assert_eq!(Auth::new(&cfg(vec![])).identify(&h).unwrap_err().status, StatusCode::UNAUTHORIZED);
-        end_session(&h);
+        let reloaded = Auth::new(&cfg(vec![])).with_sessions(auth.sessions().clone());
+        assert_eq!(reloaded.identify(&h).unwrap_err().status, StatusCode::UNAUTHORIZED);
+        end_session(auth.sessions(), &h);
         assert_eq!(auth.identify(&h).unwrap_err().status, StatusCode::UNAUTHORIZED, "logged out");
     }
 

@@ -111,9 +111,7 @@ pub async fn forward_writes(State(s): State<AppState>, req: Request, next: Next)
     let who = if webhook {
         s.auth().require_webhook(req.headers()).map(|name| format!("webhook {name}"))
     } else {
-        s.auth().require(req.headers(), req.method(), nightshift_engine::config::Role::Viewer).map(|id| {
-            if id.via == crate::auth::Via::Anonymous { "anonymous".to_string() } else { format!("user {}", id.name) }
-        })
+        s.auth().require(req.headers(), req.method(), nightshift_engine::config::Role::Viewer).map(|id| id.peer_as())
     };
     let who = match who {
         Ok(w) => w,
@@ -131,7 +129,17 @@ pub async fn forward_writes(State(s): State<AppState>, req: Request, next: Next)
     let url = format!("{}{path}", leader.url.trim_end_matches('/'));
     let Some(client) = client() else { return unavailable("cannot build the forwarding client".into()) };
     let mut out = client.request(parts.method.clone(), &url).body(body);
+    // The proxy's sign-in headers stay here: the leader would take them
+    // from this engine's address (and the name travels in PEER_AS).
+    let proxy_headers: Vec<String> = s
+        .auth()
+        .proxy()
+        .map(|p| vec![p.user_header.to_ascii_lowercase(), p.groups_header.to_ascii_lowercase()])
+        .unwrap_or_default();
     for (name, value) in &parts.headers {
+        if proxy_headers.iter().any(|h| h == name.as_str()) {
+            continue;
+        }
         if !matches!(
             name.as_str(),
             "host" | "content-length" | "connection" | "transfer-encoding" | "authorization" | "cookie"
@@ -182,7 +190,7 @@ async fn leader_read(s: &AppState, path: &str, headers: &axum::http::HeaderMap) 
         return None;
     }
     let id = s.auth().require(headers, &Method::GET, nightshift_engine::config::Role::Viewer).ok()?;
-    let who = if id.via == crate::auth::Via::Anonymous { "anonymous".to_string() } else { format!("user {}", id.name) };
+    let who = id.peer_as();
     let url = format!("{}{path}", leader.url.trim_end_matches('/'));
     let mut out = client()?.get(&url);
     if let Some(accept) = headers.get("accept") {

@@ -16,6 +16,8 @@ pub mod maintenance;
 pub mod nodes;
 pub mod pages;
 pub mod prom;
+pub mod sessions;
+pub mod sso;
 
 use std::sync::Arc;
 
@@ -48,6 +50,8 @@ pub struct AppState {
     pub peers: Arc<Peers>,
     /// Each webhook poster's allowance (`limits.webhook_alerts_per_sec`).
     pub posters: Arc<std::sync::Mutex<PosterBuckets>>,
+    /// The UI's sign-in sessions, kept in `<data_dir>/sessions.json`.
+    pub sessions: Arc<sessions::Sessions>,
 }
 
 /// Poster name → (alerts it may still send at once, when that was counted).
@@ -103,14 +107,16 @@ impl AppState {
     pub fn new(engine: Engine) -> AppState {
         let (generation, cfg) = engine.auth();
         let peers = Arc::new(Peers::of(&engine));
+        let sessions = sessions::Sessions::shared(engine.config().data_dir.join("sessions.json"));
         AppState {
             auth: Arc::new(std::sync::Mutex::new((
                 generation,
-                Arc::new(Auth::new(&cfg).with_peer_secret(peers.secret.as_deref())),
+                Arc::new(Auth::new(&cfg).with_peer_secret(peers.secret.as_deref()).with_sessions(sessions.clone())),
             ))),
             shutdown: engine.shutdown_signal(),
             peers,
             posters: Default::default(),
+            sessions,
             engine,
         }
     }
@@ -120,7 +126,12 @@ impl AppState {
         let mut cached = self.auth.lock().unwrap_or_else(|e| e.into_inner());
         let (generation, cfg) = self.engine.auth();
         if cached.0 != generation {
-            *cached = (generation, Arc::new(Auth::new(&cfg).with_peer_secret(self.peers.secret.as_deref())));
+            *cached = (
+                generation,
+                Arc::new(
+                    Auth::new(&cfg).with_peer_secret(self.peers.secret.as_deref()).with_sessions(self.sessions.clone()),
+                ),
+            );
         }
         cached.1.clone()
     }
@@ -202,6 +213,7 @@ pub fn router(engine: Engine) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .merge(webhook)
         .layer(axum::middleware::from_fn_with_state(state.clone(), forward::forward_writes))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), sso::proxy_gate))
         .layer(axum::middleware::from_fn(no_framing))
         .with_state(state)
 }
@@ -244,7 +256,11 @@ pub async fn serve(
             ),
         ));
     }
-    axum::serve(listener, router(engine)).with_graceful_shutdown(shutdown).await
+    // The peer's address: `auth.proxy` believes its headers only from the
+    // proxy's addresses (`sso.rs`).
+    axum::serve(listener, router(engine).into_make_service_with_connect_info::<std::net::SocketAddr>())
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 /// Answer on `listener` while the engine starts (opening its audit store —

@@ -1112,7 +1112,7 @@ pub async fn login(State(s): State<AppState>, headers: HeaderMap, Form(f): Form<
                     header::SET_COOKIE,
                     format!(
                         "{COOKIE}={}; Max-Age={}; {}",
-                        crate::auth::start_session(&f.token),
+                        s.sessions.start(&f.token),
                         crate::auth::SESSION_SECS,
                         crate::auth::cookie_attrs(secure)
                     ),
@@ -1125,7 +1125,7 @@ pub async fn login(State(s): State<AppState>, headers: HeaderMap, Form(f): Form<
 }
 
 pub async fn logout(State(s): State<AppState>, headers: HeaderMap) -> Response {
-    crate::auth::end_session(&headers);
+    crate::auth::end_session(&s.sessions, &headers);
     let attrs = crate::auth::cookie_attrs(s.engine.config().auth.secure_cookies);
     (
         StatusCode::SEE_OTHER,

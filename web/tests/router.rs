@@ -92,6 +92,7 @@ async fn fixture_with(edit: impl FnOnce(&mut SimFleetOptions)) -> Fixture {
         webhook_tokens: Vec::new(),
         allow_anonymous: None,
         secure_cookies: false,
+        proxy: None,
     };
     opts.grafana = Some(nightshift_engine::config::GrafanaConfig {
         url: "https://grafana.example/".into(),
@@ -850,6 +851,7 @@ async fn a_dbe_lifecycle_is_in_the_api_the_node_page_and_metrics() {
         webhook_tokens: Vec::new(),
         allow_anonymous: None,
         secure_cookies: false,
+        proxy: None,
     };
     let dir = scratch_dir().unwrap();
     let sim = SimFleet::start(opts, dir.path()).await.unwrap();
@@ -1677,4 +1679,159 @@ async fn a_maintenance_window_is_set_shown_and_ended_over_http() {
     let page = page.as_str().unwrap_or_default().to_string();
     assert!(page.contains(&format!("maintenance window {id} set on pool=a gpu-a1 until")), "{page}");
     assert!(page.contains(&format!("maintenance window {id} ended: done early")), "{page}");
+}
+
+/// Issue 43 point 11: single sign-on through an authenticating proxy, as
+/// Grafana's auth proxy. The proxy's header names the person; their groups
+/// give the role (the highest; `default_role` for none of them); the
+/// header is believed only from the proxy's addresses; a bearer token
+/// beside it wins; a cross-site POST with it is refused as a cookie's is;
+/// the acts are recorded under the person's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_the_proxy_signed_in_gets_the_role_of_their_groups() {
+    let f = fixture_with(|o| {
+        o.auth.proxy = Some(nightshift_engine::config::ProxyAuth {
+            user_header: "X-Forwarded-User".into(),
+            groups_header: "X-Forwarded-Groups".into(),
+            from: vec!["10.0.0.5/32".into(), "fd00::/64".into()],
+            roles: [("gpu-sre".to_string(), Role::Admin), ("gpu-oncall".to_string(), Role::Operator)].into(),
+            default_role: Some(Role::Viewer),
+        })
+    })
+    .await;
+    struct Ask<'a> {
+        from: Option<&'a str>,
+        user: &'a str,
+        groups: &'a str,
+        method: &'a str,
+        uri: &'a str,
+        body: Option<Value>,
+        extra: Option<(&'a str, &'a str)>,
+    }
+    let ask = |a: Ask<'_>| {
+        let mut b = Request::builder().method(a.method).uri(a.uri);
+        if !a.user.is_empty() {
+            b = b.header("X-Forwarded-User", a.user);
+        }
+        if !a.groups.is_empty() {
+            b = b.header("X-Forwarded-Groups", a.groups);
+        }
+        if let Some((k, v)) = a.extra {
+            b = b.header(k, v);
+        }
+        let mut req = match a.body {
+            Some(v) => b.header(header::CONTENT_TYPE, "application/json").body(Body::from(v.to_string())).unwrap(),
+            None => b.body(Body::empty()).unwrap(),
+        };
+        if let Some(addr) = a.from {
+            let addr: std::net::SocketAddr = addr.parse().unwrap();
+            req.extensions_mut().insert(axum::extract::ConnectInfo(addr));
+        }
+        let r = nightshift_web::router(f.sim.engine.clone()).oneshot(req);
+        async move {
+            let resp = r.await.unwrap();
+            let status = resp.status();
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            let v = serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+            (status, v)
+        }
+    };
+    let run = json!({"runbook": "cap", "node": "gpu-a2", "gpu": 1, "dry_run": true});
+    let base = |user, groups, method, uri, body| Ask {
+        from: Some("10.0.0.5:41000"),
+        user,
+        groups,
+        method,
+        uri,
+        body,
+        // What a browser sends on our own page (the proxy passes it on).
+        extra: Some(("sec-fetch-site", "same-origin")),
+    };
+    // On call: an operator; the run is theirs.
+    let (s, v) = ask(base("grace", "staff, gpu-oncall", "POST", "/api/v1/runs", Some(run.clone()))).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    assert_eq!(v["run"]["requested_by"], "user:grace", "{v}");
+    // In no listed group: the default role (viewer) — reads, no runs.
+    let (s, _) = ask(base("hal", "staff", "GET", "/api/v1/runs", None)).await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, v) = ask(base("hal", "staff", "POST", "/api/v1/runs", Some(run.clone()))).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap_or("").contains("this needs the operator role; hal has viewer"),
+        "{v}"
+    );
+    // An SRE: an admin; the fleet's mode change is recorded under them.
+    let body = json!({"mode": "shadow", "reason": "sso test"});
+    let (s, v) = ask(base("ines", "gpu-oncall,gpu-sre", "POST", "/api/v1/fleet/mode", Some(body))).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let rec =
+        f.sim.engine.audit().tail(0, usize::MAX).unwrap().into_iter().rev().find(|r| r.kind == RecordKind::FleetMode);
+    assert_eq!(rec.map(|r| r.actor), Some("user:ines".to_string()));
+    // The header from anywhere but the proxy: refused, saying so.
+    for from in [Some("10.0.0.6:41000"), Some("[fd01::1]:41000"), None] {
+        let (s, v) = ask(Ask { from, ..base("ines", "gpu-sre", "GET", "/api/v1/runs", None) }).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{from:?}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap_or("").contains("which is not in auth.proxy.from"), "{v}");
+    }
+    let (s, _) =
+        ask(Ask { from: Some("[fd00::7]:41000"), ..base("ines", "gpu-sre", "GET", "/api/v1/runs", None) }).await;
+    assert_eq!(s, StatusCode::OK, "an IPv6 proxy address inside fd00::/64");
+    // A token beside the header: the token's holder (a script through the proxy).
+    let (s, v) = ask(Ask {
+        extra: Some(("authorization", "Bearer operator-token-2")),
+        ..base(
+            "ines",
+            "gpu-sre",
+            "POST",
+            "/api/v1/runs",
+            Some(json!({"runbook": "cap", "node": "gpu-a1", "gpu": 0, "dry_run": true})),
+        )
+    })
+    .await;
+    assert_eq!((s, v["run"]["requested_by"].as_str()), (StatusCode::ACCEPTED, Some("user:otto")), "{v}");
+    // The proxy adds the header to whatever the browser sends: a POST
+    // another site's page made is refused, as a cookie's is.
+    let (s, v) = ask(Ask {
+        extra: Some(("sec-fetch-site", "cross-site")),
+        ..base("grace", "gpu-oncall", "POST", "/api/v1/runs", Some(run))
+    })
+    .await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
+    // A name that is not one: refused.
+    let (s, _) = ask(base("two words", "gpu-sre", "GET", "/api/v1/runs", None)).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    // The pages say who is signed in.
+    let (s, page) = ask(base("grace", "gpu-oncall", "GET", "/", None)).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(page.as_str().unwrap_or("").contains("grace"), "{page}");
+}
+
+/// Issue 43 point 11: a session opened on /login outlives an engine
+/// restart (kept in the data dir, by its digest only); logging out ends it
+/// for good, restart or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_outlives_an_engine_restart_and_a_logout_too() {
+    let mut f = fixture().await;
+    let cookie = session(&f, VIEWER).await;
+    let works = |f: &Fixture, cookie: String| {
+        let req = Request::builder().uri("/api/v1/runs").header(header::COOKIE, cookie).body(Body::empty()).unwrap();
+        let r = nightshift_web::router(f.sim.engine.clone()).oneshot(req);
+        async move { r.await.unwrap().status() }
+    };
+    assert_eq!(works(&f, cookie.clone()).await, StatusCode::OK);
+    f.sim.restart_engine().await.unwrap();
+    assert_eq!(works(&f, cookie.clone()).await, StatusCode::OK, "still signed in after the restart");
+    let sessions = std::fs::read_to_string(f.sim.engine.config().data_dir.join("sessions.json")).unwrap();
+    let id = cookie.split('=').nth(1).unwrap().split(';').next().unwrap();
+    assert!(!sessions.contains(id), "the file holds no session id: {sessions}");
+    let req = Request::builder()
+        .method("POST")
+        .uri("/logout")
+        .header(header::COOKIE, cookie.clone())
+        .body(Body::empty())
+        .unwrap();
+    nightshift_web::router(f.sim.engine.clone()).oneshot(req).await.unwrap();
+    f.sim.restart_engine().await.unwrap();
+    assert_eq!(works(&f, cookie).await, StatusCode::UNAUTHORIZED, "logged out, restart or not");
 }

@@ -97,6 +97,22 @@ fn values_that_disable_safety_are_refused_with_their_line() {
         ),
         ("time_scale: .nan\n", "engine.yaml:6:1: time_scale: expected 1 to 1000, found NaN"),
         (
+            "auth:\n  proxy:\n    from: []\n    default_role: viewer\n",
+            "engine.yaml:7:3: auth.proxy.from: expected the proxy's addresses (IPs or CIDRs): without them anyone could send the header",
+        ),
+        (
+            "auth:\n  proxy:\n    from: [10.0.0.0/33]\n    default_role: viewer\n",
+            "engine.yaml:8:5: auth.proxy.from: expected an IP or a CIDR such as 10.0.0.0/24, found \"10.0.0.0/33\"",
+        ),
+        (
+            "auth:\n  proxy:\n    from: [10.0.0.5]\n",
+            "engine.yaml:7:3: auth.proxy: expected roles (group: role) or a default_role, found neither: nobody could sign in",
+        ),
+        (
+            "auth:\n  proxy:\n    from: [10.0.0.5]\n    user_header: 'X User'\n    default_role: viewer\n",
+            "engine.yaml:9:18: auth.proxy: expected a header name, found \"X User\"",
+        ),
+        (
             "time_origin_ms: 1790000000000\n",
             "engine.yaml:6:1: time_origin_ms: expected a Unix time in ms (0 or more) with a time_scale above 1, found 1790000000000 with time_scale 1",
         ),

@@ -65,6 +65,32 @@ impl EngineConfig {
         if let Err(m) = cfg.check_listen() {
             return Err(err(if m.starts_with("auth") { "auth.allow_anonymous" } else { "listen_addr" }, m));
         }
+        if let Some(p) = &cfg.auth.proxy {
+            if p.from.is_empty() {
+                return Err(err(
+                    "auth.proxy",
+                    "auth.proxy.from: expected the proxy's addresses (IPs or CIDRs): without them anyone could send the header".into(),
+                ));
+            }
+            if let Some(bad) = p.from.iter().find(|f| parse_cidr(f).is_none()) {
+                return Err(err(
+                    "from",
+                    format!("auth.proxy.from: expected an IP or a CIDR such as 10.0.0.0/24, found {bad:?}"),
+                ));
+            }
+            for h in [&p.user_header, &p.groups_header] {
+                if axum_header_name_problem(h) {
+                    return Err(err(h, format!("auth.proxy: expected a header name, found {h:?}")));
+                }
+            }
+            if p.roles.is_empty() && p.default_role.is_none() {
+                return Err(err(
+                    "auth.proxy",
+                    "auth.proxy: expected roles (group: role) or a default_role, found neither: nobody could sign in"
+                        .into(),
+                ));
+            }
+        }
         if let Some(a) = &cfg.autoscaler {
             if !(a.url.starts_with("http://") || a.url.starts_with("https://")) {
                 return Err(err(
@@ -423,4 +449,9 @@ impl EngineConfig {
 /// the name the audit shows for whoever uses it, as itself on every page.
 pub fn valid_token_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-@".contains(&b))
+}
+
+/// A header name HTTP would refuse (empty, or a character outside a token).
+fn axum_header_name_problem(h: &str) -> bool {
+    h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
