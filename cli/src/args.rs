@@ -512,6 +512,29 @@ pub enum AgentsCmd {
         #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
         node: String,
     },
+    /// Tell a simulated node a fault (admin, needs --server; agents with
+    /// the sim backend only — real hardware refuses): a lab's way to see
+    /// the whole path, from the fault to the drain and the page. Audited
+    /// as a note under your name.
+    ///
+    /// Example: nightshift agents sim-fault gpu-node-01 ecc-dbe --gpu 3
+    SimFault {
+        /// The node, as fleet.yaml names it.
+        #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
+        node: String,
+        /// ecc-dbe, xid (with --code), gpu-lost, gpu-reset, fan-failure,
+        /// row-remap-failure, gpu-replace, …
+        kind: String,
+        /// The GPU.
+        #[arg(long)]
+        gpu: Option<u32>,
+        /// How many errors (ecc-dbe; default 1).
+        #[arg(long)]
+        count: Option<u64>,
+        /// The XID (xid).
+        #[arg(long)]
+        code: Option<u32>,
+    },
     /// A node's GPUs and envelope.
     ///
     /// Example: nightshift agents inventory gpu-a1

@@ -721,6 +721,16 @@ impl Conn {
         }
     }
 
+    /// Tell a simulated node a fault (`SimFault` as JSON) on a running engine (admin).
+    pub async fn sim_fault(&mut self, node: &str, fault: &Value) -> Result<Value> {
+        match self {
+            Conn::Remote(r) => r.post(&format!("/api/v1/agents/{}/sim-fault", crate::out::urlencode(node)), fault).await,
+            Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
+                "a simulated fault goes to a running engine's agent: pass --server URL (or set NIGHTSHIFT_SERVER) with an admin token",
+            )),
+        }
+    }
+
     /// Maintenance windows in force or to come.
     pub async fn windows(&mut self) -> Result<Value> {
         match self {

@@ -275,3 +275,35 @@ fn check_reason(reason: &str, what: &str) -> Result<(), EngineError> {
         )))
     }
 }
+
+impl Engine {
+    /// Tell a `sim` agent's simulated hardware a fault (an admin trying
+    /// the stack in a lab: a DBE, an XID, a GPU off the bus). Not a change
+    /// nightshift makes — the world it watches — so no run owns it; it is
+    /// audited as a note under who injected it, and refused by any agent
+    /// on real hardware (the agent says so).
+    pub async fn simulate_fault(
+        &self,
+        node: &str,
+        by: &str,
+        fault: nightshift_proto::SimFault,
+    ) -> Result<serde_json::Value, EngineError> {
+        let n = self.core.fleet.get(node).ok_or_else(|| EngineError::UnknownNode(node.into()))?;
+        let what = serde_json::to_value(&fault).map(|v| v.to_string()).unwrap_or_default();
+        let text = format!("a simulated fault injected by {by}: {what}");
+        let note = crate::audit::data::Note { text, ..Default::default() };
+        self.core.audit.append(NewRecord::typed(RecordKind::Note, by, &note).node(Some(node)), None).await?;
+        let req =
+            nightshift_proto::Request::new(self.core.ids.request("sim-fault"), nightshift_proto::Op::SimFault(fault));
+        let reply = n
+            .transport
+            .call(req)
+            .await
+            .map_err(|e| EngineError::AgentUnreachable { node: node.to_string(), message: e.to_string() })?;
+        match (reply.ok, reply.result, reply.error) {
+            (true, Some(v), _) => Ok(v),
+            (_, _, Some(e)) => Err(EngineError::BadParams(format!("{node}: {}", e.message))),
+            _ => Err(EngineError::BadParams(format!("{node}: the agent did not say what it injected"))),
+        }
+    }
+}

@@ -63,6 +63,13 @@ impl Engine {
         // can run on its target; it earns no cooldown.
         let mut ended = Vec::new();
         if mode == crate::modes::FleetMode::Act {
+            // A fault only shadow runs answered is still pending: offered
+            // at the next reading, not after the pause a real run earns.
+            let mut m = crate::core::lock(&self.core.repair);
+            m.ran.clear();
+            m.tried.clear();
+        }
+        if mode == crate::modes::FleetMode::Act {
             let shadow_runs: Vec<String> = {
                 let t = self.core.table();
                 t.runs

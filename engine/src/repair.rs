@@ -213,8 +213,10 @@ impl Engine {
         // A runbook in shadow answers a fault once: its dry run changes
         // nothing, so the fault stays pending, and offering it again every
         // cooldown would report one fault as many.
-        let shadow_key = (self.runbook_mode(&rb.manifest.name) == crate::manifest::Mode::Shadow)
-            .then(|| (name.clone(), gpu, fault.seen_ms, rb.manifest.name.clone()));
+        // (The runbook in shadow, or the whole fleet.)
+        let shadow = self.runbook_mode(&rb.manifest.name) == crate::manifest::Mode::Shadow
+            || self.fleet_mode().0 == crate::modes::FleetMode::Shadow;
+        let shadow_key = shadow.then(|| (name.clone(), gpu, fault.seen_ms, rb.manifest.name.clone()));
         if let Some(k) = &shadow_key
             && crate::core::lock(&self.core.repair).shadowed.contains(k)
         {

@@ -428,3 +428,38 @@ async fn a_repair_drain_of_a_broken_gpu_is_not_undone_by_a_plain_release() {
     f.step().await.unwrap();
     assert!(!drained(&f).await);
 }
+
+/// Issue 43 (a first deployment walked end to end): with the whole fleet
+/// in shadow, a DBE gets one shadow run — not one every retry pause, which
+/// would report one fault as many — and nothing is drained; the moment an
+/// admin puts the fleet in act, the still-pending fault is offered again at
+/// the next reading (not after the quarter-hour a real run's retry waits)
+/// and drained for repair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_seen_in_shadow_is_acted_on_once_the_fleet_goes_to_act() {
+    use nightshift_engine::modes::FleetMode;
+    let dir = scratch_dir().unwrap();
+    let rb = tempfile::tempdir().unwrap();
+    let f = fleet(dir.path(), rb.path()).await;
+    let mut n = 0;
+    f.engine.set_fleet_mode(FleetMode::Shadow, "user:admin", "first week").await.unwrap();
+    f.run_for(30).await.unwrap();
+    inject(&f, &mut n, SimFault::EccDbe { gpu: GPU, count: 1 }).await;
+    f.run_for(3_600).await.unwrap();
+    let runs = |f: &SimFleet| f.engine.runs(&Default::default()).unwrap().runs;
+    let shadow: Vec<_> = runs(&f).into_iter().filter(|r| r.runbook == "ecc-dbe-drain").collect();
+    assert_eq!(shadow.len(), 1, "one shadow run for one fault in an hour: {shadow:#?}");
+    assert!(shadow[0].shadow);
+    assert_eq!(state(&f), HealthState::Faulted, "a shadow run changes nothing");
+    assert!(!drained(&f).await);
+    f.engine.set_fleet_mode(FleetMode::Act, "user:admin", "shadow report reviewed").await.unwrap();
+    let mut secs = 0;
+    while state(&f) != HealthState::AwaitingRepair && secs < 60 {
+        f.step().await.unwrap();
+        secs += 1;
+    }
+    assert_eq!(state(&f), HealthState::AwaitingRepair, "acted on within a minute of the switch");
+    assert!(drained(&f).await);
+    let real: Vec<_> = runs(&f).into_iter().filter(|r| r.runbook == "ecc-dbe-drain" && !r.shadow).collect();
+    assert_eq!(real.len(), 1, "{real:#?}");
+}

@@ -59,12 +59,33 @@ impl Lab {
 
     /// A documented line with this lab's port and token.
     fn expand(&self, line: &str) -> Vec<String> {
-        line.replace("http://127.0.0.1:8080", &format!("http://{}", self.web))
+        let line = line
+            .replace("http://127.0.0.1:8080", &format!("http://{}", self.web))
             .replace("$TOKEN", &self.token)
-            .replace("$BOB", &self.bob)
-            .split_whitespace()
-            .map(str::to_string)
-            .collect()
+            .replace("$BOB", &self.bob);
+        // Words as a shell splits them: a "quoted reason" is one.
+        let mut words = Vec::new();
+        let mut word = String::new();
+        let (mut quoted, mut any) = (false, false);
+        for c in line.chars() {
+            match c {
+                '"' => (quoted, any) = (!quoted, true),
+                c if c.is_whitespace() && !quoted => {
+                    if any {
+                        words.push(std::mem::take(&mut word));
+                    }
+                    any = false;
+                }
+                c => {
+                    word.push(c);
+                    any = true;
+                }
+            }
+        }
+        if any {
+            words.push(word);
+        }
+        words
     }
 
     fn command(&self, argv: &[String]) -> Command {
@@ -114,7 +135,8 @@ fn zero_to_two_nodes_as_documented() {
     copy_dir(&repo.join("runbooks"), &tmp.path().join("lab/runbooks"));
     let dir = tmp.path().join("lab/examples");
     copy_dir(&repo.join("examples"), &dir);
-    let (a1, a2, web) = (
+    let (a1, a2, web, am) = (
+        format!("127.0.0.1:{}", free_port()),
         format!("127.0.0.1:{}", free_port()),
         format!("127.0.0.1:{}", free_port()),
         format!("127.0.0.1:{}", free_port()),
@@ -123,7 +145,7 @@ fn zero_to_two_nodes_as_documented() {
     // The only change to the examples: free ports.
     lab.edit("agent.yaml", |t| t.replace("127.0.0.1:2222", &a1));
     lab.edit("fleet.yaml", |t| t.replace("127.0.0.1:2222", &a1).replace("127.0.0.1:2223", &a2));
-    lab.edit("engine.yaml", |t| t.replace("127.0.0.1:8080", &web));
+    lab.edit("engine.yaml", |t| t.replace("127.0.0.1:8080", &web).replace("127.0.0.1:9093", &am));
 
     // 1. The engine's key, trusted by the agents.
     lab.run("nightshift keygen --out state/engine/engine_key");
@@ -147,7 +169,7 @@ fn zero_to_two_nodes_as_documented() {
     }
 
     // 4. A token, its hash under auth.tokens.
-    let out = lab.run("nightshift token --name alice --role operator");
+    let out = lab.run("nightshift token --name alice --role admin");
     lab.token = out.split_whitespace().find(|w| w.starts_with("ns_")).expect("a token").to_string();
     let line = out.lines().find(|l| l.trim_start().starts_with("- {name: alice")).expect("the config line");
     let entry = line.trim_start().trim_start_matches("- ").to_string();
@@ -212,10 +234,101 @@ fn zero_to_two_nodes_as_documented() {
     let reload = export.lines().find(|l| l.contains("\"config_reloaded\"")).expect("a config_reloaded record");
     assert!(reload.contains("\"tokens_added\":[\"bob\"]") && reload.contains("signal:SIGHUP"), "{reload}");
 
+    // 8. The site's Alertmanager, with the shipped routes.
+    let Some(am_bin) = nightshift_tests::external::require("prometheus-alertmanager", "prometheus-alertmanager") else {
+        return;
+    };
+    let am_cluster = format!("127.0.0.1:{}", free_port());
+    let documented_am = "prometheus-alertmanager --config.file=alertmanager.yml --storage.path=state/alertmanager --web.listen-address=127.0.0.1:9093";
+    assert!(DOC.contains(documented_am), "docs/OPERATIONS.md step 8 changed");
+    let mut argv: Vec<String> =
+        documented_am.replace("127.0.0.1:9093", &am).split_whitespace().map(str::to_string).collect();
+    argv[0] = am_bin.display().to_string();
+    argv.push(format!("--cluster.listen-address={am_cluster}"));
+    let alertmanager = Daemon::start_in(&argv, &lab.dir.join("alertmanager.log"), &lab.dir);
+    wait_tcp(&am, &alertmanager);
+
+    // 9. Shadow: a simulated DBE is answered by a shadow run, nothing drained.
+    let out = lab.run("nightshift --server http://127.0.0.1:8080 --token $TOKEN fleet mode");
+    assert!(out.contains("the fleet is in shadow mode"), "{out}");
+    let out = lab
+        .run("nightshift --server http://127.0.0.1:8080 --token $TOKEN agents sim-fault gpu-node-01 ecc-dbe --gpu 3");
+    assert!(out.contains("injected"), "{out}");
+    let end = Instant::now() + Duration::from_secs(60);
+    let report = loop {
+        let out = lab
+            .command(&lab.expand(
+                "nightshift --server http://127.0.0.1:8080 --token $TOKEN runbooks shadow-report ecc-dbe-drain",
+            ))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() && text.contains("gpu-node-01") && text.contains("drain") {
+            break text;
+        }
+        assert!(Instant::now() < end, "no shadow run for the DBE:\n{text}\n{}", engine.log_text());
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    lab.run("nightshift --server http://127.0.0.1:8080 --token $TOKEN runbooks shadow-report ecc-dbe-drain");
+    let agents = lab
+        .command(&lab.expand("nightshift --server http://127.0.0.1:8080 --token $TOKEN agents list"))
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&agents.stdout).contains("drained"), "shadow drains nothing: {report}");
+
+    // 10. Act: the real run drains and the notice reaches Alertmanager.
+    let out = lab.run(
+        "nightshift --server http://127.0.0.1:8080 --token $TOKEN fleet mode act --reason \"shadow report reviewed\"",
+    );
+    assert!(out.contains("the fleet is in act mode"), "{out}");
+    let end = Instant::now() + Duration::from_secs(90);
+    let page = loop {
+        let alerts = get_json(&am, "/api/v2/alerts");
+        let found =
+            alerts.as_array().into_iter().flatten().find(|a| {
+                a["labels"]["alertname"] == "NightshiftNotification" && a["labels"]["Hostname"] == "gpu-node-01"
+            });
+        if let Some(a) = found {
+            break a.clone();
+        }
+        assert!(
+            Instant::now() < end,
+            "no notice reached Alertmanager: {alerts}\nengine log:\n{}\nalertmanager log:\n{}",
+            engine.log_text(),
+            alertmanager.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let text = page.to_string();
+    assert!(text.contains(&format!("http://{web}/runs/r")), "the page links its run: {page}");
+    let out = lab.run("nightshift --server http://127.0.0.1:8080 --token $TOKEN runs list --outcome needs_person");
+    assert!(out.contains("ecc-dbe-drain") && out.contains("gpu-node-01"), "{out}");
+    let agents = lab
+        .command(&lab.expand("nightshift --server http://127.0.0.1:8080 --token $TOKEN agents list"))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&agents.stdout).contains("drained"), "{}", String::from_utf8_lossy(&agents.stdout));
+
     eprintln!("walkthrough took {:?}", t0.elapsed());
     // The document and this test ran the same commands.
     assert_eq!(lab.ran, documented_commands(), "docs/OPERATIONS.md's walkthrough and this test differ");
-    drop((engine, agent1, agent2));
+    drop((engine, agent1, agent2, alertmanager));
+}
+
+/// `GET path` from `addr` (HTTP/1.0: the answer ends with the connection),
+/// its body as JSON (null when it does not answer or is not JSON).
+fn get_json(addr: &str, path: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return serde_json::Value::Null };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: application/json\r\n\r\n").as_bytes())
+        .is_err()
+    {
+        return serde_json::Value::Null;
+    }
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.split_once("\r\n\r\n").and_then(|(_, body)| serde_json::from_str(body).ok()).unwrap_or(serde_json::Value::Null)
 }
 
 /// `ReadWritePaths=` of a unit file, in order, `-` prefixes kept.

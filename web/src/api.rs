@@ -692,6 +692,19 @@ pub async fn agent_inventory(
     }
 }
 
+/// Tell a `sim` agent's simulated hardware a fault (admin; a lab's way to
+/// try the stack: `{"kind": "ecc_dbe", "gpu": 3, "count": 1}`); audited as
+/// a note under who injected it; an agent on real hardware refuses.
+pub async fn agent_sim_fault(
+    State(s): State<AppState>,
+    Admin(id): Admin,
+    Path(name): Path<String>,
+    ApiJson(fault): ApiJson<nightshift_proto::SimFault>,
+) -> Result<Response, ApiError> {
+    let v = s.engine.simulate_fault(&name, &id.actor(), fault).await?;
+    Ok(Json(json!({"node": name, "injected": v})).into_response())
+}
+
 /// What is held on a node: each setting's baseline, what is in effect and
 /// the holds behind it (owner, value, lease), straight from its agent.
 pub async fn agent_holds(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {

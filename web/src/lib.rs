@@ -188,6 +188,7 @@ pub fn router(engine: Engine) -> Router {
         .route("/api/v1/agents/{name}/health-check", post(api::agent_health_check))
         .route("/api/v1/agents/{name}/ping", get(api::agent_ping))
         .route("/api/v1/agents/{name}/inventory", get(api::agent_inventory))
+        .route("/api/v1/agents/{name}/sim-fault", post(api::agent_sim_fault))
         .route("/api/v1/agents/{name}/holds", get(api::agent_holds))
         .route("/api/v1/runbooks", get(api::runbooks))
         .route("/api/v1/runbooks/reload", post(api::reload))

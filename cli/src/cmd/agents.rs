@@ -3,10 +3,11 @@
 
 use anyhow::Result;
 use nightshift_proto::SettingView;
+use serde_json::json;
 
 use crate::args::AgentsCmd;
 use crate::conn::Conn;
-use crate::out::Out;
+use crate::out::{Out, clean};
 
 pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
     match cmd {
@@ -211,6 +212,31 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
                 }
             }
             out.table(&["SETTING", "HOLD", "OWNER", "LEASE", "IN EFFECT", "BASELINE", "ID"], &rows);
+            Ok(0)
+        }
+        AgentsCmd::SimFault { node, kind, gpu, count, code } => {
+            let mut fault = json!({"kind": kind.replace('-', "_")});
+            if let Some(g) = gpu {
+                fault["gpu"] = json!(g);
+            }
+            match (kind.as_str(), count) {
+                (_, Some(c)) => fault["count"] = json!(c),
+                ("ecc-dbe" | "ecc_dbe", None) => fault["count"] = json!(1),
+                _ => {}
+            }
+            if let Some(c) = code {
+                fault["code"] = json!(c);
+            }
+            let v = c.sim_fault(node, &fault).await?;
+            if out.json {
+                outln!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(0);
+            }
+            outln!(
+                "{}: injected {} (simulated hardware; audited under your name)",
+                clean(node),
+                clean(&v["injected"].to_string())
+            );
             Ok(0)
         }
         AgentsCmd::Inventory { node } => {
