@@ -344,9 +344,10 @@ fn the_ansible_playbook_parses_and_writes_a_valid_agent_config() {
 /// Issue 43 point 8: `ansible-playbook --check` of `agents.yml` on a fresh
 /// node (this machine over a local connection, its paths in a scratch
 /// folder: no agent binary, no unit, no config) passes and changes nothing,
-/// saying what it would install and start; the same in --check with the
-/// agent "installed" (a binary at nightshift_agent_bin) runs the check of
-/// the config it would keep.
+/// saying what it would install and start; then a real run on the same
+/// loopback node, with the agent installed by other means, writes and
+/// checks its config and pins its host key, and a second run changes
+/// nothing.
 #[test]
 fn the_playbook_passes_check_mode_on_a_fresh_node() {
     let Some(playbook) = require("ansible-playbook", "ansible-core") else { return };
@@ -394,4 +395,55 @@ fn the_playbook_passes_check_mode_on_a_fresh_node() {
     for p in ["etc", "state", "fingerprints"] {
         assert!(!dir.path().join(p).exists(), "--check wrote {p}:\n{text}");
     }
+
+    // A real run on loopback, the agent installed by other means (no apt,
+    // no service here): configs written, checked by the real binary, the
+    // host key made once and its fingerprint kept beside the play; a
+    // second run changes nothing.
+    let bins = workspace_bin_dir();
+    let agent = bins.join("nightshift-agent");
+    let k = Command::new(&agent).args(["keygen", "--out"]).arg(dir.path().join("engine_key")).output().unwrap();
+    assert!(k.status.success(), "{k:?}");
+    std::fs::write(dir.path().join("nccl.conf"), "").unwrap();
+    let real = |extra: &[String]| {
+        let mut cmd = Command::new(&playbook);
+        cmd.args(["-i"])
+            .arg(dir.path().join("inventory.ini"))
+            .arg(root.join("agents.yml"))
+            .env("ANSIBLE_LOCALHOST_WARNING", "false")
+            .env("ANSIBLE_NOCOLOR", "1");
+        for v in [
+            "nightshift_agent_deb=".to_string(),
+            format!("nightshift_engine_keys_file={d}/engine_key.pub"),
+            format!("nightshift_config_dir={d}/etc"),
+            format!("nightshift_state_dir={d}/state"),
+            format!("nightshift_fingerprints_dir={d}/fingerprints"),
+            format!("nightshift_agent_bin={}", agent.display()),
+            format!("nightshift_nccl_conf={d}/nccl.conf"),
+            format!("nightshift_drop_caches_path={d}/drop_caches"),
+            "nightshift_backend=sim".into(),
+            "nightshift_manage_service=false".into(),
+            "ansible_become=false".into(),
+            "ansible_python_interpreter=/usr/bin/python3".into(),
+        ]
+        .iter()
+        .chain(extra)
+        {
+            cmd.args(["-e", v]);
+        }
+        let o = cmd.output().unwrap();
+        (o.status.success(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    };
+    let (ok, text) = real(&[]);
+    assert!(ok, "a real run:\n{text}");
+    let fp = std::fs::read_to_string(dir.path().join("fingerprints/gpu-a01")).unwrap();
+    assert!(fp.starts_with("SHA256:"), "{fp}");
+    let o = Command::new(&agent)
+        .args(["check-config", "--config"])
+        .arg(dir.path().join("etc/agent.yaml"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let (ok, text) = real(&[]);
+    assert!(ok && text.contains("changed=0"), "the second run changes nothing:\n{text}");
 }
