@@ -274,6 +274,38 @@ async fn sticky_drains_wait_for_a_person_and_persons_drains_are_never_undone() {
     assert_eq!(t.node_metrics.drain_reason.as_deref(), Some("fan swap by dave"));
 }
 
+/// Issue 42 point 5: a GPU out for a fault has no lease — it does not come
+/// back a day later, nor with a person's resume of the node, nor with its
+/// run's end; a person (or its owner after a passing health check, for a
+/// repair) ends it; it survives an agent restart.
+#[tokio::test]
+async fn a_gpu_out_for_a_fault_stays_out_until_a_person_or_its_repair_ends_it() {
+    let mut n = Node::new("h100-sxm");
+    let gpu_drain = |sticky, repair, drained| Op::SetGpuDrain(SetGpuDrainArgs { gpu: 1, drained, sticky, repair });
+    let r = n.call("r1", gpu_drain(true, false, true), Some(60)).await;
+    assert_eq!(r.code(), Some(ErrorCode::BadRequest), "a sticky GPU drain with a lease is refused: {r:?}");
+    let r = n.call("r1", gpu_drain(true, true, false), None).await;
+    assert_eq!(r.code(), Some(ErrorCode::BadRequest), "a sticky undrain means nothing: {r:?}");
+    let v = n.ok("r1", gpu_drain(true, false, true), None).await;
+    assert!(v["hold"]["expires_at_ms"].is_null(), "sticky: no lease: {v}");
+    let gpu_out = |t: &Telemetry| t.gpus[1].gpu_drained;
+    // Two days, a restart, the run's own release, a person's resume of the
+    // node: still out.
+    n.advance(2 * 86_400).await;
+    n.restart();
+    assert!(gpu_out(&n.agent.telemetry().await.unwrap()), "out after two days and a restart");
+    let r: ReleaseResult = serde_json::from_value(n.ok("r1", release_owner("r1"), None).await).unwrap();
+    assert!(r.released.is_empty(), "{r:?}");
+    n.ok("sim", Op::SimFault(SimFault::PersonDrain { reason: "dave".into() }), None).await;
+    n.ok("sim", Op::SimFault(SimFault::PersonResume {}), None).await;
+    assert!(gpu_out(&n.agent.telemetry().await.unwrap()), "a person's resume of the node leaves the GPU out");
+    let id = n.held().iter().find(|h| h.setting == Setting::GpuDrain { gpu: 1 }).unwrap().holds[0].id.clone();
+    let r = n.call("r1", Op::Release(ReleaseArgs { hold: Some(id.clone()), ..Default::default() }), None).await;
+    assert_eq!(r.code(), Some(ErrorCode::NotOwner), "an RMA's GPU drain is a person's to end: {r:?}");
+    n.ok("person:dave", Op::Release(ReleaseArgs { hold: Some(id), ..Default::default() }), None).await;
+    assert!(!gpu_out(&n.agent.telemetry().await.unwrap()));
+}
+
 #[tokio::test]
 async fn a_config_baseline_marked_bad_is_never_restored() {
     let mut n = Node::new("h100-sxm");

@@ -283,6 +283,10 @@ pub struct Check {
     pub above: Option<f64>,
     #[serde(default)]
     pub drained: Option<bool>,
+    /// The GPU's own drain state (NVML's; `gpu` required): the scheduler
+    /// places nothing on it, whatever the node's drain.
+    #[serde(default)]
+    pub gpu_drained: Option<bool>,
     /// `nightshift` or `person`.
     #[serde(default)]
     pub drained_by: Option<String>,
@@ -523,6 +527,7 @@ impl Scenario {
             let conditions = [
                 c.metric.is_some(),
                 c.drained.is_some(),
+                c.gpu_drained.is_some(),
                 c.drained_by.is_some(),
                 c.power_limit_watts.is_some(),
                 c.annotation.is_some(),
@@ -532,6 +537,9 @@ impl Scenario {
                 c.marked.is_some(),
                 c.powered.is_some(),
             ];
+            if c.gpu_drained.is_some() && c.gpu.is_none() {
+                return Err(err(&c.node, format!("check on {}: gpu_drained needs gpu: N, found none", c.node)));
+            }
             if !conditions.iter().any(|b| *b) {
                 return Err(err(&c.node, format!("check on {}: expected a condition to check, found none", c.node)));
             }
@@ -716,6 +724,13 @@ async fn check(sim: &SimFleet, c: &Check) -> Vec<String> {
             "{when}: {} drained is {}, expected {d} (reason {:?})",
             c.node, t.node_metrics.drained, t.node_metrics.drain_reason
         ));
+    }
+    if let Some(d) = c.gpu_drained {
+        let g = c.gpu.unwrap_or(0) as usize;
+        let got = t.gpus.get(g).map(|x| x.gpu_drained);
+        if got != Some(d) {
+            out.push(format!("{when}: {}/gpu{g} GPU drain is {got:?}, expected {d}", c.node));
+        }
     }
     if let Some(by) = &c.drained_by {
         let ours = owned_by_nightshift(t.node_metrics.drain_reason.as_deref());

@@ -64,7 +64,7 @@ async fn every_op_in_dry_run_and_for_real() {
         Op::SetClocks(SetClocksArgs { gpu: 1, min_mhz: 900, max_mhz: 1500 }),
         Op::ResetClocks(GpuArgs { gpu: 1 }),
         Op::ClearEcc(GpuArgs { gpu: 1 }),
-        Op::SetGpuDrain(SetGpuDrainArgs { gpu: 1, drained: true }),
+        Op::SetGpuDrain(SetGpuDrainArgs { gpu: 1, drained: true, sticky: false, repair: false }),
         Op::Drain(DrainArgs { reason: "test drain".into(), run: Some("run-1".into()), sticky: false, repair: false }),
         Op::Resume(ResumeArgs { run: Some("run-1".into()) }),
         // The page cache only when asked (the default leaves it alone).
@@ -317,7 +317,7 @@ async fn envelope_holds_over_ssh() {
         Op::ResetFan(GpuArgs { gpu: 0 }),
         Op::SetClocks(SetClocksArgs { gpu: 0, min_mhz: 500, max_mhz: 1000 }),
         Op::ClearEcc(GpuArgs { gpu: 0 }),
-        Op::SetGpuDrain(SetGpuDrainArgs { gpu: 0, drained: true }),
+        Op::SetGpuDrain(SetGpuDrainArgs { gpu: 0, drained: true, sticky: false, repair: false }),
         Op::Drain(DrainArgs { reason: "x".into(), run: None, sticky: false, repair: false }),
         Op::Resume(ResumeArgs::default()),
         Op::FlushCaches(FlushCachesArgs::default()),

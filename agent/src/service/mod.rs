@@ -899,8 +899,8 @@ impl Agent {
     /// within the policy bounds; `None` for a sticky hold.
     fn lease_for(&self, req: &Request, p: &Placement, now: i64) -> Result<Option<i64>, Refusal> {
         if p.sticky {
-            if !matches!(p.setting, Setting::NodeDrain {}) {
-                return Err((ErrorCode::BadRequest, "only a node drain may be sticky".into()));
+            if !matches!(p.setting, Setting::NodeDrain {} | Setting::GpuDrain { .. }) {
+                return Err((ErrorCode::BadRequest, "only a node or GPU drain may be sticky".into()));
             }
             if req.revert_after_secs.is_some() {
                 return Err((

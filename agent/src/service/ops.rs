@@ -139,8 +139,28 @@ impl Agent {
                     .holds()
                     .hold_of(&setting, owner)
                     .is_some_and(|h| h.value == HoldValue::GpuDrain { drained: true });
+                if a.sticky && !a.drained {
+                    return Err((
+                        ErrorCode::BadRequest,
+                        "a sticky GPU drain takes the GPU out: expected drained: true, found false".into(),
+                    ));
+                }
                 if !a.drained && own_drain {
                     self.release_own(setting, owner, HoldValue::GpuDrain { drained: false })
+                } else if a.sticky {
+                    Intent::Place(Placement {
+                        setting,
+                        value: HoldValue::GpuDrain { drained: true },
+                        reason: if a.repair {
+                            "GPU drain for a repair".into()
+                        } else {
+                            "GPU drain until a person ends it".into()
+                        },
+                        sticky: true,
+                        repair: a.repair,
+                        kind: ActionKind::GpuDrain,
+                        content: None,
+                    })
                 } else {
                     place(
                         setting,

@@ -85,10 +85,8 @@ impl Host {
                 return Err(refused("skipped", &why));
             }
         }
-        if let Op::Drain(a) = op
-            && a.sticky
-            && !m.sticky_drain
-        {
+        let sticky = matches!(op, Op::Drain(a) if a.sticky) || matches!(op, Op::SetGpuDrain(a) if a.sticky);
+        if sticky && !m.sticky_drain {
             return Err(self.refuse(
                 ctx,
                 node,

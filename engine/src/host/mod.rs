@@ -54,11 +54,11 @@ fn places_hold(op: &Op) -> bool {
         Op::SetPowerLimit(_)
             | Op::SetFanCurve(_)
             | Op::SetClocks(_)
-            | Op::SetGpuDrain(_)
             | Op::Resume(_)
             | Op::ConfigApply(_)
             | Op::ConfigRollback(_)
     ) || matches!(op, Op::Drain(a) if !a.sticky)
+        || matches!(op, Op::SetGpuDrain(a) if !a.sticky)
 }
 
 fn gpu_of(op: &Op) -> Option<u32> {

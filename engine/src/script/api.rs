@@ -282,7 +282,17 @@ pub(super) fn register(e: &mut Engine) {
     e.register_fn("reset_clocks", || act(None, Op::ResetClocks(GpuArgs { gpu: ctx()?.gpu()? })));
     e.register_fn("clear_ecc", || act(None, Op::ClearEcc(GpuArgs { gpu: ctx()?.gpu()? })));
     e.register_fn("set_gpu_drain", |drained: bool| {
-        act(None, Op::SetGpuDrain(SetGpuDrainArgs { gpu: ctx()?.gpu()?, drained }))
+        act(None, Op::SetGpuDrain(SetGpuDrainArgs { gpu: ctx()?.gpu()?, drained, sticky: false, repair: false }))
+    });
+    // The target GPU out for a fault, with no lease: its repair (a passing
+    // health check, the repair lifecycle) or a person ends it — never a
+    // timer, never a person's resume of the node alone.
+    e.register_fn("drain_gpu_repair", || {
+        act(None, Op::SetGpuDrain(SetGpuDrainArgs { gpu: ctx()?.gpu()?, drained: true, sticky: true, repair: true }))
+    });
+    // The same for an RMA: only a person ends it.
+    e.register_fn("drain_gpu_sticky", || {
+        act(None, Op::SetGpuDrain(SetGpuDrainArgs { gpu: ctx()?.gpu()?, drained: true, sticky: true, repair: false }))
     });
 
     // Node actions.

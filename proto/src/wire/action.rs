@@ -93,6 +93,14 @@ pub struct SetClocksArgs {
 pub struct SetGpuDrainArgs {
     pub gpu: u32,
     pub drained: bool,
+    /// No lease: a GPU out for a fault stays out until the repair
+    /// lifecycle (or a person) ends it — never on a timer (invariant 13).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sticky: bool,
+    /// A sticky drain its owner may end after a passing health check (a
+    /// repair); without it only a person does (an RMA).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub repair: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
