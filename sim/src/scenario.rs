@@ -73,6 +73,13 @@ pub struct Scenario {
     pub params: std::collections::BTreeMap<String, std::collections::BTreeMap<String, serde_yaml::Value>>,
     #[serde(default)]
     pub expect: Expect,
+    /// Why this scenario still passes when its runbooks' scripts do nothing
+    /// (a trigger test, or a negative one: "nothing happens" is the point).
+    /// The no-op check (`sim/tests/handbook.rs`) runs every scenario with
+    /// empty scripts: one that passes so must say why here, or it proves
+    /// nothing about its runbook.
+    #[serde(default)]
+    pub passes_with_a_no_op: Option<String>,
 }
 
 fn d_tick() -> u64 {
@@ -199,6 +206,11 @@ pub struct Expect {
     /// Text each of which some notification or escalation must contain.
     #[serde(default)]
     pub texts: Vec<String>,
+    /// Text each of which some note of a run must contain: what a runbook
+    /// decided when it decided to do nothing (a scenario that asserts only
+    /// silence passes with a no-op script too).
+    #[serde(default)]
+    pub notes: Vec<String>,
     /// Record kinds that must not appear (e.g. `approval_requested`).
     #[serde(default)]
     pub never_records: Vec<RecordKind>,
@@ -893,6 +905,14 @@ pub async fn run(path: &Path, runbook_dir: &Path) -> Result<ScenarioReport, Scen
     run_traced(path, runbook_dir, None).await
 }
 
+/// Run one scenario with every runbook's script replaced by one that does
+/// nothing (the triggers, manifests and admission as they are): a scenario
+/// that still passes tests its trigger, or that nothing happens — not what
+/// its runbook does.
+pub async fn run_no_op(path: &Path, runbook_dir: &Path) -> Result<ScenarioReport, ScenarioError> {
+    run_with(path, runbook_dir, None, true).await
+}
+
 /// One line of the fleet's state at `t` seconds.
 async fn trace_line(sim: &SimFleet, t: u64) -> String {
     let mut parts = vec![format!("{t:>6}s")];
@@ -930,11 +950,27 @@ pub async fn run_traced(
     runbook_dir: &Path,
     trace_every_secs: Option<u64>,
 ) -> Result<ScenarioReport, ScenarioError> {
+    run_with(path, runbook_dir, trace_every_secs, false).await
+}
+
+async fn run_with(
+    path: &Path,
+    runbook_dir: &Path,
+    trace_every_secs: Option<u64>,
+    no_op: bool,
+) -> Result<ScenarioReport, ScenarioError> {
     let scenario = Scenario::load(path)?;
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let (mut set, script) = load_runbooks(runbook_dir);
     if let Some(e) = set.errors.first() {
         return Err(ScenarioError::Setup(format!("runbooks do not load: {e}")));
+    }
+    if no_op {
+        let empty = script.compile("").map_err(|e| ScenarioError::Setup(e.to_string()))?;
+        for r in &mut set.runbooks {
+            r.ast = Arc::new(empty.clone());
+            r.script_source = String::new();
+        }
     }
     // Every runbook the scenario names must exist: a misspelt one would
     // make its expectations pass on nothing.
@@ -1221,6 +1257,14 @@ pub async fn run_traced(
         });
         if !said {
             failures.push(format!("expected a notification or escalation saying {t:?}, found none"));
+        }
+    }
+    for t in &scenario.expect.notes {
+        let noted = records
+            .iter()
+            .any(|r| r.kind == RecordKind::Note && r.data["text"].as_str().is_some_and(|x| x.contains(t.as_str())));
+        if !noted {
+            failures.push(format!("expected a note saying {t:?}, found none"));
         }
     }
     // A scenario proves nothing about a runbook that never looked: each

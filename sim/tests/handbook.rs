@@ -287,3 +287,37 @@ fn every_workload_row_scenario_counts_its_notifications() {
         assert!(long_or_restart, "{rb}: no night-long or engine-restart scenario");
     }
 }
+
+/// Issue 42 point 12: the no-op check. Every scenario runs again with its
+/// runbooks' scripts replaced by ones that do nothing; a scenario that
+/// still passes proves nothing about what its runbook does, so it must say
+/// why (`passes_with_a_no_op`: a trigger test, or one whose point is that
+/// nothing happens) — and one that says so must still pass that way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scenario_that_passes_with_a_no_op_script_says_why() {
+    use nightshift_sim::scenario::{Scenario, run_no_op};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
+    let files = scenario_files(&root.join("scenarios"));
+    let (mut undeclared, mut stale, mut declared) = (Vec::new(), Vec::new(), 0);
+    for f in &files {
+        let s = Scenario::load(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let r = run_no_op(f, &root).await.unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        match (r.passed, &s.passes_with_a_no_op) {
+            (true, None) => undeclared.push(s.name.clone()),
+            (false, Some(_)) => stale.push(format!("{}: {}", s.name, r.failures.join("; "))),
+            (true, Some(_)) => declared += 1,
+            (false, None) => {}
+        }
+    }
+    eprintln!("{} scenarios; {declared} pass with a no-op script and say why", files.len());
+    assert!(
+        undeclared.is_empty(),
+        "these pass with every script a no-op: say why in `passes_with_a_no_op`, or make them assert what the runbook does:\n{}",
+        undeclared.join("\n")
+    );
+    assert!(
+        stale.is_empty(),
+        "these say they pass with a no-op but fail so: drop `passes_with_a_no_op`:\n{}",
+        stale.join("\n")
+    );
+}
