@@ -321,3 +321,31 @@ async fn a_scenario_that_passes_with_a_no_op_script_says_why() {
         stale.join("\n")
     );
 }
+
+/// Issue 42 point 11: the shipped `GpuXidFatal` rule pages on every XID the
+/// health model's table calls a fault — 48 aside, which `GpuEccDoubleBit`
+/// pages on (one page for a DBE, not two) — and on nothing else.
+#[test]
+fn the_fatal_xid_rule_covers_every_fault_of_the_xid_table() {
+    let rules = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/prometheus-rules.yml"))
+        .unwrap();
+    let expr = rules
+        .split("alert: GpuXidFatal")
+        .nth(1)
+        .and_then(|rest| rest.lines().find_map(|l| l.trim().strip_prefix("expr:")))
+        .expect("the GpuXidFatal rule and its expr");
+    let mut in_rule: Vec<u32> = expr
+        .split(" or ")
+        .map(|term| {
+            let code = term.trim().strip_prefix("DCGM_FI_DEV_XID_ERRORS == ").unwrap_or_else(|| panic!("{term:?}"));
+            code.trim().parse().unwrap_or_else(|_| panic!("{term:?}"))
+        })
+        .collect();
+    in_rule.sort();
+    let faults: Vec<u32> = nightshift_engine::health::XID_TABLE
+        .iter()
+        .map(|x| x.code)
+        .filter(|c| nightshift_engine::health::xid_is_fault(*c) && *c != 48)
+        .collect();
+    assert_eq!(in_rule, faults, "GpuXidFatal's codes against the XID table (48 is GpuEccDoubleBit's)");
+}
