@@ -45,6 +45,9 @@ pub struct RepairMemory {
     pub(crate) ran: BTreeMap<(String, u32), i64>,
     /// (node, gpu, fault seen, runbook) a shadow run already answered.
     pub(crate) shadowed: BTreeSet<(String, u32, i64, String)>,
+    /// (node, gpu, fault seen) a person was told was put back in service by
+    /// hand before its repair.
+    pub(crate) resumed_told: BTreeSet<(String, u32, i64)>,
 }
 
 /// Where a GPU stands.

@@ -36,8 +36,13 @@ impl Engine {
             tracing::warn!(node = %t.node, "telemetry from a node not in the inventory");
             return;
         };
-        {
+        let resumed_by_hand = {
             let mut st = node.state();
+            // Out for nightshift (a repair, an RMA) and back in service, and
+            // not by nightshift (it resumes only healthy nodes): a person.
+            let resumed = st.drained
+                && nightshift_proto::owner::owned_by_nightshift(st.drain_reason.as_deref())
+                && !t.node_metrics.drained;
             st.connected = true;
             st.saw_reading(t.ts_ms);
             st.drained = t.node_metrics.drained;
@@ -52,6 +57,10 @@ impl Engine {
                 }
                 st.state_degraded = t.node_metrics.state_degraded.clone();
             }
+            resumed
+        };
+        if resumed_by_hand {
+            self.resumed_before_repair(&node).await;
         }
         if !t.node_metrics.ended_holds.is_empty() {
             self.audit_ended_holds(&t.node, &t.node_metrics.ended_holds).await;

@@ -268,6 +268,46 @@ impl Engine {
         }
     }
 
+    /// A person put `node` back in service (the scheduler's resume) while
+    /// a GPU of it still waits for its repair: the node serves again — their
+    /// call — and the broken GPU stays out (its own drain has no lease).
+    /// Told once per fault, with the fault.
+    pub(crate) async fn resumed_before_repair(&self, node: &Arc<Node>) {
+        if !self.core.acting() {
+            return;
+        }
+        let name = node.spec.name.clone();
+        let broken: Vec<(u32, crate::health::GpuHealth)> = (0..node.state().gpu_count() as u32)
+            .filter_map(|g| self.core.health().get(&name, g).cloned().map(|h| (g, h)))
+            .filter(|(_, h)| matches!(h.state, HealthState::Faulted | HealthState::AwaitingRepair | HealthState::Rma))
+            .collect();
+        for (gpu, h) in broken {
+            let Some(f) = &h.fault else { continue };
+            let fresh = crate::core::lock(&self.core.repair).resumed_told.insert((name.clone(), gpu, f.seen_ms));
+            if !fresh {
+                continue;
+            }
+            let text = format!(
+                "{name} was put back in service by hand while GPU {} is {} ({}): the node takes work again, GPU {} stays out (its own drain ends only with its repair); after the repair: nightshift nodes repaired {name} --gpu {}",
+                gpu,
+                h.state.as_str().replace('_', " "),
+                f.detail,
+                gpu,
+                gpu
+            );
+            tracing::warn!(node = %name, gpu, "resumed by hand before the repair");
+            let rec = self
+                .core
+                .notice_record(RecordKind::Escalation, &text, "escalation", false, false)
+                .node(Some(&name))
+                .gpu(Some(gpu));
+            match self.core.audit.append(rec, None).await {
+                Ok(r) => crate::core::Core::deliver(&self.core, &r),
+                Err(e) => tracing::error!(node = %name, error = %e, "cannot audit a resume before a repair"),
+            }
+        }
+    }
+
     /// Escalate once per fault: the text names the node.
     async fn tell_once(&self, node: &str, gpu: u32, seen_ms: i64, runbook: Option<&str>, text: String) {
         let fresh = crate::core::lock(&self.core.repair).told.insert((node.to_string(), gpu, seen_ms));
