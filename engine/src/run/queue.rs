@@ -591,6 +591,13 @@ impl Engine {
             None if cancelled && (shutting_down || preempted) => "engine".to_string(),
             None => summary.requested_by.clone(),
         };
+        // It looked and found nothing to do (not a repeat of a finding):
+        // what this runbook told about the target is over — recorded before
+        // the run is finished, so whoever sees it finished (a restart right
+        // after, a test) sees the finding over too.
+        if no_op && !repeated && !summary.dry_run {
+            self.clear_findings(&summary).await;
+        }
         self.core
             .record_run_as(
                 RecordKind::RunFinished,
@@ -613,11 +620,6 @@ impl Engine {
                 },
             )
             .await?;
-        // It looked and found nothing to do (not a repeat of a finding):
-        // what this runbook told about the target is over.
-        if no_op && !repeated && !summary.dry_run {
-            self.clear_findings(&summary).await;
-        }
         if undecided_after_resume {
             Box::pin(self.page_undecided_after_resume(
                 &summary,
