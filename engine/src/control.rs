@@ -168,7 +168,7 @@ impl Engine {
             .collect();
         if !unhealthy.is_empty() {
             line["warning"] = json!(format!(
-                "{} GPU(s) of {node} are not healthy in the repair lifecycle (`nightshift agents show {node}`): a new fault drains the node again",
+                "{} GPU(s) of {node} are not healthy in the repair lifecycle (`nightshift agents show {node}`): the node serves again, but a GPU nightshift took out for its fault stays out (its own drain, no lease) until it is repaired (`nightshift nodes repaired {node} --gpu N`: the health check ends it) or an admin forces its release (`nightshift holds release {node} --gpu N --kind gpu_drain --force --reason …`)",
                 unhealthy.len()
             ));
         }
