@@ -65,6 +65,7 @@ impl Engine {
         }
         let why = Some(reason.trim()).filter(|r| !r.is_empty()).unwrap_or("ended by a person");
         self.record_window_end(&w, by, why).await?;
+        self.apply_windows().await;
         Ok(w)
     }
 
@@ -73,7 +74,6 @@ impl Engine {
         self.core.audit.append(NewRecord::typed(RecordKind::Maintenance, by, &payload), None).await?;
         crate::core::lock(&self.core.windows).remove(&w.id);
         tracing::info!(window = %w.id, by, reason = why, "maintenance window ended");
-        self.apply_windows().await;
         Ok(())
     }
 
@@ -112,7 +112,7 @@ impl Engine {
                 w.by,
                 crate::alerts::format_rfc3339_ms(w.ends_ms)
             );
-            if let Err(e) = Box::pin(self.record_window_end(&w, "engine", &why)).await {
+            if let Err(e) = self.record_window_end(&w, "engine", &why).await {
                 tracing::error!(window = %w.id, error = %e, "cannot audit a maintenance window's end: it stays");
             }
         }

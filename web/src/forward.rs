@@ -179,8 +179,8 @@ pub async fn forward_writes(State(s): State<AppState>, req: Request, next: Next)
 /// sends them to sign in), or the leader does not answer with a success —
 /// then the standby answers itself, saying it is one.
 async fn leader_read(s: &AppState, path: &str, headers: &axum::http::HeaderMap) -> Option<Response> {
-    let l = s.engine.ha_status().holder?;
     let status = s.engine.ha_status();
+    let l = status.holder.clone()?;
     if status.role == "leader" || headers.contains_key(FORWARDED_BY) {
         return None;
     }
