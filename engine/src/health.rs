@@ -103,7 +103,8 @@ impl HealthState {
     }
 }
 
-pub use crate::faults::{FaultKind, XID_TABLE, XidAction, XidInfo, xid_info, xid_is_fault};
+pub use crate::faults::FaultKind;
+pub use crate::xid_policy::{XidAction, XidInfo, XidPolicy};
 
 /// What the readings of one GPU say about faults.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -278,11 +279,15 @@ pub struct HealthModel {
     /// the window goes to a person instead of round after round.
     pub max_repairs: usize,
     pub repair_window_ms: i64,
+    /// The XID policy in force (shipped table and site overrides; a reload
+    /// replaces it).
+    pub policy: std::sync::Arc<XidPolicy>,
 }
 
 impl HealthModel {
     pub fn new(max_repairs: usize, repair_window_ms: i64) -> HealthModel {
-        HealthModel { gpus: BTreeMap::new(), max_repairs, repair_window_ms }
+        let policy = std::sync::Arc::new(XidPolicy::shipped().clone());
+        HealthModel { gpus: BTreeMap::new(), max_repairs, repair_window_ms, policy }
     }
 
     pub fn get(&self, node: &str, gpu: u32) -> Option<&GpuHealth> {
@@ -346,7 +351,7 @@ impl HealthModel {
             return None;
         }
         let ack = h.map(|h| h.ack).unwrap_or_default();
-        let fault = fault_in(ev, &ack, now)?;
+        let fault = fault_in(ev, &ack, now, &self.policy)?;
         let why = format!("{}: {}", fault.kind.as_str(), fault.detail);
         Some(Transition {
             node: node.to_string(),
@@ -459,8 +464,9 @@ impl HealthModel {
 }
 
 /// The fault `ev` shows beyond `ack`, worst first: a lost GPU, a failed
-/// remap, new double-bit errors, a new fatal XID, a pending remap.
-pub fn fault_in(ev: &Evidence, ack: &Ack, now: i64) -> Option<Fault> {
+/// remap, new double-bit errors, a new XID `policy` calls a fault, a
+/// pending remap.
+pub fn fault_in(ev: &Evidence, ack: &Ack, now: i64, policy: &XidPolicy) -> Option<Fault> {
     let f = |kind, xid, detail: String| Some(Fault { kind, xid, detail, evidence: *ev, seen_ms: now });
     if ev.lost {
         return f(FaultKind::GpuLost, Some(79), "the GPU does not answer (fallen off the bus)".into());
@@ -475,7 +481,7 @@ pub fn fault_in(ev: &Evidence, ack: &Ack, now: i64) -> Option<Fault> {
             format!("{} double-bit ECC error(s) (acknowledged {})", ev.dbe_total, ack.dbe_total),
         );
     }
-    if let Some(x) = ev.xid_last.filter(|x| xid_is_fault(*x)) {
+    if let Some(x) = ev.xid_last.filter(|x| policy.is_fault(*x)) {
         let new = match (ev.xid_events, ack.xid_events) {
             (Some(now_n), Some(acked)) => now_n > acked,
             (Some(now_n), None) => now_n > 0,
@@ -483,7 +489,7 @@ pub fn fault_in(ev: &Evidence, ack: &Ack, now: i64) -> Option<Fault> {
             (None, _) => ack.xid_last != Some(x),
         };
         if new {
-            let what = xid_info(x).map_or("a fatal XID", |i| i.meaning);
+            let what = policy.info(x).map_or("a fatal XID", |i| i.meaning.as_str());
             return f(FaultKind::Xid, Some(x), format!("XID {x}: {what}"));
         }
     }
@@ -640,19 +646,31 @@ mod tests {
             ),
         ];
         for (name, ev, ack, want) in cases {
-            let got = fault_in(&ev, &ack, 1).map(|f| (f.kind, f.xid));
+            let got = fault_in(&ev, &ack, 1, XidPolicy::shipped()).map(|f| (f.kind, f.xid));
             assert_eq!(got, want, "{name}");
         }
     }
 
+    /// The policy in force decides what an XID is: a site that marks 109
+    /// benign gets no fault from it; the evidence still makes one.
     #[test]
-    fn the_table_has_every_code_the_handbook_names() {
-        for code in [13, 31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154] {
-            assert!(xid_info(code).is_some(), "XID {code}");
+    fn the_policy_in_force_classifies_xids() {
+        let site = XidPolicy::with_overrides(
+            "version: 1\nxids:\n  - { code: 109, action: ignore, reason: benign here }\n  - { code: 79, action: ignore, reason: wrong but allowed }\n",
+            std::path::Path::new("site.yaml"),
+        )
+        .unwrap();
+        let xid = |x| Evidence { xid_last: Some(x), xid_events: Some(1), ..Evidence::default() };
+        let lost = Evidence { lost: true, xid_last: Some(79), ..Evidence::default() };
+        for (name, ev, policy, want) in [
+            ("109, shipped", xid(109), XidPolicy::shipped(), Some((FaultKind::Xid, Some(109)))),
+            ("109, benign here", xid(109), &site, None),
+            ("13 anywhere", xid(13), &site, None),
+            ("a lost GPU whatever 79 says", lost, &site, Some((FaultKind::GpuLost, Some(79)))),
+        ] {
+            let got = fault_in(&ev, &Ack::default(), 1, policy).map(|f| (f.kind, f.xid));
+            assert_eq!(got, want, "{name}");
         }
-        assert_eq!(xid_info(79).unwrap().action, XidAction::RebootNode);
-        assert_eq!(xid_info(64).unwrap().action, XidAction::Rma);
-        assert!(!xid_is_fault(13) && xid_is_fault(95));
     }
 
     #[test]

@@ -57,3 +57,4 @@ pub mod thermal;
 pub mod triggers;
 pub mod views;
 pub mod windows;
+pub mod xid_policy;

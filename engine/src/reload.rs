@@ -1,7 +1,9 @@
-//! Reading fleet.yaml, the tokens and the runbooks again while the engine
-//! runs (SIGHUP, `POST /api/v1/reload`, `nightshift reload`): every file is
-//! read and checked before anything changes, then new and changed nodes get
-//! a node loop, tokens and runbooks are swapped; audited as `config_reloaded`.
+//! Reading fleet.yaml, the tokens, the runbooks and the site's XID policy
+//! overrides again while the engine runs (SIGHUP, `POST /api/v1/reload`,
+//! `nightshift reload`): every file is read and checked before anything
+//! changes, then new and changed nodes get a node loop, tokens, runbooks and
+//! the XID policy are swapped; audited as `config_reloaded`, the policy's
+//! changes row by row.
 
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ use crate::inventory::Inventory;
 use crate::manifest::LoadError;
 use crate::runbook::load_dir;
 use crate::serve::{client_for, node_loop};
+use crate::xid_policy::XidPolicy;
 
 /// What a reload changed.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -34,6 +37,10 @@ pub struct ReloadReport {
     /// engine.yaml settings that differ from the running ones and take
     /// effect only at a restart.
     pub restart_needed: Vec<String>,
+    /// What changed in the XID policy in force, one line per code (`XID
+    /// 109: reset_gpu → ignore (why)`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fault_policy: Vec<String>,
 }
 
 /// Why a reload changed nothing.
@@ -164,6 +171,10 @@ fn reload_files(engine: &Engine, allow_partial: bool) -> Result<ReloadReport, Re
     if !allow_partial && !set.errors.is_empty() {
         return Err(ReloadError::Runbooks { failures: set.errors.iter().map(|e| e.to_string()).collect() });
     }
+    // The overrides named by the engine.yaml now on disk (or the running
+    // one's, when it was not read from a file).
+    let policy_path = new_config.as_ref().map_or(&running.fault_policy_path, |c| &c.fault_policy_path);
+    let policy = XidPolicy::load(policy_path.as_deref())?;
     if let Some(new) = &new_config {
         for (name, a, b) in [
             ("listen_addr", j(&running.listen_addr), j(&new.listen_addr)),
@@ -244,6 +255,7 @@ fn reload_files(engine: &Engine, allow_partial: bool) -> Result<ReloadReport, Re
             engine.core.auth_generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
     }
+    report.fault_policy = engine.put_fault_policy(policy);
     report.runbooks = set.runbooks.len();
     report.runbook_errors = set.errors.iter().map(|e| e.to_string()).collect();
     for e in &set.errors {
@@ -254,6 +266,31 @@ fn reload_files(engine: &Engine, allow_partial: bool) -> Result<ReloadReport, Re
         engine.replace_runbooks(set);
     }
     Ok(report)
+}
+
+impl Engine {
+    /// Read the site's XID policy overrides engine.yaml names (at start:
+    /// a broken file stops the start with file:line:column) and put them in
+    /// force; returns what changed from the policy in force.
+    pub fn load_fault_policy(&self) -> Result<Vec<String>, crate::manifest::LoadError> {
+        let policy = XidPolicy::load(self.config().fault_policy_path.as_deref())?;
+        Ok(self.put_fault_policy(policy))
+    }
+
+    /// Put `policy` in force; what changed, one line per code.
+    pub fn put_fault_policy(&self, policy: Arc<XidPolicy>) -> Vec<String> {
+        let mut h = self.core.health();
+        let changes = policy.changes_from(&h.policy);
+        if *policy != *h.policy {
+            h.policy = policy;
+        }
+        changes
+    }
+
+    /// The XID policy in force.
+    pub fn fault_policy(&self) -> Arc<XidPolicy> {
+        self.core.health().policy.clone()
+    }
 }
 
 /// A setting as JSON, for comparing old and new.

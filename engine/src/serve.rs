@@ -78,6 +78,9 @@ pub async fn start_with_clock(config: EngineConfig, clock: SharedClock) -> Resul
         nodes.push((spec.clone(), addr, client as Arc<dyn AgentTransport>));
     }
     let engine = Engine::new(EngineParts { config: config.clone(), clock, audit, nodes, script, runbooks });
+    for change in engine.load_fault_policy()? {
+        tracing::info!(change = %change, "a site override of the XID policy is in force");
+    }
     *crate::core::lock(&engine.core.agent_clients) = clients.into_iter().collect();
     match engine.core.leadership().cloned() {
         None => activate(&engine).await?,

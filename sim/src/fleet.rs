@@ -135,6 +135,8 @@ pub struct SimFleetOptions {
     pub telemetry: TelemetryConfig,
     /// Where pages go (a test's receiver).
     pub notifications: nightshift_engine::config::NotificationsConfig,
+    /// The site's XID policy overrides (engine.yaml `fault_policy_path`).
+    pub fault_policy_path: Option<PathBuf>,
 }
 
 impl SimNodeSpec {
@@ -180,6 +182,7 @@ impl SimFleetOptions {
             autoscaler: None,
             telemetry: TelemetryConfig::default(),
             notifications: Default::default(),
+            fault_policy_path: None,
         }
     }
 }
@@ -407,6 +410,7 @@ impl SimFleet {
             grafana: opts.grafana.clone(),
             autoscaler: opts.autoscaler.clone(),
             audit: Default::default(),
+            fault_policy_path: opts.fault_policy_path.clone(),
             source_path: None,
         };
         let audit = AuditStore::open(&config.data_dir, shared.clone()).map_err(|e| SimError::Setup(e.to_string()))?;
@@ -418,6 +422,7 @@ impl SimFleet {
             script: opts.script_engine.clone(),
             runbooks: opts.runbooks.clone(),
         });
+        engine.load_fault_policy().map_err(|e| SimError::Setup(e.to_string()))?;
         engine.refresh_inventories().await;
         let rebuild = Rebuild {
             agents: slots,
@@ -485,6 +490,8 @@ impl SimFleet {
             script: self.rebuild.script.clone(),
             runbooks: self.rebuild.runbooks.clone(),
         });
+        // As a real start: the site's XID overrides as they are on disk now.
+        engine.load_fault_policy().map_err(|e| setup(&e))?;
         let old = std::mem::replace(&mut self.engine, engine);
         drop(old);
         // As a real engine starts: it records its start and recovers before

@@ -121,6 +121,11 @@ pub struct Event {
     /// A person does something on `node`, outside nightshift.
     #[serde(default)]
     pub person: Option<PersonAction>,
+    /// A person writes the site's XID policy overrides (this text: the
+    /// file engine.yaml's `fault_policy_path` names, docs/XID.md) and runs
+    /// `nightshift reload`.
+    #[serde(default)]
+    pub xid_overrides: Option<String>,
 }
 
 /// What a person does in a scenario: `person: {action: drain, reason: …}`.
@@ -440,6 +445,7 @@ impl Scenario {
                 e.restart.is_some(),
                 e.hands_off.is_some(),
                 e.person.is_some(),
+                e.xid_overrides.is_some(),
             ]
             .iter()
             .filter(|b| **b)
@@ -448,7 +454,7 @@ impl Scenario {
                 return Err(err(
                     &here,
                     format!(
-                        "timeline at {} s: expected exactly one of fault, config_apply, pool_load, alert, restart, hands_off, person",
+                        "timeline at {} s: expected exactly one of fault, config_apply, pool_load, alert, restart, hands_off, person, xid_overrides",
                         e.at_secs
                     ),
                 ));
@@ -1048,6 +1054,11 @@ async fn run_with(
     let mut opts = SimFleetOptions::new(scenario.fleet.clone(), set, script);
     opts.tick_ms = scenario.tick_secs as i64 * 1000;
     opts.policy = Some(sim_policy());
+    let overrides = dir.path().join("xid-overrides.yaml");
+    if scenario.timeline.iter().any(|e| e.xid_overrides.is_some()) {
+        std::fs::write(&overrides, "version: 1\n").map_err(|e| ScenarioError::Setup(e.to_string()))?;
+        opts.fault_policy_path = Some(overrides.clone());
+    }
     let started = Instant::now();
     let mut sim = SimFleet::start(opts, dir.path()).await.map_err(|e| ScenarioError::Setup(e.to_string()))?;
     let t0 = sim.clock.now_ms();
@@ -1136,6 +1147,18 @@ async fn run_with(
                     }
                 }
                 None => {}
+            }
+            if let Some(text) = &e.xid_overrides {
+                let r = std::fs::write(&overrides, text).map_err(|e| e.to_string());
+                let r = match r {
+                    Ok(()) => {
+                        nightshift_engine::reload::reload(&sim.engine, "user:scenario").await.map_err(|e| e.to_string())
+                    }
+                    Err(e) => Err(e),
+                };
+                if let Err(err) = r {
+                    failures.push(format!("timeline at {} s: xid_overrides: the reload was refused: {err}", e.at_secs));
+                }
             }
             if let (Some(a), Some(node)) = (&e.alert, &e.node) {
                 let payload = alert_payload(a, node, sim.clock.now_ms());

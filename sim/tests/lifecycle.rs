@@ -463,3 +463,90 @@ async fn a_fault_seen_in_shadow_is_acted_on_once_the_fleet_goes_to_act() {
     let real: Vec<_> = runs(&f).into_iter().filter(|r| r.runbook == "ecc-dbe-drain" && !r.shadow).collect();
     assert_eq!(real.len(), 1, "{real:#?}");
 }
+
+/// Issue 42 point 8: the XID policy is data. A site's overrides file is
+/// picked up by a reload (audited row by row) and changes what nightshift
+/// does; a broken one is refused with file:line:column, audited, and the
+/// policy in force stays; a restarted engine reads the overrides on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_xid_override_is_reloaded_audited_and_a_bad_one_changes_nothing() {
+    use nightshift_engine::audit::RecordKind;
+    use nightshift_engine::health::XidAction;
+    let dir = scratch_dir().unwrap();
+    let rb = tempfile::tempdir().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
+    for ext in ["yaml", "rhai"] {
+        std::fs::copy(repo.join(format!("xid-fatal-drain.{ext}")), rb.path().join(format!("xid-fatal-drain.{ext}")))
+            .unwrap();
+    }
+    let script = Arc::new(build_engine(&ScriptLimits::default()));
+    let set = load_dir(rb.path(), &script);
+    assert!(set.errors.is_empty(), "{:?}", set.errors);
+    let nodes = vec![SimNodeSpec::new(NODE, "h100-sxm", 8)];
+    let overrides = dir.path().join("xid-overrides.yaml");
+    std::fs::write(&overrides, "version: 1\n").unwrap();
+    let mut opts = SimFleetOptions::new(nodes, set, script);
+    opts.fault_policy_path = Some(overrides.clone());
+    let mut f = SimFleet::start(opts, dir.path()).await.unwrap();
+    assert_eq!(f.engine.fault_policy().info(109).unwrap().action, XidAction::ResetGpu, "the shipped row");
+    let reloads = |f: &SimFleet| -> Vec<serde_json::Value> {
+        f.engine
+            .audit()
+            .tail(0, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.kind == RecordKind::ConfigReloaded)
+            .map(|r| r.data)
+            .collect()
+    };
+
+    // 1. The site marks 109 benign: in force at the reload, audited.
+    std::fs::write(
+        &overrides,
+        "version: 1\nxids:\n  - { code: 109, action: ignore, reason: benign on driver 550 here }\n",
+    )
+    .unwrap();
+    let report = nightshift_engine::reload::reload(&f.engine, "user:ops").await.unwrap();
+    assert_eq!(report.fault_policy, vec!["XID 109: reset_gpu → ignore (benign on driver 550 here)"]);
+    let audited = reloads(&f);
+    assert_eq!(audited.len(), 1);
+    assert_eq!(audited[0]["ok"], true);
+    assert_eq!(audited[0]["fault_policy"][0], "XID 109: reset_gpu → ignore (benign on driver 550 here)");
+
+    // 2. A broken file: refused where it breaks, audited, nothing changed.
+    std::fs::write(&overrides, "version: 1\nxids:\n  - { code: 109, action: reset_gpu, reason: back }\n  - { code: 74, action: harmless, reason: typo }\n").unwrap();
+    let e = nightshift_engine::reload::reload(&f.engine, "user:ops").await.expect_err("a broken overrides file");
+    let at = format!("{}:4:", overrides.display());
+    assert!(e.to_string().starts_with(&at) && e.to_string().contains("harmless"), "{e}");
+    let audited = reloads(&f);
+    assert_eq!(audited.len(), 2);
+    assert_eq!(audited[1]["ok"], false);
+    assert!(audited[1]["error"].as_str().unwrap().starts_with(&at), "{}", audited[1]);
+    assert_eq!(f.engine.fault_policy().info(109).unwrap().action, XidAction::Ignore, "the policy in force stays");
+
+    // 3. XID 109 now changes nothing; XID 74 still drains (control).
+    let mut n = 0;
+    f.run_for(20).await.unwrap();
+    inject(&f, &mut n, SimFault::Xid { gpu: GPU, code: 109 }).await;
+    f.run_for(120).await.unwrap();
+    assert!(!drained(&f).await, "a benign XID drained the node");
+    assert_eq!(state(&f), HealthState::Healthy);
+    inject(&f, &mut n, SimFault::Xid { gpu: 2, code: 74 }).await;
+    for _ in 0..120 {
+        if drained(&f).await {
+            break;
+        }
+        f.step().await.unwrap();
+    }
+    assert!(drained(&f).await, "XID 74 is still a fault");
+
+    // 4. A restarted engine reads the overrides on disk (fixed again).
+    std::fs::write(
+        &overrides,
+        "version: 1\nxids:\n  - { code: 109, action: ignore, reason: benign on driver 550 here }\n",
+    )
+    .unwrap();
+    f.restart_engine().await.unwrap();
+    assert_eq!(f.engine.fault_policy().info(109).unwrap().action, XidAction::Ignore);
+    assert_eq!(f.engine.fault_policy().info(109).unwrap().site_reason.as_deref(), Some("benign on driver 550 here"));
+}

@@ -126,9 +126,9 @@ pub struct PcieLink {
 }
 
 /// XIDs that leave a GPU unfit for work until it is reset or replaced
-/// (NVIDIA's XID catalog; the engine's `health::xid_info` has the table
-/// with each code's meaning and action).
-pub const FATAL_XIDS: &[u32] = &[48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154];
+/// (NVIDIA's XID catalog; the engine's XID policy has each code's meaning
+/// and action).
+pub use nightshift_proto::wire::FATAL_XIDS;
 
 /// Which backend to start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -162,6 +162,9 @@ pub async fn reload(cli: &Cli, out: &Out, allow_partial: bool) -> Result<u8> {
     for e in r["runbook_errors"].as_array().into_iter().flatten() {
         outln!("  not loaded: {}", e.as_str().unwrap_or_default());
     }
+    for c in r["fault_policy"].as_array().into_iter().flatten() {
+        outln!("  XID policy: {}", c.as_str().unwrap_or_default());
+    }
     if r["restart_needed"].as_array().is_some_and(|a| !a.is_empty()) {
         outln!("changed in engine.yaml but in force only after a restart: {}", list(&r["restart_needed"]));
     }

@@ -71,6 +71,10 @@ pub struct EngineConfig {
     /// stand by).
     #[serde(default)]
     pub audit: AuditConfig,
+    /// A site's overrides of the shipped XID policy (docs/XID.md, "Site
+    /// overrides"): checked at start, re-read by every reload.
+    #[serde(default)]
+    pub fault_policy_path: Option<PathBuf>,
     /// The file this was read from (a reload reads it again).
     #[serde(skip)]
     pub source_path: Option<PathBuf>,

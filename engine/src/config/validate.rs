@@ -48,6 +48,9 @@ impl EngineConfig {
                 *p = base.join(&*p);
             }
         }
+        if let Some(p) = cfg.fault_policy_path.as_mut().filter(|p| p.is_relative()) {
+            *p = base.join(&*p);
+        }
         if let Some(pg) = &mut cfg.audit.postgres {
             for p in [&mut pg.url_file, &mut pg.ca_file, &mut pg.peer_token_file].into_iter().flatten() {
                 if p.is_relative() {

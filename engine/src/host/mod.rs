@@ -225,13 +225,13 @@ impl ScriptHost for Host {
         let repeat = model.repeat_offender(&node, gpu, now);
         let f = h.fault.clone();
         let xid = f.as_ref().and_then(|f| f.xid);
-        let info = xid.and_then(crate::health::xid_info);
+        let info = xid.and_then(|x| model.policy.info(x));
         to_map(json!({
             "state": h.state.as_str(),
             "kind": f.as_ref().map(|f| f.kind.as_str()),
             "xid": xid,
             "detail": f.as_ref().map(|f| f.detail.clone()),
-            "meaning": info.map(|i| i.meaning),
+            "meaning": info.map(|i| i.meaning.as_str()),
             "action": info.map(|i| i.action.as_str()),
             "evidence": f.as_ref().map(|f| f.evidence),
             "remap_pending": f.as_ref().is_some_and(|f| f.evidence.remap_pending),

@@ -191,6 +191,14 @@ pub struct GpuTelemetry {
     pub reset_required: Option<bool>,
 }
 
+/// The XIDs an agent counts as fatal: `xid_events_total` counts them and
+/// `reset_required` holds for them until a reset. The engine's shipped XID
+/// policy (`engine/data/xid-policy.yaml`) calls exactly these a fault (a
+/// test checks both); a site's overrides may mark one benign or change its
+/// repair, not add one (the agents would not count it).
+pub const FATAL_XIDS: &[u32] =
+    &[46, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 109, 110, 119, 120, 136, 140, 143, 154, 155, 156, 158];
+
 /// Node-wide readings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
