@@ -563,7 +563,9 @@ impl Core {
 
     /// Whether the trigger's condition still holds for the run's target:
     /// `Some((holds, how))`, or `None` when it cannot be told (edges,
-    /// predictions, manual and scheduled runs).
+    /// predictions, manual and scheduled runs). An alert-started run of a
+    /// runbook with its own telemetry trigger holds only while the alert
+    /// fires *and* the agents' readings meet that trigger (issue 42 point 6).
     pub fn condition_holds(&self, m: &crate::manifest::Manifest, s: &RunSummary) -> Option<(bool, String)> {
         if let Trigger::Fault { .. } = m.trigger {
             let (node, gpu) = (s.target.node.as_deref()?, s.target.gpu?);
@@ -575,11 +577,25 @@ impl Core {
         }
         if matches!(m.trigger, Trigger::Alert { .. }) || s.trigger == "alert" {
             s.event.get("fingerprint").and_then(Value::as_str)?;
-            let resolved = self.table().episode_resolved(&s.event);
-            return Some((
-                !resolved,
-                if resolved { "the alert resolved".into() } else { "the alert is firing".into() },
-            ));
+            if self.table().episode_resolved(&s.event) {
+                return Some((false, "the alert resolved".into()));
+            }
+            // An alert is someone else's reading (a Prometheus rule, maybe
+            // one threshold for every vendor): where the runbook has its own
+            // condition on the agents' telemetry, that decides too.
+            if let Some((false, why)) = self.own_condition(m, s) {
+                return Some((false, format!("the alert is firing, but the agent's reading does not show it: {why}")));
+            }
+            return Some((true, "the alert is firing".into()));
+        }
+        self.own_condition(m, s)
+    }
+
+    /// The runbook's own telemetry trigger, evaluated on the run's target
+    /// now (`None`: it has none, or there is no reading).
+    fn own_condition(&self, m: &crate::manifest::Manifest, s: &RunSummary) -> Option<(bool, String)> {
+        if let Trigger::Alert { confirm: Some(c), .. } = &m.trigger {
+            return self.confirmed(c, s);
         }
         // The compiled triggers are indexed by the loaded set's order.
         let idx = self.runbook_set().get(&m.name)?.0;
@@ -609,6 +625,32 @@ impl Core {
             }
             _ => None,
         }
+    }
+
+    /// An alert trigger's `confirm:` on the target's latest reading (a node
+    /// target of a GPU metric: any GPU); `None` without a reading.
+    fn confirmed(&self, c: &crate::manifest::Confirm, s: &RunSummary) -> Option<(bool, String)> {
+        let id = crate::metrics::metric_id(&c.metric)?;
+        let n = self.fleet.get(s.target.node.as_deref()?)?;
+        let b = self.brain();
+        let read = |gpu: Option<u16>| b.store.latest(crate::telemetry::SeriesKey { node: n.idx, gpu, metric: id });
+        let vals: Vec<f64> = if !crate::metrics::metric(id).gpu_scoped {
+            read(None).map(|(_, v)| v).into_iter().collect()
+        } else if let Some(g) = s.target.gpu.and_then(|g| u16::try_from(g).ok()) {
+            read(Some(g)).map(|(_, v)| v).into_iter().collect()
+        } else {
+            (0..n.state().gpu_count().max(1))
+                .filter_map(|g| u16::try_from(g).ok())
+                .filter_map(|g| read(Some(g)).map(|(_, v)| v))
+                .collect()
+        };
+        let hit = vals.iter().find(|v| c.holds(**v)).or(vals.first())?;
+        let want = match (c.below, c.above) {
+            (Some(x), _) => format!("below {x}"),
+            (_, Some(x)) => format!("above {x}"),
+            _ => String::new(),
+        };
+        Some((c.holds(*hit), format!("{} is {hit} (confirm: {want})", c.metric)))
     }
 
     /// The next request id of run `run`: `<run>-a<n>`, never repeated (run

@@ -1129,3 +1129,42 @@ async fn a_maintenance_window_covers_what_it_matches_until_it_ends() {
     assert!(err.contains(&format!("no maintenance window \"{}\"", w.id)), "{err}");
     assert!(f.engine.verify().unwrap().ok);
 }
+
+/// Issue 42 point 6: an alert is someone else's reading (a rule with one
+/// threshold for every vendor). An alert runbook with `confirm:` changes
+/// nothing where the agent's own reading does not agree — the run is
+/// skipped with why — and acts where it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_run_acts_only_where_the_agents_reading_confirms_it() {
+    for (confirm, acts) in [("above: 85", false), ("above: 10", true)] {
+        let rb = tempfile::tempdir().unwrap();
+        let manifest = format!(
+            "trigger:\n  type: alert\n  alertname: GpuHot\n  confirm: {{metric: gpu.temperature_c, {confirm}}}\nscope: node\ncooldown_secs: 0\n"
+        );
+        write_runbook(rb.path(), "hot", &manifest, "set_power_limit(0, 600);\n");
+        let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+        let f = &sim.fleet;
+        f.run_for(10).await.unwrap();
+        f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp1", now(f), "firing"), "alertmanager");
+        f.run_for(10).await.unwrap();
+        let runs = f.engine.runs(&Default::default()).unwrap().runs;
+        assert_eq!(runs.len(), 1, "{confirm}");
+        let r = &runs[0];
+        let intents =
+            f.engine.run_records(&r.id).unwrap().iter().filter(|x| x.kind == RecordKind::ActionIntent).count();
+        if acts {
+            assert_eq!(r.outcome, Some(RunOutcome::Succeeded), "{confirm}: {r:?}");
+            assert!(intents >= 1, "the cap was sent");
+        } else {
+            assert_eq!(r.outcome, Some(RunOutcome::Skipped), "{confirm}: {r:?}");
+            let why = r.error.clone().unwrap_or_default();
+            assert!(
+                why.contains("the alert is firing, but the agent's reading does not show it: gpu.temperature_c is")
+                    && why.contains("(confirm: above 85)"),
+                "{why}"
+            );
+            assert_eq!(intents, 0, "nothing was sent");
+            assert_eq!(power_limit(f, "n1", 0).await, 700.0);
+        }
+    }
+}

@@ -298,11 +298,36 @@ pub enum Trigger {
         alertname: String,
         #[serde(default)]
         matchers: BTreeMap<String, String>,
+        /// The agents' reading that must agree before the run changes
+        /// anything (an alert is someone else's reading, perhaps one
+        /// threshold for every vendor): `{metric, below | above}` on the
+        /// alert's node or GPU, checked as the run starts and before its
+        /// first change. Absent: the alert alone decides.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        confirm: Option<Confirm>,
     },
     /// Every N seconds, for every target in scope.
     Schedule { every_secs: u64 },
     /// Only from the CLI or web.
     Manual {},
+}
+
+/// An alert trigger's confirmation on the agents' own reading.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Confirm {
+    pub metric: String,
+    #[serde(default)]
+    pub below: Option<f64>,
+    #[serde(default)]
+    pub above: Option<f64>,
+}
+
+impl Confirm {
+    /// Whether `v` confirms the alert.
+    pub fn holds(&self, v: f64) -> bool {
+        self.below.is_some_and(|b| v < b) || self.above.is_some_and(|a| v > a)
+    }
 }
 
 /// An Alertmanager alert that starts a runbook (`alert_triggers:`).
@@ -330,7 +355,7 @@ impl Manifest {
     /// alert, then `alert_triggers`.
     pub fn alerts(&self) -> impl Iterator<Item = (&str, &BTreeMap<String, String>)> {
         let own = match &self.trigger {
-            Trigger::Alert { alertname, matchers } => Some((alertname.as_str(), matchers)),
+            Trigger::Alert { alertname, matchers, .. } => Some((alertname.as_str(), matchers)),
             _ => None,
         };
         own.into_iter().chain(self.alert_triggers.iter().map(|a| (a.alertname.as_str(), &a.matchers)))
@@ -628,7 +653,15 @@ impl Manifest {
     /// Parse and validate a manifest's text; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Manifest, LoadError> {
         let m: Manifest = nightshift_proto::yaml::from_str(text).map_err(|e| {
-            let (line, column, message) = nightshift_proto::yaml::error_parts(&e);
+            let (mut line, mut column, message) = nightshift_proto::yaml::error_parts(&e);
+            // Inside the trigger (a tagged enum) serde_yaml loses the
+            // place: an unknown key is found by the parser instead.
+            if (line, column) == (1, 1)
+                && let Some(key) = message.strip_prefix("unknown field `").and_then(|m| m.split('`').next())
+                && let Some((l, c)) = nightshift_proto::yaml::locate_key(text, key)
+            {
+                (line, column) = (l, c);
+            }
             LoadError { file: path.into(), line, column, message }
         })?;
         m.validate(text, path)?;

@@ -178,12 +178,49 @@ impl Manifest {
                     ));
                 }
             }
-            Trigger::Alert { alertname, .. } => {
+            Trigger::Alert { alertname, confirm, .. } => {
                 if alertname.is_empty() {
                     return Err(err(
                         "alertname",
                         "trigger.alertname: expected an alert name, found an empty string".into(),
                     ));
+                }
+                if let Some(c) = confirm {
+                    let Some(id) = metrics::metric_id(&c.metric) else {
+                        return Err(err(
+                            &c.metric,
+                            format!(
+                                "trigger.confirm.metric: unknown metric `{}`: expected one of {}",
+                                c.metric,
+                                metrics::metric_names()
+                            ),
+                        ));
+                    };
+                    if !metrics::metric(id).gpu_scoped && self.scope == Scope::Gpu {
+                        return Err(err(
+                            "confirm",
+                            format!(
+                                "trigger.confirm: `{}` is a node metric, so scope must be node, found gpu",
+                                c.metric
+                            ),
+                        ));
+                    }
+                    match (c.below, c.above) {
+                        (Some(x), None) | (None, Some(x)) if x.is_finite() => {}
+                        _ => {
+                            return Err(err(
+                                "confirm",
+                                format!(
+                                    "trigger.confirm: expected exactly one finite `below:` or `above:`, found {}",
+                                    match (c.below, c.above) {
+                                        (Some(b), Some(a)) => format!("both (below: {b}, above: {a})"),
+                                        (Some(x), None) | (None, Some(x)) => format!("{x}"),
+                                        (None, None) => "neither".into(),
+                                    }
+                                ),
+                            ));
+                        }
+                    }
                 }
                 if self.scope == Scope::Group {
                     return Err(err("scope", "scope: alert triggers target a node or GPU, found group".into()));
