@@ -211,6 +211,10 @@ pub struct Expect {
     /// Text each of which some notification or escalation must contain.
     #[serde(default)]
     pub texts: Vec<String>,
+    /// Text no notification or escalation may contain (`nvidia-smi` on an
+    /// AMD fleet).
+    #[serde(default)]
+    pub never_texts: Vec<String>,
     /// Text each of which some note of a run must contain: what a runbook
     /// decided when it decided to do nothing (a scenario that asserts only
     /// silence passes with a no-op script too).
@@ -1280,6 +1284,15 @@ async fn run_with(
         });
         if !said {
             failures.push(format!("expected a notification or escalation saying {t:?}, found none"));
+        }
+    }
+    for t in &scenario.expect.never_texts {
+        let said = records.iter().find(|r| {
+            matches!(r.kind, RecordKind::Notification | RecordKind::Escalation)
+                && r.data["text"].as_str().is_some_and(|x| x.contains(t.as_str()))
+        });
+        if let Some(r) = said {
+            failures.push(format!("expected no notification or escalation saying {t:?}, found: {}", r.data["text"]));
         }
     }
     for t in &scenario.expect.notes {
