@@ -44,6 +44,9 @@ pub struct Policy {
     /// When a node is fit to go back into service.
     #[serde(default)]
     pub health: HealthPolicy,
+    /// What `collect_evidence` runs for an RMA, how long and how much.
+    #[serde(default)]
+    pub evidence: crate::evidence::EvidencePolicy,
 }
 
 /// The BMC commands that drive the chassis fans.
@@ -233,6 +236,7 @@ impl Default for Policy {
             default_lease_secs: default_lease(),
             bmc: None,
             health: HealthPolicy::default(),
+            evidence: Default::default(),
         }
     }
 }
@@ -373,6 +377,25 @@ impl Policy {
             return fail(
                 "dcgm_timeout_secs",
                 format!("health.dcgm_timeout_secs: expected 1 to 3600, found {}", h.dcgm_timeout_secs),
+            );
+        }
+        let ev = &self.evidence;
+        if !(1..=600).contains(&ev.timeout_secs) {
+            return fail(
+                "evidence",
+                format!(
+                    "evidence.timeout_secs: expected 1 to 600 (each tool; the engine waits 30 minutes for all), found {}",
+                    ev.timeout_secs
+                ),
+            );
+        }
+        if !(4096..=(16u64 << 30)).contains(&ev.max_bytes) || !(1..=1000).contains(&ev.keep) {
+            return fail(
+                "evidence",
+                format!(
+                    "evidence: expected max_bytes from 4096 to 17179869184 (16 GiB) and keep from 1 to 1000, found {} and {}",
+                    ev.max_bytes, ev.keep
+                ),
             );
         }
         if !(1..=MAX_LEASE_SECS).contains(&self.max_lease_secs) {
@@ -542,6 +565,25 @@ mod tests {
             Path::new("policy.yaml"),
         )
         .unwrap()
+    }
+
+    /// The shipped example loads, its evidence limits included; limits out
+    /// of range are refused where they are.
+    #[test]
+    fn the_example_policy_loads_and_evidence_limits_are_checked() {
+        let text = include_str!("../../examples/policy.yaml");
+        let p = Policy::parse(text, Path::new("examples/policy.yaml")).unwrap();
+        assert_eq!((p.evidence.timeout_secs, p.evidence.keep), (300, 20));
+        for (extra, want) in [
+            ("evidence: {timeout_secs: 0}\n", "evidence.timeout_secs: expected 1 to 600"),
+            ("evidence: {timeout_secs: 3600}\n", "found 3600"),
+            ("evidence: {max_bytes: 10}\n", "expected max_bytes from 4096"),
+            ("evidence: {keep: 0}\n", "keep from 1 to 1000"),
+            ("evidence: {timeout: 5}\n", "unknown field `timeout`"),
+        ] {
+            let e = Policy::parse(&format!("version: 1\n{extra}"), Path::new("policy.yaml")).unwrap_err().to_string();
+            assert!(e.starts_with("policy.yaml:2:") && e.contains(want), "{extra}: {e}");
+        }
     }
 
     #[test]

@@ -20,6 +20,7 @@
 pub mod backend;
 pub mod config;
 pub mod envelope;
+pub mod evidence;
 pub mod exporter;
 pub mod holds;
 pub mod journal;

@@ -68,6 +68,86 @@ pub async fn run_with_env(
     Ok(ProcOutput { stdout, stderr })
 }
 
+/// How [`run_to_file`] ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Captured {
+    /// Bytes written to the file.
+    pub bytes: u64,
+    /// What went wrong: the size limit (the process was killed and the
+    /// file holds its first `max_bytes`), the timeout, or a failed exit.
+    pub error: Option<String>,
+}
+
+/// Run `argv` with its stdout written to `out`, at most `max_bytes` of it:
+/// past that the process is killed, as it is after `timeout`. What it
+/// wrote until then stays in the file either way.
+pub async fn run_to_file(
+    argv: &[String],
+    timeout: Duration,
+    out: &std::path::Path,
+    max_bytes: u64,
+) -> Result<Captured, ProcError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| ProcError::Spawn { program: String::new(), message: "empty argument vector".into() })?;
+    let io = |e: std::io::Error| ProcError::Spawn { program: program.clone(), message: e.to_string() };
+    // Its own process group: a tool that starts others (a bug report
+    // runs dozens) is stopped whole at the timeout, not just its shell.
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(io)?;
+    let group = child.id();
+    let mut file = tokio::fs::File::create(out).await.map_err(io)?;
+    let mut stdout = child.stdout.take().ok_or_else(|| io(std::io::Error::other("no stdout")))?;
+    let mut written = 0u64;
+    let mut buf = vec![0u8; 64 * 1024];
+    let copy = async {
+        loop {
+            let n = stdout.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<_, std::io::Error>(None);
+            }
+            let room = max_bytes.saturating_sub(written) as usize;
+            file.write_all(&buf[..n.min(room)]).await?;
+            written += n.min(room) as u64;
+            if n > room {
+                return Ok(Some(format!("cut at the size limit of {max_bytes} bytes")));
+            }
+        }
+    };
+    let error = match tokio::time::timeout(timeout, copy).await {
+        Ok(Ok(None)) => match tokio::time::timeout(timeout, child.wait()).await {
+            Ok(Ok(st)) if st.success() => None,
+            Ok(Ok(st)) => Some(format!("`{}` failed with exit status {}", display(argv), st.code().unwrap_or(-1))),
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some(format!("`{}` did not finish within {} s and was killed", display(argv), timeout.as_secs())),
+        },
+        Ok(Ok(Some(limit))) => Some(limit),
+        Ok(Err(e)) => Some(format!("reading `{}`: {e}", display(argv))),
+        Err(_) => Some(format!("`{}` did not finish within {} s and was killed", display(argv), timeout.as_secs())),
+    };
+    if error.is_some()
+        && let Some(pgid) = group
+    {
+        // `kill` by argument vector (no signal call here: this crate has no
+        // unsafe code) for the whole group.
+        let kill = ["kill".to_string(), "-KILL".into(), "--".into(), format!("-{pgid}")];
+        let _ = run(&kill, Duration::from_secs(5)).await;
+    }
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    file.flush().await.map_err(io)?;
+    file.sync_all().await.map_err(io)?;
+    Ok(Captured { bytes: written, error })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

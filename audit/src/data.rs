@@ -635,6 +635,27 @@ impl Payload for Maintenance {
     const KINDS: &'static [RecordKind] = &[RecordKind::Maintenance];
 }
 
+/// `evidence_collected`: RMA evidence gathered on the node (`node`,
+/// `gpu` of the record): the bundle's id, where it is on the node, its
+/// files and the SHA-256 of its manifest; or why it could not be.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EvidenceCollected {
+    pub bundle: String,
+    pub dir: String,
+    pub sha256: String,
+    pub reason: String,
+    /// Each file: name, bytes, sha256 and what went wrong making it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Payload for EvidenceCollected {
+    const KINDS: &'static [RecordKind] = &[RecordKind::EvidenceCollected];
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

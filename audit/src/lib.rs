@@ -206,6 +206,10 @@ pub enum RecordKind {
     /// A maintenance window was set or ended: nodes matched by labels or
     /// names are hands-off from its start to its end.
     Maintenance,
+    /// RMA evidence was gathered on a node: the bundle, its files and the
+    /// SHA-256 of its manifest (`nightshift audit verify --evidence DIR`
+    /// checks a copy against it).
+    EvidenceCollected,
 }
 
 impl RecordKind {
@@ -242,6 +246,7 @@ impl RecordKind {
             RecordKind::HoldDrifted => "hold_drifted",
             RecordKind::FleetMode => "fleet_mode",
             RecordKind::Maintenance => "maintenance",
+            RecordKind::EvidenceCollected => "evidence_collected",
         }
     }
 

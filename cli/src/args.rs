@@ -439,6 +439,11 @@ pub enum AuditCmd {
         /// the chain must still hold that record with that hash.
         #[arg(long, value_name = "SEQ:HASH")]
         head: Option<String>,
+        /// A copy of an RMA evidence bundle (its folder, `manifest.json`
+        /// inside): every file must match the manifest, and the manifest
+        /// the SHA-256 the chain recorded when nightshift collected it.
+        #[arg(long, value_name = "DIR")]
+        evidence: Option<std::path::PathBuf>,
     },
     /// Copy every record that still checks out (and the run summaries the
     /// chain vouches for, the others rebuilt) from a damaged store into a
@@ -568,6 +573,17 @@ pub enum AgentsCmd {
     ///
     /// Example: nightshift agents health-check gpu-a1
     HealthCheck {
+        /// The node, as fleet.yaml names it.
+        #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
+        node: String,
+    },
+    /// The RMA evidence bundles collected on a node, from the audit chain:
+    /// where each is on the node, its files (and what went wrong making
+    /// one), and the SHA-256 a copy must match (`nightshift audit verify
+    /// --evidence DIR`).
+    ///
+    /// Example: nightshift agents evidence gpu-a1
+    Evidence {
         /// The node, as fleet.yaml names it.
         #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
         node: String,

@@ -24,6 +24,7 @@ pub mod control;
 pub mod core;
 pub mod counters;
 pub mod engine;
+pub mod evidence;
 pub mod faults;
 pub mod fleet;
 pub mod fleet_mode;

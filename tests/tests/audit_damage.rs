@@ -424,3 +424,92 @@ fn the_outside_tool_rehashes_version_1_records() {
     let (ok, text) = check(&export, &["--head", &format!("4:{prev}")]);
     assert!(!ok && text.contains("expected the anchored hash"), "{text}");
 }
+
+/// Issue 42 point 9: moving a GPU to RMA collects the vendor's evidence on
+/// the node — here a fake `nvidia-bug-report.sh` that writes 200 KB and
+/// then hangs — within the agent's limits (the file cut at `max_bytes`,
+/// the tool killed at `timeout_secs`), and puts the bundle's hash on the
+/// chain; `nightshift audit verify --evidence DIR` checks a copy against
+/// it, and a changed file fails it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rma_leaves_an_evidence_bundle_the_chain_vouches_for() {
+    use std::os::unix::fs::PermissionsExt;
+
+    use nightshift_engine::audit::RecordKind;
+    use nightshift_engine::health::HealthState;
+    use nightshift_proto::{Op, Request, SimFault};
+    use nightshift_sim::fleet::{SimFleet, SimFleetOptions, SimNodeSpec};
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let tool = d.join("nvidia-bug-report.sh");
+    std::fs::write(&tool, "#!/bin/sh\nhead -c 200000 /dev/urandom > \"$2.gz\"\necho collecting\nsleep 30\n").unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let rb = d.join("rb");
+    std::fs::create_dir_all(&rb).unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
+    for ext in ["yaml", "rhai"] {
+        std::fs::copy(repo.join(format!("ecc-dbe-drain.{ext}")), rb.join(format!("ecc-dbe-drain.{ext}"))).unwrap();
+    }
+    let script = Arc::new(nightshift_engine::script::build_engine(&Default::default()));
+    let set = nightshift_engine::runbook::load_dir(&rb, &script);
+    assert!(set.errors.is_empty(), "{:?}", set.errors);
+    let mut opts = SimFleetOptions::new(vec![SimNodeSpec::new("n1", "h100-sxm", 8)], set, script);
+    let mut policy = nightshift_sim::scenario::sim_policy();
+    policy.evidence.nvidia_bug_report_path = tool.clone();
+    policy.evidence.timeout_secs = 2;
+    policy.evidence.max_bytes = 65_536;
+    opts.policy = Some(policy);
+    let f = SimFleet::start(opts, &d.join("sim")).await.unwrap();
+    f.run_for(10).await.unwrap();
+    let r = f.agent("n1").handle(Request::new("rma-1", Op::SimFault(SimFault::RowRemapFailure { gpu: 5 }))).await;
+    assert!(r.ok, "{r:?}");
+    for _ in 0..120 {
+        if f.engine.health_model().state("n1", 5) == HealthState::Rma {
+            break;
+        }
+        f.step().await.unwrap();
+    }
+    assert_eq!(f.engine.health_model().state("n1", 5), HealthState::Rma);
+    let recs = f.engine.audit().tail(0, usize::MAX).unwrap();
+    let ev = recs.iter().find(|r| r.kind == RecordKind::EvidenceCollected).expect("an evidence_collected record");
+    assert_eq!((ev.node.as_deref(), ev.gpu), (Some("n1"), Some(5)));
+    let files = ev.data["files"].as_array().unwrap();
+    let file = |name: &str| files.iter().find(|f| f["name"] == name).unwrap_or_else(|| panic!("{name}: {files:?}"));
+    assert_eq!(file("nvidia-bug-report.log.gz")["bytes"], 65_536, "cut at max_bytes");
+    assert!(file("nvidia-bug-report.log.gz")["error"].as_str().unwrap().contains("size limit of 65536 bytes"));
+    assert!(
+        file("nvidia-bug-report.out")["error"].as_str().unwrap().contains("did not finish within 2 s and was killed")
+    );
+    assert!(files.iter().any(|f| f["name"] == "last-health-check.json") || files.len() == 2, "{files:?}");
+    // The RMA text names the bundle.
+    let told = recs.iter().any(|r| {
+        r.kind == RecordKind::Notification
+            && r.data["text"].as_str().is_some_and(|t| t.contains(ev.data["bundle"].as_str().unwrap()))
+    });
+    assert!(told, "the RMA notice names the bundle");
+
+    // A copy of the bundle and of the chain, checked by the CLI.
+    let bundle = Path::new(ev.data["dir"].as_str().unwrap()).to_path_buf();
+    let copy = d.join("bundle-copy");
+    std::fs::create_dir_all(&copy).unwrap();
+    for e in std::fs::read_dir(&bundle).unwrap().flatten() {
+        std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+    }
+    f.snapshot_engine(&d.join("chain")).unwrap();
+    drop(f);
+    let cfg = config(d, "engine.yaml", "chain");
+    let o = nightshift(d, &cfg, &["audit", "verify", "--evidence", "bundle-copy"]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    assert!(text.contains(&format!("matches the sha256 record {} holds", ev.seq)), "{text}");
+    let o = nightshift(d, &cfg, &["agents", "evidence", "n1"]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    assert!(text.contains(ev.data["bundle"].as_str().unwrap()) && text.contains("did not finish within 2 s"), "{text}");
+    std::fs::write(copy.join("nvidia-bug-report.out"), "edited\n").unwrap();
+    let o = nightshift(d, &cfg, &["audit", "verify", "--evidence", "bundle-copy"]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    assert!(text.contains("broken: evidence:") && text.contains("nvidia-bug-report.out: expected"), "{text}");
+}

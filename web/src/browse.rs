@@ -96,6 +96,7 @@ const ALL_KINDS: &[RecordKind] = &[
     RecordKind::RunbookMode,
     RecordKind::FleetMode,
     RecordKind::Maintenance,
+    RecordKind::EvidenceCollected,
 ];
 
 /// The store's query for these filters.
@@ -234,6 +235,16 @@ pub fn summary(r: &AuditRecord) -> String {
                 format!("hands-off ended: {why}")
             }
         }
+        RecordKind::EvidenceCollected => match st("error") {
+            Some(e) => format!("RMA evidence not collected: {e}"),
+            None => format!(
+                "RMA evidence bundle {} ({} files, sha256 {}) at {}",
+                st("bundle").unwrap_or_default(),
+                d.get("files").and_then(Value::as_array).map_or(0, Vec::len),
+                st("sha256").unwrap_or_default().chars().take(16).collect::<String>(),
+                st("dir").unwrap_or_default()
+            ),
+        },
         RecordKind::Maintenance => {
             let id = st("id").unwrap_or_default();
             let why = st("reason").unwrap_or_default();

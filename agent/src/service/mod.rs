@@ -341,12 +341,43 @@ impl Agent {
             Op::ConfigList(a) => self.config_list(a.name.as_deref()),
             Op::Holds(_) => Ok(to_value(&self.held())),
             Op::HealthCheck(a) => self.health_check(a.gpu).await.map(|h| to_value(&h)),
+            Op::CollectEvidence(a) => self.collect_evidence(a).await.map(|c| to_value(&c)),
             _ => return self.mutate(req).await,
         };
         match result {
             Ok(v) => Reply::ok(id, v),
             Err((code, msg)) => Reply::err(id, code, msg),
         }
+    }
+
+    /// Gather the vendor's RMA evidence and the last health check into a
+    /// hashed bundle on the node ([`crate::evidence`]). Refused for a GPU
+    /// the node does not have; a missing or failing tool is recorded in the
+    /// bundle, not a refusal.
+    pub async fn collect_evidence(
+        &self,
+        a: &nightshift_proto::CollectEvidenceArgs,
+    ) -> Result<nightshift_proto::EvidenceCollected, Refusal> {
+        let gpus = self.backend.gpus();
+        if let Some(g) = a.gpu
+            && !gpus.iter().any(|x| x.index == g)
+        {
+            return Err((ErrorCode::BadRequest, format!("gpu {g}: expected one of the node's {} GPUs", gpus.len())));
+        }
+        let p = &self.opts.policy.evidence;
+        let root = p.dir.clone().unwrap_or_else(|| self.opts.state_dir.join("evidence"));
+        let last_health = self.last_health.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(h, _)| to_value(h));
+        let req = crate::evidence::Request {
+            node: &self.opts.node,
+            gpu: a.gpu,
+            reason: &a.reason,
+            vendor: gpus.first().map_or(nightshift_proto::Vendor::Nvidia, |g| g.vendor),
+            now_ms: self.clock.now_ms(),
+            last_health,
+        };
+        let got = crate::evidence::collect(p, &root, req).await.map_err(|e| (ErrorCode::BackendError, e))?;
+        tracing::info!(node = %self.opts.node, bundle = %got.bundle.id, sha256 = %got.sha256, files = got.bundle.files.len(), why = %a.reason, "collected RMA evidence");
+        Ok(got)
     }
 
     /// The node's inventory.

@@ -132,6 +132,51 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
             outln!("(seconds from the fault being seen to each phase of its repair)");
             Ok(0)
         }
+        AgentsCmd::Evidence { node } => {
+            let mut found = Vec::new();
+            let mut after = 0;
+            loop {
+                let page = c.records_after(after, 1000).await?;
+                let Some(last) = page.last() else { break };
+                after = last.seq;
+                found.extend(page.into_iter().filter(|r| {
+                    r.kind == nightshift_engine::audit::RecordKind::EvidenceCollected && r.node.as_deref() == Some(node)
+                }));
+            }
+            if out.json {
+                outln!("{}", serde_json::to_string_pretty(&found)?);
+                return Ok(0);
+            }
+            if found.is_empty() {
+                outln!("no RMA evidence was collected on {node}");
+            }
+            for r in &found {
+                let d = &r.data;
+                let gpu = r.gpu.map_or(String::new(), |g| format!(" GPU {g}"));
+                match d["error"].as_str() {
+                    Some(e) => outln!("record {}{gpu}: not collected: {e}", r.seq),
+                    None => {
+                        outln!(
+                            "record {}{gpu}: bundle {} at {}:{}",
+                            r.seq,
+                            d["bundle"].as_str().unwrap_or(""),
+                            node,
+                            d["dir"].as_str().unwrap_or("")
+                        );
+                        outln!(
+                            "  sha256 {}  ({})",
+                            d["sha256"].as_str().unwrap_or(""),
+                            clean(d["reason"].as_str().unwrap_or(""))
+                        );
+                        for f in d["files"].as_array().into_iter().flatten() {
+                            let err = f["error"].as_str().map_or(String::new(), |e| format!("  — {e}"));
+                            outln!("  {} {} bytes{err}", f["name"].as_str().unwrap_or(""), f["bytes"]);
+                        }
+                    }
+                }
+            }
+            Ok(0)
+        }
         AgentsCmd::HealthCheck { node } => {
             let v = c.health_check(node).await?;
             if out.json {

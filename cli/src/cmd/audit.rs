@@ -184,7 +184,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
             }
             Ok(if ok { 0 } else { 1 })
         }
-        AuditCmd::Verify { all_shards: false, head } => {
+        AuditCmd::Verify { all_shards: false, head, evidence } => {
             let anchor = head
                 .as_deref()
                 .map(nightshift_engine::audit::parse_anchor)
@@ -222,7 +222,11 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                     outln!("{} {n}", out.yellow("note:"));
                 }
             }
-            Ok(if v.ok { 0 } else { 1 })
+            let evidence_ok = match evidence {
+                Some(dir) => verify_evidence(&mut c, out, dir).await?,
+                None => true,
+            };
+            Ok(if v.ok && evidence_ok { 0 } else { 1 })
         }
         AuditCmd::Migrate { to, url_file, url_env, ca_file, shard } => {
             if to != "postgres" {
@@ -355,4 +359,58 @@ fn run_status(r: &nightshift_engine::runs::RunSummary) -> String {
     r.outcome.map(|o| o.as_str().to_string()).unwrap_or_else(|| {
         serde_json::to_value(r.state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
     })
+}
+
+/// `audit verify --evidence DIR`: the bundle's files against its manifest,
+/// the manifest against the hash the chain recorded for that bundle.
+async fn verify_evidence(c: &mut Conn, out: &Out, dir: &std::path::Path) -> Result<bool> {
+    let (bundle, sha) = match nightshift_proto::verify_evidence_dir(dir) {
+        Ok(x) => x,
+        Err(e) => {
+            outln!("{} evidence: {e}", out.red("broken:"));
+            return Ok(false);
+        }
+    };
+    let mut after = 0;
+    let mut recorded = None;
+    loop {
+        let page = c.records_after(after, 1000).await?;
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        if let Some(r) = page.into_iter().rev().find(|r| {
+            r.kind == nightshift_engine::audit::RecordKind::EvidenceCollected && r.data["bundle"] == bundle.id.as_str()
+        }) {
+            recorded = Some(r);
+        }
+    }
+    match recorded {
+        None => {
+            outln!(
+                "{} evidence: no evidence_collected record names bundle {} on this chain",
+                out.red("broken:"),
+                bundle.id
+            );
+            Ok(false)
+        }
+        Some(r) if r.data["sha256"] == sha.as_str() => {
+            outln!(
+                "{} evidence bundle {} ({} files) matches the sha256 record {} holds ({sha})",
+                out.green("ok:"),
+                bundle.id,
+                bundle.files.len(),
+                r.seq
+            );
+            Ok(true)
+        }
+        Some(r) => {
+            outln!(
+                "{} evidence: bundle {}'s manifest has sha256 {sha}; record {} holds {}",
+                out.red("broken:"),
+                bundle.id,
+                r.seq,
+                r.data["sha256"].as_str().unwrap_or("none")
+            );
+            Ok(false)
+        }
+    }
 }

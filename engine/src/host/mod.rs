@@ -342,6 +342,18 @@ impl ScriptHost for Host {
         }
     }
 
+    fn collect_evidence(&self, ctx: &RunCtx, why: &str) -> Map {
+        let Some(node) = ctx.target.node.clone() else { return refused("not_node", "evidence is of a node or GPU") };
+        if ctx.dry_run {
+            return to_map(json!({"ok": true, "dry_run": true}));
+        }
+        let engine = crate::engine::Engine::from_core(self.core.clone());
+        match self.block_on(engine.collect_evidence(&node, ctx.target.gpu, why, Some(&self.run), "engine")) {
+            Ok(c) => to_map(json!({"ok": true, "bundle": c.bundle.id, "sha256": c.sha256, "dir": c.dir})),
+            Err(e) => to_map(json!({"ok": false, "error": e})),
+        }
+    }
+
     fn stats_between(
         &self,
         _ctx: &RunCtx,

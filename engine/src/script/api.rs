@@ -463,6 +463,12 @@ pub(super) fn register(e: &mut Engine) {
         let c = ctx()?;
         Ok(c.host.health_check(&c, node))
     });
+    // RMA evidence of the run's GPU (or node): `#{ok, bundle, sha256, dir}`
+    // or `#{ok: false, error}`; audited either way.
+    e.register_fn("collect_evidence", |why: &str| -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.collect_evidence(&c, why))
+    });
     // The average of a metric over the nodes named (a pool judged on the
     // nodes that served before a scale-out, not diluted by idle new ones).
     e.register_fn("nodes_metric", |nodes: rhai::Array, name: &str| -> Result<Dynamic, Box<EvalAltResult>> {

@@ -201,6 +201,10 @@ pub trait ScriptHost: Send + Sync {
     fn health_check(&self, _ctx: &RunCtx, _node: &str) -> Map {
         Map::new()
     }
+    /// RMA evidence of the run's GPU (or node), its hash on the chain.
+    fn collect_evidence(&self, _ctx: &RunCtx, _why: &str) -> Map {
+        Map::new()
+    }
     /// Average of a metric's latest values over the given nodes.
     fn nodes_avg(&self, _ctx: &RunCtx, _nodes: &[String], _metric: MetricId) -> Option<f64> {
         None

@@ -198,6 +198,15 @@ impl AgentConnection {
 
     /// Send a raw command; returns stdout and the exit status.
     pub async fn exec_raw(&self, command: &[u8]) -> Result<(Vec<u8>, Option<u32>), ClientError> {
+        self.exec_raw_within(command, self.cfg.request_timeout).await
+    }
+
+    /// [`Connection::exec_raw`] with its own time limit.
+    pub async fn exec_raw_within(
+        &self,
+        command: &[u8],
+        request_timeout: Duration,
+    ) -> Result<(Vec<u8>, Option<u32>), ClientError> {
         let work = async {
             let mut channel = self.handle.channel_open_session().await.map_err(|e| self.chan_err(e))?;
             channel.exec(true, command.to_vec()).await.map_err(|e| self.chan_err(e))?;
@@ -213,15 +222,16 @@ impl AgentConnection {
             }
             Ok((out, status))
         };
-        tokio::time::timeout(self.cfg.request_timeout, work).await.map_err(|_| ClientError::Timeout {
-            addr: self.cfg.addr.clone(),
-            ms: self.cfg.request_timeout.as_millis() as u64,
-        })?
+        tokio::time::timeout(request_timeout, work)
+            .await
+            .map_err(|_| ClientError::Timeout { addr: self.cfg.addr.clone(), ms: request_timeout.as_millis() as u64 })?
     }
 
-    /// Send one request and read its reply.
+    /// Send one request and read its reply (an op that runs the vendor's
+    /// tools on the node gets the time they may take: [`Op::reply_within`]).
     pub async fn call(&self, req: &Request) -> Result<Reply, ClientError> {
-        let (out, _status) = self.exec_raw(req.to_json().as_bytes()).await?;
+        let within = req.op.reply_within().map_or(self.cfg.request_timeout, |d| d.max(self.cfg.request_timeout));
+        let (out, _status) = self.exec_raw_within(req.to_json().as_bytes(), within).await?;
         if out.is_empty() {
             return Err(self.chan_err("the channel closed before a reply arrived"));
         }

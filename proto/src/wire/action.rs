@@ -169,6 +169,99 @@ pub struct SetChassisFansArgs {
     pub full: bool,
 }
 
+/// `collect_evidence`: gather what a vendor asks for with an RMA (NVIDIA:
+/// `nvidia-bug-report.sh`; AMD: `amd-smi` static, metric and bad-page
+/// reports) and the agent's last health check (with its `dcgmi diag`) into
+/// a bundle on the node, each file hashed; argv and a timeout, never a
+/// shell, and a size limit (the agent's `evidence:` policy). Changes no
+/// hardware.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectEvidenceArgs {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+    pub reason: String,
+}
+
+/// One file of an evidence bundle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvidenceFile {
+    pub name: String,
+    pub bytes: u64,
+    /// SHA-256 of the file as kept, hex.
+    pub sha256: String,
+    /// What went wrong producing it (a timeout, a failed tool, the size
+    /// limit): the file then holds what there was, or this text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// An evidence bundle: a folder on the node whose `manifest.json` lists
+/// every file with its hash; `sha256` is the manifest's own hash (what the
+/// engine puts on the audit chain).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvidenceBundle {
+    pub id: String,
+    pub node: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+    pub reason: String,
+    pub created_ms: i64,
+    pub files: Vec<EvidenceFile>,
+}
+
+/// The file in a bundle's folder that lists the others.
+pub const EVIDENCE_MANIFEST: &str = "manifest.json";
+
+/// What `collect_evidence` answers: the bundle, where it is on the node,
+/// and the SHA-256 of its manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvidenceCollected {
+    pub bundle: EvidenceBundle,
+    pub dir: String,
+    pub sha256: String,
+}
+
+/// Check a bundle's folder: every file listed in its manifest is there with
+/// the size and hash the manifest says, nothing else is; returns the
+/// manifest and its SHA-256 (compare it with the audit chain's).
+pub fn verify_evidence_dir(dir: &std::path::Path) -> Result<(EvidenceBundle, String), String> {
+    use sha2::Digest;
+    let path = dir.join(EVIDENCE_MANIFEST);
+    let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let bundle: EvidenceBundle = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("{}: expected an evidence manifest, found: {e}", path.display()))?;
+    for f in &bundle.files {
+        if f.name.contains('/') || f.name.contains("..") || f.name == EVIDENCE_MANIFEST {
+            return Err(format!("{}: file name {:?} is not a plain name in the folder", path.display(), f.name));
+        }
+        let fp = dir.join(&f.name);
+        let data = std::fs::read(&fp)
+            .map_err(|e| format!("{} is listed in the manifest but cannot be read: {e}", fp.display()))?;
+        let sha = hex::encode(sha2::Sha256::digest(&data));
+        if data.len() as u64 != f.bytes || sha != f.sha256 {
+            return Err(format!(
+                "{}: expected {} bytes with sha256 {}, found {} bytes with sha256 {sha}",
+                fp.display(),
+                f.bytes,
+                f.sha256,
+                data.len()
+            ));
+        }
+    }
+    let listed: std::collections::BTreeSet<&str> = bundle.files.iter().map(|f| f.name.as_str()).collect();
+    for e in std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name != EVIDENCE_MANIFEST && !listed.contains(name.as_str()) {
+            return Err(format!("{}: {name} is not in the manifest", dir.display()));
+        }
+    }
+    Ok((bundle, hex::encode(sha2::Sha256::digest(&bytes))))
+}
+
 /// `health_check` (read-only): is the node fit to take work? One GPU, or
 /// every GPU when `gpu` is absent.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -220,6 +220,9 @@ ops! {
     /// pending remap, ECC stable, PCIe at its width, NVLink up, no fatal
     /// XID since the last reset (`dcgmi diag -r 1` where DCGM is installed).
     HealthCheck(HealthCheckArgs) = "health_check", mutating = false, kind = None;
+    /// Gather the vendor's RMA evidence into a hashed bundle on the node
+    /// (files only: no hardware changes).
+    CollectEvidence(CollectEvidenceArgs) = "collect_evidence", mutating = false, kind = None;
     /// The chassis fans at full speed through the BMC (a hold), or back on
     /// the BMC's control.
     SetChassisFans(SetChassisFansArgs) = "set_chassis_fans", mutating = true, kind = Some(ActionKind::ChassisFans);
@@ -227,6 +230,20 @@ ops! {
     PowerNode(PowerNodeArgs) = "power_node", mutating = true, kind = Some(ActionKind::Power);
     /// Set or clear a scheduler mark (`no_pack`, `quarantine`).
     Mark(MarkArgs) = "mark", mutating = true, kind = Some(ActionKind::Mark);
+}
+
+impl Op {
+    /// How long a reply may take at least, where the op runs the vendor's
+    /// own tools on the node (a bug report takes minutes): the client
+    /// waits this long, not its usual request timeout.
+    pub fn reply_within(&self) -> Option<std::time::Duration> {
+        match self {
+            // The agent's `evidence.timeout_secs` (≤ 600) for each of up
+            // to three tools.
+            Op::CollectEvidence(_) => Some(std::time::Duration::from_secs(1800)),
+            _ => None,
+        }
+    }
 }
 
 impl Request {
