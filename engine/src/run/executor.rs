@@ -201,6 +201,22 @@ impl Engine {
                     },
                 );
             }
+            // A telemetry fire the open breaker holds back is part of the
+            // storm: it keeps the breaker open while the storm lasts (the
+            // shared cause is still there), so the nodes are not handled
+            // one by one the moment the window ends. (A pending fault is
+            // offered again every tick and must get its turn once the
+            // breaker closes: hardware evidence, per GPU.)
+            if let (Decision::Suppress { existing: None, .. }, Some(b), Some(node)) =
+                (&d, m.breaker.as_ref(), req.target.node.clone())
+                && req.trigger != "fault"
+                && let Some(br) = t.breakers.get_mut(&m.name)
+                && br.tripped_until > now
+            {
+                br.fires.push_back(BreakerFire { ts_ms: now, node, gpu: req.target.gpu });
+                br.tripped_until =
+                    br.tripped_until.max(now.saturating_add((b.window_secs as i64).saturating_mul(1000)));
+            }
             let summary = match &d {
                 Decision::Suppress { first: true, .. } => {
                     t.suppression_noted.insert(key.clone());

@@ -80,19 +80,29 @@ impl Engine {
                     let Some(b) = &rb.manifest.breaker else { continue };
                     let name = &rb.manifest.name;
                     let window_ms = (b.window_secs as i64).saturating_mul(1000);
+                    // The storm is judged once its first fire's hold is
+                    // over, so every node that fired with it is seen.
+                    let held_over = t
+                        .queue
+                        .iter()
+                        .any(|id| t.runs.get(id).is_some_and(|r| r.summary.runbook == *name && r.not_before_ms <= now));
                     let Some(br) = t.breakers.get_mut(name) else { continue };
                     let distinct = br.distinct(now, window_ms, b.count);
-                    if distinct as u32 > b.max_targets && br.tripped_until <= now {
+                    if distinct as u32 > b.max_targets && br.tripped_until <= now && held_over {
                         br.tripped_until = now.saturating_add(window_ms);
                         let what = match b.count {
                             crate::manifest::BreakerCount::Nodes => "nodes",
                             crate::manifest::BreakerCount::Gpus => "GPUs",
                         };
+                        let nodes: std::collections::BTreeSet<String> =
+                            br.fires.iter().map(|f| f.node.clone()).collect();
                         tripped.push((
                             name.clone(),
                             format!(
-                                "breaker tripped: {distinct} {what} fired within {} s (max_targets {}): a fleet-wide event, not {distinct} broken {what}",
-                                b.window_secs, b.max_targets
+                                "breaker tripped: {distinct} {what} fired within {} s (max_targets {}): one shared cause, not {distinct} broken {what} — {}",
+                                b.window_secs,
+                                b.max_targets,
+                                self.shared_by(&nodes)
                             ),
                             br.tripped_until,
                         ));
@@ -246,6 +256,30 @@ impl Engine {
             tracing::error!(error = %e, "cannot audit a preemption");
         }
         tracing::warn!(run = holder, by, "run preempted by a critical run");
+    }
+
+    /// The nodes of a storm and what they have in common: every label
+    /// they all carry with one value (`rack=r12`, `storage=nfs-a`) — where
+    /// a person looks first.
+    fn shared_by(&self, nodes: &std::collections::BTreeSet<String>) -> String {
+        let labels: Vec<std::collections::BTreeMap<String, String>> =
+            nodes.iter().filter_map(|n| self.core.fleet.get(n)).map(|n| n.spec.labels.clone()).collect();
+        let common: Vec<String> = labels
+            .first()
+            .map(|first| {
+                first
+                    .iter()
+                    .filter(|(k, v)| labels.iter().all(|l| l.get(*k) == Some(*v)))
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let listed = nodes.iter().cloned().collect::<Vec<_>>().join(", ");
+        if common.is_empty() {
+            format!("nodes {listed}, with no label in common")
+        } else {
+            format!("nodes {listed}, all with {}", common.join(", "))
+        }
     }
 
     async fn trip_breaker(&self, runbook: &str, reason: &str, until: i64) {
