@@ -379,9 +379,9 @@ async fn a_held_config_version_marked_bad_ends_its_hold_and_is_never_put_back() 
 }
 
 #[tokio::test]
-async fn requeue_moves_jobs_only_off_a_node_nightshift_drained() {
+async fn requeue_moves_jobs_only_off_a_node_nightshift_drained_or_off_a_broken_gpu() {
     let mut n = Node::new("h100-sxm");
-    let requeue = || Op::Requeue(RequeueArgs { reason: "hung job".into() });
+    let requeue = || Op::Requeue(RequeueArgs { reason: "hung job".into(), gpu: None });
     // Not drained: the jobs would come straight back.
     let r = n.call("r1", requeue(), None).await;
     assert_eq!(r.code(), Some(ErrorCode::BadRequest), "{r:?}");
@@ -402,6 +402,19 @@ async fn requeue_moves_jobs_only_off_a_node_nightshift_drained() {
     let r = m.call("r2", requeue(), None).await;
     assert_eq!(r.code(), Some(ErrorCode::NotOwner), "{r:?}");
     assert!(!m.sim.jobs_requeued());
+    // ... also for a run about a GPU this agent sees healthy ...
+    let about = |gpu| Op::Requeue(RequeueArgs { reason: "fault".into(), gpu: Some(gpu) });
+    let r = m.call("r3", about(1), None).await;
+    assert_eq!(r.code(), Some(ErrorCode::NotOwner), "{r:?}");
+    assert!(r.error.unwrap().message.contains("GPU 1 shows no hardware fault here"));
+    assert!(!m.sim.jobs_requeued());
+    // ... but a job on a GPU that fell off the bus cannot run, whoever
+    // drained the node: it is moved, and the reply says why.
+    m.ok("sim2", Op::SimFault(SimFault::GpuLost { gpu: 1 }), None).await;
+    let v = m.ok("r4", about(1), None).await;
+    assert_eq!(v["outcome"], "applied", "{v}");
+    assert_eq!(v["after"]["gpu_fault"], "GPU 1 does not answer", "{v}");
+    assert!(m.sim.jobs_requeued());
 }
 
 /// A GPU-less stand-in for real hardware: `sim_fault` must be refused.

@@ -1457,13 +1457,25 @@ impl Agent {
                         ),
                     ));
                 }
-                if !nightshift_proto::owner::owned_by_nightshift(d.reason.as_deref()) {
+                // A person's drain: their jobs are theirs to move — unless
+                // this agent itself sees the named GPU broken (off the bus,
+                // a fatal XID since its reset, double-bit errors, a failed
+                // remap): a job there cannot run, whoever drained the node.
+                let broken = match a.gpu {
+                    Some(g) if !nightshift_proto::owner::owned_by_nightshift(d.reason.as_deref()) => {
+                        let (gpus, _) = self.backend.sample().map_err(backend_refusal)?;
+                        gpus.iter().find(|x| x.index == g).and_then(hardware_fault)
+                    }
+                    _ => None,
+                };
+                if !nightshift_proto::owner::owned_by_nightshift(d.reason.as_deref()) && broken.is_none() {
                     return Err((
                         ErrorCode::NotOwner,
                         format!(
-                            "{} was drained by someone else (reason: {:?}): their jobs are theirs to move",
+                            "{} was drained by someone else (reason: {:?}): their jobs are theirs to move{}",
                             self.opts.node,
-                            d.reason.as_deref().unwrap_or("")
+                            d.reason.as_deref().unwrap_or(""),
+                            a.gpu.map_or(String::new(), |g| format!(" (GPU {g} shows no hardware fault here)"))
                         ),
                     ));
                 }
@@ -1471,7 +1483,10 @@ impl Agent {
                     ActionKind::NodeDrain,
                     None,
                     json!({"drained": true, "reason": d.reason}),
-                    json!({"requeue": true, "why": a.reason}),
+                    match &broken {
+                        Some(why) => json!({"requeue": true, "why": a.reason, "gpu_fault": why}),
+                        None => json!({"requeue": true, "why": a.reason}),
+                    },
                 )
             }
             OneShot::ConfigMark(a) => {
@@ -1580,10 +1595,21 @@ impl Agent {
                 json!({"node": a.node, "powered": a.up, "scheduler": self.scheduler.kind()})
             }
             OneShot::Requeue(a) => {
+                let fault = match a.gpu {
+                    Some(g) => self
+                        .backend
+                        .sample()
+                        .ok()
+                        .and_then(|(gpus, _)| gpus.iter().find(|x| x.index == g).and_then(hardware_fault)),
+                    None => None,
+                };
                 let moved = self.scheduler.requeue().await.map_err(node_refusal)?;
                 self.backend.on_jobs_requeued();
-                tracing::info!(node = %self.opts.node, jobs = ?moved, why = %a.reason, "requeued the node's jobs");
-                json!({"requeued": moved, "scheduler": self.scheduler.kind()})
+                tracing::info!(node = %self.opts.node, jobs = ?moved, why = %a.reason, gpu_fault = ?fault, "requeued the node's jobs");
+                match fault {
+                    Some(f) => json!({"requeued": moved, "scheduler": self.scheduler.kind(), "gpu_fault": f}),
+                    None => json!({"requeued": moved, "scheduler": self.scheduler.kind()}),
+                }
             }
             OneShot::ConfigMark(a) => {
                 let h = self.configs.mark(&a.name, a.version, a.good, now).map_err(node_refusal)?;
@@ -1979,3 +2005,20 @@ const MAX_TERM_STEP: u64 = 1_000;
 
 /// The highest term a first request may carry (an agent that has seen none).
 const MAX_FIRST_TERM: u64 = 1 << 32;
+
+/// What this agent sees wrong with a GPU's hardware, if anything: it does
+/// not answer, a fatal XID since its last reset, double-bit ECC errors, a
+/// failed row remap.
+fn hardware_fault(g: &GpuTelemetry) -> Option<String> {
+    if g.lost {
+        Some(format!("GPU {} does not answer", g.index))
+    } else if g.reset_required == Some(true) {
+        Some(format!("GPU {} had a fatal XID ({}) since its last reset", g.index, g.xid_last.unwrap_or(0)))
+    } else if g.ecc_dbe_total > 0 {
+        Some(format!("GPU {} has {} double-bit ECC error(s)", g.index, g.ecc_dbe_total))
+    } else if g.row_remap_failure == Some(true) {
+        Some(format!("GPU {} failed a row remap", g.index))
+    } else {
+        None
+    }
+}

@@ -379,7 +379,12 @@ pub(super) fn register(e: &mut Engine) {
         act(None, Op::Mark(MarkArgs { mark: mark_kind(name)?, set: false, reason: None }))
     });
     // A drain stops new work; this moves the running jobs elsewhere.
-    e.register_fn("requeue", |why: &str| act(None, Op::Requeue(RequeueArgs { reason: why.into() })));
+    // The run's GPU goes with it: on a node a person drained, the agent
+    // moves the jobs only off a GPU it sees broken.
+    e.register_fn("requeue", |why: &str| {
+        let gpu = ctx()?.target.gpu;
+        act(None, Op::Requeue(RequeueArgs { reason: why.into(), gpu }))
+    });
     e.register_fn("config_apply", |name: &str, content: &str| {
         act(
             None,

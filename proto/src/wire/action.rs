@@ -152,6 +152,12 @@ pub struct FlushCachesArgs {
 #[serde(deny_unknown_fields)]
 pub struct RequeueArgs {
     pub reason: String,
+    /// The GPU at fault, for a run about one: on a node someone else
+    /// drained (whose jobs are theirs to move), the agent moves them only
+    /// when it sees that GPU's hardware fault itself — a job on a GPU that
+    /// fell off the bus cannot run, whoever drained the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
 }
 
 impl Default for FlushCachesArgs {
