@@ -3,6 +3,7 @@
 //! and step the triggers watching their metric; what fires (and every new
 //! alert a runbook matches) becomes a run request for the executor.
 
+use crate::script::workload::fragmentation_limit;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -78,6 +79,12 @@ impl Engine {
                     let info = inv.gpus.iter().find(|i| i.index == g.index);
                     let limit = info.and_then(|i| i.slowdown_temp_c).unwrap_or(DEFAULT_SLOWDOWN_C);
                     samples.push((u16::try_from(g.index).ok(), ids::THERMAL_HEADROOM, limit - g.temperature_c));
+                    // And how far fragmentation is over the model's own
+                    // limit (H6's trigger, one threshold for every model).
+                    if let Some(f) = g.mem_fragmentation_pct {
+                        let (_, lim) = fragmentation_limit(info.map_or("", |i| i.name.as_str()));
+                        samples.push((u16::try_from(g.index).ok(), ids::MEM_FRAG_OVER, f - lim));
+                    }
                 }
             }
         }
@@ -172,6 +179,21 @@ impl Engine {
             })
             .collect();
         keyed.extend(headroom);
+        let over: Vec<_> = keyed
+            .iter()
+            .filter(|(_, k, ..)| k.metric == ids::MEM_FRAG && k.gpu.is_some())
+            .map(|(n, k, ts, v)| {
+                let name = nodes[*n as usize]
+                    .state()
+                    .inventory
+                    .as_ref()
+                    .and_then(|inv| inv.gpus.iter().find(|i| k.gpu == u16::try_from(i.index).ok()))
+                    .map(|i| i.name.clone())
+                    .unwrap_or_default();
+                (*n, SeriesKey { metric: ids::MEM_FRAG_OVER, ..*k }, *ts, v - fragmentation_limit(&name).1)
+            })
+            .collect();
+        keyed.extend(over);
         {
             let mut h = crate::core::lock(&self.core.history);
             for (_, key, ts, v) in keyed.iter().filter(|(_, k, ..)| crate::history::History::plotted(k.metric)) {

@@ -163,6 +163,12 @@ pub const METRICS: &[MetricDef] = &[
         "share of cycles an SM had work (what utilisation means to a training job; absent without DCGM profiling)",
         "DCGM_FI_PROF_SM_ACTIVE (dcgm-exporter, a 0–1 ratio), through Prometheus; the simulator's NVIDIA profiles",
     ),
+    gpu(
+        "gpu.mem_fragmentation_over_limit_pct",
+        "%",
+        "how far memory fragmentation is above the GPU model's own limit (H6: V100 30 %, A100 25 %, Instinct 15 %, others 25 %)",
+        "derived: gpu.mem_fragmentation_pct − the model's limit",
+    ),
 ];
 
 /// Look a metric up by name.
@@ -220,6 +226,7 @@ pub mod ids {
     pub const MEM_NEED: MetricId = 34;
     pub const OOM_EVENTS: MetricId = 35;
     pub const SM_ACTIVE: MetricId = 36;
+    pub const MEM_FRAG_OVER: MetricId = 37;
 }
 
 #[cfg(test)]
@@ -251,11 +258,12 @@ mod tests {
             (ids::MEM_NEED, "gpu.mem_need_pct"),
             (ids::OOM_EVENTS, "job.oom_events_total"),
             (ids::SM_ACTIVE, "gpu.sm_active_pct"),
+            (ids::MEM_FRAG_OVER, "gpu.mem_fragmentation_over_limit_pct"),
         ];
         for (id, name) in pairs {
             assert_eq!(metric(id).name, name);
             assert_eq!(metric_id(name), Some(id));
         }
-        assert_eq!(METRICS.len(), ids::SM_ACTIVE as usize + 1);
+        assert_eq!(METRICS.len(), ids::MEM_FRAG_OVER as usize + 1);
     }
 }

@@ -1251,13 +1251,20 @@ async fn run_with(
             None => !hits.is_empty(),
         };
         if !ok {
-            let seen: Vec<String> = runs
+            let all: Vec<String> = runs
                 .iter()
                 .filter(|r| r.runbook == m.runbook)
                 .map(|r| format!("{} {}", r.id, r.outcome.map_or("unfinished", |o| o.as_str())))
                 .collect();
+            // The newest ten say enough.
+            let more = all.len().saturating_sub(10);
+            let seen = format!(
+                "{:?}{}",
+                &all[..all.len().min(10)],
+                if more > 0 { format!(" and {more} more") } else { String::new() }
+            );
             failures.push(format!(
-                "expected {} run(s) of {}{}, found {} ({seen:?})",
+                "expected {} run(s) of {}{}, found {} ({seen})",
                 m.count.map_or("at least 1".to_string(), |c| c.to_string()),
                 m.runbook,
                 m.outcome.map(|o| format!(" that {}", o.as_str())).unwrap_or_default(),
