@@ -398,10 +398,23 @@ impl Engine {
             // fails changes (it is re-checked every ten minutes).
             if !passed && failures != h.refuted_failures {
                 let text = format!(
-                    "{node} GPU {gpu} failed its health check after the repair: {}. It stays out of service{}",
+                    "{node} GPU {gpu} failed its health check after the repair: {}. It stays out of service{}; the vendor's evidence is being collected on the node (nightshift agents evidence {node})",
                     failures.join("; "),
                     h.instruction.as_deref().map(|i| format!("; {i}")).unwrap_or_default()
                 );
+                // What the vendor asks for with a return, beside the check
+                // that refuted the repair (in the background: a bug report
+                // takes minutes, the other checks do not wait for it).
+                let (e, n, g, why, run) = (
+                    self.clone(),
+                    node.to_string(),
+                    *gpu,
+                    format!("health check failed: {}", failures.join("; ")),
+                    h.run.clone(),
+                );
+                tokio::spawn(async move {
+                    let _ = e.collect_evidence(&n, Some(g), &why, run.as_deref(), "engine").await;
+                });
                 let rec = self
                     .core
                     .notice_record(RecordKind::Notification, &text, "warning", false, false)
