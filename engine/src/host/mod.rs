@@ -698,6 +698,10 @@ impl ScriptHost for Host {
         self.scale_group(ctx, out, count)
     }
 
+    fn boot_failed(&self, ctx: &RunCtx, node: &str, why: &str) {
+        self.mark_boot_failed(ctx, node, why)
+    }
+
     /// Ask the autoscaler for `count` more nodes for the run's pool
     /// (`out`), or to take back `count` it added at nightshift's request
     /// (`in`): bounded by the runbook's `max_nodes_changed`, the

@@ -5,7 +5,17 @@
 use super::*;
 use crate::audit::data::AutoscaleResult;
 
+/// The annotation that says a node nightshift powered up did not boot.
+const BOOT_MARK: &str = "boot";
+
 impl Host {
+    /// [`ScriptHost::boot_failed`]: mark `node` as one that did not boot
+    /// after a power-up, so scale-out skips it until it reports.
+    pub(super) fn mark_boot_failed(&self, ctx: &RunCtx, node: &str, why: &str) {
+        let text = format!("failed to boot after run {}'s power-up: {why}", self.run);
+        self.annotate(ctx, node, BOOT_MARK, Some(&text));
+    }
+
     /// Standby nodes of `n`'s pool (its `pool` label) serving now: the
     /// pool is scaled out by that many (H12 names an expansion that raised
     /// the communication share).
@@ -44,12 +54,31 @@ impl Host {
             })
             .map(|n| n.spec.name.clone())
             .collect();
-        for n in self.core.fleet.group(&label, &value) {
+        // Warm standbys first (up, drained, seconds from serving), then the
+        // ones the scheduler keeps powered down (minutes to boot); file
+        // order otherwise.
+        let mut group = self.core.fleet.group(&label, &value);
+        if out {
+            group.sort_by_key(|n| n.spec.power_saving && !n.state().connected);
+        }
+        for n in group {
             if changed.len() as i64 >= count {
                 break;
             }
             if !n.spec.standby {
                 continue;
+            }
+            // A node that failed to boot after nightshift powered it up is
+            // not powered up again (every cooldown) until it reports: a
+            // person looks at it. Once it is up the mark goes.
+            let boot_failed = n.state().annotations.get(BOOT_MARK).cloned();
+            if let Some(mark) = boot_failed {
+                if n.state().connected {
+                    self.annotate(ctx, &n.spec.name, BOOT_MARK, None);
+                } else if out {
+                    skipped.push(json!({"node": n.spec.name, "why": mark}));
+                    continue;
+                }
             }
             let (drained, reason, holds, connected, powered_by_us) = {
                 let st = n.state();

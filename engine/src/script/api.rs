@@ -486,6 +486,13 @@ pub(super) fn register(e: &mut Engine) {
         let c = ctx()?;
         Ok(c.host.scale(&c, true, n))
     });
+    // A node powered up that did not boot: scale-out skips it until it
+    // reports (a person looks at it).
+    e.register_fn("boot_failed", |node: &str, why: &str| -> Result<(), Box<EvalAltResult>> {
+        let c = ctx()?;
+        c.host.boot_failed(&c, node, why);
+        Ok(())
+    });
     e.register_fn("scale_in", |n: i64| -> Result<Map, Box<EvalAltResult>> {
         let c = ctx()?;
         Ok(c.host.scale(&c, false, n))

@@ -201,6 +201,8 @@ pub trait ScriptHost: Send + Sync {
     fn health_check(&self, _ctx: &RunCtx, _node: &str) -> Map {
         Map::new()
     }
+    /// Mark a node that did not boot after a power-up (scale-out skips it).
+    fn boot_failed(&self, _ctx: &RunCtx, _node: &str, _why: &str) {}
     /// RMA evidence of the run's GPU (or node), its hash on the chain.
     fn collect_evidence(&self, _ctx: &RunCtx, _why: &str) -> Map {
         Map::new()
