@@ -192,6 +192,39 @@ fn every_row_has_an_mi300x_and_a_b200_scenario() {
     assert!(missing.is_empty(), "no scenario for {missing:?}");
 }
 
+/// Issue 42 point 7, "a page needs a reason": every shipped runbook has a
+/// scenario that bounds what it tells people (an `escalations` or
+/// `notifications` range with a maximum), so a row that starts paging more
+/// than it should fails a test, not an on-call.
+#[test]
+fn every_runbook_has_a_scenario_that_counts_its_pages() {
+    use nightshift_sim::scenario::Scenario;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
+    let scenarios: Vec<Scenario> =
+        scenario_files(&root.join("scenarios")).iter().map(|f| Scenario::load(f).unwrap()).collect();
+    let mut runbooks = Vec::new();
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            runbooks.push(path.file_stem().unwrap().to_string_lossy().to_string());
+        }
+    }
+    runbooks.sort();
+    assert!(runbooks.len() >= 12, "{runbooks:?}");
+    let missing: Vec<&String> = runbooks
+        .iter()
+        .filter(|name| {
+            !scenarios.iter().any(|s| {
+                s.runbooks.as_ref().is_some_and(|r| r.contains(name))
+                    && [&s.expect.escalations, &s.expect.notifications]
+                        .iter()
+                        .any(|r| r.as_ref().is_some_and(|r| r.max.is_some()))
+            })
+        })
+        .collect();
+    assert!(missing.is_empty(), "no scenario bounds the pages of {missing:?}");
+}
+
 /// Invariant 18: every shipped runbook that holds a power cap, a fan curve
 /// or the chassis fans has a shipped scenario that restarts the engine
 /// while its fault persists (the simulated restart is a real one's: no
