@@ -411,7 +411,8 @@ async fn slurm_power_saving_marks_and_quarantine() {
             (
                 "grow",
                 group_manifest,
-                "let r = scale_out(1);\nif r.count == 0 { fail(`nothing to scale out: ${r.skipped}`); }\n",
+                // As H4 does: the queue first (a held job waits), then the nodes.
+                "let p = pool_pending();\nif p.known != true || p.jobs != 1 { fail(`the queue: ${p}`); }\nnote(`${p.jobs} job(s) waiting in the ${p.scheduler} queue, read by ${p.from}`);\nlet r = scale_out(1);\nif r.count == 0 { fail(`nothing to scale out: ${r.skipped}`); }\n",
             ),
             (
                 "shrink",
@@ -445,8 +446,16 @@ async fn slurm_power_saving_marks_and_quarantine() {
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
     assert!(eventually(20, || engine.node("gpu01").unwrap().state.connected.then_some(())).await.is_some());
 
-    // 1. Scale-out powers gpu02 up through gpu01's agent; the ResumeProgram
-    //    boots it; its agent comes up with it.
+    // 1. Scale-out reads the queue (one held job waits: Slurm keeps it
+    //    PENDING), then powers gpu02 up through gpu01's agent; the
+    //    ResumeProgram boots it; its agent comes up with it.
+    let held = Command::new("sbatch")
+        .args(["--parsable", "--hold", "-p", "gpu", "--output", "/dev/null", "--wrap", "true"])
+        .env("SLURM_CONF", &slurm.conf)
+        .output()
+        .unwrap();
+    let held = String::from_utf8_lossy(&held.stdout).trim().to_string();
+    assert!(!held.is_empty(), "sbatch --hold gave no job id");
     let s = engine.submit(manual_run("grow", Target::group("pool", "a"))).await.unwrap();
     let id = s.run().unwrap().id.clone();
     let done = eventually(60, || engine.run(&id).unwrap().filter(|r| r.outcome.is_some())).await.unwrap();
@@ -475,6 +484,31 @@ async fn slurm_power_saving_marks_and_quarantine() {
     );
     b.restart().await;
     assert!(eventually(30, || engine.node("gpu02").unwrap().state.connected.then_some(())).await.is_some());
+    let noted = records.iter().any(|r| {
+        r.kind == RecordKind::Note
+            && r.data["text"].as_str().is_some_and(|t| t.contains("1 job(s) waiting in the slurm queue, read by gpu01"))
+    });
+    assert!(noted, "the queue as read: {records:?}");
+    // With the job gone the agent reads an empty queue.
+    let _ = Command::new("scancel").arg(&held).env("SLURM_CONF", &slurm.conf).output();
+    let q = nightshift_proto::ssh::client::AgentConnection::connect(&a.client_config()).await.unwrap();
+    let mut last = None;
+    for i in 0..60 {
+        let op = nightshift_proto::Op::SchedulerPending(nightshift_proto::SchedulerPendingArgs {
+            partition: Some("gpu".into()),
+        });
+        let r = q.call(&nightshift_proto::Request::new(format!("pending-{i}"), op)).await.unwrap();
+        let p: nightshift_proto::PendingWork = serde_json::from_value(r.result.clone().unwrap_or_default()).unwrap();
+        if p.jobs == Some(0) {
+            assert_eq!((p.scheduler.as_str(), p.gpus), ("slurm", Some(0)), "{p:?}");
+            last = None;
+            break;
+        }
+        last = Some(r);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(last.is_none(), "the queue after scancel: {last:?}");
+    q.close().await;
 
     // 2. No-pack: Slurm's scheduler picks the other node for new work while
     //    the mark stands, and the weight goes back when it ends.

@@ -61,6 +61,11 @@ pub trait Backend: Send + Sync {
     }
     /// Called after the node's jobs were requeued (they stop here).
     fn on_jobs_requeued(&self) {}
+    /// The simulator's scheduler queue (jobs waiting for the pool), where
+    /// no real scheduler is configured; real backends have none.
+    fn pending_jobs(&self) -> Option<u64> {
+        None
+    }
     /// Called after the node's jobs were requeued to restart (a config they
     /// read changed) on a node that still takes work.
     fn on_jobs_restarted(&self) {}

@@ -462,6 +462,9 @@ struct NodeState {
     flush_failing: bool,
     /// The BMC lets the agent drive the chassis fans.
     bmc: bool,
+    /// Jobs waiting in the scheduler's queue for this node's pool, as a
+    /// scheduler would tell (`None`: no scheduler to ask).
+    pending_jobs: Option<u64>,
 }
 
 impl NodeState {
@@ -711,6 +714,7 @@ impl SimBackend {
                     chassis_airflow_factor: 1.0,
                     flush_failing: false,
                     bmc: true,
+                    pending_jobs: None,
                 },
                 requeued: false,
             }),
@@ -1188,6 +1192,7 @@ impl SimBackend {
                     "person_drain and person_resume are handled by the node's scheduler adapter".into(),
                 ));
             }
+            SimFault::PendingJobs { jobs } => st.node.pending_jobs = *jobs,
             SimFault::Clear {} => {
                 for g in st.gpus.iter_mut() {
                     g.fan_failed = false;
@@ -1477,6 +1482,10 @@ impl Backend for SimBackend {
             g.phases = None;
             g.frag_pct = g.frag_pct.min(4.0);
         }
+    }
+
+    fn pending_jobs(&self) -> Option<u64> {
+        self.lock().node.pending_jobs
     }
 
     fn on_jobs_restarted(&self) {

@@ -90,6 +90,27 @@ pub fn valid_node_name(n: &str) -> bool {
     !n.is_empty() && n.len() <= 253 && n.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
+/// `squeue --format=%i|%D|%b` lines → (jobs, GPUs asked for): `%b` is
+/// the job's GPUs per node (`gres/gpu:8`, `gres:gpu:a100:4`, `N/A`) times
+/// its node count; a job that asks for none counts no GPU.
+pub fn parse_pending(text: &str) -> (u64, u64) {
+    let mut jobs = 0;
+    let mut gpus = 0u64;
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        jobs += 1;
+        let mut f = line.split('|');
+        let (_, nodes, tres) = (f.next(), f.next(), f.next().unwrap_or(""));
+        let nodes: u64 = nodes.and_then(|n| n.trim().parse().ok()).unwrap_or(1);
+        let per_node: u64 = tres
+            .split(',')
+            .filter(|t| t.contains("gpu"))
+            .filter_map(|t| t.rsplit(':').next()?.trim().parse::<u64>().ok())
+            .sum();
+        gpus = gpus.saturating_add(per_node.saturating_mul(nodes));
+    }
+    (jobs, gpus)
+}
+
 /// The adapter.
 #[derive(Debug, Clone)]
 pub struct Scheduler {
@@ -353,6 +374,37 @@ impl Scheduler {
         }
     }
 
+    /// The command that lists the jobs waiting in the queue (Slurm: id,
+    /// node count and GPUs per node), of `partition` or every partition.
+    pub fn pending_argv(&self, partition: Option<&str>) -> Option<Vec<String>> {
+        match &self.config {
+            SchedulerConfig::Slurm { scontrol_path, .. } => {
+                let squeue =
+                    std::path::Path::new(scontrol_path).with_file_name("squeue").to_string_lossy().into_owned();
+                let squeue = if scontrol_path.contains('/') { squeue } else { s("squeue") };
+                let mut argv = vec![squeue, s("--noheader"), s("--states=PENDING"), s("--format=%i|%D|%b")];
+                if let Some(p) = partition {
+                    argv.push(format!("--partition={p}"));
+                }
+                Some(argv)
+            }
+            _ => None,
+        }
+    }
+
+    /// The jobs waiting in the queue and the GPUs they ask for (`None`:
+    /// this scheduler cannot say).
+    pub async fn pending(&self, partition: Option<&str>) -> Result<Option<(u64, u64)>, NodeError> {
+        if let Some(p) = partition
+            && !valid_node_name(p)
+        {
+            return Err(NodeError::Unexpected(format!("partition {p:?}: expected letters, digits, `-`, `_` or `.`")));
+        }
+        let Some(argv) = self.pending_argv(partition) else { return Ok(None) };
+        let out = procs::run_with_env(&argv, &self.env(), self.timeout()).await?;
+        Ok(Some(parse_pending(&out.stdout)))
+    }
+
     /// The commands that move the node's running jobs elsewhere: Slurm
     /// requeues `jobs` (from [`Scheduler::running_jobs_argv`]); Kubernetes
     /// evicts the node's pods (`kubectl drain`, which cordons too).
@@ -571,6 +623,19 @@ pub fn parse_k8s_node(out: &str) -> Result<DrainState, NodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pending_jobs_and_the_gpus_they_ask_for() {
+        for (text, want) in [
+            ("", (0, 0)),
+            ("17|1|N/A\n", (1, 0)),
+            ("17|2|gres/gpu:8\n18|1|gres:gpu:a100:4\n", (2, 20)),
+            ("19|1|gres/gpu:2,gres/shard:1\n  \n", (1, 2)),
+            ("20|x|gres/gpu:8\n", (1, 8)),
+        ] {
+            assert_eq!(parse_pending(text), want, "{text:?}");
+        }
+    }
 
     fn slurm() -> Scheduler {
         Scheduler::new(

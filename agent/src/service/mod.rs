@@ -342,12 +342,27 @@ impl Agent {
             Op::Holds(_) => Ok(to_value(&self.held())),
             Op::HealthCheck(a) => self.health_check(a.gpu).await.map(|h| to_value(&h)),
             Op::CollectEvidence(a) => self.collect_evidence(a).await.map(|c| to_value(&c)),
+            Op::SchedulerPending(a) => self.pending(a.partition.as_deref()).await.map(|p| to_value(&p)),
             _ => return self.mutate(req).await,
         };
         match result {
             Ok(v) => Reply::ok(id, v),
             Err((code, msg)) => Reply::err(id, code, msg),
         }
+    }
+
+    /// The work waiting in the scheduler's queue: the real scheduler's
+    /// (Slurm), else the simulator's, else unknown.
+    pub async fn pending(&self, partition: Option<&str>) -> Result<nightshift_proto::PendingWork, Refusal> {
+        let read = self.scheduler.pending(partition).await.map_err(node_refusal)?;
+        let (jobs, gpus, scheduler) = match read {
+            Some((j, g)) => (Some(j), Some(g), self.scheduler.kind().to_string()),
+            None => match self.backend.pending_jobs() {
+                Some(j) => (Some(j), None, format!("{} backend's", self.backend.name())),
+                None => (None, None, self.scheduler.kind().to_string()),
+            },
+        };
+        Ok(nightshift_proto::PendingWork { scheduler, partition: partition.map(str::to_string), jobs, gpus })
     }
 
     /// Gather the vendor's RMA evidence and the last health check into a

@@ -27,6 +27,7 @@ use crate::runs::RunSummary;
 use crate::script::{Agg, Reading, RunCtx, ScriptHost, TextKind};
 
 mod act;
+mod reads;
 mod scale;
 mod tell;
 
@@ -343,46 +344,23 @@ impl ScriptHost for Host {
     }
 
     fn collect_evidence(&self, ctx: &RunCtx, why: &str) -> Map {
-        let Some(node) = ctx.target.node.clone() else { return refused("not_node", "evidence is of a node or GPU") };
-        if ctx.dry_run {
-            return to_map(json!({"ok": true, "dry_run": true}));
-        }
-        let engine = crate::engine::Engine::from_core(self.core.clone());
-        match self.block_on(engine.collect_evidence(&node, ctx.target.gpu, why, Some(&self.run), "engine")) {
-            Ok(c) => to_map(json!({"ok": true, "bundle": c.bundle.id, "sha256": c.sha256, "dir": c.dir})),
-            Err(e) => to_map(json!({"ok": false, "error": e})),
-        }
+        self.evidence_of_target(ctx, why)
+    }
+
+    fn pool_pending(&self, ctx: &RunCtx) -> Map {
+        self.pending_of_group(ctx)
     }
 
     fn stats_between(
         &self,
-        _ctx: &RunCtx,
+        ctx: &RunCtx,
         node: &str,
         gpu: Option<u32>,
         metric: MetricId,
         from_ms: i64,
         to_ms: i64,
     ) -> Map {
-        let Some(n) = self.core.fleet.get(node) else { return Map::new() };
-        let gpus: Vec<Option<u16>> = match (metrics::metric(metric).gpu_scoped, gpu) {
-            (true, Some(g)) => vec![u16::try_from(g).ok()],
-            (true, None) => (0..n.state().gpu_count()).map(|g| u16::try_from(g).ok()).collect(),
-            (false, _) => vec![None],
-        };
-        let b = self.core.brain();
-        let mut pts: Vec<f64> = Vec::new();
-        for g in gpus {
-            let key = crate::telemetry::SeriesKey { node: n.idx, gpu: g, metric };
-            pts.extend(b.store.window(key, from_ms).into_iter().filter(|(t, _)| *t <= to_ms).map(|(_, v)| v));
-        }
-        if pts.is_empty() {
-            return to_map(json!({"count": 0}));
-        }
-        let min = pts.iter().cloned().fold(f64::INFINITY, f64::min);
-        let max = pts.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let avg = pts.iter().sum::<f64>() / pts.len() as f64;
-        let r2 = |v: f64| (v * 100.0).round() / 100.0;
-        to_map(json!({"count": pts.len(), "min": r2(min), "max": r2(max), "avg": r2(avg)}))
+        self.stats_of(ctx, node, gpu, metric, from_ms, to_ms)
     }
 
     fn thermal_fit(&self, _ctx: &RunCtx, node: &str, gpu: u32, window_ms: i64) -> Map {

@@ -486,6 +486,11 @@ pub(super) fn register(e: &mut Engine) {
         let c = ctx()?;
         Ok(c.host.scale(&c, true, n))
     });
+    // The scheduler's queue for the run's group: `#{known, jobs, gpus, from}`.
+    e.register_fn("pool_pending", || -> Result<Map, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.pool_pending(&c))
+    });
     // A node powered up that did not boot: scale-out skips it until it
     // reports (a person looks at it).
     e.register_fn("boot_failed", |node: &str, why: &str| -> Result<(), Box<EvalAltResult>> {

@@ -201,6 +201,10 @@ pub trait ScriptHost: Send + Sync {
     fn health_check(&self, _ctx: &RunCtx, _node: &str) -> Map {
         Map::new()
     }
+    /// The work waiting in the scheduler for the run's group.
+    fn pool_pending(&self, _ctx: &RunCtx) -> Map {
+        Map::new()
+    }
     /// Mark a node that did not boot after a power-up (scale-out skips it).
     fn boot_failed(&self, _ctx: &RunCtx, _node: &str, _why: &str) {}
     /// RMA evidence of the run's GPU (or node), its hash on the chain.

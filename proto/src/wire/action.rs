@@ -277,6 +277,31 @@ pub struct HealthCheckArgs {
     pub gpu: Option<u32>,
 }
 
+/// `scheduler_pending` (read-only): the work waiting in the scheduler's
+/// queue for `partition` (absent: every partition), as the node's agent
+/// reads it (Slurm: `squeue --states=PENDING`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerPendingArgs {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+}
+
+/// What `scheduler_pending` answers: jobs (and the GPUs they ask for)
+/// waiting; `None` where the scheduler cannot say (none configured,
+/// Kubernetes for now).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PendingWork {
+    pub scheduler: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    #[serde(default)]
+    pub jobs: Option<u64>,
+    #[serde(default)]
+    pub gpus: Option<u64>,
+}
+
 /// One GPU's part of a health check.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -594,6 +619,12 @@ pub enum SimFault {
     CommOverhead { pct: f64 },
     /// A person drains the node through the scheduler (not nightshift).
     PersonDrain { reason: String },
+    /// The scheduler's queue as this node's agent reads it: `jobs` waiting
+    /// for the node's pool (none: the scheduler cannot say).
+    PendingJobs {
+        #[serde(default)]
+        jobs: Option<u64>,
+    },
     /// Clear every fault and restore the default workload.
     Clear {},
 }

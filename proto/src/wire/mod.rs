@@ -220,6 +220,8 @@ ops! {
     /// pending remap, ECC stable, PCIe at its width, NVLink up, no fatal
     /// XID since the last reset (`dcgmi diag -r 1` where DCGM is installed).
     HealthCheck(HealthCheckArgs) = "health_check", mutating = false, kind = None;
+    /// The work waiting in the scheduler's queue (H4 reads it with power).
+    SchedulerPending(SchedulerPendingArgs) = "scheduler_pending", mutating = false, kind = None;
     /// Gather the vendor's RMA evidence into a hashed bundle on the node
     /// (files only: no hardware changes).
     CollectEvidence(CollectEvidenceArgs) = "collect_evidence", mutating = false, kind = None;
