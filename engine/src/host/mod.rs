@@ -351,6 +351,11 @@ impl ScriptHost for Host {
         self.pending_of_group(ctx)
     }
 
+    fn xid_info(&self, _ctx: &RunCtx, code: u32) -> Map {
+        let policy = self.core.health().policy.clone();
+        policy.info(code).map(|i| to_map(json!(i))).unwrap_or_default()
+    }
+
     fn stats_between(
         &self,
         ctx: &RunCtx,

@@ -486,6 +486,12 @@ pub(super) fn register(e: &mut Engine) {
         let c = ctx()?;
         Ok(c.host.scale(&c, true, n))
     });
+    // The XID policy in force (shipped table and site overrides) on a code.
+    e.register_fn("xid_info", |code: i64| -> Result<Dynamic, Box<EvalAltResult>> {
+        let c = ctx()?;
+        let m = u32::try_from(code).map(|x| c.host.xid_info(&c, x)).unwrap_or_default();
+        Ok(if m.is_empty() { Dynamic::UNIT } else { Dynamic::from_map(m) })
+    });
     // The scheduler's queue for the run's group: `#{known, jobs, gpus, from}`.
     e.register_fn("pool_pending", || -> Result<Map, Box<EvalAltResult>> {
         let c = ctx()?;

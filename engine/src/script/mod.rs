@@ -201,6 +201,11 @@ pub trait ScriptHost: Send + Sync {
     fn health_check(&self, _ctx: &RunCtx, _node: &str) -> Map {
         Map::new()
     }
+    /// What the XID policy in force says about a code: `#{code, mnemonic,
+    /// meaning, action}` (empty: a code it does not know).
+    fn xid_info(&self, _ctx: &RunCtx, _code: u32) -> Map {
+        Map::new()
+    }
     /// The work waiting in the scheduler for the run's group.
     fn pool_pending(&self, _ctx: &RunCtx) -> Map {
         Map::new()
