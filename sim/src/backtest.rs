@@ -224,7 +224,7 @@ const MOVES: &[(&[&str], &[&str])] = &[
             "requeue",
         ],
     ),
-    (&["gpu.mem_fragmentation_pct"], &["flush_caches"]),
+    (&["gpu.mem_fragmentation_pct", "gpu.mem_fragmentation_over_limit_pct"], &["flush_caches"]),
     (
         &["node.nvlink_p2p_latency_us", "node.comm_overhead_pct", "node.allreduce_p99_ms"],
         &["config_rollback", "config_apply"],

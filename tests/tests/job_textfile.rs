@@ -58,6 +58,8 @@ async fn a_python_training_job_drives_h6_h11_and_h12_through_the_agent() {
             ("clear_below: 60", "clear_below: 2"),
             ("grace_secs: { type: int, default: 600", "grace_secs: { type: int, default: 2"),
             ("moving_secs: { type: float, default: 60", "moving_secs: { type: float, default: 2"),
+            // The storm breaker's hold (a storm is seen whole) in seconds too.
+            ("hold_secs: 60", "hold_secs: 1"),
         ],
     );
     ship(&rb, "comm-overhead", &[("for_secs: 300", "for_secs: 2")]);

@@ -274,7 +274,11 @@ impl Engine {
                     .collect()
             })
             .unwrap_or_default();
-        let listed = nodes.iter().cloned().collect::<Vec<_>>().join(", ");
+        // A page names twenty nodes at most: a fleet-wide storm is counted.
+        let mut listed = nodes.iter().take(20).cloned().collect::<Vec<_>>().join(", ");
+        if nodes.len() > 20 {
+            listed.push_str(&format!(" and {} more", nodes.len() - 20));
+        }
         if common.is_empty() {
             format!("nodes {listed}, with no label in common")
         } else {
