@@ -90,6 +90,15 @@ pub fn valid_node_name(n: &str) -> bool {
     !n.is_empty() && n.len() <= 253 && n.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
+/// `squeue` sits beside `scontrol` (a bare name: found on PATH).
+fn squeue_beside(scontrol_path: &str) -> String {
+    if scontrol_path.contains('/') {
+        std::path::Path::new(scontrol_path).with_file_name("squeue").to_string_lossy().into_owned()
+    } else {
+        s("squeue")
+    }
+}
+
 /// `squeue --format=%i|%D|%b` lines → (jobs, GPUs asked for): `%b` is
 /// the job's GPUs per node (`gres/gpu:8`, `gres:gpu:a100:4`, `N/A`) times
 /// its node count; a job that asks for none counts no GPU.
@@ -357,19 +366,13 @@ impl Scheduler {
     /// ids the requeue then names.
     pub fn running_jobs_argv(&self) -> Option<Vec<String>> {
         match &self.config {
-            SchedulerConfig::Slurm { scontrol_path, .. } => {
-                // squeue sits beside scontrol.
-                let squeue =
-                    std::path::Path::new(scontrol_path).with_file_name("squeue").to_string_lossy().into_owned();
-                let squeue = if scontrol_path.contains('/') { squeue } else { s("squeue") };
-                Some(vec![
-                    squeue,
-                    s("--noheader"),
-                    format!("--nodelist={}", self.node),
-                    s("--states=RUNNING"),
-                    s("--format=%A"),
-                ])
-            }
+            SchedulerConfig::Slurm { scontrol_path, .. } => Some(vec![
+                squeue_beside(scontrol_path),
+                s("--noheader"),
+                format!("--nodelist={}", self.node),
+                s("--states=RUNNING"),
+                s("--format=%A"),
+            ]),
             _ => None,
         }
     }
@@ -379,10 +382,8 @@ impl Scheduler {
     pub fn pending_argv(&self, partition: Option<&str>) -> Option<Vec<String>> {
         match &self.config {
             SchedulerConfig::Slurm { scontrol_path, .. } => {
-                let squeue =
-                    std::path::Path::new(scontrol_path).with_file_name("squeue").to_string_lossy().into_owned();
-                let squeue = if scontrol_path.contains('/') { squeue } else { s("squeue") };
-                let mut argv = vec![squeue, s("--noheader"), s("--states=PENDING"), s("--format=%i|%D|%b")];
+                let mut argv =
+                    vec![squeue_beside(scontrol_path), s("--noheader"), s("--states=PENDING"), s("--format=%i|%D|%b")];
                 if let Some(p) = partition {
                     argv.push(format!("--partition={p}"));
                 }
