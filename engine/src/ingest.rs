@@ -164,36 +164,28 @@ impl Engine {
             let (Some(n), Ok(gpu)) = (n, gpu.map(u16::try_from).transpose()) else { continue };
             keyed.push((*n, SeriesKey { node: nodes[*n as usize].idx, gpu, metric: *metric }, *ts, *v));
         }
-        let headroom: Vec<_> = keyed
+        // Derived per GPU from its model (one inventory lookup each): the
+        // headroom below its slowdown temperature, and how far its
+        // fragmentation is over the model's own limit.
+        let derived: Vec<_> = keyed
             .iter()
-            .filter(|(_, k, ..)| k.metric == ids::TEMPERATURE && k.gpu.is_some())
+            .filter(|(_, k, ..)| matches!(k.metric, ids::TEMPERATURE | ids::MEM_FRAG) && k.gpu.is_some())
             .map(|(n, k, ts, v)| {
-                let limit = nodes[*n as usize]
-                    .state()
+                let st = nodes[*n as usize].state();
+                let info = st
                     .inventory
                     .as_ref()
-                    .and_then(|inv| inv.gpus.iter().find(|i| k.gpu == u16::try_from(i.index).ok()))
-                    .and_then(|i| i.slowdown_temp_c)
-                    .unwrap_or(DEFAULT_SLOWDOWN_C);
-                (*n, SeriesKey { metric: ids::THERMAL_HEADROOM, ..*k }, *ts, limit - v)
+                    .and_then(|inv| inv.gpus.iter().find(|i| k.gpu == u16::try_from(i.index).ok()));
+                if k.metric == ids::TEMPERATURE {
+                    let limit = info.and_then(|i| i.slowdown_temp_c).unwrap_or(DEFAULT_SLOWDOWN_C);
+                    (*n, SeriesKey { metric: ids::THERMAL_HEADROOM, ..*k }, *ts, limit - v)
+                } else {
+                    let (_, lim) = fragmentation_limit(info.map_or("", |i| i.name.as_str()));
+                    (*n, SeriesKey { metric: ids::MEM_FRAG_OVER, ..*k }, *ts, v - lim)
+                }
             })
             .collect();
-        keyed.extend(headroom);
-        let over: Vec<_> = keyed
-            .iter()
-            .filter(|(_, k, ..)| k.metric == ids::MEM_FRAG && k.gpu.is_some())
-            .map(|(n, k, ts, v)| {
-                let name = nodes[*n as usize]
-                    .state()
-                    .inventory
-                    .as_ref()
-                    .and_then(|inv| inv.gpus.iter().find(|i| k.gpu == u16::try_from(i.index).ok()))
-                    .map(|i| i.name.clone())
-                    .unwrap_or_default();
-                (*n, SeriesKey { metric: ids::MEM_FRAG_OVER, ..*k }, *ts, v - fragmentation_limit(&name).1)
-            })
-            .collect();
-        keyed.extend(over);
+        keyed.extend(derived);
         {
             let mut h = crate::core::lock(&self.core.history);
             for (_, key, ts, v) in keyed.iter().filter(|(_, k, ..)| crate::history::History::plotted(k.metric)) {
