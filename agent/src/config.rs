@@ -319,8 +319,8 @@ mod tests {
                 "agent.yaml:3:1: listen_addr: expected host:port such as 0.0.0.0:2222, found \"nope\"",
             ),
             (
-                "version: 1\nnode: a\nlisten_addr: 1.2.3.4:22\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\nbackend: sim\nsim: {profile: h200-sxm}\n",
-                "agent.yaml:8:7: sim: unknown profile `h200-sxm`: expected one of h100-sxm",
+                "version: 1\nnode: a\nlisten_addr: 1.2.3.4:22\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\nbackend: sim\nsim: {profile: h300-sxm}\n",
+                "agent.yaml:8:7: sim: unknown profile `h300-sxm`: expected one of h100-sxm",
             ),
             (
                 "version: 1\nnode: a\nlisten_addr: 1.2.3.4:22\nstate_dir: s\nhost_key_path: k\nauthorized_keys_path: a\nbackend: sim\nsim: {gpus: 0}\n",

@@ -67,6 +67,13 @@ const fn field(name: &'static str, kind: &'static str, help: &'static str, get: 
     Field { name, kind, help, get }
 }
 
+/// The reasons as NVML's clocks-event bitmask (the bit of each name in
+/// `nightshift_proto::THROTTLE_REASONS` is its position there).
+fn clock_event_bits(reasons: &[String]) -> u64 {
+    let table = nightshift_proto::THROTTLE_REASONS;
+    reasons.iter().filter_map(|r| table.iter().position(|(name, _)| name == r)).fold(0, |bits, i| bits | 1 << i)
+}
+
 fn fb_used(g: &GpuTelemetry, i: &GpuInfo) -> f64 {
     (g.mem_used_pct / 100.0 * i.mem_total_mib as f64).round()
 }
@@ -88,6 +95,9 @@ const FIELDS: &[Field] = &[
     }),
     field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", |g, _| Some(g.util_pct)),
     field("DCGM_FI_DEV_FAN_SPEED", "gauge", "Fan speed (in %).", |g, _| g.fan_pct),
+    field("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event reasons (bitmask).", |g, _| {
+        Some(clock_event_bits(&g.throttle_reasons) as f64)
+    }),
     field("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.", |g, _| {
         g.xid_last.map(f64::from)
     }),
@@ -313,6 +323,7 @@ mod tests {
                 energy_mj: Some(123_456),
                 row_remap_failure: Some(false),
                 mem_temperature_c: Some(f64::NAN),
+                throttle_reasons: vec!["hw_slowdown".into(), "hw_thermal_slowdown".into()],
                 ..Default::default()
             }],
             node_metrics: NodeTelemetry::default(),
@@ -331,6 +342,8 @@ mod tests {
             "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter".to_string(),
             format!("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{labels} 123456"),
             format!("DCGM_FI_DEV_ROW_REMAP_FAILURE{labels} 0"),
+            // NVML's bits: HW_SLOWDOWN 0x8 | HW_THERMAL_SLOWDOWN 0x40.
+            format!("DCGM_FI_DEV_CLOCKS_EVENT_REASONS{labels} 72"),
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }

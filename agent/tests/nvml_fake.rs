@@ -45,6 +45,8 @@ fn nvml_backend_against_the_fake_library() {
     assert!(gpus[1].fan_control);
     assert_eq!(gpus[0].slowdown_temp_c, Some(92.0));
     assert_eq!(gpus[0].shutdown_temp_c, Some(97.0));
+    assert_eq!(gpus[0].mem_max_temp_c, Some(95.0), "NVML's memory max threshold is the HBM's limit");
+    assert_eq!(gpus[1].mem_max_temp_c, None, "a board without one reports none");
 
     // Telemetry with the right units.
     let (t, node) = b.sample().unwrap();
@@ -58,6 +60,12 @@ fn nvml_backend_against_the_fake_library() {
     assert_eq!(t[0].fan_pct, None);
     assert_eq!(t[1].fan_pct, Some(41.0));
     assert!(t[1].throttled && !t[0].throttled, "HW thermal slowdown bit maps to throttled");
+    assert_eq!(t[1].throttle_reasons, ["hw_thermal_slowdown"]);
+    assert_eq!(
+        t[0].throttle_reasons,
+        ["sw_power_cap", "hw_power_brake_slowdown"],
+        "the power brake is named, and is not heat"
+    );
     assert_eq!(node.nvlink_links_total, None, "NVLink state NotSupported: no link readings");
 
     // Setting a power limit sends milliwatts: 450.5 W reads back as 450.5 W.

@@ -29,6 +29,23 @@ use crate::triggers::Fire;
 /// The slowdown temperature assumed for a GPU whose backend reports none
 /// (NVIDIA's data-center parts slow down near 90 °C).
 const DEFAULT_SLOWDOWN_C: f64 = 90.0;
+
+/// The HBM limit assumed for a GPU that reports an HBM temperature but no
+/// limit (HBM2e/HBM3's maximum operating temperature on NVIDIA's parts).
+const DEFAULT_MEM_MAX_C: f64 = 95.0;
+
+/// A GPU's thermal headroom from its readings and its model: `(the nearer
+/// of its sensor's and its HBM's, the HBM's alone)`. Either reading may be
+/// missing from a batch.
+fn headrooms(
+    info: Option<&nightshift_proto::GpuInfo>,
+    temp_c: Option<f64>,
+    mem_temp_c: Option<f64>,
+) -> (Option<f64>, Option<f64>) {
+    let core = temp_c.map(|t| info.and_then(|i| i.slowdown_temp_c).unwrap_or(DEFAULT_SLOWDOWN_C) - t);
+    let mem = mem_temp_c.map(|t| info.and_then(|i| i.mem_max_temp_c).unwrap_or(DEFAULT_MEM_MAX_C) - t);
+    (core.map(|c| mem.map_or(c, |m| c.min(m))), mem)
+}
 impl Engine {
     /// Feed one agent telemetry message: update node state, push samples,
     /// evaluate triggers, submit what fired.
@@ -77,8 +94,10 @@ impl Engine {
             if let Some(inv) = &st.inventory {
                 for g in t.gpus.iter().filter(|g| !g.lost) {
                     let info = inv.gpus.iter().find(|i| i.index == g.index);
-                    let limit = info.and_then(|i| i.slowdown_temp_c).unwrap_or(DEFAULT_SLOWDOWN_C);
-                    samples.push((u16::try_from(g.index).ok(), ids::THERMAL_HEADROOM, limit - g.temperature_c));
+                    let gpu = u16::try_from(g.index).ok();
+                    let (headroom, mem) = headrooms(info, Some(g.temperature_c), g.mem_temperature_c);
+                    samples.extend(headroom.map(|h| (gpu, ids::THERMAL_HEADROOM, h)));
+                    samples.extend(mem.map(|m| (gpu, ids::MEM_HEADROOM, m)));
                     // And how far fragmentation is over the model's own
                     // limit (H6's trigger, one threshold for every model).
                     if let Some(f) = g.mem_fragmentation_pct {
@@ -165,26 +184,42 @@ impl Engine {
             keyed.push((*n, SeriesKey { node: nodes[*n as usize].idx, gpu, metric: *metric }, *ts, *v));
         }
         // Derived per GPU from its model (one inventory lookup each): the
-        // headroom below its slowdown temperature, and how far its
-        // fragmentation is over the model's own limit.
-        let derived: Vec<_> = keyed
-            .iter()
-            .filter(|(_, k, ..)| matches!(k.metric, ids::TEMPERATURE | ids::MEM_FRAG) && k.gpu.is_some())
-            .map(|(n, k, ts, v)| {
-                let st = nodes[*n as usize].state();
-                let info = st
-                    .inventory
-                    .as_ref()
-                    .and_then(|inv| inv.gpus.iter().find(|i| k.gpu == u16::try_from(i.index).ok()));
-                if k.metric == ids::TEMPERATURE {
-                    let limit = info.and_then(|i| i.slowdown_temp_c).unwrap_or(DEFAULT_SLOWDOWN_C);
-                    (*n, SeriesKey { metric: ids::THERMAL_HEADROOM, ..*k }, *ts, limit - v)
-                } else {
-                    let (_, lim) = fragmentation_limit(info.map_or("", |i| i.name.as_str()));
-                    (*n, SeriesKey { metric: ids::MEM_FRAG_OVER, ..*k }, *ts, v - lim)
+        // headroom below its nearest thermal limit (its sensor's or its
+        // HBM's, both readings of the batch), and how far its fragmentation
+        // is over the model's own limit.
+        type Temps = (i64, Option<f64>, Option<f64>);
+        let mut temps: BTreeMap<(u32, SeriesKey), Temps> = BTreeMap::new();
+        let mut derived: Vec<(u32, SeriesKey, i64, f64)> = Vec::new();
+        let info_of = |n: u32, k: &SeriesKey| {
+            let st = nodes[n as usize].state();
+            st.inventory
+                .as_ref()
+                .and_then(|inv| inv.gpus.iter().find(|i| k.gpu == u16::try_from(i.index).ok()).cloned())
+        };
+        for (n, k, ts, v) in keyed.iter().filter(|(_, k, ..)| k.gpu.is_some()) {
+            match k.metric {
+                ids::TEMPERATURE | ids::MEM_TEMP => {
+                    let e = temps.entry((*n, SeriesKey { metric: ids::THERMAL_HEADROOM, ..*k })).or_default();
+                    e.0 = e.0.max(*ts);
+                    if k.metric == ids::TEMPERATURE {
+                        e.1 = Some(*v);
+                    } else {
+                        e.2 = Some(*v);
+                    }
                 }
-            })
-            .collect();
+                ids::MEM_FRAG => {
+                    let info = info_of(*n, k);
+                    let (_, lim) = fragmentation_limit(info.as_ref().map_or("", |i| i.name.as_str()));
+                    derived.push((*n, SeriesKey { metric: ids::MEM_FRAG_OVER, ..*k }, *ts, v - lim));
+                }
+                _ => {}
+            }
+        }
+        for ((n, k), (ts, temp, mem_temp)) in temps {
+            let (headroom, mem) = headrooms(info_of(n, &k).as_ref(), temp, mem_temp);
+            derived.extend(headroom.map(|h| (n, k, ts, h)));
+            derived.extend(mem.map(|m| (n, SeriesKey { metric: ids::MEM_HEADROOM, ..k }, ts, m)));
+        }
         keyed.extend(derived);
         {
             let mut h = crate::core::lock(&self.core.history);

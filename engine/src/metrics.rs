@@ -68,7 +68,12 @@ pub const METRICS: &[MetricDef] = &[
         "last XID seen (holds its value)",
         "DCGM_FI_DEV_XID_ERRORS (dcgm-exporter, Prometheus)",
     ),
-    gpu("gpu.throttled", "0/1", "thermal slowdown active", "agent (NVML throttle reasons)"),
+    gpu(
+        "gpu.throttled",
+        "0/1",
+        "thermal slowdown active (the GPU or its HBM; not the power brake)",
+        "agent (NVML clocks-event reasons); DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    ),
     node("node.cpu_util_pct", "%", "host CPU utilisation", "agent (/proc/stat)"),
     node("node.nvlink_links_down", "count", "NVLink links not up", "agent (NVML NVLink state)"),
     node("node.nvlink_errors_total", "count", "NVLink error counters, summed", "agent (NVML NVLink error counters)"),
@@ -116,8 +121,8 @@ pub const METRICS: &[MetricDef] = &[
     gpu(
         "gpu.thermal_headroom_c",
         "°C",
-        "how far the GPU's sensor is below its slowdown temperature (per model and sensor)",
-        "derived: the device's slowdown temperature − gpu.temperature_c",
+        "how far the GPU is below its nearest thermal limit: its sensor's slowdown temperature (per model and sensor) or its HBM's maximum, whichever is closer",
+        "derived: min(the device's slowdown temperature − gpu.temperature_c, gpu.mem_thermal_headroom_c)",
     ),
     node(
         "job.stalled_secs",
@@ -168,6 +173,18 @@ pub const METRICS: &[MetricDef] = &[
         "%",
         "how far memory fragmentation is above the GPU model's own limit (H6: V100 30 %, A100 25 %, Instinct 15 %, others 25 %)",
         "derived: gpu.mem_fragmentation_pct − the model's limit",
+    ),
+    gpu(
+        "gpu.mem_temperature_c",
+        "°C",
+        "HBM temperature (absent on boards without an HBM sensor)",
+        "agent (NVML memory temperature, ROCm SMI memory sensor); DCGM_FI_DEV_MEMORY_TEMP",
+    ),
+    gpu(
+        "gpu.mem_thermal_headroom_c",
+        "°C",
+        "how far the HBM is below its own maximum operating temperature",
+        "derived: the device's memory max temperature (95 °C where it reports none) − gpu.mem_temperature_c",
     ),
 ];
 
@@ -227,6 +244,8 @@ pub mod ids {
     pub const OOM_EVENTS: MetricId = 35;
     pub const SM_ACTIVE: MetricId = 36;
     pub const MEM_FRAG_OVER: MetricId = 37;
+    pub const MEM_TEMP: MetricId = 38;
+    pub const MEM_HEADROOM: MetricId = 39;
 }
 
 #[cfg(test)]
@@ -259,11 +278,13 @@ mod tests {
             (ids::OOM_EVENTS, "job.oom_events_total"),
             (ids::SM_ACTIVE, "gpu.sm_active_pct"),
             (ids::MEM_FRAG_OVER, "gpu.mem_fragmentation_over_limit_pct"),
+            (ids::MEM_TEMP, "gpu.mem_temperature_c"),
+            (ids::MEM_HEADROOM, "gpu.mem_thermal_headroom_c"),
         ];
         for (id, name) in pairs {
             assert_eq!(metric(id).name, name);
             assert_eq!(metric_id(name), Some(id));
         }
-        assert_eq!(METRICS.len(), ids::MEM_FRAG_OVER as usize + 1);
+        assert_eq!(METRICS.len(), ids::MEM_HEADROOM as usize + 1);
     }
 }

@@ -40,6 +40,8 @@ pub fn dcgm_metric(name: &str) -> Option<DcgmField> {
     use DcgmField::*;
     Some(match name {
         "DCGM_FI_DEV_GPU_TEMP" | "DCGM_FI_DEV_GPU_TEMP_CELSIUS" => Metric(ids::TEMPERATURE),
+        "DCGM_FI_DEV_MEMORY_TEMP" => Metric(ids::MEM_TEMP),
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS" | "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS" => ClockReasons,
         "DCGM_FI_DEV_POWER_USAGE" | "DCGM_FI_DEV_BOARD_POWER_WATTS" => Metric(ids::POWER),
         "DCGM_FI_DEV_POWER_MGMT_LIMIT" => Metric(ids::POWER_LIMIT),
         "DCGM_FI_DEV_GPU_UTIL" => Metric(ids::UTIL),
@@ -100,12 +102,27 @@ pub enum DcgmField {
     /// A job heartbeat's "progress last advanced at" (UNIX seconds):
     /// `job.stalled_secs` is the time since, at the sample's time.
     LastProgress,
+    /// NVML's clocks-event reasons as a bitmask: `gpu.throttled` is 1
+    /// when a thermal bit is set, or the hardware slowdown without the
+    /// power brake ([`thermal_slowdown`]).
+    ClockReasons,
+}
+
+/// Whether a clocks-event bitmask (NVML's `nvmlClocksEventReasons`, DCGM
+/// field 112) says heat holds the clocks: software or hardware thermal
+/// slowdown (0x20, 0x40), or the hardware slowdown (0x8) without the power
+/// brake (0x80).
+pub fn thermal_slowdown(bits: u64) -> bool {
+    bits & (0x20 | 0x40) != 0 || (bits & 0x8 != 0 && bits & 0x80 == 0)
 }
 
 /// Every name [`dcgm_metric`] knows, for the Prometheus query.
 pub const DCGM_NAMES: &[&str] = &[
     "DCGM_FI_DEV_GPU_TEMP",
     "DCGM_FI_DEV_GPU_TEMP_CELSIUS",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
     "DCGM_FI_DEV_POWER_USAGE",
     "DCGM_FI_DEV_BOARD_POWER_WATTS",
     "DCGM_FI_DEV_POWER_MGMT_LIMIT",
@@ -364,6 +381,9 @@ pub fn map_samples(
         // DCGM's profiling fields are ratios (0–1): percent here.
         let (field, value) = match field {
             DcgmField::Ratio(m) => (DcgmField::Metric(m), s.value * 100.0),
+            DcgmField::ClockReasons if s.value.is_finite() && s.value >= 0.0 => {
+                (DcgmField::Metric(ids::THROTTLED), thermal_slowdown(s.value as u64) as u8 as f64)
+            }
             f => (f, s.value),
         };
         let Some(node) = host_of(&s.labels).filter(|h| is_node(h)) else {
@@ -420,7 +440,7 @@ pub fn map_samples(
                 e.2 = Some(value);
                 st.mapped += 1;
             }
-            DcgmField::LastProgress => {}
+            DcgmField::LastProgress | DcgmField::ClockReasons => {}
         }
     }
     for ((node, gpu), (ts, used, free)) in fb {
@@ -495,6 +515,35 @@ this is not a metric line
             MapStats { mapped: 7, other_series: 0, unknown_host: 1, unknown_gpu: 1, bad_value: 1 },
             "{mapped:?}"
         );
+    }
+
+    /// NVML's clocks-event bits: heat, or the hardware slowdown without the
+    /// power brake; the power cap, idling and the brake are not heat.
+    #[test]
+    fn clock_event_reasons_say_whether_heat_holds_the_clocks() {
+        for (bits, hot) in [
+            (0x0, false),
+            (0x1, false),
+            (0x4, false),
+            (0x20, true),
+            (0x40, true),
+            (0x48, true),
+            (0x8, true),
+            (0x88, false),
+            (0xC8, true),
+            (0x84, false),
+        ] {
+            assert_eq!(thermal_slowdown(bits), hot, "{bits:#x}");
+        }
+        let text = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS{gpu=\"0\",Hostname=\"gpu-a1\"} 72\n\
+                    DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{gpu=\"1\",Hostname=\"gpu-a1\"} 136\n\
+                    DCGM_FI_DEV_MEMORY_TEMP{gpu=\"0\",Hostname=\"gpu-a1\"} 93\n";
+        let (samples, _) = parse_exposition(text);
+        let (mapped, st) = map_samples(&samples, 5, &|h| h == "gpu-a1", &|_, _| None);
+        assert_eq!(st.mapped, 3, "{st:?}");
+        assert!(mapped.contains(&("gpu-a1".to_string(), Some(0), ids::THROTTLED, 5, 1.0)));
+        assert!(mapped.contains(&("gpu-a1".to_string(), Some(1), ids::THROTTLED, 5, 0.0)), "the power brake");
+        assert!(mapped.contains(&("gpu-a1".to_string(), Some(0), ids::MEM_TEMP, 5, 93.0)));
     }
 
     #[test]

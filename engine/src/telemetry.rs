@@ -437,6 +437,9 @@ pub fn samples_from(t: &Telemetry) -> Vec<(Option<u16>, MetricId, f64)> {
         out.push((i, ids::ECC_SBE, g.ecc_sbe_total as f64));
         out.push((i, ids::ECC_DBE, g.ecc_dbe_total as f64));
         out.push((i, ids::THROTTLED, g.throttled as u8 as f64));
+        if let Some(m) = g.mem_temperature_c {
+            out.push((i, ids::MEM_TEMP, m));
+        }
         if let Some(b) = g.row_remap_failure {
             out.push((i, ids::REMAP_FAILURE, b as u8 as f64));
         }

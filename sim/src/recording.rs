@@ -144,7 +144,7 @@ impl SeriesTable {
                 let gpu_scoped = match field {
                     DcgmField::Metric(m) | DcgmField::Ratio(m) => nightshift_engine::metrics::metric(m).gpu_scoped,
                     DcgmField::LastProgress => false,
-                    DcgmField::FbUsed | DcgmField::FbFree => true,
+                    DcgmField::FbUsed | DcgmField::FbFree | DcgmField::ClockReasons => true,
                 };
                 // A GPU series without a gpu label cannot be placed (the
                 // replay nodes' UUIDs are not the recorded ones).
@@ -189,6 +189,10 @@ impl SeriesTable {
             match s.field {
                 DcgmField::Metric(m) => out.push((s.node.clone(), s.gpu, m, ts, *v)),
                 DcgmField::Ratio(m) => out.push((s.node.clone(), s.gpu, m, ts, *v * 100.0)),
+                DcgmField::ClockReasons => {
+                    let hot = *v >= 0.0 && nightshift_engine::sources::thermal_slowdown(*v as u64);
+                    out.push((s.node.clone(), s.gpu, ids::THROTTLED, ts, hot as u8 as f64))
+                }
                 DcgmField::LastProgress => {
                     out.push((s.node.clone(), None, ids::JOB_STALLED, ts, (ts as f64 / 1000.0 - v).max(0.0).floor()))
                 }

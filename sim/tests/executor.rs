@@ -1168,3 +1168,34 @@ async fn an_alert_run_acts_only_where_the_agents_reading_confirms_it() {
         }
     }
 }
+
+/// Issue 42 point 10, the pull path (Prometheus, dcgm-exporter): a GPU's
+/// HBM temperature and its sensor's, in one batch, give its headroom below
+/// the nearer limit — the HBM's own maximum from its inventory — as the
+/// agent path does; a batch with only the sensor gives the sensor's; and
+/// fragmentation is judged against the model's limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pulled_readings_derive_the_headroom_below_the_nearer_thermal_limit() {
+    use nightshift_engine::metrics::ids;
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(rb.path(), "hot", HOT_ALERT, "note(\"x\");\n");
+    let sim = start(vec![node("n1", "h200-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    f.run_for(5).await.unwrap();
+    let t = now(f) + 1_000;
+    let e = &f.engine;
+    e.ingest_samples(&[
+        ("n1", Some(0), ids::TEMPERATURE, t, 70.0),
+        ("n1", Some(0), ids::MEM_TEMP, t, 93.0),
+        ("n1", Some(1), ids::TEMPERATURE, t, 80.0),
+        ("n1", Some(1), ids::MEM_FRAG, t, 40.0),
+    ])
+    .await;
+    // GPU 0: sensor 20 °C under its 90 °C slowdown, HBM 2 °C under its 95.
+    assert_eq!(e.latest("n1", Some(0), ids::MEM_HEADROOM), Some(2.0));
+    assert_eq!(e.latest("n1", Some(0), ids::THERMAL_HEADROOM), Some(2.0));
+    // GPU 1: no HBM reading in the batch: the sensor's headroom alone.
+    assert_eq!(e.latest("n1", Some(1), ids::THERMAL_HEADROOM), Some(10.0));
+    // H200 is not one of the models with their own limit: 25 %.
+    assert_eq!(e.latest("n1", Some(1), ids::MEM_FRAG_OVER), Some(15.0));
+}

@@ -215,7 +215,7 @@ async fn a_fault_seen_through_prometheus_fires_a_runbook() {
         .flat_map(|g| g["rules"].as_array().unwrap().iter())
         .filter(|r| r["health"] == "ok")
         .count();
-    assert_eq!(healthy, 21, "all 21 example rules evaluate: {rules}");
+    assert_eq!(healthy, 22, "all 22 example rules evaluate: {rules}");
 
     web.abort();
     engine.shutdown().await;

@@ -84,6 +84,25 @@ fn opt<T>(r: Result<T, NvmlError>) -> Option<T> {
     r.ok()
 }
 
+/// NVML's clocks-event bits by the names of `nightshift_proto::THROTTLE_REASONS`.
+fn reason_names(r: ThrottleReasons) -> Vec<String> {
+    [
+        (ThrottleReasons::GPU_IDLE, "gpu_idle"),
+        (ThrottleReasons::APPLICATIONS_CLOCKS_SETTING, "applications_clocks"),
+        (ThrottleReasons::SW_POWER_CAP, "sw_power_cap"),
+        (ThrottleReasons::HW_SLOWDOWN, "hw_slowdown"),
+        (ThrottleReasons::SYNC_BOOST, "sync_boost"),
+        (ThrottleReasons::SW_THERMAL_SLOWDOWN, "sw_thermal_slowdown"),
+        (ThrottleReasons::HW_THERMAL_SLOWDOWN, "hw_thermal_slowdown"),
+        (ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN, "hw_power_brake_slowdown"),
+        (ThrottleReasons::DISPLAY_CLOCK_SETTING, "display_clocks"),
+    ]
+    .into_iter()
+    .filter(|(bit, _)| r.contains(*bit))
+    .map(|(_, name)| name.to_string())
+    .collect()
+}
+
 fn mw_to_w(mw: u32) -> f64 {
     mw as f64 / 1000.0
 }
@@ -175,6 +194,9 @@ impl NvmlBackend {
                 shutdown_temp_c: opt(d.temperature_threshold(TemperatureThreshold::Shutdown)).map(f64::from),
                 clock_max_mhz: opt(d.max_clock_info(Clock::SM)),
                 pci_bus_id: opt(d.pci_info()).map(|p| p.bus_id),
+                mem_max_temp_c: opt(d.temperature_threshold(TemperatureThreshold::MemoryMax))
+                    .filter(|c| *c > 0)
+                    .map(f64::from),
                 ..GpuInfo::new(i, d.name().map_err(failed)?, Vendor::Nvidia)
             });
         }
@@ -228,13 +250,14 @@ impl NvmlBackend {
         let mem = opt(d.memory_info());
         let fields = field_values(&d);
         let fan = if self.fans[i as usize] > 0 { opt(d.fan_speed(0)).map(f64::from) } else { None };
-        let throttled = opt(d.current_throttle_reasons())
+        let reasons = opt(d.current_throttle_reasons());
+        let throttled = reasons
             .map(|r| {
-                r.intersects(
-                    ThrottleReasons::HW_SLOWDOWN
-                        | ThrottleReasons::SW_THERMAL_SLOWDOWN
-                        | ThrottleReasons::HW_THERMAL_SLOWDOWN,
-                )
+                // Heat: a thermal bit, or the hardware slowdown without the
+                // power brake (older drivers set only HW_SLOWDOWN).
+                r.intersects(ThrottleReasons::SW_THERMAL_SLOWDOWN | ThrottleReasons::HW_THERMAL_SLOWDOWN)
+                    || (r.contains(ThrottleReasons::HW_SLOWDOWN)
+                        && !r.contains(ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN))
             })
             .unwrap_or(false);
         Ok(GpuTelemetry {
@@ -262,6 +285,7 @@ impl NvmlBackend {
             xid_last: xid.last,
             xid_events_total: Some(xid.events),
             throttled,
+            throttle_reasons: reasons.map(reason_names).unwrap_or_default(),
             gpu_drained: opt(d.is_drain_enabled(None)).unwrap_or(false),
             mem_clock_mhz: opt(d.clock_info(Clock::Memory)),
             mem_temperature_c: fields.mem_temp_c,

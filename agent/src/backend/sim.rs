@@ -90,6 +90,14 @@ pub struct SimProfile {
     /// How far the reported sensor runs above the die average, per kW
     /// drawn (a junction hotspot; 0 for NVIDIA's GPU sensor).
     pub hotspot_c_per_kw: f64,
+    /// The HBM's maximum operating temperature (`None`: GDDR, no HBM
+    /// reading): past it the memory slows the GPU like heat on the die.
+    /// 95 °C on every HBM board here: nvidia-smi's "Memory Max Operating
+    /// Temp" on A100 and H100; modelled, not read from a datasheet, for the
+    /// others (the real agent reads each device's own threshold).
+    pub mem_max_c: Option<f64>,
+    /// How far the HBM sits above the inlet, as a multiple of the die's rise.
+    pub hbm_rise_per_die_rise: f64,
 }
 
 /// The firmware's fan curve on boards with fans: tuned for noise, it only
@@ -131,6 +139,39 @@ pub const PROFILES: &[SimProfile] = &[
         link_gbytes_per_sec: 25.0,
         sensor: "gpu",
         hotspot_c_per_kw: 0.0,
+        mem_max_c: Some(95.0),
+        hbm_rise_per_die_rise: 1.08,
+    },
+    SimProfile {
+        key: "h200-sxm",
+        name: "NVIDIA H200",
+        vendor: Vendor::Nvidia,
+        power_min_watts: 200.0,
+        power_max_watts: 700.0,
+        power_default_watts: 700.0,
+        idle_watts: 75.0,
+        load_watts: 690.0,
+        mem_total_mib: 143_771,
+        heat_capacity_j_per_k: 1_250.0,
+        g_passive_w_per_k: 3.0,
+        g_fan_w_per_k: 14.1,
+        fan_control: false,
+        chassis_airflow_pct: 70.0,
+        slowdown_c: 90.0,
+        shutdown_c: 97.0,
+        clock_min_mhz: 345,
+        clock_max_mhz: 1_980,
+        p2p_latency_us: 4.6,
+        links_per_gpu: 18,
+        mem_clock_mhz: 3201,
+        row_remap: true,
+        link_gbytes_per_sec: 25.0,
+        sensor: "gpu",
+        hotspot_c_per_kw: 0.0,
+        mem_max_c: Some(95.0),
+        // Six HBM3e stacks at a higher rate than the H100's five HBM3:
+        // the memory runs further above the die.
+        hbm_rise_per_die_rise: 1.15,
     },
     SimProfile {
         key: "b200",
@@ -158,6 +199,8 @@ pub const PROFILES: &[SimProfile] = &[
         link_gbytes_per_sec: 50.0,
         sensor: "gpu",
         hotspot_c_per_kw: 0.0,
+        mem_max_c: Some(95.0),
+        hbm_rise_per_die_rise: 1.08,
     },
     SimProfile {
         key: "mi300x",
@@ -185,6 +228,8 @@ pub const PROFILES: &[SimProfile] = &[
         link_gbytes_per_sec: 64.0,
         sensor: "junction",
         hotspot_c_per_kw: 20.0,
+        mem_max_c: Some(95.0),
+        hbm_rise_per_die_rise: 1.0,
     },
     SimProfile {
         key: "a100-sxm",
@@ -212,6 +257,8 @@ pub const PROFILES: &[SimProfile] = &[
         link_gbytes_per_sec: 25.0,
         sensor: "gpu",
         hotspot_c_per_kw: 0.0,
+        mem_max_c: Some(95.0),
+        hbm_rise_per_die_rise: 1.08,
     },
     SimProfile {
         key: "v100-sxm",
@@ -239,6 +286,8 @@ pub const PROFILES: &[SimProfile] = &[
         link_gbytes_per_sec: 25.0,
         sensor: "gpu",
         hotspot_c_per_kw: 0.0,
+        mem_max_c: Some(95.0),
+        hbm_rise_per_die_rise: 1.08,
     },
     SimProfile {
         key: "rtx6000-ada",
@@ -266,6 +315,8 @@ pub const PROFILES: &[SimProfile] = &[
         link_gbytes_per_sec: 0.0,
         sensor: "gpu",
         hotspot_c_per_kw: 0.0,
+        mem_max_c: None,
+        hbm_rise_per_die_rise: 1.08,
     },
 ];
 
@@ -302,6 +353,23 @@ pub struct SimConfig {
     /// Start at the loaded steady state instead of at ambient.
     #[serde(default = "yes")]
     pub start_warm: bool,
+}
+
+/// The clocks-event reasons NVML would report for a GPU's state (names as
+/// in `nightshift_proto::THROTTLE_REASONS`).
+fn throttle_reasons(g: &GpuState) -> Vec<String> {
+    let mut out = Vec::new();
+    if g.util_now_pct < 1.0 && !g.lost {
+        out.push("gpu_idle".to_string());
+    }
+    if g.power_capped {
+        out.push("sw_power_cap".to_string());
+    }
+    if g.throttled {
+        out.push("hw_slowdown".to_string());
+        out.push("hw_thermal_slowdown".to_string());
+    }
+    out
 }
 
 fn default_profile() -> String {
@@ -371,6 +439,9 @@ struct GpuState {
     fan_cmd_pct: Option<f64>,
     fan_failed: bool,
     heatsink_factor: f64,
+    /// The HBM's rise above the inlet, times its healthy rise (a degraded
+    /// interface over the stacks).
+    hbm_factor: f64,
     /// A slow degradation in progress: (factor per second, final factor).
     heatsink_ramp: Option<(f64, f64)>,
     util_target_pct: f64,
@@ -392,6 +463,8 @@ struct GpuState {
     fatal_xid_since_reset: Option<u32>,
     drained: bool,
     throttled: bool,
+    /// At its power limit (the limit, not heat, holds the clocks).
+    power_capped: bool,
     util_now_pct: f64,
     /// SM activity (DCGM profiling): below NVML's utilisation, far below
     /// it while the GPU spins in a collective.
@@ -646,6 +719,7 @@ impl SimBackend {
                 clock_max_mhz: Some(profile.clock_max_mhz),
                 pci_bus_id: Some(sim_pci_bus_id(i)),
                 temperature_sensor: Some(profile.sensor.to_string()),
+                mem_max_temp_c: profile.mem_max_c,
                 ..GpuInfo::new(i, profile.name, profile.vendor)
             })
             .collect();
@@ -656,6 +730,7 @@ impl SimBackend {
                 fan_cmd_pct: None,
                 fan_failed: false,
                 heatsink_factor: 1.0,
+                hbm_factor: 1.0,
                 heatsink_ramp: None,
                 util_target_pct: config.util_pct,
                 phases: None,
@@ -673,6 +748,7 @@ impl SimBackend {
                 fatal_xid_since_reset: None,
                 drained: false,
                 throttled: false,
+                power_capped: false,
                 util_now_pct: config.util_pct,
                 sm_active_now_pct: config.util_pct * SM_ACTIVE_PER_UTIL,
                 energy_mj: 0.0,
@@ -838,6 +914,13 @@ impl SimBackend {
         g.temp_c + self.profile.hotspot_c_per_kw * g.power_watts / 1000.0
     }
 
+    /// The HBM's temperature: it rises with the die it sits beside (further
+    /// with a degraded interface over the stacks).
+    fn hbm_c(&self, g: &GpuState) -> f64 {
+        let ambient = self.config.ambient_c;
+        ambient + (g.temp_c - ambient) * self.profile.hbm_rise_per_die_rise * g.hbm_factor
+    }
+
     fn substep(&self, st: &mut SimState, dt: f64) {
         let p = self.profile;
         let ambient = self.config.ambient_c;
@@ -910,14 +993,23 @@ impl SimBackend {
             }
             // Thermal slowdown pulls the effective cap down as the sensor
             // heats past the slowdown threshold.
-            let sensor = g.temp_c + p.hotspot_c_per_kw * g.power_watts / 1000.0;
-            let thermal = if sensor > p.slowdown_c {
+            let sensor = self.sensor_c(g);
+            let mut thermal = if sensor > p.slowdown_c {
                 (1.0 - (sensor - p.slowdown_c) / (p.shutdown_c - p.slowdown_c)).clamp(0.1, 1.0)
             } else {
                 1.0
             };
+            // HBM past its maximum operating temperature slows the GPU too
+            // (a hardware thermal slowdown, whatever the die reads).
+            if let Some(mem_max) = p.mem_max_c {
+                let hbm = self.hbm_c(g);
+                if hbm > mem_max {
+                    thermal = thermal.min((1.0 - (hbm - mem_max) / 10.0).clamp(0.1, 1.0));
+                }
+            }
             let cap = (g.power_limit_watts * thermal).max(p.idle_watts);
             g.throttled = thermal < 1.0 && demand > cap;
+            g.power_capped = !g.throttled && demand > g.power_limit_watts;
             let power = demand.min(cap);
             // Power follows demand within about a second.
             g.power_watts += (power - g.power_watts) * (1.0 - (-dt / 0.8).exp());
@@ -1041,6 +1133,7 @@ impl SimBackend {
                 g.heatsink_factor = *factor;
                 g.heatsink_ramp = None;
             }
+            SimFault::HbmCooling { gpu, factor } => st.gpus[self.check_gpu(*gpu)?].hbm_factor = *factor,
             SimFault::HeatsinkRamp { gpu, factor, over_secs } => {
                 let g = &mut st.gpus[self.check_gpu(*gpu)?];
                 g.heatsink_ramp = Some(((factor - g.heatsink_factor) / *over_secs as f64, *factor));
@@ -1122,6 +1215,7 @@ impl SimBackend {
                 g.xid_last = None;
                 g.fan_failed = false;
                 g.heatsink_factor = 1.0;
+                g.hbm_factor = 1.0;
                 g.heatsink_ramp = None;
             }
             SimFault::RowRemapFailure { gpu } => {
@@ -1197,6 +1291,7 @@ impl SimBackend {
                 for g in st.gpus.iter_mut() {
                     g.fan_failed = false;
                     g.heatsink_factor = 1.0;
+                    g.hbm_factor = 1.0;
                     g.heatsink_ramp = None;
                     g.surge = 1.0;
                     g.util_target_pct = self.config.util_pct;
@@ -1278,7 +1373,6 @@ impl Backend for SimBackend {
         let seed = self.config.seed;
         let tick = st.node.ticks;
         let p = self.profile;
-        let ambient = self.config.ambient_c;
         let has_job = st.node.job.is_some();
         let gpus = st
             .gpus
@@ -1331,10 +1425,12 @@ impl Backend for SimBackend {
                     xid_last: Some(g.xid_last.unwrap_or(0)),
                     xid_events_total: Some(g.xid_events),
                     throttled: g.throttled,
+                    throttle_reasons: throttle_reasons(g),
                     gpu_drained: g.drained,
                     mem_clock_mhz: Some(p.mem_clock_mhz),
-                    // HBM runs a little hotter than the die it sits beside.
-                    mem_temperature_c: Some((ambient + (g.temp_c - ambient) * 1.08).round()),
+                    // HBM runs a little hotter than the die it sits beside;
+                    // GDDR boards report none.
+                    mem_temperature_c: p.mem_max_c.map(|_| self.hbm_c(g).round()),
                     energy_mj: Some(g.energy_mj as u64),
                     // The simulator models no PCIe faults: no retries.
                     pcie_replay_total: Some(0),
@@ -1868,6 +1964,6 @@ mod tests {
     #[test]
     fn unknown_profiles_name_the_known_ones() {
         let err = SimBackend::new(SimConfig { profile: "h300".into(), ..SimConfig::default() }).unwrap_err();
-        assert!(err.to_string().contains("expected one of h100-sxm, b200, mi300x"), "{err}");
+        assert!(err.to_string().contains("expected one of h100-sxm, h200-sxm, b200, mi300x"), "{err}");
     }
 }

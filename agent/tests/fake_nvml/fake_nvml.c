@@ -36,7 +36,7 @@ typedef struct {
 
 static fake_gpu gpus[2] = {
     {"NVIDIA H100 80GB HBM3", "GPU-fake-0000", 612345, 700000, 200000, 700000, 700000, -1, 0, 0, 71,
-     85899345920ULL, 42949672960ULL, 93, 1755, 1980, 2, 5, 0, 1},
+     85899345920ULL, 42949672960ULL, 93, 1755, 1980, 2, 5, 0x84ULL, 1},
     {"NVIDIA RTX 6000 Ada Generation", "GPU-fake-0001", 250000, 300000, 100000, 300000, 300000, 1, 41, 1, 66,
      51527024640ULL, 12884901888ULL, 40, 2100, 2505, 0, 0, 0x40ULL, 0},
 };
@@ -104,6 +104,8 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *
 nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t d, int kind, unsigned int *v) {
     if (kind == 0) { *v = 97; return NVML_SUCCESS; }
     if (kind == 1) { *v = 92; return NVML_SUCCESS; }
+    /* NVML_TEMPERATURE_THRESHOLD_MEM_MAX: the HBM board only. */
+    if (kind == 2 && d == &gpus[0]) { *v = 95; return NVML_SUCCESS; }
     return NVML_ERROR_NOT_SUPPORTED;
 }
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {

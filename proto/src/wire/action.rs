@@ -526,6 +526,11 @@ pub enum SimFault {
     FanRepair { gpu: u32 },
     /// Thermal resistance multiplied by `factor` (dust, dried paste).
     HeatsinkDegradation { gpu: u32, factor: f64 },
+    /// The thermal interface over a GPU's HBM stacks degrades: the memory
+    /// rises `factor` times as far above the inlet as before, while the
+    /// GPU's own sensor reads as usual (HBM that overheats under a cool
+    /// die).
+    HbmCooling { gpu: u32, factor: f64 },
     /// Cooling that degrades slowly: thermal resistance rises linearly to
     /// `factor` over `over_secs` (the field report's climb from 65 to 95 °C
     /// in six hours).
@@ -637,6 +642,7 @@ impl SimFault {
             FanFailure { gpu }
             | FanRepair { gpu }
             | HeatsinkDegradation { gpu, .. }
+            | HbmCooling { gpu, .. }
             | HeatsinkRamp { gpu, .. }
             | EccDbe { gpu, .. }
             | Xid { gpu, .. }
@@ -674,6 +680,9 @@ impl SimFault {
         match self {
             HeatsinkDegradation { factor, .. } if !(1.0..=10.0).contains(factor) => {
                 Err(format!("heatsink factor: expected 1 to 10, found {factor}"))
+            }
+            HbmCooling { factor, .. } if !(1.0..=5.0).contains(factor) => {
+                Err(format!("hbm cooling factor: expected 1 to 5, found {factor}"))
             }
             HeatsinkRamp { factor, over_secs, .. }
                 if !(1.0..=10.0).contains(factor) || !(1..=7 * 86_400).contains(over_secs) =>

@@ -60,6 +60,11 @@ pub struct GpuInfo {
     /// shutdown temperatures are for that sensor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature_sensor: Option<String>,
+    /// The HBM's maximum operating temperature (NVML's memory max
+    /// threshold; the vendor's HBM limit where the library has none): the
+    /// limit `mem_temperature_c` is judged against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_max_temp_c: Option<f64>,
 }
 
 impl GpuInfo {
@@ -86,6 +91,7 @@ impl GpuInfo {
             envelope_fan_min_pct: None,
             pci_bus_id: None,
             temperature_sensor: None,
+            mem_max_temp_c: None,
         }
     }
 }
@@ -144,8 +150,15 @@ pub struct GpuTelemetry {
     /// The last XID seen; it holds its value (treat it as an edge).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xid_last: Option<u32>,
+    /// A thermal slowdown is active (a thermal reason among
+    /// `throttle_reasons`).
     #[serde(default)]
     pub throttled: bool,
+    /// Why the clocks are held down, as the device reports it (NVML's
+    /// clocks-event reasons, named as in [`THROTTLE_REASONS`]); empty where
+    /// the backend cannot read them or nothing holds the clocks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub throttle_reasons: Vec<String>,
     #[serde(default)]
     pub gpu_drained: bool,
     /// Memory clock.
@@ -198,6 +211,28 @@ pub struct GpuTelemetry {
 /// repair, not add one (the agents would not count it).
 pub const FATAL_XIDS: &[u32] =
     &[46, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 109, 110, 119, 120, 136, 140, 143, 154, 155, 156, 158];
+
+/// The clocks-event reasons an agent reports, with what each means (NVML's
+/// `nvmlClocksEventReasons`, DCGM's `DCGM_FI_DEV_CLOCKS_EVENT_REASONS`
+/// bits). `hw_thermal_slowdown` covers the GPU and its HBM on Hopper and
+/// later; `hw_power_brake_slowdown` is an external signal (the PSU or the
+/// BMC pulling the brake), not heat.
+pub const THROTTLE_REASONS: &[(&str, &str)] = &[
+    ("gpu_idle", "nothing runs"),
+    ("applications_clocks", "application clocks set below the maximum"),
+    ("sw_power_cap", "at its power limit"),
+    ("hw_slowdown", "the hardware slows it (heat or the power brake)"),
+    ("sync_boost", "held with the other GPUs of a sync-boost group"),
+    ("sw_thermal_slowdown", "the driver slows it: GPU or HBM above its max operating temperature"),
+    ("hw_thermal_slowdown", "the hardware slows it for heat"),
+    ("hw_power_brake_slowdown", "the power brake is asserted (PSU or BMC)"),
+    ("display_clocks", "display clock setting"),
+];
+
+/// Whether a reason in [`THROTTLE_REASONS`] is about heat.
+pub fn thermal_throttle(reason: &str) -> bool {
+    matches!(reason, "sw_thermal_slowdown" | "hw_thermal_slowdown")
+}
 
 /// Node-wide readings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

@@ -75,16 +75,39 @@ pub fn name(dev: u32) -> Result<String, RsmiError> {
 
 /// Junction temperature in °C (the library reports millidegrees).
 pub fn temperature_c(dev: u32) -> Result<f64, RsmiError> {
+    temp_metric(
+        dev,
+        rsmi::rsmi_temperature_type_t_RSMI_TEMP_TYPE_JUNCTION,
+        rsmi::rsmi_temperature_metric_t_RSMI_TEMP_CURRENT,
+    )
+}
+
+/// The HBM's temperature in °C.
+pub fn mem_temperature_c(dev: u32) -> Result<f64, RsmiError> {
+    temp_metric(
+        dev,
+        rsmi::rsmi_temperature_type_t_RSMI_TEMP_TYPE_MEMORY,
+        rsmi::rsmi_temperature_metric_t_RSMI_TEMP_CURRENT,
+    )
+}
+
+/// The HBM's critical temperature in °C (its limit).
+pub fn mem_critical_c(dev: u32) -> Result<f64, RsmiError> {
+    temp_metric(
+        dev,
+        rsmi::rsmi_temperature_type_t_RSMI_TEMP_TYPE_MEMORY,
+        rsmi::rsmi_temperature_metric_t_RSMI_TEMP_CRITICAL,
+    )
+}
+
+fn temp_metric(
+    dev: u32,
+    sensor: rsmi::rsmi_temperature_type_t,
+    metric: rsmi::rsmi_temperature_metric_t,
+) -> Result<f64, RsmiError> {
     let mut v: i64 = 0;
     // SAFETY: `v` is a valid, writable i64; the enum arguments are passed by value.
-    check(unsafe {
-        rsmi::rsmi_dev_temp_metric_get(
-            dev,
-            rsmi::rsmi_temperature_type_t_RSMI_TEMP_TYPE_JUNCTION,
-            rsmi::rsmi_temperature_metric_t_RSMI_TEMP_CURRENT,
-            &mut v,
-        )
-    })?;
+    check(unsafe { rsmi::rsmi_dev_temp_metric_get(dev, sensor, metric, &mut v) })?;
     Ok(v as f64 / 1000.0)
 }
 

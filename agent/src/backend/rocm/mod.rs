@@ -51,6 +51,7 @@ impl RocmBackend {
                 power_default_watts: max,
                 mem_total_mib: total / (1024 * 1024),
                 fan_control: ffi::fan_pct(i).is_ok(),
+                mem_max_temp_c: ffi::mem_critical_c(i).ok().filter(|c| *c > 0.0),
                 ..GpuInfo::new(i, ffi::name(i).unwrap_or_else(|_| "AMD GPU".into()), Vendor::Amd)
             });
         }
@@ -86,6 +87,7 @@ impl Backend for RocmBackend {
                     mem_used_pct: if total > 0 { used as f64 / total as f64 * 100.0 } else { 0.0 },
                     ecc_sbe_total: ecc.map_or(0, |e| e.0),
                     ecc_dbe_total: ecc.map_or(0, |e| e.1),
+                    mem_temperature_c: ffi::mem_temperature_c(i).ok(),
                     ..GpuTelemetry::default()
                 })
             };
