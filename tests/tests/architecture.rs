@@ -413,3 +413,149 @@ fn the_cycle_finder_finds_cycles() {
     let agent = module_graph(&root().join("agent/src"));
     assert!(agent["service"].contains("journal"), "{:?}", agent["service"]);
 }
+
+/// One allowed use of a pattern: `(file, pattern, how many, why)`.
+type Allowed = (&'static str, &'static str, usize, &'static str);
+
+/// Library code of the `.rs` files under `dirs` (relative to the workspace
+/// root): `(path, text before the file's first #[cfg(test)])`.
+fn library_code(dirs: &[&str]) -> Vec<(String, String)> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for d in dirs {
+        let mut files = Vec::new();
+        walk(&root().join(d), &mut files);
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or("").to_string();
+            let rel = f.strip_prefix(root()).unwrap_or(&f).to_string_lossy().replace('\\', "/");
+            out.push((rel, code));
+        }
+    }
+    out
+}
+
+/// Every use of `patterns` in `files` beyond what `allowed` lets that file
+/// have, each with its lines; and every allow-list entry that allows more
+/// than the file has (a stale entry: shrink it).
+fn uses_outside(files: &[(String, String)], patterns: &[&str], allowed: &[Allowed]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (path, code) in files {
+        for p in patterns {
+            let found = code.matches(p).count();
+            let may = allowed.iter().filter(|(f, q, ..)| f == path && q == p).map(|(_, _, n, _)| n).sum::<usize>();
+            if found > may {
+                let lines: Vec<String> = code
+                    .lines()
+                    .enumerate()
+                    .filter(|(_, l)| l.contains(p))
+                    .map(|(i, l)| format!("{path}:{}: {}", i + 1, l.trim()))
+                    .collect();
+                out.push(format!("{path}: {found} × `{p}`, {may} allowed:\n  {}", lines.join("\n  ")));
+            } else if found < may {
+                out.push(format!(
+                    "{path}: the allow-list lets it have {may} × `{p}`, it has {found}: shrink the entry"
+                ));
+            }
+        }
+    }
+    for (f, p, ..) in allowed {
+        if !files.iter().any(|(path, _)| path == f) {
+            out.push(format!("the allow-list names {f} for `{p}`, which is not a library file here"));
+        }
+    }
+    out
+}
+
+/// Invariant 4 (ARCHITECTURE.md): only `agent/src/procs.rs` spawns
+/// processes (argv and a timeout, never a shell); the engine spawns
+/// nothing.
+const SPAWN_PATTERNS: &[&str] = &["Command::new("];
+const SPAWN_ALLOWED: &[Allowed] = &[
+    ("agent/src/procs.rs", "Command::new(", 2, "the one door: argv, a timeout, the process group killed"),
+    (
+        "cli/src/cmd/bench.rs",
+        "Command::new(",
+        3,
+        "the bench harness starts its own binary as agents and engines (issue 44 moves it out of the production CLI)",
+    ),
+];
+
+/// Invariant 5: engine and agent read the time only through `Clock`. What
+/// is allowed measures real elapsed time for a timeout, a latency or a
+/// lease against a real database, or compares with wall-clock file times;
+/// none of it decides what a run does.
+const CLOCK_PATTERNS: &[&str] = &["Instant::now(", "SystemTime::now("];
+const CLOCK_ALLOWED: &[Allowed] = &[
+    ("agent/src/node/jobfile.rs", "SystemTime::now(", 1, "a job's heartbeat is wall-clock time written by the job"),
+    ("agent/src/service/mod.rs", "SystemTime::now(", 2, "job textfiles' ages against their wall-clock mtimes"),
+    (
+        "agent/src/runtime.rs",
+        "Instant::now(",
+        2,
+        "the simulator's physics integrates the real interval between its ticks, times the demo's scale",
+    ),
+    ("agent/src/statelog.rs", "Instant::now(", 1, "how long to wait for the state log's lock file"),
+    ("engine/src/serve.rs", "Instant::now(", 5, "the HA lease's renewals, timed against PostgreSQL's real clock"),
+    ("engine/src/core.rs", "Instant::now(", 1, "an SSH call's real latency, for the latency histogram"),
+    ("engine/src/views.rs", "Instant::now(", 1, "the age of the cached chain verification"),
+];
+
+#[test]
+fn only_procs_rs_spawns_processes() {
+    let files = library_code(&["agent/src", "engine/src", "web/src", "cli/src", "audit/src", "proto/src", "sim/src"]);
+    assert!(files.len() > 100, "the sources were found: {}", files.len());
+    let v = uses_outside(&files, SPAWN_PATTERNS, SPAWN_ALLOWED);
+    assert!(v.is_empty(), "processes spawned outside agent/src/procs.rs:\n{}", v.join("\n"));
+}
+
+#[test]
+fn engine_and_agent_read_time_only_through_their_clock() {
+    let files = library_code(&["agent/src", "engine/src"]);
+    assert!(files.len() > 50, "the sources were found: {}", files.len());
+    let v = uses_outside(&files, CLOCK_PATTERNS, CLOCK_ALLOWED);
+    assert!(v.is_empty(), "time read outside Clock:\n{}", v.join("\n"));
+}
+
+/// The two checkers find what they are for: a spawn and a clock read
+/// outside their allow-lists, in library code only, and a stale entry.
+#[test]
+fn the_spawn_and_clock_checkers_find_violations() {
+    let files = vec![
+        (
+            "engine/src/x.rs".to_string(),
+            "fn f() { let _ = std::process::Command::new(\"sh\"); let t = std::time::Instant::now(); }\n".to_string(),
+        ),
+        ("agent/src/procs.rs".to_string(), "fn run() { tokio::process::Command::new(p); }\n".to_string()),
+    ];
+    let spawn = uses_outside(&files, SPAWN_PATTERNS, SPAWN_ALLOWED);
+    assert_eq!(spawn.len(), 3, "{spawn:#?}");
+    assert!(spawn[0].starts_with("engine/src/x.rs: 1 × `Command::new(`, 0 allowed"), "{spawn:#?}");
+    assert!(spawn[0].contains("engine/src/x.rs:1: fn f()"), "{spawn:#?}");
+    assert!(spawn[1].contains("agent/src/procs.rs: the allow-list lets it have 2"), "stale: {spawn:#?}");
+    assert!(spawn[2].contains("cli/src/cmd/bench.rs"), "{spawn:#?}");
+    let clock = uses_outside(&files, CLOCK_PATTERNS, &[]);
+    assert_eq!(clock.len(), 1, "{clock:#?}");
+    assert!(clock[0].starts_with("engine/src/x.rs: 1 × `Instant::now(`"), "{clock:#?}");
+    // Test modules are not library code.
+    std::fs::create_dir_all(root().join("target/tmp")).unwrap();
+    let dir = tempfile::tempdir_in(root().join("target/tmp")).unwrap();
+    std::fs::write(
+        dir.path().join("a.rs"),
+        "fn f() {}\n#[cfg(test)]\nmod tests { fn t() { std::time::Instant::now(); } }\n",
+    )
+    .unwrap();
+    let rel = dir.path().strip_prefix(root()).unwrap().to_string_lossy().to_string();
+    let code = library_code(&[rel.as_str()]);
+    assert_eq!(code.len(), 1);
+    assert!(uses_outside(&code, CLOCK_PATTERNS, &[]).is_empty(), "{code:?}");
+}
