@@ -6,7 +6,9 @@
 //! nightshift drains with a reason it owns, resumes its own drain, refuses
 //! to resume a drain a person set (and leaves the person's reason alone),
 //! and a failing or hung `scontrol` ends the run with a clear audited error
-//! instead of hanging it.
+//! instead of hanging it. Scale-out reads Slurm's queue, powers a standby up
+//! through Slurm's power saving, and takes a warm standby before a powered
+//! down one.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -743,4 +745,140 @@ async fn fleet_import_from_a_real_slurm() {
         assert_eq!(n.labels.get("switch").map(String::as_str), Some("leaf1"), "{n:?}");
         assert_eq!(n.labels.get("site").map(String::as_str), Some("hall-b"), "the newer --label: {n:?}");
     }
+}
+
+/// Issue 42 point 4, on the real Slurm: a pool with a job waiting and two
+/// standbys — gpu02, powered down by Slurm's power saving and first in
+/// fleet.yaml, and gpu03, up and drained by nightshift (a warm standby) —
+/// grows by the warm one: the scale-out reads the queue, resumes gpu03 in
+/// Slurm and powers nothing up (the ResumeProgram never runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slurm_scale_out_prefers_a_warm_standby() {
+    for (program, package) in [
+        ("munged", "munge"),
+        ("slurmctld", "slurmctld"),
+        ("slurmd", "slurmd"),
+        ("scontrol", "slurm-client"),
+        ("sbatch", "slurm-client"),
+        ("scancel", "slurm-client"),
+    ] {
+        if require(program, package).is_none() {
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sdir = dir.path().join("slurm");
+    std::fs::create_dir_all(&sdir).unwrap();
+    let d = sdir.display().to_string();
+    let power_log = sdir.join("power.log");
+    let script = |name: &str| {
+        let p = sdir.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\necho \"{name} $1\" >> {d}/power.log\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p.display().to_string()
+    };
+    let (resume, suspend) = (script("resume"), script("suspend"));
+    let (gpu02_port, gpu03_port) = (free_port(), free_port());
+    let slurm = Slurm::start_with(
+        &sdir,
+        &format!(
+            "NodeName=gpu02 NodeHostname={{host}} NodeAddr=127.0.0.1 Port={gpu02_port} CPUs=1 RealMemory=100 State=CLOUD\n\
+             NodeName=gpu03 NodeHostname={{host}} NodeAddr=127.0.0.1 Port={gpu03_port} CPUs=1 RealMemory=100 State=UNKNOWN\n"
+        ),
+        &format!(
+            "SuspendProgram={suspend}\nResumeProgram={resume}\nSuspendTime=86400\nSuspendTimeout=10\nResumeTimeout=60\n"
+        ),
+    );
+    // gpu03's own slurmd: the warm standby is up.
+    let _gpu03 = Daemon::start(
+        &["slurmd".into(), "-D".into(), "-N".into(), "gpu03".into(), "-f".into(), slurm.conf.display().to_string()],
+        &sdir.join("slurmd-gpu03.log"),
+    );
+    let up = eventually(60, || state(&slurm.show("gpu03")).starts_with("IDLE").then_some(())).await;
+    assert!(up.is_some(), "gpu03 did not come up: {}", slurm.show("gpu03"));
+    // Kept out of service by nightshift: the drain's reason is its own.
+    let out = slurm.scontrol(&["update", "NodeName=gpu03", "State=DRAIN", "Reason=nightshift: r000000 standby"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(state(&slurm.show("gpu03")).contains("DRAIN"), "{}", slurm.show("gpu03"));
+
+    let conf = slurm.conf.display().to_string();
+    let sched = format!("scheduler: {{kind: slurm, slurm_conf: '{conf}', timeout_secs: 10}}\n");
+    let sim = SimConfig { gpus: 1, ..SimConfig::default() };
+    let a = TestAgent::start(dir.path(), "gpu01", sim.clone(), &sched).await;
+    let mut b = TestAgent::start(dir.path(), "gpu02", sim.clone(), &sched).await;
+    let c = TestAgent::start(dir.path(), "gpu03", sim, &sched).await;
+    let (b_addr, c_addr) = (b.addr(), c.addr());
+    let group_manifest = "trigger: {type: manual}\nscope: group\ncooldown_secs: 0\nmax_attempts_per_day: 100\n";
+    let cfg = engine_setup(
+        dir.path(),
+        &[&a, &b, &c],
+        &[(
+            "grow",
+            group_manifest,
+            "let p = pool_pending();\nif p.known != true || p.jobs != 1 { fail(`the queue: ${p}`); }\nnote(`${p.jobs} job(s) waiting in the ${p.scheduler} queue, read by ${p.from}`);\nlet r = scale_out(1);\nif r.count == 0 { fail(`nothing to scale out: ${r.skipped}`); }\nnote(`scaled out by ${r.nodes}`);\nkeep_holds(3600);\n",
+        )],
+        "limits: {action_timeout_secs: 30}\n",
+    );
+    let fleet = std::fs::read_to_string(dir.path().join("fleet.yaml")).unwrap();
+    let fleet = fleet
+        .replace(
+            &format!("  - name: gpu02\n    address: {b_addr}\n"),
+            &format!("  - name: gpu02\n    standby: true\n    power_saving: true\n    address: {b_addr}\n"),
+        )
+        .replace(
+            &format!("  - name: gpu03\n    address: {c_addr}\n"),
+            &format!("  - name: gpu03\n    standby: true\n    address: {c_addr}\n"),
+        );
+    assert!(fleet.contains("power_saving: true") && fleet.matches("standby: true").count() == 2, "{fleet}");
+    std::fs::write(dir.path().join("fleet.yaml"), fleet).unwrap();
+    b.stop().await;
+    let engine = nightshift_engine::serve::start(cfg).await.unwrap();
+    let seen = eventually(30, || {
+        let n = engine.node("gpu03").unwrap();
+        (engine.node("gpu01").unwrap().state.connected && n.state.connected && n.state.drained).then_some(())
+    })
+    .await;
+    assert!(seen.is_some(), "{:?}", engine.node("gpu03").unwrap().state);
+
+    let held = Command::new("sbatch")
+        .args(["--parsable", "--hold", "-p", "gpu", "--output", "/dev/null", "--wrap", "true"])
+        .env("SLURM_CONF", &slurm.conf)
+        .output()
+        .unwrap();
+    let held = String::from_utf8_lossy(&held.stdout).trim().to_string();
+    assert!(!held.is_empty(), "sbatch --hold gave no job id");
+    let s = engine.submit(manual_run("grow", Target::group("pool", "a"))).await.unwrap();
+    let id = s.run().unwrap().id.clone();
+    let done = eventually(60, || engine.run(&id).unwrap().filter(|r| r.outcome.is_some())).await.unwrap();
+    let records = engine.run_records(&id).unwrap();
+    assert_eq!(done.outcome, Some(RunOutcome::Succeeded), "{done:?} {records:?}");
+    // What changed a node (the run's end renews the kept hold and releases
+    // nothing else of it: below, gpu03 stays in service).
+    let ops: Vec<(String, String)> = action_results(&records)
+        .iter()
+        .map(|r| (r.data["op"].as_str().unwrap_or("").to_string(), r.node.clone().unwrap_or_default()))
+        .filter(|(op, _)| op != "renew" && op != "release")
+        .collect();
+    assert_eq!(ops, [("resume".to_string(), "gpu03".to_string())], "the warm standby, and nothing powered up");
+
+    let said = |t: &str| records.iter().any(|r| r.data["text"].as_str().is_some_and(|x| x.contains(t)));
+    assert!(said("1 job(s) waiting in the slurm queue, read by gpu01"), "{records:?}");
+    assert!(said("scaled out by [\"gpu03\"]"), "{records:?}");
+    let serving = eventually(30, || {
+        let line = slurm.show("gpu03");
+        (!state(&line).contains("DRAIN")).then_some(line)
+    })
+    .await;
+    assert!(serving.is_some(), "gpu03 still drained in Slurm: {}", slurm.show("gpu03"));
+    let log = std::fs::read_to_string(&power_log).unwrap_or_default();
+    assert!(!log.contains("resume"), "nothing is powered up: {log}");
+    // A CLOUD node Slurm never powered up is not even listed.
+    let gpu02 = slurm.show("gpu02");
+    assert!(gpu02.contains("not found") || gpu02.contains("POWER"), "gpu02 stays powered down: {gpu02}");
+
+    let _ = Command::new("scancel").arg(&held).env("SLURM_CONF", &slurm.conf).output();
+    assert!(engine.verify().unwrap().ok);
+    let conf = slurm.conf.clone();
+    drop(slurm);
+    assert!(processes_naming(&conf).is_empty(), "Slurm processes left running: {:?}", processes_naming(&conf));
 }
