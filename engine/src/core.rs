@@ -98,6 +98,8 @@ pub struct Core {
     pub brain: Mutex<Brain>,
     /// What the pages plot.
     pub history: Mutex<crate::history::History>,
+    /// Each GPU's XID events by code (the policy's repeat rule).
+    pub(crate) xid_history: Mutex<crate::xid_history::XidHistory>,
     pub table: Mutex<RunTable>,
     pub handle: tokio::runtime::Handle,
     pub ids: Ids,

@@ -201,6 +201,7 @@ impl Engine {
             runbooks: RwLock::new(Arc::new(parts.runbooks)),
             brain: Mutex::new(brain),
             history: Mutex::new(history),
+            xid_history: Mutex::new(Default::default()),
             table: Mutex::new(RunTable::new(parts.config.limits.alert_dedup_entries)),
             handle: tokio::runtime::Handle::current(),
             ids: Ids::seeded(runs_so_far, id_seed),

@@ -107,6 +107,21 @@ impl Engine {
                 }
             }
         }
+        // Each GPU's XID history (every code, fatal or not; no counts yet is
+        // zero of each, so the first event counts): how far its most
+        // frequent non-fatal code is over the policy's repeat rule, read
+        // once it has seen an XID.
+        {
+            let policy = self.core.health().policy.clone();
+            let mut h = crate::core::lock(&self.core.xid_history);
+            for g in &t.gpus {
+                h.observe(node.idx, g.index, t.ts_ms, &g.xid_counts);
+                if !g.xid_counts.is_empty() {
+                    let over = h.over_limit(node.idx, g.index, t.ts_ms, &policy);
+                    samples.push((u16::try_from(g.index).ok(), ids::XID_REPEATS, over));
+                }
+            }
+        }
         {
             let mut h = crate::core::lock(&self.core.history);
             for (gpu, metric, v) in &samples {

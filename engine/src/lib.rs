@@ -58,4 +58,5 @@ pub mod thermal;
 pub mod triggers;
 pub mod views;
 pub mod windows;
+mod xid_history;
 pub mod xid_policy;

@@ -186,6 +186,12 @@ pub const METRICS: &[MetricDef] = &[
         "how far the HBM is below its own maximum operating temperature",
         "derived: the device's memory max temperature (95 °C where it reports none) − gpu.mem_temperature_c",
     ),
+    gpu(
+        "gpu.xid_repeats_over_limit",
+        "count",
+        "how far the GPU's most frequent non-fatal XID is over the XID policy's repeat rule (more than 3 of one code in a day, shipped); 0 when none is",
+        "derived: the agent's XID event counts by code (NVML event API), against the policy's `repeats:`",
+    ),
 ];
 
 /// Look a metric up by name.
@@ -246,6 +252,7 @@ pub mod ids {
     pub const MEM_FRAG_OVER: MetricId = 37;
     pub const MEM_TEMP: MetricId = 38;
     pub const MEM_HEADROOM: MetricId = 39;
+    pub const XID_REPEATS: MetricId = 40;
 }
 
 #[cfg(test)]
@@ -280,11 +287,12 @@ mod tests {
             (ids::MEM_FRAG_OVER, "gpu.mem_fragmentation_over_limit_pct"),
             (ids::MEM_TEMP, "gpu.mem_temperature_c"),
             (ids::MEM_HEADROOM, "gpu.mem_thermal_headroom_c"),
+            (ids::XID_REPEATS, "gpu.xid_repeats_over_limit"),
         ];
         for (id, name) in pairs {
             assert_eq!(metric(id).name, name);
             assert_eq!(metric_id(name), Some(id));
         }
-        assert_eq!(METRICS.len(), ids::MEM_HEADROOM as usize + 1);
+        assert_eq!(METRICS.len(), ids::XID_REPEATS as usize + 1);
     }
 }

@@ -77,7 +77,36 @@ struct PolicyFile {
     source: Option<String>,
     #[serde(default)]
     xids: Vec<XidEntry>,
+    #[serde(default)]
+    repeats: Option<RepeatsEntry>,
 }
+
+/// The history rule's form in a file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RepeatsEntry {
+    more_than: u32,
+    window_secs: u64,
+    #[serde(default)]
+    note: Option<String>,
+    /// Overrides only: why the site counts otherwise (audited).
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// The history rule: the same XID that is not a fault by itself, on one
+/// GPU, more than `more_than` times within `window_secs` makes the GPU
+/// suspect (runbook `xid-repeat`: tell a person, drain the GPU once idle).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RepeatRule {
+    pub more_than: u32,
+    pub window_secs: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site_reason: Option<String>,
+}
+
+/// The longest repeat window a file may give (the history kept per GPU).
+pub const MAX_REPEAT_WINDOW_SECS: u64 = 7 * 86_400;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -99,6 +128,8 @@ struct XidEntry {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct XidPolicy {
     table: BTreeMap<u32, XidInfo>,
+    /// The history rule (the shipped file always has one).
+    pub repeats: RepeatRule,
     /// The overrides file read, if any.
     pub overrides_path: Option<PathBuf>,
 }
@@ -110,6 +141,9 @@ impl Default for XidPolicy {
     }
 }
 
+/// A rule that never trips: what a policy starts from before its file.
+const NO_REPEATS: RepeatRule = RepeatRule { more_than: u32::MAX, window_secs: 0, site_reason: None };
+
 /// The highest XID code a file may name (the catalog ends below 200 today).
 pub const MAX_XID: u32 = 999;
 
@@ -118,7 +152,7 @@ impl XidPolicy {
     pub fn shipped() -> &'static XidPolicy {
         static SHIPPED: OnceLock<XidPolicy> = OnceLock::new();
         SHIPPED.get_or_init(|| {
-            let mut p = XidPolicy { table: BTreeMap::new(), overrides_path: None };
+            let mut p = XidPolicy { table: BTreeMap::new(), repeats: NO_REPEATS, overrides_path: None };
             // Checked by `the_shipped_xid_policy_loads`: a broken shipped
             // table fails the build's tests, never an engine.
             if let Err(e) = p.merge(SHIPPED_POLICY, Path::new(SHIPPED_PATH), false) {
@@ -163,6 +197,35 @@ impl XidPolicy {
             return Err(err("version", format!("version: expected 1, found {}", f.version)));
         }
         let _ = f.source;
+        if let Some(r) = f.repeats {
+            if !(1..=1000).contains(&r.more_than) {
+                return Err(err(
+                    "repeats.more_than",
+                    format!("repeats.more_than: expected 1 to 1000, found {}", r.more_than),
+                ));
+            }
+            if !(60..=MAX_REPEAT_WINDOW_SECS).contains(&r.window_secs) {
+                return Err(err(
+                    "repeats.window_secs",
+                    format!(
+                        "repeats.window_secs: expected 60 to {MAX_REPEAT_WINDOW_SECS} (a week), found {}",
+                        r.window_secs
+                    ),
+                ));
+            }
+            let reason = r.reason.as_deref().map(str::trim).filter(|t| !t.is_empty()).map(str::to_string);
+            if site && reason.is_none() {
+                return Err(err(
+                    "repeats",
+                    "repeats: a site override of the history rule says why (`reason:`, audited), found none".into(),
+                ));
+            }
+            if !site && reason.is_some() {
+                return Err(err("repeats.reason", "repeats.reason: only a site override has one".into()));
+            }
+            let _ = r.note;
+            self.repeats = RepeatRule { more_than: r.more_than, window_secs: r.window_secs, site_reason: reason };
+        }
         let mut seen = BTreeMap::new();
         for (i, x) in f.xids.into_iter().enumerate() {
             let at = format!("xids.{i}");
@@ -253,6 +316,17 @@ impl XidPolicy {
     /// ignore (benign here)`): what a reload audits.
     pub fn changes_from(&self, old: &XidPolicy) -> Vec<String> {
         let mut out = Vec::new();
+        if self.repeats != old.repeats {
+            let r = &self.repeats;
+            out.push(format!(
+                "repeats: more than {} in {} s → more than {} in {} s{}",
+                old.repeats.more_than,
+                old.repeats.window_secs,
+                r.more_than,
+                r.window_secs,
+                r.site_reason.as_deref().map_or_else(|| " (the shipped rule)".to_string(), |w| format!(" ({w})"))
+            ));
+        }
         let codes: std::collections::BTreeSet<u32> = self.table.keys().chain(old.table.keys()).copied().collect();
         for code in codes {
             match (old.info(code), self.info(code)) {
@@ -282,8 +356,9 @@ mod tests {
 
     #[test]
     fn the_shipped_xid_policy_loads() {
-        let mut p = XidPolicy { table: BTreeMap::new(), overrides_path: None };
+        let mut p = XidPolicy { table: BTreeMap::new(), repeats: NO_REPEATS, overrides_path: None };
         p.merge(SHIPPED_POLICY, Path::new(SHIPPED_PATH), false).expect("the shipped table loads");
+        assert_eq!((p.repeats.more_than, p.repeats.window_secs), (3, 86_400), "the shipped history rule");
         assert_eq!(&p, XidPolicy::shipped());
         for code in [13, 31, 43, 45, 46, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 109, 119, 120, 140, 143, 154, 158] {
             assert!(p.info(code).is_some(), "XID {code}");
@@ -314,6 +389,15 @@ mod tests {
             ]
         );
         assert!(XidPolicy::shipped().changes_from(XidPolicy::shipped()).is_empty());
+        let p = XidPolicy::with_overrides(
+            "version: 1\nrepeats: { more_than: 10, window_secs: 3600, reason: noisy inference jobs }\n",
+            Path::new("site.yaml"),
+        )
+        .unwrap();
+        assert_eq!(
+            p.changes_from(XidPolicy::shipped()),
+            vec!["repeats: more than 3 in 86400 s → more than 10 in 3600 s (noisy inference jobs)"]
+        );
     }
 
     #[test]
@@ -356,6 +440,19 @@ mod tests {
                 "version: 1\nxids:\n  - { code: 74, action: rma, reason: \"  \" }\n",
                 "xids[0].reason: expected text, found none",
             ),
+            (
+                "version: 1\nrepeats: { more_than: 0, window_secs: 3600, reason: x }\n",
+                "site.yaml:2:12: repeats.more_than: expected 1 to 1000, found 0",
+            ),
+            (
+                "version: 1\nrepeats: { more_than: 3, window_secs: 9999999, reason: x }\n",
+                "repeats.window_secs: expected 60 to 604800 (a week), found 9999999",
+            ),
+            (
+                "version: 1\nrepeats: { more_than: 3, window_secs: 3600 }\n",
+                "site.yaml:2:1: repeats: a site override of the history rule says why",
+            ),
+            ("version: 1\nrepeats: { more: 3, window_secs: 3600, reason: x }\n", "unknown field `more`"),
         ] {
             let e = XidPolicy::with_overrides(text, Path::new("site.yaml")).expect_err(text).to_string();
             assert!(e.starts_with(want) || e.contains(want), "{text:?}: {e}");

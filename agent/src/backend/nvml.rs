@@ -38,6 +38,8 @@ pub struct XidState {
     pub fatal_since_reset: Option<u32>,
     /// The GPU did not answer at the last sample.
     pub lost: bool,
+    /// Every XID event by code, fatal or not.
+    pub counts: std::collections::BTreeMap<u32, u64>,
 }
 
 /// NVIDIA GPUs through NVML.
@@ -82,6 +84,11 @@ fn support<T>(r: Result<T, NvmlError>, what: &str) -> Result<Support<T>, Backend
 /// An optional reading: unsupported or failing reads are simply absent.
 fn opt<T>(r: Result<T, NvmlError>) -> Option<T> {
     r.ok()
+}
+
+/// The XID events seen on a GPU, by code.
+fn xid_counts(x: &XidState) -> Vec<nightshift_proto::XidCount> {
+    x.counts.iter().map(|(&code, &events)| nightshift_proto::XidCount { code, events }).collect()
 }
 
 /// NVML's clocks-event bits by the names of `nightshift_proto::THROTTLE_REASONS`.
@@ -225,6 +232,7 @@ impl NvmlBackend {
             lost_detail: Some(e.to_string()),
             xid_last: x.last,
             xid_events_total: Some(x.events),
+            xid_counts: xid_counts(&x),
             ..GpuTelemetry::default()
         }
     }
@@ -284,6 +292,7 @@ impl NvmlBackend {
             ecc_dbe_total: opt(d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)).unwrap_or(0),
             xid_last: xid.last,
             xid_events_total: Some(xid.events),
+            xid_counts: xid_counts(&xid),
             throttled,
             throttle_reasons: reasons.map(reason_names).unwrap_or_default(),
             gpu_drained: opt(d.is_drain_enabled(None)).unwrap_or(false),
@@ -367,6 +376,7 @@ fn spawn_xid_watch(nvml: Arc<Nvml>, xids: Arc<Mutex<Vec<XidState>>>, uuids: Vec<
                     let mut all = xids.lock().unwrap_or_else(|e| e.into_inner());
                     if let Some(x) = all.get_mut(idx) {
                         x.last = Some(code);
+                        *x.counts.entry(code).or_default() += 1;
                         if super::FATAL_XIDS.contains(&code) {
                             x.events += 1;
                             x.fatal_since_reset = Some(code);

@@ -459,6 +459,8 @@ struct GpuState {
     xid_last: Option<u32>,
     /// Fatal XID events (a counter the gauge cannot show).
     xid_events: u64,
+    /// Every XID event by code, fatal or not.
+    xid_counts: std::collections::BTreeMap<u32, u64>,
     /// The last fatal XID since the GPU was last reset.
     fatal_xid_since_reset: Option<u32>,
     drained: bool,
@@ -481,6 +483,24 @@ struct GpuState {
     remap_failed: bool,
     /// The GPU's process registered for the flush signal.
     flush_registered: bool,
+}
+
+impl GpuState {
+    /// An XID event on this GPU, as NVML's event API reports one: the gauge
+    /// takes the code, its count grows, and a fatal one counts and holds
+    /// until a reset.
+    fn saw_xid(&mut self, code: u32) {
+        self.xid_last = Some(code);
+        *self.xid_counts.entry(code).or_default() += 1;
+        if fatal_xid(code) {
+            self.xid_events += 1;
+            self.fatal_xid_since_reset = Some(code);
+        }
+    }
+
+    fn xid_count_list(&self) -> Vec<nightshift_proto::XidCount> {
+        self.xid_counts.iter().map(|(&code, &events)| nightshift_proto::XidCount { code, events }).collect()
+    }
 }
 
 /// The node's job, as its integration reports it (the job textfile):
@@ -745,6 +765,7 @@ impl SimBackend {
                 dbe: 0,
                 xid_last: None,
                 xid_events: 0,
+                xid_counts: Default::default(),
                 fatal_xid_since_reset: None,
                 drained: false,
                 throttled: false,
@@ -1168,9 +1189,7 @@ impl SimBackend {
                 let row_remap = self.profile.row_remap;
                 let g = &mut st.gpus[self.check_gpu(*gpu)?];
                 g.dbe += count;
-                g.xid_last = Some(48);
-                g.xid_events += 1;
-                g.fatal_xid_since_reset = Some(48);
+                g.saw_xid(48);
                 if row_remap {
                     // Each uncorrectable error takes a spare row, which
                     // becomes active at the next reset; past the spares the
@@ -1184,11 +1203,7 @@ impl SimBackend {
             SimFault::Xid { gpu, code } => {
                 let links = self.profile.links_per_gpu;
                 let g = &mut st.gpus[self.check_gpu(*gpu)?];
-                g.xid_last = Some(*code);
-                if fatal_xid(*code) {
-                    g.xid_events += 1;
-                    g.fatal_xid_since_reset = Some(*code);
-                }
+                g.saw_xid(*code);
                 match code {
                     79 => g.lost = true,
                     74 if links > 0 => st.node.nvlink_fault = true,
@@ -1200,9 +1215,7 @@ impl SimBackend {
             SimFault::GpuLost { gpu } => {
                 let g = &mut st.gpus[self.check_gpu(*gpu)?];
                 g.lost = true;
-                g.xid_last = Some(79);
-                g.xid_events += 1;
-                g.fatal_xid_since_reset = Some(79);
+                g.saw_xid(79);
             }
             SimFault::GpuReset { gpu } => self.reset_gpu(&mut st, self.check_gpu(*gpu)?),
             SimFault::GpuReplace { gpu } => {
@@ -1213,6 +1226,7 @@ impl SimBackend {
                 let g = &mut st.gpus[i];
                 g.remap_failed = false;
                 g.xid_last = None;
+                g.xid_counts.clear();
                 g.fan_failed = false;
                 g.heatsink_factor = 1.0;
                 g.hbm_factor = 1.0;
@@ -1221,9 +1235,7 @@ impl SimBackend {
             SimFault::RowRemapFailure { gpu } => {
                 let g = &mut st.gpus[self.check_gpu(*gpu)?];
                 g.remap_failed = true;
-                g.xid_last = Some(64);
-                g.xid_events += 1;
-                g.fatal_xid_since_reset = Some(64);
+                g.saw_xid(64);
             }
             SimFault::ChassisAirflow { factor } => {
                 st.node.chassis_airflow_factor = *factor;
@@ -1389,6 +1401,7 @@ impl Backend for SimBackend {
                         lost_detail: Some("GPU is lost (fallen off the bus): NVML answers GPU_IS_LOST".into()),
                         xid_last: Some(g.xid_last.unwrap_or(0)),
                         xid_events_total: Some(g.xid_events),
+                        xid_counts: g.xid_count_list(),
                         ..GpuTelemetry::default()
                     };
                 }
@@ -1424,6 +1437,7 @@ impl Backend for SimBackend {
                     // Like DCGM's gauge: 0 until the first XID.
                     xid_last: Some(g.xid_last.unwrap_or(0)),
                     xid_events_total: Some(g.xid_events),
+                    xid_counts: g.xid_count_list(),
                     throttled: g.throttled,
                     throttle_reasons: throttle_reasons(g),
                     gpu_drained: g.drained,

@@ -351,6 +351,10 @@ impl ScriptHost for Host {
         self.pending_of_group(ctx)
     }
 
+    fn xid_repeats(&self, ctx: &RunCtx) -> rhai::Array {
+        self.repeats_of_target(ctx)
+    }
+
     fn xid_info(&self, _ctx: &RunCtx, code: u32) -> Map {
         let policy = self.core.health().policy.clone();
         policy.info(code).map(|i| to_map(json!(i))).unwrap_or_default()

@@ -1,9 +1,34 @@
 //! The host's reads and evidence: statistics of a series over a window,
-//! the scheduler's queue for a pool, RMA evidence of the run's target.
+//! the scheduler's queue for a pool, RMA evidence of the run's target, the
+//! XIDs repeating on the run's GPU.
 
 use super::*;
 
 impl Host {
+    /// [`ScriptHost::xid_repeats`].
+    pub(super) fn repeats_of_target(&self, ctx: &RunCtx) -> rhai::Array {
+        let (Some(node), Some(gpu)) = (ctx.target.node.as_deref(), ctx.target.gpu) else { return Vec::new() };
+        let Some(n) = self.core.fleet.get(node) else { return Vec::new() };
+        let policy = self.core.health().policy.clone();
+        let repeats = crate::core::lock(&self.core.xid_history).repeats(n.idx, gpu, self.core.now(), &policy);
+        let rule = &policy.repeats;
+        repeats
+            .into_iter()
+            .map(|r| {
+                let info = policy.info(r.code);
+                Dynamic::from_map(to_map(json!({
+                    "code": r.code,
+                    "events": r.events,
+                    "more_than": rule.more_than,
+                    "window_secs": rule.window_secs,
+                    "mnemonic": info.map(|i| i.mnemonic.clone()),
+                    "meaning": info.map(|i| i.meaning.clone()),
+                    "action": info.map(|i| i.action.as_str()),
+                })))
+            })
+            .collect()
+    }
+
     /// [`ScriptHost::collect_evidence`].
     pub(super) fn evidence_of_target(&self, ctx: &RunCtx, why: &str) -> Map {
         let Some(node) = ctx.target.node.clone() else { return refused("not_node", "evidence is of a node or GPU") };

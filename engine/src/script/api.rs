@@ -492,6 +492,11 @@ pub(super) fn register(e: &mut Engine) {
         let m = u32::try_from(code).map(|x| c.host.xid_info(&c, x)).unwrap_or_default();
         Ok(if m.is_empty() { Dynamic::UNIT } else { Dynamic::from_map(m) })
     });
+    // The XIDs repeating on the run's GPU past the XID policy's rule.
+    e.register_fn("xid_repeats", || -> Result<rhai::Array, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.xid_repeats(&c))
+    });
     // The scheduler's queue for the run's group: `#{known, jobs, gpus, from}`.
     e.register_fn("pool_pending", || -> Result<Map, Box<EvalAltResult>> {
         let c = ctx()?;

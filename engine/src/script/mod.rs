@@ -206,6 +206,12 @@ pub trait ScriptHost: Send + Sync {
     fn xid_info(&self, _ctx: &RunCtx, _code: u32) -> Map {
         Map::new()
     }
+    /// The XIDs repeating on the run's GPU past the policy's repeat rule,
+    /// the most frequent first: `[#{code, events, more_than, window_secs,
+    /// mnemonic, meaning, action}]`.
+    fn xid_repeats(&self, _ctx: &RunCtx) -> rhai::Array {
+        Vec::new()
+    }
     /// The work waiting in the scheduler for the run's group.
     fn pool_pending(&self, _ctx: &RunCtx) -> Map {
         Map::new()

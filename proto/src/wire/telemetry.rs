@@ -202,6 +202,20 @@ pub struct GpuTelemetry {
     /// events): `Some(false)` once a reset cleared it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reset_required: Option<bool>,
+    /// Every XID event since the agent started, by code, fatal or not
+    /// (where the agent sees XID events: NVML's event API, the simulator):
+    /// the same application XID again and again on one GPU is a history
+    /// the `xid_last` gauge cannot show.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xid_counts: Vec<XidCount>,
+}
+
+/// How many events of one XID code an agent has seen on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct XidCount {
+    pub code: u32,
+    pub events: u64,
 }
 
 /// The XIDs an agent counts as fatal: `xid_events_total` counts them and
