@@ -171,6 +171,65 @@ pub async fn collect(p: &EvidencePolicy, root: &Path, req: Request<'_>) -> Resul
     })
 }
 
+/// Why a piece of a bundle cannot be read: a name that is not one
+/// (`BadRequest`), or nothing by that name (`NotFound`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReadError {
+    BadName(String),
+    NotFound(String),
+}
+
+/// A piece of one file of a bundle under `root` (`read_evidence`): only a
+/// bundle folder of `root`, only a file its manifest lists (or the
+/// manifest), never through a link.
+pub fn read(root: &Path, a: &nightshift_proto::ReadEvidenceArgs) -> Result<nightshift_proto::EvidenceChunk, ReadError> {
+    use std::io::{Read, Seek, SeekFrom};
+    for (what, name) in [("bundle", &a.bundle), ("file", &a.file)] {
+        if !nightshift_proto::plain_evidence_name(name) {
+            return Err(ReadError::BadName(format!(
+                "{what}: expected a plain name (letters, digits, '-', '_', '.'; no path), found {name:?}"
+            )));
+        }
+    }
+    let dir = root.join(&a.bundle);
+    let is_dir = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir());
+    let manifest = is_dir.then(|| std::fs::read(dir.join(EVIDENCE_MANIFEST)).ok()).flatten();
+    let Some(bundle) = manifest.and_then(|m| serde_json::from_slice::<EvidenceBundle>(&m).ok()) else {
+        return Err(ReadError::NotFound(format!(
+            "bundle {}: no such bundle on this node (it keeps the newest ones only)",
+            a.bundle
+        )));
+    };
+    if a.file != EVIDENCE_MANIFEST && !bundle.files.iter().any(|f| f.name == a.file) {
+        let names: Vec<&str> = bundle.files.iter().map(|f| f.name.as_str()).collect();
+        return Err(ReadError::NotFound(format!(
+            "file {}: expected one of {EVIDENCE_MANIFEST}, {} in bundle {}",
+            a.file,
+            names.join(", "),
+            a.bundle
+        )));
+    }
+    let path = dir.join(&a.file);
+    let meta = std::fs::symlink_metadata(&path)
+        .ok()
+        .filter(|m| m.is_file())
+        .ok_or_else(|| ReadError::NotFound(format!("file {} of bundle {}: not on the node", a.file, a.bundle)))?;
+    let size = meta.len();
+    let mut f = std::fs::File::open(&path).map_err(|e| ReadError::NotFound(format!("{}: {e}", path.display())))?;
+    let offset = a.offset.min(size);
+    f.seek(SeekFrom::Start(offset)).map_err(|e| ReadError::NotFound(format!("{}: {e}", path.display())))?;
+    let mut buf = Vec::with_capacity(nightshift_proto::EVIDENCE_CHUNK_BYTES.min(size as usize));
+    f.take(nightshift_proto::EVIDENCE_CHUNK_BYTES as u64)
+        .read_to_end(&mut buf)
+        .map_err(|e| ReadError::NotFound(format!("{}: {e}", path.display())))?;
+    Ok(nightshift_proto::EvidenceChunk {
+        offset,
+        size,
+        eof: offset + buf.len() as u64 >= size,
+        data_hex: hex::encode(&buf),
+    })
+}
+
 /// Keep the newest `keep` bundles (by their creation time in the name).
 fn prune(root: &Path, keep: usize) {
     let Ok(rd) = std::fs::read_dir(root) else { return };
@@ -247,6 +306,60 @@ mod tests {
         }
         let left: Vec<_> = std::fs::read_dir(&root).unwrap().flatten().map(|e| e.file_name()).collect();
         assert_eq!(left.len(), 2, "keep: 2 → {left:?}");
+    }
+
+    #[tokio::test]
+    async fn a_bundle_is_read_back_in_pieces_and_nothing_else_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("evidence");
+        let tool = script(tmp.path(), "bug-report", "head -c 300000 /dev/zero | tr '\\0' x > \"$2.gz\"\n");
+        let p = EvidencePolicy { nvidia_bug_report_path: tool, ..EvidencePolicy::default() };
+        let got = collect(&p, &root, req(1000)).await.unwrap();
+        std::fs::write(tmp.path().join("secret"), "not evidence").unwrap();
+        let args = |bundle: &str, file: &str, offset: u64| nightshift_proto::ReadEvidenceArgs {
+            bundle: bundle.into(),
+            file: file.into(),
+            offset,
+        };
+        // The whole file, in pieces.
+        let mut data = Vec::new();
+        loop {
+            let c = read(&root, &args(&got.bundle.id, "nvidia-bug-report.log.gz", data.len() as u64)).unwrap();
+            assert_eq!(c.size, 300_000);
+            data.extend(hex::decode(&c.data_hex).unwrap());
+            if c.eof {
+                break;
+            }
+        }
+        assert_eq!(data.len(), 300_000);
+        assert_eq!(
+            hex::encode(sha2::Sha256::digest(&data)),
+            got.bundle.files.iter().find(|f| f.name == "nvidia-bug-report.log.gz").unwrap().sha256
+        );
+        let m = read(&root, &args(&got.bundle.id, EVIDENCE_MANIFEST, 0)).unwrap();
+        assert!(m.eof && hex::decode(m.data_hex).unwrap().starts_with(b"{"));
+        // Nothing outside the bundle's listed files, whatever the name.
+        for (bundle, file) in [
+            ("..", "secret"),
+            (got.bundle.id.as_str(), "../../secret"),
+            (got.bundle.id.as_str(), ".hidden"),
+            ("/etc", "passwd"),
+            ("", "x"),
+        ] {
+            assert!(matches!(read(&root, &args(bundle, file, 0)), Err(ReadError::BadName(_))), "{bundle}/{file}");
+        }
+        std::fs::write(root.join(&got.bundle.id).join("planted"), "x").unwrap();
+        let e = read(&root, &args(&got.bundle.id, "planted", 0)).unwrap_err();
+        assert!(
+            matches!(&e, ReadError::NotFound(m) if m.starts_with("file planted: expected one of manifest.json, nvidia-bug-report.log.gz")),
+            "{e:?}"
+        );
+        assert!(matches!(read(&root, &args("ev-gone", "x", 0)), Err(ReadError::NotFound(_))));
+        // A listed name that became a link is not followed.
+        let f = root.join(&got.bundle.id).join("nvidia-bug-report.out");
+        std::fs::remove_file(&f).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("secret"), &f).unwrap();
+        assert!(matches!(read(&root, &args(&got.bundle.id, "nvidia-bug-report.out", 0)), Err(ReadError::NotFound(_))));
     }
 
     #[tokio::test]

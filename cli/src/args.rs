@@ -582,11 +582,22 @@ pub enum AgentsCmd {
     /// one), and the SHA-256 a copy must match (`nightshift audit verify
     /// --evidence DIR`).
     ///
+    /// With `--fetch DIR`: copy a bundle off the node (the newest, or
+    /// `--bundle ID`) into DIR/ID through the engine, and check the copy
+    /// against the record the chain holds.
+    ///
     /// Example: nightshift agents evidence gpu-a1
+    /// Example: nightshift agents evidence gpu-a1 --fetch ./rma
     Evidence {
         /// The node, as fleet.yaml names it.
         #[arg(add = ArgValueCompleter::new(crate::complete::nodes))]
         node: String,
+        /// Copy the bundle into this folder (a subfolder named by the bundle).
+        #[arg(long, value_name = "DIR")]
+        fetch: Option<std::path::PathBuf>,
+        /// Which bundle to copy (default: the newest collected).
+        #[arg(long, value_name = "ID", requires = "fetch")]
+        bundle: Option<String>,
     },
 }
 

@@ -568,6 +568,65 @@ impl Conn {
         }
     }
 
+    /// One file of an RMA evidence bundle on `node`, copied off the node
+    /// into `out` as it comes (the engine asks the agent piece by piece).
+    /// The bytes written.
+    pub async fn evidence_file(
+        &mut self,
+        node: &str,
+        bundle: &str,
+        file: &str,
+        out: &mut impl std::io::Write,
+    ) -> Result<u64> {
+        let mut n = 0u64;
+        match self {
+            Conn::Remote(r) => {
+                let path = format!(
+                    "/api/v1/nodes/{}/evidence/{}/{}",
+                    crate::out::urlencode(node),
+                    crate::out::urlencode(bundle),
+                    crate::out::urlencode(file)
+                );
+                // A bug report is up to the bundle's limit (256 MiB): an hour.
+                let mut resp = r
+                    .req(reqwest::Method::GET, &path)
+                    .timeout(Duration::from_secs(3600))
+                    .send()
+                    .await
+                    .map_err(|e| unreachable(&r.url, e))?;
+                let status = resp.status();
+                if !status.is_success() {
+                    let body = resp.text().await.map_err(|e| unreachable(&r.url, e))?;
+                    r.answer::<Value>(status, body)?;
+                    return Ok(0);
+                }
+                while let Some(chunk) = resp.chunk().await.map_err(|e| unreachable(&r.url, e))? {
+                    out.write_all(&chunk)?;
+                    n += chunk.len() as u64;
+                }
+            }
+            Conn::Local(l) => {
+                let e = l.engine().await?;
+                loop {
+                    let c = e.read_evidence(node, bundle, file, n).await.map_err(|err| {
+                        let code = match err {
+                            nightshift_engine::evidence::EvidenceReadError::Unreachable(_) => 4,
+                            _ => 2,
+                        };
+                        anyhow::Error::new(Fail(code)).context(format!("{node}: {err}"))
+                    })?;
+                    let data = hex::decode(&c.data_hex)?;
+                    out.write_all(&data)?;
+                    n += data.len() as u64;
+                    if c.eof || data.is_empty() {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(n)
+    }
+
     /// The agent's health check, now.
     pub async fn health_check(&mut self, node: &str) -> Result<Value> {
         match self {

@@ -5,12 +5,67 @@
 //! the audit chain (`evidence_collected`), where `nightshift audit verify
 //! --evidence DIR` checks a copy against it.
 
-use nightshift_proto::{CollectEvidenceArgs, EvidenceCollected, Op, Request};
+use nightshift_proto::{CollectEvidenceArgs, EvidenceChunk, EvidenceCollected, Op, ReadEvidenceArgs, Request};
 
 use crate::audit::{NewRecord, RecordKind};
 use crate::engine::Engine;
 
+/// Why a piece of evidence could not be read: the node, bundle or file is
+/// not there, or the name is not one (`Refused`), or the agent did not
+/// answer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EvidenceReadError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    BadName(String),
+    #[error("{0}")]
+    Unreachable(String),
+}
+
 impl Engine {
+    /// A piece of one file of an evidence bundle on `node` (from `offset`;
+    /// at most [`nightshift_proto::EVIDENCE_CHUNK_BYTES`]): what copies a
+    /// bundle off the node for the vendor. Read-only, not audited (the
+    /// chain holds the bundle's hash: `nightshift audit verify --evidence`
+    /// checks the copy).
+    pub async fn read_evidence(
+        &self,
+        node: &str,
+        bundle: &str,
+        file: &str,
+        offset: u64,
+    ) -> Result<EvidenceChunk, EvidenceReadError> {
+        let n = self
+            .core
+            .fleet
+            .get(node)
+            .ok_or_else(|| EvidenceReadError::NotFound(format!("no node {node:?} in the inventory")))?;
+        let op = Op::ReadEvidence(ReadEvidenceArgs { bundle: bundle.into(), file: file.into(), offset });
+        let r = n
+            .transport
+            .call(Request::new(self.core.ids.request("evidence-read"), op))
+            .await
+            .map_err(|e| EvidenceReadError::Unreachable(e.to_string()))?;
+        if !r.ok {
+            let e = r.error.unwrap_or_else(|| nightshift_proto::ErrorBody {
+                code: nightshift_proto::ErrorCode::Internal,
+                message: "the agent refused without saying why".into(),
+            });
+            return Err(match e.code {
+                nightshift_proto::ErrorCode::NotFound => EvidenceReadError::NotFound(e.message),
+                nightshift_proto::ErrorCode::BadRequest => EvidenceReadError::BadName(e.message),
+                _ => EvidenceReadError::Unreachable(e.message),
+            });
+        }
+        let c: EvidenceChunk = serde_json::from_value(r.result.unwrap_or_default())
+            .map_err(|e| EvidenceReadError::Unreachable(format!("the agent's evidence piece does not read: {e}")))?;
+        if hex::decode(&c.data_hex).is_err() {
+            return Err(EvidenceReadError::Unreachable("the agent's evidence piece is not hex".into()));
+        }
+        Ok(c)
+    }
+
     /// Ask `node`'s agent for an evidence bundle (of `gpu`, or the node)
     /// and audit what came back — the bundle and its hash, or why there is
     /// none — under `by` (and `run`, when a run asked).

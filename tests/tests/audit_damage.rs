@@ -429,8 +429,10 @@ fn the_outside_tool_rehashes_version_1_records() {
 /// the node — here a fake `nvidia-bug-report.sh` that writes 200 KB and
 /// then hangs — within the agent's limits (the file cut at `max_bytes`,
 /// the tool killed at `timeout_secs`), and puts the bundle's hash on the
-/// chain; `nightshift audit verify --evidence DIR` checks a copy against
-/// it, and a changed file fails it.
+/// chain; the bundle is copied off the node through the engine (the
+/// agent's `read_evidence`, nothing outside the bundle's listed files) and
+/// its web route, `nightshift audit verify --evidence DIR` checks the copy
+/// against the chain, and a changed file fails it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rma_leaves_an_evidence_bundle_the_chain_vouches_for() {
     use std::os::unix::fs::PermissionsExt;
@@ -455,6 +457,8 @@ async fn an_rma_leaves_an_evidence_bundle_the_chain_vouches_for() {
     let set = nightshift_engine::runbook::load_dir(&rb, &script);
     assert!(set.errors.is_empty(), "{:?}", set.errors);
     let mut opts = SimFleetOptions::new(vec![SimNodeSpec::new("n1", "h100-sxm", 8)], set, script);
+    // The web route below, on loopback without a token.
+    opts.auth.allow_anonymous = Some(nightshift_engine::config::Role::Operator);
     let mut policy = nightshift_sim::scenario::sim_policy();
     policy.evidence.nvidia_bug_report_path = tool.clone();
     policy.evidence.timeout_secs = 2;
@@ -491,14 +495,79 @@ async fn an_rma_leaves_an_evidence_bundle_the_chain_vouches_for() {
     });
     assert!(told, "the RMA notice names the bundle");
 
-    // A copy of the bundle and of the chain, checked by the CLI.
-    let bundle = Path::new(ev.data["dir"].as_str().unwrap()).to_path_buf();
+    // A copy of the bundle off the node, piece by piece through the engine
+    // and the agent (the manifest and the files it lists, nothing else).
+    let id = ev.data["bundle"].as_str().unwrap().to_string();
     let copy = d.join("bundle-copy");
     std::fs::create_dir_all(&copy).unwrap();
-    for e in std::fs::read_dir(&bundle).unwrap().flatten() {
-        std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+    let mut listed = vec!["manifest.json".to_string()];
+    listed.extend(names.iter().map(|n| n.to_string()));
+    for name in &listed {
+        let mut data = Vec::new();
+        loop {
+            let c = f.engine.read_evidence("n1", &id, name, data.len() as u64).await.unwrap();
+            data.extend(hex::decode(&c.data_hex).unwrap());
+            if c.eof {
+                break;
+            }
+        }
+        std::fs::write(copy.join(name), &data).unwrap();
     }
+    use nightshift_engine::evidence::EvidenceReadError;
+    for (bundle, file) in [(id.as_str(), "../../engine.yaml"), ("..", "manifest.json")] {
+        let e = f.engine.read_evidence("n1", bundle, file, 0).await.unwrap_err();
+        assert!(matches!(e, EvidenceReadError::BadName(_)), "{bundle}/{file}: {e:?}");
+    }
+    let e = f.engine.read_evidence("n1", &id, "last-health-check.json", 0).await.unwrap_err();
+    assert!(
+        matches!(&e, EvidenceReadError::NotFound(m) if m.contains("expected one of manifest.json, nvidia-bug-report.log.gz")),
+        "{e:?}"
+    );
+    // The chain as it is now, for the CLI's checks below.
     f.snapshot_engine(&d.join("chain")).unwrap();
+    // The node page's download, over HTTP: the same bytes.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let web = tokio::spawn(nightshift_web::serve(f.engine.clone(), listener, std::future::pending()));
+    let url = |file: &str| format!("http://{addr}/api/v1/nodes/n1/evidence/{id}/{file}");
+    let got = reqwest::get(url("nvidia-bug-report.log.gz")).await.unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.bytes().await.unwrap().to_vec(), std::fs::read(copy.join("nvidia-bug-report.log.gz")).unwrap());
+    assert_eq!(reqwest::get(url("nope.txt")).await.unwrap().status(), 404);
+    // The node page lists the bundle with a link to each of its files.
+    let page = reqwest::get(format!("http://{addr}/nodes/n1")).await.unwrap().text().await.unwrap();
+    assert!(page.contains("RMA evidence"), "{page}");
+    for name in &listed {
+        assert!(page.contains(&format!("href=\"/api/v1/nodes/n1/evidence/{id}/{name}\"")), "{name}: {page}");
+    }
+    // And the CLI's copy through that engine: the newest bundle into
+    // DIR/ID, checked against the record.
+    let server = format!("http://{addr}");
+    let dd = d.to_path_buf();
+    let o = tokio::task::spawn_blocking(move || {
+        Command::new(workspace_bin_dir().join("nightshift"))
+            .current_dir(&dd)
+            .args(["--server", &server, "agents", "evidence", "n1", "--fetch", "fetched"])
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        text.contains(&format!("ok: bundle {id} copied to fetched/{id}: it matches the sha256 record {}", ev.seq)),
+        "{text}"
+    );
+    for name in &listed {
+        assert_eq!(
+            std::fs::read(d.join("fetched").join(&id).join(name)).unwrap(),
+            std::fs::read(copy.join(name)).unwrap()
+        );
+    }
+    web.abort();
     drop(f);
     let cfg = config(d, "engine.yaml", "chain");
     let o = nightshift(d, &cfg, &["audit", "verify", "--evidence", "bundle-copy"]);

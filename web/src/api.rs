@@ -428,6 +428,55 @@ pub async fn node_health(State(s): State<AppState>, _: Viewer, Path(name): Path<
     Ok(Json(h).into_response())
 }
 
+/// `GET /api/v1/nodes/{name}/evidence/{bundle}/{file}`: one file of an RMA
+/// evidence bundle, copied off the node piece by piece (operator: a bug
+/// report holds the host's details). Compare the copy with the chain:
+/// `nightshift audit verify --evidence DIR`.
+pub async fn evidence_file(
+    State(s): State<AppState>,
+    _: Operator,
+    Path((name, bundle, file)): Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    use nightshift_engine::evidence::EvidenceReadError as E;
+    let failed = |e: E| match e {
+        E::NotFound(m) => ApiError::not_found(m),
+        E::BadName(m) => ApiError::bad_request(m),
+        E::Unreachable(m) => ApiError::new(StatusCode::BAD_GATEWAY, "agent_unreachable", m),
+    };
+    let first = s.engine.read_evidence(&name, &bundle, &file, 0).await.map_err(failed)?;
+    let size = first.size;
+    let engine = s.engine.clone();
+    // Each piece as it comes; a piece that fails ends the body short of
+    // its length (the client sees a broken copy, never a silent one).
+    let stream = futures::stream::unfold(Some(first), move |next| {
+        let (engine, name, bundle, file) = (engine.clone(), name.clone(), bundle.clone(), file.clone());
+        async move {
+            let c = next?;
+            let data = hex::decode(&c.data_hex).unwrap_or_default();
+            let after = if c.eof || data.is_empty() {
+                None
+            } else {
+                match engine.read_evidence(&name, &bundle, &file, c.offset + data.len() as u64).await {
+                    Ok(n) => Some(n),
+                    Err(e) => {
+                        tracing::warn!(node = %name, bundle = %bundle, file = %file, error = %e, "evidence copy broken off");
+                        return Some((Err(std::io::Error::other(e.to_string())), None));
+                    }
+                }
+            };
+            Some((Ok::<_, std::io::Error>(data), after))
+        }
+    });
+    Ok((
+        [
+            (axum::http::header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (axum::http::header::CONTENT_LENGTH, size.to_string()),
+        ],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response())
+}
+
 /// `POST /api/v1/nodes/{name}/repaired`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

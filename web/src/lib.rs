@@ -181,6 +181,7 @@ pub fn router(engine: Engine) -> Router {
         .route("/api/v1/nodes/{name}", get(api::node))
         .route("/api/v1/nodes/{name}/hands-off", post(api::hands_off))
         .route("/api/v1/nodes/{name}/health", get(api::node_health))
+        .route("/api/v1/nodes/{name}/evidence/{bundle}/{file}", get(api::evidence_file))
         .route("/api/v1/nodes/{name}/repaired", post(api::node_repaired))
         .route("/api/v1/nodes/{name}/holds/release", post(api::release_holds))
         .route("/api/v1/nodes/{name}/resume", post(api::resume_node))

@@ -662,6 +662,41 @@ pub async fn run_page(
 }
 
 /// `/nodes/{name}`.
+/// The node's RMA evidence: each bundle, its hash on the chain, and its
+/// files to download (copied off the node through the engine; check a
+/// copy with `nightshift audit verify --evidence DIR`).
+fn evidence_section(node: &str, records: &[AuditRecord]) -> Markup {
+    html! {
+        @if !records.is_empty() {
+            h2 { "RMA evidence" }
+            table {
+                tr { th { "Record" } th { "GPU" } th { "Bundle" } th { "Files" } }
+                @for r in records {
+                    @let bundle = r.data["bundle"].as_str().unwrap_or("");
+                    tr {
+                        td.num { a href=(format!("/audit/records/{}", r.seq)) { "#" (r.seq) } }
+                        td { @if let Some(g) = r.gpu { (g) } }
+                        @if let Some(e) = r.data["error"].as_str() {
+                            td colspan="2" { small.error { "not collected: " (e) } }
+                        } @else {
+                            td { (bundle) br; small { "sha256 " (r.data["sha256"].as_str().unwrap_or("")) } }
+                            td {
+                                a href=(format!("/api/v1/nodes/{}/evidence/{}/manifest.json", urlencode(node), urlencode(bundle))) { "manifest.json" }
+                                @for f in r.data["files"].as_array().into_iter().flatten() {
+                                    @let file = f["name"].as_str().unwrap_or("");
+                                    br;
+                                    a href=(format!("/api/v1/nodes/{}/evidence/{}/{}", urlencode(node), urlencode(bundle), urlencode(file))) { (file) }
+                                    " " small { (f["bytes"]) " bytes" @if let Some(e) = f["error"].as_str() { " — " (e) } }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 pub async fn node_page(
     State(s): State<AppState>,
     Viewer(who): Viewer,
@@ -684,6 +719,17 @@ pub async fn node_page(
     let inv = n.state.inventory.clone();
     let held = held_settings(&s, &name, &n.holds).await;
     let health = s.engine.node_health(&name).unwrap_or_default();
+    // The node's RMA evidence bundles among its last 500 records, newest
+    // first (five at most; `nightshift agents evidence NODE` lists all).
+    let evidence: Vec<AuditRecord> = s
+        .engine
+        .audit()
+        .node_records(&name, 500)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.kind == RecordKind::EvidenceCollected)
+        .take(5)
+        .collect();
     let now_ms = s.engine.clock().now_ms();
     let body = html! {
         div.head {
@@ -731,6 +777,7 @@ pub async fn node_page(
             }
         }
         (health_section(&health))
+        (evidence_section(&name, &evidence))
         h2 { "GPUs" }
         div.scroll {
             table {

@@ -342,6 +342,14 @@ impl Agent {
             Op::Holds(_) => Ok(to_value(&self.held())),
             Op::HealthCheck(a) => self.health_check(a.gpu).await.map(|h| to_value(&h)),
             Op::CollectEvidence(a) => self.collect_evidence(a).await.map(|c| to_value(&c)),
+            Op::ReadEvidence(a) => {
+                let p = &self.opts.policy.evidence;
+                let root = p.dir.clone().unwrap_or_else(|| self.opts.state_dir.join("evidence"));
+                crate::evidence::read(&root, a).map(|c| to_value(&c)).map_err(|e| match e {
+                    crate::evidence::ReadError::BadName(m) => (ErrorCode::BadRequest, m),
+                    crate::evidence::ReadError::NotFound(m) => (ErrorCode::NotFound, m),
+                })
+            }
             Op::SchedulerPending(a) => self.pending(a.partition.as_deref()).await.map(|p| to_value(&p)),
             _ => return self.mutate(req).await,
         };

@@ -1,10 +1,11 @@
 //! `nightshift agents list | ping | inventory | holds | show | health-check`,
 //! `nightshift nodes repaired`.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use nightshift_proto::SettingView;
 use serde_json::json;
 
+use crate::Fail;
 use crate::args::AgentsCmd;
 use crate::conn::Conn;
 use crate::out::{Out, clean};
@@ -132,7 +133,7 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
             outln!("(seconds from the fault being seen to each phase of its repair)");
             Ok(0)
         }
-        AgentsCmd::Evidence { node } => {
+        AgentsCmd::Evidence { node, fetch, bundle } => {
             let mut found = Vec::new();
             let mut after = 0;
             loop {
@@ -142,6 +143,9 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
                 found.extend(page.into_iter().filter(|r| {
                     r.kind == nightshift_engine::audit::RecordKind::EvidenceCollected && r.node.as_deref() == Some(node)
                 }));
+            }
+            if let Some(dest) = fetch {
+                return fetch_evidence(c, out, node, &found, bundle.as_deref(), dest).await;
             }
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&found)?);
@@ -399,4 +403,69 @@ pub async fn holds_list(cli: &crate::args::Cli, out: &Out, a: &crate::args::Node
     out.table(&["NODE", "SETTING", "VALUE", "OWNER", "LEASE", "HOLD"], &rows);
     outln!("{} hold(s) on {} node(s)", holds.len(), nodes.iter().filter(|n| !n.holds.is_empty()).count());
     Ok(0)
+}
+
+/// `agents evidence NODE --fetch DIR`: copy a bundle off the node into
+/// DIR/ID (only the names its record lists, each a plain file name: nothing
+/// is written outside DIR/ID), then check the copy against the record.
+async fn fetch_evidence(
+    c: &mut Conn,
+    out: &Out,
+    node: &str,
+    found: &[nightshift_engine::audit::AuditRecord],
+    bundle: Option<&str>,
+    dest: &std::path::Path,
+) -> Result<u8> {
+    use nightshift_proto::{EVIDENCE_MANIFEST, plain_evidence_name};
+    let rec = found.iter().rev().find(|r| match bundle {
+        Some(id) => r.data["bundle"] == id,
+        None => r.data["error"].is_null() && r.data["bundle"].is_string(),
+    });
+    let Some(rec) = rec else {
+        let which = bundle.map_or("no RMA evidence bundle".to_string(), |b| format!("no bundle {b}"));
+        return Err(anyhow::Error::new(Fail(2))
+            .context(format!("{which} was collected on {node} (`nightshift agents evidence {node}` lists them)")));
+    };
+    let id = rec.data["bundle"].as_str().unwrap_or("");
+    let mut names = vec![EVIDENCE_MANIFEST.to_string()];
+    names.extend(
+        rec.data["files"].as_array().into_iter().flatten().filter_map(|f| f["name"].as_str().map(str::to_string)),
+    );
+    if let Some(bad) = std::iter::once(id).chain(names.iter().map(String::as_str)).find(|n| !plain_evidence_name(n)) {
+        return Err(anyhow::Error::new(Fail(2))
+            .context(format!("record {}: expected plain bundle and file names, found {bad:?}", rec.seq)));
+    }
+    let dir = dest.join(id);
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for name in &names {
+        let path = dir.join(name);
+        let mut f = std::fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+        let n = c.evidence_file(node, id, name, &mut f).await?;
+        outln!("  {name} {n} bytes");
+    }
+    let want = rec.data["sha256"].as_str().unwrap_or("");
+    match nightshift_proto::verify_evidence_dir(&dir) {
+        Ok((b, sha)) if sha == want && b.id == id => {
+            outln!(
+                "{} bundle {id} copied to {}: it matches the sha256 record {} holds ({sha})",
+                out.green("ok:"),
+                dir.display(),
+                rec.seq
+            );
+            Ok(0)
+        }
+        Ok((_, sha)) => {
+            outln!(
+                "{} bundle {id} copied to {}: its manifest has sha256 {sha}; record {} holds {want}",
+                out.red("broken:"),
+                dir.display(),
+                rec.seq
+            );
+            Ok(1)
+        }
+        Err(e) => {
+            outln!("{} bundle {id} copied to {}: {e}", out.red("broken:"), dir.display());
+            Ok(1)
+        }
+    }
 }

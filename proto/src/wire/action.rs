@@ -221,6 +221,42 @@ pub struct EvidenceBundle {
 /// The file in a bundle's folder that lists the others.
 pub const EVIDENCE_MANIFEST: &str = "manifest.json";
 
+/// `read_evidence`: a piece of one file of an evidence bundle on the node,
+/// for a copy elsewhere (`nightshift agents evidence NODE --fetch DIR`, the
+/// node page): the bundle by its id, the file by a name its manifest lists
+/// (or the manifest itself). Nothing else on the node can be read.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadEvidenceArgs {
+    pub bundle: String,
+    pub file: String,
+    #[serde(default)]
+    pub offset: u64,
+}
+
+/// The most one `read_evidence` answers (hex doubles it on the wire).
+pub const EVIDENCE_CHUNK_BYTES: usize = 128 * 1024;
+
+/// What `read_evidence` answers: the bytes from `offset` (hex), the file's
+/// size, and whether they reach its end.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvidenceChunk {
+    pub offset: u64,
+    pub size: u64,
+    pub data_hex: String,
+    pub eof: bool,
+}
+
+/// Whether `name` can be a bundle id or a file name inside a bundle: one
+/// path component of plain characters (no separator, no `..`, not hidden).
+pub fn plain_evidence_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && !name.starts_with('.')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
 /// What `collect_evidence` answers: the bundle, where it is on the node,
 /// and the SHA-256 of its manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -225,6 +225,8 @@ ops! {
     /// Gather the vendor's RMA evidence into a hashed bundle on the node
     /// (files only: no hardware changes).
     CollectEvidence(CollectEvidenceArgs) = "collect_evidence", mutating = false, kind = None;
+    /// A piece of one file of an evidence bundle (read-only).
+    ReadEvidence(ReadEvidenceArgs) = "read_evidence", mutating = false, kind = None;
     /// The chassis fans at full speed through the BMC (a hold), or back on
     /// the BMC's control.
     SetChassisFans(SetChassisFansArgs) = "set_chassis_fans", mutating = true, kind = Some(ActionKind::ChassisFans);
