@@ -126,6 +126,78 @@ async fn a_page_is_followed_up_to_its_person_and_ends_when_its_fault_is_handled(
     agent.stop().await;
 }
 
+/// Issue 42 point 7, pages per node: two GPUs of one node escalate (a
+/// chassis fan failure heats all of them): the on-call person gets one page
+/// — one Alertmanager group, the pager's one incident — that names both,
+/// not a page per GPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gpus_of_one_node_page_once() {
+    let Some(am) = require("prometheus-alertmanager", "prometheus-alertmanager") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (pager_url, paged) = receiver(0).await;
+    let (chat_url, _chatted) = receiver(0).await;
+    std::fs::write(dir.path().join("alertmanager.yml"), alertmanager_config(&pager_url, &chat_url)).unwrap();
+    let port = free_port();
+    let daemon = alertmanager_at(&am, dir.path(), port, "alertmanager-0.log").await;
+    let agent = TestAgent::start(dir.path(), "am4", SimConfig { gpus: 2, ..SimConfig::default() }, "").await;
+    let cfg = engine_setup(
+        dir.path(),
+        &[&agent],
+        &[("stuck", "trigger: {type: manual}\nscope: gpu\ncooldown_secs: 0\n", STUCK)],
+        &format!(
+            "notifications:\n  ui_url: http://ui.example:8080/\n  webhooks:\n{}\n",
+            shipped_alertmanager_target(&format!("http://127.0.0.1:{port}"))
+        ),
+    );
+    let engine = nightshift_engine::serve::start(cfg).await.unwrap();
+    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    let mut runs = Vec::new();
+    for gpu in [0, 1] {
+        match engine
+            .submit(nightshift_tests::manual_run("stuck", nightshift_engine::runs::Target::gpu("am4", gpu)))
+            .await
+            .unwrap()
+        {
+            nightshift_engine::engine::Submitted::Queued { run } => runs.push(run.id),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Both escalations reach the person, in one group.
+    let both = eventually(60, || {
+        let notices = paged.lock().unwrap().clone();
+        notices
+            .iter()
+            .find(|n| {
+                let firing: Vec<&Value> = n["alerts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|a| a["labels"]["alertname"] == "NightshiftEscalation" && a["status"] == "firing")
+                    .collect();
+                runs.iter().all(|r| firing.iter().any(|a| a["labels"]["run"] == r.as_str()))
+            })
+            .cloned()
+    })
+    .await
+    .unwrap_or_else(|| panic!("no page names both GPUs: {:?}\n{}", paged.lock().unwrap(), daemon.log_text()));
+    let gpus: Vec<String> = both["alerts"].as_array().unwrap().iter().map(|a| a["labels"]["gpu"].to_string()).collect();
+    assert!(gpus.contains(&"\"0\"".to_string()) && gpus.contains(&"\"1\"".to_string()), "{both}");
+    let keys: std::collections::BTreeSet<String> = paged
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|n| {
+            n["alerts"].as_array().into_iter().flatten().any(|a| a["labels"]["alertname"] == "NightshiftEscalation")
+        })
+        .map(|n| n["groupKey"].to_string())
+        .collect();
+    assert_eq!(keys.len(), 1, "one page (one group) for the node, found {keys:?}");
+    engine.shutdown().await;
+    drop(daemon);
+    let mut agent = agent;
+    agent.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_page_is_lost_to_a_five_minute_outage_or_twenty_alertmanager_restarts() {
     let Some(am) = require("prometheus-alertmanager", "prometheus-alertmanager") else { return };
