@@ -47,12 +47,7 @@ impl Ids {
     }
 
     /// Counters starting after `runs_so_far` (for readable, growing run
-    /// numbers); the epoch makes them unique.
-    pub fn new(runs_so_far: u64) -> Ids {
-        Ids::seeded(runs_so_far, None)
-    }
-
-    /// [`Ids::new`], with the epoch from `seed` when given (a deterministic
+    /// numbers; the epoch makes them unique), with the epoch from `seed` when given (a deterministic
     /// simulation: its clock hands out a new seed per engine start, so a
     /// restart still gets a new epoch).
     pub fn seeded(runs_so_far: u64, seed: Option<u64>) -> Ids {
@@ -711,11 +706,6 @@ impl Core {
         n.announce(self.ids.request("term"), term).await
     }
 
-    /// Holds in effect per node, from the agents' telemetry.
-    pub fn holds_by_node(&self) -> BTreeMap<String, Vec<nightshift_proto::HoldInfo>> {
-        self.fleet.nodes().iter().map(|n| (n.spec.name.clone(), n.state().holds.clone())).collect()
-    }
-
     /// A node's holds as its agent has them now (`holds`, read-only); the
     /// last telemetry's when the agent does not answer.
     pub async fn current_holds(&self, node: &str) -> Vec<nightshift_proto::HoldInfo> {
@@ -738,8 +728,8 @@ mod tests {
 
     #[test]
     fn ids_never_repeat_across_starts() {
-        let a = Ids::new(41);
-        let b = Ids::new(41);
+        let a = Ids::seeded(41, None);
+        let b = Ids::seeded(41, None);
         let (ra, rb) = (a.run(), b.run());
         assert!(ra.starts_with("r000042-"), "{ra}");
         assert_ne!(ra, rb, "two starts from the same store (a restored backup) still differ");

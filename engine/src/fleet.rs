@@ -254,10 +254,6 @@ impl Fleet {
         self.read().nodes.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.read().nodes.is_empty()
-    }
-
     /// Whether `node` is the fleet's current node of that name (not one a
     /// reload replaced or removed).
     pub fn is_current(&self, node: &Arc<Node>) -> bool {
@@ -336,11 +332,6 @@ impl Fleet {
             }
         }
         out
-    }
-
-    /// Names of drained nodes.
-    pub fn drained(&self) -> Vec<String> {
-        self.nodes().iter().filter(|n| n.state().drained).map(|n| n.spec.name.clone()).collect()
     }
 }
 

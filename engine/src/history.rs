@@ -169,15 +169,6 @@ impl History {
             *ring = merged;
         }
     }
-
-    /// Points held, in all.
-    pub fn len(&self) -> usize {
-        self.series.values().map(VecDeque::len).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.series.is_empty()
-    }
 }
 
 /// A counter's changes drawn as steps over `[from_ms, to_ms]`: the value
@@ -215,6 +206,11 @@ fn stepped(ring: &VecDeque<(u32, f32)>, from_ms: i64, to_ms: i64) -> Vec<(i64, f
 mod tests {
     use super::*;
 
+    /// Points held, in all.
+    fn len(h: &History) -> usize {
+        h.series.values().map(VecDeque::len).sum()
+    }
+
     #[test]
     fn one_point_per_bucket_bounded_in_time() {
         let mut h = History::new(60, 10);
@@ -243,7 +239,7 @@ mod tests {
         let k = (0, Some(1), ids::TEMPERATURE);
         h.push(k, 10_000, 70.0);
         assert!(h.range(k, 0, i64::MAX).is_empty());
-        assert_eq!(h.len(), 0);
+        assert_eq!(len(&h), 0);
     }
 
     /// A fault counter keeps its changes only and draws as steps: flat at
@@ -265,7 +261,7 @@ mod tests {
                 },
             );
         }
-        assert_eq!(h.len(), 3, "three values, three points");
+        assert_eq!(len(&h), 3, "three values, three points");
         assert_eq!(
             h.range(k, 100_000, 599_000),
             [(100_000, 0.0), (300_000, 0.0), (300_000, 1.0), (450_000, 1.0), (450_000, 3.0), (599_000, 3.0)]
@@ -274,7 +270,7 @@ mod tests {
         for s in 600..700 {
             h.push(k, s * 1000, s as f64);
         }
-        assert_eq!(h.len(), STEPPED_POINTS, "a counter that keeps moving keeps its last changes");
+        assert_eq!(len(&h), STEPPED_POINTS, "a counter that keeps moving keeps its last changes");
     }
 
     /// Rebuilt points go under the live ones: older before, nothing

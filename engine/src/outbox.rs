@@ -175,10 +175,6 @@ impl Outbox {
         self.items.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
     /// Whether (`seq`, `target`) is waiting.
     pub fn contains(&self, seq: u64, target: &str) -> bool {
         self.items.contains_key(&(seq, target.to_string()))

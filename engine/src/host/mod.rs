@@ -724,11 +724,6 @@ fn watts_of(v: &HoldValue) -> Option<f64> {
     }
 }
 
-/// Metric names for a doc table (used by the CLI and README).
-pub fn metric_names() -> Vec<&'static str> {
-    metrics::METRICS.iter().map(|m| m.name).collect()
-}
-
 /// What an applied action did, in the words the timeline shows.
 pub fn effect_of(op: &Op) -> Option<&'static str> {
     Some(match op {
