@@ -67,11 +67,9 @@ const fn field(name: &'static str, kind: &'static str, help: &'static str, get: 
     Field { name, kind, help, get }
 }
 
-/// The reasons as NVML's clocks-event bitmask (the bit of each name in
-/// `nightshift_proto::THROTTLE_REASONS` is its position there).
+/// The reasons as NVML's clocks-event bitmask.
 fn clock_event_bits(reasons: &[String]) -> u64 {
-    let table = nightshift_proto::THROTTLE_REASONS;
-    reasons.iter().filter_map(|r| table.iter().position(|(name, _)| name == r)).fold(0, |bits, i| bits | 1 << i)
+    reasons.iter().filter_map(|r| nightshift_proto::throttle_reason_bit(r)).fold(0, |bits, b| bits | b)
 }
 
 fn fb_used(g: &GpuTelemetry, i: &GpuInfo) -> f64 {

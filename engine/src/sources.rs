@@ -104,17 +104,13 @@ pub enum DcgmField {
     LastProgress,
     /// NVML's clocks-event reasons as a bitmask: `gpu.throttled` is 1
     /// when a thermal bit is set, or the hardware slowdown without the
-    /// power brake ([`thermal_slowdown`]).
+    /// power brake (`thermal_slowdown`).
     ClockReasons,
 }
 
 /// Whether a clocks-event bitmask (NVML's `nvmlClocksEventReasons`, DCGM
-/// field 112) says heat holds the clocks: software or hardware thermal
-/// slowdown (0x20, 0x40), or the hardware slowdown (0x8) without the power
-/// brake (0x80).
-pub fn thermal_slowdown(bits: u64) -> bool {
-    bits & (0x20 | 0x40) != 0 || (bits & 0x8 != 0 && bits & 0x80 == 0)
-}
+/// field 112) says heat holds the clocks ([`nightshift_proto::thermal_slowdown`]).
+pub use nightshift_proto::thermal_slowdown;
 
 /// Every name [`dcgm_metric`] knows, for the Prometheus query.
 pub const DCGM_NAMES: &[&str] = &[

@@ -248,6 +248,21 @@ pub fn thermal_throttle(reason: &str) -> bool {
     matches!(reason, "sw_thermal_slowdown" | "hw_thermal_slowdown")
 }
 
+/// A reason's bit in NVML's clocks-event bitmask (and DCGM's field 112):
+/// its position in [`THROTTLE_REASONS`].
+pub fn throttle_reason_bit(reason: &str) -> Option<u64> {
+    THROTTLE_REASONS.iter().position(|(name, _)| *name == reason).map(|i| 1 << i)
+}
+
+/// Whether a clocks-event bitmask says heat holds the clocks: a thermal
+/// reason, or the hardware slowdown without the power brake (older drivers
+/// set only `hw_slowdown` for heat).
+pub fn thermal_slowdown(bits: u64) -> bool {
+    let has = |r: &str| throttle_reason_bit(r).is_some_and(|b| bits & b != 0);
+    THROTTLE_REASONS.iter().any(|(r, _)| thermal_throttle(r) && has(r))
+        || (has("hw_slowdown") && !has("hw_power_brake_slowdown"))
+}
+
 /// Node-wide readings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -340,4 +355,30 @@ pub struct NodeMark {
     pub ours: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table's order is NVML's bit order (`nvmlClocksEventReason*`:
+    /// 0x1 idle … 0x100 display): the exporter writes and the engine reads
+    /// DCGM's bitmask by it.
+    #[test]
+    fn throttle_reasons_sit_at_nvmls_bits() {
+        for (name, bit) in [
+            ("gpu_idle", 0x1),
+            ("applications_clocks", 0x2),
+            ("sw_power_cap", 0x4),
+            ("hw_slowdown", 0x8),
+            ("sync_boost", 0x10),
+            ("sw_thermal_slowdown", 0x20),
+            ("hw_thermal_slowdown", 0x40),
+            ("hw_power_brake_slowdown", 0x80),
+            ("display_clocks", 0x100),
+        ] {
+            assert_eq!(throttle_reason_bit(name), Some(bit), "{name}");
+        }
+        assert_eq!(throttle_reason_bit("overheated"), None);
+    }
 }
