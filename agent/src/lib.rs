@@ -16,6 +16,9 @@
 //! The wire protocol, the clock, keys and the engine's client are in
 //! `nightshift-proto`.
 #![cfg_attr(not(feature = "rocm"), forbid(unsafe_code))]
+// Library code says what went wrong instead of panicking (issue 44): no
+// `unwrap`/`expect` outside tests.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod backend;
 pub mod config;

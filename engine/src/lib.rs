@@ -11,6 +11,9 @@
 //! Dependency rule: this crate uses `nightshift-proto`, never the agent
 //! daemon (checked by `tests/tests/architecture.rs`).
 #![forbid(unsafe_code)]
+// Library code says what went wrong instead of panicking (issue 44): no
+// `unwrap`/`expect` outside tests.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod admission;
 pub(crate) mod alert_intake;

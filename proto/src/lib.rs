@@ -12,6 +12,9 @@
 //! Dependency rule (checked by `tests/tests/architecture.rs`): the engine
 //! depends on this crate and never on `nightshift-agent`.
 #![forbid(unsafe_code)]
+// Library code says what went wrong instead of panicking (issue 44): no
+// `unwrap`/`expect` outside tests.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod clock;
 pub mod fsutil;

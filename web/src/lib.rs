@@ -3,6 +3,9 @@
 //! `/metrics` — one axum router, built by [`router`], which tests call
 //! directly.
 #![forbid(unsafe_code)]
+// Library code says what went wrong instead of panicking (issue 44): no
+// `unwrap`/`expect` outside tests.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod api;
 pub mod auth;
