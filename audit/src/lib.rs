@@ -116,6 +116,9 @@
 //! tools/load               store                          (scenario 5's appends, for the bench and examples/appends.rs)
 //! ```
 #![forbid(unsafe_code)]
+// Library code says what went wrong instead of panicking (issue 44): no
+// `unwrap`/`expect` outside tests.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod chain;
 #[cfg(test)]

@@ -11,6 +11,9 @@
 //! Dependency rule: this crate depends on the engine and the agent; neither
 //! depends on it.
 #![forbid(unsafe_code)]
+// Library code says what went wrong instead of panicking (issue 44): no
+// `unwrap`/`expect` outside tests.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod backtest;
 pub mod fleet;

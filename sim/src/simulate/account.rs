@@ -228,14 +228,14 @@ pub fn account(
                 Phase::Running { .. } => {
                     let s = speed(&present, &alloc);
                     useful_ms += dt * s;
-                    *lost.get_mut("broken_but_in_service").unwrap() += dt * (1.0 - s) * j;
+                    *lost.entry("broken_but_in_service").or_default() += dt * (1.0 - s) * j;
                 }
-                Phase::Hung { .. } => *lost.get_mut("hung_not_moved").unwrap() += dt * j,
+                Phase::Hung { .. } => *lost.entry("hung_not_moved").or_default() += dt * j,
                 Phase::Restarting { onto_broken: true, .. } => {
-                    *lost.get_mut("broken_but_in_service").unwrap() += dt * job.job_nodes as f64
+                    *lost.entry("broken_but_in_service").or_default() += dt * job.job_nodes as f64
                 }
-                Phase::Restarting { .. } => *lost.get_mut("restarts").unwrap() += dt * job.job_nodes as f64,
-                Phase::Waiting => *lost.get_mut("waiting_for_capacity").unwrap() += dt * job.job_nodes as f64,
+                Phase::Restarting { .. } => *lost.entry("restarts").or_default() += dt * job.job_nodes as f64,
+                Phase::Waiting => *lost.entry("waiting_for_capacity").or_default() += dt * job.job_nodes as f64,
             }
             for n in 0..job.nodes {
                 if out_depth[n] > 0 {
@@ -244,7 +244,7 @@ pub fn account(
                     } else {
                         "healthy_but_drained"
                     };
-                    *lost.get_mut(cause).unwrap() += dt;
+                    *lost.entry(cause).or_default() += dt;
                 }
             }
         }
@@ -276,7 +276,7 @@ pub fn account(
         }
         let since_ckpt = |since: i64| ((t - since) % job.checkpoint_ms.max(1)) as f64;
         let kill = |phase: &mut Phase, lost: &mut BTreeMap<&'static str, f64>, rework: f64| {
-            *lost.get_mut("lost_since_checkpoint").unwrap() += rework * job.job_nodes as f64;
+            *lost.entry("lost_since_checkpoint").or_default() += rework * job.job_nodes as f64;
             *phase = Phase::Restarting { until_ms: t + job.restart_ms, onto_broken: false };
         };
         match phase {
