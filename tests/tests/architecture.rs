@@ -327,19 +327,13 @@ fn no_crate_has_a_module_cycle() {
 /// more than one idea (split it by role, as `host/` and `triggers/` are).
 #[test]
 fn no_engine_file_is_over_800_lines() {
-    fn walk(dir: &Path, out: &mut Vec<(PathBuf, usize)>) {
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                walk(&p, out);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                let n = std::fs::read_to_string(&p).unwrap().lines().count();
-                out.push((p, n));
-            }
-        }
-    }
-    let mut files = Vec::new();
-    walk(&root().join("engine/src"), &mut files);
+    let files: Vec<(PathBuf, usize)> = rs_files(&root().join("engine/src"))
+        .into_iter()
+        .map(|p| {
+            let n = std::fs::read_to_string(&p).unwrap().lines().count();
+            (p, n)
+        })
+        .collect();
     assert!(files.len() > 30, "the engine's sources were found: {}", files.len());
     let long: Vec<String> =
         files.iter().filter(|(_, n)| *n > 800).map(|(p, n)| format!("{} has {n} lines", p.display())).collect();
@@ -351,18 +345,7 @@ fn no_engine_file_is_over_800_lines() {
 /// that recovery would read back by string keys — outside its tests.
 #[test]
 fn the_engine_writes_no_untyped_record_payload() {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                walk(&p, out);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
-    let mut files = Vec::new();
-    walk(&root().join("engine/src"), &mut files);
+    let files = rs_files(&root().join("engine/src"));
     let mut found = Vec::new();
     let mut typed = 0;
     for f in &files {
@@ -448,24 +431,26 @@ fn library_part(text: &str) -> String {
 /// One allowed use of a pattern: `(file, pattern, how many, why)`.
 type Allowed = (&'static str, &'static str, usize, &'static str);
 
-/// Library code of the `.rs` files under `dirs` (relative to the workspace
-/// root): `(path, text before the file's first #[cfg(test)])`.
-fn library_code(dirs: &[&str]) -> Vec<(String, String)> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                walk(&p, out);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
+/// Every `.rs` file under `dir`, at any depth.
+fn rs_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(rs_files(&p));
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
         }
     }
+    out
+}
+
+/// Library code of the `.rs` files under `dirs` (relative to the workspace
+/// root): `(path, the file without its test modules)`.
+fn library_code(dirs: &[&str]) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for d in dirs {
-        let mut files = Vec::new();
-        walk(&root().join(d), &mut files);
-        for f in files {
+        for f in rs_files(&root().join(d)) {
             let text = std::fs::read_to_string(&f).unwrap();
             let code = library_part(&text);
             let rel = f.strip_prefix(root()).unwrap_or(&f).to_string_lossy().replace('\\', "/");

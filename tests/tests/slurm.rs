@@ -157,6 +157,21 @@ impl Slurm {
     }
 }
 
+/// Whether the daemons and the job commands these tests run are installed
+/// (each missing one is reported by `require`).
+fn slurm_with_jobs_installed() -> bool {
+    [
+        ("munged", "munge"),
+        ("slurmctld", "slurmctld"),
+        ("slurmd", "slurmd"),
+        ("scontrol", "slurm-client"),
+        ("sbatch", "slurm-client"),
+        ("scancel", "slurm-client"),
+    ]
+    .into_iter()
+    .all(|(program, package)| require(program, package).is_some())
+}
+
 /// The `State=` field of `scontrol --oneliner show node`.
 fn state(line: &str) -> &str {
     line.split_whitespace().find_map(|f| f.strip_prefix("State=")).unwrap_or("")
@@ -352,17 +367,8 @@ async fn slurm_adapter_against_a_real_slurm() {
 ///   the run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_power_saving_marks_and_quarantine() {
-    for (program, package) in [
-        ("munged", "munge"),
-        ("slurmctld", "slurmctld"),
-        ("slurmd", "slurmd"),
-        ("scontrol", "slurm-client"),
-        ("sbatch", "slurm-client"),
-        ("scancel", "slurm-client"),
-    ] {
-        if require(program, package).is_none() {
-            return;
-        }
+    if !slurm_with_jobs_installed() {
+        return;
     }
     let dir = tempfile::tempdir().unwrap();
     let sdir = dir.path().join("slurm");
@@ -754,17 +760,8 @@ async fn fleet_import_from_a_real_slurm() {
 /// Slurm and powers nothing up (the ResumeProgram never runs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slurm_scale_out_prefers_a_warm_standby() {
-    for (program, package) in [
-        ("munged", "munge"),
-        ("slurmctld", "slurmctld"),
-        ("slurmd", "slurmd"),
-        ("scontrol", "slurm-client"),
-        ("sbatch", "slurm-client"),
-        ("scancel", "slurm-client"),
-    ] {
-        if require(program, package).is_none() {
-            return;
-        }
+    if !slurm_with_jobs_installed() {
+        return;
     }
     let dir = tempfile::tempdir().unwrap();
     let sdir = dir.path().join("slurm");
