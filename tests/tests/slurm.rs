@@ -157,6 +157,23 @@ impl Slurm {
     }
 }
 
+/// A power program for Slurm's power saving in `dir`: it logs `NAME NODES`
+/// to `dir/power.log`, then runs `body`. Its path.
+fn power_script(dir: &Path, name: &str, body: &str) -> String {
+    let p = dir.join(name);
+    let d = dir.display();
+    std::fs::write(&p, format!("#!/bin/sh\necho \"{name} $1\" >> {d}/power.log\n{body}")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p.display().to_string()
+}
+
+/// slurm.conf's power-saving lines with these programs.
+fn power_saving_conf(resume: &str, suspend: &str) -> String {
+    format!(
+        "SuspendProgram={suspend}\nResumeProgram={resume}\nSuspendTime=86400\nSuspendTimeout=10\nResumeTimeout=60\n"
+    )
+}
+
 /// Whether the daemons and the job commands these tests run are installed
 /// (each missing one is reported by `require`).
 fn slurm_with_jobs_installed() -> bool {
@@ -375,12 +392,7 @@ async fn slurm_power_saving_marks_and_quarantine() {
     std::fs::create_dir_all(&sdir).unwrap();
     let d = sdir.display().to_string();
     let power_log = sdir.join("power.log");
-    let script = |name: &str, body: &str| {
-        let p = sdir.join(name);
-        std::fs::write(&p, format!("#!/bin/sh\necho \"{name} $1\" >> {d}/power.log\n{body}")).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-        p.display().to_string()
-    };
+    let script = |name: &str, body: &str| power_script(&sdir, name, body);
     // The "boot": gpu02's slurmd starts and reports a reboot; the "power
     // off": it stops.
     let resume = script(
@@ -399,9 +411,7 @@ async fn slurm_power_saving_marks_and_quarantine() {
         &format!(
             "NodeName=gpu02 NodeHostname={{host}} NodeAddr=127.0.0.1 Port={gpu02_port} CPUs=1 RealMemory=100 State=CLOUD\n"
         ),
-        &format!(
-            "SuspendProgram={suspend}\nResumeProgram={resume}\nSuspendTime=86400\nSuspendTimeout=10\nResumeTimeout=60\n"
-        ),
+        &power_saving_conf(&resume, &suspend),
     );
     let conf = slurm.conf.display().to_string();
     let sched = format!("scheduler: {{kind: slurm, slurm_conf: '{conf}', timeout_secs: 10}}\n");
@@ -766,15 +776,9 @@ async fn slurm_scale_out_prefers_a_warm_standby() {
     let dir = tempfile::tempdir().unwrap();
     let sdir = dir.path().join("slurm");
     std::fs::create_dir_all(&sdir).unwrap();
-    let d = sdir.display().to_string();
     let power_log = sdir.join("power.log");
-    let script = |name: &str| {
-        let p = sdir.join(name);
-        std::fs::write(&p, format!("#!/bin/sh\necho \"{name} $1\" >> {d}/power.log\n")).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-        p.display().to_string()
-    };
-    let (resume, suspend) = (script("resume"), script("suspend"));
+    // Power programs that only log: nothing may be powered up here.
+    let (resume, suspend) = (power_script(&sdir, "resume", ""), power_script(&sdir, "suspend", ""));
     let (gpu02_port, gpu03_port) = (free_port(), free_port());
     let slurm = Slurm::start_with(
         &sdir,
@@ -782,9 +786,7 @@ async fn slurm_scale_out_prefers_a_warm_standby() {
             "NodeName=gpu02 NodeHostname={{host}} NodeAddr=127.0.0.1 Port={gpu02_port} CPUs=1 RealMemory=100 State=CLOUD\n\
              NodeName=gpu03 NodeHostname={{host}} NodeAddr=127.0.0.1 Port={gpu03_port} CPUs=1 RealMemory=100 State=UNKNOWN\n"
         ),
-        &format!(
-            "SuspendProgram={suspend}\nResumeProgram={resume}\nSuspendTime=86400\nSuspendTimeout=10\nResumeTimeout=60\n"
-        ),
+        &power_saving_conf(&resume, &suspend),
     );
     // gpu03's own slurmd: the warm standby is up.
     let _gpu03 = Daemon::start(
