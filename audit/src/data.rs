@@ -493,6 +493,12 @@ pub struct Note {
     /// findings it told about the target are over (the next is told again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub findings_cleared: Option<bool>,
+    /// The run is one node of a shared cause (its runbook's breaker tripped
+    /// with `on_trip: reversible_only`): the breaker's reason. From here on
+    /// it takes reversible steps only and pages no one itself; a resumed run
+    /// reads it back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_cause: Option<String>,
 }
 
 impl Payload for Note {

@@ -9,7 +9,8 @@
 //! 2. **dedup** — a run for the same (runbook, target) is active: suppressed;
 //! 3. **cooldown** — within `cooldown_secs` of the last one: suppressed
 //!    (not for manual runs);
-//! 4. **breaker** — the runbook's breaker is tripped: suppressed;
+//! 4. **breaker** — the runbook's breaker is tripped: suppressed (one
+//!    with `on_trip: reversible_only` admits, its runs reversible only);
 //! 5. **budget** — `max_attempts_per_day` spent: refused (not manual);
 //! 6. **hands-off** — a target node is in maintenance: refused;
 //! 7. **capacity** — the queue is full: shed (never a critical run);
@@ -132,7 +133,10 @@ pub fn admit(t: &RunTable, a: &Ask<'_>, now: i64, limits: &Limits) -> Decision {
             first,
         };
     }
-    if t.breakers.get(&m.name).is_some_and(|b| b.tripped_until > now) {
+    // A breaker that lets the storm's runs go on (reversible steps only)
+    // admits them: each is told it belongs to the shared cause.
+    let refuses = m.breaker.as_ref().is_none_or(|b| b.on_trip == crate::manifest::OnTrip::Refuse);
+    if refuses && t.breakers.get(&m.name).is_some_and(|b| b.tripped_until > now) {
         return Decision::Suppress { reason: format!("breaker for {} is tripped", m.name), existing: None, first };
     }
     let attempts =
@@ -492,5 +496,31 @@ mod tests {
             paused: None,
         };
         assert_eq!(admit(&t, &ask, NOW, &Limits::default()), Decision::Admit { approval: None, hold_ms: 20_000 });
+    }
+
+    /// A tripped breaker suppresses the storm's runs, unless it lets them
+    /// go on with reversible steps only (a rack's cooling: every GPU still
+    /// needs its cap).
+    #[test]
+    fn a_tripped_breaker_admits_when_its_runs_go_on_reversible_only() {
+        let target = Target::gpu("n1", 0);
+        for (on_trip, admitted) in [("refuse", false), ("reversible_only", true)] {
+            let m = manifest(&format!("breaker: {{max_targets: 3, window_secs: 300, on_trip: {on_trip}}}\n"));
+            let mut t = RunTable::new(10);
+            t.breakers.entry("rb".into()).or_default().tripped_until = NOW + 1;
+            let ask = Ask {
+                manifest: &m,
+                target: &target,
+                manual: false,
+                event_ts_ms: NOW,
+                dry_run: false,
+                hands_off: None,
+                target_nodes: 1,
+                params: &NO_PARAMS,
+                paused: None,
+            };
+            let d = admit(&t, &ask, NOW, &Limits::default());
+            assert_eq!(matches!(d, Decision::Admit { .. }), admitted, "on_trip {on_trip}: {d:?}");
+        }
     }
 }

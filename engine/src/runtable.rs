@@ -75,6 +75,12 @@ pub struct RunEntry {
     /// What its changes and words came to: the outcome of a script that
     /// ended normally is derived from it ([`Achieved::outcome`]).
     pub achieved: Achieved,
+    /// It is one of the nodes of a shared cause (its runbook's breaker
+    /// tripped with `on_trip: reversible_only`), and the breaker's reason:
+    /// from then on it takes reversible steps only and pages no one itself.
+    /// Durable as a note on the run (`Note::shared_cause`), so a resumed
+    /// run keeps it.
+    pub shared_cause: Option<String>,
 }
 
 /// What a run achieved, as its script went (issue 43 point 9: a run whose
@@ -167,6 +173,7 @@ impl RunEntry {
             resumed: 0,
             resume_wait_until_ms: None,
             achieved: Achieved::default(),
+            shared_cause: None,
             summary,
         }
     }
@@ -207,6 +214,9 @@ pub struct BreakerFire {
 pub struct Breaker {
     pub fires: VecDeque<BreakerFire>,
     pub tripped_until: i64,
+    /// Why it last tripped (the nodes and what they share): what a run of
+    /// the storm admitted while it is open is told it belongs to.
+    pub reason: String,
 }
 
 impl Breaker {
@@ -440,7 +450,9 @@ impl RunTable {
                 if let (Some(rb), Some(until)) =
                     (&r.runbook, read::<data::BreakerTripped>(r).and_then(|p| p.tripped_until_ms))
                 {
-                    self.breakers.entry(rb.clone()).or_default().tripped_until = until;
+                    let b = self.breakers.entry(rb.clone()).or_default();
+                    b.tripped_until = until;
+                    b.reason = read::<data::BreakerTripped>(r).map(|p| p.reason).unwrap_or_default();
                 }
             }
             RecordKind::HoldEnded => {

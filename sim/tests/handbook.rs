@@ -382,3 +382,39 @@ fn the_fatal_xid_rule_covers_every_fault_of_the_xid_table() {
         .collect();
     assert_eq!(in_rule, faults, "GpuXidFatal's codes against the XID table (48 is GpuEccDoubleBit's)");
 }
+
+/// An alert variant is its row's runbook started another way: it keeps the
+/// row's limits and parameters (breaker, blast radius, budgets, class,
+/// params…) — a storm of alerts meets the same breaker as a storm of
+/// readings. Only the name, description, trigger, signals and the script's
+/// path differ.
+#[test]
+fn alert_variants_keep_their_rows_limits() {
+    use nightshift_sim::scenario::load_runbooks;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let (main, _) = load_runbooks(&root.join("runbooks"));
+    let (alerts, _) = load_runbooks(&root.join("runbooks/alerts"));
+    assert!(main.errors.is_empty() && alerts.errors.is_empty(), "{:?} {:?}", main.errors, alerts.errors);
+    let limits = |m: &nightshift_engine::manifest::Manifest| {
+        let mut v = serde_json::to_value(m).unwrap();
+        let o = v.as_object_mut().unwrap();
+        for k in ["name", "description", "trigger", "alert_triggers", "signals", "script"] {
+            o.remove(k);
+        }
+        v
+    };
+    let mut drift = Vec::new();
+    for a in &alerts.runbooks {
+        let base_name = a.manifest.script.trim_start_matches("../").trim_end_matches(".rhai");
+        let base = main.runbooks.iter().find(|r| r.manifest.name == base_name);
+        let base = base.unwrap_or_else(|| panic!("{}: no runbook {base_name} in runbooks/", a.manifest.name));
+        let (va, vb) = (limits(&a.manifest), limits(&base.manifest));
+        for (k, want) in vb.as_object().unwrap() {
+            let found = &va[k];
+            if found != want {
+                drift.push(format!("{}: {k} expected {want} (as {base_name}), found {found}", a.manifest.name));
+            }
+        }
+    }
+    assert!(drift.is_empty(), "alert variants drift from their rows:\n{}", drift.join("\n"));
+}

@@ -163,6 +163,15 @@ impl Host {
             return refusal;
         }
         let Some(n) = self.core.fleet.get(node) else { return refused("unknown_node", node) };
+        // One node of a shared cause takes no capacity away: the cause is
+        // not on this node (invariant 21).
+        let shared_cause = self.core.table().runs.get(&self.run).and_then(|r| r.shared_cause.clone());
+        if crate::run::breaker::takes_capacity(&op)
+            && let Some(cause) = shared_cause
+        {
+            let why = format!("this run is one node of a shared cause, paged once for all of them: {cause}");
+            return self.refuse(ctx, node, &op, "shared_cause", why);
+        }
         let mut reserved = false;
         if let Op::Drain(a) = &mut op {
             a.run = Some(self.run.clone());

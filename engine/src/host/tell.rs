@@ -26,8 +26,25 @@ impl Host {
         // note, not a second page or message, until a reminder is due or
         // (a notification with a size) it has grown worse.
         let escalation = kind == TextKind::Escalate;
+        // One node of a shared cause: the breaker paged once for all of
+        // them; what the run says goes on the run as a note (and a page it
+        // wanted is the breaker's: the run still needs a person).
+        if kind != TextKind::Note
+            && !ctx.dry_run
+            && let Some(r) = self.core.table().runs.get_mut(&self.run)
+            && let Some(cause) = r.shared_cause.clone()
+        {
+            if escalation {
+                r.achieved.paged.get_or_insert_with(|| format!("the shared cause's page ({cause})"));
+            }
+            let did = if escalation { "paged" } else { "told" };
+            text = format!("not {did}: one node of a shared cause, paged once for all of them: {text}");
+            kind = TextKind::Note;
+            rk = RecordKind::Note;
+        }
         // A page (new, or one already sent): the run needs a person.
         if escalation
+            && kind != TextKind::Note
             && !ctx.dry_run
             && let Some(r) = self.core.table().runs.get_mut(&self.run)
         {

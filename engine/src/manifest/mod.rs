@@ -625,6 +625,28 @@ pub struct Breaker {
     /// What `max_targets` counts: distinct `nodes` (default) or `gpus`.
     #[serde(default)]
     pub count: BreakerCount,
+    /// What a trip does to the storm's runs: refuse them (default), or let
+    /// them go on with reversible steps only.
+    #[serde(default)]
+    pub on_trip: OnTrip,
+}
+
+/// What a tripped breaker does to the runs of the storm. Either way one page
+/// names the nodes and the labels they share.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTrip {
+    /// Every run of the storm is refused before its script starts (a stall
+    /// or XID storm: a drain or requeue per node would only move the
+    /// shared cause around).
+    #[default]
+    Refuse,
+    /// The runs go on, but with reversible steps only: no drain, no
+    /// requeue, no power-off, and no page of their own (the breaker's page
+    /// covers them). For rows whose own steps protect the hardware
+    /// whatever the cause — a rack's cooling failing, where every GPU still
+    /// needs its power cap.
+    ReversibleOnly,
 }
 
 /// What a breaker counts.

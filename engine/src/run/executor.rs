@@ -235,14 +235,19 @@ impl Engine {
                     t.active_by_key.insert(key.clone(), s.id.clone());
                     t.attempts.entry(key.clone()).or_default().push_back(now);
                     t.suppression_noted.remove(&key);
-                    if m.breaker.is_some()
+                    let mut shared_cause = None;
+                    if let Some(b) = &m.breaker
                         && let Some(node) = req.target.node.clone()
                     {
-                        t.breakers.entry(m.name.clone()).or_default().fires.push_back(BreakerFire {
-                            ts_ms: now,
-                            node,
-                            gpu: req.target.gpu,
-                        });
+                        let br = t.breakers.entry(m.name.clone()).or_default();
+                        br.fires.push_back(BreakerFire { ts_ms: now, node, gpu: req.target.gpu });
+                        // Admitted into an open reversible-only breaker: one
+                        // more node of the shared cause, which keeps it open.
+                        if b.on_trip == crate::manifest::OnTrip::ReversibleOnly && br.tripped_until > now {
+                            br.tripped_until =
+                                br.tripped_until.max(now.saturating_add((b.window_secs as i64).saturating_mul(1000)));
+                            shared_cause = Some(br.reason.clone());
+                        }
                     }
                     t.runs.insert(
                         s.id.clone(),
@@ -252,6 +257,7 @@ impl Engine {
                                 .saturating_add((m.approval.expire_secs as i64).saturating_mul(1000)),
                             fire,
                             event_ts_ms: req.event_ts_ms,
+                            shared_cause,
                             ..RunEntry::new(s.clone(), m)
                         },
                     );
@@ -358,6 +364,10 @@ impl Engine {
                     // An automatic run: in order, not awaited — its start,
                     // first action or end waits for a later record.
                     self.core.record_run_ordered(RecordKind::RunQueued, &s, &queued_data(&s))?;
+                }
+                let shared = self.core.table().runs.get(&s.id).and_then(|r| r.shared_cause.clone());
+                if let Some(why) = shared {
+                    self.core.record_run(RecordKind::Note, &s, &super::breaker::note(why)).await?;
                 }
                 if let Some(why) = &approval {
                     self.core

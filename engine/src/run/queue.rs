@@ -12,7 +12,6 @@ use serde_json::json;
 
 use super::executor::end_summary;
 use crate::audit::{NewRecord, RecordKind};
-use crate::core::Core;
 use crate::engine::{Engine, EngineError};
 use crate::manifest::Priority;
 use crate::runs::{RunOutcome, RunState, RunSummary};
@@ -72,42 +71,10 @@ impl Engine {
             let now = self.core.now();
             let set = self.runbook_set();
             let gate = Box::pin(self.resume_gate(now)).await;
-            let mut tripped: Vec<(String, String, i64)> = Vec::new();
             let mut preempt: Vec<(String, String)> = Vec::new();
-            let to_start = {
+            let (tripped, to_start) = {
                 let mut t = self.core.table();
-                for rb in &set.runbooks {
-                    let Some(b) = &rb.manifest.breaker else { continue };
-                    let name = &rb.manifest.name;
-                    let window_ms = (b.window_secs as i64).saturating_mul(1000);
-                    // The storm is judged once its first fire's hold is
-                    // over, so every node that fired with it is seen.
-                    let held_over = t
-                        .queue
-                        .iter()
-                        .any(|id| t.runs.get(id).is_some_and(|r| r.summary.runbook == *name && r.not_before_ms <= now));
-                    let Some(br) = t.breakers.get_mut(name) else { continue };
-                    let distinct = br.distinct(now, window_ms, b.count);
-                    if distinct as u32 > b.max_targets && br.tripped_until <= now && held_over {
-                        br.tripped_until = now.saturating_add(window_ms);
-                        let what = match b.count {
-                            crate::manifest::BreakerCount::Nodes => "nodes",
-                            crate::manifest::BreakerCount::Gpus => "GPUs",
-                        };
-                        let nodes: std::collections::BTreeSet<String> =
-                            br.fires.iter().map(|f| f.node.clone()).collect();
-                        tripped.push((
-                            name.clone(),
-                            format!(
-                                "breaker tripped: {distinct} {what} fired within {} s (max_targets {}): one shared cause, not {distinct} broken {what} — {}",
-                                b.window_secs,
-                                b.max_targets,
-                                self.shared_by(&nodes)
-                            ),
-                            br.tripped_until,
-                        ));
-                    }
-                }
+                let tripped = self.judge_breakers(&mut t, &set, now);
                 let mut pick = None;
                 let mut waits: Vec<(String, String)> = Vec::new();
                 for (i, id) in t.queue.iter().enumerate() {
@@ -123,7 +90,9 @@ impl Engine {
                         waits.push((id.clone(), "the breaker's hold (a storm is seen whole)".into()));
                         continue;
                     }
-                    if tripped.iter().any(|(n, ..)| n == &r.summary.runbook) {
+                    // A refusing breaker that tripped now refuses this run
+                    // below; a reversible-only one's runs may start.
+                    if tripped.iter().any(|trip| trip.refuses(&r.summary.runbook)) {
                         continue;
                     }
                     match self.blocker(&t, r) {
@@ -150,7 +119,7 @@ impl Engine {
                         r.summary.waiting_for = Some(why);
                     }
                 }
-                pick.and_then(|i| {
+                let to_start = pick.and_then(|i| {
                     let id = t.queue.remove(i);
                     let r = t.runs.get_mut(&id)?;
                     r.summary.state = RunState::Running;
@@ -167,10 +136,11 @@ impl Engine {
                         t.node_locks.insert(n.clone(), summary.id.clone());
                     }
                     Some((summary, cancel, waited, event_ts))
-                })
+                });
+                (tripped, to_start)
             };
-            for (name, reason, until) in tripped {
-                self.trip_breaker(&name, &reason, until).await;
+            for trip in tripped {
+                self.trip_breaker(trip).await;
             }
             for (holder, by) in preempt {
                 self.preempt(&holder, &by).await;
@@ -256,77 +226,6 @@ impl Engine {
             tracing::error!(error = %e, "cannot audit a preemption");
         }
         tracing::warn!(run = holder, by, "run preempted by a critical run");
-    }
-
-    /// The nodes of a storm and what they have in common: every label
-    /// they all carry with one value (`rack=r12`, `storage=nfs-a`) — where
-    /// a person looks first.
-    fn shared_by(&self, nodes: &std::collections::BTreeSet<String>) -> String {
-        let labels: Vec<std::collections::BTreeMap<String, String>> =
-            nodes.iter().filter_map(|n| self.core.fleet.get(n)).map(|n| n.spec.labels.clone()).collect();
-        let common: Vec<String> = labels
-            .first()
-            .map(|first| {
-                first
-                    .iter()
-                    .filter(|(k, v)| labels.iter().all(|l| l.get(*k) == Some(*v)))
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect()
-            })
-            .unwrap_or_default();
-        // A page names twenty nodes at most: a fleet-wide storm is counted.
-        let mut listed = nodes.iter().take(20).cloned().collect::<Vec<_>>().join(", ");
-        if nodes.len() > 20 {
-            listed.push_str(&format!(" and {} more", nodes.len() - 20));
-        }
-        if common.is_empty() {
-            format!("nodes {listed}, with no label in common")
-        } else {
-            format!("nodes {listed}, all with {}", common.join(", "))
-        }
-    }
-
-    async fn trip_breaker(&self, runbook: &str, reason: &str, until: i64) {
-        if let Err(e) = self
-            .core
-            .audit
-            .append(
-                NewRecord::typed(
-                    RecordKind::BreakerTripped,
-                    "engine",
-                    &crate::audit::data::BreakerTripped { reason: reason.into(), tripped_until_ms: Some(until) },
-                )
-                .runbook(runbook),
-                None,
-            )
-            .await
-        {
-            tracing::error!(error = %e, "cannot audit a breaker trip");
-        }
-        let held: Vec<String> = {
-            let t = self.core.table();
-            t.queue.iter().filter(|id| t.runs.get(*id).is_some_and(|r| r.summary.runbook == runbook)).cloned().collect()
-        };
-        for id in &held {
-            if let Err(e) = self.finish(id, RunOutcome::Refused, Some(reason.to_string()), None).await {
-                tracing::error!(run = %id, error = %e, "cannot refuse a held run");
-            }
-        }
-        let rec = self
-            .core
-            .notice_record(
-                RecordKind::Escalation,
-                &format!("{runbook}: {reason}; {} held runs refused", held.len()),
-                "escalation",
-                false,
-                self.runbook_mode(runbook) == crate::manifest::Mode::Shadow,
-            )
-            .runbook(runbook);
-        tracing::warn!(runbook, reason, "breaker tripped");
-        match self.core.audit.append(rec, None).await {
-            Ok(r) => Core::deliver(&self.core, &r),
-            Err(e) => tracing::error!(error = %e, "cannot audit an escalation"),
-        }
     }
 
     fn spawn_run(

@@ -99,6 +99,7 @@ impl Engine {
                             acted: before > 0 && !changed_nodes(&records).is_empty(),
                             resumed: before,
                             resume_wait_until_ms: (before > 0).then(|| self.resume_deadline()),
+                            shared_cause: super::breaker::from_records(&records),
                             ..RunEntry::new(s.clone(), m)
                         },
                     );
@@ -179,6 +180,9 @@ impl Engine {
                 held_on: touched,
                 resumed: k,
                 resume_wait_until_ms: Some(self.resume_deadline()),
+                // One node of a shared cause stays one after a restart: its
+                // drains stay refused, its pages notes.
+                shared_cause: super::breaker::from_records(records),
                 ..RunEntry::new(s.clone(), m)
             },
         );

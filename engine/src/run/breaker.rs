@@ -1,0 +1,241 @@
+//! A runbook's storm breaker: more distinct targets firing within its
+//! window than `max_targets` is one shared cause, not that many broken
+//! targets. It is judged in the queue's pump once the first fire's hold is
+//! over (so every node that fired with it is seen), recorded, and paged
+//! once, naming the nodes and the labels they share. Then, by the
+//! manifest's `on_trip`, the storm's runs are either refused before their
+//! scripts start (`refuse`: a stall or XID storm, where a drain or requeue
+//! per node only moves the cause around), or go on with reversible steps
+//! only (`reversible_only`: a rack's cooling failing, where every GPU still
+//! needs its power cap). A run of such a storm is marked — durably, a note
+//! on the run that a resumed run reads back — and the host refuses its
+//! drains, requeues and power-offs and keeps its pages as notes.
+
+use std::collections::BTreeSet;
+
+use nightshift_proto::Op;
+
+use crate::audit::{AuditRecord, NewRecord, RecordKind, data};
+use crate::core::Core;
+use crate::engine::Engine;
+use crate::manifest::{BreakerCount, OnTrip};
+use crate::runbook::RunbookSet;
+use crate::runs::{RunOutcome, RunSummary};
+use crate::runtable::RunTable;
+
+/// A breaker that tripped in this pass of the pump, to record and page.
+pub(super) struct Trip {
+    runbook: String,
+    reason: String,
+    until: i64,
+    on_trip: OnTrip,
+    /// Runs of a `reversible_only` storm marked now: each gets its note.
+    marked: Vec<RunSummary>,
+}
+
+impl Trip {
+    /// Whether this trip refuses the queued runs of `runbook`.
+    pub(super) fn refuses(&self, runbook: &str) -> bool {
+        self.runbook == runbook && self.on_trip == OnTrip::Refuse
+    }
+}
+
+impl Engine {
+    /// Trip every breaker whose storm is seen whole now (under the run
+    /// table's lock, before the pump picks a run): a `reversible_only`
+    /// storm's active runs are marked at once.
+    pub(super) fn judge_breakers(&self, t: &mut RunTable, set: &RunbookSet, now: i64) -> Vec<Trip> {
+        let mut trips = Vec::new();
+        for rb in &set.runbooks {
+            let Some(b) = &rb.manifest.breaker else { continue };
+            let name = &rb.manifest.name;
+            let window_ms = (b.window_secs as i64).saturating_mul(1000);
+            // The storm is judged once its first fire's hold is over, so
+            // every node that fired with it is seen.
+            let held_over = t
+                .queue
+                .iter()
+                .any(|id| t.runs.get(id).is_some_and(|r| r.summary.runbook == *name && r.not_before_ms <= now));
+            let Some(br) = t.breakers.get_mut(name) else { continue };
+            let distinct = br.distinct(now, window_ms, b.count);
+            if distinct as u32 <= b.max_targets || br.tripped_until > now || !held_over {
+                continue;
+            }
+            br.tripped_until = now.saturating_add(window_ms);
+            let what = match b.count {
+                BreakerCount::Nodes => "nodes",
+                BreakerCount::Gpus => "GPUs",
+            };
+            let nodes: BTreeSet<String> = br.fires.iter().map(|f| f.node.clone()).collect();
+            let reason = format!(
+                "breaker tripped: {distinct} {what} fired within {} s (max_targets {}): one shared cause, not {distinct} broken {what} — {}",
+                b.window_secs,
+                b.max_targets,
+                self.shared_by(&nodes)
+            );
+            br.reason = reason.clone();
+            let until = br.tripped_until;
+            let mut marked = Vec::new();
+            if b.on_trip == OnTrip::ReversibleOnly {
+                for r in t.runs.values_mut() {
+                    if r.summary.runbook == *name
+                        && !r.summary.dry_run
+                        && r.summary.trigger != "manual"
+                        && r.shared_cause.is_none()
+                    {
+                        r.shared_cause = Some(reason.clone());
+                        marked.push(r.summary.clone());
+                    }
+                }
+            }
+            trips.push(Trip { runbook: name.clone(), reason, until, on_trip: b.on_trip, marked });
+        }
+        trips
+    }
+
+    /// The nodes of a storm and what they have in common: every label
+    /// they all carry with one value (`rack=r12`, `storage=nfs-a`) — where
+    /// a person looks first.
+    fn shared_by(&self, nodes: &BTreeSet<String>) -> String {
+        let labels: Vec<std::collections::BTreeMap<String, String>> =
+            nodes.iter().filter_map(|n| self.core.fleet.get(n)).map(|n| n.spec.labels.clone()).collect();
+        let common: Vec<String> = labels
+            .first()
+            .map(|first| {
+                first
+                    .iter()
+                    .filter(|(k, v)| labels.iter().all(|l| l.get(*k) == Some(*v)))
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        // A page names twenty nodes at most: a fleet-wide storm is counted.
+        let mut listed = nodes.iter().take(20).cloned().collect::<Vec<_>>().join(", ");
+        if nodes.len() > 20 {
+            listed.push_str(&format!(" and {} more", nodes.len() - 20));
+        }
+        if common.is_empty() {
+            format!("nodes {listed}, with no label in common")
+        } else {
+            format!("nodes {listed}, all with {}", common.join(", "))
+        }
+    }
+
+    /// Record a trip and page once: the held runs of a refusing breaker
+    /// are refused; the marked runs of a reversible-only one are told.
+    pub(super) async fn trip_breaker(&self, trip: Trip) {
+        let Trip { runbook, reason, until, on_trip, marked } = trip;
+        let runbook = runbook.as_str();
+        if let Err(e) = self
+            .core
+            .audit
+            .append(
+                NewRecord::typed(
+                    RecordKind::BreakerTripped,
+                    "engine",
+                    &data::BreakerTripped { reason: reason.clone(), tripped_until_ms: Some(until) },
+                )
+                .runbook(runbook),
+                None,
+            )
+            .await
+        {
+            tracing::error!(error = %e, "cannot audit a breaker trip");
+        }
+        let text = match on_trip {
+            OnTrip::Refuse => {
+                let held: Vec<String> = {
+                    let t = self.core.table();
+                    t.queue
+                        .iter()
+                        .filter(|id| t.runs.get(*id).is_some_and(|r| r.summary.runbook == runbook))
+                        .cloned()
+                        .collect()
+                };
+                for id in &held {
+                    if let Err(e) = self.finish(id, RunOutcome::Refused, Some(reason.clone()), None).await {
+                        tracing::error!(run = %id, error = %e, "cannot refuse a held run");
+                    }
+                }
+                format!("{runbook}: {reason}; {} held runs refused", held.len())
+            }
+            OnTrip::ReversibleOnly => {
+                for s in &marked {
+                    if let Err(e) = self.core.record_run(RecordKind::Note, s, &note(reason.clone())).await {
+                        tracing::error!(run = %s.id, error = %e, "cannot mark a run of a shared cause");
+                    }
+                }
+                format!(
+                    "{runbook}: {reason}; its runs go on with reversible steps only (power caps, fans, config rollbacks): no node is drained, no job requeued and no node paged on its own for it"
+                )
+            }
+        };
+        let rec = self
+            .core
+            .notice_record(
+                RecordKind::Escalation,
+                &text,
+                "escalation",
+                false,
+                self.runbook_mode(runbook) == crate::manifest::Mode::Shadow,
+            )
+            .runbook(runbook);
+        tracing::warn!(runbook, reason, "breaker tripped");
+        match self.core.audit.append(rec, None).await {
+            Ok(r) => Core::deliver(&self.core, &r),
+            Err(e) => tracing::error!(error = %e, "cannot audit an escalation"),
+        }
+    }
+}
+
+/// The note that marks a run as one node of a shared cause.
+pub(crate) fn note(reason: String) -> data::Note {
+    data::Note {
+        text: format!(
+            "one node of a shared cause ({reason}): from here on this run takes reversible steps only and pages no one itself"
+        ),
+        shared_cause: Some(reason),
+        ..Default::default()
+    }
+}
+
+/// The shared cause a run's records say it belongs to (a resumed run keeps
+/// its mark).
+pub(crate) fn from_records(records: &[AuditRecord]) -> Option<String> {
+    records.iter().filter(|r| r.kind == RecordKind::Note).find_map(|r| r.payload::<data::Note>().ok()?.shared_cause)
+}
+
+/// Whether an op takes capacity away (what a run of a shared cause may not
+/// do): a node or GPU drain, a requeue, a power-off.
+pub(crate) fn takes_capacity(op: &Op) -> bool {
+    match op {
+        Op::Drain(_) | Op::Requeue(_) => true,
+        Op::SetGpuDrain(a) => a.drained,
+        Op::PowerNode(a) => !a.up,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nightshift_proto::{DrainArgs, PowerNodeArgs, RequeueArgs, SetGpuDrainArgs, SetPowerLimitArgs};
+
+    use super::*;
+
+    #[test]
+    fn a_shared_cause_keeps_the_reversible_steps() {
+        let gpu_drain = |drained| SetGpuDrainArgs { gpu: 0, drained, sticky: false, repair: false };
+        let cases: Vec<(Op, bool)> = vec![
+            (Op::Drain(DrainArgs { reason: "r".into(), run: None, sticky: false, repair: false }), true),
+            (Op::Requeue(RequeueArgs { reason: "r".into(), gpu: None }), true),
+            (Op::SetGpuDrain(gpu_drain(true)), true),
+            (Op::SetGpuDrain(gpu_drain(false)), false),
+            (Op::PowerNode(PowerNodeArgs { node: "n".into(), up: false }), true),
+            (Op::PowerNode(PowerNodeArgs { node: "n".into(), up: true }), false),
+            (Op::SetPowerLimit(SetPowerLimitArgs { gpu: 0, watts: 500.0 }), false),
+        ];
+        for (op, takes) in cases {
+            assert_eq!(takes_capacity(&op), takes, "{}", op.name());
+        }
+    }
+}
