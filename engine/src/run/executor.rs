@@ -351,7 +351,21 @@ impl Engine {
                     )
                     .await?;
                 self.count_outcome(RunOutcome::Refused);
-                self.text_record(&s, RecordKind::Escalation, &format!("{}: {reason}", s.runbook)).await;
+                // One page per node and finding: the budget spent on a
+                // second GPU, or the same refusal a cooldown later, is the
+                // open page's (a note on the run), until the repage time.
+                let text = format!("{}: {reason}", s.runbook);
+                let said =
+                    s.target.node.as_deref().map(|n| self.core.already_said(true, &s.runbook, n, None, &text, None));
+                if let Some(crate::outbox::Said::Again { seq }) = said {
+                    let note = crate::audit::data::Note {
+                        text: format!("already paged (audit #{seq}), not paged again: {text}"),
+                        ..Default::default()
+                    };
+                    self.core.record_run(RecordKind::Note, &s, &note).await?;
+                } else {
+                    self.text_record(&s, RecordKind::Escalation, &text).await;
+                }
                 Ok(Submitted::Refused { run: s })
             }
             Decision::Admit { approval, .. } => {
