@@ -33,6 +33,7 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 
 use crate::service::Agent;
+use nightshift_proto::exposition::escape;
 use nightshift_proto::{GpuInfo, GpuTelemetry, Telemetry, Vendor};
 
 /// Connections served at once (a request sent); more wait for a slot.
@@ -136,11 +137,6 @@ const FIELDS: &[Field] = &[
         g.sm_active_pct.map(|p| p / 100.0)
     }),
 ];
-
-/// Escape a label value for the text exposition format.
-fn escape(v: &str) -> String {
-    v.replace('\\', r"\\").replace('"', "\\\"").replace('\n', r"\n")
-}
 
 /// A GPU's labels, as dcgm-exporter writes them (its template, in order).
 fn labels(info: &GpuInfo, node: &str, driver: Option<&str>) -> String {

@@ -17,14 +17,10 @@ use serde_json::Value;
 
 use crate::metrics::{MetricId, ids};
 
-/// One sample as Prometheus has it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PromSample {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub value: f64,
-    pub ts_ms: Option<i64>,
-}
+/// One sample as Prometheus has it (the workspace's one reader of the
+/// text format is `nightshift_proto::exposition`).
+pub use nightshift_proto::exposition::Sample as PromSample;
+use nightshift_proto::exposition::parse_value;
 
 /// Why a response could not be read at all (one bad series is not this).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -173,113 +169,7 @@ pub fn parse_range_response(url: &str, body: &[u8]) -> Result<Vec<PromSample>, S
 /// Parse the text exposition format. Lines that do not parse are counted in
 /// the second value, not fatal.
 pub fn parse_exposition(text: &str) -> (Vec<PromSample>, usize) {
-    let mut out = Vec::new();
-    let mut bad = 0;
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        match parse_line(line) {
-            Some(s) => out.push(s),
-            None => bad += 1,
-        }
-    }
-    (out, bad)
-}
-
-fn parse_line(line: &str) -> Option<PromSample> {
-    let name_end = line.find(|c: char| c == '{' || c.is_whitespace())?;
-    let name = &line[..name_end];
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
-        return None;
-    }
-    let mut labels = BTreeMap::new();
-    // Prometheus allows blanks between the name and its labels.
-    let mut rest = line[name_end..].trim_start();
-    if let Some(r) = rest.strip_prefix('{') {
-        let mut chars = r.char_indices().peekable();
-        let consumed;
-        loop {
-            // Skip separators.
-            while let Some((_, c)) = chars.peek() {
-                if *c == ',' || c.is_whitespace() {
-                    chars.next();
-                } else {
-                    break;
-                }
-            }
-            let (i, c) = chars.next()?;
-            if c == '}' {
-                consumed = i + 1;
-                break;
-            }
-            let start = i;
-            let mut key_end = None;
-            for (j, c) in chars.by_ref() {
-                if c == '=' {
-                    key_end = Some(j);
-                    break;
-                }
-            }
-            let key = r[start..key_end?].trim().to_string();
-            if key.is_empty()
-                || key.starts_with(|c: char| c.is_ascii_digit())
-                || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            {
-                return None;
-            }
-            // Blanks may follow the `=`, as Prometheus allows.
-            let quote = loop {
-                match chars.next()?.1 {
-                    c if c.is_whitespace() => continue,
-                    c => break c,
-                }
-            };
-            if quote != '"' {
-                return None;
-            }
-            let mut value = String::new();
-            loop {
-                let (_, c) = chars.next()?;
-                match c {
-                    '"' => break,
-                    // The format's three escapes; any other backslash is
-                    // kept as written (as Prometheus keeps it).
-                    '\\' => match chars.next()?.1 {
-                        'n' => value.push('\n'),
-                        c @ ('\\' | '"') => value.push(c),
-                        other => {
-                            value.push('\\');
-                            value.push(other);
-                        }
-                    },
-                    other => value.push(other),
-                }
-            }
-            // An empty value is no label at all, for Prometheus.
-            if !value.is_empty() {
-                labels.insert(key, value);
-            }
-        }
-        rest = &r[consumed..];
-    }
-    let mut parts = rest.split_whitespace();
-    let value = parse_value(parts.next()?)?;
-    let ts_ms = match parts.next() {
-        Some(t) => Some(t.parse::<i64>().ok()?),
-        None => None,
-    };
-    Some(PromSample { name: name.to_string(), labels, value, ts_ms })
-}
-
-fn parse_value(v: &str) -> Option<f64> {
-    match v {
-        "NaN" => Some(f64::NAN),
-        "+Inf" => Some(f64::INFINITY),
-        "-Inf" => Some(f64::NEG_INFINITY),
-        _ => v.parse().ok(),
-    }
+    nightshift_proto::exposition::parse(text)
 }
 
 /// Parse a `/api/v1/query` response (a vector).
@@ -453,27 +343,6 @@ pub fn map_samples(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Where the parser and Prometheus' own disagreed (found by
-    /// `tests/tests/prometheus.rs`, which diffs the two on a real server).
-    #[test]
-    fn reads_lines_as_prometheus_does() {
-        let labels = |line: &str| parse_line(line).map(|s| s.labels.into_iter().collect::<Vec<_>>());
-        let l = |pairs: &[(&str, &str)]| Some(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
-        for (line, want) in [
-            // Blanks between name and labels, and around `=`.
-            ("m {  a = \"1\" , b=\"2\" ,} 3", l(&[("a", "1"), ("b", "2")])),
-            // Only \\, \" and \n are escapes; another backslash stays.
-            (r#"m{t="a\tb",q="\"x\"",b="c:\\d"} 1"#, l(&[("b", r"c:\d"), ("q", "\"x\""), ("t", r"a\tb")])),
-            // An empty value is no label.
-            ("m{e=\"\",f=\"1\"} 1", l(&[("f", "1")])),
-            // Not a label name.
-            ("m{1a=\"x\"} 1", None),
-            ("m{a-b=\"x\"} 1", None),
-        ] {
-            assert_eq!(labels(line), want, "{line}");
-        }
-    }
 
     const DCGM_TEXT: &str = r#"# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).
 # TYPE DCGM_FI_DEV_GPU_TEMP gauge

@@ -4,6 +4,7 @@
 //! - the wire protocol (types only): [`Request`], [`Op`], [`Reply`],
 //!   [`ErrorCode`], [`Telemetry`], [`Inventory`] — re-exported from [`wire`];
 //! - [`clock`]: the one source of time (wall, scaled, virtual);
+//! - [`exposition`]: the Prometheus text format, read and written once;
 //! - [`ssh`]: the client the engine uses to reach agents, and Ed25519 keys;
 //! - [`owner`]: which drains are nightshift's own (a person's are never undone);
 //! - [`yaml`]: YAML error locations for every config and manifest loader;
@@ -17,6 +18,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod clock;
+pub mod exposition;
 pub mod fsutil;
 pub mod json;
 pub mod names;

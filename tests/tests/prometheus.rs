@@ -485,6 +485,7 @@ async fn the_exposition_parser_reads_what_prometheus_reads() {
         "t_colon:sum 6\n",
         "# a comment line\n",
         "t_empty{e=\"\"} 7\n",
+        "t_separators{run=\"a,b} c\",gpu=\"1\"} 8\n",
     );
     let (ours, bad) = parse_exposition(text);
     assert_eq!(bad, 0);

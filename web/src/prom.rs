@@ -4,33 +4,11 @@ use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
 use nightshift_engine::engine::Engine;
+use nightshift_proto::exposition::{escape, fmt_value as fmt_f};
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
-}
-
-/// A sample value as the text format writes it (NaN was written `-Inf`).
-fn fmt_f(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".into()
-    } else if v.is_finite() {
-        format!("{v}")
-    } else if v > 0.0 {
-        "+Inf".into()
-    } else {
-        "-Inf".into()
-    }
-}
-
-#[cfg(test)]
-#[test]
-fn values_are_written_as_the_format_says() {
-    for (v, want) in
-        [(1.5, "1.5"), (700.0, "700"), (f64::NAN, "NaN"), (f64::INFINITY, "+Inf"), (f64::NEG_INFINITY, "-Inf")]
-    {
-        assert_eq!(fmt_f(v), want);
-    }
 }
 
 /// Render every nightshift metric.
@@ -107,7 +85,7 @@ pub fn render(engine: &Engine) -> String {
     );
     let told = c.told.lock().map(|m| m.clone()).unwrap_or_default();
     for ((rb, kind), n) in told {
-        let _ = writeln!(out, "nightshift_told_total{{runbook=\"{rb}\",kind=\"{kind}\"}} {n}");
+        let _ = writeln!(out, "nightshift_told_total{{runbook=\"{}\",kind=\"{kind}\"}} {n}", escape(&rb));
     }
     family(&mut out, "nightshift_runs_total", "counter", "Finished runs by outcome.");
     let by = c.runs_by_outcome.lock().map(|m| m.clone()).unwrap_or_default();

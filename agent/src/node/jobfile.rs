@@ -36,6 +36,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use nightshift_proto::exposition::{self, Sample, escape};
 use nightshift_proto::{GpuTelemetry, NodeTelemetry};
 
 /// The readings of a textfile directory.
@@ -94,15 +95,12 @@ pub fn exported_series(dir: &Path, max_age: Duration, now: SystemTime, node: &st
         }
         let text = std::fs::read_to_string(&f).unwrap_or_default();
         for line in text.lines().map(str::trim).filter(|l| l.starts_with("nightshift_")) {
-            let Some((name, labels, value)) = split_series(line) else { continue };
-            let mut kept: Vec<(String, String)> = labels
-                .into_iter()
-                .filter(|(k, _)| !HOST_LABELS.contains(&k.as_str()) && !k.starts_with("exported_"))
-                .collect();
-            kept.sort();
+            let Ok(Sample { name, labels, value, .. }) = exposition::parse_line(line) else { continue };
             let mut l = format!("Hostname=\"{}\"", escape(node));
-            for (k, v) in kept {
-                let _ = write!(l, ",{k}=\"{}\"", escape(&v));
+            for (k, v) in
+                labels.iter().filter(|(k, _)| !HOST_LABELS.contains(&k.as_str()) && !k.starts_with("exported_"))
+            {
+                let _ = write!(l, ",{k}=\"{}\"", escape(v));
             }
             by_name.entry(name).or_default().entry(l).or_insert(value);
         }
@@ -116,52 +114,6 @@ pub fn exported_series(dir: &Path, max_age: Duration, now: SystemTime, node: &st
         }
     }
     out
-}
-
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
-/// A series' labels, in the order written.
-type Labels = Vec<(String, String)>;
-
-/// `name{k="v",…} value [timestamp]`: the name, the labels (unescaped)
-/// and the value; `None` for anything else.
-fn split_series(line: &str) -> Option<(String, Labels, f64)> {
-    let name_end = line.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).unwrap_or(line.len());
-    let (name, mut rest) = line.split_at(name_end);
-    let mut labels = Vec::new();
-    if let Some(body) = rest.strip_prefix('{') {
-        let mut chars = body.char_indices().peekable();
-        loop {
-            while chars.next_if(|(_, c)| *c == ',' || c.is_whitespace()).is_some() {}
-            if let Some((i, '}')) = chars.peek().copied() {
-                rest = &body[i + 1..];
-                break;
-            }
-            let mut key = String::new();
-            while let Some((_, c)) = chars.next_if(|(_, c)| c.is_ascii_alphanumeric() || *c == '_') {
-                key.push(c);
-            }
-            if key.is_empty() || chars.next()?.1 != '=' || chars.next()?.1 != '"' {
-                return None;
-            }
-            let mut val = String::new();
-            loop {
-                match chars.next()?.1 {
-                    '"' => break,
-                    '\\' => match chars.next()?.1 {
-                        'n' => val.push('\n'),
-                        c => val.push(c),
-                    },
-                    c => val.push(c),
-                }
-            }
-            labels.push((key, val));
-        }
-    }
-    let value: f64 = rest.split_whitespace().next()?.parse().ok()?;
-    Some((name.to_string(), labels, value))
 }
 
 /// Read every fresh `*.prom` file in `dir`.
@@ -202,25 +154,20 @@ pub fn parse_into_at(text: &str, file: &Path, r: &mut JobReadings, now_secs: f64
             continue;
         }
         let mut reject = |why: String| r.rejected.push((file.to_path_buf(), i + 1, why));
-        let (head, value) = match line.rsplit_once(char::is_whitespace) {
-            Some((h, v)) => (h.trim(), v),
-            None => {
-                reject(format!("expected `name value`, found {line:?}"));
+        let s = match exposition::parse_line(line) {
+            Ok(s) => s,
+            Err(e) => {
+                reject(e.to_string());
                 continue;
             }
         };
-        let Some(v) = value.parse::<f64>().ok().filter(|v| v.is_finite()) else {
-            reject(format!("expected a finite number, found {value:?}"));
+        let v = s.value;
+        if !v.is_finite() {
+            reject(format!("expected a finite number, found {v}"));
             continue;
-        };
-        let (name, labels) = match head.split_once('{') {
-            Some((n, rest)) => (n, rest.strip_suffix('}').unwrap_or(rest)),
-            None => (head, ""),
-        };
-        let gpu = labels.split(',').find_map(|kv| {
-            let (k, v) = kv.split_once('=')?;
-            (k.trim() == "gpu").then(|| v.trim().trim_matches('"').parse::<u32>().ok()).flatten()
-        });
+        }
+        let gpu = s.labels.get("gpu").and_then(|g| g.parse::<u32>().ok());
+        let name = s.name.as_str();
         match name {
             "nightshift_job_progress" => r.progress = Some(r.progress.unwrap_or(0.0) + v),
             "nightshift_gpu_mem_fragmentation_pct" => match gpu {
@@ -295,6 +242,27 @@ impl JobReadings {
 mod tests {
     use super::*;
 
+    /// A job's file is read as Prometheus reads it (one reader for the
+    /// workspace): quoted label values may hold `,`, `}` and escapes, and a
+    /// sample may carry a timestamp — the value is the value, not the time.
+    #[test]
+    fn lines_are_read_as_the_text_format_says() {
+        let mut r = JobReadings::default();
+        let text = "nightshift_gpu_mem_fragmentation_pct{job=\"a,\\\"b\\\"}\",gpu=\"2\"} 12 1790000000000\n\
+                    nightshift_comm_overhead_pct{job=\"x y\"} 34\n\
+                    nightshift_job_progress{gpu=\"1\" 5\n";
+        parse_into_at(text, Path::new("job.prom"), &mut r, 0.0);
+        assert_eq!(r.fragmentation_pct.get(&2), Some(&12.0), "{:?}", r.rejected);
+        assert_eq!(r.comm_overhead_pct, Some(34.0));
+        let why: Vec<&str> = r.rejected.iter().map(|(_, _, w)| w.as_str()).collect();
+        assert_eq!(
+            why,
+            vec![
+                "expected `name{label=\"value\",…} value [timestamp]`, found \"nightshift_job_progress{gpu=\\\"1\\\" 5\""
+            ]
+        );
+    }
+
     #[test]
     fn files_combine_and_bad_lines_are_named() {
         let dir = tempfile::tempdir().unwrap();
@@ -320,7 +288,7 @@ mod tests {
             why,
             vec![
                 (3, "nightshift_gpu_mem_fragmentation_pct needs a gpu=\"N\" label"),
-                (4, "expected a finite number, found \"NaN\""),
+                (4, "expected a finite number, found NaN"),
                 (5, "unknown reading `bogus_metric`"),
                 (6, "peak allocated: expected 0 to 100, found 140"),
                 (8, "oom events: expected 0 or more, found -1")
