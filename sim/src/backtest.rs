@@ -164,7 +164,7 @@ pub struct BacktestOptions {
     /// Leave the replay agents unticked on steps that begin with no run in
     /// flight or queued: in a replay they only answer dry runs, which place
     /// no holds (the report does not depend on it:
-    /// `sim/tests/backtest_shards.rs`).
+    /// `sim/tests/it/backtest_shards.rs`).
     pub idle_agents_untouched: bool,
 }
 

@@ -75,7 +75,7 @@ pub struct Scenario {
     pub expect: Expect,
     /// Why this scenario still passes when its runbooks' scripts do nothing
     /// (a trigger test, or a negative one: "nothing happens" is the point).
-    /// The no-op check (`sim/tests/handbook.rs`) runs every scenario with
+    /// The no-op check (`sim/tests/it/handbook.rs`) runs every scenario with
     /// empty scripts: one that passes so must say why here, or it proves
     /// nothing about its runbook.
     #[serde(default)]

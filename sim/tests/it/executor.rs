@@ -2,9 +2,7 @@
 //! attempt budgets, blast radius under racing runs, approvals, dry runs,
 //! stale events.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use nightshift_engine::audit::RecordKind;
 use nightshift_engine::engine::Submitted;
 use nightshift_engine::runs::{RunOutcome, RunState, Target};
@@ -746,7 +744,7 @@ async fn approvals_rejections_and_cancels_are_recorded_under_who_did_them() {
     assert_eq!(end.data["error"], "cancelled by user:erin before it started");
     // A run left running at shutdown is nobody's cancel — never "alice
     // cancelled it", nor the engine's: it is left unfinished, its cap on,
-    // for the next engine to resume (sim/tests/recovery.rs).
+    // for the next engine to resume (sim/tests/it/recovery.rs).
     let id = run_id(&e.submit(manual_req("careful", "n1")).await.unwrap());
     e.approve(&id, "user:bob").await.unwrap();
     f.run_for(5).await.unwrap();

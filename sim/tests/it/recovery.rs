@@ -8,11 +8,9 @@
 //! holds on one GPU end at the baseline across engine and agent restarts;
 //! a restored backup never gets an old reply replayed as "applied".
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use futures::future::BoxFuture;
 use nightshift_agent::LocalAgent;
 use nightshift_engine::audit::{AuditStore, RecordKind};

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// (path → methods) of every `.route(…)` in the router's source.
 fn served() -> BTreeMap<String, BTreeSet<String>> {
-    let src = include_str!("../src/lib.rs");
+    let src = include_str!("../../src/lib.rs");
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for line in src.lines().map(str::trim).filter(|l| l.starts_with(".route(\"")) {
         let rest = &line[".route(\"".len()..];
@@ -30,7 +30,7 @@ fn served() -> BTreeMap<String, BTreeSet<String>> {
 
 fn documented() -> BTreeMap<String, BTreeSet<String>> {
     let doc: serde_json::Value =
-        serde_json::from_str(include_str!("../src/openapi.json")).expect("openapi.json parses");
+        serde_json::from_str(include_str!("../../src/openapi.json")).expect("openapi.json parses");
     doc["paths"]
         .as_object()
         .expect("paths")

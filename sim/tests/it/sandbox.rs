@@ -1,9 +1,7 @@
 //! Hostile runbooks: each is stopped or refused, recorded with the right
 //! outcome and line, and the engine keeps serving other runs.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use nightshift_engine::audit::RecordKind;
 use nightshift_engine::runbook::load_dir;
 use nightshift_engine::runs::{RunOutcome, Target};

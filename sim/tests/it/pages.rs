@@ -5,12 +5,10 @@
 //! counted. A second route (`fallback`) takes a page the first could not.
 //! The receiver is real HTTP on loopback; "down" is its port refusing.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use nightshift_engine::audit::RecordKind;
 use nightshift_engine::config::{NotificationsConfig, WebhookFormat, WebhookTarget};
 use nightshift_engine::runs::Target;
