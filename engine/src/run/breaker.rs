@@ -78,11 +78,7 @@ impl Engine {
             let mut marked = Vec::new();
             if b.on_trip == OnTrip::ReversibleOnly {
                 for r in t.runs.values_mut() {
-                    if r.summary.runbook == *name
-                        && !r.summary.dry_run
-                        && r.summary.trigger != "manual"
-                        && r.shared_cause.is_none()
-                    {
+                    if r.summary.runbook == *name && joins(&r.summary) && r.shared_cause.is_none() {
                         r.shared_cause = Some(reason.clone());
                         marked.push(r.summary.clone());
                     }
@@ -205,6 +201,30 @@ pub(crate) fn from_records(records: &[AuditRecord]) -> Option<String> {
     records.iter().filter(|r| r.kind == RecordKind::Note).find_map(|r| r.payload::<data::Note>().ok()?.shared_cause)
 }
 
+/// Whether a run of a reversible-only storm is one of its nodes: an
+/// automatic run, real or in shadow (a shadow run meets the breaker as a
+/// real one would); never a person's manual run.
+pub(crate) fn joins(s: &RunSummary) -> bool {
+    s.trigger != "manual" && (!s.dry_run || s.shadow)
+}
+
+/// The shared cause a run rebuilt after a restart belongs to: its own note
+/// or — the engine stopped between the trip and the note — its runbook's
+/// reversible-only breaker, still open (rebuilt from `breaker_tripped`).
+pub(crate) fn after_restart(
+    t: &RunTable,
+    m: &crate::manifest::Manifest,
+    s: &RunSummary,
+    records: &[AuditRecord],
+    now: i64,
+) -> Option<String> {
+    from_records(records).or_else(|| {
+        m.breaker.as_ref().filter(|b| b.on_trip == OnTrip::ReversibleOnly)?;
+        let br = t.breakers.get(&m.name).filter(|br| br.tripped_until > now)?;
+        joins(s).then(|| br.reason.clone())
+    })
+}
+
 /// Whether an op takes capacity away (what a run of a shared cause may not
 /// do): a node or GPU drain, a requeue, a power-off.
 pub(crate) fn takes_capacity(op: &Op) -> bool {
@@ -221,6 +241,35 @@ mod tests {
     use nightshift_proto::{DrainArgs, PowerNodeArgs, RequeueArgs, SetGpuDrainArgs, SetPowerLimitArgs};
 
     use super::*;
+
+    /// Who is one of a storm's nodes: automatic runs, real or in shadow;
+    /// never a person's manual run, nor a person's dry run.
+    #[test]
+    fn a_storm_takes_the_automatic_runs_not_a_persons() {
+        let summary = |trigger: &str, dry_run, shadow| {
+            let mut s: RunSummary = serde_json::from_value(serde_json::json!({
+                "id": "r1", "runbook": "rb", "target": {"node": "n1"}, "trigger": trigger,
+                "state": "queued", "created_ms": 0, "dry_run": dry_run, "event": {},
+                "requested_by": "engine", "params": {}, "detail": "", "why": "", "actions": 0,
+            }))
+            .unwrap();
+            s.shadow = shadow;
+            s
+        };
+        for (trigger, dry_run, shadow, joins_it) in [
+            ("telemetry", false, false, true),
+            ("alert", false, false, true),
+            ("telemetry", true, true, true),
+            ("manual", false, false, false),
+            ("manual", true, false, false),
+        ] {
+            assert_eq!(
+                joins(&summary(trigger, dry_run, shadow)),
+                joins_it,
+                "{trigger} dry_run={dry_run} shadow={shadow}"
+            );
+        }
+    }
 
     #[test]
     fn a_shared_cause_keeps_the_reversible_steps() {

@@ -243,7 +243,10 @@ impl Engine {
                         br.fires.push_back(BreakerFire { ts_ms: now, node, gpu: req.target.gpu });
                         // Admitted into an open reversible-only breaker: one
                         // more node of the shared cause, which keeps it open.
-                        if b.on_trip == crate::manifest::OnTrip::ReversibleOnly && br.tripped_until > now {
+                        if b.on_trip == crate::manifest::OnTrip::ReversibleOnly
+                            && br.tripped_until > now
+                            && super::breaker::joins(&s)
+                        {
                             br.tripped_until =
                                 br.tripped_until.max(now.saturating_add((b.window_secs as i64).saturating_mul(1000)));
                             shared_cause = Some(br.reason.clone());

@@ -87,6 +87,7 @@ impl Engine {
                     let m = &rb.manifest;
                     let mut t = self.core.table();
                     let pending = s.state == RunState::PendingApproval;
+                    let shared_cause = super::breaker::after_restart(&t, m, &s, &records, self.core.now());
                     t.active_by_key.insert(RunTable::key(&s), s.id.clone());
                     t.runs.insert(
                         s.id.clone(),
@@ -99,7 +100,7 @@ impl Engine {
                             acted: before > 0 && !changed_nodes(&records).is_empty(),
                             resumed: before,
                             resume_wait_until_ms: (before > 0).then(|| self.resume_deadline()),
-                            shared_cause: super::breaker::from_records(&records),
+                            shared_cause,
                             ..RunEntry::new(s.clone(), m)
                         },
                     );
@@ -168,6 +169,7 @@ impl Engine {
             )
             .await?;
         let mut t = self.core.table();
+        let shared_cause = super::breaker::after_restart(&t, m, &s, records, self.core.now());
         t.active_by_key.insert(RunTable::key(&s), s.id.clone());
         t.runs.insert(
             s.id.clone(),
@@ -182,7 +184,7 @@ impl Engine {
                 resume_wait_until_ms: Some(self.resume_deadline()),
                 // One node of a shared cause stays one after a restart: its
                 // drains stay refused, its pages notes.
-                shared_cause: super::breaker::from_records(records),
+                shared_cause,
                 ..RunEntry::new(s.clone(), m)
             },
         );
