@@ -29,6 +29,9 @@ pub(super) struct Trip {
     reason: String,
     until: i64,
     on_trip: OnTrip,
+    /// An observe row's storm is told (a notification), an acting row's
+    /// paged: a finding on many nodes is still a finding, not an alarm.
+    observe: bool,
     /// Runs of a `reversible_only` storm marked now: each gets its note.
     marked: Vec<RunSummary>,
 }
@@ -84,7 +87,8 @@ impl Engine {
                     }
                 }
             }
-            trips.push(Trip { runbook: name.clone(), reason, until, on_trip: b.on_trip, marked });
+            let observe = rb.manifest.class == crate::manifest::RunClass::Observe;
+            trips.push(Trip { runbook: name.clone(), reason, until, on_trip: b.on_trip, observe, marked });
         }
         trips
     }
@@ -117,10 +121,11 @@ impl Engine {
         }
     }
 
-    /// Record a trip and page once: the held runs of a refusing breaker
-    /// are refused; the marked runs of a reversible-only one are told.
+    /// Record a trip and say it once — a page, or for an observe row a
+    /// notification: the held runs of a refusing breaker are refused; the
+    /// marked runs of a reversible-only one are told.
     pub(super) async fn trip_breaker(&self, trip: Trip) {
-        let Trip { runbook, reason, until, on_trip, marked } = trip;
+        let Trip { runbook, reason, until, on_trip, observe, marked } = trip;
         let runbook = runbook.as_str();
         if let Err(e) = self
             .core
@@ -153,7 +158,11 @@ impl Engine {
                         tracing::error!(run = %id, error = %e, "cannot refuse a held run");
                     }
                 }
-                format!("{runbook}: {reason}; {} held runs refused", held.len())
+                if observe {
+                    format!("{runbook}: {reason}; told once here, not by each node ({} runs held back)", held.len())
+                } else {
+                    format!("{runbook}: {reason}; {} held runs refused", held.len())
+                }
             }
             OnTrip::ReversibleOnly => {
                 for s in &marked {
@@ -166,20 +175,16 @@ impl Engine {
                 )
             }
         };
+        let (kind, severity) =
+            if observe { (RecordKind::Notification, "warning") } else { (RecordKind::Escalation, "escalation") };
         let rec = self
             .core
-            .notice_record(
-                RecordKind::Escalation,
-                &text,
-                "escalation",
-                false,
-                self.runbook_mode(runbook) == crate::manifest::Mode::Shadow,
-            )
+            .notice_record(kind, &text, severity, false, self.runbook_mode(runbook) == crate::manifest::Mode::Shadow)
             .runbook(runbook);
         tracing::warn!(runbook, reason, "breaker tripped");
         match self.core.audit.append(rec, None).await {
             Ok(r) => Core::deliver(&self.core, &r),
-            Err(e) => tracing::error!(error = %e, "cannot audit an escalation"),
+            Err(e) => tracing::error!(error = %e, "cannot audit a breaker's notice"),
         }
     }
 }
