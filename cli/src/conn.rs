@@ -8,11 +8,11 @@ use anyhow::{Context, Result, anyhow};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use nightshift_engine::api::NodeView;
 use nightshift_engine::audit::{AuditRecord, AuditStore, RunFilter, RunPage, VerifyReport};
 use nightshift_engine::config::EngineConfig;
 use nightshift_engine::engine::{Engine, RunRequest, Submitted};
 use nightshift_engine::runs::RunSummary;
-use nightshift_engine::views::NodeView;
 use nightshift_proto::{NoArgs, Op};
 
 use crate::Fail;
@@ -499,7 +499,7 @@ impl Conn {
     }
 
     /// The nodes `f` selects (every page of them).
-    pub async fn nodes_filtered(&mut self, f: &nightshift_engine::node_filter::NodeFilter) -> Result<Vec<NodeView>> {
+    pub async fn nodes_filtered(&mut self, f: &nightshift_engine::api::NodeFilter) -> Result<Vec<NodeView>> {
         match self {
             Conn::Remote(r) => {
                 let mut q = vec![];
@@ -510,8 +510,7 @@ impl Conn {
                     q.push(format!("label={}", crate::out::urlencode(&format!("{k}={v}"))));
                 }
                 if let Some(st) = f.state
-                    && let Some((name, _)) =
-                        nightshift_engine::node_filter::NodeStateFilter::ALL.iter().find(|(_, x)| *x == st)
+                    && let Some((name, _)) = nightshift_engine::api::NodeStateFilter::ALL.iter().find(|(_, x)| *x == st)
                 {
                     q.push(format!("state={name}"));
                 }
@@ -610,7 +609,7 @@ impl Conn {
                 loop {
                     let c = e.read_evidence(node, bundle, file, n).await.map_err(|err| {
                         let code = match err {
-                            nightshift_engine::evidence::EvidenceReadError::Unreachable(_) => 4,
+                            nightshift_engine::api::EvidenceReadError::Unreachable(_) => 4,
                             _ => 2,
                         };
                         anyhow::Error::new(Fail(code)).context(format!("{node}: {err}"))

@@ -513,7 +513,7 @@ async fn an_rma_leaves_an_evidence_bundle_the_chain_vouches_for() {
         }
         std::fs::write(copy.join(name), &data).unwrap();
     }
-    use nightshift_engine::evidence::EvidenceReadError;
+    use nightshift_engine::api::EvidenceReadError;
     for (bundle, file) in [(id.as_str(), "../../engine.yaml"), ("..", "manifest.json")] {
         let e = f.engine.read_evidence("n1", bundle, file, 0).await.unwrap_err();
         assert!(matches!(e, EvidenceReadError::BadName(_)), "{bundle}/{file}: {e:?}");

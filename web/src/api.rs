@@ -143,7 +143,7 @@ impl RunsQuery {
     pub fn filter(&self, engine: &nightshift_engine::engine::Engine) -> Result<RunFilter, ApiError> {
         let nodes_any = match self.label.as_deref().filter(|l| !l.is_empty()) {
             Some(label) => {
-                let (k, v) = nightshift_engine::node_filter::parse_label(label).map_err(ApiError::bad_request)?;
+                let (k, v) = nightshift_engine::api::parse_label(label).map_err(ApiError::bad_request)?;
                 Some(engine.nodes_labelled(&k, &v))
             }
             None => None,
@@ -376,7 +376,7 @@ pub async fn nodes(
     _: Viewer,
     ApiQuery(q): ApiQuery<NodesQuery>,
 ) -> Result<Response, ApiError> {
-    use nightshift_engine::node_filter::{NodeFilter, NodeStateFilter, parse_label};
+    use nightshift_engine::api::{NodeFilter, NodeStateFilter, parse_label};
     let f = NodeFilter {
         node: q.node.filter(|n| !n.is_empty()),
         label: q
@@ -437,7 +437,7 @@ pub async fn evidence_file(
     _: Operator,
     Path((name, bundle, file)): Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
-    use nightshift_engine::evidence::EvidenceReadError as E;
+    use nightshift_engine::api::EvidenceReadError as E;
     let failed = |e: E| match e {
         E::NotFound(m) => ApiError::not_found(m),
         E::BadName(m) => ApiError::bad_request(m),
@@ -574,7 +574,7 @@ pub async fn release_holds(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<ReleaseHolds>,
 ) -> Result<Response, ApiError> {
-    let what = nightshift_engine::control::ReleaseWhat {
+    let what = nightshift_engine::api::ReleaseWhat {
         gpu: body.gpu,
         owner: body.owner.clone(),
         hold: body.hold.clone(),
@@ -583,7 +583,7 @@ pub async fn release_holds(
         force: body.force,
     };
     let who =
-        nightshift_engine::control::Person { name: &id.name, admin: id.role == nightshift_engine::config::Role::Admin };
+        nightshift_engine::api::Person { name: &id.name, admin: id.role == nightshift_engine::config::Role::Admin };
     let out = s.engine.person_release(&name, &what, who, &body.reason).await?;
     Ok(control_answer(out))
 }
@@ -612,7 +612,7 @@ pub async fn drain_node(
     Ok(control_answer(out))
 }
 
-fn control_answer(out: nightshift_engine::control::ControlOutcome) -> Response {
+fn control_answer(out: nightshift_engine::api::ControlOutcome) -> Response {
     let refused = out.actions.iter().find(|a| a["ok"] != true);
     let status = if refused.is_some() { StatusCode::CONFLICT } else { StatusCode::OK };
     let mut v = serde_json::to_value(&out).unwrap_or_default();

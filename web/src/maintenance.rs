@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use nightshift_engine::alerts::parse_rfc3339_ms;
-use nightshift_engine::windows::WindowSpec;
+use nightshift_engine::api::WindowSpec;
 
 use crate::AppState;
 use crate::api::{ApiJson, Reason};

@@ -7,8 +7,8 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 
+use nightshift_engine::api::NodeView;
 use nightshift_engine::health::HealthState;
-use nightshift_engine::views::NodeView;
 
 use crate::AppState;
 use crate::extract::Viewer;
@@ -50,7 +50,7 @@ pub async fn nodes_page(
     Viewer(who): Viewer,
     axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
 ) -> Result<Response, PageError> {
-    use nightshift_engine::node_filter::{NodeFilter, NodeStateFilter, parse_label};
+    use nightshift_engine::api::{NodeFilter, NodeStateFilter, parse_label};
     let nodes = s.engine.nodes();
     // The table shows what the filter selects; the counts are the fleet's.
     let nonempty = |k: &str| q.get(k).filter(|v| !v.is_empty());

@@ -1225,11 +1225,9 @@ pub async fn ui_release(
     Path(name): Path<String>,
     Form(f): Form<ReleaseForm>,
 ) -> Result<Response, PageError> {
-    let what = nightshift_engine::control::ReleaseWhat { hold: Some(f.hold), ..Default::default() };
-    let person = nightshift_engine::control::Person {
-        name: &who.name,
-        admin: who.role == nightshift_engine::config::Role::Admin,
-    };
+    let what = nightshift_engine::api::ReleaseWhat { hold: Some(f.hold), ..Default::default() };
+    let person =
+        nightshift_engine::api::Person { name: &who.name, admin: who.role == nightshift_engine::config::Role::Admin };
     let out = s.engine.person_release(&name, &what, person, &f.reason).await?;
     control_page(&name, out)
 }
@@ -1251,7 +1249,7 @@ pub async fn ui_resume(
 }
 
 /// Back to the node page, or the agent's refusal as an error page.
-fn control_page(node: &str, out: nightshift_engine::control::ControlOutcome) -> Result<Response, PageError> {
+fn control_page(node: &str, out: nightshift_engine::api::ControlOutcome) -> Result<Response, PageError> {
     if let Some(r) = out.actions.iter().find(|a| a["ok"] != true) {
         return Err(PageError(crate::error::ApiError::new(
             StatusCode::CONFLICT,

@@ -349,8 +349,8 @@ pub async fn nodes(c: &mut Conn, out: &Out, cmd: &crate::args::NodesCmd) -> Resu
 /// `nightshift holds list`: every hold in effect across the fleet, from
 /// each node's last report (one line per hold).
 /// The engine's node filter for a listing's arguments.
-fn node_filter(a: &crate::args::NodeListArgs) -> Result<nightshift_engine::node_filter::NodeFilter> {
-    use nightshift_engine::node_filter::{NodeFilter, NodeStateFilter, parse_label};
+fn node_filter(a: &crate::args::NodeListArgs) -> Result<nightshift_engine::api::NodeFilter> {
+    use nightshift_engine::api::{NodeFilter, NodeStateFilter, parse_label};
     Ok(NodeFilter {
         node: a.node.clone(),
         label: a.label.as_deref().map(parse_label).transpose().map_err(|e| crate::cmd::usage(format!("--{e}")))?,

@@ -20,7 +20,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
         AuditCmd::List(crate::args::RunListArgs { node, runbook, outcome, since, limit, all_shards, state, label }) => {
             let label = label
                 .as_deref()
-                .map(nightshift_engine::node_filter::parse_label)
+                .map(nightshift_engine::api::parse_label)
                 .transpose()
                 .map_err(|e| usage(format!("--{e}")))?;
             let state = match state.as_deref() {

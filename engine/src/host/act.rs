@@ -166,7 +166,7 @@ impl Host {
         // One node of a shared cause takes no capacity away: the cause is
         // not on this node (invariant 21).
         let shared_cause = self.core.table().runs.get(&self.run).and_then(|r| r.shared_cause.clone());
-        if crate::run::breaker::takes_capacity(&op)
+        if takes_capacity(&op)
             && let Some(cause) = shared_cause
         {
             let why = format!("this run is one node of a shared cause, paged once for all of them: {cause}");

@@ -62,6 +62,17 @@ fn places_hold(op: &Op) -> bool {
         || matches!(op, Op::SetGpuDrain(a) if !a.sticky)
 }
 
+/// Whether an op takes capacity away (what a run of a shared cause may not
+/// do): a node or GPU drain, a requeue, a power-off.
+pub(crate) fn takes_capacity(op: &Op) -> bool {
+    match op {
+        Op::Drain(_) | Op::Requeue(_) => true,
+        Op::SetGpuDrain(a) => a.drained,
+        Op::PowerNode(a) => !a.up,
+        _ => false,
+    }
+}
+
 fn gpu_of(op: &Op) -> Option<u32> {
     match op {
         Op::SetPowerLimit(a) => Some(a.gpu),

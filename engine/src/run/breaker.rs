@@ -9,11 +9,10 @@
 //! only (`reversible_only`: a rack's cooling failing, where every GPU still
 //! needs its power cap). A run of such a storm is marked — durably, a note
 //! on the run that a resumed run reads back — and the host refuses its
-//! drains, requeues and power-offs and keeps its pages as notes.
+//! drains, requeues and power-offs (`host::takes_capacity`) and keeps its
+//! pages as notes.
 
 use std::collections::BTreeSet;
-
-use nightshift_proto::Op;
 
 use crate::audit::{AuditRecord, NewRecord, RecordKind, data};
 use crate::core::Core;
@@ -230,20 +229,11 @@ pub(crate) fn after_restart(
     })
 }
 
-/// Whether an op takes capacity away (what a run of a shared cause may not
-/// do): a node or GPU drain, a requeue, a power-off.
-pub(crate) fn takes_capacity(op: &Op) -> bool {
-    match op {
-        Op::Drain(_) | Op::Requeue(_) => true,
-        Op::SetGpuDrain(a) => a.drained,
-        Op::PowerNode(a) => !a.up,
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use nightshift_proto::{DrainArgs, PowerNodeArgs, RequeueArgs, SetGpuDrainArgs, SetPowerLimitArgs};
+    use nightshift_proto::{DrainArgs, Op, PowerNodeArgs, RequeueArgs, SetGpuDrainArgs, SetPowerLimitArgs};
+
+    use crate::host::takes_capacity;
 
     use super::*;
 

@@ -1069,7 +1069,7 @@ async fn a_run_ends_by_what_it_achieved_not_by_its_last_line() {
 /// engine's, and a person can end one early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_maintenance_window_covers_what_it_matches_until_it_ends() {
-    use nightshift_engine::windows::WindowSpec;
+    use nightshift_engine::api::WindowSpec;
     let rb = tempfile::tempdir().unwrap();
     write_runbook(rb.path(), "hot", HOT_ANY_TIME, "set_power_limit(0, 500);\n");
     let labelled = |name: &str, pool: &str, rack: &str| SimNodeSpec {

@@ -354,7 +354,7 @@ async fn random_faults_restarts_and_people_never_leave_a_broken_gpu_in_service()
 /// operator's release. Nothing is sent when a guard refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repair_drain_of_a_broken_gpu_is_not_undone_by_a_plain_release() {
-    use nightshift_engine::control::{Person, ReleaseWhat};
+    use nightshift_engine::api::{Person, ReleaseWhat};
     use nightshift_engine::engine::EngineError;
     let dir = scratch_dir().unwrap();
     let rb = tempfile::tempdir().unwrap();
