@@ -55,7 +55,7 @@ pub fn runbooks(current: &OsStr) -> Vec<CompletionCandidate> {
 
 /// Node names from the inventory, with their labels.
 pub fn nodes(current: &OsStr) -> Vec<CompletionCandidate> {
-    let Some(inv) = config().and_then(|c| nightshift_engine::inventory::Inventory::load(&c.inventory_path).ok()) else {
+    let Some(inv) = config().and_then(|c| nightshift_engine::api::Inventory::load(&c.inventory_path).ok()) else {
         return Vec::new();
     };
     let names = inv.nodes.into_iter().map(|n| {

@@ -272,8 +272,8 @@ impl Local {
         let set = nightshift_engine::runbook::load_dir(&self.config.runbook_dir, &script);
         // Promotions and demotions as the engine last saved them (its cache
         // of the chain; the engine rewrites it from the chain at start).
-        let set_modes: std::collections::BTreeMap<String, nightshift_engine::manifest::Mode> =
-            std::fs::read(nightshift_engine::modes::modes_path(&self.config.data_dir))
+        let set_modes: std::collections::BTreeMap<String, nightshift_engine::api::Mode> =
+            std::fs::read(nightshift_engine::api::modes_path(&self.config.data_dir))
                 .ok()
                 .and_then(|b| serde_json::from_slice(&b).ok())
                 .unwrap_or_default();

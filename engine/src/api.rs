@@ -7,6 +7,11 @@
 
 pub use crate::control::{ControlOutcome, Person, ReleaseWhat};
 pub use crate::evidence::EvidenceReadError;
+pub use crate::health::HealthState;
+pub use crate::inventory::{Inventory, NodeDefaults, NodeSpec};
+pub use crate::manifest::{Manifest, Mode};
+pub use crate::modes::{FleetMode, modes_path};
 pub use crate::node_filter::{NodeFilter, NodeStateFilter, parse_label};
+pub use crate::reload::{ReloadError, reload, reload_with};
 pub use crate::views::NodeView;
 pub use crate::windows::WindowSpec;

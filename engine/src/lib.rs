@@ -27,6 +27,7 @@ pub mod config;
 pub(crate) mod control;
 pub(crate) mod core;
 pub(crate) mod counters;
+pub mod embed;
 pub mod engine;
 pub(crate) mod evidence;
 pub(crate) mod faults;

@@ -646,7 +646,7 @@ pub async fn hands_off(
 #[serde(deny_unknown_fields)]
 pub struct ModeChange {
     /// `act` (promote) or `shadow` (demote).
-    pub mode: nightshift_engine::manifest::Mode,
+    pub mode: nightshift_engine::api::Mode,
     /// Why: kept in the audit record.
     pub reason: String,
 }
@@ -656,7 +656,7 @@ pub struct ModeChange {
 #[serde(deny_unknown_fields)]
 pub struct FleetModeChange {
     /// `act`, `shadow` or `paused`.
-    pub mode: nightshift_engine::modes::FleetMode,
+    pub mode: nightshift_engine::api::FleetMode,
     /// Why: kept in the audit record.
     pub reason: String,
 }
@@ -803,7 +803,7 @@ pub async fn reload(
     Admin(id): Admin,
     ApiQuery(q): ApiQuery<ReloadQuery>,
 ) -> Result<Response, ApiError> {
-    match nightshift_engine::reload::reload_with(&s.engine, &id.actor(), q.allow_partial).await {
+    match nightshift_engine::api::reload_with(&s.engine, &id.actor(), q.allow_partial).await {
         Ok(r) => {
             let mut v = serde_json::to_value(&r).unwrap_or_default();
             // What `runbooks reload` answered before: kept for its callers.
@@ -811,7 +811,7 @@ pub async fn reload(
             v["errors"] = json!(r.runbook_errors);
             Ok(Json(v).into_response())
         }
-        Err(nightshift_engine::reload::ReloadError::Audit(e)) => {
+        Err(nightshift_engine::api::ReloadError::Audit(e)) => {
             Err(nightshift_engine::engine::EngineError::from(e).into())
         }
         Err(e) => Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "reload_refused", e.to_string())),

@@ -7,8 +7,8 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 
+use nightshift_engine::api::HealthState;
 use nightshift_engine::api::NodeView;
-use nightshift_engine::health::HealthState;
 
 use crate::AppState;
 use crate::extract::Viewer;
@@ -124,13 +124,13 @@ pub async fn nodes_page(
     };
     let body = html! {
         h1 { "Nodes" }
-        @if mode != nightshift_engine::modes::FleetMode::Act {
+        @if mode != nightshift_engine::api::FleetMode::Act {
             p.fleet-mode { span.badge.warn { "fleet " (mode.as_str()) } " "
                 @match &set_by {
                     Some((by, why)) => { "set by " (by) ": " (why) }
                     None => { "initial_fleet_mode in engine.yaml" }
                 }
-                @if mode == nightshift_engine::modes::FleetMode::Shadow { " — every automatic run is a dry run" }
+                @if mode == nightshift_engine::api::FleetMode::Shadow { " — every automatic run is a dry run" }
                 @else { " — no automatic run starts" }
             }
         }

@@ -172,7 +172,7 @@ const REPAIR_BUCKETS_SECS: [f64; 11] =
 /// lifecycle took (the seeds' complaints — a 45-minute alert lag, a
 /// 42-minute MTTR — become a before and after).
 fn health(out: &mut String, engine: &Engine) {
-    use nightshift_engine::health::HealthState;
+    use nightshift_engine::api::HealthState;
     let model = engine.health_model();
     let counts = model.counts();
     let tracked: usize = counts.values().sum();

@@ -137,7 +137,7 @@ impl PromWindows {
         let resp = http
             .get(format!("{}/api/v1/series", url.trim_end_matches('/')))
             .query(&[
-                ("match[]", nightshift_engine::sources::prometheus_query()),
+                ("match[]", nightshift_engine::embed::prometheus_query()),
                 ("start", (start_ms / 1000).to_string()),
                 ("end", (end_ms / 1000).to_string()),
             ])
@@ -195,7 +195,7 @@ impl PromWindows {
         let resp = http
             .get(format!("{}/api/v1/query_range", url.trim_end_matches('/')))
             .query(&[
-                ("query", nightshift_engine::sources::prometheus_query()),
+                ("query", nightshift_engine::embed::prometheus_query()),
                 ("start", from.to_string()),
                 ("end", to.to_string()),
                 ("step", step.to_string()),

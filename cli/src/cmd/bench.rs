@@ -40,13 +40,13 @@ use nightshift_agent::backend::Backend;
 use nightshift_agent::backend::sim::{SimBackend, SimConfig};
 use nightshift_agent::config::AgentConfig;
 use nightshift_agent::runtime::{self, StartedAgent};
+use nightshift_engine::api::Manifest;
 use nightshift_engine::audit::tools::load::appends_per_sec;
 use nightshift_engine::audit::{AuditStore, RecordKind};
+use nightshift_engine::embed::TriggerSet;
+use nightshift_engine::embed::{SeriesKey, TelemetryStore, samples_from};
 use nightshift_engine::engine::Engine;
-use nightshift_engine::manifest::Manifest;
 use nightshift_engine::metrics;
-use nightshift_engine::telemetry::{SeriesKey, TelemetryStore, samples_from};
-use nightshift_engine::triggers::TriggerSet;
 use nightshift_proto::clock::{SharedClock, SystemClock};
 use nightshift_proto::ssh::client::{AgentConnection, ClientConfig};
 use nightshift_proto::{GpuTelemetry, NoArgs, NodeTelemetry, Op, Request, SetPowerLimitArgs, SimFault, Telemetry};
@@ -835,7 +835,7 @@ async fn audit_append(writers: usize, per_writer: usize, dir: &Path, keyed: bool
 /// transaction fenced by the lease term, through the engine's own store (a
 /// fresh shard, dropped afterwards).
 async fn audit_append_pg(writers: usize, per_writer: usize, url: &str, dir: &Path) -> Result<f64> {
-    use nightshift_engine::ha::{Leadership, LeaseConfig};
+    use nightshift_engine::embed::{Leadership, LeaseConfig};
     let tmp = tempfile::Builder::new().prefix("nightshift-bench-pg").tempdir_in(dir)?;
     let shard = format!("bench-{:08x}", rand::random::<u32>());
     let leadership = Leadership::new(LeaseConfig::new(&shard, "bench"));
@@ -850,7 +850,7 @@ async fn audit_append_pg(writers: usize, per_writer: usize, url: &str, dir: &Pat
     let store =
         tokio::task::spawn_blocking(move || AuditStore::open_postgres(&path, Arc::new(SystemClock), opts)).await??;
     let db = nightshift_engine::audit::pg::connect(url, None).await?;
-    let term = nightshift_engine::ha::campaign(&db, &leadership.cfg).await?.ok_or_else(|| anyhow!("no lease"))?;
+    let term = nightshift_engine::embed::campaign(&db, &leadership.cfg).await?.ok_or_else(|| anyhow!("no lease"))?;
     leadership.lead(term);
     store.lead(term).await?;
     // Renewed as the engine's lease loop would, or the fence stops the
@@ -861,7 +861,7 @@ async fn audit_append_pg(writers: usize, per_writer: usize, url: &str, dir: &Pat
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(cfg.renew_every).await;
-                let _ = nightshift_engine::ha::renew(&db, &cfg, term).await;
+                let _ = nightshift_engine::embed::renew(&db, &cfg, term).await;
             }
         })
     };
@@ -1037,7 +1037,7 @@ async fn memory(nodes: usize, secs: i64, data_root: &Path) -> Result<(f64, usize
         .map(|i| {
             let name = format!("m{i:05}");
             (
-                nightshift_engine::inventory::NodeSpec {
+                nightshift_engine::api::NodeSpec {
                     name: name.clone(),
                     address: "x".into(),
                     host_key: "SHA256:x".into(),
@@ -1636,7 +1636,7 @@ async fn runbook_overhead_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
 /// it measures a slice and states the time the target size takes at the
 /// measured rate, marked as such.
 async fn backtest_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
-    use nightshift_engine::sources::PromSample;
+    use nightshift_engine::embed::PromSample;
     // A day of a 1,000-node fleet (69 M samples), or the week with --full;
     // the smoke size for CI.
     let (nodes, hours) = if ctx.smoke {

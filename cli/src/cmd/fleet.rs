@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
-use nightshift_engine::inventory::{Inventory, NodeDefaults, NodeSpec};
+use nightshift_engine::api::{Inventory, NodeDefaults, NodeSpec};
 
 use crate::Fail;
 use crate::cmd::usage;

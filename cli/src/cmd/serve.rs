@@ -95,7 +95,7 @@ pub async fn serve(cli: &Cli, listen: Option<String>) -> Result<u8> {
             engine.add_task(tokio::spawn(async move {
                 while hup.recv().await.is_some() {
                     tracing::info!("SIGHUP: reloading fleet.yaml, tokens and runbooks");
-                    let _ = nightshift_engine::reload::reload(&e3, "signal:SIGHUP").await;
+                    let _ = nightshift_engine::api::reload(&e3, "signal:SIGHUP").await;
                 }
             }));
         }
