@@ -9,10 +9,10 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use nightshift_engine::api::NodeView;
+use nightshift_engine::api::RunSummary;
 use nightshift_engine::audit::{AuditRecord, AuditStore, RunFilter, RunPage, VerifyReport};
 use nightshift_engine::config::EngineConfig;
 use nightshift_engine::engine::{Engine, RunRequest, Submitted};
-use nightshift_engine::runs::RunSummary;
 use nightshift_proto::{NoArgs, Op};
 
 use crate::Fail;
@@ -268,8 +268,8 @@ impl Local {
 
     /// Runbooks from the configured folder (no engine needed).
     pub fn runbooks(&self) -> Result<Vec<RunbookInfo>> {
-        let script = nightshift_engine::script::build_engine(&self.config.script);
-        let set = nightshift_engine::runbook::load_dir(&self.config.runbook_dir, &script);
+        let script = nightshift_engine::embed::build_engine(&self.config.script);
+        let set = nightshift_engine::embed::load_dir(&self.config.runbook_dir, &script);
         // Promotions and demotions as the engine last saved them (its cache
         // of the chain; the engine rewrites it from the chain at start).
         let set_modes: std::collections::BTreeMap<String, nightshift_engine::api::Mode> =

@@ -134,7 +134,7 @@ fn visible_len(s: &str) -> usize {
 
 /// `2026-11-30 03:04:05Z`.
 pub fn time(ms: i64) -> String {
-    let s = nightshift_engine::alerts::format_rfc3339_ms(ms);
+    let s = nightshift_engine::api::format_rfc3339_ms(ms);
     format!("{} {}Z", &s[..10], &s[11..19])
 }
 

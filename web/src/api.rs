@@ -16,10 +16,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use nightshift_engine::alerts::WebhookPayload;
+use nightshift_engine::api::WebhookPayload;
+use nightshift_engine::api::{RunOutcome, RunState, Target};
 use nightshift_engine::audit::RunFilter;
 use nightshift_engine::engine::RunRequest;
-use nightshift_engine::runs::{RunOutcome, RunState, Target};
 use nightshift_proto::{NoArgs, Op};
 
 use crate::AppState;
@@ -872,7 +872,7 @@ pub async fn head(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiE
     let h = s.engine.audit_head()?;
     Ok(Json(match h {
         Some(r) => json!({"seq": r.seq, "hash": r.hash, "ts_ms": r.ts_ms,
-            "ts": nightshift_engine::alerts::format_rfc3339_ms(r.ts_ms)}),
+            "ts": nightshift_engine::api::format_rfc3339_ms(r.ts_ms)}),
         None => json!({"seq": 0, "hash": null, "ts_ms": null, "ts": null}),
     })
     .into_response())

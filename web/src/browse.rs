@@ -11,7 +11,7 @@ use maud::{Markup, html};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use nightshift_engine::alerts::{format_rfc3339_ms, parse_rfc3339_ms};
+use nightshift_engine::api::{format_rfc3339_ms, parse_rfc3339_ms};
 use nightshift_engine::audit::{AuditRecord, RecordKind, RecordPage, RecordQuery};
 
 use crate::AppState;
@@ -257,7 +257,7 @@ pub fn summary(r: &AuditRecord) -> String {
                 if let Some(nodes) = d.get("nodes").and_then(Value::as_array) {
                     what.extend(nodes.iter().filter_map(Value::as_str).map(str::to_string));
                 }
-                let until = d.get("ends_ms").and_then(Value::as_i64).map(nightshift_engine::alerts::format_rfc3339_ms);
+                let until = d.get("ends_ms").and_then(Value::as_i64).map(nightshift_engine::api::format_rfc3339_ms);
                 format!("maintenance window {id} set on {} until {}: {why}", what.join(" "), until.unwrap_or_default())
             } else {
                 format!("maintenance window {id} ended: {why}")

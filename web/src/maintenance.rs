@@ -12,8 +12,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use nightshift_engine::alerts::parse_rfc3339_ms;
 use nightshift_engine::api::WindowSpec;
+use nightshift_engine::api::parse_rfc3339_ms;
 
 use crate::AppState;
 use crate::api::{ApiJson, Reason};

@@ -296,8 +296,8 @@ pub async fn fleet_page(State(s): State<AppState>, Viewer(who): Viewer) -> Resul
                         tr {
                             td { code { (w.id) } }
                             td { @for (k, v) in &w.matchers { span.tag { (k) "=" (v) } " " } @for n in &w.nodes { a href={"/nodes/" (urlencode(n))} { (n) } " " } }
-                            td { (nightshift_engine::alerts::format_rfc3339_ms(w.starts_ms)) }
-                            td { (nightshift_engine::alerts::format_rfc3339_ms(w.ends_ms)) }
+                            td { (nightshift_engine::api::format_rfc3339_ms(w.starts_ms)) }
+                            td { (nightshift_engine::api::format_rfc3339_ms(w.ends_ms)) }
                             td.num { (w.covers.len()) }
                             td { (w.by) }
                             td { (w.reason) }

@@ -8,10 +8,10 @@ use maud::{Markup, html};
 use serde::Deserialize;
 use serde_json::Value;
 
-use nightshift_engine::alerts::format_rfc3339_ms;
+use nightshift_engine::api::format_rfc3339_ms;
+use nightshift_engine::api::{RunOutcome, RunState, RunSummary};
 use nightshift_engine::audit::{AuditRecord, RecordKind, RunFilter};
 use nightshift_engine::config::Role;
-use nightshift_engine::runs::{RunOutcome, RunState, RunSummary};
 use nightshift_proto::{HoldInfo, NoArgs, Op, SettingView};
 
 use crate::AppState;
@@ -471,7 +471,7 @@ fn run_holds(run: &RunSummary, records: &[AuditRecord]) -> Markup {
 /// with each step and each hold's end marked.
 fn run_charts(s: &AppState, run: &RunSummary, records: &[AuditRecord]) -> Markup {
     use crate::chart::{Mark, Series, chart};
-    use nightshift_engine::metrics::{self, ids};
+    use nightshift_engine::api::{ids, metric, metric_id};
     let Some(node) = run.target.node.clone() else { return html! {} };
     let t0 = if run.event_ts_ms > 0 { run.event_ts_ms } else { run.created_ms };
     let end = run.finished_ms.unwrap_or_else(|| s.engine.clock().now_ms());
@@ -496,7 +496,7 @@ fn run_charts(s: &AppState, run: &RunSummary, records: &[AuditRecord]) -> Markup
         })
         .collect();
     marks.sort_by_key(|m| m.ts_ms);
-    let trigger = run.event["metric"].as_str().and_then(metrics::metric_id);
+    let trigger = run.event["metric"].as_str().and_then(metric_id);
     html! {
         @if let Some(g) = gpu {
             (chart(
@@ -513,7 +513,7 @@ fn run_charts(s: &AppState, run: &RunSummary, records: &[AuditRecord]) -> Markup
             ))
         }
         @if let Some(m) = trigger.filter(|m| *m != ids::TEMPERATURE || gpu.is_none()) {
-            @let def = metrics::metric(m);
+            @let def = metric(m);
             @let g = if def.gpu_scoped { gpu } else { None };
             (chart(
                 &format!("{node}: {} (the trigger)", def.name),
@@ -749,8 +749,8 @@ pub async fn node_page(
                     }
                     tr { th { "Hands-off" } td {
                         @if n.state.agent_hands_off { span.badge.warn { "marker on the node" } " " }
-                        @if let Some((by, why)) = &n.state.engine_hands_off { span.badge.warn { "set by " (by) } " " small { (why) } @if let Some(u) = n.state.engine_hands_off_until_ms { " " small { "until " (nightshift_engine::alerts::format_rfc3339_ms(u)) } } }
-                        @if let Some(w) = &n.state.maintenance { span.badge.warn { "maintenance window " (w.id) } " " small { (w.by) ": " (w.reason) " until " (nightshift_engine::alerts::format_rfc3339_ms(w.ends_ms)) } }
+                        @if let Some((by, why)) = &n.state.engine_hands_off { span.badge.warn { "set by " (by) } " " small { (why) } @if let Some(u) = n.state.engine_hands_off_until_ms { " " small { "until " (nightshift_engine::api::format_rfc3339_ms(u)) } } }
+                        @if let Some(w) = &n.state.maintenance { span.badge.warn { "maintenance window " (w.id) } " " small { (w.by) ": " (w.reason) " until " (nightshift_engine::api::format_rfc3339_ms(w.ends_ms)) } }
                         @if !n.state.hands_off() { span.muted { "no" } }
                     } }
                     tr { th { "Labels" } td { @for (k, v) in &n.labels { span.tag { (k) "=" (v) } " " } } }
@@ -803,16 +803,16 @@ pub async fn node_page(
             (crate::chart::chart(
                 &format!("GPU {g}: temperature and power limit"),
                 &[
-                    crate::chart::Series { label: "temperature".into(), unit: "°C", points: s.engine.series(&name, Some(g), nightshift_engine::metrics::ids::TEMPERATURE, now_ms - 3_600_000, now_ms), class: "temp" },
-                    crate::chart::Series { label: "power limit".into(), unit: "W", points: s.engine.series(&name, Some(g), nightshift_engine::metrics::ids::POWER_LIMIT, now_ms - 3_600_000, now_ms), class: "limit" },
+                    crate::chart::Series { label: "temperature".into(), unit: "°C", points: s.engine.series(&name, Some(g), nightshift_engine::api::ids::TEMPERATURE, now_ms - 3_600_000, now_ms), class: "temp" },
+                    crate::chart::Series { label: "power limit".into(), unit: "W", points: s.engine.series(&name, Some(g), nightshift_engine::api::ids::POWER_LIMIT, now_ms - 3_600_000, now_ms), class: "limit" },
                 ],
                 &recent.runs.iter().filter(|r| r.target.gpu.is_none_or(|x| x == g)).map(|r| crate::chart::Mark { ts_ms: r.created_ms, label: r.runbook.clone(), class: "action" }).collect::<Vec<_>>(),
                 now_ms - 3_600_000, now_ms, now_ms,
             ))
         }
         @for g in 0..(n.gpus.len() as u32) {
-            @let dbe = s.engine.series(&name, Some(g), nightshift_engine::metrics::ids::ECC_DBE, now_ms - 3_600_000, now_ms);
-            @let xid = s.engine.series(&name, Some(g), nightshift_engine::metrics::ids::XID_EVENTS, now_ms - 3_600_000, now_ms);
+            @let dbe = s.engine.series(&name, Some(g), nightshift_engine::api::ids::ECC_DBE, now_ms - 3_600_000, now_ms);
+            @let xid = s.engine.series(&name, Some(g), nightshift_engine::api::ids::XID_EVENTS, now_ms - 3_600_000, now_ms);
             // A counter that never moved draws a flat zero line: only GPUs with a fault in the hour get a chart.
             @if dbe.iter().chain(&xid).any(|p| p.1 > 0.0) {
                 div.faults id={"faults-gpu-" (g)} { (crate::chart::chart(

@@ -89,7 +89,7 @@ pub fn render(engine: &Engine) -> String {
     }
     family(&mut out, "nightshift_runs_total", "counter", "Finished runs by outcome.");
     let by = c.runs_by_outcome.lock().map(|m| m.clone()).unwrap_or_default();
-    for o in nightshift_engine::runs::RunOutcome::ALL.map(|o| o.as_str()) {
+    for o in nightshift_engine::api::RunOutcome::ALL.map(|o| o.as_str()) {
         let _ = writeln!(out, "nightshift_runs_total{{outcome=\"{o}\"}} {}", by.get(o).copied().unwrap_or(0));
     }
     family(

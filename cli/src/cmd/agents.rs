@@ -67,7 +67,7 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
                         match (&n.state.engine_hands_off, n.state.engine_hands_off_until_ms) {
                             (Some((by, _)), Some(until)) => out.yellow(&format!(
                                 "yes ({by}, until {})",
-                                nightshift_engine::alerts::format_rfc3339_ms(until)
+                                nightshift_engine::api::format_rfc3339_ms(until)
                             )),
                             (Some((by, _)), None) => out.yellow(&format!("yes ({by})")),
                             (None, _) if n.state.agent_hands_off => out.yellow("yes (marker on the node)"),
@@ -81,7 +81,7 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
                                 out.yellow(&format!(
                                     "yes (window {}, until {})",
                                     w.0,
-                                    nightshift_engine::alerts::format_rfc3339_ms(w.1)
+                                    nightshift_engine::api::format_rfc3339_ms(w.1)
                                 ))
                             }
                             (None, _) => "no".into(),
@@ -392,7 +392,7 @@ pub async fn holds_list(cli: &crate::args::Cli, out: &Out, a: &crate::args::Node
                     None => "sticky (a person releases it)".into(),
                     Some(t) => format!(
                         "until {}{}",
-                        nightshift_engine::alerts::format_rfc3339_ms(t),
+                        nightshift_engine::api::format_rfc3339_ms(t),
                         if h.kept { ", kept" } else { "" }
                     ),
                 },

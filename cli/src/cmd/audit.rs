@@ -2,8 +2,8 @@
 
 use anyhow::Result;
 
+use nightshift_engine::api::{RunOutcome, RunState};
 use nightshift_engine::audit::RunFilter;
-use nightshift_engine::runs::{RunOutcome, RunState};
 
 use crate::args::{AuditCmd, Cli};
 use crate::cmd::{conn, parse_since, run, usage};
@@ -259,7 +259,7 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
             if out.json {
                 outln!("{}", serde_json::json!({"seq": h.seq, "hash": h.hash, "ts_ms": h.ts_ms}));
             } else {
-                outln!("record {} at {} hash {}", h.seq, nightshift_engine::alerts::format_rfc3339_ms(h.ts_ms), h.hash);
+                outln!("record {} at {} hash {}", h.seq, nightshift_engine::api::format_rfc3339_ms(h.ts_ms), h.hash);
             }
             Ok(0)
         }
@@ -355,7 +355,7 @@ async fn migrate_to_postgres(
 }
 
 /// A run's outcome, or its state while it has none.
-fn run_status(r: &nightshift_engine::runs::RunSummary) -> String {
+fn run_status(r: &nightshift_engine::api::RunSummary) -> String {
     r.outcome.map(|o| o.as_str().to_string()).unwrap_or_else(|| {
         serde_json::to_value(r.state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
     })

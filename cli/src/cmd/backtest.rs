@@ -304,8 +304,8 @@ pub async fn backtest(cli: &Cli, args: &BacktestArgs, out: &Out) -> Result<u8> {
             if end <= start {
                 return Err(usage(format!(
                     "--start must be before --end: found {} and {}",
-                    nightshift_engine::alerts::format_rfc3339_ms(start),
-                    nightshift_engine::alerts::format_rfc3339_ms(end)
+                    nightshift_engine::api::format_rfc3339_ms(start),
+                    nightshift_engine::api::format_rfc3339_ms(end)
                 )));
             }
             Source::Prometheus(PromWindows::open(url, start, end, step).await?)
@@ -328,8 +328,8 @@ pub async fn backtest(cli: &Cli, args: &BacktestArgs, out: &Out) -> Result<u8> {
         Ok(c) => (c.script, c.limits),
         Err(_) => (Default::default(), Default::default()),
     };
-    let script = Arc::new(nightshift_engine::script::build_engine(&script_limits));
-    let mut set = nightshift_engine::runbook::load_dir(&dir, &script);
+    let script = Arc::new(nightshift_engine::embed::build_engine(&script_limits));
+    let mut set = nightshift_engine::embed::load_dir(&dir, &script);
     if !set.errors.is_empty() {
         let errs: Vec<String> = set.errors.iter().map(|e| e.to_string()).collect();
         return Err(usage(format!("runbooks that do not load: {}", errs.join("; "))));
@@ -363,8 +363,8 @@ pub async fn backtest(cli: &Cli, args: &BacktestArgs, out: &Out) -> Result<u8> {
             om.table.len(),
             hosts.len(),
             set.runbooks.len(),
-            nightshift_engine::alerts::format_rfc3339_ms(om.first_ms),
-            nightshift_engine::alerts::format_rfc3339_ms(om.last_ms),
+            nightshift_engine::api::format_rfc3339_ms(om.first_ms),
+            nightshift_engine::api::format_rfc3339_ms(om.last_ms),
             om.runs()
         ),
         Source::Prometheus(w) => eprintln!(
@@ -444,7 +444,7 @@ pub async fn backtest(cli: &Cli, args: &BacktestArgs, out: &Out) -> Result<u8> {
                 .map(|w| format!("{}{}", w.op, if w.agent_ok { "" } else { " (refused)" }))
                 .collect();
             vec![
-                nightshift_engine::alerts::format_rfc3339_ms(f.fire.ts_ms)[..19].to_string(),
+                nightshift_engine::api::format_rfc3339_ms(f.fire.ts_ms)[..19].to_string(),
                 f.handbook.clone().unwrap_or_default(),
                 f.runbook.clone(),
                 f.fire.target.clone(),

@@ -46,7 +46,6 @@ use nightshift_engine::audit::{AuditStore, RecordKind};
 use nightshift_engine::embed::TriggerSet;
 use nightshift_engine::embed::{SeriesKey, TelemetryStore, samples_from};
 use nightshift_engine::engine::Engine;
-use nightshift_engine::metrics;
 use nightshift_proto::clock::{SharedClock, SystemClock};
 use nightshift_proto::ssh::client::{AgentConnection, ClientConfig};
 use nightshift_proto::{GpuTelemetry, NoArgs, NodeTelemetry, Op, Request, SetPowerLimitArgs, SimFault, Telemetry};
@@ -532,7 +531,7 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
             "version": "4", "status": "firing", "receiver": "nightshift", "groupKey": "g", "truncatedAlerts": 0,
             "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {}, "externalURL": "http://am",
             "alerts": [{"status": "firing", "labels": {"alertname": "BenchHot", "instance": format!("{node}:9400"), "gpu": gpu.to_string()},
-                        "annotations": {}, "startsAt": nightshift_engine::alerts::format_rfc3339_ms(now), "endsAt": "0001-01-01T00:00:00Z",
+                        "annotations": {}, "startsAt": nightshift_engine::api::format_rfc3339_ms(now), "endsAt": "0001-01-01T00:00:00Z",
                         "generatorURL": "", "fingerprint": fp}]
         });
         let t = Instant::now();
@@ -692,7 +691,7 @@ async fn ssh_round_trip(calls: usize, state_root: &Path) -> Result<f64> {
 }
 
 /// A manual run of `runbook` on `target`, as a person would ask for it.
-fn manual_run(runbook: &str, target: nightshift_engine::runs::Target) -> nightshift_engine::engine::RunRequest {
+fn manual_run(runbook: &str, target: nightshift_engine::api::Target) -> nightshift_engine::engine::RunRequest {
     nightshift_engine::engine::RunRequest {
         runbook: runbook.into(),
         target,
@@ -727,7 +726,7 @@ async fn group_run(n: usize, state_root: &Path) -> Result<(f64, f64)> {
     wait_connected(&engine, n).await?;
     let mut rx = engine.audit().subscribe();
     let t = Instant::now();
-    let s = engine.submit(manual_run("drain-all", nightshift_engine::runs::Target::group("pool", "a"))).await?;
+    let s = engine.submit(manual_run("drain-all", nightshift_engine::api::Target::group("pool", "a"))).await?;
     let id = s.run().ok_or_else(|| anyhow!("the group run was not started: {s:?}"))?.id.clone();
     let mut drained = 0usize;
     let mut all_drained = None;
@@ -756,7 +755,7 @@ async fn group_run(n: usize, state_root: &Path) -> Result<(f64, f64)> {
             && let Some(outcome) = run.outcome
         {
             let finished = t.elapsed().as_secs_f64();
-            if outcome != nightshift_engine::runs::RunOutcome::Succeeded {
+            if outcome != nightshift_engine::api::RunOutcome::Succeeded {
                 return Err(anyhow!("the group run ended {outcome:?}: {}", run.why));
             }
             let drained_at = all_drained.ok_or_else(|| anyhow!("the group run drained {drained} of {n} nodes"))?;
@@ -879,10 +878,10 @@ async fn audit_append_pg(writers: usize, per_writer: usize, url: &str, dir: &Pat
 
 /// 6a: a trivial cached script, on a blocking thread, µs.
 async fn script_overhead(iterations: usize) -> Result<Vec<f64>> {
-    use nightshift_engine::script::{RunCtx, ScriptHost, build_engine, compile, execute};
+    use nightshift_engine::embed::{RunCtx, ScriptHost, build_engine, compile, execute};
     struct NoHost;
     impl ScriptHost for NoHost {
-        fn reading(&self, _: &RunCtx, _: &nightshift_engine::script::Reading) -> Option<f64> {
+        fn reading(&self, _: &RunCtx, _: &nightshift_engine::embed::Reading) -> Option<f64> {
             None
         }
         fn gpu_info(&self, _: &RunCtx, _: &str, _: u32) -> rhai::Map {
@@ -894,7 +893,7 @@ async fn script_overhead(iterations: usize) -> Result<Vec<f64>> {
         fn group_nodes(&self, _: &RunCtx) -> Vec<String> {
             vec![]
         }
-        fn group_avg(&self, _: &RunCtx, _: nightshift_engine::metrics::MetricId) -> Option<f64> {
+        fn group_avg(&self, _: &RunCtx, _: nightshift_engine::api::MetricId) -> Option<f64> {
             None
         }
         fn act(&self, _: &RunCtx, _: &str, _: Op) -> rhai::Map {
@@ -910,7 +909,7 @@ async fn script_overhead(iterations: usize) -> Result<Vec<f64>> {
         fn autoscale(&self, _: &RunCtx, _: bool, _: i64, _: &str) -> rhai::Map {
             rhai::Map::new()
         }
-        fn text(&self, _: &RunCtx, _: nightshift_engine::script::TextKind, _: &str, _: Option<f64>) {}
+        fn text(&self, _: &RunCtx, _: nightshift_engine::embed::TextKind, _: &str, _: Option<f64>) {}
         fn event_resolved(&self, _: &RunCtx) -> bool {
             false
         }
@@ -939,10 +938,10 @@ async fn script_overhead(iterations: usize) -> Result<Vec<f64>> {
         let (e, a, h) = (engine.clone(), ast.clone(), host.clone());
         let t = Instant::now();
         tokio::task::spawn_blocking(move || {
-            let info = nightshift_engine::script::RunInfo {
+            let info = nightshift_engine::embed::RunInfo {
                 run_id: format!("r{i}"),
                 runbook: "trivial".into(),
-                target: nightshift_engine::runs::Target::node("n"),
+                target: nightshift_engine::api::Target::node("n"),
                 dry_run: false,
                 timeout_secs: 60,
                 max_notes: 100,
@@ -972,7 +971,7 @@ async fn run_end_to_end(iterations: usize, data_root: &Path) -> Result<Vec<f64>>
     let mut out = Vec::new();
     for _ in 0..iterations {
         let t = Instant::now();
-        let s = engine.submit(manual_run("trivial", nightshift_engine::runs::Target::node("n0000"))).await?;
+        let s = engine.submit(manual_run("trivial", nightshift_engine::api::Target::node("n0000"))).await?;
         let id = s.run().ok_or_else(|| anyhow!("not started: {s:?}"))?.id.clone();
         loop {
             if engine.run(&id)?.is_some_and(|r| r.outcome.is_some()) && engine.running() == 0 {
@@ -1028,8 +1027,8 @@ async fn memory(nodes: usize, secs: i64, data_root: &Path) -> Result<(f64, usize
         "trigger: {type: change, metric: gpu.ecc_dbe_total, increase: true}\nscope: gpu\n",
         "note(\"x\");\n",
     )?;
-    let script = Arc::new(nightshift_engine::script::build_engine(&Default::default()));
-    let set = nightshift_engine::runbook::load_dir(rb.path(), &script);
+    let script = Arc::new(nightshift_engine::embed::build_engine(&Default::default()));
+    let set = nightshift_engine::embed::load_dir(rb.path(), &script);
     let data = tempfile::Builder::new().prefix("nightshift-bench-mem").tempdir_in(data_root)?;
     let clock: SharedClock = Arc::new(SystemClock);
     let audit = AuditStore::open(data.path(), clock.clone())?;
@@ -1074,7 +1073,6 @@ async fn memory(nodes: usize, secs: i64, data_root: &Path) -> Result<(f64, usize
     }
     let after = rss_bytes();
     let (series, points) = engine.telemetry_size();
-    let _ = metrics::METRICS.len();
     Ok(((after.saturating_sub(before)) as f64, series, points, after as f64))
 }
 
@@ -1649,7 +1647,7 @@ async fn backtest_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
     let step_s = 15i64;
     let steps = (hours * 3600 / step_s) as usize;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
-    let script = std::sync::Arc::new(nightshift_engine::script::build_engine(&Default::default()));
+    let script = std::sync::Arc::new(nightshift_engine::embed::build_engine(&Default::default()));
     let names: Vec<String> = (0..nodes).map(|i| format!("bt{i:04}")).collect();
     // The series, interned once as a recording's are.
     let fields = ["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_UTIL"];
@@ -1684,7 +1682,7 @@ async fn backtest_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
         let mut samples = 0;
         let runs = if ctx.smoke { ctx.runs.min(3) } else { 1 };
         for _ in 0..runs {
-            let set = nightshift_engine::runbook::load_dir(&dir, &script);
+            let set = nightshift_engine::embed::load_dir(&dir, &script);
             if !set.errors.is_empty() || set.runbooks.is_empty() {
                 return Err(anyhow!("scenario 8 needs the handbook in {}: {:?}", dir.display(), set.errors));
             }

@@ -181,7 +181,7 @@ pub async fn nodes_hands_off(
     } else if on && let Some(until) = v["until_ms"].as_i64() {
         outln!(
             "{node}: hands-off — nightshift changes nothing on it until {} (or `nightshift nodes hands-off {node} --off`)",
-            nightshift_engine::alerts::format_rfc3339_ms(until)
+            nightshift_engine::api::format_rfc3339_ms(until)
         );
     } else if on {
         outln!("{node}: hands-off — nightshift changes nothing on it until `nightshift nodes hands-off {node} --off`");

@@ -17,8 +17,8 @@ use nightshift_agent::config::AgentConfig;
 use nightshift_agent::node::configs::ManagedConfig;
 use nightshift_agent::runtime::{self, StartedAgent};
 use nightshift_agent::service::Agent;
+use nightshift_engine::api::RunSummary;
 use nightshift_engine::audit::{AuditRecord, RecordKind, RunFilter};
-use nightshift_engine::runs::RunSummary;
 use nightshift_proto::clock::{ScaledClock, SharedClock};
 use nightshift_proto::{NoArgs, Op, Request, SimFault, Telemetry};
 use nightshift_sim::workload::{PoolLoad, Workload};
@@ -539,7 +539,7 @@ async fn summarize(st: &Stage, faults: &[Fault], args: &DemoArgs, out: &Out) -> 
             "still running".into()
         } else if !left.is_empty() {
             format!("holds left by mistake: {}", left.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; "))
-        } else if mine.iter().all(|r| r.outcome == Some(nightshift_engine::runs::RunOutcome::Succeeded)) {
+        } else if mine.iter().all(|r| r.outcome == Some(nightshift_engine::api::RunOutcome::Succeeded)) {
             "remediated".into()
         } else if mine.iter().all(|r| r.outcome.is_some_and(|o| o.did_its_work())) {
             // Its part done, a person's to come (a reset, an RMA): said so.

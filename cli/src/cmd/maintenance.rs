@@ -78,17 +78,17 @@ pub async fn maintenance(cli: &Cli, out: &Out, cmd: &MaintenanceCmd) -> Result<u
 
 /// `--from`: an RFC 3339 time as given, or a span from now.
 fn at(s: &str) -> Result<String> {
-    if nightshift_engine::alerts::parse_rfc3339_ms(s).is_some() {
+    if nightshift_engine::api::parse_rfc3339_ms(s).is_some() {
         return Ok(s.to_string());
     }
     let secs = parse_span_secs("--from", s)
         .map_err(|_| usage(format!("--from: expected an RFC 3339 time or a span from now (2h), found {s:?}")))?;
     let ms = jiff::Timestamp::now().as_millisecond().saturating_add((secs as i64).saturating_mul(1000));
-    Ok(nightshift_engine::alerts::format_rfc3339_ms(ms))
+    Ok(nightshift_engine::api::format_rfc3339_ms(ms))
 }
 
 fn time(v: &Value) -> String {
-    v.as_i64().map(nightshift_engine::alerts::format_rfc3339_ms).unwrap_or_else(|| "?".into())
+    v.as_i64().map(nightshift_engine::api::format_rfc3339_ms).unwrap_or_else(|| "?".into())
 }
 
 fn row(out: &Out, w: &Value) -> Vec<String> {

@@ -77,7 +77,7 @@ pub fn parse_span_secs(flag: &str, s: &str) -> Result<u64> {
 }
 
 fn since_at(s: &str, now_ms: i64) -> Result<i64> {
-    if let Some(ms) = nightshift_engine::alerts::parse_rfc3339_ms(s) {
+    if let Some(ms) = nightshift_engine::api::parse_rfc3339_ms(s) {
         return Ok(ms);
     }
     let expected = || {

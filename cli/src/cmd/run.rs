@@ -9,9 +9,9 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::{Value, json};
 
+use nightshift_engine::api::{RunOutcome, Target};
 use nightshift_engine::audit::{AuditRecord, RecordKind};
 use nightshift_engine::engine::{RunRequest, Submitted};
-use nightshift_engine::runs::{RunOutcome, Target};
 
 use crate::Fail;
 use crate::conn::Conn;
@@ -312,8 +312,8 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
 
 /// What a streamed run is doing, for the spinner: queued (and behind
 /// what), waiting for approval, running.
-fn waiting_words(state: nightshift_engine::runs::RunState, waiting_for: Option<&str>) -> String {
-    use nightshift_engine::runs::RunState;
+fn waiting_words(state: nightshift_engine::api::RunState, waiting_for: Option<&str>) -> String {
+    use nightshift_engine::api::RunState;
     match (state, waiting_for) {
         (RunState::PendingApproval, _) => "waiting for approval by another operator (nightshift approve)".into(),
         (RunState::Queued, Some(w)) => format!("queued: waiting for {w}"),
@@ -438,7 +438,7 @@ pub async fn test_scenarios(out: &Out, dir: &Path, name: Option<&str>, trace: Op
 #[cfg(test)]
 mod tests {
     use super::waiting_words;
-    use nightshift_engine::runs::RunState;
+    use nightshift_engine::api::RunState;
 
     #[test]
     fn the_spinner_says_what_the_run_waits_for() {

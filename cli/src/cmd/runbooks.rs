@@ -63,7 +63,7 @@ pub async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
                 fires.len()
             );
             for f in &fires {
-                let at = nightshift_engine::alerts::format_rfc3339_ms(f["ts_ms"].as_i64().unwrap_or(0));
+                let at = nightshift_engine::api::format_rfc3339_ms(f["ts_ms"].as_i64().unwrap_or(0));
                 outln!(
                     "{} {} on {} — {} [{}]",
                     &at[..19],
@@ -125,8 +125,8 @@ pub async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
                 Some(p) => p.clone(),
                 None => default_runbook_dir(cli)?,
             };
-            let engine = nightshift_engine::script::build_engine(&Default::default());
-            let set = nightshift_engine::runbook::load_dir(&dir, &engine);
+            let engine = nightshift_engine::embed::build_engine(&Default::default());
+            let set = nightshift_engine::embed::load_dir(&dir, &engine);
             if out.json {
                 let errors: Vec<String> = set.errors.iter().map(|e| e.to_string()).collect();
                 outln!(
