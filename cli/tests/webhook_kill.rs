@@ -36,7 +36,7 @@ fn alert(i: usize, node: &str) -> serde_json::Value {
             "status": "firing",
             "labels": {"alertname": "GpuHot", "Hostname": node, "gpu": ((i / 2) % 8).to_string()},
             "annotations": {"summary": "hot"},
-            "startsAt": nightshift_engine::alerts::format_rfc3339_ms(
+            "startsAt": nightshift_engine::embed::format_rfc3339_ms(
                 nightshift_proto::clock::Clock::now_ms(&SystemClock)),
             "endsAt": "0001-01-01T00:00:00Z",
             "generatorURL": "",

@@ -241,14 +241,6 @@ impl SeenSet {
     pub fn contains(&self, key: &str) -> bool {
         self.set.contains(key)
     }
-
-    pub fn len(&self) -> usize {
-        self.order.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.order.is_empty()
-    }
 }
 
 /// The host of `host:port` or `[v6]:port` (`None` without a numeric port).
@@ -403,7 +395,7 @@ mod tests {
         assert!(!s.insert("a".into()));
         assert!(s.insert("b".into()));
         assert!(s.insert("c".into()));
-        assert_eq!(s.len(), 2);
+        assert_eq!(s.order.len(), 2);
         assert!(s.insert("a".into()), "a was forgotten");
     }
 
@@ -419,6 +411,6 @@ mod tests {
         assert!(!s.contains("e1"), "older than the age: forgotten");
         assert!(s.contains("e2") && s.contains("e3"));
         assert!(!s.insert_at("e3".into(), 13_000, 10_000), "still known");
-        assert_eq!(s.len(), 2);
+        assert_eq!(s.order.len(), 2);
     }
 }

@@ -3,11 +3,29 @@
 //! telemetry store and the triggers without an engine around them, the
 //! runbook loader and the script engine (`nightshift runbooks validate`),
 //! the Prometheus pull's query and samples, the HA lease — named here so
-//! web and the CLI reach them through one door (issue 44).
+//! web and the CLI reach them through one door (issue 44). The simulator,
+//! the fuzz targets and the integration tests take the engine's parts from
+//! here too: the modules that own them are `pub(crate)`.
 
+pub use crate::admission::{approval_reason, nodes_changed};
+pub use crate::alerts::{WebhookPayload, format_rfc3339_ms, parse_rfc3339_ms};
 pub use crate::ha::{Leadership, LeaseConfig, campaign, renew};
+pub use crate::health::{FaultKind, HealthState, Lifecycle, XidAction, XidPolicy};
+pub use crate::inventory::{Inventory, NodeSpec};
+pub use crate::manifest::{LoadError, Manifest, Mode, Trigger, locate};
+pub use crate::metrics::{METRICS, MetricId, ids, metric, metric_id, metric_names};
+pub use crate::modes::{FleetMode, load_modes};
+pub use crate::reload::{reload, reload_with};
 pub use crate::runbook::load_dir;
+pub use crate::runbook::{RunbookSet, load_file};
+pub use crate::script::ScriptLimits;
 pub use crate::script::{Reading, RunCtx, RunInfo, ScriptHost, TextKind, build_engine, compile, execute};
+pub use crate::shadow::ShadowFire;
+pub use crate::sources::{
+    DCGM_NAMES, DcgmField, add_memory_need, dcgm_metric, host_of, map_samples, parse_exposition, parse_query_response,
+    thermal_slowdown,
+};
 pub use crate::sources::{PromSample, prometheus_query};
 pub use crate::telemetry::{SeriesKey, TelemetryStore, samples_from};
+pub use crate::triggers::Compiled;
 pub use crate::triggers::TriggerSet;

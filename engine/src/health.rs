@@ -104,7 +104,7 @@ impl HealthState {
 }
 
 pub use crate::faults::FaultKind;
-pub use crate::xid_policy::{XidAction, XidInfo, XidPolicy};
+pub use crate::xid_policy::{XidAction, XidPolicy};
 
 /// What the readings of one GPU say about faults.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -516,11 +516,6 @@ pub fn repair_evidence(fault: &Fault, ev: &Evidence) -> Option<String> {
         FaultKind::Xid if reset => Some("the GPU was reset since the XID".into()),
         _ => None,
     }
-}
-
-/// The evidence in a record's data (for views).
-pub fn transition_of(r: &AuditRecord) -> Option<Transition> {
-    (r.kind == RecordKind::HealthChanged).then(|| serde_json::from_value(r.data.clone()).ok()).flatten()
 }
 
 /// A GPU's health as people read it.

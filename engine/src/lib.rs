@@ -15,9 +15,9 @@
 // `unwrap`/`expect` outside tests.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod admission;
+pub(crate) mod admission;
 pub(crate) mod alert_intake;
-pub mod alerts;
+pub(crate) mod alerts;
 pub mod api;
 mod blast;
 /// The audit log, its own crate (`nightshift-audit`), under its old path.
@@ -34,33 +34,33 @@ pub(crate) mod faults;
 pub(crate) mod fleet;
 pub(crate) mod fleet_mode;
 pub use nightshift_audit::ha;
-pub mod health;
+pub(crate) mod health;
 pub(crate) mod history;
 mod holdreports;
 pub(crate) mod host;
 pub(crate) mod ingest;
-pub mod inventory;
+pub(crate) mod inventory;
 pub(crate) mod maintenance;
-pub mod manifest;
-pub mod metrics;
-pub mod modes;
+pub(crate) mod manifest;
+pub(crate) mod metrics;
+pub(crate) mod modes;
 pub(crate) mod node_filter;
 pub(crate) mod notify;
 pub(crate) mod outbox;
 pub(crate) mod pages;
 pub(crate) mod repair;
 pub(crate) mod run;
-pub mod runbook;
+pub(crate) mod runbook;
 pub use nightshift_audit::runs;
-pub mod reload;
+pub(crate) mod reload;
 pub(crate) mod runtable;
-pub mod script;
+pub(crate) mod script;
 pub mod serve;
-pub mod shadow;
-pub mod sources;
-pub mod telemetry;
+pub(crate) mod shadow;
+pub(crate) mod sources;
+pub(crate) mod telemetry;
 pub(crate) mod thermal;
-pub mod triggers;
+pub(crate) mod triggers;
 pub(crate) mod views;
 pub(crate) mod windows;
 mod xid_history;

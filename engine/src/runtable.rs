@@ -376,15 +376,6 @@ impl RunTable {
         self.resolved.contains(&episode(fp, starts))
     }
 
-    /// Runs of `key` in the 24 h before `now`.
-    pub fn attempts_since(&mut self, key: &Key, now: i64) -> usize {
-        let a = self.attempts.entry(key.clone()).or_default();
-        while a.front().is_some_and(|t| *t < now.saturating_sub(86_400_000)) {
-            a.pop_front();
-        }
-        a.len()
-    }
-
     /// Take an audit record into account, as if it had just been written:
     /// how the table is rebuilt after a restart. `breaker_of` says whether a
     /// runbook has a breaker.
@@ -535,6 +526,15 @@ fn key_of(r: &AuditRecord, target: Option<Target>) -> Option<Key> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs of `key` in the 24 h before `now`.
+    fn attempts_since(t: &mut RunTable, key: &Key, now: i64) -> usize {
+        let a = t.attempts.entry(key.clone()).or_default();
+        while a.front().is_some_and(|x| *x < now.saturating_sub(86_400_000)) {
+            a.pop_front();
+        }
+        a.len()
+    }
     use serde_json::json;
 
     fn rec(seq: u64, ts: i64, kind: RecordKind, data: Value) -> AuditRecord {
@@ -635,14 +635,14 @@ mod tests {
         }
         let key: Key = ("rb".into(), Target::gpu("n1", 0));
         assert_eq!(t.last_finished.get(&key), Some(&2_000), "cooldown");
-        assert_eq!(t.attempts_since(&key, 5_000), 1, "budget");
-        assert_eq!(t.attempts_since(&("rb".into(), Target::group("pool", "a")), 5_000), 1);
+        assert_eq!(attempts_since(&mut t, &key, 5_000), 1, "budget");
+        assert_eq!(attempts_since(&mut t, &("rb".into(), Target::group("pool", "a")), 5_000), 1);
         assert!(t.alerts_seen.contains("firing|f1@2026-01-01T00:00:00Z"), "dedup");
         let b = t.breakers.get_mut("rb").unwrap();
         assert_eq!(b.tripped_until, 90_000);
         assert_eq!(b.distinct(5_000, 60_000, BreakerCount::Nodes), 1);
         // A budget window slides.
-        assert_eq!(t.attempts_since(&key, 1_000 + 86_400_001), 0);
+        assert_eq!(attempts_since(&mut t, &key, 1_000 + 86_400_001), 0);
         // A run interrupted by a crash (or skipped, or cancelled by a
         // shutdown) starts no cooldown; the earlier one still counts.
         t.replay(&rec(6, 9_000, RecordKind::RunFinished, json!({"target": target, "starts_cooldown": false})), &|_| {

@@ -2,7 +2,7 @@
 //! each alert (name, host, GPU, start time, dedup key).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use nightshift_engine::alerts::{WebhookPayload, parse_rfc3339_ms};
+use nightshift_engine::embed::{WebhookPayload, parse_rfc3339_ms};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(p) = WebhookPayload::parse(data) {

@@ -1,8 +1,8 @@
 //! The runbook manifest loader (YAML) and the trigger compiler.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use nightshift_engine::manifest::Manifest;
-use nightshift_engine::triggers::Compiled;
+use nightshift_engine::embed::Manifest;
+use nightshift_engine::embed::Compiled;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };

@@ -16,9 +16,9 @@ use serde::Serialize;
 
 use nightshift_agent::envelope::Policy;
 use nightshift_engine::config::Limits;
-use nightshift_engine::runbook::RunbookSet;
-use nightshift_engine::shadow::ShadowFire;
-use nightshift_engine::sources::{PromSample, host_of};
+use nightshift_engine::embed::RunbookSet;
+use nightshift_engine::embed::ShadowFire;
+use nightshift_engine::embed::{PromSample, host_of};
 
 use crate::fleet::{SimError, SimFleet, SimFleetOptions, SimNodeSpec};
 
@@ -35,7 +35,7 @@ impl Recording {
     fn from_samples(samples: Vec<PromSample>, what: &str) -> Result<Recording, RecordingError> {
         let mut by_ts: BTreeMap<i64, Vec<PromSample>> = BTreeMap::new();
         for s in samples {
-            if nightshift_engine::sources::dcgm_metric(&s.name).is_none() {
+            if nightshift_engine::embed::dcgm_metric(&s.name).is_none() {
                 continue;
             }
             if let Some(ts) = s.ts_ms {
@@ -66,7 +66,7 @@ impl Recording {
             if !ts.is_finite() {
                 return Err(bad());
             }
-            let (parsed, badn) = nightshift_engine::sources::parse_exposition(head);
+            let (parsed, badn) = nightshift_engine::embed::parse_exposition(head);
             let (Some(mut s), 0) = (parsed.into_iter().next(), badn) else { return Err(bad()) };
             // A node name from a label becomes a replay node: checked here,
             // where the line is known.
@@ -257,7 +257,7 @@ pub fn closed_loops(set: &RunbookSet) -> Vec<ClosedLoop> {
 /// recording's step can give: on this recording they cannot fire at all
 /// (say so, rather than report a quiet month).
 pub fn cannot_fire(set: &RunbookSet, step_ms: i64) -> Vec<String> {
-    use nightshift_engine::manifest::Trigger;
+    use nightshift_engine::embed::Trigger;
     if step_ms <= 0 {
         return Vec::new();
     }
@@ -487,7 +487,7 @@ pub async fn run_mapped(
             .engine
             .set_runbook_mode(
                 n,
-                nightshift_engine::manifest::Mode::Shadow,
+                nightshift_engine::embed::Mode::Shadow,
                 "backtest",
                 "backtest: every action is a dry run",
             )
@@ -625,7 +625,7 @@ impl BacktestReport {
 
 pub fn html(r: &BacktestReport) -> String {
     let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;");
-    let t = nightshift_engine::alerts::format_rfc3339_ms;
+    let t = nightshift_engine::embed::format_rfc3339_ms;
     let mut rows = String::new();
     for f in &r.fires {
         let acts: Vec<String> = f
@@ -683,8 +683,8 @@ mod tests {
     #[test]
     fn a_step_too_coarse_for_a_trigger_is_named() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
-        let script = std::sync::Arc::new(nightshift_engine::script::build_engine(&Default::default()));
-        let set = nightshift_engine::runbook::load_dir(&dir, &script);
+        let script = std::sync::Arc::new(nightshift_engine::embed::build_engine(&Default::default()));
+        let set = nightshift_engine::embed::load_dir(&dir, &script);
         let blind = cannot_fire(&set, 30_000);
         assert!(
             blind.iter().any(|b| b.starts_with("gpu-temp-drift cannot fire on this recording: its trigger needs 120 samples in 1800 s, a 30 s step gives at most 61")),
@@ -696,9 +696,9 @@ mod tests {
 
     #[test]
     fn the_report_names_the_runbooks_that_act_on_what_they_measure() {
-        let engine = nightshift_engine::script::build_engine(&nightshift_engine::script::ScriptLimits::default());
+        let engine = nightshift_engine::embed::build_engine(&nightshift_engine::embed::ScriptLimits::default());
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
-        let set = nightshift_engine::runbook::load_dir(&dir, &engine);
+        let set = nightshift_engine::embed::load_dir(&dir, &engine);
         let loops = closed_loops(&set);
         let names: Vec<&str> = loops.iter().map(|l| l.runbook.as_str()).collect();
         assert!(names.contains(&"gpu-overheat") && names.contains(&"mem-fragmentation"), "{names:?}");

@@ -30,10 +30,10 @@ use nightshift_proto::{Op, Reply, Request, SimFault};
 
 use nightshift_engine::audit::AuditStore;
 use nightshift_engine::config::{AuthConfig, EngineConfig, Limits, TelemetryConfig};
+use nightshift_engine::embed::NodeSpec;
+use nightshift_engine::embed::RunbookSet;
+use nightshift_engine::embed::ScriptLimits;
 use nightshift_engine::engine::{Engine, EngineParts};
-use nightshift_engine::inventory::NodeSpec;
-use nightshift_engine::runbook::RunbookSet;
-use nightshift_engine::script::ScriptLimits;
 
 /// One simulated node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

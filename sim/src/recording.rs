@@ -26,8 +26,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nightshift_engine::metrics::{MetricId, ids};
-use nightshift_engine::sources::{DcgmField, PromSample, dcgm_metric, host_of};
+use nightshift_engine::embed::{DcgmField, PromSample, dcgm_metric, host_of};
+use nightshift_engine::embed::{MetricId, ids};
 
 /// Why a recording cannot be read.
 #[derive(Debug, thiserror::Error)]
@@ -142,7 +142,7 @@ impl SeriesTable {
                     }
                 };
                 let gpu_scoped = match field {
-                    DcgmField::Metric(m) | DcgmField::Ratio(m) => nightshift_engine::metrics::metric(m).gpu_scoped,
+                    DcgmField::Metric(m) | DcgmField::Ratio(m) => nightshift_engine::embed::metric(m).gpu_scoped,
                     DcgmField::LastProgress => false,
                     DcgmField::FbUsed | DcgmField::FbFree | DcgmField::ClockReasons => true,
                 };
@@ -190,7 +190,7 @@ impl SeriesTable {
                 DcgmField::Metric(m) => out.push((s.node.clone(), s.gpu, m, ts, *v)),
                 DcgmField::Ratio(m) => out.push((s.node.clone(), s.gpu, m, ts, *v * 100.0)),
                 DcgmField::ClockReasons => {
-                    let hot = *v >= 0.0 && nightshift_engine::sources::thermal_slowdown(*v as u64);
+                    let hot = *v >= 0.0 && nightshift_engine::embed::thermal_slowdown(*v as u64);
                     out.push((s.node.clone(), s.gpu, ids::THROTTLED, ts, hot as u8 as f64))
                 }
                 DcgmField::LastProgress => {
@@ -212,7 +212,7 @@ impl SeriesTable {
                 out.push((self.node_names[node as usize].clone(), Some(gpu), ids::MEM_USED, ts, u / (u + f) * 100.0));
             }
         }
-        nightshift_engine::sources::add_memory_need(out, first);
+        nightshift_engine::embed::add_memory_need(out, first);
         read
     }
 
@@ -313,7 +313,7 @@ impl OpenMetricsFile {
             let id = match table.id_of(head) {
                 Some(id) => id,
                 None => {
-                    let (parsed, badn) = nightshift_engine::sources::parse_exposition(&format!("{head} 0"));
+                    let (parsed, badn) = nightshift_engine::embed::parse_exposition(&format!("{head} 0"));
                     let (Some(s), 0) = (parsed.into_iter().next(), badn) else { return Err(bad()) };
                     table.intern(head, &s.name, &s.labels).map_err(|message| RecordingError::Label {
                         what: what.clone(),
@@ -608,7 +608,7 @@ mod tests {
         assert_eq!(out.len(), 2);
         assert_eq!((out[0].1, out[0].2, out[0].4), (Some(1), ids::MEM_USED, 75.0));
         assert_eq!((out[1].1, out[1].2, out[1].4), (Some(1), ids::MEM_NEED, 75.0));
-        let (live, _) = nightshift_engine::sources::map_samples(&batch, 5, &|_| true, &|_, _| None);
+        let (live, _) = nightshift_engine::embed::map_samples(&batch, 5, &|_| true, &|_, _| None);
         let live: Vec<_> = live.iter().map(|s| (s.1, s.2, s.4)).collect();
         let replayed: Vec<_> = out.iter().map(|s| (s.1, s.2, s.4)).collect();
         assert_eq!(live, replayed);

@@ -39,11 +39,11 @@ use nightshift_proto::{ConfigApplyArgs, NoArgs, Op, Request, SimFault, Telemetry
 use crate::fleet::{Consumer, SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
 use crate::workload::Workload;
 use nightshift_engine::audit::{AuditRecord, RecordKind, RunFilter};
-use nightshift_engine::manifest::LoadError;
-use nightshift_engine::metrics;
-use nightshift_engine::runbook::{RunbookSet, load_dir};
+use nightshift_engine::embed::LoadError;
+use nightshift_engine::embed::{RunbookSet, load_dir};
+use nightshift_engine::embed::{ScriptLimits, build_engine};
+use nightshift_engine::embed::{metric_id, metric_names};
 use nightshift_engine::runs::RunOutcome;
-use nightshift_engine::script::{ScriptLimits, build_engine};
 
 /// A scenario file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -385,7 +385,7 @@ fn alert_payload(a: &AlertEvent, node: &str, now_ms: i64) -> Value {
     labels.insert("alertname".into(), a.alertname.clone());
     labels.entry("instance".into()).or_insert_with(|| format!("{node}:9400"));
     let fingerprint = a.fingerprint.clone().unwrap_or_else(|| format!("{}-{node}", a.alertname));
-    let starts = nightshift_engine::alerts::format_rfc3339_ms(now_ms - (a.started_secs_ago as i64) * 1000);
+    let starts = nightshift_engine::embed::format_rfc3339_ms(now_ms - (a.started_secs_ago as i64) * 1000);
     serde_json::json!({
         "version": "4", "status": a.status, "receiver": "nightshift", "groupKey": format!("{{}}:{{alertname=\"{}\"}}", a.alertname),
         "truncatedAlerts": 0, "groupLabels": {"alertname": a.alertname}, "commonLabels": {}, "commonAnnotations": {},
@@ -393,7 +393,7 @@ fn alert_payload(a: &AlertEvent, node: &str, now_ms: i64) -> Value {
         "alerts": [{
             "status": a.status, "labels": labels, "annotations": {"summary": format!("{} on {node}", a.alertname)},
             "startsAt": starts,
-            "endsAt": if a.status == "resolved" { nightshift_engine::alerts::format_rfc3339_ms(now_ms) } else { "0001-01-01T00:00:00Z".to_string() },
+            "endsAt": if a.status == "resolved" { nightshift_engine::embed::format_rfc3339_ms(now_ms) } else { "0001-01-01T00:00:00Z".to_string() },
             "generatorURL": "http://prometheus:9090/graph", "fingerprint": fingerprint,
         }],
     })
@@ -425,7 +425,7 @@ impl Scenario {
             LoadError { file: path.into(), line, column, message }
         })?;
         let err = |needle: &str, message: String| {
-            let (line, column) = nightshift_engine::manifest::locate(text, needle);
+            let (line, column) = nightshift_engine::embed::locate(text, needle);
             LoadError { file: path.into(), line, column, message }
         };
         if s.version != 1 {
@@ -536,9 +536,9 @@ impl Scenario {
         }
         for c in s.expect.checks.iter().chain(&s.expect.final_state) {
             if let Some(m) = &c.metric
-                && metrics::metric_id(m).is_none()
+                && metric_id(m).is_none()
             {
-                return Err(err(m, format!("unknown metric `{m}`: expected one of {}", metrics::metric_names())));
+                return Err(err(m, format!("unknown metric `{m}`: expected one of {}", metric_names())));
             }
             if !names.contains(&c.node.as_str()) {
                 return Err(err(
@@ -569,13 +569,13 @@ impl Scenario {
                 return Err(err(&c.node, format!("check on {}: a metric needs `below` or `above`", c.node)));
             }
             if let Some(h) = &c.health {
-                if nightshift_engine::health::HealthState::ALL.iter().all(|x| x.as_str() != h) {
+                if nightshift_engine::embed::HealthState::ALL.iter().all(|x| x.as_str() != h) {
                     return Err(err(
                         h,
                         format!(
                             "check on {}: unknown health state `{h}`: expected one of {}",
                             c.node,
-                            nightshift_engine::health::HealthState::ALL.map(|x| x.as_str()).join(", ")
+                            nightshift_engine::embed::HealthState::ALL.map(|x| x.as_str()).join(", ")
                         ),
                     ));
                 }
@@ -647,13 +647,13 @@ impl Scenario {
                 ));
             }
             if let Some(k) = &l.kind
-                && nightshift_engine::health::FaultKind::parse(k).is_none()
+                && nightshift_engine::embed::FaultKind::parse(k).is_none()
             {
                 return Err(err(
                     k,
                     format!(
                         "lifecycle: unknown fault kind `{k}`: expected one of {}",
-                        nightshift_engine::health::FaultKind::ALL.map(|k| k.as_str()).join(", ")
+                        nightshift_engine::embed::FaultKind::ALL.map(|k| k.as_str()).join(", ")
                     ),
                 ));
             }
@@ -720,7 +720,7 @@ async fn check(sim: &SimFleet, c: &Check) -> Vec<String> {
         return vec![format!("{when}: node {} is not in the fleet", c.node)];
     };
     if let Some(m) = &c.metric {
-        let id = metrics::metric_id(m).unwrap_or(0);
+        let id = metric_id(m).unwrap_or(0);
         let v = sim.engine.latest(&c.node, c.gpu, id);
         match v {
             None => out.push(format!("{when}: no reading of {m} on {}", c.node)),
@@ -993,7 +993,7 @@ async fn run_with(
         .collect();
     for n in named {
         if set.get(n).is_none() {
-            let (line, column) = nightshift_engine::manifest::locate(&text, n);
+            let (line, column) = nightshift_engine::embed::locate(&text, n);
             return Err(ScenarioError::Load(LoadError {
                 file: path.into(),
                 line,
@@ -1011,7 +1011,7 @@ async fn run_with(
     }
     for name in &scenario.shadow {
         let Some(r) = set.runbooks.iter_mut().find(|r| &r.manifest.name == name) else {
-            let (line, column) = nightshift_engine::manifest::locate(&text, "shadow");
+            let (line, column) = nightshift_engine::embed::locate(&text, "shadow");
             return Err(ScenarioError::Load(LoadError {
                 file: path.into(),
                 line,
@@ -1019,10 +1019,10 @@ async fn run_with(
                 message: format!("shadow: runbook `{name}` is not loaded by this scenario"),
             }));
         };
-        r.manifest.mode = nightshift_engine::manifest::Mode::Shadow;
+        r.manifest.mode = nightshift_engine::embed::Mode::Shadow;
     }
     for (rb, overrides) in &scenario.params {
-        let at = |needle: &str| nightshift_engine::manifest::locate(&text, needle);
+        let at = |needle: &str| nightshift_engine::embed::locate(&text, needle);
         let Some(r) = set.runbooks.iter_mut().find(|r| &r.manifest.name == rb) else {
             let (line, column) = at(rb);
             return Err(ScenarioError::Load(LoadError {
@@ -1156,7 +1156,7 @@ async fn run_with(
                 let r = std::fs::write(&overrides, text).map_err(|e| e.to_string());
                 let r = match r {
                     Ok(()) => {
-                        nightshift_engine::reload::reload(&sim.engine, "user:scenario").await.map_err(|e| e.to_string())
+                        nightshift_engine::embed::reload(&sim.engine, "user:scenario").await.map_err(|e| e.to_string())
                     }
                     Err(e) => Err(e),
                 };
@@ -1166,7 +1166,7 @@ async fn run_with(
             }
             if let (Some(a), Some(node)) = (&e.alert, &e.node) {
                 let payload = alert_payload(a, node, sim.clock.now_ms());
-                match nightshift_engine::alerts::WebhookPayload::parse(payload.to_string().as_bytes()) {
+                match nightshift_engine::embed::WebhookPayload::parse(payload.to_string().as_bytes()) {
                     Ok(p) => {
                         sim.engine.ingest_alertmanager(p, "scenario");
                     }
@@ -1341,7 +1341,7 @@ async fn run_with(
             failures.push(format!("expected a repair lifecycle on {}/gpu{}, found no health record", l.node, l.gpu));
             continue;
         };
-        let mut cycles: Vec<(nightshift_engine::health::FaultKind, nightshift_engine::health::Lifecycle)> =
+        let mut cycles: Vec<(nightshift_engine::embed::FaultKind, nightshift_engine::embed::Lifecycle)> =
             h.history.iter().cloned().collect();
         if let (Some(f), Some(c)) = (&h.fault, h.lifecycle) {
             cycles.push((f.kind, c));

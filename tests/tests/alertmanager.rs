@@ -50,7 +50,7 @@ async fn alertmanager_delivers_and_the_runbook_runs_once() {
     let (daemon, am_url) = start_alertmanager(&am, dir.path(), &config).await;
 
     // The same alert, posted five times (as Prometheus re-sends it).
-    let starts = nightshift_engine::alerts::format_rfc3339_ms(
+    let starts = nightshift_engine::embed::format_rfc3339_ms(
         nightshift_proto::clock::Clock::now_ms(&nightshift_proto::clock::SystemClock) - 1000,
     );
     let alert = serde_json::json!([{

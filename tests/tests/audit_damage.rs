@@ -438,7 +438,7 @@ async fn an_rma_leaves_an_evidence_bundle_the_chain_vouches_for() {
     use std::os::unix::fs::PermissionsExt;
 
     use nightshift_engine::audit::RecordKind;
-    use nightshift_engine::health::HealthState;
+    use nightshift_engine::embed::HealthState;
     use nightshift_proto::{Op, Request, SimFault};
     use nightshift_sim::fleet::{SimFleet, SimFleetOptions, SimNodeSpec};
 
@@ -453,8 +453,8 @@ async fn an_rma_leaves_an_evidence_bundle_the_chain_vouches_for() {
     for ext in ["yaml", "rhai"] {
         std::fs::copy(repo.join(format!("ecc-dbe-drain.{ext}")), rb.join(format!("ecc-dbe-drain.{ext}"))).unwrap();
     }
-    let script = Arc::new(nightshift_engine::script::build_engine(&Default::default()));
-    let set = nightshift_engine::runbook::load_dir(&rb, &script);
+    let script = Arc::new(nightshift_engine::embed::build_engine(&Default::default()));
+    let set = nightshift_engine::embed::load_dir(&rb, &script);
     assert!(set.errors.is_empty(), "{:?}", set.errors);
     let mut opts = SimFleetOptions::new(vec![SimNodeSpec::new("n1", "h100-sxm", 8)], set, script);
     // The web route below, on loopback without a token.

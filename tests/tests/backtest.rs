@@ -88,7 +88,7 @@ fn a_backtest_on_recorded_history_finds_the_fires_and_nothing_else() {
         &dir.path().join("prometheus.log"),
     ));
 
-    let rfc = |s: i64| nightshift_engine::alerts::format_rfc3339_ms(s * 1000);
+    let rfc = |s: i64| nightshift_engine::embed::format_rfc3339_ms(s * 1000);
     let runbooks = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
     let report_path = dir.path().join("report.json");
     let out = Command::new(workspace_bin_dir().join("nightshift"))
@@ -219,7 +219,7 @@ fn a_backtest_on_recorded_history_finds_the_fires_and_nothing_else() {
 /// and its triggers never saw them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plot_history_is_rebuilt_from_prometheus_when_an_engine_starts_leading() {
-    use nightshift_engine::metrics::ids;
+    use nightshift_engine::embed::ids;
     let Some(promtool) = require("promtool", "prometheus") else { return };
     let Some(prometheus) = require("prometheus", "prometheus") else { return };
     let dir = tempfile::tempdir().unwrap();

@@ -588,8 +588,8 @@ async fn a_thousand_node_fleet_in_chromium() {
         "declare_fault(\"dbe\", 48, \"double-bit ECC errors (test)\");\nlet r = rma(\"replace it (test)\");\nif !r.ok { fail(`${r}`); }\n",
     )
     .unwrap();
-    let script = std::sync::Arc::new(nightshift_engine::script::build_engine(&Default::default()));
-    let set = nightshift_engine::runbook::load_dir(rb.path(), &script);
+    let script = std::sync::Arc::new(nightshift_engine::embed::build_engine(&Default::default()));
+    let set = nightshift_engine::embed::load_dir(rb.path(), &script);
     assert!(set.errors.is_empty(), "{:?}", set.errors);
     let pools = ["train", "infer", "eval", "dev"];
     let nodes = (0..1000)

@@ -117,7 +117,7 @@ async fn a_temperature_fault_is_remediated_over_ssh() {
 /// need a restart are named; every reload is audited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_adds_changes_and_removes_nodes_and_refuses_a_broken_file() {
-    use nightshift_engine::reload::reload;
+    use nightshift_engine::embed::reload;
     let dir = tempfile::tempdir().unwrap();
     let sim = SimConfig { gpus: 1, ..SimConfig::default() };
     let a1 = TestAgent::start(dir.path(), "r1", sim.clone(), "").await;
@@ -210,7 +210,7 @@ async fn a_reload_adds_changes_and_removes_nodes_and_refuses_a_broken_file() {
 /// `allow_partial=true`) puts the others in force and lists the failure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_refuses_a_missing_runbook_folder_and_a_broken_runbook() {
-    use nightshift_engine::reload::{reload, reload_with};
+    use nightshift_engine::embed::{reload, reload_with};
     let dir = tempfile::tempdir().unwrap();
     nightshift_tests::engine_key(dir.path());
     let cfg = engine_setup(

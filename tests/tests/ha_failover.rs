@@ -670,7 +670,7 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
 
     // Alertmanager may post to any engine: the standby forwards the alert
     // and the leader runs the alert's runbook.
-    let now = nightshift_engine::alerts::format_rfc3339_ms(
+    let now = nightshift_engine::embed::format_rfc3339_ms(
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64,
     );
     let payload = json!({

@@ -171,7 +171,7 @@ async fn a_fault_seen_through_prometheus_fires_a_runbook() {
     // Samples arrive through Prometheus (the agent stream is off).
     let flowing = eventually(60, || {
         (engine.counters().source_samples.load(std::sync::atomic::Ordering::Relaxed) > 0
-            && engine.latest("p1", Some(0), nightshift_engine::metrics::ids::TEMPERATURE).is_some())
+            && engine.latest("p1", Some(0), nightshift_engine::embed::ids::TEMPERATURE).is_some())
         .then_some(())
     })
     .await;
@@ -319,7 +319,7 @@ fn counters_csv(text: &str) -> Vec<(String, String, String)> {
 /// the engine knows several names for one reading, one of them is enough.
 #[test]
 fn the_shipped_counters_serve_every_dcgm_field_the_engine_reads() {
-    use nightshift_engine::sources::{DCGM_NAMES, dcgm_metric};
+    use nightshift_engine::embed::{DCGM_NAMES, dcgm_metric};
     let text = example("dcgm-counters.csv");
     let active: Vec<&str> =
         text.lines().map(str::trim).filter(|l| l.starts_with("DCGM_")).filter_map(|l| l.split(',').next()).collect();
@@ -468,7 +468,7 @@ async fn the_agent_exports_what_dcgm_exporter_exports() {
 /// exactly what `parse_exposition` reads from the same bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_exposition_parser_reads_what_prometheus_reads() {
-    use nightshift_engine::sources::parse_exposition;
+    use nightshift_engine::embed::parse_exposition;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Some(prometheus) = require("prometheus", "prometheus") else { return };
     let text = concat!(
@@ -532,14 +532,14 @@ async fn the_exposition_parser_reads_what_prometheus_reads() {
             .json()
             .await
             .unwrap();
-        theirs = nightshift_engine::sources::parse_query_response(&url, &serde_json::to_vec(&r).unwrap()).unwrap();
+        theirs = nightshift_engine::embed::parse_query_response(&url, &serde_json::to_vec(&r).unwrap()).unwrap();
         if theirs.len() == ours.len() {
             break;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     assert_eq!(theirs.len(), ours.len(), "prometheus stored {theirs:?}\nlog:\n{}", prom.log_text());
-    let key = |s: &nightshift_engine::sources::PromSample| {
+    let key = |s: &nightshift_engine::embed::PromSample| {
         let mut l = s.labels.clone();
         l.remove("__name__");
         l.remove("job");

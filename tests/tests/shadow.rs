@@ -48,7 +48,7 @@ async fn a_shadow_runbook_changes_nothing_and_reports_what_it_would_have_done() 
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
     assert!(eventually(20, || (engine.connected_agents() == 2).then_some(())).await.is_some());
-    assert_eq!(engine.runbook_mode("hot-cap"), nightshift_engine::manifest::Mode::Shadow);
+    assert_eq!(engine.runbook_mode("hot-cap"), nightshift_engine::embed::Mode::Shadow);
 
     // The fault.
     let c = AgentConnection::connect(&s1.client_config()).await.unwrap();
@@ -159,11 +159,11 @@ async fn a_shadow_runbook_changes_nothing_and_reports_what_it_would_have_done() 
             .send()
     };
     assert_eq!(promote(OPERATOR, "looks fine").await.unwrap().status(), 403);
-    assert_eq!(engine.runbook_mode("hot-cap"), nightshift_engine::manifest::Mode::Shadow);
+    assert_eq!(engine.runbook_mode("hot-cap"), nightshift_engine::embed::Mode::Shadow);
     assert_eq!(promote(ADMIN, "").await.unwrap().status(), 400, "a promotion says why");
     let r = promote(ADMIN, "one right fire in shadow").await.unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(engine.runbook_mode("hot-cap"), nightshift_engine::manifest::Mode::Act);
+    assert_eq!(engine.runbook_mode("hot-cap"), nightshift_engine::embed::Mode::Act);
     let modes: Vec<_> = engine
         .audit()
         .tail(0, usize::MAX)
@@ -184,7 +184,7 @@ async fn a_shadow_runbook_changes_nothing_and_reports_what_it_would_have_done() 
     );
     // Kept across a restart of the engine.
     assert_eq!(
-        nightshift_engine::modes::load_modes(engine.audit(), &engine.config().data_dir)
+        nightshift_engine::embed::load_modes(engine.audit(), &engine.config().data_dir)
             .get("hot-cap")
             .map(|m| m.as_str()),
         Some("act")

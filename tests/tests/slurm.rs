@@ -712,7 +712,7 @@ async fn fleet_import_from_a_real_slurm() {
     let (code, text) = import(&["--yes", "--skip-unreachable"]);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains(&a.fingerprint()) && text.contains(&b.fingerprint()), "every key is printed: {text}");
-    let inv = nightshift_engine::inventory::Inventory::load(&fleet).unwrap();
+    let inv = nightshift_engine::embed::Inventory::load(&fleet).unwrap();
     let got: Vec<(&str, &str, &str, Option<&str>)> = inv
         .nodes
         .iter()
@@ -740,7 +740,7 @@ async fn fleet_import_from_a_real_slurm() {
     assert_eq!(std::fs::read_to_string(&fleet).unwrap(), before, "a changed key writes nothing");
     let (code, text) = import(&["--yes", "--skip-unreachable", "--accept-changed"]);
     assert_eq!(code, Some(0), "{text}");
-    let inv = nightshift_engine::inventory::Inventory::load(&fleet).unwrap();
+    let inv = nightshift_engine::embed::Inventory::load(&fleet).unwrap();
     assert_eq!(inv.nodes[1].host_key, b.fingerprint());
 
     // Imported again with the fabric's topology and a --label: each node's
@@ -756,7 +756,7 @@ async fn fleet_import_from_a_real_slurm() {
     assert_eq!(code, Some(0), "{text}");
     let (code, text) = import(&["--yes", "--skip-unreachable", "--topology", &topo, "--label", "site=hall-b"]);
     assert_eq!(code, Some(0), "{text}");
-    let inv = nightshift_engine::inventory::Inventory::load(&fleet).unwrap();
+    let inv = nightshift_engine::embed::Inventory::load(&fleet).unwrap();
     for n in &inv.nodes {
         assert_eq!(n.labels.get("switch").map(String::as_str), Some("leaf1"), "{n:?}");
         assert_eq!(n.labels.get("site").map(String::as_str), Some("hall-b"), "the newer --label: {n:?}");

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use nightshift_agent::backend::sim::SimConfig;
-use nightshift_engine::alerts::format_rfc3339_ms;
 use nightshift_engine::audit::{RecordKind, RunFilter};
+use nightshift_engine::embed::format_rfc3339_ms;
 use nightshift_tests::{TestAgent, engine_setup, eventually};
 use serde_json::{Value, json};
 
@@ -209,7 +209,7 @@ async fn an_alert_storm_is_absorbed_within_every_limit() {
     }
     // "Resolved" is about an episode: only runs of the resolved episode
     // (startsAt = t0) may be skipped for it; a firing episode never is.
-    let resolved_start = nightshift_engine::alerts::format_rfc3339_ms(t0_ms);
+    let resolved_start = nightshift_engine::embed::format_rfc3339_ms(t0_ms);
     for r in runs
         .iter()
         .filter(|r| r.why.contains("resolved") || r.ending.as_deref().is_some_and(|e| e.contains("resolved")))

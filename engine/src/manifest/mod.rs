@@ -530,7 +530,7 @@ impl ParamType {
     }
 
     /// Convert a YAML value to this type, or say what was found.
-    pub fn from_yaml(self, v: &serde_yaml::Value) -> Result<ParamValue, String> {
+    pub fn read_yaml(self, v: &serde_yaml::Value) -> Result<ParamValue, String> {
         use serde_yaml::Value as Y;
         match (self, v) {
             (ParamType::Float, Y::Number(n)) => match n.as_f64() {
@@ -705,7 +705,7 @@ impl Manifest {
 
     /// Default params, typed.
     pub fn default_params(&self) -> BTreeMap<String, ParamValue> {
-        self.params.iter().filter_map(|(k, p)| p.ty.from_yaml(&p.default).ok().map(|v| (k.clone(), v))).collect()
+        self.params.iter().filter_map(|(k, p)| p.ty.read_yaml(&p.default).ok().map(|v| (k.clone(), v))).collect()
     }
 
     /// Defaults overridden by `overrides` (`name=value` strings), or the

@@ -338,7 +338,7 @@ impl Manifest {
             if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                 return Err(err(name, format!("params: `{name}` is not a valid name: use letters, digits and _")));
             }
-            p.ty.from_yaml(&p.default).map_err(|m| err(name, format!("params.{name}.default: {m}")))?;
+            p.ty.read_yaml(&p.default).map_err(|m| err(name, format!("params.{name}.default: {m}")))?;
         }
         if self.class == RunClass::Observe && (self.sticky_drain || self.exclusive) {
             return Err(err(

@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use nightshift_engine::runbook::{load_dir, load_file};
-use nightshift_engine::script::{ScriptLimits, build_engine};
+use nightshift_engine::embed::{ScriptLimits, build_engine};
+use nightshift_engine::embed::{load_dir, load_file};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/manifests")

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use nightshift_engine::admission::{approval_reason, nodes_changed};
-use nightshift_engine::runbook::load_dir;
-use nightshift_engine::script::{ScriptLimits, build_engine};
+use nightshift_engine::embed::load_dir;
+use nightshift_engine::embed::{ScriptLimits, build_engine};
+use nightshift_engine::embed::{approval_reason, nodes_changed};
 
 #[test]
 fn each_shipped_approval_rule_asks_when_it_should_and_only_then() {

@@ -21,7 +21,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use nightshift_engine::manifest::LoadError;
+use nightshift_engine::embed::LoadError;
 
 /// What a fault looks like on the node: the simulated fault that makes its
 /// real signals.

@@ -47,7 +47,7 @@ pub const BYTES_PER_NODE: u64 = 1 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum SimulateError {
     #[error(transparent)]
-    Mix(#[from] nightshift_engine::manifest::LoadError),
+    Mix(#[from] nightshift_engine::embed::LoadError),
     #[error("{0}")]
     Options(String),
     #[error("{0}")]

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use nightshift_engine::audit::RecordKind;
 use nightshift_engine::config::AutoscalerConfig;
-use nightshift_engine::runbook::load_dir;
-use nightshift_engine::script::{ScriptLimits, build_engine};
+use nightshift_engine::embed::load_dir;
+use nightshift_engine::embed::{ScriptLimits, build_engine};
 use nightshift_proto::{Op, Request, SimFault};
 use nightshift_sim::fleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

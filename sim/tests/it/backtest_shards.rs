@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use nightshift_engine::sources::PromSample;
+use nightshift_engine::embed::PromSample;
 use nightshift_sim::backtest::{BacktestOptions, BacktestReport, run_steps};
 
 const NODES: usize = 200;
@@ -62,8 +62,8 @@ fn steps() -> impl Iterator<Item = (i64, Vec<PromSample>)> {
 
 async fn replay(shards: usize, idle_agents_untouched: bool) -> BacktestReport {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
-    let script = Arc::new(nightshift_engine::script::build_engine(&Default::default()));
-    let set = nightshift_engine::runbook::load_dir(&dir, &script);
+    let script = Arc::new(nightshift_engine::embed::build_engine(&Default::default()));
+    let set = nightshift_engine::embed::load_dir(&dir, &script);
     assert!(set.errors.is_empty(), "{:?}", set.errors);
     let hosts: BTreeMap<String, (u32, String)> =
         (0..NODES).map(|n| (format!("bt{n:03}"), (GPUS, "h100-sxm".to_string()))).collect();

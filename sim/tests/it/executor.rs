@@ -496,8 +496,8 @@ async fn an_approval_runs_the_runbook_it_approved_or_is_refused() {
     let f = &sim.fleet;
     let e = &f.engine;
     let reload = |e: &nightshift_engine::engine::Engine| {
-        let script = std::sync::Arc::new(nightshift_engine::script::build_engine(&Default::default()));
-        let set = nightshift_engine::runbook::load_dir(rb.path(), &script);
+        let script = std::sync::Arc::new(nightshift_engine::embed::build_engine(&Default::default()));
+        let set = nightshift_engine::embed::load_dir(rb.path(), &script);
         assert!(set.errors.is_empty(), "{:?}", set.errors);
         e.replace_runbooks(set);
     };
@@ -556,7 +556,7 @@ async fn an_alert_from_the_future_is_refused() {
     write_runbook(rb.path(), "hot", HOT_ALERT, "set_power_limit(0, 500);\n");
     let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
     let f = &sim.fleet;
-    let year_9000 = nightshift_engine::alerts::parse_rfc3339_ms("9000-01-01T00:00:00Z").unwrap();
+    let year_9000 = nightshift_engine::embed::parse_rfc3339_ms("9000-01-01T00:00:00Z").unwrap();
     f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-future", year_9000, "firing"), "alertmanager");
     f.run_for(30).await.unwrap();
     let recs = records(f);
@@ -776,7 +776,7 @@ fn applied(f: &nightshift_sim::fleet::SimFleet, id: &str) -> Vec<bool> {
 /// and a change without a reason or to the same mode is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_mode_shadows_pauses_and_acts_for_every_runbook() {
-    use nightshift_engine::modes::FleetMode;
+    use nightshift_engine::embed::FleetMode;
     let rb = tempfile::tempdir().unwrap();
     write_runbook(rb.path(), "hot", HOT_ANY_TIME, "set_power_limit(0, 500);\n");
     write_runbook(rb.path(), "cap", "trigger:\n  type: manual\nscope: node\n", "set_power_limit(1, 450);\n");
@@ -833,7 +833,7 @@ async fn the_fleet_mode_shadows_pauses_and_acts_for_every_runbook() {
 /// says what is still in flight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn going_to_act_ends_the_shadow_runs_in_flight_and_a_pause_says_what_goes_on() {
-    use nightshift_engine::modes::FleetMode;
+    use nightshift_engine::embed::FleetMode;
     let rb = tempfile::tempdir().unwrap();
     write_runbook(
         rb.path(),
@@ -1188,7 +1188,7 @@ async fn an_alert_run_acts_only_where_the_agents_reading_confirms_it() {
 /// fragmentation is judged against the model's limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pulled_readings_derive_the_headroom_below_the_nearer_thermal_limit() {
-    use nightshift_engine::metrics::ids;
+    use nightshift_engine::embed::ids;
     let rb = tempfile::tempdir().unwrap();
     write_runbook(rb.path(), "hot", HOT_ALERT, "note(\"x\");\n");
     let sim = start(vec![node("n1", "h200-sxm")], rb.path(), |_| {}).await;

@@ -6,9 +6,9 @@
 
 use std::path::Path;
 
-use nightshift_engine::alerts::{WebhookPayload, parse_rfc3339_ms};
-use nightshift_engine::manifest::Manifest;
-use nightshift_engine::triggers::Compiled;
+use nightshift_engine::embed::Compiled;
+use nightshift_engine::embed::Manifest;
+use nightshift_engine::embed::{WebhookPayload, parse_rfc3339_ms};
 use nightshift_proto::{Reply, Request};
 use nightshift_sim::scenario::Scenario;
 

@@ -82,7 +82,7 @@ fn the_handbook_is_complete_and_documented() {
 /// alerts those rules define; every row but H4 (a pool decision) has one.
 #[test]
 fn every_paging_rule_has_its_alert_runbook() {
-    use nightshift_engine::manifest::Trigger;
+    use nightshift_engine::embed::Trigger;
     use nightshift_sim::scenario::load_runbooks;
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let (set, _) = load_runbooks(&root.join("runbooks/alerts"));
@@ -265,7 +265,7 @@ fn every_runbook_that_holds_cooling_or_power_has_an_engine_restart_scenario() {
 /// says so where an operator looks, or this fails.
 #[test]
 fn the_workload_rows_declare_every_signal_they_read() {
-    use nightshift_engine::metrics::METRICS;
+    use nightshift_engine::embed::METRICS;
     use nightshift_sim::scenario::load_runbooks;
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
     let mut checked = 0;
@@ -375,7 +375,7 @@ fn the_fatal_xid_rule_covers_every_fault_of_the_xid_table() {
         })
         .collect();
     in_rule.sort();
-    let faults: Vec<u32> = nightshift_engine::health::XidPolicy::shipped()
+    let faults: Vec<u32> = nightshift_engine::embed::XidPolicy::shipped()
         .entries()
         .filter(|x| x.action.is_fault() && x.code != 48)
         .map(|x| x.code)
@@ -395,7 +395,7 @@ fn alert_variants_keep_their_rows_limits() {
     let (main, _) = load_runbooks(&root.join("runbooks"));
     let (alerts, _) = load_runbooks(&root.join("runbooks/alerts"));
     assert!(main.errors.is_empty() && alerts.errors.is_empty(), "{:?} {:?}", main.errors, alerts.errors);
-    let limits = |m: &nightshift_engine::manifest::Manifest| {
+    let limits = |m: &nightshift_engine::embed::Manifest| {
         let mut v = serde_json::to_value(m).unwrap();
         let o = v.as_object_mut().unwrap();
         for k in ["name", "description", "trigger", "alert_triggers", "signals", "script"] {

@@ -6,9 +6,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use nightshift_engine::health::HealthState;
-use nightshift_engine::runbook::load_dir;
-use nightshift_engine::script::{ScriptLimits, build_engine};
+use nightshift_engine::embed::HealthState;
+use nightshift_engine::embed::load_dir;
+use nightshift_engine::embed::{ScriptLimits, build_engine};
 use nightshift_proto::{NoArgs, Op, Request, SimFault, Telemetry};
 use nightshift_sim::fleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
 use serde_json::json;
@@ -437,7 +437,7 @@ async fn a_repair_drain_of_a_broken_gpu_is_not_undone_by_a_plain_release() {
 /// and drained for repair.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fault_seen_in_shadow_is_acted_on_once_the_fleet_goes_to_act() {
-    use nightshift_engine::modes::FleetMode;
+    use nightshift_engine::embed::FleetMode;
     let dir = scratch_dir().unwrap();
     let rb = tempfile::tempdir().unwrap();
     let f = fleet(dir.path(), rb.path()).await;
@@ -471,7 +471,7 @@ async fn a_fault_seen_in_shadow_is_acted_on_once_the_fleet_goes_to_act() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_site_xid_override_is_reloaded_audited_and_a_bad_one_changes_nothing() {
     use nightshift_engine::audit::RecordKind;
-    use nightshift_engine::health::XidAction;
+    use nightshift_engine::embed::XidAction;
     let dir = scratch_dir().unwrap();
     let rb = tempfile::tempdir().unwrap();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
@@ -506,7 +506,7 @@ async fn a_site_xid_override_is_reloaded_audited_and_a_bad_one_changes_nothing()
         "version: 1\nxids:\n  - { code: 109, action: ignore, reason: benign on driver 550 here }\n",
     )
     .unwrap();
-    let report = nightshift_engine::reload::reload(&f.engine, "user:ops").await.unwrap();
+    let report = nightshift_engine::embed::reload(&f.engine, "user:ops").await.unwrap();
     assert_eq!(report.fault_policy, vec!["XID 109: reset_gpu → ignore (benign on driver 550 here)"]);
     let audited = reloads(&f);
     assert_eq!(audited.len(), 1);
@@ -515,7 +515,7 @@ async fn a_site_xid_override_is_reloaded_audited_and_a_bad_one_changes_nothing()
 
     // 2. A broken file: refused where it breaks, audited, nothing changed.
     std::fs::write(&overrides, "version: 1\nxids:\n  - { code: 109, action: reset_gpu, reason: back }\n  - { code: 74, action: harmless, reason: typo }\n").unwrap();
-    let e = nightshift_engine::reload::reload(&f.engine, "user:ops").await.expect_err("a broken overrides file");
+    let e = nightshift_engine::embed::reload(&f.engine, "user:ops").await.expect_err("a broken overrides file");
     let at = format!("{}:4:", overrides.display());
     assert!(e.to_string().starts_with(&at) && e.to_string().contains("harmless"), "{e}");
     let audited = reloads(&f);

@@ -14,10 +14,10 @@ use crate::common::*;
 use futures::future::BoxFuture;
 use nightshift_agent::LocalAgent;
 use nightshift_engine::audit::{AuditStore, RecordKind};
+use nightshift_engine::embed::NodeSpec;
+use nightshift_engine::embed::{ScriptLimits, build_engine};
 use nightshift_engine::engine::{Engine, EngineParts};
-use nightshift_engine::inventory::NodeSpec;
 use nightshift_engine::runs::{RunOutcome, RunState, Target};
-use nightshift_engine::script::{ScriptLimits, build_engine};
 use nightshift_proto::ssh::client::{AgentTransport, ClientError};
 use nightshift_proto::{NoArgs, Op, Reply, Request, Telemetry};
 
@@ -84,7 +84,7 @@ async fn a_run_cut_off_mid_action_is_resumed_with_its_hold_in_place_and_its_acti
     let clock: nightshift_proto::clock::SharedClock = Arc::new(f.clock.clone());
     let audit = AuditStore::open(crash.path(), clock.clone()).unwrap();
     let script = Arc::new(build_engine(&ScriptLimits::default()));
-    let set = nightshift_engine::runbook::load_dir(rb.path(), &script);
+    let set = nightshift_engine::embed::load_dir(rb.path(), &script);
     let agent = f.agent("n1").clone();
     let engine2 = Engine::new(EngineParts {
         config: f.engine.config().clone(),
@@ -341,7 +341,7 @@ async fn an_acknowledged_alert_cut_off_by_a_crash_is_handled_after_the_restart()
     let f = &sim.fleet;
     // What the webhook leaves on the chain before it answers, and nothing
     // after it: the engine died there.
-    let starts = nightshift_engine::alerts::format_rfc3339_ms(now(f));
+    let starts = nightshift_engine::embed::format_rfc3339_ms(now(f));
     let rec = NewRecord::new(
         RecordKind::EventReceived,
         "alertmanager:am",

@@ -3,9 +3,9 @@
 
 use crate::common::*;
 use nightshift_engine::audit::RecordKind;
-use nightshift_engine::runbook::load_dir;
+use nightshift_engine::embed::load_dir;
+use nightshift_engine::embed::{ScriptLimits, build_engine};
 use nightshift_engine::runs::{RunOutcome, Target};
-use nightshift_engine::script::{ScriptLimits, build_engine};
 
 const MANUAL_NODE: &str = "trigger:\n  type: manual\nscope: node\ntimeout_secs: 60\n";
 

@@ -10,8 +10,8 @@ use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use nightshift_engine::audit::RecordKind;
 use nightshift_engine::config::{AuthConfig, Role, TokenSpec};
-use nightshift_engine::runbook::load_dir;
-use nightshift_engine::script::{ScriptLimits, build_engine};
+use nightshift_engine::embed::load_dir;
+use nightshift_engine::embed::{ScriptLimits, build_engine};
 use nightshift_sim::fleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
 use nightshift_web::auth::hash_token;
 use serde_json::{Value, json};
@@ -606,7 +606,7 @@ async fn post_raw(f: &Fixture, path: &str, token: Option<&str>, body: String) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_starts_one_run_for_ten_deliveries() {
     let f = fixture().await;
-    let starts = nightshift_engine::alerts::format_rfc3339_ms(nightshift_proto::clock::Clock::now_ms(&f.sim.clock));
+    let starts = nightshift_engine::embed::format_rfc3339_ms(nightshift_proto::clock::Clock::now_ms(&f.sim.clock));
     let started = std::time::Instant::now();
     for _ in 0..10 {
         assert_eq!(
@@ -1417,7 +1417,7 @@ async fn a_webhook_poster_past_its_rate_is_told_to_come_back_and_others_are_not(
     })
     .await;
     let app = nightshift_web::router(f.sim.engine.clone());
-    let starts = nightshift_engine::alerts::format_rfc3339_ms(nightshift_proto::clock::Clock::now_ms(&f.sim.clock));
+    let starts = nightshift_engine::embed::format_rfc3339_ms(nightshift_proto::clock::Clock::now_ms(&f.sim.clock));
     let post = |token: &'static str| {
         let req = Request::builder()
             .method("POST")
@@ -1453,7 +1453,7 @@ async fn a_webhook_poster_past_its_rate_is_told_to_come_back_and_others_are_not(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_label_a_job_forged_does_not_choose_the_node() {
     let f = fixture().await;
-    let starts = nightshift_engine::alerts::format_rfc3339_ms(nightshift_proto::clock::Clock::now_ms(&f.sim.clock));
+    let starts = nightshift_engine::embed::format_rfc3339_ms(nightshift_proto::clock::Clock::now_ms(&f.sim.clock));
     let forged = payload("firing", &starts).replace("\"Hostname\":\"gpu-a1\"", "\"Hostname\":\"gpu-a2\"");
     assert!(forged.contains("gpu-a2") && forged.contains("\"instance\":\"gpu-a1:9400\""), "{forged}");
     assert_eq!(post_raw(&f, "/api/v1/alerts/alertmanager", Some(WEBHOOK), forged).await, StatusCode::OK);

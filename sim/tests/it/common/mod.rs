@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use nightshift_engine::audit::{AuditRecord, RecordKind};
-use nightshift_engine::runbook::load_dir;
-use nightshift_engine::script::{ScriptLimits, build_engine};
+use nightshift_engine::embed::load_dir;
+use nightshift_engine::embed::{ScriptLimits, build_engine};
 use nightshift_sim::fleet::{SimFleet, SimFleetOptions, SimNodeSpec};
 
 /// Write `name.yaml` and `name.rhai` into `dir`.
@@ -84,7 +84,7 @@ pub fn run_id(s: &Submitted) -> String {
     s.run().unwrap_or_else(|| panic!("no run: {s:?}")).id.clone()
 }
 
-use nightshift_engine::alerts::{WebhookPayload, format_rfc3339_ms};
+use nightshift_engine::embed::{WebhookPayload, format_rfc3339_ms};
 
 /// An Alertmanager v4 payload with one alert.
 pub fn alert_payload(
