@@ -4,7 +4,7 @@
 //! with dcgm-exporter's labels in its order (`gpu`, `UUID`, `pci_bus_id`,
 //! `device`, `modelName`, `Hostname`, then `DCGM_FI_DRIVER_VERSION`), so
 //! existing Prometheus scrape jobs, alert rules and Grafana dashboards work
-//! unchanged. `tests/tests/prometheus.rs` compares the output with
+//! unchanged. `tests/tests/it/prometheus.rs` compares the output with
 //! dcgm-exporter's own counters list and label template.
 //!
 //! Being exact costs two `promtool check metrics` lint findings that

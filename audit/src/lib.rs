@@ -96,7 +96,7 @@
 //!
 //! # Layout
 //!
-//! The modules form a DAG, lowest first (`tests/tests/architecture.rs`
+//! The modules form a DAG, lowest first (`tests/tests/it/architecture.rs`
 //! checks it, `super::` paths included):
 //!
 //! ```text

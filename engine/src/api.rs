@@ -2,7 +2,7 @@
 //! tools — the web crate and the CLI — hand to the engine and get back,
 //! named here rather than reached through the modules that own them. The
 //! owning modules are `pub(crate)`; the architecture test
-//! (`tests/tests/architecture.rs::web_and_cli_reach_only_the_engines_front_modules`)
+//! (`tests/tests/it/architecture.rs::web_and_cli_reach_only_the_engines_front_modules`)
 //! keeps web and the CLI from naming new ones.
 
 pub use crate::alerts::{WebhookPayload, format_rfc3339_ms, parse_rfc3339_ms};

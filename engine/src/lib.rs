@@ -9,7 +9,7 @@
 //! ([`run::recovery`]).
 //!
 //! Dependency rule: this crate uses `nightshift-proto`, never the agent
-//! daemon (checked by `tests/tests/architecture.rs`).
+//! daemon (checked by `tests/tests/it/architecture.rs`).
 #![forbid(unsafe_code)]
 // Library code says what went wrong instead of panicking (issue 44): no
 // `unwrap`/`expect` outside tests.

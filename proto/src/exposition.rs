@@ -5,7 +5,7 @@
 //! `/metrics` write label values with [`escape`] and sample values with
 //! [`fmt_value`]. The reader follows Prometheus' own parser where they
 //! could differ (checked against a real server by
-//! `tests/tests/prometheus.rs`): blanks between a name and its labels and
+//! `tests/tests/it/prometheus.rs`): blanks between a name and its labels and
 //! around `=`, only `\\`, `\"` and `\n` as escapes, an empty value as no
 //! label, `NaN`/`+Inf`/`-Inf`, an optional integer timestamp (ms).
 
@@ -166,7 +166,7 @@ mod tests {
     use super::*;
 
     /// Where the parser and Prometheus' own disagreed (found by
-    /// `tests/tests/prometheus.rs`, which diffs the two on a real server).
+    /// `tests/tests/it/prometheus.rs`, which diffs the two on a real server).
     #[test]
     fn reads_lines_as_prometheus_does() {
         let labels = |line: &str| parse_line(line).ok().map(|s| s.labels.into_iter().collect::<Vec<_>>());

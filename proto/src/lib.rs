@@ -10,7 +10,7 @@
 //! - [`yaml`]: YAML error locations for every config and manifest loader;
 //! - [`fsutil`]: atomic file replacement.
 //!
-//! Dependency rule (checked by `tests/tests/architecture.rs`): the engine
+//! Dependency rule (checked by `tests/tests/it/architecture.rs`): the engine
 //! depends on this crate and never on `nightshift-agent`.
 #![forbid(unsafe_code)]
 // Library code says what went wrong instead of panicking (issue 44): no

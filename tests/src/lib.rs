@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod external;
+pub mod serial;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

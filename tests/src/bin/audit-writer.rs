@@ -1,4 +1,4 @@
-//! The child process of the audit kill -9 test (`tests/tests/audit_kill.rs`):
+//! The child process of the audit kill -9 test (`tests/tests/it/audit_kill.rs`):
 //! opens the audit store in DIR, appends records from eight tasks as fast as
 //! it can, and prints `ack SEQ HASH` for every append that returned — that
 //! is, every record the store acknowledged as durable — until it is killed.

@@ -1,6 +1,6 @@
 //! Runs a program inside the file-system sandbox a systemd unit's
 //! `ProtectSystem=strict` and `ReadWritePaths=` give it, for the tests that
-//! check the shipped units (`tests/tests/operations.rs`) on machines where
+//! check the shipped units (`tests/tests/it/operations.rs`) on machines where
 //! systemd is not PID 1.
 //!
 //! `unit-sandbox ROOT [--rw PATH]... -- PROGRAM [ARG]...`: in a new mount

@@ -1562,7 +1562,7 @@ async fn the_runs_api_filters_by_label() {
 /// group's count, sorted worst health first (the two faulted nodes lead
 /// their pools), a bad sort refused saying what it takes; `/fleet` counts
 /// nodes and GPUs by health, GPU model and pool. (How long Chromium takes
-/// to draw it: `tests/tests/browser.rs`, printed.)
+/// to draw it: `tests/tests/it/browser.rs`, printed.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_nodes_on_one_page_grouped_sorted_and_counted() {
     let pools = ["train", "infer", "eval", "dev"];

@@ -42,6 +42,7 @@ fn action(r: &Reply) -> ActionResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_op_in_dry_run_and_for_real() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("n1")).unwrap();
     std::fs::write(dir.path().join("n1/nccl.env"), "NCCL_DEBUG=WARN\n").unwrap();
@@ -152,6 +153,7 @@ async fn every_op_in_dry_run_and_for_real() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fanless_boards_answer_not_applicable() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let agent = TestAgent::start(dir.path(), "sxm", sim("h100-sxm"), "").await;
     let c = AgentConnection::connect(&agent.client_config()).await.unwrap();
@@ -164,6 +166,7 @@ async fn fanless_boards_answer_not_applicable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_are_checked_both_ways() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let agent = TestAgent::start(dir.path(), "k1", sim("b200"), "").await;
 
@@ -190,6 +193,7 @@ async fn keys_are_checked_both_ways() {
 /// removed, is refused; a half-written file keeps the keys before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_engine_key_rotates_without_restarting_the_agent() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let agent = TestAgent::start(dir.path(), "k2", sim("b200"), "").await;
     let path = agent.cfg.authorized_keys_path.clone();
@@ -220,6 +224,7 @@ async fn the_engine_key_rotates_without_restarting_the_agent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_error_replies_and_the_agent_keeps_serving() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let agent = TestAgent::start(dir.path(), "b1", sim("h100-sxm"), "").await;
     let c = AgentConnection::connect(&agent.client_config()).await.unwrap();
@@ -254,6 +259,7 @@ async fn bad_requests_get_error_replies_and_the_agent_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_channels_at_once_and_a_telemetry_stream() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let agent = TestAgent::start(dir.path(), "c1", sim("mi300x"), "telemetry_interval_ms: 50\n").await;
     let c = std::sync::Arc::new(AgentConnection::connect(&agent.client_config()).await.unwrap());
@@ -277,6 +283,7 @@ async fn many_channels_at_once_and_a_telemetry_stream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envelope_holds_over_ssh() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("policy.yaml");
     std::fs::write(
@@ -345,6 +352,7 @@ async fn envelope_holds_over_ssh() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_id_is_never_reapplied_even_after_restart() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let mut agent = TestAgent::start(dir.path(), "i1", sim("h100-sxm"), "").await;
     let c = AgentConnection::connect(&agent.client_config()).await.unwrap();
@@ -378,6 +386,7 @@ async fn a_repeated_id_is_never_reapplied_even_after_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_reverts_on_time_with_the_engine_gone() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let agent = TestAgent::start(dir.path(), "l1", sim("h100-sxm"), "").await;
     {
@@ -399,6 +408,7 @@ async fn a_lease_reverts_on_time_with_the_engine_gone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_drained_by_a_person_is_never_resumed() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let agent = TestAgent::start(dir.path(), "p1", sim("h100-sxm"), "").await;
     let c = AgentConnection::connect(&agent.client_config()).await.unwrap();
@@ -472,6 +482,7 @@ async fn openssh(dir: &std::path::Path, agent: &TestAgent, args: &[&str]) -> (st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shells_terminals_and_sftp_are_refused_at_once() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let agent = TestAgent::start(dir.path(), "o2", sim("h100-sxm"), "").await;
     for (what, args) in [
@@ -493,6 +504,7 @@ async fn shells_terminals_and_sftp_are_refused_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed_and_capped_and_the_engine_still_gets_in() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let extra = "ssh: {preauth_timeout_secs: 2, max_unauthenticated: 64, max_unauthenticated_per_source: 64}\n";
     let agent = TestAgent::start(dir.path(), "f1", sim("h100-sxm"), extra).await;
@@ -538,6 +550,7 @@ async fn idle_connections_are_closed_and_capped_and_the_engine_still_gets_in() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_openssh_is_a_client() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let agent = TestAgent::start(dir.path(), "o1", sim("h100-sxm"), "").await;
     let port = agent.addr().rsplit(':').next().unwrap().to_string();
@@ -575,6 +588,7 @@ async fn plain_openssh_is_a_client() {
 /// audited under the wrong name. Refused now, nothing written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_import_refuses_two_hosts_at_one_address() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let port = nightshift_tests::external::free_port();
     let a = TestAgent::start_at(

@@ -11,6 +11,7 @@ use nightshift_tests::{TestAgent, engine_setup, eventually};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_temperature_fault_is_remediated_over_ssh() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let sim = SimConfig { profile: "rtx6000-ada".into(), gpus: 2, seed: 3, ..SimConfig::default() };
     let fast = "sim_time_scale: 30\n";
@@ -117,6 +118,7 @@ async fn a_temperature_fault_is_remediated_over_ssh() {
 /// need a restart are named; every reload is audited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_adds_changes_and_removes_nodes_and_refuses_a_broken_file() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     use nightshift_engine::embed::reload;
     let dir = tempfile::tempdir().unwrap();
     let sim = SimConfig { gpus: 1, ..SimConfig::default() };
@@ -210,6 +212,7 @@ async fn a_reload_adds_changes_and_removes_nodes_and_refuses_a_broken_file() {
 /// `allow_partial=true`) puts the others in force and lists the failure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_refuses_a_missing_runbook_folder_and_a_broken_runbook() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     use nightshift_engine::embed::{reload, reload_with};
     let dir = tempfile::tempdir().unwrap();
     nightshift_tests::engine_key(dir.path());

@@ -30,6 +30,7 @@ fn enough_descriptors(need: u64) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_idle_connections_do_not_keep_a_scrape_out() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     const IDLE: usize = 1_000;
     if enough_descriptors(3 * IDLE as u64).is_none() {
         eprintln!(

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use nightshift_tests::external::{Daemon, free_port, workspace_bin_dir};
 
-const DOC: &str = include_str!("../../docs/OPERATIONS.md");
+const DOC: &str = include_str!("../../../docs/OPERATIONS.md");
 
 /// The walkthrough's command lines, as written.
 fn documented_commands() -> Vec<String> {
@@ -127,6 +127,7 @@ fn wait_tcp(addr: &str, what: &Daemon) {
 
 #[test]
 fn zero_to_two_nodes_as_documented() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let bins = workspace_bin_dir();
     let t0 = Instant::now();
     let tmp = tempfile::tempdir().unwrap();
@@ -348,6 +349,7 @@ fn read_write_paths(unit: &str) -> Vec<String> {
 /// as before, fails with "Read-only file system").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_rollback_in_the_agent_units_sandbox() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     use nightshift_proto::ssh::client::{AgentClient, ClientConfig};
     use nightshift_proto::{ConfigApplyArgs, ConfigRollbackArgs, Op, Outcome, Request};
 

@@ -174,6 +174,7 @@ fn manual(runbook: &str, node: &str, gpu: u32, watts: &str) -> RunRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_timeline_and_run_pages_in_chromium() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let sim = SimConfig { profile: "h100-sxm".into(), gpus: 4, ..SimConfig::default() };
@@ -421,6 +422,7 @@ impl Driver {
 /// checked on the agent and in the audit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_controls_holds_nodes_and_runs_from_the_ui() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let sim = SimConfig { profile: "h100-sxm".into(), gpus: 2, ..SimConfig::default() };
@@ -575,6 +577,7 @@ async fn a_person_controls_holds_nodes_and_runs_from_the_ui() {
 /// the window. Screenshots: `nodes-1000.png`, `fleet.png`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_node_fleet_in_chromium() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     use nightshift_engine::config::{AuthConfig, Role};
     use nightshift_sim::fleet::{SimFleet, SimFleetOptions, SimNodeSpec, scratch_dir};
     let rb = tempfile::tempdir().unwrap();

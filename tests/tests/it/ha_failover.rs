@@ -271,6 +271,7 @@ fn write_engine(dir: &Path, base: &str, name: &str, port: u16, ports: &[u16]) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(bin) = postgres_bin_dir() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
@@ -780,6 +781,7 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
 /// reset); after the reset the GPU is verified and the node returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fault_lifecycle_survives_takeovers() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(bin) = postgres_bin_dir() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();

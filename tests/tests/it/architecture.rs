@@ -141,6 +141,7 @@ fn violations(meta: &Value) -> Vec<String> {
 
 #[test]
 fn the_workspace_keeps_its_dependency_rules() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let v = violations(&metadata());
     assert!(v.is_empty(), "dependency rules broken:\n{}", v.join("\n"));
 }
@@ -149,6 +150,7 @@ fn the_workspace_keeps_its_dependency_rules() {
 /// is reported.
 #[test]
 fn an_added_edge_is_reported() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let meta = metadata();
     let ids: BTreeMap<String, String> = names(&meta).into_iter().map(|(id, n)| (n, id)).collect();
     for (from, to, needle) in [
@@ -313,6 +315,7 @@ fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
 
 #[test]
 fn no_crate_has_a_module_cycle() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let mut found = Vec::new();
     for krate in ["proto", "audit", "agent", "engine", "sim", "web", "cli"] {
         let c = cycles(&module_graph(&root().join(krate).join("src")));
@@ -327,6 +330,7 @@ fn no_crate_has_a_module_cycle() {
 /// more than one idea (split it by role, as `host/` and `triggers/` are).
 #[test]
 fn no_engine_file_is_over_800_lines() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let files: Vec<(PathBuf, usize)> = rs_files(&root().join("engine/src"))
         .into_iter()
         .map(|p| {
@@ -345,6 +349,7 @@ fn no_engine_file_is_over_800_lines() {
 /// that recovery would read back by string keys — outside its tests.
 #[test]
 fn the_engine_writes_no_untyped_record_payload() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let files = rs_files(&root().join("engine/src"));
     let mut found = Vec::new();
     let mut typed = 0;
@@ -364,6 +369,7 @@ fn the_engine_writes_no_untyped_record_payload() {
 
 #[test]
 fn the_cycle_finder_finds_cycles() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let g = |edges: &[(&str, &str)]| {
         let mut m: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for (a, b) in edges {
@@ -528,6 +534,7 @@ const CLOCK_ALLOWED: &[Allowed] = &[
 
 #[test]
 fn only_procs_rs_spawns_processes() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let files = library_code(&["agent/src", "engine/src", "web/src", "cli/src", "audit/src", "proto/src", "sim/src"]);
     assert!(files.len() > 100, "the sources were found: {}", files.len());
     let v = uses_outside(&files, SPAWN_PATTERNS, SPAWN_ALLOWED);
@@ -536,6 +543,7 @@ fn only_procs_rs_spawns_processes() {
 
 #[test]
 fn engine_and_agent_read_time_only_through_their_clock() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let files = library_code(&["agent/src", "engine/src"]);
     assert!(files.len() > 50, "the sources were found: {}", files.len());
     let v = uses_outside(&files, CLOCK_PATTERNS, CLOCK_ALLOWED);
@@ -546,6 +554,7 @@ fn engine_and_agent_read_time_only_through_their_clock() {
 /// outside their allow-lists, in library code only, and a stale entry.
 #[test]
 fn the_spawn_and_clock_checkers_find_violations() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let files = vec![
         (
             "engine/src/x.rs".to_string(),
@@ -608,6 +617,7 @@ fn engine_modules_named(files: &[(String, String)]) -> BTreeMap<String, Vec<Stri
 
 #[test]
 fn web_and_cli_reach_only_the_engines_front_modules() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let files = library_code(&["web/src", "cli/src"]);
     assert!(files.len() > 20, "the sources were found: {}", files.len());
     let named = engine_modules_named(&files);
@@ -627,6 +637,7 @@ fn web_and_cli_reach_only_the_engines_front_modules() {
 
 #[test]
 fn the_front_door_check_finds_a_module_behind_it() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let files = vec![(
         "web/src/x.rs".to_string(),
         "use nightshift_engine::views::NodeView;\nuse nightshift_engine::{config, engine};\nfn f(_: nightshift_engine::api::NodeFilter) {}\n".to_string(),

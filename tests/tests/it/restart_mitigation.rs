@@ -54,6 +54,7 @@ fn wait_exit(d: &mut Daemon, secs: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_capped_overheat_keeps_its_cap_through_sigterm_and_kill_9() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let origin = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;

@@ -47,6 +47,7 @@ const HANDLE: &str = "set_power_limit(500);\nnotify(`GPU ${target.gpu} on ${targ
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_is_followed_up_to_its_person_and_ends_when_its_fault_is_handled() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(am) = require("prometheus-alertmanager", "prometheus-alertmanager") else { return };
     let dir = tempfile::tempdir().unwrap();
     let (pager_url, paged) = receiver(0).await;
@@ -132,6 +133,7 @@ async fn a_page_is_followed_up_to_its_person_and_ends_when_its_fault_is_handled(
 /// not a page per GPU.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gpus_of_one_node_page_once() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(am) = require("prometheus-alertmanager", "prometheus-alertmanager") else { return };
     let dir = tempfile::tempdir().unwrap();
     let (pager_url, paged) = receiver(0).await;
@@ -200,6 +202,7 @@ async fn two_gpus_of_one_node_page_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_page_is_lost_to_a_five_minute_outage_or_twenty_alertmanager_restarts() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(am) = require("prometheus-alertmanager", "prometheus-alertmanager") else { return };
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();

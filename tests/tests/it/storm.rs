@@ -61,6 +61,7 @@ fn alert(i: usize, t0_ms: i64) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_alert_storm_is_absorbed_within_every_limit() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let sim = SimConfig { gpus: GPUS, ..SimConfig::default() };
     let mut agents = Vec::new();

@@ -24,6 +24,7 @@ async fn fenced_write(db: &tokio_postgres::Client, cfg: &LeaseConfig, term: u64,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deposed_leader_cannot_write() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(bin) = postgres_bin_dir() else { return };
     let dir = tempfile::tempdir().unwrap();
     let pg = PgCluster::start(dir.path(), &bin);

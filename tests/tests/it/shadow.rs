@@ -22,6 +22,7 @@ const OPERATOR: &str = "ns_shadow_operator";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shadow_runbook_changes_nothing_and_reports_what_it_would_have_done() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let sim = SimConfig { gpus: 2, seed: 3, ..SimConfig::default() };
     let s1 = TestAgent::start(dir.path(), "s1", sim.clone(), "sim_time_scale: 30\n").await;

@@ -17,6 +17,7 @@ use nightshift_web::auth::hash_token;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alertmanager_delivers_and_the_runbook_runs_once() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(am) = require("prometheus-alertmanager", "prometheus-alertmanager") else { return };
     let dir = tempfile::tempdir().unwrap();
     let agent = TestAgent::start(dir.path(), "am1", SimConfig { gpus: 2, ..SimConfig::default() }, "").await;
@@ -99,6 +100,7 @@ async fn alertmanager_delivers_and_the_runbook_runs_once() {
 /// never back to nightshift's own webhook.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_escalation_pages_a_person_through_the_real_alertmanager_with_the_runs_link() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(am) = require("prometheus-alertmanager", "prometheus-alertmanager") else { return };
     let dir = tempfile::tempdir().unwrap();
     let (pager_url, paged) = nightshift_tests::external::receiver(0).await;
@@ -223,6 +225,7 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
 /// XID 48 pages nobody twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shipped_rules_and_routes_start_the_matching_runbooks() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(prometheus) = require("prometheus", "prometheus") else { return };
     let Some(am) = require("prometheus-alertmanager", "prometheus-alertmanager") else { return };
     let dir = tempfile::tempdir().unwrap();

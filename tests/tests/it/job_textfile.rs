@@ -30,6 +30,7 @@ fn ship(dir: &Path, name: &str, edits: &[(&str, &str)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_training_job_drives_h6_h11_and_h12_through_the_agent() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(python) = nightshift_tests::external::require("python3", "python3") else { return };
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();

@@ -123,6 +123,7 @@ async fn wait_role(http: &reqwest::Client, url: &str, want: &str, d: &Daemon) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_leaders_request_is_refused_after_a_takeover_that_never_reached_the_agent() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(bin) = postgres_bin_dir() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();

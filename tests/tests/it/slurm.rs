@@ -217,6 +217,7 @@ fn action_results(records: &[AuditRecord]) -> Vec<&AuditRecord> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_adapter_against_a_real_slurm() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     for (program, package) in
         [("munged", "munge"), ("slurmctld", "slurmctld"), ("slurmd", "slurmd"), ("scontrol", "slurm-client")]
     {
@@ -384,6 +385,7 @@ async fn slurm_adapter_against_a_real_slurm() {
 ///   the run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_power_saving_marks_and_quarantine() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     if !slurm_with_jobs_installed() {
         return;
     }
@@ -663,6 +665,7 @@ async fn run_group(engine: &Engine, runbook: &str) -> (RunSummary, Vec<AuditReco
 /// --accept-changed), and what it writes is an inventory the engine loads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_import_from_a_real_slurm() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     for (program, package) in
         [("munged", "munge"), ("slurmctld", "slurmctld"), ("slurmd", "slurmd"), ("scontrol", "slurm-client")]
     {
@@ -770,6 +773,7 @@ async fn fleet_import_from_a_real_slurm() {
 /// Slurm and powers nothing up (the ResumeProgram never runs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slurm_scale_out_prefers_a_warm_standby() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     if !slurm_with_jobs_installed() {
         return;
     }

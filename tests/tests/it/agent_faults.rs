@@ -25,6 +25,7 @@ async fn power_limit(c: &AgentConnection, gpu: usize) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_crash_mid_run_and_mid_stream_and_come_back() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let sim = SimConfig { gpus: 2, ..SimConfig::default() };
     let extra = "telemetry_interval_ms: 100\n";

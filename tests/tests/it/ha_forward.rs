@@ -88,6 +88,7 @@ async fn until(what: &str, d: &Daemon, mut f: impl AsyncFnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_forwards_to_configured_peers_only_and_never_a_token() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(bin) = postgres_bin_dir() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();

@@ -64,6 +64,7 @@ fn migrate(dir: &std::path::Path, config: &std::path::Path, url_file: &std::path
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_migrates_into_postgres_and_its_chain_holds_there() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(bin) = postgres_bin_dir() else { return };
     let pgdir = tempfile::tempdir().unwrap();
     let pgc = PgCluster::start(pgdir.path(), &bin);

@@ -26,6 +26,7 @@ fn settings(text: &str) -> Vec<(String, String)> {
 
 #[test]
 fn units_keep_their_hardening() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let common = [
         ("NoNewPrivileges", "yes"),
         ("ProtectSystem", "strict"),
@@ -84,6 +85,7 @@ fn units_keep_their_hardening() {
 /// 1.5. `--threshold` makes systemd itself fail the check.
 #[test]
 fn systemd_scores_the_units_exposure() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(analyze) = require("systemd-analyze", "systemd") else { return };
     let dir = tempfile::tempdir().unwrap();
     // systemd's threshold is in tenths of the printed score.
@@ -104,6 +106,7 @@ fn systemd_scores_the_units_exposure() {
 
 #[test]
 fn systemd_accepts_the_units() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(analyze) = require("systemd-analyze", "systemd") else { return };
     let bins = workspace_bin_dir();
     let dir = tempfile::tempdir().unwrap();
@@ -136,6 +139,7 @@ fn systemd_accepts_the_units() {
 /// engine's user, and enable nothing.
 #[test]
 fn debian_packages_hold_what_they_say() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(dpkg_deb) = require("dpkg-deb", "dpkg") else { return };
     let bins = workspace_bin_dir();
     let dir = tempfile::tempdir().unwrap();
@@ -278,6 +282,7 @@ fn debian_packages_hold_what_they_say() {
 /// template module) is a config `nightshift-agent check-config` accepts.
 #[test]
 fn the_ansible_playbook_parses_and_writes_a_valid_agent_config() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(playbook) = require("ansible-playbook", "ansible-core") else { return };
     let Some(ansible) = require("ansible", "ansible-core") else { return };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ansible");
@@ -350,6 +355,7 @@ fn the_ansible_playbook_parses_and_writes_a_valid_agent_config() {
 /// nothing.
 #[test]
 fn the_playbook_passes_check_mode_on_a_fresh_node() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(playbook) = require("ansible-playbook", "ansible-core") else { return };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ansible");
     let dir = tempfile::tempdir().unwrap();

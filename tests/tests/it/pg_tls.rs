@@ -41,6 +41,7 @@ fn tls_cluster() -> Option<(tempfile::TempDir, PgCluster, std::path::PathBuf)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chain_goes_over_tls_to_a_server_the_ca_vouches_for() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some((tmp, cluster, ca)) = tls_cluster() else { return };
 
     // Encrypted, and the certificate checked.
@@ -89,6 +90,7 @@ async fn the_chain_goes_over_tls_to_a_server_the_ca_vouches_for() {
 /// certificate the CA file vouches for, and the chain verifies there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_migrate_goes_over_tls() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some((tmp, cluster, ca)) = tls_cluster() else { return };
     let url_file = tmp.path().join("pg-url");
     std::fs::write(&url_file, format!("{} sslmode=require", cluster.conninfo)).unwrap();

@@ -28,6 +28,7 @@ impl Lcg {
 
 #[test]
 fn acknowledged_audit_records_survive_kill_9() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let seed = std::env::var("NIGHTSHIFT_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64

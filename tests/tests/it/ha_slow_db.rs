@@ -69,6 +69,7 @@ async fn role(http: &reqwest::Client, url: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_database_link_does_not_depose_the_leader() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(bin) = postgres_bin_dir() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();

@@ -113,6 +113,7 @@ async fn dashboard_queries_return_data(prom_url: &str, prom: &Daemon, host: &str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fault_seen_through_prometheus_fires_a_runbook() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(prometheus) = require("prometheus", "prometheus") else { return };
     let dir = tempfile::tempdir().unwrap();
     let sim = SimConfig { profile: "rtx6000-ada".into(), gpus: 2, seed: 9, ..SimConfig::default() };
@@ -226,6 +227,7 @@ async fn a_fault_seen_through_prometheus_fires_a_runbook() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promtool_accepts_the_agent_and_engine_metrics() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(promtool) = require("promtool", "prometheus") else { return };
     let dir = tempfile::tempdir().unwrap();
     let sim = SimConfig { gpus: 2, ..SimConfig::default() };
@@ -319,6 +321,7 @@ fn counters_csv(text: &str) -> Vec<(String, String, String)> {
 /// the engine knows several names for one reading, one of them is enough.
 #[test]
 fn the_shipped_counters_serve_every_dcgm_field_the_engine_reads() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     use nightshift_engine::embed::{DCGM_NAMES, dcgm_metric};
     let text = example("dcgm-counters.csv");
     let active: Vec<&str> =
@@ -360,6 +363,7 @@ fn dcgm_exporter_labels(template: &str, label_fields: &[String]) -> Vec<String> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_exports_what_dcgm_exporter_exports() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let fixtures = format!("{}/fixtures/dcgm-exporter", env!("CARGO_MANIFEST_DIR"));
     let reference = counters_csv(&std::fs::read_to_string(format!("{fixtures}/default-counters.csv")).unwrap());
     let ours = counters_csv(&example("dcgm-counters.csv"));
@@ -468,6 +472,7 @@ async fn the_agent_exports_what_dcgm_exporter_exports() {
 /// exactly what `parse_exposition` reads from the same bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_exposition_parser_reads_what_prometheus_reads() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     use nightshift_engine::embed::parse_exposition;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Some(prometheus) = require("prometheus", "prometheus") else { return };
@@ -568,6 +573,7 @@ async fn the_exposition_parser_reads_what_prometheus_reads() {
 /// routes nightshift's own alerts to people and GPU alerts to nightshift.
 #[test]
 fn the_shipped_rules_know_standbys_and_route_nightshifts_own_alerts_to_people() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     if let Some(promtool) = require("promtool", "prometheus") {
         let out = std::process::Command::new(promtool)

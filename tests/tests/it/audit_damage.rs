@@ -90,6 +90,7 @@ fn flip(file: &Path, needle: &[u8]) -> usize {
 
 #[test]
 fn a_flipped_byte_in_the_index_is_named_and_salvage_recovers_every_record() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let head = store_with_records(d);
@@ -123,6 +124,7 @@ fn a_flipped_byte_in_the_index_is_named_and_salvage_recovers_every_record() {
 /// run summaries, the checkpoint): damage there is rebuilt from the log.
 #[test]
 fn a_flipped_byte_in_sled_loses_no_record() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let head = store_with_records(d);
@@ -140,6 +142,7 @@ fn a_flipped_byte_in_sled_loses_no_record() {
 
 #[test]
 fn a_flipped_byte_in_the_record_log_is_named_by_line_and_salvage_reports_the_record_lost() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let head = store_with_records(d);
@@ -163,6 +166,7 @@ fn a_flipped_byte_in_the_record_log_is_named_by_line_and_salvage_reports_the_rec
 
 #[test]
 fn an_altered_record_is_reported_lost_and_the_rest_verifies() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let head = store_with_records(d);
@@ -214,6 +218,7 @@ fn an_altered_record_is_reported_lost_and_the_rest_verifies() {
 /// cut at the edit: 14,060 records deleted, "ok" printed).
 #[test]
 fn an_edited_log_stays_whole_after_verify_and_a_refused_serve() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let head = store_with_records(d);
@@ -263,6 +268,7 @@ fn an_edited_log_stays_whole_after_verify_and_a_refused_serve() {
 /// chain itself verifies) fails at the anchor.
 #[test]
 fn verify_checks_a_head_kept_elsewhere() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let head = store_with_records(d);
@@ -308,6 +314,7 @@ fn verify_checks_a_head_kept_elsewhere() {
 /// (700.0), notes with "°C" and "→" — and names a record changed afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outside_tool_recomputes_every_hash() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(python) = nightshift_tests::external::require("python3", "python3") else { return };
     let dir = tempfile::tempdir().unwrap();
     let agent = nightshift_tests::TestAgent::start(
@@ -381,6 +388,7 @@ async fn an_outside_tool_recomputes_every_hash() {
 /// the extremes of the integers. A chain of them verifies; one edit fails.
 #[test]
 fn the_outside_tool_rehashes_version_1_records() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     use nightshift_engine::audit::{AuditRecord, GENESIS, RecordKind};
     let Some(python) = nightshift_tests::external::require("python3", "python3") else { return };
     let payloads = [
@@ -435,6 +443,7 @@ fn the_outside_tool_rehashes_version_1_records() {
 /// against the chain, and a changed file fails it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rma_leaves_an_evidence_bundle_the_chain_vouches_for() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     use std::os::unix::fs::PermissionsExt;
 
     use nightshift_engine::audit::RecordKind;

@@ -58,6 +58,7 @@ fn recording(start_s: i64, hours: i64) -> String {
 
 #[test]
 fn a_backtest_on_recorded_history_finds_the_fires_and_nothing_else() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(promtool) = require("promtool", "prometheus") else { return };
     let Some(prometheus) = require("prometheus", "prometheus") else { return };
     let dir = tempfile::tempdir().unwrap();
@@ -219,6 +220,7 @@ fn a_backtest_on_recorded_history_finds_the_fires_and_nothing_else() {
 /// and its triggers never saw them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plot_history_is_rebuilt_from_prometheus_when_an_engine_starts_leading() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     use nightshift_engine::embed::ids;
     let Some(promtool) = require("promtool", "prometheus") else { return };
     let Some(prometheus) = require("prometheus", "prometheus") else { return };

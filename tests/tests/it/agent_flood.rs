@@ -13,6 +13,7 @@ use nightshift_tests::external::{Daemon, free_port, require, workspace_bin_dir};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_fd_limit_hit_leaves_the_agent_answering() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let Some(prlimit) = require("prlimit", "util-linux") else { return };
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -125,6 +126,7 @@ fn refused_start(config: &std::path::Path, extra: &[&str]) -> (Option<i32>, Stri
 /// holds while the GPUs stayed capped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_agent_per_state_dir_and_no_silent_start_without_its_state_log() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     nightshift_tests::engine_key(d);

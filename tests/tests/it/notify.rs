@@ -13,6 +13,7 @@ use nightshift_tests::{TestAgent, engine_setup, eventually, manual_run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notifications_reach_webhooks_with_retries_and_are_audited() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let agent = TestAgent::start(dir.path(), "w1", SimConfig { gpus: 1, ..SimConfig::default() }, "").await;
     let (ops_url, ops) = receiver(1).await;
@@ -103,6 +104,7 @@ async fn notifications_reach_webhooks_with_retries_and_are_audited() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dry_run_that_would_escalate_sends_nothing_except_to_targets_that_opted_in() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let agent = TestAgent::start(dir.path(), "w1", SimConfig { gpus: 1, ..SimConfig::default() }, "").await;
     let (ops_url, ops) = receiver(0).await;
@@ -167,6 +169,7 @@ async fn a_dry_run_that_would_escalate_sends_nothing_except_to_targets_that_opte
 /// the store's, the delivery is audited, and other targets get nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_audit_head_is_anchored_outside_the_store() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     let dir = tempfile::tempdir().unwrap();
     let agent = TestAgent::start(dir.path(), "w2", SimConfig { gpus: 1, ..SimConfig::default() }, "").await;
     let (anchor_url, anchors) = receiver(0).await;
@@ -212,6 +215,7 @@ async fn the_audit_head_is_anchored_outside_the_store() {
 /// (HTTP 307, failed) and the internal URL receives nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notification_never_follows_a_redirect() {
+    let _serial = nightshift_tests::serial::module(module_path!());
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().unwrap();
     let agent = TestAgent::start(dir.path(), "w1", SimConfig { gpus: 1, ..SimConfig::default() }, "").await;
