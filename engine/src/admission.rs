@@ -174,6 +174,21 @@ mod tests {
     use crate::runtable::BreakerFire;
     use std::path::Path;
 
+    /// An automatic request for one GPU, its event fresh.
+    fn plain_ask<'a>(m: &'a Manifest, target: &'a Target) -> Ask<'a> {
+        Ask {
+            manifest: m,
+            target,
+            manual: false,
+            event_ts_ms: NOW,
+            dry_run: false,
+            hands_off: None,
+            target_nodes: 1,
+            params: &NO_PARAMS,
+            paused: None,
+        }
+    }
+
     fn manifest(extra: &str) -> Manifest {
         let text = format!(
             "version: 1\nname: rb\ndescription: d\nscript: rb.rhai\ntrigger:\n  type: threshold\n  metric: gpu.temperature_c\n  above: 85\nscope: gpu\ncooldown_secs: 600\nmax_attempts_per_day: 2\nmax_event_age_secs: 300\n{extra}"
@@ -366,17 +381,7 @@ mod tests {
         let m = manifest("");
         let mut t = RunTable::new(10);
         t.active_by_key.insert(key.clone(), "r1".into());
-        let ask = Ask {
-            manifest: &m,
-            target: &target,
-            manual: false,
-            event_ts_ms: NOW,
-            dry_run: false,
-            hands_off: None,
-            target_nodes: 1,
-            params: &NO_PARAMS,
-            paused: None,
-        };
+        let ask = plain_ask(&m, &target);
         assert!(matches!(admit(&t, &ask, NOW, &Limits::default()), Decision::Suppress { first: true, .. }));
         t.suppression_noted.insert(key);
         assert!(matches!(admit(&t, &ask, NOW, &Limits::default()), Decision::Suppress { first: false, .. }));
@@ -484,17 +489,7 @@ mod tests {
             node: "n2".into(),
             gpu: None,
         });
-        let ask = Ask {
-            manifest: &m,
-            target: &target,
-            manual: false,
-            event_ts_ms: NOW,
-            dry_run: false,
-            hands_off: None,
-            target_nodes: 1,
-            params: &NO_PARAMS,
-            paused: None,
-        };
+        let ask = plain_ask(&m, &target);
         assert_eq!(admit(&t, &ask, NOW, &Limits::default()), Decision::Admit { approval: None, hold_ms: 20_000 });
     }
 
@@ -508,17 +503,7 @@ mod tests {
             let m = manifest(&format!("breaker: {{max_targets: 3, window_secs: 300, on_trip: {on_trip}}}\n"));
             let mut t = RunTable::new(10);
             t.breakers.entry("rb".into()).or_default().tripped_until = NOW + 1;
-            let ask = Ask {
-                manifest: &m,
-                target: &target,
-                manual: false,
-                event_ts_ms: NOW,
-                dry_run: false,
-                hands_off: None,
-                target_nodes: 1,
-                params: &NO_PARAMS,
-                paused: None,
-            };
+            let ask = plain_ask(&m, &target);
             let d = admit(&t, &ask, NOW, &Limits::default());
             assert_eq!(matches!(d, Decision::Admit { .. }), admitted, "on_trip {on_trip}: {d:?}");
         }
