@@ -180,7 +180,7 @@ pub async fn holder(db: &Client, shard: &str) -> Result<Option<(String, u64, i64
 }
 
 /// A shard's lease row as the database has it now.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LeaseRow {
     pub holder: String,
     pub term: u64,

@@ -5,11 +5,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use nightshift_engine::api::NodeView;
-use nightshift_engine::api::RunSummary;
+use nightshift_engine::api::{
+    AgentHolds, AgentPing, ApiErrorBody, AuditHead, Cancel, ControlReply, FleetModeView, HaReply, HealthCheckReply,
+    NewWindow, NodeHealth, NodeView, Plan, Reason, ReloadReply, Repaired, RunDetail, RunSummary, RunbookList,
+    RunbookModeReply, SetFleetMode, SetRunbookMode, ShadowReport, SimFaultReply, StartRun, Verifying, WindowReply,
+    Windows,
+};
 use nightshift_engine::audit::{AuditRecord, AuditStore, RunFilter, RunPage, VerifyReport};
 use nightshift_engine::config::EngineConfig;
 use nightshift_engine::engine::{Engine, RunRequest, Submitted};
@@ -18,7 +23,7 @@ use nightshift_proto::{NoArgs, Op};
 use crate::Fail;
 
 /// A runbook as the CLI shows it.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct RunbookInfo {
     pub name: String,
     pub description: String,
@@ -37,6 +42,38 @@ pub struct RunbookInfo {
     /// `act` or `shadow`: what an admin set, else the manifest's.
     #[serde(default)]
     pub mode: String,
+}
+
+impl From<nightshift_engine::api::RunbookBrief> for RunbookInfo {
+    fn from(r: nightshift_engine::api::RunbookBrief) -> RunbookInfo {
+        RunbookInfo {
+            name: r.name,
+            description: r.description,
+            handbook: r.handbook,
+            trigger: r.trigger,
+            scope: r.scope,
+            input: r.input,
+            mode: r.mode,
+            ..RunbookInfo::default()
+        }
+    }
+}
+
+impl From<nightshift_engine::api::RunbookView> for RunbookInfo {
+    fn from(r: nightshift_engine::api::RunbookView) -> RunbookInfo {
+        RunbookInfo {
+            name: r.name,
+            description: r.description,
+            handbook: r.handbook,
+            trigger: r.trigger,
+            scope: r.scope,
+            input: r.input,
+            manifest: r.manifest,
+            script: r.script,
+            manifest_path: r.manifest_path,
+            mode: r.mode,
+        }
+    }
 }
 
 /// A running server.
@@ -114,9 +151,9 @@ impl Remote {
     /// its status means).
     fn answer<T: DeserializeOwned>(&self, status: reqwest::StatusCode, body: String) -> Result<T> {
         if !status.is_success() {
-            let err = serde_json::from_str::<Value>(&body).ok().map(|v| v["error"].clone()).unwrap_or_default();
-            let msg = err["message"].as_str().map(str::to_string).unwrap_or_else(|| body.chars().take(300).collect());
-            let code = match (status.as_u16(), err["code"].as_str()) {
+            let err = serde_json::from_str::<ApiErrorBody>(&body).ok().map(|b| b.error);
+            let msg = err.as_ref().map(|e| e.message.clone()).unwrap_or_else(|| body.chars().take(300).collect());
+            let code = match (status.as_u16(), err.as_ref().map(|e| e.code.as_str())) {
                 (_, Some("self_approval")) | (409, _) => 3,
                 (401 | 403 | 404 | 400 | 413, _) => 2,
                 (502, _) => 4,
@@ -132,31 +169,26 @@ impl Remote {
         self.send(self.req(reqwest::Method::GET, path)).await
     }
 
-    pub async fn post<T: DeserializeOwned>(&self, path: &str, body: &Value) -> Result<T> {
+    pub async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T> {
         self.send(self.req(reqwest::Method::POST, path).json(body)).await
     }
 
     /// POST a control: its answer on 200, and on 409 too (some of it was
     /// refused by the agent: the body says what was done and what not).
-    pub async fn post_control(&self, path: &str, body: &Value) -> Result<(bool, Value)> {
+    pub async fn post_control(&self, path: &str, body: &impl Serialize) -> Result<(bool, ControlReply)> {
         let resp =
             self.req(reqwest::Method::POST, path).json(body).send().await.map_err(|e| unreachable(&self.url, e))?;
         if resp.status().as_u16() == 409 {
             let text = resp.text().await.map_err(|e| unreachable(&self.url, e))?;
-            if let Ok(v) = serde_json::from_str::<Value>(&text)
-                && v.get("actions").is_some()
-            {
+            if let Ok(v) = serde_json::from_str::<ControlReply>(&text) {
                 return Ok((false, v));
             }
-            let msg = serde_json::from_str::<Value>(&text)
-                .ok()
-                .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
-                .unwrap_or(text);
+            let msg = serde_json::from_str::<ApiErrorBody>(&text).map(|b| b.error.message).unwrap_or(text);
             return Err(anyhow::Error::new(Fail(3)).context(format!("{} 409 Conflict: {msg}", self.url)));
         }
         let status = resp.status();
         let body = resp.text().await.map_err(|e| unreachable(&self.url, e))?;
-        let v: Value = self.answer(status, body)?;
+        let v: ControlReply = self.answer(status, body)?;
         Ok((true, v))
     }
 
@@ -376,16 +408,13 @@ impl Conn {
         }
     }
 
-    pub async fn run(&mut self, id: &str) -> Result<(RunSummary, Vec<AuditRecord>)> {
+    pub async fn run(&mut self, id: &str) -> Result<RunDetail> {
         match self {
-            Conn::Remote(r) => {
-                let v: Value = r.get(&format!("/api/v1/runs/{}", crate::out::urlencode(id))).await?;
-                Ok((serde_json::from_value(v["run"].clone())?, serde_json::from_value(v["records"].clone())?))
-            }
+            Conn::Remote(r) => r.get(&format!("/api/v1/runs/{}", crate::out::urlencode(id))).await,
             Conn::Local(l) => {
                 let a = l.audit()?;
                 let run = a.run(id)?.ok_or_else(|| anyhow::Error::new(Fail(2)).context(format!("no run {id:?}")))?;
-                Ok((run, a.run_records(id)?))
+                Ok(RunDetail { run, records: a.run_records(id)? })
             }
         }
     }
@@ -393,16 +422,11 @@ impl Conn {
     pub async fn submit(&mut self, req: RunRequest) -> Result<Submitted> {
         match self {
             Conn::Remote(r) => {
-                let (node, gpu, group) = (
-                    req.target.node.clone(),
-                    req.target.gpu,
-                    req.target.group.clone().map(|(k, v)| format!("{k}={v}")),
-                );
                 // One key for this submission: a retry after a lost answer
                 // (the engine restarting, a dropped connection) gets the
                 // run the first try started, never a second one.
                 let key = format!("cli-{:032x}", rand::random::<u128>());
-                let body = json!({"runbook": req.runbook, "node": node, "gpu": gpu, "group": group, "params": req.params, "dry_run": req.dry_run});
+                let body = StartRun::new(&req.runbook, &req.target, req.params.clone(), req.dry_run);
                 let mut tries = 0;
                 loop {
                     tries += 1;
@@ -473,8 +497,7 @@ impl Conn {
     pub async fn audit_head(&mut self) -> Result<Option<AuditRecord>> {
         match self {
             Conn::Remote(r) => {
-                let v: Value = r.get("/api/v1/audit/head").await?;
-                let seq = v["seq"].as_u64().unwrap_or(0);
+                let seq = r.get::<AuditHead>("/api/v1/audit/head").await?.seq;
                 if seq == 0 {
                     return Ok(None);
                 }
@@ -525,36 +548,51 @@ impl Conn {
         }
     }
 
-    pub async fn agent(&mut self, node: &str, what: &str) -> Result<Value> {
+    /// One round trip to `node`'s agent, timed.
+    pub async fn ping(&mut self, node: &str) -> Result<AgentPing> {
         match self {
-            Conn::Remote(r) => r.get(&format!("/api/v1/agents/{}/{what}", crate::out::urlencode(node))).await,
+            Conn::Remote(r) => r.get(&format!("/api/v1/agents/{}/ping", crate::out::urlencode(node))).await,
             Conn::Local(l) => {
                 let e = l.engine().await?;
-                let op = match what {
-                    "inventory" => Op::Inventory(NoArgs {}),
-                    "holds" => Op::Holds(NoArgs {}),
-                    _ => Op::Telemetry(NoArgs {}),
-                };
                 let started = std::time::Instant::now();
-                let reply =
-                    e.agent_call(node, op).await.map_err(|e| anyhow::Error::new(Fail(4)).context(e.to_string()))?;
-                match what {
-                    "inventory" => return reply.result.ok_or_else(|| anyhow!("{:?}", reply.error)),
-                    "holds" => {
-                        let v = reply.result.ok_or_else(|| anyhow!("{:?}", reply.error))?;
-                        return Ok(json!({"node": node, "settings": v}));
-                    }
-                    _ => {}
-                }
-                Ok(
-                    json!({"node": node, "ok": reply.ok, "round_trip_ms": (started.elapsed().as_secs_f64() * 100_000.0).round() / 100.0, "error": reply.error}),
-                )
+                let reply = e
+                    .agent_call(node, Op::Telemetry(NoArgs {}))
+                    .await
+                    .map_err(|e| anyhow::Error::new(Fail(4)).context(e.to_string()))?;
+                Ok(AgentPing::of(node, reply, started.elapsed()))
             }
         }
     }
 
+    /// What `node`'s agent holds, setting by setting.
+    pub async fn holds(&mut self, node: &str) -> Result<AgentHolds> {
+        match self {
+            Conn::Remote(r) => r.get(&format!("/api/v1/agents/{}/holds", crate::out::urlencode(node))).await,
+            Conn::Local(_) => {
+                let settings = serde_json::from_value(self.agent_result(node, Op::Holds(NoArgs {})).await?)?;
+                Ok(AgentHolds { node: node.to_string(), settings })
+            }
+        }
+    }
+
+    /// `node`'s inventory, as its agent reads it.
+    pub async fn inventory(&mut self, node: &str) -> Result<Value> {
+        match self {
+            Conn::Remote(r) => r.get(&format!("/api/v1/agents/{}/inventory", crate::out::urlencode(node))).await,
+            Conn::Local(_) => self.agent_result(node, Op::Inventory(NoArgs {})).await,
+        }
+    }
+
+    /// The embedded engine's call to an agent: its result, or its error.
+    async fn agent_result(&mut self, node: &str, op: Op) -> Result<Value> {
+        let Conn::Local(l) = self else { return Err(anyhow!("internal: not an embedded engine")) };
+        let e = l.engine().await?;
+        let reply = e.agent_call(node, op).await.map_err(|e| anyhow::Error::new(Fail(4)).context(e.to_string()))?;
+        reply.result.filter(|_| reply.ok).ok_or_else(|| anyhow!("{node}: {:?}", reply.error))
+    }
+
     /// A node's health (the engine's health model).
-    pub async fn node_health(&mut self, node: &str) -> Result<Value> {
+    pub async fn node_health(&mut self, node: &str) -> Result<NodeHealth> {
         match self {
             Conn::Remote(r) => r.get(&format!("/api/v1/nodes/{}/health", crate::out::urlencode(node))).await,
             Conn::Local(l) => {
@@ -596,7 +634,7 @@ impl Conn {
                 let status = resp.status();
                 if !status.is_success() {
                     let body = resp.text().await.map_err(|e| unreachable(&r.url, e))?;
-                    r.answer::<Value>(status, body)?;
+                    r.answer::<serde::de::IgnoredAny>(status, body)?;
                     return Ok(0);
                 }
                 while let Some(chunk) = resp.chunk().await.map_err(|e| unreachable(&r.url, e))? {
@@ -627,18 +665,18 @@ impl Conn {
     }
 
     /// The agent's health check, now.
-    pub async fn health_check(&mut self, node: &str) -> Result<Value> {
+    pub async fn health_check(&mut self, node: &str) -> Result<HealthCheckReply> {
         match self {
             Conn::Remote(r) => {
-                r.post(&format!("/api/v1/agents/{}/health-check", crate::out::urlencode(node)), &json!({})).await
+                r.post(&format!("/api/v1/agents/{}/health-check", crate::out::urlencode(node)), &NoArgs {}).await
             }
             Conn::Local(l) => {
                 let e = l.engine().await?;
-                let hc = e
+                let check = e
                     .health_check_node(node)
                     .await
                     .map_err(|m| anyhow::Error::new(Fail(4)).context(format!("{node}: {m}")))?;
-                Ok(json!({"node": node, "check": hc}))
+                Ok(HealthCheckReply { node: node.to_string(), check })
             }
         }
     }
@@ -646,20 +684,11 @@ impl Conn {
     /// A person says `node` (or one GPU) was repaired.
     /// What the engine would decide for `req` (target nodes, nodes
     /// changed, approval), changing nothing.
-    pub async fn plan(&mut self, req: &RunRequest) -> Result<Value> {
+    pub async fn plan(&mut self, req: &RunRequest) -> Result<Plan> {
         match self {
             Conn::Remote(r) => {
-                let mut body = json!({"runbook": req.runbook, "params": req.params, "dry_run": req.dry_run});
-                if let Some(n) = &req.target.node {
-                    body["node"] = json!(n);
-                }
-                if let Some(g) = req.target.gpu {
-                    body["gpu"] = json!(g);
-                }
-                if let Some((k, v)) = &req.target.group {
-                    body["group"] = json!(format!("{k}={v}"));
-                }
-                r.post("/api/v1/runs/plan", &body).await
+                r.post("/api/v1/runs/plan", &StartRun::new(&req.runbook, &req.target, req.params.clone(), req.dry_run))
+                    .await
             }
             Conn::Local(l) => {
                 let e = l.engine().await?;
@@ -681,8 +710,11 @@ impl Conn {
     pub async fn cancel(&mut self, run: &str, reason: &str) -> Result<()> {
         match self {
             Conn::Remote(r) => {
-                let _: Value = r
-                    .post(&format!("/api/v1/runs/{}/cancel", crate::out::urlencode(run)), &json!({"reason": reason}))
+                let _: serde::de::IgnoredAny = r
+                    .post(
+                        &format!("/api/v1/runs/{}/cancel", crate::out::urlencode(run)),
+                        &Cancel { reason: Some(reason.to_string()) },
+                    )
                     .await?;
                 Ok(())
             }
@@ -694,21 +726,21 @@ impl Conn {
         }
     }
 
-    pub async fn repaired(&mut self, node: &str, gpu: Option<u32>, note: &str) -> Result<Value> {
+    pub async fn repaired(&mut self, node: &str, gpu: Option<u32>, note: &str) -> Result<Verifying> {
         match self {
             Conn::Remote(r) => {
                 r.post(
                     &format!("/api/v1/nodes/{}/repaired", crate::out::urlencode(node)),
-                    &json!({"gpu": gpu, "note": note}),
+                    &Repaired { gpu, note: note.to_string() },
                 )
                 .await
             }
             Conn::Local(l) => {
                 let e = l.engine().await?;
                 let who = format!("user:{}", std::env::var("USER").unwrap_or_else(|_| "cli".into()));
-                let gpus =
+                let verifying =
                     e.mark_repaired(node, gpu, &who, note).await.map_err(|m| anyhow::Error::new(Fail(3)).context(m))?;
-                Ok(json!({"node": node, "verifying": gpus}))
+                Ok(Verifying { node: node.to_string(), verifying })
             }
         }
     }
@@ -716,8 +748,8 @@ impl Conn {
     pub async fn runbooks(&mut self) -> Result<Vec<RunbookInfo>> {
         match self {
             Conn::Remote(r) => {
-                let v: Value = r.get("/api/v1/runbooks").await?;
-                Ok(serde_json::from_value(v["runbooks"].clone())?)
+                let list: RunbookList = r.get("/api/v1/runbooks").await?;
+                Ok(list.runbooks.into_iter().map(RunbookInfo::from).collect())
             }
             Conn::Local(l) => l.runbooks(),
         }
@@ -726,8 +758,9 @@ impl Conn {
     pub async fn runbook(&mut self, name: &str) -> Result<RunbookInfo> {
         match self {
             Conn::Remote(r) => {
-                let v: Value = r.get(&format!("/api/v1/runbooks/{}", crate::out::urlencode(name))).await?;
-                Ok(serde_json::from_value(v["runbook"].clone())?)
+                let d: nightshift_engine::api::RunbookDetail =
+                    r.get(&format!("/api/v1/runbooks/{}", crate::out::urlencode(name))).await?;
+                Ok(RunbookInfo::from(d.runbook))
             }
             Conn::Local(l) => l.runbooks()?.into_iter().find(|r| r.name == name).ok_or_else(|| {
                 anyhow::Error::new(Fail(2))
@@ -744,7 +777,7 @@ impl Conn {
                     crate::out::urlencode(run),
                     if approve { "approve" } else { "reject" }
                 );
-                r.post(&path, &json!({"reason": reason})).await
+                r.post(&path, &Cancel { reason: reason.map(str::to_string) }).await
             }
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
                 "approvals live in a running engine: pass --server URL (or set NIGHTSHIFT_SERVER) to approve or reject",
@@ -753,26 +786,21 @@ impl Conn {
     }
 
     /// The whole fleet's mode: `{mode, set_by, reason}`.
-    pub async fn fleet_mode(&mut self) -> Result<Value> {
+    pub async fn fleet_mode(&mut self) -> Result<FleetModeView> {
         match self {
             Conn::Remote(r) => r.get("/api/v1/fleet/mode").await,
-            Conn::Local(l) => {
-                let e = l.engine().await?;
-                let (mode, set) = e.fleet_mode();
-                Ok(match set {
-                    Some((by, reason)) => json!({"mode": mode.as_str(), "set_by": by, "reason": reason}),
-                    None => {
-                        json!({"mode": mode.as_str(), "set_by": null, "reason": "initial_fleet_mode in engine.yaml"})
-                    }
-                })
-            }
+            Conn::Local(l) => Ok(FleetModeView::of(&l.engine().await?)),
         }
     }
 
     /// Set the whole fleet's mode on a running engine (admin).
-    pub async fn set_fleet_mode(&mut self, mode: &str, reason: &str) -> Result<Value> {
+    pub async fn set_fleet_mode(
+        &mut self,
+        mode: nightshift_engine::api::FleetMode,
+        reason: &str,
+    ) -> Result<FleetModeView> {
         match self {
-            Conn::Remote(r) => r.post("/api/v1/fleet/mode", &json!({"mode": mode, "reason": reason})).await,
+            Conn::Remote(r) => r.post("/api/v1/fleet/mode", &SetFleetMode { mode, reason: reason.to_string() }).await,
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
                 "the fleet's mode changes a running engine: pass --server URL (or set NIGHTSHIFT_SERVER) with an admin token",
             )),
@@ -780,7 +808,7 @@ impl Conn {
     }
 
     /// Tell a simulated node a fault (`SimFault` as JSON) on a running engine (admin).
-    pub async fn sim_fault(&mut self, node: &str, fault: &Value) -> Result<Value> {
+    pub async fn sim_fault(&mut self, node: &str, fault: &Value) -> Result<SimFaultReply> {
         match self {
             Conn::Remote(r) => r.post(&format!("/api/v1/agents/{}/sim-fault", crate::out::urlencode(node)), fault).await,
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
@@ -790,34 +818,45 @@ impl Conn {
     }
 
     /// Maintenance windows in force or to come.
-    pub async fn windows(&mut self) -> Result<Value> {
+    pub async fn windows(&mut self) -> Result<Windows> {
         match self {
             Conn::Remote(r) => r.get("/api/v1/maintenance").await,
-            Conn::Local(l) => Ok(json!({"windows": l.engine().await?.windows()})),
+            Conn::Local(l) => Ok(Windows { windows: l.engine().await?.windows() }),
         }
     }
 
-    /// Set (`body` as `POST /api/v1/maintenance` takes it) or end a
-    /// maintenance window on a running engine (admin).
-    pub async fn change_window(&mut self, end: Option<&str>, body: &Value) -> Result<Value> {
-        match (self, end) {
-            (Conn::Remote(r), None) => r.post("/api/v1/maintenance", body).await,
-            (Conn::Remote(r), Some(id)) => {
-                r.post(&format!("/api/v1/maintenance/{}/end", crate::out::urlencode(id)), body).await
-            }
-            (Conn::Local(_), _) => Err(anyhow::Error::new(Fail(2)).context(
+    /// Set a maintenance window on a running engine (admin).
+    pub async fn set_window(&mut self, body: &NewWindow) -> Result<WindowReply> {
+        self.change_window("/api/v1/maintenance".into(), body).await
+    }
+
+    /// End a maintenance window before its time on a running engine (admin).
+    pub async fn end_window(&mut self, id: &str, reason: &str) -> Result<WindowReply> {
+        let path = format!("/api/v1/maintenance/{}/end", crate::out::urlencode(id));
+        self.change_window(path, &Reason { reason: reason.to_string() }).await
+    }
+
+    async fn change_window(&mut self, path: String, body: &impl Serialize) -> Result<WindowReply> {
+        match self {
+            Conn::Remote(r) => r.post(&path, body).await,
+            Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
                 "a maintenance window changes a running engine: pass --server URL (or set NIGHTSHIFT_SERVER) with an admin token",
             )),
         }
     }
 
     /// Promote or demote a runbook on a running engine (admin).
-    pub async fn set_mode(&mut self, name: &str, mode: &str, reason: &str) -> Result<Value> {
+    pub async fn set_mode(
+        &mut self,
+        name: &str,
+        mode: nightshift_engine::api::Mode,
+        reason: &str,
+    ) -> Result<RunbookModeReply> {
         match self {
             Conn::Remote(r) => {
                 r.post(
                     &format!("/api/v1/runbooks/{}/mode", crate::out::urlencode(name)),
-                    &json!({"mode": mode, "reason": reason}),
+                    &SetRunbookMode { mode, reason: reason.to_string() },
                 )
                 .await
             }
@@ -828,26 +867,20 @@ impl Conn {
     }
 
     /// A shadow runbook's report since `since_ms`.
-    pub async fn shadow_report(&mut self, name: &str, since_ms: i64) -> Result<Value> {
+    pub async fn shadow_report(&mut self, name: &str, since_ms: i64) -> Result<ShadowReport> {
         match self {
             Conn::Remote(r) => {
                 r.get(&format!("/api/v1/runbooks/{}/shadow?since_ms={since_ms}", crate::out::urlencode(name))).await
             }
-            Conn::Local(l) => {
-                let e = l.engine().await?;
-                let fires = e.shadow_report(name, since_ms, 1000)?;
-                Ok(
-                    json!({"runbook": name, "mode": e.runbook_mode(name).as_str(), "since_ms": since_ms, "fires": fires}),
-                )
-            }
+            Conn::Local(l) => Ok(ShadowReport::of(&l.engine().await?, name, since_ms, 1000)?),
         }
     }
 
     /// Ask a running engine to reload (admin).
-    pub async fn reload(&mut self, allow_partial: bool) -> Result<Value> {
+    pub async fn reload(&mut self, allow_partial: bool) -> Result<ReloadReply> {
         let path = if allow_partial { "/api/v1/reload?allow_partial=true" } else { "/api/v1/reload" };
         match self {
-            Conn::Remote(r) => r.post(path, &json!({})).await,
+            Conn::Remote(r) => r.post(path, &NoArgs {}).await,
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
                 "a reload changes a running engine: pass --server URL (or set NIGHTSHIFT_SERVER), or send the engine SIGHUP (systemctl reload nightshift-engine)",
             )),
@@ -855,7 +888,7 @@ impl Conn {
     }
 
     /// Every shard's chain verified in the engine's database.
-    pub async fn verify_shards(&self) -> Result<Value> {
+    pub async fn verify_shards(&self) -> Result<std::collections::BTreeMap<String, VerifyReport>> {
         match self {
             Conn::Remote(r) => r.get("/api/v1/audit/verify?shards=all").await,
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
@@ -865,7 +898,7 @@ impl Conn {
     }
 
     /// `/api/v1/ha`, or for an engine.yaml here, what its database says.
-    pub async fn ha(&self) -> Result<Value> {
+    pub async fn ha(&self) -> Result<HaReply> {
         match self {
             Conn::Remote(r) => r.get("/api/v1/ha").await,
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(

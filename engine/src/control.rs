@@ -7,8 +7,6 @@
 //! and the hands-off marker refuses everything. No person ever needs the
 //! engine's key.
 
-use serde_json::{Value, json};
-
 use nightshift_proto::{DrainArgs, HoldInfo, Op, ReleaseArgs, Request, ResumeArgs};
 
 use crate::audit::{NewRecord, RecordKind};
@@ -46,12 +44,47 @@ pub const HOLD_KINDS: [&str; 8] =
     ["power_limit", "fan_curve", "clocks", "gpu_drain", "node_drain", "config", "chassis_fans", "mark"];
 
 /// What a person's control did.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ControlOutcome {
     pub node: String,
     /// Each request sent: the hold (or op), whether the agent did it, and
     /// what it said.
-    pub actions: Vec<Value>,
+    pub actions: Vec<ControlAction>,
+}
+
+impl ControlOutcome {
+    /// The first request the agent refused.
+    pub fn refused(&self) -> Option<&ControlAction> {
+        self.actions.iter().find(|a| !a.result.ok)
+    }
+}
+
+/// One request of a person's control: its audited result, and for a
+/// release the hold it named.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ControlAction {
+    #[serde(flatten)]
+    pub result: crate::audit::data::ActionResult,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The held setting, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setting: Option<String>,
+    /// What a person should know about the node afterwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+impl ControlAction {
+    fn of(mut result: crate::audit::data::ActionResult) -> ControlAction {
+        // Named here, not by the agent's answer.
+        for k in ["hold", "owner", "setting", "warning"] {
+            result.more.remove(k);
+        }
+        ControlAction { result, hold: None, owner: None, setting: None, warning: None }
+    }
 }
 
 impl Engine {
@@ -138,12 +171,12 @@ impl Engine {
         for h in chosen {
             let op = Op::Release(ReleaseArgs { hold: Some(h.id.clone()), ..Default::default() });
             let mut line = self.send_as_person(node, h.setting.gpu(), op, who.name, reason).await?;
-            line["hold"] = json!(h.id);
-            line["owner"] = json!(h.owner);
-            line["setting"] = json!(h.setting.to_string());
+            line.hold = Some(h.id.clone());
+            line.owner = Some(h.owner.clone());
+            line.setting = Some(h.setting.to_string());
             out.actions.push(line);
         }
-        if out.actions.iter().any(|a| a["ok"] == true) {
+        if out.actions.iter().any(|a| a.result.ok) {
             self.resolve_pages(node, what.gpu, &format!("taken over by {}: {reason}", who.name), None).await;
         }
         Ok(out)
@@ -156,20 +189,14 @@ impl Engine {
     pub async fn person_resume(&self, node: &str, name: &str, reason: &str) -> Result<ControlOutcome, EngineError> {
         check_reason(reason, "the node is put back into service")?;
         let mut line = self.send_as_person(node, None, Op::Resume(ResumeArgs::default()), name, reason).await?;
-        if line["ok"] == true {
+        if line.result.ok {
             self.resolve_pages(node, None, &format!("taken over by {name}: {reason}"), None).await;
         }
-        let unhealthy: Vec<Value> = self
-            .node_health(node)
-            .and_then(|h| h["gpus"].as_array().cloned())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|g| g["state"] != "healthy")
-            .collect();
-        if !unhealthy.is_empty() {
-            line["warning"] = json!(format!(
+        let unhealthy = self.node_health(node).map_or(0, |h| h.unhealthy().count());
+        if unhealthy > 0 {
+            line.warning = Some(format!(
                 "{} GPU(s) of {node} are not healthy in the repair lifecycle (`nightshift agents show {node}`): the node serves again, but a GPU nightshift took out for its fault stays out (its own drain, no lease) until it is repaired (`nightshift nodes repaired {node} --gpu N`: the health check ends it) or an admin forces its release (`nightshift holds release {node} --gpu N --kind gpu_drain --force --reason …`)",
-                unhealthy.len()
+                unhealthy
             ));
         }
         Ok(ControlOutcome { node: node.to_string(), actions: vec![line] })
@@ -236,7 +263,7 @@ impl Engine {
         op: Op,
         name: &str,
         reason: &str,
-    ) -> Result<Value, EngineError> {
+    ) -> Result<ControlAction, EngineError> {
         if self.core.fleet.get(node).is_none() {
             return Err(EngineError::UnknownNode(node.into()));
         }
@@ -251,12 +278,11 @@ impl Engine {
         let mut result = crate::core::action_result(&id, op_name, false, &sent, ("applied", true));
         result.reason = Some(reason.into());
         result.by = Some(actor.clone());
-        let data = json!(result);
         let rec = NewRecord::typed(RecordKind::ActionResult, &actor, &result).node(Some(node)).gpu(gpu);
         self.core.audit.append(rec, None).await?;
         match sent {
             Err(e) if !e.left => Err(EngineError::AgentUnreachable { node: node.into(), message: e.message }),
-            _ => Ok(data),
+            _ => Ok(ControlAction::of(result)),
         }
     }
 }

@@ -179,7 +179,7 @@ impl Members {
 }
 
 /// What a fleet reload changed, by node name.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct FleetChange {
     pub added: Vec<String>,
     /// Address, host key, labels or standby changed: a new connection.

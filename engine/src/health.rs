@@ -26,7 +26,6 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use crate::audit::{AuditRecord, NewRecord, RecordKind};
 
@@ -170,19 +169,44 @@ pub struct Lifecycle {
     pub verified_ms: Option<i64>,
 }
 
-impl Lifecycle {
+/// Seconds from the fault being seen to each phase reached (absent: not
+/// reached).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Phases {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeued: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repaired: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<f64>,
+}
+
+impl Phases {
     /// `(phase, seconds from the fault)` for each phase reached.
-    pub fn phases(&self) -> Vec<(&'static str, f64)> {
-        let d = |t: Option<i64>| t.map(|t| (t - self.seen_ms).max(0) as f64 / 1000.0);
+    pub fn reached(&self) -> impl Iterator<Item = (&'static str, f64)> {
         [
-            ("quarantined", d(self.quarantined_ms)),
-            ("requeued", d(self.requeued_ms)),
-            ("repaired", d(self.repaired_ms)),
-            ("verified", d(self.verified_ms)),
+            ("quarantined", self.quarantined),
+            ("requeued", self.requeued),
+            ("repaired", self.repaired),
+            ("verified", self.verified),
         ]
         .into_iter()
         .filter_map(|(p, v)| v.map(|v| (p, v)))
-        .collect()
+    }
+}
+
+impl Lifecycle {
+    /// Seconds from the fault to each phase reached.
+    pub fn phases(&self) -> Phases {
+        let d = |t: Option<i64>| t.map(|t| (t - self.seen_ms).max(0) as f64 / 1000.0);
+        Phases {
+            quarantined: d(self.quarantined_ms),
+            requeued: d(self.requeued_ms),
+            repaired: d(self.repaired_ms),
+            verified: d(self.verified_ms),
+        }
     }
 }
 
@@ -518,24 +542,6 @@ pub fn repair_evidence(fault: &Fault, ev: &Evidence) -> Option<String> {
     }
 }
 
-/// A GPU's health as people read it.
-pub fn gpu_view(gpu: u32, h: &GpuHealth, now: i64) -> Value {
-    json!({
-        "gpu": gpu,
-        "state": h.state.as_str(),
-        "since_ms": h.since_ms,
-        "why": h.why,
-        "fault": h.fault,
-        "run": h.run,
-        "instruction": h.instruction,
-        "check_failures": h.check_failures,
-        "lifecycle": h.lifecycle.map(|l| json!({"timestamps": l, "phases": l.phases().into_iter().collect::<BTreeMap<_, _>>()})),
-        "repairs_in_window": h.repairs.len(),
-        "history": h.history.iter().map(|(k, l)| json!({"kind": k.as_str(), "lifecycle": l, "phases": l.phases().into_iter().collect::<BTreeMap<_, _>>()})).collect::<Vec<_>>(),
-        "age_secs": (h.since_ms > 0).then(|| (now - h.since_ms).max(0) / 1000),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -700,7 +706,8 @@ mod tests {
         assert_eq!(h.state, HealthState::Healthy);
         let (kind, l) = h.history.back().unwrap();
         assert_eq!(*kind, FaultKind::Dbe);
-        assert_eq!(l.phases(), vec![("quarantined", 1.0), ("requeued", 1.5), ("repaired", 8.0), ("verified", 9.0)]);
+        let reached: Vec<(&str, f64)> = l.phases().reached().collect();
+        assert_eq!(reached, vec![("quarantined", 1.0), ("requeued", 1.5), ("repaired", 8.0), ("verified", 9.0)]);
         assert_eq!(m.repairs_in_window("n1", 0, 10_000), 1);
         assert!(!m.repeat_offender("n1", 0, 10_000));
         // A second fault and quarantine: two in the window.

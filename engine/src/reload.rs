@@ -20,7 +20,7 @@ use crate::serve::{client_for, node_loop};
 use crate::xid_policy::XidPolicy;
 
 /// What a reload changed.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ReloadReport {
     pub nodes: crate::fleet::FleetChange,
     /// API tokens by name.
@@ -39,7 +39,7 @@ pub struct ReloadReport {
     pub restart_needed: Vec<String>,
     /// What changed in the XID policy in force, one line per code (`XID
     /// 109: reset_gpu → ignore (why)`).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fault_policy: Vec<String>,
 }
 

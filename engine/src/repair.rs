@@ -22,6 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use nightshift_proto::{HealthCheck, HealthCheckArgs, Op, ReleaseArgs, Request};
@@ -544,7 +545,7 @@ impl Engine {
     /// no fault touched is healthy), state, fault, what a person should do,
     /// the lifecycle's timestamps and past lifecycles. `None`: not in the
     /// inventory.
-    pub fn node_health(&self, node: &str) -> Option<Value> {
+    pub fn node_health(&self, node: &str) -> Option<NodeHealth> {
         let n = self.core.fleet.get(node)?;
         let model = self.health_model();
         let now = self.core.now();
@@ -552,16 +553,12 @@ impl Engine {
         // standby, or an engine that has not read the inventory yet).
         let known = model.node_gpus(node).map(|(g, _)| g + 1).max().unwrap_or(0);
         let count = (n.state().gpu_count() as u32).max(known);
-        let mut gpus: BTreeMap<u32, Value> =
-            (0..count).map(|g| (g, crate::health::gpu_view(g, &crate::health::GpuHealth::default(), now))).collect();
+        let mut gpus: BTreeMap<u32, GpuHealthView> =
+            (0..count).map(|g| (g, GpuHealthView::of(g, &crate::health::GpuHealth::default(), now))).collect();
         for (g, h) in model.node_gpus(node) {
-            gpus.insert(g, crate::health::gpu_view(g, h, now));
+            gpus.insert(g, GpuHealthView::of(g, h, now));
         }
-        Some(json!({
-            "node": node,
-            "state": model.node_state(node).as_str(),
-            "gpus": gpus.into_values().collect::<Vec<_>>(),
-        }))
+        Some(NodeHealth { node: node.to_string(), state: model.node_state(node), gpus: gpus.into_values().collect() })
     }
 
     /// Run the agent's health check on `node` by hand (read-only).
@@ -636,4 +633,80 @@ impl Engine {
     pub fn fault_kind_of(&self, node: &str, gpu: u32) -> Option<FaultKind> {
         self.core.health().get(node, gpu).and_then(|h| h.fault.as_ref().map(|f| f.kind))
     }
+}
+
+/// A node's health as people read it (`GET /api/v1/nodes/{name}/health`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeHealth {
+    pub node: String,
+    /// The node's state: its worst GPU's.
+    pub state: HealthState,
+    pub gpus: Vec<GpuHealthView>,
+}
+
+impl NodeHealth {
+    /// The GPUs not healthy.
+    pub fn unhealthy(&self) -> impl Iterator<Item = &GpuHealthView> {
+        self.gpus.iter().filter(|g| g.state != HealthState::Healthy)
+    }
+}
+
+/// One GPU's health: state, fault, what a person should do, its lifecycle
+/// and the lifecycles before it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuHealthView {
+    pub gpu: u32,
+    pub state: HealthState,
+    pub since_ms: i64,
+    pub why: String,
+    pub fault: Option<crate::health::Fault>,
+    /// The run that acted on the fault.
+    pub run: Option<String>,
+    /// What a person should do, in words.
+    pub instruction: Option<String>,
+    pub check_failures: Vec<String>,
+    pub lifecycle: Option<LifecycleView>,
+    pub repairs_in_window: usize,
+    /// Finished lifecycles, oldest first.
+    pub history: Vec<PastLifecycle>,
+    /// Seconds in this state.
+    pub age_secs: Option<i64>,
+}
+
+impl GpuHealthView {
+    fn of(gpu: u32, h: &crate::health::GpuHealth, now: i64) -> GpuHealthView {
+        GpuHealthView {
+            gpu,
+            state: h.state,
+            since_ms: h.since_ms,
+            why: h.why.clone(),
+            fault: h.fault.clone(),
+            run: h.run.clone(),
+            instruction: h.instruction.clone(),
+            check_failures: h.check_failures.clone(),
+            lifecycle: h.lifecycle.map(|l| LifecycleView { timestamps: l, phases: l.phases() }),
+            repairs_in_window: h.repairs.len(),
+            history: h
+                .history
+                .iter()
+                .map(|(k, l)| PastLifecycle { kind: *k, lifecycle: *l, phases: l.phases() })
+                .collect(),
+            age_secs: (h.since_ms > 0).then(|| (now - h.since_ms).max(0) / 1000),
+        }
+    }
+}
+
+/// A lifecycle under way: its timestamps and the seconds to each phase.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LifecycleView {
+    pub timestamps: crate::health::Lifecycle,
+    pub phases: crate::health::Phases,
+}
+
+/// A finished lifecycle: the fault's kind, its timestamps and phases.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PastLifecycle {
+    pub kind: FaultKind,
+    pub lifecycle: crate::health::Lifecycle,
+    pub phases: crate::health::Phases,
 }

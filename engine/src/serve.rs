@@ -233,7 +233,7 @@ async fn announce_loop(engine: Engine, l: Arc<Leadership>) {
         }
         if let Some(c) = &db {
             let st = engine.ha_status();
-            let role = if stopping { "stopped" } else { st.role };
+            let role = if stopping { "stopped" } else { st.role.as_str() };
             let r = tokio::time::timeout(
                 Duration::from_secs(5),
                 crate::ha::announce(c, &l.cfg, role, st.term.unwrap_or(0)),

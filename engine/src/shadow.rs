@@ -12,7 +12,7 @@ use crate::audit::{RecordKind, RunFilter};
 use crate::engine::{Engine, EngineError};
 
 /// One action a shadow run would have taken.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct WouldAct {
     pub ts_ms: i64,
     pub node: Option<String>,
@@ -25,8 +25,19 @@ pub struct WouldAct {
     pub answer: String,
 }
 
+impl WouldAct {
+    /// Where: `node/gpuN`, the node, or nothing.
+    pub fn place(&self) -> String {
+        match (&self.node, self.gpu) {
+            (Some(n), Some(g)) => format!("{n}/gpu{g}"),
+            (Some(n), None) => n.clone(),
+            _ => String::new(),
+        }
+    }
+}
+
 /// One fire of a shadow runbook.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct ShadowFire {
     pub run: String,
     pub ts_ms: i64,

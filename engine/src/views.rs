@@ -565,16 +565,16 @@ impl Engine {
 }
 
 /// Where this engine stands in its shard (`/api/v1/ha`, `/metrics`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HaStatus {
     /// `sled` (one engine, always leading) or `postgres`.
-    pub backend: &'static str,
+    pub backend: String,
     pub shard: Option<String>,
     /// This engine's name in the lease table.
     pub holder: Option<String>,
     /// `leader`, `taking_over` (caught up, recovering: writes wait),
     /// `standby` or `deposed`.
-    pub role: &'static str,
+    pub role: String,
     /// The term this engine leads at.
     pub term: Option<u64>,
     /// The leader as this engine last read the lease row.
@@ -662,10 +662,10 @@ impl Engine {
         let takeover = self.core.counters.failover_ms.load(std::sync::atomic::Ordering::SeqCst);
         match self.core.leadership() {
             None => HaStatus {
-                backend: "sled",
+                backend: "sled".into(),
                 shard: None,
                 holder: None,
-                role: "leader",
+                role: "leader".into(),
                 term: None,
                 leader: None,
                 lease_age_ms: None,
@@ -675,7 +675,7 @@ impl Engine {
             Some(l) => {
                 let deposed = l.deposed().borrow().clone();
                 HaStatus {
-                    backend: "postgres",
+                    backend: "postgres".into(),
                     shard: Some(l.cfg.shard.clone()),
                     holder: Some(l.cfg.holder.clone()),
                     role: if l.is_ready() {
@@ -686,7 +686,8 @@ impl Engine {
                         "deposed"
                     } else {
                         "standby"
-                    },
+                    }
+                    .into(),
                     term: l.term(),
                     leader: l.leader(),
                     lease_age_ms: l.lease_age_ms(),

@@ -1357,7 +1357,7 @@ async fn run_with(
             ));
             continue;
         };
-        let phases: std::collections::BTreeMap<&str, f64> = c.phases().into_iter().collect();
+        let phases: std::collections::BTreeMap<&str, f64> = c.phases().reached().collect();
         for (phase, max) in &l.within_secs {
             match phases.get(phase.as_str()) {
                 None => failures.push(format!(

@@ -2,7 +2,6 @@
 //! mode uses it. Documented in `openapi.json` (served at
 //! `/api/v1/openapi.json`).
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 
 use axum::Json;
@@ -12,12 +11,17 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use nightshift_engine::api::WebhookPayload;
-use nightshift_engine::api::{RunOutcome, RunState, Target};
+use nightshift_engine::api::{
+    AgentHolds, AgentPing, AuditHead, Cancel, Cancelled, FleetModeView, HaReply, HandsOff, HandsOffReply,
+    HealthCheckReply, Healthz, NodeDetail, Readyz, Reason, ReleaseHolds, ReloadReply, Repaired, RunDetail,
+    RunbookBrief, RunbookDetail, RunbookList, RunbookModeReply, SetFleetMode, SetRunbookMode, ShadowReport,
+    SimFaultReply, StartRun, Verifying, WebhookPayload,
+};
+use nightshift_engine::api::{RunOutcome, RunState};
 use nightshift_engine::audit::RunFilter;
 use nightshift_engine::engine::RunRequest;
 use nightshift_proto::{NoArgs, Op};
@@ -157,7 +161,7 @@ impl RunsQuery {
             None => None,
         };
         let state = match self.state.as_deref().filter(|s| !s.is_empty()) {
-            Some(s) => Some(serde_json::from_value::<RunState>(json!(s)).map_err(|_| {
+            Some(s) => Some(serde_json::from_value::<RunState>(Value::String(s.to_string())).map_err(|_| {
                 ApiError::bad_request(format!(
                     "state: expected queued, pending_approval, running or finished, found {s:?}"
                 ))
@@ -202,40 +206,7 @@ pub async fn list_runs(
 pub async fn get_run(State(s): State<AppState>, _: Viewer, Path(id): Path<String>) -> Result<Response, ApiError> {
     let run = s.engine.run(&id)?.ok_or_else(|| ApiError::not_found(format!("no run {id:?}")))?;
     let records = s.engine.run_records(&id)?;
-    Ok(Json(json!({"run": run, "records": records})).into_response())
-}
-
-/// `POST /api/v1/runs`.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StartRun {
-    pub runbook: String,
-    #[serde(default)]
-    pub node: Option<String>,
-    #[serde(default)]
-    pub gpu: Option<u32>,
-    /// `label=value`.
-    #[serde(default)]
-    pub group: Option<String>,
-    #[serde(default)]
-    pub params: BTreeMap<String, String>,
-    #[serde(default)]
-    pub dry_run: bool,
-}
-
-impl StartRun {
-    pub fn target(&self) -> Result<Target, ApiError> {
-        match (&self.node, self.gpu, &self.group) {
-            (Some(n), g, None) => Ok(Target { node: Some(n.clone()), gpu: g, group: None }),
-            (None, None, Some(g)) => {
-                let (k, v) = g
-                    .split_once('=')
-                    .ok_or_else(|| ApiError::bad_request(format!("group: expected label=value, found {g:?}")))?;
-                Ok(Target::group(k, v))
-            }
-            _ => Err(ApiError::bad_request("expected `node` (and optionally `gpu`) or `group`, not both")),
-        }
-    }
+    Ok(Json(RunDetail { run, records }).into_response())
 }
 
 /// An `Idempotency-Key` header: 1 to 255 visible ASCII characters.
@@ -261,13 +232,10 @@ pub async fn start_run(
     headers: axum::http::HeaderMap,
     ApiJson(body): ApiJson<StartRun>,
 ) -> Result<Response, ApiError> {
-    let target = body.target()?;
+    let target = body.target().map_err(ApiError::bad_request)?;
     let key = idempotency_key(&headers)?;
     let now = nightshift_proto::clock::Clock::now_ms(s.engine.clock().as_ref());
-    let mut event = json!({"kind": "manual", "by": id.actor()});
-    if let Some(k) = key {
-        event["idempotency_key"] = json!(k);
-    }
+    let event = nightshift_engine::api::manual_event(&id.actor(), key.as_deref());
     let submitted = s
         .engine
         .submit(RunRequest {
@@ -283,15 +251,6 @@ pub async fn start_run(
         })
         .await?;
     Ok((StatusCode::ACCEPTED, Json(submitted)).into_response())
-}
-
-/// The body of a control that needs only a reason (`POST
-/// /api/v1/runs/{id}/reject`, a node's resume and drain): kept in the audit
-/// record.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Reason {
-    pub reason: String,
 }
 
 pub async fn approve(
@@ -311,15 +270,6 @@ pub async fn reject(
     Ok(Json(s.engine.reject(&run, &id.actor(), &body.reason).await?).into_response())
 }
 
-/// `POST /api/v1/runs/{id}/cancel`: an optional `{"reason": "…"}`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Cancel {
-    /// Why: kept in the audit record beside who cancelled.
-    #[serde(default)]
-    pub reason: Option<String>,
-}
-
 pub async fn cancel(
     State(s): State<AppState>,
     Operator(id): Operator,
@@ -327,7 +277,7 @@ pub async fn cancel(
     ApiJsonOrEmpty(body): ApiJsonOrEmpty<Cancel>,
 ) -> Result<Response, ApiError> {
     s.engine.cancel(&run, &id.actor(), body.reason.as_deref()).await?;
-    Ok(Json(json!({"cancelled": run})).into_response())
+    Ok(Json(Cancelled { cancelled: run }).into_response())
 }
 
 /// `POST /api/v1/runs/plan`: what `POST /api/v1/runs` with this body would
@@ -339,10 +289,10 @@ pub async fn plan_run(
 ) -> Result<Response, ApiError> {
     let req = RunRequest {
         runbook: body.runbook.clone(),
-        target: body.target()?,
+        target: body.target().map_err(ApiError::bad_request)?,
         trigger: "manual".into(),
         detail: format!("plan for {}", id.actor()),
-        event: json!({"kind": "manual", "by": id.actor()}),
+        event: nightshift_engine::api::manual_event(&id.actor(), None),
         event_ts_ms: nightshift_proto::clock::Clock::now_ms(s.engine.clock().as_ref()),
         params: body.params.clone(),
         dry_run: body.dry_run,
@@ -417,7 +367,7 @@ pub async fn nodes(
 pub async fn node(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
     let n = s.engine.node(&name).ok_or_else(|| ApiError::not_found(format!("no node {name:?} in the inventory")))?;
     let recent = s.engine.runs(&RunFilter { node: Some(name.clone()), limit: Some(20), ..Default::default() })?;
-    Ok(Json(json!({"node": n, "health": s.engine.node_health(&name), "recent_runs": recent.runs})).into_response())
+    Ok(Json(NodeDetail { node: n, health: s.engine.node_health(&name), recent_runs: recent.runs }).into_response())
 }
 
 /// `GET /api/v1/nodes/{name}/health`: every GPU's health state, fault,
@@ -477,18 +427,6 @@ pub async fn evidence_file(
         .into_response())
 }
 
-/// `POST /api/v1/nodes/{name}/repaired`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Repaired {
-    /// One GPU; every GPU awaiting repair when absent.
-    #[serde(default)]
-    pub gpu: Option<u32>,
-    /// What was done (kept in the audit record).
-    #[serde(default)]
-    pub note: String,
-}
-
 /// A person says the node (or a GPU) was repaired: its GPUs go to
 /// verifying, and the health check decides whether they return.
 pub async fn node_repaired(
@@ -505,7 +443,7 @@ pub async fn node_repaired(
         .mark_repaired(&name, body.gpu, &id.actor(), &body.note)
         .await
         .map_err(|e| ApiError::new(StatusCode::CONFLICT, "nothing_to_repair", e))?;
-    Ok(Json(json!({"node": name, "verifying": gpus})).into_response())
+    Ok(Json(Verifying { node: name, verifying: gpus }).into_response())
 }
 
 /// `POST /api/v1/agents/{name}/health-check`: the agent's read-only health
@@ -523,44 +461,7 @@ pub async fn agent_health_check(
         .health_check_node(&name)
         .await
         .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "agent_error", e))?;
-    Ok(Json(json!({"node": name, "check": hc})).into_response())
-}
-
-/// `POST /api/v1/nodes/{name}/hands-off`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HandsOff {
-    pub hands_off: bool,
-    #[serde(default)]
-    pub reason: Option<String>,
-    /// It ends by itself after this many seconds (1 to 30 days).
-    #[serde(default)]
-    pub for_secs: Option<u64>,
-}
-
-/// `POST /api/v1/nodes/{name}/holds/release`: which holds, and why.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReleaseHolds {
-    #[serde(default)]
-    pub gpu: Option<u32>,
-    #[serde(default)]
-    pub owner: Option<String>,
-    #[serde(default)]
-    pub hold: Option<String>,
-    /// Only holds of this kind (`power_limit`, `fan_curve`, `node_drain`, …).
-    #[serde(default)]
-    pub kind: Option<String>,
-    /// Every hold on the node: said on purpose (without it, a release names
-    /// a gpu, owner, hold or kind).
-    #[serde(default)]
-    pub all: bool,
-    /// Admin only: release a repair drain of a GPU the health model holds
-    /// broken anyway.
-    #[serde(default)]
-    pub force: bool,
-    /// Why: kept in the audit record.
-    pub reason: String,
+    Ok(Json(HealthCheckReply { node: name, check: hc }).into_response())
 }
 
 /// A person releases holds on a node (operator): sent to the agent as
@@ -613,14 +514,15 @@ pub async fn drain_node(
 }
 
 fn control_answer(out: nightshift_engine::api::ControlOutcome) -> Response {
-    let refused = out.actions.iter().find(|a| a["ok"] != true);
-    let status = if refused.is_some() { StatusCode::CONFLICT } else { StatusCode::OK };
-    let mut v = serde_json::to_value(&out).unwrap_or_default();
-    if let Some(r) = refused {
-        v["error"] = json!({"code": r["code"].as_str().unwrap_or("refused"),
-            "message": r["error"].as_str().unwrap_or("the agent refused")});
-    }
-    (status, Json(v)).into_response()
+    let error = out.refused().map(|r| {
+        let code = r.result.code.as_deref().unwrap_or("refused");
+        nightshift_engine::api::ApiErrorDetail {
+            code: code.to_string(),
+            message: r.result.error.clone().unwrap_or_else(|| "the agent refused".into()),
+        }
+    });
+    let status = if error.is_some() { StatusCode::CONFLICT } else { StatusCode::OK };
+    (status, Json(nightshift_engine::api::ControlReply { outcome: out, error })).into_response()
 }
 
 pub async fn hands_off(
@@ -639,39 +541,12 @@ pub async fn hands_off(
         None => None,
     };
     s.engine.set_hands_off(&name, &id.actor(), body.hands_off, body.reason.as_deref(), until_ms).await?;
-    Ok(Json(json!({"node": name, "hands_off": body.hands_off, "until_ms": until_ms})).into_response())
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModeChange {
-    /// `act` (promote) or `shadow` (demote).
-    pub mode: nightshift_engine::api::Mode,
-    /// Why: kept in the audit record.
-    pub reason: String,
-}
-
-/// A change of the whole fleet's mode.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FleetModeChange {
-    /// `act`, `shadow` or `paused`.
-    pub mode: nightshift_engine::api::FleetMode,
-    /// Why: kept in the audit record.
-    pub reason: String,
+    Ok(Json(HandsOffReply { node: name, hands_off: body.hands_off, until_ms }).into_response())
 }
 
 /// The whole fleet's mode, who set it and why (viewer).
 pub async fn fleet_mode(State(s): State<AppState>, _v: Viewer) -> Result<Response, ApiError> {
-    Ok(Json(fleet_mode_view(&s.engine)).into_response())
-}
-
-fn fleet_mode_view(e: &nightshift_engine::engine::Engine) -> Value {
-    let (mode, set) = e.fleet_mode();
-    match set {
-        Some((by, reason)) => json!({"mode": mode.as_str(), "set_by": by, "reason": reason}),
-        None => json!({"mode": mode.as_str(), "set_by": null, "reason": "initial_fleet_mode in engine.yaml"}),
-    }
+    Ok(Json(FleetModeView::of(&s.engine)).into_response())
 }
 
 /// Put the whole fleet in act, shadow or paused mode (admin), audited with
@@ -679,12 +554,11 @@ fn fleet_mode_view(e: &nightshift_engine::engine::Engine) -> Value {
 pub async fn set_fleet_mode(
     State(s): State<AppState>,
     Admin(id): Admin,
-    ApiJson(body): ApiJson<FleetModeChange>,
+    ApiJson(body): ApiJson<SetFleetMode>,
 ) -> Result<Response, ApiError> {
     let change = s.engine.set_fleet_mode(body.mode, &id.actor(), &body.reason).await?;
-    let mut v = fleet_mode_view(&s.engine);
-    v["ended"] = json!(change.ended);
-    v["in_flight"] = json!(change.in_flight);
+    let v =
+        FleetModeView { ended: Some(change.ended), in_flight: Some(change.in_flight), ..FleetModeView::of(&s.engine) };
     Ok(Json(v).into_response())
 }
 
@@ -693,10 +567,10 @@ pub async fn runbook_mode(
     State(s): State<AppState>,
     Admin(id): Admin,
     Path(name): Path<String>,
-    ApiJson(body): ApiJson<ModeChange>,
+    ApiJson(body): ApiJson<SetRunbookMode>,
 ) -> Result<Response, ApiError> {
     let mode = s.engine.set_runbook_mode(&name, body.mode, &id.actor(), &body.reason).await?;
-    Ok(Json(json!({"runbook": name, "mode": mode.as_str()})).into_response())
+    Ok(Json(RunbookModeReply { runbook: name, mode }).into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -716,17 +590,13 @@ pub async fn shadow_report(
     ApiQuery(q): ApiQuery<ShadowQuery>,
 ) -> Result<Response, ApiError> {
     let since = q.since_ms.unwrap_or_else(|| s.engine.clock().now_ms() - 7 * 86_400_000);
-    let fires = s.engine.shadow_report(&name, since, q.limit.unwrap_or(200).min(1000))?;
-    Ok(Json(json!({"runbook": name, "mode": s.engine.runbook_mode(&name).as_str(), "since_ms": since, "fires": fires}))
-        .into_response())
+    Ok(Json(ShadowReport::of(&s.engine, &name, since, q.limit.unwrap_or(200).min(1000))?).into_response())
 }
 
 pub async fn agent_ping(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
     let started = std::time::Instant::now();
     let reply = s.engine.agent_call(&name, Op::Telemetry(NoArgs {})).await?;
-    let ms = started.elapsed().as_secs_f64() * 1000.0;
-    Ok(Json(json!({"node": name, "ok": reply.ok, "round_trip_ms": (ms * 100.0).round() / 100.0, "error": reply.error}))
-        .into_response())
+    Ok(Json(AgentPing::of(&name, reply, started.elapsed())).into_response())
 }
 
 pub async fn agent_inventory(
@@ -751,7 +621,7 @@ pub async fn agent_sim_fault(
     ApiJson(fault): ApiJson<nightshift_proto::SimFault>,
 ) -> Result<Response, ApiError> {
     let v = s.engine.simulate_fault(&name, &id.actor(), fault).await?;
-    Ok(Json(json!({"node": name, "injected": v})).into_response())
+    Ok(Json(SimFaultReply { node: name, injected: v }).into_response())
 }
 
 /// What is held on a node: each setting's baseline, what is in effect and
@@ -759,7 +629,12 @@ pub async fn agent_sim_fault(
 pub async fn agent_holds(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
     let reply = s.engine.agent_call(&name, Op::Holds(NoArgs {})).await?;
     match reply.result {
-        Some(v) if reply.ok => Ok(Json(json!({"node": name, "settings": v})).into_response()),
+        Some(v) if reply.ok => {
+            let settings = serde_json::from_value(v).map_err(|e| {
+                ApiError::new(StatusCode::BAD_GATEWAY, "agent_error", format!("the agent's holds: {e}"))
+            })?;
+            Ok(Json(AgentHolds { node: name, settings }).into_response())
+        }
         _ => Err(ApiError::new(StatusCode::BAD_GATEWAY, "agent_error", format!("{:?}", reply.error))),
     }
 }
@@ -767,13 +642,8 @@ pub async fn agent_holds(State(s): State<AppState>, _: Viewer, Path(name): Path<
 pub async fn runbooks(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
     let set = s.engine.runbook_set();
     let errors: Vec<String> = set.errors.iter().map(|e| e.to_string()).collect();
-    let list: Vec<Value> = s
-        .engine
-        .runbooks()
-        .into_iter()
-        .map(|r| json!({"name": r.name, "description": r.description, "handbook": r.handbook, "trigger": r.trigger, "scope": r.scope, "input": r.input}))
-        .collect();
-    Ok(Json(json!({"runbooks": list, "errors": errors})).into_response())
+    let runbooks = s.engine.runbooks().iter().map(RunbookBrief::from).collect();
+    Ok(Json(RunbookList { runbooks, errors }).into_response())
 }
 
 pub async fn runbook(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
@@ -784,7 +654,7 @@ pub async fn runbook(State(s): State<AppState>, _: Viewer, Path(name): Path<Stri
         .find(|r| r.name == name)
         .ok_or_else(|| ApiError::not_found(format!("no runbook {name:?}")))?;
     let recent = s.engine.runs(&RunFilter { runbook: Some(name), limit: Some(20), ..Default::default() })?;
-    Ok(Json(json!({"runbook": rb, "recent_runs": recent.runs})).into_response())
+    Ok(Json(RunbookDetail { runbook: rb, recent_runs: recent.runs }).into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -804,13 +674,7 @@ pub async fn reload(
     ApiQuery(q): ApiQuery<ReloadQuery>,
 ) -> Result<Response, ApiError> {
     match nightshift_engine::api::reload_with(&s.engine, &id.actor(), q.allow_partial).await {
-        Ok(r) => {
-            let mut v = serde_json::to_value(&r).unwrap_or_default();
-            // What `runbooks reload` answered before: kept for its callers.
-            v["loaded"] = r.runbooks.into();
-            v["errors"] = json!(r.runbook_errors);
-            Ok(Json(v).into_response())
-        }
+        Ok(r) => Ok(Json(ReloadReply::from(r)).into_response()),
         Err(nightshift_engine::api::ReloadError::Audit(e)) => {
             Err(nightshift_engine::engine::EngineError::from(e).into())
         }
@@ -870,12 +734,7 @@ pub async fn verify(
 /// store to anchor the chain.
 pub async fn head(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
     let h = s.engine.audit_head()?;
-    Ok(Json(match h {
-        Some(r) => json!({"seq": r.seq, "hash": r.hash, "ts_ms": r.ts_ms,
-            "ts": nightshift_engine::api::format_rfc3339_ms(r.ts_ms)}),
-        None => json!({"seq": 0, "hash": null, "ts_ms": null, "ts": null}),
-    })
-    .into_response())
+    Ok(Json(AuditHead::of(h.as_ref())).into_response())
 }
 
 pub async fn export(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
@@ -1006,11 +865,11 @@ pub async fn alertmanager(
     let r = s.engine.accept_alertmanager(payload, &poster).await?;
     if r.shed > 0 {
         // Alertmanager retries on 5xx: the shed alerts come back later.
-        let mut resp = (StatusCode::SERVICE_UNAVAILABLE, Json(json!(r))).into_response();
+        let mut resp = (StatusCode::SERVICE_UNAVAILABLE, Json(r)).into_response();
         resp.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("5"));
         return Ok(resp);
     }
-    Ok(Json(json!(r)).into_response())
+    Ok(Json(r).into_response())
 }
 
 pub async fn openapi() -> Response {
@@ -1021,36 +880,25 @@ pub async fn healthz(State(s): State<AppState>) -> Response {
     let (seq, agents, role) = (s.engine.audit().head_seq(), s.engine.connected_agents(), s.engine.ha_status().role);
     // A store that stopped at a durability failure accepts nothing: the
     // engine is not healthy, whatever else works.
-    if let Some(e) = s.engine.audit().stopped() {
-        let body = json!({"ok": false, "audit_seq": seq, "agents_connected": agents, "role": role,
-            "audit_stopped": e.to_string()});
-        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
-    }
-    Json(json!({"ok": true, "audit_seq": seq, "agents_connected": agents, "role": role})).into_response()
+    let stopped = s.engine.audit().stopped().map(|e| e.to_string());
+    let status = if stopped.is_some() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    let body =
+        Healthz { ok: stopped.is_none(), audit_seq: seq, agents_connected: agents, role, audit_stopped: stopped };
+    (status, Json(body)).into_response()
 }
 
 /// `GET /readyz`: ready to take work — the store writes (a standby is
 /// ready to serve reads and forward writes). 503 with why when not.
 pub async fn readyz(State(s): State<AppState>) -> Response {
     let role = s.engine.ha_status().role;
-    if let Some(e) = s.engine.audit().stopped() {
-        let body = json!({"ok": false, "ready": false, "role": role, "audit_stopped": e.to_string()});
-        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
-    }
-    Json(json!({"ok": true, "ready": true, "role": role})).into_response()
+    let stopped = s.engine.audit().stopped().map(|e| e.to_string());
+    let status = if stopped.is_some() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    let ok = stopped.is_none();
+    (status, Json(Readyz { ok, ready: ok, role: Some(role), audit_stopped: stopped, starting: None })).into_response()
 }
 
 /// `GET /api/v1/ha`: this engine's place in its shard — leader, standby
 /// or deposed, the term, and who leads.
 pub async fn ha(State(s): State<AppState>, _: Viewer) -> Response {
-    let mut v = serde_json::to_value(s.engine.ha_status()).unwrap_or_default();
-    match s.engine.ha_shards().await {
-        Ok(shards) => v["shards"] = json!(shards),
-        Err(e) => v["shards_error"] = json!(e),
-    }
-    match s.engine.ha_engines().await {
-        Ok(engines) => v["engines"] = json!(engines),
-        Err(e) => v["engines_error"] = json!(e),
-    }
-    Json(v).into_response()
+    Json(HaReply::of(&s.engine).await).into_response()
 }

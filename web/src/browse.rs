@@ -9,7 +9,7 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use nightshift_engine::api::{format_rfc3339_ms, parse_rfc3339_ms};
 use nightshift_engine::audit::{AuditRecord, RecordKind, RecordPage, RecordQuery};
@@ -164,12 +164,12 @@ pub async fn api_record(State(s): State<AppState>, _: Viewer, Path(seq): Path<St
     let seq = parse_seq(&seq)?;
     let (r, prev, next) = record_view(&s, seq)?;
     let links = prev.as_ref().map(|p| p.hash == r.prev_hash);
-    Ok(Json(json!({
-        "record": r,
-        "prev_seq": prev.as_ref().map(|p| p.seq),
-        "next_seq": next.then_some(seq + 1),
-        "links_to_prev": links,
-    }))
+    Ok(Json(nightshift_engine::api::RecordView {
+        prev_seq: prev.as_ref().map(|p| p.seq),
+        next_seq: next.then_some(seq + 1),
+        links_to_prev: links,
+        record: r,
+    })
     .into_response())
 }
 

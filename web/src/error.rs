@@ -4,7 +4,6 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use nightshift_engine::engine::EngineError;
-use serde_json::json;
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -68,6 +67,6 @@ impl From<EngineError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(json!({"error": {"code": self.code, "message": self.message}}))).into_response()
+        (self.status, Json(nightshift_engine::api::ApiErrorBody::new(self.code, self.message))).into_response()
     }
 }

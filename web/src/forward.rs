@@ -44,7 +44,8 @@ fn client() -> Option<&'static reqwest::Client> {
 }
 
 fn unavailable(msg: String) -> Response {
-    let mut r = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"error": msg}))).into_response();
+    let body = nightshift_engine::api::ApiErrorBody::new("leader_unavailable", msg);
+    let mut r = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
     r.headers_mut().insert("retry-after", HeaderValue::from_static("2"));
     r
 }
@@ -121,8 +122,8 @@ pub async fn forward_writes(State(s): State<AppState>, req: Request, next: Next)
     let body = match to_bytes(body, MAX_WEBHOOK_BYTES).await {
         Ok(b) => b,
         Err(e) => {
-            return (StatusCode::PAYLOAD_TOO_LARGE, axum::Json(serde_json::json!({"error": e.to_string()})))
-                .into_response();
+            let body = nightshift_engine::api::ApiErrorBody::new("too_large", e.to_string());
+            return (StatusCode::PAYLOAD_TOO_LARGE, axum::Json(body)).into_response();
         }
     };
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());

@@ -286,13 +286,22 @@ pub async fn serve_starting(
         move || async move {
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                axum::Json(serde_json::json!({"ok": false, "ready": false, "starting": why})),
+                axum::Json(nightshift_engine::api::Readyz {
+                    ok: false,
+                    ready: false,
+                    role: None,
+                    audit_stopped: None,
+                    starting: Some(why),
+                }),
             )
                 .into_response()
         }
     };
     let other = move || async move {
-        let body = serde_json::json!({"error": {"code": "starting", "message": format!("the engine is starting: {why}; retry in a few seconds")}});
+        let body = nightshift_engine::api::ApiErrorBody::new(
+            "starting",
+            format!("the engine is starting: {why}; retry in a few seconds"),
+        );
         (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
     };
     let app = axum::Router::new().route("/healthz", get(health.clone())).route("/readyz", get(health)).fallback(other);

@@ -3,44 +3,17 @@
 //! reason) and `POST /api/v1/maintenance/{id}/end` (admin, with a reason).
 //! The engine's `maintenance.rs` checks and records them.
 
-use std::collections::BTreeMap;
-
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use serde_json::json;
-
-use nightshift_engine::api::WindowSpec;
 use nightshift_engine::api::parse_rfc3339_ms;
+use nightshift_engine::api::{NewWindow, Reason, WindowReply, WindowSpec, Windows};
 
 use crate::AppState;
-use crate::api::{ApiJson, Reason};
+use crate::api::ApiJson;
 use crate::error::ApiError;
 use crate::extract::{Admin, Viewer};
-
-/// `POST /api/v1/maintenance`: which nodes (every matcher must hold), from
-/// when (default now) until when (`ends_at`, or `for_secs` from the start),
-/// and why.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewWindow {
-    #[serde(default)]
-    pub matchers: BTreeMap<String, String>,
-    #[serde(default)]
-    pub nodes: Vec<String>,
-    /// RFC 3339; none: now.
-    #[serde(default)]
-    pub starts_at: Option<String>,
-    /// RFC 3339.
-    #[serde(default)]
-    pub ends_at: Option<String>,
-    /// Seconds after the start (instead of `ends_at`).
-    #[serde(default)]
-    pub for_secs: Option<u64>,
-    pub reason: String,
-}
 
 fn time(field: &str, s: &str) -> Result<i64, ApiError> {
     parse_rfc3339_ms(s).ok_or_else(|| {
@@ -50,7 +23,7 @@ fn time(field: &str, s: &str) -> Result<i64, ApiError> {
 
 /// Windows in force or to come, each with the nodes it covers now.
 pub async fn list(State(s): State<AppState>, _v: Viewer) -> Result<Response, ApiError> {
-    Ok(Json(json!({"windows": s.engine.windows()})).into_response())
+    Ok(Json(Windows { windows: s.engine.windows() }).into_response())
 }
 
 /// Set a window (admin): recorded under who set it before it is in force.
@@ -78,7 +51,7 @@ pub async fn set(
     };
     let spec = WindowSpec { matchers: body.matchers, nodes: body.nodes, starts_ms, ends_ms, reason: body.reason };
     let w = s.engine.set_window(&id.actor(), spec).await?;
-    Ok((StatusCode::CREATED, Json(json!({"window": w}))).into_response())
+    Ok((StatusCode::CREATED, Json(WindowReply { window: w, ended: false })).into_response())
 }
 
 /// End a window before its time (admin), saying why.
@@ -89,5 +62,5 @@ pub async fn end(
     ApiJson(body): ApiJson<Reason>,
 ) -> Result<Response, ApiError> {
     let w = s.engine.end_window(&window, &id.actor(), &body.reason).await?;
-    Ok(Json(json!({"window": w, "ended": true})).into_response())
+    Ok(Json(WindowReply { window: w, ended: true }).into_response())
 }

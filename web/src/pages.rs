@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use nightshift_engine::api::format_rfc3339_ms;
+use nightshift_engine::api::{GpuHealthView, HealthState, NodeHealth};
 use nightshift_engine::api::{RunOutcome, RunState, RunSummary};
 use nightshift_engine::audit::{AuditRecord, RecordKind, RunFilter};
 use nightshift_engine::config::Role;
@@ -843,24 +844,30 @@ pub async fn node_page(
 
 /// Marks for a GPU's health changes (faulted, awaiting repair, …) from the
 /// node's health view.
-fn fault_marks(health: &serde_json::Value, gpu: u32) -> Vec<crate::chart::Mark> {
+fn fault_marks(health: &NodeHealth, gpu: u32) -> Vec<crate::chart::Mark> {
     let mut out = Vec::new();
-    for g in health["gpus"].as_array().into_iter().flatten().filter(|g| g["gpu"].as_u64() == Some(gpu as u64)) {
+    for g in health.gpus.iter().filter(|g| g.gpu == gpu) {
         // The lifecycle's moments (faulted, drained, …), else the state's start.
-        for (k, v) in g["lifecycle"]["timestamps"].as_object().into_iter().flatten() {
-            if let Some(ts) = v.as_i64().filter(|t| *t > 0) {
-                out.push(crate::chart::Mark {
-                    ts_ms: ts,
-                    label: k.trim_end_matches("_ms").replace('_', " "),
-                    class: "action",
-                });
+        if let Some(l) = g.lifecycle.as_ref().map(|l| l.timestamps) {
+            let moments = [
+                ("seen", Some(l.seen_ms)),
+                ("quarantined", l.quarantined_ms),
+                ("requeued", l.requeued_ms),
+                ("repaired", l.repaired_ms),
+                ("verified", l.verified_ms),
+            ];
+            for (label, ts) in moments {
+                if let Some(ts) = ts.filter(|t| *t > 0) {
+                    out.push(crate::chart::Mark { ts_ms: ts, label: label.into(), class: "action" });
+                }
             }
         }
-        if out.is_empty()
-            && let (Some(ts), Some(state)) = (g["since_ms"].as_i64().filter(|t| *t > 0), g["state"].as_str())
-            && state != "healthy"
-        {
-            out.push(crate::chart::Mark { ts_ms: ts, label: state.replace('_', " "), class: "action" });
+        if out.is_empty() && g.since_ms > 0 && g.state != HealthState::Healthy {
+            out.push(crate::chart::Mark {
+                ts_ms: g.since_ms,
+                label: g.state.as_str().replace('_', " "),
+                class: "action",
+            });
         }
     }
     out.sort_by_key(|m| m.ts_ms);
@@ -1250,11 +1257,11 @@ pub async fn ui_resume(
 
 /// Back to the node page, or the agent's refusal as an error page.
 fn control_page(node: &str, out: nightshift_engine::api::ControlOutcome) -> Result<Response, PageError> {
-    if let Some(r) = out.actions.iter().find(|a| a["ok"] != true) {
+    if let Some(r) = out.refused() {
         return Err(PageError(crate::error::ApiError::new(
             StatusCode::CONFLICT,
             "refused",
-            format!("{node}: the agent refused: {}", r["error"].as_str().unwrap_or("?")),
+            format!("{node}: the agent refused: {}", r.result.error.as_deref().unwrap_or("?")),
         )));
     }
     Ok(Redirect::to(&format!("/nodes/{node}")).into_response())
@@ -1304,16 +1311,10 @@ pub async fn asset(Path(name): Path<String>) -> Response {
 /// The node page's health: each GPU a fault touched, where its lifecycle
 /// stands (seconds from the fault to each phase), what a person should do,
 /// and its last lifecycles.
-fn health_section(h: &serde_json::Value) -> Markup {
-    let gpus: Vec<&serde_json::Value> = h["gpus"]
-        .as_array()
-        .map(|v| {
-            v.iter()
-                .filter(|g| g["state"] != "healthy" || g["history"].as_array().is_some_and(|x| !x.is_empty()))
-                .collect()
-        })
-        .unwrap_or_default();
-    let secs = |v: &serde_json::Value| v.as_f64().map(|x| format!("{x:.0} s")).unwrap_or_else(|| "—".into());
+fn health_section(h: &NodeHealth) -> Markup {
+    let gpus: Vec<&GpuHealthView> =
+        h.gpus.iter().filter(|g| g.state != HealthState::Healthy || !g.history.is_empty()).collect();
+    let secs = |v: Option<f64>| v.map(|x| format!("{x:.0} s")).unwrap_or_else(|| "—".into());
     html! {
         section #health {
             h2 { "Health" }
@@ -1324,24 +1325,24 @@ fn health_section(h: &serde_json::Value) -> Markup {
                     thead { tr { th { "GPU" } th { "State" } th { "Fault" } th { "Quarantined" } th { "Requeued" } th { "Repaired" } th { "Verified" } th { "What to do" } } }
                     tbody {
                         @for g in &gpus {
-                            @let phases = &g["lifecycle"]["phases"];
+                            @let phases = g.lifecycle.as_ref().map(|l| l.phases).unwrap_or_default();
                             tr {
-                                td { (g["gpu"]) }
-                                td { span.badge.(if g["state"] == "healthy" { "ok" } else { "bad" }) { (g["state"].as_str().unwrap_or("")) } }
-                                td { (g["fault"]["detail"].as_str().unwrap_or("")) @if let Some(r) = g["run"].as_str() { " " a href={"/runs/" (r)} { (r) } } }
-                                td.num { (secs(&phases["quarantined"])) }
-                                td.num { (secs(&phases["requeued"])) }
-                                td.num { (secs(&phases["repaired"])) }
-                                td.num { (secs(&phases["verified"])) }
-                                td { (g["instruction"].as_str().unwrap_or("")) @for f in g["check_failures"].as_array().into_iter().flatten() { br; small.error { (f.as_str().unwrap_or("")) } } }
+                                td { (g.gpu) }
+                                td { span.badge.(if g.state == HealthState::Healthy { "ok" } else { "bad" }) { (g.state.as_str()) } }
+                                td { (g.fault.as_ref().map(|f| f.detail.as_str()).unwrap_or("")) @if let Some(r) = &g.run { " " a href={"/runs/" (r)} { (r) } } }
+                                td.num { (secs(phases.quarantined)) }
+                                td.num { (secs(phases.requeued)) }
+                                td.num { (secs(phases.repaired)) }
+                                td.num { (secs(phases.verified)) }
+                                td { (g.instruction.as_deref().unwrap_or("")) @for f in &g.check_failures { br; small.error { (f) } } }
                             }
-                            @for past in g["history"].as_array().into_iter().flatten() {
+                            @for past in &g.history {
                                 tr.muted {
-                                    td {} td { "earlier: " (past["kind"].as_str().unwrap_or("")) } td {}
-                                    td.num { (secs(&past["phases"]["quarantined"])) }
-                                    td.num { (secs(&past["phases"]["requeued"])) }
-                                    td.num { (secs(&past["phases"]["repaired"])) }
-                                    td.num { (secs(&past["phases"]["verified"])) }
+                                    td {} td { "earlier: " (past.kind.as_str()) } td {}
+                                    td.num { (secs(past.phases.quarantined)) }
+                                    td.num { (secs(past.phases.requeued)) }
+                                    td.num { (secs(past.phases.repaired)) }
+                                    td.num { (secs(past.phases.verified)) }
                                     td {}
                                 }
                             }

@@ -199,7 +199,7 @@ fn health(out: &mut String, engine: &Engine) {
     for (_, h) in model.all() {
         let current = h.fault.as_ref().zip(h.lifecycle.as_ref()).map(|(f, l)| (f.kind, *l));
         for (kind, l) in h.history.iter().copied().chain(current) {
-            for (phase, secs) in l.phases() {
+            for (phase, secs) in l.phases().reached() {
                 let e =
                     hist.entry((kind.as_str(), phase)).or_insert_with(|| (vec![0; REPAIR_BUCKETS_SECS.len()], 0, 0.0));
                 for (i, b) in REPAIR_BUCKETS_SECS.iter().enumerate() {

@@ -2,6 +2,7 @@
 //! `nightshift nodes repaired`.
 
 use anyhow::{Context, Result};
+use nightshift_engine::api::HealthState;
 use nightshift_proto::SettingView;
 use serde_json::json;
 
@@ -20,12 +21,12 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
             }
             // A standby connects to no agent: they are its leader's.
             let standby_of = match c {
-                Conn::Remote(_) => c.ha().await.ok().filter(|v| v["role"] == "standby").map(|v| {
-                    (
-                        v["leader"]["holder"].as_str().unwrap_or("none yet").to_string(),
-                        v["leader"]["url"].as_str().unwrap_or("").to_string(),
-                    )
-                }),
+                Conn::Remote(_) => {
+                    c.ha().await.ok().filter(|v| v.status.role == "standby").map(|v| match v.status.leader {
+                        Some(l) => (l.holder, l.url),
+                        None => ("none yet".to_string(), String::new()),
+                    })
+                }
                 Conn::Local(_) => None,
             };
             if let Some((holder, url)) = &standby_of {
@@ -100,34 +101,33 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
                 outln!("{}", serde_json::to_string_pretty(&h)?);
                 return Ok(0);
             }
-            outln!("{node}: {}", h["state"].as_str().unwrap_or("?"));
-            let secs = |v: &serde_json::Value| v.as_f64().map(|x| format!("{x:.0} s")).unwrap_or_else(|| "—".into());
-            let rows: Vec<Vec<String>> = h["gpus"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            outln!("{node}: {}", h.state.as_str());
+            let secs = |v: Option<f64>| v.map(|x| format!("{x:.0} s")).unwrap_or_else(|| "—".into());
+            let rows: Vec<Vec<String>> = h
+                .gpus
+                .iter()
                 .map(|g| {
-                    let p = &g["lifecycle"]["phases"];
-                    let state = g["state"].as_str().unwrap_or("?").to_string();
+                    let p = g.lifecycle.as_ref().map(|l| l.phases).unwrap_or_default();
+                    let state = g.state.as_str();
                     vec![
-                        g["gpu"].to_string(),
-                        if state == "healthy" { out.green(&state) } else { out.red(&state) },
-                        g["fault"]["detail"].as_str().unwrap_or("").to_string(),
-                        secs(&p["quarantined"]),
-                        secs(&p["requeued"]),
-                        secs(&p["repaired"]),
-                        secs(&p["verified"]),
-                        g["history"].as_array().map_or(0, |v| v.len()).to_string(),
+                        g.gpu.to_string(),
+                        if g.state == HealthState::Healthy { out.green(state) } else { out.red(state) },
+                        g.fault.as_ref().map(|f| f.detail.clone()).unwrap_or_default(),
+                        secs(p.quarantined),
+                        secs(p.requeued),
+                        secs(p.repaired),
+                        secs(p.verified),
+                        g.history.len().to_string(),
                     ]
                 })
                 .collect();
             out.table(&["GPU", "STATE", "FAULT", "QUARANTINED", "REQUEUED", "REPAIRED", "VERIFIED", "PAST"], &rows);
-            for g in h["gpus"].as_array().into_iter().flatten() {
-                if let Some(i) = g["instruction"].as_str() {
-                    outln!("GPU {}: {i}", g["gpu"]);
+            for g in &h.gpus {
+                if let Some(i) = &g.instruction {
+                    outln!("GPU {}: {i}", g.gpu);
                 }
-                for f in g["check_failures"].as_array().into_iter().flatten() {
-                    outln!("GPU {}: health check failed: {}", g["gpu"], f.as_str().unwrap_or(""));
+                for f in &g.check_failures {
+                    outln!("GPU {}: health check failed: {f}", g.gpu);
                 }
             }
             outln!("(seconds from the fault being seen to each phase of its repair)");
@@ -186,46 +186,46 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
             }
-            let check = &v["check"];
-            let ok = check["ok"] == true;
+            let check = &v.check;
+            let ok = check.ok;
             if !out.json {
                 outln!(
                     "{node}: {}",
                     if ok { out.green("health check passed") } else { out.red("health check failed") }
                 );
-                for g in check["gpus"].as_array().into_iter().flatten() {
-                    for f in g["failures"].as_array().into_iter().flatten() {
-                        outln!("  GPU {}: {}", g["index"], f.as_str().unwrap_or(""));
+                for g in &check.gpus {
+                    for f in &g.failures {
+                        outln!("  GPU {}: {f}", g.index);
                     }
                 }
-                for f in check["node_failures"].as_array().into_iter().flatten() {
-                    outln!("  {}", f.as_str().unwrap_or(""));
+                for f in &check.node_failures {
+                    outln!("  {f}");
                 }
-                if let Some(d) = check["dcgm"].as_str() {
+                if let Some(d) = &check.dcgm {
                     outln!("  dcgmi diag: {d}");
                 }
             }
             Ok(if ok { 0 } else { 1 })
         }
         AgentsCmd::Ping { node } => {
-            let v = c.agent(node, "ping").await?;
+            let v = c.ping(node).await?;
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
-            } else if v["ok"] == true {
-                outln!("{node}: ok in {} ms", v["round_trip_ms"]);
+            } else if v.ok {
+                outln!("{node}: ok in {} ms", serde_json::Value::from(v.round_trip_ms));
             } else {
-                outln!("{node}: {}", v["error"]);
+                outln!("{node}: {}", serde_json::to_string(&v.error)?);
                 return Ok(4);
             }
             Ok(0)
         }
         AgentsCmd::Holds { node } => {
-            let v = c.agent(node, "holds").await?;
+            let v = c.holds(node).await?;
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(0);
             }
-            let settings: Vec<SettingView> = serde_json::from_value(v["settings"].clone())?;
+            let settings: Vec<SettingView> = v.settings;
             if settings.is_empty() {
                 outln!("{node}: nothing held; every setting is as the device had it");
                 return Ok(0);
@@ -284,36 +284,38 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
             outln!(
                 "{}: injected {} (simulated hardware; audited under your name)",
                 clean(node),
-                clean(&v["injected"].to_string())
+                clean(&v.injected.to_string())
             );
             Ok(0)
         }
         AgentsCmd::Inventory { node } => {
-            let v = c.agent(node, "inventory").await?;
+            let v = c.inventory(node).await?;
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(0);
             }
+            let inv: nightshift_proto::Inventory =
+                serde_json::from_value(v).with_context(|| format!("{node}: the agent's inventory"))?;
+            // Numbers as the JSON has them (700.0, null).
+            let num = |x: Option<f64>| serde_json::to_string(&x).unwrap_or_default();
             outln!(
-                "{} · backend {} · scheduler {} · agent {}",
-                v["node"].as_str().unwrap_or(node),
-                v["backend"],
-                v["scheduler"],
-                v["agent_version"]
+                "{} · backend {:?} · scheduler {:?} · agent {:?}",
+                inv.node,
+                inv.backend,
+                inv.scheduler,
+                inv.agent_version
             );
-            let rows: Vec<Vec<String>> = v["gpus"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
+            let rows: Vec<Vec<String>> = inv
+                .gpus
                 .iter()
                 .map(|g| {
                     vec![
-                        g["index"].to_string(),
-                        g["name"].as_str().unwrap_or("").to_string(),
-                        format!("{}–{} W", g["power_min_watts"], g["power_max_watts"]),
-                        format!("{}–{} W", g["envelope_power_min_watts"], g["envelope_power_max_watts"]),
-                        if g["fan_control"] == true { "yes".into() } else { "no".into() },
-                        format!("{} MiB", g["mem_total_mib"]),
+                        g.index.to_string(),
+                        g.name.clone(),
+                        format!("{}–{} W", num(Some(g.power_min_watts)), num(Some(g.power_max_watts))),
+                        format!("{}–{} W", num(g.envelope_power_min_watts), num(g.envelope_power_max_watts)),
+                        if g.fan_control { "yes".into() } else { "no".into() },
+                        format!("{} MiB", g.mem_total_mib),
                     ]
                 })
                 .collect();
@@ -330,8 +332,7 @@ pub async fn nodes(c: &mut Conn, out: &Out, cmd: &crate::args::NodesCmd) -> Resu
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                let gpus: Vec<String> =
-                    v["verifying"].as_array().into_iter().flatten().map(|g| format!("GPU {g}")).collect();
+                let gpus: Vec<String> = v.verifying.iter().map(|g| format!("GPU {g}")).collect();
                 outln!(
                     "{node}: {} verifying; the agent's health check decides whether they return to service (nightshift agents show {node})",
                     gpus.join(", ")

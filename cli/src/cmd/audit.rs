@@ -111,11 +111,12 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
             Ok(0)
         }
         AuditCmd::Show { run } => {
-            let (r, records) = c.run(run).await?;
+            let detail = c.run(run).await?;
             if out.json {
-                outln!("{}", serde_json::to_string_pretty(&serde_json::json!({"run": r, "records": records}))?);
+                outln!("{}", serde_json::to_string_pretty(&detail)?);
                 return Ok(0);
             }
+            let (r, records) = (detail.run, detail.records);
             outln!(
                 "{} {} on {}  {}",
                 out.bold(&r.id),
@@ -165,20 +166,19 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
             }
             let mut ok = true;
-            for (shard, r) in v.as_object().into_iter().flatten() {
-                let good = r["ok"] == true;
-                ok &= good;
+            for (shard, r) in &v {
+                ok &= r.ok;
                 if out.json {
                     continue;
                 }
-                if good {
-                    outln!("{} shard {shard}: chain verified up to record {}", out.green("ok:"), r["verified_up_to"]);
+                if r.ok {
+                    outln!("{} shard {shard}: chain verified up to record {}", out.green("ok:"), r.verified_up_to);
                 } else {
                     outln!(
                         "{} shard {shard}: the chain breaks at record {}: {}",
                         out.red("broken:"),
-                        r["first_bad_seq"],
-                        r["problem"].as_str().unwrap_or("")
+                        serde_json::to_string(&r.first_bad_seq)?,
+                        r.problem.as_deref().unwrap_or("")
                     );
                 }
             }

@@ -5,7 +5,11 @@
 //! key, and none starts an engine of its own beside the running one.
 
 use anyhow::Result;
-use serde_json::{Value, json};
+use serde_json::Value;
+
+use nightshift_engine::api::{
+    AgentHolds, Cancel, Cancelled, ControlReply, HandsOff, HandsOffReply, NodeHealth, Reason, ReleaseHolds,
+};
 
 use crate::args::Cli;
 use crate::cmd::{conn_announced, usage};
@@ -23,37 +27,35 @@ fn remote<'a>(c: &'a Conn, what: &str) -> Result<&'a Remote> {
 
 /// Print a control's outcome: one line per request, the agent's refusal
 /// where it refused. Exit 3 when any was refused.
-fn report(out: &Out, done: bool, v: &Value) -> Result<u8> {
+fn report(out: &Out, done: bool, v: &ControlReply) -> Result<u8> {
     if out.json {
         outln!("{}", serde_json::to_string_pretty(v)?);
         return Ok(if done { 0 } else { 3 });
     }
-    let node = v["node"].as_str().unwrap_or("?");
-    for a in v["actions"].as_array().into_iter().flatten() {
-        let what = match (a["op"].as_str(), a["hold"].as_str()) {
-            (Some("release"), Some(h)) => format!(
+    let node = &v.outcome.node;
+    for a in &v.outcome.actions {
+        let what = match (a.result.op.as_str(), &a.hold) {
+            ("release", Some(h)) => format!(
                 "released hold {h} ({}, owner {})",
-                a["setting"].as_str().unwrap_or("?"),
-                a["owner"].as_str().unwrap_or("?")
+                a.setting.as_deref().unwrap_or("?"),
+                a.owner.as_deref().unwrap_or("?")
             ),
-            (Some("resume"), _) => "put back into service".to_string(),
-            (Some("drain"), _) => {
-                "drained as yours (nightshift never ends it; `nightshift nodes resume` does)".to_string()
-            }
-            (op, _) => op.unwrap_or("?").to_string(),
+            ("resume", _) => "put back into service".to_string(),
+            ("drain", _) => "drained as yours (nightshift never ends it; `nightshift nodes resume` does)".to_string(),
+            (op, _) => op.to_string(),
         };
-        if a["ok"] == true {
-            let detail = released_detail(&a["after"]);
+        if a.result.ok {
+            let detail = a.result.after.as_ref().map(released_detail).unwrap_or_default();
             outln!("{} {node}: {what}{detail}", out.green("done:"));
         } else {
             outln!(
                 "{} {node}: not {what}: {} ({})",
                 out.red("refused:"),
-                a["error"].as_str().unwrap_or("?"),
-                a["code"].as_str().unwrap_or("?")
+                a.result.error.as_deref().unwrap_or("?"),
+                a.result.code.as_deref().unwrap_or("?")
             );
         }
-        if let Some(w) = a["warning"].as_str() {
+        if let Some(w) = &a.warning {
             outln!("{} {w}", out.yellow("note:"));
         }
     }
@@ -63,10 +65,31 @@ fn report(out: &Out, done: bool, v: &Value) -> Result<u8> {
 
 /// What the agent says a release left, in words.
 fn released_detail(after: &Value) -> String {
-    let settings = after["released"]["settings"].as_array().or_else(|| after["settings"].as_array());
-    let words: Vec<String> =
-        settings.into_iter().flatten().filter_map(|s| s["detail"].as_str().map(str::to_string)).collect();
+    let words = released_words(after);
     if words.is_empty() { String::new() } else { format!(" — {}", words.join("; ")) }
+}
+
+/// Each setting a release gave back, as the agent words it (its answer's
+/// `settings`, or `released.settings`).
+pub fn released_words(after: &Value) -> Vec<String> {
+    // A release answers a `ReleaseResult` (`settings`); a change that
+    // released holds on its way (a resume) an outcome with `released`.
+    #[derive(serde::Deserialize, Default)]
+    struct Answer {
+        #[serde(default)]
+        settings: Vec<Setting>,
+        #[serde(default)]
+        released: Value,
+    }
+    #[derive(serde::Deserialize, Default)]
+    struct Setting {
+        #[serde(default)]
+        detail: Option<String>,
+    }
+    let a: Answer = serde_json::from_value(after.clone()).unwrap_or_default();
+    let inner: Answer = serde_json::from_value(a.released).unwrap_or_default();
+    let settings = if inner.settings.is_empty() { a.settings } else { inner.settings };
+    settings.into_iter().filter_map(|s| s.detail).collect()
 }
 
 /// Which holds `holds release` was asked to release.
@@ -89,9 +112,8 @@ pub async fn holds_release(cli: &Cli, out: &Out, node: &str, what: Release<'_>, 
     // Every hold on a node is a lot to give back by a slip of the keyboard:
     // say what goes and ask, or take --all.
     if gpu.is_none() && owner.is_none() && hold.is_none() && kind.is_none() && !all {
-        let held: Value = r.get(&format!("/api/v1/agents/{}/holds", urlencode(node))).await?;
-        let settings: Vec<nightshift_proto::SettingView> = serde_json::from_value(held["settings"].clone())?;
-        let holds: Vec<&nightshift_proto::HoldInfo> = settings.iter().flat_map(|s| &s.holds).collect();
+        let held: AgentHolds = r.get(&format!("/api/v1/agents/{}/holds", urlencode(node))).await?;
+        let holds: Vec<&nightshift_proto::HoldInfo> = held.settings.iter().flat_map(|s| &s.holds).collect();
         if holds.is_empty() {
             outln!("{node}: nothing is held; nothing to release");
             return Ok(0);
@@ -109,8 +131,15 @@ pub async fn holds_release(cli: &Cli, out: &Out, node: &str, what: Release<'_>, 
     let (done, v) = r
         .post_control(
             &format!("/api/v1/nodes/{}/holds/release", urlencode(node)),
-            &json!({"gpu": gpu, "owner": owner, "hold": hold, "kind": kind, "force": force,
-                "all": gpu.is_none() && owner.is_none() && hold.is_none() && kind.is_none(), "reason": reason}),
+            &ReleaseHolds {
+                gpu,
+                owner: owner.map(str::to_string),
+                hold: hold.map(str::to_string),
+                kind: kind.map(str::to_string),
+                all: gpu.is_none() && owner.is_none() && hold.is_none() && kind.is_none(),
+                force,
+                reason: reason.to_string(),
+            },
         )
         .await?;
     report(out, done, &v)
@@ -122,17 +151,9 @@ pub async fn nodes_resume(cli: &Cli, out: &Out, node: &str, reason: &str, yes: b
     // A GPU the repair lifecycle does not hold healthy goes back to work
     // with the node: say which, and ask (or take --yes).
     if !yes {
-        let h: Value = r.get(&format!("/api/v1/nodes/{}/health", urlencode(node))).await?;
-        let unhealthy: Vec<String> = h["gpus"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|g| g["state"] != "healthy")
-            .map(|g| {
-                let why = g["why"].as_str().map(|w| format!(": {w}")).unwrap_or_default();
-                format!("GPU {} {}{why}", g["gpu"], g["state"].as_str().unwrap_or("?"))
-            })
-            .collect();
+        let h: NodeHealth = r.get(&format!("/api/v1/nodes/{}/health", urlencode(node))).await?;
+        let unhealthy: Vec<String> =
+            h.unhealthy().map(|g| format!("GPU {} {}: {}", g.gpu, g.state.as_str(), g.why)).collect();
         if !unhealthy.is_empty() {
             eprintln!("{node} has GPUs the repair lifecycle does not hold healthy:");
             for u in &unhealthy {
@@ -147,16 +168,18 @@ pub async fn nodes_resume(cli: &Cli, out: &Out, node: &str, reason: &str, yes: b
             }
         }
     }
-    let (done, v) =
-        r.post_control(&format!("/api/v1/nodes/{}/resume", urlencode(node)), &json!({"reason": reason})).await?;
+    let (done, v) = r
+        .post_control(&format!("/api/v1/nodes/{}/resume", urlencode(node)), &Reason { reason: reason.to_string() })
+        .await?;
     report(out, done, &v)
 }
 
 pub async fn nodes_drain(cli: &Cli, out: &Out, node: &str, reason: &str) -> Result<u8> {
     let c = conn_announced(cli, out)?;
     let r = remote(&c, "draining a node")?;
-    let (done, v) =
-        r.post_control(&format!("/api/v1/nodes/{}/drain", urlencode(node)), &json!({"reason": reason})).await?;
+    let (done, v) = r
+        .post_control(&format!("/api/v1/nodes/{}/drain", urlencode(node)), &Reason { reason: reason.to_string() })
+        .await?;
     report(out, done, &v)
 }
 
@@ -170,15 +193,15 @@ pub async fn nodes_hands_off(
 ) -> Result<u8> {
     let c = conn_announced(cli, out)?;
     let r = remote(&c, "setting hands-off")?;
-    let v: Value = r
+    let v: HandsOffReply = r
         .post(
             &format!("/api/v1/nodes/{}/hands-off", urlencode(node)),
-            &json!({"hands_off": on, "reason": reason, "for_secs": for_secs}),
+            &HandsOff { hands_off: on, reason: reason.map(str::to_string), for_secs },
         )
         .await?;
     if out.json {
         outln!("{}", serde_json::to_string_pretty(&v)?);
-    } else if on && let Some(until) = v["until_ms"].as_i64() {
+    } else if on && let Some(until) = v.until_ms {
         outln!(
             "{node}: hands-off — nightshift changes nothing on it until {} (or `nightshift nodes hands-off {node} --off`)",
             nightshift_engine::api::format_rfc3339_ms(until)
@@ -194,7 +217,9 @@ pub async fn nodes_hands_off(
 pub async fn runs_cancel(cli: &Cli, out: &Out, run: &str, reason: Option<&str>) -> Result<u8> {
     let c = conn_announced(cli, out)?;
     let r = remote(&c, "cancelling a run")?;
-    let v: Value = r.post(&format!("/api/v1/runs/{}/cancel", urlencode(run)), &json!({"reason": reason})).await?;
+    let v: Cancelled = r
+        .post(&format!("/api/v1/runs/{}/cancel", urlencode(run)), &Cancel { reason: reason.map(str::to_string) })
+        .await?;
     if out.json {
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {

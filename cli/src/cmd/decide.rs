@@ -40,87 +40,74 @@ pub async fn ha(cli: &Cli, out: &Out) -> Result<u8> {
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
     }
-    if v["backend"] == "sled" {
+    let st = &v.status;
+    if st.backend == "sled" {
         outln!("sled backend: one engine, no leader election (audit.backend: postgres for HA)");
         return Ok(0);
     }
-    let s = |k: &str| v[k].as_str().unwrap_or("-").to_string();
+    let dash = |x: &Option<String>| x.clone().unwrap_or_else(|| "-".into());
     outln!(
         "this engine: {} of shard {} ({}){}",
-        s("role"),
-        s("shard"),
-        s("holder"),
-        v["term"].as_u64().map(|t| format!(", term {t}")).unwrap_or_default()
+        st.role,
+        dash(&st.shard),
+        dash(&st.holder),
+        st.term.map(|t| format!(", term {t}")).unwrap_or_default()
     );
-    if let Some(why) = v["deposed"].as_str() {
+    if let Some(why) = &st.deposed {
         outln!("deposed: {why}");
     }
-    if let Some(e) = v["shards_error"].as_str() {
+    if let Some(e) = &v.shards_error {
         outln!("shards: cannot read them: {e}");
     }
-    let rows: Vec<Vec<String>> = v["shards"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|r| {
-                    let left = r["expires_in_ms"].as_i64().unwrap_or(-1);
-                    vec![
-                        r["shard"].as_str().unwrap_or("").to_string(),
-                        if left > 0 {
-                            r["holder"].as_str().unwrap_or("").to_string()
-                        } else {
-                            out.red("none (expired)")
-                        },
-                        r["term"].to_string(),
-                        if left > 0 { format!("{:.1} s", left as f64 / 1000.0) } else { "-".into() },
-                        r["head_seq"].to_string(),
-                        r["url"].as_str().unwrap_or("").to_string(),
-                    ]
-                })
-                .collect()
+    let shards = v.shards.clone().unwrap_or_default();
+    let rows: Vec<Vec<String>> = shards
+        .iter()
+        .map(|r| {
+            let left = r.expires_in_ms;
+            vec![
+                r.shard.clone(),
+                if left > 0 { r.holder.clone() } else { out.red("none (expired)") },
+                r.term.to_string(),
+                if left > 0 { format!("{:.1} s", left as f64 / 1000.0) } else { "-".into() },
+                r.head_seq.to_string(),
+                r.url.clone(),
+            ]
         })
-        .unwrap_or_default();
+        .collect();
     if !rows.is_empty() {
         out.table(&["SHARD", "LEADER", "TERM", "LEASE LEFT", "RECORDS", "URL"], &rows);
     }
     // Every engine of every shard, leader and standbys, as each announced itself.
-    let leaders: Vec<(String, String)> = v["shards"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|r| r["expires_in_ms"].as_i64().unwrap_or(-1) > 0)
-        .map(|r| (r["shard"].as_str().unwrap_or("").to_string(), r["holder"].as_str().unwrap_or("").to_string()))
-        .collect();
-    let engines: Vec<Vec<String>> = v["engines"]
-        .as_array()
-        .into_iter()
+    let leaders: Vec<(&str, &str)> =
+        shards.iter().filter(|r| r.expires_in_ms > 0).map(|r| (r.shard.as_str(), r.holder.as_str())).collect();
+    let engines: Vec<Vec<String>> = v
+        .engines
+        .iter()
         .flatten()
         .map(|e| {
-            let (shard, holder) = (e["shard"].as_str().unwrap_or(""), e["holder"].as_str().unwrap_or(""));
-            let role = e["role"].as_str().unwrap_or("?");
-            let holds = leaders.iter().any(|(s, h)| s == shard && h == holder);
-            let ago = e["seen_ms_ago"].as_i64().unwrap_or(0);
+            let holds = leaders.iter().any(|(s, h)| *s == e.shard && *h == e.holder);
+            let ago = e.seen_ms_ago;
             vec![
-                shard.to_string(),
-                holder.to_string(),
-                match (role, holds) {
+                e.shard.clone(),
+                e.holder.clone(),
+                match (e.role.as_str(), holds) {
                     ("leader", true) => out.green("leader"),
                     ("leader", false) => out.yellow("leader (lease lost)"),
                     ("standby", _) => "standby".to_string(),
                     ("stopped", _) => out.dim("stopped"),
                     (r, _) => out.yellow(r),
                 },
-                e["term"].as_u64().filter(|t| *t > 0).map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
+                Some(e.term).filter(|t| *t > 0).map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
                 if ago > 15_000 {
                     out.red(&format!("{} s ago", ago / 1000))
                 } else {
                     format!("{:.1} s ago", ago as f64 / 1000.0)
                 },
-                e["url"].as_str().unwrap_or("").to_string(),
+                e.url.clone(),
             ]
         })
         .collect();
-    if let Some(e) = v["engines_error"].as_str() {
+    if let Some(e) = &v.engines_error {
         outln!("engines: cannot read them: {e}");
     }
     if !engines.is_empty() {
@@ -137,36 +124,34 @@ pub async fn reload(cli: &Cli, out: &Out, allow_partial: bool) -> Result<u8> {
         outln!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(0);
     }
-    let list = |v: &serde_json::Value| -> String {
-        let names: Vec<&str> = v.as_array().map(|a| a.iter().filter_map(|x| x.as_str()).collect()).unwrap_or_default();
-        if names.is_empty() { "none".into() } else { names.join(", ") }
-    };
+    let list = |v: &[String]| -> String { if v.is_empty() { "none".into() } else { v.join(", ") } };
+    let r = &r.report;
     outln!(
         "reloaded: nodes added {}, changed {}, removed {}",
-        list(&r["nodes"]["added"]),
-        list(&r["nodes"]["changed"]),
-        list(&r["nodes"]["removed"])
+        list(&r.nodes.added),
+        list(&r.nodes.changed),
+        list(&r.nodes.removed)
     );
     outln!(
         "tokens added {}, changed {}, removed {}{}",
-        list(&r["tokens_added"]),
-        list(&r["tokens_changed"]),
-        list(&r["tokens_removed"]),
-        if r["webhook_tokens_changed"] == true { "; webhook tokens changed" } else { "" }
+        list(&r.tokens_added),
+        list(&r.tokens_changed),
+        list(&r.tokens_removed),
+        if r.webhook_tokens_changed { "; webhook tokens changed" } else { "" }
     );
     outln!(
         "runbooks: {} loaded{}",
-        r["runbooks"],
-        if r["runbooks_changed"] == true { " (changed: trigger states start over)" } else { ", unchanged" }
+        r.runbooks,
+        if r.runbooks_changed { " (changed: trigger states start over)" } else { ", unchanged" }
     );
-    for e in r["runbook_errors"].as_array().into_iter().flatten() {
-        outln!("  not loaded: {}", e.as_str().unwrap_or_default());
+    for e in &r.runbook_errors {
+        outln!("  not loaded: {e}");
     }
-    for c in r["fault_policy"].as_array().into_iter().flatten() {
-        outln!("  XID policy: {}", c.as_str().unwrap_or_default());
+    for c in &r.fault_policy {
+        outln!("  XID policy: {c}");
     }
-    if r["restart_needed"].as_array().is_some_and(|a| !a.is_empty()) {
-        outln!("changed in engine.yaml but in force only after a restart: {}", list(&r["restart_needed"]));
+    if !r.restart_needed.is_empty() {
+        outln!("changed in engine.yaml but in force only after a restart: {}", list(&r.restart_needed));
     }
     Ok(0)
 }

@@ -639,36 +639,38 @@ pub async fn mode(cli: &crate::args::Cli, out: &Out, mode: Option<&str>, reason:
                     "--reason: expected why the fleet goes to {m} (kept in the audit record), found none"
                 )));
             };
+            let mode: nightshift_engine::api::FleetMode = serde_json::from_value(serde_json::Value::from(m))
+                .map_err(|_| usage(format!("MODE: expected act, shadow or paused, found {m:?}")))?;
             let mut c = crate::cmd::conn_announced(cli, out)?;
-            c.set_fleet_mode(m, reason).await?
+            c.set_fleet_mode(mode, reason).await?
         }
     };
     if out.json {
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
     }
-    let m = v["mode"].as_str().unwrap_or("?");
+    let m = v.mode.as_str();
     let what = match m {
         "act" => "each runbook acts in its own mode (runbooks list shows it)",
         "shadow" => "every automatic run sends its actions as dry runs and records what it would have done",
         "paused" => "no automatic run starts; runs already going go on; a faulted GPU is told to a person",
         _ => "",
     };
-    let who = match v["set_by"].as_str() {
-        Some(by) => format!("set by {by}: {}", v["reason"].as_str().unwrap_or("")),
+    let who = match &v.set_by {
+        Some(by) => format!("set by {by}: {}", v.reason),
         None => "initial_fleet_mode in engine.yaml: nobody set one yet".to_string(),
     };
     outln!("the fleet is in {m} mode: {what} ({who})");
     // After a change: what it ended, and what is still going.
-    for id in v["ended"].as_array().into_iter().flatten().filter_map(serde_json::Value::as_str) {
+    for id in v.ended.iter().flatten() {
         outln!("  ended shadow run {} (it held its target; the real run can start)", crate::out::clean(id));
     }
-    if let Some(going) = v["in_flight"].as_array() {
+    if let Some(going) = &v.in_flight {
         if going.is_empty() {
             outln!("  no run in flight");
         } else {
             outln!("  still in flight ({}):", going.len());
-            for r in going.iter().filter_map(serde_json::Value::as_str) {
+            for r in going {
                 outln!("    {}", crate::out::clean(r));
             }
         }

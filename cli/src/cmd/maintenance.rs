@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use serde_json::{Value, json};
+use nightshift_engine::api::{NewWindow, Window};
 
 use crate::args::{Cli, MaintenanceCmd};
 use crate::cmd::{parse_span_secs, usage};
@@ -20,7 +20,7 @@ pub async fn maintenance(cli: &Cli, out: &Out, cmd: &MaintenanceCmd) -> Result<u
                 outln!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(0);
             }
-            let windows = v["windows"].as_array().cloned().unwrap_or_default();
+            let windows = v.windows;
             if windows.is_empty() {
                 outln!("no maintenance window in force or to come");
                 return Ok(0);
@@ -37,27 +37,30 @@ pub async fn maintenance(cli: &Cli, out: &Out, cmd: &MaintenanceCmd) -> Result<u
                 };
                 labels.insert(k.trim().to_string(), v.trim().to_string());
             }
-            let mut body = json!({"matchers": labels, "nodes": nodes, "reason": reason});
-            if let Some(f) = from {
-                body["starts_at"] = json!(at(f)?);
-            }
+            let mut body = NewWindow {
+                matchers: labels,
+                nodes: nodes.clone(),
+                reason: reason.clone(),
+                starts_at: from.as_deref().map(at).transpose()?,
+                ..NewWindow::default()
+            };
             match (for_span, until) {
-                (Some(s), _) => body["for_secs"] = json!(parse_span_secs("--for", s)?),
-                (None, Some(u)) => body["ends_at"] = json!(u),
+                (Some(s), _) => body.for_secs = Some(parse_span_secs("--for", s)?),
+                (None, Some(u)) => body.ends_at = Some(u.clone()),
                 (None, None) => return Err(usage("pass --for SPAN or --until TIME: a maintenance window always ends")),
             }
             let mut c = crate::cmd::conn_announced(cli, out)?;
-            let v = c.change_window(None, &body).await?;
+            let v = c.set_window(&body).await?;
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(0);
             }
-            let w = &v["window"];
-            let covers = w["covers"].as_array().map_or(0, Vec::len);
+            let w = &v.window;
+            let covers = w.covers.len();
             outln!(
                 "set maintenance window {} until {}: {} node(s) covered now{}",
-                clean(w["id"].as_str().unwrap_or("?")),
-                time(&w["ends_ms"]),
+                clean(&w.id),
+                time(w.ends_ms),
                 covers,
                 if covers == 0 { " (it matches no node yet; a node that comes to match is covered)" } else { "" }
             );
@@ -65,7 +68,7 @@ pub async fn maintenance(cli: &Cli, out: &Out, cmd: &MaintenanceCmd) -> Result<u
         }
         MaintenanceCmd::End { id, reason } => {
             let mut c = crate::cmd::conn_announced(cli, out)?;
-            let v = c.change_window(Some(id), &json!({"reason": reason})).await?;
+            let v = c.end_window(id, reason).await?;
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(0);
@@ -87,32 +90,27 @@ fn at(s: &str) -> Result<String> {
     Ok(nightshift_engine::api::format_rfc3339_ms(ms))
 }
 
-fn time(v: &Value) -> String {
-    v.as_i64().map(nightshift_engine::api::format_rfc3339_ms).unwrap_or_else(|| "?".into())
+fn time(ms: i64) -> String {
+    nightshift_engine::api::format_rfc3339_ms(ms)
 }
 
-fn row(out: &Out, w: &Value) -> Vec<String> {
-    let mut what: Vec<String> = w["matchers"]
-        .as_object()
-        .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect())
-        .unwrap_or_default();
-    let nodes: Vec<&str> = w["nodes"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-    if !nodes.is_empty() {
-        what.push(format!("node {}", nodes.join(",")));
+fn row(out: &Out, w: &Window) -> Vec<String> {
+    let mut what: Vec<String> = w.matchers.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    if !w.nodes.is_empty() {
+        what.push(format!("node {}", w.nodes.join(",")));
     }
-    let covers: Vec<&str> = w["covers"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-    let covering = match covers.len() {
+    let covering = match w.covers.len() {
         0 => out.dim("none now"),
-        n if n <= 3 => covers.join(","),
+        n if n <= 3 => w.covers.join(","),
         n => format!("{n} nodes"),
     };
     vec![
-        clean(w["id"].as_str().unwrap_or("?")),
+        clean(&w.id),
         clean(&what.join(" ")),
-        time(&w["starts_ms"]),
-        time(&w["ends_ms"]),
+        time(w.starts_ms),
+        time(w.ends_ms),
         covering,
-        clean(w["by"].as_str().unwrap_or("?")),
-        clean(w["reason"].as_str().unwrap_or("")),
+        clean(&w.by),
+        clean(&w.reason),
     ]
 }

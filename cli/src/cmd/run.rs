@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use nightshift_engine::api::{RunOutcome, Target};
 use nightshift_engine::audit::{AuditRecord, RecordKind};
@@ -41,60 +41,74 @@ pub fn describe_record(out: &Out, r: &AuditRecord, t0: i64) -> String {
     let d = &r.data;
     let where_ =
         format!("{}{}", r.node.clone().unwrap_or_default(), r.gpu.map(|g| format!("/gpu{g}")).unwrap_or_default());
+    use nightshift_engine::audit::data;
+    // A payload as its kind's type (a record too old or too new for it
+    // reads as its defaults: the line says less, never fails).
+    fn p<P: data::Payload + Default>(r: &AuditRecord) -> P {
+        r.payload::<P>().unwrap_or_default()
+    }
     let text = match r.kind {
         RecordKind::RunQueued => format!(
             "queued {} {} on {} — {}",
             r.run.clone().unwrap_or_default(),
             r.runbook.clone().unwrap_or_default(),
             where_,
-            d["detail"].as_str().unwrap_or("")
+            p::<data::RunQueued>(r).detail
         ),
         RecordKind::ApprovalRequested => {
-            out.yellow(&format!("waiting for approval: {}", d["reason"].as_str().unwrap_or("")))
+            out.yellow(&format!("waiting for approval: {}", p::<data::ApprovalRequested>(r).reason))
         }
-        RecordKind::Approved => out.green(&format!("approved by {}", d["by"].as_str().unwrap_or(""))),
+        RecordKind::Approved => out.green(&format!("approved by {}", p::<data::Approval>(r).by)),
         RecordKind::Rejected => {
-            out.red(&format!("rejected by {}: {}", d["by"].as_str().unwrap_or(""), d["reason"].as_str().unwrap_or("")))
+            let a = p::<data::Approval>(r);
+            out.red(&format!("rejected by {}: {}", a.by, a.reason.unwrap_or_default()))
         }
         RecordKind::RunStarted => "started".into(),
-        RecordKind::ActionIntent => format!(
-            "→ {} {} on {}{}",
-            out.bold(d["op"].as_str().unwrap_or("?")),
-            compact(&d["args"]),
-            where_,
-            if d["dry_run"] == true { " (dry run)" } else { "" }
-        ),
-        RecordKind::ActionResult => {
-            let outcome = d["outcome"].as_str().unwrap_or("?");
-            let mark = if d["ok"] == true { out.status(outcome) } else { out.red(outcome) };
-            // A release says what each setting came back to, in words.
-            let released: Vec<&str> =
-                d["after"]["settings"].as_array().into_iter().flatten().filter_map(|x| x["detail"].as_str()).collect();
-            let change = if d["op"] == "release" && !released.is_empty() {
-                format!(" {}", released.join("; "))
-            } else if d["before"].is_null() && d["after"].is_null() {
-                String::new()
-            } else {
-                format!(" {} → {}", compact(&d["before"]), compact(&d["after"]))
-            };
-            let extra = d["error"].as_str().or(d["detail"].as_str()).map(|e| format!(" ({e})")).unwrap_or_default();
+        RecordKind::ActionIntent => {
+            let i = p::<data::ActionIntent>(r);
             format!(
-                "  {mark}{change}{extra}{}",
-                d["duration_ms"].as_i64().map(|ms| out.dim(&format!(" {ms} ms"))).unwrap_or_default()
+                "→ {} {} on {}{}",
+                out.bold(if i.op.is_empty() { "?" } else { &i.op }),
+                compact(&i.args),
+                where_,
+                if i.dry_run { " (dry run)" } else { "" }
             )
         }
-        RecordKind::Note => format!("  note: {}", d["text"].as_str().unwrap_or("")),
-        RecordKind::Notification => out.yellow(&format!("  notify: {}", d["text"].as_str().unwrap_or(""))),
-        RecordKind::Escalation => out.red(&format!("  ESCALATE: {}", d["text"].as_str().unwrap_or(""))),
-        RecordKind::Refusal => out.red(&format!(
-            "  refused ({}): {}",
-            d["code"].as_str().unwrap_or(""),
-            d["reason"].as_str().unwrap_or("")
-        )),
+        RecordKind::ActionResult => {
+            let a = p::<data::ActionResult>(r);
+            let outcome = if a.outcome.is_empty() { "?" } else { &a.outcome };
+            let mark = if a.ok { out.status(outcome) } else { out.red(outcome) };
+            let null = Value::Null;
+            let after = a.after.as_ref().unwrap_or(&null);
+            let before = a.more.get("before").unwrap_or(&null);
+            // A release says what each setting came back to, in words.
+            let released = crate::cmd::control::released_words(after);
+            let change = if a.op == "release" && !released.is_empty() {
+                format!(" {}", released.join("; "))
+            } else if before.is_null() && after.is_null() {
+                String::new()
+            } else {
+                format!(" {} → {}", compact(before), compact(after))
+            };
+            let detail = a.more.get("detail").and_then(Value::as_str);
+            let extra = a.error.as_deref().or(detail).map(|e| format!(" ({e})")).unwrap_or_default();
+            format!(
+                "  {mark}{change}{extra}{}",
+                a.duration_ms.map(|ms| out.dim(&format!(" {ms} ms"))).unwrap_or_default()
+            )
+        }
+        RecordKind::Note => format!("  note: {}", p::<data::Note>(r).text),
+        RecordKind::Notification => out.yellow(&format!("  notify: {}", p::<data::Notice>(r).text)),
+        RecordKind::Escalation => out.red(&format!("  ESCALATE: {}", p::<data::Notice>(r).text)),
+        RecordKind::Refusal => {
+            let x = p::<data::Refusal>(r);
+            out.red(&format!("  refused ({}): {}", x.code, x.reason))
+        }
         RecordKind::RunFinished => {
-            let o = d["outcome"].as_str().unwrap_or("?");
+            let f = p::<data::RunFinished>(r);
+            let o = if f.outcome.is_empty() { "?" } else { &f.outcome };
             // Why it ended so: the error, or what a person must do.
-            let why = d["error"].as_str().or(d["note"].as_str());
+            let why = f.error.as_deref().or(f.note.as_deref());
             format!("finished: {}{}", out.status(o), why.map(|e| format!(" — {e}")).unwrap_or_default())
         }
         other => format!("{} {} {}", other.as_str(), where_, clip(&compact(d), 120)),
@@ -153,22 +167,21 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
         target: target.clone(),
         trigger: "manual".into(),
         detail: format!("manual run by {requested_by}"),
-        event: json!({"kind": "manual", "by": requested_by}),
+        event: nightshift_engine::api::manual_event(&requested_by, None),
         event_ts_ms: now,
         params: params.clone(),
         dry_run,
         requested_by,
     };
     let plan = c.plan(&request).await?;
-    let touched: Vec<String> =
-        plan["nodes"].as_array().into_iter().flatten().filter_map(|n| n.as_str().map(str::to_string)).collect();
+    let touched: Vec<String> = plan.nodes.clone();
     if touched.is_empty() {
         return Err(
             anyhow::Error::new(Fail(2)).context(format!("no node matches {target}: check the node name or the label"))
         );
     }
-    let needs_approval = plan["needs_approval"] == true;
-    let approval_why = plan["approval_reason"].as_str().unwrap_or("").to_string();
+    let needs_approval = plan.needs_approval;
+    let approval_why = plan.approval_reason.clone().unwrap_or_default();
     let mut resolved: BTreeMap<String, String> = BTreeMap::new();
     if let Some(ps) = rb.manifest["params"].as_object() {
         for (k, p) in ps {
@@ -260,7 +273,7 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
         // Through an HA standby the run is the leader's: the standby's copy
         // of the chain has it a moment later (its `follow_ms`).
         let (run, records) = match c.run(&id).await {
-            Ok(x) => x,
+            Ok(d) => (d.run, d.records),
             Err(e) if submitted_at.elapsed() < Duration::from_secs(15) && format!("{e:#}").contains("404") => {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;

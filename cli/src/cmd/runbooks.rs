@@ -33,12 +33,13 @@ pub async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
             Ok(0)
         }
         RunbooksCmd::Promote { name, reason } | RunbooksCmd::Demote { name, reason } => {
-            let mode = if matches!(cmd, RunbooksCmd::Promote { .. }) { "act" } else { "shadow" };
+            use nightshift_engine::api::Mode;
+            let mode = if matches!(cmd, RunbooksCmd::Promote { .. }) { Mode::Act } else { Mode::Shadow };
             let mut c = crate::cmd::conn_announced(cli, out)?;
             let r = c.set_mode(name, mode, reason).await?;
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&r)?);
-            } else if mode == "act" {
+            } else if mode == Mode::Act {
                 outln!("{name} is in act mode: its automatic runs change things from now on (audited: runbook_mode)");
             } else {
                 outln!(
@@ -56,44 +57,35 @@ pub async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
                 outln!("{}", serde_json::to_string_pretty(&r)?);
                 return Ok(0);
             }
-            let fires = r["fires"].as_array().cloned().unwrap_or_default();
-            outln!(
-                "{name} ({} mode now): {} shadow fire(s) since {since}",
-                r["mode"].as_str().unwrap_or("?"),
-                fires.len()
-            );
-            for f in &fires {
-                let at = nightshift_engine::api::format_rfc3339_ms(f["ts_ms"].as_i64().unwrap_or(0));
+            outln!("{name} ({} mode now): {} shadow fire(s) since {since}", r.mode.as_str(), r.fires.len());
+            for f in &r.fires {
+                let at = nightshift_engine::api::format_rfc3339_ms(f.ts_ms);
                 outln!(
                     "{} {} on {} — {} [{}]",
                     &at[..19],
-                    f["run"].as_str().unwrap_or(""),
-                    f["target"].as_str().unwrap_or(""),
-                    f["why"].as_str().unwrap_or(""),
-                    f["outcome"].as_str().unwrap_or("running")
+                    f.run,
+                    f.target,
+                    f.why,
+                    f.outcome.as_deref().unwrap_or("running")
                 );
-                if let Some(a) = f["would_need_approval"].as_str() {
+                if let Some(a) = &f.would_need_approval {
                     outln!("    would have waited for approval: {a}");
                 }
-                for w in f["would_act"].as_array().into_iter().flatten() {
-                    let place = match (w["node"].as_str(), w["gpu"].as_u64()) {
-                        (Some(n), Some(g)) => format!("{n}/gpu{g}"),
-                        (Some(n), None) => n.to_string(),
-                        _ => String::new(),
-                    };
+                for w in &f.would_act {
                     outln!(
-                        "    would {} {} on {place}: agent {} ({})",
-                        w["op"].as_str().unwrap_or("?"),
-                        w["args"],
-                        if w["agent_ok"] == true { "would apply" } else { "refuses" },
-                        w["answer"].as_str().unwrap_or("")
+                        "    would {} {} on {}: agent {} ({})",
+                        w.op,
+                        w.args,
+                        w.place(),
+                        if w.agent_ok { "would apply" } else { "refuses" },
+                        w.answer
                     );
                 }
-                for x in f["refusals"].as_array().into_iter().flatten() {
-                    outln!("    refused by the engine: {}", x.as_str().unwrap_or(""));
+                for x in &f.refusals {
+                    outln!("    refused by the engine: {x}");
                 }
-                for x in f["afterwards"].as_array().into_iter().flatten() {
-                    outln!("    afterwards: {}", x.as_str().unwrap_or(""));
+                for x in &f.afterwards {
+                    outln!("    afterwards: {x}");
                 }
             }
             Ok(0)

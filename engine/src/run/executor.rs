@@ -591,7 +591,7 @@ impl Engine {
     /// changing nothing: the nodes it targets, how many it may change,
     /// whether it waits for approval and why (the CLI shows this, never a
     /// count of its own).
-    pub fn plan(&self, req: &RunRequest) -> Result<Value, EngineError> {
+    pub fn plan(&self, req: &RunRequest) -> Result<Plan, EngineError> {
         let set = self.runbook_set();
         let Some((_, rb)) = set.get(&req.runbook) else {
             return Err(EngineError::UnknownRunbook { name: req.runbook.clone(), known: set.names().join(", ") });
@@ -602,21 +602,43 @@ impl Engine {
         let changed = nodes_changed(m, target_nodes, &params);
         let approval = if req.dry_run { None } else { approval_reason(m, changed) };
         let nodes: Vec<String> = self.core.target_nodes(&req.target).iter().map(|n| n.spec.name.clone()).collect();
-        let hands_off: Vec<&String> =
-            nodes.iter().filter(|n| self.core.fleet.get(n).is_some_and(|x| x.state().hands_off())).collect();
-        Ok(json!({
-            "runbook": m.name,
-            "digest": rb.digest,
-            "target": req.target,
-            "nodes": nodes,
-            "nodes_changed": changed,
-            "needs_approval": approval.is_some(),
-            "approval_reason": approval,
-            "dry_run": req.dry_run,
-            "params": params,
-            "hands_off": hands_off,
-        }))
+        let hands_off: Vec<String> =
+            nodes.iter().filter(|n| self.core.fleet.get(n).is_some_and(|x| x.state().hands_off())).cloned().collect();
+        Ok(Plan {
+            runbook: m.name.clone(),
+            digest: rb.digest.clone(),
+            target: req.target.clone(),
+            nodes,
+            nodes_changed: changed,
+            needs_approval: approval.is_some(),
+            approval_reason: approval,
+            dry_run: req.dry_run,
+            params,
+            hands_off,
+        })
     }
+}
+
+/// What a run would be (`POST /api/v1/runs/plan`), decided as a submit
+/// decides it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Plan {
+    pub runbook: String,
+    /// The runbook's digest in force.
+    pub digest: String,
+    pub target: crate::runs::Target,
+    /// The nodes it targets, by name.
+    pub nodes: Vec<String>,
+    /// How many it may change.
+    pub nodes_changed: u32,
+    pub needs_approval: bool,
+    pub approval_reason: Option<String>,
+    pub dry_run: bool,
+    /// The parameters, defaults filled in.
+    pub params: BTreeMap<String, crate::manifest::ParamValue>,
+    /// The targeted nodes under hands-off (an automatic run would be
+    /// refused there; a person's runs too).
+    pub hands_off: Vec<String>,
 }
 
 /// A fresh summary for a request.

@@ -320,11 +320,7 @@ async fn random_faults_restarts_and_people_never_leave_a_broken_gpu_in_service()
             if ours {
                 assert!(!broken.is_empty(), "{}", ctx());
                 let h = f.engine.node_health(node).unwrap();
-                assert!(
-                    h["gpus"].as_array().unwrap().iter().any(|g| g["why"].as_str().is_some_and(|w| !w.is_empty())),
-                    "no reason on the page: {}",
-                    ctx()
-                );
+                assert!(h.gpus.iter().any(|g| !g.why.is_empty()), "no reason on the page: {}", ctx());
             }
         }
         // A repair the check refutes is told once per change, not on every
@@ -424,7 +420,7 @@ async fn a_repair_drain_of_a_broken_gpu_is_not_undone_by_a_plain_release() {
     assert!(drained(&f).await, "still drained after every refusal");
     // An admin's explicit force, with a reason, releases it.
     let out = f.engine.person_release(NODE, &forced, admin, "GPU swapped by the vendor on site").await.unwrap();
-    assert!(out.actions.iter().all(|a| a["ok"] == true), "{:?}", out.actions);
+    assert!(out.actions.iter().all(|a| a.result.ok), "{:?}", out.actions);
     f.step().await.unwrap();
     assert!(!drained(&f).await);
 }

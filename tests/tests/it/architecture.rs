@@ -646,3 +646,74 @@ fn the_front_door_check_finds_a_module_behind_it() {
     assert_eq!(named.keys().map(String::as_str).collect::<Vec<_>>(), ["api", "views", "{"]);
     assert_eq!(named["views"], ["web/src/x.rs:1"]);
 }
+
+/// Issue 44's second line: web and the CLI build and read the API's bodies
+/// as the plain types of `nightshift_engine::api`, not as JSON literals
+/// (`json!(`) and string-keyed reads (`v["key"]`). What is left is counted
+/// here against a ceiling that only goes down: a change that adds one
+/// fails; a change that removes some is told to lower the ceiling. The
+/// issue's bar is 12 literals and 15 reads.
+const JSON_LITERALS_AT_MOST: usize = 15;
+const KEYED_READS_AT_MOST: usize = 110;
+
+/// `(json! literals, string-keyed reads)` in `code`, each with its line.
+fn untyped_json(path: &str, code: &str) -> (Vec<String>, Vec<String>) {
+    let (mut literals, mut reads) = (Vec::new(), Vec::new());
+    for (i, line) in code.lines().enumerate() {
+        let at = format!("{path}:{}", i + 1);
+        literals.extend(line.match_indices("json!(").map(|_| at.clone()));
+        // `x["key"]`, `f(…)["key"]`, `a[0]["key"]`: an index by a string
+        // after a value — not an array literal (`&["A", "B"]`).
+        let b = line.as_bytes();
+        for (j, _) in line.match_indices("[\"") {
+            let before = j.checked_sub(1).map(|k| b[k]);
+            let after = &line[j + 2..];
+            let key_len = after.bytes().take_while(|c| c.is_ascii_alphanumeric() || *c == b'_').count();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b')' || c == b']')
+                && key_len > 0
+                && after[key_len..].starts_with("\"]")
+            {
+                reads.push(at.clone());
+            }
+        }
+    }
+    (literals, reads)
+}
+
+#[test]
+fn web_and_cli_hold_fewer_json_literals_and_keyed_reads() {
+    let _serial = nightshift_tests::serial::module(module_path!());
+    let files = library_code(&["web/src", "cli/src"]);
+    let (mut literals, mut reads) = (Vec::new(), Vec::new());
+    for (path, code) in &files {
+        let (l, r) = untyped_json(path, code);
+        literals.extend(l);
+        reads.extend(r);
+    }
+    assert!(
+        literals.len() <= JSON_LITERALS_AT_MOST,
+        "{} json! literals in web and the CLI, at most {JSON_LITERALS_AT_MOST}: send a request type of nightshift_engine::api instead (or add one there):\n{}",
+        literals.len(),
+        literals.join("\n")
+    );
+    assert!(
+        reads.len() <= KEYED_READS_AT_MOST,
+        "{} string-keyed reads in web and the CLI, at most {KEYED_READS_AT_MOST}: read the reply as its nightshift_engine::api type instead:\n{}",
+        reads.len(),
+        reads.join("\n")
+    );
+    assert_eq!(
+        (literals.len(), reads.len()),
+        (JSON_LITERALS_AT_MOST, KEYED_READS_AT_MOST),
+        "fewer than the ceilings: lower JSON_LITERALS_AT_MOST and KEYED_READS_AT_MOST to these"
+    );
+}
+
+#[test]
+fn the_json_counter_tells_reads_from_array_literals() {
+    let _serial = nightshift_tests::serial::module(module_path!());
+    let code = "let v = json!({\"a\": 1});\nlet x = v[\"mode\"].as_str();\nout.table(&[\"NODE\", \"GPU\"], &rows);\nlet y = f(a)[\"b\"][\"c\"];\nlet z = [\"one\"];\nlet w = m[0][\"k\"];\n";
+    let (literals, reads) = untyped_json("cli/src/x.rs", code);
+    assert_eq!(literals, ["cli/src/x.rs:1"]);
+    assert_eq!(reads, ["cli/src/x.rs:2", "cli/src/x.rs:4", "cli/src/x.rs:4", "cli/src/x.rs:6"]);
+}

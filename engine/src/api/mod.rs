@@ -4,17 +4,33 @@
 //! owning modules are `pub(crate)`; the architecture test
 //! (`tests/tests/it/architecture.rs::web_and_cli_reach_only_the_engines_front_modules`)
 //! keeps web and the CLI from naming new ones.
+//!
+//! [`requests`] and [`replies`] are the HTTP API's bodies, one plain type
+//! each: the web crate serves them, the CLI sends and reads them in both
+//! its modes (a server, or the engine in its own process).
+
+mod replies;
+mod requests;
+
+pub use replies::*;
+pub use requests::*;
 
 pub use crate::alerts::{WebhookPayload, format_rfc3339_ms, parse_rfc3339_ms};
-pub use crate::control::{ControlOutcome, Person, ReleaseWhat};
+pub use crate::control::{ControlAction, ControlOutcome, Person, ReleaseWhat};
 pub use crate::evidence::EvidenceReadError;
-pub use crate::health::HealthState;
+pub use crate::fleet::FleetChange;
+pub use crate::health::{Fault, FaultKind, HealthState, Lifecycle, Phases};
 pub use crate::inventory::{Inventory, NodeDefaults, NodeSpec};
 pub use crate::manifest::{Manifest, Mode};
 pub use crate::metrics::{MetricDef, MetricId, ids, metric, metric_id};
 pub use crate::modes::{FleetMode, modes_path};
 pub use crate::node_filter::{NodeFilter, NodeStateFilter, parse_label};
+pub use crate::reload::ReloadReport;
 pub use crate::reload::{ReloadError, reload, reload_with};
-pub use crate::views::NodeView;
+pub use crate::repair::{GpuHealthView, LifecycleView, NodeHealth, PastLifecycle};
+pub use crate::run::executor::Plan;
+pub use crate::shadow::{ShadowFire, WouldAct};
+pub use crate::views::{HaStatus, NodeView, RunbookView};
+pub use crate::windows::Window;
 pub use crate::windows::WindowSpec;
 pub use nightshift_audit::runs::{RunOutcome, RunState, RunSummary, Target};

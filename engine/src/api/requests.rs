@@ -1,0 +1,199 @@
+//! What a person's tools send: the bodies of the HTTP API's `POST`s, one
+//! type each, read by the web crate (unknown fields refused) and built by
+//! the CLI — never a JSON literal on either side.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::Mode;
+use crate::modes::FleetMode;
+use nightshift_audit::runs::Target;
+
+/// `POST /api/v1/runs` and `POST /api/v1/runs/plan`: a manual run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartRun {
+    pub runbook: String,
+    #[serde(default)]
+    pub node: Option<String>,
+    #[serde(default)]
+    pub gpu: Option<u32>,
+    /// `label=value`.
+    #[serde(default)]
+    pub group: Option<String>,
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+impl StartRun {
+    /// The body for a run of `runbook` on `target`.
+    pub fn new(runbook: &str, target: &Target, params: BTreeMap<String, String>, dry_run: bool) -> StartRun {
+        StartRun {
+            runbook: runbook.to_string(),
+            node: target.node.clone(),
+            gpu: target.gpu,
+            group: target.group.as_ref().map(|(k, v)| format!("{k}={v}")),
+            params,
+            dry_run,
+        }
+    }
+
+    /// The target it names: a node (and optionally a GPU), or a group.
+    pub fn target(&self) -> Result<Target, String> {
+        match (&self.node, self.gpu, &self.group) {
+            (Some(n), g, None) => Ok(Target { node: Some(n.clone()), gpu: g, group: None }),
+            (None, None, Some(g)) => {
+                let (k, v) = g.split_once('=').ok_or_else(|| format!("group: expected label=value, found {g:?}"))?;
+                Ok(Target::group(k, v))
+            }
+            _ => Err("expected `node` (and optionally `gpu`) or `group`, not both".into()),
+        }
+    }
+}
+
+/// The body of a control that needs only a reason (`POST
+/// /api/v1/runs/{id}/reject`, a node's resume and drain, the end of a
+/// maintenance window): kept in the audit record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reason {
+    pub reason: String,
+}
+
+/// `POST /api/v1/runs/{id}/cancel` (and approve): an optional reason.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cancel {
+    /// Why: kept in the audit record beside who cancelled.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// `POST /api/v1/nodes/{name}/repaired`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Repaired {
+    /// One GPU; every GPU awaiting repair when absent.
+    #[serde(default)]
+    pub gpu: Option<u32>,
+    /// What was done (kept in the audit record).
+    #[serde(default)]
+    pub note: String,
+}
+
+/// `POST /api/v1/nodes/{name}/hands-off`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandsOff {
+    pub hands_off: bool,
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// It ends by itself after this many seconds (1 to 30 days).
+    #[serde(default)]
+    pub for_secs: Option<u64>,
+}
+
+/// `POST /api/v1/nodes/{name}/holds/release`: which holds, and why.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseHolds {
+    #[serde(default)]
+    pub gpu: Option<u32>,
+    #[serde(default)]
+    pub owner: Option<String>,
+    #[serde(default)]
+    pub hold: Option<String>,
+    /// Only holds of this kind (`power_limit`, `fan_curve`, `node_drain`, …).
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Every hold on the node: said on purpose (without it, a release names
+    /// a gpu, owner, hold or kind).
+    #[serde(default)]
+    pub all: bool,
+    /// Admin only: release a repair drain of a GPU the health model holds
+    /// broken anyway.
+    #[serde(default)]
+    pub force: bool,
+    /// Why: kept in the audit record.
+    pub reason: String,
+}
+
+/// `POST /api/v1/runbooks/{name}/mode`: promote or demote a runbook.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetRunbookMode {
+    /// `act` (promote) or `shadow` (demote).
+    pub mode: Mode,
+    /// Why: kept in the audit record.
+    pub reason: String,
+}
+
+/// `POST /api/v1/fleet/mode`: a change of the whole fleet's mode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetFleetMode {
+    /// `act`, `shadow` or `paused`.
+    pub mode: FleetMode,
+    /// Why: kept in the audit record.
+    pub reason: String,
+}
+
+/// `POST /api/v1/maintenance`: which nodes (every matcher must hold), from
+/// when (default now) until when (`ends_at`, or `for_secs` from the start),
+/// and why.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewWindow {
+    #[serde(default)]
+    pub matchers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    /// RFC 3339; none: now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub starts_at: Option<String>,
+    /// RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ends_at: Option<String>,
+    /// Seconds after the start (instead of `ends_at`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_secs: Option<u64>,
+    pub reason: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Table: a body's node, GPU and group → the target, or the refusal.
+    #[test]
+    fn a_start_run_names_one_kind_of_target() {
+        let body = |node: Option<&str>, gpu: Option<u32>, group: Option<&str>| StartRun {
+            runbook: "r".into(),
+            node: node.map(str::to_string),
+            gpu,
+            group: group.map(str::to_string),
+            ..StartRun::default()
+        };
+        let cases: Vec<(StartRun, Result<Target, &str>)> = vec![
+            (body(Some("n1"), None, None), Ok(Target { node: Some("n1".into()), gpu: None, group: None })),
+            (body(Some("n1"), Some(3), None), Ok(Target { node: Some("n1".into()), gpu: Some(3), group: None })),
+            (body(None, None, Some("pool=train")), Ok(Target::group("pool", "train"))),
+            (body(None, None, Some("pool")), Err("group: expected label=value, found \"pool\"")),
+            (
+                body(Some("n1"), None, Some("pool=a")),
+                Err("expected `node` (and optionally `gpu`) or `group`, not both"),
+            ),
+            (body(None, Some(1), None), Err("expected `node` (and optionally `gpu`) or `group`, not both")),
+        ];
+        for (b, want) in cases {
+            assert_eq!(b.target(), want.map_err(str::to_string), "{b:?}");
+        }
+        // And back: a target's body names it again.
+        for t in [Target { node: Some("n".into()), gpu: Some(2), group: None }, Target::group("rack", "r7")] {
+            assert_eq!(StartRun::new("r", &t, BTreeMap::new(), false).target(), Ok(t));
+        }
+    }
+}
