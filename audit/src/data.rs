@@ -278,6 +278,7 @@ impl Payload for ActionIntent {
 /// `action_result` of a change sent to an agent: the agent's answer (its
 /// fields beyond these in `more`), or why there was none.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default)]
 pub struct ActionResult {
     pub action_id: String,

@@ -181,6 +181,7 @@ pub async fn holder(db: &Client, shard: &str) -> Result<Option<(String, u64, i64
 
 /// A shard's lease row as the database has it now.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct LeaseRow {
     pub holder: String,
     pub term: u64,
@@ -209,6 +210,7 @@ pub async fn lease_row(db: &Client, shard: &str) -> Result<Option<LeaseRow>, Lea
 
 /// One shard of a database: its lease and its chain's head.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ShardRow {
     pub shard: String,
     pub holder: String,
@@ -263,6 +265,7 @@ pub async fn announce(db: &Client, cfg: &LeaseConfig, role: &str, term: u64) -> 
 
 /// One engine of a shard as it last announced itself.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct EngineRow {
     pub shard: String,
     pub holder: String,

@@ -158,6 +158,7 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
 
 /// What a record is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum RecordKind {
     EngineStarted,
@@ -334,6 +335,7 @@ impl NewRecord {
 
 /// A stored record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AuditRecord {
     pub seq: u64,
@@ -480,6 +482,7 @@ pub enum AuditError {
 
 /// What `verify` found.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct VerifyReport {
     pub ok: bool,
     /// Records checked and found good, 1..=verified_up_to.
@@ -530,6 +533,7 @@ pub struct RunFilter {
 
 /// A page of runs, newest first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RunPage {
     pub runs: Vec<RunSummary>,
     /// Pass back as `cursor` for the next (older) page.

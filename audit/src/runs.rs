@@ -9,6 +9,7 @@ use nightshift_proto::params::ParamValue;
 
 /// What a run acts on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Target {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -45,6 +46,7 @@ impl std::fmt::Display for Target {
 
 /// Where a run is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum RunState {
     Queued,
@@ -66,6 +68,7 @@ impl RunState {
 
 /// How a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum RunOutcome {
     /// It did its work: nothing is left for a person.
@@ -135,6 +138,7 @@ impl RunOutcome {
 
 /// A decision on a run that waited for approval.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalDecision {
     pub by: String,
@@ -147,6 +151,7 @@ pub struct ApprovalDecision {
 /// The current summary of a run (an index over the audit log, kept beside
 /// it and updated in the same write as the record that changed it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RunSummary {
     pub id: String,

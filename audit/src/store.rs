@@ -96,6 +96,7 @@ pub struct RecordQuery {
 
 /// A page of the record browser, newest first.
 #[derive(Debug, Clone, Default, serde::Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RecordPage {
     pub records: Vec<AuditRecord>,
     /// Pass as `before_seq` for the next (older) page; `None`: no more.

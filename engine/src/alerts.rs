@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// The payload as Alertmanager sends it. Unknown top-level fields are
 /// accepted (newer senders add some); the alert fields we rely on are not
 /// optional.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WebhookPayload {
     pub version: String,
@@ -33,7 +33,7 @@ pub struct WebhookPayload {
 }
 
 /// One alert.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Alert {
     pub status: String,

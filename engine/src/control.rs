@@ -44,7 +44,7 @@ pub const HOLD_KINDS: [&str; 8] =
     ["power_limit", "fan_curve", "clocks", "gpu_drain", "node_drain", "config", "chassis_fans", "mark"];
 
 /// What a person's control did.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct ControlOutcome {
     pub node: String,
     /// Each request sent: the hold (or op), whether the agent did it, and
@@ -61,7 +61,7 @@ impl ControlOutcome {
 
 /// One request of a person's control: its audited result, and for a
 /// release the hold it named.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct ControlAction {
     #[serde(flatten)]
     pub result: crate::audit::data::ActionResult,

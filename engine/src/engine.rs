@@ -101,7 +101,7 @@ pub struct RunRequest {
 }
 
 /// What became of an Alertmanager payload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Ingested {
     /// New alerts, to be handled.
     pub accepted: usize,
@@ -112,7 +112,7 @@ pub struct Ingested {
 }
 
 /// What became of a run request.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum Submitted {
     Queued {

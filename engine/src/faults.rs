@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 /// What kind of fault.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FaultKind {
     /// Double-bit ECC errors (XID 48).

@@ -14,7 +14,7 @@ use nightshift_proto::{Inventory as AgentInventory, Vendor};
 use crate::inventory::NodeSpec;
 
 /// What the engine knows about a node right now.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct NodeState {
     pub connected: bool,
     pub last_seen_ms: i64,
@@ -179,7 +179,7 @@ impl Members {
 }
 
 /// What a fleet reload changed, by node name.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct FleetChange {
     pub added: Vec<String>,
     /// Address, host key, labels or standby changed: a new connection.

@@ -50,7 +50,9 @@ pub struct RepairMemory {
 }
 
 /// Where a GPU stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum HealthState {
     #[default]
@@ -106,7 +108,7 @@ pub use crate::faults::FaultKind;
 pub use crate::xid_policy::{XidAction, XidPolicy};
 
 /// What the readings of one GPU say about faults.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Evidence {
     pub dbe_total: u64,
     #[serde(default)]
@@ -145,7 +147,7 @@ impl From<&Evidence> for Ack {
 }
 
 /// A fault: its kind, the XID where there is one, and the evidence.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Fault {
     pub kind: FaultKind,
     #[serde(default)]
@@ -156,7 +158,7 @@ pub struct Fault {
 }
 
 /// The timestamps of one lifecycle (fault seen → back in service).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Lifecycle {
     pub seen_ms: i64,
     #[serde(default)]
@@ -171,7 +173,7 @@ pub struct Lifecycle {
 
 /// Seconds from the fault being seen to each phase reached (absent: not
 /// reached).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Phases {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quarantined: Option<f64>,

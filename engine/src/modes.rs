@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 /// (no automatic run starts — suppressed, audited once per runbook and
 /// target, faults kept pending and a person told; runs already going go
 /// on). A person's manual run is never held back by it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FleetMode {
     #[default]

@@ -20,7 +20,7 @@ use crate::serve::{client_for, node_loop};
 use crate::xid_policy::XidPolicy;
 
 /// What a reload changed.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct ReloadReport {
     pub nodes: crate::fleet::FleetChange,
     /// API tokens by name.

@@ -636,7 +636,7 @@ impl Engine {
 }
 
 /// A node's health as people read it (`GET /api/v1/nodes/{name}/health`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct NodeHealth {
     pub node: String,
     /// The node's state: its worst GPU's.
@@ -653,7 +653,7 @@ impl NodeHealth {
 
 /// One GPU's health: state, fault, what a person should do, its lifecycle
 /// and the lifecycles before it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct GpuHealthView {
     pub gpu: u32,
     pub state: HealthState,
@@ -697,14 +697,14 @@ impl GpuHealthView {
 }
 
 /// A lifecycle under way: its timestamps and the seconds to each phase.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LifecycleView {
     pub timestamps: crate::health::Lifecycle,
     pub phases: crate::health::Phases,
 }
 
 /// A finished lifecycle: the fault's kind, its timestamps and phases.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PastLifecycle {
     pub kind: FaultKind,
     pub lifecycle: crate::health::Lifecycle,

@@ -12,7 +12,7 @@ use crate::audit::{RecordKind, RunFilter};
 use crate::engine::{Engine, EngineError};
 
 /// One action a shadow run would have taken.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct WouldAct {
     pub ts_ms: i64,
     pub node: Option<String>,
@@ -37,7 +37,7 @@ impl WouldAct {
 }
 
 /// One fire of a shadow runbook.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct ShadowFire {
     pub run: String,
     pub ts_ms: i64,

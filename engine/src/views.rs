@@ -18,7 +18,7 @@ use crate::runs::RunSummary;
 use crate::telemetry::SeriesKey;
 
 /// A snapshot of one node for the API and UI.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct NodeView {
     pub name: String,
     pub address: String,
@@ -36,7 +36,7 @@ pub struct NodeView {
 }
 
 /// A runbook for the API and UI.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RunbookView {
     pub name: String,
     pub description: String,
@@ -565,7 +565,7 @@ impl Engine {
 }
 
 /// Where this engine stands in its shard (`/api/v1/ha`, `/metrics`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HaStatus {
     /// `sled` (one engine, always leading) or `postgres`.
     pub backend: String,

@@ -27,7 +27,7 @@ pub struct WindowSpec {
 }
 
 /// A window in force or to come.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Window {
     pub id: String,
     /// Who set it.
@@ -43,7 +43,7 @@ pub struct Window {
 }
 
 /// What a node's state says about the window covering it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Cover {
     pub id: String,
     pub by: String,

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// A typed parameter value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum ParamValue {
     Bool(bool),

@@ -123,7 +123,7 @@ fn query_rejection(r: QueryRejection) -> ApiError {
 }
 
 /// Filters of `GET /api/v1/runs`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunsQuery {
     pub node: Option<String>,
@@ -306,7 +306,7 @@ pub async fn approvals(State(s): State<AppState>, _: Viewer) -> Result<Response,
 }
 
 /// Filters and paging of `GET /api/v1/nodes`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NodesQuery {
     pub node: Option<String>,
@@ -573,7 +573,7 @@ pub async fn runbook_mode(
     Ok(Json(RunbookModeReply { runbook: name, mode }).into_response())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ShadowQuery {
     #[serde(default)]
@@ -657,7 +657,7 @@ pub async fn runbook(State(s): State<AppState>, _: Viewer, Path(name): Path<Stri
     Ok(Json(RunbookDetail { runbook: rb, recent_runs: recent.runs }).into_response())
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReloadQuery {
     /// Put the runbooks that load in force even if others fail.
@@ -682,7 +682,7 @@ pub async fn reload(
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RecordsQuery {
     #[serde(default)]
@@ -705,7 +705,7 @@ pub async fn records(
 }
 
 /// `GET /api/v1/audit/verify[?shards=all]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VerifyQuery {
     #[serde(default)]
@@ -758,7 +758,7 @@ pub async fn export(State(s): State<AppState>, _: Viewer) -> Result<Response, Ap
 
 /// `GET /api/v1/events/stream`: the live tail. Resumes after `Last-Event-ID`
 /// (or `?after_seq=`) with no gap and no duplicate; ends on shutdown.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StreamQuery {
     pub after_seq: Option<u64>,

@@ -21,7 +21,7 @@ use crate::extract::Viewer;
 use crate::html::{PageError, layout};
 
 /// The browser's filters, as a query string (empty values are no filter).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SearchParams {
     pub kind: Option<String>,

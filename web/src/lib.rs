@@ -17,6 +17,7 @@ pub mod forward;
 pub mod html;
 pub mod maintenance;
 pub mod nodes;
+pub mod openapi;
 pub mod pages;
 pub mod prom;
 pub mod sessions;

@@ -20,13 +20,13 @@ use nightshift_audit::runs::RunSummary;
 use nightshift_proto::{ErrorBody, HealthCheck, SettingView};
 
 /// Any refusal: `{"error": {"code", "message"}}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ApiErrorBody {
     pub error: ApiErrorDetail,
 }
 
 /// What was refused and why.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ApiErrorDetail {
     pub code: String,
     pub message: String,
@@ -39,20 +39,20 @@ impl ApiErrorBody {
 }
 
 /// `GET /api/v1/runs/{id}`: a run and its records.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RunDetail {
     pub run: RunSummary,
     pub records: Vec<AuditRecord>,
 }
 
 /// `POST /api/v1/runs/{id}/cancel`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Cancelled {
     pub cancelled: String,
 }
 
 /// `GET /api/v1/nodes/{name}`: the node, its health, its newest runs.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct NodeDetail {
     pub node: NodeView,
     pub health: Option<NodeHealth>,
@@ -60,21 +60,21 @@ pub struct NodeDetail {
 }
 
 /// `POST /api/v1/nodes/{name}/repaired`: the GPUs now verifying.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Verifying {
     pub node: String,
     pub verifying: Vec<u32>,
 }
 
 /// `POST /api/v1/agents/{name}/health-check`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HealthCheckReply {
     pub node: String,
     pub check: HealthCheck,
 }
 
 /// `POST /api/v1/nodes/{name}/hands-off`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HandsOffReply {
     pub node: String,
     pub hands_off: bool,
@@ -82,7 +82,7 @@ pub struct HandsOffReply {
 }
 
 /// `GET /api/v1/fleet/mode` (and `POST`, with what the change did).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FleetModeView {
     pub mode: FleetMode,
     /// Who set it (none: the config's initial mode).
@@ -109,7 +109,7 @@ impl FleetModeView {
 }
 
 /// `POST /api/v1/runbooks/{name}/mode`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RunbookModeReply {
     pub runbook: String,
     pub mode: Mode,
@@ -117,7 +117,7 @@ pub struct RunbookModeReply {
 
 /// `GET /api/v1/runbooks/{name}/shadow`: what a shadow runbook would have
 /// done.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ShadowReport {
     pub runbook: String,
     pub mode: Mode,
@@ -139,7 +139,7 @@ impl ShadowReport {
 }
 
 /// `GET /api/v1/agents/{name}/ping`: one round trip to the agent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AgentPing {
     pub node: String,
     pub ok: bool,
@@ -162,7 +162,7 @@ impl AgentPing {
 }
 
 /// `POST /api/v1/agents/{name}/sim-fault`: what the simulated hardware took.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SimFaultReply {
     pub node: String,
     pub injected: Value,
@@ -170,14 +170,14 @@ pub struct SimFaultReply {
 
 /// `GET /api/v1/agents/{name}/holds`: each setting's baseline, what is in
 /// effect and the holds behind it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AgentHolds {
     pub node: String,
     pub settings: Vec<SettingView>,
 }
 
 /// One runbook in `GET /api/v1/runbooks`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RunbookBrief {
     pub name: String,
     pub description: String,
@@ -207,14 +207,14 @@ impl From<&RunbookView> for RunbookBrief {
 
 /// `GET /api/v1/runbooks`: the runbooks in force, and the files that did
 /// not load.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RunbookList {
     pub runbooks: Vec<RunbookBrief>,
     pub errors: Vec<String>,
 }
 
 /// `GET /api/v1/runbooks/{name}`: the runbook and its newest runs.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RunbookDetail {
     pub runbook: RunbookView,
     pub recent_runs: Vec<RunSummary>,
@@ -222,7 +222,7 @@ pub struct RunbookDetail {
 
 /// `GET /api/v1/audit/head`: what to keep outside the store to anchor the
 /// chain (all empty before the first record).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AuditHead {
     pub seq: u64,
     pub hash: Option<String>,
@@ -246,7 +246,7 @@ impl AuditHead {
 }
 
 /// `GET /api/v1/audit/records/{seq}`: one record and its neighbours.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RecordView {
     pub record: AuditRecord,
     pub prev_seq: Option<u64>,
@@ -256,7 +256,7 @@ pub struct RecordView {
 }
 
 /// `GET /healthz`: alive, and what it holds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Healthz {
     pub ok: bool,
     pub audit_seq: u64,
@@ -268,7 +268,7 @@ pub struct Healthz {
 }
 
 /// `GET /readyz`: ready to take work.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Readyz {
     pub ok: bool,
     pub ready: bool,
@@ -282,13 +282,13 @@ pub struct Readyz {
 }
 
 /// `GET /api/v1/maintenance`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Windows {
     pub windows: Vec<Window>,
 }
 
 /// `POST /api/v1/maintenance` (and `…/{id}/end`, with `ended`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct WindowReply {
     pub window: Window,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -297,7 +297,7 @@ pub struct WindowReply {
 
 /// `GET /api/v1/ha`: this engine's place in its shard, and (PostgreSQL)
 /// every shard's leader and every engine seen.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HaReply {
     #[serde(flatten)]
     pub status: HaStatus,
@@ -327,7 +327,7 @@ impl HaReply {
 
 /// `POST /api/v1/reload`: what changed; `loaded` and `errors` as
 /// `runbooks reload` answered before (kept for its callers).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ReloadReply {
     #[serde(flatten)]
     pub report: crate::reload::ReloadReport,
@@ -343,7 +343,7 @@ impl From<crate::reload::ReloadReport> for ReloadReply {
 
 /// A person's control (`…/holds/release`, `…/resume`, `…/drain`): what was
 /// done, and on a 409 the first refusal.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ControlReply {
     #[serde(flatten)]
     pub outcome: crate::control::ControlOutcome,

@@ -11,7 +11,7 @@ use crate::modes::FleetMode;
 use nightshift_audit::runs::Target;
 
 /// `POST /api/v1/runs` and `POST /api/v1/runs/plan`: a manual run.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StartRun {
     pub runbook: String,
@@ -57,14 +57,14 @@ impl StartRun {
 /// The body of a control that needs only a reason (`POST
 /// /api/v1/runs/{id}/reject`, a node's resume and drain, the end of a
 /// maintenance window): kept in the audit record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Reason {
     pub reason: String,
 }
 
 /// `POST /api/v1/runs/{id}/cancel` (and approve): an optional reason.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Cancel {
     /// Why: kept in the audit record beside who cancelled.
@@ -73,7 +73,7 @@ pub struct Cancel {
 }
 
 /// `POST /api/v1/nodes/{name}/repaired`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Repaired {
     /// One GPU; every GPU awaiting repair when absent.
@@ -85,7 +85,7 @@ pub struct Repaired {
 }
 
 /// `POST /api/v1/nodes/{name}/hands-off`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HandsOff {
     pub hands_off: bool,
@@ -97,7 +97,7 @@ pub struct HandsOff {
 }
 
 /// `POST /api/v1/nodes/{name}/holds/release`: which holds, and why.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReleaseHolds {
     #[serde(default)]
@@ -122,7 +122,7 @@ pub struct ReleaseHolds {
 }
 
 /// `POST /api/v1/runbooks/{name}/mode`: promote or demote a runbook.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetRunbookMode {
     /// `act` (promote) or `shadow` (demote).
@@ -132,7 +132,7 @@ pub struct SetRunbookMode {
 }
 
 /// `POST /api/v1/fleet/mode`: a change of the whole fleet's mode.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetFleetMode {
     /// `act`, `shadow` or `paused`.
@@ -144,7 +144,7 @@ pub struct SetFleetMode {
 /// `POST /api/v1/maintenance`: which nodes (every matcher must hold), from
 /// when (default now) until when (`ends_at`, or `for_secs` from the start),
 /// and why.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewWindow {
     #[serde(default)]

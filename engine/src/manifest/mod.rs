@@ -112,7 +112,7 @@ pub struct Signals {
 }
 
 /// Whether a runbook's automatic runs act or only say what they would do.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     #[default]

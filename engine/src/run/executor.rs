@@ -621,7 +621,7 @@ impl Engine {
 
 /// What a run would be (`POST /api/v1/runs/plan`), decided as a submit
 /// decides it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct Plan {
     pub runbook: String,
     /// The runbook's digest in force.

@@ -38,6 +38,7 @@ pub struct SetPowerLimitArgs {
 
 /// One point of a fan curve.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct FanPoint {
     pub temp_c: f64,
@@ -340,6 +341,7 @@ pub struct PendingWork {
 
 /// One GPU's part of a health check.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct GpuCheck {
     pub index: u32,
@@ -355,6 +357,7 @@ pub struct GpuCheck {
 
 /// The result of `health_check`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheck {
     pub ok: bool,
@@ -407,6 +410,7 @@ pub struct MarkArgs {
 
 /// The marks a scheduler can carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum MarkKind {
     NoPack,
@@ -553,6 +557,7 @@ pub struct ActionResult {
 /// Faults and workload the `sim` backend can be told to model. Refused on
 /// real hardware.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SimFault {
     /// The GPU's fan (or, on fanless boards, its share of chassis airflow)

@@ -12,6 +12,7 @@ use super::FanPoint;
 
 /// A setting that can be held. GPU settings name their GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Setting {
     PowerLimit {
@@ -79,6 +80,7 @@ impl std::fmt::Display for Setting {
 
 /// A held (or baseline) value of a setting.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum HoldValue {
     PowerLimit {
@@ -180,6 +182,7 @@ fn trim(v: f64) -> String {
 
 /// One hold.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct HoldInfo {
     /// The id of the request that placed it.
@@ -212,6 +215,7 @@ impl HoldInfo {
 
 /// A held setting as the agent sees it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SettingView {
     pub setting: Setting,
@@ -253,6 +257,7 @@ pub struct DriftedSetting {
 /// A held setting found at its default and applied again (invariant 16:
 /// a hold is what the device does).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Reapplied {
     pub at_ms: i64,

@@ -334,6 +334,7 @@ impl Request {
 
 /// Stable error codes. The names are part of the protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// Malformed JSON, unknown or mistyped fields.
@@ -409,6 +410,7 @@ impl std::fmt::Display for ErrorCode {
 
 /// The error part of a failed reply.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ErrorBody {
     pub code: ErrorCode,

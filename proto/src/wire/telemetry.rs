@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// GPU vendor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Vendor {
     Nvidia,
@@ -22,6 +23,7 @@ impl Vendor {
 
 /// One GPU as the backend sees it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct GpuInfo {
     pub index: u32,
@@ -98,6 +100,7 @@ impl GpuInfo {
 
 /// The node's inventory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Inventory {
     pub node: String,
