@@ -654,7 +654,7 @@ pub struct EvidenceCollected {
     pub reason: String,
     /// Each file: name, bytes, sha256 and what went wrong making it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub files: Vec<Value>,
+    pub files: Vec<nightshift_proto::EvidenceFile>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }

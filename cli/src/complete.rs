@@ -47,8 +47,16 @@ pub fn runbooks(current: &OsStr) -> Vec<CompletionCandidate> {
         if p.extension()? != "yaml" {
             return None;
         }
-        let v: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&p).ok()?).ok()?;
-        Some((v["name"].as_str()?.to_string(), v["description"].as_str().map(str::to_string)))
+        // Only the two fields: a manifest that does not load still
+        // completes by its name.
+        #[derive(serde::Deserialize)]
+        struct Named {
+            name: String,
+            #[serde(default)]
+            description: Option<String>,
+        }
+        let v: Named = serde_yaml::from_str(&std::fs::read_to_string(&p).ok()?).ok()?;
+        Some((v.name, v.description))
     });
     matching(names, current)
 }
@@ -72,7 +80,7 @@ pub fn runs(current: &OsStr) -> Vec<CompletionCandidate> {
     };
     let token = flag("token", None).or_else(|| std::env::var("NIGHTSHIFT_TOKEN").ok());
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return Vec::new() };
-    let page: Option<serde_json::Value> = rt.block_on(async {
+    let page: Option<nightshift_engine::audit::RunPage> = rt.block_on(async {
         let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build().ok()?;
         let mut req = http.get(format!("{}/api/v1/runs?limit=50", server.trim_end_matches('/')));
         if let Some(t) = token {
@@ -80,11 +88,12 @@ pub fn runs(current: &OsStr) -> Vec<CompletionCandidate> {
         }
         req.send().await.ok()?.json().await.ok()
     });
-    let runs = page.and_then(|p| p["runs"].as_array().cloned()).unwrap_or_default();
-    let names = runs.iter().filter_map(|r| {
-        let target = r["target"]["node"].as_str().unwrap_or("");
-        let state = r["outcome"].as_str().or(r["state"].as_str()).unwrap_or("");
-        Some((r["id"].as_str()?.to_string(), Some(format!("{} on {target}: {state}", r["runbook"].as_str()?))))
+    let runs = page.map(|p| p.runs).unwrap_or_default();
+    let names = runs.into_iter().map(|r| {
+        let target = r.target.node.clone().unwrap_or_default();
+        let state = r.outcome.map(|o| o.as_str()).unwrap_or(r.state.as_str());
+        let help = format!("{} on {target}: {state}", r.runbook);
+        (r.id, Some(help))
     });
     matching(names, current)
 }

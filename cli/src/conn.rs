@@ -808,7 +808,7 @@ impl Conn {
     }
 
     /// Tell a simulated node a fault (`SimFault` as JSON) on a running engine (admin).
-    pub async fn sim_fault(&mut self, node: &str, fault: &Value) -> Result<SimFaultReply> {
+    pub async fn sim_fault(&mut self, node: &str, fault: &nightshift_proto::SimFault) -> Result<SimFaultReply> {
         match self {
             Conn::Remote(r) => r.post(&format!("/api/v1/agents/{}/sim-fault", crate::out::urlencode(node)), fault).await,
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(

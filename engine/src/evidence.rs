@@ -95,7 +95,7 @@ impl Engine {
                 dir: c.dir.clone(),
                 sha256: c.sha256.clone(),
                 reason: reason.to_string(),
-                files: c.bundle.files.iter().filter_map(|f| serde_json::to_value(f).ok()).collect(),
+                files: c.bundle.files.clone(),
                 error: None,
             },
             Err(e) => crate::audit::data::EvidenceCollected {

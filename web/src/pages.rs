@@ -11,7 +11,7 @@ use serde_json::Value;
 use nightshift_engine::api::format_rfc3339_ms;
 use nightshift_engine::api::{GpuHealthView, HealthState, NodeHealth};
 use nightshift_engine::api::{RunOutcome, RunState, RunSummary};
-use nightshift_engine::audit::{AuditRecord, RecordKind, RunFilter};
+use nightshift_engine::audit::{AuditRecord, RecordKind, RunFilter, data};
 use nightshift_engine::config::Role;
 use nightshift_proto::{HoldInfo, NoArgs, Op, SettingView};
 
@@ -176,7 +176,7 @@ pub async fn timeline(
         .filter(|r| match r.kind {
             RecordKind::RunQueued | RecordKind::RunStarted | RecordKind::ActionIntent => false,
             // A run's end is a person's act when they cancelled it.
-            RecordKind::RunFinished => r.data["outcome"] == "cancelled",
+            RecordKind::RunFinished => r.payload::<data::RunFinished>().is_ok_and(|f| f.outcome == "cancelled"),
             _ => true,
         })
         .take(8)
@@ -398,54 +398,111 @@ fn words(key: &str) -> String {
 /// An action's result as a sentence: each setting's before → after with
 /// its unit, what a release put back, whether the change is held.
 fn step_sentence(d: &Value) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    if let Some(settings) = d["after"]["settings"].as_array() {
-        parts.extend(settings.iter().filter_map(|s| s["detail"].as_str().map(str::to_string)));
+    /// The agent's answer as an action's result keeps it.
+    #[derive(serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Step {
+        before: Value,
+        after: Value,
+        held: bool,
     }
+    /// What a release's answer (`after`) says of each setting.
+    #[derive(serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Released {
+        settings: Vec<Setting>,
+    }
+    #[derive(serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Setting {
+        detail: Option<String>,
+    }
+    let d: Step = serde_json::from_value(d.clone()).unwrap_or_default();
+    let mut parts: Vec<String> = Vec::new();
+    let released: Released = serde_json::from_value(d.after.clone()).unwrap_or_default();
+    parts.extend(released.settings.into_iter().filter_map(|s| s.detail));
     if parts.is_empty()
-        && let Some(after) = d["after"].as_object()
+        && let Some(after) = d.after.as_object()
     {
         for (k, a) in after {
             if k == "released" || k == "settings" {
                 continue;
             }
-            match d["before"].get(k) {
+            match d.before.get(k) {
                 Some(b) if b != a => parts.push(format!("{} {} → {}", words(k), with_unit(k, b), with_unit(k, a))),
                 Some(_) => parts.push(format!("{} stays {}", words(k), with_unit(k, a))),
                 None => parts.push(format!("{} {}", words(k), with_unit(k, a))),
             }
         }
     }
-    if parts.is_empty() && d["after"].is_null() && d["before"].is_null() {
+    if parts.is_empty() && d.after.is_null() && d.before.is_null() {
         return String::new();
     }
     if parts.is_empty() {
-        parts.push(format!("{} → {}", compact(&d["before"]), compact(&d["after"])));
+        parts.push(format!("{} → {}", compact(&d.before), compact(&d.after)));
     }
     let mut s = parts.join("; ");
-    if d["held"] == true {
+    if d.held {
         s.push_str(" (held until the run releases it)");
     }
     s
 }
 
+/// A text field of the event that started a run (its shape is the
+/// trigger's: an alert's labels, a fire's metric, a fault's kind).
+fn event_field<'a>(event: &'a Value, field: &str) -> Option<&'a str> {
+    event.get(field).and_then(Value::as_str)
+}
+
+/// An `action_result` record's payload.
+fn action_result(r: &AuditRecord) -> Option<data::ActionResult> {
+    (r.kind == RecordKind::ActionResult).then(|| r.payload().ok()).flatten()
+}
+
+/// A record that is not an action, in words: its text, reason or detail,
+/// else how it ended, else its fields.
+fn other_step_text(r: &AuditRecord) -> String {
+    #[derive(serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Said {
+        text: Option<String>,
+        reason: Option<String>,
+        detail: Option<String>,
+        outcome: Option<String>,
+        error: Option<String>,
+    }
+    let s: Said = serde_json::from_value(r.data.clone()).unwrap_or_default();
+    match (s.text, s.reason, s.detail, s.outcome) {
+        (Some(t), ..) | (None, Some(t), ..) | (None, None, Some(t), _) => t,
+        (None, None, None, Some(o)) => {
+            let o = o.replace('_', " ");
+            match s.error {
+                Some(e) => format!("{o} — {e}"),
+                None => o,
+            }
+        }
+        _ => compact(&r.data),
+    }
+}
+
 /// A `hold_ended` record in one line: what, how it ended, what became of
 /// the setting.
 fn hold_ended_text(r: &AuditRecord) -> String {
-    let d = &r.data;
-    let how = match d["how"].as_str().unwrap_or("?") {
+    let d: data::HoldEnded = r.payload().unwrap_or_default();
+    let or_q = |s: &str| if s.is_empty() { "?".to_string() } else { s.to_string() };
+    let how = match d.how.as_str() {
         "expired" => "its lease ran out".to_string(),
-        "released" => format!("released by {}", d["by"].as_str().unwrap_or("?")),
+        "released" => format!("released by {}", or_q(&d.by)),
         "taken_over" => "a person changed the setting by hand".to_string(),
         "superseded" => "its config version was marked bad".to_string(),
-        other => other.to_string(),
+        other => or_q(other),
     };
     format!(
         "{} hold {} ended: {how}; {} ({})",
-        d["setting"].as_str().unwrap_or("?"),
-        d["value"].as_str().unwrap_or("?"),
-        d["outcome"].as_str().unwrap_or("?").replace('_', " "),
-        d["now"].as_str().unwrap_or("?"),
+        or_q(&d.setting),
+        or_q(&d.value),
+        d.outcome.as_str().unwrap_or("?").replace('_', " "),
+        or_q(&d.now),
     )
 }
 
@@ -453,7 +510,10 @@ fn hold_ended_text(r: &AuditRecord) -> String {
 /// hold's end as its agent reported it.
 fn run_holds(run: &RunSummary, records: &[AuditRecord]) -> Markup {
     let ended: Vec<&AuditRecord> = records.iter().filter(|r| r.kind == RecordKind::HoldEnded).collect();
-    let placed = records.iter().filter(|r| r.kind == RecordKind::ActionResult && r.data["held"] == true).count();
+    let placed = records
+        .iter()
+        .filter(|r| action_result(r).is_some_and(|a| a.more.get("held") == Some(&Value::Bool(true))))
+        .count();
     html! {
         @if placed > 0 || !ended.is_empty() || !run.holds_kept.is_empty() || !run.holds_left.is_empty() {
             h2 { "Holds" }
@@ -489,15 +549,15 @@ fn run_charts(s: &AppState, run: &RunSummary, records: &[AuditRecord]) -> Markup
         .filter_map(|r| match r.kind {
             RecordKind::RunStarted => Some(Mark { ts_ms: r.ts_ms, label: "start".into(), class: "start" }),
             RecordKind::RunFinished => Some(Mark { ts_ms: r.ts_ms, label: "end".into(), class: "end" }),
-            RecordKind::ActionResult if r.data["applied"] == true => {
-                Some(Mark { ts_ms: r.ts_ms, label: r.data["op"].as_str().unwrap_or("?").into(), class: "action" })
+            RecordKind::ActionResult => {
+                action_result(r).filter(|a| a.applied).map(|a| Mark { ts_ms: r.ts_ms, label: a.op, class: "action" })
             }
             RecordKind::HoldEnded => Some(Mark { ts_ms: r.ts_ms, label: "hold ended".into(), class: "end" }),
             _ => None,
         })
         .collect();
     marks.sort_by_key(|m| m.ts_ms);
-    let trigger = run.event["metric"].as_str().and_then(metric_id);
+    let trigger = event_field(&run.event, "metric").and_then(metric_id);
     html! {
         @if let Some(g) = gpu {
             (chart(
@@ -506,7 +566,7 @@ fn run_charts(s: &AppState, run: &RunSummary, records: &[AuditRecord]) -> Markup
                 &marks, from, to, t0,
             ))
         }
-        @if let (Some(g), Some(fault)) = (gpu, run.event["fault"].as_str().filter(|_| run.trigger == "fault")) {
+        @if let (Some(g), Some(fault)) = (gpu, event_field(&run.event, "fault").filter(|_| run.trigger == "fault")) {
             (chart(
                 &format!("{node} GPU {g}: fault counters (the {fault} fault)"),
                 &[series(ids::ECC_DBE, "double-bit ECC", "count", "fault", Some(g)), series(ids::XID_EVENTS, "fatal XIDs", "count", "xid", Some(g))],
@@ -538,7 +598,8 @@ pub async fn run_page(
     let waited_for = records
         .iter()
         .find(|r| r.kind == RecordKind::RunStarted)
-        .and_then(|r| r.data["waited_for"].as_str().map(str::to_string));
+        .and_then(|r| r.payload::<data::RunStarted>().ok())
+        .and_then(|p| p.waited_for.as_str().map(str::to_string));
     let grafana = match (&s.engine.config().grafana, &run.target.node) {
         (Some(g), Some(node)) => {
             let end = run.finished_ms.unwrap_or_else(|| s.engine.clock().now_ms());
@@ -615,23 +676,25 @@ pub async fn run_page(
                     @for step in steps(&records) {
                         @match step {
                             Step::Action { intent, result } => {
+                                @let i: data::ActionIntent = intent.payload().unwrap_or_default();
                                 tr.action {
                                     td.nowrap { "+" (dur(intent.ts_ms - t0)) }
-                                    td { strong { (intent.data["op"].as_str().unwrap_or("?")) } " " code { (compact(&intent.data["args"])) } @if intent.data["dry_run"] == true { " " span.tag { "dry run" } } }
+                                    td { strong { (if i.op.is_empty() { "?" } else { &i.op }) } " " code { (compact(&i.args)) } @if i.dry_run { " " span.tag { "dry run" } } }
                                     td { (intent.node.clone().unwrap_or_default()) @if let Some(g) = intent.gpu { "/gpu" (g) } }
                                     @match result {
                                         Some(r) => {
-                                            td { span class={"badge " (if r.data["ok"] == true { if r.data["applied"] == true { "ok" } else { "muted" } } else { "bad" })} {
-                                                (r.data["outcome"].as_str().unwrap_or("?").replace('_', " "))
+                                            @let a = action_result(r).unwrap_or_default();
+                                            td { span class={"badge " (if a.ok { if a.applied { "ok" } else { "muted" } } else { "bad" })} {
+                                                (if a.outcome.is_empty() { "?".to_string() } else { a.outcome.replace('_', " ") })
                                             }
-                                            @if let Some(d) = r.data["detail"].as_str() { " " small { (d) } }
-                                            @if let Some(e) = r.data["error"].as_str() { " " small.error { (e) } }
+                                            @if let Some(d) = a.more.get("detail").and_then(Value::as_str) { " " small { (d) } }
+                                            @if let Some(e) = &a.error { " " small.error { (e) } }
                                             }
                                             td {
                                                 (step_sentence(&r.data))
                                                 details.raw { summary { "JSON" } pre { (pretty(&r.data)) } }
                                             }
-                                            td.nowrap { (r.data["duration_ms"].as_i64().map(|ms| format!("{ms} ms")).unwrap_or_default()) }
+                                            td.nowrap { (a.duration_ms.map(|ms| format!("{ms} ms")).unwrap_or_default()) }
                                         }
                                         None => { td { span.badge.running { "no result (in flight or interrupted)" } } td {} td {} }
                                     }
@@ -644,11 +707,7 @@ pub async fn run_page(
                                     td { (r.node.clone().unwrap_or_default()) }
                                     td colspan="3" {
                                         @if r.kind == RecordKind::HoldEnded { (hold_ended_text(r)) }
-                                        @else if let Some(t) = r.data["text"].as_str() { (t) }
-                                        @else if let Some(t) = r.data["reason"].as_str() { (t) }
-                                        @else if let Some(t) = r.data["detail"].as_str() { (t) }
-                                        @else if let Some(o) = r.data["outcome"].as_str() { (o.replace('_', " ")) @if let Some(e) = r.data["error"].as_str() { " — " (e) } }
-                                        @else { code { (compact(&r.data)) } }
+                                        @else { (other_step_text(r)) }
                                     }
                                 }
                             }
@@ -673,21 +732,21 @@ fn evidence_section(node: &str, records: &[AuditRecord]) -> Markup {
             table {
                 tr { th { "Record" } th { "GPU" } th { "Bundle" } th { "Files" } }
                 @for r in records {
-                    @let bundle = r.data["bundle"].as_str().unwrap_or("");
+                    @let d: data::EvidenceCollected = r.payload().unwrap_or_default();
+                    @let bundle = d.bundle.as_str();
                     tr {
                         td.num { a href=(format!("/audit/records/{}", r.seq)) { "#" (r.seq) } }
                         td { @if let Some(g) = r.gpu { (g) } }
-                        @if let Some(e) = r.data["error"].as_str() {
+                        @if let Some(e) = &d.error {
                             td colspan="2" { small.error { "not collected: " (e) } }
                         } @else {
-                            td { (bundle) br; small { "sha256 " (r.data["sha256"].as_str().unwrap_or("")) } }
+                            td { (bundle) br; small { "sha256 " (d.sha256) } }
                             td {
                                 a href=(format!("/api/v1/nodes/{}/evidence/{}/manifest.json", urlencode(node), urlencode(bundle))) { "manifest.json" }
-                                @for f in r.data["files"].as_array().into_iter().flatten() {
-                                    @let file = f["name"].as_str().unwrap_or("");
+                                @for f in &d.files {
                                     br;
-                                    a href=(format!("/api/v1/nodes/{}/evidence/{}/{}", urlencode(node), urlencode(bundle), urlencode(file))) { (file) }
-                                    " " small { (f["bytes"]) " bytes" @if let Some(e) = f["error"].as_str() { " — " (e) } }
+                                    a href=(format!("/api/v1/nodes/{}/evidence/{}/{}", urlencode(node), urlencode(bundle), urlencode(&f.name))) { (f.name) }
+                                    " " small { (f.bytes) " bytes" @if let Some(e) = &f.error { " — " (e) } }
                                 }
                             }
                         }
@@ -1073,7 +1132,7 @@ pub async fn approvals_page(State(s): State<AppState>, Viewer(who): Viewer) -> R
     let now_ms = s.engine.clock().now_ms();
     // What each run asks: the request record (reason, expiry, nodes it would
     // change) and the runbook's own description.
-    let asks: Vec<(Option<Value>, i64, String)> = pending
+    let asks: Vec<(Option<data::ApprovalRequested>, i64, String)> = pending
         .iter()
         .map(|r| {
             let rec = s
@@ -1081,17 +1140,18 @@ pub async fn approvals_page(State(s): State<AppState>, Viewer(who): Viewer) -> R
                 .run_records(&r.id)
                 .ok()
                 .and_then(|rs| rs.into_iter().rev().find(|x| x.kind == RecordKind::ApprovalRequested));
-            let expires = rec.as_ref().map_or(0, |x| {
-                x.ts_ms.saturating_add(x.data["expires_in_secs"].as_i64().unwrap_or(0).saturating_mul(1000))
+            let ask = rec.as_ref().and_then(|x| x.payload::<data::ApprovalRequested>().ok());
+            let expires = rec.as_ref().zip(ask.as_ref()).map_or(0, |(x, a)| {
+                x.ts_ms.saturating_add(i64::try_from(a.expires_in_secs).unwrap_or(i64::MAX).saturating_mul(1000))
             });
             let desc = set.get(&r.runbook).map(|(_, rb)| rb.manifest.description.clone()).unwrap_or_default();
-            (rec.map(|x| x.data), expires, desc)
+            (ask, expires, desc)
         })
         .collect();
     let body = html! {
         h1 { "Approvals" }
         @if pending.is_empty() { p.empty { "Nothing is waiting for approval." } }
-        @for (r, (data, expires, desc)) in pending.iter().zip(&asks) {
+        @for (r, (ask, expires, desc)) in pending.iter().zip(&asks) {
             div.card {
                 div.head { h2 { a href={"/runs/" (r.id)} { (r.id) } } (badge(r)) }
                 p { strong { (r.runbook) } " on " (r.target.to_string()) " — requested by " strong { (r.requested_by) } " at " (time(r.created_ms)) }
@@ -1099,8 +1159,8 @@ pub async fn approvals_page(State(s): State<AppState>, Viewer(who): Viewer) -> R
                 table.kv {
                     tr { th { "Plan" } td { (desc) } }
                     @if let Some(d) = &r.runbook_digest { tr { th { "Runbook version" } td { code title=(d) { (d.chars().take(12).collect::<String>()) } " — approving runs exactly this version; if the runbook changes before it starts, the run is refused" } } }
-                    @if let Some(why) = data.as_ref().and_then(|d| d["reason"].as_str()) { tr { th { "Needs approval because" } td { (why) } } }
-                    @if let Some(n) = data.as_ref().and_then(|d| d["nodes_changed"].as_u64()) { tr { th { "Nodes it may change" } td { (n) } } }
+                    @if let Some(a) = ask { tr { th { "Needs approval because" } td { (a.reason) } } }
+                    @if let Some(a) = ask { tr { th { "Nodes it may change" } td { (a.nodes_changed) } } }
                     tr { th { "Mode" } td { @if r.dry_run { "dry run: checks every action, changes nothing" } @else { "live: its actions change the nodes" } } }
                     @if !r.params.is_empty() { tr { th { "Parameters" } td { code { @for (k, v) in &r.params { (k) "=" (serde_json::to_string(v).unwrap_or_default()) " " } } } } }
                     @if *expires > 0 { tr { th { "Expires" } td { (time(*expires)) " (in " (dur((*expires - now_ms).max(0))) "; then it is cancelled)" } } }

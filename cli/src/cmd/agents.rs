@@ -4,7 +4,6 @@
 use anyhow::{Context, Result};
 use nightshift_engine::api::HealthState;
 use nightshift_proto::SettingView;
-use serde_json::json;
 
 use crate::Fail;
 use crate::args::AgentsCmd;
@@ -155,26 +154,16 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
                 outln!("no RMA evidence was collected on {node}");
             }
             for r in &found {
-                let d = &r.data;
+                let d = evidence(r);
                 let gpu = r.gpu.map_or(String::new(), |g| format!(" GPU {g}"));
-                match d["error"].as_str() {
+                match &d.error {
                     Some(e) => outln!("record {}{gpu}: not collected: {e}", r.seq),
                     None => {
-                        outln!(
-                            "record {}{gpu}: bundle {} at {}:{}",
-                            r.seq,
-                            d["bundle"].as_str().unwrap_or(""),
-                            node,
-                            d["dir"].as_str().unwrap_or("")
-                        );
-                        outln!(
-                            "  sha256 {}  ({})",
-                            d["sha256"].as_str().unwrap_or(""),
-                            clean(d["reason"].as_str().unwrap_or(""))
-                        );
-                        for f in d["files"].as_array().into_iter().flatten() {
-                            let err = f["error"].as_str().map_or(String::new(), |e| format!("  — {e}"));
-                            outln!("  {} {} bytes{err}", f["name"].as_str().unwrap_or(""), f["bytes"]);
+                        outln!("record {}{gpu}: bundle {} at {}:{}", r.seq, d.bundle, node, d.dir);
+                        outln!("  sha256 {}  ({})", d.sha256, clean(&d.reason));
+                        for f in &d.files {
+                            let err = f.error.as_ref().map_or(String::new(), |e| format!("  — {e}"));
+                            outln!("  {} {} bytes{err}", f.name, f.bytes);
                         }
                     }
                 }
@@ -264,18 +253,26 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
             Ok(0)
         }
         AgentsCmd::SimFault { node, kind, gpu, count, code } => {
-            let mut fault = json!({"kind": kind.replace('-', "_")});
-            if let Some(g) = gpu {
-                fault["gpu"] = json!(g);
+            /// The fault as the agent's `SimFault` reads it.
+            #[derive(serde::Serialize)]
+            struct Fault<'a> {
+                kind: String,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                gpu: Option<u32>,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                count: Option<u64>,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                code: Option<&'a u32>,
             }
-            match (kind.as_str(), count) {
-                (_, Some(c)) => fault["count"] = json!(c),
-                ("ecc-dbe" | "ecc_dbe", None) => fault["count"] = json!(1),
-                _ => {}
-            }
-            if let Some(c) = code {
-                fault["code"] = json!(c);
-            }
+            let count = match (kind.as_str(), count) {
+                (_, Some(c)) => Some(*c),
+                ("ecc-dbe" | "ecc_dbe", None) => Some(1),
+                _ => None,
+            };
+            let fault = Fault { kind: kind.replace('-', "_"), gpu: *gpu, count, code: code.as_ref() };
+            // Read here first: an unknown fault is refused before anything is sent.
+            let fault: nightshift_proto::SimFault = serde_json::from_value(serde_json::to_value(&fault)?)
+                .map_err(|e| crate::cmd::usage(format!("the fault: {e}")))?;
             let v = c.sim_fault(node, &fault).await?;
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
@@ -373,7 +370,12 @@ pub async fn holds_list(cli: &crate::args::Cli, out: &Out, a: &crate::args::Node
     let holds: Vec<(&str, &nightshift_proto::HoldInfo)> =
         nodes.iter().flat_map(|n| n.holds.iter().map(move |h| (n.name.as_str(), h))).collect();
     if out.json {
-        let v: Vec<serde_json::Value> = holds.iter().map(|(n, h)| serde_json::json!({"node": n, "hold": h})).collect();
+        #[derive(serde::Serialize)]
+        struct NodeHold<'a> {
+            node: &'a str,
+            hold: &'a nightshift_proto::HoldInfo,
+        }
+        let v: Vec<NodeHold<'_>> = holds.iter().map(|(node, hold)| NodeHold { node, hold }).collect();
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
     }
@@ -418,20 +420,22 @@ async fn fetch_evidence(
     dest: &std::path::Path,
 ) -> Result<u8> {
     use nightshift_proto::{EVIDENCE_MANIFEST, plain_evidence_name};
-    let rec = found.iter().rev().find(|r| match bundle {
-        Some(id) => r.data["bundle"] == id,
-        None => r.data["error"].is_null() && r.data["bundle"].is_string(),
+    let rec = found.iter().rev().find(|r| {
+        let d = evidence(r);
+        match bundle {
+            Some(id) => d.bundle == id,
+            None => d.error.is_none() && !d.bundle.is_empty(),
+        }
     });
     let Some(rec) = rec else {
         let which = bundle.map_or("no RMA evidence bundle".to_string(), |b| format!("no bundle {b}"));
         return Err(anyhow::Error::new(Fail(2))
             .context(format!("{which} was collected on {node} (`nightshift agents evidence {node}` lists them)")));
     };
-    let id = rec.data["bundle"].as_str().unwrap_or("");
+    let d = evidence(rec);
+    let id = d.bundle.as_str();
     let mut names = vec![EVIDENCE_MANIFEST.to_string()];
-    names.extend(
-        rec.data["files"].as_array().into_iter().flatten().filter_map(|f| f["name"].as_str().map(str::to_string)),
-    );
+    names.extend(d.files.iter().map(|f| f.name.clone()));
     if let Some(bad) = std::iter::once(id).chain(names.iter().map(String::as_str)).find(|n| !plain_evidence_name(n)) {
         return Err(anyhow::Error::new(Fail(2))
             .context(format!("record {}: expected plain bundle and file names, found {bad:?}", rec.seq)));
@@ -444,7 +448,7 @@ async fn fetch_evidence(
         let n = c.evidence_file(node, id, name, &mut f).await?;
         outln!("  {name} {n} bytes");
     }
-    let want = rec.data["sha256"].as_str().unwrap_or("");
+    let want = d.sha256.as_str();
     match nightshift_proto::verify_evidence_dir(&dir) {
         Ok((b, sha)) if sha == want && b.id == id => {
             outln!(
@@ -469,4 +473,10 @@ async fn fetch_evidence(
             Ok(1)
         }
     }
+}
+
+/// An `evidence_collected` record's payload (its defaults when it cannot be
+/// read: a bundle with no name matches nothing).
+pub fn evidence(r: &nightshift_engine::audit::AuditRecord) -> nightshift_engine::audit::data::EvidenceCollected {
+    r.payload().unwrap_or_default()
 }

@@ -257,7 +257,8 @@ pub async fn audit(cli: &Cli, out: &Out, cmd: &AuditCmd) -> Result<u8> {
                 return Ok(0);
             };
             if out.json {
-                outln!("{}", serde_json::json!({"seq": h.seq, "hash": h.hash, "ts_ms": h.ts_ms}));
+                // As the server's `GET /api/v1/audit/head` answers it.
+                outln!("{}", serde_json::to_string(&nightshift_engine::api::AuditHead::of(Some(&h)))?);
             } else {
                 outln!("record {} at {} hash {}", h.seq, nightshift_engine::api::format_rfc3339_ms(h.ts_ms), h.hash);
             }
@@ -378,7 +379,8 @@ async fn verify_evidence(c: &mut Conn, out: &Out, dir: &std::path::Path) -> Resu
         let Some(last) = page.last() else { break };
         after = last.seq;
         if let Some(r) = page.into_iter().rev().find(|r| {
-            r.kind == nightshift_engine::audit::RecordKind::EvidenceCollected && r.data["bundle"] == bundle.id.as_str()
+            r.kind == nightshift_engine::audit::RecordKind::EvidenceCollected
+                && crate::cmd::agents::evidence(r).bundle == bundle.id
         }) {
             recorded = Some(r);
         }
@@ -392,7 +394,7 @@ async fn verify_evidence(c: &mut Conn, out: &Out, dir: &std::path::Path) -> Resu
             );
             Ok(false)
         }
-        Some(r) if r.data["sha256"] == sha.as_str() => {
+        Some(r) if crate::cmd::agents::evidence(&r).sha256 == sha => {
             outln!(
                 "{} evidence bundle {} ({} files) matches the sha256 record {} holds ({sha})",
                 out.green("ok:"),
@@ -408,7 +410,7 @@ async fn verify_evidence(c: &mut Conn, out: &Out, dir: &std::path::Path) -> Resu
                 out.red("broken:"),
                 bundle.id,
                 r.seq,
-                r.data["sha256"].as_str().unwrap_or("none")
+                crate::cmd::agents::evidence(&r).sha256
             );
             Ok(false)
         }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use nightshift_engine::audit::data;
 
 use nightshift_agent::backend::Backend;
 use nightshift_agent::backend::sim::{SimBackend, SimConfig};
@@ -525,7 +526,7 @@ async fn summarize(st: &Stage, faults: &[Fault], args: &DemoArgs, out: &Out) -> 
             .filter(|r| {
                 r.kind == RecordKind::ActionResult
                     && r.run.as_deref().is_some_and(|id| ids.contains(&id))
-                    && r.data["applied"] == true
+                    && r.payload::<data::ActionResult>().is_ok_and(|a| a.applied)
             })
             .map(|r| r.ts_ms)
             .min();
@@ -607,25 +608,33 @@ fn live_line(out: &Out, r: &AuditRecord, t0: i64) -> Option<String> {
             out.blue("run"),
             run,
             r.runbook.clone().unwrap_or_default(),
-            r.data["detail"].as_str().unwrap_or("")
+            r.payload::<data::RunQueued>().unwrap_or_default().detail
         ),
-        RecordKind::ActionResult if r.data["applied"] == true || r.data["ok"] == false => format!(
-            "  {} {} {}{} {}",
-            run,
-            r.data["op"].as_str().unwrap_or("?"),
-            r.node.clone().unwrap_or_default(),
-            r.gpu.map(|g| format!("/gpu{g}")).unwrap_or_default(),
-            if r.data["ok"] == true {
-                out.green("applied")
-            } else {
-                out.red(r.data["error"].as_str().unwrap_or("refused"))
+        RecordKind::ActionResult => {
+            let a: data::ActionResult = r.payload().ok()?;
+            if !a.applied && a.ok {
+                return None;
             }
-        ),
-        RecordKind::Notification => format!("  {} {}", out.yellow("notify"), r.data["text"].as_str().unwrap_or("")),
-        RecordKind::Escalation => format!("  {} {}", out.red("escalate"), r.data["text"].as_str().unwrap_or("")),
-        RecordKind::BreakerTripped => format!("  {} {}", out.red("breaker"), r.data["reason"].as_str().unwrap_or("")),
+            format!(
+                "  {} {} {}{} {}",
+                run,
+                a.op,
+                r.node.clone().unwrap_or_default(),
+                r.gpu.map(|g| format!("/gpu{g}")).unwrap_or_default(),
+                if a.ok { out.green("applied") } else { out.red(a.error.as_deref().unwrap_or("refused")) }
+            )
+        }
+        RecordKind::Notification | RecordKind::Escalation => {
+            let text = r.payload::<data::Notice>().unwrap_or_default().text;
+            let tag = if r.kind == RecordKind::Notification { out.yellow("notify") } else { out.red("escalate") };
+            format!("  {tag} {text}")
+        }
+        RecordKind::BreakerTripped => {
+            format!("  {} {}", out.red("breaker"), r.payload::<data::BreakerTripped>().unwrap_or_default().reason)
+        }
         RecordKind::RunFinished => {
-            format!("{} {} {}", out.blue("end"), run, out.status(r.data["outcome"].as_str().unwrap_or("?")))
+            let outcome = r.payload::<data::RunFinished>().unwrap_or_default().outcome;
+            format!("{} {} {}", out.blue("end"), run, out.status(if outcome.is_empty() { "?" } else { &outcome }))
         }
         _ => return None,
     };

@@ -183,10 +183,9 @@ pub async fn run(c: &mut Conn, out: &Out, ask: Ask<'_>) -> Result<u8> {
     let needs_approval = plan.needs_approval;
     let approval_why = plan.approval_reason.clone().unwrap_or_default();
     let mut resolved: BTreeMap<String, String> = BTreeMap::new();
-    if let Some(ps) = rb.manifest["params"].as_object() {
-        for (k, p) in ps {
-            resolved.insert(k.clone(), p["default"].to_string());
-        }
+    // The engine's resolution: every parameter, defaults filled in.
+    for (k, v) in &plan.params {
+        resolved.insert(k.clone(), serde_json::to_string(v)?);
     }
     for (k, v) in &params {
         resolved.insert(k.clone(), format!("{v} (set)"));

@@ -120,11 +120,16 @@ pub async fn runbooks(cli: &Cli, out: &Out, cmd: &RunbooksCmd) -> Result<u8> {
             let engine = nightshift_engine::embed::build_engine(&Default::default());
             let set = nightshift_engine::embed::load_dir(&dir, &engine);
             if out.json {
+                /// What `runbooks validate --json` prints (the shape `POST
+                /// /api/v1/runbooks/reload` answered for runbooks).
+                #[derive(serde::Serialize)]
+                struct Validated {
+                    loaded: Vec<String>,
+                    errors: Vec<String>,
+                }
                 let errors: Vec<String> = set.errors.iter().map(|e| e.to_string()).collect();
-                outln!(
-                    "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({"loaded": set.names(), "errors": errors}))?
-                );
+                let v = Validated { loaded: set.names(), errors };
+                outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 for e in &set.errors {
                     outln!("{} {e}", out.red("error:"));

@@ -192,6 +192,7 @@ pub struct CollectEvidenceArgs {
 
 /// One file of an evidence bundle.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct EvidenceFile {
     pub name: String,
