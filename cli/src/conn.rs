@@ -4,16 +4,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Result, anyhow};
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use nightshift_engine::api::{
-    AgentHolds, AgentPing, ApiErrorBody, AuditHead, Cancel, ControlReply, FleetModeView, HaReply, HealthCheckReply,
-    NewWindow, NodeHealth, NodeView, Plan, Reason, ReloadReply, Repaired, RunDetail, RunSummary, RunbookList,
-    RunbookModeReply, SetFleetMode, SetRunbookMode, ShadowReport, SimFaultReply, StartRun, Verifying, WindowReply,
-    Windows,
+    AgentHolds, AgentPing, Cancel, FleetModeView, HaReply, HealthCheckReply, NewWindow, NodeHealth, NodeView, Plan,
+    Reason, ReloadReply, Repaired, RunDetail, RunSummary, RunbookModeReply, SetFleetMode, SetRunbookMode, ShadowReport,
+    SimFaultReply, StartRun, Verifying, WindowReply, Windows,
 };
 use nightshift_engine::audit::{AuditRecord, AuditStore, RunFilter, RunPage, VerifyReport};
 use nightshift_engine::config::EngineConfig;
@@ -21,6 +19,8 @@ use nightshift_engine::engine::{Engine, RunRequest, Submitted};
 use nightshift_proto::{NoArgs, Op};
 
 use crate::Fail;
+use crate::remote::{Remote, fail, unreachable};
+use nightshift_engine::api::{EngineApi, Session};
 
 /// A runbook as the CLI shows it.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -76,13 +76,6 @@ impl From<nightshift_engine::api::RunbookView> for RunbookInfo {
     }
 }
 
-/// A running server.
-pub struct Remote {
-    pub url: String,
-    http: reqwest::Client,
-    token: Option<String>,
-}
-
 /// The engine in this process.
 pub struct Local {
     pub config: EngineConfig,
@@ -94,11 +87,6 @@ pub struct Local {
 pub enum Conn {
     Remote(Remote),
     Local(Box<Local>),
-}
-
-fn unreachable(url: &str, e: reqwest::Error) -> anyhow::Error {
-    anyhow::Error::new(Fail(4))
-        .context(format!("the engine at {url} is unreachable: {e}; is `nightshift serve` running?"))
 }
 
 /// A run filter as the API's query string.
@@ -124,141 +112,6 @@ fn runs_query(f: &RunFilter) -> String {
     add("cursor", f.cursor.clone());
     add("limit", f.limit.map(|x| x.to_string()));
     q.join("&")
-}
-
-impl Remote {
-    pub fn new(url: &str, token: Option<String>) -> Result<Remote> {
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
-        Ok(Remote { url: url.trim_end_matches('/').to_string(), http, token })
-    }
-
-    fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let r = self.http.request(method, format!("{}{path}", self.url));
-        match &self.token {
-            Some(t) => r.bearer_auth(t),
-            None => r,
-        }
-    }
-
-    async fn send<T: DeserializeOwned>(&self, rb: reqwest::RequestBuilder) -> Result<T> {
-        let resp = rb.send().await.map_err(|e| unreachable(&self.url, e))?;
-        let status = resp.status();
-        let body = resp.text().await.map_err(|e| unreachable(&self.url, e))?;
-        self.answer(status, body)
-    }
-
-    /// An answer's body as `T`, or the error it carries (with the exit code
-    /// its status means).
-    fn answer<T: DeserializeOwned>(&self, status: reqwest::StatusCode, body: String) -> Result<T> {
-        if !status.is_success() {
-            let err = serde_json::from_str::<ApiErrorBody>(&body).ok().map(|b| b.error);
-            let msg = err.as_ref().map(|e| e.message.clone()).unwrap_or_else(|| body.chars().take(300).collect());
-            let code = match (status.as_u16(), err.as_ref().map(|e| e.code.as_str())) {
-                (_, Some("self_approval")) | (409, _) => 3,
-                (401 | 403 | 404 | 400 | 413, _) => 2,
-                (502, _) => 4,
-                _ => 1,
-            };
-            let hint = if status.as_u16() == 401 { " (set NIGHTSHIFT_TOKEN or --token)" } else { "" };
-            return Err(anyhow::Error::new(Fail(code)).context(format!("{} {status}: {msg}{hint}", self.url)));
-        }
-        serde_json::from_str(&body).with_context(|| format!("unexpected reply from {}", self.url))
-    }
-
-    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
-        self.send(self.req(reqwest::Method::GET, path)).await
-    }
-
-    pub async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T> {
-        self.send(self.req(reqwest::Method::POST, path).json(body)).await
-    }
-
-    /// POST a control: its answer on 200, and on 409 too (some of it was
-    /// refused by the agent: the body says what was done and what not).
-    pub async fn post_control(&self, path: &str, body: &impl Serialize) -> Result<(bool, ControlReply)> {
-        let resp =
-            self.req(reqwest::Method::POST, path).json(body).send().await.map_err(|e| unreachable(&self.url, e))?;
-        if resp.status().as_u16() == 409 {
-            let text = resp.text().await.map_err(|e| unreachable(&self.url, e))?;
-            if let Ok(v) = serde_json::from_str::<ControlReply>(&text) {
-                return Ok((false, v));
-            }
-            let msg = serde_json::from_str::<ApiErrorBody>(&text).map(|b| b.error.message).unwrap_or(text);
-            return Err(anyhow::Error::new(Fail(3)).context(format!("{} 409 Conflict: {msg}", self.url)));
-        }
-        let status = resp.status();
-        let body = resp.text().await.map_err(|e| unreachable(&self.url, e))?;
-        let v: ControlReply = self.answer(status, body)?;
-        Ok((true, v))
-    }
-
-    /// The SSE live tail, as a stream of records, until `each` says stop.
-    /// Events are parsed by `eventsource-stream` (a UTF-8 character split
-    /// across network chunks stays whole); when the stream drops, it
-    /// reconnects with `Last-Event-ID`, so nothing is skipped or repeated.
-    pub async fn follow(&self, mut each: impl FnMut(AuditRecord) -> bool) -> Result<()> {
-        use eventsource_stream::Eventsource;
-        use futures::StreamExt;
-        let mut last_id: Option<String> = None;
-        let mut failures = 0u32;
-        loop {
-            let mut req = self.req(reqwest::Method::GET, "/api/v1/events/stream").timeout(Duration::from_secs(86_400));
-            if let Some(id) = &last_id {
-                req = req.header("Last-Event-ID", id);
-            }
-            let resp = match req.send().await {
-                Ok(r) => r,
-                Err(e) if last_id.is_none() => return Err(unreachable(&self.url, e)),
-                Err(e) => {
-                    failures += 1;
-                    eprintln!("the live tail dropped ({e}); reconnecting");
-                    tokio::time::sleep(crate::conn::retry_delay(failures)).await;
-                    continue;
-                }
-            };
-            if !resp.status().is_success() {
-                return Err(anyhow!("{}: {}", self.url, resp.status()));
-            }
-            failures = 0;
-            let mut events = resp.bytes_stream().eventsource();
-            while let Some(ev) = events.next().await {
-                let ev = match ev {
-                    Ok(ev) => ev,
-                    Err(e) => {
-                        eprintln!("the live tail dropped ({e}); reconnecting");
-                        break;
-                    }
-                };
-                if !ev.id.is_empty() {
-                    last_id = Some(ev.id.clone());
-                }
-                match serde_json::from_str::<AuditRecord>(ev.data.trim()) {
-                    Ok(r) => {
-                        if !each(r) {
-                            return Ok(());
-                        }
-                    }
-                    Err(e) if !ev.data.trim().is_empty() => {
-                        eprintln!(
-                            "skipping an event that is not an audit record ({e}): {}",
-                            ev.data.chars().take(200).collect::<String>()
-                        );
-                    }
-                    Err(_) => {}
-                }
-            }
-            failures += 1;
-            tokio::time::sleep(retry_delay(failures)).await;
-        }
-    }
-}
-
-/// Wait before reconnect `n` (1-based): doubling from 250 ms to 30 s, each
-/// with ±50 % jitter so many clients do not come back in lockstep.
-pub fn retry_delay(n: u32) -> Duration {
-    let base = (250u64 << n.saturating_sub(1).min(7)).min(30_000);
-    let jitter = rand::random_range(0.5..1.5);
-    Duration::from_millis((base as f64 * jitter) as u64)
 }
 
 impl Local {
@@ -365,7 +218,38 @@ fn locked(e: nightshift_engine::audit::AuditError, dir: &Path) -> anyhow::Error 
     }
 }
 
+/// The engine's operations in one mode: the server over HTTP, or the
+/// engine in this process answering as you.
+pub enum Api<'a> {
+    Remote(&'a Remote),
+    Local(Session),
+}
+
+impl Api<'_> {
+    pub fn get(&self) -> &dyn EngineApi {
+        match self {
+            Api::Remote(r) => *r,
+            Api::Local(s) => s,
+        }
+    }
+}
+
+/// Who the embedded engine acts as: `user:$USER`.
+fn local_actor() -> String {
+    format!("user:{}", std::env::var("USER").unwrap_or_else(|_| "cli".into()))
+}
+
 impl Conn {
+    /// The front door in this mode (starting the embedded engine when it
+    /// is the first call that needs it): each operation one implementation,
+    /// `nightshift_engine::api::Session`'s, here or behind the server.
+    pub async fn api(&mut self) -> Result<Api<'_>> {
+        Ok(match self {
+            Conn::Remote(r) => Api::Remote(r),
+            Conn::Local(l) => Api::Local(Session::new(l.engine().await?, local_actor())),
+        })
+    }
+
     /// Say which engine this is.
     pub fn describe(&self) -> String {
         match self {
@@ -410,7 +294,8 @@ impl Conn {
 
     pub async fn run(&mut self, id: &str) -> Result<RunDetail> {
         match self {
-            Conn::Remote(r) => r.get(&format!("/api/v1/runs/{}", crate::out::urlencode(id))).await,
+            Conn::Remote(r) => r.run(id).await.map_err(fail),
+            // From the store: a stopped engine's data dir reads too.
             Conn::Local(l) => {
                 let a = l.audit()?;
                 let run = a.run(id)?.ok_or_else(|| anyhow::Error::new(Fail(2)).context(format!("no run {id:?}")))?;
@@ -497,7 +382,7 @@ impl Conn {
     pub async fn audit_head(&mut self) -> Result<Option<AuditRecord>> {
         match self {
             Conn::Remote(r) => {
-                let seq = r.get::<AuditHead>("/api/v1/audit/head").await?.seq;
+                let seq = r.audit_head().await.map_err(fail)?.seq;
                 if seq == 0 {
                     return Ok(None);
                 }
@@ -549,30 +434,15 @@ impl Conn {
     }
 
     /// One round trip to `node`'s agent, timed.
+    /// One round trip to `node`'s agent, timed.
     pub async fn ping(&mut self, node: &str) -> Result<AgentPing> {
-        match self {
-            Conn::Remote(r) => r.get(&format!("/api/v1/agents/{}/ping", crate::out::urlencode(node))).await,
-            Conn::Local(l) => {
-                let e = l.engine().await?;
-                let started = std::time::Instant::now();
-                let reply = e
-                    .agent_call(node, Op::Telemetry(NoArgs {}))
-                    .await
-                    .map_err(|e| anyhow::Error::new(Fail(4)).context(e.to_string()))?;
-                Ok(AgentPing::of(node, reply, started.elapsed()))
-            }
-        }
+        self.api().await?.get().ping(node).await.map_err(fail)
     }
 
     /// What `node`'s agent holds, setting by setting.
+    /// What `node`'s agent holds, setting by setting.
     pub async fn holds(&mut self, node: &str) -> Result<AgentHolds> {
-        match self {
-            Conn::Remote(r) => r.get(&format!("/api/v1/agents/{}/holds", crate::out::urlencode(node))).await,
-            Conn::Local(_) => {
-                let settings = serde_json::from_value(self.agent_result(node, Op::Holds(NoArgs {})).await?)?;
-                Ok(AgentHolds { node: node.to_string(), settings })
-            }
-        }
+        self.api().await?.get().holds(node).await.map_err(fail)
     }
 
     /// `node`'s inventory, as its agent reads it.
@@ -593,16 +463,7 @@ impl Conn {
 
     /// A node's health (the engine's health model).
     pub async fn node_health(&mut self, node: &str) -> Result<NodeHealth> {
-        match self {
-            Conn::Remote(r) => r.get(&format!("/api/v1/nodes/{}/health", crate::out::urlencode(node))).await,
-            Conn::Local(l) => {
-                let e = l.engine().await?;
-                // An engine started for this command knows no GPU counts yet.
-                e.refresh_inventories().await;
-                e.node_health(node)
-                    .ok_or_else(|| anyhow::Error::new(Fail(2)).context(format!("no node {node:?} in the inventory")))
-            }
-        }
+        self.api().await?.get().node_health(node).await.map_err(fail)
     }
 
     /// One file of an RMA evidence bundle on `node`, copied off the node
@@ -666,102 +527,42 @@ impl Conn {
 
     /// The agent's health check, now.
     pub async fn health_check(&mut self, node: &str) -> Result<HealthCheckReply> {
-        match self {
-            Conn::Remote(r) => {
-                r.post(&format!("/api/v1/agents/{}/health-check", crate::out::urlencode(node)), &NoArgs {}).await
-            }
-            Conn::Local(l) => {
-                let e = l.engine().await?;
-                let check = e
-                    .health_check_node(node)
-                    .await
-                    .map_err(|m| anyhow::Error::new(Fail(4)).context(format!("{node}: {m}")))?;
-                Ok(HealthCheckReply { node: node.to_string(), check })
-            }
-        }
+        self.api().await?.get().health_check(node).await.map_err(fail)
     }
 
     /// A person says `node` (or one GPU) was repaired.
     /// What the engine would decide for `req` (target nodes, nodes
     /// changed, approval), changing nothing.
     pub async fn plan(&mut self, req: &RunRequest) -> Result<Plan> {
-        match self {
-            Conn::Remote(r) => {
-                r.post("/api/v1/runs/plan", &StartRun::new(&req.runbook, &req.target, req.params.clone(), req.dry_run))
-                    .await
-            }
-            Conn::Local(l) => {
-                let e = l.engine().await?;
-                e.plan(req).map_err(|m| {
-                    let code = match m {
-                        nightshift_engine::engine::EngineError::UnknownRunbook { .. }
-                        | nightshift_engine::engine::EngineError::UnknownNode(_)
-                        | nightshift_engine::engine::EngineError::BadTarget(_)
-                        | nightshift_engine::engine::EngineError::BadParams(_) => 2,
-                        _ => 1,
-                    };
-                    anyhow::Error::new(Fail(code)).context(m.to_string())
-                })
-            }
-        }
+        let body = StartRun::new(&req.runbook, &req.target, req.params.clone(), req.dry_run);
+        self.api().await?.get().plan(body).await.map_err(fail)
     }
 
     /// Cancel a run (the running engine's, or this process's own).
     pub async fn cancel(&mut self, run: &str, reason: &str) -> Result<()> {
-        match self {
-            Conn::Remote(r) => {
-                let _: serde::de::IgnoredAny = r
-                    .post(
-                        &format!("/api/v1/runs/{}/cancel", crate::out::urlencode(run)),
-                        &Cancel { reason: Some(reason.to_string()) },
-                    )
-                    .await?;
-                Ok(())
-            }
-            Conn::Local(l) => {
-                let e = l.engine().await?;
-                let who = format!("user:{}", std::env::var("USER").unwrap_or_else(|_| "cli".into()));
-                e.cancel(run, &who, Some(reason)).await.map_err(|m| anyhow::Error::new(Fail(3)).context(m.to_string()))
-            }
-        }
+        let body = Cancel { reason: Some(reason.to_string()) };
+        self.api().await?.get().cancel(run, body).await.map_err(fail)?;
+        Ok(())
     }
 
     pub async fn repaired(&mut self, node: &str, gpu: Option<u32>, note: &str) -> Result<Verifying> {
-        match self {
-            Conn::Remote(r) => {
-                r.post(
-                    &format!("/api/v1/nodes/{}/repaired", crate::out::urlencode(node)),
-                    &Repaired { gpu, note: note.to_string() },
-                )
-                .await
-            }
-            Conn::Local(l) => {
-                let e = l.engine().await?;
-                let who = format!("user:{}", std::env::var("USER").unwrap_or_else(|_| "cli".into()));
-                let verifying =
-                    e.mark_repaired(node, gpu, &who, note).await.map_err(|m| anyhow::Error::new(Fail(3)).context(m))?;
-                Ok(Verifying { node: node.to_string(), verifying })
-            }
-        }
+        let body = Repaired { gpu, note: note.to_string() };
+        self.api().await?.get().repaired(node, body).await.map_err(fail)
     }
 
     pub async fn runbooks(&mut self) -> Result<Vec<RunbookInfo>> {
         match self {
             Conn::Remote(r) => {
-                let list: RunbookList = r.get("/api/v1/runbooks").await?;
-                Ok(list.runbooks.into_iter().map(RunbookInfo::from).collect())
+                Ok(r.runbooks().await.map_err(fail)?.runbooks.into_iter().map(RunbookInfo::from).collect())
             }
+            // From the folder: no engine needed.
             Conn::Local(l) => l.runbooks(),
         }
     }
 
     pub async fn runbook(&mut self, name: &str) -> Result<RunbookInfo> {
         match self {
-            Conn::Remote(r) => {
-                let d: nightshift_engine::api::RunbookDetail =
-                    r.get(&format!("/api/v1/runbooks/{}", crate::out::urlencode(name))).await?;
-                Ok(RunbookInfo::from(d.runbook))
-            }
+            Conn::Remote(r) => Ok(RunbookInfo::from(r.runbook(name).await.map_err(fail)?.runbook)),
             Conn::Local(l) => l.runbooks()?.into_iter().find(|r| r.name == name).ok_or_else(|| {
                 anyhow::Error::new(Fail(2))
                     .context(format!("no runbook {name:?} in {}", l.config.runbook_dir.display()))
@@ -787,10 +588,7 @@ impl Conn {
 
     /// The whole fleet's mode: `{mode, set_by, reason}`.
     pub async fn fleet_mode(&mut self) -> Result<FleetModeView> {
-        match self {
-            Conn::Remote(r) => r.get("/api/v1/fleet/mode").await,
-            Conn::Local(l) => Ok(FleetModeView::of(&l.engine().await?)),
-        }
+        self.api().await?.get().fleet_mode().await.map_err(fail)
     }
 
     /// Set the whole fleet's mode on a running engine (admin).
@@ -800,7 +598,7 @@ impl Conn {
         reason: &str,
     ) -> Result<FleetModeView> {
         match self {
-            Conn::Remote(r) => r.post("/api/v1/fleet/mode", &SetFleetMode { mode, reason: reason.to_string() }).await,
+            Conn::Remote(r) => r.set_fleet_mode(SetFleetMode { mode, reason: reason.to_string() }).await.map_err(fail),
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
                 "the fleet's mode changes a running engine: pass --server URL (or set NIGHTSHIFT_SERVER) with an admin token",
             )),
@@ -819,10 +617,7 @@ impl Conn {
 
     /// Maintenance windows in force or to come.
     pub async fn windows(&mut self) -> Result<Windows> {
-        match self {
-            Conn::Remote(r) => r.get("/api/v1/maintenance").await,
-            Conn::Local(l) => Ok(Windows { windows: l.engine().await?.windows() }),
-        }
+        self.api().await?.get().windows().await.map_err(fail)
     }
 
     /// Set a maintenance window on a running engine (admin).
@@ -854,11 +649,7 @@ impl Conn {
     ) -> Result<RunbookModeReply> {
         match self {
             Conn::Remote(r) => {
-                r.post(
-                    &format!("/api/v1/runbooks/{}/mode", crate::out::urlencode(name)),
-                    &SetRunbookMode { mode, reason: reason.to_string() },
-                )
-                .await
+                r.set_runbook_mode(name, SetRunbookMode { mode, reason: reason.to_string() }).await.map_err(fail)
             }
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
                 "promotion and demotion change a running engine: pass --server URL (or set NIGHTSHIFT_SERVER) with an admin token",
@@ -868,12 +659,7 @@ impl Conn {
 
     /// A shadow runbook's report since `since_ms`.
     pub async fn shadow_report(&mut self, name: &str, since_ms: i64) -> Result<ShadowReport> {
-        match self {
-            Conn::Remote(r) => {
-                r.get(&format!("/api/v1/runbooks/{}/shadow?since_ms={since_ms}", crate::out::urlencode(name))).await
-            }
-            Conn::Local(l) => Ok(ShadowReport::of(&l.engine().await?, name, since_ms, 1000)?),
-        }
+        self.api().await?.get().shadow_report(name, Some(since_ms), None).await.map_err(fail)
     }
 
     /// Ask a running engine to reload (admin).
@@ -900,7 +686,7 @@ impl Conn {
     /// `/api/v1/ha`, or for an engine.yaml here, what its database says.
     pub async fn ha(&self) -> Result<HaReply> {
         match self {
-            Conn::Remote(r) => r.get("/api/v1/ha").await,
+            Conn::Remote(r) => r.ha().await.map_err(fail),
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
                 "leadership is a running engine's: pass --server URL (or set NIGHTSHIFT_SERVER) of any engine of the shard",
             )),

@@ -12,6 +12,7 @@ mod args;
 mod cmd;
 mod complete;
 mod conn;
+mod remote;
 
 use std::process::ExitCode;
 

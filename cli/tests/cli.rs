@@ -566,6 +566,15 @@ async fn served_engine() {
     assert_eq!(code(&o), 2);
     assert!(String::from_utf8_lossy(&o.stderr).contains("401"));
 
+    // What the server answers, to compare with the embedded engine below.
+    let asked: [&[&str]; 4] = [
+        &["fleet", "mode", "--json"],
+        &["maintenance", "list", "--json"],
+        &["agents", "show", "g1", "--json"],
+        &["agents", "holds", "g1", "--json"],
+    ];
+    let served: Vec<Value> = asked.iter().map(|a| json(&srv(a, OPERATOR))).collect();
+
     // Graceful shutdown on SIGTERM.
     let _ = Command::new("kill").args(["-TERM", &server.id().to_string()]).status();
     let status = server.wait().unwrap();
@@ -575,6 +584,14 @@ async fn served_engine() {
     let o = srv(&["audit", "list"], OPERATOR);
     assert_eq!(code(&o), 4);
     assert!(String::from_utf8_lossy(&o.stderr).contains("unreachable"));
+
+    // Issue 44: both modes are one implementation of each command — the
+    // engine embedded on the same data dir answers what the server did.
+    for (a, served) in asked.iter().zip(&served) {
+        let o = run(d, a);
+        assert_eq!(code(&o), 0, "{a:?}: {}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(&json(&o), served, "{a:?}: the embedded engine and the server differ");
+    }
 }
 
 #[test]

@@ -16,10 +16,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use nightshift_engine::api::{
-    AgentHolds, AgentPing, AuditHead, Cancel, Cancelled, FleetModeView, HaReply, HandsOff, HandsOffReply,
-    HealthCheckReply, Healthz, NodeDetail, Readyz, Reason, ReleaseHolds, ReloadReply, Repaired, RunDetail,
-    RunbookBrief, RunbookDetail, RunbookList, RunbookModeReply, SetFleetMode, SetRunbookMode, ShadowReport,
-    SimFaultReply, StartRun, Verifying, WebhookPayload,
+    Cancel, EngineApi, HandsOff, HandsOffReply, Healthz, NodeDetail, Readyz, Reason, ReleaseHolds, ReloadReply,
+    Repaired, Session, SetFleetMode, SetRunbookMode, SimFaultReply, StartRun, WebhookPayload,
 };
 use nightshift_engine::api::{RunOutcome, RunState};
 use nightshift_engine::audit::RunFilter;
@@ -203,10 +201,17 @@ pub async fn list_runs(
     }
 }
 
-pub async fn get_run(State(s): State<AppState>, _: Viewer, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let run = s.engine.run(&id)?.ok_or_else(|| ApiError::not_found(format!("no run {id:?}")))?;
-    let records = s.engine.run_records(&id)?;
-    Ok(Json(RunDetail { run, records }).into_response())
+/// The engine's front door as the person behind the request.
+fn session(s: &AppState, actor: String) -> Session {
+    Session::new(s.engine.clone(), actor)
+}
+
+pub async fn get_run(
+    State(s): State<AppState>,
+    Viewer(id): Viewer,
+    Path(run): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(session(&s, id.actor()).run(&run).await?).into_response())
 }
 
 /// An `Idempotency-Key` header: 1 to 255 visible ASCII characters.
@@ -276,8 +281,7 @@ pub async fn cancel(
     Path(run): Path<String>,
     ApiJsonOrEmpty(body): ApiJsonOrEmpty<Cancel>,
 ) -> Result<Response, ApiError> {
-    s.engine.cancel(&run, &id.actor(), body.reason.as_deref()).await?;
-    Ok(Json(Cancelled { cancelled: run }).into_response())
+    Ok(Json(session(&s, id.actor()).cancel(&run, body).await?).into_response())
 }
 
 /// `POST /api/v1/runs/plan`: what `POST /api/v1/runs` with this body would
@@ -287,18 +291,7 @@ pub async fn plan_run(
     Viewer(id): Viewer,
     ApiJson(body): ApiJson<StartRun>,
 ) -> Result<Response, ApiError> {
-    let req = RunRequest {
-        runbook: body.runbook.clone(),
-        target: body.target().map_err(ApiError::bad_request)?,
-        trigger: "manual".into(),
-        detail: format!("plan for {}", id.actor()),
-        event: nightshift_engine::api::manual_event(&id.actor(), None),
-        event_ts_ms: nightshift_proto::clock::Clock::now_ms(s.engine.clock().as_ref()),
-        params: body.params.clone(),
-        dry_run: body.dry_run,
-        requested_by: id.actor(),
-    };
-    Ok(Json(s.engine.plan(&req)?).into_response())
+    Ok(Json(session(&s, id.actor()).plan(body).await?).into_response())
 }
 
 pub async fn approvals(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
@@ -372,10 +365,12 @@ pub async fn node(State(s): State<AppState>, _: Viewer, Path(name): Path<String>
 
 /// `GET /api/v1/nodes/{name}/health`: every GPU's health state, fault,
 /// instruction and lifecycle.
-pub async fn node_health(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
-    let h =
-        s.engine.node_health(&name).ok_or_else(|| ApiError::not_found(format!("no node {name:?} in the inventory")))?;
-    Ok(Json(h).into_response())
+pub async fn node_health(
+    State(s): State<AppState>,
+    Viewer(id): Viewer,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(session(&s, id.actor()).node_health(&name).await?).into_response())
 }
 
 /// `GET /api/v1/nodes/{name}/evidence/{bundle}/{file}`: one file of an RMA
@@ -435,33 +430,17 @@ pub async fn node_repaired(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<Repaired>,
 ) -> Result<Response, ApiError> {
-    if s.engine.node(&name).is_none() {
-        return Err(ApiError::not_found(format!("no node {name:?} in the inventory")));
-    }
-    let gpus = s
-        .engine
-        .mark_repaired(&name, body.gpu, &id.actor(), &body.note)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::CONFLICT, "nothing_to_repair", e))?;
-    Ok(Json(Verifying { node: name, verifying: gpus }).into_response())
+    Ok(Json(session(&s, id.actor()).repaired(&name, body).await?).into_response())
 }
 
 /// `POST /api/v1/agents/{name}/health-check`: the agent's read-only health
 /// check, now.
 pub async fn agent_health_check(
     State(s): State<AppState>,
-    _: Operator,
+    Operator(id): Operator,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    if s.engine.node(&name).is_none() {
-        return Err(ApiError::not_found(format!("no node {name:?} in the inventory")));
-    }
-    let hc = s
-        .engine
-        .health_check_node(&name)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "agent_error", e))?;
-    Ok(Json(HealthCheckReply { node: name, check: hc }).into_response())
+    Ok(Json(session(&s, id.actor()).health_check(&name).await?).into_response())
 }
 
 /// A person releases holds on a node (operator): sent to the agent as
@@ -545,8 +524,8 @@ pub async fn hands_off(
 }
 
 /// The whole fleet's mode, who set it and why (viewer).
-pub async fn fleet_mode(State(s): State<AppState>, _v: Viewer) -> Result<Response, ApiError> {
-    Ok(Json(FleetModeView::of(&s.engine)).into_response())
+pub async fn fleet_mode(State(s): State<AppState>, Viewer(id): Viewer) -> Result<Response, ApiError> {
+    Ok(Json(session(&s, id.actor()).fleet_mode().await?).into_response())
 }
 
 /// Put the whole fleet in act, shadow or paused mode (admin), audited with
@@ -556,10 +535,7 @@ pub async fn set_fleet_mode(
     Admin(id): Admin,
     ApiJson(body): ApiJson<SetFleetMode>,
 ) -> Result<Response, ApiError> {
-    let change = s.engine.set_fleet_mode(body.mode, &id.actor(), &body.reason).await?;
-    let v =
-        FleetModeView { ended: Some(change.ended), in_flight: Some(change.in_flight), ..FleetModeView::of(&s.engine) };
-    Ok(Json(v).into_response())
+    Ok(Json(session(&s, id.actor()).set_fleet_mode(body).await?).into_response())
 }
 
 /// Promote or demote a runbook (admin), audited with who and why.
@@ -569,8 +545,7 @@ pub async fn runbook_mode(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<SetRunbookMode>,
 ) -> Result<Response, ApiError> {
-    let mode = s.engine.set_runbook_mode(&name, body.mode, &id.actor(), &body.reason).await?;
-    Ok(Json(RunbookModeReply { runbook: name, mode }).into_response())
+    Ok(Json(session(&s, id.actor()).set_runbook_mode(&name, body).await?).into_response())
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -585,18 +560,19 @@ pub struct ShadowQuery {
 /// What a shadow runbook would have done (viewer).
 pub async fn shadow_report(
     State(s): State<AppState>,
-    _: Viewer,
+    Viewer(id): Viewer,
     Path(name): Path<String>,
     ApiQuery(q): ApiQuery<ShadowQuery>,
 ) -> Result<Response, ApiError> {
-    let since = q.since_ms.unwrap_or_else(|| s.engine.clock().now_ms() - 7 * 86_400_000);
-    Ok(Json(ShadowReport::of(&s.engine, &name, since, q.limit.unwrap_or(200).min(1000))?).into_response())
+    Ok(Json(session(&s, id.actor()).shadow_report(&name, q.since_ms, q.limit).await?).into_response())
 }
 
-pub async fn agent_ping(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
-    let started = std::time::Instant::now();
-    let reply = s.engine.agent_call(&name, Op::Telemetry(NoArgs {})).await?;
-    Ok(Json(AgentPing::of(&name, reply, started.elapsed())).into_response())
+pub async fn agent_ping(
+    State(s): State<AppState>,
+    Viewer(id): Viewer,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(session(&s, id.actor()).ping(&name).await?).into_response())
 }
 
 pub async fn agent_inventory(
@@ -626,35 +602,24 @@ pub async fn agent_sim_fault(
 
 /// What is held on a node: each setting's baseline, what is in effect and
 /// the holds behind it (owner, value, lease), straight from its agent.
-pub async fn agent_holds(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
-    let reply = s.engine.agent_call(&name, Op::Holds(NoArgs {})).await?;
-    match reply.result {
-        Some(v) if reply.ok => {
-            let settings = serde_json::from_value(v).map_err(|e| {
-                ApiError::new(StatusCode::BAD_GATEWAY, "agent_error", format!("the agent's holds: {e}"))
-            })?;
-            Ok(Json(AgentHolds { node: name, settings }).into_response())
-        }
-        _ => Err(ApiError::new(StatusCode::BAD_GATEWAY, "agent_error", format!("{:?}", reply.error))),
-    }
+pub async fn agent_holds(
+    State(s): State<AppState>,
+    Viewer(id): Viewer,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(session(&s, id.actor()).holds(&name).await?).into_response())
 }
 
-pub async fn runbooks(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
-    let set = s.engine.runbook_set();
-    let errors: Vec<String> = set.errors.iter().map(|e| e.to_string()).collect();
-    let runbooks = s.engine.runbooks().iter().map(RunbookBrief::from).collect();
-    Ok(Json(RunbookList { runbooks, errors }).into_response())
+pub async fn runbooks(State(s): State<AppState>, Viewer(id): Viewer) -> Result<Response, ApiError> {
+    Ok(Json(session(&s, id.actor()).runbooks().await?).into_response())
 }
 
-pub async fn runbook(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
-    let rb = s
-        .engine
-        .runbooks()
-        .into_iter()
-        .find(|r| r.name == name)
-        .ok_or_else(|| ApiError::not_found(format!("no runbook {name:?}")))?;
-    let recent = s.engine.runs(&RunFilter { runbook: Some(name), limit: Some(20), ..Default::default() })?;
-    Ok(Json(RunbookDetail { runbook: rb, recent_runs: recent.runs }).into_response())
+pub async fn runbook(
+    State(s): State<AppState>,
+    Viewer(id): Viewer,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(session(&s, id.actor()).runbook(&name).await?).into_response())
 }
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -732,9 +697,8 @@ pub async fn verify(
 
 /// The newest record's sequence number and hash: what to keep outside the
 /// store to anchor the chain.
-pub async fn head(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
-    let h = s.engine.audit_head()?;
-    Ok(Json(AuditHead::of(h.as_ref())).into_response())
+pub async fn head(State(s): State<AppState>, Viewer(id): Viewer) -> Result<Response, ApiError> {
+    Ok(Json(session(&s, id.actor()).audit_head().await?).into_response())
 }
 
 pub async fn export(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
@@ -899,6 +863,9 @@ pub async fn readyz(State(s): State<AppState>) -> Response {
 
 /// `GET /api/v1/ha`: this engine's place in its shard — leader, standby
 /// or deposed, the term, and who leads.
-pub async fn ha(State(s): State<AppState>, _: Viewer) -> Response {
-    Json(HaReply::of(&s.engine).await).into_response()
+pub async fn ha(State(s): State<AppState>, Viewer(id): Viewer) -> Response {
+    match session(&s, id.actor()).ha().await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
 }

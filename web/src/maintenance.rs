@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use nightshift_engine::api::parse_rfc3339_ms;
-use nightshift_engine::api::{NewWindow, Reason, WindowReply, WindowSpec, Windows};
+use nightshift_engine::api::{EngineApi, NewWindow, Reason, WindowReply, WindowSpec};
 
 use crate::AppState;
 use crate::api::ApiJson;
@@ -22,8 +22,8 @@ fn time(field: &str, s: &str) -> Result<i64, ApiError> {
 }
 
 /// Windows in force or to come, each with the nodes it covers now.
-pub async fn list(State(s): State<AppState>, _v: Viewer) -> Result<Response, ApiError> {
-    Ok(Json(Windows { windows: s.engine.windows() }).into_response())
+pub async fn list(State(s): State<AppState>, Viewer(id): Viewer) -> Result<Response, ApiError> {
+    Ok(Json(nightshift_engine::api::Session::new(s.engine.clone(), id.actor()).windows().await?).into_response())
 }
 
 /// Set a window (admin): recorded under who set it before it is in force.

@@ -42,7 +42,7 @@ use nightshift_agent::config::AgentConfig;
 use nightshift_agent::runtime::{self, StartedAgent};
 use nightshift_engine::api::Manifest;
 use nightshift_engine::audit::tools::load::appends_per_sec;
-use nightshift_engine::audit::{AuditStore, RecordKind};
+use nightshift_engine::audit::{AuditStore, RecordKind, data};
 use nightshift_engine::embed::TriggerSet;
 use nightshift_engine::embed::{SeriesKey, TelemetryStore, samples_from};
 use nightshift_engine::engine::Engine;
@@ -52,6 +52,15 @@ use nightshift_proto::{GpuTelemetry, NoArgs, NodeTelemetry, Op, Request, SetPowe
 
 use crate::args::BenchArgs;
 use crate::out::Out;
+
+/// What `--out` holds: the machine, the size, and every figure.
+#[derive(Debug, Serialize, serde::Deserialize)]
+struct BenchFile {
+    cores: usize,
+    smoke: bool,
+    runs: usize,
+    figures: Vec<Figure>,
+}
 
 /// One figure.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -428,16 +437,17 @@ fn first_action(r: &nightshift_engine::audit::AuditRecord) -> Option<Result<(), 
     if r.kind != RecordKind::ActionResult {
         return None;
     }
-    Some(if r.data["applied"] == json!(true) {
+    let a: data::ActionResult = r.payload().unwrap_or_default();
+    Some(if a.applied {
         Ok(())
     } else {
         Err(format!(
             "{} on {}/gpu{}: {} ({})",
-            r.data["op"].as_str().unwrap_or("?"),
+            a.op,
             r.node.as_deref().unwrap_or("?"),
             r.gpu.map_or("-".into(), |g| g.to_string()),
-            r.data["outcome"].as_str().unwrap_or("?"),
-            r.data["error"].as_str().unwrap_or("")
+            a.outcome,
+            a.error.unwrap_or_default()
         ))
     })
 }
@@ -480,9 +490,10 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
             };
             let now = Instant::now();
             let fp = match (r.kind, r.run.as_deref()) {
-                (RecordKind::EventReceived, _) => r.data["fingerprint"].as_str().map(str::to_string),
+                (RecordKind::EventReceived, _) => r.payload::<data::AlertReceived>().ok().map(|a| a.fingerprint),
                 (RecordKind::RunQueued, Some(id)) => {
-                    let fp = r.data["event"]["fingerprint"].as_str().map(str::to_string);
+                    let event = r.payload::<data::RunQueued>().map(|q| q.event).unwrap_or_default();
+                    let fp = event.get("fingerprint").and_then(serde_json::Value::as_str).map(str::to_string);
                     if let Some(fp) = &fp {
                         run_fp.insert(id.to_string(), fp.clone());
                     }
@@ -735,7 +746,7 @@ async fn group_run(n: usize, state_root: &Path) -> Result<(f64, f64)> {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left.min(Duration::from_millis(200)), rx.recv()).await {
             Ok(Ok(r)) if r.run.as_deref() == Some(id.as_str()) && r.kind == RecordKind::ActionResult => {
-                if r.data["op"] == json!("drain") {
+                if r.payload::<data::ActionResult>().is_ok_and(|a| a.op == "drain") {
                     if let Some(Err(why)) = first_action(&r) {
                         return Err(anyhow!("the group run's drain was not applied: {why}"));
                     }
@@ -1217,10 +1228,7 @@ pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
     if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(
-        &args.out,
-        serde_json::to_string_pretty(&json!({"cores": cores, "smoke": smoke, "runs": runs, "figures": c.figures}))?,
-    )?;
+    std::fs::write(&args.out, serde_json::to_string_pretty(&BenchFile { cores, smoke, runs, figures: c.figures })?)?;
     eprintln!("wrote {}", args.out.display());
     Ok(0)
 }
@@ -1497,8 +1505,9 @@ async fn failover_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
     let role = |url: String| {
         let http = http.clone();
         async move {
-            let v: serde_json::Value = http.get(format!("{url}/api/v1/ha")).send().await.ok()?.json().await.ok()?;
-            v["role"].as_str().map(str::to_string)
+            let v: nightshift_engine::api::HaReply =
+                http.get(format!("{url}/api/v1/ha")).send().await.ok()?.json().await.ok()?;
+            Some(v.status.role)
         }
     };
     let result: Result<Vec<f64>> = async {
@@ -1522,7 +1531,12 @@ async fn failover_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
             let killed = Instant::now();
             child.kill()?;
             child.wait()?;
-            let target = json!({"runbook": "cap", "node": format!("n{:04}", k % 4), "gpu": (k / 4) % 2});
+            let target = nightshift_engine::api::StartRun {
+                runbook: "cap".into(),
+                node: Some(format!("n{:04}", k % 4)),
+                gpu: u32::try_from((k / 4) % 2).ok(),
+                ..Default::default()
+            };
             let run = loop {
                 if killed.elapsed() > Duration::from_secs(60) {
                     return Err(anyhow!("round {k}: the survivor took no run within 60 s"));
@@ -1531,8 +1545,8 @@ async fn failover_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
                 if let Ok(r) = r
                     && r.status().as_u16() == 202
                 {
-                    let v: serde_json::Value = r.json().await?;
-                    break v["run"]["id"].as_str().unwrap_or_default().to_string();
+                    let v: nightshift_engine::engine::Submitted = r.json().await?;
+                    break v.run().map(|r| r.id.clone()).unwrap_or_default();
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             };
@@ -1540,11 +1554,9 @@ async fn failover_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
                 if killed.elapsed() > Duration::from_secs(60) {
                     return Err(anyhow!("round {k}: run {run} never acted"));
                 }
-                let v: serde_json::Value =
+                let v: nightshift_engine::api::RunDetail =
                     http.get(format!("{}/api/v1/runs/{run}", engines[survivor].0)).send().await?.json().await?;
-                let acted = v["records"]
-                    .as_array()
-                    .is_some_and(|rs| rs.iter().any(|r| r["kind"] == "action_result" && r["data"]["applied"] == true));
+                let acted = v.records.iter().any(|r| r.payload::<data::ActionResult>().is_ok_and(|a| a.applied));
                 if acted {
                     break;
                 }
@@ -1732,8 +1744,11 @@ async fn backtest_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
             rates.push(r.samples as f64 / r.wall_secs);
             walls.push(r.wall_secs);
             let mut json = serde_json::to_value(&r)?;
-            json["wall_secs"] = serde_json::Value::Null;
-            json["profile"] = serde_json::Value::Null;
+            // Timing aside, every shard count's report must be the same.
+            if let Some(o) = json.as_object_mut() {
+                o.remove("wall_secs");
+                o.remove("profile");
+            }
             profiles.push((shards, r.profile.sentence(r.wall_secs), r.wall_secs));
             reports.push((shards, json));
         }
@@ -1901,9 +1916,8 @@ async fn memory_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
             if !status.success() {
                 return Err(anyhow!("scenario 7 failed in its child process: {status}"));
             }
-            let v: serde_json::Value = serde_json::from_slice(&std::fs::read(tmp.path())?)?;
-            for f in v["figures"].as_array().into_iter().flatten() {
-                let f: Figure = serde_json::from_value(f.clone())?;
+            let v: BenchFile = serde_json::from_slice(&std::fs::read(tmp.path())?)?;
+            for f in v.figures {
                 if f.scenario != 7 {
                     continue;
                 }

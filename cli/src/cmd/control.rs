@@ -13,8 +13,9 @@ use nightshift_engine::api::{
 
 use crate::args::Cli;
 use crate::cmd::{conn_announced, usage};
-use crate::conn::{Conn, Remote};
+use crate::conn::Conn;
 use crate::out::{Out, urlencode};
+use crate::remote::Remote;
 
 fn remote<'a>(c: &'a Conn, what: &str) -> Result<&'a Remote> {
     match c {

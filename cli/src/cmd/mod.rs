@@ -23,8 +23,9 @@ use anyhow::Result;
 
 use crate::Fail;
 use crate::args::Cli;
-use crate::conn::{Conn, Local, Remote};
+use crate::conn::{Conn, Local};
 use crate::out::Out;
+use crate::remote::Remote;
 
 pub fn usage(msg: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(Fail(2)).context(msg.into())

@@ -9,9 +9,11 @@
 //! each: the web crate serves them, the CLI sends and reads them in both
 //! its modes (a server, or the engine in its own process).
 
+mod facade;
 mod replies;
 mod requests;
 
+pub use facade::*;
 pub use replies::*;
 pub use requests::*;
 

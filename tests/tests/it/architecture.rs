@@ -530,6 +530,7 @@ const CLOCK_ALLOWED: &[Allowed] = &[
     ("engine/src/serve.rs", "Instant::now(", 5, "the HA lease's renewals, timed against PostgreSQL's real clock"),
     ("engine/src/core.rs", "Instant::now(", 1, "an SSH call's real latency, for the latency histogram"),
     ("engine/src/views.rs", "Instant::now(", 1, "the age of the cached chain verification"),
+    ("engine/src/api/facade.rs", "Instant::now(", 1, "an agent ping's round trip, shown to a person, deciding nothing"),
 ];
 
 #[test]
@@ -653,8 +654,8 @@ fn the_front_door_check_finds_a_module_behind_it() {
 /// here against a ceiling that only goes down: a change that adds one
 /// fails; a change that removes some is told to lower the ceiling. The
 /// issue's bar is 12 literals and 15 reads.
-const JSON_LITERALS_AT_MOST: usize = 7;
-const KEYED_READS_AT_MOST: usize = 18;
+const JSON_LITERALS_AT_MOST: usize = 3;
+const KEYED_READS_AT_MOST: usize = 0;
 
 /// `(json! literals, string-keyed reads)` in `code`, each with its line.
 fn untyped_json(path: &str, code: &str) -> (Vec<String>, Vec<String>) {
