@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
-use serde::Serialize;
 use serde_json::Value;
 
 use nightshift_engine::api::{
@@ -234,9 +233,10 @@ impl Api<'_> {
     }
 }
 
-/// Who the embedded engine acts as: `user:$USER`.
-fn local_actor() -> String {
-    format!("user:{}", std::env::var("USER").unwrap_or_else(|_| "cli".into()))
+/// Who the embedded engine acts as: `$USER` (recorded as `user:$USER`),
+/// an admin of the data dir it opened.
+fn local_user() -> String {
+    std::env::var("USER").unwrap_or_else(|_| "cli".into())
 }
 
 impl Conn {
@@ -246,7 +246,7 @@ impl Conn {
     pub async fn api(&mut self) -> Result<Api<'_>> {
         Ok(match self {
             Conn::Remote(r) => Api::Remote(r),
-            Conn::Local(l) => Api::Local(Session::new(l.engine().await?, local_actor())),
+            Conn::Local(l) => Api::Local(Session::new(l.engine().await?, &local_user(), true)),
         })
     }
 
@@ -315,21 +315,18 @@ impl Conn {
                 let mut tries = 0;
                 loop {
                     tries += 1;
-                    let sent = r
-                        .send(r.req(reqwest::Method::POST, "/api/v1/runs").header("Idempotency-Key", &key).json(&body))
-                        .await;
-                    match sent {
-                        Err(e) if tries < 3 && e.downcast_ref::<Fail>().is_some_and(|f| f.0 == 4) => {
-                            eprintln!("{e:#}: trying again with the same Idempotency-Key ({tries} of 3)");
+                    match r.submit(body.clone(), Some(key.clone())).await {
+                        Err(e) if tries < 3 && e.status == 0 => {
+                            eprintln!("{e}: trying again with the same Idempotency-Key ({tries} of 3)");
                             tokio::time::sleep(Duration::from_secs(1)).await;
                         }
-                        other => break other,
+                        other => break other.map_err(fail),
                     }
                 }
             }
-            Conn::Local(l) => {
-                let e = l.engine().await?;
-                Ok(e.submit(req).await.map_err(|e| anyhow::Error::new(Fail(2)).context(e.to_string()))?)
+            Conn::Local(_) => {
+                let body = StartRun::new(&req.runbook, &req.target, req.params.clone(), req.dry_run);
+                self.api().await?.get().submit(body, None).await.map_err(fail)
             }
         }
     }
@@ -572,13 +569,9 @@ impl Conn {
 
     pub async fn decide(&mut self, run: &str, approve: bool, reason: Option<&str>) -> Result<RunSummary> {
         match self {
+            Conn::Remote(r) if approve => r.approve(run).await.map_err(fail),
             Conn::Remote(r) => {
-                let path = format!(
-                    "/api/v1/runs/{}/{}",
-                    crate::out::urlencode(run),
-                    if approve { "approve" } else { "reject" }
-                );
-                r.post(&path, &Cancel { reason: reason.map(str::to_string) }).await
+                r.reject(run, Reason { reason: reason.unwrap_or_default().to_string() }).await.map_err(fail)
             }
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
                 "approvals live in a running engine: pass --server URL (or set NIGHTSHIFT_SERVER) to approve or reject",
@@ -608,7 +601,7 @@ impl Conn {
     /// Tell a simulated node a fault (`SimFault` as JSON) on a running engine (admin).
     pub async fn sim_fault(&mut self, node: &str, fault: &nightshift_proto::SimFault) -> Result<SimFaultReply> {
         match self {
-            Conn::Remote(r) => r.post(&format!("/api/v1/agents/{}/sim-fault", crate::out::urlencode(node)), fault).await,
+            Conn::Remote(r) => r.sim_fault(node, fault.clone()).await.map_err(fail),
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
                 "a simulated fault goes to a running engine's agent: pass --server URL (or set NIGHTSHIFT_SERVER) with an admin token",
             )),
@@ -621,22 +614,22 @@ impl Conn {
     }
 
     /// Set a maintenance window on a running engine (admin).
-    pub async fn set_window(&mut self, body: &NewWindow) -> Result<WindowReply> {
-        self.change_window("/api/v1/maintenance".into(), body).await
+    pub async fn set_window(&mut self, body: NewWindow) -> Result<WindowReply> {
+        self.running("a maintenance window changes a running engine")?.set_window(body).await.map_err(fail)
     }
 
     /// End a maintenance window before its time on a running engine (admin).
     pub async fn end_window(&mut self, id: &str, reason: &str) -> Result<WindowReply> {
-        let path = format!("/api/v1/maintenance/{}/end", crate::out::urlencode(id));
-        self.change_window(path, &Reason { reason: reason.to_string() }).await
+        let body = Reason { reason: reason.to_string() };
+        self.running("a maintenance window changes a running engine")?.end_window(id, body).await.map_err(fail)
     }
 
-    async fn change_window(&mut self, path: String, body: &impl Serialize) -> Result<WindowReply> {
+    /// The running engine, for what changes one: a `--server`.
+    pub fn running(&self, what: &str) -> Result<&Remote> {
         match self {
-            Conn::Remote(r) => r.post(&path, body).await,
-            Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
-                "a maintenance window changes a running engine: pass --server URL (or set NIGHTSHIFT_SERVER) with an admin token",
-            )),
+            Conn::Remote(r) => Ok(r),
+            Conn::Local(_) => Err(anyhow::Error::new(Fail(2))
+                .context(format!("{what}: pass --server URL (or set NIGHTSHIFT_SERVER) with an admin token"))),
         }
     }
 

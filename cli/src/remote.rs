@@ -12,10 +12,12 @@ use serde::de::DeserializeOwned;
 
 use nightshift_engine::api::{
     AgentHolds, AgentPing, ApiErrorBody, AuditHead, Cancel, Cancelled, ControlReply, EngineApi, FleetModeView, HaReply,
-    HealthCheckReply, NodeHealth, Plan, Refused, Repaired, Reply, RunDetail, RunbookDetail, RunbookList,
-    RunbookModeReply, SetFleetMode, SetRunbookMode, ShadowReport, StartRun, Verifying, Windows,
+    HandsOff, HandsOffReply, HealthCheckReply, NewWindow, NodeHealth, Plan, Reason, Refused, ReleaseHolds, Repaired,
+    Reply, RunDetail, RunSummary, RunbookDetail, RunbookList, RunbookModeReply, SetFleetMode, SetRunbookMode,
+    ShadowReport, SimFaultReply, StartRun, Verifying, WindowReply, Windows,
 };
 use nightshift_engine::audit::AuditRecord;
+use nightshift_engine::engine::Submitted;
 use nightshift_proto::NoArgs;
 use reqwest::Method;
 
@@ -83,23 +85,22 @@ impl Remote {
         self.send(self.req(reqwest::Method::POST, path).json(body)).await
     }
 
-    /// POST a control: its answer on 200, and on 409 too (some of it was
-    /// refused by the agent: the body says what was done and what not).
-    pub async fn post_control(&self, path: &str, body: &impl Serialize) -> Result<(bool, ControlReply)> {
-        let resp =
-            self.req(reqwest::Method::POST, path).json(body).send().await.map_err(|e| unreachable(&self.url, e))?;
-        if resp.status().as_u16() == 409 {
-            let text = resp.text().await.map_err(|e| unreachable(&self.url, e))?;
-            if let Ok(v) = serde_json::from_str::<ControlReply>(&text) {
-                return Ok((false, v));
-            }
-            let msg = serde_json::from_str::<ApiErrorBody>(&text).map(|b| b.error.message).unwrap_or(text);
-            return Err(anyhow::Error::new(Fail(3)).context(format!("{} 409 Conflict: {msg}", self.url)));
-        }
+    /// A person's control: what was done, also on a 409 whose body says
+    /// what the agent refused (its `error`); a 409 without one (a guard of
+    /// the engine's) is a refusal.
+    async fn control(&self, path: String, body: impl Serialize) -> Result<ControlReply, Refused> {
+        let unreached = |e: reqwest::Error| {
+            Refused::new(0, "unreachable", format!("the engine at {} is unreachable: {e}", self.url))
+        };
+        let resp = self.req(Method::POST, &path).json(&body).send().await.map_err(unreached)?;
         let status = resp.status();
-        let body = resp.text().await.map_err(|e| unreachable(&self.url, e))?;
-        let v: ControlReply = self.answer(status, body)?;
-        Ok((true, v))
+        let text = resp.text().await.map_err(unreached)?;
+        if status.as_u16() == 409
+            && let Ok(v) = serde_json::from_str::<ControlReply>(&text)
+        {
+            return Ok(v);
+        }
+        self.read(status, &text)
     }
 
     /// The SSE live tail, as a stream of records, until `each` says stop.
@@ -298,5 +299,57 @@ impl EngineApi for Remote {
 
     fn ha(&self) -> Reply<'_, HaReply> {
         self.get_op("/api/v1/ha".into())
+    }
+
+    fn submit(&self, body: StartRun, idempotency_key: Option<String>) -> Reply<'_, Submitted> {
+        Box::pin(async move {
+            let mut rb = self.req(Method::POST, "/api/v1/runs").json(&body);
+            if let Some(k) = &idempotency_key {
+                rb = rb.header("Idempotency-Key", k);
+            }
+            let unreached = |e: reqwest::Error| {
+                Refused::new(0, "unreachable", format!("the engine at {} is unreachable: {e}", self.url))
+            };
+            let resp = rb.send().await.map_err(unreached)?;
+            let status = resp.status();
+            let text = resp.text().await.map_err(unreached)?;
+            self.read(status, &text)
+        })
+    }
+
+    fn approve<'a>(&'a self, run: &'a str) -> Reply<'a, RunSummary> {
+        self.post_op(format!("/api/v1/runs/{}/approve", urlencode(run)), NoArgs {})
+    }
+
+    fn reject<'a>(&'a self, run: &'a str, body: Reason) -> Reply<'a, RunSummary> {
+        self.post_op(format!("/api/v1/runs/{}/reject", urlencode(run)), body)
+    }
+
+    fn release<'a>(&'a self, node: &'a str, body: ReleaseHolds) -> Reply<'a, ControlReply> {
+        Box::pin(self.control(format!("/api/v1/nodes/{}/holds/release", urlencode(node)), body))
+    }
+
+    fn resume<'a>(&'a self, node: &'a str, body: Reason) -> Reply<'a, ControlReply> {
+        Box::pin(self.control(format!("/api/v1/nodes/{}/resume", urlencode(node)), body))
+    }
+
+    fn drain<'a>(&'a self, node: &'a str, body: Reason) -> Reply<'a, ControlReply> {
+        Box::pin(self.control(format!("/api/v1/nodes/{}/drain", urlencode(node)), body))
+    }
+
+    fn hands_off<'a>(&'a self, node: &'a str, body: HandsOff) -> Reply<'a, HandsOffReply> {
+        self.post_op(format!("/api/v1/nodes/{}/hands-off", urlencode(node)), body)
+    }
+
+    fn sim_fault<'a>(&'a self, node: &'a str, fault: nightshift_proto::SimFault) -> Reply<'a, SimFaultReply> {
+        self.post_op(format!("/api/v1/agents/{}/sim-fault", urlencode(node)), fault)
+    }
+
+    fn set_window(&self, body: NewWindow) -> Reply<'_, WindowReply> {
+        self.post_op("/api/v1/maintenance".into(), body)
+    }
+
+    fn end_window<'a>(&'a self, id: &'a str, body: Reason) -> Reply<'a, WindowReply> {
+        self.post_op(format!("/api/v1/maintenance/{}/end", urlencode(id)), body)
     }
 }

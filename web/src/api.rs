@@ -16,12 +16,11 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use nightshift_engine::api::{
-    Cancel, EngineApi, HandsOff, HandsOffReply, Healthz, NodeDetail, Readyz, Reason, ReleaseHolds, ReloadReply,
-    Repaired, Session, SetFleetMode, SetRunbookMode, SimFaultReply, StartRun, WebhookPayload,
+    Cancel, EngineApi, HandsOff, Healthz, NodeDetail, Readyz, Reason, ReleaseHolds, ReloadReply, Repaired, Session,
+    SetFleetMode, SetRunbookMode, StartRun, WebhookPayload,
 };
 use nightshift_engine::api::{RunOutcome, RunState};
 use nightshift_engine::audit::RunFilter;
-use nightshift_engine::engine::RunRequest;
 use nightshift_proto::{NoArgs, Op};
 
 use crate::AppState;
@@ -202,8 +201,8 @@ pub async fn list_runs(
 }
 
 /// The engine's front door as the person behind the request.
-fn session(s: &AppState, actor: String) -> Session {
-    Session::new(s.engine.clone(), actor)
+pub(crate) fn session(s: &AppState, id: &crate::auth::Identity) -> Session {
+    Session::new(s.engine.clone(), &id.name, id.role == nightshift_engine::config::Role::Admin)
 }
 
 pub async fn get_run(
@@ -211,7 +210,7 @@ pub async fn get_run(
     Viewer(id): Viewer,
     Path(run): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(session(&s, id.actor()).run(&run).await?).into_response())
+    Ok(Json(session(&s, &id).run(&run).await?).into_response())
 }
 
 /// An `Idempotency-Key` header: 1 to 255 visible ASCII characters.
@@ -237,25 +236,8 @@ pub async fn start_run(
     headers: axum::http::HeaderMap,
     ApiJson(body): ApiJson<StartRun>,
 ) -> Result<Response, ApiError> {
-    let target = body.target().map_err(ApiError::bad_request)?;
     let key = idempotency_key(&headers)?;
-    let now = nightshift_proto::clock::Clock::now_ms(s.engine.clock().as_ref());
-    let event = nightshift_engine::api::manual_event(&id.actor(), key.as_deref());
-    let submitted = s
-        .engine
-        .submit(RunRequest {
-            runbook: body.runbook.clone(),
-            target,
-            trigger: "manual".into(),
-            detail: format!("manual run by {}", id.actor()),
-            event,
-            event_ts_ms: now,
-            params: body.params.clone(),
-            dry_run: body.dry_run,
-            requested_by: id.actor(),
-        })
-        .await?;
-    Ok((StatusCode::ACCEPTED, Json(submitted)).into_response())
+    Ok((StatusCode::ACCEPTED, Json(session(&s, &id).submit(body, key).await?)).into_response())
 }
 
 pub async fn approve(
@@ -263,7 +245,7 @@ pub async fn approve(
     Operator(id): Operator,
     Path(run): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(s.engine.approve(&run, &id.actor()).await?).into_response())
+    Ok(Json(session(&s, &id).approve(&run).await?).into_response())
 }
 
 pub async fn reject(
@@ -272,7 +254,7 @@ pub async fn reject(
     Path(run): Path<String>,
     ApiJson(body): ApiJson<Reason>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(s.engine.reject(&run, &id.actor(), &body.reason).await?).into_response())
+    Ok(Json(session(&s, &id).reject(&run, body).await?).into_response())
 }
 
 pub async fn cancel(
@@ -281,7 +263,7 @@ pub async fn cancel(
     Path(run): Path<String>,
     ApiJsonOrEmpty(body): ApiJsonOrEmpty<Cancel>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(session(&s, id.actor()).cancel(&run, body).await?).into_response())
+    Ok(Json(session(&s, &id).cancel(&run, body).await?).into_response())
 }
 
 /// `POST /api/v1/runs/plan`: what `POST /api/v1/runs` with this body would
@@ -291,7 +273,7 @@ pub async fn plan_run(
     Viewer(id): Viewer,
     ApiJson(body): ApiJson<StartRun>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(session(&s, id.actor()).plan(body).await?).into_response())
+    Ok(Json(session(&s, &id).plan(body).await?).into_response())
 }
 
 pub async fn approvals(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
@@ -370,7 +352,7 @@ pub async fn node_health(
     Viewer(id): Viewer,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(session(&s, id.actor()).node_health(&name).await?).into_response())
+    Ok(Json(session(&s, &id).node_health(&name).await?).into_response())
 }
 
 /// `GET /api/v1/nodes/{name}/evidence/{bundle}/{file}`: one file of an RMA
@@ -430,7 +412,7 @@ pub async fn node_repaired(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<Repaired>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(session(&s, id.actor()).repaired(&name, body).await?).into_response())
+    Ok(Json(session(&s, &id).repaired(&name, body).await?).into_response())
 }
 
 /// `POST /api/v1/agents/{name}/health-check`: the agent's read-only health
@@ -440,7 +422,7 @@ pub async fn agent_health_check(
     Operator(id): Operator,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(session(&s, id.actor()).health_check(&name).await?).into_response())
+    Ok(Json(session(&s, &id).health_check(&name).await?).into_response())
 }
 
 /// A person releases holds on a node (operator): sent to the agent as
@@ -454,18 +436,7 @@ pub async fn release_holds(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<ReleaseHolds>,
 ) -> Result<Response, ApiError> {
-    let what = nightshift_engine::api::ReleaseWhat {
-        gpu: body.gpu,
-        owner: body.owner.clone(),
-        hold: body.hold.clone(),
-        kind: body.kind.clone(),
-        all: body.all,
-        force: body.force,
-    };
-    let who =
-        nightshift_engine::api::Person { name: &id.name, admin: id.role == nightshift_engine::config::Role::Admin };
-    let out = s.engine.person_release(&name, &what, who, &body.reason).await?;
-    Ok(control_answer(out))
+    Ok(control_answer(session(&s, &id).release(&name, body).await?))
 }
 
 /// A person puts a node back into service (operator): every drain on it
@@ -476,8 +447,7 @@ pub async fn resume_node(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<Reason>,
 ) -> Result<Response, ApiError> {
-    let out = s.engine.person_resume(&name, &id.name, &body.reason).await?;
-    Ok(control_answer(out))
+    Ok(control_answer(session(&s, &id).resume(&name, body).await?))
 }
 
 /// A person drains a node (operator): their drain, never undone by
@@ -488,20 +458,12 @@ pub async fn drain_node(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<Reason>,
 ) -> Result<Response, ApiError> {
-    let out = s.engine.person_drain(&name, &id.name, &body.reason).await?;
-    Ok(control_answer(out))
+    Ok(control_answer(session(&s, &id).drain(&name, body).await?))
 }
 
-fn control_answer(out: nightshift_engine::api::ControlOutcome) -> Response {
-    let error = out.refused().map(|r| {
-        let code = r.result.code.as_deref().unwrap_or("refused");
-        nightshift_engine::api::ApiErrorDetail {
-            code: code.to_string(),
-            message: r.result.error.clone().unwrap_or_else(|| "the agent refused".into()),
-        }
-    });
-    let status = if error.is_some() { StatusCode::CONFLICT } else { StatusCode::OK };
-    (status, Json(nightshift_engine::api::ControlReply { outcome: out, error })).into_response()
+fn control_answer(reply: nightshift_engine::api::ControlReply) -> Response {
+    let status = if reply.error.is_some() { StatusCode::CONFLICT } else { StatusCode::OK };
+    (status, Json(reply)).into_response()
 }
 
 pub async fn hands_off(
@@ -510,22 +472,12 @@ pub async fn hands_off(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<HandsOff>,
 ) -> Result<Response, ApiError> {
-    let until_ms = match body.for_secs {
-        Some(secs @ 1..=2_592_000) => {
-            Some(s.engine.clock().now_ms().saturating_add((secs as i64).saturating_mul(1000)))
-        }
-        Some(other) => {
-            return Err(ApiError::bad_request(format!("for_secs: expected 1 to 2592000 (30 days), found {other}")));
-        }
-        None => None,
-    };
-    s.engine.set_hands_off(&name, &id.actor(), body.hands_off, body.reason.as_deref(), until_ms).await?;
-    Ok(Json(HandsOffReply { node: name, hands_off: body.hands_off, until_ms }).into_response())
+    Ok(Json(session(&s, &id).hands_off(&name, body).await?).into_response())
 }
 
 /// The whole fleet's mode, who set it and why (viewer).
 pub async fn fleet_mode(State(s): State<AppState>, Viewer(id): Viewer) -> Result<Response, ApiError> {
-    Ok(Json(session(&s, id.actor()).fleet_mode().await?).into_response())
+    Ok(Json(session(&s, &id).fleet_mode().await?).into_response())
 }
 
 /// Put the whole fleet in act, shadow or paused mode (admin), audited with
@@ -535,7 +487,7 @@ pub async fn set_fleet_mode(
     Admin(id): Admin,
     ApiJson(body): ApiJson<SetFleetMode>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(session(&s, id.actor()).set_fleet_mode(body).await?).into_response())
+    Ok(Json(session(&s, &id).set_fleet_mode(body).await?).into_response())
 }
 
 /// Promote or demote a runbook (admin), audited with who and why.
@@ -545,7 +497,7 @@ pub async fn runbook_mode(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<SetRunbookMode>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(session(&s, id.actor()).set_runbook_mode(&name, body).await?).into_response())
+    Ok(Json(session(&s, &id).set_runbook_mode(&name, body).await?).into_response())
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -564,7 +516,7 @@ pub async fn shadow_report(
     Path(name): Path<String>,
     ApiQuery(q): ApiQuery<ShadowQuery>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(session(&s, id.actor()).shadow_report(&name, q.since_ms, q.limit).await?).into_response())
+    Ok(Json(session(&s, &id).shadow_report(&name, q.since_ms, q.limit).await?).into_response())
 }
 
 pub async fn agent_ping(
@@ -572,7 +524,7 @@ pub async fn agent_ping(
     Viewer(id): Viewer,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(session(&s, id.actor()).ping(&name).await?).into_response())
+    Ok(Json(session(&s, &id).ping(&name).await?).into_response())
 }
 
 pub async fn agent_inventory(
@@ -596,8 +548,7 @@ pub async fn agent_sim_fault(
     Path(name): Path<String>,
     ApiJson(fault): ApiJson<nightshift_proto::SimFault>,
 ) -> Result<Response, ApiError> {
-    let v = s.engine.simulate_fault(&name, &id.actor(), fault).await?;
-    Ok(Json(SimFaultReply { node: name, injected: v }).into_response())
+    Ok(Json(session(&s, &id).sim_fault(&name, fault).await?).into_response())
 }
 
 /// What is held on a node: each setting's baseline, what is in effect and
@@ -607,11 +558,11 @@ pub async fn agent_holds(
     Viewer(id): Viewer,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(session(&s, id.actor()).holds(&name).await?).into_response())
+    Ok(Json(session(&s, &id).holds(&name).await?).into_response())
 }
 
 pub async fn runbooks(State(s): State<AppState>, Viewer(id): Viewer) -> Result<Response, ApiError> {
-    Ok(Json(session(&s, id.actor()).runbooks().await?).into_response())
+    Ok(Json(session(&s, &id).runbooks().await?).into_response())
 }
 
 pub async fn runbook(
@@ -619,7 +570,7 @@ pub async fn runbook(
     Viewer(id): Viewer,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(session(&s, id.actor()).runbook(&name).await?).into_response())
+    Ok(Json(session(&s, &id).runbook(&name).await?).into_response())
 }
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -698,7 +649,7 @@ pub async fn verify(
 /// The newest record's sequence number and hash: what to keep outside the
 /// store to anchor the chain.
 pub async fn head(State(s): State<AppState>, Viewer(id): Viewer) -> Result<Response, ApiError> {
-    Ok(Json(session(&s, id.actor()).audit_head().await?).into_response())
+    Ok(Json(session(&s, &id).audit_head().await?).into_response())
 }
 
 pub async fn export(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
@@ -864,7 +815,7 @@ pub async fn readyz(State(s): State<AppState>) -> Response {
 /// `GET /api/v1/ha`: this engine's place in its shard — leader, standby
 /// or deposed, the term, and who leads.
 pub async fn ha(State(s): State<AppState>, Viewer(id): Viewer) -> Response {
-    match session(&s, id.actor()).ha().await {
+    match session(&s, &id).ha().await {
         Ok(v) => Json(v).into_response(),
         Err(e) => ApiError::from(e).into_response(),
     }

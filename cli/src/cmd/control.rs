@@ -8,14 +8,14 @@ use anyhow::Result;
 use serde_json::Value;
 
 use nightshift_engine::api::{
-    AgentHolds, Cancel, Cancelled, ControlReply, HandsOff, HandsOffReply, NodeHealth, Reason, ReleaseHolds,
+    AgentHolds, Cancel, Cancelled, ControlReply, EngineApi, HandsOff, HandsOffReply, NodeHealth, Reason, ReleaseHolds,
 };
 
 use crate::args::Cli;
 use crate::cmd::{conn_announced, usage};
 use crate::conn::Conn;
-use crate::out::{Out, urlencode};
-use crate::remote::Remote;
+use crate::out::Out;
+use crate::remote::{Remote, fail};
 
 fn remote<'a>(c: &'a Conn, what: &str) -> Result<&'a Remote> {
     match c {
@@ -28,7 +28,8 @@ fn remote<'a>(c: &'a Conn, what: &str) -> Result<&'a Remote> {
 
 /// Print a control's outcome: one line per request, the agent's refusal
 /// where it refused. Exit 3 when any was refused.
-fn report(out: &Out, done: bool, v: &ControlReply) -> Result<u8> {
+fn report(out: &Out, v: &ControlReply) -> Result<u8> {
+    let done = v.error.is_none();
     if out.json {
         outln!("{}", serde_json::to_string_pretty(v)?);
         return Ok(if done { 0 } else { 3 });
@@ -113,7 +114,7 @@ pub async fn holds_release(cli: &Cli, out: &Out, node: &str, what: Release<'_>, 
     // Every hold on a node is a lot to give back by a slip of the keyboard:
     // say what goes and ask, or take --all.
     if gpu.is_none() && owner.is_none() && hold.is_none() && kind.is_none() && !all {
-        let held: AgentHolds = r.get(&format!("/api/v1/agents/{}/holds", urlencode(node))).await?;
+        let held: AgentHolds = r.holds(node).await.map_err(fail)?;
         let holds: Vec<&nightshift_proto::HoldInfo> = held.settings.iter().flat_map(|s| &s.holds).collect();
         if holds.is_empty() {
             outln!("{node}: nothing is held; nothing to release");
@@ -129,10 +130,10 @@ pub async fn holds_release(cli: &Cli, out: &Out, node: &str, what: Release<'_>, 
             )));
         }
     }
-    let (done, v) = r
-        .post_control(
-            &format!("/api/v1/nodes/{}/holds/release", urlencode(node)),
-            &ReleaseHolds {
+    let v = r
+        .release(
+            node,
+            ReleaseHolds {
                 gpu,
                 owner: owner.map(str::to_string),
                 hold: hold.map(str::to_string),
@@ -142,8 +143,9 @@ pub async fn holds_release(cli: &Cli, out: &Out, node: &str, what: Release<'_>, 
                 reason: reason.to_string(),
             },
         )
-        .await?;
-    report(out, done, &v)
+        .await
+        .map_err(fail)?;
+    report(out, &v)
 }
 
 pub async fn nodes_resume(cli: &Cli, out: &Out, node: &str, reason: &str, yes: bool) -> Result<u8> {
@@ -152,7 +154,7 @@ pub async fn nodes_resume(cli: &Cli, out: &Out, node: &str, reason: &str, yes: b
     // A GPU the repair lifecycle does not hold healthy goes back to work
     // with the node: say which, and ask (or take --yes).
     if !yes {
-        let h: NodeHealth = r.get(&format!("/api/v1/nodes/{}/health", urlencode(node))).await?;
+        let h: NodeHealth = r.node_health(node).await.map_err(fail)?;
         let unhealthy: Vec<String> =
             h.unhealthy().map(|g| format!("GPU {} {}: {}", g.gpu, g.state.as_str(), g.why)).collect();
         if !unhealthy.is_empty() {
@@ -169,19 +171,15 @@ pub async fn nodes_resume(cli: &Cli, out: &Out, node: &str, reason: &str, yes: b
             }
         }
     }
-    let (done, v) = r
-        .post_control(&format!("/api/v1/nodes/{}/resume", urlencode(node)), &Reason { reason: reason.to_string() })
-        .await?;
-    report(out, done, &v)
+    let v = r.resume(node, Reason { reason: reason.to_string() }).await.map_err(fail)?;
+    report(out, &v)
 }
 
 pub async fn nodes_drain(cli: &Cli, out: &Out, node: &str, reason: &str) -> Result<u8> {
     let c = conn_announced(cli, out)?;
     let r = remote(&c, "draining a node")?;
-    let (done, v) = r
-        .post_control(&format!("/api/v1/nodes/{}/drain", urlencode(node)), &Reason { reason: reason.to_string() })
-        .await?;
-    report(out, done, &v)
+    let v = r.drain(node, Reason { reason: reason.to_string() }).await.map_err(fail)?;
+    report(out, &v)
 }
 
 pub async fn nodes_hands_off(
@@ -195,11 +193,9 @@ pub async fn nodes_hands_off(
     let c = conn_announced(cli, out)?;
     let r = remote(&c, "setting hands-off")?;
     let v: HandsOffReply = r
-        .post(
-            &format!("/api/v1/nodes/{}/hands-off", urlencode(node)),
-            &HandsOff { hands_off: on, reason: reason.map(str::to_string), for_secs },
-        )
-        .await?;
+        .hands_off(node, HandsOff { hands_off: on, reason: reason.map(str::to_string), for_secs })
+        .await
+        .map_err(fail)?;
     if out.json {
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else if on && let Some(until) = v.until_ms {
@@ -218,9 +214,7 @@ pub async fn nodes_hands_off(
 pub async fn runs_cancel(cli: &Cli, out: &Out, run: &str, reason: Option<&str>) -> Result<u8> {
     let c = conn_announced(cli, out)?;
     let r = remote(&c, "cancelling a run")?;
-    let v: Cancelled = r
-        .post(&format!("/api/v1/runs/{}/cancel", urlencode(run)), &Cancel { reason: reason.map(str::to_string) })
-        .await?;
+    let v: Cancelled = r.cancel(run, Cancel { reason: reason.map(str::to_string) }).await.map_err(fail)?;
     if out.json {
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {

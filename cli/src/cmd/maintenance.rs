@@ -50,7 +50,7 @@ pub async fn maintenance(cli: &Cli, out: &Out, cmd: &MaintenanceCmd) -> Result<u
                 (None, None) => return Err(usage("pass --for SPAN or --until TIME: a maintenance window always ends")),
             }
             let mut c = crate::cmd::conn_announced(cli, out)?;
-            let v = c.set_window(&body).await?;
+            let v = c.set_window(body).await?;
             if out.json {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(0);

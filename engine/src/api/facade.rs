@@ -9,14 +9,21 @@
 use futures::future::BoxFuture;
 
 use super::replies::{
-    AgentHolds, AgentPing, AuditHead, Cancelled, FleetModeView, HaReply, HealthCheckReply, RunDetail, RunbookBrief,
-    RunbookDetail, RunbookList, RunbookModeReply, ShadowReport, Verifying, Windows,
+    AgentHolds, AgentPing, ApiErrorDetail, AuditHead, Cancelled, ControlReply, FleetModeView, HaReply, HandsOffReply,
+    HealthCheckReply, RunDetail, RunbookBrief, RunbookDetail, RunbookList, RunbookModeReply, ShadowReport,
+    SimFaultReply, Verifying, WindowReply, Windows,
 };
-use super::requests::{Cancel, Repaired, SetFleetMode, SetRunbookMode, StartRun};
+use super::requests::{
+    Cancel, HandsOff, NewWindow, Reason, ReleaseHolds, Repaired, SetFleetMode, SetRunbookMode, StartRun,
+};
 use crate::audit::{AuditError, RunFilter};
+use crate::control::{ControlOutcome, Person, ReleaseWhat};
+use crate::engine::Submitted;
 use crate::engine::{Engine, EngineError, RunRequest};
 use crate::repair::NodeHealth;
 use crate::run::executor::Plan;
+use crate::windows::WindowSpec;
+use nightshift_audit::runs::RunSummary;
 
 /// An operation's answer, later.
 pub type Reply<'a, T> = BoxFuture<'a, Result<T, Refused>>;
@@ -130,19 +137,62 @@ pub trait EngineApi: Send + Sync {
     fn audit_head(&self) -> Reply<'_, AuditHead>;
     /// This engine's place in its shard.
     fn ha(&self) -> Reply<'_, HaReply>;
+    /// Start a runbook; with an idempotency key used before by the same
+    /// person within 24 h, the run the first try started.
+    fn submit(&self, body: StartRun, idempotency_key: Option<String>) -> Reply<'_, Submitted>;
+    /// Approve a run waiting for it (not by its requester).
+    fn approve<'a>(&'a self, run: &'a str) -> Reply<'a, RunSummary>;
+    /// Reject a run waiting for approval, saying why.
+    fn reject<'a>(&'a self, run: &'a str, body: Reason) -> Reply<'a, RunSummary>;
+    /// Release holds on a node as this person. A refusal by the agent is
+    /// an answer (`error` set, served as 409), not a `Refused`.
+    fn release<'a>(&'a self, node: &'a str, body: ReleaseHolds) -> Reply<'a, ControlReply>;
+    /// Put a node back into service as this person.
+    fn resume<'a>(&'a self, node: &'a str, body: Reason) -> Reply<'a, ControlReply>;
+    /// Drain a node as this person (nightshift never ends it).
+    fn drain<'a>(&'a self, node: &'a str, body: Reason) -> Reply<'a, ControlReply>;
+    /// Set or clear the engine's hands-off on a node (admin).
+    fn hands_off<'a>(&'a self, node: &'a str, body: HandsOff) -> Reply<'a, HandsOffReply>;
+    /// Tell a `sim` agent's simulated hardware a fault (admin).
+    fn sim_fault<'a>(&'a self, node: &'a str, fault: nightshift_proto::SimFault) -> Reply<'a, SimFaultReply>;
+    /// Set a maintenance window (admin).
+    fn set_window(&self, body: NewWindow) -> Reply<'_, WindowReply>;
+    /// End a maintenance window before its time (admin).
+    fn end_window<'a>(&'a self, id: &'a str, body: Reason) -> Reply<'a, WindowReply>;
 }
 
-/// The engine answering as one person: `actor` is who the audit records
-/// (`user:alice`: a web token's name, the CLI's `$USER`).
+/// A control's outcome as the API answers it: what was done, and the
+/// agent's first refusal.
+pub fn control_reply(outcome: ControlOutcome) -> ControlReply {
+    let error = outcome.refused().map(|r| ApiErrorDetail {
+        code: r.result.code.clone().unwrap_or_else(|| "refused".into()),
+        message: r.result.error.clone().unwrap_or_else(|| "the agent refused".into()),
+    });
+    ControlReply { outcome, error }
+}
+
+/// `starts_at` / `ends_at` of a window: RFC 3339.
+fn window_time(field: &str, s: &str) -> Result<i64, Refused> {
+    crate::alerts::parse_rfc3339_ms(s).ok_or_else(|| {
+        Refused::bad_request(format!("{field}: expected an RFC 3339 time (2026-12-06T14:00:00Z), found {s:?}"))
+    })
+}
+
+/// The engine answering as one person: `name` (a web token's, the CLI's
+/// `$USER`), recorded as `user:<name>`, and whether they are an admin
+/// (the roles themselves are the web layer's: a `Session` is made for a
+/// request it let through).
 #[derive(Clone)]
 pub struct Session {
     engine: Engine,
+    name: String,
     actor: String,
+    admin: bool,
 }
 
 impl Session {
-    pub fn new(engine: Engine, actor: impl Into<String>) -> Session {
-        Session { engine, actor: actor.into() }
+    pub fn new(engine: Engine, name: &str, admin: bool) -> Session {
+        Session { engine, name: name.to_string(), actor: format!("user:{name}"), admin }
     }
 
     fn known(&self, node: &str) -> Result<(), Refused> {
@@ -314,5 +364,148 @@ impl EngineApi for Session {
 
     fn ha(&self) -> Reply<'_, HaReply> {
         Box::pin(async move { Ok(HaReply::of(&self.engine).await) })
+    }
+
+    fn submit(&self, body: StartRun, idempotency_key: Option<String>) -> Reply<'_, Submitted> {
+        Box::pin(async move {
+            let mut req = self.request(body, format!("manual run by {}", self.actor))?;
+            req.event = super::replies::manual_event(&self.actor, idempotency_key.as_deref());
+            Ok(self.engine.submit(req).await?)
+        })
+    }
+
+    fn approve<'a>(&'a self, run: &'a str) -> Reply<'a, RunSummary> {
+        Box::pin(async move { Ok(self.engine.approve(run, &self.actor).await?) })
+    }
+
+    fn reject<'a>(&'a self, run: &'a str, body: Reason) -> Reply<'a, RunSummary> {
+        Box::pin(async move { Ok(self.engine.reject(run, &self.actor, &body.reason).await?) })
+    }
+
+    fn release<'a>(&'a self, node: &'a str, body: ReleaseHolds) -> Reply<'a, ControlReply> {
+        Box::pin(async move {
+            let what = ReleaseWhat {
+                gpu: body.gpu,
+                owner: body.owner,
+                hold: body.hold,
+                kind: body.kind,
+                all: body.all,
+                force: body.force,
+            };
+            let who = Person { name: &self.name, admin: self.admin };
+            Ok(control_reply(self.engine.person_release(node, &what, who, &body.reason).await?))
+        })
+    }
+
+    fn resume<'a>(&'a self, node: &'a str, body: Reason) -> Reply<'a, ControlReply> {
+        Box::pin(async move { Ok(control_reply(self.engine.person_resume(node, &self.name, &body.reason).await?)) })
+    }
+
+    fn drain<'a>(&'a self, node: &'a str, body: Reason) -> Reply<'a, ControlReply> {
+        Box::pin(async move { Ok(control_reply(self.engine.person_drain(node, &self.name, &body.reason).await?)) })
+    }
+
+    fn hands_off<'a>(&'a self, node: &'a str, body: HandsOff) -> Reply<'a, HandsOffReply> {
+        Box::pin(async move {
+            let until_ms = match body.for_secs {
+                Some(secs @ 1..=2_592_000) => {
+                    Some(self.engine.clock().now_ms().saturating_add((secs as i64).saturating_mul(1000)))
+                }
+                Some(other) => {
+                    return Err(Refused::bad_request(format!(
+                        "for_secs: expected 1 to 2592000 (30 days), found {other}"
+                    )));
+                }
+                None => None,
+            };
+            self.engine.set_hands_off(node, &self.actor, body.hands_off, body.reason.as_deref(), until_ms).await?;
+            Ok(HandsOffReply { node: node.to_string(), hands_off: body.hands_off, until_ms })
+        })
+    }
+
+    fn sim_fault<'a>(&'a self, node: &'a str, fault: nightshift_proto::SimFault) -> Reply<'a, SimFaultReply> {
+        Box::pin(async move {
+            let injected = self.engine.simulate_fault(node, &self.actor, fault).await?;
+            Ok(SimFaultReply { node: node.to_string(), injected })
+        })
+    }
+
+    fn set_window(&self, body: NewWindow) -> Reply<'_, WindowReply> {
+        Box::pin(async move {
+            let starts_ms = body.starts_at.as_deref().map(|t| window_time("starts_at", t)).transpose()?;
+            let start = starts_ms.unwrap_or_else(|| self.engine.clock().now_ms());
+            let ends_ms = match (body.ends_at.as_deref(), body.for_secs) {
+                (Some(t), None) => window_time("ends_at", t)?,
+                (None, Some(secs)) if secs <= i64::MAX as u64 / 1000 => start.saturating_add(secs as i64 * 1000),
+                (None, Some(secs)) => {
+                    return Err(Refused::bad_request(format!(
+                        "for_secs: expected at most 2592000 (30 days), found {secs}"
+                    )));
+                }
+                (Some(_), Some(_)) => {
+                    return Err(Refused::bad_request("expected one of ends_at or for_secs, found both"));
+                }
+                (None, None) => {
+                    return Err(Refused::bad_request(
+                        "expected an end (ends_at or for_secs), found none: a maintenance window always ends",
+                    ));
+                }
+            };
+            let spec =
+                WindowSpec { matchers: body.matchers, nodes: body.nodes, starts_ms, ends_ms, reason: body.reason };
+            let window = self.engine.set_window(&self.actor, spec).await?;
+            Ok(WindowReply { window, ended: false })
+        })
+    }
+
+    fn end_window<'a>(&'a self, id: &'a str, body: Reason) -> Reply<'a, WindowReply> {
+        Box::pin(async move {
+            let window = self.engine.end_window(id, &self.actor, &body.reason).await?;
+            Ok(WindowReply { window, ended: true })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Table: what the engine refuses → the status and code every way in
+    /// (web, both CLI modes) answers it with.
+    #[test]
+    fn each_refusal_has_one_status() {
+        let s = String::new;
+        let cases: Vec<(EngineError, u16, &str)> = vec![
+            (EngineError::UnknownRunbook { name: s(), known: s() }, 404, "not_found"),
+            (EngineError::UnknownNode(s()), 404, "not_found"),
+            (EngineError::NoSuchRun(s()), 404, "not_found"),
+            (EngineError::BadTarget(s()), 400, "bad_request"),
+            (EngineError::BadParams(s()), 400, "bad_request"),
+            (EngineError::MissingReason, 400, "bad_request"),
+            (EngineError::AgentUnreachable { node: s(), message: s() }, 502, "agent_unreachable"),
+            (EngineError::AlreadyFinished { run: s(), outcome: s() }, 409, "conflict"),
+            (EngineError::SelfApproval { run: s(), by: s() }, 403, "self_approval"),
+            (EngineError::Guarded { code: "repair_pending", message: s() }, 409, "repair_pending"),
+            (EngineError::AdminOnly(s()), 403, "forbidden"),
+            (EngineError::IdempotencyConflict { key: s(), run: s(), what: s() }, 422, "idempotency_conflict"),
+            (EngineError::Audit(AuditError::Closed), 503, "audit_stopped"),
+            (EngineError::Audit(AuditError::BadCursor(s())), 400, "bad_request"),
+        ];
+        for (e, status, code) in cases {
+            let what = e.to_string();
+            let r = Refused::from(e);
+            assert_eq!((r.status, r.code.as_str()), (status, code), "{what}");
+            assert_eq!(r.message, what, "the message is the engine's own");
+        }
+    }
+
+    /// A manual run's body names one kind of target; a bad one is a 400
+    /// before the engine is asked.
+    #[test]
+    fn a_bad_target_is_refused_as_bad_input() {
+        let body = StartRun { runbook: "r".into(), group: Some("no-equals".into()), ..StartRun::default() };
+        let e = body.target().map_err(Refused::bad_request).unwrap_err();
+        assert_eq!((e.status, e.code.as_str()), (400, "bad_request"));
+        assert!(e.message.contains("expected label=value"), "{e}");
     }
 }
