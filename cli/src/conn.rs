@@ -15,7 +15,6 @@ use nightshift_engine::api::{
 use nightshift_engine::audit::{AuditRecord, AuditStore, RunFilter, RunPage, VerifyReport};
 use nightshift_engine::config::EngineConfig;
 use nightshift_engine::engine::{Engine, RunRequest, Submitted};
-use nightshift_proto::{NoArgs, Op};
 
 use crate::Fail;
 use crate::remote::{Remote, fail, unreachable};
@@ -443,19 +442,8 @@ impl Conn {
     }
 
     /// `node`'s inventory, as its agent reads it.
-    pub async fn inventory(&mut self, node: &str) -> Result<Value> {
-        match self {
-            Conn::Remote(r) => r.get(&format!("/api/v1/agents/{}/inventory", crate::out::urlencode(node))).await,
-            Conn::Local(_) => self.agent_result(node, Op::Inventory(NoArgs {})).await,
-        }
-    }
-
-    /// The embedded engine's call to an agent: its result, or its error.
-    async fn agent_result(&mut self, node: &str, op: Op) -> Result<Value> {
-        let Conn::Local(l) = self else { return Err(anyhow!("internal: not an embedded engine")) };
-        let e = l.engine().await?;
-        let reply = e.agent_call(node, op).await.map_err(|e| anyhow::Error::new(Fail(4)).context(e.to_string()))?;
-        reply.result.filter(|_| reply.ok).ok_or_else(|| anyhow!("{node}: {:?}", reply.error))
+    pub async fn inventory(&mut self, node: &str) -> Result<nightshift_proto::Inventory> {
+        self.api().await?.get().inventory(node).await.map_err(fail)
     }
 
     /// A node's health (the engine's health model).
@@ -657,9 +645,8 @@ impl Conn {
 
     /// Ask a running engine to reload (admin).
     pub async fn reload(&mut self, allow_partial: bool) -> Result<ReloadReply> {
-        let path = if allow_partial { "/api/v1/reload?allow_partial=true" } else { "/api/v1/reload" };
         match self {
-            Conn::Remote(r) => r.post(path, &NoArgs {}).await,
+            Conn::Remote(r) => r.reload(allow_partial).await.map_err(fail),
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
                 "a reload changes a running engine: pass --server URL (or set NIGHTSHIFT_SERVER), or send the engine SIGHUP (systemctl reload nightshift-engine)",
             )),

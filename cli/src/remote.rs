@@ -12,8 +12,8 @@ use serde::de::DeserializeOwned;
 
 use nightshift_engine::api::{
     AgentHolds, AgentPing, ApiErrorBody, AuditHead, Cancel, Cancelled, ControlReply, EngineApi, FleetModeView, HaReply,
-    HandsOff, HandsOffReply, HealthCheckReply, NewWindow, NodeHealth, Plan, Reason, Refused, ReleaseHolds, Repaired,
-    Reply, RunDetail, RunSummary, RunbookDetail, RunbookList, RunbookModeReply, SetFleetMode, SetRunbookMode,
+    HandsOff, HandsOffReply, HealthCheckReply, NewWindow, NodeHealth, Plan, Reason, Refused, ReleaseHolds, ReloadReply,
+    Repaired, Reply, RunDetail, RunSummary, RunbookDetail, RunbookList, RunbookModeReply, SetFleetMode, SetRunbookMode,
     ShadowReport, SimFaultReply, StartRun, Verifying, WindowReply, Windows,
 };
 use nightshift_engine::audit::AuditRecord;
@@ -50,10 +50,23 @@ impl Remote {
         }
     }
 
-    pub(crate) async fn send<T: DeserializeOwned>(&self, rb: reqwest::RequestBuilder) -> Result<T> {
-        let resp = rb.send().await.map_err(|e| unreachable(&self.url, e))?;
+    /// One request: the answer's status and body, or a refusal with
+    /// status 0 when the server was not reached.
+    async fn exchange(&self, rb: reqwest::RequestBuilder) -> Result<(reqwest::StatusCode, String), Refused> {
+        let unreached = |e: reqwest::Error| {
+            Refused::new(
+                0,
+                "unreachable",
+                format!("the engine at {} is unreachable: {e}; is `nightshift serve` running?", self.url),
+            )
+        };
+        let resp = rb.send().await.map_err(unreached)?;
         let status = resp.status();
-        let body = resp.text().await.map_err(|e| unreachable(&self.url, e))?;
+        Ok((status, resp.text().await.map_err(unreached)?))
+    }
+
+    pub(crate) async fn send<T: DeserializeOwned>(&self, rb: reqwest::RequestBuilder) -> Result<T> {
+        let (status, body) = self.exchange(rb).await.map_err(fail)?;
         self.answer(status, body)
     }
 
@@ -81,20 +94,11 @@ impl Remote {
         self.send(self.req(reqwest::Method::GET, path)).await
     }
 
-    pub async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T> {
-        self.send(self.req(reqwest::Method::POST, path).json(body)).await
-    }
-
     /// A person's control: what was done, also on a 409 whose body says
     /// what the agent refused (its `error`); a 409 without one (a guard of
     /// the engine's) is a refusal.
     async fn control(&self, path: String, body: impl Serialize) -> Result<ControlReply, Refused> {
-        let unreached = |e: reqwest::Error| {
-            Refused::new(0, "unreachable", format!("the engine at {} is unreachable: {e}", self.url))
-        };
-        let resp = self.req(Method::POST, &path).json(&body).send().await.map_err(unreached)?;
-        let status = resp.status();
-        let text = resp.text().await.map_err(unreached)?;
+        let (status, text) = self.exchange(self.req(Method::POST, &path).json(&body)).await?;
         if status.as_u16() == 409
             && let Ok(v) = serde_json::from_str::<ControlReply>(&text)
         {
@@ -198,16 +202,7 @@ impl Remote {
         if let Some(b) = body {
             rb = rb.json(b);
         }
-        let unreached = |e: reqwest::Error| {
-            Refused::new(
-                0,
-                "unreachable",
-                format!("the engine at {} is unreachable: {e}; is `nightshift serve` running?", self.url),
-            )
-        };
-        let resp = rb.send().await.map_err(unreached)?;
-        let status = resp.status();
-        let text = resp.text().await.map_err(unreached)?;
+        let (status, text) = self.exchange(rb).await?;
         self.read(status, &text)
     }
 
@@ -307,12 +302,7 @@ impl EngineApi for Remote {
             if let Some(k) = &idempotency_key {
                 rb = rb.header("Idempotency-Key", k);
             }
-            let unreached = |e: reqwest::Error| {
-                Refused::new(0, "unreachable", format!("the engine at {} is unreachable: {e}", self.url))
-            };
-            let resp = rb.send().await.map_err(unreached)?;
-            let status = resp.status();
-            let text = resp.text().await.map_err(unreached)?;
+            let (status, text) = self.exchange(rb).await?;
             self.read(status, &text)
         })
     }
@@ -351,5 +341,14 @@ impl EngineApi for Remote {
 
     fn end_window<'a>(&'a self, id: &'a str, body: Reason) -> Reply<'a, WindowReply> {
         self.post_op(format!("/api/v1/maintenance/{}/end", urlencode(id)), body)
+    }
+
+    fn inventory<'a>(&'a self, node: &'a str) -> Reply<'a, nightshift_proto::Inventory> {
+        self.get_op(format!("/api/v1/agents/{}/inventory", urlencode(node)))
+    }
+
+    fn reload(&self, allow_partial: bool) -> Reply<'_, ReloadReply> {
+        let path = if allow_partial { "/api/v1/reload?allow_partial=true" } else { "/api/v1/reload" };
+        self.post_op(path.into(), NoArgs {})
     }
 }

@@ -16,12 +16,11 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use nightshift_engine::api::{
-    Cancel, EngineApi, HandsOff, Healthz, NodeDetail, Readyz, Reason, ReleaseHolds, ReloadReply, Repaired, Session,
-    SetFleetMode, SetRunbookMode, StartRun, WebhookPayload,
+    Cancel, EngineApi, HandsOff, Healthz, NodeDetail, Readyz, Reason, ReleaseHolds, Repaired, Session, SetFleetMode,
+    SetRunbookMode, StartRun, WebhookPayload,
 };
 use nightshift_engine::api::{RunOutcome, RunState};
 use nightshift_engine::audit::RunFilter;
-use nightshift_proto::{NoArgs, Op};
 
 use crate::AppState;
 use crate::error::ApiError;
@@ -529,14 +528,10 @@ pub async fn agent_ping(
 
 pub async fn agent_inventory(
     State(s): State<AppState>,
-    _: Viewer,
+    Viewer(id): Viewer,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    let reply = s.engine.agent_call(&name, Op::Inventory(NoArgs {})).await?;
-    match reply.result {
-        Some(v) if reply.ok => Ok(Json(v).into_response()),
-        _ => Err(ApiError::new(StatusCode::BAD_GATEWAY, "agent_error", format!("{:?}", reply.error))),
-    }
+    Ok(Json(session(&s, &id).inventory(&name).await?).into_response())
 }
 
 /// Tell a `sim` agent's simulated hardware a fault (admin; a lab's way to
@@ -589,13 +584,7 @@ pub async fn reload(
     Admin(id): Admin,
     ApiQuery(q): ApiQuery<ReloadQuery>,
 ) -> Result<Response, ApiError> {
-    match nightshift_engine::api::reload_with(&s.engine, &id.actor(), q.allow_partial).await {
-        Ok(r) => Ok(Json(ReloadReply::from(r)).into_response()),
-        Err(nightshift_engine::api::ReloadError::Audit(e)) => {
-            Err(nightshift_engine::engine::EngineError::from(e).into())
-        }
-        Err(e) => Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "reload_refused", e.to_string())),
-    }
+    Ok(Json(session(&s, &id).reload(q.allow_partial).await?).into_response())
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]

@@ -286,13 +286,11 @@ pub async fn agents(c: &mut Conn, out: &Out, cmd: &AgentsCmd) -> Result<u8> {
             Ok(0)
         }
         AgentsCmd::Inventory { node } => {
-            let v = c.inventory(node).await?;
+            let inv = c.inventory(node).await?;
             if out.json {
-                outln!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&inv)?);
                 return Ok(0);
             }
-            let inv: nightshift_proto::Inventory =
-                serde_json::from_value(v).with_context(|| format!("{node}: the agent's inventory"))?;
             // Numbers as the JSON has them (700.0, null).
             let num = |x: Option<f64>| serde_json::to_string(&x).unwrap_or_default();
             outln!(

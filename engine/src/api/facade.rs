@@ -10,7 +10,7 @@ use futures::future::BoxFuture;
 
 use super::replies::{
     AgentHolds, AgentPing, ApiErrorDetail, AuditHead, Cancelled, ControlReply, FleetModeView, HaReply, HandsOffReply,
-    HealthCheckReply, RunDetail, RunbookBrief, RunbookDetail, RunbookList, RunbookModeReply, ShadowReport,
+    HealthCheckReply, ReloadReply, RunDetail, RunbookBrief, RunbookDetail, RunbookList, RunbookModeReply, ShadowReport,
     SimFaultReply, Verifying, WindowReply, Windows,
 };
 use super::requests::{
@@ -159,6 +159,12 @@ pub trait EngineApi: Send + Sync {
     fn set_window(&self, body: NewWindow) -> Reply<'_, WindowReply>;
     /// End a maintenance window before its time (admin).
     fn end_window<'a>(&'a self, id: &'a str, body: Reason) -> Reply<'a, WindowReply>;
+    /// The node's inventory, as its agent reads it.
+    fn inventory<'a>(&'a self, node: &'a str) -> Reply<'a, nightshift_proto::Inventory>;
+    /// Read fleet.yaml, the tokens, the runbooks and the XID policy again
+    /// (admin); with `allow_partial`, the runbooks that load go in force
+    /// even if others fail. A broken file is a 422 and changes nothing.
+    fn reload(&self, allow_partial: bool) -> Reply<'_, ReloadReply>;
 }
 
 /// A control's outcome as the API answers it: what was done, and the
@@ -462,6 +468,30 @@ impl EngineApi for Session {
         Box::pin(async move {
             let window = self.engine.end_window(id, &self.actor, &body.reason).await?;
             Ok(WindowReply { window, ended: true })
+        })
+    }
+
+    fn inventory<'a>(&'a self, node: &'a str) -> Reply<'a, nightshift_proto::Inventory> {
+        Box::pin(async move {
+            let reply =
+                self.engine.agent_call(node, nightshift_proto::Op::Inventory(nightshift_proto::NoArgs {})).await?;
+            let agent_error = |m: String| Refused::new(502, "agent_error", format!("{node}: {m}"));
+            match reply.result {
+                Some(v) if reply.ok => {
+                    serde_json::from_value(v).map_err(|e| agent_error(format!("the agent's inventory: {e}")))
+                }
+                _ => Err(agent_error(format!("{:?}", reply.error))),
+            }
+        })
+    }
+
+    fn reload(&self, allow_partial: bool) -> Reply<'_, ReloadReply> {
+        Box::pin(async move {
+            match crate::reload::reload_with(&self.engine, &self.actor, allow_partial).await {
+                Ok(r) => Ok(ReloadReply::from(r)),
+                Err(crate::reload::ReloadError::Audit(e)) => Err(e.into()),
+                Err(e) => Err(Refused::new(422, "reload_refused", e.to_string())),
+            }
         })
     }
 }
