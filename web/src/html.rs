@@ -17,6 +17,12 @@ impl From<ApiError> for PageError {
     }
 }
 
+impl From<nightshift_engine::api::Refused> for PageError {
+    fn from(e: nightshift_engine::api::Refused) -> Self {
+        PageError(e.into())
+    }
+}
+
 impl From<nightshift_engine::engine::EngineError> for PageError {
     fn from(e: nightshift_engine::engine::EngineError) -> Self {
         PageError(e.into())

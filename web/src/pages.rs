@@ -9,7 +9,11 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use nightshift_engine::api::format_rfc3339_ms;
-use nightshift_engine::api::{GpuHealthView, HealthState, NodeHealth};
+use nightshift_engine::api::{
+    Cancel, EngineApi, GpuHealthView, HandsOff, HealthState, NodeHealth, Reason, ReleaseHolds,
+};
+
+use crate::api::session;
 use nightshift_engine::api::{RunOutcome, RunState, RunSummary};
 use nightshift_engine::audit::{AuditRecord, RecordKind, RunFilter, data};
 use nightshift_engine::config::Role;
@@ -778,7 +782,7 @@ pub async fn node_page(
     ];
     let inv = n.state.inventory.clone();
     let held = held_settings(&s, &name, &n.holds).await;
-    let health = s.engine.node_health(&name).unwrap_or_default();
+    let health = session(&s, &who).node_health(&name).await.unwrap_or_default();
     // The node's RMA evidence bundles among its last 500 records, newest
     // first (five at most; `nightshift agents evidence NODE` lists all).
     let evidence: Vec<AuditRecord> = s
@@ -1047,9 +1051,9 @@ pub async fn shadow_page(
     Viewer(who): Viewer,
     Path(name): Path<String>,
 ) -> Result<Response, PageError> {
-    let since = s.engine.clock().now_ms() - 7 * 86_400_000;
-    let fires = s.engine.shadow_report(&name, since, 200)?;
-    let mode = s.engine.runbook_mode(&name);
+    // The last week, as the API's default.
+    let report = session(&s, &who).shadow_report(&name, None, None).await?;
+    let (fires, mode) = (report.fires, report.mode);
     let body = html! {
         div.head { h1 { "Shadow report: " a href={"/runbooks/" (name)} { (name) } } span.tag { (mode.as_str()) " mode now" } }
         p.muted { "The last 7 days. A shadow run goes through admission as a real one would and sends every action to the agent as a dry run: the agent's envelope, rate limits and hands-off answer; nothing changes and no one is notified. Promote with " code { "nightshift runbooks promote " (name) " --reason …" } " (admin)." }
@@ -1258,7 +1262,7 @@ pub async fn ui_approve(
     Operator(who): Operator,
     Path(id): Path<String>,
 ) -> Result<Response, PageError> {
-    s.engine.approve(&id, &who.actor()).await?;
+    session(&s, &who).approve(&id).await?;
     Ok(Redirect::to(&format!("/runs/{id}")).into_response())
 }
 
@@ -1268,7 +1272,7 @@ pub async fn ui_reject(
     Path(id): Path<String>,
     Form(f): Form<RejectForm>,
 ) -> Result<Response, PageError> {
-    s.engine.reject(&id, &who.actor(), &f.reason).await?;
+    session(&s, &who).reject(&id, Reason { reason: f.reason }).await?;
     Ok(Redirect::to(&format!("/runs/{id}")).into_response())
 }
 
@@ -1292,11 +1296,8 @@ pub async fn ui_release(
     Path(name): Path<String>,
     Form(f): Form<ReleaseForm>,
 ) -> Result<Response, PageError> {
-    let what = nightshift_engine::api::ReleaseWhat { hold: Some(f.hold), ..Default::default() };
-    let person =
-        nightshift_engine::api::Person { name: &who.name, admin: who.role == nightshift_engine::config::Role::Admin };
-    let out = s.engine.person_release(&name, &what, person, &f.reason).await?;
-    control_page(&name, out)
+    let body = ReleaseHolds { hold: Some(f.hold), reason: f.reason, ..Default::default() };
+    control_page(&name, session(&s, &who).release(&name, body).await?)
 }
 
 #[derive(Deserialize)]
@@ -1311,17 +1312,16 @@ pub async fn ui_resume(
     Path(name): Path<String>,
     Form(f): Form<ResumeForm>,
 ) -> Result<Response, PageError> {
-    let out = s.engine.person_resume(&name, &who.name, &f.reason).await?;
-    control_page(&name, out)
+    control_page(&name, session(&s, &who).resume(&name, Reason { reason: f.reason }).await?)
 }
 
 /// Back to the node page, or the agent's refusal as an error page.
-fn control_page(node: &str, out: nightshift_engine::api::ControlOutcome) -> Result<Response, PageError> {
-    if let Some(r) = out.refused() {
+fn control_page(node: &str, reply: nightshift_engine::api::ControlReply) -> Result<Response, PageError> {
+    if let Some(e) = reply.error {
         return Err(PageError(crate::error::ApiError::new(
             StatusCode::CONFLICT,
             "refused",
-            format!("{node}: the agent refused: {}", r.result.error.as_deref().unwrap_or("?")),
+            format!("{node}: the agent refused: {}", e.message),
         )));
     }
     Ok(Redirect::to(&format!("/nodes/{node}")).into_response())
@@ -1341,7 +1341,7 @@ pub async fn ui_cancel(
     Path(run): Path<String>,
     Form(f): Form<CancelForm>,
 ) -> Result<Response, PageError> {
-    s.engine.cancel(&run, &who.actor(), f.reason.as_deref()).await?;
+    session(&s, &who).cancel(&run, Cancel { reason: f.reason }).await?;
     Ok(Redirect::to(&format!("/runs/{run}")).into_response())
 }
 
@@ -1351,7 +1351,7 @@ pub async fn ui_hands_off(
     Path(name): Path<String>,
     Form(f): Form<HandsOffForm>,
 ) -> Result<Response, PageError> {
-    s.engine.set_hands_off(&name, &who.actor(), f.hands_off, f.reason.as_deref(), None).await?;
+    session(&s, &who).hands_off(&name, HandsOff { hands_off: f.hands_off, reason: f.reason, for_secs: None }).await?;
     Ok(Redirect::to(&format!("/nodes/{name}")).into_response())
 }
 
