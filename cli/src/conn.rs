@@ -18,7 +18,7 @@ use nightshift_engine::engine::{Engine, RunRequest, Submitted};
 
 use crate::Fail;
 use crate::remote::{Remote, fail, unreachable};
-use nightshift_engine::api::{EngineApi, Session};
+use nightshift_engine::api::{EngineApi, RunsQuery, Session};
 
 /// A runbook as the CLI shows it.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -85,31 +85,6 @@ pub struct Local {
 pub enum Conn {
     Remote(Remote),
     Local(Box<Local>),
-}
-
-/// A run filter as the API's query string.
-/// `&label=key=value` for a runs listing (none without a label).
-fn label_query(label: Option<&(String, String)>) -> String {
-    label.map(|(k, v)| format!("&label={}", crate::out::urlencode(&format!("{k}={v}")))).unwrap_or_default()
-}
-
-fn runs_query(f: &RunFilter) -> String {
-    let mut q = vec![];
-    let mut add = |k: &str, v: Option<String>| {
-        if let Some(v) = v {
-            q.push(format!("{k}={}", crate::out::urlencode(&v)));
-        }
-    };
-    add("node", f.node.clone());
-    add("gpu", f.gpu.map(|g| g.to_string()));
-    add("runbook", f.runbook.clone());
-    add("outcome", f.outcome.map(|o| o.as_str().to_string()));
-    add("state", f.state.map(|s| s.as_str().to_string()));
-    add("since_ms", f.since_ms.map(|x| x.to_string()));
-    add("until_ms", f.until_ms.map(|x| x.to_string()));
-    add("cursor", f.cursor.clone());
-    add("limit", f.limit.map(|x| x.to_string()));
-    q.join("&")
 }
 
 impl Local {
@@ -266,7 +241,9 @@ impl Conn {
     /// embedded engine's fleet here: the audit store knows no labels).
     pub async fn runs(&mut self, f: &RunFilter, label: Option<&(String, String)>) -> Result<RunPage> {
         match self {
-            Conn::Remote(r) => r.get(&format!("/api/v1/runs?{}{}", runs_query(f), label_query(label))).await,
+            Conn::Remote(r) => r.runs(RunsQuery::of(f, label)).await.map_err(fail),
+            // From the store (a stopped engine's data dir reads too); a
+            // label asks the embedded engine which nodes carry it.
             Conn::Local(l) => {
                 let mut f = f.clone();
                 if let Some((k, v)) = label {
@@ -284,7 +261,10 @@ impl Conn {
         label: Option<&(String, String)>,
     ) -> Result<nightshift_engine::audit::pg::ShardRunPage> {
         match self {
-            Conn::Remote(r) => r.get(&format!("/api/v1/runs?shards=all&{}{}", runs_query(f), label_query(label))).await,
+            Conn::Remote(r) => {
+                let q = RunsQuery { shards: Some("all".into()), ..RunsQuery::of(f, label) };
+                r.send(r.req(reqwest::Method::GET, "/api/v1/runs").query(&q)).await
+            }
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
                 "--all-shards asks a running engine on PostgreSQL: pass --server URL (or set NIGHTSHIFT_SERVER)",
             )),

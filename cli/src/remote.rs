@@ -13,10 +13,10 @@ use serde::de::DeserializeOwned;
 use nightshift_engine::api::{
     AgentHolds, AgentPing, ApiErrorBody, AuditHead, Cancel, Cancelled, ControlReply, EngineApi, FleetModeView, HaReply,
     HandsOff, HandsOffReply, HealthCheckReply, NewWindow, NodeHealth, Plan, Reason, Refused, ReleaseHolds, ReloadReply,
-    Repaired, Reply, RunDetail, RunSummary, RunbookDetail, RunbookList, RunbookModeReply, SetFleetMode, SetRunbookMode,
-    ShadowReport, SimFaultReply, StartRun, Verifying, WindowReply, Windows,
+    Repaired, Reply, RunDetail, RunSummary, RunbookDetail, RunbookList, RunbookModeReply, RunsQuery, SetFleetMode,
+    SetRunbookMode, ShadowReport, SimFaultReply, StartRun, Verifying, WindowReply, Windows,
 };
-use nightshift_engine::audit::AuditRecord;
+use nightshift_engine::audit::{AuditRecord, RunPage};
 use nightshift_engine::engine::Submitted;
 use nightshift_proto::NoArgs;
 use reqwest::Method;
@@ -220,6 +220,13 @@ impl Remote {
 }
 
 impl EngineApi for Remote {
+    fn runs(&self, query: RunsQuery) -> Reply<'_, RunPage> {
+        Box::pin(async move {
+            let (status, text) = self.exchange(self.req(Method::GET, "/api/v1/runs").query(&query)).await?;
+            self.read(status, &text)
+        })
+    }
+
     fn run<'a>(&'a self, id: &'a str) -> Reply<'a, RunDetail> {
         self.get_op(format!("/api/v1/runs/{}", urlencode(id)))
     }

@@ -13,13 +13,11 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
 
 use nightshift_engine::api::{
-    Cancel, EngineApi, HandsOff, Healthz, NodeDetail, Readyz, Reason, ReleaseHolds, Repaired, Session, SetFleetMode,
-    SetRunbookMode, StartRun, WebhookPayload,
+    Cancel, EngineApi, HandsOff, Healthz, NodeDetail, Readyz, Reason, ReleaseHolds, Repaired, RunsQuery, Session,
+    SetFleetMode, SetRunbookMode, StartRun, WebhookPayload,
 };
-use nightshift_engine::api::{RunOutcome, RunState};
 use nightshift_engine::audit::RunFilter;
 
 use crate::AppState;
@@ -118,76 +116,15 @@ fn query_rejection(r: QueryRejection) -> ApiError {
     ApiError::bad_request(text.strip_prefix("Failed to deserialize query string: ").unwrap_or(&text).to_string())
 }
 
-/// Filters of `GET /api/v1/runs`.
-#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RunsQuery {
-    pub node: Option<String>,
-    pub gpu: Option<u32>,
-    pub runbook: Option<String>,
-    pub outcome: Option<String>,
-    pub state: Option<String>,
-    pub since_ms: Option<i64>,
-    pub until_ms: Option<i64>,
-    pub cursor: Option<String>,
-    pub limit: Option<usize>,
-    /// `all`: every shard of a PostgreSQL database, each run with its shard.
-    pub shards: Option<String>,
-    /// `key=value`: runs on the nodes that carry this label now.
-    pub label: Option<String>,
-}
-
-impl RunsQuery {
-    /// The store's filter; a `label` becomes the nodes that carry it now
-    /// (the store knows no labels).
-    pub fn filter(&self, engine: &nightshift_engine::engine::Engine) -> Result<RunFilter, ApiError> {
-        let nodes_any = match self.label.as_deref().filter(|l| !l.is_empty()) {
-            Some(label) => {
-                let (k, v) = nightshift_engine::api::parse_label(label).map_err(ApiError::bad_request)?;
-                Some(engine.nodes_labelled(&k, &v))
-            }
-            None => None,
-        };
-        let outcome = match self.outcome.as_deref().filter(|s| !s.is_empty()) {
-            Some(o) => Some(RunOutcome::parse(o).ok_or_else(|| {
-                ApiError::bad_request(format!(
-                    "outcome: expected succeeded, failed, refused, timed_out, cancelled or interrupted, found {o:?}"
-                ))
-            })?),
-            None => None,
-        };
-        let state = match self.state.as_deref().filter(|s| !s.is_empty()) {
-            Some(s) => Some(serde_json::from_value::<RunState>(Value::String(s.to_string())).map_err(|_| {
-                ApiError::bad_request(format!(
-                    "state: expected queued, pending_approval, running or finished, found {s:?}"
-                ))
-            })?),
-            None => None,
-        };
-        Ok(RunFilter {
-            node: self.node.clone().filter(|s| !s.is_empty()),
-            gpu: self.gpu,
-            runbook: self.runbook.clone().filter(|s| !s.is_empty()),
-            outcome,
-            state,
-            since_ms: self.since_ms,
-            until_ms: self.until_ms,
-            cursor: self.cursor.clone().filter(|s| !s.is_empty()),
-            limit: self.limit,
-            nodes_any,
-        })
-    }
-}
-
 pub async fn list_runs(
     State(s): State<AppState>,
-    _: Viewer,
+    Viewer(id): Viewer,
     ApiQuery(q): ApiQuery<RunsQuery>,
 ) -> Result<Response, ApiError> {
-    let f = q.filter(&s.engine)?;
     match q.shards.as_deref().filter(|x| !x.is_empty()) {
-        None => Ok(Json(s.engine.runs_page(&f).await?).into_response()),
+        None => Ok(Json(session(&s, &id).runs(q).await?).into_response()),
         Some("all") => {
+            let f = q.filter(&s.engine)?;
             let page = s
                 .engine
                 .runs_all_shards(&f)

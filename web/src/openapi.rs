@@ -23,8 +23,9 @@ use nightshift_engine::audit::{AuditRecord, RecordPage, RunPage, VerifyReport};
 use nightshift_engine::engine::{Ingested, Submitted};
 use nightshift_proto::{Inventory, SimFault};
 
-use crate::api::{NodesQuery, RecordsQuery, ReloadQuery, RunsQuery, ShadowQuery, StreamQuery, VerifyQuery};
+use crate::api::{NodesQuery, RecordsQuery, ReloadQuery, ShadowQuery, StreamQuery, VerifyQuery};
 use crate::browse::SearchParams;
+use nightshift_engine::api::RunsQuery;
 
 /// How a type's schema is made (a `$ref` into `components.schemas` for a
 /// named type).

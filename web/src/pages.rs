@@ -20,12 +20,12 @@ use nightshift_engine::config::Role;
 use nightshift_proto::{HoldInfo, NoArgs, Op, SettingView};
 
 use crate::AppState;
-use crate::api::RunsQuery;
 use crate::auth::COOKIE;
 use crate::error::ApiError;
 use crate::extract::{Admin, Operator, Viewer};
 use crate::html::{PageError, layout, urlencode};
 use crate::nodes::{agent_cell, drain_cell, standby_of};
+use nightshift_engine::api::RunsQuery;
 
 /// A time for people: UTC in the page (and its tooltip), turned into the
 /// reader's own zone by app.js.

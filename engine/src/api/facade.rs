@@ -14,9 +14,9 @@ use super::replies::{
     SimFaultReply, Verifying, WindowReply, Windows,
 };
 use super::requests::{
-    Cancel, HandsOff, NewWindow, Reason, ReleaseHolds, Repaired, SetFleetMode, SetRunbookMode, StartRun,
+    Cancel, HandsOff, NewWindow, Reason, ReleaseHolds, Repaired, RunsQuery, SetFleetMode, SetRunbookMode, StartRun,
 };
-use crate::audit::{AuditError, RunFilter};
+use crate::audit::{AuditError, RunFilter, RunPage};
 use crate::control::{ControlOutcome, Person, ReleaseWhat};
 use crate::engine::Submitted;
 use crate::engine::{Engine, EngineError, RunRequest};
@@ -97,6 +97,9 @@ impl From<AuditError> for Refused {
 /// implementation was made for (a [`Session`], or the token a client
 /// sends).
 pub trait EngineApi: Send + Sync {
+    /// Runs, newest first, filtered and paged (this engine's shard; a
+    /// query with `shards` set is refused here — the web layer answers it).
+    fn runs(&self, query: RunsQuery) -> Reply<'_, RunPage>;
     /// A run and its audit records.
     fn run<'a>(&'a self, id: &'a str) -> Reply<'a, RunDetail>;
     /// What a run of `body` would be, changing nothing.
@@ -222,6 +225,16 @@ impl Session {
 }
 
 impl EngineApi for Session {
+    fn runs(&self, query: RunsQuery) -> Reply<'_, RunPage> {
+        Box::pin(async move {
+            if query.shards.as_deref().is_some_and(|s| !s.is_empty()) {
+                return Err(Refused::bad_request("shards: every shard's runs are the server's to list (shards=all)"));
+            }
+            let filter = query.filter(&self.engine)?;
+            Ok(self.engine.runs_page(&filter).await?)
+        })
+    }
+
     fn run<'a>(&'a self, id: &'a str) -> Reply<'a, RunDetail> {
         Box::pin(async move {
             let run = self.engine.run(id)?.ok_or_else(|| Refused::not_found(format!("no run {id:?}")))?;

@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::manifest::Mode;
 use crate::modes::FleetMode;
-use nightshift_audit::runs::Target;
+use nightshift_audit::RunFilter;
+use nightshift_audit::runs::{RunOutcome, RunState, Target};
 
 /// `POST /api/v1/runs` and `POST /api/v1/runs/plan`: a manual run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -161,6 +162,99 @@ pub struct NewWindow {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub for_secs: Option<u64>,
     pub reason: String,
+}
+
+/// Filters of `GET /api/v1/runs` (each empty value is none).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunsQuery {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runbook: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+    /// `all`: every shard of a PostgreSQL database, each run with its shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<String>,
+    /// `key=value`: runs on the nodes that carry this label now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+impl RunsQuery {
+    /// The query for a store filter (its outcome and state by name), and
+    /// the label it was narrowed by.
+    pub fn of(f: &RunFilter, label: Option<&(String, String)>) -> RunsQuery {
+        RunsQuery {
+            node: f.node.clone(),
+            gpu: f.gpu,
+            runbook: f.runbook.clone(),
+            outcome: f.outcome.map(|o| o.as_str().to_string()),
+            state: f.state.map(|s| s.as_str().to_string()),
+            since_ms: f.since_ms,
+            until_ms: f.until_ms,
+            cursor: f.cursor.clone(),
+            limit: f.limit,
+            shards: None,
+            label: label.map(|(k, v)| format!("{k}={v}")),
+        }
+    }
+
+    /// The store's filter; a `label` becomes the nodes that carry it now
+    /// (the store knows no labels).
+    pub fn filter(&self, engine: &crate::engine::Engine) -> Result<RunFilter, super::Refused> {
+        use super::Refused;
+        let nodes_any = match self.label.as_deref().filter(|l| !l.is_empty()) {
+            Some(label) => {
+                let (k, v) = crate::node_filter::parse_label(label).map_err(Refused::bad_request)?;
+                Some(engine.nodes_labelled(&k, &v))
+            }
+            None => None,
+        };
+        let outcome = match self.outcome.as_deref().filter(|s| !s.is_empty()) {
+            Some(o) => Some(RunOutcome::parse(o).ok_or_else(|| {
+                Refused::bad_request(format!(
+                    "outcome: expected succeeded, failed, refused, timed_out, cancelled or interrupted, found {o:?}"
+                ))
+            })?),
+            None => None,
+        };
+        let state = match self.state.as_deref().filter(|s| !s.is_empty()) {
+            Some(s) => {
+                Some(serde_json::from_value::<RunState>(serde_json::Value::String(s.to_string())).map_err(|_| {
+                    Refused::bad_request(format!(
+                        "state: expected queued, pending_approval, running or finished, found {s:?}"
+                    ))
+                })?)
+            }
+            None => None,
+        };
+        Ok(RunFilter {
+            node: self.node.clone().filter(|s| !s.is_empty()),
+            gpu: self.gpu,
+            runbook: self.runbook.clone().filter(|s| !s.is_empty()),
+            outcome,
+            state,
+            since_ms: self.since_ms,
+            until_ms: self.until_ms,
+            cursor: self.cursor.clone().filter(|s| !s.is_empty()),
+            limit: self.limit,
+            nodes_any,
+        })
+    }
 }
 
 #[cfg(test)]
