@@ -428,6 +428,11 @@ impl Conn {
 
     /// A node's health (the engine's health model).
     pub async fn node_health(&mut self, node: &str) -> Result<NodeHealth> {
+        // An engine started for this command has read no inventory yet and
+        // knows none of the node's GPUs: read the node's first.
+        if let Conn::Local(l) = self {
+            l.engine().await?.ensure_inventory(node).await;
+        }
         self.api().await?.get().node_health(node).await.map_err(fail)
     }
 

@@ -257,12 +257,9 @@ impl EngineApi for Session {
     }
 
     fn node_health<'a>(&'a self, node: &'a str) -> Reply<'a, NodeHealth> {
-        Box::pin(async move {
-            // An engine that has not read the node's inventory yet knows
-            // none of its GPUs: read it first.
-            self.engine.ensure_inventory(node).await;
-            self.engine.node_health(node).ok_or_else(|| Refused::no_node(node))
-        })
+        // The health model as it is: no agent call on the way (a page load
+        // for a node whose agent is down must not wait on it).
+        Box::pin(async move { self.engine.node_health(node).ok_or_else(|| Refused::no_node(node)) })
     }
 
     fn health_check<'a>(&'a self, node: &'a str) -> Reply<'a, HealthCheckReply> {
