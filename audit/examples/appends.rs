@@ -1,7 +1,7 @@
 //! Scenario 5 on the audit crate alone: durable appends per second from
-//! tokio tasks that each await every append — the load `nightshift bench
-//! --only 5` times (`tools/load.rs`) — without building the CLI (a release
-//! build of this crate takes minutes, the CLI's about fifteen). For trying
+//! tokio tasks that each await every append — the load `nightshift-bench
+//! --only 5` times (`tools/load.rs`) — without building the harness (a release
+//! build of this crate takes minutes, the harness's about fifteen). For trying
 //! a change to the write path: alternate two builds one run at a time,
 //! since this VM's fdatasync rate moves ±25 % between minutes
 //! (docs/BENCHMARKS.md).

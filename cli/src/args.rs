@@ -180,10 +180,6 @@ pub enum Command {
     ///
     /// Example: nightshift backtest --all --prometheus http://prometheus:9090 --start 7d --end 0s --step 15s
     Backtest(BacktestArgs),
-    /// Measure detection, action and audit speed; print a table and write JSON.
-    ///
-    /// Example: nightshift bench --smoke --out target/bench.json
-    Bench(BenchArgs),
     /// Play a fleet's fault mix for weeks of virtual time under three
     /// policies on one schedule — nightshift (the real engine and your
     /// runbooks), manual (the seeds' 45 + 42 minutes) and oracle (the
@@ -967,55 +963,6 @@ pub struct BacktestArgs {
     pub shards: Option<u16>,
 }
 
-/// `nightshift bench`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct BenchArgs {
-    /// A reduced size for CI (under two minutes in all).
-    #[arg(long)]
-    pub smoke: bool,
-    /// Only these scenarios (1–10, repeatable; the machine's limits, 0, are always measured first).
-    #[arg(long = "only")]
-    pub only: Vec<u32>,
-    /// Write the results here as JSON.
-    #[arg(long, default_value = "target/bench.json")]
-    pub out: PathBuf,
-    /// Runs per figure (the median is reported).
-    #[arg(long)]
-    pub runs: Option<usize>,
-    /// Agents for the fan-out scenario.
-    #[arg(long)]
-    pub fanout_agents: Option<usize>,
-    /// Nodes for the memory scenario.
-    #[arg(long)]
-    pub memory_nodes: Option<usize>,
-    /// A PostgreSQL database (libpq URL or key=value string) for the
-    /// PostgreSQL figures: audit appends beside sled (5) and failover (9).
-    /// `scripts/bench-postgres` starts a throwaway one and passes it.
-    #[arg(long, env = "NIGHTSHIFT_BENCH_POSTGRES", hide_env_values = true)]
-    pub postgres: Option<String>,
-    /// SQLite's durable rows per second with 8 threads on the same disk
-    /// (`scripts/bench-sqlite` prints it): scenario 5's 8-writer target is
-    /// ten times that. Without it that figure is not compared.
-    #[arg(long, value_name = "ROWS_PER_S", value_parser = positive_rate)]
-    pub sqlite_8_rows_per_s: Option<f64>,
-    /// Leader kills for the failover scenario (9).
-    #[arg(long)]
-    pub ha_kills: Option<usize>,
-    /// Scenario 8 replays the whole week (7 days × 1,000 nodes at 15 s: 968 M
-    /// samples) instead of a day; scenario 10 plays the paper's fleet
-    /// (2,048 nodes × 54 days) instead of 256 nodes.
-    #[arg(long)]
-    pub full: bool,
-}
-
-/// A rate: a finite number above zero.
-fn positive_rate(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("expected a number of rows per second above zero, found {s:?}")),
-    }
-}
-
 #[cfg(test)]
 mod unit_file_tests {
     use super::*;
@@ -1068,22 +1015,5 @@ mod help_tests {
         let mut missing = Vec::new();
         walk(&Cli::command(), "nightshift", &mut missing);
         assert!(missing.is_empty(), "arguments without help: {missing:#?}");
-    }
-
-    /// `bench --sqlite-8-rows-per-s` takes a rate: a finite number above
-    /// zero, and says what it found otherwise.
-    #[test]
-    fn a_reference_rate_is_a_positive_finite_number() {
-        for (input, want) in [
-            ("4869", Ok(4869.0)),
-            ("4869.5", Ok(4869.5)),
-            ("0", Err("expected a number of rows per second above zero, found \"0\"")),
-            ("-3", Err("expected a number of rows per second above zero, found \"-3\"")),
-            ("NaN", Err("expected a number of rows per second above zero, found \"NaN\"")),
-            ("inf", Err("expected a number of rows per second above zero, found \"inf\"")),
-            ("fast", Err("expected a number of rows per second above zero, found \"fast\"")),
-        ] {
-            assert_eq!(positive_rate(input), want.map_err(String::from), "{input}");
-        }
     }
 }

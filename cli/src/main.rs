@@ -176,10 +176,6 @@ async fn real_main(cli: Cli) -> Result<u8> {
             init_logging("error");
             cmd::backtest::backtest(&cli, args, &out).await
         }
-        Command::Bench(args) => {
-            init_logging("error");
-            cmd::bench::bench(args, &out).await
-        }
         Command::Simulate(args) => {
             init_logging("error");
             cmd::simulate::simulate(&cli, args, &out).await

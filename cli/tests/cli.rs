@@ -627,7 +627,6 @@ fn every_subcommand_has_an_example_in_its_help() {
         &["token"],
         &["completions"],
         &["demo"],
-        &["bench"],
     ];
     for s in subs {
         let mut args = s.to_vec();

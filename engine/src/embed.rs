@@ -1,5 +1,5 @@
 //! What the simulator and the measuring tools (`nightshift backtest`,
-//! `nightshift bench`) drive the engine's parts with directly — the
+//! `nightshift-bench`) drive the engine's parts with directly — the
 //! telemetry store and the triggers without an engine around them, the
 //! runbook loader and the script engine (`nightshift runbooks validate`),
 //! the Prometheus pull's query and samples, the HA lease — named here so

@@ -9,7 +9,7 @@
 //! ~100 bytes a series. At the defaults (6 h at 10 s, 2,160 points) a GPU's
 //! series take ~100 KiB — 8 GiB for 10,000 nodes — so the step is widened
 //! at start to keep the whole fleet within `telemetry.history_max_mib`
-//! ([`History::for_fleet`]); `nightshift bench` (scenario 7) measures it.
+//! ([`History::for_fleet`]); `nightshift-bench` (scenario 7) measures it.
 
 use std::collections::{HashMap, VecDeque};
 

@@ -1,4 +1,4 @@
-//! The load scenario 5 of `nightshift bench` puts on a store, here so that
+//! The load scenario 5 of `nightshift-bench` puts on a store, here so that
 //! the bench and the crate's own harness (`examples/appends.rs`) measure
 //! the same thing: `writers` tasks, each appending `per_writer` notes and
 //! awaiting every append (durable on return).

@@ -1,6 +1,6 @@
 //! Tools over a store, above the façade: `salvage` (a new store from
 //! every record that checks out), `migrate` (a record log into
-//! PostgreSQL) and `load` (the appends `nightshift bench` times).
+//! PostgreSQL) and `load` (the appends `nightshift-bench` times).
 //! `verify` is the store's own (`AuditStore::verify`, `verify.rs`): the
 //! same chain walk open uses.
 

@@ -4,7 +4,6 @@
 pub mod agents;
 pub mod audit;
 pub mod backtest;
-pub mod bench;
 pub mod control;
 pub mod decide;
 pub mod demo;

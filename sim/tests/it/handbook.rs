@@ -1,6 +1,6 @@
 //! The handbook: every scenario in `runbooks/scenarios` runs against the
 //! runbooks in `runbooks/` on a simulated fleet in virtual time and must pass.
-//! (How fast they run is measured by `nightshift bench`, not asserted here.)
+//! (How fast they run is measured by `nightshift-bench`, not asserted here.)
 
 use std::path::Path;
 

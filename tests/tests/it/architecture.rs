@@ -27,6 +27,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("nightshift-sim", &["nightshift-proto", "nightshift-agent", "nightshift-engine"]),
     ("nightshift-web", &["nightshift-proto", "nightshift-engine"]),
     ("nightshift", &["nightshift-proto", "nightshift-agent", "nightshift-engine", "nightshift-sim", "nightshift-web"]),
+    // The benchmark harness, outside the production CLI (issue 44).
+    (
+        "nightshift-bench",
+        &["nightshift-proto", "nightshift-agent", "nightshift-engine", "nightshift-sim", "nightshift-web"],
+    ),
     (
         "nightshift-tests",
         &["nightshift-proto", "nightshift-agent", "nightshift-engine", "nightshift-sim", "nightshift-web"],
@@ -317,7 +322,7 @@ fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
 fn no_crate_has_a_module_cycle() {
     let _serial = nightshift_tests::serial::module(module_path!());
     let mut found = Vec::new();
-    for krate in ["proto", "audit", "agent", "engine", "sim", "web", "cli"] {
+    for krate in ["proto", "audit", "agent", "engine", "sim", "web", "cli", "bench"] {
         let c = cycles(&module_graph(&root().join(krate).join("src")));
         if !c.is_empty() {
             found.push(format!("{krate}: {c:?}"));
@@ -505,10 +510,10 @@ const SPAWN_PATTERNS: &[&str] = &["Command::new("];
 const SPAWN_ALLOWED: &[Allowed] = &[
     ("agent/src/procs.rs", "Command::new(", 2, "the one door: argv, a timeout, the process group killed"),
     (
-        "cli/src/cmd/bench.rs",
+        "bench/src/bench.rs",
         "Command::new(",
         3,
-        "the bench harness starts its own binary as agents and engines (issue 44 moves it out of the production CLI)",
+        "the bench harness (not the production CLI) starts itself and `nightshift` as engines, the fleet-month and a memory probe",
     ),
 ];
 
@@ -536,7 +541,16 @@ const CLOCK_ALLOWED: &[Allowed] = &[
 #[test]
 fn only_procs_rs_spawns_processes() {
     let _serial = nightshift_tests::serial::module(module_path!());
-    let files = library_code(&["agent/src", "engine/src", "web/src", "cli/src", "audit/src", "proto/src", "sim/src"]);
+    let files = library_code(&[
+        "agent/src",
+        "engine/src",
+        "web/src",
+        "cli/src",
+        "bench/src",
+        "audit/src",
+        "proto/src",
+        "sim/src",
+    ]);
     assert!(files.len() > 100, "the sources were found: {}", files.len());
     let v = uses_outside(&files, SPAWN_PATTERNS, SPAWN_ALLOWED);
     assert!(v.is_empty(), "processes spawned outside agent/src/procs.rs:\n{}", v.join("\n"));
@@ -568,7 +582,7 @@ fn the_spawn_and_clock_checkers_find_violations() {
     assert!(spawn[0].starts_with("engine/src/x.rs: 1 × `Command::new(`, 0 allowed"), "{spawn:#?}");
     assert!(spawn[0].contains("engine/src/x.rs:1: fn f()"), "{spawn:#?}");
     assert!(spawn[1].contains("agent/src/procs.rs: the allow-list lets it have 2"), "stale: {spawn:#?}");
-    assert!(spawn[2].contains("cli/src/cmd/bench.rs"), "{spawn:#?}");
+    assert!(spawn[2].contains("bench/src/bench.rs"), "{spawn:#?}");
     let clock = uses_outside(&files, CLOCK_PATTERNS, &[]);
     assert_eq!(clock.len(), 1, "{clock:#?}");
     assert!(clock[0].starts_with("engine/src/x.rs: 1 × `Instant::now(`"), "{clock:#?}");
@@ -650,13 +664,10 @@ fn the_front_door_check_finds_a_module_behind_it() {
 
 /// Issue 44's second line: web and the CLI build and read the API's bodies
 /// as the plain types of `nightshift_engine::api`, not as JSON literals
-/// (`json!(`) and string-keyed reads (`v["key"]`). No keyed read is left;
-/// the literals left (the bench harness's synthetic alert, event and
-/// script input) are counted against a ceiling that only goes down: a
-/// change that adds one fails; a change that removes some is told to lower
-/// the ceiling. The issue's bar is 12 literals and 15 reads.
-const JSON_LITERALS_AT_MOST: usize = 3;
-
+/// (`json!(`) and string-keyed reads (`v["key"]`). None of either is left
+/// in their library code (the bench harness, with its synthetic alerts and
+/// script inputs, is its own crate since the harness moved out of the CLI).
+/// The issue's bar was 12 literals and 15 reads.
 /// `(json! literals, string-keyed reads)` in `code`, each with its line.
 fn untyped_json(path: &str, code: &str) -> (Vec<String>, Vec<String>) {
     let (mut literals, mut reads) = (Vec::new(), Vec::new());
@@ -692,8 +703,8 @@ fn web_and_cli_hold_fewer_json_literals_and_keyed_reads() {
         reads.extend(r);
     }
     assert!(
-        literals.len() <= JSON_LITERALS_AT_MOST,
-        "{} json! literals in web and the CLI, at most {JSON_LITERALS_AT_MOST}: send a request type of nightshift_engine::api instead (or add one there):\n{}",
+        literals.is_empty(),
+        "{} json! literals in web and the CLI: send a request type of nightshift_engine::api instead (or add one there):\n{}",
         literals.len(),
         literals.join("\n")
     );
@@ -703,7 +714,6 @@ fn web_and_cli_hold_fewer_json_literals_and_keyed_reads() {
         reads.len(),
         reads.join("\n")
     );
-    assert_eq!(literals.len(), JSON_LITERALS_AT_MOST, "fewer than the ceiling: lower JSON_LITERALS_AT_MOST to this");
 }
 
 #[test]

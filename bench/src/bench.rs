@@ -1,4 +1,4 @@
-//! `nightshift bench`: measure detection, action and audit speed. Every
+//! `nightshift-bench`: measure detection, action and audit speed. Every
 //! figure is the median of several runs, with min and max, printed as a
 //! table (with the machine's core count) and written as JSON.
 //!
@@ -50,8 +50,8 @@ use nightshift_proto::clock::{SharedClock, SystemClock};
 use nightshift_proto::ssh::client::{AgentConnection, ClientConfig};
 use nightshift_proto::{GpuTelemetry, NoArgs, NodeTelemetry, Op, Request, SetPowerLimitArgs, SimFault, Telemetry};
 
+use crate::Out;
 use crate::args::BenchArgs;
-use crate::out::Out;
 
 /// What `--out` holds: the machine, the size, and every figure.
 #[derive(Debug, Serialize, serde::Deserialize)]
@@ -1173,7 +1173,7 @@ pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let started = Instant::now();
     eprintln!(
-        "nightshift bench ({}), {cores} core(s), {} run(s) per figure",
+        "nightshift-bench ({}), {cores} core(s), {} run(s) per figure",
         if smoke { "smoke size" } else { "full size" },
         runs
     );
@@ -1197,7 +1197,7 @@ pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
     }
 
     if out.json {
-        outln!("{}", serde_json::to_string_pretty(&c.figures)?);
+        println!("{}", serde_json::to_string_pretty(&c.figures)?);
     } else {
         let rows: Vec<Vec<String>> = c
             .figures
@@ -1218,8 +1218,8 @@ pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
                 ]
             })
             .collect();
-        out.table(&["#", "FIGURE", "MEDIAN", "MIN – MAX", "TARGET", ""], &rows);
-        outln!(
+        print_table(&rows);
+        println!(
             "{cores} core(s) · {} · {:.0} s",
             if smoke { "smoke size" } else { "full size" },
             started.elapsed().as_secs_f64()
@@ -1231,6 +1231,29 @@ pub async fn bench(args: &BenchArgs, out: &Out) -> Result<u8> {
     std::fs::write(&args.out, serde_json::to_string_pretty(&BenchFile { cores, smoke, runs, figures: c.figures })?)?;
     eprintln!("wrote {}", args.out.display());
     Ok(0)
+}
+
+/// The figures as an aligned table on stdout. Only the last column (met,
+/// not met) is coloured, so the widths are those of the plain text.
+fn print_table(rows: &[Vec<String>]) {
+    const HEADER: [&str; 6] = ["#", "FIGURE", "MEDIAN", "MIN – MAX", "TARGET", ""];
+    let mut widths: Vec<usize> = HEADER.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (w, cell) in widths.iter_mut().zip(r).take(HEADER.len() - 1) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let header: Vec<String> = HEADER.iter().map(|h| h.to_string()).collect();
+    for r in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in r.iter().enumerate() {
+            line.push_str(cell);
+            if let Some(w) = widths.get(i).filter(|_| i + 1 < HEADER.len()) {
+                line.push_str(&" ".repeat(w - cell.chars().count() + 2));
+            }
+        }
+        println!("{}", line.trim_end());
+    }
 }
 
 /// Scenario 1: trigger evaluation throughput.
@@ -1460,7 +1483,7 @@ async fn failover_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
     let base = std::fs::read_to_string(fleet.dir.join("engine.yaml"))?;
     std::fs::write(fleet.dir.join("pg-url"), url)?;
     let shard = format!("failover-{:08x}", rand::random::<u32>());
-    let exe = std::env::current_exe()?;
+    let exe = ctx.args.nightshift_exe(9)?;
     let mut engines: Vec<(String, PathBuf, Option<std::process::Child>)> = Vec::new();
     for name in ["a", "b"] {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -1680,7 +1703,7 @@ async fn backtest_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
     let week_samples = 7.0 * 86_400.0 / step_s as f64 * nodes as f64 * 8.0 * fields.len() as f64;
     // One shard (one thread), then one a core — unless that is one too —
     // the reports compared: sharding must not change what fires.
-    let cores = crate::cmd::backtest::default_shards();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
     let mut variants = vec![cores];
     if cores > 1 && !ctx.args.full {
         variants.insert(0, 1);
@@ -1819,7 +1842,7 @@ async fn fleet_month_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
     for _ in 0..runs {
         let report = tempfile::NamedTempFile::new()?;
         let started = Instant::now();
-        let child = tokio::process::Command::new(std::env::current_exe()?)
+        let child = tokio::process::Command::new(ctx.args.nightshift_exe(10)?)
             .args(["--no-color", "simulate", "--faults"])
             .arg(mix)
             .args(["--nodes", &nodes.to_string(), "--days", &days.to_string(), "--seed", "7", "--runbooks", "runbooks"])
@@ -1897,18 +1920,8 @@ async fn memory_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
         for _ in 0..ctx.runs.min(3) {
             let tmp = tempfile::NamedTempFile::new()?;
             let mut cmd = std::process::Command::new(std::env::current_exe()?);
-            cmd.args([
-                "--no-color",
-                "bench",
-                "--only",
-                "7",
-                "--runs",
-                "1",
-                "--memory-nodes",
-                &nodes.to_string(),
-                "--out",
-            ])
-            .arg(tmp.path());
+            cmd.args(["--no-color", "--only", "7", "--runs", "1", "--memory-nodes", &nodes.to_string(), "--out"])
+                .arg(tmp.path());
             if smoke {
                 cmd.arg("--smoke");
             }
