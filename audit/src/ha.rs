@@ -39,6 +39,8 @@ pub enum LeaseError {
         "lease: expected a TTL of 1 s to 10 min and a renew interval below it, found ttl {ttl_ms} ms and renew {renew_ms} ms"
     )]
     Config { ttl_ms: u64, renew_ms: u64 },
+    #[error("the lease table: not connected to the database (connect first)")]
+    NotConnected,
 }
 
 /// One engine's part in a shard's election.

@@ -124,6 +124,7 @@ mod chain;
 #[cfg(test)]
 mod damage_tests;
 pub mod data;
+mod db;
 mod encode;
 pub mod ha;
 mod index;
@@ -145,6 +146,7 @@ use sha2::{Digest, Sha256};
 
 use crate::runs::{RunOutcome, RunState, RunSummary};
 
+pub use db::{LeaseDb, PgReads};
 pub use index::PgOptions;
 pub use log::{LOG_FILE, verify_log};
 pub use store::{AuditStore, RecordPage, RecordQuery, SEARCH_SCAN};

@@ -28,6 +28,8 @@ pub struct AuditStore {
     /// PostgreSQL backend: where the chain lives (sled is then this
     /// engine's copy of it, for queries).
     pg: Option<Arc<PgOptions>>,
+    /// PostgreSQL backend: the API's shared connection for reads.
+    reads: Option<Arc<crate::PgReads>>,
     stopped: Stopped,
 }
 
@@ -188,7 +190,7 @@ impl AuditStore {
             .spawn(move || writer.run_thread(rx, indexer))
             .map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() })?;
         let writer = Arc::new(WriterHandle { tx: Some(tx), thread: Some(thread), pending });
-        Ok(AuditStore { trees, path, writer, live, head, pg: None, stopped })
+        Ok(AuditStore { trees, path, writer, live, head, pg: None, reads: None, stopped })
     }
 
     /// Open the PostgreSQL backend: the chain lives in the database (shard
@@ -229,7 +231,8 @@ impl AuditStore {
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(AuditError::Open { path, message: "the audit writer stopped while opening".into() }),
         }
-        Ok(AuditStore { trees, path, writer, live, head, pg: Some(pg), stopped })
+        let reads = Some(Arc::new(crate::PgReads::new(&pg)));
+        Ok(AuditStore { trees, path, writer, live, head, pg: Some(pg), reads, stopped })
     }
 
     /// PostgreSQL backend: this engine took the lease at `term`. Catch up
@@ -245,6 +248,18 @@ impl AuditStore {
     /// The PostgreSQL backend's settings, when it is the backend.
     pub fn postgres(&self) -> Option<&PgOptions> {
         self.pg.as_deref()
+    }
+
+    /// PostgreSQL backend: a connection of its own for one loop of the
+    /// shard's lease (campaign, renewals, announcements), not connected yet.
+    pub fn lease_db(&self) -> Option<crate::LeaseDb> {
+        self.pg.as_deref().map(crate::LeaseDb::new)
+    }
+
+    /// PostgreSQL backend: the API's shared connection for reads across
+    /// shards (runs, verification, leaders, engines).
+    pub fn pg_reads(&self) -> Option<&crate::PgReads> {
+        self.reads.as_deref()
     }
 
     /// Where the store lives.

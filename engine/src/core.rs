@@ -120,8 +120,6 @@ pub struct Core {
     /// The SSH client of each node (`serve.rs`; a reload replaces them): what
     /// a leader's node loops are started with when it begins to act.
     pub agent_clients: Mutex<std::collections::HashMap<String, Arc<nightshift_proto::ssh::client::AgentClient>>>,
-    /// PostgreSQL backend: the connection the API's reads share.
-    pub pg_reader: tokio::sync::Mutex<Option<Arc<tokio_postgres::Client>>>,
     /// Every GPU's place in its repair lifecycle (the fold of the chain's
     /// `health_changed` records).
     pub health: Mutex<crate::health::HealthModel>,

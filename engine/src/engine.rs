@@ -215,7 +215,6 @@ impl Engine {
             auth: std::sync::RwLock::new(Arc::new(parts.config.auth.clone())),
             modes: Mutex::new(modes),
             agent_clients: Mutex::new(Default::default()),
-            pg_reader: tokio::sync::Mutex::new(None),
             verify_cache: tokio::sync::Mutex::new(None),
             windows: Mutex::new(Default::default()),
             windows_cover: std::sync::atomic::AtomicBool::new(false),

@@ -218,30 +218,18 @@ async fn activate(engine: &Engine) -> Result<(), StartError> {
 /// of seconds, on a connection of its own (the lease loop's renewals stay
 /// one round trip each); at shutdown, that it stopped.
 async fn announce_loop(engine: Engine, l: Arc<Leadership>) {
-    let Some(pg) = engine.audit().postgres().cloned() else { return };
+    let Some(mut db) = engine.audit().lease_db() else { return };
     let mut shutdown = engine.shutdown_signal();
-    let mut db: Option<tokio_postgres::Client> = None;
     let every = l.cfg.renew_every.max(Duration::from_secs(2));
     loop {
         let stopping = *shutdown.borrow();
-        if db.as_ref().is_none_or(|c| c.is_closed()) {
-            db =
-                tokio::time::timeout(Duration::from_secs(5), crate::audit::pg::connect(&pg.url, pg.ca_file.as_deref()))
-                    .await
-                    .ok()
-                    .and_then(Result::ok);
-        }
-        if let Some(c) = &db {
+        if db.connect_within(Duration::from_secs(5)).await.is_ok() {
             let st = engine.ha_status();
             let role = if stopping { "stopped" } else { st.role.as_str() };
-            let r = tokio::time::timeout(
-                Duration::from_secs(5),
-                crate::ha::announce(c, &l.cfg, role, st.term.unwrap_or(0)),
-            )
-            .await;
+            let r = tokio::time::timeout(Duration::from_secs(5), db.announce(&l.cfg, role, st.term.unwrap_or(0))).await;
             if !matches!(r, Ok(Ok(()))) {
                 tracing::debug!("could not announce this engine in nightshift_engines (retrying)");
-                db = None;
+                db.forget();
             }
         }
         if stopping {
@@ -255,27 +243,8 @@ async fn announce_loop(engine: Engine, l: Arc<Leadership>) {
 }
 
 async fn lease_loop(engine: Engine, l: Arc<Leadership>) {
-    let pg = match engine.audit().postgres() {
-        Some(p) => p.clone(),
-        None => return,
-    };
+    let Some(mut db) = engine.audit().lease_db() else { return };
     let mut shutdown = engine.shutdown_signal();
-    let mut db: Option<tokio_postgres::Client> = None;
-    let connect = |db: &mut Option<tokio_postgres::Client>| {
-        let (url, ca) = (pg.url.clone(), pg.ca_file.clone());
-        let stale = db.as_ref().is_none_or(|c| c.is_closed());
-        async move {
-            if stale {
-                match tokio::time::timeout(Duration::from_secs(5), crate::audit::pg::connect(&url, ca.as_deref())).await
-                {
-                    Ok(Ok(c)) => return Ok(Some(c)),
-                    Ok(Err(e)) => return Err(e.to_string()),
-                    Err(_) => return Err("no connection within 5 s".to_string()),
-                }
-            }
-            Ok(None)
-        }
-    };
     // Standing by.
     let mut warned = false;
     let mut campaign_sent: std::time::Instant;
@@ -283,28 +252,24 @@ async fn lease_loop(engine: Engine, l: Arc<Leadership>) {
         if *shutdown.borrow() {
             return;
         }
-        match connect(&mut db).await {
-            Ok(Some(c)) => db = Some(c),
-            Ok(None) => {}
-            Err(e) => {
-                if !warned {
-                    tracing::warn!(error = %e, "standby: cannot reach postgres to campaign (retrying)");
-                    warned = true;
-                }
-            }
+        if let Err(e) = db.connect_within(Duration::from_secs(5)).await
+            && !warned
+        {
+            tracing::warn!(error = %e, "standby: cannot reach postgres to campaign (retrying)");
+            warned = true;
         }
-        if let Some(c) = &db {
+        if db.is_connected() {
             campaign_sent = std::time::Instant::now();
-            match crate::ha::campaign(c, &l.cfg).await {
+            match db.campaign(&l.cfg).await {
                 Ok(Some(term)) => break term,
                 Ok(None) => {
-                    if let Ok(row) = crate::ha::lease_row(c, &l.cfg.shard).await {
+                    if let Ok(row) = db.lease_row(&l.cfg.shard).await {
                         l.set_leader(row);
                     }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "standby: campaign failed (retrying)");
-                    db = None;
+                    db.forget();
                 }
             }
         }
@@ -318,15 +283,11 @@ async fn lease_loop(engine: Engine, l: Arc<Leadership>) {
     l.lead(term);
     // Renewals start now, before catching up: over a slow link catching up
     // takes round trips a lease TTL may not cover.
-    let db = db.map(Arc::new);
     let renewals = {
-        let (engine, l) = (engine.clone(), l.clone());
-        let (pg, db) = (pg.clone(), db.clone());
-        tokio::spawn(async move { renew_loop(engine, l, pg, db, term, campaign_sent).await })
+        let (engine, l, db) = (engine.clone(), l.clone(), db.clone());
+        tokio::spawn(async move { renew_loop(engine, l, db, term, campaign_sent).await })
     };
-    if let Some(c) = &db
-        && let Ok(row) = crate::ha::lease_row(c, &l.cfg.shard).await
-    {
+    if let Ok(row) = db.lease_row(&l.cfg.shard).await {
         l.set_leader(row);
     }
     tracing::warn!(term, holder = %l.cfg.holder, shard = %l.cfg.shard, "took the lease: this engine leads");
@@ -340,16 +301,10 @@ async fn lease_loop(engine: Engine, l: Arc<Leadership>) {
     engine.core.ids.advance_to(engine.audit().run_count().unwrap_or(0));
     // Promotions and demotions live in the chain: what the last leader was
     // told holds here (a runbook demoted to shadow stays in shadow).
-    match &db {
-        Some(c) => match crate::audit::pg::runbook_modes(c, &l.cfg.shard).await {
-            Ok(modes) => engine.adopt_modes(&modes),
-            Err(e) => {
-                step_down(&engine, &l, format!("cannot read the runbook modes: {e}"));
-                return;
-            }
-        },
-        None => {
-            step_down(&engine, &l, "lost the database before reading the runbook modes".into());
+    match db.runbook_modes(&l.cfg.shard).await {
+        Ok(modes) => engine.adopt_modes(&modes),
+        Err(e) => {
+            step_down(&engine, &l, format!("cannot read the runbook modes: {e}"));
             return;
         }
     }
@@ -369,8 +324,7 @@ async fn lease_loop(engine: Engine, l: Arc<Leadership>) {
 async fn renew_loop(
     engine: Engine,
     l: Arc<Leadership>,
-    pg: crate::audit::PgOptions,
-    mut db: Option<Arc<tokio_postgres::Client>>,
+    mut db: crate::audit::LeaseDb,
     term: u64,
     campaign_sent: std::time::Instant,
 ) {
@@ -390,7 +344,7 @@ async fn renew_loop(
             _ = shutdown.changed() => {
                 // Deposed already (its own shutdown): nothing to hand back.
                 if l.is_leader() {
-                    hand_back(&engine, &l, db.as_deref(), term).await;
+                    hand_back(&engine, &l, &db, term).await;
                 }
                 return;
             }
@@ -407,23 +361,16 @@ async fn renew_loop(
             let left = l.cfg.ttl.saturating_sub(renewed_at.elapsed());
             left.saturating_sub(l.cfg.ttl / 10).max(Duration::from_millis(50))
         };
-        if db.as_ref().is_none_or(|c| c.is_closed()) {
-            db = tokio::time::timeout(budget(), crate::audit::pg::connect(&pg.url, pg.ca_file.as_deref()))
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .map(Arc::new);
-        }
-        if let Some(c) = &db {
+        if db.connect_within(budget()).await.is_ok() {
             let budget = budget();
-            match tokio::time::timeout(budget, crate::ha::renew(c, &l.cfg, term)).await {
+            match tokio::time::timeout(budget, db.renew(&l.cfg, term)).await {
                 Ok(Ok(true)) => {
                     renewed_at = sent;
                     l.secured(sent);
                     l.renewed();
                 }
                 Ok(Ok(false)) => {
-                    let now = crate::ha::lease_row(c, &l.cfg.shard).await.ok().flatten();
+                    let now = db.lease_row(&l.cfg.shard).await.ok().flatten();
                     let why = match now {
                         Some(r) if r.holder != l.cfg.holder => {
                             format!("{} took the lease at term {} (this engine led at term {term})", r.holder, r.term)
@@ -435,7 +382,7 @@ async fn renew_loop(
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "cannot renew the lease (retrying)");
-                    db = None;
+                    db.forget();
                 }
                 Err(_) => {
                     tracing::warn!(
@@ -473,7 +420,7 @@ fn step_down(engine: &Engine, l: &Leadership, why: String) {
 
 /// At shutdown, let running scripts finish their records, then expire the
 /// lease so a standby takes over now rather than after the TTL.
-async fn hand_back(engine: &Engine, l: &Leadership, db: Option<&tokio_postgres::Client>, term: u64) {
+async fn hand_back(engine: &Engine, l: &Leadership, db: &crate::audit::LeaseDb, term: u64) {
     for _ in 0..100 {
         if engine.running() == 0 {
             break;
@@ -481,11 +428,9 @@ async fn hand_back(engine: &Engine, l: &Leadership, db: Option<&tokio_postgres::
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     l.depose("this engine shut down and handed the lease back".into());
-    if let Some(c) = db {
-        match crate::ha::release(c, &l.cfg, term).await {
-            Ok(()) => tracing::info!(term, "handed the lease back"),
-            Err(e) => tracing::warn!(error = %e, "cannot hand the lease back: a standby takes over when it expires"),
-        }
+    match db.release(&l.cfg, term).await {
+        Ok(()) => tracing::info!(term, "handed the lease back"),
+        Err(e) => tracing::warn!(error = %e, "cannot hand the lease back: a standby takes over when it expires"),
     }
 }
 

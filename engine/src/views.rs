@@ -2,7 +2,6 @@
 //! few node facts the serving loops set (connected, inventory, hands-off).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -588,73 +587,49 @@ pub struct HaStatus {
 }
 
 impl Engine {
-    /// This engine's connection for reading the database (PostgreSQL
-    /// backend): one, shared by the API's queries, made again when it broke.
-    async fn pg_reader(&self) -> Result<Arc<tokio_postgres::Client>, String> {
-        let Some(pg) = self.core.audit.postgres() else {
-            return Err("the sled backend has no database: leave out shards=all".into());
-        };
-        let mut held = self.core.pg_reader.lock().await;
-        if let Some(c) = held.as_ref().filter(|c| !c.is_closed()) {
-            return Ok(c.clone());
-        }
-        let c = tokio::time::timeout(
-            std::time::Duration::from_secs(5),
-            crate::audit::pg::connect(&pg.url, pg.ca_file.as_deref()),
-        )
-        .await
-        .map_err(|_| "postgres: no connection within 5 s".to_string())?
-        .map_err(|e| e.to_string())?;
-        let c = Arc::new(c);
-        *held = Some(c.clone());
-        Ok(c)
+    /// The audit store's shared connection for reads (PostgreSQL backend).
+    fn pg_reads(&self) -> Result<&crate::audit::PgReads, String> {
+        self.core.audit.pg_reads().ok_or_else(|| "the sled backend has no database: leave out shards=all".into())
     }
 
     /// Runs, newest first, filtered: with PostgreSQL in SQL (this engine's
     /// shard, from the database), else from the sled store.
     pub async fn runs_page(&self, f: &RunFilter) -> Result<RunPage, EngineError> {
         let Some(pg) = self.core.audit.postgres() else { return self.runs(f) };
-        let db = self.pg_reader().await.map_err(crate::audit::AuditError::Read)?;
-        let page = crate::audit::pg::runs(&db, f, Some(&pg.shard))
+        let page = self
+            .pg_reads()
+            .map_err(crate::audit::AuditError::Read)?
+            .runs(f, Some(&pg.shard))
             .await
-            .map_err(|e| crate::audit::AuditError::Read(e.to_string()))?;
+            .map_err(crate::audit::AuditError::Read)?;
         Ok(RunPage { runs: page.runs.into_iter().map(|r| r.run).collect(), next_cursor: page.next_cursor })
     }
 
     /// The runs of every shard of this engine's database, filtered in SQL.
     pub async fn runs_all_shards(&self, f: &RunFilter) -> Result<crate::audit::pg::ShardRunPage, String> {
-        let db = self.pg_reader().await?;
-        crate::audit::pg::runs(&db, f, None).await.map_err(|e| e.to_string())
+        self.pg_reads()?.runs(f, None).await
     }
 
     /// Verify every shard's chain in this engine's database, each by name.
     pub async fn verify_shards(&self) -> Result<BTreeMap<String, VerifyReport>, String> {
-        let db = self.pg_reader().await?;
-        let mut out = BTreeMap::new();
-        for shard in crate::audit::pg::shards(&db).await.map_err(|e| e.to_string())? {
-            let r = crate::audit::pg::verify(&db, &shard).await.map_err(|e| e.to_string())?;
-            out.insert(shard, r);
-        }
-        Ok(out)
+        self.pg_reads()?.verify_shards().await
     }
 
     /// Every shard of this engine's database: who leads it, at what term,
     /// and its chain's head (empty with the sled backend).
     pub async fn ha_shards(&self) -> Result<Vec<crate::ha::ShardRow>, String> {
-        if self.core.audit.postgres().is_none() {
-            return Ok(Vec::new());
+        match self.core.audit.pg_reads() {
+            Some(db) => db.shards().await,
+            None => Ok(Vec::new()),
         }
-        let db = self.pg_reader().await?;
-        crate::ha::shards(&db).await.map_err(|e| e.to_string())
     }
 
     /// Every engine of every shard, as each last announced itself.
     pub async fn ha_engines(&self) -> Result<Vec<crate::ha::EngineRow>, String> {
-        if self.core.audit.postgres().is_none() {
-            return Ok(Vec::new());
+        match self.core.audit.pg_reads() {
+            Some(db) => db.engines().await,
+            None => Ok(Vec::new()),
         }
-        let db = self.pg_reader().await?;
-        crate::ha::engines(&db).await.map_err(|e| e.to_string())
     }
 
     /// Leadership as this engine sees it.

@@ -48,6 +48,16 @@ const LEAN: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// Crates these may not depend on directly (they may through another):
+/// the audit store is the only door to PostgreSQL (issue 44) — the engine,
+/// the web crate and the CLI hold no database client of their own; leases
+/// and the API's reads go through `nightshift_audit::{LeaseDb, PgReads}`.
+const NOT_DIRECT: &[(&str, &[&str])] = &[
+    ("nightshift-engine", &["tokio-postgres", "postgres-types", "postgres-protocol"]),
+    ("nightshift-web", &["tokio-postgres", "postgres-types", "postgres-protocol"]),
+    ("nightshift", &["tokio-postgres", "postgres-types", "postgres-protocol"]),
+];
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -141,6 +151,11 @@ fn violations(meta: &Value) -> Vec<String> {
             }
         }
     }
+    for (name, banned) in NOT_DIRECT {
+        for b in banned.iter().filter(|b| edges.get(*name).is_some_and(|d| d.contains(**b))) {
+            out.push(format!("{name} depends on {b} directly: reach the database through the audit store instead"));
+        }
+    }
     out
 }
 
@@ -163,6 +178,7 @@ fn an_added_edge_is_reported() {
         ("nightshift-engine", "clap", "nightshift-engine pulls in clap"),
         ("nightshift-agent", "nightshift-web", "nightshift-agent depends on nightshift-web"),
         ("nightshift-proto", "nightshift-engine", "nightshift-proto depends on nightshift-engine"),
+        ("nightshift-engine", "tokio-postgres", "nightshift-engine depends on tokio-postgres directly"),
     ] {
         let mut m = meta.clone();
         let node = m["resolve"]["nodes"]
@@ -563,6 +579,23 @@ fn engine_and_agent_read_time_only_through_their_clock() {
     assert!(files.len() > 50, "the sources were found: {}", files.len());
     let v = uses_outside(&files, CLOCK_PATTERNS, CLOCK_ALLOWED);
     assert!(v.is_empty(), "time read outside Clock:\n{}", v.join("\n"));
+}
+
+/// What to build #3 (issue 44): the engine, web and the CLI open no
+/// database connection; the audit store's `LeaseDb` and `PgReads` are the
+/// doors (their crates do not depend on tokio-postgres either: `NOT_DIRECT`).
+#[test]
+fn only_the_audit_store_connects_to_postgres() {
+    let _serial = nightshift_tests::serial::module(module_path!());
+    const PATTERNS: &[&str] = &["pg::connect("];
+    let files = library_code(&["engine/src", "web/src", "cli/src"]);
+    assert!(files.len() > 50, "the sources were found: {}", files.len());
+    let v = uses_outside(&files, PATTERNS, &[]);
+    assert!(v.is_empty(), "a database connection outside the audit store:\n{}", v.join("\n"));
+    let fed =
+        vec![("engine/src/x.rs".to_string(), "let c = crate::audit::pg::connect(&url, None).await?;\n".to_string())];
+    let v = uses_outside(&fed, PATTERNS, &[]);
+    assert!(v.len() == 1 && v[0].starts_with("engine/src/x.rs: 1 × `pg::connect(`"), "{v:#?}");
 }
 
 /// The two checkers find what they are for: a spawn and a clock read
