@@ -382,29 +382,21 @@ impl Conn {
         }
     }
 
-    /// The nodes `f` selects (every page of them).
+    /// The nodes `f` selects (every page of them). Embedded, the engine
+    /// first waits a moment for its agents (a node's state is its agent's).
     pub async fn nodes_filtered(&mut self, f: &nightshift_engine::api::NodeFilter) -> Result<Vec<NodeView>> {
-        match self {
-            Conn::Remote(r) => {
-                let mut q = vec![];
-                if let Some(n) = &f.node {
-                    q.push(format!("node={}", crate::out::urlencode(n)));
-                }
-                if let Some((k, v)) = &f.label {
-                    q.push(format!("label={}", crate::out::urlencode(&format!("{k}={v}"))));
-                }
-                if let Some(st) = f.state
-                    && let Some((name, _)) = nightshift_engine::api::NodeStateFilter::ALL.iter().find(|(_, x)| *x == st)
-                {
-                    q.push(format!("state={name}"));
-                }
-                r.get(&format!("/api/v1/nodes?{}", q.join("&"))).await
-            }
-            Conn::Local(l) => {
-                let e = l.engine().await?;
-                let names = e.node_names();
-                let _ = l.wait_connected(&names, 5).await;
-                Ok(e.nodes_filtered(f).0)
+        if let Conn::Local(l) = self {
+            let names = l.engine().await?.node_names();
+            let _ = l.wait_connected(&names, 5).await;
+        }
+        let mut query = nightshift_engine::api::NodesQuery::of(f);
+        let mut out = Vec::new();
+        loop {
+            let page = self.api().await?.get().nodes(query.clone()).await.map_err(fail)?;
+            out.extend(page.nodes);
+            match page.next_cursor {
+                Some(c) => query.cursor = Some(c),
+                None => return Ok(out),
             }
         }
     }

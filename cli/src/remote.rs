@@ -12,9 +12,9 @@ use serde::de::DeserializeOwned;
 
 use nightshift_engine::api::{
     AgentHolds, AgentPing, ApiErrorBody, AuditHead, Cancel, Cancelled, ControlReply, EngineApi, FleetModeView, HaReply,
-    HandsOff, HandsOffReply, HealthCheckReply, NewWindow, NodeHealth, Plan, Reason, Refused, ReleaseHolds, ReloadReply,
-    Repaired, Reply, RunDetail, RunSummary, RunbookDetail, RunbookList, RunbookModeReply, RunsQuery, SetFleetMode,
-    SetRunbookMode, ShadowReport, SimFaultReply, StartRun, Verifying, WindowReply, Windows,
+    HandsOff, HandsOffReply, HealthCheckReply, NewWindow, NodeHealth, NodePage, NodesQuery, Plan, Reason, Refused,
+    ReleaseHolds, ReloadReply, Repaired, Reply, RunDetail, RunSummary, RunbookDetail, RunbookList, RunbookModeReply,
+    RunsQuery, SetFleetMode, SetRunbookMode, ShadowReport, SimFaultReply, StartRun, Verifying, WindowReply, Windows,
 };
 use nightshift_engine::audit::{AuditRecord, RunPage};
 use nightshift_engine::engine::Submitted;
@@ -53,6 +53,15 @@ impl Remote {
     /// One request: the answer's status and body, or a refusal with
     /// status 0 when the server was not reached.
     async fn exchange(&self, rb: reqwest::RequestBuilder) -> Result<(reqwest::StatusCode, String), Refused> {
+        let (status, _, body) = self.exchange_with_headers(rb).await?;
+        Ok((status, body))
+    }
+
+    /// [`Remote::exchange`], with the answer's headers.
+    async fn exchange_with_headers(
+        &self,
+        rb: reqwest::RequestBuilder,
+    ) -> Result<(reqwest::StatusCode, reqwest::header::HeaderMap, String), Refused> {
         let unreached = |e: reqwest::Error| {
             Refused::new(
                 0,
@@ -61,8 +70,8 @@ impl Remote {
             )
         };
         let resp = rb.send().await.map_err(unreached)?;
-        let status = resp.status();
-        Ok((status, resp.text().await.map_err(unreached)?))
+        let (status, headers) = (resp.status(), resp.headers().clone());
+        Ok((status, headers, resp.text().await.map_err(unreached)?))
     }
 
     pub(crate) async fn send<T: DeserializeOwned>(&self, rb: reqwest::RequestBuilder) -> Result<T> {
@@ -224,6 +233,16 @@ impl EngineApi for Remote {
         Box::pin(async move {
             let (status, text) = self.exchange(self.req(Method::GET, "/api/v1/runs").query(&query)).await?;
             self.read(status, &text)
+        })
+    }
+
+    fn nodes(&self, query: NodesQuery) -> Reply<'_, NodePage> {
+        Box::pin(async move {
+            let (status, headers, text) =
+                self.exchange_with_headers(self.req(Method::GET, "/api/v1/nodes").query(&query)).await?;
+            let nodes = self.read(status, &text)?;
+            let next_cursor = headers.get("next-cursor").and_then(|v| v.to_str().ok()).map(str::to_string);
+            Ok(NodePage { nodes, next_cursor })
         })
     }
 

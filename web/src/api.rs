@@ -15,8 +15,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use nightshift_engine::api::{
-    Cancel, EngineApi, HandsOff, Healthz, NodeDetail, Readyz, Reason, ReleaseHolds, Repaired, RunsQuery, Session,
-    SetFleetMode, SetRunbookMode, StartRun, WebhookPayload,
+    Cancel, EngineApi, HandsOff, Healthz, NodeDetail, NodesQuery, Readyz, Reason, ReleaseHolds, Repaired, RunsQuery,
+    Session, SetFleetMode, SetRunbookMode, StartRun, WebhookPayload,
 };
 use nightshift_engine::audit::RunFilter;
 
@@ -216,56 +216,15 @@ pub async fn approvals(State(s): State<AppState>, _: Viewer) -> Result<Response,
     Ok(Json(s.engine.pending_approvals()).into_response())
 }
 
-/// Filters and paging of `GET /api/v1/nodes`.
-#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NodesQuery {
-    pub node: Option<String>,
-    /// `key=value`.
-    pub label: Option<String>,
-    /// in_service, drained, hands_off, faulted or disconnected.
-    pub state: Option<String>,
-    /// The `Next-Cursor` of the page before.
-    pub cursor: Option<String>,
-    pub limit: Option<usize>,
-}
-
 /// The nodes, by name (filtered when asked); with `limit`, a page of them
 /// and, when there are more, the next page's cursor in `Next-Cursor`.
 pub async fn nodes(
     State(s): State<AppState>,
-    _: Viewer,
+    Viewer(id): Viewer,
     ApiQuery(q): ApiQuery<NodesQuery>,
 ) -> Result<Response, ApiError> {
-    use nightshift_engine::api::{NodeFilter, NodeStateFilter, parse_label};
-    let f = NodeFilter {
-        node: q.node.filter(|n| !n.is_empty()),
-        label: q
-            .label
-            .as_deref()
-            .filter(|l| !l.is_empty())
-            .map(parse_label)
-            .transpose()
-            .map_err(ApiError::bad_request)?,
-        state: q
-            .state
-            .as_deref()
-            .filter(|st| !st.is_empty())
-            .map(NodeStateFilter::parse)
-            .transpose()
-            .map_err(ApiError::bad_request)?,
-        after: q.cursor.filter(|c| !c.is_empty()),
-        limit: match q.limit {
-            Some(0) | Some(10_001..) => {
-                return Err(ApiError::bad_request(format!(
-                    "limit: expected 1 to 10000, found {}",
-                    q.limit.unwrap_or_default()
-                )));
-            }
-            l => l,
-        },
-    };
-    let (page, next) = s.engine.nodes_filtered(&f);
+    let page = session(&s, &id).nodes(q).await?;
+    let (page, next) = (page.nodes, page.next_cursor);
     let mut resp = Json(page).into_response();
     if let Some(next) = next
         && let Ok(v) = axum::http::HeaderValue::from_str(&next)

@@ -50,7 +50,7 @@ pub async fn nodes_page(
     Viewer(who): Viewer,
     axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
 ) -> Result<Response, PageError> {
-    use nightshift_engine::api::{NodeFilter, NodeStateFilter, parse_label};
+    use nightshift_engine::api::{EngineApi, NodeStateFilter, NodesQuery};
     let nodes = s.engine.nodes();
     // The table shows what the filter selects; the counts are the fleet's.
     let nonempty = |k: &str| q.get(k).filter(|v| !v.is_empty());
@@ -60,12 +60,12 @@ pub async fn nodes_page(
     if !SORTS.contains(&sort) {
         return Err(bad(format!("sort: expected one of {}, found {sort:?}", SORTS.join(", "))));
     }
-    let f = NodeFilter {
-        label: label.map(|l| parse_label(l)).transpose().map_err(bad)?,
-        state: state.map(|v| NodeStateFilter::parse(v)).transpose().map_err(bad)?,
-        ..Default::default()
+    let shown = if label.is_none() && state.is_none() {
+        nodes.clone()
+    } else {
+        let query = NodesQuery { label: label.cloned(), state: state.cloned(), ..Default::default() };
+        crate::api::session(&s, &who).nodes(query).await.map_err(|e| PageError(e.into()))?.nodes
     };
-    let shown = if f == NodeFilter::default() { nodes.clone() } else { s.engine.nodes_filtered(&f).0 };
     let model = s.engine.health_model();
     let mut rows: Vec<Row<'_>> = shown
         .iter()
@@ -157,7 +157,7 @@ pub async fn nodes_page(
             input type="hidden" name="sort" value=(sort);
             " "
             button type="submit" { "Show" }
-            @if f != NodeFilter::default() || group.is_some() { " " (shown.len()) " of " (nodes.len()) " nodes · " a href="/nodes" { "all" } }
+            @if label.is_some() || state.is_some() || group.is_some() { " " (shown.len()) " of " (nodes.len()) " nodes · " a href="/nodes" { "all" } }
         }
         div.scroll {
             table.nodes {

@@ -23,7 +23,7 @@ use nightshift_engine::audit::{AuditRecord, RecordPage, RunPage, VerifyReport};
 use nightshift_engine::engine::{Ingested, Submitted};
 use nightshift_proto::{Inventory, SimFault};
 
-use crate::api::{NodesQuery, RecordsQuery, ReloadQuery, ShadowQuery, StreamQuery, VerifyQuery};
+use crate::api::{RecordsQuery, ReloadQuery, ShadowQuery, StreamQuery, VerifyQuery};
 use crate::browse::SearchParams;
 use nightshift_engine::api::RunsQuery;
 
@@ -190,7 +190,7 @@ fn operations() -> Vec<Op> {
         Op::new(GET, "/api/v1/approvals", "Runs waiting for approval (viewer)")
             .ok(200, schema::<Vec<RunSummary>>, "[RunSummary]"),
         Op::new(GET, "/api/v1/nodes", "The nodes by name: state, labels, latest readings; filtered and paged when asked (viewer)")
-            .query(query::<NodesQuery>)
+            .query(query::<nightshift_engine::api::NodesQuery>)
             .ok(200, schema::<Vec<NodeView>>, "[NodeView]; with more after this page, the next page's cursor in the Next-Cursor header")
             .error(400, "a filter that cannot be read (say which, expected and found)"),
         Op::new(GET, "/api/v1/nodes/{name}", "One node and its recent runs (viewer)")

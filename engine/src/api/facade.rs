@@ -10,11 +10,12 @@ use futures::future::BoxFuture;
 
 use super::replies::{
     AgentHolds, AgentPing, ApiErrorDetail, AuditHead, Cancelled, ControlReply, FleetModeView, HaReply, HandsOffReply,
-    HealthCheckReply, ReloadReply, RunDetail, RunbookBrief, RunbookDetail, RunbookList, RunbookModeReply, ShadowReport,
-    SimFaultReply, Verifying, WindowReply, Windows,
+    HealthCheckReply, NodePage, ReloadReply, RunDetail, RunbookBrief, RunbookDetail, RunbookList, RunbookModeReply,
+    ShadowReport, SimFaultReply, Verifying, WindowReply, Windows,
 };
 use super::requests::{
-    Cancel, HandsOff, NewWindow, Reason, ReleaseHolds, Repaired, RunsQuery, SetFleetMode, SetRunbookMode, StartRun,
+    Cancel, HandsOff, NewWindow, NodesQuery, Reason, ReleaseHolds, Repaired, RunsQuery, SetFleetMode, SetRunbookMode,
+    StartRun,
 };
 use crate::audit::{AuditError, RunFilter, RunPage};
 use crate::control::{ControlOutcome, Person, ReleaseWhat};
@@ -108,6 +109,8 @@ pub trait EngineApi: Send + Sync {
     fn cancel<'a>(&'a self, run: &'a str, body: Cancel) -> Reply<'a, Cancelled>;
     /// Every GPU's health, fault, instruction and lifecycle.
     fn node_health<'a>(&'a self, node: &'a str) -> Reply<'a, NodeHealth>;
+    /// `GET /api/v1/nodes`: the nodes a query selects, a page at a time.
+    fn nodes(&self, query: NodesQuery) -> Reply<'_, NodePage>;
     /// The agent's read-only health check, now.
     fn health_check<'a>(&'a self, node: &'a str) -> Reply<'a, HealthCheckReply>;
     /// A person says the node (or one GPU) was repaired.
@@ -253,6 +256,13 @@ impl EngineApi for Session {
         Box::pin(async move {
             self.engine.cancel(run, &self.actor, body.reason.as_deref()).await?;
             Ok(Cancelled { cancelled: run.to_string() })
+        })
+    }
+
+    fn nodes(&self, query: NodesQuery) -> Reply<'_, NodePage> {
+        Box::pin(async move {
+            let (nodes, next_cursor) = self.engine.nodes_filtered(&query.filter()?);
+            Ok(NodePage { nodes, next_cursor })
         })
     }
 

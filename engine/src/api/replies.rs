@@ -38,6 +38,15 @@ impl ApiErrorBody {
     }
 }
 
+/// `GET /api/v1/nodes`: a page of nodes by name. Served as the array of
+/// nodes, the next page's cursor in the `Next-Cursor` header.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct NodePage {
+    pub nodes: Vec<NodeView>,
+    /// Pass back as `cursor` for the next page; none after the last.
+    pub next_cursor: Option<String>,
+}
+
 /// `GET /api/v1/runs/{id}`: a run and its records.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RunDetail {

@@ -164,6 +164,66 @@ pub struct NewWindow {
     pub reason: String,
 }
 
+/// Filters and paging of `GET /api/v1/nodes` (each empty value is none).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodesQuery {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// `key=value`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// in_service, drained, hands_off, faulted or disconnected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// The `Next-Cursor` of the page before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+}
+
+impl NodesQuery {
+    /// The query for a node filter (its label as `key=value`, its state by
+    /// name).
+    pub fn of(f: &crate::node_filter::NodeFilter) -> NodesQuery {
+        use crate::node_filter::NodeStateFilter;
+        NodesQuery {
+            node: f.node.clone(),
+            label: f.label.as_ref().map(|(k, v)| format!("{k}={v}")),
+            state: f
+                .state
+                .and_then(|st| NodeStateFilter::ALL.iter().find(|(_, x)| *x == st))
+                .map(|(name, _)| name.to_string()),
+            cursor: f.after.clone(),
+            limit: f.limit,
+        }
+    }
+
+    /// The filter it asks for, or what is wrong with it.
+    pub fn filter(&self) -> Result<crate::node_filter::NodeFilter, super::Refused> {
+        use super::Refused;
+        use crate::node_filter::{NodeFilter, NodeStateFilter, parse_label};
+        let nonempty = |o: &Option<String>| o.clone().filter(|v| !v.is_empty());
+        Ok(NodeFilter {
+            node: nonempty(&self.node),
+            label: nonempty(&self.label).as_deref().map(parse_label).transpose().map_err(Refused::bad_request)?,
+            state: nonempty(&self.state)
+                .as_deref()
+                .map(NodeStateFilter::parse)
+                .transpose()
+                .map_err(Refused::bad_request)?,
+            after: nonempty(&self.cursor),
+            limit: match self.limit {
+                Some(l @ (0 | 10_001..)) => {
+                    return Err(Refused::bad_request(format!("limit: expected 1 to 10000, found {l}")));
+                }
+                l => l,
+            },
+        })
+    }
+}
+
 /// Filters of `GET /api/v1/runs` (each empty value is none).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
