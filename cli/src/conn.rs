@@ -18,7 +18,7 @@ use nightshift_engine::engine::{Engine, RunRequest, Submitted};
 
 use crate::Fail;
 use crate::remote::{Remote, fail, unreachable};
-use nightshift_engine::api::{EngineApi, RunsQuery, Session};
+use nightshift_engine::api::{EngineApi, RecordsQuery, RunsQuery, Session};
 
 /// A runbook as the CLI shows it.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -315,11 +315,12 @@ impl Conn {
     pub async fn verify(&mut self, anchor: Option<(u64, String)>) -> Result<VerifyReport> {
         match self {
             Conn::Remote(r) => {
-                let mut v: VerifyReport = r.get("/api/v1/audit/verify").await?;
+                let mut v = r.verify().await.map_err(fail)?;
                 if let Some((seq, hash)) = anchor.filter(|_| v.ok) {
                     let found = r
-                        .get::<Vec<AuditRecord>>(&format!("/api/v1/audit/records?after_seq={}&limit=1", seq - 1))
-                        .await?
+                        .records(RecordsQuery { after_seq: seq - 1, limit: Some(1) })
+                        .await
+                        .map_err(fail)?
                         .into_iter()
                         .next()
                         .filter(|rec| rec.seq == seq)
@@ -362,8 +363,9 @@ impl Conn {
                 if seq == 0 {
                     return Ok(None);
                 }
-                Ok(r.get::<Vec<AuditRecord>>(&format!("/api/v1/audit/records?after_seq={}&limit=1", seq - 1))
-                    .await?
+                Ok(r.records(RecordsQuery { after_seq: seq - 1, limit: Some(1) })
+                    .await
+                    .map_err(fail)?
                     .into_iter()
                     .next())
             }
@@ -377,7 +379,7 @@ impl Conn {
 
     pub async fn records_after(&mut self, after: u64, limit: usize) -> Result<Vec<AuditRecord>> {
         match self {
-            Conn::Remote(r) => r.get(&format!("/api/v1/audit/records?after_seq={after}&limit={limit}")).await,
+            Conn::Remote(r) => r.records(RecordsQuery { after_seq: after, limit: Some(limit) }).await.map_err(fail),
             Conn::Local(l) => Ok(l.audit()?.tail(after, limit)?),
         }
     }
@@ -633,7 +635,7 @@ impl Conn {
     /// Every shard's chain verified in the engine's database.
     pub async fn verify_shards(&self) -> Result<std::collections::BTreeMap<String, VerifyReport>> {
         match self {
-            Conn::Remote(r) => r.get("/api/v1/audit/verify?shards=all").await,
+            Conn::Remote(r) => r.verify_shards().await.map_err(fail),
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
                 "--all-shards asks a running engine on PostgreSQL: pass --server URL (or set NIGHTSHIFT_SERVER)",
             )),

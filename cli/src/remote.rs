@@ -12,11 +12,14 @@ use serde::de::DeserializeOwned;
 
 use nightshift_engine::api::{
     AgentHolds, AgentPing, ApiErrorBody, AuditHead, Cancel, Cancelled, ControlReply, EngineApi, FleetModeView, HaReply,
-    HandsOff, HandsOffReply, HealthCheckReply, NewWindow, NodeHealth, NodePage, NodesQuery, Plan, Reason, Refused,
-    ReleaseHolds, ReloadReply, Repaired, Reply, RunDetail, RunSummary, RunbookDetail, RunbookList, RunbookModeReply,
-    RunsQuery, SetFleetMode, SetRunbookMode, ShadowReport, SimFaultReply, StartRun, Verifying, WindowReply, Windows,
+    HandsOff, HandsOffReply, HealthCheckReply, NewWindow, NodeHealth, NodePage, NodesQuery, Plan, Reason, RecordsQuery,
+    Refused, ReleaseHolds, ReloadReply, Repaired, Reply, RunDetail, RunSummary, RunbookDetail, RunbookList,
+    RunbookModeReply, RunsQuery, SetFleetMode, SetRunbookMode, ShadowReport, SimFaultReply, StartRun, Verifying,
+    WindowReply, Windows,
 };
-use nightshift_engine::audit::{AuditRecord, RunPage};
+use std::collections::BTreeMap;
+
+use nightshift_engine::audit::{AuditRecord, RunPage, VerifyReport};
 use nightshift_engine::engine::Submitted;
 use nightshift_proto::NoArgs;
 use reqwest::Method;
@@ -97,10 +100,6 @@ impl Remote {
         }
         serde_json::from_str(body)
             .map_err(|e| Refused::new(500, "bad_reply", format!("unexpected reply from {}: {e}", self.url)))
-    }
-
-    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
-        self.send(self.req(reqwest::Method::GET, path)).await
     }
 
     /// A person's control: what was done, also on a 409 whose body says
@@ -316,6 +315,21 @@ impl EngineApi for Remote {
 
     fn audit_head(&self) -> Reply<'_, AuditHead> {
         self.get_op("/api/v1/audit/head".into())
+    }
+
+    fn records(&self, query: RecordsQuery) -> Reply<'_, Vec<AuditRecord>> {
+        Box::pin(async move {
+            let (status, text) = self.exchange(self.req(Method::GET, "/api/v1/audit/records").query(&query)).await?;
+            self.read(status, &text)
+        })
+    }
+
+    fn verify(&self) -> Reply<'_, VerifyReport> {
+        self.get_op("/api/v1/audit/verify".into())
+    }
+
+    fn verify_shards(&self) -> Reply<'_, BTreeMap<String, VerifyReport>> {
+        self.get_op("/api/v1/audit/verify?shards=all".into())
     }
 
     fn ha(&self) -> Reply<'_, HaReply> {

@@ -15,8 +15,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use nightshift_engine::api::{
-    Cancel, EngineApi, HandsOff, Healthz, NodeDetail, NodesQuery, Readyz, Reason, ReleaseHolds, Repaired, RunsQuery,
-    Session, SetFleetMode, SetRunbookMode, StartRun, WebhookPayload,
+    Cancel, EngineApi, HandsOff, Healthz, NodeDetail, NodesQuery, Readyz, Reason, RecordsQuery, ReleaseHolds, Repaired,
+    RunsQuery, Session, SetFleetMode, SetRunbookMode, StartRun, WebhookPayload,
 };
 use nightshift_engine::audit::RunFilter;
 
@@ -483,26 +483,12 @@ pub async fn reload(
     Ok(Json(session(&s, &id).reload(q.allow_partial).await?).into_response())
 }
 
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RecordsQuery {
-    #[serde(default)]
-    pub after_seq: u64,
-    #[serde(default)]
-    pub limit: Option<usize>,
-}
-
 pub async fn records(
     State(s): State<AppState>,
-    _: Viewer,
+    Viewer(id): Viewer,
     ApiQuery(q): ApiQuery<RecordsQuery>,
 ) -> Result<Response, ApiError> {
-    let recs = s
-        .engine
-        .audit()
-        .tail(q.after_seq, q.limit.unwrap_or(500).min(5000))
-        .map_err(nightshift_engine::engine::EngineError::from)?;
-    Ok(Json(recs).into_response())
+    Ok(Json(session(&s, &id).records(q).await?).into_response())
 }
 
 /// `GET /api/v1/audit/verify[?shards=all]`.
@@ -515,16 +501,13 @@ pub struct VerifyQuery {
 
 pub async fn verify(
     State(s): State<AppState>,
-    _: Viewer,
+    Viewer(id): Viewer,
     ApiQuery(q): ApiQuery<VerifyQuery>,
 ) -> Result<Response, ApiError> {
+    let api = session(&s, &id);
     match q.shards.as_deref() {
-        None => Ok(Json(s.engine.verify_in_background().await?).into_response()),
-        Some("all") => {
-            let all =
-                s.engine.verify_shards().await.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "no_shards", e))?;
-            Ok(Json(all).into_response())
-        }
+        None => Ok(Json(api.verify().await?).into_response()),
+        Some("all") => Ok(Json(api.verify_shards().await?).into_response()),
         Some(other) => {
             Err(ApiError::new(StatusCode::BAD_REQUEST, "bad_query", format!("shards: expected all, found {other:?}")))
         }

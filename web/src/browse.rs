@@ -11,7 +11,7 @@ use maud::{Markup, html};
 use serde::Deserialize;
 use serde_json::Value;
 
-use nightshift_engine::api::{format_rfc3339_ms, parse_rfc3339_ms};
+use nightshift_engine::api::{EngineApi, format_rfc3339_ms, parse_rfc3339_ms};
 use nightshift_engine::audit::{AuditRecord, RecordKind, RecordPage, RecordQuery};
 
 use crate::AppState;
@@ -326,7 +326,7 @@ pub async fn page(
     Viewer(who): Viewer,
     axum::extract::Query(p): axum::extract::Query<SearchParams>,
 ) -> Result<Response, PageError> {
-    let v = s.engine.verify_in_background().await?;
+    let v = crate::api::session(&s, &who).verify().await?;
     let q = query(&p, s.engine.clock().now_ms())?;
     let results = search(&s, q).await?;
     let val = |o: &Option<String>| some(o).unwrap_or_default();

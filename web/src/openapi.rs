@@ -23,7 +23,7 @@ use nightshift_engine::audit::{AuditRecord, RecordPage, RunPage, VerifyReport};
 use nightshift_engine::engine::{Ingested, Submitted};
 use nightshift_proto::{Inventory, SimFault};
 
-use crate::api::{RecordsQuery, ReloadQuery, ShadowQuery, StreamQuery, VerifyQuery};
+use crate::api::{ReloadQuery, ShadowQuery, StreamQuery, VerifyQuery};
 use crate::browse::SearchParams;
 use nightshift_engine::api::RunsQuery;
 
@@ -236,7 +236,7 @@ fn operations() -> Vec<Op> {
             .query(query::<ReloadQuery>)
             .ok(200, schema::<ReloadReply>, "the reload report with `{loaded, errors}`"),
         Op::new(GET, "/api/v1/audit/records", "Audit records after a sequence number (viewer)")
-            .query(query::<RecordsQuery>)
+            .query(query::<nightshift_engine::api::RecordsQuery>)
             .ok(200, schema::<Vec<AuditRecord>>, "[AuditRecord]"),
         Op::new(GET, "/api/v1/audit/search", "Audit records matching filters, newest first, a page at a time (viewer)")
             .query(query::<SearchParams>)

@@ -595,8 +595,7 @@ pub async fn run_page(
     Viewer(who): Viewer,
     Path(id): Path<String>,
 ) -> Result<Response, PageError> {
-    let run = s.engine.run(&id)?.ok_or_else(|| ApiError::not_found(format!("no run {id:?}")))?;
-    let records = s.engine.run_records(&id)?;
+    let nightshift_engine::api::RunDetail { run, records } = session(&s, &who).run(&id).await?;
     let t0 = run.created_ms;
     let can_decide = run.state == RunState::PendingApproval && who.role >= Role::Operator;
     let waited_for = records

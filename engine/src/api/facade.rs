@@ -14,10 +14,12 @@ use super::replies::{
     ShadowReport, SimFaultReply, Verifying, WindowReply, Windows,
 };
 use super::requests::{
-    Cancel, HandsOff, NewWindow, NodesQuery, Reason, ReleaseHolds, Repaired, RunsQuery, SetFleetMode, SetRunbookMode,
-    StartRun,
+    Cancel, HandsOff, NewWindow, NodesQuery, Reason, RecordsQuery, ReleaseHolds, Repaired, RunsQuery, SetFleetMode,
+    SetRunbookMode, StartRun,
 };
-use crate::audit::{AuditError, RunFilter, RunPage};
+use std::collections::BTreeMap;
+
+use crate::audit::{AuditError, AuditRecord, RunFilter, RunPage, VerifyReport};
 use crate::control::{ControlOutcome, Person, ReleaseWhat};
 use crate::engine::Submitted;
 use crate::engine::{Engine, EngineError, RunRequest};
@@ -141,6 +143,13 @@ pub trait EngineApi: Send + Sync {
     ) -> Reply<'a, ShadowReport>;
     /// The newest record's sequence number and hash.
     fn audit_head(&self) -> Reply<'_, AuditHead>;
+    /// Records after a sequence number, oldest first.
+    fn records(&self, query: RecordsQuery) -> Reply<'_, Vec<AuditRecord>>;
+    /// This engine's chain walked (cached while the head stays).
+    fn verify(&self) -> Reply<'_, VerifyReport>;
+    /// Every shard's chain in the engine's database walked, by shard
+    /// (PostgreSQL backend).
+    fn verify_shards(&self) -> Reply<'_, BTreeMap<String, VerifyReport>>;
     /// This engine's place in its shard.
     fn ha(&self) -> Reply<'_, HaReply>;
     /// Start a runbook; with an idempotency key used before by the same
@@ -386,6 +395,21 @@ impl EngineApi for Session {
 
     fn audit_head(&self) -> Reply<'_, AuditHead> {
         Box::pin(async move { Ok(AuditHead::of(self.engine.audit_head()?.as_ref())) })
+    }
+
+    fn records(&self, query: RecordsQuery) -> Reply<'_, Vec<AuditRecord>> {
+        Box::pin(async move {
+            let limit = query.limit.unwrap_or(500).min(RecordsQuery::MAX);
+            Ok(self.engine.audit().tail(query.after_seq, limit)?)
+        })
+    }
+
+    fn verify(&self) -> Reply<'_, VerifyReport> {
+        Box::pin(async move { Ok(self.engine.verify_in_background().await?) })
+    }
+
+    fn verify_shards(&self) -> Reply<'_, BTreeMap<String, VerifyReport>> {
+        Box::pin(async move { self.engine.verify_shards().await.map_err(|e| Refused::new(400, "no_shards", e)) })
     }
 
     fn ha(&self) -> Reply<'_, HaReply> {

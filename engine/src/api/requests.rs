@@ -164,6 +164,22 @@ pub struct NewWindow {
     pub reason: String,
 }
 
+/// `GET /api/v1/audit/records`: the records after `after_seq`, oldest
+/// first, `limit` of them (default 500, at most 5,000).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecordsQuery {
+    #[serde(default)]
+    pub after_seq: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+}
+
+impl RecordsQuery {
+    /// The most records one answer holds.
+    pub const MAX: usize = 5000;
+}
+
 /// Filters and paging of `GET /api/v1/nodes` (each empty value is none).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
