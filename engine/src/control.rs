@@ -186,7 +186,12 @@ impl Engine {
     /// ends — nightshift's, a repair or RMA drain, another person's.
     /// (`nightshift nodes repaired` is the lifecycle's step instead: it
     /// moves the GPUs to verifying and lets the health check decide.)
-    pub async fn person_resume(&self, node: &str, name: &str, reason: &str) -> Result<ControlOutcome, EngineError> {
+    pub(crate) async fn person_resume(
+        &self,
+        node: &str,
+        name: &str,
+        reason: &str,
+    ) -> Result<ControlOutcome, EngineError> {
         check_reason(reason, "the node is put back into service")?;
         let mut line = self.send_as_person(node, None, Op::Resume(ResumeArgs::default()), name, reason).await?;
         if line.result.ok {
@@ -208,7 +213,12 @@ impl Engine {
     /// nightshift never ends it and its blast radius does not count it —
     /// until a person resumes the node (`nodes resume`). Audited before it
     /// is sent, under the person, with the reason.
-    pub async fn person_drain(&self, node: &str, name: &str, reason: &str) -> Result<ControlOutcome, EngineError> {
+    pub(crate) async fn person_drain(
+        &self,
+        node: &str,
+        name: &str,
+        reason: &str,
+    ) -> Result<ControlOutcome, EngineError> {
         check_reason(reason, "the node is drained")?;
         let op = Op::Drain(DrainArgs { reason: reason.into(), run: None, sticky: true, repair: false });
         let line = self.send_as_person(node, None, op, name, reason).await?;
@@ -308,7 +318,7 @@ impl Engine {
     /// nightshift makes — the world it watches — so no run owns it; it is
     /// audited as a note under who injected it, and refused by any agent
     /// on real hardware (the agent says so).
-    pub async fn simulate_fault(
+    pub(crate) async fn simulate_fault(
         &self,
         node: &str,
         by: &str,

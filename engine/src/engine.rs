@@ -263,11 +263,6 @@ impl Engine {
         self.core.runbook_set()
     }
 
-    /// This start's id epoch (every run and request id carries it).
-    pub fn id_epoch(&self) -> &str {
-        self.core.ids.epoch()
-    }
-
     /// Record that the engine started (and what it loaded).
     pub async fn announce_start(&self) -> Result<(), EngineError> {
         let set = self.runbook_set();

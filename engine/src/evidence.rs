@@ -69,7 +69,7 @@ impl Engine {
     /// Ask `node`'s agent for an evidence bundle (of `gpu`, or the node)
     /// and audit what came back — the bundle and its hash, or why there is
     /// none — under `by` (and `run`, when a run asked).
-    pub async fn collect_evidence(
+    pub(crate) async fn collect_evidence(
         &self,
         node: &str,
         gpu: Option<u32>,

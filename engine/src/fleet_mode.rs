@@ -93,7 +93,7 @@ impl Engine {
 
     /// Runs not finished, as `id runbook target state`: what a pause or a
     /// mode change leaves going.
-    pub fn in_flight(&self) -> Vec<String> {
+    pub(crate) fn in_flight(&self) -> Vec<String> {
         let t = self.core.table();
         let mut v: Vec<String> = t
             .runs

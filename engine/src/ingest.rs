@@ -262,7 +262,7 @@ impl Engine {
     }
 
     /// Feed pulled Prometheus/exporter samples: map, count, ingest.
-    pub async fn ingest_pulled(&self, samples: &[crate::sources::PromSample]) -> crate::sources::MapStats {
+    pub(crate) async fn ingest_pulled(&self, samples: &[crate::sources::PromSample]) -> crate::sources::MapStats {
         let now = self.core.now();
         let (mapped, st) =
             crate::sources::map_samples(samples, now, &|h| self.has_node(h), &|n, u| self.gpu_by_uuid(n, u));
@@ -278,7 +278,7 @@ impl Engine {
     /// query at takeover or start): into the history only — no trigger
     /// sees them — under whatever arrived live meanwhile. Returns the
     /// points kept.
-    pub fn backfill_history(&self, samples: &[crate::sources::PromSample]) -> usize {
+    pub(crate) fn backfill_history(&self, samples: &[crate::sources::PromSample]) -> usize {
         let now = self.core.now();
         // One timestamp at a time: the framebuffer pair makes memory per instant.
         let mut by_ts: std::collections::BTreeMap<i64, Vec<crate::sources::PromSample>> = Default::default();
@@ -304,13 +304,13 @@ impl Engine {
     }
 
     /// The plot history's step and length, ms.
-    pub fn history_span_ms(&self) -> (i64, i64) {
+    pub(crate) fn history_span_ms(&self) -> (i64, i64) {
         let h = crate::core::lock(&self.core.history);
         (h.step_ms(), h.keep_ms())
     }
 
     /// A pull from a source failed.
-    pub fn count_source_error(&self) {
+    pub(crate) fn count_source_error(&self) {
         self.core.counters.source_errors.fetch_add(1, Ordering::Relaxed);
     }
 

@@ -102,7 +102,7 @@ impl Engine {
     /// put each node under the window that covers it now (the one ending
     /// last), or none; a node newly covered has its open pages ended as
     /// taken over.
-    pub async fn apply_windows(&self) {
+    pub(crate) async fn apply_windows(&self) {
         let now = self.core.now();
         let due: Vec<Window> =
             crate::core::lock(&self.core.windows).values().filter(|w| w.ends_ms <= now).cloned().collect();

@@ -13,7 +13,7 @@ impl Engine {
         self.core.fleet.nodes().iter().filter(|n| n.label(label) == Some(value)).map(|n| n.spec.name.clone()).collect()
     }
 
-    pub fn nodes_filtered(&self, f: &NodeFilter) -> (Vec<NodeView>, Option<String>) {
+    pub(crate) fn nodes_filtered(&self, f: &NodeFilter) -> (Vec<NodeView>, Option<String>) {
         let mut names = self.node_names();
         names.sort();
         let mut out = Vec::new();

@@ -275,7 +275,7 @@ impl Engine {
     /// those run `except_run` sent): each gets a resolving notice, sent
     /// through the outbox to the targets its page went to — to
     /// Alertmanager, the page's own alert with its end (invariant 19).
-    pub async fn resolve_pages(&self, node: &str, gpu: Option<u32>, why: &str, except_run: Option<&str>) {
+    pub(crate) async fn resolve_pages(&self, node: &str, gpu: Option<u32>, why: &str, except_run: Option<&str>) {
         let taken: Vec<OpenPage> = {
             let mut ob = crate::core::lock(&self.core.outbox);
             if except_run.is_none() {
@@ -329,7 +329,7 @@ impl Engine {
     }
 
     /// Try again every page whose pause is over (the tick's).
-    pub async fn retry_pages(&self) {
+    pub(crate) async fn retry_pages(&self) {
         let due = crate::core::lock(&self.core.outbox).take_due(self.core.now());
         for (seq, name, attempts) in due {
             let core = self.core.clone();

@@ -278,7 +278,7 @@ impl Engine {
     }
 
     /// Put `policy` in force; what changed, one line per code.
-    pub fn put_fault_policy(&self, policy: Arc<XidPolicy>) -> Vec<String> {
+    pub(crate) fn put_fault_policy(&self, policy: Arc<XidPolicy>) -> Vec<String> {
         let mut h = self.core.health();
         let changes = policy.changes_from(&h.policy);
         if *policy != *h.policy {

@@ -430,7 +430,7 @@ impl Engine {
     }
 
     /// The agent's health check (read-only; not a change, so not an action).
-    pub async fn health_check_call(&self, n: &Node) -> Result<HealthCheck, String> {
+    pub(crate) async fn health_check_call(&self, n: &Node) -> Result<HealthCheck, String> {
         let req = Request::new(self.core.ids.request("health"), Op::HealthCheck(HealthCheckArgs { gpu: None }));
         match n.transport.call(req).await {
             Ok(r) if r.ok => serde_json::from_value(r.result.unwrap_or(Value::Null))
@@ -562,7 +562,7 @@ impl Engine {
     }
 
     /// Run the agent's health check on `node` by hand (read-only).
-    pub async fn health_check_node(&self, node: &str) -> Result<HealthCheck, String> {
+    pub(crate) async fn health_check_node(&self, node: &str) -> Result<HealthCheck, String> {
         let n = self.core.fleet.get(node).ok_or_else(|| format!("{node} is not in the inventory"))?;
         self.health_check_call(&n).await
     }
@@ -627,11 +627,6 @@ impl Engine {
             st.engine_hands_off_until_ms = p.until_ms.filter(|_| p.hands_off);
         }
         Ok(records.len() + marks.len() + hands_off.len())
-    }
-
-    /// A fault's kind, for the scenario runner and views.
-    pub fn fault_kind_of(&self, node: &str, gpu: u32) -> Option<FaultKind> {
-        self.core.health().get(node, gpu).and_then(|h| h.fault.as_ref().map(|f| f.kind))
     }
 }
 

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::alerts::SeenSet;
 use crate::audit::{AuditRecord, RecordKind, data};
-use crate::manifest::{BreakerCount, Priority, RunClass};
+use crate::manifest::{BreakerCount, Priority};
 use crate::runs::{RunOutcome, RunState, RunSummary, Target};
 
 /// A (runbook, target) pair: what dedup, cooldowns and budgets are about.
@@ -34,7 +34,6 @@ pub struct FireRef {
 /// running.
 pub struct RunEntry {
     pub summary: RunSummary,
-    pub class: RunClass,
     pub priority: Priority,
     pub exclusive: bool,
     /// Not started before this (breaker hold).
@@ -151,7 +150,6 @@ impl RunEntry {
     /// done yet; callers set what differs (a breaker's hold, a resume).
     pub fn new(summary: RunSummary, m: &crate::manifest::Manifest) -> RunEntry {
         RunEntry {
-            class: m.class,
             priority: m.priority,
             exclusive: m.exclusive,
             not_before_ms: 0,

@@ -77,7 +77,7 @@ impl Engine {
     /// wait for the walk in progress, and a report is served again while
     /// the head has not moved (for at most `VERIFY_CACHE_SECS`) — page
     /// loads cannot stack up full-chain walks.
-    pub async fn verify_in_background(&self) -> Result<VerifyReport, EngineError> {
+    pub(crate) async fn verify_in_background(&self) -> Result<VerifyReport, EngineError> {
         let mut cache = self.core.verify_cache.lock().await;
         let head = self.core.audit.head_seq();
         if let Some((h, at, r)) = cache.as_ref()
@@ -295,7 +295,7 @@ impl Engine {
 
     /// End every engine hands-off whose time is up, audited as the
     /// engine's with who set it and until when.
-    pub async fn expire_hands_off(&self) {
+    pub(crate) async fn expire_hands_off(&self) {
         let now = self.core.now();
         for n in self.core.fleet.nodes().iter() {
             let (by, until) = {
@@ -322,7 +322,7 @@ impl Engine {
     }
 
     /// The newest record: its sequence number and hash anchor the chain.
-    pub fn audit_head(&self) -> Result<Option<AuditRecord>, EngineError> {
+    pub(crate) fn audit_head(&self) -> Result<Option<AuditRecord>, EngineError> {
         let seq = self.core.audit.head_seq();
         if seq == 0 {
             return Ok(None);
@@ -332,7 +332,7 @@ impl Engine {
 
     /// Post the audit head to every target with `audit_anchors: true`; each
     /// delivery is audited (`notification_delivery`, kind `audit_anchor`).
-    pub async fn post_audit_anchor(&self) -> Result<usize, EngineError> {
+    pub(crate) async fn post_audit_anchor(&self) -> Result<usize, EngineError> {
         let targets = self.core.notifier.anchor_targets();
         let Some(head) = self.audit_head()? else { return Ok(0) };
         if targets.is_empty() {
@@ -407,7 +407,7 @@ impl Engine {
     }
 
     /// Record a node's inventory (from its agent).
-    pub fn set_node_inventory(&self, node: &str, inv: Option<Inventory>, error: Option<String>) {
+    pub(crate) fn set_node_inventory(&self, node: &str, inv: Option<Inventory>, error: Option<String>) {
         if let Some(n) = self.core.fleet.get(node) {
             let mut st = n.state();
             if inv.is_some() {
@@ -419,7 +419,7 @@ impl Engine {
 
     /// A node's agent answered (used when telemetry does not come from the
     /// agent's stream).
-    pub fn mark_alive(&self, node: &str) {
+    pub(crate) fn mark_alive(&self, node: &str) {
         if let Some(n) = self.core.fleet.get(node) {
             let now = self.core.now();
             let mut st = n.state();
@@ -430,7 +430,7 @@ impl Engine {
     }
 
     /// Mark a node unreachable, with why.
-    pub fn set_node_disconnected(&self, node: &str, error: &str) {
+    pub(crate) fn set_node_disconnected(&self, node: &str, error: &str) {
         if let Some(n) = self.core.fleet.get(node) {
             let mut st = n.state();
             if st.connected || st.last_error.as_deref() != Some(error) {
@@ -442,14 +442,14 @@ impl Engine {
     }
 
     /// The index of a node's GPU with this UUID (from its inventory).
-    pub fn gpu_by_uuid(&self, node: &str, uuid: &str) -> Option<u32> {
+    pub(crate) fn gpu_by_uuid(&self, node: &str, uuid: &str) -> Option<u32> {
         let n = self.core.fleet.get(node)?;
         let st = n.state();
         st.inventory.as_ref()?.gpus.iter().find(|g| g.uuid.as_deref() == Some(uuid)).map(|g| g.index)
     }
 
     /// Whether `node` is in the inventory.
-    pub fn has_node(&self, node: &str) -> bool {
+    pub(crate) fn has_node(&self, node: &str) -> bool {
         self.core.fleet.get(node).is_some()
     }
 }
@@ -537,7 +537,7 @@ impl Engine {
     /// Take the runbook modes the shard's audit chain says an admin set (a
     /// new leader: the last leader's promotions and demotions hold here
     /// too), and keep them in `data_dir/runbook-modes.json`.
-    pub fn adopt_modes(&self, modes: &BTreeMap<String, String>) {
+    pub(crate) fn adopt_modes(&self, modes: &BTreeMap<String, String>) {
         let saved = {
             let mut held = crate::core::lock(&self.core.modes);
             // The chain's modes, and only those: a mode the file holds with
@@ -611,7 +611,7 @@ impl Engine {
     }
 
     /// Verify every shard's chain in this engine's database, each by name.
-    pub async fn verify_shards(&self) -> Result<BTreeMap<String, VerifyReport>, String> {
+    pub(crate) async fn verify_shards(&self) -> Result<BTreeMap<String, VerifyReport>, String> {
         self.pg_reads()?.verify_shards().await
     }
 
@@ -625,7 +625,7 @@ impl Engine {
     }
 
     /// Every engine of every shard, as each last announced itself.
-    pub async fn ha_engines(&self) -> Result<Vec<crate::ha::EngineRow>, String> {
+    pub(crate) async fn ha_engines(&self) -> Result<Vec<crate::ha::EngineRow>, String> {
         match self.core.audit.pg_reads() {
             Some(db) => db.engines().await,
             None => Ok(Vec::new()),

@@ -591,7 +591,7 @@ impl Engine {
     /// changing nothing: the nodes it targets, how many it may change,
     /// whether it waits for approval and why (the CLI shows this, never a
     /// count of its own).
-    pub fn plan(&self, req: &RunRequest) -> Result<Plan, EngineError> {
+    pub(crate) fn plan(&self, req: &RunRequest) -> Result<Plan, EngineError> {
         let set = self.runbook_set();
         let Some((_, rb)) = set.get(&req.runbook) else {
             return Err(EngineError::UnknownRunbook { name: req.runbook.clone(), known: set.names().join(", ") });

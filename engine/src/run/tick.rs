@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use serde_json::json;
 
 use crate::engine::{Engine, RunRequest};
-use crate::manifest::{RunClass, Trigger};
+use crate::manifest::Trigger;
 use crate::runs::{RunOutcome, RunState, RunSummary, Target};
 
 impl Engine {
@@ -180,10 +180,5 @@ impl Engine {
             .values()
             .filter(|r| matches!(r.summary.state, RunState::Queued | RunState::PendingApproval))
             .count()
-    }
-
-    /// The class a run's runbook declared.
-    pub fn run_class(&self, run: &str) -> Option<RunClass> {
-        self.core.table().runs.get(run).map(|r| r.class)
     }
 }
