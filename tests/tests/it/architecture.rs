@@ -809,3 +809,81 @@ fn the_method_counter_reads_impl_engine_blocks_only() {
     let got = engine_pub_methods(&[("engine/src/x.rs".to_string(), code.to_string())]);
     assert_eq!(got["engine/src/x.rs"], ["a", "c"]);
 }
+
+/// ARCHITECTURE.md as a map (issue 44, #7): every invariant says what
+/// checks it ("Checked by …"), and every source file it names — `path.rs`,
+/// or `path.rs::item` — exists (found by its path's tail), with the item in
+/// it. A move or a rename that leaves the map behind fails here.
+fn doc_problems(doc: &str, files: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    let invariants = doc.split("\n## Invariants").nth(1).unwrap_or("");
+    let mut item = String::new();
+    let mut items = Vec::new();
+    for line in invariants.lines() {
+        let starts =
+            line.split_once(". **").is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        if starts && !item.is_empty() {
+            items.push(std::mem::take(&mut item));
+        }
+        if starts || !item.is_empty() {
+            item.push_str(line);
+            item.push('\n');
+        }
+    }
+    items.push(item);
+    for it in items.iter().filter(|i| !i.trim().is_empty()) {
+        if !it.contains("Checked by") {
+            out.push(format!("invariant {} names no check (\"Checked by …\")", it.split('.').next().unwrap_or("?")));
+        }
+    }
+    for token in doc.split('`').skip(1).step_by(2) {
+        let Some((path, rest)) = token.split_once(".rs") else { continue };
+        if path.contains(['*', ' ']) || path.is_empty() {
+            continue;
+        }
+        let path = format!("{path}.rs");
+        let found: Vec<&(String, String)> =
+            files.iter().filter(|(f, _)| *f == path || f.ends_with(&format!("/{path}"))).collect();
+        if found.is_empty() {
+            out.push(format!("`{token}`: no file {path}"));
+            continue;
+        }
+        let item: String =
+            rest.trim_start_matches("::").chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        if !item.is_empty() && !found.iter().any(|(_, text)| text.contains(item.as_str())) {
+            out.push(format!("`{token}`: {path} has no {item}"));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_architecture_doc_names_what_exists() {
+    let _serial = nightshift_tests::serial::module(module_path!());
+    let doc = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let mut files = Vec::new();
+    for d in ["proto", "audit", "agent", "engine", "sim", "web", "cli", "bench", "tests", "fuzz/fuzz_targets"] {
+        for f in rs_files(&root().join(d)).into_iter().filter(|f| !f.components().any(|c| c.as_os_str() == "target")) {
+            let rel = f.strip_prefix(root()).unwrap_or(&f).to_string_lossy().replace('\\', "/");
+            files.push((rel, std::fs::read_to_string(&f).unwrap()));
+        }
+    }
+    let problems = doc_problems(&doc, &files);
+    assert!(problems.is_empty(), "ARCHITECTURE.md is out of date:\n{}", problems.join("\n"));
+}
+
+#[test]
+fn the_doc_checker_finds_a_stale_name_and_an_unchecked_invariant() {
+    let _serial = nightshift_tests::serial::module(module_path!());
+    let doc =
+        "See `run/queue.rs::finish` and `gone.rs`.\n\n## Invariants\n\n1. **A.** Checked by `x`.\n2. **B.** Nothing.\n";
+    let files = vec![("engine/src/run/queue.rs".to_string(), "fn start() {}".to_string())];
+    assert_eq!(
+        doc_problems(doc, &files),
+        [
+            "invariant 2 names no check (\"Checked by …\")",
+            "`run/queue.rs::finish`: run/queue.rs has no finish",
+            "`gone.rs`: no file gone.rs"
+        ]
+    );
+}
