@@ -12,10 +12,10 @@ use serde::de::DeserializeOwned;
 
 use nightshift_engine::api::{
     AgentHolds, AgentPing, ApiErrorBody, AuditHead, Cancel, Cancelled, ControlReply, EngineApi, FleetModeView, HaReply,
-    HandsOff, HandsOffReply, HealthCheckReply, NewWindow, NodeHealth, NodePage, NodesQuery, Plan, Reason, RecordsQuery,
-    Refused, ReleaseHolds, ReloadReply, Repaired, Reply, RunDetail, RunSummary, RunbookDetail, RunbookList,
-    RunbookModeReply, RunsQuery, SetFleetMode, SetRunbookMode, ShadowReport, SimFaultReply, StartRun, Verifying,
-    WindowReply, Windows,
+    HandsOff, HandsOffReply, HealthCheckReply, NewWindow, NodeDetail, NodeHealth, NodePage, NodesQuery, Plan, Reason,
+    RecordsQuery, Refused, ReleaseHolds, ReloadReply, Repaired, Reply, RunDetail, RunSummary, RunbookDetail,
+    RunbookList, RunbookModeReply, RunsQuery, SetFleetMode, SetRunbookMode, ShadowReport, SimFaultReply, StartRun,
+    Verifying, WindowReply, Windows,
 };
 use std::collections::BTreeMap;
 
@@ -243,6 +243,14 @@ impl EngineApi for Remote {
             let next_cursor = headers.get("next-cursor").and_then(|v| v.to_str().ok()).map(str::to_string);
             Ok(NodePage { nodes, next_cursor })
         })
+    }
+
+    fn node<'a>(&'a self, name: &'a str) -> Reply<'a, NodeDetail> {
+        self.get_op(format!("/api/v1/nodes/{}", urlencode(name)))
+    }
+
+    fn approvals(&self) -> Reply<'_, Vec<RunSummary>> {
+        self.get_op("/api/v1/approvals".into())
     }
 
     fn run<'a>(&'a self, id: &'a str) -> Reply<'a, RunDetail> {

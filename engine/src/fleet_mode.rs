@@ -11,7 +11,7 @@ impl Engine {
     /// config's `initial_fleet_mode`, nobody set one yet). The chain's
     /// newest `fleet_mode` record decides — on a standby too, and after a
     /// restart or a takeover.
-    pub fn fleet_mode(&self) -> (crate::modes::FleetMode, Option<(String, String)>) {
+    pub(crate) fn fleet_mode(&self) -> (crate::modes::FleetMode, Option<(String, String)>) {
         match self.core.audit.newest_of_kind(RecordKind::FleetMode) {
             Ok(Some(r)) => {
                 let reason = r.payload::<crate::audit::data::FleetMode>().map(|p| p.reason).unwrap_or_default();

@@ -79,7 +79,7 @@ impl Engine {
 
     /// Windows in force or to come, soonest end first, each with the nodes
     /// it covers now.
-    pub fn windows(&self) -> Vec<Window> {
+    pub(crate) fn windows(&self) -> Vec<Window> {
         let now = self.core.now();
         let mut all: Vec<Window> = crate::core::lock(&self.core.windows).values().cloned().collect();
         for w in &mut all {

@@ -545,7 +545,7 @@ impl Engine {
     /// no fault touched is healthy), state, fault, what a person should do,
     /// the lifecycle's timestamps and past lifecycles. `None`: not in the
     /// inventory.
-    pub fn node_health(&self, node: &str) -> Option<NodeHealth> {
+    pub(crate) fn node_health(&self, node: &str) -> Option<NodeHealth> {
         let n = self.core.fleet.get(node)?;
         let model = self.health_model();
         let now = self.core.now();

@@ -98,7 +98,7 @@ impl Engine {
     /// Runs waiting for approval.
     /// On a standby, from its copy of the chain (the run table is the
     /// leader's): the approvals page reads the same through either engine.
-    pub fn pending_approvals(&self) -> Vec<RunSummary> {
+    pub(crate) fn pending_approvals(&self) -> Vec<RunSummary> {
         if self.core.acting() {
             return self.core.table().pending_approvals();
         }
@@ -197,7 +197,7 @@ impl Engine {
     }
 
     /// Every runbook's view.
-    pub fn runbooks(&self) -> Vec<RunbookView> {
+    pub(crate) fn runbooks(&self) -> Vec<RunbookView> {
         self.runbook_set()
             .runbooks
             .iter()
@@ -456,7 +456,7 @@ impl Engine {
 
 impl Engine {
     /// A runbook's mode now: what an admin set, else its manifest's.
-    pub fn runbook_mode(&self, name: &str) -> crate::manifest::Mode {
+    pub(crate) fn runbook_mode(&self, name: &str) -> crate::manifest::Mode {
         // A standby follows the chain: the leader's promotions and
         // demotions, as they are recorded.
         if !self.core.acting()
@@ -594,7 +594,7 @@ impl Engine {
 
     /// Runs, newest first, filtered: with PostgreSQL in SQL (this engine's
     /// shard, from the database), else from the sled store.
-    pub async fn runs_page(&self, f: &RunFilter) -> Result<RunPage, EngineError> {
+    pub(crate) async fn runs_page(&self, f: &RunFilter) -> Result<RunPage, EngineError> {
         let Some(pg) = self.core.audit.postgres() else { return self.runs(f) };
         let page = self
             .pg_reads()
@@ -617,7 +617,7 @@ impl Engine {
 
     /// Every shard of this engine's database: who leads it, at what term,
     /// and its chain's head (empty with the sled backend).
-    pub async fn ha_shards(&self) -> Result<Vec<crate::ha::ShardRow>, String> {
+    pub(crate) async fn ha_shards(&self) -> Result<Vec<crate::ha::ShardRow>, String> {
         match self.core.audit.pg_reads() {
             Some(db) => db.shards().await,
             None => Ok(Vec::new()),

@@ -15,10 +15,9 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use nightshift_engine::api::{
-    Cancel, EngineApi, HandsOff, Healthz, NodeDetail, NodesQuery, Readyz, Reason, RecordsQuery, ReleaseHolds, Repaired,
-    RunsQuery, Session, SetFleetMode, SetRunbookMode, StartRun, WebhookPayload,
+    Cancel, EngineApi, HandsOff, Healthz, NodesQuery, Readyz, Reason, RecordsQuery, ReleaseHolds, Repaired, RunsQuery,
+    Session, SetFleetMode, SetRunbookMode, StartRun, WebhookPayload,
 };
-use nightshift_engine::audit::RunFilter;
 
 use crate::AppState;
 use crate::error::ApiError;
@@ -212,8 +211,8 @@ pub async fn plan_run(
     Ok(Json(session(&s, &id).plan(body).await?).into_response())
 }
 
-pub async fn approvals(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
-    Ok(Json(s.engine.pending_approvals()).into_response())
+pub async fn approvals(State(s): State<AppState>, Viewer(id): Viewer) -> Result<Response, ApiError> {
+    Ok(Json(session(&s, &id).approvals().await?).into_response())
 }
 
 /// The nodes, by name (filtered when asked); with `limit`, a page of them
@@ -234,10 +233,12 @@ pub async fn nodes(
     Ok(resp)
 }
 
-pub async fn node(State(s): State<AppState>, _: Viewer, Path(name): Path<String>) -> Result<Response, ApiError> {
-    let n = s.engine.node(&name).ok_or_else(|| ApiError::not_found(format!("no node {name:?} in the inventory")))?;
-    let recent = s.engine.runs(&RunFilter { node: Some(name.clone()), limit: Some(20), ..Default::default() })?;
-    Ok(Json(NodeDetail { node: n, health: s.engine.node_health(&name), recent_runs: recent.runs }).into_response())
+pub async fn node(
+    State(s): State<AppState>,
+    Viewer(id): Viewer,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(session(&s, &id).node(&name).await?).into_response())
 }
 
 /// `GET /api/v1/nodes/{name}/health`: every GPU's health state, fault,

@@ -50,7 +50,7 @@ pub async fn nodes_page(
     Viewer(who): Viewer,
     axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
 ) -> Result<Response, PageError> {
-    use nightshift_engine::api::{EngineApi, NodeStateFilter, NodesQuery};
+    use nightshift_engine::api::{EngineApi, FleetModeView, NodeStateFilter, NodesQuery};
     let nodes = s.engine.nodes();
     // The table shows what the filter selects; the counts are the fleet's.
     let nonempty = |k: &str| q.get(k).filter(|v| !v.is_empty());
@@ -108,7 +108,9 @@ pub async fn nodes_page(
     let serving = nodes.iter().filter(|n| !n.standby).count();
     let by_people = nodes.iter().filter(|n| !n.standby && n.state.drained && n.drained_by_person).count();
     let by_us = nodes.iter().filter(|n| !n.standby && n.state.drained && !n.drained_by_person).count();
-    let (mode, set_by) = s.engine.fleet_mode();
+    let FleetModeView { mode, set_by, reason, .. } =
+        crate::api::session(&s, &who).fleet_mode().await.map_err(|e| PageError(e.into()))?;
+    let set_by = set_by.map(|by| (by, reason));
     // A link to this view sorted another way (the filter and grouping kept).
     let link = |sort_by: &str| {
         let mut url = format!("/nodes?sort={sort_by}");
@@ -273,8 +275,10 @@ pub async fn fleet_page(State(s): State<AppState>, Viewer(who): Viewer) -> Resul
         t.hands_off += usize::from(n.state.hands_off());
     }
     let total_gpus: usize = gpu_health.values().sum();
-    let (mode, _) = s.engine.fleet_mode();
-    let windows = s.engine.windows();
+    use nightshift_engine::api::EngineApi;
+    let api = crate::api::session(&s, &who);
+    let mode = api.fleet_mode().await.map_err(|e| PageError(e.into()))?.mode;
+    let windows = api.windows().await.map_err(|e| PageError(e.into()))?.windows;
     let standby = standby_of(&s);
     let body = html! {
         h1 { "Fleet" }

@@ -15,7 +15,7 @@ use nightshift_engine::api::{
 
 use crate::api::session;
 use nightshift_engine::api::{RunOutcome, RunState, RunSummary};
-use nightshift_engine::audit::{AuditRecord, RecordKind, RunFilter, data};
+use nightshift_engine::audit::{AuditRecord, RecordKind, data};
 use nightshift_engine::config::Role;
 use nightshift_proto::{HoldInfo, NoArgs, Op, SettingView};
 
@@ -25,7 +25,7 @@ use crate::error::ApiError;
 use crate::extract::{Admin, Operator, Viewer};
 use crate::html::{PageError, layout, urlencode};
 use crate::nodes::{agent_cell, drain_cell, standby_of};
-use nightshift_engine::api::RunsQuery;
+use nightshift_engine::api::{NodeDetail, RunbookDetail, RunsQuery};
 
 /// A time for people: UTC in the page (and its tooltip), turned into the
 /// reader's own zone by app.js.
@@ -150,7 +150,7 @@ pub async fn timeline(
     if ha.backend == "postgres" && get("shards").as_deref() == Some("all") {
         return all_shards_timeline(&s, &who, &rq, &q).await;
     }
-    let page = s.engine.runs_page(&rq.filter(&s.engine)?).await?;
+    let page = session(&s, &who).runs(rq.clone()).await?;
     if get("partial").is_some() {
         return Ok(run_rows(&page.runs).into_response());
     }
@@ -158,7 +158,7 @@ pub async fn timeline(
     let runbooks: Vec<String> = s.engine.runbook_set().names();
     let sel = |k: &str, v: &str| get(k).as_deref() == Some(v);
     let next = page.next_cursor.as_deref().map(|c| older_page(&q, c));
-    let pending = s.engine.pending_approvals().len();
+    let pending = session(&s, &who).approvals().await?.len();
     // What people did in the same window (cancels, approvals, releases,
     // drains, resumes, hands-off, mode changes): the night is not only runs.
     let people = crate::browse::search(
@@ -259,7 +259,7 @@ async fn all_shards_timeline(
         .map_err(|e| ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "database", e))?;
     let own = s.engine.ha_status().shard.unwrap_or_default();
     let urls: std::collections::HashMap<String, String> =
-        s.engine.ha_shards().await.unwrap_or_default().into_iter().map(|r| (r.shard, r.url)).collect();
+        session(s, who).ha().await?.shards.unwrap_or_default().into_iter().map(|r| (r.shard, r.url)).collect();
     let link = |shard: &str, id: &str| -> String {
         match urls.get(shard).filter(|_| shard != own) {
             Some(u) if !u.is_empty() => format!("{}/runs/{id}", u.trim_end_matches('/')),
@@ -765,8 +765,8 @@ pub async fn node_page(
     Viewer(who): Viewer,
     Path(name): Path<String>,
 ) -> Result<Response, PageError> {
-    let n = s.engine.node(&name).ok_or_else(|| ApiError::not_found(format!("no node {name:?} in the inventory")))?;
-    let recent = s.engine.runs(&RunFilter { node: Some(name.clone()), limit: Some(20), ..Default::default() })?;
+    let NodeDetail { node: n, health, recent_runs } = session(&s, &who).node(&name).await?;
+    let health = health.unwrap_or_default();
     let standby = standby_of(&s);
     let cols = [
         "temperature_c",
@@ -781,7 +781,6 @@ pub async fn node_page(
     ];
     let inv = n.state.inventory.clone();
     let held = held_settings(&s, &name, &n.holds).await;
-    let health = session(&s, &who).node_health(&name).await.unwrap_or_default();
     // The node's RMA evidence bundles among its last 500 records, newest
     // first (five at most; `nightshift agents evidence NODE` lists all).
     let evidence: Vec<AuditRecord> = s
@@ -869,7 +868,7 @@ pub async fn node_page(
                     crate::chart::Series { label: "temperature".into(), unit: "°C", points: s.engine.series(&name, Some(g), nightshift_engine::api::ids::TEMPERATURE, now_ms - 3_600_000, now_ms), class: "temp" },
                     crate::chart::Series { label: "power limit".into(), unit: "W", points: s.engine.series(&name, Some(g), nightshift_engine::api::ids::POWER_LIMIT, now_ms - 3_600_000, now_ms), class: "limit" },
                 ],
-                &recent.runs.iter().filter(|r| r.target.gpu.is_none_or(|x| x == g)).map(|r| crate::chart::Mark { ts_ms: r.created_ms, label: r.runbook.clone(), class: "action" }).collect::<Vec<_>>(),
+                &recent_runs.iter().filter(|r| r.target.gpu.is_none_or(|x| x == g)).map(|r| crate::chart::Mark { ts_ms: r.created_ms, label: r.runbook.clone(), class: "action" }).collect::<Vec<_>>(),
                 now_ms - 3_600_000, now_ms, now_ms,
             ))
         }
@@ -899,7 +898,7 @@ pub async fn node_page(
             }
         }
         h2 { "Recent runs" }
-        div.scroll { table.runs { tbody { (run_rows(&recent.runs)) } } }
+        div.scroll { table.runs { tbody { (run_rows(&recent_runs)) } } }
     };
     Ok(layout(&name, "Nodes", Some(&who), body).into_response())
 }
@@ -1016,17 +1015,17 @@ fn holds_table(held: &[SettingView], now_ms: i64, release: Option<&str>) -> Mark
 
 /// `/runbooks`.
 pub async fn runbooks_page(State(s): State<AppState>, Viewer(who): Viewer) -> Result<Response, PageError> {
-    let set = s.engine.runbook_set();
+    let set = session(&s, &who).runbooks().await?;
     let body = html! {
         h1 { "Runbooks" }
         @if !set.errors.is_empty() {
-            div.errors { h3 { "Not loaded" } ul { @for e in &set.errors { li { code { (e.to_string()) } } } } }
+            div.errors { h3 { "Not loaded" } ul { @for e in &set.errors { li { code { (e) } } } } }
         }
         div.scroll {
             table {
                 thead { tr { th { "Row" } th { "Runbook" } th { "Trigger" } th { "Scope" } th { "What it does" } } }
                 tbody {
-                    @for r in s.engine.runbooks() {
+                    @for r in &set.runbooks {
                         tr {
                             td { (r.handbook.clone().unwrap_or_default()) }
                             td { a href={"/runbooks/" (r.name)} { (r.name) } }
@@ -1092,13 +1091,7 @@ pub async fn runbook_page(
     Viewer(who): Viewer,
     Path(name): Path<String>,
 ) -> Result<Response, PageError> {
-    let rb = s
-        .engine
-        .runbooks()
-        .into_iter()
-        .find(|r| r.name == name)
-        .ok_or_else(|| ApiError::not_found(format!("no runbook {name:?}")))?;
-    let recent = s.engine.runs(&RunFilter { runbook: Some(name.clone()), limit: Some(20), ..Default::default() })?;
+    let RunbookDetail { runbook: rb, recent_runs } = session(&s, &who).runbook(&name).await?;
     let manifest = std::fs::read_to_string(&rb.manifest_path).unwrap_or_else(|_| pretty(&rb.manifest));
     let body = html! {
         div.head {
@@ -1123,14 +1116,14 @@ pub async fn runbook_page(
             }
         }
         h2 { "Recent runs" }
-        div.scroll { table.runs { tbody { (run_rows(&recent.runs)) } } }
+        div.scroll { table.runs { tbody { (run_rows(&recent_runs)) } } }
     };
     Ok(layout(&name, "Runbooks", Some(&who), body).into_response())
 }
 
 /// `/approvals`.
 pub async fn approvals_page(State(s): State<AppState>, Viewer(who): Viewer) -> Result<Response, PageError> {
-    let pending = s.engine.pending_approvals();
+    let pending = session(&s, &who).approvals().await?;
     let set = s.engine.runbook_set();
     let now_ms = s.engine.clock().now_ms();
     // What each run asks: the request record (reason, expiry, nodes it would

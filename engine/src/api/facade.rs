@@ -10,8 +10,8 @@ use futures::future::BoxFuture;
 
 use super::replies::{
     AgentHolds, AgentPing, ApiErrorDetail, AuditHead, Cancelled, ControlReply, FleetModeView, HaReply, HandsOffReply,
-    HealthCheckReply, NodePage, ReloadReply, RunDetail, RunbookBrief, RunbookDetail, RunbookList, RunbookModeReply,
-    ShadowReport, SimFaultReply, Verifying, WindowReply, Windows,
+    HealthCheckReply, NodeDetail, NodePage, ReloadReply, RunDetail, RunbookBrief, RunbookDetail, RunbookList,
+    RunbookModeReply, ShadowReport, SimFaultReply, Verifying, WindowReply, Windows,
 };
 use super::requests::{
     Cancel, HandsOff, NewWindow, NodesQuery, Reason, RecordsQuery, ReleaseHolds, Repaired, RunsQuery, SetFleetMode,
@@ -113,6 +113,10 @@ pub trait EngineApi: Send + Sync {
     fn node_health<'a>(&'a self, node: &'a str) -> Reply<'a, NodeHealth>;
     /// `GET /api/v1/nodes`: the nodes a query selects, a page at a time.
     fn nodes(&self, query: NodesQuery) -> Reply<'_, NodePage>;
+    /// One node: its state, its GPUs' health, its last 20 runs.
+    fn node<'a>(&'a self, name: &'a str) -> Reply<'a, NodeDetail>;
+    /// Runs waiting for approval.
+    fn approvals(&self) -> Reply<'_, Vec<RunSummary>>;
     /// The agent's read-only health check, now.
     fn health_check<'a>(&'a self, node: &'a str) -> Reply<'a, HealthCheckReply>;
     /// A person says the node (or one GPU) was repaired.
@@ -273,6 +277,19 @@ impl EngineApi for Session {
             let (nodes, next_cursor) = self.engine.nodes_filtered(&query.filter()?);
             Ok(NodePage { nodes, next_cursor })
         })
+    }
+
+    fn node<'a>(&'a self, name: &'a str) -> Reply<'a, NodeDetail> {
+        Box::pin(async move {
+            let node = self.engine.node(name).ok_or_else(|| Refused::no_node(name))?;
+            let recent =
+                self.engine.runs(&RunFilter { node: Some(name.to_string()), limit: Some(20), ..Default::default() })?;
+            Ok(NodeDetail { node, health: self.engine.node_health(name), recent_runs: recent.runs })
+        })
+    }
+
+    fn approvals(&self) -> Reply<'_, Vec<RunSummary>> {
+        Box::pin(async move { Ok(self.engine.pending_approvals()) })
     }
 
     fn node_health<'a>(&'a self, node: &'a str) -> Reply<'a, NodeHealth> {

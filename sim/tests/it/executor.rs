@@ -3,6 +3,7 @@
 //! stale events.
 
 use crate::common::*;
+use nightshift_engine::api::EngineApi;
 use nightshift_engine::audit::RecordKind;
 use nightshift_engine::engine::Submitted;
 use nightshift_engine::runs::{RunOutcome, RunState, Target};
@@ -426,7 +427,7 @@ async fn approval_flow() {
     let id = run_id(&s);
     f.run_for(30).await.unwrap();
     assert_eq!(power_limit(f, "n1", 0).await, 700.0, "nothing happens while pending");
-    assert_eq!(e.pending_approvals().len(), 1);
+    assert_eq!(person(e).approvals().await.unwrap().len(), 1);
     let err = e.approve(&id, "user:alice").await.unwrap_err();
     assert!(err.to_string().contains("someone else must approve it"), "{err}");
     e.approve(&id, "user:bob").await.unwrap();
@@ -543,7 +544,7 @@ async fn an_approval_runs_the_runbook_it_approved_or_is_refused() {
     let r = until_finished(f, &id, 60).await;
     assert_eq!(r.outcome, Some(RunOutcome::Refused), "{r:?}");
     assert!(r.why.contains("no longer loaded"), "{}", r.why);
-    assert!(e.pending_approvals().is_empty());
+    assert!(person(e).approvals().await.unwrap().is_empty());
     assert!(f.engine.verify().unwrap().ok);
 }
 
@@ -654,7 +655,7 @@ async fn an_alert_held_back_by_a_run_that_was_skipped_is_offered_again() {
     let t = now(f);
     e.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "firing"), "alertmanager");
     f.run_for(2).await.unwrap();
-    let first = e.pending_approvals().remove(0).id;
+    let first = person(e).approvals().await.unwrap().remove(0).id;
     // Another alert for the node while the first run waits: held back.
     e.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-2", t + 1_000, "firing"), "alertmanager");
     f.run_for(2).await.unwrap();
@@ -782,7 +783,8 @@ async fn the_fleet_mode_shadows_pauses_and_acts_for_every_runbook() {
     write_runbook(rb.path(), "cap", "trigger:\n  type: manual\nscope: node\n", "set_power_limit(1, 450);\n");
     let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
     let e = &sim.fleet.engine;
-    assert_eq!(e.fleet_mode(), (FleetMode::Act, None), "act when nobody set one");
+    let v = person(e).fleet_mode().await.unwrap();
+    assert_eq!((v.mode, v.set_by), (FleetMode::Act, None), "act when nobody set one");
     assert!(e.set_fleet_mode(FleetMode::Shadow, "user:admin", "  ").await.is_err(), "a reason is needed");
     assert!(e.set_fleet_mode(FleetMode::Act, "user:admin", "why not").await.is_err(), "already act");
     e.set_fleet_mode(FleetMode::Shadow, "user:admin", "first week on this fleet").await.unwrap();
@@ -797,8 +799,11 @@ async fn the_fleet_mode_shadows_pauses_and_acts_for_every_runbook() {
     f.engine.set_fleet_mode(FleetMode::Paused, "user:admin", "driver upgrade tonight").await.unwrap();
     sim.fleet.restart_engine().await.unwrap();
     let f = &sim.fleet;
-    let (mode, by) = f.engine.fleet_mode();
-    assert_eq!((mode, by), (FleetMode::Paused, Some(("user:admin".to_string(), "driver upgrade tonight".to_string()))));
+    let v = person(&f.engine).fleet_mode().await.unwrap();
+    assert_eq!(
+        (v.mode, v.set_by, v.reason.as_str()),
+        (FleetMode::Paused, Some("user:admin".to_string()), "driver upgrade tonight")
+    );
     f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-2", now(f), "firing"), "alertmanager");
     f.run_for(10).await.unwrap();
     assert_eq!(f.engine.runs(&Default::default()).unwrap().runs.len(), 1, "no automatic run while paused");
@@ -1122,7 +1127,7 @@ async fn a_maintenance_window_covers_what_it_matches_until_it_ends() {
     // Its time comes: ended by the engine, saying whose it was.
     f.run_for(3_600).await.unwrap();
     assert!(!f.engine.node("a1").unwrap().state.hands_off());
-    assert!(f.engine.windows().is_empty());
+    assert!(person(&f.engine).windows().await.unwrap().windows.is_empty());
     let ended = records(f).into_iter().rev().find(|r| r.kind == RecordKind::Maintenance).unwrap();
     assert_eq!((ended.actor.as_str(), ended.data["set"].as_bool()), ("engine", Some(false)));
     assert!(ended.data["reason"].as_str().unwrap().contains("the window user:admin set ended at"), "{ended:?}");

@@ -6,6 +6,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use nightshift_engine::api::EngineApi;
+
 use nightshift_engine::embed::HealthState;
 use nightshift_engine::embed::load_dir;
 use nightshift_engine::embed::{ScriptLimits, build_engine};
@@ -319,7 +321,7 @@ async fn random_faults_restarts_and_people_never_leave_a_broken_gpu_in_service()
             // a fault in the model, and the run that placed it.
             if ours {
                 assert!(!broken.is_empty(), "{}", ctx());
-                let h = f.engine.node_health(node).unwrap();
+                let h = crate::common::person(&f.engine).node_health(node).await.unwrap();
                 assert!(h.gpus.iter().any(|g| !g.why.is_empty()), "no reason on the page: {}", ctx());
             }
         }

@@ -49,7 +49,7 @@ async fn a_shadow_runbook_changes_nothing_and_reports_what_it_would_have_done() 
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
     assert!(eventually(20, || (engine.connected_agents() == 2).then_some(())).await.is_some());
-    assert_eq!(engine.runbook_mode("hot-cap"), nightshift_engine::embed::Mode::Shadow);
+    assert_eq!(mode_of(&engine, "hot-cap").await, "shadow");
 
     // The fault.
     let c = AgentConnection::connect(&s1.client_config()).await.unwrap();
@@ -160,11 +160,11 @@ async fn a_shadow_runbook_changes_nothing_and_reports_what_it_would_have_done() 
             .send()
     };
     assert_eq!(promote(OPERATOR, "looks fine").await.unwrap().status(), 403);
-    assert_eq!(engine.runbook_mode("hot-cap"), nightshift_engine::embed::Mode::Shadow);
+    assert_eq!(mode_of(&engine, "hot-cap").await, "shadow");
     assert_eq!(promote(ADMIN, "").await.unwrap().status(), 400, "a promotion says why");
     let r = promote(ADMIN, "one right fire in shadow").await.unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(engine.runbook_mode("hot-cap"), nightshift_engine::embed::Mode::Act);
+    assert_eq!(mode_of(&engine, "hot-cap").await, "act");
     let modes: Vec<_> = engine
         .audit()
         .tail(0, usize::MAX)
@@ -197,4 +197,11 @@ async fn a_shadow_runbook_changes_nothing_and_reports_what_it_would_have_done() 
     let (mut s1, mut s2) = (s1, s2);
     s1.stop().await;
     s2.stop().await;
+}
+
+/// A runbook's mode as a person reads it (`GET /api/v1/runbooks/{name}`).
+async fn mode_of(engine: &nightshift_engine::engine::Engine, runbook: &str) -> String {
+    use nightshift_engine::api::EngineApi;
+    let api = nightshift_engine::api::Session::new(engine.clone(), "test", true);
+    api.runbook(runbook).await.unwrap().runbook.mode
 }

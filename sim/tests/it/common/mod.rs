@@ -120,3 +120,9 @@ pub fn alert_payload(
 pub fn now(sim: &SimFleet) -> i64 {
     nightshift_proto::clock::Clock::now_ms(&sim.clock)
 }
+
+/// The engine as a person sees it (an admin): what the web and the CLI
+/// read goes through the same door (`nightshift_engine::api::EngineApi`).
+pub fn person(e: &nightshift_engine::engine::Engine) -> nightshift_engine::api::Session {
+    nightshift_engine::api::Session::new(e.clone(), "test", true)
+}
