@@ -27,7 +27,7 @@ impl Engine {
 
     /// Put the whole fleet in `mode`, saying why: audited (`fleet_mode`, by
     /// `by`) before it takes effect, for every engine of the shard.
-    pub async fn set_fleet_mode(
+    pub(crate) async fn set_fleet_mode(
         &self,
         mode: crate::modes::FleetMode,
         by: &str,

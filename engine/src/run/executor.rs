@@ -442,12 +442,12 @@ impl Engine {
 
     /// Approve a run waiting for approval. Nobody approves a run they asked
     /// for or whose event they posted.
-    pub async fn approve(&self, run: &str, by: &str) -> Result<RunSummary, EngineError> {
+    pub(crate) async fn approve(&self, run: &str, by: &str) -> Result<RunSummary, EngineError> {
         self.decide(run, by, true, None).await
     }
 
     /// Reject a run waiting for approval, saying why.
-    pub async fn reject(&self, run: &str, by: &str, reason: &str) -> Result<RunSummary, EngineError> {
+    pub(crate) async fn reject(&self, run: &str, by: &str, reason: &str) -> Result<RunSummary, EngineError> {
         if !nightshift_proto::names::has_visible_text(reason) {
             return Err(EngineError::MissingReason);
         }
@@ -536,7 +536,7 @@ impl Engine {
     /// Cancel a queued, pending or running run as `by` (the actor of its
     /// end in the audit), saying why when they did. A second cancel of a
     /// running run changes nothing: the first one's words stand.
-    pub async fn cancel(&self, run: &str, by: &str, reason: Option<&str>) -> Result<(), EngineError> {
+    pub(crate) async fn cancel(&self, run: &str, by: &str, reason: Option<&str>) -> Result<(), EngineError> {
         self.cancel_as(run, by, reason, false).await
     }
 

@@ -3,7 +3,7 @@
 //! stale events.
 
 use crate::common::*;
-use nightshift_engine::api::EngineApi;
+use nightshift_engine::api::{Cancel, EngineApi, Reason, SetFleetMode};
 use nightshift_engine::audit::RecordKind;
 use nightshift_engine::engine::Submitted;
 use nightshift_engine::runs::{RunOutcome, RunState, Target};
@@ -428,9 +428,9 @@ async fn approval_flow() {
     f.run_for(30).await.unwrap();
     assert_eq!(power_limit(f, "n1", 0).await, 700.0, "nothing happens while pending");
     assert_eq!(person(e).approvals().await.unwrap().len(), 1);
-    let err = e.approve(&id, "user:alice").await.unwrap_err();
+    let err = as_user(e, "alice").approve(&id).await.unwrap_err();
     assert!(err.to_string().contains("someone else must approve it"), "{err}");
-    e.approve(&id, "user:bob").await.unwrap();
+    as_user(e, "bob").approve(&id).await.unwrap();
     f.run_for(5).await.unwrap();
     assert_eq!(power_limit(f, "n1", 0).await, 450.0);
     let r = until_finished(f, &id, 120).await;
@@ -438,7 +438,7 @@ async fn approval_flow() {
     assert_eq!(r.approvals[0].by, "user:bob");
     // Rejected: cancelled with the reason.
     let id = run_id(&e.submit(manual_req("careful", "n1")).await.unwrap());
-    e.reject(&id, "user:bob", "not during the training run").await.unwrap();
+    as_user(e, "bob").reject(&id, Reason { reason: "not during the training run".into() }).await.unwrap();
     let r = e.run(&id).unwrap().unwrap();
     assert_eq!(r.outcome, Some(RunOutcome::Cancelled));
     assert!(r.why.contains("rejected by user:bob: not during the training run"), "{}", r.why);
@@ -509,7 +509,7 @@ async fn an_approval_runs_the_runbook_it_approved_or_is_refused() {
     let digest = e.run(&id).unwrap().unwrap().runbook_digest.expect("the digest is recorded at admission");
     write_runbook(rb.path(), "a-drain", "trigger:\n  type: manual\nscope: node\n", "drain(\"reordered\");\n");
     reload(e);
-    e.approve(&id, "user:bob").await.unwrap();
+    as_user(e, "bob").approve(&id).await.unwrap();
     let r = until_finished(f, &id, 60).await;
     assert_eq!(r.outcome, Some(RunOutcome::Succeeded), "{r:?}");
     assert_eq!(power_limit(f, "n1", 0).await, 700.0, "capped then released at the end");
@@ -528,7 +528,7 @@ async fn an_approval_runs_the_runbook_it_approved_or_is_refused() {
     assert_eq!(e.run(&id).unwrap().unwrap().runbook_digest.as_deref(), Some(digest.as_str()));
     write_runbook(rb.path(), "needs-approval", careful, "set_power_limit(0, 300);\n");
     reload(e);
-    e.approve(&id, "user:bob").await.unwrap();
+    as_user(e, "bob").approve(&id).await.unwrap();
     let r = until_finished(f, &id, 60).await;
     assert_eq!(r.outcome, Some(RunOutcome::Refused), "{r:?}");
     assert!(r.why.contains("changed since this run was admitted"), "{}", r.why);
@@ -540,7 +540,7 @@ async fn an_approval_runs_the_runbook_it_approved_or_is_refused() {
     let id = run_id(&e.submit(manual_req("needs-approval", "n1")).await.unwrap());
     std::fs::remove_file(rb.path().join("needs-approval.yaml")).unwrap();
     reload(e);
-    let _ = e.approve(&id, "user:bob").await;
+    let _ = as_user(e, "bob").approve(&id).await;
     let r = until_finished(f, &id, 60).await;
     assert_eq!(r.outcome, Some(RunOutcome::Refused), "{r:?}");
     assert!(r.why.contains("no longer loaded"), "{}", r.why);
@@ -664,7 +664,7 @@ async fn an_alert_held_back_by_a_run_that_was_skipped_is_offered_again() {
     // The first alert resolves; approved, its run finds that and is skipped.
     e.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "resolved"), "alertmanager");
     f.run_for(2).await.unwrap();
-    e.approve(&first, "user:bob").await.unwrap();
+    as_user(e, "bob").approve(&first).await.unwrap();
     let r = until_finished(f, &first, 60).await;
     assert_eq!(r.outcome, Some(RunOutcome::Skipped), "{r:?}");
     f.run_for(2).await.unwrap();
@@ -683,7 +683,7 @@ async fn an_alert_held_back_by_a_run_that_was_skipped_is_offered_again() {
     // Approved, it does its work; a third alert it holds back is not offered again.
     e.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-3", t + 2_000, "firing"), "alertmanager");
     f.run_for(2).await.unwrap();
-    e.approve(&again.id, "user:bob").await.unwrap();
+    as_user(e, "bob").approve(&again.id).await.unwrap();
     let r = until_finished(f, &again.id, 60).await;
     assert_eq!(r.outcome, Some(RunOutcome::Succeeded), "{r:?}");
     f.run_for(10).await.unwrap();
@@ -712,10 +712,10 @@ async fn approvals_rejections_and_cancels_are_recorded_under_who_did_them() {
     };
     // Approved by bob, cancelled while running by dave, who says why.
     let id = run_id(&e.submit(manual_req("careful", "n1")).await.unwrap());
-    e.approve(&id, "user:bob").await.unwrap();
+    as_user(e, "bob").approve(&id).await.unwrap();
     f.run_for(5).await.unwrap();
     assert_eq!(power_limit(f, "n1", 0).await, 450.0, "running, capped");
-    e.cancel(&id, "user:dave", Some("  wrong node  ")).await.unwrap();
+    as_user(e, "dave").cancel(&id, Cancel { reason: Some("  wrong node  ".into()) }).await.unwrap();
     let r = until_finished(f, &id, 120).await;
     assert_eq!(r.outcome, Some(RunOutcome::Cancelled));
     assert!(r.why.contains("cancelled by user:dave: wrong node while running"), "{}", r.why);
@@ -731,7 +731,7 @@ async fn approvals_rejections_and_cancels_are_recorded_under_who_did_them() {
     );
     // Rejected by carol: both the rejection and the end are hers.
     let id = run_id(&e.submit(manual_req("careful", "n1")).await.unwrap());
-    e.reject(&id, "user:carol", "not during the training run").await.unwrap();
+    as_user(e, "carol").reject(&id, Reason { reason: "not during the training run".into() }).await.unwrap();
     let recs = e.run_records(&id).unwrap();
     let rejected = recs.iter().find(|r| r.kind == RecordKind::Rejected).unwrap();
     assert_eq!(rejected.actor, "user:carol");
@@ -739,7 +739,7 @@ async fn approvals_rejections_and_cancels_are_recorded_under_who_did_them() {
     assert_eq!((end.actor.as_str(), end.data["reason"].as_str()), ("user:carol", Some("not during the training run")));
     // Cancelled while waiting for approval, with no reason: still hers.
     let id = run_id(&e.submit(manual_req("careful", "n1")).await.unwrap());
-    e.cancel(&id, "user:erin", None).await.unwrap();
+    as_user(e, "erin").cancel(&id, Cancel { reason: None }).await.unwrap();
     let end = finished(&id);
     assert_eq!((end.actor.as_str(), end.data.get("reason")), ("user:erin", None), "{end:?}");
     assert_eq!(end.data["error"], "cancelled by user:erin before it started");
@@ -747,7 +747,7 @@ async fn approvals_rejections_and_cancels_are_recorded_under_who_did_them() {
     // cancelled it", nor the engine's: it is left unfinished, its cap on,
     // for the next engine to resume (sim/tests/it/recovery.rs).
     let id = run_id(&e.submit(manual_req("careful", "n1")).await.unwrap());
-    e.approve(&id, "user:bob").await.unwrap();
+    as_user(e, "bob").approve(&id).await.unwrap();
     f.run_for(5).await.unwrap();
     e.shutdown().await;
     // (Virtual time: the script sees the stop at its next step.)
@@ -785,9 +785,24 @@ async fn the_fleet_mode_shadows_pauses_and_acts_for_every_runbook() {
     let e = &sim.fleet.engine;
     let v = person(e).fleet_mode().await.unwrap();
     assert_eq!((v.mode, v.set_by), (FleetMode::Act, None), "act when nobody set one");
-    assert!(e.set_fleet_mode(FleetMode::Shadow, "user:admin", "  ").await.is_err(), "a reason is needed");
-    assert!(e.set_fleet_mode(FleetMode::Act, "user:admin", "why not").await.is_err(), "already act");
-    e.set_fleet_mode(FleetMode::Shadow, "user:admin", "first week on this fleet").await.unwrap();
+    assert!(
+        as_user(e, "admin")
+            .set_fleet_mode(SetFleetMode { mode: FleetMode::Shadow, reason: "  ".into() })
+            .await
+            .is_err(),
+        "a reason is needed"
+    );
+    assert!(
+        as_user(e, "admin")
+            .set_fleet_mode(SetFleetMode { mode: FleetMode::Act, reason: "why not".into() })
+            .await
+            .is_err(),
+        "already act"
+    );
+    as_user(e, "admin")
+        .set_fleet_mode(SetFleetMode { mode: FleetMode::Shadow, reason: "first week on this fleet".into() })
+        .await
+        .unwrap();
     let f = &sim.fleet;
     f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", now(f), "firing"), "alertmanager");
     f.run_for(10).await.unwrap();
@@ -796,7 +811,10 @@ async fn the_fleet_mode_shadows_pauses_and_acts_for_every_runbook() {
     assert!(runs[0].shadow && runs[0].dry_run, "a shadow run: {:?}", runs[0]);
     assert_eq!(applied(f, &runs[0].id), vec![false], "its action a dry run: nothing changed");
     // Paused, and kept across a restart.
-    f.engine.set_fleet_mode(FleetMode::Paused, "user:admin", "driver upgrade tonight").await.unwrap();
+    as_user(&f.engine, "admin")
+        .set_fleet_mode(SetFleetMode { mode: FleetMode::Paused, reason: "driver upgrade tonight".into() })
+        .await
+        .unwrap();
     sim.fleet.restart_engine().await.unwrap();
     let f = &sim.fleet;
     let v = person(&f.engine).fleet_mode().await.unwrap();
@@ -823,7 +841,10 @@ async fn the_fleet_mode_shadows_pauses_and_acts_for_every_runbook() {
     let id = run_id(&f.engine.submit(manual("cap", Target::node("n1"), "user:alice")).await.unwrap());
     assert_eq!(until_finished(f, &id, 60).await.outcome, Some(RunOutcome::Succeeded));
     // Act: the next alert acts.
-    f.engine.set_fleet_mode(FleetMode::Act, "user:admin", "shadow report reviewed").await.unwrap();
+    as_user(&f.engine, "admin")
+        .set_fleet_mode(SetFleetMode { mode: FleetMode::Act, reason: "shadow report reviewed".into() })
+        .await
+        .unwrap();
     f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-3", now(f), "firing"), "alertmanager");
     f.run_for(10).await.unwrap();
     let runs = f.engine.runs(&Default::default()).unwrap().runs;
@@ -848,15 +869,21 @@ async fn going_to_act_ends_the_shadow_runs_in_flight_and_a_pause_says_what_goes_
     );
     let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
     let f = &sim.fleet;
-    f.engine.set_fleet_mode(FleetMode::Shadow, "user:admin", "first week").await.unwrap();
+    as_user(&f.engine, "admin")
+        .set_fleet_mode(SetFleetMode { mode: FleetMode::Shadow, reason: "first week".into() })
+        .await
+        .unwrap();
     f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", now(f), "firing"), "alertmanager");
     f.run_for(10).await.unwrap();
     let shadow = f.engine.runs(&Default::default()).unwrap().runs;
     assert_eq!(shadow.len(), 1, "{shadow:#?}");
     assert!(shadow[0].shadow && shadow[0].outcome.is_none(), "a shadow run in flight: {:?}", shadow[0]);
     let shadow = shadow[0].id.clone();
-    let change = f.engine.set_fleet_mode(FleetMode::Act, "user:ana", "shadow report reviewed").await.unwrap();
-    assert_eq!(change.ended, vec![shadow.clone()], "{change:?}");
+    let change = as_user(&f.engine, "ana")
+        .set_fleet_mode(SetFleetMode { mode: FleetMode::Act, reason: "shadow report reviewed".into() })
+        .await
+        .unwrap();
+    assert_eq!(change.ended, Some(vec![shadow.clone()]), "{change:?}");
     let end = until_finished(f, &shadow, 30).await;
     assert_eq!(end.outcome, Some(RunOutcome::Cancelled), "{end:?}");
     assert!(end.why.contains("the fleet went to act (shadow report reviewed)"), "{}", end.why);
@@ -871,10 +898,14 @@ async fn going_to_act_ends_the_shadow_runs_in_flight_and_a_pause_says_what_goes_
     assert_eq!(applied(f, &real.id), vec![true]);
     assert_eq!(power_limit(f, "n1", 0).await, 500.0);
     // Paused: what goes on is said.
-    let change = f.engine.set_fleet_mode(FleetMode::Paused, "user:ana", "driver upgrade").await.unwrap();
-    assert!(change.ended.is_empty());
-    assert_eq!(change.in_flight.len(), 1, "{change:?}");
-    assert!(change.in_flight[0].starts_with(&format!("{} hot n1 running", real.id)), "{change:?}");
+    let change = as_user(&f.engine, "ana")
+        .set_fleet_mode(SetFleetMode { mode: FleetMode::Paused, reason: "driver upgrade".into() })
+        .await
+        .unwrap();
+    assert_eq!(change.ended, Some(vec![]));
+    let in_flight = change.in_flight.clone().unwrap_or_default();
+    assert_eq!(in_flight.len(), 1, "{change:?}");
+    assert!(in_flight[0].starts_with(&format!("{} hot n1 running", real.id)), "{change:?}");
 }
 
 /// Issue 56 point 7: an alert nightshift does not take is audited as

@@ -6,7 +6,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use nightshift_engine::api::EngineApi;
+use nightshift_engine::api::{EngineApi, SetFleetMode};
+
+use crate::common::as_user;
 
 use nightshift_engine::embed::HealthState;
 use nightshift_engine::embed::load_dir;
@@ -440,7 +442,10 @@ async fn a_fault_seen_in_shadow_is_acted_on_once_the_fleet_goes_to_act() {
     let rb = tempfile::tempdir().unwrap();
     let f = fleet(dir.path(), rb.path()).await;
     let mut n = 0;
-    f.engine.set_fleet_mode(FleetMode::Shadow, "user:admin", "first week").await.unwrap();
+    as_user(&f.engine, "admin")
+        .set_fleet_mode(SetFleetMode { mode: FleetMode::Shadow, reason: "first week".into() })
+        .await
+        .unwrap();
     f.run_for(30).await.unwrap();
     inject(&f, &mut n, SimFault::EccDbe { gpu: GPU, count: 1 }).await;
     f.run_for(3_600).await.unwrap();
@@ -450,7 +455,10 @@ async fn a_fault_seen_in_shadow_is_acted_on_once_the_fleet_goes_to_act() {
     assert!(shadow[0].shadow);
     assert_eq!(state(&f), HealthState::Faulted, "a shadow run changes nothing");
     assert!(!drained(&f).await);
-    f.engine.set_fleet_mode(FleetMode::Act, "user:admin", "shadow report reviewed").await.unwrap();
+    as_user(&f.engine, "admin")
+        .set_fleet_mode(SetFleetMode { mode: FleetMode::Act, reason: "shadow report reviewed".into() })
+        .await
+        .unwrap();
     let mut secs = 0;
     while state(&f) != HealthState::AwaitingRepair && secs < 60 {
         f.step().await.unwrap();

@@ -126,3 +126,10 @@ pub fn now(sim: &SimFleet) -> i64 {
 pub fn person(e: &nightshift_engine::engine::Engine) -> nightshift_engine::api::Session {
     nightshift_engine::api::Session::new(e.clone(), "test", true)
 }
+
+/// The engine answering as the person `name` (an admin; recorded as
+/// `user:<name>`): approvals, rejections, cancels and mode changes go
+/// through the door the web and the CLI use.
+pub fn as_user(e: &nightshift_engine::engine::Engine, name: &str) -> nightshift_engine::api::Session {
+    nightshift_engine::api::Session::new(e.clone(), name, true)
+}
