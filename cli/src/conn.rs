@@ -247,7 +247,8 @@ impl Conn {
             Conn::Local(l) => {
                 let mut f = f.clone();
                 if let Some((k, v)) = label {
-                    f.nodes_any = Some(l.engine().await?.nodes_labelled(k, v));
+                    let by_label = RunsQuery { label: Some(format!("{k}={v}")), ..Default::default() };
+                    f.nodes_any = by_label.filter(&l.engine().await?).map_err(fail)?.nodes_any;
                 }
                 Ok(l.audit()?.runs(&f)?)
             }
@@ -261,10 +262,7 @@ impl Conn {
         label: Option<&(String, String)>,
     ) -> Result<nightshift_engine::audit::pg::ShardRunPage> {
         match self {
-            Conn::Remote(r) => {
-                let q = RunsQuery { shards: Some("all".into()), ..RunsQuery::of(f, label) };
-                r.send(r.req(reqwest::Method::GET, "/api/v1/runs").query(&q)).await
-            }
+            Conn::Remote(r) => r.runs_all_shards(RunsQuery::of(f, label)).await.map_err(fail),
             Conn::Local(_) => Err(anyhow::Error::new(Fail(2)).context(
                 "--all-shards asks a running engine on PostgreSQL: pass --server URL (or set NIGHTSHIFT_SERVER)",
             )),

@@ -19,6 +19,7 @@ use nightshift_engine::api::{
 };
 use std::collections::BTreeMap;
 
+use nightshift_engine::audit::pg::ShardRunPage;
 use nightshift_engine::audit::{AuditRecord, RunPage, VerifyReport};
 use nightshift_engine::engine::Submitted;
 use nightshift_proto::NoArgs;
@@ -75,11 +76,6 @@ impl Remote {
         let resp = rb.send().await.map_err(unreached)?;
         let (status, headers) = (resp.status(), resp.headers().clone());
         Ok((status, headers, resp.text().await.map_err(unreached)?))
-    }
-
-    pub(crate) async fn send<T: DeserializeOwned>(&self, rb: reqwest::RequestBuilder) -> Result<T> {
-        let (status, body) = self.exchange(rb).await.map_err(fail)?;
-        self.answer(status, body)
     }
 
     /// An answer's body as `T`, or the error it carries (with the exit code
@@ -251,6 +247,14 @@ impl EngineApi for Remote {
 
     fn approvals(&self) -> Reply<'_, Vec<RunSummary>> {
         self.get_op("/api/v1/approvals".into())
+    }
+
+    fn runs_all_shards(&self, query: RunsQuery) -> Reply<'_, ShardRunPage> {
+        Box::pin(async move {
+            let query = RunsQuery { shards: Some("all".into()), ..query };
+            let (status, text) = self.exchange(self.req(Method::GET, "/api/v1/runs").query(&query)).await?;
+            self.read(status, &text)
+        })
     }
 
     fn run<'a>(&'a self, id: &'a str) -> Reply<'a, RunDetail> {

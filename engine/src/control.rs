@@ -100,7 +100,7 @@ impl Engine {
     /// (faulted, quarantined, awaiting repair, RMA) goes only by the repair
     /// lifecycle (`nodes repaired`) or an admin's `force`. Nothing is sent
     /// when a guard refuses.
-    pub async fn person_release(
+    pub(crate) async fn person_release(
         &self,
         node: &str,
         what: &ReleaseWhat,

@@ -22,7 +22,7 @@ use crate::windows::{Cover, Window, WindowSpec, validate};
 
 impl Engine {
     /// Set a maintenance window (admin), durable before it is in force.
-    pub async fn set_window(&self, by: &str, spec: WindowSpec) -> Result<Window, EngineError> {
+    pub(crate) async fn set_window(&self, by: &str, spec: WindowSpec) -> Result<Window, EngineError> {
         let now = self.core.now();
         validate(&spec, now, &|n| self.core.fleet.get(n).is_some()).map_err(EngineError::BadParams)?;
         let w = Window {
@@ -52,7 +52,7 @@ impl Engine {
     }
 
     /// End a window before its time (admin), saying why.
-    pub async fn end_window(&self, id: &str, by: &str, reason: &str) -> Result<Window, EngineError> {
+    pub(crate) async fn end_window(&self, id: &str, by: &str, reason: &str) -> Result<Window, EngineError> {
         let Some(w) = crate::core::lock(&self.core.windows).get(id).cloned() else {
             let open: Vec<String> = self.windows().into_iter().map(|w| w.id).collect();
             return Err(EngineError::BadParams(format!(

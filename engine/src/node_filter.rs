@@ -9,7 +9,7 @@ impl Engine {
     /// page starts (none: this was the last).
     /// The nodes that carry `label` = `value` now (a runs listing's label
     /// filter: the audit store does not know labels).
-    pub fn nodes_labelled(&self, label: &str, value: &str) -> Vec<String> {
+    pub(crate) fn nodes_labelled(&self, label: &str, value: &str) -> Vec<String> {
         self.core.fleet.nodes().iter().filter(|n| n.label(label) == Some(value)).map(|n| n.spec.name.clone()).collect()
     }
 

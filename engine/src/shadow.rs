@@ -56,7 +56,12 @@ pub struct ShadowFire {
 impl Engine {
     /// The shadow runs of `runbook` since `since_ms`, newest first (at most
     /// `limit`).
-    pub fn shadow_report(&self, runbook: &str, since_ms: i64, limit: usize) -> Result<Vec<ShadowFire>, EngineError> {
+    pub(crate) fn shadow_report(
+        &self,
+        runbook: &str,
+        since_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<ShadowFire>, EngineError> {
         let set = self.runbook_set();
         if set.get(runbook).is_none() {
             return Err(EngineError::UnknownRunbook { name: runbook.into(), known: set.names().join(", ") });

@@ -262,7 +262,7 @@ impl Engine {
     /// Set or clear the engine-side hands-off marker of a node (admin).
     /// `on`: set it, saying why (`reason`); off: clear it, the reason
     /// recorded too ("hands-off ended" when none is given).
-    pub async fn set_hands_off(
+    pub(crate) async fn set_hands_off(
         &self,
         node: &str,
         by: &str,
@@ -606,7 +606,7 @@ impl Engine {
     }
 
     /// The runs of every shard of this engine's database, filtered in SQL.
-    pub async fn runs_all_shards(&self, f: &RunFilter) -> Result<crate::audit::pg::ShardRunPage, String> {
+    pub(crate) async fn runs_all_shards(&self, f: &RunFilter) -> Result<crate::audit::pg::ShardRunPage, String> {
         self.pg_reads()?.runs(f, None).await
     }
 

@@ -529,7 +529,9 @@ pub async fn run_mapped(
     let mut fires = Vec::new();
     for n in &names {
         let handbook = set.get(n).and_then(|(_, rb)| rb.manifest.handbook.clone());
-        for f in engine.shadow_report(n, i64::MIN / 2, 1_000_000).map_err(|e| SimError::Setup(e.to_string()))? {
+        let report = nightshift_engine::api::ShadowReport::of(engine, n, i64::MIN / 2, 1_000_000)
+            .map_err(|e| SimError::Setup(e.to_string()))?;
+        for f in report.fires {
             let finished_ms = engine.run(&f.run).ok().flatten().and_then(|r| r.finished_ms);
             fires.push(Fire { runbook: n.clone(), handbook: handbook.clone(), finished_ms, fire: f });
         }

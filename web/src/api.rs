@@ -122,15 +122,7 @@ pub async fn list_runs(
 ) -> Result<Response, ApiError> {
     match q.shards.as_deref().filter(|x| !x.is_empty()) {
         None => Ok(Json(session(&s, &id).runs(q).await?).into_response()),
-        Some("all") => {
-            let f = q.filter(&s.engine)?;
-            let page = s
-                .engine
-                .runs_all_shards(&f)
-                .await
-                .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "no_shards", e))?;
-            Ok(Json(page).into_response())
-        }
+        Some("all") => Ok(Json(session(&s, &id).runs_all_shards(q).await?).into_response()),
         Some(other) => Err(ApiError::bad_request(format!("shards: expected all, found {other:?}"))),
     }
 }

@@ -251,12 +251,10 @@ async fn all_shards_timeline(
     rq: &RunsQuery,
     q: &std::collections::HashMap<String, String>,
 ) -> Result<Response, PageError> {
-    let filter = rq.filter(&s.engine)?;
-    let page = s
-        .engine
-        .runs_all_shards(&filter)
+    let page = session(s, who)
+        .runs_all_shards(rq.clone())
         .await
-        .map_err(|e| ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "database", e))?;
+        .map_err(|e| ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "database", e.message))?;
     let own = s.engine.ha_status().shard.unwrap_or_default();
     let urls: std::collections::HashMap<String, String> =
         session(s, who).ha().await?.shards.unwrap_or_default().into_iter().map(|r| (r.shard, r.url)).collect();

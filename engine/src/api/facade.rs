@@ -19,6 +19,7 @@ use super::requests::{
 };
 use std::collections::BTreeMap;
 
+use crate::audit::pg::ShardRunPage;
 use crate::audit::{AuditError, AuditRecord, RunFilter, RunPage, VerifyReport};
 use crate::control::{ControlOutcome, Person, ReleaseWhat};
 use crate::engine::Submitted;
@@ -111,6 +112,9 @@ pub trait EngineApi: Send + Sync {
     fn cancel<'a>(&'a self, run: &'a str, body: Cancel) -> Reply<'a, Cancelled>;
     /// Every GPU's health, fault, instruction and lifecycle.
     fn node_health<'a>(&'a self, node: &'a str) -> Reply<'a, NodeHealth>;
+    /// The runs of every shard of the engine's database (`shards=all`),
+    /// each with its shard (PostgreSQL backend).
+    fn runs_all_shards(&self, query: RunsQuery) -> Reply<'_, ShardRunPage>;
     /// `GET /api/v1/nodes`: the nodes a query selects, a page at a time.
     fn nodes(&self, query: NodesQuery) -> Reply<'_, NodePage>;
     /// One node: its state, its GPUs' health, its last 20 runs.
@@ -269,6 +273,13 @@ impl EngineApi for Session {
         Box::pin(async move {
             self.engine.cancel(run, &self.actor, body.reason.as_deref()).await?;
             Ok(Cancelled { cancelled: run.to_string() })
+        })
+    }
+
+    fn runs_all_shards(&self, query: RunsQuery) -> Reply<'_, ShardRunPage> {
+        Box::pin(async move {
+            let filter = query.filter(&self.engine)?;
+            self.engine.runs_all_shards(&filter).await.map_err(|e| Refused::new(400, "no_shards", e))
         })
     }
 

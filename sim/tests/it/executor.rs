@@ -3,7 +3,7 @@
 //! stale events.
 
 use crate::common::*;
-use nightshift_engine::api::{Cancel, EngineApi, Reason, SetFleetMode};
+use nightshift_engine::api::{Cancel, EngineApi, HandsOff, NewWindow, Reason, SetFleetMode};
 use nightshift_engine::audit::RecordKind;
 use nightshift_engine::engine::Submitted;
 use nightshift_engine::runs::{RunOutcome, RunState, Target};
@@ -947,7 +947,8 @@ async fn a_hands_off_outlives_a_restart_and_ends_when_its_time_is_up() {
     write_runbook(rb.path(), "hot", HOT_ANY_TIME, "set_power_limit(0, 500);\n");
     let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
     let until = now(&sim.fleet) + 600_000;
-    sim.fleet.engine.set_hands_off("n1", "user:admin", true, Some("firmware update"), Some(until)).await.unwrap();
+    let hands_off = HandsOff { hands_off: true, reason: Some("firmware update".into()), for_secs: Some(600) };
+    as_user(&sim.fleet.engine, "admin").hands_off("n1", hands_off).await.unwrap();
     sim.fleet.restart_engine().await.unwrap();
     let f = &sim.fleet;
     let st = f.engine.node("n1").unwrap().state;
@@ -1105,7 +1106,6 @@ async fn a_run_ends_by_what_it_achieved_not_by_its_last_line() {
 /// engine's, and a person can end one early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_maintenance_window_covers_what_it_matches_until_it_ends() {
-    use nightshift_engine::api::WindowSpec;
     let rb = tempfile::tempdir().unwrap();
     write_runbook(rb.path(), "hot", HOT_ANY_TIME, "set_power_limit(0, 500);\n");
     let labelled = |name: &str, pool: &str, rack: &str| SimNodeSpec {
@@ -1117,22 +1117,23 @@ async fn a_maintenance_window_covers_what_it_matches_until_it_ends() {
             .await;
     let e = sim.fleet.engine.clone();
     let ends = now(&sim.fleet) + 3_600_000;
-    let spec = |matchers: &[(&str, &str)], nodes: &[&str], ends_ms: i64| WindowSpec {
+    let spec = |matchers: &[(&str, &str)], nodes: &[&str], ends_ms: i64| NewWindow {
         matchers: matchers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         nodes: nodes.iter().map(|n| n.to_string()).collect(),
-        starts_ms: None,
-        ends_ms,
+        starts_at: None,
+        ends_at: Some(nightshift_engine::api::format_rfc3339_ms(ends_ms)),
+        for_secs: None,
         reason: "PDU firmware".into(),
     };
     // Refused, saying what was expected, and nothing recorded.
     let before = records(&sim.fleet).len();
-    let err = e.set_window("user:admin", spec(&[], &[], ends)).await.unwrap_err().to_string();
+    let err = as_user(&e, "admin").set_window(spec(&[], &[], ends)).await.unwrap_err().to_string();
     assert!(err.contains("needs at least one node or label matcher"), "{err}");
-    let err = e.set_window("user:admin", spec(&[], &["nope"], ends)).await.unwrap_err().to_string();
+    let err = as_user(&e, "admin").set_window(spec(&[], &["nope"], ends)).await.unwrap_err().to_string();
     assert!(err.contains("node \"nope\" is not in the inventory"), "{err}");
     assert_eq!(records(&sim.fleet).len(), before, "a refused window records nothing");
     // pool=a and rack=r1: a1 only (a2 is in another rack, b1 in another pool).
-    let w = e.set_window("user:admin", spec(&[("pool", "a"), ("rack", "r1")], &[], ends)).await.unwrap();
+    let w = as_user(&e, "admin").set_window(spec(&[("pool", "a"), ("rack", "r1")], &[], ends)).await.unwrap().window;
     assert_eq!(w.covers, vec!["a1".to_string()], "{w:?}");
     sim.fleet.restart_engine().await.unwrap();
     let f = &sim.fleet;
@@ -1167,13 +1168,14 @@ async fn a_maintenance_window_covers_what_it_matches_until_it_ends() {
     let runs = f.engine.runs(&Default::default()).unwrap().runs;
     assert_eq!(runs[0].outcome, Some(RunOutcome::Succeeded), "acts again: {:?}", runs[0]);
     // By name, ended early by a person, under their name and reason.
-    let w = f.engine.set_window("user:admin", spec(&[], &["a2", "b1"], now(f) + 600_000)).await.unwrap();
+    let w = as_user(&f.engine, "admin").set_window(spec(&[], &["a2", "b1"], now(f) + 600_000)).await.unwrap().window;
     assert_eq!(w.covers, vec!["a2".to_string(), "b1".to_string()]);
-    f.engine.end_window(&w.id, "user:ana", "done early").await.unwrap();
+    as_user(&f.engine, "ana").end_window(&w.id, Reason { reason: "done early".into() }).await.unwrap();
     assert!(!f.engine.node("a2").unwrap().state.hands_off());
     let ended = records(f).into_iter().rev().find(|r| r.kind == RecordKind::Maintenance).unwrap();
     assert_eq!((ended.actor.as_str(), ended.data["reason"].as_str()), ("user:ana", Some("done early")));
-    let err = f.engine.end_window(&w.id, "user:ana", "again").await.unwrap_err().to_string();
+    let err =
+        as_user(&f.engine, "ana").end_window(&w.id, Reason { reason: "again".into() }).await.unwrap_err().to_string();
     assert!(err.contains(&format!("no maintenance window \"{}\"", w.id)), "{err}");
     assert!(f.engine.verify().unwrap().ok);
 }

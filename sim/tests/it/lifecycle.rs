@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use nightshift_engine::api::{EngineApi, SetFleetMode};
+use nightshift_engine::api::{EngineApi, HandsOff, ReleaseHolds, SetFleetMode};
 
 use crate::common::as_user;
 
@@ -354,8 +354,6 @@ async fn random_faults_restarts_and_people_never_leave_a_broken_gpu_in_service()
 /// operator's release. Nothing is sent when a guard refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repair_drain_of_a_broken_gpu_is_not_undone_by_a_plain_release() {
-    use nightshift_engine::api::{Person, ReleaseWhat};
-    use nightshift_engine::engine::EngineError;
     let dir = scratch_dir().unwrap();
     let rb = tempfile::tempdir().unwrap();
     let f = fleet(dir.path(), rb.path()).await;
@@ -363,43 +361,38 @@ async fn a_repair_drain_of_a_broken_gpu_is_not_undone_by_a_plain_release() {
     inject(&f, &mut n, SimFault::EccDbe { gpu: GPU, count: 3 }).await;
     assert!(until(&f, HealthState::AwaitingRepair, 300).await, "{:?}", state(&f));
     assert!(drained(&f).await);
-    let operator = Person { name: "otto", admin: false };
-    let admin = Person { name: "ana", admin: true };
-    let all = ReleaseWhat { all: true, ..Default::default() };
+    let operator = nightshift_engine::api::Session::new(f.engine.clone(), "otto", false);
+    let admin = nightshift_engine::api::Session::new(f.engine.clone(), "ana", true);
+    let release = |what: ReleaseHolds, reason: &str| ReleaseHolds { reason: reason.into(), ..what };
+    let all = ReleaseHolds { all: true, ..Default::default() };
     let sent_before = f.engine.audit().tail(0, usize::MAX).unwrap().len();
 
     // No scope: refused, saying what is expected.
-    let e = f.engine.person_release(NODE, &ReleaseWhat::default(), operator, "tidy up").await.unwrap_err();
-    assert!(matches!(e, EngineError::BadTarget(_)) && e.to_string().contains("expected the release's scope"), "{e}");
-    let e = f
-        .engine
-        .person_release(NODE, &ReleaseWhat { kind: Some("fans".into()), ..Default::default() }, operator, "x")
+    let e = operator.release(NODE, release(ReleaseHolds::default(), "tidy up")).await.unwrap_err();
+    assert!(e.status == 400 && e.message.contains("expected the release's scope"), "{e:?}");
+    let e = operator
+        .release(NODE, release(ReleaseHolds { kind: Some("fans".into()), ..Default::default() }, "x"))
         .await
         .unwrap_err();
-    assert!(e.to_string().contains("kind: expected one of power_limit"), "{e}");
+    assert!(e.message.contains("kind: expected one of power_limit"), "{e:?}");
     // Every hold, by an operator: the repair drain of a GPU awaiting repair stays.
-    let e = f.engine.person_release(NODE, &all, operator, "tidy up").await.unwrap_err();
-    match &e {
-        EngineError::Guarded { code, message } => {
-            assert_eq!(*code, "repair_pending");
-            assert!(message.contains(&format!("GPU {GPU} awaiting_repair")), "{message}");
-            assert!(message.contains(&format!("nightshift nodes repaired {NODE}")), "{message}");
-        }
-        other => panic!("expected a guard, found {other:?}"),
-    }
+    let e = operator.release(NODE, release(all.clone(), "tidy up")).await.unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (409, "repair_pending"), "{e:?}");
+    assert!(e.message.contains(&format!("GPU {GPU} awaiting_repair")), "{e:?}");
+    assert!(e.message.contains(&format!("nightshift nodes repaired {NODE}")), "{e:?}");
     // So does a narrower one that names the drain.
-    let drains = ReleaseWhat { kind: Some("node_drain".into()), ..Default::default() };
-    assert!(matches!(
-        f.engine.person_release(NODE, &drains, operator, "tidy up").await,
-        Err(EngineError::Guarded { code: "repair_pending", .. })
-    ));
+    let drains = ReleaseHolds { kind: Some("node_drain".into()), ..Default::default() };
+    let e = operator.release(NODE, release(drains.clone(), "tidy up")).await.unwrap_err();
+    assert_eq!(e.code, "repair_pending", "{e:?}");
     // Force is an admin's.
-    let forced = ReleaseWhat { force: true, ..all.clone() };
-    assert!(matches!(f.engine.person_release(NODE, &forced, operator, "x").await, Err(EngineError::AdminOnly(_))));
+    let forced = ReleaseHolds { force: true, ..all.clone() };
+    let e = operator.release(NODE, release(forced.clone(), "x")).await.unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (403, "forbidden"), "{e:?}");
     // An admin's hands-off: an operator releases nothing, however narrow.
-    f.engine.set_hands_off(NODE, "user:ana", true, Some("NVSwitch tray reseat"), None).await.unwrap();
-    let e = f.engine.person_release(NODE, &drains, operator, "tidy up").await.unwrap_err();
-    assert!(matches!(e, EngineError::Guarded { code: "hands_off", .. }) && e.to_string().contains("user:ana"), "{e}");
+    let hands_off = |on: bool, why: &str| HandsOff { hands_off: on, reason: Some(why.into()), for_secs: None };
+    admin.hands_off(NODE, hands_off(true, "NVSwitch tray reseat")).await.unwrap();
+    let e = operator.release(NODE, release(drains.clone(), "tidy up")).await.unwrap_err();
+    assert!(e.code == "hands_off" && e.message.contains("user:ana"), "{e:?}");
     // Nothing was sent by any of those: no intent, no result.
     let recs = f.engine.audit().tail(0, usize::MAX).unwrap();
     assert!(
@@ -407,7 +400,7 @@ async fn a_repair_drain_of_a_broken_gpu_is_not_undone_by_a_plain_release() {
         "a refused release sent something: {:?}",
         &recs[sent_before..]
     );
-    f.engine.set_hands_off(NODE, "user:ana", false, Some("reseat done"), None).await.unwrap();
+    admin.hands_off(NODE, hands_off(false, "reseat done")).await.unwrap();
     let cleared = f
         .engine
         .audit()
@@ -423,8 +416,8 @@ async fn a_repair_drain_of_a_broken_gpu_is_not_undone_by_a_plain_release() {
     );
     assert!(drained(&f).await, "still drained after every refusal");
     // An admin's explicit force, with a reason, releases it.
-    let out = f.engine.person_release(NODE, &forced, admin, "GPU swapped by the vendor on site").await.unwrap();
-    assert!(out.actions.iter().all(|a| a.result.ok), "{:?}", out.actions);
+    let out = admin.release(NODE, release(forced, "GPU swapped by the vendor on site")).await.unwrap();
+    assert!(out.error.is_none() && out.outcome.actions.iter().all(|a| a.result.ok), "{:?}", out.outcome.actions);
     f.step().await.unwrap();
     assert!(!drained(&f).await);
 }

@@ -1489,7 +1489,14 @@ async fn the_nodes_api_filters_and_pages() {
     assert_eq!(names(&v).len(), 2);
     let (_, v) = call(&f, "GET", "/api/v1/nodes?label=pool%3Db", Some(VIEWER), None).await;
     assert!(names(&v).is_empty());
-    f.sim.engine.set_hands_off("gpu-a2", "user:ana", true, Some("reseat"), None).await.unwrap();
+    let hands_off = nightshift_engine::api::HandsOff { hands_off: true, reason: Some("reseat".into()), for_secs: None };
+    nightshift_engine::api::EngineApi::hands_off(
+        &nightshift_engine::api::Session::new(f.sim.engine.clone(), "ana", true),
+        "gpu-a2",
+        hands_off,
+    )
+    .await
+    .unwrap();
     let (_, v) = call(&f, "GET", "/api/v1/nodes?state=hands_off", Some(VIEWER), None).await;
     assert_eq!(names(&v), vec!["gpu-a2"]);
     let (_, v) = call(&f, "GET", "/api/v1/nodes?state=in_service", Some(VIEWER), None).await;
