@@ -422,9 +422,9 @@ impl Fleet {
 
 async fn wait_connected(engine: &Engine, n: usize) -> Result<()> {
     let end = Instant::now() + Duration::from_secs(60);
-    while engine.connected_agents() < n {
+    while engine.gauges().agents_connected < n {
         if Instant::now() > end {
-            return Err(anyhow!("only {} of {n} agents connected", engine.connected_agents()));
+            return Err(anyhow!("only {} of {n} agents connected", engine.gauges().agents_connected));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -1083,7 +1083,10 @@ async fn memory(nodes: usize, secs: i64, data_root: &Path) -> Result<(f64, usize
         }
     }
     let after = rss_bytes();
-    let (series, points) = engine.telemetry_size();
+    let (series, points) = {
+        let g = engine.gauges();
+        (g.telemetry_series, g.telemetry_points)
+    };
     Ok(((after.saturating_sub(before)) as f64, series, points, after as f64))
 }
 

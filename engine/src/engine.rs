@@ -264,7 +264,7 @@ impl Engine {
     }
 
     /// Record that the engine started (and what it loaded).
-    pub async fn announce_start(&self) -> Result<(), EngineError> {
+    pub(crate) async fn announce_start(&self) -> Result<(), EngineError> {
         let set = self.runbook_set();
         self.core
             .audit
@@ -287,7 +287,7 @@ impl Engine {
     }
 
     /// Register a background task to stop on shutdown.
-    pub fn add_task(&self, t: tokio::task::JoinHandle<()>) {
+    pub(crate) fn add_task(&self, t: tokio::task::JoinHandle<()>) {
         lock(&self.core.tasks).push(t);
     }
 

@@ -322,7 +322,7 @@ impl Engine {
     }
 
     /// Telemetry store size: (series, points).
-    pub fn telemetry_size(&self) -> (usize, usize) {
+    pub(crate) fn telemetry_size(&self) -> (usize, usize) {
         let b = self.core.brain();
         (b.store.series_count(), b.store.points())
     }
@@ -614,7 +614,7 @@ impl Engine {
     }
 
     /// Alerts accepted and not yet handled.
-    pub fn alert_backlog(&self) -> u64 {
+    pub(crate) fn alert_backlog(&self) -> u64 {
         self.core.alert_backlog.load(Ordering::SeqCst)
     }
 

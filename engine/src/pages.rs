@@ -323,7 +323,7 @@ impl Engine {
 
     /// Pages waiting for a delivery, and pages given up since this engine
     /// started (`/metrics`).
-    pub fn pages_pending(&self) -> (usize, u64) {
+    pub(crate) fn pages_pending(&self) -> (usize, u64) {
         let ob = crate::core::lock(&self.core.outbox);
         (ob.len(), ob.undeliverable)
     }

@@ -140,14 +140,7 @@ fn holder_id() -> String {
 /// and start the pulls and the tick.
 async fn activate(engine: &Engine) -> Result<(), StartError> {
     let config = engine.config().clone();
-    engine.announce_start().await?;
-    // Before the first action (recovery's releases are actions): every
-    // agent that answers learns this term and refuses the one before.
-    let told = engine.core.announce_term().await;
-    if engine.core.leadership().is_some() {
-        tracing::info!(agents = told, of = engine.core.fleet.nodes().len(), "announced this leader's term");
-    }
-    let recovered = engine.recover().await?;
+    let recovered = engine.begin().await?;
     if !recovered.is_empty() {
         tracing::warn!(runs = ?recovered, "runs left unfinished by the last stop, resumed too often or whose runbook is gone, are now interrupted");
     }

@@ -123,7 +123,23 @@ impl Engine {
     }
 
     /// Agents with a live connection (or recent telemetry).
-    pub fn connected_agents(&self) -> usize {
+    /// What `/metrics`, the status line and the tests count, read at once:
+    /// a lock each and one pass over the nodes (not for a per-step loop).
+    pub fn gauges(&self) -> Gauges {
+        let (pages_pending, pages_undeliverable) = self.pages_pending();
+        let (telemetry_series, telemetry_points) = self.telemetry_size();
+        Gauges {
+            queue_depth: self.queue_depth(),
+            alert_backlog: self.alert_backlog(),
+            pages_pending,
+            pages_undeliverable,
+            agents_connected: self.connected_agents(),
+            telemetry_series,
+            telemetry_points,
+        }
+    }
+
+    pub(crate) fn connected_agents(&self) -> usize {
         self.core.fleet.nodes().iter().filter(|n| n.state().connected).count()
     }
 
@@ -247,7 +263,7 @@ impl Engine {
 
     /// Send a reading request straight to a node's agent (ping, inventory,
     /// holds).
-    pub async fn agent_call(&self, node: &str, op: Op) -> Result<Reply, EngineError> {
+    pub(crate) async fn agent_call(&self, node: &str, op: Op) -> Result<Reply, EngineError> {
         if op.is_mutating() {
             return Err(EngineError::NotReadOnly { op: op.name().to_string() });
         }
@@ -560,6 +576,31 @@ impl Engine {
         {
             tracing::error!(error = %e, "cannot save runbook modes: they hold until a restart");
         }
+    }
+}
+
+/// The engine's counts now ([`Engine::gauges`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gauges {
+    /// Runs waiting to start: queued or pending approval.
+    pub queue_depth: usize,
+    /// Alerts acknowledged and not yet handled.
+    pub alert_backlog: u64,
+    /// Pages kept for another try.
+    pub pages_pending: usize,
+    /// Pages given up on since the start.
+    pub pages_undeliverable: u64,
+    /// Agents connected now.
+    pub agents_connected: usize,
+    /// Series in the telemetry store, and points held across them.
+    pub telemetry_series: usize,
+    pub telemetry_points: usize,
+}
+
+impl Gauges {
+    /// `(pending, undeliverable)` pages.
+    pub fn pages(&self) -> (usize, u64) {
+        (self.pages_pending, self.pages_undeliverable)
     }
 }
 

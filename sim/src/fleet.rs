@@ -500,8 +500,7 @@ impl SimFleet {
         // at the scrape interval (the next steps' `feed`). Runs it resumes
         // start as soon as the queue lets them (DESIGN.md, "Simulated
         // hardware": never kinder than a real restart).
-        self.engine.announce_start().await.map_err(|e| setup(&e))?;
-        let interrupted = self.engine.recover().await.map_err(|e| setup(&e))?;
+        let interrupted = self.engine.begin().await.map_err(|e| setup(&e))?;
         self.settle().await?;
         Ok(interrupted)
     }

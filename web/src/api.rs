@@ -653,7 +653,8 @@ pub async fn openapi() -> Response {
 }
 
 pub async fn healthz(State(s): State<AppState>) -> Response {
-    let (seq, agents, role) = (s.engine.audit().head_seq(), s.engine.connected_agents(), s.engine.ha_status().role);
+    let (seq, agents, role) =
+        (s.engine.audit().head_seq(), s.engine.gauges().agents_connected, s.engine.ha_status().role);
     // A store that stopped at a durability failure accepts nothing: the
     // engine is not healthy, whatever else works.
     let stopped = s.engine.audit().stopped().map(|e| e.to_string());

@@ -17,7 +17,7 @@ use crate::api::session;
 use nightshift_engine::api::{RunOutcome, RunState, RunSummary};
 use nightshift_engine::audit::{AuditRecord, RecordKind, data};
 use nightshift_engine::config::Role;
-use nightshift_proto::{HoldInfo, NoArgs, Op, SettingView};
+use nightshift_proto::{HoldInfo, SettingView};
 
 use crate::AppState;
 use crate::auth::COOKIE;
@@ -778,7 +778,7 @@ pub async fn node_page(
         "xid_last",
     ];
     let inv = n.state.inventory.clone();
-    let held = held_settings(&s, &name, &n.holds).await;
+    let held = held_settings(&session(&s, &who), &name, &n.holds).await;
     // The node's RMA evidence bundles among its last 500 records, newest
     // first (five at most; `nightshift agents evidence NODE` lists all).
     let evidence: Vec<AuditRecord> = s
@@ -936,12 +936,9 @@ fn fault_marks(health: &NodeHealth, gpu: u32) -> Vec<crate::chart::Mark> {
 /// What is held on a node, from its agent (baselines included); when the
 /// agent does not answer, the holds its last telemetry reported, without
 /// baselines.
-async fn held_settings(s: &AppState, node: &str, reported: &[HoldInfo]) -> Vec<SettingView> {
-    if let Ok(reply) = s.engine.agent_call(node, Op::Holds(NoArgs {})).await
-        && let Some(v) = reply.result
-        && let Ok(views) = serde_json::from_value::<Vec<SettingView>>(v)
-    {
-        return views;
+async fn held_settings(api: &nightshift_engine::api::Session, node: &str, reported: &[HoldInfo]) -> Vec<SettingView> {
+    if let Ok(held) = api.holds(node).await {
+        return held.settings;
     }
     let mut out: Vec<SettingView> = Vec::new();
     for h in reported {

@@ -65,7 +65,7 @@ pub fn render(engine: &Engine) -> String {
         (
             "nightshift_pages_undeliverable_total",
             "Pages given up after notifications.page_expiry_secs without a delivery (since this engine started).",
-            engine.pages_pending().1,
+            engine.gauges().pages_undeliverable,
         ),
         (
             "nightshift_runs_suppressed_total",
@@ -107,17 +107,21 @@ pub fn render(engine: &Engine) -> String {
         let _ = writeln!(out, "nightshift_action_duration_seconds_count {}", h.count);
     }
     let gauges = [
-        ("nightshift_queue_depth", "Runs waiting to start (queued or pending approval).", engine.queue_depth() as f64),
+        (
+            "nightshift_queue_depth",
+            "Runs waiting to start (queued or pending approval).",
+            engine.gauges().queue_depth as f64,
+        ),
         ("nightshift_runs_running", "Runs executing now.", engine.running() as f64),
         ("nightshift_agents", "Agents in the inventory.", engine.node_names().len() as f64),
-        ("nightshift_agents_connected", "Agents connected now.", engine.connected_agents() as f64),
+        ("nightshift_agents_connected", "Agents connected now.", engine.gauges().agents_connected as f64),
         ("nightshift_audit_sequence", "Sequence number of the newest audit record.", engine.audit().head_seq() as f64),
         ("nightshift_runbooks_loaded", "Runbooks loaded.", engine.runbook_set().runbooks.len() as f64),
         ("nightshift_runbook_errors", "Runbook files that failed to load.", engine.runbook_set().errors.len() as f64),
         (
             "nightshift_pages_pending",
             "Pages (notifications, escalations) not delivered yet to a target: retried until delivered or expired.",
-            engine.pages_pending().0 as f64,
+            engine.gauges().pages_pending as f64,
         ),
     ];
     for (name, help, v) in gauges {
@@ -156,7 +160,10 @@ pub fn render(engine: &Engine) -> String {
         let _ = writeln!(out, "nightshift_ha_lease_age_seconds{{shard=\"{}\"}} {}", shard, fmt_f(age));
     }
     health(&mut out, engine);
-    let (series, points) = engine.telemetry_size();
+    let (series, points) = {
+        let g = engine.gauges();
+        (g.telemetry_series, g.telemetry_points)
+    };
     family(&mut out, "nightshift_telemetry_series", "gauge", "Telemetry series held.");
     let _ = writeln!(out, "nightshift_telemetry_series {series}");
     family(&mut out, "nightshift_telemetry_points", "gauge", "Telemetry points held in trigger windows.");

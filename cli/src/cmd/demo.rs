@@ -295,7 +295,7 @@ fn print_banner(st: &Stage, args: &DemoArgs, out: &Out) {
 /// Wait (up to 20 s) until every agent is connected.
 async fn wait_connected(st: &Stage) {
     let end = std::time::Instant::now() + Duration::from_secs(20);
-    while st.engine.connected_agents() < st.names.len() && std::time::Instant::now() < end {
+    while st.engine.gauges().agents_connected < st.names.len() && std::time::Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

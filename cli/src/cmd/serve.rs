@@ -92,12 +92,22 @@ pub async fn serve(cli: &Cli, listen: Option<String>) -> Result<u8> {
     let e3 = engine.clone();
     match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(mut hup) => {
-            engine.add_task(tokio::spawn(async move {
-                while hup.recv().await.is_some() {
-                    tracing::info!("SIGHUP: reloading fleet.yaml, tokens and runbooks");
-                    let _ = nightshift_engine::api::reload(&e3, "signal:SIGHUP").await;
+            // Ends with the engine.
+            let mut stopping = engine.shutdown_signal();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        got = hup.recv() => {
+                            if got.is_none() {
+                                return;
+                            }
+                            tracing::info!("SIGHUP: reloading fleet.yaml, tokens and runbooks");
+                            let _ = nightshift_engine::api::reload(&e3, "signal:SIGHUP").await;
+                        }
+                        _ = stopping.changed() => return,
+                    }
                 }
-            }));
+            });
         }
         Err(e) => tracing::warn!(error = %e, "cannot listen for SIGHUP: reload through the admin API instead"),
     }

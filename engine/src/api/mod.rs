@@ -32,7 +32,7 @@ pub use crate::reload::{ReloadError, reload, reload_with};
 pub use crate::repair::{GpuHealthView, LifecycleView, NodeHealth, PastLifecycle};
 pub use crate::run::executor::Plan;
 pub use crate::shadow::{ShadowFire, WouldAct};
-pub use crate::views::{HaStatus, NodeView, RunbookView};
+pub use crate::views::{Gauges, HaStatus, NodeView, RunbookView};
 pub use crate::windows::Window;
 pub use crate::windows::WindowSpec;
 pub use nightshift_audit::runs::{RunOutcome, RunState, RunSummary, Target};

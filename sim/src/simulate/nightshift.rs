@@ -482,7 +482,7 @@ pub async fn run(
     // is lost.
     pager.set_down(false);
     for _ in 0..(2 * 3600 / (TICK_MS / 1000)) {
-        if sim.engine.pages_pending().0 == 0 {
+        if sim.engine.gauges().pages_pending == 0 {
             break;
         }
         sim.step_sparse(TICK_MS, QUIET_PHYSICS_MS, &BTreeSet::new(), false).await.map_err(|e| setup(&e))?;

@@ -131,11 +131,11 @@ async fn a_page_outlives_its_pagers_outage_and_an_engine_restart() {
         "the first failure is recorded as pending: {:?}",
         deliveries(&sim.fleet)
     );
-    assert_eq!(sim.fleet.engine.pages_pending(), (1, 0));
+    assert_eq!(sim.fleet.engine.gauges().pages(), (1, 0));
     // Down for five minutes, and the engine restarts meanwhile.
     pass(&sim.fleet, 150).await;
     sim.fleet.restart_engine().await.unwrap();
-    assert_eq!(sim.fleet.engine.pages_pending(), (1, 0), "rebuilt from the audit log");
+    assert_eq!(sim.fleet.engine.gauges().pages(), (1, 0), "rebuilt from the audit log");
     pass(&sim.fleet, 150).await;
     let got = receiver_on(port).await;
     // Back: the page lands within one pause (at most five minutes).
@@ -152,7 +152,7 @@ async fn a_page_outlives_its_pagers_outage_and_an_engine_restart() {
     assert!(got[0]["text"].as_str().unwrap().contains("GPU 1 on n1 needs a person"), "{got:?}");
     let ok = deliveries(f).into_iter().find(|d| d["ok"] == true).expect("the delivery is recorded");
     assert!(ok["attempts"].as_u64().unwrap() > 2, "{ok}");
-    assert_eq!(f.engine.pages_pending(), (0, 0));
+    assert_eq!(f.engine.gauges().pages(), (0, 0));
     assert!(f.engine.verify().unwrap().ok);
 }
 
@@ -164,9 +164,9 @@ async fn a_page_never_delivered_is_recorded_undeliverable_and_counted() {
     let id = run_id(&f.engine.submit(manual("page", Target::gpu("n1", 1), "user:alice")).await.unwrap());
     until_finished(f, &id, 60).await;
     assert!(
-        until(f, 900, |f| f.engine.pages_pending() == (0, 1)).await,
+        until(f, 900, |f| f.engine.gauges().pages() == (0, 1)).await,
         "not given up: {:?} {:?}",
-        f.engine.pages_pending(),
+        f.engine.gauges().pages(),
         deliveries(f)
     );
     let gave_up: Vec<_> = deliveries(f).into_iter().filter(|d| d["undeliverable"] == true).collect();
@@ -190,7 +190,7 @@ async fn a_page_the_first_route_cannot_take_goes_by_the_second() {
     let ds = deliveries(f);
     assert!(ds.iter().any(|d| d["target"] == "pager" && d["pending"] == true), "{ds:?}");
     assert_eq!(ds.iter().filter(|d| d["target"] == "phone" && d["ok"] == true).count(), 2, "{ds:?}");
-    assert_eq!(f.engine.pages_pending(), (1, 0), "the first route is still retried");
+    assert_eq!(f.engine.gauges().pages(), (1, 0), "the first route is still retried");
 }
 
 /// Invariant 19, a page's life follows its fault: an escalation's page is

@@ -105,7 +105,7 @@ async fn a_run_cut_off_mid_action_is_resumed_with_its_hold_in_place_and_its_acti
         script,
         runbooks: set,
     });
-    let interrupted = engine2.recover().await.unwrap();
+    let interrupted = engine2.begin().await.unwrap();
     assert!(interrupted.is_empty(), "resumed, not interrupted: {interrupted:?}");
     let run = engine2.run(&id).unwrap().unwrap();
     assert_eq!((run.state, run.outcome), (RunState::Queued, None), "queued again: {run:?}");

@@ -42,7 +42,7 @@ async fn agents_crash_mid_run_and_mid_stream_and_come_back() {
         "telemetry: {interval_ms: 100}\nlimits: {action_timeout_secs: 3}\n",
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(eventually(20, || (engine.connected_agents() == 2).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 2).then_some(())).await.is_some());
     let original = {
         let c = AgentConnection::connect(&a.client_config()).await.unwrap();
         let w = power_limit(&c, 1).await;

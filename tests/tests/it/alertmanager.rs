@@ -33,7 +33,7 @@ async fn alertmanager_delivers_and_the_runbook_runs_once() {
         &format!("auth:\n  webhook_token_sha256: {}\n", hash_token(token)),
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 1).then_some(())).await.is_some());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let web_addr = listener.local_addr().unwrap();
     let web = tokio::spawn(nightshift_web::serve(engine.clone(), listener, std::future::pending()));
@@ -135,7 +135,7 @@ async fn an_escalation_pages_a_person_through_the_real_alertmanager_with_the_run
         ),
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 1).then_some(())).await.is_some());
     let web = tokio::spawn(nightshift_web::serve(engine.clone(), listener, std::future::pending()));
 
     let submitted = engine
@@ -250,7 +250,7 @@ async fn the_shipped_rules_and_routes_start_the_matching_runbooks() {
     cfg.runbook_dir = d.join("handbook/alerts");
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
     assert!(engine.runbook_set().errors.is_empty(), "{:?}", engine.runbook_set().errors);
-    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 1).then_some(())).await.is_some());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let web_addr = listener.local_addr().unwrap();
     let web = tokio::spawn(nightshift_web::serve(engine.clone(), listener, std::future::pending()));

@@ -69,7 +69,7 @@ async fn a_page_is_followed_up_to_its_person_and_ends_when_its_fault_is_handled(
         ),
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 1).then_some(())).await.is_some());
     let submit = |runbook: &'static str| {
         let engine = engine.clone();
         async move {
@@ -152,7 +152,7 @@ async fn two_gpus_of_one_node_page_once() {
         ),
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 1).then_some(())).await.is_some());
     let mut runs = Vec::new();
     for gpu in [0, 1] {
         match engine
@@ -231,7 +231,7 @@ async fn no_page_is_lost_to_a_five_minute_outage_or_twenty_alertmanager_restarts
         std::fs::copy(repo.join(f), dir.path().join("runbooks").join(f)).unwrap();
     }
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 1).then_some(())).await.is_some());
     let web = tokio::spawn(nightshift_web::serve(engine.clone(), web_listener, std::future::pending()));
 
     // 1. Alertmanager goes down; a GPU has a double-bit ECC error.
@@ -241,13 +241,13 @@ async fn no_page_is_lost_to_a_five_minute_outage_or_twenty_alertmanager_restarts
     let r = conn.call(&Request::new("dbe", Op::SimFault(SimFault::EccDbe { gpu: 1, count: 1 }))).await.unwrap();
     assert!(r.ok, "{r:?}");
     assert!(
-        eventually(120, || (engine.pages_pending().0 > 0).then_some(())).await.is_some(),
+        eventually(120, || (engine.gauges().pages_pending > 0).then_some(())).await.is_some(),
         "the DBE's notice never waited for the pager"
     );
-    let waiting = engine.pages_pending();
+    let waiting = engine.gauges().pages();
     // Down for five minutes.
     tokio::time::sleep(Duration::from_secs(300).saturating_sub(down_at.elapsed())).await;
-    assert!(engine.pages_pending().0 >= waiting.0, "a page left the outbox while the pager was down");
+    assert!(engine.gauges().pages_pending >= waiting.0, "a page left the outbox while the pager was down");
     daemon = Some(alertmanager_at(&am, dir.path(), port, "alertmanager-1.log").await);
     // Back: the notice of the DBE's repair drain reaches the person.
     let notice = eventually(90, || {
@@ -257,7 +257,7 @@ async fn no_page_is_lost_to_a_five_minute_outage_or_twenty_alertmanager_restarts
             .find(|a| a["labels"]["Hostname"] == "am4" && a["labels"]["runbook"] == "ecc-dbe-drain")
     })
     .await
-    .unwrap_or_else(|| panic!("the DBE's notice was lost: pending {:?}", engine.pages_pending()));
+    .unwrap_or_else(|| panic!("the DBE's notice was lost: pending {:?}", engine.gauges().pages()));
     assert!(notice["annotations"]["summary"].as_str().unwrap().contains("drained for"), "{notice}");
 
     // 2. Twenty restarts, each while pages are being sent.
@@ -289,8 +289,8 @@ async fn no_page_is_lost_to_a_five_minute_outage_or_twenty_alertmanager_restarts
     let got: Vec<String> =
         alerts(&paged).iter().filter_map(|a| a["labels"]["run"].as_str().map(str::to_string)).collect();
     let lost: Vec<&String> = runs.iter().filter(|r| !got.contains(r)).collect();
-    assert!(all_paged.is_some(), "{} of 20 pages lost: {lost:?}; pending {:?}", lost.len(), engine.pages_pending());
-    assert!(eventually(120, || (engine.pages_pending().0 == 0).then_some(())).await.is_some());
+    assert!(all_paged.is_some(), "{} of 20 pages lost: {lost:?}; pending {:?}", lost.len(), engine.gauges().pages());
+    assert!(eventually(120, || (engine.gauges().pages_pending == 0).then_some(())).await.is_some());
     // 3. /metrics says so.
     let metrics = reqwest::get(format!("http://{web_addr}/metrics")).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("\nnightshift_pages_pending 0\n"), "{metrics}");

@@ -764,7 +764,7 @@ fn the_json_counter_tells_reads_from_array_literals() {
 /// that makes some `pub(crate)` is told to lower it. Everything else is
 /// `pub(crate)`, so rustc sees dead code. The bar: 45, in 2 files;
 /// what a person or a page does goes through `api::EngineApi` instead.
-const ENGINE_PUB_METHODS_AT_MOST: usize = 51;
+const ENGINE_PUB_METHODS_AT_MOST: usize = 45;
 
 /// `pub` methods of `impl Engine` blocks in `files`, by file.
 fn engine_pub_methods(files: &[(String, String)]) -> BTreeMap<String, Vec<String>> {

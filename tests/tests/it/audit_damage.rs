@@ -335,7 +335,7 @@ async fn an_outside_tool_recomputes_every_hash() {
         "",
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(nightshift_tests::eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    assert!(nightshift_tests::eventually(20, || (engine.gauges().agents_connected == 1).then_some(())).await.is_some());
     let s = engine
         .submit(nightshift_tests::manual_run("cap", nightshift_engine::runs::Target::gpu("x1", 0)))
         .await

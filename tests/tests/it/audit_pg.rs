@@ -31,7 +31,7 @@ async fn store_with_runs(dir: &std::path::Path, node: &str) -> nightshift_engine
         "",
     );
     let engine = nightshift_engine::serve::start(cfg.clone()).await.unwrap();
-    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 1).then_some(())).await.is_some());
     for _ in 0..2 {
         let s = engine.submit(manual_run("cap", Target::gpu(node, 0))).await.unwrap();
         let id = s.run().unwrap().id.clone();

@@ -195,7 +195,7 @@ async fn the_timeline_and_run_pages_in_chromium() {
         "auth:\n  allow_anonymous: operator\n",
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    eventually(20, || (engine.connected_agents() == 2).then_some(())).await.expect("agents connected");
+    eventually(20, || (engine.gauges().agents_connected == 2).then_some(())).await.expect("agents connected");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let web_engine = engine.clone();
@@ -451,7 +451,7 @@ async fn a_person_controls_holds_nodes_and_runs_from_the_ui() {
         "auth:\n  allow_anonymous: admin\n",
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    eventually(20, || (engine.connected_agents() == 2).then_some(())).await.expect("agents connected");
+    eventually(20, || (engine.gauges().agents_connected == 2).then_some(())).await.expect("agents connected");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let web_engine = engine.clone();

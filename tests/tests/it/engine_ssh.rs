@@ -131,7 +131,7 @@ async fn a_reload_adds_changes_and_removes_nodes_and_refuses_a_broken_file() {
         "auth: {tokens: [{name: alice, role: admin, sha256: 0000000000000000000000000000000000000000000000000000000000000000}]}\n",
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 1).then_some(())).await.is_some());
     let fleet = |nodes: &[(&TestAgent, &str)]| {
         let mut text = String::from("version: 1\nnodes:\n");
         for (a, key) in nodes {
@@ -152,7 +152,10 @@ async fn a_reload_adds_changes_and_removes_nodes_and_refuses_a_broken_file() {
         (&["r2".to_string()][..], 0, 0)
     );
     assert!(!r.runbooks_changed && r.restart_needed.is_empty() && r.tokens_added.is_empty(), "{r:?}");
-    assert!(eventually(20, || (engine.connected_agents() == 2).then_some(())).await.is_some(), "r2 never connected");
+    assert!(
+        eventually(20, || (engine.gauges().agents_connected == 2).then_some(())).await.is_some(),
+        "r2 never connected"
+    );
 
     // A broken fleet.yaml: refused with where, nothing changed.
     std::fs::write(dir.path().join("fleet.yaml"), "version: 1\nnodes:\n  - name: r3\n").unwrap();

@@ -65,7 +65,7 @@ async fn a_python_training_job_drives_h6_h11_and_h12_through_the_agent() {
     );
     ship(&rb, "comm-overhead", &[("for_secs: 300", "for_secs: 2"), ("hold_secs: 60", "hold_secs: 1")]);
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 1).then_some(())).await.is_some());
     assert!(engine.runbook_set().errors.is_empty(), "{:?}", engine.runbook_set().errors);
 
     // The job: GPU 1's allocator 32 % fragmented, all-reduce 34 % of each

@@ -35,7 +35,7 @@ async fn notifications_reach_webhooks_with_retries_and_are_audited() {
         ),
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 1).then_some(())).await.is_some());
     let s = engine.submit(manual_run("tell", Target::gpu("w1", 0))).await.unwrap();
     let id = s.run().unwrap().id.clone();
     let run = eventually(20, || engine.run(&id).unwrap().filter(|r| r.outcome.is_some())).await.unwrap();
@@ -124,7 +124,7 @@ async fn a_dry_run_that_would_escalate_sends_nothing_except_to_targets_that_opte
         ),
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 1).then_some(())).await.is_some());
     let mut req = manual_run("tell", Target::gpu("w1", 0));
     req.dry_run = true;
     let id = engine.submit(req).await.unwrap().run().unwrap().id.clone();
@@ -242,7 +242,7 @@ async fn a_notification_never_follows_a_redirect() {
         &format!("notifications:\n  webhooks:\n\x20   - {{name: ops, url: '{redirect_url}', max_attempts: 1}}\n"),
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 1).then_some(())).await.is_some());
     engine.submit(manual_run("tell", Target::gpu("w1", 0))).await.unwrap();
     let d = eventually(20, || {
         engine.audit().tail(0, usize::MAX).unwrap().into_iter().find(|r| r.kind == RecordKind::NotificationDelivery)

@@ -240,7 +240,7 @@ async fn promtool_accepts_the_agent_and_engine_metrics() {
         "auth: {allow_anonymous: viewer}\n",
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(eventually(20, || (engine.connected_agents() == 1).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 1).then_some(())).await.is_some());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let web_addr = listener.local_addr().unwrap();
     let web = tokio::spawn(nightshift_web::serve(engine.clone(), listener, std::future::pending()));

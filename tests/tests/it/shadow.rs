@@ -48,7 +48,7 @@ async fn a_shadow_runbook_changes_nothing_and_reports_what_it_would_have_done() 
         ),
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(eventually(20, || (engine.connected_agents() == 2).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 2).then_some(())).await.is_some());
     assert_eq!(mode_of(&engine, "hot-cap").await, "shadow");
 
     // The fault.

@@ -288,7 +288,7 @@ async fn slurm_adapter_against_a_real_slurm() {
         "limits: {action_timeout_secs: 20}\n",
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(eventually(20, || (engine.connected_agents() == 2).then_some(())).await.is_some());
+    assert!(eventually(20, || (engine.gauges().agents_connected == 2).then_some(())).await.is_some());
 
     // 1. A failing scontrol (Slurm does not know the node): the run fails
     //    and the audit says which command failed and what it printed.

@@ -90,7 +90,7 @@ async fn an_alert_storm_is_absorbed_within_every_limit() {
         ),
     );
     let engine = nightshift_engine::serve::start(cfg).await.unwrap();
-    assert!(eventually(30, || (engine.connected_agents() == NODES).then_some(())).await.is_some());
+    assert!(eventually(30, || (engine.gauges().agents_connected == NODES).then_some(())).await.is_some());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/api/v1/alerts/alertmanager", listener.local_addr().unwrap());
     let web = tokio::spawn(nightshift_web::serve(engine.clone(), listener, std::future::pending()));
@@ -104,8 +104,8 @@ async fn an_alert_storm_is_absorbed_within_every_limit() {
         tokio::spawn(async move {
             loop {
                 r.fetch_max(rss_kib(), Ordering::Relaxed);
-                b.fetch_max(e.alert_backlog(), Ordering::Relaxed);
-                q.fetch_max(e.queue_depth(), Ordering::Relaxed);
+                b.fetch_max(e.gauges().alert_backlog, Ordering::Relaxed);
+                q.fetch_max(e.gauges().queue_depth, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })
@@ -176,15 +176,15 @@ async fn an_alert_storm_is_absorbed_within_every_limit() {
 
     // Let it drain.
     let settled = eventually(180, || {
-        (engine.alert_backlog() == 0 && engine.running() == 0 && engine.queue_depth() == 0).then_some(())
+        (engine.gauges().alert_backlog == 0 && engine.running() == 0 && engine.gauges().queue_depth == 0).then_some(())
     })
     .await;
     assert!(
         settled.is_some(),
         "settled: backlog {}, running {}, queued {}",
-        engine.alert_backlog(),
+        engine.gauges().alert_backlog,
         engine.running(),
-        engine.queue_depth()
+        engine.gauges().queue_depth
     );
     let settle_secs = started.elapsed().as_secs_f64();
     watcher.abort();
