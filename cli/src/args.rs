@@ -188,6 +188,13 @@ pub enum Command {
     ///
     /// Example: nightshift simulate --faults examples/faults/llama3-405b.yaml --nodes 256 --days 54 --seed 7 --json out.json
     Simulate(SimulateArgs),
+    /// The benchmarks moved out of the production CLI: `nightshift-bench`.
+    #[command(hide = true, disable_help_flag = true)]
+    Bench {
+        /// Whatever was passed: the harness takes the same flags.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 /// `nightshift simulate … --json FILE` means `--out FILE`: the report is

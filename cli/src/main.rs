@@ -176,6 +176,12 @@ async fn real_main(cli: Cli) -> Result<u8> {
             init_logging("error");
             cmd::backtest::backtest(&cli, args, &out).await
         }
+        Command::Bench { args } => Err(cmd::usage(format!(
+            "the benchmarks are their own binary now, outside the production CLI: cargo build --release -p nightshift -p nightshift-bench && ./target/release/nightshift-bench {} (docs/BENCHMARKS.md)",
+            args.join(" ")
+        )
+        .trim_end()
+        .to_string())),
         Command::Simulate(args) => {
             init_logging("error");
             cmd::simulate::simulate(&cli, args, &out).await

@@ -637,6 +637,11 @@ fn every_subcommand_has_an_example_in_its_help() {
     }
     let o = bin().args(["completions", "bash"]).output().unwrap();
     assert!(String::from_utf8_lossy(&o.stdout).contains("_nightshift"));
+    // The benchmarks' old command says where they went, with the flags given.
+    let o = bin().args(["bench", "--only", "2", "--smoke"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(code(&o), 2, "{err}");
+    assert!(err.contains("./target/release/nightshift-bench --only 2 --smoke (docs/BENCHMARKS.md)"), "{err}");
 }
 
 #[test]
