@@ -7,7 +7,7 @@
 //! and `host` use this module; it uses none of them.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use serde_json::{Value, json};
@@ -129,13 +129,9 @@ pub struct Core {
     /// One verify at a time, and its report kept while the head stays (at
     /// most [`VERIFY_CACHE_SECS`]): (head seq, when, report).
     pub verify_cache: tokio::sync::Mutex<Option<(u64, std::time::Instant, crate::audit::VerifyReport)>>,
-    /// Maintenance windows in force or to come, by id (`maintenance.rs`;
-    /// rebuilt from the chain at start and takeover).
-    pub windows: Mutex<BTreeMap<String, crate::windows::Window>>,
-    /// Some node may be under a window: the tick looks at every node only
-    /// then (a fleet-month of ticks on 2,000 nodes with no window costs
-    /// nothing).
-    pub windows_cover: AtomicBool,
+    /// Maintenance windows in force or to come (`maintenance.rs` keeps
+    /// them through `WindowBook`'s methods; its fields are its own).
+    pub windows: crate::windows::WindowBook,
 }
 
 /// How long a verify report is served again while the chain's head has not

@@ -216,8 +216,7 @@ impl Engine {
             modes: Mutex::new(modes),
             agent_clients: Mutex::new(Default::default()),
             verify_cache: tokio::sync::Mutex::new(None),
-            windows: Mutex::new(Default::default()),
-            windows_cover: std::sync::atomic::AtomicBool::new(false),
+            windows: Default::default(),
             auth_generation: std::sync::atomic::AtomicU64::new(0),
             reloading: tokio::sync::Mutex::new(()),
             health: Mutex::new(crate::health::HealthModel::new(

@@ -14,7 +14,6 @@
 //! engine's, or earlier by a person.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 
 use crate::audit::{NewRecord, RecordKind, data};
 use crate::engine::{Engine, EngineError};
@@ -45,7 +44,7 @@ impl Engine {
             reason: w.reason.clone(),
         };
         self.core.audit.append(NewRecord::typed(RecordKind::Maintenance, by, &payload), None).await?;
-        crate::core::lock(&self.core.windows).insert(w.id.clone(), w.clone());
+        self.core.windows.put(w.clone());
         tracing::info!(window = %w.id, by, reason = %w.reason, "maintenance window set");
         self.apply_windows().await;
         Ok(self.windows().into_iter().find(|x| x.id == w.id).unwrap_or(w))
@@ -53,7 +52,7 @@ impl Engine {
 
     /// End a window before its time (admin), saying why.
     pub(crate) async fn end_window(&self, id: &str, by: &str, reason: &str) -> Result<Window, EngineError> {
-        let Some(w) = crate::core::lock(&self.core.windows).get(id).cloned() else {
+        let Some(w) = self.core.windows.get(id) else {
             let open: Vec<String> = self.windows().into_iter().map(|w| w.id).collect();
             return Err(EngineError::BadParams(format!(
                 "no maintenance window {id:?}: expected one of [{}] (`nightshift maintenance list`)",
@@ -72,7 +71,7 @@ impl Engine {
     async fn record_window_end(&self, w: &Window, by: &str, why: &str) -> Result<(), EngineError> {
         let payload = data::Maintenance { id: w.id.clone(), set: false, reason: why.to_string(), ..Default::default() };
         self.core.audit.append(NewRecord::typed(RecordKind::Maintenance, by, &payload), None).await?;
-        crate::core::lock(&self.core.windows).remove(&w.id);
+        self.core.windows.remove(&w.id);
         tracing::info!(window = %w.id, by, reason = why, "maintenance window ended");
         Ok(())
     }
@@ -81,7 +80,7 @@ impl Engine {
     /// it covers now.
     pub(crate) fn windows(&self) -> Vec<Window> {
         let now = self.core.now();
-        let mut all: Vec<Window> = crate::core::lock(&self.core.windows).values().cloned().collect();
+        let mut all: Vec<Window> = self.core.windows.all();
         for w in &mut all {
             if w.active(now) {
                 w.covers = self
@@ -104,8 +103,7 @@ impl Engine {
     /// taken over.
     pub(crate) async fn apply_windows(&self) {
         let now = self.core.now();
-        let due: Vec<Window> =
-            crate::core::lock(&self.core.windows).values().filter(|w| w.ends_ms <= now).cloned().collect();
+        let due = self.core.windows.ended_by(now);
         for w in due {
             let why = format!(
                 "the window {} set ended at {} as they asked",
@@ -116,13 +114,8 @@ impl Engine {
                 tracing::error!(window = %w.id, error = %e, "cannot audit a maintenance window's end: it stays");
             }
         }
-        let windows: Vec<Window> =
-            crate::core::lock(&self.core.windows).values().filter(|w| w.active(now)).cloned().collect();
         // Nothing in force and nothing covered last time: nothing to do.
-        if windows.is_empty() && !self.core.windows_cover.swap(false, Ordering::SeqCst) {
-            return;
-        }
-        self.core.windows_cover.store(!windows.is_empty(), Ordering::SeqCst);
+        let Some(windows) = self.core.windows.to_apply(now) else { return };
         let mut taken: Vec<(String, String)> = Vec::new();
         for n in self.core.fleet.nodes().iter() {
             let cover = windows
@@ -178,7 +171,7 @@ impl Engine {
             );
         }
         let n = open.len();
-        *crate::core::lock(&self.core.windows) = open;
+        self.core.windows.replace(open);
         Ok(n)
     }
 }

@@ -73,6 +73,63 @@ impl Window {
     }
 }
 
+/// The maintenance windows an engine knows: in force or to come, by id
+/// (rebuilt from the chain at start and takeover), and whether any covered
+/// a node at the last apply. Its state is reached only through these
+/// methods (`maintenance.rs` is the one caller).
+#[derive(Debug, Default)]
+pub struct WindowBook {
+    by_id: std::sync::Mutex<BTreeMap<String, Window>>,
+    /// Some node may be under a window: the tick looks at every node only
+    /// then (a fleet-month of ticks on 2,000 nodes with no window costs
+    /// nothing).
+    cover: std::sync::atomic::AtomicBool,
+}
+
+impl WindowBook {
+    fn book(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Window>> {
+        self.by_id.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn put(&self, w: Window) {
+        self.book().insert(w.id.clone(), w);
+    }
+
+    pub fn get(&self, id: &str) -> Option<Window> {
+        self.book().get(id).cloned()
+    }
+
+    pub fn remove(&self, id: &str) {
+        self.book().remove(id);
+    }
+
+    /// Every window, by id.
+    pub fn all(&self) -> Vec<Window> {
+        self.book().values().cloned().collect()
+    }
+
+    /// Those whose end is at or before `now`.
+    pub fn ended_by(&self, now: i64) -> Vec<Window> {
+        self.book().values().filter(|w| w.ends_ms <= now).cloned().collect()
+    }
+
+    /// Start again from the chain's windows.
+    pub fn replace(&self, open: BTreeMap<String, Window>) {
+        *self.book() = open;
+    }
+
+    /// The windows in force at `now`, to apply to the nodes — or none when
+    /// nothing is in force and nothing was covered at the last call.
+    pub fn to_apply(&self, now: i64) -> Option<Vec<Window>> {
+        let active: Vec<Window> = self.book().values().filter(|w| w.active(now)).cloned().collect();
+        let covered_before = self.cover.swap(!active.is_empty(), std::sync::atomic::Ordering::SeqCst);
+        if active.is_empty() && !covered_before {
+            return None;
+        }
+        Some(active)
+    }
+}
+
 /// Check a window before it is recorded: something to match, a reason,
 /// an end after now and at most [`MAX_WINDOW_SECS`] after its start, label
 /// names as inventories write them, nodes that exist.
@@ -131,6 +188,33 @@ mod tests {
     use super::*;
 
     const NOW: i64 = 1_790_000_000_000;
+
+    /// The book answers "apply" while a window is in force, once more after
+    /// the last one ends (so its marks are cleared), and then not at all —
+    /// a tick with no window looks at no node.
+    #[test]
+    fn the_book_applies_while_in_force_and_once_after() {
+        let book = WindowBook::default();
+        assert_eq!(book.to_apply(NOW), None, "nothing set, nothing covered");
+        let w = Window {
+            id: "mw-1".into(),
+            by: "user:ana".into(),
+            reason: "PDU".into(),
+            matchers: BTreeMap::new(),
+            nodes: vec!["n1".into()],
+            starts_ms: NOW + 1_000,
+            ends_ms: NOW + 2_000,
+            covers: Vec::new(),
+        };
+        book.put(w.clone());
+        assert_eq!(book.to_apply(NOW), None, "set but not yet in force");
+        assert_eq!(book.to_apply(NOW + 1_500), Some(vec![w.clone()]));
+        assert_eq!(book.ended_by(NOW + 2_000), vec![w.clone()]);
+        book.remove("mw-1");
+        assert_eq!(book.to_apply(NOW + 2_500), Some(vec![]), "once more, to clear the marks");
+        assert_eq!(book.to_apply(NOW + 3_000), None);
+        assert!(book.all().is_empty() && book.get("mw-1").is_none());
+    }
 
     fn spec(matchers: &[(&str, &str)], nodes: &[&str], ends_in_secs: i64, reason: &str) -> WindowSpec {
         WindowSpec {
