@@ -159,6 +159,15 @@ async fn every_acknowledged_alert_and_run_survives_a_kill_right_after_the_answer
                     && r.data["reason"].as_str().is_some_and(|w| w.ends_with("is already active"))
             })
         });
+        if !(queued || held_back) {
+            // What the chain says around it, for whoever reads the failure.
+            for r in records.iter().filter(|r| r.seq + 20 >= received && r.seq <= received + 20) {
+                eprintln!(
+                    "{} {:?} run={:?} node={:?} gpu={:?} by {}: {}",
+                    r.seq, r.kind, r.run, r.node, r.gpu, r.actor, r.data
+                );
+            }
+        }
         assert!(queued || held_back, "accepted alert {fp} led to no run, and no active run held it back");
         assert!(handled.is_some() || queued, "accepted alert {fp}: its handling is not on the chain");
     }
