@@ -395,7 +395,15 @@ impl Conn {
             let page = self.api().await?.get().nodes(query.clone()).await.map_err(fail)?;
             out.extend(page.nodes);
             match page.next_cursor {
-                Some(c) => query.cursor = Some(c),
+                // Names are listed in order: a cursor that does not move on
+                // would page forever.
+                Some(c) if query.cursor.as_ref().is_none_or(|prev| c > *prev) => query.cursor = Some(c),
+                Some(c) => {
+                    return Err(anyhow::anyhow!(
+                        "the node listing's next cursor did not move on: expected a name after {:?}, found {c:?}",
+                        query.cursor.unwrap_or_default()
+                    ));
+                }
                 None => return Ok(out),
             }
         }
