@@ -112,7 +112,10 @@ impl Payload for RunFinished {
     const KINDS: &'static [RecordKind] = &[RecordKind::RunFinished];
 }
 
-/// `trigger_suppressed`: the first suppression of an episode.
+/// `trigger_suppressed`: the first suppression of an episode — and every
+/// alert held back by an active run (each acknowledged alert says what it
+/// led to), with what a restart needs to offer it again should that run end
+/// without doing its work.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TriggerSuppressed {
@@ -120,6 +123,12 @@ pub struct TriggerSuppressed {
     pub detail: String,
     pub trigger: String,
     pub target: Option<Target>,
+    /// An alert held back by the record's run: the alert's event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event: Option<Value>,
+    /// An alert held back by the record's run: when it started (ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_ts_ms: Option<i64>,
 }
 
 impl Payload for TriggerSuppressed {

@@ -50,10 +50,12 @@ async fn every_acknowledged_alert_and_run_survives_a_kill_right_after_the_answer
     let kills: usize = std::env::var("NIGHTSHIFT_WEBHOOK_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
     let dir = tempfile::tempdir().unwrap();
     // Eight GPUs: each alert is for the GPU after the last one's, so the
-    // run an alert of eight alerts earlier started (resumed by a restart at
-    // most three times, a few lives) has long ended — a run still active
-    // for the same runbook and target would hold a new alert back (dedup),
-    // and this test is about acknowledgements, not dedup.
+    // run an alert of eight alerts earlier started has usually ended. Not
+    // always: a run a kill cut off while running is resumed, and a resumed
+    // run waits for its node's readings of the new life — lives here last
+    // milliseconds, so it may stay active for many of them and hold every
+    // later alert for its GPU back (dedup, by design). Each such alert says
+    // so on the chain, every time (it once did only the first time).
     let sim = SimConfig { gpus: 8, ..SimConfig::default() };
     std::fs::write(
         dir.path().join("policy.yaml"),

@@ -420,6 +420,10 @@ impl RunTable {
                     }
                     self.suppression_noted.remove(&key);
                 }
+                // Its end offered what it held back, in the life it ended.
+                if let Some(run) = &r.run {
+                    self.waiting_alerts.remove(run);
+                }
             }
             RecordKind::ActionResult => {
                 if read::<data::ActionRef>(r).is_some_and(|a| a.op == data::AutoscaleResult::OP)
@@ -431,7 +435,26 @@ impl RunTable {
                 }
             }
             RecordKind::TriggerSuppressed => {
-                if let Some(key) = read::<data::TriggerSuppressed>(r).and_then(|p| key_of(r, p.target)) {
+                let Some(p) = read::<data::TriggerSuppressed>(r) else { return };
+                // An alert an active run held back waits for that run again:
+                // offered anew if it ends without doing its work.
+                if let (Some(run), Some(event), Some(event_ts_ms), "alert") =
+                    (&r.run, &p.event, p.event_ts_ms, p.trigger.as_str())
+                    && let Some((runbook, target)) = key_of(r, p.target.clone())
+                {
+                    self.waiting_alerts.insert(
+                        run.clone(),
+                        WaitingAlert {
+                            runbook,
+                            target,
+                            detail: p.detail.clone(),
+                            event: event.clone(),
+                            event_ts_ms,
+                            requested_by: r.actor.clone(),
+                        },
+                    );
+                }
+                if let Some(key) = key_of(r, p.target) {
                     self.suppression_noted.insert(key);
                 }
             }

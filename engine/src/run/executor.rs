@@ -316,7 +316,13 @@ impl Engine {
             }
             Decision::Suppress { reason, existing, first } => {
                 self.core.counters.runs_suppressed.fetch_add(1, Ordering::Relaxed);
-                if first {
+                // An alert held back by an active run is noted every time,
+                // not only an episode's first: each acknowledged alert says
+                // on the chain what it led to (invariant 12), and a restart
+                // reads from the note what to offer again should that run
+                // end without doing its work (`RunTable::replay`).
+                let held = existing.is_some() && req.trigger == "alert";
+                if first || held {
                     let mut rec = NewRecord::typed(
                         RecordKind::TriggerSuppressed,
                         &req.requested_by,
@@ -325,6 +331,8 @@ impl Engine {
                             detail: req.detail.clone(),
                             trigger: req.trigger.clone(),
                             target: Some(req.target.clone()),
+                            event: held.then(|| req.event.clone()),
+                            event_ts_ms: held.then_some(req.event_ts_ms),
                         },
                     )
                     .node(req.target.node.as_deref())

@@ -632,7 +632,7 @@ impl Engine {
     /// for the same runbook and target), now that `run` ended `outcome`
     /// without doing its work: it goes through admission like any alert,
     /// and its run says why it came now. Not while the engine stops.
-    async fn reconsider(&self, w: crate::runtable::WaitingAlert, run: &str, outcome: RunOutcome) {
+    pub(crate) async fn reconsider(&self, w: crate::runtable::WaitingAlert, run: &str, outcome: RunOutcome) {
         if *self.core.shutdown.borrow() {
             return;
         }

@@ -130,15 +130,29 @@ impl Engine {
                 }
             }
         }
+        // An alert an interrupted run held back (the note of a life before)
+        // is offered again, as a run's end in its own life offers it: the
+        // run did not do its work.
+        let held_back: Vec<(crate::runtable::WaitingAlert, String)> = {
+            let mut t = self.core.table();
+            interrupted.iter().filter_map(|id| Some((t.waiting_alerts.remove(id)?, id.clone()))).collect()
+        };
         if !resumed.is_empty() {
             tracing::warn!(runs = ?resumed, "runs in flight at the last stop resume; their holds stayed in place");
         }
-        if !unhandled.is_empty() {
-            tracing::info!(alerts = unhandled.len(), "handling alerts accepted before the restart");
+        if !unhandled.is_empty() || !held_back.is_empty() {
+            tracing::info!(
+                alerts = unhandled.len(),
+                held_back = held_back.len(),
+                "handling alerts accepted before the restart"
+            );
             let engine = self.clone();
             self.core.alert_backlog.fetch_add(unhandled.len() as u64, std::sync::atomic::Ordering::SeqCst);
             self.core.inflight_events.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             self.core.handle.spawn(async move {
+                for (w, run) in held_back {
+                    engine.reconsider(w, &run, RunOutcome::Interrupted).await;
+                }
                 for (a, poster) in unhandled {
                     engine.handle_alert(a, &poster).await;
                     engine.core.alert_backlog.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);

@@ -2,6 +2,8 @@
 //! attempt budgets, blast radius under racing runs, approvals, dry runs,
 //! stale events.
 
+use std::collections::BTreeSet;
+
 use crate::common::*;
 use nightshift_engine::api::{Cancel, EngineApi, HandsOff, NewWindow, Reason, SetFleetMode};
 use nightshift_engine::audit::RecordKind;
@@ -50,8 +52,17 @@ async fn the_same_alert_a_hundred_times_starts_one_run() {
     let recs = records(f);
     let received = recs.iter().filter(|r| r.kind == RecordKind::EventReceived).count();
     assert_eq!(received, 101, "each distinct alert is recorded once");
+    // Each distinct alert the active run held back says so, once (not
+    // once per delivery), naming the run: 100 acknowledged alerts, 100
+    // answers on the chain to "what did it lead to".
+    let held: BTreeSet<String> = recs
+        .iter()
+        .filter(|r| r.kind == RecordKind::TriggerSuppressed)
+        .inspect(|r| assert_eq!(r.run.as_deref(), Some(runs[0].id.as_str()), "{r:?}"))
+        .map(|r| r.data["event"]["fingerprint"].as_str().unwrap_or_default().to_string())
+        .collect();
     let suppressed = recs.iter().filter(|r| r.kind == RecordKind::TriggerSuppressed).count();
-    assert!((1..=2).contains(&suppressed), "suppressions are audited once per episode, found {suppressed}");
+    assert_eq!((suppressed, held.len()), (100, 100), "one note per distinct alert held back: {held:?}");
     // After the cooldown a new alert runs again.
     f.run_for(300).await.unwrap();
     f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-late", now(f), "firing"), "alertmanager");
@@ -688,6 +699,58 @@ async fn an_alert_held_back_by_a_run_that_was_skipped_is_offered_again() {
     assert_eq!(r.outcome, Some(RunOutcome::Succeeded), "{r:?}");
     f.run_for(10).await.unwrap();
     assert_eq!(e.runs(&Default::default()).unwrap().runs.len(), 2, "the work was done: the cooldown holds the third");
+    assert!(e.verify().unwrap().ok);
+}
+
+/// An alert held back by an active run outlives a restart: the restarted
+/// engine knew nothing of it (its memory of held-back alerts was the old
+/// process's), so when that run was then interrupted — resumed as often as
+/// a restart may resume one — the alert that still fired was lost, its
+/// `event_handled` the last word. Now every held-back alert is noted with
+/// its event (also the second and later ones for the same run: each
+/// acknowledged alert says what it led to), a restart reads the note, and
+/// the interruption offers the alert again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_held_back_by_a_run_a_restart_interrupts_is_offered_again() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(rb.path(), "hot", HOT_ANY_TIME, "set_power_limit(0, 500);\nsleep(3600);\n");
+    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let t = now(f);
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "firing"), "alertmanager");
+    f.run_for(5).await.unwrap();
+    let first = f.engine.runs(&Default::default()).unwrap().runs.remove(0).id;
+    // Two more alerts while it runs: both held back, both said so.
+    for (i, fp) in ["fp-2", "fp-3"].iter().enumerate() {
+        f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", fp, t + 1_000 * (i as i64 + 1), "firing"), "am");
+        f.run_for(2).await.unwrap();
+    }
+    let held: Vec<_> = records(f).into_iter().filter(|r| r.kind == RecordKind::TriggerSuppressed).collect();
+    assert_eq!(held.len(), 2, "{held:#?}");
+    for (r, fp) in held.iter().zip(["fp-2", "fp-3"]) {
+        assert_eq!(r.run.as_deref(), Some(first.as_str()));
+        assert_eq!(r.data["event"]["fingerprint"], fp, "{:?}", r.data);
+    }
+    // Restarts while it runs: resumed, resumed, resumed, then interrupted.
+    for _ in 0..=3 {
+        sim.fleet.restart_engine().await.unwrap();
+        sim.fleet.run_for(5).await.unwrap();
+    }
+    let f = &sim.fleet;
+    let e = &f.engine;
+    let r = until_finished(f, &first, 60).await;
+    assert_eq!(r.outcome, Some(RunOutcome::Interrupted), "{r:?}");
+    // The latest alert it held back is offered again, saying why it came now.
+    let runs = e.runs(&Default::default()).unwrap().runs;
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    let again = runs.iter().find(|x| x.id != first).unwrap();
+    assert!(
+        again.detail.contains(&format!("offered again: run {first}, which held it back, ended interrupted")),
+        "{}",
+        again.detail
+    );
+    let queued = e.run_records(&again.id).unwrap().into_iter().find(|x| x.kind == RecordKind::RunQueued).unwrap();
+    assert_eq!(queued.data["event"]["fingerprint"], "fp-3", "{:?}", queued.data);
     assert!(e.verify().unwrap().ok);
 }
 
