@@ -8,28 +8,11 @@
 use nightshift_proto::{CollectEvidenceArgs, EvidenceChunk, EvidenceCollected, Op, ReadEvidenceArgs, Request};
 
 use crate::audit::{NewRecord, RecordKind};
-use crate::engine::Engine;
-
-/// Why a piece of evidence could not be read: the node, bundle or file is
-/// not there, or the name is not one (`Refused`), or the agent did not
-/// answer.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum EvidenceReadError {
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    BadName(String),
-    #[error("{0}")]
-    Unreachable(String),
-}
+use crate::engine::{Engine, EvidenceReadError};
 
 impl Engine {
-    /// A piece of one file of an evidence bundle on `node` (from `offset`;
-    /// at most [`nightshift_proto::EVIDENCE_CHUNK_BYTES`]): what copies a
-    /// bundle off the node for the vendor. Read-only, not audited (the
-    /// chain holds the bundle's hash: `nightshift audit verify --evidence`
-    /// checks the copy).
-    pub async fn read_evidence(
+    /// [`Engine::read_evidence`]'s work (the façade, `engine.rs`, forwards here).
+    pub(crate) async fn evidence_chunk(
         &self,
         node: &str,
         bundle: &str,

@@ -47,9 +47,8 @@ fn headrooms(
     (core.map(|c| mem.map_or(c, |m| c.min(m))), mem)
 }
 impl Engine {
-    /// Feed one agent telemetry message: update node state, push samples,
-    /// evaluate triggers, submit what fired.
-    pub async fn ingest_telemetry(&self, t: &Telemetry) {
+    /// [`Engine::ingest_telemetry`]'s work (the façade, `engine.rs`, forwards here).
+    pub(crate) async fn take_telemetry(&self, t: &Telemetry) {
         let Some(node) = self.core.fleet.get(&t.node) else {
             tracing::warn!(node = %t.node, "telemetry from a node not in the inventory");
             return;
@@ -162,11 +161,8 @@ impl Engine {
         self.handle_fires(fires).await;
     }
 
-    /// Feed samples from an external source (Prometheus, DCGM exporter):
-    /// `(node, gpu, metric, ts_ms, value)`.
-    /// The node names may be any string type (`Arc<str>` from a backtest's
-    /// series table: no allocation per sample).
-    pub async fn ingest_samples<N>(&self, samples: &[(N, Option<u32>, MetricId, i64, f64)])
+    /// [`Engine::ingest_samples`]'s work (the façade, `engine.rs`, forwards here).
+    pub(crate) async fn take_samples<N>(&self, samples: &[(N, Option<u32>, MetricId, i64, f64)])
     where
         N: AsRef<str> + Clone + Send + Sync,
     {
@@ -314,13 +310,6 @@ impl Engine {
         self.core.counters.source_errors.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Latest value of a series.
-    pub fn latest(&self, node: &str, gpu: Option<u32>, metric: MetricId) -> Option<f64> {
-        let n = self.core.fleet.get(node)?;
-        let gpu = gpu.map(u16::try_from).transpose().ok()?;
-        self.core.brain().store.latest(SeriesKey { node: n.idx, gpu, metric }).map(|(_, v)| v)
-    }
-
     /// Telemetry store size: (series, points).
     pub(crate) fn telemetry_size(&self) -> (usize, usize) {
         let b = self.core.brain();
@@ -456,20 +445,10 @@ impl Engine {
 
     // ---------------------------------------------------------------- alerts
 
-    /// Accept an Alertmanager payload posted by `poster` (the webhook
-    /// token's name): dedup each alert by status, fingerprint and startsAt
-    /// and hand new ones to a background task. Returns at once. Past
-    /// `limits.alert_backlog` alerts waiting, new ones are shed — not
-    /// remembered as seen, so Alertmanager's retry brings them back — and one
-    /// audit record says how many.
-    pub fn ingest_alertmanager(&self, payload: WebhookPayload, poster: &str) -> Ingested {
-        self.intake_alertmanager(payload, poster).0
-    }
-
     /// [`Engine::ingest_alertmanager`], and a future that ends once the last
     /// accepted alert's `event_received` (and so every one before it) is
     /// durable.
-    fn intake_alertmanager(
+    pub(crate) fn intake_alertmanager(
         &self,
         payload: WebhookPayload,
         poster: &str,
@@ -595,10 +574,8 @@ impl Engine {
         (Ingested { accepted, duplicates, shed }, durable)
     }
 
-    /// The webhook's intake: [`Engine::ingest_alertmanager`], answered only
-    /// once every accepted alert's `event_received` is durable — a 200 is a
-    /// promise (recovery handles whatever a crash cut off after it).
-    pub async fn accept_alertmanager(&self, payload: WebhookPayload, poster: &str) -> Result<Ingested, EngineError> {
+    /// [`Engine::accept_alertmanager`]'s work (the façade, `engine.rs`, forwards here).
+    pub(crate) async fn accept_alerts(&self, payload: WebhookPayload, poster: &str) -> Result<Ingested, EngineError> {
         // A store stopped at a durability failure accepts nothing (a 503:
         // Alertmanager sends it again later, to this engine or another).
         if let Some(e) = self.core.audit.stopped() {

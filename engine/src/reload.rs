@@ -269,14 +269,6 @@ fn reload_files(engine: &Engine, allow_partial: bool) -> Result<ReloadReport, Re
 }
 
 impl Engine {
-    /// Read the site's XID policy overrides engine.yaml names (at start:
-    /// a broken file stops the start with file:line:column) and put them in
-    /// force; returns what changed from the policy in force.
-    pub fn load_fault_policy(&self) -> Result<Vec<String>, crate::manifest::LoadError> {
-        let policy = XidPolicy::load(self.config().fault_policy_path.as_deref())?;
-        Ok(self.put_fault_policy(policy))
-    }
-
     /// Put `policy` in force; what changed, one line per code.
     pub(crate) fn put_fault_policy(&self, policy: Arc<XidPolicy>) -> Vec<String> {
         let mut h = self.core.health();
@@ -285,11 +277,6 @@ impl Engine {
             h.policy = policy;
         }
         changes
-    }
-
-    /// The XID policy in force.
-    pub fn fault_policy(&self) -> Arc<XidPolicy> {
-        self.core.health().policy.clone()
     }
 }
 

@@ -497,9 +497,14 @@ impl Engine {
         }
     }
 
-    /// A person says a node (or one GPU) was repaired: its GPUs awaiting
-    /// repair move to verifying (the health check still decides).
-    pub async fn mark_repaired(&self, node: &str, gpu: Option<u32>, who: &str, note: &str) -> Result<Vec<u32>, String> {
+    /// [`Engine::mark_repaired`]'s work (the façade, `engine.rs`, forwards here).
+    pub(crate) async fn record_repaired(
+        &self,
+        node: &str,
+        gpu: Option<u32>,
+        who: &str,
+        note: &str,
+    ) -> Result<Vec<u32>, String> {
         let n = self.core.fleet.get(node).ok_or_else(|| format!("{node} is not in the inventory"))?;
         let candidates: Vec<(u32, HealthState)> = self
             .core
@@ -565,24 +570,6 @@ impl Engine {
     pub(crate) async fn health_check_node(&self, node: &str) -> Result<HealthCheck, String> {
         let n = self.core.fleet.get(node).ok_or_else(|| format!("{node} is not in the inventory"))?;
         self.health_check_call(&n).await
-    }
-
-    /// The health model as people read it: this engine's own (leading), or
-    /// rebuilt from its copy of the chain (a standby follows it).
-    pub fn health_model(&self) -> crate::health::HealthModel {
-        if self.core.acting() {
-            return self.core.health().clone();
-        }
-        let mut m = crate::health::HealthModel::new(
-            self.core.config.limits.max_repairs_in_window,
-            (self.core.config.limits.repair_window_secs as i64).saturating_mul(1000),
-        );
-        if let Ok(records) = self.core.audit.records_of_kind(RecordKind::HealthChanged) {
-            for r in &records {
-                m.replay(r);
-            }
-        }
-        m
     }
 
     /// Rebuild the health model and the node marks from the chain (start,

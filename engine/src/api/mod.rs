@@ -19,7 +19,7 @@ pub use requests::*;
 
 pub use crate::alerts::{WebhookPayload, format_rfc3339_ms, parse_rfc3339_ms};
 pub use crate::control::{ControlAction, ControlOutcome, Person, ReleaseWhat};
-pub use crate::evidence::EvidenceReadError;
+pub use crate::engine::EvidenceReadError;
 pub use crate::fleet::FleetChange;
 pub use crate::health::{Fault, FaultKind, HealthState, Lifecycle, Phases};
 pub use crate::inventory::{Inventory, NodeDefaults, NodeSpec};

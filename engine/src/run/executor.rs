@@ -26,8 +26,8 @@ use crate::runs::{ApprovalDecision, RunOutcome, RunState, RunSummary};
 use crate::runtable::{BreakerFire, CancelledBy, FireRef, RunEntry, RunTable};
 
 impl Engine {
-    /// Ask for a run (manual runs from the CLI and web come here too).
-    pub async fn submit(&self, req: RunRequest) -> Result<Submitted, EngineError> {
+    /// [`Engine::submit`]'s work (the façade, `engine.rs`, forwards here).
+    pub(crate) async fn submit_request(&self, req: RunRequest) -> Result<Submitted, EngineError> {
         // A leader still catching up and recovering takes no runs yet: its
         // recovery would meet them as another leader's leftovers.
         if let Some(l) = self.core.leadership()

@@ -27,7 +27,7 @@ impl Engine {
     // ---------------------------------------------------------------- the queue
 
     /// Whether a queued run may start now, or what it waits for.
-    pub(super) fn blocker(&self, t: &RunTable, r: &RunEntry) -> Option<String> {
+    pub(crate) fn blocker(&self, t: &RunTable, r: &RunEntry) -> Option<String> {
         let set = self.runbook_set();
         // By name: a runbook gone or changed is refused when it would start.
         let (_, rb) = set.get(&r.summary.runbook)?;
@@ -49,15 +49,8 @@ impl Engine {
         }
     }
 
-    /// Start every run that may start now. Boxed, as `finish` is.
-    ///
-    /// A run the loop ends itself (refused, skipped as stale, held by a
-    /// tripped breaker) pumps again from inside `finish`; on the loop's own
-    /// task that pump returns at once — the loop goes on to the next run —
-    /// so a queue of a thousand runs that all went stale is a loop, not a
-    /// thousand nested calls (it overflowed the stack: 256 nodes whose
-    /// headroom runs waited behind `max_concurrent`).
-    pub fn pump(&self) -> futures::future::BoxFuture<'_, ()> {
+    /// [`Engine::pump`]'s work (the façade, `engine.rs`, forwards here).
+    pub(crate) fn pump_queue(&self) -> futures::future::BoxFuture<'_, ()> {
         Box::pin(async move {
             if IN_PUMP.try_with(|_| ()).is_ok() {
                 return;

@@ -27,21 +27,6 @@ use crate::runs::{RunOutcome, RunState, RunSummary};
 use crate::runtable::{RunEntry, RunTable};
 
 impl Engine {
-    /// Begin acting, as every start and takeover does: record the start,
-    /// tell every agent this leader's term (HA), then recover what the last
-    /// engine left. Returns the ids of the runs recovery interrupted. The
-    /// simulator's restart calls the same (never kinder than a real one).
-    pub async fn begin(&self) -> Result<Vec<String>, EngineError> {
-        self.announce_start().await?;
-        // Before the first action (recovery's releases are actions): every
-        // agent that answers learns this term and refuses the one before.
-        let told = self.core.announce_term().await;
-        if self.core.leadership().is_some() {
-            tracing::info!(agents = told, of = self.core.fleet.nodes().len(), "announced this leader's term");
-        }
-        self.recover().await
-    }
-
     /// Rebuild and reconcile after a restart. Returns the ids of the runs
     /// found running, now interrupted.
     pub(crate) async fn recover(&self) -> Result<Vec<String>, EngineError> {

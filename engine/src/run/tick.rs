@@ -3,7 +3,6 @@
 //! the simulator and `/metrics` read (running, busy, queue depth).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 
 use serde_json::json;
 
@@ -12,14 +11,7 @@ use crate::manifest::Trigger;
 use crate::runs::{RunOutcome, RunState, RunSummary, Target};
 
 impl Engine {
-    /// Periodic work: expire approvals, fire schedules and fleet triggers,
-    /// mark silent nodes disconnected, start queued runs. Boxed (a large
-    /// state, awaited inside a replay's step).
-    pub fn tick(&self) -> futures::future::BoxFuture<'_, ()> {
-        Box::pin(self.tick_inner())
-    }
-
-    async fn tick_inner(&self) {
+    pub(crate) async fn tick_inner(&self) {
         self.expire_hands_off().await;
         self.apply_windows().await;
         self.retry_pages().await;
@@ -122,63 +114,5 @@ impl Engine {
                 }
             }
         }
-    }
-
-    /// Runs executing right now.
-    pub fn running(&self) -> usize {
-        self.core.table().running
-    }
-
-    /// Runs that are executing and not asleep on the clock, plus runs ready
-    /// to start: zero means the engine is idle until time moves.
-    pub fn busy(&self) -> usize {
-        let now = self.core.now();
-        let t = self.core.table();
-        let startable = t
-            .queue
-            .iter()
-            .filter(|id| {
-                // A resumed run waiting for its nodes' first readings waits
-                // for time to move, as a sleeping one does.
-                t.runs.get(*id).is_some_and(|r| {
-                    r.announced
-                        && r.not_before_ms <= now
-                        && r.resume_wait_until_ms.is_none_or(|u| u <= now)
-                        && self.blocker(&t, r).is_none()
-                })
-            })
-            .count();
-        let running = t.running;
-        drop(t);
-        running.saturating_sub(self.core.clock.idle_sleepers())
-            + startable
-            + self.core.inflight_events.load(Ordering::SeqCst) as usize
-            + self.core.audit.pending() as usize
-    }
-
-    /// Active runs as `id runbook target state (what it waits for)`, for
-    /// diagnostics.
-    pub fn active_runs(&self) -> Vec<String> {
-        let t = self.core.table();
-        let mut v: Vec<String> = t
-            .runs
-            .values()
-            .map(|r| {
-                let waits = r.summary.waiting_for.as_deref().map(|w| format!(" ({w})")).unwrap_or_default();
-                format!("{} {} {} {:?}{waits}", r.summary.id, r.summary.runbook, r.summary.target, r.summary.state)
-            })
-            .collect();
-        v.sort();
-        v
-    }
-
-    /// Runs waiting to start (queued or pending approval).
-    pub fn queue_depth(&self) -> usize {
-        self.core
-            .table()
-            .runs
-            .values()
-            .filter(|r| matches!(r.summary.state, RunState::Queued | RunState::PendingApproval))
-            .count()
     }
 }
