@@ -6,7 +6,6 @@
 //! Who depends on whom: `engine`, `executor`, `ingest`, `recovery`, `views`
 //! and `host` use this module; it uses none of them.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
@@ -98,25 +97,22 @@ pub struct Core {
     pub table: Mutex<RunTable>,
     pub handle: tokio::runtime::Handle,
     pub ids: Ids,
-    /// Event batches handed to background tasks and not yet processed.
-    pub inflight_events: AtomicU64,
-    /// Alerts accepted by a webhook call and not yet handled.
-    pub alert_backlog: AtomicU64,
+    /// Events taken in and not yet handled (`backlog.rs`).
+    pub backlog: crate::backlog::Backlog,
     pub notifier: Notifier,
     /// Pages not delivered yet (invariant 19), retried by the tick.
     pub outbox: Mutex<crate::outbox::Outbox>,
     pub counters: Counters,
-    pub shutdown: tokio::sync::watch::Sender<bool>,
-    pub tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    /// Tokens as last loaded (engine.yaml's `auth`, replaced by a reload),
-    /// and a count of reloads so the web layer knows to rebuild its table.
-    pub auth: RwLock<Arc<crate::config::AuthConfig>>,
-    pub auth_generation: AtomicU64,
+    /// Whether the engine stops, and the tasks a stop ends.
+    pub lifecycle: crate::lifecycle::Lifecycle,
+    /// Tokens as last loaded (engine.yaml's `auth`, replaced by a reload)
+    /// and their generation (`tokens.rs`).
+    pub tokens: crate::tokens::TokenBook,
     /// One reload at a time.
     pub reloading: tokio::sync::Mutex<()>,
     /// Runbook modes an admin set (promote/demote), over the manifests';
     /// kept in `data_dir/runbook-modes.json` across restarts.
-    pub modes: Mutex<BTreeMap<String, crate::manifest::Mode>>,
+    pub modes: crate::modes::ModeBook,
     /// The SSH client of each node (`serve.rs`; a reload replaces them): what
     /// a leader's node loops are started with when it begins to act.
     pub agent_clients: Mutex<std::collections::HashMap<String, Arc<nightshift_proto::ssh::client::AgentClient>>>,
@@ -126,17 +122,13 @@ pub struct Core {
     /// What the repair loop remembers between readings (not state: when it
     /// last tried a pending fault, whom it told, when it last checked).
     pub repair: Mutex<crate::health::RepairMemory>,
-    /// One verify at a time, and its report kept while the head stays (at
-    /// most [`VERIFY_CACHE_SECS`]): (head seq, when, report).
-    pub verify_cache: tokio::sync::Mutex<Option<(u64, std::time::Instant, crate::audit::VerifyReport)>>,
+    /// One chain walk at a time, its report kept while the head stays
+    /// (`verify_cache.rs`).
+    pub verify_cache: crate::verify_cache::VerifyCache,
     /// Maintenance windows in force or to come (`maintenance.rs` keeps
     /// them through `WindowBook`'s methods; its fields are its own).
     pub windows: crate::windows::WindowBook,
 }
-
-/// How long a verify report is served again while the chain's head has not
-/// moved.
-pub const VERIFY_CACHE_SECS: u64 = 60;
 
 /// Lease a run's holds get: its timeout and two minutes, so an engine that
 /// dies leaves nothing held for long. At most a day.

@@ -12,7 +12,7 @@
 //! - `views.rs` — what the API, UI and CLI read.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 
 use serde::{Deserialize, Serialize};
@@ -25,7 +25,7 @@ use nightshift_proto::{EvidenceChunk, Telemetry};
 use crate::alerts::WebhookPayload;
 use crate::audit::{AuditError, AuditStore, NewRecord, RecordKind};
 use crate::config::EngineConfig;
-use crate::core::{Brain, Core, Ids, lock};
+use crate::core::{Brain, Core, Ids};
 use crate::counters::Counters;
 use crate::fleet::Fleet;
 use crate::inventory::NodeSpec;
@@ -180,7 +180,6 @@ impl Engine {
             (parts.config.telemetry.script_window_secs as i64) * 1000,
             parts.config.telemetry.ingest_shards as usize,
         );
-        let (shutdown, _) = tokio::sync::watch::channel(false);
         let runs_so_far = parts.audit.run_count().unwrap_or(0);
         let t = &parts.config.telemetry;
         let (history, step) = crate::history::History::for_fleet(
@@ -200,7 +199,7 @@ impl Engine {
             );
         }
         let id_seed = parts.clock.id_seed();
-        let modes = crate::modes::load_modes(&parts.audit, &parts.config.data_dir);
+        let modes = crate::modes::ModeBook::load(&parts.audit, &parts.config.data_dir);
         let core = Core {
             clock: parts.clock,
             audit: parts.audit,
@@ -213,19 +212,16 @@ impl Engine {
             table: Mutex::new(RunTable::new(parts.config.limits.alert_dedup_entries)),
             handle: tokio::runtime::Handle::current(),
             ids: Ids::seeded(runs_so_far, id_seed),
-            inflight_events: AtomicU64::new(0),
-            alert_backlog: AtomicU64::new(0),
+            backlog: Default::default(),
             notifier: crate::notify::Notifier::new(&parts.config.notifications),
             outbox: Mutex::new(Default::default()),
             counters: Counters::default(),
-            shutdown,
-            tasks: Mutex::new(Vec::new()),
-            auth: std::sync::RwLock::new(Arc::new(parts.config.auth.clone())),
-            modes: Mutex::new(modes),
+            lifecycle: Default::default(),
+            tokens: crate::tokens::TokenBook::new(parts.config.auth.clone()),
+            modes,
             agent_clients: Mutex::new(Default::default()),
-            verify_cache: tokio::sync::Mutex::new(None),
+            verify_cache: Default::default(),
             windows: Default::default(),
-            auth_generation: std::sync::atomic::AtomicU64::new(0),
             reloading: tokio::sync::Mutex::new(()),
             health: Mutex::new(crate::health::HealthModel::new(
                 parts.config.limits.max_repairs_in_window,
@@ -257,8 +253,7 @@ impl Engine {
     /// The tokens in force and their generation (it grows at each reload
     /// that changed them).
     pub fn auth(&self) -> (u64, Arc<crate::config::AuthConfig>) {
-        let a = self.core.auth.read().unwrap_or_else(|e| e.into_inner()).clone();
-        (self.core.auth_generation.load(std::sync::atomic::Ordering::SeqCst), a)
+        self.core.tokens.get()
     }
 
     pub fn counters(&self) -> &Counters {
@@ -295,12 +290,12 @@ impl Engine {
 
     /// Register a background task to stop on shutdown.
     pub(crate) fn add_task(&self, t: tokio::task::JoinHandle<()>) {
-        lock(&self.core.tasks).push(t);
+        self.core.lifecycle.add(t);
     }
 
     /// A receiver that flips to true on shutdown.
     pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.core.shutdown.subscribe()
+        self.core.lifecycle.signal()
     }
 
     /// Set the cancel flag of every active run (no waiting; for drops).
@@ -312,12 +307,7 @@ impl Engine {
 
     /// Stop background work; cancel running runs (they finish as cancelled).
     pub async fn shutdown(&self) {
-        // `send_replace`, not `send`: with no receiver left `send` stores
-        // nothing, and a run ending now would not know the engine stops.
-        self.core.shutdown.send_replace(true);
-        for t in lock(&self.core.tasks).drain(..) {
-            t.abort();
-        }
+        self.core.lifecycle.stop();
         self.cancel_all();
         // Give running scripts a moment to notice the cancel.
         for _ in 0..50 {
@@ -395,7 +385,7 @@ impl Engine {
         drop(t);
         running.saturating_sub(self.core.clock.idle_sleepers())
             + startable
-            + self.core.inflight_events.load(Ordering::SeqCst) as usize
+            + self.core.backlog.batches() as usize
             + self.core.audit.pending() as usize
     }
 

@@ -472,7 +472,7 @@ impl Engine {
             .collect();
         {
             let mut t = self.core.table();
-            let backlog = self.core.alert_backlog.load(Ordering::SeqCst);
+            let backlog = self.core.backlog.alerts();
             let mut fresh = Vec::new();
             for (key, rec, a) in prepared {
                 if t.alerts_seen.contains(&key) {
@@ -487,7 +487,7 @@ impl Engine {
                     fresh.push((key, rec, a));
                 }
             }
-            self.core.alert_backlog.fetch_add(fresh.len() as u64, Ordering::SeqCst);
+            self.core.backlog.alerts_in(fresh.len() as u64);
             // Each accepted alert is on the chain, in order, before this
             // returns (the acknowledging caller awaits its durability:
             // [`Engine::accept_alertmanager`]); what it leads to comes after.
@@ -508,7 +508,7 @@ impl Engine {
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "cannot audit an alert");
-                        self.core.alert_backlog.fetch_sub(1, Ordering::SeqCst);
+                        self.core.backlog.alert_out();
                     }
                 }
             }
@@ -553,7 +553,7 @@ impl Engine {
         if accepted > 0 || shed > 0 {
             let engine = self.clone();
             let poster = poster.to_string();
-            self.core.inflight_events.fetch_add(1, Ordering::SeqCst);
+            self.core.backlog.batch_started();
             self.core.handle.spawn(async move {
                 if shed > 0 {
                     engine.core.counters.events_shed.fetch_add(shed as u64, Ordering::Relaxed);
@@ -566,9 +566,9 @@ impl Engine {
                 }
                 for a in fresh {
                     engine.handle_alert(a, &poster).await;
-                    engine.core.alert_backlog.fetch_sub(1, Ordering::SeqCst);
+                    engine.core.backlog.alert_out();
                 }
-                engine.core.inflight_events.fetch_sub(1, Ordering::SeqCst);
+                engine.core.backlog.batch_done();
             });
         }
         (Ingested { accepted, duplicates, shed }, durable)
@@ -592,7 +592,7 @@ impl Engine {
 
     /// Alerts accepted and not yet handled.
     pub(crate) fn alert_backlog(&self) -> u64 {
-        self.core.alert_backlog.load(Ordering::SeqCst)
+        self.core.backlog.alerts()
     }
 
     /// The `event_received` record of an alert.

@@ -41,6 +41,52 @@ impl FleetMode {
     }
 }
 
+/// The runbook modes an admin set, over the manifests' — the chain's, kept
+/// in `runbook-modes.json` after every change. Its map is its own: each
+/// change is saved by the same call that makes it.
+pub(crate) struct ModeBook {
+    path: std::path::PathBuf,
+    set: std::sync::Mutex<BTreeMap<String, crate::manifest::Mode>>,
+}
+
+impl ModeBook {
+    /// The modes the chain says ([`load_modes`]), kept under `data_dir`.
+    pub(crate) fn load(audit: &crate::audit::AuditStore, data_dir: &std::path::Path) -> ModeBook {
+        ModeBook { path: modes_path(data_dir), set: std::sync::Mutex::new(load_modes(audit, data_dir)) }
+    }
+
+    /// The mode an admin set for `runbook`, if any.
+    pub(crate) fn get(&self, runbook: &str) -> Option<crate::manifest::Mode> {
+        self.lock().get(runbook).copied()
+    }
+
+    /// `runbook` now runs in `mode` (its record is on the chain), saved.
+    pub(crate) fn set(&self, runbook: &str, mode: crate::manifest::Mode) {
+        let mut set = self.lock();
+        set.insert(runbook.to_string(), mode);
+        self.save(&set);
+    }
+
+    /// Exactly `modes` (a new leader takes the chain's: a mode the file held
+    /// with no record behind it does not hold), saved.
+    pub(crate) fn replace(&self, modes: BTreeMap<String, crate::manifest::Mode>) {
+        let mut set = self.lock();
+        *set = modes;
+        self.save(&set);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, crate::manifest::Mode>> {
+        self.set.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn save(&self, set: &BTreeMap<String, crate::manifest::Mode>) {
+        let bytes = serde_json::to_vec_pretty(set).unwrap_or_default();
+        if let Err(e) = nightshift_proto::fsutil::write_atomic(&self.path, &bytes) {
+            tracing::error!(path = %self.path.display(), error = %e, "cannot save runbook modes: they hold until a restart");
+        }
+    }
+}
+
 /// Where promotions and demotions are kept.
 pub fn modes_path(data_dir: &std::path::Path) -> std::path::PathBuf {
     data_dir.join("runbook-modes.json")
@@ -136,5 +182,23 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         assert_eq!(load_modes(&audit, dir.path()), modes);
         assert!(path.exists());
+    }
+
+    /// The book saves what it is told, and replaces whole.
+    #[tokio::test]
+    async fn the_mode_book_saves_each_change() {
+        use crate::manifest::Mode;
+        let dir = tempfile::tempdir().unwrap();
+        let clock: nightshift_proto::clock::SharedClock = Arc::new(nightshift_proto::clock::VirtualClock::new(1));
+        let audit = crate::audit::AuditStore::open(dir.path(), clock).unwrap();
+        let book = ModeBook::load(&audit, dir.path());
+        let saved = || -> BTreeMap<String, Mode> {
+            serde_json::from_slice(&std::fs::read(modes_path(dir.path())).unwrap_or_default()).unwrap_or_default()
+        };
+        book.set("hot-cap", Mode::Act);
+        assert_eq!((book.get("hot-cap"), saved().len()), (Some(Mode::Act), 1));
+        book.replace(BTreeMap::from([("drain".to_string(), Mode::Shadow)]));
+        assert_eq!(book.get("hot-cap"), None);
+        assert_eq!(saved(), BTreeMap::from([("drain".to_string(), Mode::Shadow)]));
     }
 }

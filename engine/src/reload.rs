@@ -251,8 +251,7 @@ fn reload_files(engine: &Engine, allow_partial: bool) -> Result<ReloadReport, Re
                 .collect();
             report.webhook_tokens_changed =
                 auth.webhook_token_sha256 != old.webhook_token_sha256 || auth.webhook_tokens != old.webhook_tokens;
-            *engine.core.auth.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(auth);
-            engine.core.auth_generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            engine.core.tokens.replace(auth);
         }
     }
     report.fault_policy = engine.put_fault_policy(policy);

@@ -78,21 +78,18 @@ impl Engine {
     /// the head has not moved (for at most `VERIFY_CACHE_SECS`) — page
     /// loads cannot stack up full-chain walks.
     pub(crate) async fn verify_in_background(&self) -> Result<VerifyReport, EngineError> {
-        let mut cache = self.core.verify_cache.lock().await;
         let head = self.core.audit.head_seq();
-        if let Some((h, at, r)) = cache.as_ref()
-            && *h == head
-            && at.elapsed() < std::time::Duration::from_secs(crate::core::VERIFY_CACHE_SECS)
-        {
-            return Ok(r.clone());
-        }
-        let audit = self.core.audit.clone();
-        self.core.counters.verify_walks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let r = tokio::task::spawn_blocking(move || audit.verify())
+        self.core
+            .verify_cache
+            .report(head, || async {
+                let audit = self.core.audit.clone();
+                self.core.counters.verify_walks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let r = tokio::task::spawn_blocking(move || audit.verify())
+                    .await
+                    .map_err(|e| crate::audit::AuditError::Read(format!("the verify task failed: {e}")))??;
+                Ok(r)
+            })
             .await
-            .map_err(|e| crate::audit::AuditError::Read(format!("the verify task failed: {e}")))??;
-        *cache = Some((head, std::time::Instant::now(), r.clone()));
-        Ok(r)
     }
 
     /// Runs waiting for approval.
@@ -481,8 +478,8 @@ impl Engine {
             if let Some(m) = crate::modes::modes_from_records(&records).get(name) {
                 return *m;
             }
-        } else if let Some(m) = crate::core::lock(&self.core.modes).get(name) {
-            return *m;
+        } else if let Some(m) = self.core.modes.get(name) {
+            return m;
         }
         self.runbook_set().get(name).map(|(_, rb)| rb.manifest.mode).unwrap_or_default()
     }
@@ -535,16 +532,7 @@ impl Engine {
                 None,
             )
             .await?;
-        let saved = {
-            let mut modes = crate::core::lock(&self.core.modes);
-            modes.insert(name.to_string(), mode);
-            serde_json::to_vec_pretty(&*modes).unwrap_or_default()
-        };
-        if let Err(e) =
-            nightshift_proto::fsutil::write_atomic(&crate::modes::modes_path(&self.core.config.data_dir), &saved)
-        {
-            tracing::error!(error = %e, "cannot save runbook modes: the change holds until a restart");
-        }
+        self.core.modes.set(name, mode);
         Ok(mode)
     }
 }
@@ -554,28 +542,20 @@ impl Engine {
     /// new leader: the last leader's promotions and demotions hold here
     /// too), and keep them in `data_dir/runbook-modes.json`.
     pub(crate) fn adopt_modes(&self, modes: &BTreeMap<String, String>) {
-        let saved = {
-            let mut held = crate::core::lock(&self.core.modes);
-            // The chain's modes, and only those: a mode the file holds with
-            // no record behind it does not hold.
-            held.clear();
-            for (name, mode) in modes {
-                match serde_json::from_value::<crate::manifest::Mode>(json!(mode)) {
-                    Ok(m) => {
-                        held.insert(name.clone(), m);
-                    }
-                    Err(e) => {
-                        tracing::error!(runbook = %name, error = %e, "an audited runbook mode cannot be read: left as it was")
-                    }
+        // The chain's modes, and only those: a mode the file holds with no
+        // record behind it does not hold.
+        let mut held = BTreeMap::new();
+        for (name, mode) in modes {
+            match serde_json::from_value::<crate::manifest::Mode>(json!(mode)) {
+                Ok(m) => {
+                    held.insert(name.clone(), m);
+                }
+                Err(e) => {
+                    tracing::error!(runbook = %name, error = %e, "an audited runbook mode cannot be read: the manifest's holds")
                 }
             }
-            serde_json::to_vec_pretty(&*held).unwrap_or_default()
-        };
-        if let Err(e) =
-            nightshift_proto::fsutil::write_atomic(&crate::modes::modes_path(&self.core.config.data_dir), &saved)
-        {
-            tracing::error!(error = %e, "cannot save runbook modes: they hold until a restart");
         }
+        self.core.modes.replace(held);
     }
 }
 

@@ -306,7 +306,7 @@ impl Engine {
                 Some(r) => (r.preempted_by.clone(), r.cancelled_by.clone()),
                 None => (None, None),
             };
-            let stopping = *engine.core.shutdown.borrow();
+            let stopping = engine.core.lifecycle.stopping();
             if stopping && preempted.is_none() && cancelled_by.is_none() && matches!(outcome, ScriptOutcome::Cancelled)
             {
                 engine.leave_for_next_engine(&summary_id);
@@ -498,7 +498,7 @@ impl Engine {
         // crash, or cancelled because the engine is stopping — earns no
         // cooldown: if its condition is still there after a restart, the
         // runbook must start over at once.
-        let shutting_down = *self.core.shutdown.borrow();
+        let shutting_down = self.core.lifecycle.stopping();
         let mode_switch = outcome == RunOutcome::Cancelled && cancelled_by.as_ref().is_some_and(|c| c.mode_switch);
         let unfinished = match outcome {
             RunOutcome::Skipped | RunOutcome::Interrupted => true,
@@ -626,7 +626,7 @@ impl Engine {
     /// without doing its work: it goes through admission like any alert,
     /// and its run says why it came now. Not while the engine stops.
     pub(crate) async fn reconsider(&self, w: crate::runtable::WaitingAlert, run: &str, outcome: RunOutcome) {
-        if *self.core.shutdown.borrow() {
+        if self.core.lifecycle.stopping() {
             return;
         }
         let req = crate::engine::RunRequest {

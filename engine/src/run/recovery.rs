@@ -132,17 +132,17 @@ impl Engine {
                 "handling alerts accepted before the restart"
             );
             let engine = self.clone();
-            self.core.alert_backlog.fetch_add(unhandled.len() as u64, std::sync::atomic::Ordering::SeqCst);
-            self.core.inflight_events.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.core.backlog.alerts_in(unhandled.len() as u64);
+            self.core.backlog.batch_started();
             self.core.handle.spawn(async move {
                 for (w, run) in held_back {
                     engine.reconsider(w, &run, RunOutcome::Interrupted).await;
                 }
                 for (a, poster) in unhandled {
                     engine.handle_alert(a, &poster).await;
-                    engine.core.alert_backlog.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    engine.core.backlog.alert_out();
                 }
-                engine.core.inflight_events.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                engine.core.backlog.batch_done();
             });
         }
         Ok(interrupted)

@@ -550,7 +550,7 @@ const CLOCK_ALLOWED: &[Allowed] = &[
     ("agent/src/statelog.rs", "Instant::now(", 1, "how long to wait for the state log's lock file"),
     ("engine/src/serve.rs", "Instant::now(", 5, "the HA lease's renewals, timed against PostgreSQL's real clock"),
     ("engine/src/core.rs", "Instant::now(", 1, "an SSH call's real latency, for the latency histogram"),
-    ("engine/src/views.rs", "Instant::now(", 1, "the age of the cached chain verification"),
+    ("engine/src/verify_cache.rs", "Instant::now(", 1, "the age of the cached chain verification"),
     ("engine/src/api/facade.rs", "Instant::now(", 1, "an agent ping's round trip, shown to a person, deciding nothing"),
 ];
 
@@ -807,6 +807,56 @@ fn the_engines_public_methods_only_go_down() {
         "the façade is engine.rs and views.rs; pub methods of Engine elsewhere: {outside:?} — make them pub(crate) \
          and forward from engine.rs (the work stays with its subsystem)"
     );
+}
+
+/// Issue 44's `Core`: each piece of the engine's state has one owner — a
+/// type whose fields are its own (`WindowBook`, `ModeBook`, `TokenBook`,
+/// `Lifecycle`, `Backlog`, `VerifyCache`, …) — not a bare lock or atomic
+/// in `Core` that any module may take and change. The fields of `Core`
+/// that are still bare are counted against a ceiling that only goes down.
+const CORE_BARE_STATE_AT_MOST: usize = 10;
+
+/// `Core`'s fields whose type is a bare lock or atomic, by name.
+fn core_bare_state(code: &str) -> Vec<String> {
+    let Some(body) = code.split("pub struct Core {").nth(1).and_then(|b| b.split("\n}").next()) else {
+        return Vec::new();
+    };
+    body.lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            if l.starts_with("//") {
+                return None;
+            }
+            let (name, ty) =
+                l.strip_prefix("pub(crate) ").or_else(|| l.strip_prefix("pub ")).unwrap_or(l).split_once(": ")?;
+            let ty =
+                ty.trim_start_matches("std::sync::").trim_start_matches("tokio::sync::").trim_start_matches("atomic::");
+            ["Mutex<", "RwLock<", "Atomic"].iter().any(|b| ty.starts_with(b)).then(|| name.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn the_cores_bare_state_only_goes_down() {
+    let _serial = nightshift_tests::serial::module(module_path!());
+    let code = std::fs::read_to_string(root().join("engine/src/core.rs")).unwrap();
+    let bare = core_bare_state(&code);
+    assert!(
+        bare.len() <= CORE_BARE_STATE_AT_MOST,
+        "{} of Core's fields are a bare lock or atomic, at most {CORE_BARE_STATE_AT_MOST}: give the new state an \
+         owner type with private fields (as windows.rs's WindowBook) — {bare:?}",
+        bare.len()
+    );
+    assert_eq!(bare.len(), CORE_BARE_STATE_AT_MOST, "fewer than the ceiling: lower CORE_BARE_STATE_AT_MOST to this");
+}
+
+#[test]
+fn the_bare_state_counter_reads_core_s_fields_only() {
+    let _serial = nightshift_tests::serial::module(module_path!());
+    let code = "pub struct Other {\n    pub a: Mutex<u8>,\n}\npub struct Core {\n    pub table: Mutex<RunTable>,\n    \
+                /// doc: Mutex<no>\n    pub(crate) n: std::sync::atomic::AtomicU64,\n    pub g: tokio::sync::RwLock<()>,\n    \
+                pub windows: crate::windows::WindowBook,\n}\n";
+    assert_eq!(core_bare_state(code), ["table", "n", "g"]);
 }
 
 /// The files the façade may be in: the drives and the reads.
