@@ -113,9 +113,8 @@ pub struct Core {
     /// Runbook modes an admin set (promote/demote), over the manifests';
     /// kept in `data_dir/runbook-modes.json` across restarts.
     pub modes: crate::modes::ModeBook,
-    /// The SSH client of each node (`serve.rs`; a reload replaces them): what
-    /// a leader's node loops are started with when it begins to act.
-    pub agent_clients: Mutex<std::collections::HashMap<String, Arc<nightshift_proto::ssh::client::AgentClient>>>,
+    /// The SSH client of each node (`fleet.rs::AgentClients`).
+    pub agent_clients: crate::fleet::AgentClients,
     /// Every GPU's place in its repair lifecycle (the fold of the chain's
     /// `health_changed` records).
     pub health: Mutex<crate::health::HealthModel>,

@@ -219,7 +219,7 @@ impl Engine {
             lifecycle: Default::default(),
             tokens: crate::tokens::TokenBook::new(parts.config.auth.clone()),
             modes,
-            agent_clients: Mutex::new(Default::default()),
+            agent_clients: Default::default(),
             verify_cache: Default::default(),
             windows: Default::default(),
             reloading: tokio::sync::Mutex::new(()),

@@ -370,3 +370,34 @@ mod tests {
         assert_eq!(*heard.0.lock().unwrap(), vec![("holds".to_string(), Some(3))]);
     }
 }
+
+/// The SSH client of each node (`serve.rs`; a reload replaces them): what a
+/// leader's node loops are started with when it begins to act. Kept in step
+/// with the fleet by [`AgentClients::keep`], the only way to change it.
+#[derive(Default)]
+pub(crate) struct AgentClients {
+    by_node: Mutex<HashMap<String, Arc<nightshift_proto::ssh::client::AgentClient>>>,
+}
+
+impl AgentClients {
+    /// Every node's client, by name.
+    pub(crate) fn all(&self) -> Vec<(String, Arc<nightshift_proto::ssh::client::AgentClient>)> {
+        self.lock().iter().map(|(n, c)| (n.clone(), c.clone())).collect()
+    }
+
+    /// Keep only the nodes `still` says are in the fleet, and put `fresh`'s
+    /// clients in (new or changed nodes).
+    pub(crate) fn keep(
+        &self,
+        still: impl Fn(&str) -> bool,
+        fresh: impl IntoIterator<Item = (String, Arc<nightshift_proto::ssh::client::AgentClient>)>,
+    ) {
+        let mut held = self.lock();
+        held.retain(|name, _| still(name));
+        held.extend(fresh);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<nightshift_proto::ssh::client::AgentClient>>> {
+        self.by_node.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

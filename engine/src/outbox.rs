@@ -20,17 +20,17 @@ use std::collections::BTreeMap;
 /// escalations still open at the pager, by node.
 #[derive(Debug, Default)]
 pub struct Outbox {
-    pub(crate) items: BTreeMap<(u64, String), Pending>,
+    items: BTreeMap<(u64, String), Pending>,
     /// Pages recorded undeliverable since this engine started.
-    pub undeliverable: u64,
-    pub(crate) open: BTreeMap<String, Vec<OpenPage>>,
+    undeliverable: u64,
+    open: BTreeMap<String, Vec<OpenPage>>,
     /// (runbook, node, GPU, what it said with its figures left out) → the
     /// escalation that paged it last (seq, time): the same runbook saying
     /// the same about the same target pages again only after
     /// `notifications.repage_after_secs`, or once the GPU was repaired or a
     /// person took over. Anything else it says pages. Notifications the
     /// same (their shape [`said_shape`], within `remind_after_secs`).
-    pub(crate) paged: BTreeMap<PagedKey, SaidAt>,
+    paged: BTreeMap<PagedKey, SaidAt>,
 }
 
 /// Where a finding was last said: its record, when, and how big it was
@@ -175,6 +175,79 @@ impl Outbox {
         self.items.len()
     }
 
+    /// Pages recorded undeliverable since this engine started.
+    pub(crate) fn undeliverable(&self) -> u64 {
+        self.undeliverable
+    }
+
+    /// Page (`seq`, `target`) is still to be sent: kept with `p` (its tries
+    /// so far, when the next is due) — unless it is already kept.
+    pub(crate) fn keep(&mut self, seq: u64, target: String, p: Pending) {
+        self.items.entry((seq, target)).or_insert(p);
+    }
+
+    /// Page (`seq`, `target`) failed again: its next try is `p`'s.
+    pub(crate) fn retry_later(&mut self, seq: u64, target: String, p: Pending) {
+        self.items.insert((seq, target), p);
+    }
+
+    /// Page (`seq`, `target`) is done with: delivered, or given up
+    /// (`undeliverable`: counted), or nothing left to send it with.
+    pub(crate) fn done(&mut self, seq: u64, target: &str, undeliverable: bool) {
+        self.items.remove(&(seq, target.to_string()));
+        if undeliverable {
+            self.undeliverable += 1;
+        }
+    }
+
+    /// Escalation `page` on `node` is open at the pager.
+    pub(crate) fn open_page(&mut self, node: &str, page: OpenPage) {
+        self.open.entry(node.to_string()).or_default().push(page);
+    }
+
+    /// The newest page on `node` still firing at `now` (a page fires
+    /// `firing_ms` by itself).
+    pub(crate) fn newest_open(&self, node: &str, now: i64, firing_ms: i64) -> Option<u64> {
+        self.open.get(node)?.iter().filter(|p| now.saturating_sub(p.ts_ms) < firing_ms).map(|p| p.seq).max()
+    }
+
+    /// Take the open pages on `node` (of GPU `gpu` only, when given; not
+    /// those run `except_run` sent) to end them.
+    pub(crate) fn take_open(&mut self, node: &str, gpu: Option<u32>, except_run: Option<&str>) -> Vec<OpenPage> {
+        let Some(open) = self.open.get_mut(node) else { return Vec::new() };
+        let (take, keep): (Vec<OpenPage>, Vec<OpenPage>) = std::mem::take(open).into_iter().partition(|p| {
+            gpu.is_none_or(|g| p.gpu == Some(g)) && (except_run.is_none() || p.run.as_deref() != except_run)
+        });
+        *open = keep;
+        take
+    }
+
+    /// A finding (`key`) was said at `at`.
+    pub(crate) fn said(&mut self, key: PagedKey, at: SaidAt) {
+        self.paged.insert(key, at);
+    }
+
+    /// When a finding (`key`) was said last, if it is remembered.
+    pub(crate) fn said_at(&self, key: &PagedKey) -> Option<SaidAt> {
+        self.paged.get(key).copied()
+    }
+
+    /// Forget what `runbook` notified about `node`/`gpu` (its
+    /// notifications' findings; pages keep their own rule). Whether there
+    /// was any.
+    pub(crate) fn forget_said(&mut self, runbook: &str, node: &str, gpu: Option<u32>) -> bool {
+        let before = self.paged.len();
+        self.paged
+            .retain(|(rb, n, g, shape), _| !(rb == runbook && n == node && *g == gpu && shape.starts_with("notify:")));
+        self.paged.len() != before
+    }
+
+    /// The GPU was repaired, or a person took the node over: what was
+    /// paged about it is forgotten (its next fault pages again).
+    pub(crate) fn forget_paged(&mut self, node: &str, gpu: Option<u32>) {
+        self.paged.retain(|(_, n, g, _), _| !(n == node && (gpu.is_none() || g.is_none() || *g == gpu)));
+    }
+
     /// Whether (`seq`, `target`) is waiting.
     pub fn contains(&self, seq: u64, target: &str) -> bool {
         self.items.contains_key(&(seq, target.to_string()))
@@ -214,10 +287,43 @@ mod tests {
     #[test]
     fn due_pages_are_taken_once() {
         let mut ob = Outbox::default();
-        ob.items.insert((7, "pager".into()), Pending { first_ms: 0, attempts: 3, next_ms: 100, busy: false });
-        ob.items.insert((8, "pager".into()), Pending { first_ms: 0, attempts: 3, next_ms: 900, busy: false });
+        ob.keep(7, "pager".into(), Pending { first_ms: 0, attempts: 3, next_ms: 100, busy: false });
+        ob.keep(8, "pager".into(), Pending { first_ms: 0, attempts: 3, next_ms: 900, busy: false });
         assert_eq!(ob.take_due(500), vec![(7, "pager".to_string(), 3)]);
         assert!(ob.take_due(500).is_empty(), "in flight: not taken twice");
         assert_eq!(ob.take_due(1000), vec![(8, "pager".to_string(), 3)]);
+    }
+
+    #[test]
+    fn open_pages_are_taken_by_gpu_and_run_and_kept_otherwise() {
+        let mut ob = Outbox::default();
+        let page = |seq, gpu, run: &str| OpenPage { seq, gpu, run: Some(run.into()), ts_ms: seq as i64 };
+        ob.open_page("n1", page(1, Some(0), "r1"));
+        ob.open_page("n1", page(2, Some(1), "r1"));
+        ob.open_page("n1", page(3, Some(1), "r2"));
+        assert_eq!(ob.newest_open("n1", 3, 10), Some(3));
+        assert_eq!(ob.newest_open("n1", 12, 10), Some(3), "3 fires until 13");
+        assert_eq!(ob.newest_open("n1", 13, 10), None, "past its firing time");
+        // GPU 1's pages but those run r2 sent.
+        assert_eq!(ob.take_open("n1", Some(1), Some("r2")), vec![page(2, Some(1), "r1")]);
+        assert_eq!(ob.take_open("n1", None, None).len(), 2, "the rest, once");
+        assert!(ob.take_open("n1", None, None).is_empty() && ob.take_open("n2", None, None).is_empty());
+    }
+
+    #[test]
+    fn a_repair_forgets_the_pages_and_a_cleared_finding_only_its_notifications() {
+        let mut ob = Outbox::default();
+        let at = SaidAt { seq: 1, ts_ms: 0, size: None };
+        let key = |shape: &str, gpu| ("rb".to_string(), "n1".to_string(), gpu, shape.to_string());
+        ob.said(key("hot", Some(0)), at);
+        ob.said(key("notify:hot", Some(0)), at);
+        ob.said(key("hot", Some(1)), at);
+        assert!(ob.forget_said("rb", "n1", Some(0)));
+        assert!(!ob.forget_said("rb", "n1", Some(0)), "nothing left to forget");
+        assert!(ob.said_at(&key("hot", Some(0))).is_some(), "a page keeps its own rule");
+        ob.forget_paged("n1", Some(0));
+        assert!(ob.said_at(&key("hot", Some(0))).is_none() && ob.said_at(&key("hot", Some(1))).is_some());
+        ob.done(9, "pager", true);
+        assert_eq!(ob.undeliverable(), 1);
     }
 }

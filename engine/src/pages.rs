@@ -68,9 +68,9 @@ impl Core {
         let Some(node) = &rec.node else { return };
         let page = OpenPage { seq: rec.seq, gpu: rec.gpu, run: rec.run.clone(), ts_ms: rec.ts_ms };
         let mut ob = crate::core::lock(&self.outbox);
-        ob.open.entry(node.clone()).or_default().push(page);
+        ob.open_page(node, page);
         if let (Some(rb), Ok(n)) = (&rec.runbook, rec.payload::<data::Notice>()) {
-            ob.paged.insert(
+            ob.said(
                 (rb.clone(), node.clone(), rec.gpu, finding_shape(&n.text)),
                 SaidAt { seq: rec.seq, ts_ms: rec.ts_ms, size: None },
             );
@@ -98,8 +98,10 @@ impl Core {
         } else {
             (n.remind_after_secs, said_shape(text))
         };
-        let ob = crate::core::lock(&self.outbox);
-        let Some(&at) = ob.paged.get(&(runbook.to_string(), node.to_string(), gpu, shape)) else { return Said::New };
+        let Some(at) = crate::core::lock(&self.outbox).said_at(&(runbook.to_string(), node.to_string(), gpu, shape))
+        else {
+            return Said::New;
+        };
         if self.now().saturating_sub(at.ts_ms) >= (secs as i64).saturating_mul(1000) {
             return Said::New;
         }
@@ -109,15 +111,7 @@ impl Core {
     /// Forget what `runbook` told about `node`/`gpu` (its notifications'
     /// findings; pages keep their own rule). Whether there was any.
     pub(crate) fn forget_said(&self, runbook: &str, node: &str, gpu: Option<u32>) -> bool {
-        let mut ob = crate::core::lock(&self.outbox);
-        Core::forget_said_in(&mut ob, runbook, node, gpu)
-    }
-
-    fn forget_said_in(ob: &mut crate::outbox::Outbox, runbook: &str, node: &str, gpu: Option<u32>) -> bool {
-        let before = ob.paged.len();
-        ob.paged
-            .retain(|(rb, n, g, shape), _| !(rb == runbook && n == node && *g == gpu && shape.starts_with("notify:")));
-        ob.paged.len() != before
+        crate::core::lock(&self.outbox).forget_said(runbook, node, gpu)
     }
 
     /// The note that ends `runbook`'s findings on `node`/`gpu` (what the
@@ -138,26 +132,18 @@ impl Core {
         if let (Some(rb), Some(node), None | Some(false), None | Some(false), None) =
             (&rec.runbook, &rec.node, n.dry_run, n.shadow, n.resolves)
         {
-            let mut ob = crate::core::lock(&self.outbox);
-            ob.paged.insert(
+            crate::core::lock(&self.outbox).said(
                 (rb.clone(), node.clone(), rec.gpu, said_shape(&n.text)),
                 SaidAt { seq: rec.seq, ts_ms: rec.ts_ms, size: n.size },
             );
         }
     }
 
-    /// The GPU was repaired, or a person took the node over: its next
-    /// fault pages again.
-    fn forget_paged(ob: &mut crate::outbox::Outbox, node: &str, gpu: Option<u32>) {
-        ob.paged.retain(|(_, n, g, _), _| !(n == node && (gpu.is_none() || g.is_none() || *g == gpu)));
-    }
-
     /// The newest page still open on `node` (a notice about the node
     /// follows it).
     pub fn open_page_on(&self, node: &str) -> Option<u64> {
         let now = self.now();
-        let ob = crate::core::lock(&self.outbox);
-        ob.open.get(node)?.iter().filter(|p| now.saturating_sub(p.ts_ms) < self.firing_ms()).map(|p| p.seq).max()
+        crate::core::lock(&self.outbox).newest_open(node, now, self.firing_ms())
     }
 
     /// How long an escalation's page stays firing by itself: the longest
@@ -206,14 +192,12 @@ impl Core {
         {
             let mut ob = crate::core::lock(&self.outbox);
             if d.ok || expired {
-                ob.items.remove(&key);
-                if expired {
-                    ob.undeliverable += 1;
-                }
+                ob.done(key.0, &key.1, expired);
             } else {
                 let retry = attempts.saturating_sub(target.max_attempts.max(1)).saturating_add(1);
-                ob.items.insert(
-                    key,
+                ob.retry_later(
+                    key.0,
+                    key.1,
                     Pending {
                         first_ms: rec.ts_ms,
                         attempts,
@@ -279,14 +263,9 @@ impl Engine {
         let taken: Vec<OpenPage> = {
             let mut ob = crate::core::lock(&self.core.outbox);
             if except_run.is_none() {
-                Core::forget_paged(&mut ob, node, gpu);
+                ob.forget_paged(node, gpu);
             }
-            let Some(open) = ob.open.get_mut(node) else { return };
-            let (take, keep): (Vec<OpenPage>, Vec<OpenPage>) = std::mem::take(open).into_iter().partition(|p| {
-                gpu.is_none_or(|g| p.gpu == Some(g)) && (except_run.is_none() || p.run.as_deref() != except_run)
-            });
-            *open = keep;
-            take
+            ob.take_open(node, gpu, except_run)
         };
         let now = self.core.now();
         for p in taken {
@@ -325,7 +304,7 @@ impl Engine {
     /// started (`/metrics`).
     pub(crate) fn pages_pending(&self) -> (usize, u64) {
         let ob = crate::core::lock(&self.core.outbox);
-        (ob.len(), ob.undeliverable)
+        (ob.len(), ob.undeliverable())
     }
 
     /// Try again every page whose pause is over (the tick's).
@@ -340,7 +319,7 @@ impl Engine {
                     // The record or the target is gone (a reload removed
                     // it): nothing to send it with.
                     _ => {
-                        crate::core::lock(&core.outbox).items.remove(&(seq, name.clone()));
+                        crate::core::lock(&core.outbox).done(seq, &name, false);
                         tracing::error!(seq, target = %name, "a pending page's record or target is gone: dropped from the outbox");
                     }
                 }
@@ -384,12 +363,12 @@ impl Engine {
                         (&r.runbook, &r.node, n.dry_run, n.shadow)
                     {
                         let at = SaidAt { seq: r.seq, ts_ms: r.ts_ms, size: None };
-                        ob.paged.insert((rb.clone(), node.clone(), r.gpu, finding_shape(&n.text)), at);
+                        ob.said((rb.clone(), node.clone(), r.gpu, finding_shape(&n.text)), at);
                     }
                 }
                 RecordKind::HealthChanged if matches!(r.data["to"].as_str(), Some("healthy" | "verifying")) => {
                     if let Some(node) = &r.node {
-                        Core::forget_paged(&mut ob, node, r.gpu);
+                        ob.forget_paged(node, r.gpu);
                     }
                 }
                 RecordKind::Notification
@@ -397,12 +376,12 @@ impl Engine {
                         && r.data["text"].as_str().is_some_and(|t| t.starts_with("resolved: taken over by")) =>
                 {
                     if let Some(node) = &r.node {
-                        Core::forget_paged(&mut ob, node, r.gpu);
+                        ob.forget_paged(node, r.gpu);
                     }
                 }
                 RecordKind::Note if r.data["findings_cleared"] == true => {
                     if let (Some(rb), Some(node)) = (&r.runbook, &r.node) {
-                        Core::forget_said_in(&mut ob, rb, node, r.gpu);
+                        ob.forget_said(rb, node, r.gpu);
                     }
                 }
                 RecordKind::Notification if now.saturating_sub(r.ts_ms) < remind_ms => {
@@ -411,7 +390,7 @@ impl Engine {
                         (&r.runbook, &r.node, n.dry_run, n.shadow, n.resolves)
                     {
                         let at = SaidAt { seq: r.seq, ts_ms: r.ts_ms, size: n.size };
-                        ob.paged.insert((rb.clone(), node.clone(), r.gpu, said_shape(&n.text)), at);
+                        ob.said((rb.clone(), node.clone(), r.gpu, said_shape(&n.text)), at);
                     }
                 }
                 _ => {}
@@ -423,8 +402,7 @@ impl Engine {
                 continue;
             }
             if let Some(node) = &r.node {
-                let page = OpenPage { seq: r.seq, gpu: r.gpu, run: r.run.clone(), ts_ms: r.ts_ms };
-                ob.open.entry(node.clone()).or_default().push(page);
+                ob.open_page(node, OpenPage { seq: r.seq, gpu: r.gpu, run: r.run.clone(), ts_ms: r.ts_ms });
             }
         }
         let before = ob.len();
@@ -442,7 +420,7 @@ impl Engine {
                     continue;
                 }
                 let attempts = tried.get(&key).copied().unwrap_or(0);
-                ob.items.entry(key).or_insert(Pending { first_ms: r.ts_ms, attempts, next_ms: now, busy: false });
+                ob.keep(key.0, key.1, Pending { first_ms: r.ts_ms, attempts, next_ms: now, busy: false });
             }
         }
         ob.len() - before

@@ -211,15 +211,10 @@ fn reload_files(engine: &Engine, allow_partial: bool) -> Result<ReloadReport, Re
             clients.insert(spec.name.clone(), c.clone());
             c as Arc<dyn AgentTransport>
         });
-        {
-            let mut held = crate::core::lock(&engine.core.agent_clients);
-            held.retain(|name, _| engine.core.fleet.get(name).is_some());
-            for node in &fresh {
-                if let Some(c) = clients.get(&node.spec.name) {
-                    held.insert(node.spec.name.clone(), c.clone());
-                }
-            }
-        }
+        engine.core.agent_clients.keep(
+            |name| engine.core.fleet.get(name).is_some(),
+            fresh.iter().filter_map(|n| Some((n.spec.name.clone(), clients.get(&n.spec.name)?.clone()))),
+        );
         // A standby connects to no agent: it starts the loops when it
         // takes over.
         if engine.core.acting() {

@@ -811,15 +811,31 @@ fn the_engines_public_methods_only_go_down() {
 
 /// Issue 44's `Core`: each piece of the engine's state has one owner — a
 /// type whose fields are its own (`WindowBook`, `ModeBook`, `TokenBook`,
-/// `Lifecycle`, `Backlog`, `VerifyCache`, …) — not a bare lock or atomic
-/// in `Core` that any module may take and change. The fields of `Core`
-/// that are still bare are counted against a ceiling that only goes down.
-const CORE_BARE_STATE_AT_MOST: usize = 10;
+/// `Lifecycle`, `Backlog`, `VerifyCache`, `Outbox`, …) — not state in
+/// `Core` any module may take and change: a bare atomic, or a lock around
+/// a type with a `pub` field (a lock around an owner type is sharing, not
+/// ownership; a lock around `()` is a gate, not state). Those fields are
+/// counted against a ceiling that only goes down.
+const CORE_BARE_STATE_AT_MOST: usize = 5;
 
-/// `Core`'s fields whose type is a bare lock or atomic, by name.
-fn core_bare_state(code: &str) -> Vec<String> {
+/// `Core`'s fields whose state any module may change (see above), by name;
+/// `files` is the crate's code, where the locked types are defined.
+fn core_bare_state(code: &str, files: &[(String, String)]) -> Vec<String> {
     let Some(body) = code.split("pub struct Core {").nth(1).and_then(|b| b.split("\n}").next()) else {
         return Vec::new();
+    };
+    // Whether `name` is defined as a struct whose fields are all private.
+    let owned = |name: &str| {
+        files.iter().any(|(_, text)| {
+            ["pub struct ", "pub(crate) struct "].iter().any(|p| {
+                text.split(&format!("{p}{name} {{")).nth(1).and_then(|b| b.split("\n}").next()).is_some_and(|fields| {
+                    fields.lines().all(|l| {
+                        let l = l.trim();
+                        !l.starts_with("pub ") && !l.starts_with("pub(crate) ")
+                    })
+                })
+            })
+        })
     };
     body.lines()
         .filter_map(|l| {
@@ -831,7 +847,14 @@ fn core_bare_state(code: &str) -> Vec<String> {
                 l.strip_prefix("pub(crate) ").or_else(|| l.strip_prefix("pub ")).unwrap_or(l).split_once(": ")?;
             let ty =
                 ty.trim_start_matches("std::sync::").trim_start_matches("tokio::sync::").trim_start_matches("atomic::");
-            ["Mutex<", "RwLock<", "Atomic"].iter().any(|b| ty.starts_with(b)).then(|| name.to_string())
+            if ty.starts_with("Atomic") {
+                return Some(name.to_string());
+            }
+            let inner = ["Mutex<", "RwLock<"].iter().find_map(|b| ty.strip_prefix(b))?;
+            let inner = inner.trim_end_matches(',').trim_end_matches('>');
+            let inner = inner.strip_prefix("Arc<").unwrap_or(inner).trim_end_matches('>');
+            let type_name = inner.rsplit("::").next().unwrap_or(inner).split('<').next().unwrap_or(inner);
+            (inner != "()" && !owned(type_name)).then(|| name.to_string())
         })
         .collect()
 }
@@ -840,14 +863,18 @@ fn core_bare_state(code: &str) -> Vec<String> {
 fn the_cores_bare_state_only_goes_down() {
     let _serial = nightshift_tests::serial::module(module_path!());
     let code = std::fs::read_to_string(root().join("engine/src/core.rs")).unwrap();
-    let bare = core_bare_state(&code);
+    let bare = core_bare_state(&code, &library_code(&["engine/src"]));
     assert!(
         bare.len() <= CORE_BARE_STATE_AT_MOST,
-        "{} of Core's fields are a bare lock or atomic, at most {CORE_BARE_STATE_AT_MOST}: give the new state an \
-         owner type with private fields (as windows.rs's WindowBook) — {bare:?}",
+        "{} of Core's fields are state any module may change, at most {CORE_BARE_STATE_AT_MOST}: give the new \
+         state an owner type with private fields (as windows.rs's WindowBook) — {bare:?}",
         bare.len()
     );
-    assert_eq!(bare.len(), CORE_BARE_STATE_AT_MOST, "fewer than the ceiling: lower CORE_BARE_STATE_AT_MOST to this");
+    assert_eq!(
+        bare.len(),
+        CORE_BARE_STATE_AT_MOST,
+        "fewer than the ceiling: lower CORE_BARE_STATE_AT_MOST to this — {bare:?}"
+    );
 }
 
 #[test]
@@ -855,8 +882,14 @@ fn the_bare_state_counter_reads_core_s_fields_only() {
     let _serial = nightshift_tests::serial::module(module_path!());
     let code = "pub struct Other {\n    pub a: Mutex<u8>,\n}\npub struct Core {\n    pub table: Mutex<RunTable>,\n    \
                 /// doc: Mutex<no>\n    pub(crate) n: std::sync::atomic::AtomicU64,\n    pub g: tokio::sync::RwLock<()>,\n    \
-                pub windows: crate::windows::WindowBook,\n}\n";
-    assert_eq!(core_bare_state(code), ["table", "n", "g"]);
+                pub windows: crate::windows::WindowBook,\n    pub o: Mutex<crate::outbox::Outbox>,\n    \
+                pub r: RwLock<Arc<RunbookSet>>,\n}\n";
+    let files = [
+        ("engine/src/outbox.rs".to_string(), "pub struct Outbox {\n    items: u8,\n}\n".to_string()),
+        ("engine/src/runtable.rs".to_string(), "pub struct RunTable {\n    pub runs: u8,\n}\n".to_string()),
+    ];
+    // The run table's fields are pub, the outbox's its own; a gate is no state.
+    assert_eq!(core_bare_state(code, &files), ["table", "n", "r"]);
 }
 
 /// The files the façade may be in: the drives and the reads.
