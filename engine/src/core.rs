@@ -120,7 +120,7 @@ pub struct Core {
     pub health: Mutex<crate::health::HealthModel>,
     /// What the repair loop remembers between readings (not state: when it
     /// last tried a pending fault, whom it told, when it last checked).
-    pub repair: Mutex<crate::health::RepairMemory>,
+    pub repair: Mutex<crate::repair_memory::RepairMemory>,
     /// One chain walk at a time, its report kept while the head stays
     /// (`verify_cache.rs`).
     pub verify_cache: crate::verify_cache::VerifyCache,

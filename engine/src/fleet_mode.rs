@@ -65,9 +65,7 @@ impl Engine {
         if mode == crate::modes::FleetMode::Act {
             // A fault only shadow runs answered is still pending: offered
             // at the next reading, not after the pause a real run earns.
-            let mut m = crate::core::lock(&self.core.repair);
-            m.ran.clear();
-            m.tried.clear();
+            crate::core::lock(&self.core.repair).forget_pacing();
         }
         if mode == crate::modes::FleetMode::Act {
             let shadow_runs: Vec<String> = {

@@ -23,31 +23,11 @@
 //! drain is sticky, and only a passing health check (the agent's own, which
 //! the agent checks again before it lets the drain go) or a person ends it.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
 use crate::audit::{AuditRecord, NewRecord, RecordKind};
-
-/// Pacing for the repair loop (`repair.rs`): kept here, beside the model it
-/// paces, so the engine core holds it without depending on the loop.
-#[derive(Debug, Default)]
-pub struct RepairMemory {
-    /// (node, gpu) → when its pending fault was last offered.
-    pub(crate) tried: BTreeMap<(String, u32), i64>,
-    /// (node, gpu, fault seen) already told about a suppression or a
-    /// missing runbook.
-    pub(crate) told: BTreeSet<(String, u32, i64)>,
-    /// (node, gpu) → when its health check last ran.
-    pub(crate) checked: BTreeMap<(String, u32), i64>,
-    /// (node, gpu) → when a run last took its pending fault.
-    pub(crate) ran: BTreeMap<(String, u32), i64>,
-    /// (node, gpu, fault seen, runbook) a shadow run already answered.
-    pub(crate) shadowed: BTreeSet<(String, u32, i64, String)>,
-    /// (node, gpu, fault seen) a person was told was put back in service by
-    /// hand before its repair.
-    pub(crate) resumed_told: BTreeSet<(String, u32, i64)>,
-}
 
 /// Where a GPU stands.
 #[derive(

@@ -51,6 +51,7 @@ pub(crate) mod notify;
 pub(crate) mod outbox;
 pub(crate) mod pages;
 pub(crate) mod repair;
+mod repair_memory;
 pub(crate) mod run;
 pub(crate) mod runbook;
 pub use nightshift_audit::runs;

@@ -147,18 +147,8 @@ impl Engine {
     /// runbook that takes it (paced; admission decides).
     async fn offer_fault(&self, node: &Arc<Node>, gpu: u32, now: i64) {
         let name = node.spec.name.clone();
-        let key = (name.clone(), gpu);
-        {
-            let mut m = crate::core::lock(&self.core.repair);
-            let pause = if m.ran.get(&key).is_some_and(|t| now.saturating_sub(*t) < RETRY_AFTER_RUN_MS) {
-                RETRY_AFTER_RUN_MS
-            } else {
-                RETRY_PENDING_MS
-            };
-            if m.tried.get(&key).is_some_and(|t| now.saturating_sub(*t) < pause) {
-                return;
-            }
-            m.tried.insert(key.clone(), now);
+        if !crate::core::lock(&self.core.repair).offer_due(&name, gpu, now, RETRY_AFTER_RUN_MS, RETRY_PENDING_MS) {
+            return;
         }
         let Some(h) = self.core.health().get(&name, gpu).cloned() else { return };
         let Some(fault) = h.fault.clone() else { return };
@@ -219,7 +209,7 @@ impl Engine {
             || self.fleet_mode().0 == crate::modes::FleetMode::Shadow;
         let shadow_key = shadow.then(|| (name.clone(), gpu, fault.seen_ms, rb.manifest.name.clone()));
         if let Some(k) = &shadow_key
-            && crate::core::lock(&self.core.repair).shadowed.contains(k)
+            && crate::core::lock(&self.core.repair).shadow_answered(k)
         {
             return;
         }
@@ -260,10 +250,7 @@ impl Engine {
                 .await;
             }
             Ok(_) => {
-                crate::core::lock(&self.core.repair).ran.insert(key.clone(), now);
-                if let Some(k) = shadow_key {
-                    crate::core::lock(&self.core.repair).shadowed.insert(k);
-                }
+                crate::core::lock(&self.core.repair).ran(&name, gpu, now, shadow_key);
             }
             Err(e) => tracing::error!(node = %name, gpu, error = %e, "cannot submit a fault run"),
         }
@@ -284,7 +271,7 @@ impl Engine {
             .collect();
         for (gpu, h) in broken {
             let Some(f) = &h.fault else { continue };
-            let fresh = crate::core::lock(&self.core.repair).resumed_told.insert((name.clone(), gpu, f.seen_ms));
+            let fresh = crate::core::lock(&self.core.repair).first_resume_telling(&name, gpu, f.seen_ms);
             if !fresh {
                 continue;
             }
@@ -311,7 +298,7 @@ impl Engine {
 
     /// Escalate once per fault: the text names the node.
     async fn tell_once(&self, node: &str, gpu: u32, seen_ms: i64, runbook: Option<&str>, text: String) {
-        let fresh = crate::core::lock(&self.core.repair).told.insert((node.to_string(), gpu, seen_ms));
+        let fresh = crate::core::lock(&self.core.repair).first_telling(node, gpu, seen_ms);
         if !fresh {
             return;
         }
@@ -338,10 +325,7 @@ impl Engine {
         let verifying = self.core.health().in_state(HealthState::Verifying);
         let mut by_node: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         for (node, gpu) in verifying {
-            let due = {
-                let m = crate::core::lock(&self.core.repair);
-                m.checked.get(&(node.clone(), gpu)).is_none_or(|t| now.saturating_sub(*t) >= RECHECK_MS)
-            };
+            let due = crate::core::lock(&self.core.repair).check_due(&node, gpu, now, RECHECK_MS);
             if due {
                 by_node.entry(node).or_default().push(gpu);
             }
@@ -353,12 +337,7 @@ impl Engine {
 
     /// Run the agent's health check and move each verifying GPU on.
     async fn verify_node(&self, node: &str, gpus: &[u32], now: i64) {
-        {
-            let mut m = crate::core::lock(&self.core.repair);
-            for g in gpus {
-                m.checked.insert((node.to_string(), *g), now);
-            }
-        }
+        crate::core::lock(&self.core.repair).checked(node, gpus, now);
         let Some(n) = self.core.fleet.get(node) else { return };
         let check = match self.health_check_call(&n).await {
             Ok(c) => c,
