@@ -7,7 +7,7 @@
 //! and `host` use this module; it uses none of them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{Value, json};
 
@@ -88,7 +88,8 @@ pub struct Core {
     pub audit: AuditStore,
     pub fleet: Fleet,
     pub script: Arc<rhai::Engine>,
-    pub runbooks: RwLock<Arc<RunbookSet>>,
+    /// The runbook set in force (`runbook.rs::Loaded`: replaced whole).
+    pub runbooks: crate::runbook::Loaded,
     pub brain: Mutex<Brain>,
     /// What the pages plot.
     pub history: Mutex<crate::history::History>,
@@ -246,7 +247,7 @@ impl Core {
 
     /// The loaded runbooks.
     pub fn runbook_set(&self) -> Arc<RunbookSet> {
-        self.runbooks.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.runbooks.get()
     }
 
     pub fn now(&self) -> i64 {

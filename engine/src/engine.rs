@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -205,7 +205,7 @@ impl Engine {
             audit: parts.audit,
             fleet: Fleet::new(parts.nodes),
             script: parts.script,
-            runbooks: RwLock::new(Arc::new(parts.runbooks)),
+            runbooks: crate::runbook::Loaded::new(parts.runbooks),
             brain: Mutex::new(brain),
             history: Mutex::new(history),
             xid_history: Mutex::new(Default::default()),

@@ -27,6 +27,29 @@ pub struct RunbookSet {
     pub errors: Vec<LoadError>,
 }
 
+/// The runbook set in force: read whole by everyone, replaced whole by a
+/// reload — a reader never sees half of one set and half of another, and
+/// nothing changes a set in force.
+pub(crate) struct Loaded {
+    set: std::sync::RwLock<std::sync::Arc<RunbookSet>>,
+}
+
+impl Loaded {
+    pub(crate) fn new(set: RunbookSet) -> Loaded {
+        Loaded { set: std::sync::RwLock::new(std::sync::Arc::new(set)) }
+    }
+
+    /// The set in force.
+    pub(crate) fn get(&self) -> std::sync::Arc<RunbookSet> {
+        self.set.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Put `set` in force.
+    pub(crate) fn replace(&self, set: RunbookSet) {
+        *self.set.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(set);
+    }
+}
+
 impl RunbookSet {
     /// The runbook called `name`.
     pub fn get(&self, name: &str) -> Option<(usize, &Runbook)> {

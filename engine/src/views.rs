@@ -385,7 +385,7 @@ impl Engine {
             self.core.config.telemetry.ingest_shards as usize,
         );
         *self.core.brain() = brain;
-        *self.core.runbooks.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(set);
+        self.core.runbooks.replace(set);
     }
 
     /// Fetch every agent's inventory once (node state, GPU counts, vendor).
