@@ -6,15 +6,15 @@
 use crate::metrics::{self, MetricId};
 use crate::runbook::RunbookSet;
 use crate::telemetry::{SeriesKey, StoreShard, TelemetryStore};
-use crate::triggers::{Fire, GroupCache, ShardStates, TriggerSet};
+use crate::triggers::{Fire, GroupCache, GroupLister, ShardStates, TriggerSet};
 
 /// The telemetry store and the triggers watching it.
 pub struct Brain {
-    pub store: TelemetryStore,
-    pub triggers: TriggerSet,
-    pub fires: Vec<Fire>,
+    store: TelemetryStore,
+    triggers: TriggerSet,
+    fires: Vec<Fire>,
     /// The fleet triggers' groups while the fleet is unchanged.
-    pub groups: GroupCache,
+    groups: GroupCache,
 }
 
 /// Metric names that appear as string literals in a script: those get the
@@ -33,6 +33,32 @@ fn metrics_named_in(source: &str) -> Vec<MetricId> {
 const PARALLEL_MIN_SAMPLES: usize = 4096;
 
 impl Brain {
+    /// The telemetry windows, to read.
+    pub fn store(&self) -> &TelemetryStore {
+        &self.store
+    }
+
+    /// The triggers, to read (counts, whether a condition still holds).
+    pub fn triggers(&self) -> &TriggerSet {
+        &self.triggers
+    }
+
+    /// Fire trigger `trigger` again for `node` (or `group`) if its
+    /// condition still holds (a run it started was suppressed or ended).
+    pub(crate) fn rearm(&mut self, trigger: usize, node: Option<u32>, group: Option<&str>) {
+        self.triggers.rearm(&self.store, trigger, node, group);
+    }
+
+    /// The fleet triggers' tick at `now`: the groups listed again when the
+    /// fleet's `basis` changed (`GroupCache::refresh`), each fleet trigger
+    /// evaluated over `list`'s series; what fired.
+    pub(crate) fn fleet_tick(&mut self, basis: Vec<u64>, now: i64, list: GroupLister<'_>) -> Vec<Fire> {
+        let Brain { store, triggers, fires, groups } = self;
+        groups.refresh(basis, store);
+        triggers.on_tick(store, groups, now, list, fires);
+        std::mem::take(fires)
+    }
+
     /// Triggers for `set`, and a store keeping what they and the scripts
     /// need, in `shards` shards (`telemetry.ingest_shards`).
     pub fn build(set: &RunbookSet, script_window_ms: i64, shards: usize) -> Brain {

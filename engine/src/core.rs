@@ -281,8 +281,8 @@ impl Core {
             .filter_map(|g| {
                 let key = SeriesKey { node: n.idx, gpu: g, metric: q.metric };
                 match q.agg {
-                    Agg::Latest => b.store.latest(key).map(|(_, v)| v),
-                    agg => b.store.stats(key, now.saturating_sub(q.window_ms.max(1))).map(|s| match agg {
+                    Agg::Latest => b.store().latest(key).map(|(_, v)| v),
+                    agg => b.store().stats(key, now.saturating_sub(q.window_ms.max(1))).map(|s| match agg {
                         Agg::Avg => s.avg,
                         Agg::Max => s.max,
                         Agg::Min => s.min,
@@ -588,7 +588,7 @@ impl Core {
             (Some(node), _) => {
                 let n = self.fleet.get(node)?;
                 let gpu = s.target.gpu.and_then(|g| u16::try_from(g).ok());
-                b.triggers.still_true(&b.store, idx, &[(n.idx, gpu)], now)
+                b.triggers().still_true(b.store(), idx, &[(n.idx, gpu)], now)
             }
             (None, Some((label, value))) => {
                 let nodes: Vec<(u32, Option<u16>)> = self
@@ -604,7 +604,7 @@ impl Core {
                         (0..count).filter_map(|g| u16::try_from(g).ok()).map(move |g| (n.idx, Some(g)))
                     })
                     .collect();
-                b.triggers.still_true(&b.store, idx, &nodes, now)
+                b.triggers().still_true(b.store(), idx, &nodes, now)
             }
             _ => None,
         }
@@ -616,7 +616,7 @@ impl Core {
         let id = crate::metrics::metric_id(&c.metric)?;
         let n = self.fleet.get(s.target.node.as_deref()?)?;
         let b = self.brain();
-        let read = |gpu: Option<u16>| b.store.latest(crate::telemetry::SeriesKey { node: n.idx, gpu, metric: id });
+        let read = |gpu: Option<u16>| b.store().latest(crate::telemetry::SeriesKey { node: n.idx, gpu, metric: id });
         let vals: Vec<f64> = if !crate::metrics::metric(id).gpu_scoped {
             read(None).map(|(_, v)| v).into_iter().collect()
         } else if let Some(g) = s.target.gpu.and_then(|g| u16::try_from(g).ok()) {

@@ -419,7 +419,7 @@ impl Engine {
     pub fn latest(&self, node: &str, gpu: Option<u32>, metric: MetricId) -> Option<f64> {
         let n = self.core.fleet.get(node)?;
         let gpu = gpu.map(u16::try_from).transpose().ok()?;
-        self.core.brain().store.latest(SeriesKey { node: n.idx, gpu, metric }).map(|(_, v)| v)
+        self.core.brain().store().latest(SeriesKey { node: n.idx, gpu, metric }).map(|(_, v)| v)
     }
 
     /// Accept an Alertmanager payload posted by `poster` (the webhook
@@ -442,7 +442,7 @@ impl Engine {
 
     /// The XID policy in force.
     pub fn fault_policy(&self) -> Arc<XidPolicy> {
-        self.core.health().policy.clone()
+        self.core.health().policy()
     }
 
     /// The health model as people read it: this engine's own (leading), or

@@ -283,14 +283,29 @@ pub struct HealthModel {
     gpus: BTreeMap<(String, u32), GpuHealth>,
     /// Repeat offenders: a GPU remediated more than this many times within
     /// the window goes to a person instead of round after round.
-    pub max_repairs: usize,
-    pub repair_window_ms: i64,
+    max_repairs: usize,
+    repair_window_ms: i64,
     /// The XID policy in force (shipped table and site overrides; a reload
     /// replaces it).
-    pub policy: std::sync::Arc<XidPolicy>,
+    policy: std::sync::Arc<XidPolicy>,
 }
 
 impl HealthModel {
+    /// The XID policy in force.
+    pub fn policy(&self) -> std::sync::Arc<XidPolicy> {
+        self.policy.clone()
+    }
+
+    /// Put `policy` in force; what changed from the one before, one line per
+    /// code.
+    pub(crate) fn set_policy(&mut self, policy: std::sync::Arc<XidPolicy>) -> Vec<String> {
+        let changes = policy.changes_from(&self.policy);
+        if *policy != *self.policy {
+            self.policy = policy;
+        }
+        changes
+    }
+
     pub fn new(max_repairs: usize, repair_window_ms: i64) -> HealthModel {
         let policy = std::sync::Arc::new(XidPolicy::shipped().clone());
         HealthModel { gpus: BTreeMap::new(), max_repairs, repair_window_ms, policy }

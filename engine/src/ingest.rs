@@ -15,7 +15,6 @@ use nightshift_proto::Telemetry;
 use crate::alerts::{Alert, WebhookPayload};
 use crate::audit::data::AlertReceived;
 use crate::audit::{AuditRecord, NewRecord, RecordKind};
-use crate::core::Brain;
 use crate::engine::{Engine, EngineError, Ingested, RunRequest, Submitted};
 use crate::fleet::Node;
 use crate::manifest::Scope;
@@ -111,7 +110,7 @@ impl Engine {
         // frequent non-fatal code is over the policy's repeat rule, read
         // once it has seen an XID.
         {
-            let policy = self.core.health().policy.clone();
+            let policy = self.core.health().policy();
             let mut h = crate::core::lock(&self.core.xid_history);
             for g in &t.gpus {
                 h.observe(node.idx, g.index, t.ts_ms, &g.xid_counts);
@@ -137,7 +136,7 @@ impl Engine {
                 .collect();
             let mut fires = b.ingest(&batch);
             // Derived: the utilisation swing over the last minute.
-            let store = &b.store;
+            let store = b.store();
             let swing = t
                 .gpus
                 .iter()
@@ -313,7 +312,7 @@ impl Engine {
     /// Telemetry store size: (series, points).
     pub(crate) fn telemetry_size(&self) -> (usize, usize) {
         let b = self.core.brain();
-        (b.store.series_count(), b.store.points())
+        (b.store().series_count(), b.store().points())
     }
 
     async fn handle_fires(&self, fires: Vec<Fire>) {
@@ -330,9 +329,7 @@ impl Engine {
             match self.submit_inner(req, Some(rearm.clone())).await {
                 Ok(Submitted::Suppressed { .. }) => {
                     // Still true after the cooldown? Then fire again.
-                    let mut b = self.core.brain();
-                    let Brain { store, triggers, .. } = &mut *b;
-                    triggers.rearm(store, rearm.trigger, rearm.node, rearm.group.as_deref());
+                    self.core.brain().rearm(rearm.trigger, rearm.node, rearm.group.as_deref());
                 }
                 Ok(_) => {}
                 Err(e) => tracing::error!(runbook = %rb.manifest.name, error = %e, "cannot submit a fired trigger"),
@@ -396,8 +393,7 @@ impl Engine {
     pub(crate) async fn fleet_triggers(&self, now: i64) {
         let fires = {
             let mut b = self.core.brain();
-            let Brain { store, triggers, fires, groups: cache } = &mut *b;
-            if !triggers.has_fleet() {
+            if !b.triggers().has_fleet() {
                 return;
             }
             let fleet = &self.core.fleet;
@@ -409,7 +405,6 @@ impl Engine {
                 let live = st.connected && !st.drained;
                 (u64::from(n.idx) << 32) | ((st.gpu_count().max(1) as u64 & 0x7fff_ffff) << 1) | u64::from(live)
             }));
-            cache.refresh(basis, store);
             let list = |label: &str, metric: MetricId| -> Vec<(String, Vec<SeriesKey>)> {
                 let gpu_scoped = metrics::metric(metric).gpu_scoped;
                 fleet
@@ -437,8 +432,7 @@ impl Engine {
                     })
                     .collect()
             };
-            triggers.on_tick(store, cache, now, &list, fires);
-            std::mem::take(fires)
+            b.fleet_tick(basis, now, &list)
         };
         self.handle_fires(fires).await;
     }

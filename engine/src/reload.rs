@@ -265,12 +265,7 @@ fn reload_files(engine: &Engine, allow_partial: bool) -> Result<ReloadReport, Re
 impl Engine {
     /// Put `policy` in force; what changed, one line per code.
     pub(crate) fn put_fault_policy(&self, policy: Arc<XidPolicy>) -> Vec<String> {
-        let mut h = self.core.health();
-        let changes = policy.changes_from(&h.policy);
-        if *policy != *h.policy {
-            h.policy = policy;
-        }
-        changes
+        self.core.health().set_policy(policy)
     }
 }
 

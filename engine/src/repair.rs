@@ -51,7 +51,7 @@ impl Engine {
     pub(crate) fn evidence(&self, node: &Node, gpu: u32) -> Option<Evidence> {
         let g = u16::try_from(gpu).ok()?;
         let b = self.core.brain();
-        let get = |m| b.store.latest(SeriesKey { node: node.idx, gpu: Some(g), metric: m }).map(|(_, v)| v);
+        let get = |m| b.store().latest(SeriesKey { node: node.idx, gpu: Some(g), metric: m }).map(|(_, v)| v);
         let lost = get(ids::LOST);
         let dbe = get(ids::ECC_DBE);
         let xid = get(ids::XID);

@@ -146,7 +146,7 @@ impl Engine {
         let state = n.state().clone();
         let b = self.core.brain();
         let latest = |b: &Brain, gpu: Option<u16>, i: usize| {
-            b.store.latest(SeriesKey { node: n.idx, gpu, metric: i as MetricId }).map(|(_, v)| v)
+            b.store().latest(SeriesKey { node: n.idx, gpu, metric: i as MetricId }).map(|(_, v)| v)
         };
         let gpu_count = state.gpu_count().max(usize::from(state.inventory.is_some()));
         let gpus = (0..gpu_count)
@@ -245,7 +245,7 @@ impl Engine {
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                let (mut ev, mut fi) = b.triggers.counts(i);
+                let (mut ev, mut fi) = b.triggers().counts(i);
                 ev += alerts.get(&r.manifest.name).copied().unwrap_or(0);
                 if let crate::manifest::Trigger::Fault { .. } = r.manifest.trigger {
                     // A fault trigger looks at every GPU's health on every

@@ -237,7 +237,8 @@ impl ScriptHost for Host {
         let repeat = model.repeat_offender(&node, gpu, now);
         let f = h.fault.clone();
         let xid = f.as_ref().and_then(|f| f.xid);
-        let info = xid.and_then(|x| model.policy.info(x));
+        let policy = model.policy();
+        let info = xid.and_then(|x| policy.info(x));
         to_map(json!({
             "state": h.state.as_str(),
             "kind": f.as_ref().map(|f| f.kind.as_str()),
@@ -367,7 +368,7 @@ impl ScriptHost for Host {
     }
 
     fn xid_info(&self, _ctx: &RunCtx, code: u32) -> Map {
-        let policy = self.core.health().policy.clone();
+        let policy = self.core.health().policy();
         policy.info(code).map(|i| to_map(json!(i))).unwrap_or_default()
     }
 
@@ -395,9 +396,9 @@ impl ScriptHost for Host {
         let airflow_step = {
             let b = self.core.brain();
             let gpu_fan = b
-                .store
+                .store()
                 .window(crate::telemetry::SeriesKey { node: n.idx, gpu: Some(g), metric: metrics::ids::FAN }, since);
-            let chassis = b.store.window(
+            let chassis = b.store().window(
                 crate::telemetry::SeriesKey { node: n.idx, gpu: None, metric: metrics::ids::CHASSIS_FAN },
                 since,
             );
@@ -418,7 +419,7 @@ impl ScriptHost for Host {
         let (temps, power) = {
             let b = self.core.brain();
             let key = |metric| crate::telemetry::SeriesKey { node: n.idx, gpu: Some(g), metric };
-            (b.store.window(key(metrics::ids::TEMPERATURE), since), b.store.window(key(metrics::ids::POWER), since))
+            (b.store().window(key(metrics::ids::TEMPERATURE), since), b.store().window(key(metrics::ids::POWER), since))
         };
         match crate::thermal::fit(&temps, &power) {
             Some(f) => to_map(json!({

@@ -9,7 +9,7 @@ impl Host {
     pub(super) fn repeats_of_target(&self, ctx: &RunCtx) -> rhai::Array {
         let (Some(node), Some(gpu)) = (ctx.target.node.as_deref(), ctx.target.gpu) else { return Vec::new() };
         let Some(n) = self.core.fleet.get(node) else { return Vec::new() };
-        let policy = self.core.health().policy.clone();
+        let policy = self.core.health().policy();
         let repeats = crate::core::lock(&self.core.xid_history).repeats(n.idx, gpu, self.core.now(), &policy);
         let rule = &policy.repeats;
         repeats
@@ -62,7 +62,7 @@ impl Host {
         let mut pts: Vec<f64> = Vec::new();
         for g in gpus {
             let key = crate::telemetry::SeriesKey { node: n.idx, gpu: g, metric };
-            pts.extend(b.store.window(key, from_ms).into_iter().filter(|(t, _)| *t <= to_ms).map(|(_, v)| v));
+            pts.extend(b.store().window(key, from_ms).into_iter().filter(|(t, _)| *t <= to_ms).map(|(_, v)| v));
         }
         if pts.is_empty() {
             return to_map(json!({"count": 0}));

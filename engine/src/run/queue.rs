@@ -609,9 +609,7 @@ impl Engine {
             self.reconsider(w, run, outcome).await;
         }
         if let Some(f) = fire {
-            let mut b = self.core.brain();
-            let crate::core::Brain { store, triggers, .. } = &mut *b;
-            triggers.rearm(store, f.trigger, f.node, f.group.as_deref());
+            self.core.brain().rearm(f.trigger, f.node, f.group.as_deref());
         }
         self.count_outcome(outcome);
         tracing::info!(run, runbook = %summary.runbook, target = %summary.target, outcome = outcome.as_str(), "run finished");
