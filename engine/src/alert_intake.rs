@@ -90,7 +90,7 @@ impl Engine {
             // An episode (fingerprint, startsAt) resolved — not the alert
             // for ever: its next firing has a new startsAt and runs again.
             let now = self.core.now();
-            self.core.table().resolved.insert_at(
+            self.core.table().resolve_episode(
                 crate::runtable::episode(&a.fingerprint, &a.starts_at),
                 now,
                 crate::runtable::RESOLVED_KEPT_MS,

@@ -72,7 +72,7 @@ impl Core {
             .filter(|n| n.state().drained && !n.state().drained_by_person())
             .map(|n| n.spec.name.clone())
             .collect();
-        drained.extend(t.drains_in_flight.iter().cloned());
+        drained.extend(t.drains_in_flight().cloned());
         // This node is being drained already (another run's drain in
         // flight): it is out once, not twice.
         if drained.contains(node) {
@@ -80,7 +80,7 @@ impl Core {
         }
         if confirmed {
             if reserve {
-                t.drains_in_flight.insert(node.to_string());
+                t.drain_in_flight(node, true);
             }
             return Ok(reserve);
         }
@@ -123,12 +123,12 @@ impl Core {
             }
         }
         if reserve {
-            t.drains_in_flight.insert(node.to_string());
+            t.drain_in_flight(node, true);
         }
         Ok(reserve)
     }
 
     pub fn release_drain(&self, node: &str) {
-        self.table().drains_in_flight.remove(node);
+        self.table().drain_in_flight(node, false);
     }
 }

@@ -22,11 +22,7 @@ impl Engine {
                 .iter()
                 .filter(|e| {
                     let key = ended_key(node, &e.hold.id, e.ended_at_ms);
-                    if t.holds_ended.contains(&key) {
-                        return false;
-                    }
-                    t.holds_ended.insert(key);
-                    true
+                    t.first_hold_end(key)
                 })
                 .collect()
         };
@@ -99,7 +95,7 @@ impl Engine {
             recs.push((key, rec, d.owners.clone()));
         }
         for (key, mut rec, owners) in recs {
-            if !self.core.table().holds_ended.insert(key) {
+            if !self.core.table().first_hold_end(key) {
                 continue;
             }
             if let Some(r) = owners.iter().find_map(|o| self.core.audit.run(o).ok().flatten()) {

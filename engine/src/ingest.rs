@@ -469,15 +469,15 @@ impl Engine {
             let backlog = self.core.backlog.alerts();
             let mut fresh = Vec::new();
             for (key, rec, a) in prepared {
-                if t.alerts_seen.contains(&key) {
+                if t.alert_seen(&key) {
                     duplicates += 1;
-                    if let Some(w) = t.alerts_pending.get(&key) {
-                        waits.push(w.clone());
+                    if let Some(w) = t.alert_pending(&key) {
+                        waits.push(w);
                     }
                 } else if backlog + fresh.len() as u64 >= cap {
                     shed += 1;
                 } else {
-                    t.alerts_seen.insert(key.clone());
+                    t.see_alert(key.clone());
                     fresh.push((key, rec, a));
                 }
             }
@@ -508,7 +508,7 @@ impl Engine {
             }
             if let Some(d) = &durable {
                 for k in &keys {
-                    t.alerts_pending.insert(k.clone(), d.clone());
+                    t.alert_durable(k, Some(d.clone()));
                 }
             }
         }
@@ -519,7 +519,7 @@ impl Engine {
                 let _ = d.await;
                 let mut t = engine.core.table();
                 for k in &keys {
-                    t.alerts_pending.remove(k);
+                    t.alert_durable(k, None);
                 }
             });
         }

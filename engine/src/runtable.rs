@@ -19,6 +19,8 @@ use crate::audit::{AuditRecord, RecordKind, data};
 use crate::manifest::{BreakerCount, Priority};
 use crate::runs::{RunOutcome, RunState, RunSummary, Target};
 
+mod memories;
+
 /// A (runbook, target) pair: what dedup, cooldowns and budgets are about.
 pub type Key = (String, Target);
 
@@ -244,37 +246,37 @@ pub struct RunTable {
     /// Node → the exclusive run holding it.
     pub node_locks: HashMap<String, String>,
     pub running: usize,
-    pub running_per_runbook: HashMap<String, usize>,
-    pub drains_in_flight: HashSet<String>,
+    running_per_runbook: HashMap<String, usize>,
+    drains_in_flight: HashSet<String>,
     pub breakers: HashMap<String, Breaker>,
-    pub schedule_next: HashMap<String, i64>,
+    schedule_next: HashMap<String, i64>,
     /// Alert dedup: `status|fingerprint@startsAt`.
-    pub alerts_seen: SeenSet,
+    alerts_seen: SeenSet,
     /// Alerts accepted whose `event_received` is not durable yet, with the
     /// future that ends when it is: a duplicate (an Alertmanager HA pair
     /// sends both) is answered only after the original is durable.
-    pub alerts_pending: HashMap<String, AlertDurable>,
+    alerts_pending: HashMap<String, AlertDurable>,
     /// Ended holds already audited (`node|hold id|ended_at_ms`).
-    pub holds_ended: SeenSet,
+    holds_ended: SeenSet,
     /// Accepted alerts whose handling is on the chain ([`alert_key`]).
-    pub handled: SeenSet,
+    handled: SeenSet,
     /// Resolved alert episodes ([`episode`]: fingerprint and startsAt).
-    pub resolved: SeenSet,
+    resolved: SeenSet,
     /// Releases a finished run could not make (the node was hands-off or
     /// unreachable): (run, node), tried again on the tick until they work.
-    pub pending_releases: Vec<(RunSummary, String)>,
+    pending_releases: Vec<(RunSummary, String)>,
     /// Per pool (`label=value`): nodes nightshift asked the autoscaler for
     /// and has not given back (from the audited requests: rebuilt on start).
-    pub autoscaled: HashMap<String, i64>,
+    autoscaled: HashMap<String, i64>,
     /// Manual runs by their submitter's `Idempotency-Key`
     /// ([`idempotency_key`]): the run and when it was queued. Kept
     /// [`IDEMPOTENCY_KEPT_MS`]; rebuilt from `run_queued` records on start.
-    pub idempotent: HashMap<String, (String, i64)>,
+    idempotent: HashMap<String, (String, i64)>,
     /// Active run → the latest firing alert suppressed because of it: if
     /// that run ends without doing its work (skipped, interrupted), the
     /// alert is offered again rather than lost (issue 46 point 5). At most
     /// one per active run.
-    pub waiting_alerts: HashMap<String, WaitingAlert>,
+    waiting_alerts: HashMap<String, WaitingAlert>,
 }
 
 /// A firing alert's run request, suppressed by an active run, kept to be

@@ -208,7 +208,7 @@ impl Host {
                 &format!("autoscale: expected 1 to {max_step} nodes (the runbook's max_nodes_changed), found {count}"),
             );
         }
-        let asked = self.core.table().autoscaled.get(&pool).copied().unwrap_or(0);
+        let asked = self.core.table().autoscaled(&pool);
         if out && asked + count > cfg.max_nodes_per_pool as i64 {
             return refused(
                 "budget",
@@ -292,9 +292,7 @@ impl Host {
                     result.outcome = "applied".into();
                     result.status = Some(status);
                     result.answer = Some(text);
-                    let mut t = self.core.table();
-                    let e = t.autoscaled.entry(pool.clone()).or_default();
-                    *e = (*e + if out { count } else { -count }).max(0);
+                    self.core.table().autoscale_applied(&pool, if out { count } else { -count });
                 }
                 Err(e) => {
                     result.outcome = "error".into();
@@ -304,7 +302,7 @@ impl Host {
         }
         self.record_typed(ctx, RecordKind::ActionResult, None, None, &result);
         let mut result = json!(result);
-        result["requested_in_pool"] = json!(self.core.table().autoscaled.get(&pool).copied().unwrap_or(0));
+        result["requested_in_pool"] = json!(self.core.table().autoscaled(&pool));
         to_map(result)
     }
 }

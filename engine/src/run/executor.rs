@@ -189,7 +189,7 @@ impl Engine {
                 && req.trigger == "alert"
             {
                 // Under the table's lock: the run cannot end in between.
-                t.waiting_alerts.insert(
+                t.hold_alert(
                     run.clone(),
                     crate::runtable::WaitingAlert {
                         runbook: req.runbook.clone(),

@@ -35,7 +35,7 @@ impl Engine {
         if r.priority != Priority::Critical && t.running >= limit {
             return Some(format!("the engine runs {limit} runs at once (limits.max_concurrent_runs)"));
         }
-        let mine = t.running_per_runbook.get(&r.summary.runbook).copied().unwrap_or(0);
+        let mine = t.running_of(&r.summary.runbook);
         if mine >= rb.manifest.max_concurrent as usize {
             return Some(format!("{} runs of {} already (max_concurrent)", mine, r.summary.runbook));
         }
@@ -120,8 +120,7 @@ impl Engine {
                     let waited = r.summary.waiting_for.take();
                     let summary = r.summary.clone();
                     let (cancel, exclusive, event_ts) = (r.cancel.clone(), r.exclusive, r.event_ts_ms);
-                    t.running += 1;
-                    *t.running_per_runbook.entry(summary.runbook.clone()).or_default() += 1;
+                    t.start_running(&summary.runbook);
                     if exclusive
                         && !summary.dry_run
                         && let Some(n) = &summary.target.node
@@ -358,10 +357,7 @@ impl Engine {
             t.active_by_key.remove(&key);
         }
         if e.summary.state == RunState::Running {
-            t.running = t.running.saturating_sub(1);
-            if let Some(c) = t.running_per_runbook.get_mut(&e.summary.runbook) {
-                *c = c.saturating_sub(1);
-            }
+            t.stop_running(&e.summary.runbook);
         }
         t.node_locks.retain(|_, holder| holder != run);
         tracing::warn!(run, runbook = %e.summary.runbook, holds_on = ?e.held_on, "the engine stops under this run: left unfinished, its holds in place, for the next engine to resume");
@@ -461,7 +457,7 @@ impl Engine {
                     // hands-off node, an unreachable agent): the lease is the
                     // last resort, not the plan.
                     left.push(format!("{node}: holds not released yet ({e}); retried until they are"));
-                    self.core.table().pending_releases.push((summary.clone(), node.to_string()));
+                    self.core.table().release_later(summary.clone(), node.to_string());
                 }
             }
         }
@@ -583,15 +579,12 @@ impl Engine {
                 t.last_finished.insert(key, now);
             }
             if was_running {
-                t.running = t.running.saturating_sub(1);
-                if let Some(c) = t.running_per_runbook.get_mut(&summary.runbook) {
-                    *c = c.saturating_sub(1);
-                }
+                t.stop_running(&summary.runbook);
             }
             t.node_locks.retain(|_, holder| holder != run);
             // An alert suppressed by this run is offered again when the run
             // did not do its work (and earned no cooldown).
-            let held_back = t.waiting_alerts.remove(run).filter(|_| unfinished);
+            let held_back = t.take_waiting_alert(run).filter(|_| unfinished);
             // A shadow run ended by the fleet going to act: its own alert
             // is offered again, to run for real now.
             held_back.or_else(|| {

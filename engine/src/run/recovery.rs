@@ -56,7 +56,7 @@ impl Engine {
                 .iter()
                 .filter(|r| r.payload::<data::AlertReceived>().is_ok_and(|p| p.acked))
                 .filter_map(Engine::alert_of_record)
-                .filter(|(a, _)| !t.handled.contains(&crate::runtable::alert_key(&a.status, &a.key())))
+                .filter(|(a, _)| !t.alert_handled(&crate::runtable::alert_key(&a.status, &a.key())))
                 .collect()
         };
         // Pages the last engine had not delivered: sent again (invariant 19).
@@ -120,7 +120,7 @@ impl Engine {
         // run did not do its work.
         let held_back: Vec<(crate::runtable::WaitingAlert, String)> = {
             let mut t = self.core.table();
-            interrupted.iter().filter_map(|id| Some((t.waiting_alerts.remove(id)?, id.clone()))).collect()
+            interrupted.iter().filter_map(|id| Some((t.take_waiting_alert(id)?, id.clone()))).collect()
         };
         if !resumed.is_empty() {
             tracing::warn!(runs = ?resumed, "runs in flight at the last stop resume; their holds stayed in place");

@@ -50,28 +50,24 @@ impl Engine {
     /// longer hands-off and its agent answers.
     async fn retry_releases(&self) {
         let due: Vec<(RunSummary, String)> = {
-            let mut t = self.core.table();
-            if t.pending_releases.is_empty() {
-                return;
-            }
             let fleet = &self.core.fleet;
-            let (ready, wait): (Vec<_>, Vec<_>) =
-                std::mem::take(&mut t.pending_releases).into_iter().partition(|(_, node)| {
-                    fleet.get(node).is_none_or(|n| {
-                        let st = n.state();
-                        st.connected && !st.hands_off()
-                    })
-                });
-            t.pending_releases = wait;
-            ready
+            self.core.table().releases_due(|node| {
+                fleet.get(node).is_none_or(|n| {
+                    let st = n.state();
+                    st.connected && !st.hands_off()
+                })
+            })
         };
+        if due.is_empty() {
+            return;
+        }
         for (s, node) in due {
             if self.core.fleet.get(&node).is_none() {
                 continue;
             }
             if let Err(e) = self.core.release_run_holds(&s, &node).await {
                 tracing::warn!(run = %s.id, node = %node, error = %e, "holds still not released: trying again");
-                self.core.table().pending_releases.push((s, node));
+                self.core.table().release_later(s, node);
             }
         }
     }
@@ -81,16 +77,7 @@ impl Engine {
         for rb in &set.runbooks {
             let Trigger::Schedule { every_secs } = rb.manifest.trigger else { continue };
             let every_ms = (every_secs as i64).saturating_mul(1000);
-            let due = {
-                let mut t = self.core.table();
-                let next = t.schedule_next.entry(rb.manifest.name.clone()).or_insert(now.saturating_add(every_ms));
-                if *next <= now {
-                    *next = now.saturating_add(every_ms);
-                    true
-                } else {
-                    false
-                }
-            };
+            let due = { self.core.table().schedule_due(&rb.manifest.name, now, every_ms) };
             if !due {
                 continue;
             }
