@@ -359,7 +359,7 @@ impl Engine {
 
     /// Runs executing right now.
     pub fn running(&self) -> usize {
-        self.core.table().running
+        self.core.table().running()
     }
 
     /// Runs that are executing and not asleep on the clock, plus runs ready
@@ -381,7 +381,7 @@ impl Engine {
                 })
             })
             .count();
-        let running = t.running;
+        let running = t.running();
         drop(t);
         running.saturating_sub(self.core.clock.idle_sleepers())
             + startable

@@ -244,8 +244,8 @@ pub struct RunTable {
     pub suppression_noted: HashSet<Key>,
     pub attempts: HashMap<Key, VecDeque<i64>>,
     /// Node → the exclusive run holding it.
-    pub node_locks: HashMap<String, String>,
-    pub running: usize,
+    node_locks: HashMap<String, String>,
+    running: usize,
     running_per_runbook: HashMap<String, usize>,
     drains_in_flight: HashSet<String>,
     pub breakers: HashMap<String, Breaker>,

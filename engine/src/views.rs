@@ -167,7 +167,7 @@ impl Engine {
             .filter_map(|(i, m)| latest(&b, None, i).map(|v| (m.name.to_string(), v)))
             .collect();
         drop(b);
-        let locked_by = self.core.table().node_locks.get(name).cloned();
+        let locked_by = self.core.table().node_lock(name).cloned();
         Some(NodeView {
             name: n.spec.name.clone(),
             address: n.addr.clone(),

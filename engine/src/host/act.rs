@@ -126,14 +126,14 @@ impl Host {
         }
         if m.exclusive && ctx.target.node.is_none() {
             let mut t = self.core.table();
-            match t.node_locks.get(node) {
+            match t.node_lock(node) {
                 Some(holder) if holder != &self.run => {
                     let why = format!("node {node} is busy with exclusive run {holder}");
                     drop(t);
                     return Err(self.refuse(ctx, node, op, "node_busy", why));
                 }
                 _ => {
-                    t.node_locks.insert(node.to_string(), self.run.clone());
+                    t.lock_node(node, &self.run);
                 }
             }
         }

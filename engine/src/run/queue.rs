@@ -32,7 +32,7 @@ impl Engine {
         // By name: a runbook gone or changed is refused when it would start.
         let (_, rb) = set.get(&r.summary.runbook)?;
         let limit = self.core.config.limits.max_concurrent_runs;
-        if r.priority != Priority::Critical && t.running >= limit {
+        if r.priority != Priority::Critical && t.running() >= limit {
             return Some(format!("the engine runs {limit} runs at once (limits.max_concurrent_runs)"));
         }
         let mine = t.running_of(&r.summary.runbook);
@@ -43,7 +43,7 @@ impl Engine {
             return None;
         }
         let node = r.summary.target.node.as_ref()?;
-        match t.node_locks.get(node) {
+        match t.node_lock(node) {
             Some(holder) if holder != &r.summary.id => Some(format!("run {holder}, exclusive on {node}")),
             _ => None,
         }
@@ -98,7 +98,7 @@ impl Engine {
                             // holding its node.
                             if r.priority == Priority::Critical
                                 && let Some(node) = &r.summary.target.node
-                                && let Some(holder) = t.node_locks.get(node)
+                                && let Some(holder) = t.node_lock(node)
                                 && t.runs.get(holder).is_some_and(|h| h.priority < Priority::Critical)
                             {
                                 preempt.push((holder.clone(), r.summary.id.clone()));
@@ -125,7 +125,7 @@ impl Engine {
                         && !summary.dry_run
                         && let Some(n) = &summary.target.node
                     {
-                        t.node_locks.insert(n.clone(), summary.id.clone());
+                        t.lock_node(n, &summary.id);
                     }
                     Some((summary, cancel, waited, event_ts))
                 });
@@ -359,7 +359,7 @@ impl Engine {
         if e.summary.state == RunState::Running {
             t.stop_running(&e.summary.runbook);
         }
-        t.node_locks.retain(|_, holder| holder != run);
+        t.unlock_nodes_of(run);
         tracing::warn!(run, runbook = %e.summary.runbook, holds_on = ?e.held_on, "the engine stops under this run: left unfinished, its holds in place, for the next engine to resume");
     }
 
@@ -581,7 +581,7 @@ impl Engine {
             if was_running {
                 t.stop_running(&summary.runbook);
             }
-            t.node_locks.retain(|_, holder| holder != run);
+            t.unlock_nodes_of(run);
             // An alert suppressed by this run is offered again when the run
             // did not do its work (and earned no cooldown).
             let held_back = t.take_waiting_alert(run).filter(|_| unfinished);

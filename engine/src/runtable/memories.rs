@@ -10,6 +10,26 @@ use crate::runs::RunSummary;
 /// The table's smaller memories, each changed only through these (the run
 /// entries, the queue and admission's keys are still the table's fields).
 impl RunTable {
+    /// How many runs are running.
+    pub(crate) fn running(&self) -> usize {
+        self.running
+    }
+
+    /// The exclusive run holding `node`, if one does.
+    pub(crate) fn node_lock(&self, node: &str) -> Option<&String> {
+        self.node_locks.get(node)
+    }
+
+    /// Exclusive run `run` holds `node` (it may already).
+    pub(crate) fn lock_node(&mut self, node: &str, run: &str) {
+        self.node_locks.insert(node.to_string(), run.to_string());
+    }
+
+    /// Every node exclusive run `run` holds is free again.
+    pub(crate) fn unlock_nodes_of(&mut self, run: &str) {
+        self.node_locks.retain(|_, holder| holder != run);
+    }
+
     /// How many runs of `runbook` are running.
     pub(crate) fn running_of(&self, runbook: &str) -> usize {
         self.running_per_runbook.get(runbook).copied().unwrap_or(0)
