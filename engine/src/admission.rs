@@ -94,7 +94,7 @@ pub fn admit(t: &RunTable, a: &Ask<'_>, now: i64, limits: &Limits) -> Decision {
         return Decision::Suppress {
             reason: format!("the fleet is paused ({why}): {} on {} waits until it is not", m.name, a.target),
             existing: None,
-            first: !t.suppression_noted.contains(&key),
+            first: !t.suppression_noted(&key),
         };
     }
     let age_ms = now.saturating_sub(a.event_ts_ms);
@@ -109,7 +109,7 @@ pub fn admit(t: &RunTable, a: &Ask<'_>, now: i64, limits: &Limits) -> Decision {
             ),
         };
     }
-    let first = !t.suppression_noted.contains(&key);
+    let first = !t.suppression_noted(&key);
     if let Some(existing) = t.active_by_key.get(&key) {
         return Decision::Suppress {
             reason: format!("run {existing} for {} is already active", a.target),
@@ -118,7 +118,7 @@ pub fn admit(t: &RunTable, a: &Ask<'_>, now: i64, limits: &Limits) -> Decision {
         };
     }
     let cooldown_ms = (m.cooldown_secs as i64).saturating_mul(1000);
-    if let Some(last) = t.last_finished.get(&key).copied()
+    if let Some(last) = t.last_finished(&key)
         && !a.manual
         && now.saturating_sub(last) < cooldown_ms
     {
@@ -139,8 +139,7 @@ pub fn admit(t: &RunTable, a: &Ask<'_>, now: i64, limits: &Limits) -> Decision {
     if refuses && t.breakers.get(&m.name).is_some_and(|b| b.tripped_until > now) {
         return Decision::Suppress { reason: format!("breaker for {} is tripped", m.name), existing: None, first };
     }
-    let attempts =
-        t.attempts.get(&key).map_or(0, |q| q.iter().filter(|ts| **ts >= now.saturating_sub(86_400_000)).count());
+    let attempts = t.attempts_since(&key, now.saturating_sub(86_400_000));
     if !a.manual && attempts as u64 >= m.max_attempts_per_day as u64 {
         return Decision::Refuse {
             reason: format!(
@@ -250,7 +249,7 @@ mod tests {
                 {
                     let k = key.clone();
                     Box::new(move |t| {
-                        t.last_finished.insert(k.clone(), NOW - 100_000);
+                        t.finished(k.clone(), NOW - 100_000);
                     })
                 },
                 &m,
@@ -263,7 +262,7 @@ mod tests {
                 {
                     let k = key.clone();
                     Box::new(move |t| {
-                        t.last_finished.insert(k.clone(), NOW - 600_000);
+                        t.finished(k.clone(), NOW - 600_000);
                     })
                 },
                 &m,
@@ -276,7 +275,7 @@ mod tests {
                 {
                     let k = key.clone();
                     Box::new(move |t| {
-                        t.last_finished.insert(k.clone(), NOW - 1_000);
+                        t.finished(k.clone(), NOW - 1_000);
                     })
                 },
                 &m,
@@ -299,7 +298,7 @@ mod tests {
                 {
                     let k = key.clone();
                     Box::new(move |t| {
-                        t.attempts.entry(k.clone()).or_default().extend([NOW - 5_000_000, NOW - 1_000_000]);
+                        [NOW - 5_000_000, NOW - 1_000_000].iter().for_each(|ts| t.admitted(&k, *ts));
                     })
                 },
                 &m,
@@ -312,7 +311,7 @@ mod tests {
                 {
                     let k = key.clone();
                     Box::new(move |t| {
-                        t.attempts.entry(k.clone()).or_default().extend([NOW - 90_000_000, NOW - 87_000_000]);
+                        [NOW - 90_000_000, NOW - 87_000_000].iter().for_each(|ts| t.admitted(&k, *ts));
                     })
                 },
                 &m,
@@ -383,7 +382,7 @@ mod tests {
         t.active_by_key.insert(key.clone(), "r1".into());
         let ask = plain_ask(&m, &target);
         assert!(matches!(admit(&t, &ask, NOW, &Limits::default()), Decision::Suppress { first: true, .. }));
-        t.suppression_noted.insert(key);
+        t.note_suppression(key);
         assert!(matches!(admit(&t, &ask, NOW, &Limits::default()), Decision::Suppress { first: false, .. }));
     }
 

@@ -239,10 +239,10 @@ pub struct RunTable {
     /// Waiting runs, in start order (priority, then age).
     pub queue: Vec<String>,
     pub active_by_key: HashMap<Key, String>,
-    pub last_finished: HashMap<Key, i64>,
+    last_finished: HashMap<Key, i64>,
     /// Keys whose suppression was already audited in this episode.
-    pub suppression_noted: HashSet<Key>,
-    pub attempts: HashMap<Key, VecDeque<i64>>,
+    suppression_noted: HashSet<Key>,
+    attempts: HashMap<Key, VecDeque<i64>>,
     /// Node → the exclusive run holding it.
     node_locks: HashMap<String, String>,
     running: usize,

@@ -23,7 +23,7 @@ impl Host {
         let key = crate::runtable::RunTable::key(&s);
         let since = self.core.now().saturating_sub(window_ms);
         let t = self.core.table();
-        t.attempts.get(&key).map_or(0, |q| q.iter().filter(|ts| **ts >= since).count()) as i64
+        t.attempts_since(&key, since) as i64
     }
 
     /// Checks that come before any change; `Err` is the refusal (or a skip).

@@ -219,12 +219,12 @@ impl Engine {
             }
             let summary = match &d {
                 Decision::Suppress { first: true, .. } => {
-                    t.suppression_noted.insert(key.clone());
+                    t.note_suppression(key.clone());
                     None
                 }
                 Decision::Refuse { .. } => {
                     let s = new_summary(self.core.ids.run(), rb, &req, params.clone(), now, shadow);
-                    t.last_finished.insert(key.clone(), now);
+                    t.finished(key.clone(), now);
                     Some(s)
                 }
                 Decision::Admit { approval, hold_ms } => {
@@ -233,8 +233,7 @@ impl Engine {
                         s.state = RunState::PendingApproval;
                     }
                     t.active_by_key.insert(key.clone(), s.id.clone());
-                    t.attempts.entry(key.clone()).or_default().push_back(now);
-                    t.suppression_noted.remove(&key);
+                    t.admitted(&key, now);
                     let mut shared_cause = None;
                     if let Some(b) = &m.breaker
                         && let Some(node) = req.target.node.clone()

@@ -576,7 +576,7 @@ impl Engine {
                 t.refund_attempt(&key, summary.created_ms);
             }
             if starts_cooldown {
-                t.last_finished.insert(key, now);
+                t.finished(key, now);
             }
             if was_running {
                 t.stop_running(&summary.runbook);

@@ -4,12 +4,45 @@
 //! changed only through these methods (a child module: the fields are the
 //! table's own).
 
-use super::{AlertDurable, RunTable, WaitingAlert};
+use super::{AlertDurable, Key, RunTable, WaitingAlert};
 use crate::runs::RunSummary;
 
 /// The table's smaller memories, each changed only through these (the run
 /// entries, the queue and admission's keys are still the table's fields).
 impl RunTable {
+    /// When the last run of `key` that did its work finished (its
+    /// cooldown counts from there).
+    pub(crate) fn last_finished(&self, key: &Key) -> Option<i64> {
+        self.last_finished.get(key).copied()
+    }
+
+    /// A run of `key` finished at `now`: its cooldown starts.
+    pub(crate) fn finished(&mut self, key: Key, now: i64) {
+        self.last_finished.insert(key, now);
+    }
+
+    /// Whether `key`'s suppression was already audited in this episode.
+    pub(crate) fn suppression_noted(&self, key: &Key) -> bool {
+        self.suppression_noted.contains(key)
+    }
+
+    /// `key`'s suppression is audited (the episode's first).
+    pub(crate) fn note_suppression(&mut self, key: Key) {
+        self.suppression_noted.insert(key);
+    }
+
+    /// A run of `key` was admitted at `now`: an attempt against its daily
+    /// budget, and a new episode for its suppressions.
+    pub(crate) fn admitted(&mut self, key: &Key, now: i64) {
+        self.attempts.entry(key.clone()).or_default().push_back(now);
+        self.suppression_noted.remove(key);
+    }
+
+    /// Runs of `key` admitted at `since` or later.
+    pub(crate) fn attempts_since(&self, key: &Key, since: i64) -> usize {
+        self.attempts.get(key).map_or(0, |q| q.iter().filter(|ts| **ts >= since).count())
+    }
+
     /// How many runs are running.
     pub(crate) fn running(&self) -> usize {
         self.running

@@ -895,7 +895,7 @@ fn the_bare_state_counter_reads_core_s_fields_only() {
 /// The run table, the last of `Core`'s state any module may change: its
 /// `pub` fields are counted against a ceiling that only goes down (21 when
 /// it was first counted; the smaller memories went behind methods first).
-const RUN_TABLE_PUB_FIELDS_AT_MOST: usize = 7;
+const RUN_TABLE_PUB_FIELDS_AT_MOST: usize = 4;
 
 /// The `pub` fields of struct `name` in `code`.
 fn pub_fields(code: &str, name: &str) -> Vec<String> {
