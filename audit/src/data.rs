@@ -113,9 +113,10 @@ impl Payload for RunFinished {
 }
 
 /// `trigger_suppressed`: the first suppression of an episode — and every
-/// alert held back by an active run (each acknowledged alert says what it
-/// led to), with what a restart needs to offer it again should that run end
-/// without doing its work.
+/// alert held back by an active run (each such alert says on the chain
+/// which run held it), with what a restart needs to offer it again should
+/// that run end without doing its work. An alert suppressed by a cooldown
+/// or a breaker is noted once per episode, as a telemetry fire is.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TriggerSuppressed {

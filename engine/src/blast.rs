@@ -80,7 +80,7 @@ impl Core {
         }
         if confirmed {
             if reserve {
-                t.drain_in_flight(node, true);
+                t.reserve_drain(node);
             }
             return Ok(reserve);
         }
@@ -123,12 +123,12 @@ impl Core {
             }
         }
         if reserve {
-            t.drain_in_flight(node, true);
+            t.reserve_drain(node);
         }
         Ok(reserve)
     }
 
     pub fn release_drain(&self, node: &str) {
-        self.table().drain_in_flight(node, false);
+        self.table().drain_ended(node);
     }
 }

@@ -1,6 +1,7 @@
 //! The periodic tick (approval expiry, stale nodes, hands-off that ended,
-//! fleet triggers, schedules, releases retried) and the queue's counters
-//! the simulator and `/metrics` read (running, busy, queue depth).
+//! fleet triggers, schedules, releases retried); `Engine::tick` in
+//! `engine.rs` runs it. The queue's counters (running, busy, queue depth)
+//! are the façade's, in `engine.rs`.
 
 use std::collections::BTreeMap;
 

@@ -87,13 +87,14 @@ impl RunTable {
         self.drains_in_flight.iter()
     }
 
-    /// A drain of `node` is in flight, or (`false`) it ended.
-    pub(crate) fn drain_in_flight(&mut self, node: &str, in_flight: bool) {
-        if in_flight {
-            self.drains_in_flight.insert(node.to_string());
-        } else {
-            self.drains_in_flight.remove(node);
-        }
+    /// A drain of `node` is in flight (the blast radius reserved it).
+    pub(crate) fn reserve_drain(&mut self, node: &str) {
+        self.drains_in_flight.insert(node.to_string());
+    }
+
+    /// The drain of `node` is no longer in flight (done or given up).
+    pub(crate) fn drain_ended(&mut self, node: &str) {
+        self.drains_in_flight.remove(node);
     }
 
     /// Whether scheduled runbook `runbook` is due at `now` (every
