@@ -273,6 +273,21 @@ impl VirtualClock {
         self.lock().deadlines.len()
     }
 
+    /// The earliest deadline, when the clock is quiet: nobody holds or
+    /// waits for a turn, somebody sleeps, and no sleeper is due — read
+    /// under one lock, so a driver that advances to it never overtakes a
+    /// run that has just woken (reading [`VirtualClock::turns`] and
+    /// [`Clock::idle_sleepers`] one after the other can: the run wakes,
+    /// takes its turn and gives it back to sleep between the two reads).
+    pub fn quiet_until(&self) -> Option<i64> {
+        let g = self.lock();
+        let now = self.inner.now.load(Ordering::SeqCst);
+        if g.holder.is_some() || !g.waiting.is_empty() || g.deadlines.iter().any(|(d, _)| *d <= now) {
+            return None;
+        }
+        g.deadlines.iter().map(|(d, _)| *d).min()
+    }
+
     /// The earliest deadline among sleepers not yet due.
     pub fn next_deadline(&self) -> Option<i64> {
         let now = self.now_ms();
@@ -442,12 +457,11 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         while !threads.iter().all(|t| t.is_finished()) {
-            let (holder, waiting, _) = clock.turns();
             // Everyone asleep and nobody due (a due sleeper on its way back to
-            // the turnstile must go first): time moves on.
-            let idle = clock.idle_sleepers();
-            if holder.is_none() && waiting.is_empty() && idle > 0 && idle == clock.sleepers() {
-                let next = clock.next_deadline().unwrap_or(clock.now_ms());
+            // the turnstile must go first): time moves on. One read under
+            // one lock (three reads let a run wake, log and sleep between
+            // them, and time moved past its step: a CI failure, 1 in 300).
+            if let Some(next) = clock.quiet_until() {
                 clock.advance_to(next);
             }
             std::thread::yield_now();
