@@ -110,7 +110,7 @@ pub fn admit(t: &RunTable, a: &Ask<'_>, now: i64, limits: &Limits) -> Decision {
         };
     }
     let first = !t.suppression_noted(&key);
-    if let Some(existing) = t.active_by_key.get(&key) {
+    if let Some(existing) = t.active_run(&key) {
         return Decision::Suppress {
             reason: format!("run {existing} for {} is already active", a.target),
             existing: Some(existing.clone()),
@@ -136,7 +136,7 @@ pub fn admit(t: &RunTable, a: &Ask<'_>, now: i64, limits: &Limits) -> Decision {
     // A breaker that lets the storm's runs go on (reversible steps only)
     // admits them: each is told it belongs to the shared cause.
     let refuses = m.breaker.as_ref().is_none_or(|b| b.on_trip == crate::manifest::OnTrip::Refuse);
-    if refuses && t.breakers.get(&m.name).is_some_and(|b| b.tripped_until > now) {
+    if refuses && t.breaker(&m.name).is_some_and(|b| b.tripped_until > now) {
         return Decision::Suppress { reason: format!("breaker for {} is tripped", m.name), existing: None, first };
     }
     let attempts = t.attempts_since(&key, now.saturating_sub(86_400_000));
@@ -151,7 +151,7 @@ pub fn admit(t: &RunTable, a: &Ask<'_>, now: i64, limits: &Limits) -> Decision {
     if let Some(why) = a.hands_off {
         return Decision::Refuse { reason: format!("{why}: nightshift does not act on it") };
     }
-    let waiting = t.queue.len();
+    let waiting = t.queue().len();
     if waiting >= limits.queue_capacity && m.priority != Priority::Critical {
         return Decision::Shed {
             reason: format!(
@@ -236,7 +236,7 @@ mod tests {
                 {
                     let k = key.clone();
                     Box::new(move |t| {
-                        t.active_by_key.insert(k.clone(), "r7".into());
+                        t.activate(k.clone(), crate::runtable::test_entry("r7", &k));
                     })
                 },
                 &m,
@@ -286,7 +286,7 @@ mod tests {
             (
                 "breaker",
                 Box::new(|t| {
-                    t.breakers.entry("rb".into()).or_default().tripped_until = NOW + 1;
+                    t.breaker_or_new("rb").tripped_until = NOW + 1;
                 }),
                 &m,
                 Box::new(|_| {}),
@@ -329,7 +329,10 @@ mod tests {
             ),
             (
                 "queue full",
-                Box::new(|t| t.queue = vec!["a".into(), "b".into()]),
+                Box::new(|t| {
+                    t.enqueue("a".into(), Priority::Normal);
+                    t.enqueue("b".into(), Priority::Normal);
+                }),
                 &m,
                 Box::new(|_| {}),
                 "shed",
@@ -337,7 +340,10 @@ mod tests {
             ),
             (
                 "queue full, critical",
-                Box::new(|t| t.queue = vec!["a".into(), "b".into()]),
+                Box::new(|t| {
+                    t.enqueue("a".into(), Priority::Normal);
+                    t.enqueue("b".into(), Priority::Normal);
+                }),
                 &critical,
                 Box::new(|_| {}),
                 "admit",
@@ -379,7 +385,7 @@ mod tests {
         let key: Key = ("rb".into(), target.clone());
         let m = manifest("");
         let mut t = RunTable::new(10);
-        t.active_by_key.insert(key.clone(), "r1".into());
+        t.activate(key.clone(), crate::runtable::test_entry("r1", &key));
         let ask = plain_ask(&m, &target);
         assert!(matches!(admit(&t, &ask, NOW, &Limits::default()), Decision::Suppress { first: true, .. }));
         t.note_suppression(key);
@@ -483,11 +489,7 @@ mod tests {
         let target = Target::gpu("n1", 0);
         let m = manifest("breaker: {max_targets: 3, window_secs: 300, hold_secs: 20}\n");
         let mut t = RunTable::new(10);
-        t.breakers.entry("rb".into()).or_default().fires.push_back(BreakerFire {
-            ts_ms: NOW,
-            node: "n2".into(),
-            gpu: None,
-        });
+        t.breaker_or_new("rb").fires.push_back(BreakerFire { ts_ms: NOW, node: "n2".into(), gpu: None });
         let ask = plain_ask(&m, &target);
         assert_eq!(admit(&t, &ask, NOW, &Limits::default()), Decision::Admit { approval: None, hold_ms: 20_000 });
     }
@@ -501,7 +503,7 @@ mod tests {
         for (on_trip, admitted) in [("refuse", false), ("reversible_only", true)] {
             let m = manifest(&format!("breaker: {{max_targets: 3, window_secs: 300, on_trip: {on_trip}}}\n"));
             let mut t = RunTable::new(10);
-            t.breakers.entry("rb".into()).or_default().tripped_until = NOW + 1;
+            t.breaker_or_new("rb").tripped_until = NOW + 1;
             let ask = plain_ask(&m, &target);
             let d = admit(&t, &ask, NOW, &Limits::default());
             assert_eq!(matches!(d, Decision::Admit { .. }), admitted, "on_trip {on_trip}: {d:?}");

@@ -640,7 +640,7 @@ impl Core {
     /// ids are unique forever, and `n` counts up within the run).
     pub fn next_action_id(&self, run: &str) -> String {
         let mut t = self.table();
-        let n = t.runs.get_mut(run).map(|r| {
+        let n = t.run_mut(run).map(|r| {
             r.next_action += 1;
             (r.resumed, r.next_action)
         });

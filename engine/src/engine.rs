@@ -300,7 +300,7 @@ impl Engine {
 
     /// Set the cancel flag of every active run (no waiting; for drops).
     pub fn cancel_all(&self) {
-        for r in self.core.table().runs.values() {
+        for r in self.core.table().entries() {
             r.cancel.store(true, Ordering::SeqCst);
         }
     }
@@ -368,17 +368,14 @@ impl Engine {
         let now = self.core.now();
         let t = self.core.table();
         let startable = t
-            .queue
-            .iter()
-            .filter(|id| {
+            .queued_entries()
+            .filter(|r| {
                 // A resumed run waiting for its nodes' first readings waits
                 // for time to move, as a sleeping one does.
-                t.runs.get(*id).is_some_and(|r| {
-                    r.announced
-                        && r.not_before_ms <= now
-                        && r.resume_wait_until_ms.is_none_or(|u| u <= now)
-                        && self.blocker(&t, r).is_none()
-                })
+                r.announced
+                    && r.not_before_ms <= now
+                    && r.resume_wait_until_ms.is_none_or(|u| u <= now)
+                    && self.blocker(&t, r).is_none()
             })
             .count();
         let running = t.running();
@@ -394,8 +391,7 @@ impl Engine {
     pub fn active_runs(&self) -> Vec<String> {
         let t = self.core.table();
         let mut v: Vec<String> = t
-            .runs
-            .values()
+            .entries()
             .map(|r| {
                 let waits = r.summary.waiting_for.as_deref().map(|w| format!(" ({w})")).unwrap_or_default();
                 format!("{} {} {} {:?}{waits}", r.summary.id, r.summary.runbook, r.summary.target, r.summary.state)
@@ -409,8 +405,7 @@ impl Engine {
     pub fn queue_depth(&self) -> usize {
         self.core
             .table()
-            .runs
-            .values()
+            .entries()
             .filter(|r| matches!(r.summary.state, RunState::Queued | RunState::PendingApproval))
             .count()
     }

@@ -70,8 +70,7 @@ impl Engine {
         if mode == crate::modes::FleetMode::Act {
             let shadow_runs: Vec<String> = {
                 let t = self.core.table();
-                t.runs
-                    .values()
+                t.entries()
                     .filter(|r| r.summary.shadow && r.summary.trigger != "manual")
                     .filter(|r| self.runbook_mode(&r.summary.runbook) == crate::manifest::Mode::Act)
                     .map(|r| r.summary.id.clone())
@@ -94,8 +93,7 @@ impl Engine {
     pub(crate) fn in_flight(&self) -> Vec<String> {
         let t = self.core.table();
         let mut v: Vec<String> = t
-            .runs
-            .values()
+            .entries()
             .map(|r| {
                 let kind = if r.summary.shadow { " (shadow)" } else { "" };
                 format!(

@@ -19,6 +19,9 @@ use crate::audit::{AuditRecord, RecordKind, data};
 use crate::manifest::{BreakerCount, Priority};
 use crate::runs::{RunOutcome, RunState, RunSummary, Target};
 
+mod entries;
+#[cfg(test)]
+pub(crate) use entries::test_entry;
 mod memories;
 
 /// A (runbook, target) pair: what dedup, cooldowns and budgets are about.
@@ -235,10 +238,10 @@ impl Breaker {
 /// Everything admission and the executor remember.
 #[derive(Default)]
 pub struct RunTable {
-    pub runs: HashMap<String, RunEntry>,
+    runs: HashMap<String, RunEntry>,
     /// Waiting runs, in start order (priority, then age).
-    pub queue: Vec<String>,
-    pub active_by_key: HashMap<Key, String>,
+    queue: Vec<String>,
+    active_by_key: HashMap<Key, String>,
     last_finished: HashMap<Key, i64>,
     /// Keys whose suppression was already audited in this episode.
     suppression_noted: HashSet<Key>,
@@ -248,7 +251,7 @@ pub struct RunTable {
     running: usize,
     running_per_runbook: HashMap<String, usize>,
     drains_in_flight: HashSet<String>,
-    pub breakers: HashMap<String, Breaker>,
+    breakers: HashMap<String, Breaker>,
     schedule_next: HashMap<String, i64>,
     /// Alert dedup: `status|fingerprint@startsAt`.
     alerts_seen: SeenSet,

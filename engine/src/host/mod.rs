@@ -90,7 +90,7 @@ impl Host {
     }
 
     fn summary(&self) -> Option<RunSummary> {
-        self.core.table().runs.get(&self.run).map(|r| r.summary.clone())
+        self.core.table().run(&self.run).map(|r| r.summary.clone())
     }
 
     fn manifest(&self) -> Option<Manifest> {
@@ -134,7 +134,7 @@ impl Host {
         let data = crate::audit::data::Refusal { op: op.name().into(), code: code.into(), reason: message.clone() };
         self.record_typed(ctx, RecordKind::Refusal, Some(node), gpu_of(op), &data);
         if !ctx.dry_run
-            && let Some(r) = self.core.table().runs.get_mut(&self.run)
+            && let Some(r) = self.core.table().run_mut(&self.run)
         {
             r.achieved.refused.push(format!("{} on {node}: {message}", op.name()));
         }
@@ -210,7 +210,7 @@ impl Host {
         // A GPU sent for replacement is what the run did, in its words.
         if t.to == HealthState::Rma
             && !ctx.dry_run
-            && let Some(r) = self.core.table().runs.get_mut(&self.run)
+            && let Some(r) = self.core.table().run_mut(&self.run)
             && !r.summary.did.iter().any(|d| d == "GPU to RMA")
         {
             r.summary.did.push("GPU to RMA".into());
@@ -306,7 +306,7 @@ impl ScriptHost for Host {
             _ => None,
         };
         if let Some(waits) = waits
-            && let Some(r) = self.core.table().runs.get_mut(&self.run)
+            && let Some(r) = self.core.table().run_mut(&self.run)
         {
             r.achieved.left_for_person = Some(format!("{node} GPU {gpu} {waits}: {}", t.why));
         }
@@ -575,7 +575,7 @@ impl ScriptHost for Host {
         }
         let nodes: Vec<String> = match node {
             Some(n) => vec![n.to_string()],
-            None => self.core.table().runs.get(&self.run).map(|r| r.held_on.clone()).unwrap_or_default(),
+            None => self.core.table().run(&self.run).map(|r| r.held_on.clone()).unwrap_or_default(),
         };
         let Some(summary) = self.summary() else { return refused("internal", "the run ended") };
         let mut out = Vec::new();
@@ -589,7 +589,7 @@ impl ScriptHost for Host {
                 }
             }
         }
-        if let Some(r) = self.core.table().runs.get_mut(&self.run) {
+        if let Some(r) = self.core.table().run_mut(&self.run) {
             r.held_on.retain(|x| !nodes.contains(x));
             r.keeps_on.retain(|x| !nodes.contains(x));
         }
@@ -597,7 +597,7 @@ impl ScriptHost for Host {
     }
 
     fn keep_holds(&self, ctx: &RunCtx, lease_secs: u64) -> Map {
-        let nodes: Vec<String> = self.core.table().runs.get(&self.run).map(|r| r.held_on.clone()).unwrap_or_default();
+        let nodes: Vec<String> = self.core.table().run(&self.run).map(|r| r.held_on.clone()).unwrap_or_default();
         let Some(summary) = self.summary() else { return refused("internal", "the run ended") };
         let mut kept = Vec::new();
         for n in &nodes {
@@ -619,7 +619,7 @@ impl ScriptHost for Host {
             }
         }
         if !ctx.dry_run
-            && let Some(r) = self.core.table().runs.get_mut(&self.run)
+            && let Some(r) = self.core.table().run_mut(&self.run)
         {
             for n in &kept {
                 if !r.keeps_on.contains(n) {

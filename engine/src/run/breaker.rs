@@ -54,11 +54,8 @@ impl Engine {
             let window_ms = (b.window_secs as i64).saturating_mul(1000);
             // The storm is judged once its first fire's hold is over, so
             // every node that fired with it is seen.
-            let held_over = t
-                .queue
-                .iter()
-                .any(|id| t.runs.get(id).is_some_and(|r| r.summary.runbook == *name && r.not_before_ms <= now));
-            let Some(br) = t.breakers.get_mut(name) else { continue };
+            let held_over = t.queued_entries().any(|r| r.summary.runbook == *name && r.not_before_ms <= now);
+            let Some(br) = t.breaker_mut(name) else { continue };
             let distinct = br.distinct(now, window_ms, b.count);
             if distinct as u32 <= b.max_targets || br.tripped_until > now || !held_over {
                 continue;
@@ -79,7 +76,7 @@ impl Engine {
             let until = br.tripped_until;
             let mut marked = Vec::new();
             if b.on_trip == OnTrip::ReversibleOnly {
-                for r in t.runs.values_mut() {
+                for r in t.entries_mut() {
                     if r.summary.runbook == *name && joins(&r.summary) && r.shared_cause.is_none() {
                         r.shared_cause = Some(reason.clone());
                         marked.push(r.summary.clone());
@@ -146,11 +143,7 @@ impl Engine {
             OnTrip::Refuse => {
                 let held: Vec<String> = {
                     let t = self.core.table();
-                    t.queue
-                        .iter()
-                        .filter(|id| t.runs.get(*id).is_some_and(|r| r.summary.runbook == runbook))
-                        .cloned()
-                        .collect()
+                    t.queued_entries().filter(|r| r.summary.runbook == runbook).map(|r| r.summary.id.clone()).collect()
                 };
                 for id in &held {
                     if let Err(e) = self.finish(id, RunOutcome::Refused, Some(reason.clone()), None).await {
@@ -224,7 +217,7 @@ pub(crate) fn after_restart(
 ) -> Option<String> {
     from_records(records).or_else(|| {
         m.breaker.as_ref().filter(|b| b.on_trip == OnTrip::ReversibleOnly)?;
-        let br = t.breakers.get(&m.name).filter(|br| br.tripped_until > now)?;
+        let br = t.breaker(&m.name).filter(|br| br.tripped_until > now)?;
         joins(s).then(|| br.reason.clone())
     })
 }

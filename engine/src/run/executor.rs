@@ -23,7 +23,7 @@ use crate::engine::{Engine, EngineError, RunRequest, Submitted};
 use crate::manifest::Scope;
 use crate::runbook::Runbook;
 use crate::runs::{ApprovalDecision, RunOutcome, RunState, RunSummary};
-use crate::runtable::{BreakerFire, CancelledBy, FireRef, RunEntry, RunTable};
+use crate::runtable::{BreakerFire, CancelledBy, FireRef, RunEntry};
 
 impl Engine {
     /// [`Engine::submit`]'s work (the façade, `engine.rs`, forwards here).
@@ -210,7 +210,7 @@ impl Engine {
             if let (Decision::Suppress { existing: None, .. }, Some(b), Some(node)) =
                 (&d, m.breaker.as_ref(), req.target.node.clone())
                 && req.trigger != "fault"
-                && let Some(br) = t.breakers.get_mut(&m.name)
+                && let Some(br) = t.breaker_mut(&m.name)
                 && br.tripped_until > now
             {
                 br.fires.push_back(BreakerFire { ts_ms: now, node, gpu: req.target.gpu });
@@ -232,13 +232,12 @@ impl Engine {
                     if approval.is_some() {
                         s.state = RunState::PendingApproval;
                     }
-                    t.active_by_key.insert(key.clone(), s.id.clone());
                     t.admitted(&key, now);
                     let mut shared_cause = None;
                     if let Some(b) = &m.breaker
                         && let Some(node) = req.target.node.clone()
                     {
-                        let br = t.breakers.entry(m.name.clone()).or_default();
+                        let br = t.breaker_or_new(&m.name);
                         br.fires.push_back(BreakerFire { ts_ms: now, node, gpu: req.target.gpu });
                         // Admitted into an open reversible-only breaker: one
                         // more node of the shared cause, which keeps it open.
@@ -251,8 +250,8 @@ impl Engine {
                             shared_cause = Some(br.reason.clone());
                         }
                     }
-                    t.runs.insert(
-                        s.id.clone(),
+                    t.activate(
+                        key.clone(),
                         RunEntry {
                             not_before_ms: now.saturating_add(*hold_ms),
                             approval_deadline_ms: now
@@ -389,7 +388,7 @@ impl Engine {
                     // first action or end waits for a later record.
                     self.core.record_run_ordered(RecordKind::RunQueued, &s, &queued_data(&s))?;
                 }
-                let shared = self.core.table().runs.get(&s.id).and_then(|r| r.shared_cause.clone());
+                let shared = self.core.table().run(&s.id).and_then(|r| r.shared_cause.clone());
                 if let Some(why) = shared {
                     self.core.record_run(RecordKind::Note, &s, &super::breaker::note(why)).await?;
                 }
@@ -412,7 +411,7 @@ impl Engine {
                     )
                     .await;
                 }
-                if let Some(r) = self.core.table().runs.get_mut(&s.id) {
+                if let Some(r) = self.core.table().run_mut(&s.id) {
                     r.announced = true;
                 }
                 self.pump().await;
@@ -474,8 +473,7 @@ impl Engine {
         let now = self.core.now();
         let summary = {
             let mut t = self.core.table();
-            let RunTable { runs, queue: _, .. } = &mut *t;
-            let Some(entry) = runs.get_mut(run) else {
+            let Some(entry) = t.run_mut(run) else {
                 // Not in flight: finished (say how), or never existed.
                 return Err(match self.core.audit.run(run).ok().flatten() {
                     Some(s) => EngineError::NotAwaitingApproval {
@@ -562,7 +560,7 @@ impl Engine {
         let reason = reason.map(str::trim).filter(|r| !r.is_empty()).map(str::to_string);
         let (running, words) = {
             let mut t = self.core.table();
-            match t.runs.get_mut(run) {
+            match t.run_mut(run) {
                 Some(e) if e.summary.state == RunState::Finished => {
                     return Err(EngineError::AlreadyFinished {
                         run: run.into(),

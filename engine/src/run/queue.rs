@@ -70,8 +70,8 @@ impl Engine {
                 let tripped = self.judge_breakers(&mut t, &set, now);
                 let mut pick = None;
                 let mut waits: Vec<(String, String)> = Vec::new();
-                for (i, id) in t.queue.iter().enumerate() {
-                    let Some(r) = t.runs.get(id) else { continue };
+                for (i, id) in t.queue().iter().enumerate() {
+                    let Some(r) = t.run(id) else { continue };
                     if !r.announced {
                         continue;
                     }
@@ -99,7 +99,7 @@ impl Engine {
                             if r.priority == Priority::Critical
                                 && let Some(node) = &r.summary.target.node
                                 && let Some(holder) = t.node_lock(node)
-                                && t.runs.get(holder).is_some_and(|h| h.priority < Priority::Critical)
+                                && t.run(holder).is_some_and(|h| h.priority < Priority::Critical)
                             {
                                 preempt.push((holder.clone(), r.summary.id.clone()));
                             }
@@ -108,13 +108,13 @@ impl Engine {
                     }
                 }
                 for (id, why) in waits {
-                    if let Some(r) = t.runs.get_mut(&id) {
+                    if let Some(r) = t.run_mut(&id) {
                         r.summary.waiting_for = Some(why);
                     }
                 }
                 let to_start = pick.and_then(|i| {
-                    let id = t.queue.remove(i);
-                    let r = t.runs.get_mut(&id)?;
+                    let id = t.dequeue_at(i);
+                    let r = t.run_mut(&id)?;
                     r.summary.state = RunState::Running;
                     r.summary.started_ms = Some(now);
                     let waited = r.summary.waiting_for.take();
@@ -177,7 +177,7 @@ impl Engine {
         // may be gone only because its own holds are in force (a cap keeps
         // the GPU under the threshold): its script decides, from readings
         // this engine made (invariant 18).
-        if self.core.table().runs.get(&s.id).is_some_and(|r| r.resumed > 0) {
+        if self.core.table().run(&s.id).is_some_and(|r| r.resumed > 0) {
             return None;
         }
         if age_ms > (m.max_event_age_secs as i64).saturating_mul(1000) {
@@ -196,7 +196,7 @@ impl Engine {
     async fn preempt(&self, holder: &str, by: &str) {
         let cancel = {
             let mut t = self.core.table();
-            let Some(h) = t.runs.get_mut(holder) else { return };
+            let Some(h) = t.run_mut(holder) else { return };
             if h.preempted_by.is_some() {
                 return;
             }
@@ -240,7 +240,7 @@ impl Engine {
                 tracing::error!(run = %summary.id, error = %e, "cannot audit run start");
             }
             let host = Arc::new(crate::host::Host::new(engine.core.clone(), &summary.id, rb.manifest.clone()));
-            let resumed = engine.core.table().runs.get(&summary.id).map_or(0, |r| r.resumed);
+            let resumed = engine.core.table().run(&summary.id).map_or(0, |r| r.resumed);
             let mut ctx = RunCtx::new(
                 crate::script::RunInfo {
                     run_id: summary.id.clone(),
@@ -301,7 +301,7 @@ impl Engine {
         let engine = self;
         let summary_id = id.to_string();
         {
-            let (preempted, cancelled_by) = match engine.core.table().runs.get(&summary_id) {
+            let (preempted, cancelled_by) = match engine.core.table().run(&summary_id) {
                 Some(r) => (r.preempted_by.clone(), r.cancelled_by.clone()),
                 None => (None, None),
             };
@@ -314,7 +314,7 @@ impl Engine {
             // A script that ended normally ended as its changes and pages
             // came to: all refused is not success, a page or a drain left
             // for a person is not done (issue 43 point 9).
-            let achieved = engine.core.table().runs.get(&summary_id).map(|r| r.achieved.clone()).unwrap_or_default();
+            let achieved = engine.core.table().run(&summary_id).map(|r| r.achieved.clone()).unwrap_or_default();
             let (o, err) = match outcome {
                 ScriptOutcome::Succeeded => match achieved.outcome() {
                     (RunOutcome::NeedsPerson, why) => {
@@ -350,12 +350,7 @@ impl Engine {
     /// nothing is released, recorded as ended, or counted as a cooldown.
     fn leave_for_next_engine(&self, run: &str) {
         let mut t = self.core.table();
-        let Some(e) = t.runs.remove(run) else { return };
-        t.queue.retain(|id| id != run);
-        let key = RunTable::key(&e.summary);
-        if t.active_by_key.get(&key).is_some_and(|id| id == run) {
-            t.active_by_key.remove(&key);
-        }
+        let Some(e) = t.forget_run(run) else { return };
         if e.summary.state == RunState::Running {
             t.stop_running(&e.summary.runbook);
         }
@@ -387,7 +382,7 @@ impl Engine {
     ) -> Result<RunSummary, EngineError> {
         let (mut summary, mut held_on, mut keeps_on, was_running, fire, cancelled_by, preempted, resumed) = {
             let t = self.core.table();
-            let e = t.runs.get(run).ok_or_else(|| EngineError::NoSuchRun(run.into()))?;
+            let e = t.run(run).ok_or_else(|| EngineError::NoSuchRun(run.into()))?;
             (
                 e.summary.clone(),
                 e.held_on.clone(),
@@ -506,7 +501,7 @@ impl Engine {
         // one that could not is offered again after a pause).
         let starts_cooldown = !unfinished && !undecided_after_resume && summary.trigger != "fault";
         // A run that decided there was nothing to do spends no budget.
-        let (told, repeated) = self.core.table().runs.get(run).map_or((false, false), |e| (e.told, e.repeated));
+        let (told, repeated) = self.core.table().run(run).map_or((false, false), |e| (e.told, e.repeated));
         let no_op = outcome == RunOutcome::Succeeded && summary.actions == 0 && summary.did.is_empty() && !told;
         // Who ended it: the person who cancelled or rejected it, the engine
         // when it stopped or preempted it, else whoever asked for the run.
@@ -566,12 +561,8 @@ impl Engine {
         }
         let waiting = {
             let mut t = self.core.table();
-            t.runs.remove(run);
-            t.queue.retain(|id| id != run);
+            t.forget_run(run);
             let key = RunTable::key(&summary);
-            if t.active_by_key.get(&key).is_some_and(|id| id == run) {
-                t.active_by_key.remove(&key);
-            }
             if no_op {
                 t.refund_attempt(&key, summary.created_ms);
             }

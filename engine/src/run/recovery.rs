@@ -88,9 +88,8 @@ impl Engine {
                     let mut t = self.core.table();
                     let pending = s.state == RunState::PendingApproval;
                     let shared_cause = super::breaker::after_restart(&t, m, &s, &records, self.core.now());
-                    t.active_by_key.insert(RunTable::key(&s), s.id.clone());
-                    t.runs.insert(
-                        s.id.clone(),
+                    t.activate(
+                        RunTable::key(&s),
                         RunEntry {
                             announced: true,
                             // Holds of an earlier life (resumed, stopped
@@ -184,9 +183,8 @@ impl Engine {
             .await?;
         let mut t = self.core.table();
         let shared_cause = super::breaker::after_restart(&t, m, &s, records, self.core.now());
-        t.active_by_key.insert(RunTable::key(&s), s.id.clone());
-        t.runs.insert(
-            s.id.clone(),
+        t.activate(
+            RunTable::key(&s),
             RunEntry {
                 announced: true,
                 // It acted in an earlier life: no "condition cleared before
@@ -247,10 +245,10 @@ impl Engine {
     pub(crate) async fn resume_gate(&self, now: i64) -> BTreeMap<String, String> {
         let waiting: Vec<(String, Option<String>, Vec<String>, i64)> = {
             let t = self.core.table();
-            t.queue
+            t.queue()
                 .iter()
                 .filter_map(|id| {
-                    let r = t.runs.get(id)?;
+                    let r = t.run(id)?;
                     Some((id.clone(), r.summary.target.node.clone(), r.held_on.clone(), r.resume_wait_until_ms?))
                 })
                 .collect()
@@ -260,7 +258,7 @@ impl Engine {
         for (id, node, held_on, until) in waiting {
             match self.resume_unready(node.as_deref(), &held_on) {
                 None => {
-                    if let Some(r) = self.core.table().runs.get_mut(&id) {
+                    if let Some(r) = self.core.table().run_mut(&id) {
                         r.resume_wait_until_ms = None;
                     }
                 }

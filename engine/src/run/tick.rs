@@ -20,8 +20,7 @@ impl Engine {
         let expired: Vec<String> = self
             .core
             .table()
-            .runs
-            .values()
+            .entries()
             .filter(|r| r.summary.state == RunState::PendingApproval && r.approval_deadline_ms <= now)
             .map(|r| r.summary.id.clone())
             .collect();
