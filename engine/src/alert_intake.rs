@@ -30,7 +30,7 @@ impl Engine {
                 key: crate::runtable::alert_key(&a.status, &a.key()),
             },
         );
-        if let Err(e) = self.core.audit.append_ordered(rec, None) {
+        if let Err(e) = self.core.audit().append_ordered(rec, None) {
             tracing::error!(error = %e, "cannot audit an alert's handling");
         }
     }
@@ -45,7 +45,7 @@ impl Engine {
             limit: Some(200),
             ..Default::default()
         };
-        let runs = match self.core.audit.runs(&filter) {
+        let runs = match self.core.audit().runs(&filter) {
             Ok(p) => p.runs,
             Err(e) => {
                 tracing::error!(error = %e, "cannot look up the runs of a resolved alert");
@@ -75,7 +75,7 @@ impl Engine {
             )
             .run(&r.id)
             .node(Some(node));
-            if let Err(e) = self.core.audit.append_ordered(rec, None) {
+            if let Err(e) = self.core.audit().append_ordered(rec, None) {
                 tracing::error!(error = %e, run = %r.id, "cannot audit an alert's resolution on its run");
             }
         }
@@ -84,7 +84,7 @@ impl Engine {
     async fn act_on_alert(&self, a: &Alert, poster: &str) {
         let a = a.clone();
         let host = a.host();
-        let node = host.as_deref().and_then(|h| self.core.fleet.get(h));
+        let node = host.as_deref().and_then(|h| self.core.fleet().get(h));
         let actor = format!("alertmanager:{poster}");
         if a.status == "resolved" {
             // An episode (fingerprint, startsAt) resolved — not the alert
@@ -105,7 +105,7 @@ impl Engine {
         if let Some(h) = &host
             && let Err(why) = nightshift_proto::names::check_node_name(h)
         {
-            self.core.counters.alerts_unknown_node.fetch_add(1, Ordering::Relaxed);
+            self.core.counters().alerts_unknown_node.fetch_add(1, Ordering::Relaxed);
             let reason = format!("alert {}: its host label is no node name: {why}; not acted on", a.name());
             if let Err(e) = self.drop_event(&reason, None).await {
                 tracing::error!(error = %e, "cannot audit a dropped alert");
@@ -113,7 +113,7 @@ impl Engine {
             return;
         }
         let Some(node) = node else {
-            self.core.counters.alerts_unknown_node.fetch_add(1, Ordering::Relaxed);
+            self.core.counters().alerts_unknown_node.fetch_add(1, Ordering::Relaxed);
             let reason =
                 format!("alert {} names host {:?}, which is not in the inventory", a.name(), host.unwrap_or_default());
             if let Err(e) = self.drop_event(&reason, None).await {
@@ -126,7 +126,7 @@ impl Engine {
         // scrape target Prometheus set. Both naming nodes, and different
         // ones: the alert is not acted on.
         if let Some(src) = a.instance_host()
-            && let Some(from) = self.core.fleet.by_source(&src)
+            && let Some(from) = self.core.fleet().by_source(&src)
             && from.spec.name != node.spec.name
         {
             let reason = format!(
@@ -170,7 +170,8 @@ impl Engine {
                 continue;
             }
             named.push(&rb.manifest.name);
-            *crate::core::lock(&self.core.counters.alert_evaluations).entry(rb.manifest.name.clone()).or_default() += 1;
+            *crate::core::lock(&self.core.counters().alert_evaluations).entry(rb.manifest.name.clone()).or_default() +=
+                1;
             let labels_match =
                 |m: &std::collections::BTreeMap<String, String>| m.iter().all(|(k, v)| a.labels.get(k) == Some(v));
             if !rb.manifest.alerts().any(|(name, m)| name == a.name() && labels_match(m)) {

@@ -47,7 +47,7 @@ impl Core {
         reserve: bool,
         confirmed: bool,
     ) -> Result<bool, String> {
-        let Some(target) = self.fleet.get(node) else { return Ok(false) };
+        let Some(target) = self.fleet().get(node) else { return Ok(false) };
         if target.spec.standby || target.state().drained {
             return Ok(false);
         }
@@ -55,7 +55,7 @@ impl Core {
         // the run table's lock).
         let confirmed_out: HashSet<String> = {
             let h = self.health();
-            self.fleet
+            self.fleet()
                 .nodes()
                 .iter()
                 .filter(|n| !matches!(h.node_state(&n.spec.name), HealthState::Healthy | HealthState::Faulted))
@@ -63,7 +63,7 @@ impl Core {
                 .collect()
         };
         let mut t = self.table();
-        let all = self.fleet.nodes();
+        let all = self.fleet().nodes();
         let serving: Vec<&Arc<Node>> = all.iter().filter(|n| !n.spec.standby).collect();
         let total = serving.len().max(1);
         let by_people = serving.iter().filter(|n| n.state().drained_by_person()).count();
@@ -91,7 +91,7 @@ impl Core {
             String::new()
         };
         let after = guesses + 1;
-        let cap_pct = rb.max_drained_pct.min(self.config.limits.max_drained_pct);
+        let cap_pct = rb.max_drained_pct.min(self.config().limits.max_drained_pct);
         let allowed = ((total as f64 * cap_pct / 100.0).floor() as usize).max(1);
         if after > allowed {
             let people = if by_people > 0 {
@@ -108,7 +108,8 @@ impl Core {
         {
             // Out of service in the group: nightshift's drains and those in
             // flight, and people's.
-            let ours = drained.iter().filter(|d| self.fleet.get(d).is_some_and(|n| n.label(label) == Some(v))).count();
+            let ours =
+                drained.iter().filter(|d| self.fleet().get(d).is_some_and(|n| n.label(label) == Some(v))).count();
             let people = serving
                 .iter()
                 .filter(|n| n.label(label) == Some(v) && n.state().drained_by_person())

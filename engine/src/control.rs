@@ -127,7 +127,7 @@ impl Engine {
                 who.name
             )));
         }
-        let hands_off = self.core.fleet.get(node).and_then(|n| n.state().engine_hands_off.clone());
+        let hands_off = self.core.fleet().get(node).and_then(|n| n.state().engine_hands_off.clone());
         if let Some((by, why)) = hands_off
             && !who.admin
         {
@@ -274,12 +274,12 @@ impl Engine {
         name: &str,
         reason: &str,
     ) -> Result<ControlAction, EngineError> {
-        if self.core.fleet.get(node).is_none() {
+        if self.core.fleet().get(node).is_none() {
             return Err(EngineError::UnknownNode(node.into()));
         }
         let owner = format!("person:{name}");
         let actor = format!("user:{name}");
-        let req = Request::new(self.core.ids.request("person"), op);
+        let req = Request::new(self.core.ids().request("person"), op);
         let (id, op_name) = (req.id.clone(), req.op.name());
         let sent = self
             .core
@@ -289,7 +289,7 @@ impl Engine {
         result.reason = Some(reason.into());
         result.by = Some(actor.clone());
         let rec = NewRecord::typed(RecordKind::ActionResult, &actor, &result).node(Some(node)).gpu(gpu);
-        self.core.audit.append(rec, None).await?;
+        self.core.audit().append(rec, None).await?;
         match sent {
             Err(e) if !e.left => Err(EngineError::AgentUnreachable { node: node.into(), message: e.message }),
             _ => Ok(ControlAction::of(result)),
@@ -324,13 +324,13 @@ impl Engine {
         by: &str,
         fault: nightshift_proto::SimFault,
     ) -> Result<serde_json::Value, EngineError> {
-        let n = self.core.fleet.get(node).ok_or_else(|| EngineError::UnknownNode(node.into()))?;
+        let n = self.core.fleet().get(node).ok_or_else(|| EngineError::UnknownNode(node.into()))?;
         let what = serde_json::to_value(&fault).map(|v| v.to_string()).unwrap_or_default();
         let text = format!("a simulated fault injected by {by}: {what}");
         let note = crate::audit::data::Note { text, ..Default::default() };
-        self.core.audit.append(NewRecord::typed(RecordKind::Note, by, &note).node(Some(node)), None).await?;
+        self.core.audit().append(NewRecord::typed(RecordKind::Note, by, &note).node(Some(node)), None).await?;
         let req =
-            nightshift_proto::Request::new(self.core.ids.request("sim-fault"), nightshift_proto::Op::SimFault(fault));
+            nightshift_proto::Request::new(self.core.ids().request("sim-fault"), nightshift_proto::Op::SimFault(fault));
         let reply = n
             .transport
             .call(req)

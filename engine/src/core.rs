@@ -27,6 +27,9 @@ use crate::runtable::RunTable;
 use crate::script::{Agg, Reading};
 use crate::telemetry::SeriesKey;
 
+mod parts;
+pub use parts::CoreParts;
+
 pub use crate::brain::Brain;
 
 /// Run ids and request ids that never repeat: a random epoch chosen at each
@@ -83,51 +86,51 @@ impl Ids {
 
 /// Everything the engine is made of, shared by every task.
 pub struct Core {
-    pub config: EngineConfig,
-    pub clock: SharedClock,
-    pub audit: AuditStore,
-    pub fleet: Fleet,
-    pub script: Arc<rhai::Engine>,
+    config: EngineConfig,
+    clock: SharedClock,
+    audit: AuditStore,
+    fleet: Fleet,
+    script: Arc<rhai::Engine>,
     /// The runbook set in force (`runbook.rs::Loaded`: replaced whole).
-    pub runbooks: crate::runbook::Loaded,
-    pub brain: Mutex<Brain>,
+    runbooks: crate::runbook::Loaded,
+    brain: Mutex<Brain>,
     /// What the pages plot.
-    pub history: Mutex<crate::history::History>,
+    history: Mutex<crate::history::History>,
     /// Each GPU's XID events by code (the policy's repeat rule).
-    pub(crate) xid_history: Mutex<crate::xid_history::XidHistory>,
-    pub table: Mutex<RunTable>,
-    pub handle: tokio::runtime::Handle,
-    pub ids: Ids,
+    xid_history: Mutex<crate::xid_history::XidHistory>,
+    table: Mutex<RunTable>,
+    handle: tokio::runtime::Handle,
+    ids: Ids,
     /// Events taken in and not yet handled (`backlog.rs`).
-    pub backlog: crate::backlog::Backlog,
-    pub notifier: Notifier,
+    backlog: crate::backlog::Backlog,
+    notifier: Notifier,
     /// Pages not delivered yet (invariant 19), retried by the tick.
-    pub outbox: Mutex<crate::outbox::Outbox>,
-    pub counters: Counters,
+    outbox: Mutex<crate::outbox::Outbox>,
+    counters: Counters,
     /// Whether the engine stops, and the tasks a stop ends.
-    pub lifecycle: crate::lifecycle::Lifecycle,
+    lifecycle: crate::lifecycle::Lifecycle,
     /// Tokens as last loaded (engine.yaml's `auth`, replaced by a reload)
     /// and their generation (`tokens.rs`).
-    pub tokens: crate::tokens::TokenBook,
+    tokens: crate::tokens::TokenBook,
     /// One reload at a time.
-    pub reloading: tokio::sync::Mutex<()>,
+    reloading: tokio::sync::Mutex<()>,
     /// Runbook modes an admin set (promote/demote), over the manifests';
     /// kept in `data_dir/runbook-modes.json` across restarts.
-    pub modes: crate::modes::ModeBook,
+    modes: crate::modes::ModeBook,
     /// The SSH client of each node (`fleet.rs::AgentClients`).
-    pub agent_clients: crate::fleet::AgentClients,
+    agent_clients: crate::fleet::AgentClients,
     /// Every GPU's place in its repair lifecycle (the fold of the chain's
     /// `health_changed` records).
-    pub health: Mutex<crate::health::HealthModel>,
+    health: Mutex<crate::health::HealthModel>,
     /// What the repair loop remembers between readings (not state: when it
     /// last tried a pending fault, whom it told, when it last checked).
-    pub repair: Mutex<crate::repair_memory::RepairMemory>,
+    repair: Mutex<crate::repair_memory::RepairMemory>,
     /// One chain walk at a time, its report kept while the head stays
     /// (`verify_cache.rs`).
-    pub verify_cache: crate::verify_cache::VerifyCache,
+    verify_cache: crate::verify_cache::VerifyCache,
     /// Maintenance windows in force or to come (`maintenance.rs` keeps
     /// them through `WindowBook`'s methods; its fields are its own).
-    pub windows: crate::windows::WindowBook,
+    windows: crate::windows::WindowBook,
 }
 
 /// Lease a run's holds get: its timeout and two minutes, so an engine that
@@ -233,18 +236,6 @@ impl Core {
 }
 
 impl Core {
-    pub fn table(&self) -> MutexGuard<'_, RunTable> {
-        lock(&self.table)
-    }
-
-    pub fn brain(&self) -> MutexGuard<'_, Brain> {
-        lock(&self.brain)
-    }
-
-    pub fn health(&self) -> MutexGuard<'_, crate::health::HealthModel> {
-        lock(&self.health)
-    }
-
     /// The loaded runbooks.
     pub fn runbook_set(&self) -> Arc<RunbookSet> {
         self.runbooks.get()

@@ -12,8 +12,8 @@
 //! - `views.rs` — what the API, UI and CLI read.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -25,15 +25,13 @@ use nightshift_proto::{EvidenceChunk, Telemetry};
 use crate::alerts::WebhookPayload;
 use crate::audit::{AuditError, AuditStore, NewRecord, RecordKind};
 use crate::config::EngineConfig;
-use crate::core::{Brain, Core, Ids};
+use crate::core::{Brain, Core};
 use crate::counters::Counters;
-use crate::fleet::Fleet;
 use crate::inventory::NodeSpec;
 use crate::metrics::MetricId;
 use crate::runbook::RunbookSet;
 use crate::runs::RunState;
 use crate::runs::{RunSummary, Target};
-use crate::runtable::RunTable;
 use crate::telemetry::SeriesKey;
 use crate::xid_policy::XidPolicy;
 
@@ -198,38 +196,19 @@ impl Engine {
                 parts.nodes.len()
             );
         }
-        let id_seed = parts.clock.id_seed();
-        let modes = crate::modes::ModeBook::load(&parts.audit, &parts.config.data_dir);
-        let core = Core {
-            clock: parts.clock,
-            audit: parts.audit,
-            fleet: Fleet::new(parts.nodes),
-            script: parts.script,
-            runbooks: crate::runbook::Loaded::new(parts.runbooks),
-            brain: Mutex::new(brain),
-            history: Mutex::new(history),
-            xid_history: Mutex::new(Default::default()),
-            table: Mutex::new(RunTable::new(parts.config.limits.alert_dedup_entries)),
-            handle: tokio::runtime::Handle::current(),
-            ids: Ids::seeded(runs_so_far, id_seed),
-            backlog: Default::default(),
-            notifier: crate::notify::Notifier::new(&parts.config.notifications),
-            outbox: Mutex::new(Default::default()),
-            counters: Counters::default(),
-            lifecycle: Default::default(),
-            tokens: crate::tokens::TokenBook::new(parts.config.auth.clone()),
-            modes,
-            agent_clients: Default::default(),
-            verify_cache: Default::default(),
-            windows: Default::default(),
-            reloading: tokio::sync::Mutex::new(()),
-            health: Mutex::new(crate::health::HealthModel::new(
-                parts.config.limits.max_repairs_in_window,
-                (parts.config.limits.repair_window_secs as i64).saturating_mul(1000),
-            )),
-            repair: Mutex::new(Default::default()),
-            config: parts.config,
-        };
+        let core = Core::build(
+            crate::core::CoreParts {
+                config: parts.config,
+                clock: parts.clock,
+                audit: parts.audit,
+                nodes: parts.nodes,
+                script: parts.script,
+                runbooks: parts.runbooks,
+            },
+            brain,
+            history,
+            runs_so_far,
+        );
         Engine { core: Arc::new(core) }
     }
 
@@ -239,25 +218,25 @@ impl Engine {
     }
 
     pub fn config(&self) -> &EngineConfig {
-        &self.core.config
+        self.core.config()
     }
 
     pub fn clock(&self) -> &SharedClock {
-        &self.core.clock
+        self.core.clock()
     }
 
     pub fn audit(&self) -> &AuditStore {
-        &self.core.audit
+        self.core.audit()
     }
 
     /// The tokens in force and their generation (it grows at each reload
     /// that changed them).
     pub fn auth(&self) -> (u64, Arc<crate::config::AuthConfig>) {
-        self.core.tokens.get()
+        self.core.tokens().get()
     }
 
     pub fn counters(&self) -> &Counters {
-        &self.core.counters
+        self.core.counters()
     }
 
     /// The loaded runbooks.
@@ -269,17 +248,17 @@ impl Engine {
     pub(crate) async fn announce_start(&self) -> Result<(), EngineError> {
         let set = self.runbook_set();
         self.core
-            .audit
+            .audit()
             .append(
                 NewRecord::typed(
                     RecordKind::EngineStarted,
                     "engine",
                     &crate::audit::data::EngineStarted {
                         version: env!("CARGO_PKG_VERSION").into(),
-                        id_epoch: self.core.ids.epoch().to_string(),
+                        id_epoch: self.core.ids().epoch().to_string(),
                         runbooks: set.names(),
                         runbook_errors: set.errors.iter().map(|e| e.to_string()).collect(),
-                        nodes: self.core.fleet.len(),
+                        nodes: self.core.fleet().len(),
                     },
                 ),
                 None,
@@ -290,12 +269,12 @@ impl Engine {
 
     /// Register a background task to stop on shutdown.
     pub(crate) fn add_task(&self, t: tokio::task::JoinHandle<()>) {
-        self.core.lifecycle.add(t);
+        self.core.lifecycle().add(t);
     }
 
     /// A receiver that flips to true on shutdown.
     pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.core.lifecycle.signal()
+        self.core.lifecycle().signal()
     }
 
     /// Set the cancel flag of every active run (no waiting; for drops).
@@ -307,7 +286,7 @@ impl Engine {
 
     /// Stop background work; cancel running runs (they finish as cancelled).
     pub async fn shutdown(&self) {
-        self.core.lifecycle.stop();
+        self.core.lifecycle().stop();
         self.cancel_all();
         // Give running scripts a moment to notice the cancel.
         for _ in 0..50 {
@@ -316,7 +295,7 @@ impl Engine {
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        if let Err(e) = self.core.audit.flush() {
+        if let Err(e) = self.core.audit().flush() {
             tracing::error!(error = %e, "cannot flush the audit store at shutdown");
         }
     }
@@ -352,7 +331,7 @@ impl Engine {
         // agent that answers learns this term and refuses the one before.
         let told = self.core.announce_term().await;
         if self.core.leadership().is_some() {
-            tracing::info!(agents = told, of = self.core.fleet.nodes().len(), "announced this leader's term");
+            tracing::info!(agents = told, of = self.core.fleet().nodes().len(), "announced this leader's term");
         }
         self.recover().await
     }
@@ -380,10 +359,10 @@ impl Engine {
             .count();
         let running = t.running();
         drop(t);
-        running.saturating_sub(self.core.clock.idle_sleepers())
+        running.saturating_sub(self.core.clock().idle_sleepers())
             + startable
-            + self.core.backlog.batches() as usize
-            + self.core.audit.pending() as usize
+            + self.core.backlog().batches() as usize
+            + self.core.audit().pending() as usize
     }
 
     /// Active runs as `id runbook target state (what it waits for)`, for
@@ -412,7 +391,7 @@ impl Engine {
 
     /// Latest value of a series.
     pub fn latest(&self, node: &str, gpu: Option<u32>, metric: MetricId) -> Option<f64> {
-        let n = self.core.fleet.get(node)?;
+        let n = self.core.fleet().get(node)?;
         let gpu = gpu.map(u16::try_from).transpose().ok()?;
         self.core.brain().store().latest(SeriesKey { node: n.idx, gpu, metric }).map(|(_, v)| v)
     }
@@ -447,10 +426,10 @@ impl Engine {
             return self.core.health().clone();
         }
         let mut m = crate::health::HealthModel::new(
-            self.core.config.limits.max_repairs_in_window,
-            (self.core.config.limits.repair_window_secs as i64).saturating_mul(1000),
+            self.core.config().limits.max_repairs_in_window,
+            (self.core.config().limits.repair_window_secs as i64).saturating_mul(1000),
         );
-        if let Ok(records) = self.core.audit.records_of_kind(RecordKind::HealthChanged) {
+        if let Ok(records) = self.core.audit().records_of_kind(RecordKind::HealthChanged) {
             for r in &records {
                 m.replay(r);
             }

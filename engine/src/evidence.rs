@@ -21,13 +21,13 @@ impl Engine {
     ) -> Result<EvidenceChunk, EvidenceReadError> {
         let n = self
             .core
-            .fleet
+            .fleet()
             .get(node)
             .ok_or_else(|| EvidenceReadError::NotFound(format!("no node {node:?} in the inventory")))?;
         let op = Op::ReadEvidence(ReadEvidenceArgs { bundle: bundle.into(), file: file.into(), offset });
         let r = n
             .transport
-            .call(Request::new(self.core.ids.request("evidence-read"), op))
+            .call(Request::new(self.core.ids().request("evidence-read"), op))
             .await
             .map_err(|e| EvidenceReadError::Unreachable(e.to_string()))?;
         if !r.ok {
@@ -60,11 +60,11 @@ impl Engine {
         run: Option<&str>,
         by: &str,
     ) -> Result<EvidenceCollected, String> {
-        let result = match self.core.fleet.get(node) {
+        let result = match self.core.fleet().get(node) {
             None => Err(format!("unknown node {node}")),
             Some(n) => {
                 let op = Op::CollectEvidence(CollectEvidenceArgs { gpu, reason: reason.to_string() });
-                match n.transport.call(Request::new(self.core.ids.request("evidence"), op)).await {
+                match n.transport.call(Request::new(self.core.ids().request("evidence"), op)).await {
                     Ok(r) if r.ok => serde_json::from_value::<EvidenceCollected>(r.result.unwrap_or_default())
                         .map_err(|e| format!("the agent's evidence reply does not read: {e}")),
                     Ok(r) => Err(r.error.map(|e| e.message).unwrap_or_default()),
@@ -91,7 +91,7 @@ impl Engine {
         if let Some(r) = run {
             rec = rec.run(r);
         }
-        self.core.audit.append(rec, None).await.map_err(|e| format!("cannot audit the evidence: {e}"))?;
+        self.core.audit().append(rec, None).await.map_err(|e| format!("cannot audit the evidence: {e}"))?;
         match &result {
             Ok(c) => tracing::info!(node, bundle = %c.bundle.id, sha256 = %c.sha256, "RMA evidence collected"),
             Err(e) => tracing::warn!(node, error = %e, "RMA evidence not collected"),

@@ -12,12 +12,12 @@ impl Engine {
     /// newest `fleet_mode` record decides — on a standby too, and after a
     /// restart or a takeover.
     pub(crate) fn fleet_mode(&self) -> (crate::modes::FleetMode, Option<(String, String)>) {
-        match self.core.audit.newest_of_kind(RecordKind::FleetMode) {
+        match self.core.audit().newest_of_kind(RecordKind::FleetMode) {
             Ok(Some(r)) => {
                 let reason = r.payload::<crate::audit::data::FleetMode>().map(|p| p.reason).unwrap_or_default();
                 (crate::modes::FleetMode::of_record(&r), Some((r.actor.clone(), reason)))
             }
-            Ok(None) => (self.core.config.initial_fleet_mode, None),
+            Ok(None) => (self.core.config().initial_fleet_mode, None),
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the fleet's mode: taken as in shadow");
                 (crate::modes::FleetMode::Shadow, None)
@@ -56,7 +56,7 @@ impl Engine {
             to: mode.as_str().into(),
             reason: reason.trim().to_string(),
         };
-        self.core.audit.append(NewRecord::typed(RecordKind::FleetMode, by, &payload), None).await?;
+        self.core.audit().append(NewRecord::typed(RecordKind::FleetMode, by, &payload), None).await?;
         tracing::warn!(from = from.as_str(), to = mode.as_str(), by, reason, "fleet mode changed");
         // To act at once: a run in shadow only because the fleet was (its
         // runbook acts) ends now, under who switched, so the real trigger
@@ -65,7 +65,7 @@ impl Engine {
         if mode == crate::modes::FleetMode::Act {
             // A fault only shadow runs answered is still pending: offered
             // at the next reading, not after the pause a real run earns.
-            crate::core::lock(&self.core.repair).forget_pacing();
+            self.core.repair().forget_pacing();
         }
         if mode == crate::modes::FleetMode::Act {
             let shadow_runs: Vec<String> = {

@@ -27,7 +27,7 @@ impl Engine {
                 .collect()
         };
         for e in fresh {
-            let run = self.core.audit.run(&e.hold.owner).ok().flatten();
+            let run = self.core.audit().run(&e.hold.owner).ok().flatten();
             let mut rec = NewRecord::typed(
                 RecordKind::HoldEnded,
                 &format!("agent:{node}"),
@@ -53,7 +53,7 @@ impl Engine {
                 rec = rec.run(&r.id).runbook(&r.runbook);
             }
             tracing::info!(node, hold = %e.hold.id, owner = %e.hold.owner, how = e.how.as_str(), outcome = ?e.outcome, "hold ended");
-            if let Err(err) = self.core.audit.append(rec, None).await {
+            if let Err(err) = self.core.audit().append(rec, None).await {
                 tracing::error!(node, hold = %e.hold.id, error = %err, "cannot audit a hold's end");
             }
         }
@@ -98,11 +98,11 @@ impl Engine {
             if !self.core.table().first_hold_end(key) {
                 continue;
             }
-            if let Some(r) = owners.iter().find_map(|o| self.core.audit.run(o).ok().flatten()) {
+            if let Some(r) = owners.iter().find_map(|o| self.core.audit().run(o).ok().flatten()) {
                 rec = rec.run(&r.id).runbook(&r.runbook);
             }
             tracing::warn!(node, kind = rec.kind.as_str(), setting = %rec.data["setting"], "a held setting was not in force on the device");
-            if let Err(err) = self.core.audit.append(rec, None).await {
+            if let Err(err) = self.core.audit().append(rec, None).await {
                 tracing::error!(node, error = %err, "cannot audit a held setting's read-back");
             }
         }

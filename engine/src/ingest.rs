@@ -48,7 +48,7 @@ fn headrooms(
 impl Engine {
     /// [`Engine::ingest_telemetry`]'s work (the façade, `engine.rs`, forwards here).
     pub(crate) async fn take_telemetry(&self, t: &Telemetry) {
-        let Some(node) = self.core.fleet.get(&t.node) else {
+        let Some(node) = self.core.fleet().get(&t.node) else {
             tracing::warn!(node = %t.node, "telemetry from a node not in the inventory");
             return;
         };
@@ -111,7 +111,7 @@ impl Engine {
         // once it has seen an XID.
         {
             let policy = self.core.health().policy();
-            let mut h = crate::core::lock(&self.core.xid_history);
+            let mut h = self.core.xid_history();
             for g in &t.gpus {
                 h.observe(node.idx, g.index, t.ts_ms, &g.xid_counts);
                 if !g.xid_counts.is_empty() {
@@ -121,7 +121,7 @@ impl Engine {
             }
         }
         {
-            let mut h = crate::core::lock(&self.core.history);
+            let mut h = self.core.history();
             for (gpu, metric, v) in &samples {
                 if crate::history::History::plotted(*metric) {
                     h.push((node.idx, *gpu, *metric), t.ts_ms, *v);
@@ -153,7 +153,7 @@ impl Engine {
             }
             fires
         };
-        self.core.counters.samples_ingested.fetch_add(t.gpus.len() as u64 * 12 + 8, Ordering::Relaxed);
+        self.core.counters().samples_ingested.fetch_add(t.gpus.len() as u64 * 12 + 8, Ordering::Relaxed);
         // Faults are states: every reading is evaluated against them before
         // what the thresholds fired.
         self.evaluate_health(&node).await;
@@ -175,7 +175,7 @@ impl Engine {
             let name = name.as_ref();
             let hit = match last {
                 Some((l, i)) if l == name => Some(i),
-                _ => self.core.fleet.get(name).map(|n| {
+                _ => self.core.fleet().get(name).map(|n| {
                     *position.entry(n.idx).or_insert_with(|| {
                         nodes.push(n);
                         nodes.len() as u32 - 1
@@ -232,7 +232,7 @@ impl Engine {
         }
         keyed.extend(derived);
         {
-            let mut h = crate::core::lock(&self.core.history);
+            let mut h = self.core.history();
             for (_, key, ts, v) in keyed.iter().filter(|(_, k, ..)| crate::history::History::plotted(k.metric)) {
                 h.push((key.node, key.gpu, key.metric), *ts, *v);
             }
@@ -246,7 +246,7 @@ impl Engine {
         for (n, ts) in nodes.iter().zip(seen) {
             n.state().saw_reading(ts);
         }
-        self.core.counters.samples_ingested.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        self.core.counters().samples_ingested.fetch_add(batch.len() as u64, Ordering::Relaxed);
         // Health in name order, as before.
         let mut touched: Vec<&Arc<Node>> = nodes.iter().collect();
         touched.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
@@ -261,7 +261,7 @@ impl Engine {
         let now = self.core.now();
         let (mapped, st) =
             crate::sources::map_samples(samples, now, &|h| self.has_node(h), &|n, u| self.gpu_by_uuid(n, u));
-        let c = &self.core.counters;
+        let c = &self.core.counters();
         c.source_samples.fetch_add(st.mapped as u64, Ordering::Relaxed);
         c.source_ignored
             .fetch_add((st.other_series + st.unknown_host + st.unknown_gpu + st.bad_value) as u64, Ordering::Relaxed);
@@ -280,13 +280,13 @@ impl Engine {
         for s in samples {
             by_ts.entry(s.ts_ms.unwrap_or(now)).or_default().push(s.clone());
         }
-        let mut older = crate::core::lock(&self.core.history).like();
+        let mut older = self.core.history().like();
         let mut kept = 0;
         for (_, group) in by_ts {
             let (mapped, _) =
                 crate::sources::map_samples(&group, now, &|h| self.has_node(h), &|n, u| self.gpu_by_uuid(n, u));
             for (node, gpu, metric, ts, v) in &mapped {
-                if let (Some(n), true) = (self.core.fleet.get(node), crate::history::History::plotted(*metric))
+                if let (Some(n), true) = (self.core.fleet().get(node), crate::history::History::plotted(*metric))
                     && let Ok(gpu) = gpu.map(u16::try_from).transpose()
                 {
                     older.push((n.idx, gpu, *metric), *ts, *v);
@@ -294,19 +294,19 @@ impl Engine {
                 }
             }
         }
-        crate::core::lock(&self.core.history).merge_older(older);
+        self.core.history().merge_older(older);
         kept
     }
 
     /// The plot history's step and length, ms.
     pub(crate) fn history_span_ms(&self) -> (i64, i64) {
-        let h = crate::core::lock(&self.core.history);
+        let h = self.core.history();
         (h.step_ms(), h.keep_ms())
     }
 
     /// A pull from a source failed.
     pub(crate) fn count_source_error(&self) {
-        self.core.counters.source_errors.fetch_add(1, Ordering::Relaxed);
+        self.core.counters().source_errors.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Telemetry store size: (series, points).
@@ -321,7 +321,7 @@ impl Engine {
         }
         let set = self.runbook_set();
         for fire in fires {
-            self.core.counters.triggers_fired.fetch_add(1, Ordering::Relaxed);
+            self.core.counters().triggers_fired.fetch_add(1, Ordering::Relaxed);
             let Some(rb) = set.runbooks.get(fire.trigger) else { continue };
             let Some(req) = self.fire_request(rb, &fire) else { continue };
             let rearm =
@@ -351,7 +351,7 @@ impl Engine {
 
     fn fire_request(&self, rb: &Runbook, fire: &Fire) -> Option<RunRequest> {
         let m = &rb.manifest;
-        let node = fire.node.and_then(|i| self.core.fleet.by_idx(i));
+        let node = fire.node.and_then(|i| self.core.fleet().by_idx(i));
         if let Some(n) = &node
             && !self.selector_matches(rb, n)
         {
@@ -396,7 +396,7 @@ impl Engine {
             if !b.triggers().has_fleet() {
                 return;
             }
-            let fleet = &self.core.fleet;
+            let fleet = &self.core.fleet();
             let nodes = fleet.nodes();
             let mut basis = Vec::with_capacity(nodes.len() + 1);
             basis.push(fleet.generation());
@@ -448,7 +448,7 @@ impl Engine {
         poster: &str,
     ) -> (Ingested, Option<futures::future::BoxFuture<'static, Result<(), String>>>) {
         use futures::FutureExt;
-        let cap = self.core.config.limits.alert_backlog as u64;
+        let cap = self.core.config().limits.alert_backlog as u64;
         let (mut duplicates, mut shed) = (0, 0);
         // Under the table's lock: which alerts are new, their records sent
         // to the writer (in order, not awaited), and each new key's
@@ -466,7 +466,7 @@ impl Engine {
             .collect();
         {
             let mut t = self.core.table();
-            let backlog = self.core.backlog.alerts();
+            let backlog = self.core.backlog().alerts();
             let mut fresh = Vec::new();
             for (key, rec, a) in prepared {
                 if t.alert_seen(&key) {
@@ -481,7 +481,7 @@ impl Engine {
                     fresh.push((key, rec, a));
                 }
             }
-            self.core.backlog.alerts_in(fresh.len() as u64);
+            self.core.backlog().alerts_in(fresh.len() as u64);
             // Each accepted alert is on the chain, in order, before this
             // returns (the acknowledging caller awaits its durability:
             // [`Engine::accept_alertmanager`]); what it leads to comes after.
@@ -489,11 +489,11 @@ impl Engine {
             for (i, (key, rec, a)) in fresh.into_iter().enumerate() {
                 let sent = if i == last {
                     self.core
-                        .audit
+                        .audit()
                         .append_ordered_ack(rec, None)
                         .map(|f| durable = Some(f.map(|r| r.map(|_| ()).map_err(|e| e.to_string())).boxed().shared()))
                 } else {
-                    self.core.audit.append_ordered(rec, None)
+                    self.core.audit().append_ordered(rec, None)
                 };
                 match sent {
                     Ok(()) => {
@@ -502,7 +502,7 @@ impl Engine {
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "cannot audit an alert");
-                        self.core.backlog.alert_out();
+                        self.core.backlog().alert_out();
                     }
                 }
             }
@@ -515,7 +515,7 @@ impl Engine {
         // Once durable, the keys wait for nothing more.
         if let Some(d) = durable.clone() {
             let engine = self.clone();
-            self.core.handle.spawn(async move {
+            self.core.handle().spawn(async move {
                 let _ = d.await;
                 let mut t = engine.core.table();
                 for k in &keys {
@@ -523,7 +523,7 @@ impl Engine {
                 }
             });
         }
-        let c = &self.core.counters;
+        let c = &self.core.counters();
         c.alerts_received.fetch_add((recorded.len() + duplicates + shed) as u64, Ordering::Relaxed);
         c.alerts_duplicate.fetch_add(duplicates as u64, Ordering::Relaxed);
         let durable: Option<futures::future::BoxFuture<'static, Result<(), String>>> = match (durable, waits.is_empty())
@@ -547,10 +547,10 @@ impl Engine {
         if accepted > 0 || shed > 0 {
             let engine = self.clone();
             let poster = poster.to_string();
-            self.core.backlog.batch_started();
-            self.core.handle.spawn(async move {
+            self.core.backlog().batch_started();
+            self.core.handle().spawn(async move {
                 if shed > 0 {
-                    engine.core.counters.events_shed.fetch_add(shed as u64, Ordering::Relaxed);
+                    engine.core.counters().events_shed.fetch_add(shed as u64, Ordering::Relaxed);
                     let reason = format!(
                         "alert intake full ({cap} waiting, limits.alert_backlog): {shed} alerts shed, answered 503 so Alertmanager sends them again"
                     );
@@ -560,9 +560,9 @@ impl Engine {
                 }
                 for a in fresh {
                     engine.handle_alert(a, &poster).await;
-                    engine.core.backlog.alert_out();
+                    engine.core.backlog().alert_out();
                 }
-                engine.core.backlog.batch_done();
+                engine.core.backlog().batch_done();
             });
         }
         (Ingested { accepted, duplicates, shed }, durable)
@@ -572,7 +572,7 @@ impl Engine {
     pub(crate) async fn accept_alerts(&self, payload: WebhookPayload, poster: &str) -> Result<Ingested, EngineError> {
         // A store stopped at a durability failure accepts nothing (a 503:
         // Alertmanager sends it again later, to this engine or another).
-        if let Some(e) = self.core.audit.stopped() {
+        if let Some(e) = self.core.audit().stopped() {
             return Err(EngineError::Audit(e));
         }
         let (r, durable) = self.intake_alertmanager(payload, poster);
@@ -586,12 +586,12 @@ impl Engine {
 
     /// Alerts accepted and not yet handled.
     pub(crate) fn alert_backlog(&self) -> u64 {
-        self.core.backlog.alerts()
+        self.core.backlog().alerts()
     }
 
     /// The `event_received` record of an alert.
     fn alert_record(&self, a: &Alert, poster: &str) -> NewRecord {
-        let node = a.host().and_then(|h| self.core.fleet.get(&h)).map(|n| n.spec.name.clone());
+        let node = a.host().and_then(|h| self.core.fleet().get(&h)).map(|n| n.spec.name.clone());
         NewRecord::typed(
             RecordKind::EventReceived,
             &format!("alertmanager:{poster}"),

@@ -23,9 +23,9 @@ impl Engine {
     /// Set a maintenance window (admin), durable before it is in force.
     pub(crate) async fn set_window(&self, by: &str, spec: WindowSpec) -> Result<Window, EngineError> {
         let now = self.core.now();
-        validate(&spec, now, &|n| self.core.fleet.get(n).is_some()).map_err(EngineError::BadParams)?;
+        validate(&spec, now, &|n| self.core.fleet().get(n).is_some()).map_err(EngineError::BadParams)?;
         let w = Window {
-            id: self.core.ids.request("mw"),
+            id: self.core.ids().request("mw"),
             by: by.to_string(),
             reason: spec.reason.trim().to_string(),
             matchers: spec.matchers,
@@ -43,8 +43,8 @@ impl Engine {
             ends_ms: Some(w.ends_ms),
             reason: w.reason.clone(),
         };
-        self.core.audit.append(NewRecord::typed(RecordKind::Maintenance, by, &payload), None).await?;
-        self.core.windows.put(w.clone());
+        self.core.audit().append(NewRecord::typed(RecordKind::Maintenance, by, &payload), None).await?;
+        self.core.windows().put(w.clone());
         tracing::info!(window = %w.id, by, reason = %w.reason, "maintenance window set");
         self.apply_windows().await;
         Ok(self.windows().into_iter().find(|x| x.id == w.id).unwrap_or(w))
@@ -52,7 +52,7 @@ impl Engine {
 
     /// End a window before its time (admin), saying why.
     pub(crate) async fn end_window(&self, id: &str, by: &str, reason: &str) -> Result<Window, EngineError> {
-        let Some(w) = self.core.windows.get(id) else {
+        let Some(w) = self.core.windows().get(id) else {
             let open: Vec<String> = self.windows().into_iter().map(|w| w.id).collect();
             return Err(EngineError::BadParams(format!(
                 "no maintenance window {id:?}: expected one of [{}] (`nightshift maintenance list`)",
@@ -70,8 +70,8 @@ impl Engine {
 
     async fn record_window_end(&self, w: &Window, by: &str, why: &str) -> Result<(), EngineError> {
         let payload = data::Maintenance { id: w.id.clone(), set: false, reason: why.to_string(), ..Default::default() };
-        self.core.audit.append(NewRecord::typed(RecordKind::Maintenance, by, &payload), None).await?;
-        self.core.windows.remove(&w.id);
+        self.core.audit().append(NewRecord::typed(RecordKind::Maintenance, by, &payload), None).await?;
+        self.core.windows().remove(&w.id);
         tracing::info!(window = %w.id, by, reason = why, "maintenance window ended");
         Ok(())
     }
@@ -80,12 +80,12 @@ impl Engine {
     /// it covers now.
     pub(crate) fn windows(&self) -> Vec<Window> {
         let now = self.core.now();
-        let mut all: Vec<Window> = self.core.windows.all();
+        let mut all: Vec<Window> = self.core.windows().all();
         for w in &mut all {
             if w.active(now) {
                 w.covers = self
                     .core
-                    .fleet
+                    .fleet()
                     .nodes()
                     .iter()
                     .filter(|n| w.matches(&n.spec.name, &n.spec.labels))
@@ -103,7 +103,7 @@ impl Engine {
     /// taken over.
     pub(crate) async fn apply_windows(&self) {
         let now = self.core.now();
-        let due = self.core.windows.ended_by(now);
+        let due = self.core.windows().ended_by(now);
         for w in due {
             let why = format!(
                 "the window {} set ended at {} as they asked",
@@ -115,9 +115,9 @@ impl Engine {
             }
         }
         // Nothing in force and nothing covered last time: nothing to do.
-        let Some(windows) = self.core.windows.to_apply(now) else { return };
+        let Some(windows) = self.core.windows().to_apply(now) else { return };
         let mut taken: Vec<(String, String)> = Vec::new();
-        for n in self.core.fleet.nodes().iter() {
+        for n in self.core.fleet().nodes().iter() {
             let cover = windows
                 .iter()
                 .filter(|w| w.matches(&n.spec.name, &n.spec.labels))
@@ -144,7 +144,7 @@ impl Engine {
     /// Rebuild the windows from the chain (startup, takeover): each id's
     /// newest record, kept if it is set and not over.
     pub(crate) fn rebuild_windows(&self) -> Result<usize, crate::audit::AuditError> {
-        let records = self.core.audit.records_of_kind(RecordKind::Maintenance)?;
+        let records = self.core.audit().records_of_kind(RecordKind::Maintenance)?;
         let mut open: BTreeMap<String, Window> = BTreeMap::new();
         for r in &records {
             let Ok(p) = r.payload::<data::Maintenance>() else {
@@ -171,7 +171,7 @@ impl Engine {
             );
         }
         let n = open.len();
-        self.core.windows.replace(open);
+        self.core.windows().replace(open);
         Ok(n)
     }
 }

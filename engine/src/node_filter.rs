@@ -10,7 +10,13 @@ impl Engine {
     /// The nodes that carry `label` = `value` now (a runs listing's label
     /// filter: the audit store does not know labels).
     pub(crate) fn nodes_labelled(&self, label: &str, value: &str) -> Vec<String> {
-        self.core.fleet.nodes().iter().filter(|n| n.label(label) == Some(value)).map(|n| n.spec.name.clone()).collect()
+        self.core
+            .fleet()
+            .nodes()
+            .iter()
+            .filter(|n| n.label(label) == Some(value))
+            .map(|n| n.spec.name.clone())
+            .collect()
     }
 
     pub(crate) fn nodes_filtered(&self, f: &NodeFilter) -> (Vec<NodeView>, Option<String>) {

@@ -28,7 +28,7 @@ impl Engine {
             "the finding told about this target is over (this run found nothing to do): the next one is told".into(),
         )
         .run(&s.id);
-        if let Err(e) = self.core.audit.append(rec, None).await {
+        if let Err(e) = self.core.audit().append(rec, None).await {
             tracing::error!(run = %s.id, error = %e, "cannot audit a finding's end");
         }
     }
@@ -50,7 +50,7 @@ impl Core {
         // The targets the record names (a resolution: those its page went
         // to), as they are configured now.
         let targets: Vec<crate::config::WebhookTarget> =
-            notice.webhooks.iter().filter_map(|n| core.notifier.target(n)).collect();
+            notice.webhooks.iter().filter_map(|n| core.notifier().target(n)).collect();
         if rec.kind == RecordKind::Escalation && notice.dry_run != Some(true) {
             core.open_page(rec);
         }
@@ -59,7 +59,7 @@ impl Core {
         }
         for target in targets {
             let (core2, rec) = (core.clone(), rec.clone());
-            core.handle.spawn(async move { core2.send_page(&rec, &target, 0, true).await });
+            core.handle().spawn(async move { core2.send_page(&rec, &target, 0, true).await });
         }
     }
 
@@ -67,7 +67,7 @@ impl Core {
     pub(crate) fn open_page(&self, rec: &AuditRecord) {
         let Some(node) = &rec.node else { return };
         let page = OpenPage { seq: rec.seq, gpu: rec.gpu, run: rec.run.clone(), ts_ms: rec.ts_ms };
-        let mut ob = crate::core::lock(&self.outbox);
+        let mut ob = self.outbox();
         ob.open_page(node, page);
         if let (Some(rb), Ok(n)) = (&rec.runbook, rec.payload::<data::Notice>()) {
             ob.said(
@@ -92,14 +92,13 @@ impl Core {
         text: &str,
         size: Option<f64>,
     ) -> Said {
-        let n = &self.config.notifications;
+        let n = &self.config().notifications;
         let (secs, shape) = if escalation {
             (n.repage_after_secs, finding_shape(text))
         } else {
             (n.remind_after_secs, said_shape(text))
         };
-        let Some(at) = crate::core::lock(&self.outbox).said_at(&(runbook.to_string(), node.to_string(), gpu, shape))
-        else {
+        let Some(at) = self.outbox().said_at(&(runbook.to_string(), node.to_string(), gpu, shape)) else {
             return Said::New;
         };
         if self.now().saturating_sub(at.ts_ms) >= (secs as i64).saturating_mul(1000) {
@@ -111,7 +110,7 @@ impl Core {
     /// Forget what `runbook` told about `node`/`gpu` (its notifications'
     /// findings; pages keep their own rule). Whether there was any.
     pub(crate) fn forget_said(&self, runbook: &str, node: &str, gpu: Option<u32>) -> bool {
-        crate::core::lock(&self.outbox).forget_said(runbook, node, gpu)
+        self.outbox().forget_said(runbook, node, gpu)
     }
 
     /// The note that ends `runbook`'s findings on `node`/`gpu` (what the
@@ -132,7 +131,7 @@ impl Core {
         if let (Some(rb), Some(node), None | Some(false), None | Some(false), None) =
             (&rec.runbook, &rec.node, n.dry_run, n.shadow, n.resolves)
         {
-            crate::core::lock(&self.outbox).said(
+            self.outbox().said(
                 (rb.clone(), node.clone(), rec.gpu, said_shape(&n.text)),
                 SaidAt { seq: rec.seq, ts_ms: rec.ts_ms, size: n.size },
             );
@@ -143,14 +142,14 @@ impl Core {
     /// follows it).
     pub fn open_page_on(&self, node: &str) -> Option<u64> {
         let now = self.now();
-        crate::core::lock(&self.outbox).newest_open(node, now, self.firing_ms())
+        self.outbox().newest_open(node, now, self.firing_ms())
     }
 
     /// How long an escalation's page stays firing by itself: the longest
     /// `firing_secs` of the Alertmanager targets (one hour without one).
     fn firing_ms(&self) -> i64 {
         let secs = self
-            .config
+            .config()
             .notifications
             .webhooks
             .iter()
@@ -174,23 +173,23 @@ impl Core {
         quick: bool,
     ) {
         let resolves = rec.payload::<data::Notice>().ok().and_then(|n| n.resolves);
-        let body = match resolves.and_then(|seq| self.audit.get(seq).ok().flatten()) {
-            Some(page) => self.notifier.resolution_body(target, rec, &page),
-            None => self.notifier.body(target, rec),
+        let body = match resolves.and_then(|seq| self.audit().get(seq).ok().flatten()) {
+            Some(page) => self.notifier().resolution_body(target, rec, &page),
+            None => self.notifier().body(target, rec),
         };
         let d = if quick {
-            self.notifier.deliver(target, &body).await
+            self.notifier().deliver(target, &body).await
         } else {
-            self.notifier.deliver_tries(target, &body, 1).await
+            self.notifier().deliver_tries(target, &body, 1).await
         };
         let attempts = before.saturating_add(d.attempts);
         let now = self.now();
-        let expiry_ms = (self.config.notifications.page_expiry_secs as i64).saturating_mul(1000);
+        let expiry_ms = (self.config().notifications.page_expiry_secs as i64).saturating_mul(1000);
         let key = (rec.seq, target.name.clone());
         let expired = !d.ok && now.saturating_sub(rec.ts_ms) >= expiry_ms;
         let first_failure = !d.ok && before == 0;
         {
-            let mut ob = crate::core::lock(&self.outbox);
+            let mut ob = self.outbox();
             if d.ok || expired {
                 ob.done(key.0, &key.1, expired);
             } else {
@@ -203,7 +202,7 @@ impl Core {
                         attempts,
                         next_ms: now.saturating_add(backoff_ms(
                             retry,
-                            (self.config.notifications.retry_max_secs as i64).saturating_mul(1000),
+                            (self.config().notifications.retry_max_secs as i64).saturating_mul(1000),
                         )),
                         busy: false,
                     },
@@ -239,14 +238,14 @@ impl Core {
             if let Some(rb) = &rec.runbook {
                 r = r.runbook(rb);
             }
-            if let Err(e) = self.audit.append(r, None).await {
+            if let Err(e) = self.audit().append(r, None).await {
                 tracing::error!(error = %e, "cannot audit a notification delivery");
             }
         }
         if first_failure
             && !expired
-            && let Some(fb) = target.fallback.as_deref().and_then(|n| self.notifier.target(n))
-            && !crate::core::lock(&self.outbox).contains(rec.seq, &fb.name)
+            && let Some(fb) = target.fallback.as_deref().and_then(|n| self.notifier().target(n))
+            && !self.outbox().contains(rec.seq, &fb.name)
         {
             tracing::warn!(target = %target.name, fallback = %fb.name, seq = rec.seq, "page handed to the fallback route");
             Box::pin(self.send_page(rec, &fb, 0, true)).await;
@@ -261,7 +260,7 @@ impl Engine {
     /// Alertmanager, the page's own alert with its end (invariant 19).
     pub(crate) async fn resolve_pages(&self, node: &str, gpu: Option<u32>, why: &str, except_run: Option<&str>) {
         let taken: Vec<OpenPage> = {
-            let mut ob = crate::core::lock(&self.core.outbox);
+            let mut ob = self.core.outbox();
             if except_run.is_none() {
                 ob.forget_paged(node, gpu);
             }
@@ -273,7 +272,7 @@ impl Engine {
             if now.saturating_sub(p.ts_ms) >= self.core.firing_ms() {
                 continue;
             }
-            let Ok(Some(page)) = self.core.audit.get(p.seq) else { continue };
+            let Ok(Some(page)) = self.core.audit().get(p.seq) else { continue };
             let Ok(n) = page.payload::<data::Notice>() else { continue };
             let notice = data::Notice {
                 text: format!("resolved: {why}"),
@@ -290,7 +289,7 @@ impl Engine {
             if let Some(rb) = &page.runbook {
                 r = r.runbook(rb);
             }
-            match self.core.audit.append(r, None).await {
+            match self.core.audit().append(r, None).await {
                 Ok(rec) => {
                     tracing::info!(node, seq = p.seq, why, "page resolved");
                     Core::deliver(&self.core, &rec);
@@ -303,23 +302,23 @@ impl Engine {
     /// Pages waiting for a delivery, and pages given up since this engine
     /// started (`/metrics`).
     pub(crate) fn pages_pending(&self) -> (usize, u64) {
-        let ob = crate::core::lock(&self.core.outbox);
+        let ob = self.core.outbox();
         (ob.len(), ob.undeliverable())
     }
 
     /// Try again every page whose pause is over (the tick's).
     pub(crate) async fn retry_pages(&self) {
-        let due = crate::core::lock(&self.core.outbox).take_due(self.core.now());
+        let due = self.core.outbox().take_due(self.core.now());
         for (seq, name, attempts) in due {
             let core = self.core.clone();
-            self.core.handle.spawn(async move {
-                let rec = core.audit.get(seq).ok().flatten();
-                match (rec, core.notifier.target(&name)) {
+            self.core.handle().spawn(async move {
+                let rec = core.audit().get(seq).ok().flatten();
+                match (rec, core.notifier().target(&name)) {
                     (Some(rec), Some(target)) => core.send_page(&rec, &target, attempts, false).await,
                     // The record or the target is gone (a reload removed
                     // it): nothing to send it with.
                     _ => {
-                        crate::core::lock(&core.outbox).done(seq, &name, false);
+                        core.outbox().done(seq, &name, false);
                         tracing::error!(seq, target = %name, "a pending page's record or target is gone: dropped from the outbox");
                     }
                 }
@@ -332,7 +331,7 @@ impl Engine {
     /// undeliverable record. Returns how many.
     pub(crate) fn rebuild_outbox(&self, records: &[AuditRecord]) -> usize {
         let now = self.core.now();
-        let expiry_ms = (self.core.config.notifications.page_expiry_secs as i64).saturating_mul(1000);
+        let expiry_ms = (self.core.config().notifications.page_expiry_secs as i64).saturating_mul(1000);
         let mut done: BTreeSet<(u64, String)> = BTreeSet::new();
         let mut tried: BTreeMap<(u64, String), u32> = BTreeMap::new();
         for r in records.iter().filter(|r| r.kind == RecordKind::NotificationDelivery) {
@@ -350,9 +349,9 @@ impl Engine {
             .filter_map(|r| r.payload::<data::Notice>().ok()?.resolves)
             .collect();
         let firing_ms = self.core.firing_ms();
-        let repage_ms = (self.core.config.notifications.repage_after_secs as i64).saturating_mul(1000);
-        let remind_ms = (self.core.config.notifications.remind_after_secs as i64).saturating_mul(1000);
-        let mut ob = crate::core::lock(&self.core.outbox);
+        let repage_ms = (self.core.config().notifications.repage_after_secs as i64).saturating_mul(1000);
+        let remind_ms = (self.core.config().notifications.remind_after_secs as i64).saturating_mul(1000);
+        let mut ob = self.core.outbox();
         // What each runbook paged about, in order: forgotten at a repair
         // or a person's takeover (`resolve_pages` without a run).
         for r in records {
@@ -416,7 +415,7 @@ impl Engine {
             }
             for name in n.webhooks {
                 let key = (r.seq, name);
-                if done.contains(&key) || self.core.notifier.target(&key.1).is_none() {
+                if done.contains(&key) || self.core.notifier().target(&key.1).is_none() {
                     continue;
                 }
                 let attempts = tried.get(&key).copied().unwrap_or(0);

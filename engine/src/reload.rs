@@ -96,7 +96,7 @@ pub async fn reload(engine: &Engine, by: &str) -> Result<ReloadReport, ReloadErr
 /// [`reload`]; with `allow_partial`, runbooks that fail to load are left
 /// out (and listed) instead of refusing the whole reload.
 pub async fn reload_with(engine: &Engine, by: &str, allow_partial: bool) -> Result<ReloadReport, ReloadError> {
-    let _one = engine.core.reloading.lock().await;
+    let _one = engine.core.reloading().await;
     let result = reload_files(engine, allow_partial);
     let record = match &result {
         Ok(r) => crate::audit::data::ConfigReloaded {
@@ -111,7 +111,7 @@ pub async fn reload_with(engine: &Engine, by: &str, allow_partial: bool) -> Resu
     };
     let appended = engine
         .core
-        .audit
+        .audit()
         .append(crate::audit::NewRecord::typed(crate::audit::RecordKind::ConfigReloaded, by, &record), None)
         .await;
     match appended {
@@ -167,7 +167,7 @@ fn reload_files(engine: &Engine, allow_partial: bool) -> Result<ReloadReport, Re
             });
         }
     }
-    let set = load_dir(&running.runbook_dir, &engine.core.script);
+    let set = load_dir(&running.runbook_dir, engine.core.script());
     if !allow_partial && !set.errors.is_empty() {
         return Err(ReloadError::Runbooks { failures: set.errors.iter().map(|e| e.to_string()).collect() });
     }
@@ -206,13 +206,13 @@ fn reload_files(engine: &Engine, allow_partial: bool) -> Result<ReloadReport, Re
     if let (Some(inventory), Some(key)) = (inventory, key) {
         let mut clients = std::collections::HashMap::new();
         let specs: Vec<_> = inventory.nodes.iter().map(|s| (s.clone(), s.addr(&inventory.defaults))).collect();
-        let (change, fresh) = engine.core.fleet.replace(specs, |spec, addr| {
+        let (change, fresh) = engine.core.fleet().replace(specs, |spec, addr| {
             let c = client_for(spec, addr, &inventory, &key, running);
             clients.insert(spec.name.clone(), c.clone());
             c as Arc<dyn AgentTransport>
         });
-        engine.core.agent_clients.keep(
-            |name| engine.core.fleet.get(name).is_some(),
+        engine.core.agent_clients().keep(
+            |name| engine.core.fleet().get(name).is_some(),
             fresh.iter().filter_map(|n| Some((n.spec.name.clone(), clients.get(&n.spec.name)?.clone()))),
         );
         // A standby connects to no agent: it starts the loops when it
@@ -246,7 +246,7 @@ fn reload_files(engine: &Engine, allow_partial: bool) -> Result<ReloadReport, Re
                 .collect();
             report.webhook_tokens_changed =
                 auth.webhook_token_sha256 != old.webhook_token_sha256 || auth.webhook_tokens != old.webhook_tokens;
-            engine.core.tokens.replace(auth);
+            engine.core.tokens().replace(auth);
         }
     }
     report.fault_policy = engine.put_fault_policy(policy);

@@ -72,7 +72,7 @@ impl Engine {
     /// Record a transition (durably) and take it into the model.
     pub(crate) async fn record_health(&self, t: &Transition, actor: &str) -> Result<(), String> {
         let rec = t.record(actor);
-        let r = self.core.audit.append(rec, None).await.map_err(|e| format!("cannot audit a health change: {e}"))?;
+        let r = self.core.audit().append(rec, None).await.map_err(|e| format!("cannot audit a health change: {e}"))?;
         self.core.health().replay(&r);
         tracing::info!(
             node = %t.node, gpu = t.gpu, from = t.from.as_str(), to = t.to.as_str(), by = %t.by, why = %t.why,
@@ -97,7 +97,7 @@ impl Engine {
         let now = self.core.now();
         for gpu in 0..gpus {
             let Some(ev) = self.evidence(node, gpu) else { continue };
-            self.core.counters.health_evaluations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.core.counters().health_evaluations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let name = node.spec.name.as_str();
             let new = self.core.health().observe(name, gpu, &ev, now);
             if let Some(t) = new {
@@ -105,7 +105,7 @@ impl Engine {
                     tracing::error!(node = name, gpu, error = %e, "a fault could not be recorded");
                     continue;
                 }
-                self.core.counters.faults_seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.core.counters().faults_seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             let h = self.core.health().get(name, gpu).cloned();
             let Some(h) = h else { continue };
@@ -147,7 +147,7 @@ impl Engine {
     /// runbook that takes it (paced; admission decides).
     async fn offer_fault(&self, node: &Arc<Node>, gpu: u32, now: i64) {
         let name = node.spec.name.clone();
-        if !crate::core::lock(&self.core.repair).offer_due(&name, gpu, now, RETRY_AFTER_RUN_MS, RETRY_PENDING_MS) {
+        if !self.core.repair().offer_due(&name, gpu, now, RETRY_AFTER_RUN_MS, RETRY_PENDING_MS) {
             return;
         }
         let Some(h) = self.core.health().get(&name, gpu).cloned() else { return };
@@ -209,11 +209,11 @@ impl Engine {
             || self.fleet_mode().0 == crate::modes::FleetMode::Shadow;
         let shadow_key = shadow.then(|| (name.clone(), gpu, fault.seen_ms, rb.manifest.name.clone()));
         if let Some(k) = &shadow_key
-            && crate::core::lock(&self.core.repair).shadow_answered(k)
+            && self.core.repair().shadow_answered(k)
         {
             return;
         }
-        *crate::core::lock(&self.core.counters.fault_offers).entry(rb.manifest.name.clone()).or_default() += 1;
+        *crate::core::lock(&self.core.counters().fault_offers).entry(rb.manifest.name.clone()).or_default() += 1;
         let req = RunRequest {
             runbook: rb.manifest.name.clone(),
             target: target.clone(),
@@ -250,7 +250,7 @@ impl Engine {
                 .await;
             }
             Ok(_) => {
-                crate::core::lock(&self.core.repair).ran(&name, gpu, now, shadow_key);
+                self.core.repair().ran(&name, gpu, now, shadow_key);
             }
             Err(e) => tracing::error!(node = %name, gpu, error = %e, "cannot submit a fault run"),
         }
@@ -271,7 +271,7 @@ impl Engine {
             .collect();
         for (gpu, h) in broken {
             let Some(f) = &h.fault else { continue };
-            let fresh = crate::core::lock(&self.core.repair).first_resume_telling(&name, gpu, f.seen_ms);
+            let fresh = self.core.repair().first_resume_telling(&name, gpu, f.seen_ms);
             if !fresh {
                 continue;
             }
@@ -289,7 +289,7 @@ impl Engine {
                 .notice_record(RecordKind::Escalation, &text, "escalation", false, false)
                 .node(Some(&name))
                 .gpu(Some(gpu));
-            match self.core.audit.append(rec, None).await {
+            match self.core.audit().append(rec, None).await {
                 Ok(r) => crate::core::Core::deliver(&self.core, &r),
                 Err(e) => tracing::error!(node = %name, error = %e, "cannot audit a resume before a repair"),
             }
@@ -298,7 +298,7 @@ impl Engine {
 
     /// Escalate once per fault: the text names the node.
     async fn tell_once(&self, node: &str, gpu: u32, seen_ms: i64, runbook: Option<&str>, text: String) {
-        let fresh = crate::core::lock(&self.core.repair).first_telling(node, gpu, seen_ms);
+        let fresh = self.core.repair().first_telling(node, gpu, seen_ms);
         if !fresh {
             return;
         }
@@ -311,7 +311,7 @@ impl Engine {
         if let Some(rb) = runbook {
             rec = rec.runbook(rb);
         }
-        match self.core.audit.append(rec, None).await {
+        match self.core.audit().append(rec, None).await {
             Ok(r) => crate::core::Core::deliver(&self.core, &r),
             Err(e) => tracing::error!(node, error = %e, "cannot audit a pending fault"),
         }
@@ -325,7 +325,7 @@ impl Engine {
         let verifying = self.core.health().in_state(HealthState::Verifying);
         let mut by_node: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         for (node, gpu) in verifying {
-            let due = crate::core::lock(&self.core.repair).check_due(&node, gpu, now, RECHECK_MS);
+            let due = self.core.repair().check_due(&node, gpu, now, RECHECK_MS);
             if due {
                 by_node.entry(node).or_default().push(gpu);
             }
@@ -337,8 +337,8 @@ impl Engine {
 
     /// Run the agent's health check and move each verifying GPU on.
     async fn verify_node(&self, node: &str, gpus: &[u32], now: i64) {
-        crate::core::lock(&self.core.repair).checked(node, gpus, now);
-        let Some(n) = self.core.fleet.get(node) else { return };
+        self.core.repair().checked(node, gpus, now);
+        let Some(n) = self.core.fleet().get(node) else { return };
         let check = match self.health_check_call(&n).await {
             Ok(c) => c,
             Err(e) => {
@@ -400,7 +400,7 @@ impl Engine {
                     .notice_record(RecordKind::Notification, &text, "warning", false, false)
                     .node(Some(node))
                     .gpu(Some(*gpu));
-                if let Ok(r) = self.core.audit.append(rec, None).await {
+                if let Ok(r) = self.core.audit().append(rec, None).await {
                     crate::core::Core::deliver(&self.core, &r);
                 }
             }
@@ -410,7 +410,7 @@ impl Engine {
 
     /// The agent's health check (read-only; not a change, so not an action).
     pub(crate) async fn health_check_call(&self, n: &Node) -> Result<HealthCheck, String> {
-        let req = Request::new(self.core.ids.request("health"), Op::HealthCheck(HealthCheckArgs { gpu: None }));
+        let req = Request::new(self.core.ids().request("health"), Op::HealthCheck(HealthCheckArgs { gpu: None }));
         match n.transport.call(req).await {
             Ok(r) if r.ok => serde_json::from_value(r.result.unwrap_or(Value::Null))
                 .map_err(|e| format!("the agent's health check does not read: {e}")),
@@ -426,13 +426,13 @@ impl Engine {
         if self.core.health().node_state(node) != HealthState::Healthy {
             return;
         }
-        let Some(n) = self.core.fleet.get(node) else { return };
+        let Some(n) = self.core.fleet().get(node) else { return };
         let holds = self.core.current_holds(node).await;
         // Runs whose holds on this node were placed for a fault: the repair
         // drain is sticky with `repair`.
         let owners: BTreeSet<String> = holds.iter().filter(|h| h.repair).map(|h| h.owner.clone()).collect();
         for owner in owners {
-            let Ok(Some(summary)) = self.core.audit.run(&owner) else { continue };
+            let Ok(Some(summary)) = self.core.audit().run(&owner) else { continue };
             self.release_fault_holds(&summary, &n, &holds).await;
         }
     }
@@ -446,13 +446,13 @@ impl Engine {
             .into_iter()
             .map(|id| {
                 Request::new(
-                    self.core.ids.request(&format!("{}-repaired", s.id)),
+                    self.core.ids().request(&format!("{}-repaired", s.id)),
                     Op::Release(ReleaseArgs { hold: Some(id), owner: None, include_kept: false }),
                 )
             })
             .collect();
         reqs.push(Request::new(
-            self.core.ids.request(&format!("{}-repaired", s.id)),
+            self.core.ids().request(&format!("{}-repaired", s.id)),
             Op::Release(ReleaseArgs { hold: None, owner: Some(s.id.clone()), include_kept: true }),
         ));
         for req in reqs {
@@ -467,7 +467,7 @@ impl Engine {
                 .run(&s.id)
                 .node(Some(node))
                 .runbook(&s.runbook);
-            if let Err(e) = self.core.audit.append(rec, None).await {
+            if let Err(e) = self.core.audit().append(rec, None).await {
                 tracing::error!(run = %s.id, error = %e, "cannot audit a repair release");
             }
             if !ok {
@@ -484,7 +484,7 @@ impl Engine {
         who: &str,
         note: &str,
     ) -> Result<Vec<u32>, String> {
-        let n = self.core.fleet.get(node).ok_or_else(|| format!("{node} is not in the inventory"))?;
+        let n = self.core.fleet().get(node).ok_or_else(|| format!("{node} is not in the inventory"))?;
         let candidates: Vec<(u32, HealthState)> = self
             .core
             .health()
@@ -530,7 +530,7 @@ impl Engine {
     /// the lifecycle's timestamps and past lifecycles. `None`: not in the
     /// inventory.
     pub(crate) fn node_health(&self, node: &str) -> Option<NodeHealth> {
-        let n = self.core.fleet.get(node)?;
+        let n = self.core.fleet().get(node)?;
         let model = self.health_model();
         let now = self.core.now();
         // Every GPU of the inventory, and any the model knows beyond it (a
@@ -547,21 +547,21 @@ impl Engine {
 
     /// Run the agent's health check on `node` by hand (read-only).
     pub(crate) async fn health_check_node(&self, node: &str) -> Result<HealthCheck, String> {
-        let n = self.core.fleet.get(node).ok_or_else(|| format!("{node} is not in the inventory"))?;
+        let n = self.core.fleet().get(node).ok_or_else(|| format!("{node} is not in the inventory"))?;
         self.health_check_call(&n).await
     }
 
     /// Rebuild the health model and the node marks from the chain (start,
     /// takeover, restore).
     pub(crate) fn rebuild_health(&self) -> Result<usize, crate::audit::AuditError> {
-        let records = self.core.audit.records_of_kind(RecordKind::HealthChanged)?;
+        let records = self.core.audit().records_of_kind(RecordKind::HealthChanged)?;
         {
             let mut m = self.core.health();
             for r in &records {
                 m.replay(r);
             }
         }
-        let marks = self.core.audit.records_of_kind(RecordKind::NodeAnnotated)?;
+        let marks = self.core.audit().records_of_kind(RecordKind::NodeAnnotated)?;
         for r in &marks {
             let p = match r.payload::<crate::audit::data::NodeAnnotated>() {
                 Ok(p) if p.dry_run != Some(true) && !p.key.is_empty() => p,
@@ -571,7 +571,7 @@ impl Engine {
                     continue;
                 }
             };
-            let Some(n) = r.node.as_deref().and_then(|node| self.core.fleet.get(node)) else { continue };
+            let Some(n) = r.node.as_deref().and_then(|node| self.core.fleet().get(node)) else { continue };
             let mut st = n.state();
             match p.value {
                 Some(v) => st.annotations.insert(p.key, v),
@@ -580,10 +580,10 @@ impl Engine {
         }
         // An admin's hands-off outlives a restart (and moves to the next
         // leader): each node's newest `hands_off` record.
-        let hands_off = self.core.audit.records_of_kind(RecordKind::HandsOff)?;
+        let hands_off = self.core.audit().records_of_kind(RecordKind::HandsOff)?;
         for r in &hands_off {
             let (Some(n), Ok(p)) = (
-                r.node.as_deref().and_then(|node| self.core.fleet.get(node)),
+                r.node.as_deref().and_then(|node| self.core.fleet().get(node)),
                 r.payload::<crate::audit::data::HandsOff>(),
             ) else {
                 continue;

@@ -81,7 +81,7 @@ pub async fn start_with_clock(config: EngineConfig, clock: SharedClock) -> Resul
     for change in engine.load_fault_policy()? {
         tracing::info!(change = %change, "a site override of the XID policy is in force");
     }
-    engine.core.agent_clients.keep(|_| false, clients);
+    engine.core.agent_clients().keep(|_| false, clients);
     match engine.core.leadership().cloned() {
         None => activate(&engine).await?,
         Some(l) => {
@@ -145,9 +145,9 @@ async fn activate(engine: &Engine) -> Result<(), StartError> {
         tracing::warn!(runs = ?recovered, "runs left unfinished by the last stop, resumed too often or whose runbook is gone, are now interrupted");
     }
     // The fleet as it is now (a standby may have reloaded it since start).
-    let clients: Vec<(String, Arc<AgentClient>)> = engine.core.agent_clients.all();
+    let clients: Vec<(String, Arc<AgentClient>)> = engine.core.agent_clients().all();
     for (name, client) in clients {
-        let Some(node) = engine.core.fleet.get(&name) else { continue };
+        let Some(node) = engine.core.fleet().get(&name) else { continue };
         let e = engine.clone();
         engine.add_task(tokio::spawn(async move { node_loop(e, node, client).await }));
     }
@@ -290,7 +290,7 @@ async fn lease_loop(engine: Engine, l: Arc<Leadership>) {
             return;
         }
     };
-    engine.core.ids.advance_to(engine.audit().run_count().unwrap_or(0));
+    engine.core.ids().advance_to(engine.audit().run_count().unwrap_or(0));
     // Promotions and demotions live in the chain: what the last leader was
     // told holds here (a runbook demoted to shadow stays in shadow).
     match db.runbook_modes(&l.cfg.shard).await {
@@ -448,7 +448,7 @@ pub(crate) async fn node_loop(engine: Engine, node: Arc<crate::fleet::Node>, cli
     let interval = engine.config().telemetry.interval_ms;
     let name = node.spec.name.clone();
     let mut attempt: u64 = 0;
-    let retired = |engine: &Engine| !engine.core.fleet.is_current(&node);
+    let retired = |engine: &Engine| !engine.core.fleet().is_current(&node);
     loop {
         if *shutdown.borrow() {
             return;

@@ -57,19 +57,19 @@ pub struct RunbookView {
 
 impl Engine {
     pub fn runs(&self, f: &RunFilter) -> Result<RunPage, EngineError> {
-        Ok(self.core.audit.runs(f)?)
+        Ok(self.core.audit().runs(f)?)
     }
 
     pub fn run(&self, id: &str) -> Result<Option<RunSummary>, EngineError> {
-        Ok(self.core.audit.run(id)?)
+        Ok(self.core.audit().run(id)?)
     }
 
     pub fn run_records(&self, id: &str) -> Result<Vec<AuditRecord>, EngineError> {
-        Ok(self.core.audit.run_records(id)?)
+        Ok(self.core.audit().run_records(id)?)
     }
 
     pub fn verify(&self) -> Result<VerifyReport, EngineError> {
-        Ok(self.core.audit.verify()?)
+        Ok(self.core.audit().verify()?)
     }
 
     /// [`Engine::verify`] off the async threads (it reads the whole store,
@@ -78,12 +78,12 @@ impl Engine {
     /// the head has not moved (for at most `VERIFY_CACHE_SECS`) — page
     /// loads cannot stack up full-chain walks.
     pub(crate) async fn verify_in_background(&self) -> Result<VerifyReport, EngineError> {
-        let head = self.core.audit.head_seq();
+        let head = self.core.audit().head_seq();
         self.core
-            .verify_cache
+            .verify_cache()
             .report(head, || async {
-                let audit = self.core.audit.clone();
-                self.core.counters.verify_walks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let audit = self.core.audit().clone();
+                self.core.counters().verify_walks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let r = tokio::task::spawn_blocking(move || audit.verify())
                     .await
                     .map_err(|e| crate::audit::AuditError::Read(format!("the verify task failed: {e}")))??;
@@ -104,19 +104,19 @@ impl Engine {
             limit: Some(1000),
             ..Default::default()
         };
-        let mut v = self.core.audit.runs(&f).map(|p| p.runs).unwrap_or_default();
+        let mut v = self.core.audit().runs(&f).map(|p| p.runs).unwrap_or_default();
         v.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
         v
     }
 
     /// The fleet's node names.
     pub fn node_names(&self) -> Vec<String> {
-        self.core.fleet.nodes().iter().map(|n| n.spec.name.clone()).collect()
+        self.core.fleet().nodes().iter().map(|n| n.spec.name.clone()).collect()
     }
 
     /// GPUs the fleet's inventories report.
     pub fn fleet_gpus(&self) -> usize {
-        self.core.fleet.nodes().iter().map(|n| n.state().gpu_count()).sum()
+        self.core.fleet().nodes().iter().map(|n| n.state().gpu_count()).sum()
     }
 
     /// Agents with a live connection (or recent telemetry).
@@ -137,12 +137,12 @@ impl Engine {
     }
 
     pub(crate) fn connected_agents(&self) -> usize {
-        self.core.fleet.nodes().iter().filter(|n| n.state().connected).count()
+        self.core.fleet().nodes().iter().filter(|n| n.state().connected).count()
     }
 
     /// A node's view.
     pub fn node(&self, name: &str) -> Option<NodeView> {
-        let n = self.core.fleet.get(name)?;
+        let n = self.core.fleet().get(name)?;
         let state = n.state().clone();
         let b = self.core.brain();
         let latest = |b: &Brain, gpu: Option<u16>, i: usize| {
@@ -186,7 +186,7 @@ impl Engine {
     /// them: `(node, hold)`.
     pub fn active_holds(&self) -> Vec<(String, nightshift_proto::HoldInfo)> {
         self.core
-            .fleet
+            .fleet()
             .nodes()
             .iter()
             .flat_map(|n| {
@@ -199,9 +199,9 @@ impl Engine {
     /// A plotted series of a node (or one of its GPUs) between two times:
     /// `(ts_ms, value)`, one point per history step (`history.rs`).
     pub fn series(&self, node: &str, gpu: Option<u32>, metric: MetricId, from_ms: i64, to_ms: i64) -> Vec<(i64, f64)> {
-        let Some(n) = self.core.fleet.get(node) else { return Vec::new() };
+        let Some(n) = self.core.fleet().get(node) else { return Vec::new() };
         let Ok(gpu) = gpu.map(u16::try_from).transpose() else { return Vec::new() };
-        crate::core::lock(&self.core.history).range((n.idx, gpu, metric), from_ms, to_ms)
+        self.core.history().range((n.idx, gpu, metric), from_ms, to_ms)
     }
 
     /// Every node's view.
@@ -238,9 +238,9 @@ impl Engine {
     pub fn trigger_stats(&self) -> Vec<(String, u64, u64)> {
         let set = self.runbook_set();
         let b = self.core.brain();
-        let alerts = crate::core::lock(&self.core.counters.alert_evaluations).clone();
-        let offers = crate::core::lock(&self.core.counters.fault_offers).clone();
-        let health = self.core.counters.health_evaluations.load(std::sync::atomic::Ordering::Relaxed);
+        let alerts = crate::core::lock(&self.core.counters().alert_evaluations).clone();
+        let offers = crate::core::lock(&self.core.counters().fault_offers).clone();
+        let health = self.core.counters().health_evaluations.load(std::sync::atomic::Ordering::Relaxed);
         set.runbooks
             .iter()
             .enumerate()
@@ -264,8 +264,8 @@ impl Engine {
         if op.is_mutating() {
             return Err(EngineError::NotReadOnly { op: op.name().to_string() });
         }
-        let n = self.core.fleet.get(node).ok_or_else(|| EngineError::UnknownNode(node.into()))?;
-        let req = Request::new(self.core.ids.request(&format!("cli-{}", op.name())), op);
+        let n = self.core.fleet().get(node).ok_or_else(|| EngineError::UnknownNode(node.into()))?;
+        let req = Request::new(self.core.ids().request(&format!("cli-{}", op.name())), op);
         n.transport
             .call(req)
             .await
@@ -283,7 +283,7 @@ impl Engine {
         reason: Option<&str>,
         until_ms: Option<i64>,
     ) -> Result<(), EngineError> {
-        let n = self.core.fleet.get(node).ok_or_else(|| EngineError::UnknownNode(node.into()))?;
+        let n = self.core.fleet().get(node).ok_or_else(|| EngineError::UnknownNode(node.into()))?;
         if let Some(problem) = reason.and_then(|r| nightshift_proto::names::free_text_problem("reason", r)) {
             return Err(EngineError::BadParams(problem));
         }
@@ -294,7 +294,7 @@ impl Engine {
         // the chain), so it is not in force before its record is.
         let recorded = if on { why } else { Some(reason.unwrap_or("hands-off ended")) };
         let payload = crate::audit::data::HandsOff { hands_off: on, reason: recorded.map(str::to_string), until_ms };
-        self.core.audit.append(NewRecord::typed(RecordKind::HandsOff, by, &payload).node(Some(node)), None).await?;
+        self.core.audit().append(NewRecord::typed(RecordKind::HandsOff, by, &payload).node(Some(node)), None).await?;
         {
             let mut st = n.state();
             st.engine_hands_off = why.map(|w| (by.to_string(), w.to_string()));
@@ -310,7 +310,7 @@ impl Engine {
     /// engine's with who set it and until when.
     pub(crate) async fn expire_hands_off(&self) {
         let now = self.core.now();
-        for n in self.core.fleet.nodes().iter() {
+        for n in self.core.fleet().nodes().iter() {
             let (by, until) = {
                 let st = n.state();
                 match (&st.engine_hands_off, st.engine_hands_off_until_ms) {
@@ -322,7 +322,7 @@ impl Engine {
                 format!("the hands-off {by} set ended at {} as they asked", crate::alerts::format_rfc3339_ms(until));
             let payload = crate::audit::data::HandsOff { hands_off: false, reason: Some(why), until_ms: None };
             let rec = NewRecord::typed(RecordKind::HandsOff, "engine", &payload).node(Some(&n.spec.name));
-            match self.core.audit.append(rec, None).await {
+            match self.core.audit().append(rec, None).await {
                 Ok(_) => {
                     let mut st = n.state();
                     st.engine_hands_off = None;
@@ -336,25 +336,25 @@ impl Engine {
 
     /// The newest record: its sequence number and hash anchor the chain.
     pub(crate) fn audit_head(&self) -> Result<Option<AuditRecord>, EngineError> {
-        let seq = self.core.audit.head_seq();
+        let seq = self.core.audit().head_seq();
         if seq == 0 {
             return Ok(None);
         }
-        Ok(self.core.audit.get(seq)?)
+        Ok(self.core.audit().get(seq)?)
     }
 
     /// Post the audit head to every target with `audit_anchors: true`; each
     /// delivery is audited (`notification_delivery`, kind `audit_anchor`).
     pub(crate) async fn post_audit_anchor(&self) -> Result<usize, EngineError> {
-        let targets = self.core.notifier.anchor_targets();
+        let targets = self.core.notifier().anchor_targets();
         let Some(head) = self.audit_head()? else { return Ok(0) };
         if targets.is_empty() {
             return Ok(0);
         }
         for t in &targets {
-            let d = self.core.notifier.deliver(t, &crate::notify::anchor_body(t.format, &head)).await;
+            let d = self.core.notifier().deliver(t, &crate::notify::anchor_body(t.format, &head)).await;
             self.core
-                .audit
+                .audit()
                 .append(
                     NewRecord::typed(
                         RecordKind::NotificationDelivery,
@@ -381,16 +381,16 @@ impl Engine {
     pub fn replace_runbooks(&self, set: crate::runbook::RunbookSet) {
         let brain = Brain::build(
             &set,
-            (self.core.config.telemetry.script_window_secs as i64).saturating_mul(1000),
-            self.core.config.telemetry.ingest_shards as usize,
+            (self.core.config().telemetry.script_window_secs as i64).saturating_mul(1000),
+            self.core.config().telemetry.ingest_shards as usize,
         );
         *self.core.brain() = brain;
-        self.core.runbooks.replace(set);
+        self.core.runbooks().replace(set);
     }
 
     /// Fetch every agent's inventory once (node state, GPU counts, vendor).
     pub async fn refresh_inventories(&self) {
-        for n in self.core.fleet.nodes().iter() {
+        for n in self.core.fleet().nodes().iter() {
             self.fetch_inventory(n).await;
         }
     }
@@ -398,7 +398,7 @@ impl Engine {
     /// Fetch `node`'s inventory if this engine has none yet (a connection's
     /// first call): a new engine knows a node only after this.
     pub async fn ensure_inventory(&self, node: &str) {
-        let Some(n) = self.core.fleet.get(node) else { return };
+        let Some(n) = self.core.fleet().get(node) else { return };
         let known = n.state().inventory.is_some();
         if !known {
             self.fetch_inventory(&n).await;
@@ -406,7 +406,7 @@ impl Engine {
     }
 
     async fn fetch_inventory(&self, n: &crate::fleet::Node) {
-        let req = Request::new(self.core.ids.request(&format!("inv-{}", n.spec.name)), Op::Inventory(NoArgs {}));
+        let req = Request::new(self.core.ids().request(&format!("inv-{}", n.spec.name)), Op::Inventory(NoArgs {}));
         match n.transport.call(req).await {
             Ok(r) if r.ok => {
                 let inv = r.result.and_then(|v| serde_json::from_value(v).ok());
@@ -421,7 +421,7 @@ impl Engine {
 
     /// Record a node's inventory (from its agent).
     pub(crate) fn set_node_inventory(&self, node: &str, inv: Option<Inventory>, error: Option<String>) {
-        if let Some(n) = self.core.fleet.get(node) {
+        if let Some(n) = self.core.fleet().get(node) {
             let mut st = n.state();
             if inv.is_some() {
                 st.inventory = inv;
@@ -433,7 +433,7 @@ impl Engine {
     /// A node's agent answered (used when telemetry does not come from the
     /// agent's stream).
     pub(crate) fn mark_alive(&self, node: &str) {
-        if let Some(n) = self.core.fleet.get(node) {
+        if let Some(n) = self.core.fleet().get(node) {
             let now = self.core.now();
             let mut st = n.state();
             st.connected = true;
@@ -444,7 +444,7 @@ impl Engine {
 
     /// Mark a node unreachable, with why.
     pub(crate) fn set_node_disconnected(&self, node: &str, error: &str) {
-        if let Some(n) = self.core.fleet.get(node) {
+        if let Some(n) = self.core.fleet().get(node) {
             let mut st = n.state();
             if st.connected || st.last_error.as_deref() != Some(error) {
                 tracing::warn!(node, error, "agent unreachable");
@@ -456,14 +456,14 @@ impl Engine {
 
     /// The index of a node's GPU with this UUID (from its inventory).
     pub(crate) fn gpu_by_uuid(&self, node: &str, uuid: &str) -> Option<u32> {
-        let n = self.core.fleet.get(node)?;
+        let n = self.core.fleet().get(node)?;
         let st = n.state();
         st.inventory.as_ref()?.gpus.iter().find(|g| g.uuid.as_deref() == Some(uuid)).map(|g| g.index)
     }
 
     /// Whether `node` is in the inventory.
     pub(crate) fn has_node(&self, node: &str) -> bool {
-        self.core.fleet.get(node).is_some()
+        self.core.fleet().get(node).is_some()
     }
 }
 
@@ -473,12 +473,12 @@ impl Engine {
         // A standby follows the chain: the leader's promotions and
         // demotions, as they are recorded.
         if !self.core.acting()
-            && let Ok(records) = self.core.audit.records_of_kind(crate::audit::RecordKind::RunbookMode)
+            && let Ok(records) = self.core.audit().records_of_kind(crate::audit::RecordKind::RunbookMode)
         {
             if let Some(m) = crate::modes::modes_from_records(&records).get(name) {
                 return *m;
             }
-        } else if let Some(m) = self.core.modes.get(name) {
+        } else if let Some(m) = self.core.modes().get(name) {
             return m;
         }
         self.runbook_set().get(name).map(|(_, rb)| rb.manifest.mode).unwrap_or_default()
@@ -517,7 +517,7 @@ impl Engine {
             )));
         }
         self.core
-            .audit
+            .audit()
             .append(
                 NewRecord::typed(
                     RecordKind::RunbookMode,
@@ -532,7 +532,7 @@ impl Engine {
                 None,
             )
             .await?;
-        self.core.modes.set(name, mode);
+        self.core.modes().set(name, mode);
         Ok(mode)
     }
 }
@@ -555,7 +555,7 @@ impl Engine {
                 }
             }
         }
-        self.core.modes.replace(held);
+        self.core.modes().replace(held);
     }
 }
 
@@ -610,13 +610,13 @@ pub struct HaStatus {
 impl Engine {
     /// The audit store's shared connection for reads (PostgreSQL backend).
     fn pg_reads(&self) -> Result<&crate::audit::PgReads, String> {
-        self.core.audit.pg_reads().ok_or_else(|| "the sled backend has no database: leave out shards=all".into())
+        self.core.audit().pg_reads().ok_or_else(|| "the sled backend has no database: leave out shards=all".into())
     }
 
     /// Runs, newest first, filtered: with PostgreSQL in SQL (this engine's
     /// shard, from the database), else from the sled store.
     pub(crate) async fn runs_page(&self, f: &RunFilter) -> Result<RunPage, EngineError> {
-        let Some(pg) = self.core.audit.postgres() else { return self.runs(f) };
+        let Some(pg) = self.core.audit().postgres() else { return self.runs(f) };
         let page = self
             .pg_reads()
             .map_err(crate::audit::AuditError::Read)?
@@ -639,7 +639,7 @@ impl Engine {
     /// Every shard of this engine's database: who leads it, at what term,
     /// and its chain's head (empty with the sled backend).
     pub(crate) async fn ha_shards(&self) -> Result<Vec<crate::ha::ShardRow>, String> {
-        match self.core.audit.pg_reads() {
+        match self.core.audit().pg_reads() {
             Some(db) => db.shards().await,
             None => Ok(Vec::new()),
         }
@@ -647,7 +647,7 @@ impl Engine {
 
     /// Every engine of every shard, as each last announced itself.
     pub(crate) async fn ha_engines(&self) -> Result<Vec<crate::ha::EngineRow>, String> {
-        match self.core.audit.pg_reads() {
+        match self.core.audit().pg_reads() {
             Some(db) => db.engines().await,
             None => Ok(Vec::new()),
         }
@@ -655,7 +655,7 @@ impl Engine {
 
     /// Leadership as this engine sees it.
     pub fn ha_status(&self) -> HaStatus {
-        let takeover = self.core.counters.failover_ms.load(std::sync::atomic::Ordering::SeqCst);
+        let takeover = self.core.counters().failover_ms.load(std::sync::atomic::Ordering::SeqCst);
         match self.core.leadership() {
             None => HaStatus {
                 backend: "sled".into(),

@@ -37,7 +37,7 @@ impl Host {
                 format!("run {} targets {}; refusing to act on {node} outside it", self.run, ctx.target),
             ));
         }
-        let Some(n) = self.core.fleet.get(node) else {
+        let Some(n) = self.core.fleet().get(node) else {
             return Err(self.refuse(ctx, node, op, "unknown_node", format!("{node} is not in the inventory")));
         };
         if m.class == RunClass::Observe {
@@ -162,7 +162,7 @@ impl Host {
         if let Err(refusal) = self.admit_change(ctx, node, &op, &m) {
             return refusal;
         }
-        let Some(n) = self.core.fleet.get(node) else { return refused("unknown_node", node) };
+        let Some(n) = self.core.fleet().get(node) else { return refused("unknown_node", node) };
         // One node of a shared cause takes no capacity away: the cause is
         // not on this node (invariant 21).
         let shared_cause = self.core.table().run(&self.run).and_then(|r| r.shared_cause.clone());
@@ -228,7 +228,7 @@ impl Host {
         let duration_ms = ctx.clock.now_ms() - t0;
         let mut result = match &sent {
             Ok((r, secs)) if matches!(op, Op::Release(_)) => {
-                self.core.counters.action_latency.lock().unwrap_or_else(|e| e.into_inner()).observe(*secs);
+                self.core.counters().action_latency.lock().unwrap_or_else(|e| e.into_inner()).observe(*secs);
                 let mut v = json!({"ok": r.ok, "outcome": if r.ok { "released" } else { "refused" },
                     "applied": r.ok && !ctx.dry_run, "held": false, "after": r.result});
                 if let Some(e) = &r.error {
@@ -238,7 +238,7 @@ impl Host {
                 v
             }
             Ok((r, secs)) => {
-                self.core.counters.action_latency.lock().unwrap_or_else(|e| e.into_inner()).observe(*secs);
+                self.core.counters().action_latency.lock().unwrap_or_else(|e| e.into_inner()).observe(*secs);
                 let action = r.action();
                 let mut v = json!({
                     "ok": r.ok,

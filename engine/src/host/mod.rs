@@ -116,7 +116,7 @@ impl Host {
 
     fn append(&self, ctx: &RunCtx, rec: NewRecord) {
         let rec = rec.run(&self.run).runbook(&ctx.runbook);
-        if let Err(e) = self.core.audit.append_blocking(rec, self.summary()) {
+        if let Err(e) = self.core.audit().append_blocking(rec, self.summary()) {
             tracing::error!(run = %self.run, error = %e, "cannot audit from a script");
         }
     }
@@ -125,7 +125,7 @@ impl Host {
     fn in_target(&self, ctx: &RunCtx, node: &str) -> bool {
         match (&ctx.target.node, &ctx.target.group) {
             (Some(n), _) => n == node,
-            (None, Some((k, v))) => self.core.fleet.get(node).is_some_and(|n| n.label(k) == Some(v.as_str())),
+            (None, Some((k, v))) => self.core.fleet().get(node).is_some_and(|n| n.label(k) == Some(v.as_str())),
             _ => false,
         }
     }
@@ -142,7 +142,7 @@ impl Host {
     }
 
     fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
-        self.core.handle.block_on(f)
+        self.core.handle().block_on(f)
     }
 }
 
@@ -158,7 +158,7 @@ impl Host {
     /// scheduler's power saving), audited like any action; the node's
     /// `power` annotation says nightshift did it.
     fn power(&self, ctx: &RunCtx, label: &str, value: &str, node: &str, up: bool) -> Result<(), String> {
-        let peers = self.core.fleet.group(label, value);
+        let peers = self.core.fleet().group(label, value);
         let Some(peer) = peers
             .iter()
             .filter(|p| p.spec.name != node || !up)
@@ -216,7 +216,7 @@ impl Host {
             r.summary.did.push("GPU to RMA".into());
         }
         let rec = t.record("engine").runbook(&ctx.runbook);
-        match self.core.audit.append_blocking(rec, self.summary()) {
+        match self.core.audit().append_blocking(rec, self.summary()) {
             Ok(r) => self.core.health().replay(&r),
             Err(e) => tracing::error!(run = %self.run, error = %e, "cannot audit a health change"),
         }
@@ -347,7 +347,7 @@ impl ScriptHost for Host {
     }
 
     fn health_check(&self, _ctx: &RunCtx, node: &str) -> Map {
-        let Some(n) = self.core.fleet.get(node) else { return refused("unknown_node", node) };
+        let Some(n) = self.core.fleet().get(node) else { return refused("unknown_node", node) };
         let engine = crate::engine::Engine::from_core(self.core.clone());
         match self.block_on(engine.health_check_call(&n)) {
             Ok(c) => to_map(json!({"ok": c.ok, "failures": c.failures(), "check": c})),
@@ -385,7 +385,7 @@ impl ScriptHost for Host {
     }
 
     fn thermal_fit(&self, _ctx: &RunCtx, node: &str, gpu: u32, window_ms: i64) -> Map {
-        let Some(n) = self.core.fleet.get(node) else { return Map::new() };
+        let Some(n) = self.core.fleet().get(node) else { return Map::new() };
         let Ok(g) = u16::try_from(gpu) else { return Map::new() };
         let now = self.core.now();
         let mut since = now.saturating_sub(window_ms);
@@ -437,7 +437,7 @@ impl ScriptHost for Host {
     fn nodes_avg(&self, _ctx: &RunCtx, nodes: &[String], metric: MetricId) -> Option<f64> {
         let mut vals = Vec::new();
         for name in nodes {
-            let Some(n) = self.core.fleet.get(name) else { continue };
+            let Some(n) = self.core.fleet().get(name) else { continue };
             let gpus = n.state().gpu_count();
             let list: Vec<Option<u32>> =
                 if metrics::metric(metric).gpu_scoped { (0..gpus as u32).map(Some).collect() } else { vec![None] };
@@ -456,7 +456,7 @@ impl ScriptHost for Host {
     }
 
     fn unobserved_ms(&self, _ctx: &RunCtx, node: &str, window_ms: i64) -> i64 {
-        let Some(n) = self.core.fleet.get(node) else { return 0 };
+        let Some(n) = self.core.fleet().get(node) else { return 0 };
         let first = n.state().first_reading_ms;
         match first {
             // From its first reading on, this engine has seen the node.
@@ -467,7 +467,7 @@ impl ScriptHost for Host {
 
     fn gpu_info(&self, _ctx: &RunCtx, node: &str, gpu: u32) -> Map {
         let mut out = serde_json::Map::new();
-        if let Some(n) = self.core.fleet.get(node) {
+        if let Some(n) = self.core.fleet().get(node) {
             if let Some(info) =
                 n.state().inventory.as_ref().and_then(|i| i.gpus.iter().find(|g| g.index == gpu).cloned())
                 && let Ok(Value::Object(m)) = serde_json::to_value(info)
@@ -503,7 +503,7 @@ impl ScriptHost for Host {
     }
 
     fn node_info(&self, _ctx: &RunCtx, node: &str) -> Map {
-        let Some(n) = self.core.fleet.get(node) else { return Map::new() };
+        let Some(n) = self.core.fleet().get(node) else { return Map::new() };
         let st = n.state().clone();
         let mut v = json!({
             "name": n.spec.name,
@@ -537,7 +537,7 @@ impl ScriptHost for Host {
 
     fn group_nodes(&self, ctx: &RunCtx) -> Vec<String> {
         match &ctx.target.group {
-            Some((k, v)) => self.core.fleet.group(k, v).iter().map(|n| n.spec.name.clone()).collect(),
+            Some((k, v)) => self.core.fleet().group(k, v).iter().map(|n| n.spec.name.clone()).collect(),
             None => ctx.target.node.clone().into_iter().collect(),
         }
     }
@@ -545,7 +545,7 @@ impl ScriptHost for Host {
     fn group_avg(&self, ctx: &RunCtx, metric: MetricId) -> Option<f64> {
         let (k, v) = ctx.target.group.clone()?;
         let mut vals = Vec::new();
-        for n in self.core.fleet.group(&k, &v) {
+        for n in self.core.fleet().group(&k, &v) {
             let (drained, gpus) = {
                 let st = n.state();
                 (st.drained, st.gpu_count())
@@ -631,8 +631,8 @@ impl ScriptHost for Host {
     }
 
     fn holds(&self, _ctx: &RunCtx, node: &str) -> rhai::Array {
-        let Some(n) = self.core.fleet.get(node) else { return rhai::Array::new() };
-        let req = Request::new(self.core.ids.request(&format!("{}-holds", self.run)), Op::Holds(NoArgs {}));
+        let Some(n) = self.core.fleet().get(node) else { return rhai::Array::new() };
+        let req = Request::new(self.core.ids().request(&format!("{}-holds", self.run)), Op::Holds(NoArgs {}));
         let views: Vec<nightshift_proto::SettingView> = match self.block_on(n.transport.call(req)) {
             Ok(r) if r.ok => r.result.and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default(),
             _ => Vec::new(),
@@ -655,9 +655,9 @@ impl ScriptHost for Host {
     }
 
     fn config_list(&self, _ctx: &RunCtx, node: &str, name: Option<&str>) -> Dynamic {
-        let Some(n) = self.core.fleet.get(node) else { return Dynamic::UNIT };
+        let Some(n) = self.core.fleet().get(node) else { return Dynamic::UNIT };
         let req = Request::new(
-            self.core.ids.request(&format!("{}-config-list", self.run)),
+            self.core.ids().request(&format!("{}-config-list", self.run)),
             Op::ConfigList(ConfigListArgs { name: name.map(str::to_string) }),
         );
         match self.block_on(n.transport.call(req)) {
@@ -676,7 +676,7 @@ impl ScriptHost for Host {
             return;
         }
         if !ctx.dry_run
-            && let Some(n) = self.core.fleet.get(node)
+            && let Some(n) = self.core.fleet().get(node)
         {
             let mut st = n.state();
             match text {

@@ -8,9 +8,9 @@ impl Host {
     /// [`ScriptHost::xid_repeats`].
     pub(super) fn repeats_of_target(&self, ctx: &RunCtx) -> rhai::Array {
         let (Some(node), Some(gpu)) = (ctx.target.node.as_deref(), ctx.target.gpu) else { return Vec::new() };
-        let Some(n) = self.core.fleet.get(node) else { return Vec::new() };
+        let Some(n) = self.core.fleet().get(node) else { return Vec::new() };
         let policy = self.core.health().policy();
-        let repeats = crate::core::lock(&self.core.xid_history).repeats(n.idx, gpu, self.core.now(), &policy);
+        let repeats = self.core.xid_history().repeats(n.idx, gpu, self.core.now(), &policy);
         let rule = &policy.repeats;
         repeats
             .into_iter()
@@ -52,7 +52,7 @@ impl Host {
         from_ms: i64,
         to_ms: i64,
     ) -> Map {
-        let Some(n) = self.core.fleet.get(node) else { return Map::new() };
+        let Some(n) = self.core.fleet().get(node) else { return Map::new() };
         let gpus: Vec<Option<u16>> = match (metrics::metric(metric).gpu_scoped, gpu) {
             (true, Some(g)) => vec![u16::try_from(g).ok()],
             (true, None) => (0..n.state().gpu_count()).map(|g| u16::try_from(g).ok()).collect(),
@@ -83,13 +83,13 @@ impl Host {
         let Some((label, value)) = ctx.target.group.clone() else {
             return refused("not_group", "pool_pending needs a group target (scope: group)");
         };
-        let group = self.core.fleet.group(&label, &value);
+        let group = self.core.fleet().group(&label, &value);
         let Some(n) = group.iter().filter(|n| n.state().connected).min_by_key(|n| n.spec.standby) else {
             return to_map(json!({"known": false, "why": format!("no node of {label}={value} is connected")}));
         };
         let partition = n.label("partition").map(str::to_string);
         let op = Op::SchedulerPending(nightshift_proto::SchedulerPendingArgs { partition });
-        let req = Request::new(self.core.ids.request("pending"), op);
+        let req = Request::new(self.core.ids().request("pending"), op);
         match self.block_on(n.transport.call(req)) {
             Ok(r) if r.ok => {
                 let p: nightshift_proto::PendingWork =

@@ -22,7 +22,7 @@ impl Host {
     pub(super) fn standbys_serving(&self, n: &crate::fleet::Node) -> usize {
         let Some(pool) = n.label("pool") else { return 0 };
         self.core
-            .fleet
+            .fleet()
             .group("pool", pool)
             .iter()
             .filter(|m| {
@@ -45,7 +45,7 @@ impl Host {
         // (an idle node it just resumed would dilute the pool's average).
         let before: Vec<String> = self
             .core
-            .fleet
+            .fleet()
             .group(&label, &value)
             .iter()
             .filter(|n| {
@@ -57,7 +57,7 @@ impl Host {
         // Warm standbys first (up, drained, seconds from serving), then the
         // ones the scheduler keeps powered down (minutes to boot); file
         // order otherwise.
-        let mut group = self.core.fleet.group(&label, &value);
+        let mut group = self.core.fleet().group(&label, &value);
         if out {
             group.sort_by_key(|n| n.spec.power_saving && !n.state().connected);
         }
@@ -180,7 +180,7 @@ impl Host {
             }
         }
         let booting: Vec<&String> =
-            changed.iter().filter(|c| self.core.fleet.get(c).is_some_and(|n| !n.state().connected)).collect();
+            changed.iter().filter(|c| self.core.fleet().get(c).is_some_and(|n| !n.state().connected)).collect();
         to_map(json!({"ok": true, "nodes": changed, "count": changed.len(), "skipped": skipped, "before": before,
             "booting": booting}))
     }
@@ -191,7 +191,7 @@ impl Host {
     /// autoscaler's per-pool budget, and for `in` by what nightshift asked
     /// for; the request is audited (durably) before it is sent.
     pub(super) fn autoscale_pool(&self, ctx: &RunCtx, out: bool, count: i64, why: &str) -> Map {
-        let Some(cfg) = self.core.config.autoscaler.clone() else {
+        let Some(cfg) = self.core.config().autoscaler.clone() else {
             return refused("no_autoscaler", "no autoscaler is configured (`autoscaler:` in engine.yaml)");
         };
         let Some((label, value)) = ctx.target.group.clone() else {
@@ -229,7 +229,7 @@ impl Host {
         if !self.core.acting() {
             return refused("not_leader", "this engine is not the leader: it sends nothing");
         }
-        if let Some(e) = self.core.audit.stopped() {
+        if let Some(e) = self.core.audit().stopped() {
             return refused("audit_stopped", &format!("not sent: {e}"));
         }
         let direction = if out { "out" } else { "in" };

@@ -77,7 +77,7 @@ impl Host {
             TextKind::Note => None,
         };
         if let (Some(what), false) = (what, ctx.dry_run) {
-            *crate::core::lock(&self.core.counters.told).entry((ctx.runbook.clone(), what)).or_default() += 1;
+            *crate::core::lock(&self.core.counters().told).entry((ctx.runbook.clone(), what)).or_default() += 1;
         }
         if kind == TextKind::Note {
             self.append(
@@ -108,7 +108,7 @@ impl Host {
             .node(ctx.target.node.as_deref())
             .gpu(ctx.target.gpu)
             .runbook(&ctx.runbook);
-        match self.core.audit.append_blocking(rec, self.summary()) {
+        match self.core.audit().append_blocking(rec, self.summary()) {
             Ok(r) => Core::deliver(&self.core, &r),
             Err(e) => tracing::error!(run = %self.run, error = %e, "cannot audit from a script"),
         }

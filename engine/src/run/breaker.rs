@@ -94,7 +94,7 @@ impl Engine {
     /// a person looks first.
     fn shared_by(&self, nodes: &BTreeSet<String>) -> String {
         let labels: Vec<std::collections::BTreeMap<String, String>> =
-            nodes.iter().filter_map(|n| self.core.fleet.get(n)).map(|n| n.spec.labels.clone()).collect();
+            nodes.iter().filter_map(|n| self.core.fleet().get(n)).map(|n| n.spec.labels.clone()).collect();
         let common: Vec<String> = labels
             .first()
             .map(|first| {
@@ -125,7 +125,7 @@ impl Engine {
         let runbook = runbook.as_str();
         if let Err(e) = self
             .core
-            .audit
+            .audit()
             .append(
                 NewRecord::typed(
                     RecordKind::BreakerTripped,
@@ -174,7 +174,7 @@ impl Engine {
             .notice_record(kind, &text, severity, false, self.runbook_mode(runbook) == crate::manifest::Mode::Shadow)
             .runbook(runbook);
         tracing::warn!(runbook, reason, "breaker tripped");
-        match self.core.audit.append(rec, None).await {
+        match self.core.audit().append(rec, None).await {
             Ok(r) => Core::deliver(&self.core, &r),
             Err(e) => tracing::error!(error = %e, "cannot audit a breaker's notice"),
         }

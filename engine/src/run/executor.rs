@@ -38,7 +38,7 @@ impl Engine {
             )));
         }
         // A store stopped at a durability failure takes nothing new.
-        if let Some(e) = self.core.audit.stopped() {
+        if let Some(e) = self.core.audit().stopped() {
             return Err(EngineError::Audit(e));
         }
         self.submit_inner(req, None).await
@@ -51,7 +51,7 @@ impl Engine {
     async fn submitted_again(&self, id: &str) -> Result<Submitted, EngineError> {
         let mut waited = 0;
         let run = loop {
-            if let Some(run) = self.core.audit.run(id)? {
+            if let Some(run) = self.core.audit().run(id)? {
                 break run;
             }
             if waited >= 5_000 {
@@ -71,9 +71,9 @@ impl Engine {
     }
 
     pub(crate) async fn drop_event(&self, reason: &str, node: Option<&str>) -> Result<(), EngineError> {
-        self.core.counters.events_dropped.fetch_add(1, Ordering::Relaxed);
+        self.core.counters().events_dropped.fetch_add(1, Ordering::Relaxed);
         self.core
-            .audit
+            .audit()
             .append(
                 NewRecord::typed(
                     RecordKind::EventDropped,
@@ -183,7 +183,7 @@ impl Engine {
             let d = if again.is_some() {
                 Decision::Drop { reason: String::new() }
             } else {
-                admit(&t, &ask, now, &self.core.config.limits)
+                admit(&t, &ask, now, &self.core.config().limits)
             };
             if let Decision::Suppress { existing: Some(run), .. } = &d
                 && req.trigger == "alert"
@@ -223,12 +223,12 @@ impl Engine {
                     None
                 }
                 Decision::Refuse { .. } => {
-                    let s = new_summary(self.core.ids.run(), rb, &req, params.clone(), now, shadow);
+                    let s = new_summary(self.core.ids().run(), rb, &req, params.clone(), now, shadow);
                     t.finished(key.clone(), now);
                     Some(s)
                 }
                 Decision::Admit { approval, hold_ms } => {
-                    let mut s = new_summary(self.core.ids.run(), rb, &req, params.clone(), now, shadow);
+                    let mut s = new_summary(self.core.ids().run(), rb, &req, params.clone(), now, shadow);
                     if approval.is_some() {
                         s.state = RunState::PendingApproval;
                     }
@@ -308,12 +308,12 @@ impl Engine {
                 Ok(Submitted::Dropped { reason })
             }
             Decision::Shed { reason } => {
-                self.core.counters.events_shed.fetch_add(1, Ordering::Relaxed);
+                self.core.counters().events_shed.fetch_add(1, Ordering::Relaxed);
                 self.drop_event(&reason, req.target.node.as_deref()).await?;
                 Ok(Submitted::Dropped { reason })
             }
             Decision::Suppress { reason, existing, first } => {
-                self.core.counters.runs_suppressed.fetch_add(1, Ordering::Relaxed);
+                self.core.counters().runs_suppressed.fetch_add(1, Ordering::Relaxed);
                 // An alert held back by an active run is noted every time,
                 // not only an episode's first: each acknowledged alert says
                 // on the chain what it led to (invariant 12), and a restart
@@ -339,12 +339,13 @@ impl Engine {
                     if let Some(e) = &existing {
                         rec = rec.run(e);
                     }
-                    self.core.audit.append(rec, None).await?;
+                    self.core.audit().append(rec, None).await?;
                 }
                 Ok(Submitted::Suppressed { reason, existing_run: existing })
             }
             Decision::Refuse { reason } => {
-                let mut s = summary.unwrap_or_else(|| new_summary(self.core.ids.run(), rb, &req, params, now, shadow));
+                let mut s =
+                    summary.unwrap_or_else(|| new_summary(self.core.ids().run(), rb, &req, params, now, shadow));
                 self.core.record_run(RecordKind::RunQueued, &s, &queued_data(&s)).await?;
                 end_summary(&mut s, RunOutcome::Refused, Some(reason.clone()), now);
                 self.core
@@ -434,14 +435,14 @@ impl Engine {
             .node(s.target.node.as_deref())
             .runbook(&s.runbook);
         tracing::warn!(run = %s.id, runbook = %s.runbook, kind = kind.as_str(), text, "notification");
-        match self.core.audit.append(rec, None).await {
+        match self.core.audit().append(rec, None).await {
             Ok(r) => Core::deliver(&self.core, &r),
             Err(e) => tracing::error!(error = %e, "cannot audit a notification"),
         }
     }
 
     pub(crate) fn count_outcome(&self, o: RunOutcome) {
-        *crate::core::lock(&self.core.counters.runs_by_outcome).entry(o.as_str()).or_default() += 1;
+        *crate::core::lock(&self.core.counters().runs_by_outcome).entry(o.as_str()).or_default() += 1;
     }
 
     // ---------------------------------------------------------------- approvals
@@ -475,7 +476,7 @@ impl Engine {
             let mut t = self.core.table();
             let Some(entry) = t.run_mut(run) else {
                 // Not in flight: finished (say how), or never existed.
-                return Err(match self.core.audit.run(run).ok().flatten() {
+                return Err(match self.core.audit().run(run).ok().flatten() {
                     Some(s) => EngineError::NotAwaitingApproval {
                         run: run.to_string(),
                         state: match s.outcome {
@@ -576,7 +577,7 @@ impl Engine {
                 None => {
                     drop(t);
                     // Finished (it left the table) or never was.
-                    return Err(match self.core.audit.run(run)? {
+                    return Err(match self.core.audit().run(run)? {
                         Some(s) => EngineError::AlreadyFinished {
                             run: run.into(),
                             outcome: s.outcome.map(|o| o.as_str().to_string()).unwrap_or_else(|| "ended".into()),
@@ -608,7 +609,7 @@ impl Engine {
         let approval = if req.dry_run { None } else { approval_reason(m, changed) };
         let nodes: Vec<String> = self.core.target_nodes(&req.target).iter().map(|n| n.spec.name.clone()).collect();
         let hands_off: Vec<String> =
-            nodes.iter().filter(|n| self.core.fleet.get(n).is_some_and(|x| x.state().hands_off())).cloned().collect();
+            nodes.iter().filter(|n| self.core.fleet().get(n).is_some_and(|x| x.state().hands_off())).cloned().collect();
         Ok(Plan {
             runbook: m.name.clone(),
             digest: rb.digest.clone(),

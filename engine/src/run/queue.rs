@@ -31,7 +31,7 @@ impl Engine {
         let set = self.runbook_set();
         // By name: a runbook gone or changed is refused when it would start.
         let (_, rb) = set.get(&r.summary.runbook)?;
-        let limit = self.core.config.limits.max_concurrent_runs;
+        let limit = self.core.config().limits.max_concurrent_runs;
         if r.priority != Priority::Critical && t.running() >= limit {
             return Some(format!("the engine runs {limit} runs at once (limits.max_concurrent_runs)"));
         }
@@ -204,7 +204,7 @@ impl Engine {
             h.cancel.clone()
         };
         cancel.store(true, Ordering::SeqCst);
-        self.core.counters.runs_preempted.fetch_add(1, Ordering::Relaxed);
+        self.core.counters().runs_preempted.fetch_add(1, Ordering::Relaxed);
         let rec = NewRecord::typed(
             RecordKind::Note,
             "engine",
@@ -214,7 +214,7 @@ impl Engine {
             },
         )
         .run(holder);
-        if let Err(e) = self.core.audit.append(rec, None).await {
+        if let Err(e) = self.core.audit().append(rec, None).await {
             tracing::error!(error = %e, "cannot audit a preemption");
         }
         tracing::warn!(run = holder, by, "run preempted by a critical run");
@@ -232,8 +232,8 @@ impl Engine {
         // order between their sleeps: the place is taken now, in the order
         // the queue started them.
         let turn = run_number(&summary.id);
-        self.core.clock.turn_reserve(turn);
-        self.core.handle.spawn(async move {
+        self.core.clock().turn_reserve(turn);
+        self.core.handle().spawn(async move {
             // In order, not awaited: the run's first action or its end waits
             // for a later record, and so for this one.
             if let Err(e) = engine.core.record_run_ordered(RecordKind::RunStarted, &summary, &started) {
@@ -248,10 +248,10 @@ impl Engine {
                     target: summary.target.clone(),
                     dry_run: summary.dry_run,
                     timeout_secs: rb.manifest.timeout_secs,
-                    max_notes: engine.core.config.script.max_notes,
+                    max_notes: engine.core.config().script.max_notes,
                     resumed,
                 },
-                engine.core.clock.clone(),
+                engine.core.clock().clone(),
                 host,
             );
             ctx.cancel = cancel;
@@ -270,10 +270,10 @@ impl Engine {
                 "resumed": resumed,
             }))
             .unwrap_or_default();
-            let script = engine.core.script.clone();
+            let script = engine.core.script().clone();
             let ast = rb.ast.clone();
-            let clock = engine.core.clock.clone();
-            let handle = engine.core.handle.clone();
+            let clock = engine.core.clock().clone();
+            let handle = engine.core.handle().clone();
             let e2 = engine.clone();
             let id = summary.id.clone();
             // The script and the run's end, on one thread, within its turn.
@@ -285,7 +285,7 @@ impl Engine {
             })
             .await;
             if let Err(e) = done {
-                engine.core.clock.turn_leave(turn);
+                engine.core.clock().turn_leave(turn);
                 if let Err(e) = engine
                     .finish(&summary.id, RunOutcome::Failed, Some(format!("the run's thread panicked: {e}")), None)
                     .await
@@ -305,7 +305,7 @@ impl Engine {
                 Some(r) => (r.preempted_by.clone(), r.cancelled_by.clone()),
                 None => (None, None),
             };
-            let stopping = engine.core.lifecycle.stopping();
+            let stopping = engine.core.lifecycle().stopping();
             if stopping && preempted.is_none() && cancelled_by.is_none() && matches!(outcome, ScriptOutcome::Cancelled)
             {
                 engine.leave_for_next_engine(&summary_id);
@@ -489,7 +489,7 @@ impl Engine {
         // crash, or cancelled because the engine is stopping — earns no
         // cooldown: if its condition is still there after a restart, the
         // runbook must start over at once.
-        let shutting_down = self.core.lifecycle.stopping();
+        let shutting_down = self.core.lifecycle().stopping();
         let mode_switch = outcome == RunOutcome::Cancelled && cancelled_by.as_ref().is_some_and(|c| c.mode_switch);
         let unfinished = match outcome {
             RunOutcome::Skipped | RunOutcome::Interrupted => true,
@@ -608,7 +608,7 @@ impl Engine {
     /// without doing its work: it goes through admission like any alert,
     /// and its run says why it came now. Not while the engine stops.
     pub(crate) async fn reconsider(&self, w: crate::runtable::WaitingAlert, run: &str, outcome: RunOutcome) {
-        if self.core.lifecycle.stopping() {
+        if self.core.lifecycle().stopping() {
             return;
         }
         let req = crate::engine::RunRequest {

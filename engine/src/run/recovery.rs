@@ -36,10 +36,10 @@ impl Engine {
         // Back far enough for the cooldowns, a day of budgets, and the
         // findings and pages still remembered (`remind_after_secs`,
         // `repage_after_secs`: up to 30 days).
-        let n = &self.core.config.notifications;
+        let n = &self.core.config().notifications;
         let remembered_ms = (n.remind_after_secs.max(n.repage_after_secs) as i64).saturating_mul(1000);
         let since = self.core.now().saturating_sub(longest_cooldown_ms.max(86_400_000).max(remembered_ms));
-        let records = self.core.audit.records_since(since)?;
+        let records = self.core.audit().records_since(since)?;
         {
             let mut t = self.core.table();
             let breaker_of = |name: &str| set.get(name).is_some_and(|(_, r)| r.manifest.breaker.is_some());
@@ -75,8 +75,8 @@ impl Engine {
         }
         let mut interrupted = Vec::new();
         let mut resumed = Vec::new();
-        for s in self.core.audit.unfinished_runs()? {
-            let records = self.core.audit.run_records(&s.id)?;
+        for s in self.core.audit().unfinished_runs()? {
+            let records = self.core.audit().run_records(&s.id)?;
             let before = resumes(&records);
             match (s.state, set.get(&s.runbook)) {
                 (RunState::Running, Some((_, rb))) if before < MAX_RESUMES => {
@@ -131,17 +131,17 @@ impl Engine {
                 "handling alerts accepted before the restart"
             );
             let engine = self.clone();
-            self.core.backlog.alerts_in(unhandled.len() as u64);
-            self.core.backlog.batch_started();
-            self.core.handle.spawn(async move {
+            self.core.backlog().alerts_in(unhandled.len() as u64);
+            self.core.backlog().batch_started();
+            self.core.handle().spawn(async move {
                 for (w, run) in held_back {
                     engine.reconsider(w, &run, RunOutcome::Interrupted).await;
                 }
                 for (a, poster) in unhandled {
                     engine.handle_alert(a, &poster).await;
-                    engine.core.backlog.alert_out();
+                    engine.core.backlog().alert_out();
                 }
-                engine.core.backlog.batch_done();
+                engine.core.backlog().batch_done();
             });
         }
         Ok(interrupted)
@@ -174,7 +174,7 @@ impl Engine {
                 &data::Note {
                     text: format!(
                         "resumed after an engine restart ({k} of at most {MAX_RESUMES}): the script starts again from the top once this engine has the node's inventory and readings of its own (at most {} s); {holds}",
-                        self.core.config.limits.resume_wait_secs
+                        self.core.config().limits.resume_wait_secs
                     ),
                     resumed: Some(k),
                     ..Default::default()
@@ -208,7 +208,7 @@ impl Engine {
     /// Until when a run resumed now may wait for its nodes' inventory and
     /// first readings (`limits.resume_wait_secs`).
     fn resume_deadline(&self) -> i64 {
-        self.core.now().saturating_add((self.core.config.limits.resume_wait_secs as i64).saturating_mul(1000))
+        self.core.now().saturating_add((self.core.config().limits.resume_wait_secs as i64).saturating_mul(1000))
     }
 
     /// What a resumed run still waits for before it may start, if anything:
@@ -222,7 +222,7 @@ impl Engine {
             if missing.iter().any(|(n, _): &(String, &str)| n == name) {
                 continue;
             }
-            let Some(node) = self.core.fleet.get(name) else { continue };
+            let Some(node) = self.core.fleet().get(name) else { continue };
             let st = node.state();
             if st.inventory.is_none() {
                 missing.push((name.to_string(), "inventory"));
@@ -269,7 +269,7 @@ impl Engine {
             }
         }
         for (id, why) in expired {
-            let wait = self.core.config.limits.resume_wait_secs;
+            let wait = self.core.config().limits.resume_wait_secs;
             let why = format!("{why}, and none came within {wait} s (limits.resume_wait_secs): it could not decide");
             // Boxed: pump → finish → pump.
             let engine = self.clone();
@@ -304,7 +304,7 @@ impl Engine {
             .gpu(s.target.gpu)
             .runbook(&s.runbook);
         tracing::warn!(run = %s.id, runbook = %s.runbook, reason = why, "a resumed run could not decide: its holds stay, a person is paged");
-        match self.core.audit.append(rec, Some(s.clone())).await {
+        match self.core.audit().append(rec, Some(s.clone())).await {
             Ok(r) => Core::deliver(&self.core, &r),
             Err(e) => tracing::error!(run = %s.id, error = %e, "cannot audit an escalation"),
         }
@@ -378,7 +378,7 @@ impl Engine {
         }
         for (action_id, (intent, op)) in open {
             let node = intent.node.clone().unwrap_or_default();
-            let status = match self.core.fleet.get(&node) {
+            let status = match self.core.fleet().get(&node) {
                 Some(n) => {
                     let req = Request::new(
                         format!("{action_id}-status"),
@@ -400,7 +400,7 @@ impl Engine {
             .node(Some(&node))
             .gpu(intent.gpu)
             .runbook(&s.runbook);
-            self.core.audit.append(rec, None).await?;
+            self.core.audit().append(rec, None).await?;
         }
         Ok(changed_nodes(records))
     }

@@ -32,8 +32,8 @@ impl Engine {
                 tracing::error!(run = %id, error = %e, "cannot expire an approval");
             }
         }
-        let stale_ms = (self.core.config.telemetry.stale_after_secs as i64).saturating_mul(1000);
-        for n in self.core.fleet.nodes().iter() {
+        let stale_ms = (self.core.config().telemetry.stale_after_secs as i64).saturating_mul(1000);
+        for n in self.core.fleet().nodes().iter() {
             let mut st = n.state();
             if st.connected && now.saturating_sub(st.last_seen_ms) > stale_ms {
                 st.connected = false;
@@ -50,7 +50,7 @@ impl Engine {
     /// longer hands-off and its agent answers.
     async fn retry_releases(&self) {
         let due: Vec<(RunSummary, String)> = {
-            let fleet = &self.core.fleet;
+            let fleet = &self.core.fleet();
             self.core.table().releases_due(|node| {
                 fleet.get(node).is_none_or(|n| {
                     let st = n.state();
@@ -62,7 +62,7 @@ impl Engine {
             return;
         }
         for (s, node) in due {
-            if self.core.fleet.get(&node).is_none() {
+            if self.core.fleet().get(&node).is_none() {
                 continue;
             }
             if let Err(e) = self.core.release_run_holds(&s, &node).await {
@@ -81,7 +81,7 @@ impl Engine {
             if !due {
                 continue;
             }
-            for n in self.core.fleet.nodes().iter().cloned() {
+            for n in self.core.fleet().nodes().iter().cloned() {
                 if !self.selector_matches(rb, &n) || !n.state().connected {
                     continue;
                 }

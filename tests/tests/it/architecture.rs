@@ -894,7 +894,14 @@ fn pub_fields(code: &str, name: &str) -> Vec<String> {
     let Some(body) = code.split(&format!("pub struct {name} {{")).nth(1).and_then(|b| b.split("\n}").next()) else {
         return Vec::new();
     };
-    body.lines().filter_map(|l| l.trim().strip_prefix("pub ")?.split_once(':').map(|(n, _)| n.to_string())).collect()
+    body.lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let rest =
+                l.strip_prefix("pub ").or_else(|| l.strip_prefix("pub(").and_then(|r| Some(r.split_once(") ")?.1)))?;
+            rest.split_once(':').map(|(n, _)| n.to_string())
+        })
+        .collect()
 }
 
 #[test]
@@ -907,9 +914,24 @@ fn the_run_table_has_no_public_field() {
         "pub fields on RunTable: {fields:?} — keep the table's state private behind a method (runtable/entries.rs, \
          runtable/memories.rs)"
     );
-    let code =
-        "pub struct RunTable {\n    /// pub doc: x\n    pub runs: u8,\n    queue: u8,\n    pub(crate) n: u8,\n}\n";
-    assert_eq!(pub_fields(code, "RunTable"), ["runs"], "the counter reads pub fields only");
+    let code = "pub struct RunTable {\n    /// pub doc: x\n    pub runs: u8,\n    queue: u8,\n    pub(crate) n: u8,\n    \
+                pub(super) m: u8,\n}\n";
+    assert_eq!(pub_fields(code, "RunTable"), ["runs", "n", "m"], "the counter reads every visible field, docs not");
+}
+
+/// Issue 44: `Core` has no field another module reaches; its parts are read
+/// through its methods (`core/parts.rs`), the locked ones as guards.
+#[test]
+fn the_core_has_no_public_field() {
+    let _serial = nightshift_tests::serial::module(module_path!());
+    let code = std::fs::read_to_string(root().join("engine/src/core.rs")).unwrap();
+    assert!(code.contains("pub struct Core {"), "engine/src/core.rs no longer defines Core: point this test at it");
+    let fields = pub_fields(&code, "Core");
+    assert!(
+        fields.is_empty(),
+        "visible fields on Core: {fields:?} — keep the field private and read it through a method in core/parts.rs \
+         (or give the state an owner of its own)"
+    );
 }
 
 /// The files the façade may be in: the drives and the reads.
