@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 
 use crate::config::Limits;
-use crate::manifest::{Manifest, Priority, Scope};
+use crate::runbooks::manifest::{Manifest, Priority, Scope};
 use crate::runs::Target;
 use crate::runtable::{Key, RunTable};
 
@@ -42,7 +42,7 @@ pub struct Ask<'a> {
     /// Nodes in the target (the group's size for group runs).
     pub target_nodes: usize,
     /// The run's parameters (`nodes_changed_param` counts one of them).
-    pub params: &'a BTreeMap<String, crate::manifest::ParamValue>,
+    pub params: &'a BTreeMap<String, crate::runbooks::manifest::ParamValue>,
     /// The fleet is paused: by whom and why.
     pub paused: Option<&'a str>,
 }
@@ -64,13 +64,17 @@ pub enum Decision {
 }
 
 /// How many nodes a run of `m` on `target` changes at most.
-pub fn nodes_changed(m: &Manifest, target_nodes: usize, params: &BTreeMap<String, crate::manifest::ParamValue>) -> u32 {
+pub fn nodes_changed(
+    m: &Manifest,
+    target_nodes: usize,
+    params: &BTreeMap<String, crate::runbooks::manifest::ParamValue>,
+) -> u32 {
     match m.scope {
         Scope::Gpu | Scope::Node => 1,
         Scope::Group => {
             let cap = m.max_nodes_changed.unwrap_or(target_nodes.min(u32::MAX as usize) as u32);
             match m.nodes_changed_param.as_ref().and_then(|p| params.get(p)) {
-                Some(crate::manifest::ParamValue::Int(n)) => cap.min((*n).clamp(0, u32::MAX as i64) as u32),
+                Some(crate::runbooks::manifest::ParamValue::Int(n)) => cap.min((*n).clamp(0, u32::MAX as i64) as u32),
                 _ => cap,
             }
         }
@@ -135,7 +139,7 @@ pub fn admit(t: &RunTable, a: &Ask<'_>, now: i64, limits: &Limits) -> Decision {
     }
     // A breaker that lets the storm's runs go on (reversible steps only)
     // admits them: each is told it belongs to the shared cause.
-    let refuses = m.breaker.as_ref().is_none_or(|b| b.on_trip == crate::manifest::OnTrip::Refuse);
+    let refuses = m.breaker.as_ref().is_none_or(|b| b.on_trip == crate::runbooks::manifest::OnTrip::Refuse);
     if refuses && t.breaker(&m.name).is_some_and(|b| b.tripped_until > now) {
         return Decision::Suppress { reason: format!("breaker for {} is tripped", m.name), existing: None, first };
     }
@@ -169,7 +173,7 @@ pub fn admit(t: &RunTable, a: &Ask<'_>, now: i64, limits: &Limits) -> Decision {
 mod tests {
     use super::*;
 
-    static NO_PARAMS: BTreeMap<String, crate::manifest::ParamValue> = BTreeMap::new();
+    static NO_PARAMS: BTreeMap<String, crate::runbooks::manifest::ParamValue> = BTreeMap::new();
     use crate::runtable::BreakerFire;
     use std::path::Path;
 
@@ -396,7 +400,7 @@ mod tests {
     /// own `nodes_changed_param` value under it, or the whole group.
     #[test]
     fn approval_counts_the_nodes_a_run_changes() {
-        use crate::manifest::ParamValue;
+        use crate::runbooks::manifest::ParamValue;
         let target = Target::group("pool", "a");
         let t = RunTable::new(10);
         let stepped = "max_nodes_changed: 4\nnodes_changed_param: nodes_per_step\nparams:\n  nodes_per_step: {type: int, default: 1}\napproval: {above_nodes: 1}\n";

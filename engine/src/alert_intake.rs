@@ -14,7 +14,7 @@ use crate::alerts::Alert;
 use crate::audit::data::AlertReceived;
 use crate::audit::{NewRecord, RecordKind};
 use crate::engine::{Engine, EngineError, RunRequest};
-use crate::manifest::Scope;
+use crate::runbooks::manifest::Scope;
 use crate::runs::Target;
 
 impl Engine {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::core::Core;
 use crate::fleet::Node;
 use crate::health::HealthState;
-use crate::manifest::BlastRadius;
+use crate::runbooks::manifest::BlastRadius;
 
 impl Core {
     /// Reserve a drain under the blast radius, or say why not.

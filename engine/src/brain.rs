@@ -4,7 +4,7 @@
 //! order so that what fires never depends on the shard count.
 
 use crate::metrics::{self, MetricId};
-use crate::runbook::RunbookSet;
+use crate::runbooks::runbook::RunbookSet;
 use crate::telemetry::{SeriesKey, StoreShard, TelemetryStore};
 use crate::triggers::{Fire, GroupCache, GroupLister, ShardStates, TriggerSet};
 

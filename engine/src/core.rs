@@ -18,13 +18,13 @@ use crate::audit::{AuditError, AuditRecord, AuditStore, NewRecord, RecordKind};
 use crate::config::EngineConfig;
 use crate::counters::Counters;
 use crate::fleet::{Fleet, Node};
-use crate::manifest::Trigger;
 use crate::metrics;
 use crate::notify::Notifier;
-use crate::runbook::RunbookSet;
+use crate::runbooks::manifest::Trigger;
+use crate::runbooks::runbook::RunbookSet;
+use crate::runbooks::script::{Agg, Reading};
 use crate::runs::{RunSummary, Target};
 use crate::runtable::RunTable;
-use crate::script::{Agg, Reading};
 use crate::telemetry::SeriesKey;
 
 mod parts;
@@ -92,7 +92,7 @@ pub struct Core {
     fleet: Fleet,
     script: Arc<rhai::Engine>,
     /// The runbook set in force (`runbook.rs::Loaded`: replaced whole).
-    runbooks: crate::runbook::Loaded,
+    runbooks: crate::runbooks::runbook::Loaded,
     brain: Mutex<Brain>,
     /// What the pages plot.
     history: Mutex<crate::history::History>,
@@ -116,7 +116,7 @@ pub struct Core {
     reloading: tokio::sync::Mutex<()>,
     /// Runbook modes an admin set (promote/demote), over the manifests';
     /// kept in `data_dir/runbook-modes.json` across restarts.
-    modes: crate::modes::ModeBook,
+    modes: crate::runbooks::modes::ModeBook,
     /// The SSH client of each node (`fleet.rs::AgentClients`).
     agent_clients: crate::fleet::AgentClients,
     /// Every GPU's place in its repair lifecycle (the fold of the chain's
@@ -540,7 +540,7 @@ impl Core {
     /// predictions, manual and scheduled runs). An alert-started run of a
     /// runbook with its own telemetry trigger holds only while the alert
     /// fires *and* the agents' readings meet that trigger (issue 42 point 6).
-    pub fn condition_holds(&self, m: &crate::manifest::Manifest, s: &RunSummary) -> Option<(bool, String)> {
+    pub fn condition_holds(&self, m: &crate::runbooks::manifest::Manifest, s: &RunSummary) -> Option<(bool, String)> {
         if let Trigger::Fault { .. } = m.trigger {
             let (node, gpu) = (s.target.node.as_deref()?, s.target.gpu?);
             let state = self.health().state(node, gpu);
@@ -567,7 +567,7 @@ impl Core {
 
     /// The runbook's own telemetry trigger, evaluated on the run's target
     /// now (`None`: it has none, or there is no reading).
-    fn own_condition(&self, m: &crate::manifest::Manifest, s: &RunSummary) -> Option<(bool, String)> {
+    fn own_condition(&self, m: &crate::runbooks::manifest::Manifest, s: &RunSummary) -> Option<(bool, String)> {
         if let Trigger::Alert { confirm: Some(c), .. } = &m.trigger {
             return self.confirmed(c, s);
         }
@@ -603,7 +603,7 @@ impl Core {
 
     /// An alert trigger's `confirm:` on the target's latest reading (a node
     /// target of a GPU metric: any GPU); `None` without a reading.
-    fn confirmed(&self, c: &crate::manifest::Confirm, s: &RunSummary) -> Option<(bool, String)> {
+    fn confirmed(&self, c: &crate::runbooks::manifest::Confirm, s: &RunSummary) -> Option<(bool, String)> {
         let id = crate::metrics::metric_id(&c.metric)?;
         let n = self.fleet.get(s.target.node.as_deref()?)?;
         let b = self.brain();

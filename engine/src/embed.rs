@@ -12,14 +12,14 @@ pub use crate::alerts::{WebhookPayload, format_rfc3339_ms, parse_rfc3339_ms};
 pub use crate::ha::{Leadership, LeaseConfig, campaign, renew};
 pub use crate::health::{FaultKind, HealthState, Lifecycle, XidAction, XidPolicy};
 pub use crate::inventory::{Inventory, NodeSpec};
-pub use crate::manifest::{LoadError, Manifest, Mode, Trigger, locate};
 pub use crate::metrics::{METRICS, MetricId, ids, metric, metric_id, metric_names};
-pub use crate::modes::{FleetMode, load_modes};
 pub use crate::reload::{reload, reload_with};
-pub use crate::runbook::load_dir;
-pub use crate::runbook::{RunbookSet, load_file};
-pub use crate::script::ScriptLimits;
-pub use crate::script::{Reading, RunCtx, RunInfo, ScriptHost, TextKind, build_engine, compile, execute};
+pub use crate::runbooks::manifest::{LoadError, Manifest, Mode, Trigger, locate};
+pub use crate::runbooks::modes::{FleetMode, load_modes};
+pub use crate::runbooks::runbook::load_dir;
+pub use crate::runbooks::runbook::{RunbookSet, load_file};
+pub use crate::runbooks::script::ScriptLimits;
+pub use crate::runbooks::script::{Reading, RunCtx, RunInfo, ScriptHost, TextKind, build_engine, compile, execute};
 pub use crate::shadow::ShadowFire;
 pub use crate::sources::{
     DCGM_NAMES, DcgmField, add_memory_need, dcgm_metric, host_of, map_samples, parse_exposition, parse_query_response,

@@ -29,7 +29,7 @@ use crate::core::{Brain, Core};
 use crate::counters::Counters;
 use crate::inventory::NodeSpec;
 use crate::metrics::MetricId;
-use crate::runbook::RunbookSet;
+use crate::runbooks::runbook::RunbookSet;
 use crate::runs::RunState;
 use crate::runs::{RunSummary, Target};
 use crate::telemetry::SeriesKey;
@@ -409,7 +409,7 @@ impl Engine {
     /// Read the site's XID policy overrides engine.yaml names (at start:
     /// a broken file stops the start with file:line:column) and put them in
     /// force; returns what changed from the policy in force.
-    pub fn load_fault_policy(&self) -> Result<Vec<String>, crate::manifest::LoadError> {
+    pub fn load_fault_policy(&self) -> Result<Vec<String>, crate::runbooks::manifest::LoadError> {
         let policy = XidPolicy::load(self.config().fault_policy_path.as_deref())?;
         Ok(self.put_fault_policy(policy))
     }

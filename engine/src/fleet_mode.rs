@@ -11,16 +11,16 @@ impl Engine {
     /// config's `initial_fleet_mode`, nobody set one yet). The chain's
     /// newest `fleet_mode` record decides — on a standby too, and after a
     /// restart or a takeover.
-    pub(crate) fn fleet_mode(&self) -> (crate::modes::FleetMode, Option<(String, String)>) {
+    pub(crate) fn fleet_mode(&self) -> (crate::runbooks::modes::FleetMode, Option<(String, String)>) {
         match self.core.audit().newest_of_kind(RecordKind::FleetMode) {
             Ok(Some(r)) => {
                 let reason = r.payload::<crate::audit::data::FleetMode>().map(|p| p.reason).unwrap_or_default();
-                (crate::modes::FleetMode::of_record(&r), Some((r.actor.clone(), reason)))
+                (crate::runbooks::modes::FleetMode::of_record(&r), Some((r.actor.clone(), reason)))
             }
             Ok(None) => (self.core.config().initial_fleet_mode, None),
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the fleet's mode: taken as in shadow");
-                (crate::modes::FleetMode::Shadow, None)
+                (crate::runbooks::modes::FleetMode::Shadow, None)
             }
         }
     }
@@ -29,7 +29,7 @@ impl Engine {
     /// `by`) before it takes effect, for every engine of the shard.
     pub(crate) async fn set_fleet_mode(
         &self,
-        mode: crate::modes::FleetMode,
+        mode: crate::runbooks::modes::FleetMode,
         by: &str,
         reason: &str,
     ) -> Result<FleetModeChange, EngineError> {
@@ -62,17 +62,17 @@ impl Engine {
         // runbook acts) ends now, under who switched, so the real trigger
         // can run on its target; it earns no cooldown.
         let mut ended = Vec::new();
-        if mode == crate::modes::FleetMode::Act {
+        if mode == crate::runbooks::modes::FleetMode::Act {
             // A fault only shadow runs answered is still pending: offered
             // at the next reading, not after the pause a real run earns.
             self.core.repair().forget_pacing();
         }
-        if mode == crate::modes::FleetMode::Act {
+        if mode == crate::runbooks::modes::FleetMode::Act {
             let shadow_runs: Vec<String> = {
                 let t = self.core.table();
                 t.entries()
                     .filter(|r| r.summary.shadow && r.summary.trigger != "manual")
-                    .filter(|r| self.runbook_mode(&r.summary.runbook) == crate::manifest::Mode::Act)
+                    .filter(|r| self.runbook_mode(&r.summary.runbook) == crate::runbooks::manifest::Mode::Act)
                     .map(|r| r.summary.id.clone())
                     .collect()
             };
@@ -115,7 +115,7 @@ impl Engine {
 /// state`) — a pause stops new runs, not these.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct FleetModeChange {
-    pub mode: crate::modes::FleetMode,
+    pub mode: crate::runbooks::modes::FleetMode,
     pub ended: Vec<String>,
     pub in_flight: Vec<String>,
 }

@@ -3,7 +3,7 @@
 //! and step the triggers watching their metric; what fires (and every new
 //! alert a runbook matches) becomes a run request for the executor.
 
-use crate::script::workload::fragmentation_limit;
+use crate::runbooks::script::workload::fragmentation_limit;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -17,9 +17,9 @@ use crate::audit::data::AlertReceived;
 use crate::audit::{AuditRecord, NewRecord, RecordKind};
 use crate::engine::{Engine, EngineError, Ingested, RunRequest, Submitted};
 use crate::fleet::Node;
-use crate::manifest::Scope;
 use crate::metrics::{self, MetricId, ids};
-use crate::runbook::Runbook;
+use crate::runbooks::manifest::Scope;
+use crate::runbooks::runbook::Runbook;
 use crate::runs::Target;
 use crate::runtable::FireRef;
 use crate::telemetry::{SeriesKey, samples_from};

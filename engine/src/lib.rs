@@ -3,7 +3,7 @@
 //! Flow: telemetry or an alert ([`ingest`]) → [`triggers`] → a run request
 //! → [`admission`] (stale, dedup, cooldown, breaker, budget, hands-off,
 //! capacity, approval) → the [`run::executor`] and its [`run::queue`] (classes and
-//! priorities, re-check at start, holds released at the end) → the runbook's Rhai [`script`] through the [`host`]
+//! priorities, re-check at start, holds released at the end) → the runbook's Rhai [`runbooks::script`] through the [`host`]
 //! → holds and actions sent to agents → every step in the [`audit`] log.
 //! The executor's memory ([`runtable`]) is rebuilt from the log on start
 //! ([`run::recovery`]).
@@ -43,9 +43,7 @@ pub(crate) mod ingest;
 pub(crate) mod inventory;
 mod lifecycle;
 pub(crate) mod maintenance;
-pub(crate) mod manifest;
 pub(crate) mod metrics;
-pub(crate) mod modes;
 pub(crate) mod node_filter;
 pub(crate) mod notify;
 pub(crate) mod outbox;
@@ -53,11 +51,10 @@ pub(crate) mod pages;
 pub(crate) mod repair;
 mod repair_memory;
 pub(crate) mod run;
-pub(crate) mod runbook;
 pub use nightshift_audit::runs;
 pub(crate) mod reload;
+pub(crate) mod runbooks;
 pub(crate) mod runtable;
-pub(crate) mod script;
 pub mod serve;
 pub(crate) mod shadow;
 pub(crate) mod sources;

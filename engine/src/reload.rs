@@ -14,8 +14,8 @@ use crate::audit::AuditError;
 use crate::config::EngineConfig;
 use crate::engine::Engine;
 use crate::inventory::Inventory;
-use crate::manifest::LoadError;
-use crate::runbook::load_dir;
+use crate::runbooks::manifest::LoadError;
+use crate::runbooks::runbook::load_dir;
 use crate::serve::{client_for, node_loop};
 use crate::xid_policy::XidPolicy;
 
@@ -69,7 +69,7 @@ pub enum ReloadError {
 }
 
 /// Fingerprint of a runbook set: what a reload compares.
-fn runbook_digest(set: &crate::runbook::RunbookSet) -> Vec<(String, String, String)> {
+fn runbook_digest(set: &crate::runbooks::runbook::RunbookSet) -> Vec<(String, String, String)> {
     let mut d: Vec<(String, String, String)> = set
         .runbooks
         .iter()

@@ -31,8 +31,8 @@ use crate::audit::{NewRecord, RecordKind};
 use crate::engine::{Engine, RunRequest, Submitted};
 use crate::fleet::Node;
 use crate::health::{Ack, Evidence, FaultKind, HealthState, Transition, repair_evidence};
-use crate::manifest::Trigger;
 use crate::metrics::ids;
+use crate::runbooks::manifest::Trigger;
 use crate::runs::{RunSummary, Target};
 use crate::telemetry::SeriesKey;
 
@@ -205,8 +205,8 @@ impl Engine {
         // nothing, so the fault stays pending, and offering it again every
         // cooldown would report one fault as many.
         // (The runbook in shadow, or the whole fleet.)
-        let shadow = self.runbook_mode(&rb.manifest.name) == crate::manifest::Mode::Shadow
-            || self.fleet_mode().0 == crate::modes::FleetMode::Shadow;
+        let shadow = self.runbook_mode(&rb.manifest.name) == crate::runbooks::manifest::Mode::Shadow
+            || self.fleet_mode().0 == crate::runbooks::modes::FleetMode::Shadow;
         let shadow_key = shadow.then(|| (name.clone(), gpu, fault.seen_ms, rb.manifest.name.clone()));
         if let Some(k) = &shadow_key
             && self.core.repair().shadow_answered(k)

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::alerts::SeenSet;
 use crate::audit::{AuditRecord, RecordKind, data};
-use crate::manifest::{BreakerCount, Priority};
+use crate::runbooks::manifest::{BreakerCount, Priority};
 use crate::runs::{RunOutcome, RunState, RunSummary, Target};
 
 mod entries;
@@ -153,7 +153,7 @@ impl RunEntry {
     /// A run's entry as its manifest says (class, priority, exclusive),
     /// its approval expiring `expire_secs` after it was created, nothing
     /// done yet; callers set what differs (a breaker's hold, a resume).
-    pub fn new(summary: RunSummary, m: &crate::manifest::Manifest) -> RunEntry {
+    pub fn new(summary: RunSummary, m: &crate::runbooks::manifest::Manifest) -> RunEntry {
         RunEntry {
             priority: m.priority,
             exclusive: m.exclusive,

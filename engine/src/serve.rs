@@ -16,9 +16,9 @@ use crate::config::{AuditBackend, EngineConfig};
 use crate::engine::{Engine, EngineError, EngineParts};
 use crate::ha::{Leadership, LeaseConfig};
 use crate::inventory::Inventory;
-use crate::manifest::LoadError;
-use crate::runbook::load_dir;
-use crate::script::build_engine;
+use crate::runbooks::manifest::LoadError;
+use crate::runbooks::runbook::load_dir;
+use crate::runbooks::script::build_engine;
 
 /// Why the engine could not start.
 #[derive(Debug, thiserror::Error)]

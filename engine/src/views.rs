@@ -247,7 +247,7 @@ impl Engine {
             .map(|(i, r)| {
                 let (mut ev, mut fi) = b.triggers().counts(i);
                 ev += alerts.get(&r.manifest.name).copied().unwrap_or(0);
-                if let crate::manifest::Trigger::Fault { .. } = r.manifest.trigger {
+                if let crate::runbooks::manifest::Trigger::Fault { .. } = r.manifest.trigger {
                     // A fault trigger looks at every GPU's health on every
                     // reading.
                     ev += health;
@@ -378,7 +378,7 @@ impl Engine {
     }
 
     /// Put a new runbook set in force. Trigger states start over.
-    pub fn replace_runbooks(&self, set: crate::runbook::RunbookSet) {
+    pub fn replace_runbooks(&self, set: crate::runbooks::runbook::RunbookSet) {
         let brain = Brain::build(
             &set,
             (self.core.config().telemetry.script_window_secs as i64).saturating_mul(1000),
@@ -469,13 +469,13 @@ impl Engine {
 
 impl Engine {
     /// A runbook's mode now: what an admin set, else its manifest's.
-    pub(crate) fn runbook_mode(&self, name: &str) -> crate::manifest::Mode {
+    pub(crate) fn runbook_mode(&self, name: &str) -> crate::runbooks::manifest::Mode {
         // A standby follows the chain: the leader's promotions and
         // demotions, as they are recorded.
         if !self.core.acting()
             && let Ok(records) = self.core.audit().records_of_kind(crate::audit::RecordKind::RunbookMode)
         {
-            if let Some(m) = crate::modes::modes_from_records(&records).get(name) {
+            if let Some(m) = crate::runbooks::modes::modes_from_records(&records).get(name) {
                 return *m;
             }
         } else if let Some(m) = self.core.modes().get(name) {
@@ -490,10 +490,10 @@ impl Engine {
     pub async fn set_runbook_mode(
         &self,
         name: &str,
-        mode: crate::manifest::Mode,
+        mode: crate::runbooks::manifest::Mode,
         by: &str,
         reason: &str,
-    ) -> Result<crate::manifest::Mode, EngineError> {
+    ) -> Result<crate::runbooks::manifest::Mode, EngineError> {
         let set = self.runbook_set();
         if set.get(name).is_none() {
             return Err(EngineError::UnknownRunbook { name: name.into(), known: set.names().join(", ") });
@@ -546,7 +546,7 @@ impl Engine {
         // record behind it does not hold.
         let mut held = BTreeMap::new();
         for (name, mode) in modes {
-            match serde_json::from_value::<crate::manifest::Mode>(json!(mode)) {
+            match serde_json::from_value::<crate::runbooks::manifest::Mode>(json!(mode)) {
                 Ok(m) => {
                     held.insert(name.clone(), m);
                 }

@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
-use crate::manifest::LoadError;
+use crate::runbooks::manifest::LoadError;
 pub use nightshift_proto::wire::FATAL_XIDS;
 
 /// What to do about an XID: NVIDIA's catalog's immediate-action bucket, as
@@ -186,7 +186,7 @@ impl XidPolicy {
 
     fn merge(&mut self, text: &str, path: &Path, site: bool) -> Result<(), LoadError> {
         let err = |needle: &str, message: String| {
-            let (line, column) = crate::manifest::locate(text, needle);
+            let (line, column) = crate::runbooks::manifest::locate(text, needle);
             LoadError { file: path.into(), line, column, message }
         };
         let f: PolicyFile = nightshift_proto::yaml::from_str(text).map_err(|e| {

@@ -9,9 +9,9 @@ use serde_json::Value;
 
 use crate::audit::AuditRecord;
 use crate::engine::Engine;
-use crate::manifest::Mode;
-use crate::modes::FleetMode;
 use crate::repair::NodeHealth;
+use crate::runbooks::manifest::Mode;
+use crate::runbooks::modes::FleetMode;
 use crate::shadow::ShadowFire;
 use crate::views::{HaStatus, NodeView, RunbookView};
 use crate::windows::Window;

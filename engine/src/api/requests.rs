@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::manifest::Mode;
-use crate::modes::FleetMode;
+use crate::runbooks::manifest::Mode;
+use crate::runbooks::modes::FleetMode;
 use nightshift_audit::RunFilter;
 use nightshift_audit::runs::{RunOutcome, RunState, Target};
 

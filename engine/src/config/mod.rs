@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::manifest::LoadError;
-use crate::script::ScriptLimits;
+use crate::runbooks::manifest::LoadError;
+use crate::runbooks::script::ScriptLimits;
 
 mod proxy;
 mod validate;
@@ -32,7 +32,7 @@ pub struct EngineConfig {
     /// mode`, audited): `act` when absent; the shipped engine.yaml starts a
     /// first deployment in `shadow` (docs/ROLLOUT.md).
     #[serde(default)]
-    pub initial_fleet_mode: crate::modes::FleetMode,
+    pub initial_fleet_mode: crate::runbooks::modes::FleetMode,
     #[serde(default)]
     pub limits: Limits,
     #[serde(default)]

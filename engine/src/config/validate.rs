@@ -59,7 +59,7 @@ impl EngineConfig {
             }
         }
         let err = |needle: &str, message: String| {
-            let (line, column) = crate::manifest::locate(text, needle);
+            let (line, column) = crate::runbooks::manifest::locate(text, needle);
             LoadError { file: path.into(), line, column, message }
         };
         if cfg.version != 1 {

@@ -15,7 +15,7 @@ use crate::counters::Counters;
 use crate::fleet::Fleet;
 use crate::inventory::NodeSpec;
 use crate::notify::Notifier;
-use crate::runbook::RunbookSet;
+use crate::runbooks::runbook::RunbookSet;
 use crate::runtable::RunTable;
 
 /// What [`Core::build`] is made of (the engine's parts, less what it
@@ -35,13 +35,13 @@ impl Core {
     /// history already built; `runs_so_far` seeds the run ids.
     pub fn build(parts: CoreParts, brain: Brain, history: crate::history::History, runs_so_far: u64) -> Core {
         let id_seed = parts.clock.id_seed();
-        let modes = crate::modes::ModeBook::load(&parts.audit, &parts.config.data_dir);
+        let modes = crate::runbooks::modes::ModeBook::load(&parts.audit, &parts.config.data_dir);
         Core {
             clock: parts.clock,
             audit: parts.audit,
             fleet: Fleet::new(parts.nodes),
             script: parts.script,
-            runbooks: crate::runbook::Loaded::new(parts.runbooks),
+            runbooks: crate::runbooks::runbook::Loaded::new(parts.runbooks),
             brain: Mutex::new(brain),
             history: Mutex::new(history),
             xid_history: Mutex::new(Default::default()),
@@ -93,7 +93,7 @@ impl Core {
     }
 
     /// The runbook set in force, to read or replace whole.
-    pub fn runbooks(&self) -> &crate::runbook::Loaded {
+    pub fn runbooks(&self) -> &crate::runbooks::runbook::Loaded {
         &self.runbooks
     }
 
@@ -132,7 +132,7 @@ impl Core {
         self.reloading.lock().await
     }
 
-    pub fn modes(&self) -> &crate::modes::ModeBook {
+    pub fn modes(&self) -> &crate::runbooks::modes::ModeBook {
         &self.modes
     }
 

@@ -21,10 +21,10 @@ use nightshift_proto::{ConfigListArgs, HoldValue, NoArgs, Op, Outcome, ReleaseAr
 use crate::audit::{NewRecord, RecordKind};
 use crate::core::{Core, hold_lease_secs};
 use crate::health::{HealthState, Transition};
-use crate::manifest::{Manifest, RunClass, Scope};
 use crate::metrics::{self, METRICS, MetricId};
+use crate::runbooks::manifest::{Manifest, RunClass, Scope};
+use crate::runbooks::script::{Agg, Reading, RunCtx, ScriptHost, TextKind};
 use crate::runs::RunSummary;
-use crate::script::{Agg, Reading, RunCtx, ScriptHost, TextKind};
 
 mod act;
 mod reads;

@@ -6,7 +6,7 @@
 use crate::audit::{NewRecord, RecordKind};
 use crate::core::Core;
 use crate::outbox::Said;
-use crate::script::{RunCtx, TextKind};
+use crate::runbooks::script::{RunCtx, TextKind};
 
 use super::Host;
 

@@ -17,8 +17,8 @@ use std::collections::BTreeSet;
 use crate::audit::{AuditRecord, NewRecord, RecordKind, data};
 use crate::core::Core;
 use crate::engine::Engine;
-use crate::manifest::{BreakerCount, OnTrip};
-use crate::runbook::RunbookSet;
+use crate::runbooks::manifest::{BreakerCount, OnTrip};
+use crate::runbooks::runbook::RunbookSet;
 use crate::runs::{RunOutcome, RunSummary};
 use crate::runtable::RunTable;
 
@@ -83,7 +83,7 @@ impl Engine {
                     }
                 }
             }
-            let observe = rb.manifest.class == crate::manifest::RunClass::Observe;
+            let observe = rb.manifest.class == crate::runbooks::manifest::RunClass::Observe;
             trips.push(Trip { runbook: name.clone(), reason, until, on_trip: b.on_trip, observe, marked });
         }
         trips
@@ -171,7 +171,13 @@ impl Engine {
             if observe { (RecordKind::Notification, "warning") } else { (RecordKind::Escalation, "escalation") };
         let rec = self
             .core
-            .notice_record(kind, &text, severity, false, self.runbook_mode(runbook) == crate::manifest::Mode::Shadow)
+            .notice_record(
+                kind,
+                &text,
+                severity,
+                false,
+                self.runbook_mode(runbook) == crate::runbooks::manifest::Mode::Shadow,
+            )
             .runbook(runbook);
         tracing::warn!(runbook, reason, "breaker tripped");
         match self.core.audit().append(rec, None).await {
@@ -210,7 +216,7 @@ pub(crate) fn joins(s: &RunSummary) -> bool {
 /// reversible-only breaker, still open (rebuilt from `breaker_tripped`).
 pub(crate) fn after_restart(
     t: &RunTable,
-    m: &crate::manifest::Manifest,
+    m: &crate::runbooks::manifest::Manifest,
     s: &RunSummary,
     records: &[AuditRecord],
     now: i64,

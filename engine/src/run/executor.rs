@@ -20,8 +20,8 @@ use crate::admission::{Ask, Decision, admit, approval_reason, nodes_changed};
 use crate::audit::{NewRecord, RecordKind};
 use crate::core::Core;
 use crate::engine::{Engine, EngineError, RunRequest, Submitted};
-use crate::manifest::Scope;
-use crate::runbook::Runbook;
+use crate::runbooks::manifest::Scope;
+use crate::runbooks::runbook::Runbook;
 use crate::runs::{ApprovalDecision, RunOutcome, RunState, RunSummary};
 use crate::runtable::{BreakerFire, CancelledBy, FireRef, RunEntry};
 
@@ -143,13 +143,13 @@ impl Engine {
         // go through admission as if real but send every action as a dry
         // run. A paused fleet starts none (admission suppresses them).
         let (fleet, set_by) = self.fleet_mode();
-        let paused = (fleet == crate::modes::FleetMode::Paused).then(|| match &set_by {
+        let paused = (fleet == crate::runbooks::modes::FleetMode::Paused).then(|| match &set_by {
             Some((by, why)) => format!("by {by}: {why}"),
             None => "initial_fleet_mode: paused".to_string(),
         });
         let shadow = !manual
-            && (fleet == crate::modes::FleetMode::Shadow
-                || self.runbook_mode(&m.name) == crate::manifest::Mode::Shadow);
+            && (fleet == crate::runbooks::modes::FleetMode::Shadow
+                || self.runbook_mode(&m.name) == crate::runbooks::manifest::Mode::Shadow);
         let mut req = req;
         if shadow {
             req.dry_run = true;
@@ -241,7 +241,7 @@ impl Engine {
                         br.fires.push_back(BreakerFire { ts_ms: now, node, gpu: req.target.gpu });
                         // Admitted into an open reversible-only breaker: one
                         // more node of the shared cause, which keeps it open.
-                        if b.on_trip == crate::manifest::OnTrip::ReversibleOnly
+                        if b.on_trip == crate::runbooks::manifest::OnTrip::ReversibleOnly
                             && br.tripped_until > now
                             && super::breaker::joins(&s)
                         {
@@ -641,7 +641,7 @@ pub struct Plan {
     pub approval_reason: Option<String>,
     pub dry_run: bool,
     /// The parameters, defaults filled in.
-    pub params: BTreeMap<String, crate::manifest::ParamValue>,
+    pub params: BTreeMap<String, crate::runbooks::manifest::ParamValue>,
     /// The targeted nodes under hands-off (an automatic run would be
     /// refused there; a person's runs too).
     pub hands_off: Vec<String>,
@@ -652,7 +652,7 @@ pub(crate) fn new_summary(
     id: String,
     rb: &Runbook,
     req: &RunRequest,
-    params: BTreeMap<String, crate::manifest::ParamValue>,
+    params: BTreeMap<String, crate::runbooks::manifest::ParamValue>,
     now: i64,
     shadow: bool,
 ) -> RunSummary {

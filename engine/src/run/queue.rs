@@ -13,10 +13,10 @@ use serde_json::json;
 use super::executor::end_summary;
 use crate::audit::{NewRecord, RecordKind};
 use crate::engine::{Engine, EngineError};
-use crate::manifest::Priority;
+use crate::runbooks::manifest::Priority;
+use crate::runbooks::script::{self, RunCtx, ScriptOutcome};
 use crate::runs::{RunOutcome, RunState, RunSummary};
 use crate::runtable::{RunEntry, RunTable};
-use crate::script::{self, RunCtx, ScriptOutcome};
 
 tokio::task_local! {
     /// Set on a task while it runs the pump loop.
@@ -168,7 +168,7 @@ impl Engine {
     }
 
     /// Why a run about to start must not act, if it must not.
-    fn stale_at_start(&self, s: &RunSummary, m: &crate::manifest::Manifest, event_ts: i64) -> Option<String> {
+    fn stale_at_start(&self, s: &RunSummary, m: &crate::runbooks::manifest::Manifest, event_ts: i64) -> Option<String> {
         if s.trigger == "manual" {
             return None;
         }
@@ -223,7 +223,7 @@ impl Engine {
     fn spawn_run(
         &self,
         summary: RunSummary,
-        rb: crate::runbook::Runbook,
+        rb: crate::runbooks::runbook::Runbook,
         cancel: Arc<AtomicBool>,
         started: crate::audit::data::RunStarted,
     ) {
@@ -242,7 +242,7 @@ impl Engine {
             let host = Arc::new(crate::host::Host::new(engine.core.clone(), &summary.id, rb.manifest.clone()));
             let resumed = engine.core.table().run(&summary.id).map_or(0, |r| r.resumed);
             let mut ctx = RunCtx::new(
-                crate::script::RunInfo {
+                crate::runbooks::script::RunInfo {
                     run_id: summary.id.clone(),
                     runbook: summary.runbook.clone(),
                     target: summary.target.clone(),
@@ -426,7 +426,7 @@ impl Engine {
                         (node, r)
                     }
                 })
-                .buffered(crate::script::MAX_PARALLEL_ACTIONS)
+                .buffered(crate::runbooks::script::MAX_PARALLEL_ACTIONS)
                 .collect()
                 .await
         };
@@ -645,9 +645,9 @@ fn run_number(id: &str) -> u64 {
 /// digest is still the one the run recorded (runs from before digests were
 /// recorded take the runbook by name). Otherwise why the run must not start.
 pub(crate) fn bound_runbook<'a>(
-    set: &'a crate::runbook::RunbookSet,
+    set: &'a crate::runbooks::runbook::RunbookSet,
     s: &RunSummary,
-) -> Result<&'a crate::runbook::Runbook, String> {
+) -> Result<&'a crate::runbooks::runbook::Runbook, String> {
     let short = |d: &str| d.chars().take(12).collect::<String>();
     match (set.get(&s.runbook), &s.runbook_digest) {
         (None, _) => Err(format!(

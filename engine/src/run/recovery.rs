@@ -154,7 +154,7 @@ impl Engine {
     async fn resume(
         &self,
         mut s: RunSummary,
-        rb: &crate::runbook::Runbook,
+        rb: &crate::runbooks::runbook::Runbook,
         records: &[AuditRecord],
         k: u32,
     ) -> Result<(), EngineError> {

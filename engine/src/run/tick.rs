@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use crate::engine::{Engine, RunRequest};
-use crate::manifest::Trigger;
+use crate::runbooks::manifest::Trigger;
 use crate::runs::{RunOutcome, RunState, RunSummary, Target};
 
 impl Engine {

@@ -93,7 +93,7 @@ pub(crate) fn test_entry(id: &str, key: &Key) -> RunEntry {
         "created_ms": 0, "actions": 0,
     }))
     .expect("a run summary");
-    let m = crate::manifest::Manifest::parse(
+    let m = crate::runbooks::manifest::Manifest::parse(
         "version: 1\nname: rb\ndescription: d\nscript: rb.rhai\ntrigger:\n  type: manual\nscope: node\n",
         std::path::Path::new("rb.yaml"),
     )
@@ -118,7 +118,7 @@ mod tests {
         let a = entry("a", "n1");
         let key = RunTable::key(&a.summary);
         t.activate(key.clone(), a);
-        t.enqueue("a".into(), crate::manifest::Priority::Normal);
+        t.enqueue("a".into(), crate::runbooks::manifest::Priority::Normal);
         assert_eq!(t.active_run(&key).map(String::as_str), Some("a"));
         assert_eq!(t.queue(), ["a".to_string()]);
         assert!(t.forget_run("a").is_some());

@@ -7,8 +7,8 @@
 
 use std::collections::HashMap;
 
-use crate::manifest::{Aggregate, Manifest, PredictModel, Scope, Trigger};
 use crate::metrics::{self, MetricId};
+use crate::runbooks::manifest::{Aggregate, Manifest, PredictModel, Scope, Trigger};
 use crate::telemetry::{SeriesKey, SeriesRef, StoreShard, TelemetryStore};
 
 mod groups;

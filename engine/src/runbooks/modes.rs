@@ -46,7 +46,7 @@ impl FleetMode {
 /// change is saved by the same call that makes it.
 pub(crate) struct ModeBook {
     path: std::path::PathBuf,
-    set: std::sync::Mutex<BTreeMap<String, crate::manifest::Mode>>,
+    set: std::sync::Mutex<BTreeMap<String, crate::runbooks::manifest::Mode>>,
 }
 
 impl ModeBook {
@@ -56,12 +56,12 @@ impl ModeBook {
     }
 
     /// The mode an admin set for `runbook`, if any.
-    pub(crate) fn get(&self, runbook: &str) -> Option<crate::manifest::Mode> {
+    pub(crate) fn get(&self, runbook: &str) -> Option<crate::runbooks::manifest::Mode> {
         self.lock().get(runbook).copied()
     }
 
     /// `runbook` now runs in `mode` (its record is on the chain), saved.
-    pub(crate) fn set(&self, runbook: &str, mode: crate::manifest::Mode) {
+    pub(crate) fn set(&self, runbook: &str, mode: crate::runbooks::manifest::Mode) {
         let mut set = self.lock();
         set.insert(runbook.to_string(), mode);
         self.save(&set);
@@ -69,17 +69,17 @@ impl ModeBook {
 
     /// Exactly `modes` (a new leader takes the chain's: a mode the file held
     /// with no record behind it does not hold), saved.
-    pub(crate) fn replace(&self, modes: BTreeMap<String, crate::manifest::Mode>) {
+    pub(crate) fn replace(&self, modes: BTreeMap<String, crate::runbooks::manifest::Mode>) {
         let mut set = self.lock();
         *set = modes;
         self.save(&set);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, crate::manifest::Mode>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, crate::runbooks::manifest::Mode>> {
         self.set.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn save(&self, set: &BTreeMap<String, crate::manifest::Mode>) {
+    fn save(&self, set: &BTreeMap<String, crate::runbooks::manifest::Mode>) {
         let bytes = serde_json::to_vec_pretty(set).unwrap_or_default();
         if let Err(e) = nightshift_proto::fsutil::write_atomic(&self.path, &bytes) {
             tracing::error!(path = %self.path.display(), error = %e, "cannot save runbook modes: they hold until a restart");
@@ -100,7 +100,7 @@ pub fn modes_path(data_dir: &std::path::Path) -> std::path::PathBuf {
 pub fn load_modes(
     audit: &crate::audit::AuditStore,
     data_dir: &std::path::Path,
-) -> BTreeMap<String, crate::manifest::Mode> {
+) -> BTreeMap<String, crate::runbooks::manifest::Mode> {
     let chain = match audit.records_of_kind(crate::audit::RecordKind::RunbookMode) {
         Ok(records) => modes_from_records(&records),
         Err(e) => {
@@ -109,7 +109,7 @@ pub fn load_modes(
         }
     };
     let path = modes_path(data_dir);
-    let file: Option<BTreeMap<String, crate::manifest::Mode>> =
+    let file: Option<BTreeMap<String, crate::runbooks::manifest::Mode>> =
         std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok());
     if file.as_ref() != Some(&chain) && (file.is_some() || !chain.is_empty()) {
         if file.is_some() {
@@ -125,7 +125,7 @@ pub fn load_modes(
 }
 
 /// Each runbook's newest mode in `records` (oldest first).
-pub fn modes_from_records(records: &[crate::audit::AuditRecord]) -> BTreeMap<String, crate::manifest::Mode> {
+pub fn modes_from_records(records: &[crate::audit::AuditRecord]) -> BTreeMap<String, crate::runbooks::manifest::Mode> {
     let mut out = BTreeMap::new();
     for r in records.iter().filter(|r| r.kind == crate::audit::RecordKind::RunbookMode) {
         let Some(name) = r.runbook.as_ref() else { continue };
@@ -136,7 +136,7 @@ pub fn modes_from_records(records: &[crate::audit::AuditRecord]) -> BTreeMap<Str
                 continue;
             }
         };
-        match serde_json::from_value::<crate::manifest::Mode>(serde_json::json!(to)) {
+        match serde_json::from_value::<crate::runbooks::manifest::Mode>(serde_json::json!(to)) {
             Ok(m) => {
                 out.insert(name.clone(), m);
             }
@@ -160,7 +160,7 @@ mod tests {
     #[tokio::test]
     async fn runbook_modes_come_from_the_chain_not_the_file() {
         use crate::audit::{AuditStore, NewRecord, RecordKind};
-        use crate::manifest::Mode;
+        use crate::runbooks::manifest::Mode;
         let dir = tempfile::tempdir().unwrap();
         let clock: nightshift_proto::clock::SharedClock = Arc::new(nightshift_proto::clock::VirtualClock::new(1));
         let audit = AuditStore::open(dir.path(), clock).unwrap();
@@ -187,7 +187,7 @@ mod tests {
     /// The book saves what it is told, and replaces whole.
     #[tokio::test]
     async fn the_mode_book_saves_each_change() {
-        use crate::manifest::Mode;
+        use crate::runbooks::manifest::Mode;
         let dir = tempfile::tempdir().unwrap();
         let clock: nightshift_proto::clock::SharedClock = Arc::new(nightshift_proto::clock::VirtualClock::new(1));
         let audit = crate::audit::AuditStore::open(dir.path(), clock).unwrap();

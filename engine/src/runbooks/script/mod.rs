@@ -33,8 +33,8 @@ use serde::{Deserialize, Serialize};
 use nightshift_proto::clock::SharedClock;
 use nightshift_proto::*;
 
-use crate::manifest::LoadError;
 use crate::metrics::MetricId;
+use crate::runbooks::manifest::LoadError;
 use crate::runs::Target;
 
 /// Limits for every script.

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::manifest::{LoadError, Manifest};
-use crate::script;
+use crate::runbooks::manifest::{LoadError, Manifest};
+use crate::runbooks::script;
 
 /// A manifest with its compiled script.
 #[derive(Debug, Clone)]
@@ -73,7 +73,7 @@ pub fn load_file(path: &Path, engine: &rhai::Engine) -> Result<Runbook, LoadErro
     let manifest = Manifest::parse(&text, path)?;
     let script_path = path.parent().unwrap_or(Path::new(".")).join(&manifest.script);
     let script_source = std::fs::read_to_string(&script_path).map_err(|e| {
-        let (line, column) = crate::manifest::locate(&text, &manifest.script);
+        let (line, column) = crate::runbooks::manifest::locate(&text, &manifest.script);
         LoadError {
             file: path.into(),
             line,
