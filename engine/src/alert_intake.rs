@@ -10,12 +10,12 @@ use std::sync::atomic::Ordering;
 
 use serde_json::{Value, json};
 
-use crate::alerts::Alert;
 use crate::audit::data::AlertReceived;
 use crate::audit::{NewRecord, RecordKind};
 use crate::engine::{Engine, EngineError, RunRequest};
 use crate::runbooks::manifest::Scope;
 use crate::runs::Target;
+use crate::signals::alerts::Alert;
 
 impl Engine {
     /// What an alert leads to, once its `event_received` is on the chain;

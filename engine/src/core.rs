@@ -25,12 +25,12 @@ use crate::runbooks::runbook::RunbookSet;
 use crate::runbooks::script::{Agg, Reading};
 use crate::runs::{RunSummary, Target};
 use crate::runtable::RunTable;
-use crate::telemetry::SeriesKey;
+use crate::signals::telemetry::SeriesKey;
 
 mod parts;
 pub use parts::CoreParts;
 
-pub use crate::brain::Brain;
+pub use crate::signals::brain::Brain;
 
 /// Run ids and request ids that never repeat: a random epoch chosen at each
 /// engine start, then a counter. A restart, a suppressed trigger or a
@@ -95,14 +95,14 @@ pub struct Core {
     runbooks: crate::runbooks::runbook::Loaded,
     brain: Mutex<Brain>,
     /// What the pages plot.
-    history: Mutex<crate::history::History>,
+    history: Mutex<crate::signals::history::History>,
     /// Each GPU's XID events by code (the policy's repeat rule).
     xid_history: Mutex<crate::xid_history::XidHistory>,
     table: Mutex<RunTable>,
     handle: tokio::runtime::Handle,
     ids: Ids,
     /// Events taken in and not yet handled (`backlog.rs`).
-    backlog: crate::backlog::Backlog,
+    backlog: crate::signals::backlog::Backlog,
     notifier: Notifier,
     /// Pages not delivered yet (invariant 19), retried by the tick.
     outbox: Mutex<crate::outbox::Outbox>,
@@ -607,7 +607,8 @@ impl Core {
         let id = crate::metrics::metric_id(&c.metric)?;
         let n = self.fleet.get(s.target.node.as_deref()?)?;
         let b = self.brain();
-        let read = |gpu: Option<u16>| b.store().latest(crate::telemetry::SeriesKey { node: n.idx, gpu, metric: id });
+        let read =
+            |gpu: Option<u16>| b.store().latest(crate::signals::telemetry::SeriesKey { node: n.idx, gpu, metric: id });
         let vals: Vec<f64> = if !crate::metrics::metric(id).gpu_scoped {
             read(None).map(|(_, v)| v).into_iter().collect()
         } else if let Some(g) = s.target.gpu.and_then(|g| u16::try_from(g).ok()) {

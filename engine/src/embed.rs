@@ -8,7 +8,6 @@
 //! here too: the modules that own them are `pub(crate)`.
 
 pub use crate::admission::{approval_reason, nodes_changed};
-pub use crate::alerts::{WebhookPayload, format_rfc3339_ms, parse_rfc3339_ms};
 pub use crate::ha::{Leadership, LeaseConfig, campaign, renew};
 pub use crate::health::{FaultKind, HealthState, Lifecycle, XidAction, XidPolicy};
 pub use crate::inventory::{Inventory, NodeSpec};
@@ -21,11 +20,12 @@ pub use crate::runbooks::runbook::{RunbookSet, load_file};
 pub use crate::runbooks::script::ScriptLimits;
 pub use crate::runbooks::script::{Reading, RunCtx, RunInfo, ScriptHost, TextKind, build_engine, compile, execute};
 pub use crate::shadow::ShadowFire;
-pub use crate::sources::{
+pub use crate::signals::alerts::{WebhookPayload, format_rfc3339_ms, parse_rfc3339_ms};
+pub use crate::signals::sources::{
     DCGM_NAMES, DcgmField, add_memory_need, dcgm_metric, host_of, map_samples, parse_exposition, parse_query_response,
     thermal_slowdown,
 };
-pub use crate::sources::{PromSample, prometheus_query};
-pub use crate::telemetry::{SeriesKey, TelemetryStore, samples_from};
-pub use crate::triggers::Compiled;
-pub use crate::triggers::TriggerSet;
+pub use crate::signals::sources::{PromSample, prometheus_query};
+pub use crate::signals::telemetry::{SeriesKey, TelemetryStore, samples_from};
+pub use crate::signals::triggers::Compiled;
+pub use crate::signals::triggers::TriggerSet;

@@ -22,7 +22,6 @@ use nightshift_proto::clock::SharedClock;
 use nightshift_proto::ssh::client::AgentTransport;
 use nightshift_proto::{EvidenceChunk, Telemetry};
 
-use crate::alerts::WebhookPayload;
 use crate::audit::{AuditError, AuditStore, NewRecord, RecordKind};
 use crate::config::EngineConfig;
 use crate::core::{Brain, Core};
@@ -32,7 +31,8 @@ use crate::metrics::MetricId;
 use crate::runbooks::runbook::RunbookSet;
 use crate::runs::RunState;
 use crate::runs::{RunSummary, Target};
-use crate::telemetry::SeriesKey;
+use crate::signals::alerts::WebhookPayload;
+use crate::signals::telemetry::SeriesKey;
 use crate::xid_policy::XidPolicy;
 
 /// An engine failure a caller can act on. The web crate chooses the HTTP
@@ -180,7 +180,7 @@ impl Engine {
         );
         let runs_so_far = parts.audit.run_count().unwrap_or(0);
         let t = &parts.config.telemetry;
-        let (history, step) = crate::history::History::for_fleet(
+        let (history, step) = crate::signals::history::History::for_fleet(
             t.history_secs,
             t.history_step_secs,
             parts.nodes.len(),

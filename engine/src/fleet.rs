@@ -73,7 +73,7 @@ impl NodeState {
                 w.id,
                 w.by,
                 w.reason,
-                crate::alerts::format_rfc3339_ms(w.ends_ms)
+                crate::signals::alerts::format_rfc3339_ms(w.ends_ms)
             )),
             (None, false, None) => None,
         }
@@ -170,7 +170,7 @@ impl Members {
         let by_idx = nodes.iter().enumerate().map(|(i, n)| (n.idx, i)).collect();
         let mut by_host: HashMap<String, Option<usize>> = HashMap::new();
         for (i, n) in nodes.iter().enumerate() {
-            if let Some(h) = crate::alerts::address_host(&n.spec.address) {
+            if let Some(h) = crate::signals::alerts::address_host(&n.spec.address) {
                 by_host.entry(h.to_string()).and_modify(|e| *e = None).or_insert(Some(i));
             }
         }

@@ -12,7 +12,6 @@ use serde_json::json;
 
 use nightshift_proto::Telemetry;
 
-use crate::alerts::{Alert, WebhookPayload};
 use crate::audit::data::AlertReceived;
 use crate::audit::{AuditRecord, NewRecord, RecordKind};
 use crate::engine::{Engine, EngineError, Ingested, RunRequest, Submitted};
@@ -22,8 +21,9 @@ use crate::runbooks::manifest::Scope;
 use crate::runbooks::runbook::Runbook;
 use crate::runs::Target;
 use crate::runtable::FireRef;
-use crate::telemetry::{SeriesKey, samples_from};
-use crate::triggers::Fire;
+use crate::signals::alerts::{Alert, WebhookPayload};
+use crate::signals::telemetry::{SeriesKey, samples_from};
+use crate::signals::triggers::Fire;
 
 /// The slowdown temperature assumed for a GPU whose backend reports none
 /// (NVIDIA's data-center parts slow down near 90 °C).
@@ -123,7 +123,7 @@ impl Engine {
         {
             let mut h = self.core.history();
             for (gpu, metric, v) in &samples {
-                if crate::history::History::plotted(*metric) {
+                if crate::signals::history::History::plotted(*metric) {
                     h.push((node.idx, *gpu, *metric), t.ts_ms, *v);
                 }
             }
@@ -233,7 +233,8 @@ impl Engine {
         keyed.extend(derived);
         {
             let mut h = self.core.history();
-            for (_, key, ts, v) in keyed.iter().filter(|(_, k, ..)| crate::history::History::plotted(k.metric)) {
+            for (_, key, ts, v) in keyed.iter().filter(|(_, k, ..)| crate::signals::history::History::plotted(k.metric))
+            {
                 h.push((key.node, key.gpu, key.metric), *ts, *v);
             }
         }
@@ -257,10 +258,13 @@ impl Engine {
     }
 
     /// Feed pulled Prometheus/exporter samples: map, count, ingest.
-    pub(crate) async fn ingest_pulled(&self, samples: &[crate::sources::PromSample]) -> crate::sources::MapStats {
+    pub(crate) async fn ingest_pulled(
+        &self,
+        samples: &[crate::signals::sources::PromSample],
+    ) -> crate::signals::sources::MapStats {
         let now = self.core.now();
         let (mapped, st) =
-            crate::sources::map_samples(samples, now, &|h| self.has_node(h), &|n, u| self.gpu_by_uuid(n, u));
+            crate::signals::sources::map_samples(samples, now, &|h| self.has_node(h), &|n, u| self.gpu_by_uuid(n, u));
         let c = &self.core.counters();
         c.source_samples.fetch_add(st.mapped as u64, Ordering::Relaxed);
         c.source_ignored
@@ -273,20 +277,22 @@ impl Engine {
     /// query at takeover or start): into the history only — no trigger
     /// sees them — under whatever arrived live meanwhile. Returns the
     /// points kept.
-    pub(crate) fn backfill_history(&self, samples: &[crate::sources::PromSample]) -> usize {
+    pub(crate) fn backfill_history(&self, samples: &[crate::signals::sources::PromSample]) -> usize {
         let now = self.core.now();
         // One timestamp at a time: the framebuffer pair makes memory per instant.
-        let mut by_ts: std::collections::BTreeMap<i64, Vec<crate::sources::PromSample>> = Default::default();
+        let mut by_ts: std::collections::BTreeMap<i64, Vec<crate::signals::sources::PromSample>> = Default::default();
         for s in samples {
             by_ts.entry(s.ts_ms.unwrap_or(now)).or_default().push(s.clone());
         }
         let mut older = self.core.history().like();
         let mut kept = 0;
         for (_, group) in by_ts {
-            let (mapped, _) =
-                crate::sources::map_samples(&group, now, &|h| self.has_node(h), &|n, u| self.gpu_by_uuid(n, u));
+            let (mapped, _) = crate::signals::sources::map_samples(&group, now, &|h| self.has_node(h), &|n, u| {
+                self.gpu_by_uuid(n, u)
+            });
             for (node, gpu, metric, ts, v) in &mapped {
-                if let (Some(n), true) = (self.core.fleet().get(node), crate::history::History::plotted(*metric))
+                if let (Some(n), true) =
+                    (self.core.fleet().get(node), crate::signals::history::History::plotted(*metric))
                     && let Ok(gpu) = gpu.map(u16::try_from).transpose()
                 {
                     older.push((n.idx, gpu, *metric), *ts, *v);
@@ -389,7 +395,7 @@ impl Engine {
     /// Evaluate fleet triggers over the live, undrained nodes of each group.
     /// The groups are listed again only when the fleet changed (a reload,
     /// a node connected or lost, drained or back, a GPU count): see
-    /// [`crate::triggers::GroupCache`].
+    /// [`crate::signals::triggers::GroupCache`].
     pub(crate) async fn fleet_triggers(&self, now: i64) {
         let fires = {
             let mut b = self.core.brain();

@@ -1,6 +1,6 @@
 //! nightshift-engine: the brain that answers the page.
 //!
-//! Flow: telemetry or an alert ([`ingest`]) → [`triggers`] → a run request
+//! Flow: telemetry or an alert ([`ingest`]) → [`signals::triggers`] → a run request
 //! → [`admission`] (stale, dedup, cooldown, breaker, budget, hands-off,
 //! capacity, approval) → the [`run::executor`] and its [`run::queue`] (classes and
 //! priorities, re-check at start, holds released at the end) → the runbook's Rhai [`runbooks::script`] through the [`host`]
@@ -17,13 +17,10 @@
 
 pub(crate) mod admission;
 pub(crate) mod alert_intake;
-pub(crate) mod alerts;
 pub mod api;
-mod backlog;
 mod blast;
 /// The audit log, its own crate (`nightshift-audit`), under its old path.
 pub use nightshift_audit as audit;
-pub(crate) mod brain;
 pub mod config;
 pub(crate) mod control;
 pub(crate) mod core;
@@ -36,7 +33,6 @@ pub(crate) mod fleet;
 pub(crate) mod fleet_mode;
 pub use nightshift_audit::ha;
 pub(crate) mod health;
-pub(crate) mod history;
 mod holdreports;
 pub(crate) mod host;
 pub(crate) mod ingest;
@@ -57,11 +53,9 @@ pub(crate) mod runbooks;
 pub(crate) mod runtable;
 pub mod serve;
 pub(crate) mod shadow;
-pub(crate) mod sources;
-pub(crate) mod telemetry;
+pub(crate) mod signals;
 pub(crate) mod thermal;
 mod tokens;
-pub(crate) mod triggers;
 mod verify_cache;
 pub(crate) mod views;
 pub(crate) mod windows;

@@ -108,7 +108,7 @@ impl Engine {
             let why = format!(
                 "the window {} set ended at {} as they asked",
                 w.by,
-                crate::alerts::format_rfc3339_ms(w.ends_ms)
+                crate::signals::alerts::format_rfc3339_ms(w.ends_ms)
             );
             if let Err(e) = self.record_window_end(&w, "engine", &why).await {
                 tracing::error!(window = %w.id, error = %e, "cannot audit a maintenance window's end: it stays");

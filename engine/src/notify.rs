@@ -62,7 +62,7 @@ impl Notifier {
             return self.body(target, rec);
         }
         let mut v = body(target, page, &Links::of(self.ui_url.as_deref(), page));
-        v[0]["endsAt"] = json!(crate::alerts::format_rfc3339_ms(rec.ts_ms.max(page.ts_ms)));
+        v[0]["endsAt"] = json!(crate::signals::alerts::format_rfc3339_ms(rec.ts_ms.max(page.ts_ms)));
         let why = rec.payload::<crate::audit::data::Notice>().map(|n| n.text).unwrap_or_default();
         v[0]["annotations"]["resolution"] = json!(why);
         v
@@ -131,19 +131,19 @@ pub fn anchor_body(format: WebhookFormat, head: &AuditRecord) -> Value {
     let text = format!(
         "nightshift audit head: record {} at {}, hash {} — keep this line; `nightshift audit verify` must reach the same hash at that record",
         head.seq,
-        crate::alerts::format_rfc3339_ms(head.ts_ms),
+        crate::signals::alerts::format_rfc3339_ms(head.ts_ms),
         head.hash
     );
     match format {
         WebhookFormat::Generic => json!({"kind": "audit_anchor", "seq": head.seq, "hash": head.hash,
-            "ts": crate::alerts::format_rfc3339_ms(head.ts_ms), "text": text}),
+            "ts": crate::signals::alerts::format_rfc3339_ms(head.ts_ms), "text": text}),
         WebhookFormat::Slack => json!({"text": text}),
         // Refused by validation (an anchor must not be resolved away); an
         // informational alert if one is configured anyway.
         WebhookFormat::Alertmanager => json!([{
             "labels": {"alertname": "NightshiftAuditAnchor", "component": "nightshift", "severity": "info"},
             "annotations": {"summary": text},
-            "startsAt": crate::alerts::format_rfc3339_ms(head.ts_ms),
+            "startsAt": crate::signals::alerts::format_rfc3339_ms(head.ts_ms),
         }]),
     }
 }
@@ -291,8 +291,8 @@ fn alert_body(rec: &AuditRecord, text: &str, dry_run: bool, target: &str, links:
     let mut alert = json!({
         "labels": labels,
         "annotations": annotations,
-        "startsAt": crate::alerts::format_rfc3339_ms(rec.ts_ms),
-        "endsAt": crate::alerts::format_rfc3339_ms(rec.ts_ms.saturating_add((firing_secs as i64).saturating_mul(1000))),
+        "startsAt": crate::signals::alerts::format_rfc3339_ms(rec.ts_ms),
+        "endsAt": crate::signals::alerts::format_rfc3339_ms(rec.ts_ms.saturating_add((firing_secs as i64).saturating_mul(1000))),
     });
     if let Some(u) = links.run.as_ref().or(links.node.as_ref()).or(links.ui.as_ref()) {
         alert["generatorURL"] = json!(u);
@@ -410,7 +410,7 @@ mod tests {
         let ended = n.resolution_body(&n.targets[0], &resolution, &page);
         assert_eq!(ended[0]["labels"], open[0]["labels"], "the same alert");
         assert_eq!(ended[0]["startsAt"], open[0]["startsAt"]);
-        assert_eq!(ended[0]["endsAt"], json!(crate::alerts::format_rfc3339_ms(resolution.ts_ms)));
+        assert_eq!(ended[0]["endsAt"], json!(crate::signals::alerts::format_rfc3339_ms(resolution.ts_ms)));
         assert_eq!(ended[0]["annotations"]["resolution"], "resolved: handled by run r000009");
         let mut follow = rec(RecordKind::Notification);
         follow.data = json!({"text": "GPU 3 capped: reset it", "severity": "warning", "delivered_to": [],

@@ -34,7 +34,7 @@ use crate::health::{Ack, Evidence, FaultKind, HealthState, Transition, repair_ev
 use crate::metrics::ids;
 use crate::runbooks::manifest::Trigger;
 use crate::runs::{RunSummary, Target};
-use crate::telemetry::SeriesKey;
+use crate::signals::telemetry::SeriesKey;
 
 /// How often a pending fault is offered to admission again.
 const RETRY_PENDING_MS: i64 = 10_000;

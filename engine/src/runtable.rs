@@ -14,10 +14,10 @@ use std::sync::atomic::AtomicBool;
 
 use serde_json::Value;
 
-use crate::alerts::SeenSet;
 use crate::audit::{AuditRecord, RecordKind, data};
 use crate::runbooks::manifest::{BreakerCount, Priority};
 use crate::runs::{RunOutcome, RunState, RunSummary, Target};
+use crate::signals::alerts::SeenSet;
 
 mod entries;
 #[cfg(test)]

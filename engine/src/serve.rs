@@ -597,7 +597,7 @@ pub async fn backfill_history(engine: &Engine, url: &str, timeout: Duration) -> 
     let resp = http
         .get(format!("{}/api/v1/query_range", url.trim_end_matches('/')))
         .query(&[
-            ("query", crate::sources::plotted_query()),
+            ("query", crate::signals::sources::plotted_query()),
             ("start", start.to_string()),
             ("end", end.to_string()),
             ("step", format!("{step}s")),
@@ -606,7 +606,7 @@ pub async fn backfill_history(engine: &Engine, url: &str, timeout: Duration) -> 
         .await
         .map_err(|e| format!("{url}: {e}"))?;
     let body = resp.bytes().await.map_err(|e| format!("{url}: {e}"))?;
-    let samples = crate::sources::parse_range_response(url, &body).map_err(|e| e.to_string())?;
+    let samples = crate::signals::sources::parse_range_response(url, &body).map_err(|e| e.to_string())?;
     Ok(engine.backfill_history(&samples))
 }
 
@@ -615,8 +615,8 @@ pub async fn pull_once(
     http: &reqwest::Client,
     url: &str,
     is_prometheus: bool,
-) -> Result<Vec<crate::sources::PromSample>, crate::sources::SourceError> {
-    use crate::sources::{SourceError, parse_exposition, parse_query_response, prometheus_query};
+) -> Result<Vec<crate::signals::sources::PromSample>, crate::signals::sources::SourceError> {
+    use crate::signals::sources::{SourceError, parse_exposition, parse_query_response, prometheus_query};
     let fetch = |message: String| SourceError::Fetch { url: url.to_string(), message };
     let req = if is_prometheus {
         http.get(format!("{}/api/v1/query", url.trim_end_matches('/'))).query(&[("query", prometheus_query())])

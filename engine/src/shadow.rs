@@ -145,7 +145,7 @@ impl Engine {
         for r in others.iter().take(5) {
             lines.push(format!(
                 "{} {} ran {} on {}{} ({})",
-                crate::alerts::format_rfc3339_ms(r.created_ms),
+                crate::signals::alerts::format_rfc3339_ms(r.created_ms),
                 r.requested_by,
                 r.runbook,
                 r.target,

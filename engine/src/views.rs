@@ -14,7 +14,7 @@ use crate::engine::{Engine, EngineError};
 use crate::fleet::NodeState;
 use crate::metrics::{self, MetricId};
 use crate::runs::RunSummary;
-use crate::telemetry::SeriesKey;
+use crate::signals::telemetry::SeriesKey;
 
 /// A snapshot of one node for the API and UI.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
@@ -318,8 +318,10 @@ impl Engine {
                     _ => continue,
                 }
             };
-            let why =
-                format!("the hands-off {by} set ended at {} as they asked", crate::alerts::format_rfc3339_ms(until));
+            let why = format!(
+                "the hands-off {by} set ended at {} as they asked",
+                crate::signals::alerts::format_rfc3339_ms(until)
+            );
             let payload = crate::audit::data::HandsOff { hands_off: false, reason: Some(why), until_ms: None };
             let rec = NewRecord::typed(RecordKind::HandsOff, "engine", &payload).node(Some(&n.spec.name));
             match self.core.audit().append(rec, None).await {

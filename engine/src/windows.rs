@@ -170,8 +170,8 @@ pub fn validate(spec: &WindowSpec, now: i64, known: &dyn Fn(&str) -> bool) -> Re
     if spec.ends_ms <= start {
         return Err(format!(
             "end: expected a time after {}, found {}",
-            crate::alerts::format_rfc3339_ms(start),
-            crate::alerts::format_rfc3339_ms(spec.ends_ms)
+            crate::signals::alerts::format_rfc3339_ms(start),
+            crate::signals::alerts::format_rfc3339_ms(spec.ends_ms)
         ));
     }
     if spec.ends_ms - start > MAX_WINDOW_SECS * 1000 {

@@ -202,7 +202,7 @@ pub fn control_reply(outcome: ControlOutcome) -> ControlReply {
 
 /// `starts_at` / `ends_at` of a window: RFC 3339.
 fn window_time(field: &str, s: &str) -> Result<i64, Refused> {
-    crate::alerts::parse_rfc3339_ms(s).ok_or_else(|| {
+    crate::signals::alerts::parse_rfc3339_ms(s).ok_or_else(|| {
         Refused::bad_request(format!("{field}: expected an RFC 3339 time (2026-12-06T14:00:00Z), found {s:?}"))
     })
 }

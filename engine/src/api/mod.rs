@@ -17,7 +17,6 @@ pub use facade::*;
 pub use replies::*;
 pub use requests::*;
 
-pub use crate::alerts::{WebhookPayload, format_rfc3339_ms, parse_rfc3339_ms};
 pub use crate::control::{ControlAction, ControlOutcome, Person, ReleaseWhat};
 pub use crate::engine::EvidenceReadError;
 pub use crate::fleet::FleetChange;
@@ -32,6 +31,7 @@ pub use crate::run::executor::Plan;
 pub use crate::runbooks::manifest::{Manifest, Mode};
 pub use crate::runbooks::modes::{FleetMode, modes_path};
 pub use crate::shadow::{ShadowFire, WouldAct};
+pub use crate::signals::alerts::{WebhookPayload, format_rfc3339_ms, parse_rfc3339_ms};
 pub use crate::views::{Gauges, HaStatus, NodeView, RunbookView};
 pub use crate::windows::Window;
 pub use crate::windows::WindowSpec;

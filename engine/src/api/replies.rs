@@ -247,7 +247,7 @@ impl AuditHead {
                 seq: r.seq,
                 hash: Some(r.hash.clone()),
                 ts_ms: Some(r.ts_ms),
-                ts: Some(crate::alerts::format_rfc3339_ms(r.ts_ms)),
+                ts: Some(crate::signals::alerts::format_rfc3339_ms(r.ts_ms)),
             },
             None => AuditHead { seq: 0, hash: None, ts_ms: None, ts: None },
         }

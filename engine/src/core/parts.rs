@@ -9,7 +9,6 @@ use nightshift_proto::ssh::client::AgentTransport;
 
 use super::{Core, Ids, lock};
 use crate::audit::AuditStore;
-use crate::brain::Brain;
 use crate::config::EngineConfig;
 use crate::counters::Counters;
 use crate::fleet::Fleet;
@@ -17,6 +16,7 @@ use crate::inventory::NodeSpec;
 use crate::notify::Notifier;
 use crate::runbooks::runbook::RunbookSet;
 use crate::runtable::RunTable;
+use crate::signals::brain::Brain;
 
 /// What [`Core::build`] is made of (the engine's parts, less what it
 /// builds from them first).
@@ -33,7 +33,7 @@ pub struct CoreParts {
 impl Core {
     /// The engine's state from its parts, the trigger brain and plot
     /// history already built; `runs_so_far` seeds the run ids.
-    pub fn build(parts: CoreParts, brain: Brain, history: crate::history::History, runs_so_far: u64) -> Core {
+    pub fn build(parts: CoreParts, brain: Brain, history: crate::signals::history::History, runs_so_far: u64) -> Core {
         let id_seed = parts.clock.id_seed();
         let modes = crate::runbooks::modes::ModeBook::load(&parts.audit, &parts.config.data_dir);
         Core {
@@ -106,7 +106,7 @@ impl Core {
     }
 
     /// Events taken in and not yet handled.
-    pub fn backlog(&self) -> &crate::backlog::Backlog {
+    pub fn backlog(&self) -> &crate::signals::backlog::Backlog {
         &self.backlog
     }
 
@@ -160,7 +160,7 @@ impl Core {
         lock(&self.health)
     }
 
-    pub fn history(&self) -> MutexGuard<'_, crate::history::History> {
+    pub fn history(&self) -> MutexGuard<'_, crate::signals::history::History> {
         lock(&self.history)
     }
 

@@ -395,11 +395,12 @@ impl ScriptHost for Host {
         // would read as a drift. Five minutes for the heatsink to settle.
         let airflow_step = {
             let b = self.core.brain();
-            let gpu_fan = b
-                .store()
-                .window(crate::telemetry::SeriesKey { node: n.idx, gpu: Some(g), metric: metrics::ids::FAN }, since);
+            let gpu_fan = b.store().window(
+                crate::signals::telemetry::SeriesKey { node: n.idx, gpu: Some(g), metric: metrics::ids::FAN },
+                since,
+            );
             let chassis = b.store().window(
-                crate::telemetry::SeriesKey { node: n.idx, gpu: None, metric: metrics::ids::CHASSIS_FAN },
+                crate::signals::telemetry::SeriesKey { node: n.idx, gpu: None, metric: metrics::ids::CHASSIS_FAN },
                 since,
             );
             [crate::thermal::last_airflow_step(&gpu_fan, 5.0), crate::thermal::last_airflow_step(&chassis, 5.0)]
@@ -418,7 +419,7 @@ impl ScriptHost for Host {
         }
         let (temps, power) = {
             let b = self.core.brain();
-            let key = |metric| crate::telemetry::SeriesKey { node: n.idx, gpu: Some(g), metric };
+            let key = |metric| crate::signals::telemetry::SeriesKey { node: n.idx, gpu: Some(g), metric };
             (b.store().window(key(metrics::ids::TEMPERATURE), since), b.store().window(key(metrics::ids::POWER), since))
         };
         match crate::thermal::fit(&temps, &power) {

@@ -61,7 +61,7 @@ impl Host {
         let b = self.core.brain();
         let mut pts: Vec<f64> = Vec::new();
         for g in gpus {
-            let key = crate::telemetry::SeriesKey { node: n.idx, gpu: g, metric };
+            let key = crate::signals::telemetry::SeriesKey { node: n.idx, gpu: g, metric };
             pts.extend(b.store().window(key, from_ms).into_iter().filter(|(t, _)| *t <= to_ms).map(|(_, v)| v));
         }
         if pts.is_empty() {

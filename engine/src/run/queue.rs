@@ -462,7 +462,7 @@ impl Engine {
                 kept.push(format!(
                     "{n}: {} until {}",
                     h.value,
-                    h.expires_at_ms.map_or("a person releases it".into(), crate::alerts::format_rfc3339_ms)
+                    h.expires_at_ms.map_or("a person releases it".into(), crate::signals::alerts::format_rfc3339_ms)
                 ));
             }
         }

@@ -50,7 +50,7 @@ impl Engine {
         tracing::info!(records = records.len(), "executor memory rebuilt from the audit log");
         // Alerts acknowledged (their `event_received` durable) whose handling
         // a crash cut off: handled now, in order — a 200 is a promise.
-        let unhandled: Vec<(crate::alerts::Alert, String)> = {
+        let unhandled: Vec<(crate::signals::alerts::Alert, String)> = {
             let t = self.core.table();
             records
                 .iter()

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use crate::metrics::MetricId;
-use crate::telemetry::{SeriesKey, TelemetryStore};
+use crate::signals::telemetry::{SeriesKey, TelemetryStore};
 
 /// Lists `(label value, series keys)` for a label and metric (the fleet's
 /// live, undrained nodes).

@@ -5,8 +5,8 @@
 
 use crate::metrics::{self, MetricId};
 use crate::runbooks::runbook::RunbookSet;
-use crate::telemetry::{SeriesKey, StoreShard, TelemetryStore};
-use crate::triggers::{Fire, GroupCache, GroupLister, ShardStates, TriggerSet};
+use crate::signals::telemetry::{SeriesKey, StoreShard, TelemetryStore};
+use crate::signals::triggers::{Fire, GroupCache, GroupLister, ShardStates, TriggerSet};
 
 /// The telemetry store and the triggers watching it.
 pub struct Brain {

@@ -153,7 +153,7 @@ pub fn plotted_query() -> String {
         .iter()
         .copied()
         .filter(|n| match dcgm_metric(n) {
-            Some(DcgmField::Metric(m)) => crate::history::History::plotted(m),
+            Some(DcgmField::Metric(m)) => crate::signals::history::History::plotted(m),
             Some(DcgmField::FbUsed | DcgmField::FbFree) => true,
             _ => false,
         })

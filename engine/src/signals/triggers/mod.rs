@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use crate::metrics::{self, MetricId};
 use crate::runbooks::manifest::{Aggregate, Manifest, PredictModel, Scope, Trigger};
-use crate::telemetry::{SeriesKey, SeriesRef, StoreShard, TelemetryStore};
+use crate::signals::telemetry::{SeriesKey, SeriesRef, StoreShard, TelemetryStore};
 
 mod groups;
 mod series;
