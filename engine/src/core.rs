@@ -91,17 +91,17 @@ pub struct Core {
     audit: AuditStore,
     fleet: Fleet,
     script: Arc<rhai::Engine>,
-    /// The runbook set in force (`runbook.rs::Loaded`: replaced whole).
+    /// The runbook set in force (`runbooks/runbook.rs::Loaded`: replaced whole).
     runbooks: crate::runbooks::runbook::Loaded,
     brain: Mutex<Brain>,
     /// What the pages plot.
     history: Mutex<crate::signals::history::History>,
     /// Each GPU's XID events by code (the policy's repeat rule).
-    xid_history: Mutex<crate::xid_history::XidHistory>,
+    xid_history: Mutex<crate::health::xid_history::XidHistory>,
     table: Mutex<RunTable>,
     handle: tokio::runtime::Handle,
     ids: Ids,
-    /// Events taken in and not yet handled (`backlog.rs`).
+    /// Events taken in and not yet handled (`signals/backlog.rs`).
     backlog: crate::signals::backlog::Backlog,
     notifier: Notifier,
     /// Pages not delivered yet (invariant 19), retried by the tick.
@@ -117,20 +117,20 @@ pub struct Core {
     /// Runbook modes an admin set (promote/demote), over the manifests';
     /// kept in `data_dir/runbook-modes.json` across restarts.
     modes: crate::runbooks::modes::ModeBook,
-    /// The SSH client of each node (`fleet.rs::AgentClients`).
+    /// The SSH client of each node (`fleet/mod.rs::AgentClients`).
     agent_clients: crate::fleet::AgentClients,
     /// Every GPU's place in its repair lifecycle (the fold of the chain's
     /// `health_changed` records).
     health: Mutex<crate::health::HealthModel>,
     /// What the repair loop remembers between readings (not state: when it
     /// last tried a pending fault, whom it told, when it last checked).
-    repair: Mutex<crate::repair_memory::RepairMemory>,
+    repair: Mutex<crate::health::repair_memory::RepairMemory>,
     /// One chain walk at a time, its report kept while the head stays
     /// (`verify_cache.rs`).
     verify_cache: crate::verify_cache::VerifyCache,
     /// Maintenance windows in force or to come (`maintenance.rs` keeps
     /// them through `WindowBook`'s methods; its fields are its own).
-    windows: crate::windows::WindowBook,
+    windows: crate::fleet::windows::WindowBook,
 }
 
 /// Lease a run's holds get: its timeout and two minutes, so an engine that

@@ -8,9 +8,9 @@
 //! here too: the modules that own them are `pub(crate)`.
 
 pub use crate::admission::{approval_reason, nodes_changed};
+pub use crate::fleet::inventory::{Inventory, NodeSpec};
 pub use crate::ha::{Leadership, LeaseConfig, campaign, renew};
 pub use crate::health::{FaultKind, HealthState, Lifecycle, XidAction, XidPolicy};
-pub use crate::inventory::{Inventory, NodeSpec};
 pub use crate::metrics::{METRICS, MetricId, ids, metric, metric_id, metric_names};
 pub use crate::reload::{reload, reload_with};
 pub use crate::runbooks::manifest::{LoadError, Manifest, Mode, Trigger, locate};

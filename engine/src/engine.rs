@@ -26,14 +26,14 @@ use crate::audit::{AuditError, AuditStore, NewRecord, RecordKind};
 use crate::config::EngineConfig;
 use crate::core::{Brain, Core};
 use crate::counters::Counters;
-use crate::inventory::NodeSpec;
+use crate::fleet::inventory::NodeSpec;
+use crate::health::xid_policy::XidPolicy;
 use crate::metrics::MetricId;
 use crate::runbooks::runbook::RunbookSet;
 use crate::runs::RunState;
 use crate::runs::{RunSummary, Target};
 use crate::signals::alerts::WebhookPayload;
 use crate::signals::telemetry::SeriesKey;
-use crate::xid_policy::XidPolicy;
 
 /// An engine failure a caller can act on. The web crate chooses the HTTP
 /// status for each.

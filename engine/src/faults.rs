@@ -1,5 +1,5 @@
 //! Fault kinds: what the health model can find wrong with a GPU (the XID
-//! policy, `xid_policy.rs`, says which XIDs are faults). Plain data, no
+//! policy, `health/xid_policy.rs`, says which XIDs are faults). Plain data, no
 //! engine state: manifests validate against it.
 
 use serde::{Deserialize, Serialize};

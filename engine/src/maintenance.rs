@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use crate::audit::{NewRecord, RecordKind, data};
 use crate::engine::{Engine, EngineError};
-use crate::windows::{Cover, Window, WindowSpec, validate};
+use crate::fleet::windows::{Cover, Window, WindowSpec, validate};
 
 impl Engine {
     /// Set a maintenance window (admin), durable before it is in force.

@@ -13,11 +13,11 @@ use nightshift_proto::ssh::keys;
 use crate::audit::AuditError;
 use crate::config::EngineConfig;
 use crate::engine::Engine;
-use crate::inventory::Inventory;
+use crate::fleet::inventory::Inventory;
+use crate::health::xid_policy::XidPolicy;
 use crate::runbooks::manifest::LoadError;
 use crate::runbooks::runbook::load_dir;
 use crate::serve::{client_for, node_loop};
-use crate::xid_policy::XidPolicy;
 
 /// What a reload changed.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]

@@ -1,4 +1,4 @@
-//! The engine's side of the repair lifecycle (`health.rs` is the model):
+//! The engine's side of the repair lifecycle (`health/mod.rs` is the model):
 //!
 //! - on every reading of a node, each GPU's evidence is compared with what
 //!   its last verified repair acknowledged — a new fault is recorded at

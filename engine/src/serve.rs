@@ -14,8 +14,8 @@ use nightshift_proto::{NoArgs, Op, Request};
 use crate::audit::{AuditError, AuditStore, PgOptions};
 use crate::config::{AuditBackend, EngineConfig};
 use crate::engine::{Engine, EngineError, EngineParts};
+use crate::fleet::inventory::Inventory;
 use crate::ha::{Leadership, LeaseConfig};
-use crate::inventory::Inventory;
 use crate::runbooks::manifest::LoadError;
 use crate::runbooks::runbook::load_dir;
 use crate::runbooks::script::build_engine;
@@ -428,7 +428,7 @@ async fn hand_back(engine: &Engine, l: &Leadership, db: &crate::audit::LeaseDb, 
 
 /// An SSH client for one node of the inventory.
 pub(crate) fn client_for(
-    spec: &crate::inventory::NodeSpec,
+    spec: &crate::fleet::inventory::NodeSpec,
     addr: &str,
     inventory: &Inventory,
     key: &Arc<keys::PrivateKey>,

@@ -197,7 +197,7 @@ impl Engine {
     }
 
     /// A plotted series of a node (or one of its GPUs) between two times:
-    /// `(ts_ms, value)`, one point per history step (`history.rs`).
+    /// `(ts_ms, value)`, one point per history step (`signals/history.rs`).
     pub fn series(&self, node: &str, gpu: Option<u32>, metric: MetricId, from_ms: i64, to_ms: i64) -> Vec<(i64, f64)> {
         let Some(n) = self.core.fleet().get(node) else { return Vec::new() };
         let Ok(gpu) = gpu.map(u16::try_from).transpose() else { return Vec::new() };

@@ -24,9 +24,9 @@ use crate::audit::{AuditError, AuditRecord, RunFilter, RunPage, VerifyReport};
 use crate::control::{ControlOutcome, Person, ReleaseWhat};
 use crate::engine::Submitted;
 use crate::engine::{Engine, EngineError, RunRequest};
+use crate::fleet::windows::WindowSpec;
 use crate::repair::NodeHealth;
 use crate::run::executor::Plan;
-use crate::windows::WindowSpec;
 use nightshift_audit::runs::RunSummary;
 
 /// An operation's answer, later.

@@ -9,12 +9,12 @@ use serde_json::Value;
 
 use crate::audit::AuditRecord;
 use crate::engine::Engine;
+use crate::fleet::windows::Window;
 use crate::repair::NodeHealth;
 use crate::runbooks::manifest::Mode;
 use crate::runbooks::modes::FleetMode;
 use crate::shadow::ShadowFire;
 use crate::views::{HaStatus, NodeView, RunbookView};
-use crate::windows::Window;
 use nightshift_audit::ha::{EngineRow, ShardRow};
 use nightshift_audit::runs::RunSummary;
 use nightshift_proto::{ErrorBody, HealthCheck, SettingView};

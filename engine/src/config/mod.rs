@@ -264,7 +264,7 @@ fn default_follow_ms() -> u64 {
 impl EngineConfig {
     /// Keep the nodes of this engine's shard (`audit.postgres.fleet_label`);
     /// without one, every node.
-    pub fn select_shard(&self, inventory: &mut crate::inventory::Inventory) {
+    pub fn select_shard(&self, inventory: &mut crate::fleet::inventory::Inventory) {
         if self.audit.backend != AuditBackend::Postgres {
             return;
         }
@@ -465,7 +465,7 @@ pub struct TelemetryConfig {
     /// (`sources`) is the telemetry source and agents are only for actions.
     #[serde(default = "yes")]
     pub stream_from_agents: bool,
-    /// How far back the run and node pages can draw (`history.rs`); 0
+    /// How far back the run and node pages can draw (`signals/history.rs`); 0
     /// keeps no plot history.
     #[serde(default = "d_history")]
     pub history_secs: u64,

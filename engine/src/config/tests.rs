@@ -39,7 +39,7 @@ fn example_config_is_valid_and_errors_are_located() {
 /// nodes whose label is its shard; without the label, all of them.
 #[test]
 fn a_shard_keeps_its_part_of_the_fleet() {
-    let inv = crate::inventory::Inventory::parse(
+    let inv = crate::fleet::inventory::Inventory::parse(
         "version: 1\nnodes:\n  - {name: a1, address: '10.0.0.1:22', host_key: 'SHA256:x', labels: {cluster: east}}\n  - {name: b1, address: '10.0.0.2:22', host_key: 'SHA256:y', labels: {cluster: west}}\n  - {name: c1, address: '10.0.0.3:22', host_key: 'SHA256:z'}\n",
         Path::new("fleet.yaml"),
     )

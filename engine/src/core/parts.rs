@@ -12,7 +12,7 @@ use crate::audit::AuditStore;
 use crate::config::EngineConfig;
 use crate::counters::Counters;
 use crate::fleet::Fleet;
-use crate::inventory::NodeSpec;
+use crate::fleet::inventory::NodeSpec;
 use crate::notify::Notifier;
 use crate::runbooks::runbook::RunbookSet;
 use crate::runtable::RunTable;
@@ -144,7 +144,7 @@ impl Core {
         &self.verify_cache
     }
 
-    pub fn windows(&self) -> &crate::windows::WindowBook {
+    pub fn windows(&self) -> &crate::fleet::windows::WindowBook {
         &self.windows
     }
 
@@ -164,7 +164,7 @@ impl Core {
         lock(&self.history)
     }
 
-    pub fn xid_history(&self) -> MutexGuard<'_, crate::xid_history::XidHistory> {
+    pub fn xid_history(&self) -> MutexGuard<'_, crate::health::xid_history::XidHistory> {
         lock(&self.xid_history)
     }
 
@@ -173,7 +173,7 @@ impl Core {
     }
 
     /// What the repair loop remembers between readings.
-    pub fn repair(&self) -> MutexGuard<'_, crate::repair_memory::RepairMemory> {
+    pub fn repair(&self) -> MutexGuard<'_, crate::health::repair_memory::RepairMemory> {
         lock(&self.repair)
     }
 }

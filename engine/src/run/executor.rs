@@ -1,6 +1,6 @@
 //! The executor: run requests through admission (`admission.rs`) into the
 //! run table, the queue, a start that re-checks the event, the script on a
-//! blocking thread (`script.rs`, `host/`), and a finish that releases the
+//! blocking thread (`runbooks/script/`, `host/`), and a finish that releases the
 //! run's holds on every node it touched.
 //!
 //! Run classes (manifest `class`, `priority`, `exclusive`):

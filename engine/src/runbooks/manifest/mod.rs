@@ -288,7 +288,7 @@ pub enum Trigger {
         #[serde(default)]
         increase: bool,
     },
-    /// A GPU fault in the health model (`health.rs`): a state, evaluated
+    /// A GPU fault in the health model (`health/mod.rs`): a state, evaluated
     /// on every reading and on the first reading after a start, pending
     /// while a breaker, cooldown or full queue holds it. `kinds`: `dbe`,
     /// `xid`, `gpu_lost`, `row_remap_failure`, `row_remap_pending`.

@@ -65,7 +65,7 @@ pub struct XidInfo {
 }
 
 /// The shipped table, compiled in (a test checks it loads).
-pub const SHIPPED_POLICY: &str = include_str!("../data/xid-policy.yaml");
+pub const SHIPPED_POLICY: &str = include_str!("../../data/xid-policy.yaml");
 const SHIPPED_PATH: &str = "engine/data/xid-policy.yaml";
 
 /// One file's form: the shipped table and a site's overrides alike.
@@ -402,7 +402,7 @@ mod tests {
 
     #[test]
     fn the_example_overrides_load() {
-        let text = include_str!("../../examples/xid-overrides.yaml");
+        let text = include_str!("../../../examples/xid-overrides.yaml");
         let p = XidPolicy::with_overrides(text, Path::new("examples/xid-overrides.yaml")).unwrap();
         assert_eq!(p.changes_from(XidPolicy::shipped()).len(), 2);
     }

@@ -1,5 +1,5 @@
 //! [`RepairMemory`]: what the repair loop (`repair.rs`) remembers between
-//! readings — not health state (that is `health.rs`'s model, the fold of
+//! readings — not health state (that is `health/mod.rs`'s model, the fold of
 //! the chain), but its pacing: when a pending fault was last offered or
 //! taken, whom it told, when a GPU's health check last ran. Kept apart from
 //! the loop so the engine core holds it without depending on the loop.

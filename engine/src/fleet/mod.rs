@@ -1,6 +1,14 @@
 //! The fleet: every node in the inventory, how to reach its agent, and what
 //! the engine knows about it now (connected, drained and by whom,
 //! hands-off, notes left by runbooks).
+//!
+//! The folder is the fleet subsystem (issue 44, What to build #1): the
+//! nodes, their inventory file ([`inventory`]) and their maintenance
+//! windows ([`windows`]). What acts on nodes — a run's host, hand-made
+//! changes, the blast radius — is above `core`.
+
+pub(crate) mod inventory;
+pub(crate) mod windows;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -11,7 +19,7 @@ use nightshift_proto::owner::owned_by_nightshift;
 use nightshift_proto::ssh::client::AgentTransport;
 use nightshift_proto::{Inventory as AgentInventory, Vendor};
 
-use crate::inventory::NodeSpec;
+use crate::fleet::inventory::NodeSpec;
 
 /// What the engine knows about a node right now.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -29,7 +37,7 @@ pub struct NodeState {
     pub engine_hands_off_until_ms: Option<i64>,
     /// The maintenance window that covers the node now (`maintenance.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub maintenance: Option<crate::windows::Cover>,
+    pub maintenance: Option<crate::fleet::windows::Cover>,
     /// Notes runbooks left on the node (e.g. `no-pack`).
     pub annotations: BTreeMap<String, String>,
     pub inventory: Option<AgentInventory>,

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use nightshift_proto::XidCount;
 
-use crate::xid_policy::{MAX_REPEAT_WINDOW_SECS, XidPolicy};
+use crate::health::xid_policy::{MAX_REPEAT_WINDOW_SECS, XidPolicy};
 
 /// At most this many event times kept per GPU and code (a flood is more
 /// than any rule counts).

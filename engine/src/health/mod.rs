@@ -23,6 +23,16 @@
 //! drain is sticky, and only a passing health check (the agent's own, which
 //! the agent checks again before it lets the drain go) or a person ends it.
 
+//! The folder is the health subsystem (issue 44, What to build #1): this
+//! model, the XID policy that says which XIDs are faults
+//! ([`xid_policy`]), each GPU's XID history ([`xid_history`]) and the
+//! repair loop's pacing ([`repair_memory`]). State and rules only: the
+//! repair loop that acts on them is `repair.rs`, above `core`.
+
+pub(crate) mod repair_memory;
+pub(crate) mod xid_history;
+pub(crate) mod xid_policy;
+
 use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
@@ -85,7 +95,7 @@ impl HealthState {
 }
 
 pub use crate::faults::FaultKind;
-pub use crate::xid_policy::{XidAction, XidPolicy};
+pub use crate::health::xid_policy::{XidAction, XidPolicy};
 
 /// What the readings of one GPU say about faults.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
