@@ -27,7 +27,7 @@ impl Engine {
             "engine",
             &crate::audit::data::EventHandled {
                 source: AlertReceived::SOURCE.into(),
-                key: crate::runtable::alert_key(&a.status, &a.key()),
+                key: crate::runstate::runtable::alert_key(&a.status, &a.key()),
             },
         );
         if let Err(e) = self.core.audit().append_ordered(rec, None) {
@@ -91,9 +91,9 @@ impl Engine {
             // for ever: its next firing has a new startsAt and runs again.
             let now = self.core.now();
             self.core.table().resolve_episode(
-                crate::runtable::episode(&a.fingerprint, &a.starts_at),
+                crate::runstate::runtable::episode(&a.fingerprint, &a.starts_at),
                 now,
-                crate::runtable::RESOLVED_KEPT_MS,
+                crate::runstate::runtable::RESOLVED_KEPT_MS,
             );
             if let Some(node) = &node {
                 self.note_resolved(&a, &node.spec.name, &actor);

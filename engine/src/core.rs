@@ -24,7 +24,7 @@ use crate::runbooks::manifest::Trigger;
 use crate::runbooks::runbook::RunbookSet;
 use crate::runbooks::script::{Agg, Reading};
 use crate::runs::{RunSummary, Target};
-use crate::runtable::RunTable;
+use crate::runstate::runtable::RunTable;
 use crate::signals::telemetry::SeriesKey;
 
 mod parts;

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::audit::{NewRecord, RecordKind};
 use crate::engine::Engine;
-use crate::runtable::ended_key;
+use crate::runstate::runtable::ended_key;
 
 impl Engine {
     /// Audit each hold end an agent reports, once (the agent repeats recent
@@ -67,7 +67,7 @@ impl Engine {
     pub(crate) async fn audit_holds_not_in_force(&self, node: &str, m: &nightshift_proto::NodeTelemetry) {
         let mut recs: Vec<(String, NewRecord, Vec<String>)> = Vec::new();
         for r in &m.reapplied {
-            let key = crate::runtable::reapplied_key(node, &r.setting.to_string(), r.reapplied.at_ms);
+            let key = crate::runstate::runtable::reapplied_key(node, &r.setting.to_string(), r.reapplied.at_ms);
             let payload = crate::audit::data::HoldReapplied {
                 setting: r.setting.to_string(),
                 kind: r.setting.kind().into(),
@@ -82,7 +82,7 @@ impl Engine {
             recs.push((key, rec, r.owners.clone()));
         }
         for d in &m.drifted {
-            let key = crate::runtable::drifted_key(node, &d.setting.to_string(), &d.why);
+            let key = crate::runstate::runtable::drifted_key(node, &d.setting.to_string(), &d.why);
             let payload = crate::audit::data::HoldDrifted {
                 setting: d.setting.to_string(),
                 kind: d.setting.kind().into(),

@@ -20,7 +20,7 @@ use crate::metrics::{self, MetricId, ids};
 use crate::runbooks::manifest::Scope;
 use crate::runbooks::runbook::Runbook;
 use crate::runs::Target;
-use crate::runtable::FireRef;
+use crate::runstate::runtable::FireRef;
 use crate::signals::alerts::{Alert, WebhookPayload};
 use crate::signals::telemetry::{SeriesKey, samples_from};
 use crate::signals::triggers::Fire;
@@ -462,13 +462,13 @@ impl Engine {
         // for the original's record instead of being acknowledged first.
         let mut recorded = Vec::new();
         let mut keys = Vec::new();
-        let mut waits: Vec<crate::runtable::AlertDurable> = Vec::new();
+        let mut waits: Vec<crate::runstate::runtable::AlertDurable> = Vec::new();
         let mut durable = None;
         // Records built before the lock (building one looks up its node).
         let prepared: Vec<(String, NewRecord, Alert)> = payload
             .alerts
             .into_iter()
-            .map(|a| (crate::runtable::alert_key(&a.status, &a.key()), self.alert_record(&a, poster), a))
+            .map(|a| (crate::runstate::runtable::alert_key(&a.status, &a.key()), self.alert_record(&a, poster), a))
             .collect();
         {
             let mut t = self.core.table();

@@ -1,11 +1,11 @@
 //! nightshift-engine: the brain that answers the page.
 //!
 //! Flow: telemetry or an alert ([`ingest`]) → [`signals::triggers`] → a run request
-//! → [`admission`] (stale, dedup, cooldown, breaker, budget, hands-off,
+//! → [`runstate::admission`] (stale, dedup, cooldown, breaker, budget, hands-off,
 //! capacity, approval) → the [`run::executor`] and its [`run::queue`] (classes and
 //! priorities, re-check at start, holds released at the end) → the runbook's Rhai [`runbooks::script`] through the [`host`]
 //! → holds and actions sent to agents → every step in the [`audit`] log.
-//! The executor's memory ([`runtable`]) is rebuilt from the log on start
+//! The executor's memory ([`runstate::runtable`]) is rebuilt from the log on start
 //! ([`run::recovery`]).
 //!
 //! Dependency rule: this crate uses `nightshift-proto`, never the agent
@@ -15,7 +15,6 @@
 // `unwrap`/`expect` outside tests.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub(crate) mod admission;
 pub(crate) mod alert_intake;
 pub mod api;
 mod blast;
@@ -48,7 +47,7 @@ pub(crate) mod run;
 pub use nightshift_audit::runs;
 pub(crate) mod reload;
 pub(crate) mod runbooks;
-pub(crate) mod runtable;
+pub(crate) mod runstate;
 pub mod serve;
 pub(crate) mod shadow;
 pub(crate) mod signals;

@@ -15,7 +15,7 @@ use crate::fleet::Fleet;
 use crate::fleet::inventory::NodeSpec;
 use crate::notify::Notifier;
 use crate::runbooks::runbook::RunbookSet;
-use crate::runtable::RunTable;
+use crate::runstate::runtable::RunTable;
 use crate::signals::brain::Brain;
 
 /// What [`Core::build`] is made of (the engine's parts, less what it

@@ -20,7 +20,7 @@ impl Host {
     /// See [`ScriptHost::runs_within`].
     pub(super) fn runs_of_key_within(&self, window_ms: i64) -> i64 {
         let Some(s) = self.summary() else { return 0 };
-        let key = crate::runtable::RunTable::key(&s);
+        let key = crate::runstate::runtable::RunTable::key(&s);
         let since = self.core.now().saturating_sub(window_ms);
         let t = self.core.table();
         t.attempts_since(&key, since) as i64
@@ -108,7 +108,8 @@ impl Host {
         // The run's own cap: `max_nodes_changed`, or under it the value of
         // its `nodes_changed_param` (what its approval counted).
         if m.scope == Scope::Group
-            && let Some(cap) = m.max_nodes_changed.map(|_| crate::admission::nodes_changed(m, usize::MAX, &params))
+            && let Some(cap) =
+                m.max_nodes_changed.map(|_| crate::runstate::admission::nodes_changed(m, usize::MAX, &params))
             && !nodes.iter().any(|x| x == node)
             && nodes.len() as u32 >= cap
         {

@@ -200,8 +200,9 @@ impl Host {
         let Some(m) = self.manifest() else { return refused("internal", "the runbook was unloaded") };
         let pool = format!("{label}={value}");
         let params = self.core.table().run(&self.run).map(|r| r.summary.params.clone()).unwrap_or_default();
-        let max_step =
-            m.max_nodes_changed.map_or(i64::MAX, |_| crate::admission::nodes_changed(&m, usize::MAX, &params) as i64);
+        let max_step = m
+            .max_nodes_changed
+            .map_or(i64::MAX, |_| crate::runstate::admission::nodes_changed(&m, usize::MAX, &params) as i64);
         if count < 1 || count > max_step {
             return refused(
                 "out_of_bounds",

@@ -20,7 +20,7 @@ use crate::engine::Engine;
 use crate::runbooks::manifest::{BreakerCount, OnTrip};
 use crate::runbooks::runbook::RunbookSet;
 use crate::runs::{RunOutcome, RunSummary};
-use crate::runtable::RunTable;
+use crate::runstate::runtable::RunTable;
 
 /// A breaker that tripped in this pass of the pump, to record and page.
 pub(super) struct Trip {

@@ -16,14 +16,14 @@ use std::sync::atomic::Ordering;
 
 use serde_json::{Value, json};
 
-use crate::admission::{Ask, Decision, admit, approval_reason, nodes_changed};
 use crate::audit::{NewRecord, RecordKind};
 use crate::core::Core;
 use crate::engine::{Engine, EngineError, RunRequest, Submitted};
 use crate::runbooks::manifest::Scope;
 use crate::runbooks::runbook::Runbook;
 use crate::runs::{ApprovalDecision, RunOutcome, RunState, RunSummary};
-use crate::runtable::{BreakerFire, CancelledBy, FireRef, RunEntry};
+use crate::runstate::admission::{Ask, Decision, admit, approval_reason, nodes_changed};
+use crate::runstate::runtable::{BreakerFire, CancelledBy, FireRef, RunEntry};
 
 impl Engine {
     /// [`Engine::submit`]'s work (the façade, `engine.rs`, forwards here).
@@ -163,7 +163,7 @@ impl Engine {
         let idem = req.event["idempotency_key"]
             .as_str()
             .filter(|_| manual)
-            .map(|k| crate::runtable::idempotency_key(&req.requested_by, k));
+            .map(|k| crate::runstate::runtable::idempotency_key(&req.requested_by, k));
         // Decide and take the decision's effect on the table under one lock,
         // so two requests for one target cannot both be admitted.
         let (decision, summary, again) = {
@@ -191,7 +191,7 @@ impl Engine {
                 // Under the table's lock: the run cannot end in between.
                 t.hold_alert(
                     run.clone(),
-                    crate::runtable::WaitingAlert {
+                    crate::runstate::runtable::WaitingAlert {
                         runbook: req.runbook.clone(),
                         target: req.target.clone(),
                         detail: req.detail.clone(),

@@ -16,7 +16,7 @@ use crate::engine::{Engine, EngineError};
 use crate::runbooks::manifest::Priority;
 use crate::runbooks::script::{self, RunCtx, ScriptOutcome};
 use crate::runs::{RunOutcome, RunState, RunSummary};
-use crate::runtable::{RunEntry, RunTable};
+use crate::runstate::runtable::{RunEntry, RunTable};
 
 tokio::task_local! {
     /// Set on a task while it runs the pump loop.
@@ -579,7 +579,7 @@ impl Engine {
             // A shadow run ended by the fleet going to act: its own alert
             // is offered again, to run for real now.
             held_back.or_else(|| {
-                (mode_switch && summary.trigger == "alert").then(|| crate::runtable::WaitingAlert {
+                (mode_switch && summary.trigger == "alert").then(|| crate::runstate::runtable::WaitingAlert {
                     runbook: summary.runbook.clone(),
                     target: summary.target.clone(),
                     detail: summary.detail.clone(),
@@ -607,7 +607,7 @@ impl Engine {
     /// for the same runbook and target), now that `run` ended `outcome`
     /// without doing its work: it goes through admission like any alert,
     /// and its run says why it came now. Not while the engine stops.
-    pub(crate) async fn reconsider(&self, w: crate::runtable::WaitingAlert, run: &str, outcome: RunOutcome) {
+    pub(crate) async fn reconsider(&self, w: crate::runstate::runtable::WaitingAlert, run: &str, outcome: RunOutcome) {
         if self.core.lifecycle().stopping() {
             return;
         }

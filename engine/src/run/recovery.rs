@@ -24,7 +24,7 @@ use crate::audit::{AuditRecord, NewRecord, RecordKind, data};
 use crate::core::Core;
 use crate::engine::{Engine, EngineError};
 use crate::runs::{RunOutcome, RunState, RunSummary};
-use crate::runtable::{RunEntry, RunTable};
+use crate::runstate::runtable::{RunEntry, RunTable};
 
 impl Engine {
     /// Rebuild and reconcile after a restart. Returns the ids of the runs
@@ -56,7 +56,7 @@ impl Engine {
                 .iter()
                 .filter(|r| r.payload::<data::AlertReceived>().is_ok_and(|p| p.acked))
                 .filter_map(Engine::alert_of_record)
-                .filter(|(a, _)| !t.alert_handled(&crate::runtable::alert_key(&a.status, &a.key())))
+                .filter(|(a, _)| !t.alert_handled(&crate::runstate::runtable::alert_key(&a.status, &a.key())))
                 .collect()
         };
         // Pages the last engine had not delivered: sent again (invariant 19).
@@ -117,7 +117,7 @@ impl Engine {
         // An alert an interrupted run held back (the note of a life before)
         // is offered again, as a run's end in its own life offers it: the
         // run did not do its work.
-        let held_back: Vec<(crate::runtable::WaitingAlert, String)> = {
+        let held_back: Vec<(crate::runstate::runtable::WaitingAlert, String)> = {
             let mut t = self.core.table();
             interrupted.iter().filter_map(|id| Some((t.take_waiting_alert(id)?, id.clone()))).collect()
         };

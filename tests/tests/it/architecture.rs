@@ -879,7 +879,7 @@ fn the_bare_state_counter_reads_core_s_fields_only() {
                 pub r: RwLock<Arc<RunbookSet>>,\n}\n";
     let files = [
         ("engine/src/outbox.rs".to_string(), "pub struct Outbox {\n    items: u8,\n}\n".to_string()),
-        ("engine/src/runtable.rs".to_string(), "pub struct RunTable {\n    pub runs: u8,\n}\n".to_string()),
+        ("engine/src/runstate/runtable.rs".to_string(), "pub struct RunTable {\n    pub runs: u8,\n}\n".to_string()),
     ];
     // The run table's fields are pub, the outbox's its own; a gate is no state.
     assert_eq!(core_bare_state(code, &files), ["table", "n", "r"]);
@@ -907,7 +907,7 @@ fn pub_fields(code: &str, name: &str) -> Vec<String> {
 #[test]
 fn the_run_table_has_no_public_field() {
     let _serial = nightshift_tests::serial::module(module_path!());
-    let code = std::fs::read_to_string(root().join("engine/src/runtable.rs")).unwrap();
+    let code = std::fs::read_to_string(root().join("engine/src/runstate/runtable.rs")).unwrap();
     let fields = pub_fields(&code, "RunTable");
     assert!(
         fields.is_empty(),

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use crate::config::Limits;
 use crate::runbooks::manifest::{Manifest, Priority, Scope};
 use crate::runs::Target;
-use crate::runtable::{Key, RunTable};
+use crate::runstate::runtable::{Key, RunTable};
 
 /// A run request, as admission sees it.
 #[derive(Debug, Clone)]
@@ -174,7 +174,7 @@ mod tests {
     use super::*;
 
     static NO_PARAMS: BTreeMap<String, crate::runbooks::manifest::ParamValue> = BTreeMap::new();
-    use crate::runtable::BreakerFire;
+    use crate::runstate::runtable::BreakerFire;
     use std::path::Path;
 
     /// An automatic request for one GPU, its event fresh.
@@ -240,7 +240,7 @@ mod tests {
                 {
                     let k = key.clone();
                     Box::new(move |t| {
-                        t.activate(k.clone(), crate::runtable::test_entry("r7", &k));
+                        t.activate(k.clone(), crate::runstate::runtable::test_entry("r7", &k));
                     })
                 },
                 &m,
@@ -389,7 +389,7 @@ mod tests {
         let key: Key = ("rb".into(), target.clone());
         let m = manifest("");
         let mut t = RunTable::new(10);
-        t.activate(key.clone(), crate::runtable::test_entry("r1", &key));
+        t.activate(key.clone(), crate::runstate::runtable::test_entry("r1", &key));
         let ask = plain_ask(&m, &target);
         assert!(matches!(admit(&t, &ask, NOW, &Limits::default()), Decision::Suppress { first: true, .. }));
         t.note_suppression(key);
