@@ -6,7 +6,6 @@
 //! accepted is silently ignored).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 
 use serde_json::{Value, json};
 
@@ -105,7 +104,7 @@ impl Engine {
         if let Some(h) = &host
             && let Err(why) = nightshift_proto::names::check_node_name(h)
         {
-            self.core.counters().alerts_unknown_node.fetch_add(1, Ordering::Relaxed);
+            self.core.counters().add(crate::counters::Count::AlertsUnknownNode, 1);
             let reason = format!("alert {}: its host label is no node name: {why}; not acted on", a.name());
             if let Err(e) = self.drop_event(&reason, None).await {
                 tracing::error!(error = %e, "cannot audit a dropped alert");
@@ -113,7 +112,7 @@ impl Engine {
             return;
         }
         let Some(node) = node else {
-            self.core.counters().alerts_unknown_node.fetch_add(1, Ordering::Relaxed);
+            self.core.counters().add(crate::counters::Count::AlertsUnknownNode, 1);
             let reason =
                 format!("alert {} names host {:?}, which is not in the inventory", a.name(), host.unwrap_or_default());
             if let Err(e) = self.drop_event(&reason, None).await {
@@ -170,8 +169,7 @@ impl Engine {
                 continue;
             }
             named.push(&rb.manifest.name);
-            *crate::core::lock(&self.core.counters().alert_evaluations).entry(rb.manifest.name.clone()).or_default() +=
-                1;
+            self.core.counters().alert_evaluated(&rb.manifest.name);
             let labels_match =
                 |m: &std::collections::BTreeMap<String, String>| m.iter().all(|(k, v)| a.labels.get(k) == Some(v));
             if !rb.manifest.alerts().any(|(name, m)| name == a.name() && labels_match(m)) {

@@ -25,7 +25,6 @@ use nightshift_proto::{EvidenceChunk, Telemetry};
 use crate::audit::{AuditError, AuditStore, NewRecord, RecordKind};
 use crate::config::EngineConfig;
 use crate::core::{Brain, Core};
-use crate::counters::Counters;
 use crate::fleet::inventory::NodeSpec;
 use crate::health::xid_policy::XidPolicy;
 use crate::metrics::MetricId;
@@ -235,8 +234,9 @@ impl Engine {
         self.core.tokens().get()
     }
 
-    pub fn counters(&self) -> &Counters {
-        self.core.counters()
+    /// Every counter now, as plain data (what `/metrics` renders).
+    pub fn counters(&self) -> crate::counters::CounterSnapshot {
+        self.core.counters().snapshot()
     }
 
     /// The loaded runbooks.

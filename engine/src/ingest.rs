@@ -6,7 +6,6 @@
 use crate::runbooks::script::workload::fragmentation_limit;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use serde_json::json;
 
@@ -153,7 +152,7 @@ impl Engine {
             }
             fires
         };
-        self.core.counters().samples_ingested.fetch_add(t.gpus.len() as u64 * 12 + 8, Ordering::Relaxed);
+        self.core.counters().add(crate::counters::Count::SamplesIngested, t.gpus.len() as u64 * 12 + 8);
         // Faults are states: every reading is evaluated against them before
         // what the thresholds fired.
         self.evaluate_health(&node).await;
@@ -247,7 +246,7 @@ impl Engine {
         for (n, ts) in nodes.iter().zip(seen) {
             n.state().saw_reading(ts);
         }
-        self.core.counters().samples_ingested.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        self.core.counters().add(crate::counters::Count::SamplesIngested, batch.len() as u64);
         // Health in name order, as before.
         let mut touched: Vec<&Arc<Node>> = nodes.iter().collect();
         touched.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
@@ -266,9 +265,11 @@ impl Engine {
         let (mapped, st) =
             crate::signals::sources::map_samples(samples, now, &|h| self.has_node(h), &|n, u| self.gpu_by_uuid(n, u));
         let c = &self.core.counters();
-        c.source_samples.fetch_add(st.mapped as u64, Ordering::Relaxed);
-        c.source_ignored
-            .fetch_add((st.other_series + st.unknown_host + st.unknown_gpu + st.bad_value) as u64, Ordering::Relaxed);
+        c.add(crate::counters::Count::SourceSamples, st.mapped as u64);
+        c.add(
+            crate::counters::Count::SourceIgnored,
+            (st.other_series + st.unknown_host + st.unknown_gpu + st.bad_value) as u64,
+        );
         self.ingest_samples(&mapped).await;
         st
     }
@@ -312,7 +313,7 @@ impl Engine {
 
     /// A pull from a source failed.
     pub(crate) fn count_source_error(&self) {
-        self.core.counters().source_errors.fetch_add(1, Ordering::Relaxed);
+        self.core.counters().add(crate::counters::Count::SourceErrors, 1);
     }
 
     /// Telemetry store size: (series, points).
@@ -327,7 +328,7 @@ impl Engine {
         }
         let set = self.runbook_set();
         for fire in fires {
-            self.core.counters().triggers_fired.fetch_add(1, Ordering::Relaxed);
+            self.core.counters().add(crate::counters::Count::TriggersFired, 1);
             let Some(rb) = set.runbooks.get(fire.trigger) else { continue };
             let Some(req) = self.fire_request(rb, &fire) else { continue };
             let rearm =
@@ -530,8 +531,8 @@ impl Engine {
             });
         }
         let c = &self.core.counters();
-        c.alerts_received.fetch_add((recorded.len() + duplicates + shed) as u64, Ordering::Relaxed);
-        c.alerts_duplicate.fetch_add(duplicates as u64, Ordering::Relaxed);
+        c.add(crate::counters::Count::AlertsReceived, (recorded.len() + duplicates + shed) as u64);
+        c.add(crate::counters::Count::AlertsDuplicate, duplicates as u64);
         let durable: Option<futures::future::BoxFuture<'static, Result<(), String>>> = match (durable, waits.is_empty())
         {
             (None, true) => None,
@@ -556,7 +557,7 @@ impl Engine {
             self.core.backlog().batch_started();
             self.core.handle().spawn(async move {
                 if shed > 0 {
-                    engine.core.counters().events_shed.fetch_add(shed as u64, Ordering::Relaxed);
+                    engine.core.counters().add(crate::counters::Count::EventsShed, shed as u64);
                     let reason = format!(
                         "alert intake full ({cap} waiting, limits.alert_backlog): {shed} alerts shed, answered 503 so Alertmanager sends them again"
                     );

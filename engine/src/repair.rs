@@ -97,7 +97,7 @@ impl Engine {
         let now = self.core.now();
         for gpu in 0..gpus {
             let Some(ev) = self.evidence(node, gpu) else { continue };
-            self.core.counters().health_evaluations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.core.counters().add(crate::counters::Count::HealthEvaluations, 1);
             let name = node.spec.name.as_str();
             let new = self.core.health().observe(name, gpu, &ev, now);
             if let Some(t) = new {
@@ -105,7 +105,7 @@ impl Engine {
                     tracing::error!(node = name, gpu, error = %e, "a fault could not be recorded");
                     continue;
                 }
-                self.core.counters().faults_seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.core.counters().add(crate::counters::Count::FaultsSeen, 1);
             }
             let h = self.core.health().get(name, gpu).cloned();
             let Some(h) = h else { continue };
@@ -213,7 +213,7 @@ impl Engine {
         {
             return;
         }
-        *crate::core::lock(&self.core.counters().fault_offers).entry(rb.manifest.name.clone()).or_default() += 1;
+        self.core.counters().offered(&rb.manifest.name);
         let req = RunRequest {
             runbook: rb.manifest.name.clone(),
             target: target.clone(),

@@ -305,7 +305,7 @@ async fn lease_loop(engine: Engine, l: Arc<Leadership>) {
         step_down(&engine, &l, format!("cannot start acting: {e}"));
         return;
     }
-    engine.counters().failover_ms.store(took.elapsed().as_millis() as u64, std::sync::atomic::Ordering::SeqCst);
+    engine.core.counters().set_failover_ms(took.elapsed().as_millis() as u64);
     l.set_ready();
     tracing::info!(term, head, "leading: recovered and acting");
     let _ = renewals.await;

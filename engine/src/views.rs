@@ -83,7 +83,7 @@ impl Engine {
             .verify_cache()
             .report(head, || async {
                 let audit = self.core.audit().clone();
-                self.core.counters().verify_walks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.core.counters().add(crate::counters::Count::VerifyWalks, 1);
                 let r = tokio::task::spawn_blocking(move || audit.verify())
                     .await
                     .map_err(|e| crate::audit::AuditError::Read(format!("the verify task failed: {e}")))??;
@@ -238,9 +238,9 @@ impl Engine {
     pub fn trigger_stats(&self) -> Vec<(String, u64, u64)> {
         let set = self.runbook_set();
         let b = self.core.brain();
-        let alerts = crate::core::lock(&self.core.counters().alert_evaluations).clone();
-        let offers = crate::core::lock(&self.core.counters().fault_offers).clone();
-        let health = self.core.counters().health_evaluations.load(std::sync::atomic::Ordering::Relaxed);
+        let alerts = self.core.counters().alert_evaluations();
+        let offers = self.core.counters().fault_offers();
+        let health = self.core.counters().get(crate::counters::Count::HealthEvaluations);
         set.runbooks
             .iter()
             .enumerate()
@@ -657,7 +657,7 @@ impl Engine {
 
     /// Leadership as this engine sees it.
     pub fn ha_status(&self) -> HaStatus {
-        let takeover = self.core.counters().failover_ms.load(std::sync::atomic::Ordering::SeqCst);
+        let takeover = self.core.counters().failover_ms();
         match self.core.leadership() {
             None => HaStatus {
                 backend: "sled".into(),

@@ -1,7 +1,6 @@
 //! `/metrics` in the Prometheus text exposition format (version 0.0.4).
 
 use std::fmt::Write;
-use std::sync::atomic::Ordering;
 
 use nightshift_engine::engine::Engine;
 use nightshift_proto::exposition::{escape, fmt_value as fmt_f};
@@ -16,52 +15,28 @@ pub fn render(engine: &Engine) -> String {
     let c = engine.counters();
     let mut out = String::with_capacity(4096);
     let counters = [
-        (
-            "nightshift_samples_ingested_total",
-            "Telemetry samples ingested.",
-            c.samples_ingested.load(Ordering::Relaxed),
-        ),
-        (
-            "nightshift_alerts_received_total",
-            "Alertmanager alerts received, duplicates included.",
-            c.alerts_received.load(Ordering::Relaxed),
-        ),
+        ("nightshift_samples_ingested_total", "Telemetry samples ingested.", c.samples_ingested),
+        ("nightshift_alerts_received_total", "Alertmanager alerts received, duplicates included.", c.alerts_received),
         (
             "nightshift_alerts_duplicate_total",
             "Alerts dropped as repeats of a fingerprint and startsAt.",
-            c.alerts_duplicate.load(Ordering::Relaxed),
+            c.alerts_duplicate,
         ),
-        (
-            "nightshift_alerts_unknown_node_total",
-            "Alerts naming a host not in the inventory.",
-            c.alerts_unknown_node.load(Ordering::Relaxed),
-        ),
-        (
-            "nightshift_events_dropped_total",
-            "Events dropped: stale, unknown node, or shed.",
-            c.events_dropped.load(Ordering::Relaxed),
-        ),
+        ("nightshift_alerts_unknown_node_total", "Alerts naming a host not in the inventory.", c.alerts_unknown_node),
+        ("nightshift_events_dropped_total", "Events dropped: stale, unknown node, or shed.", c.events_dropped),
         (
             "nightshift_source_samples_total",
             "Samples pulled from Prometheus or exporters and mapped to the fleet.",
-            c.source_samples.load(Ordering::Relaxed),
+            c.source_samples,
         ),
         (
             "nightshift_source_ignored_total",
             "Pulled samples ignored: other series, unknown hosts or GPUs, NaN.",
-            c.source_ignored.load(Ordering::Relaxed),
+            c.source_ignored,
         ),
-        (
-            "nightshift_source_errors_total",
-            "Pulls from Prometheus or exporters that failed.",
-            c.source_errors.load(Ordering::Relaxed),
-        ),
-        (
-            "nightshift_events_shed_total",
-            "Events shed because the run queue was full.",
-            c.events_shed.load(Ordering::Relaxed),
-        ),
-        ("nightshift_triggers_fired_total", "Trigger fires.", c.triggers_fired.load(Ordering::Relaxed)),
+        ("nightshift_source_errors_total", "Pulls from Prometheus or exporters that failed.", c.source_errors),
+        ("nightshift_events_shed_total", "Events shed because the run queue was full.", c.events_shed),
+        ("nightshift_triggers_fired_total", "Trigger fires.", c.triggers_fired),
         (
             "nightshift_pages_undeliverable_total",
             "Pages given up after notifications.page_expiry_secs without a delivery (since this engine started).",
@@ -70,7 +45,7 @@ pub fn render(engine: &Engine) -> String {
         (
             "nightshift_runs_suppressed_total",
             "Run requests suppressed by dedup, cooldown or a tripped breaker.",
-            c.runs_suppressed.load(Ordering::Relaxed),
+            c.runs_suppressed,
         ),
     ];
     for (name, help, v) in counters {
@@ -83,14 +58,16 @@ pub fn render(engine: &Engine) -> String {
         "counter",
         "What runbooks told people, by runbook and kind: notification, escalation, or repeat_noted (a finding said again within notifications.remind_after_secs, kept as a note).",
     );
-    let told = c.told.lock().map(|m| m.clone()).unwrap_or_default();
-    for ((rb, kind), n) in told {
-        let _ = writeln!(out, "nightshift_told_total{{runbook=\"{}\",kind=\"{kind}\"}} {n}", escape(&rb));
+    for ((rb, kind), n) in &c.told {
+        let _ = writeln!(out, "nightshift_told_total{{runbook=\"{}\",kind=\"{kind}\"}} {n}", escape(rb));
     }
     family(&mut out, "nightshift_runs_total", "counter", "Finished runs by outcome.");
-    let by = c.runs_by_outcome.lock().map(|m| m.clone()).unwrap_or_default();
     for o in nightshift_engine::api::RunOutcome::ALL.map(|o| o.as_str()) {
-        let _ = writeln!(out, "nightshift_runs_total{{outcome=\"{o}\"}} {}", by.get(o).copied().unwrap_or(0));
+        let _ = writeln!(
+            out,
+            "nightshift_runs_total{{outcome=\"{o}\"}} {}",
+            c.runs_by_outcome.get(o).copied().unwrap_or(0)
+        );
     }
     family(
         &mut out,
@@ -98,7 +75,8 @@ pub fn render(engine: &Engine) -> String {
         "histogram",
         "Time from sending an action to the agent's reply.",
     );
-    if let Ok(h) = c.action_latency.lock() {
+    {
+        let h = &c.action_latency;
         for (b, n) in h.bounds.iter().zip(&h.counts) {
             let _ = writeln!(out, "nightshift_action_duration_seconds_bucket{{le=\"{}\"}} {n}", fmt_f(*b));
         }

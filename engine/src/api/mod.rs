@@ -18,6 +18,7 @@ pub use replies::*;
 pub use requests::*;
 
 pub use crate::control::{ControlAction, ControlOutcome, Person, ReleaseWhat};
+pub use crate::counters::{CounterSnapshot, Histogram};
 pub use crate::engine::EvidenceReadError;
 pub use crate::fleet::FleetChange;
 pub use crate::fleet::inventory::{Inventory, NodeDefaults, NodeSpec};

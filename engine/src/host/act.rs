@@ -229,7 +229,7 @@ impl Host {
         let duration_ms = ctx.clock.now_ms() - t0;
         let mut result = match &sent {
             Ok((r, secs)) if matches!(op, Op::Release(_)) => {
-                self.core.counters().action_latency.lock().unwrap_or_else(|e| e.into_inner()).observe(*secs);
+                self.core.counters().action_took(*secs);
                 let mut v = json!({"ok": r.ok, "outcome": if r.ok { "released" } else { "refused" },
                     "applied": r.ok && !ctx.dry_run, "held": false, "after": r.result});
                 if let Some(e) = &r.error {
@@ -239,7 +239,7 @@ impl Host {
                 v
             }
             Ok((r, secs)) => {
-                self.core.counters().action_latency.lock().unwrap_or_else(|e| e.into_inner()).observe(*secs);
+                self.core.counters().action_took(*secs);
                 let action = r.action();
                 let mut v = json!({
                     "ok": r.ok,

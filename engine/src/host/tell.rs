@@ -77,7 +77,7 @@ impl Host {
             TextKind::Note => None,
         };
         if let (Some(what), false) = (what, ctx.dry_run) {
-            *crate::core::lock(&self.core.counters().told).entry((ctx.runbook.clone(), what)).or_default() += 1;
+            self.core.counters().told(&ctx.runbook, what);
         }
         if kind == TextKind::Note {
             self.append(

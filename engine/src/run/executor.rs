@@ -71,7 +71,7 @@ impl Engine {
     }
 
     pub(crate) async fn drop_event(&self, reason: &str, node: Option<&str>) -> Result<(), EngineError> {
-        self.core.counters().events_dropped.fetch_add(1, Ordering::Relaxed);
+        self.core.counters().add(crate::counters::Count::EventsDropped, 1);
         self.core
             .audit()
             .append(
@@ -308,12 +308,12 @@ impl Engine {
                 Ok(Submitted::Dropped { reason })
             }
             Decision::Shed { reason } => {
-                self.core.counters().events_shed.fetch_add(1, Ordering::Relaxed);
+                self.core.counters().add(crate::counters::Count::EventsShed, 1);
                 self.drop_event(&reason, req.target.node.as_deref()).await?;
                 Ok(Submitted::Dropped { reason })
             }
             Decision::Suppress { reason, existing, first } => {
-                self.core.counters().runs_suppressed.fetch_add(1, Ordering::Relaxed);
+                self.core.counters().add(crate::counters::Count::RunsSuppressed, 1);
                 // An alert held back by an active run is noted every time,
                 // not only an episode's first: each acknowledged alert says
                 // on the chain what it led to (invariant 12), and a restart
@@ -442,7 +442,7 @@ impl Engine {
     }
 
     pub(crate) fn count_outcome(&self, o: RunOutcome) {
-        *crate::core::lock(&self.core.counters().runs_by_outcome).entry(o.as_str()).or_default() += 1;
+        self.core.counters().ended(o.as_str());
     }
 
     // ---------------------------------------------------------------- approvals

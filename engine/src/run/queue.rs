@@ -204,7 +204,7 @@ impl Engine {
             h.cancel.clone()
         };
         cancel.store(true, Ordering::SeqCst);
-        self.core.counters().runs_preempted.fetch_add(1, Ordering::Relaxed);
+        self.core.counters().add(crate::counters::Count::RunsPreempted, 1);
         let rec = NewRecord::typed(
             RecordKind::Note,
             "engine",

@@ -919,8 +919,55 @@ fn the_run_table_has_no_public_field() {
     assert_eq!(pub_fields(code, "RunTable"), ["runs", "n", "m"], "the counter reads every visible field, docs not");
 }
 
+/// Types `Core` may hold whose fields are public: plain data read whole,
+/// never state (the engine's configuration as loaded).
+const CORE_PLAIN_DATA: [&str; 1] = ["EngineConfig"];
+
+/// The types of `Core`'s fields defined in `files` (the engine's own), each
+/// with its visible fields, less [`CORE_PLAIN_DATA`]: what another module
+/// could change past the type's methods.
+fn core_types_with_public_fields(core: &str, files: &[(String, String)]) -> Vec<String> {
+    let Some(body) = core.split("pub struct Core {").nth(1).and_then(|b| b.split("\n}").next()) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for l in body.lines().map(str::trim).filter(|l| !l.starts_with("//")) {
+        let Some((_, ty)) = l.split_once(": ") else { continue };
+        // The innermost type: `Mutex<crate::x::Y>` → `Y`.
+        let inner = ty.trim_end_matches(',').trim_end_matches('>');
+        let inner = inner.rsplit('<').next().unwrap_or(inner);
+        let name = inner.rsplit("::").next().unwrap_or(inner);
+        if CORE_PLAIN_DATA.contains(&name) || name == "()" {
+            continue;
+        }
+        // `crate::a::b::Name` is in `a/b.rs` or `a/b/mod.rs`; another
+        // crate's type (`rhai::Engine`) is not the engine's; a bare name is
+        // looked for everywhere.
+        let module =
+            inner.strip_prefix("crate::").map(|p| p.rsplit_once("::").map_or("", |(m, _)| m).replace("::", "/"));
+        if module.is_none() && inner.contains("::") {
+            continue;
+        }
+        let in_module = |f: &str| {
+            module
+                .as_ref()
+                .is_none_or(|m| f.ends_with(&format!("src/{m}.rs")) || f.ends_with(&format!("src/{m}/mod.rs")))
+        };
+        for (f, text) in files.iter().filter(|(f, _)| in_module(f)) {
+            let fields = pub_fields(text, name);
+            if !fields.is_empty() && !out.iter().any(|o: &String| o.starts_with(&format!("{name} "))) {
+                out.push(format!("{name} ({f}): {}", fields.join(", ")));
+            }
+        }
+    }
+    out
+}
+
 /// Issue 44: `Core` has no field another module reaches; its parts are read
-/// through its methods (`core/parts.rs`), the locked ones as guards.
+/// through its methods (`core/parts.rs`), the locked ones as guards — and
+/// no type it holds has a field another module can change past the
+/// type's own methods (the counters count through `Counters`' methods and
+/// are read as a plain `CounterSnapshot`).
 #[test]
 fn the_core_has_no_public_field() {
     let _serial = nightshift_tests::serial::module(module_path!());
@@ -932,6 +979,26 @@ fn the_core_has_no_public_field() {
         "visible fields on Core: {fields:?} — keep the field private and read it through a method in core/parts.rs \
          (or give the state an owner of its own)"
     );
+    let open = core_types_with_public_fields(&code, &library_code(&["engine/src"]));
+    assert!(
+        open.is_empty(),
+        "types Core holds with visible fields: {open:?} — make the fields private behind the type's methods (as \
+         counters.rs's Counters), or, for plain data read whole, name the type in CORE_PLAIN_DATA"
+    );
+    // The checker: a locked type with a pub field is named; private
+    // fields, plain data and a gate are not.
+    let core = "pub struct Core {\n    config: EngineConfig,\n    /// doc: Mutex<X>\n    a: Mutex<crate::x::Open>,\n    \
+                b: Shut,\n    g: tokio::sync::Mutex<()>,\n    s: Arc<rhai::Engine>,\n    l: crate::y::Open,\n}\n";
+    let text = |t: &str| t.to_string();
+    let files = [
+        (text("engine/src/x.rs"), text("pub struct Open {\n    pub n: u8,\n}\npub struct Shut {\n    n: u8,\n}\n")),
+        (text("engine/src/config.rs"), text("pub struct EngineConfig {\n    pub data_dir: u8,\n}\n")),
+        (text("engine/src/engine.rs"), text("pub struct Engine {\n    pub core: u8,\n}\n")),
+        (text("engine/src/y/mod.rs"), text("pub struct Open {\n    m: u8,\n}\n")),
+    ];
+    // `crate::y::Open` is y's (private fields), not x's; rhai's Engine is
+    // not the engine's.
+    assert_eq!(core_types_with_public_fields(core, &files), ["Open (engine/src/x.rs): n"]);
 }
 
 /// The files the façade may be in: the drives and the reads.

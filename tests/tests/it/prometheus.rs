@@ -171,7 +171,7 @@ async fn a_fault_seen_through_prometheus_fires_a_runbook() {
     let web = tokio::spawn(nightshift_web::serve(engine.clone(), listener, std::future::pending()));
     // Samples arrive through Prometheus (the agent stream is off).
     let flowing = eventually(60, || {
-        (engine.counters().source_samples.load(std::sync::atomic::Ordering::Relaxed) > 0
+        (engine.counters().source_samples > 0
             && engine.latest("p1", Some(0), nightshift_engine::embed::ids::TEMPERATURE).is_some())
         .then_some(())
     })

@@ -967,7 +967,7 @@ async fn no_answer_may_be_framed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verifies_are_one_at_a_time_and_served_again_while_the_head_stays() {
     let f = fixture().await;
-    let walks = || f.sim.engine.counters().verify_walks.load(std::sync::atomic::Ordering::Relaxed);
+    let walks = || f.sim.engine.counters().verify_walks;
     let before = walks();
     let calls = (0..40).map(|_| call(&f, "GET", "/api/v1/audit/verify", Some(VIEWER), None));
     for (s, v) in futures::future::join_all(calls).await {
