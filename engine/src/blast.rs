@@ -54,7 +54,7 @@ impl Core {
         // Out for a confirmed fault: not nightshift's guess (read before
         // the run table's lock).
         let confirmed_out: HashSet<String> = {
-            let h = self.health();
+            let h = self.health().model();
             self.fleet()
                 .nodes()
                 .iter()

@@ -238,7 +238,7 @@ impl Engine {
         if !drain || h.owner.starts_with("person:") {
             return None;
         }
-        let model = self.core.health();
+        let model = self.core.health().model();
         let broken: Vec<String> = model
             .node_gpus(node)
             .filter(|(g, _)| h.setting.gpu().is_none_or(|only| only == *g))

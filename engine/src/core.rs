@@ -90,19 +90,18 @@ pub struct Core {
     clock: SharedClock,
     audit: AuditStore,
     fleet: Fleet,
-    script: Arc<rhai::Engine>,
-    /// The runbook set in force (`runbooks/runbook.rs::Loaded`: replaced whole).
-    runbooks: crate::runbooks::runbook::Loaded,
-    brain: Mutex<Brain>,
-    /// What the pages plot.
-    history: Mutex<crate::signals::history::History>,
-    /// Each GPU's XID events by code (the policy's repeat rule).
-    xid_history: Mutex<crate::health::xid_history::XidHistory>,
+    /// The runbooks subsystem: the set in force, the script engine, the
+    /// modes, the reload gate (`runbooks/mod.rs::Runbooks`).
+    runbooks: crate::runbooks::Runbooks,
+    /// The signals subsystem: trigger brain, plot history, backlog
+    /// (`signals/mod.rs::Signals`).
+    signals: crate::signals::Signals,
+    /// The health subsystem: the model, the repair loop's pacing, XID
+    /// history (`health/subsystem.rs::Health`).
+    health: crate::health::Health,
     table: Mutex<RunTable>,
     handle: tokio::runtime::Handle,
     ids: Ids,
-    /// Events taken in and not yet handled (`signals/backlog.rs`).
-    backlog: crate::signals::backlog::Backlog,
     notifier: Notifier,
     /// Pages not delivered yet (invariant 19), retried by the tick.
     outbox: Mutex<crate::outbox::Outbox>,
@@ -112,19 +111,8 @@ pub struct Core {
     /// Tokens as last loaded (engine.yaml's `auth`, replaced by a reload)
     /// and their generation (`tokens.rs`).
     tokens: crate::tokens::TokenBook,
-    /// One reload at a time.
-    reloading: tokio::sync::Mutex<()>,
-    /// Runbook modes an admin set (promote/demote), over the manifests';
-    /// kept in `data_dir/runbook-modes.json` across restarts.
-    modes: crate::runbooks::modes::ModeBook,
     /// The SSH client of each node (`fleet/mod.rs::AgentClients`).
     agent_clients: crate::fleet::AgentClients,
-    /// Every GPU's place in its repair lifecycle (the fold of the chain's
-    /// `health_changed` records).
-    health: Mutex<crate::health::HealthModel>,
-    /// What the repair loop remembers between readings (not state: when it
-    /// last tried a pending fault, whom it told, when it last checked).
-    repair: Mutex<crate::health::repair_memory::RepairMemory>,
     /// One chain walk at a time, its report kept while the head stays
     /// (`verify_cache.rs`).
     verify_cache: crate::verify_cache::VerifyCache,
@@ -238,7 +226,7 @@ impl Core {
 impl Core {
     /// The loaded runbooks.
     pub fn runbook_set(&self) -> Arc<RunbookSet> {
-        self.runbooks.get()
+        self.runbooks.loaded().get()
     }
 
     pub fn now(&self) -> i64 {
@@ -260,7 +248,7 @@ impl Core {
     pub fn reading(&self, q: &Reading) -> Option<f64> {
         let n = self.fleet.get(&q.node)?;
         let gpu_count = n.state().gpu_count();
-        let b = self.brain();
+        let b = self.signals.brain();
         let now = self.now();
         let gpus: Vec<Option<u16>> = match (metrics::metric(q.metric).gpu_scoped, q.gpu) {
             (true, Some(g)) => vec![Some(u16::try_from(g).ok()?)],
@@ -543,7 +531,7 @@ impl Core {
     pub fn condition_holds(&self, m: &crate::runbooks::manifest::Manifest, s: &RunSummary) -> Option<(bool, String)> {
         if let Trigger::Fault { .. } = m.trigger {
             let (node, gpu) = (s.target.node.as_deref()?, s.target.gpu?);
-            let state = self.health().state(node, gpu);
+            let state = self.health.model().state(node, gpu);
             return Some((
                 state == crate::health::HealthState::Faulted,
                 format!("{node} GPU {gpu} is {}", state.as_str()),
@@ -574,7 +562,7 @@ impl Core {
         // The compiled triggers are indexed by the loaded set's order.
         let idx = self.runbook_set().get(&m.name)?.0;
         let now = self.now();
-        let b = self.brain();
+        let b = self.signals.brain();
         match (&s.target.node, &s.target.group) {
             (Some(node), _) => {
                 let n = self.fleet.get(node)?;
@@ -606,7 +594,7 @@ impl Core {
     fn confirmed(&self, c: &crate::runbooks::manifest::Confirm, s: &RunSummary) -> Option<(bool, String)> {
         let id = crate::metrics::metric_id(&c.metric)?;
         let n = self.fleet.get(s.target.node.as_deref()?)?;
-        let b = self.brain();
+        let b = self.signals.brain();
         let read =
             |gpu: Option<u16>| b.store().latest(crate::signals::telemetry::SeriesKey { node: n.idx, gpu, metric: id });
         let vals: Vec<f64> = if !crate::metrics::metric(id).gpu_scoped {

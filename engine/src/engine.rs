@@ -361,7 +361,7 @@ impl Engine {
         drop(t);
         running.saturating_sub(self.core.clock().idle_sleepers())
             + startable
-            + self.core.backlog().batches() as usize
+            + self.core.signals().backlog().batches() as usize
             + self.core.audit().pending() as usize
     }
 
@@ -393,7 +393,7 @@ impl Engine {
     pub fn latest(&self, node: &str, gpu: Option<u32>, metric: MetricId) -> Option<f64> {
         let n = self.core.fleet().get(node)?;
         let gpu = gpu.map(u16::try_from).transpose().ok()?;
-        self.core.brain().store().latest(SeriesKey { node: n.idx, gpu, metric }).map(|(_, v)| v)
+        self.core.signals().brain().store().latest(SeriesKey { node: n.idx, gpu, metric }).map(|(_, v)| v)
     }
 
     /// Accept an Alertmanager payload posted by `poster` (the webhook
@@ -416,14 +416,14 @@ impl Engine {
 
     /// The XID policy in force.
     pub fn fault_policy(&self) -> Arc<XidPolicy> {
-        self.core.health().policy()
+        self.core.health().model().policy()
     }
 
     /// The health model as people read it: this engine's own (leading), or
     /// rebuilt from its copy of the chain (a standby follows it).
     pub fn health_model(&self) -> crate::health::HealthModel {
         if self.core.acting() {
-            return self.core.health().clone();
+            return self.core.health().model().clone();
         }
         let mut m = crate::health::HealthModel::new(
             self.core.config().limits.max_repairs_in_window,

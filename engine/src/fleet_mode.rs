@@ -65,7 +65,7 @@ impl Engine {
         if mode == crate::runbooks::modes::FleetMode::Act {
             // A fault only shadow runs answered is still pending: offered
             // at the next reading, not after the pause a real run earns.
-            self.core.repair().forget_pacing();
+            self.core.health().repair().forget_pacing();
         }
         if mode == crate::runbooks::modes::FleetMode::Act {
             let shadow_runs: Vec<String> = {

@@ -109,8 +109,8 @@ impl Engine {
         // frequent non-fatal code is over the policy's repeat rule, read
         // once it has seen an XID.
         {
-            let policy = self.core.health().policy();
-            let mut h = self.core.xid_history();
+            let policy = self.core.health().model().policy();
+            let mut h = self.core.health().xid_history();
             for g in &t.gpus {
                 h.observe(node.idx, g.index, t.ts_ms, &g.xid_counts);
                 if !g.xid_counts.is_empty() {
@@ -120,7 +120,7 @@ impl Engine {
             }
         }
         {
-            let mut h = self.core.history();
+            let mut h = self.core.signals().history();
             for (gpu, metric, v) in &samples {
                 if crate::signals::history::History::plotted(*metric) {
                     h.push((node.idx, *gpu, *metric), t.ts_ms, *v);
@@ -128,7 +128,7 @@ impl Engine {
             }
         }
         let fires = {
-            let mut b = self.core.brain();
+            let mut b = self.core.signals().brain();
             let batch: Vec<(SeriesKey, i64, f64)> = samples
                 .into_iter()
                 .map(|(gpu, metric, v)| (SeriesKey { node: node.idx, gpu, metric }, t.ts_ms, v))
@@ -231,14 +231,14 @@ impl Engine {
         }
         keyed.extend(derived);
         {
-            let mut h = self.core.history();
+            let mut h = self.core.signals().history();
             for (_, key, ts, v) in keyed.iter().filter(|(_, k, ..)| crate::signals::history::History::plotted(k.metric))
             {
                 h.push((key.node, key.gpu, key.metric), *ts, *v);
             }
         }
         let batch: Vec<(SeriesKey, i64, f64)> = keyed.iter().map(|(_, k, ts, v)| (*k, *ts, *v)).collect();
-        let fires = self.core.brain().ingest(&batch);
+        let fires = self.core.signals().brain().ingest(&batch);
         let mut seen: Vec<i64> = vec![i64::MIN; nodes.len()];
         for (n, _, ts, _) in &keyed {
             seen[*n as usize] = seen[*n as usize].max(*ts);
@@ -285,7 +285,7 @@ impl Engine {
         for s in samples {
             by_ts.entry(s.ts_ms.unwrap_or(now)).or_default().push(s.clone());
         }
-        let mut older = self.core.history().like();
+        let mut older = self.core.signals().history().like();
         let mut kept = 0;
         for (_, group) in by_ts {
             let (mapped, _) = crate::signals::sources::map_samples(&group, now, &|h| self.has_node(h), &|n, u| {
@@ -301,13 +301,13 @@ impl Engine {
                 }
             }
         }
-        self.core.history().merge_older(older);
+        self.core.signals().history().merge_older(older);
         kept
     }
 
     /// The plot history's step and length, ms.
     pub(crate) fn history_span_ms(&self) -> (i64, i64) {
-        let h = self.core.history();
+        let h = self.core.signals().history();
         (h.step_ms(), h.keep_ms())
     }
 
@@ -318,7 +318,7 @@ impl Engine {
 
     /// Telemetry store size: (series, points).
     pub(crate) fn telemetry_size(&self) -> (usize, usize) {
-        let b = self.core.brain();
+        let b = self.core.signals().brain();
         (b.store().series_count(), b.store().points())
     }
 
@@ -336,7 +336,7 @@ impl Engine {
             match self.submit_inner(req, Some(rearm.clone())).await {
                 Ok(Submitted::Suppressed { .. }) => {
                     // Still true after the cooldown? Then fire again.
-                    self.core.brain().rearm(rearm.trigger, rearm.node, rearm.group.as_deref());
+                    self.core.signals().brain().rearm(rearm.trigger, rearm.node, rearm.group.as_deref());
                 }
                 Ok(_) => {}
                 Err(e) => tracing::error!(runbook = %rb.manifest.name, error = %e, "cannot submit a fired trigger"),
@@ -399,7 +399,7 @@ impl Engine {
     /// [`crate::signals::triggers::GroupCache`].
     pub(crate) async fn fleet_triggers(&self, now: i64) {
         let fires = {
-            let mut b = self.core.brain();
+            let mut b = self.core.signals().brain();
             if !b.triggers().has_fleet() {
                 return;
             }
@@ -473,7 +473,7 @@ impl Engine {
             .collect();
         {
             let mut t = self.core.table();
-            let backlog = self.core.backlog().alerts();
+            let backlog = self.core.signals().backlog().alerts();
             let mut fresh = Vec::new();
             for (key, rec, a) in prepared {
                 if t.alert_seen(&key) {
@@ -488,7 +488,7 @@ impl Engine {
                     fresh.push((key, rec, a));
                 }
             }
-            self.core.backlog().alerts_in(fresh.len() as u64);
+            self.core.signals().backlog().alerts_in(fresh.len() as u64);
             // Each accepted alert is on the chain, in order, before this
             // returns (the acknowledging caller awaits its durability:
             // [`Engine::accept_alertmanager`]); what it leads to comes after.
@@ -509,7 +509,7 @@ impl Engine {
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "cannot audit an alert");
-                        self.core.backlog().alert_out();
+                        self.core.signals().backlog().alert_out();
                     }
                 }
             }
@@ -554,7 +554,7 @@ impl Engine {
         if accepted > 0 || shed > 0 {
             let engine = self.clone();
             let poster = poster.to_string();
-            self.core.backlog().batch_started();
+            self.core.signals().backlog().batch_started();
             self.core.handle().spawn(async move {
                 if shed > 0 {
                     engine.core.counters().add(crate::counters::Count::EventsShed, shed as u64);
@@ -567,9 +567,9 @@ impl Engine {
                 }
                 for a in fresh {
                     engine.handle_alert(a, &poster).await;
-                    engine.core.backlog().alert_out();
+                    engine.core.signals().backlog().alert_out();
                 }
-                engine.core.backlog().batch_done();
+                engine.core.signals().backlog().batch_done();
             });
         }
         (Ingested { accepted, duplicates, shed }, durable)
@@ -593,7 +593,7 @@ impl Engine {
 
     /// Alerts accepted and not yet handled.
     pub(crate) fn alert_backlog(&self) -> u64 {
-        self.core.backlog().alerts()
+        self.core.signals().backlog().alerts()
     }
 
     /// The `event_received` record of an alert.

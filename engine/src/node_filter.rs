@@ -53,12 +53,14 @@ impl Engine {
             NodeStateFilter::Drained => v.state.drained,
             NodeStateFilter::HandsOff => v.state.hands_off(),
             NodeStateFilter::Disconnected => !v.state.connected,
-            NodeStateFilter::Faulted => self.core.health().node_state(&v.name) != crate::health::HealthState::Healthy,
+            NodeStateFilter::Faulted => {
+                self.core.health().model().node_state(&v.name) != crate::health::HealthState::Healthy
+            }
             NodeStateFilter::InService => {
                 !v.state.drained
                     && !v.state.hands_off()
                     && v.state.connected
-                    && self.core.health().node_state(&v.name) == crate::health::HealthState::Healthy
+                    && self.core.health().model().node_state(&v.name) == crate::health::HealthState::Healthy
             }
         }
     }

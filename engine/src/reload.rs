@@ -96,7 +96,7 @@ pub async fn reload(engine: &Engine, by: &str) -> Result<ReloadReport, ReloadErr
 /// [`reload`]; with `allow_partial`, runbooks that fail to load are left
 /// out (and listed) instead of refusing the whole reload.
 pub async fn reload_with(engine: &Engine, by: &str, allow_partial: bool) -> Result<ReloadReport, ReloadError> {
-    let _one = engine.core.reloading().await;
+    let _one = engine.core.runbooks().reloading().await;
     let result = reload_files(engine, allow_partial);
     let record = match &result {
         Ok(r) => crate::audit::data::ConfigReloaded {
@@ -167,7 +167,7 @@ fn reload_files(engine: &Engine, allow_partial: bool) -> Result<ReloadReport, Re
             });
         }
     }
-    let set = load_dir(&running.runbook_dir, engine.core.script());
+    let set = load_dir(&running.runbook_dir, engine.core.runbooks().script());
     if !allow_partial && !set.errors.is_empty() {
         return Err(ReloadError::Runbooks { failures: set.errors.iter().map(|e| e.to_string()).collect() });
     }
@@ -265,7 +265,7 @@ fn reload_files(engine: &Engine, allow_partial: bool) -> Result<ReloadReport, Re
 impl Engine {
     /// Put `policy` in force; what changed, one line per code.
     pub(crate) fn put_fault_policy(&self, policy: Arc<XidPolicy>) -> Vec<String> {
-        self.core.health().set_policy(policy)
+        self.core.health().model().set_policy(policy)
     }
 }
 

@@ -50,7 +50,7 @@ impl Engine {
     /// no reading at all).
     pub(crate) fn evidence(&self, node: &Node, gpu: u32) -> Option<Evidence> {
         let g = u16::try_from(gpu).ok()?;
-        let b = self.core.brain();
+        let b = self.core.signals().brain();
         let get = |m| b.store().latest(SeriesKey { node: node.idx, gpu: Some(g), metric: m }).map(|(_, v)| v);
         let lost = get(ids::LOST);
         let dbe = get(ids::ECC_DBE);
@@ -73,7 +73,7 @@ impl Engine {
     pub(crate) async fn record_health(&self, t: &Transition, actor: &str) -> Result<(), String> {
         let rec = t.record(actor);
         let r = self.core.audit().append(rec, None).await.map_err(|e| format!("cannot audit a health change: {e}"))?;
-        self.core.health().replay(&r);
+        self.core.health().model().replay(&r);
         tracing::info!(
             node = %t.node, gpu = t.gpu, from = t.from.as_str(), to = t.to.as_str(), by = %t.by, why = %t.why,
             "health changed"
@@ -99,7 +99,7 @@ impl Engine {
             let Some(ev) = self.evidence(node, gpu) else { continue };
             self.core.counters().add(crate::counters::Count::HealthEvaluations, 1);
             let name = node.spec.name.as_str();
-            let new = self.core.health().observe(name, gpu, &ev, now);
+            let new = self.core.health().model().observe(name, gpu, &ev, now);
             if let Some(t) = new {
                 if let Err(e) = self.record_health(&t, "engine").await {
                     tracing::error!(node = name, gpu, error = %e, "a fault could not be recorded");
@@ -107,7 +107,7 @@ impl Engine {
                 }
                 self.core.counters().add(crate::counters::Count::FaultsSeen, 1);
             }
-            let h = self.core.health().get(name, gpu).cloned();
+            let h = self.core.health().model().get(name, gpu).cloned();
             let Some(h) = h else { continue };
             match h.state {
                 // Repaired before anything acted (a person rebooted the rack
@@ -147,10 +147,10 @@ impl Engine {
     /// runbook that takes it (paced; admission decides).
     async fn offer_fault(&self, node: &Arc<Node>, gpu: u32, now: i64) {
         let name = node.spec.name.clone();
-        if !self.core.repair().offer_due(&name, gpu, now, RETRY_AFTER_RUN_MS, RETRY_PENDING_MS) {
+        if !self.core.health().repair().offer_due(&name, gpu, now, RETRY_AFTER_RUN_MS, RETRY_PENDING_MS) {
             return;
         }
-        let Some(h) = self.core.health().get(&name, gpu).cloned() else { return };
+        let Some(h) = self.core.health().model().get(&name, gpu).cloned() else { return };
         let Some(fault) = h.fault.clone() else { return };
         let set = self.runbook_set();
         let rb = set.runbooks.iter().find(|rb| {
@@ -209,7 +209,7 @@ impl Engine {
             || self.fleet_mode().0 == crate::runbooks::modes::FleetMode::Shadow;
         let shadow_key = shadow.then(|| (name.clone(), gpu, fault.seen_ms, rb.manifest.name.clone()));
         if let Some(k) = &shadow_key
-            && self.core.repair().shadow_answered(k)
+            && self.core.health().repair().shadow_answered(k)
         {
             return;
         }
@@ -250,7 +250,7 @@ impl Engine {
                 .await;
             }
             Ok(_) => {
-                self.core.repair().ran(&name, gpu, now, shadow_key);
+                self.core.health().repair().ran(&name, gpu, now, shadow_key);
             }
             Err(e) => tracing::error!(node = %name, gpu, error = %e, "cannot submit a fault run"),
         }
@@ -266,12 +266,12 @@ impl Engine {
         }
         let name = node.spec.name.clone();
         let broken: Vec<(u32, crate::health::GpuHealth)> = (0..node.state().gpu_count() as u32)
-            .filter_map(|g| self.core.health().get(&name, g).cloned().map(|h| (g, h)))
+            .filter_map(|g| self.core.health().model().get(&name, g).cloned().map(|h| (g, h)))
             .filter(|(_, h)| matches!(h.state, HealthState::Faulted | HealthState::AwaitingRepair | HealthState::Rma))
             .collect();
         for (gpu, h) in broken {
             let Some(f) = &h.fault else { continue };
-            let fresh = self.core.repair().first_resume_telling(&name, gpu, f.seen_ms);
+            let fresh = self.core.health().repair().first_resume_telling(&name, gpu, f.seen_ms);
             if !fresh {
                 continue;
             }
@@ -298,7 +298,7 @@ impl Engine {
 
     /// Escalate once per fault: the text names the node.
     async fn tell_once(&self, node: &str, gpu: u32, seen_ms: i64, runbook: Option<&str>, text: String) {
-        let fresh = self.core.repair().first_telling(node, gpu, seen_ms);
+        let fresh = self.core.health().repair().first_telling(node, gpu, seen_ms);
         if !fresh {
             return;
         }
@@ -322,10 +322,10 @@ impl Engine {
         if !self.core.acting() {
             return;
         }
-        let verifying = self.core.health().in_state(HealthState::Verifying);
+        let verifying = self.core.health().model().in_state(HealthState::Verifying);
         let mut by_node: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         for (node, gpu) in verifying {
-            let due = self.core.repair().check_due(&node, gpu, now, RECHECK_MS);
+            let due = self.core.health().repair().check_due(&node, gpu, now, RECHECK_MS);
             if due {
                 by_node.entry(node).or_default().push(gpu);
             }
@@ -337,7 +337,7 @@ impl Engine {
 
     /// Run the agent's health check and move each verifying GPU on.
     async fn verify_node(&self, node: &str, gpus: &[u32], now: i64) {
-        self.core.repair().checked(node, gpus, now);
+        self.core.health().repair().checked(node, gpus, now);
         let Some(n) = self.core.fleet().get(node) else { return };
         let check = match self.health_check_call(&n).await {
             Ok(c) => c,
@@ -347,7 +347,7 @@ impl Engine {
             }
         };
         for gpu in gpus {
-            let Some(h) = self.core.health().get(node, *gpu).cloned() else { continue };
+            let Some(h) = self.core.health().model().get(node, *gpu).cloned() else { continue };
             let gc = check.gpus.iter().find(|g| g.index == *gpu);
             let mut failures: Vec<String> =
                 gc.map(|g| g.failures.clone()).unwrap_or_else(|| vec!["not in the check".into()]);
@@ -423,7 +423,7 @@ impl Engine {
     /// release what they hold there (the repair drain with them; the agent
     /// checks health again before it lets the drain go).
     async fn return_to_service(&self, node: &str) {
-        if self.core.health().node_state(node) != HealthState::Healthy {
+        if self.core.health().model().node_state(node) != HealthState::Healthy {
             return;
         }
         let Some(n) = self.core.fleet().get(node) else { return };
@@ -488,6 +488,7 @@ impl Engine {
         let candidates: Vec<(u32, HealthState)> = self
             .core
             .health()
+            .model()
             .node_gpus(node)
             .filter(|(g, h)| {
                 gpu.is_none_or(|x| x == *g)
@@ -556,7 +557,7 @@ impl Engine {
     pub(crate) fn rebuild_health(&self) -> Result<usize, crate::audit::AuditError> {
         let records = self.core.audit().records_of_kind(RecordKind::HealthChanged)?;
         {
-            let mut m = self.core.health();
+            let mut m = self.core.health().model();
             for r in &records {
                 m.replay(r);
             }

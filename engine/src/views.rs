@@ -144,7 +144,7 @@ impl Engine {
     pub fn node(&self, name: &str) -> Option<NodeView> {
         let n = self.core.fleet().get(name)?;
         let state = n.state().clone();
-        let b = self.core.brain();
+        let b = self.core.signals().brain();
         let latest = |b: &Brain, gpu: Option<u16>, i: usize| {
             b.store().latest(SeriesKey { node: n.idx, gpu, metric: i as MetricId }).map(|(_, v)| v)
         };
@@ -201,7 +201,7 @@ impl Engine {
     pub fn series(&self, node: &str, gpu: Option<u32>, metric: MetricId, from_ms: i64, to_ms: i64) -> Vec<(i64, f64)> {
         let Some(n) = self.core.fleet().get(node) else { return Vec::new() };
         let Ok(gpu) = gpu.map(u16::try_from).transpose() else { return Vec::new() };
-        self.core.history().range((n.idx, gpu, metric), from_ms, to_ms)
+        self.core.signals().history().range((n.idx, gpu, metric), from_ms, to_ms)
     }
 
     /// Every node's view.
@@ -237,7 +237,7 @@ impl Engine {
     /// with their alertname; manual runbooks are never evaluated.
     pub fn trigger_stats(&self) -> Vec<(String, u64, u64)> {
         let set = self.runbook_set();
-        let b = self.core.brain();
+        let b = self.core.signals().brain();
         let alerts = self.core.counters().alert_evaluations();
         let offers = self.core.counters().fault_offers();
         let health = self.core.counters().get(crate::counters::Count::HealthEvaluations);
@@ -386,8 +386,8 @@ impl Engine {
             (self.core.config().telemetry.script_window_secs as i64).saturating_mul(1000),
             self.core.config().telemetry.ingest_shards as usize,
         );
-        *self.core.brain() = brain;
-        self.core.runbooks().replace(set);
+        *self.core.signals().brain() = brain;
+        self.core.runbooks().loaded().replace(set);
     }
 
     /// Fetch every agent's inventory once (node state, GPU counts, vendor).
@@ -480,7 +480,7 @@ impl Engine {
             if let Some(m) = crate::runbooks::modes::modes_from_records(&records).get(name) {
                 return *m;
             }
-        } else if let Some(m) = self.core.modes().get(name) {
+        } else if let Some(m) = self.core.runbooks().modes().get(name) {
             return m;
         }
         self.runbook_set().get(name).map(|(_, rb)| rb.manifest.mode).unwrap_or_default()
@@ -534,7 +534,7 @@ impl Engine {
                 None,
             )
             .await?;
-        self.core.modes().set(name, mode);
+        self.core.runbooks().modes().set(name, mode);
         Ok(mode)
     }
 }
@@ -557,7 +557,7 @@ impl Engine {
                 }
             }
         }
-        self.core.modes().replace(held);
+        self.core.runbooks().modes().replace(held);
     }
 }
 

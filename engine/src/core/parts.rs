@@ -40,30 +40,23 @@ impl Core {
             clock: parts.clock,
             audit: parts.audit,
             fleet: Fleet::new(parts.nodes),
-            script: parts.script,
-            runbooks: crate::runbooks::runbook::Loaded::new(parts.runbooks),
-            brain: Mutex::new(brain),
-            history: Mutex::new(history),
-            xid_history: Mutex::new(Default::default()),
+            runbooks: crate::runbooks::Runbooks::new(parts.runbooks, parts.script, modes),
+            signals: crate::signals::Signals::new(brain, history),
             table: Mutex::new(RunTable::new(parts.config.limits.alert_dedup_entries)),
             handle: tokio::runtime::Handle::current(),
             ids: Ids::seeded(runs_so_far, id_seed),
-            backlog: Default::default(),
             notifier: Notifier::new(&parts.config.notifications),
             outbox: Mutex::new(Default::default()),
             counters: Counters::default(),
             lifecycle: Default::default(),
             tokens: crate::tokens::TokenBook::new(parts.config.auth.clone()),
-            modes,
             agent_clients: Default::default(),
             verify_cache: Default::default(),
             windows: Default::default(),
-            reloading: tokio::sync::Mutex::new(()),
-            health: Mutex::new(crate::health::HealthModel::new(
+            health: crate::health::Health::new(crate::health::HealthModel::new(
                 parts.config.limits.max_repairs_in_window,
                 (parts.config.limits.repair_window_secs as i64).saturating_mul(1000),
             )),
-            repair: Mutex::new(Default::default()),
             config: parts.config,
         }
     }
@@ -87,27 +80,12 @@ impl Core {
         &self.fleet
     }
 
-    /// The Rhai engine runbook scripts run in.
-    pub fn script(&self) -> &Arc<rhai::Engine> {
-        &self.script
-    }
-
-    /// The runbook set in force, to read or replace whole.
-    pub fn runbooks(&self) -> &crate::runbooks::runbook::Loaded {
-        &self.runbooks
-    }
-
     pub fn handle(&self) -> &tokio::runtime::Handle {
         &self.handle
     }
 
     pub fn ids(&self) -> &Ids {
         &self.ids
-    }
-
-    /// Events taken in and not yet handled.
-    pub fn backlog(&self) -> &crate::signals::backlog::Backlog {
-        &self.backlog
     }
 
     pub fn notifier(&self) -> &Notifier {
@@ -127,15 +105,6 @@ impl Core {
         &self.tokens
     }
 
-    /// One reload at a time: hold the guard for the whole reload.
-    pub async fn reloading(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.reloading.lock().await
-    }
-
-    pub fn modes(&self) -> &crate::runbooks::modes::ModeBook {
-        &self.modes
-    }
-
     pub fn agent_clients(&self) -> &crate::fleet::AgentClients {
         &self.agent_clients
     }
@@ -148,32 +117,28 @@ impl Core {
         &self.windows
     }
 
+    /// The runbooks subsystem: the set in force, the script engine, the
+    /// modes, the reload gate.
+    pub(crate) fn runbooks(&self) -> &crate::runbooks::Runbooks {
+        &self.runbooks
+    }
+
+    /// The signals subsystem: trigger brain, plot history, backlog.
+    pub(crate) fn signals(&self) -> &crate::signals::Signals {
+        &self.signals
+    }
+
+    /// The health subsystem: the model, the repair loop's pacing, XID
+    /// history.
+    pub(crate) fn health(&self) -> &crate::health::Health {
+        &self.health
+    }
+
     pub fn table(&self) -> MutexGuard<'_, RunTable> {
         lock(&self.table)
     }
 
-    pub fn brain(&self) -> MutexGuard<'_, Brain> {
-        lock(&self.brain)
-    }
-
-    pub fn health(&self) -> MutexGuard<'_, crate::health::HealthModel> {
-        lock(&self.health)
-    }
-
-    pub fn history(&self) -> MutexGuard<'_, crate::signals::history::History> {
-        lock(&self.history)
-    }
-
-    pub fn xid_history(&self) -> MutexGuard<'_, crate::health::xid_history::XidHistory> {
-        lock(&self.xid_history)
-    }
-
     pub fn outbox(&self) -> MutexGuard<'_, crate::outbox::Outbox> {
         lock(&self.outbox)
-    }
-
-    /// What the repair loop remembers between readings.
-    pub fn repair(&self) -> MutexGuard<'_, crate::health::repair_memory::RepairMemory> {
-        lock(&self.repair)
     }
 }

@@ -33,6 +33,9 @@ pub(crate) mod repair_memory;
 pub(crate) mod xid_history;
 pub(crate) mod xid_policy;
 
+mod subsystem;
+pub(crate) use subsystem::Health;
+
 use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};

@@ -186,6 +186,7 @@ impl Host {
         let gpus: Vec<(u32, HealthState)> = self
             .core
             .health()
+            .model()
             .node_gpus(node)
             .filter(|(_, h)| h.run.as_deref() == Some(self.run.as_str()) && h.lifecycle.is_some())
             .map(|(g, h)| (g, h.state))
@@ -217,7 +218,7 @@ impl Host {
         }
         let rec = t.record("engine").runbook(&ctx.runbook);
         match self.core.audit().append_blocking(rec, self.summary()) {
-            Ok(r) => self.core.health().replay(&r),
+            Ok(r) => self.core.health().model().replay(&r),
             Err(e) => tracing::error!(run = %self.run, error = %e, "cannot audit a health change"),
         }
     }
@@ -231,7 +232,7 @@ impl ScriptHost for Host {
     fn fault(&self, ctx: &RunCtx) -> Map {
         let Some((node, gpu)) = self.target_gpu(ctx) else { return Map::new() };
         let now = self.core.now();
-        let model = self.core.health();
+        let model = self.core.health().model();
         let Some(h) = model.get(&node, gpu) else { return Map::new() };
         let repairs = model.repairs_in_window(&node, gpu, now);
         let repeat = model.repeat_offender(&node, gpu, now);
@@ -266,7 +267,7 @@ impl ScriptHost for Host {
             "rma" => HealthState::Rma,
             other => return refused("bad_state", &format!("unknown health state `{other}`")),
         };
-        let from = self.core.health().state(&node, gpu);
+        let from = self.core.health().model().state(&node, gpu);
         let allowed = match to {
             HealthState::Quarantined => matches!(from, HealthState::Faulted),
             HealthState::AwaitingRepair => matches!(from, HealthState::Quarantined | HealthState::Faulted),
@@ -320,7 +321,7 @@ impl ScriptHost for Host {
         let Some(kind) = crate::health::FaultKind::parse(kind) else {
             return refused("bad_kind", &format!("unknown fault kind `{kind}`"));
         };
-        let from = self.core.health().state(&node, gpu);
+        let from = self.core.health().model().state(&node, gpu);
         if !matches!(from, HealthState::Healthy | HealthState::Verifying) || ctx.dry_run {
             return self.fault(ctx);
         }
@@ -368,7 +369,7 @@ impl ScriptHost for Host {
     }
 
     fn xid_info(&self, _ctx: &RunCtx, code: u32) -> Map {
-        let policy = self.core.health().policy();
+        let policy = self.core.health().model().policy();
         policy.info(code).map(|i| to_map(json!(i))).unwrap_or_default()
     }
 
@@ -394,7 +395,7 @@ impl ScriptHost for Host {
         // temperatures before were made by other cooling, and the step
         // would read as a drift. Five minutes for the heatsink to settle.
         let airflow_step = {
-            let b = self.core.brain();
+            let b = self.core.signals().brain();
             let gpu_fan = b.store().window(
                 crate::signals::telemetry::SeriesKey { node: n.idx, gpu: Some(g), metric: metrics::ids::FAN },
                 since,
@@ -418,7 +419,7 @@ impl ScriptHost for Host {
             }
         }
         let (temps, power) = {
-            let b = self.core.brain();
+            let b = self.core.signals().brain();
             let key = |metric| crate::signals::telemetry::SeriesKey { node: n.idx, gpu: Some(g), metric };
             (b.store().window(key(metrics::ids::TEMPERATURE), since), b.store().window(key(metrics::ids::POWER), since))
         };

@@ -9,8 +9,8 @@ impl Host {
     pub(super) fn repeats_of_target(&self, ctx: &RunCtx) -> rhai::Array {
         let (Some(node), Some(gpu)) = (ctx.target.node.as_deref(), ctx.target.gpu) else { return Vec::new() };
         let Some(n) = self.core.fleet().get(node) else { return Vec::new() };
-        let policy = self.core.health().policy();
-        let repeats = self.core.xid_history().repeats(n.idx, gpu, self.core.now(), &policy);
+        let policy = self.core.health().model().policy();
+        let repeats = self.core.health().xid_history().repeats(n.idx, gpu, self.core.now(), &policy);
         let rule = &policy.repeats;
         repeats
             .into_iter()
@@ -58,7 +58,7 @@ impl Host {
             (true, None) => (0..n.state().gpu_count()).map(|g| u16::try_from(g).ok()).collect(),
             (false, _) => vec![None],
         };
-        let b = self.core.brain();
+        let b = self.core.signals().brain();
         let mut pts: Vec<f64> = Vec::new();
         for g in gpus {
             let key = crate::signals::telemetry::SeriesKey { node: n.idx, gpu: g, metric };

@@ -143,6 +143,7 @@ impl Host {
                 let unhealthy: Vec<String> = self
                     .core
                     .health()
+                    .model()
                     .node_gpus(&name)
                     .filter(|(_, h)| h.state != HealthState::Healthy)
                     .map(|(g, h)| format!("GPU {g} {}", h.state.as_str()))

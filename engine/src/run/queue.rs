@@ -270,7 +270,7 @@ impl Engine {
                 "resumed": resumed,
             }))
             .unwrap_or_default();
-            let script = engine.core.script().clone();
+            let script = engine.core.runbooks().script().clone();
             let ast = rb.ast.clone();
             let clock = engine.core.clock().clone();
             let handle = engine.core.handle().clone();
@@ -593,7 +593,7 @@ impl Engine {
             self.reconsider(w, run, outcome).await;
         }
         if let Some(f) = fire {
-            self.core.brain().rearm(f.trigger, f.node, f.group.as_deref());
+            self.core.signals().brain().rearm(f.trigger, f.node, f.group.as_deref());
         }
         self.count_outcome(outcome);
         tracing::info!(run, runbook = %summary.runbook, target = %summary.target, outcome = outcome.as_str(), "run finished");

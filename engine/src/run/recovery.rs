@@ -131,17 +131,17 @@ impl Engine {
                 "handling alerts accepted before the restart"
             );
             let engine = self.clone();
-            self.core.backlog().alerts_in(unhandled.len() as u64);
-            self.core.backlog().batch_started();
+            self.core.signals().backlog().alerts_in(unhandled.len() as u64);
+            self.core.signals().backlog().batch_started();
             self.core.handle().spawn(async move {
                 for (w, run) in held_back {
                     engine.reconsider(w, &run, RunOutcome::Interrupted).await;
                 }
                 for (a, poster) in unhandled {
                     engine.handle_alert(a, &poster).await;
-                    engine.core.backlog().alert_out();
+                    engine.core.signals().backlog().alert_out();
                 }
-                engine.core.backlog().batch_done();
+                engine.core.signals().backlog().batch_done();
             });
         }
         Ok(interrupted)

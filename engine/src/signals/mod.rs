@@ -12,3 +12,39 @@ pub(crate) mod history;
 pub(crate) mod sources;
 pub(crate) mod telemetry;
 pub(crate) mod triggers;
+
+use std::sync::{Mutex, MutexGuard};
+
+/// The signals subsystem's state, each part behind its own lock: the
+/// trigger brain (windows and triggers), the plot history, the backlog of
+/// batches taken in. `Core` holds one.
+pub(crate) struct Signals {
+    brain: Mutex<brain::Brain>,
+    history: Mutex<history::History>,
+    backlog: backlog::Backlog,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Signals {
+    pub(crate) fn new(brain: brain::Brain, history: history::History) -> Signals {
+        Signals { brain: Mutex::new(brain), history: Mutex::new(history), backlog: Default::default() }
+    }
+
+    /// The telemetry windows and the triggers watching them.
+    pub(crate) fn brain(&self) -> MutexGuard<'_, brain::Brain> {
+        lock(&self.brain)
+    }
+
+    /// What the pages plot.
+    pub(crate) fn history(&self) -> MutexGuard<'_, history::History> {
+        lock(&self.history)
+    }
+
+    /// Events taken in and not yet handled.
+    pub(crate) fn backlog(&self) -> &backlog::Backlog {
+        &self.backlog
+    }
+}

@@ -891,7 +891,14 @@ fn the_bare_state_counter_reads_core_s_fields_only() {
 /// breakers).
 /// The `pub` fields of struct `name` in `code`.
 fn pub_fields(code: &str, name: &str) -> Vec<String> {
-    let Some(body) = code.split(&format!("pub struct {name} {{")).nth(1).and_then(|b| b.split("\n}").next()) else {
+    // `pub struct`, `pub(crate) struct` or `struct`, at the start of a line.
+    let Some(body) = ["pub struct ", "pub(crate) struct ", "struct "]
+        .iter()
+        .find_map(|p| {
+            code.split(&format!("\n{p}{name} {{")).nth(1).or_else(|| code.strip_prefix(&format!("{p}{name} {{")))
+        })
+        .and_then(|b| b.split("\n}").next())
+    else {
         return Vec::new();
     };
     body.lines()
@@ -951,7 +958,9 @@ fn core_types_with_public_fields(core: &str, files: &[(String, String)]) -> Vec<
         let in_module = |f: &str| {
             module
                 .as_ref()
-                .is_none_or(|m| f.ends_with(&format!("src/{m}.rs")) || f.ends_with(&format!("src/{m}/mod.rs")))
+                // A folder's type may be defined in any of its files and
+                // re-exported (`health::Health` is `health/subsystem.rs`'s).
+                .is_none_or(|m| f.ends_with(&format!("src/{m}.rs")) || f.contains(&format!("src/{m}/")))
         };
         for (f, text) in files.iter().filter(|(f, _)| in_module(f)) {
             let fields = pub_fields(text, name);
@@ -988,17 +997,23 @@ fn the_core_has_no_public_field() {
     // The checker: a locked type with a pub field is named; private
     // fields, plain data and a gate are not.
     let core = "pub struct Core {\n    config: EngineConfig,\n    /// doc: Mutex<X>\n    a: Mutex<crate::x::Open>,\n    \
-                b: Shut,\n    g: tokio::sync::Mutex<()>,\n    s: Arc<rhai::Engine>,\n    l: crate::y::Open,\n}\n";
+                b: Shut,\n    g: tokio::sync::Mutex<()>,\n    s: Arc<rhai::Engine>,\n    l: crate::y::Open,\n    \
+                h: crate::z::Held,\n}\n";
     let text = |t: &str| t.to_string();
     let files = [
         (text("engine/src/x.rs"), text("pub struct Open {\n    pub n: u8,\n}\npub struct Shut {\n    n: u8,\n}\n")),
         (text("engine/src/config.rs"), text("pub struct EngineConfig {\n    pub data_dir: u8,\n}\n")),
         (text("engine/src/engine.rs"), text("pub struct Engine {\n    pub core: u8,\n}\n")),
         (text("engine/src/y/mod.rs"), text("pub struct Open {\n    m: u8,\n}\n")),
+        (text("engine/src/z/held.rs"), text("//! doc\npub(crate) struct Held {\n    pub(crate) k: u8,\n}\n")),
     ];
     // `crate::y::Open` is y's (private fields), not x's; rhai's Engine is
     // not the engine's.
-    assert_eq!(core_types_with_public_fields(core, &files), ["Open (engine/src/x.rs): n"]);
+    // A folder's pub(crate) type, defined in a file of the folder, is read.
+    assert_eq!(
+        core_types_with_public_fields(core, &files),
+        ["Open (engine/src/x.rs): n", "Held (engine/src/z/held.rs): k"]
+    );
 }
 
 /// The files the façade may be in: the drives and the reads.
