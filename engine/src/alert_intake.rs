@@ -89,7 +89,7 @@ impl Engine {
             // An episode (fingerprint, startsAt) resolved — not the alert
             // for ever: its next firing has a new startsAt and runs again.
             let now = self.core.now();
-            self.core.table().resolve_episode(
+            self.core.runs().table().resolve_episode(
                 crate::runstate::runtable::episode(&a.fingerprint, &a.starts_at),
                 now,
                 crate::runstate::runtable::RESOLVED_KEPT_MS,

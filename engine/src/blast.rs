@@ -62,7 +62,7 @@ impl Core {
                 .map(|n| n.spec.name.clone())
                 .collect()
         };
-        let mut t = self.table();
+        let mut t = self.runs().table();
         let all = self.fleet().nodes();
         let serving: Vec<&Arc<Node>> = all.iter().filter(|n| !n.spec.standby).collect();
         let total = serving.len().max(1);
@@ -130,6 +130,6 @@ impl Core {
     }
 
     pub fn release_drain(&self, node: &str) {
-        self.table().drain_ended(node);
+        self.runs().table().drain_ended(node);
     }
 }

@@ -24,7 +24,6 @@ use crate::runbooks::manifest::Trigger;
 use crate::runbooks::runbook::RunbookSet;
 use crate::runbooks::script::{Agg, Reading};
 use crate::runs::{RunSummary, Target};
-use crate::runstate::runtable::RunTable;
 use crate::signals::telemetry::SeriesKey;
 
 mod parts;
@@ -89,6 +88,8 @@ pub struct Core {
     config: EngineConfig,
     clock: SharedClock,
     audit: AuditStore,
+    /// The fleet subsystem: the nodes, their SSH clients, the maintenance
+    /// windows (`fleet/mod.rs::Fleet`).
     fleet: Fleet,
     /// The runbooks subsystem: the set in force, the script engine, the
     /// modes, the reload gate (`runbooks/mod.rs::Runbooks`).
@@ -99,7 +100,8 @@ pub struct Core {
     /// The health subsystem: the model, the repair loop's pacing, XID
     /// history (`health/subsystem.rs::Health`).
     health: crate::health::Health,
-    table: Mutex<RunTable>,
+    /// The runs subsystem's state: the run table (`runstate/mod.rs::Runs`).
+    runs: crate::runstate::Runs,
     handle: tokio::runtime::Handle,
     ids: Ids,
     notifier: Notifier,
@@ -111,14 +113,9 @@ pub struct Core {
     /// Tokens as last loaded (engine.yaml's `auth`, replaced by a reload)
     /// and their generation (`tokens.rs`).
     tokens: crate::tokens::TokenBook,
-    /// The SSH client of each node (`fleet/mod.rs::AgentClients`).
-    agent_clients: crate::fleet::AgentClients,
     /// One chain walk at a time, its report kept while the head stays
     /// (`verify_cache.rs`).
     verify_cache: crate::verify_cache::VerifyCache,
-    /// Maintenance windows in force or to come (`maintenance.rs` keeps
-    /// them through `WindowBook`'s methods; its fields are its own).
-    windows: crate::fleet::windows::WindowBook,
 }
 
 /// Lease a run's holds get: its timeout and two minutes, so an engine that
@@ -539,7 +536,7 @@ impl Core {
         }
         if matches!(m.trigger, Trigger::Alert { .. }) || s.trigger == "alert" {
             s.event.get("fingerprint").and_then(Value::as_str)?;
-            if self.table().episode_resolved(&s.event) {
+            if self.runs.table().episode_resolved(&s.event) {
                 return Some((false, "the alert resolved".into()));
             }
             // An alert is someone else's reading (a Prometheus rule, maybe
@@ -619,7 +616,7 @@ impl Core {
     /// The next request id of run `run`: `<run>-a<n>`, never repeated (run
     /// ids are unique forever, and `n` counts up within the run).
     pub fn next_action_id(&self, run: &str) -> String {
-        let mut t = self.table();
+        let mut t = self.runs.table();
         let n = t.run_mut(run).map(|r| {
             r.next_action += 1;
             (r.resumed, r.next_action)

@@ -279,7 +279,7 @@ impl Engine {
 
     /// Set the cancel flag of every active run (no waiting; for drops).
     pub fn cancel_all(&self) {
-        for r in self.core.table().entries() {
+        for r in self.core.runs().table().entries() {
             r.cancel.store(true, Ordering::SeqCst);
         }
     }
@@ -338,14 +338,14 @@ impl Engine {
 
     /// Runs executing right now.
     pub fn running(&self) -> usize {
-        self.core.table().running()
+        self.core.runs().table().running()
     }
 
     /// Runs that are executing and not asleep on the clock, plus runs ready
     /// to start: zero means the engine is idle until time moves.
     pub fn busy(&self) -> usize {
         let now = self.core.now();
-        let t = self.core.table();
+        let t = self.core.runs().table();
         let startable = t
             .queued_entries()
             .filter(|r| {
@@ -368,7 +368,7 @@ impl Engine {
     /// Active runs as `id runbook target state (what it waits for)`, for
     /// diagnostics.
     pub fn active_runs(&self) -> Vec<String> {
-        let t = self.core.table();
+        let t = self.core.runs().table();
         let mut v: Vec<String> = t
             .entries()
             .map(|r| {
@@ -383,6 +383,7 @@ impl Engine {
     /// Runs waiting to start (queued or pending approval).
     pub fn queue_depth(&self) -> usize {
         self.core
+            .runs()
             .table()
             .entries()
             .filter(|r| matches!(r.summary.state, RunState::Queued | RunState::PendingApproval))

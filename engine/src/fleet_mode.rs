@@ -69,7 +69,7 @@ impl Engine {
         }
         if mode == crate::runbooks::modes::FleetMode::Act {
             let shadow_runs: Vec<String> = {
-                let t = self.core.table();
+                let t = self.core.runs().table();
                 t.entries()
                     .filter(|r| r.summary.shadow && r.summary.trigger != "manual")
                     .filter(|r| self.runbook_mode(&r.summary.runbook) == crate::runbooks::manifest::Mode::Act)
@@ -91,7 +91,7 @@ impl Engine {
     /// Runs not finished, as `id runbook target state`: what a pause or a
     /// mode change leaves going.
     pub(crate) fn in_flight(&self) -> Vec<String> {
-        let t = self.core.table();
+        let t = self.core.runs().table();
         let mut v: Vec<String> = t
             .entries()
             .map(|r| {

@@ -17,7 +17,7 @@ impl Engine {
     /// audit log on start). An end on a run's hold goes on that run's page.
     pub(crate) async fn audit_ended_holds(&self, node: &str, ended: &[EndedHold]) {
         let fresh: Vec<&EndedHold> = {
-            let mut t = self.core.table();
+            let mut t = self.core.runs().table();
             ended
                 .iter()
                 .filter(|e| {
@@ -95,7 +95,7 @@ impl Engine {
             recs.push((key, rec, d.owners.clone()));
         }
         for (key, mut rec, owners) in recs {
-            if !self.core.table().first_hold_end(key) {
+            if !self.core.runs().table().first_hold_end(key) {
                 continue;
             }
             if let Some(r) = owners.iter().find_map(|o| self.core.audit().run(o).ok().flatten()) {

@@ -472,7 +472,7 @@ impl Engine {
             .map(|a| (crate::runstate::runtable::alert_key(&a.status, &a.key()), self.alert_record(&a, poster), a))
             .collect();
         {
-            let mut t = self.core.table();
+            let mut t = self.core.runs().table();
             let backlog = self.core.signals().backlog().alerts();
             let mut fresh = Vec::new();
             for (key, rec, a) in prepared {
@@ -524,7 +524,7 @@ impl Engine {
             let engine = self.clone();
             self.core.handle().spawn(async move {
                 let _ = d.await;
-                let mut t = engine.core.table();
+                let mut t = engine.core.runs().table();
                 for k in &keys {
                     t.alert_durable(k, None);
                 }

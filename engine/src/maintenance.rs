@@ -44,7 +44,7 @@ impl Engine {
             reason: w.reason.clone(),
         };
         self.core.audit().append(NewRecord::typed(RecordKind::Maintenance, by, &payload), None).await?;
-        self.core.windows().put(w.clone());
+        self.core.fleet().windows().put(w.clone());
         tracing::info!(window = %w.id, by, reason = %w.reason, "maintenance window set");
         self.apply_windows().await;
         Ok(self.windows().into_iter().find(|x| x.id == w.id).unwrap_or(w))
@@ -52,7 +52,7 @@ impl Engine {
 
     /// End a window before its time (admin), saying why.
     pub(crate) async fn end_window(&self, id: &str, by: &str, reason: &str) -> Result<Window, EngineError> {
-        let Some(w) = self.core.windows().get(id) else {
+        let Some(w) = self.core.fleet().windows().get(id) else {
             let open: Vec<String> = self.windows().into_iter().map(|w| w.id).collect();
             return Err(EngineError::BadParams(format!(
                 "no maintenance window {id:?}: expected one of [{}] (`nightshift maintenance list`)",
@@ -71,7 +71,7 @@ impl Engine {
     async fn record_window_end(&self, w: &Window, by: &str, why: &str) -> Result<(), EngineError> {
         let payload = data::Maintenance { id: w.id.clone(), set: false, reason: why.to_string(), ..Default::default() };
         self.core.audit().append(NewRecord::typed(RecordKind::Maintenance, by, &payload), None).await?;
-        self.core.windows().remove(&w.id);
+        self.core.fleet().windows().remove(&w.id);
         tracing::info!(window = %w.id, by, reason = why, "maintenance window ended");
         Ok(())
     }
@@ -80,7 +80,7 @@ impl Engine {
     /// it covers now.
     pub(crate) fn windows(&self) -> Vec<Window> {
         let now = self.core.now();
-        let mut all: Vec<Window> = self.core.windows().all();
+        let mut all: Vec<Window> = self.core.fleet().windows().all();
         for w in &mut all {
             if w.active(now) {
                 w.covers = self
@@ -103,7 +103,7 @@ impl Engine {
     /// taken over.
     pub(crate) async fn apply_windows(&self) {
         let now = self.core.now();
-        let due = self.core.windows().ended_by(now);
+        let due = self.core.fleet().windows().ended_by(now);
         for w in due {
             let why = format!(
                 "the window {} set ended at {} as they asked",
@@ -115,7 +115,7 @@ impl Engine {
             }
         }
         // Nothing in force and nothing covered last time: nothing to do.
-        let Some(windows) = self.core.windows().to_apply(now) else { return };
+        let Some(windows) = self.core.fleet().windows().to_apply(now) else { return };
         let mut taken: Vec<(String, String)> = Vec::new();
         for n in self.core.fleet().nodes().iter() {
             let cover = windows
@@ -171,7 +171,7 @@ impl Engine {
             );
         }
         let n = open.len();
-        self.core.windows().replace(open);
+        self.core.fleet().windows().replace(open);
         Ok(n)
     }
 }

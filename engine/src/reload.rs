@@ -211,7 +211,7 @@ fn reload_files(engine: &Engine, allow_partial: bool) -> Result<ReloadReport, Re
             clients.insert(spec.name.clone(), c.clone());
             c as Arc<dyn AgentTransport>
         });
-        engine.core.agent_clients().keep(
+        engine.core.fleet().agent_clients().keep(
             |name| engine.core.fleet().get(name).is_some(),
             fresh.iter().filter_map(|n| Some((n.spec.name.clone(), clients.get(&n.spec.name)?.clone()))),
         );

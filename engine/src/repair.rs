@@ -179,7 +179,7 @@ impl Engine {
             return;
         };
         // A run already on this GPU's fault (queued, waiting, running).
-        if self.core.table().active_run(&(rb.manifest.name.clone(), target.clone())).is_some() {
+        if self.core.runs().table().active_run(&(rb.manifest.name.clone(), target.clone())).is_some() {
             return;
         }
         // A node under maintenance (the hands-off marker): nothing acts, and

@@ -81,7 +81,7 @@ pub async fn start_with_clock(config: EngineConfig, clock: SharedClock) -> Resul
     for change in engine.load_fault_policy()? {
         tracing::info!(change = %change, "a site override of the XID policy is in force");
     }
-    engine.core.agent_clients().keep(|_| false, clients);
+    engine.core.fleet().agent_clients().keep(|_| false, clients);
     match engine.core.leadership().cloned() {
         None => activate(&engine).await?,
         Some(l) => {
@@ -145,7 +145,7 @@ async fn activate(engine: &Engine) -> Result<(), StartError> {
         tracing::warn!(runs = ?recovered, "runs left unfinished by the last stop, resumed too often or whose runbook is gone, are now interrupted");
     }
     // The fleet as it is now (a standby may have reloaded it since start).
-    let clients: Vec<(String, Arc<AgentClient>)> = engine.core.agent_clients().all();
+    let clients: Vec<(String, Arc<AgentClient>)> = engine.core.fleet().agent_clients().all();
     for (name, client) in clients {
         let Some(node) = engine.core.fleet().get(&name) else { continue };
         let e = engine.clone();

@@ -42,7 +42,7 @@ impl Core {
             fleet: Fleet::new(parts.nodes),
             runbooks: crate::runbooks::Runbooks::new(parts.runbooks, parts.script, modes),
             signals: crate::signals::Signals::new(brain, history),
-            table: Mutex::new(RunTable::new(parts.config.limits.alert_dedup_entries)),
+            runs: crate::runstate::Runs::new(RunTable::new(parts.config.limits.alert_dedup_entries)),
             handle: tokio::runtime::Handle::current(),
             ids: Ids::seeded(runs_so_far, id_seed),
             notifier: Notifier::new(&parts.config.notifications),
@@ -50,9 +50,7 @@ impl Core {
             counters: Counters::default(),
             lifecycle: Default::default(),
             tokens: crate::tokens::TokenBook::new(parts.config.auth.clone()),
-            agent_clients: Default::default(),
             verify_cache: Default::default(),
-            windows: Default::default(),
             health: crate::health::Health::new(crate::health::HealthModel::new(
                 parts.config.limits.max_repairs_in_window,
                 (parts.config.limits.repair_window_secs as i64).saturating_mul(1000),
@@ -105,16 +103,8 @@ impl Core {
         &self.tokens
     }
 
-    pub fn agent_clients(&self) -> &crate::fleet::AgentClients {
-        &self.agent_clients
-    }
-
     pub fn verify_cache(&self) -> &crate::verify_cache::VerifyCache {
         &self.verify_cache
-    }
-
-    pub fn windows(&self) -> &crate::fleet::windows::WindowBook {
-        &self.windows
     }
 
     /// The runbooks subsystem: the set in force, the script engine, the
@@ -134,8 +124,9 @@ impl Core {
         &self.health
     }
 
-    pub fn table(&self) -> MutexGuard<'_, RunTable> {
-        lock(&self.table)
+    /// The runs subsystem: the run table behind its lock.
+    pub(crate) fn runs(&self) -> &crate::runstate::Runs {
+        &self.runs
     }
 
     pub fn outbox(&self) -> MutexGuard<'_, crate::outbox::Outbox> {

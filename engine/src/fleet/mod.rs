@@ -211,6 +211,11 @@ pub struct Fleet {
     /// Bumped by every [`Fleet::replace`]: what is derived from the node
     /// list (labels, groups) is stale when it moves.
     generation: std::sync::atomic::AtomicU64,
+    /// The SSH client of each node.
+    clients: AgentClients,
+    /// Maintenance windows in force or to come (`maintenance.rs` keeps
+    /// them through `WindowBook`'s methods).
+    windows: windows::WindowBook,
 }
 
 impl Fleet {
@@ -228,7 +233,19 @@ impl Fleet {
             members: std::sync::RwLock::new(Members::new(nodes)),
             next_idx: std::sync::atomic::AtomicU32::new(next),
             generation: std::sync::atomic::AtomicU64::new(0),
+            clients: Default::default(),
+            windows: Default::default(),
         }
+    }
+
+    /// The SSH client of each node (the fleet subsystem's own).
+    pub(crate) fn agent_clients(&self) -> &AgentClients {
+        &self.clients
+    }
+
+    /// The maintenance windows (the fleet subsystem's own).
+    pub(crate) fn windows(&self) -> &windows::WindowBook {
+        &self.windows
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Members> {

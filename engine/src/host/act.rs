@@ -22,7 +22,7 @@ impl Host {
         let Some(s) = self.summary() else { return 0 };
         let key = crate::runstate::runtable::RunTable::key(&s);
         let since = self.core.now().saturating_sub(window_ms);
-        let t = self.core.table();
+        let t = self.core.runs().table();
         t.attempts_since(&key, since) as i64
     }
 
@@ -73,7 +73,7 @@ impl Host {
             // The person is done: go on only if the fault is still there;
             // else the run ends and its holds go (not a resumed run that
             // acted in an earlier life: its holds may be what keeps it down).
-            let resumed_holding = self.core.table().run(&self.run).is_some_and(|r| r.resumed > 0 && r.acted);
+            let resumed_holding = self.core.runs().table().run(&self.run).is_some_and(|r| r.resumed > 0 && r.acted);
             if let Some(s) = self.summary()
                 && !resumed_holding
                 && s.trigger != "manual"
@@ -101,7 +101,7 @@ impl Host {
         if ctx.dry_run {
             return Ok(());
         }
-        let (acted, nodes, params) = match self.core.table().run(&self.run) {
+        let (acted, nodes, params) = match self.core.runs().table().run(&self.run) {
             Some(r) => (r.acted, r.summary.nodes.clone(), r.summary.params.clone()),
             None => (true, Vec::new(), Default::default()),
         };
@@ -126,7 +126,7 @@ impl Host {
             ));
         }
         if m.exclusive && ctx.target.node.is_none() {
-            let mut t = self.core.table();
+            let mut t = self.core.runs().table();
             match t.node_lock(node) {
                 Some(holder) if holder != &self.run => {
                     let why = format!("node {node} is busy with exclusive run {holder}");
@@ -150,7 +150,7 @@ impl Host {
                 ctx.skip(&why);
                 return Err(refused("skipped", &why));
             }
-            if let Some(r) = self.core.table().run_mut(&self.run) {
+            if let Some(r) = self.core.runs().table().run_mut(&self.run) {
                 r.acted = true;
             }
         }
@@ -166,7 +166,7 @@ impl Host {
         let Some(n) = self.core.fleet().get(node) else { return refused("unknown_node", node) };
         // One node of a shared cause takes no capacity away: the cause is
         // not on this node (invariant 21).
-        let shared_cause = self.core.table().run(&self.run).and_then(|r| r.shared_cause.clone());
+        let shared_cause = self.core.runs().table().run(&self.run).and_then(|r| r.shared_cause.clone());
         if takes_capacity(&op)
             && let Some(cause) = shared_cause
         {
@@ -296,7 +296,7 @@ impl Host {
             || (!ctx.dry_run && matches!(op, Op::Drain(_)) && result["ok"] == true)
             || (changes && sent.as_ref().is_err_and(|e| e.left));
         let effect = (result["applied"] == json!(true) && !ctx.dry_run).then(|| effect_of(&op)).flatten();
-        if let Some(r) = self.core.table().run_mut(&self.run) {
+        if let Some(r) = self.core.runs().table().run_mut(&self.run) {
             if !ctx.dry_run {
                 // What it came to, for the run's outcome: went through
                 // (applied, or already so), refused, or lost on the way.

@@ -90,7 +90,7 @@ impl Host {
     }
 
     fn summary(&self) -> Option<RunSummary> {
-        self.core.table().run(&self.run).map(|r| r.summary.clone())
+        self.core.runs().table().run(&self.run).map(|r| r.summary.clone())
     }
 
     fn manifest(&self) -> Option<Manifest> {
@@ -134,7 +134,7 @@ impl Host {
         let data = crate::audit::data::Refusal { op: op.name().into(), code: code.into(), reason: message.clone() };
         self.record_typed(ctx, RecordKind::Refusal, Some(node), gpu_of(op), &data);
         if !ctx.dry_run
-            && let Some(r) = self.core.table().run_mut(&self.run)
+            && let Some(r) = self.core.runs().table().run_mut(&self.run)
         {
             r.achieved.refused.push(format!("{} on {node}: {message}", op.name()));
         }
@@ -211,7 +211,7 @@ impl Host {
         // A GPU sent for replacement is what the run did, in its words.
         if t.to == HealthState::Rma
             && !ctx.dry_run
-            && let Some(r) = self.core.table().run_mut(&self.run)
+            && let Some(r) = self.core.runs().table().run_mut(&self.run)
             && !r.summary.did.iter().any(|d| d == "GPU to RMA")
         {
             r.summary.did.push("GPU to RMA".into());
@@ -307,7 +307,7 @@ impl ScriptHost for Host {
             _ => None,
         };
         if let Some(waits) = waits
-            && let Some(r) = self.core.table().run_mut(&self.run)
+            && let Some(r) = self.core.runs().table().run_mut(&self.run)
         {
             r.achieved.left_for_person = Some(format!("{node} GPU {gpu} {waits}: {}", t.why));
         }
@@ -577,7 +577,7 @@ impl ScriptHost for Host {
         }
         let nodes: Vec<String> = match node {
             Some(n) => vec![n.to_string()],
-            None => self.core.table().run(&self.run).map(|r| r.held_on.clone()).unwrap_or_default(),
+            None => self.core.runs().table().run(&self.run).map(|r| r.held_on.clone()).unwrap_or_default(),
         };
         let Some(summary) = self.summary() else { return refused("internal", "the run ended") };
         let mut out = Vec::new();
@@ -591,7 +591,7 @@ impl ScriptHost for Host {
                 }
             }
         }
-        if let Some(r) = self.core.table().run_mut(&self.run) {
+        if let Some(r) = self.core.runs().table().run_mut(&self.run) {
             r.held_on.retain(|x| !nodes.contains(x));
             r.keeps_on.retain(|x| !nodes.contains(x));
         }
@@ -599,7 +599,7 @@ impl ScriptHost for Host {
     }
 
     fn keep_holds(&self, ctx: &RunCtx, lease_secs: u64) -> Map {
-        let nodes: Vec<String> = self.core.table().run(&self.run).map(|r| r.held_on.clone()).unwrap_or_default();
+        let nodes: Vec<String> = self.core.runs().table().run(&self.run).map(|r| r.held_on.clone()).unwrap_or_default();
         let Some(summary) = self.summary() else { return refused("internal", "the run ended") };
         let mut kept = Vec::new();
         for n in &nodes {
@@ -621,7 +621,7 @@ impl ScriptHost for Host {
             }
         }
         if !ctx.dry_run
-            && let Some(r) = self.core.table().run_mut(&self.run)
+            && let Some(r) = self.core.runs().table().run_mut(&self.run)
         {
             for n in &kept {
                 if !r.keeps_on.contains(n) {
@@ -718,7 +718,7 @@ impl ScriptHost for Host {
 
     fn event_resolved(&self, _ctx: &RunCtx) -> bool {
         let Some(s) = self.summary() else { return false };
-        self.core.table().episode_resolved(&s.event)
+        self.core.runs().table().episode_resolved(&s.event)
     }
 
     fn runs_within(&self, _ctx: &RunCtx, window_ms: i64) -> i64 {

@@ -31,7 +31,7 @@ impl Host {
         // wanted is the breaker's: the run still needs a person).
         if kind != TextKind::Note
             && !ctx.dry_run
-            && let Some(r) = self.core.table().run_mut(&self.run)
+            && let Some(r) = self.core.runs().table().run_mut(&self.run)
             && let Some(cause) = r.shared_cause.clone()
         {
             if escalation {
@@ -46,7 +46,7 @@ impl Host {
         if escalation
             && kind != TextKind::Note
             && !ctx.dry_run
-            && let Some(r) = self.core.table().run_mut(&self.run)
+            && let Some(r) = self.core.runs().table().run_mut(&self.run)
         {
             r.achieved.paged.get_or_insert_with(|| text.clone());
         }
@@ -64,7 +64,7 @@ impl Host {
                     text = format!("already {did} (audit #{seq}), not {did} again: {text}");
                     kind = TextKind::Note;
                     rk = RecordKind::Note;
-                    if let Some(r) = self.core.table().run_mut(&self.run).filter(|_| !escalation) {
+                    if let Some(r) = self.core.runs().table().run_mut(&self.run).filter(|_| !escalation) {
                         r.repeated = true;
                     }
                 }
@@ -91,7 +91,7 @@ impl Host {
         if !ctx.dry_run {
             tracing::warn!(run = %self.run, runbook = %ctx.runbook, severity, text = %text, "notification");
         }
-        if let Some(r) = self.core.table().run_mut(&self.run) {
+        if let Some(r) = self.core.runs().table().run_mut(&self.run) {
             r.told = true;
         }
         let shadow = self.summary().is_some_and(|s| s.shadow);

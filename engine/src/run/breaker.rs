@@ -142,7 +142,7 @@ impl Engine {
         let text = match on_trip {
             OnTrip::Refuse => {
                 let held: Vec<String> = {
-                    let t = self.core.table();
+                    let t = self.core.runs().table();
                     t.queued_entries().filter(|r| r.summary.runbook == runbook).map(|r| r.summary.id.clone()).collect()
                 };
                 for id in &held {

@@ -167,7 +167,7 @@ impl Engine {
         // Decide and take the decision's effect on the table under one lock,
         // so two requests for one target cannot both be admitted.
         let (decision, summary, again) = {
-            let mut t = self.core.table();
+            let mut t = self.core.runs().table();
             let again = idem.as_deref().and_then(|k| t.idempotent_run(k, now));
             let ask = Ask {
                 manifest: m,
@@ -389,7 +389,7 @@ impl Engine {
                     // first action or end waits for a later record.
                     self.core.record_run_ordered(RecordKind::RunQueued, &s, &queued_data(&s))?;
                 }
-                let shared = self.core.table().run(&s.id).and_then(|r| r.shared_cause.clone());
+                let shared = self.core.runs().table().run(&s.id).and_then(|r| r.shared_cause.clone());
                 if let Some(why) = shared {
                     self.core.record_run(RecordKind::Note, &s, &super::breaker::note(why)).await?;
                 }
@@ -412,7 +412,7 @@ impl Engine {
                     )
                     .await;
                 }
-                if let Some(r) = self.core.table().run_mut(&s.id) {
+                if let Some(r) = self.core.runs().table().run_mut(&s.id) {
                     r.announced = true;
                 }
                 self.pump().await;
@@ -473,7 +473,7 @@ impl Engine {
     ) -> Result<RunSummary, EngineError> {
         let now = self.core.now();
         let summary = {
-            let mut t = self.core.table();
+            let mut t = self.core.runs().table();
             let Some(entry) = t.run_mut(run) else {
                 // Not in flight: finished (say how), or never existed.
                 return Err(match self.core.audit().run(run).ok().flatten() {
@@ -560,7 +560,7 @@ impl Engine {
         }
         let reason = reason.map(str::trim).filter(|r| !r.is_empty()).map(str::to_string);
         let (running, words) = {
-            let mut t = self.core.table();
+            let mut t = self.core.runs().table();
             match t.run_mut(run) {
                 Some(e) if e.summary.state == RunState::Finished => {
                     return Err(EngineError::AlreadyFinished {

@@ -66,7 +66,7 @@ impl Engine {
             let gate = Box::pin(self.resume_gate(now)).await;
             let mut preempt: Vec<(String, String)> = Vec::new();
             let (tripped, to_start) = {
-                let mut t = self.core.table();
+                let mut t = self.core.runs().table();
                 let tripped = self.judge_breakers(&mut t, &set, now);
                 let mut pick = None;
                 let mut waits: Vec<(String, String)> = Vec::new();
@@ -177,7 +177,7 @@ impl Engine {
         // may be gone only because its own holds are in force (a cap keeps
         // the GPU under the threshold): its script decides, from readings
         // this engine made (invariant 18).
-        if self.core.table().run(&s.id).is_some_and(|r| r.resumed > 0) {
+        if self.core.runs().table().run(&s.id).is_some_and(|r| r.resumed > 0) {
             return None;
         }
         if age_ms > (m.max_event_age_secs as i64).saturating_mul(1000) {
@@ -195,7 +195,7 @@ impl Engine {
 
     async fn preempt(&self, holder: &str, by: &str) {
         let cancel = {
-            let mut t = self.core.table();
+            let mut t = self.core.runs().table();
             let Some(h) = t.run_mut(holder) else { return };
             if h.preempted_by.is_some() {
                 return;
@@ -240,7 +240,7 @@ impl Engine {
                 tracing::error!(run = %summary.id, error = %e, "cannot audit run start");
             }
             let host = Arc::new(crate::host::Host::new(engine.core.clone(), &summary.id, rb.manifest.clone()));
-            let resumed = engine.core.table().run(&summary.id).map_or(0, |r| r.resumed);
+            let resumed = engine.core.runs().table().run(&summary.id).map_or(0, |r| r.resumed);
             let mut ctx = RunCtx::new(
                 crate::runbooks::script::RunInfo {
                     run_id: summary.id.clone(),
@@ -301,7 +301,7 @@ impl Engine {
         let engine = self;
         let summary_id = id.to_string();
         {
-            let (preempted, cancelled_by) = match engine.core.table().run(&summary_id) {
+            let (preempted, cancelled_by) = match engine.core.runs().table().run(&summary_id) {
                 Some(r) => (r.preempted_by.clone(), r.cancelled_by.clone()),
                 None => (None, None),
             };
@@ -314,7 +314,7 @@ impl Engine {
             // A script that ended normally ended as its changes and pages
             // came to: all refused is not success, a page or a drain left
             // for a person is not done (issue 43 point 9).
-            let achieved = engine.core.table().run(&summary_id).map(|r| r.achieved.clone()).unwrap_or_default();
+            let achieved = engine.core.runs().table().run(&summary_id).map(|r| r.achieved.clone()).unwrap_or_default();
             let (o, err) = match outcome {
                 ScriptOutcome::Succeeded => match achieved.outcome() {
                     (RunOutcome::NeedsPerson, why) => {
@@ -349,7 +349,7 @@ impl Engine {
     /// the next engine's recovery to resume. Only its slot here is freed;
     /// nothing is released, recorded as ended, or counted as a cooldown.
     fn leave_for_next_engine(&self, run: &str) {
-        let mut t = self.core.table();
+        let mut t = self.core.runs().table();
         let Some(e) = t.forget_run(run) else { return };
         if e.summary.state == RunState::Running {
             t.stop_running(&e.summary.runbook);
@@ -381,7 +381,7 @@ impl Engine {
         note: Option<&str>,
     ) -> Result<RunSummary, EngineError> {
         let (mut summary, mut held_on, mut keeps_on, was_running, fire, cancelled_by, preempted, resumed) = {
-            let t = self.core.table();
+            let t = self.core.runs().table();
             let e = t.run(run).ok_or_else(|| EngineError::NoSuchRun(run.into()))?;
             (
                 e.summary.clone(),
@@ -452,7 +452,7 @@ impl Engine {
                     // hands-off node, an unreachable agent): the lease is the
                     // last resort, not the plan.
                     left.push(format!("{node}: holds not released yet ({e}); retried until they are"));
-                    self.core.table().release_later(summary.clone(), node.to_string());
+                    self.core.runs().table().release_later(summary.clone(), node.to_string());
                 }
             }
         }
@@ -501,7 +501,7 @@ impl Engine {
         // one that could not is offered again after a pause).
         let starts_cooldown = !unfinished && !undecided_after_resume && summary.trigger != "fault";
         // A run that decided there was nothing to do spends no budget.
-        let (told, repeated) = self.core.table().run(run).map_or((false, false), |e| (e.told, e.repeated));
+        let (told, repeated) = self.core.runs().table().run(run).map_or((false, false), |e| (e.told, e.repeated));
         let no_op = outcome == RunOutcome::Succeeded && summary.actions == 0 && summary.did.is_empty() && !told;
         // Who ended it: the person who cancelled or rejected it, the engine
         // when it stopped or preempted it, else whoever asked for the run.
@@ -560,7 +560,7 @@ impl Engine {
             Box::pin(self.resolve_pages(&node, summary.target.gpu, &why, Some(run))).await;
         }
         let waiting = {
-            let mut t = self.core.table();
+            let mut t = self.core.runs().table();
             t.forget_run(run);
             let key = RunTable::key(&summary);
             if no_op {

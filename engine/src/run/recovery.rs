@@ -41,7 +41,7 @@ impl Engine {
         let since = self.core.now().saturating_sub(longest_cooldown_ms.max(86_400_000).max(remembered_ms));
         let records = self.core.audit().records_since(since)?;
         {
-            let mut t = self.core.table();
+            let mut t = self.core.runs().table();
             let breaker_of = |name: &str| set.get(name).is_some_and(|(_, r)| r.manifest.breaker.is_some());
             for r in &records {
                 t.replay(r, &breaker_of);
@@ -51,7 +51,7 @@ impl Engine {
         // Alerts acknowledged (their `event_received` durable) whose handling
         // a crash cut off: handled now, in order — a 200 is a promise.
         let unhandled: Vec<(crate::signals::alerts::Alert, String)> = {
-            let t = self.core.table();
+            let t = self.core.runs().table();
             records
                 .iter()
                 .filter(|r| r.payload::<data::AlertReceived>().is_ok_and(|p| p.acked))
@@ -85,7 +85,7 @@ impl Engine {
                 }
                 (RunState::PendingApproval | RunState::Queued, Some((_, rb))) => {
                     let m = &rb.manifest;
-                    let mut t = self.core.table();
+                    let mut t = self.core.runs().table();
                     let pending = s.state == RunState::PendingApproval;
                     let shared_cause = super::breaker::after_restart(&t, m, &s, &records, self.core.now());
                     t.activate(
@@ -118,7 +118,7 @@ impl Engine {
         // is offered again, as a run's end in its own life offers it: the
         // run did not do its work.
         let held_back: Vec<(crate::runstate::runtable::WaitingAlert, String)> = {
-            let mut t = self.core.table();
+            let mut t = self.core.runs().table();
             interrupted.iter().filter_map(|id| Some((t.take_waiting_alert(id)?, id.clone()))).collect()
         };
         if !resumed.is_empty() {
@@ -181,7 +181,7 @@ impl Engine {
                 },
             )
             .await?;
-        let mut t = self.core.table();
+        let mut t = self.core.runs().table();
         let shared_cause = super::breaker::after_restart(&t, m, &s, records, self.core.now());
         t.activate(
             RunTable::key(&s),
@@ -244,7 +244,7 @@ impl Engine {
     /// ran out ends failed here — its holds kept, a person paged.
     pub(crate) async fn resume_gate(&self, now: i64) -> BTreeMap<String, String> {
         let waiting: Vec<(String, Option<String>, Vec<String>, i64)> = {
-            let t = self.core.table();
+            let t = self.core.runs().table();
             t.queue()
                 .iter()
                 .filter_map(|id| {
@@ -258,7 +258,7 @@ impl Engine {
         for (id, node, held_on, until) in waiting {
             match self.resume_unready(node.as_deref(), &held_on) {
                 None => {
-                    if let Some(r) = self.core.table().run_mut(&id) {
+                    if let Some(r) = self.core.runs().table().run_mut(&id) {
                         r.resume_wait_until_ms = None;
                     }
                 }

@@ -19,6 +19,7 @@ impl Engine {
         let now = self.core.now();
         let expired: Vec<String> = self
             .core
+            .runs()
             .table()
             .entries()
             .filter(|r| r.summary.state == RunState::PendingApproval && r.approval_deadline_ms <= now)
@@ -51,7 +52,7 @@ impl Engine {
     async fn retry_releases(&self) {
         let due: Vec<(RunSummary, String)> = {
             let fleet = &self.core.fleet();
-            self.core.table().releases_due(|node| {
+            self.core.runs().table().releases_due(|node| {
                 fleet.get(node).is_none_or(|n| {
                     let st = n.state();
                     st.connected && !st.hands_off()
@@ -67,7 +68,7 @@ impl Engine {
             }
             if let Err(e) = self.core.release_run_holds(&s, &node).await {
                 tracing::warn!(run = %s.id, node = %node, error = %e, "holds still not released: trying again");
-                self.core.table().release_later(s, node);
+                self.core.runs().table().release_later(s, node);
             }
         }
     }
@@ -77,7 +78,7 @@ impl Engine {
         for rb in &set.runbooks {
             let Trigger::Schedule { every_secs } = rb.manifest.trigger else { continue };
             let every_ms = (every_secs as i64).saturating_mul(1000);
-            let due = { self.core.table().schedule_due(&rb.manifest.name, now, every_ms) };
+            let due = { self.core.runs().table().schedule_due(&rb.manifest.name, now, every_ms) };
             if !due {
                 continue;
             }

@@ -8,3 +8,22 @@
 
 pub(crate) mod admission;
 pub(crate) mod runtable;
+
+use std::sync::{Mutex, MutexGuard};
+
+/// The runs subsystem's state behind its own lock: the run table. `Core`
+/// holds one.
+pub(crate) struct Runs {
+    table: Mutex<runtable::RunTable>,
+}
+
+impl Runs {
+    pub(crate) fn new(table: runtable::RunTable) -> Runs {
+        Runs { table: Mutex::new(table) }
+    }
+
+    /// The run table, locked.
+    pub(crate) fn table(&self) -> MutexGuard<'_, runtable::RunTable> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
