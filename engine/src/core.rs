@@ -27,7 +27,7 @@ use crate::runs::{RunSummary, Target};
 use crate::signals::telemetry::SeriesKey;
 
 mod parts;
-pub use parts::CoreParts;
+pub use parts::EngineParts;
 
 pub use crate::signals::brain::Brain;
 

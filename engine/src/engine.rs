@@ -19,13 +19,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use nightshift_proto::clock::SharedClock;
-use nightshift_proto::ssh::client::AgentTransport;
 use nightshift_proto::{EvidenceChunk, Telemetry};
 
 use crate::audit::{AuditError, AuditStore, NewRecord, RecordKind};
 use crate::config::EngineConfig;
 use crate::core::{Brain, Core};
-use crate::fleet::inventory::NodeSpec;
 use crate::health::xid_policy::XidPolicy;
 use crate::metrics::MetricId;
 use crate::runbooks::runbook::RunbookSet;
@@ -156,16 +154,9 @@ pub struct Engine {
     pub(crate) core: Arc<Core>,
 }
 
-/// Everything needed to build an engine.
-pub struct EngineParts {
-    pub config: EngineConfig,
-    pub clock: SharedClock,
-    pub audit: AuditStore,
-    /// `(spec, address, transport)` for every node.
-    pub nodes: Vec<(NodeSpec, String, Arc<dyn AgentTransport>)>,
-    pub script: Arc<rhai::Engine>,
-    pub runbooks: RunbookSet,
-}
+/// Everything needed to build an engine (defined beside `Core::build`,
+/// which takes it whole).
+pub use crate::core::EngineParts;
 
 impl Engine {
     /// Build an engine from its parts. Starts no background work: call
@@ -195,19 +186,7 @@ impl Engine {
                 parts.nodes.len()
             );
         }
-        let core = Core::build(
-            crate::core::CoreParts {
-                config: parts.config,
-                clock: parts.clock,
-                audit: parts.audit,
-                nodes: parts.nodes,
-                script: parts.script,
-                runbooks: parts.runbooks,
-            },
-            brain,
-            history,
-            runs_so_far,
-        );
+        let core = Core::build(parts, brain, history, runs_so_far);
         Engine { core: Arc::new(core) }
     }
 

@@ -18,9 +18,9 @@ use crate::runbooks::runbook::RunbookSet;
 use crate::runstate::runtable::RunTable;
 use crate::signals::brain::Brain;
 
-/// What [`Core::build`] is made of (the engine's parts, less what it
-/// builds from them first).
-pub struct CoreParts {
+/// Everything needed to build an engine (`Engine::new`), which
+/// [`Core::build`] takes whole.
+pub struct EngineParts {
     pub config: EngineConfig,
     pub clock: SharedClock,
     pub audit: AuditStore,
@@ -33,7 +33,12 @@ pub struct CoreParts {
 impl Core {
     /// The engine's state from its parts, the trigger brain and plot
     /// history already built; `runs_so_far` seeds the run ids.
-    pub fn build(parts: CoreParts, brain: Brain, history: crate::signals::history::History, runs_so_far: u64) -> Core {
+    pub fn build(
+        parts: EngineParts,
+        brain: Brain,
+        history: crate::signals::history::History,
+        runs_so_far: u64,
+    ) -> Core {
         let id_seed = parts.clock.id_seed();
         let modes = crate::runbooks::modes::ModeBook::load(&parts.audit, &parts.config.data_dir);
         Core {
