@@ -23,7 +23,7 @@ use nightshift_proto::{EvidenceChunk, Telemetry};
 
 use crate::audit::{AuditError, AuditStore, NewRecord, RecordKind};
 use crate::config::EngineConfig;
-use crate::core::{Brain, Core};
+use crate::core::Core;
 use crate::health::xid_policy::XidPolicy;
 use crate::metrics::MetricId;
 use crate::runbooks::runbook::RunbookSet;
@@ -163,30 +163,7 @@ impl Engine {
     /// [`Engine::begin`] once, then [`Engine::tick`] periodically (the
     /// server does both), or drive it yourself (scenario tests).
     pub fn new(parts: EngineParts) -> Engine {
-        let brain = Brain::build(
-            &parts.runbooks,
-            (parts.config.telemetry.script_window_secs as i64) * 1000,
-            parts.config.telemetry.ingest_shards as usize,
-        );
-        let runs_so_far = parts.audit.run_count().unwrap_or(0);
-        let t = &parts.config.telemetry;
-        let (history, step) = crate::signals::history::History::for_fleet(
-            t.history_secs,
-            t.history_step_secs,
-            parts.nodes.len(),
-            t.history_max_mib.saturating_mul(1024 * 1024),
-        );
-        if step != t.history_step_secs {
-            tracing::info!(
-                nodes = parts.nodes.len(),
-                step_secs = step,
-                configured_step_secs = t.history_step_secs,
-                history_max_mib = t.history_max_mib,
-                "plot history: one point per {step} s to keep {} nodes within telemetry.history_max_mib",
-                parts.nodes.len()
-            );
-        }
-        let core = Core::build(parts, brain, history, runs_so_far);
+        let core = Core::build(parts);
         Engine { core: Arc::new(core) }
     }
 

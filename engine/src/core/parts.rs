@@ -31,14 +31,33 @@ pub struct EngineParts {
 }
 
 impl Core {
-    /// The engine's state from its parts, the trigger brain and plot
-    /// history already built; `runs_so_far` seeds the run ids.
-    pub fn build(
-        parts: EngineParts,
-        brain: Brain,
-        history: crate::signals::history::History,
-        runs_so_far: u64,
-    ) -> Core {
+    /// The engine's state from its parts: the trigger brain built for the
+    /// runbooks, the plot history sized for the fleet, run ids going on
+    /// from the audit log's count.
+    pub fn build(parts: EngineParts) -> Core {
+        let brain = Brain::build(
+            &parts.runbooks,
+            (parts.config.telemetry.script_window_secs as i64) * 1000,
+            parts.config.telemetry.ingest_shards as usize,
+        );
+        let runs_so_far = parts.audit.run_count().unwrap_or(0);
+        let t = &parts.config.telemetry;
+        let (history, step) = crate::signals::history::History::for_fleet(
+            t.history_secs,
+            t.history_step_secs,
+            parts.nodes.len(),
+            t.history_max_mib.saturating_mul(1024 * 1024),
+        );
+        if step != t.history_step_secs {
+            tracing::info!(
+                nodes = parts.nodes.len(),
+                step_secs = step,
+                configured_step_secs = t.history_step_secs,
+                history_max_mib = t.history_max_mib,
+                "plot history: one point per {step} s to keep {} nodes within telemetry.history_max_mib",
+                parts.nodes.len()
+            );
+        }
         let id_seed = parts.clock.id_seed();
         let modes = crate::runbooks::modes::ModeBook::load(&parts.audit, &parts.config.data_dir);
         Core {
