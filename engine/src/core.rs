@@ -7,7 +7,7 @@
 //! and `host` use this module; it uses none of them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
@@ -202,10 +202,7 @@ pub fn send_margin(ttl: std::time::Duration) -> std::time::Duration {
     (ttl / 10).max(std::time::Duration::from_millis(50))
 }
 
-/// Lock a mutex, taking its value even if a holder panicked.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+pub(crate) use crate::locks::lock;
 
 impl Core {
     /// The leader lease, with the PostgreSQL backend.

@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::locks::lock;
+
 /// A plain count (each only goes up).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Count {
@@ -53,10 +55,6 @@ pub struct Counters {
     /// PostgreSQL backend: from taking the lease to acting (caught up,
     /// recovered, loops started), in ms; 0 until this engine led.
     failover_ms: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Counters {

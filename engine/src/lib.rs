@@ -36,6 +36,7 @@ mod holdreports;
 pub(crate) mod host;
 pub(crate) mod ingest;
 mod lifecycle;
+mod locks;
 pub(crate) mod maintenance;
 pub(crate) mod metrics;
 pub(crate) mod node_filter;

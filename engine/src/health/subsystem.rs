@@ -2,6 +2,8 @@
 //! model, the repair loop's pacing and each GPU's XID history, each
 //! behind its own lock, handed out as a guard.
 
+use crate::locks::lock;
+
 /// The health subsystem's state, each part behind its own lock: the
 /// model (every GPU's place in its repair lifecycle), the repair loop's
 /// pacing, each GPU's XID history. `Core` holds one.
@@ -9,10 +11,6 @@ pub(crate) struct Health {
     model: std::sync::Mutex<super::HealthModel>,
     repair: std::sync::Mutex<super::repair_memory::RepairMemory>,
     xid_history: std::sync::Mutex<super::xid_history::XidHistory>,
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Health {

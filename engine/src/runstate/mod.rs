@@ -24,6 +24,6 @@ impl Runs {
 
     /// The run table, locked.
     pub(crate) fn table(&self) -> MutexGuard<'_, runtable::RunTable> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
+        crate::locks::lock(&self.table)
     }
 }

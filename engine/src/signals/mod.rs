@@ -15,6 +15,8 @@ pub(crate) mod triggers;
 
 use std::sync::{Mutex, MutexGuard};
 
+use crate::locks::lock;
+
 /// The signals subsystem's state, each part behind its own lock: the
 /// trigger brain (windows and triggers), the plot history, the backlog of
 /// batches taken in. `Core` holds one.
@@ -22,10 +24,6 @@ pub(crate) struct Signals {
     brain: Mutex<brain::Brain>,
     history: Mutex<history::History>,
     backlog: backlog::Backlog,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Signals {
