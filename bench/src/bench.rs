@@ -286,7 +286,7 @@ fn synthetic(node: &str, gpus: u32, t: i64) -> Telemetry {
 fn trigger_throughput(samples: usize) -> f64 {
     let manifests = fifty_triggers();
     let mut set = TriggerSet::new(manifests.iter());
-    let mut store = TelemetryStore::new(set.retention_ms());
+    let mut store = TelemetryStore::new(set.retention_ms()).with_fits(&set.fits_ms());
     // Pre-generate the samples: 1000 nodes × 8 GPUs, one message per node
     // per second.
     let mut batch: Vec<(SeriesKey, i64, f64)> = Vec::with_capacity(samples);
@@ -1875,6 +1875,16 @@ async fn backtest_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
         && let Some((shards, other)) = reports.iter().find(|(_, r)| r != first)
     {
         return Err(anyhow!("scenario 8: the replay in {shards} shard(s) gave another report than the first: {other}"));
+    }
+    // The report itself (timing aside), beside the results: two builds
+    // replaying the same recording must write the same bytes.
+    if let Some((_, first)) = reports.first() {
+        let path = ctx.args.out.with_file_name("bench-8-report.json");
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&path, serde_json::to_string_pretty(first)?)?;
+        eprintln!("scenario 8: the replay's report (timing aside) is in {}", path.display());
     }
     // Where the time went, measured by phase — the week's profile when it
     // misses its 60 s.

@@ -82,7 +82,7 @@ impl Brain {
             }
         }
         Brain {
-            store: TelemetryStore::with_shards(retention, shards),
+            store: TelemetryStore::with_shards(retention, shards).with_fits(&triggers.fits_ms()),
             triggers,
             fires: Vec::new(),
             groups: GroupCache::default(),

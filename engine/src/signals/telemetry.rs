@@ -7,6 +7,11 @@ use nightshift_proto::Telemetry;
 
 use crate::metrics::{METRICS, MetricId, ids};
 
+mod fit;
+
+pub use fit::WindowFit;
+use fit::{Fit, MAX_FIT_MS};
+
 /// Identifies one series: a metric on a node, or on one of its GPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeriesKey {
@@ -44,11 +49,16 @@ struct Series {
 /// ms (`u16`) and the value (`f32`: telemetry has no more precision than
 /// that). A gap longer than 65.5 s restarts the window — a trend across a
 /// telemetry outage is not evidence of anything.
+///
+/// `fits` are the running sums of the window lengths the metric's
+/// triggers read on every sample ([`fit`]); each is advanced with the
+/// window, before the window lets go of anything.
 #[derive(Debug, Default)]
 struct Window {
     front_ms: i64,
     gaps_ms: VecDeque<u16>,
     values: VecDeque<f32>,
+    fits: Vec<Fit>,
 }
 
 impl Window {
@@ -67,11 +77,28 @@ impl Window {
             self.front_ms += *g as i64;
             *g = 0;
         }
+        for f in &mut self.fits {
+            f.popped();
+        }
     }
 
     fn clear(&mut self) {
         self.gaps_ms.clear();
         self.values.clear();
+        for f in &mut self.fits {
+            f.clear();
+        }
+    }
+
+    /// Start over at one point.
+    fn restart(&mut self, ts_ms: i64, value: f32) {
+        self.clear();
+        self.front_ms = ts_ms;
+        self.gaps_ms.push_back(0);
+        self.values.push_back(value);
+        for f in &mut self.fits {
+            f.add(0, ts_ms, value);
+        }
     }
 
     /// Append (`ts_ms` ≥ the newest point), evicting points older than
@@ -79,20 +106,20 @@ impl Window {
     fn push(&mut self, last_ms: i64, ts_ms: i64, value: f32, keep_ms: i64) {
         let gap = ts_ms.saturating_sub(last_ms);
         if self.values.is_empty() || gap > u16::MAX as i64 {
-            self.clear();
-            self.front_ms = ts_ms;
-            self.gaps_ms.push_back(0);
-            self.values.push_back(value);
+            self.restart(ts_ms, value);
             return;
+        }
+        // The running sums first, while the window still holds what they
+        // let go of.
+        for f in &mut self.fits {
+            f.evict(ts_ms, &self.gaps_ms, &self.values);
         }
         let horizon = ts_ms - keep_ms;
         while !self.values.is_empty() && self.front_ms < horizon {
             self.pop_front();
         }
         if self.values.is_empty() {
-            self.front_ms = ts_ms;
-            self.gaps_ms.push_back(0);
-            self.values.push_back(value);
+            self.restart(ts_ms, value);
             return;
         }
         let len = self.values.len();
@@ -111,6 +138,10 @@ impl Window {
         }
         self.gaps_ms.push_back(gap as u16);
         self.values.push_back(value);
+        let index = self.values.len() as u32 - 1;
+        for f in &mut self.fits {
+            f.add(index, ts_ms, value);
+        }
     }
 }
 
@@ -141,6 +172,20 @@ impl Series {
             None => stats_of(std::iter::once(self.last()).filter(move |(t, _)| *t >= since_ms)),
         }
     }
+
+    /// The fit of the `len_ms` before `newest_ms`: from the running sums
+    /// when they are kept for that length and the newest point is at
+    /// `newest_ms` and every point is exact in them; else scanned.
+    fn fit(&self, newest_ms: i64, len_ms: i64) -> Option<WindowFit> {
+        if let Some(w) = &self.window
+            && self.last_ms == newest_ms
+            && let Some(f) = w.fits.iter().find(|f| f.len_ms == len_ms)
+            && let Some(r) = f.result(&w.values, self.last())
+        {
+            return Some(r);
+        }
+        self.stats_from(newest_ms - len_ms).map(WindowFit::from)
+    }
 }
 
 /// A handle to a series returned by [`TelemetryStore::push`]: its shard,
@@ -168,6 +213,8 @@ pub struct StoreShard {
     by_metric: Vec<Vec<u32>>,
     /// Per metric: how long to keep points (0 = latest only).
     retention_ms: Vec<i64>,
+    /// Per metric: the window lengths kept as running sums.
+    fits_ms: Vec<Vec<i64>>,
     samples_in: u64,
 }
 
@@ -205,7 +252,10 @@ impl StoreShard {
                 let per_metric = &mut self.by_metric[key.metric as usize];
                 let ordinal = per_metric.len() as u32;
                 per_metric.push(slot);
-                let window = (keep > 0).then(Box::<Window>::default);
+                let fits = self.fits_ms.get(key.metric as usize).map_or(&[][..], |v| v.as_slice());
+                let window = (keep > 0).then(|| {
+                    Box::new(Window { fits: fits.iter().map(|l| Fit::new(*l)).collect(), ..Window::default() })
+                });
                 self.series.push(Series { key, ordinal, last_v: value as f32, last_ms: i64::MIN, window });
                 let row = self.row(key.node);
                 if self.table.len() <= row {
@@ -252,6 +302,14 @@ impl StoreShard {
     pub fn stats_slot(&self, slot: u32, since_ms: i64) -> Option<WindowStats> {
         self.series.get(slot as usize)?.stats_from(since_ms)
     }
+
+    /// The fit (count, average, first and last point, slope) of a slot's
+    /// points in the `len_ms` before `newest_ms`: what [`Self::stats_slot`]
+    /// from `newest_ms − len_ms` gives, in constant time when the length is
+    /// kept as running sums ([`TelemetryStore::with_fits`]).
+    pub fn fit_slot(&self, slot: u32, newest_ms: i64, len_ms: i64) -> Option<WindowFit> {
+        self.series.get(slot as usize)?.fit(newest_ms, len_ms)
+    }
 }
 
 impl TelemetryStore {
@@ -276,10 +334,30 @@ impl TelemetryStore {
                     series: Vec::new(),
                     by_metric: vec![Vec::new(); METRICS.len()],
                     retention_ms: retention_ms.clone(),
+                    fits_ms: vec![Vec::new(); METRICS.len()],
                     samples_in: 0,
                 })
                 .collect(),
         }
+    }
+
+    /// The same, keeping running sums of the given window lengths per
+    /// metric (the lengths the triggers read on every sample), so their
+    /// fits cost constant time. A length longer than the metric's
+    /// retention, or than 24.8 days, is not kept (it is scanned). Series
+    /// already held keep scanning.
+    pub fn with_fits(mut self, fits_ms: &[Vec<i64>]) -> TelemetryStore {
+        for shard in &mut self.shards {
+            for (m, lens) in fits_ms.iter().enumerate().take(METRICS.len()) {
+                let keep = shard.retention_ms[m];
+                let mut v: Vec<i64> =
+                    lens.iter().copied().filter(|l| *l > 0 && *l <= keep && *l <= MAX_FIT_MS).collect();
+                v.sort_unstable();
+                v.dedup();
+                shard.fits_ms[m] = v;
+            }
+        }
+        self
     }
 
     /// The shard holding a node's series.

@@ -277,6 +277,22 @@ impl TriggerSet {
         r
     }
 
+    /// Per metric, the window lengths its triggers read on every sample
+    /// (averaged thresholds, rates, predictions): for the store to keep as
+    /// running sums ([`TelemetryStore::with_fits`]).
+    pub fn fits_ms(&self) -> Vec<Vec<i64>> {
+        let mut r = vec![Vec::new(); metrics::METRICS.len()];
+        for e in self.entries.iter().flatten() {
+            let len = match &e.compiled {
+                Compiled::Threshold { for_ms, average: true, .. } => *for_ms,
+                Compiled::Rate { window_ms, .. } | Compiled::Predict { window_ms, .. } => *window_ms,
+                _ => continue,
+            };
+            r[e.compiled.metric() as usize].push(len);
+        }
+        r
+    }
+
     /// Whether any trigger is a fleet aggregate.
     pub fn has_fleet(&self) -> bool {
         self.entries.iter().flatten().any(|e| matches!(e.compiled, Compiled::Fleet { .. }))
@@ -490,20 +506,27 @@ mod tests {
     }
 
     /// Feed `series` (one point per second from t=0) and return the times
-    /// (s) at which the trigger fired.
+    /// (s) at which the trigger fired — the same with the windows kept as
+    /// running sums as with every window scanned, fire for fire.
     fn fires(trigger: &str, series: &[f64]) -> Vec<i64> {
         let m = manifest(trigger, "gpu");
         let mut set = TriggerSet::new(std::iter::once(&m));
-        let mut store = TelemetryStore::new(set.retention_ms());
-        let mut out = Vec::new();
+        let mut scanned = TriggerSet::new(std::iter::once(&m));
+        let mut store = TelemetryStore::new(set.retention_ms()).with_fits(&set.fits_ms());
+        let mut scan_store = TelemetryStore::new(set.retention_ms());
+        let (mut out, mut scan_out) = (Vec::new(), Vec::new());
         let mut at = Vec::new();
         for (i, v) in series.iter().enumerate() {
             let t = i as i64 * 1000;
             let r = store.push(key(0), t, *v).unwrap();
             set.on_sample(&store, r, t, *v, &mut out);
+            let r = scan_store.push(key(0), t, *v).unwrap();
+            scanned.on_sample(&scan_store, r, t, *v, &mut scan_out);
+            assert_eq!(out, scan_out, "at {t} ms: running sums and the scan disagree");
             if !out.is_empty() {
                 at.push(i as i64);
                 out.clear();
+                scan_out.clear();
             }
         }
         at

@@ -40,7 +40,7 @@ impl Rules<'_> {
             let fired = match &e.compiled {
                 Compiled::Threshold { level, for_ms, clear, average: true, .. } => {
                     // The window's average, once the window is covered.
-                    let stats = store.stats_slot(r.slot, ts_ms - for_ms);
+                    let stats = store.fit_slot(r.slot, ts_ms, *for_ms);
                     let covered = stats.is_some_and(|s| ts_ms - s.first.0 >= for_ms * 9 / 10 && s.count >= 3);
                     let avg = stats.map_or(v, |s| s.avg);
                     let breach = covered && level.breached(avg);
@@ -73,7 +73,7 @@ impl Rules<'_> {
                     })
                 }
                 Compiled::Rate { per_min, window_ms, min_samples, .. } => {
-                    let stats = store.stats_slot(r.slot, ts_ms - window_ms);
+                    let stats = store.fit_slot(r.slot, ts_ms, *window_ms);
                     let covered =
                         stats.is_some_and(|s| s.count >= *min_samples && ts_ms - s.first.0 >= window_ms * 8 / 10);
                     let rate = stats.map_or(0.0, |s| s.slope_per_sec * 60.0);
@@ -92,7 +92,7 @@ impl Rules<'_> {
                 }
                 Compiled::Predict { crosses, horizon_ms, window_ms, min_samples, model, .. } => {
                     let horizon_s = *horizon_ms as f64 / 1000.0;
-                    let stats = store.stats_slot(r.slot, ts_ms - window_ms);
+                    let stats = store.fit_slot(r.slot, ts_ms, *window_ms);
                     let predicted = stats.and_then(|s| {
                         if s.count < *min_samples || ts_ms - s.first.0 < window_ms / 2 {
                             return None;

@@ -1,0 +1,383 @@
+//! Running sums of a sliding window, kept as a series' points arrive, so a
+//! trigger's average and least-squares slope over its window cost the same
+//! at 121 points as at 2 (the per-sample path of rate, predict and averaged
+//! thresholds; everything else still reads the window through
+//! [`super::stats_of`]).
+//!
+//! The sums are exact: times as integer ms from a base, values in fixed
+//! point (`v × 2⁴⁰`, exact for any `f32` telemetry reading between 2⁻¹⁷ and
+//! 2²⁴ in magnitude, or with few enough significant bits). Adding and
+//! removing a point are exact inverses, so nothing drifts over a month. The
+//! four sums [`super::stats_of`] forms are then rebuilt from them, centred on
+//! the window's first point as it centres, and fed to the same expression:
+//! wherever the scan's own sums were exact (every window of readings at
+//! whole-second spacing and telemetry's precision) the result is the scan's,
+//! bit for bit; elsewhere it is the exact sum rounded once. A point that is
+//! not exact in fixed point (NaN, infinite, huge or tiny) is counted, and
+//! while a window holds one the caller scans instead.
+
+use std::collections::VecDeque;
+
+/// `2⁴⁰`: the fixed-point scale of a value.
+const SCALE: f64 = (1u64 << 40) as f64;
+/// Values at or above `2²⁴` in magnitude are not kept in fixed point.
+const LIMIT: f64 = (1u128 << 64) as f64;
+/// The base is moved to the window's front once a time is this far past it.
+const REBASE_MS: i64 = 1 << 32;
+/// Longest window kept as running sums (24.8 days); longer ones are scanned.
+pub(crate) const MAX_FIT_MS: i64 = 1 << 31;
+
+/// A value in fixed point, when that is exact.
+fn fixed(v: f32) -> Option<i128> {
+    let x = v as f64 * SCALE;
+    (x.fract() == 0.0 && x.abs() < LIMIT).then_some(x as i128)
+}
+
+/// The running sums of the points of one window length: those at or after
+/// `newest − len_ms`. `front` is the index, in the series' window, of the
+/// first of them; the window's own retention is at least `len_ms`, so they
+/// are all still there.
+#[derive(Debug, Clone)]
+pub(super) struct Fit {
+    pub(super) len_ms: i64,
+    pub(super) front: u32,
+    pub(super) front_ms: i64,
+    pub(super) n: u32,
+    /// Points whose value is not exact in fixed point.
+    inexact: u32,
+    base_ms: i64,
+    /// Σ(t − base), Σ(t − base)² over every point.
+    s1: i128,
+    s2: i128,
+    /// ΣV, Σ(t − base)·V over the exact points (V = v × 2⁴⁰).
+    sv: i128,
+    sxv: i128,
+}
+
+/// What a window's running sums give: what [`super::WindowStats`] gives,
+/// but its minimum and maximum.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WindowFit {
+    pub count: usize,
+    pub avg: f64,
+    pub first: (i64, f64),
+    pub last: (i64, f64),
+    /// Least-squares slope, per second.
+    pub slope_per_sec: f64,
+}
+
+impl From<super::WindowStats> for WindowFit {
+    fn from(s: super::WindowStats) -> WindowFit {
+        WindowFit { count: s.count, avg: s.avg, first: s.first, last: s.last, slope_per_sec: s.slope_per_sec }
+    }
+}
+
+/// `a` rounded to the nearest `f64` — through `i64` when it fits (one
+/// instruction; the same rounding as the 128-bit conversion, which is a
+/// library call).
+fn float(a: i128) -> f64 {
+    match i64::try_from(a) {
+        Ok(x) => x as f64,
+        Err(_) => a as f64,
+    }
+}
+
+/// `a ÷ k` as the scan forms it: exact when `k` divides `a` (in 64 bits
+/// when `a` fits: 128-bit division is a library call too).
+fn div(a: i128, k: i64) -> f64 {
+    match i64::try_from(a) {
+        Ok(a) if a % k == 0 => (a / k) as f64,
+        Ok(a) => a as f64 / k as f64,
+        Err(_) if a % k as i128 == 0 => float(a / k as i128),
+        Err(_) => a as f64 / k as f64,
+    }
+}
+
+impl Fit {
+    pub(super) fn new(len_ms: i64) -> Fit {
+        Fit { len_ms, front: 0, front_ms: 0, n: 0, inexact: 0, base_ms: 0, s1: 0, s2: 0, sv: 0, sxv: 0 }
+    }
+
+    /// Forget every point (the window restarted).
+    pub(super) fn clear(&mut self) {
+        *self = Fit::new(self.len_ms);
+    }
+
+    fn shift(&mut self, t: i64, v: f32, sign: i128) {
+        let x = (t - self.base_ms) as i128;
+        self.s1 = self.s1.wrapping_add(sign * x);
+        self.s2 = self.s2.wrapping_add(sign * x * x);
+        match fixed(v) {
+            Some(fv) => {
+                self.sv = self.sv.wrapping_add(sign * fv);
+                self.sxv = self.sxv.wrapping_add((sign * x).wrapping_mul(fv));
+            }
+            None if sign > 0 => self.inexact += 1,
+            None => self.inexact -= 1,
+        }
+    }
+
+    /// Take in the window's newest point, at index `index`.
+    pub(super) fn add(&mut self, index: u32, t: i64, v: f32) {
+        if self.n == 0 {
+            *self = Fit { front: index, front_ms: t, base_ms: t, ..Fit::new(self.len_ms) };
+        } else if t - self.base_ms >= REBASE_MS {
+            // Keep times small: move the base to the front, exactly.
+            let d = (self.front_ms - self.base_ms) as i128;
+            let n = self.n as i128;
+            self.s2 = self.s2.wrapping_sub(2 * d * self.s1).wrapping_add(n * d * d);
+            self.s1 = self.s1.wrapping_sub(n * d);
+            self.sxv = self.sxv.wrapping_sub(d.wrapping_mul(self.sv));
+            self.base_ms = self.front_ms;
+        }
+        self.shift(t, v, 1);
+        self.n += 1;
+    }
+
+    /// Let go of the points before `newest_ms − len_ms`, read from the
+    /// window (its gaps and values, indexed as the window holds them).
+    pub(super) fn evict(&mut self, newest_ms: i64, gaps: &VecDeque<u16>, values: &VecDeque<f32>) {
+        let horizon = newest_ms - self.len_ms;
+        while self.n > 0 && self.front_ms < horizon {
+            let i = self.front as usize;
+            let (Some(v), Some(next_gap)) = (values.get(i), gaps.get(i + 1).or(Some(&0))) else {
+                // The window no longer holds the front: start over.
+                self.clear();
+                return;
+            };
+            self.shift(self.front_ms, *v, -1);
+            self.n -= 1;
+            self.front += 1;
+            self.front_ms += *next_gap as i64;
+        }
+        if self.n == 0 {
+            self.clear();
+        }
+    }
+
+    /// The window dropped its first point.
+    pub(super) fn popped(&mut self) {
+        if self.front > 0 {
+            self.front -= 1;
+        } else if self.n > 0 {
+            // Never the case while the window keeps at least `len_ms`; if it
+            // were, these sums would name points gone.
+            self.clear();
+        }
+    }
+
+    /// The average, first point, slope — `None` while a point of the window
+    /// is not exact (the caller scans).
+    pub(super) fn result(&self, values: &VecDeque<f32>, last: (i64, f64)) -> Option<WindowFit> {
+        if self.n == 0 || self.inexact > 0 {
+            return None;
+        }
+        let first = (self.front_ms, *values.get(self.front as usize)? as f64);
+        let n = self.n as i128;
+        // Centre on the first point, as the scan does.
+        let d = (self.front_ms - self.base_ms) as i128;
+        let c1 = self.s1.wrapping_sub(n * d);
+        let c2 = self.s2.wrapping_sub(2 * d * self.s1).wrapping_add(n * d * d);
+        let cxv = self.sxv.wrapping_sub(d.wrapping_mul(self.sv));
+        let sum = float(self.sv) / SCALE;
+        let (sx, sxx, sxy, sy) = (div(c1, 1000), div(c2, 1_000_000), div(cxv, 1000) / SCALE, sum);
+        let nf = self.n as f64;
+        let denom = nf * sxx - sx * sx;
+        let slope = if self.n >= 2 && denom.abs() > 1e-12 { (nf * sxy - sx * sy) / denom } else { 0.0 };
+        Some(WindowFit { count: self.n as usize, avg: sum / nf, first, last, slope_per_sec: slope })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{SeriesKey, TelemetryStore, WindowFit};
+    use crate::metrics::{METRICS, ids};
+
+    const T0: i64 = 1_790_000_000_000;
+
+    fn key() -> SeriesKey {
+        SeriesKey { node: 0, gpu: Some(0), metric: ids::TEMPERATURE }
+    }
+
+    /// A store keeping `keep_ms` of temperature, with running sums of
+    /// `lens` (and one without, to scan).
+    fn stores(keep_ms: i64, lens: &[i64]) -> (TelemetryStore, TelemetryStore) {
+        let mut retention = vec![0; METRICS.len()];
+        retention[ids::TEMPERATURE as usize] = keep_ms;
+        let mut fits = vec![Vec::new(); METRICS.len()];
+        fits[ids::TEMPERATURE as usize] = lens.to_vec();
+        (TelemetryStore::new(retention.clone()).with_fits(&fits), TelemetryStore::new(retention))
+    }
+
+    fn bits(f: &WindowFit) -> (usize, u64, (i64, u64), (i64, u64), u64) {
+        (
+            f.count,
+            f.avg.to_bits(),
+            (f.first.0, f.first.1.to_bits()),
+            (f.last.0, f.last.1.to_bits()),
+            f.slope_per_sec.to_bits(),
+        )
+    }
+
+    /// Feed `points` to both stores; after each, every length's fit from
+    /// the running sums against the scan: bit for bit when `exact`, else
+    /// the same points and sums within rounding. Returns how many fits the
+    /// sums answered (not the scan).
+    fn check(name: &str, keep_ms: i64, lens: &[i64], points: &[(i64, f64)], exact: bool) -> usize {
+        let (mut fit, mut scan) = stores(keep_ms, lens);
+        let mut from_sums = 0;
+        for (i, &(t, v)) in points.iter().enumerate() {
+            let (a, b) = (fit.push(key(), t, v), scan.push(key(), t, v));
+            assert_eq!(a.is_some(), b.is_some(), "{name}: point {i}");
+            let Some(r) = a else { continue };
+            let series = &fit.shards()[0].series[r.slot as usize];
+            for &len in lens {
+                let w = series.window.as_ref().unwrap();
+                let sums = w.fits.iter().find(|f| f.len_ms == len).and_then(|f| f.result(&w.values, series.last()));
+                from_sums += sums.is_some() as usize;
+                let got = fit.shards()[0].fit_slot(r.slot, t, len).unwrap();
+                assert!(sums.is_none_or(|s| s == got), "{name}: point {i}: the sums were not what answered");
+                let want = WindowFit::from(scan.stats(key(), t - len).unwrap());
+                if exact {
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{name}: point {i} at {t}, window {len} ms: {got:?} vs {want:?}"
+                    );
+                } else {
+                    assert_eq!(
+                        (got.count, got.first, got.last),
+                        (want.count, want.first, want.last),
+                        "{name}: point {i}"
+                    );
+                    let near = |a: f64, b: f64| {
+                        (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs())) || a.to_bits() == b.to_bits()
+                    };
+                    assert!(near(got.avg, want.avg), "{name}: point {i}, avg {} vs {}", got.avg, want.avg);
+                    assert!(
+                        near(got.slope_per_sec, want.slope_per_sec),
+                        "{name}: point {i}, slope {} vs {}",
+                        got.slope_per_sec,
+                        want.slope_per_sec
+                    );
+                }
+            }
+        }
+        from_sums
+    }
+
+    /// A small deterministic generator (no dependency for a test).
+    fn lcg(seed: &mut u64) -> f64 {
+        *seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (*seed >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    #[test]
+    fn running_sums_give_the_scans_bits_at_whole_seconds() {
+        let mut seed = 7;
+        let every = |step_s: i64, n: usize, f: &mut dyn FnMut(usize) -> f64| -> Vec<(i64, f64)> {
+            (0..n).map(|i| (T0 + i as i64 * step_s * 1000, f(i))).collect()
+        };
+        // Name, retention, window lengths, points.
+        type Case = (&'static str, i64, Vec<i64>, Vec<(i64, f64)>);
+        let cases: Vec<Case> = vec![
+            ("steady at 15 s", 1_805_000, vec![1_800_000], every(15, 400, &mut |_| 62.3)),
+            (
+                "a climb at 15 s with tenths",
+                1_805_000,
+                vec![1_800_000, 120_000],
+                every(15, 500, &mut |i| 62.0 + (i % 50) as f64 * 0.1),
+            ),
+            (
+                "noisy readings at 1 s, three lengths",
+                125_000,
+                vec![30_000, 60_000, 120_000],
+                every(1, 1_000, &mut |_| (40.0 + 50.0 * lcg(&mut seed)) as f32 as f64),
+            ),
+            ("whole-degree quantised at 1 s", 125_000, vec![120_000], every(1, 600, &mut |i| (60 + i / 37) as f64)),
+            (
+                "power in watts, any f32, at 15 s",
+                905_000,
+                vec![900_000],
+                every(15, 300, &mut |i| 600.0 + (i as f64 * 0.731).sin() * 90.0),
+            ),
+            ("negative headroom", 125_000, vec![30_000, 120_000], every(1, 300, &mut |i| 5.0 - i as f64 * 0.05)),
+            (
+                "duplicate times",
+                60_000,
+                vec![30_000],
+                (0..200).map(|i| (T0 + (i / 2) * 1000, (i % 7) as f64)).collect(),
+            ),
+            (
+                "a telemetry outage restarts the window",
+                125_000,
+                vec![120_000],
+                (0..300)
+                    .map(|i| (T0 + i * 1000 + if i >= 150 { 100_000 } else { 0 }, 70.0 + (i % 11) as f64))
+                    .collect(),
+            ),
+            (
+                "a gap longer than the window empties the sums but not the retention",
+                185_000,
+                vec![60_000],
+                (0..300).map(|i| (T0 + i * 1000 + if i >= 150 { 65_000 } else { 0 }, 70.0 + (i % 11) as f64)).collect(),
+            ),
+            (
+                "NaN and huge values: the window is scanned while it holds one",
+                60_000,
+                vec![30_000],
+                every(1, 200, &mut |i| match i {
+                    50 => f64::NAN,
+                    90 => 1e30,
+                    120 => 1e-30,
+                    140 => f64::INFINITY,
+                    _ => 50.0 + i as f64,
+                }),
+            ),
+        ];
+        for (name, keep, lens, points) in cases {
+            let fits = points.len() * lens.len();
+            let from_sums = check(name, keep, &lens, &points, true);
+            if name.starts_with("NaN") {
+                // Scanned from each odd value (at 50, 90, 120, 140 s) until
+                // it leaves the 30 s window: points 50–80 and 90–170.
+                assert_eq!(from_sums, fits - 31 - 81, "{name}: {from_sums} of {fits} from the sums");
+            } else {
+                assert_eq!(from_sums, fits, "{name}: every fit from the running sums");
+            }
+        }
+    }
+
+    #[test]
+    fn running_sums_stay_within_rounding_at_any_spacing() {
+        let mut seed = 11;
+        // Jittered scrapes: times not whole seconds, values any f32.
+        let mut t = T0;
+        let points: Vec<(i64, f64)> = (0..3_000)
+            .map(|_| {
+                t += 900 + (lcg(&mut seed) * 300.0) as i64;
+                (t, (20.0 + 80.0 * lcg(&mut seed)) as f32 as f64)
+            })
+            .collect();
+        assert_eq!(check("jittered 1 s scrapes", 605_000, &[60_000, 600_000], &points, false), 6_000);
+    }
+
+    #[test]
+    fn running_sums_outlive_their_base() {
+        // 60 days at 60 s: the base moves (every 2³² ms ≈ 49.7 days)
+        // without losing a bit.
+        let points: Vec<(i64, f64)> =
+            (0..60 * 1_440).map(|i| (T0 + i * 60_000, 60.0 + (i % 13) as f64 * 0.5)).collect();
+        assert_eq!(check("60 days at 60 s", 605_000, &[600_000], &points, true), points.len());
+    }
+
+    #[test]
+    fn lengths_past_the_retention_are_scanned_not_kept() {
+        let (mut fit, _) = stores(60_000, &[30_000, 120_000, 0, -5]);
+        let r = fit.push(key(), T0, 1.0).unwrap();
+        let w = fit.shards()[0].series[r.slot as usize].window.as_ref().unwrap();
+        assert_eq!(w.fits.iter().map(|f| f.len_ms).collect::<Vec<_>>(), vec![30_000]);
+        // The longer length still answers, by scanning.
+        assert_eq!(fit.shards()[0].fit_slot(r.slot, T0, 120_000).unwrap().count, 1);
+    }
+}
