@@ -35,95 +35,105 @@ pub struct WindowStats {
 
 /// One series: its key, its ordinal among the series of its metric (trigger
 /// states are dense vectors indexed by it), its newest point, and — for
-/// metrics a trigger keeps history of — a window.
+/// metrics a trigger keeps history of — a window, held inline (the series
+/// of a shard lie in one vector in the order they first arrived, which is
+/// the order a scrape brings them in again: read in order, not chased).
+/// Its running sums lie in the shard's `fits` from `fits`, `nfits` of them.
 #[derive(Debug)]
 struct Series {
     key: SeriesKey,
     ordinal: u32,
     last_v: f32,
     last_ms: i64,
-    window: Option<Box<Window>>,
+    fits: u32,
+    nfits: u8,
+    window: Option<Window>,
 }
 
-/// The points of a window, 6 bytes each: the gap to the previous point in
-/// ms (`u16`) and the value (`f32`: telemetry has no more precision than
-/// that). A gap longer than 65.5 s restarts the window — a trend across a
-/// telemetry outage is not evidence of anything.
+/// One point of a window, 6 bytes: the gap to the previous point in ms
+/// (`u16`) and the value (`f32`: telemetry has no more precision than
+/// that), little-endian — one ring, so the newest and the oldest point are
+/// one cache line each.
+type Point = [u8; 6];
+
+fn point(gap_ms: u16, value: f32) -> Point {
+    let (g, v) = (gap_ms.to_le_bytes(), value.to_le_bytes());
+    [g[0], g[1], v[0], v[1], v[2], v[3]]
+}
+
+fn gap_of(p: &Point) -> u16 {
+    u16::from_le_bytes([p[0], p[1]])
+}
+
+fn value_of(p: &Point) -> f32 {
+    f32::from_le_bytes([p[2], p[3], p[4], p[5]])
+}
+
+/// The points of a window. A gap longer than 65.5 s restarts the window —
+/// a trend across a telemetry outage is not evidence of anything.
 ///
-/// `fits` are the running sums of the window lengths the metric's
-/// triggers read on every sample ([`fit`]); each is advanced with the
+/// The series' running sums ([`fit`]), passed in, are advanced with the
 /// window, before the window lets go of anything.
 #[derive(Debug, Default)]
 struct Window {
     front_ms: i64,
-    gaps_ms: VecDeque<u16>,
-    values: VecDeque<f32>,
-    fits: Vec<Fit>,
+    points: VecDeque<Point>,
 }
 
 impl Window {
     fn iter(&self) -> impl Iterator<Item = (i64, f64)> + '_ {
         let mut t = self.front_ms;
-        self.gaps_ms.iter().zip(self.values.iter()).map(move |(g, v)| {
-            t += *g as i64;
-            (t, *v as f64)
+        self.points.iter().map(move |p| {
+            t += gap_of(p) as i64;
+            (t, value_of(p) as f64)
         })
     }
 
-    fn pop_front(&mut self) {
-        self.gaps_ms.pop_front();
-        self.values.pop_front();
-        if let Some(g) = self.gaps_ms.front_mut() {
-            self.front_ms += *g as i64;
-            *g = 0;
+    fn pop_front(&mut self, fits: &mut [Fit]) {
+        self.points.pop_front();
+        if let Some(p) = self.points.front_mut() {
+            self.front_ms += gap_of(p) as i64;
+            *p = point(0, value_of(p));
         }
-        for f in &mut self.fits {
+        for f in fits {
             f.popped();
         }
     }
 
-    fn clear(&mut self) {
-        self.gaps_ms.clear();
-        self.values.clear();
-        for f in &mut self.fits {
-            f.clear();
-        }
-    }
-
     /// Start over at one point.
-    fn restart(&mut self, ts_ms: i64, value: f32) {
-        self.clear();
+    fn restart(&mut self, fits: &mut [Fit], ts_ms: i64, value: f32) {
+        self.points.clear();
         self.front_ms = ts_ms;
-        self.gaps_ms.push_back(0);
-        self.values.push_back(value);
-        for f in &mut self.fits {
+        self.points.push_back(point(0, value));
+        for f in fits {
+            f.clear();
             f.add(0, ts_ms, value);
         }
     }
 
     /// Append (`ts_ms` ≥ the newest point), evicting points older than
     /// `ts_ms - keep_ms`.
-    fn push(&mut self, last_ms: i64, ts_ms: i64, value: f32, keep_ms: i64) {
+    fn push(&mut self, fits: &mut [Fit], last_ms: i64, ts_ms: i64, value: f32, keep_ms: i64) {
         let gap = ts_ms.saturating_sub(last_ms);
-        if self.values.is_empty() || gap > u16::MAX as i64 {
-            self.restart(ts_ms, value);
+        if self.points.is_empty() || gap > u16::MAX as i64 {
+            self.restart(fits, ts_ms, value);
             return;
         }
         // The running sums first, while the window still holds what they
         // let go of.
-        for f in &mut self.fits {
-            f.evict(ts_ms, &self.gaps_ms, &self.values);
+        for f in fits.iter_mut() {
+            f.evict(ts_ms, &self.points);
         }
         let horizon = ts_ms - keep_ms;
-        while !self.values.is_empty() && self.front_ms < horizon {
-            self.pop_front();
+        while !self.points.is_empty() && self.front_ms < horizon {
+            self.pop_front(fits);
         }
-        if self.values.is_empty() {
-            self.restart(ts_ms, value);
+        if self.points.is_empty() {
+            self.restart(fits, ts_ms, value);
             return;
         }
-        let len = self.values.len();
-        if len == self.values.capacity() || len == self.gaps_ms.capacity() {
+        let len = self.points.len();
+        if len == self.points.capacity() {
             // Grow to what the retention needs at the observed interval
             // rather than doubling: a 10-minute window at 1 Hz holds ~605
             // points, not 1024.
@@ -133,13 +143,11 @@ impl Window {
             } else {
                 len + 2
             };
-            self.gaps_ms.reserve_exact(want.saturating_sub(self.gaps_ms.len()));
-            self.values.reserve_exact(want.saturating_sub(self.values.len()));
+            self.points.reserve_exact(want.saturating_sub(len));
         }
-        self.gaps_ms.push_back(gap as u16);
-        self.values.push_back(value);
-        let index = self.values.len() as u32 - 1;
-        for f in &mut self.fits {
+        self.points.push_back(point(gap as u16, value));
+        let index = self.points.len() as u32 - 1;
+        for f in fits {
             f.add(index, ts_ms, value);
         }
     }
@@ -160,7 +168,7 @@ impl Series {
     }
 
     fn len(&self) -> usize {
-        self.window.as_ref().map_or(1, |w| w.values.len())
+        self.window.as_ref().map_or(1, |w| w.points.len())
     }
 
     /// [`stats_of`] the points at or after `since_ms`, without the boxed
@@ -174,13 +182,14 @@ impl Series {
     }
 
     /// The fit of the `len_ms` before `newest_ms`: from the running sums
-    /// when they are kept for that length and the newest point is at
-    /// `newest_ms` and every point is exact in them; else scanned.
-    fn fit(&self, newest_ms: i64, len_ms: i64) -> Option<WindowFit> {
+    /// (`fits`, this series' own) when they are kept for that length and
+    /// the newest point is at `newest_ms` and every point is exact in them;
+    /// else scanned.
+    fn fit(&self, fits: &[Fit], newest_ms: i64, len_ms: i64) -> Option<WindowFit> {
         if let Some(w) = &self.window
             && self.last_ms == newest_ms
-            && let Some(f) = w.fits.iter().find(|f| f.len_ms == len_ms)
-            && let Some(r) = f.result(&w.values, self.last())
+            && let Some(f) = fits.iter().find(|f| f.len_ms == len_ms)
+            && let Some(r) = f.result(&w.points, self.last())
         {
             return Some(r);
         }
@@ -215,6 +224,9 @@ pub struct StoreShard {
     retention_ms: Vec<i64>,
     /// Per metric: the window lengths kept as running sums.
     fits_ms: Vec<Vec<i64>>,
+    /// The running sums of every series, each series' together, in the
+    /// order of the series.
+    fits: Vec<Fit>,
     samples_in: u64,
 }
 
@@ -252,11 +264,24 @@ impl StoreShard {
                 let per_metric = &mut self.by_metric[key.metric as usize];
                 let ordinal = per_metric.len() as u32;
                 per_metric.push(slot);
-                let fits = self.fits_ms.get(key.metric as usize).map_or(&[][..], |v| v.as_slice());
-                let window = (keep > 0).then(|| {
-                    Box::new(Window { fits: fits.iter().map(|l| Fit::new(*l)).collect(), ..Window::default() })
+                let at = self.fits.len() as u32;
+                let mut nfits = 0u8;
+                if keep > 0 {
+                    for len in self.fits_ms.get(key.metric as usize).into_iter().flatten().take(u8::MAX as usize) {
+                        self.fits.push(Fit::new(*len));
+                        nfits += 1;
+                    }
+                }
+                let window = (keep > 0).then(Window::default);
+                self.series.push(Series {
+                    key,
+                    ordinal,
+                    last_v: value as f32,
+                    last_ms: i64::MIN,
+                    fits: at,
+                    nfits,
+                    window,
                 });
-                self.series.push(Series { key, ordinal, last_v: value as f32, last_ms: i64::MIN, window });
                 let row = self.row(key.node);
                 if self.table.len() <= row {
                     self.table.resize_with(row + 1, Vec::new);
@@ -276,7 +301,8 @@ impl StoreShard {
             return None;
         }
         if let Some(w) = s.window.as_mut() {
-            w.push(s.last_ms, ts_ms, value as f32, keep);
+            let fits = &mut self.fits[s.fits as usize..s.fits as usize + s.nfits as usize];
+            w.push(fits, s.last_ms, ts_ms, value as f32, keep);
         }
         s.last_ms = ts_ms;
         s.last_v = value as f32;
@@ -308,7 +334,12 @@ impl StoreShard {
     /// from `newest_ms − len_ms` gives, in constant time when the length is
     /// kept as running sums ([`TelemetryStore::with_fits`]).
     pub fn fit_slot(&self, slot: u32, newest_ms: i64, len_ms: i64) -> Option<WindowFit> {
-        self.series.get(slot as usize)?.fit(newest_ms, len_ms)
+        let s = self.series.get(slot as usize)?;
+        s.fit(self.fits_of(s), newest_ms, len_ms)
+    }
+
+    fn fits_of(&self, s: &Series) -> &[Fit] {
+        self.fits.get(s.fits as usize..s.fits as usize + s.nfits as usize).unwrap_or_default()
     }
 }
 
@@ -335,6 +366,7 @@ impl TelemetryStore {
                     by_metric: vec![Vec::new(); METRICS.len()],
                     retention_ms: retention_ms.clone(),
                     fits_ms: vec![Vec::new(); METRICS.len()],
+                    fits: Vec::new(),
                     samples_in: 0,
                 })
                 .collect(),
@@ -433,7 +465,7 @@ impl TelemetryStore {
             .iter()
             .flat_map(|s| &s.series)
             .filter_map(|s| s.window.as_ref())
-            .map(|w| w.gaps_ms.capacity() * 2 + w.values.capacity() * 4)
+            .map(|w| w.points.capacity() * size_of::<Point>())
             .sum()
     }
 

@@ -18,6 +18,8 @@
 
 use std::collections::VecDeque;
 
+use super::{Point, gap_of, value_of};
+
 /// `2⁴⁰`: the fixed-point scale of a value.
 const SCALE: f64 = (1u64 << 40) as f64;
 /// Values at or above `2²⁴` in magnitude are not kept in fixed point.
@@ -136,19 +138,19 @@ impl Fit {
 
     /// Let go of the points before `newest_ms − len_ms`, read from the
     /// window (its gaps and values, indexed as the window holds them).
-    pub(super) fn evict(&mut self, newest_ms: i64, gaps: &VecDeque<u16>, values: &VecDeque<f32>) {
+    pub(super) fn evict(&mut self, newest_ms: i64, points: &VecDeque<Point>) {
         let horizon = newest_ms - self.len_ms;
         while self.n > 0 && self.front_ms < horizon {
             let i = self.front as usize;
-            let (Some(v), Some(next_gap)) = (values.get(i), gaps.get(i + 1).or(Some(&0))) else {
+            let Some(p) = points.get(i) else {
                 // The window no longer holds the front: start over.
                 self.clear();
                 return;
             };
-            self.shift(self.front_ms, *v, -1);
+            self.shift(self.front_ms, value_of(p), -1);
             self.n -= 1;
             self.front += 1;
-            self.front_ms += *next_gap as i64;
+            self.front_ms += points.get(i + 1).map_or(0, |p| gap_of(p) as i64);
         }
         if self.n == 0 {
             self.clear();
@@ -168,11 +170,11 @@ impl Fit {
 
     /// The average, first point, slope — `None` while a point of the window
     /// is not exact (the caller scans).
-    pub(super) fn result(&self, values: &VecDeque<f32>, last: (i64, f64)) -> Option<WindowFit> {
+    pub(super) fn result(&self, points: &VecDeque<Point>, last: (i64, f64)) -> Option<WindowFit> {
         if self.n == 0 || self.inexact > 0 {
             return None;
         }
-        let first = (self.front_ms, *values.get(self.front as usize)? as f64);
+        let first = (self.front_ms, value_of(points.get(self.front as usize)?) as f64);
         let n = self.n as i128;
         // Centre on the first point, as the scan does.
         let d = (self.front_ms - self.base_ms) as i128;
@@ -230,10 +232,15 @@ mod tests {
             let (a, b) = (fit.push(key(), t, v), scan.push(key(), t, v));
             assert_eq!(a.is_some(), b.is_some(), "{name}: point {i}");
             let Some(r) = a else { continue };
-            let series = &fit.shards()[0].series[r.slot as usize];
+            let shard = &fit.shards()[0];
+            let series = &shard.series[r.slot as usize];
             for &len in lens {
                 let w = series.window.as_ref().unwrap();
-                let sums = w.fits.iter().find(|f| f.len_ms == len).and_then(|f| f.result(&w.values, series.last()));
+                let sums = shard
+                    .fits_of(series)
+                    .iter()
+                    .find(|f| f.len_ms == len)
+                    .and_then(|f| f.result(&w.points, series.last()));
                 from_sums += sums.is_some() as usize;
                 let got = fit.shards()[0].fit_slot(r.slot, t, len).unwrap();
                 assert!(sums.is_none_or(|s| s == got), "{name}: point {i}: the sums were not what answered");
@@ -375,8 +382,9 @@ mod tests {
     fn lengths_past_the_retention_are_scanned_not_kept() {
         let (mut fit, _) = stores(60_000, &[30_000, 120_000, 0, -5]);
         let r = fit.push(key(), T0, 1.0).unwrap();
-        let w = fit.shards()[0].series[r.slot as usize].window.as_ref().unwrap();
-        assert_eq!(w.fits.iter().map(|f| f.len_ms).collect::<Vec<_>>(), vec![30_000]);
+        let shard = &fit.shards()[0];
+        let fits = shard.fits_of(&shard.series[r.slot as usize]);
+        assert_eq!(fits.iter().map(|f| f.len_ms).collect::<Vec<_>>(), vec![30_000]);
         // The longer length still answers, by scanning.
         assert_eq!(fit.shards()[0].fit_slot(r.slot, T0, 120_000).unwrap().count, 1);
     }
