@@ -192,43 +192,66 @@ impl Engine {
             let (Some(n), Ok(gpu)) = (n, gpu.map(u16::try_from).transpose()) else { continue };
             keyed.push((*n, SeriesKey { node: nodes[*n as usize].idx, gpu, metric: *metric }, *ts, *v));
         }
-        // Derived per GPU from its model (one inventory lookup each): the
-        // headroom below its nearest thermal limit (its sensor's or its
-        // HBM's, both readings of the batch), and how far its fragmentation
-        // is over the model's own limit.
+        // Derived per GPU from its model (its node's inventory read once
+        // per node, nothing copied): the headroom below its nearest thermal
+        // limit (its sensor's or its HBM's, both readings of the batch), and
+        // how far its fragmentation is over the model's own limit.
         type Temps = (i64, Option<f64>, Option<f64>);
-        let mut temps: BTreeMap<(u32, SeriesKey), Temps> = BTreeMap::new();
-        let mut derived: Vec<(u32, SeriesKey, i64, f64)> = Vec::new();
-        let info_of = |n: u32, k: &SeriesKey| {
-            let st = nodes[n as usize].state();
-            st.inventory
-                .as_ref()
-                .and_then(|inv| inv.gpus.iter().find(|i| k.gpu == u16::try_from(i.index).ok()).cloned())
-        };
-        for (n, k, ts, v) in keyed.iter().filter(|(_, k, ..)| k.gpu.is_some()) {
-            match k.metric {
-                ids::TEMPERATURE | ids::MEM_TEMP => {
-                    let e = temps.entry((*n, SeriesKey { metric: ids::THERMAL_HEADROOM, ..*k })).or_default();
-                    e.0 = e.0.max(*ts);
-                    if k.metric == ids::TEMPERATURE {
-                        e.1 = Some(*v);
+        let derived = {
+            let mut readings: Vec<((u32, SeriesKey), i64, bool, f64)> = Vec::new();
+            let mut derived: Vec<(u32, SeriesKey, i64, f64)> = Vec::new();
+            let mut held: Option<(u32, std::sync::MutexGuard<'_, crate::fleet::NodeState>)> = None;
+            let mut with_info = |n: u32, k: &SeriesKey, f: &mut dyn FnMut(Option<&nightshift_proto::GpuInfo>)| {
+                if held.as_ref().is_none_or(|(h, _)| *h != n) {
+                    held = None;
+                    held = Some((n, nodes[n as usize].state()));
+                }
+                let info = held.as_ref().and_then(|(_, st)| {
+                    st.inventory.as_ref().and_then(|inv| inv.gpus.iter().find(|i| k.gpu == u16::try_from(i.index).ok()))
+                });
+                f(info)
+            };
+            for (n, k, ts, v) in keyed.iter().filter(|(_, k, ..)| k.gpu.is_some()) {
+                match k.metric {
+                    ids::TEMPERATURE | ids::MEM_TEMP => readings.push((
+                        (*n, SeriesKey { metric: ids::THERMAL_HEADROOM, ..*k }),
+                        *ts,
+                        k.metric == ids::TEMPERATURE,
+                        *v,
+                    )),
+                    ids::MEM_FRAG => with_info(*n, k, &mut |info| {
+                        let (_, lim) = fragmentation_limit(info.map_or("", |i| i.name.as_str()));
+                        derived.push((*n, SeriesKey { metric: ids::MEM_FRAG_OVER, ..*k }, *ts, v - lim));
+                    }),
+                    _ => {}
+                }
+            }
+            // Each GPU's two temperatures, in (node, key) order: the latest
+            // reading of each, at the latest time of either.
+            readings.sort_by_key(|(at, ..)| *at);
+            let mut temps: Vec<((u32, SeriesKey), Temps)> = Vec::new();
+            for (at, ts, core, v) in readings {
+                if temps.last().is_none_or(|(last, _)| *last != at) {
+                    temps.push((at, Temps::default()));
+                }
+                if let Some((_, e)) = temps.last_mut() {
+                    e.0 = e.0.max(ts);
+                    if core {
+                        e.1 = Some(v);
                     } else {
-                        e.2 = Some(*v);
+                        e.2 = Some(v);
                     }
                 }
-                ids::MEM_FRAG => {
-                    let info = info_of(*n, k);
-                    let (_, lim) = fragmentation_limit(info.as_ref().map_or("", |i| i.name.as_str()));
-                    derived.push((*n, SeriesKey { metric: ids::MEM_FRAG_OVER, ..*k }, *ts, v - lim));
-                }
-                _ => {}
             }
-        }
-        for ((n, k), (ts, temp, mem_temp)) in temps {
-            let (headroom, mem) = headrooms(info_of(n, &k).as_ref(), temp, mem_temp);
-            derived.extend(headroom.map(|h| (n, k, ts, h)));
-            derived.extend(mem.map(|m| (n, SeriesKey { metric: ids::MEM_HEADROOM, ..k }, ts, m)));
-        }
+            for ((n, k), (ts, temp, mem_temp)) in temps {
+                with_info(n, &k, &mut |info| {
+                    let (headroom, mem) = headrooms(info, temp, mem_temp);
+                    derived.extend(headroom.map(|h| (n, k, ts, h)));
+                    derived.extend(mem.map(|m| (n, SeriesKey { metric: ids::MEM_HEADROOM, ..k }, ts, m)));
+                });
+            }
+            derived
+        };
         keyed.extend(derived);
         {
             let mut h = self.core.signals().history();

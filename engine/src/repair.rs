@@ -49,24 +49,7 @@ impl Engine {
     /// The evidence the telemetry store holds for a GPU (`None` when it has
     /// no reading at all).
     pub(crate) fn evidence(&self, node: &Node, gpu: u32) -> Option<Evidence> {
-        let g = u16::try_from(gpu).ok()?;
-        let b = self.core.signals().brain();
-        let get = |m| b.store().latest(SeriesKey { node: node.idx, gpu: Some(g), metric: m }).map(|(_, v)| v);
-        let lost = get(ids::LOST);
-        let dbe = get(ids::ECC_DBE);
-        let xid = get(ids::XID);
-        if lost.is_none() && dbe.is_none() && xid.is_none() {
-            return None;
-        }
-        Some(Evidence {
-            dbe_total: dbe.unwrap_or(0.0).max(0.0) as u64,
-            xid_last: xid.filter(|x| *x > 0.0).map(|x| x as u32),
-            xid_events: get(ids::XID_EVENTS).map(|x| x.max(0.0) as u64),
-            lost: lost.is_some_and(|v| v > 0.5),
-            remap_failure: get(ids::REMAP_FAILURE).is_some_and(|v| v > 0.5),
-            remap_pending: get(ids::REMAP_PENDING).is_some_and(|v| v > 0.5),
-            reset_required: get(ids::RESET_REQUIRED).map(|v| v > 0.5),
-        })
+        evidence_in(self.core.signals().brain().store(), node, gpu)
     }
 
     /// Record a transition (durably) and take it into the model.
@@ -95,8 +78,12 @@ impl Engine {
         }
         let gpus = node.state().gpu_count() as u32;
         let now = self.core.now();
-        for gpu in 0..gpus {
-            let Some(ev) = self.evidence(node, gpu) else { continue };
+        // One reading's evidence for every GPU, under one look at the store.
+        let evidence: Vec<(u32, Evidence)> = {
+            let b = self.core.signals().brain();
+            (0..gpus).filter_map(|gpu| evidence_in(b.store(), node, gpu).map(|ev| (gpu, ev))).collect()
+        };
+        for (gpu, ev) in evidence {
             self.core.counters().add(crate::counters::Count::HealthEvaluations, 1);
             let name = node.spec.name.as_str();
             let new = self.core.health().model().observe(name, gpu, &ev, now);
@@ -671,4 +658,26 @@ pub struct PastLifecycle {
     pub kind: FaultKind,
     pub lifecycle: crate::health::Lifecycle,
     pub phases: crate::health::Phases,
+}
+
+/// The evidence `store` holds for a GPU (`None` when it has no reading at
+/// all).
+fn evidence_in(store: &crate::signals::telemetry::TelemetryStore, node: &Node, gpu: u32) -> Option<Evidence> {
+    let g = u16::try_from(gpu).ok()?;
+    let get = |m| store.latest(SeriesKey { node: node.idx, gpu: Some(g), metric: m }).map(|(_, v)| v);
+    let lost = get(ids::LOST);
+    let dbe = get(ids::ECC_DBE);
+    let xid = get(ids::XID);
+    if lost.is_none() && dbe.is_none() && xid.is_none() {
+        return None;
+    }
+    Some(Evidence {
+        dbe_total: dbe.unwrap_or(0.0).max(0.0) as u64,
+        xid_last: xid.filter(|x| *x > 0.0).map(|x| x as u32),
+        xid_events: get(ids::XID_EVENTS).map(|x| x.max(0.0) as u64),
+        lost: lost.is_some_and(|v| v > 0.5),
+        remap_failure: get(ids::REMAP_FAILURE).is_some_and(|v| v > 0.5),
+        remap_pending: get(ids::REMAP_PENDING).is_some_and(|v| v > 0.5),
+        reset_required: get(ids::RESET_REQUIRED).map(|v| v > 0.5),
+    })
 }

@@ -294,6 +294,9 @@ const HISTORY: usize = 16;
 #[derive(Debug, Clone, Default)]
 pub struct HealthModel {
     gpus: BTreeMap<(String, u32), GpuHealth>,
+    /// The nodes with a record in `gpus`: a lookup for any other (most GPUs,
+    /// at every reading) answers without building a key.
+    nodes: std::collections::BTreeSet<String>,
     /// Repeat offenders: a GPU remediated more than this many times within
     /// the window goes to a person instead of round after round.
     max_repairs: usize,
@@ -321,10 +324,13 @@ impl HealthModel {
 
     pub fn new(max_repairs: usize, repair_window_ms: i64) -> HealthModel {
         let policy = std::sync::Arc::new(XidPolicy::shipped().clone());
-        HealthModel { gpus: BTreeMap::new(), max_repairs, repair_window_ms, policy }
+        HealthModel { gpus: BTreeMap::new(), nodes: Default::default(), max_repairs, repair_window_ms, policy }
     }
 
     pub fn get(&self, node: &str, gpu: u32) -> Option<&GpuHealth> {
+        if !self.nodes.contains(node) {
+            return None;
+        }
         self.gpus.get(&(node.to_string(), gpu))
     }
 
@@ -340,7 +346,12 @@ impl HealthModel {
 
     /// A node's GPUs with a health record.
     pub fn node_gpus<'a>(&'a self, node: &'a str) -> impl Iterator<Item = (u32, &'a GpuHealth)> + 'a {
-        self.gpus.range((node.to_string(), 0)..=(node.to_string(), u32::MAX)).map(|((_, g), h)| (*g, h))
+        let known = self.nodes.contains(node);
+        known
+            .then(|| self.gpus.range((node.to_string(), 0)..=(node.to_string(), u32::MAX)))
+            .into_iter()
+            .flatten()
+            .map(|((_, g), h)| (*g, h))
     }
 
     /// Every GPU with a health record.
@@ -418,6 +429,9 @@ impl HealthModel {
     /// Apply a transition at `ts_ms`.
     pub fn apply(&mut self, t: &Transition, ts_ms: i64) {
         let window = self.repair_window_ms;
+        if !self.nodes.contains(&t.node) {
+            self.nodes.insert(t.node.clone());
+        }
         let h = self.gpus.entry((t.node.clone(), t.gpu)).or_default();
         if let Some(phase) = &t.phase {
             if let Some(l) = h.lifecycle.as_mut()

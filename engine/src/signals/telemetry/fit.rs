@@ -24,6 +24,8 @@ use super::{Point, gap_of, value_of};
 const SCALE: f64 = (1u64 << 40) as f64;
 /// Values at or above `2²⁴` in magnitude are not kept in fixed point.
 const LIMIT: f64 = (1u128 << 64) as f64;
+/// `2⁶³`: below it a fixed-point value converts through `i64`.
+const I64_LIMIT: f64 = (1u64 << 63) as f64;
 /// The base is moved to the window's front once a time is this far past it.
 const REBASE_MS: i64 = 1 << 32;
 /// Longest window kept as running sums (24.8 days); longer ones are scanned.
@@ -32,7 +34,11 @@ pub(crate) const MAX_FIT_MS: i64 = 1 << 31;
 /// A value in fixed point, when that is exact.
 fn fixed(v: f32) -> Option<i128> {
     let x = v as f64 * SCALE;
-    (x.fract() == 0.0 && x.abs() < LIMIT).then_some(x as i128)
+    if x.fract() != 0.0 || x.abs() >= LIMIT {
+        return None;
+    }
+    // Through `i64` when it fits: the 128-bit conversion is a library call.
+    Some(if x.abs() < I64_LIMIT { x as i64 as i128 } else { x as i128 })
 }
 
 /// The running sums of the points of one window length: those at or after
