@@ -35,20 +35,25 @@ pub struct WindowStats {
 
 /// One series: its key, its ordinal among the series of its metric (trigger
 /// states are dense vectors indexed by it), its newest point, and — for
-/// metrics a trigger keeps history of — a window, held inline (the series
-/// of a shard lie in one vector in the order they first arrived, which is
-/// the order a scrape brings them in again: read in order, not chased).
-/// Its running sums lie in the shard's `fits` from `fits`, `nfits` of them.
+/// metrics a trigger keeps history of — a window: the shard's `windows`
+/// at `window` (`NO_WINDOW`: none), its running sums the shard's `fits`
+/// from `fits`, `nfits` of them. Series, windows and sums each lie in one
+/// vector in the order the series first arrived, which is the order a
+/// scrape brings them in again: read in order, not chased; and a series
+/// without a window (most of them) costs no window's bytes.
 #[derive(Debug)]
 struct Series {
     key: SeriesKey,
     ordinal: u32,
     last_v: f32,
     last_ms: i64,
+    window: u32,
     fits: u32,
     nfits: u8,
-    window: Option<Window>,
 }
+
+/// [`Series::window`] of a series that keeps none.
+const NO_WINDOW: u32 = u32::MAX;
 
 /// One point of a window, 6 bytes: the gap to the previous point in ms
 /// (`u16`) and the value (`f32`: telemetry has no more precision than
@@ -160,22 +165,22 @@ impl Series {
 
     /// Points at or after `since_ms` (the newest alone when no window is
     /// kept).
-    fn iter_from(&self, since_ms: i64) -> Box<dyn Iterator<Item = (i64, f64)> + '_> {
-        match &self.window {
+    fn iter_from<'a>(&'a self, w: Option<&'a Window>, since_ms: i64) -> Box<dyn Iterator<Item = (i64, f64)> + 'a> {
+        match w {
             Some(w) => Box::new(w.iter().skip_while(move |(t, _)| *t < since_ms)),
             None => Box::new(std::iter::once(self.last()).filter(move |(t, _)| *t >= since_ms)),
         }
     }
 
-    fn len(&self) -> usize {
-        self.window.as_ref().map_or(1, |w| w.points.len())
+    fn len(&self, w: Option<&Window>) -> usize {
+        w.map_or(1, |w| w.points.len())
     }
 
     /// [`stats_of`] the points at or after `since_ms`, without the boxed
     /// iterator of [`Series::iter_from`] (the per-sample trigger path: the
     /// same points in the same order, so the same bits).
-    fn stats_from(&self, since_ms: i64) -> Option<WindowStats> {
-        match &self.window {
+    fn stats_from(&self, w: Option<&Window>, since_ms: i64) -> Option<WindowStats> {
+        match w {
             Some(w) => stats_of(w.iter().skip_while(move |(t, _)| *t < since_ms)),
             None => stats_of(std::iter::once(self.last()).filter(move |(t, _)| *t >= since_ms)),
         }
@@ -185,15 +190,15 @@ impl Series {
     /// (`fits`, this series' own) when they are kept for that length and
     /// the newest point is at `newest_ms` and every point is exact in them;
     /// else scanned.
-    fn fit(&self, fits: &[Fit], newest_ms: i64, len_ms: i64) -> Option<WindowFit> {
-        if let Some(w) = &self.window
+    fn fit(&self, w: Option<&Window>, fits: &[Fit], newest_ms: i64, len_ms: i64) -> Option<WindowFit> {
+        if let Some(w) = w
             && self.last_ms == newest_ms
             && let Some(f) = fits.iter().find(|f| f.len_ms == len_ms)
             && let Some(r) = f.result(&w.points, self.last())
         {
             return Some(r);
         }
-        self.stats_from(newest_ms - len_ms).map(WindowFit::from)
+        self.stats_from(w, newest_ms - len_ms).map(WindowFit::from)
     }
 }
 
@@ -218,6 +223,8 @@ pub struct StoreShard {
     /// `(gpu + 1) × metrics + metric` (0 = none).
     table: Vec<Vec<u32>>,
     series: Vec<Series>,
+    /// The windows of the series that keep one.
+    windows: Vec<Window>,
     /// Per metric: the slots of its series, by ordinal.
     by_metric: Vec<Vec<u32>>,
     /// Per metric: how long to keep points (0 = latest only).
@@ -272,15 +279,20 @@ impl StoreShard {
                         nfits += 1;
                     }
                 }
-                let window = (keep > 0).then(Window::default);
+                let window = if keep > 0 && self.windows.len() < NO_WINDOW as usize {
+                    self.windows.push(Window::default());
+                    self.windows.len() as u32 - 1
+                } else {
+                    NO_WINDOW
+                };
                 self.series.push(Series {
                     key,
                     ordinal,
                     last_v: value as f32,
                     last_ms: i64::MIN,
+                    window,
                     fits: at,
                     nfits,
-                    window,
                 });
                 let row = self.row(key.node);
                 if self.table.len() <= row {
@@ -300,7 +312,7 @@ impl StoreShard {
         if s.last_ms > ts_ms {
             return None;
         }
-        if let Some(w) = s.window.as_mut() {
+        if let Some(w) = self.windows.get_mut(s.window as usize) {
             let fits = &mut self.fits[s.fits as usize..s.fits as usize + s.nfits as usize];
             w.push(fits, s.last_ms, ts_ms, value as f32, keep);
         }
@@ -324,9 +336,14 @@ impl StoreShard {
         self.slot_of(key).map(|slot| &self.series[slot as usize])
     }
 
+    fn window_of(&self, s: &Series) -> Option<&Window> {
+        self.windows.get(s.window as usize)
+    }
+
     /// Statistics of a slot's points at or after `since_ms`.
     pub fn stats_slot(&self, slot: u32, since_ms: i64) -> Option<WindowStats> {
-        self.series.get(slot as usize)?.stats_from(since_ms)
+        let s = self.series.get(slot as usize)?;
+        s.stats_from(self.window_of(s), since_ms)
     }
 
     /// The fit (count, average, first and last point, slope) of a slot's
@@ -335,7 +352,7 @@ impl StoreShard {
     /// kept as running sums ([`TelemetryStore::with_fits`]).
     pub fn fit_slot(&self, slot: u32, newest_ms: i64, len_ms: i64) -> Option<WindowFit> {
         let s = self.series.get(slot as usize)?;
-        s.fit(self.fits_of(s), newest_ms, len_ms)
+        s.fit(self.window_of(s), self.fits_of(s), newest_ms, len_ms)
     }
 
     fn fits_of(&self, s: &Series) -> &[Fit] {
@@ -363,6 +380,7 @@ impl TelemetryStore {
                     count,
                     table: Vec::new(),
                     series: Vec::new(),
+                    windows: Vec::new(),
                     by_metric: vec![Vec::new(); METRICS.len()],
                     retention_ms: retention_ms.clone(),
                     fits_ms: vec![Vec::new(); METRICS.len()],
@@ -425,23 +443,25 @@ impl TelemetryStore {
         self.shards.get(r.shard as usize)?.key(r.slot)
     }
 
-    fn get(&self, key: SeriesKey) -> Option<&Series> {
-        self.shards[self.shard_of(key.node)].get(key)
+    fn get(&self, key: SeriesKey) -> Option<(&StoreShard, &Series)> {
+        let shard = &self.shards[self.shard_of(key.node)];
+        Some((shard, shard.get(key)?))
     }
 
     /// The latest point.
     pub fn latest(&self, key: SeriesKey) -> Option<(i64, f64)> {
-        Some(self.get(key)?.last())
+        Some(self.get(key)?.1.last())
     }
 
     /// Points at or after `since_ms`.
     pub fn window(&self, key: SeriesKey, since_ms: i64) -> Vec<(i64, f64)> {
-        self.get(key).map(|s| s.iter_from(since_ms).collect()).unwrap_or_default()
+        self.get(key).map(|(sh, s)| s.iter_from(sh.window_of(s), since_ms).collect()).unwrap_or_default()
     }
 
     /// Statistics of the points at or after `since_ms`.
     pub fn stats(&self, key: SeriesKey, since_ms: i64) -> Option<WindowStats> {
-        self.get(key)?.stats_from(since_ms)
+        let (shard, s) = self.get(key)?;
+        s.stats_from(shard.window_of(s), since_ms)
     }
 
     /// Statistics of a handle's points at or after `since_ms`.
@@ -456,17 +476,12 @@ impl TelemetryStore {
 
     /// Points held across all series.
     pub fn points(&self) -> usize {
-        self.shards.iter().flat_map(|s| &s.series).map(|s| s.len()).sum()
+        self.shards.iter().flat_map(|sh| sh.series.iter().map(|s| s.len(sh.window_of(s)))).sum()
     }
 
     /// Bytes reserved for window points (6 a point).
     pub fn point_bytes(&self) -> usize {
-        self.shards
-            .iter()
-            .flat_map(|s| &s.series)
-            .filter_map(|s| s.window.as_ref())
-            .map(|w| w.points.capacity() * size_of::<Point>())
-            .sum()
+        self.shards.iter().flat_map(|s| &s.windows).map(|w| w.points.capacity() * size_of::<Point>()).sum()
     }
 
     /// Samples pushed since start.

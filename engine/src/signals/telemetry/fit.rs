@@ -54,8 +54,9 @@ pub(super) struct Fit {
     /// Points whose value is not exact in fixed point.
     inexact: u32,
     base_ms: i64,
-    /// Σ(t − base), Σ(t − base)² over every point.
-    s1: i128,
+    /// Σ(t − base), Σ(t − base)² over every point (the first fits 64
+    /// bits: under 2³⁰ points of under 2³³ ms each).
+    s1: i64,
     s2: i128,
     /// ΣV, Σ(t − base)·V over the exact points (V = v × 2⁴⁰).
     sv: i128,
@@ -113,7 +114,7 @@ impl Fit {
 
     fn shift(&mut self, t: i64, v: f32, sign: i128) {
         let x = (t - self.base_ms) as i128;
-        self.s1 = self.s1.wrapping_add(sign * x);
+        self.s1 = self.s1.wrapping_add((sign * x) as i64);
         self.s2 = self.s2.wrapping_add(sign * x * x);
         match fixed(v) {
             Some(fv) => {
@@ -133,8 +134,8 @@ impl Fit {
             // Keep times small: move the base to the front, exactly.
             let d = (self.front_ms - self.base_ms) as i128;
             let n = self.n as i128;
-            self.s2 = self.s2.wrapping_sub(2 * d * self.s1).wrapping_add(n * d * d);
-            self.s1 = self.s1.wrapping_sub(n * d);
+            self.s2 = self.s2.wrapping_sub(2 * d * self.s1 as i128).wrapping_add(n * d * d);
+            self.s1 = self.s1.wrapping_sub((n * d) as i64);
             self.sxv = self.sxv.wrapping_sub(d.wrapping_mul(self.sv));
             self.base_ms = self.front_ms;
         }
@@ -184,8 +185,8 @@ impl Fit {
         let n = self.n as i128;
         // Centre on the first point, as the scan does.
         let d = (self.front_ms - self.base_ms) as i128;
-        let c1 = self.s1.wrapping_sub(n * d);
-        let c2 = self.s2.wrapping_sub(2 * d * self.s1).wrapping_add(n * d * d);
+        let c1 = (self.s1 as i128).wrapping_sub(n * d);
+        let c2 = self.s2.wrapping_sub(2 * d * self.s1 as i128).wrapping_add(n * d * d);
         let cxv = self.sxv.wrapping_sub(d.wrapping_mul(self.sv));
         let sum = float(self.sv) / SCALE;
         let (sx, sxx, sxy, sy) = (div(c1, 1000), div(c2, 1_000_000), div(cxv, 1000) / SCALE, sum);
@@ -241,7 +242,7 @@ mod tests {
             let shard = &fit.shards()[0];
             let series = &shard.series[r.slot as usize];
             for &len in lens {
-                let w = series.window.as_ref().unwrap();
+                let w = shard.window_of(series).unwrap();
                 let sums = shard
                     .fits_of(series)
                     .iter()
@@ -393,5 +394,17 @@ mod tests {
         assert_eq!(fits.iter().map(|f| f.len_ms).collect::<Vec<_>>(), vec![30_000]);
         // The longer length still answers, by scanning.
         assert_eq!(fit.shards()[0].fit_slot(r.slot, T0, 120_000).unwrap().count, 1);
+    }
+}
+
+#[cfg(test)]
+mod size {
+    /// Scenario 7 holds 1.2 M series, most without a window, and 170,000
+    /// running sums: their sizes are the engine's memory at fleet scale.
+    #[test]
+    fn series_and_sums_stay_small() {
+        assert!(size_of::<super::super::Series>() <= 40, "a series is {} bytes", size_of::<super::super::Series>());
+        assert!(size_of::<super::Fit>() <= 96, "running sums are {} bytes", size_of::<super::Fit>());
+        assert!(size_of::<super::super::Window>() <= 40, "a window is {} bytes", size_of::<super::super::Window>());
     }
 }
