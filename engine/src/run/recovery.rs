@@ -117,9 +117,15 @@ impl Engine {
         // An alert an interrupted run held back (the note of a life before)
         // is offered again, as a run's end in its own life offers it: the
         // run did not do its work.
-        let held_back: Vec<(crate::runstate::runtable::WaitingAlert, String)> = {
+        // And one a run's end owed (the last life died before its offer).
+        let held_back: Vec<(crate::runstate::runtable::WaitingAlert, String, RunOutcome)> = {
             let mut t = self.core.runs().table();
-            interrupted.iter().filter_map(|id| Some((t.take_waiting_alert(id)?, id.clone()))).collect()
+            let mut v: Vec<_> = interrupted
+                .iter()
+                .filter_map(|id| Some((t.take_waiting_alert(id)?, id.clone(), RunOutcome::Interrupted)))
+                .collect();
+            v.extend(t.take_owed_offers());
+            v
         };
         if !resumed.is_empty() {
             tracing::warn!(runs = ?resumed, "runs in flight at the last stop resume; their holds stayed in place");
@@ -134,8 +140,8 @@ impl Engine {
             self.core.signals().backlog().alerts_in(unhandled.len() as u64);
             self.core.signals().backlog().batch_started();
             self.core.handle().spawn(async move {
-                for (w, run) in held_back {
-                    engine.reconsider(w, &run, RunOutcome::Interrupted).await;
+                for (w, run, outcome) in held_back {
+                    engine.reconsider(w, &run, outcome).await;
                 }
                 for (a, poster) in unhandled {
                     engine.handle_alert(a, &poster).await;

@@ -280,6 +280,11 @@ pub struct RunTable {
     /// alert is offered again rather than lost (issue 46 point 5). At most
     /// one per active run.
     waiting_alerts: HashMap<String, WaitingAlert>,
+    /// Rebuilt on start only: a run that ended without doing its work →
+    /// the alert it held back and how it ended, while no later record shows
+    /// that alert offered again (the engine died between the end and the
+    /// offer). Recovery offers them ([`RunTable::take_owed_offers`]).
+    owed_offers: std::collections::BTreeMap<String, (WaitingAlert, crate::runs::RunOutcome)>,
 }
 
 /// A firing alert's run request, suppressed by an active run, kept to be
@@ -394,6 +399,9 @@ impl RunTable {
         match r.kind {
             RecordKind::RunQueued => {
                 let p = read::<data::RunQueued>(r);
+                if let Some(p) = &p {
+                    self.owed_offers.retain(|_, (w, _)| w.event != p.event);
+                }
                 if let (Some(p), Some(run)) = (&p, &r.run)
                     && let Some(k) = p.event["idempotency_key"].as_str()
                 {
@@ -425,9 +433,22 @@ impl RunTable {
                     }
                     self.suppression_noted.remove(&key);
                 }
-                // Its end offered what it held back, in the life it ended.
-                if let Some(run) = &r.run {
-                    self.waiting_alerts.remove(run);
+                // Its end offered what it held back, in the life it ended —
+                // if that life lived to make the offer: an end without the
+                // run's work owes its alert an offer until a record of the
+                // offer (`run_queued`, `trigger_suppressed` with the alert's
+                // event) follows.
+                if let Some(run) = &r.run
+                    && let Some(w) = self.waiting_alerts.remove(run)
+                {
+                    let owed = match p.outcome.as_str() {
+                        "skipped" => Some(crate::runs::RunOutcome::Skipped),
+                        "interrupted" => Some(crate::runs::RunOutcome::Interrupted),
+                        _ => None,
+                    };
+                    if let Some(outcome) = owed {
+                        self.owed_offers.insert(run.clone(), (w, outcome));
+                    }
                 }
             }
             RecordKind::ActionResult => {
@@ -441,6 +462,9 @@ impl RunTable {
             }
             RecordKind::TriggerSuppressed => {
                 let Some(p) = read::<data::TriggerSuppressed>(r) else { return };
+                if let Some(event) = &p.event {
+                    self.owed_offers.retain(|_, (w, _)| w.event != *event);
+                }
                 // An alert an active run held back waits for that run again:
                 // offered anew if it ends without doing its work.
                 if let (Some(run), Some(event), Some(event_ts_ms), "alert") =

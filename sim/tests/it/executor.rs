@@ -702,6 +702,71 @@ async fn an_alert_held_back_by_a_run_that_was_skipped_is_offered_again() {
     assert!(e.verify().unwrap().ok);
 }
 
+/// The engine dies in the moment between a run's end and the offer of the
+/// alert it held back: the run's `run_finished` is durable, the new run's
+/// `run_queued` is not. Replayed, that end must not count as the offer
+/// made: the alert that still fires is offered again by the next life.
+/// Before, the replay of `run_finished` forgot the held-back alert, which
+/// was then lost until Alertmanager repeated it (`repeat_interval`, hours).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_held_back_survives_a_kill_between_the_runs_end_and_its_offer() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "hot",
+        "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 300\napproval: {always: true, expire_secs: 3600}\n",
+        "set_power_limit(0, 500);\n",
+    );
+    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    let e = &f.engine;
+    let t = now(f);
+    e.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "firing"), "alertmanager");
+    f.run_for(2).await.unwrap();
+    let first = person(e).approvals().await.unwrap().remove(0).id;
+    e.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-2", t + 1_000, "firing"), "alertmanager");
+    f.run_for(2).await.unwrap();
+    e.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "resolved"), "alertmanager");
+    f.run_for(2).await.unwrap();
+    as_user(e, "bob").approve(&first).await.unwrap();
+    assert_eq!(until_finished(f, &first, 60).await.outcome, Some(RunOutcome::Skipped));
+    f.run_for(2).await.unwrap();
+    assert_eq!(e.runs(&Default::default()).unwrap().runs.len(), 2, "in this life the alert was offered again");
+    // The disk as it was when the process died: the log ends at the run's end.
+    let died = tempfile::tempdir().unwrap();
+    f.snapshot_engine(died.path()).unwrap();
+    let log = died.path().join("records.jsonl");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut kept = String::new();
+    let mut cut = false;
+    for line in text.lines() {
+        kept.push_str(line);
+        kept.push('\n');
+        if line.contains("run_finished") && line.contains(&first) {
+            cut = true;
+            break;
+        }
+    }
+    assert!(cut, "no run_finished of {first} in the log");
+    std::fs::write(&log, kept).unwrap();
+    // A restart on the whole log: the offer is on record — not made twice.
+    sim.fleet.restart_engine().await.unwrap();
+    sim.fleet.run_for(5).await.unwrap();
+    let runs = sim.fleet.engine.runs(&Default::default()).unwrap().runs;
+    assert_eq!(runs.len(), 2, "an offer on record is not made again: {runs:#?}");
+    sim.fleet.restart_engine_from(died.path()).await.unwrap();
+    sim.fleet.run_for(5).await.unwrap();
+    let f = &sim.fleet;
+    let e = &f.engine;
+    let runs = e.runs(&Default::default()).unwrap().runs;
+    let again = runs.iter().find(|x| x.id != first);
+    let again = again.unwrap_or_else(|| panic!("the held-back alert was lost with the process: {runs:#?}"));
+    assert!(again.detail.contains(&format!("run {first}, which held it back, ended skipped")), "{}", again.detail);
+    let queued = e.run_records(&again.id).unwrap().into_iter().find(|x| x.kind == RecordKind::RunQueued).unwrap();
+    assert_eq!(queued.data["event"]["fingerprint"], "fp-2", "{:?}", queued.data);
+    assert!(e.verify().unwrap().ok);
+}
+
 /// An alert held back by an active run outlives a restart: the restarted
 /// engine knew nothing of it (its memory of held-back alerts was the old
 /// process's), so when that run was then interrupted — resumed as often as

@@ -192,4 +192,10 @@ impl RunTable {
     pub(crate) fn take_waiting_alert(&mut self, run: &str) -> Option<WaitingAlert> {
         self.waiting_alerts.remove(run)
     }
+
+    /// The alerts whose offer a replayed log owes (each with the run that
+    /// held it back and how that run ended), taken out.
+    pub(crate) fn take_owed_offers(&mut self) -> Vec<(WaitingAlert, String, crate::runs::RunOutcome)> {
+        std::mem::take(&mut self.owed_offers).into_iter().map(|(run, (w, outcome))| (w, run, outcome)).collect()
+    }
 }
