@@ -78,15 +78,26 @@ impl Engine {
         }
         let gpus = node.state().gpu_count() as u32;
         let now = self.core.now();
-        // One reading's evidence for every GPU, under one look at the store.
+        // One reading's evidence for every GPU, under one look at the store;
+        // what it shows, under one look at the health model (a GPU's fault
+        // is its own: another's transition below does not change it).
+        let name = node.spec.name.as_str();
         let evidence: Vec<(u32, Evidence)> = {
             let b = self.core.signals().brain();
             (0..gpus).filter_map(|gpu| evidence_in(b.store(), node, gpu).map(|ev| (gpu, ev))).collect()
         };
-        for (gpu, ev) in evidence {
-            self.core.counters().add(crate::counters::Count::HealthEvaluations, 1);
-            let name = node.spec.name.as_str();
-            let new = self.core.health().model().observe(name, gpu, &ev, now);
+        let (observed, on_record) = {
+            let m = self.core.health().model();
+            let observed: Vec<_> =
+                evidence.into_iter().map(|(gpu, ev)| (gpu, ev, m.observe(name, gpu, &ev, now))).collect();
+            (observed, m.node_gpus(name).next().is_some())
+        };
+        self.core.counters().add(crate::counters::Count::HealthEvaluations, observed.len() as u64);
+        for (gpu, ev, new) in observed {
+            // Healthy, never faulted, nothing new: nothing more to look at.
+            if new.is_none() && !on_record {
+                continue;
+            }
             if let Some(t) = new {
                 if let Err(e) = self.record_health(&t, "engine").await {
                     tracing::error!(node = name, gpu, error = %e, "a fault could not be recorded");
