@@ -646,13 +646,10 @@ async fn a_duplicate_alert_is_acknowledged_only_once_the_original_is_durable() {
     }
 }
 
-/// Issue 46 point 5: a firing alert suppressed because a run for the same
-/// runbook and target was active was lost when that run was then skipped
-/// (its own alert resolved while it waited): nothing offered the other one
-/// again (1 of 64 targets in the storm). Now the run's end offers it again;
-/// a run that did its work does not.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_alert_held_back_by_a_run_that_was_skipped_is_offered_again() {
+/// A run that held back a second alert (`fp-2`) while it waited for
+/// approval, then ended skipped (its own alert, `fp-1`, resolved): the sim,
+/// its runbooks, that run and when the alerts started.
+async fn held_back_then_skipped() -> (Sim, tempfile::TempDir, String, i64) {
     let rb = tempfile::tempdir().unwrap();
     write_runbook(
         rb.path(),
@@ -679,6 +676,19 @@ async fn an_alert_held_back_by_a_run_that_was_skipped_is_offered_again() {
     let r = until_finished(f, &first, 60).await;
     assert_eq!(r.outcome, Some(RunOutcome::Skipped), "{r:?}");
     f.run_for(2).await.unwrap();
+    (sim, rb, first, t)
+}
+
+/// Issue 46 point 5: a firing alert suppressed because a run for the same
+/// runbook and target was active was lost when that run was then skipped
+/// (its own alert resolved while it waited): nothing offered the other one
+/// again (1 of 64 targets in the storm). Now the run's end offers it again;
+/// a run that did its work does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_held_back_by_a_run_that_was_skipped_is_offered_again() {
+    let (sim, _rb, first, t) = held_back_then_skipped().await;
+    let f = &sim.fleet;
+    let e = &f.engine;
     // fp-2 still fires: its run is there, saying why it came now.
     let runs = e.runs(&Default::default()).unwrap().runs;
     assert_eq!(runs.len(), 2, "{runs:#?}");
@@ -710,28 +720,9 @@ async fn an_alert_held_back_by_a_run_that_was_skipped_is_offered_again() {
 /// was then lost until Alertmanager repeated it (`repeat_interval`, hours).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_alert_held_back_survives_a_kill_between_the_runs_end_and_its_offer() {
-    let rb = tempfile::tempdir().unwrap();
-    write_runbook(
-        rb.path(),
-        "hot",
-        "trigger:\n  type: alert\n  alertname: GpuHot\nscope: node\ncooldown_secs: 300\napproval: {always: true, expire_secs: 3600}\n",
-        "set_power_limit(0, 500);\n",
-    );
-    let mut sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let (mut sim, _rb, first, _) = held_back_then_skipped().await;
     let f = &sim.fleet;
-    let e = &f.engine;
-    let t = now(f);
-    e.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "firing"), "alertmanager");
-    f.run_for(2).await.unwrap();
-    let first = person(e).approvals().await.unwrap().remove(0).id;
-    e.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-2", t + 1_000, "firing"), "alertmanager");
-    f.run_for(2).await.unwrap();
-    e.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp-1", t, "resolved"), "alertmanager");
-    f.run_for(2).await.unwrap();
-    as_user(e, "bob").approve(&first).await.unwrap();
-    assert_eq!(until_finished(f, &first, 60).await.outcome, Some(RunOutcome::Skipped));
-    f.run_for(2).await.unwrap();
-    assert_eq!(e.runs(&Default::default()).unwrap().runs.len(), 2, "in this life the alert was offered again");
+    assert_eq!(f.engine.runs(&Default::default()).unwrap().runs.len(), 2, "in this life the alert was offered again");
     // The disk as it was when the process died: the log ends at the run's end.
     let died = tempfile::tempdir().unwrap();
     f.snapshot_engine(died.path()).unwrap();
