@@ -53,6 +53,9 @@ pub(super) struct Fit {
     pub(super) n: u32,
     /// Points whose value is not exact in fixed point.
     inexact: u32,
+    /// The sums lost track of the window (never while the window keeps at
+    /// least `len_ms`): scanned until the window restarts.
+    broken: bool,
     base_ms: i64,
     /// Σ(t − base), Σ(t − base)² over every point (the first fits 64
     /// bits: under 2³⁰ points of under 2³³ ms each).
@@ -104,7 +107,7 @@ fn div(a: i128, k: i64) -> f64 {
 
 impl Fit {
     pub(super) fn new(len_ms: i64) -> Fit {
-        Fit { len_ms, front: 0, front_ms: 0, n: 0, inexact: 0, base_ms: 0, s1: 0, s2: 0, sv: 0, sxv: 0 }
+        Fit { len_ms, front: 0, front_ms: 0, n: 0, inexact: 0, broken: false, base_ms: 0, s1: 0, s2: 0, sv: 0, sxv: 0 }
     }
 
     /// Forget every point (the window restarted).
@@ -128,6 +131,9 @@ impl Fit {
 
     /// Take in the window's newest point, at index `index`.
     pub(super) fn add(&mut self, index: u32, t: i64, v: f32) {
+        if self.broken {
+            return;
+        }
         if self.n == 0 {
             *self = Fit { front: index, front_ms: t, base_ms: t, ..Fit::new(self.len_ms) };
         } else if t - self.base_ms >= REBASE_MS {
@@ -146,12 +152,16 @@ impl Fit {
     /// Let go of the points before `newest_ms − len_ms`, read from the
     /// window (its gaps and values, indexed as the window holds them).
     pub(super) fn evict(&mut self, newest_ms: i64, points: &VecDeque<Point>) {
+        if self.broken {
+            return;
+        }
         let horizon = newest_ms - self.len_ms;
         while self.n > 0 && self.front_ms < horizon {
             let i = self.front as usize;
             let Some(p) = points.get(i) else {
-                // The window no longer holds the front: start over.
-                self.clear();
+                // The window no longer holds the front: scan until it
+                // restarts.
+                self.broken = true;
                 return;
             };
             self.shift(self.front_ms, value_of(p), -1);
@@ -170,15 +180,16 @@ impl Fit {
             self.front -= 1;
         } else if self.n > 0 {
             // Never the case while the window keeps at least `len_ms`; if it
-            // were, these sums would name points gone.
-            self.clear();
+            // were, these sums would name points gone: scan until the window
+            // restarts.
+            self.broken = true;
         }
     }
 
     /// The average, first point, slope — `None` while a point of the window
     /// is not exact (the caller scans).
     pub(super) fn result(&self, points: &VecDeque<Point>, last: (i64, f64)) -> Option<WindowFit> {
-        if self.n == 0 || self.inexact > 0 {
+        if self.n == 0 || self.inexact > 0 || self.broken {
             return None;
         }
         let first = (self.front_ms, value_of(points.get(self.front as usize)?) as f64);
@@ -383,6 +394,28 @@ mod tests {
         let points: Vec<(i64, f64)> =
             (0..60 * 1_440).map(|i| (T0 + i * 60_000, 60.0 + (i % 13) as f64 * 0.5)).collect();
         assert_eq!(check("60 days at 60 s", 605_000, &[600_000], &points, true), points.len());
+    }
+
+    #[test]
+    fn sums_that_lose_the_window_give_way_to_the_scan() {
+        use super::Fit;
+        let mut points = std::collections::VecDeque::new();
+        let mut f = Fit::new(10_000);
+        for i in 0..3u32 {
+            points.push_back(super::super::point(if i == 0 { 0 } else { 1000 }, 1.0));
+            f.add(i, T0 + i as i64 * 1000, 1.0);
+        }
+        let last = (T0 + 2000, 1.0);
+        assert_eq!(f.result(&points, last).map(|r| r.count), Some(3));
+        // The window let go of the sums' first point (it never does while
+        // it keeps their length): no answer from them until it restarts.
+        f.popped();
+        assert_eq!(f.result(&points, last), None);
+        f.add(3, T0 + 3000, 1.0);
+        assert_eq!(f.result(&points, last), None);
+        f.clear();
+        f.add(0, T0 + 3000, 1.0);
+        assert_eq!(f.result(&points, (T0 + 3000, 1.0)).map(|r| r.count), Some(1));
     }
 
     #[test]
