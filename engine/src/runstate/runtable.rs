@@ -664,6 +664,47 @@ mod tests {
         assert_eq!(many.outcome().1.unwrap(), "every change it tried was refused: op0; op1; op2; and 2 more");
     }
 
+    /// A replayed end without the run's work owes its held-back alert an
+    /// offer; a later record of the offer pays it; an alert resolved since
+    /// is owed nothing.
+    #[test]
+    fn a_replayed_end_owes_its_held_back_alert_an_offer_until_one_is_on_record() {
+        let target = json!({"node": "n1"});
+        let event = |fp: &str| json!({"fingerprint": fp, "starts_at": "2026-01-01T00:00:00Z"});
+        let held = |seq, fp: &str| {
+            rec(
+                seq,
+                1_000,
+                RecordKind::TriggerSuppressed,
+                json!({"target": target, "trigger": "alert", "event": event(fp), "event_ts_ms": 1_000, "detail": "d"}),
+            )
+        };
+        let ended = |seq, outcome: &str| {
+            rec(seq, 2_000, RecordKind::RunFinished, json!({"target": target, "outcome": outcome}))
+        };
+        let owed = |records: &[AuditRecord]| {
+            let mut t = RunTable::new(100);
+            for r in records {
+                t.replay(r, &|_| false);
+            }
+            t.take_owed_offers()
+                .into_iter()
+                .map(|(w, run, o)| (w.event["fingerprint"].clone(), run, o))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(owed(&[held(1, "f2"), ended(2, "skipped")]), vec![(json!("f2"), "r1".into(), RunOutcome::Skipped)]);
+        assert_eq!(owed(&[held(1, "f2"), ended(2, "succeeded")]), vec![], "a run that did its work owes nothing");
+        let queued = rec(3, 3_000, RecordKind::RunQueued, json!({"target": target, "event": event("f2")}));
+        assert_eq!(owed(&[held(1, "f2"), ended(2, "interrupted"), queued]), vec![], "the offer is on record");
+        let resolved = rec(
+            3,
+            3_000,
+            RecordKind::EventReceived,
+            json!({"source": "alertmanager", "status": "resolved", "fingerprint": "f2", "starts_at": "2026-01-01T00:00:00Z"}),
+        );
+        assert_eq!(owed(&[held(1, "f2"), ended(2, "skipped"), resolved]), vec![], "resolved since: nothing to offer");
+    }
+
     #[test]
     fn the_log_rebuilds_cooldowns_budgets_breakers_and_dedup() {
         let mut t = RunTable::new(100);

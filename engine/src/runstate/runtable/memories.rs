@@ -194,8 +194,14 @@ impl RunTable {
     }
 
     /// The alerts whose offer a replayed log owes (each with the run that
-    /// held it back and how that run ended), taken out.
+    /// held it back and how that run ended), taken out — but those whose
+    /// alert has resolved since: an offer dropped without a record would
+    /// otherwise come back at every restart for as long as the log holds it.
     pub(crate) fn take_owed_offers(&mut self) -> Vec<(WaitingAlert, String, crate::runs::RunOutcome)> {
-        std::mem::take(&mut self.owed_offers).into_iter().map(|(run, (w, outcome))| (w, run, outcome)).collect()
+        let owed = std::mem::take(&mut self.owed_offers);
+        owed.into_iter()
+            .filter(|(_, (w, _))| !self.episode_resolved(&w.event))
+            .map(|(run, (w, outcome))| (w, run, outcome))
+            .collect()
     }
 }
