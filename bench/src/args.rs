@@ -54,6 +54,27 @@ pub struct BenchArgs {
     /// binary, as `cargo build -p nightshift` leaves it).
     #[arg(long, value_name = "PATH")]
     pub nightshift: Option<PathBuf>,
+    /// Scenario 2 hosts its agents in this process, as it did before issue
+    /// 45 (they compete with the engine for its runtime): for comparison.
+    #[arg(long)]
+    pub agents_in_process: bool,
+    /// Scenario 2 at these rates only (alerts per second, repeatable),
+    /// without its knee: to profile one rate.
+    #[arg(long = "alert-rate", value_name = "PER_S", value_parser = positive_rate)]
+    pub alert_rates: Vec<f64>,
+    /// Internal: serve this many sim agents in this process until stdin
+    /// closes (scenario 2 starts its agents so, in a process of their own).
+    #[arg(long, hide = true, value_name = "N", requires = "agent_state")]
+    pub agent_fleet: Option<usize>,
+    /// Internal: the agents' folder (with `authorized_keys`) for --agent-fleet.
+    #[arg(long, hide = true, value_name = "DIR")]
+    pub agent_state: Option<PathBuf>,
+    /// Internal: GPUs per agent for --agent-fleet.
+    #[arg(long, hide = true, default_value_t = 8)]
+    pub agent_gpus: u32,
+    /// Internal: the agents' telemetry interval for --agent-fleet.
+    #[arg(long, hide = true, default_value_t = 1000)]
+    pub agent_interval_ms: u64,
     /// Print the figures as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -66,7 +87,7 @@ pub struct BenchArgs {
 fn positive_rate(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("expected a number of rows per second above zero, found {s:?}")),
+        _ => Err(format!("expected a number per second above zero, found {s:?}")),
     }
 }
 
@@ -101,11 +122,11 @@ mod tests {
         for (input, want) in [
             ("4869", Ok(4869.0)),
             ("4869.5", Ok(4869.5)),
-            ("0", Err("expected a number of rows per second above zero, found \"0\"")),
-            ("-3", Err("expected a number of rows per second above zero, found \"-3\"")),
-            ("NaN", Err("expected a number of rows per second above zero, found \"NaN\"")),
-            ("inf", Err("expected a number of rows per second above zero, found \"inf\"")),
-            ("fast", Err("expected a number of rows per second above zero, found \"fast\"")),
+            ("0", Err("expected a number per second above zero, found \"0\"")),
+            ("-3", Err("expected a number per second above zero, found \"-3\"")),
+            ("NaN", Err("expected a number per second above zero, found \"NaN\"")),
+            ("inf", Err("expected a number per second above zero, found \"inf\"")),
+            ("fast", Err("expected a number per second above zero, found \"fast\"")),
         ] {
             assert_eq!(positive_rate(input), want.map_err(String::from), "{input}");
         }

@@ -36,10 +36,7 @@ use anyhow::{Context, Result, anyhow};
 use serde::Serialize;
 use serde_json::json;
 
-use nightshift_agent::backend::Backend;
-use nightshift_agent::backend::sim::{SimBackend, SimConfig};
-use nightshift_agent::config::AgentConfig;
-use nightshift_agent::runtime::{self, StartedAgent};
+use nightshift_agent::runtime::StartedAgent;
 use nightshift_engine::api::Manifest;
 use nightshift_engine::audit::tools::load::appends_per_sec;
 use nightshift_engine::audit::{AuditStore, RecordKind, data};
@@ -51,6 +48,7 @@ use nightshift_proto::ssh::client::{AgentConnection, ClientConfig};
 use nightshift_proto::{GpuTelemetry, NoArgs, NodeTelemetry, Op, Request, SetPowerLimitArgs, SimFault, Telemetry};
 
 use crate::Out;
+use crate::apart;
 use crate::args::BenchArgs;
 
 /// What `--out` holds: the machine, the size, and every figure.
@@ -328,7 +326,12 @@ fn write_runbook(dir: &Path, name: &str, manifest: &str, script: &str) -> Result
 }
 
 struct Fleet {
+    /// The agents when they run in this process (empty when apart).
     agents: Vec<(String, StartedAgent)>,
+    /// Every agent, wherever it runs.
+    members: Vec<apart::Member>,
+    /// The agents' process, when they run apart.
+    child: Option<apart::ChildFleet>,
     _dir: tempfile::TempDir,
     dir: PathBuf,
     key: Arc<nightshift_proto::ssh::keys::PrivateKey>,
@@ -361,32 +364,46 @@ impl Drop for DataDirs {
     }
 }
 
-/// Start `n` sim agents over SSH on loopback; their state (journal fsyncs)
-/// on `state_root`.
+/// Start `n` sim agents over SSH on loopback in this process; their state
+/// (journal fsyncs) on `state_root`.
 async fn fleet(n: usize, gpus: u32, interval_ms: u64, state_root: &Path) -> Result<Fleet> {
-    let tmp = tempfile::Builder::new().prefix("nightshift-bench").tempdir_in(state_root)?;
+    let (tmp, key) = fleet_dir(state_root)?;
+    let agents = apart::start_agents(n, gpus, interval_ms, tmp.path()).await?;
+    let members = agents
+        .iter()
+        .map(|(name, a)| apart::Member {
+            name: name.clone(),
+            addr: a.server.local_addr.to_string(),
+            fingerprint: a.host_key_fingerprint.clone(),
+        })
+        .collect();
     let dir = tmp.path().to_path_buf();
-    let (key, _) = nightshift_proto::ssh::keys::load_or_create(&dir.join("engine_key"), "bench")?;
-    std::fs::write(dir.join("authorized_keys"), format!("{}\n", key.public_key().to_openssh()?))?;
-    let clock: SharedClock = Arc::new(SystemClock);
-    let mut agents = Vec::new();
-    for i in 0..n {
-        let name = format!("n{i:04}");
-        let state = dir.join("agents").join(&name);
-        let cfg = AgentConfig {
-            telemetry_interval_ms: interval_ms,
-            ..AgentConfig::sim_node(
-                &name,
-                &state,
-                &dir.join("authorized_keys"),
-                SimConfig { gpus, seed: i as u64, start_warm: false, ..SimConfig::default() },
-            )
-        };
-        let backend: Arc<dyn Backend> = Arc::new(SimBackend::new(cfg.sim.clone())?);
-        let s = runtime::start_with(&cfg, backend, clock.clone()).await?;
-        agents.push((name, s));
-    }
-    Ok(Fleet { agents, _dir: tmp, dir, key: Arc::new(key), data_dirs: DataDirs::default() })
+    Ok(Fleet { agents, members, child: None, _dir: tmp, dir, key: Arc::new(key), data_dirs: DataDirs::default() })
+}
+
+/// The same fleet in a process of its own (`apart.rs`): where agents live.
+async fn fleet_apart(n: usize, gpus: u32, interval_ms: u64, state_root: &Path) -> Result<Fleet> {
+    let (tmp, key) = fleet_dir(state_root)?;
+    let child = apart::ChildFleet::start(n, gpus, interval_ms, tmp.path()).await?;
+    let dir = tmp.path().to_path_buf();
+    Ok(Fleet {
+        agents: Vec::new(),
+        members: child.members.clone(),
+        child: Some(child),
+        _dir: tmp,
+        dir,
+        key: Arc::new(key),
+        data_dirs: DataDirs::default(),
+    })
+}
+
+/// A fleet's folder on `state_root`, with the engine's key and the
+/// agents' `authorized_keys`.
+fn fleet_dir(state_root: &Path) -> Result<(tempfile::TempDir, nightshift_proto::ssh::keys::PrivateKey)> {
+    let tmp = tempfile::Builder::new().prefix("nightshift-bench").tempdir_in(state_root)?;
+    let (key, _) = nightshift_proto::ssh::keys::load_or_create(&tmp.path().join("engine_key"), "bench")?;
+    std::fs::write(tmp.path().join("authorized_keys"), format!("{}\n", key.public_key().to_openssh()?))?;
+    Ok((tmp, key))
 }
 
 impl Fleet {
@@ -403,10 +420,10 @@ impl Fleet {
             write_runbook(&rb, n, m, s)?;
         }
         let mut fleet = String::from("version: 1\nnodes:\n");
-        for (name, a) in &self.agents {
+        for m in &self.members {
             fleet.push_str(&format!(
-                "  - {{name: {name}, address: '{}', host_key: '{}', labels: {{pool: a}}}}\n",
-                a.server.local_addr, a.host_key_fingerprint
+                "  - {{name: {}, address: '{}', host_key: '{}', labels: {{pool: a}}}}\n",
+                m.name, m.addr, m.fingerprint
             ));
         }
         std::fs::write(self.dir.join("fleet.yaml"), fleet)?;
@@ -420,9 +437,22 @@ impl Fleet {
         nightshift_engine::config::EngineConfig::load(&path).map_err(|e| anyhow!("{e}"))
     }
 
+    /// The agents' syncs and changes so far, wherever they run.
+    async fn counts(&mut self) -> Result<apart::Counts> {
+        match &mut self.child {
+            Some(c) => c.counts().await,
+            None => Ok(apart::counts(&self.agents)),
+        }
+    }
+
     async fn shutdown(self) {
         for (_, a) in self.agents {
             a.shutdown().await;
+        }
+        if let Some(c) = self.child
+            && let Err(e) = c.shutdown().await
+        {
+            tracing::warn!(error = %e, "bench: the agents' process did not stop cleanly");
         }
     }
 }
@@ -459,13 +489,34 @@ fn first_action(r: &nightshift_engine::audit::AuditRecord) -> Option<Result<(), 
     })
 }
 
+/// How long scenario 2 measures its engine idle before the alerts.
+const IDLE_SAMPLE: Duration = Duration::from_secs(2);
+
+/// One run of scenario 2.
+struct AlertRun {
+    p50_ms: f64,
+    p99_ms: f64,
+    /// Median ms from the POST to each record of `STAGES`.
+    breakdown: String,
+    /// The agents' fdatasyncs per change they recorded.
+    syncs_per_change: f64,
+    /// The engine process's CPU per alert, µs: from just before the first
+    /// POST until every alert's run has finished, less the thread that
+    /// sent the alerts and read the audit's tail, and less what the
+    /// process spent idle over as long (measured just before).
+    engine_cpu_us: f64,
+    /// The agents' process's CPU per alert over the same time, less its
+    /// idle rate, µs (when the agents run apart).
+    agents_cpu_us: Option<f64>,
+}
+
 /// 2: POST → applied ActionResult, at a steady rate, every alert on its own
-/// GPU. Returns (p50 ms, p99 ms, the per-record breakdown, the agents'
-/// fdatasyncs per change they recorded); any alert without an applied
-/// action is an error.
-async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f64, f64, String, f64)> {
+/// GPU; the agents in a process of their own when `apart`. Any alert
+/// without an applied action is an error.
+async fn alert_latency(alerts: usize, rate: f64, data_root: &Path, apart: bool) -> Result<AlertRun> {
     let nodes = alerts.div_ceil(8);
-    let f = fleet(nodes, 8, 1000, data_root).await?;
+    let mut f =
+        if apart { fleet_apart(nodes, 8, 1000, data_root).await? } else { fleet(nodes, 8, 1000, data_root).await? };
     let cfg = f.engine_config(
         &[("hot", "trigger: {type: alert, alertname: BenchHot}\nscope: gpu\ncooldown_secs: 0\nmax_concurrent: 1000\nmax_attempts_per_day: 100000\n", "set_power_limit(600);\n")],
         1000,
@@ -476,21 +527,117 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/api/v1/alerts/alertmanager", listener.local_addr()?);
     let web = tokio::spawn(nightshift_web::serve(engine.clone(), listener, std::future::pending()));
+    let rx = engine.audit().subscribe();
+    let names: Vec<String> = f.members.iter().map(|m| m.name.clone()).collect();
+    let before = f.counts().await?;
+    // What the engine's process spends idle (its agents' telemetry, its
+    // loops), so that the figure per alert is what an alert adds.
+    let child_cpu = |f: &Fleet| f.child.as_ref().map(|c| c.cpu_secs()).transpose();
+    let (idle_cpu0, idle_agents0, idle_t0) = (apart::process_cpu_secs()?, child_cpu(&f)?, Instant::now());
+    tokio::time::sleep(IDLE_SAMPLE).await;
+    let idle_secs = idle_t0.elapsed().as_secs_f64();
+    let idle_per_s = (apart::process_cpu_secs()? - idle_cpu0) / idle_secs;
+    let agents_idle_per_s = child_cpu(&f)?.zip(idle_agents0).map_or(0.0, |(b, a)| (b - a) / idle_secs);
+    let agents_cpu0 = child_cpu(&f)?;
+    let (cpu0, t0) = (apart::process_cpu_secs()?, Instant::now());
+    // The alerts are sent and the tail read on a thread of their own, so
+    // that its CPU time can be told apart from the engine's.
+    let load = std::thread::Builder::new().name("bench-load".into()).spawn(move || -> Result<(Load, f64)> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let load = rt.block_on(send_alerts(alerts, rate, &url, &names, rx));
+        drop(rt);
+        Ok((load, apart::thread_cpu_secs()?))
+    })?;
+    let joined = tokio::task::spawn_blocking(move || load.join()).await?;
+    let (load, load_cpu) = joined.map_err(|_| anyhow!("the thread sending the alerts panicked"))??;
+    let busy_secs = t0.elapsed().as_secs_f64();
+    let cpu1 = apart::process_cpu_secs()? - idle_per_s * busy_secs;
+    let agents_cpu1 = child_cpu(&f)?.map(|c| c - agents_idle_per_s * busy_secs);
+    web.abort();
+    engine.shutdown().await;
+    // Each change an agent made (applied, and the release at its run's
+    // end) has its `pending` line; the syncs it cost are the state log's
+    // own count.
+    let after = f.counts().await?;
+    let syncs_per_change = (after.syncs - before.syncs) as f64 / (after.changes - before.changes).max(1) as f64;
+    f.shutdown().await;
+    let Load { mut lat, failed, stages, posted, finished } = load;
+    if lat.len() < alerts {
+        return Err(anyhow!(
+            "{} of {alerts} alerts led to an applied action ({} not applied{}; {} with no action at all)",
+            lat.len(),
+            failed.len(),
+            failed.first().map(|w| format!(", first: {w}")).unwrap_or_default(),
+            alerts - lat.len() - failed.len()
+        ));
+    }
+    if finished < alerts {
+        return Err(anyhow!("{finished} of {alerts} alerts' runs finished within 60 s of the last alert"));
+    }
+    // Median time from the POST to each record, stage by stage.
+    let mut cols: Vec<Vec<f64>> = vec![Vec::new(); STAGES.len()];
+    for (fp, times) in stages.iter() {
+        if let Some(t0) = posted.get(fp) {
+            for (i, t) in times.iter().enumerate() {
+                if let Some(t) = t {
+                    cols[i].push((*t - *t0).as_secs_f64() * 1000.0);
+                }
+            }
+        }
+    }
+    let breakdown =
+        STAGES.iter().zip(cols.iter_mut()).map(|(n, v)| format!("{n} {:.2}", median(v))).collect::<Vec<_>>().join(", ");
+    let per_alert = |secs: f64| secs * 1e6 / alerts as f64;
+    Ok(AlertRun {
+        p50_ms: pct(&mut lat.clone(), 0.5),
+        p99_ms: pct(&mut lat, 0.99),
+        breakdown,
+        syncs_per_change,
+        engine_cpu_us: per_alert(cpu1 - cpu0 - load_cpu),
+        agents_cpu_us: agents_cpu0.zip(agents_cpu1).map(|(a, b)| per_alert(b - a)),
+    })
+}
+
+/// What the thread sending scenario 2's alerts saw.
+struct Load {
+    /// ms from each POST to its applied action.
+    lat: Vec<f64>,
+    /// Actions not applied, and why.
+    failed: Vec<String>,
+    /// When each alert's records (`STAGES`) were seen on the tail.
+    stages: HashMap<String, [Option<Instant>; STAGES_LEN]>,
+    /// When each alert was posted.
+    posted: HashMap<String, Instant>,
+    /// Runs of these alerts seen finished.
+    finished: usize,
+}
+
+/// POST `alerts` Alertmanager payloads at `rate`, each for its own GPU,
+/// and follow the audit's tail until each has its applied action and its
+/// run has finished (or a minute has passed).
+async fn send_alerts(
+    alerts: usize,
+    rate: f64,
+    url: &str,
+    names: &[String],
+    mut rx: tokio::sync::broadcast::Receiver<Arc<nightshift_engine::audit::AuditRecord>>,
+) -> Load {
+    enum Seen {
+        Applied(Result<f64, String>),
+        Finished,
+        Lagged(u64),
+    }
     let sent: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
-    let posted: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
-    let mut rx = engine.audit().subscribe();
-    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Result<f64, String>>();
-    let sent2 = sent.clone();
-    // Where each alert's time goes: when each of its records became durable.
     let stages: Arc<std::sync::Mutex<HashMap<String, [Option<Instant>; STAGES_LEN]>>> = Arc::default();
-    let stages2 = stages.clone();
-    let listener_task = tokio::spawn(async move {
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Seen>();
+    let (sent2, stages2) = (sent.clone(), stages.clone());
+    let tail = tokio::spawn(async move {
         let mut run_fp: HashMap<String, String> = HashMap::new();
         loop {
             let r = match rx.recv().await {
                 Ok(r) => r,
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    let _ = done_tx.send(Err(format!("the bench's audit tail fell {n} records behind")));
+                    let _ = done_tx.send(Seen::Lagged(n));
                     continue;
                 }
                 Err(_) => break,
@@ -505,6 +652,12 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
                         run_fp.insert(id.to_string(), fp.clone());
                     }
                     fp
+                }
+                (RecordKind::RunFinished, Some(id)) => {
+                    if run_fp.remove(id).is_some() {
+                        let _ = done_tx.send(Seen::Finished);
+                    }
+                    continue;
                 }
                 (RecordKind::RunStarted | RecordKind::ActionIntent | RecordKind::ActionResult, Some(id)) => {
                     run_fp.get(id).cloned()
@@ -530,13 +683,12 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
             };
             if let Some(t) = sent2.lock().unwrap_or_else(|e| e.into_inner()).remove(&fp) {
                 mark(4);
-                let _ = done_tx.send(applied.map(|_| (now - t).as_secs_f64() * 1000.0));
+                let _ = done_tx.send(Seen::Applied(applied.map(|_| (now - t).as_secs_f64() * 1000.0)));
             }
         }
     });
     let http = reqwest::Client::new();
-    let names: Vec<String> = f.agents.iter().map(|(n, _)| n.clone()).collect();
-    let syncs_before: u64 = f.agents.iter().map(|(_, a)| a.agent.state_syncs()).sum();
+    let mut posted = HashMap::with_capacity(alerts);
     let start = Instant::now();
     for i in 0..alerts {
         let due = start + Duration::from_secs_f64(i as f64 / rate);
@@ -553,70 +705,29 @@ async fn alert_latency(alerts: usize, rate: f64, data_root: &Path) -> Result<(f6
                         "generatorURL": "", "fingerprint": fp}]
         });
         let t = Instant::now();
-        posted.lock().unwrap_or_else(|e| e.into_inner()).insert(fp.clone(), t);
+        posted.insert(fp.clone(), t);
         sent.lock().unwrap_or_else(|e| e.into_inner()).insert(fp, t);
         let h = http.clone();
-        let u = url.clone();
+        let u = url.to_string();
         tokio::spawn(async move {
             let _ = h.post(&u).json(&body).send().await;
         });
     }
-    let mut lat = Vec::new();
-    let mut failed = Vec::new();
+    let (mut lat, mut failed, mut finished) = (Vec::with_capacity(alerts), Vec::new(), 0);
     let end = Instant::now() + Duration::from_secs(60);
-    while lat.len() + failed.len() < alerts && Instant::now() < end {
+    while (lat.len() + failed.len() < alerts || finished < alerts) && Instant::now() < end {
         match tokio::time::timeout(Duration::from_secs(5), done_rx.recv()).await {
-            Ok(Some(Ok(ms))) => lat.push(ms),
-            Ok(Some(Err(why))) => failed.push(why),
+            Ok(Some(Seen::Applied(Ok(ms)))) => lat.push(ms),
+            Ok(Some(Seen::Applied(Err(why)))) => failed.push(why),
+            Ok(Some(Seen::Finished)) => finished += 1,
+            Ok(Some(Seen::Lagged(n))) => failed.push(format!("the bench's audit tail fell {n} records behind")),
             Ok(None) => break,
             Err(_) => {}
         }
     }
-    listener_task.abort();
-    web.abort();
-    engine.shutdown().await;
-    // Each change an agent made (applied, and the release at its run's
-    // end) has its `pending` line; the syncs it cost are the state log's
-    // own count.
-    let syncs: u64 = f.agents.iter().map(|(_, a)| a.agent.state_syncs()).sum::<u64>() - syncs_before;
-    let changes: usize = f
-        .agents
-        .iter()
-        .map(|(_, a)| {
-            a.agent
-                .journal_lines()
-                .iter()
-                .filter(|l| matches!(l, nightshift_agent::journal::JournalLine::Pending { .. }))
-                .count()
-        })
-        .sum();
-    let syncs_per_change = syncs as f64 / changes.max(1) as f64;
-    f.shutdown().await;
-    if lat.len() < alerts {
-        return Err(anyhow!(
-            "{} of {alerts} alerts led to an applied action ({} not applied{}; {} with no action at all)",
-            lat.len(),
-            failed.len(),
-            failed.first().map(|w| format!(", first: {w}")).unwrap_or_default(),
-            alerts - lat.len() - failed.len()
-        ));
-    }
-    // Median time from the POST to each record, stage by stage.
-    let stages = stages.lock().unwrap_or_else(|e| e.into_inner());
-    let sent_at = posted.lock().unwrap_or_else(|e| e.into_inner());
-    let mut cols: Vec<Vec<f64>> = vec![Vec::new(); STAGES.len()];
-    for (fp, times) in stages.iter() {
-        if let Some(t0) = sent_at.get(fp) {
-            for (i, t) in times.iter().enumerate() {
-                if let Some(t) = t {
-                    cols[i].push((*t - *t0).as_secs_f64() * 1000.0);
-                }
-            }
-        }
-    }
-    let breakdown =
-        STAGES.iter().zip(cols.iter_mut()).map(|(n, v)| format!("{n} {:.2}", median(v))).collect::<Vec<_>>().join(", ");
-    Ok((pct(&mut lat.clone(), 0.5), pct(&mut lat, 0.99), breakdown, syncs_per_change))
+    tail.abort();
+    let stages = std::mem::take(&mut *stages.lock().unwrap_or_else(|e| e.into_inner()));
+    Load { lat, failed, stages, posted, finished }
 }
 
 /// The records of one alert's path, in order.
@@ -1285,27 +1396,40 @@ async fn trigger_throughput_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()>
     Ok(())
 }
 
-/// Scenario 2: Alertmanager POST → action applied, at 100 and 1,000/s.
+/// Scenario 2: Alertmanager POST → action applied, at 100 and 1,000/s,
+/// then the knee: the highest rate of `KNEE_RATES` whose p99 is within
+/// 100 ms.
 async fn alert_latency_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
     let (smoke, runs, disk) = (ctx.smoke, ctx.runs, &ctx.disk);
     let alerts = if smoke { 100 } else { 1000 };
-    for rate in [100.0, 1000.0] {
+    let apart = !ctx.args.agents_in_process;
+    let where_agents = if apart {
+        "the agents in a process of their own"
+    } else {
+        "the agents in the engine's process (--agents-in-process)"
+    };
+    let rates = if ctx.args.alert_rates.is_empty() { vec![100.0, 1000.0] } else { ctx.args.alert_rates.clone() };
+    for &rate in &rates {
         let mut p50 = Vec::new();
         let mut p99 = Vec::new();
         let mut breakdowns = Vec::new();
         let mut syncs = Vec::new();
+        let mut engine_cpu = Vec::new();
+        let mut agents_cpu = Vec::new();
         for _ in 0..runs {
-            let (a, b, d, s) =
-                alert_latency(alerts, rate, disk).await.with_context(|| format!("scenario 2 at {rate}/s"))?;
-            p50.push(a);
-            p99.push(b);
-            breakdowns.push((a, d));
-            syncs.push(s);
+            let r =
+                alert_latency(alerts, rate, disk, apart).await.with_context(|| format!("scenario 2 at {rate}/s"))?;
+            p50.push(r.p50_ms);
+            p99.push(r.p99_ms);
+            breakdowns.push((r.p50_ms, r.breakdown));
+            syncs.push(r.syncs_per_change);
+            engine_cpu.push(r.engine_cpu_us);
+            agents_cpu.extend(r.agents_cpu_us);
         }
         breakdowns.sort_by(|x, y| x.0.total_cmp(&y.0));
         let breakdown = breakdowns.get(breakdowns.len() / 2).map(|b| b.1.clone()).unwrap_or_default();
         let note = format!(
-            "{alerts} alerts at {rate:.0}/s over HTTP, each on its own GPU ({} agents × 8 GPUs over SSH), every action applied and journaled; audit on {}; median ms from the POST to each durable record (median run): {breakdown}; {}",
+            "{alerts} alerts at {rate:.0}/s over HTTP, each on its own GPU ({} agents × 8 GPUs over SSH, {where_agents}), every action applied and journaled; audit on {}; median ms from the POST to each durable record (median run): {breakdown}; {}",
             alerts.div_ceil(8),
             disk.display(),
             ctx.refs.text()
@@ -1349,6 +1473,24 @@ async fn alert_latency_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
         }
         c.add(
             2,
+            &format!("engine CPU per alert at {rate:.0}/s"),
+            "µs",
+            engine_cpu,
+            None,
+            &format!("the engine's process (engine, web server, audit) user + system CPU from the first POST until every alert's run has finished, less the thread that sent the alerts and read the tail and less its idle rate (measured over 2 s just before) over as long, ÷ {alerts}; {where_agents}"),
+        );
+        if !agents_cpu.is_empty() {
+            c.add(
+                2,
+                &format!("agents' CPU per alert at {rate:.0}/s"),
+                "µs",
+                agents_cpu,
+                None,
+                "the agents' process over the same time, less its idle rate, ÷ the alerts: SSH, the change journaled (each applied cap and its release), the sim device",
+            );
+        }
+        c.add(
+            2,
             &format!("agent fdatasyncs per change at {rate:.0}/s"),
             "syncs",
             syncs,
@@ -1356,8 +1498,46 @@ async fn alert_latency_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
             "the agents' state-log fdatasyncs over the scenario ÷ the changes they recorded (each applied cap and each release at its run's end has a `pending` line)",
         );
     }
+    if !ctx.args.alert_rates.is_empty() {
+        return Ok(());
+    }
+    // The knee: up the ladder until a rate's p99 is over 100 ms.
+    let mut knees = Vec::new();
+    let mut ladders = Vec::new();
+    for _ in 0..runs {
+        let mut knee = 0.0;
+        let mut ladder = Vec::new();
+        for rate in KNEE_RATES {
+            let r = alert_latency(alerts, rate, disk, apart)
+                .await
+                .with_context(|| format!("scenario 2's knee at {rate}/s"))?;
+            ladder.push(format!("{rate:.0}/s {:.1}", r.p99_ms));
+            if r.p99_ms > 100.0 {
+                break;
+            }
+            knee = rate;
+        }
+        knees.push(knee);
+        ladders.push(ladder.join(", "));
+    }
+    eprintln!("scenario 2, the knee: p99 ms at each rate, run by run: {}", ladders.join(" | "));
+    c.add(
+        2,
+        "the knee: highest rate with p99 ≤ 100 ms",
+        "alerts/s",
+        knees,
+        Some(("≥ 1,000 alerts/s", &|k| k >= 1000.0)),
+        &format!(
+            "{alerts} alerts at each rate of {} in turn, until one's p99 is over 100 ms ({where_agents}); p99 ms at each rate, run by run: {}",
+            KNEE_RATES.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(", "),
+            ladders.join(" | ")
+        ),
+    );
     Ok(())
 }
+
+/// The rates scenario 2 climbs to find its knee, alerts per second.
+const KNEE_RATES: [f64; 9] = [100.0, 200.0, 400.0, 700.0, 1000.0, 1400.0, 2000.0, 2800.0, 4000.0];
 
 /// Scenario 3: telemetry → action acknowledged.
 async fn telemetry_latency_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {

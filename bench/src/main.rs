@@ -1,6 +1,7 @@
 //! `nightshift-bench`: the benchmark harness, outside the production CLI
 //! (issue 44). It drives the engine's parts directly (`nightshift_engine::embed`),
-//! hosts simulated agents in its own process, and starts the `nightshift`
+//! hosts simulated agents in its own process or (scenario 2) in a child
+//! process of its own (`apart.rs`), and starts the `nightshift`
 //! binary for the scenarios that need one of their own (failover, the
 //! fleet-month). Every figure is printed beside the machine's own limits,
 //! measured first (scenario 0); see `bench.rs` for the scenarios.
@@ -8,6 +9,7 @@
 //! Exit codes: 0 measured, 1 a scenario failed, 2 usage.
 #![forbid(unsafe_code)]
 
+mod apart;
 mod args;
 mod bench;
 
@@ -47,14 +49,24 @@ fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("NIGHTSHIFT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.agent_fleet {
+        builder.worker_threads(apart::worker_threads(n));
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
             return ExitCode::from(1);
         }
     };
-    match rt.block_on(bench::bench(&args, &out)) {
+    let run = async {
+        match (args.agent_fleet, &args.agent_state) {
+            (Some(n), Some(dir)) => apart::serve(n, args.agent_gpus, args.agent_interval_ms, dir).await,
+            _ => bench::bench(&args, &out).await,
+        }
+    };
+    match rt.block_on(run) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e}");
