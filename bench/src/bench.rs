@@ -492,6 +492,44 @@ fn first_action(r: &nightshift_engine::audit::AuditRecord) -> Option<Result<(), 
 /// How long scenario 2 measures its engine idle before the alerts.
 const IDLE_SAMPLE: Duration = Duration::from_secs(2);
 
+/// Scenario 2's part that is the agent's: `changes` requests that change
+/// a GPU (`set_power_limit`, each GPU once, so each is applied and
+/// journaled with one fdatasync) and as many read-only requests, one at a
+/// time, to agents in a process of their own over SSH. Median µs of each:
+/// (change, read).
+async fn agent_round_trips(changes: usize, state_root: &Path) -> Result<(f64, f64)> {
+    let nodes = changes.div_ceil(8);
+    let f = fleet_apart(nodes, 8, 60_000, state_root).await?;
+    let (mut change, mut read) = (Vec::with_capacity(changes), Vec::with_capacity(changes));
+    for (n, m) in f.members.iter().enumerate() {
+        let cc = ClientConfig::new(m.addr.clone(), m.fingerprint.clone(), f.key.clone());
+        let conn = AgentConnection::connect(&cc).await.map_err(|e| anyhow!("{e}"))?;
+        for gpu in 0..8u32 {
+            if change.len() == changes {
+                break;
+            }
+            let req = Request::new(format!("rtt-r-{n}-{gpu}"), Op::Holds(NoArgs {}));
+            let t = Instant::now();
+            let r = conn.call(&req).await.map_err(|e| anyhow!("{e}"))?;
+            read.push(t.elapsed().as_secs_f64() * 1e6);
+            if !r.ok {
+                return Err(anyhow!("the agent refused a read: {:?}", r.error));
+            }
+            let req =
+                Request::new(format!("rtt-c-{n}-{gpu}"), Op::SetPowerLimit(SetPowerLimitArgs { gpu, watts: 500.0 }));
+            let t = Instant::now();
+            let r = conn.call(&req).await.map_err(|e| anyhow!("{e}"))?;
+            change.push(t.elapsed().as_secs_f64() * 1e6);
+            if !r.ok {
+                return Err(anyhow!("the agent refused a change: {:?}", r.error));
+            }
+        }
+        conn.close().await;
+    }
+    f.shutdown().await;
+    Ok((median(&mut change), median(&mut read)))
+}
+
 /// One run of scenario 2.
 struct AlertRun {
     p50_ms: f64,
@@ -1498,6 +1536,25 @@ async fn alert_latency_step(ctx: &Ctx<'_>, c: &mut Collector) -> Result<()> {
             "the agents' state-log fdatasyncs over the scenario ÷ the changes they recorded (each applied cap and each release at its run's end has a `pending` line)",
         );
     }
+    // What of it is the agent's: a change's round trip beside a read's.
+    let (mut change, mut read) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let (c, r) =
+            agent_round_trips(if smoke { 40 } else { 200 }, disk).await.context("scenario 2, agent round trips")?;
+        change.push(c);
+        read.push(r);
+    }
+    c.add(
+        2,
+        "an agent's change over SSH (agents apart), one at a time",
+        "µs",
+        change,
+        None,
+        &format!(
+            "median round trip of set_power_limit, each GPU once (applied, journaled with one fdatasync), to agents in a process of their own; a read-only request to the same agents: {:.0} µs (median of the runs' medians); the floor counts it as one SSH round trip + one fdatasync",
+            median(&mut read)
+        ),
+    );
     if !ctx.args.alert_rates.is_empty() {
         return Ok(());
     }
