@@ -508,21 +508,9 @@ async fn agent_round_trips(changes: usize, state_root: &Path) -> Result<(f64, f6
             if change.len() == changes {
                 break;
             }
-            let req = Request::new(format!("rtt-r-{n}-{gpu}"), Op::Holds(NoArgs {}));
-            let t = Instant::now();
-            let r = conn.call(&req).await.map_err(|e| anyhow!("{e}"))?;
-            read.push(t.elapsed().as_secs_f64() * 1e6);
-            if !r.ok {
-                return Err(anyhow!("the agent refused a read: {:?}", r.error));
-            }
-            let req =
-                Request::new(format!("rtt-c-{n}-{gpu}"), Op::SetPowerLimit(SetPowerLimitArgs { gpu, watts: 500.0 }));
-            let t = Instant::now();
-            let r = conn.call(&req).await.map_err(|e| anyhow!("{e}"))?;
-            change.push(t.elapsed().as_secs_f64() * 1e6);
-            if !r.ok {
-                return Err(anyhow!("the agent refused a change: {:?}", r.error));
-            }
+            read.push(timed_call(&conn, Request::new(format!("rtt-r-{n}-{gpu}"), Op::Holds(NoArgs {}))).await?);
+            let set = Op::SetPowerLimit(SetPowerLimitArgs { gpu, watts: 500.0 });
+            change.push(timed_call(&conn, Request::new(format!("rtt-c-{n}-{gpu}"), set)).await?);
         }
         conn.close().await;
     }
@@ -844,17 +832,22 @@ async fn ssh_round_trip(calls: usize, state_root: &Path) -> Result<f64> {
     let conn = AgentConnection::connect(&cc).await.map_err(|e| anyhow!("{e}"))?;
     let mut v = Vec::with_capacity(calls);
     for i in 0..calls {
-        let req = Request::new(format!("rtt-{i}"), Op::Holds(NoArgs {}));
-        let t = Instant::now();
-        let r = conn.call(&req).await.map_err(|e| anyhow!("{e}"))?;
-        v.push(t.elapsed().as_secs_f64() * 1e6);
-        if !r.ok {
-            return Err(anyhow!("the agent refused a read: {:?}", r.error));
-        }
+        v.push(timed_call(&conn, Request::new(format!("rtt-{i}"), Op::Holds(NoArgs {}))).await?);
     }
     conn.close().await;
     f.shutdown().await;
     Ok(median(&mut v))
+}
+
+/// One request and its reply, µs; a refusal is an error.
+async fn timed_call(conn: &AgentConnection, req: Request) -> Result<f64> {
+    let t = Instant::now();
+    let r = conn.call(&req).await.map_err(|e| anyhow!("{e}"))?;
+    let us = t.elapsed().as_secs_f64() * 1e6;
+    if !r.ok {
+        return Err(anyhow!("the agent refused {:?}: {:?}", req.op, r.error));
+    }
+    Ok(us)
 }
 
 /// A manual run of `runbook` on `target`, as a person would ask for it.
