@@ -32,6 +32,17 @@ pub struct Member {
     pub fingerprint: String,
 }
 
+impl Member {
+    /// How the engine reaches `agent`, named `name`.
+    pub fn of(name: &str, agent: &StartedAgent) -> Member {
+        Member {
+            name: name.to_string(),
+            addr: agent.server.local_addr.to_string(),
+            fingerprint: agent.host_key_fingerprint.clone(),
+        }
+    }
+}
+
 /// What the agents did so far: their state log's fdatasyncs and the
 /// changes they recorded (`pending` lines).
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
@@ -93,12 +104,7 @@ pub async fn serve(n: usize, gpus: u32, interval_ms: u64, dir: &Path) -> Result<
     let mut out = tokio::io::stdout();
     let mut text = String::new();
     for (name, a) in &agents {
-        let m = Member {
-            name: name.clone(),
-            addr: a.server.local_addr.to_string(),
-            fingerprint: a.host_key_fingerprint.clone(),
-        };
-        text.push_str(&serde_json::to_string(&m)?);
+        text.push_str(&serde_json::to_string(&Member::of(name, a))?);
         text.push('\n');
     }
     text.push_str("ready\n");

@@ -369,14 +369,7 @@ impl Drop for DataDirs {
 async fn fleet(n: usize, gpus: u32, interval_ms: u64, state_root: &Path) -> Result<Fleet> {
     let (tmp, key) = fleet_dir(state_root)?;
     let agents = apart::start_agents(n, gpus, interval_ms, tmp.path()).await?;
-    let members = agents
-        .iter()
-        .map(|(name, a)| apart::Member {
-            name: name.clone(),
-            addr: a.server.local_addr.to_string(),
-            fingerprint: a.host_key_fingerprint.clone(),
-        })
-        .collect();
+    let members = agents.iter().map(|(name, a)| apart::Member::of(name, a)).collect();
     let dir = tmp.path().to_path_buf();
     Ok(Fleet { agents, members, child: None, _dir: tmp, dir, key: Arc::new(key), data_dirs: DataDirs::default() })
 }
