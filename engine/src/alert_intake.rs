@@ -104,7 +104,7 @@ impl Engine {
         if let Some(h) = &host
             && let Err(why) = nightshift_proto::names::check_node_name(h)
         {
-            self.core.counters().add(crate::counters::Count::AlertsUnknownNode, 1);
+            self.core.counters().add(crate::base::counters::Count::AlertsUnknownNode, 1);
             let reason = format!("alert {}: its host label is no node name: {why}; not acted on", a.name());
             if let Err(e) = self.drop_event(&reason, None).await {
                 tracing::error!(error = %e, "cannot audit a dropped alert");
@@ -112,7 +112,7 @@ impl Engine {
             return;
         }
         let Some(node) = node else {
-            self.core.counters().add(crate::counters::Count::AlertsUnknownNode, 1);
+            self.core.counters().add(crate::base::counters::Count::AlertsUnknownNode, 1);
             let reason =
                 format!("alert {} names host {:?}, which is not in the inventory", a.name(), host.unwrap_or_default());
             if let Err(e) = self.drop_event(&reason, None).await {

@@ -15,10 +15,10 @@ use nightshift_proto::clock::SharedClock;
 use nightshift_proto::{Op, ReleaseArgs, Reply, Request};
 
 use crate::audit::{AuditError, AuditRecord, AuditStore, NewRecord, RecordKind};
+use crate::base::counters::Counters;
+use crate::base::metrics;
 use crate::config::EngineConfig;
-use crate::counters::Counters;
 use crate::fleet::{Fleet, Node};
-use crate::metrics;
 use crate::notify::Notifier;
 use crate::runbooks::manifest::Trigger;
 use crate::runbooks::runbook::RunbookSet;
@@ -106,16 +106,16 @@ pub struct Core {
     ids: Ids,
     notifier: Notifier,
     /// Pages not delivered yet (invariant 19), retried by the tick.
-    outbox: Mutex<crate::outbox::Outbox>,
+    outbox: Mutex<crate::base::outbox::Outbox>,
     counters: Counters,
     /// Whether the engine stops, and the tasks a stop ends.
-    lifecycle: crate::lifecycle::Lifecycle,
+    lifecycle: crate::base::lifecycle::Lifecycle,
     /// Tokens as last loaded (engine.yaml's `auth`, replaced by a reload)
     /// and their generation (`tokens.rs`).
-    tokens: crate::tokens::TokenBook,
+    tokens: crate::config::tokens::TokenBook,
     /// One chain walk at a time, its report kept while the head stays
     /// (`verify_cache.rs`).
-    verify_cache: crate::verify_cache::VerifyCache,
+    verify_cache: crate::base::verify_cache::VerifyCache,
 }
 
 /// Lease a run's holds get: its timeout and two minutes, so an engine that
@@ -202,7 +202,7 @@ pub fn send_margin(ttl: std::time::Duration) -> std::time::Duration {
     (ttl / 10).max(std::time::Duration::from_millis(50))
 }
 
-pub(crate) use crate::locks::lock;
+pub(crate) use crate::base::locks::lock;
 
 impl Core {
     /// The leader lease, with the PostgreSQL backend.
@@ -586,12 +586,12 @@ impl Core {
     /// An alert trigger's `confirm:` on the target's latest reading (a node
     /// target of a GPU metric: any GPU); `None` without a reading.
     fn confirmed(&self, c: &crate::runbooks::manifest::Confirm, s: &RunSummary) -> Option<(bool, String)> {
-        let id = crate::metrics::metric_id(&c.metric)?;
+        let id = crate::base::metrics::metric_id(&c.metric)?;
         let n = self.fleet.get(s.target.node.as_deref()?)?;
         let b = self.signals.brain();
         let read =
             |gpu: Option<u16>| b.store().latest(crate::signals::telemetry::SeriesKey { node: n.idx, gpu, metric: id });
-        let vals: Vec<f64> = if !crate::metrics::metric(id).gpu_scoped {
+        let vals: Vec<f64> = if !crate::base::metrics::metric(id).gpu_scoped {
             read(None).map(|(_, v)| v).into_iter().collect()
         } else if let Some(g) = s.target.gpu.and_then(|g| u16::try_from(g).ok()) {
             read(Some(g)).map(|(_, v)| v).into_iter().collect()

@@ -7,11 +7,10 @@
 //! the fuzz targets and the integration tests take the engine's parts from
 //! here too: the modules that own them are `pub(crate)`.
 
+pub use crate::base::metrics::{METRICS, MetricId, ids, metric, metric_id, metric_names};
 pub use crate::fleet::inventory::{Inventory, NodeSpec};
 pub use crate::ha::{Leadership, LeaseConfig, campaign, renew};
 pub use crate::health::{FaultKind, HealthState, Lifecycle, XidAction, XidPolicy};
-pub use crate::metrics::{METRICS, MetricId, ids, metric, metric_id, metric_names};
-pub use crate::reload::{reload, reload_with};
 pub use crate::runbooks::manifest::{LoadError, Manifest, Mode, Trigger, locate};
 pub use crate::runbooks::modes::{FleetMode, load_modes};
 pub use crate::runbooks::runbook::load_dir;
@@ -19,6 +18,7 @@ pub use crate::runbooks::runbook::{RunbookSet, load_file};
 pub use crate::runbooks::script::ScriptLimits;
 pub use crate::runbooks::script::{Reading, RunCtx, RunInfo, ScriptHost, TextKind, build_engine, compile, execute};
 pub use crate::runstate::admission::{approval_reason, nodes_changed};
+pub use crate::server::reload::{reload, reload_with};
 pub use crate::shadow::ShadowFire;
 pub use crate::signals::alerts::{WebhookPayload, format_rfc3339_ms, parse_rfc3339_ms};
 pub use crate::signals::sources::{

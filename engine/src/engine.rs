@@ -22,10 +22,10 @@ use nightshift_proto::clock::SharedClock;
 use nightshift_proto::{EvidenceChunk, Telemetry};
 
 use crate::audit::{AuditError, AuditStore, NewRecord, RecordKind};
+use crate::base::metrics::MetricId;
 use crate::config::EngineConfig;
 use crate::core::Core;
 use crate::health::xid_policy::XidPolicy;
-use crate::metrics::MetricId;
 use crate::runbooks::runbook::RunbookSet;
 use crate::runs::RunState;
 use crate::runs::{RunSummary, Target};
@@ -191,7 +191,7 @@ impl Engine {
     }
 
     /// Every counter now, as plain data (what `/metrics` renders).
-    pub fn counters(&self) -> crate::counters::CounterSnapshot {
+    pub fn counters(&self) -> crate::base::counters::CounterSnapshot {
         self.core.counters().snapshot()
     }
 

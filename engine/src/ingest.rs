@@ -13,9 +13,9 @@ use nightshift_proto::Telemetry;
 
 use crate::audit::data::AlertReceived;
 use crate::audit::{AuditRecord, NewRecord, RecordKind};
+use crate::base::metrics::{self, MetricId, ids};
 use crate::engine::{Engine, EngineError, Ingested, RunRequest, Submitted};
 use crate::fleet::Node;
-use crate::metrics::{self, MetricId, ids};
 use crate::runbooks::manifest::Scope;
 use crate::runbooks::runbook::Runbook;
 use crate::runs::Target;
@@ -152,7 +152,7 @@ impl Engine {
             }
             fires
         };
-        self.core.counters().add(crate::counters::Count::SamplesIngested, t.gpus.len() as u64 * 12 + 8);
+        self.core.counters().add(crate::base::counters::Count::SamplesIngested, t.gpus.len() as u64 * 12 + 8);
         // Faults are states: every reading is evaluated against them before
         // what the thresholds fired.
         self.evaluate_health(&node).await;
@@ -269,7 +269,7 @@ impl Engine {
         for (n, ts) in nodes.iter().zip(seen) {
             n.state().saw_reading(ts);
         }
-        self.core.counters().add(crate::counters::Count::SamplesIngested, batch.len() as u64);
+        self.core.counters().add(crate::base::counters::Count::SamplesIngested, batch.len() as u64);
         // Health in name order, as before.
         let mut touched: Vec<&Arc<Node>> = nodes.iter().collect();
         touched.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
@@ -288,9 +288,9 @@ impl Engine {
         let (mapped, st) =
             crate::signals::sources::map_samples(samples, now, &|h| self.has_node(h), &|n, u| self.gpu_by_uuid(n, u));
         let c = &self.core.counters();
-        c.add(crate::counters::Count::SourceSamples, st.mapped as u64);
+        c.add(crate::base::counters::Count::SourceSamples, st.mapped as u64);
         c.add(
-            crate::counters::Count::SourceIgnored,
+            crate::base::counters::Count::SourceIgnored,
             (st.other_series + st.unknown_host + st.unknown_gpu + st.bad_value) as u64,
         );
         self.ingest_samples(&mapped).await;
@@ -336,7 +336,7 @@ impl Engine {
 
     /// A pull from a source failed.
     pub(crate) fn count_source_error(&self) {
-        self.core.counters().add(crate::counters::Count::SourceErrors, 1);
+        self.core.counters().add(crate::base::counters::Count::SourceErrors, 1);
     }
 
     /// Telemetry store size: (series, points).
@@ -351,7 +351,7 @@ impl Engine {
         }
         let set = self.runbook_set();
         for fire in fires {
-            self.core.counters().add(crate::counters::Count::TriggersFired, 1);
+            self.core.counters().add(crate::base::counters::Count::TriggersFired, 1);
             let Some(rb) = set.runbooks.get(fire.trigger) else { continue };
             let Some(req) = self.fire_request(rb, &fire) else { continue };
             let rearm =
@@ -554,8 +554,8 @@ impl Engine {
             });
         }
         let c = &self.core.counters();
-        c.add(crate::counters::Count::AlertsReceived, (recorded.len() + duplicates + shed) as u64);
-        c.add(crate::counters::Count::AlertsDuplicate, duplicates as u64);
+        c.add(crate::base::counters::Count::AlertsReceived, (recorded.len() + duplicates + shed) as u64);
+        c.add(crate::base::counters::Count::AlertsDuplicate, duplicates as u64);
         let durable: Option<futures::future::BoxFuture<'static, Result<(), String>>> = match (durable, waits.is_empty())
         {
             (None, true) => None,
@@ -580,7 +580,7 @@ impl Engine {
             self.core.signals().backlog().batch_started();
             self.core.handle().spawn(async move {
                 if shed > 0 {
-                    engine.core.counters().add(crate::counters::Count::EventsShed, shed as u64);
+                    engine.core.counters().add(crate::base::counters::Count::EventsShed, shed as u64);
                     let reason = format!(
                         "alert intake full ({cap} waiting, limits.alert_backlog): {shed} alerts shed, answered 503 so Alertmanager sends them again"
                     );

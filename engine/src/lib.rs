@@ -17,17 +17,16 @@
 
 pub(crate) mod alert_intake;
 pub mod api;
+pub(crate) mod base;
 mod blast;
 /// The audit log, its own crate (`nightshift-audit`), under its old path.
 pub use nightshift_audit as audit;
 pub mod config;
 pub(crate) mod control;
 pub(crate) mod core;
-pub(crate) mod counters;
 pub mod embed;
 pub mod engine;
 pub(crate) mod evidence;
-pub(crate) mod faults;
 pub(crate) mod fleet;
 pub(crate) mod fleet_mode;
 pub use nightshift_audit::ha;
@@ -35,24 +34,18 @@ pub(crate) mod health;
 mod holdreports;
 pub(crate) mod host;
 pub(crate) mod ingest;
-mod lifecycle;
-mod locks;
 pub(crate) mod maintenance;
-pub(crate) mod metrics;
 pub(crate) mod node_filter;
 pub(crate) mod notify;
-pub(crate) mod outbox;
 pub(crate) mod pages;
 pub(crate) mod repair;
 pub(crate) mod run;
 pub use nightshift_audit::runs;
-pub(crate) mod reload;
 pub(crate) mod runbooks;
 pub(crate) mod runstate;
-pub mod serve;
+mod server;
+/// The production start (`server/serve.rs`), under its old path.
+pub use server::serve;
 pub(crate) mod shadow;
 pub(crate) mod signals;
-pub(crate) mod thermal;
-mod tokens;
-mod verify_cache;
 pub(crate) mod views;

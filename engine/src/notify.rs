@@ -224,7 +224,7 @@ pub fn finding_id(rec: &AuditRecord, text: &str) -> Option<String> {
     let rb = rec.runbook.as_deref()?;
     let mut h = Sha256::new();
     h.update(format!("{rb}\n{}\n{:?}\n", rec.node.as_deref().unwrap_or(""), rec.gpu));
-    h.update(crate::outbox::finding_shape(text).as_bytes());
+    h.update(crate::base::outbox::finding_shape(text).as_bytes());
     Some(hex::encode(&h.finalize()[..6]))
 }
 

@@ -7,10 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::audit::{AuditRecord, NewRecord, RecordKind, data};
+use crate::base::outbox::{OpenPage, Pending, Said, SaidAt, backoff_ms, finding_shape, said_shape};
 use crate::config::WebhookTarget;
 use crate::core::Core;
 use crate::engine::Engine;
-use crate::outbox::{OpenPage, Pending, Said, SaidAt, backoff_ms, finding_shape, said_shape};
 
 impl Engine {
     /// A run found nothing to do: the findings its runbook told about the

@@ -28,10 +28,10 @@ use serde_json::{Value, json};
 use nightshift_proto::{HealthCheck, HealthCheckArgs, Op, ReleaseArgs, Request};
 
 use crate::audit::{NewRecord, RecordKind};
+use crate::base::metrics::ids;
 use crate::engine::{Engine, RunRequest, Submitted};
 use crate::fleet::Node;
 use crate::health::{Ack, Evidence, FaultKind, HealthState, Transition, repair_evidence};
-use crate::metrics::ids;
 use crate::runbooks::manifest::Trigger;
 use crate::runs::{RunSummary, Target};
 use crate::signals::telemetry::SeriesKey;
@@ -92,7 +92,7 @@ impl Engine {
                 evidence.into_iter().map(|(gpu, ev)| (gpu, ev, m.observe(name, gpu, &ev, now))).collect();
             (observed, m.node_gpus(name).next().is_some())
         };
-        self.core.counters().add(crate::counters::Count::HealthEvaluations, observed.len() as u64);
+        self.core.counters().add(crate::base::counters::Count::HealthEvaluations, observed.len() as u64);
         for (gpu, ev, new) in observed {
             // Healthy, never faulted, nothing new: nothing more to look at.
             if new.is_none() && !on_record {
@@ -103,7 +103,7 @@ impl Engine {
                     tracing::error!(node = name, gpu, error = %e, "a fault could not be recorded");
                     continue;
                 }
-                self.core.counters().add(crate::counters::Count::FaultsSeen, 1);
+                self.core.counters().add(crate::base::counters::Count::FaultsSeen, 1);
             }
             let h = self.core.health().model().get(name, gpu).cloned();
             let Some(h) = h else { continue };

@@ -167,7 +167,7 @@ impl Engine {
             let set = self.runbook_set();
             let metric = set.get(&run.runbook).and_then(|(_, rb)| rb.manifest.metric_id());
             if let (Some(m), Some(at_fire)) = (metric, run.event["value"].as_f64()) {
-                let def = crate::metrics::metric(m);
+                let def = crate::base::metrics::metric(m);
                 let gpu = if def.gpu_scoped { run.target.gpu } else { None };
                 if let Some(now) = self.latest(&node, gpu, m) {
                     lines.push(format!("{} was {at_fire:.1} {} at the fire, {now:.1} now", def.name, def.unit));

@@ -9,10 +9,10 @@ use serde_json::{Value, json};
 use nightshift_proto::{HoldInfo, Inventory, NoArgs, Op, Reply, Request};
 
 use crate::audit::{AuditRecord, NewRecord, RecordKind, RunFilter, RunPage, VerifyReport};
+use crate::base::metrics::{self, MetricId};
 use crate::core::Brain;
 use crate::engine::{Engine, EngineError};
 use crate::fleet::NodeState;
-use crate::metrics::{self, MetricId};
 use crate::runs::RunSummary;
 use crate::signals::telemetry::SeriesKey;
 
@@ -83,7 +83,7 @@ impl Engine {
             .verify_cache()
             .report(head, || async {
                 let audit = self.core.audit().clone();
-                self.core.counters().add(crate::counters::Count::VerifyWalks, 1);
+                self.core.counters().add(crate::base::counters::Count::VerifyWalks, 1);
                 let r = tokio::task::spawn_blocking(move || audit.verify())
                     .await
                     .map_err(|e| crate::audit::AuditError::Read(format!("the verify task failed: {e}")))??;
@@ -240,7 +240,7 @@ impl Engine {
         let b = self.core.signals().brain();
         let alerts = self.core.counters().alert_evaluations();
         let offers = self.core.counters().fault_offers();
-        let health = self.core.counters().get(crate::counters::Count::HealthEvaluations);
+        let health = self.core.counters().get(crate::base::counters::Count::HealthEvaluations);
         set.runbooks
             .iter()
             .enumerate()

@@ -559,9 +559,9 @@ impl EngineApi for Session {
 
     fn reload(&self, allow_partial: bool) -> Reply<'_, ReloadReply> {
         Box::pin(async move {
-            match crate::reload::reload_with(&self.engine, &self.actor, allow_partial).await {
+            match crate::server::reload::reload_with(&self.engine, &self.actor, allow_partial).await {
                 Ok(r) => Ok(ReloadReply::from(r)),
-                Err(crate::reload::ReloadError::Audit(e)) => Err(e.into()),
+                Err(crate::server::reload::ReloadError::Audit(e)) => Err(e.into()),
                 Err(e) => Err(Refused::new(422, "reload_refused", e.to_string())),
             }
         })

@@ -339,13 +339,13 @@ impl HaReply {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ReloadReply {
     #[serde(flatten)]
-    pub report: crate::reload::ReloadReport,
+    pub report: crate::server::reload::ReloadReport,
     pub loaded: usize,
     pub errors: Vec<String>,
 }
 
-impl From<crate::reload::ReloadReport> for ReloadReply {
-    fn from(report: crate::reload::ReloadReport) -> ReloadReply {
+impl From<crate::server::reload::ReloadReport> for ReloadReply {
+    fn from(report: crate::server::reload::ReloadReport) -> ReloadReply {
         ReloadReply { loaded: report.runbooks, errors: report.runbook_errors.clone(), report }
     }
 }

@@ -9,6 +9,7 @@ use crate::runbooks::manifest::LoadError;
 use crate::runbooks::script::ScriptLimits;
 
 mod proxy;
+pub(crate) mod tokens;
 mod validate;
 pub use proxy::{ProxyAuth, in_cidr, parse_cidr};
 pub use validate::valid_token_name;

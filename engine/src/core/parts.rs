@@ -9,8 +9,8 @@ use nightshift_proto::ssh::client::AgentTransport;
 
 use super::{Core, Ids, lock};
 use crate::audit::AuditStore;
+use crate::base::counters::Counters;
 use crate::config::EngineConfig;
-use crate::counters::Counters;
 use crate::fleet::Fleet;
 use crate::fleet::inventory::NodeSpec;
 use crate::notify::Notifier;
@@ -73,7 +73,7 @@ impl Core {
             outbox: Mutex::new(Default::default()),
             counters: Counters::default(),
             lifecycle: Default::default(),
-            tokens: crate::tokens::TokenBook::new(parts.config.auth.clone()),
+            tokens: crate::config::tokens::TokenBook::new(parts.config.auth.clone()),
             verify_cache: Default::default(),
             health: crate::health::Health::new(crate::health::HealthModel::new(
                 parts.config.limits.max_repairs_in_window,
@@ -119,15 +119,15 @@ impl Core {
     }
 
     /// Whether the engine stops, and the tasks a stop ends.
-    pub fn lifecycle(&self) -> &crate::lifecycle::Lifecycle {
+    pub fn lifecycle(&self) -> &crate::base::lifecycle::Lifecycle {
         &self.lifecycle
     }
 
-    pub fn tokens(&self) -> &crate::tokens::TokenBook {
+    pub fn tokens(&self) -> &crate::config::tokens::TokenBook {
         &self.tokens
     }
 
-    pub fn verify_cache(&self) -> &crate::verify_cache::VerifyCache {
+    pub fn verify_cache(&self) -> &crate::base::verify_cache::VerifyCache {
         &self.verify_cache
     }
 
@@ -153,7 +153,7 @@ impl Core {
         &self.runs
     }
 
-    pub fn outbox(&self) -> MutexGuard<'_, crate::outbox::Outbox> {
+    pub fn outbox(&self) -> MutexGuard<'_, crate::base::outbox::Outbox> {
         lock(&self.outbox)
     }
 }

@@ -97,7 +97,7 @@ impl HealthState {
     }
 }
 
-pub use crate::faults::FaultKind;
+pub use crate::base::faults::FaultKind;
 pub use crate::health::xid_policy::{XidAction, XidPolicy};
 
 /// What the readings of one GPU say about faults.

@@ -2,7 +2,7 @@
 //! model, the repair loop's pacing and each GPU's XID history, each
 //! behind its own lock, handed out as a guard.
 
-use crate::locks::lock;
+use crate::base::locks::lock;
 
 /// The health subsystem's state, each part behind its own lock: the
 /// model (every GPU's place in its repair lifecycle), the repair loop's

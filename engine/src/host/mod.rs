@@ -19,9 +19,9 @@ use nightshift_proto::owner::owned_by_nightshift;
 use nightshift_proto::{ConfigListArgs, HoldValue, NoArgs, Op, Outcome, ReleaseArgs, RenewArgs, Request};
 
 use crate::audit::{NewRecord, RecordKind};
+use crate::base::metrics::{self, METRICS, MetricId};
 use crate::core::{Core, hold_lease_secs};
 use crate::health::{HealthState, Transition};
-use crate::metrics::{self, METRICS, MetricId};
 use crate::runbooks::manifest::{Manifest, RunClass, Scope};
 use crate::runbooks::script::{Agg, Reading, RunCtx, ScriptHost, TextKind};
 use crate::runs::RunSummary;
@@ -404,10 +404,13 @@ impl ScriptHost for Host {
                 crate::signals::telemetry::SeriesKey { node: n.idx, gpu: None, metric: metrics::ids::CHASSIS_FAN },
                 since,
             );
-            [crate::thermal::last_airflow_step(&gpu_fan, 5.0), crate::thermal::last_airflow_step(&chassis, 5.0)]
-                .into_iter()
-                .flatten()
-                .max()
+            [
+                crate::signals::thermal::last_airflow_step(&gpu_fan, 5.0),
+                crate::signals::thermal::last_airflow_step(&chassis, 5.0),
+            ]
+            .into_iter()
+            .flatten()
+            .max()
         };
         if let Some(step) = airflow_step {
             since = since.max(step + 300_000);
@@ -423,7 +426,7 @@ impl ScriptHost for Host {
             let key = |metric| crate::signals::telemetry::SeriesKey { node: n.idx, gpu: Some(g), metric };
             (b.store().window(key(metrics::ids::TEMPERATURE), since), b.store().window(key(metrics::ids::POWER), since))
         };
-        match crate::thermal::fit(&temps, &power) {
+        match crate::signals::thermal::fit(&temps, &power) {
             Some(f) => to_map(json!({
                 "window_secs": (now - since) / 1000,
                 "per_min": (f.per_min * 1000.0).round() / 1000.0,

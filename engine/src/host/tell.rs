@@ -4,8 +4,8 @@
 //! reminder is due or (a sized notification) it has grown worse.
 
 use crate::audit::{NewRecord, RecordKind};
+use crate::base::outbox::Said;
 use crate::core::Core;
-use crate::outbox::Said;
 use crate::runbooks::script::{RunCtx, TextKind};
 
 use super::Host;
@@ -57,7 +57,7 @@ impl Host {
             match self.core.already_said(escalation, &ctx.runbook, node, ctx.target.gpu, &text, size) {
                 Said::New => {}
                 Said::Worse { seq, was } => {
-                    text = crate::outbox::worse_text(seq, was, size.unwrap_or(was), &text);
+                    text = crate::base::outbox::worse_text(seq, was, size.unwrap_or(was), &text);
                 }
                 Said::Again { seq } => {
                     let did = if escalation { "paged" } else { "said" };

@@ -71,7 +71,7 @@ impl Engine {
     }
 
     pub(crate) async fn drop_event(&self, reason: &str, node: Option<&str>) -> Result<(), EngineError> {
-        self.core.counters().add(crate::counters::Count::EventsDropped, 1);
+        self.core.counters().add(crate::base::counters::Count::EventsDropped, 1);
         self.core
             .audit()
             .append(
@@ -308,12 +308,12 @@ impl Engine {
                 Ok(Submitted::Dropped { reason })
             }
             Decision::Shed { reason } => {
-                self.core.counters().add(crate::counters::Count::EventsShed, 1);
+                self.core.counters().add(crate::base::counters::Count::EventsShed, 1);
                 self.drop_event(&reason, req.target.node.as_deref()).await?;
                 Ok(Submitted::Dropped { reason })
             }
             Decision::Suppress { reason, existing, first } => {
-                self.core.counters().add(crate::counters::Count::RunsSuppressed, 1);
+                self.core.counters().add(crate::base::counters::Count::RunsSuppressed, 1);
                 // An alert held back by an active run is noted every time,
                 // not only an episode's first: each acknowledged alert says
                 // on the chain what it led to (invariant 12), and a restart
@@ -367,7 +367,7 @@ impl Engine {
                 let text = format!("{}: {reason}", s.runbook);
                 let said =
                     s.target.node.as_deref().map(|n| self.core.already_said(true, &s.runbook, n, None, &text, None));
-                if let Some(crate::outbox::Said::Again { seq }) = said {
+                if let Some(crate::base::outbox::Said::Again { seq }) = said {
                     let note = crate::audit::data::Note {
                         text: format!("already paged (audit #{seq}), not paged again: {text}"),
                         ..Default::default()

@@ -204,7 +204,7 @@ impl Engine {
             h.cancel.clone()
         };
         cancel.store(true, Ordering::SeqCst);
-        self.core.counters().add(crate::counters::Count::RunsPreempted, 1);
+        self.core.counters().add(crate::base::counters::Count::RunsPreempted, 1);
         let rec = NewRecord::typed(
             RecordKind::Note,
             "engine",

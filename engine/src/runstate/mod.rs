@@ -24,6 +24,6 @@ impl Runs {
 
     /// The run table, locked.
     pub(crate) fn table(&self) -> MutexGuard<'_, runtable::RunTable> {
-        crate::locks::lock(&self.table)
+        crate::base::locks::lock(&self.table)
     }
 }

@@ -3,7 +3,7 @@
 //! thread a shard for a large batch, with the fires put back in sample
 //! order so that what fires never depends on the shard count.
 
-use crate::metrics::{self, MetricId};
+use crate::base::metrics::{self, MetricId};
 use crate::runbooks::runbook::RunbookSet;
 use crate::signals::telemetry::{SeriesKey, StoreShard, TelemetryStore};
 use crate::signals::triggers::{Fire, GroupCache, GroupLister, ShardStates, TriggerSet};

@@ -13,7 +13,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::metrics::{MetricId, ids};
+use crate::base::metrics::{MetricId, ids};
 
 /// The series kept for plots.
 pub const PLOTTED: &[MetricId] = &[

@@ -11,11 +11,12 @@ pub(crate) mod brain;
 pub(crate) mod history;
 pub(crate) mod sources;
 pub(crate) mod telemetry;
+pub(crate) mod thermal;
 pub(crate) mod triggers;
 
 use std::sync::{Mutex, MutexGuard};
 
-use crate::locks::lock;
+use crate::base::locks::lock;
 
 /// The signals subsystem's state, each part behind its own lock: the
 /// trigger brain (windows and triggers), the plot history, the backlog of

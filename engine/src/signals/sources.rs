@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::metrics::{MetricId, ids};
+use crate::base::metrics::{MetricId, ids};
 
 /// One sample as Prometheus has it (the workspace's one reader of the
 /// text format is `nightshift_proto::exposition`).
@@ -288,7 +288,7 @@ pub fn map_samples(
         }
         // Node readings (a job's progress, its communication share) have no GPU.
         if let DcgmField::Metric(m) = field
-            && !crate::metrics::metric(m).gpu_scoped
+            && !crate::base::metrics::metric(m).gpu_scoped
         {
             out.push((node, None, m, s.ts_ms.unwrap_or(now_ms), value));
             st.mapped += 1;

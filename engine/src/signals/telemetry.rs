@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 
 use nightshift_proto::Telemetry;
 
-use crate::metrics::{METRICS, MetricId, ids};
+use crate::base::metrics::{METRICS, MetricId, ids};
 
 mod fit;
 

@@ -554,9 +554,14 @@ const CLOCK_ALLOWED: &[Allowed] = &[
         "the simulator's physics integrates the real interval between its ticks, times the demo's scale",
     ),
     ("agent/src/statelog.rs", "Instant::now(", 1, "how long to wait for the state log's lock file"),
-    ("engine/src/serve.rs", "Instant::now(", 5, "the HA lease's renewals, timed against PostgreSQL's real clock"),
+    (
+        "engine/src/server/serve.rs",
+        "Instant::now(",
+        5,
+        "the HA lease's renewals, timed against PostgreSQL's real clock",
+    ),
     ("engine/src/core.rs", "Instant::now(", 1, "an SSH call's real latency, for the latency histogram"),
-    ("engine/src/verify_cache.rs", "Instant::now(", 1, "the age of the cached chain verification"),
+    ("engine/src/base/verify_cache.rs", "Instant::now(", 1, "the age of the cached chain verification"),
     ("engine/src/api/facade.rs", "Instant::now(", 1, "an agent ping's round trip, shown to a person, deciding nothing"),
 ];
 

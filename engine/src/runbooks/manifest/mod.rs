@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::{self, MetricId};
+use crate::base::metrics::{self, MetricId};
 
 mod validate;
 

@@ -161,12 +161,12 @@ impl Manifest {
                     return Err(err("kinds", "trigger.kinds: expected at least one fault kind, found none".into()));
                 }
                 for k in kinds {
-                    if crate::faults::FaultKind::parse(k).is_none() {
+                    if crate::base::faults::FaultKind::parse(k).is_none() {
                         return Err(err(
                             k,
                             format!(
                                 "trigger.kinds: unknown fault kind `{k}`: expected one of {}",
-                                crate::faults::FaultKind::ALL.map(|k| k.as_str()).join(", ")
+                                crate::base::faults::FaultKind::ALL.map(|k| k.as_str()).join(", ")
                             ),
                         ));
                     }

@@ -11,7 +11,7 @@ use rhai::{Dynamic, Engine, EvalAltResult, FnPtr, Map, NativeCallContext};
 use nightshift_proto::*;
 
 use super::{Agg, CURRENT, Reading, RunCtx, StopReason, TextKind, rt, terminated};
-use crate::metrics::{self, MetricId};
+use crate::base::metrics::{self, MetricId};
 
 pub(super) fn ctx() -> Result<Arc<RunCtx>, Box<EvalAltResult>> {
     CURRENT.with(|c| c.borrow().clone()).ok_or_else(|| rt("host function called outside a run"))

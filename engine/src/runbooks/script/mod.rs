@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use nightshift_proto::clock::SharedClock;
 use nightshift_proto::*;
 
-use crate::metrics::MetricId;
+use crate::base::metrics::MetricId;
 use crate::runbooks::manifest::LoadError;
 use crate::runs::Target;
 

@@ -10,7 +10,7 @@ use rhai::{Dynamic, Engine, EvalAltResult, Map};
 
 use super::api::ctx;
 use super::{Agg, Reading};
-use crate::metrics;
+use crate::base::metrics;
 
 /// The all-reduce share of step time past which a job is communication
 /// bound (H12's budget, the field report's 15 %).

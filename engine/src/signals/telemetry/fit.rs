@@ -211,7 +211,7 @@ impl Fit {
 #[cfg(test)]
 mod tests {
     use super::super::{SeriesKey, TelemetryStore, WindowFit};
-    use crate::metrics::{METRICS, ids};
+    use crate::base::metrics::{METRICS, ids};
 
     const T0: i64 = 1_790_000_000_000;
 

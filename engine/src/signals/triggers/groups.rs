@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use crate::metrics::MetricId;
+use crate::base::metrics::MetricId;
 use crate::signals::telemetry::{SeriesKey, TelemetryStore};
 
 /// Lists `(label value, series keys)` for a label and metric (the fleet's
@@ -115,7 +115,7 @@ impl GroupCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::ids;
+    use crate::base::metrics::ids;
 
     #[test]
     fn values_are_read_again_for_touched_nodes_and_lists_until_the_fleet_changes() {

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::metrics::{self, MetricId};
+use crate::base::metrics::{self, MetricId};
 use crate::runbooks::manifest::{Aggregate, Manifest, PredictModel, Scope, Trigger};
 use crate::signals::telemetry::{SeriesKey, SeriesRef, StoreShard, TelemetryStore};
 
@@ -493,7 +493,7 @@ impl TriggerSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::ids;
+    use crate::base::metrics::ids;
     use std::path::Path;
 
     fn manifest(trigger: &str, scope: &str) -> Manifest {

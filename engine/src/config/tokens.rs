@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use crate::config::AuthConfig;
+use super::AuthConfig;
 
 /// The tokens in force, and how many times a reload replaced them.
 pub(crate) struct TokenBook {

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::locks::lock;
+use crate::base::locks::lock;
 
 /// A plain count (each only goes up).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use crate::fleet::inventory::Inventory;
 use crate::health::xid_policy::XidPolicy;
 use crate::runbooks::manifest::LoadError;
 use crate::runbooks::runbook::load_dir;
-use crate::serve::{client_for, node_loop};
+use crate::server::serve::{client_for, node_loop};
 
 /// What a reload changed.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
