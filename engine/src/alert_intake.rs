@@ -89,11 +89,7 @@ impl Engine {
             // An episode (fingerprint, startsAt) resolved — not the alert
             // for ever: its next firing has a new startsAt and runs again.
             let now = self.core.now();
-            self.core.runs().table().resolve_episode(
-                crate::runstate::runtable::episode(&a.fingerprint, &a.starts_at),
-                now,
-                crate::runstate::runtable::RESOLVED_KEPT_MS,
-            );
+            self.core.runs().resolve_episode(crate::runstate::runtable::episode(&a.fingerprint, &a.starts_at), now);
             if let Some(node) = &node {
                 self.note_resolved(&a, &node.spec.name, &actor);
             }

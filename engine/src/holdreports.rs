@@ -16,16 +16,10 @@ impl Engine {
     /// ends in every telemetry message; the seen set is rebuilt from the
     /// audit log on start). An end on a run's hold goes on that run's page.
     pub(crate) async fn audit_ended_holds(&self, node: &str, ended: &[EndedHold]) {
-        let fresh: Vec<&EndedHold> = {
-            let mut t = self.core.runs().table();
-            ended
-                .iter()
-                .filter(|e| {
-                    let key = ended_key(node, &e.hold.id, e.ended_at_ms);
-                    t.first_hold_end(key)
-                })
-                .collect()
-        };
+        let fresh: Vec<&EndedHold> = ended
+            .iter()
+            .filter(|e| self.core.runs().first_hold_end(ended_key(node, &e.hold.id, e.ended_at_ms)))
+            .collect();
         for e in fresh {
             let run = self.core.audit().run(&e.hold.owner).ok().flatten();
             let mut rec = NewRecord::typed(
@@ -95,7 +89,7 @@ impl Engine {
             recs.push((key, rec, d.owners.clone()));
         }
         for (key, mut rec, owners) in recs {
-            if !self.core.runs().table().first_hold_end(key) {
+            if !self.core.runs().first_hold_end(key) {
                 continue;
             }
             if let Some(r) = owners.iter().find_map(|o| self.core.audit().run(o).ok().flatten()) {

@@ -56,7 +56,7 @@ impl Engine {
     pub(crate) async fn record_health(&self, t: &Transition, actor: &str) -> Result<(), String> {
         let rec = t.record(actor);
         let r = self.core.audit().append(rec, None).await.map_err(|e| format!("cannot audit a health change: {e}"))?;
-        self.core.health().model().replay(&r);
+        self.core.health().replay([&r]);
         tracing::info!(
             node = %t.node, gpu = t.gpu, from = t.from.as_str(), to = t.to.as_str(), by = %t.by, why = %t.why,
             "health changed"
@@ -177,7 +177,7 @@ impl Engine {
             return;
         };
         // A run already on this GPU's fault (queued, waiting, running).
-        if self.core.runs().table().active_run(&(rb.manifest.name.clone(), target.clone())).is_some() {
+        if self.core.runs().has_active(&(rb.manifest.name.clone(), target.clone())) {
             return;
         }
         // A node under maintenance (the hands-off marker): nothing acts, and
@@ -554,12 +554,7 @@ impl Engine {
     /// takeover, restore).
     pub(crate) fn rebuild_health(&self) -> Result<usize, crate::audit::AuditError> {
         let records = self.core.audit().records_of_kind(RecordKind::HealthChanged)?;
-        {
-            let mut m = self.core.health().model();
-            for r in &records {
-                m.replay(r);
-            }
-        }
+        self.core.health().replay(&records);
         let marks = self.core.audit().records_of_kind(RecordKind::NodeAnnotated)?;
         for r in &marks {
             let p = match r.payload::<crate::audit::data::NodeAnnotated>() {

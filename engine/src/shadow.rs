@@ -153,7 +153,7 @@ impl Engine {
                 r.outcome.map(|o| o.as_str().to_string()).unwrap_or_else(|| "not finished".into())
             ));
         }
-        if self.core.runs().table().episode_resolved(&run.event) {
+        if self.core.runs().episode_resolved(&run.event) {
             lines.push("the alert resolved".into());
         }
         if let Some(n) = self.node(&node) {

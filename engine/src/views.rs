@@ -97,7 +97,7 @@ impl Engine {
     /// leader's): the approvals page reads the same through either engine.
     pub(crate) fn pending_approvals(&self) -> Vec<RunSummary> {
         if self.core.acting() {
-            return self.core.runs().table().pending_approvals();
+            return self.core.runs().pending_approvals();
         }
         let f = crate::audit::RunFilter {
             state: Some(crate::runs::RunState::PendingApproval),
@@ -167,7 +167,7 @@ impl Engine {
             .filter_map(|(i, m)| latest(&b, None, i).map(|v| (m.name.to_string(), v)))
             .collect();
         drop(b);
-        let locked_by = self.core.runs().table().node_lock(name).cloned();
+        let locked_by = self.core.runs().node_lock(name);
         Some(NodeView {
             name: n.spec.name.clone(),
             address: n.addr.clone(),

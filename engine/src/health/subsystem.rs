@@ -1,6 +1,8 @@
 //! [`Health`]: the health subsystem's state as `Core` holds it — the
 //! model, the repair loop's pacing and each GPU's XID history, each
-//! behind its own lock, handed out as a guard.
+//! behind its own lock. The model is handed out to read only
+//! ([`ModelView`]); it changes through [`Health::replay`] and
+//! [`Health::set_policy`] alone.
 
 use crate::base::locks::lock;
 
@@ -18,10 +20,26 @@ impl Health {
         Health { model: std::sync::Mutex::new(model), repair: Default::default(), xid_history: Default::default() }
     }
 
-    /// Every GPU's place in its repair lifecycle (the fold of the chain's
-    /// `health_changed` records).
-    pub(crate) fn model(&self) -> std::sync::MutexGuard<'_, super::HealthModel> {
-        lock(&self.model)
+    /// Every GPU's place in its repair lifecycle, to read: the model
+    /// changes only by folding the chain's `health_changed` records
+    /// ([`Health::replay`]) or by a new XID policy ([`Health::set_policy`]),
+    /// so nothing outside this folder holds it mutably.
+    pub(crate) fn model(&self) -> ModelView<'_> {
+        ModelView(lock(&self.model))
+    }
+
+    /// Fold `records` (each a `health_changed`; others are ignored) into
+    /// the model, under one lock.
+    pub(crate) fn replay<'a>(&self, records: impl IntoIterator<Item = &'a crate::audit::AuditRecord>) {
+        let mut m = lock(&self.model);
+        for r in records {
+            m.replay(r);
+        }
+    }
+
+    /// Put a (re)loaded XID policy in force; returns what it changed.
+    pub(crate) fn set_policy(&self, policy: std::sync::Arc<super::XidPolicy>) -> Vec<String> {
+        lock(&self.model).set_policy(policy)
     }
 
     /// What the repair loop remembers between readings.
@@ -32,5 +50,18 @@ impl Health {
     /// Each GPU's XID events by code (the policy's repeat rule).
     pub(crate) fn xid_history(&self) -> std::sync::MutexGuard<'_, super::xid_history::XidHistory> {
         lock(&self.xid_history)
+    }
+}
+
+/// The health model under its lock, to read: it derefs to
+/// [`super::HealthModel`] and never mutably (the model is the fold of the
+/// chain; see [`Health::model`]).
+pub(crate) struct ModelView<'a>(std::sync::MutexGuard<'a, super::HealthModel>);
+
+impl std::ops::Deref for ModelView<'_> {
+    type Target = super::HealthModel;
+
+    fn deref(&self) -> &super::HealthModel {
+        &self.0
     }
 }

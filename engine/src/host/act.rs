@@ -22,8 +22,7 @@ impl Host {
         let Some(s) = self.summary() else { return 0 };
         let key = crate::runstate::runtable::RunTable::key(&s);
         let since = self.core.now().saturating_sub(window_ms);
-        let t = self.core.runs().table();
-        t.attempts_since(&key, since) as i64
+        self.core.runs().attempts_since(&key, since) as i64
     }
 
     /// Checks that come before any change; `Err` is the refusal (or a skip).
@@ -73,7 +72,7 @@ impl Host {
             // The person is done: go on only if the fault is still there;
             // else the run ends and its holds go (not a resumed run that
             // acted in an earlier life: its holds may be what keeps it down).
-            let resumed_holding = self.core.runs().table().run(&self.run).is_some_and(|r| r.resumed > 0 && r.acted);
+            let resumed_holding = self.own(|r| r.resumed > 0 && r.acted).unwrap_or(false);
             if let Some(s) = self.summary()
                 && !resumed_holding
                 && s.trigger != "manual"
@@ -101,10 +100,9 @@ impl Host {
         if ctx.dry_run {
             return Ok(());
         }
-        let (acted, nodes, params) = match self.core.runs().table().run(&self.run) {
-            Some(r) => (r.acted, r.summary.nodes.clone(), r.summary.params.clone()),
-            None => (true, Vec::new(), Default::default()),
-        };
+        let (acted, nodes, params) = self
+            .own(|r| (r.acted, r.summary.nodes.clone(), r.summary.params.clone()))
+            .unwrap_or((true, Vec::new(), Default::default()));
         // The run's own cap: `max_nodes_changed`, or under it the value of
         // its `nodes_changed_param` (what its approval counted).
         if m.scope == Scope::Group
@@ -125,18 +123,12 @@ impl Host {
                 ),
             ));
         }
-        if m.exclusive && ctx.target.node.is_none() {
-            let mut t = self.core.runs().table();
-            match t.node_lock(node) {
-                Some(holder) if holder != &self.run => {
-                    let why = format!("node {node} is busy with exclusive run {holder}");
-                    drop(t);
-                    return Err(self.refuse(ctx, node, op, "node_busy", why));
-                }
-                _ => {
-                    t.lock_node(node, &self.run);
-                }
-            }
+        if m.exclusive
+            && ctx.target.node.is_none()
+            && let Err(holder) = self.core.runs().lock_node_for(node, &self.run)
+        {
+            let why = format!("node {node} is busy with exclusive run {holder}");
+            return Err(self.refuse(ctx, node, op, "node_busy", why));
         }
         if !acted {
             // Re-check before the first change: the condition may have
@@ -150,9 +142,7 @@ impl Host {
                 ctx.skip(&why);
                 return Err(refused("skipped", &why));
             }
-            if let Some(r) = self.core.runs().table().run_mut(&self.run) {
-                r.acted = true;
-            }
+            self.own_mut(|r| r.acted = true);
         }
         Ok(())
     }
@@ -166,7 +156,7 @@ impl Host {
         let Some(n) = self.core.fleet().get(node) else { return refused("unknown_node", node) };
         // One node of a shared cause takes no capacity away: the cause is
         // not on this node (invariant 21).
-        let shared_cause = self.core.runs().table().run(&self.run).and_then(|r| r.shared_cause.clone());
+        let shared_cause = self.own(|r| r.shared_cause.clone()).flatten();
         if takes_capacity(&op)
             && let Some(cause) = shared_cause
         {
@@ -296,7 +286,7 @@ impl Host {
             || (!ctx.dry_run && matches!(op, Op::Drain(_)) && result["ok"] == true)
             || (changes && sent.as_ref().is_err_and(|e| e.left));
         let effect = (result["applied"] == json!(true) && !ctx.dry_run).then(|| effect_of(&op)).flatten();
-        if let Some(r) = self.core.runs().table().run_mut(&self.run) {
+        self.own_mut(|r| {
             if !ctx.dry_run {
                 // What it came to, for the run's outcome: went through
                 // (applied, or already so), refused, or lost on the way.
@@ -328,7 +318,7 @@ impl Host {
             if holds_here && !r.held_on.contains(&node_s) {
                 r.held_on.push(node_s.clone());
             }
-        }
+        });
         // The answer as built above: every field a string, bool or JSON
         // value where the type has it (an answer that does not read keeps
         // its fields, untyped, in `more`).

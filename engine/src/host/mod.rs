@@ -90,7 +90,7 @@ impl Host {
     }
 
     fn summary(&self) -> Option<RunSummary> {
-        self.core.runs().table().run(&self.run).map(|r| r.summary.clone())
+        self.own(|r| r.summary.clone())
     }
 
     fn manifest(&self) -> Option<Manifest> {
@@ -133,10 +133,8 @@ impl Host {
     fn refuse(&self, ctx: &RunCtx, node: &str, op: &Op, code: &str, message: String) -> Map {
         let data = crate::audit::data::Refusal { op: op.name().into(), code: code.into(), reason: message.clone() };
         self.record_typed(ctx, RecordKind::Refusal, Some(node), gpu_of(op), &data);
-        if !ctx.dry_run
-            && let Some(r) = self.core.runs().table().run_mut(&self.run)
-        {
-            r.achieved.refused.push(format!("{} on {node}: {message}", op.name()));
+        if !ctx.dry_run {
+            self.own_mut(|r| r.achieved.refused.push(format!("{} on {node}: {message}", op.name())));
         }
         refused(code, &message)
     }
@@ -209,16 +207,16 @@ impl Host {
 
     fn record_transition(&self, ctx: &RunCtx, t: &Transition) {
         // A GPU sent for replacement is what the run did, in its words.
-        if t.to == HealthState::Rma
-            && !ctx.dry_run
-            && let Some(r) = self.core.runs().table().run_mut(&self.run)
-            && !r.summary.did.iter().any(|d| d == "GPU to RMA")
-        {
-            r.summary.did.push("GPU to RMA".into());
+        if t.to == HealthState::Rma && !ctx.dry_run {
+            self.own_mut(|r| {
+                if !r.summary.did.iter().any(|d| d == "GPU to RMA") {
+                    r.summary.did.push("GPU to RMA".into());
+                }
+            });
         }
         let rec = t.record("engine").runbook(&ctx.runbook);
         match self.core.audit().append_blocking(rec, self.summary()) {
-            Ok(r) => self.core.health().model().replay(&r),
+            Ok(r) => self.core.health().replay([&r]),
             Err(e) => tracing::error!(run = %self.run, error = %e, "cannot audit a health change"),
         }
     }
@@ -306,10 +304,8 @@ impl ScriptHost for Host {
             HealthState::Rma => Some("goes to RMA"),
             _ => None,
         };
-        if let Some(waits) = waits
-            && let Some(r) = self.core.runs().table().run_mut(&self.run)
-        {
-            r.achieved.left_for_person = Some(format!("{node} GPU {gpu} {waits}: {}", t.why));
+        if let Some(waits) = waits {
+            self.own_mut(|r| r.achieved.left_for_person = Some(format!("{node} GPU {gpu} {waits}: {}", t.why)));
         }
         to_map(json!({"ok": true, "from": from.as_str(), "to": to.as_str()}))
     }
@@ -580,7 +576,7 @@ impl ScriptHost for Host {
         }
         let nodes: Vec<String> = match node {
             Some(n) => vec![n.to_string()],
-            None => self.core.runs().table().run(&self.run).map(|r| r.held_on.clone()).unwrap_or_default(),
+            None => self.own(|r| r.held_on.clone()).unwrap_or_default(),
         };
         let Some(summary) = self.summary() else { return refused("internal", "the run ended") };
         let mut out = Vec::new();
@@ -594,15 +590,15 @@ impl ScriptHost for Host {
                 }
             }
         }
-        if let Some(r) = self.core.runs().table().run_mut(&self.run) {
+        self.own_mut(|r| {
             r.held_on.retain(|x| !nodes.contains(x));
             r.keeps_on.retain(|x| !nodes.contains(x));
-        }
+        });
         to_map(json!({"ok": ok, "released": out}))
     }
 
     fn keep_holds(&self, ctx: &RunCtx, lease_secs: u64) -> Map {
-        let nodes: Vec<String> = self.core.runs().table().run(&self.run).map(|r| r.held_on.clone()).unwrap_or_default();
+        let nodes: Vec<String> = self.own(|r| r.held_on.clone()).unwrap_or_default();
         let Some(summary) = self.summary() else { return refused("internal", "the run ended") };
         let mut kept = Vec::new();
         for n in &nodes {
@@ -623,14 +619,14 @@ impl ScriptHost for Host {
                 kept.push(n.clone());
             }
         }
-        if !ctx.dry_run
-            && let Some(r) = self.core.runs().table().run_mut(&self.run)
-        {
-            for n in &kept {
-                if !r.keeps_on.contains(n) {
-                    r.keeps_on.push(n.clone());
+        if !ctx.dry_run {
+            self.own_mut(|r| {
+                for n in &kept {
+                    if !r.keeps_on.contains(n) {
+                        r.keeps_on.push(n.clone());
+                    }
                 }
-            }
+            });
         }
         to_map(json!({"ok": kept.len() == nodes.len(), "nodes": kept, "lease_secs": lease_secs}))
     }
@@ -721,7 +717,7 @@ impl ScriptHost for Host {
 
     fn event_resolved(&self, _ctx: &RunCtx) -> bool {
         let Some(s) = self.summary() else { return false };
-        self.core.runs().table().episode_resolved(&s.event)
+        self.core.runs().episode_resolved(&s.event)
     }
 
     fn runs_within(&self, _ctx: &RunCtx, window_ms: i64) -> i64 {

@@ -1,10 +1,22 @@
-//! The host's reads and evidence: statistics of a series over a window,
-//! the scheduler's queue for a pool, RMA evidence of the run's target, the
-//! XIDs repeating on the run's GPU.
+//! The host's reads and evidence: its own run's entry (the only one it
+//! reaches), statistics of a series over a window, the scheduler's queue
+//! for a pool, RMA evidence of the run's target, the XIDs repeating on the
+//! run's GPU.
 
 use super::*;
 
 impl Host {
+    /// `f` of this run's entry (`None` once it left the table): a host
+    /// reaches its own run only, never the run table.
+    pub(super) fn own<T>(&self, f: impl FnOnce(&crate::runstate::runtable::RunEntry) -> T) -> Option<T> {
+        self.core.runs().read_run(&self.run, f)
+    }
+
+    /// `f` on this run's entry (`None` once it left the table).
+    pub(super) fn own_mut<T>(&self, f: impl FnOnce(&mut crate::runstate::runtable::RunEntry) -> T) -> Option<T> {
+        self.core.runs().update_run(&self.run, f)
+    }
+
     /// [`ScriptHost::xid_repeats`].
     pub(super) fn repeats_of_target(&self, ctx: &RunCtx) -> rhai::Array {
         let (Some(node), Some(gpu)) = (ctx.target.node.as_deref(), ctx.target.gpu) else { return Vec::new() };

@@ -200,7 +200,7 @@ impl Host {
         };
         let Some(m) = self.manifest() else { return refused("internal", "the runbook was unloaded") };
         let pool = format!("{label}={value}");
-        let params = self.core.runs().table().run(&self.run).map(|r| r.summary.params.clone()).unwrap_or_default();
+        let params = self.own(|r| r.summary.params.clone()).unwrap_or_default();
         let max_step = m
             .max_nodes_changed
             .map_or(i64::MAX, |_| crate::runstate::admission::nodes_changed(&m, usize::MAX, &params) as i64);
@@ -210,7 +210,7 @@ impl Host {
                 &format!("autoscale: expected 1 to {max_step} nodes (the runbook's max_nodes_changed), found {count}"),
             );
         }
-        let asked = self.core.runs().table().autoscaled(&pool);
+        let asked = self.core.runs().autoscaled(&pool);
         if out && asked + count > cfg.max_nodes_per_pool as i64 {
             return refused(
                 "budget",
@@ -294,7 +294,7 @@ impl Host {
                     result.outcome = "applied".into();
                     result.status = Some(status);
                     result.answer = Some(text);
-                    self.core.runs().table().autoscale_applied(&pool, if out { count } else { -count });
+                    self.core.runs().autoscale_applied(&pool, if out { count } else { -count });
                 }
                 Err(e) => {
                     result.outcome = "error".into();
@@ -304,7 +304,7 @@ impl Host {
         }
         self.record_typed(ctx, RecordKind::ActionResult, None, None, &result);
         let mut result = json!(result);
-        result["requested_in_pool"] = json!(self.core.runs().table().autoscaled(&pool));
+        result["requested_in_pool"] = json!(self.core.runs().autoscaled(&pool));
         to_map(result)
     }
 }

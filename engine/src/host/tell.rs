@@ -31,24 +31,27 @@ impl Host {
         // wanted is the breaker's: the run still needs a person).
         if kind != TextKind::Note
             && !ctx.dry_run
-            && let Some(r) = self.core.runs().table().run_mut(&self.run)
-            && let Some(cause) = r.shared_cause.clone()
+            && self
+                .own_mut(|r| {
+                    let cause = r.shared_cause.clone()?;
+                    if escalation {
+                        r.achieved.paged.get_or_insert_with(|| format!("the shared cause's page ({cause})"));
+                    }
+                    Some(())
+                })
+                .flatten()
+                .is_some()
         {
-            if escalation {
-                r.achieved.paged.get_or_insert_with(|| format!("the shared cause's page ({cause})"));
-            }
             let did = if escalation { "paged" } else { "told" };
             text = format!("not {did}: one node of a shared cause, paged once for all of them: {text}");
             kind = TextKind::Note;
             rk = RecordKind::Note;
         }
         // A page (new, or one already sent): the run needs a person.
-        if escalation
-            && kind != TextKind::Note
-            && !ctx.dry_run
-            && let Some(r) = self.core.runs().table().run_mut(&self.run)
-        {
-            r.achieved.paged.get_or_insert_with(|| text.clone());
+        if escalation && kind != TextKind::Note && !ctx.dry_run {
+            self.own_mut(|r| {
+                r.achieved.paged.get_or_insert_with(|| text.clone());
+            });
         }
         if kind != TextKind::Note
             && !ctx.dry_run
@@ -64,8 +67,8 @@ impl Host {
                     text = format!("already {did} (audit #{seq}), not {did} again: {text}");
                     kind = TextKind::Note;
                     rk = RecordKind::Note;
-                    if let Some(r) = self.core.runs().table().run_mut(&self.run).filter(|_| !escalation) {
-                        r.repeated = true;
+                    if !escalation {
+                        self.own_mut(|r| r.repeated = true);
                     }
                 }
             }
@@ -91,9 +94,7 @@ impl Host {
         if !ctx.dry_run {
             tracing::warn!(run = %self.run, runbook = %ctx.runbook, severity, text = %text, "notification");
         }
-        if let Some(r) = self.core.runs().table().run_mut(&self.run) {
-            r.told = true;
-        }
+        self.own_mut(|r| r.told = true);
         let shadow = self.summary().is_some_and(|s| s.shadow);
         // A notice about a node whose page is open follows that page.
         let follows = match (kind, ctx.target.node.as_deref()) {

@@ -265,7 +265,7 @@ fn reload_files(engine: &Engine, allow_partial: bool) -> Result<ReloadReport, Re
 impl Engine {
     /// Put `policy` in force; what changed, one line per code.
     pub(crate) fn put_fault_policy(&self, policy: Arc<XidPolicy>) -> Vec<String> {
-        self.core.health().model().set_policy(policy)
+        self.core.health().set_policy(policy)
     }
 }
 

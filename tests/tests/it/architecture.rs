@@ -652,6 +652,83 @@ fn the_spawn_and_clock_checkers_find_violations() {
     assert!(!code.contains("SystemTime") && !code.contains("Command::new"), "{code}");
 }
 
+/// Issue 44, What to build #1 (a narrow interface per subsystem): who takes
+/// the run table's lock whole. The runs' own path (`run/`) and what must see
+/// many runs, or the run table with another subsystem, under one lock; every
+/// other module — a running script's host above all, which reaches only its
+/// own run (`Host::own`, `own_mut`) — goes through `Runs`' methods
+/// (`read_run`, `update_run`, `lock_node_for`, `episode_resolved`, …).
+const RUN_TABLE_PATTERNS: &[&str] = &["runs().table()"];
+const RUN_TABLE_TAKERS: &[Allowed] = &[
+    ("engine/src/run/queue.rs", "runs().table()", 11, "the queue's pump: priority, locks, preemption, start"),
+    ("engine/src/run/recovery.rs", "runs().table()", 7, "a restart rebuilds the table and resumes its runs"),
+    ("engine/src/run/executor.rs", "runs().table()", 5, "submit (admission over the whole table) and a run's end"),
+    ("engine/src/run/tick.rs", "runs().table()", 3, "the tick: deadlines, leases and approvals of every run"),
+    ("engine/src/run/breaker.rs", "runs().table()", 1, "a breaker's trip marks every run of the storm"),
+    ("engine/src/blast.rs", "runs().table()", 2, "drains in flight against the budget, under one lock"),
+    ("engine/src/ingest.rs", "runs().table()", 2, "a payload's alerts deduplicated and marked durable as one"),
+    ("engine/src/engine.rs", "runs().table()", 4, "the façade's listings of every run (cancel all, busy, active)"),
+    ("engine/src/fleet_mode.rs", "runs().table()", 2, "a fleet mode change sees every run in flight"),
+];
+
+#[test]
+fn only_the_runs_path_takes_the_run_table_whole() {
+    let _serial = nightshift_tests::serial::module(module_path!());
+    let files = library_code(&["engine/src"]);
+    assert!(files.len() > 50, "the sources were found: {}", files.len());
+    let v = uses_outside(&files, RUN_TABLE_PATTERNS, RUN_TABLE_TAKERS);
+    assert!(
+        v.is_empty(),
+        "the run table taken whole outside its takers (use a `Runs` method, or add a taker with its reason):\n{}",
+        v.join("\n")
+    );
+    // Fed a host that edits its run through the table: reported, with the line.
+    let fed = vec![(
+        "engine/src/host/tell.rs".to_string(),
+        "fn t(&self) {\n    if let Some(r) = self.core.runs().table().run_mut(&self.run) { r.told = true; }\n}\n"
+            .to_string(),
+    )];
+    let v = uses_outside(&fed, RUN_TABLE_PATTERNS, &[]);
+    assert_eq!(v.len(), 1, "{v:#?}");
+    assert!(v[0].starts_with("engine/src/host/tell.rs: 1 × `runs().table()`, 0 allowed"), "{v:#?}");
+    assert!(v[0].contains("engine/src/host/tell.rs:2:"), "{v:#?}");
+}
+
+/// The health model changes only by folding the chain (`Health::replay`)
+/// or a new XID policy (`Health::set_policy`): its holder hands it out to
+/// read ([`ModelView`] has no `DerefMut`), never as a guard or `&mut`.
+fn health_model_handed_out_mutably(subsystem: &str) -> Vec<String> {
+    subsystem
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.contains("fn ") && l.contains("->"))
+        .filter(|(_, l)| {
+            let ret = l.split("->").nth(1).unwrap_or("");
+            ret.contains("&mut") || (ret.contains("MutexGuard") && ret.contains("HealthModel"))
+        })
+        .map(|(i, l)| format!("engine/src/health/subsystem.rs:{}: {}", i + 1, l.trim()))
+        .collect()
+}
+
+#[test]
+fn the_health_model_is_handed_out_to_read_only() {
+    let _serial = nightshift_tests::serial::module(module_path!());
+    let code = std::fs::read_to_string(root().join("engine/src/health/subsystem.rs")).unwrap();
+    assert!(code.contains("impl std::ops::Deref for ModelView"), "the read view is where it was");
+    assert!(!code.contains("DerefMut"), "the read view must not deref mutably");
+    let v = health_model_handed_out_mutably(&code);
+    assert!(
+        v.is_empty(),
+        "the health model handed out to change (fold records through `Health::replay`):\n{}",
+        v.join("\n")
+    );
+    // Fed the guard it once handed out: reported.
+    let fed = "    pub(crate) fn model(&self) -> std::sync::MutexGuard<'_, super::HealthModel> {\n";
+    assert_eq!(health_model_handed_out_mutably(fed).len(), 1);
+    let fed = "    pub(crate) fn model_mut(&self) -> &mut Model {\n";
+    assert_eq!(health_model_handed_out_mutably(fed).len(), 1);
+}
+
 /// Issue 44's front door: web and the CLI name six engine modules — the
 /// plain types of `api`, the tools' `embed`, the `engine` handle, its
 /// `config`, `serve` and the `audit` log — and no other; a type they need
