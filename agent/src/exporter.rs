@@ -33,7 +33,7 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 
 use crate::service::Agent;
-use nightshift_proto::exposition::escape;
+use nightshift_proto::exposition::{Family, escape, fmt_value, write};
 use nightshift_proto::{GpuInfo, GpuTelemetry, Telemetry, Vendor};
 
 /// Connections served at once (a request sent); more wait for a slot.
@@ -173,7 +173,7 @@ pub fn render(t: &Telemetry, gpus: &[GpuInfo], driver: Option<&str>) -> String {
             if !v.is_finite() {
                 continue;
             }
-            let _ = writeln!(lines, "{}{{{l}}} {v}", f.name);
+            let _ = writeln!(lines, "{}{{{l}}} {}", f.name, fmt_value(v));
         }
         if !lines.is_empty() {
             let _ = writeln!(out, "# HELP {} {}\n# TYPE {} {}", f.name, f.help, f.name, f.kind);
@@ -184,14 +184,19 @@ pub fn render(t: &Telemetry, gpus: &[GpuInfo], driver: Option<&str>) -> String {
 }
 
 /// nightshift's own lines after the DCGM fields: whether the agent can
-/// record changes durably.
+/// record changes durably (written by `prometheus-client`, as the engine's
+/// `/metrics` is).
 fn render_agent(t: &Telemetry) -> String {
-    format!(
-        "# HELP nightshift_agent_state_degraded 1 while the agent cannot write its state log (a full or failing disk): it refuses every change until it can.\n\
-         # TYPE nightshift_agent_state_degraded gauge\nnightshift_agent_state_degraded{{Hostname=\"{}\"}} {}\n",
-        t.node,
-        u8::from(t.node_metrics.state_degraded.is_some())
-    )
+    let degraded = Family::gauges(
+        "nightshift_agent_state_degraded",
+        "1 while the agent cannot write its state log (a full or failing disk): it refuses every change until it can.",
+        vec![(
+            nightshift_proto::exposition::labels([("Hostname", t.node.as_str())]),
+            f64::from(u8::from(t.node_metrics.state_degraded.is_some())),
+        )],
+    );
+    // A gauge's name is not checked: writing it cannot fail.
+    write(vec![degraded]).unwrap_or_default()
 }
 
 async fn metrics(State(agent): State<Arc<Agent>>) -> Response {
@@ -347,5 +352,10 @@ mod tests {
             assert!(!text.contains(absent), "{absent} in\n{text}");
         }
         assert_eq!(escape("a\"b\\c\nd"), r#"a\"b\\c\nd"#);
+        // The agent's own line, with a host name that needs escaping.
+        let t = Telemetry { node: "n\"1".into(), ..t };
+        let own = render_agent(&t);
+        assert!(own.contains("# TYPE nightshift_agent_state_degraded gauge\n"), "{own}");
+        assert!(own.contains("nightshift_agent_state_degraded{Hostname=\"n\\\"1\"} 0\n"), "{own}");
     }
 }

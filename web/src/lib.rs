@@ -142,7 +142,9 @@ impl AppState {
 }
 
 async fn metrics(State(s): State<AppState>, _: Viewer) -> Result<Response, ApiError> {
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], prom::render(&s.engine)).into_response())
+    let text = prom::render(&s.engine)
+        .map_err(|e| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "metrics", e.to_string()))?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 
 /// The whole web app for `engine`.

@@ -1,19 +1,19 @@
 //! `/metrics` in the Prometheus text exposition format (version 0.0.4).
 
-use std::fmt::Write;
-
 use nightshift_engine::engine::Engine;
-use nightshift_proto::exposition::{escape, fmt_value as fmt_f};
+use nightshift_proto::exposition::{Family, Histogram, Labels, WriteError, labels, write};
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+/// Every nightshift metric, written by `prometheus-client`
+/// (`nightshift_proto::exposition::write`).
+pub fn render(engine: &Engine) -> Result<String, WriteError> {
+    write(families(engine))
 }
 
-/// Render every nightshift metric.
-pub fn render(engine: &Engine) -> String {
+/// What one scrape shows, gathered from the engine as plain data.
+fn families(engine: &Engine) -> Vec<Family> {
     let c = engine.counters();
-    let mut out = String::with_capacity(4096);
+    let gauges = engine.gauges();
+    let mut out = Vec::with_capacity(40);
     let counters = [
         ("nightshift_samples_ingested_total", "Telemetry samples ingested.", c.samples_ingested),
         ("nightshift_alerts_received_total", "Alertmanager alerts received, duplicates included.", c.alerts_received),
@@ -40,7 +40,7 @@ pub fn render(engine: &Engine) -> String {
         (
             "nightshift_pages_undeliverable_total",
             "Pages given up after notifications.page_expiry_secs without a delivery (since this engine started).",
-            engine.gauges().pages_undeliverable,
+            gauges.pages_undeliverable,
         ),
         (
             "nightshift_runs_suppressed_total",
@@ -49,69 +49,52 @@ pub fn render(engine: &Engine) -> String {
         ),
     ];
     for (name, help, v) in counters {
-        family(&mut out, name, "counter", help);
-        let _ = writeln!(out, "{name} {v}");
+        out.push(Family::counter(name, help, v));
     }
-    family(
-        &mut out,
+    out.push(Family::counters(
         "nightshift_told_total",
-        "counter",
         "What runbooks told people, by runbook and kind: notification, escalation, or repeat_noted (a finding said again within notifications.remind_after_secs, kept as a note).",
-    );
-    for ((rb, kind), n) in &c.told {
-        let _ = writeln!(out, "nightshift_told_total{{runbook=\"{}\",kind=\"{kind}\"}} {n}", escape(rb));
-    }
-    family(&mut out, "nightshift_runs_total", "counter", "Finished runs by outcome.");
-    for o in nightshift_engine::api::RunOutcome::ALL.map(|o| o.as_str()) {
-        let _ = writeln!(
-            out,
-            "nightshift_runs_total{{outcome=\"{o}\"}} {}",
-            c.runs_by_outcome.get(o).copied().unwrap_or(0)
-        );
-    }
-    family(
-        &mut out,
+        c.told.iter().map(|((rb, kind), n)| (labels([("runbook", rb.as_str()), ("kind", kind.as_str())]), *n)).collect(),
+    ));
+    out.push(Family::counters(
+        "nightshift_runs_total",
+        "Finished runs by outcome.",
+        nightshift_engine::api::RunOutcome::ALL
+            .map(|o| o.as_str())
+            .into_iter()
+            .map(|o| (labels([("outcome", o)]), c.runs_by_outcome.get(o).copied().unwrap_or(0)))
+            .collect(),
+    ));
+    let h = &c.action_latency;
+    out.push(Family::histograms(
         "nightshift_action_duration_seconds",
-        "histogram",
         "Time from sending an action to the agent's reply.",
-    );
-    {
-        let h = &c.action_latency;
-        for (b, n) in h.bounds.iter().zip(&h.counts) {
-            let _ = writeln!(out, "nightshift_action_duration_seconds_bucket{{le=\"{}\"}} {n}", fmt_f(*b));
-        }
-        let _ = writeln!(out, "nightshift_action_duration_seconds_bucket{{le=\"+Inf\"}} {}", h.count);
-        let _ = writeln!(out, "nightshift_action_duration_seconds_sum {}", fmt_f(h.sum));
-        let _ = writeln!(out, "nightshift_action_duration_seconds_count {}", h.count);
-    }
-    let gauges = [
-        (
-            "nightshift_queue_depth",
-            "Runs waiting to start (queued or pending approval).",
-            engine.gauges().queue_depth as f64,
-        ),
+        vec![(
+            Labels::new(),
+            Histogram {
+                cumulative: h.bounds.iter().copied().zip(h.counts.iter().copied()).collect(),
+                count: h.count,
+                sum: h.sum,
+            },
+        )],
+    ));
+    let levels = [
+        ("nightshift_queue_depth", "Runs waiting to start (queued or pending approval).", gauges.queue_depth as f64),
         ("nightshift_runs_running", "Runs executing now.", engine.running() as f64),
         ("nightshift_agents", "Agents in the inventory.", engine.node_names().len() as f64),
-        ("nightshift_agents_connected", "Agents connected now.", engine.gauges().agents_connected as f64),
+        ("nightshift_agents_connected", "Agents connected now.", gauges.agents_connected as f64),
         ("nightshift_audit_sequence", "Sequence number of the newest audit record.", engine.audit().head_seq() as f64),
         ("nightshift_runbooks_loaded", "Runbooks loaded.", engine.runbook_set().runbooks.len() as f64),
         ("nightshift_runbook_errors", "Runbook files that failed to load.", engine.runbook_set().errors.len() as f64),
         (
             "nightshift_pages_pending",
             "Pages (notifications, escalations) not delivered yet to a target: retried until delivered or expired.",
-            engine.gauges().pages_pending as f64,
+            gauges.pages_pending as f64,
         ),
     ];
-    for (name, help, v) in gauges {
-        family(&mut out, name, "gauge", help);
-        let _ = writeln!(out, "{name} {}", fmt_f(v));
+    for (name, help, v) in levels {
+        out.push(Family::gauge(name, help, v));
     }
-    family(
-        &mut out,
-        "nightshift_holds",
-        "gauge",
-        "Holds in effect on the fleet by setting kind and by whether a lease ends them (sticky: only a person does).",
-    );
     let mut holds: std::collections::BTreeMap<(&str, bool), usize> = Default::default();
     for kind in ["power_limit", "fan_curve", "clocks", "gpu_drain", "node_drain", "config"] {
         holds.insert((kind, false), 0);
@@ -119,33 +102,42 @@ pub fn render(engine: &Engine) -> String {
     for (_, h) in engine.active_holds() {
         *holds.entry((h.setting.kind(), h.sticky())).or_default() += 1;
     }
-    for ((kind, sticky), n) in holds {
-        let _ = writeln!(out, "nightshift_holds{{kind=\"{kind}\",sticky=\"{sticky}\"}} {n}");
-    }
+    out.push(Family::gauges(
+        "nightshift_holds",
+        "Holds in effect on the fleet by setting kind and by whether a lease ends them (sticky: only a person does).",
+        holds
+            .into_iter()
+            .map(|((kind, sticky), n)| {
+                (labels([("kind", kind), ("sticky", if sticky { "true" } else { "false" })]), n as f64)
+            })
+            .collect(),
+    ));
     let ha = engine.ha_status();
     if let Some(shard) = &ha.shard {
-        family(&mut out, "nightshift_ha_leader", "gauge", "1 while this engine holds its shard's lease.");
-        let _ = writeln!(out, "nightshift_ha_leader{{shard=\"{}\"}} {}", shard, u8::from(ha.role == "leader"));
-        family(&mut out, "nightshift_ha_term", "gauge", "The lease term this engine leads at (0 while standing by).");
-        let _ = writeln!(out, "nightshift_ha_term{{shard=\"{}\"}} {}", shard, ha.term.unwrap_or(0));
-        family(
-            &mut out,
+        let on = || labels([("shard", shard.as_str())]);
+        out.push(Family::gauges(
+            "nightshift_ha_leader",
+            "1 while this engine holds its shard's lease.",
+            vec![(on(), f64::from(u8::from(ha.role == "leader")))],
+        ));
+        out.push(Family::gauges(
+            "nightshift_ha_term",
+            "The lease term this engine leads at (0 while standing by).",
+            vec![(on(), ha.term.unwrap_or(0) as f64)],
+        ));
+        out.push(Family::gauges(
             "nightshift_ha_lease_age_seconds",
-            "gauge",
             "Seconds since the leader last took or renewed its lease (NaN while standing by).",
-        );
-        let age = ha.lease_age_ms.map_or(f64::NAN, |ms| ms as f64 / 1000.0);
-        let _ = writeln!(out, "nightshift_ha_lease_age_seconds{{shard=\"{}\"}} {}", shard, fmt_f(age));
+            vec![(on(), ha.lease_age_ms.map_or(f64::NAN, |ms| ms as f64 / 1000.0))],
+        ));
     }
     health(&mut out, engine);
-    let (series, points) = {
-        let g = engine.gauges();
-        (g.telemetry_series, g.telemetry_points)
-    };
-    family(&mut out, "nightshift_telemetry_series", "gauge", "Telemetry series held.");
-    let _ = writeln!(out, "nightshift_telemetry_series {series}");
-    family(&mut out, "nightshift_telemetry_points", "gauge", "Telemetry points held in trigger windows.");
-    let _ = writeln!(out, "nightshift_telemetry_points {points}");
+    out.push(Family::gauge("nightshift_telemetry_series", "Telemetry series held.", gauges.telemetry_series as f64));
+    out.push(Family::gauge(
+        "nightshift_telemetry_points",
+        "Telemetry points held in trigger windows.",
+        gauges.telemetry_points as f64,
+    ));
     out
 }
 
@@ -156,30 +148,25 @@ const REPAIR_BUCKETS_SECS: [f64; 11] =
 /// The health model: GPUs per state, and how long each phase of a fault's
 /// lifecycle took (the seeds' complaints — a 45-minute alert lag, a
 /// 42-minute MTTR — become a before and after).
-fn health(out: &mut String, engine: &Engine) {
+fn health(out: &mut Vec<Family>, engine: &Engine) {
     use nightshift_engine::api::HealthState;
     let model = engine.health_model();
     let counts = model.counts();
     let tracked: usize = counts.values().sum();
-    family(
-        out,
+    out.push(Family::gauges(
         "nightshift_gpu_health",
-        "gauge",
         "GPUs by health state (healthy includes every GPU no fault touched).",
-    );
-    for st in HealthState::ALL {
-        let mut n = counts.get(&st).copied().unwrap_or(0);
-        if st == HealthState::Healthy {
-            n += engine.fleet_gpus().saturating_sub(tracked);
-        }
-        let _ = writeln!(out, "nightshift_gpu_health{{state=\"{}\"}} {n}", st.as_str());
-    }
-    family(
-        out,
-        "nightshift_repair_seconds",
-        "histogram",
-        "Seconds from a fault being seen to each phase of its lifecycle (quarantined, requeued, repaired, verified), by fault kind; the lifecycles the engine holds (rebuilt from the audit chain).",
-    );
+        HealthState::ALL
+            .into_iter()
+            .map(|st| {
+                let mut n = counts.get(&st).copied().unwrap_or(0);
+                if st == HealthState::Healthy {
+                    n += engine.fleet_gpus().saturating_sub(tracked);
+                }
+                (labels([("state", st.as_str())]), n as f64)
+            })
+            .collect(),
+    ));
     let mut hist: std::collections::BTreeMap<(&str, &str), (Vec<u64>, u64, f64)> = Default::default();
     for (_, h) in model.all() {
         let current = h.fault.as_ref().zip(h.lifecycle.as_ref()).map(|(f, l)| (f.kind, *l));
@@ -197,13 +184,16 @@ fn health(out: &mut String, engine: &Engine) {
             }
         }
     }
-    for ((kind, phase), (buckets, count, sum)) in hist {
-        let l = format!("kind=\"{kind}\",phase=\"{phase}\"");
-        for (b, n) in REPAIR_BUCKETS_SECS.iter().zip(&buckets) {
-            let _ = writeln!(out, "nightshift_repair_seconds_bucket{{{l},le=\"{}\"}} {n}", fmt_f(*b));
-        }
-        let _ = writeln!(out, "nightshift_repair_seconds_bucket{{{l},le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "nightshift_repair_seconds_sum{{{l}}} {}", fmt_f(sum));
-        let _ = writeln!(out, "nightshift_repair_seconds_count{{{l}}} {count}");
-    }
+    out.push(Family::histograms(
+        "nightshift_repair_seconds",
+        "Seconds from a fault being seen to each phase of its lifecycle (quarantined, requeued, repaired, verified), by fault kind; the lifecycles the engine holds (rebuilt from the audit chain).",
+        hist.into_iter()
+            .map(|((kind, phase), (buckets, count, sum))| {
+                (
+                    labels([("kind", kind), ("phase", phase)]),
+                    Histogram { cumulative: REPAIR_BUCKETS_SECS.iter().copied().zip(buckets).collect(), count, sum },
+                )
+            })
+            .collect(),
+    ));
 }

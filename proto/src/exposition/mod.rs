@@ -1,15 +1,20 @@
 //! The Prometheus text exposition format (0.0.4), read and written once for
 //! the whole workspace: the engine's pull sources and the simulator's
 //! recordings read it with [`parse`], the agent's job textfiles line by
-//! line with [`parse_line`]; the agent's exporter and the web server's
-//! `/metrics` write label values with [`escape`] and sample values with
-//! [`fmt_value`]. The reader follows Prometheus' own parser where they
-//! could differ (checked against a real server by
+//! line with [`parse_line`]; the web server's `/metrics` and the agent's
+//! own series are written by the `prometheus-client` crate through
+//! [`write()`] (`write.rs`); the agent's DCGM lines, which keep
+//! dcgm-exporter's counter names, with [`escape`] and [`fmt_value`]. The
+//! reader follows Prometheus' own parser where they could differ (checked
+//! against a real server by
 //! `tests/tests/it/prometheus.rs`): blanks between a name and its labels and
 //! around `=`, only `\\`, `\"` and `\n` as escapes, an empty value as no
 //! label, `NaN`/`+Inf`/`-Inf`, an optional integer timestamp (ms).
 
 use std::collections::BTreeMap;
+
+mod write;
+pub use write::{Family, Histogram, Labels, Samples, WriteError, labels, write};
 
 /// One sample as Prometheus has it.
 #[derive(Debug, Clone, PartialEq)]
