@@ -694,6 +694,110 @@ fn only_the_runs_path_takes_the_run_table_whole() {
     assert!(v[0].contains("engine/src/host/tell.rs:2:"), "{v:#?}");
 }
 
+/// Issue 44, What to build #1: which subsystems each module above `core`
+/// reaches through it — the handles each driver takes, as a table a
+/// review sees change. A module that starts reaching another subsystem (or
+/// stops) fails here until this table says so. The subsystems themselves
+/// sit below `core` and reach none (the module DAG checks that).
+const SUBSYSTEMS: [&str; 5] = ["fleet", "runbooks", "signals", "health", "runs"];
+const REACHES: &[(&str, &[&str])] = &[
+    ("engine/src/alert_intake.rs", &["fleet", "runs"]),
+    ("engine/src/blast.rs", &["fleet", "health", "runs"]),
+    ("engine/src/control.rs", &["fleet", "health"]),
+    ("engine/src/engine.rs", &["fleet", "signals", "health", "runs"]),
+    ("engine/src/evidence.rs", &["fleet"]),
+    ("engine/src/fleet_mode.rs", &["health", "runs"]),
+    ("engine/src/holdreports.rs", &["runs"]),
+    ("engine/src/host/act.rs", &["fleet", "runs"]),
+    ("engine/src/host/mod.rs", &["fleet", "signals", "health", "runs"]),
+    ("engine/src/host/reads.rs", &["fleet", "signals", "health", "runs"]),
+    ("engine/src/host/scale.rs", &["fleet", "health", "runs"]),
+    ("engine/src/ingest.rs", &["fleet", "signals", "health", "runs"]),
+    ("engine/src/maintenance.rs", &["fleet"]),
+    ("engine/src/node_filter.rs", &["fleet", "health"]),
+    ("engine/src/repair.rs", &["fleet", "signals", "health", "runs"]),
+    ("engine/src/run/breaker.rs", &["fleet", "runs"]),
+    ("engine/src/run/executor.rs", &["fleet", "runs"]),
+    ("engine/src/run/queue.rs", &["runbooks", "signals", "runs"]),
+    ("engine/src/run/recovery.rs", &["fleet", "signals", "runs"]),
+    ("engine/src/run/tick.rs", &["fleet", "runs"]),
+    ("engine/src/server/reload.rs", &["fleet", "runbooks", "health"]),
+    ("engine/src/server/serve.rs", &["fleet"]),
+    ("engine/src/shadow.rs", &["runs"]),
+    ("engine/src/views.rs", &["fleet", "runbooks", "signals", "runs"]),
+];
+
+/// The subsystems `code` reaches through `Core`: `core.X()`, `core().X()`
+/// (whitespace in a method chain ignored) and, in an `impl Core` block's
+/// file, `self.X()`.
+fn subsystems_reached(code: &str) -> Vec<&'static str> {
+    let flat: String = code.chars().filter(|c| !c.is_whitespace()).collect();
+    let core_impl = code.lines().any(|l| l.starts_with("impl Core"));
+    let reached = |needle: &str| {
+        flat.match_indices(needle)
+            .any(|(i, _)| !flat[..i].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_'))
+    };
+    SUBSYSTEMS
+        .into_iter()
+        .filter(|x| {
+            reached(&format!("core.{x}()"))
+                || reached(&format!("core().{x}()"))
+                || (core_impl && reached(&format!("self.{x}()")))
+        })
+        .collect()
+}
+
+fn reach_differences(files: &[(String, String)], declared: &[(&str, &[&str])]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (path, code) in files {
+        let found = subsystems_reached(code);
+        let said: Vec<&str> = declared.iter().find(|(f, _)| f == path).map(|(_, s)| s.to_vec()).unwrap_or_default();
+        for x in &found {
+            if !said.contains(x) {
+                out.push(format!("{path} reaches the {x} subsystem, which REACHES does not list for it"));
+            }
+        }
+        for x in &said {
+            if !found.contains(x) {
+                out.push(format!("{path} no longer reaches the {x} subsystem: take it out of REACHES"));
+            }
+        }
+    }
+    for (f, _) in declared {
+        if !files.iter().any(|(path, _)| path == f) {
+            out.push(format!("REACHES names {f}, which is not a library file here"));
+        }
+    }
+    out
+}
+
+#[test]
+fn each_module_reaches_the_subsystems_it_says() {
+    let _serial = nightshift_tests::serial::module(module_path!());
+    let files = library_code(&["engine/src"]);
+    assert!(files.len() > 50, "the sources were found: {}", files.len());
+    let v = reach_differences(&files, REACHES);
+    assert!(v.is_empty(), "the subsystems modules reach differ from REACHES (architecture.rs):\n{}", v.join("\n"));
+    // Fed: a chain over lines, a new edge, a stale one, a word that only
+    // ends in `core`, and `self` in an `impl Core` file.
+    let fed = vec![
+        ("engine/src/a.rs".to_string(), "fn f(&self) { self\n    .core\n    .health()\n    .model(); }\n".to_string()),
+        ("engine/src/b.rs".to_string(), "fn f(&self) { let x = self.score.runs(); }\n".to_string()),
+        ("engine/src/c.rs".to_string(), "impl Core {\n    fn f(&self) { self.runs().table(); }\n}\n".to_string()),
+    ];
+    let declared: &[(&str, &[&str])] = &[("engine/src/a.rs", &["fleet"]), ("engine/src/b.rs", &[])];
+    let v = reach_differences(&fed, declared);
+    assert_eq!(
+        v,
+        [
+            "engine/src/a.rs reaches the health subsystem, which REACHES does not list for it",
+            "engine/src/a.rs no longer reaches the fleet subsystem: take it out of REACHES",
+            "engine/src/c.rs reaches the runs subsystem, which REACHES does not list for it",
+        ],
+        "{v:#?}"
+    );
+}
+
 /// The health model changes only by folding the chain (`Health::replay`)
 /// or a new XID policy (`Health::set_policy`): its holder hands it out to
 /// read ([`ModelView`] has no `DerefMut`), never as a guard or `&mut`.
