@@ -698,6 +698,54 @@ mod tests {
         }
     }
 
+    /// A caller that reads right after its append returned sees its
+    /// record, by seq, by run and in its run's summary — whatever the order
+    /// of answering and indexing (answering a group before indexing it was
+    /// tried with a read barrier, docs/BENCHMARKS.md; this is what it must
+    /// keep). Many writers, so groups are large and their indexing long.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_after_an_answer_sees_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        let mut tasks = Vec::new();
+        for w in 0..32 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..40 {
+                    let run = format!("r{w}-{i}");
+                    let rec = NewRecord::new(RecordKind::RunQueued, "engine", serde_json::json!({"i": i})).run(&run);
+                    let queued = AuditRecord {
+                        seq: 1,
+                        ts_ms: 1,
+                        kind: RecordKind::RunQueued,
+                        run: Some(run.clone()),
+                        node: Some("n1".into()),
+                        gpu: None,
+                        runbook: Some("rb".into()),
+                        actor: "engine".into(),
+                        data: serde_json::json!({"target": crate::runs::Target::node("n1")}),
+                        prev_hash: String::new(),
+                        hash: String::new(),
+                        v: None,
+                    };
+                    let mut sum = crate::rebuild_summary(&run, &[&queued]).unwrap();
+                    sum.detail = format!("w{w} i{i}");
+                    let r = s.append(rec, Some(sum)).await.unwrap();
+                    assert!(s.get(r.seq).unwrap().is_some(), "record {} not readable after its answer", r.seq);
+                    let of_run = s.run_records(&run).unwrap();
+                    assert_eq!(of_run.iter().map(|x| x.seq).collect::<Vec<_>>(), [r.seq], "run {run}'s records");
+                    let summary = s.run(&run).unwrap().map(|x| x.detail);
+                    assert_eq!(summary.as_deref(), Some(format!("w{w} i{i}").as_str()), "run {run}'s summary");
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(s.head_seq(), 32 * 40);
+        assert_eq!(s.tail(0, usize::MAX).unwrap().len(), 32 * 40);
+    }
+
     #[tokio::test]
     async fn chain_verifies_and_survives_reopen() {
         let dir = tempfile::tempdir().unwrap();
