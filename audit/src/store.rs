@@ -714,21 +714,7 @@ mod tests {
                 for i in 0..40 {
                     let run = format!("r{w}-{i}");
                     let rec = NewRecord::new(RecordKind::RunQueued, "engine", serde_json::json!({"i": i})).run(&run);
-                    let queued = AuditRecord {
-                        seq: 1,
-                        ts_ms: 1,
-                        kind: RecordKind::RunQueued,
-                        run: Some(run.clone()),
-                        node: Some("n1".into()),
-                        gpu: None,
-                        runbook: Some("rb".into()),
-                        actor: "engine".into(),
-                        data: serde_json::json!({"target": crate::runs::Target::node("n1")}),
-                        prev_hash: String::new(),
-                        hash: String::new(),
-                        v: None,
-                    };
-                    let mut sum = crate::rebuild_summary(&run, &[&queued]).unwrap();
+                    let mut sum = crate::verify::tests::summary(&run, "");
                     sum.detail = format!("w{w} i{i}");
                     let r = s.append(rec, Some(sum)).await.unwrap();
                     assert!(s.get(r.seq).unwrap().is_some(), "record {} not readable after its answer", r.seq);

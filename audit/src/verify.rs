@@ -290,7 +290,7 @@ fn summaries(trees: &Trees) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use nightshift_proto::clock::{SharedClock, VirtualClock};
@@ -303,7 +303,9 @@ mod tests {
         Arc::new(VirtualClock::new(1_000))
     }
 
-    fn summary(id: &str, why: &str) -> RunSummary {
+    /// A run's summary after its `run_queued` (node target `n1`), with
+    /// `why` (also used by `store.rs`'s tests).
+    pub(crate) fn summary(id: &str, why: &str) -> RunSummary {
         let mut s = crate::rebuild_summary(
             id,
             &[&crate::AuditRecord {
