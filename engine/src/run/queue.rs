@@ -502,7 +502,13 @@ impl Engine {
         let starts_cooldown = !unfinished && !undecided_after_resume && summary.trigger != "fault";
         // A run that decided there was nothing to do spends no budget.
         let (told, repeated) = self.core.runs().table().run(run).map_or((false, false), |e| (e.told, e.repeated));
-        let no_op = outcome == RunOutcome::Succeeded && summary.actions == 0 && summary.did.is_empty() && !told;
+        let changed_nothing = summary.actions == 0 && summary.did.is_empty() && !told;
+        let no_op = outcome == RunOutcome::Succeeded && changed_nothing;
+        // Nor does one skipped before it changed anything (its condition
+        // cleared while a breaker held it, its event aged in the queue): a
+        // budget bounds what runs do, and a refusal for a budget spent by
+        // runs that did nothing would page without a reason.
+        let free = no_op || (outcome == RunOutcome::Skipped && changed_nothing);
         // Who ended it: the person who cancelled or rejected it, the engine
         // when it stopped or preempted it, else whoever asked for the run.
         let cancelled = outcome == RunOutcome::Cancelled;
@@ -534,7 +540,7 @@ impl Engine {
                     holds_kept: Some(kept),
                     holds_left: Some(left),
                     starts_cooldown: Some(starts_cooldown),
-                    budget_refunded_ms: no_op.then_some(summary.created_ms),
+                    budget_refunded_ms: free.then_some(summary.created_ms),
                     by: person.as_ref().map(|c| c.by.clone()),
                     reason: person.and_then(|c| c.reason),
                     ..Default::default()
@@ -563,7 +569,7 @@ impl Engine {
             let mut t = self.core.runs().table();
             t.forget_run(run);
             let key = RunTable::key(&summary);
-            if no_op {
+            if free {
                 t.refund_attempt(&key, summary.created_ms);
             }
             if starts_cooldown {

@@ -311,6 +311,43 @@ async fn a_run_that_decides_there_is_nothing_to_do_spends_no_budget() {
     }
 }
 
+/// A run skipped before it changed anything — its alert resolved while the
+/// breaker held it — spends no attempt budget either: six such runs under a
+/// budget of two are never refused and page no one, and a seventh whose
+/// alert keeps firing still acts. (Before, the third fire was refused and
+/// paged "attempt budget spent" for runs that had done nothing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_skipped_before_it_acts_spends_no_budget() {
+    let rb = tempfile::tempdir().unwrap();
+    write_runbook(
+        rb.path(),
+        "hot",
+        &format!(
+            "{HOT_ANY_TIME}max_attempts_per_day: 2\nbreaker: {{max_targets: 99, window_secs: 60, hold_secs: 10}}\n"
+        ),
+        "set_power_limit(0, 600);\nkeep_holds(600);\n",
+    );
+    let sim = start(vec![node("n1", "h100-sxm")], rb.path(), |_| {}).await;
+    let f = &sim.fleet;
+    for i in 0..6 {
+        let at = now(f);
+        f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", &format!("fp{i}"), at, "firing"), "alertmanager");
+        f.run_for(2).await.unwrap();
+        f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", &format!("fp{i}"), at, "resolved"), "alertmanager");
+        f.run_for(15).await.unwrap();
+    }
+    f.engine.ingest_alertmanager(alert_payload("GpuHot", "n1", "fp6", now(f), "firing"), "alertmanager");
+    f.run_for(20).await.unwrap();
+    let runs = f.engine.runs(&Default::default()).unwrap().runs;
+    let outcomes: Vec<_> = runs.iter().rev().map(|r| r.outcome).collect();
+    let mut want = vec![Some(RunOutcome::Skipped); 6];
+    want.push(Some(RunOutcome::Succeeded));
+    assert_eq!(outcomes, want, "{runs:#?}");
+    assert_eq!(power_limit(f, "n1", 0).await, 600.0, "the seventh run acted");
+    let escalations = records(f).iter().filter(|r| r.kind == RecordKind::Escalation).count();
+    assert_eq!(escalations, 0, "no page for runs that did nothing");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blast_radius_holds_with_fifty_runs_racing() {
     let rb = tempfile::tempdir().unwrap();

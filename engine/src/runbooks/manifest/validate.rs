@@ -368,6 +368,19 @@ impl Manifest {
                 ),
             ));
         }
+        // A held fire whose event is older than max_event_age_secs when the
+        // hold ends is skipped: a hold that long skips every run.
+        if let Some(b) = &self.breaker
+            && b.hold_secs >= self.max_event_age_secs
+        {
+            return Err(err(
+                "breaker",
+                format!(
+                    "breaker: expected hold_secs under max_event_age_secs ({}), found {}: every held run would be too old to start — shorten the hold or raise max_event_age_secs",
+                    self.max_event_age_secs, b.hold_secs
+                ),
+            ));
+        }
         if !self.script.ends_with(".rhai") {
             return Err(err("script", format!("script: expected a .rhai file, found {:?}", self.script)));
         }
