@@ -142,6 +142,11 @@ impl Payload for TriggerSuppressed {
 pub struct BreakerTripped {
     pub reason: String,
     pub tripped_until_ms: Option<i64>,
+    /// The storm's nodes: a later storm over mostly the same nodes (another
+    /// runbook seeing the same rack's cooling) is the same shared cause,
+    /// told once.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
 }
 
 impl Payload for BreakerTripped {

@@ -20,7 +20,7 @@ use crate::engine::Engine;
 use crate::runbooks::manifest::{BreakerCount, OnTrip};
 use crate::runbooks::runbook::RunbookSet;
 use crate::runs::{RunOutcome, RunSummary};
-use crate::runstate::runtable::RunTable;
+use crate::runstate::runtable::{RunTable, SharedCause};
 
 /// A breaker that tripped in this pass of the pump, to record and page.
 pub(super) struct Trip {
@@ -33,6 +33,8 @@ pub(super) struct Trip {
     observe: bool,
     /// Runs of a `reversible_only` storm marked now: each gets its note.
     marked: Vec<RunSummary>,
+    /// The storm's nodes.
+    nodes: BTreeSet<String>,
 }
 
 impl Trip {
@@ -84,7 +86,7 @@ impl Engine {
                 }
             }
             let observe = rb.manifest.class == crate::runbooks::manifest::RunClass::Observe;
-            trips.push(Trip { runbook: name.clone(), reason, until, on_trip: b.on_trip, observe, marked });
+            trips.push(Trip { runbook: name.clone(), reason, until, on_trip: b.on_trip, observe, marked, nodes });
         }
         trips
     }
@@ -121,22 +123,39 @@ impl Engine {
     /// notification: the held runs of a refusing breaker are refused; the
     /// marked runs of a reversible-only one are told.
     pub(super) async fn trip_breaker(&self, trip: Trip) {
-        let Trip { runbook, reason, until, on_trip, observe, marked } = trip;
+        let Trip { runbook, reason, until, on_trip, observe, marked, nodes } = trip;
         let runbook = runbook.as_str();
-        if let Err(e) = self
+        let tripped = self
             .core
             .audit()
             .append(
                 NewRecord::typed(
                     RecordKind::BreakerTripped,
                     "engine",
-                    &data::BreakerTripped { reason: reason.clone(), tripped_until_ms: Some(until) },
+                    &data::BreakerTripped {
+                        reason: reason.clone(),
+                        tripped_until_ms: Some(until),
+                        nodes: nodes.iter().cloned().collect(),
+                    },
                 )
                 .runbook(runbook),
                 None,
             )
-            .await
-        {
+            .await;
+        // A storm over mostly the nodes of one told about lately is the
+        // same shared cause (the trend runbook saw the rack's cooling fail,
+        // now the over-temperature one does): recorded, not said again.
+        let n = &self.core.config().notifications;
+        let remembered_ms =
+            (if observe { n.remind_after_secs } else { n.repage_after_secs } as i64).saturating_mul(1000);
+        let now_told = tripped.as_ref().ok().map(|r| SharedCause {
+            seq: r.seq,
+            ts_ms: r.ts_ms,
+            runbook: runbook.to_string(),
+            nodes: nodes.clone(),
+        });
+        let told = self.core.runs().shared_cause(&nodes, self.core.now().saturating_sub(remembered_ms), now_told);
+        if let Err(e) = tripped {
             tracing::error!(error = %e, "cannot audit a breaker trip");
         }
         let text = match on_trip {
@@ -167,6 +186,21 @@ impl Engine {
                 )
             }
         };
+        if let Some(c) = told {
+            let text = format!(
+                "already {} as one shared cause (audit #{}, {}'s breaker), not again: {text}",
+                if observe { "told" } else { "paged" },
+                c.seq,
+                c.runbook
+            );
+            tracing::warn!(runbook, reason, told = c.seq, "breaker tripped on a shared cause already told");
+            let rec = NewRecord::typed(RecordKind::Note, "engine", &data::Note { text, ..Default::default() })
+                .runbook(runbook);
+            if let Err(e) = self.core.audit().append(rec, None).await {
+                tracing::error!(error = %e, "cannot audit a breaker's note");
+            }
+            return;
+        }
         let (kind, severity) =
             if observe { (RecordKind::Notification, "warning") } else { (RecordKind::Escalation, "escalation") };
         let rec = self

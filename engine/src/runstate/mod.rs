@@ -40,6 +40,24 @@ impl Runs {
         self.table().run_mut(id).map(f)
     }
 
+    /// The newest storm told about since `since_ms` that is the same shared
+    /// cause as one over `nodes` (more than half of them named), and then
+    /// `told_now` remembered (the storm being told, if its record is
+    /// durable): one look under one lock.
+    pub(crate) fn shared_cause(
+        &self,
+        nodes: &std::collections::BTreeSet<String>,
+        since_ms: i64,
+        told_now: Option<runtable::SharedCause>,
+    ) -> Option<runtable::SharedCause> {
+        let mut t = self.table();
+        let told = t.shared_cause_told(nodes, since_ms);
+        if let Some(c) = told_now {
+            t.note_shared_cause(c);
+        }
+        told
+    }
+
     /// How many runs of `key` started since `since_ms` (a runbook's
     /// `runs_within`).
     pub(crate) fn attempts_since(&self, key: &runtable::Key, since_ms: i64) -> usize {

@@ -8,7 +8,7 @@
 //! `run/recovery.rs`). So a restart — a crash, an upgrade, `Restart=on-failure`
 //! — does not forget a cooldown and re-run a still-firing alert.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -222,6 +222,15 @@ pub struct Breaker {
     pub reason: String,
 }
 
+/// A storm a breaker tripped on: its record, when, whose, and its nodes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedCause {
+    pub seq: u64,
+    pub ts_ms: i64,
+    pub runbook: String,
+    pub nodes: BTreeSet<String>,
+}
+
 impl Breaker {
     /// Distinct targets in the window ending at `now`: nodes, or GPUs.
     pub fn distinct(&mut self, now: i64, window_ms: i64, count: BreakerCount) -> usize {
@@ -252,6 +261,10 @@ pub struct RunTable {
     running_per_runbook: HashMap<String, usize>,
     drains_in_flight: HashSet<String>,
     breakers: HashMap<String, Breaker>,
+    /// The storms breakers told about, oldest first (rebuilt from
+    /// `breaker_tripped`): what a later storm over mostly the same nodes is
+    /// part of.
+    shared_causes: VecDeque<SharedCause>,
     schedule_next: HashMap<String, i64>,
     /// Alert dedup: `status|fingerprint@startsAt`.
     alerts_seen: SeenSet,
@@ -491,9 +504,18 @@ impl RunTable {
                 if let (Some(rb), Some(until)) =
                     (&r.runbook, read::<data::BreakerTripped>(r).and_then(|p| p.tripped_until_ms))
                 {
+                    let p = read::<data::BreakerTripped>(r).unwrap_or_default();
                     let b = self.breakers.entry(rb.clone()).or_default();
                     b.tripped_until = until;
-                    b.reason = read::<data::BreakerTripped>(r).map(|p| p.reason).unwrap_or_default();
+                    b.reason = p.reason;
+                    if !p.nodes.is_empty() {
+                        self.shared_causes.push_back(SharedCause {
+                            seq: r.seq,
+                            ts_ms: r.ts_ms,
+                            runbook: rb.clone(),
+                            nodes: p.nodes.into_iter().collect(),
+                        });
+                    }
                 }
             }
             RecordKind::HoldEnded => {

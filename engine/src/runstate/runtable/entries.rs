@@ -4,7 +4,9 @@
 //! ([`RunTable::activate`]) and leaves with it ([`RunTable::forget_run`]),
 //! so no caller can leave a key naming a run that is gone.
 
-use super::{Breaker, Key, RunEntry, RunTable};
+use std::collections::BTreeSet;
+
+use super::{Breaker, Key, RunEntry, RunTable, SharedCause};
 
 impl RunTable {
     /// The active run `id` (queued, pending approval or running).
@@ -81,6 +83,22 @@ impl RunTable {
     pub(crate) fn breaker_or_new(&mut self, name: &str) -> &mut Breaker {
         self.breakers.entry(name.to_string()).or_default()
     }
+
+    /// The newest storm told about since `since_ms` that names more than
+    /// half of `nodes`: the same shared cause (one rack's cooling seen by
+    /// the trend runbook, then by the over-temperature one). Older storms
+    /// are forgotten.
+    pub(crate) fn shared_cause_told(&mut self, nodes: &BTreeSet<String>, since_ms: i64) -> Option<SharedCause> {
+        while self.shared_causes.front().is_some_and(|c| c.ts_ms < since_ms) {
+            self.shared_causes.pop_front();
+        }
+        self.shared_causes.iter().rev().find(|c| c.nodes.intersection(nodes).count() * 2 > nodes.len()).cloned()
+    }
+
+    /// Remember a storm a breaker told about.
+    pub(crate) fn note_shared_cause(&mut self, c: SharedCause) {
+        self.shared_causes.push_back(c);
+    }
 }
 
 /// A queued run of `key` named `id` (tests: admission's cases need an
@@ -103,7 +121,10 @@ pub(crate) fn test_entry(id: &str, key: &Key) -> RunEntry {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
+
     use super::*;
+    use crate::audit::{AuditRecord, RecordKind};
     use crate::runs::Target;
 
     fn entry(id: &str, node: &str) -> RunEntry {
@@ -131,5 +152,48 @@ mod tests {
         t.forget_run("a");
         assert_eq!(t.active_run(&key).map(String::as_str), Some("b"));
         assert!(t.forget_run("nobody").is_none());
+    }
+
+    /// A `breaker_tripped` record of the runbook `trend`.
+    fn rec(seq: u64, ts_ms: i64, data: Value) -> AuditRecord {
+        AuditRecord {
+            seq,
+            ts_ms,
+            kind: RecordKind::BreakerTripped,
+            run: None,
+            node: None,
+            gpu: None,
+            runbook: Some("trend".into()),
+            actor: "engine".into(),
+            data,
+            prev_hash: String::new(),
+            hash: String::new(),
+            v: None,
+        }
+    }
+
+    /// A storm told about is the same shared cause for a later storm over
+    /// more than half of its nodes, within the window, across a restart
+    /// (rebuilt from `breaker_tripped`'s nodes); a storm elsewhere, or one
+    /// after the window, is new.
+    #[test]
+    fn a_storm_over_the_nodes_of_one_told_is_the_same_shared_cause() {
+        let mut t = RunTable::default();
+        t.replay(
+            &rec(7, 10_000, json!({"reason": "r7", "tripped_until_ms": 70_000, "nodes": ["a", "b", "c", "e"]})),
+            &|_| true,
+        );
+        let set = |ns: &[&str]| ns.iter().map(|n| n.to_string()).collect::<BTreeSet<String>>();
+        let told = t.shared_cause_told(&set(&["b", "c", "d", "e"]), 0).expect("three of four named before");
+        assert_eq!((told.seq, told.runbook.as_str()), (7, "trend"));
+        assert!(t.shared_cause_told(&set(&["c", "d", "x", "y"]), 0).is_none(), "half is not more than half");
+        assert!(t.shared_cause_told(&set(&["x", "y", "z", "w"]), 0).is_none(), "another rack");
+        // A trip recorded before nodes were (an older chain) names none.
+        t.replay(&rec(8, 11_000, json!({"tripped_until_ms": 70_000})), &|_| true);
+        assert_eq!(t.shared_cause_told(&set(&["b", "c", "d"]), 0).map(|c| c.seq), Some(7));
+        // Forgotten once older than the window.
+        assert!(t.shared_cause_told(&set(&["a", "b", "c"]), 10_001).is_none());
+        t.note_shared_cause(SharedCause { seq: 9, ts_ms: 20_000, runbook: "overheat".into(), nodes: set(&["a", "b"]) });
+        assert_eq!(t.shared_cause_told(&set(&["a", "b", "c"]), 10_001).map(|c| c.seq), Some(9));
     }
 }
