@@ -360,6 +360,10 @@ impl ScriptHost for Host {
         self.pending_of_group(ctx)
     }
 
+    fn shared_cause(&self, _ctx: &RunCtx) -> Option<String> {
+        self.own(|r| r.shared_cause.clone()).flatten()
+    }
+
     fn xid_repeats(&self, ctx: &RunCtx) -> rhai::Array {
         self.repeats_of_target(ctx)
     }

@@ -502,6 +502,14 @@ pub(super) fn register(e: &mut Engine) {
         let c = ctx()?;
         Ok(c.host.pool_pending(&c))
     });
+    // Why this run is one node of a shared cause (its runbook's breaker
+    // tripped: a rack's cooling, a push), now; `()` when it is not. A run
+    // can be marked after it started: ask before a step that tests the
+    // hardware (releasing a cap to see whether the GPU still needs it).
+    e.register_fn("shared_cause", || -> Result<Dynamic, Box<EvalAltResult>> {
+        let c = ctx()?;
+        Ok(c.host.shared_cause(&c).map(Dynamic::from).unwrap_or(Dynamic::UNIT))
+    });
     // A node powered up that did not boot: scale-out skips it until it
     // reports (a person looks at it).
     e.register_fn("boot_failed", |node: &str, why: &str| -> Result<(), Box<EvalAltResult>> {

@@ -216,6 +216,11 @@ pub trait ScriptHost: Send + Sync {
     fn pool_pending(&self, _ctx: &RunCtx) -> Map {
         Map::new()
     }
+    /// Why the run is one node of a shared cause (its breaker tripped),
+    /// now — a run can be marked after it started; `None` when it is not.
+    fn shared_cause(&self, _ctx: &RunCtx) -> Option<String> {
+        None
+    }
     /// Mark a node that did not boot after a power-up (scale-out skips it).
     fn boot_failed(&self, _ctx: &RunCtx, _node: &str, _why: &str) {}
     /// RMA evidence of the run's GPU (or node), its hash on the chain.
