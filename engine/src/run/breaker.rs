@@ -181,9 +181,15 @@ impl Engine {
                         tracing::error!(run = %s.id, error = %e, "cannot mark a run of a shared cause");
                     }
                 }
-                format!(
-                    "{runbook}: {reason}; its runs go on with reversible steps only (power caps, fans, config rollbacks): no node is drained, no job requeued and no node paged on its own for it"
-                )
+                if observe {
+                    format!(
+                        "{runbook}: {reason}; told once here, not by each node: each run's finding is a note on its run"
+                    )
+                } else {
+                    format!(
+                        "{runbook}: {reason}; its runs go on with reversible steps only (power caps, fans, config rollbacks): no node is drained, no job requeued and no node paged on its own for it"
+                    )
+                }
             }
         };
         if let Some(c) = told {
