@@ -147,6 +147,11 @@ pub struct BreakerTripped {
     /// told once.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<String>,
+    /// What kind of symptom the storm was (`temperature` for the H1–H3
+    /// rows, else the handbook row): only a later storm of the same kind
+    /// over the same nodes is the same shared cause.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symptom: Option<String>,
 }
 
 impl Payload for BreakerTripped {

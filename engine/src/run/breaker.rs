@@ -35,6 +35,8 @@ pub(super) struct Trip {
     marked: Vec<RunSummary>,
     /// The storm's nodes.
     nodes: BTreeSet<String>,
+    /// What kind of symptom ([`symptom_of`]).
+    symptom: String,
 }
 
 impl Trip {
@@ -86,7 +88,17 @@ impl Engine {
                 }
             }
             let observe = rb.manifest.class == crate::runbooks::manifest::RunClass::Observe;
-            trips.push(Trip { runbook: name.clone(), reason, until, on_trip: b.on_trip, observe, marked, nodes });
+            let symptom = symptom_of(&rb.manifest);
+            trips.push(Trip {
+                runbook: name.clone(),
+                reason,
+                until,
+                on_trip: b.on_trip,
+                observe,
+                marked,
+                nodes,
+                symptom,
+            });
         }
         trips
     }
@@ -123,7 +135,7 @@ impl Engine {
     /// notification: the held runs of a refusing breaker are refused; the
     /// marked runs of a reversible-only one are told.
     pub(super) async fn trip_breaker(&self, trip: Trip) {
-        let Trip { runbook, reason, until, on_trip, observe, marked, nodes } = trip;
+        let Trip { runbook, reason, until, on_trip, observe, marked, nodes, symptom } = trip;
         let runbook = runbook.as_str();
         let tripped = self
             .core
@@ -136,6 +148,7 @@ impl Engine {
                         reason: reason.clone(),
                         tripped_until_ms: Some(until),
                         nodes: nodes.iter().cloned().collect(),
+                        symptom: Some(symptom.clone()),
                     },
                 )
                 .runbook(runbook),
@@ -152,9 +165,11 @@ impl Engine {
             seq: r.seq,
             ts_ms: r.ts_ms,
             runbook: runbook.to_string(),
+            symptom: symptom.clone(),
             nodes: nodes.clone(),
         });
-        let told = self.core.runs().shared_cause(&nodes, self.core.now().saturating_sub(remembered_ms), now_told);
+        let since = self.core.now().saturating_sub(remembered_ms);
+        let told = self.core.runs().shared_cause(&nodes, &symptom, since, now_told);
         if let Err(e) = tripped {
             tracing::error!(error = %e, "cannot audit a breaker trip");
         }
@@ -227,6 +242,18 @@ impl Engine {
     }
 }
 
+/// What kind of symptom a runbook's storm is: the temperature rows (H1–H3)
+/// are one kind — a rack's cooling failing is seen by the over-temperature,
+/// trend and drift runbooks alike —, any other row its own, a runbook
+/// outside the handbook only itself.
+pub(crate) fn symptom_of(m: &crate::runbooks::manifest::Manifest) -> String {
+    match m.handbook.as_deref() {
+        Some(h) if h.split('/').all(|r| matches!(r.trim(), "H1" | "H2" | "H3")) => "temperature".into(),
+        Some(h) => h.to_string(),
+        None => format!("runbook {}", m.name),
+    }
+}
+
 /// The note that marks a run as one node of a shared cause.
 pub(crate) fn note(reason: String) -> data::Note {
     data::Note {
@@ -275,6 +302,26 @@ mod tests {
     use crate::host::takes_capacity;
 
     use super::*;
+
+    /// The temperature rows are one kind of symptom; any other row its own;
+    /// a runbook outside the handbook only itself.
+    #[test]
+    fn the_temperature_rows_are_one_kind_of_symptom() {
+        for (handbook, want) in [
+            ("handbook: H1/H2\n", "temperature"),
+            ("handbook: H3\n", "temperature"),
+            ("handbook: H5\n", "H5"),
+            ("handbook: H8\n", "H8"),
+            ("", "runbook rb"),
+        ] {
+            let m = crate::runbooks::manifest::Manifest::parse(
+                &format!("version: 1\nname: rb\n{handbook}description: d\nscript: rb.rhai\ntrigger:\n  type: manual\nscope: node\n"),
+                std::path::Path::new("rb.yaml"),
+            )
+            .expect("a manifest");
+            assert_eq!(symptom_of(&m), want, "{handbook}");
+        }
+    }
 
     /// Who is one of a storm's nodes: automatic runs, real or in shadow;
     /// never a person's manual run, nor a person's dry run.

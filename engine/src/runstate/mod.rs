@@ -41,17 +41,19 @@ impl Runs {
     }
 
     /// The newest storm told about since `since_ms` that is the same shared
-    /// cause as one over `nodes` (more than half of them named), and then
+    /// cause as one of `symptom` over `nodes` (the same kind, more than half
+    /// of them named), and then
     /// `told_now` remembered (the storm being told, if its record is
     /// durable): one look under one lock.
     pub(crate) fn shared_cause(
         &self,
         nodes: &std::collections::BTreeSet<String>,
+        symptom: &str,
         since_ms: i64,
         told_now: Option<runtable::SharedCause>,
     ) -> Option<runtable::SharedCause> {
         let mut t = self.table();
-        let told = t.shared_cause_told(nodes, since_ms);
+        let told = t.shared_cause_told(nodes, symptom, since_ms);
         if let Some(c) = told_now {
             t.note_shared_cause(c);
         }

@@ -228,6 +228,8 @@ pub struct SharedCause {
     pub seq: u64,
     pub ts_ms: i64,
     pub runbook: String,
+    /// What kind of symptom ([`crate::run::breaker::symptom_of`]).
+    pub symptom: String,
     pub nodes: BTreeSet<String>,
 }
 
@@ -513,6 +515,7 @@ impl RunTable {
                             seq: r.seq,
                             ts_ms: r.ts_ms,
                             runbook: rb.clone(),
+                            symptom: p.symptom.unwrap_or_else(|| format!("runbook {rb}")),
                             nodes: p.nodes.into_iter().collect(),
                         });
                     }

@@ -84,15 +84,26 @@ impl RunTable {
         self.breakers.entry(name.to_string()).or_default()
     }
 
-    /// The newest storm told about since `since_ms` that names more than
-    /// half of `nodes`: the same shared cause (one rack's cooling seen by
-    /// the trend runbook, then by the over-temperature one). Older storms
-    /// are forgotten.
-    pub(crate) fn shared_cause_told(&mut self, nodes: &BTreeSet<String>, since_ms: i64) -> Option<SharedCause> {
+    /// The newest storm of the same kind of symptom told about since
+    /// `since_ms` that names more than half of `nodes`: the same shared
+    /// cause (one rack's cooling seen by the trend runbook, then by the
+    /// over-temperature one). A storm of another kind over the same nodes
+    /// (a bad push on the rack whose cooling failed this morning) is not.
+    /// Older storms are forgotten.
+    pub(crate) fn shared_cause_told(
+        &mut self,
+        nodes: &BTreeSet<String>,
+        symptom: &str,
+        since_ms: i64,
+    ) -> Option<SharedCause> {
         while self.shared_causes.front().is_some_and(|c| c.ts_ms < since_ms) {
             self.shared_causes.pop_front();
         }
-        self.shared_causes.iter().rev().find(|c| c.nodes.intersection(nodes).count() * 2 > nodes.len()).cloned()
+        self.shared_causes
+            .iter()
+            .rev()
+            .find(|c| c.symptom == symptom && c.nodes.intersection(nodes).count() * 2 > nodes.len())
+            .cloned()
     }
 
     /// Remember a storm a breaker told about.
@@ -172,28 +183,39 @@ mod tests {
         }
     }
 
-    /// A storm told about is the same shared cause for a later storm over
-    /// more than half of its nodes, within the window, across a restart
-    /// (rebuilt from `breaker_tripped`'s nodes); a storm elsewhere, or one
-    /// after the window, is new.
+    /// A storm told about is the same shared cause for a later storm of the
+    /// same kind of symptom over more than half of its nodes, within the
+    /// window, across a restart (rebuilt from `breaker_tripped`'s nodes and
+    /// symptom); a storm elsewhere, of another kind, or after the window is
+    /// new.
     #[test]
     fn a_storm_over_the_nodes_of_one_told_is_the_same_shared_cause() {
         let mut t = RunTable::default();
-        t.replay(
-            &rec(7, 10_000, json!({"reason": "r7", "tripped_until_ms": 70_000, "nodes": ["a", "b", "c", "e"]})),
-            &|_| true,
-        );
+        let tripped = json!({"reason": "r7", "tripped_until_ms": 70_000, "nodes": ["a", "b", "c", "e"], "symptom": "temperature"});
+        t.replay(&rec(7, 10_000, tripped), &|_| true);
         let set = |ns: &[&str]| ns.iter().map(|n| n.to_string()).collect::<BTreeSet<String>>();
-        let told = t.shared_cause_told(&set(&["b", "c", "d", "e"]), 0).expect("three of four named before");
+        let told = t.shared_cause_told(&set(&["b", "c", "d", "e"]), "temperature", 0).expect("three of four named");
         assert_eq!((told.seq, told.runbook.as_str()), (7, "trend"));
-        assert!(t.shared_cause_told(&set(&["c", "d", "x", "y"]), 0).is_none(), "half is not more than half");
-        assert!(t.shared_cause_told(&set(&["x", "y", "z", "w"]), 0).is_none(), "another rack");
-        // A trip recorded before nodes were (an older chain) names none.
+        assert!(t.shared_cause_told(&set(&["b", "c", "d", "e"]), "H5", 0).is_none(), "a push on that rack is new");
+        let half = t.shared_cause_told(&set(&["c", "d", "x", "y"]), "temperature", 0);
+        assert!(half.is_none(), "half is not more than half");
+        assert!(t.shared_cause_told(&set(&["x", "y", "z", "w"]), "temperature", 0).is_none(), "another rack");
+        // A trip recorded before nodes were (an older chain) names none, and
+        // one without a symptom is its runbook's own kind.
         t.replay(&rec(8, 11_000, json!({"tripped_until_ms": 70_000})), &|_| true);
-        assert_eq!(t.shared_cause_told(&set(&["b", "c", "d"]), 0).map(|c| c.seq), Some(7));
+        t.replay(&rec(9, 12_000, json!({"tripped_until_ms": 70_000, "nodes": ["p", "q"]})), &|_| true);
+        assert_eq!(t.shared_cause_told(&set(&["b", "c", "d"]), "temperature", 0).map(|c| c.seq), Some(7));
+        assert_eq!(t.shared_cause_told(&set(&["p", "q"]), "runbook trend", 0).map(|c| c.seq), Some(9));
         // Forgotten once older than the window.
-        assert!(t.shared_cause_told(&set(&["a", "b", "c"]), 10_001).is_none());
-        t.note_shared_cause(SharedCause { seq: 9, ts_ms: 20_000, runbook: "overheat".into(), nodes: set(&["a", "b"]) });
-        assert_eq!(t.shared_cause_told(&set(&["a", "b", "c"]), 10_001).map(|c| c.seq), Some(9));
+        assert!(t.shared_cause_told(&set(&["a", "b", "c"]), "temperature", 10_001).is_none());
+        let overheat = SharedCause {
+            seq: 10,
+            ts_ms: 20_000,
+            runbook: "overheat".into(),
+            symptom: "temperature".into(),
+            nodes: set(&["a", "b"]),
+        };
+        t.note_shared_cause(overheat);
+        assert_eq!(t.shared_cause_told(&set(&["a", "b", "c"]), "temperature", 10_001).map(|c| c.seq), Some(10));
     }
 }
