@@ -612,7 +612,7 @@ mod tests {
     }
     use serde_json::json;
 
-    fn rec(seq: u64, ts: i64, kind: RecordKind, data: Value) -> AuditRecord {
+    pub(super) fn rec(seq: u64, ts: i64, kind: RecordKind, data: Value) -> AuditRecord {
         AuditRecord {
             seq,
             ts_ms: ts,

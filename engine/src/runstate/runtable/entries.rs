@@ -167,20 +167,9 @@ mod tests {
 
     /// A `breaker_tripped` record of the runbook `trend`.
     fn rec(seq: u64, ts_ms: i64, data: Value) -> AuditRecord {
-        AuditRecord {
-            seq,
-            ts_ms,
-            kind: RecordKind::BreakerTripped,
-            run: None,
-            node: None,
-            gpu: None,
-            runbook: Some("trend".into()),
-            actor: "engine".into(),
-            data,
-            prev_hash: String::new(),
-            hash: String::new(),
-            v: None,
-        }
+        let mut r = super::super::tests::rec(seq, ts_ms, RecordKind::BreakerTripped, data);
+        (r.run, r.node, r.gpu, r.runbook) = (None, None, None, Some("trend".into()));
+        r
     }
 
     /// A storm told about is the same shared cause for a later storm of the
