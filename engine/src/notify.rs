@@ -371,6 +371,7 @@ mod tests {
             repage_after_secs: 86_400,
             remind_after_secs: 86_400,
             worse_by_pct: 25.0,
+            shared_cause_secs: 3_600,
         });
         assert_eq!(n.targets_for(RecordKind::Notification).len(), 1);
         assert_eq!(n.targets_for(RecordKind::Escalation).len(), 2);
@@ -400,6 +401,7 @@ mod tests {
             repage_after_secs: 86_400,
             remind_after_secs: 86_400,
             worse_by_pct: 25.0,
+            shared_cause_secs: 3_600,
         });
         let page = rec(RecordKind::Escalation);
         let mut resolution = rec(RecordKind::Notification);
@@ -432,6 +434,7 @@ mod tests {
             repage_after_secs: 86_400,
             remind_after_secs: 86_400,
             worse_by_pct: 25.0,
+            shared_cause_secs: 3_600,
         });
         let b = n.body(&n.targets[0], &rec(RecordKind::Escalation));
         assert_eq!(

@@ -580,6 +580,18 @@ pub struct NotificationsConfig {
     /// grown by this much since it was last said (25: 30 % → 37.5 %).
     #[serde(default = "d_worse_by")]
     pub worse_by_pct: f64,
+    /// A breaker's storm of the same kind of symptom over mostly the nodes
+    /// of one told about within this long (the trend runbook paged for a
+    /// rack's cooling, then the over-temperature runbook's storm on the
+    /// same rack) is the same shared cause: a note, not a second page.
+    /// Past it — time enough for the cause to have been fixed and to fail
+    /// again — a storm pages anew. 0 pages every storm.
+    #[serde(default = "d_shared_cause")]
+    pub shared_cause_secs: u64,
+}
+
+fn d_shared_cause() -> u64 {
+    3_600
 }
 
 fn d_worse_by() -> f64 {
@@ -609,6 +621,7 @@ impl Default for NotificationsConfig {
             repage_after_secs: d_repage_after(),
             remind_after_secs: d_repage_after(),
             worse_by_pct: d_worse_by(),
+            shared_cause_secs: d_shared_cause(),
         }
     }
 }

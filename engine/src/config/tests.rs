@@ -126,6 +126,10 @@ fn values_that_disable_safety_are_refused_with_their_line() {
             "engine.yaml:7:3: notifications.remind_after_secs: expected 0 (say every time) to 2592000 (30 days), found 99999999",
         ),
         (
+            "notifications:\n  shared_cause_secs: 604800\n",
+            "engine.yaml:7:3: notifications.shared_cause_secs: expected 0 (page every storm) to 86400 (a day), found 604800",
+        ),
+        (
             "notifications:\n  worse_by_pct: .nan\n",
             "engine.yaml:7:3: notifications.worse_by_pct: expected 1 to 1000 (percent of the size last said), found NaN",
         ),

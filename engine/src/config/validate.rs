@@ -428,6 +428,15 @@ impl EngineConfig {
                 ),
             ));
         }
+        let shared = cfg.notifications.shared_cause_secs;
+        if shared > 86_400 {
+            return Err(err(
+                "notifications.shared_cause_secs",
+                format!(
+                    "notifications.shared_cause_secs: expected 0 (page every storm) to 86400 (a day), found {shared}"
+                ),
+            ));
+        }
         let worse = cfg.notifications.worse_by_pct;
         if !(worse.is_finite() && (1.0..=1000.0).contains(&worse)) {
             return Err(err(

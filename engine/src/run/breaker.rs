@@ -155,12 +155,11 @@ impl Engine {
                 None,
             )
             .await;
-        // A storm over mostly the nodes of one told about lately is the
-        // same shared cause (the trend runbook saw the rack's cooling fail,
-        // now the over-temperature one does): recorded, not said again.
-        let n = &self.core.config().notifications;
-        let remembered_ms =
-            (if observe { n.remind_after_secs } else { n.repage_after_secs } as i64).saturating_mul(1000);
+        // A storm of the same kind over mostly the nodes of one told about
+        // within `notifications.shared_cause_secs` is the same shared cause
+        // (the trend runbook saw the rack's cooling fail, now the
+        // over-temperature one does): recorded, not said again.
+        let remembered_ms = (self.core.config().notifications.shared_cause_secs as i64).saturating_mul(1000);
         let now_told = tripped.as_ref().ok().map(|r| SharedCause {
             seq: r.seq,
             ts_ms: r.ts_ms,
@@ -169,7 +168,7 @@ impl Engine {
             nodes: nodes.clone(),
         });
         let since = self.core.now().saturating_sub(remembered_ms);
-        let told = self.core.runs().shared_cause(&nodes, &symptom, since, now_told);
+        let told = self.core.runs().shared_cause(&nodes, &symptom, since, now_told).filter(|_| remembered_ms > 0);
         if let Err(e) = tripped {
             tracing::error!(error = %e, "cannot audit a breaker trip");
         }
