@@ -228,7 +228,7 @@ pub struct SharedCause {
     pub seq: u64,
     pub ts_ms: i64,
     pub runbook: String,
-    /// What kind of symptom ([`crate::run::breaker::symptom_of`]).
+    /// What kind of symptom (`symptom_of` in `run/breaker.rs`).
     pub symptom: String,
     pub nodes: BTreeSet<String>,
 }
