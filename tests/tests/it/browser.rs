@@ -498,7 +498,11 @@ async fn a_person_controls_holds_nodes_and_runs_from_the_ui() {
     driver.click("form.release button").await;
     driver.answer_dialog(true).await;
     eventually(10, || (power(&agent_a) == 700.0).then_some(())).await.expect("released on the agent");
-    assert!(agent_a.held().is_empty(), "{:?}", agent_a.held());
+    // The agent forgets the setting just after its restore: wait for it
+    // (seen once under the full suite's load: 700 W, the empty entry still
+    // listed).
+    let forgotten = eventually(10, || agent_a.held().is_empty().then_some(())).await;
+    assert!(forgotten.is_some(), "{:?}", agent_a.held());
     assert!(person_intent("release"), "the release is audited as the person");
     let text = driver.js("return document.body.innerText").await;
     assert!(text.as_str().unwrap().contains("None: every setting is as the device had it"), "{text}");
