@@ -262,16 +262,35 @@ impl Engine {
         }
         let batch: Vec<(SeriesKey, i64, f64)> = keyed.iter().map(|(_, k, ts, v)| (*k, *ts, *v)).collect();
         let fires = self.core.signals().brain().ingest(&batch);
-        let mut seen: Vec<i64> = vec![i64::MIN; nodes.len()];
-        for (n, _, ts, _) in &keyed {
-            seen[*n as usize] = seen[*n as usize].max(*ts);
+        // Per node: its newest reading, and whether the batch brought fault
+        // evidence.
+        let mut seen: Vec<(i64, bool)> = vec![(i64::MIN, false); nodes.len()];
+        for (n, k, ts, _) in &keyed {
+            let s = &mut seen[*n as usize];
+            s.0 = s.0.max(*ts);
+            s.1 |= crate::repair::EVIDENCE_METRICS.contains(&k.metric);
         }
-        for (n, ts) in nodes.iter().zip(seen) {
-            n.state().saw_reading(ts);
+        // A node needs its health judged again when evidence came, it is on
+        // record, or the policy or its GPUs changed since it was last judged
+        // quiet; for the others `evaluate_health` would find what it found
+        // (a backtest of temperature and power, a pull without XID series).
+        let generation = self.core.health().policy_generation();
+        let on_record: Vec<bool> = {
+            let m = self.core.health().model();
+            nodes.iter().map(|n| m.node_gpus(&n.spec.name).next().is_some()).collect()
+        };
+        let mut judge: Vec<&Arc<Node>> = Vec::new();
+        for ((n, (ts, evidence)), on_record) in nodes.iter().zip(seen).zip(on_record) {
+            let mut st = n.state();
+            st.saw_reading(ts);
+            let quiet = st.evidence_judged == Some((generation, st.gpu_count() as u32));
+            if evidence || on_record || !quiet {
+                judge.push(n);
+            }
         }
         self.core.counters().add(crate::base::counters::Count::SamplesIngested, batch.len() as u64);
         // Health in name order, as before.
-        let mut touched: Vec<&Arc<Node>> = nodes.iter().collect();
+        let mut touched: Vec<&Arc<Node>> = judge;
         touched.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
         for n in touched {
             self.evaluate_health(n).await;

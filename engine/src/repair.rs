@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 use nightshift_proto::{HealthCheck, HealthCheckArgs, Op, ReleaseArgs, Request};
 
 use crate::audit::{NewRecord, RecordKind};
-use crate::base::metrics::ids;
+use crate::base::metrics::{MetricId, ids};
 use crate::engine::{Engine, RunRequest, Submitted};
 use crate::fleet::Node;
 use crate::health::{Ack, Evidence, FaultKind, HealthState, Transition, repair_evidence};
@@ -86,6 +86,7 @@ impl Engine {
             let b = self.core.signals().brain();
             (0..gpus).filter_map(|gpu| evidence_in(b.store(), node, gpu).map(|ev| (gpu, ev))).collect()
         };
+        let generation = self.core.health().policy_generation();
         let (observed, on_record) = {
             let m = self.core.health().model();
             let observed: Vec<_> =
@@ -93,6 +94,10 @@ impl Engine {
             (observed, m.node_gpus(name).next().is_some())
         };
         self.core.counters().add(crate::base::counters::Count::HealthEvaluations, observed.len() as u64);
+        // Nothing new on a node with no record: the same evidence under the
+        // same policy finds nothing again (`take_samples` skips it).
+        let quiet = !on_record && observed.iter().all(|(_, _, new)| new.is_none());
+        node.state().evidence_judged = quiet.then_some((generation, gpus));
         for (gpu, ev, new) in observed {
             // Healthy, never faulted, nothing new: nothing more to look at.
             if new.is_none() && !on_record {
@@ -668,6 +673,11 @@ pub struct PastLifecycle {
 
 /// The evidence `store` holds for a GPU (`None` when it has no reading at
 /// all).
+/// Every metric [`evidence_in`] reads: a batch of samples without one of
+/// them for a node leaves its fault evidence as it was.
+pub(crate) const EVIDENCE_METRICS: [MetricId; 7] =
+    [ids::LOST, ids::ECC_DBE, ids::XID, ids::XID_EVENTS, ids::REMAP_FAILURE, ids::REMAP_PENDING, ids::RESET_REQUIRED];
+
 fn evidence_in(store: &crate::signals::telemetry::TelemetryStore, node: &Node, gpu: u32) -> Option<Evidence> {
     let g = u16::try_from(gpu).ok()?;
     let get = |m| store.latest(SeriesKey { node: node.idx, gpu: Some(g), metric: m }).map(|(_, v)| v);

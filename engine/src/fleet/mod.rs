@@ -54,6 +54,12 @@ pub struct NodeState {
     /// starts here (invariant 18).
     #[serde(skip)]
     pub first_reading_ms: Option<i64>,
+    /// The node's fault evidence was last judged in full, finding nothing
+    /// left to do, under this XID policy generation and GPU count: until
+    /// evidence arrives again, the node is on record or either changes,
+    /// judging it again finds the same (`Engine::take_samples`).
+    #[serde(skip)]
+    pub evidence_judged: Option<(u64, u32)>,
 }
 
 impl NodeState {

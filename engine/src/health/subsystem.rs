@@ -13,11 +13,19 @@ pub(crate) struct Health {
     model: std::sync::Mutex<super::HealthModel>,
     repair: std::sync::Mutex<super::repair_memory::RepairMemory>,
     xid_history: std::sync::Mutex<super::xid_history::XidHistory>,
+    /// How many times the XID policy in force changed: evidence judged
+    /// under one generation is judged again under the next.
+    policy_generation: std::sync::atomic::AtomicU64,
 }
 
 impl Health {
     pub(crate) fn new(model: super::HealthModel) -> Health {
-        Health { model: std::sync::Mutex::new(model), repair: Default::default(), xid_history: Default::default() }
+        Health {
+            model: std::sync::Mutex::new(model),
+            repair: Default::default(),
+            xid_history: Default::default(),
+            policy_generation: Default::default(),
+        }
     }
 
     /// Every GPU's place in its repair lifecycle, to read: the model
@@ -39,7 +47,20 @@ impl Health {
 
     /// Put a (re)loaded XID policy in force; returns what it changed.
     pub(crate) fn set_policy(&self, policy: std::sync::Arc<super::XidPolicy>) -> Vec<String> {
-        lock(&self.model).set_policy(policy)
+        let mut m = lock(&self.model);
+        let before = m.policy();
+        let changes = m.set_policy(policy);
+        if !std::sync::Arc::ptr_eq(&before, &m.policy()) {
+            self.policy_generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        changes
+    }
+
+    /// Changes of the XID policy in force so far ([`Health::set_policy`]);
+    /// read it before judging evidence, so that a change meanwhile counts
+    /// as after.
+    pub(crate) fn policy_generation(&self) -> u64 {
+        self.policy_generation.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// What the repair loop remembers between readings.

@@ -549,3 +549,43 @@ async fn a_site_xid_override_is_reloaded_audited_and_a_bad_one_changes_nothing()
     assert_eq!(f.engine.fault_policy().info(109).unwrap().action, XidAction::Ignore);
     assert_eq!(f.engine.fault_policy().info(109).unwrap().site_reason.as_deref(), Some("benign on driver 550 here"));
 }
+
+/// A pulled batch (Prometheus, a backtest step) without fault evidence
+/// skips judging a node judged quiet before — but not once the XID policy
+/// changed: a held XID the site made a fault is judged again at the next
+/// reading, as before the skip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pulled_reading_judges_held_evidence_again_under_a_new_policy() {
+    use nightshift_engine::embed::ids;
+    let dir = scratch_dir().unwrap();
+    let rb = tempfile::tempdir().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
+    for ext in ["yaml", "rhai"] {
+        std::fs::copy(repo.join(format!("xid-fatal-drain.{ext}")), rb.path().join(format!("xid-fatal-drain.{ext}")))
+            .unwrap();
+    }
+    let script = Arc::new(build_engine(&ScriptLimits::default()));
+    let set = load_dir(rb.path(), &script);
+    assert!(set.errors.is_empty(), "{:?}", set.errors);
+    let overrides = dir.path().join("xid-overrides.yaml");
+    std::fs::write(&overrides, "version: 1\nxids:\n  - { code: 109, action: ignore, reason: benign here }\n").unwrap();
+    let mut opts = SimFleetOptions::new(vec![SimNodeSpec::new(NODE, "h100-sxm", 8)], set, script);
+    opts.fault_policy_path = Some(overrides.clone());
+    let f = SimFleet::start(opts, dir.path()).await.unwrap();
+    f.run_for(5).await.unwrap();
+    // No step of the fleet from here: only pulled batches reach the engine
+    // (the agents' own telemetry judges every node it comes from).
+    let e = &f.engine;
+    let t = nightshift_proto::clock::Clock::now_ms(&f.clock) + 1_000;
+    e.ingest_samples(&[(NODE, Some(GPU), ids::XID, t, 109.0), (NODE, Some(GPU), ids::XID_EVENTS, t, 1.0)]).await;
+    assert_eq!(state(&f), HealthState::Healthy, "109 is benign here");
+    e.ingest_samples(&[(NODE, Some(GPU), ids::TEMPERATURE, t + 1_000, 60.0)]).await;
+    assert_eq!(state(&f), HealthState::Healthy);
+    // The site takes its override back: 109 is the shipped fault again.
+    std::fs::write(&overrides, "version: 1\n").unwrap();
+    nightshift_engine::embed::reload(&f.engine, "user:ops").await.unwrap();
+    e.ingest_samples(&[(NODE, Some(GPU), ids::TEMPERATURE, t + 2_000, 60.0)]).await;
+    // A fault, recorded (the agent's own counters then read as a reset:
+    // verifying — what matters here is that it was judged).
+    assert_ne!(state(&f), HealthState::Healthy, "the held XID 109 judged under the policy now in force");
+}
