@@ -249,7 +249,8 @@ impl Engine {
                 ev += alerts.get(&r.manifest.name).copied().unwrap_or(0);
                 if let crate::runbooks::manifest::Trigger::Fault { .. } = r.manifest.trigger {
                     // A fault trigger looks at every GPU's health on every
-                    // reading.
+                    // agent reading, and on every pulled one that brings
+                    // fault evidence or finds the node on record.
                     ev += health;
                     fi += offers.get(&r.manifest.name).copied().unwrap_or(0);
                 }

@@ -463,14 +463,16 @@ async fn a_fault_seen_in_shadow_is_acted_on_once_the_fleet_goes_to_act() {
     assert_eq!(real.len(), 1, "{real:#?}");
 }
 
-/// Issue 42 point 8: the XID policy is data. A site's overrides file is
-/// picked up by a reload (audited row by row) and changes what nightshift
-/// does; a broken one is refused with file:line:column, audited, and the
-/// policy in force stays; a restarted engine reads the overrides on disk.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_site_xid_override_is_reloaded_audited_and_a_bad_one_changes_nothing() {
-    use nightshift_engine::audit::RecordKind;
-    use nightshift_engine::embed::XidAction;
+/// One H100 node under `xid-fatal-drain` alone, its engine reading the
+/// site's XID overrides from a file that holds `overrides` (rewrite it and
+/// reload); the folders live as long as the fleet.
+struct XidFleet {
+    f: SimFleet,
+    overrides: std::path::PathBuf,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+async fn xid_fleet(overrides: &str) -> XidFleet {
     let dir = scratch_dir().unwrap();
     let rb = tempfile::tempdir().unwrap();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
@@ -481,12 +483,23 @@ async fn a_site_xid_override_is_reloaded_audited_and_a_bad_one_changes_nothing()
     let script = Arc::new(build_engine(&ScriptLimits::default()));
     let set = load_dir(rb.path(), &script);
     assert!(set.errors.is_empty(), "{:?}", set.errors);
-    let nodes = vec![SimNodeSpec::new(NODE, "h100-sxm", 8)];
-    let overrides = dir.path().join("xid-overrides.yaml");
-    std::fs::write(&overrides, "version: 1\n").unwrap();
-    let mut opts = SimFleetOptions::new(nodes, set, script);
-    opts.fault_policy_path = Some(overrides.clone());
-    let mut f = SimFleet::start(opts, dir.path()).await.unwrap();
+    let path = dir.path().join("xid-overrides.yaml");
+    std::fs::write(&path, overrides).unwrap();
+    let mut opts = SimFleetOptions::new(vec![SimNodeSpec::new(NODE, "h100-sxm", 8)], set, script);
+    opts.fault_policy_path = Some(path.clone());
+    let f = SimFleet::start(opts, dir.path()).await.unwrap();
+    XidFleet { f, overrides: path, _dirs: (dir, rb) }
+}
+
+/// Issue 42 point 8: the XID policy is data. A site's overrides file is
+/// picked up by a reload (audited row by row) and changes what nightshift
+/// does; a broken one is refused with file:line:column, audited, and the
+/// policy in force stays; a restarted engine reads the overrides on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_xid_override_is_reloaded_audited_and_a_bad_one_changes_nothing() {
+    use nightshift_engine::audit::RecordKind;
+    use nightshift_engine::embed::XidAction;
+    let XidFleet { mut f, overrides, _dirs } = xid_fleet("version: 1\n").await;
     assert_eq!(f.engine.fault_policy().info(109).unwrap().action, XidAction::ResetGpu, "the shipped row");
     let reloads = |f: &SimFleet| -> Vec<serde_json::Value> {
         f.engine
@@ -557,21 +570,8 @@ async fn a_site_xid_override_is_reloaded_audited_and_a_bad_one_changes_nothing()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pulled_reading_judges_held_evidence_again_under_a_new_policy() {
     use nightshift_engine::embed::ids;
-    let dir = scratch_dir().unwrap();
-    let rb = tempfile::tempdir().unwrap();
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
-    for ext in ["yaml", "rhai"] {
-        std::fs::copy(repo.join(format!("xid-fatal-drain.{ext}")), rb.path().join(format!("xid-fatal-drain.{ext}")))
-            .unwrap();
-    }
-    let script = Arc::new(build_engine(&ScriptLimits::default()));
-    let set = load_dir(rb.path(), &script);
-    assert!(set.errors.is_empty(), "{:?}", set.errors);
-    let overrides = dir.path().join("xid-overrides.yaml");
-    std::fs::write(&overrides, "version: 1\nxids:\n  - { code: 109, action: ignore, reason: benign here }\n").unwrap();
-    let mut opts = SimFleetOptions::new(vec![SimNodeSpec::new(NODE, "h100-sxm", 8)], set, script);
-    opts.fault_policy_path = Some(overrides.clone());
-    let f = SimFleet::start(opts, dir.path()).await.unwrap();
+    let XidFleet { f, overrides, _dirs } =
+        xid_fleet("version: 1\nxids:\n  - { code: 109, action: ignore, reason: benign here }\n").await;
     f.run_for(5).await.unwrap();
     // No step of the fleet from here: only pulled batches reach the engine
     // (the agents' own telemetry judges every node it comes from).
