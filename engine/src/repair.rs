@@ -671,29 +671,28 @@ pub struct PastLifecycle {
     pub phases: crate::health::Phases,
 }
 
-/// The evidence `store` holds for a GPU (`None` when it has no reading at
-/// all).
-/// Every metric [`evidence_in`] reads: a batch of samples without one of
-/// them for a node leaves its fault evidence as it was.
+/// Every metric [`evidence_in`] reads — it reads them through this list
+/// alone — so a batch of samples without one of them for a node leaves its
+/// fault evidence as it was.
 pub(crate) const EVIDENCE_METRICS: [MetricId; 7] =
     [ids::LOST, ids::ECC_DBE, ids::XID, ids::XID_EVENTS, ids::REMAP_FAILURE, ids::REMAP_PENDING, ids::RESET_REQUIRED];
 
+/// The evidence `store` holds for a GPU (`None` when it has no reading at
+/// all).
 fn evidence_in(store: &crate::signals::telemetry::TelemetryStore, node: &Node, gpu: u32) -> Option<Evidence> {
     let g = u16::try_from(gpu).ok()?;
     let get = |m| store.latest(SeriesKey { node: node.idx, gpu: Some(g), metric: m }).map(|(_, v)| v);
-    let lost = get(ids::LOST);
-    let dbe = get(ids::ECC_DBE);
-    let xid = get(ids::XID);
+    let [lost, dbe, xid, xid_events, remap_failure, remap_pending, reset_required] = EVIDENCE_METRICS.map(get);
     if lost.is_none() && dbe.is_none() && xid.is_none() {
         return None;
     }
     Some(Evidence {
         dbe_total: dbe.unwrap_or(0.0).max(0.0) as u64,
         xid_last: xid.filter(|x| *x > 0.0).map(|x| x as u32),
-        xid_events: get(ids::XID_EVENTS).map(|x| x.max(0.0) as u64),
+        xid_events: xid_events.map(|x| x.max(0.0) as u64),
         lost: lost.is_some_and(|v| v > 0.5),
-        remap_failure: get(ids::REMAP_FAILURE).is_some_and(|v| v > 0.5),
-        remap_pending: get(ids::REMAP_PENDING).is_some_and(|v| v > 0.5),
-        reset_required: get(ids::RESET_REQUIRED).map(|v| v > 0.5),
+        remap_failure: remap_failure.is_some_and(|v| v > 0.5),
+        remap_pending: remap_pending.is_some_and(|v| v > 0.5),
+        reset_required: reset_required.map(|v| v > 0.5),
     })
 }
