@@ -564,7 +564,8 @@ async fn a_site_xid_override_is_reloaded_audited_and_a_bad_one_changes_nothing()
 }
 
 /// A pulled batch (Prometheus, a backtest step) without fault evidence
-/// skips judging a node judged quiet before — but not once the XID policy
+/// skips judging a node judged quiet before (the health-evaluation count
+/// stands) — but not once the XID policy
 /// changed: a held XID the site made a fault is judged again at the next
 /// reading, as before the skip.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -579,8 +580,11 @@ async fn a_pulled_reading_judges_held_evidence_again_under_a_new_policy() {
     let t = nightshift_proto::clock::Clock::now_ms(&f.clock) + 1_000;
     e.ingest_samples(&[(NODE, Some(GPU), ids::XID, t, 109.0), (NODE, Some(GPU), ids::XID_EVENTS, t, 1.0)]).await;
     assert_eq!(state(&f), HealthState::Healthy, "109 is benign here");
+    let judged = e.counters().health_evaluations;
+    assert!(judged > 0, "the XID reading was judged");
     e.ingest_samples(&[(NODE, Some(GPU), ids::TEMPERATURE, t + 1_000, 60.0)]).await;
     assert_eq!(state(&f), HealthState::Healthy);
+    assert_eq!(e.counters().health_evaluations, judged, "a quiet node's temperature reading is not judged again");
     // The site takes its override back: 109 is the shipped fault again.
     std::fs::write(&overrides, "version: 1\n").unwrap();
     nightshift_engine::embed::reload(&f.engine, "user:ops").await.unwrap();
@@ -588,4 +592,5 @@ async fn a_pulled_reading_judges_held_evidence_again_under_a_new_policy() {
     // A fault, recorded (the agent's own counters then read as a reset:
     // verifying — what matters here is that it was judged).
     assert_ne!(state(&f), HealthState::Healthy, "the held XID 109 judged under the policy now in force");
+    assert!(e.counters().health_evaluations > judged);
 }
