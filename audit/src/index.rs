@@ -1,8 +1,9 @@
 //! The layer under the store's façade: a writer thread that groups
 //! concurrent appends into one record-log write and one fdatasync (the
-//! durability point), and an index thread that then puts them in sled and
-//! answers their callers (sled flushes in the background; what it loses in
-//! a crash is replayed from the log on open); the sled trees and their
+//! durability point), and an index thread that then answers their callers
+//! and puts them in sled (sled flushes in the background; what it loses in
+//! a crash is replayed from the log on open; a read waits for the index to
+//! reach what was answered, [`Progress`]); the sled trees and their
 //! keys; the PostgreSQL settings the writer threads share.
 
 use std::path::{Path, PathBuf};
@@ -167,7 +168,7 @@ impl std::fmt::Debug for PgOptions {
 /// Answers one append and counts it off.
 pub(super) fn answer(pending: &std::sync::atomic::AtomicU64, ack: Ack, r: Result<AuditRecord, AuditError>) {
     // Counted out before the answer goes: whoever the answer wakes sees the
-    // count without it (the record is already indexed or refused).
+    // count without it (the record is already durable or refused).
     pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     let _ = ack.send(r);
 }
@@ -623,6 +624,82 @@ pub(super) const INDEX_POLL_MICROS: u64 = 400;
 /// take the CPU its writers need (a plain sleep was faster at 64 writers).
 pub(super) const INDEX_POLL_UNDER: usize = 16;
 
+/// How far the index thread has got, shared with the store's readers.
+///
+/// A group's callers are answered as soon as the group is durable, before
+/// it is indexed — so that an append's caller does not wait for sled, and
+/// the next group's callers come back sooner (docs/BENCHMARKS.md, issue 45).
+/// Every read of the store first waits for the index to reach the newest
+/// record answered when the read began ([`Progress::caught_up`]): a caller
+/// that reads after its answer finds its record, as before.
+#[derive(Default)]
+pub(super) struct Progress {
+    /// The newest record whose caller may have been answered.
+    pub(super) answered: std::sync::atomic::AtomicU64,
+    /// The newest record indexed (findable by every read).
+    pub(super) indexed: std::sync::atomic::AtomicU64,
+    /// Bumped before the answer of every group holding a record of a kind
+    /// indexed by kind ([`RecordKind::indexed_by_kind`]).
+    pub(super) kind_changes: std::sync::atomic::AtomicU64,
+    /// Readers waiting in [`Progress::caught_up`].
+    waiters: std::sync::atomic::AtomicUsize,
+    lock: std::sync::Mutex<()>,
+    moved: std::sync::Condvar,
+}
+
+/// The longest a read waits for the index before it reads what is there.
+const CATCH_UP_AT_MOST: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Progress {
+    pub(super) fn starting_at(seq: u64) -> Progress {
+        let p = Progress::default();
+        p.answered.store(seq, std::sync::atomic::Ordering::SeqCst);
+        p.indexed.store(seq, std::sync::atomic::Ordering::SeqCst);
+        p
+    }
+
+    /// Wait until every record answered so far is indexed. Nothing to wait
+    /// for in a store whose appends are all indexed (two loads); at most
+    /// [`CATCH_UP_AT_MOST`] when the index thread is stuck (then the read
+    /// sees what sled has, as a read did before answers came first).
+    pub(super) fn caught_up(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let want = self.answered.load(SeqCst);
+        if self.indexed.load(SeqCst) >= want {
+            return;
+        }
+        let until = std::time::Instant::now() + CATCH_UP_AT_MOST;
+        self.waiters.fetch_add(1, SeqCst);
+        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        while self.indexed.load(SeqCst) < want {
+            let now = std::time::Instant::now();
+            if now >= until {
+                tracing::warn!(
+                    want,
+                    indexed = self.indexed.load(SeqCst),
+                    "audit read: the index did not catch up in 5 s"
+                );
+                break;
+            }
+            g = self.moved.wait_timeout(g, until - now).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        drop(g);
+        self.waiters.fetch_sub(1, SeqCst);
+    }
+
+    /// The index reached `seq`: wake the readers waiting for it.
+    fn reached(&self, seq: u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.indexed.store(seq, SeqCst);
+        if self.waiters.load(SeqCst) > 0 {
+            // Taken so that a reader between its check and its wait cannot
+            // miss the wake.
+            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.moved.notify_all();
+        }
+    }
+}
+
 /// A group in the record log, on its way to sled and to its callers.
 pub(super) struct Written {
     /// The records with their lines, summaries and callers (none for
@@ -640,7 +717,7 @@ pub(super) struct Written {
 pub(super) struct Indexer {
     pub(super) trees: Trees,
     pub(super) live: broadcast::Sender<Arc<AuditRecord>>,
-    pub(super) head: Arc<std::sync::atomic::AtomicU64>,
+    pub(super) progress: Arc<Progress>,
     pub(super) failed: Option<AuditError>,
     pub(super) pending: Arc<std::sync::atomic::AtomicU64>,
     /// Set at the first failure to write or index: the writers refuse every
@@ -716,31 +793,26 @@ pub(super) fn chain(seq: u64, hash: &str, now: i64, batch: Vec<WriteReq>) -> Cha
 }
 
 /// The index thread's state and the handles the store keeps to it: the
-/// live tail, the head it acknowledged, the appends not yet answered.
-pub(super) type IndexerParts = (
-    Indexer,
-    broadcast::Sender<Arc<AuditRecord>>,
-    Arc<std::sync::atomic::AtomicU64>,
-    Arc<std::sync::atomic::AtomicU64>,
-    Stopped,
-);
+/// live tail, how far it got, the appends not yet answered.
+pub(super) type IndexerParts =
+    (Indexer, broadcast::Sender<Arc<AuditRecord>>, Arc<Progress>, Arc<std::sync::atomic::AtomicU64>, Stopped);
 
 impl Indexer {
     pub(super) fn new(trees: &Trees, head_seq: u64) -> IndexerParts {
         let (live, _) = broadcast::channel(4096);
-        let head = Arc::new(std::sync::atomic::AtomicU64::new(head_seq));
+        let progress = Arc::new(Progress::starting_at(head_seq));
         let pending = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let stopped: Stopped = Arc::default();
         let indexer = Indexer {
             trees: trees.clone(),
             live: live.clone(),
-            head: head.clone(),
+            progress: progress.clone(),
             failed: None,
             pending: pending.clone(),
             stopped: stopped.clone(),
             checkpointed: std::time::Instant::now(),
         };
-        (indexer, live, head, pending, stopped)
+        (indexer, live, progress, pending, stopped)
     }
 
     pub(super) fn run(mut self, rx: std_mpsc::Receiver<Written>) {
@@ -753,7 +825,7 @@ impl Indexer {
             self.index(w);
         }
         if self.failed.is_none() && matches!(self.trees.records, RecordTable::Log(_)) {
-            let head = self.head.load(std::sync::atomic::Ordering::SeqCst);
+            let head = self.progress.indexed.load(std::sync::atomic::Ordering::SeqCst);
             if let Err(e) = write_checkpoint(&self.trees, head) {
                 tracing::warn!(error = %e, "audit store: checkpoint at close failed (an open replays the record log)");
             }
@@ -763,22 +835,47 @@ impl Indexer {
         }
     }
 
-    pub(super) fn index(&mut self, w: Written) {
+    /// Answer a durable group's callers, then index it, then hand it to
+    /// the live tail. The answers go first: the group is durable in the
+    /// record log already (an open replays what sled lacks), and every read
+    /// waits for the index to reach what was answered ([`Progress`]).
+    pub(super) fn index(&mut self, mut w: Written) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let last = w.chain.records.last().map(|r| r.seq);
+        if let Some(last) = last {
+            if w.chain.records.iter().any(|r| r.kind.indexed_by_kind()) {
+                self.progress.kind_changes.fetch_add(1, SeqCst);
+            }
+            self.progress.answered.fetch_max(last, SeqCst);
+        }
+        // What indexing and the live tail need, kept before the records go
+        // to their callers (the live tail's copies only while someone
+        // listens).
+        let keys: Vec<(u64, RecordKind, Option<String>, Option<String>)> =
+            w.chain.records.iter().map(|r| (r.seq, r.kind, r.run.clone(), r.node.clone())).collect();
+        let live: Vec<Arc<AuditRecord>> = if self.live.receiver_count() > 0 {
+            w.chain.records.iter().map(|r| Arc::new(r.clone())).collect()
+        } else {
+            Vec::new()
+        };
+        let records = std::mem::take(&mut w.chain.records);
+        for (ack, r) in std::mem::take(&mut w.chain.acks).into_iter().zip(records) {
+            answer(&self.pending, ack, Ok(r));
+        }
         if self.failed.is_none() {
             let c = &w.chain;
-            let items: Vec<Indexed<'_>> = c
-                .records
+            let items: Vec<Indexed<'_>> = keys
                 .iter()
                 .zip(&c.meta)
                 .zip(&c.summaries)
                 .zip(&c.ranges)
                 .enumerate()
-                .map(|(i, (((r, meta), summary), range))| Indexed {
-                    seq: r.seq,
+                .map(|(i, ((((seq, kind, run, node), meta), summary), range))| Indexed {
+                    seq: *seq,
                     position: w.positions.get(i).copied(),
-                    kind: r.kind,
-                    run: r.run.as_deref(),
-                    node: r.node.as_deref(),
+                    kind: *kind,
+                    run: run.as_deref(),
+                    node: node.as_deref(),
                     bytes: &c.lines[range.clone()],
                     summary: meta
                         .as_ref()
@@ -800,29 +897,21 @@ impl Indexer {
                 self.failed = Some(e);
             } else if matches!(self.trees.records, RecordTable::Log(_))
                 && self.checkpointed.elapsed() >= CHECKPOINT_EVERY
-                && let Some(last) = w.chain.records.last()
+                && let Some(last) = last
             {
                 // Not fatal: the log holds every record; a later open replays
                 // more of it.
-                if let Err(e) = write_checkpoint(&self.trees, last.seq) {
+                if let Err(e) = write_checkpoint(&self.trees, last) {
                     tracing::warn!(error = %e, "audit store: checkpoint failed (an open replays more of the record log)");
                 }
                 self.checkpointed = std::time::Instant::now();
             }
         }
-        if let Some(last) = w.chain.records.last() {
-            self.head.store(last.seq, std::sync::atomic::Ordering::SeqCst);
+        if let Some(last) = last {
+            self.progress.reached(last);
         }
-        let mut acks = w.chain.acks.into_iter();
-        // The live tail gets its copy only while someone listens.
-        let live = self.live.receiver_count() > 0;
-        for r in w.chain.records {
-            if live {
-                let _ = self.live.send(Arc::new(r.clone()));
-            }
-            if let Some(ack) = acks.next() {
-                answer(&self.pending, ack, Ok(r));
-            }
+        for r in live {
+            let _ = self.live.send(r);
         }
     }
 }

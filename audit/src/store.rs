@@ -24,7 +24,9 @@ pub struct AuditStore {
     path: PathBuf,
     writer: Arc<WriterHandle>,
     live: broadcast::Sender<Arc<AuditRecord>>,
-    head: Arc<std::sync::atomic::AtomicU64>,
+    /// How far the index got: every read waits for it to reach what was
+    /// answered (`index.rs`, [`Progress`]).
+    progress: Arc<Progress>,
     /// PostgreSQL backend: where the chain lives (sled is then this
     /// engine's copy of it, for queries).
     pg: Option<Arc<PgOptions>>,
@@ -182,7 +184,7 @@ impl AuditStore {
             p.cut_after(seq)?;
         }
         let (tx, rx) = std_mpsc::channel::<Msg>();
-        let (indexer, live, head, pending, stopped) = Indexer::new(&trees, seq);
+        let (indexer, live, progress, pending, stopped) = Indexer::new(&trees, seq);
         let writer =
             FileLog { seq, hash, clock, log, failed: None, pending: pending.clone(), stopped: stopped.clone() };
         let thread = std::thread::Builder::new()
@@ -190,7 +192,7 @@ impl AuditStore {
             .spawn(move || writer.run_thread(rx, indexer))
             .map_err(|e| AuditError::Open { path: path.clone(), message: e.to_string() })?;
         let writer = Arc::new(WriterHandle { tx: Some(tx), thread: Some(thread), pending });
-        Ok(AuditStore { trees, path, writer, live, head, pg: None, reads: None, stopped })
+        Ok(AuditStore { trees, path, writer, live, progress, pg: None, reads: None, stopped })
     }
 
     /// Open the PostgreSQL backend: the chain lives in the database (shard
@@ -216,7 +218,7 @@ impl AuditStore {
             }
             r => r?,
         };
-        let (indexer, live, head, pending, stopped) = Indexer::new(&trees, 0);
+        let (indexer, live, progress, pending, stopped) = Indexer::new(&trees, 0);
         let (tx, rx) = std_mpsc::channel::<Msg>();
         let (opened_tx, opened) = std_mpsc::channel();
         let pg = Arc::new(pg);
@@ -232,7 +234,7 @@ impl AuditStore {
             Err(_) => return Err(AuditError::Open { path, message: "the audit writer stopped while opening".into() }),
         }
         let reads = Some(Arc::new(crate::PgReads::new(&pg)));
-        Ok(AuditStore { trees, path, writer, live, head, pg: Some(pg), reads, stopped })
+        Ok(AuditStore { trees, path, writer, live, progress, pg: Some(pg), reads, stopped })
     }
 
     /// PostgreSQL backend: this engine took the lease at `term`. Catch up
@@ -319,7 +321,23 @@ impl AuditStore {
     }
 
     pub fn head_seq(&self) -> u64 {
-        self.head.load(std::sync::atomic::Ordering::SeqCst)
+        self.progress.answered.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Changes whenever a record of a kind indexed by kind
+    /// ([`RecordKind::indexed_by_kind`]: health, marks, modes, hands-off,
+    /// maintenance) has been answered: what [`AuditStore::records_of_kind`]
+    /// or [`AuditStore::newest_of_kind`] read while it was `v` still holds
+    /// while it is `v` — read it before the records, and keep it with what
+    /// they said (the engine's fleet mode is read so on every run).
+    pub fn kind_changes(&self) -> u64 {
+        self.progress.kind_changes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The trees, once the index has every record answered so far.
+    fn read(&self) -> &Trees {
+        self.progress.caught_up();
+        &self.trees
     }
 
     /// Subscribe to records as they become durable.
@@ -329,7 +347,7 @@ impl AuditStore {
 
     /// One record.
     pub fn get(&self, seq: u64) -> Result<Option<AuditRecord>, AuditError> {
-        match self.trees.records.get(seq)? {
+        match self.read().records.get(seq)? {
             Some(v) => serde_json::from_slice(&v).map(Some).map_err(|e| AuditError::Read(format!("record {seq}: {e}"))),
             None => Ok(None),
         }
@@ -338,7 +356,7 @@ impl AuditStore {
     /// Records after `after_seq`, oldest first, at most `limit`.
     pub fn tail(&self, after_seq: u64, limit: usize) -> Result<Vec<AuditRecord>, AuditError> {
         let Some(first) = after_seq.checked_add(1) else { return Ok(Vec::new()) };
-        self.trees
+        self.read()
             .records
             .entries(first, u64::MAX, false)
             .take(limit)
@@ -376,23 +394,23 @@ impl AuditStore {
 
     /// Every record of a run, oldest first.
     pub fn run_records(&self, run: &str) -> Result<Vec<AuditRecord>, AuditError> {
-        self.by_index(&self.trees.by_run, run, usize::MAX, false)
+        self.by_index(&self.read().by_run, run, usize::MAX, false)
     }
 
     /// Every record of a kind [`RecordKind::indexed_by_kind`] names, oldest
     /// first (the health model and node marks are rebuilt from these).
     pub fn records_of_kind(&self, kind: RecordKind) -> Result<Vec<AuditRecord>, AuditError> {
-        self.by_index(&self.trees.by_kind, kind.as_str(), usize::MAX, false)
+        self.by_index(&self.read().by_kind, kind.as_str(), usize::MAX, false)
     }
 
     /// The newest record of a kind indexed by kind ([`RecordKind::indexed_by_kind`]).
     pub fn newest_of_kind(&self, kind: RecordKind) -> Result<Option<AuditRecord>, AuditError> {
-        Ok(self.by_index(&self.trees.by_kind, kind.as_str(), 1, true)?.pop())
+        Ok(self.by_index(&self.read().by_kind, kind.as_str(), 1, true)?.pop())
     }
 
     /// The newest records about a node, newest first.
     pub fn node_records(&self, node: &str, limit: usize) -> Result<Vec<AuditRecord>, AuditError> {
-        self.by_index(&self.trees.by_node, node, limit, true)
+        self.by_index(&self.read().by_node, node, limit, true)
     }
 
     /// Records matching `q`, newest first, for the record browser: through
@@ -416,14 +434,14 @@ impl AuditStore {
             (Some(run), _) => {
                 let mut p = run.as_bytes().to_vec();
                 p.push(0);
-                Box::new(self.trees.by_run.scan_prefix(&p).rev().map(index_seq))
+                Box::new(self.read().by_run.scan_prefix(&p).rev().map(index_seq))
             }
             (None, Some(node)) => {
                 let mut p = node.as_bytes().to_vec();
                 p.push(0);
-                Box::new(self.trees.by_node.scan_prefix(&p).rev().map(index_seq))
+                Box::new(self.read().by_node.scan_prefix(&p).rev().map(index_seq))
             }
-            (None, None) => Box::new(self.trees.records.seqs(1, before.saturating_sub(1), true)),
+            (None, None) => Box::new(self.read().records.seqs(1, before.saturating_sub(1), true)),
         };
         for seq in seqs {
             let seq = seq?;
@@ -449,7 +467,7 @@ impl AuditStore {
 
     /// A run's summary.
     pub fn run(&self, id: &str) -> Result<Option<RunSummary>, AuditError> {
-        match self.trees.runs.get(id.as_bytes()).map_err(|e| AuditError::Read(e.to_string()))? {
+        match self.read().runs.get(id.as_bytes()).map_err(|e| AuditError::Read(e.to_string()))? {
             Some(v) => serde_json::from_slice(&v).map(Some).map_err(|e| AuditError::Read(e.to_string())),
             None => Ok(None),
         }
@@ -472,7 +490,7 @@ impl AuditStore {
         };
         let mut runs = Vec::new();
         let mut next_cursor = None;
-        for item in self.trees.runs_by_created.range(..upper).rev() {
+        for item in self.read().runs_by_created.range(..upper).rev() {
             let (k, _) = item.map_err(|e| AuditError::Read(e.to_string()))?;
             let created = u64::from_be_bytes(k[..8].try_into().unwrap_or([0; 8])) as i64;
             if f.since_ms.is_some_and(|s| created < s) {
@@ -517,7 +535,7 @@ impl AuditStore {
 
     /// How many runs the store holds.
     pub fn run_count(&self) -> Result<u64, AuditError> {
-        Ok(self.trees.runs.len() as u64)
+        Ok(self.read().runs.len() as u64)
     }
 
     /// Records written at or after `since_ms`, oldest first (for rebuilding
@@ -526,7 +544,7 @@ impl AuditStore {
     /// more than a clock step, which this allows a minute of.
     pub fn records_since(&self, since_ms: i64) -> Result<Vec<AuditRecord>, AuditError> {
         let mut out = Vec::new();
-        for item in self.trees.records.entries(1, u64::MAX, true) {
+        for item in self.read().records.entries(1, u64::MAX, true) {
             let (_, v) = item?;
             let r: AuditRecord = serde_json::from_slice(&v).map_err(|e| AuditError::Read(e.to_string()))?;
             if r.ts_ms < since_ms.saturating_sub(60_000) {
@@ -543,7 +561,7 @@ impl AuditStore {
     /// Runs not finished (for recovery after a crash).
     pub fn unfinished_runs(&self) -> Result<Vec<RunSummary>, AuditError> {
         let mut out = Vec::new();
-        for item in self.trees.runs.iter() {
+        for item in self.read().runs.iter() {
             let (k, v) = item.map_err(|e| AuditError::Read(e.to_string()))?;
             // A summary that cannot be read is reported, not fatal: recovery
             // must still start the engine (its records are in the chain).
@@ -572,15 +590,15 @@ impl AuditStore {
             return super::pgwriter::verify(pg);
         }
         let log = self.path.parent().map(|d| d.join(super::log::LOG_FILE));
-        super::verify::verify(self.trees.clone(), log)
+        super::verify::verify(self.read().clone(), log)
     }
 
     /// Make everything written so far durable.
     pub fn flush(&self) -> Result<(), AuditError> {
-        if let RecordTable::Log(p) = &self.trees.records {
+        if let RecordTable::Log(p) = &self.read().records {
             p.sync()?;
         }
-        self.trees.db.flush().map(|_| ()).map_err(|e| AuditError::Write(e.to_string()))
+        self.read().db.flush().map(|_| ()).map_err(|e| AuditError::Write(e.to_string()))
     }
 
     /// Tests only: overwrite the stored bytes of record `seq` with `f(bytes)`,
@@ -589,7 +607,7 @@ impl AuditStore {
     /// the entries of `records.idx` after it move with it).
     #[doc(hidden)]
     pub fn tamper_for_tests(&self, seq: u64, f: impl FnOnce(&mut Vec<u8>)) -> Result<(), AuditError> {
-        match &self.trees.records {
+        match &self.read().records {
             RecordTable::Sled(t) => {
                 let key = seq.to_be_bytes();
                 let mut bytes =
@@ -609,7 +627,7 @@ impl AuditStore {
     /// Tests only: delete record `seq`.
     #[doc(hidden)]
     pub fn delete_for_tests(&self, seq: u64) -> Result<(), AuditError> {
-        match &self.trees.records {
+        match &self.read().records {
             RecordTable::Sled(t) => {
                 t.remove(seq.to_be_bytes()).map_err(|e| AuditError::Write(e.to_string()))?;
             }
@@ -699,10 +717,10 @@ mod tests {
     }
 
     /// A caller that reads right after its append returned sees its
-    /// record, by seq, by run and in its run's summary — whatever the order
-    /// of answering and indexing (answering a group before indexing it was
-    /// tried with a read barrier, docs/BENCHMARKS.md; this is what it must
-    /// keep). Many writers, so groups are large and their indexing long.
+    /// record, by seq, by run and in its run's summary: a group is answered
+    /// before it is indexed, and every read waits for the index to reach
+    /// what was answered ([`Progress::caught_up`]; without that wait this
+    /// fails). Many writers, so groups are large and their indexing long.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_read_after_an_answer_sees_the_record() {
         let dir = tempfile::tempdir().unwrap();
@@ -730,6 +748,27 @@ mod tests {
         }
         assert_eq!(s.head_seq(), 32 * 40);
         assert_eq!(s.tail(0, usize::MAX).unwrap().len(), 32 * 40);
+    }
+
+    /// `kind_changes` has moved by the time an append of a kind indexed by
+    /// kind is answered — so a value kept beside it (the engine's fleet
+    /// mode) is read again — and stays put for other kinds.
+    #[tokio::test]
+    async fn kind_changes_moves_before_the_answer_of_a_kind_indexed_by_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = AuditStore::open(dir.path(), clock()).unwrap();
+        let v0 = s.kind_changes();
+        s.append(NewRecord::new(RecordKind::RunQueued, "engine", serde_json::json!({})).run("r1"), None).await.unwrap();
+        s.append_ordered(NewRecord::new(RecordKind::EventReceived, "engine", serde_json::json!({})), None).unwrap();
+        s.append(NewRecord::new(RecordKind::Note, "engine", serde_json::json!({})), None).await.unwrap();
+        assert_eq!(s.kind_changes(), v0, "no record of a kind indexed by kind");
+        let mode = NewRecord::new(RecordKind::FleetMode, "user:alice", serde_json::json!({"to": "paused"}));
+        let r = s.append(mode, None).await.unwrap();
+        let v1 = s.kind_changes();
+        assert_ne!(v1, v0, "a fleet_mode record answered");
+        assert_eq!(s.newest_of_kind(RecordKind::FleetMode).unwrap().map(|x| x.seq), Some(r.seq));
+        s.append(NewRecord::new(RecordKind::Note, "engine", serde_json::json!({})), None).await.unwrap();
+        assert_eq!(s.kind_changes(), v1);
     }
 
     #[tokio::test]

@@ -10,9 +10,18 @@ impl Engine {
     /// The whole fleet's mode now, with who set it and why (`None`: the
     /// config's `initial_fleet_mode`, nobody set one yet). The chain's
     /// newest `fleet_mode` record decides — on a standby too, and after a
-    /// restart or a takeover.
-    pub(crate) fn fleet_mode(&self) -> (crate::runbooks::modes::FleetMode, Option<(String, String)>) {
-        match self.core.audit().newest_of_kind(RecordKind::FleetMode) {
+    /// restart or a takeover. Read from the chain again only when a record
+    /// of a kind indexed by kind was appended or followed since the last
+    /// read (every run asks; the chain's read waits for its index).
+    pub(crate) fn fleet_mode(&self) -> crate::runbooks::modes::FleetModeNow {
+        let modes = self.core.runbooks().modes();
+        // Read before the chain: a record answered after it makes the next
+        // call read again.
+        let version = self.core.audit().kind_changes();
+        if let Some(m) = modes.fleet_read_at(version) {
+            return m;
+        }
+        let m = match self.core.audit().newest_of_kind(RecordKind::FleetMode) {
             Ok(Some(r)) => {
                 let reason = r.payload::<crate::audit::data::FleetMode>().map(|p| p.reason).unwrap_or_default();
                 (crate::runbooks::modes::FleetMode::of_record(&r), Some((r.actor.clone(), reason)))
@@ -20,9 +29,11 @@ impl Engine {
             Ok(None) => (self.core.config().initial_fleet_mode, None),
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the fleet's mode: taken as in shadow");
-                (crate::runbooks::modes::FleetMode::Shadow, None)
+                return (crate::runbooks::modes::FleetMode::Shadow, None);
             }
-        }
+        };
+        modes.keep_fleet(version, m.clone());
+        m
     }
 
     /// Put the whole fleet in `mode`, saying why: audited (`fleet_mode`, by

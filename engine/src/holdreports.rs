@@ -12,6 +12,18 @@ use crate::engine::Engine;
 use crate::runstate::runtable::ended_key;
 
 impl Engine {
+    /// Run `id` and its runbook, if `id` is a run: from the run table while
+    /// it is there or has just left it (a hold ends as its run ends, on
+    /// the busiest path), else from the chain — whose reads wait for its
+    /// index.
+    fn run_and_runbook(&self, id: &str) -> Option<(String, String)> {
+        if let Some(rb) = self.core.runs().runbook_of(id) {
+            return Some((id.to_string(), rb));
+        }
+        let r = self.core.audit().run(id).ok().flatten()?;
+        Some((r.id, r.runbook))
+    }
+
     /// Audit each hold end an agent reports, once (the agent repeats recent
     /// ends in every telemetry message; the seen set is rebuilt from the
     /// audit log on start). An end on a run's hold goes on that run's page.
@@ -21,7 +33,7 @@ impl Engine {
             .filter(|e| self.core.runs().first_hold_end(ended_key(node, &e.hold.id, e.ended_at_ms)))
             .collect();
         for e in fresh {
-            let run = self.core.audit().run(&e.hold.owner).ok().flatten();
+            let run = self.run_and_runbook(&e.hold.owner);
             let mut rec = NewRecord::typed(
                 RecordKind::HoldEnded,
                 &format!("agent:{node}"),
@@ -43,8 +55,8 @@ impl Engine {
             )
             .node(Some(node))
             .gpu(e.hold.setting.gpu());
-            if let Some(r) = &run {
-                rec = rec.run(&r.id).runbook(&r.runbook);
+            if let Some((id, runbook)) = &run {
+                rec = rec.run(id).runbook(runbook);
             }
             tracing::info!(node, hold = %e.hold.id, owner = %e.hold.owner, how = e.how.as_str(), outcome = ?e.outcome, "hold ended");
             if let Err(err) = self.core.audit().append(rec, None).await {
@@ -92,8 +104,8 @@ impl Engine {
             if !self.core.runs().first_hold_end(key) {
                 continue;
             }
-            if let Some(r) = owners.iter().find_map(|o| self.core.audit().run(o).ok().flatten()) {
-                rec = rec.run(&r.id).runbook(&r.runbook);
+            if let Some((id, runbook)) = owners.iter().find_map(|o| self.run_and_runbook(o)) {
+                rec = rec.run(&id).runbook(&runbook);
             }
             tracing::warn!(node, kind = rec.kind.as_str(), setting = %rec.data["setting"], "a held setting was not in force on the device");
             if let Err(err) = self.core.audit().append(rec, None).await {

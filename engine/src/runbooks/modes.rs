@@ -47,12 +47,36 @@ impl FleetMode {
 pub(crate) struct ModeBook {
     path: std::path::PathBuf,
     set: std::sync::Mutex<BTreeMap<String, crate::runbooks::manifest::Mode>>,
+    /// The fleet's mode as last read from the chain, with the audit
+    /// store's [`kind_changes`](crate::audit::AuditStore::kind_changes) read
+    /// before it (`fleet_mode.rs`): every run reads the mode, and the chain
+    /// is read again only when a record of its kind may have come.
+    fleet: std::sync::Mutex<Option<(u64, FleetModeNow)>>,
 }
+
+/// The fleet's mode, with who set it and why (`None`: nobody yet).
+pub(crate) type FleetModeNow = (FleetMode, Option<(String, String)>);
 
 impl ModeBook {
     /// The modes the chain says ([`load_modes`]), kept under `data_dir`.
     pub(crate) fn load(audit: &crate::audit::AuditStore, data_dir: &std::path::Path) -> ModeBook {
-        ModeBook { path: modes_path(data_dir), set: std::sync::Mutex::new(load_modes(audit, data_dir)) }
+        ModeBook {
+            path: modes_path(data_dir),
+            set: std::sync::Mutex::new(load_modes(audit, data_dir)),
+            fleet: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The fleet's mode read while the store's `kind_changes` was
+    /// `version`, if that is the last one read.
+    pub(crate) fn fleet_read_at(&self, version: u64) -> Option<FleetModeNow> {
+        let g = self.fleet.lock().unwrap_or_else(|e| e.into_inner());
+        g.as_ref().filter(|(v, _)| *v == version).map(|(_, m)| m.clone())
+    }
+
+    /// Keep the fleet's mode as read while `kind_changes` was `version`.
+    pub(crate) fn keep_fleet(&self, version: u64, mode: FleetModeNow) {
+        *self.fleet.lock().unwrap_or_else(|e| e.into_inner()) = Some((version, mode));
     }
 
     /// The mode an admin set for `runbook`, if any.

@@ -114,6 +114,12 @@ impl Runs {
         self.table().pending_approvals()
     }
 
+    /// The runbook of run `id` while it is in the table or has just left
+    /// it ([`runtable::RunTable::runbook_of`]).
+    pub(crate) fn runbook_of(&self, id: &str) -> Option<String> {
+        self.table().runbook_of(id).map(str::to_string)
+    }
+
     /// Whether this is the first report of the hold end `key` (it is
     /// remembered: a second report of the same end answers `false`).
     pub(crate) fn first_hold_end(&self, key: String) -> bool {

@@ -259,6 +259,9 @@ pub struct RunTable {
     attempts: HashMap<Key, VecDeque<i64>>,
     /// Node → the exclusive run holding it.
     node_locks: HashMap<String, String>,
+    /// The runs that left the table lately → their runbook, the newest
+    /// [`RECENT_RUNS`] in the order they left (`entries.rs`).
+    recent_runbooks: (HashMap<String, String>, VecDeque<String>),
     running: usize,
     running_per_runbook: HashMap<String, usize>,
     drains_in_flight: HashSet<String>,

@@ -706,7 +706,7 @@ const REACHES: &[(&str, &[&str])] = &[
     ("engine/src/control.rs", &["fleet", "health"]),
     ("engine/src/engine.rs", &["fleet", "signals", "health", "runs"]),
     ("engine/src/evidence.rs", &["fleet"]),
-    ("engine/src/fleet_mode.rs", &["health", "runs"]),
+    ("engine/src/fleet_mode.rs", &["runbooks", "health", "runs"]),
     ("engine/src/holdreports.rs", &["runs"]),
     ("engine/src/host/act.rs", &["fleet", "runs"]),
     ("engine/src/host/mod.rs", &["fleet", "signals", "health", "runs"]),

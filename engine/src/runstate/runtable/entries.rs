@@ -8,6 +8,9 @@ use std::collections::BTreeSet;
 
 use super::{Breaker, Key, RunEntry, RunTable, SharedCause};
 
+/// How many runs that left the table [`RunTable::runbook_of`] still knows.
+pub(crate) const RECENT_RUNS: usize = 4096;
+
 impl RunTable {
     /// The active run `id` (queued, pending approval or running).
     pub(crate) fn run(&self, id: &str) -> Option<&RunEntry> {
@@ -41,12 +44,32 @@ impl RunTable {
     /// its own).
     pub(crate) fn forget_run(&mut self, id: &str) -> Option<RunEntry> {
         let e = self.runs.remove(id)?;
+        let (runbooks, order) = &mut self.recent_runbooks;
+        if runbooks.insert(id.to_string(), e.summary.runbook.clone()).is_none() {
+            order.push_back(id.to_string());
+        }
+        while order.len() > RECENT_RUNS
+            && let Some(old) = order.pop_front()
+        {
+            runbooks.remove(&old);
+        }
         self.queue.retain(|q| q != id);
         let key = RunTable::key(&e.summary);
         if self.active_by_key.get(&key).is_some_and(|a| a == id) {
             self.active_by_key.remove(&key);
         }
         Some(e)
+    }
+
+    /// The runbook of run `id` while it is in the table or one of the last
+    /// [`RECENT_RUNS`] to leave it (what an agent reports about a hold
+    /// names its run, mostly one that just ended; older ones are the
+    /// chain's to say).
+    pub(crate) fn runbook_of(&self, id: &str) -> Option<&str> {
+        match self.runs.get(id) {
+            Some(e) => Some(&e.summary.runbook),
+            None => self.recent_runbooks.0.get(id).map(String::as_str),
+        }
     }
 
     /// The run ids waiting to start, in start order.
@@ -163,6 +186,37 @@ mod tests {
         t.forget_run("a");
         assert_eq!(t.active_run(&key).map(String::as_str), Some("b"));
         assert!(t.forget_run("nobody").is_none());
+    }
+
+    /// A run's runbook is known while the run is in the table and after it
+    /// left, for the last [`RECENT_RUNS`] to leave — the oldest forgotten
+    /// first, a run that leaves twice counted once.
+    #[test]
+    fn the_runbook_of_a_run_is_known_for_the_last_runs_to_leave() {
+        let mut t = RunTable::new(16);
+        let run = |t: &mut RunTable, id: &str| {
+            let mut e = entry(id, "n1");
+            e.summary.runbook = format!("rb-{id}");
+            t.activate(RunTable::key(&e.summary), e);
+        };
+        run(&mut t, "a");
+        assert_eq!(t.runbook_of("a"), Some("rb-a"), "in the table");
+        t.forget_run("a");
+        assert_eq!(t.runbook_of("a"), Some("rb-a"), "just left");
+        run(&mut t, "a");
+        t.forget_run("a");
+        for i in 0..RECENT_RUNS - 1 {
+            run(&mut t, &format!("r{i}"));
+            t.forget_run(&format!("r{i}"));
+        }
+        assert_eq!(t.runbook_of("a"), Some("rb-a"), "the oldest of the last {RECENT_RUNS}");
+        run(&mut t, "last");
+        t.forget_run("last");
+        assert_eq!(t.runbook_of("a"), None, "one more left after it");
+        assert_eq!(t.runbook_of("r0"), Some("rb-r0"));
+        assert_eq!(t.runbook_of("last"), Some("rb-last"));
+        assert_eq!(t.recent_runbooks.0.len(), RECENT_RUNS);
+        assert_eq!(t.runbook_of("nobody"), None);
     }
 
     /// A `breaker_tripped` record of the runbook `trend`.
