@@ -594,3 +594,27 @@ async fn a_pulled_reading_judges_held_evidence_again_under_a_new_policy() {
     assert_ne!(state(&f), HealthState::Healthy, "the held XID 109 judged under the policy now in force");
     assert!(e.counters().health_evaluations > judged);
 }
+
+/// A node judged before its GPUs were known — a restarted engine's first
+/// pulled batch, before the agent's inventory: nothing to judge, so
+/// nothing found — is judged again once they are: a fatal XID held from
+/// that batch is a fault at the next temperature-only reading (it is
+/// skipped, and the GPU left in service, when the GPU count is not part of
+/// what a quiet judgement is remembered with).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pulled_reading_judges_held_evidence_again_once_the_gpus_are_known() {
+    use nightshift_engine::embed::ids;
+    let XidFleet { mut f, _dirs, .. } = xid_fleet("version: 1\n").await;
+    f.run_for(5).await.unwrap();
+    f.restart_engine().await.unwrap();
+    let e = &f.engine;
+    let gpus = |f: &SimFleet| f.engine.node(NODE).map(|n| n.gpus.len());
+    assert_eq!(gpus(&f), Some(0), "a restarted engine knows no GPU before the agent's inventory");
+    let t = nightshift_proto::clock::Clock::now_ms(&f.clock) + 1_000;
+    e.ingest_samples(&[(NODE, Some(GPU), ids::XID, t, 79.0), (NODE, Some(GPU), ids::XID_EVENTS, t, 1.0)]).await;
+    assert_eq!(state(&f), HealthState::Healthy, "no GPU known: nothing judged yet");
+    e.refresh_inventories().await;
+    assert_eq!(gpus(&f), Some(8));
+    e.ingest_samples(&[(NODE, Some(GPU), ids::TEMPERATURE, t + 1_000, 60.0)]).await;
+    assert_ne!(state(&f), HealthState::Healthy, "the held XID 79 judged once the GPUs are known");
+}
