@@ -398,6 +398,31 @@ async fn a_leader_killed_stopped_or_cut_off_from_its_database_never_acts_twice()
         .unwrap();
     assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
 
+    // The fleet's mode, as the standby reads it from its copy of the chain
+    // (it keeps what it read until a record of the kind comes): read once,
+    // then changed through the leader and back — the standby's reads follow
+    // each change.
+    let standby_mode = |i: usize| {
+        let (http, url) = (http.clone(), format!("{}/api/v1/fleet/mode", engines[i].url));
+        async move { get_json(&http, url).await["mode"].as_str().unwrap_or_default().to_string() }
+    };
+    let before = standby_mode(old).await;
+    let other = if before == "shadow" { "act" } else { "shadow" };
+    for (to, why) in [(other, "ha test: the standby follows"), (before.as_str(), "ha test: as it was")] {
+        let r = http
+            .post(format!("{}/api/v1/fleet/mode", engines[l].url))
+            .json(&json!({"mode": to, "reason": why}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+        let t = Instant::now();
+        while standby_mode(old).await != to {
+            assert!(t.elapsed() < Duration::from_secs(10), "the standby still reads the fleet's mode as before {to}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     // 2. SIGSTOP the leader between a run's two actions.
     let (node, gpu) = ("h1", 0);
     let paused_run = loop {
