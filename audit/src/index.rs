@@ -843,10 +843,14 @@ impl Indexer {
         use std::sync::atomic::Ordering::SeqCst;
         let last = w.chain.records.last().map(|r| r.seq);
         if let Some(last) = last {
+            // Answered first, then the kind counter: a reader that sees the
+            // counter move also sees these records as answered, so its read
+            // waits for them to be indexed (it would otherwise keep what
+            // the index held before them under the new count).
+            self.progress.answered.fetch_max(last, SeqCst);
             if w.chain.records.iter().any(|r| r.kind.indexed_by_kind()) {
                 self.progress.kind_changes.fetch_add(1, SeqCst);
             }
-            self.progress.answered.fetch_max(last, SeqCst);
         }
         // What indexing and the live tail need, kept before the records go
         // to their callers (the live tail's copies only while someone

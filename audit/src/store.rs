@@ -312,7 +312,6 @@ impl AuditStore {
         self.writer.pending.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// The sequence number of the newest record.
     /// Why the store accepts nothing more (its first failure to write or
     /// index), or `None` while it works. The engine stops acting and
     /// answers 503 while this is set.
@@ -320,6 +319,8 @@ impl AuditStore {
         stopped_with(&self.stopped)
     }
 
+    /// The sequence number of the newest record answered (durable; a read
+    /// from now on finds it).
     pub fn head_seq(&self) -> u64 {
         self.progress.answered.load(std::sync::atomic::Ordering::SeqCst)
     }
