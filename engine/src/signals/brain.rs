@@ -103,13 +103,24 @@ impl Brain {
             groups.touch(key.node);
         }
         let n = store.shards().len();
-        if n == 1 || samples.len() < PARALLEL_MIN_SAMPLES {
+        // A large batch's order is noted: a shard whose series lie in
+        // another order is laid out in this one (`telemetry/layout.rs`).
+        let large = samples.len() >= PARALLEL_MIN_SAMPLES;
+        if n == 1 || !large {
+            if large {
+                store.shards_mut().iter_mut().for_each(StoreShard::note_order);
+            }
             for &(key, ts, v) in samples {
                 if let Some(r) = store.push(key, ts, v)
                     && triggers.watches(key.metric)
                 {
                     triggers.on_sample(store, r, ts, v, fires);
                 }
+            }
+            if large {
+                store.shards_mut().iter_mut().for_each(|sh| {
+                    sh.settle_order();
+                });
             }
             return std::mem::take(fires);
         }
@@ -120,6 +131,7 @@ impl Brain {
         let (rules, states) = triggers.split_mut(n);
         let fill = |shard: &mut StoreShard, st: &mut ShardStates, idx: &[u32]| -> Vec<(u32, Fire)> {
             let (mut out, mut tagged) = (Vec::new(), Vec::new());
+            shard.note_order();
             for &i in idx {
                 let (key, ts, v) = samples[i as usize];
                 if let Some(r) = shard.push(key, ts, v)
@@ -129,6 +141,7 @@ impl Brain {
                     tagged.extend(out.drain(..).map(|f| (i, f)));
                 }
             }
+            shard.settle_order();
             tagged
         };
         let fill = &fill;

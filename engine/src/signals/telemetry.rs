@@ -8,6 +8,7 @@ use nightshift_proto::Telemetry;
 use crate::base::metrics::{METRICS, MetricId, ids};
 
 mod fit;
+mod layout;
 
 pub use fit::WindowFit;
 use fit::{Fit, MAX_FIT_MS};
@@ -235,6 +236,9 @@ pub struct StoreShard {
     /// order of the series.
     fits: Vec<Fit>,
     samples_in: u64,
+    /// The order of a large batch's pushes, while one is noted
+    /// ([`StoreShard::note_order`]; `layout.rs`).
+    order: layout::Order,
 }
 
 /// The store: per-series windows, split by node into shards that can be
@@ -308,6 +312,7 @@ impl StoreShard {
                 slot
             }
         };
+        self.order.saw(slot);
         let s = &mut self.series[slot as usize];
         if s.last_ms > ts_ms {
             return None;
@@ -386,6 +391,7 @@ impl TelemetryStore {
                     fits_ms: vec![Vec::new(); METRICS.len()],
                     fits: Vec::new(),
                     samples_in: 0,
+                    order: Default::default(),
                 })
                 .collect(),
         }
