@@ -173,7 +173,8 @@ impl Engine {
         for (name, ..) in samples {
             let name = name.as_ref();
             let hit = match last {
-                Some((l, i)) if l == name => Some(i),
+                // The same string (a recording's interned name) or an equal one.
+                Some((l, i)) if std::ptr::eq(l, name) || l == name => Some(i),
                 _ => self.core.fleet().get(name).map(|n| {
                     *position.entry(n.idx).or_insert_with(|| {
                         nodes.push(n);
@@ -255,9 +256,12 @@ impl Engine {
         keyed.extend(derived);
         {
             let mut h = self.core.signals().history();
-            for (_, key, ts, v) in keyed.iter().filter(|(_, k, ..)| crate::signals::history::History::plotted(k.metric))
-            {
-                h.push((key.node, key.gpu, key.metric), *ts, *v);
+            if h.keeps() {
+                for (_, key, ts, v) in
+                    keyed.iter().filter(|(_, k, ..)| crate::signals::history::History::plotted(k.metric))
+                {
+                    h.push((key.node, key.gpu, key.metric), *ts, *v);
+                }
             }
         }
         let batch: Vec<(SeriesKey, i64, f64)> = keyed.iter().map(|(_, k, ts, v)| (*k, *ts, *v)).collect();
@@ -265,10 +269,11 @@ impl Engine {
         // Per node: its newest reading, and whether the batch brought fault
         // evidence.
         let mut seen: Vec<(i64, bool)> = vec![(i64::MIN, false); nodes.len()];
+        let evidence = crate::repair::EVIDENCE_METRICS.iter().fold(0u128, |m, id| m | 1u128 << (*id as u32 & 127));
         for (n, k, ts, _) in &keyed {
             let s = &mut seen[*n as usize];
             s.0 = s.0.max(*ts);
-            s.1 |= crate::repair::EVIDENCE_METRICS.contains(&k.metric);
+            s.1 |= (k.metric as u32) < 128 && evidence & 1u128 << k.metric as u32 != 0;
         }
         // A node needs its health judged again when evidence came, it is on
         // record, or the policy or its GPUs changed since it was last judged

@@ -84,6 +84,11 @@ impl History {
         (History::new(keep_secs, step), step)
     }
 
+    /// Whether it keeps anything (a backtest's keeps nothing).
+    pub fn keeps(&self) -> bool {
+        self.points > 0
+    }
+
     /// Whether a metric is kept.
     pub fn plotted(metric: MetricId) -> bool {
         PLOTTED.contains(&metric)

@@ -34,11 +34,17 @@ pub(crate) const MAX_FIT_MS: i64 = 1 << 31;
 /// A value in fixed point, when that is exact.
 fn fixed(v: f32) -> Option<i128> {
     let x = v as f64 * SCALE;
+    // Through `i64` when it fits: one conversion each way tells whether it
+    // is whole (`fract` is a library call on this target, and so is the
+    // 128-bit conversion).
+    if x.abs() < I64_LIMIT {
+        let i = x as i64;
+        return (i as f64 == x).then_some(i as i128);
+    }
     if x.fract() != 0.0 || x.abs() >= LIMIT {
         return None;
     }
-    // Through `i64` when it fits: the 128-bit conversion is a library call.
-    Some(if x.abs() < I64_LIMIT { x as i64 as i128 } else { x as i128 })
+    Some(x as i128)
 }
 
 /// The running sums of the points of one window length: those at or after
@@ -94,15 +100,41 @@ fn float(a: i128) -> f64 {
     }
 }
 
-/// `a ÷ k` as the scan forms it: exact when `k` divides `a` (in 64 bits
-/// when `a` fits: 128-bit division is a library call too).
-fn div(a: i128, k: i64) -> f64 {
+/// `a ÷ K` as the scan forms it: exact when `K` divides `a` (in 64 bits
+/// when `a` fits; past that without 128-bit division, a library call: the
+/// remainder from `a`'s two halves, the quotient by the inverse of `K`'s odd
+/// part modulo 2¹²⁸).
+fn div<const K: i64>(a: i128) -> f64 {
     match i64::try_from(a) {
-        Ok(a) if a % k == 0 => (a / k) as f64,
-        Ok(a) => a as f64 / k as f64,
-        Err(_) if a % k as i128 == 0 => float(a / k as i128),
-        Err(_) => a as f64 / k as f64,
+        Ok(a) if a % K == 0 => (a / K) as f64,
+        Ok(a) => a as f64 / K as f64,
+        Err(_) if rem::<K>(a) == 0 => float(exact_quotient::<K>(a)),
+        Err(_) => a as f64 / K as f64,
     }
+}
+
+/// `|a| mod K` (0 exactly when `K` divides `a`), `K` below 2³².
+fn rem<const K: i64>(a: i128) -> u64 {
+    let k = K as u64;
+    let m = a.unsigned_abs();
+    let (hi, lo) = ((m >> 64) as u64, m as u64);
+    // 2⁶⁴ mod K; both products stay under 2⁶⁴.
+    let p = ((u64::MAX % k) + 1) % k;
+    ((hi % k) * p % k + lo % k) % k
+}
+
+/// `a ÷ K` for `a` a multiple of `K`: shift out `K`'s twos, then multiply
+/// by the inverse of its odd part modulo 2¹²⁸ (exact, negatives too).
+fn exact_quotient<const K: i64>(a: i128) -> i128 {
+    let twos = K.trailing_zeros();
+    let odd = (K >> twos) as u128;
+    // Newton's step doubles the bits right: an odd number is its own
+    // inverse modulo 8, so 3 → 6 → … → 192 bits in six steps.
+    let mut inv = odd;
+    for _ in 0..6 {
+        inv = inv.wrapping_mul(2u128.wrapping_sub(odd.wrapping_mul(inv)));
+    }
+    ((a >> twos) as u128).wrapping_mul(inv) as i128
 }
 
 impl Fit {
@@ -200,7 +232,7 @@ impl Fit {
         let c2 = self.s2.wrapping_sub(2 * d * self.s1 as i128).wrapping_add(n * d * d);
         let cxv = self.sxv.wrapping_sub(d.wrapping_mul(self.sv));
         let sum = float(self.sv) / SCALE;
-        let (sx, sxx, sxy, sy) = (div(c1, 1000), div(c2, 1_000_000), div(cxv, 1000) / SCALE, sum);
+        let (sx, sxx, sxy, sy) = (div::<1000>(c1), div::<1_000_000>(c2), div::<1000>(cxv) / SCALE, sum);
         let nf = self.n as f64;
         let denom = nf * sxx - sx * sx;
         let slope = if self.n >= 2 && denom.abs() > 1e-12 { (nf * sxy - sx * sy) / denom } else { 0.0 };
@@ -211,6 +243,35 @@ impl Fit {
 #[cfg(test)]
 mod tests {
     use super::super::{SeriesKey, TelemetryStore, WindowFit};
+
+    /// What `fixed` and `div` computed with 128-bit library calls, before.
+    fn fixed_by_fract(v: f32) -> Option<i128> {
+        let x = v as f64 * super::SCALE;
+        (x.fract() == 0.0 && x.abs() < super::LIMIT).then_some(x as i128)
+    }
+    fn div_by_library(a: i128, k: i64) -> f64 {
+        if a % k as i128 == 0 { (a / k as i128) as f64 } else { a as f64 / k as f64 }
+    }
+
+    #[test]
+    fn fixed_point_and_division_are_the_128_bit_ones_bit_for_bit() {
+        let values = [0.0f32, -0.0, 1.0, -1.5, 62.3, 1e-12, 3e-6, 8_388_607.5, 1.6e7, 1.7e7, -2.5e7, 1e30];
+        for v in values.into_iter().chain([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MIN_POSITIVE]) {
+            assert_eq!(super::fixed(v), fixed_by_fract(v), "{v}");
+        }
+        let mut a: i128 = 1;
+        let mut cases = vec![0i128, 1, -1, 999, 1000, -1000, i64::MAX as i128 + 1, i128::MAX / 3, i128::MIN / 7];
+        for i in 0..400 {
+            // Multiples of both divisors and their neighbours, at every size.
+            a = a.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407 + i);
+            let m = a >> (i % 100);
+            cases.extend([m, m - m % 1000, m - m % 1_000_000, (m - m % 1000) + 1, -(m - m % 1_000_000)]);
+        }
+        for a in cases {
+            assert_eq!(super::div::<1000>(a).to_bits(), div_by_library(a, 1000).to_bits(), "{a} / 1000");
+            assert_eq!(super::div::<1_000_000>(a).to_bits(), div_by_library(a, 1_000_000).to_bits(), "{a} / 1e6");
+        }
+    }
     use crate::base::metrics::{METRICS, ids};
 
     const T0: i64 = 1_790_000_000_000;
