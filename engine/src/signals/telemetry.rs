@@ -268,7 +268,14 @@ impl StoreShard {
     pub fn push(&mut self, key: SeriesKey, ts_ms: i64, value: f64) -> Option<SeriesRef> {
         self.samples_in += 1;
         let keep = *self.retention_ms.get(key.metric as usize)?;
-        let slot = match self.slot_of(key) {
+        // The slot the last noted batch had at this place, if it is this
+        // key's: a batch like the one before finds its series without the
+        // table (a cache miss a sample on a fleet).
+        let hinted = self.order.hint(&self.series, key);
+        if hinted.is_some() {
+            self.order.hit();
+        }
+        let slot = match hinted.or_else(|| self.slot_of(key)) {
             Some(slot) => slot,
             None => {
                 let slot = self.series.len() as u32;

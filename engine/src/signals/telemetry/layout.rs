@@ -34,9 +34,31 @@ pub(super) struct Order {
     jumps: usize,
     /// Noted batches still to go by before a layout may happen.
     quiet: u32,
+    /// The last noted batch's slots, in order: where this one's pushes
+    /// probably land.
+    hints: Vec<u32>,
+    /// Pushes of the batch that found their slot by its hint.
+    hits: usize,
 }
 
 impl Order {
+    /// The slot the last noted batch pushed at this place, when it holds
+    /// `key` (keys are unique in a shard, so then it is `key`'s slot).
+    #[inline]
+    pub(super) fn hint(&self, series: &[super::Series], key: super::SeriesKey) -> Option<u32> {
+        if !self.noting {
+            return None;
+        }
+        let h = *self.hints.get(self.slots.len())?;
+        series.get(h as usize).is_some_and(|s| s.key == key).then_some(h)
+    }
+
+    /// A push found its slot by the hint.
+    #[inline]
+    pub(super) fn hit(&mut self) {
+        self.hits += 1;
+    }
+
     #[inline]
     pub(super) fn saw(&mut self, slot: u32) {
         if self.noting {
@@ -54,8 +76,10 @@ impl StoreShard {
     pub fn note_order(&mut self) {
         let o = &mut self.order;
         o.noting = true;
+        std::mem::swap(&mut o.hints, &mut o.slots);
         o.slots.clear();
         o.jumps = 0;
+        o.hits = 0;
     }
 
     /// The noted batch is over: when more than a quarter of its pushes
@@ -76,16 +100,17 @@ impl StoreShard {
         }
         o.quiet = QUIET_BATCHES;
         let first = std::mem::take(&mut o.slots);
-        self.lay_out(&first);
-        self.order.slots = first;
-        self.order.slots.clear();
+        let moved = self.lay_out(&first);
+        // The hints for the next batch: where its series lie now.
+        self.order.slots = first.iter().map(|s| moved.get(*s as usize).copied().unwrap_or(u32::MAX)).collect();
         true
     }
 
     /// Put the series in `first` first, in that order (each once), then the
     /// rest in their order; windows (each a fresh ring, allocated in the new
-    /// order) and running sums follow their series.
-    fn lay_out(&mut self, first: &[u32]) {
+    /// order) and running sums follow their series. Returns each old slot's
+    /// new one.
+    fn lay_out(&mut self, first: &[u32]) -> Vec<u32> {
         let n = self.series.len();
         let mut placed = vec![false; n];
         let mut order: Vec<u32> = Vec::with_capacity(n);
@@ -104,6 +129,7 @@ impl StoreShard {
         let mut series = Vec::with_capacity(n);
         let mut windows = Vec::with_capacity(old_windows.len());
         let mut fits = Vec::with_capacity(old_fits.len());
+        let mut moved = vec![u32::MAX; n];
         for slot in order {
             // `order` names every slot once.
             let Some(mut s) = old.get_mut(slot as usize).and_then(Option::take) else { continue };
@@ -119,6 +145,7 @@ impl StoreShard {
             );
             s.fits = at;
             let new = series.len() as u32;
+            moved[slot as usize] = new;
             if let Some(o) = self.by_metric.get_mut(s.key.metric as usize).and_then(|v| v.get_mut(s.ordinal as usize)) {
                 *o = new;
             }
@@ -131,6 +158,7 @@ impl StoreShard {
         self.series = series;
         self.windows = windows;
         self.fits = fits;
+        moved
     }
 }
 
@@ -219,17 +247,28 @@ mod tests {
                 layouts.push(n);
             }
             step(&mut plain, n, false);
+            if n == 2 {
+                for sh in laid.shards() {
+                    assert_eq!(sh.order.hits, 1280, "the batch after the layout finds its series where they moved");
+                }
+            }
             if n % 40 == 0 || n == 1 || n == 101 {
                 let now = t0 + n * 15_000;
                 assert_eq!(seen(&laid, &probe, now), seen(&plain, &probe, now), "step {n}");
             }
         }
         assert_eq!(layouts, vec![1], "laid out once, after the first batch");
+        // Batch 199 found its series by the hints, the slots they moved to
+        // at 1.
+        for sh in laid.shards() {
+            assert_eq!(sh.order.hits, 1280, "pushes of 1280 that found their slot by the hint");
+        }
         // The batch now pushes each shard's series in slot order.
         laid.shards_mut().iter_mut().for_each(|sh| sh.note_order());
         step(&mut laid, 300, false);
         for sh in laid.shards() {
             assert_eq!((sh.order.jumps, sh.order.slots.len()), (0, 1280), "series lie in the batch's order");
+            assert_eq!(sh.order.hits, 1280, "every push found its slot by the hint");
         }
         // A store that first heard the batch's order is not laid out, nor
         // is a batch too small to be worth it.
