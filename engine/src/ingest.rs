@@ -202,13 +202,27 @@ impl Engine {
             let mut readings: Vec<((u32, SeriesKey), i64, bool, f64)> = Vec::new();
             let mut derived: Vec<(u32, SeriesKey, i64, f64)> = Vec::new();
             let mut held: Option<(u32, std::sync::MutexGuard<'_, crate::fleet::NodeState>)> = None;
+            // The held node's GPUs: each index and the position of the first
+            // inventory entry with it, read once per node (a search of the
+            // inventory per GPU read a cache line per entry it passed).
+            let mut first: Vec<(u16, usize)> = Vec::new();
             let mut with_info = |n: u32, k: &SeriesKey, f: &mut dyn FnMut(Option<&nightshift_proto::GpuInfo>)| {
                 if held.as_ref().is_none_or(|(h, _)| *h != n) {
                     held = None;
-                    held = Some((n, nodes[n as usize].state()));
+                    let st = nodes[n as usize].state();
+                    first.clear();
+                    for (at, i) in st.inventory.iter().flat_map(|inv| inv.gpus.iter()).enumerate() {
+                        if let Ok(index) = u16::try_from(i.index)
+                            && !first.iter().any(|(x, _)| *x == index)
+                        {
+                            first.push((index, at));
+                        }
+                    }
+                    held = Some((n, st));
                 }
                 let info = held.as_ref().and_then(|(_, st)| {
-                    st.inventory.as_ref().and_then(|inv| inv.gpus.iter().find(|i| k.gpu == u16::try_from(i.index).ok()))
+                    let at = first.iter().find(|(x, _)| Some(*x) == k.gpu)?.1;
+                    st.inventory.as_ref()?.gpus.get(at)
                 });
                 f(info)
             };
