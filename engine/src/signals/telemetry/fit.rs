@@ -243,6 +243,7 @@ impl Fit {
 #[cfg(test)]
 mod tests {
     use super::super::{SeriesKey, TelemetryStore, WindowFit};
+    use crate::base::metrics::{METRICS, ids};
 
     /// What `fixed` and `div` computed with 128-bit library calls, before.
     fn fixed_by_fract(v: f32) -> Option<i128> {
@@ -272,7 +273,6 @@ mod tests {
             assert_eq!(super::div::<1_000_000>(a).to_bits(), div_by_library(a, 1_000_000).to_bits(), "{a} / 1e6");
         }
     }
-    use crate::base::metrics::{METRICS, ids};
 
     const T0: i64 = 1_790_000_000_000;
 

@@ -1,6 +1,7 @@
-//! A shard's memory follows its batches: series, windows, their points and
-//! running sums lie in the order a large batch (a scrape, a backtest's
-//! step) brings them, so that filling them reads memory in order.
+//! A shard's memory follows its batches: series, window headers and running
+//! sums lie in the order a large batch (a scrape, a backtest's step) brings
+//! them, so that filling them reads memory in order (the rings of points
+//! stay where they were allocated).
 //!
 //! Series are laid out in the order they first arrived. When that is not
 //! the order the batches bring them — a replay's engine first heard every
